@@ -1,0 +1,43 @@
+# Leadtime: `make test` and `make demo` work on a fresh clone; each installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+DATA ?= ../shared/data
+
+.PHONY: test demo bench lint system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# Debian packages some tests start for real (redis-server, prometheus); installed only where we run as root.
+system-deps:
+	@if [ "$$(id -u)" = 0 ]; then \
+		missing=""; \
+		command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+		command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+		if [ -n "$$missing" ]; then \
+			echo "installing$$missing"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		fi; \
+	fi
+
+test: $(STAMP) system-deps
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/leadtime demo
+
+bench: $(STAMP)
+	$(VENV)/bin/leadtime bench accuracy --data $(DATA)/measured/sharegpt-h200.jsonl --accelerator h200-sxm --model qwen3-32b --json
+	$(VENV)/bin/leadtime bench coldstart --json
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,44 @@
+"""Leadtime's shared vocabulary: request and endpoint features, the accelerator catalog, prefix hashing,
+vLLM metrics parsing and vectorization. Imports nothing else of Leadtime's."""
+
+from features.catalog import (
+    ACCELERATORS,
+    MODELS,
+    Accelerator,
+    ModelProfile,
+    get_accelerator,
+    get_model,
+)
+from features.errors import FeatureError
+from features.rows import (
+    ROLES,
+    TIMESLICE_STATES,
+    EndpointState,
+    FeatureRow,
+    Observation,
+    RequestFeatures,
+    feature_row_from_llmd,
+    feature_row_to_llmd,
+    observation_from_llmd,
+    observation_to_llmd,
+)
+
+__all__ = [
+    "ACCELERATORS",
+    "MODELS",
+    "ROLES",
+    "TIMESLICE_STATES",
+    "Accelerator",
+    "EndpointState",
+    "FeatureError",
+    "FeatureRow",
+    "ModelProfile",
+    "Observation",
+    "RequestFeatures",
+    "feature_row_from_llmd",
+    "feature_row_to_llmd",
+    "get_accelerator",
+    "get_model",
+    "observation_from_llmd",
+    "observation_to_llmd",
+]

@@ -1,0 +1,55 @@
+"""Roofline estimates of prefill and decode time from hardware and model figures alone.
+
+They are deliberately simple (max of compute time and memory time, no kernel-level detail): their job is to
+put a never-seen accelerator class on the right scale and to give the learner features that grow the way
+latency does, not to be exact. Times are in milliseconds for one replica of `tensor_parallel` devices.
+"""
+
+from __future__ import annotations
+
+from features.catalog import Accelerator, ModelProfile
+
+
+def prefill_flops(model: ModelProfile, new_tokens: float, cached_tokens: float = 0.0) -> float:
+    """Dense matmuls (2·params per token) plus causal attention over cached and new tokens."""
+    dense = 2.0 * model.params_b * 1e9 * new_tokens
+    attn_width = model.num_heads * model.head_dim
+    attention = 4.0 * model.layers * attn_width * new_tokens * (cached_tokens + new_tokens / 2.0)
+    return dense + attention
+
+
+def prefill_ms(
+    model: ModelProfile,
+    accelerator: Accelerator,
+    new_tokens: float,
+    cached_tokens: float = 0.0,
+    tensor_parallel: int = 1,
+) -> float:
+    """Time to prefill `new_tokens` uncached tokens after `cached_tokens` cached ones."""
+    if new_tokens <= 0:
+        return 0.0
+    compute_s = prefill_flops(model, new_tokens, cached_tokens) / (accelerator.effective_tflops * 1e12)
+    memory_s = model.weight_bytes / (accelerator.effective_tb_s * 1e12)
+    return 1e3 * max(compute_s, memory_s) / tensor_parallel
+
+
+def decode_step_ms(
+    model: ModelProfile,
+    accelerator: Accelerator,
+    batch_size: float,
+    kv_tokens: float,
+    tensor_parallel: int = 1,
+) -> float:
+    """One decode iteration for `batch_size` sequences holding `kv_tokens` KV tokens between them."""
+    batch = max(batch_size, 1.0)
+    read_bytes = model.weight_bytes + kv_tokens * model.kv_bytes_per_token
+    memory_s = read_bytes / (accelerator.effective_tb_s * 1e12)
+    compute_s = 2.0 * model.params_b * 1e9 * batch / (accelerator.effective_tflops * 1e12)
+    return 1e3 * max(memory_s, compute_s) / tensor_parallel
+
+
+def kv_transfer_ms(model: ModelProfile, tokens: float, link_gb_s: float) -> float:
+    """Moving `tokens` tokens of KV cache over a link of `link_gb_s` GB/s (P/D disaggregation)."""
+    if link_gb_s <= 0:
+        raise ValueError("link bandwidth must be positive")
+    return 1e3 * tokens * model.kv_bytes_per_token / (link_gb_s * 1e9)

@@ -1,0 +1,294 @@
+"""Request features, endpoint state and observations, and their lossless mapping to llm-d's rows.
+
+llm-d's router describes a candidate as one flat JSON row (see DESIGN.md); Leadtime keeps the same facts split
+into what belongs to the request and what belongs to the endpoint, plus the fields llm-d lacks (endpoint id,
+accelerator class, model, role, time-slice state). Those extras ride along in the flat row as extra keys, which
+llm-d's own predictor ignores, so one row format serves both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from features.errors import FeatureError
+
+ROLES = ("both", "prefill", "decode")
+TIMESLICE_STATES = ("none", "resident", "switching", "parked")
+_POD_TYPE_TO_ROLE = {"": "both", "both": "both", "prefill": "prefill", "decode": "decode"}
+
+
+def check_count(name: str, value: Any) -> int:
+    """An integer ≥ 0; floats with an integral value are accepted (JSON encoders differ), bools are not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FeatureError(name, f"must be an integer ≥ 0, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise FeatureError(name, f"must be an integer ≥ 0, got {value!r}")
+        value = int(value)
+    if value < 0:
+        raise FeatureError(name, f"must be ≥ 0, got {value}")
+    return value
+
+
+def check_real(name: str, value: Any, low: float = 0.0, high: float = math.inf) -> float:
+    """A finite real within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FeatureError(name, f"must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise FeatureError(name, f"must be finite, got {value!r}")
+    if value < low or value > high:
+        bounds = f"between {low:g} and {high:g}" if math.isfinite(high) else f"≥ {low:g}"
+        raise FeatureError(name, f"must be {bounds}, got {value:g}")
+    return value
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise FeatureError(name, f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    return str(value)
+
+
+def _check_text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise FeatureError(name, f"must be a string, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RequestFeatures:
+    """What the request brings, as seen on one candidate endpoint.
+
+    `prefix_cache_score` is the share of the input already cached on that endpoint (llm-d's field); the hit
+    count in tokens is derived from it so that both llm-d rows and Leadtime rows convert without loss.
+    """
+
+    input_tokens: int
+    prefix_cache_score: float = 0.0
+    num_tokens_generated: int = 0
+    encoder_matched_size: int = 0
+    encoder_input_size: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_tokens", check_count("input_token_length", self.input_tokens))
+        object.__setattr__(
+            self, "prefix_cache_score", check_real("prefix_cache_score", self.prefix_cache_score, 0.0, 1.0)
+        )
+        for name in ("num_tokens_generated", "encoder_matched_size", "encoder_input_size"):
+            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+
+    @classmethod
+    def with_prefix_hits(cls, input_tokens: int, prefix_hit_tokens: int, **kwargs: Any) -> RequestFeatures:
+        input_tokens = check_count("input_token_length", input_tokens)
+        hits = check_count("prefix_hit_tokens", prefix_hit_tokens)
+        if hits > input_tokens:
+            raise FeatureError("prefix_hit_tokens", f"{hits} exceeds input_token_length {input_tokens}")
+        score = hits / input_tokens if input_tokens else 0.0
+        return cls(input_tokens=input_tokens, prefix_cache_score=score, **kwargs)
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        return round(self.prefix_cache_score * self.input_tokens)
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.input_tokens - self.prefix_hit_tokens
+
+
+@dataclass(frozen=True)
+class EndpointState:
+    """What a router knows of one endpoint when it decides (possibly a little stale)."""
+
+    endpoint_id: str = ""
+    accelerator: str = ""
+    model: str = ""
+    tensor_parallel: int = 1
+    role: str = "both"
+    num_request_waiting: int = 0
+    num_request_running: int = 0
+    kv_cache_percentage: float = 0.0
+    prefill_tokens_in_flight: int = 0
+    decode_tokens_in_flight: int = 0
+    timeslice_state: str = "none"
+    timeslice_wait_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_text("endpoint_id", self.endpoint_id)
+        _check_text("accelerator", self.accelerator)
+        _check_text("model", self.model)
+        tp = check_count("tensor_parallel", self.tensor_parallel)
+        if tp < 1:
+            raise FeatureError("tensor_parallel", "must be ≥ 1")
+        object.__setattr__(self, "tensor_parallel", tp)
+        _check_choice("role", self.role, ROLES)
+        for name in (
+            "num_request_waiting",
+            "num_request_running",
+            "prefill_tokens_in_flight",
+            "decode_tokens_in_flight",
+        ):
+            object.__setattr__(self, name, check_count(name, getattr(self, name)))
+        object.__setattr__(
+            self, "kv_cache_percentage", check_real("kv_cache_percentage", self.kv_cache_percentage, 0.0, 1.0)
+        )
+        _check_choice("timeslice_state", self.timeslice_state, TIMESLICE_STATES)
+        object.__setattr__(
+            self, "timeslice_wait_ms", check_real("timeslice_wait_ms", self.timeslice_wait_ms)
+        )
+
+
+@dataclass(frozen=True)
+class FeatureRow:
+    """One (request, candidate endpoint) pair: the unit the predictor scores."""
+
+    request: RequestFeatures
+    endpoint: EndpointState = field(default_factory=EndpointState)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A completed request: the row it was predicted from, what happened, and what had been predicted.
+
+    An actual of 0 means "this target was not observed" (llm-d's convention: TTFT and TPOT samples often
+    arrive separately).
+    """
+
+    row: FeatureRow
+    actual_ttft_ms: float = 0.0
+    actual_tpot_ms: float = 0.0
+    predicted_ttft_ms: float | None = None
+    predicted_tpot_ms: float | None = None
+    timestamp: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "actual_ttft_ms", check_real("actual_ttft_ms", self.actual_ttft_ms))
+        object.__setattr__(self, "actual_tpot_ms", check_real("actual_tpot_ms", self.actual_tpot_ms))
+        for name in ("predicted_ttft_ms", "predicted_tpot_ms", "timestamp"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, check_real(name, value, -math.inf))
+
+    @property
+    def has_ttft(self) -> bool:
+        return self.actual_ttft_ms > 0
+
+    @property
+    def has_tpot(self) -> bool:
+        return self.actual_tpot_ms > 0
+
+
+_REQUIRED = (
+    "kv_cache_percentage",
+    "input_token_length",
+    "num_request_waiting",
+    "num_request_running",
+    "num_tokens_generated",
+    "prefix_cache_score",
+)
+
+
+def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
+    """An llm-d prediction row (plus Leadtime's optional extras) → FeatureRow. Unknown keys are ignored."""
+    if not isinstance(row, Mapping):
+        raise FeatureError("row", f"must be a JSON object, got {type(row).__name__}")
+    for name in _REQUIRED:
+        if name not in row or row[name] is None:
+            raise FeatureError(name, "is required")
+    input_tokens = check_count("input_token_length", row["input_token_length"])
+    common = dict(
+        num_tokens_generated=row["num_tokens_generated"],
+        encoder_matched_size=row.get("encoder_matched_size", 0),
+        encoder_input_size=row.get("encoder_input_size", 0),
+    )
+    if row.get("prefix_hit_tokens") is not None:
+        request = RequestFeatures.with_prefix_hits(input_tokens, row["prefix_hit_tokens"], **common)
+    else:
+        request = RequestFeatures(input_tokens, row["prefix_cache_score"], **common)
+    pod_type = row.get("pod_type", "")
+    if pod_type is None:
+        pod_type = ""
+    if pod_type not in _POD_TYPE_TO_ROLE:
+        raise FeatureError("pod_type", f"must be '', 'prefill' or 'decode', got {pod_type!r}")
+    endpoint = EndpointState(
+        endpoint_id=row.get("endpoint_id", "") or "",
+        accelerator=row.get("accelerator", "") or "",
+        model=row.get("model", "") or "",
+        tensor_parallel=row.get("tensor_parallel", 1),
+        role=_POD_TYPE_TO_ROLE[pod_type],
+        num_request_waiting=row["num_request_waiting"],
+        num_request_running=row["num_request_running"],
+        kv_cache_percentage=row["kv_cache_percentage"],
+        prefill_tokens_in_flight=row.get("prefill_tokens_in_flight", 0),
+        decode_tokens_in_flight=row.get("decode_tokens_in_flight", 0),
+        timeslice_state=row.get("timeslice_state", "none"),
+        timeslice_wait_ms=row.get("timeslice_wait_ms", 0.0),
+    )
+    return FeatureRow(request, endpoint)
+
+
+def feature_row_to_llmd(row: FeatureRow) -> dict[str, Any]:
+    """FeatureRow → llm-d prediction row with Leadtime's extras as additional keys."""
+    r, e = row.request, row.endpoint
+    return {
+        "kv_cache_percentage": e.kv_cache_percentage,
+        "input_token_length": r.input_tokens,
+        "num_request_waiting": e.num_request_waiting,
+        "num_request_running": e.num_request_running,
+        "num_tokens_generated": r.num_tokens_generated,
+        "prefix_cache_score": r.prefix_cache_score,
+        "pod_type": "" if e.role == "both" else e.role,
+        "prefill_tokens_in_flight": e.prefill_tokens_in_flight,
+        "decode_tokens_in_flight": e.decode_tokens_in_flight,
+        "encoder_matched_size": r.encoder_matched_size,
+        "encoder_input_size": r.encoder_input_size,
+        "endpoint_id": e.endpoint_id,
+        "accelerator": e.accelerator,
+        "model": e.model,
+        "tensor_parallel": e.tensor_parallel,
+        "timeslice_state": e.timeslice_state,
+        "timeslice_wait_ms": e.timeslice_wait_ms,
+    }
+
+
+def observation_from_llmd(entry: Mapping[str, Any]) -> Observation:
+    """An llm-d training entry (row + actual_ttft_ms/actual_tpot_ms [+ timestamp]) → Observation."""
+    row = feature_row_from_llmd(entry)
+    for name in ("actual_ttft_ms", "actual_tpot_ms"):
+        if entry.get(name) is None:
+            raise FeatureError(name, "is required")
+    timestamp = entry.get("timestamp")
+    if isinstance(timestamp, str):
+        timestamp = _parse_timestamp(timestamp)
+    return Observation(
+        row=row,
+        actual_ttft_ms=entry["actual_ttft_ms"],
+        actual_tpot_ms=entry["actual_tpot_ms"],
+        predicted_ttft_ms=entry.get("predicted_ttft_ms"),
+        predicted_tpot_ms=entry.get("predicted_tpot_ms"),
+        timestamp=timestamp,
+    )
+
+
+def observation_to_llmd(obs: Observation) -> dict[str, Any]:
+    out = feature_row_to_llmd(obs.row)
+    out["actual_ttft_ms"] = obs.actual_ttft_ms
+    out["actual_tpot_ms"] = obs.actual_tpot_ms
+    if obs.predicted_ttft_ms is not None:
+        out["predicted_ttft_ms"] = obs.predicted_ttft_ms
+    if obs.predicted_tpot_ms is not None:
+        out["predicted_tpot_ms"] = obs.predicted_tpot_ms
+    if obs.timestamp is not None:
+        out["timestamp"] = obs.timestamp
+    return out
+
+
+def _parse_timestamp(text: str) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise FeatureError("timestamp", f"must be RFC 3339 or seconds since the epoch, got {text!r}") from None

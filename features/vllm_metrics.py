@@ -1,0 +1,92 @@
+"""vLLM's Prometheus `/metrics` text → the endpoint state a router needs.
+
+vLLM labels every series with `model_name` (and more); a server hosting one model has one series per metric,
+so values are summed across label sets. KV usage is `vllm:kv_cache_usage_perc` since vLLM 0.10 and
+`vllm:gpu_cache_usage_perc` before; both are fractions in [0, 1] despite the name.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from features.errors import FeatureError
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
+CACHE_CONFIG = "vllm:cache_config_info"
+
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$"
+)
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+@dataclass(frozen=True)
+class VllmMetrics:
+    num_requests_waiting: int
+    num_requests_running: int
+    kv_cache_usage: float
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+
+
+def parse_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition → {metric name: [(labels, value), ...]}; comments are skipped."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            raise FeatureError("metrics", f"line {lineno} is not a Prometheus sample: {line[:80]!r}")
+        labels = dict(_LABEL.findall(match.group("labels") or ""))
+        try:
+            value = float(match.group("value"))
+        except ValueError:
+            raise FeatureError(
+                match.group("name"), f"line {lineno}: value {match.group('value')!r} is not a number"
+            ) from None
+        samples.setdefault(match.group("name"), []).append((labels, value))
+    return samples
+
+
+def _total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    values = [v for _, v in samples[name]]
+    total = math.fsum(values)
+    if not math.isfinite(total) or total < 0:
+        raise FeatureError(name, f"must be a finite value ≥ 0, got {total!r}")
+    return total
+
+
+def parse_vllm_metrics(text: str) -> VllmMetrics:
+    """Parse one scrape; a missing or malformed metric raises FeatureError naming it."""
+    samples = parse_samples(text)
+    for name in (WAITING, RUNNING):
+        if name not in samples:
+            raise FeatureError(name, "missing from /metrics")
+    kv_name = KV_USAGE if KV_USAGE in samples else KV_USAGE_OLD
+    if kv_name not in samples:
+        raise FeatureError(KV_USAGE, f"missing from /metrics (neither {KV_USAGE} nor {KV_USAGE_OLD})")
+    kv = _total(samples, kv_name) / len(samples[kv_name])
+    if kv > 1.0:
+        raise FeatureError(kv_name, f"must be a fraction in [0, 1], got {kv:g}")
+    block_size = num_blocks = None
+    if CACHE_CONFIG in samples:
+        labels = samples[CACHE_CONFIG][0][0]
+        try:
+            block_size = int(labels["block_size"]) if "block_size" in labels else None
+            num_blocks = int(labels["num_gpu_blocks"]) if "num_gpu_blocks" in labels else None
+        except ValueError:
+            raise FeatureError(CACHE_CONFIG, f"block_size/num_gpu_blocks are not integers: {labels}") from None
+    return VllmMetrics(
+        num_requests_waiting=round(_total(samples, WAITING)),
+        num_requests_running=round(_total(samples, RUNNING)),
+        kv_cache_usage=kv,
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+    )
