@@ -1,0 +1,224 @@
+"""`leadtime bench accuracy`: Leadtime vs the llm-d reference vs a median floor on real measurements.
+
+Two protocols. Prequential: walk the rows in file order, predict each, then learn it — what a predictor
+living in a router experiences. Random 90/10 split over several seeds: train on 90% (Leadtime learns the
+training rows in file order), predict the rest. MAPE and median APE are of the mean prediction; coverage is the
+share of rows whose actual is at or below the upper-quantile prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from bench.data import actuals, load_llmd_rows
+from bench.llmd_reference import LlmdReference, llmd_features
+from features.vectorize import Vectorizer
+from predictor.learner import LearnerConfig, OnlinePredictor
+
+TARGETS = ("ttft", "tpot")
+MODELS = ("leadtime", "llmd_reference", "median_baseline")
+
+
+def errors(mean: np.ndarray, upper: np.ndarray, actual: np.ndarray) -> dict[str, float]:
+    """MAPE, median APE and upper-quantile coverage over rows that observed the target."""
+    mask = actual > 0
+    if not mask.any():
+        return {"mape": float("nan"), "median_ape": float("nan"), "p90_coverage": float("nan"), "n": 0}
+    a = actual[mask]
+    ape = np.abs(mean[mask] - a) / a
+    return {
+        "mape": float(ape.mean()),
+        "median_ape": float(np.median(ape)),
+        "p90_coverage": float((a <= upper[mask]).mean()),
+        "n": int(mask.sum()),
+    }
+
+
+class _MedianBaseline:
+    """The floor: the median (and upper quantile) of everything seen so far."""
+
+    def __init__(self, quantile: float) -> None:
+        self.quantile = quantile
+        self.seen: dict[str, list[float]] = {"ttft": [], "tpot": []}
+
+    def learn(self, target: str, y: float) -> None:
+        if y > 0:
+            self.seen[target].append(y)
+
+    def predict(self, target: str) -> tuple[float, float]:
+        seen = self.seen[target]
+        if not seen:
+            return 0.0, 0.0
+        return float(np.median(seen)), float(np.quantile(seen, self.quantile))
+
+
+def _prequential(
+    x_lt: np.ndarray, x_ref: np.ndarray, y: dict[str, np.ndarray], config: LearnerConfig, progress: Progress | None
+) -> dict[str, dict[str, dict[str, float]]]:
+    n = len(x_lt)
+    preds = {m: {t: (np.zeros(n), np.zeros(n)) for t in TARGETS} for m in MODELS}
+    leadtime = OnlinePredictor(config)
+    reference = LlmdReference(quantile=config.quantile)
+    floor = _MedianBaseline(config.quantile)
+    task = progress.add_task("prequential walk", total=n) if progress else None
+    for i in range(n):
+        p = leadtime.predict_many(x_lt[i : i + 1])
+        preds["leadtime"]["ttft"][0][i], preds["leadtime"]["ttft"][1][i] = p.ttft_mean[0], p.ttft_quantile[0]
+        preds["leadtime"]["tpot"][0][i], preds["leadtime"]["tpot"][1][i] = p.tpot_mean[0], p.tpot_quantile[0]
+        for t in TARGETS:
+            mean, upper = reference.predict(t, x_ref[i : i + 1])
+            preds["llmd_reference"][t][0][i], preds["llmd_reference"][t][1][i] = mean[0], upper[0]
+            fm, fu = floor.predict(t)
+            preds["median_baseline"][t][0][i], preds["median_baseline"][t][1][i] = fm, fu
+        leadtime.learn_many(x_lt[i : i + 1], y["ttft"][i : i + 1], y["tpot"][i : i + 1])
+        reference.learn_one(x_ref[i], float(y["ttft"][i]), float(y["tpot"][i]))
+        for t in TARGETS:
+            floor.learn(t, float(y[t][i]))
+        if progress and task is not None:
+            progress.advance(task)
+    leadtime.close()
+    half = n // 2
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for m in MODELS:
+        out[m] = {}
+        for t in TARGETS:
+            mean, upper = preds[m][t]
+            whole = errors(mean, upper, y[t])
+            second = errors(mean[half:], upper[half:], y[t][half:])
+            out[m][t] = {
+                "prequential_mape": whole["mape"],
+                "prequential_median_ape": whole["median_ape"],
+                "prequential_p90_coverage": whole["p90_coverage"],
+                "prequential_mape_second_half": second["mape"],
+                "prequential_p90_coverage_second_half": second["p90_coverage"],
+            }
+    return out
+
+
+def _split(
+    x_lt: np.ndarray,
+    x_ref: np.ndarray,
+    y: dict[str, np.ndarray],
+    config: LearnerConfig,
+    seeds: int,
+    progress: Progress | None,
+) -> dict[str, dict[str, dict[str, float]]]:
+    n = len(x_lt)
+    per_seed: dict[str, dict[str, list[dict[str, float]]]] = {m: {t: [] for t in TARGETS} for m in MODELS}
+    task = progress.add_task("90/10 splits", total=seeds) if progress else None
+    for seed in range(seeds):
+        order = np.random.default_rng(seed).permutation(n)
+        cut = int(round(0.9 * n))
+        train, test = np.sort(order[:cut]), np.sort(order[cut:])
+        leadtime = OnlinePredictor(config)
+        leadtime.learn_many(x_lt[train], y["ttft"][train], y["tpot"][train])
+        leadtime.retrain_now()
+        p = leadtime.predict_many(x_lt[test])
+        leadtime.close()
+        lt = {"ttft": (p.ttft_mean, p.ttft_quantile), "tpot": (p.tpot_mean, p.tpot_quantile)}
+        reference = LlmdReference(quantile=config.quantile)
+        reference.fit(x_ref[train], y["ttft"][train], y["tpot"][train])
+        for t in TARGETS:
+            per_seed["leadtime"][t].append(errors(*lt[t], y[t][test]))
+            per_seed["llmd_reference"][t].append(errors(*reference.predict(t, x_ref[test]), y[t][test]))
+            seen = y[t][train][y[t][train] > 0]
+            floor = (np.full(len(test), np.median(seen)), np.full(len(test), np.quantile(seen, config.quantile)))
+            per_seed["median_baseline"][t].append(errors(*floor, y[t][test]))
+        if progress and task is not None:
+            progress.advance(task)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for m in MODELS:
+        out[m] = {}
+        for t in TARGETS:
+            runs = per_seed[m][t]
+            out[m][t] = {
+                "split_mape": float(np.mean([r["mape"] for r in runs])),
+                "split_median_ape": float(np.mean([r["median_ape"] for r in runs])),
+                "split_p90_coverage": float(np.mean([r["p90_coverage"] for r in runs])),
+            }
+    return out
+
+
+def _speed(x: np.ndarray, y: dict[str, np.ndarray], config: LearnerConfig) -> dict[str, float]:
+    """In-process latency of predict_many on 100 rows and of learning one observation."""
+    predictor = OnlinePredictor(config)
+    predictor.learn_many(x, y["ttft"], y["tpot"])
+    predictor.retrain_now()
+    rng = np.random.default_rng(0)
+    batches = [x[rng.choice(len(x), 100)] for _ in range(50)]
+    timings = []
+    for i in range(2000):
+        batch = batches[i % len(batches)]
+        start = time.perf_counter()
+        predictor.predict_many(batch)
+        timings.append(time.perf_counter() - start)
+    learn = []
+    for i in range(min(len(x), 3000)):
+        row = x[i : i + 1]
+        start = time.perf_counter()
+        predictor.learn_many(row, y["ttft"][i : i + 1], y["tpot"][i : i + 1])
+        learn.append(time.perf_counter() - start)
+    predictor.close()
+    us = np.array(timings) * 1e6
+    learn_us = np.array(learn) * 1e6
+    return {
+        "predict_100_us_p50": float(np.percentile(us, 50)),
+        "predict_100_us_p99": float(np.percentile(us, 99)),
+        "learn_one_us_p50": float(np.percentile(learn_us, 50)),
+        "learn_per_s": float(len(learn_us) / (learn_us.sum() / 1e6)),
+    }
+
+
+def run_accuracy(
+    data: Path, accelerator: str, model: str, seeds: int = 10, progress: bool = True
+) -> dict[str, Any]:
+    rows = load_llmd_rows(data)
+    config = LearnerConfig(accelerator=accelerator, model=model, background=False)
+    x_lt = Vectorizer(accelerator, model).transform_llmd(rows)
+    x_ref = llmd_features(rows)
+    ttft, tpot = actuals(rows)
+    y = {"ttft": ttft, "tpot": tpot}
+    console = Console(stderr=True)
+    with Progress(console=console, disable=not progress, transient=True) as bar:
+        preq = _prequential(x_lt, x_ref, y, config, bar if progress else None)
+        split = _split(x_lt, x_ref, y, config, seeds, bar if progress else None)
+    report: dict[str, Any] = {m: {t: {**preq[m][t], **split[m][t]} for t in TARGETS} for m in MODELS}
+    report["speed"] = _speed(x_lt, y, config)
+    report["data"] = {"path": str(data), "rows": len(rows), "accelerator": accelerator, "model": model}
+    return report
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(title=f"accuracy on {report['data']['path']} ({report['data']['rows']} rows)")
+    for column in ("model", "target", "preq MAPE", "2nd-half MAPE", "preq p90 cov", "split MAPE", "split p90 cov"):
+        table.add_column(column)
+    for m in MODELS:
+        for t in TARGETS:
+            r = report[m][t]
+            table.add_row(
+                m,
+                t,
+                f"{r['prequential_mape']:.3f}",
+                f"{r['prequential_mape_second_half']:.3f}",
+                f"{r['prequential_p90_coverage']:.3f}",
+                f"{r['split_mape']:.3f}",
+                f"{r['split_p90_coverage']:.3f}",
+            )
+    console = Console()
+    console.print(table)
+    s = report["speed"]
+    console.print(
+        f"predict 100 rows: p50 {s['predict_100_us_p50']:.0f} µs, p99 {s['predict_100_us_p99']:.0f} µs; "
+        f"learn one: p50 {s['learn_one_us_p50']:.1f} µs ({s['learn_per_s']:.0f}/s)"
+    )

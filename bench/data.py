@@ -1,0 +1,40 @@
+"""Reading llm-d training-row JSONL files with errors that name the line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from features.errors import FeatureError
+from features.rows import observation_from_llmd
+
+
+def load_llmd_rows(path: Path) -> list[dict[str, Any]]:
+    """Every row validated as an llm-d training entry; a bad line raises FeatureError naming it."""
+    rows: list[dict[str, Any]] = []
+    with Path(path).open() as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise FeatureError(f"{path}:{lineno}", f"not JSON ({err.msg})") from None
+            try:
+                observation_from_llmd(row)
+            except FeatureError as err:
+                raise FeatureError(f"{path}:{lineno}: {err.field}", err.problem) from None
+            rows.append(row)
+    if not rows:
+        raise FeatureError(str(path), "holds no rows")
+    return rows
+
+
+def actuals(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    return (
+        np.array([float(r["actual_ttft_ms"]) for r in rows]),
+        np.array([float(r["actual_tpot_ms"]) for r in rows]),
+    )

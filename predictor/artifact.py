@@ -1,0 +1,79 @@
+"""The predictor's on-disk and on-wire form: one JSON document with LightGBM models embedded as text.
+
+Never pickle: an artifact pulled from Redis or a shared volume is data, and loading it cannot run code. The
+document names its format, the feature schema version and the column order; anything else is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from features.vectorize import COLUMNS, SCHEMA_VERSION
+
+FORMAT = "leadtime-predictor"
+ARTIFACT_VERSION = 1
+FILE_NAME = "leadtime-predictor.json"
+
+
+def _error(message: str) -> Exception:
+    from predictor.learner import ArtifactError
+
+    return ArtifactError(message)
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    document = {
+        "format": FORMAT,
+        "artifact_version": ARTIFACT_VERSION,
+        "schema_version": SCHEMA_VERSION,
+        "columns": list(COLUMNS),
+        **state,
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _error(f"not a Leadtime artifact: not JSON ({err.__class__.__name__})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise _error("not a Leadtime artifact: missing or wrong 'format'")
+    if document.get("artifact_version") != ARTIFACT_VERSION:
+        found = document.get("artifact_version")
+        raise _error(f"artifact version {found!r} is not supported (this build reads {ARTIFACT_VERSION})")
+    if document.get("schema_version") != SCHEMA_VERSION:
+        raise _error(
+            f"feature schema version {document.get('schema_version')!r} differs from this build's {SCHEMA_VERSION}"
+        )
+    if document.get("columns") != list(COLUMNS):
+        raise _error("feature columns differ from this build's column order")
+    for key in ("config", "targets"):
+        if not isinstance(document.get(key), dict):
+            raise _error(f"artifact lacks {key!r}")
+    return document
+
+
+def save_file(directory: str | os.PathLike[str], data: bytes) -> Path:
+    """Write atomically (temp file + rename) so a reader never sees half an artifact."""
+    target_dir = Path(directory)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target_dir, prefix=".artifact-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    path = target_dir / FILE_NAME
+    os.replace(tmp, path)
+    return path
+
+
+def load_file(directory: str | os.PathLike[str]) -> bytes:
+    path = Path(directory)
+    if path.is_dir():
+        path = path / FILE_NAME
+    if not path.exists():
+        raise _error(f"no artifact at {path}")
+    return path.read_bytes()

@@ -1,0 +1,680 @@
+"""The online predictor: physics prior × learned correction, refined by trees, calibrated by conformal.
+
+For each target (TTFT, TPOT) a prediction in milliseconds is
+
+    additive wait + prior(x) · exp( w·φ(x) + class offset + endpoint offset + tree residual(x) )
+
+and the served upper quantile replaces the tree residual by a calibrated quantile of the residual. Every
+observation updates w (recursive least squares), the offsets and the calibration at once; LightGBM trees are
+retrained on a bounded window in the background and swapped in only when they beat the current model on recent
+held-out observations. The predictor answers from the first row: with nothing learned it is the physics prior.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from river import drift
+
+from features.rows import FeatureRow, Observation
+from features.vectorize import COLUMN_INDEX, COLUMNS, Vectorizer, check_matrix
+from predictor.online import ConformalQuantile, OffsetTable, RecursiveLeastSquares
+from predictor.physics import (
+    TARGETS,
+    additive_ms,
+    correction_feature_names,
+    correction_features,
+    prior_ms,
+)
+from predictor.trees import TREE_FEATURES, ResidualTrees, fit_booster
+
+_MIN_MS = 0.05  # floor for log targets; no real TTFT/ITL is below this
+_SETTLE_EVERY = 64  # observations between calibration updates (they need a LightGBM call)
+
+
+@dataclass
+class LearnerConfig:
+    """Parameters of an OnlinePredictor.
+
+    Parameters
+    ----------
+    accelerator
+        Accelerator class assumed for rows that name none (llm-d rows never do).
+    model
+        Model assumed for rows that name none.
+    quantile
+        The upper quantile served (0.9 = p90).
+    window
+        Observations per target kept for tree retraining.
+    retrain_every
+        Observations of a target between tree retrains; drift triggers earlier ones.
+    background
+        Retrain in a background thread (the service) or synchronously (reproducible benchmarks).
+    min_window
+        Observations a target needs before its first tree is tried.
+    tree_rounds
+        Boosting rounds per tree.
+    forgetting
+        Forgetting factor of the online correction (closer to 1 = longer memory).
+    seed
+        Seed of the trees' bagging.
+    """
+
+    accelerator: str = "h100-sxm"
+    model: str = "llama-3.1-8b"
+    quantile: float = 0.9
+    window: int = 20_000
+    retrain_every: int = 2_000
+    background: bool = True
+    min_window: int = 300
+    tree_rounds: int = 120
+    forgetting: float = 0.998
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.quantile < 1.0:
+            raise ValueError(f"quantile must be in [0.5, 1), got {self.quantile}")
+        if self.window < 100 or self.retrain_every < 1 or self.min_window < 50:
+            raise ValueError("window must be ≥ 100, retrain_every ≥ 1 and min_window ≥ 50")
+        if not 0.9 <= self.forgetting <= 1.0:
+            raise ValueError(f"forgetting must be in [0.9, 1], got {self.forgetting}")
+
+
+@dataclass
+class Predictions:
+    """Milliseconds; every array has one entry per row, in row order."""
+
+    ttft_mean: np.ndarray
+    ttft_quantile: np.ndarray
+    tpot_mean: np.ndarray
+    tpot_quantile: np.ndarray
+    model_version: int
+
+
+class ArtifactError(ValueError):
+    """A saved predictor is corrupt, not a Leadtime artifact, or of another schema version."""
+
+
+_CLASS_COLUMNS = [COLUMN_INDEX[c] for c in ("accel_tflops", "accel_tb_s", "tensor_parallel", "kv_bytes_per_token")]
+
+
+def hardware_keys(x: np.ndarray) -> list[str]:
+    """One key per row naming its accelerator class, tensor parallelism and model (via KV bytes/token)."""
+    hw = x[:, _CLASS_COLUMNS]
+    if len(hw) and (hw == hw[0]).all():
+        return [_hardware_key(hw[0])] * len(hw)
+    return [_hardware_key(row) for row in hw]
+
+
+def _hardware_key(row: np.ndarray) -> str:
+    return f"{row[0]:.0f}/{row[1]:.3f}/{row[2]:.0f}/{row[3]:.0f}"
+
+
+class _Window:
+    """A ring buffer of recent observations of one target: features, log target, keys."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.x = np.zeros((capacity, len(COLUMNS)))
+        self.z = np.zeros(capacity)
+        self.classes: list[str] = [""] * capacity
+        self.endpoints: list[str] = [""] * capacity
+        self.count = 0
+        self.total = 0
+
+    def append(self, x: np.ndarray, z: float, hw: str, endpoint: str) -> None:
+        i = self.total % self.capacity
+        self.x[i], self.z[i], self.classes[i], self.endpoints[i] = x, z, hw, endpoint
+        self.total += 1
+        self.count = min(self.count + 1, self.capacity)
+
+    def extend(self, x: np.ndarray, z: np.ndarray, hw: list[str], endpoints: list[str]) -> None:
+        for i in range(len(z)):
+            self.append(x[i], float(z[i]), hw[i], endpoints[i])
+
+    def chronological(self) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+        """Copies, oldest first (safe to use while new observations arrive)."""
+        if self.count < self.capacity:
+            idx = np.arange(self.count)
+        else:
+            idx = (np.arange(self.capacity) + self.total) % self.capacity
+        return (
+            self.x[idx].copy(),
+            self.z[idx].copy(),
+            [self.classes[i] for i in idx],
+            [self.endpoints[i] for i in idx],
+        )
+
+    def clear(self) -> int:
+        flushed = self.count
+        self.count = 0
+        self.total = 0
+        return flushed
+
+
+@dataclass
+class _Candidate:
+    mean: Any
+    upper: Any
+    upper_shift: float
+    residuals: np.ndarray  # the online model's residuals over the whole window
+
+
+class _TargetModel:
+    """Everything learned about one target."""
+
+    def __init__(self, target: str, config: LearnerConfig) -> None:
+        self.target = target
+        self.names = correction_feature_names(target)
+        self.rls = RecursiveLeastSquares(len(self.names), forgetting=config.forgetting, ridge=1.0)
+        self.classes = OffsetTable(rate=0.02, prior_count=20.0)
+        self.endpoints = OffsetTable(rate=0.1, prior_count=5.0)
+        self.conformal = ConformalQuantile(config.quantile)
+        self.trees = ResidualTrees()
+        self.window = _Window(config.window)
+        self.drift = drift.ADWIN()
+        self.observations = 0
+        self.since_retrain = 0
+        self.drifts = 0
+        # Log-space shift that calibrates an accepted quantile tree on its held-out data.
+        self.upper_shift = 0.0
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending_rows = 0
+
+    # --- prediction -------------------------------------------------------------------------------------
+
+    def online_log(
+        self, x: np.ndarray, prior: np.ndarray, hw: list[str], endpoint_ids: Sequence[str] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """log(correction) from the online parts, and the tree input matrix."""
+        phi = correction_features(self.target, x, prior)
+        z = self.rls.predict_many(phi) + self.classes.get_many(hw)
+        if endpoint_ids is not None and len(self.endpoints):
+            z = z + self.endpoints.get_many(list(endpoint_ids))
+        return z, np.column_stack([x, np.log(np.maximum(prior, _MIN_MS))])
+
+    def predict(
+        self, x: np.ndarray, hw: list[str], endpoint_ids: Sequence[str] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        prior = prior_ms(self.target, x)
+        z_online, tree_x = self.online_log(x, prior, hw, endpoint_ids)
+        trees = self.trees  # one read: a swap during this call cannot mix two models
+        mean_residual = trees.predict_mean(tree_x) if trees.mean is not None else None
+        upper_residual = trees.predict_upper(tree_x) if trees.upper is not None else None
+        z_point = z_online if mean_residual is None else z_online + mean_residual
+        if upper_residual is None:
+            z_upper = z_online + self.conformal.offset
+        else:
+            z_upper = z_online + upper_residual + self.upper_shift + self.conformal.adaptive
+        z_upper = np.maximum(z_upper, z_point)
+        extra = additive_ms(self.target, x)
+        return extra + prior * np.exp(z_point), extra + prior * np.exp(z_upper)
+
+    # --- learning -----------------------------------------------------------------------------------------
+
+    def learn_batch(self, x: np.ndarray, actual_ms: np.ndarray, hw: list[str], endpoints: list[str]) -> bool:
+        """Learn rows in order (all observed this target); returns True when drift was detected.
+
+        Everything that does not depend on the evolving state (prior, φ, log target) is computed for the whole
+        batch at once; only the recursive updates loop. The calibration bookkeeping, which needs the trees'
+        output, is deferred to `settle` and done in batches (LightGBM has a high per-call cost).
+        """
+        prior = prior_ms(self.target, x)
+        wait = additive_ms(self.target, x)
+        z_all = np.log(np.maximum(actual_ms - wait, _MIN_MS)) - np.log(np.maximum(prior, _MIN_MS))
+        phi_all = correction_features(self.target, x, prior)
+        online_all = np.empty(len(x))
+        drifted = False
+        rls, classes, endpoint_table = self.rls, self.classes, self.endpoints
+        for i in range(len(x)):
+            z, phi, key, endpoint = float(z_all[i]), phi_all[i], hw[i], endpoints[i]
+            class_offset = classes.get(key)
+            endpoint_offset = endpoint_table.get(endpoint) if endpoint else 0.0
+            online_before = float(phi @ rls.weights) + class_offset + endpoint_offset
+            online_all[i] = online_before
+            # Backfitting: the global correction learns what the offsets do not explain, then each offset
+            # learns what is left after the levels above it.
+            rls.learn_one(phi, z - class_offset - endpoint_offset)
+            global_after = float(phi @ rls.weights)
+            classes.learn_one(key, z - global_after - endpoint_offset)
+            if endpoint:
+                endpoint_table.learn_one(endpoint, z - global_after - classes.get(key))
+            self.drift.update(abs(z - online_before))
+            if self.drift.drift_detected:
+                self.drifts += 1
+                drifted = True
+        self._pending.append((x, prior, z_all, online_all))
+        self._pending_rows += len(x)
+        if self._pending_rows >= _SETTLE_EVERY:
+            self.settle()
+        self.window.extend(x, z_all, hw, endpoints)
+        self.observations += len(x)
+        self.since_retrain += len(x)
+        return drifted
+
+    def settle(self) -> None:
+        """Update the calibration with every pending observation, in order, against what was served then."""
+        if not self._pending:
+            return
+        pending, self._pending, self._pending_rows = self._pending, [], 0
+        x = np.concatenate([p[0] for p in pending])
+        prior = np.concatenate([p[1] for p in pending])
+        z = np.concatenate([p[2] for p in pending])
+        online = np.concatenate([p[3] for p in pending])
+        tree_x = np.column_stack([x, np.log(np.maximum(prior, _MIN_MS))])
+        trees = self.trees
+        mean_residual = trees.predict_mean(tree_x)
+        upper_residual = trees.predict_upper(tree_x)
+        point = online if mean_residual is None else online + mean_residual
+        conformal = self.conformal
+        for i in range(len(z)):
+            if upper_residual is None:
+                upper = online[i] + conformal.offset
+            else:
+                upper = online[i] + upper_residual[i] + self.upper_shift + conformal.adaptive
+            covered = z[i] <= max(upper, point[i]) + 1e-12
+            conformal.observe(float(z[i] - online[i]), covered)
+
+    # --- retraining -----------------------------------------------------------------------------------------
+
+    def fit_candidate(
+        self,
+        snapshot: tuple[np.ndarray, np.ndarray, list[str], list[str]],
+        quantile: float,
+        rounds: int,
+        seed: int,
+        min_window: int,
+    ) -> tuple[_Candidate | None, dict[str, Any]]:
+        """Fit candidate trees on the window's older 80% and keep each only if it wins on the newest 20%."""
+        x, z, hw, endpoints = snapshot
+        n = len(z)
+        outcome: dict[str, Any] = {"samples": n, "accepted_mean": False, "accepted_upper": False}
+        if n < min_window:
+            outcome["reason"] = f"window has {n} < {min_window} samples"
+            return None, outcome
+        prior = prior_ms(self.target, x)
+        z_online, tree_x = self.online_log(x, prior, hw, endpoints)
+        residual = z - z_online
+        split = int(n * 0.8)
+        fit_x, fit_r, test_x, test_r = tree_x[:split], residual[:split], tree_x[split:], residual[split:]
+        current = self.trees
+        mean_tree = fit_booster(self.target, "regression", quantile, fit_x, fit_r, rounds, seed)
+        upper_tree = fit_booster(self.target, "quantile", quantile, fit_x, fit_r, rounds, seed)
+
+        def ape(log_error: np.ndarray) -> float:
+            return float(np.mean(np.abs(np.expm1(-log_error))))
+
+        def pinball(pred: np.ndarray, actual: np.ndarray) -> float:
+            diff = actual - pred
+            return float(np.mean(np.maximum(quantile * diff, (quantile - 1.0) * diff)))
+
+        current_mean = current.predict_mean(test_x)
+        baseline_ape = ape(test_r - (current_mean if current_mean is not None else 0.0))
+        candidate_ape = ape(test_r - mean_tree.predict(test_x, num_threads=1))
+        # The quantile tree's split-conformal shift is fitted on the older half of the held-out rows and
+        # judged on the newer half, so that the comparison does not reward a shift fitted to its own test.
+        half = len(test_r) // 2
+        window_shift = float(np.quantile(residual, quantile))
+        current_upper = current.predict_upper(test_x)
+        if current_upper is None:
+            current_upper = np.full(len(test_r), window_shift)
+        else:
+            current_upper = current_upper + self.upper_shift
+        upper_pred = np.asarray(upper_tree.predict(test_x, num_threads=1))
+        shift = float(np.quantile(test_r[:half] - upper_pred[:half], quantile))
+        baseline_pinball = pinball(current_upper[half:], test_r[half:])
+        candidate_pinball = pinball(upper_pred[half:] + shift, test_r[half:])
+        candidate = _Candidate(mean=None, upper=None, upper_shift=shift, residuals=residual)
+        if candidate_ape < 0.99 * baseline_ape:
+            candidate.mean = mean_tree
+            outcome["accepted_mean"] = True
+        if candidate_pinball < 0.99 * baseline_pinball:
+            candidate.upper = upper_tree
+            outcome["accepted_upper"] = True
+        outcome.update(
+            heldout_ape_before=baseline_ape,
+            heldout_ape_after=min(baseline_ape, candidate_ape),
+            heldout_pinball_before=baseline_pinball,
+            heldout_pinball_after=min(baseline_pinball, candidate_pinball),
+        )
+        return candidate, outcome
+
+    def swap_in(self, candidate: _Candidate | None) -> None:
+        self.since_retrain = 0
+        if candidate is None:
+            return
+        self.conformal.recalibrate(candidate.residuals)
+        trees = ResidualTrees(mean=self.trees.mean, upper=self.trees.upper)
+        if candidate.mean is not None:
+            trees.mean = candidate.mean
+        if candidate.upper is not None:
+            trees.upper = candidate.upper
+            self.upper_shift = candidate.upper_shift
+            self.conformal.adaptive = 0.0
+        self.trees = trees
+
+    # --- persistence ------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "feature_names": self.names,
+            "rls": self.rls.to_dict(),
+            "classes": self.classes.to_dict(),
+            "endpoints": self.endpoints.to_dict(),
+            "conformal": self.conformal.to_dict(),
+            "trees": self.trees.to_dict(),
+            "upper_shift": self.upper_shift,
+            "observations": self.observations,
+            "drifts": self.drifts,
+        }
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        if d["feature_names"] != self.names:
+            raise ArtifactError(f"{self.target}: correction features differ from this version's")
+        self.rls = RecursiveLeastSquares.from_dict(d["rls"])
+        self.classes = OffsetTable.from_dict(d["classes"])
+        self.endpoints = OffsetTable.from_dict(d["endpoints"])
+        self.conformal = ConformalQuantile.from_dict(d["conformal"])
+        self.trees = ResidualTrees.from_dict(d["trees"])
+        self.upper_shift = float(d["upper_shift"])
+        self.observations = int(d["observations"])
+        self.drifts = int(d["drifts"])
+
+
+class OnlinePredictor:
+    """Predicts TTFT and TPOT (mean and an upper quantile) per row and learns from every observation.
+
+    Parameters
+    ----------
+    config
+        A LearnerConfig; defaults serve an H100 fleet running Llama-3.1-8B until told otherwise.
+
+    Examples
+    --------
+    Prequential use: predict each row, then learn it.
+
+    >>> from features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+    >>> p = OnlinePredictor(LearnerConfig(background=False))
+    >>> errors = []
+    >>> for i in range(300):
+    ...     row = FeatureRow(RequestFeatures(input_tokens=200 + i), EndpointState(num_request_running=i % 8))
+    ...     predicted = p.predict_one(row)["tpot_mean"]
+    ...     actual = 12.0 + 0.5 * (i % 8)
+    ...     errors.append(abs(predicted - actual) / actual)
+    ...     p.learn_one(Observation(row, actual_tpot_ms=actual))
+    >>> bool(sum(errors[-50:]) / 50 < 0.05)
+    True
+    >>> p.close()
+    """
+
+    def __init__(self, config: LearnerConfig | None = None) -> None:
+        self.config = config or LearnerConfig()
+        self.vectorizer = Vectorizer(self.config.accelerator, self.config.model)
+        self._models = {t: _TargetModel(t, self.config) for t in TARGETS}
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.version = 0
+        self.last_model_load: datetime | None = None
+        self.last_retrain: datetime | None = None
+        self._retrain_wanted = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.config.background:
+            self._thread = threading.Thread(target=self._retrain_loop, name="leadtime-retrain", daemon=True)
+            self._thread.start()
+
+    # --- prediction ---------------------------------------------------------------------------------------
+
+    def predict_many(self, x: np.ndarray, endpoint_ids: Sequence[str] | None = None) -> Predictions:
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != len(COLUMNS):
+            raise ValueError(f"x must have shape (n, {len(COLUMNS)}), got {x.shape}")
+        if endpoint_ids is not None and len(endpoint_ids) != len(x):
+            raise ValueError(f"{len(endpoint_ids)} endpoint ids for {len(x)} rows")
+        version = self.version
+        hw = hardware_keys(x)
+        ttft, ttft_q = self._models["ttft"].predict(x, hw, endpoint_ids)
+        tpot, tpot_q = self._models["tpot"].predict(x, hw, endpoint_ids)
+        return Predictions(ttft, ttft_q, tpot, tpot_q, version)
+
+    def predict_rows(self, rows: Sequence[FeatureRow]) -> Predictions:
+        ids = [r.endpoint.endpoint_id for r in rows]
+        return self.predict_many(self.vectorizer.transform(rows), ids if any(ids) else None)
+
+    def predict_one(self, row: FeatureRow) -> dict[str, float]:
+        p = self.predict_rows([row])
+        return {
+            "ttft_mean": float(p.ttft_mean[0]),
+            "ttft_quantile": float(p.ttft_quantile[0]),
+            "tpot_mean": float(p.tpot_mean[0]),
+            "tpot_quantile": float(p.tpot_quantile[0]),
+        }
+
+    def debug_one(self, row: FeatureRow) -> str:
+        """Explain one prediction term by term: prior, correction, offsets, trees, calibration."""
+        x = self.vectorizer.transform([row])
+        hw = hardware_keys(x)
+        endpoint = row.endpoint.endpoint_id
+        lines = []
+        for target, model in self._models.items():
+            prior = prior_ms(target, x)
+            phi = correction_features(target, x, prior)[0]
+            terms = sorted(zip(model.names, phi * model.rls.weights, strict=True), key=lambda t: -abs(t[1]))
+            mean, upper = model.predict(x, hw, [endpoint] if endpoint else None)
+            wait = float(additive_ms(target, x)[0])
+            q = self.config.quantile * 100
+            lines.append(f"{target}: {float(mean[0]):.2f} ms (p{q:g} {float(upper[0]):.2f} ms)")
+            lines.append(f"  physics prior            {float(prior[0]):10.2f} ms")
+            if wait:
+                lines.append(f"  time-slice wait          {wait:10.2f} ms (added)")
+            lines.append(f"  online correction        ×{math.exp(float(phi @ model.rls.weights)):.3f}")
+            for name, value in terms[:5]:
+                lines.append(f"    {name:<28} {value:+.3f} (log)")
+            lines.append(f"  accelerator-class offset ×{math.exp(model.classes.get(hw[0])):.3f}")
+            lines.append(f"  endpoint offset          ×{math.exp(model.endpoints.get(endpoint)):.3f}")
+            tree_x = np.column_stack([x, np.log(np.maximum(prior, _MIN_MS))])
+            tree = model.trees.predict_mean(tree_x)
+            lines.append(f"  tree residual            ×{math.exp(float(tree[0])) if tree is not None else 1.0:.3f}")
+            lines.append(f"  calibration offset       ×{math.exp(model.conformal.offset):.3f} (upper quantile)")
+        return "\n".join(lines)
+
+    # --- learning ---------------------------------------------------------------------------------------
+
+    def learn_one(self, obs: Observation) -> None:
+        x = self.vectorizer.transform([obs.row])
+        ids = [obs.row.endpoint.endpoint_id]
+        self.learn_many(x, np.array([obs.actual_ttft_ms]), np.array([obs.actual_tpot_ms]), ids)
+
+    def learn_observations(self, observations: Sequence[Observation]) -> None:
+        if not observations:
+            return
+        x = self.vectorizer.transform([o.row for o in observations])
+        self.learn_many(
+            x,
+            np.array([o.actual_ttft_ms for o in observations]),
+            np.array([o.actual_tpot_ms for o in observations]),
+            [o.row.endpoint.endpoint_id for o in observations],
+        )
+
+    def learn_many(
+        self,
+        x: np.ndarray,
+        actual_ttft_ms: np.ndarray,
+        actual_tpot_ms: np.ndarray,
+        endpoint_ids: Sequence[str] | None = None,
+    ) -> None:
+        """Learn a batch in order. Everything is validated before anything is learned: a bad batch changes nothing."""
+        x = check_matrix(x)
+        actual = {"ttft": _check_actuals("actual_ttft_ms", actual_ttft_ms, len(x)),
+                  "tpot": _check_actuals("actual_tpot_ms", actual_tpot_ms, len(x))}
+        if endpoint_ids is not None and len(endpoint_ids) != len(x):
+            raise ValueError(f"{len(endpoint_ids)} endpoint ids for {len(x)} rows")
+        hw = hardware_keys(x)
+        ids = list(endpoint_ids) if endpoint_ids is not None else [""] * len(x)
+        want_retrain = False
+        start = 0
+        while start < len(x):
+            with self._lock:
+                stop = len(x)
+                if not self.config.background:
+                    # Stop where a target reaches its retrain point, so a synchronous walk retrains on time.
+                    room = min(self.config.retrain_every - m.since_retrain for m in self._models.values())
+                    stop = min(len(x), start + max(room, 1))
+                for target, model in self._models.items():
+                    observed = np.flatnonzero(actual[target][start:stop] > 0) + start
+                    if len(observed) == 0:
+                        continue
+                    drifted = model.learn_batch(
+                        x[observed], actual[target][observed], [hw[i] for i in observed], [ids[i] for i in observed]
+                    )
+                    if drifted or model.since_retrain >= self.config.retrain_every:
+                        want_retrain = True
+            if want_retrain and not self.config.background:
+                self.retrain_now()
+                want_retrain = False
+            start = stop
+        if want_retrain:
+            self._retrain_wanted.set()
+
+    # --- retraining ---------------------------------------------------------------------------------------
+
+    def retrain_now(self) -> dict[str, Any]:
+        """Retrain both targets' trees synchronously; swap in only what wins on held-out data."""
+        started = time.perf_counter()
+        result: dict[str, Any] = {}
+        c = self.config
+        for target, model in self._models.items():
+            with self._lock:
+                model.settle()
+                snapshot = model.window.chronological()
+            candidate, result[target] = model.fit_candidate(snapshot, c.quantile, c.tree_rounds, c.seed, c.min_window)
+            with self._lock:
+                model.settle()  # what arrived meanwhile was served by the old trees
+                model.swap_in(candidate)
+        result["duration_s"] = time.perf_counter() - started
+        self.last_retrain = datetime.now(UTC)
+        if any(result[t]["accepted_mean"] or result[t]["accepted_upper"] for t in TARGETS):
+            self.version += 1
+            self.last_model_load = self.last_retrain
+        result["version"] = self.version
+        for listener in list(self._listeners):
+            listener(result)
+        return result
+
+    def add_retrain_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        self._listeners.append(fn)
+
+    def _retrain_loop(self) -> None:
+        while not self._stopping.is_set():
+            if self._retrain_wanted.wait(timeout=0.5):
+                self._retrain_wanted.clear()
+                if not self._stopping.is_set():
+                    self.retrain_now()
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._retrain_wanted.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # --- introspection ------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "observations": {t: m.observations for t, m in self._models.items()},
+            "window": {t: m.window.count for t, m in self._models.items()},
+            "trees_active": {t: m.trees.mean is not None or m.trees.upper is not None for t, m in self._models.items()},
+            "drifts": {t: m.drifts for t, m in self._models.items()},
+            "last_retrain": self.last_retrain,
+            "version": self.version,
+        }
+
+    def tree_text(self, target: str) -> str | None:
+        trees = self._model(target).trees
+        booster = trees.mean if trees.mean is not None else trees.upper
+        return booster.model_to_string() if booster is not None else None
+
+    def tree_importances(self, target: str) -> dict[str, float]:
+        trees = self._model(target).trees
+        booster = trees.mean if trees.mean is not None else trees.upper
+        if booster is None:
+            return {}
+        gains = booster.feature_importance(importance_type="gain")
+        return {name: float(g) for name, g in zip(TREE_FEATURES, gains, strict=True)}
+
+    def flush_window(self) -> dict[str, int]:
+        with self._lock:
+            return {t: m.window.clear() for t, m in self._models.items()}
+
+    def _model(self, target: str) -> _TargetModel:
+        if target not in self._models:
+            raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+        return self._models[target]
+
+    # --- persistence ------------------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        from predictor.artifact import encode
+
+        with self._lock:
+            for model in self._models.values():
+                model.settle()
+            return encode(self._state())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, background: bool | None = None) -> OnlinePredictor:
+        from predictor.artifact import decode
+
+        state = decode(data)
+        try:
+            config = LearnerConfig(**state["config"])
+            if background is not None:
+                config.background = background
+            predictor = cls(config)
+            for target in TARGETS:
+                predictor._models[target].load_dict(state["targets"][target])
+        except ArtifactError:
+            raise
+        except (KeyError, TypeError, ValueError) as err:
+            raise ArtifactError(f"artifact content is invalid: {err}") from None
+        predictor.version = int(state.get("version", 0))
+        predictor.last_model_load = datetime.now(UTC)
+        return predictor
+
+    def save(self, directory: Any) -> None:
+        from predictor.artifact import save_file
+
+        save_file(directory, self.to_bytes())
+
+    @classmethod
+    def load(cls, directory: Any, background: bool | None = None) -> OnlinePredictor:
+        from predictor.artifact import load_file
+
+        return cls.from_bytes(load_file(directory), background=background)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "version": self.version,
+            "targets": {t: m.to_dict() for t, m in self._models.items()},
+        }
+
+
+def _check_actuals(name: str, values: np.ndarray, n: int) -> np.ndarray:
+    from features.errors import FeatureError
+
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != (n,):
+        raise FeatureError(name, f"expected {n} values, got shape {values.shape}")
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise FeatureError(name, f"row {i} is {values[i]!r}; must be a finite number ≥ 0")
+    return values

@@ -1,0 +1,217 @@
+"""Small online learners, each updated on every observation in microseconds.
+
+- `RecursiveLeastSquares`: exact online least squares with exponential forgetting and a ridge pull towards zero
+  (zero correction = trust the physics prior), so it is sensible from the first row and tracks drifting load.
+- `OffsetTable`: an exponentially weighted mean residual per key (accelerator class, endpoint), shrunk towards
+  zero until a key has a few observations, so one slow endpoint is learned without a retrain.
+- `ConformalQuantile`: the upper quantile as the empirical quantile of recent out-of-sample residuals plus an
+  adaptive conformal offset (Gibbs & Candès) that steers the realised miss rate to the target online.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+
+class RecursiveLeastSquares:
+    """Online linear regression y ≈ w·φ with forgetting factor `forgetting` and initial ridge `ridge`.
+
+    Parameters
+    ----------
+    n_features
+        Width of φ.
+    forgetting
+        Weight kept by the past at each update; 0.999 remembers roughly the last thousand observations.
+    ridge
+        Strength of the initial pull of w towards 0; larger is more cautious on the first observations.
+    clip
+        Innovations larger than `clip` times the running mean absolute error are clipped (outliers).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rls = RecursiveLeastSquares(2, forgetting=1.0, ridge=1e-3)
+    >>> for x in np.linspace(0, 1, 200):
+    ...     _ = rls.learn_one(np.array([1.0, x]), 2.0 + 3.0 * x)
+    >>> [round(float(w), 2) for w in rls.weights]
+    [2.0, 3.0]
+    """
+
+    def __init__(self, n_features: int, forgetting: float = 0.999, ridge: float = 1.0, clip: float = 4.0) -> None:
+        self.n_features = n_features
+        self.forgetting = forgetting
+        self.ridge = ridge
+        self.clip = clip
+        self.weights = np.zeros(n_features)
+        self._p = np.eye(n_features) / ridge
+        self._mean_abs_error = 0.0
+        self.n_seen = 0
+
+    def predict_many(self, phi: np.ndarray) -> np.ndarray:
+        return phi @ self.weights
+
+    def learn_one(self, phi: np.ndarray, y: float) -> float:
+        """Update on one (φ, y); returns the prior (before-update) error y − w·φ."""
+        weights, p = self.weights, self._p
+        error = float(y - phi @ weights)
+        bound = self.clip * self._mean_abs_error if self.n_seen >= 20 else np.inf
+        step = min(max(error, -bound), bound)
+        p_phi = p @ phi
+        gain = p_phi / (self.forgetting + float(phi @ p_phi))
+        weights += gain * step
+        p -= np.outer(gain, p_phi)
+        p *= 1.0 / self.forgetting
+        self.n_seen += 1
+        if self.n_seen % 256 == 0:
+            # Keep P symmetric and bounded so long runs with little excitation do not blow it up.
+            p[:] = 0.5 * (p + p.T)
+            trace = float(np.trace(p))
+            if trace > 1e4 * self.n_features:
+                p *= 1e4 * self.n_features / trace
+        self._mean_abs_error += (abs(error) - self._mean_abs_error) / min(self.n_seen, 200)
+        return error
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_features": self.n_features,
+            "forgetting": self.forgetting,
+            "ridge": self.ridge,
+            "clip": self.clip,
+            "weights": self.weights.tolist(),
+            "p": self._p.tolist(),
+            "mean_abs_error": self._mean_abs_error,
+            "n_seen": self.n_seen,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RecursiveLeastSquares:
+        rls = cls(int(d["n_features"]), float(d["forgetting"]), float(d["ridge"]), float(d["clip"]))
+        rls.weights = np.asarray(d["weights"], dtype=np.float64)
+        rls._p = np.asarray(d["p"], dtype=np.float64)
+        if rls.weights.shape != (rls.n_features,) or rls._p.shape != (rls.n_features, rls.n_features):
+            raise ValueError("RLS state has the wrong shape")
+        rls._mean_abs_error = float(d["mean_abs_error"])
+        rls.n_seen = int(d["n_seen"])
+        return rls
+
+
+class OffsetTable:
+    """Per-key exponentially weighted mean residual, shrunk to 0 for keys with few observations.
+
+    Parameters
+    ----------
+    rate
+        Weight of the newest residual once warmed up; 0.1 follows a change within a few tens of observations.
+    prior_count
+        Pseudo-observations of residual 0 a new key starts with.
+    """
+
+    def __init__(self, rate: float = 0.1, prior_count: float = 5.0) -> None:
+        self.rate = rate
+        self.prior_count = prior_count
+        self._offsets: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+
+    def get(self, key: str) -> float:
+        return self._offsets.get(key, 0.0)
+
+    def get_many(self, keys: list[str]) -> np.ndarray:
+        offsets = self._offsets
+        return np.array([offsets.get(k, 0.0) for k in keys])
+
+    def learn_one(self, key: str, residual: float) -> None:
+        if not key:
+            return
+        n = self._counts.get(key, 0) + 1
+        self._counts[key] = n
+        weight = max(1.0 / (n + self.prior_count), self.rate)
+        current = self._offsets.get(key, 0.0)
+        self._offsets[key] = current + weight * (residual - current)
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rate": self.rate, "prior_count": self.prior_count, "offsets": self._offsets, "counts": self._counts}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OffsetTable:
+        table = cls(float(d["rate"]), float(d["prior_count"]))
+        table._offsets = {str(k): float(v) for k, v in d["offsets"].items()}
+        table._counts = {str(k): int(v) for k, v in d["counts"].items()}
+        return table
+
+
+class ConformalQuantile:
+    """Upper-quantile offset on log residuals: recent empirical quantile + adaptive conformal correction.
+
+    Parameters
+    ----------
+    quantile
+        Target probability of actual ≤ prediction (0.9 for p90).
+    window
+        Recent residuals kept.
+    step
+        Adaptive-conformal learning rate (log units per observation).
+    """
+
+    def __init__(self, quantile: float = 0.9, window: int = 1000, step: float = 0.01) -> None:
+        if not 0.0 < quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+        self.quantile = quantile
+        self.window = window
+        self.step = step
+        self.residuals: deque[float] = deque(maxlen=window)
+        self.adaptive = 0.0
+        self.base: float | None = None
+        self._cached = 0.0
+        self._since_refresh = 0
+
+    @property
+    def offset(self) -> float:
+        """Log-space distance from the point prediction to the served quantile (without a quantile tree)."""
+        base = self._cached if self.base is None else self.base
+        return base + self.adaptive
+
+    def recalibrate(self, residuals: np.ndarray) -> None:
+        """Split-conformal restart: base the quantile on the current model's residuals over a sample window.
+
+        The recent out-of-sample residuals describe the *recent* error of *past* states of the model; after a
+        retrain the current model's residuals over the whole window are the better base for rows like those
+        in the window, and the adaptive term restarts from zero on top of it.
+        """
+        if len(residuals):
+            self.base = float(np.quantile(residuals, self.quantile))
+            self.adaptive = 0.0
+
+    def observe(self, residual: float, covered: bool) -> None:
+        """Record a before-learning residual and whether the served quantile covered the actual."""
+        self.residuals.append(residual)
+        self.adaptive += self.step * ((0.0 if covered else 1.0) - (1.0 - self.quantile))
+        self._since_refresh += 1
+        if self._since_refresh >= 25 or len(self.residuals) < 50:
+            self._cached = float(np.quantile(np.fromiter(self.residuals, float), self.quantile))
+            self._since_refresh = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quantile": self.quantile,
+            "window": self.window,
+            "step": self.step,
+            "residuals": list(self.residuals),
+            "adaptive": self.adaptive,
+            "base": self.base,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ConformalQuantile:
+        cq = cls(float(d["quantile"]), int(d["window"]), float(d["step"]))
+        cq.residuals.extend(float(r) for r in d["residuals"])
+        cq.adaptive = float(d["adaptive"])
+        cq.base = None if d.get("base") is None else float(d["base"])
+        if cq.residuals:
+            cq._cached = float(np.quantile(np.fromiter(cq.residuals, float), cq.quantile))
+        return cq

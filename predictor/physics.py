@@ -1,0 +1,90 @@
+"""The physics prior and the log-space features the online correction learns on.
+
+TTFT ≈ overhead + (prefill work queued ahead + the request's own uncached prefill) at achieved FLOP/s, plus any
+wait for a time-sliced accelerator to become resident; ITL ≈ one decode step, i.e. (weights + KV of the running
+batch) at achieved memory bandwidth. The prior is in milliseconds from the roofline columns that
+features.vectorize computes, so it already scales with accelerator class, model and tensor parallelism; what it
+gets wrong (kernel efficiency, scheduler overheads, queueing) is learned as a multiplicative correction.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from features.vectorize import COLUMN_INDEX
+
+TARGETS = ("ttft", "tpot")
+
+_C = COLUMN_INDEX
+
+
+def ttft_prior_ms(x: np.ndarray) -> np.ndarray:
+    """Physics TTFT without the time-slice wait (added outside the multiplicative correction)."""
+    own = x[:, _C["roofline_own_prefill_ms"]]
+    queued = x[:, _C["roofline_queue_prefill_ms"]]
+    # Each waiting request is at least one weight pass of prefill ahead of us; one decode step emits the token.
+    waiting = x[:, _C["num_request_waiting"]] * x[:, _C["roofline_weights_ms"]]
+    step = x[:, _C["roofline_decode_step_ms"]]
+    return own + queued + waiting + step
+
+
+def tpot_prior_ms(x: np.ndarray) -> np.ndarray:
+    return x[:, _C["roofline_decode_step_ms"]]
+
+
+def prior_ms(target: str, x: np.ndarray) -> np.ndarray:
+    return ttft_prior_ms(x) if target == "ttft" else tpot_prior_ms(x)
+
+
+def additive_ms(target: str, x: np.ndarray) -> np.ndarray:
+    """Latency that adds to the prediction unscaled: waiting for a time-sliced accelerator to come back."""
+    if target == "ttft":
+        return x[:, _C["timeslice_wait_ms"]]
+    return np.zeros(len(x))
+
+
+_LOG_COLUMNS = {
+    "ttft": (
+        "num_request_waiting",
+        "num_request_running",
+        "uncached_tokens",
+        "prefix_hit_tokens",
+        "prefill_tokens_in_flight",
+        "decode_tokens_in_flight",
+        "num_tokens_generated",
+    ),
+    "tpot": (
+        "num_request_running",
+        "num_request_waiting",
+        "input_tokens",
+        "prefill_tokens_in_flight",
+        "decode_tokens_in_flight",
+        "num_tokens_generated",
+    ),
+}
+_LINEAR_COLUMNS = ("kv_cache_percentage", "role_prefill", "role_decode")
+
+
+def correction_feature_names(target: str) -> list[str]:
+    return (
+        ["bias", "log_prior"]
+        + [f"log1p_{c}" for c in _LOG_COLUMNS[target]]
+        + list(_LINEAR_COLUMNS)
+        + ["timeslice_resident"]
+    )
+
+
+def correction_features(target: str, x: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """φ(x): the design matrix of the online linear correction on log(actual / prior)."""
+    log_idx, lin_idx = _LOG_INDEX[target], _LINEAR_INDEX
+    phi = np.empty((len(x), 2 + len(log_idx) + len(lin_idx)))
+    phi[:, 0] = 1.0
+    phi[:, 1] = np.log(np.maximum(prior, 1e-3)) - _LOG_10
+    phi[:, 2 : 2 + len(log_idx)] = np.log1p(x[:, log_idx])
+    phi[:, 2 + len(log_idx) :] = x[:, lin_idx]
+    return phi
+
+
+_LOG_10 = float(np.log(10.0))
+_LOG_INDEX = {t: [_C[c] for c in cols] for t, cols in _LOG_COLUMNS.items()}
+_LINEAR_INDEX = [_C[c] for c in (*_LINEAR_COLUMNS, "timeslice_resident")]

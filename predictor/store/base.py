@@ -1,0 +1,50 @@
+"""The contract between the service and its shared state.
+
+One process with no Redis uses the in-memory store; several replicas share a Redis store. Either way the service
+accepts observations by appending them here (fast, never blocking on learning), and every replica's ingest loop
+reads them back and feeds its learner, so what one replica is told, all of them learn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class Store(Protocol):
+    def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Accept validated observation entries (llm-d training-entry dicts, `observation_to_llmd` shape).
+
+        Must be fast and must not raise when a backend is down: it buffers up to a bound and counts drops.
+        """
+        ...
+
+    def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
+        """Entries appended after `cursor` ("0" = from the start), oldest first, and the new cursor."""
+        ...
+
+    def publish_model(self, artifact: bytes) -> int:
+        """Store a model artifact (JSON + LightGBM text, never pickle) and return its new version."""
+        ...
+
+    def latest_model(self) -> tuple[int, bytes] | None:
+        """The newest published (version, artifact), or None."""
+        ...
+
+    def wait_for_model(self, after_version: int, timeout_s: float) -> int | None:
+        """Block up to `timeout_s` until a version newer than `after_version` is published; return it."""
+        ...
+
+    def acquire_training_lease(self, holder: str, ttl_s: float) -> bool:
+        """True if `holder` now holds (or renewed) the one training lease; only the holder retrains."""
+        ...
+
+    def health(self) -> dict[str, str]:
+        """Component → "ok" or a short reason it is degraded (e.g. {"redis": "connection refused"})."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """Counters: "buffered" (waiting for the backend), "dropped" (lost to the buffer bound), "appended"."""
+        ...
+
+    def close(self) -> None: ...
