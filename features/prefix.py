@@ -1,13 +1,15 @@
 """Prefix blocks: vLLM-style chained block hashes and a bounded per-endpoint index of cached prefixes.
 
 vLLM caches KV in fixed-size token blocks and identifies a block by a hash of its tokens chained with the hash
-of the block before it, so equal hashes mean equal prefixes up to that block. A router cannot see vLLM's cache;
-it approximates it by remembering which blocks it sent where (llm-d's approximate prefix scorer does the same).
+of the block before it, so equal hashes mean equal prefixes up to that block. A router cannot see vLLM's
+cache; it approximates it by remembering which blocks it sent where (llm-d's approximate prefix scorer does
+the same).
 """
 
 from __future__ import annotations
 
 import hashlib
+import numbers
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -39,7 +41,9 @@ def chain_block_ids(block_ids: Sequence[Hashable]) -> list[int]:
     parent = b""
     for block in block_ids:
         digest = hashlib.blake2b(parent, digest_size=8)
-        digest.update(repr(block).encode())
+        # numpy integers repr as "np.int64(5)"; normalise so ids read through numpy hash like plain ints.
+        ident = int(block) if isinstance(block, numbers.Integral) and not isinstance(block, bool) else block
+        digest.update(repr(ident).encode())
         parent = digest.digest()
         hashes.append(int.from_bytes(parent, "big"))
     return hashes
@@ -64,9 +68,13 @@ class PrefixIndex:
         self._blocks: dict[str, OrderedDict[int, None]] = {}
 
     def record(self, endpoint_id: str, hashes: Iterable[int]) -> None:
-        """Remember that `endpoint_id` now holds these blocks (most recent use)."""
+        """Remember that `endpoint_id` now holds these blocks (most recent use).
+
+        Blocks are touched last to first, so that the request's head is the most recent: under pressure the
+        tail goes first (as in vLLM), and what stays is still a usable prefix.
+        """
         blocks = self._blocks.setdefault(endpoint_id, OrderedDict())
-        for h in hashes:
+        for h in reversed(list(hashes)):
             blocks[h] = None
             blocks.move_to_end(h)
         while len(blocks) > self.capacity_blocks:

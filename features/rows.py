@@ -2,13 +2,14 @@
 
 llm-d's router describes a candidate as one flat JSON row (see DESIGN.md); Leadtime keeps the same facts split
 into what belongs to the request and what belongs to the endpoint, plus the fields llm-d lacks (endpoint id,
-accelerator class, model, role, time-slice state). Those extras ride along in the flat row as extra keys, which
-llm-d's own predictor ignores, so one row format serves both.
+accelerator class, model, role, time-slice state, prefix-hit tokens). Those extras ride along in the flat row
+as extra keys, which llm-d's own predictor ignores, so one row format serves both.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,22 +21,30 @@ TIMESLICE_STATES = ("none", "resident", "switching", "parked")
 _POD_TYPE_TO_ROLE = {"": "both", "both": "both", "prefill": "prefill", "decode": "decode"}
 
 
+# Largest count accepted: every integer up to it is exact as a float64, so vectorizing a row cannot overflow.
+MAX_COUNT = 2**53
+
+
 def check_count(name: str, value: Any) -> int:
-    """An integer ≥ 0; floats with an integral value are accepted (JSON encoders differ), bools are not."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    """An integer ≥ 0; floats with an integral value are accepted (JSON encoders differ), bools are not.
+
+    numpy integers count as integers: rows are often built from arrays.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral | float):
         raise FeatureError(name, f"must be an integer ≥ 0, got {value!r}")
-    if isinstance(value, float):
-        if not math.isfinite(value) or not value.is_integer():
-            raise FeatureError(name, f"must be an integer ≥ 0, got {value!r}")
-        value = int(value)
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise FeatureError(name, f"must be an integer ≥ 0, got {value!r}")
+    value = int(value)
     if value < 0:
         raise FeatureError(name, f"must be ≥ 0, got {value}")
+    if value > MAX_COUNT:
+        raise FeatureError(name, f"must be ≤ 2**53, got a {len(str(value))}-digit number")
     return value
 
 
 def check_real(name: str, value: Any, low: float = 0.0, high: float = math.inf) -> float:
     """A finite real within [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise FeatureError(name, f"must be a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
@@ -203,10 +212,13 @@ def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
         encoder_matched_size=row.get("encoder_matched_size", 0),
         encoder_input_size=row.get("encoder_input_size", 0),
     )
+    request = RequestFeatures(input_tokens, row["prefix_cache_score"], **common)
     if row.get("prefix_hit_tokens") is not None:
-        request = RequestFeatures.with_prefix_hits(input_tokens, row["prefix_hit_tokens"], **common)
-    else:
-        request = RequestFeatures(input_tokens, row["prefix_cache_score"], **common)
+        # Leadtime's exact hit count wins over a score that disagrees with it; a score that agrees is kept as
+        # sent, so that llm-d → ours → llm-d returns the very same float.
+        from_hits = RequestFeatures.with_prefix_hits(input_tokens, row["prefix_hit_tokens"], **common)
+        if from_hits.prefix_hit_tokens != request.prefix_hit_tokens:
+            request = from_hits
     pod_type = row.get("pod_type", "")
     if pod_type is None:
         pod_type = ""
@@ -239,6 +251,7 @@ def feature_row_to_llmd(row: FeatureRow) -> dict[str, Any]:
         "num_request_running": e.num_request_running,
         "num_tokens_generated": r.num_tokens_generated,
         "prefix_cache_score": r.prefix_cache_score,
+        "prefix_hit_tokens": r.prefix_hit_tokens,
         "pod_type": "" if e.role == "both" else e.role,
         "prefill_tokens_in_flight": e.prefill_tokens_in_flight,
         "decode_tokens_in_flight": e.decode_tokens_in_flight,
@@ -286,9 +299,18 @@ def observation_to_llmd(obs: Observation) -> dict[str, Any]:
 
 
 def _parse_timestamp(text: str) -> float:
-    from datetime import datetime
+    """RFC 3339 (an offset-less time is taken as UTC, never the host's zone) or epoch seconds as a string."""
+    from datetime import UTC, datetime
 
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return float(text)
     except ValueError:
-        raise FeatureError("timestamp", f"must be RFC 3339 or seconds since the epoch, got {text!r}") from None
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        problem = f"must be RFC 3339 or seconds since the epoch, got {text!r}"
+        raise FeatureError("timestamp", problem) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()

@@ -132,9 +132,13 @@ class Vectorizer:
         ]
 
     def transform(self, rows: Sequence[FeatureRow]) -> np.ndarray:
+        """Rows → matrix; an unknown accelerator or model raises a FeatureError naming the row index."""
         out = np.empty((len(rows), len(COLUMNS)), dtype=np.float64)
         for i, row in enumerate(rows):
-            out[i] = self.row_vector(row)
+            try:
+                out[i] = self.row_vector(row)
+            except FeatureError as err:
+                raise FeatureError(f"rows[{i}].{err.field}", err.problem) from None
         return out
 
     def transform_llmd(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
@@ -150,7 +154,10 @@ class Vectorizer:
 
 def check_matrix(x: np.ndarray) -> np.ndarray:
     """Refuse a matrix with the wrong width, NaN, infinities or out-of-range values, naming the column."""
-    x = np.asarray(x, dtype=np.float64)
+    try:
+        x = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise FeatureError("matrix", "must hold numbers only") from None
     if x.ndim != 2 or x.shape[1] != len(COLUMNS):
         raise FeatureError("matrix", f"must have shape (n, {len(COLUMNS)}), got {x.shape}")
     if x.size == 0:

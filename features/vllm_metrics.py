@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from features.errors import FeatureError
+from features.rows import EndpointState
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
@@ -23,6 +24,9 @@ _SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$"
 )
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+# The whole label set, written so that whitespace can be matched only one way (no backtracking blow-up).
+_LABELS = re.compile(r'\s*(?:[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*(?:,\s*)?)*')
+_ESCAPE = re.compile(r"\\(.)")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,15 @@ class VllmMetrics:
     kv_cache_usage: float
     block_size: int | None = None
     num_gpu_blocks: int | None = None
+
+    def endpoint_state(self, base: EndpointState | None = None) -> EndpointState:
+        """`base` (the endpoint's identity, role, accelerator... from discovery) with this scrape's load."""
+        return replace(
+            base if base is not None else EndpointState(),
+            num_request_waiting=self.num_requests_waiting,
+            num_request_running=self.num_requests_running,
+            kv_cache_percentage=self.kv_cache_usage,
+        )
 
 
 def parse_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -44,7 +57,10 @@ def parse_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
         match = _SAMPLE.match(line)
         if match is None:
             raise FeatureError("metrics", f"line {lineno} is not a Prometheus sample: {line[:80]!r}")
-        labels = dict(_LABEL.findall(match.group("labels") or ""))
+        label_text = match.group("labels") or ""
+        if not _LABELS.fullmatch(label_text):
+            raise FeatureError(match.group("name"), f"line {lineno}: malformed labels {{{label_text[:80]}}}")
+        labels = {key: _unescape(value) for key, value in _LABEL.findall(label_text)}
         try:
             value = float(match.group("value"))
         except ValueError:
@@ -53,6 +69,10 @@ def parse_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
             ) from None
         samples.setdefault(match.group("name"), []).append((labels, value))
     return samples
+
+
+def _unescape(value: str) -> str:
+    return _ESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
 
 
 def _total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
@@ -82,7 +102,8 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
             block_size = int(labels["block_size"]) if "block_size" in labels else None
             num_blocks = int(labels["num_gpu_blocks"]) if "num_gpu_blocks" in labels else None
         except ValueError:
-            raise FeatureError(CACHE_CONFIG, f"block_size/num_gpu_blocks are not integers: {labels}") from None
+            problem = f"block_size/num_gpu_blocks are not integers: {labels}"
+            raise FeatureError(CACHE_CONFIG, problem) from None
     return VllmMetrics(
         num_requests_waiting=round(_total(samples, WAITING)),
         num_requests_running=round(_total(samples, RUNNING)),

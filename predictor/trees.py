@@ -8,6 +8,7 @@ on the most recent held-out observations.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,38 @@ def fit_booster(
     return lgb.train(tree_params(target, objective, quantile, seed), data, num_boost_round=rounds)
 
 
+def check_lightgbm_text(text: str) -> None:
+    """Refuse text that is not a complete LightGBM model *before* LightGBM parses it.
+
+    LightGBM's parser aborts the whole process on some malformed inputs (a truncated model, say), so a corrupt
+    artifact must be caught here: the header must declare the tree sizes, and each tree must sit at the place
+    and with the length the header says.
+    """
+    if not text.startswith("tree\n"):
+        raise ValueError("tree model is not LightGBM text")
+    header_end = text.find("\n\n")
+    if header_end < 0:
+        raise ValueError("tree model is not LightGBM text: no header")
+    sizes_line = [ln for ln in text[:header_end].split("\n") if ln.startswith("tree_sizes=")]
+    if len(sizes_line) != 1:
+        raise ValueError("tree model is not LightGBM text: no tree_sizes")
+    try:
+        sizes = [int(v) for v in sizes_line[0][len("tree_sizes=") :].split()]
+    except ValueError:
+        raise ValueError("tree model is not LightGBM text: bad tree_sizes") from None
+    encoded = text.encode()
+    position = len(text[: header_end + 2].encode())
+    for i, size in enumerate(sizes):
+        if size <= 0 or not encoded.startswith(f"Tree={i}\n".encode(), position):
+            raise ValueError(f"tree model is not LightGBM text: tree {i} is missing or misplaced (truncated?)")
+        position += size
+    end_of_trees = encoded.find(b"end of trees", position)
+    if end_of_trees < 0 or encoded.find(b"\nend of parameters\n", end_of_trees) < 0:
+        raise ValueError("tree model is not LightGBM text: it is truncated")
+    if not encoded.rstrip(b"\n").rsplit(b"\n", 1)[-1].startswith(b"pandas_categorical:"):
+        raise ValueError("tree model is not LightGBM text: it is truncated")
+
+
 @dataclass
 class ResidualTrees:
     """The trees serving one target: a mean-residual booster and/or an upper-quantile booster."""
@@ -83,21 +116,26 @@ class ResidualTrees:
         return np.asarray(self.upper.predict(features, num_threads=1))
 
     def to_dict(self) -> dict[str, str | None]:
-        return {
-            "mean": self.mean.model_to_string() if self.mean is not None else None,
-            "upper": self.upper.model_to_string() if self.upper is not None else None,
-        }
+        out: dict[str, str | None] = {}
+        for name, booster in (("mean", self.mean), ("upper", self.upper)):
+            text = booster.model_to_string() if booster is not None else None
+            out[name] = text
+            out[f"{name}_sha256"] = hashlib.sha256(text.encode()).hexdigest() if text is not None else None
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResidualTrees:
-        def load(text: Any) -> lgb.Booster | None:
+        def load(text: Any, digest: Any) -> lgb.Booster | None:
             if text is None:
                 return None
-            if not isinstance(text, str) or not text.startswith("tree"):
+            if not isinstance(text, str):
                 raise ValueError("tree model is not LightGBM text")
+            check_lightgbm_text(text)
+            if digest != hashlib.sha256(text.encode()).hexdigest():
+                raise ValueError("tree model does not match its checksum (corrupted?)")
             booster = lgb.Booster(model_str=text)
             if booster.feature_name() != list(TREE_FEATURES):
                 raise ValueError("tree model was trained on other features")
             return booster
 
-        return cls(mean=load(d.get("mean")), upper=load(d.get("upper")))
+        return cls(mean=load(d.get("mean"), d.get("mean_sha256")), upper=load(d.get("upper"), d.get("upper_sha256")))

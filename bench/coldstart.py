@@ -1,0 +1,155 @@
+"""`leadtime bench coldstart`: how good is the first prediction on an accelerator class never seen before?
+
+Synthetic fleet data: three accelerator classes serving Llama-3.1-8B, with latencies generated from a
+ground-truth model that is deliberately *not* Leadtime's roofline (per-class hidden kernel efficiencies and
+scheduler overheads, queueing that grows super-linearly, log-normal noise). Both predictors learn 2,000
+observations from each of two classes, then walk the third class prequentially (predict, then learn). Reported:
+MAPE over the third class's first 50 observations and over its observations 500–1,000.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from bench.llmd_reference import LlmdReference, llmd_features
+from features.catalog import get_accelerator, get_model
+from features.rows import EndpointState, FeatureRow, RequestFeatures, feature_row_to_llmd
+from predictor.learner import LearnerConfig, OnlinePredictor
+
+MODEL = "llama-3.1-8b"
+SEEN = ("h100-sxm", "a100-sxm-80gb")
+UNSEEN = "l40s"
+
+
+@dataclass(frozen=True)
+class _Truth:
+    """Hidden per-class efficiencies the predictors must not be told."""
+
+    compute_efficiency: float
+    bandwidth_efficiency: float
+    overhead_ms: float
+
+
+def _truth(slug: str, rng: np.random.Generator) -> _Truth:
+    return _Truth(
+        compute_efficiency=float(rng.uniform(0.35, 0.6)),
+        bandwidth_efficiency=float(rng.uniform(0.55, 0.8)),
+        overhead_ms=float(rng.uniform(8.0, 20.0)),
+    )
+
+
+def synthetic_class(
+    slug: str, n: int, rng: np.random.Generator
+) -> tuple[list[FeatureRow], np.ndarray, np.ndarray]:
+    """n (row, TTFT, TPOT) samples of one class under a load that varies from idle to saturated."""
+    acc, model = get_accelerator(slug), get_model(MODEL)
+    truth = _truth(slug, rng)
+    flops_per_token = 2.0 * model.params_b * 1e9
+    kv_capacity = (acc.memory_gb * 1e9 - model.weight_bytes) * 0.9 / model.kv_bytes_per_token
+    rows, ttft, tpot = [], np.empty(n), np.empty(n)
+    for i in range(n):
+        load = rng.uniform(0.0, 1.0)
+        running = int(rng.poisson(2 + 60 * load))
+        waiting = int(rng.poisson(8 * load**3))
+        input_tokens = int(rng.lognormal(6.5, 0.9)) + 1
+        prefix = int(input_tokens * rng.uniform(0, 0.6)) if rng.random() < 0.4 else 0
+        in_flight = int(rng.poisson(1 + 6000 * load**2))
+        kv_tokens = running * rng.uniform(300, 1500)
+        kv = min(kv_tokens / kv_capacity, 1.0)
+        row = FeatureRow(
+            RequestFeatures.with_prefix_hits(input_tokens, prefix),
+            EndpointState(
+                endpoint_id=f"{slug}-{i % 4}",
+                accelerator=slug,
+                model=MODEL,
+                num_request_waiting=waiting,
+                num_request_running=running,
+                kv_cache_percentage=kv,
+                prefill_tokens_in_flight=in_flight,
+            ),
+        )
+        compute = acc.peak_tflops * 1e12 * truth.compute_efficiency
+        bandwidth = acc.hbm_tb_s * 1e12 * truth.bandwidth_efficiency
+        step_ms = 1e3 * (model.weight_bytes + kv_tokens * model.kv_bytes_per_token) / bandwidth
+        prefill_ms = 1e3 * (in_flight + input_tokens - prefix) * flops_per_token / compute
+        queue_ms = waiting * (step_ms + 1e3 * 600 * flops_per_token / compute) * (1 + 0.1 * waiting)
+        noise = rng.lognormal(0.0, 0.15, size=2)
+        ttft[i] = (truth.overhead_ms + prefill_ms + queue_ms + step_ms) * noise[0]
+        tpot[i] = (0.3 * truth.overhead_ms + step_ms * (1 + 0.004 * running)) * noise[1]
+        rows.append(row)
+    return rows, ttft, tpot
+
+
+def _mape(pred: np.ndarray, actual: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - actual) / actual))
+
+
+def run_coldstart(seed: int = 0, per_seen_class: int = 2000, unseen_walk: int = 1000) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    seen = [synthetic_class(slug, per_seen_class, rng) for slug in SEEN]
+    new_rows, new_ttft, new_tpot = synthetic_class(UNSEEN, unseen_walk, rng)
+    # Interleave the two seen classes as a mixed fleet would report them.
+    order = rng.permutation(per_seen_class * len(SEEN))
+    rows = [r for cls in seen for r in cls[0]]
+    ttft = np.concatenate([cls[1] for cls in seen])
+    tpot = np.concatenate([cls[2] for cls in seen])
+    rows, ttft, tpot = [rows[i] for i in order], ttft[order], tpot[order]
+
+    leadtime = OnlinePredictor(LearnerConfig(accelerator="h100-sxm", model=MODEL, background=False, seed=seed))
+    x_seen = leadtime.vectorizer.transform(rows)
+    leadtime.learn_many(x_seen, ttft, tpot, [r.endpoint.endpoint_id for r in rows])
+    reference = LlmdReference()
+    reference.fit(llmd_features([feature_row_to_llmd(r) for r in rows]), ttft, tpot)
+
+    x_new = leadtime.vectorizer.transform(new_rows)
+    x_new_ref = llmd_features([feature_row_to_llmd(r) for r in new_rows])
+    ids = [r.endpoint.endpoint_id for r in new_rows]
+    preds: dict[str, dict[str, np.ndarray]] = {
+        m: {t: np.empty(unseen_walk) for t in ("ttft", "tpot")} for m in ("leadtime", "llmd_reference")
+    }
+    for i in range(unseen_walk):
+        p = leadtime.predict_many(x_new[i : i + 1], ids[i : i + 1])
+        preds["leadtime"]["ttft"][i], preds["leadtime"]["tpot"][i] = p.ttft_mean[0], p.tpot_mean[0]
+        for t in ("ttft", "tpot"):
+            preds["llmd_reference"][t][i] = reference.predict(t, x_new_ref[i : i + 1])[0][0]
+        leadtime.learn_many(x_new[i : i + 1], new_ttft[i : i + 1], new_tpot[i : i + 1], ids[i : i + 1])
+        reference.learn_one(x_new_ref[i], float(new_ttft[i]), float(new_tpot[i]))
+    leadtime.close()
+    actual = {"ttft": new_ttft, "tpot": new_tpot}
+    report: dict[str, Any] = {
+        "seen_classes": list(SEEN),
+        "unseen_class": UNSEEN,
+        "model": MODEL,
+        "seed": seed,
+    }
+    for m, by_target in preds.items():
+        report[m] = {
+            t: {
+                "mape_first_50": _mape(by_target[t][:50], actual[t][:50]),
+                "mape_after_500": _mape(by_target[t][500:], actual[t][500:]),
+            }
+            for t in ("ttft", "tpot")
+        }
+    return report
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(
+        title=f"cold start on {report['unseen_class']} after learning {', '.join(report['seen_classes'])}"
+    )
+    for column in ("model", "target", "MAPE first 50", "MAPE after 500"):
+        table.add_column(column)
+    for m in ("leadtime", "llmd_reference"):
+        for t in ("ttft", "tpot"):
+            r = report[m][t]
+            table.add_row(m, t, f"{r['mape_first_50']:.3f}", f"{r['mape_after_500']:.3f}")
+    Console().print(table)

@@ -1,0 +1,216 @@
+"""vLLM /metrics text → endpoint state: current and old KV names, clear errors naming the metric."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from features.errors import FeatureError
+from features.rows import EndpointState
+from features.vllm_metrics import (
+    CACHE_CONFIG,
+    KV_USAGE,
+    KV_USAGE_OLD,
+    RUNNING,
+    WAITING,
+    VllmMetrics,
+    parse_samples,
+    parse_vllm_metrics,
+)
+
+MODEL = 'model_name="Qwen/Qwen3-32B"'
+
+# Shaped like a vLLM ≥ 0.10 scrape (one engine): HELP/TYPE comments, histograms, process metrics, info gauge.
+SCRAPE = f"""# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{{generation="0"}} 1234.0
+process_virtual_memory_bytes 1.2e+10
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",{MODEL}}} 12.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",{MODEL}}} 3.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",{MODEL}}} 0.4375
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",\
+gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="20480",sliding_window="None"}} 1.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.001",{MODEL}}} 0.0
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",{MODEL}}} 523.0
+vllm:time_to_first_token_seconds_sum{{engine="0",{MODEL}}} 61.5
+vllm:prompt_tokens_total{{engine="0",{MODEL}}} 123456.0
+"""
+
+# Shaped like a vLLM 0.6–0.9 scrape: the KV gauge was called gpu_cache_usage_perc.
+OLD_SCRAPE = f"""# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{{MODEL}}} 4.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{{MODEL}}} 0.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{{{MODEL}}} 0.125
+"""
+
+
+def scrape(waiting: str = "3", running: str = "12", kv: str = "0.5", kv_name: str = KV_USAGE) -> str:
+    return f"{WAITING}{{{MODEL}}} {waiting}\n{RUNNING}{{{MODEL}}} {running}\n{kv_name}{{{MODEL}}} {kv}\n"
+
+
+def test_current_vllm_scrape() -> None:
+    m = parse_vllm_metrics(SCRAPE)
+    assert m == VllmMetrics(
+        num_requests_waiting=3,
+        num_requests_running=12,
+        kv_cache_usage=0.4375,
+        block_size=16,
+        num_gpu_blocks=20480,
+    )
+
+
+def test_old_kv_metric_name_is_understood() -> None:
+    m = parse_vllm_metrics(OLD_SCRAPE)
+    assert (m.num_requests_waiting, m.num_requests_running, m.kv_cache_usage) == (0, 4, 0.125)
+    assert m.block_size is None and m.num_gpu_blocks is None
+
+
+def test_new_kv_name_wins_when_both_are_exported() -> None:
+    text = scrape(kv="0.75") + f"{KV_USAGE_OLD}{{{MODEL}}} 0.25\n"
+    assert parse_vllm_metrics(text).kv_cache_usage == 0.75
+
+
+def test_data_parallel_engines_add_queues_and_average_kv() -> None:
+    text = (
+        f'{WAITING}{{engine="0"}} 2\n{WAITING}{{engine="1"}} 5\n'
+        f'{RUNNING}{{engine="0"}} 8\n{RUNNING}{{engine="1"}} 6\n'
+        f'{KV_USAGE}{{engine="0"}} 0.2\n{KV_USAGE}{{engine="1"}} 0.6\n'
+    )
+    m = parse_vllm_metrics(text)
+    assert (m.num_requests_waiting, m.num_requests_running) == (7, 14)
+    assert m.kv_cache_usage == pytest.approx(0.4)
+
+
+def test_samples_with_timestamps_and_no_labels() -> None:
+    text = f"{WAITING} 1 1700000000000\n{RUNNING} 2\n{KV_USAGE} 0 1700000000000\n"
+    m = parse_vllm_metrics(text)
+    assert (m.num_requests_waiting, m.num_requests_running, m.kv_cache_usage) == (1, 2, 0.0)
+
+
+def test_metrics_become_endpoint_state_keeping_identity() -> None:
+    base = EndpointState(endpoint_id="pod-1", accelerator="h200-sxm", model="qwen3-32b", role="decode")
+    state = parse_vllm_metrics(SCRAPE).endpoint_state(base)
+    assert state == EndpointState(
+        endpoint_id="pod-1",
+        accelerator="h200-sxm",
+        model="qwen3-32b",
+        role="decode",
+        num_request_waiting=3,
+        num_request_running=12,
+        kv_cache_percentage=0.4375,
+    )
+    assert parse_vllm_metrics(OLD_SCRAPE).endpoint_state().num_request_running == 4
+
+
+def test_labels_with_escapes_and_braces() -> None:
+    samples = parse_samples('m{path="/a}b",quote="say \\"hi\\"",} 2\n')
+    assert samples == {"m": [({"path": "/a}b", "quote": 'say "hi"'}, 2.0)]}
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("missing", [WAITING, RUNNING])
+def test_missing_queue_metric_is_named(missing: str) -> None:
+    text = "\n".join(line for line in scrape().splitlines() if not line.startswith(missing + "{"))
+    with pytest.raises(FeatureError) as err:
+        parse_vllm_metrics(text)
+    assert err.value.field == missing
+    assert "missing" in str(err.value)
+
+
+def test_missing_kv_metric_names_both_spellings() -> None:
+    text = f"{WAITING} 1\n{RUNNING} 2\n"
+    with pytest.raises(FeatureError) as err:
+        parse_vllm_metrics(text)
+    assert err.value.field == KV_USAGE
+    assert KV_USAGE_OLD in str(err.value)
+
+
+def test_empty_scrape_is_refused() -> None:
+    with pytest.raises(FeatureError) as err:
+        parse_vllm_metrics("")
+    assert err.value.field == WAITING
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (scrape(waiting="many"), WAITING),
+        (scrape(running="NaN"), RUNNING),
+        (scrape(waiting="+Inf"), WAITING),
+        (scrape(waiting="-1"), WAITING),
+        (scrape(kv="-0.1"), KV_USAGE),
+        (scrape(kv="43.7"), KV_USAGE),  # a percentage where a fraction belongs
+        (scrape(kv="1.2", kv_name=KV_USAGE_OLD), KV_USAGE_OLD),
+        (scrape(kv="NaN"), KV_USAGE),
+    ],
+)
+def test_bad_values_are_named(text: str, field: str) -> None:
+    with pytest.raises(FeatureError) as err:
+        parse_vllm_metrics(text)
+    assert err.value.field == field
+
+
+def test_line_that_is_not_a_sample_gives_its_number() -> None:
+    text = scrape() + "this is not prometheus\n"
+    with pytest.raises(FeatureError) as err:
+        parse_vllm_metrics(text)
+    assert err.value.field == "metrics"
+    assert "line 4" in str(err.value)
+
+
+def test_malformed_labels_are_refused() -> None:
+    text = f"{WAITING}{{model_name=qwen}} 3\n{RUNNING} 1\n{KV_USAGE} 0.1\n"
+    with pytest.raises(FeatureError) as err:
+        parse_vllm_metrics(text)
+    assert err.value.field == WAITING
+    assert "line 1" in str(err.value)
+
+
+def test_non_integer_cache_config_is_named() -> None:
+    text = scrape() + f'{CACHE_CONFIG}{{block_size="sixteen",num_gpu_blocks="100"}} 1\n'
+    with pytest.raises(FeatureError) as err:
+        parse_vllm_metrics(text)
+    assert err.value.field == CACHE_CONFIG
+
+
+def test_cache_config_without_block_labels_is_tolerated() -> None:
+    m = parse_vllm_metrics(scrape() + f'{CACHE_CONFIG}{{cache_dtype="auto"}} 1\n')
+    assert m.block_size is None and m.num_gpu_blocks is None
+
+
+# ------------------------------------------------------------------------------ property
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 10**6),
+    st.integers(0, 10**6),
+    st.floats(0.0, 1.0, allow_nan=False),
+    st.booleans(),
+    st.integers(1, 512),
+    st.integers(0, 10**7),
+)
+def test_rendered_scrape_parses_back(
+    waiting: int, running: int, kv: float, old_name: bool, block_size: int, blocks: int
+) -> None:
+    kv_name = KV_USAGE_OLD if old_name else KV_USAGE
+    text = (
+        f"# TYPE {WAITING} gauge\n{WAITING}{{{MODEL}}} {float(waiting)!r}\n"
+        f"{RUNNING}{{{MODEL}}} {float(running)!r}\n{kv_name}{{{MODEL}}} {kv!r}\n"
+        f'{CACHE_CONFIG}{{block_size="{block_size}",num_gpu_blocks="{blocks}"}} 1.0\n'
+    )
+    assert parse_vllm_metrics(text) == VllmMetrics(waiting, running, kv, block_size, blocks)

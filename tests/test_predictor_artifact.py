@@ -1,0 +1,115 @@
+"""Saving and loading: JSON + LightGBM text, never pickle; corrupt or foreign artifacts are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from features.rows import EndpointState, FeatureRow, RequestFeatures
+from predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
+
+
+@pytest.fixture(scope="module")
+def trained() -> OnlinePredictor:
+    rng = np.random.default_rng(0)
+    p = OnlinePredictor(LearnerConfig(background=False, retrain_every=10**6, min_window=100))
+    rows = [
+        FeatureRow(
+            RequestFeatures(int(rng.integers(10, 3000))),
+            EndpointState(
+                endpoint_id=f"ep-{i % 3}",
+                num_request_waiting=int(rng.integers(0, 8)),
+                num_request_running=int(rng.integers(0, 30)),
+            ),
+        )
+        for i in range(1500)
+    ]
+    x = p.vectorizer.transform(rows)
+    waiting = x[:, 4]
+    ttft = (20 + 0.03 * x[:, 0]) * np.where(waiting > 3, 2.5, 1.0) * rng.lognormal(0, 0.05, 1500)
+    tpot = (10 + 0.2 * x[:, 5]) * rng.lognormal(0, 0.05, 1500)
+    p.learn_many(x, ttft, tpot, [r.endpoint.endpoint_id for r in rows])
+    p.retrain_now()
+    assert p.status()["trees_active"]["ttft"]
+    return p
+
+
+def _probe(p: OnlinePredictor) -> np.ndarray:
+    rows = [FeatureRow(RequestFeatures(n), EndpointState(endpoint_id="ep-1", num_request_waiting=w)) for n, w in
+            [(100, 0), (1000, 5), (2500, 2)]]
+    pred = p.predict_rows(rows)
+    return np.concatenate([pred.ttft_mean, pred.ttft_quantile, pred.tpot_mean, pred.tpot_quantile])
+
+
+def test_round_trip_through_bytes_predicts_identically(trained: OnlinePredictor) -> None:
+    loaded = OnlinePredictor.from_bytes(trained.to_bytes(), background=False)
+    np.testing.assert_allclose(_probe(loaded), _probe(trained), rtol=1e-12)
+    assert loaded.version == trained.version
+    assert loaded.tree_text("ttft") == trained.tree_text("ttft")
+    loaded.close()
+
+
+def test_round_trip_through_a_directory(trained: OnlinePredictor, tmp_path: Path) -> None:
+    trained.save(tmp_path)
+    loaded = OnlinePredictor.load(tmp_path, background=False)
+    np.testing.assert_allclose(_probe(loaded), _probe(trained), rtol=1e-12)
+    loaded.close()
+
+
+def test_artifact_is_json_with_lightgbm_text_not_pickle(trained: OnlinePredictor) -> None:
+    data = trained.to_bytes()
+    document = json.loads(data)
+    assert document["format"] == "leadtime-predictor"
+    assert document["targets"]["ttft"]["trees"]["mean"].startswith("tree")
+    assert b"\x80\x04" not in data[:2]  # no pickle protocol header
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(schema_version=999), "schema version"),
+        (lambda d: d.update(artifact_version=2), "artifact version"),
+        (lambda d: d.update(format="joblib"), "not a Leadtime artifact"),
+        (lambda d: d["columns"].reverse(), "column order"),
+        (lambda d: d["targets"]["ttft"]["trees"].update(mean="import os; os.system('x')"), "LightGBM text"),
+        (lambda d: d["targets"]["tpot"]["rls"].update(weights=[1.0, 2.0]), "wrong shape"),
+        (lambda d: d["targets"].pop("tpot"), "invalid"),
+    ],
+)
+def test_wrong_or_corrupt_artifacts_are_refused_with_a_clear_error(
+    trained: OnlinePredictor, mutate, message: str
+) -> None:
+    document = json.loads(trained.to_bytes())
+    mutate(document)
+    with pytest.raises(ArtifactError, match=message):
+        OnlinePredictor.from_bytes(json.dumps(document).encode(), background=False)
+
+
+def test_garbage_bytes_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="not JSON"):
+        OnlinePredictor.from_bytes(b"\x80\x04\x95 pickle bytes", background=False)
+    with pytest.raises(ArtifactError, match="no artifact"):
+        OnlinePredictor.load(tmp_path / "missing", background=False)
+
+
+@pytest.mark.parametrize("fraction", [0.002, 0.1, 0.33, 0.5, 0.9, 0.99, 0.999, 0.9999])
+def test_truncated_lightgbm_text_is_refused_without_crashing(trained: OnlinePredictor, fraction: float) -> None:
+    """LightGBM's own parser aborts the process on some truncations; they must be caught before it."""
+    document = json.loads(trained.to_bytes())
+    text = document["targets"]["ttft"]["trees"]["mean"]
+    document["targets"]["ttft"]["trees"]["mean"] = text[: int(len(text) * fraction)]
+    with pytest.raises(ArtifactError):
+        OnlinePredictor.from_bytes(json.dumps(document).encode(), background=False)
+
+
+def test_a_flipped_digit_in_a_tree_fails_the_checksum(trained: OnlinePredictor) -> None:
+    document = json.loads(trained.to_bytes())
+    text = document["targets"]["ttft"]["trees"]["mean"]
+    i = text.index("leaf_value=") + len("leaf_value=")
+    flipped = "1" if text[i] != "1" else "2"
+    document["targets"]["ttft"]["trees"]["mean"] = text[:i] + flipped + text[i + 1 :]
+    with pytest.raises(ArtifactError, match="checksum"):
+        OnlinePredictor.from_bytes(json.dumps(document).encode(), background=False)
