@@ -37,6 +37,7 @@ from predictor.trees import TREE_FEATURES, ResidualTrees, fit_booster
 
 _MIN_MS = 0.05  # floor for log targets; no real TTFT/ITL is below this
 _SETTLE_EVERY = 64  # observations between calibration updates (they need a LightGBM call)
+_BLOCK = 32  # rows per block update of the online correction when learning a batch
 
 
 @dataclass
@@ -233,23 +234,30 @@ class _TargetModel:
         online_all = np.empty(len(x))
         drifted = False
         rls, classes, endpoint_table = self.rls, self.classes, self.endpoints
-        for i in range(len(x)):
-            z, phi, key, endpoint = float(z_all[i]), phi_all[i], hw[i], endpoints[i]
-            class_offset = classes.get(key)
-            endpoint_offset = endpoint_table.get(endpoint) if endpoint else 0.0
-            online_before = float(phi @ rls.weights) + class_offset + endpoint_offset
-            online_all[i] = online_before
+        for start in range(0, len(x), _BLOCK):
+            stop = min(start + _BLOCK, len(x))
+            phi = phi_all[start:stop]
+            keys, eps = hw[start:stop], endpoints[start:stop]
+            offsets = np.array(
+                [classes.get(k) + (endpoint_table.get(e) if e else 0.0) for k, e in zip(keys, eps, strict=True)]
+            )
+            z = z_all[start:stop]
+            online = phi @ rls.weights + offsets
+            online_all[start:stop] = online
             # Backfitting: the global correction learns what the offsets do not explain, then each offset
             # learns what is left after the levels above it.
-            rls.learn_one(phi, z - class_offset - endpoint_offset)
-            global_after = float(phi @ rls.weights)
-            classes.learn_one(key, z - global_after - endpoint_offset)
-            if endpoint:
-                endpoint_table.learn_one(endpoint, z - global_after - classes.get(key))
-            self.drift.update(abs(z - online_before))
-            if self.drift.drift_detected:
-                self.drifts += 1
-                drifted = True
+            rls.learn_many(phi, z - offsets)
+            global_after = phi @ rls.weights
+            for i in range(stop - start):
+                key, endpoint, zi, gi = keys[i], eps[i], float(z[i]), float(global_after[i])
+                endpoint_offset = endpoint_table.get(endpoint) if endpoint else 0.0
+                classes.learn_one(key, zi - gi - endpoint_offset)
+                if endpoint:
+                    endpoint_table.learn_one(endpoint, zi - gi - classes.get(key))
+                self.drift.update(abs(zi - float(online[i])))
+                if self.drift.drift_detected:
+                    self.drifts += 1
+                    drifted = True
         self._pending.append((x, prior, z_all, online_all))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:

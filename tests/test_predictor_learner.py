@@ -116,7 +116,7 @@ def test_a_slowed_endpoint_is_tracked_within_tens_of_observations(predictor: Onl
         predictor.learn_one(Observation(row, actual_ttft_ms=ttft, actual_tpot_ms=tpot))
     # ep-3 becomes 2x slower (thermal throttling); only its own observations say so.
     errors = []
-    for i in range(60):
+    for _ in range(60):
         row = _row(rng, endpoint="ep-3")
         ttft, tpot = _truth(row)
         predicted = predictor.predict_one(row)["tpot_mean"]
