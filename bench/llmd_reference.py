@@ -70,8 +70,11 @@ def _params(objective: str, quantile: float) -> dict[str, Any]:
 class LlmdReference:
     """Per target, a mean and an upper-quantile booster trained on all rows seen so far."""
 
-    def __init__(self, quantile: float = 0.9, retrain_every: int = 100, trees: int = 200) -> None:
+    def __init__(
+        self, quantile: float = 0.9, retrain_every: int = 100, trees: int = 200, with_quantile: bool = True
+    ) -> None:
         self.quantile = quantile
+        self.with_quantile = with_quantile
         self.retrain_every = retrain_every
         self.trees = trees
         self._x: list[np.ndarray] = []
@@ -103,7 +106,11 @@ class LlmdReference:
                 continue
             data = lgb.Dataset(x[mask], label=y[mask], feature_name=list(FEATURES))
             mean = lgb.train(_params("regression", self.quantile), data, num_boost_round=self.trees)
-            upper = lgb.train(_params("quantile", self.quantile), data, num_boost_round=self.trees)
+            upper = (
+                lgb.train(_params("quantile", self.quantile), data, num_boost_round=self.trees)
+                if self.with_quantile
+                else mean
+            )
             self._models[target] = (mean, upper)
 
     def predict(self, target: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
