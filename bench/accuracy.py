@@ -155,7 +155,9 @@ def _split(
     return out
 
 
-def _speed(x: np.ndarray, y: dict[str, np.ndarray], config: LearnerConfig) -> dict[str, float]:
+def _speed(
+    x: np.ndarray, y: dict[str, np.ndarray], config: LearnerConfig, calls: int = 2000, learns: int = 3000
+) -> dict[str, float]:
     """In-process latency of predict_many on 100 rows and of learning one observation."""
     predictor = OnlinePredictor(config)
     predictor.learn_many(x, y["ttft"], y["tpot"])
@@ -163,13 +165,13 @@ def _speed(x: np.ndarray, y: dict[str, np.ndarray], config: LearnerConfig) -> di
     rng = np.random.default_rng(0)
     batches = [x[rng.choice(len(x), 100)] for _ in range(50)]
     timings = []
-    for i in range(2000):
+    for i in range(calls):
         batch = batches[i % len(batches)]
         start = time.perf_counter()
         predictor.predict_many(batch)
         timings.append(time.perf_counter() - start)
     learn = []
-    for i in range(min(len(x), 3000)):
+    for i in range(min(len(x), learns)):
         row = x[i : i + 1]
         start = time.perf_counter()
         predictor.learn_many(row, y["ttft"][i : i + 1], y["tpot"][i : i + 1])
@@ -195,7 +197,7 @@ def _speed(x: np.ndarray, y: dict[str, np.ndarray], config: LearnerConfig) -> di
 
 
 def run_accuracy(
-    data: Path, accelerator: str, model: str, seeds: int = 10, progress: bool = True
+    data: Path, accelerator: str, model: str, seeds: int = 10, progress: bool = True, speed_calls: int = 2000
 ) -> dict[str, Any]:
     rows = load_llmd_rows(data)
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
@@ -208,7 +210,7 @@ def run_accuracy(
         preq = summarize_walk(prequential_walk(x_lt, x_ref, y, config, bar if progress else None), y)
         split = _split(x_lt, x_ref, y, config, seeds, bar if progress else None)
     report: dict[str, Any] = {m: {t: {**preq[m][t], **split[m][t]} for t in TARGETS} for m in MODELS}
-    report["speed"] = _speed(x_lt, y, config)
+    report["speed"] = _speed(x_lt, y, config, calls=speed_calls, learns=int(1.5 * speed_calls))
     report["data"] = {"path": str(data), "rows": len(rows), "accelerator": accelerator, "model": model}
     return report
 

@@ -57,7 +57,7 @@ def _params(objective: str, quantile: float) -> dict[str, Any]:
         "learning_rate": 0.05,
         "max_depth": 6,
         "num_leaves": 63,
-        "num_threads": 2,
+        "num_threads": 1,
         "verbosity": -1,
         "seed": 0,
         "deterministic": True,

@@ -1,0 +1,79 @@
+"""The predictor-core benchmarks and the demo, on small slices of the real H200 trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bench.accuracy import run_accuracy
+from bench.coldstart import run_coldstart
+from bench.demo import run_demo
+from leadtime_cli import app
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "measured" / "sharegpt-h200.jsonl"
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not TRACE.exists():
+        pytest.fail(f"the shared data is missing: {TRACE}")
+    path = tmp_path_factory.mktemp("trace") / "slice.jsonl"
+    lines = TRACE.read_text().splitlines()[:400]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_accuracy_report_has_every_figure_the_readme_quotes(small_trace: Path) -> None:
+    report = run_accuracy(
+        small_trace, accelerator="h200-sxm", model="qwen3-32b", seeds=2, progress=False, speed_calls=200
+    )
+    for model in ("leadtime", "llmd_reference", "median_baseline"):
+        for target in ("ttft", "tpot"):
+            figures = report[model][target]
+            for key in (
+                "prequential_mape",
+                "prequential_mape_second_half",
+                "prequential_p90_coverage",
+                "split_mape",
+                "split_p90_coverage",
+            ):
+                assert 0.0 <= figures[key] < 100.0, (model, target, key)
+    assert set(report["speed"]) >= {"predict_100_us_p50", "predict_100_us_p99", "learn_one_us_p50"}
+    # The reference answers a constant 10 ms before its first retrain, so on the first rows it is far off.
+    assert report["leadtime"]["ttft"]["prequential_mape"] < report["llmd_reference"]["ttft"]["prequential_mape"]
+
+
+def test_accuracy_cli_prints_json_and_refuses_bad_files(small_trace: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["bench", "accuracy", "--data", str(small_trace), "--seeds", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "leadtime" in json.loads(result.stdout)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kv_cache_percentage": 0.1}\n')
+    result = runner.invoke(app, ["bench", "accuracy", "--data", str(bad), "--json"])
+    assert result.exit_code == 2
+    assert "bad.jsonl:1" in result.output and "input_token_length" in result.output
+    result = runner.invoke(app, ["bench", "accuracy", "--data", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 2
+    assert "none.jsonl" in result.output
+
+
+def test_coldstart_beats_the_reference_on_a_class_it_never_saw() -> None:
+    report = run_coldstart(seed=1, per_seen_class=400, unseen_walk=600)
+    assert report["unseen_class"] == "mi300x"
+    for target in ("ttft", "tpot"):
+        ours = report["leadtime"][target]["mape_first_50"]
+        theirs = report["llmd_reference"][target]["mape_first_50"]
+        assert ours < theirs
+    with pytest.raises(ValueError, match="other than the seen"):
+        run_coldstart(unseen="h100-sxm")
+
+
+def test_demo_writes_a_plot(small_trace: Path, tmp_path: Path) -> None:
+    run_demo(small_trace, tmp_path)
+    png = tmp_path / "predicted_vs_actual.png"
+    assert png.stat().st_size > 10_000
+    assert png.read_bytes()[:4] == b"\x89PNG"
