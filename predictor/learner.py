@@ -75,7 +75,7 @@ class LearnerConfig:
     retrain_every: int = 2_000
     background: bool = True
     min_window: int = 300
-    tree_rounds: int = 120
+    tree_rounds: int = 60
     forgetting: float = 0.998
     seed: int = 0
 
@@ -115,7 +115,16 @@ def hardware_keys(x: np.ndarray) -> list[str]:
 
 
 def _hardware_key(row: np.ndarray) -> str:
-    return f"{row[0]:.0f}/{row[1]:.3f}/{row[2]:.0f}/{row[3]:.0f}"
+    tflops, tb_s, tp, kv = (float(v) for v in row)
+    return f"{tflops:.0f}/{tb_s:.3f}/{tp:.0f}/{kv:.0f}"
+
+
+def tree_inputs(x: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """The trees' feature matrix: every column plus the log of the physics prior (TREE_FEATURES order)."""
+    out = np.empty((len(x), x.shape[1] + 1))
+    out[:, :-1] = x
+    out[:, -1] = np.log(np.maximum(prior, _MIN_MS))
+    return out
 
 
 class _Window:
@@ -193,20 +202,21 @@ class _TargetModel:
 
     def online_log(
         self, x: np.ndarray, prior: np.ndarray, hw: list[str], endpoint_ids: Sequence[str] | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """log(correction) from the online parts, and the tree input matrix."""
+    ) -> np.ndarray:
+        """log(correction) from the online parts."""
         phi = correction_features(self.target, x, prior)
         z = self.rls.predict_many(phi) + self.classes.get_many(hw)
         if endpoint_ids is not None and len(self.endpoints):
             z = z + self.endpoints.get_many(list(endpoint_ids))
-        return z, np.column_stack([x, np.log(np.maximum(prior, _MIN_MS))])
+        return z
 
     def predict(
         self, x: np.ndarray, hw: list[str], endpoint_ids: Sequence[str] | None
     ) -> tuple[np.ndarray, np.ndarray]:
         prior = prior_ms(self.target, x)
-        z_online, tree_x = self.online_log(x, prior, hw, endpoint_ids)
+        z_online = self.online_log(x, prior, hw, endpoint_ids)
         trees = self.trees  # one read: a swap during this call cannot mix two models
+        tree_x = tree_inputs(x, prior) if trees.mean is not None or trees.upper is not None else x
         mean_residual = trees.predict_mean(tree_x) if trees.mean is not None else None
         upper_residual = trees.predict_upper(tree_x) if trees.upper is not None else None
         z_point = z_online if mean_residual is None else z_online + mean_residual
@@ -276,7 +286,7 @@ class _TargetModel:
         prior = np.concatenate([p[1] for p in pending])
         z = np.concatenate([p[2] for p in pending])
         online = np.concatenate([p[3] for p in pending])
-        tree_x = np.column_stack([x, np.log(np.maximum(prior, _MIN_MS))])
+        tree_x = tree_inputs(x, prior)
         trees = self.trees
         mean_residual = trees.predict_mean(tree_x)
         upper_residual = trees.predict_upper(tree_x)
@@ -308,7 +318,8 @@ class _TargetModel:
             outcome["reason"] = f"window has {n} < {min_window} samples"
             return None, outcome
         prior = prior_ms(self.target, x)
-        z_online, tree_x = self.online_log(x, prior, hw, endpoints)
+        z_online = self.online_log(x, prior, hw, endpoints)
+        tree_x = tree_inputs(x, prior)
         residual = z - z_online
         split = int(n * 0.8)
         fit_x, fit_r, test_x, test_r = tree_x[:split], residual[:split], tree_x[split:], residual[split:]
@@ -487,8 +498,7 @@ class OnlinePredictor:
                 lines.append(f"    {name:<28} {value:+.3f} (log)")
             lines.append(f"  accelerator-class offset ×{math.exp(model.classes.get(hw[0])):.3f}")
             lines.append(f"  endpoint offset          ×{math.exp(model.endpoints.get(endpoint)):.3f}")
-            tree_x = np.column_stack([x, np.log(np.maximum(prior, _MIN_MS))])
-            tree = model.trees.predict_mean(tree_x)
+            tree = model.trees.predict_mean(tree_inputs(x, prior))
             lines.append(f"  tree residual            ×{math.exp(float(tree[0])) if tree is not None else 1.0:.3f}")
             lines.append(f"  calibration offset       ×{math.exp(model.conformal.offset):.3f} (upper quantile)")
         return "\n".join(lines)

@@ -148,8 +148,13 @@ class OffsetTable:
     def get(self, key: str) -> float:
         return self._offsets.get(key, 0.0)
 
-    def get_many(self, keys: list[str]) -> np.ndarray:
+    def get_many(self, keys: list[str]) -> np.ndarray | float:
+        """Offsets of `keys`; a single float when every key is the same (the usual case: one class)."""
         offsets = self._offsets
+        if not offsets:
+            return 0.0
+        if keys and keys.count(keys[0]) == len(keys):
+            return offsets.get(keys[0], 0.0)
         return np.array([offsets.get(k, 0.0) for k in keys])
 
     def learn_one(self, key: str, residual: float) -> None:
@@ -234,6 +239,8 @@ class ConformalQuantile:
             "residuals": list(self.residuals),
             "adaptive": self.adaptive,
             "base": self.base,
+            "cached": self._cached,
+            "since_refresh": self._since_refresh,
         }
 
     @classmethod
@@ -242,6 +249,6 @@ class ConformalQuantile:
         cq.residuals.extend(float(r) for r in d["residuals"])
         cq.adaptive = float(d["adaptive"])
         cq.base = None if d.get("base") is None else float(d["base"])
-        if cq.residuals:
-            cq._cached = float(np.quantile(np.fromiter(cq.residuals, float), cq.quantile))
+        cq._cached = float(d["cached"])
+        cq._since_refresh = int(d["since_refresh"])
         return cq

@@ -35,9 +35,11 @@ def monotone_constraints(target: str) -> list[int]:
 def tree_params(target: str, objective: str, quantile: float, seed: int) -> dict[str, Any]:
     params: dict[str, Any] = {
         "objective": objective,
-        "learning_rate": 0.05,
-        "num_leaves": 15,
-        "max_depth": 5,
+        # Small trees, few rounds: they refine a residual, and they sit on the prediction hot path, where
+        # LightGBM's cost grows with trees × leaves (120 × 15 cost ~4x the 60 × 7 used here, 100 rows).
+        "learning_rate": 0.1,
+        "num_leaves": 7,
+        "max_depth": 4,
         "min_data_in_leaf": 20,
         "lambda_l2": 1.0,
         "feature_fraction": 0.9,

@@ -113,3 +113,14 @@ def test_a_flipped_digit_in_a_tree_fails_the_checksum(trained: OnlinePredictor) 
     document["targets"]["ttft"]["trees"]["mean"] = text[:i] + flipped + text[i + 1 :]
     with pytest.raises(ArtifactError, match="checksum"):
         OnlinePredictor.from_bytes(json.dumps(document).encode(), background=False)
+
+
+def test_a_loaded_predictor_serves_the_same_quantile_mid_refresh() -> None:
+    """Regression: the calibration's cached quantile was recomputed on load, so p90 differed after a swap."""
+    rng = np.random.default_rng(11)
+    p = OnlinePredictor(LearnerConfig(background=False))
+    rows = [FeatureRow(RequestFeatures(int(rng.integers(10, 900))), EndpointState()) for _ in range(213)]
+    x = p.vectorizer.transform(rows)
+    p.learn_many(x, 50 * rng.lognormal(0, 0.4, 213), 12 * rng.lognormal(0, 0.2, 213))
+    loaded = OnlinePredictor.from_bytes(p.to_bytes(), background=False)
+    np.testing.assert_array_equal(_probe(loaded), _probe(p))
