@@ -52,11 +52,16 @@ def bench_accuracy(
 def bench_coldstart(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     seed: Annotated[int, typer.Option(help="Random seed of the synthetic fleet data.")] = 0,
+    unseen: Annotated[str, typer.Option(help="The accelerator class held back (never seen in training).")] = "mi300x",
 ) -> None:
     """Accuracy on an accelerator class never seen before, after 50 and 500 of its observations."""
     from bench.coldstart import print_report, run_coldstart
 
-    print_report(run_coldstart(seed=seed), as_json=json_out)
+    try:
+        report = run_coldstart(seed=seed, unseen=unseen)
+    except (FeatureError, ValueError) as err:
+        _fail(str(err))
+    print_report(report, as_json=json_out)
 
 
 @app.command("demo")
@@ -71,6 +76,182 @@ def demo(
         run_demo(data, out)
     except (FeatureError, OSError, ValueError) as err:
         _fail(str(err))
+
+
+# ----- predictor service (issue 4) ----------------------------------------------------------------------
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_HOST", help="HTTP address (default 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(envvar="LEADTIME_PORT", help="HTTP port (default 8000).")] = None,
+    grpc_port: Annotated[
+        int | None, typer.Option(envvar="LEADTIME_GRPC_PORT", help="gRPC port, 0 = off (default 50051).")
+    ] = None,
+    redis: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_REDIS_URL", help="Share state through Redis (redis://...).")
+    ] = None,
+    role: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_ROLE", help="all | prediction | training (default all).")
+    ] = None,
+    objective: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_OBJECTIVE", help="quantile | mean (default quantile).")
+    ] = None,
+    quantile: Annotated[
+        float | None, typer.Option(envvar="LEADTIME_QUANTILE", help="Upper quantile (default 0.9).")
+    ] = None,
+    model_dir: Annotated[
+        Path | None, typer.Option(envvar="LEADTIME_MODEL_DIR", help="Load and save the model here.")
+    ] = None,
+    api_token: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_API_TOKEN", help="Bearer token the write paths require.")
+    ] = None,
+    accelerator: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_ACCELERATOR", help="Class for rows naming none (h100-sxm).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_MODEL", help="Model for rows naming none (llama-3.1-8b).")
+    ] = None,
+) -> None:
+    """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
+    from pydantic import ValidationError
+
+    from predictor.settings import ServiceSettings
+
+    overrides = dict(
+        host=host, port=port, grpc_port=grpc_port, redis_url=redis, role=role, objective=objective,
+        quantile=quantile, model_dir=model_dir, api_token=api_token, accelerator=accelerator, model=model,
+    )
+    try:
+        settings = ServiceSettings.from_env(overrides)
+        from features.catalog import get_accelerator, get_model
+
+        get_accelerator(settings.accelerator)
+        get_model(settings.model)
+    except ValidationError as err:
+        first = err.errors()[0]
+        _fail(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+    except FeatureError as err:
+        _fail(str(err))
+    from predictor.service.serve import serve as run_service
+
+    try:
+        run_service(settings)
+    except OSError as err:
+        _fail(str(err))
+
+
+@bench_app.command("serving")
+def bench_serving(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    calls: Annotated[int, typer.Option(help="Timed calls per row count and protocol.")] = 2000,
+) -> None:
+    """Service latency over HTTP and gRPC (1, 10, 100 rows), also while retraining, and ingestion rate."""
+    from bench.serving import print_report, run_serving
+
+    if calls < 10:
+        _fail("--calls must be ≥ 10")
+    try:
+        report = run_serving(calls=calls, progress=not json_out)
+    except (OSError, RuntimeError) as err:
+        _fail(str(err))
+    print_report(report, as_json=json_out)
+
+
+# ----- fleet simulator (issue 3) ------------------------------------------------------------------------
+
+MOONCAKE_TRACE = Path("../shared/data/traces/mooncake_conversation_trace.jsonl")
+
+
+@app.command("simulate")
+def simulate(
+    fleet: Annotated[Path, typer.Option(help="Fleet YAML (see simulator/fleets/).")],
+    trace: Annotated[
+        Path, typer.Option(help="Mooncake .jsonl or Azure .csv trace, or synthetic:rate_rps=20,burstiness=4,...")
+    ] = MOONCAKE_TRACE,
+    policy: Annotated[list[str], typer.Option(help="Routing policy; repeat to compare several.")] = ["llm-d"],  # noqa: B006
+    max_requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
+    rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice as fast).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Random seed (policies, time-slice windows).")] = 0,
+    ttft_slo_ms: Annotated[float, typer.Option(help="TTFT SLO for attainment and goodput.")] = 2000.0,
+    itl_slo_ms: Annotated[float, typer.Option(help="ITL SLO for attainment and goodput.")] = 100.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Directory for observations JSONL, plots, report.")] = None,
+) -> None:
+    """Replay a trace on a simulated fleet under one or more routing policies."""
+    from simulator.cli import print_simulation, run_simulate_command
+
+    if max_requests is not None and max_requests < 1:
+        _fail("--max-requests must be ≥ 1")
+    if rate_scale <= 0:
+        _fail("--rate-scale must be > 0")
+    if ttft_slo_ms <= 0 or itl_slo_ms <= 0:
+        _fail("--ttft-slo-ms and --itl-slo-ms must be > 0")
+    try:
+        report = run_simulate_command(fleet, trace, policy, max_requests, rate_scale, seed, ttft_slo_ms,
+                                      itl_slo_ms, out, progress=not json_out)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        _fail(str(err))
+    print_simulation(report, as_json=json_out)
+
+
+@sim_app.command("validate")
+def sim_validate(
+    data: Annotated[Path, typer.Option(help="splitwise_sim_perf_model.csv")] = Path(
+        "../shared/data/calibration/splitwise_sim_perf_model.csv"
+    ),
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Error of the step-time model against measured llama2-70b prefill and decode times (A100, H100)."""
+    from simulator.cli import print_validation
+    from simulator.validate import validate
+
+    try:
+        report = validate(data)
+    except (OSError, ValueError) as err:
+        _fail(str(err))
+    print_validation(report, as_json=json_out)
+
+
+@sim_app.command("serve")
+def sim_serve(
+    fleet: Annotated[Path, typer.Option(help="Fleet YAML (see simulator/fleets/).")],
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    base_port: Annotated[int, typer.Option(help="First port; endpoint i listens on base_port + i.")] = 8100,
+    model_name: Annotated[str, typer.Option(help="Model name served in the OpenAI API.")] = "",
+) -> None:
+    """Serve the simulated endpoints in real time as OpenAI-compatible HTTP servers with vLLM /metrics."""
+    from simulator.fleet import load_fleet
+    from simulator.serve import serve_fleet
+
+    if not 1 <= base_port <= 65535:
+        _fail("--base-port must be between 1 and 65535")
+    try:
+        serve_fleet(load_fleet(fleet), host=host, base_port=base_port, model_name=model_name or None)
+    except (OSError, ValueError) as err:
+        _fail(str(err))
+
+
+@bench_app.command("sim")
+def bench_sim(
+    requests: Annotated[int, typer.Option(help="Requests of the Mooncake trace to replay.")] = 10_000,
+    fleet: Annotated[Path, typer.Option(help="Fleet YAML.")] = Path("simulator/fleets/bench-16.yaml"),
+    trace: Annotated[Path, typer.Option(help="Trace to replay.")] = MOONCAKE_TRACE,
+    policy: Annotated[str, typer.Option(help="Routing policy.")] = "llm-d",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Simulator speed: a trace replay on a 16-endpoint fleet, in simulated requests per wall-clock second."""
+    from bench.sim import print_report, run_bench
+
+    if requests < 1:
+        _fail("--requests must be ≥ 1")
+    try:
+        report = run_bench(fleet, trace, requests, policy)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        _fail(str(err))
+    print_report(report, as_json=json_out)
 
 
 def main() -> None:

@@ -1,0 +1,410 @@
+"""One serving replica: vLLM-style continuous batching over a block KV cache.
+
+Each step takes a token budget (chunked prefill): running requests first (one token each when decoding, a chunk
+when prefilling), then waiting requests in arrival order while the budget, the running cap and the KV cache
+allow. When the cache cannot hold the running requests' next tokens, the most recently admitted request is
+preempted: its blocks are freed and it goes back to the head of the queue to be recomputed (no token is lost;
+its generated tokens are recomputed with its prompt). No new request is admitted in a step that preempted.
+
+When nothing but decoding happens, many identical decode steps are planned at once in closed form (a decode
+step costs a + b·kv_tokens ms), so a long generation costs one event, not one per token. An arrival or a
+time-slice swap cuts such a run short at the end of the step in flight.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from simulator.kvcache import KVCache
+from simulator.steptime import StepTimeModel
+
+MAX_DECODE_RUN = 4096
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """A request's life in the simulator; progress fields describe its state on its current endpoint."""
+
+    rid: int
+    arrival_ms: float
+    input_tokens: int
+    output_tokens: int
+    segments: tuple[int, ...] = ()
+    segment_tokens: int = 512
+    prefill_only: bool = False
+    kv_ready: bool = False
+    computed: int = 0
+    generated: int = 0
+    private_blocks: int = 0
+    held: list[int] = field(default_factory=list)
+    published: int = 0
+    prefix_hit_tokens: int = -1
+    first_token_ms: float | None = None
+    prefill_done_ms: float | None = None
+    finish_ms: float | None = None
+    decode_start_ms: float | None = None
+    decode_start_generated: int = 0
+    preemptions: int = 0
+
+    def need(self) -> int:
+        """Tokens to compute before the next token can be sampled."""
+        return self.input_tokens + self.generated - self.computed
+
+    @property
+    def decoding(self) -> bool:
+        return self.generated > 0 and self.need() == 1
+
+    def copy(self) -> SimRequest:
+        clone = SimRequest(**{k: getattr(self, k) for k in self.__dataclass_fields__})
+        clone.held = list(self.held)
+        return clone
+
+
+@dataclass
+class StepPlan:
+    start_ms: float
+    end_ms: float
+    entries: list[tuple[SimRequest, int]]
+    decode_run: int = 0  # > 0: a run of this many decode-only steps (one token per entry per step)
+    a_ms: float = 0.0
+    b_ms: float = 0.0
+    kv0: float = 0.0
+
+    def run_end(self, steps: int) -> float:
+        n = len(self.entries)
+        return self.start_ms + steps * self.a_ms + self.b_ms * (steps * self.kv0 + n * steps * (steps - 1) / 2.0)
+
+
+@dataclass
+class StepOutcome:
+    first_token: list[SimRequest] = field(default_factory=list)
+    prefill_done: list[SimRequest] = field(default_factory=list)
+    finished: list[SimRequest] = field(default_factory=list)
+
+
+class Endpoint:
+    """A replica's scheduler, cache and clock-free state; the fleet simulator owns time and events.
+
+    Parameters
+    ----------
+    endpoint_id, role
+        Name and P/D role (`both`, `prefill`, `decode`).
+    stepper
+        Step-time model of this replica.
+    cache
+        Its KV cache.
+    max_batched_tokens, max_running
+        vLLM's `max_num_batched_tokens` and `max_num_seqs`.
+    decode_runs
+        Plan runs of decode steps in closed form (off for real-time serving, where each step is paced).
+    """
+
+    def __init__(self, endpoint_id: str, role: str, stepper: StepTimeModel, cache: KVCache,
+                 max_batched_tokens: int = 8192, max_running: int = 256, decode_runs: bool = True) -> None:
+        self.endpoint_id = endpoint_id
+        self.role = role
+        self.stepper = stepper
+        self.cache = cache
+        self.max_batched_tokens = max_batched_tokens
+        self.max_running = max_running
+        self.decode_runs = decode_runs
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.plan: StepPlan | None = None
+        self.available = True
+        self.parking = False
+        self.busy_intervals: list[tuple[float, float]] = []
+        self.preemptions = 0
+
+    def clone(self) -> Endpoint:
+        """An independent copy for what-if simulation (the clairvoyant policy)."""
+        other = Endpoint(self.endpoint_id, self.role, self.stepper, self.cache.clone(), self.max_batched_tokens,
+                         self.max_running, self.decode_runs)
+        copies = {id(r): r.copy() for r in (*self.waiting, *self.running)}
+        other.waiting = deque(copies[id(r)] for r in self.waiting)
+        other.running = [copies[id(r)] for r in self.running]
+        if self.plan is not None:
+            p = self.plan
+            entries = [(copies[id(r)], n) for r, n in p.entries]
+            other.plan = StepPlan(p.start_ms, p.end_ms, entries, p.decode_run, p.a_ms, p.b_ms, p.kv0)
+        other.available = self.available
+        other.parking = self.parking
+        return other
+
+    # ----- what a router can scrape -------------------------------------------------------------------------
+
+    def prefill_tokens_in_flight(self) -> int:
+        return sum(r.need() for r in (*self.waiting, *self.running) if not r.decoding)
+
+    def decode_tokens_in_flight(self) -> int:
+        return sum(r.computed + 1 for r in self.running if r.decoding)
+
+    # ----- queue --------------------------------------------------------------------------------------------
+
+    def enqueue(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+
+    # ----- cache bookkeeping per request --------------------------------------------------------------------
+
+    def _blocks_needed(self, r: SimRequest, tokens: int) -> int:
+        """New private blocks for `r` to hold `tokens` more KV tokens."""
+        shared = r.published * (r.segment_tokens // self.cache.block_size)
+        return self.cache.blocks_for(r.computed + tokens) - shared - r.private_blocks
+
+    def _cacheable_segments(self, r: SimRequest) -> int:
+        if r.kv_ready or not r.segments:
+            return 0
+        return min(len(r.segments), r.input_tokens // r.segment_tokens)
+
+    def _admit_prefix(self, r: SimRequest) -> None:
+        """Match the cached prefix when `r` first gets blocks here (again after a preemption)."""
+        if r.kv_ready:
+            r.computed = r.input_tokens
+            return
+        usable = self._cacheable_segments(r)
+        matched = self.cache.matched_prefix(r.segments[:usable])
+        if matched * r.segment_tokens >= r.input_tokens:
+            matched -= 1  # at least one prompt token must be computed to sample from
+        hits = r.segments[:matched]
+        self.cache.acquire_prefix(hits)
+        r.held = list(hits)
+        r.published = matched
+        r.computed = matched * r.segment_tokens
+
+    def _release(self, r: SimRequest) -> None:
+        self.cache.free(r.private_blocks)
+        self.cache.release_prefix(r.held)
+        r.private_blocks = 0
+        r.held = []
+        r.published = 0
+
+    def _preempt(self, r: SimRequest) -> None:
+        """Free everything `r` holds; it will recompute its prompt and output here (transferred KV included)."""
+        self._release(r)
+        r.kv_ready = False
+        r.computed = 0
+        r.preemptions += 1
+        self.preemptions += 1
+        self.running.remove(r)
+        self.waiting.appendleft(r)
+
+    def _publish(self, r: SimRequest, now_ms: float) -> None:
+        """Share the prompt segments `r` has fully computed."""
+        done = min(self._cacheable_segments(r), r.computed // r.segment_tokens)
+        if done > r.published:
+            per_segment = r.segment_tokens // self.cache.block_size
+            fresh = list(r.segments[r.published : done])
+            self.cache.publish_prefix(fresh, per_segment, now_ms)
+            r.private_blocks -= per_segment * len(fresh)
+            r.held.extend(fresh)
+            r.published = done
+
+    # ----- scheduling ---------------------------------------------------------------------------------------
+
+    def start_step(self, now_ms: float) -> StepPlan | None:
+        """Plan the next step starting now (None when idle or not resident)."""
+        if self.plan is not None or not self.available:
+            return None
+        if self.decode_runs and not self.waiting and self.running:
+            plan = self._plan_decode_run(now_ms)
+            if plan is not None:
+                self.plan = plan
+                return plan
+        plan = self._plan_step(now_ms)
+        self.plan = plan
+        return plan
+
+    def _plan_step(self, now_ms: float) -> StepPlan | None:
+        budget = self.max_batched_tokens
+        entries: list[tuple[SimRequest, int]] = []
+        preempted = False
+        for r in list(self.running):
+            if budget <= 0:
+                break
+            if r not in self.running:
+                continue  # preempted below to make room for an earlier request
+            n = min(r.need(), budget)
+            blocks = self._blocks_needed(r, n)
+            while not self.cache.allocate(blocks):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+            else:
+                r.private_blocks += blocks
+                entries.append((r, n))
+                budget -= n
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_running:
+            r = self.waiting[0]
+            self._admit_prefix(r)
+            n = min(r.need(), budget)
+            blocks = self._blocks_needed(r, n)
+            if not self.cache.allocate(blocks):
+                self._release(r)
+                r.computed = 0
+                break
+            r.private_blocks += blocks
+            if r.prefix_hit_tokens < 0:
+                r.prefix_hit_tokens = r.published * r.segment_tokens
+            self.waiting.popleft()
+            self.running.append(r)
+            entries.append((r, n))
+            budget -= n
+        if not entries:
+            return None
+        chunks = [(n, r.computed) for r, n in entries if not r.decoding]
+        decodes = [r for r, _ in entries if r.decoding]
+        kv = float(sum(r.computed + 1 for r in decodes))
+        duration = self.stepper.step_ms(chunks, len(decodes), kv)
+        return StepPlan(now_ms, now_ms + duration, entries)
+
+    def _plan_decode_run(self, now_ms: float) -> StepPlan | None:
+        if any(not r.decoding for r in self.running) or len(self.running) > self.max_batched_tokens:
+            return None
+        steps = min(MAX_DECODE_RUN, min(r.output_tokens - r.generated for r in self.running))
+        if steps < 2:
+            return None
+        room = self.cache.free_blocks + self.cache.evictable_blocks
+
+        def blocks(k: int) -> int:
+            return sum(self._blocks_needed(r, k) for r in self.running)
+
+        if blocks(steps) > room:
+            low, high = 1, steps  # blocks(low) may fit, blocks(high) does not
+            if blocks(low) > room:
+                return None
+            while high - low > 1:
+                mid = (low + high) // 2
+                if blocks(mid) <= room:
+                    low = mid
+                else:
+                    high = mid
+            steps = low
+            if steps < 2:
+                return None
+        for r in self.running:
+            extra = self._blocks_needed(r, steps)
+            if not self.cache.allocate(extra):
+                raise AssertionError("decode run allocation failed after a successful check")
+            r.private_blocks += extra
+        a, b = self.stepper.decode_affine(len(self.running))
+        kv0 = float(sum(r.computed + 1 for r in self.running))
+        plan = StepPlan(now_ms, now_ms, [(r, 1) for r in self.running], steps, a, b, kv0)
+        plan.end_ms = plan.run_end(steps)
+        return plan
+
+    def interrupt(self, now_ms: float) -> bool:
+        """Cut a decode run short at the end of the step in flight; True if its end time changed."""
+        plan = self.plan
+        if plan is None or plan.decode_run <= 1:
+            return False
+        ends = [plan.run_end(k) for k in range(1, plan.decode_run + 1)]
+        steps = min(plan.decode_run, bisect.bisect_right(ends, now_ms) + 1)
+        if steps >= plan.decode_run:
+            return False
+        for r, _ in plan.entries:
+            keep = self.cache.blocks_for(r.computed + steps) - self.cache.blocks_for(r.computed)
+            over = self.cache.blocks_for(r.computed + plan.decode_run) - self.cache.blocks_for(r.computed) - keep
+            self.cache.free(over)
+            r.private_blocks -= over
+        plan.decode_run = steps
+        plan.end_ms = ends[steps - 1]
+        return True
+
+    def finish_step(self) -> StepOutcome:
+        """Apply the planned step at its end time."""
+        plan = self.plan
+        if plan is None:
+            raise AssertionError("no step in flight")
+        self.plan = None
+        now = plan.end_ms
+        self.busy_intervals.append((plan.start_ms, now))
+        outcome = StepOutcome()
+        steps = max(plan.decode_run, 1)
+        for r, n in plan.entries:
+            if plan.decode_run:
+                r.computed += steps
+                r.generated += steps
+            else:
+                r.computed += n
+                self._publish(r, now)
+                if r.computed == r.input_tokens + r.generated:
+                    r.generated += 1
+                    if r.prefill_done_ms is None:
+                        r.prefill_done_ms = now
+                    if r.first_token_ms is None and not r.prefill_only:
+                        r.first_token_ms = now
+                        r.decode_start_ms = now
+                        r.decode_start_generated = r.generated
+                        outcome.first_token.append(r)
+            if r.prefill_only and r.generated >= 1:
+                self._leave(r)
+                outcome.prefill_done.append(r)
+            elif r.generated >= r.output_tokens:
+                r.finish_ms = now
+                self._leave(r)
+                outcome.finished.append(r)
+        if self.parking:
+            self._park()
+        return outcome
+
+    def _leave(self, r: SimRequest) -> None:
+        self._release(r)
+        self.running.remove(r)
+
+    # ----- time-slicing --------------------------------------------------------------------------------------
+
+    def request_park(self, now_ms: float) -> None:
+        """The accelerator is handed to another job: stop after the step in flight."""
+        self.interrupt(now_ms)
+        self.parking = True
+        if self.plan is None:
+            self._park()
+
+    def _park(self) -> None:
+        self.parking = False
+        self.available = False
+        for r in list(reversed(self.running)):
+            self._preempt(r)
+        self.cache.clear_unreferenced()
+
+    def resume(self) -> None:
+        self.available = True
+
+    # ----- what-if ------------------------------------------------------------------------------------------
+
+    def time_to_prefill(self, request: SimRequest, now_ms: float, resume_at_ms: float | None = None,
+                        give_up_after_ms: float = math.inf) -> float:
+        """Exact time from `now_ms` until `request` would finish its prefill here, with no further arrivals.
+
+        `resume_at_ms` is when a parked endpoint will be resident again. Once the answer is known to exceed
+        `give_up_after_ms`, the forward simulation stops and returns infinity (a caller looking for the
+        minimum over endpoints needs no more).
+        """
+        sim = self.clone()
+        probe = request.copy()
+        probe.prefill_only = True
+        sim.waiting.append(probe)
+        clock = now_ms
+        if sim.plan is not None:
+            sim.interrupt(now_ms)
+            clock = sim.plan.end_ms
+            sim.finish_step()
+        if not sim.available:
+            if resume_at_ms is None:
+                return math.inf
+            clock = max(clock, resume_at_ms)
+            sim.resume()
+        while probe.prefill_done_ms is None:
+            if clock - now_ms > give_up_after_ms:
+                return math.inf
+            plan = sim.start_step(clock)
+            if plan is None:
+                return math.inf
+            clock = plan.end_ms
+            sim.finish_step()
+        return probe.prefill_done_ms - now_ms

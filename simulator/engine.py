@@ -1,0 +1,488 @@
+"""The fleet simulator: one event loop over arrivals, engine steps, KV transfers and time-slice swaps.
+
+The router sees each endpoint's state as last published (every `refresh_ms`): the snapshot is taken at the
+first event at or after each publication instant, which is the state at that instant because nothing changes
+between events. Cached prefixes count as visible to the router only if cached before the last publication.
+Completed requests are reported to the policy when they complete, never earlier.
+
+P/D: the prefill endpoint runs the prompt and samples the first token; the KV then queues on the decode
+endpoint's ingress link (FIFO, `kv_link_gb_s`), and the first token reaches the client when the transfer
+lands. Time-slicing: each group alternates resident → away (another job holds the accelerators; running
+requests are preempted and the prefix cache is lost) → switching (restore cost) → resident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from features.catalog import get_model
+from features.roofline import kv_transfer_ms
+from features.rows import EndpointState, FeatureRow, Observation
+from router_plugin.policy import Candidate, Pick, RouteRequest, RoutingPolicy
+from simulator.endpoint import Endpoint, SimRequest, StepOutcome
+from simulator.fleet import Fleet, TimesliceGroup
+from simulator.kvcache import KVCache
+from simulator.steptime import StepTimeModel
+from simulator.workload import WorkloadRequest
+
+ARRIVAL, STEP, TRANSFER, TIMESLICE = 0, 1, 2, 3
+
+
+class SimulationError(RuntimeError):
+    """The simulation cannot go on (e.g. a policy picked an endpoint that does not exist)."""
+
+
+@dataclass
+class Decision:
+    """What the router saw and chose for one request."""
+
+    row: FeatureRow
+    decode_row: FeatureRow | None
+    endpoint_id: str
+    decode_endpoint_id: str | None
+
+
+@dataclass
+class CompletedRequest:
+    rid: int
+    arrival_ms: float
+    input_tokens: int
+    output_tokens: int
+    ttft_ms: float
+    itl_ms: float
+    e2e_ms: float
+    endpoint_id: str
+    decode_endpoint_id: str | None
+    prefix_hit_tokens: int
+    preemptions: int
+    transfer_ms: float
+
+
+@dataclass
+class GroupState:
+    spec: TimesliceGroup
+    members: list[Endpoint]
+    state: str = "resident"
+    until_ms: float = math.inf
+    history: list[tuple[float, str]] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    policy: str
+    completed: list[CompletedRequest]
+    observations: list[Observation]
+    busy: dict[str, list[tuple[float, float]]]
+    endpoints: dict[str, dict[str, object]]
+    timeslice: dict[str, list[tuple[float, str]]]
+    duration_ms: float
+    preemptions: int
+
+
+def trusted_state(**fields: object) -> EndpointState:
+    """An EndpointState from values the simulator produced itself, skipping field validation.
+
+    Validation is for values from outside; here it would dominate the cost of every routing decision.
+    """
+    state = object.__new__(EndpointState)
+    for name, default in _STATE_FIELDS:
+        object.__setattr__(state, name, fields.get(name, default))
+    return state
+
+
+_STATE_FIELDS = tuple((f.name, f.default) for f in dataclasses.fields(EndpointState))
+
+
+def build_endpoints(fleet: Fleet, decode_runs: bool = True) -> list[Endpoint]:
+    endpoints = []
+    for cfg in fleet.endpoints:
+        stepper = StepTimeModel(cfg.accelerator, get_model(cfg.model), cfg.tensor_parallel, cfg.cuda_graphs)
+        cache = KVCache(cfg.kv_blocks, cfg.block_size)
+        endpoints.append(
+            Endpoint(cfg.endpoint_id, cfg.role, stepper, cache, cfg.max_batched_tokens, cfg.max_running, decode_runs)
+        )
+    return endpoints
+
+
+class FleetSimulator:
+    """Run one policy over one workload on one fleet.
+
+    Parameters
+    ----------
+    fleet
+        Parsed fleet.
+    workload
+        Requests sorted by arrival.
+    policy
+        Any `router_plugin.policy.RoutingPolicy`; one with an `attach(simulator)` method gets the simulator.
+    seed
+        Seeds the time-slice windows.
+    ttft_slo_ms, tpot_slo_ms
+        Passed to the policy with each request.
+    progress
+        Called with the number of completed requests now and then.
+    """
+
+    def __init__(self, fleet: Fleet, workload: Sequence[WorkloadRequest], policy: RoutingPolicy, seed: int = 0,
+                 ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None,
+                 progress: Callable[[int], None] | None = None) -> None:
+        self.fleet = fleet
+        self.workload = list(workload)
+        self.policy = policy
+        self.rng = random.Random(seed)
+        self.ttft_slo_ms = ttft_slo_ms
+        self.tpot_slo_ms = tpot_slo_ms
+        self.progress = progress
+        self.endpoints = build_endpoints(fleet)
+        self.by_id = {e.endpoint_id: e for e in self.endpoints}
+        self.configs = {c.endpoint_id: c for c in fleet.endpoints}
+        for w in self.workload:
+            for e in self.endpoints:
+                if w.segments and w.segment_tokens % e.cache.block_size:
+                    raise SimulationError(
+                        f"prefix segments of {w.segment_tokens} tokens are not whole blocks of "
+                        f"{e.cache.block_size} on {e.endpoint_id}"
+                    )
+            break
+        self.now = 0.0
+        self._events: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._versions: dict[str, int] = {e.endpoint_id: 0 for e in self.endpoints}
+        self._link_free: dict[str, float] = {e.endpoint_id: 0.0 for e in self.endpoints}
+        self._decisions: dict[int, Decision] = {}
+        self._transfer_ms: dict[int, float] = {}
+        self._published_at = 0.0
+        self._next_publish = 0.0
+        self._published: dict[str, tuple[int, int, float, int, int]] = {}
+        self._frozen_at: dict[str, float] = {}
+        self._states: dict[str, tuple[tuple[float, str, float], EndpointState]] = {}
+        self.groups: dict[str, GroupState] = {}
+        self._group_of: dict[str, GroupState] = {}
+        for name, spec in fleet.timeslice_groups.items():
+            members = [self.by_id[c.endpoint_id] for c in fleet.endpoints if c.timeslice_group == name]
+            if members:
+                group = GroupState(spec, members)
+                self.groups[name] = group
+                for m in members:
+                    self._group_of[m.endpoint_id] = group
+        self.routing: SimRequest | None = None
+        self.completed: list[CompletedRequest] = []
+        self.observations: list[Observation] = []
+        attach = getattr(policy, "attach", None)
+        if callable(attach):
+            attach(self)
+
+    # ----- events -------------------------------------------------------------------------------------------
+
+    def _push(self, time_ms: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (time_ms, self._seq, kind, payload))
+
+    def _wake(self, endpoint: Endpoint) -> None:
+        """Start a step if the endpoint is idle, or cut a decode run short so the newcomer joins soon."""
+        self._freeze(endpoint)
+        if endpoint.plan is not None:
+            if endpoint.interrupt(self.now):
+                self._schedule_step(endpoint)
+            return
+        if endpoint.start_step(self.now) is not None:
+            self._schedule_step(endpoint)
+
+    def _schedule_step(self, endpoint: Endpoint) -> None:
+        assert endpoint.plan is not None
+        version = self._versions[endpoint.endpoint_id] + 1
+        self._versions[endpoint.endpoint_id] = version
+        self._push(endpoint.plan.end_ms, STEP, (endpoint, version))
+
+    # ----- router view ----------------------------------------------------------------------------------------
+
+    def _freeze(self, endpoint: Endpoint) -> None:
+        """Record the endpoint's published state before it changes, if not yet done since the last publication.
+
+        An endpoint changes only in its own events, so a snapshot taken just before its first change after a
+        publication instant is its state at that instant; one never changed since is its current state.
+        """
+        eid = endpoint.endpoint_id
+        if self._frozen_at.get(eid, -1.0) < self._published_at:
+            self._published[eid] = (
+                len(endpoint.waiting),
+                len(endpoint.running),
+                endpoint.cache.usage(),
+                endpoint.prefill_tokens_in_flight(),
+                endpoint.decode_tokens_in_flight(),
+            )
+            self._frozen_at[eid] = self._published_at
+
+    def timeslice_view(self, endpoint_id: str) -> tuple[str, float]:
+        """(state, expected ms until resident) of an endpoint's time-slice group."""
+        group = self._group_of.get(endpoint_id)
+        if group is None:
+            return "none", 0.0
+        if group.state == "resident":
+            return "resident", 0.0
+        remaining = max(0.0, group.until_ms - self.now)
+        if group.state == "parked":
+            return "parked", remaining + group.spec.restore_ms.mean
+        return "switching", remaining
+
+    def resume_time(self, endpoint_id: str) -> float | None:
+        """When a non-resident endpoint will serve again (known to the simulator, not to routers)."""
+        group = self._group_of.get(endpoint_id)
+        if group is None or group.state == "resident":
+            return None
+        if group.state == "parked":
+            return group.until_ms + group.spec.restore_ms.mean
+        return group.until_ms
+
+    def link_free_ms(self, endpoint_id: str) -> float:
+        """When the KV ingress link of a decode endpoint is next free."""
+        return max(self.now, self._link_free[endpoint_id])
+
+    def candidates(self, request: SimRequest) -> list[Candidate]:
+        out = []
+        for e in self.endpoints:
+            cfg = self.configs[e.endpoint_id]
+            self._freeze(e)
+            ts_state, ts_wait = self.timeslice_view(e.endpoint_id)
+            key = (self._frozen_at[e.endpoint_id], ts_state, ts_wait)
+            cached = self._states.get(e.endpoint_id)
+            if cached is not None and cached[0] == key:
+                state = cached[1]
+            else:
+                waiting, running, kv, prefill_tokens, decode_tokens = self._published[e.endpoint_id]
+                state = trusted_state(
+                    endpoint_id=e.endpoint_id,
+                    accelerator=cfg.accelerator,
+                    model=cfg.model,
+                    tensor_parallel=cfg.tensor_parallel,
+                    role=cfg.role,
+                    num_request_waiting=waiting,
+                    num_request_running=running,
+                    kv_cache_percentage=kv,
+                    prefill_tokens_in_flight=prefill_tokens,
+                    decode_tokens_in_flight=decode_tokens,
+                    timeslice_state=ts_state,
+                    timeslice_wait_ms=ts_wait,
+                )
+                self._states[e.endpoint_id] = (key, state)
+            hits = 0
+            if request.segments and e.role != "decode":
+                usable = min(len(request.segments), request.input_tokens // request.segment_tokens)
+                matched = e.cache.matched_prefix(request.segments[:usable], self._published_at)
+                hits = min(matched * request.segment_tokens, request.input_tokens)
+            out.append(Candidate(state, hits))
+        return out
+
+    # ----- handlers -------------------------------------------------------------------------------------------
+
+    def _route(self, request: SimRequest) -> None:
+        route = RouteRequest(
+            request_id=str(request.rid),
+            input_tokens=request.input_tokens,
+            block_hashes=request.segments,
+            ttft_slo_ms=self.ttft_slo_ms,
+            tpot_slo_ms=self.tpot_slo_ms,
+        )
+        candidates = self.candidates(request)
+        self.routing = request
+        pick = self.policy.pick(route, candidates)
+        self.routing = None
+        self._check_pick(pick)
+        by_id = {c.endpoint_id: c for c in candidates}
+        decode_row = by_id[pick.decode_endpoint_id].row(route) if pick.decode_endpoint_id else None
+        self._decisions[request.rid] = Decision(
+            by_id[pick.endpoint_id].row(route), decode_row, pick.endpoint_id, pick.decode_endpoint_id
+        )
+        if pick.decode_endpoint_id is not None:
+            request.prefill_only = True
+        for chosen in (pick.endpoint_id, pick.decode_endpoint_id):
+            if chosen is not None:
+                self._check_fits(request, self.by_id[chosen])
+        target = self.by_id[pick.endpoint_id]
+        self._freeze(target)
+        target.enqueue(request)
+        self._wake(target)
+
+    def _check_fits(self, request: SimRequest, endpoint: Endpoint) -> None:
+        tokens = request.input_tokens + request.output_tokens
+        if endpoint.cache.blocks_for(tokens) > endpoint.cache.total_blocks:
+            raise SimulationError(
+                f"request {request.rid} ({tokens} tokens) can never fit the KV cache of {endpoint.endpoint_id} "
+                f"({endpoint.cache.total_blocks * endpoint.cache.block_size} tokens)"
+            )
+
+    def _check_pick(self, pick: Pick) -> None:
+        name = getattr(self.policy, "name", type(self.policy).__name__)
+        if pick.endpoint_id not in self.by_id:
+            raise SimulationError(f"policy {name!r} picked unknown endpoint {pick.endpoint_id!r}")
+        if self.fleet.disaggregated:
+            if pick.decode_endpoint_id not in self.by_id:
+                raise SimulationError(f"policy {name!r} must pick a decode endpoint on a P/D fleet")
+            if self.by_id[pick.endpoint_id].role != "prefill" or self.by_id[pick.decode_endpoint_id].role != "decode":
+                raise SimulationError(f"policy {name!r} picked a pair with the wrong roles")
+        elif pick.decode_endpoint_id is not None:
+            raise SimulationError(f"policy {name!r} picked a P/D pair on a unified fleet")
+
+    def _on_step(self, endpoint: Endpoint) -> None:
+        self._freeze(endpoint)
+        outcome: StepOutcome = endpoint.finish_step()
+        for r in outcome.prefill_done:
+            self._start_transfer(r)
+        for r in outcome.finished:
+            self._complete(r)
+        self._wake(endpoint)
+
+    def _start_transfer(self, r: SimRequest) -> None:
+        decision = self._decisions[r.rid]
+        assert decision.decode_endpoint_id is not None
+        target = decision.decode_endpoint_id
+        model = get_model(self.configs[target].model)
+        start = max(self.now, self._link_free[target])
+        end = start + kv_transfer_ms(model, r.input_tokens, self.fleet.kv_link_gb_s)
+        self._link_free[target] = end
+        self._transfer_ms[r.rid] = end - self.now
+        self._push(end, TRANSFER, r)
+
+    def _on_transfer(self, r: SimRequest) -> None:
+        decision = self._decisions[r.rid]
+        assert decision.decode_endpoint_id is not None
+        r.first_token_ms = self.now
+        r.decode_start_ms = self.now
+        r.decode_start_generated = 1
+        r.prefill_only = False
+        r.kv_ready = True
+        r.computed = 0
+        r.generated = 1
+        if r.output_tokens <= 1:
+            r.finish_ms = self.now
+            self._complete(r)
+            return
+        target = self.by_id[decision.decode_endpoint_id]
+        self._freeze(target)
+        target.enqueue(r)
+        self._wake(target)
+
+    def _complete(self, r: SimRequest) -> None:
+        decision = self._decisions.pop(r.rid)
+        assert r.first_token_ms is not None and r.finish_ms is not None
+        ttft = r.first_token_ms - r.arrival_ms
+        decode_tokens = r.generated - r.decode_start_generated
+        start = r.decode_start_ms if r.decode_start_ms is not None else r.first_token_ms
+        itl = (r.finish_ms - start) / decode_tokens if decode_tokens > 0 else 0.0
+        done = CompletedRequest(
+            rid=r.rid,
+            arrival_ms=r.arrival_ms,
+            input_tokens=r.input_tokens,
+            output_tokens=r.output_tokens,
+            ttft_ms=ttft,
+            itl_ms=itl,
+            e2e_ms=r.finish_ms - r.arrival_ms,
+            endpoint_id=decision.endpoint_id,
+            decode_endpoint_id=decision.decode_endpoint_id,
+            prefix_hit_tokens=max(r.prefix_hit_tokens, 0),
+            preemptions=r.preemptions,
+            transfer_ms=self._transfer_ms.pop(r.rid, 0.0),
+        )
+        self.completed.append(done)
+        stamp = self.now / 1e3
+        if decision.decode_row is None:
+            observations = [Observation(decision.row, ttft, itl, timestamp=stamp)]
+        else:
+            observations = [
+                Observation(decision.row, ttft, 0.0, timestamp=stamp),
+                Observation(decision.decode_row, 0.0, itl, timestamp=stamp),
+            ]
+        for obs in observations:
+            self.observations.append(obs)
+            self.policy.observe(obs)
+        if self.progress is not None and (len(self.completed) % 200 == 0 or len(self.completed) == len(self.workload)):
+            self.progress(len(self.completed))
+
+    def _on_timeslice(self, group: GroupState) -> None:
+        if group.state == "resident":
+            group.state = "parked"
+            group.until_ms = self.now + group.spec.away_ms.draw(self.rng)
+            for e in group.members:
+                self._freeze(e)
+                had_plan = e.plan is not None
+                e.request_park(self.now)
+                if had_plan and e.plan is not None:
+                    self._schedule_step(e)
+        elif group.state == "parked":
+            group.state = "switching"
+            group.until_ms = self.now + group.spec.restore_ms.draw(self.rng)
+        else:
+            group.state = "resident"
+            group.until_ms = self.now + group.spec.resident_ms.draw(self.rng)
+            for e in group.members:
+                self._freeze(e)
+                e.resume()
+                self._wake(e)
+        group.history.append((self.now, group.state))
+        self._push(group.until_ms, TIMESLICE, group)
+
+    # ----- the loop -----------------------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        for rid, w in enumerate(self.workload):
+            request = SimRequest(rid, w.arrival_ms, w.input_tokens, w.output_tokens, w.segments, w.segment_tokens)
+            self._push(w.arrival_ms, ARRIVAL, request)
+        for group in self.groups.values():
+            group.history.append((0.0, "resident"))
+            group.until_ms = group.spec.resident_ms.draw(self.rng)
+            self._push(group.until_ms, TIMESLICE, group)
+        pending = len(self.workload)
+        refresh = self.fleet.refresh_ms
+        self._next_publish = refresh
+        while self._events and len(self.completed) < pending:
+            time_ms, _, kind, payload = heapq.heappop(self._events)
+            if kind == STEP:
+                endpoint, version = cast(tuple[Endpoint, int], payload)
+                if version != self._versions[endpoint.endpoint_id] or endpoint.plan is None:
+                    continue
+            if time_ms >= self._next_publish:
+                self._published_at = math.floor(time_ms / refresh) * refresh
+                self._next_publish = self._published_at + refresh
+            self.now = time_ms
+            if kind == ARRIVAL:
+                assert isinstance(payload, SimRequest)
+                self._route(payload)
+            elif kind == STEP:
+                self._on_step(endpoint)
+            elif kind == TRANSFER:
+                assert isinstance(payload, SimRequest)
+                self._on_transfer(payload)
+            else:
+                assert isinstance(payload, GroupState)
+                self._on_timeslice(payload)
+        if len(self.completed) < pending:
+            raise SimulationError(
+                f"{pending - len(self.completed)} requests never completed (a request larger than an endpoint's "
+                "KV cache, or a fleet that never serves)"
+            )
+        return SimResult(
+            policy=getattr(self.policy, "name", type(self.policy).__name__),
+            completed=sorted(self.completed, key=lambda c: c.rid),
+            observations=self.observations,
+            busy={e.endpoint_id: e.busy_intervals for e in self.endpoints},
+            endpoints={
+                e.endpoint_id: {
+                    "accelerator": self.configs[e.endpoint_id].accelerator,
+                    "model": self.configs[e.endpoint_id].model,
+                    "role": e.role,
+                    "timeslice_group": self.configs[e.endpoint_id].timeslice_group,
+                    "kv_blocks": e.cache.total_blocks,
+                    "preemptions": e.preemptions,
+                }
+                for e in self.endpoints
+            },
+            timeslice={name: g.history for name, g in self.groups.items()},
+            duration_ms=self.now,
+            preemptions=sum(e.preemptions for e in self.endpoints),
+        )

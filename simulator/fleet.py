@@ -1,0 +1,240 @@
+"""Fleet description files: pools of endpoints, P/D links and time-slice groups, validated at the edge.
+
+A fleet YAML looks like:
+
+    refresh_ms: 50            # how often endpoint state is published to the router
+    pools:
+      - name: h100
+        count: 4
+        accelerator: h100-sxm
+        model: llama-3.1-8b
+        tensor_parallel: 1
+        role: both            # both | prefill | decode
+        timeslice_group: rl   # optional
+    kv_link_gb_s: 25          # P/D: per decode endpoint, KV transfers queue on it
+    timeslice_groups:
+      rl:
+        resident_ms: {distribution: exponential, mean: 4000}
+        away_ms: {distribution: uniform, low: 500, high: 1500}
+        restore_ms: {distribution: uniform, low: 50, high: 100}
+
+A fleet is either unified (every pool `both`) or disaggregated (`prefill` and `decode` pools).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from features.catalog import get_accelerator, get_model
+from features.errors import FeatureError
+
+
+class FleetError(ValueError):
+    """A fleet file is missing, unreadable or describes an impossible fleet."""
+
+
+class DistributionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    distribution: Literal["fixed", "uniform", "exponential"] = "fixed"
+    value: float | None = Field(default=None, ge=0)
+    low: float | None = Field(default=None, ge=0)
+    high: float | None = Field(default=None, ge=0)
+    mean: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _complete(self) -> DistributionSpec:
+        needed = {"fixed": ("value",), "uniform": ("low", "high"), "exponential": ("mean",)}[self.distribution]
+        for name in needed:
+            if getattr(self, name) is None:
+                raise ValueError(f"{self.distribution} distribution needs '{name}'")
+        if self.distribution == "uniform" and (self.high or 0) < (self.low or 0):
+            raise ValueError("uniform distribution needs low ≤ high")
+        return self
+
+
+class TimesliceSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    resident_ms: DistributionSpec
+    away_ms: DistributionSpec
+    restore_ms: DistributionSpec = DistributionSpec(distribution="uniform", low=50, high=100)
+
+
+class PoolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    count: int = Field(ge=1, le=1024)
+    accelerator: str
+    model: str
+    tensor_parallel: int = Field(default=1, ge=1, le=64)
+    role: Literal["both", "prefill", "decode"] = "both"
+    timeslice_group: str | None = None
+    max_num_batched_tokens: int = Field(default=8192, ge=16)
+    max_num_seqs: int = Field(default=256, ge=1)
+    block_size: int = Field(default=16, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    cuda_graphs: bool = True
+
+
+class FleetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = "fleet"
+    refresh_ms: float = Field(default=50.0, gt=0)
+    kv_link_gb_s: float = Field(default=25.0, gt=0)
+    pools: list[PoolSpec] = Field(min_length=1)
+    timeslice_groups: dict[str, TimesliceSpec] = {}
+
+
+@dataclass(frozen=True)
+class Distribution:
+    kind: str
+    a: float
+    b: float = 0.0
+
+    def draw(self, rng: random.Random) -> float:
+        if self.kind == "fixed":
+            return self.a
+        if self.kind == "uniform":
+            return rng.uniform(self.a, self.b)
+        return rng.expovariate(1.0 / self.a)
+
+    @property
+    def mean(self) -> float:
+        return (self.a + self.b) / 2.0 if self.kind == "uniform" else self.a
+
+
+def _distribution(spec: DistributionSpec) -> Distribution:
+    if spec.distribution == "fixed":
+        return Distribution("fixed", float(spec.value or 0.0))
+    if spec.distribution == "uniform":
+        return Distribution("uniform", float(spec.low or 0.0), float(spec.high or 0.0))
+    return Distribution("exponential", float(spec.mean or 1.0))
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    endpoint_id: str
+    pool: str
+    accelerator: str
+    model: str
+    tensor_parallel: int
+    role: str
+    timeslice_group: str | None
+    max_batched_tokens: int
+    max_running: int
+    block_size: int
+    kv_blocks: int
+    cuda_graphs: bool
+
+
+@dataclass(frozen=True)
+class TimesliceGroup:
+    name: str
+    resident_ms: Distribution
+    away_ms: Distribution
+    restore_ms: Distribution
+
+
+@dataclass(frozen=True)
+class Fleet:
+    name: str
+    refresh_ms: float
+    kv_link_gb_s: float
+    endpoints: tuple[EndpointConfig, ...]
+    timeslice_groups: dict[str, TimesliceGroup]
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(e.role != "both" for e in self.endpoints)
+
+
+def kv_blocks(pool: PoolSpec) -> int:
+    """Blocks left for KV after the weights, as vLLM sizes its cache from `gpu_memory_utilization`."""
+    accelerator = get_accelerator(pool.accelerator)
+    model = get_model(pool.model)
+    budget = accelerator.memory_gb * 1e9 * pool.tensor_parallel * pool.gpu_memory_utilization
+    free = budget - model.weight_bytes
+    blocks = math.floor(free / (model.kv_bytes_per_token * pool.block_size))
+    if blocks < 1:
+        raise FleetError(
+            f"pool {pool.name!r}: {pool.model} ({model.weight_bytes / 1e9:.0f} GB of weights) does not fit on "
+            f"{pool.tensor_parallel}× {pool.accelerator}; raise tensor_parallel"
+        )
+    return blocks
+
+
+def build_fleet(spec: FleetSpec) -> Fleet:
+    roles = {p.role for p in spec.pools}
+    if "both" in roles and len(roles) > 1:
+        raise FleetError("pools: a fleet is either unified (all 'both') or P/D ('prefill' and 'decode'), not mixed")
+    if roles and "both" not in roles and roles != {"prefill", "decode"}:
+        raise FleetError("pools: a P/D fleet needs at least one 'prefill' and one 'decode' pool")
+    names = [p.name for p in spec.pools]
+    if len(set(names)) != len(names):
+        raise FleetError("pools: pool names must be unique")
+    endpoints: list[EndpointConfig] = []
+    for pool in spec.pools:
+        if pool.timeslice_group is not None and pool.timeslice_group not in spec.timeslice_groups:
+            raise FleetError(f"pool {pool.name!r}: unknown timeslice_group {pool.timeslice_group!r}")
+        try:
+            blocks = kv_blocks(pool)
+        except FeatureError as err:
+            raise FleetError(f"pool {pool.name!r}: {err}") from None
+        for i in range(pool.count):
+            endpoints.append(
+                EndpointConfig(
+                    endpoint_id=f"{pool.name}-{i}",
+                    pool=pool.name,
+                    accelerator=pool.accelerator,
+                    model=pool.model,
+                    tensor_parallel=pool.tensor_parallel,
+                    role=pool.role,
+                    timeslice_group=pool.timeslice_group,
+                    max_batched_tokens=pool.max_num_batched_tokens,
+                    max_running=pool.max_num_seqs,
+                    block_size=pool.block_size,
+                    kv_blocks=blocks,
+                    cuda_graphs=pool.cuda_graphs,
+                )
+            )
+    groups = {
+        name: TimesliceGroup(name, _distribution(g.resident_ms), _distribution(g.away_ms), _distribution(g.restore_ms))
+        for name, g in spec.timeslice_groups.items()
+    }
+    return Fleet(spec.name, spec.refresh_ms, spec.kv_link_gb_s, tuple(endpoints), groups)
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "fleet"
+    return f"{where}: {first['msg']}"
+
+
+def parse_fleet(data: object) -> Fleet:
+    """A parsed YAML/JSON document → Fleet; FleetError names the offending field."""
+    try:
+        spec = FleetSpec.model_validate(data)
+    except ValidationError as err:
+        raise FleetError(_describe(err)) from None
+    return build_fleet(spec)
+
+
+def load_fleet(path: Path) -> Fleet:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise FleetError(f"{path}: {err.strerror or err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise FleetError(f"{path}: not valid YAML ({err})") from None
+    try:
+        return parse_fleet(data)
+    except FleetError as err:
+        raise FleetError(f"{path}: {err}") from None

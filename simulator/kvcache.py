@@ -1,0 +1,148 @@
+"""A replica's KV cache: fixed-size blocks, prefix caching with reference counts, LRU eviction.
+
+Blocks come in two kinds. Private blocks belong to one request (its uncached prompt tail and its output) and are
+only counted. Prefix entries hold the KV of one prefix segment (a run of whole blocks named by a chained hash,
+the granularity at which the workload says which prompts share a prefix); they are shared by reference count
+and, once no request references them, kept in LRU order until space is needed. This mirrors vLLM's block
+manager at the granularity the traces provide, at a fraction of the bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class PrefixEntry:
+    blocks: int
+    refs: int
+    cached_at_ms: float
+
+
+class KVCache:
+    """Block accounting for one replica.
+
+    Parameters
+    ----------
+    total_blocks
+        Blocks that fit in the memory left after the weights.
+    block_size
+        Tokens per block.
+    """
+
+    def __init__(self, total_blocks: int, block_size: int) -> None:
+        if total_blocks < 1 or block_size < 1:
+            raise ValueError("total_blocks and block_size must be ≥ 1")
+        self.total_blocks = total_blocks
+        self.block_size = block_size
+        self.private_blocks = 0
+        self.prefix_blocks = 0
+        self.evictable_blocks = 0
+        self.entries: dict[int, PrefixEntry] = {}
+        self._unreferenced: OrderedDict[int, None] = OrderedDict()
+
+    def clone(self) -> KVCache:
+        other = KVCache(self.total_blocks, self.block_size)
+        other.private_blocks = self.private_blocks
+        other.prefix_blocks = self.prefix_blocks
+        other.evictable_blocks = self.evictable_blocks
+        other.entries = {h: PrefixEntry(e.blocks, e.refs, e.cached_at_ms) for h, e in self.entries.items()}
+        other._unreferenced = OrderedDict(self._unreferenced)
+        return other
+
+    @property
+    def used_blocks(self) -> int:
+        return self.private_blocks + self.prefix_blocks
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used_blocks
+
+    def usage(self) -> float:
+        """Share of blocks held by running requests (unreferenced cached prefixes count as free, as in vLLM)."""
+        held = self.used_blocks - self.evictable_blocks
+        return min(1.0, max(0.0, held / self.total_blocks))
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def matched_prefix(self, hashes: tuple[int, ...] | list[int], visible_before_ms: float | None = None) -> int:
+        """Leading segments of `hashes` present (and, if given, cached no later than `visible_before_ms`)."""
+        n = 0
+        for h in hashes:
+            entry = self.entries.get(h)
+            if entry is None or (visible_before_ms is not None and entry.cached_at_ms > visible_before_ms):
+                break
+            n += 1
+        return n
+
+    def acquire_prefix(self, hashes: tuple[int, ...] | list[int]) -> None:
+        """Reference cached segments (a request starts using them)."""
+        for h in hashes:
+            entry = self.entries[h]
+            if entry.refs == 0:
+                del self._unreferenced[h]
+                self.evictable_blocks -= entry.blocks
+            entry.refs += 1
+
+    def release_prefix(self, hashes: tuple[int, ...] | list[int]) -> None:
+        """Drop references; unreferenced segments stay cached, most recently used last."""
+        for h in hashes:
+            entry = self.entries[h]
+            entry.refs -= 1
+            if entry.refs == 0:
+                self._unreferenced[h] = None
+                self.evictable_blocks += entry.blocks
+
+    def make_room(self, blocks: int) -> bool:
+        """Evict least recently used unreferenced segments until `blocks` are free; False if impossible."""
+        while self.free_blocks < blocks and self._unreferenced:
+            h, _ = self._unreferenced.popitem(last=False)
+            evicted = self.entries.pop(h).blocks
+            self.prefix_blocks -= evicted
+            self.evictable_blocks -= evicted
+        return self.free_blocks >= blocks
+
+    def can_allocate(self, blocks: int) -> bool:
+        return self.free_blocks + self.evictable_blocks >= blocks
+
+    def allocate(self, blocks: int) -> bool:
+        """Take `blocks` private blocks, evicting if needed; False (and nothing taken) if they do not fit."""
+        if blocks <= 0:
+            return True
+        if not self.can_allocate(blocks) or not self.make_room(blocks):
+            return False
+        self.private_blocks += blocks
+        return True
+
+    def free(self, blocks: int) -> None:
+        if blocks > self.private_blocks:
+            raise AssertionError(f"freeing {blocks} private blocks, only {self.private_blocks} held")
+        self.private_blocks -= blocks
+
+    def publish_prefix(self, hashes: list[int], blocks_per_segment: int, now_ms: float) -> list[int]:
+        """Turn a request's private blocks for fully computed segments into shared entries it references.
+
+        Returns the hashes the request now references. A segment someone else already cached is referenced
+        instead and the request's duplicate blocks are freed.
+        """
+        for h in hashes:
+            self.private_blocks -= blocks_per_segment
+            entry = self.entries.get(h)
+            if entry is None:
+                self.entries[h] = PrefixEntry(blocks_per_segment, 1, now_ms)
+                self.prefix_blocks += blocks_per_segment
+            else:
+                if entry.refs == 0:
+                    del self._unreferenced[h]
+                    self.evictable_blocks -= entry.blocks
+                entry.refs += 1
+        return hashes
+
+    def clear_unreferenced(self) -> None:
+        """Forget every cached segment no request holds (a time-slice swap wiped the cache)."""
+        for h in list(self._unreferenced):
+            self.prefix_blocks -= self.entries.pop(h).blocks
+        self._unreferenced.clear()
+        self.evictable_blocks = 0

@@ -1,0 +1,233 @@
+"""Workloads: recorded traces (Mooncake JSONL, Azure CSV) and synthetic Poisson or bursty traffic.
+
+Every workload is a list of `WorkloadRequest` sorted by arrival. Prefix sharing is described by chained hashes
+of fixed-size prompt segments (`segment_tokens`; the Mooncake trace's `hash_ids` name 512-token blocks), so
+equal leading hashes mean a shared prefix.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from features.prefix import chain_block_ids
+
+MOONCAKE_SEGMENT_TOKENS = 512
+
+
+class TraceError(ValueError):
+    """A trace file is unreadable or has a malformed line (the message names the line)."""
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    arrival_ms: float
+    input_tokens: int
+    output_tokens: int
+    segments: tuple[int, ...] = ()
+    segment_tokens: int = MOONCAKE_SEGMENT_TOKENS
+
+
+def _positive_int(value: object, name: str, where: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < minimum:
+        raise TraceError(f"{where}: '{name}' must be an integer ≥ {minimum}, got {value!r}")
+    return int(value)
+
+
+def read_mooncake(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
+    """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (512-token blocks).
+
+    `limit` stops after that many requests (in file order, which is arrival order in the published traces).
+    """
+    out: list[WorkloadRequest] = []
+    try:
+        handle = path.open()
+    except OSError as err:
+        raise TraceError(f"{path}: {err.strerror or err}") from None
+    with handle:
+        for lineno, line in enumerate(handle, start=1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TraceError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise TraceError(f"{where}: expected a JSON object")
+            for name in ("timestamp", "input_length", "output_length"):
+                if name not in row:
+                    raise TraceError(f"{where}: missing '{name}'")
+            stamp = row["timestamp"]
+            if isinstance(stamp, bool) or not isinstance(stamp, int | float) or stamp < 0:
+                raise TraceError(f"{where}: 'timestamp' must be a number ≥ 0, got {stamp!r}")
+            ids = row.get("hash_ids", [])
+            if not isinstance(ids, list):
+                raise TraceError(f"{where}: 'hash_ids' must be a list")
+            out.append(
+                WorkloadRequest(
+                    arrival_ms=float(stamp),
+                    input_tokens=_positive_int(row["input_length"], "input_length", where),
+                    output_tokens=_positive_int(row["output_length"], "output_length", where),
+                    segments=tuple(chain_block_ids(ids)),
+                    segment_tokens=MOONCAKE_SEGMENT_TOKENS,
+                )
+            )
+    return out
+
+
+def read_azure(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
+    """Azure LLM inference CSV: `TIMESTAMP` (date-time), `ContextTokens`, `GeneratedTokens`; no prefixes."""
+    out: list[WorkloadRequest] = []
+    try:
+        handle = path.open(newline="")
+    except OSError as err:
+        raise TraceError(f"{path}: {err.strerror or err}") from None
+    with handle:
+        reader = csv.DictReader(handle)
+        fields = set(reader.fieldnames or ())
+        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - fields
+        if missing:
+            raise TraceError(f"{path}:1: missing column(s) {', '.join(sorted(missing))}")
+        start: datetime | None = None
+        for lineno, row in enumerate(reader, start=2):
+            if limit is not None and len(out) >= limit:
+                break
+            where = f"{path}:{lineno}"
+            text = (row.get("TIMESTAMP") or "").strip()
+            try:
+                # Seven fractional digits: keep microseconds.
+                head, _, frac = text.partition(".")
+                stamp = datetime.fromisoformat(f"{head}.{frac[:6]}" if frac else head)
+            except ValueError:
+                raise TraceError(f"{where}: TIMESTAMP {text!r} is not a date-time") from None
+            start = start or stamp
+            try:
+                context, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+            except (TypeError, ValueError):
+                raise TraceError(f"{where}: ContextTokens and GeneratedTokens must be integers") from None
+            out.append(
+                WorkloadRequest(
+                    arrival_ms=(stamp - start).total_seconds() * 1e3,
+                    input_tokens=_positive_int(context, "ContextTokens", where),
+                    output_tokens=_positive_int(generated, "GeneratedTokens", where),
+                )
+            )
+    return out
+
+
+def read_trace(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
+    """Pick the parser by extension: .jsonl → Mooncake, .csv → Azure."""
+    if path.suffix == ".jsonl":
+        return read_mooncake(path, limit)
+    if path.suffix == ".csv":
+        return read_azure(path, limit)
+    raise TraceError(f"{path}: unknown trace format (expected .jsonl Mooncake or .csv Azure)")
+
+
+def shape(requests: list[WorkloadRequest], rate_scale: float = 1.0, max_requests: int | None = None,
+          ) -> list[WorkloadRequest]:
+    """Sort by arrival, keep the first `max_requests`, and compress time by `rate_scale` (2 = twice the rate)."""
+    if rate_scale <= 0:
+        raise TraceError(f"rate_scale must be > 0, got {rate_scale}")
+    if max_requests is not None and max_requests < 1:
+        raise TraceError(f"max_requests must be ≥ 1, got {max_requests}")
+    ordered = sorted(requests, key=lambda r: r.arrival_ms)[:max_requests]
+    if not ordered:
+        raise TraceError("the workload has no requests")
+    origin = ordered[0].arrival_ms
+    return [
+        WorkloadRequest((r.arrival_ms - origin) / rate_scale, r.input_tokens, r.output_tokens, r.segments,
+                        r.segment_tokens)
+        for r in ordered
+    ]
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Synthetic traffic.
+
+    Parameters
+    ----------
+    rate_rps
+        Mean arrival rate.
+    burstiness
+        1 = Poisson; > 1 = gamma inter-arrivals with that squared coefficient of variation (bursty).
+    input_mean, output_mean
+        Means of log-normal input and output lengths.
+    prefix_groups, prefix_tokens, prefix_share
+        `prefix_share` of the requests start with one of `prefix_groups` shared prefixes of `prefix_tokens`.
+    """
+
+    requests: int = 1000
+    rate_rps: float = 10.0
+    burstiness: float = 1.0
+    input_mean: int = 2000
+    output_mean: int = 200
+    prefix_groups: int = 8
+    prefix_tokens: int = 1024
+    prefix_share: float = 0.5
+    segment_tokens: int = MOONCAKE_SEGMENT_TOKENS
+
+
+def synthetic(spec: SyntheticSpec, seed: int = 0) -> list[WorkloadRequest]:
+    rng = random.Random(seed)
+    out: list[WorkloadRequest] = []
+    clock = 0.0
+    shape_k = 1.0 / spec.burstiness
+    next_id = 0
+    group_ids = [[f"g{g}-{i}" for i in range(spec.prefix_tokens // spec.segment_tokens)]
+                 for g in range(spec.prefix_groups)]
+    for _ in range(spec.requests):
+        clock += rng.gammavariate(shape_k, 1.0 / (spec.rate_rps * shape_k)) * 1e3
+        inp = max(1, int(rng.lognormvariate(0, 0.6) * spec.input_mean / 1.197))
+        out_len = max(1, int(rng.lognormvariate(0, 0.6) * spec.output_mean / 1.197))
+        ids: list[object] = []
+        if spec.prefix_groups and rng.random() < spec.prefix_share:
+            ids.extend(rng.choice(group_ids))
+            inp = max(inp, spec.prefix_tokens + 1)
+        while len(ids) * spec.segment_tokens < inp:
+            ids.append(next_id)
+            next_id += 1
+        out.append(WorkloadRequest(clock, inp, out_len, tuple(chain_block_ids(ids)), spec.segment_tokens))
+    return out
+
+
+def parse_synthetic(text: str) -> SyntheticSpec:
+    """`synthetic:rate_rps=20,requests=2000,burstiness=4,...` → SyntheticSpec (fields as in SyntheticSpec)."""
+    _, _, params = text.partition(":")
+    fields = SyntheticSpec.__dataclass_fields__
+    values: dict[str, float | int] = {}
+    for item in filter(None, params.split(",")):
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            known = ", ".join(fields)
+            raise TraceError(f"synthetic workload: bad parameter {item!r} (known: {known})")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise TraceError(f"synthetic workload: {name} must be a number, got {raw!r}") from None
+        values[name] = int(value) if fields[name].type == "int" else value
+    spec = SyntheticSpec(**values)  # type: ignore[arg-type]
+    if spec.requests < 1 or spec.rate_rps <= 0 or spec.burstiness <= 0 or spec.input_mean < 1 or spec.output_mean < 1:
+        raise TraceError("synthetic workload: requests, rate_rps, burstiness, input_mean, output_mean must be > 0")
+    if not 0 <= spec.prefix_share <= 1 or spec.prefix_groups < 0 or spec.segment_tokens < 1:
+        raise TraceError("synthetic workload: prefix_share must be in [0, 1], prefix_groups ≥ 0, segment_tokens ≥ 1")
+    return spec
+
+
+def load_workload(source: str, seed: int = 0, limit: int | None = None) -> list[WorkloadRequest]:
+    """A trace path, or `synthetic:key=value,...` for generated traffic."""
+    if source.startswith("synthetic"):
+        spec = parse_synthetic(source)
+        if limit is not None:
+            spec = SyntheticSpec(**{**spec.__dict__, "requests": min(spec.requests, limit)})
+        return synthetic(spec, seed)
+    return read_trace(Path(source), limit)

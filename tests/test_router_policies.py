@@ -1,0 +1,110 @@
+"""The routing-policy protocol and the heuristic policies (Filter → Scorer → Picker)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from features.rows import EndpointState
+from router_plugin.heuristics import (
+    LeastQueuePolicy,
+    LlmdHeuristicPolicy,
+    RandomPolicy,
+    RoundRobinPolicy,
+    kv_utilization_scorer,
+    prefix_cache_scorer,
+    queue_scorer,
+    resident_filter,
+)
+from router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, RoutingPolicy, split_by_role
+
+
+def cand(name: str, waiting: int = 0, running: int = 0, kv: float = 0.0, hits: int = 0, role: str = "both",
+         timeslice: str = "none") -> Candidate:
+    state = EndpointState(endpoint_id=name, role=role, num_request_waiting=waiting, num_request_running=running,
+                          kv_cache_percentage=kv, timeslice_state=timeslice)
+    return Candidate(state, hits)
+
+
+REQ = RouteRequest("r1", input_tokens=1000)
+
+
+def test_every_policy_satisfies_the_protocol() -> None:
+    for policy in (RandomPolicy(), RoundRobinPolicy(), LeastQueuePolicy(), LlmdHeuristicPolicy()):
+        assert isinstance(policy, RoutingPolicy)
+        assert isinstance(policy.name, str) and policy.name
+
+
+def test_scorers_are_in_unit_interval() -> None:
+    cands = [cand("a", waiting=0, kv=0.2, hits=500), cand("b", waiting=4, kv=0.9, hits=0), cand("c", waiting=2)]
+    for scorer in (prefix_cache_scorer, queue_scorer, kv_utilization_scorer):
+        scores = scorer(REQ, cands)
+        assert len(scores) == 3 and all(0.0 <= s <= 1.0 for s in scores)
+    assert prefix_cache_scorer(REQ, cands) == [0.5, 0.0, 0.0]
+    assert queue_scorer(REQ, cands) == [1.0, 0.0, 0.5]
+    assert queue_scorer(REQ, [cand("x", waiting=3), cand("y", waiting=3)]) == [1.0, 1.0]
+    assert kv_utilization_scorer(REQ, cands) == pytest.approx([0.8, 0.1, 1.0])
+
+
+def test_llmd_weights_prefix_three_queue_two_kv_two() -> None:
+    b = cand("b", waiting=0, kv=0.0, hits=0)  # 3·0 + 2·1 + 2·1 = 4
+    a = cand("a", waiting=5, kv=0.4, hits=1000)  # 3·1 + 2·0 + 2·0.6 = 4.2
+    assert LlmdHeuristicPolicy().pick(REQ, [a, b]) == Pick("a")
+    a2 = cand("a", waiting=5, kv=0.6, hits=1000)  # 3 + 0 + 0.8 = 3.8
+    assert LlmdHeuristicPolicy().pick(REQ, [a2, b]) == Pick("b")
+    assert LlmdHeuristicPolicy(prefix_weight=10).pick(REQ, [a2, b]) == Pick("a")
+
+
+def test_ties_are_broken_at_random_but_reproducibly() -> None:
+    cands = [cand(n) for n in "abcd"]
+    picks = [LlmdHeuristicPolicy(seed=1).pick(REQ, cands).endpoint_id for _ in range(1)]
+    policy = LlmdHeuristicPolicy(seed=1)
+    many = Counter(policy.pick(REQ, cands).endpoint_id for _ in range(400))
+    assert set(many) == set("abcd")
+    again = LlmdHeuristicPolicy(seed=1)
+    assert [again.pick(REQ, cands).endpoint_id for _ in range(1)] == picks
+
+
+def test_round_robin_cycles_and_random_covers() -> None:
+    cands = [cand(n) for n in "abc"]
+    rr = RoundRobinPolicy()
+    assert [rr.pick(REQ, cands).endpoint_id for _ in range(6)] == list("abcabc")
+    rnd = RandomPolicy(seed=3)
+    assert set(rnd.pick(REQ, cands).endpoint_id for _ in range(100)) == set("abc")
+
+
+def test_least_queue_counts_waiting_and_running() -> None:
+    cands = [cand("a", waiting=1, running=5), cand("b", waiting=3, running=0), cand("c", waiting=2, running=2)]
+    assert LeastQueuePolicy().pick(REQ, cands) == Pick("b")
+
+
+def test_pd_fleets_get_pairs() -> None:
+    cands = [cand("p0", role="prefill", waiting=3), cand("p1", role="prefill"), cand("d0", role="decode"),
+             cand("d1", role="decode", waiting=4)]
+    for policy in (RandomPolicy(), RoundRobinPolicy(), LeastQueuePolicy(), LlmdHeuristicPolicy()):
+        pick = policy.pick(REQ, cands)
+        assert pick.is_pair
+        assert pick.endpoint_id in ("p0", "p1") and pick.decode_endpoint_id in ("d0", "d1")
+    assert LlmdHeuristicPolicy().pick(REQ, cands) == Pick("p1", "d0")
+
+
+def test_split_by_role_errors() -> None:
+    with pytest.raises(NoCandidateError):
+        split_by_role([])
+    with pytest.raises(NoCandidateError, match="no decode"):
+        split_by_role([cand("p", role="prefill")])
+    assert not split_by_role([cand("a")]).disaggregated
+
+
+def test_resident_filter_drops_parked_unless_all_are() -> None:
+    cands = [cand("a", timeslice="parked"), cand("b", timeslice="resident"), cand("c")]
+    assert [c.endpoint_id for c in resident_filter(REQ, cands)] == ["b", "c"]
+    parked = [cand("a", timeslice="parked")]
+    assert resident_filter(REQ, parked) == parked
+
+
+def test_candidate_row_carries_prefix_hits() -> None:
+    row = cand("a", hits=400).row(REQ)
+    assert row.request.prefix_hit_tokens == 400 and row.endpoint.endpoint_id == "a"
+    assert cand("a", hits=5000).row(REQ).request.prefix_hit_tokens == 1000  # capped at the prompt

@@ -1,0 +1,117 @@
+"""The simulator's commands: simulate (JSON, --out files), sim validate, bench sim, and clean errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from features.rows import observation_from_llmd
+from leadtime_cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+FLEETS = ROOT / "simulator" / "fleets"
+runner = CliRunner()
+
+
+def _azure(tmp_path: Path, n: int = 40) -> Path:
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"2023-11-16 18:15:{10 + i // 4:02d}.{(i % 4) * 25:02d}00000,{300 + 50 * i},{10 + i}" for i in range(n)]
+    path = tmp_path / "mini.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_simulate_json_report_and_outputs(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "simulate", "--fleet", str(FLEETS / "mixed.yaml"), "--trace", str(_azure(tmp_path)),
+        "--policy", "llm-d", "--policy", "round-robin", "--json", "--out", str(out), "--seed", "1",
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["policies"]) == {"llm-d", "round-robin"}
+    for summary in report["policies"].values():
+        assert summary["completed"] == 40
+        for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
+            assert summary[metric]["p50"] <= summary[metric]["p90"] <= summary[metric]["p99"]
+        assert 0.0 <= summary["slo_attainment"] <= 1.0 and summary["goodput_rps"] >= 0
+        assert len(summary["endpoints"]) == 8
+        assert all(0.0 <= e["utilisation"] <= 1.0 for e in summary["endpoints"].values())
+    rows = [json.loads(line) for line in (out / "observations.jsonl").read_text().splitlines()]
+    assert len(rows) == 80
+    obs = observation_from_llmd(rows[0])  # the predictor's training-row schema
+    assert obs.row.endpoint.accelerator in {"h100-sxm", "a100-sxm-80gb", "l40s"}
+    assert {"policy", "prefix_hit_tokens", "endpoint_id", "timeslice_state"} <= set(rows[0])
+    assert (out / "latency_cdf.png").stat().st_size > 1000
+    assert (out / "utilisation.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("fleet", ["homogeneous-h100", "pd", "timesliced", "mixed"])
+def test_example_fleets_run(tmp_path: Path, fleet: str) -> None:
+    result = runner.invoke(app, ["simulate", "--fleet", str(FLEETS / f"{fleet}.yaml"), "--trace",
+                                 str(_azure(tmp_path, 20)), "--json", "--policy", "clairvoyant"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["policies"]["clairvoyant"]["completed"] == 20
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--fleet", "nope.yaml"], "nope.yaml"),
+    (["--policy", "oracle"], "unknown policy"),
+    (["--rate-scale", "0"], "rate-scale"),
+    (["--max-requests", "0"], "max-requests"),
+])
+def test_simulate_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    base = {"--fleet": str(FLEETS / "homogeneous-h100.yaml"), "--trace": str(_azure(tmp_path, 5))}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    argv = ["simulate"] + [x for kv in base.items() for x in kv]
+    if "--policy" in args:
+        argv += ["--policy", "oracle"]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_simulate_reports_malformed_trace_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n{"timestamp": 1}\n')
+    result = runner.invoke(app, ["simulate", "--fleet", str(FLEETS / "pd.yaml"), "--trace", str(bad)])
+    assert result.exit_code == 2 and "bad.jsonl:2" in result.output
+
+
+def test_bad_fleet_file_names_the_field(tmp_path: Path) -> None:
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text("pools:\n  - {name: a, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, role: boss}\n")
+    result = runner.invoke(app, ["simulate", "--fleet", str(fleet), "--trace", str(_azure(tmp_path, 3))])
+    assert result.exit_code == 2 and "role" in result.output
+
+
+@pytest.mark.skipif(not (DATA / "calibration").is_dir(), reason="../shared/data not present")
+def test_sim_validate_json() -> None:
+    result = runner.invoke(app, ["sim", "validate", "--json", "--data",
+                                 str(DATA / "calibration" / "splitwise_sim_perf_model.csv")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report) == {"prefill", "decode"}
+    assert {"median_ape", "p90_ape"} <= set(report["prefill"])
+
+
+@pytest.mark.skipif(not (DATA / "traces").is_dir(), reason="../shared/data not present")
+def test_bench_sim_json_small() -> None:
+    result = runner.invoke(app, ["bench", "sim", "--json", "--requests", "200", "--fleet",
+                                 str(FLEETS / "bench-16.yaml"), "--trace",
+                                 str(DATA / "traces" / "mooncake_conversation_trace.jsonl")])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["requests"] == 200 and report["endpoints"] == 16 and report["requests_per_wall_s"] > 0
+
+
+def test_sim_serve_rejects_bad_options() -> None:
+    result = runner.invoke(app, ["sim", "serve", "--fleet", str(FLEETS / "pd.yaml"), "--base-port", "70000"])
+    assert result.exit_code == 2 and "base-port" in result.output
+    result = runner.invoke(app, ["sim", "serve", "--fleet", "missing.yaml"])
+    assert result.exit_code == 2 and "missing.yaml" in result.output

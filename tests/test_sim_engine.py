@@ -1,0 +1,348 @@
+"""Batching, prefix caching and preemption invariants; P/D transfers; time-slicing; determinism."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from features.catalog import get_model
+from router_plugin.heuristics import RoundRobinPolicy
+from router_plugin.policy import Candidate, Pick, RouteRequest
+from simulator.endpoint import Endpoint, SimRequest
+from simulator.engine import FleetSimulator, SimulationError
+from simulator.fleet import FleetError, parse_fleet
+from simulator.kvcache import KVCache
+from simulator.run import make_policy, run_policies
+from simulator.steptime import StepTimeModel
+from simulator.workload import SyntheticSpec, WorkloadRequest, synthetic
+
+
+def _fleet(pool: dict[str, object] | None = None, **extra: object) -> dict[str, object]:
+    spec: dict[str, object] = {"name": "h100", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}
+    spec.update(pool or {})
+    return {"pools": [spec], **extra}
+
+
+def _endpoint(total_blocks: int, block_size: int = 16, max_tokens: int = 512) -> Endpoint:
+    stepper = StepTimeModel("h100-sxm", get_model("llama-3.1-8b"))
+    return Endpoint("e0", "both", stepper, KVCache(total_blocks, block_size), max_tokens, 64)
+
+
+def _blocks_conserved(e: Endpoint) -> None:
+    """Every used block is owned by a request or a prefix entry, never negative, never over capacity."""
+    cache = e.cache
+    private = sum(r.private_blocks for r in e.running)
+    assert cache.private_blocks == private
+    assert cache.prefix_blocks == sum(entry.blocks for entry in cache.entries.values())
+    assert 0 <= cache.used_blocks <= cache.total_blocks
+    refs = {h: 0 for h in cache.entries}
+    for r in e.running:
+        for h in r.held:
+            refs[h] += 1
+    assert all(cache.entries[h].refs == n for h, n in refs.items())
+    assert cache.evictable_blocks == sum(x.blocks for x in cache.entries.values() if x.refs == 0)
+
+
+def _drain(e: Endpoint, requests: list[SimRequest]) -> float:
+    for r in requests:
+        e.enqueue(r)
+    clock = 0.0
+    finished: list[SimRequest] = []
+    while e.waiting or e.running:
+        plan = e.start_step(clock)
+        assert plan is not None, "endpoint stalled with work queued"
+        budget = sum(n for _, n in plan.entries)
+        assert plan.decode_run or budget <= e.max_batched_tokens
+        clock = plan.end_ms
+        finished += e.finish_step().finished
+        _blocks_conserved(e)
+    assert sorted(r.rid for r in finished) == sorted(r.rid for r in requests)
+    for r in requests:
+        assert r.generated == r.output_tokens  # no token lost, none extra
+        assert r.first_token_ms is not None and r.finish_ms is not None
+        assert r.arrival_ms <= r.first_token_ms <= r.finish_ms
+    assert e.cache.private_blocks == 0
+    return clock
+
+
+def test_chunked_prefill_respects_token_budget_and_finishes_everything() -> None:
+    e = _endpoint(total_blocks=4000, max_tokens=256)
+    requests = [SimRequest(i, 0.0, 700 + 37 * i, 5 + i) for i in range(6)]
+    _drain(e, requests)
+
+
+def test_preemption_under_a_small_cache_loses_no_token() -> None:
+    e = _endpoint(total_blocks=120)  # 1920 tokens: cannot hold all six at once
+    requests = [SimRequest(i, 0.0, 400, 300) for i in range(6)]
+    _drain(e, requests)
+    assert e.preemptions > 0
+    assert any(r.preemptions for r in requests)
+
+
+def test_prefix_cache_hits_and_lru_eviction() -> None:
+    e = _endpoint(total_blocks=200, block_size=16)
+    shared = (11, 12)
+    first = SimRequest(0, 0.0, 1100, 2, shared + (13,), 512)
+    _drain(e, [first])
+    assert first.prefix_hit_tokens == 0
+    assert e.cache.matched_prefix(shared) == 2  # kept, unreferenced, after the request finished
+    second = SimRequest(1, 0.0, 1100, 2, shared + (14,), 512)
+    _drain(e, [second])
+    assert second.prefix_hit_tokens == 1024
+    # A stranger that needs the whole cache evicts the unreferenced prefix.
+    big = SimRequest(2, 0.0, 3000, 2)
+    _drain(e, [big])
+    assert e.cache.matched_prefix(shared) < 2
+
+
+def test_decode_runs_equal_single_steps() -> None:
+    def finish_times(decode_runs: bool) -> list[float]:
+        e = _endpoint(total_blocks=5000)
+        e.decode_runs = decode_runs
+        requests = [SimRequest(i, 0.0, 300, 50 + 20 * i) for i in range(4)]
+        _drain(e, requests)
+        return [r.finish_ms or 0.0 for r in requests]
+
+    assert finish_times(True) == pytest.approx(finish_times(False), rel=1e-9)
+
+
+def test_interrupting_a_decode_run_keeps_blocks_consistent() -> None:
+    e = _endpoint(total_blocks=5000)
+    r = SimRequest(0, 0.0, 100, 400)
+    e.enqueue(r)
+    plan = e.start_step(0.0)
+    assert plan is not None
+    e.finish_step()
+    plan = e.start_step(plan.end_ms)
+    assert plan is not None and plan.decode_run > 10
+    start = plan.start_ms
+    assert e.interrupt(start + 1e-6)
+    assert plan.decode_run == 1
+    e.finish_step()
+    _blocks_conserved(e)
+    assert r.generated == 2
+
+
+def _run(fleet_doc: dict[str, object], workload: list[WorkloadRequest], policy: str = "round-robin",
+         seed: int = 0) -> FleetSimulator:
+    sim = FleetSimulator(parse_fleet(fleet_doc), workload, make_policy(policy, seed), seed=seed)
+    sim.result = sim.run()  # type: ignore[attr-defined]
+    return sim
+
+
+def test_determinism_per_seed() -> None:
+    fleet = parse_fleet(_fleet(pool={"count": 3}))
+    workload = synthetic(SyntheticSpec(requests=150, rate_rps=20, burstiness=3.0), seed=3)
+    a = run_policies(fleet, workload, ["llm-d", "random"])
+    b = run_policies(fleet, workload, ["llm-d", "random"])
+    for x, y in zip(a, b, strict=True):
+        assert [(c.ttft_ms, c.itl_ms, c.endpoint_id) for c in x.completed] == [
+            (c.ttft_ms, c.itl_ms, c.endpoint_id) for c in y.completed
+        ]
+    other = synthetic(SyntheticSpec(requests=150, rate_rps=20, burstiness=3.0), seed=4)
+    c = run_policies(fleet, other, ["random"])[0]
+    assert [x.ttft_ms for x in c.completed] != [x.ttft_ms for x in a[1].completed]
+
+
+def test_observations_arrive_at_completion_with_decision_time_features() -> None:
+    class Recorder(RoundRobinPolicy):
+        def __init__(self, simulator_now: list[float]) -> None:
+            super().__init__()
+            self.seen: list[tuple[float, float]] = []
+            self.clock = simulator_now
+
+        def attach(self, sim: FleetSimulator) -> None:
+            self.sim = sim
+
+        def observe(self, observation: object) -> None:
+            self.seen.append((self.sim.now, observation.timestamp * 1e3))  # type: ignore[attr-defined]
+
+    workload = [WorkloadRequest(i * 10.0, 500, 20) for i in range(10)]
+    policy = Recorder([])
+    sim = FleetSimulator(parse_fleet(_fleet()), workload, policy)
+    result = sim.run()
+    assert len(policy.seen) == 10
+    assert all(now == pytest.approx(stamp) for now, stamp in policy.seen)
+    for obs, done in zip(result.observations, sorted(result.completed, key=lambda c: c.arrival_ms + c.e2e_ms),
+                         strict=True):
+        assert obs.actual_ttft_ms > 0 and obs.actual_tpot_ms > 0
+        assert obs.timestamp is not None and obs.timestamp * 1e3 >= done.arrival_ms + obs.actual_ttft_ms - 1e-6
+    assert result.observations[0].row.request.input_tokens == 500
+
+
+def test_router_sees_stale_state() -> None:
+    # Ten requests in one millisecond: the published state cannot show the ones just routed.
+    workload = [WorkloadRequest(i * 0.1, 2000, 50) for i in range(10)]
+    sim = FleetSimulator(parse_fleet(_fleet(refresh_ms=50)), workload, make_policy("least-queue"))
+    result = sim.run()
+    counts = [o.row.endpoint.num_request_waiting + o.row.endpoint.num_request_running for o in result.observations]
+    assert max(counts) == 0
+
+
+def test_pd_transfer_time_is_visible_and_grows_with_prompt() -> None:
+    doc = {
+        "kv_link_gb_s": 5,
+        "pools": [
+            {"name": "p", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "prefill"},
+            {"name": "d", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
+        ],
+    }
+    workload = [WorkloadRequest(0.0, 1000, 20), WorkloadRequest(5000.0, 8000, 20)]
+    result = FleetSimulator(parse_fleet(doc), workload, make_policy("llm-d")).run()
+    small, large = result.completed
+    kv_per_token = get_model("llama-3.1-8b").kv_bytes_per_token
+    assert small.transfer_ms == pytest.approx(1000 * kv_per_token / 5e9 * 1e3)
+    assert large.transfer_ms > small.transfer_ms
+    assert small.ttft_ms > small.transfer_ms
+    assert small.decode_endpoint_id == "d-0" and small.endpoint_id == "p-0"
+    # Two observations per request: TTFT on the prefill row, ITL on the decode row.
+    roles = [(o.row.endpoint.role, o.has_ttft, o.has_tpot) for o in result.observations]
+    assert roles.count(("prefill", True, False)) == 2 and roles.count(("decode", False, True)) == 2
+
+
+def test_pd_link_contention_queues_transfers() -> None:
+    doc = {
+        "kv_link_gb_s": 1,
+        "pools": [
+            {"name": "p", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "prefill"},
+            {"name": "d", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
+        ],
+    }
+    workload = [WorkloadRequest(0.0, 4000, 5), WorkloadRequest(0.0, 4000, 5)]
+    result = FleetSimulator(parse_fleet(doc), workload, make_policy("round-robin")).run()
+    alone = 4000 * get_model("llama-3.1-8b").kv_bytes_per_token / 1e9 * 1e3
+    transfers = sorted(c.transfer_ms for c in result.completed)
+    assert transfers[0] == pytest.approx(alone)
+    assert transfers[1] > 1.5 * alone  # waited for the first transfer on the shared link
+
+
+def test_timeslice_unavailability_shows_in_latency() -> None:
+    base = _fleet(pool={"count": 1})
+    sliced = _fleet(
+        pool={"count": 1, "timeslice_group": "rl"},
+        timeslice_groups={
+            "rl": {
+                "resident_ms": {"distribution": "fixed", "value": 200},
+                "away_ms": {"distribution": "fixed", "value": 1000},
+                "restore_ms": {"distribution": "fixed", "value": 80},
+            }
+        },
+    )
+    workload = [WorkloadRequest(i * 100.0, 300, 30) for i in range(30)]
+    free = FleetSimulator(parse_fleet(base), workload, make_policy("round-robin")).run()
+    shared = FleetSimulator(parse_fleet(sliced), workload, make_policy("round-robin")).run()
+    worst_free = max(c.ttft_ms for c in free.completed)
+    worst_shared = max(c.ttft_ms for c in shared.completed)
+    assert worst_shared > worst_free + 500
+    states = [s for _, s in shared.timeslice["rl"]]
+    assert states[:4] == ["resident", "parked", "switching", "resident"]
+    parked = [o for o in shared.observations if o.row.endpoint.timeslice_state == "parked"]
+    assert parked and all(o.row.endpoint.timeslice_wait_ms > 0 for o in parked)
+
+
+def test_clairvoyant_ttft_is_exact_for_an_idle_endpoint() -> None:
+    workload = [WorkloadRequest(0.0, 3000, 2)]
+    sim = FleetSimulator(parse_fleet(_fleet()), workload, make_policy("clairvoyant"))
+    predicted = sim.policy.exact_ttft_ms  # type: ignore[attr-defined]
+    result = sim.run()
+    assert predicted(RouteRequest("x", 3000), "h100-0") == pytest.approx(result.completed[0].ttft_ms)
+
+
+def test_clairvoyant_beats_random_on_a_mixed_fleet() -> None:
+    doc = {
+        "pools": [
+            {"name": "fast", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+            {"name": "slow", "count": 2, "accelerator": "l40s", "model": "llama-3.1-8b"},
+        ]
+    }
+    rng = random.Random(1)
+    workload = [WorkloadRequest(i * 150.0, rng.randint(1000, 6000), 30) for i in range(80)]
+    fleet = parse_fleet(doc)
+    clair, rand = run_policies(fleet, workload, ["clairvoyant", "random"])
+    mean = lambda r: sum(c.ttft_ms for c in r.completed) / len(r.completed)  # noqa: E731
+    assert mean(clair) < mean(rand)
+
+
+def test_fleet_errors_name_the_problem() -> None:
+    with pytest.raises(FleetError, match="pools"):
+        parse_fleet({"pools": []})
+    with pytest.raises(FleetError, match="accelerator"):
+        parse_fleet(_fleet(pool={"accelerator": "b200"}))
+    with pytest.raises(FleetError, match="does not fit"):
+        parse_fleet(_fleet(pool={"accelerator": "l40s", "model": "llama-3.1-70b"}))
+    with pytest.raises(FleetError, match="timeslice_group"):
+        parse_fleet(_fleet(pool={"timeslice_group": "nope"}))
+    with pytest.raises(FleetError, match="unified"):
+        parse_fleet({"pools": [
+            {"name": "a", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+            {"name": "b", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
+        ]})
+    with pytest.raises(FleetError, match="count"):
+        parse_fleet(_fleet(pool={"count": 0}))
+
+
+def test_request_too_large_for_cache_is_a_clear_error() -> None:
+    doc = _fleet(pool={"gpu_memory_utilization": 0.21})
+    with pytest.raises(SimulationError, match="never fit"):
+        FleetSimulator(parse_fleet(doc), [WorkloadRequest(0.0, 100_000, 10)], make_policy("random")).run()
+
+
+def test_bad_policy_pick_is_reported() -> None:
+    class Wrong(RoundRobinPolicy):
+        def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+            return Pick("nowhere")
+
+    with pytest.raises(SimulationError, match="unknown endpoint"):
+        FleetSimulator(parse_fleet(_fleet()), [WorkloadRequest(0.0, 10, 2)], Wrong()).run()
+
+
+def test_pd_decode_preemption_recomputes_and_loses_no_token() -> None:
+    doc = {
+        "pools": [
+            {"name": "p", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "prefill"},
+            {"name": "d", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode",
+             "gpu_memory_utilization": 0.21},
+        ],
+    }
+    workload = [WorkloadRequest(i * 5.0, 1000, 800) for i in range(5)]
+    sim = FleetSimulator(parse_fleet(doc), workload, make_policy("round-robin"))
+    result = sim.run()
+    assert len(result.completed) == 5
+    assert sim.by_id["d-0"].preemptions > 0 and result.endpoints["d-0"]["preemptions"] == sim.by_id["d-0"].preemptions
+    decode = sim.by_id["d-0"]
+    assert decode.cache.private_blocks == 0 and decode.cache.used_blocks == decode.cache.prefix_blocks
+    assert all(c.itl_ms > 0 for c in result.completed)
+
+
+def test_eviction_frees_several_segments_for_one_large_allocation() -> None:
+    cache = KVCache(total_blocks=100, block_size=16)
+    cache.allocate(96)
+    cache.publish_prefix([1, 2, 3], 32, 0.0)
+    cache.release_prefix([1, 2, 3])
+    assert cache.evictable_blocks == 96 and cache.free_blocks == 4
+    assert cache.allocate(60)  # 4 free + two evicted segments of 32 = 68 ≥ 60
+    assert cache.used_blocks <= cache.total_blocks
+    assert len(cache.entries) == 1 and cache.evictable_blocks == 32 and cache.free_blocks == 8
+    assert not cache.allocate(41)  # 8 + 32 < 41: nothing taken
+    assert cache.used_blocks == 92 and 3 in cache.entries
+
+
+def test_random_shared_prefix_traffic_keeps_cache_invariants() -> None:
+    rng = random.Random(5)
+    e = _endpoint(total_blocks=700, max_tokens=1024)
+    requests = []
+    for i in range(40):
+        head = (rng.randrange(4), rng.randrange(3))
+        segments = tuple(hash((head[:k], i if k > 2 else 0)) for k in range(1, 5))
+        requests.append(SimRequest(i, 0.0, rng.randint(600, 2100), rng.randint(1, 120), segments, 512))
+    _drain(e, requests)
+    assert any(r.prefix_hit_tokens > 0 for r in requests)
+
+
+def test_progress_reports_reach_the_total() -> None:
+    calls: list[tuple[str, int, int]] = []
+    workload = [WorkloadRequest(i * 50.0, 200, 4) for i in range(30)]
+    run_policies(parse_fleet(_fleet()), workload, ["random"], progress=lambda p, n, t: calls.append((p, n, t)))
+    assert calls and calls[-1] == ("random", 30, 30)

@@ -1,0 +1,149 @@
+"""Mock vLLM endpoints over real HTTP: /metrics parses with features/, streams deliver the requested tokens."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from features.vllm_metrics import parse_vllm_metrics
+from simulator.fleet import parse_fleet
+from simulator.serve import FleetServer
+
+FLEET = {
+    "pools": [
+        {"name": "h100", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+        {"name": "l40s", "count": 1, "accelerator": "l40s", "model": "llama-3.1-8b"},
+    ]
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FleetServer]:
+    fleet = parse_fleet(FLEET)
+    srv = FleetServer(fleet, [_free_port() for _ in fleet.endpoints])
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _url(server: FleetServer, endpoint: str = "h100-0") -> str:
+    return server.urls[endpoint]
+
+
+def test_metrics_parse_with_features(server: FleetServer) -> None:
+    text = httpx.get(_url(server) + "/metrics", timeout=10).text
+    metrics = parse_vllm_metrics(text)
+    assert metrics.num_requests_running == 0 and metrics.num_requests_waiting == 0
+    assert metrics.block_size == 16 and metrics.num_gpu_blocks and metrics.num_gpu_blocks > 1000
+    assert 0.0 <= metrics.kv_cache_usage <= 1.0
+
+
+def test_completion_returns_the_requested_tokens(server: FleetServer) -> None:
+    reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": "one two three " * 50, "max_tokens": 12},
+                       timeout=30)
+    assert reply.status_code == 200
+    body = reply.json()
+    assert body["object"] == "text_completion"
+    assert body["usage"] == {"prompt_tokens": 150, "completion_tokens": 12, "total_tokens": 162}
+    assert len(body["choices"][0]["text"].split()) == 12
+
+
+@pytest.mark.parametrize("path,payload", [
+    ("/v1/completions", {"prompt": "stream me please", "max_tokens": 9, "stream": True}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "stream": True}),
+])
+def test_streams_deliver_every_token_then_done(server: FleetServer, path: str, payload: dict[str, object]) -> None:
+    with httpx.stream("POST", _url(server, "l40s-0") + path, json=payload, timeout=30) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) == 9
+    if "chat" in path:
+        assert all(c["object"] == "chat.completion.chunk" and c["choices"][0]["delta"]["content"] for c in chunks)
+
+
+def test_non_streaming_chat(server: FleetServer) -> None:
+    reply = httpx.post(_url(server) + "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "a b c"}], "max_completion_tokens": 4},
+                       timeout=30)
+    assert reply.status_code == 200
+    assert reply.json()["usage"]["completion_tokens"] == 4
+    assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_bad_requests_get_422_naming_the_field(server: FleetServer) -> None:
+    reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=10)
+    assert reply.status_code == 422
+    assert any(err["loc"][-1] == "max_tokens" for err in reply.json()["detail"])
+    reply = httpx.post(_url(server) + "/v1/chat/completions", json={"messages": []}, timeout=10)
+    assert reply.status_code == 422 and "messages" in json.dumps(reply.json())
+
+
+def test_load_shows_in_metrics_while_requests_run(server: FleetServer) -> None:
+    import threading
+
+    url = _url(server, "l40s-0")
+    done: list[int] = []
+
+    def call() -> None:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "w " * 3000, "max_tokens": 60}, timeout=60)
+        done.append(r.json()["usage"]["completion_tokens"])
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    seen = 0
+    for _ in range(50):
+        m = parse_vllm_metrics(httpx.get(url + "/metrics", timeout=10).text)
+        seen = max(seen, m.num_requests_running + m.num_requests_waiting)
+        if seen:
+            break
+    for t in threads:
+        t.join()
+    assert seen > 0
+    assert done == [60, 60, 60, 60]
+
+
+def test_timesliced_endpoint_goes_away_and_comes_back() -> None:
+    import time
+
+    doc = {
+        "pools": [{"name": "ts", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b",
+                   "timeslice_group": "rl"}],
+        "timeslice_groups": {"rl": {
+            "resident_ms": {"distribution": "fixed", "value": 100},
+            "away_ms": {"distribution": "fixed", "value": 300},
+            "restore_ms": {"distribution": "fixed", "value": 50},
+        }},
+    }
+    fleet = parse_fleet(doc)
+    srv = FleetServer(fleet, [_free_port()])
+    srv.start()
+    try:
+        url = srv.urls["ts-0"]
+        states: set[str] = set()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and len(states) < 2:
+            text = httpx.get(url + "/metrics", timeout=5).text
+            line = next(x for x in text.splitlines() if x.startswith("leadtime_sim_timeslice_resident"))
+            states.add(line.split()[-1])
+            time.sleep(0.02)
+        assert states == {"0", "1"}
+        reply = httpx.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3}, timeout=10)
+        assert reply.json()["usage"]["completion_tokens"] == 3  # served across swaps
+    finally:
+        srv.stop()

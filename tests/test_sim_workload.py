@@ -1,0 +1,150 @@
+"""Trace parsers (with line numbers on bad input), shaping, and synthetic workloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from features.prefix import chain_block_ids
+from simulator.workload import (
+    SyntheticSpec,
+    TraceError,
+    load_workload,
+    parse_synthetic,
+    read_azure,
+    read_mooncake,
+    read_trace,
+    shape,
+    synthetic,
+)
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_mooncake_lines_become_requests_with_chained_segments(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "t.jsonl",
+        '{"timestamp": 0, "input_length": 1100, "output_length": 7, "hash_ids": [0, 1, 2]}\n'
+        "\n"
+        '{"timestamp": 250, "input_length": 600, "output_length": 3, "hash_ids": [0, 9]}\n',
+    )
+    first, second = read_mooncake(path)
+    assert (first.arrival_ms, first.input_tokens, first.output_tokens) == (0.0, 1100, 7)
+    assert first.segments == tuple(chain_block_ids([0, 1, 2]))
+    assert second.segments[0] == first.segments[0] and second.segments[1] != first.segments[1]
+    assert len(read_mooncake(path, limit=1)) == 1
+
+
+@pytest.mark.parametrize(
+    "line,problem",
+    [
+        ("not json", "not valid JSON"),
+        ('{"timestamp": 0, "input_length": 10}', "missing 'output_length'"),
+        ('{"timestamp": -1, "input_length": 10, "output_length": 1}', "timestamp"),
+        ('{"timestamp": 0, "input_length": 0, "output_length": 1}', "input_length"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1.5}', "output_length"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": 3}', "hash_ids"),
+        ("[1, 2]", "JSON object"),
+    ],
+)
+def test_mooncake_rejects_malformed_lines_with_line_number(tmp_path: Path, line: str, problem: str) -> None:
+    good = '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+    path = _write(tmp_path, "bad.jsonl", good + line + "\n")
+    with pytest.raises(TraceError, match=r"bad\.jsonl:2: .*" + problem.replace("(", r"\(")):
+        read_mooncake(path)
+
+
+def test_azure_csv_parses_times_relative_to_first(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "a.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:47.1805900,396,109\n",
+    )
+    first, second = read_azure(path)
+    assert first.arrival_ms == 0.0 and second.arrival_ms == pytest.approx(500.0)
+    assert (second.input_tokens, second.output_tokens, second.segments) == (396, 109, ())
+
+
+@pytest.mark.parametrize(
+    "row,problem",
+    [
+        ("yesterday,1,1", "TIMESTAMP"),
+        ("2023-11-16 18:15:46.6,x,1", "integers"),
+        ("2023-11-16 18:15:46.6,10,0", "GeneratedTokens"),
+    ],
+)
+def test_azure_rejects_malformed_rows_with_line_number(tmp_path: Path, row: str, problem: str) -> None:
+    path = _write(tmp_path, "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,1,1\n" + row)
+    with pytest.raises(TraceError, match=rf"bad\.csv:3: .*{problem}"):
+        read_azure(path)
+
+
+def test_azure_missing_columns_and_unknown_format(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="missing column"):
+        read_azure(_write(tmp_path, "x.csv", "a,b\n1,2\n"))
+    with pytest.raises(TraceError, match="unknown trace format"):
+        read_trace(_write(tmp_path, "x.txt", ""))
+    with pytest.raises(TraceError, match="absent"):
+        read_trace(tmp_path / "absent.jsonl")
+
+
+def test_shape_scales_rate_and_limits() -> None:
+    reqs = synthetic(SyntheticSpec(requests=50, rate_rps=5), seed=1)
+    fast = shape(reqs, rate_scale=2.0, max_requests=10)
+    assert len(fast) == 10 and fast[0].arrival_ms == 0.0
+    origin = reqs[0].arrival_ms
+    assert fast[-1].arrival_ms == pytest.approx((reqs[9].arrival_ms - origin) / 2.0)
+    with pytest.raises(TraceError):
+        shape(reqs, rate_scale=0)
+    with pytest.raises(TraceError):
+        shape([], rate_scale=1)
+
+
+def test_synthetic_is_seeded_and_shares_prefixes() -> None:
+    spec = SyntheticSpec(requests=300, rate_rps=10, prefix_groups=2, prefix_share=1.0, prefix_tokens=1024)
+    a, b = synthetic(spec, seed=7), synthetic(spec, seed=7)
+    assert a == b
+    assert synthetic(spec, seed=8) != a
+    heads = {r.segments[:2] for r in a}
+    assert len(heads) == 2  # every request starts with one of two shared prefixes
+    assert all(r.input_tokens > 1024 for r in a)
+
+
+def test_bursty_arrivals_are_more_variable_than_poisson() -> None:
+    def cv(burstiness: float) -> float:
+        reqs = synthetic(SyntheticSpec(requests=3000, rate_rps=10, burstiness=burstiness), seed=2)
+        gaps = [b.arrival_ms - a.arrival_ms for a, b in zip(reqs, reqs[1:], strict=False)]
+        mean = sum(gaps) / len(gaps)
+        return (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+
+    assert cv(1.0) == pytest.approx(1.0, abs=0.1)
+    assert cv(4.0) > 1.5
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/data/traces not present")
+def test_real_traces_parse() -> None:
+    mooncake = read_trace(TRACES / "mooncake_conversation_trace.jsonl", limit=200)
+    assert len(mooncake) == 200 and all(r.segments for r in mooncake)
+    azure = read_trace(TRACES / "AzureLLMInferenceTrace_conv_2023.csv", limit=200)
+    assert len(azure) == 200 and azure[-1].arrival_ms > 0
+
+
+def test_synthetic_spec_from_text() -> None:
+    spec = parse_synthetic("synthetic:rate_rps=20,requests=50,burstiness=4,prefix_share=0.25")
+    assert (spec.rate_rps, spec.requests, spec.burstiness, spec.prefix_share) == (20.0, 50, 4.0, 0.25)
+    assert isinstance(spec.requests, int)
+    assert len(load_workload("synthetic:requests=50", seed=1, limit=10)) == 10
+    for bad, problem in [("synthetic:rate=3", "bad parameter"), ("synthetic:requests=x", "number"),
+                         ("synthetic:prefix_share=2", "prefix_share"), ("synthetic:rate_rps=0", "> 0")]:
+        with pytest.raises(TraceError, match=problem):
+            parse_synthetic(bad)
