@@ -219,7 +219,7 @@ class _TargetModel:
         tree_x = tree_inputs(x, prior) if trees.mean is not None or trees.upper is not None else x
         mean_residual = trees.predict_mean(tree_x) if trees.mean is not None else None
         upper_residual = trees.predict_upper(tree_x) if trees.upper is not None else None
-        z_point = z_online if mean_residual is None else z_online + mean_residual
+        z_point = z_online + (self.conformal.center if mean_residual is None else mean_residual)
         if upper_residual is None:
             z_upper = z_online + self.conformal.offset
         else:
@@ -290,7 +290,7 @@ class _TargetModel:
         trees = self.trees
         mean_residual = trees.predict_mean(tree_x)
         upper_residual = trees.predict_upper(tree_x)
-        point = online if mean_residual is None else online + mean_residual
+        point = online + (self.conformal.center if mean_residual is None else mean_residual)
         conformal = self.conformal
         for i in range(len(z)):
             if upper_residual is None:

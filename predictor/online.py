@@ -129,7 +129,10 @@ class RecursiveLeastSquares:
 
 
 class OffsetTable:
-    """Per-key exponentially weighted mean residual, shrunk to 0 for keys with few observations.
+    """Per-key exponentially weighted mean residual, shrunk towards zero unless it stands out of the noise.
+
+    A real shift (an endpoint throttled to half speed) is served in full after a few tens of observations,
+    while a key whose residuals are only noise gets an offset near zero instead of chasing the last few values.
 
     Parameters
     ----------
@@ -143,6 +146,8 @@ class OffsetTable:
         self.rate = rate
         self.prior_count = prior_count
         self._offsets: dict[str, float] = {}
+        self._means: dict[str, float] = {}
+        self._squares: dict[str, float] = {}
         self._counts: dict[str, int] = {}
 
     def get(self, key: str) -> float:
@@ -163,19 +168,35 @@ class OffsetTable:
         n = self._counts.get(key, 0) + 1
         self._counts[key] = n
         weight = max(1.0 / (n + self.prior_count), self.rate)
-        current = self._offsets.get(key, 0.0)
-        self._offsets[key] = current + weight * (residual - current)
+        mean = self._means.get(key, 0.0)
+        mean += weight * (residual - mean)
+        square = self._squares.get(key, residual * residual)
+        square += weight * (residual * residual - square)
+        self._means[key], self._squares[key] = mean, square
+        # Shrink by the mean's signal-to-noise ratio: mean² / (mean² + its squared standard error).
+        effective_count = min(n + self.prior_count, 2.0 / self.rate - 1.0)
+        standard_error_sq = max(square - mean * mean, 1e-8) / effective_count
+        self._offsets[key] = mean * mean * mean / (mean * mean + standard_error_sq)
 
     def __len__(self) -> int:
         return len(self._offsets)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rate": self.rate, "prior_count": self.prior_count, "offsets": self._offsets, "counts": self._counts}
+        return {
+            "rate": self.rate,
+            "prior_count": self.prior_count,
+            "offsets": self._offsets,
+            "means": self._means,
+            "squares": self._squares,
+            "counts": self._counts,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OffsetTable:
         table = cls(float(d["rate"]), float(d["prior_count"]))
         table._offsets = {str(k): float(v) for k, v in d["offsets"].items()}
+        table._means = {str(k): float(v) for k, v in d["means"].items()}
+        table._squares = {str(k): float(v) for k, v in d["squares"].items()}
         table._counts = {str(k): int(v) for k, v in d["counts"].items()}
         return table
 
@@ -203,6 +224,7 @@ class ConformalQuantile:
         self.adaptive = 0.0
         self.base: float | None = None
         self._cached = 0.0
+        self.center = 0.0
         self._since_refresh = 0
 
     @property
@@ -228,7 +250,11 @@ class ConformalQuantile:
         self.adaptive += self.step * ((0.0 if covered else 1.0) - (1.0 - self.quantile))
         self._since_refresh += 1
         if self._since_refresh >= 25 or len(self.residuals) < 50:
-            self._cached = float(np.quantile(np.fromiter(self.residuals, float), self.quantile))
+            recent = np.fromiter(self.residuals, float)
+            self._cached = float(np.quantile(recent, self.quantile))
+            # The median recent residual recentres the point prediction: for skewed noise, exp(E[log y])
+            # overshoots the median, which is what absolute-percentage error rewards.
+            self.center = float(np.median(recent)) if len(recent) >= 50 else 0.0
             self._since_refresh = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,6 +266,7 @@ class ConformalQuantile:
             "adaptive": self.adaptive,
             "base": self.base,
             "cached": self._cached,
+            "center": self.center,
             "since_refresh": self._since_refresh,
         }
 
@@ -250,5 +277,6 @@ class ConformalQuantile:
         cq.adaptive = float(d["adaptive"])
         cq.base = None if d.get("base") is None else float(d["base"])
         cq._cached = float(d["cached"])
+        cq.center = float(d["center"])
         cq._since_refresh = int(d["since_refresh"])
         return cq
