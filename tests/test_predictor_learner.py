@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -34,7 +36,7 @@ def _truth(row: FeatureRow) -> tuple[float, float]:
 
 
 @pytest.fixture
-def predictor() -> OnlinePredictor:
+def predictor() -> Iterator[OnlinePredictor]:
     p = OnlinePredictor(LearnerConfig(background=False, retrain_every=1000))
     yield p
     p.close()
@@ -177,10 +179,10 @@ def test_retrain_swaps_trees_in_only_when_they_win() -> None:
     assert not results[-1]["ttft"]["accepted_mean"]
     assert predictor.version == len([r for r in results if r["ttft"]["accepted_mean"] or r["ttft"]["accepted_upper"]
                                      or r["tpot"]["accepted_mean"] or r["tpot"]["accepted_upper"]])
-    assert predictor.tree_text("ttft") is not None
-    assert predictor.tree_text("ttft").startswith("tree")
+    text = predictor.tree_text("ttft")
+    assert text is not None and text.startswith("tree")
     importances = predictor.tree_importances("ttft")
-    assert max(importances, key=importances.get) == "num_request_waiting"
+    assert max(importances.items(), key=lambda item: item[1])[0] == "num_request_waiting"
     predictor.close()
 
 

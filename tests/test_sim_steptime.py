@@ -1,4 +1,4 @@
-"""The step-time model against the kernel tables it was fitted to, and end to end against splitwise."""
+"""The step-time model against the kernel tables it looks up and was fitted to, and end to end against splitwise."""
 
 from __future__ import annotations
 
@@ -41,6 +41,17 @@ def test_fitted_curves_match_kernel_tables(prefix: str, slug: str) -> None:
     assert _median_ape(predicted, gen[:, 4]) < 0.3
 
 
+@needs_data
+def test_eager_host_cost_is_the_flat_eager_time_not_eager_minus_graph() -> None:
+    # A loop of eager all-reduces runs at max(host, GPU): flat at the host's cost while the GPU time grows below.
+    a100 = calibration.eager_host_ms(DATA / "a100_sxm_vllm0.14_vllm_custom_allreduce_bf16.csv")
+    h100 = calibration.eager_host_ms(DATA / "h100_sxm_vllm0.14_vllm_custom_allreduce_bf16.csv")
+    assert set(a100) == set(h100) == {"2", "4", "8"}
+    assert 0.035 < a100["2"] < 0.055 and 0.015 < h100["2"] < 0.025
+    cached = calibration.load_coefficients()["a100-sxm-80gb"]
+    assert cached["launch_ms"] == pytest.approx(min(a100.values()))
+
+
 def test_cached_coefficients_cover_measured_classes() -> None:
     data = json.loads(calibration.COEFFICIENTS_PATH.read_text())
     assert set(data) == set(calibration.TABLE_CLASSES.values())
@@ -60,13 +71,59 @@ def test_refit_reproduces_cached_coefficients() -> None:
 def test_scalar_step_pieces_equal_fitted_curves() -> None:
     model = get_model("llama-3.1-70b")
     stepper = StepTimeModel("h100-sxm", model, tensor_parallel=4)
-    g = stepper.coefficients.gemm
-    x = np.array([[300.0, n, k] for k, n in stepper._gemm_pairs])
-    assert stepper._gemms_ms(300) == pytest.approx(float(calibration.gemm_ms(list(g), x).sum()))
     d = stepper.coefficients.generation_attention
     row = np.array([[8, 1000.0, stepper._kv_heads, model.head_dim]])
     expected = float(calibration.generation_attention_ms(list(d), row)[0])
     assert stepper.decode_attention_ms(8, 8000.0) == pytest.approx(expected)
+    # Classes without tables evaluate the fitted GEMM curve on the table m grid.
+    tpu = StepTimeModel("tpu-v5e", model, tensor_parallel=4)
+    g = tpu.coefficients.gemm
+    x = np.array([[256.0, n, k] for k, n in tpu._gemm_pairs])
+    assert tpu._gemms_ms(256) == pytest.approx(float(calibration.gemm_ms(list(g), x).sum()))
+
+
+@needs_data
+def test_gemm_shapes_are_looked_up_in_the_measured_table() -> None:
+    gemm = calibration._read(DATA / "h100_sxm_vllm0.14_gemm_bf16.csv", ("m", "n", "k", "latency"))
+    table = {(int(m), int(n), int(k)): t for m, n, k, t in gemm}
+    stepper = StepTimeModel("h100-sxm", get_model("llama-3.1-70b"), tensor_parallel=4)
+    grid = stepper._m_grid
+    # QKV (k 8192, n 2560), output (k 2048, n 8192) and down (k 7168, n 8192) sit on the table's n, k grid.
+    for k, n in (stepper._gemm_pairs[0], stepper._gemm_pairs[1], stepper._gemm_pairs[3]):
+        curve = stepper._gemm_curve(n, k)
+        for m in (1, 64, 512, 8192):
+            measured = table[(m, int(n), int(k))]
+            # Equal to the measurement, or to a larger-m measurement that ran faster (outlier clipping).
+            assert curve[grid.index(float(m))] == pytest.approx(measured, rel=1e-3) or curve[
+                grid.index(float(m))
+            ] < measured
+    # Between grid points the layer time is interpolated; beyond the largest m it grows in proportion.
+    low, mid, high = stepper._gemms_ms(512), stepper._gemms_ms(640), stepper._gemms_ms(768)
+    assert low <= mid <= high
+    assert stepper._gemms_ms(16384) == pytest.approx(2 * stepper._gemms_ms(8192))
+
+
+def test_allreduce_grows_with_message_and_vanishes_without_tp() -> None:
+    model = get_model("llama-3.1-70b")
+    assert StepTimeModel("h100-sxm", model, tensor_parallel=1)._allreduce_ms(4096) == 0.0
+    tp8 = StepTimeModel("h100-sxm", model, tensor_parallel=8)
+    assert 0 < tp8._allreduce_ms(1) < tp8._allreduce_ms(512) < tp8._allreduce_ms(8192)
+    # Two all-reduces of 8192 × 8192 BF16 values (128 MiB) on NVLink: milliseconds, not microseconds or seconds.
+    assert 0.2 < tp8._allreduce_ms(8192) < 5.0
+
+
+def test_eager_step_overlaps_host_and_gpu() -> None:
+    model = get_model("llama-2-70b")
+    eager = StepTimeModel("a100-sxm-80gb", model, tensor_parallel=2, cuda_graphs=False)
+    gpu_layer = eager._dense_layer_ms(1) + eager.decode_attention_ms(1, 600.0)
+    host_total = model.layers * eager._host_layer
+    gpu_total = model.layers * gpu_layer + eager._head_ms(1)
+    step = eager.step_ms([], 1, 600.0)
+    # Kernels are launched asynchronously: the slower pipeline sets the pace, the sum is never paid.
+    assert max(host_total, gpu_total) <= step < host_total + gpu_total
+    a, b = eager.decode_affine(1)
+    for kv in (0.0, 600.0, 1e6):
+        assert a + b * kv >= eager.step_ms([], 1, kv) - 1e-9
 
 
 def test_step_time_grows_with_work_and_shrinks_with_faster_hardware() -> None:

@@ -1,0 +1,260 @@
+"""`leadtime bench serving`: latency and ingestion rate of the service, measured from outside its process.
+
+It starts `leadtime serve` (in-memory store) as a separate process on free loopback ports, warms it up, then
+times sequential calls exactly as a router makes them: `POST /predict/bulk/strict` with 1, 10 and 100 rows
+over one keep-alive HTTP connection, the same rows through gRPC `PredictBulk`, and `/add_training_data_bulk`
+in batches of 1,000. Ingesting makes the service learn and retrain behind the answers, so the 100-row
+latencies are measured once more while that happens. Request bodies are encoded before the clock starts:
+the figures are the service's round trip, not the client's JSON encoder.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT.parent / "shared" / "data" / "measured" / "sharegpt-h200.jsonl"
+ROW_COUNTS = (1, 10, 100)
+INGEST_BATCH = 1_000
+INGEST_BATCHES = 60
+WARMUP_CALLS = 200
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def load_entries() -> list[dict[str, Any]]:
+    """Training entries from the real H200 trace, or synthetic ones of the same shape if it is absent."""
+    if TRACE.exists():
+        with TRACE.open() as f:
+            return [json.loads(line) for line in f if line.strip()]
+    rng = np.random.default_rng(0)
+    entries = []
+    for i in range(3_400):
+        running = int(rng.integers(0, 64))
+        entries.append(
+            {
+                "kv_cache_percentage": float(rng.uniform(0, 0.9)),
+                "input_token_length": int(rng.integers(16, 4_000)),
+                "num_request_waiting": int(rng.integers(0, 20)),
+                "num_request_running": running,
+                "num_tokens_generated": int(rng.integers(0, 500)),
+                "prefix_cache_score": 0.0,
+                "prefill_tokens_in_flight": int(rng.integers(0, 8_000)),
+                "decode_tokens_in_flight": running * 300,
+                "actual_ttft_ms": float(rng.uniform(50, 900)) if i % 2 == 0 else 0.0,
+                "actual_tpot_ms": float(rng.uniform(10, 60)) if i % 2 else 0.0,
+            }
+        )
+    return entries
+
+
+def prediction_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in e.items() if not k.startswith("actual_")} for e in entries]
+
+
+class ServiceProcess:
+    """`leadtime serve` in a child process on free loopback ports."""
+
+    def __init__(self) -> None:
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.http_port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
+        env["LEADTIME_ACCELERATOR"] = "h200-sxm"
+        env["LEADTIME_MODEL"] = "qwen3-32b"
+        command = [
+            sys.executable,
+            "-m",
+            "leadtime_cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.http_port),
+            "--grpc-port",
+            str(self.grpc_port),
+        ]
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"leadtime serve exited with {self.process.returncode}: {stderr[-2000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"leadtime serve was not ready within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float]:
+    ms = np.asarray(samples_s) * 1e3
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+    }
+
+
+def time_calls(call: Callable[[], None], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        started = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def http_caller(connection: http.client.HTTPConnection, rows: list[dict[str, Any]]) -> Callable[[], None]:
+    """One POST on a persistent connection (the stdlib client: its own overhead is the smallest)."""
+    body = json.dumps({"requests": rows}, separators=(",", ":")).encode()
+    headers = {"Content-Type": "application/json"}
+
+    def call() -> None:
+        connection.request("POST", "/predict/bulk/strict", body, headers)
+        response = connection.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"/predict/bulk/strict answered {response.status}: {answer[:300]!r}")
+
+    return call
+
+
+def grpc_caller(stub: Any, rows: list[dict[str, Any]]) -> Callable[[], None]:
+    from predictor.client import row_message
+    from predictor.grpc import leadtime_pb2 as pb
+
+    request = pb.PredictBulkRequest(rows=[row_message(r) for r in rows])
+
+    def call() -> None:
+        stub.PredictBulk(request, timeout=5.0)
+
+    return call
+
+
+def retrain_count(client: httpx.Client) -> int:
+    text = client.get("/metrics").text
+    total = 0
+    for line in text.splitlines():
+        if line.startswith("leadtime_retrain_duration_seconds_count"):
+            total += int(float(line.split()[-1]))
+    return total
+
+
+def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
+    import grpc
+
+    from predictor.grpc import leadtime_pb2_grpc
+
+    def say(message: str) -> None:
+        if progress:
+            print(message, file=sys.stderr, flush=True)
+
+    entries = load_entries()
+    rows = prediction_rows(entries)
+    service = ServiceProcess()
+    try:
+        service.wait_ready()
+        say(f"service up on :{service.http_port} (gRPC :{service.grpc_port})")
+        report: dict[str, Any] = {
+            "calls": calls,
+            "cpus": os.cpu_count(),
+            "load_average_1m_before": round(os.getloadavg()[0], 2),
+            "http": {},
+            "grpc": {},
+        }
+        with (
+            httpx.Client(base_url=service.base_url, timeout=10.0) as client,
+            grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel,
+        ):
+            stub = leadtime_pb2_grpc.PredictorStub(channel)
+            connection = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=10)
+            for n in ROW_COUNTS:
+                http_call, grpc_call = http_caller(connection, rows[:n]), grpc_caller(stub, rows[:n])
+                time_calls(http_call, WARMUP_CALLS)
+                time_calls(grpc_call, WARMUP_CALLS)
+                report["http"][f"rows_{n}"] = percentiles(time_calls(http_call, calls))
+                report["grpc"][f"rows_{n}"] = percentiles(time_calls(grpc_call, calls))
+                say(f"{n} rows: http {report['http'][f'rows_{n}']}, grpc {report['grpc'][f'rows_{n}']}")
+
+            batches = []
+            for b in range(INGEST_BATCHES):
+                batch = [entries[(b * INGEST_BATCH + i) % len(entries)] for i in range(INGEST_BATCH)]
+                batches.append(json.dumps({"entries": batch}, separators=(",", ":")).encode())
+            headers = {"content-type": "application/json"}
+            retrains_before = retrain_count(client)
+            started = time.perf_counter()
+            for body in batches:
+                response = client.post("/add_training_data_bulk", content=body, headers=headers)
+                if response.status_code != 202:
+                    raise RuntimeError(f"/add_training_data_bulk answered {response.status_code}: {response.text}")
+            elapsed = time.perf_counter() - started
+            report["ingest_samples_per_s"] = round(INGEST_BATCH * INGEST_BATCHES / elapsed)
+            say(f"ingested {INGEST_BATCH * INGEST_BATCHES} samples at {report['ingest_samples_per_s']}/s")
+
+            # The service now learns the backlog and retrains behind the answers: measure 100 rows again.
+            connection.close()
+            connection = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=10)
+            http_call, grpc_call = http_caller(connection, rows[:100]), grpc_caller(stub, rows[:100])
+            during_http = time_calls(http_call, calls)
+            during_grpc = time_calls(grpc_call, calls)
+            retrains = retrain_count(client) - retrains_before
+            report["while_learning"] = {
+                "http_rows_100": percentiles(during_http),
+                "grpc_rows_100": percentiles(during_grpc),
+                "retrains_completed": retrains,
+            }
+            connection.close()
+            say(f"while learning ({retrains} retrains): {report['while_learning']}")
+        report["load_average_1m_after"] = round(os.getloadavg()[0], 2)
+        return report
+    finally:
+        service.stop()
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report))
+        return
+    print(f"{'':10} {'HTTP p50':>9} {'HTTP p99':>9} {'gRPC p50':>9} {'gRPC p99':>9}  ms")
+    for n in ROW_COUNTS:
+        h, g = report["http"][f"rows_{n}"], report["grpc"][f"rows_{n}"]
+        print(f"{n:>4} rows  {h['p50_ms']:>9.3f} {h['p99_ms']:>9.3f} {g['p50_ms']:>9.3f} {g['p99_ms']:>9.3f}")
+    w = report["while_learning"]
+    print(
+        f"100 rows while learning ({w['retrains_completed']} retrains): "
+        f"HTTP p99 {w['http_rows_100']['p99_ms']:.3f} ms, gRPC p99 {w['grpc_rows_100']['p99_ms']:.3f} ms"
+    )
+    print(f"ingestion: {report['ingest_samples_per_s']:,} samples/s (batches of {INGEST_BATCH:,})")
+    print(
+        f"machine: {report['cpus']} CPUs, 1-minute load average {report['load_average_1m_before']} before, "
+        f"{report['load_average_1m_after']} after (other processes share these CPUs)"
+    )

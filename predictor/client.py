@@ -1,0 +1,292 @@
+"""Clients of the predictor service for the router plugin: HTTP (httpx, keep-alive) and gRPC.
+
+Every call carries a deadline (`deadline_s`, overridable per call): a router must fall back to its heuristics
+rather than wait, so a slow or absent predictor raises `PredictorUnavailable` quickly and a refused request
+raises `PredictorError` with the service's message. Rows and observations may be llm-d/native dicts or
+`features.rows` objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from features.rows import FeatureRow, Observation, feature_row_to_llmd, observation_to_llmd
+
+DEFAULT_DEADLINE_S = 0.05
+
+
+class PredictorError(Exception):
+    """The service refused the call (bad input, unauthorised, too large): retrying will not help."""
+
+    def __init__(self, status: int | str, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(f"{status}: {message}")
+
+
+class PredictorUnavailable(PredictorError):
+    """Deadline exceeded, connection refused, or the service is not ready: fall back and retry later."""
+
+
+@dataclass
+class BulkPredictions:
+    """Milliseconds per row, in row order."""
+
+    ttft_mean_ms: np.ndarray
+    ttft_quantile_ms: np.ndarray
+    tpot_mean_ms: np.ndarray
+    tpot_quantile_ms: np.ndarray
+    model_version: int
+    quantile: float
+
+
+Row = Mapping[str, Any] | FeatureRow
+Obs = Mapping[str, Any] | Observation
+
+
+def row_dict(row: Row) -> dict[str, Any]:
+    return feature_row_to_llmd(row) if isinstance(row, FeatureRow) else dict(row)
+
+
+def observation_dict(obs: Obs) -> dict[str, Any]:
+    return observation_to_llmd(obs) if isinstance(obs, Observation) else dict(obs)
+
+
+class HttpPredictorClient:
+    """Talks to the native `/v1` API (and llm-d's paths) over one keep-alive connection pool.
+
+    Parameters
+    ----------
+    base_url
+        e.g. "http://127.0.0.1:8000".
+    deadline_s
+        Default time budget of each call, connect included.
+    api_token
+        Sent as a Bearer token (needed on write paths when the service has one).
+    """
+
+    def __init__(
+        self, base_url: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None
+    ) -> None:
+        import httpx
+
+        self._httpx = httpx
+        headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
+        self.deadline_s = deadline_s
+        self._client = httpx.Client(base_url=base_url, headers=headers, timeout=deadline_s)
+
+    def _call(self, method: str, path: str, body: Any = None, deadline_s: float | None = None) -> Any:
+        httpx = self._httpx
+        try:
+            response = self._client.request(method, path, json=body, timeout=deadline_s or self.deadline_s)
+        except httpx.TimeoutException as err:
+            raise PredictorUnavailable(
+                "deadline", f"{method} {path} exceeded {deadline_s or self.deadline_s}s"
+            ) from err
+        except httpx.TransportError as err:
+            raise PredictorUnavailable("transport", f"{method} {path}: {err}") from err
+        if response.status_code >= 400:
+            try:
+                message = str(response.json().get("error", response.text))
+            except ValueError:
+                message = response.text
+            error = PredictorUnavailable if response.status_code in (502, 503, 504) else PredictorError
+            raise error(response.status_code, message)
+        return response.json() if response.content else None
+
+    def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
+        """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
+        answer = self._call("POST", "/v1/predict", {"rows": [row_dict(r) for r in rows]}, deadline_s)
+        return BulkPredictions(
+            np.asarray(answer["ttft_mean_ms"], dtype=float),
+            np.asarray(answer["ttft_quantile_ms"], dtype=float),
+            np.asarray(answer["tpot_mean_ms"], dtype=float),
+            np.asarray(answer["tpot_quantile_ms"], dtype=float),
+            int(answer["model_version"]),
+            float(answer["quantile"]),
+        )
+
+    def predict_llmd(self, rows: Sequence[Row], deadline_s: float | None = None) -> list[dict[str, Any]]:
+        """llm-d's answers (POST /predict/bulk/strict), as llm-d's router would receive them."""
+        answer = self._call(
+            "POST", "/predict/bulk/strict", {"requests": [row_dict(r) for r in rows]}, deadline_s
+        )
+        predictions: list[dict[str, Any]] = answer["predictions"]
+        return predictions
+
+    def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
+        """Report completed requests with what was predicted (POST /v1/observations); returns how many."""
+        body = {"observations": [observation_dict(o) for o in observations]}
+        return int(self._call("POST", "/v1/observations", body, deadline_s)["accepted"])
+
+    def add_training_data(self, entries: Sequence[Obs], deadline_s: float | None = None) -> str:
+        """llm-d's training call (POST /add_training_data_bulk, 202)."""
+        body = {"entries": [observation_dict(o) for o in entries]}
+        return str(self._call("POST", "/add_training_data_bulk", body, deadline_s)["message"])
+
+    def status(self, deadline_s: float | None = None) -> dict[str, Any]:
+        answer: dict[str, Any] = self._call("GET", "/v1/status", None, deadline_s)
+        return answer
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> HttpPredictorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_ROW_FIELDS = (
+    "kv_cache_percentage",
+    "input_token_length",
+    "num_request_waiting",
+    "num_request_running",
+    "num_tokens_generated",
+    "prefix_cache_score",
+    "pod_type",
+    "prefill_tokens_in_flight",
+    "decode_tokens_in_flight",
+    "encoder_matched_size",
+    "encoder_input_size",
+    "endpoint_id",
+    "accelerator",
+    "model",
+    "tensor_parallel",
+    "prefix_hit_tokens",
+    "timeslice_state",
+    "timeslice_wait_ms",
+)
+_OBSERVATION_FIELDS = (
+    "actual_ttft_ms",
+    "actual_tpot_ms",
+    "predicted_ttft_ms",
+    "predicted_tpot_ms",
+    "predicted_ttft_quantile_ms",
+    "predicted_tpot_quantile_ms",
+    "timestamp",
+)
+
+
+def row_message(row: Row) -> Any:
+    """A row dict → leadtime.v1.Row (unknown keys dropped, native `role` mapped to `pod_type`)."""
+    from predictor.grpc import leadtime_pb2 as pb
+
+    d = row_dict(row)
+    if not d.get("pod_type") and d.get("role") in ("prefill", "decode"):
+        d["pod_type"] = d["role"]
+    fields = {k: d[k] for k in _ROW_FIELDS if d.get(k) is not None}
+    if fields.get("timeslice_state") == "none":
+        del fields["timeslice_state"]
+    try:
+        return pb.Row(**fields)
+    except (TypeError, ValueError) as err:
+        raise PredictorError("invalid", f"row cannot be encoded: {err}") from None
+
+
+def observation_message(obs: Obs) -> Any:
+    from predictor.grpc import leadtime_pb2 as pb
+
+    d = observation_dict(obs)
+    if isinstance(d.get("timestamp"), str):
+        d.pop("timestamp")  # the wire form is seconds since the epoch
+    fields = {k: d[k] for k in _OBSERVATION_FIELDS if d.get(k) is not None}
+    try:
+        return pb.Observation(row=row_message(d), **fields)
+    except (TypeError, ValueError) as err:
+        raise PredictorError("invalid", f"observation cannot be encoded: {err}") from None
+
+
+class GrpcPredictorClient:
+    """Talks to `leadtime.v1.Predictor` over one channel; every call has a deadline.
+
+    Parameters
+    ----------
+    target
+        "host:port" of the gRPC server.
+    deadline_s
+        Default deadline of each call.
+    api_token
+        Sent as `authorization: Bearer <token>` metadata (needed by Observe when the service has one).
+    """
+
+    def __init__(
+        self, target: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None
+    ) -> None:
+        import grpc
+
+        from predictor.grpc import leadtime_pb2_grpc
+
+        self._grpc = grpc
+        self.deadline_s = deadline_s
+        self._channel = grpc.insecure_channel(target)
+        self._stub = leadtime_pb2_grpc.PredictorStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {api_token}"),) if api_token else ()
+
+    def _call(self, method: Any, request: Any, deadline_s: float | None) -> Any:
+        grpc = self._grpc
+        try:
+            return method(request, timeout=deadline_s or self.deadline_s, metadata=self._metadata)
+        except grpc.RpcError as err:
+            code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+            details = err.details() if hasattr(err, "details") else str(err)
+            transient = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+            error = PredictorUnavailable if code in transient else PredictorError
+            raise error(code.name, details or code.name) from None
+
+    def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
+        from predictor.grpc import leadtime_pb2 as pb
+
+        request = pb.PredictBulkRequest(rows=[row_message(r) for r in rows])
+        answer = self._call(self._stub.PredictBulk, request, deadline_s)
+        return BulkPredictions(
+            np.asarray(answer.ttft_mean_ms, dtype=float),
+            np.asarray(answer.ttft_quantile_ms, dtype=float),
+            np.asarray(answer.tpot_mean_ms, dtype=float),
+            np.asarray(answer.tpot_quantile_ms, dtype=float),
+            int(answer.model_version),
+            float(answer.quantile),
+        )
+
+    def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
+        from predictor.grpc import leadtime_pb2 as pb
+
+        request = pb.ObserveRequest(observations=[observation_message(o) for o in observations])
+        return int(self._call(self._stub.Observe, request, deadline_s).accepted)
+
+    def observe_stream(self, batches: Iterable[Sequence[Obs]], deadline_s: float | None = None) -> int:
+        """Send batches on one client stream; the deadline covers the whole stream."""
+        from predictor.grpc import leadtime_pb2 as pb
+
+        requests = (pb.ObserveRequest(observations=[observation_message(o) for o in b]) for b in batches)
+        return int(self._call(self._stub.ObserveStream, requests, deadline_s).accepted)
+
+    def status(self, deadline_s: float | None = None) -> dict[str, Any]:
+        from predictor.grpc import leadtime_pb2 as pb
+
+        answer = self._call(self._stub.Status, pb.StatusRequest(), deadline_s)
+        return {
+            "is_ready": answer.is_ready,
+            "model_version": answer.model_version,
+            "objective_type": answer.objective_type,
+            "quantile": answer.quantile,
+            "last_model_load": answer.last_model_load or None,
+            "role": answer.role,
+            "holds_training_lease": answer.holds_training_lease,
+            "components": dict(answer.components),
+            "observations": dict(answer.observations),
+        }
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> GrpcPredictorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,234 @@
+"""The gRPC face of the service: PredictBulk, Observe (one batch, or a client stream of batches) and Status.
+
+It shares the HTTP app's runtime (same predictor, store, metrics), so both faces answer alike. Bad rows get
+INVALID_ARGUMENT naming `rows[i].field`; a missing API token on Observe gets UNAUTHENTICATED; messages larger
+than the body limit are refused by gRPC itself (RESOURCE_EXHAUSTED).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+from features.errors import FeatureError
+from predictor.grpc import leadtime_pb2 as pb
+from predictor.grpc import leadtime_pb2_grpc as pb_grpc
+from predictor.service.runtime import ServiceRuntime, rfc3339
+
+T = TypeVar("T")
+
+_LLMD_INT_FIELDS = (
+    "input_token_length",
+    "num_request_waiting",
+    "num_request_running",
+    "num_tokens_generated",
+    "prefill_tokens_in_flight",
+    "decode_tokens_in_flight",
+    "encoder_matched_size",
+    "encoder_input_size",
+)
+
+
+def row_to_dict(row: Any) -> dict[str, Any]:
+    """A Row message → the JSON-row shape the service validates (extras only when set)."""
+    d: dict[str, Any] = {
+        "kv_cache_percentage": row.kv_cache_percentage,
+        "input_token_length": row.input_token_length,
+        "num_request_waiting": row.num_request_waiting,
+        "num_request_running": row.num_request_running,
+        "num_tokens_generated": row.num_tokens_generated,
+        "prefix_cache_score": row.prefix_cache_score,
+        "pod_type": row.pod_type,
+        "prefill_tokens_in_flight": row.prefill_tokens_in_flight,
+        "decode_tokens_in_flight": row.decode_tokens_in_flight,
+        "encoder_matched_size": row.encoder_matched_size,
+        "encoder_input_size": row.encoder_input_size,
+    }
+    if row.endpoint_id:
+        d["endpoint_id"] = row.endpoint_id
+    if row.accelerator:
+        d["accelerator"] = row.accelerator
+    if row.model:
+        d["model"] = row.model
+    if row.tensor_parallel:
+        d["tensor_parallel"] = row.tensor_parallel
+    if row.HasField("prefix_hit_tokens"):
+        d["prefix_hit_tokens"] = row.prefix_hit_tokens
+    if row.timeslice_state:
+        d["timeslice_state"] = row.timeslice_state
+    if row.timeslice_wait_ms:
+        d["timeslice_wait_ms"] = row.timeslice_wait_ms
+    return d
+
+
+def observation_to_dict(obs: Any) -> dict[str, Any]:
+    d = row_to_dict(obs.row)
+    d["actual_ttft_ms"] = obs.actual_ttft_ms
+    d["actual_tpot_ms"] = obs.actual_tpot_ms
+    for name in (
+        "predicted_ttft_ms",
+        "predicted_tpot_ms",
+        "predicted_ttft_quantile_ms",
+        "predicted_tpot_quantile_ms",
+        "timestamp",
+    ):
+        if obs.HasField(name):
+            d[name] = getattr(obs, name)
+    return d
+
+
+def _clean(values: np.ndarray) -> list[float]:
+    out: list[float] = np.nan_to_num(np.maximum(values, 0.0), nan=0.0, posinf=1e12).tolist()
+    return out
+
+
+class PredictorServicer(pb_grpc.PredictorServicer):
+    """Implements leadtime.v1.Predictor over a ServiceRuntime."""
+
+    def __init__(self, runtime: ServiceRuntime) -> None:
+        self.runtime = runtime
+
+    def _call(self, method: str, context: grpc.ServicerContext, body: Callable[[], T]) -> T:
+        """Timing, metrics and the mapping of errors to status codes, shared by every method."""
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        self.runtime.request_started()
+        try:
+            if not self.runtime.ready:
+                code = grpc.StatusCode.UNAVAILABLE
+                context.abort(code, "the predictor is not ready: the service has not finished starting")
+            return body()
+        except FeatureError as err:
+            code = grpc.StatusCode.INVALID_ARGUMENT
+            context.abort(code, str(err))
+        except PermissionError as err:
+            code = grpc.StatusCode.UNAUTHENTICATED
+            context.abort(code, str(err))
+        finally:
+            self.runtime.request_finished()
+            metrics = self.runtime.metrics
+            metrics.grpc_requests.labels(method, code.name).inc()
+            metrics.grpc_seconds.labels(method).observe(time.perf_counter() - started)
+        raise AssertionError("unreachable: context.abort raises")
+
+    def _check_token(self, context: grpc.ServicerContext) -> None:
+        token = self.runtime.settings.api_token
+        if not token:
+            return
+        given = dict(context.invocation_metadata()).get("authorization", "")
+        scheme, _, value = str(given).partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode(), token.encode()):
+            raise PermissionError("Observe needs metadata 'authorization: Bearer <api token>'")
+
+    def PredictBulk(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC's name)
+        def body() -> Any:
+            runtime = self.runtime
+            rows = request.rows
+            if not 1 <= len(rows) <= runtime.settings.max_rows:
+                raise FeatureError(
+                    "rows", f"must hold 1 to {runtime.settings.max_rows:,} rows, got {len(rows):,}"
+                )
+            parsed = runtime.parser.parse_messages(rows, row_to_dict)
+            predictor = runtime.predictor
+            assert predictor is not None
+            p = predictor.predict_many(parsed.X, parsed.endpoint_ids)
+            runtime.metrics.predictions.labels("grpc").inc(len(rows))
+            return pb.PredictBulkResponse(
+                ttft_mean_ms=_clean(p.ttft_mean),
+                ttft_quantile_ms=_clean(p.ttft_quantile),
+                tpot_mean_ms=_clean(p.tpot_mean),
+                tpot_quantile_ms=_clean(p.tpot_quantile),
+                model_version=p.model_version,
+                quantile=runtime.settings.quantile,
+                objective_type=runtime.settings.objective,
+            )
+
+        return self._call("PredictBulk", context, body)
+
+    def _accept(self, observations: Sequence[Any]) -> int:
+        runtime = self.runtime
+        entries = [observation_to_dict(o) for o in observations]
+        try:
+            parsed = runtime.parser.parse_observations(entries, "observations")
+        except FeatureError:
+            runtime.metrics.observations_rejected.labels("grpc").inc(len(entries))
+            raise
+        runtime.accept(entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
+        runtime.metrics.observations_accepted.labels("grpc").inc(len(entries))
+        rows = parsed.rows
+        runtime.metrics.observe_live_error(
+            "ttft",
+            parsed.actual_ttft_ms,
+            parsed.predicted_ttft_ms,
+            parsed.predicted_ttft_quantile_ms,
+            rows.accelerators,
+            rows.roles,
+        )
+        runtime.metrics.observe_live_error(
+            "tpot",
+            parsed.actual_tpot_ms,
+            parsed.predicted_tpot_ms,
+            parsed.predicted_tpot_quantile_ms,
+            rows.accelerators,
+            rows.roles,
+        )
+        return len(entries)
+
+    def Observe(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        def body() -> Any:
+            self._check_token(context)
+            return pb.ObserveResponse(accepted=self._accept(request.observations))
+
+        return self._call("Observe", context, body)
+
+    def ObserveStream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:  # noqa: N802
+        def body() -> Any:
+            self._check_token(context)
+            total = 0
+            for batch in request_iterator:
+                total += self._accept(batch.observations)
+            return pb.ObserveResponse(accepted=total)
+
+        return self._call("ObserveStream", context, body)
+
+    def Status(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        def body() -> Any:
+            runtime = self.runtime
+            predictor = runtime.predictor
+            assert predictor is not None
+            return pb.StatusResponse(
+                is_ready=runtime.ready,
+                model_version=predictor.version,
+                objective_type=runtime.settings.objective,
+                quantile=runtime.settings.quantile,
+                last_model_load=rfc3339(predictor.last_model_load) or "",
+                role=runtime.settings.role,
+                holds_training_lease=runtime.holds_lease,
+                components=runtime.health(),
+                observations=runtime.learned(),
+            )
+
+        return self._call("Status", context, body)
+
+
+def start_grpc_server(
+    runtime: ServiceRuntime, host: str, port: int, max_workers: int = 4
+) -> tuple[grpc.Server, int]:
+    """Start serving on host:port (0 = any free port); returns the server and the bound port."""
+    limit = runtime.settings.max_body_bytes
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="leadtime-grpc"),
+        options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
+    )
+    pb_grpc.add_PredictorServicer_to_server(PredictorServicer(runtime), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the gRPC server to {host}:{port}")
+    server.start()
+    return server, bound

@@ -1,0 +1,200 @@
+"""Prometheus metrics of one service instance, on a registry of its own (never the process-global one).
+
+Two apps in one process (tests, two replicas) must not share counters, so every app builds a `ServiceMetrics`.
+Names follow Prometheus conventions: `leadtime_` prefix, base units (seconds, ratios), counters end in
+`_total`. Values that live elsewhere (store counters, model version and age, window size) are read at
+scrape time by a collector, so the hot path never updates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+RETRAIN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class _LiveValues(Collector):
+    """Reads current values from the service when scraped."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        v = self._read()
+        version = GaugeMetricFamily("leadtime_model_version", "Version of the model serving now.")
+        version.add_metric([], v.get("model_version", 0))
+        yield version
+        age = GaugeMetricFamily(
+            "leadtime_model_age_seconds",
+            "Seconds since the serving model last changed (since start-up if it never has).",
+        )
+        age.add_metric([], v.get("model_age_seconds", float("nan")))
+        yield age
+        window = GaugeMetricFamily(
+            "leadtime_window_samples", "Samples in the retraining window.", labels=["target"]
+        )
+        for target, n in v.get("window", {}).items():
+            window.add_metric([target], n)
+        yield window
+        learned = CounterMetricFamily(
+            "leadtime_observations_learned",
+            "Observations this replica's learner has absorbed.",
+            labels=["target"],
+        )
+        for target, n in v.get("learned", {}).items():
+            learned.add_metric([target], n)
+        yield learned
+        dropped = CounterMetricFamily(
+            "leadtime_observations_dropped", "Accepted observations lost to the store's buffer bound."
+        )
+        dropped.add_metric([], v.get("dropped", 0))
+        yield dropped
+        buffered = GaugeMetricFamily(
+            "leadtime_observations_buffered",
+            "Observations waiting in memory for the shared store to come back.",
+        )
+        buffered.add_metric([], v.get("buffered", 0))
+        yield buffered
+
+
+class ServiceMetrics:
+    """Every metric the service exports, on a fresh CollectorRegistry."""
+
+    def __init__(self, read_live: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "leadtime_http_requests",
+            "HTTP requests by route, method and status.",
+            ["path", "method", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "leadtime_http_request_duration_seconds",
+            "HTTP request latency by route.",
+            ["path"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.grpc_requests = Counter(
+            "leadtime_grpc_requests", "gRPC calls by method and status code.", ["method", "code"], registry=r
+        )
+        self.grpc_seconds = Histogram(
+            "leadtime_grpc_request_duration_seconds",
+            "gRPC call latency by method.",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.predictions = Counter(
+            "leadtime_predictions", "Rows predicted, by API (llmd, native, grpc).", ["api"], registry=r
+        )
+        self.observations_accepted = Counter(
+            "leadtime_observations_accepted", "Observations accepted, by API.", ["api"], registry=r
+        )
+        self.observations_rejected = Counter(
+            "leadtime_observations_rejected",
+            "Observations refused as invalid (a whole batch counts).",
+            ["api"],
+            registry=r,
+        )
+        self.live_error = Histogram(
+            "leadtime_live_absolute_percentage_error_ratio",
+            "|predicted mean − actual| ÷ actual for each observed decision (0.1 = 10%).",
+            ["target", "accelerator", "role"],
+            buckets=ERROR_BUCKETS,
+            registry=r,
+        )
+        self.quantile_checks = Counter(
+            "leadtime_live_quantile_checks",
+            'Observed decisions whose predicted upper quantile was checked; covered="true" if actual ≤ it.',
+            ["target", "accelerator", "role", "covered"],
+            registry=r,
+        )
+        self.retrain_seconds = Histogram(
+            "leadtime_retrain_duration_seconds",
+            "Wall time of a retrain of both targets.",
+            buckets=RETRAIN_BUCKETS,
+            registry=r,
+        )
+        self.retrains = Counter(
+            "leadtime_retrains",
+            "Retrain outcomes per target: accepted, rejected or failed.",
+            ["target", "outcome"],
+            registry=r,
+        )
+        self.model_swaps = Counter(
+            "leadtime_model_swaps", "Models swapped in from the shared registry or a reload.", registry=r
+        )
+        if read_live is not None:
+            r.register(_LiveValues(read_live))
+
+    def observe_request(self, path: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(path, method, str(status)).inc()
+        self.request_seconds.labels(path).observe(seconds)
+
+    def observe_retrain(self, result: dict[str, Any]) -> None:
+        """A learner's retrain result: {"ttft": {"accepted_mean", "accepted_upper", ...}, "duration_s": s}."""
+        self.retrain_seconds.observe(float(result.get("duration_s", 0.0)))
+        for target in ("ttft", "tpot"):
+            outcome = result.get(target)
+            if not isinstance(outcome, dict):
+                continue
+            accepted = bool(
+                outcome.get("accepted") or outcome.get("accepted_mean") or outcome.get("accepted_upper")
+            )
+            self.retrains.labels(target, "accepted" if accepted else "rejected").inc()
+
+    def observe_retrain_failure(self) -> None:
+        for target in ("ttft", "tpot"):
+            self.retrains.labels(target, "failed").inc()
+
+    def observe_live_error(
+        self,
+        target: str,
+        actual: np.ndarray,
+        predicted_mean: np.ndarray,
+        predicted_quantile: np.ndarray,
+        accelerators: Iterable[str],
+        roles: Iterable[str],
+    ) -> None:
+        """Per decision: absolute percentage error of the mean and coverage of the quantile, where known."""
+        for a, m, q, acc, role in zip(
+            actual, predicted_mean, predicted_quantile, accelerators, roles, strict=True
+        ):
+            if not a > 0:
+                continue
+            if m == m:  # not NaN
+                self.live_error.labels(target, acc, role).observe(abs(float(m) - float(a)) / float(a))
+            if q == q:
+                covered = "true" if a <= q else "false"
+                self.quantile_checks.labels(target, acc, role, covered).inc()
+
+    def render(self, llmd_lines: dict[str, Any] | None = None) -> bytes:
+        """Prometheus text; with `llmd_lines`, also the llm-d training-server lines its tooling greps."""
+        text = generate_latest(self.registry)
+        if llmd_lines is None:
+            return text
+        return text + llmd_training_lines(**llmd_lines).encode()
+
+
+def llmd_training_lines(objective: str, quantile: float, samples: dict[str, int]) -> str:
+    """llm-d's non-standard training-server lines (DESIGN.md), exactly in its shape."""
+    lines = [
+        'model_type{type="lightgbm"} 1',
+        f'objective_type{{type="{objective}"}} 1',
+        f"model_quantile{{}} {quantile:g}",
+        "ensemble_active{} 0",
+        "ensemble_mode{} 0",
+    ]
+    for target in ("ttft", "tpot"):
+        lines.append(f'training_samples_count{{model="{target}"}} {samples.get(target, 0)}')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,88 @@
+"""The app factory: one place where the service is assembled from its routers, edge and runtime.
+
+`create_app` builds everything per app (runtime, metrics registry, store unless given), so several apps
+can live in one process (tests, two replicas) without sharing state. Background loops start in the lifespan
+and stop cleanly on shutdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from features.errors import FeatureError
+from predictor.learner import OnlinePredictor
+from predictor.service import health, llmd_operations, llmd_prediction, llmd_training, native
+from predictor.service.edge import (
+    EdgeMiddleware,
+    feature_error_handler,
+    http_error_handler,
+    unexpected_error_handler,
+    validation_error_handler,
+)
+from predictor.service.runtime import ServiceRuntime
+from predictor.settings import ServiceSettings
+from predictor.store.base import Store
+
+API_VERSION = "1"
+
+
+def make_store(settings: ServiceSettings) -> tuple[Store, bool]:
+    """The store the settings ask for, and whether the app owns it (and so closes it)."""
+    if settings.redis_url:
+        from predictor.store.redis_store import RedisStore
+
+        return RedisStore(settings.redis_url), True
+    from predictor.store.memory import MemoryStore
+
+    return MemoryStore(), True
+
+
+def create_app(
+    settings: ServiceSettings | None = None,
+    store: Store | None = None,
+    predictor: OnlinePredictor | None = None,
+) -> FastAPI:
+    """The predictor service. `store` and `predictor` default to what `settings` describe."""
+    settings = settings or ServiceSettings()
+    own_store = False
+    if store is None:
+        store, own_store = make_store(settings)
+    runtime = ServiceRuntime(settings, store, predictor, own_store=own_store)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime.start()
+        try:
+            yield
+        finally:
+            runtime.stop()
+
+    app = FastAPI(
+        title="Leadtime predictor",
+        version=API_VERSION,
+        description="TTFT/TPOT predictions for LLM serving fleets; a drop-in for llm-d's latency predictor.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.add_middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes, runtime=runtime)
+    app.add_exception_handler(FeatureError, feature_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(HTTPException, http_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(Exception, unexpected_error_handler)
+    app.include_router(health.router)
+    app.include_router(native.common_router)
+    if settings.serves_prediction:
+        app.include_router(llmd_prediction.router)
+        app.include_router(llmd_operations.prediction_router)
+        app.include_router(native.prediction_router)
+    if settings.serves_training:
+        app.include_router(llmd_training.router)
+        app.include_router(llmd_operations.training_router)
+        app.include_router(native.training_router)
+    return app

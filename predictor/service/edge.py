@@ -1,0 +1,215 @@
+"""What every route shares at the edge: runtime lookup, auth, JSON bodies and errors, size limit, metrics."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from features.errors import FeatureError
+from predictor.service.runtime import ServiceRuntime
+
+
+def _runtime(request: Request) -> ServiceRuntime:
+    runtime: ServiceRuntime = request.app.state.runtime
+    return runtime
+
+
+# Dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a thread pool, which cost
+# ~0.3 ms per dependency per request on the hot path (measured with cProfile).
+async def runtime_of(request: Request) -> ServiceRuntime:
+    return _runtime(request)
+
+
+async def ready_runtime(request: Request) -> ServiceRuntime:
+    """The runtime, or 503 while no model can answer (before start-up finished, or after shutdown)."""
+    runtime = _runtime(request)
+    if not runtime.ready:
+        raise HTTPException(503, "the predictor is not ready: the service has not finished starting")
+    return runtime
+
+
+Runtime = Annotated[ServiceRuntime, Depends(runtime_of)]
+ReadyRuntime = Annotated[ServiceRuntime, Depends(ready_runtime)]
+
+
+async def require_token(request: Request) -> None:
+    """Write paths: with an API token configured, demand `Authorization: Bearer <token>`."""
+    token = _runtime(request).settings.api_token
+    if not token:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
+        raise HTTPException(401, "this path needs 'Authorization: Bearer <api token>'", {"WWW-Authenticate": "Bearer"})
+
+
+async def json_body(request: Request) -> Any:
+    """The body parsed once as JSON; 400 if it is not JSON."""
+    raw = await request.body()
+    try:
+        return orjson.loads(raw)  # ~4x faster than json.loads on the router's bodies (measured)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise FeatureError("body", f"is not valid JSON ({err})") from None
+
+
+def list_field(body: Any, name: str, low: int, high: int) -> list[Any]:
+    """`body[name]` as a list of low..high items, or FeatureError naming it."""
+    if not isinstance(body, dict):
+        raise FeatureError("body", f"must be a JSON object with a {name!r} list")
+    items = body.get(name)
+    if items is None:
+        raise FeatureError(name, "is required")
+    if not isinstance(items, list):
+        raise FeatureError(name, f"must be a list, got {type(items).__name__}")
+    if not low <= len(items) <= high:
+        raise FeatureError(name, f"must hold {low} to {high:,} items, got {len(items):,}")
+    return items
+
+
+def _loc_text(loc: Any) -> str:
+    parts = [p for p in loc if p != "body"]
+    text = ""
+    for p in parts:
+        text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
+    return text or "body"
+
+
+def _loc(field: str) -> list[Any]:
+    loc: list[Any] = ["body"]
+    for part in field.replace("]", "").replace("[", ".").split("."):
+        if part:
+            loc.append(int(part) if part.isdigit() else part)
+    return loc
+
+
+async def feature_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, FeatureError)
+    status = 400 if exc.field == "body" and "JSON" in exc.problem else 422
+    return JSONResponse(
+        {
+            "error": str(exc),
+            "field": exc.field,
+            "detail": [{"loc": _loc(exc.field), "msg": exc.problem, "type": "value_error"}],
+        },
+        status_code=status,
+    )
+
+
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+    field = _loc_text(first.get("loc", ()))
+    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in errors]
+    return JSONResponse({"error": f"{field}: {first.get('msg', 'invalid')}", "field": field, "detail": detail}, 422)
+
+
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    return JSONResponse({"error": detail, "detail": exc.detail}, exc.status_code, headers=exc.headers)
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+
+
+class EdgeMiddleware:
+    """Pure ASGI: refuse oversize bodies with 413 (declared or streamed) and record per-route metrics.
+
+    The body is read here, at most `max_body_bytes` of it, and replayed to the app, so a chunked upload
+    cannot slip past the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, runtime: ServiceRuntime) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.runtime = runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status_holder = [500]
+
+        async def send_recording(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder[0] = message["status"]
+            await send(message)
+
+        self.runtime.request_started()
+        try:
+            replay = await self._read_limited(scope, receive)
+            if replay is None:
+                await self._too_large(send_recording)
+            else:
+                await self.app(scope, replay, send_recording)
+        finally:
+            self.runtime.request_finished()
+        route = scope.get("route")
+        path = getattr(route, "path", None) or "unmatched"
+        self.runtime.metrics.observe_request(
+            path, scope.get("method", ""), status_holder[0], time.perf_counter() - started
+        )
+
+    async def _read_limited(self, scope: Scope, receive: Receive) -> Receive | None:
+        """A receive that replays the already-read body, or None if the body exceeds the limit."""
+        if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            return receive
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    if int(value) > self.max_body_bytes:
+                        return None
+                except ValueError:
+                    return None
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay
+
+    async def _too_large(self, send: Send) -> None:
+        body = json.dumps(
+            {"error": f"request body exceeds the limit of {self.max_body_bytes:,} bytes", "field": "body"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

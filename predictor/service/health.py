@@ -1,0 +1,73 @@
+"""Liveness, readiness, status and Prometheus metrics: answered in every role."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from predictor.service.edge import Runtime
+from predictor.service.runtime import rfc3339
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="The process is alive.")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Ready to serve (200), or 503 naming what is degraded.")
+async def readyz(runtime: Runtime) -> JSONResponse:
+    health = runtime.health()
+    degraded = {name: state for name, state in health.items() if state != "ok"}
+    if runtime.ready and not degraded:
+        return JSONResponse({"status": "ready", "components": health})
+    if not runtime.ready:
+        degraded.setdefault("predictor", "not started")
+    return JSONResponse({"status": "degraded", "degraded": degraded, "components": health}, status_code=503)
+
+
+@router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
+async def status(runtime: Runtime) -> dict[str, Any]:
+    predictor = runtime.predictor
+    s = runtime.settings
+    answer: dict[str, Any] = {
+        "is_ready": runtime.ready,
+        "model_type": "lightgbm",
+        "objective_type": s.objective,
+        "quantile": s.quantile,
+        "last_model_load": rfc3339(predictor.last_model_load) if predictor is not None else None,
+        "models_exist": {"ttft_model": predictor is not None, "tpot_model": predictor is not None},
+        "ensemble_active": False,
+        "role": s.role,
+        "replica_id": runtime.replica_id,
+        "holds_training_lease": runtime.holds_lease,
+        "registry_version": runtime.store_version,
+        "components": runtime.health(),
+    }
+    if predictor is not None:
+        st = predictor.status()
+        answer.update(
+            model_version=predictor.version,
+            observations=st.get("observations"),
+            window=st.get("window"),
+            trees_active=st.get("trees_active"),
+            last_retrain=rfc3339(st.get("last_retrain")),
+        )
+    return answer
+
+
+@router.get("/metrics", summary="Prometheus text format.")
+async def metrics(runtime: Runtime) -> Response:
+    llmd = None
+    if runtime.settings.serves_training:
+        samples = runtime.samples
+        llmd = {
+            "objective": runtime.settings.objective,
+            "quantile": runtime.settings.quantile,
+            "samples": {t: samples.train[t] + samples.test[t] for t in ("ttft", "tpot")},
+        }
+    return Response(runtime.metrics.render(llmd), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,230 @@
+"""llm-d's operations paths: /reload, model listing, info, downloads, LightGBM text and importances, export.
+
+Downloads are JSON with LightGBM text embedded, never pickles (llm-d ships joblib pickles; this is the one
+place Leadtime deliberately differs): a model fetched from here is data and cannot run code when loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Response
+
+from features.vectorize import COLUMNS
+from predictor.learner import ArtifactError
+from predictor.service.edge import ReadyRuntime, require_token
+from predictor.service.runtime import ServiceRuntime, rfc3339
+
+prediction_router = APIRouter(tags=["llm-d operations"])
+training_router = APIRouter(tags=["llm-d operations"])
+
+MODEL_NAMES = ("ttft", "tpot", "ttft_gated", "tpot_gated")
+TARGETS = ("ttft", "tpot")
+# Leadtime column → llm-d's name for the same feature (the rest are Leadtime's own and keep their names).
+LLMD_FEATURE_NAMES = {"input_tokens": "input_token_length"}
+
+
+def _state(runtime: ServiceRuntime) -> dict[str, Any]:
+    predictor = runtime.predictor
+    assert predictor is not None
+    state: dict[str, Any] = json.loads(predictor.to_bytes())
+    return state
+
+
+def _target_document(runtime: ServiceRuntime, name: str) -> bytes | None:
+    """The downloadable form of one model, or None if it does not exist (the gated models never do)."""
+    if name not in TARGETS:
+        return None
+    state = _state(runtime)
+    document = {
+        "format": "leadtime-target-model",
+        "target": name,
+        "model_type": "lightgbm",
+        "quantile": runtime.settings.quantile,
+        "schema_version": state.get("schema_version"),
+        "columns": list(COLUMNS),
+        "version": state.get("version"),
+        "state": state["targets"][name],
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _last_modified(runtime: ServiceRuntime) -> str:
+    predictor = runtime.predictor
+    moment = predictor.last_model_load if predictor is not None else None
+    return rfc3339(moment) or datetime.fromtimestamp(runtime.started_at, UTC).isoformat()
+
+
+def _path(runtime: ServiceRuntime, name: str) -> str:
+    if runtime.settings.model_dir is not None:
+        return f"{runtime.settings.model_dir}/leadtime-predictor.json#{name}"
+    return f"memory://{name}"
+
+
+def _check_name(name: str) -> None:
+    if name not in MODEL_NAMES:
+        raise HTTPException(404, f"unknown model {name!r}; models are {', '.join(MODEL_NAMES)}")
+
+
+@prediction_router.post(
+    "/reload", dependencies=[Depends(require_token)], summary="Swap in the newest published model now."
+)
+async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
+    try:
+        synced, loaded = runtime.sync_from_store()
+    except ArtifactError as err:
+        raise HTTPException(409, f"the newest published model was refused: {err}") from None
+    except Exception as err:
+        raise HTTPException(503, f"the model registry is unreachable: {err}") from None
+    predictor = runtime.predictor
+    assert predictor is not None
+    return {
+        "synced": synced,
+        "loaded": loaded,
+        "is_ready": True,
+        "model_type": "lightgbm",
+        "objective_type": runtime.settings.objective,
+        "quantile": runtime.settings.quantile,
+        "last_load_time": rfc3339(predictor.last_model_load),
+        "model_version": predictor.version,
+    }
+
+
+@training_router.get("/models/list", summary="Every model name llm-d knows, with whether it exists here.")
+async def models_list(runtime: ReadyRuntime) -> dict[str, Any]:
+    models = {}
+    for name in MODEL_NAMES:
+        document = _target_document(runtime, name)
+        models[name] = {
+            "exists": document is not None,
+            "size_bytes": len(document) if document is not None else 0,
+            "last_modified": _last_modified(runtime) if document is not None else None,
+        }
+    return {
+        "models": models,
+        "model_type": "lightgbm",
+        "quantile": runtime.settings.quantile,
+        "server_time": datetime.now(UTC).isoformat(),
+    }
+
+
+@training_router.get("/model/download/info", summary="What can be downloaded, and from where.")
+async def download_info(runtime: ReadyRuntime) -> dict[str, Any]:
+    predictor = runtime.predictor
+    assert predictor is not None
+    trees = predictor.status().get("trees_active", {})
+    return {
+        "model_type": "lightgbm",
+        "quantile": runtime.settings.quantile,
+        "objective_type": runtime.settings.objective,
+        "available_endpoints": {
+            "ttft": "/model/ttft/download",
+            "tpot": "/model/tpot/download",
+            "ttft_lgb_txt": "/model/ttft/lgb/txt",
+            "tpot_lgb_txt": "/model/tpot/lgb/txt",
+            "ttft_importances": "/model/ttft/lgb/importances",
+            "tpot_importances": "/model/tpot/lgb/importances",
+            "export": "/model/export",
+        },
+        "model_status": {
+            "ttft_model": True,
+            "tpot_model": True,
+            "ttft_trees": bool(trees.get("ttft")),
+            "tpot_trees": bool(trees.get("tpot")),
+            "version": predictor.version,
+            "last_model_load": rfc3339(predictor.last_model_load),
+        },
+    }
+
+
+@training_router.get("/model/{name}/info", summary="Size, age and location of one model (404 if unknown).")
+async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
+    _check_name(name)
+    document = _target_document(runtime, name)
+    return {
+        "model_name": name,
+        "path": _path(runtime, name),
+        "size_bytes": len(document) if document is not None else 0,
+        "last_modified": _last_modified(runtime) if document is not None else None,
+        "exists": document is not None,
+        "model_type": "lightgbm",
+        "quantile": runtime.settings.quantile,
+    }
+
+
+@training_router.get("/model/{name}/download", summary="One model as JSON with embedded LightGBM text.")
+async def model_download(name: str, runtime: ReadyRuntime) -> Response:
+    _check_name(name)
+    document = _target_document(runtime, name)
+    if document is None:
+        raise HTTPException(404, f"model {name!r} does not exist on this server (Leadtime has no gated models)")
+    return Response(
+        document,
+        media_type="application/json",
+        headers={"Content-Disposition": f'attachment; filename="{name}.json"'},
+    )
+
+
+def _check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise HTTPException(404, f"unknown target {target!r}; targets are ttft, tpot")
+
+
+@training_router.get("/model/{target}/lgb/txt", summary="The LightGBM text model serving now (404 if none yet).")
+async def lgb_text(target: str, runtime: ReadyRuntime) -> Response:
+    _check_target(target)
+    predictor = runtime.predictor
+    assert predictor is not None
+    text = predictor.tree_text(target)
+    if text is None:
+        raise HTTPException(
+            404,
+            f"no LightGBM tree serves {target} yet: the window has not produced an accepted "
+            "retrain (predictions come from the physics prior and the online correction)",
+        )
+    return Response(text, media_type="text/plain; charset=utf-8")
+
+
+@training_router.get("/model/{target}/lgb/importances", summary="Gain importance per feature (llm-d's names).")
+async def lgb_importances(target: str, runtime: ReadyRuntime) -> dict[str, float]:
+    _check_target(target)
+    predictor = runtime.predictor
+    assert predictor is not None
+    return {LLMD_FEATURE_NAMES.get(k, k): v for k, v in predictor.tree_importances(target).items()}
+
+
+@training_router.get("/model/export", summary="A gzip tar of the current models and metadata.json.")
+async def model_export(runtime: ReadyRuntime) -> Response:
+    predictor = runtime.predictor
+    assert predictor is not None
+    files: dict[str, bytes] = {"leadtime-predictor.json": predictor.to_bytes()}
+    for target in TARGETS:
+        text = predictor.tree_text(target)
+        if text is not None:
+            files[f"{target}.lgb.txt"] = text.encode()
+    metadata = {
+        "model_type": "lightgbm",
+        "objective_type": runtime.settings.objective,
+        "quantile_alpha": runtime.settings.quantile,
+        "exported_at": datetime.now(UTC).isoformat(),
+        "model_version": predictor.version,
+        "files": sorted(files),
+    }
+    files["metadata.json"] = json.dumps(metadata, indent=2).encode()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return Response(
+        buffer.getvalue(),
+        media_type="application/gzip",
+        headers={"Content-Disposition": 'attachment; filename="leadtime-models.tar.gz"'},
+    )

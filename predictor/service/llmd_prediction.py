@@ -1,0 +1,147 @@
+"""llm-d's prediction-server paths: /predict/bulk/strict (the router's hot path), /predict/bulk, /predict.
+
+Bodies are parsed and answers encoded with orjson, and rows are checked column-wise (`predictor.service.rows`)
+rather than through pydantic: on the router's 100 candidates per request that is ~1 ms saved per call.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Request, Response
+
+from features.errors import FeatureError
+from predictor.service.edge import ReadyRuntime, json_body, list_field
+from predictor.service.runtime import ServiceRuntime, rfc3339
+from predictor.service.schemas import (
+    BulkPredictAnswer,
+    BulkPredictRequest,
+    LlmdRow,
+    PredictionAnswer,
+    body_schema,
+)
+
+router = APIRouter(tags=["llm-d prediction"])
+
+
+def _served(runtime: ServiceRuntime, x: np.ndarray, endpoint_ids: list[str] | None) -> tuple[list[float], list[float]]:
+    """TTFT and TPOT answers for each row: means or the upper quantile, as the objective says."""
+    predictor = runtime.predictor
+    assert predictor is not None
+    p = predictor.predict_many(x, endpoint_ids)
+    if runtime.settings.objective == "mean":
+        ttft, tpot = p.ttft_mean, p.tpot_mean
+    else:
+        ttft, tpot = p.ttft_quantile, p.tpot_quantile
+    ttft = np.nan_to_num(np.maximum(ttft, 0.0), nan=0.0, posinf=1e12)
+    tpot = np.nan_to_num(np.maximum(tpot, 0.0), nan=0.0, posinf=1e12)
+    runtime.metrics.predictions.labels("llmd").inc(len(x))
+    return ttft.tolist(), tpot.tolist()
+
+
+def _answers(runtime: ServiceRuntime, ttft: list[float], tpot: list[float]) -> list[dict[str, Any]]:
+    """llm-d's answer objects; everything but the two predictions is shared by the call."""
+    predictor = runtime.predictor
+    s = runtime.settings
+    at = datetime.now(UTC).isoformat()
+    loaded = rfc3339(predictor.last_model_load) if predictor is not None else None
+    objective, quantile = s.objective, s.quantile
+    return [
+        {
+            "ttft_ms": a,
+            "tpot_ms": b,
+            "predicted_at": at,
+            "model_type": "lightgbm",
+            "objective_type": objective,
+            "quantile": quantile,
+            "last_model_load": loaded,
+        }
+        for a, b in zip(ttft, tpot, strict=True)
+    ]
+
+
+def _json(content: Any) -> Response:
+    return Response(orjson.dumps(content), media_type="application/json")
+
+
+@router.post(
+    "/predict/bulk/strict",
+    response_model=BulkPredictAnswer,
+    openapi_extra=body_schema(BulkPredictRequest, "requests", LlmdRow),
+    summary="Predict every row, all or nothing (llm-d's router calls this once per request).",
+)
+async def predict_bulk_strict(request: Request, runtime: ReadyRuntime) -> Response:
+    started = time.perf_counter()
+    rows = list_field(await json_body(request), "requests", 1, runtime.settings.max_rows)
+    parsed = runtime.parser.parse(rows, "requests")
+    ttft, tpot = _served(runtime, parsed.X, parsed.endpoint_ids)
+    answers = _answers(runtime, ttft, tpot)
+    n = len(answers)
+    return _json(
+        {
+            "predictions": answers,
+            "total_requests": n,
+            "successful_predictions": n,
+            "failed_predictions": 0,
+            "processing_time_ms": round((time.perf_counter() - started) * 1e3, 3),
+        }
+    )
+
+
+@router.post(
+    "/predict/bulk",
+    response_model=BulkPredictAnswer,
+    openapi_extra=body_schema(BulkPredictRequest, "requests", LlmdRow),
+    summary="Predict every valid row; bad rows get an error entry and a null prediction.",
+)
+async def predict_bulk(request: Request, runtime: ReadyRuntime) -> Response:
+    started = time.perf_counter()
+    rows = list_field(await json_body(request), "requests", 1, runtime.settings.max_rows)
+    good: list[int] = []
+    errors: list[dict[str, Any]] = []
+    for i, row in enumerate(rows):
+        try:
+            runtime.parser.parse_one(row)
+            good.append(i)
+        except FeatureError as err:
+            errors.append({"index": i, "error": f"requests[{i}].{err.field}: {err.problem}"})
+    predictions: list[dict[str, Any] | None] = [None] * len(rows)
+    if good:
+        parsed = runtime.parser.parse([rows[i] for i in good], "requests")
+        ttft, tpot = _served(runtime, parsed.X, parsed.endpoint_ids)
+        for i, answer in zip(good, _answers(runtime, ttft, tpot), strict=True):
+            predictions[i] = answer
+    return _json(
+        {
+            "predictions": predictions,
+            "errors": errors,
+            "total_requests": len(rows),
+            "successful_predictions": len(good),
+            "failed_predictions": len(errors),
+            "processing_time_ms": round((time.perf_counter() - started) * 1e3, 3),
+        }
+    )
+
+
+@router.post(
+    "/predict",
+    response_model=PredictionAnswer,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": LlmdRow.model_json_schema()}},
+        }
+    },
+    summary="Predict one row.",
+)
+async def predict_one(request: Request, runtime: ReadyRuntime) -> Response:
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise FeatureError("body", "must be a JSON object (one prediction row)")
+    parsed = runtime.parser.parse_one(body)
+    ttft, tpot = _served(runtime, parsed.X, parsed.endpoint_ids)
+    return _json(_answers(runtime, ttft, tpot)[0])

@@ -1,0 +1,119 @@
+"""llm-d's training-server paths: /add_training_data_bulk (answers exactly 202), /data/status, /flush.
+
+Accepting is validate-then-append: every entry is checked (a bad one rejects the batch with 422 naming
+`entries[i].field`, nothing accepted), the batch goes to the store, and the ingest loop learns it behind.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from features.errors import FeatureError
+from predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
+from predictor.service.rows import ParsedObservations
+from predictor.service.runtime import ServiceRuntime, rfc3339
+from predictor.service.schemas import AcceptedAnswer, FlushRequest, TrainingBatch, TrainingEntry, body_schema
+
+router = APIRouter(tags=["llm-d training"])
+
+_MAX_ENTRIES = 100_000
+
+
+def parse_entries(runtime: ServiceRuntime, entries: list[Any], api: str, where: str) -> ParsedObservations:
+    """Validate every entry (all or nothing), counting a rejected batch in metrics."""
+    try:
+        return runtime.parser.parse_observations(entries, where)
+    except FeatureError:
+        runtime.metrics.observations_rejected.labels(api).inc(len(entries))
+        raise
+
+
+def accept_entries(runtime: ServiceRuntime, entries: list[Any], parsed: ParsedObservations, api: str) -> int:
+    """Append validated entries; returns how many were accepted."""
+    runtime.accept(entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
+    runtime.metrics.observations_accepted.labels(api).inc(len(entries))
+    return len(entries)
+
+
+@router.post(
+    "/add_training_data_bulk",
+    status_code=202,
+    response_model=AcceptedAnswer,
+    openapi_extra=body_schema(TrainingBatch, "entries", TrainingEntry),
+    dependencies=[Depends(require_token)],
+    summary="Accept observed samples (202); learning happens behind the answer.",
+)
+async def add_training_data_bulk(request: Request, runtime: ReadyRuntime) -> JSONResponse:
+    entries = list_field(await json_body(request), "entries", 0, _MAX_ENTRIES)
+    parsed = parse_entries(runtime, entries, "llmd", "entries")
+    n = accept_entries(runtime, entries, parsed, "llmd")
+    return JSONResponse({"message": f"Accepted {n} training samples."}, status_code=202)
+
+
+@router.get("/data/status", summary="Samples held for training and testing, and the model state.")
+async def data_status(runtime: ReadyRuntime) -> dict[str, Any]:
+    s = runtime.samples
+    predictor = runtime.predictor
+    assert predictor is not None
+    status = predictor.status()
+
+    def block(counts: dict[str, int]) -> dict[str, int]:
+        return {
+            "ttft_samples": counts["ttft"],
+            "tpot_samples": counts["tpot"],
+            "total_samples": counts["ttft"] + counts["tpot"],
+        }
+
+    return {
+        "training_data": block(s.train),
+        "test_data": block(s.test),
+        "window": status.get("window", {}),
+        "ensemble": {"ensemble_mode": False, "ensemble_active": False, "members": []},
+        "model_ready": True,
+        "last_retrain": rfc3339(status.get("last_retrain")),
+    }
+
+
+@router.post(
+    "/flush",
+    dependencies=[Depends(require_token)],
+    summary="Empty the training and test data (and the metrics' live-error state) on request.",
+)
+async def flush(request: Request, runtime: ReadyRuntime) -> dict[str, Any]:
+    raw = await request.body()
+    body: Any = {} if not raw.strip() else await json_body(request)
+    try:
+        options = FlushRequest.model_validate(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise FeatureError(field, first["msg"]) from None
+    flushed = runtime.flush_samples(options.flush_training_data, options.flush_test_data)
+    if options.flush_metrics:
+        runtime.metrics.live_error.clear()
+        runtime.metrics.quantile_checks.clear()
+    what = [
+        name
+        for name, on in (
+            ("training data", options.flush_training_data),
+            ("test data", options.flush_test_data),
+            ("metrics", options.flush_metrics),
+        )
+        if on
+    ]
+    return {
+        "success": True,
+        "flushed_at": datetime.now(UTC).isoformat(),
+        "reason": options.reason,
+        "ttft_training_samples_flushed": flushed["ttft_training"],
+        "tpot_training_samples_flushed": flushed["tpot_training"],
+        "ttft_test_samples_flushed": flushed["ttft_test"],
+        "tpot_test_samples_flushed": flushed["tpot_test"],
+        "metrics_cleared": options.flush_metrics,
+        "message": "Successfully flushed: " + (", ".join(what) if what else "nothing"),
+    }

@@ -1,0 +1,130 @@
+"""Leadtime's native, versioned API: richer rows in, mean and quantile of both targets out.
+
+Rows carry what llm-d's lack (endpoint id, accelerator class, model, prefix-hit tokens, role, time-slice
+state). Observations carry what was predicted beside what happened, so the live error of each decision is
+measured.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+
+from features.errors import FeatureError
+from features.rows import feature_row_from_llmd
+from predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
+from predictor.service.health import status as llmd_status
+from predictor.service.llmd_training import accept_entries, parse_entries
+from predictor.service.schemas import (
+    ExplainRequest,
+    NativeAccepted,
+    NativeObservation,
+    NativeObservationBatch,
+    NativePredictAnswer,
+    NativePredictRequest,
+    NativeRow,
+    body_schema,
+)
+
+prediction_router = APIRouter(prefix="/v1", tags=["native v1"])
+training_router = APIRouter(prefix="/v1", tags=["native v1"])
+common_router = APIRouter(prefix="/v1", tags=["native v1"])
+
+_MAX_OBSERVATIONS = 100_000
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    out: list[float] = np.nan_to_num(np.maximum(values, 0.0), nan=0.0, posinf=1e12).tolist()
+    return out
+
+
+@prediction_router.post(
+    "/predict",
+    response_model=NativePredictAnswer,
+    openapi_extra=body_schema(NativePredictRequest, "rows", NativeRow),
+    summary="Mean and upper quantile of TTFT and TPOT per row (columnar), and the model version.",
+)
+async def predict(request: Request, runtime: ReadyRuntime) -> Response:
+    rows = list_field(await json_body(request), "rows", 1, runtime.settings.max_rows)
+    parsed = runtime.parser.parse(rows, "rows", native=True)
+    predictor = runtime.predictor
+    assert predictor is not None
+    p = predictor.predict_many(parsed.X, parsed.endpoint_ids)
+    runtime.metrics.predictions.labels("native").inc(len(rows))
+    body = {
+        "model_version": p.model_version,
+        "quantile": runtime.settings.quantile,
+        "predicted_at": datetime.now(UTC).isoformat(),
+        "ttft_mean_ms": _floats(p.ttft_mean),
+        "ttft_quantile_ms": _floats(p.ttft_quantile),
+        "tpot_mean_ms": _floats(p.tpot_mean),
+        "tpot_quantile_ms": _floats(p.tpot_quantile),
+    }
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+def _llmd_entry(entry: Any) -> Any:
+    """Store entries in llm-d's shape: a native `role` becomes `pod_type`."""
+    if isinstance(entry, dict) and entry.get("pod_type") is None and entry.get("role") is not None:
+        entry = dict(entry)
+        role = entry.pop("role")
+        entry["pod_type"] = "" if role == "both" else role
+    return entry
+
+
+@training_router.post(
+    "/observations",
+    status_code=202,
+    response_model=NativeAccepted,
+    openapi_extra=body_schema(NativeObservationBatch, "observations", NativeObservation),
+    dependencies=[Depends(require_token)],
+    summary="Accept completed requests: the row, what happened and what had been predicted (202).",
+)
+async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
+    entries = list_field(await json_body(request), "observations", 1, _MAX_OBSERVATIONS)
+    parsed = parse_entries(runtime, entries, "native", "observations")
+    accepted = accept_entries(runtime, [_llmd_entry(e) for e in entries], parsed, "native")
+    rows = parsed.rows
+    runtime.metrics.observe_live_error(
+        "ttft",
+        parsed.actual_ttft_ms,
+        parsed.predicted_ttft_ms,
+        parsed.predicted_ttft_quantile_ms,
+        rows.accelerators,
+        rows.roles,
+    )
+    runtime.metrics.observe_live_error(
+        "tpot",
+        parsed.actual_tpot_ms,
+        parsed.predicted_tpot_ms,
+        parsed.predicted_tpot_quantile_ms,
+        rows.accelerators,
+        rows.roles,
+    )
+    return JSONResponse({"accepted": accepted}, status_code=202)
+
+
+@common_router.get("/status", summary="Model version, learning state, lease and component health.")
+async def status(runtime: ReadyRuntime) -> dict[str, Any]:
+    answer = await llmd_status(runtime)
+    answer["learned"] = runtime.learned()
+    return answer
+
+
+@prediction_router.post("/explain", summary="One prediction explained term by term (plain text).")
+async def explain(body: ExplainRequest, runtime: ReadyRuntime) -> Response:
+    row = body.row.model_dump(exclude_none=True)
+    if row.get("pod_type", "") == "" and row.get("role") in ("prefill", "decode"):
+        row["pod_type"] = row["role"]
+    try:
+        feature_row = feature_row_from_llmd(row)
+    except FeatureError as err:
+        raise FeatureError(f"row.{err.field}", err.problem) from None
+    predictor = runtime.predictor
+    assert predictor is not None
+    return Response(predictor.debug_one(feature_row), media_type="text/plain; charset=utf-8")

@@ -1,0 +1,417 @@
+"""The state of one service instance and its background loops.
+
+Three loops run beside the HTTP and gRPC handlers:
+- ingest: reads accepted observations back from the store and feeds the learner, so accepting is only an
+  append (fast) and learning happens behind it, identically on every replica;
+- model sync: waits for newer models in the store's registry and swaps them in (within a second);
+- lease: renews the one training lease; only its holder retrains and publishes what it accepted.
+Everything lives on this object, which the app factory creates; there is no module-level state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from features.errors import FeatureError
+from predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
+from predictor.metrics import ServiceMetrics
+from predictor.service.rows import RowParser
+from predictor.settings import ServiceSettings
+from predictor.store.base import Store
+
+log = logging.getLogger("leadtime.service")
+
+_LEARN_CHUNK = 16  # observations learned between checks for requests in flight
+_MAX_YIELD_S = 0.05  # longest the learner defers to requests before taking its turn anyway
+_QUIET_S = 0.001  # after the last request ends, how long to wait for a next one before learning again
+_NO_RETRAIN = 10**12  # retrain_every of a replica without the training lease
+
+
+@dataclass
+class SampleCounts:
+    """Accepted samples per target, split llm-d-style into training and test data (for /data/status)."""
+
+    train: dict[str, int] = field(default_factory=lambda: {"ttft": 0, "tpot": 0})
+    test: dict[str, int] = field(default_factory=lambda: {"ttft": 0, "tpot": 0})
+    seen: int = 0
+
+
+class ServiceRuntime:
+    """Settings, store, serving predictor, metrics and loops of one app."""
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        store: Store,
+        predictor: OnlinePredictor | None = None,
+        own_store: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.own_store = own_store
+        self.parser = RowParser(settings.accelerator, settings.model)
+        self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.predictor: OnlinePredictor | None = None
+        self.store_version = 0
+        self.holds_lease = False
+        self.samples = SampleCounts()
+        self.started_at = time.time()
+        self._initial_predictor = predictor
+        self._cursor = "0"
+        self._learned = {"ttft": 0, "tpot": 0}
+        self._counts_lock = threading.Lock()
+        self._swap_lock = threading.RLock()
+        self._published: set[int] = set()
+        self._refused_version = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._loop_errors: dict[str, str] = {}
+        self._retrain_error: str | None = None
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self.metrics = ServiceMetrics(self.live_values)
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the first model, then start the loops (the app's lifespan calls this)."""
+        if self.predictor is not None:
+            return
+        predictor = self._initial_predictor or self._first_predictor()
+        self._initial_predictor = None
+        self._install(predictor)
+        self._renew_lease()
+        for name, target in (
+            ("ingest", self._ingest_loop),
+            ("model-sync", self._sync_loop),
+            ("lease", self._lease_loop),
+        ):
+            thread = threading.Thread(target=target, name=f"leadtime-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._threads.clear()
+        if self.predictor is not None:
+            self.predictor.close()
+        if self.own_store:
+            self.store.close()
+
+    @property
+    def ready(self) -> bool:
+        return self.predictor is not None and not self._stop.is_set()
+
+    def _learner_config(self) -> LearnerConfig:
+        s = self.settings
+        return LearnerConfig(
+            accelerator=s.accelerator,
+            model=s.model,
+            quantile=s.quantile,
+            window=s.window,
+            retrain_every=s.retrain_every,
+            seed=s.seed,
+        )
+
+    def _first_predictor(self) -> OnlinePredictor:
+        """The newest shared model, else the one saved in --model-dir, else a fresh one (physics prior)."""
+        try:
+            latest = self.store.latest_model()
+        except Exception as err:  # a store that is down must not stop the service from starting
+            log.warning("cannot read the model registry at start: %s", err)
+            latest = None
+        if latest is not None:
+            try:
+                predictor = OnlinePredictor.from_bytes(latest[1])
+                self.store_version = latest[0]
+                return predictor
+            except ArtifactError as err:
+                log.warning("ignoring published model %d: %s", latest[0], err)
+        model_dir = self.settings.model_dir
+        if model_dir is not None and model_dir.exists():
+            try:
+                return OnlinePredictor.load(model_dir)
+            except (ArtifactError, OSError) as err:
+                log.warning("ignoring the model in %s: %s", model_dir, err)
+        return OnlinePredictor(self._learner_config())
+
+    def _install(self, predictor: OnlinePredictor) -> None:
+        """Make `predictor` the serving one; close the one it replaces."""
+        for thread in threading.enumerate():  # the learner's retrain thread yields the CPU to request handlers
+            if thread.name == "leadtime-retrain" and thread.native_id is not None:
+                lower_priority(thread.native_id, self.settings.background_nice)
+        with self._swap_lock:
+            old = self.predictor
+            predictor.add_retrain_listener(lambda result: self._on_retrain(predictor, result))
+            self._apply_lease(predictor)
+            self.predictor = predictor
+        if old is not None and old is not predictor:
+            old.close()
+
+    # --- retraining and publication -------------------------------------------------------------------------
+
+    def _on_retrain(self, predictor: OnlinePredictor, result: dict[str, Any]) -> None:
+        """Runs in the learner's retrain thread: metrics, and publication if this replica holds the lease."""
+        try:
+            self.metrics.observe_retrain(result)
+            accepted = any(
+                isinstance(result.get(t), dict)
+                and (result[t].get("accepted_mean") or result[t].get("accepted_upper") or result[t].get("accepted"))
+                for t in ("ttft", "tpot")
+            )
+            if accepted and self.holds_lease and predictor is self.predictor:
+                self.publish(predictor)
+        except Exception as err:  # never let a publication problem kill the learner's thread
+            self._retrain_error = f"{type(err).__name__}: {err}"
+            log.exception("after-retrain publication failed")
+
+    def publish(self, predictor: OnlinePredictor) -> int:
+        """Publish to the shared registry (and --model-dir); our own sync loop then skips this version."""
+        artifact = predictor.to_bytes()
+        with self._swap_lock:
+            version = self.store.publish_model(artifact)
+            self._published.add(version)
+            self.store_version = max(self.store_version, version)
+        if self.settings.model_dir is not None:
+            predictor.save(self.settings.model_dir)
+        return version
+
+    def sync_from_store(self) -> tuple[bool, bool]:
+        """Swap in the newest published model if it is newer than ours: (synced, loaded)."""
+        latest = self.store.latest_model()
+        if latest is None:
+            return True, False
+        version, artifact = latest
+        with self._swap_lock:
+            if version <= self.store_version:
+                return True, False
+            if version in self._published:
+                self.store_version = version
+                return True, False
+            try:
+                predictor = OnlinePredictor.from_bytes(artifact)
+            except ArtifactError as err:
+                # Keep serving the current model; do not retry this version, wait for a newer one.
+                self._refused_version = max(self._refused_version, version)
+                self._loop_errors["model_sync"] = f"published model {version} refused: {err}"
+                raise
+            self._install(predictor)
+            self.store_version = version
+            self._loop_errors.pop("model_sync", None)
+        self.metrics.model_swaps.inc()
+        return True, True
+
+    # --- loops ----------------------------------------------------------------------------------------------
+
+    def _ingest_loop(self) -> None:
+        lower_priority(threading.get_native_id(), self.settings.background_nice)
+        while not self._stop.is_set():
+            try:
+                cursor, entries = self.store.read_observations(self._cursor, self.settings.ingest_batch)
+                self._loop_errors.pop("ingest", None)
+            except Exception as err:
+                self._loop_errors["ingest"] = f"cannot read observations: {err}"
+                self._stop.wait(0.5)
+                continue
+            if not entries:
+                self._stop.wait(0.02)
+                continue
+            for start in range(0, len(entries), _LEARN_CHUNK):
+                if self._stop.is_set():
+                    return
+                self._defer_to_requests()
+                self._learn(entries[start : start + _LEARN_CHUNK])
+            self._cursor = cursor
+
+    def request_started(self) -> None:
+        """Handlers call this (and `request_finished`) so that learning waits while they run."""
+        with self._in_flight_lock:
+            self._in_flight += 1
+            self._idle.clear()
+
+    def request_finished(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    def _defer_to_requests(self) -> None:
+        """Learning shares the GIL with the handlers: let requests finish first, up to a bound.
+
+        The learner blocks on an event rather than polling (a poll would take the GIL from a handler every
+        time it wakes), and waits a moment after the last request, because a router's next call often
+        follows at once.
+        """
+        deadline = time.monotonic() + _MAX_YIELD_S
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._idle.wait(remaining):
+                return
+            time.sleep(_QUIET_S)
+            if self._idle.is_set():
+                return
+
+    def _learn(self, entries: list[dict[str, Any]]) -> None:
+        predictor = self.predictor
+        if predictor is None:
+            return
+        try:
+            parsed = self.parser.parse_observations(entries)
+        except FeatureError:
+            # Entries are validated on acceptance; one that is not (another writer) is skipped alone.
+            good = []
+            for entry in entries:
+                try:
+                    self.parser.parse_observations([entry])
+                    good.append(entry)
+                except FeatureError as err:
+                    log.warning("skipping an invalid stored observation: %s", err)
+            if not good:
+                return
+            parsed = self.parser.parse_observations(good)
+        try:
+            predictor.learn_many(parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms, parsed.rows.endpoint_ids)
+        except (FeatureError, ValueError) as err:
+            log.warning("learner refused %d observations: %s", len(parsed.actual_ttft_ms), err)
+            return
+        with self._counts_lock:
+            self._learned["ttft"] += int((parsed.actual_ttft_ms > 0).sum())
+            self._learned["tpot"] += int((parsed.actual_tpot_ms > 0).sum())
+
+    def _sync_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                newer = self.store.wait_for_model(max(self.store_version, self._refused_version), 0.5)
+                self._loop_errors.pop("model_registry", None)
+                if newer is not None:
+                    self.sync_from_store()
+            except ArtifactError:
+                pass  # recorded by sync_from_store; the loop waits for a newer version
+            except Exception as err:
+                self._loop_errors["model_registry"] = f"cannot reach the model registry: {err}"
+                self._stop.wait(0.5)
+
+    def _lease_loop(self) -> None:
+        period = self.settings.lease_ttl_s / 3
+        while not self._stop.wait(period):
+            self._renew_lease()
+
+    def _renew_lease(self) -> None:
+        if not self.settings.serves_training:
+            held = False
+        else:
+            try:
+                held = self.store.acquire_training_lease(self.replica_id, self.settings.lease_ttl_s)
+                self._loop_errors.pop("lease", None)
+            except Exception as err:
+                self._loop_errors["lease"] = f"cannot renew the training lease: {err}"
+                held = False
+        if held != self.holds_lease:
+            self.holds_lease = held
+            if self.predictor is not None:
+                self._apply_lease(self.predictor)
+
+    def _apply_lease(self, predictor: OnlinePredictor) -> None:
+        """Only the lease holder retrains on schedule; the others learn online and wait for its models."""
+        predictor.config.retrain_every = self.settings.retrain_every if self.holds_lease else _NO_RETRAIN
+
+    # --- accepting ------------------------------------------------------------------------------------------
+
+    def accept(self, entries: list[dict[str, Any]], actual_ttft: np.ndarray, actual_tpot: np.ndarray) -> None:
+        """Append validated entries to the store and count them into the llm-d train/test split."""
+        self.store.append_observations(entries)
+        every = self.settings.test_every
+        with self._counts_lock:
+            s = self.samples
+            # Every `every`-th accepted sample, by arrival, counts as test data (as llm-d holds some out).
+            arrival = np.arange(s.seen, s.seen + len(entries))
+            is_test = arrival % every == every - 1
+            s.seen += len(entries)
+            for target, actual in (("ttft", actual_ttft), ("tpot", actual_tpot)):
+                observed = actual > 0
+                n_test = int((observed & is_test).sum())
+                s.test[target] += n_test
+                s.train[target] += int(observed.sum()) - n_test
+
+    def flush_samples(self, training: bool, test: bool) -> dict[str, int]:
+        out = {"ttft_training": 0, "tpot_training": 0, "ttft_test": 0, "tpot_test": 0}
+        with self._counts_lock:
+            for target in ("ttft", "tpot"):
+                if training:
+                    out[f"{target}_training"] = self.samples.train[target]
+                    self.samples.train[target] = 0
+                if test:
+                    out[f"{target}_test"] = self.samples.test[target]
+                    self.samples.test[target] = 0
+        if training and self.predictor is not None:
+            self.predictor.flush_window()
+        return out
+
+    # --- introspection --------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, str]:
+        """Component → "ok" or why it is degraded."""
+        out: dict[str, str] = {}
+        try:
+            out.update(self.store.health())
+        except Exception as err:
+            out["store"] = f"health check failed: {err}"
+        out["predictor"] = "ok" if self.predictor is not None else "not started"
+        out.update(self._loop_errors)
+        for thread in self._threads:
+            if not thread.is_alive() and not self._stop.is_set():
+                out[thread.name] = "background loop stopped"
+        if self._retrain_error is not None:
+            out["publication"] = self._retrain_error
+        return out
+
+    def live_values(self) -> dict[str, Any]:
+        """Values metrics read at scrape time."""
+        predictor = self.predictor
+        values: dict[str, Any] = {"learned": dict(self._learned)}
+        if predictor is not None:
+            status = predictor.status()
+            values["model_version"] = predictor.version
+            values["window"] = dict(status.get("window", {}))
+            loaded = predictor.last_model_load
+            values["model_age_seconds"] = time.time() - loaded.timestamp() if loaded else time.time() - self.started_at
+        try:
+            stats = self.store.stats()
+            values["dropped"] = stats.get("dropped", 0)
+            values["buffered"] = stats.get("buffered", 0)
+        except Exception:
+            pass
+        return values
+
+    def learned(self) -> dict[str, int]:
+        with self._counts_lock:
+            return dict(self._learned)
+
+
+def lower_priority(native_thread_id: int, nice: int) -> None:
+    """Raise one thread's nice value (Linux schedules threads individually); a no-op where unsupported."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, native_thread_id)
+        os.setpriority(os.PRIO_PROCESS, native_thread_id, min(19, max(current, nice)))
+    except OSError:
+        log.debug("cannot lower the priority of thread %d", native_thread_id)
+
+
+def rfc3339(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None

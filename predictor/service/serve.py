@@ -1,0 +1,38 @@
+"""Run the service as a process: the HTTP app under uvicorn, the gRPC server beside it, one runtime."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from predictor.service.app import create_app
+from predictor.settings import ServiceSettings
+
+log = logging.getLogger("leadtime.service")
+
+# The ingest loop learns in pure Python beside the request handlers; a short GIL switch interval (default
+# 5 ms) bounds how long a prediction can wait for it. Set per server process, never on import.
+_SWITCH_INTERVAL_S = 0.0005
+
+
+def serve(settings: ServiceSettings) -> None:
+    """Blocks until interrupted; the HTTP app's lifespan starts and stops the background loops."""
+    from predictor.grpc.server import start_grpc_server
+
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    grpc_server = None
+    if settings.grpc_port:
+        grpc_server, port = start_grpc_server(app.state.runtime, settings.host, settings.grpc_port)
+        log.info("gRPC on %s:%d", settings.host, port)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, access_log=False, log_level="warning", timeout_keep_alive=75
+    )
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        if grpc_server is not None:
+            grpc_server.stop(grace=1.0).wait()

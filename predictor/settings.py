@@ -1,0 +1,74 @@
+"""Every option of the predictor service, each settable by a `LEADTIME_*` environment variable.
+
+One pydantic model at the edge: `leadtime serve` builds it from its options (which fall back to the
+environment), tests build it directly. Precedence: explicit value, then environment variable, then default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "LEADTIME_"
+
+
+class ServiceSettings(BaseModel):
+    """Settings of one predictor service process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    grpc_port: int = Field(default=50051, ge=0, le=65535, description="0 disables the gRPC server.")
+    redis_url: str | None = None
+    role: Literal["all", "prediction", "training"] = "all"
+    objective: Literal["quantile", "mean"] = "quantile"
+    quantile: float = Field(default=0.9, ge=0.5, lt=1.0)
+    model_dir: Path | None = None
+    api_token: str | None = None
+    accelerator: str = "h100-sxm"
+    model: str = "llama-3.1-8b"
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_rows: int = Field(default=10_000, gt=0)
+    window: int = Field(default=20_000, ge=100)
+    retrain_every: int = Field(default=2_000, gt=0)
+    ingest_batch: int = Field(
+        default=5_000, gt=0, description="Most observations the ingest loop learns per step."
+    )
+    test_every: int = Field(
+        default=10, ge=2, description="Every n-th accepted sample counts as test data (/data/status)."
+    )
+    lease_ttl_s: float = Field(default=10.0, gt=0)
+    background_nice: int = Field(
+        default=10, ge=0, le=19, description="Nice value of the learning threads (0 = same as the handlers)."
+    )
+    replica_id: str = ""
+    seed: int = 0
+
+    @classmethod
+    def from_env(
+        cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> ServiceSettings:
+        """Settings from `LEADTIME_<FIELD>` variables, with non-None `overrides` taking precedence."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw
+        for name, value in (overrides or {}).items():
+            if value is not None:
+                values[name] = value
+        return cls.model_validate(values)
+
+    @property
+    def serves_prediction(self) -> bool:
+        return self.role in ("all", "prediction")
+
+    @property
+    def serves_training(self) -> bool:
+        return self.role in ("all", "training")

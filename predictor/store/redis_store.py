@@ -1,0 +1,542 @@
+"""The store that lets several predictor replicas share what they learn, backed by a real Redis server.
+
+- Observations go to one Redis stream. Every replica reads the whole stream from its own cursor (a range read
+  after the last id it saw, no consumer groups): each replica must learn every observation, not share them out.
+- Accepting an observation never touches the network: `append_observations` queues it in memory and one writer
+  thread sends the queue to Redis in order. While Redis is down the queue is the outage buffer (bounded, drops
+  counted); the writer keeps retrying and empties it, oldest first, once Redis answers again.
+- Models go to a versioned registry: the artifact under `<ns>:model:<version>`, an INCR'd counter, the last
+  few versions kept, a pub/sub message on every publication. Only JSON artifacts (LightGBM text inside JSON)
+  are accepted, so nothing fetched from Redis can run code when loaded.
+- One replica retrains at a time: a lease key set with NX and a TTL that only its holder may renew.
+
+Read paths (`read_observations`, `latest_model`, `wait_for_model`, `acquire_training_lease`) answer "nothing
+new" while Redis is down, so a replica keeps serving with the model it has; `health()` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from itertools import islice
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from predictor.artifact import decode
+
+# A whole chunk of observations in one atomic step, exactly once: it lands whole or not at all, and a chunk
+# resent after its reply was lost (a timeout while the server still ran it) finds its id already marked and is
+# skipped. The mark expires after `_CHUNK_MARK_TTL_S`; a resend comes seconds after the server answers again.
+# One script call is also ~3x faster than pipelined XADDs.
+_APPEND_SCRIPT = """
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[2]) then
+  return 0
+end
+local maxlen = ARGV[1]
+for i = 3, #ARGV do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'e', ARGV[i])
+end
+return #ARGV - 2
+"""
+
+# Entries after a cursor as one flat array (id, entry, id, entry, ...): far cheaper to decode client-side than
+# XREAD's nested reply.
+_READ_SCRIPT = """
+local messages = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
+local out = {}
+for i, message in ipairs(messages) do
+  out[2 * i - 1] = message[1]
+  local fields = message[2]
+  out[2 * i] = false  -- a message some other writer added without our field reads as nil
+  for j = 1, #fields, 2 do
+    if fields[j] == 'e' then out[2 * i] = fields[j + 1] end
+  end
+end
+return out
+"""
+
+# Every publish is one atomic step: a version number that never goes backwards (even after Redis lost its data
+# in a restart, the publisher passes the highest version it has seen), the artifact, trimming, notification.
+_PUBLISH_SCRIPT = """
+local version = redis.call('INCR', KEYS[1])
+local floor = tonumber(ARGV[2])
+if version <= floor then
+  version = floor + 1
+  redis.call('SET', KEYS[1], version)
+end
+redis.call('SET', ARGV[3] .. version, ARGV[1])
+local keep = tonumber(ARGV[4])
+if version > keep then
+  redis.call('DEL', ARGV[3] .. (version - keep))
+end
+redis.call('PUBLISH', ARGV[5], version)
+return version
+"""
+
+# The newest version and its artifact read together, so a concurrent publish cannot split them.
+_LATEST_SCRIPT = """
+local version = redis.call('GET', KEYS[1])
+if not version then return nil end
+local artifact = redis.call('GET', ARGV[1] .. version)
+if not artifact then return nil end
+return {version, artifact}
+"""
+
+# Take the lease if it is free, or extend it if `holder` already has it; anyone else is refused.
+_LEASE_SCRIPT = """
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if current then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+log = logging.getLogger("leadtime.store")
+
+_SEND_CHUNK = 1_000  # entries per round trip from the writer thread
+_CHUNK_MARK_TTL_S = 600
+_PING_EVERY_S = 0.5  # how stale the health answer may get while there is nothing to send
+_RETRY_MIN_S = 0.05
+_RETRY_MAX_S = 1.0
+_POLL_EVERY_S = 0.25  # polling fallback for model notifications lost while the subscriber reconnects
+
+
+class StoreUnavailable(ConnectionError):
+    """Redis could not be reached for an operation that cannot be buffered (publishing a model)."""
+
+
+class ArtifactRefused(ValueError):
+    """The bytes offered to the registry are not a Leadtime JSON model artifact."""
+
+
+def check_artifact(artifact: bytes) -> None:
+    """Refuse anything but a Leadtime JSON artifact: a pickle (or any other format) never enters Redis."""
+    if not isinstance(artifact, bytes | bytearray):
+        raise ArtifactRefused(f"artifact must be bytes, got {type(artifact).__name__}")
+    if artifact[:1] == b"\x80":
+        raise ArtifactRefused("artifact looks like a Python pickle; only JSON artifacts are stored")
+    try:
+        decode(bytes(artifact))
+    except ValueError as exc:
+        raise ArtifactRefused(f"artifact refused: {exc}") from None
+
+
+def _decode_entries(raw: list[bytes | None]) -> list[dict[str, Any]]:
+    """All entries in one json.loads; if some message is not ours (not a JSON object), skip just that one."""
+    if all(raw):
+        try:
+            decoded = json.loads(b"[" + b",".join(item for item in raw if item) + b"]")
+            if all(isinstance(entry, dict) for entry in decoded):
+                return list(decoded)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            pass
+    entries: list[dict[str, Any]] = []
+    for item in raw:
+        try:
+            entry = json.loads(item) if item else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            entry = None
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
+
+
+def _without_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _reason(exc: BaseException) -> str:
+    """One short line for health(): "unreachable (...)" when the server cannot be reached, else "error (...)"."""
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:200]
+    kind = "unreachable" if isinstance(exc, redis.ConnectionError | redis.TimeoutError) else "error"
+    return f"{kind} ({text})"
+
+
+class RedisStore:
+    """Shared observations, model registry and training lease in one Redis server.
+
+    Parameters
+    ----------
+    url
+        Redis URL, e.g. ``redis://127.0.0.1:6379/0``.
+    namespace
+        Prefix of every key and channel, so several fleets (or tests) can share one server.
+    buffer_limit
+        Observations held in memory while Redis is unreachable; beyond it new ones are dropped and counted.
+    stream_maxlen
+        Approximate bound on the observation stream (XADD MAXLEN ~); a replica lagging further loses the rest.
+    keep_versions
+        Published model versions kept in the registry.
+    socket_timeout_s
+        Bound on every Redis call, so an unreachable server costs at most this long before buffering starts.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "leadtime",
+        buffer_limit: int = 100_000,
+        stream_maxlen: int = 1_000_000,
+        keep_versions: int = 5,
+        socket_timeout_s: float = 1.0,
+    ) -> None:
+        if buffer_limit < 0:
+            raise ValueError(f"buffer_limit must be >= 0, got {buffer_limit}")
+        if stream_maxlen < 1:
+            raise ValueError(f"stream_maxlen must be >= 1, got {stream_maxlen}")
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+        self.address = _without_credentials(url)  # for logs and status pages
+        self.namespace = namespace
+        self.buffer_limit = buffer_limit
+        self.stream_maxlen = stream_maxlen
+        self.keep_versions = keep_versions
+        self._socket_timeout_s = socket_timeout_s
+        self._stream_key = f"{namespace}:observations"
+        self._chunk_prefix = f"{namespace}:observations:chunk:"
+        self._version_key = f"{namespace}:model:version"
+        self._model_prefix = f"{namespace}:model:"
+        self._channel = f"{namespace}:model:published"
+        self._lease_key = f"{namespace}:lease:training"
+        try:
+            self._redis = redis.Redis.from_url(
+                url,
+                socket_timeout=socket_timeout_s,
+                socket_connect_timeout=socket_timeout_s,
+                retry=Retry(NoBackoff(), 0),
+            )
+        except ValueError as exc:
+            raise ValueError(f"redis URL {self.address!r} is not usable: {' '.join(str(exc).split())}") from None
+        self._append = self._redis.register_script(_APPEND_SCRIPT)
+        self._read = self._redis.register_script(_READ_SCRIPT)
+        self._publish = self._redis.register_script(_PUBLISH_SCRIPT)
+        self._latest = self._redis.register_script(_LATEST_SCRIPT)
+        self._lease = self._redis.register_script(_LEASE_SCRIPT)
+        self._release = self._redis.register_script(_RELEASE_SCRIPT)
+
+        self._lock = threading.Lock()
+        self._buffer: deque[bytes] = deque()
+        self._dropped = 0
+        self._appended = 0
+        self._problem: str | None = "not contacted yet"  # None = Redis answered the last call
+        self._highest_version = 0
+        self._wake_writer = threading.Event()
+        self._version_seen = threading.Condition()
+        self._stop = threading.Event()
+        try:  # know the truth from the start: health() answers before the writer's first round
+            self._redis.ping()
+            self._problem = None
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+        self._writer = threading.Thread(target=self._write_loop, name="redis-store-writer", daemon=True)
+        self._subscriber = threading.Thread(target=self._listen_loop, name="redis-store-models", daemon=True)
+        self._writer.start()
+        self._subscriber.start()
+
+    # ---- observations -------------------------------------------------------------------------------------
+
+    def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Queue entries for the writer thread: no network I/O here, so it is fast and survives an outage."""
+        if not entries:
+            return
+        encoded = [json.dumps(entry, separators=(",", ":")).encode() for entry in entries]
+        with self._lock:
+            room = max(self.buffer_limit - len(self._buffer), 0)
+            self._buffer.extend(encoded[:room])
+            self._dropped += len(encoded) - min(room, len(encoded))
+        self._wake_writer.set()
+
+    def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
+        """Entries after `cursor` (a stream id; "0" = from the start), oldest first, and the new cursor.
+
+        While Redis is down this answers no entries and the same cursor, so the caller just tries again later.
+        """
+        if max_count < 1:
+            raise ValueError(f"max_count must be >= 1, got {max_count}")
+        try:
+            flat: Any = self._read(keys=[self._stream_key], args=[cursor, max_count])
+        except redis.ResponseError as exc:
+            if "stream id" in str(exc).lower():
+                raise ValueError(f"cursor {cursor!r} is not a stream id") from None
+            self._set_problem(exc)
+            return cursor, []
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            return cursor, []
+        self._set_problem(None)
+        if not flat:
+            return cursor, []
+        return flat[-2].decode(), _decode_entries(flat[1::2])
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every accepted observation is in Redis; False if that took longer than `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if not self._buffer:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            self._wake_writer.set()
+            time.sleep(0.01)
+
+    def _write_loop(self) -> None:
+        """Send the queue oldest first; on failure keep it, back off and retry: order and entries survive."""
+        retry_s = _RETRY_MIN_S
+        last_contact = 0.0
+        chunk: list[bytes] = []  # the chunk in flight: resent unchanged, under the same id, until it lands
+        chunk_id = ""
+        while not self._stop.is_set():
+            if not chunk:
+                with self._lock:
+                    chunk = list(islice(self._buffer, 0, _SEND_CHUNK))
+                chunk_id = uuid.uuid4().hex
+            if not chunk:
+                if time.monotonic() - last_contact >= _PING_EVERY_S:
+                    try:
+                        self._redis.ping()
+                        self._set_problem(None)
+                    except redis.RedisError as exc:
+                        self._set_problem(exc)
+                    last_contact = time.monotonic()
+                self._wake_writer.wait(_PING_EVERY_S)
+                self._wake_writer.clear()
+                continue
+            try:
+                self._send(chunk_id, chunk)
+            except redis.RedisError as exc:
+                self._set_problem(exc)
+                self._stop.wait(retry_s)
+                retry_s = min(retry_s * 2, _RETRY_MAX_S)
+                continue
+            retry_s = _RETRY_MIN_S
+            last_contact = time.monotonic()
+            self._set_problem(None)
+            with self._lock:  # appenders only add on the right, so the chunk is still the buffer's head
+                for _ in chunk:
+                    self._buffer.popleft()
+                self._appended += len(chunk)
+            chunk = []
+
+    def _send(self, chunk_id: str, chunk: list[bytes]) -> None:
+        self._append(
+            keys=[self._stream_key, f"{self._chunk_prefix}{chunk_id}"],
+            args=[self.stream_maxlen, _CHUNK_MARK_TTL_S, *chunk],
+        )
+
+    # ---- model registry -----------------------------------------------------------------------------------
+
+    def publish_model(self, artifact: bytes) -> int:
+        """Store a JSON artifact as the next version and notify every replica; raises if Redis is down."""
+        check_artifact(artifact)
+        with self._lock:
+            floor = self._highest_version
+        try:
+            version = int(
+                self._publish(
+                    keys=[self._version_key],
+                    args=[bytes(artifact), floor, self._model_prefix, self.keep_versions, self._channel],
+                )
+            )
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            raise StoreUnavailable(f"cannot publish the model: redis {_reason(exc)}") from None
+        self._set_problem(None)
+        self._saw_version(version)
+        return version
+
+    def latest_model(self) -> tuple[int, bytes] | None:
+        """The newest (version, artifact), or None if there is none or Redis cannot be reached."""
+        try:
+            answer = self._latest(keys=[self._version_key], args=[self._model_prefix])
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            return None
+        self._set_problem(None)
+        if not answer:
+            return None
+        version = int(answer[0])
+        self._saw_version(version)
+        return version, bytes(answer[1])
+
+    def model_versions(self) -> list[int]:
+        """Versions still held in the registry, oldest first ([] if Redis cannot be reached)."""
+        try:
+            current = self._redis.get(self._version_key)
+            if current is None:
+                return []
+            newest = int(current)
+            candidates = list(range(max(newest - self.keep_versions + 1, 1), newest + 1))
+            pipe = self._redis.pipeline(transaction=False)
+            for version in candidates:
+                pipe.exists(f"{self._model_prefix}{version}")
+            present = pipe.execute()
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            return []
+        return [version for version, found in zip(candidates, present, strict=True) if found]
+
+    def model(self, version: int) -> bytes | None:
+        """The artifact of one published version; None if trimmed, never published or Redis is down."""
+        try:
+            data: Any = self._redis.get(f"{self._model_prefix}{version}")
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            return None
+        return None if data is None else bytes(data)
+
+    def wait_for_model(self, after_version: int, timeout_s: float) -> int | None:
+        """The first version newer than `after_version` seen within `timeout_s`, else None.
+
+        Woken by the pub/sub subscriber as soon as a publication arrives; polls the counter every 0.25 s as
+        well, so a notification lost while the subscriber was reconnecting delays a swap by at most that.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._version_seen:
+                if self._highest_version > after_version:
+                    return self._highest_version
+            current = self._read_version_counter()
+            if current is not None and current > after_version:
+                return current
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            with self._version_seen:
+                if self._highest_version <= after_version:
+                    self._version_seen.wait(min(remaining, _POLL_EVERY_S))
+
+    def _read_version_counter(self) -> int | None:
+        try:
+            value = self._redis.get(self._version_key)
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            return None
+        if value is None:
+            return None
+        version = int(value)
+        self._saw_version(version)
+        return version
+
+    def _saw_version(self, version: int) -> None:
+        with self._version_seen:
+            if version > self._highest_version:
+                self._highest_version = version
+                self._version_seen.notify_all()
+
+    def _listen_loop(self) -> None:
+        """Keep one subscription to the publication channel alive, resubscribing after any outage."""
+        while not self._stop.is_set():
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self._channel)
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=_POLL_EVERY_S)
+                    if message and message.get("type") == "message":
+                        self._saw_version(int(message["data"]))
+            except (redis.RedisError, OSError, ValueError):
+                self._stop.wait(_RETRY_MAX_S / 2)
+            finally:
+                with contextlib.suppress(redis.RedisError, OSError):
+                    pubsub.close()
+
+    # ---- training lease -----------------------------------------------------------------------------------
+
+    def acquire_training_lease(self, holder: str, ttl_s: float) -> bool:
+        """Take or renew the one training lease for `ttl_s`; False if another holds it or Redis is down."""
+        if not holder:
+            raise ValueError("holder must be a non-empty string")
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        try:
+            granted = self._lease(keys=[self._lease_key], args=[holder, max(int(ttl_s * 1000), 1)])
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            return False
+        self._set_problem(None)
+        return bool(granted)
+
+    def release_training_lease(self, holder: str) -> bool:
+        """Give the lease up early (only its holder can); True if it was held by `holder`."""
+        try:
+            return bool(self._release(keys=[self._lease_key], args=[holder]))
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            return False
+
+    def lease_holder(self) -> str | None:
+        """Who holds the training lease now (None if nobody or Redis is down)."""
+        try:
+            value: Any = self._redis.get(self._lease_key)
+        except redis.RedisError as exc:
+            self._set_problem(exc)
+            return None
+        return None if value is None else value.decode()
+
+    # ---- state --------------------------------------------------------------------------------------------
+
+    def _set_problem(self, exc: BaseException | None) -> None:
+        problem = None if exc is None else _reason(exc)
+        with self._lock:
+            was, self._problem = self._problem, problem
+            buffered = len(self._buffer)
+        if problem is not None and was is None:
+            log.warning("redis at %s: %s; buffering observations in memory", self.address, problem)
+        elif problem is None and was is not None:
+            log.info("redis at %s answers again; %d buffered observations to send", self.address, buffered)
+
+    def health(self) -> dict[str, str]:
+        """{"redis": "ok"} or what is wrong, with how many observations wait in memory meanwhile."""
+        with self._lock:
+            problem, buffered, dropped = self._problem, len(self._buffer), self._dropped
+        if problem is None:
+            return {"redis": "ok"}
+        detail = f"{problem}; {buffered} observations buffered"
+        if dropped:
+            detail += f", {dropped} dropped"
+        return {"redis": detail}
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"buffered": len(self._buffer), "dropped": self._dropped, "appended": self._appended}
+
+    def close(self, flush_timeout_s: float = 1.0) -> None:
+        """Give the writer a moment to send what is queued, then stop both threads and the connections."""
+        if self._stop.is_set():
+            return
+        self.flush(flush_timeout_s)
+        self._stop.set()
+        self._wake_writer.set()
+        self._writer.join(timeout=2.0 + 2 * self._socket_timeout_s)
+        self._subscriber.join(timeout=2.0)
+        with self._lock:
+            lost = len(self._buffer)
+            self._dropped += lost
+            self._buffer.clear()
+        if lost:
+            log.warning("closed with redis unreachable: %d buffered observations dropped", lost)
+        self._redis.close()

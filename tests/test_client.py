@@ -1,0 +1,150 @@
+"""The Python clients the router plugin uses: real HTTP (uvicorn) and gRPC servers, deadlines, errors."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from predictor.client import (
+    GrpcPredictorClient,
+    HttpPredictorClient,
+    PredictorError,
+    PredictorUnavailable,
+)
+from predictor.grpc.server import start_grpc_server
+from predictor.service.app import create_app
+from predictor.settings import ServiceSettings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[dict[str, Any]]:
+    """A real uvicorn server and gRPC server on loopback, sharing one runtime."""
+    app = create_app(ServiceSettings(api_token="tok"))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    grpc_server, grpc_port = start_grpc_server(app.state.runtime, "127.0.0.1", 0)
+    try:
+        yield {"http": f"http://127.0.0.1:{port}", "grpc": f"127.0.0.1:{grpc_port}", "app": app}
+    finally:
+        grpc_server.stop(grace=None)
+        server.should_exit = True
+        thread.join(10)
+
+
+def feature_row(endpoint: str = "e1", accelerator: str = "h100-sxm") -> FeatureRow:
+    return FeatureRow(
+        RequestFeatures(input_tokens=900, prefix_cache_score=0.1),
+        EndpointState(endpoint_id=endpoint, accelerator=accelerator, num_request_running=5, kv_cache_percentage=0.2),
+    )
+
+
+@pytest.fixture(params=["http", "grpc"])
+def client(request: pytest.FixtureRequest, service: dict[str, Any]) -> Iterator[Any]:
+    if request.param == "http":
+        c: Any = HttpPredictorClient(service["http"], deadline_s=2.0, api_token="tok")
+    else:
+        c = GrpcPredictorClient(service["grpc"], deadline_s=2.0, api_token="tok")
+    with c:
+        yield c
+
+
+def test_predict_takes_feature_rows_and_dicts(client: Any) -> None:
+    rows = [feature_row(), feature_row(accelerator="l40s"), {**_dict_row(), "role": "decode"}]
+    p = client.predict(rows)
+    assert p.ttft_mean_ms.shape == (3,) and p.quantile == pytest.approx(0.9)
+    assert (p.ttft_quantile_ms >= p.ttft_mean_ms).all() and (p.tpot_quantile_ms >= p.tpot_mean_ms).all()
+    assert p.tpot_mean_ms[1] > p.tpot_mean_ms[0]
+    assert p.model_version >= 0
+
+
+def _dict_row() -> dict[str, Any]:
+    return {
+        "kv_cache_percentage": 0.2,
+        "input_token_length": 900,
+        "num_request_waiting": 0,
+        "num_request_running": 5,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": 0.1,
+    }
+
+
+def test_observe_and_status(client: Any) -> None:
+    obs = Observation(feature_row(endpoint="slow"), actual_ttft_ms=5000.0, predicted_ttft_ms=120.0)
+    assert client.observe([obs, {**_dict_row(), "actual_ttft_ms": 0.0, "actual_tpot_ms": 14.0}]) == 2
+    status = client.status()
+    assert status["is_ready"] is True and status["objective_type"] == "quantile"
+
+
+def test_grpc_observe_stream(service: dict[str, Any]) -> None:
+    with GrpcPredictorClient(service["grpc"], deadline_s=2.0, api_token="tok") as c:
+        batches = [[Observation(feature_row(), actual_tpot_ms=11.0 + i)] for i in range(3)]
+        assert c.observe_stream(batches) == 3
+
+
+def test_refusals_raise_predictor_error_naming_the_field(client: Any) -> None:
+    with pytest.raises(PredictorError) as err:
+        client.predict([{**_dict_row(), "kv_cache_percentage": 7.0}])
+    assert not isinstance(err.value, PredictorUnavailable)
+    assert "kv_cache_percentage" in err.value.message
+
+
+def test_a_missing_token_is_refused(service: dict[str, Any]) -> None:
+    with HttpPredictorClient(service["http"], deadline_s=2.0) as c, pytest.raises(PredictorError) as err:
+        c.observe([Observation(feature_row(), actual_ttft_ms=100.0)])
+    assert err.value.status == 401
+    with GrpcPredictorClient(service["grpc"], deadline_s=2.0) as g, pytest.raises(PredictorError) as gerr:
+        g.observe([Observation(feature_row(), actual_ttft_ms=100.0)])
+    assert gerr.value.status == "UNAUTHENTICATED"
+
+
+def test_llmd_calls_through_the_http_client(service: dict[str, Any]) -> None:
+    with HttpPredictorClient(service["http"], deadline_s=2.0, api_token="tok") as c:
+        answers = c.predict_llmd([_dict_row(), feature_row()])
+        assert len(answers) == 2 and answers[0]["model_type"] == "lightgbm"
+        entry = {**_dict_row(), "actual_ttft_ms": 200.0, "actual_tpot_ms": 0.0}
+        assert c.add_training_data([entry]) == "Accepted 1 training samples."
+
+
+def test_an_absent_service_is_unavailable_within_the_deadline() -> None:
+    port = free_port()  # nothing listens here
+    for client in (
+        HttpPredictorClient(f"http://127.0.0.1:{port}", deadline_s=0.2),
+        GrpcPredictorClient(f"127.0.0.1:{port}", deadline_s=0.2),
+    ):
+        started = time.monotonic()
+        with client, pytest.raises(PredictorUnavailable):
+            client.predict([_dict_row()])
+        assert time.monotonic() - started < 2.0
+
+
+def test_a_slow_service_hits_the_deadline() -> None:
+    """A listener that accepts and never answers: the call must give up at its deadline."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with HttpPredictorClient(f"http://127.0.0.1:{port}", deadline_s=0.3) as c:
+            started = time.monotonic()
+            with pytest.raises(PredictorUnavailable) as err:
+                c.predict([_dict_row()])
+            assert err.value.status == "deadline"
+            assert 0.25 < time.monotonic() - started < 2.0

@@ -1,0 +1,162 @@
+"""The gRPC API (leadtime.v1): PredictBulk, Observe (batch and client stream), Status, errors and auth."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from fastapi.testclient import TestClient
+
+from predictor.grpc import leadtime_pb2 as pb
+from predictor.grpc import leadtime_pb2_grpc as pb_grpc
+from predictor.grpc.server import start_grpc_server
+from predictor.service.app import create_app
+from predictor.settings import ServiceSettings
+
+
+def row(**overrides: Any) -> Any:
+    fields: dict[str, Any] = dict(
+        kv_cache_percentage=0.2,
+        input_token_length=700,
+        num_request_waiting=1,
+        num_request_running=4,
+        num_tokens_generated=0,
+        prefix_cache_score=0.0,
+    )
+    fields.update(overrides)
+    return pb.Row(**fields)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[TestClient, Any]]:
+    """An app (HTTP through TestClient) and a gRPC stub on the same runtime."""
+    with TestClient(create_app(ServiceSettings(api_token="tok", max_body_bytes=200_000))) as http:
+        server, port = start_grpc_server(http.app.state.runtime, "127.0.0.1", 0)  # type: ignore[attr-defined]
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            yield http, pb_grpc.PredictorStub(channel)
+        finally:
+            channel.close()
+            server.stop(grace=None)
+
+
+def test_predict_bulk_answers_per_row_and_matches_http(served: tuple[TestClient, Any]) -> None:
+    http, stub = served
+    rows = [row(), row(input_token_length=4000), row(accelerator="l40s", endpoint_id="e1")]
+    answer = stub.PredictBulk(pb.PredictBulkRequest(rows=rows), timeout=5)
+    assert len(answer.ttft_mean_ms) == 3 and len(answer.tpot_quantile_ms) == 3
+    assert answer.ttft_mean_ms[1] > answer.ttft_mean_ms[0]
+    assert answer.tpot_mean_ms[2] > answer.tpot_mean_ms[0]
+    assert all(q >= m for q, m in zip(answer.ttft_quantile_ms, answer.ttft_mean_ms, strict=True))
+    assert answer.quantile == pytest.approx(0.9) and answer.objective_type == "quantile"
+    native = http.post(
+        "/v1/predict",
+        json={
+            "rows": [
+                {
+                    "kv_cache_percentage": 0.2,
+                    "input_token_length": 700,
+                    "num_request_waiting": 1,
+                    "num_request_running": 4,
+                    "num_tokens_generated": 0,
+                    "prefix_cache_score": 0.0,
+                }
+            ]
+        },
+    ).json()
+    assert answer.ttft_mean_ms[0] == pytest.approx(native["ttft_mean_ms"][0])
+
+
+def test_bad_rows_are_invalid_argument_naming_the_field(served: tuple[TestClient, Any]) -> None:
+    _, stub = served
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PredictBulk(pb.PredictBulkRequest(rows=[row(), row(kv_cache_percentage=2.0)]), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "rows[1].kv_cache_percentage" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PredictBulk(pb.PredictBulkRequest(rows=[]), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PredictBulk(pb.PredictBulkRequest(rows=[row(accelerator="abacus")]), timeout=5)
+    assert "rows[0].accelerator" in err.value.details()
+
+
+def test_messages_over_the_size_limit_are_refused(served: tuple[TestClient, Any]) -> None:
+    _, stub = served
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PredictBulk(pb.PredictBulkRequest(rows=[row(endpoint_id="x" * 1000)] * 300), timeout=5)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def observation(i: int) -> Any:
+    return pb.Observation(
+        row=row(input_token_length=100 + i),
+        actual_ttft_ms=80.0 + i,
+        actual_tpot_ms=0.0,
+        predicted_ttft_ms=70.0,
+        predicted_ttft_quantile_ms=95.0,
+    )
+
+
+def test_observe_needs_the_token_and_is_learned(served: tuple[TestClient, Any]) -> None:
+    http, stub = served
+    request = pb.ObserveRequest(observations=[observation(i) for i in range(20)])
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Observe(request, timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    auth = (("authorization", "Bearer tok"),)
+    assert stub.Observe(request, timeout=5, metadata=auth).accepted == 20
+    batches = iter([pb.ObserveRequest(observations=[observation(i)]) for i in range(5)])
+    assert stub.ObserveStream(batches, timeout=5, metadata=auth).accepted == 5
+    bad = pb.ObserveRequest(observations=[pb.Observation(row=row(), actual_ttft_ms=-1.0)])
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Observe(bad, timeout=5, metadata=auth)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "observations[0].actual_ttft_ms" in err.value.details()
+    runtime = http.app.state.runtime  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 5
+    while runtime.learned()["ttft"] < 25 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    status = stub.Status(pb.StatusRequest(), timeout=5)
+    assert status.is_ready and status.observations["ttft"] == 25 and status.role == "all"
+    assert status.components["store"] == "ok" and status.holds_training_lease
+    metrics = http.get("/metrics").text
+    assert 'leadtime_grpc_requests_total{code="OK",method="Observe"} 1.0' in metrics
+    assert 'leadtime_grpc_requests_total{code="UNAUTHENTICATED",method="Observe"} 1.0' in metrics
+    assert 'leadtime_observations_accepted_total{api="grpc"} 25.0' in metrics
+    assert (
+        'leadtime_live_quantile_checks_total{accelerator="h100-sxm",covered="true",role="both",target="ttft"}'
+        in metrics
+    )
+
+
+def test_unavailable_before_the_service_has_started() -> None:
+    app = create_app(ServiceSettings())
+    server, port = start_grpc_server(app.state.runtime, "127.0.0.1", 0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.PredictorStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.PredictBulk(pb.PredictBulkRequest(rows=[row()]), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(grace=None)
+
+
+def test_generated_code_matches_the_proto() -> None:
+    """The committed modules match the committed .proto (regenerate: python -m predictor.grpc.regenerate)."""
+    from pathlib import Path
+
+    proto = (Path(pb.__file__).parent / "leadtime.proto").read_text()
+    assert "package leadtime.v1;" in proto
+    service = pb.DESCRIPTOR.services_by_name["Predictor"]
+    assert {m.name for m in service.methods} == {"PredictBulk", "Observe", "ObserveStream", "Status"}
+    for name in ("PredictBulk", "Observe", "ObserveStream", "Status"):
+        assert f"rpc {name}(" in proto
+    block = proto.split("message Row {")[1].split("}")[0]
+    declared = set(re.findall(r"^\s*(?:optional\s+)?\w+\s+(\w+)\s*=\s*\d+;", block, flags=re.M))
+    assert set(pb.Row.DESCRIPTOR.fields_by_name) == declared

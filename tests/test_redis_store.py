@@ -1,0 +1,419 @@
+"""RedisStore against a real redis-server: stream order, replicas, registry, notification, lease, outage."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis_server import RedisServer
+
+from predictor.artifact import encode
+from predictor.store.base import Store
+from predictor.store.redis_store import ArtifactRefused, RedisStore, StoreUnavailable, check_artifact
+
+StoreFactory = Callable[..., RedisStore]
+
+
+@pytest.fixture
+def make_store(redis_url: str) -> Iterator[StoreFactory]:
+    """Stores on the test's server, all in one namespace (like replicas), closed at the end."""
+    stores: list[RedisStore] = []
+
+    def make(**kwargs: Any) -> RedisStore:
+        kwargs.setdefault("namespace", "test")
+        store = RedisStore(redis_url, **kwargs)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close(flush_timeout_s=0.0)
+
+
+def entry(i: int) -> dict[str, Any]:
+    """An llm-d training entry (observation_to_llmd shape) numbered by its input length."""
+    return {
+        "kv_cache_percentage": 0.25,
+        "input_token_length": i,
+        "num_request_waiting": 1,
+        "num_request_running": 2,
+        "num_tokens_generated": 10,
+        "prefix_cache_score": 0.5,
+        "pod_type": "",
+        "actual_ttft_ms": 100.0 + i,
+        "actual_tpot_ms": 12.5,
+    }
+
+
+def read_all(store: RedisStore, cursor: str = "0", batch: int = 1_000) -> tuple[str, list[dict[str, Any]]]:
+    out: list[dict[str, Any]] = []
+    while True:
+        cursor, entries = store.read_observations(cursor, batch)
+        if not entries:
+            return cursor, out
+        out.extend(entries)
+
+
+def artifact(tag: str) -> bytes:
+    """A minimal artifact in the predictor's JSON format, told apart by its tag."""
+    return encode({"config": {}, "targets": {}, "tag": tag})
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+# ---- observations -----------------------------------------------------------------------------------------
+
+
+def test_appended_entries_come_back_in_order_and_cursor_pages(make_store: StoreFactory) -> None:
+    store = make_store()
+    as_protocol: Store = store  # mypy checks that RedisStore implements the service's Store protocol
+    assert as_protocol is store
+    store.append_observations([entry(i) for i in range(250)])
+    store.append_observations([entry(i) for i in range(250, 300)])
+    assert store.flush(5.0)
+
+    cursor, first = store.read_observations("0", 100)
+    assert [e["input_token_length"] for e in first] == list(range(100))
+    assert first[0] == entry(0)  # the whole entry survives the round trip
+    cursor, rest = read_all(store, cursor, batch=64)
+    assert [e["input_token_length"] for e in rest] == list(range(100, 300))
+    assert store.read_observations(cursor, 10) == (cursor, [])
+    assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 300}
+
+
+def test_every_replica_reads_every_observation(make_store: StoreFactory) -> None:
+    a, b, c = make_store(), make_store(), make_store()
+    a.append_observations([entry(i) for i in range(20)])
+    b.append_observations([entry(i) for i in range(20, 30)])
+    assert a.flush() and b.flush()
+    for reader in (a, b, c):
+        _cursor, seen = read_all(reader)
+        assert sorted(e["input_token_length"] for e in seen) == list(range(30))
+
+
+def test_namespaces_do_not_see_each_other(make_store: StoreFactory) -> None:
+    blue, green = make_store(namespace="blue"), make_store(namespace="green")
+    blue.append_observations([entry(1)])
+    assert blue.flush()
+    assert read_all(green)[1] == []
+    assert len(read_all(blue)[1]) == 1
+
+
+def test_read_refuses_a_bad_cursor_and_count(make_store: StoreFactory) -> None:
+    store = make_store()
+    store.append_observations([entry(1)])
+    assert store.flush()
+    with pytest.raises(ValueError, match="cursor"):
+        store.read_observations("not-an-id", 10)
+    with pytest.raises(ValueError, match="max_count"):
+        store.read_observations("0", 0)
+
+
+def test_messages_from_other_writers_are_skipped_not_fatal(make_store: StoreFactory, redis_url: str) -> None:
+    store = make_store()
+    raw = redis.Redis.from_url(redis_url)
+    store.append_observations([entry(1)])
+    assert store.flush()
+    raw.xadd("test:observations", {"other": "field"})
+    raw.xadd("test:observations", {"e": "not json"})
+    raw.xadd("test:observations", {"e": "[1, 2]"})
+    store.append_observations([entry(2)])
+    assert store.flush()
+    _cursor, seen = read_all(store)
+    assert [e["input_token_length"] for e in seen] == [1, 2]
+
+
+def test_stream_is_bounded(make_store: StoreFactory, redis_url: str) -> None:
+    store = make_store(stream_maxlen=100)
+    store.append_observations([entry(i) for i in range(3_000)])
+    assert store.flush()
+    length = redis.Redis.from_url(redis_url).xlen("test:observations")
+    assert 100 <= length < 3_000  # MAXLEN ~ trims whole macro nodes, so "about" the bound
+    _cursor, kept = read_all(store)
+    assert kept[-1]["input_token_length"] == 2_999  # the newest are the ones kept
+
+
+def test_constructor_refuses_bad_bounds(redis_url: str) -> None:
+    with pytest.raises(ValueError, match="buffer_limit"):
+        RedisStore(redis_url, buffer_limit=-1)
+    with pytest.raises(ValueError, match="keep_versions"):
+        RedisStore(redis_url, keep_versions=0)
+    with pytest.raises(ValueError, match="redis URL 'http://nowhere:6379' is not usable"):
+        RedisStore("http://user:secret@nowhere:6379")  # and the password is not repeated in the message
+
+
+def test_address_never_shows_the_password(redis_server: RedisServer) -> None:
+    store = RedisStore(f"redis://user:secret@127.0.0.1:{redis_server.port}/0")
+    try:
+        assert store.address == f"redis://127.0.0.1:{redis_server.port}/0"
+        assert "secret" not in store.health()["redis"]
+    finally:
+        store.close()
+
+
+# ---- model registry ---------------------------------------------------------------------------------------
+
+
+def test_registry_versions_latest_and_trimming(make_store: StoreFactory) -> None:
+    publisher, other = make_store(keep_versions=3), make_store(keep_versions=3)
+    assert publisher.latest_model() is None
+    assert publisher.model_versions() == []
+    versions = [publisher.publish_model(artifact(f"m{i}")) for i in range(5)]
+    assert versions == [1, 2, 3, 4, 5]
+    assert other.latest_model() == (5, artifact("m4"))
+    assert other.model_versions() == [3, 4, 5]
+    assert other.model(4) == artifact("m3")
+    assert other.model(1) is None  # trimmed: only the last three are kept
+
+
+def test_registry_refuses_anything_but_json(make_store: StoreFactory) -> None:
+    store = make_store()
+    refused: list[Any] = [
+        pickle.dumps({"model": "tree"}),
+        b"tree\nversion=v4\n",  # raw LightGBM text without the JSON wrapper
+        b"\xff\xfe not utf-8",
+        b"[1, 2, 3]",
+        b'{"format": "something-else", "config": {}, "targets": {}}',
+        "a str, not bytes",
+    ]
+    for bad in refused:
+        with pytest.raises(ArtifactRefused):
+            store.publish_model(bad)
+    assert store.latest_model() is None
+    check_artifact(artifact("ok"))  # the predictor's own format passes
+
+
+def test_a_real_predictor_round_trips_through_the_registry(make_store: StoreFactory) -> None:
+    from predictor.learner import LearnerConfig, OnlinePredictor
+
+    source = OnlinePredictor(LearnerConfig(background=False, seed=3))
+    publisher, replica = make_store(), make_store()
+    version = publisher.publish_model(source.to_bytes())
+    latest = replica.latest_model()
+    assert latest is not None and latest[0] == version
+    loaded = OnlinePredictor.from_bytes(latest[1], background=False)
+    assert loaded.config.seed == 3
+    assert loaded.to_bytes() == source.to_bytes()
+
+
+def test_wait_for_model_wakes_within_a_second_of_publication(make_store: StoreFactory) -> None:
+    publisher, replica = make_store(), make_store()
+    publisher.publish_model(artifact("first"))
+    assert replica.wait_for_model(0, 2.0) == 1  # already there: answers at once
+    assert replica.wait_for_model(1, 0.2) is None  # nothing newer: times out
+
+    seen: dict[str, float] = {}
+
+    def waiter() -> None:
+        version = replica.wait_for_model(1, 5.0)
+        seen["at"] = time.monotonic()
+        seen["version"] = float(version or 0)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)  # the waiter is blocked by now
+    published_at = time.monotonic()
+    publisher.publish_model(artifact("second"))
+    thread.join(5.0)
+    assert seen["version"] == 2
+    assert seen["at"] - published_at < 1.0
+
+
+def test_wait_for_model_polls_when_a_notification_is_missed(make_store: StoreFactory, redis_url: str) -> None:
+    replica = make_store()
+    raw = redis.Redis.from_url(redis_url)
+    raw.set("test:model:1", artifact("silent"))
+    started = time.monotonic()
+    threading.Timer(0.2, lambda: raw.set("test:model:version", 1)).start()  # no PUBLISH at all
+    assert replica.wait_for_model(0, 3.0) == 1
+    assert time.monotonic() - started < 1.0
+    assert replica.latest_model() == (1, artifact("silent"))
+
+
+def test_versions_never_go_backwards_after_redis_loses_its_data(
+    make_store: StoreFactory, redis_server: RedisServer
+) -> None:
+    store = make_store()
+    assert [store.publish_model(artifact(str(i))) for i in range(3)] == [1, 2, 3]
+    redis_server.restart()  # no persistence: the counter is gone
+    assert wait_until(lambda: store.health() == {"redis": "ok"})
+    assert store.publish_model(artifact("after")) == 4
+    assert store.latest_model() == (4, artifact("after"))
+
+
+# ---- training lease ---------------------------------------------------------------------------------------
+
+
+def test_lease_is_exclusive_renewable_by_its_holder_and_expires(make_store: StoreFactory) -> None:
+    a, b = make_store(), make_store()
+    assert a.acquire_training_lease("replica-a", ttl_s=0.4)
+    assert not b.acquire_training_lease("replica-b", ttl_s=5.0)
+    assert b.lease_holder() == "replica-a"
+    time.sleep(0.25)
+    assert a.acquire_training_lease("replica-a", ttl_s=0.4)  # renewal pushes expiry out
+    time.sleep(0.25)
+    assert not b.acquire_training_lease("replica-b", ttl_s=5.0)  # would have expired without the renewal
+    assert wait_until(lambda: b.acquire_training_lease("replica-b", ttl_s=5.0), timeout_s=2.0)
+    assert not a.acquire_training_lease("replica-a", ttl_s=5.0)
+    assert not a.release_training_lease("replica-a")  # only the holder may release
+    assert b.release_training_lease("replica-b")
+    assert a.acquire_training_lease("replica-a", ttl_s=5.0)
+
+
+def test_lease_refuses_bad_arguments(make_store: StoreFactory) -> None:
+    store = make_store()
+    with pytest.raises(ValueError, match="holder"):
+        store.acquire_training_lease("", 1.0)
+    with pytest.raises(ValueError, match="ttl_s"):
+        store.acquire_training_lease("x", 0)
+
+
+def test_only_one_of_many_contenders_gets_the_lease(make_store: StoreFactory) -> None:
+    stores = [make_store() for _ in range(4)]
+    winners: list[str] = []
+    barrier = threading.Barrier(len(stores))
+
+    def contend(i: int) -> None:
+        barrier.wait()
+        if stores[i].acquire_training_lease(f"replica-{i}", ttl_s=5.0):
+            winners.append(f"replica-{i}")
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(winners) == 1
+    assert stores[0].lease_holder() == winners[0]
+
+
+# ---- outage -----------------------------------------------------------------------------------------------
+
+
+def test_outage_loses_no_accepted_observation(make_store: StoreFactory, redis_server: RedisServer) -> None:
+    writer, reader = make_store(), make_store()
+    writer.append_observations([entry(i) for i in range(50)])
+    assert writer.flush()
+    cursor, before = read_all(reader)
+    assert len(before) == 50
+
+    redis_server.stop()
+    for start in range(50, 150, 10):
+        writer.append_observations([entry(i) for i in range(start, start + 10)])  # must not raise
+    assert wait_until(lambda: writer.health()["redis"] != "ok")
+    assert "100 observations buffered" in writer.health()["redis"]
+    assert writer.stats()["buffered"] == 100
+    assert reader.read_observations(cursor, 10) == (cursor, [])  # no exception while down
+
+    redis_server.start()  # same port, empty
+    assert writer.flush(10.0)
+    assert wait_until(lambda: writer.health() == {"redis": "ok"})
+    _cursor, after = read_all(reader, cursor)
+    assert [e["input_token_length"] for e in after] == list(range(50, 150))
+    assert writer.stats() == {"buffered": 0, "dropped": 0, "appended": 150}
+
+
+def test_a_hung_server_neither_blocks_appends_nor_duplicates_a_resent_chunk(
+    make_store: StoreFactory, redis_server: RedisServer
+) -> None:
+    store = make_store(socket_timeout_s=0.3)
+    store.append_observations([entry(0)])
+    assert store.flush()
+    redis_server.pause()
+    try:
+        store.append_observations([entry(i) for i in range(1, 101)])  # returns at once: no network I/O
+        assert wait_until(lambda: "timeout" in store.health()["redis"].lower(), timeout_s=5)
+        # The writer has sent the chunk at least once; the frozen server will run every copy on resume.
+    finally:
+        redis_server.resume()
+    assert store.flush(10.0)
+    _cursor, seen = read_all(store)
+    assert [e["input_token_length"] for e in seen] == list(range(101))  # each exactly once, in order
+    assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 101}
+
+
+def test_outage_buffer_is_bounded_and_counts_drops(
+    make_store: StoreFactory, redis_server: RedisServer
+) -> None:
+    store = make_store(buffer_limit=10)
+    redis_server.stop()
+    store.append_observations([entry(i) for i in range(25)])
+    assert store.stats() == {"buffered": 10, "dropped": 15, "appended": 0}
+    assert wait_until(lambda: "15 dropped" in store.health()["redis"])
+
+    redis_server.start()
+    assert store.flush(10.0)
+    _cursor, kept = read_all(store)
+    assert [e["input_token_length"] for e in kept] == list(range(10))  # the oldest accepted ones survive
+    assert store.stats() == {"buffered": 0, "dropped": 15, "appended": 10}
+
+
+def test_other_operations_degrade_without_raising_while_redis_is_down(
+    make_store: StoreFactory, redis_server: RedisServer
+) -> None:
+    store = make_store()
+    store.publish_model(artifact("kept"))
+    redis_server.stop()
+    assert store.latest_model() is None
+    assert store.model_versions() == []
+    assert not store.acquire_training_lease("replica-a", 5.0)
+    assert store.wait_for_model(1, 0.3) is None
+    with pytest.raises(StoreUnavailable, match="cannot publish"):
+        store.publish_model(artifact("lost"))
+    assert store.health()["redis"].startswith("unreachable")
+
+
+def test_close_is_idempotent_and_sends_what_is_queued(make_store: StoreFactory) -> None:
+    store, reader = make_store(), make_store()
+    store.append_observations([entry(i) for i in range(5)])
+    store.close()
+    store.close()
+    assert len(read_all(reader)[1]) == 5
+
+
+def test_a_store_started_before_redis_connects_once_it_is_up(redis_server: RedisServer) -> None:
+    redis_server.stop()
+    store = RedisStore(redis_server.url, namespace="late")
+    try:
+        assert store.health()["redis"].startswith("unreachable")  # known at once, not after a first round
+        store.append_observations([entry(i) for i in range(3)])
+        redis_server.start()
+        assert store.flush(10.0)
+        assert wait_until(lambda: store.health() == {"redis": "ok"})
+        assert [e["input_token_length"] for e in read_all(store)[1]] == [0, 1, 2]
+    finally:
+        store.close()
+
+
+def test_closing_while_redis_is_down_counts_what_is_lost(
+    make_store: StoreFactory, redis_server: RedisServer
+) -> None:
+    store = make_store()
+    redis_server.stop()
+    store.append_observations([entry(i) for i in range(7)])
+    store.close(flush_timeout_s=0.1)
+    assert store.stats() == {"buffered": 0, "dropped": 7, "appended": 0}
+
+
+def test_missing_redis_server_skips_locally_but_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    import conftest
+
+    monkeypatch.setattr(conftest, "find_redis_server", lambda: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="redis-server is not installed"):
+        conftest.require_redis_server()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="must run, not skip"):
+        conftest.require_redis_server()

@@ -1,0 +1,43 @@
+"""`leadtime bench serving`'s pieces that need no server: inputs, percentiles and the printed report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.serving import load_entries, percentiles, prediction_rows, print_report
+
+
+def test_inputs_are_llmd_rows_without_actuals() -> None:
+    entries = load_entries()
+    assert len(entries) >= 1000
+    rows = prediction_rows(entries[:5])
+    assert all("actual_ttft_ms" in e for e in entries[:5])
+    assert all(not any(k.startswith("actual_") for k in r) for r in rows)
+
+
+def test_percentiles_are_in_milliseconds() -> None:
+    samples = [0.001] * 98 + [0.010, 0.020]
+    p = percentiles(samples)
+    assert p["p50_ms"] == pytest.approx(1.0)
+    assert 1.0 < p["p99_ms"] <= 20.0
+
+
+def test_report_prints_as_json_or_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    cell = {"p50_ms": 1.0, "p99_ms": 2.0}
+    report = {
+        "calls": 10,
+        "cpus": 2,
+        "load_average_1m_before": 0.5,
+        "load_average_1m_after": 0.7,
+        "http": {f"rows_{n}": cell for n in (1, 10, 100)},
+        "grpc": {f"rows_{n}": cell for n in (1, 10, 100)},
+        "ingest_samples_per_s": 61000,
+        "while_learning": {"http_rows_100": cell, "grpc_rows_100": cell, "retrains_completed": 2},
+    }
+    print_report(report, as_json=True)
+    assert json.loads(capsys.readouterr().out) == report
+    print_report(report, as_json=False)
+    text = capsys.readouterr().out
+    assert "100 rows" in text and "61,000 samples/s" in text and "2 retrains" in text

@@ -1,0 +1,113 @@
+"""Auth on write paths, body size limits, JSON errors and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from predictor.service.app import create_app
+from predictor.settings import ServiceSettings
+
+
+def row() -> dict[str, Any]:
+    return {
+        "kv_cache_percentage": 0.1,
+        "input_token_length": 300,
+        "num_request_waiting": 0,
+        "num_request_running": 2,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": 0.0,
+    }
+
+
+def entry() -> dict[str, Any]:
+    return dict(row(), actual_ttft_ms=120.0, actual_tpot_ms=0.0)
+
+
+def test_write_paths_need_the_token_and_read_paths_stay_open() -> None:
+    with TestClient(create_app(ServiceSettings(api_token="s3cret"))) as c:
+        writes = [
+            ("/add_training_data_bulk", {"entries": [entry()]}),
+            ("/v1/observations", {"observations": [entry()]}),
+            ("/reload", None),
+            ("/flush", None),
+        ]
+        for path, body in writes:
+            r = c.post(path, json=body)
+            assert r.status_code == 401, path
+            assert "Bearer" in r.json()["error"] and r.headers["www-authenticate"] == "Bearer"
+            wrong = c.post(path, json=body, headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401, path
+            ok = c.post(path, json=body, headers={"Authorization": "Bearer s3cret"})
+            assert ok.status_code in (200, 202), path
+        assert c.post("/predict/bulk/strict", json={"requests": [row()]}).status_code == 200
+        assert c.post("/v1/predict", json={"rows": [row()]}).status_code == 200
+        for path in ("/status", "/metrics", "/models/list", "/healthz", "/readyz", "/data/status"):
+            assert c.get(path).status_code == 200, path
+
+
+def test_without_a_token_writes_are_open() -> None:
+    with TestClient(create_app(ServiceSettings())) as c:
+        assert c.post("/add_training_data_bulk", json={"entries": [entry()]}).status_code == 202
+
+
+def test_bodies_over_the_limit_get_413_declared_or_streamed() -> None:
+    with TestClient(create_app(ServiceSettings(max_body_bytes=2_000))) as c:
+        small = c.post("/predict/bulk/strict", json={"requests": [row()]})
+        assert small.status_code == 200
+        big = c.post("/predict/bulk/strict", json={"requests": [row()] * 50})
+        assert big.status_code == 413
+        assert "2,000 bytes" in big.json()["error"]
+
+        def chunks() -> Any:  # no Content-Length: the limit must hold on the streamed size too
+            yield b'{"requests": ['
+            for _ in range(50):
+                yield b'{"kv_cache_percentage": 0.1, "input_token_length": 3},'
+            yield b"]}"
+
+        streamed = c.post("/add_training_data_bulk", content=chunks(), headers={"content-type": "application/json"})
+        assert streamed.status_code == 413
+        assert c.get("/status").status_code == 200  # the service carries on
+
+
+def test_metrics_scrape_has_the_leadtime_families() -> None:
+    with TestClient(create_app(ServiceSettings())) as c:
+        for _ in range(3):
+            c.post("/predict/bulk/strict", json={"requests": [row(), row()]})
+        c.post("/predict/bulk/strict", json={"requests": [{"nope": 1}]})
+        c.post("/add_training_data_bulk", json={"entries": [entry(), entry()]})
+        c.post("/add_training_data_bulk", json={"entries": [{"bad": True}]})
+        r = c.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        text = r.text
+        expected = [
+            'leadtime_http_requests_total{method="POST",path="/predict/bulk/strict",status="200"} 3.0',
+            'leadtime_http_requests_total{method="POST",path="/predict/bulk/strict",status="422"} 1.0',
+            'leadtime_http_request_duration_seconds_count{path="/predict/bulk/strict"} 4.0',
+            'leadtime_predictions_total{api="llmd"} 6.0',
+            'leadtime_observations_accepted_total{api="llmd"} 2.0',
+            'leadtime_observations_rejected_total{api="llmd"} 1.0',
+            "leadtime_observations_dropped_total 0.0",
+            "leadtime_model_version 0.0",
+            "leadtime_model_age_seconds",
+            'leadtime_window_samples{target="ttft"}',
+            "# TYPE leadtime_retrain_duration_seconds histogram",
+            "# TYPE leadtime_live_absolute_percentage_error_ratio histogram",
+            # llm-d's training-server lines, in its own shape
+            'model_type{type="lightgbm"} 1',
+            'objective_type{type="quantile"} 1',
+            "model_quantile{} 0.9",
+            "ensemble_active{} 0",
+            "ensemble_mode{} 0",
+            'training_samples_count{model="ttft"} 2',
+        ]
+        for line in expected:
+            assert line in text, line
+
+
+def test_each_app_has_its_own_metrics_registry() -> None:
+    with TestClient(create_app(ServiceSettings())) as a, TestClient(create_app(ServiceSettings())) as b:
+        a.post("/predict/bulk/strict", json={"requests": [row()]})
+        assert 'leadtime_predictions_total{api="llmd"} 1.0' in a.get("/metrics").text
+        assert 'leadtime_predictions_total{api="llmd"}' not in b.get("/metrics").text

@@ -1,0 +1,142 @@
+"""The native /v1 API: richer rows in, mean and quantile of both targets and the model version out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from predictor.service.app import create_app
+from predictor.settings import ServiceSettings
+
+
+def native_row(**overrides: Any) -> dict[str, Any]:
+    row = {
+        "kv_cache_percentage": 0.2,
+        "input_token_length": 1200,
+        "num_request_waiting": 1,
+        "num_request_running": 6,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": 0.0,
+        "endpoint_id": "pod-a",
+        "accelerator": "h100-sxm",
+        "model": "llama-3.1-8b",
+        "role": "both",
+    }
+    row.update(overrides)
+    return row
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with TestClient(create_app(ServiceSettings())) as c:
+        yield c
+
+
+def test_predict_returns_mean_and_quantile_of_both_targets_per_row(client: TestClient) -> None:
+    rows = [native_row(), native_row(accelerator="l40s"), native_row(prefix_hit_tokens=1100)]
+    r = client.post("/v1/predict", json={"rows": rows})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["model_version"] == 0 and body["quantile"] == 0.9 and body["predicted_at"].endswith("+00:00")
+    for key in ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms"):
+        assert len(body[key]) == 3 and all(v > 0 for v in body[key])
+    for i in range(3):
+        assert body["ttft_quantile_ms"][i] >= body["ttft_mean_ms"][i]
+        assert body["tpot_quantile_ms"][i] >= body["tpot_mean_ms"][i]
+    assert body["tpot_mean_ms"][1] > body["tpot_mean_ms"][0]  # L40S decodes slower than H100
+    assert body["ttft_mean_ms"][2] < body["ttft_mean_ms"][0]  # prefix hits shorten the prefill
+
+
+def test_predict_names_bad_native_fields(client: TestClient) -> None:
+    cases = [
+        (native_row(accelerator="abacus"), "rows[0].accelerator"),
+        (native_row(role="leader"), "rows[0].role"),
+        (native_row(prefix_hit_tokens=5000), "rows[0].prefix_hit_tokens"),
+        (native_row(timeslice_state="asleep"), "rows[0].timeslice_state"),
+        (native_row(tensor_parallel=0), "rows[0].tensor_parallel"),
+        (native_row(endpoint_id=7), "rows[0].endpoint_id"),
+    ]
+    for row, field in cases:
+        r = client.post("/v1/predict", json={"rows": [row]})
+        assert r.status_code == 422, field
+        assert r.json()["field"] == field
+
+
+def test_a_parked_time_slice_adds_its_wait_to_ttft(client: TestClient) -> None:
+    rows = [native_row(), native_row(timeslice_state="parked", timeslice_wait_ms=800.0)]
+    body = client.post("/v1/predict", json={"rows": rows}).json()
+    assert body["ttft_mean_ms"][1] > body["ttft_mean_ms"][0] + 500
+
+
+def test_observations_are_accepted_learned_and_measured(client: TestClient) -> None:
+    before = client.post("/v1/predict", json={"rows": [native_row()]}).json()
+    observations = [
+        dict(
+            native_row(),
+            actual_ttft_ms=900.0,
+            actual_tpot_ms=40.0,
+            predicted_ttft_ms=before["ttft_mean_ms"][0],
+            predicted_ttft_quantile_ms=before["ttft_quantile_ms"][0],
+            predicted_tpot_ms=before["tpot_mean_ms"][0],
+            predicted_tpot_quantile_ms=before["tpot_quantile_ms"][0],
+        )
+        for _ in range(60)
+    ]
+    r = client.post("/v1/observations", json={"observations": observations})
+    assert r.status_code == 202 and r.json() == {"accepted": 60}
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    for _ in range(200):
+        if runtime.learned()["ttft"] == 60:
+            break
+        time.sleep(0.05)
+    after = client.post("/v1/predict", json={"rows": [native_row()]}).json()
+    assert after["ttft_mean_ms"][0] > before["ttft_mean_ms"][0]  # it learned that pod-a is slow
+    metrics = client.get("/metrics").text
+    assert (
+        'leadtime_live_absolute_percentage_error_ratio_count{accelerator="h100-sxm",role="both",target="ttft"} 60.0'
+        in metrics
+    )
+    assert (
+        'leadtime_live_quantile_checks_total{accelerator="h100-sxm",covered="false",role="both",target="ttft"} 60.0'
+        in metrics
+    )
+    status = client.get("/v1/status").json()
+    assert status["learned"]["ttft"] == 60 and status["model_version"] == 0
+
+
+def test_observations_are_all_or_nothing(client: TestClient) -> None:
+    good = dict(native_row(), actual_ttft_ms=100.0, actual_tpot_ms=0.0)
+    bad = dict(native_row(), actual_ttft_ms=100.0, actual_tpot_ms=0.0, predicted_ttft_ms="soon")
+    r = client.post("/v1/observations", json={"observations": [good, bad]})
+    assert r.status_code == 422 and r.json()["field"] == "observations[1].predicted_ttft_ms"
+    assert client.post("/v1/observations", json={"observations": []}).status_code == 422
+    assert client.app.state.runtime.store.stats()["appended"] == 0  # type: ignore[attr-defined]
+
+
+def test_role_is_stored_as_llmd_pod_type(client: TestClient) -> None:
+    observation = dict(native_row(role="decode"), actual_ttft_ms=0.0, actual_tpot_ms=20.0)
+    assert client.post("/v1/observations", json={"observations": [observation]}).status_code == 202
+    _, stored = client.app.state.runtime.store.read_observations("0", 10)  # type: ignore[attr-defined]
+    assert stored[0]["pod_type"] == "decode" and "role" not in stored[0]
+
+
+def test_explain_breaks_a_prediction_down(client: TestClient) -> None:
+    r = client.post("/v1/explain", json={"row": native_row()})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert "physics prior" in r.text and "ttft" in r.text and "tpot" in r.text
+    bad = client.post("/v1/explain", json={"row": native_row(kv_cache_percentage=3)})
+    assert bad.status_code == 422 and "kv_cache_percentage" in bad.json()["field"]
+
+
+def test_openapi_docs_describe_both_apis(client: TestClient) -> None:
+    assert client.get("/docs").status_code == 200
+    spec = client.get("/openapi.json").json()
+    paths = spec["paths"]
+    for path in ("/predict/bulk/strict", "/add_training_data_bulk", "/v1/predict", "/v1/observations", "/status"):
+        assert path in paths
+    body = paths["/predict/bulk/strict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "kv_cache_percentage" in body["properties"]["requests"]["items"]["properties"]

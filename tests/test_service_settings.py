@@ -1,0 +1,50 @@
+"""Settings: defaults, LEADTIME_* environment variables, explicit values first, clear refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from predictor.settings import ServiceSettings
+
+
+def test_defaults_match_the_issue() -> None:
+    s = ServiceSettings()
+    assert (s.host, s.port, s.grpc_port) == ("127.0.0.1", 8000, 50051)
+    assert s.redis_url is None and s.role == "all" and s.objective == "quantile" and s.quantile == 0.9
+    assert s.serves_prediction and s.serves_training
+
+
+def test_every_option_reads_its_environment_variable() -> None:
+    env = {
+        "LEADTIME_HOST": "0.0.0.0",
+        "LEADTIME_PORT": "9000",
+        "LEADTIME_GRPC_PORT": "0",
+        "LEADTIME_REDIS_URL": "redis://127.0.0.1:6390/0",
+        "LEADTIME_ROLE": "training",
+        "LEADTIME_OBJECTIVE": "mean",
+        "LEADTIME_QUANTILE": "0.95",
+        "LEADTIME_MODEL_DIR": "/tmp/models",
+        "LEADTIME_API_TOKEN": "t",
+        "LEADTIME_ACCELERATOR": "l40s",
+        "LEADTIME_MODEL": "qwen3-32b",
+        "LEADTIME_MAX_BODY_BYTES": "1024",
+    }
+    s = ServiceSettings.from_env(env=env)
+    assert (s.host, s.port, s.grpc_port, s.redis_url) == ("0.0.0.0", 9000, 0, "redis://127.0.0.1:6390/0")
+    assert (s.role, s.objective, s.quantile) == ("training", "mean", 0.95)
+    assert s.model_dir == Path("/tmp/models") and s.api_token == "t"
+    assert (s.accelerator, s.model, s.max_body_bytes) == ("l40s", "qwen3-32b", 1024)
+    assert s.serves_training and not s.serves_prediction
+    assert ServiceSettings.from_env({"port": 7000, "host": None}, env=env).port == 7000  # explicit wins
+
+
+def test_bad_values_are_refused_naming_the_option() -> None:
+    with pytest.raises(ValidationError, match="role"):
+        ServiceSettings.from_env(env={"LEADTIME_ROLE": "both"})
+    with pytest.raises(ValidationError, match="quantile"):
+        ServiceSettings(quantile=1.5)
+    with pytest.raises(ValidationError, match="port"):
+        ServiceSettings.from_env(env={"LEADTIME_PORT": "eighty"})

@@ -1,0 +1,242 @@
+"""The in-memory store, and the runtime's loops over it: ingest, model sync between replicas, lease, model dir."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from predictor.learner import LearnerConfig, OnlinePredictor
+from predictor.service.app import create_app
+from predictor.settings import ServiceSettings
+from predictor.store.memory import MemoryStore
+
+
+def entry(i: int) -> dict[str, Any]:
+    return {
+        "kv_cache_percentage": 0.1,
+        "input_token_length": 100 + 29 * (i % 40),
+        "num_request_waiting": i % 3,
+        "num_request_running": i % 12,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": 0.0,
+        "actual_ttft_ms": 30.0 + 0.3 * (100 + 29 * (i % 40)) if i % 2 == 0 else 0.0,
+        "actual_tpot_ms": 0.0 if i % 2 == 0 else 9.0 + 0.7 * (i % 12),
+    }
+
+
+def wait_until(condition: Any, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_memory_store_cursors_read_in_order() -> None:
+    store = MemoryStore()
+    store.append_observations([{"i": i} for i in range(5)])
+    cursor, first = store.read_observations("0", 3)
+    assert [e["i"] for e in first] == [0, 1, 2]
+    cursor, rest = store.read_observations(cursor, 10)
+    assert [e["i"] for e in rest] == [3, 4]
+    assert store.read_observations(cursor, 10) == (cursor, [])
+    assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 5}
+
+
+def test_memory_store_counts_entries_trimmed_before_anyone_read_them() -> None:
+    store = MemoryStore(retain=3)
+    store.append_observations([{"i": i} for i in range(2)])
+    store.read_observations("0", 2)  # both read
+    store.append_observations([{"i": i} for i in range(2, 7)])  # trims 4: two read, two not
+    assert store.stats()["dropped"] == 2
+    _, left = store.read_observations("0", 10)
+    assert [e["i"] for e in left] == [4, 5, 6]
+
+
+def test_memory_store_models_versions_and_waiting() -> None:
+    store = MemoryStore()
+    assert store.latest_model() is None
+    assert store.wait_for_model(0, 0.05) is None
+    woke: list[int | None] = []
+    waiter = threading.Thread(target=lambda: woke.append(store.wait_for_model(0, 5.0)))
+    waiter.start()
+    time.sleep(0.05)
+    assert store.publish_model(b"one") == 1
+    waiter.join(2)
+    assert woke == [1]
+    assert store.publish_model(b"two") == 2
+    assert store.latest_model() == (2, b"two")
+
+
+def test_memory_store_lease_has_one_holder_until_it_expires() -> None:
+    store = MemoryStore()
+    assert store.acquire_training_lease("a", 0.2)
+    assert store.acquire_training_lease("a", 0.2)  # renewal
+    assert not store.acquire_training_lease("b", 0.2)
+    time.sleep(0.25)
+    assert store.acquire_training_lease("b", 0.2)
+    assert store.health() == {"store": "ok"}
+
+
+def test_a_published_model_reaches_the_other_replica_within_a_second() -> None:
+    store = MemoryStore()
+    settings_a = ServiceSettings(replica_id="a")
+    settings_b = ServiceSettings(replica_id="b", role="prediction")
+    with TestClient(create_app(settings_a, store=store)) as a, TestClient(create_app(settings_b, store=store)) as b:
+        runtime_a = a.app.state.runtime  # type: ignore[attr-defined]
+        runtime_b = b.app.state.runtime  # type: ignore[attr-defined]
+        assert runtime_a.holds_lease and not runtime_b.holds_lease
+        a.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(300)]})
+        assert wait_until(lambda: sum(runtime_a.learned().values()) == 300)
+        assert wait_until(lambda: sum(runtime_b.learned().values()) == 300)  # every replica learns the stream
+        runtime_a.predictor.version = 7  # as if a retrain had been accepted
+        started = time.monotonic()
+        version = runtime_a.publish(runtime_a.predictor)
+        assert wait_until(lambda: runtime_b.store_version == version, timeout_s=1.0)
+        assert time.monotonic() - started < 1.0
+        assert b.get("/status").json()["model_version"] == 7
+        assert runtime_a.predictor.version == 7  # the publisher did not reload its own model
+        row = {k: v for k, v in entry(3).items() if not k.startswith("actual")}
+        pa = a.post("/predict/bulk/strict", json={"requests": [row]}).json()["predictions"][0]
+        pb = b.post("/predict/bulk/strict", json={"requests": [row]}).json()["predictions"][0]
+        # Same model on both (up to state the learner keeps outside its artifact, such as pending updates).
+        assert pa["ttft_ms"] == pytest.approx(pb["ttft_ms"], rel=0.01)
+        assert pa["tpot_ms"] == pytest.approx(pb["tpot_ms"], rel=0.01)
+        assert "leadtime_model_swaps_total 1.0" in b.get("/metrics").text
+
+
+def test_reload_swaps_in_a_newer_published_model() -> None:
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(role="prediction"), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        runtime._stop.set()  # stop the sync loop so that /reload does the swap
+        time.sleep(0.6)
+        runtime._stop.clear()
+        donor = OnlinePredictor(LearnerConfig(background=False))
+        donor.version = 3
+        store.publish_model(donor.to_bytes())
+        r = c.post("/reload").json()
+        assert r["synced"] is True and r["loaded"] is True and r["model_version"] == 3
+        assert c.post("/reload").json()["loaded"] is False
+        store.publish_model(b"{not an artifact")
+        refused = c.post("/reload")
+        assert refused.status_code == 409 and "refused" in refused.json()["error"]
+
+
+def test_only_the_lease_holder_retrains_on_schedule() -> None:
+    store = MemoryStore()
+    with (
+        TestClient(create_app(ServiceSettings(replica_id="a", retrain_every=500), store=store)) as a,
+        TestClient(create_app(ServiceSettings(replica_id="b", retrain_every=500), store=store)) as b,
+    ):
+        ra, rb = a.app.state.runtime, b.app.state.runtime  # type: ignore[attr-defined]
+        assert ra.holds_lease and not rb.holds_lease
+        assert ra.predictor.config.retrain_every == 500
+        assert rb.predictor.config.retrain_every > 10**9
+
+
+def test_retrain_publishes_and_model_dir_round_trips(tmp_path: Path) -> None:
+    config = LearnerConfig(background=True, min_window=50, retrain_every=400, tree_rounds=20)
+    settings = ServiceSettings(model_dir=tmp_path)
+    store = MemoryStore()
+    with TestClient(create_app(settings, store=store, predictor=OnlinePredictor(config))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(1600)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 1600, timeout_s=60)
+        runtime.predictor.version += 1
+        runtime.publish(runtime.predictor)  # what an accepted retrain does
+        assert store.latest_model() is not None
+        saved_version = runtime.predictor.version
+    assert (tmp_path / "leadtime-predictor.json").exists()
+    with TestClient(create_app(settings)) as restarted:  # a fresh store: the model comes from --model-dir
+        assert restarted.get("/status").json()["model_version"] == saved_version
+
+
+def test_a_corrupt_model_dir_falls_back_to_a_fresh_predictor(tmp_path: Path) -> None:
+    (tmp_path / "leadtime-predictor.json").write_text("{}")
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:
+        assert c.get("/status").json()["is_ready"] is True
+
+
+class BrokenStore(MemoryStore):
+    """A store whose backend is down: it still accepts (buffers) but reports itself degraded."""
+
+    def health(self) -> dict[str, str]:
+        return {"redis": "connection refused"}
+
+    def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
+        raise ConnectionError("connection refused")
+
+
+def test_readyz_names_what_is_degraded_and_predictions_continue() -> None:
+    with TestClient(create_app(ServiceSettings(), store=BrokenStore())) as c:
+        assert c.post("/add_training_data_bulk", json={"entries": [entry(0)]}).status_code == 202
+        assert wait_until(lambda: "ingest" in c.app.state.runtime.health())  # type: ignore[attr-defined]
+        r = c.get("/readyz")
+        assert r.status_code == 503
+        degraded = r.json()["degraded"]
+        assert degraded["redis"] == "connection refused" and "connection refused" in degraded["ingest"]
+        row = {k: v for k, v in entry(0).items() if not k.startswith("actual")}
+        assert c.post("/predict/bulk/strict", json={"requests": [row]}).status_code == 200
+
+
+def test_an_accepted_retrain_is_published_by_the_lease_holder_only() -> None:
+    store = MemoryStore()
+    with (
+        TestClient(create_app(ServiceSettings(replica_id="a"), store=store)) as a,
+        TestClient(create_app(ServiceSettings(replica_id="b"), store=store)) as b,
+    ):
+        ra, rb = a.app.state.runtime, b.app.state.runtime  # type: ignore[attr-defined]
+        accepted = {"ttft": {"accepted_mean": True, "accepted_upper": False}, "tpot": {}, "duration_s": 0.5}
+        rejected = {"ttft": {"accepted_mean": False}, "tpot": {"accepted_mean": False}, "duration_s": 0.5}
+        rb._on_retrain(rb.predictor, accepted)  # not the holder: nothing published
+        assert store.latest_model() is None
+        ra._on_retrain(ra.predictor, rejected)
+        assert store.latest_model() is None
+        ra._on_retrain(ra.predictor, accepted)
+        latest = store.latest_model()
+        assert latest is not None and latest[0] == 1
+        metrics = a.get("/metrics").text
+        assert 'leadtime_retrains_total{outcome="accepted",target="ttft"} 1.0' in metrics
+        assert 'leadtime_retrains_total{outcome="rejected",target="tpot"} 2.0' in metrics
+        assert "leadtime_retrain_duration_seconds_count 2.0" in metrics
+
+
+def test_a_refused_published_model_is_reported_and_a_newer_one_still_loads() -> None:
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(role="prediction"), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        store.publish_model(b"pickle-looking bytes")
+        assert wait_until(lambda: "model_sync" in runtime.health())
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and "refused" in ready.json()["degraded"]["model_sync"]
+        assert (
+            c.post(
+                "/predict/bulk/strict",
+                json={
+                    "requests": [
+                        {
+                            "kv_cache_percentage": 0.1,
+                            "input_token_length": 10,
+                            "num_request_waiting": 0,
+                            "num_request_running": 0,
+                            "num_tokens_generated": 0,
+                            "prefix_cache_score": 0.0,
+                        }
+                    ]
+                },
+            ).status_code
+            == 200
+        )
+        donor = OnlinePredictor(LearnerConfig(background=False))
+        donor.version = 5
+        store.publish_model(donor.to_bytes())
+        assert wait_until(lambda: runtime.store_version == 2, timeout_s=2.0)
+        assert c.get("/readyz").status_code == 200
+        assert c.get("/status").json()["model_version"] == 5
