@@ -3,8 +3,11 @@
 The tables in ../shared/data/calibration (measured inside vLLM 0.14) time the pieces a transformer step is made
 of: GEMMs, prefill (context) attention, decode (generation) attention and all-reduce. Each piece gets a small
 roofline-shaped model with a handful of coefficients, fitted once by least squares on log latency (relative
-error is what matters across six orders of magnitude). The result is cached in `coefficients.json` beside this
-module so that the simulator never needs the tables or scipy at run time. Regenerate it with:
+error is what matters across six orders of magnitude). Beside the curves, the measured grids themselves are kept
+where the step-time model looks shapes up directly: the GEMM table on its (m, n, k) grid, the all-reduce tables
+(NCCL and vLLM's custom kernel) by message size and GPU count, and the host cost of an eager op read off the
+eager vs graph-replayed all-reduce timings. The result is cached in `coefficients.json` beside this module so
+that the simulator never needs the tables or scipy at run time. Regenerate it with:
 
     .venv/bin/python -m simulator.calibration ../shared/data/calibration
 
@@ -84,6 +87,93 @@ def allreduce_ms(p: np.ndarray | list[float], x: np.ndarray) -> np.ndarray:
     return latency_ms + x[:, 0] / (gb_s * 1e6)
 
 
+def _round(value: float) -> float:
+    return float(f"{value:.5g}")
+
+
+def _suffix_min(values: np.ndarray, axis: int) -> np.ndarray:
+    """Latency can only grow with problem size: a smaller problem can always run padded to a larger one."""
+    flipped = np.flip(values, axis=axis)
+    return np.flip(np.minimum.accumulate(flipped, axis=axis), axis=axis)
+
+
+def gemm_table(gemm: np.ndarray, curve: list[float]) -> dict[str, object]:
+    """The measured GEMM latencies on their (m, n, k) grid, for per-shape lookup by interpolation.
+
+    Cells the table lacks are filled from the fitted curve; outliers above a larger-m measurement of the same
+    (n, k) are clipped to it (padding m to the larger size would have been faster).
+    """
+    ms, ns, ks = (np.unique(gemm[:, i]) for i in range(3))
+    grid = np.full((len(ms), len(ns), len(ks)), np.nan)
+    mi, ni, ki = (np.searchsorted(axis, gemm[:, i]) for i, axis in enumerate((ms, ns, ks)))
+    grid[mi, ni, ki] = gemm[:, 3]
+    missing = np.isnan(grid)
+    if missing.any():
+        m, n, k = np.meshgrid(ms, ns, ks, indexing="ij")
+        x = np.stack([m[missing], n[missing], k[missing]], axis=1)
+        grid[missing] = gemm_ms(curve, x)
+    grid = _suffix_min(grid, axis=0)
+    return {
+        "m": [float(v) for v in ms],
+        "n": [float(v) for v in ns],
+        "k": [float(v) for v in ks],
+        "ms": [[[_round(v) for v in row] for row in plane] for plane in grid],
+    }
+
+
+def allreduce_tables(directory: Path, base: str) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """Measured all-reduce latency by message bytes and GPU count: NCCL, and vLLM's custom kernel (graph-replayed).
+
+    h200 has no NCCL table: its custom all-reduce stands in for NCCL (as in the curve fit).
+    """
+    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    nccl_path = directory / f"{base}_nccl_half.csv"
+    custom_path = directory / f"{base}_vllm_custom_allreduce_bf16.csv"
+    sources: dict[str, tuple[Path, tuple[str, ...], Callable[[dict[str, str]], bool]]] = {
+        "custom_graph": (custom_path, ("num_gpus", "message_size", "latency"),
+                         lambda r: r["kernel_source"].endswith("graph")),
+    }
+    if nccl_path.exists():
+        sources["nccl"] = (nccl_path, ("num_gpus", "message_size", "latency"), lambda r: r["op_name"] == "all_reduce")
+    else:
+        sources["nccl"] = sources["custom_graph"]
+    for name, (path, columns, where) in sources.items():
+        rows = _read(path, columns, where)
+        per_gpus: dict[str, dict[str, list[float]]] = {}
+        for gpus in sorted(set(rows[:, 0].astype(int))):
+            sel = rows[rows[:, 0] == gpus]
+            sizes = np.unique(sel[:, 1])
+            latency = np.array([np.median(sel[sel[:, 1] == s, 2]) for s in sizes])
+            latency = _suffix_min(latency, axis=0)
+            # message_size counts 16-bit elements.
+            per_gpus[str(gpus)] = {"bytes": [float(2.0 * s) for s in sizes], "ms": [_round(v) for v in latency]}
+        out[name] = per_gpus
+    return out
+
+
+def eager_host_ms(path: Path) -> dict[str, float]:
+    """Host cost of one eager (no CUDA graph) all-reduce op, per GPU count.
+
+    The table times a loop of the same all-reduce, eager and graph-replayed. Eagerly the host enqueues each op
+    while the GPU runs the previous one, so the time per op is max(host cost, GPU time): flat at the host's cost
+    (~20 µs on H100, ~44 µs on A100) while the graph-replayed GPU time below it still grows with the message.
+    The host cost is therefore the eager time where the GPU is clearly not the bottleneck (graph time under half
+    the eager time), not eager minus graph.
+    """
+    rows = _read(path, ("num_gpus", "message_size", "latency"))
+    with path.open(newline="") as handle:
+        eager = np.array([r["kernel_source"].endswith("eager") for r in csv.DictReader(handle)])
+    out: dict[str, float] = {}
+    for gpus in sorted(set(rows[:, 0].astype(int))):
+        sel = rows[:, 0] == gpus
+        graph = {size: lat for size, lat in rows[sel & ~eager, 1:3]}
+        host_bound = [lat for size, lat in rows[sel & eager, 1:3] if graph.get(size, lat) < 0.5 * lat]
+        if not host_bound:  # GPU-bound at every size: the smallest message's eager time bounds the host cost
+            host_bound = [float(rows[sel & eager][np.argmin(rows[sel & eager, 1]), 2])]
+        out[str(gpus)] = float(np.median(host_bound))
+    return out
+
+
 def fit_class(directory: Path, prefix: str) -> dict[str, object]:
     """All coefficients of one accelerator class from its five tables."""
     base = f"{prefix}_vllm0.14"
@@ -119,17 +209,13 @@ def fit_class(directory: Path, prefix: str) -> dict[str, object]:
         # message_size counts 16-bit elements.
         allreduce[str(gpus)] = _fit(allreduce_ms, rows[:, 1:2] * 2.0, rows[:, 2], [0.01, 100.0])
 
-    custom = _read(
-        directory / f"{base}_vllm_custom_allreduce_bf16.csv",
-        ("num_gpus", "message_size", "latency"),
-        where=lambda r: int(r["message_size"]) <= 65536,
-    )
-    with (directory / f"{base}_vllm_custom_allreduce_bf16.csv").open(newline="") as handle:
-        kinds = [r["kernel_source"] for r in csv.DictReader(handle) if int(r["message_size"]) <= 65536]
-    eager = np.array([k.endswith("eager") for k in kinds])
-    # Host cost of launching one kernel without CUDA graphs: the same all-reduce, eager minus graph-replayed.
-    launch_ms = float(np.median(custom[eager, 2]) - np.median(custom[~eager, 2]))
+    host = eager_host_ms(directory / f"{base}_vllm_custom_allreduce_bf16.csv")
+    # Host cost of one eager op of any kind: the cheapest all-reduce host path (fewest peers).
+    launch_ms = min(host.values())
     return {
+        "gemm_table": gemm_table(gemm, g),
+        "allreduce_table": allreduce_tables(directory, base),
+        "allreduce_launch_ms": host,
         "gemm": dict(zip(("c0_ms", "tflops", "tb_s", "m_half"), g, strict=True)),
         "context_attention": dict(zip(("c0_ms", "tflops", "len_half"), c, strict=True)),
         "generation_attention": dict(zip(("c0_ms", "tb_s", "per_seq_us"), d, strict=True)),
@@ -150,7 +236,7 @@ def load_coefficients(path: Path = COEFFICIENTS_PATH) -> dict[str, dict[str, obj
 def main(argv: list[str]) -> None:
     directory = Path(argv[0]) if argv else Path("../shared/data/calibration")
     coefficients = fit_all(directory)
-    COEFFICIENTS_PATH.write_text(json.dumps(coefficients, indent=2, sort_keys=True) + "\n")
+    COEFFICIENTS_PATH.write_text(json.dumps(coefficients, separators=(",", ":"), sort_keys=True) + "\n")
     print(f"wrote {COEFFICIENTS_PATH}")
 
 
