@@ -179,7 +179,7 @@ def test_readyz_names_what_is_degraded_and_predictions_continue() -> None:
         assert c.post("/add_training_data_bulk", json={"entries": [entry(0)]}).status_code == 202
         assert wait_until(lambda: "ingest" in c.app.state.runtime.health())  # type: ignore[attr-defined]
         r = c.get("/readyz")
-        assert r.status_code == 503
+        assert r.status_code == 200  # predictions still work: degraded parts are named, not fatal
         degraded = r.json()["degraded"]
         assert degraded["redis"] == "connection refused" and "connection refused" in degraded["ingest"]
         row = {k: v for k, v in entry(0).items() if not k.startswith("actual")}
@@ -215,7 +215,7 @@ def test_a_refused_published_model_is_reported_and_a_newer_one_still_loads() -> 
         store.publish_model(b"pickle-looking bytes")
         assert wait_until(lambda: "model_sync" in runtime.health())
         ready = c.get("/readyz")
-        assert ready.status_code == 503 and "refused" in ready.json()["degraded"]["model_sync"]
+        assert ready.status_code == 200 and "refused" in ready.json()["degraded"]["model_sync"]
         assert (
             c.post(
                 "/predict/bulk/strict",
@@ -238,5 +238,5 @@ def test_a_refused_published_model_is_reported_and_a_newer_one_still_loads() -> 
         donor.version = 5
         store.publish_model(donor.to_bytes())
         assert wait_until(lambda: runtime.store_version == 2, timeout_s=2.0)
-        assert c.get("/readyz").status_code == 200
+        assert wait_until(lambda: "model_sync" not in c.get("/readyz").json()["degraded"], timeout_s=2.0)
         assert c.get("/status").json()["model_version"] == 5
