@@ -105,6 +105,12 @@ class Replica:
     def serves_registry_version(self, version: int) -> bool:
         return int(self.status()["registry_version"]) >= version
 
+    def redis_degraded(self) -> bool:
+        return "redis" in self.readyz_degraded()
+
+    def fully_ready(self) -> bool:
+        return not self.readyz_degraded()
+
     def readyz_degraded(self) -> dict[str, str]:
         answer = self.client.get("/readyz")
         assert answer.status_code == 200  # still serving predictions: degraded parts are named, not fatal
@@ -200,7 +206,7 @@ def test_killing_redis_mid_run_loses_no_accepted_observation(
     assert a.predict(PROBE)["ttft_ms"] > 0  # still serving with the model it has
     assert a.store.stats()["buffered"] == len(during)
     for replica in (a, b):
-        assert wait_until(lambda r=replica: "redis" in r.readyz_degraded(), timeout_s=5)
+        assert wait_until(replica.redis_degraded, timeout_s=5)
         assert replica.client.get("/readyz").json()["status"] == "ready"
     assert "500 observations buffered" in a.readyz_degraded()["redis"]
 
@@ -209,7 +215,7 @@ def test_killing_redis_mid_run_loses_no_accepted_observation(
     assert wait_until(lambda: a.learned() == len(first) + len(during), timeout_s=20), a.learned()
     assert a.store.stats() == {"buffered": 0, "dropped": 0, "appended": len(first) + len(during)}
     for replica in (a, b):
-        assert wait_until(lambda r=replica: not r.readyz_degraded(), timeout_s=5)
+        assert wait_until(replica.fully_ready, timeout_s=5)
 
 
 def test_the_training_lease_passes_to_b_when_a_stops(start_replicas: Callable[..., list[Replica]]) -> None:
