@@ -161,23 +161,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             raise
         runtime.accept(entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
         runtime.metrics.observations_accepted.labels("grpc").inc(len(entries))
-        rows = parsed.rows
-        runtime.metrics.observe_live_error(
-            "ttft",
-            parsed.actual_ttft_ms,
-            parsed.predicted_ttft_ms,
-            parsed.predicted_ttft_quantile_ms,
-            rows.accelerators,
-            rows.roles,
-        )
-        runtime.metrics.observe_live_error(
-            "tpot",
-            parsed.actual_tpot_ms,
-            parsed.predicted_tpot_ms,
-            parsed.predicted_tpot_quantile_ms,
-            rows.accelerators,
-            rows.roles,
-        )
+        runtime.record_live_errors(parsed)
         return len(entries)
 
     def Observe(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802

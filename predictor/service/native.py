@@ -89,23 +89,7 @@ async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     entries = list_field(await json_body(request), "observations", 1, _MAX_OBSERVATIONS)
     parsed = parse_entries(runtime, entries, "native", "observations")
     accepted = accept_entries(runtime, [_llmd_entry(e) for e in entries], parsed, "native")
-    rows = parsed.rows
-    runtime.metrics.observe_live_error(
-        "ttft",
-        parsed.actual_ttft_ms,
-        parsed.predicted_ttft_ms,
-        parsed.predicted_ttft_quantile_ms,
-        rows.accelerators,
-        rows.roles,
-    )
-    runtime.metrics.observe_live_error(
-        "tpot",
-        parsed.actual_tpot_ms,
-        parsed.predicted_tpot_ms,
-        parsed.predicted_tpot_quantile_ms,
-        rows.accelerators,
-        rows.roles,
-    )
+    runtime.record_live_errors(parsed)
     return JSONResponse({"accepted": accepted}, status_code=202)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from features.errors import FeatureError
 from predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
 from predictor.metrics import ServiceMetrics
-from predictor.service.rows import RowParser
+from predictor.service.rows import ParsedObservations, RowParser
 from predictor.settings import ServiceSettings
 from predictor.store.base import Store
 
@@ -346,6 +346,15 @@ class ServiceRuntime:
                 n_test = int((observed & is_test).sum())
                 s.test[target] += n_test
                 s.train[target] += int(observed.sum()) - n_test
+
+    def record_live_errors(self, parsed: ParsedObservations) -> None:
+        """Live error and quantile coverage of what was predicted for these observations, per target."""
+        rows = parsed.rows
+        for target, actual, predicted, quantile in (
+            ("ttft", parsed.actual_ttft_ms, parsed.predicted_ttft_ms, parsed.predicted_ttft_quantile_ms),
+            ("tpot", parsed.actual_tpot_ms, parsed.predicted_tpot_ms, parsed.predicted_tpot_quantile_ms),
+        ):
+            self.metrics.observe_live_error(target, actual, predicted, quantile, rows.accelerators, rows.roles)
 
     def flush_samples(self, training: bool, test: bool) -> dict[str, int]:
         out = {"ttft_training": 0, "tpot_training": 0, "ttft_test": 0, "tpot_test": 0}
