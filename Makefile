@@ -34,6 +34,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/leadtime bench accuracy --data $(DATA)/measured/sharegpt-h200.jsonl --accelerator h200-sxm --model qwen3-32b --json
 	$(VENV)/bin/leadtime bench coldstart --json
+	$(VENV)/bin/leadtime bench coldstart --unseen l40s --json
+	$(VENV)/bin/leadtime bench serving --json
+	$(VENV)/bin/leadtime bench sim --json
+	$(VENV)/bin/leadtime sim validate --json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

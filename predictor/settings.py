@@ -24,7 +24,7 @@ class ServiceSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     grpc_port: int = Field(default=50051, ge=0, le=65535, description="0 disables the gRPC server.")
-    redis_url: str | None = None
+    redis_url: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://.+")
     role: Literal["all", "prediction", "training"] = "all"
     objective: Literal["quantile", "mean"] = "quantile"
     quantile: float = Field(default=0.9, ge=0.5, lt=1.0)

@@ -70,6 +70,7 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["serve", "--role", "both"], {}, "role"),
         (["serve", "--accelerator", "abacus"], {}, "abacus"),
         (["serve"], {"LEADTIME_QUANTILE": "2"}, "quantile"),
+        (["serve", "--redis", "http://x"], {}, "redis_url"),
     ]:
         process = leadtime(*args, env=env)
         _, err = process.communicate(timeout=60)
