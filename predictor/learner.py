@@ -440,6 +440,8 @@ class OnlinePredictor:
         self._lock = threading.RLock()
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self.version = 0
+        # Free-form JSON facts saved with the model (e.g. the service's position in the observation stream).
+        self.metadata: dict[str, Any] = {}
         self.last_model_load: datetime | None = None
         self.last_retrain: datetime | None = None
         self._retrain_wanted = threading.Event()
@@ -663,6 +665,10 @@ class OnlinePredictor:
         except (KeyError, TypeError, ValueError) as err:
             raise ArtifactError(f"artifact content is invalid: {err}") from None
         predictor.version = int(state.get("version", 0))
+        metadata = state.get("metadata", {})
+        if not isinstance(metadata, dict):
+            raise ArtifactError("artifact metadata must be a JSON object")
+        predictor.metadata = metadata
         predictor.last_model_load = datetime.now(UTC)
         return predictor
 
@@ -681,6 +687,7 @@ class OnlinePredictor:
         return {
             "config": asdict(self.config),
             "version": self.version,
+            "metadata": self.metadata,
             "targets": {t: m.to_dict() for t, m in self._models.items()},
         }
 

@@ -37,7 +37,9 @@ class ServiceSettings(BaseModel):
     window: int = Field(default=20_000, ge=100)
     retrain_every: int = Field(default=2_000, gt=0)
     ingest_batch: int = Field(
-        default=5_000, gt=0, description="Most observations the ingest loop learns per step."
+        default=512,
+        gt=0,
+        description="Most observations the ingest loop reads and learns per step (a model swap waits for one step).",
     )
     test_every: int = Field(
         default=10, ge=2, description="Every n-th accepted sample counts as test data (/data/status)."

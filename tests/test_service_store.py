@@ -240,3 +240,26 @@ def test_a_refused_published_model_is_reported_and_a_newer_one_still_loads() -> 
         assert wait_until(lambda: runtime.store_version == 2, timeout_s=2.0)
         assert wait_until(lambda: "model_sync" not in c.get("/readyz").json()["degraded"], timeout_s=2.0)
         assert c.get("/status").json()["model_version"] == 5
+
+
+def learned(runtime: Any) -> int:
+    """Observations (of either target) inside the runtime's serving model."""
+    return int(sum(runtime.predictor.status()["observations"].values()))
+
+
+def test_a_replica_joining_later_continues_from_the_published_model_without_relearning() -> None:
+    """The published artifact records its stream position: a new replica must not learn those rows again."""
+    store = MemoryStore()
+    entries = [entry(i) for i in range(300)]
+    with TestClient(create_app(ServiceSettings(replica_id="a"), store=store)) as a:
+        ra = a.app.state.runtime  # type: ignore[attr-defined]
+        assert a.post("/add_training_data_bulk", json={"entries": entries}).status_code == 202
+        assert wait_until(lambda: learned(ra) == 300, timeout_s=10)
+        ra.publish(ra.predictor)
+        more = [entry(i) for i in range(300, 400)]
+        assert a.post("/add_training_data_bulk", json={"entries": more}).status_code == 202
+        with TestClient(create_app(ServiceSettings(replica_id="b", role="prediction"), store=store)) as b:
+            rb = b.app.state.runtime  # type: ignore[attr-defined]
+            assert wait_until(lambda: learned(rb) >= 400, timeout_s=10)
+            time.sleep(0.3)  # nothing more may arrive: every row is in b's model exactly once
+            assert learned(rb) == 400

@@ -35,6 +35,7 @@ _LEARN_CHUNK = 16  # observations learned between checks for requests in flight
 _MAX_YIELD_S = 0.05  # longest the learner defers to requests before taking its turn anyway
 _QUIET_S = 0.001  # after the last request ends, how long to wait for a next one before learning again
 _NO_RETRAIN = 10**12  # retrain_every of a replica without the training lease
+_CURSOR_KEY = "stream_cursor"  # artifact metadata: the observation-stream position the model has learned to
 
 
 @dataclass
@@ -71,6 +72,9 @@ class ServiceRuntime:
         self._learned = {"ttft": 0, "tpot": 0}
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
+        # Held while a batch is learned and the stream cursor advanced, so that a published model and the
+        # cursor it records describe the same observations (lock order: _swap_lock, then _learn_lock).
+        self._learn_lock = threading.Lock()
         self._published: set[int] = set()
         self._refused_version = 0
         self._stop = threading.Event()
@@ -138,13 +142,17 @@ class ServiceRuntime:
             try:
                 predictor = OnlinePredictor.from_bytes(latest[1])
                 self.store_version = latest[0]
+                self._adopt_cursor(predictor)
                 return predictor
             except ArtifactError as err:
                 log.warning("ignoring published model %d: %s", latest[0], err)
         model_dir = self.settings.model_dir
         if model_dir is not None and model_dir.exists():
             try:
-                return OnlinePredictor.load(model_dir)
+                predictor = OnlinePredictor.load(model_dir)
+                # A cursor saved by an earlier process names a position in a stream that may not exist now.
+                predictor.metadata.pop(_CURSOR_KEY, None)
+                return predictor
             except (ArtifactError, OSError) as err:
                 log.warning("ignoring the model in %s: %s", model_dir, err)
         return OnlinePredictor(self._learner_config())
@@ -180,8 +188,14 @@ class ServiceRuntime:
             log.exception("after-retrain publication failed")
 
     def publish(self, predictor: OnlinePredictor) -> int:
-        """Publish to the shared registry (and --model-dir); our own sync loop then skips this version."""
-        artifact = predictor.to_bytes()
+        """Publish to the shared registry (and --model-dir); our own sync loop then skips this version.
+
+        The artifact records how far into the observation stream its state goes, so that a replica adopting it
+        continues from there: nothing learned twice, nothing skipped.
+        """
+        with self._learn_lock:
+            predictor.metadata[_CURSOR_KEY] = self._cursor
+            artifact = predictor.to_bytes()
         with self._swap_lock:
             version = self.store.publish_model(artifact)
             self._published.add(version)
@@ -209,11 +223,18 @@ class ServiceRuntime:
                 self._refused_version = max(self._refused_version, version)
                 self._loop_errors["model_sync"] = f"published model {version} refused: {err}"
                 raise
-            self._install(predictor)
+            with self._learn_lock:
+                self._install(predictor)
+                self._adopt_cursor(predictor)
             self.store_version = version
             self._loop_errors.pop("model_sync", None)
         self.metrics.model_swaps.inc()
         return True, True
+
+    def _adopt_cursor(self, predictor: OnlinePredictor) -> None:
+        cursor = predictor.metadata.get(_CURSOR_KEY)
+        if isinstance(cursor, str):
+            self._cursor = cursor
 
     # --- loops ----------------------------------------------------------------------------------------------
 
@@ -221,7 +242,8 @@ class ServiceRuntime:
         lower_priority(threading.get_native_id(), self.settings.background_nice)
         while not self._stop.is_set():
             try:
-                cursor, entries = self.store.read_observations(self._cursor, self.settings.ingest_batch)
+                cursor_before = self._cursor
+                cursor, entries = self.store.read_observations(cursor_before, self.settings.ingest_batch)
                 self._loop_errors.pop("ingest", None)
             except Exception as err:
                 self._loop_errors["ingest"] = f"cannot read observations: {err}"
@@ -230,12 +252,15 @@ class ServiceRuntime:
             if not entries:
                 self._stop.wait(0.02)
                 continue
-            for start in range(0, len(entries), _LEARN_CHUNK):
-                if self._stop.is_set():
-                    return
-                self._defer_to_requests()
-                self._learn(entries[start : start + _LEARN_CHUNK])
-            self._cursor = cursor
+            with self._learn_lock:
+                if cursor_before != self._cursor:
+                    continue  # a model adopted meanwhile moved the cursor: these entries are read again or known
+                for start in range(0, len(entries), _LEARN_CHUNK):
+                    if self._stop.is_set():
+                        return
+                    self._defer_to_requests()
+                    self._learn(entries[start : start + _LEARN_CHUNK])
+                self._cursor = cursor
 
     def request_started(self) -> None:
         """Handlers call this (and `request_finished`) so that learning waits while they run."""
