@@ -64,6 +64,9 @@ class LearnerConfig:
         Boosting rounds per tree.
     forgetting
         Forgetting factor of the online correction (closer to 1 = longer memory).
+    retrain
+        Whether this learner retrains its trees at all (on schedule or on drift). A service replica without the
+        training lease sets it False: it learns online and adopts the lease holder's published trees.
     seed
         Seed of the trees' bagging.
     """
@@ -77,6 +80,7 @@ class LearnerConfig:
     min_window: int = 300
     tree_rounds: int = 60
     forgetting: float = 0.998
+    retrain: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -554,7 +558,7 @@ class OnlinePredictor:
                     drifted = model.learn_batch(
                         x[observed], actual[target][observed], [hw[i] for i in observed], [ids[i] for i in observed]
                     )
-                    if drifted or model.since_retrain >= self.config.retrain_every:
+                    if self.config.retrain and (drifted or model.since_retrain >= self.config.retrain_every):
                         want_retrain = True
             if want_retrain and not self.config.background:
                 self.retrain_now()

@@ -234,3 +234,18 @@ def test_debug_one_explains_every_term(predictor: OnlinePredictor) -> None:
 def test_predict_many_refuses_a_matrix_of_the_wrong_width(predictor: OnlinePredictor) -> None:
     with pytest.raises(ValueError, match="shape"):
         predictor.predict_many(np.zeros((3, 5)))
+
+
+def test_a_learner_told_not_to_retrain_never_does_even_on_drift() -> None:
+    rng = np.random.default_rng(12)
+    predictor = OnlinePredictor(LearnerConfig(background=False, retrain_every=100, min_window=100, retrain=False))
+    seen: list[dict] = []
+    predictor.add_retrain_listener(seen.append)
+    rows = [_row(rng) for _ in range(1200)]
+    x = predictor.vectorizer.transform(rows)
+    truth = np.array([_truth(r) for r in rows])
+    predictor.learn_many(x[:600], truth[:600, 0], truth[:600, 1])
+    predictor.learn_many(x[600:], truth[600:, 0] * 4.0, truth[600:, 1] * 4.0)
+    assert predictor.status()["drifts"]["ttft"] + predictor.status()["drifts"]["tpot"] >= 1
+    assert seen == []
+    assert predictor.status()["observations"]["ttft"] == 1200  # it still learned every row online

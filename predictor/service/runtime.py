@@ -34,7 +34,6 @@ log = logging.getLogger("leadtime.service")
 _LEARN_CHUNK = 16  # observations learned between checks for requests in flight
 _MAX_YIELD_S = 0.05  # longest the learner defers to requests before taking its turn anyway
 _QUIET_S = 0.001  # after the last request ends, how long to wait for a next one before learning again
-_NO_RETRAIN = 10**12  # retrain_every of a replica without the training lease
 _CURSOR_KEY = "stream_cursor"  # artifact metadata: the observation-stream position the model has learned to
 
 
@@ -351,8 +350,9 @@ class ServiceRuntime:
                 self._apply_lease(self.predictor)
 
     def _apply_lease(self, predictor: OnlinePredictor) -> None:
-        """Only the lease holder retrains on schedule; the others learn online and wait for its models."""
-        predictor.config.retrain_every = self.settings.retrain_every if self.holds_lease else _NO_RETRAIN
+        """Only the lease holder retrains (on schedule or drift); the others learn online and adopt its models."""
+        predictor.config.retrain = self.holds_lease
+        predictor.config.retrain_every = self.settings.retrain_every
 
     # --- accepting ------------------------------------------------------------------------------------------
 
