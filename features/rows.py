@@ -189,7 +189,7 @@ class Observation:
         return self.actual_tpot_ms > 0
 
 
-_REQUIRED = (
+LLMD_REQUIRED_FIELDS = (
     "kv_cache_percentage",
     "input_token_length",
     "num_request_waiting",
@@ -203,7 +203,7 @@ def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
     """An llm-d prediction row (plus Leadtime's optional extras) → FeatureRow. Unknown keys are ignored."""
     if not isinstance(row, Mapping):
         raise FeatureError("row", f"must be a JSON object, got {type(row).__name__}")
-    for name in _REQUIRED:
+    for name in LLMD_REQUIRED_FIELDS:
         if name not in row or row[name] is None:
             raise FeatureError(name, "is required")
     input_tokens = check_count("input_token_length", row["input_token_length"])

@@ -60,7 +60,7 @@ _LOW = np.array([_BOUNDS[c][0] for c in COLUMNS])
 _HIGH = np.array([_BOUNDS[c][1] for c in COLUMNS])
 
 # Share of the memory left after weights that vLLM gives to the KV cache (gpu_memory_utilization 0.9).
-_KV_MEMORY_SHARE = 0.9
+KV_MEMORY_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Vectorizer:
         if hw is None:
             acc, mod = get_accelerator(key[0]), get_model(key[1])
             free_bytes = max(acc.memory_gb * 1e9 * tensor_parallel - mod.weight_bytes, 1e9)
-            capacity = free_bytes * _KV_MEMORY_SHARE / mod.kv_bytes_per_token
+            capacity = free_bytes * KV_MEMORY_SHARE / mod.kv_bytes_per_token
             hw = _Hardware(acc, mod, tensor_parallel, capacity)
             self._hardware[key] = hw
         return hw

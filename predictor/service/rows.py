@@ -20,20 +20,10 @@ import numpy as np
 
 from features.catalog import get_accelerator, get_model
 from features.errors import FeatureError
-from features.rows import ROLES, TIMESLICE_STATES, check_count, check_real
-from features.vectorize import COLUMNS
+from features.rows import LLMD_REQUIRED_FIELDS, ROLES, TIMESLICE_STATES, check_count, check_real
+from features.vectorize import COLUMNS, KV_MEMORY_SHARE
 
-# Share of the memory left after weights that vLLM gives to the KV cache (as in features.vectorize).
-_KV_MEMORY_SHARE = 0.9
 _POD_TYPES = {"": 0, "both": 0, "prefill": 1, "decode": 2}
-_REQUIRED = (
-    "kv_cache_percentage",
-    "input_token_length",
-    "num_request_waiting",
-    "num_request_running",
-    "num_tokens_generated",
-    "prefix_cache_score",
-)
 
 
 @dataclass
@@ -134,7 +124,7 @@ class RowParser:
             layers=float(mod.layers),
             attn_width=float(mod.num_heads * mod.head_dim),
             weight_bytes=mod.weight_bytes,
-            kv_capacity_tokens=free_bytes * _KV_MEMORY_SHARE / mod.kv_bytes_per_token,
+            kv_capacity_tokens=free_bytes * KV_MEMORY_SHARE / mod.kv_bytes_per_token,
         )
         index = len(self._group_list)
         self._group_list.append(group)
@@ -219,7 +209,7 @@ class RowParser:
         """One row → (raw values, endpoint id, accelerator slug); raises FeatureError naming the field."""
         if not isinstance(row, Mapping):
             raise FeatureError("row", f"must be a JSON object, got {type(row).__name__}")
-        for name in _REQUIRED:
+        for name in LLMD_REQUIRED_FIELDS:
             if row.get(name) is None:
                 raise FeatureError(name, "is required")
         kv = _real01(row, "kv_cache_percentage")
