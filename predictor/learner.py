@@ -12,6 +12,7 @@ held-out observations. The predictor answers from the first row: with nothing le
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -34,6 +35,8 @@ from predictor.physics import (
     prior_ms,
 )
 from predictor.trees import TREE_FEATURES, ResidualTrees, fit_booster
+
+log = logging.getLogger("leadtime.predictor")
 
 _MIN_MS = 0.05  # floor for log targets; no real TTFT/ITL is below this
 _SETTLE_EVERY = 64  # observations between calibration updates (they need a LightGBM call)
@@ -448,6 +451,7 @@ class OnlinePredictor:
         self.metadata: dict[str, Any] = {}
         self.last_model_load: datetime | None = None
         self.last_retrain: datetime | None = None
+        self.retrain_error: str | None = None
         self._retrain_wanted = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -596,11 +600,19 @@ class OnlinePredictor:
         self._listeners.append(fn)
 
     def _retrain_loop(self) -> None:
+        """A failed retrain is recorded (status()["retrain_error"]) and the thread lives on: the online parts
+        keep learning and the next trigger tries again."""
         while not self._stopping.is_set():
             if self._retrain_wanted.wait(timeout=0.5):
                 self._retrain_wanted.clear()
-                if not self._stopping.is_set():
+                if self._stopping.is_set():
+                    continue
+                try:
                     self.retrain_now()
+                    self.retrain_error = None
+                except Exception as err:  # LightGBM raises plain exceptions of several kinds
+                    self.retrain_error = f"{type(err).__name__}: {err}"
+                    log.exception("background retrain failed")
 
     def close(self) -> None:
         self._stopping.set()
@@ -617,6 +629,7 @@ class OnlinePredictor:
             "trees_active": {t: m.trees.mean is not None or m.trees.upper is not None for t, m in self._models.items()},
             "drifts": {t: m.drifts for t, m in self._models.items()},
             "last_retrain": self.last_retrain,
+            "retrain_error": self.retrain_error,
             "version": self.version,
         }
 

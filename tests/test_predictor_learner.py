@@ -249,3 +249,35 @@ def test_a_learner_told_not_to_retrain_never_does_even_on_drift() -> None:
     assert predictor.status()["drifts"]["ttft"] + predictor.status()["drifts"]["tpot"] >= 1
     assert seen == []
     assert predictor.status()["observations"]["ttft"] == 1200  # it still learned every row online
+
+
+def test_a_failing_background_retrain_is_recorded_and_the_thread_lives_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(13)
+    predictor = OnlinePredictor(LearnerConfig(background=True, retrain_every=200, min_window=100))
+    calls: list[int] = []
+
+    def broken(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        raise RuntimeError("LightGBM exploded")
+
+    import predictor.learner as learner_module
+
+    monkeypatch.setattr(learner_module, "fit_booster", broken)
+    rows = [_row(rng) for _ in range(1000)]
+    x = predictor.vectorizer.transform(rows)
+    truth = np.array([_truth(r) for r in rows])
+    import time
+
+    predictor.learn_many(x[:400], truth[:400, 0], truth[:400, 1])
+    deadline = time.monotonic() + 20
+    while predictor.status()["retrain_error"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "LightGBM exploded" in (predictor.status()["retrain_error"] or "")
+    first = len(calls)
+    predictor.learn_many(x[400:], truth[400:, 0], truth[400:, 1])  # the next trigger is served again
+    deadline = time.monotonic() + 20
+    while len(calls) == first and time.monotonic() < deadline:
+        time.sleep(0.05)
+    predictor.close()
+    assert len(calls) > first
+    assert predictor.status()["observations"]["ttft"] == 1000

@@ -404,7 +404,10 @@ class ServiceRuntime:
             out.update(self.store.health())
         except Exception as err:
             out["store"] = f"health check failed: {err}"
-        out["predictor"] = "ok" if self.predictor is not None else "not started"
+        predictor = self.predictor
+        out["predictor"] = "ok" if predictor is not None else "not started"
+        if predictor is not None and predictor.retrain_error is not None:
+            out["retrain"] = f"last retrain failed: {predictor.retrain_error}"
         out.update(self._loop_errors)
         for thread in self._threads:
             if not thread.is_alive() and not self._stop.is_set():
