@@ -139,7 +139,8 @@ def _split(
             per_seed["leadtime"][t].append(errors(*lt[t], y[t][test]))
             per_seed["llmd_reference"][t].append(errors(*reference.predict(t, x_ref[test]), y[t][test]))
             seen = y[t][train][y[t][train] > 0]
-            floor = (np.full(len(test), np.median(seen)), np.full(len(test), np.quantile(seen, config.quantile)))
+            median, upper = (np.median(seen), np.quantile(seen, config.quantile)) if len(seen) else (0.0, 0.0)
+            floor = (np.full(len(test), median), np.full(len(test), upper))
             per_seed["median_baseline"][t].append(errors(*floor, y[t][test]))
         if progress and task is not None:
             progress.advance(task)
@@ -225,9 +226,18 @@ def run_accuracy(
     return report
 
 
+def json_safe(value: Any) -> Any:
+    """NaN (a target the file never observed) becomes null: JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(json_safe(report), indent=2, allow_nan=False))
         return
     table = Table(title=f"accuracy on {report['data']['path']} ({report['data']['rows']} rows)")
     for column in ("model", "target", "preq MAPE", "2nd-half MAPE", "preq p90 cov", "split MAPE", "split p90 cov"):

@@ -77,3 +77,15 @@ def test_demo_writes_a_plot(small_trace: Path, tmp_path: Path) -> None:
     png = tmp_path / "predicted_vs_actual.png"
     assert png.stat().st_size > 10_000
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_file_without_one_target_reports_null_for_it(tmp_path: Path) -> None:
+    """Regression: a TTFT-only file crashed the split floor and would have printed NaN (not JSON)."""
+    ttft_only = [line for line in TRACE.read_text().splitlines() if '"actual_tpot_ms": 0,' in line][:200]
+    path = tmp_path / "ttft_only.jsonl"
+    path.write_text("\n".join(ttft_only) + "\n")
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--seeds", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["leadtime"]["tpot"]["split_mape"] is None
+    assert report["leadtime"]["ttft"]["split_mape"] > 0
