@@ -509,8 +509,18 @@ class OnlinePredictor:
             lines.append(f"  accelerator-class offset ×{math.exp(model.classes.get(hw[0])):.3f}")
             lines.append(f"  endpoint offset          ×{math.exp(model.endpoints.get(endpoint)):.3f}")
             tree = model.trees.predict_mean(tree_inputs(x, prior))
-            lines.append(f"  tree residual            ×{math.exp(float(tree[0])) if tree is not None else 1.0:.3f}")
-            lines.append(f"  calibration offset       ×{math.exp(model.conformal.offset):.3f} (upper quantile)")
+            if tree is not None:
+                lines.append(f"  tree residual            ×{math.exp(float(tree[0])):.3f}")
+            else:
+                lines.append("  tree residual            none serving")
+                lines.append(f"  median recentring        ×{math.exp(model.conformal.center):.3f}")
+            upper_tree = model.trees.predict_upper(tree_inputs(x, prior))
+            if upper_tree is not None:
+                shift = float(upper_tree[0]) + model.upper_shift + model.conformal.adaptive
+                lines.append(f"  calibration offset       ×{math.exp(shift):.3f} (quantile tree + conformal shift)")
+            else:
+                offset = math.exp(model.conformal.offset)
+                lines.append(f"  calibration offset       ×{offset:.3f} (conformal, upper quantile)")
         return "\n".join(lines)
 
     # --- learning ---------------------------------------------------------------------------------------

@@ -201,6 +201,10 @@ class OffsetTable:
         return table
 
 
+_WARMUP = 50  # residuals before the empirical quantile stands on its own
+_COLD_WIDTH = float(np.log(2.0))  # upper quantile ≈ 2 × the point prediction before anything is known
+
+
 class ConformalQuantile:
     """Upper-quantile offset on log residuals: recent empirical quantile + adaptive conformal correction.
 
@@ -229,8 +233,15 @@ class ConformalQuantile:
 
     @property
     def offset(self) -> float:
-        """Log-space distance from the point prediction to the served quantile (without a quantile tree)."""
+        """Log-space distance from the point prediction to the served quantile (without a quantile tree).
+
+        Before it has seen `_WARMUP` residuals, an empirical quantile means little: the offset is then at least
+        a cold-start width (×2) fading out as residuals arrive, so a first p90 is not simply the mean.
+        """
         base = self._cached if self.base is None else self.base
+        seen = len(self.residuals)
+        if self.base is None and seen < _WARMUP:
+            base = max(base, _COLD_WIDTH * (1.0 - seen / _WARMUP))
         return base + self.adaptive
 
     def recalibrate(self, residuals: np.ndarray) -> None:

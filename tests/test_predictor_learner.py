@@ -281,3 +281,16 @@ def test_a_failing_background_retrain_is_recorded_and_the_thread_lives_on(monkey
     predictor.close()
     assert len(calls) > first
     assert predictor.status()["observations"]["ttft"] == 1000
+
+
+def test_a_cold_p90_is_wider_than_the_mean_and_narrows_as_residuals_arrive(predictor: OnlinePredictor) -> None:
+    row = FeatureRow(RequestFeatures(300), EndpointState(num_request_running=3))
+    cold = predictor.predict_one(row)
+    assert cold["ttft_quantile"] >= 1.9 * cold["ttft_mean"]
+    rng = np.random.default_rng(14)
+    rows = [_row(rng) for _ in range(400)]
+    x = predictor.vectorizer.transform(rows)
+    truth = np.array([_truth(r) for r in rows])
+    predictor.learn_many(x, truth[:, 0] * rng.lognormal(0, 0.05, 400), truth[:, 1])
+    warm = predictor.predict_one(row)
+    assert warm["ttft_quantile"] < 1.3 * warm["ttft_mean"]  # low-noise data: a narrow band once learned
