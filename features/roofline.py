@@ -7,6 +7,8 @@ latency does, not to be exact. Times are in milliseconds for one replica of `ten
 
 from __future__ import annotations
 
+import numpy as np
+
 from features.catalog import Accelerator, ModelProfile
 
 
@@ -53,3 +55,44 @@ def kv_transfer_ms(model: ModelProfile, tokens: float, link_gb_s: float) -> floa
     if link_gb_s <= 0:
         raise ValueError("link bandwidth must be positive")
     return 1e3 * tokens * model.kv_bytes_per_token / (link_gb_s * 1e9)
+
+
+Figures = np.ndarray | float  # per-row arrays, or one value shared by every row
+
+
+def prefill_ms_array(
+    params_b: Figures,
+    layers: Figures,
+    attn_width: Figures,
+    weight_bytes: Figures,
+    tflops: Figures,
+    tb_s: Figures,
+    new_tokens: Figures,
+    cached_tokens: Figures,
+    tp: Figures,
+) -> np.ndarray:
+    """`prefill_ms` over arrays of per-row figures (the service vectorizes a whole request this way)."""
+    dense = 2.0 * params_b * 1e9 * new_tokens
+    attention = 4.0 * layers * attn_width * new_tokens * (cached_tokens + new_tokens / 2.0)
+    compute_s = (dense + attention) / (tflops * 1e12)
+    memory_s = weight_bytes / (tb_s * 1e12)
+    out = 1e3 * np.maximum(compute_s, memory_s) / tp
+    return np.where(new_tokens <= 0, 0.0, out)
+
+
+def decode_step_ms_array(
+    params_b: Figures,
+    weight_bytes: Figures,
+    kv_bytes_per_token: Figures,
+    tflops: Figures,
+    tb_s: Figures,
+    batch_size: Figures,
+    kv_tokens: Figures,
+    tp: Figures,
+) -> np.ndarray:
+    """`decode_step_ms` over arrays of per-row figures."""
+    batch = np.maximum(batch_size, 1.0)
+    read_bytes = weight_bytes + kv_tokens * kv_bytes_per_token
+    memory_s = read_bytes / (tb_s * 1e12)
+    compute_s = 2.0 * params_b * 1e9 * batch / (tflops * 1e12)
+    return 1e3 * np.maximum(memory_s, compute_s) / tp

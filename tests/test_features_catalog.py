@@ -227,3 +227,28 @@ def test_roofline_is_a_lower_bound_within_an_order_of_magnitude_of_measured_deco
         estimate = decode_step_ms(llama2, hardware[hw], batch, batch * prompt, tp)
         actual = sum(times) / len(times)
         assert estimate <= actual < 10 * estimate, (hw, tp, batch, prompt)
+
+
+def test_the_array_roofline_matches_the_scalar_one() -> None:
+    """The service vectorizes whole requests with the array forms; they must be the same physics."""
+    import numpy as np
+
+    from features.catalog import ACCELERATORS, MODELS
+    from features.roofline import decode_step_ms_array, prefill_ms_array
+
+    for acc in ACCELERATORS.values():
+        for model in MODELS.values():
+            figures = (model.params_b, float(model.layers), float(model.num_heads * model.head_dim))
+            new = np.array([0.0, 1.0, 700.0, 9000.0])
+            cached = np.array([0.0, 0.0, 512.0, 0.0])
+            speed = (acc.effective_tflops, acc.effective_tb_s)
+            got = prefill_ms_array(*figures, model.weight_bytes, *speed, new, cached, 2)
+            want = [prefill_ms(model, acc, n, c, 2) for n, c in zip(new, cached, strict=True)]
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+            batch, kv = np.array([1.0, 8.0, 64.0]), np.array([0.0, 4e4, 3e5])
+            got = decode_step_ms_array(
+                model.params_b, model.weight_bytes, float(model.kv_bytes_per_token),
+                acc.effective_tflops, acc.effective_tb_s, batch, kv, 4,
+            )
+            want = [decode_step_ms(model, acc, b, k, 4) for b, k in zip(batch, kv, strict=True)]
+            np.testing.assert_allclose(got, want, rtol=1e-12)

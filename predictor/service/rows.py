@@ -20,6 +20,7 @@ import numpy as np
 
 from features.catalog import get_accelerator, get_model
 from features.errors import FeatureError
+from features.roofline import decode_step_ms_array, prefill_ms_array
 from features.rows import LLMD_REQUIRED_FIELDS, ROLES, TIMESLICE_STATES, check_count, check_real
 from features.vectorize import COLUMNS, KV_MEMORY_SHARE
 
@@ -403,10 +404,11 @@ class RowParser:
         new_tokens = np.stack((uncached, r[:, 6]))
         cached_tokens = np.zeros_like(new_tokens)
         cached_tokens[0] = hits
-        prefill = _prefill_ms(params_b, layers, attn_width, weight_bytes, tflops, tb_s, new_tokens, cached_tokens, tp)
+        model_figures = (params_b, layers, attn_width, weight_bytes, tflops, tb_s)
+        prefill = prefill_ms_array(*model_figures, new_tokens, cached_tokens, tp)
         x[:, 15:17] = prefill.T
-        x[:, 17] = _decode_ms(params_b, weight_bytes, kvb, tflops, tb_s, r[:, 4] + 1, r[:, 5] * capacity, tp)
-        x[:, 18] = _decode_ms(params_b, weight_bytes, kvb, tflops, tb_s, 1.0, 0.0, tp)
+        x[:, 17] = decode_step_ms_array(params_b, weight_bytes, kvb, tflops, tb_s, r[:, 4] + 1, r[:, 5] * capacity, tp)
+        x[:, 18] = decode_step_ms_array(params_b, weight_bytes, kvb, tflops, tb_s, 1.0, 0.0, tp)
         ids = endpoint_ids if any(endpoint_ids) else None
         return ParsedRows(x, ids, accelerators)
 
@@ -468,41 +470,3 @@ def check_timestamp(value: Any) -> float:
         except ValueError:
             raise FeatureError("timestamp", f"must be RFC 3339 or seconds since the epoch, got {value!r}") from None
     return check_real("timestamp", value, -math.inf)
-
-
-def _prefill_ms(
-    params_b: np.ndarray,
-    layers: np.ndarray,
-    attn_width: np.ndarray,
-    weight_bytes: np.ndarray,
-    tflops: np.ndarray,
-    tb_s: np.ndarray,
-    new_tokens: np.ndarray,
-    cached_tokens: np.ndarray | float,
-    tp: np.ndarray,
-) -> np.ndarray:
-    """`features.roofline.prefill_ms`, for arrays."""
-    dense = 2.0 * params_b * 1e9 * new_tokens
-    attention = 4.0 * layers * attn_width * new_tokens * (cached_tokens + new_tokens / 2.0)
-    compute_s = (dense + attention) / (tflops * 1e12)
-    memory_s = weight_bytes / (tb_s * 1e12)
-    out = 1e3 * np.maximum(compute_s, memory_s) / tp
-    return np.where(new_tokens <= 0, 0.0, out)
-
-
-def _decode_ms(
-    params_b: np.ndarray,
-    weight_bytes: np.ndarray,
-    kv_bytes_per_token: np.ndarray,
-    tflops: np.ndarray,
-    tb_s: np.ndarray,
-    batch_size: np.ndarray | float,
-    kv_tokens: np.ndarray | float,
-    tp: np.ndarray,
-) -> np.ndarray:
-    """`features.roofline.decode_step_ms`, for arrays."""
-    batch = np.maximum(batch_size, 1.0)
-    read_bytes = weight_bytes + kv_tokens * kv_bytes_per_token
-    memory_s = read_bytes / (tb_s * 1e12)
-    compute_s = 2.0 * params_b * 1e9 * batch / (tflops * 1e12)
-    return 1e3 * np.maximum(memory_s, compute_s) / tp
