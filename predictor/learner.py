@@ -146,15 +146,22 @@ class _Window:
         self.count = 0
         self.total = 0
 
-    def append(self, x: np.ndarray, z: float, hw: str, endpoint: str) -> None:
-        i = self.total % self.capacity
-        self.x[i], self.z[i], self.classes[i], self.endpoints[i] = x, z, hw, endpoint
-        self.total += 1
-        self.count = min(self.count + 1, self.capacity)
-
     def extend(self, x: np.ndarray, z: np.ndarray, hw: list[str], endpoints: list[str]) -> None:
-        for i in range(len(z)):
-            self.append(x[i], float(z[i]), hw[i], endpoints[i])
+        """Append a batch in order: one slice assignment instead of a row at a time."""
+        n = len(z)
+        if n > self.capacity:  # only the newest rows would survive anyway
+            keep = self.capacity
+            x, z, hw, endpoints = x[-keep:], z[-keep:], hw[-keep:], endpoints[-keep:]
+            self.total += n - keep
+            n = self.capacity
+        slots = (self.total + np.arange(n)) % self.capacity
+        self.x[slots] = x
+        self.z[slots] = z
+        for slot, key, endpoint in zip(slots.tolist(), hw, endpoints, strict=True):
+            self.classes[slot] = key
+            self.endpoints[slot] = endpoint
+        self.total += n
+        self.count = min(self.count + n, self.capacity)
 
     def chronological(self) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
         """Copies, oldest first (safe to use while new observations arrive)."""

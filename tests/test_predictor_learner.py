@@ -294,3 +294,19 @@ def test_a_cold_p90_is_wider_than_the_mean_and_narrows_as_residuals_arrive(predi
     predictor.learn_many(x, truth[:, 0] * rng.lognormal(0, 0.05, 400), truth[:, 1])
     warm = predictor.predict_one(row)
     assert warm["ttft_quantile"] < 1.3 * warm["ttft_mean"]  # low-noise data: a narrow band once learned
+
+
+def test_the_sample_window_keeps_the_newest_rows_in_order_across_wraparound() -> None:
+    from predictor.learner import _Window
+
+    window = _Window(capacity=100)
+    width = window.x.shape[1]
+    for start, n in ((0, 30), (30, 90), (120, 250)):  # fill, wrap around, then overflow in one batch
+        rows = np.arange(start, start + n, dtype=float)
+        window.extend(np.repeat(rows[:, None], width, axis=1), rows, [f"c{int(r)}" for r in rows],
+                      [f"e{int(r)}" for r in rows])
+    x, z, classes, endpoints = window.chronological()
+    assert window.count == 100
+    np.testing.assert_array_equal(z, np.arange(270, 370, dtype=float))
+    np.testing.assert_array_equal(x[:, 0], z)
+    assert classes[0] == "c270" and endpoints[-1] == "e369"
