@@ -273,8 +273,8 @@ def observation_from_llmd(entry: Mapping[str, Any]) -> Observation:
         if entry.get(name) is None:
             raise FeatureError(name, "is required")
     timestamp = entry.get("timestamp")
-    if isinstance(timestamp, str):
-        timestamp = _parse_timestamp(timestamp)
+    if timestamp is not None:
+        timestamp = parse_timestamp(timestamp)
     return Observation(
         row=row,
         actual_ttft_ms=entry["actual_ttft_ms"],
@@ -298,12 +298,16 @@ def observation_to_llmd(obs: Observation) -> dict[str, Any]:
     return out
 
 
-def _parse_timestamp(text: str) -> float:
-    """RFC 3339 (an offset-less time is taken as UTC, never the host's zone) or epoch seconds as a string."""
+def parse_timestamp(value: Any) -> float:
+    """Seconds since the epoch: a number, RFC 3339 (an offset-less time is taken as UTC, never the host's zone)
+    or epoch seconds as a string."""
     from datetime import UTC, datetime
 
+    if not isinstance(value, str):
+        return check_real("timestamp", value, -math.inf)
+    text = value
     try:
-        return float(text)
+        return check_real("timestamp", float(text), -math.inf)
     except ValueError:
         pass
     try:

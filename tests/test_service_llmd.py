@@ -186,6 +186,10 @@ def test_add_training_data_bulk_rejects_the_whole_batch_on_a_bad_entry(client: T
     assert client.app.state.runtime.store.stats()["appended"] == 0  # type: ignore[attr-defined]
     ok = client.post("/add_training_data_bulk", json={"entries": [training_entry(0, timestamp="2026-01-01T00:00:00Z")]})
     assert ok.status_code == 202
+    # The same timestamp forms features/ accepts: epoch seconds as a number or a string, offset-less RFC 3339.
+    for stamp in (1767225600, "1767225600.5", "2026-01-01T00:00:00"):
+        ok = client.post("/add_training_data_bulk", json={"entries": [training_entry(0, timestamp=stamp)]})
+        assert ok.status_code == 202, (stamp, ok.json())
 
 
 def test_status_health_and_readiness(client: TestClient) -> None:

@@ -13,7 +13,6 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from features.catalog import get_accelerator, get_model
 from features.errors import FeatureError
 from features.roofline import decode_step_ms_array, prefill_ms_array
-from features.rows import LLMD_REQUIRED_FIELDS, ROLES, TIMESLICE_STATES, check_count, check_real
+from features.rows import LLMD_REQUIRED_FIELDS, ROLES, TIMESLICE_STATES, check_count, check_real, parse_timestamp
 from features.vectorize import COLUMNS, KV_MEMORY_SHARE
 
 _POD_TYPES = {"": 0, "both": 0, "prefill": 1, "decode": 2}
@@ -370,7 +369,7 @@ class RowParser:
                 predicted[j] = check_real(name, value)
         timestamp = entry.get("timestamp")
         if timestamp is not None:
-            check_timestamp(timestamp)
+            parse_timestamp(timestamp)
         return values[0], values[1]
 
     def _finish(self, raw: list[tuple[float, ...]], endpoint_ids: list[str], accelerators: list[str]) -> ParsedRows:
@@ -462,11 +461,3 @@ def _pod_type_index(row: Mapping[str, Any], native: bool) -> int:
     return index
 
 
-def check_timestamp(value: Any) -> float:
-    """Seconds since the epoch, or an RFC 3339 string."""
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            raise FeatureError("timestamp", f"must be RFC 3339 or seconds since the epoch, got {value!r}") from None
-    return check_real("timestamp", value, -math.inf)
