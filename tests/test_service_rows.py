@@ -10,8 +10,8 @@ import pytest
 
 from features.catalog import ACCELERATORS, MODELS
 from features.errors import FeatureError
-from features.vectorize import Vectorizer
-from predictor.service.rows import RowParser
+from features.vectorize import COLUMNS, Vectorizer
+from predictor.service.rows import RowParser, _dict_columns
 
 
 def random_row(rng: random.Random, extras: bool) -> dict[str, Any]:
@@ -141,3 +141,183 @@ def test_grpc_messages_give_the_same_matrix_as_json_rows() -> None:
     with pytest.raises(FeatureError) as err:
         parser.parse_messages(bad, row_to_dict)
     assert err.value.field == "rows[1].kv_cache_percentage"
+
+
+# --- The column-wise path (whole batches of plain llm-d rows) against the row-by-row one --------------------
+
+
+def plain_rows(n: int, seed: int = 21) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [random_row(rng, extras=False) for _ in range(n)]
+
+
+def row_by_row(parser: RowParser, rows: list[Any], native: bool = False) -> np.ndarray:
+    return parser._parse_rows(rows, "requests", native).X
+
+
+def takes_column_path(parser: RowParser, rows: list[Any]) -> bool:
+    columns = _dict_columns(rows)
+    return columns is not None and parser._parse_columns(columns) is not None
+
+
+def error_of(call: Any) -> tuple[str, str]:
+    with pytest.raises(FeatureError) as err:
+        call()
+    return err.value.field, err.value.problem
+
+
+def test_column_path_is_bitwise_the_row_path() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = plain_rows(300)
+    # Some rows leave optional fields out, and one carries a key nobody knows: still column-wise.
+    for row in rows[::7]:
+        del row["encoder_input_size"], row["pod_type"]
+    rows[5]["something_new"] = [1, 2]
+    rows[6]["pod_type"] = None
+    assert takes_column_path(parser, rows)
+    got = parser.parse(rows).X
+    assert got.flags.c_contiguous
+    assert np.array_equal(got.view(np.int64), row_by_row(parser, rows).view(np.int64))
+    np.testing.assert_allclose(got, Vectorizer("h100-sxm", "llama-3.1-8b").transform_llmd(rows), rtol=1e-12, atol=0)
+
+
+def test_mixed_batches_go_row_by_row_and_agree() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rng = random.Random(22)
+    rows = [random_row(rng, extras=i % 10 == 3) for i in range(200)]
+    assert not takes_column_path(parser, rows)
+    parsed = parser.parse(rows)
+    np.testing.assert_allclose(parsed.X, Vectorizer("h100-sxm", "llama-3.1-8b").transform_llmd(rows), rtol=1e-12)
+    # The plain rows of a mixed batch get the same values as in a plain batch.
+    plain = [i for i in range(200) if i % 10 != 3]
+    alone = parser.parse([rows[i] for i in plain]).X
+    assert np.array_equal(parsed.X[plain], alone)
+
+
+def test_a_huge_batch_parses_column_wise() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = plain_rows(10_000, seed=23)
+    assert takes_column_path(parser, rows)
+    got = parser.parse(rows)
+    assert got.X.shape == (10_000, len(COLUMNS)) and got.endpoint_ids is None
+    assert got.accelerators == ["h100-sxm"] * 10_000
+    assert np.array_equal(got.X, row_by_row(parser, rows))
+    rows[9_999]["kv_cache_percentage"] = 2.0
+    assert error_of(lambda: parser.parse(rows))[0] == "requests[9999].kv_cache_percentage"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("num_request_waiting", True, "must be an integer ≥ 0, got True"),
+        ("input_token_length", False, "must be an integer ≥ 0, got False"),
+        ("kv_cache_percentage", True, "must be a number, got True"),
+        ("prefix_cache_score", False, "must be a number, got False"),
+        ("num_request_running", 1.5, "must be an integer ≥ 0, got 1.5"),
+        ("encoder_matched_size", -1, "must be ≥ 0, got -1"),
+        ("decode_tokens_in_flight", "12", "must be an integer ≥ 0, got '12'"),
+        ("input_token_length", None, "is required"),
+        ("prefill_tokens_in_flight", None, "is required"),  # optional, but null is not "left out"
+        ("kv_cache_percentage", 1.5, "must be between 0 and 1, got 1.5"),
+        ("kv_cache_percentage", float("nan"), "must be finite, got nan"),
+        ("prefix_cache_score", -0.25, "must be between 0 and 1, got -0.25"),
+        ("pod_type", "gpu", "must be '', 'prefill' or 'decode', got 'gpu'"),
+        ("pod_type", 1, "must be '', 'prefill' or 'decode', got 1"),
+        ("num_tokens_generated", 2**53 + 1, "must be ≤ 2**53, got a 16-digit number"),
+        ("num_tokens_generated", 10**400, "must be ≤ 2**53, got a 401-digit number"),
+    ],
+)
+def test_a_bad_value_in_a_plain_batch_is_named_with_its_index(field: str, value: Any, problem: str) -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = plain_rows(100)
+    rows[57][field] = value
+    assert error_of(lambda: parser.parse(rows)) == (f"requests[57].{field}", problem)
+    entries = [dict(r, actual_ttft_ms=1, actual_tpot_ms=0) for r in rows]
+    assert error_of(lambda: parser.parse_observations(entries))[0] == f"entries[57].{field}"
+
+
+def test_a_missing_required_field_is_named_with_its_index() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = plain_rows(100)
+    del rows[41]["num_request_running"]
+    assert error_of(lambda: parser.parse(rows)) == ("requests[41].num_request_running", "is required")
+    mixed: list[Any] = plain_rows(100)
+    mixed[3] = [1, 2, 3]
+    assert error_of(lambda: parser.parse(mixed)) == ("requests[3].row", "must be a JSON object, got list")
+
+
+def test_values_the_row_checks_accept_give_the_same_matrix() -> None:
+    """Integral floats in counts, numpy scalars, 2**53: not column-wise, but accepted exactly as before."""
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    for field, value in [
+        ("input_token_length", 512.0),
+        ("num_request_waiting", np.int64(3)),
+        ("kv_cache_percentage", np.float64(0.5)),
+        ("input_token_length", 2**53),
+        ("kv_cache_percentage", -0.0),
+    ]:
+        rows = plain_rows(20)
+        rows[9][field] = value
+        got = parser.parse(rows).X
+        assert np.array_equal(got, row_by_row(parser, rows)), field
+        expected = Vectorizer("h100-sxm", "llama-3.1-8b").transform_llmd(rows)
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+
+
+def test_plain_grpc_messages_parse_column_wise() -> None:
+    from predictor.client import row_message
+    from predictor.grpc.server import row_to_dict
+    from predictor.service.rows import _message_columns
+
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = plain_rows(100, seed=24)
+    messages = [row_message(r) for r in rows]
+    assert _message_columns(messages) is not None
+    got = parser.parse_messages(messages, row_to_dict)
+    assert np.array_equal(got.X, parser.parse(rows).X)
+    messages[30].tensor_parallel = 2  # an extra: the batch goes row by row
+    assert _message_columns(messages) is None
+    assert parser.parse_messages(messages, row_to_dict).X[30, COLUMNS.index("tensor_parallel")] == 2.0
+    messages[30].tensor_parallel = 0
+    messages[77].input_token_length = 2**53 + 1  # uint64 allows it; the JSON rows' limit holds here too
+    expected = ("rows[77].input_token_length", "must be ≤ 2**53, got a 16-digit number")
+    assert error_of(lambda: parser.parse_messages(messages, row_to_dict)) == expected
+
+
+def test_observation_columns_equal_the_entry_checks() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rng = random.Random(25)
+    entries = [
+        dict(r, actual_ttft_ms=rng.choice([0, 12.5, 300]), actual_tpot_ms=rng.choice([0, 7]), timestamp=1.7e9 + i)
+        for i, r in enumerate(plain_rows(600, seed=25))
+    ]
+    entries[10]["predicted_ttft_ms"] = 11.0
+    entries[11]["timestamp"] = "2026-05-01T10:00:00Z"
+    parsed = parser.parse_observations(entries)
+    predicted = np.full((600, 4), np.nan)
+    checked = np.array(parser._entry_actuals(entries, predicted, "entries"))
+    assert np.array_equal(parsed.actual_ttft_ms, checked[:, 0])
+    assert np.array_equal(parsed.actual_tpot_ms, checked[:, 1])
+    assert np.array_equal(parsed.predicted_ttft_ms, predicted[:, 0], equal_nan=True)
+    assert parsed.predicted_ttft_ms[10] == 11.0 and np.isnan(parsed.predicted_tpot_ms).all()
+    assert np.array_equal(parsed.rows.X, parser.parse(entries, native=True).X)
+    for field, value, problem in [
+        ("actual_tpot_ms", True, "must be a number, got True"),
+        ("actual_ttft_ms", float("nan"), "must be finite, got nan"),
+        ("predicted_tpot_ms", -1.0, "must be ≥ 0, got -1"),
+        ("timestamp", "yesterday", "must be RFC 3339 or seconds since the epoch, got 'yesterday'"),
+    ]:
+        bad = [dict(e) for e in entries]
+        bad[444][field] = value
+        assert error_of(lambda b=bad: parser.parse_observations(b)) == (f"entries[444].{field}", problem)
+
+
+def test_hardware_groups_added_from_many_threads_agree() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = [dict(r, accelerator=a) for r in plain_rows(50, seed=26) for a in sorted(ACCELERATORS)[:4]]
+    expected = RowParser("h100-sxm", "llama-3.1-8b").parse(rows).X
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: parser.parse(rows).X, range(16)))
+    assert all(np.array_equal(x, expected) for x in results)

@@ -1,18 +1,26 @@
 """Validation and vectorization of JSON rows on the hot path, column-wise.
 
 `features.vectorize.Vectorizer` builds one frozen dataclass per row, which costs ~40 µs a row: 4 ms for the
-router's 100 candidates, more than the whole latency budget of a bulk call. This module checks the same rules
-with tight per-field code (still naming `requests[i].field` on a bad value), then computes the hardware and
-roofline columns for all rows at once with numpy, one hardware group at a time. `tests/test_service_rows.py`
-checks that the matrix equals the Vectorizer's on random rows, so the two cannot drift apart unnoticed.
+router's 100 candidates, more than the whole latency budget of a bulk call. This module checks the same rules a
+batch at a time. Plain llm-d rows (dicts without Leadtime's extras, or plain gRPC Row messages) are read with one
+C-level getter per row, converted by `struct` (whose formats also refuse floats, negatives and non-numbers in
+the counts), type-checked once for bools and range-checked with numpy reductions. If any check fails, the batch
+is parsed again row by row, so a bad value is still named `requests[i].field` with exactly the message the
+per-row checks give. The hardware and roofline columns are then computed for all rows at once, one hardware
+group at a time. `tests/test_service_rows.py` checks that the matrix equals the Vectorizer's on random rows, and
+that the column-wise and row-by-row paths agree bit for bit, so none of them can drift apart unnoticed.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import operator
+import struct
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -20,10 +28,71 @@ import numpy as np
 from features.catalog import get_accelerator, get_model
 from features.errors import FeatureError
 from features.roofline import decode_step_ms_array, prefill_ms_array
-from features.rows import LLMD_REQUIRED_FIELDS, ROLES, TIMESLICE_STATES, check_count, check_real, parse_timestamp
+from features.rows import (
+    LLMD_REQUIRED_FIELDS,
+    MAX_COUNT,
+    ROLES,
+    TIMESLICE_STATES,
+    check_count,
+    check_real,
+    parse_timestamp,
+)
 from features.vectorize import COLUMNS, KV_MEMORY_SHARE
 
 _POD_TYPES = {"": 0, "both": 0, "prefill": 1, "decode": 2}
+
+# The fields of a plain llm-d row. Its numbers are packed as these counts then these fractions, one struct
+# record per row; `_finish` maps them to `COLUMNS`.
+_COUNT_FIELDS = (
+    "input_token_length",
+    "num_tokens_generated",
+    "num_request_waiting",
+    "num_request_running",
+    "prefill_tokens_in_flight",
+    "decode_tokens_in_flight",
+    "encoder_input_size",
+    "encoder_matched_size",
+)
+_FRACTION_FIELDS = ("kv_cache_percentage", "prefix_cache_score")
+_NUMBER_FIELDS = _COUNT_FIELDS + _FRACTION_FIELDS
+_OPTIONAL_DEFAULTS = {
+    "prefill_tokens_in_flight": 0,
+    "decode_tokens_in_flight": 0,
+    "encoder_input_size": 0,
+    "encoder_matched_size": 0,
+    "pod_type": "",
+}
+_PLAIN_WIDTH = len(_NUMBER_FIELDS) + 1  # + pod_type
+_GET_NUMBERS = operator.itemgetter(*_NUMBER_FIELDS)
+_GET_POD = operator.itemgetter("pod_type")
+_ATTR_NUMBERS = operator.attrgetter(*_NUMBER_FIELDS)
+_ATTR_POD = operator.attrgetter("pod_type")
+_ATTR_MESSAGE_EXTRAS = operator.attrgetter(
+    "endpoint_id", "accelerator", "model", "timeslice_wait_ms", "tensor_parallel", "timeslice_state"
+)
+_HAS_PREFIX_HITS = operator.methodcaller("HasField", "prefix_hit_tokens")
+_GET_ACTUALS = operator.itemgetter("actual_ttft_ms", "actual_tpot_ms")
+_ACTUALS_RECORD = struct.Struct("<2d")
+# One row's numbers as bytes. `struct` converts a whole batch in C at a fraction of np.fromiter's cost, and its
+# "Q" refuses what a count must not be (floats, negatives, strings, None, anything ≥ 2**64) while "d" refuses
+# non-numbers in the fractions. It lets bools through (bool is an int): the one type check left is for those.
+_RECORD = struct.Struct(f"<{len(_COUNT_FIELDS)}Q{len(_FRACTION_FIELDS)}d")
+_RECORD_DTYPE = np.dtype([("counts", "<u8", (len(_COUNT_FIELDS),)), ("fractions", "<f8", (len(_FRACTION_FIELDS),))])
+_NUMBER_TYPES = frozenset((int, float))
+_POD_VALUE_TYPES = frozenset((str, type(None)))
+_POD_CODES: dict[str | None, float] = {None: 0.0, "": 0.0, "both": 0.0, "prefill": 1.0, "decode": 2.0}
+_POD_VALUES = frozenset(_POD_CODES)
+_BOTH_ONLY = frozenset((None, "", "both"))
+_PLAIN_TIMESLICE = frozenset(("", "none"))
+_ROLE_CODES = np.array([[1.0], [2.0]])  # pod code of role_prefill, role_decode
+
+# Where things go in the COLUMNS matrix.
+_COUNT_COLUMNS = np.array([0, 3, 4, 5, 7, 8, 21, 22])  # `_COUNT_FIELDS`, in order
+_FIGURE_COLUMNS = np.array([11, 12, 13, 14, 18])  # tflops, tb_s, tensor parallel, kv bytes/token, weights ms
+_TABLE_FIGURE_COLUMNS = np.array([0, 1, 8, 2, 9])  # the same figures in `_group_figures` order
+
+# Raw layout of the row-by-row path: the counts, the fractions, then these.
+_POD, _RESIDENT, _WAIT, _GROUP = 10, 11, 12, 13
 
 
 @dataclass
@@ -63,11 +132,22 @@ class _Group:
     attn_width: float
     weight_bytes: float
     kv_capacity_tokens: float
+    tensor_parallel: float
+    weights_ms: float  # roofline_weights_ms: the same for every row of the group, so computed once
+
+
+@dataclass
+class _Columns:
+    """A plain batch read with one getter per row, before its types and ranges are checked."""
+
+    numbers: list[tuple[Any, ...]]  # per row, in `_NUMBER_FIELDS` order
+    pods: Sequence[Any]
+    typed: bool  # protobuf already guarantees the types (unsigned ints, doubles, strings)
 
 
 def _count(row: Mapping[str, Any], name: str, default: int | None = None) -> int:
     value = row.get(name, default)
-    if type(value) is int and value >= 0:
+    if type(value) is int and 0 <= value <= MAX_COUNT:
         return value
     if value is None:
         raise FeatureError(name, "is required")
@@ -92,6 +172,115 @@ def _text(row: Mapping[str, Any], name: str) -> str:
     return value
 
 
+def _all_dicts(rows: Sequence[Any]) -> bool:
+    return len(rows) > 0 and set(map(type, rows)) == {dict}
+
+
+def _dict_columns(rows: Sequence[Any], keys_checked: bool = False) -> _Columns | None:
+    """The plain llm-d fields of every row as columns; None when some row is not a dict or carries extras.
+
+    `keys_checked`: the caller has already seen that every row is a dict without `_EXTRAS` keys. Otherwise
+    rows holding exactly the eleven llm-d keys (what llm-d sends) need no look at their keys at all: all eleven
+    found and nothing else. Missing optional fields, or unknown keys, cost one union of all keys.
+    """
+    exact = False
+    if not keys_checked:
+        if not _all_dicts(rows) or not _EXTRAS.isdisjoint(rows[0]):  # a Leadtime batch usually shows at once
+            return None
+        exact = set(map(len, rows)) == {_PLAIN_WIDTH}
+    try:
+        columns = _Columns(list(map(_GET_NUMBERS, rows)), list(map(_GET_POD, rows)), typed=False)
+    except KeyError:  # some row leaves out an optional field
+        columns, exact = None, False
+    if not (keys_checked or exact) and not _EXTRAS.isdisjoint(set().union(*rows)):
+        return None
+    if columns is not None:
+        return columns
+
+    def column(name: str) -> list[Any]:
+        return list(map(dict.get, rows, repeat(name), repeat(_OPTIONAL_DEFAULTS.get(name))))
+
+    return _Columns(list(zip(*map(column, _NUMBER_FIELDS), strict=True)), column("pod_type"), typed=False)
+
+
+def _message_columns(messages: Sequence[Any]) -> _Columns | None:
+    """The fields of plain gRPC Row messages as columns; None when some message sets a Leadtime extra."""
+    if not messages:
+        return None
+    endpoint, accelerator, model, wait, tp, timeslice = zip(*map(_ATTR_MESSAGE_EXTRAS, messages), strict=True)
+    if (
+        any(endpoint)
+        or any(accelerator)
+        or any(model)
+        or any(wait)  # 0.0 and -0.0 are the plain "no wait"; NaN is truthy and goes row by row
+        or max(tp) > 1
+        or not _PLAIN_TIMESLICE.issuperset(timeslice)
+        or any(map(_HAS_PREFIX_HITS, messages))
+    ):
+        return None
+    return _Columns(list(map(_ATTR_NUMBERS, messages)), list(map(_ATTR_POD, messages)), typed=True)
+
+
+def _pod_codes(pods: Sequence[Any], typed: bool) -> np.ndarray | float | None:
+    """Role code per row (0.0 for every row when all are "both"); None when some pod_type is not plain."""
+    if not (typed or _POD_VALUE_TYPES.issuperset(map(type, pods))):
+        return None
+    kinds = set(pods)
+    if kinds <= _BOTH_ONLY:
+        return 0.0
+    if not kinds <= _POD_VALUES:
+        return None
+    return np.fromiter(map(_POD_CODES.__getitem__, pods), dtype=np.float64, count=len(pods))
+
+
+def _column_actuals(
+    entries: Sequence[Any], keys: set[str], predicted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """actual_ttft_ms and actual_tpot_ms as columns, with what was predicted and the timestamps checked too.
+
+    Fills `predicted` (n, 4) from the predicted_* columns. None when any value needs the per-entry checks,
+    which then name the first bad one.
+    """
+    n = len(entries)
+    try:
+        pairs = list(map(_GET_ACTUALS, entries))
+    except KeyError:
+        return None
+    if not _NUMBER_TYPES.issuperset(map(type, chain.from_iterable(pairs))):
+        return None
+    try:
+        records = b"".join(itertools.starmap(_ACTUALS_RECORD.pack, pairs))
+        actual = np.frombuffer(records, dtype="<f8").reshape(n, 2)
+    except struct.error:  # an integer beyond float64
+        return None
+    if not (actual.min() >= 0.0 and actual.max() < math.inf):  # NaN fails both comparisons
+        return None
+    given: dict[int, np.ndarray] = {}
+    for j, name in enumerate(_PREDICTED):
+        if name in keys:
+            column = list(map(dict.get, entries, repeat(name)))
+            values = [v for v in column if v is not None]
+            if not _NUMBER_TYPES.issuperset(map(type, values)):
+                return None
+            try:
+                checked = np.array(values, dtype=np.float64)
+                given[j] = np.array(column, dtype=np.float64)  # None → NaN, "not sent"
+            except OverflowError:
+                return None
+            if not (checked.min(initial=0.0) >= 0.0 and checked.max(initial=0.0) < math.inf):
+                return None
+    if "timestamp" in keys:
+        try:
+            for stamp in map(dict.get, entries, repeat("timestamp")):
+                if stamp is not None:
+                    parse_timestamp(stamp)
+        except (FeatureError, ArithmeticError, ValueError, TypeError):
+            return None
+    for j, values_or_nan in given.items():
+        predicted[:, j] = values_or_nan
+    return actual[:, 0], actual[:, 1]
+
+
 class RowParser:
     """Parses llm-d rows (and Leadtime's native rows) into the `COLUMNS` matrix.
 
@@ -104,46 +293,48 @@ class RowParser:
     def __init__(self, default_accelerator: str, default_model: str) -> None:
         self.default_accelerator = get_accelerator(default_accelerator).slug
         self.default_model = get_model(default_model).slug
-        self._groups: dict[tuple[str, str, int], tuple[int, _Group]] = {}
+        self._groups: dict[tuple[str, str, int], int] = {}
         self._group_list: list[_Group] = []
-        self._table = np.empty((0, 8))
+        self._table = np.empty((0, 10))
+        self._templates: list[np.ndarray] = []  # per group: a (COLUMNS, 1) column of its constant columns
+        self._lock = threading.Lock()
         self._default_group = self._group("", "", 1)
 
     def _group(self, accelerator: str, model: str, tensor_parallel: int) -> int:
         key = (accelerator or self.default_accelerator, model or self.default_model, tensor_parallel)
         found = self._groups.get(key)
         if found is not None:
-            return found[0]
+            return found
+        with self._lock:  # request threads share the parser: a group is published only once complete
+            found = self._groups.get(key)
+            return found if found is not None else self._add_group(key)
+
+    def _add_group(self, key: tuple[str, str, int]) -> int:
         acc, mod = get_accelerator(key[0]), get_model(key[1])
+        tensor_parallel = key[2]
         free_bytes = max(acc.memory_gb * 1e9 * tensor_parallel - mod.weight_bytes, 1e9)
+        tflops, tb_s, tp = float(acc.effective_tflops), float(acc.effective_tb_s), float(tensor_parallel)
+        params_b, weight_bytes, kvb = float(mod.params_b), float(mod.weight_bytes), float(mod.kv_bytes_per_token)
         group = _Group(
-            tflops=acc.effective_tflops,
-            tb_s=acc.effective_tb_s,
-            kv_bytes_per_token=float(mod.kv_bytes_per_token),
-            params_b=mod.params_b,
+            tflops=tflops,
+            tb_s=tb_s,
+            kv_bytes_per_token=kvb,
+            params_b=params_b,
             layers=float(mod.layers),
             attn_width=float(mod.num_heads * mod.head_dim),
-            weight_bytes=mod.weight_bytes,
-            kv_capacity_tokens=free_bytes * KV_MEMORY_SHARE / mod.kv_bytes_per_token,
+            weight_bytes=weight_bytes,
+            kv_capacity_tokens=float(free_bytes * KV_MEMORY_SHARE / mod.kv_bytes_per_token),
+            tensor_parallel=tp,
+            weights_ms=float(decode_step_ms_array(params_b, weight_bytes, kvb, tflops, tb_s, 1.0, 0.0, tp)),
         )
         index = len(self._group_list)
+        template = np.zeros((len(COLUMNS), 1))
+        template[_FIGURE_COLUMNS, 0] = np.array(_group_figures(group))[_TABLE_FIGURE_COLUMNS]
+        template[19] = 1.0  # timeslice_resident; role_prefill, role_decode and timeslice_wait_ms stay 0
         self._group_list.append(group)
-        self._groups[key] = (index, group)
-        self._table = np.array(
-            [
-                (
-                    g.tflops,
-                    g.tb_s,
-                    g.kv_bytes_per_token,
-                    g.params_b,
-                    g.layers,
-                    g.attn_width,
-                    g.weight_bytes,
-                    g.kv_capacity_tokens,
-                )
-                for g in self._group_list
-            ]
-        )
+        self._templates.append(template)
+        self._table = np.array([_group_figures(g) for g in self._group_list])
+        self._groups[key] = index
         return index
 
     def _fast_row(self, row: Any) -> tuple[float, ...] | None:
@@ -163,46 +354,32 @@ class RowParser:
         enc_in = g("encoder_input_size", 0)
         pod_type = g("pod_type", "")
         pod = _POD_TYPES.get(pod_type) if type(pod_type) is str else None
+        top = MAX_COUNT
         if (
             (type(kv) is float or type(kv) is int)
             and 0 <= kv <= 1
             and (type(score) is float or type(score) is int)
             and 0 <= score <= 1
             and type(n_in) is int
-            and n_in >= 0
+            and 0 <= n_in <= top
             and type(waiting) is int
-            and waiting >= 0
+            and 0 <= waiting <= top
             and type(running) is int
-            and running >= 0
+            and 0 <= running <= top
             and type(generated) is int
-            and generated >= 0
+            and 0 <= generated <= top
             and type(prefill) is int
-            and prefill >= 0
+            and 0 <= prefill <= top
             and type(decode) is int
-            and decode >= 0
+            and 0 <= decode <= top
             and type(matched) is int
-            and matched >= 0
+            and 0 <= matched <= top
             and type(enc_in) is int
-            and enc_in >= 0
+            and 0 <= enc_in <= top
             and pod is not None
         ):
-            return (
-                n_in,
-                score,
-                generated,
-                waiting,
-                running,
-                kv,
-                prefill,
-                decode,
-                pod,
-                1,
-                1.0,
-                0.0,
-                enc_in,
-                matched,
-                self._default_group,
-            )
+            return (n_in, generated, waiting, running, prefill, decode, enc_in, matched, kv, score, pod, 1.0, 0.0,
+                    self._default_group)  # fmt: skip
         return None
 
     def _raw_row(self, row: Any, native: bool) -> tuple[tuple[float, ...], str, str]:
@@ -244,26 +421,34 @@ class RowParser:
             wait = check_real("timeslice_wait_ms", wait)
         group = self._group(accelerator, model, tp)
         values = (
-            float(input_tokens),
-            score,
-            float(generated),
-            float(waiting),
-            float(running),
+            input_tokens,
+            generated,
+            waiting,
+            running,
+            prefill_in_flight,
+            decode_in_flight,
+            encoder_input,
+            encoder_matched,
             kv,
-            float(prefill_in_flight),
-            float(decode_in_flight),
-            float(role),
-            float(tp),
+            score,
+            role,
             0.0 if timeslice in ("switching", "parked") else 1.0,
-            float(wait),
-            float(encoder_input),
-            float(encoder_matched),
-            float(group),
+            wait,
+            group,
         )
         return values, endpoint_id, accelerator or self.default_accelerator
 
     def parse(self, rows: Sequence[Any], where: str = "requests", native: bool = False) -> ParsedRows:
         """Validate and vectorize; a bad row raises FeatureError with field `where[i].name`."""
+        columns = _dict_columns(rows)
+        if columns is not None:
+            parsed = self._parse_columns(columns)
+            if parsed is not None:
+                return parsed
+        return self._parse_rows(rows, where, native)
+
+    def _parse_rows(self, rows: Sequence[Any], where: str, native: bool) -> ParsedRows:
+        """Row by row: for batches with Leadtime's extras, and to name the first bad value of any batch."""
         raw: list[tuple[float, ...]] = []
         endpoint_ids: list[str] = []
         accelerators: list[str] = []
@@ -283,34 +468,56 @@ class RowParser:
             raw.append(values)
             endpoint_ids.append(endpoint_id)
             accelerators.append(accelerator)
-        return self._finish(raw, endpoint_ids, accelerators)
+        return self._finish_raw(raw, endpoint_ids, accelerators)
+
+    def _parse_columns(self, columns: _Columns) -> ParsedRows | None:
+        """A plain batch checked and converted a column at a time; None when any value needs the row checks."""
+        numbers = columns.numbers
+        if not (columns.typed or _NUMBER_TYPES.issuperset(map(type, chain.from_iterable(numbers)))):
+            return None  # a bool, or something struct would convert (numpy scalars, Decimal): row by row
+        pods = _pod_codes(columns.pods, columns.typed)
+        if pods is None:
+            return None
+        try:
+            records = np.frombuffer(b"".join(itertools.starmap(_RECORD.pack, numbers)), dtype=_RECORD_DTYPE)
+        except (struct.error, OverflowError):
+            return None
+        counts, fractions = records["counts"], records["fractions"]
+        # Exact on the integers; NaN fails both fraction comparisons.
+        if not (counts.max() <= MAX_COUNT and fractions.min() >= 0.0 and fractions.max() <= 1.0):
+            return None
+        accelerators = [self.default_accelerator] * len(numbers)
+        return self._finish(counts, fractions, pods, None, self._default_group, None, accelerators)
 
     def parse_messages(self, messages: Sequence[Any], to_dict: Any, where: str = "rows") -> ParsedRows:
         """gRPC `leadtime.v1.Row` messages: plain ones straight to values, the rest through `to_dict(message)`.
 
         Protobuf already guarantees the integer fields are non-negative integers, so a plain row only needs its
-        two fractions checked.
+        two fractions checked (and its counts held to 2**53, as JSON rows are).
         """
+        columns = _message_columns(messages)
+        if columns is not None:
+            parsed = self._parse_columns(columns)
+            if parsed is not None:
+                return parsed
         raw: list[tuple[float, ...]] = []
         endpoint_ids: list[str] = []
         accelerators: list[str] = []
         group = self._default_group
         for i, m in enumerate(messages):
             kv, score, pod = m.kv_cache_percentage, m.prefix_cache_score, _POD_TYPES.get(m.pod_type)
+            counts = _ATTR_NUMBERS(m)[: len(_COUNT_FIELDS)]
             if (
                 0.0 <= kv <= 1.0
                 and 0.0 <= score <= 1.0
                 and pod is not None
+                and max(counts) <= MAX_COUNT
                 and not (m.endpoint_id or m.accelerator or m.model or m.timeslice_wait_ms)
                 and m.tensor_parallel <= 1
                 and m.timeslice_state in ("", "none")
                 and not m.HasField("prefix_hit_tokens")
             ):
-                raw.append(
-                    (m.input_token_length, score, m.num_tokens_generated, m.num_request_waiting,
-                     m.num_request_running, kv, m.prefill_tokens_in_flight, m.decode_tokens_in_flight, pod, 1,
-                     1.0, 0.0, m.encoder_input_size, m.encoder_matched_size, group)
-                )  # fmt: skip
+                raw.append((*counts, kv, score, pod, 1.0, 0.0, group))
                 endpoint_ids.append("")
                 accelerators.append(self.default_accelerator)
                 continue
@@ -321,17 +528,37 @@ class RowParser:
             raw.append(values)
             endpoint_ids.append(endpoint_id)
             accelerators.append(accelerator)
-        return self._finish(raw, endpoint_ids, accelerators)
+        return self._finish_raw(raw, endpoint_ids, accelerators)
 
     def parse_one(self, row: Any, native: bool = False) -> ParsedRows:
         values, endpoint_id, accelerator = self._raw_row(row, native)
-        return self._finish([values], [endpoint_id], [accelerator])
+        return self._finish_raw([values], [endpoint_id], [accelerator])
 
     def parse_observations(self, entries: Sequence[Any], where: str = "entries") -> ParsedObservations:
-        """Training entries: a row plus `actual_ttft_ms`, `actual_tpot_ms` (0 = not observed)."""
+        """Training entries: a row plus `actual_ttft_ms`, `actual_tpot_ms` (0 = not observed).
+
+        Batches are 512–1000 entries, so the keys of all entries are looked at once (one union) to pick the
+        column-wise paths for the actuals and for the rows; either falls back to the per-entry checks.
+        """
         n = len(entries)
-        actuals: list[tuple[float, float]] = []
         predicted = np.full((n, 4), np.nan)
+        keys = set().union(*entries) if _all_dicts(entries) else None
+        actuals = None if keys is None else _column_actuals(entries, keys, predicted)
+        checked = None if actuals is not None else self._entry_actuals(entries, predicted, where)
+        rows = None
+        if keys is not None and _EXTRAS.isdisjoint(keys):
+            columns = _dict_columns(entries, keys_checked=True)
+            rows = None if columns is None else self._parse_columns(columns)
+        if rows is None:
+            rows = self._parse_rows(entries, where, native=True)
+        if actuals is None:  # converted after the rows are checked, so a bad row is named first, as it was
+            both = np.array(checked, dtype=np.float64).reshape(n, 2)
+            actuals = both[:, 0], both[:, 1]
+        return ParsedObservations(rows, *actuals, *(predicted[:, j] for j in range(4)))
+
+    def _entry_actuals(self, entries: Sequence[Any], predicted: np.ndarray, where: str) -> list[tuple[float, float]]:
+        """Actuals entry by entry (what the client predicted goes into `predicted`); names the first bad one."""
+        actuals: list[tuple[float, float]] = []
         for i, entry in enumerate(entries):
             if type(entry) is dict:
                 ttft, tpot = entry.get("actual_ttft_ms"), entry.get("actual_tpot_ms")
@@ -348,9 +575,7 @@ class RowParser:
                 actuals.append(self._checked_actuals(entry, predicted[i]))
             except FeatureError as err:
                 raise FeatureError(f"{where}[{i}].{err.field}", err.problem) from None
-        rows = self.parse(entries, where=where, native=True)
-        actual = np.array(actuals, dtype=np.float64).reshape(n, 2)
-        return ParsedObservations(rows, actual[:, 0], actual[:, 1], *(predicted[:, j] for j in range(4)))
+        return actuals
 
     @staticmethod
     def _checked_actuals(entry: Any, predicted: np.ndarray) -> tuple[float, float]:
@@ -372,49 +597,75 @@ class RowParser:
             parse_timestamp(timestamp)
         return values[0], values[1]
 
-    def _finish(self, raw: list[tuple[float, ...]], endpoint_ids: list[str], accelerators: list[str]) -> ParsedRows:
-        """Raw values → the COLUMNS matrix, with as few numpy calls as possible (each costs microseconds)."""
+    def _finish_raw(self, raw: list[tuple[float, ...]], endpoint_ids: list[str], accelerators: list[str]) -> ParsedRows:
+        """Raw tuples of the row-by-row path → the COLUMNS matrix."""
         n = len(raw)
-        x = np.empty((n, len(COLUMNS)))
         if n == 0:
-            return ParsedRows(x, None, [])
+            return ParsedRows(np.empty((0, len(COLUMNS))), None, [])
         width = len(raw[0])
         # fromiter over the flattened values is ~25% faster than np.array on a list of mixed int/float tuples.
         r = np.fromiter(itertools.chain.from_iterable(raw), dtype=np.float64, count=n * width).reshape(n, width)
-        x[:, _DIRECT_COLUMNS] = r[:, _DIRECT_RAW]
-        input_tokens = r[:, 0]
-        hits = np.round(r[:, 1] * input_tokens)
-        uncached = input_tokens - hits
-        x[:, 1] = hits
-        x[:, 2] = uncached
-        x[:, 9] = r[:, 8] == 1.0
-        x[:, 10] = r[:, 8] == 2.0
-        tp = r[:, 9]
-        groups = r[:, 14]
-        if groups.min() == groups.max():  # one hardware group (always, for llm-d rows): scalar constants
-            constants: Any = self._table[int(groups[0])]
-        else:
-            constants = self._table[groups.astype(np.intp)].T
-        tflops, tb_s, kvb, params_b, layers, attn_width, weight_bytes, capacity = constants
-        x[:, 11] = tflops
-        x[:, 12] = tb_s
-        x[:, 14] = kvb
-        # The request's own prefill and the prefill queued ahead of it, in one pass over a (2, n) stack.
-        new_tokens = np.stack((uncached, r[:, 6]))
-        cached_tokens = np.zeros_like(new_tokens)
-        cached_tokens[0] = hits
-        model_figures = (params_b, layers, attn_width, weight_bytes, tflops, tb_s)
-        prefill = prefill_ms_array(*model_figures, new_tokens, cached_tokens, tp)
-        x[:, 15:17] = prefill.T
-        x[:, 17] = decode_step_ms_array(params_b, weight_bytes, kvb, tflops, tb_s, r[:, 4] + 1, r[:, 5] * capacity, tp)
-        x[:, 18] = decode_step_ms_array(params_b, weight_bytes, kvb, tflops, tb_s, 1.0, 0.0, tp)
+        groups = r[:, _GROUP]
+        group: int | np.ndarray = int(groups[0]) if groups.min() == groups.max() else groups.astype(np.intp)
         ids = endpoint_ids if any(endpoint_ids) else None
-        return ParsedRows(x, ids, accelerators)
+        return self._finish(r[:, :8], r[:, 8:10], r[:, _POD], r[:, _RESIDENT : _WAIT + 1], group, ids, accelerators)
+
+    def _finish(
+        self,
+        counts: np.ndarray,
+        fractions: np.ndarray,
+        pods: np.ndarray | float,
+        timeslice: np.ndarray | None,
+        group: int | np.ndarray,
+        endpoint_ids: list[str] | None,
+        accelerators: list[str],
+    ) -> ParsedRows:
+        """Checked raw columns → the COLUMNS matrix, in as few numpy calls as possible (each costs ~1 µs).
+
+        counts: (n, 8) in `_COUNT_FIELDS` order; fractions: (n, 2) kv, score; pods: role code per row, or one
+        for all; timeslice: (n, 2) resident, wait, or None for resident without wait; group: the one hardware
+        group of every row (its figures are then scalars and one template row fills every constant column), or
+        the group per row.
+        """
+        n = len(counts)
+        # Built transposed, one contiguous row per column, since numpy's per-call cost is lower on contiguous
+        # vectors; copied into the usual row-major (n, COLUMNS) layout at the end.
+        xt = np.empty((len(COLUMNS), n))
+        figures: Any
+        if isinstance(group, int):
+            figures = _group_figures(self._group_list[group])
+            xt[:] = self._templates[group]
+        else:  # per-row figures as (n,) vectors, which broadcast like scalars against (k, n) blocks
+            per_row = self._table[group]
+            figures = per_row.T
+            xt[_FIGURE_COLUMNS] = per_row[:, _TABLE_FIGURE_COLUMNS].T
+        tflops, tb_s, kvb, params_b, layers, attn_width, weight_bytes, capacity, tp, _ = figures
+        xt[_COUNT_COLUMNS] = counts.T
+        xt[6] = fractions[:, 0]
+        if not isinstance(pods, float):  # else 0.0: every row is "both", as the template says
+            xt[9:11] = pods == _ROLE_CODES
+        if timeslice is not None:
+            xt[19:21] = timeslice.T
+        # The request's own prefill (its uncached tokens after its cached hits) and the prefill queued ahead of
+        # it (nothing cached) in one pass: new tokens in tokens[:2], cached ones in tokens[2:].
+        tokens = np.zeros((4, n))
+        # np.rint is np.round's own kernel for 0 decimals (half to even), without its Python wrapper.
+        hits = np.rint(np.multiply(fractions[:, 1], xt[0], out=tokens[2]), out=tokens[2])
+        np.subtract(xt[0], hits, out=tokens[0])
+        tokens[1] = xt[7]  # prefill_tokens_in_flight
+        xt[1:3] = tokens[2::-2]  # prefix_hit_tokens, uncached_tokens
+        model_figures = (params_b, layers, attn_width, weight_bytes, tflops, tb_s)
+        xt[15:17] = prefill_ms_array(*model_figures, tokens[:2], tokens[2:], tp)
+        batch = xt[5] + 1.0  # running + this one
+        xt[17] = decode_step_ms_array(params_b, weight_bytes, kvb, tflops, tb_s, batch, xt[6] * capacity, tp)
+        return ParsedRows(xt.T.copy(), endpoint_ids, accelerators)
 
 
-# Raw values copied unchanged into the matrix: raw index → column index.
-_DIRECT_RAW = [0, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13]
-_DIRECT_COLUMNS = [0, 3, 4, 5, 6, 7, 8, 13, 19, 20, 21, 22]
+def _group_figures(g: _Group) -> tuple[float, ...]:
+    """A group's figures in the order `_finish` unpacks them (and `RowParser._table` holds them)."""
+    return (g.tflops, g.tb_s, g.kv_bytes_per_token, g.params_b, g.layers, g.attn_width, g.weight_bytes,
+            g.kv_capacity_tokens, g.tensor_parallel, g.weights_ms)  # fmt: skip
+
 
 # Keys that only Leadtime's rows carry: their presence sends a row down the careful path.
 _EXTRAS = frozenset(
@@ -459,5 +710,3 @@ def _pod_type_index(row: Mapping[str, Any], native: bool) -> int:
     if index is None:
         raise FeatureError("pod_type", f"must be '', 'prefill' or 'decode', got {pod_type!r}")
     return index
-
-
