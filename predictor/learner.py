@@ -17,7 +17,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,7 +34,7 @@ from predictor.physics import (
     correction_features,
     prior_ms,
 )
-from predictor.trees import TREE_FEATURES, ResidualTrees, fit_booster
+from predictor.trees import TREE_FEATURES, CompiledTrees, ResidualTrees, compile_booster, fit_booster
 
 log = logging.getLogger("leadtime.predictor")
 
@@ -139,15 +139,22 @@ class _Window:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.x = np.zeros((capacity, len(COLUMNS)))
-        self.z = np.zeros(capacity)
-        self.classes: list[str] = [""] * capacity
-        self.endpoints: list[str] = [""] * capacity
+        # Allocated by the first append: a serving copy of a model that never learns (the service's, loaded
+        # from its learner process several times a second) must not pay for megabytes it never uses.
+        self.x = np.zeros((0, len(COLUMNS)))
+        self.z = np.zeros(0)
+        self.classes: list[str] = []
+        self.endpoints: list[str] = []
         self.count = 0
         self.total = 0
 
     def extend(self, x: np.ndarray, z: np.ndarray, hw: list[str], endpoints: list[str]) -> None:
         """Append a batch in order: one slice assignment instead of a row at a time."""
+        if len(self.z) < self.capacity:
+            self.x = np.zeros((self.capacity, len(COLUMNS)))
+            self.z = np.zeros(self.capacity)
+            self.classes = [""] * self.capacity
+            self.endpoints = [""] * self.capacity
         n = len(z)
         if n > self.capacity:  # only the newest rows would survive anyway
             keep = self.capacity
@@ -189,6 +196,7 @@ class _Candidate:
     upper: Any
     upper_shift: float
     residuals: np.ndarray  # the online model's residuals over the whole window
+    compiled: dict[str, CompiledTrees | None] = field(default_factory=dict)
 
 
 class _TargetModel:
@@ -211,6 +219,9 @@ class _TargetModel:
         self.upper_shift = 0.0
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_rows = 0
+        # The serialized trees this model was loaded from (None once it trains its own): a later load of the
+        # same text can reuse the parsed boosters instead of parsing them again.
+        self._loaded_trees: dict[str, Any] | None = None
 
     # --- prediction -------------------------------------------------------------------------------------
 
@@ -365,11 +376,14 @@ class _TargetModel:
         baseline_pinball = pinball(current_upper[half:], test_r[half:])
         candidate_pinball = pinball(upper_pred[half:] + shift, test_r[half:])
         candidate = _Candidate(mean=None, upper=None, upper_shift=shift, residuals=residual)
+        # Accepted trees are compiled here, in the background fit, not under the lock that swaps them in.
         if candidate_ape < 0.99 * baseline_ape:
             candidate.mean = mean_tree
+            candidate.compiled["mean"] = compile_booster(mean_tree)
             outcome["accepted_mean"] = True
         if candidate_pinball < 0.99 * baseline_pinball:
             candidate.upper = upper_tree
+            candidate.compiled["upper"] = compile_booster(upper_tree)
             outcome["accepted_upper"] = True
         outcome.update(
             heldout_ape_before=baseline_ape,
@@ -384,14 +398,20 @@ class _TargetModel:
         if candidate is None:
             return
         self.conformal.recalibrate(candidate.residuals)
-        trees = ResidualTrees(mean=self.trees.mean, upper=self.trees.upper)
+        old = self.trees
+        mean, upper = old.mean, old.upper
+        compiled = dict(old.compiled)
         if candidate.mean is not None:
-            trees.mean = candidate.mean
+            mean = candidate.mean
+            compiled["mean"] = candidate.compiled["mean"]
         if candidate.upper is not None:
-            trees.upper = candidate.upper
+            upper = candidate.upper
+            compiled["upper"] = candidate.compiled["upper"]
             self.upper_shift = candidate.upper_shift
             self.conformal.adaptive = 0.0
-        self.trees = trees
+        if mean is not old.mean or upper is not old.upper:
+            self.trees = ResidualTrees(mean=mean, upper=upper, compiled=compiled)
+            self._loaded_trees = None
 
     # --- persistence ------------------------------------------------------------------------------------------
 
@@ -408,14 +428,23 @@ class _TargetModel:
             "drifts": self.drifts,
         }
 
-    def load_dict(self, d: dict[str, Any]) -> None:
+    def load_dict(
+        self,
+        d: dict[str, Any],
+        reuse: _TargetModel | None = None,
+        compiled: dict[str, CompiledTrees | None] | None = None,
+    ) -> None:
         if d["feature_names"] != self.names:
             raise ArtifactError(f"{self.target}: correction features differ from this version's")
         self.rls = RecursiveLeastSquares.from_dict(d["rls"])
         self.classes = OffsetTable.from_dict(d["classes"])
         self.endpoints = OffsetTable.from_dict(d["endpoints"])
         self.conformal = ConformalQuantile.from_dict(d["conformal"])
-        self.trees = ResidualTrees.from_dict(d["trees"])
+        if reuse is not None and reuse._loaded_trees is not None and reuse._loaded_trees == d["trees"]:
+            self.trees = reuse.trees
+        else:
+            self.trees = ResidualTrees.from_dict(d["trees"], compiled)
+        self._loaded_trees = d["trees"]
         self.upper_shift = float(d["upper_shift"])
         self.observations = int(d["observations"])
         self.drifts = int(d["drifts"])
@@ -683,17 +712,34 @@ class OnlinePredictor:
             return encode(self._state())
 
     @classmethod
-    def from_bytes(cls, data: bytes, background: bool | None = None) -> OnlinePredictor:
+    def from_bytes(
+        cls, data: bytes, background: bool | None = None, reuse: OnlinePredictor | None = None
+    ) -> OnlinePredictor:
+        """Load an artifact. `reuse`: a predictor loaded earlier whose boosters are kept where the artifact's
+        trees are the same text (parsing LightGBM text is most of a load's cost)."""
         from predictor.artifact import decode
 
-        state = decode(data)
+        return cls.from_state(decode(data), background, reuse)
+
+    @classmethod
+    def from_state(
+        cls,
+        state: dict[str, Any],
+        background: bool | None = None,
+        reuse: OnlinePredictor | None = None,
+        compiled: dict[str, dict[str, CompiledTrees | None]] | None = None,
+    ) -> OnlinePredictor:
+        """Load a decoded artifact (`snapshot()`'s first part, or `artifact.decode`'s result); `compiled`: the
+        trees' compiled forms per target, when the sender has them."""
         try:
             config = LearnerConfig(**state["config"])
             if background is not None:
                 config.background = background
             predictor = cls(config)
             for target in TARGETS:
-                predictor._models[target].load_dict(state["targets"][target])
+                earlier = reuse._models[target] if reuse is not None else None
+                forms = compiled.get(target) if compiled is not None else None
+                predictor._models[target].load_dict(state["targets"][target], earlier, forms)
         except ArtifactError:
             raise
         except (KeyError, TypeError, ValueError) as err:
@@ -702,9 +748,18 @@ class OnlinePredictor:
         metadata = state.get("metadata", {})
         if not isinstance(metadata, dict):
             raise ArtifactError("artifact metadata must be a JSON object")
-        predictor.metadata = metadata
+        predictor.metadata = dict(metadata)
         predictor.last_model_load = datetime.now(UTC)
         return predictor
+
+    def snapshot(self) -> tuple[dict[str, Any], dict[str, dict[str, CompiledTrees | None]]]:
+        """The artifact's content before JSON encoding, and the trees' compiled forms: what `from_state` takes.
+        For handing the model to another process of this service, where encoding, parsing and compiling again
+        would cost milliseconds each time."""
+        with self._lock:
+            for model in self._models.values():
+                model.settle()
+            return self._state(), {t: dict(m.trees.compiled) for t, m in self._models.items()}
 
     def save(self, directory: Any) -> None:
         from predictor.artifact import save_file

@@ -9,13 +9,16 @@ on the most recent held-out observations.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightgbm as lgb
 import numpy as np
 
 from features.vectorize import COLUMNS
+
+log = logging.getLogger("leadtime.predictor")
 
 TREE_FEATURES: tuple[str, ...] = (*COLUMNS, "log_prior")
 
@@ -100,22 +103,228 @@ def check_lightgbm_text(text: str) -> None:
         raise ValueError("tree model is not LightGBM text: it is truncated")
 
 
+# LightGBM's kZeroThreshold (a float literal widened to double): when LightGBM reads a dense row it drops every
+# value with |x| <= this, so such a value reaches the trees as exactly 0.0.
+_ZERO_THRESHOLD = float(np.float32(1e-35))
+# Each tree's split outcomes are packed into one uint8 code (bit k: split k sent the row left), which indexes a
+# table of 2**splits leaf values per tree: 8 splits (num_leaves 9) keep that table at 256 entries a tree.
+_MAX_SPLITS = 8
+# Rows evaluated per pass: a pass's temporaries grow as splits × rows, and passes over ~1000 rows (megabytes of
+# fresh memory per call) measured 2-3x slower per row than passes of 256.
+_BLOCK_ROWS = 256
+# dump_model() writes an infinite threshold as ±1e300; such a model is left to LightGBM rather than guessed at.
+_MAX_THRESHOLD = 1e300
+
+
+class _Unsupported(ValueError):
+    """The booster uses something CompiledTrees does not reproduce exactly; LightGBM keeps predicting it."""
+
+
+@dataclass(frozen=True)
+class CompiledTrees:
+    """A small LightGBM regression booster as flat arrays, evaluated for all rows and all trees at once.
+
+    Why: ``Booster.predict`` costs ~70 µs of Python wrapper per call plus ~1-2 µs per row, and serving calls it up
+    to four times per request. Here every distinct (feature, threshold, side NaN takes) split is compared for all
+    rows in one numpy operation, each tree's outcomes become a small integer code, a table maps code to leaf
+    value, and the trees are summed in LightGBM's order, so the result is the same double LightGBM returns,
+    including its handling of NaN (missing type None or NaN, default direction) and of values it reads as zero.
+    """
+
+    num_features: int
+    pair_feature: np.ndarray  # (pairs,) the feature each distinct split compares
+    pair_threshold: np.ndarray  # (pairs, 1) go left when x <= threshold
+    pair_missing: np.ndarray  # (pairs, 1) what NaN becomes there: -inf goes left, +inf right (thresholds are finite)
+    split_pair: np.ndarray  # (splits * trees,) split k of tree t (row k * trees + t) -> its pair
+    bit: np.ndarray  # (splits,) uint8 weight of split k in a tree's code: 1 << k
+    leaf_table: np.ndarray  # (trees * 2**splits,) leaf value for tree t, code c at t * 2**splits + c
+    table_offset: np.ndarray  # (trees, 1) t * 2**splits
+    zero_small: bool  # a threshold lies in [-kZeroThreshold, kZeroThreshold): tiny inputs must become 0.0
+
+    def accepts(self, x: Any) -> bool:
+        """Only a non-empty float64 matrix of the right width; anything else goes to LightGBM, errors included."""
+        return (
+            isinstance(x, np.ndarray)
+            and x.dtype == np.float64
+            and x.ndim == 2
+            and x.shape[1] == self.num_features
+            and x.shape[0] > 0
+        )
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        if len(x) <= _BLOCK_ROWS:
+            return self._predict_block(x)
+        return np.concatenate([self._predict_block(x[i : i + _BLOCK_ROWS]) for i in range(0, len(x), _BLOCK_ROWS)])
+
+    def _predict_block(self, x: np.ndarray) -> np.ndarray:
+        n = x.shape[0]
+        xt = np.ascontiguousarray(x.T)  # one row per feature: the gathers below copy whole rows
+        if self.zero_small:
+            xt = np.where(np.abs(xt) <= _ZERO_THRESHOLD, 0.0, xt)
+        values = xt.take(self.pair_feature, axis=0)  # (pairs, rows)
+        if np.isnan(xt.min()):  # min is NaN exactly when some value is (cheaper than isnan(xt).any())
+            np.copyto(values, self.pair_missing, where=np.isnan(values))
+        went_left = (values <= self.pair_threshold).take(self.split_pair, axis=0)  # (splits * trees, rows)
+        splits = len(self.bit)
+        codes = np.einsum("k,kn->n", self.bit, went_left.view(np.uint8).reshape(splits, -1))
+        leaves = self.leaf_table.take(codes.reshape(-1, n) + self.table_offset)  # (trees, rows)
+        # LightGBM adds tree after tree; a reduction along the slow axis does the same, while one along the fast
+        # axis (a single row) would sum pairwise and differ in the last bits.
+        return np.add.reduce(leaves, axis=0) if n > 1 else np.cumsum(leaves[:, 0])[-1:]
+
+
+_Leaf = tuple[int, int, float]  # (mask, bits, value): a code c reaches the leaf when c & mask == bits
+
+
+def _tree_paths(root: dict[str, Any]) -> tuple[list[dict[str, Any]], list[_Leaf]]:
+    """A tree's splits in preorder and its leaves, each with the code bits its path fixes (bit k: split k went
+    left)."""
+    splits: list[dict[str, Any]] = []
+    leaves: list[_Leaf] = []
+
+    def walk(node: dict[str, Any], mask: int, bits: int) -> None:
+        if "leaf_value" in node:
+            if "leaf_coeff" in node:
+                raise _Unsupported("linear tree")
+            leaves.append((mask, bits, float(node["leaf_value"])))
+            return
+        if node["decision_type"] != "<=":
+            raise _Unsupported("categorical split")
+        if node["missing_type"] not in ("None", "NaN"):
+            raise _Unsupported(f"missing type {node['missing_type']}")
+        if not abs(float(node["threshold"])) < _MAX_THRESHOLD:
+            raise _Unsupported("infinite threshold")
+        bit = 1 << len(splits)
+        splits.append(node)
+        walk(node["left_child"], mask | bit, bits | bit)
+        walk(node["right_child"], mask | bit, bits)
+
+    walk(root, 0, 0)
+    return splits, leaves
+
+
+def _compile(model: dict[str, Any]) -> CompiledTrees:
+    objective = str(model.get("objective", "")).split()
+    if not objective or objective[0] not in ("regression", "quantile") or "sqrt" in objective:
+        # Booster.predict applies the objective's output transform; these two have none (unless sqrt).
+        raise _Unsupported(f"objective {' '.join(objective)!r}")
+    if model.get("num_tree_per_iteration") != 1 or model.get("average_output"):
+        raise _Unsupported("not a single-output boosted model")
+    trees = [_tree_paths(info["tree_structure"]) for info in model["tree_info"]]
+    if not trees:
+        raise _Unsupported("no trees")
+    num_splits = max(1, *(len(splits) for splits, _ in trees))  # at least one (ignored) split keeps shapes simple
+    if num_splits > _MAX_SPLITS:
+        raise _Unsupported(f"a tree has {num_splits} splits")
+    num_trees, width = len(trees), 1 << num_splits
+    pairs: dict[tuple[int, float, bool], int] = {}  # (feature, threshold, NaN goes left) -> pair
+    split_pair = np.zeros((num_splits, num_trees), dtype=np.intp)
+    table = np.zeros((num_trees, width))
+    codes = np.arange(width)
+    for t, (splits, leaves) in enumerate(trees):
+        for k, node in enumerate(splits):
+            feature, threshold = int(node["split_feature"]), float(node["threshold"])
+            # LightGBM reads NaN as 0.0 unless the split's missing type is NaN, which takes the default side.
+            nan_left = bool(node["default_left"]) if node["missing_type"] == "NaN" else threshold >= 0.0
+            split_pair[k, t] = pairs.setdefault((feature, threshold, nan_left), len(pairs))
+        masks, bits, values = (np.array(column) for column in zip(*leaves, strict=True))
+        reached = (codes[:, None] & masks) == bits  # (codes, leaves): each code reaches exactly one leaf
+        table[t] = values[reached.argmax(axis=1)]
+    thresholds = np.array([thr for _, thr, _ in pairs])
+    zero_small = bool(np.any((thresholds >= -_ZERO_THRESHOLD) & (thresholds < _ZERO_THRESHOLD)))
+    # Padding splits compare pair 0 (any pair would do: no leaf looks at their bit); single leaves need a dummy.
+    pairs.setdefault((0, 0.0, True), len(pairs))
+    pair_feature = np.array([f for f, _, _ in pairs], dtype=np.intp)
+    pair_threshold = np.array([thr for _, thr, _ in pairs])
+    pair_missing = np.array([-np.inf if left else np.inf for _, _, left in pairs])
+    return CompiledTrees(
+        num_features=int(model["max_feature_idx"]) + 1,
+        pair_feature=pair_feature,
+        pair_threshold=pair_threshold[:, None],
+        pair_missing=pair_missing[:, None],
+        split_pair=split_pair.ravel(),
+        bit=(1 << np.arange(num_splits)).astype(np.uint8),
+        leaf_table=table.ravel(),
+        table_offset=(np.arange(num_trees) * width)[:, None],
+        zero_small=zero_small,
+    )
+
+
+def _probe_rows(compiled: CompiledTrees, rows: int = 128) -> np.ndarray:
+    """Rows sitting on, just under and just over every threshold, mixed with NaN, ±0, ±inf and tiny values."""
+    rng = np.random.default_rng(0)
+    special = [np.nan, 0.0, -0.0, _ZERO_THRESHOLD, -_ZERO_THRESHOLD, 1e-40, np.inf, -np.inf, 1e308, -1e308]
+    x = np.empty((rows, compiled.num_features))
+    thresholds = compiled.pair_threshold[:, 0]
+    for f in range(compiled.num_features):
+        mine = thresholds[compiled.pair_feature == f]
+        near = np.concatenate([mine, np.nextafter(mine, np.inf), np.nextafter(mine, -np.inf), special])
+        x[:, f] = rng.choice(near, size=rows)
+    return x
+
+
+def compile_booster(booster: lgb.Booster) -> CompiledTrees | None:
+    """The booster as CompiledTrees, or None when it must stay with LightGBM.
+
+    None for anything not reproduced exactly (categorical or zero-as-missing splits, linear trees, more than 8
+    splits in a tree, output transforms) and, as a guard against a LightGBM whose semantics moved, whenever the
+    compiled form disagrees with ``Booster.predict`` on probe rows built around the model's own thresholds.
+    """
+    try:
+        compiled = _compile(booster.dump_model())
+        probe = _probe_rows(compiled)
+        agrees = np.allclose(compiled.predict(probe), booster.predict(probe, num_threads=1), rtol=1e-12, atol=1e-12)
+    except _Unsupported as why:
+        log.debug("residual trees predict through LightGBM: %s", why)
+        return None
+    except Exception:  # a speed-up must never keep a booster from serving
+        log.warning("could not compile residual trees; predicting through LightGBM", exc_info=True)
+        return None
+    if not agrees:
+        log.warning("compiled residual trees disagree with LightGBM on probe rows; predicting through LightGBM")
+        return None
+    return compiled
+
+
+def _predict(booster: lgb.Booster, compiled: CompiledTrees | None, features: np.ndarray) -> np.ndarray:
+    if compiled is not None and compiled.accepts(features):
+        return compiled.predict(features)
+    return np.asarray(booster.predict(features, num_threads=1))
+
+
 @dataclass
 class ResidualTrees:
-    """The trees serving one target: a mean-residual booster and/or an upper-quantile booster."""
+    """The trees serving one target: a mean-residual booster and/or an upper-quantile booster.
+
+    Predictions go through CompiledTrees (same numbers, a fraction of LightGBM's per-call cost) when the booster
+    allows it. Boosters are compiled when they are set here (~10 ms each), unless `compiled` already holds their
+    compiled form: the learner compiles candidates in its background fit, and the service receives the forms
+    its learner process compiled, so neither a lock nor a request waits for a compilation.
+    """
 
     mean: lgb.Booster | None = None
     upper: lgb.Booster | None = None
+    compiled: dict[str, CompiledTrees | None] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("mean", "upper"):
+            if name not in self.compiled:
+                self._compile(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in ("mean", "upper") and "compiled" in self.__dict__:
+            self._compile(name)
+
+    def _compile(self, name: str) -> None:
+        booster = getattr(self, name)
+        self.compiled[name] = compile_booster(booster) if booster is not None else None
 
     def predict_mean(self, features: np.ndarray) -> np.ndarray | None:
-        if self.mean is None:
-            return None
-        return np.asarray(self.mean.predict(features, num_threads=1))
+        return None if self.mean is None else _predict(self.mean, self.compiled.get("mean"), features)
 
     def predict_upper(self, features: np.ndarray) -> np.ndarray | None:
-        if self.upper is None:
-            return None
-        return np.asarray(self.upper.predict(features, num_threads=1))
+        return None if self.upper is None else _predict(self.upper, self.compiled.get("upper"), features)
 
     def to_dict(self) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
@@ -126,7 +335,8 @@ class ResidualTrees:
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ResidualTrees:
+    def from_dict(cls, d: dict[str, Any], compiled: dict[str, CompiledTrees | None] | None = None) -> ResidualTrees:
+        """`compiled`: the boosters' compiled forms when the caller has them (else they are compiled here)."""
         def load(text: Any, digest: Any) -> lgb.Booster | None:
             if text is None:
                 return None
@@ -140,4 +350,5 @@ class ResidualTrees:
                 raise ValueError("tree model was trained on other features")
             return booster
 
-        return cls(mean=load(d.get("mean"), d.get("mean_sha256")), upper=load(d.get("upper"), d.get("upper_sha256")))
+        mean, upper = load(d.get("mean"), d.get("mean_sha256")), load(d.get("upper"), d.get("upper_sha256"))
+        return cls(mean=mean, upper=upper, compiled=dict(compiled) if compiled is not None else {})

@@ -159,18 +159,24 @@ def test_zero_actual_means_target_not_observed(predictor: OnlinePredictor) -> No
     assert predictor.status()["observations"] == {"ttft": 50, "tpot": 0}
 
 
-def test_retrain_swaps_trees_in_only_when_they_win() -> None:
-    rng = np.random.default_rng(7)
+def _threshold_data(seed: int, n: int) -> tuple[OnlinePredictor, np.ndarray, np.ndarray, np.ndarray]:
+    """A fresh synchronous learner and rows with a threshold effect the log-linear correction cannot express:
+    above 2 waiting requests TTFT triples. Returns (predictor, x, ttft, tpot)."""
+    rng = np.random.default_rng(seed)
     predictor = OnlinePredictor(LearnerConfig(background=False, retrain_every=10**6, min_window=100))
-    rows = [_row(rng) for _ in range(3000)]
+    rows = [_row(rng) for _ in range(n)]
     x = predictor.vectorizer.transform(rows)
     truth = np.array([_truth(r) for r in rows])
-    # A threshold effect the log-linear correction cannot express: above 2 waiting requests TTFT triples.
     waiting = x[:, COLUMN_INDEX["num_request_waiting"]]
-    ttft = truth[:, 0] * np.where(waiting > 2, 3.0, 1.0) * rng.lognormal(0, 0.05, 3000)
+    ttft = truth[:, 0] * np.where(waiting > 2, 3.0, 1.0) * rng.lognormal(0, 0.05, n)
+    return predictor, x, ttft, truth[:, 1]
+
+
+def test_retrain_swaps_trees_in_only_when_they_win() -> None:
+    predictor, x, ttft, tpot = _threshold_data(7, 3000)
     results: list[dict] = []
     predictor.add_retrain_listener(results.append)
-    predictor.learn_many(x, ttft, truth[:, 1])  # the jump at waiting > 2 may also trigger a drift retrain
+    predictor.learn_many(x, ttft, tpot)  # the jump at waiting > 2 may also trigger a drift retrain
     predictor.retrain_now()
     accepted = [r["ttft"] for r in results if r["ttft"]["accepted_mean"]]
     assert accepted, "the threshold effect should have made a tree win"
@@ -310,3 +316,26 @@ def test_the_sample_window_keeps_the_newest_rows_in_order_across_wraparound() ->
     np.testing.assert_array_equal(z, np.arange(270, 370, dtype=float))
     np.testing.assert_array_equal(x[:, 0], z)
     assert classes[0] == "c270" and endpoints[-1] == "e369"
+
+
+def test_loading_again_reuses_boosters_whose_text_did_not_change() -> None:
+    """The service reloads its learner's snapshot several times a second: unchanged trees are not re-parsed."""
+    predictor, x, ttft, tpot = _threshold_data(11, 1500)
+    predictor.learn_many(x[:1000], ttft[:1000], tpot[:1000])
+    predictor.retrain_now()
+    first = OnlinePredictor.from_bytes(predictor.to_bytes(), background=False)
+    assert first._models["ttft"].trees.mean is not None
+    predictor.config.retrain = False  # the online parts learn, the trees stay
+    predictor.learn_many(x[1000:1100], ttft[1000:1100], tpot[1000:1100])
+    again = OnlinePredictor.from_bytes(predictor.to_bytes(), background=False, reuse=first)
+    assert again._models["ttft"].trees.mean is first._models["ttft"].trees.mean
+    np.testing.assert_allclose(again.predict_many(x[:50]).ttft_mean, predictor.predict_many(x[:50]).ttft_mean)
+    predictor.config.retrain = True
+    predictor.learn_many(x[1100:], ttft[1100:] * 5.0, tpot[1100:])
+    predictor.retrain_now()  # new trees: loaded afresh, never confused with the old ones
+    changed = OnlinePredictor.from_bytes(predictor.to_bytes(), background=False, reuse=again)
+    if predictor.tree_text("ttft") != first.tree_text("ttft"):
+        assert changed._models["ttft"].trees.mean is not first._models["ttft"].trees.mean
+    np.testing.assert_allclose(changed.predict_many(x[:50]).ttft_mean, predictor.predict_many(x[:50]).ttft_mean)
+    for p in (predictor, first, again, changed):
+        p.close()
