@@ -44,9 +44,9 @@ class _LiveValues(Collector):
         for target, n in v.get("window", {}).items():
             window.add_metric([target], n)
         yield window
-        learned = CounterMetricFamily(
-            "leadtime_observations_learned",
-            "Observations this replica's learner has absorbed.",
+        learned = GaugeMetricFamily(
+            "leadtime_model_observations",
+            "Observations the serving model has learned from (after adopting a published model, the publisher's too).",
             labels=["target"],
         )
         for target, n in v.get("learned", {}).items():

@@ -46,7 +46,12 @@ class ServiceSettings(BaseModel):
     )
     lease_ttl_s: float = Field(default=10.0, gt=0)
     background_nice: int = Field(
-        default=10, ge=0, le=19, description="Nice value of the learning threads (0 = same as the handlers)."
+        default=10, ge=0, le=19, description="Nice value of the learner process (0 = same as the handlers)."
+    )
+    snapshot_interval_s: float = Field(
+        default=0.25,
+        gt=0,
+        description="Most often the learner process hands its model to the serving process while it learns.",
     )
     replica_id: str = ""
     seed: int = 0

@@ -137,8 +137,8 @@ def test_only_the_lease_holder_retrains() -> None:
     ):
         ra, rb = a.app.state.runtime, b.app.state.runtime  # type: ignore[attr-defined]
         assert ra.holds_lease and not rb.holds_lease
-        assert ra.predictor.config.retrain and ra.predictor.config.retrain_every == 500
-        assert not rb.predictor.config.retrain  # neither on schedule nor on drift
+        assert ra.learner.retrain and ra.learner.retrain_every == 500
+        assert not rb.learner.retrain  # neither on schedule nor on drift
 
 
 def test_retrain_publishes_and_model_dir_round_trips(tmp_path: Path) -> None:
@@ -195,11 +195,11 @@ def test_an_accepted_retrain_is_published_by_the_lease_holder_only() -> None:
         ra, rb = a.app.state.runtime, b.app.state.runtime  # type: ignore[attr-defined]
         accepted = {"ttft": {"accepted_mean": True, "accepted_upper": False}, "tpot": {}, "duration_s": 0.5}
         rejected = {"ttft": {"accepted_mean": False}, "tpot": {"accepted_mean": False}, "duration_s": 0.5}
-        rb._on_retrain(rb.predictor, accepted)  # not the holder: nothing published
+        rb._after_retrain(rb.predictor.to_bytes(), accepted)  # not the holder: nothing published
         assert store.latest_model() is None
-        ra._on_retrain(ra.predictor, rejected)
+        ra._after_retrain(ra.predictor.to_bytes(), rejected)
         assert store.latest_model() is None
-        ra._on_retrain(ra.predictor, accepted)
+        ra._after_retrain(ra.predictor.to_bytes(), accepted)
         latest = store.latest_model()
         assert latest is not None and latest[0] == 1
         metrics = a.get("/metrics").text

@@ -98,7 +98,6 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         """Timing, metrics and the mapping of errors to status codes, shared by every method."""
         started = time.perf_counter()
         code = grpc.StatusCode.OK
-        self.runtime.request_started()
         try:
             if not self.runtime.ready:
                 code = grpc.StatusCode.UNAVAILABLE
@@ -111,7 +110,6 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             code = grpc.StatusCode.UNAUTHENTICATED
             context.abort(code, str(err))
         finally:
-            self.runtime.request_finished()
             metrics = self.runtime.metrics
             metrics.grpc_requests.labels(method, code.name).inc()
             metrics.grpc_seconds.labels(method).observe(time.perf_counter() - started)

@@ -147,15 +147,11 @@ class EdgeMiddleware:
                 status_holder[0] = message["status"]
             await send(message)
 
-        self.runtime.request_started()
-        try:
-            replay = await self._read_limited(scope, receive)
-            if replay is None:
-                await self._too_large(send_recording)
-            else:
-                await self.app(scope, replay, send_recording)
-        finally:
-            self.runtime.request_finished()
+        replay = await self._read_limited(scope, receive)
+        if replay is None:
+            await self._too_large(send_recording)
+        else:
+            await self.app(scope, replay, send_recording)
         route = scope.get("route")
         path = getattr(route, "path", None) or "unmatched"
         self.runtime.metrics.observe_request(

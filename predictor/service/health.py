@@ -51,7 +51,7 @@ async def status(runtime: Runtime) -> dict[str, Any]:
         "components": runtime.health(),
     }
     if predictor is not None:
-        st = predictor.status()
+        st = runtime.model_status()
         answer.update(
             model_version=predictor.version,
             observations=st.get("observations"),

@@ -60,7 +60,7 @@ async def data_status(runtime: ReadyRuntime) -> dict[str, Any]:
     s = runtime.samples
     predictor = runtime.predictor
     assert predictor is not None
-    status = predictor.status()
+    status = runtime.model_status()
 
     def block(counts: dict[str, int]) -> dict[str, int]:
         return {

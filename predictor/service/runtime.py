@@ -1,8 +1,10 @@
 """The state of one service instance and its background loops.
 
-Three loops run beside the HTTP and gRPC handlers:
-- ingest: reads accepted observations back from the store and feeds the learner, so accepting is only an
-  append (fast) and learning happens behind it, identically on every replica;
+Learning happens in a child process (`predictor.service.learning`); this process serves. Three loops run
+beside the HTTP and gRPC handlers:
+- ingest: reads accepted observations back from the store and forwards them to the learner process, so
+  accepting is only an append (fast) and learning happens behind it, identically on every replica; the learner
+  sends back snapshots that become the serving model;
 - model sync: waits for newer models in the store's registry and swaps them in (within a second);
 - lease: renews the one training lease; only its holder retrains and publishes what it accepted.
 Everything lives on this object, which the app factory creates; there is no module-level state.
@@ -22,19 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from features.errors import FeatureError
+from predictor.artifact import save_file
 from predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
 from predictor.metrics import ServiceMetrics
+from predictor.service.learning import CURSOR_KEY, ChildSetup, LearnerProcess, LearnerReport, Snapshot
 from predictor.service.rows import ParsedObservations, RowParser
 from predictor.settings import ServiceSettings
 from predictor.store.base import Store
 
 log = logging.getLogger("leadtime.service")
 
-_LEARN_CHUNK = 16  # observations learned between checks for requests in flight
-_MAX_YIELD_S = 0.05  # longest the learner defers to requests before taking its turn anyway
-_QUIET_S = 0.001  # after the last request ends, how long to wait for a next one before learning again
-_CURSOR_KEY = "stream_cursor"  # artifact metadata: the observation-stream position the model has learned to
+_RESTART_PAUSE_S = 1.0  # after the learner process died, before starting another (no tight crash loop)
 
 
 @dataclass
@@ -47,7 +47,7 @@ class SampleCounts:
 
 
 class ServiceRuntime:
-    """Settings, store, serving predictor, metrics and loops of one app."""
+    """Settings, store, serving predictor, learner process, metrics and loops of one app."""
 
     def __init__(
         self,
@@ -67,12 +67,17 @@ class ServiceRuntime:
         self.samples = SampleCounts()
         self.started_at = time.time()
         self._initial_predictor = predictor
+        # Stream positions: how far batches were forwarded to the learner, and how far the serving model goes.
         self._cursor = "0"
-        self._learned = {"ttft": 0, "tpot": 0}
+        self._served_cursor = "0"
+        # Adoptions of published models (and learner restarts) start a new epoch; older snapshots are ignored.
+        self._epoch = 0
+        self._report: LearnerReport | None = None
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
-        # Held while a batch is learned and the stream cursor advanced, so that a published model and the
-        # cursor it records describe the same observations (lock order: _swap_lock, then _learn_lock).
+        # Held while a batch is forwarded and the read position advanced, and while a model is adopted, so that
+        # the learner never receives a batch from before an adoption as if it came after it
+        # (lock order: _swap_lock, then _learn_lock).
         self._learn_lock = threading.Lock()
         self._published: set[int] = set()
         self._refused_version = 0
@@ -80,22 +85,21 @@ class ServiceRuntime:
         self._threads: list[threading.Thread] = []
         self._loop_errors: dict[str, str] = {}
         self._retrain_error: str | None = None
-        self._in_flight = 0
-        self._in_flight_lock = threading.Lock()
-        self._idle = threading.Event()
-        self._idle.set()
+        self.learner = LearnerProcess(self._on_snapshot, self._on_learner_exit)
         self.metrics = ServiceMetrics(self.live_values)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the first model, then start the loops (the app's lifespan calls this)."""
+        """Load the first model, start the learner process, then the loops (the app's lifespan calls this)."""
         if self.predictor is not None:
             return
         predictor = self._initial_predictor or self._first_predictor()
         self._initial_predictor = None
         self._install(predictor)
+        self._served_cursor = self._cursor
         self._renew_lease()
+        self._start_learner()
         for name, target in (
             ("ingest", self._ingest_loop),
             ("model-sync", self._sync_loop),
@@ -107,6 +111,7 @@ class ServiceRuntime:
 
     def stop(self) -> None:
         self._stop.set()
+        self.learner.stop()
         for thread in self._threads:
             thread.join(timeout=10)
         self._threads.clear()
@@ -128,6 +133,7 @@ class ServiceRuntime:
             window=s.window,
             retrain_every=s.retrain_every,
             seed=s.seed,
+            background=False,
         )
 
     def _first_predictor(self) -> OnlinePredictor:
@@ -139,7 +145,7 @@ class ServiceRuntime:
             latest = None
         if latest is not None:
             try:
-                predictor = OnlinePredictor.from_bytes(latest[1])
+                predictor = OnlinePredictor.from_bytes(latest[1], background=False)
                 self.store_version = latest[0]
                 self._adopt_cursor(predictor)
                 return predictor
@@ -148,9 +154,9 @@ class ServiceRuntime:
         model_dir = self.settings.model_dir
         if model_dir is not None and model_dir.exists():
             try:
-                predictor = OnlinePredictor.load(model_dir)
+                predictor = OnlinePredictor.load(model_dir, background=False)
                 # A cursor saved by an earlier process names a position in a stream that may not exist now.
-                predictor.metadata.pop(_CURSOR_KEY, None)
+                predictor.metadata.pop(CURSOR_KEY, None)
                 return predictor
             except (ArtifactError, OSError) as err:
                 log.warning("ignoring the model in %s: %s", model_dir, err)
@@ -158,21 +164,74 @@ class ServiceRuntime:
 
     def _install(self, predictor: OnlinePredictor) -> None:
         """Make `predictor` the serving one; close the one it replaces."""
-        for thread in threading.enumerate():  # the learner's retrain thread yields the CPU to request handlers
-            if thread.name == "leadtime-retrain" and thread.native_id is not None:
-                lower_priority(thread.native_id, self.settings.background_nice)
         with self._swap_lock:
             old = self.predictor
-            predictor.add_retrain_listener(lambda result: self._on_retrain(predictor, result))
-            self._apply_lease(predictor)
             self.predictor = predictor
         if old is not None and old is not predictor:
             old.close()
 
+    # --- the learner process --------------------------------------------------------------------------------
+
+    def _start_learner(self) -> None:
+        """Start a learner process from the serving model and the stream position that model has learned to."""
+        predictor = self.predictor
+        assert predictor is not None
+        with self._learn_lock:
+            predictor.metadata[CURSOR_KEY] = self._served_cursor
+            artifact = predictor.to_bytes()
+            self._cursor = self._served_cursor
+            self._epoch += 1
+            s = self.settings
+            setup = ChildSetup(
+                artifact=artifact,
+                cursor=self._served_cursor,
+                epoch=self._epoch,
+                retrain=self.holds_lease,
+                retrain_every=s.retrain_every,
+                default_accelerator=s.accelerator,
+                default_model=s.model,
+                nice=s.background_nice,
+                snapshot_interval_s=s.snapshot_interval_s,
+            )
+            self.learner.start(setup)
+
+    def _on_learner_exit(self) -> None:
+        """The learner process died: start another from what this process serves (no accepted data is lost:
+        the stream is read again from the serving model's position)."""
+        if self._stop.is_set():
+            return
+        self._loop_errors["learner"] = "the learner process exited; restarting it"
+        with self._counts_lock:
+            self._report = None
+        if self._stop.wait(_RESTART_PAUSE_S):
+            return
+        self._start_learner()
+        self._loop_errors.pop("learner", None)
+
+    def _on_snapshot(self, snapshot: Snapshot) -> None:
+        """Runs on the learner's receiver thread: the snapshot becomes the serving model."""
+        report = snapshot.report
+        with self._swap_lock:
+            if report.epoch != self._epoch:
+                return  # made before an adoption or restart: its lineage is no longer ours
+            mirror = OnlinePredictor.from_state(
+                snapshot.state, background=False, reuse=self.predictor, compiled=snapshot.compiled
+            )
+            mirror.last_model_load = report.last_model_load or mirror.last_model_load
+            mirror.last_retrain = report.last_retrain
+            mirror.retrain_error = report.retrain_error
+            self._install(mirror)
+            self._served_cursor = report.cursor
+            with self._counts_lock:
+                self._report = report
+        if snapshot.artifact is not None:
+            for result in report.retrains:
+                self._after_retrain(snapshot.artifact, result)
+
     # --- retraining and publication -------------------------------------------------------------------------
 
-    def _on_retrain(self, predictor: OnlinePredictor, result: dict[str, Any]) -> None:
-        """Runs in the learner's retrain thread: metrics, and publication if this replica holds the lease."""
+    def _after_retrain(self, artifact: bytes, result: dict[str, Any]) -> None:
+        """Metrics, and publication if this replica holds the lease."""
         try:
             self.metrics.observe_retrain(result)
             accepted = any(
@@ -180,9 +239,9 @@ class ServiceRuntime:
                 and (result[t].get("accepted_mean") or result[t].get("accepted_upper") or result[t].get("accepted"))
                 for t in ("ttft", "tpot")
             )
-            if accepted and self.holds_lease and predictor is self.predictor:
-                self.publish(predictor)
-        except Exception as err:  # never let a publication problem kill the learner's thread
+            if accepted and self.holds_lease:
+                self._publish_artifact(artifact)
+        except Exception as err:  # never let a publication problem stop the receiver
             self._retrain_error = f"{type(err).__name__}: {err}"
             log.exception("after-retrain publication failed")
 
@@ -193,14 +252,17 @@ class ServiceRuntime:
         continues from there: nothing learned twice, nothing skipped.
         """
         with self._learn_lock:
-            predictor.metadata[_CURSOR_KEY] = self._cursor
+            predictor.metadata[CURSOR_KEY] = self._served_cursor
             artifact = predictor.to_bytes()
+        return self._publish_artifact(artifact)
+
+    def _publish_artifact(self, artifact: bytes) -> int:
         with self._swap_lock:
             version = self.store.publish_model(artifact)
             self._published.add(version)
             self.store_version = max(self.store_version, version)
         if self.settings.model_dir is not None:
-            predictor.save(self.settings.model_dir)
+            save_file(self.settings.model_dir, artifact)
         return version
 
     def sync_from_store(self) -> tuple[bool, bool]:
@@ -216,7 +278,7 @@ class ServiceRuntime:
                 self.store_version = version
                 return True, False
             try:
-                predictor = OnlinePredictor.from_bytes(artifact)
+                predictor = OnlinePredictor.from_bytes(artifact, background=False)
             except ArtifactError as err:
                 # Keep serving the current model; do not retry this version, wait for a newer one.
                 self._refused_version = max(self._refused_version, version)
@@ -225,20 +287,24 @@ class ServiceRuntime:
             with self._learn_lock:
                 self._install(predictor)
                 self._adopt_cursor(predictor)
+                self._served_cursor = self._cursor
+                self._epoch += 1
+                with self._counts_lock:
+                    self._report = None
+                self.learner.adopt(artifact, self._cursor, self._epoch)
             self.store_version = version
             self._loop_errors.pop("model_sync", None)
         self.metrics.model_swaps.inc()
         return True, True
 
     def _adopt_cursor(self, predictor: OnlinePredictor) -> None:
-        cursor = predictor.metadata.get(_CURSOR_KEY)
+        cursor = predictor.metadata.get(CURSOR_KEY)
         if isinstance(cursor, str):
             self._cursor = cursor
 
     # --- loops ----------------------------------------------------------------------------------------------
 
     def _ingest_loop(self) -> None:
-        lower_priority(threading.get_native_id(), self.settings.background_nice)
         while not self._stop.is_set():
             try:
                 cursor_before = self._cursor
@@ -254,67 +320,10 @@ class ServiceRuntime:
             with self._learn_lock:
                 if cursor_before != self._cursor:
                     continue  # a model adopted meanwhile moved the cursor: these entries are read again or known
-                for start in range(0, len(entries), _LEARN_CHUNK):
-                    if self._stop.is_set():
-                        return
-                    self._defer_to_requests()
-                    self._learn(entries[start : start + _LEARN_CHUNK])
-                self._cursor = cursor
-
-    def request_started(self) -> None:
-        """Handlers call this (and `request_finished`) so that learning waits while they run."""
-        with self._in_flight_lock:
-            self._in_flight += 1
-            self._idle.clear()
-
-    def request_finished(self) -> None:
-        with self._in_flight_lock:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
-
-    def _defer_to_requests(self) -> None:
-        """Learning shares the GIL with the handlers: let requests finish first, up to a bound.
-
-        The learner blocks on an event rather than polling (a poll would take the GIL from a handler every
-        time it wakes), and waits a moment after the last request, because a router's next call often
-        follows at once.
-        """
-        deadline = time.monotonic() + _MAX_YIELD_S
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._idle.wait(remaining):
-                return
-            time.sleep(_QUIET_S)
-            if self._idle.is_set():
-                return
-
-    def _learn(self, entries: list[dict[str, Any]]) -> None:
-        predictor = self.predictor
-        if predictor is None:
-            return
-        try:
-            parsed = self.parser.parse_observations(entries)
-        except FeatureError:
-            # Entries are validated on acceptance; one that is not (another writer) is skipped alone.
-            good = []
-            for entry in entries:
-                try:
-                    self.parser.parse_observations([entry])
-                    good.append(entry)
-                except FeatureError as err:
-                    log.warning("skipping an invalid stored observation: %s", err)
-            if not good:
-                return
-            parsed = self.parser.parse_observations(good)
-        try:
-            predictor.learn_many(parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms, parsed.rows.endpoint_ids)
-        except (FeatureError, ValueError) as err:
-            log.warning("learner refused %d observations: %s", len(parsed.actual_ttft_ms), err)
-            return
-        with self._counts_lock:
-            self._learned["ttft"] += int((parsed.actual_ttft_ms > 0).sum())
-            self._learned["tpot"] += int((parsed.actual_tpot_ms > 0).sum())
+                if self.learner.learn(cursor_before, cursor, entries):
+                    self._cursor = cursor
+                    continue
+            self._stop.wait(0.1)  # the learner process is gone; it is being restarted
 
     def _sync_loop(self) -> None:
         while not self._stop.is_set():
@@ -346,13 +355,8 @@ class ServiceRuntime:
                 held = False
         if held != self.holds_lease:
             self.holds_lease = held
-            if self.predictor is not None:
-                self._apply_lease(self.predictor)
-
-    def _apply_lease(self, predictor: OnlinePredictor) -> None:
-        """Only the lease holder retrains (on schedule or drift); the others learn online and adopt its models."""
-        predictor.config.retrain = self.holds_lease
-        predictor.config.retrain_every = self.settings.retrain_every
+            # Only the lease holder retrains (on schedule or drift); the others learn online and adopt its models.
+            self.learner.set_lease(held, self.settings.retrain_every)
 
     # --- accepting ------------------------------------------------------------------------------------------
 
@@ -391,8 +395,8 @@ class ServiceRuntime:
                 if test:
                     out[f"{target}_test"] = self.samples.test[target]
                     self.samples.test[target] = 0
-        if training and self.predictor is not None:
-            self.predictor.flush_window()
+        if training:
+            self.learner.flush_window()
         return out
 
     # --- introspection --------------------------------------------------------------------------------------
@@ -408,6 +412,8 @@ class ServiceRuntime:
         out["predictor"] = "ok" if predictor is not None else "not started"
         if predictor is not None and predictor.retrain_error is not None:
             out["retrain"] = f"last retrain failed: {predictor.retrain_error}"
+        if predictor is not None and not self.learner.alive and not self._stop.is_set():
+            out.setdefault("learner", "the learner process is not running")
         out.update(self._loop_errors)
         for thread in self._threads:
             if not thread.is_alive() and not self._stop.is_set():
@@ -419,11 +425,10 @@ class ServiceRuntime:
     def live_values(self) -> dict[str, Any]:
         """Values metrics read at scrape time."""
         predictor = self.predictor
-        values: dict[str, Any] = {"learned": dict(self._learned)}
+        values: dict[str, Any] = {"learned": self.learned()}
         if predictor is not None:
-            status = predictor.status()
             values["model_version"] = predictor.version
-            values["window"] = dict(status.get("window", {}))
+            values["window"] = dict(self.model_status().get("window", {}))
             loaded = predictor.last_model_load
             values["model_age_seconds"] = time.time() - loaded.timestamp() if loaded else time.time() - self.started_at
         try:
@@ -435,19 +440,24 @@ class ServiceRuntime:
         return values
 
     def learned(self) -> dict[str, int]:
+        """Observations the serving model has learned from, per target: this replica's learning and, once it
+        adopted a published model, what the publisher had learned (the same stream, read by every replica)."""
+        predictor = self.predictor
+        if predictor is None:
+            return {"ttft": 0, "tpot": 0}
+        return {t: int(n) for t, n in predictor.status()["observations"].items()}
+
+    def model_status(self) -> dict[str, Any]:
+        """The serving model's status, with what only the learner process knows (its window) filled in."""
+        predictor = self.predictor
+        if predictor is None:
+            return {}
+        status = predictor.status()
         with self._counts_lock:
-            return dict(self._learned)
-
-
-def lower_priority(native_thread_id: int, nice: int) -> None:
-    """Raise one thread's nice value (Linux schedules threads individually); a no-op where unsupported."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, native_thread_id)
-        os.setpriority(os.PRIO_PROCESS, native_thread_id, min(19, max(current, nice)))
-    except OSError:
-        log.debug("cannot lower the priority of thread %d", native_thread_id)
+            report = self._report
+        if report is not None:
+            status["window"] = dict(report.window)
+        return status
 
 
 def rfc3339(moment: datetime | None) -> str | None:

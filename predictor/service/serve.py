@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 
@@ -31,6 +32,9 @@ def serve(settings: ServiceSettings) -> None:
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, access_log=False, log_level="warning", timeout_keep_alive=75
     )
+    # Everything imported and built so far lives as long as the process: keep the collector from walking it
+    # again on every full collection (each walk stalls the requests in flight).
+    gc.freeze()
     try:
         uvicorn.Server(config).run()
     finally:

@@ -1,0 +1,77 @@
+"""The learner process: it learns what the service forwards, hands back snapshots, and survives being killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import replace
+
+from fastapi.testclient import TestClient
+from test_service_store import entry, wait_until
+
+from predictor.service.app import create_app
+from predictor.service.learning import LearnerReport, Snapshot
+from predictor.settings import ServiceSettings
+from predictor.store.memory import MemoryStore
+
+ROW = {k: v for k, v in entry(0).items() if not k.startswith("actual_")}
+
+
+def _predict(client: TestClient) -> float:
+    answer = client.post("/predict/bulk/strict", json={"requests": [ROW]})
+    assert answer.status_code == 200
+    ttft: float = answer.json()["predictions"][0]["ttft_ms"]
+    return ttft
+
+
+def test_learning_happens_in_another_process_and_reaches_the_served_model() -> None:
+    with TestClient(create_app(ServiceSettings(retrain_every=100_000))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        before = _predict(c)
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(800)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 800, timeout_s=60)
+        assert runtime.learner.pid not in (None, os.getpid())
+        assert runtime.model_status()["window"] == {"ttft": 400, "tpot": 400}
+        assert _predict(c) != before
+
+
+def test_a_killed_learner_is_restarted_and_no_accepted_observation_is_lost() -> None:
+    with TestClient(create_app(ServiceSettings(retrain_every=100_000))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(600)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 600, timeout_s=60)
+        first = runtime.learner.pid
+        os.kill(first, signal.SIGKILL)
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(600, 1000)]})
+        assert wait_until(lambda: runtime.learner.alive and runtime.learner.pid != first, timeout_s=30)
+        # Every accepted observation is learned exactly once in the served model's lineage.
+        assert wait_until(lambda: sum(runtime.learned().values()) == 1000, timeout_s=60)
+        assert runtime.model_status()["observations"] == {"ttft": 500, "tpot": 500}
+        assert "learner" not in c.get("/readyz").json()["degraded"]
+
+
+def test_a_snapshot_from_before_an_adoption_is_ignored() -> None:
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(retrain_every=100_000), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(400)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 400, timeout_s=60)
+        state, compiled = runtime.predictor.snapshot()
+        report = runtime._report
+        assert report is not None
+        other = runtime.predictor
+        other.version = 41
+        store.publish_model(other.to_bytes())  # another replica's model: adopting it starts a new epoch
+        assert wait_until(lambda: runtime.store_version == 1, timeout_s=10)
+        served = runtime.predictor
+        runtime._on_snapshot(Snapshot(state, compiled, replace(report, epoch=report.epoch - 1), None))
+        assert runtime.predictor is served
+
+
+def test_learner_report_round_trips_through_the_pipe() -> None:
+    """The report crosses the process boundary by pickling: it must stay a plain picklable dataclass."""
+    import pickle
+
+    report = LearnerReport(epoch=1, cursor="5", window={"ttft": 1, "tpot": 2},
+                           last_retrain=None, retrain_error=None, last_model_load=None)  # fmt: skip
+    assert pickle.loads(pickle.dumps(report)) == report
