@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -160,6 +161,31 @@ def grpc_caller(stub: Any, rows: list[dict[str, Any]]) -> Callable[[], None]:
     return call
 
 
+FEED_BATCH = 200
+FEED_PERIOD_S = 0.1  # 2,000 observations a second: the learner keeps learning and retraining throughout
+
+
+def feed_observations(port: int, entries: list[dict[str, Any]], stop: Any, posted: Any) -> None:
+    """Runs in its own process (so that it shares no GIL with the timed client): posts a batch of training
+    data every FEED_PERIOD_S until `stop` is set, counting what it posted in `posted`."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {"Content-Type": "application/json"}
+    b = 0
+    next_at = time.monotonic()
+    while not stop.is_set():
+        batch = [entries[(b * FEED_BATCH + i) % len(entries)] for i in range(FEED_BATCH)]
+        connection.request("POST", "/add_training_data_bulk", json.dumps({"entries": batch}).encode(), headers)
+        response = connection.getresponse()
+        response.read()
+        if response.status != 202:
+            raise RuntimeError(f"/add_training_data_bulk answered {response.status}")
+        posted.value += FEED_BATCH
+        b += 1
+        next_at += FEED_PERIOD_S
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    connection.close()
+
+
 def retrain_count(client: httpx.Client) -> int:
     text = client.get("/metrics").text
     total = 0
@@ -220,17 +246,31 @@ def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
             report["ingest_samples_per_s"] = round(INGEST_BATCH * INGEST_BATCHES / elapsed)
             say(f"ingested {INGEST_BATCH * INGEST_BATCHES} samples at {report['ingest_samples_per_s']}/s")
 
-            # The service now learns the backlog and retrains behind the answers: measure 100 rows again.
+            # The service now learns the backlog and retrains behind the answers, and a feeder process keeps
+            # sending observations while 100-row calls are timed again.
             connection.close()
             connection = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=10)
             http_call, grpc_call = http_caller(connection, rows[:100]), grpc_caller(stub, rows[:100])
-            during_http = time_calls(http_call, calls)
-            during_grpc = time_calls(grpc_call, calls)
+            context = multiprocessing.get_context("spawn")
+            stop, posted = context.Event(), context.Value("q", 0)
+            feeder = context.Process(target=feed_observations, args=(service.http_port, entries, stop, posted))
+            feeder.start()
+            try:
+                started = time.perf_counter()
+                during_http = time_calls(http_call, calls)
+                during_grpc = time_calls(grpc_call, calls)
+                elapsed = time.perf_counter() - started
+            finally:
+                stop.set()
+                feeder.join(30)
+            if feeder.exitcode != 0:
+                raise RuntimeError(f"the observation feeder failed (exit code {feeder.exitcode})")
             retrains = retrain_count(client) - retrains_before
             report["while_learning"] = {
                 "http_rows_100": percentiles(during_http),
                 "grpc_rows_100": percentiles(during_grpc),
                 "retrains_completed": retrains,
+                "observations_fed_per_s": round(posted.value / elapsed),
             }
             connection.close()
             say(f"while learning ({retrains} retrains): {report['while_learning']}")
@@ -250,7 +290,8 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         print(f"{n:>4} rows  {h['p50_ms']:>9.3f} {h['p99_ms']:>9.3f} {g['p50_ms']:>9.3f} {g['p99_ms']:>9.3f}")
     w = report["while_learning"]
     print(
-        f"100 rows while learning ({w['retrains_completed']} retrains): "
+        f"100 rows while learning ({w['retrains_completed']} retrains, "
+        f"{w['observations_fed_per_s']:,} observations/s fed): "
         f"HTTP p99 {w['http_rows_100']['p99_ms']:.3f} ms, gRPC p99 {w['grpc_rows_100']['p99_ms']:.3f} ms"
     )
     print(f"ingestion: {report['ingest_samples_per_s']:,} samples/s (batches of {INGEST_BATCH:,})")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.serving import load_entries, percentiles, prediction_rows, print_report
+from bench.serving import load_entries, percentiles, prediction_rows, print_report, run_serving
 
 
 def test_inputs_are_llmd_rows_without_actuals() -> None:
@@ -34,10 +34,21 @@ def test_report_prints_as_json_or_a_table(capsys: pytest.CaptureFixture[str]) ->
         "http": {f"rows_{n}": cell for n in (1, 10, 100)},
         "grpc": {f"rows_{n}": cell for n in (1, 10, 100)},
         "ingest_samples_per_s": 61000,
-        "while_learning": {"http_rows_100": cell, "grpc_rows_100": cell, "retrains_completed": 2},
+        "while_learning": {"http_rows_100": cell, "grpc_rows_100": cell, "retrains_completed": 2,
+                           "observations_fed_per_s": 2000},
     }
     print_report(report, as_json=True)
     assert json.loads(capsys.readouterr().out) == report
     print_report(report, as_json=False)
     text = capsys.readouterr().out
-    assert "100 rows" in text and "61,000 samples/s" in text and "2 retrains" in text
+    assert "100 rows" in text and "61,000 samples/s" in text and "2 retrains" in text and "2,000 observations/s" in text
+
+
+def test_the_benchmark_runs_end_to_end_against_a_real_service_process() -> None:
+    report = run_serving(calls=30, progress=False)
+    for protocol in ("http", "grpc"):
+        for n in (1, 10, 100):
+            cell = report[protocol][f"rows_{n}"]
+            assert 0 < cell["p50_ms"] <= cell["p99_ms"]
+    assert report["ingest_samples_per_s"] > 0
+    assert report["while_learning"]["observations_fed_per_s"] > 0
