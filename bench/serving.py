@@ -71,27 +71,21 @@ def prediction_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class ServiceProcess:
-    """`leadtime serve` in a child process on free loopback ports."""
+    """`leadtime serve` (or, with `floor=True`, the bare stack of `bench.stack_floor`) in a child process on free
+    loopback ports."""
 
-    def __init__(self) -> None:
+    def __init__(self, floor: bool = False) -> None:
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.http_port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
         env["LEADTIME_ACCELERATOR"] = "h200-sxm"
         env["LEADTIME_MODEL"] = "qwen3-32b"
-        command = [
-            sys.executable,
-            "-m",
-            "leadtime_cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.http_port),
-            "--grpc-port",
-            str(self.grpc_port),
-        ]
+        ports = ["--port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        if floor:
+            command = [sys.executable, "-m", "bench.stack_floor", *ports]
+        else:
+            command = [sys.executable, "-m", "leadtime_cli", "serve", "--host", "127.0.0.1", *ports]
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
@@ -274,10 +268,37 @@ def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
             }
             connection.close()
             say(f"while learning ({retrains} retrains): {report['while_learning']}")
-        report["load_average_1m_after"] = round(os.getloadavg()[0], 2)
-        return report
     finally:
         service.stop()
+    report["stack_floor"] = measure_floor(rows[:100], calls)
+    say(f"the bare stack, 100 rows: {report['stack_floor']}")
+    report["load_average_1m_after"] = round(os.getloadavg()[0], 2)
+    return report
+
+
+def measure_floor(rows: list[dict[str, Any]], calls: int) -> dict[str, Any]:
+    """The same 100-row calls against the serving stack with nothing behind it (`bench.stack_floor`)."""
+    import grpc
+
+    from predictor.grpc import leadtime_pb2_grpc
+
+    floor = ServiceProcess(floor=True)
+    try:
+        floor.wait_ready()
+        connection = http.client.HTTPConnection("127.0.0.1", floor.http_port, timeout=10)
+        with grpc.insecure_channel(f"127.0.0.1:{floor.grpc_port}") as channel:
+            http_call = http_caller(connection, rows)
+            grpc_call = grpc_caller(leadtime_pb2_grpc.PredictorStub(channel), rows)
+            time_calls(http_call, WARMUP_CALLS)
+            time_calls(grpc_call, WARMUP_CALLS)
+            out = {
+                "http_rows_100": percentiles(time_calls(http_call, calls)),
+                "grpc_rows_100": percentiles(time_calls(grpc_call, calls)),
+            }
+        connection.close()
+        return out
+    finally:
+        floor.stop()
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
@@ -293,6 +314,12 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         f"100 rows while learning ({w['retrains_completed']} retrains, "
         f"{w['observations_fed_per_s']:,} observations/s fed): "
         f"HTTP p99 {w['http_rows_100']['p99_ms']:.3f} ms, gRPC p99 {w['grpc_rows_100']['p99_ms']:.3f} ms"
+    )
+    f = report["stack_floor"]
+    print(
+        f"the bare stack (same servers, no work), 100 rows: HTTP p50 {f['http_rows_100']['p50_ms']:.3f} / "
+        f"p99 {f['http_rows_100']['p99_ms']:.3f} ms, gRPC p50 {f['grpc_rows_100']['p50_ms']:.3f} / "
+        f"p99 {f['grpc_rows_100']['p99_ms']:.3f} ms"
     )
     print(f"ingestion: {report['ingest_samples_per_s']:,} samples/s (batches of {INGEST_BATCH:,})")
     print(

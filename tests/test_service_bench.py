@@ -36,12 +36,14 @@ def test_report_prints_as_json_or_a_table(capsys: pytest.CaptureFixture[str]) ->
         "ingest_samples_per_s": 61000,
         "while_learning": {"http_rows_100": cell, "grpc_rows_100": cell, "retrains_completed": 2,
                            "observations_fed_per_s": 2000},
+        "stack_floor": {"http_rows_100": cell, "grpc_rows_100": cell},
     }
     print_report(report, as_json=True)
     assert json.loads(capsys.readouterr().out) == report
     print_report(report, as_json=False)
     text = capsys.readouterr().out
     assert "100 rows" in text and "61,000 samples/s" in text and "2 retrains" in text and "2,000 observations/s" in text
+    assert "the bare stack" in text
 
 
 def test_the_benchmark_runs_end_to_end_against_a_real_service_process() -> None:
@@ -52,3 +54,5 @@ def test_the_benchmark_runs_end_to_end_against_a_real_service_process() -> None:
             assert 0 < cell["p50_ms"] <= cell["p99_ms"]
     assert report["ingest_samples_per_s"] > 0
     assert report["while_learning"]["observations_fed_per_s"] > 0
+    for cell in report["stack_floor"].values():
+        assert 0 < cell["p50_ms"] <= cell["p99_ms"]
