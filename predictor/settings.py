@@ -46,7 +46,11 @@ class ServiceSettings(BaseModel):
     )
     lease_ttl_s: float = Field(default=10.0, gt=0)
     background_nice: int = Field(
-        default=10, ge=0, le=19, description="Nice value of the learner process (0 = same as the handlers)."
+        default=10,
+        ge=0,
+        le=19,
+        description="Nice value of the learner process (0 = same as the handlers; 19 also makes it SCHED_IDLE: it "
+        "then runs only on CPU nothing else wants, and may fall behind on a saturated machine).",
     )
     snapshot_interval_s: float = Field(
         default=0.25,

@@ -75,3 +75,21 @@ def test_learner_report_round_trips_through_the_pipe() -> None:
     report = LearnerReport(epoch=1, cursor="5", window={"ttft": 1, "tpot": 2},
                            last_retrain=None, retrain_error=None, last_model_load=None)  # fmt: skip
     assert pickle.loads(pickle.dumps(report)) == report
+
+
+def test_the_learner_priority_is_lowered_and_at_19_becomes_idle_class() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import os\n"
+        "from predictor.service.learning import _lower_priority\n"
+        "_lower_priority(int(os.environ['NICE']))\n"
+        "print(os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0) == os.SCHED_IDLE)\n"
+    )
+    for nice, idle in ((10, "False"), (19, "True")):
+        out = subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, "NICE": str(nice)}, capture_output=True, text=True,
+            check=True,
+        ).stdout.split()
+        assert out == [str(nice), idle]
