@@ -2,9 +2,7 @@
 
 It keeps the same semantics as the shared store (cursors, versions, a lease) so that the service runs one
 code path with or without Redis. Observations are retained up to a bound; entries trimmed before the ingest
-loop has read them are counted as dropped, never lost silently. They are held as JSON bytes, not dicts: the
-garbage collector walks every dict in the process on a full collection (~100 ms with 200,000 retained
-entries, measured, stalling every request), and it never walks bytes.
+loop has read them are counted as dropped, never lost silently.
 """
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
-
-import orjson
 
 _KEEP_MODELS = 4
 
@@ -35,7 +31,7 @@ class MemoryStore:
         self._retain = retain
         self._lock = threading.Lock()
         self._model_published = threading.Condition(self._lock)
-        self._entries: deque[bytes] = deque()
+        self._entries: deque[dict[str, Any]] = deque()
         self._first_index = 0  # absolute index of self._entries[0]
         self._highest_read = 0  # absolute index one past the newest entry any reader has seen
         self._appended = 0
@@ -46,9 +42,8 @@ class MemoryStore:
         self._lease_expires = 0.0
 
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
-        encoded = [orjson.dumps(e, option=orjson.OPT_SERIALIZE_NUMPY) for e in entries]
         with self._lock:
-            self._entries.extend(encoded)
+            self._entries.extend(entries)
             self._appended += len(entries)
             excess = len(self._entries) - self._retain
             if excess > 0:
@@ -67,9 +62,9 @@ class MemoryStore:
             start = max(start, self._first_index)
             end = min(self._first_index + len(self._entries), start + max(0, max_count))
             offset = start - self._first_index
-            raw = [self._entries[offset + i] for i in range(end - start)]
+            out = [self._entries[offset + i] for i in range(end - start)]
             self._highest_read = max(self._highest_read, end)
-        return str(end), [orjson.loads(b) for b in raw]
+            return str(end), out
 
     def publish_model(self, artifact: bytes) -> int:
         with self._model_published:
