@@ -127,6 +127,8 @@ class _Child:
             self.predictor.config.retrain = old.config.retrain
             self.predictor.config.retrain_every = old.config.retrain_every
             old.close()
+            self.retrains.clear()  # results of the replaced learner's retrains describe a model no longer served
+            self.retrained.clear()
             self.cursor, self.epoch = cursor, epoch
         elif kind == "lease":
             _, retrain, every = message
