@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,7 +264,7 @@ def _probe_rows(compiled: CompiledTrees, rows: int = 128) -> np.ndarray:
     return x
 
 
-def compile_booster(booster: lgb.Booster) -> CompiledTrees | None:
+def compile_booster(booster: Booster) -> CompiledTrees | None:
     """The booster as CompiledTrees, or None when it must stay with LightGBM.
 
     None for anything not reproduced exactly (categorical or zero-as-missing splits, linear trees, more than 8
@@ -286,10 +287,60 @@ def compile_booster(booster: lgb.Booster) -> CompiledTrees | None:
     return compiled
 
 
-def _predict(booster: lgb.Booster, compiled: CompiledTrees | None, features: np.ndarray) -> np.ndarray:
+def _predict(booster: Booster, compiled: CompiledTrees | None, features: np.ndarray) -> np.ndarray:
     if compiled is not None and compiled.accepts(features):
         return compiled.predict(features)
     return np.asarray(booster.predict(features, num_threads=1))
+
+
+def parse_booster(text: str, checked: bool = False) -> lgb.Booster:
+    """LightGBM text → Booster, refusing malformed text before LightGBM sees it (`checked`: the caller did) and
+    models of other features."""
+    if not checked:
+        check_lightgbm_text(text)
+    booster = lgb.Booster(model_str=text)
+    if booster.feature_name() != list(TREE_FEATURES):
+        raise ValueError("tree model was trained on other features")
+    return booster
+
+
+class TextBooster:
+    """A booster known by its LightGBM text and its compiled form, parsed by LightGBM only when something needs
+    LightGBM itself (importances, a booster without a compiled form).
+
+    The service receives each retrained model from its learner process with the trees already compiled, so it
+    never needs the parsed boosters to predict; parsing four of them (~8 ms, much of it holding the GIL) at every
+    retrain would stall the requests in flight.
+    """
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._booster: lgb.Booster | None = None
+        self._lock = threading.Lock()
+
+    def booster(self) -> lgb.Booster:
+        with self._lock:
+            if self._booster is None:
+                self._booster = parse_booster(self._text)
+            return self._booster
+
+    def model_to_string(self) -> str:
+        return self._text
+
+    def predict(self, x: Any, num_threads: int = 1) -> Any:
+        return self.booster().predict(x, num_threads=num_threads)
+
+    def feature_importance(self, importance_type: str = "split") -> Any:
+        return self.booster().feature_importance(importance_type=importance_type)
+
+    def feature_name(self) -> list[str]:
+        return list(self.booster().feature_name())
+
+    def dump_model(self) -> dict[str, Any]:
+        return dict(self.booster().dump_model())
+
+
+Booster = lgb.Booster | TextBooster
 
 
 @dataclass
@@ -302,8 +353,8 @@ class ResidualTrees:
     its learner process compiled, so neither a lock nor a request waits for a compilation.
     """
 
-    mean: lgb.Booster | None = None
-    upper: lgb.Booster | None = None
+    mean: Booster | None = None
+    upper: Booster | None = None
     compiled: dict[str, CompiledTrees | None] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -336,8 +387,12 @@ class ResidualTrees:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], compiled: dict[str, CompiledTrees | None] | None = None) -> ResidualTrees:
-        """`compiled`: the boosters' compiled forms when the caller has them (else they are compiled here)."""
-        def load(text: Any, digest: Any) -> lgb.Booster | None:
+        """`compiled`: the boosters' compiled forms when the caller has them (else they are compiled here). A
+        booster that comes with its compiled form is kept as text until LightGBM itself is needed."""
+        forms = dict(compiled) if compiled is not None else {}
+
+        def load(name: str) -> Booster | None:
+            text, digest = d.get(name), d.get(f"{name}_sha256")
             if text is None:
                 return None
             if not isinstance(text, str):
@@ -345,10 +400,8 @@ class ResidualTrees:
             check_lightgbm_text(text)
             if digest != hashlib.sha256(text.encode()).hexdigest():
                 raise ValueError("tree model does not match its checksum (corrupted?)")
-            booster = lgb.Booster(model_str=text)
-            if booster.feature_name() != list(TREE_FEATURES):
-                raise ValueError("tree model was trained on other features")
-            return booster
+            if forms.get(name) is not None:
+                return TextBooster(text)
+            return parse_booster(text, checked=True)
 
-        mean, upper = load(d.get("mean"), d.get("mean_sha256")), load(d.get("upper"), d.get("upper_sha256"))
-        return cls(mean=mean, upper=upper, compiled=dict(compiled) if compiled is not None else {})
+        return cls(mean=load("mean"), upper=load("upper"), compiled=forms)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import predictor.trees as trees_module
-from predictor.trees import TREE_FEATURES, ResidualTrees, compile_booster, fit_booster
+from predictor.trees import TREE_FEATURES, ResidualTrees, TextBooster, compile_booster, fit_booster
 
 WIDTH = len(TREE_FEATURES)
 K_ZERO = float(np.float32(1e-35))  # LightGBM's kZeroThreshold
@@ -212,3 +212,29 @@ def test_a_compiled_form_that_disagrees_or_fails_is_not_used(training: tuple, mo
         np.testing.assert_array_equal(
             ResidualTrees(mean=booster).predict_mean(probe), booster.predict(probe, num_threads=1)
         )
+
+
+def test_trees_loaded_with_their_compiled_forms_stay_text_until_lightgbm_is_needed(training: tuple) -> None:
+    x, y = training
+    mean = fit_booster("tpot", "regression", 0.9, x, y, rounds=60, seed=3)
+    upper = fit_booster("tpot", "quantile", 0.9, x, y, rounds=60, seed=3)
+    trees = ResidualTrees(mean=mean, upper=upper)
+    probe = _hard_inputs(mean, 100, 12)
+    loaded = ResidualTrees.from_dict(trees.to_dict(), compiled=trees.compiled)
+    assert isinstance(loaded.mean, TextBooster) and isinstance(loaded.upper, TextBooster)
+    np.testing.assert_array_equal(loaded.predict_mean(probe), mean.predict(probe, num_threads=1))
+    np.testing.assert_array_equal(loaded.predict_upper(probe), upper.predict(probe, num_threads=1))
+    assert loaded.to_dict() == trees.to_dict()
+    assert loaded.mean._booster is None  # predicting and serializing never parsed it
+    # What the compiled form does not take goes to LightGBM, parsed on first use; importances need it too.
+    np.testing.assert_array_equal(
+        loaded.predict_mean(probe.astype(np.float32)), mean.predict(probe.astype(np.float32), num_threads=1)
+    )
+    np.testing.assert_array_equal(
+        loaded.mean.feature_importance(importance_type="gain"), mean.feature_importance(importance_type="gain")
+    )
+    # Text is still checked before it is kept: a truncated model is refused at load, not at first use.
+    broken = dict(trees.to_dict())
+    broken["mean"] = str(broken["mean"])[: len(str(broken["mean"])) // 2]
+    with pytest.raises(ValueError, match="LightGBM text"):
+        ResidualTrees.from_dict(broken, compiled=trees.compiled)
