@@ -93,3 +93,20 @@ def test_the_learner_priority_is_lowered_and_at_19_becomes_idle_class() -> None:
             check=True,
         ).stdout.split()
         assert out == [str(nice), idle]
+
+
+def test_shutdown_does_not_hang_on_a_learner_that_stopped_reading() -> None:
+    import time
+
+    client = TestClient(create_app(ServiceSettings(retrain_every=100_000)))
+    client.__enter__()
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    assert wait_until(lambda: runtime.learner.alive, timeout_s=10)
+    os.kill(runtime.learner.pid, signal.SIGSTOP)  # alive but reading nothing: the pipe fills up
+    for start in range(0, 20_000, 2_000):
+        client.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(start, start + 2_000)]})
+    time.sleep(1.0)  # the ingest loop is now blocked writing to the full pipe
+    started = time.monotonic()
+    client.__exit__(None, None, None)
+    assert time.monotonic() - started < 20
+    assert not runtime.learner.alive

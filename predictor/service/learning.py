@@ -1,13 +1,13 @@
 """Learning in a child process, so that learning and retraining never take the serving process's GIL.
 
 A Python process runs one thread at a time: a learner thread beside the handlers slows every request that
-overlaps it (measured: 100-row p99 from ~4 to 8–15 ms while a backlog was learned and trees retrained). Here
+overlaps it (measured: 100-row p99 from ~4–6 to 7–15 ms while a backlog was learned and trees retrained). Here
 the learning `OnlinePredictor` lives in a child process at a lower CPU priority. The service forwards each
 batch it reads from the observation stream together with the stream positions before and after it; the child
 learns it and, at most every `snapshot_interval_s` (and after every retrain), sends back its model's state (what
 an artifact holds, not yet JSON-encoded) with the stream position it has learned to and the trees' compiled
 forms. The service swaps that in as its serving predictor, keeping already-parsed LightGBM boosters whose text
-did not change; it never encodes, parses JSON or compiles trees for a snapshot.
+did not change; for a snapshot it never encodes or parses JSON, parses LightGBM text or compiles trees.
 
 A batch whose "before" position is not where the child stands is dropped: it was read before the service
 adopted another model (with its own position), and the service reads the stream again from there. If the child
@@ -268,16 +268,20 @@ class LearnerProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def _send(self, message: tuple[Any, ...]) -> bool:
-        """False when the child is gone (the receiver notices and reports it)."""
-        with self._send_lock:
+    def _send(self, message: tuple[Any, ...], wait_s: float = -1) -> bool:
+        """False when the child is gone (the receiver notices and reports it), or when another send has held the
+        pipe for `wait_s` seconds (a child that stopped reading must not hang whoever sends next)."""
+        if not self._send_lock.acquire(timeout=wait_s):
+            return False
+        try:
             if self._conn is None:
                 return False
-            try:
-                self._conn.send(message)
-                return True
-            except (OSError, ValueError):
-                return False
+            self._conn.send(message)
+            return True
+        except (OSError, ValueError):
+            return False
+        finally:
+            self._send_lock.release()
 
     def learn(self, before: str, after: str, entries: list[dict[str, Any]]) -> bool:
         """Forward one batch read from the stream between positions `before` and `after` (blocks when the
@@ -313,12 +317,15 @@ class LearnerProcess:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping = True
-        self._send(("stop",))
         process = self._process
         if process is not None:
-            process.join(timeout_s)
+            if self._send(("stop",), wait_s=2.0):
+                process.join(timeout_s)
             if process.is_alive():
                 process.terminate()
+                process.join(2.0)
+            if process.is_alive():  # stopped or wedged: SIGTERM waits, SIGKILL does not
+                process.kill()
                 process.join(2.0)
         with self._send_lock:
             if self._conn is not None:
