@@ -110,3 +110,13 @@ def test_shutdown_does_not_hang_on_a_learner_that_stopped_reading() -> None:
     client.__exit__(None, None, None)
     assert time.monotonic() - started < 20
     assert not runtime.learner.alive
+
+
+def test_flushing_training_data_empties_the_learners_window() -> None:
+    with TestClient(create_app(ServiceSettings(retrain_every=100_000))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(400)]})
+        assert wait_until(lambda: runtime.model_status().get("window") == {"ttft": 200, "tpot": 200}, timeout_s=60)
+        assert c.post("/flush", json={"flush_test_data": False}).status_code == 200
+        assert wait_until(lambda: runtime.model_status().get("window") == {"ttft": 0, "tpot": 0}, timeout_s=10)
+        assert runtime.learned() == {"ttft": 200, "tpot": 200}  # flushing the window forgets no learning

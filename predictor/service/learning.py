@@ -297,7 +297,9 @@ class LearnerProcess:
         return self._send(("lease", retrain, retrain_every))
 
     def flush_window(self) -> bool:
-        return self._send(("flush",))
+        """Ask the learner to empty its retraining window; called from a request handler, so it waits for the
+        pipe at most 2 s (False: not delivered)."""
+        return self._send(("flush",), wait_s=2.0)
 
     def _receive(self, conn: Connection) -> None:
         while True:

@@ -6,6 +6,7 @@ place Leadtime deliberately differs): a model fetched from here is data and cann
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import tarfile
@@ -76,7 +77,9 @@ def _check_name(name: str) -> None:
 )
 async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
     try:
-        synced, loaded = runtime.sync_from_store()
+        # In a worker thread: loading a model waits for the registry and for the learner's pipe, and the event
+        # loop must keep answering predictions meanwhile.
+        synced, loaded = await asyncio.to_thread(runtime.sync_from_store)
     except ArtifactError as err:
         raise HTTPException(409, f"the newest published model was refused: {err}") from None
     except Exception as err:

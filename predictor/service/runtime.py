@@ -395,8 +395,8 @@ class ServiceRuntime:
                 if test:
                     out[f"{target}_test"] = self.samples.test[target]
                     self.samples.test[target] = 0
-        if training:
-            self.learner.flush_window()
+        if training and not self.learner.flush_window():
+            log.warning("the learner did not take the request to flush its window (busy or restarting)")
         return out
 
     # --- introspection --------------------------------------------------------------------------------------
