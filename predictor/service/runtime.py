@@ -284,16 +284,27 @@ class ServiceRuntime:
                 self._refused_version = max(self._refused_version, version)
                 self._loop_errors["model_sync"] = f"published model {version} refused: {err}"
                 raise
-            with self._learn_lock:
+            self._learn_lock.acquire()
+            try:
                 self._install(predictor)
                 self._adopt_cursor(predictor)
                 self._served_cursor = self._cursor
                 self._epoch += 1
+                epoch, cursor = self._epoch, self._cursor
                 with self._counts_lock:
                     self._report = None
-                self.learner.adopt(artifact, self._cursor, self._epoch)
-            self.store_version = version
-            self._loop_errors.pop("model_sync", None)
+                self.store_version = version
+                self._loop_errors.pop("model_sync", None)
+            except BaseException:
+                self._learn_lock.release()
+                raise
+        # Tell the learner with only _learn_lock held (no batch can overtake this message), not _swap_lock: the
+        # receiver needs that one to take the learner's next snapshot, and a learner blocked sending a snapshot
+        # does not read what we send.
+        try:
+            self.learner.adopt(artifact, cursor, epoch)
+        finally:
+            self._learn_lock.release()
         self.metrics.model_swaps.inc()
         return True, True
 
