@@ -337,51 +337,6 @@ class RowParser:
         self._groups[key] = index
         return index
 
-    def _fast_row(self, row: Any) -> tuple[float, ...] | None:
-        """The common llm-d row (no Leadtime extras, plain valid values) in one pass; None: check slowly."""
-        if type(row) is not dict or not _EXTRAS.isdisjoint(row):
-            return None
-        g = row.get
-        kv = g("kv_cache_percentage")
-        score = g("prefix_cache_score")
-        n_in = g("input_token_length")
-        waiting = g("num_request_waiting")
-        running = g("num_request_running")
-        generated = g("num_tokens_generated")
-        prefill = g("prefill_tokens_in_flight", 0)
-        decode = g("decode_tokens_in_flight", 0)
-        matched = g("encoder_matched_size", 0)
-        enc_in = g("encoder_input_size", 0)
-        pod_type = g("pod_type", "")
-        pod = _POD_TYPES.get(pod_type) if type(pod_type) is str else None
-        top = MAX_COUNT
-        if (
-            (type(kv) is float or type(kv) is int)
-            and 0 <= kv <= 1
-            and (type(score) is float or type(score) is int)
-            and 0 <= score <= 1
-            and type(n_in) is int
-            and 0 <= n_in <= top
-            and type(waiting) is int
-            and 0 <= waiting <= top
-            and type(running) is int
-            and 0 <= running <= top
-            and type(generated) is int
-            and 0 <= generated <= top
-            and type(prefill) is int
-            and 0 <= prefill <= top
-            and type(decode) is int
-            and 0 <= decode <= top
-            and type(matched) is int
-            and 0 <= matched <= top
-            and type(enc_in) is int
-            and 0 <= enc_in <= top
-            and pod is not None
-        ):
-            return (n_in, generated, waiting, running, prefill, decode, enc_in, matched, kv, score, pod, 1.0, 0.0,
-                    self._default_group)  # fmt: skip
-        return None
-
     def _raw_row(self, row: Any, native: bool) -> tuple[tuple[float, ...], str, str]:
         """One row → (raw values, endpoint id, accelerator slug); raises FeatureError naming the field."""
         if not isinstance(row, Mapping):
@@ -452,15 +407,7 @@ class RowParser:
         raw: list[tuple[float, ...]] = []
         endpoint_ids: list[str] = []
         accelerators: list[str] = []
-        fast = self._fast_row
-        default_accelerator = self.default_accelerator
         for i, row in enumerate(rows):
-            values_or_none = fast(row)
-            if values_or_none is not None:
-                raw.append(values_or_none)
-                endpoint_ids.append("")
-                accelerators.append(default_accelerator)
-                continue
             try:
                 values, endpoint_id, accelerator = self._raw_row(row, native)
             except FeatureError as err:
