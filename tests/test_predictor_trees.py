@@ -159,11 +159,16 @@ def test_what_it_cannot_reproduce_stays_with_lightgbm(
     np.testing.assert_array_equal(trees.predict_upper(probe), booster.predict(probe, num_threads=1))
 
 
-def test_residual_trees_predict_like_their_boosters(training: tuple) -> None:
+def _fitted_pair(training: tuple, target: str) -> tuple[lgb.Booster, lgb.Booster, ResidualTrees]:
+    """A mean and an upper-quantile booster for `target`, and the ResidualTrees serving them."""
     x, y = training
-    mean = fit_booster("ttft", "regression", 0.9, x, y, rounds=60, seed=3)
-    upper = fit_booster("ttft", "quantile", 0.9, x, y, rounds=60, seed=3)
-    trees = ResidualTrees(mean=mean, upper=upper)
+    mean = fit_booster(target, "regression", 0.9, x, y, rounds=60, seed=3)
+    upper = fit_booster(target, "quantile", 0.9, x, y, rounds=60, seed=3)
+    return mean, upper, ResidualTrees(mean=mean, upper=upper)
+
+
+def test_residual_trees_predict_like_their_boosters(training: tuple) -> None:
+    mean, upper, trees = _fitted_pair(training, "ttft")
     probe = _hard_inputs(mean, 100, 11)
     np.testing.assert_array_equal(trees.predict_mean(probe), mean.predict(probe, num_threads=1))
     np.testing.assert_array_equal(trees.predict_upper(probe), upper.predict(probe, num_threads=1))
@@ -215,10 +220,7 @@ def test_a_compiled_form_that_disagrees_or_fails_is_not_used(training: tuple, mo
 
 
 def test_trees_loaded_with_their_compiled_forms_stay_text_until_lightgbm_is_needed(training: tuple) -> None:
-    x, y = training
-    mean = fit_booster("tpot", "regression", 0.9, x, y, rounds=60, seed=3)
-    upper = fit_booster("tpot", "quantile", 0.9, x, y, rounds=60, seed=3)
-    trees = ResidualTrees(mean=mean, upper=upper)
+    mean, upper, trees = _fitted_pair(training, "tpot")
     probe = _hard_inputs(mean, 100, 12)
     loaded = ResidualTrees.from_dict(trees.to_dict(), compiled=trees.compiled)
     assert isinstance(loaded.mean, TextBooster) and isinstance(loaded.upper, TextBooster)
