@@ -13,8 +13,9 @@ from predictor.settings import ServiceSettings
 
 log = logging.getLogger("leadtime.service")
 
-# The ingest loop learns in pure Python beside the request handlers; a short GIL switch interval (default
-# 5 ms) bounds how long a prediction can wait for it. Set per server process, never on import.
+# Learning runs in the learner process, but this process still installs its snapshots and forwards observations
+# on background threads, and gRPC handlers run on threads beside the HTTP event loop: a short GIL switch interval
+# (default 5 ms) bounds how long a prediction can wait for any of them. Set per server process, never on import.
 _SWITCH_INTERVAL_S = 0.0005
 
 
