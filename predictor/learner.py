@@ -60,7 +60,8 @@ class LearnerConfig:
     retrain_every
         Observations of a target between tree retrains; drift triggers earlier ones.
     background
-        Retrain in a background thread (the service) or synchronously (reproducible benchmarks).
+        Retrain in a background thread (in the service's learner process) or synchronously (reproducible
+        benchmarks).
     min_window
         Observations a target needs before its first tree is tried.
     tree_rounds

@@ -1,7 +1,7 @@
 """llm-d's training-server paths: /add_training_data_bulk (answers exactly 202), /data/status, /flush.
 
 Accepting is validate-then-append: every entry is checked (a bad one rejects the batch with 422 naming
-`entries[i].field`, nothing accepted), the batch goes to the store, and the ingest loop learns it behind.
+`entries[i].field`, nothing accepted), the batch goes to the store, and the learner process learns it behind.
 """
 
 from __future__ import annotations
