@@ -77,14 +77,17 @@ def correction_feature_names(target: str) -> list[str]:
 def correction_features(target: str, x: np.ndarray, prior: np.ndarray) -> np.ndarray:
     """φ(x): the design matrix of the online linear correction on log(actual / prior)."""
     log_idx, lin_idx = _LOG_INDEX[target], _LINEAR_INDEX
-    phi = np.empty((len(x), 2 + len(log_idx) + len(lin_idx)))
+    k = len(log_idx)
+    phi = np.empty((len(x), 2 + k + len(lin_idx)))
     phi[:, 0] = 1.0
-    phi[:, 1] = np.log(np.maximum(prior, 1e-3)) - _LOG_10
-    phi[:, 2 : 2 + len(log_idx)] = np.log1p(x[:, log_idx])
-    phi[:, 2 + len(log_idx) :] = x[:, lin_idx]
+    np.log(np.maximum(prior, 1e-3), out=phi[:, 1])
+    phi[:, 1] -= _LOG_10
+    np.log1p(x.take(log_idx, axis=1), out=phi[:, 2 : 2 + k])
+    phi[:, 2 + k :] = x.take(lin_idx, axis=1)
     return phi
 
 
 _LOG_10 = float(np.log(10.0))
-_LOG_INDEX = {t: [_C[c] for c in cols] for t, cols in _LOG_COLUMNS.items()}
-_LINEAR_INDEX = [_C[c] for c in (*_LINEAR_COLUMNS, "timeslice_resident")]
+# Index arrays, not lists: numpy converts a list on every call.
+_LOG_INDEX = {t: np.array([_C[c] for c in cols], dtype=np.intp) for t, cols in _LOG_COLUMNS.items()}
+_LINEAR_INDEX = np.array([_C[c] for c in (*_LINEAR_COLUMNS, "timeslice_resident")], dtype=np.intp)

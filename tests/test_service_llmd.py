@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 
@@ -334,3 +335,26 @@ def test_real_llmd_rows_from_the_h200_trace_are_accepted(client: TestClient) -> 
     rows = [{k: v for k, v in e.items() if not k.startswith("actual_")} for e in entries[:100]]
     r = client.post("/predict/bulk/strict", json={"requests": rows})
     assert r.status_code == 200 and r.json()["successful_predictions"] == 100
+
+
+def test_strict_answers_are_what_orjson_writes_for_the_answer_objects(client: TestClient) -> None:
+    from predictor.service.llmd_prediction import _served, strict_answer
+
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    rows = [llmd_row(input_token_length=n) for n in (1, 50, 4000, 123_457)]
+    parsed = runtime.parser.parse(rows)
+    raw = strict_answer(runtime, parsed, started=0.0)
+    answer = orjson.loads(raw)
+    assert raw == orjson.dumps(answer)  # the splice is byte for byte orjson's own encoding of what it holds
+    ttft, tpot = _served(runtime, parsed.X, parsed.endpoint_ids)
+    assert [p["ttft_ms"] for p in answer["predictions"]] == ttft
+    assert [p["tpot_ms"] for p in answer["predictions"]] == tpot
+    order = ["ttft_ms", "tpot_ms", "predicted_at", "model_type", "objective_type", "quantile", "last_model_load"]
+    assert all(list(p) == order for p in answer["predictions"])  # llm-d's field order
+
+
+def test_bodies_with_extras_or_errors_still_get_the_general_answers(client: TestClient) -> None:
+    r = client.post("/predict/bulk/strict", json={"requests": [llmd_row(endpoint_id="pod-a", input_token_length=9.0)]})
+    assert r.status_code == 200 and r.json()["total_requests"] == 1
+    r = client.post("/predict/bulk/strict", json={"requests": [llmd_row(), llmd_row(input_token_length=-3)]})
+    assert r.status_code == 422 and r.json()["field"] == "requests[1].input_token_length"

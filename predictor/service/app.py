@@ -24,6 +24,7 @@ from predictor.service.edge import (
     unexpected_error_handler,
     validation_error_handler,
 )
+from predictor.service.hot_path import STRICT_PATH, HotPath
 from predictor.service.runtime import ServiceRuntime
 from predictor.settings import ServiceSettings
 from predictor.store.base import Store
@@ -69,7 +70,12 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.runtime = runtime
-    app.add_middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes, runtime=runtime)
+    hot_paths = {}
+    if settings.serves_prediction:
+        hot_paths[STRICT_PATH] = HotPath(runtime).predict_bulk_strict
+    app.add_middleware(
+        EdgeMiddleware, max_body_bytes=settings.max_body_bytes, runtime=runtime, hot_paths=hot_paths
+    )
     app.add_exception_handler(FeatureError, feature_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)

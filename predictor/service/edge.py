@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import orjson
@@ -124,16 +125,25 @@ async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResp
 
 
 class EdgeMiddleware:
-    """Pure ASGI: refuse oversize bodies with 413 (declared or streamed) and record per-route metrics.
+    """Pure ASGI: refuse oversize bodies with 413 (declared or streamed), answer the hot paths, and record
+    per-route metrics.
 
     The body is read here, at most `max_body_bytes` of it, and replayed to the app, so a chunked upload
-    cannot slip past the limit.
+    cannot slip past the limit. `hot_paths` maps a POST path to a handler that answers a body itself (whole JSON
+    answer, status 200) or returns None to leave it to the app.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, runtime: ServiceRuntime) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        runtime: ServiceRuntime,
+        hot_paths: Mapping[str, Callable[[bytes], bytes | None]] | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.runtime = runtime
+        self.hot_paths = dict(hot_paths or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -147,21 +157,28 @@ class EdgeMiddleware:
                 status_holder[0] = message["status"]
             await send(message)
 
-        replay = await self._read_limited(scope, receive)
-        if replay is None:
-            await self._too_large(send_recording)
+        path: str | None = None
+        if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send_recording)
         else:
-            await self.app(scope, replay, send_recording)
-        route = scope.get("route")
-        path = getattr(route, "path", None) or "unmatched"
+            body = await self._read_limited(scope, receive)
+            hot = self.hot_paths.get(scope["path"]) if scope["method"] == "POST" else None
+            answer = hot(body) if hot is not None and body is not None else None
+            if answer is not None:
+                path = scope["path"]
+                await _send_json(send_recording, answer)
+            elif body is None:
+                await self._too_large(send_recording)
+            else:
+                await self.app(scope, _replay(body, receive), send_recording)
+        if path is None:
+            path = getattr(scope.get("route"), "path", None) or "unmatched"
         self.runtime.metrics.observe_request(
             path, scope.get("method", ""), status_holder[0], time.perf_counter() - started
         )
 
-    async def _read_limited(self, scope: Scope, receive: Receive) -> Receive | None:
-        """A receive that replays the already-read body, or None if the body exceeds the limit."""
-        if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
-            return receive
+    async def _read_limited(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole body, or None if it exceeds the limit."""
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
@@ -182,17 +199,7 @@ class EdgeMiddleware:
                 return None
             chunks.append(chunk)
             more = message.get("more_body", False)
-        body = b"".join(chunks)
-        sent = False
-
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return replay
+        return b"".join(chunks)
 
     async def _too_large(self, send: Send) -> None:
         body = json.dumps(
@@ -209,3 +216,28 @@ class EdgeMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the already-read body first, then whatever the connection says next."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _send_json(send: Send, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

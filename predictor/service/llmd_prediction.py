@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request, Response
 
 from features.errors import FeatureError
 from predictor.service.edge import ReadyRuntime, json_body, list_field
+from predictor.service.rows import ParsedRows
 from predictor.service.runtime import ServiceRuntime, rfc3339
 from predictor.service.schemas import (
     BulkPredictAnswer,
@@ -37,31 +38,57 @@ def _served(runtime: ServiceRuntime, x: np.ndarray, endpoint_ids: list[str] | No
         ttft, tpot = p.ttft_mean, p.tpot_mean
     else:
         ttft, tpot = p.ttft_quantile, p.tpot_quantile
-    ttft = np.nan_to_num(np.maximum(ttft, 0.0), nan=0.0, posinf=1e12)
-    tpot = np.nan_to_num(np.maximum(tpot, 0.0), nan=0.0, posinf=1e12)
     runtime.metrics.predictions.labels("llmd").inc(len(x))
-    return ttft.tolist(), tpot.tolist()
+    return served_values(ttft), served_values(tpot)
+
+
+def served_values(ms: np.ndarray) -> list[float]:
+    """Milliseconds as JSON can carry them: negatives and NaN become 0, infinities 1e12."""
+    out: list[float] = np.where(ms > 0.0, np.minimum(ms, 1e12), 0.0).tolist()  # NaN > 0 is False
+    return out
+
+
+def _answer_tail(runtime: ServiceRuntime) -> dict[str, Any]:
+    """Everything in an llm-d answer but the two predictions: the same for every row of a call."""
+    predictor = runtime.predictor
+    s = runtime.settings
+    return {
+        "predicted_at": datetime.now(UTC).isoformat(),
+        "model_type": "lightgbm",
+        "objective_type": s.objective,
+        "quantile": s.quantile,
+        "last_model_load": rfc3339(predictor.last_model_load) if predictor is not None else None,
+    }
 
 
 def _answers(runtime: ServiceRuntime, ttft: list[float], tpot: list[float]) -> list[dict[str, Any]]:
     """llm-d's answer objects; everything but the two predictions is shared by the call."""
-    predictor = runtime.predictor
-    s = runtime.settings
-    at = datetime.now(UTC).isoformat()
-    loaded = rfc3339(predictor.last_model_load) if predictor is not None else None
-    objective, quantile = s.objective, s.quantile
-    return [
+    tail = _answer_tail(runtime)
+    return [{"ttft_ms": a, "tpot_ms": b, **tail} for a, b in zip(ttft, tpot, strict=True)]
+
+
+def strict_answer(runtime: ServiceRuntime, parsed: ParsedRows, started: float) -> bytes:
+    """The whole /predict/bulk/strict answer, encoded.
+
+    The answer objects differ only in their two numbers, so each is spliced from the numbers orjson writes and
+    one encoded tail instead of building and encoding 100 dicts (byte for byte what orjson writes for them;
+    tested): ~0.1 ms less on the router's 100 rows.
+    """
+    ttft, tpot = _served(runtime, parsed.X, parsed.endpoint_ids)
+    tail = orjson.dumps(_answer_tail(runtime))[1:]  # '"predicted_at":...}'
+    answer = b'{"ttft_ms":%b,"tpot_ms":%b,' + tail.replace(b"%", b"%%")
+    numbers = zip(orjson.dumps(ttft)[1:-1].split(b","), orjson.dumps(tpot)[1:-1].split(b","), strict=True)
+    predictions = b",".join([answer % pair for pair in numbers])
+    n = len(ttft)
+    totals = orjson.dumps(
         {
-            "ttft_ms": a,
-            "tpot_ms": b,
-            "predicted_at": at,
-            "model_type": "lightgbm",
-            "objective_type": objective,
-            "quantile": quantile,
-            "last_model_load": loaded,
+            "total_requests": n,
+            "successful_predictions": n,
+            "failed_predictions": 0,
+            "processing_time_ms": round((time.perf_counter() - started) * 1e3, 3),
         }
-        for a, b in zip(ttft, tpot, strict=True)
-    ]
+    )
+    return b'{"predictions":[' + predictions + b"]," + totals[1:]
 
 
 def _json(content: Any) -> Response:
@@ -75,21 +102,12 @@ def _json(content: Any) -> Response:
     summary="Predict every row, all or nothing (llm-d's router calls this once per request).",
 )
 async def predict_bulk_strict(request: Request, runtime: ReadyRuntime) -> Response:
+    """Plain llm-d bodies are answered before FastAPI routes them (`predictor.service.hot_path`); this route
+    answers the rest (Leadtime's extras, errors) and gives the path its OpenAPI entry."""
     started = time.perf_counter()
     rows = list_field(await json_body(request), "requests", 1, runtime.settings.max_rows)
     parsed = runtime.parser.parse(rows, "requests")
-    ttft, tpot = _served(runtime, parsed.X, parsed.endpoint_ids)
-    answers = _answers(runtime, ttft, tpot)
-    n = len(answers)
-    return _json(
-        {
-            "predictions": answers,
-            "total_requests": n,
-            "successful_predictions": n,
-            "failed_predictions": 0,
-            "processing_time_ms": round((time.perf_counter() - started) * 1e3, 3),
-        }
-    )
+    return Response(strict_answer(runtime, parsed, started), media_type="application/json")
 
 
 @router.post(

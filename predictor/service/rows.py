@@ -54,7 +54,7 @@ _COUNT_FIELDS = (
     "encoder_matched_size",
 )
 _FRACTION_FIELDS = ("kv_cache_percentage", "prefix_cache_score")
-_NUMBER_FIELDS = _COUNT_FIELDS + _FRACTION_FIELDS
+NUMBER_FIELDS = _COUNT_FIELDS + _FRACTION_FIELDS
 _OPTIONAL_DEFAULTS = {
     "prefill_tokens_in_flight": 0,
     "decode_tokens_in_flight": 0,
@@ -62,10 +62,10 @@ _OPTIONAL_DEFAULTS = {
     "encoder_matched_size": 0,
     "pod_type": "",
 }
-_PLAIN_WIDTH = len(_NUMBER_FIELDS) + 1  # + pod_type
-_GET_NUMBERS = operator.itemgetter(*_NUMBER_FIELDS)
+_PLAIN_WIDTH = len(NUMBER_FIELDS) + 1  # + pod_type
+_GET_NUMBERS = operator.itemgetter(*NUMBER_FIELDS)
 _GET_POD = operator.itemgetter("pod_type")
-_ATTR_NUMBERS = operator.attrgetter(*_NUMBER_FIELDS)
+_ATTR_NUMBERS = operator.attrgetter(*NUMBER_FIELDS)
 _ATTR_POD = operator.attrgetter("pod_type")
 _ATTR_MESSAGE_EXTRAS = operator.attrgetter(
     "endpoint_id", "accelerator", "model", "timeslice_wait_ms", "tensor_parallel", "timeslice_state"
@@ -140,7 +140,7 @@ class _Group:
 class _Columns:
     """A plain batch read with one getter per row, before its types and ranges are checked."""
 
-    numbers: list[tuple[Any, ...]]  # per row, in `_NUMBER_FIELDS` order
+    numbers: list[tuple[Any, ...]]  # per row, in `NUMBER_FIELDS` order
     pods: Sequence[Any]
     typed: bool  # protobuf already guarantees the types (unsigned ints, doubles, strings)
 
@@ -200,7 +200,7 @@ def _dict_columns(rows: Sequence[Any], keys_checked: bool = False) -> _Columns |
     def column(name: str) -> list[Any]:
         return list(map(dict.get, rows, repeat(name), repeat(_OPTIONAL_DEFAULTS.get(name))))
 
-    return _Columns(list(zip(*map(column, _NUMBER_FIELDS), strict=True)), column("pod_type"), typed=False)
+    return _Columns(list(zip(*map(column, NUMBER_FIELDS), strict=True)), column("pod_type"), typed=False)
 
 
 def _message_columns(messages: Sequence[Any]) -> _Columns | None:
@@ -435,6 +435,13 @@ class RowParser:
             return None
         accelerators = [self.default_accelerator] * len(numbers)
         return self._finish(counts, fractions, pods, None, self._default_group, None, accelerators)
+
+    def parse_plain(self, numbers: list[tuple[Any, ...]], pods: Sequence[str | None]) -> ParsedRows | None:
+        """Rows whose types are already known (`bulk_decode`): numbers in `NUMBER_FIELDS` order, pod_type each.
+
+        None when a value is out of range, for the general path to name it.
+        """
+        return self._parse_columns(_Columns(numbers, pods, typed=True))
 
     def parse_messages(self, messages: Sequence[Any], to_dict: Any, where: str = "rows") -> ParsedRows:
         """gRPC `leadtime.v1.Row` messages: plain ones straight to values, the rest through `to_dict(message)`.
