@@ -2,7 +2,8 @@
 
 It starts `leadtime serve` (in-memory store) as a separate process on free loopback ports, warms it up, then
 times sequential calls exactly as a router makes them: `POST /predict/bulk/strict` with 1, 10 and 100 rows
-over one keep-alive HTTP connection, the same rows through gRPC `PredictBulk`, and `/add_training_data_bulk`
+over one keep-alive HTTP connection (`bench.keepalive`, a minimal client: the figures are the service's, not
+http.client's), the same rows through gRPC `PredictBulk`, and `/add_training_data_bulk`
 in batches of 1,000. Ingesting makes the service learn and retrain behind the answers, so the 100-row
 latencies are measured once more while that happens. Request bodies are encoded before the clock starts:
 the figures are the service's round trip, not the client's JSON encoder.
@@ -10,7 +11,6 @@ the figures are the service's round trip, not the client's JSON encoder.
 
 from __future__ import annotations
 
-import http.client
 import json
 import multiprocessing
 import os
@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+
+from bench.keepalive import KeepAliveClient
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT.parent / "shared" / "data" / "measured" / "sharegpt-h200.jsonl"
@@ -128,17 +130,15 @@ def time_calls(call: Callable[[], None], n: int) -> list[float]:
     return samples
 
 
-def http_caller(connection: http.client.HTTPConnection, rows: list[dict[str, Any]]) -> Callable[[], None]:
-    """One POST on a persistent connection (the stdlib client: its own overhead is the smallest)."""
+def http_caller(client: KeepAliveClient, rows: list[dict[str, Any]]) -> Callable[[], None]:
+    """One POST on a persistent connection, request encoded beforehand."""
     body = json.dumps({"requests": rows}, separators=(",", ":")).encode()
-    headers = {"Content-Type": "application/json"}
+    request = client.request_bytes("/predict/bulk/strict", body)
 
     def call() -> None:
-        connection.request("POST", "/predict/bulk/strict", body, headers)
-        response = connection.getresponse()
-        answer = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"/predict/bulk/strict answered {response.status}: {answer[:300]!r}")
+        status, answer = client.send(request)
+        if status != 200:
+            raise RuntimeError(f"/predict/bulk/strict answered {status}: {answer[:300]!r}")
 
     return call
 
@@ -161,23 +161,27 @@ FEED_PERIOD_S = 0.1  # 2,000 observations a second: the learner keeps learning a
 
 def feed_observations(port: int, entries: list[dict[str, Any]], stop: Any, posted: Any) -> None:
     """Runs in its own process (so that it shares no GIL with the timed client): posts a batch of training
-    data every FEED_PERIOD_S until `stop` is set, counting what it posted in `posted`."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    headers = {"Content-Type": "application/json"}
+    data every FEED_PERIOD_S until `stop` is set, counting what it posted in `posted`. The batches are encoded
+    before the first post, so the feeder's own JSON encoding does not compete for the CPUs while calls are timed."""
+    client = KeepAliveClient("127.0.0.1", port)
+    batches = len(entries) // FEED_BATCH
+    requests = [
+        client.request_bytes(
+            "/add_training_data_bulk", json.dumps({"entries": entries[b * FEED_BATCH : (b + 1) * FEED_BATCH]}).encode()
+        )
+        for b in range(batches)
+    ]
     b = 0
     next_at = time.monotonic()
     while not stop.is_set():
-        batch = [entries[(b * FEED_BATCH + i) % len(entries)] for i in range(FEED_BATCH)]
-        connection.request("POST", "/add_training_data_bulk", json.dumps({"entries": batch}).encode(), headers)
-        response = connection.getresponse()
-        response.read()
-        if response.status != 202:
-            raise RuntimeError(f"/add_training_data_bulk answered {response.status}")
+        status, _ = client.send(requests[b % batches])
+        if status != 202:
+            raise RuntimeError(f"/add_training_data_bulk answered {status}")
         posted.value += FEED_BATCH
         b += 1
         next_at += FEED_PERIOD_S
         time.sleep(max(0.0, next_at - time.monotonic()))
-    connection.close()
+    client.close()
 
 
 def retrain_count(client: httpx.Client) -> int:
@@ -216,7 +220,7 @@ def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
             grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel,
         ):
             stub = leadtime_pb2_grpc.PredictorStub(channel)
-            connection = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=10)
+            connection = KeepAliveClient("127.0.0.1", service.http_port)
             for n in ROW_COUNTS:
                 http_call, grpc_call = http_caller(connection, rows[:n]), grpc_caller(stub, rows[:n])
                 time_calls(http_call, WARMUP_CALLS)
@@ -243,7 +247,7 @@ def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
             # The service now learns the backlog and retrains behind the answers, and a feeder process keeps
             # sending observations while 100-row calls are timed again.
             connection.close()
-            connection = http.client.HTTPConnection("127.0.0.1", service.http_port, timeout=10)
+            connection = KeepAliveClient("127.0.0.1", service.http_port)
             http_call, grpc_call = http_caller(connection, rows[:100]), grpc_caller(stub, rows[:100])
             context = multiprocessing.get_context("spawn")
             stop, posted = context.Event(), context.Value("q", 0)
@@ -285,7 +289,7 @@ def measure_floor(rows: list[dict[str, Any]], calls: int) -> dict[str, Any]:
     floor = ServiceProcess(floor=True)
     try:
         floor.wait_ready()
-        connection = http.client.HTTPConnection("127.0.0.1", floor.http_port, timeout=10)
+        connection = KeepAliveClient("127.0.0.1", floor.http_port)
         with grpc.insecure_channel(f"127.0.0.1:{floor.grpc_port}") as channel:
             http_call = http_caller(connection, rows)
             grpc_call = grpc_caller(leadtime_pb2_grpc.PredictorStub(channel), rows)

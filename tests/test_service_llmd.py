@@ -173,6 +173,18 @@ def test_add_training_data_bulk_answers_exactly_202_and_learns_behind(client: Te
     assert after["ttft_ms"] != before["ttft_ms"]
 
 
+def test_a_bad_entry_deep_in_a_large_batch_is_named_by_its_index_and_nothing_is_accepted(client: TestClient) -> None:
+    # Large batches are checked a slice at a time between turns of the event loop; the index is the batch's.
+    entries = [training_entry(i) for i in range(1_000)]
+    entries[700]["input_token_length"] = -1
+    r = client.post("/add_training_data_bulk", json={"entries": entries})
+    assert r.status_code == 422 and r.json()["field"] == "entries[700].input_token_length"
+    assert client.app.state.runtime.store.stats()["appended"] == 0  # type: ignore[attr-defined]
+    del entries[700]
+    assert client.post("/add_training_data_bulk", json={"entries": entries}).status_code == 202
+    assert client.app.state.runtime.store.stats()["appended"] == 999  # type: ignore[attr-defined]
+
+
 def test_add_training_data_bulk_rejects_the_whole_batch_on_a_bad_entry(client: TestClient) -> None:
     entries = [training_entry(i) for i in range(5)]
     entries[3]["actual_ttft_ms"] = -4

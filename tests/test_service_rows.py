@@ -321,3 +321,29 @@ def test_hardware_groups_added_from_many_threads_agree() -> None:
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: parser.parse(rows).X, range(16)))
     assert all(np.array_equal(x, expected) for x in results)
+
+
+def test_observations_checked_in_slices_concatenate_to_the_whole_batch() -> None:
+    from predictor.service.rows import ParsedObservations
+
+    rng = random.Random(11)
+    entries = []
+    for i in range(150):
+        entry = random_row(rng, extras=i % 3 == 0)
+        entry.update(actual_ttft_ms=rng.uniform(1, 900), actual_tpot_ms=0.0)
+        if i % 5 == 0:
+            entry["predicted_ttft_ms"] = 12.5
+        entries.append(entry)
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    whole = parser.parse_observations(entries)
+    sliced = ParsedObservations.concat(
+        [parser.parse_observations(entries[i : i + 64], "entries", i) for i in range(0, 150, 64)]
+    )
+    np.testing.assert_array_equal(sliced.rows.X, whole.rows.X)
+    assert sliced.rows.endpoint_ids == whole.rows.endpoint_ids
+    assert sliced.rows.accelerators == whole.rows.accelerators
+    for name in ("actual_ttft_ms", "actual_tpot_ms", "predicted_ttft_ms", "predicted_tpot_quantile_ms"):
+        np.testing.assert_array_equal(getattr(sliced, name), getattr(whole, name))
+    entries[130]["kv_cache_percentage"] = 2.0
+    with pytest.raises(FeatureError, match=r"entries\[130\]\.kv_cache_percentage"):
+        parser.parse_observations(entries[128:], "entries", 128)

@@ -6,6 +6,7 @@ Accepting is validate-then-append: every entry is checked (a bad one rejects the
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,13 +25,23 @@ router = APIRouter(tags=["llm-d training"])
 _MAX_ENTRIES = 100_000
 
 
-def parse_entries(runtime: ServiceRuntime, entries: list[Any], api: str, where: str) -> ParsedObservations:
+# Entries checked between two turns of the event loop: ~0.3 ms of work, so that a prediction arriving while a
+# large batch is checked waits for one slice, not for the batch (a 1,000-entry batch takes ~5 ms).
+_SLICE = 64
+
+
+async def parse_entries(runtime: ServiceRuntime, entries: list[Any], api: str, where: str) -> ParsedObservations:
     """Validate every entry (all or nothing), counting a rejected batch in metrics."""
+    parts = []
     try:
-        return runtime.parser.parse_observations(entries, where)
+        for first in range(0, max(len(entries), 1), _SLICE):
+            if first:
+                await asyncio.sleep(0)
+            parts.append(runtime.parser.parse_observations(entries[first : first + _SLICE], where, first))
     except FeatureError:
         runtime.metrics.observations_rejected.labels(api).inc(len(entries))
         raise
+    return ParsedObservations.concat(parts)
 
 
 def accept_entries(runtime: ServiceRuntime, entries: list[Any], parsed: ParsedObservations, api: str) -> int:
@@ -50,7 +61,7 @@ def accept_entries(runtime: ServiceRuntime, entries: list[Any], parsed: ParsedOb
 )
 async def add_training_data_bulk(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     entries = list_field(await json_body(request), "entries", 0, _MAX_ENTRIES)
-    parsed = parse_entries(runtime, entries, "llmd", "entries")
+    parsed = await parse_entries(runtime, entries, "llmd", "entries")
     n = accept_entries(runtime, entries, parsed, "llmd")
     return JSONResponse({"message": f"Accepted {n} training samples."}, status_code=202)
 

@@ -19,7 +19,7 @@ import operator
 import struct
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain, repeat
 from typing import Any
 
@@ -118,6 +118,20 @@ class ParsedObservations:
     predicted_tpot_ms: np.ndarray
     predicted_ttft_quantile_ms: np.ndarray
     predicted_tpot_quantile_ms: np.ndarray
+
+    @classmethod
+    def concat(cls, parts: Sequence[ParsedObservations]) -> ParsedObservations:
+        """Slices of one batch, checked one after the other, as one."""
+        if len(parts) == 1:
+            return parts[0]
+        ids = [p.rows.endpoint_ids or [""] * len(p.rows.X) for p in parts]
+        rows = ParsedRows(
+            np.concatenate([p.rows.X for p in parts]),
+            list(chain.from_iterable(ids)) if any(p.rows.endpoint_ids for p in parts) else None,
+            list(chain.from_iterable(p.rows.accelerators for p in parts)),
+        )
+        columns = [np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls) if f.name != "rows"]
+        return cls(rows, *columns)
 
 
 @dataclass(frozen=True)
@@ -402,7 +416,7 @@ class RowParser:
                 return parsed
         return self._parse_rows(rows, where, native)
 
-    def _parse_rows(self, rows: Sequence[Any], where: str, native: bool) -> ParsedRows:
+    def _parse_rows(self, rows: Sequence[Any], where: str, native: bool, first: int = 0) -> ParsedRows:
         """Row by row: for batches with Leadtime's extras, and to name the first bad value of any batch."""
         raw: list[tuple[float, ...]] = []
         endpoint_ids: list[str] = []
@@ -411,7 +425,7 @@ class RowParser:
             try:
                 values, endpoint_id, accelerator = self._raw_row(row, native)
             except FeatureError as err:
-                raise FeatureError(f"{where}[{i}].{err.field}", err.problem) from None
+                raise FeatureError(f"{where}[{first + i}].{err.field}", err.problem) from None
             raw.append(values)
             endpoint_ids.append(endpoint_id)
             accelerators.append(accelerator)
@@ -488,8 +502,9 @@ class RowParser:
         values, endpoint_id, accelerator = self._raw_row(row, native)
         return self._finish_raw([values], [endpoint_id], [accelerator])
 
-    def parse_observations(self, entries: Sequence[Any], where: str = "entries") -> ParsedObservations:
-        """Training entries: a row plus `actual_ttft_ms`, `actual_tpot_ms` (0 = not observed).
+    def parse_observations(self, entries: Sequence[Any], where: str = "entries", first: int = 0) -> ParsedObservations:
+        """Training entries: a row plus `actual_ttft_ms`, `actual_tpot_ms` (0 = not observed). `first`: the index
+        of `entries[0]` in the whole batch, for naming a bad one when a batch is checked a slice at a time.
 
         Batches are 512–1000 entries, so the keys of all entries are looked at once (one union) to pick the
         column-wise paths for the actuals and for the rows; either falls back to the per-entry checks.
@@ -498,19 +513,21 @@ class RowParser:
         predicted = np.full((n, 4), np.nan)
         keys = set().union(*entries) if _all_dicts(entries) else None
         actuals = None if keys is None else _column_actuals(entries, keys, predicted)
-        checked = None if actuals is not None else self._entry_actuals(entries, predicted, where)
+        checked = None if actuals is not None else self._entry_actuals(entries, predicted, where, first)
         rows = None
         if keys is not None and _EXTRAS.isdisjoint(keys):
             columns = _dict_columns(entries, keys_checked=True)
             rows = None if columns is None else self._parse_columns(columns)
         if rows is None:
-            rows = self._parse_rows(entries, where, native=True)
+            rows = self._parse_rows(entries, where, native=True, first=first)
         if actuals is None:  # converted after the rows are checked, so a bad row is named first, as it was
             both = np.array(checked, dtype=np.float64).reshape(n, 2)
             actuals = both[:, 0], both[:, 1]
         return ParsedObservations(rows, *actuals, *(predicted[:, j] for j in range(4)))
 
-    def _entry_actuals(self, entries: Sequence[Any], predicted: np.ndarray, where: str) -> list[tuple[float, float]]:
+    def _entry_actuals(
+        self, entries: Sequence[Any], predicted: np.ndarray, where: str, first: int = 0
+    ) -> list[tuple[float, float]]:
         """Actuals entry by entry (what the client predicted goes into `predicted`); names the first bad one."""
         actuals: list[tuple[float, float]] = []
         for i, entry in enumerate(entries):
@@ -528,7 +545,7 @@ class RowParser:
             try:
                 actuals.append(self._checked_actuals(entry, predicted[i]))
             except FeatureError as err:
-                raise FeatureError(f"{where}[{i}].{err.field}", err.problem) from None
+                raise FeatureError(f"{where}[{first + i}].{err.field}", err.problem) from None
         return actuals
 
     @staticmethod
