@@ -144,10 +144,11 @@ def http_caller(client: KeepAliveClient, rows: list[dict[str, Any]]) -> Callable
 
 
 def grpc_caller(stub: Any, rows: list[dict[str, Any]]) -> Callable[[], None]:
-    from predictor.client import row_message
+    """One PredictBulk with the rows as columns, as `predictor.client` sends them."""
+    from predictor.client import row_columns
     from predictor.grpc import leadtime_pb2 as pb
 
-    request = pb.PredictBulkRequest(rows=[row_message(r) for r in rows])
+    request = pb.PredictBulkRequest(columns=row_columns(rows))
 
     def call() -> None:
         stub.PredictBulk(request, timeout=5.0)

@@ -85,6 +85,29 @@ def test_bad_rows_are_invalid_argument_naming_the_field(served: tuple[TestClient
     assert "rows[0].accelerator" in err.value.details()
 
 
+def test_rows_sent_as_columns_answer_as_row_messages_do(served: tuple[TestClient, Any]) -> None:
+    from predictor.client import row_columns
+
+    _, stub = served
+    rows = [row(), row(input_token_length=4000, pod_type="decode"), row(accelerator="l40s", endpoint_id="e1")]
+    as_rows = stub.PredictBulk(pb.PredictBulkRequest(rows=rows), timeout=5)
+    dicts = [{field.name: value for field, value in r.ListFields()} for r in rows]
+    as_columns = stub.PredictBulk(pb.PredictBulkRequest(columns=row_columns(dicts)), timeout=5)
+    assert as_columns == as_rows
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PredictBulk(pb.PredictBulkRequest(rows=rows, columns=row_columns(dicts)), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "rows or columns" in err.value.details()
+    bad = row_columns(dicts)
+    bad.kv_cache_percentage[1] = 3.0
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PredictBulk(pb.PredictBulkRequest(columns=bad), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "columns[1].kv_cache_percentage" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PredictBulk(pb.PredictBulkRequest(columns=pb.RowColumns()), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "1 to" in err.value.details()
+
+
 def test_messages_over_the_size_limit_are_refused(served: tuple[TestClient, Any]) -> None:
     _, stub = served
     with pytest.raises(grpc.RpcError) as err:

@@ -347,3 +347,108 @@ def test_observations_checked_in_slices_concatenate_to_the_whole_batch() -> None
     entries[130]["kv_cache_percentage"] = 2.0
     with pytest.raises(FeatureError, match=r"entries\[130\]\.kv_cache_percentage"):
         parser.parse_observations(entries[128:], "entries", 128)
+
+
+# --- gRPC RowColumns: rows as one list per field ----------------------------------------------------------
+
+
+def columns_of(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    from predictor.client import row_columns
+
+    message = row_columns(rows)
+    assert message is not None
+    return {field.name: list(getattr(message, field.name)) for field in message.DESCRIPTOR.fields}
+
+
+@pytest.mark.parametrize("extras", [False, True])
+def test_column_lists_are_bitwise_the_row_messages(extras: bool) -> None:
+    from predictor.client import row_message
+    from predictor.grpc.server import row_to_dict
+
+    rng = random.Random(13)
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    for _ in range(20):
+        rows = [random_row(rng, extras) for _ in range(rng.randint(1, 80))]
+        hits = rng.random() < 0.5
+        for r in rows:
+            r.pop("prefix_hit_tokens", None)
+            if extras and hits:
+                r["prefix_hit_tokens"] = rng.randint(0, r["input_token_length"])
+        columns = columns_of(rows)
+        assert parser._parse_column_arrays(columns, len(rows)) is not None  # the column-wise path took them
+        got = parser.parse_column_lists(columns)
+        expected = parser.parse_messages([row_message(r) for r in rows], row_to_dict)
+        np.testing.assert_array_equal(got.X, expected.X)
+        assert got.endpoint_ids == expected.endpoint_ids
+        assert got.accelerators == expected.accelerators
+
+
+def test_empty_column_lists_are_the_fields_defaults() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = [dict(random_row(random.Random(2), extras=False), num_request_waiting=0, prefix_cache_score=0.0)]
+    columns = columns_of(rows)
+    columns["num_request_waiting"] = []
+    columns["prefix_cache_score"] = []
+    np.testing.assert_array_equal(parser.parse_column_lists(columns).X, parser.parse(rows).X)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field"),
+    [
+        ("kv_cache_percentage", 1.5, "columns[2].kv_cache_percentage"),
+        ("timeslice_wait_ms", float("nan"), "columns[2].timeslice_wait_ms"),
+        ("timeslice_state", "asleep", "columns[2].timeslice_state"),
+        ("accelerator", "abacus", "columns[2].accelerator"),
+        ("input_token_length", 2**53 + 1, "columns[2].input_token_length"),
+        ("pod_type", "mixed", "columns[2].pod_type"),
+    ],
+)
+def test_a_bad_value_in_the_column_lists_is_named_by_its_row(name: str, value: Any, field: str) -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = [random_row(random.Random(i), extras=True) for i in range(4)]
+    for r in rows:
+        r.pop("prefix_hit_tokens", None)
+    columns = columns_of(rows)
+    columns[name][2] = value
+    assert error_of(lambda: parser.parse_column_lists(columns))[0] == field
+
+
+def test_column_lists_of_different_lengths_are_refused() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    columns = columns_of(plain_rows(3))
+    columns["num_request_running"] = columns["num_request_running"][:2]
+    assert error_of(lambda: parser.parse_column_lists(columns)) == (
+        "columns.num_request_running",
+        "has 2 values for 3 rows",
+    )
+
+
+def test_prefix_hits_beyond_the_prompt_are_named() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = [dict(r, prefix_hit_tokens=0) for r in plain_rows(3)]
+    rows[1]["prefix_hit_tokens"] = rows[1]["input_token_length"] + 1
+    assert error_of(lambda: parser.parse_column_lists(columns_of(rows)))[0] == "columns[1].prefix_hit_tokens"
+
+
+def test_rows_that_give_prefix_hits_only_sometimes_travel_as_messages() -> None:
+    from predictor.client import row_columns
+
+    rows = plain_rows(2)
+    rows[0]["prefix_hit_tokens"] = 0
+    assert row_columns(rows) is None
+
+
+def test_column_lists_with_mixed_hardware_and_no_roles_or_time_slices() -> None:
+    # Regression: per-row hardware groups left the role and time-slice columns unset when no list gave them.
+    from predictor.client import row_message
+    from predictor.grpc.server import row_to_dict
+
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = [dict(r, pod_type="") for r in plain_rows(3)]
+    rows[2]["accelerator"] = "l40s"
+    columns = columns_of(rows)
+    expected = parser.parse_messages([row_message(r) for r in rows], row_to_dict)
+    for _ in range(5):
+        junk = np.full((len(COLUMNS), len(rows)), np.nan)  # numpy hands freed small blocks out again, unwiped
+        del junk
+        np.testing.assert_array_equal(parser.parse_column_lists(columns).X, expected.X)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0eleadtime.proto\x12\x0bleadtime.v1\"\xfd\x03\n\x03Row\x12\x1b\n\x13kv_cache_percentage\x18\x01 \x01(\x01\x12\x1a\n\x12input_token_length\x18\x02 \x01(\x04\x12\x1b\n\x13num_request_waiting\x18\x03 \x01(\x04\x12\x1b\n\x13num_request_running\x18\x04 \x01(\x04\x12\x1c\n\x14num_tokens_generated\x18\x05 \x01(\x04\x12\x1a\n\x12prefix_cache_score\x18\x06 \x01(\x01\x12\x10\n\x08pod_type\x18\x07 \x01(\t\x12 \n\x18prefill_tokens_in_flight\x18\x08 \x01(\x04\x12\x1f\n\x17\x64\x65\x63ode_tokens_in_flight\x18\t \x01(\x04\x12\x1c\n\x14\x65ncoder_matched_size\x18\n \x01(\x04\x12\x1a\n\x12\x65ncoder_input_size\x18\x0b \x01(\x04\x12\x13\n\x0b\x65ndpoint_id\x18\x0c \x01(\t\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\r \x01(\t\x12\r\n\x05model\x18\x0e \x01(\t\x12\x17\n\x0ftensor_parallel\x18\x0f \x01(\r\x12\x1e\n\x11prefix_hit_tokens\x18\x10 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\x0ftimeslice_state\x18\x11 \x01(\t\x12\x19\n\x11timeslice_wait_ms\x18\x12 \x01(\x01\x42\x14\n\x12_prefix_hit_tokens\"4\n\x12PredictBulkRequest\x12\x1e\n\x04rows\x18\x01 \x03(\x0b\x32\x10.leadtime.v1.Row\"\xb6\x01\n\x13PredictBulkResponse\x12\x14\n\x0cttft_mean_ms\x18\x01 \x03(\x01\x12\x18\n\x10ttft_quantile_ms\x18\x02 \x03(\x01\x12\x14\n\x0ctpot_mean_ms\x18\x03 \x03(\x01\x12\x18\n\x10tpot_quantile_ms\x18\x04 \x03(\x01\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x10\n\x08quantile\x18\x06 \x01(\x01\x12\x16\n\x0eobjective_type\x18\x07 \x01(\t\"\xfe\x02\n\x0bObservation\x12\x1d\n\x03row\x18\x01 \x01(\x0b\x32\x10.leadtime.v1.Row\x12\x16\n\x0e\x61\x63tual_ttft_ms\x18\x02 \x01(\x01\x12\x16\n\x0e\x61\x63tual_tpot_ms\x18\x03 \x01(\x01\x12\x1e\n\x11predicted_ttft_ms\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11predicted_tpot_ms\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\'\n\x1apredicted_ttft_quantile_ms\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\'\n\x1apredicted_tpot_quantile_ms\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x16\n\ttimestamp\x18\x08 \x01(\x01H\x04\x88\x01\x01\x42\x14\n\x12_predicted_ttft_msB\x14\n\x12_predicted_tpot_msB\x1d\n\x1b_predicted_ttft_quantile_msB\x1d\n\x1b_predicted_tpot_quantile_msB\x0c\n\n_timestamp\"@\n\x0eObserveRequest\x12.\n\x0cobservations\x18\x01 \x03(\x0b\x32\x18.leadtime.v1.Observation\"#\n\x0fObserveResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\x96\x03\n\x0eStatusResponse\x12\x10\n\x08is_ready\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x16\n\x0eobjective_type\x18\x03 \x01(\t\x12\x10\n\x08quantile\x18\x04 \x01(\x01\x12\x17\n\x0flast_model_load\x18\x05 \x01(\t\x12\x0c\n\x04role\x18\x06 \x01(\t\x12\x1c\n\x14holds_training_lease\x18\x07 \x01(\x08\x12?\n\ncomponents\x18\x08 \x03(\x0b\x32+.leadtime.v1.StatusResponse.ComponentsEntry\x12\x43\n\x0cobservations\x18\t \x03(\x0b\x32-.leadtime.v1.StatusResponse.ObservationsEntry\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11ObservationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xb4\x02\n\tPredictor\x12P\n\x0bPredictBulk\x12\x1f.leadtime.v1.PredictBulkRequest\x1a .leadtime.v1.PredictBulkResponse\x12\x44\n\x07Observe\x12\x1b.leadtime.v1.ObserveRequest\x1a\x1c.leadtime.v1.ObserveResponse\x12L\n\rObserveStream\x12\x1b.leadtime.v1.ObserveRequest\x1a\x1c.leadtime.v1.ObserveResponse(\x01\x12\x41\n\x06Status\x12\x1a.leadtime.v1.StatusRequest\x1a\x1b.leadtime.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0eleadtime.proto\x12\x0bleadtime.v1\"\xfd\x03\n\x03Row\x12\x1b\n\x13kv_cache_percentage\x18\x01 \x01(\x01\x12\x1a\n\x12input_token_length\x18\x02 \x01(\x04\x12\x1b\n\x13num_request_waiting\x18\x03 \x01(\x04\x12\x1b\n\x13num_request_running\x18\x04 \x01(\x04\x12\x1c\n\x14num_tokens_generated\x18\x05 \x01(\x04\x12\x1a\n\x12prefix_cache_score\x18\x06 \x01(\x01\x12\x10\n\x08pod_type\x18\x07 \x01(\t\x12 \n\x18prefill_tokens_in_flight\x18\x08 \x01(\x04\x12\x1f\n\x17\x64\x65\x63ode_tokens_in_flight\x18\t \x01(\x04\x12\x1c\n\x14\x65ncoder_matched_size\x18\n \x01(\x04\x12\x1a\n\x12\x65ncoder_input_size\x18\x0b \x01(\x04\x12\x13\n\x0b\x65ndpoint_id\x18\x0c \x01(\t\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\r \x01(\t\x12\r\n\x05model\x18\x0e \x01(\t\x12\x17\n\x0ftensor_parallel\x18\x0f \x01(\r\x12\x1e\n\x11prefix_hit_tokens\x18\x10 \x01(\x04H\x00\x88\x01\x01\x12\x17\n\x0ftimeslice_state\x18\x11 \x01(\t\x12\x19\n\x11timeslice_wait_ms\x18\x12 \x01(\x01\x42\x14\n\x12_prefix_hit_tokens\"\xe9\x03\n\nRowColumns\x12\x1b\n\x13kv_cache_percentage\x18\x01 \x03(\x01\x12\x1a\n\x12input_token_length\x18\x02 \x03(\x04\x12\x1b\n\x13num_request_waiting\x18\x03 \x03(\x04\x12\x1b\n\x13num_request_running\x18\x04 \x03(\x04\x12\x1c\n\x14num_tokens_generated\x18\x05 \x03(\x04\x12\x1a\n\x12prefix_cache_score\x18\x06 \x03(\x01\x12\x10\n\x08pod_type\x18\x07 \x03(\t\x12 \n\x18prefill_tokens_in_flight\x18\x08 \x03(\x04\x12\x1f\n\x17\x64\x65\x63ode_tokens_in_flight\x18\t \x03(\x04\x12\x1c\n\x14\x65ncoder_matched_size\x18\n \x03(\x04\x12\x1a\n\x12\x65ncoder_input_size\x18\x0b \x03(\x04\x12\x13\n\x0b\x65ndpoint_id\x18\x0c \x03(\t\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\r \x03(\t\x12\r\n\x05model\x18\x0e \x03(\t\x12\x17\n\x0ftensor_parallel\x18\x0f \x03(\r\x12\x19\n\x11prefix_hit_tokens\x18\x10 \x03(\x04\x12\x17\n\x0ftimeslice_state\x18\x11 \x03(\t\x12\x19\n\x11timeslice_wait_ms\x18\x12 \x03(\x01\"^\n\x12PredictBulkRequest\x12\x1e\n\x04rows\x18\x01 \x03(\x0b\x32\x10.leadtime.v1.Row\x12(\n\x07\x63olumns\x18\x02 \x01(\x0b\x32\x17.leadtime.v1.RowColumns\"\xb6\x01\n\x13PredictBulkResponse\x12\x14\n\x0cttft_mean_ms\x18\x01 \x03(\x01\x12\x18\n\x10ttft_quantile_ms\x18\x02 \x03(\x01\x12\x14\n\x0ctpot_mean_ms\x18\x03 \x03(\x01\x12\x18\n\x10tpot_quantile_ms\x18\x04 \x03(\x01\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x10\n\x08quantile\x18\x06 \x01(\x01\x12\x16\n\x0eobjective_type\x18\x07 \x01(\t\"\xfe\x02\n\x0bObservation\x12\x1d\n\x03row\x18\x01 \x01(\x0b\x32\x10.leadtime.v1.Row\x12\x16\n\x0e\x61\x63tual_ttft_ms\x18\x02 \x01(\x01\x12\x16\n\x0e\x61\x63tual_tpot_ms\x18\x03 \x01(\x01\x12\x1e\n\x11predicted_ttft_ms\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11predicted_tpot_ms\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\'\n\x1apredicted_ttft_quantile_ms\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\'\n\x1apredicted_tpot_quantile_ms\x18\x07 \x01(\x01H\x03\x88\x01\x01\x12\x16\n\ttimestamp\x18\x08 \x01(\x01H\x04\x88\x01\x01\x42\x14\n\x12_predicted_ttft_msB\x14\n\x12_predicted_tpot_msB\x1d\n\x1b_predicted_ttft_quantile_msB\x1d\n\x1b_predicted_tpot_quantile_msB\x0c\n\n_timestamp\"@\n\x0eObserveRequest\x12.\n\x0cobservations\x18\x01 \x03(\x0b\x32\x18.leadtime.v1.Observation\"#\n\x0fObserveResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\"\x0f\n\rStatusRequest\"\x96\x03\n\x0eStatusResponse\x12\x10\n\x08is_ready\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x16\n\x0eobjective_type\x18\x03 \x01(\t\x12\x10\n\x08quantile\x18\x04 \x01(\x01\x12\x17\n\x0flast_model_load\x18\x05 \x01(\t\x12\x0c\n\x04role\x18\x06 \x01(\t\x12\x1c\n\x14holds_training_lease\x18\x07 \x01(\x08\x12?\n\ncomponents\x18\x08 \x03(\x0b\x32+.leadtime.v1.StatusResponse.ComponentsEntry\x12\x43\n\x0cobservations\x18\t \x03(\x0b\x32-.leadtime.v1.StatusResponse.ObservationsEntry\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x33\n\x11ObservationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xb4\x02\n\tPredictor\x12P\n\x0bPredictBulk\x12\x1f.leadtime.v1.PredictBulkRequest\x1a .leadtime.v1.PredictBulkResponse\x12\x44\n\x07Observe\x12\x1b.leadtime.v1.ObserveRequest\x1a\x1c.leadtime.v1.ObserveResponse\x12L\n\rObserveStream\x12\x1b.leadtime.v1.ObserveRequest\x1a\x1c.leadtime.v1.ObserveResponse(\x01\x12\x41\n\x06Status\x12\x1a.leadtime.v1.StatusRequest\x1a\x1b.leadtime.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,24 +38,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSRESPONSE_OBSERVATIONSENTRY']._serialized_options = b'8\001'
   _globals['_ROW']._serialized_start=32
   _globals['_ROW']._serialized_end=541
-  _globals['_PREDICTBULKREQUEST']._serialized_start=543
-  _globals['_PREDICTBULKREQUEST']._serialized_end=595
-  _globals['_PREDICTBULKRESPONSE']._serialized_start=598
-  _globals['_PREDICTBULKRESPONSE']._serialized_end=780
-  _globals['_OBSERVATION']._serialized_start=783
-  _globals['_OBSERVATION']._serialized_end=1165
-  _globals['_OBSERVEREQUEST']._serialized_start=1167
-  _globals['_OBSERVEREQUEST']._serialized_end=1231
-  _globals['_OBSERVERESPONSE']._serialized_start=1233
-  _globals['_OBSERVERESPONSE']._serialized_end=1268
-  _globals['_STATUSREQUEST']._serialized_start=1270
-  _globals['_STATUSREQUEST']._serialized_end=1285
-  _globals['_STATUSRESPONSE']._serialized_start=1288
-  _globals['_STATUSRESPONSE']._serialized_end=1694
-  _globals['_STATUSRESPONSE_COMPONENTSENTRY']._serialized_start=1592
-  _globals['_STATUSRESPONSE_COMPONENTSENTRY']._serialized_end=1641
-  _globals['_STATUSRESPONSE_OBSERVATIONSENTRY']._serialized_start=1643
-  _globals['_STATUSRESPONSE_OBSERVATIONSENTRY']._serialized_end=1694
-  _globals['_PREDICTOR']._serialized_start=1697
-  _globals['_PREDICTOR']._serialized_end=2005
+  _globals['_ROWCOLUMNS']._serialized_start=544
+  _globals['_ROWCOLUMNS']._serialized_end=1033
+  _globals['_PREDICTBULKREQUEST']._serialized_start=1035
+  _globals['_PREDICTBULKREQUEST']._serialized_end=1129
+  _globals['_PREDICTBULKRESPONSE']._serialized_start=1132
+  _globals['_PREDICTBULKRESPONSE']._serialized_end=1314
+  _globals['_OBSERVATION']._serialized_start=1317
+  _globals['_OBSERVATION']._serialized_end=1699
+  _globals['_OBSERVEREQUEST']._serialized_start=1701
+  _globals['_OBSERVEREQUEST']._serialized_end=1765
+  _globals['_OBSERVERESPONSE']._serialized_start=1767
+  _globals['_OBSERVERESPONSE']._serialized_end=1802
+  _globals['_STATUSREQUEST']._serialized_start=1804
+  _globals['_STATUSREQUEST']._serialized_end=1819
+  _globals['_STATUSRESPONSE']._serialized_start=1822
+  _globals['_STATUSRESPONSE']._serialized_end=2228
+  _globals['_STATUSRESPONSE_COMPONENTSENTRY']._serialized_start=2126
+  _globals['_STATUSRESPONSE_COMPONENTSENTRY']._serialized_end=2175
+  _globals['_STATUSRESPONSE_OBSERVATIONSENTRY']._serialized_start=2177
+  _globals['_STATUSRESPONSE_OBSERVATIONSENTRY']._serialized_end=2228
+  _globals['_PREDICTOR']._serialized_start=2231
+  _globals['_PREDICTOR']._serialized_end=2539
 # @@protoc_insertion_point(module_scope)

@@ -47,11 +47,53 @@ class Row(_message.Message):
     timeslice_wait_ms: float
     def __init__(self, kv_cache_percentage: _Optional[float] = ..., input_token_length: _Optional[int] = ..., num_request_waiting: _Optional[int] = ..., num_request_running: _Optional[int] = ..., num_tokens_generated: _Optional[int] = ..., prefix_cache_score: _Optional[float] = ..., pod_type: _Optional[str] = ..., prefill_tokens_in_flight: _Optional[int] = ..., decode_tokens_in_flight: _Optional[int] = ..., encoder_matched_size: _Optional[int] = ..., encoder_input_size: _Optional[int] = ..., endpoint_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., model: _Optional[str] = ..., tensor_parallel: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., timeslice_state: _Optional[str] = ..., timeslice_wait_ms: _Optional[float] = ...) -> None: ...
 
+class RowColumns(_message.Message):
+    __slots__ = ("kv_cache_percentage", "input_token_length", "num_request_waiting", "num_request_running", "num_tokens_generated", "prefix_cache_score", "pod_type", "prefill_tokens_in_flight", "decode_tokens_in_flight", "encoder_matched_size", "encoder_input_size", "endpoint_id", "accelerator", "model", "tensor_parallel", "prefix_hit_tokens", "timeslice_state", "timeslice_wait_ms")
+    KV_CACHE_PERCENTAGE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKEN_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUEST_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUEST_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    POD_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_MATCHED_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_INPUT_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMESLICE_STATE_FIELD_NUMBER: _ClassVar[int]
+    TIMESLICE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    kv_cache_percentage: _containers.RepeatedScalarFieldContainer[float]
+    input_token_length: _containers.RepeatedScalarFieldContainer[int]
+    num_request_waiting: _containers.RepeatedScalarFieldContainer[int]
+    num_request_running: _containers.RepeatedScalarFieldContainer[int]
+    num_tokens_generated: _containers.RepeatedScalarFieldContainer[int]
+    prefix_cache_score: _containers.RepeatedScalarFieldContainer[float]
+    pod_type: _containers.RepeatedScalarFieldContainer[str]
+    prefill_tokens_in_flight: _containers.RepeatedScalarFieldContainer[int]
+    decode_tokens_in_flight: _containers.RepeatedScalarFieldContainer[int]
+    encoder_matched_size: _containers.RepeatedScalarFieldContainer[int]
+    encoder_input_size: _containers.RepeatedScalarFieldContainer[int]
+    endpoint_id: _containers.RepeatedScalarFieldContainer[str]
+    accelerator: _containers.RepeatedScalarFieldContainer[str]
+    model: _containers.RepeatedScalarFieldContainer[str]
+    tensor_parallel: _containers.RepeatedScalarFieldContainer[int]
+    prefix_hit_tokens: _containers.RepeatedScalarFieldContainer[int]
+    timeslice_state: _containers.RepeatedScalarFieldContainer[str]
+    timeslice_wait_ms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, kv_cache_percentage: _Optional[_Iterable[float]] = ..., input_token_length: _Optional[_Iterable[int]] = ..., num_request_waiting: _Optional[_Iterable[int]] = ..., num_request_running: _Optional[_Iterable[int]] = ..., num_tokens_generated: _Optional[_Iterable[int]] = ..., prefix_cache_score: _Optional[_Iterable[float]] = ..., pod_type: _Optional[_Iterable[str]] = ..., prefill_tokens_in_flight: _Optional[_Iterable[int]] = ..., decode_tokens_in_flight: _Optional[_Iterable[int]] = ..., encoder_matched_size: _Optional[_Iterable[int]] = ..., encoder_input_size: _Optional[_Iterable[int]] = ..., endpoint_id: _Optional[_Iterable[str]] = ..., accelerator: _Optional[_Iterable[str]] = ..., model: _Optional[_Iterable[str]] = ..., tensor_parallel: _Optional[_Iterable[int]] = ..., prefix_hit_tokens: _Optional[_Iterable[int]] = ..., timeslice_state: _Optional[_Iterable[str]] = ..., timeslice_wait_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class PredictBulkRequest(_message.Message):
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "columns")
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[Row]
-    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ...) -> None: ...
+    columns: RowColumns
+    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., columns: _Optional[_Union[RowColumns, _Mapping]] = ...) -> None: ...
 
 class PredictBulkResponse(_message.Message):
     __slots__ = ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms", "model_version", "quantile", "objective_type")

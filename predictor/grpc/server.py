@@ -14,14 +14,17 @@ from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 
 from features.errors import FeatureError
 from predictor.grpc import leadtime_pb2 as pb
 from predictor.grpc import leadtime_pb2_grpc as pb_grpc
-from predictor.service.runtime import ServiceRuntime, rfc3339
+from predictor.service.rows import ParsedRows
+from predictor.service.runtime import ServiceRuntime, rfc3339, served_ms
 
 T = TypeVar("T")
+
+# The fields of leadtime.v1.RowColumns, which are the Row fields' names.
+COLUMN_FIELDS = tuple(field.name for field in pb.RowColumns.DESCRIPTOR.fields)
 
 _LLMD_INT_FIELDS = (
     "input_token_length",
@@ -83,11 +86,6 @@ def observation_to_dict(obs: Any) -> dict[str, Any]:
     return d
 
 
-def _clean(values: np.ndarray) -> list[float]:
-    out: list[float] = np.nan_to_num(np.maximum(values, 0.0), nan=0.0, posinf=1e12).tolist()
-    return out
-
-
 class PredictorServicer(pb_grpc.PredictorServicer):
     """Implements leadtime.v1.Predictor over a ServiceRuntime."""
 
@@ -127,27 +125,39 @@ class PredictorServicer(pb_grpc.PredictorServicer):
     def PredictBulk(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC's name)
         def body() -> Any:
             runtime = self.runtime
-            rows = request.rows
-            if not 1 <= len(rows) <= runtime.settings.max_rows:
-                raise FeatureError(
-                    "rows", f"must hold 1 to {runtime.settings.max_rows:,} rows, got {len(rows):,}"
-                )
-            parsed = runtime.parser.parse_messages(rows, row_to_dict)
+            parsed = self._parse_bulk(request)
             predictor = runtime.predictor
             assert predictor is not None
             p = predictor.predict_many(parsed.X, parsed.endpoint_ids)
-            runtime.metrics.predictions.labels("grpc").inc(len(rows))
+            runtime.metrics.predictions.labels("grpc").inc(len(parsed.X))
             return pb.PredictBulkResponse(
-                ttft_mean_ms=_clean(p.ttft_mean),
-                ttft_quantile_ms=_clean(p.ttft_quantile),
-                tpot_mean_ms=_clean(p.tpot_mean),
-                tpot_quantile_ms=_clean(p.tpot_quantile),
+                ttft_mean_ms=served_ms(p.ttft_mean),
+                ttft_quantile_ms=served_ms(p.ttft_quantile),
+                tpot_mean_ms=served_ms(p.tpot_mean),
+                tpot_quantile_ms=served_ms(p.tpot_quantile),
                 model_version=p.model_version,
                 quantile=runtime.settings.quantile,
                 objective_type=runtime.settings.objective,
             )
 
         return self._call("PredictBulk", context, body)
+
+    def _parse_bulk(self, request: Any) -> ParsedRows:
+        """The request's rows, given as messages or as columns, checked and vectorized."""
+        limit = self.runtime.settings.max_rows
+        parser = self.runtime.parser
+        if request.HasField("columns"):
+            if request.rows:
+                raise FeatureError("columns", "give rows or columns, not both")
+            columns = {name: getattr(request.columns, name) for name in COLUMN_FIELDS}
+            n = max(map(len, columns.values()))
+            if not 1 <= n <= limit:
+                raise FeatureError("columns", f"must hold 1 to {limit:,} rows, got {n:,}")
+            return parser.parse_column_lists(columns, "columns")
+        rows = request.rows
+        if not 1 <= len(rows) <= limit:
+            raise FeatureError("rows", f"must hold 1 to {limit:,} rows, got {len(rows):,}")
+        return parser.parse_messages(rows, row_to_dict)
 
     def _accept(self, observations: Sequence[Any]) -> int:
         runtime = self.runtime

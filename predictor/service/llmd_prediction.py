@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from features.errors import FeatureError
 from predictor.service.edge import ReadyRuntime, json_body, list_field
 from predictor.service.rows import ParsedRows
-from predictor.service.runtime import ServiceRuntime, rfc3339
+from predictor.service.runtime import ServiceRuntime, rfc3339, served_ms
 from predictor.service.schemas import (
     BulkPredictAnswer,
     BulkPredictRequest,
@@ -39,13 +39,7 @@ def _served(runtime: ServiceRuntime, x: np.ndarray, endpoint_ids: list[str] | No
     else:
         ttft, tpot = p.ttft_quantile, p.tpot_quantile
     runtime.metrics.predictions.labels("llmd").inc(len(x))
-    return served_values(ttft), served_values(tpot)
-
-
-def served_values(ms: np.ndarray) -> list[float]:
-    """Milliseconds as JSON can carry them: negatives and NaN become 0, infinities 1e12."""
-    out: list[float] = np.where(ms > 0.0, np.minimum(ms, 1e12), 0.0).tolist()  # NaN > 0 is False
-    return out
+    return served_ms(ttft), served_ms(tpot)
 
 
 def _answer_tail(runtime: ServiceRuntime) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
@@ -20,6 +19,7 @@ from features.rows import feature_row_from_llmd
 from predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from predictor.service.health import status as llmd_status
 from predictor.service.llmd_training import accept_entries, parse_entries
+from predictor.service.runtime import served_ms
 from predictor.service.schemas import (
     ExplainRequest,
     NativeAccepted,
@@ -36,11 +36,6 @@ training_router = APIRouter(prefix="/v1", tags=["native v1"])
 common_router = APIRouter(prefix="/v1", tags=["native v1"])
 
 _MAX_OBSERVATIONS = 100_000
-
-
-def _floats(values: np.ndarray) -> list[float]:
-    out: list[float] = np.nan_to_num(np.maximum(values, 0.0), nan=0.0, posinf=1e12).tolist()
-    return out
 
 
 @prediction_router.post(
@@ -60,10 +55,10 @@ async def predict(request: Request, runtime: ReadyRuntime) -> Response:
         "model_version": p.model_version,
         "quantile": runtime.settings.quantile,
         "predicted_at": datetime.now(UTC).isoformat(),
-        "ttft_mean_ms": _floats(p.ttft_mean),
-        "ttft_quantile_ms": _floats(p.ttft_quantile),
-        "tpot_mean_ms": _floats(p.tpot_mean),
-        "tpot_quantile_ms": _floats(p.tpot_quantile),
+        "ttft_mean_ms": served_ms(p.ttft_mean),
+        "ttft_quantile_ms": served_ms(p.ttft_quantile),
+        "tpot_mean_ms": served_ms(p.tpot_mean),
+        "tpot_quantile_ms": served_ms(p.tpot_quantile),
     }
     return Response(orjson.dumps(body), media_type="application/json")
 

@@ -498,6 +498,74 @@ class RowParser:
             accelerators.append(accelerator)
         return self._finish_raw(raw, endpoint_ids, accelerators)
 
+    def parse_column_lists(self, columns: Mapping[str, Sequence[Any]], where: str = "columns") -> ParsedRows:
+        """Rows given as one list per field (gRPC `RowColumns`), with the row fields' names; an empty or missing
+        list means the field's default for every row. A bad value raises FeatureError naming `where[i].field`.
+        """
+        lengths = {name: len(values) for name, values in columns.items() if len(values)}
+        n = max(lengths.values(), default=0)
+        for name, length in lengths.items():
+            if length != n:
+                raise FeatureError(f"{where}.{name}", f"has {length:,} values for {n:,} rows")
+        parsed = self._parse_column_arrays(columns, n)
+        if parsed is not None:
+            return parsed
+        return self._parse_rows(_column_rows(columns, n), where, native=True)
+
+    def _parse_column_arrays(self, columns: Mapping[str, Sequence[Any]], n: int) -> ParsedRows | None:
+        """The lists checked and converted a whole column at a time; None when a value needs the row checks."""
+
+        def given(name: str) -> Sequence[Any]:
+            return columns.get(name) or ()
+
+        counts = np.zeros((n, len(_COUNT_FIELDS)), dtype=np.uint64)
+        for j, name in enumerate(_COUNT_FIELDS):
+            if values := given(name):
+                counts[:, j] = np.array(values, dtype=np.uint64)
+        fractions = np.zeros((n, 2))
+        for j, name in enumerate(_FRACTION_FIELDS):
+            if values := given(name):
+                fractions[:, j] = np.array(values, dtype=np.float64)
+        if n == 0 or not (counts.max() <= MAX_COUNT and fractions.min() >= 0.0 and fractions.max() <= 1.0):
+            return None
+        if hits_given := given("prefix_hit_tokens"):
+            hits = np.array(hits_given, dtype=np.uint64)
+            tokens = counts[:, 0]
+            if not (hits <= tokens).all():
+                return None
+            fractions[:, 1] = np.divide(hits, tokens, out=np.zeros(n), where=tokens > 0)
+        pods = _pod_codes(given("pod_type"), typed=True) if given("pod_type") else 0.0
+        if pods is None:
+            return None
+        timeslice = None
+        states, waits = given("timeslice_state"), given("timeslice_wait_ms")
+        if states or waits:
+            timeslice = np.zeros((n, 2))
+            timeslice[:, 0] = 1.0
+            if states:
+                if not _COLUMN_TIMESLICE.issuperset(states):
+                    return None
+                timeslice[:, 0] = [0.0 if state in _NOT_RESIDENT else 1.0 for state in states]
+            if waits:
+                timeslice[:, 1] = waits
+                if not (timeslice[:, 1].min() >= 0.0 and timeslice[:, 1].max() < math.inf):
+                    return None
+        group: int | np.ndarray = self._default_group
+        accelerators = [self.default_accelerator] * n
+        named, models, parallel = given("accelerator"), given("model"), given("tensor_parallel")
+        if any(named) or any(models) or any(tp > 1 for tp in parallel):
+            keys = list(zip(named or repeat(""), models or repeat(""), parallel or repeat(1), strict=False))
+            try:
+                groups = {key: self._group(key[0], key[1], max(key[2], 1)) for key in set(keys)}
+            except FeatureError:
+                return None
+            per_row = np.array([groups[key] for key in keys], dtype=np.intp)
+            group = int(per_row[0]) if per_row.min() == per_row.max() else per_row
+            accelerators = [a or self.default_accelerator for a, _, _ in keys]
+        ids = given("endpoint_id")
+        endpoint_ids = list(ids) if any(ids) else None
+        return self._finish(counts, fractions, pods, timeslice, group, endpoint_ids, accelerators)
+
     def parse_one(self, row: Any, native: bool = False) -> ParsedRows:
         values, endpoint_id, accelerator = self._raw_row(row, native)
         return self._finish_raw([values], [endpoint_id], [accelerator])
@@ -607,6 +675,7 @@ class RowParser:
             figures = _group_figures(self._group_list[group])
             xt[:] = self._templates[group]
         else:  # per-row figures as (n,) vectors, which broadcast like scalars against (k, n) blocks
+            xt[:] = self._templates[self._default_group]  # its constant columns; the figures are set per row below
             per_row = self._table[group]
             figures = per_row.T
             xt[_FIGURE_COLUMNS] = per_row[:, _TABLE_FIGURE_COLUMNS].T
@@ -666,6 +735,32 @@ _PREDICTED = (
     "predicted_ttft_quantile_ms",
     "predicted_tpot_quantile_ms",
 )
+
+
+_COLUMN_TIMESLICE = frozenset(("", *TIMESLICE_STATES))
+_NOT_RESIDENT = frozenset(("switching", "parked"))
+
+
+def _column_rows(columns: Mapping[str, Sequence[Any]], n: int) -> list[dict[str, Any]]:
+    """Column lists as the row dicts Row messages would give, for the row-by-row checks: llm-d's fields always
+    (an empty list gives their default, as a Row's unset field does), Leadtime's extras only where set."""
+    if n == 0:
+        return []
+    rows: list[dict[str, Any]] = [{} for _ in range(n)]
+    for name in (*NUMBER_FIELDS, "pod_type"):
+        values = columns.get(name) or [_ROW_DEFAULTS.get(name, 0)] * n
+        for row, value in zip(rows, values, strict=True):
+            row[name] = value
+    for name, values in columns.items():
+        if name in rows[0] or not len(values):
+            continue
+        for row, value in zip(rows, values, strict=True):
+            if value or name == "prefix_hit_tokens":  # a zero hit count is a count; other zeros mean "not set"
+                row[name] = value
+    return rows
+
+
+_ROW_DEFAULTS: dict[str, Any] = {"kv_cache_percentage": 0.0, "prefix_cache_score": 0.0, "pod_type": ""}
 
 
 def _pod_type_index(row: Mapping[str, Any], native: bool) -> int:

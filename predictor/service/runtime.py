@@ -471,5 +471,11 @@ class ServiceRuntime:
         return status
 
 
+def served_ms(values: np.ndarray) -> list[float]:
+    """Predicted milliseconds as answers carry them: negatives and NaN become 0, infinities 1e12."""
+    out: list[float] = np.where(values > 0.0, np.minimum(values, 1e12), 0.0).tolist()  # NaN > 0 is False
+    return out
+
+
 def rfc3339(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
