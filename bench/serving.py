@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import orjson
 
 from bench.keepalive import KeepAliveClient
 
@@ -73,10 +74,10 @@ def prediction_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class ServiceProcess:
-    """`leadtime serve` (or, with `floor=True`, the bare stack of `bench.stack_floor`) in a child process on free
-    loopback ports."""
+    """`leadtime serve` (or, with `floor=True`, the bare stack of `bench.stack_floor`, busy `work_us` per call) in
+    a child process on free loopback ports."""
 
-    def __init__(self, floor: bool = False) -> None:
+    def __init__(self, floor: bool = False, work_us: float = 0.0) -> None:
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.http_port}"
@@ -85,7 +86,7 @@ class ServiceProcess:
         env["LEADTIME_MODEL"] = "qwen3-32b"
         ports = ["--port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
         if floor:
-            command = [sys.executable, "-m", "bench.stack_floor", *ports]
+            command = [sys.executable, "-m", "bench.stack_floor", *ports, "--work-us", str(work_us)]
         else:
             command = [sys.executable, "-m", "leadtime_cli", "serve", "--host", "127.0.0.1", *ports]
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -229,6 +230,7 @@ def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
                 report["http"][f"rows_{n}"] = percentiles(time_calls(http_call, calls))
                 report["grpc"][f"rows_{n}"] = percentiles(time_calls(grpc_call, calls))
                 say(f"{n} rows: http {report['http'][f'rows_{n}']}, grpc {report['grpc'][f'rows_{n}']}")
+            report["handler_rows_100_ms"] = handler_times(connection, rows[:100])
 
             batches = []
             for b in range(INGEST_BATCHES):
@@ -271,23 +273,43 @@ def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
                 "retrains_completed": retrains,
                 "observations_fed_per_s": round(posted.value / elapsed),
             }
+            stop.clear()
+            feeder = context.Process(target=feed_observations, args=(service.http_port, entries, stop, posted))
+            feeder.start()
+            try:
+                report["while_learning"]["handler_rows_100_ms"] = handler_times(connection, rows[:100])
+            finally:
+                stop.set()
+                feeder.join(30)
             connection.close()
             say(f"while learning ({retrains} retrains): {report['while_learning']}")
     finally:
         service.stop()
     report["stack_floor"] = measure_floor(rows[:100], calls)
     say(f"the bare stack, 100 rows: {report['stack_floor']}")
+    work_us = report["while_learning"]["handler_rows_100_ms"]["p50_ms"] * 1e3
+    report["stack_floor_with_equal_work"] = dict(measure_floor(rows[:100], calls, work_us), work_us=round(work_us))
+    say(f"the bare stack busy {work_us:.0f} µs per call, 100 rows: {report['stack_floor_with_equal_work']}")
     report["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     return report
 
 
-def measure_floor(rows: list[dict[str, Any]], calls: int) -> dict[str, Any]:
-    """The same 100-row calls against the serving stack with nothing behind it (`bench.stack_floor`)."""
+def handler_times(client: KeepAliveClient, rows: list[dict[str, Any]], calls: int = 300) -> dict[str, float]:
+    """The service's own time per 100-row call (its `processing_time_ms`, from receiving the body to encoding the
+    answer), read after the timed calls so that decoding answers costs the timed calls nothing."""
+    request = client.request_bytes("/predict/bulk/strict", json.dumps({"requests": rows}).encode())
+    times = [orjson.loads(client.send(request)[1])["processing_time_ms"] / 1e3 for _ in range(calls)]
+    return percentiles(times)
+
+
+def measure_floor(rows: list[dict[str, Any]], calls: int, work_us: float = 0.0) -> dict[str, Any]:
+    """The same 100-row calls against the serving stack with nothing behind it (`bench.stack_floor`), answering
+    at once or after `work_us` of busy CPU."""
     import grpc
 
     from predictor.grpc import leadtime_pb2_grpc
 
-    floor = ServiceProcess(floor=True)
+    floor = ServiceProcess(floor=True, work_us=work_us)
     try:
         floor.wait_ready()
         connection = KeepAliveClient("127.0.0.1", floor.http_port)
@@ -320,12 +342,21 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         f"{w['observations_fed_per_s']:,} observations/s fed): "
         f"HTTP p99 {w['http_rows_100']['p99_ms']:.3f} ms, gRPC p99 {w['grpc_rows_100']['p99_ms']:.3f} ms"
     )
-    f = report["stack_floor"]
+    h, hw = report["handler_rows_100_ms"], w["handler_rows_100_ms"]
     print(
-        f"the bare stack (same servers, no work), 100 rows: HTTP p50 {f['http_rows_100']['p50_ms']:.3f} / "
-        f"p99 {f['http_rows_100']['p99_ms']:.3f} ms, gRPC p50 {f['grpc_rows_100']['p50_ms']:.3f} / "
-        f"p99 {f['grpc_rows_100']['p99_ms']:.3f} ms"
+        f"the service's own time per 100-row call (processing_time_ms): p50 {h['p50_ms']:.3f} / p99 "
+        f"{h['p99_ms']:.3f} ms idle, p50 {hw['p50_ms']:.3f} / p99 {hw['p99_ms']:.3f} ms while learning"
     )
+    for key, label in (
+        ("stack_floor", "the bare stack (same servers, no work)"),
+        ("stack_floor_with_equal_work", f"the bare stack busy {report['stack_floor_with_equal_work']['work_us']} µs"),
+    ):
+        f = report[key]
+        print(
+            f"{label}, 100 rows: HTTP p50 {f['http_rows_100']['p50_ms']:.3f} / "
+            f"p99 {f['http_rows_100']['p99_ms']:.3f} ms, gRPC p50 {f['grpc_rows_100']['p50_ms']:.3f} / "
+            f"p99 {f['grpc_rows_100']['p99_ms']:.3f} ms"
+        )
     print(f"ingestion: {report['ingest_samples_per_s']:,} samples/s (batches of {INGEST_BATCH:,})")
     print(
         f"machine: {report['cpus']} CPUs, 1-minute load average {report['load_average_1m_before']} before, "
