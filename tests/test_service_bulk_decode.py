@@ -66,3 +66,52 @@ def test_more_rows_than_allowed_are_left_to_the_general_path() -> None:
     rows = [random_row(random.Random(i), extras=False) for i in range(3)]
     assert decode_plain_bulk(orjson.dumps({"requests": rows}), 3) is not None
     assert decode_plain_bulk(orjson.dumps({"requests": rows}), 2) is None
+
+
+def training_entries(n: int, seed: int = 4) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    entries = []
+    for i in range(n):
+        entry = random_row(rng, extras=False)
+        entry.update(actual_ttft_ms=rng.uniform(1, 900) if i % 2 else 0, actual_tpot_ms=0.0 if i % 2 else 12)
+        entries.append(entry)
+    return entries
+
+
+def test_plain_training_bodies_give_the_general_paths_actuals() -> None:
+    from predictor.service.bulk_decode import decode_plain_training
+
+    entries = training_entries(120)
+    actuals = decode_plain_training(orjson.dumps({"entries": entries}), 256)
+    assert actuals is not None
+    general = PARSER.parse_observations(entries)
+    np.testing.assert_array_equal(actuals[:, 0], general.actual_ttft_ms)
+    np.testing.assert_array_equal(actuals[:, 1], general.actual_tpot_ms)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"actual_ttft_ms": -1.0},
+        {"actual_tpot_ms": "3"},
+        {"timestamp": 1767225600},  # a field only the general path checks
+        {"predicted_ttft_ms": 12.0},
+        {"endpoint_id": "pod-a"},
+        {"kv_cache_percentage": 7},
+    ],
+)
+def test_training_entries_that_are_not_plain_are_left_to_the_general_path(change: dict[str, Any]) -> None:
+    from predictor.service.bulk_decode import decode_plain_training
+
+    entries = training_entries(3)
+    entries[1].update(change)
+    assert decode_plain_training(orjson.dumps({"entries": entries}), 256) is None
+
+
+def test_infinite_actuals_and_oversized_training_batches_are_left_to_the_general_path() -> None:
+    from predictor.service.bulk_decode import decode_plain_training
+
+    body = orjson.dumps({"entries": training_entries(2)}).replace(b'"actual_tpot_ms":12', b'"actual_tpot_ms":1e400', 1)
+    assert b"1e400" in body and decode_plain_training(body, 256) is None
+    assert decode_plain_training(orjson.dumps({"entries": training_entries(3)}), 2) is None
+    assert decode_plain_training(b'{"entries": []}', 256) is None

@@ -370,3 +370,19 @@ def test_bodies_with_extras_or_errors_still_get_the_general_answers(client: Test
     assert r.status_code == 200 and r.json()["total_requests"] == 1
     r = client.post("/predict/bulk/strict", json={"requests": [llmd_row(), llmd_row(input_token_length=-3)]})
     assert r.status_code == 422 and r.json()["field"] == "requests[1].input_token_length"
+
+
+def test_small_and_large_training_batches_are_accepted_and_counted_alike(client: TestClient) -> None:
+    # Up to 256 plain entries are answered by the edge's hot path, larger batches by the route; same contract.
+    from predictor.service.hot_path import MAX_HOT_ENTRIES
+
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    for n in (10, MAX_HOT_ENTRIES, MAX_HOT_ENTRIES + 1):
+        before = runtime.store.stats()["appended"]
+        r = client.post("/add_training_data_bulk", json={"entries": [training_entry(i) for i in range(n)]})
+        assert r.status_code == 202 and r.json() == {"message": f"Accepted {n} training samples."}
+        assert runtime.store.stats()["appended"] == before + n
+    total = 10 + 2 * MAX_HOT_ENTRIES + 1
+    status = client.get("/data/status").json()
+    assert status["training_data"]["total_samples"] + status["test_data"]["total_samples"] == total
+    assert f'leadtime_observations_accepted_total{{api="llmd"}} {float(total)}' in client.get("/metrics").text

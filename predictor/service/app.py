@@ -7,7 +7,7 @@ and stop cleanly on shutdown.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, HTTPException
@@ -24,7 +24,7 @@ from predictor.service.edge import (
     unexpected_error_handler,
     validation_error_handler,
 )
-from predictor.service.hot_path import STRICT_PATH, HotPath
+from predictor.service.hot_path import STRICT_PATH, TRAINING_PATH, HotPath
 from predictor.service.runtime import ServiceRuntime
 from predictor.settings import ServiceSettings
 from predictor.store.base import Store
@@ -70,9 +70,12 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.runtime = runtime
-    hot_paths = {}
+    hot = HotPath(runtime)
+    hot_paths: dict[str, Callable[[bytes, str], tuple[int, bytes] | None]] = {}
     if settings.serves_prediction:
-        hot_paths[STRICT_PATH] = HotPath(runtime).predict_bulk_strict
+        hot_paths[STRICT_PATH] = hot.predict_bulk_strict
+    if settings.serves_training:
+        hot_paths[TRAINING_PATH] = hot.add_training_data_bulk
     app.add_middleware(
         EdgeMiddleware, max_body_bytes=settings.max_body_bytes, runtime=runtime, hot_paths=hot_paths
     )

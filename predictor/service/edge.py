@@ -47,10 +47,14 @@ async def require_token(request: Request) -> None:
     token = _runtime(request).settings.api_token
     if not token:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
+    if not bearer_matches(request.headers.get("authorization", ""), token):
         raise HTTPException(401, "this path needs 'Authorization: Bearer <api token>'", {"WWW-Authenticate": "Bearer"})
+
+
+def bearer_matches(header: str, token: str) -> bool:
+    """Whether an Authorization header is `Bearer <token>` (compared in constant time)."""
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), token.encode())
 
 
 async def json_body(request: Request) -> Any:
@@ -129,8 +133,8 @@ class EdgeMiddleware:
     per-route metrics.
 
     The body is read here, at most `max_body_bytes` of it, and replayed to the app, so a chunked upload
-    cannot slip past the limit. `hot_paths` maps a POST path to a handler that answers a body itself (whole JSON
-    answer, status 200) or returns None to leave it to the app.
+    cannot slip past the limit. `hot_paths` maps a POST path to a handler that answers a body itself ((status,
+    whole JSON answer), given the body and the Authorization header) or returns None to leave it to the app.
     """
 
     def __init__(
@@ -138,7 +142,7 @@ class EdgeMiddleware:
         app: ASGIApp,
         max_body_bytes: int,
         runtime: ServiceRuntime,
-        hot_paths: Mapping[str, Callable[[bytes], bytes | None]] | None = None,
+        hot_paths: Mapping[str, Callable[[bytes, str], tuple[int, bytes] | None]] | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
@@ -163,10 +167,10 @@ class EdgeMiddleware:
         else:
             body = await self._read_limited(scope, receive)
             hot = self.hot_paths.get(scope["path"]) if scope["method"] == "POST" else None
-            answer = hot(body) if hot is not None and body is not None else None
+            answer = hot(body, _header(scope, b"authorization")) if hot is not None and body is not None else None
             if answer is not None:
                 path = scope["path"]
-                await _send_json(send_recording, answer)
+                await _send_json(send_recording, *answer)
             elif body is None:
                 await self._too_large(send_recording)
             else:
@@ -232,11 +236,18 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _send_json(send: Send, body: bytes) -> None:
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
     await send(
         {
             "type": "http.response.start",
-            "status": 200,
+            "status": status,
             "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
         }
     )

@@ -10,6 +10,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -44,9 +45,11 @@ async def parse_entries(runtime: ServiceRuntime, entries: list[Any], api: str, w
     return ParsedObservations.concat(parts)
 
 
-def accept_entries(runtime: ServiceRuntime, entries: list[Any], parsed: ParsedObservations, api: str) -> int:
+def accept_entries(
+    runtime: ServiceRuntime, entries: list[Any], actual_ttft: np.ndarray, actual_tpot: np.ndarray, api: str
+) -> int:
     """Append validated entries; returns how many were accepted."""
-    runtime.accept(entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
+    runtime.accept(entries, actual_ttft, actual_tpot)
     runtime.metrics.observations_accepted.labels(api).inc(len(entries))
     return len(entries)
 
@@ -62,7 +65,7 @@ def accept_entries(runtime: ServiceRuntime, entries: list[Any], parsed: ParsedOb
 async def add_training_data_bulk(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     entries = list_field(await json_body(request), "entries", 0, _MAX_ENTRIES)
     parsed = await parse_entries(runtime, entries, "llmd", "entries")
-    n = accept_entries(runtime, entries, parsed, "llmd")
+    n = accept_entries(runtime, entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms, "llmd")
     return JSONResponse({"message": f"Accepted {n} training samples."}, status_code=202)
 
 

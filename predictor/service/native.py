@@ -83,7 +83,8 @@ def _llmd_entry(entry: Any) -> Any:
 async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     entries = list_field(await json_body(request), "observations", 1, _MAX_OBSERVATIONS)
     parsed = await parse_entries(runtime, entries, "native", "observations")
-    accepted = accept_entries(runtime, [_llmd_entry(e) for e in entries], parsed, "native")
+    llmd_entries = [_llmd_entry(e) for e in entries]
+    accepted = accept_entries(runtime, llmd_entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms, "native")
     runtime.record_live_errors(parsed)
     return JSONResponse({"accepted": accepted}, status_code=202)
 
