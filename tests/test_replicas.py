@@ -218,6 +218,23 @@ def test_killing_redis_mid_run_loses_no_accepted_observation(
         assert wait_until(replica.fully_ready, timeout_s=5)
 
 
+def test_a_retrained_model_that_could_not_be_published_is_published_once_redis_is_back(
+    start_replicas: Callable[..., list[Replica]], redis_server: RedisServer
+) -> None:
+    # Regression: a publication that failed during an outage left /readyz degraded for good, and the other
+    # replicas never got that model.
+    a, b = start_replicas()
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    artifact = a.runtime.predictor.to_bytes()
+    redis_server.stop()
+    a.runtime._after_retrain(artifact, {"ttft": {"accepted": True}})  # what the learner's retrain report triggers
+    assert "publication" in a.readyz_degraded()
+    redis_server.start()  # same port, empty
+    assert wait_until(a.fully_ready, timeout_s=5), a.readyz_degraded()
+    assert a.store.latest_model() is not None
+    assert wait_until(lambda: b.serves_registry_version(1), timeout_s=5)
+
+
 def test_the_training_lease_passes_to_b_when_a_stops(start_replicas: Callable[..., list[Replica]]) -> None:
     a, b = start_replicas(lease_ttl_s=1.0)
     assert a.status()["holds_training_lease"] and not b.status()["holds_training_lease"]

@@ -6,7 +6,8 @@ beside the HTTP and gRPC handlers:
   accepting is only an append (fast) and learning happens behind it, identically on every replica; the learner
   sends back snapshots that become the serving model;
 - model sync: waits for newer models in the store's registry and swaps them in (within a second);
-- lease: renews the one training lease; only its holder retrains and publishes what it accepted.
+- lease: renews the one training lease; only its holder retrains and publishes what it accepted (and, after a
+  store outage, the retrained model the store could not take then).
 Everything lives on this object, which the app factory creates; there is no module-level state.
 """
 
@@ -85,6 +86,8 @@ class ServiceRuntime:
         self._threads: list[threading.Thread] = []
         self._loop_errors: dict[str, str] = {}
         self._retrain_error: str | None = None
+        # A retrained model the store could not take (it was down): published once it is back.
+        self._unpublished: bytes | None = None
         self.learner = LearnerProcess(self._on_snapshot, self._on_learner_exit)
         self.metrics = ServiceMetrics(self.live_values)
 
@@ -240,10 +243,25 @@ class ServiceRuntime:
                 for t in ("ttft", "tpot")
             )
             if accepted and self.holds_lease:
-                self._publish_artifact(artifact)
+                with self._swap_lock:  # never interleaved with a retry of an older model's publication
+                    self._unpublished = artifact  # until the store has it
+                    self._publish_artifact(artifact)
         except Exception as err:  # never let a publication problem stop the receiver
             self._retrain_error = f"{type(err).__name__}: {err}"
             log.exception("after-retrain publication failed")
+
+    def _retry_publication(self) -> None:
+        """Publish the retrained model an outage kept from the store, so that the other replicas get it."""
+        if not self.holds_lease:
+            return
+        with self._swap_lock:
+            artifact = self._unpublished
+            if artifact is None:
+                return
+            try:
+                self._publish_artifact(artifact)
+            except Exception as err:
+                self._retrain_error = f"{type(err).__name__}: {err}"
 
     def publish(self, predictor: OnlinePredictor) -> int:
         """Publish to the shared registry (and --model-dir); our own sync loop then skips this version.
@@ -261,6 +279,9 @@ class ServiceRuntime:
             version = self.store.publish_model(artifact)
             self._published.add(version)
             self.store_version = max(self.store_version, version)
+            # What is published now is at least as new as any retrain that could not be published before.
+            self._unpublished = None
+            self._retrain_error = None
         if self.settings.model_dir is not None:
             save_file(self.settings.model_dir, artifact)
         return version
@@ -295,6 +316,8 @@ class ServiceRuntime:
                     self._report = None
                 self.store_version = version
                 self._loop_errors.pop("model_sync", None)
+                self._unpublished = None  # another replica's newer model replaces ours
+                self._retrain_error = None
             except BaseException:
                 self._learn_lock.release()
                 raise
@@ -353,6 +376,7 @@ class ServiceRuntime:
         period = self.settings.lease_ttl_s / 3
         while not self._stop.wait(period):
             self._renew_lease()
+            self._retry_publication()
 
     def _renew_lease(self) -> None:
         if not self.settings.serves_training:
