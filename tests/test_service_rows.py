@@ -413,6 +413,24 @@ def test_a_bad_value_in_the_column_lists_is_named_by_its_row(name: str, value: A
     assert error_of(lambda: parser.parse_column_lists(columns))[0] == field
 
 
+def test_column_lists_from_python_name_values_numpy_cannot_convert() -> None:
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    changes: list[tuple[str, Any]] = [
+        ("num_request_waiting", -1),
+        ("num_request_waiting", True),
+        ("input_token_length", 1.5),  # numpy would truncate it to 1
+        ("kv_cache_percentage", False),
+        ("timeslice_wait_ms", "soon"),
+        ("tensor_parallel", 2.5),
+        ("endpoint_id", 7),
+    ]
+    for name, value in changes:
+        columns = columns_of(plain_rows(3))
+        columns[name] = [columns[name][0] if columns.get(name) else "" if name == "endpoint_id" else 1] * 3
+        columns[name][1] = value
+        assert error_of(lambda columns=columns: parser.parse_column_lists(columns))[0] == f"columns[1].{name}", name
+
+
 def test_column_lists_of_different_lengths_are_refused() -> None:
     parser = RowParser("h100-sxm", "llama-3.1-8b")
     columns = columns_of(plain_rows(3))

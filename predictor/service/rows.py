@@ -507,7 +507,10 @@ class RowParser:
         for name, length in lengths.items():
             if length != n:
                 raise FeatureError(f"{where}.{name}", f"has {length:,} values for {n:,} rows")
-        parsed = self._parse_column_arrays(columns, n)
+        try:
+            parsed = self._parse_column_arrays(columns, n)
+        except (OverflowError, TypeError, ValueError):  # a value numpy cannot take as its column's type
+            parsed = None
         if parsed is not None:
             return parsed
         return self._parse_rows(_column_rows(columns, n), where, native=True)
@@ -518,20 +521,31 @@ class RowParser:
         def given(name: str) -> Sequence[Any]:
             return columns.get(name) or ()
 
+        def typed(name: str, kinds: str) -> np.ndarray | None:
+            """The list as an array if numpy reads it as one of `kinds` ("ui": integers, "uif": numbers). A plain
+            list may hide bools among the integers, which numpy takes as 0 and 1 (a protobuf list cannot)."""
+            values = given(name)
+            if type(values) is list and bool in set(map(type, values)):
+                return None
+            array = np.asarray(values)
+            return array if array.dtype.kind in kinds else None
+
+        # Negative integers wrap around in these unsigned columns and so fail the range checks below.
         counts = np.zeros((n, len(_COUNT_FIELDS)), dtype=np.uint64)
-        for j, name in enumerate(_COUNT_FIELDS):
-            if values := given(name):
-                counts[:, j] = np.array(values, dtype=np.uint64)
         fractions = np.zeros((n, 2))
-        for j, name in enumerate(_FRACTION_FIELDS):
-            if values := given(name):
-                fractions[:, j] = np.array(values, dtype=np.float64)
+        for names, kinds, block in ((_COUNT_FIELDS, "ui", counts), (_FRACTION_FIELDS, "uif", fractions)):
+            for j, name in enumerate(names):
+                if given(name):
+                    column = typed(name, kinds)
+                    if column is None:
+                        return None
+                    block[:, j] = column
         if n == 0 or not (counts.max() <= MAX_COUNT and fractions.min() >= 0.0 and fractions.max() <= 1.0):
             return None
-        if hits_given := given("prefix_hit_tokens"):
-            hits = np.array(hits_given, dtype=np.uint64)
+        if given("prefix_hit_tokens"):
+            hits = typed("prefix_hit_tokens", "ui")
             tokens = counts[:, 0]
-            if not (hits <= tokens).all():
+            if hits is None or not (hits.astype(np.uint64) <= tokens).all():
                 return None
             fractions[:, 1] = np.divide(hits, tokens, out=np.zeros(n), where=tokens > 0)
         pods = _pod_codes(given("pod_type"), typed=True) if given("pod_type") else 0.0
@@ -547,12 +561,17 @@ class RowParser:
                     return None
                 timeslice[:, 0] = [0.0 if state in _NOT_RESIDENT else 1.0 for state in states]
             if waits:
-                timeslice[:, 1] = waits
+                wait = typed("timeslice_wait_ms", "uif")
+                if wait is None:
+                    return None
+                timeslice[:, 1] = wait
                 if not (timeslice[:, 1].min() >= 0.0 and timeslice[:, 1].max() < math.inf):
                     return None
         group: int | np.ndarray = self._default_group
         accelerators = [self.default_accelerator] * n
         named, models, parallel = given("accelerator"), given("model"), given("tensor_parallel")
+        if parallel and typed("tensor_parallel", "ui") is None:
+            return None
         if any(named) or any(models) or any(tp > 1 for tp in parallel):
             keys = list(zip(named or repeat(""), models or repeat(""), parallel or repeat(1), strict=False))
             try:
@@ -563,6 +582,8 @@ class RowParser:
             group = int(per_row[0]) if per_row.min() == per_row.max() else per_row
             accelerators = [a or self.default_accelerator for a, _, _ in keys]
         ids = given("endpoint_id")
+        if not _TEXT.issuperset(map(type, ids)):
+            return None
         endpoint_ids = list(ids) if any(ids) else None
         return self._finish(counts, fractions, pods, timeslice, group, endpoint_ids, accelerators)
 
@@ -738,6 +759,7 @@ _PREDICTED = (
 
 
 _COLUMN_TIMESLICE = frozenset(("", *TIMESLICE_STATES))
+_TEXT = frozenset((str,))
 _NOT_RESIDENT = frozenset(("switching", "parked"))
 
 
