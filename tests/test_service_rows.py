@@ -431,6 +431,17 @@ def test_column_lists_from_python_name_values_numpy_cannot_convert() -> None:
         assert error_of(lambda columns=columns: parser.parse_column_lists(columns))[0] == f"columns[1].{name}", name
 
 
+def test_a_tensor_parallel_beyond_the_count_limit_is_refused_in_columns_as_in_rows() -> None:
+    # Regression: the column-wise path checked only that tensor_parallel held integers, and took one that the
+    # row checks refuse as too large.
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    rows = plain_rows(3)
+    columns = columns_of(rows)
+    columns["tensor_parallel"] = [1, 2**60, 1]  # more than a Row's uint32 carries: only Python callers can
+    assert error_of(lambda: parser.parse([dict(rows[1], tensor_parallel=2**60)]))[0] == "requests[0].tensor_parallel"
+    assert error_of(lambda: parser.parse_column_lists(columns))[0] == "columns[1].tensor_parallel"
+
+
 def test_column_lists_of_different_lengths_are_refused() -> None:
     parser = RowParser("h100-sxm", "llama-3.1-8b")
     columns = columns_of(plain_rows(3))

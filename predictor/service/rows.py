@@ -570,8 +570,10 @@ class RowParser:
         group: int | np.ndarray = self._default_group
         accelerators = [self.default_accelerator] * n
         named, models, parallel = given("accelerator"), given("model"), given("tensor_parallel")
-        if parallel and typed("tensor_parallel", "ui") is None:
-            return None
+        if parallel:
+            sizes = typed("tensor_parallel", "ui")
+            if sizes is None or sizes.max() > MAX_COUNT:
+                return None
         if any(named) or any(models) or any(tp > 1 for tp in parallel):
             keys = list(zip(named or repeat(""), models or repeat(""), parallel or repeat(1), strict=False))
             try:
