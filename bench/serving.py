@@ -285,11 +285,17 @@ def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
             say(f"while learning ({retrains} retrains): {report['while_learning']}")
     finally:
         service.stop()
-    report["stack_floor"] = measure_floor(rows[:100], calls)
-    say(f"the bare stack, 100 rows: {report['stack_floor']}")
     work_us = report["while_learning"]["handler_rows_100_ms"]["p50_ms"] * 1e3
-    report["stack_floor_with_equal_work"] = dict(measure_floor(rows[:100], calls, work_us), work_us=round(work_us))
-    say(f"the bare stack busy {work_us:.0f} µs per call, 100 rows: {report['stack_floor_with_equal_work']}")
+    for key, work, beside_busy_cpu in (
+        ("stack_floor", None, False),
+        ("stack_floor_with_equal_work", work_us, False),
+        ("stack_floor_beside_busy_cpu", None, True),
+        ("stack_floor_with_equal_work_beside_busy_cpu", work_us, True),
+    ):
+        report[key] = measure_floor(rows[:100], calls, work or 0.0, beside_busy_cpu)
+        if work is not None:
+            report[key]["work_us"] = round(work)
+        say(f"{key}, 100 rows: {report[key]}")
     report["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     return report
 
@@ -302,16 +308,26 @@ def handler_times(client: KeepAliveClient, rows: list[dict[str, Any]], calls: in
     return percentiles(times)
 
 
-def measure_floor(rows: list[dict[str, Any]], calls: int, work_us: float = 0.0) -> dict[str, Any]:
+# A process that only burns CPU, at the learner's default priority (nice 10): what the learner is to the serving
+# threads while it retrains, with nothing else of the service behind it.
+BUSY_CPU = "import os\nos.nice(10)\nwhile True:\n    pass\n"
+
+
+def measure_floor(
+    rows: list[dict[str, Any]], calls: int, work_us: float = 0.0, beside_busy_cpu: bool = False
+) -> dict[str, Any]:
     """The same 100-row calls against the serving stack with nothing behind it (`bench.stack_floor`), answering
-    at once or after `work_us` of busy CPU."""
+    at once or after `work_us` of busy CPU; with `beside_busy_cpu`, while a CPU-bound process (`BUSY_CPU`) runs."""
     import grpc
 
     from predictor.grpc import leadtime_pb2_grpc
 
     floor = ServiceProcess(floor=True, work_us=work_us)
+    neighbour = None
     try:
         floor.wait_ready()
+        if beside_busy_cpu:
+            neighbour = subprocess.Popen([sys.executable, "-c", BUSY_CPU])
         connection = KeepAliveClient("127.0.0.1", floor.http_port)
         with grpc.insecure_channel(f"127.0.0.1:{floor.grpc_port}") as channel:
             http_call = http_caller(connection, rows)
@@ -325,6 +341,9 @@ def measure_floor(rows: list[dict[str, Any]], calls: int, work_us: float = 0.0) 
         connection.close()
         return out
     finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
         floor.stop()
 
 
@@ -347,9 +366,12 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         f"the service's own time per 100-row call (processing_time_ms): p50 {h['p50_ms']:.3f} / p99 "
         f"{h['p99_ms']:.3f} ms idle, p50 {hw['p50_ms']:.3f} / p99 {hw['p99_ms']:.3f} ms while learning"
     )
+    busy = f"busy {report['stack_floor_with_equal_work']['work_us']} µs"
     for key, label in (
         ("stack_floor", "the bare stack (same servers, no work)"),
-        ("stack_floor_with_equal_work", f"the bare stack busy {report['stack_floor_with_equal_work']['work_us']} µs"),
+        ("stack_floor_with_equal_work", f"the bare stack {busy}"),
+        ("stack_floor_beside_busy_cpu", "the bare stack beside a CPU-bound process"),
+        ("stack_floor_with_equal_work_beside_busy_cpu", f"the bare stack {busy} beside a CPU-bound process"),
     ):
         f = report[key]
         print(
