@@ -431,15 +431,50 @@ def test_column_lists_from_python_name_values_numpy_cannot_convert() -> None:
         assert error_of(lambda columns=columns: parser.parse_column_lists(columns))[0] == f"columns[1].{name}", name
 
 
-def test_a_tensor_parallel_beyond_the_count_limit_is_refused_in_columns_as_in_rows() -> None:
-    # Regression: the column-wise path checked only that tensor_parallel held integers, and took one that the
-    # row checks refuse as too large.
+@pytest.mark.parametrize("size", [2**60, -1])
+def test_a_tensor_parallel_out_of_range_is_refused_in_columns_as_in_rows(size: int) -> None:
+    # Regression: the column-wise path checked only that tensor_parallel held integers, and took sizes that the
+    # row checks refuse (a Row's uint32 carries neither: only Python callers can send them).
     parser = RowParser("h100-sxm", "llama-3.1-8b")
     rows = plain_rows(3)
     columns = columns_of(rows)
-    columns["tensor_parallel"] = [1, 2**60, 1]  # more than a Row's uint32 carries: only Python callers can
-    assert error_of(lambda: parser.parse([dict(rows[1], tensor_parallel=2**60)]))[0] == "requests[0].tensor_parallel"
+    columns["tensor_parallel"] = [1, size, 1]
+    assert error_of(lambda: parser.parse([dict(rows[1], tensor_parallel=size)]))[0] == "requests[0].tensor_parallel"
     assert error_of(lambda: parser.parse_column_lists(columns))[0] == "columns[1].tensor_parallel"
+
+
+_ODD_VALUES: list[Any] = [
+    -1, 0, 1, 2, 2**32, 2**53, 2**53 + 1, 2**60, 2**64, 0.5, 1.5, -0.0, 1.0, float("nan"), float("inf"),
+    float("-inf"), True, False, "", "x", "decode", "parked", "h100-sxm", "l40s", "abacus",
+]  # fmt: skip
+
+
+def test_the_column_wise_path_never_takes_what_the_row_checks_refuse() -> None:
+    """Random odd values in random columns: whatever the column-wise path accepts, the row checks (which name the
+    bad value) accept too, with bit-identical rows."""
+    from predictor.service.rows import _column_rows
+
+    rng = random.Random(5)
+    parser = RowParser("h100-sxm", "llama-3.1-8b")
+    taken = 0
+    for _ in range(1500):
+        rows = [random_row(rng, extras=True) for _ in range(rng.randint(1, 6))]
+        for r in rows:
+            r.pop("prefix_hit_tokens", None)
+        columns = columns_of(rows)
+        for _ in range(rng.randint(1, 3)):
+            name = rng.choice(sorted(columns))
+            values = columns[name] or [0] * len(rows)
+            values[rng.randrange(len(rows))] = rng.choice(_ODD_VALUES)
+            columns[name] = values
+        fast = parser._parse_column_arrays(columns, len(rows))
+        if fast is None:
+            continue
+        taken += 1
+        slow = parser._parse_rows(_column_rows(columns, len(rows)), "columns", native=True)
+        np.testing.assert_array_equal(fast.X, slow.X)
+        assert fast.endpoint_ids == slow.endpoint_ids and fast.accelerators == slow.accelerators
+    assert taken > 100  # the column-wise path was really exercised
 
 
 def test_column_lists_of_different_lengths_are_refused() -> None:

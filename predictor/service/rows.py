@@ -572,7 +572,7 @@ class RowParser:
         named, models, parallel = given("accelerator"), given("model"), given("tensor_parallel")
         if parallel:
             sizes = typed("tensor_parallel", "ui")
-            if sizes is None or sizes.max() > MAX_COUNT:
+            if sizes is None or sizes.min() < 0 or sizes.max() > MAX_COUNT:
                 return None
         if any(named) or any(models) or any(tp > 1 for tp in parallel):
             keys = list(zip(named or repeat(""), models or repeat(""), parallel or repeat(1), strict=False))
