@@ -118,6 +118,7 @@ def serve(
     """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
     from pydantic import ValidationError
 
+    from predictor.service.cpus import CpuPlanError, allowed_cpus, plan_cpus
     from predictor.settings import ServiceSettings
 
     overrides = dict(
@@ -130,10 +131,11 @@ def serve(
 
         get_accelerator(settings.accelerator)
         get_model(settings.model)
+        plan_cpus(settings.learner_cpus, allowed_cpus())
     except ValidationError as err:
         first = err.errors()[0]
         _fail(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
-    except FeatureError as err:
+    except (FeatureError, CpuPlanError) as err:
         _fail(str(err))
     from predictor.service.serve import serve as run_service
 
@@ -147,14 +149,25 @@ def serve(
 def bench_serving(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     calls: Annotated[int, typer.Option(help="Timed calls per row count and protocol.")] = 2000,
+    setting: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=VALUE: a service setting for the measured service (LEADTIME_NAME), repeatable."),
+    ] = None,
 ) -> None:
     """Service latency over HTTP and gRPC (1, 10, 100 rows), also while retraining, and ingestion rate."""
     from bench.serving import print_report, run_serving
+    from predictor.settings import ServiceSettings
 
     if calls < 10:
         _fail("--calls must be ≥ 10")
+    settings: dict[str, str] = {}
+    for item in setting or []:
+        name, sep, value = item.partition("=")
+        if not sep or name.lower() not in ServiceSettings.model_fields:
+            _fail(f"--setting {item!r}: expected NAME=VALUE with NAME a service setting, e.g. learner_cpus=auto")
+        settings[name.lower()] = value
     try:
-        report = run_serving(calls=calls, progress=not json_out)
+        report = run_serving(calls=calls, progress=not json_out, settings=settings)
     except (OSError, RuntimeError) as err:
         _fail(str(err))
     print_report(report, as_json=json_out)

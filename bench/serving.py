@@ -77,13 +77,14 @@ class ServiceProcess:
     """`leadtime serve` (or, with `floor=True`, the bare stack of `bench.stack_floor`, busy `work_us` per call) in
     a child process on free loopback ports."""
 
-    def __init__(self, floor: bool = False, work_us: float = 0.0) -> None:
+    def __init__(self, floor: bool = False, work_us: float = 0.0, settings: dict[str, str] | None = None) -> None:
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.http_port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
         env["LEADTIME_ACCELERATOR"] = "h200-sxm"
         env["LEADTIME_MODEL"] = "qwen3-32b"
+        env.update({f"LEADTIME_{name.upper()}": value for name, value in (settings or {}).items()})
         ports = ["--port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
         if floor:
             command = [sys.executable, "-m", "bench.stack_floor", *ports, "--work-us", str(work_us)]
@@ -195,7 +196,9 @@ def retrain_count(client: httpx.Client) -> int:
     return total
 
 
-def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
+def run_serving(calls: int = 2_000, progress: bool = True, settings: dict[str, str] | None = None) -> dict[str, Any]:
+    """`settings`: service settings (name → value) for the measured service; everything else runs on defaults,
+    whatever LEADTIME_* variables the caller's environment holds."""
     import grpc
 
     from predictor.grpc import leadtime_pb2_grpc
@@ -206,12 +209,13 @@ def run_serving(calls: int = 2_000, progress: bool = True) -> dict[str, Any]:
 
     entries = load_entries()
     rows = prediction_rows(entries)
-    service = ServiceProcess()
+    service = ServiceProcess(settings=settings)
     try:
         service.wait_ready()
         say(f"service up on :{service.http_port} (gRPC :{service.grpc_port})")
         report: dict[str, Any] = {
             "calls": calls,
+            "settings": dict(settings or {}),
             "cpus": os.cpu_count(),
             "load_average_1m_before": round(os.getloadavg()[0], 2),
             "http": {},

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +70,29 @@ def test_the_benchmark_runs_end_to_end_against_a_real_service_process() -> None:
         assert work["work_us"] == round(report["while_learning"]["handler_rows_100_ms"]["p50_ms"] * 1e3)
         # The busy floor really works that long per call.
         assert work["http_rows_100"]["p50_ms"] >= work["work_us"] / 1e3
+
+
+def test_settings_reach_the_measured_service_and_nothing_else_of_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench.serving import ServiceProcess
+
+    monkeypatch.setenv("LEADTIME_ROLE", "training")  # the caller's own setting: not for the measured service
+    service = ServiceProcess(settings={"learner_cpus": "off", "snapshot_interval_s": "1"})
+    try:
+        environ = Path(f"/proc/{service.process.pid}/environ").read_bytes().split(b"\0")
+        assert b"LEADTIME_LEARNER_CPUS=off" in environ and b"LEADTIME_SNAPSHOT_INTERVAL_S=1" in environ
+        assert not any(item.startswith(b"LEADTIME_ROLE=") for item in environ)
+    finally:
+        service.stop()
+
+
+def test_a_setting_that_is_not_one_is_refused_by_the_cli() -> None:
+    process = subprocess.run(
+        [sys.executable, "-m", "leadtime_cli", "bench", "serving", "--setting", "nonsense=1"],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        timeout=60,
+    )
+    message = process.stderr.decode().strip()
+    assert process.returncode == 2 and "nonsense=1" in message and "Traceback" not in message

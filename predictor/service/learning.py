@@ -33,6 +33,7 @@ import orjson
 
 from predictor.artifact import encode
 from predictor.learner import OnlinePredictor
+from predictor.service.cpus import pin_process
 from predictor.trees import CompiledTrees
 
 log = logging.getLogger("leadtime.service")
@@ -66,6 +67,7 @@ class ChildSetup:
     default_model: str
     nice: int
     snapshot_interval_s: float
+    cpus: frozenset[int] | None = None  # where the learner runs (None: wherever the scheduler puts it)
 
 
 class _Child:
@@ -204,6 +206,8 @@ def _lower_priority(nice: int) -> None:
 
 
 def _child_main(conn: Connection, setup: ChildSetup) -> None:
+    if setup.cpus:
+        pin_process(setup.cpus)
     _lower_priority(setup.nice)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s learner: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):

@@ -28,6 +28,7 @@ import numpy as np
 from predictor.artifact import save_file
 from predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
 from predictor.metrics import ServiceMetrics
+from predictor.service.cpus import allowed_cpus, plan_cpus
 from predictor.service.learning import CURSOR_KEY, ChildSetup, LearnerProcess, LearnerReport, Snapshot
 from predictor.service.rows import ParsedObservations, RowParser
 from predictor.settings import ServiceSettings
@@ -89,6 +90,8 @@ class ServiceRuntime:
         # A retrained model the store could not take (it was down): published once it is back.
         self._unpublished: bytes | None = None
         self.learner = LearnerProcess(self._on_snapshot, self._on_learner_exit)
+        # Where the learner runs; `serve` pins the serving threads to the other CPUs.
+        self.cpu_plan = plan_cpus(settings.learner_cpus, allowed_cpus())
         self.metrics = ServiceMetrics(self.live_values)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
@@ -195,6 +198,7 @@ class ServiceRuntime:
                 default_model=s.model,
                 nice=s.background_nice,
                 snapshot_interval_s=s.snapshot_interval_s,
+                cpus=self.cpu_plan.learner if self.cpu_plan else None,
             )
             self.learner.start(setup)
 

@@ -9,6 +9,7 @@ import sys
 import uvicorn
 
 from predictor.service.app import create_app
+from predictor.service.cpus import format_cpu_list, pin_process
 from predictor.settings import ServiceSettings
 
 log = logging.getLogger("leadtime.service")
@@ -30,6 +31,12 @@ def serve(settings: ServiceSettings) -> None:
     if settings.grpc_port:
         grpc_server, port = start_grpc_server(app.state.runtime, settings.host, settings.grpc_port)
         log.info("gRPC on %s:%d", settings.host, port)
+    plan = app.state.runtime.cpu_plan
+    if plan is not None:
+        # After gRPC's threads exist and before uvicorn's loop starts the learner: every serving thread, and
+        # everything started from here on, keeps off the learner's CPUs (the learner moves itself to them).
+        pin_process(plan.serving)
+        log.info("serving on CPU %s, learner on CPU %s", format_cpu_list(plan.serving), format_cpu_list(plan.learner))
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, access_log=False, log_level="warning", timeout_keep_alive=75
     )
