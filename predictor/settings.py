@@ -62,7 +62,7 @@ class ServiceSettings(BaseModel):
         pattern=r"^(auto|off|\d+(-\d+)?(,\d+(-\d+)?)*)$",
         description="CPUs of the learner process, the serving threads getting the others: off (no pinning), auto "
         "(the highest-numbered CPU this process may use, when it may use two or more) or a list such as 3, 2-3, "
-        "1,3. On a 2-core machine auto lowered gRPC p99 while learning by ~2 ms and cost ~10% of ingestion.",
+        "1,3. On a 2-core machine auto lowered gRPC p99 while learning by ~2-3 ms and cost some ingestion rate.",
     )
     replica_id: str = ""
     seed: int = 0

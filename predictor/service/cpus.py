@@ -4,8 +4,8 @@ Why: measured on a 2-core virtual machine, a CPU-bound process beside the server
 included) took the bare gRPC stack's p99 for 100 rows from ~1 ms to 3-5 ms, because the server's threads kept
 landing on the CPU it held; with the server's threads on one CPU and that process on the other, p99 stayed at
 ~1.3 ms. The learner is such a process while it retrains. Splitting the CPUs (`auto`) lowered the service's gRPC
-p99 while learning from ~8 to ~4.5-6.7 ms and its idle gRPC p99 from ~3.1-3.8 to ~2.0-3.1 ms, but ingestion
-fell by ~10% (the serving threads then share one CPU), so it is opt-in.
+p99 while learning from 7.6-8.4 to 4.4-6.7 ms (six runs each way), but the serving threads then share one CPU and
+ingestion fell (median ~4%, one run in six below 60,000 samples/s), so it is opt-in.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class CpuPlan:
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:
-    """ "1,3" or "2-3" → the CPU numbers (the format of taskset -c and /sys/.../cpulist)."""
+    """A CPU list such as "1,3" or "2-3" (the format of taskset -c and /sys/.../cpulist) → the CPU numbers."""
     cpus: set[int] = set()
     for part in text.split(","):
         first, _, last = part.partition("-")
