@@ -3,7 +3,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-DATA ?= ../shared/data
 
 .PHONY: test demo bench lint system-deps clean
 
@@ -32,7 +31,7 @@ demo: $(STAMP)
 	$(VENV)/bin/leadtime demo
 
 bench: $(STAMP)
-	$(VENV)/bin/leadtime bench accuracy --data $(DATA)/measured/sharegpt-h200.jsonl --accelerator h200-sxm --model qwen3-32b --json
+	$(VENV)/bin/leadtime bench accuracy --data sharegpt-h200 --accelerator h200-sxm --model qwen3-32b --json
 	$(VENV)/bin/leadtime bench coldstart --json
 	$(VENV)/bin/leadtime bench coldstart --unseen l40s --json
 	$(VENV)/bin/leadtime bench serving --json
@@ -41,7 +40,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench.data import actuals, load_llmd_rows
-from bench.llmd_reference import LlmdReference, llmd_features
-from features.vectorize import Vectorizer
-from predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.bench.data import actuals, load_llmd_rows
+from leadtime.bench.llmd_reference import LlmdReference, llmd_features
+from leadtime.features.vectorize import Vectorizer
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
 TARGETS = ("ttft", "tpot")
 MODELS = ("leadtime", "llmd_reference", "median_baseline")

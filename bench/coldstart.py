@@ -17,10 +17,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.llmd_reference import LlmdReference, llmd_features
-from features.catalog import get_accelerator, get_model
-from features.rows import EndpointState, FeatureRow, RequestFeatures, feature_row_to_llmd
-from predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.bench.llmd_reference import LlmdReference, llmd_features
+from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures, feature_row_to_llmd
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
 MODEL = "llama-3.1-8b"
 SEEN = ("h100-sxm", "a100-sxm-80gb")

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from features.errors import FeatureError
-from features.rows import observation_from_llmd
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import observation_from_llmd
 
 
 def load_llmd_rows(path: Path) -> list[dict[str, Any]]:

@@ -17,11 +17,11 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.accuracy import MODELS, TARGETS, Walk, prequential_walk, summarize_walk  # noqa: E402
-from bench.data import actuals, load_llmd_rows  # noqa: E402
-from bench.llmd_reference import llmd_features  # noqa: E402
-from features.vectorize import Vectorizer  # noqa: E402
-from predictor.learner import LearnerConfig  # noqa: E402
+from leadtime.bench.accuracy import MODELS, TARGETS, Walk, prequential_walk, summarize_walk  # noqa: E402
+from leadtime.bench.data import actuals, load_llmd_rows  # noqa: E402
+from leadtime.bench.llmd_reference import llmd_features  # noqa: E402
+from leadtime.features.vectorize import Vectorizer  # noqa: E402
+from leadtime.predictor.learner import LearnerConfig  # noqa: E402
 
 
 def plot_walk(preds: Walk, y: dict[str, np.ndarray], path: Path) -> None:
@@ -46,9 +46,10 @@ def plot_walk(preds: Walk, y: dict[str, np.ndarray], path: Path) -> None:
     plt.close(fig)
 
 
-def run_demo(data: Path, out: Path, accelerator: str = "h200-sxm", model: str = "qwen3-32b") -> None:
+def run_demo(data: Path, out: Path, accelerator: str = "h200-sxm", model: str = "qwen3-32b",
+             max_rows: int | None = None) -> None:
     console = Console()
-    rows = load_llmd_rows(data)
+    rows = load_llmd_rows(data)[:max_rows]
     console.print(f"[bold]Leadtime demo[/bold]: {len(rows)} real rows from {data} ({accelerator}, {model})")
     x_lt = Vectorizer(accelerator, model).transform_llmd(rows)
     ttft, tpot = actuals(rows)

@@ -2,7 +2,7 @@
 
 It starts `leadtime serve` (in-memory store) as a separate process on free loopback ports, warms it up, then
 times sequential calls exactly as a router makes them: `POST /predict/bulk/strict` with 1, 10 and 100 rows
-over one keep-alive HTTP connection (`bench.keepalive`, a minimal client: the figures are the service's, not
+over one keep-alive HTTP connection (`leadtime.bench.keepalive`, a minimal client: the figures are the service's, not
 http.client's), the same rows through gRPC `PredictBulk`, and `/add_training_data_bulk`
 in batches of 1,000. Ingesting makes the service learn and retrain behind the answers, so the 100-row
 latencies are measured once more while that happens. Request bodies are encoded before the clock starts:
@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 import orjson
 
-from bench.keepalive import KeepAliveClient
+from leadtime.bench.keepalive import KeepAliveClient
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT.parent / "shared" / "data" / "measured" / "sharegpt-h200.jsonl"
@@ -74,8 +74,8 @@ def prediction_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class ServiceProcess:
-    """`leadtime serve` (or, with `floor=True`, the bare stack of `bench.stack_floor`, busy `work_us` per call) in
-    a child process on free loopback ports."""
+    """`leadtime serve` (or, with `floor=True`, the bare stack of `leadtime.bench.stack_floor`, busy `work_us` per
+    call) in a child process on free loopback ports."""
 
     def __init__(self, floor: bool = False, work_us: float = 0.0, settings: dict[str, str] | None = None) -> None:
         self.http_port = free_port()
@@ -87,9 +87,9 @@ class ServiceProcess:
         env.update({f"LEADTIME_{name.upper()}": value for name, value in (settings or {}).items()})
         ports = ["--port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
         if floor:
-            command = [sys.executable, "-m", "bench.stack_floor", *ports, "--work-us", str(work_us)]
+            command = [sys.executable, "-m", "leadtime.bench.stack_floor", *ports, "--work-us", str(work_us)]
         else:
-            command = [sys.executable, "-m", "leadtime_cli", "serve", "--host", "127.0.0.1", *ports]
+            command = [sys.executable, "-m", "leadtime", "serve", "--host", "127.0.0.1", *ports]
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
@@ -146,9 +146,9 @@ def http_caller(client: KeepAliveClient, rows: list[dict[str, Any]]) -> Callable
 
 
 def grpc_caller(stub: Any, rows: list[dict[str, Any]]) -> Callable[[], None]:
-    """One PredictBulk with the rows as columns, as `predictor.client` sends them."""
-    from predictor.client import row_columns
-    from predictor.grpc import leadtime_pb2 as pb
+    """One PredictBulk with the rows as columns, as `leadtime.predictor.client` sends them."""
+    from leadtime.predictor.client import row_columns
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     request = pb.PredictBulkRequest(columns=row_columns(rows))
 
@@ -201,7 +201,7 @@ def run_serving(calls: int = 2_000, progress: bool = True, settings: dict[str, s
     whatever LEADTIME_* variables the caller's environment holds."""
     import grpc
 
-    from predictor.grpc import leadtime_pb2_grpc
+    from leadtime.predictor.grpc import leadtime_pb2_grpc
 
     def say(message: str) -> None:
         if progress:
@@ -320,11 +320,11 @@ BUSY_CPU = "import os\nos.nice(10)\nwhile True:\n    pass\n"
 def measure_floor(
     rows: list[dict[str, Any]], calls: int, work_us: float = 0.0, beside_busy_cpu: bool = False
 ) -> dict[str, Any]:
-    """The same 100-row calls against the serving stack with nothing behind it (`bench.stack_floor`), answering
+    """The same 100-row calls against the serving stack with nothing behind it (`leadtime.bench.stack_floor`), answering
     at once or after `work_us` of busy CPU; with `beside_busy_cpu`, while a CPU-bound process (`BUSY_CPU`) runs."""
     import grpc
 
-    from predictor.grpc import leadtime_pb2_grpc
+    from leadtime.predictor.grpc import leadtime_pb2_grpc
 
     floor = ServiceProcess(floor=True, work_us=work_us)
     neighbour = None

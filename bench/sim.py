@@ -11,15 +11,15 @@ import platform
 import time
 from pathlib import Path
 
-from simulator.fleet import load_fleet
-from simulator.run import SimulationOptions, run_policies
-from simulator.workload import read_trace, shape
+from leadtime.simulator.fleet import load_fleet
+from leadtime.simulator.run import SimulationOptions, run_policies
+from leadtime.simulator.workload import load_workload, shape
 
 
-def run_bench(fleet_path: Path, trace_path: Path, requests: int, policy: str = "llm-d") -> dict[str, object]:
+def run_bench(fleet_path: str | Path, trace_path: str, requests: int, policy: str = "llm-d") -> dict[str, object]:
     start = time.perf_counter()
     fleet = load_fleet(fleet_path)
-    workload = shape(read_trace(trace_path, requests), max_requests=requests)
+    workload = shape(load_workload(trace_path, 0, requests), max_requests=requests)
     loaded = time.perf_counter()
     (result,) = run_policies(fleet, workload, [policy], SimulationOptions())
     end = time.perf_counter()

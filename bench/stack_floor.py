@@ -9,7 +9,7 @@ With `--work-us N` every answer first keeps the CPU busy for N µs, the service'
 virtual machine whose idle CPUs sleep, a client that waits longer than a few hundred µs wakes up late, and this
 shows what that costs any server that works as long as the service does, with no variance and no interference.
 
-    python -m bench.stack_floor --port P --grpc-port G [--work-us N]
+    python -m leadtime.bench.stack_floor --port P --grpc-port G [--work-us N]
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from predictor.grpc import leadtime_pb2 as pb
-from predictor.grpc import leadtime_pb2_grpc as pb_grpc
+from leadtime.predictor.grpc import leadtime_pb2 as pb
+from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
 
 
 def busy(work_s: float) -> None:

@@ -1,7 +1,7 @@
 """Leadtime's shared vocabulary: request and endpoint features, the accelerator catalog, prefix hashing,
 vLLM metrics parsing and vectorization. Imports nothing else of Leadtime's."""
 
-from features.catalog import (
+from leadtime.features.catalog import (
     ACCELERATORS,
     MODELS,
     Accelerator,
@@ -9,8 +9,8 @@ from features.catalog import (
     get_accelerator,
     get_model,
 )
-from features.errors import FeatureError
-from features.rows import (
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import (
     ROLES,
     TIMESLICE_STATES,
     EndpointState,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from features.errors import FeatureError
+from leadtime.features.errors import FeatureError
 
 
 @dataclass(frozen=True)

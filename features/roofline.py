@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from features.catalog import Accelerator, ModelProfile
+from leadtime.features.catalog import Accelerator, ModelProfile
 
 
 def prefill_flops(model: ModelProfile, new_tokens: float, cached_tokens: float = 0.0) -> float:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from features.errors import FeatureError
+from leadtime.features.errors import FeatureError
 
 ROLES = ("both", "prefill", "decode")
 TIMESLICE_STATES = ("none", "resident", "switching", "parked")

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from features.catalog import Accelerator, ModelProfile, get_accelerator, get_model
-from features.errors import FeatureError
-from features.roofline import decode_step_ms, prefill_ms
-from features.rows import FeatureRow, feature_row_from_llmd
+from leadtime.features.catalog import Accelerator, ModelProfile, get_accelerator, get_model
+from leadtime.features.errors import FeatureError
+from leadtime.features.roofline import decode_step_ms, prefill_ms
+from leadtime.features.rows import FeatureRow, feature_row_from_llmd
 
 SCHEMA_VERSION = 1
 

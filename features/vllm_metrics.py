@@ -11,8 +11,8 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from features.errors import FeatureError
-from features.rows import EndpointState
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import EndpointState
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from features.vectorize import COLUMNS, SCHEMA_VERSION
+from leadtime.features.vectorize import COLUMNS, SCHEMA_VERSION
 
 FORMAT = "leadtime-predictor"
 ARTIFACT_VERSION = 1
@@ -20,7 +20,7 @@ FILE_NAME = "leadtime-predictor.json"
 
 
 def _error(message: str) -> Exception:
-    from predictor.learner import ArtifactError
+    from leadtime.predictor.learner import ArtifactError
 
     return ArtifactError(message)
 

@@ -3,7 +3,7 @@
 Every call carries a deadline (`deadline_s`, overridable per call): a router must fall back to its heuristics
 rather than wait, so a slow or absent predictor raises `PredictorUnavailable` quickly and a refused request
 raises `PredictorError` with the service's message. Rows and observations may be llm-d/native dicts or
-`features.rows` objects.
+`leadtime.features.rows` objects.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from features.rows import FeatureRow, Observation, feature_row_to_llmd, observation_to_llmd
+from leadtime.features.rows import FeatureRow, Observation, feature_row_to_llmd, observation_to_llmd
 
 DEFAULT_DEADLINE_S = 0.05
 
@@ -187,7 +187,7 @@ def _wire_fields(row: Row) -> dict[str, Any]:
 
 def row_message(row: Row) -> Any:
     """A row dict → leadtime.v1.Row (unknown keys dropped, native `role` mapped to `pod_type`)."""
-    from predictor.grpc import leadtime_pb2 as pb
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     try:
         return pb.Row(**_wire_fields(row))
@@ -201,7 +201,7 @@ _TEXT_FIELDS = frozenset(("pod_type", "endpoint_id", "accelerator", "model", "ti
 def row_columns(rows: Sequence[Row]) -> Any:
     """Rows → leadtime.v1.RowColumns, the form the service decodes fastest; None when the rows cannot travel as
     columns (some give `prefix_hit_tokens` and others not), for the caller to send Row messages instead."""
-    from predictor.grpc import leadtime_pb2 as pb
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     wire = [_wire_fields(r) for r in rows]
     names = set().union(*wire)
@@ -219,7 +219,7 @@ def row_columns(rows: Sequence[Row]) -> Any:
 
 
 def observation_message(obs: Obs) -> Any:
-    from predictor.grpc import leadtime_pb2 as pb
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     d = observation_dict(obs)
     if isinstance(d.get("timestamp"), str):
@@ -249,7 +249,7 @@ class GrpcPredictorClient:
     ) -> None:
         import grpc
 
-        from predictor.grpc import leadtime_pb2_grpc
+        from leadtime.predictor.grpc import leadtime_pb2_grpc
 
         self._grpc = grpc
         self.deadline_s = deadline_s
@@ -269,7 +269,7 @@ class GrpcPredictorClient:
             raise error(code.name, details or code.name) from None
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
-        from predictor.grpc import leadtime_pb2 as pb
+        from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         columns = row_columns(rows)
         if columns is not None:
@@ -287,20 +287,20 @@ class GrpcPredictorClient:
         )
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
-        from predictor.grpc import leadtime_pb2 as pb
+        from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         request = pb.ObserveRequest(observations=[observation_message(o) for o in observations])
         return int(self._call(self._stub.Observe, request, deadline_s).accepted)
 
     def observe_stream(self, batches: Iterable[Sequence[Obs]], deadline_s: float | None = None) -> int:
         """Send batches on one client stream; the deadline covers the whole stream."""
-        from predictor.grpc import leadtime_pb2 as pb
+        from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         requests = (pb.ObserveRequest(observations=[observation_message(o) for o in b]) for b in batches)
         return int(self._call(self._stub.ObserveStream, requests, deadline_s).accepted)
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
-        from predictor.grpc import leadtime_pb2 as pb
+        from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         answer = self._call(self._stub.Status, pb.StatusRequest(), deadline_s)
         return {

@@ -24,17 +24,17 @@ from typing import Any
 import numpy as np
 from river import drift
 
-from features.rows import FeatureRow, Observation
-from features.vectorize import COLUMN_INDEX, COLUMNS, Vectorizer, check_matrix
-from predictor.online import ConformalQuantile, OffsetTable, RecursiveLeastSquares
-from predictor.physics import (
+from leadtime.features.rows import FeatureRow, Observation
+from leadtime.features.vectorize import COLUMN_INDEX, COLUMNS, Vectorizer, check_matrix
+from leadtime.predictor.online import ConformalQuantile, OffsetTable, RecursiveLeastSquares
+from leadtime.predictor.physics import (
     TARGETS,
     additive_ms,
     correction_feature_names,
     correction_features,
     prior_ms,
 )
-from predictor.trees import TREE_FEATURES, CompiledTrees, ResidualTrees, compile_booster, fit_booster
+from leadtime.predictor.trees import TREE_FEATURES, CompiledTrees, ResidualTrees, compile_booster, fit_booster
 
 log = logging.getLogger("leadtime.predictor")
 
@@ -463,7 +463,7 @@ class OnlinePredictor:
     --------
     Prequential use: predict each row, then learn it.
 
-    >>> from features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+    >>> from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
     >>> p = OnlinePredictor(LearnerConfig(background=False))
     >>> errors = []
     >>> for i in range(300):
@@ -705,7 +705,7 @@ class OnlinePredictor:
     # --- persistence ------------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        from predictor.artifact import encode
+        from leadtime.predictor.artifact import encode
 
         with self._lock:
             for model in self._models.values():
@@ -718,7 +718,7 @@ class OnlinePredictor:
     ) -> OnlinePredictor:
         """Load an artifact. `reuse`: a predictor loaded earlier whose boosters are kept where the artifact's
         trees are the same text (parsing LightGBM text is most of a load's cost)."""
-        from predictor.artifact import decode
+        from leadtime.predictor.artifact import decode
 
         return cls.from_state(decode(data), background, reuse)
 
@@ -763,13 +763,13 @@ class OnlinePredictor:
             return self._state(), {t: dict(m.trees.compiled) for t, m in self._models.items()}
 
     def save(self, directory: Any) -> None:
-        from predictor.artifact import save_file
+        from leadtime.predictor.artifact import save_file
 
         save_file(directory, self.to_bytes())
 
     @classmethod
     def load(cls, directory: Any, background: bool | None = None) -> OnlinePredictor:
-        from predictor.artifact import load_file
+        from leadtime.predictor.artifact import load_file
 
         return cls.from_bytes(load_file(directory), background=background)
 
@@ -783,7 +783,7 @@ class OnlinePredictor:
 
 
 def _check_actuals(name: str, values: np.ndarray, n: int) -> np.ndarray:
-    from features.errors import FeatureError
+    from leadtime.features.errors import FeatureError
 
     values = np.asarray(values, dtype=np.float64)
     if values.shape != (n,):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from features.vectorize import COLUMN_INDEX
+from leadtime.features.vectorize import COLUMN_INDEX
 
 TARGETS = ("ttft", "tpot")
 

@@ -17,7 +17,7 @@ from typing import Any
 import lightgbm as lgb
 import numpy as np
 
-from features.vectorize import COLUMNS
+from leadtime.features.vectorize import COLUMNS
 
 log = logging.getLogger("leadtime.predictor")
 

@@ -12,8 +12,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from features.rows import Observation
-from router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, split_by_role
+from leadtime.features.rows import Observation
+from leadtime.router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, split_by_role
 
 Scorer = Callable[[RouteRequest, Sequence[Candidate]], list[float]]
 Filter = Callable[[RouteRequest, Sequence[Candidate]], list[Candidate]]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
 
 
 class NoCandidateError(ValueError):

@@ -9,7 +9,7 @@ where the step-time model looks shapes up directly: the GEMM table on its (m, n,
 eager vs graph-replayed all-reduce timings. The result is cached in `coefficients.json` beside this module so
 that the simulator never needs the tables or scipy at run time. Regenerate it with:
 
-    .venv/bin/python -m simulator.calibration ../shared/data/calibration
+    .venv/bin/python -m leadtime.simulator.calibration ../shared/data/calibration
 
 Classes without tables (mi300x, tpu-*, gaudi3) are not fitted: `steptime.coefficients_for` derives them from the
 published figures in features.catalog through the same model.

@@ -13,12 +13,12 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from features.rows import Observation
-from router_plugin.policy import Candidate, Pick, RouteRequest, split_by_role
-from simulator.endpoint import SimRequest
+from leadtime.features.rows import Observation
+from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest, split_by_role
+from leadtime.simulator.endpoint import SimRequest
 
 if TYPE_CHECKING:
-    from simulator.engine import FleetSimulator
+    from leadtime.simulator.engine import FleetSimulator
 
 
 class ClairvoyantPolicy:

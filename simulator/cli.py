@@ -1,4 +1,4 @@
-"""What the CLI's simulator commands print (kept out of leadtime_cli.py so its command bodies stay thin)."""
+"""What the CLI's simulator commands print (kept out of leadtime/cli.py so its command bodies stay thin)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from simulator.run import SimulationOptions, simulate
+from leadtime.simulator.run import SimulationOptions, simulate
 
 
-def run_simulate_command(fleet: Path, trace: Path, policies: list[str], max_requests: int | None,
+def run_simulate_command(fleet: str | Path, trace: str, policies: list[str], max_requests: int | None,
                          rate_scale: float, seed: int, ttft_slo_ms: float, itl_slo_ms: float, out: Path | None,
                          progress: bool) -> dict[str, object]:
     options = SimulationOptions(seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms)

@@ -18,8 +18,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from simulator.kvcache import KVCache
-from simulator.steptime import StepTimeModel
+from leadtime.simulator.kvcache import KVCache
+from leadtime.simulator.steptime import StepTimeModel
 
 MAX_DECODE_RUN = 4096
 

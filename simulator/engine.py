@@ -21,15 +21,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from features.catalog import get_model
-from features.roofline import kv_transfer_ms
-from features.rows import EndpointState, FeatureRow, Observation
-from router_plugin.policy import Candidate, Pick, RouteRequest, RoutingPolicy
-from simulator.endpoint import Endpoint, SimRequest, StepOutcome
-from simulator.fleet import Fleet, TimesliceGroup
-from simulator.kvcache import KVCache
-from simulator.steptime import StepTimeModel
-from simulator.workload import WorkloadRequest
+from leadtime.features.catalog import get_model
+from leadtime.features.roofline import kv_transfer_ms
+from leadtime.features.rows import EndpointState, FeatureRow, Observation
+from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest, RoutingPolicy
+from leadtime.simulator.endpoint import Endpoint, SimRequest, StepOutcome
+from leadtime.simulator.fleet import Fleet, TimesliceGroup
+from leadtime.simulator.kvcache import KVCache
+from leadtime.simulator.steptime import StepTimeModel
+from leadtime.simulator.workload import WorkloadRequest
 
 ARRIVAL, STEP, TRANSFER, TIMESLICE = 0, 1, 2, 3
 
@@ -120,7 +120,7 @@ class FleetSimulator:
     workload
         Requests sorted by arrival.
     policy
-        Any `router_plugin.policy.RoutingPolicy`; one with an `attach(simulator)` method gets the simulator.
+        Any `leadtime.router_plugin.policy.RoutingPolicy`; one with an `attach(simulator)` method gets the simulator.
     seed
         Seeds the time-slice windows.
     ttft_slo_ms, tpot_slo_ms

@@ -32,8 +32,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from features.catalog import get_accelerator, get_model
-from features.errors import FeatureError
+from leadtime.data import DataFileError, resolve
+from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.errors import FeatureError
 
 
 class FleetError(ValueError):
@@ -225,7 +226,25 @@ def parse_fleet(data: object) -> Fleet:
     return build_fleet(spec)
 
 
-def load_fleet(path: Path) -> Fleet:
+FLEETS_DIR = Path(__file__).resolve().parent / "fleets"
+
+
+def shipped_fleets() -> dict[str, Path]:
+    """The example fleets that ship in `fleets/`, by name (the file's stem)."""
+    return {p.stem: p for p in sorted(FLEETS_DIR.glob("*.yaml"))}
+
+
+def resolve_fleet(value: str | Path) -> Path:
+    """A shipped fleet's name (`mixed`, `pd`, ...) or a path to a fleet YAML."""
+    try:
+        return resolve(value, shipped_fleets(), "a fleet YAML")
+    except DataFileError as err:
+        raise FleetError(str(err)) from None
+
+
+def load_fleet(source: str | Path) -> Fleet:
+    """A fleet by shipped name or path; FleetError names the file and the problem."""
+    path = resolve_fleet(source)
     try:
         text = path.read_text()
     except OSError as err:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from features.rows import observation_to_llmd
-from simulator.engine import SimResult
+from leadtime.features.rows import observation_to_llmd
+from leadtime.simulator.engine import SimResult
 
 
 def _percentiles(values: np.ndarray) -> dict[str, float]:

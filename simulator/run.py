@@ -7,13 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from router_plugin.heuristics import LeastQueuePolicy, LlmdHeuristicPolicy, RandomPolicy, RoundRobinPolicy
-from router_plugin.policy import RoutingPolicy
-from simulator.clairvoyant import ClairvoyantPolicy
-from simulator.engine import FleetSimulator, SimResult
-from simulator.fleet import Fleet, load_fleet
-from simulator.report import summarize, write_observations, write_plots
-from simulator.workload import WorkloadRequest, load_workload, shape
+from leadtime.router_plugin.heuristics import LeastQueuePolicy, LlmdHeuristicPolicy, RandomPolicy, RoundRobinPolicy
+from leadtime.router_plugin.policy import RoutingPolicy
+from leadtime.simulator.clairvoyant import ClairvoyantPolicy
+from leadtime.simulator.engine import FleetSimulator, SimResult
+from leadtime.simulator.fleet import Fleet, load_fleet
+from leadtime.simulator.report import summarize, write_observations, write_plots
+from leadtime.simulator.workload import WorkloadRequest, load_workload, shape
 
 POLICY_NAMES = ("random", "round-robin", "least-queue", "llm-d", "clairvoyant")
 
@@ -57,7 +57,7 @@ def run_policies(fleet: Fleet, workload: Sequence[WorkloadRequest], policies: Se
     return results
 
 
-def simulate(fleet_path: Path, trace_path: Path, policies: Sequence[str], max_requests: int | None = None,
+def simulate(fleet_path: str | Path, trace_path: str, policies: Sequence[str], max_requests: int | None = None,
              rate_scale: float = 1.0, options: SimulationOptions = SimulationOptions(), out: Path | None = None,
              progress: Callable[[str, int, int], None] | None = None) -> dict[str, object]:
     """The whole command: returns the JSON report and writes observations and plots under `out`."""

@@ -25,10 +25,10 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from features.prefix import block_hashes
-from simulator.endpoint import Endpoint, SimRequest
-from simulator.engine import build_endpoints
-from simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
+from leadtime.features.prefix import block_hashes
+from leadtime.simulator.endpoint import Endpoint, SimRequest
+from leadtime.simulator.engine import build_endpoints
+from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
 
 PREFIX_BLOCK_WORDS = 16
 

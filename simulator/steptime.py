@@ -31,8 +31,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from features.catalog import ACCELERATORS, Accelerator, ModelProfile, get_accelerator
-from simulator.calibration import gemm_ms, load_coefficients
+from leadtime.features.catalog import ACCELERATORS, Accelerator, ModelProfile, get_accelerator
+from leadtime.simulator.calibration import gemm_ms, load_coefficients
 
 # Kernels launched per layer in an eager (no CUDA graph) step: 2 norms, QKV GEMM, rotary, KV-cache write,
 # attention, output GEMM, all-reduce, gate-up GEMM, activation, down GEMM, all-reduce.

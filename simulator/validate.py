@@ -24,10 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from features.catalog import get_model
-from simulator.steptime import StepTimeModel
+from leadtime.data import SPLITWISE
+from leadtime.features.catalog import get_model
+from leadtime.simulator.steptime import StepTimeModel
 
-DEFAULT_PATH = Path("../shared/data/calibration/splitwise_sim_perf_model.csv")
+DEFAULT_PATH = SPLITWISE
 HARDWARE = {"a100-80gb": "a100-sxm-80gb", "h100-80gb": "h100-sxm"}
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from features.prefix import chain_block_ids
+from leadtime.data import TRACES, DataFileError, resolve
+from leadtime.features.prefix import chain_block_ids
 
 MOONCAKE_SEGMENT_TOKENS = 512
 
@@ -224,10 +225,14 @@ def parse_synthetic(text: str) -> SyntheticSpec:
 
 
 def load_workload(source: str, seed: int = 0, limit: int | None = None) -> list[WorkloadRequest]:
-    """A trace path, or `synthetic:key=value,...` for generated traffic."""
+    """A shipped trace's name (`mooncake`, `azure-conv`), a trace path, or `synthetic:key=value,...`."""
     if source.startswith("synthetic"):
         spec = parse_synthetic(source)
         if limit is not None:
             spec = SyntheticSpec(**{**spec.__dict__, "requests": min(spec.requests, limit)})
         return synthetic(spec, seed)
-    return read_trace(Path(source), limit)
+    try:
+        path = resolve(source, TRACES, "a Mooncake .jsonl or Azure .csv trace, or synthetic:key=value,...")
+    except DataFileError as err:
+        raise TraceError(str(err)) from None
+    return read_trace(path, limit)

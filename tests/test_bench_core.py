@@ -8,18 +8,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bench.accuracy import run_accuracy
-from bench.coldstart import run_coldstart
-from bench.demo import run_demo
-from leadtime_cli import app
+from leadtime.bench.accuracy import run_accuracy
+from leadtime.bench.coldstart import run_coldstart
+from leadtime.bench.demo import run_demo
+from leadtime.cli import app
+from leadtime.data import MEASURED
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "measured" / "sharegpt-h200.jsonl"
+TRACE = MEASURED["sharegpt-h200"]
 
 
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not TRACE.exists():
-        pytest.fail(f"the shared data is missing: {TRACE}")
     path = tmp_path_factory.mktemp("trace") / "slice.jsonl"
     lines = TRACE.read_text().splitlines()[:400]
     path.write_text("\n".join(lines) + "\n")

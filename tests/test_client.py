@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import uvicorn
 
-from features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
-from predictor.client import (
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.predictor.client import (
     GrpcPredictorClient,
     HttpPredictorClient,
     PredictorError,
     PredictorUnavailable,
 )
-from predictor.grpc.server import start_grpc_server
-from predictor.service.app import create_app
-from predictor.settings import ServiceSettings
+from leadtime.predictor.grpc.server import start_grpc_server
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
 
 
 def free_port() -> int:

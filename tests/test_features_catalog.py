@@ -5,15 +5,15 @@ from __future__ import annotations
 import csv
 import re
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
-from features.catalog import ACCELERATORS, MODELS, Accelerator, get_accelerator, get_model
-from features.errors import FeatureError
-from features.roofline import decode_step_ms, kv_transfer_ms, prefill_flops, prefill_ms
+from leadtime.data import HERE as SHIPPED_DATA
+from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, get_accelerator, get_model
+from leadtime.features.errors import FeatureError
+from leadtime.features.roofline import decode_step_ms, kv_transfer_ms, prefill_flops, prefill_ms
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+DATA = SHIPPED_DATA  # the shipped copy of the published table and the splitwise measurements
 
 README_CLASS_TO_SLUG = {
     "H100 SXM": "h100-sxm",
@@ -233,8 +233,8 @@ def test_the_array_roofline_matches_the_scalar_one() -> None:
     """The service vectorizes whole requests with the array forms; they must be the same physics."""
     import numpy as np
 
-    from features.catalog import ACCELERATORS, MODELS
-    from features.roofline import decode_step_ms_array, prefill_ms_array
+    from leadtime.features.catalog import ACCELERATORS, MODELS
+    from leadtime.features.roofline import decode_step_ms_array, prefill_ms_array
 
     for acc in ACCELERATORS.values():
         for model in MODELS.values():

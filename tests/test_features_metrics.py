@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features.errors import FeatureError
-from features.rows import EndpointState
-from features.vllm_metrics import (
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import EndpointState
+from leadtime.features.vllm_metrics import (
     CACHE_CONFIG,
     KV_USAGE,
     KV_USAGE_OLD,

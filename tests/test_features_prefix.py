@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features.prefix import DEFAULT_BLOCK_SIZE, PrefixIndex, block_hashes, chain_block_ids
+from leadtime.data import TRACES
+from leadtime.features.prefix import DEFAULT_BLOCK_SIZE, PrefixIndex, block_hashes, chain_block_ids
 
-MOONCAKE = (
-    Path(__file__).resolve().parents[1]
-    / ".."
-    / "shared"
-    / "data"
-    / "traces"
-    / "mooncake_conversation_trace.jsonl"
-)
+MOONCAKE = TRACES["mooncake"]
 
 token_lists = st.lists(st.integers(min_value=0, max_value=200_000), max_size=200)
 block_sizes = st.integers(min_value=1, max_value=32)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features import (
+from leadtime.data import MEASURED as MEASURED_FILES
+from leadtime.features import (
     ACCELERATORS,
     MODELS,
     ROLES,
@@ -28,7 +28,7 @@ from features import (
     observation_to_llmd,
 )
 
-MEASURED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "measured" / "sharegpt-h200.jsonl"
+MEASURED = MEASURED_FILES["sharegpt-h200"]
 
 LLMD_FIELDS = (
     "kv_cache_percentage",

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features import ACCELERATORS, MODELS, ROLES, TIMESLICE_STATES, EndpointState, FeatureRow, RequestFeatures
-from features.catalog import get_accelerator, get_model
-from features.errors import FeatureError
-from features.roofline import decode_step_ms, prefill_ms
-from features.rows import feature_row_from_llmd
-from features.vectorize import COLUMN_INDEX, COLUMNS, SCHEMA_VERSION, Vectorizer, check_matrix
+from leadtime.features import ACCELERATORS, MODELS, ROLES, TIMESLICE_STATES, EndpointState, FeatureRow, RequestFeatures
+from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.errors import FeatureError
+from leadtime.features.roofline import decode_step_ms, prefill_ms
+from leadtime.features.rows import feature_row_from_llmd
+from leadtime.features.vectorize import COLUMN_INDEX, COLUMNS, SCHEMA_VERSION, Vectorizer, check_matrix
 
 C = COLUMN_INDEX
 

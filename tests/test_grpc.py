@@ -11,11 +11,11 @@ import grpc
 import pytest
 from fastapi.testclient import TestClient
 
-from predictor.grpc import leadtime_pb2 as pb
-from predictor.grpc import leadtime_pb2_grpc as pb_grpc
-from predictor.grpc.server import start_grpc_server
-from predictor.service.app import create_app
-from predictor.settings import ServiceSettings
+from leadtime.predictor.grpc import leadtime_pb2 as pb
+from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
+from leadtime.predictor.grpc.server import start_grpc_server
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
 
 
 def row(**overrides: Any) -> Any:
@@ -86,7 +86,7 @@ def test_bad_rows_are_invalid_argument_naming_the_field(served: tuple[TestClient
 
 
 def test_rows_sent_as_columns_answer_as_row_messages_do(served: tuple[TestClient, Any]) -> None:
-    from predictor.client import row_columns
+    from leadtime.predictor.client import row_columns
 
     _, stub = served
     rows = [row(), row(input_token_length=4000, pod_type="decode"), row(accelerator="l40s", endpoint_id="e1")]
@@ -171,7 +171,7 @@ def test_unavailable_before_the_service_has_started() -> None:
 
 
 def test_generated_code_matches_the_proto() -> None:
-    """The committed modules match the committed .proto (regenerate: python -m predictor.grpc.regenerate)."""
+    """The committed modules match the committed .proto (regenerate: python -m leadtime.predictor.grpc.regenerate)."""
     from pathlib import Path
 
     proto = (Path(pb.__file__).parent / "leadtime.proto").read_text()

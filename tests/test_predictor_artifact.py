@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from features.rows import EndpointState, FeatureRow, RequestFeatures
-from predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
+from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+from leadtime.predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from features.errors import FeatureError
-from features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
-from features.vectorize import COLUMN_INDEX
-from predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.features.vectorize import COLUMN_INDEX
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
 
 def _row(rng: np.random.Generator, endpoint: str = "", accelerator: str = "") -> FeatureRow:
@@ -266,7 +266,7 @@ def test_a_failing_background_retrain_is_recorded_and_the_thread_lives_on(monkey
         calls.append(1)
         raise RuntimeError("LightGBM exploded")
 
-    import predictor.learner as learner_module
+    import leadtime.predictor.learner as learner_module
 
     monkeypatch.setattr(learner_module, "fit_booster", broken)
     rows = [_row(rng) for _ in range(1000)]
@@ -303,7 +303,7 @@ def test_a_cold_p90_is_wider_than_the_mean_and_narrows_as_residuals_arrive(predi
 
 
 def test_the_sample_window_keeps_the_newest_rows_in_order_across_wraparound() -> None:
-    from predictor.learner import _Window
+    from leadtime.predictor.learner import _Window
 
     window = _Window(capacity=100)
     width = window.x.shape[1]

@@ -9,8 +9,8 @@ import lightgbm as lgb
 import numpy as np
 import pytest
 
-import predictor.trees as trees_module
-from predictor.trees import TREE_FEATURES, ResidualTrees, TextBooster, compile_booster, fit_booster
+import leadtime.predictor.trees as trees_module
+from leadtime.predictor.trees import TREE_FEATURES, ResidualTrees, TextBooster, compile_booster, fit_booster
 
 WIDTH = len(TREE_FEATURES)
 K_ZERO = float(np.float32(1e-35))  # LightGBM's kZeroThreshold

@@ -12,9 +12,9 @@ import pytest
 import redis
 from redis_server import RedisServer
 
-from predictor.artifact import encode
-from predictor.store.base import Store
-from predictor.store.redis_store import ArtifactRefused, RedisStore, StoreUnavailable, check_artifact
+from leadtime.predictor.artifact import encode
+from leadtime.predictor.store.base import Store
+from leadtime.predictor.store.redis_store import ArtifactRefused, RedisStore, StoreUnavailable, check_artifact
 
 StoreFactory = Callable[..., RedisStore]
 
@@ -196,7 +196,7 @@ def test_registry_refuses_anything_but_json(make_store: StoreFactory) -> None:
 
 
 def test_a_real_predictor_round_trips_through_the_registry(make_store: StoreFactory) -> None:
-    from predictor.learner import LearnerConfig, OnlinePredictor
+    from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
     source = OnlinePredictor(LearnerConfig(background=False, seed=3))
     publisher, replica = make_store(), make_store()

@@ -17,10 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 from redis_server import RedisServer
 
-from predictor.service.app import create_app
-from predictor.service.runtime import ServiceRuntime
-from predictor.settings import ServiceSettings
-from predictor.store.redis_store import RedisStore
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.runtime import ServiceRuntime
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.store.redis_store import RedisStore
 
 PROBE = {  # one llm-d prediction row, asked of both replicas before and after learning
     "kv_cache_percentage": 0.4,

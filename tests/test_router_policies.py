@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from features.rows import EndpointState
-from router_plugin.heuristics import (
+from leadtime.features.rows import EndpointState
+from leadtime.router_plugin.heuristics import (
     LeastQueuePolicy,
     LlmdHeuristicPolicy,
     RandomPolicy,
@@ -17,7 +17,7 @@ from router_plugin.heuristics import (
     queue_scorer,
     resident_filter,
 )
-from router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, RoutingPolicy, split_by_role
+from leadtime.router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, RoutingPolicy, split_by_role
 
 
 def cand(name: str, waiting: int = 0, running: int = 0, kv: float = 0.0, hits: int = 0, role: str = "both",

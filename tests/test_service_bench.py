@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serving import load_entries, percentiles, prediction_rows, print_report, run_serving
+from leadtime.bench.serving import load_entries, percentiles, prediction_rows, print_report, run_serving
 
 
 def test_inputs_are_llmd_rows_without_actuals() -> None:
@@ -75,7 +75,7 @@ def test_the_benchmark_runs_end_to_end_against_a_real_service_process() -> None:
 def test_settings_reach_the_measured_service_and_nothing_else_of_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from bench.serving import ServiceProcess
+    from leadtime.bench.serving import ServiceProcess
 
     monkeypatch.setenv("LEADTIME_ROLE", "training")  # the caller's own setting: not for the measured service
     service = ServiceProcess(settings={"learner_cpus": "off", "snapshot_interval_s": "1"})
@@ -89,7 +89,7 @@ def test_settings_reach_the_measured_service_and_nothing_else_of_the_environment
 
 def test_a_setting_that_is_not_one_is_refused_by_the_cli() -> None:
     process = subprocess.run(
-        [sys.executable, "-m", "leadtime_cli", "bench", "serving", "--setting", "nonsense=1"],
+        [sys.executable, "-m", "leadtime", "bench", "serving", "--setting", "nonsense=1"],
         cwd=Path(__file__).resolve().parent.parent,
         capture_output=True,
         timeout=60,

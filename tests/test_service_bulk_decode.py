@@ -10,8 +10,8 @@ import orjson
 import pytest
 from test_service_rows import random_row
 
-from predictor.service.bulk_decode import decode_plain_bulk
-from predictor.service.rows import RowParser
+from leadtime.predictor.service.bulk_decode import decode_plain_bulk
+from leadtime.predictor.service.rows import RowParser
 
 PARSER = RowParser("h200-sxm", "qwen3-32b")
 
@@ -79,7 +79,7 @@ def training_entries(n: int, seed: int = 4) -> list[dict[str, Any]]:
 
 
 def test_plain_training_bodies_give_the_general_paths_actuals() -> None:
-    from predictor.service.bulk_decode import decode_plain_training
+    from leadtime.predictor.service.bulk_decode import decode_plain_training
 
     entries = training_entries(120)
     actuals = decode_plain_training(orjson.dumps({"entries": entries}), 256)
@@ -101,7 +101,7 @@ def test_plain_training_bodies_give_the_general_paths_actuals() -> None:
     ],
 )
 def test_training_entries_that_are_not_plain_are_left_to_the_general_path(change: dict[str, Any]) -> None:
-    from predictor.service.bulk_decode import decode_plain_training
+    from leadtime.predictor.service.bulk_decode import decode_plain_training
 
     entries = training_entries(3)
     entries[1].update(change)
@@ -109,7 +109,7 @@ def test_training_entries_that_are_not_plain_are_left_to_the_general_path(change
 
 
 def test_infinite_actuals_and_oversized_training_batches_are_left_to_the_general_path() -> None:
-    from predictor.service.bulk_decode import decode_plain_training
+    from leadtime.predictor.service.bulk_decode import decode_plain_training
 
     body = orjson.dumps({"entries": training_entries(2)}).replace(b'"actual_tpot_ms":12', b'"actual_tpot_ms":1e400', 1)
     assert b"1e400" in body and decode_plain_training(body, 256) is None

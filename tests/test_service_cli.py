@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from predictor.client import GrpcPredictorClient
+from leadtime.predictor.client import GrpcPredictorClient
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +26,7 @@ def free_port() -> int:
 def leadtime(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
     return subprocess.Popen(
-        [sys.executable, "-m", "leadtime_cli", *args],
+        [sys.executable, "-m", "leadtime", *args],
         cwd=ROOT,
         env={**base, **(env or {})},
         stdout=subprocess.PIPE,

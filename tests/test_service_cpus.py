@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from predictor.service.cpus import CpuPlan, CpuPlanError, parse_cpu_list, plan_cpus
-from predictor.settings import ServiceSettings
+from leadtime.predictor.service.cpus import CpuPlan, CpuPlanError, parse_cpu_list, plan_cpus
+from leadtime.predictor.settings import ServiceSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False
@@ -54,7 +54,7 @@ def test_an_unavailable_cpu_stops_serve_with_one_line() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
     env["LEADTIME_LEARNER_CPUS"] = str(cpu)
     process = subprocess.run(
-        [sys.executable, "-m", "leadtime_cli", "serve", "--port", "0", "--grpc-port", "0"],
+        [sys.executable, "-m", "leadtime", "serve", "--port", "0", "--grpc-port", "0"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -67,7 +67,7 @@ def test_an_unavailable_cpu_stops_serve_with_one_line() -> None:
 
 _PIN_ALL_THREADS = """
 import os, threading, time
-from predictor.service.cpus import pin_process
+from leadtime.predictor.service.cpus import pin_process
 started = threading.Event()
 def idle():
     started.set()
@@ -96,7 +96,7 @@ def test_pin_process_moves_every_running_thread_and_those_started_later() -> Non
 def test_the_learner_process_runs_on_the_cpus_it_was_given() -> None:
     from fastapi.testclient import TestClient
 
-    from predictor.service.app import create_app
+    from leadtime.predictor.service.app import create_app
 
     learner_cpu = max(os.sched_getaffinity(0))
     with TestClient(create_app(ServiceSettings(learner_cpus=str(learner_cpu)))) as client:

@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from predictor.service.app import create_app
-from predictor.settings import ServiceSettings
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
 
 
 def row() -> dict[str, Any]:

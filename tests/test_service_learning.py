@@ -9,10 +9,10 @@ from dataclasses import replace
 from fastapi.testclient import TestClient
 from test_service_store import entry, wait_until
 
-from predictor.service.app import create_app
-from predictor.service.learning import LearnerReport, Snapshot
-from predictor.settings import ServiceSettings
-from predictor.store.memory import MemoryStore
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.learning import LearnerReport, Snapshot
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.store.memory import MemoryStore
 
 ROW = {k: v for k, v in entry(0).items() if not k.startswith("actual_")}
 
@@ -83,7 +83,7 @@ def test_the_learner_priority_is_lowered_and_at_19_becomes_idle_class() -> None:
 
     code = (
         "import os\n"
-        "from predictor.service.learning import _lower_priority\n"
+        "from leadtime.predictor.service.learning import _lower_priority\n"
         "_lower_priority(int(os.environ['NICE']))\n"
         "print(os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0) == os.SCHED_IDLE)\n"
     )

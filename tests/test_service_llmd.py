@@ -8,18 +8,18 @@ import re
 import tarfile
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from predictor.learner import LearnerConfig, OnlinePredictor
-from predictor.service.app import create_app
-from predictor.settings import ServiceSettings
+from leadtime.data import MEASURED
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "measured" / "sharegpt-h200.jsonl"
+TRACE = MEASURED["sharegpt-h200"]
 ANSWER_FIELDS = {"ttft_ms", "tpot_ms", "predicted_at", "model_type", "objective_type", "quantile", "last_model_load"}
 
 
@@ -339,7 +339,6 @@ def test_split_roles_serve_their_own_paths() -> None:
         assert training.get("/status").json()["holds_training_lease"] is True
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="shared data not present")
 def test_real_llmd_rows_from_the_h200_trace_are_accepted(client: TestClient) -> None:
     with TRACE.open() as f:
         entries = [json.loads(line) for _, line in zip(range(500), f, strict=False)]
@@ -350,7 +349,7 @@ def test_real_llmd_rows_from_the_h200_trace_are_accepted(client: TestClient) -> 
 
 
 def test_strict_answers_are_what_orjson_writes_for_the_answer_objects(client: TestClient) -> None:
-    from predictor.service.llmd_prediction import _served, strict_answer
+    from leadtime.predictor.service.llmd_prediction import _served, strict_answer
 
     runtime = client.app.state.runtime  # type: ignore[attr-defined]
     rows = [llmd_row(input_token_length=n) for n in (1, 50, 4000, 123_457)]
@@ -374,7 +373,7 @@ def test_bodies_with_extras_or_errors_still_get_the_general_answers(client: Test
 
 def test_small_and_large_training_batches_are_accepted_and_counted_alike(client: TestClient) -> None:
     # Up to 256 plain entries are answered by the edge's hot path, larger batches by the route; same contract.
-    from predictor.service.hot_path import MAX_HOT_ENTRIES
+    from leadtime.predictor.service.hot_path import MAX_HOT_ENTRIES
 
     runtime = client.app.state.runtime  # type: ignore[attr-defined]
     for n in (10, MAX_HOT_ENTRIES, MAX_HOT_ENTRIES + 1):

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from predictor.service.app import create_app
-from predictor.settings import ServiceSettings
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
 
 
 def native_row(**overrides: Any) -> dict[str, Any]:

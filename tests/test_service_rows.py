@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from features.catalog import ACCELERATORS, MODELS
-from features.errors import FeatureError
-from features.vectorize import COLUMNS, Vectorizer
-from predictor.service.rows import RowParser, _dict_columns
+from leadtime.features.catalog import ACCELERATORS, MODELS
+from leadtime.features.errors import FeatureError
+from leadtime.features.vectorize import COLUMNS, Vectorizer
+from leadtime.predictor.service.rows import RowParser, _dict_columns
 
 
 def random_row(rng: random.Random, extras: bool) -> dict[str, Any]:
@@ -125,8 +125,8 @@ def test_observations_carry_actuals_and_what_was_predicted() -> None:
 
 
 def test_grpc_messages_give_the_same_matrix_as_json_rows() -> None:
-    from predictor.client import row_message
-    from predictor.grpc.server import row_to_dict
+    from leadtime.predictor.client import row_message
+    from leadtime.predictor.grpc.server import row_to_dict
 
     rng = random.Random(11)
     rows = [random_row(rng, extras=i % 2 == 0) for i in range(300)]
@@ -265,9 +265,9 @@ def test_values_the_row_checks_accept_give_the_same_matrix() -> None:
 
 
 def test_plain_grpc_messages_parse_column_wise() -> None:
-    from predictor.client import row_message
-    from predictor.grpc.server import row_to_dict
-    from predictor.service.rows import _message_columns
+    from leadtime.predictor.client import row_message
+    from leadtime.predictor.grpc.server import row_to_dict
+    from leadtime.predictor.service.rows import _message_columns
 
     parser = RowParser("h100-sxm", "llama-3.1-8b")
     rows = plain_rows(100, seed=24)
@@ -324,7 +324,7 @@ def test_hardware_groups_added_from_many_threads_agree() -> None:
 
 
 def test_observations_checked_in_slices_concatenate_to_the_whole_batch() -> None:
-    from predictor.service.rows import ParsedObservations
+    from leadtime.predictor.service.rows import ParsedObservations
 
     rng = random.Random(11)
     entries = []
@@ -353,7 +353,7 @@ def test_observations_checked_in_slices_concatenate_to_the_whole_batch() -> None
 
 
 def columns_of(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    from predictor.client import row_columns
+    from leadtime.predictor.client import row_columns
 
     message = row_columns(rows)
     assert message is not None
@@ -362,8 +362,8 @@ def columns_of(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 @pytest.mark.parametrize("extras", [False, True])
 def test_column_lists_are_bitwise_the_row_messages(extras: bool) -> None:
-    from predictor.client import row_message
-    from predictor.grpc.server import row_to_dict
+    from leadtime.predictor.client import row_message
+    from leadtime.predictor.grpc.server import row_to_dict
 
     rng = random.Random(13)
     parser = RowParser("h100-sxm", "llama-3.1-8b")
@@ -452,7 +452,7 @@ _ODD_VALUES: list[Any] = [
 def test_the_column_wise_path_never_takes_what_the_row_checks_refuse() -> None:
     """Random odd values in random columns: whatever the column-wise path accepts, the row checks (which name the
     bad value) accept too, with bit-identical rows."""
-    from predictor.service.rows import _column_rows
+    from leadtime.predictor.service.rows import _column_rows
 
     rng = random.Random(5)
     parser = RowParser("h100-sxm", "llama-3.1-8b")
@@ -495,7 +495,7 @@ def test_prefix_hits_beyond_the_prompt_are_named() -> None:
 
 
 def test_rows_that_give_prefix_hits_only_sometimes_travel_as_messages() -> None:
-    from predictor.client import row_columns
+    from leadtime.predictor.client import row_columns
 
     rows = plain_rows(2)
     rows[0]["prefix_hit_tokens"] = 0
@@ -504,8 +504,8 @@ def test_rows_that_give_prefix_hits_only_sometimes_travel_as_messages() -> None:
 
 def test_column_lists_with_mixed_hardware_and_no_roles_or_time_slices() -> None:
     # Regression: per-row hardware groups left the role and time-slice columns unset when no list gave them.
-    from predictor.client import row_message
-    from predictor.grpc.server import row_to_dict
+    from leadtime.predictor.client import row_message
+    from leadtime.predictor.grpc.server import row_to_dict
 
     parser = RowParser("h100-sxm", "llama-3.1-8b")
     rows = [dict(r, pod_type="") for r in plain_rows(3)]

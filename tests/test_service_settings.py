@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from predictor.settings import ServiceSettings
+from leadtime.predictor.settings import ServiceSettings
 
 
 def test_defaults_match_the_issue() -> None:

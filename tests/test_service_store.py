@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from predictor.learner import LearnerConfig, OnlinePredictor
-from predictor.service.app import create_app
-from predictor.settings import ServiceSettings
-from predictor.store.memory import MemoryStore
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.store.memory import MemoryStore
 
 
 def entry(i: int) -> dict[str, Any]:

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from features.rows import observation_from_llmd
-from leadtime_cli import app
+from leadtime.cli import app
+from leadtime.features.rows import observation_from_llmd
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 FLEETS = ROOT / "simulator" / "fleets"
 runner = CliRunner()
 
@@ -90,21 +89,17 @@ def test_bad_fleet_file_names_the_field(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "role" in result.output
 
 
-@pytest.mark.skipif(not (DATA / "calibration").is_dir(), reason="../shared/data not present")
 def test_sim_validate_json() -> None:
-    result = runner.invoke(app, ["sim", "validate", "--json", "--data",
-                                 str(DATA / "calibration" / "splitwise_sim_perf_model.csv")])
+    result = runner.invoke(app, ["sim", "validate", "--json"])  # the shipped splitwise measurements
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert set(report) == {"prefill", "decode"}
     assert {"median_ape", "p90_ape"} <= set(report["prefill"])
 
 
-@pytest.mark.skipif(not (DATA / "traces").is_dir(), reason="../shared/data not present")
 def test_bench_sim_json_small() -> None:
-    result = runner.invoke(app, ["bench", "sim", "--json", "--requests", "200", "--fleet",
-                                 str(FLEETS / "bench-16.yaml"), "--trace",
-                                 str(DATA / "traces" / "mooncake_conversation_trace.jsonl")])
+    result = runner.invoke(app, ["bench", "sim", "--json", "--requests", "200", "--fleet", "bench-16",
+                                 "--trace", "mooncake"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["requests"] == 200 and report["endpoints"] == 16 and report["requests_per_wall_s"] > 0

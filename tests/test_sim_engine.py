@@ -8,16 +8,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from features.catalog import get_model
-from router_plugin.heuristics import RoundRobinPolicy
-from router_plugin.policy import Candidate, Pick, RouteRequest
-from simulator.endpoint import Endpoint, SimRequest
-from simulator.engine import FleetSimulator, SimulationError
-from simulator.fleet import FleetError, parse_fleet
-from simulator.kvcache import KVCache
-from simulator.run import make_policy, run_policies
-from simulator.steptime import StepTimeModel
-from simulator.workload import SyntheticSpec, WorkloadRequest, synthetic
+from leadtime.features.catalog import get_model
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest
+from leadtime.simulator.endpoint import Endpoint, SimRequest
+from leadtime.simulator.engine import FleetSimulator, SimulationError
+from leadtime.simulator.fleet import FleetError, parse_fleet
+from leadtime.simulator.kvcache import KVCache
+from leadtime.simulator.run import make_policy, run_policies
+from leadtime.simulator.steptime import StepTimeModel
+from leadtime.simulator.workload import SyntheticSpec, WorkloadRequest, synthetic
 
 
 def _fleet(pool: dict[str, object] | None = None, **extra: object) -> dict[str, object]:

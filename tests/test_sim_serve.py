@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from features.vllm_metrics import parse_vllm_metrics
-from simulator.fleet import parse_fleet
-from simulator.serve import FleetServer
+from leadtime.features.vllm_metrics import parse_vllm_metrics
+from leadtime.simulator.fleet import parse_fleet
+from leadtime.simulator.serve import FleetServer
 
 FLEET = {
     "pools": [

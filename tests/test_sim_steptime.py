@@ -8,14 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED_CALIBRATION
 
-from features.catalog import get_accelerator, get_model
-from simulator import calibration
-from simulator.steptime import StepTimeModel, coefficients_for, ffn_size
-from simulator.validate import validate
+from leadtime.data import SPLITWISE
+from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.simulator import calibration
+from leadtime.simulator.steptime import StepTimeModel, coefficients_for, ffn_size
+from leadtime.simulator.validate import validate
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data/calibration not present")
+DATA = SHARED_CALIBRATION
+needs_data = pytest.mark.usefixtures("shared_calibration")
 
 
 def _median_ape(predicted: np.ndarray, measured: np.ndarray) -> float:
@@ -158,9 +160,8 @@ def test_ffn_size_recovers_published_llama_shapes() -> None:
     assert abs(ffn_size(get_model("llama-3.1-8b")) - 14336) / 14336 < 0.2
 
 
-@needs_data
 def test_validation_against_splitwise_reports_both_phases() -> None:
-    report = validate(DATA / "splitwise_sim_perf_model.csv")
+    report = validate(SPLITWISE)
     for phase in ("prefill", "decode"):
         assert report[phase]["rows"] == 630
         assert 0 <= report[phase]["median_ape"] <= report[phase]["p90_ape"]

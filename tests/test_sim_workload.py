@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from features.prefix import chain_block_ids
-from simulator.workload import (
+from leadtime.data import TRACES
+from leadtime.features.prefix import chain_block_ids
+from leadtime.simulator.workload import (
     SyntheticSpec,
     TraceError,
     load_workload,
@@ -18,8 +19,6 @@ from simulator.workload import (
     shape,
     synthetic,
 )
-
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces"
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -131,11 +130,10 @@ def test_bursty_arrivals_are_more_variable_than_poisson() -> None:
     assert cv(4.0) > 1.5
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/data/traces not present")
 def test_real_traces_parse() -> None:
-    mooncake = read_trace(TRACES / "mooncake_conversation_trace.jsonl", limit=200)
+    mooncake = read_trace(TRACES["mooncake"], limit=200)
     assert len(mooncake) == 200 and all(r.segments for r in mooncake)
-    azure = read_trace(TRACES / "AzureLLMInferenceTrace_conv_2023.csv", limit=200)
+    azure = read_trace(TRACES["azure-conv"], limit=200)
     assert len(azure) == 200 and azure[-1].arrival_ms > 0
 
 

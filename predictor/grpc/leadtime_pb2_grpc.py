@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from predictor.grpc import leadtime_pb2 as leadtime__pb2
+from leadtime.predictor.grpc import leadtime_pb2 as leadtime__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

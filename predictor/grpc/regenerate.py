@@ -1,7 +1,7 @@
-"""Regenerate the gRPC modules from leadtime.proto: `python -m predictor.grpc.regenerate`.
+"""Regenerate the gRPC modules from leadtime.proto: `python -m leadtime.predictor.grpc.regenerate`.
 
 The generated modules are committed, so running the service needs grpcio and protobuf but not grpcio-tools.
-Their import of `leadtime_pb2` is rewritten to an absolute one so they work inside `predictor.grpc`, and each
+Their import of `leadtime_pb2` is rewritten to an absolute one so they work inside `leadtime.predictor.grpc`, and each
 file is marked `# ruff: noqa` (generated code is not linted).
 """
 
@@ -31,7 +31,7 @@ def main() -> int:
         return int(code)
     stub = HERE / "leadtime_pb2_grpc.py"
     text = re.sub(
-        r"^import leadtime_pb2 as", "from predictor.grpc import leadtime_pb2 as", stub.read_text(), flags=re.M
+        r"^import leadtime_pb2 as", "from leadtime.predictor.grpc import leadtime_pb2 as", stub.read_text(), flags=re.M
     )
     stub.write_text(text)
     for name in ("leadtime_pb2.py", "leadtime_pb2.pyi", "leadtime_pb2_grpc.py"):

@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from features.errors import FeatureError
-from predictor.grpc import leadtime_pb2 as pb
-from predictor.grpc import leadtime_pb2_grpc as pb_grpc
-from predictor.service.rows import ParsedRows
-from predictor.service.runtime import ServiceRuntime, rfc3339, served_ms
+from leadtime.features.errors import FeatureError
+from leadtime.predictor.grpc import leadtime_pb2 as pb
+from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
+from leadtime.predictor.service.rows import ParsedRows
+from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339, served_ms
 
 T = TypeVar("T")
 

@@ -14,20 +14,20 @@ from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from features.errors import FeatureError
-from predictor.learner import OnlinePredictor
-from predictor.service import health, llmd_operations, llmd_prediction, llmd_training, native
-from predictor.service.edge import (
+from leadtime.features.errors import FeatureError
+from leadtime.predictor.learner import OnlinePredictor
+from leadtime.predictor.service import health, llmd_operations, llmd_prediction, llmd_training, native
+from leadtime.predictor.service.edge import (
     EdgeMiddleware,
     feature_error_handler,
     http_error_handler,
     unexpected_error_handler,
     validation_error_handler,
 )
-from predictor.service.hot_path import STRICT_PATH, TRAINING_PATH, HotPath
-from predictor.service.runtime import ServiceRuntime
-from predictor.settings import ServiceSettings
-from predictor.store.base import Store
+from leadtime.predictor.service.hot_path import STRICT_PATH, TRAINING_PATH, HotPath
+from leadtime.predictor.service.runtime import ServiceRuntime
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.store.base import Store
 
 API_VERSION = "1"
 
@@ -35,10 +35,10 @@ API_VERSION = "1"
 def make_store(settings: ServiceSettings) -> tuple[Store, bool]:
     """The store the settings ask for, and whether the app owns it (and so closes it)."""
     if settings.redis_url:
-        from predictor.store.redis_store import RedisStore
+        from leadtime.predictor.store.redis_store import RedisStore
 
         return RedisStore(settings.redis_url), True
-    from predictor.store.memory import MemoryStore
+    from leadtime.predictor.store.memory import MemoryStore
 
     return MemoryStore(), True
 

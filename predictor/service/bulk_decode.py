@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from features.rows import MAX_COUNT
-from predictor.service.rows import NUMBER_FIELDS
+from leadtime.features.rows import MAX_COUNT
+from leadtime.predictor.service.rows import NUMBER_FIELDS
 
 _Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 _Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]

@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from features.errors import FeatureError
-from predictor.service.runtime import ServiceRuntime
+from leadtime.features.errors import FeatureError
+from leadtime.predictor.service.runtime import ServiceRuntime
 
 
 def _runtime(request: Request) -> ServiceRuntime:

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from predictor.service.edge import Runtime
-from predictor.service.runtime import rfc3339
+from leadtime.predictor.service.edge import Runtime
+from leadtime.predictor.service.runtime import rfc3339
 
 router = APIRouter(tags=["health"])
 

@@ -16,11 +16,11 @@ import time
 
 import orjson
 
-from predictor.service.bulk_decode import decode_plain_bulk, decode_plain_training
-from predictor.service.edge import bearer_matches
-from predictor.service.llmd_prediction import strict_answer
-from predictor.service.llmd_training import accept_entries
-from predictor.service.runtime import ServiceRuntime
+from leadtime.predictor.service.bulk_decode import decode_plain_bulk, decode_plain_training
+from leadtime.predictor.service.edge import bearer_matches
+from leadtime.predictor.service.llmd_prediction import strict_answer
+from leadtime.predictor.service.llmd_training import accept_entries
+from leadtime.predictor.service.runtime import ServiceRuntime
 
 STRICT_PATH = "/predict/bulk/strict"
 TRAINING_PATH = "/add_training_data_bulk"

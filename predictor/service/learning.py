@@ -31,10 +31,10 @@ from typing import Any
 
 import orjson
 
-from predictor.artifact import encode
-from predictor.learner import OnlinePredictor
-from predictor.service.cpus import pin_process
-from predictor.trees import CompiledTrees
+from leadtime.predictor.artifact import encode
+from leadtime.predictor.learner import OnlinePredictor
+from leadtime.predictor.service.cpus import pin_process
+from leadtime.predictor.trees import CompiledTrees
 
 log = logging.getLogger("leadtime.service")
 
@@ -74,7 +74,7 @@ class _Child:
     """The child's side: learn what arrives, send snapshots back."""
 
     def __init__(self, conn: Connection, setup: ChildSetup) -> None:
-        from predictor.service.rows import RowParser
+        from leadtime.predictor.service.rows import RowParser
 
         self.conn = conn
         self.setup = setup
@@ -145,7 +145,7 @@ class _Child:
         return True
 
     def learn(self, entries: list[dict[str, Any]]) -> None:
-        from features.errors import FeatureError
+        from leadtime.features.errors import FeatureError
 
         try:
             parsed = self.parser.parse_observations(entries)

@@ -16,10 +16,10 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Response
 
-from features.vectorize import COLUMNS
-from predictor.learner import ArtifactError
-from predictor.service.edge import ReadyRuntime, require_token
-from predictor.service.runtime import ServiceRuntime, rfc3339
+from leadtime.features.vectorize import COLUMNS
+from leadtime.predictor.learner import ArtifactError
+from leadtime.predictor.service.edge import ReadyRuntime, require_token
+from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
 
 prediction_router = APIRouter(tags=["llm-d operations"])
 training_router = APIRouter(tags=["llm-d operations"])

@@ -15,11 +15,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from features.errors import FeatureError
-from predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
-from predictor.service.rows import ParsedObservations
-from predictor.service.runtime import ServiceRuntime, rfc3339
-from predictor.service.schemas import AcceptedAnswer, FlushRequest, TrainingBatch, TrainingEntry, body_schema
+from leadtime.features.errors import FeatureError
+from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
+from leadtime.predictor.service.rows import ParsedObservations
+from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
+from leadtime.predictor.service.schemas import AcceptedAnswer, FlushRequest, TrainingBatch, TrainingEntry, body_schema
 
 router = APIRouter(tags=["llm-d training"])
 

@@ -14,13 +14,13 @@ import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from features.errors import FeatureError
-from features.rows import feature_row_from_llmd
-from predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
-from predictor.service.health import status as llmd_status
-from predictor.service.llmd_training import accept_entries, parse_entries
-from predictor.service.runtime import served_ms
-from predictor.service.schemas import (
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import feature_row_from_llmd
+from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
+from leadtime.predictor.service.health import status as llmd_status
+from leadtime.predictor.service.llmd_training import accept_entries, parse_entries
+from leadtime.predictor.service.runtime import served_ms
+from leadtime.predictor.service.schemas import (
     ExplainRequest,
     NativeAccepted,
     NativeObservation,

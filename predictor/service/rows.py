@@ -1,6 +1,6 @@
 """Validation and vectorization of JSON rows on the hot path, column-wise.
 
-`features.vectorize.Vectorizer` builds one frozen dataclass per row, which costs ~40 µs a row: 4 ms for the
+`leadtime.features.vectorize.Vectorizer` builds one frozen dataclass per row, which costs ~40 µs a row: 4 ms for the
 router's 100 candidates, more than the whole latency budget of a bulk call. This module checks the same rules a
 batch at a time. Plain llm-d rows (dicts without Leadtime's extras, or plain gRPC Row messages) are read with one
 C-level getter per row, converted by `struct` (whose formats also refuse floats, negatives and non-numbers in
@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from features.catalog import get_accelerator, get_model
-from features.errors import FeatureError
-from features.roofline import decode_step_ms_array, prefill_ms_array
-from features.rows import (
+from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.errors import FeatureError
+from leadtime.features.roofline import decode_step_ms_array, prefill_ms_array
+from leadtime.features.rows import (
     LLMD_REQUIRED_FIELDS,
     MAX_COUNT,
     ROLES,
@@ -37,7 +37,7 @@ from features.rows import (
     check_real,
     parse_timestamp,
 )
-from features.vectorize import COLUMNS, KV_MEMORY_SHARE
+from leadtime.features.vectorize import COLUMNS, KV_MEMORY_SHARE
 
 _POD_TYPES = {"": 0, "both": 0, "prefill": 1, "decode": 2}
 

@@ -1,6 +1,6 @@
 """The state of one service instance and its background loops.
 
-Learning happens in a child process (`predictor.service.learning`); this process serves. Three loops run
+Learning happens in a child process (`leadtime.predictor.service.learning`); this process serves. Three loops run
 beside the HTTP and gRPC handlers:
 - ingest: reads accepted observations back from the store and forwards them to the learner process, so
   accepting is only an append (fast) and learning happens behind it, identically on every replica; the learner
@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from predictor.artifact import save_file
-from predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
-from predictor.metrics import ServiceMetrics
-from predictor.service.cpus import allowed_cpus, plan_cpus
-from predictor.service.learning import CURSOR_KEY, ChildSetup, LearnerProcess, LearnerReport, Snapshot
-from predictor.service.rows import ParsedObservations, RowParser
-from predictor.settings import ServiceSettings
-from predictor.store.base import Store
+from leadtime.predictor.artifact import save_file
+from leadtime.predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
+from leadtime.predictor.metrics import ServiceMetrics
+from leadtime.predictor.service.cpus import allowed_cpus, plan_cpus
+from leadtime.predictor.service.learning import CURSOR_KEY, ChildSetup, LearnerProcess, LearnerReport, Snapshot
+from leadtime.predictor.service.rows import ParsedObservations, RowParser
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.store.base import Store
 
 log = logging.getLogger("leadtime.service")
 

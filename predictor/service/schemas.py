@@ -1,6 +1,6 @@
 """Pydantic models of the HTTP edge: they document the API (OpenAPI at /docs) and validate the small bodies.
 
-The hot paths (bulk predictions, training data) do not build these per row: `predictor.service.rows`
+The hot paths (bulk predictions, training data) do not build these per row: `leadtime.predictor.service.rows`
 checks the same rules column-wise, an order of magnitude faster. Their request schemas are attached to the
 OpenAPI document by `body_schema`, so /docs shows exactly what those handlers accept.
 """

@@ -8,9 +8,9 @@ import sys
 
 import uvicorn
 
-from predictor.service.app import create_app
-from predictor.service.cpus import format_cpu_list, pin_process
-from predictor.settings import ServiceSettings
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.cpus import format_cpu_list, pin_process
+from leadtime.predictor.settings import ServiceSettings
 
 log = logging.getLogger("leadtime.service")
 
@@ -22,7 +22,7 @@ _SWITCH_INTERVAL_S = 0.0005
 
 def serve(settings: ServiceSettings) -> None:
     """Blocks until interrupted; the HTTP app's lifespan starts and stops the background loops."""
-    from predictor.grpc.server import start_grpc_server
+    from leadtime.predictor.grpc.server import start_grpc_server
 
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

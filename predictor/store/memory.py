@@ -17,7 +17,7 @@ _KEEP_MODELS = 4
 
 
 class MemoryStore:
-    """In-process implementation of `predictor.store.base.Store`.
+    """In-process implementation of `leadtime.predictor.store.base.Store`.
 
     Parameters
     ----------

@@ -32,7 +32,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from predictor.artifact import decode
+from leadtime.predictor.artifact import decode
 
 # A whole chunk of observations in one atomic step, exactly once: it lands whole or not at all, and a chunk
 # resent after its reply was lost (a timeout while the server still ran it) finds its id already marked and is

@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from features.errors import FeatureError
+from leadtime.data import MEASURED, SPLITWISE, DataFileError, describe_os_error, resolve
+from leadtime.features.errors import FeatureError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Leadtime: latency-prediction routing.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print the figures the README quotes.")
@@ -19,12 +20,41 @@ sim_app = typer.Typer(no_args_is_help=True, help="The fleet simulator's tools.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(sim_app, name="sim")
 
-DEFAULT_TRACE = Path("../shared/data/measured/sharegpt-h200.jsonl")
+DEFAULT_MEASURED = "sharegpt-h200"
+MEASURED_HELP = f"JSONL of llm-d training rows, or a shipped name ({', '.join(MEASURED)})."
 
 
-def _fail(message: str) -> None:
+def _fail(message: str | Exception) -> None:
+    """One line on stderr and exit 2: the shape of every error a user can fix."""
+    if isinstance(message, OSError) and message.strerror:
+        message = describe_os_error(message)
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from leadtime import __version__
+
+        typer.echo(f"leadtime {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Leadtime: latency-prediction routing."""
+
+
+def _measured(data: str) -> Path:
+    try:
+        return resolve(data, MEASURED, "a JSONL file of llm-d training rows")
+    except DataFileError as err:
+        _fail(err)
+        raise
 
 
 # ----- predictor core (issue 2) -------------------------------------------------------------------------
@@ -32,19 +62,19 @@ def _fail(message: str) -> None:
 
 @bench_app.command("accuracy")
 def bench_accuracy(
-    data: Annotated[Path, typer.Option(help="JSONL of llm-d training rows.")] = DEFAULT_TRACE,
+    data: Annotated[str, typer.Option(help=MEASURED_HELP)] = DEFAULT_MEASURED,
     accelerator: Annotated[str, typer.Option(help="Accelerator class the rows came from.")] = "h200-sxm",
     model: Annotated[str, typer.Option(help="Model the rows came from.")] = "qwen3-32b",
     seeds: Annotated[int, typer.Option(help="Seeds of the random 90/10 split.")] = 10,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
-    from bench.accuracy import print_report, run_accuracy
+    from leadtime.bench.accuracy import print_report, run_accuracy
 
     try:
-        report = run_accuracy(data, accelerator=accelerator, model=model, seeds=seeds, progress=not json_out)
+        report = run_accuracy(_measured(data), accelerator=accelerator, model=model, seeds=seeds, progress=not json_out)
     except (FeatureError, OSError, ValueError) as err:
-        _fail(str(err))
+        _fail(err)
     print_report(report, as_json=json_out)
 
 
@@ -55,27 +85,28 @@ def bench_coldstart(
     unseen: Annotated[str, typer.Option(help="The accelerator class held back (never seen in training).")] = "mi300x",
 ) -> None:
     """Accuracy on an accelerator class never seen before, after 50 and 500 of its observations."""
-    from bench.coldstart import print_report, run_coldstart
+    from leadtime.bench.coldstart import print_report, run_coldstart
 
     try:
         report = run_coldstart(seed=seed, unseen=unseen)
     except (FeatureError, ValueError) as err:
-        _fail(str(err))
+        _fail(err)
     print_report(report, as_json=json_out)
 
 
 @app.command("demo")
 def demo(
-    data: Annotated[Path, typer.Option(help="JSONL of llm-d training rows.")] = DEFAULT_TRACE,
+    data: Annotated[str, typer.Option(help=MEASURED_HELP)] = DEFAULT_MEASURED,
     out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path("out/demo"),
+    quick: Annotated[bool, typer.Option("--quick", help="A short run (the first 600 rows), as a smoke test.")] = False,
 ) -> None:
     """Run the online predictor over the real H200 trace, compare with llm-d's reference, plot it."""
-    from bench.demo import run_demo
+    from leadtime.bench.demo import run_demo
 
     try:
-        run_demo(data, out)
+        run_demo(_measured(data), out, max_rows=600 if quick else None)
     except (FeatureError, OSError, ValueError) as err:
-        _fail(str(err))
+        _fail(err)
 
 
 # ----- predictor service (issue 4) ----------------------------------------------------------------------
@@ -118,8 +149,8 @@ def serve(
     """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
     from pydantic import ValidationError
 
-    from predictor.service.cpus import CpuPlanError, allowed_cpus, plan_cpus
-    from predictor.settings import ServiceSettings
+    from leadtime.predictor.service.cpus import CpuPlanError, allowed_cpus, plan_cpus
+    from leadtime.predictor.settings import ServiceSettings
 
     overrides = dict(
         host=host, port=port, grpc_port=grpc_port, redis_url=redis, role=role, objective=objective,
@@ -127,7 +158,7 @@ def serve(
     )
     try:
         settings = ServiceSettings.from_env(overrides)
-        from features.catalog import get_accelerator, get_model
+        from leadtime.features.catalog import get_accelerator, get_model
 
         get_accelerator(settings.accelerator)
         get_model(settings.model)
@@ -136,13 +167,13 @@ def serve(
         first = err.errors()[0]
         _fail(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
     except (FeatureError, CpuPlanError) as err:
-        _fail(str(err))
-    from predictor.service.serve import serve as run_service
+        _fail(err)
+    from leadtime.predictor.service.serve import serve as run_service
 
     try:
         run_service(settings)
     except OSError as err:
-        _fail(str(err))
+        _fail(err)
 
 
 @bench_app.command("serving")
@@ -155,8 +186,8 @@ def bench_serving(
     ] = None,
 ) -> None:
     """Service latency over HTTP and gRPC (1, 10, 100 rows), also while retraining, and ingestion rate."""
-    from bench.serving import print_report, run_serving
-    from predictor.settings import ServiceSettings
+    from leadtime.bench.serving import print_report, run_serving
+    from leadtime.predictor.settings import ServiceSettings
 
     if calls < 10:
         _fail("--calls must be ≥ 10")
@@ -169,21 +200,20 @@ def bench_serving(
     try:
         report = run_serving(calls=calls, progress=not json_out, settings=settings)
     except (OSError, RuntimeError) as err:
-        _fail(str(err))
+        _fail(err)
     print_report(report, as_json=json_out)
 
 
 # ----- fleet simulator (issue 3) ------------------------------------------------------------------------
 
-MOONCAKE_TRACE = Path("../shared/data/traces/mooncake_conversation_trace.jsonl")
+TRACE_HELP = "A shipped trace (mooncake, azure-conv), a Mooncake .jsonl or Azure .csv, or synthetic:rate_rps=20,..."
+FLEET_HELP = "A shipped fleet (see `leadtime sim fleets`) or a fleet YAML."
 
 
 @app.command("simulate")
 def simulate(
-    fleet: Annotated[Path, typer.Option(help="Fleet YAML (see simulator/fleets/).")],
-    trace: Annotated[
-        Path, typer.Option(help="Mooncake .jsonl or Azure .csv trace, or synthetic:rate_rps=20,burstiness=4,...")
-    ] = MOONCAKE_TRACE,
+    fleet: Annotated[str, typer.Option(help=FLEET_HELP)],
+    trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
     policy: Annotated[list[str], typer.Option(help="Routing policy; repeat to compare several.")] = ["llm-d"],  # noqa: B006
     max_requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice as fast).")] = 1.0,
@@ -194,7 +224,7 @@ def simulate(
     out: Annotated[Path | None, typer.Option(help="Directory for observations JSONL, plots, report.")] = None,
 ) -> None:
     """Replay a trace on a simulated fleet under one or more routing policies."""
-    from simulator.cli import print_simulation, run_simulate_command
+    from leadtime.simulator.cli import print_simulation, run_simulate_command
 
     if max_requests is not None and max_requests < 1:
         _fail("--max-requests must be ≥ 1")
@@ -206,65 +236,76 @@ def simulate(
         report = run_simulate_command(fleet, trace, policy, max_requests, rate_scale, seed, ttft_slo_ms,
                                       itl_slo_ms, out, progress=not json_out)
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
-        _fail(str(err))
+        _fail(err)
     print_simulation(report, as_json=json_out)
 
 
 @sim_app.command("validate")
 def sim_validate(
-    data: Annotated[Path, typer.Option(help="splitwise_sim_perf_model.csv")] = Path(
-        "../shared/data/calibration/splitwise_sim_perf_model.csv"
-    ),
+    data: Annotated[Path, typer.Option(help="splitwise_sim_perf_model.csv (the shipped copy by default)")] = SPLITWISE,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Error of the step-time model against measured llama2-70b prefill and decode times (A100, H100)."""
-    from simulator.cli import print_validation
-    from simulator.validate import validate
+    from leadtime.simulator.cli import print_validation
+    from leadtime.simulator.validate import validate
 
     try:
         report = validate(data)
     except (OSError, ValueError) as err:
-        _fail(str(err))
+        _fail(err)
     print_validation(report, as_json=json_out)
 
 
 @sim_app.command("serve")
 def sim_serve(
-    fleet: Annotated[Path, typer.Option(help="Fleet YAML (see simulator/fleets/).")],
+    fleet: Annotated[str, typer.Option(help=FLEET_HELP)],
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     base_port: Annotated[int, typer.Option(help="First port; endpoint i listens on base_port + i.")] = 8100,
     model_name: Annotated[str, typer.Option(help="Model name served in the OpenAI API.")] = "",
 ) -> None:
     """Serve the simulated endpoints in real time as OpenAI-compatible HTTP servers with vLLM /metrics."""
-    from simulator.fleet import load_fleet
-    from simulator.serve import serve_fleet
+    from leadtime.simulator.fleet import load_fleet
+    from leadtime.simulator.serve import serve_fleet
 
     if not 1 <= base_port <= 65535:
         _fail("--base-port must be between 1 and 65535")
     try:
         serve_fleet(load_fleet(fleet), host=host, base_port=base_port, model_name=model_name or None)
     except (OSError, ValueError) as err:
-        _fail(str(err))
+        _fail(err)
 
 
 @bench_app.command("sim")
 def bench_sim(
     requests: Annotated[int, typer.Option(help="Requests of the Mooncake trace to replay.")] = 10_000,
-    fleet: Annotated[Path, typer.Option(help="Fleet YAML.")] = Path("simulator/fleets/bench-16.yaml"),
-    trace: Annotated[Path, typer.Option(help="Trace to replay.")] = MOONCAKE_TRACE,
+    fleet: Annotated[str, typer.Option(help=FLEET_HELP)] = "bench-16",
+    trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
     policy: Annotated[str, typer.Option(help="Routing policy.")] = "llm-d",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Simulator speed: a trace replay on a 16-endpoint fleet, in simulated requests per wall-clock second."""
-    from bench.sim import print_report, run_bench
+    from leadtime.bench.sim import print_report, run_bench
 
     if requests < 1:
         _fail("--requests must be ≥ 1")
     try:
         report = run_bench(fleet, trace, requests, policy)
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
-        _fail(str(err))
+        _fail(err)
     print_report(report, as_json=json_out)
+
+
+@sim_app.command("fleets")
+def sim_fleets() -> None:
+    """List the fleets and traces that ship with Leadtime (usable by name in --fleet and --trace)."""
+    from leadtime.data import TRACES
+    from leadtime.simulator.fleet import load_fleet, shipped_fleets
+
+    for name, path in shipped_fleets().items():
+        fleet = load_fleet(path)
+        typer.echo(f"fleet  {name:18s} {len(fleet.endpoints):3d} endpoints  {path}")
+    for name, path in TRACES.items():
+        typer.echo(f"trace  {name:18s} {path}")
 
 
 def main() -> None:

@@ -1,0 +1,5 @@
+"""`python -m leadtime` runs the CLI."""
+
+from leadtime.cli import main
+
+main()
