@@ -80,6 +80,9 @@ def test_settings_reach_the_measured_service_and_nothing_else_of_the_environment
     monkeypatch.setenv("LEADTIME_ROLE", "training")  # the caller's own setting: not for the measured service
     service = ServiceProcess(settings={"learner_cpus": "off", "snapshot_interval_s": "1"})
     try:
+        # Read once the service answers: right after the fork the child may not have exec'd yet, and its
+        # environ would still be empty.
+        service.wait_ready()
         environ = Path(f"/proc/{service.process.pid}/environ").read_bytes().split(b"\0")
         assert b"LEADTIME_LEARNER_CPUS=off" in environ and b"LEADTIME_SNAPSHOT_INTERVAL_S=1" in environ
         assert not any(item.startswith(b"LEADTIME_ROLE=") for item in environ)
