@@ -44,9 +44,7 @@ def _truth(slug: str, rng: np.random.Generator) -> _Truth:
     )
 
 
-def synthetic_class(
-    slug: str, n: int, rng: np.random.Generator
-) -> tuple[list[FeatureRow], np.ndarray, np.ndarray]:
+def synthetic_class(slug: str, n: int, rng: np.random.Generator) -> tuple[list[FeatureRow], np.ndarray, np.ndarray]:
     """n (row, TTFT, TPOT) samples of one class under a load that varies from idle to saturated."""
     acc, model = get_accelerator(slug), get_model(MODEL)
     truth = _truth(slug, rng)
@@ -147,9 +145,7 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    table = Table(
-        title=f"cold start on {report['unseen_class']} after learning {', '.join(report['seen_classes'])}"
-    )
+    table = Table(title=f"cold start on {report['unseen_class']} after learning {', '.join(report['seen_classes'])}")
     for column in ("model", "target", "MAPE first 50", "MAPE after 500"):
         table.add_column(column)
     for m in ("leadtime", "llmd_reference"):

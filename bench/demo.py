@@ -46,8 +46,9 @@ def plot_walk(preds: Walk, y: dict[str, np.ndarray], path: Path) -> None:
     plt.close(fig)
 
 
-def run_demo(data: Path, out: Path, accelerator: str = "h200-sxm", model: str = "qwen3-32b",
-             max_rows: int | None = None) -> None:
+def run_demo(
+    data: Path, out: Path, accelerator: str = "h200-sxm", model: str = "qwen3-32b", max_rows: int | None = None
+) -> None:
     console = Console()
     rows = load_llmd_rows(data)[:max_rows]
     console.print(f"[bold]Leadtime demo[/bold]: {len(rows)} real rows from {data} ({accelerator}, {model})")

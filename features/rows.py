@@ -144,9 +144,7 @@ class EndpointState:
             self, "kv_cache_percentage", check_real("kv_cache_percentage", self.kv_cache_percentage, 0.0, 1.0)
         )
         _check_choice("timeslice_state", self.timeslice_state, TIMESLICE_STATES)
-        object.__setattr__(
-            self, "timeslice_wait_ms", check_real("timeslice_wait_ms", self.timeslice_wait_ms)
-        )
+        object.__setattr__(self, "timeslice_wait_ms", check_real("timeslice_wait_ms", self.timeslice_wait_ms))
 
 
 @dataclass(frozen=True)

@@ -114,9 +114,7 @@ def demo(
 
 @app.command("serve")
 def serve(
-    host: Annotated[
-        str | None, typer.Option(envvar="LEADTIME_HOST", help="HTTP address (default 127.0.0.1).")
-    ] = None,
+    host: Annotated[str | None, typer.Option(envvar="LEADTIME_HOST", help="HTTP address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(envvar="LEADTIME_PORT", help="HTTP port (default 8000).")] = None,
     grpc_port: Annotated[
         int | None, typer.Option(envvar="LEADTIME_GRPC_PORT", help="gRPC port, 0 = off (default 50051).")
@@ -153,8 +151,17 @@ def serve(
     from leadtime.predictor.settings import ServiceSettings
 
     overrides = dict(
-        host=host, port=port, grpc_port=grpc_port, redis_url=redis, role=role, objective=objective,
-        quantile=quantile, model_dir=model_dir, api_token=api_token, accelerator=accelerator, model=model,
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+        redis_url=redis,
+        role=role,
+        objective=objective,
+        quantile=quantile,
+        model_dir=model_dir,
+        api_token=api_token,
+        accelerator=accelerator,
+        model=model,
     )
     try:
         settings = ServiceSettings.from_env(overrides)
@@ -233,8 +240,9 @@ def simulate(
     if ttft_slo_ms <= 0 or itl_slo_ms <= 0:
         _fail("--ttft-slo-ms and --itl-slo-ms must be > 0")
     try:
-        report = run_simulate_command(fleet, trace, policy, max_requests, rate_scale, seed, ttft_slo_ms,
-                                      itl_slo_ms, out, progress=not json_out)
+        report = run_simulate_command(
+            fleet, trace, policy, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, progress=not json_out
+        )
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
         _fail(err)
     print_simulation(report, as_json=json_out)

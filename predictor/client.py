@@ -69,9 +69,7 @@ class HttpPredictorClient:
         Sent as a Bearer token (needed on write paths when the service has one).
     """
 
-    def __init__(
-        self, base_url: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None
-    ) -> None:
+    def __init__(self, base_url: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None) -> None:
         import httpx
 
         self._httpx = httpx
@@ -112,9 +110,7 @@ class HttpPredictorClient:
 
     def predict_llmd(self, rows: Sequence[Row], deadline_s: float | None = None) -> list[dict[str, Any]]:
         """llm-d's answers (POST /predict/bulk/strict), as llm-d's router would receive them."""
-        answer = self._call(
-            "POST", "/predict/bulk/strict", {"requests": [row_dict(r) for r in rows]}, deadline_s
-        )
+        answer = self._call("POST", "/predict/bulk/strict", {"requests": [row_dict(r) for r in rows]}, deadline_s)
         predictions: list[dict[str, Any]] = answer["predictions"]
         return predictions
 
@@ -244,9 +240,7 @@ class GrpcPredictorClient:
         Sent as `authorization: Bearer <token>` metadata (needed by Observe when the service has one).
     """
 
-    def __init__(
-        self, target: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None
-    ) -> None:
+    def __init__(self, target: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None) -> None:
         import grpc
 
         from leadtime.predictor.grpc import leadtime_pb2_grpc

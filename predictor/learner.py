@@ -587,8 +587,10 @@ class OnlinePredictor:
     ) -> None:
         """Learn a batch in order. Everything is validated before anything is learned: a bad batch changes nothing."""
         x = check_matrix(x)
-        actual = {"ttft": _check_actuals("actual_ttft_ms", actual_ttft_ms, len(x)),
-                  "tpot": _check_actuals("actual_tpot_ms", actual_tpot_ms, len(x))}
+        actual = {
+            "ttft": _check_actuals("actual_ttft_ms", actual_ttft_ms, len(x)),
+            "tpot": _check_actuals("actual_tpot_ms", actual_tpot_ms, len(x)),
+        }
         if endpoint_ids is not None and len(endpoint_ids) != len(x):
             raise ValueError(f"{len(endpoint_ids)} endpoint ids for {len(x)} rows")
         hw = hardware_keys(x)

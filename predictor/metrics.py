@@ -38,9 +38,7 @@ class _LiveValues(Collector):
         )
         age.add_metric([], v.get("model_age_seconds", float("nan")))
         yield age
-        window = GaugeMetricFamily(
-            "leadtime_window_samples", "Samples in the retraining window.", labels=["target"]
-        )
+        window = GaugeMetricFamily("leadtime_window_samples", "Samples in the retraining window.", labels=["target"])
         for target, n in v.get("window", {}).items():
             window.add_metric([target], n)
         yield window
@@ -148,9 +146,7 @@ class ServiceMetrics:
             outcome = result.get(target)
             if not isinstance(outcome, dict):
                 continue
-            accepted = bool(
-                outcome.get("accepted") or outcome.get("accepted_mean") or outcome.get("accepted_upper")
-            )
+            accepted = bool(outcome.get("accepted") or outcome.get("accepted_mean") or outcome.get("accepted_upper"))
             self.retrains.labels(target, "accepted" if accepted else "rejected").inc()
 
     def observe_retrain_failure(self) -> None:
@@ -167,9 +163,7 @@ class ServiceMetrics:
         roles: Iterable[str],
     ) -> None:
         """Per decision: absolute percentage error of the mean and coverage of the quantile, where known."""
-        for a, m, q, acc, role in zip(
-            actual, predicted_mean, predicted_quantile, accelerators, roles, strict=True
-        ):
+        for a, m, q, acc, role in zip(actual, predicted_mean, predicted_quantile, accelerators, roles, strict=True):
             if not a > 0:
                 continue
             if m == m:  # not NaN

@@ -79,8 +79,9 @@ class ScoringPolicy:
         Seeds the tie-breaking picker.
     """
 
-    def __init__(self, name: str, scorers: Sequence[WeightedScorer], filters: Sequence[Filter] = (),
-                 seed: int = 0) -> None:
+    def __init__(
+        self, name: str, scorers: Sequence[WeightedScorer], filters: Sequence[Filter] = (), seed: int = 0
+    ) -> None:
         self.name = name
         self.scorers = list(scorers)
         self.filters = list(filters)
@@ -113,8 +114,9 @@ class ScoringPolicy:
 class LlmdHeuristicPolicy(ScoringPolicy):
     """llm-d's default scorer weights: prefix-cache 3, queue 2, KV-utilization 2."""
 
-    def __init__(self, prefix_weight: float = 3.0, queue_weight: float = 2.0, kv_weight: float = 2.0,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, prefix_weight: float = 3.0, queue_weight: float = 2.0, kv_weight: float = 2.0, seed: int = 0
+    ) -> None:
         super().__init__(
             "llm-d",
             [
@@ -160,8 +162,9 @@ class RoundRobinPolicy:
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         roles = split_by_role(candidates)
         if roles.disaggregated:
-            return Pick(self._next("prefill", roles.prefill).endpoint_id,
-                        self._next("decode", roles.decode).endpoint_id)
+            return Pick(
+                self._next("prefill", roles.prefill).endpoint_id, self._next("decode", roles.decode).endpoint_id
+            )
         return Pick(self._next("both", roles.unified).endpoint_id)
 
     def observe(self, observation: Observation) -> None:
@@ -182,4 +185,3 @@ class LeastQueuePolicy(ScoringPolicy):
             return [1.0 if high == low else (high - q) / (high - low) for q in loads]
 
         super().__init__("least-queue", [WeightedScorer(least_load, 1.0)], seed=seed)
-

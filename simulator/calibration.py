@@ -44,8 +44,9 @@ def _read(path: Path, columns: tuple[str, ...], where: Callable[[dict[str, str]]
     return np.array([[float(r[c]) for c in columns] for r in rows], dtype=float)
 
 
-def _fit(model: Callable[[np.ndarray, np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray,
-         start: list[float]) -> list[float]:
+def _fit(
+    model: Callable[[np.ndarray, np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray, start: list[float]
+) -> list[float]:
     """Least squares on log latency over log-parameters (keeps every coefficient positive)."""
     from scipy.optimize import least_squares
 
@@ -130,8 +131,11 @@ def allreduce_tables(directory: Path, base: str) -> dict[str, dict[str, dict[str
     nccl_path = directory / f"{base}_nccl_half.csv"
     custom_path = directory / f"{base}_vllm_custom_allreduce_bf16.csv"
     sources: dict[str, tuple[Path, tuple[str, ...], Callable[[dict[str, str]], bool]]] = {
-        "custom_graph": (custom_path, ("num_gpus", "message_size", "latency"),
-                         lambda r: r["kernel_source"].endswith("graph")),
+        "custom_graph": (
+            custom_path,
+            ("num_gpus", "message_size", "latency"),
+            lambda r: r["kernel_source"].endswith("graph"),
+        ),
     }
     if nccl_path.exists():
         sources["nccl"] = (nccl_path, ("num_gpus", "message_size", "latency"), lambda r: r["op_name"] == "all_reduce")

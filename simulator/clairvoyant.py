@@ -42,8 +42,9 @@ class ClairvoyantPolicy:
 
     def _best_prefill(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Candidate:
         """The exact minimum, trying lightly loaded endpoints first so that loaded ones can be cut short."""
-        order = sorted(candidates, key=lambda c: (c.state.num_request_waiting, c.state.num_request_running,
-                                                  c.endpoint_id))
+        order = sorted(
+            candidates, key=lambda c: (c.state.num_request_waiting, c.state.num_request_running, c.endpoint_id)
+        )
         best, best_ms = order[0], math.inf
         for c in order:
             ttft = self.exact_ttft_ms(request, c.endpoint_id, best_ms)

@@ -13,14 +13,29 @@ from rich.table import Table
 from leadtime.simulator.run import SimulationOptions, simulate
 
 
-def run_simulate_command(fleet: str | Path, trace: str, policies: list[str], max_requests: int | None,
-                         rate_scale: float, seed: int, ttft_slo_ms: float, itl_slo_ms: float, out: Path | None,
-                         progress: bool) -> dict[str, object]:
+def run_simulate_command(
+    fleet: str | Path,
+    trace: str,
+    policies: list[str],
+    max_requests: int | None,
+    rate_scale: float,
+    seed: int,
+    ttft_slo_ms: float,
+    itl_slo_ms: float,
+    out: Path | None,
+    progress: bool,
+) -> dict[str, object]:
     options = SimulationOptions(seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms)
     if not progress:
         return simulate(fleet, trace, policies, max_requests, rate_scale, options, out)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=True)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
     tasks: dict[str, TaskID] = {}
 
     def tick(policy: str, done: int, total: int) -> None:
@@ -39,8 +54,15 @@ def print_simulation(report: dict[str, object], as_json: bool) -> None:
         return
     console = Console()
     table = Table(title=f"{report['fleet']} — {report['requests']} requests ({report['trace']})")
-    for column in ("policy", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms", "e2e p50 ms", "SLO met",
-                   "goodput rps", "completed"):
+    for column in (
+        "policy",
+        "TTFT p50/p90/p99 ms",
+        "ITL p50/p90/p99 ms",
+        "e2e p50 ms",
+        "SLO met",
+        "goodput rps",
+        "completed",
+    ):
         table.add_column(column)
     policies = report["policies"]
     assert isinstance(policies, dict)

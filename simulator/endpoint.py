@@ -102,8 +102,16 @@ class Endpoint:
         Plan runs of decode steps in closed form (off for real-time serving, where each step is paced).
     """
 
-    def __init__(self, endpoint_id: str, role: str, stepper: StepTimeModel, cache: KVCache,
-                 max_batched_tokens: int = 8192, max_running: int = 256, decode_runs: bool = True) -> None:
+    def __init__(
+        self,
+        endpoint_id: str,
+        role: str,
+        stepper: StepTimeModel,
+        cache: KVCache,
+        max_batched_tokens: int = 8192,
+        max_running: int = 256,
+        decode_runs: bool = True,
+    ) -> None:
         self.endpoint_id = endpoint_id
         self.role = role
         self.stepper = stepper
@@ -121,8 +129,15 @@ class Endpoint:
 
     def clone(self) -> Endpoint:
         """An independent copy for what-if simulation (the clairvoyant policy)."""
-        other = Endpoint(self.endpoint_id, self.role, self.stepper, self.cache.clone(), self.max_batched_tokens,
-                         self.max_running, self.decode_runs)
+        other = Endpoint(
+            self.endpoint_id,
+            self.role,
+            self.stepper,
+            self.cache.clone(),
+            self.max_batched_tokens,
+            self.max_running,
+            self.decode_runs,
+        )
         copies = {id(r): r.copy() for r in (*self.waiting, *self.running)}
         other.waiting = deque(copies[id(r)] for r in self.waiting)
         other.running = [copies[id(r)] for r in self.running]
@@ -377,8 +392,9 @@ class Endpoint:
 
     # ----- what-if ------------------------------------------------------------------------------------------
 
-    def time_to_prefill(self, request: SimRequest, now_ms: float, resume_at_ms: float | None = None,
-                        give_up_after_ms: float = math.inf) -> float:
+    def time_to_prefill(
+        self, request: SimRequest, now_ms: float, resume_at_ms: float | None = None, give_up_after_ms: float = math.inf
+    ) -> float:
         """Exact time from `now_ms` until `request` would finish its prefill here, with no further arrivals.
 
         `resume_at_ms` is when a parked endpoint will be resident again. Once the answer is known to exceed

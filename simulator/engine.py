@@ -129,9 +129,16 @@ class FleetSimulator:
         Called with the number of completed requests now and then.
     """
 
-    def __init__(self, fleet: Fleet, workload: Sequence[WorkloadRequest], policy: RoutingPolicy, seed: int = 0,
-                 ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None,
-                 progress: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        workload: Sequence[WorkloadRequest],
+        policy: RoutingPolicy,
+        seed: int = 0,
+        ttft_slo_ms: float | None = None,
+        tpot_slo_ms: float | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
         self.fleet = fleet
         self.workload = list(workload)
         self.policy = policy

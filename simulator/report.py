@@ -55,9 +55,7 @@ def summarize(result: SimResult, ttft_slo_ms: float, itl_slo_ms: float) -> dict[
         "goodput_rps": float(both.sum() / (span_ms / 1e3)),
         "completed": len(done),
         "preemptions": result.preemptions,
-        "prefix_hit_rate": float(
-            sum(c.prefix_hit_tokens for c in done) / max(1, sum(c.input_tokens for c in done))
-        ),
+        "prefix_hit_rate": float(sum(c.prefix_hit_tokens for c in done) / max(1, sum(c.input_tokens for c in done))),
         "simulated_s": span_ms / 1e3,
         "endpoints": endpoints,
     }

@@ -39,9 +39,13 @@ class SimulationOptions:
     itl_slo_ms: float = 100.0
 
 
-def run_policies(fleet: Fleet, workload: Sequence[WorkloadRequest], policies: Sequence[str],
-                 options: SimulationOptions = SimulationOptions(),
-                 progress: Callable[[str, int, int], None] | None = None) -> list[SimResult]:
+def run_policies(
+    fleet: Fleet,
+    workload: Sequence[WorkloadRequest],
+    policies: Sequence[str],
+    options: SimulationOptions = SimulationOptions(),
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[SimResult]:
     """Run every policy on the same workload and fleet, each from a fresh state.
 
     `progress(policy, completed, total)` is called now and then.
@@ -51,15 +55,29 @@ def run_policies(fleet: Fleet, workload: Sequence[WorkloadRequest], policies: Se
     for name in policies:
         policy = make_policy(name, options.seed)
         tick = (lambda n, name=name: progress(name, n, total)) if progress is not None else None
-        sim = FleetSimulator(fleet, workload, policy, seed=options.seed, ttft_slo_ms=options.ttft_slo_ms,
-                             tpot_slo_ms=options.itl_slo_ms, progress=tick)
+        sim = FleetSimulator(
+            fleet,
+            workload,
+            policy,
+            seed=options.seed,
+            ttft_slo_ms=options.ttft_slo_ms,
+            tpot_slo_ms=options.itl_slo_ms,
+            progress=tick,
+        )
         results.append(sim.run())
     return results
 
 
-def simulate(fleet_path: str | Path, trace_path: str, policies: Sequence[str], max_requests: int | None = None,
-             rate_scale: float = 1.0, options: SimulationOptions = SimulationOptions(), out: Path | None = None,
-             progress: Callable[[str, int, int], None] | None = None) -> dict[str, object]:
+def simulate(
+    fleet_path: str | Path,
+    trace_path: str,
+    policies: Sequence[str],
+    max_requests: int | None = None,
+    rate_scale: float = 1.0,
+    options: SimulationOptions = SimulationOptions(),
+    out: Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, object]:
     """The whole command: returns the JSON report and writes observations and plots under `out`."""
     for name in policies:
         if name not in POLICY_NAMES:

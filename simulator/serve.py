@@ -106,8 +106,14 @@ class LiveEndpoint:
 
     def submit(self, rid: int, words: list[str], max_tokens: int) -> asyncio.Queue[int | None]:
         ids = [zlib.crc32(w.encode()) for w in words]
-        request = SimRequest(rid, self.now_ms(), max(1, len(ids)), max_tokens,
-                             tuple(block_hashes(ids, PREFIX_BLOCK_WORDS)), PREFIX_BLOCK_WORDS)
+        request = SimRequest(
+            rid,
+            self.now_ms(),
+            max(1, len(ids)),
+            max_tokens,
+            tuple(block_hashes(ids, PREFIX_BLOCK_WORDS)),
+            PREFIX_BLOCK_WORDS,
+        )
         needed = self.engine.cache.blocks_for(request.input_tokens + max_tokens)
         if needed > self.engine.cache.total_blocks:
             raise HTTPException(422, detail="prompt: prompt plus max_tokens exceed this endpoint's KV cache")
@@ -170,8 +176,11 @@ def build_app(live: LiveEndpoint) -> FastAPI:
     def completion_json(kind: str, rid: int, text_pieces: list[str], prompt_tokens: int) -> dict[str, object]:
         text = "".join(text_pieces)
         if kind == "chat":
-            choice: dict[str, object] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                         "finish_reason": "length"}
+            choice: dict[str, object] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "length",
+            }
         else:
             choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
         return {
@@ -180,8 +189,11 @@ def build_app(live: LiveEndpoint) -> FastAPI:
             "created": int(time.time()),
             "model": live.model_name,
             "choices": [choice],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(text_pieces),
-                      "total_tokens": prompt_tokens + len(text_pieces)},
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(text_pieces),
+                "total_tokens": prompt_tokens + len(text_pieces),
+            },
         }
 
     async def respond(kind: str, words: list[str], max_tokens: int, stream: bool) -> object:
@@ -201,8 +213,13 @@ def build_app(live: LiveEndpoint) -> FastAPI:
                 else:
                     choice = {"index": 0, "text": f" tok{i}", "finish_reason": None}
                     obj = "text_completion"
-                chunk = {"id": f"cmpl-{live.config.endpoint_id}-{rid}", "object": obj, "created": created,
-                         "model": live.model_name, "choices": [choice]}
+                chunk = {
+                    "id": f"cmpl-{live.config.endpoint_id}-{rid}",
+                    "object": obj,
+                    "created": created,
+                    "model": live.model_name,
+                    "choices": [choice],
+                }
                 yield f"data: {json.dumps(chunk)}\n\n"
             yield "data: [DONE]\n\n"
 
@@ -274,8 +291,9 @@ class FleetServer:
         Seeds the time-slice windows.
     """
 
-    def __init__(self, fleet: Fleet, ports: list[int], host: str = "127.0.0.1", model_name: str | None = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, fleet: Fleet, ports: list[int], host: str = "127.0.0.1", model_name: str | None = None, seed: int = 0
+    ) -> None:
         if len(ports) != len(fleet.endpoints):
             raise ValueError(f"need {len(fleet.endpoints)} ports, got {len(ports)}")
         self.fleet = fleet
@@ -293,8 +311,10 @@ class FleetServer:
 
     @property
     def urls(self) -> dict[str, str]:
-        return {cfg.endpoint_id: f"http://{self.host}:{port}" for cfg, port in zip(self.fleet.endpoints, self.ports,
-                                                                                   strict=True)}
+        return {
+            cfg.endpoint_id: f"http://{self.host}:{port}"
+            for cfg, port in zip(self.fleet.endpoints, self.ports, strict=True)
+        }
 
     async def _main(self) -> None:
         tasks = []

@@ -219,8 +219,10 @@ def _table_gemm_curve(table: GemmTable, n: float, k: float) -> list[float]:
     tk = (lk - table.k[j]) / (table.k[j + 1] - table.k[j])
     for plane in table.log_ms:
         value = (
-            (1 - tn) * (1 - tk) * plane[i, j] + tn * (1 - tk) * plane[i + 1, j]
-            + (1 - tn) * tk * plane[i, j + 1] + tn * tk * plane[i + 1, j + 1]
+            (1 - tn) * (1 - tk) * plane[i, j]
+            + tn * (1 - tk) * plane[i + 1, j]
+            + (1 - tn) * tk * plane[i, j + 1]
+            + tn * tk * plane[i + 1, j + 1]
         )
         out.append(scale * math.exp(value))
     return out
@@ -259,8 +261,14 @@ class StepTimeModel:
         Whether all-reduces up to 8 MiB use vLLM's custom kernel (its default on NVLink since early 2024) or NCCL.
     """
 
-    def __init__(self, accelerator: Accelerator | str, model: ModelProfile, tensor_parallel: int = 1,
-                 cuda_graphs: bool = True, custom_allreduce: bool = True) -> None:
+    def __init__(
+        self,
+        accelerator: Accelerator | str,
+        model: ModelProfile,
+        tensor_parallel: int = 1,
+        cuda_graphs: bool = True,
+        custom_allreduce: bool = True,
+    ) -> None:
         self.accelerator = get_accelerator(accelerator) if isinstance(accelerator, str) else accelerator
         self.model = model
         self.tensor_parallel = tensor_parallel

@@ -132,8 +132,11 @@ def read_trace(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
     raise TraceError(f"{path}: unknown trace format (expected .jsonl Mooncake or .csv Azure)")
 
 
-def shape(requests: list[WorkloadRequest], rate_scale: float = 1.0, max_requests: int | None = None,
-          ) -> list[WorkloadRequest]:
+def shape(
+    requests: list[WorkloadRequest],
+    rate_scale: float = 1.0,
+    max_requests: int | None = None,
+) -> list[WorkloadRequest]:
     """Sort by arrival, keep the first `max_requests`, and compress time by `rate_scale` (2 = twice the rate)."""
     if rate_scale <= 0:
         raise TraceError(f"rate_scale must be > 0, got {rate_scale}")
@@ -144,8 +147,9 @@ def shape(requests: list[WorkloadRequest], rate_scale: float = 1.0, max_requests
         raise TraceError("the workload has no requests")
     origin = ordered[0].arrival_ms
     return [
-        WorkloadRequest((r.arrival_ms - origin) / rate_scale, r.input_tokens, r.output_tokens, r.segments,
-                        r.segment_tokens)
+        WorkloadRequest(
+            (r.arrival_ms - origin) / rate_scale, r.input_tokens, r.output_tokens, r.segments, r.segment_tokens
+        )
         for r in ordered
     ]
 
@@ -183,8 +187,9 @@ def synthetic(spec: SyntheticSpec, seed: int = 0) -> list[WorkloadRequest]:
     clock = 0.0
     shape_k = 1.0 / spec.burstiness
     next_id = 0
-    group_ids = [[f"g{g}-{i}" for i in range(spec.prefix_tokens // spec.segment_tokens)]
-                 for g in range(spec.prefix_groups)]
+    group_ids = [
+        [f"g{g}-{i}" for i in range(spec.prefix_tokens // spec.segment_tokens)] for g in range(spec.prefix_groups)
+    ]
     for _ in range(spec.requests):
         clock += rng.gammavariate(shape_k, 1.0 / (spec.rate_rps * shape_k)) * 1e3
         inp = max(1, int(rng.lognormvariate(0, 0.6) * spec.input_mean / 1.197))

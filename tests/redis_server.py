@@ -18,9 +18,7 @@ import redis
 
 def find_redis_server() -> str | None:
     """Path of the redis-server binary, or None if it is not installed."""
-    return shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
-    )
+    return shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
 
 
 def free_port() -> int:
@@ -55,13 +53,20 @@ class RedisServer:
         self._process = subprocess.Popen(
             [
                 self.executable,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.workdir),
-                "--daemonize", "no",
-                "--protected-mode", "yes",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -179,9 +179,7 @@ def test_long_prefill_is_compute_bound_and_counts_attention() -> None:
 def test_prefill_grows_with_tokens_and_shrinks_with_hardware() -> None:
     times = [prefill_ms(LLAMA70, H100, n, tensor_parallel=4) for n in (512, 1024, 4096, 16384)]
     assert times == sorted(times) and len(set(times)) == len(times)
-    assert prefill_ms(LLAMA70, A100, 4096, tensor_parallel=4) > prefill_ms(
-        LLAMA70, H100, 4096, tensor_parallel=4
-    )
+    assert prefill_ms(LLAMA70, A100, 4096, tensor_parallel=4) > prefill_ms(LLAMA70, H100, 4096, tensor_parallel=4)
     assert prefill_ms(LLAMA70, H100, 4096, tensor_parallel=8) == pytest.approx(
         prefill_ms(LLAMA70, H100, 4096, tensor_parallel=4) / 2
     )
@@ -247,8 +245,14 @@ def test_the_array_roofline_matches_the_scalar_one() -> None:
             np.testing.assert_allclose(got, want, rtol=1e-12)
             batch, kv = np.array([1.0, 8.0, 64.0]), np.array([0.0, 4e4, 3e5])
             got = decode_step_ms_array(
-                model.params_b, model.weight_bytes, float(model.kv_bytes_per_token),
-                acc.effective_tflops, acc.effective_tb_s, batch, kv, 4,
+                model.params_b,
+                model.weight_bytes,
+                float(model.kv_bytes_per_token),
+                acc.effective_tflops,
+                acc.effective_tb_s,
+                batch,
+                kv,
+                4,
             )
             want = [decode_step_ms(model, acc, b, k, 4) for b, k in zip(batch, kv, strict=True)]
             np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -224,9 +224,7 @@ def test_index_parameters_must_be_positive(block_size: int, capacity: int) -> No
 @settings(max_examples=200, deadline=None)
 @given(
     st.integers(1, 20),
-    st.lists(
-        st.tuples(st.sampled_from(["a", "b", "c"]), st.lists(st.integers(0, 40), max_size=30)), max_size=30
-    ),
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.lists(st.integers(0, 40), max_size=30)), max_size=30),
 )
 def test_index_never_exceeds_its_capacity(capacity: int, records: list[tuple[str, list[int]]]) -> None:
     index = PrefixIndex(block_size=1, capacity_blocks=capacity)
@@ -246,9 +244,7 @@ def test_index_never_exceeds_its_capacity(capacity: int, records: list[tuple[str
     st.lists(st.lists(st.integers(0, 15), max_size=8), max_size=10),
     st.lists(st.integers(0, 15), max_size=8),
 )
-def test_unbounded_index_matches_the_longest_recorded_prefix(
-    recorded: list[list[int]], query: list[int]
-) -> None:
+def test_unbounded_index_matches_the_longest_recorded_prefix(recorded: list[list[int]], query: list[int]) -> None:
     """Fed chained hashes, the index answers exactly the longest common prefix with any recorded request."""
     index = PrefixIndex(block_size=1, capacity_blocks=10**6)
     for ids in recorded:

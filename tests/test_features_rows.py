@@ -338,9 +338,7 @@ def test_llmd_row_without_extras_gets_defaults() -> None:
     row = feature_row_from_llmd(llmd_row())
     assert row.request.input_tokens == 200
     assert row.request.prefix_hit_tokens == 100
-    assert row.endpoint == EndpointState(
-        num_request_waiting=3, num_request_running=5, kv_cache_percentage=0.25
-    )
+    assert row.endpoint == EndpointState(num_request_waiting=3, num_request_running=5, kv_cache_percentage=0.25)
 
 
 @pytest.mark.parametrize(
@@ -408,9 +406,7 @@ def test_not_a_mapping_is_refused() -> None:
 
 
 def test_prefix_hit_tokens_override_an_inconsistent_score() -> None:
-    row = feature_row_from_llmd(
-        llmd_row(input_token_length=1000, prefix_cache_score=0.0, prefix_hit_tokens=512)
-    )
+    row = feature_row_from_llmd(llmd_row(input_token_length=1000, prefix_cache_score=0.0, prefix_hit_tokens=512))
     assert row.request.prefix_hit_tokens == 512
     assert row.request.prefix_cache_score == pytest.approx(0.512)
 

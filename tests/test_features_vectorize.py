@@ -149,9 +149,7 @@ def test_role_is_one_hot(role: str, prefill: int, decode: int) -> None:
     assert (x[C["role_prefill"]], x[C["role_decode"]]) == (prefill, decode)
 
 
-@pytest.mark.parametrize(
-    ("state", "resident"), [("none", 1), ("resident", 1), ("switching", 0), ("parked", 0)]
-)
+@pytest.mark.parametrize(("state", "resident"), [("none", 1), ("resident", 1), ("switching", 0), ("parked", 0)])
 def test_timeslice_residency(state: str, resident: int) -> None:
     x = Vectorizer().transform([FeatureRow(RequestFeatures(10), EndpointState(timeslice_state=state))])[0]
     assert x[C["timeslice_resident"]] == resident
@@ -173,9 +171,7 @@ def test_faster_hardware_and_more_parallelism_lower_the_roofline() -> None:
     def roofline(accelerator: str, tp: int) -> np.ndarray:
         row = FeatureRow(
             RequestFeatures(4000),
-            EndpointState(
-                accelerator=accelerator, model="llama-3.1-70b", tensor_parallel=tp, num_request_running=8
-            ),
+            EndpointState(accelerator=accelerator, model="llama-3.1-70b", tensor_parallel=tp, num_request_running=8),
         )
         x = v.transform([row])[0]
         return x[[C["roofline_own_prefill_ms"], C["roofline_decode_step_ms"]]]
@@ -251,9 +247,7 @@ def test_vectorizing_is_row_independent(row: FeatureRow) -> None:
 @given(rows, st.integers(1, 100_000))
 def test_more_uncached_tokens_never_shorten_the_prefill_estimate(row: FeatureRow, extra: int) -> None:
     r = row.request
-    longer = FeatureRow(
-        RequestFeatures.with_prefix_hits(r.input_tokens + extra, r.prefix_hit_tokens), row.endpoint
-    )
+    longer = FeatureRow(RequestFeatures.with_prefix_hits(r.input_tokens + extra, r.prefix_hit_tokens), row.endpoint)
     v = Vectorizer()
     a, b = v.transform([row])[0], v.transform([longer])[0]
     assert b[C["uncached_tokens"]] == a[C["uncached_tokens"]] + extra
@@ -267,9 +261,7 @@ def valid_matrix(n: int = 3) -> np.ndarray:
     return Vectorizer().transform([FeatureRow(RequestFeatures(100 + i)) for i in range(n)])
 
 
-@pytest.mark.parametrize(
-    "shape", [(len(COLUMNS),), (2, len(COLUMNS) - 1), (2, len(COLUMNS) + 1), (1, 1, len(COLUMNS))]
-)
+@pytest.mark.parametrize("shape", [(len(COLUMNS),), (2, len(COLUMNS) - 1), (2, len(COLUMNS) + 1), (1, 1, len(COLUMNS))])
 def test_wrong_shape_is_refused(shape: tuple[int, ...]) -> None:
     with pytest.raises(FeatureError) as err:
         check_matrix(np.ones(shape))

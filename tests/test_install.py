@@ -37,19 +37,28 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     # pip builds in the source tree, and setuptools would leave build/ there (and ship whatever a stale build/
     # held): build from a copy of the checkout's tracked folders instead.
     source = tmp_path_factory.mktemp("source") / "leadtime-src"
-    shutil.copytree(ROOT, source, symlinks=True,
-                    ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "out", "*.egg-info", "__pycache__",
-                                                  ".*_cache", ".hypothesis"))
+    shutil.copytree(
+        ROOT,
+        source,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".venv", ".git", "build", "dist", "out", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis"
+        ),
+    )
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(source)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stderr
     (wheel,) = dist.glob("leadtime-*.whl")
     target = tmp_path_factory.mktemp("target")
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert install.returncode == 0, install.stderr
     return wheel, target
@@ -66,7 +75,11 @@ def _env(target: Path) -> dict[str, str]:
 def _leadtime(target: Path, cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-S", "-m", "leadtime", *args],
-        cwd=cwd, env=_env(target), capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=_env(target),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -77,9 +90,15 @@ def test_the_wheel_installs_only_the_leadtime_package(installed: tuple[Path, Pat
         names = set(archive.namelist())
     name, version = wheel.name.split("-")[:2]
     assert top == {"leadtime", f"{name}-{version}.dist-info"}
-    for shipped in ("data/measured/sharegpt-h200.jsonl", "data/traces/mooncake_conversation_trace.jsonl",
-                    "data/traces/AzureLLMInferenceTrace_conv_2023.csv", "data/README.md",
-                    "simulator/fleets/mixed.yaml", "simulator/coefficients.json", "predictor/grpc/leadtime.proto"):
+    for shipped in (
+        "data/measured/sharegpt-h200.jsonl",
+        "data/traces/mooncake_conversation_trace.jsonl",
+        "data/traces/AzureLLMInferenceTrace_conv_2023.csv",
+        "data/README.md",
+        "simulator/fleets/mixed.yaml",
+        "simulator/coefficients.json",
+        "predictor/grpc/leadtime.proto",
+    ):
         shipped = f"leadtime/{shipped}"
         assert shipped in names, shipped
 
@@ -88,7 +107,11 @@ def test_the_installed_package_is_the_one_imported(installed: tuple[Path, Path],
     _, target = installed
     probe = subprocess.run(
         [sys.executable, "-S", "-c", "import leadtime.features, leadtime.data; print(leadtime.features.__file__)"],
-        cwd=tmp_path, env=_env(target), capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        env=_env(target),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert probe.returncode == 0, probe.stderr
     assert Path(probe.stdout.strip()).is_relative_to(target)
@@ -114,7 +137,10 @@ def test_serve_answers_healthz_from_an_empty_directory(installed: tuple[Path, Pa
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-S", "-m", "leadtime", "serve", "--port", str(port), "--grpc-port", "0"],
-        cwd=tmp_path, env=_env(target), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=_env(target),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 60

@@ -38,8 +38,10 @@ def trained() -> OnlinePredictor:
 
 
 def _probe(p: OnlinePredictor) -> np.ndarray:
-    rows = [FeatureRow(RequestFeatures(n), EndpointState(endpoint_id="ep-1", num_request_waiting=w)) for n, w in
-            [(100, 0), (1000, 5), (2500, 2)]]
+    rows = [
+        FeatureRow(RequestFeatures(n), EndpointState(endpoint_id="ep-1", num_request_waiting=w))
+        for n, w in [(100, 0), (1000, 5), (2500, 2)]
+    ]
     pred = p.predict_rows(rows)
     return np.concatenate([pred.ttft_mean, pred.ttft_quantile, pred.tpot_mean, pred.tpot_quantile])
 

@@ -183,8 +183,16 @@ def test_retrain_swaps_trees_in_only_when_they_win() -> None:
     assert accepted[0]["heldout_ape_after"] < accepted[0]["heldout_ape_before"]
     # A second retrain on the same data finds nothing better: nothing is swapped, the version stays.
     assert not results[-1]["ttft"]["accepted_mean"]
-    assert predictor.version == len([r for r in results if r["ttft"]["accepted_mean"] or r["ttft"]["accepted_upper"]
-                                     or r["tpot"]["accepted_mean"] or r["tpot"]["accepted_upper"]])
+    assert predictor.version == len(
+        [
+            r
+            for r in results
+            if r["ttft"]["accepted_mean"]
+            or r["ttft"]["accepted_upper"]
+            or r["tpot"]["accepted_mean"]
+            or r["tpot"]["accepted_upper"]
+        ]
+    )
     text = predictor.tree_text("ttft")
     assert text is not None and text.startswith("tree")
     importances = predictor.tree_importances("ttft")
@@ -309,8 +317,9 @@ def test_the_sample_window_keeps_the_newest_rows_in_order_across_wraparound() ->
     width = window.x.shape[1]
     for start, n in ((0, 30), (30, 90), (120, 250)):  # fill, wrap around, then overflow in one batch
         rows = np.arange(start, start + n, dtype=float)
-        window.extend(np.repeat(rows[:, None], width, axis=1), rows, [f"c{int(r)}" for r in rows],
-                      [f"e{int(r)}" for r in rows])
+        window.extend(
+            np.repeat(rows[:, None], width, axis=1), rows, [f"c{int(r)}" for r in rows], [f"e{int(r)}" for r in rows]
+        )
     x, z, classes, endpoints = window.chronological()
     assert window.count == 100
     np.testing.assert_array_equal(z, np.arange(270, 370, dtype=float))

@@ -34,9 +34,7 @@ def _features(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def _target(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
-    return (
-        np.sin(x[:, 0] / 1000) + 0.3 * x[:, 2] + 0.1 * x[:, 1] + 0.2 * np.log(x[:, 3]) + rng.normal(0, 0.1, len(x))
-    )
+    return np.sin(x[:, 0] / 1000) + 0.3 * x[:, 2] + 0.1 * x[:, 1] + 0.2 * np.log(x[:, 3]) + rng.normal(0, 0.1, len(x))
 
 
 def _splits(booster: lgb.Booster) -> list[dict]:

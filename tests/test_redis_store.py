@@ -344,9 +344,7 @@ def test_a_hung_server_neither_blocks_appends_nor_duplicates_a_resent_chunk(
     assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 101}
 
 
-def test_outage_buffer_is_bounded_and_counts_drops(
-    make_store: StoreFactory, redis_server: RedisServer
-) -> None:
+def test_outage_buffer_is_bounded_and_counts_drops(make_store: StoreFactory, redis_server: RedisServer) -> None:
     store = make_store(buffer_limit=10)
     redis_server.stop()
     store.append_observations([entry(i) for i in range(25)])
@@ -397,9 +395,7 @@ def test_a_store_started_before_redis_connects_once_it_is_up(redis_server: Redis
         store.close()
 
 
-def test_closing_while_redis_is_down_counts_what_is_lost(
-    make_store: StoreFactory, redis_server: RedisServer
-) -> None:
+def test_closing_while_redis_is_down_counts_what_is_lost(make_store: StoreFactory, redis_server: RedisServer) -> None:
     store = make_store()
     redis_server.stop()
     store.append_observations([entry(i) for i in range(7)])

@@ -159,7 +159,7 @@ def test_what_replica_a_is_told_changes_what_replica_b_predicts(
 
     entries = training_entries(900, seed=1)
     for start in range(0, len(entries), 100):
-        a.send(entries[start:start + 100])  # every sample goes to replica A only
+        a.send(entries[start : start + 100])  # every sample goes to replica A only
 
     assert wait_until(lambda: b.learned() >= len(entries), timeout_s=30), b.learned()
     assert wait_until(lambda: b.status()["registry_version"] >= 1, timeout_s=30), "A published no retrain"
@@ -202,7 +202,7 @@ def test_killing_redis_mid_run_loses_no_accepted_observation(
     redis_server.stop()
     during = training_entries(500, seed=4)
     for start in range(0, len(during), 100):
-        a.send(during[start:start + 100])  # still 202 while Redis is down
+        a.send(during[start : start + 100])  # still 202 while Redis is down
     assert a.predict(PROBE)["ttft_ms"] > 0  # still serving with the model it has
     assert a.store.stats()["buffered"] == len(during)
     for replica in (a, b):

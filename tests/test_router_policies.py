@@ -20,10 +20,23 @@ from leadtime.router_plugin.heuristics import (
 from leadtime.router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, RoutingPolicy, split_by_role
 
 
-def cand(name: str, waiting: int = 0, running: int = 0, kv: float = 0.0, hits: int = 0, role: str = "both",
-         timeslice: str = "none") -> Candidate:
-    state = EndpointState(endpoint_id=name, role=role, num_request_waiting=waiting, num_request_running=running,
-                          kv_cache_percentage=kv, timeslice_state=timeslice)
+def cand(
+    name: str,
+    waiting: int = 0,
+    running: int = 0,
+    kv: float = 0.0,
+    hits: int = 0,
+    role: str = "both",
+    timeslice: str = "none",
+) -> Candidate:
+    state = EndpointState(
+        endpoint_id=name,
+        role=role,
+        num_request_waiting=waiting,
+        num_request_running=running,
+        kv_cache_percentage=kv,
+        timeslice_state=timeslice,
+    )
     return Candidate(state, hits)
 
 
@@ -80,8 +93,12 @@ def test_least_queue_counts_waiting_and_running() -> None:
 
 
 def test_pd_fleets_get_pairs() -> None:
-    cands = [cand("p0", role="prefill", waiting=3), cand("p1", role="prefill"), cand("d0", role="decode"),
-             cand("d1", role="decode", waiting=4)]
+    cands = [
+        cand("p0", role="prefill", waiting=3),
+        cand("p1", role="prefill"),
+        cand("d0", role="decode"),
+        cand("d1", role="decode", waiting=4),
+    ]
     for policy in (RandomPolicy(), RoundRobinPolicy(), LeastQueuePolicy(), LlmdHeuristicPolicy()):
         pick = policy.pick(REQ, cands)
         assert pick.is_pair

@@ -89,7 +89,10 @@ def test_the_learner_priority_is_lowered_and_at_19_becomes_idle_class() -> None:
     )
     for nice, idle in ((10, "False"), (19, "True")):
         out = subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, "NICE": str(nice)}, capture_output=True, text=True,
+            [sys.executable, "-c", code],
+            env={**os.environ, "NICE": str(nice)},
+            capture_output=True,
+            text=True,
             check=True,
         ).stdout.split()
         assert out == [str(nice), idle]

@@ -26,10 +26,25 @@ def _azure(tmp_path: Path, n: int = 40) -> Path:
 
 def test_simulate_json_report_and_outputs(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = runner.invoke(app, [
-        "simulate", "--fleet", str(FLEETS / "mixed.yaml"), "--trace", str(_azure(tmp_path)),
-        "--policy", "llm-d", "--policy", "round-robin", "--json", "--out", str(out), "--seed", "1",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--fleet",
+            str(FLEETS / "mixed.yaml"),
+            "--trace",
+            str(_azure(tmp_path)),
+            "--policy",
+            "llm-d",
+            "--policy",
+            "round-robin",
+            "--json",
+            "--out",
+            str(out),
+            "--seed",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert set(report["policies"]) == {"llm-d", "round-robin"}
@@ -51,18 +66,32 @@ def test_simulate_json_report_and_outputs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fleet", ["homogeneous-h100", "pd", "timesliced", "mixed"])
 def test_example_fleets_run(tmp_path: Path, fleet: str) -> None:
-    result = runner.invoke(app, ["simulate", "--fleet", str(FLEETS / f"{fleet}.yaml"), "--trace",
-                                 str(_azure(tmp_path, 20)), "--json", "--policy", "clairvoyant"])
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--fleet",
+            str(FLEETS / f"{fleet}.yaml"),
+            "--trace",
+            str(_azure(tmp_path, 20)),
+            "--json",
+            "--policy",
+            "clairvoyant",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["policies"]["clairvoyant"]["completed"] == 20
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--fleet", "nope.yaml"], "nope.yaml"),
-    (["--policy", "oracle"], "unknown policy"),
-    (["--rate-scale", "0"], "rate-scale"),
-    (["--max-requests", "0"], "max-requests"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--fleet", "nope.yaml"], "nope.yaml"),
+        (["--policy", "oracle"], "unknown policy"),
+        (["--rate-scale", "0"], "rate-scale"),
+        (["--max-requests", "0"], "max-requests"),
+    ],
+)
 def test_simulate_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     base = {"--fleet": str(FLEETS / "homogeneous-h100.yaml"), "--trace": str(_azure(tmp_path, 5))}
     for flag, value in zip(args[::2], args[1::2], strict=True):
@@ -98,8 +127,9 @@ def test_sim_validate_json() -> None:
 
 
 def test_bench_sim_json_small() -> None:
-    result = runner.invoke(app, ["bench", "sim", "--json", "--requests", "200", "--fleet", "bench-16",
-                                 "--trace", "mooncake"])
+    result = runner.invoke(
+        app, ["bench", "sim", "--json", "--requests", "200", "--fleet", "bench-16", "--trace", "mooncake"]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["requests"] == 200 and report["endpoints"] == 16 and report["requests_per_wall_s"] > 0

@@ -126,8 +126,9 @@ def test_interrupting_a_decode_run_keeps_blocks_consistent() -> None:
     assert r.generated == 2
 
 
-def _run(fleet_doc: dict[str, object], workload: list[WorkloadRequest], policy: str = "round-robin",
-         seed: int = 0) -> FleetSimulator:
+def _run(
+    fleet_doc: dict[str, object], workload: list[WorkloadRequest], policy: str = "round-robin", seed: int = 0
+) -> FleetSimulator:
     sim = FleetSimulator(parse_fleet(fleet_doc), workload, make_policy(policy, seed), seed=seed)
     sim.result = sim.run()  # type: ignore[attr-defined]
     return sim
@@ -166,8 +167,9 @@ def test_observations_arrive_at_completion_with_decision_time_features() -> None
     result = sim.run()
     assert len(policy.seen) == 10
     assert all(now == pytest.approx(stamp) for now, stamp in policy.seen)
-    for obs, done in zip(result.observations, sorted(result.completed, key=lambda c: c.arrival_ms + c.e2e_ms),
-                         strict=True):
+    for obs, done in zip(
+        result.observations, sorted(result.completed, key=lambda c: c.arrival_ms + c.e2e_ms), strict=True
+    ):
         assert obs.actual_ttft_ms > 0 and obs.actual_tpot_ms > 0
         assert obs.timestamp is not None and obs.timestamp * 1e3 >= done.arrival_ms + obs.actual_ttft_ms - 1e-6
     assert result.observations[0].row.request.input_tokens == 500
@@ -276,10 +278,14 @@ def test_fleet_errors_name_the_problem() -> None:
     with pytest.raises(FleetError, match="timeslice_group"):
         parse_fleet(_fleet(pool={"timeslice_group": "nope"}))
     with pytest.raises(FleetError, match="unified"):
-        parse_fleet({"pools": [
-            {"name": "a", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
-            {"name": "b", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
-        ]})
+        parse_fleet(
+            {
+                "pools": [
+                    {"name": "a", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+                    {"name": "b", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
+                ]
+            }
+        )
     with pytest.raises(FleetError, match="count"):
         parse_fleet(_fleet(pool={"count": 0}))
 
@@ -303,8 +309,14 @@ def test_pd_decode_preemption_recomputes_and_loses_no_token() -> None:
     doc = {
         "pools": [
             {"name": "p", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "prefill"},
-            {"name": "d", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode",
-             "gpu_memory_utilization": 0.21},
+            {
+                "name": "d",
+                "count": 1,
+                "accelerator": "h100-sxm",
+                "model": "llama-3.1-8b",
+                "role": "decode",
+                "gpu_memory_utilization": 0.21,
+            },
         ],
     }
     workload = [WorkloadRequest(i * 5.0, 1000, 800) for i in range(5)]
@@ -376,14 +388,14 @@ class _PublishedStateAuditor(RoundRobinPolicy):
             endpoint = sim.by_id[c.endpoint_id]
             routed = self.routed.get(c.endpoint_id, [])
             at_publication = [
-                r for r in routed
-                if r.arrival_ms < published_at and (r.finish_ms is None or r.finish_ms > published_at)
+                r for r in routed if r.arrival_ms < published_at and (r.finish_ms is None or r.finish_ms > published_at)
             ]
             assert state.num_request_waiting + state.num_request_running == len(at_publication)
             # The symptom seen on the Mooncake replay: an endpoint holding a request that has waited a whole
             # refresh interval without a first token must not be published as idle.
             pending = [
-                r for r in (*endpoint.waiting, *endpoint.running)
+                r
+                for r in (*endpoint.waiting, *endpoint.running)
                 if r.first_token_ms is None and sim.now - r.arrival_ms >= refresh
             ]
             if pending:
@@ -405,8 +417,9 @@ def test_published_state_is_the_state_at_the_last_publication() -> None:
     # Busy enough that queues form between publications; arrivals off the 50 ms grid so "before P" is unambiguous.
     workload = [
         dataclasses.replace(w, arrival_ms=w.arrival_ms + 0.37)
-        for w in synthetic(SyntheticSpec(requests=300, rate_rps=30, burstiness=3.0, input_mean=3000,
-                                         output_mean=60), seed=7)
+        for w in synthetic(
+            SyntheticSpec(requests=300, rate_rps=30, burstiness=3.0, input_mean=3000, output_mean=60), seed=7
+        )
     ]
     policy = _PublishedStateAuditor()
     sim = FleetSimulator(parse_fleet(_fleet(pool={"count": 3}, refresh_ms=50)), workload, policy)
@@ -434,11 +447,14 @@ def test_same_instant_burst_queues_behind_requests_the_router_cannot_yet_see() -
     # One refresh later the whole burst is visible. This is stale state by design, not a publication bug.
     burst = [WorkloadRequest(10.3, 1500, 50) for _ in range(6)]
     probe = WorkloadRequest(10.3 + 50 + 1, 100, 5)
-    sim = FleetSimulator(parse_fleet(_fleet(pool={"count": 1}, refresh_ms=50)), [*burst, probe],
-                         make_policy("llm-d"))
+    sim = FleetSimulator(parse_fleet(_fleet(pool={"count": 1}, refresh_ms=50)), [*burst, probe], make_policy("llm-d"))
     result = sim.run()
-    rows = {c.rid: o.row.endpoint for c, o in zip(
-        sorted(result.completed, key=lambda c: c.arrival_ms + c.e2e_ms), result.observations, strict=True)}
+    rows = {
+        c.rid: o.row.endpoint
+        for c, o in zip(
+            sorted(result.completed, key=lambda c: c.arrival_ms + c.e2e_ms), result.observations, strict=True
+        )
+    }
     for rid in range(6):
         assert rows[rid].num_request_waiting + rows[rid].num_request_running == 0
     seen = rows[6]

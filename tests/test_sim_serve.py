@@ -51,8 +51,9 @@ def test_metrics_parse_with_features(server: FleetServer) -> None:
 
 
 def test_completion_returns_the_requested_tokens(server: FleetServer) -> None:
-    reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": "one two three " * 50, "max_tokens": 12},
-                       timeout=30)
+    reply = httpx.post(
+        _url(server) + "/v1/completions", json={"prompt": "one two three " * 50, "max_tokens": 12}, timeout=30
+    )
     assert reply.status_code == 200
     body = reply.json()
     assert body["object"] == "text_completion"
@@ -60,15 +61,18 @@ def test_completion_returns_the_requested_tokens(server: FleetServer) -> None:
     assert len(body["choices"][0]["text"].split()) == 12
 
 
-@pytest.mark.parametrize("path,payload", [
-    ("/v1/completions", {"prompt": "stream me please", "max_tokens": 9, "stream": True}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "stream": True}),
-])
+@pytest.mark.parametrize(
+    "path,payload",
+    [
+        ("/v1/completions", {"prompt": "stream me please", "max_tokens": 9, "stream": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9, "stream": True}),
+    ],
+)
 def test_streams_deliver_every_token_then_done(server: FleetServer, path: str, payload: dict[str, object]) -> None:
     with httpx.stream("POST", _url(server, "l40s-0") + path, json=payload, timeout=30) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        events = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) == 9
@@ -77,9 +81,11 @@ def test_streams_deliver_every_token_then_done(server: FleetServer, path: str, p
 
 
 def test_non_streaming_chat(server: FleetServer) -> None:
-    reply = httpx.post(_url(server) + "/v1/chat/completions",
-                       json={"messages": [{"role": "user", "content": "a b c"}], "max_completion_tokens": 4},
-                       timeout=30)
+    reply = httpx.post(
+        _url(server) + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "a b c"}], "max_completion_tokens": 4},
+        timeout=30,
+    )
     assert reply.status_code == 200
     assert reply.json()["usage"]["completion_tokens"] == 4
     assert reply.json()["choices"][0]["message"]["role"] == "assistant"
@@ -122,13 +128,16 @@ def test_timesliced_endpoint_goes_away_and_comes_back() -> None:
     import time
 
     doc = {
-        "pools": [{"name": "ts", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b",
-                   "timeslice_group": "rl"}],
-        "timeslice_groups": {"rl": {
-            "resident_ms": {"distribution": "fixed", "value": 100},
-            "away_ms": {"distribution": "fixed", "value": 300},
-            "restore_ms": {"distribution": "fixed", "value": 50},
-        }},
+        "pools": [
+            {"name": "ts", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "timeslice_group": "rl"}
+        ],
+        "timeslice_groups": {
+            "rl": {
+                "resident_ms": {"distribution": "fixed", "value": 100},
+                "away_ms": {"distribution": "fixed", "value": 300},
+                "restore_ms": {"distribution": "fixed", "value": 50},
+            }
+        },
     }
     fleet = parse_fleet(doc)
     srv = FleetServer(fleet, [_free_port()])

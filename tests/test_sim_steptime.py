@@ -96,9 +96,10 @@ def test_gemm_shapes_are_looked_up_in_the_measured_table() -> None:
         for m in (1, 64, 512, 8192):
             measured = table[(m, int(n), int(k))]
             # Equal to the measurement, or to a larger-m measurement that ran faster (outlier clipping).
-            assert curve[grid.index(float(m))] == pytest.approx(measured, rel=1e-3) or curve[
-                grid.index(float(m))
-            ] < measured
+            assert (
+                curve[grid.index(float(m))] == pytest.approx(measured, rel=1e-3)
+                or curve[grid.index(float(m))] < measured
+            )
     # Between grid points the layer time is interpolated; beyond the largest m it grows in proportion.
     low, mid, high = stepper._gemms_ms(512), stepper._gemms_ms(640), stepper._gemms_ms(768)
     assert low <= mid <= high
@@ -175,8 +176,18 @@ def test_validation_rejects_missing_and_malformed_files(tmp_path: Path) -> None:
     bad = tmp_path / "bad.csv"
     with bad.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["model", "hardware", "prompt_size", "batch_size", "token_size", "prompt_time",
-                         "token_time", "tensor_parallel"])
+        writer.writerow(
+            [
+                "model",
+                "hardware",
+                "prompt_size",
+                "batch_size",
+                "token_size",
+                "prompt_time",
+                "token_time",
+                "tensor_parallel",
+            ]
+        )
         writer.writerow(["llama2-70b", "a100-80gb", "x", "1", "128", "1", "1", "2"])
     with pytest.raises(ValueError, match=r"bad.csv:2"):
         validate(bad)

@@ -142,7 +142,11 @@ def test_synthetic_spec_from_text() -> None:
     assert (spec.rate_rps, spec.requests, spec.burstiness, spec.prefix_share) == (20.0, 50, 4.0, 0.25)
     assert isinstance(spec.requests, int)
     assert len(load_workload("synthetic:requests=50", seed=1, limit=10)) == 10
-    for bad, problem in [("synthetic:rate=3", "bad parameter"), ("synthetic:requests=x", "number"),
-                         ("synthetic:prefix_share=2", "prefix_share"), ("synthetic:rate_rps=0", "> 0")]:
+    for bad, problem in [
+        ("synthetic:rate=3", "bad parameter"),
+        ("synthetic:requests=x", "number"),
+        ("synthetic:prefix_share=2", "prefix_share"),
+        ("synthetic:rate_rps=0", "> 0"),
+    ]:
         with pytest.raises(TraceError, match=problem):
             parse_synthetic(bad)

@@ -209,9 +209,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return self._call("Status", context, body)
 
 
-def start_grpc_server(
-    runtime: ServiceRuntime, host: str, port: int, max_workers: int = 4
-) -> tuple[grpc.Server, int]:
+def start_grpc_server(runtime: ServiceRuntime, host: str, port: int, max_workers: int = 4) -> tuple[grpc.Server, int]:
     """Start serving on host:port (0 = any free port); returns the server and the bound port."""
     limit = runtime.settings.max_body_bytes
     server = grpc.server(

@@ -76,9 +76,7 @@ def create_app(
         hot_paths[STRICT_PATH] = hot.predict_bulk_strict
     if settings.serves_training:
         hot_paths[TRAINING_PATH] = hot.add_training_data_bulk
-    app.add_middleware(
-        EdgeMiddleware, max_body_bytes=settings.max_body_bytes, runtime=runtime, hot_paths=hot_paths
-    )
+    app.add_middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes, runtime=runtime, hot_paths=hot_paths)
     app.add_exception_handler(FeatureError, feature_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
