@@ -12,8 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from leadtime.features.rows import Observation
-from leadtime.router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, split_by_role
+from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, split_by_role
 
 Scorer = Callable[[RouteRequest, Sequence[Candidate]], list[float]]
 Filter = Callable[[RouteRequest, Sequence[Candidate]], list[Candidate]]
@@ -107,7 +106,7 @@ class ScoringPolicy:
             return Pick(prefill.endpoint_id, decode.endpoint_id)
         return Pick(self._choose(request, roles.unified).endpoint_id)
 
-    def observe(self, observation: Observation) -> None:
+    def observe(self, outcome: Outcome) -> None:
         """Heuristics do not learn."""
 
 
@@ -142,7 +141,7 @@ class RandomPolicy:
             return Pick(self._rng.choice(roles.prefill).endpoint_id, self._rng.choice(roles.decode).endpoint_id)
         return Pick(self._rng.choice(roles.unified).endpoint_id)
 
-    def observe(self, observation: Observation) -> None:
+    def observe(self, outcome: Outcome) -> None:
         """Random does not learn."""
 
 
@@ -167,7 +166,7 @@ class RoundRobinPolicy:
             )
         return Pick(self._next("both", roles.unified).endpoint_id)
 
-    def observe(self, observation: Observation) -> None:
+    def observe(self, outcome: Outcome) -> None:
         """Round-robin does not learn."""
 
 

@@ -1,10 +1,11 @@
 """The routing-policy protocol: what a router (or the simulator) asks of any policy, and nothing more.
 
-A policy gets the request and one `Candidate` per endpoint (the endpoint's state as last scraped, plus how many
-of the request's prompt tokens that endpoint probably has cached) and returns a `Pick`. On a P/D-disaggregated
-fleet a pick is a pair: the endpoint that prefills and the one that decodes. When the request completes, the
-caller reports what happened through `observe`, so a learning policy learns as it routes; observations arrive
-late, exactly when the request finishes, as in production.
+A policy gets the request and one `Candidate` per endpoint (the endpoint's state as last published, when it was
+published, and how many of the request's prompt tokens that endpoint probably has cached) and returns a `Pick`.
+On a P/D-disaggregated fleet a pick is a pair: the endpoint that prefills and the one that decodes. A pick may
+carry the feature rows the policy scored and what it predicted, so that what is recorded and learned is what
+was decided on. When the request completes, the caller reports an `Outcome` through `observe`; outcomes arrive
+late, exactly when each request finishes, as in production.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 
 
 class NoCandidateError(ValueError):
@@ -32,14 +33,21 @@ class RouteRequest:
     block_hashes: tuple[int, ...] = ()
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
+    arrival_ms: float = 0.0
+    """On the router's clock, the one `Candidate.published_ms` is on."""
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One endpoint as the router sees it for this request."""
+    """One endpoint as the router sees it for this request.
+
+    `published_ms` says when `state` was taken: whatever the router sent the endpoint since then is not in it.
+    """
 
     state: EndpointState
     prefix_hit_tokens: int = 0
+    published_ms: float = 0.0
+    timeslice_group: str = ""
 
     @property
     def endpoint_id(self) -> str:
@@ -53,14 +61,40 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Pick:
-    """Where a request goes: one endpoint, or for P/D a prefill endpoint and a decode endpoint."""
+    """Where a request goes: one endpoint, or for P/D a prefill endpoint and a decode endpoint.
+
+    A policy that scored feature rows may hand them back (`row` for the endpoint that prefills, `decode_row` for
+    the decode endpoint) with its predictions, so that what is recorded is what it decided on; otherwise the
+    caller records the candidate's row as published.
+    """
 
     endpoint_id: str
     decode_endpoint_id: str | None = None
+    row: FeatureRow | None = None
+    decode_row: FeatureRow | None = None
+    predicted_ttft_ms: float | None = None
+    predicted_tpot_ms: float | None = None
 
     @property
     def is_pair(self) -> bool:
         return self.decode_endpoint_id is not None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one routed request, reported when it completes.
+
+    `ttft_ms` is what the client saw (on P/D it includes the KV transfer); `itl_ms` is the mean gap between
+    output tokens (0 for a request that produced one token only); `completed_ms` is on the router's clock.
+    """
+
+    request_id: str
+    endpoint_id: str
+    decode_endpoint_id: str | None
+    ttft_ms: float
+    itl_ms: float
+    output_tokens: int
+    completed_ms: float
 
 
 @runtime_checkable
@@ -73,8 +107,8 @@ class RoutingPolicy(Protocol):
         """Choose the endpoint (or P/D pair) for `request` among `candidates`."""
         ...
 
-    def observe(self, observation: Observation) -> None:
-        """Learn from a completed request (the row it was routed on plus actual TTFT/ITL)."""
+    def observe(self, outcome: Outcome) -> None:
+        """Learn from a completed request (the policy remembers what it decided on from the request id)."""
         ...
 
 

@@ -13,8 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from leadtime.features.rows import Observation
-from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest, split_by_role
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, split_by_role
 from leadtime.simulator.endpoint import SimRequest
 
 if TYPE_CHECKING:
@@ -65,5 +64,5 @@ class ClairvoyantPolicy:
         )
         return Pick(prefill.endpoint_id, decode.endpoint_id)
 
-    def observe(self, observation: Observation) -> None:
+    def observe(self, outcome: Outcome) -> None:
         """It already knows everything."""

@@ -18,10 +18,33 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.steptime import StepTimeModel
 
 MAX_DECODE_RUN = 4096
+
+# Standard normal draws that step noise indexes by a hash of (endpoint, step start): the same step of the same
+# endpoint gets the same factor in every run and in every what-if fork, whatever else happened meanwhile.
+_NORMALS: list[float] = [float(z) for z in np.random.default_rng(20261201).standard_normal(1 << 16)]
+
+
+@dataclass(frozen=True)
+class StepNoise:
+    """A real server's departures from the step-time model: a fixed speed factor of this endpoint (silicon,
+    clocks, thermals) and a log-normal factor on each planned step or run of decode steps (host scheduling,
+    kernel variance). Both have mean 1."""
+
+    speed: float = 1.0
+    jitter: float = 0.0
+    seed: int = 0
+
+    def factor(self, start_ms: float) -> float:
+        if self.jitter == 0.0:
+            return self.speed
+        z = _NORMALS[hash((self.seed, round(start_ms * 1000.0))) & 0xFFFF]
+        return self.speed * math.exp(self.jitter * z - 0.5 * self.jitter * self.jitter)
 
 
 @dataclass(eq=False)
@@ -100,6 +123,8 @@ class Endpoint:
         vLLM's `max_num_batched_tokens` and `max_num_seqs`.
     decode_runs
         Plan runs of decode steps in closed form (off for real-time serving, where each step is paced).
+    noise
+        Departures from the step-time model (none by default).
     """
 
     def __init__(
@@ -111,6 +136,7 @@ class Endpoint:
         max_batched_tokens: int = 8192,
         max_running: int = 256,
         decode_runs: bool = True,
+        noise: StepNoise = StepNoise(),
     ) -> None:
         self.endpoint_id = endpoint_id
         self.role = role
@@ -119,6 +145,7 @@ class Endpoint:
         self.max_batched_tokens = max_batched_tokens
         self.max_running = max_running
         self.decode_runs = decode_runs
+        self.noise = noise
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.plan: StepPlan | None = None
@@ -137,6 +164,7 @@ class Endpoint:
             self.max_batched_tokens,
             self.max_running,
             self.decode_runs,
+            self.noise,
         )
         copies = {id(r): r.copy() for r in (*self.waiting, *self.running)}
         other.waiting = deque(copies[id(r)] for r in self.waiting)
@@ -274,7 +302,7 @@ class Endpoint:
         chunks = [(n, r.computed) for r, n in entries if not r.decoding]
         decodes = [r for r, _ in entries if r.decoding]
         kv = float(sum(r.computed + 1 for r in decodes))
-        duration = self.stepper.step_ms(chunks, len(decodes), kv)
+        duration = self.stepper.step_ms(chunks, len(decodes), kv) * self.noise.factor(now_ms)
         return StepPlan(now_ms, now_ms + duration, entries)
 
     def _plan_decode_run(self, now_ms: float) -> StepPlan | None:
@@ -307,6 +335,8 @@ class Endpoint:
                 raise AssertionError("decode run allocation failed after a successful check")
             r.private_blocks += extra
         a, b = self.stepper.decode_affine(len(self.running))
+        scale = self.noise.factor(now_ms)
+        a, b = a * scale, b * scale
         kv0 = float(sum(r.computed + 1 for r in self.running))
         plan = StepPlan(now_ms, now_ms, [(r, 1) for r in self.running], steps, a, b, kv0)
         plan.end_ms = plan.run_end(steps)

@@ -24,14 +24,17 @@ from typing import cast
 from leadtime.features.catalog import get_model
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation
-from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest, RoutingPolicy
-from leadtime.simulator.endpoint import Endpoint, SimRequest, StepOutcome
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
+from leadtime.router_plugin.timeslice import GroupStatus
+from leadtime.simulator.endpoint import Endpoint, SimRequest, StepNoise, StepOutcome
 from leadtime.simulator.fleet import Fleet, TimesliceGroup
 from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.steptime import StepTimeModel
 from leadtime.simulator.workload import WorkloadRequest
 
-ARRIVAL, STEP, TRANSFER, TIMESLICE = 0, 1, 2, 3
+ARRIVAL, STEP, TRANSFER, TIMESLICE, JOIN = 0, 1, 2, 3, 4
+# The job names a time-slice group reports: the serving engine's, and the job it shares the accelerators with.
+SERVING_JOB, OTHER_JOB = "inference", "training"
 
 
 class SimulationError(RuntimeError):
@@ -40,12 +43,14 @@ class SimulationError(RuntimeError):
 
 @dataclass
 class Decision:
-    """What the router saw and chose for one request."""
+    """What the router decided on for one request (the rows it scored, or the candidates' rows as published)."""
 
     row: FeatureRow
     decode_row: FeatureRow | None
     endpoint_id: str
     decode_endpoint_id: str | None
+    predicted_ttft_ms: float | None = None
+    predicted_tpot_ms: float | None = None
 
 
 @dataclass
@@ -62,6 +67,12 @@ class CompletedRequest:
     prefix_hit_tokens: int
     preemptions: int
     transfer_ms: float
+    ttft_slo_ms: float = math.inf
+    itl_slo_ms: float = math.inf
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.ttft_ms <= self.ttft_slo_ms and self.itl_ms <= self.itl_slo_ms
 
 
 @dataclass
@@ -83,6 +94,7 @@ class SimResult:
     timeslice: dict[str, list[tuple[float, str]]]
     duration_ms: float
     preemptions: int
+    join_ms: float = 0.0
 
 
 def trusted_state(**fields: object) -> EndpointState:
@@ -99,13 +111,26 @@ def trusted_state(**fields: object) -> EndpointState:
 _STATE_FIELDS = tuple((f.name, f.default) for f in dataclasses.fields(EndpointState))
 
 
-def build_endpoints(fleet: Fleet, decode_runs: bool = True) -> list[Endpoint]:
+def build_endpoints(fleet: Fleet, decode_runs: bool = True, seed: int = 0) -> list[Endpoint]:
+    """The fleet's replicas; each draws its speed factor (the fleet's `speed_spread`) from `seed` and its index."""
     endpoints = []
-    for cfg in fleet.endpoints:
+    for index, cfg in enumerate(fleet.endpoints):
         stepper = StepTimeModel(cfg.accelerator, get_model(cfg.model), cfg.tensor_parallel, cfg.cuda_graphs)
         cache = KVCache(cfg.kv_blocks, cfg.block_size)
+        spread = fleet.speed_spread
+        z = random.Random(seed * 1_000_003 + index).gauss(0.0, 1.0)
+        noise = StepNoise(math.exp(spread * z - 0.5 * spread * spread), fleet.step_jitter, seed * 1_000_003 + index)
         endpoints.append(
-            Endpoint(cfg.endpoint_id, cfg.role, stepper, cache, cfg.max_batched_tokens, cfg.max_running, decode_runs)
+            Endpoint(
+                cfg.endpoint_id,
+                cfg.role,
+                stepper,
+                cache,
+                cfg.max_batched_tokens,
+                cfg.max_running,
+                decode_runs,
+                noise,
+            )
         )
     return endpoints
 
@@ -124,7 +149,8 @@ class FleetSimulator:
     seed
         Seeds the time-slice windows.
     ttft_slo_ms, tpot_slo_ms
-        Passed to the policy with each request.
+        Each request's SLOs when the fleet states none (its `slos` classes take precedence); passed to the
+        policy with the request.
     progress
         Called with the number of completed requests now and then.
     """
@@ -146,7 +172,7 @@ class FleetSimulator:
         self.ttft_slo_ms = ttft_slo_ms
         self.tpot_slo_ms = tpot_slo_ms
         self.progress = progress
-        self.endpoints = build_endpoints(fleet)
+        self.endpoints = build_endpoints(fleet, seed=seed)
         self.by_id = {e.endpoint_id: e for e in self.endpoints}
         self.configs = {c.endpoint_id: c for c in fleet.endpoints}
         for w in self.workload:
@@ -168,7 +194,7 @@ class FleetSimulator:
         self._next_publish = 0.0
         self._published: dict[str, tuple[int, int, float, int, int]] = {}
         self._frozen_at: dict[str, float] = {}
-        self._states: dict[str, tuple[tuple[float, str, float], EndpointState]] = {}
+        self._states: dict[str, tuple[tuple[float, str], EndpointState]] = {}
         self.groups: dict[str, GroupState] = {}
         self._group_of: dict[str, GroupState] = {}
         for name, spec in fleet.timeslice_groups.items():
@@ -178,6 +204,7 @@ class FleetSimulator:
                 self.groups[name] = group
                 for m in members:
                     self._group_of[m.endpoint_id] = group
+        self._joined: list[Endpoint] = [e for e in self.endpoints if self.configs[e.endpoint_id].join_ms <= 0]
         self.routing: SimRequest | None = None
         self.completed: list[CompletedRequest] = []
         self.observations: list[Observation] = []
@@ -226,17 +253,26 @@ class FleetSimulator:
             )
             self._frozen_at[eid] = self._published_at
 
-    def timeslice_view(self, endpoint_id: str) -> tuple[str, float]:
-        """(state, expected ms until resident) of an endpoint's time-slice group."""
+    def timeslice_view(self, endpoint_id: str) -> str:
+        """The residency an endpoint shows a router: `none` (not time-sliced), `resident`, `parked`, `switching`.
+
+        Routers are not told when a group will come back (the simulator knows; an orchestrator does not): a
+        policy that needs that estimates it from the group's history (`status`).
+        """
         group = self._group_of.get(endpoint_id)
+        return "none" if group is None else group.state
+
+    def status(self, group_name: str) -> GroupStatus | None:
+        """A time-slice group as its orchestrator reports it (router_plugin.timeslice's source protocol)."""
+        group = self.groups.get(group_name)
         if group is None:
-            return "none", 0.0
+            return None
+        since = group.history[-1][0] if group.history else 0.0
         if group.state == "resident":
-            return "resident", 0.0
-        remaining = max(0.0, group.until_ms - self.now)
+            return GroupStatus("LOCKED", SERVING_JOB, SERVING_JOB, 0, since)
         if group.state == "parked":
-            return "parked", remaining + group.spec.restore_ms.mean
-        return "switching", remaining
+            return GroupStatus("LOCKED", OTHER_JOB, OTHER_JOB, 1, since)
+        return GroupStatus("SWITCHING", "", SERVING_JOB, 0, since)
 
     def resume_time(self, endpoint_id: str) -> float | None:
         """When a non-resident endpoint will serve again (known to the simulator, not to routers)."""
@@ -252,12 +288,13 @@ class FleetSimulator:
         return max(self.now, self._link_free[endpoint_id])
 
     def candidates(self, request: SimRequest) -> list[Candidate]:
+        """Every endpoint that has joined, as published at the last publication instant."""
         out = []
-        for e in self.endpoints:
+        for e in self._joined:
             cfg = self.configs[e.endpoint_id]
             self._freeze(e)
-            ts_state, ts_wait = self.timeslice_view(e.endpoint_id)
-            key = (self._frozen_at[e.endpoint_id], ts_state, ts_wait)
+            ts_state = self.timeslice_view(e.endpoint_id)
+            key = (self._frozen_at[e.endpoint_id], ts_state)
             cached = self._states.get(e.endpoint_id)
             if cached is not None and cached[0] == key:
                 state = cached[1]
@@ -275,7 +312,6 @@ class FleetSimulator:
                     prefill_tokens_in_flight=prefill_tokens,
                     decode_tokens_in_flight=decode_tokens,
                     timeslice_state=ts_state,
-                    timeslice_wait_ms=ts_wait,
                 )
                 self._states[e.endpoint_id] = (key, state)
             hits = 0
@@ -283,18 +319,28 @@ class FleetSimulator:
                 usable = min(len(request.segments), request.input_tokens // request.segment_tokens)
                 matched = e.cache.matched_prefix(request.segments[:usable], self._published_at)
                 hits = min(matched * request.segment_tokens, request.input_tokens)
-            out.append(Candidate(state, hits))
+            out.append(Candidate(state, hits, self._published_at, cfg.timeslice_group or ""))
         return out
 
     # ----- handlers -------------------------------------------------------------------------------------------
 
+    def slo_of(self, rid: int) -> tuple[float, float]:
+        """(TTFT, ITL) SLO of request `rid`, the same whichever policy routes it."""
+        return self.fleet.slo_of(
+            rid,
+            self.ttft_slo_ms if self.ttft_slo_ms is not None else math.inf,
+            self.tpot_slo_ms if self.tpot_slo_ms is not None else math.inf,
+        )
+
     def _route(self, request: SimRequest) -> None:
+        ttft_slo, itl_slo = self.slo_of(request.rid)
         route = RouteRequest(
             request_id=str(request.rid),
             input_tokens=request.input_tokens,
             block_hashes=request.segments,
-            ttft_slo_ms=self.ttft_slo_ms,
-            tpot_slo_ms=self.tpot_slo_ms,
+            ttft_slo_ms=ttft_slo if math.isfinite(ttft_slo) else None,
+            tpot_slo_ms=itl_slo if math.isfinite(itl_slo) else None,
+            arrival_ms=self.now,
         )
         candidates = self.candidates(request)
         self.routing = request
@@ -302,9 +348,16 @@ class FleetSimulator:
         self.routing = None
         self._check_pick(pick)
         by_id = {c.endpoint_id: c for c in candidates}
-        decode_row = by_id[pick.decode_endpoint_id].row(route) if pick.decode_endpoint_id else None
+        decode_row = None
+        if pick.decode_endpoint_id is not None:
+            decode_row = pick.decode_row or by_id[pick.decode_endpoint_id].row(route)
         self._decisions[request.rid] = Decision(
-            by_id[pick.endpoint_id].row(route), decode_row, pick.endpoint_id, pick.decode_endpoint_id
+            pick.row or by_id[pick.endpoint_id].row(route),
+            decode_row,
+            pick.endpoint_id,
+            pick.decode_endpoint_id,
+            pick.predicted_ttft_ms,
+            pick.predicted_tpot_ms,
         )
         if pick.decode_endpoint_id is not None:
             request.prefill_only = True
@@ -326,10 +379,16 @@ class FleetSimulator:
 
     def _check_pick(self, pick: Pick) -> None:
         name = getattr(self.policy, "name", type(self.policy).__name__)
-        if pick.endpoint_id not in self.by_id:
+        joined = {e.endpoint_id for e in self._joined}
+        if pick.endpoint_id not in joined:
             raise SimulationError(f"policy {name!r} picked unknown endpoint {pick.endpoint_id!r}")
         if self.fleet.disaggregated:
-            if pick.decode_endpoint_id not in self.by_id:
+            if pick.decode_endpoint_id is None:
+                # Not disaggregated: a decode endpoint prefills the request itself (llm-d below its threshold).
+                if self.by_id[pick.endpoint_id].role != "decode":
+                    raise SimulationError(f"policy {name!r} must pick a decode endpoint (or a pair) on a P/D fleet")
+                return
+            if pick.decode_endpoint_id not in joined:
                 raise SimulationError(f"policy {name!r} must pick a decode endpoint on a P/D fleet")
             if self.by_id[pick.endpoint_id].role != "prefill" or self.by_id[pick.decode_endpoint_id].role != "decode":
                 raise SimulationError(f"policy {name!r} picked a pair with the wrong roles")
@@ -395,19 +454,24 @@ class FleetSimulator:
             prefix_hit_tokens=max(r.prefix_hit_tokens, 0),
             preemptions=r.preemptions,
             transfer_ms=self._transfer_ms.pop(r.rid, 0.0),
+            ttft_slo_ms=self.slo_of(r.rid)[0],
+            itl_slo_ms=self.slo_of(r.rid)[1],
         )
         self.completed.append(done)
         stamp = self.now / 1e3
+        predicted_ttft, predicted_tpot = decision.predicted_ttft_ms, decision.predicted_tpot_ms
         if decision.decode_row is None:
-            observations = [Observation(decision.row, ttft, itl, timestamp=stamp)]
+            self.observations.append(
+                Observation(decision.row, ttft, itl, predicted_ttft, predicted_tpot if itl > 0 else None, stamp)
+            )
         else:
-            observations = [
-                Observation(decision.row, ttft, 0.0, timestamp=stamp),
-                Observation(decision.decode_row, 0.0, itl, timestamp=stamp),
-            ]
-        for obs in observations:
-            self.observations.append(obs)
-            self.policy.observe(obs)
+            self.observations.append(Observation(decision.row, ttft, 0.0, predicted_ttft, None, stamp))
+            self.observations.append(
+                Observation(decision.decode_row, 0.0, itl, None, predicted_tpot if itl > 0 else None, stamp)
+            )
+        self.policy.observe(
+            Outcome(str(r.rid), decision.endpoint_id, decision.decode_endpoint_id, ttft, itl, r.output_tokens, self.now)
+        )
         if self.progress is not None and (len(self.completed) % 200 == 0 or len(self.completed) == len(self.workload)):
             self.progress(len(self.completed))
 
@@ -436,7 +500,15 @@ class FleetSimulator:
 
     # ----- the loop -----------------------------------------------------------------------------------------
 
+    def _on_join(self, endpoint: Endpoint) -> None:
+        """A scaled-out endpoint starts taking traffic (empty, cold cache)."""
+        self._joined.append(endpoint)
+
     def run(self) -> SimResult:
+        for e in self.endpoints:  # pushed first: an endpoint joining at a request's arrival instant is offered to it
+            join_ms = self.configs[e.endpoint_id].join_ms
+            if join_ms > 0:
+                self._push(join_ms, JOIN, e)
         for rid, w in enumerate(self.workload):
             request = SimRequest(rid, w.arrival_ms, w.input_tokens, w.output_tokens, w.segments, w.segment_tokens)
             self._push(w.arrival_ms, ARRIVAL, request)
@@ -465,6 +537,9 @@ class FleetSimulator:
             elif kind == TRANSFER:
                 assert isinstance(payload, SimRequest)
                 self._on_transfer(payload)
+            elif kind == JOIN:
+                assert isinstance(payload, Endpoint)
+                self._on_join(payload)
             else:
                 assert isinstance(payload, GroupState)
                 self._on_timeslice(payload)
@@ -492,4 +567,5 @@ class FleetSimulator:
             timeslice={name: g.history for name, g in self.groups.items()},
             duration_ms=self.now,
             preemptions=sum(e.preemptions for e in self.endpoints),
+            join_ms=self.fleet.join_ms,
         )

@@ -81,6 +81,26 @@ class PoolSpec(BaseModel):
     block_size: int = Field(default=16, ge=1)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     cuda_graphs: bool = True
+    join_at_s: float = Field(default=0.0, ge=0)
+    """A scale-out: the pool's endpoints start empty at this time and are offered to routers from then on."""
+
+
+class SloClassSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    share: float = Field(default=1.0, gt=0)
+    ttft_ms: float = Field(gt=0)
+    itl_ms: float = Field(gt=0)
+
+
+class RealismSpec(BaseModel):
+    """What a real server adds to the step-time model's physics, so that a predictor built on the same physics
+    does not find the simulator easier than a real fleet."""
+
+    model_config = ConfigDict(extra="forbid")
+    step_jitter: float = Field(default=0.0, ge=0, le=1)
+    """σ of a log-normal factor drawn for each planned step (or run of decode steps) of each endpoint."""
+    speed_spread: float = Field(default=0.0, ge=0, le=1)
+    """σ of a log-normal factor drawn once per endpoint: two endpoints of one class are not equally fast."""
 
 
 class FleetSpec(BaseModel):
@@ -90,6 +110,9 @@ class FleetSpec(BaseModel):
     kv_link_gb_s: float = Field(default=25.0, gt=0)
     pools: list[PoolSpec] = Field(min_length=1)
     timeslice_groups: dict[str, TimesliceSpec] = {}
+    slos: list[SloClassSpec] = Field(default_factory=list)
+    """Request classes by share of the traffic, each with its TTFT and ITL SLOs; empty: the command's SLOs."""
+    realism: RealismSpec = RealismSpec()
 
 
 @dataclass(frozen=True)
@@ -132,6 +155,7 @@ class EndpointConfig:
     block_size: int
     kv_blocks: int
     cuda_graphs: bool
+    join_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -143,16 +167,43 @@ class TimesliceGroup:
 
 
 @dataclass(frozen=True)
+class SloClass:
+    share: float
+    ttft_ms: float
+    itl_ms: float
+
+
+@dataclass(frozen=True)
 class Fleet:
     name: str
     refresh_ms: float
     kv_link_gb_s: float
     endpoints: tuple[EndpointConfig, ...]
     timeslice_groups: dict[str, TimesliceGroup]
+    slos: tuple[SloClass, ...] = ()
+    step_jitter: float = 0.0
+    speed_spread: float = 0.0
 
     @property
     def disaggregated(self) -> bool:
         return any(e.role != "both" for e in self.endpoints)
+
+    @property
+    def join_ms(self) -> float:
+        """When the last pool joins (0 without a scale-out)."""
+        return max((e.join_ms for e in self.endpoints), default=0.0)
+
+    def slo_of(self, rid: int, default_ttft_ms: float, default_itl_ms: float) -> tuple[float, float]:
+        """The (TTFT, ITL) SLO of request `rid`: its class by a fixed hash of the id, the same for every policy."""
+        if not self.slos:
+            return default_ttft_ms, default_itl_ms
+        total = sum(c.share for c in self.slos)
+        u = ((rid * 2654435761) % 2**32) / 2**32 * total
+        for c in self.slos:
+            if u < c.share:
+                return c.ttft_ms, c.itl_ms
+            u -= c.share
+        return self.slos[-1].ttft_ms, self.slos[-1].itl_ms
 
 
 def kv_blocks(pool: PoolSpec) -> int:
@@ -202,13 +253,26 @@ def build_fleet(spec: FleetSpec) -> Fleet:
                     block_size=pool.block_size,
                     kv_blocks=blocks,
                     cuda_graphs=pool.cuda_graphs,
+                    join_ms=pool.join_at_s * 1e3,
                 )
             )
     groups = {
         name: TimesliceGroup(name, _distribution(g.resident_ms), _distribution(g.away_ms), _distribution(g.restore_ms))
         for name, g in spec.timeslice_groups.items()
     }
-    return Fleet(spec.name, spec.refresh_ms, spec.kv_link_gb_s, tuple(endpoints), groups)
+    if spec.pools and all(p.join_at_s > 0 for p in spec.pools):
+        raise FleetError("pools: at least one pool must be there from the start (join_at_s 0)")
+    slos = tuple(SloClass(c.share, c.ttft_ms, c.itl_ms) for c in spec.slos)
+    return Fleet(
+        spec.name,
+        spec.refresh_ms,
+        spec.kv_link_gb_s,
+        tuple(endpoints),
+        groups,
+        slos,
+        spec.realism.step_jitter,
+        spec.realism.speed_spread,
+    )
 
 
 def _describe(err: ValidationError) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from leadtime.features.catalog import get_model
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
-from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import FleetSimulator, SimulationError
 from leadtime.simulator.fleet import FleetError, parse_fleet
@@ -158,8 +158,8 @@ def test_observations_arrive_at_completion_with_decision_time_features() -> None
         def attach(self, sim: FleetSimulator) -> None:
             self.sim = sim
 
-        def observe(self, observation: object) -> None:
-            self.seen.append((self.sim.now, observation.timestamp * 1e3))  # type: ignore[attr-defined]
+        def observe(self, outcome: Outcome) -> None:
+            self.seen.append((self.sim.now, outcome.completed_ms))
 
     workload = [WorkloadRequest(i * 10.0, 500, 20) for i in range(10)]
     policy = Recorder([])
@@ -242,7 +242,8 @@ def test_timeslice_unavailability_shows_in_latency() -> None:
     states = [s for _, s in shared.timeslice["rl"]]
     assert states[:4] == ["resident", "parked", "switching", "resident"]
     parked = [o for o in shared.observations if o.row.endpoint.timeslice_state == "parked"]
-    assert parked and all(o.row.endpoint.timeslice_wait_ms > 0 for o in parked)
+    # Routers see that the group is away, not when it will be back (only the orchestrator's status is public).
+    assert parked and all(o.row.endpoint.timeslice_wait_ms == 0 for o in parked)
 
 
 def test_clairvoyant_ttft_is_exact_for_an_idle_endpoint() -> None:
@@ -464,3 +465,112 @@ def test_same_instant_burst_queues_behind_requests_the_router_cannot_yet_see() -
     one_step = sim.by_id["h100-0"].stepper.step_ms([(1500, 0)], 0, 0.0)
     assert ttfts[0] == pytest.approx(one_step)  # the first woke the idle endpoint and ran alone
     assert all(t > ttfts[0] + one_step for t in ttfts[1:])  # the rest waited for that step, then prefilled
+
+
+# ------------------------------------------------------------------------------ routing-benchmark features
+
+
+class _Scripted(RoundRobinPolicy):
+    """Round-robin that records what it was offered and hands back a row and predictions with each pick."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offered: list[tuple[float, list[str]]] = []
+        self.requests: list[RouteRequest] = []
+        self.outcomes: list[Outcome] = []
+
+    def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        self.offered.append((request.arrival_ms, [c.endpoint_id for c in candidates]))
+        self.requests.append(request)
+        chosen = super().pick(request, candidates)
+        scored = dataclasses.replace(candidates[0].row(request), endpoint=candidates[0].state)
+        return dataclasses.replace(chosen, row=scored, predicted_ttft_ms=123.0, predicted_tpot_ms=7.0)
+
+    def observe(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def test_a_scaled_out_pool_is_offered_only_from_its_join_time_and_starts_empty() -> None:
+    spec = {
+        "pools": [
+            {"name": "old", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+            {"name": "new", "count": 2, "accelerator": "h200-sxm", "model": "llama-3.1-8b", "join_at_s": 1.0},
+        ]
+    }
+    fleet = parse_fleet(spec)
+    assert fleet.join_ms == 1000.0
+    workload = [WorkloadRequest(i * 100.0, 300, 5) for i in range(20)]
+    policy = _Scripted()
+    result = FleetSimulator(fleet, workload, policy).run()
+    for arrival, offered in policy.offered:
+        assert any(e.startswith("new") for e in offered) == (arrival >= 1000.0)
+    assert result.join_ms == 1000.0
+    assert {c.endpoint_id for c in result.completed if c.arrival_ms >= 1000} & {"new-0", "new-1"}
+    with pytest.raises(FleetError, match="from the start"):
+        parse_fleet({"pools": [{**spec["pools"][1], "name": "only"}]})
+
+
+def test_slo_classes_are_drawn_per_request_the_same_for_every_policy() -> None:
+    fleet = parse_fleet(
+        _fleet(slos=[{"share": 3, "ttft_ms": 500, "itl_ms": 40}, {"share": 1, "ttft_ms": 4000, "itl_ms": 120}])
+    )
+    classes = [fleet.slo_of(rid, 1.0, 1.0) for rid in range(4000)]
+    assert set(classes) == {(500.0, 40.0), (4000.0, 120.0)}
+    assert classes.count((500.0, 40.0)) / len(classes) == pytest.approx(0.75, abs=0.03)
+    workload = [WorkloadRequest(i * 50.0, 200, 4) for i in range(12)]
+    policy = _Scripted()
+    result = FleetSimulator(fleet, workload, policy).run()
+    assert [(r.ttft_slo_ms, r.tpot_slo_ms) for r in policy.requests] == [fleet.slo_of(i, 1, 1) for i in range(12)]
+    assert all((c.ttft_slo_ms, c.itl_slo_ms) == fleet.slo_of(c.rid, 1, 1) for c in result.completed)
+    # Without classes, the command's SLOs apply to every request.
+    plain = FleetSimulator(parse_fleet(_fleet()), workload, _Scripted(), ttft_slo_ms=900, tpot_slo_ms=90).run()
+    assert all((c.ttft_slo_ms, c.itl_slo_ms) == (900, 90) for c in plain.completed)
+
+
+def test_picks_may_carry_the_rows_and_predictions_that_are_recorded() -> None:
+    workload = [WorkloadRequest(i * 30.0, 400, 6) for i in range(8)]
+    policy = _Scripted()
+    result = FleetSimulator(parse_fleet(_fleet()), workload, policy).run()
+    assert all(o.predicted_ttft_ms == 123.0 and o.predicted_tpot_ms == 7.0 for o in result.observations)
+    assert all(o.row.endpoint.endpoint_id == "h100-0" for o in result.observations)  # the row handed back
+    assert sorted(int(o.request_id) for o in policy.outcomes) == list(range(8))
+    assert all(o.ttft_ms > 0 and o.itl_ms > 0 and o.output_tokens == 6 for o in policy.outcomes)
+
+
+def test_step_noise_is_deterministic_mean_one_and_absent_by_default() -> None:
+    workload = [WorkloadRequest(i * 40.0, 600, 30) for i in range(40)]
+    plain = parse_fleet(_fleet())
+    noisy = parse_fleet(_fleet(realism={"step_jitter": 0.2, "speed_spread": 0.1}))
+
+    def ttfts(fleet: object, seed: int = 0) -> list[float]:
+        return [c.ttft_ms for c in FleetSimulator(fleet, workload, RoundRobinPolicy(), seed=seed).run().completed]  # type: ignore[arg-type]
+
+    assert ttfts(plain) == ttfts(plain, seed=5)  # no noise: the seed does not matter
+    a, b = ttfts(noisy), ttfts(noisy)
+    assert a == b and a != ttfts(plain)
+    ratio = sum(a) / sum(ttfts(plain))
+    assert 0.7 < ratio < 1.4
+
+
+def test_a_pd_fleet_accepts_a_decode_endpoint_prefilling_locally() -> None:
+    spec = {
+        "pools": [
+            {"name": "p", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "prefill"},
+            {"name": "d", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
+        ]
+    }
+
+    class Local(RoundRobinPolicy):
+        def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+            return Pick("d-0")
+
+    result = FleetSimulator(parse_fleet(spec), [WorkloadRequest(0.0, 300, 5)], Local()).run()
+    (done,) = result.completed
+    assert done.endpoint_id == "d-0" and done.decode_endpoint_id is None and done.transfer_ms == 0.0
+
+    class Wrong(RoundRobinPolicy):
+        def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+            return Pick("p-0")
+
+    with pytest.raises(SimulationError, match="decode endpoint"):
+        FleetSimulator(parse_fleet(spec), [WorkloadRequest(0.0, 300, 5)], Wrong()).run()

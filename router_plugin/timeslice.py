@@ -1,0 +1,126 @@
+"""Time-sliced accelerators: which endpoints can serve now, and how long the others will keep a request waiting.
+
+An orchestrator (llm-d's co-operative time-slicing) grants an accelerator group to one job at a time from a FIFO
+queue: `Acquire` blocks until granted, `Yield` hands it back. It reports each group as IDLE, IDLE_YIELDED, LOCKED
+or SWITCHING with the job that holds it (`active_job`), the job whose weights are resident (`loaded_job`) and the
+number of waiters. An endpoint serves only while its own job holds the group and is loaded; after a swap its
+prefix cache is gone.
+
+Nobody tells the router when the other job will yield: `ResidencyTracker` learns it from what it sees, the
+lengths of past away periods and restores, and estimates the remaining wait of a group that is away now as the
+mean residual life of the away periods seen so far (the mean of what is left of those that lasted longer than
+this one has already) plus the mean restore.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+GROUP_STATES = ("IDLE", "IDLE_YIELDED", "LOCKED", "SWITCHING")
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """One accelerator group as the orchestrator reports it; `since_ms` is when it entered `state`."""
+
+    state: str
+    active_job: str
+    loaded_job: str
+    waiters: int = 0
+    since_ms: float = 0.0
+
+    def serves(self, job: str) -> bool:
+        """True when `job` holds the group and its weights are resident: its endpoints can serve."""
+        return self.state == "LOCKED" and self.active_job == job and self.loaded_job == job
+
+
+class TimesliceSource(Protocol):
+    """Where group states come from (the simulator, a file, an orchestrator's HTTP endpoint)."""
+
+    def status(self, group: str) -> GroupStatus | None:
+        """The group's current status, or None if the source does not know the group."""
+        ...
+
+
+@dataclass
+class _GroupHistory:
+    serving: bool = True
+    since_ms: float = 0.0
+    away_since_ms: float | None = None
+    switching_since_ms: float | None = None
+    away: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    restore: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+
+
+class ResidencyTracker:
+    """Learns each group's away and restore times from status changes and predicts the wait until it serves.
+
+    Parameters
+    ----------
+    job
+        The serving job's name as the orchestrator reports it.
+    prior_away_ms, prior_restore_ms
+        Used until a group has been seen away (or restoring) once: a first guess, replaced by what is seen.
+
+    >>> tracker = ResidencyTracker("inference")
+    >>> tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, 1000.0), now_ms=1000.0)
+    >>> tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, 4000.0), now_ms=4000.0)
+    >>> tracker.update("g", GroupStatus("LOCKED", "inference", "inference", 0, 4080.0), now_ms=4080.0)
+    >>> tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, 9000.0), now_ms=9000.0)
+    >>> round(tracker.expected_wait_ms("g", now_ms=10000.0))  # 3 s away seen once, 1 s of it gone, 80 ms restore
+    2080
+    """
+
+    def __init__(self, job: str, prior_away_ms: float = 5000.0, prior_restore_ms: float = 100.0) -> None:
+        self.job = job
+        self.prior_away_ms = prior_away_ms
+        self.prior_restore_ms = prior_restore_ms
+        self._groups: dict[str, _GroupHistory] = {}
+
+    def update(self, group: str, status: GroupStatus, now_ms: float) -> None:
+        """Record the group's status as seen now (call it whenever the router looks)."""
+        h = self._groups.setdefault(group, _GroupHistory(since_ms=status.since_ms))
+        serving = status.serves(self.job)
+        if serving and not h.serving:
+            if h.switching_since_ms is not None:
+                h.restore.append(max(0.0, status.since_ms - h.switching_since_ms))
+            if h.away_since_ms is not None:
+                ended = h.switching_since_ms if h.switching_since_ms is not None else status.since_ms
+                h.away.append(max(0.0, ended - h.away_since_ms))
+            h.away_since_ms = h.switching_since_ms = None
+        elif not serving:
+            if h.serving:
+                h.away_since_ms = status.since_ms
+            if status.state == "SWITCHING" and h.switching_since_ms is None:
+                h.switching_since_ms = status.since_ms
+        h.serving = serving
+        h.since_ms = status.since_ms
+
+    def serving(self, group: str) -> bool:
+        h = self._groups.get(group)
+        return True if h is None else h.serving
+
+    def swapped_in_at(self, group: str) -> float:
+        """When the group last became servable (its prefix cache is empty from then on)."""
+        h = self._groups.get(group)
+        return 0.0 if h is None or not h.serving else h.since_ms
+
+    def expected_wait_ms(self, group: str, now_ms: float) -> float:
+        """Expected ms until the group serves again (0 if it serves now)."""
+        h = self._groups.get(group)
+        if h is None or h.serving:
+            return 0.0
+        restore = sum(h.restore) / len(h.restore) if h.restore else self.prior_restore_ms
+        if h.switching_since_ms is not None:
+            return max(0.0, restore - (now_ms - h.switching_since_ms))
+        elapsed = now_ms - (h.away_since_ms if h.away_since_ms is not None else h.since_ms)
+        longer = [a - elapsed for a in h.away if a > elapsed]
+        if longer:
+            residual = sum(longer) / len(longer)
+        elif h.away:
+            residual = sum(h.away) / len(h.away)  # longer than all seen so far: expect about one more mean
+        else:
+            residual = max(0.0, self.prior_away_ms - elapsed)
+        return residual + restore
