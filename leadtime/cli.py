@@ -303,6 +303,67 @@ def bench_sim(
     print_report(report, as_json=json_out)
 
 
+@bench_app.command("routing")
+def bench_routing(
+    trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
+    max_requests: Annotated[int, typer.Option(help="Requests of the trace replayed on each fleet.")] = 3000,
+    seed: Annotated[int, typer.Option(help="First seed (time-slice windows, step noise, policies' tie-breaks).")] = 0,
+    seeds: Annotated[int, typer.Option(help="Seeds to average over (seed, seed+1, ...).")] = 1,
+    fleet: Annotated[list[str] | None, typer.Option(help="Only these fleets (repeatable); default: all six.")] = None,
+    policy: Annotated[list[str] | None, typer.Option(help="Only these policies (repeatable).")] = None,
+    workers: Annotated[int, typer.Option(help="Simulations run in parallel processes.")] = 2,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Directory for the plots and report.json.")] = None,
+) -> None:
+    """Goodput of every routing policy on six fleets at two loads, side by side in one run."""
+    from leadtime.bench.routing import FLEETS, RoutingOptions, print_report, run_routing, write_plots
+
+    if max_requests < 100:
+        _fail("--max-requests must be ≥ 100")
+    if seeds < 1 or workers < 1:
+        _fail("--seeds and --workers must be ≥ 1")
+    unknown = [f for f in fleet or [] if f not in FLEETS]
+    if unknown:
+        _fail(f"--fleet {unknown[0]!r}: not a benchmark fleet (known: {', '.join(FLEETS)})")
+    options = RoutingOptions(
+        trace=trace,
+        max_requests=max_requests,
+        seed=seed,
+        seeds=seeds,
+        fleets=tuple(fleet) if fleet else FLEETS,
+        policies=tuple(policy) if policy else None,
+        workers=workers,
+    )
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with bar:
+        task = bar.add_task("routing", total=None)
+
+        def tick(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        try:
+            report, curves = run_routing(options, progress=tick)
+        except (FeatureError, OSError, ValueError, RuntimeError) as err:
+            _fail(err)
+    if out is not None:
+        import json
+
+        files = write_plots(report, curves, out)
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        report["outputs"] = [str(p) for p in [*files, out / "report.json"]]
+    print_report(report, as_json=json_out)
+
+
 @sim_app.command("fleets")
 def sim_fleets() -> None:
     """List the fleets and traces that ship with Leadtime (usable by name in --fleet and --trace)."""

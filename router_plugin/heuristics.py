@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, split_by_role
+from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
 
 Scorer = Callable[[RouteRequest, Sequence[Candidate]], list[float]]
 Filter = Callable[[RouteRequest, Sequence[Candidate]], list[Candidate]]
@@ -22,27 +23,6 @@ def resident_filter(request: RouteRequest, candidates: Sequence[Candidate]) -> l
     """Drop time-sliced endpoints that are not resident, unless that would drop them all."""
     kept = [c for c in candidates if c.state.timeslice_state in ("none", "resident")]
     return kept or list(candidates)
-
-
-def prefix_cache_scorer(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
-    """Share of the prompt the endpoint already holds."""
-    if request.input_tokens <= 0:
-        return [0.0] * len(candidates)
-    return [min(c.prefix_hit_tokens, request.input_tokens) / request.input_tokens for c in candidates]
-
-
-def queue_scorer(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
-    """Waiting queue, min-max normalised over the candidates: the shortest queue scores 1 (all equal: 1)."""
-    queues = [c.state.num_request_waiting for c in candidates]
-    low, high = min(queues), max(queues)
-    if high == low:
-        return [1.0] * len(candidates)
-    return [(high - q) / (high - low) for q in queues]
-
-
-def kv_utilization_scorer(request: RouteRequest, candidates: Sequence[Candidate]) -> list[float]:
-    """Free share of the KV cache."""
-    return [1.0 - c.state.kv_cache_percentage for c in candidates]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ prefix cache is gone.
 Nobody tells the router when the other job will yield: `ResidencyTracker` learns it from what it sees, the
 lengths of past away periods and restores, and estimates the remaining wait of a group that is away now as the
 mean residual life of the away periods seen so far (the mean of what is left of those that lasted longer than
-this one has already) plus the mean restore.
+this one has already; about one more mean once it has outlasted them all) plus the mean restore.
 """
 
 from __future__ import annotations
@@ -116,11 +116,8 @@ class ResidencyTracker:
         if h.switching_since_ms is not None:
             return max(0.0, restore - (now_ms - h.switching_since_ms))
         elapsed = now_ms - (h.away_since_ms if h.away_since_ms is not None else h.since_ms)
-        longer = [a - elapsed for a in h.away if a > elapsed]
-        if longer:
-            residual = sum(longer) / len(longer)
-        elif h.away:
-            residual = sum(h.away) / len(h.away)  # longer than all seen so far: expect about one more mean
-        else:
-            residual = max(0.0, self.prior_away_ms - elapsed)
+        away = list(h.away) or [self.prior_away_ms]  # the prior counts as one period until one is seen
+        longer = [a - elapsed for a in away if a > elapsed]
+        # Longer than every period seen so far: expect about one more mean.
+        residual = sum(longer) / len(longer) if longer else sum(away) / len(away)
         return residual + restore

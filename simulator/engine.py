@@ -17,6 +17,7 @@ import dataclasses
 import heapq
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -95,6 +96,7 @@ class SimResult:
     duration_ms: float
     preemptions: int
     join_ms: float = 0.0
+    decision_ms: list[float] = field(default_factory=list)
 
 
 def trusted_state(**fields: object) -> EndpointState:
@@ -208,6 +210,7 @@ class FleetSimulator:
         self.routing: SimRequest | None = None
         self.completed: list[CompletedRequest] = []
         self.observations: list[Observation] = []
+        self.decision_ms: list[float] = []  # wall-clock time of each policy.pick
         attach = getattr(policy, "attach", None)
         if callable(attach):
             attach(self)
@@ -344,7 +347,9 @@ class FleetSimulator:
         )
         candidates = self.candidates(request)
         self.routing = request
+        started = time.perf_counter()
         pick = self.policy.pick(route, candidates)
+        self.decision_ms.append((time.perf_counter() - started) * 1e3)
         self.routing = None
         self._check_pick(pick)
         by_id = {c.endpoint_id: c for c in candidates}
@@ -568,4 +573,5 @@ class FleetSimulator:
             duration_ms=self.now,
             preemptions=sum(e.preemptions for e in self.endpoints),
             join_ms=self.fleet.join_ms,
+            decision_ms=self.decision_ms,
         )

@@ -12,14 +12,15 @@ from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.simulator.clairvoyant import ClairvoyantPolicy
 from leadtime.simulator.engine import FleetSimulator, SimResult
 from leadtime.simulator.fleet import Fleet, load_fleet
+from leadtime.simulator.learning_policies import LEADTIME_POLICIES, learning_factories
 from leadtime.simulator.report import summarize, write_observations, write_plots
 from leadtime.simulator.workload import WorkloadRequest, load_workload, shape
 
-POLICY_NAMES = ("random", "round-robin", "least-queue", "llm-d", "clairvoyant")
+POLICY_NAMES = ("random", "round-robin", "least-queue", "llm-d", "clairvoyant", *LEADTIME_POLICIES)
 
 
-def make_policy(name: str, seed: int = 0) -> RoutingPolicy:
-    """A fresh policy by name (see POLICY_NAMES)."""
+def make_policy(name: str, seed: int = 0, fleet: Fleet | None = None) -> RoutingPolicy:
+    """A fresh policy by name (see POLICY_NAMES); learning policies need the fleet they will route."""
     factories: dict[str, Callable[[], RoutingPolicy]] = {
         "random": lambda: RandomPolicy(seed),
         "round-robin": RoundRobinPolicy,
@@ -27,7 +28,18 @@ def make_policy(name: str, seed: int = 0) -> RoutingPolicy:
         "llm-d": lambda: LlmdHeuristicPolicy(seed=seed),
         "clairvoyant": ClairvoyantPolicy,
     }
+    factories.update(
+        {
+            "round_robin": factories["round-robin"],
+            "least_queue": factories["least-queue"],
+            "llmd_heuristic": factories["llm-d"],
+        }
+    )
+    if fleet is not None:
+        factories.update(learning_factories(fleet, seed))
     if name not in factories:
+        if name in LEADTIME_POLICIES:
+            raise ValueError(f"policy {name!r} learns: it needs the fleet it routes")
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
     return factories[name]()
 
@@ -53,7 +65,7 @@ def run_policies(
     results = []
     total = len(workload)
     for name in policies:
-        policy = make_policy(name, options.seed)
+        policy = make_policy(name, options.seed, fleet)
         tick = (lambda n, name=name: progress(name, n, total)) if progress is not None else None
         sim = FleetSimulator(
             fleet,

@@ -154,6 +154,40 @@ def shape(
     ]
 
 
+def spread_steps(requests: list[WorkloadRequest], seed: int = 0) -> list[WorkloadRequest]:
+    """Spread requests that share a timestamp over the trace's timestamp step, in their order.
+
+    Some traces record arrivals in coarse steps (Mooncake's come every 3 s, about ten at a time); replayed as
+    they are, every step is a same-instant burst. The step is the median gap between distinct timestamps; the
+    k-th of n requests stamped t arrives at t + step · (k + u) / n with u uniform in [0, 1) (seeded): as many
+    arrivals per step as recorded, evenly but not regularly spaced. A trace without repeated timestamps is
+    returned as it is.
+
+    >>> reqs = [WorkloadRequest(t, 10, 1) for t in (0.0, 0.0, 0.0, 0.0, 3000.0, 6000.0)]
+    >>> [round(r.arrival_ms) for r in spread_steps(reqs)]
+    [633, 1318, 1815, 2444, 3000, 6000]
+    """
+    ordered = sorted(requests, key=lambda r: r.arrival_ms)
+    stamps = sorted({r.arrival_ms for r in ordered})
+    if len(stamps) == len(ordered) or len(stamps) < 2:
+        return ordered
+    gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
+    step = gaps[len(gaps) // 2]
+    rng = random.Random(seed)
+    out: list[WorkloadRequest] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j < len(ordered) and ordered[j].arrival_ms == ordered[i].arrival_ms:
+            j += 1
+        n = j - i
+        for k, r in enumerate(ordered[i:j]):
+            at = r.arrival_ms + step * (k + rng.random()) / n if n > 1 else r.arrival_ms
+            out.append(WorkloadRequest(at, r.input_tokens, r.output_tokens, r.segments, r.segment_tokens))
+        i = j
+    return sorted(out, key=lambda r: r.arrival_ms)
+
+
 @dataclass(frozen=True)
 class SyntheticSpec:
     """Synthetic traffic.

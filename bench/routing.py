@@ -1,0 +1,442 @@
+"""`leadtime bench routing`: every router a user could pick instead, and Leadtime, side by side on six fleets.
+
+For each fleet the same requests (the first `max_requests` of the trace, arrivals spread over the trace's
+timestamp steps, see `simulator.workload.spread_steps`) are replayed at two rates: a base rate that loads the
+fleet to `LOAD_TARGET` of its capacity, and 1.5× that. A fleet's capacity is measured, not configured: the first
+`CAPACITY_PROBE` requests are offered all at once to the fleet under least-queue routing, and its capacity is the
+rate at which it completes the middle 80% of them. Every policy sees the same requests, seed and SLOs (each
+request's SLO class is drawn by the fleet file's `slos` from its id). Goodput is the number of requests that met
+both of their SLOs per second of the arrival window.
+
+Runs go to `workers` processes; with `seeds` > 1 every figure is the mean over seeds 0..K−1 (or from `seed`),
+with its range beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FLEETS = ("homogeneous", "mixed", "pd", "pd_hetero", "timesliced", "large")
+PEERS = ("round_robin", "least_queue", "llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache")
+REFERENCE = "clairvoyant"
+LEADTIME = "leadtime"
+ABLATIONS: dict[str, tuple[str, ...]] = {
+    "leadtime_no_inflight": FLEETS,
+    "leadtime_no_hardware": ("mixed", "large"),
+    "leadtime_decode_first": ("pd", "pd_hetero"),
+    "leadtime_no_timeslice": ("timesliced",),
+}
+LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS)
+LOADS = {"base": 1.0, "high": 1.5}
+LOAD_TARGET = 0.85
+CAPACITY_PROBE = 1200
+AFTER_JOIN_S = 120.0
+DEFAULT_SLO_MS = (2000.0, 100.0)  # (TTFT, ITL) for a fleet file that states no SLO classes
+
+
+@dataclass(frozen=True)
+class RoutingOptions:
+    trace: str = "mooncake"
+    max_requests: int = 3000
+    seed: int = 0
+    seeds: int = 1
+    fleets: tuple[str, ...] = FLEETS
+    policies: tuple[str, ...] | None = None  # None: every policy that applies to the fleet
+    workers: int = 2
+
+
+def policies_for(fleet: str, only: Sequence[str] | None = None) -> list[str]:
+    """The policies run on `fleet`: the peers, the clairvoyant reference, Leadtime and the ablations that act there."""
+    names = [*PEERS, REFERENCE, LEADTIME, *(a for a, where in ABLATIONS.items() if fleet in where)]
+    return [n for n in names if only is None or n in only]
+
+
+# ----- one simulation -----------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=16)
+def _fleet(name: str) -> Any:
+    from leadtime.simulator.fleet import load_fleet
+
+    return load_fleet(name)
+
+
+@lru_cache(maxsize=16)
+def _trace(trace: str, max_requests: int, seed: int) -> tuple[Any, ...]:
+    from leadtime.simulator.workload import load_workload, shape, spread_steps
+
+    return tuple(shape(spread_steps(load_workload(trace, seed, max_requests), seed), max_requests=max_requests))
+
+
+def _at_rate(requests: Sequence[Any], rate_rps: float) -> list[Any]:
+    """The same requests with their arrival times scaled to `rate_rps` on average."""
+    span = requests[-1].arrival_ms - requests[0].arrival_ms
+    scale = (len(requests) - 1) / (span / 1e3) / rate_rps if span > 0 else 1.0
+    return [replace(r, arrival_ms=(r.arrival_ms - requests[0].arrival_ms) * scale) for r in requests]
+
+
+def capacity_rps(fleet_name: str, trace: str, max_requests: int, seed: int) -> float:
+    """Requests per second the fleet completes when offered far more than it can take (least-queue routing)."""
+    from leadtime.simulator.engine import FleetSimulator
+    from leadtime.simulator.run import make_policy
+
+    fleet = _fleet(fleet_name)
+    probe = list(_trace(trace, max_requests, seed))[: min(CAPACITY_PROBE, max_requests)]
+    burst = [replace(r, arrival_ms=i * 1e-3) for i, r in enumerate(probe)]
+    result = FleetSimulator(fleet, burst, make_policy("least-queue", seed, fleet), seed=seed).run()
+    done = np.sort([c.arrival_ms + c.e2e_ms for c in result.completed])
+    lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
+    span_s = (done[hi] - done[lo]) / 1e3
+    return (hi - lo) / span_s if span_s > 0 else float(len(done))
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def _mape(pairs: list[tuple[float, float]]) -> float | None:
+    if not pairs:
+        return None
+    actual = np.array([a for a, _ in pairs])
+    predicted = np.array([p for _, p in pairs])
+    return float(np.mean(np.abs(predicted - actual) / actual))
+
+
+def cell_metrics(result: Any, workload: Sequence[Any], learning: bool) -> dict[str, Any]:
+    """One policy's figures on one fleet and load, as the JSON reports them."""
+    done = result.completed
+    span_s = max((workload[-1].arrival_ms - workload[0].arrival_ms) / 1e3, 1e-9)
+    met = [c for c in done if c.meets_slo]
+    itl = [c.itl_ms for c in done if c.output_tokens > 1]
+    ttft = [c.ttft_ms for c in done]
+    metrics: dict[str, Any] = {
+        "goodput_rps": len(met) / span_s,
+        "slo_attainment": len(met) / max(len(done), 1),
+        "ttft_ms": {
+            "p50": _percentile([c.ttft_ms for c in done], 50),
+            "p99": _percentile([c.ttft_ms for c in done], 99),
+        },
+        "itl_ms": {"p99": _percentile(itl, 99)},
+        "decision_ms": {"p50": _percentile(result.decision_ms, 50), "p99": _percentile(result.decision_ms, 99)},
+    }
+    if learning:
+        ttft = [
+            (o.actual_ttft_ms, o.predicted_ttft_ms)
+            for o in result.observations
+            if o.actual_ttft_ms > 0 and o.predicted_ttft_ms is not None
+        ]
+        tpot = [
+            (o.actual_tpot_ms, o.predicted_tpot_ms)
+            for o in result.observations
+            if o.actual_tpot_ms > 0 and o.predicted_tpot_ms is not None
+        ]
+        metrics["prediction_mape"] = {"ttft": _mape(ttft), "tpot": _mape(tpot)}
+    if result.join_ms > 0:
+        window = [c for c in done if result.join_ms <= c.arrival_ms < result.join_ms + AFTER_JOIN_S * 1e3]
+        metrics["after_join_goodput_rps"] = sum(c.meets_slo for c in window) / AFTER_JOIN_S
+    return metrics
+
+
+@dataclass(frozen=True)
+class Cell:
+    fleet: str
+    load: str
+    rate_rps: float
+    policy: str
+    seed: int
+    trace: str
+    max_requests: int
+
+
+def run_cell(cell: Cell) -> tuple[Cell, dict[str, Any], Any]:
+    """Simulate one (fleet, load, policy, seed); returns its metrics and what the plots need."""
+    from leadtime.simulator.engine import FleetSimulator
+    from leadtime.simulator.run import make_policy
+
+    fleet = _fleet(cell.fleet)
+    workload = _at_rate(_trace(cell.trace, cell.max_requests, cell.seed), cell.rate_rps)
+    policy = make_policy(cell.policy, cell.seed, fleet)
+    result = FleetSimulator(
+        fleet, workload, policy, seed=cell.seed, ttft_slo_ms=DEFAULT_SLO_MS[0], tpot_slo_ms=DEFAULT_SLO_MS[1]
+    ).run()
+    metrics = cell_metrics(result, workload, cell.policy in LEARNING)
+    curves = {
+        "ttft_ms": sorted(c.ttft_ms for c in result.completed),
+        "itl_ms": sorted(c.itl_ms for c in result.completed if c.output_tokens > 1),
+    }
+    return cell, metrics, curves
+
+
+# ----- the whole benchmark ------------------------------------------------------------------------------
+
+
+def _mean_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of each figure over seeds, with `<name>_range` [min, max] beside goodput and attainment."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, dict):
+            out[key] = _mean_metrics([r[key] for r in runs])
+        elif value is None or any(r[key] is None for r in runs):
+            out[key] = None
+        else:
+            values = [float(r[key]) for r in runs]
+            out[key] = float(np.mean(values))
+            if key in ("goodput_rps", "slo_attainment", "after_join_goodput_rps") and len(runs) > 1:
+                out[f"{key}_range"] = [min(values), max(values)]
+    return out
+
+
+def run_routing(
+    options: RoutingOptions = RoutingOptions(),
+    progress: Callable[[int, int, str], None] | None = None,
+) -> tuple[dict[str, Any], dict[tuple[str, str, str], Any]]:
+    """(the JSON report, the latency curves of seed `options.seed` per (fleet, load, policy))."""
+    seeds = list(range(options.seed, options.seed + options.seeds))
+    started = time.perf_counter()
+    rates: dict[tuple[str, int], float] = {}
+    capacity: dict[str, list[float]] = {}
+    cells: list[Cell] = []
+    for fleet in options.fleets:
+        for seed in seeds:
+            cap = capacity_rps(fleet, options.trace, options.max_requests, seed)
+            capacity.setdefault(fleet, []).append(cap)
+            rates[fleet, seed] = LOAD_TARGET * cap
+            for load, factor in LOADS.items():
+                for policy in policies_for(fleet, options.policies):
+                    cells.append(
+                        Cell(
+                            fleet, load, rates[fleet, seed] * factor, policy, seed, options.trace, options.max_requests
+                        )
+                    )
+    # The slowest first, so that the last minutes are not one worker finishing alone.
+    cost = {REFERENCE: 4.0, "llmd_predicted": 3.0, "large": 3.0, "pd_hetero": 1.5}
+    cells.sort(key=lambda c: -(cost.get(c.policy, 1.0) * cost.get(c.fleet, 1.0)))
+    results: dict[Cell, dict[str, Any]] = {}
+    curves: dict[tuple[str, str, str], Any] = {}
+
+    def done(cell: Cell, metrics: dict[str, Any], curve: Any) -> None:
+        results[cell] = metrics
+        if cell.seed == options.seed:
+            curves[cell.fleet, cell.load, cell.policy] = curve
+        if progress is not None:
+            progress(len(results), len(cells), f"{cell.fleet} {cell.load} {cell.policy}")
+
+    if options.workers <= 1:
+        for cell in cells:
+            done(*run_cell(cell))
+    else:
+        with ProcessPoolExecutor(options.workers, mp_context=get_context("spawn")) as pool:
+            for future in as_completed([pool.submit(run_cell, c) for c in cells]):
+                done(*future.result())
+    report: dict[str, Any] = {"fleets": {}}
+    for fleet in options.fleets:
+        fleet_report: dict[str, Any] = {}
+        for load in LOADS:
+            per_policy: dict[str, Any] = {}
+            for policy in policies_for(fleet, options.policies):
+                runs = [results[c] for c in cells if (c.fleet, c.load, c.policy) == (fleet, load, policy)]
+                per_policy[policy] = _mean_metrics(runs)
+            rate = float(np.mean([rates[fleet, s] * LOADS[load] for s in seeds]))
+            fleet_report[load] = {"rate_rps": rate, "policies": per_policy}
+        fleet_report["capacity_rps"] = float(np.mean(capacity[fleet]))
+        report["fleets"][fleet] = fleet_report
+    report["targets"] = check_targets(report)
+    report["run"] = {
+        "trace": options.trace,
+        "max_requests": options.max_requests,
+        "seeds": seeds,
+        "load_target": LOAD_TARGET,
+        "loads": LOADS,
+        "workers": options.workers,
+        "wall_s": time.perf_counter() - started,
+        "cpus": os.cpu_count(),
+    }
+    return report, curves
+
+
+# ----- targets ------------------------------------------------------------------------------------------
+
+
+def check_targets(
+    report: dict[str, Any],
+    strong: tuple[str, ...] = ("mixed", "pd_hetero", "timesliced", "large"),
+) -> dict[str, Any]:
+    """Each target of the routing benchmark, per fleet and load: the figures it compares and whether it holds."""
+    checks: dict[str, Any] = {}
+    for fleet, loads in report["fleets"].items():
+        for load in LOADS:
+            if load not in loads:
+                continue
+            policies = loads[load]["policies"]
+            peers = {p: policies[p]["goodput_rps"] for p in PEERS if p in policies}
+            if not peers or LEADTIME not in policies:
+                continue
+            best_peer = max(peers, key=lambda p: peers[p])
+            b, lt = peers[best_peer], policies[LEADTIME]["goodput_rps"]
+            entry: dict[str, Any] = {"best_peer": best_peer, "B": b, "L": lt, "L_over_B": lt / b if b else math.inf}
+            entry["L_ge_B"] = lt >= b
+            if fleet in strong:
+                entry["L_ge_1.10B"] = lt >= 1.10 * b
+            if REFERENCE in policies:
+                c = policies[REFERENCE]["goodput_rps"]
+                entry["C"] = c
+                if c >= 1.05 * b:
+                    entry["gap_closed"] = (lt - b) / (c - b)
+                    entry["gap_closed_ge_0.8"] = entry["gap_closed"] >= 0.8
+                else:
+                    entry["L_ge_0.97C"] = lt >= 0.97 * c
+            mine, theirs = policies[LEADTIME]["ttft_ms"], policies[best_peer]["ttft_ms"]
+            entry["ttft_no_worse"] = mine["p50"] <= theirs["p50"] and mine["p99"] <= theirs["p99"]
+            if "llmd_predicted" in policies and "prediction_mape" in policies["llmd_predicted"]:
+                ours, ref = policies[LEADTIME]["prediction_mape"], policies["llmd_predicted"]["prediction_mape"]
+                entry["mape_le_llmd"] = all(
+                    ours[t] is not None and ref[t] is not None and ours[t] <= ref[t] for t in ("ttft", "tpot")
+                )
+            if fleet == "large":
+                entry["decision_p99_ms"] = policies[LEADTIME]["decision_ms"]["p99"]
+                entry["decision_p99_le_2ms"] = entry["decision_p99_ms"] <= 2.0
+            checks[f"{fleet}/{load}"] = entry
+    ablations: dict[str, Any] = {}
+    for name, where in ABLATIONS.items():
+        losses = {}
+        for fleet in where:
+            policies = report["fleets"].get(fleet, {}).get("high", {}).get("policies", {})
+            if name not in policies or LEADTIME not in policies:
+                continue
+            key = "after_join_goodput_rps" if name == "leadtime_no_hardware" and fleet == "large" else "goodput_rps"
+            full, without = policies[LEADTIME].get(key), policies[name].get(key)
+            if full:
+                losses[fleet] = 1.0 - without / full
+        if losses:
+            ablations[name] = {"loss_at_high_load": losses, "loses_ge_3pct": max(losses.values()) >= 0.03}
+    checks["ablations"] = ablations
+    return checks
+
+
+# ----- output -------------------------------------------------------------------------------------------
+
+
+def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any], out: Path) -> list[Path]:
+    """Latency CDFs per fleet (high load) and goodput per fleet and load; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    fleets = list(report["fleets"])
+    fig, axes = plt.subplots(1, len(LOADS), figsize=(6.5 * len(LOADS), 4.8), sharey=False)
+    for ax, load in zip(np.atleast_1d(axes), LOADS, strict=True):
+        names = sorted({p for f in fleets for p in report["fleets"][f][load]["policies"]}, key=_policy_order)
+        width = 0.8 / max(len(names), 1)
+        for k, name in enumerate(names):
+            values = [report["fleets"][f][load]["policies"].get(name, {}).get("goodput_rps", 0.0) for f in fleets]
+            ax.bar(np.arange(len(fleets)) + k * width, values, width, label=name, color=_color(name))
+        ax.set_xticks(np.arange(len(fleets)) + 0.4 - width / 2, fleets, rotation=20)
+        ax.set_ylabel("goodput (requests/s meeting both SLOs)")
+        ax.set_title(f"{load} load")
+        ax.grid(axis="y", alpha=0.3)
+    np.atleast_1d(axes)[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path = out / "goodput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    for fleet in fleets:
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        for ax, metric, label in zip(axes, ("ttft_ms", "itl_ms"), ("TTFT (s)", "ITL (ms)"), strict=True):
+            for name in sorted({p for (f, ld, p) in curves if f == fleet and ld == "high"}, key=_policy_order):
+                sample = np.asarray(curves[fleet, "high", name][metric], dtype=float)
+                if not len(sample):
+                    continue
+                scale = 1e-3 if metric == "ttft_ms" else 1.0
+                ax.plot(
+                    sample * scale,
+                    np.linspace(0, 1, len(values)),
+                    label=name,
+                    color=_color(name),
+                    lw=2.0 if name == LEADTIME else 1.0,
+                )
+            ax.set_xlabel(label)
+            ax.set_ylabel("share of requests")
+            ax.set_xlim(
+                0,
+                np.percentile(
+                    [v for (f, ld, p), c in curves.items() if f == fleet and ld == "high" for v in c[metric]] or [1.0],
+                    95,
+                )
+                * (1e-3 if metric == "ttft_ms" else 1),
+            )
+            ax.grid(alpha=0.3)
+        axes[0].set_title(f"{fleet}, high load: TTFT")
+        axes[1].set_title(f"{fleet}, high load: ITL")
+        axes[1].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        path = out / f"latency_cdf_{fleet}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+_ORDER = (*PEERS, REFERENCE, LEADTIME, *ABLATIONS)
+
+
+def _policy_order(name: str) -> int:
+    return _ORDER.index(name) if name in _ORDER else len(_ORDER)
+
+
+def _color(name: str) -> str:
+    palette = {
+        "round_robin": "#9e9e9e",
+        "least_queue": "#795548",
+        "llmd_heuristic": "#ff9800",
+        "llmd_predicted": "#e65100",
+        "dynamo_kv": "#4caf50",
+        "sglang_cache": "#009688",
+        REFERENCE: "#000000",
+        LEADTIME: "#1565c0",
+        "leadtime_no_inflight": "#90caf9",
+        "leadtime_no_hardware": "#7e57c2",
+        "leadtime_decode_first": "#ce93d8",
+        "leadtime_no_timeslice": "#f48fb1",
+    }
+    return palette.get(name, "#607d8b")
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for fleet, loads in report["fleets"].items():
+        table = Table(title=f"{fleet} (capacity {loads['capacity_rps']:.2f} req/s)")
+        table.add_column("policy")
+        for load in LOADS:
+            table.add_column(f"{load} {loads[load]['rate_rps']:.2f} rps: goodput")
+            table.add_column("TTFT p50 / p99 ms")
+        names = sorted(loads["base"]["policies"], key=_policy_order)
+        for name in names:
+            cells = []
+            for load in LOADS:
+                m = loads[load]["policies"][name]
+                cells += [f"{m['goodput_rps']:.2f}", f"{m['ttft_ms']['p50']:.0f} / {m['ttft_ms']['p99']:.0f}"]
+            table.add_row(f"[bold]{name}[/bold]" if name == LEADTIME else name, *cells)
+        console.print(table)
+    console.print_json(json.dumps(report["targets"]))

@@ -1,0 +1,80 @@
+"""The predictor as the router plugin sees it: one bulk call scores every candidate row, one call reports outcomes.
+
+Three implementations satisfy `PredictorClient`: `InProcessPredictor` wraps an online predictor living in the
+router's own process (the simulator, the tests, `leadtime route --embedded`), and the service's HTTP and gRPC
+clients (`leadtime.predictor.client`) already have this shape. The plugin depends on this protocol only, never on
+the predictor's internals, so any of them can stand behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from leadtime.features.rows import FeatureRow, Observation
+from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable
+
+__all__ = [
+    "BulkPredictions",
+    "InProcessPredictor",
+    "LocalLearner",
+    "PredictorClient",
+    "PredictorError",
+    "PredictorUnavailable",
+]
+
+
+@runtime_checkable
+class PredictorClient(Protocol):
+    """Predict every row of one routing decision in one call; report observations in batches."""
+
+    def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        """Mean and upper-quantile TTFT and TPOT (ms) per row, in row order."""
+        ...
+
+    def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
+        """Hand completed requests to the learner; returns how many were accepted."""
+        ...
+
+
+class LocalLearner(Protocol):
+    """What an in-process learner offers (the shape of `leadtime.predictor.learner.OnlinePredictor`)."""
+
+    def predict_many(self, rows: Sequence[FeatureRow]) -> Any: ...
+
+    def learn_many(self, observations: Sequence[Observation]) -> None: ...
+
+
+class InProcessPredictor:
+    """A `PredictorClient` over a learner in this process: no network, no deadline to miss.
+
+    Parameters
+    ----------
+    learner
+        An object with `predict_many(rows)` returning per-row arrays `ttft_mean`, `ttft_quantile`, `tpot_mean`,
+        `tpot_quantile` (and `model_version`), and `learn_many(observations)`.
+    quantile
+        The upper quantile the learner serves, reported with each answer.
+    """
+
+    def __init__(self, learner: LocalLearner, quantile: float = 0.9) -> None:
+        self.learner = learner
+        self.quantile = quantile
+
+    def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        p = self.learner.predict_many(rows)
+        return BulkPredictions(
+            np.asarray(p.ttft_mean),
+            np.asarray(p.ttft_quantile),
+            np.asarray(p.tpot_mean),
+            np.asarray(p.tpot_quantile),
+            int(getattr(p, "model_version", 0)),
+            self.quantile,
+        )
+
+    def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
+        if observations:
+            self.learner.learn_many(observations)
+        return len(observations)

@@ -1,0 +1,126 @@
+"""What the router itself has sent each endpoint since that endpoint last published its state.
+
+An endpoint's published state (scraped /metrics, or the simulator's publication every `refresh_ms`) lags the
+router: a burst of simultaneous arrivals would all see the one endpoint that looked idle a moment ago and all
+land there. The ledger remembers every routed request until it completes and adds, to each candidate's state,
+the requests the state cannot contain yet:
+
+- on an endpoint that prefills (unified or prefill role), those sent at or after the state's publication time:
+  each is one more waiting request and its uncached prompt tokens more prefill work queued;
+- on a decode endpoint of a P/D pair, those whose KV was expected to arrive after the publication time: each is
+  one more running request holding its prompt's KV (decode tokens in flight);
+- on a decode endpoint's KV link, the transfers expected to still be on it: a new transfer queues behind them.
+
+Only the router's own sends are counted; completions the state does not show yet are not subtracted, so the
+estimate errs towards a busier endpoint, which is the safe side for a burst.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from leadtime.features.rows import EndpointState
+
+
+@dataclass
+class Sent:
+    """One routed request, as the ledger remembers it."""
+
+    request_id: str
+    sent_ms: float
+    uncached_tokens: int
+    input_tokens: int
+    kv_arrival_ms: float = 0.0  # P/D decode side: when its KV was expected to land
+    transfer_end_ms: float = 0.0  # P/D decode side: when its KV transfer was expected to end
+
+
+@dataclass
+class _Endpoint:
+    prefill: dict[str, Sent] = field(default_factory=dict)
+    decode: dict[str, Sent] = field(default_factory=dict)
+
+
+class InflightLedger:
+    """Per endpoint, the requests routed there that have not completed.
+
+    >>> ledger = InflightLedger()
+    >>> ledger.record_prefill("e1", Sent("r1", sent_ms=100.0, uncached_tokens=800, input_tokens=1000))
+    >>> state = EndpointState(endpoint_id="e1", num_request_waiting=2, prefill_tokens_in_flight=500)
+    >>> later = ledger.adjusted(state, published_ms=50.0)  # published before r1 was sent: r1 is not in it
+    >>> later.num_request_waiting, later.prefill_tokens_in_flight
+    (3, 1300)
+    >>> ledger.adjusted(state, published_ms=150.0) is state  # published after: already counted
+    True
+    >>> ledger.complete("r1")
+    >>> ledger.adjusted(state, published_ms=50.0) is state
+    True
+    """
+
+    def __init__(self) -> None:
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._where: dict[str, list[tuple[str, str]]] = {}
+
+    def _slot(self, endpoint_id: str) -> _Endpoint:
+        slot = self._endpoints.get(endpoint_id)
+        if slot is None:
+            slot = self._endpoints[endpoint_id] = _Endpoint()
+        return slot
+
+    def record_prefill(self, endpoint_id: str, sent: Sent) -> None:
+        """`sent` will be prefilled on `endpoint_id` (a unified endpoint, a prefill endpoint, or a decode
+        endpoint prefilling locally)."""
+        self._slot(endpoint_id).prefill[sent.request_id] = sent
+        self._where.setdefault(sent.request_id, []).append((endpoint_id, "prefill"))
+
+    def record_decode(self, endpoint_id: str, sent: Sent) -> None:
+        """`sent` will decode on `endpoint_id` once its KV (expected at `kv_arrival_ms`) has arrived."""
+        self._slot(endpoint_id).decode[sent.request_id] = sent
+        self._where.setdefault(sent.request_id, []).append((endpoint_id, "decode"))
+
+    def complete(self, request_id: str) -> None:
+        """The request finished: it no longer counts anywhere."""
+        for endpoint_id, side in self._where.pop(request_id, ()):
+            slot = self._endpoints[endpoint_id]
+            (slot.prefill if side == "prefill" else slot.decode).pop(request_id, None)
+
+    def pending(self, endpoint_id: str) -> Iterable[Sent]:
+        slot = self._endpoints.get(endpoint_id)
+        return () if slot is None else slot.prefill.values()
+
+    def adjusted(self, state: EndpointState, published_ms: float) -> EndpointState:
+        """`state` plus what was sent after it was published (the same object when nothing was)."""
+        slot = self._endpoints.get(state.endpoint_id)
+        if slot is None:
+            return state
+        waiting = prefill_tokens = running = decode_tokens = 0
+        for s in slot.prefill.values():
+            if s.sent_ms >= published_ms:
+                waiting += 1
+                prefill_tokens += s.uncached_tokens
+        for s in slot.decode.values():
+            if s.kv_arrival_ms > published_ms:
+                running += 1
+                decode_tokens += s.input_tokens
+        if not (waiting or running):
+            return state
+        return dataclasses.replace(
+            state,
+            num_request_waiting=state.num_request_waiting + waiting,
+            prefill_tokens_in_flight=state.prefill_tokens_in_flight + prefill_tokens,
+            num_request_running=state.num_request_running + running,
+            decode_tokens_in_flight=state.decode_tokens_in_flight + decode_tokens,
+        )
+
+    def link_free_ms(self, endpoint_id: str, now_ms: float) -> float:
+        """When the decode endpoint's KV link is expected to be free of the transfers already sent to it."""
+        slot = self._endpoints.get(endpoint_id)
+        latest = now_ms
+        if slot is not None:
+            for s in slot.decode.values():
+                latest = max(latest, s.transfer_end_ms)
+        return latest
+
+    def __len__(self) -> int:
+        return len(self._where)

@@ -1,0 +1,157 @@
+"""Prefill/decode pairs chosen jointly from per-endpoint predictions.
+
+Each endpoint is predicted once (P + D rows, not P × D): the prefill endpoints' TTFT and the decode endpoints'
+ITL, and, where a decode endpoint may prefill the request itself, its TTFT too. A pair's TTFT is then
+
+    TTFT(p, d) = TTFT_p + wait_d + transfer_d,   wait_d = max(0, link_free_d − (now + TTFT_p))
+
+the prefill, the wait for transfers already queued on d's KV link, and the transfer itself (uncached + cached
+prompt KV at the link's bandwidth); its ITL is d's. Every pair, and every local prefill, is scored with the
+predicted-latency scorer and the best wins: disaggregating is chosen only where prefill elsewhere plus the
+transfer beats prefilling on the decode endpoint. `decode_first` reproduces llm-d's sequential choice instead: the
+decode endpoint by its ITL alone, then the prefill endpoint for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from leadtime.router_plugin.scorers.latency import latency_scores, slo_scores
+
+
+@dataclass(frozen=True)
+class PairPredictions:
+    """Per-endpoint predictions of one request (ms), and the KV link of each decode endpoint."""
+
+    prefill_ttft: np.ndarray  # quantile, per prefill endpoint
+    prefill_ttft_mean: np.ndarray
+    decode_itl: np.ndarray  # quantile, per decode endpoint
+    decode_itl_mean: np.ndarray
+    local_ttft: np.ndarray | None  # per decode endpoint prefilling the request itself; None: not allowed
+    local_ttft_mean: np.ndarray | None
+    link_free_ms: np.ndarray  # per decode endpoint, when its link is free of queued transfers
+    transfer_ms: np.ndarray  # per decode endpoint, this request's KV transfer time on its link
+
+
+@dataclass(frozen=True)
+class PairChoice:
+    """The chosen pair: `prefill` indexes the prefill endpoints, or is None when `decode` prefills locally."""
+
+    prefill: int | None
+    decode: int
+    ttft_ms: float
+    ttft_mean_ms: float
+    itl_ms: float
+    itl_mean_ms: float
+    wait_ms: float
+    transfer_ms: float
+    score: float
+
+
+def _pair_ttft(p: PairPredictions, now_ms: float, ttft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT[p, d], wait[p, d]) of every pair for prefill TTFTs `ttft`."""
+    ready = now_ms + ttft[:, None]
+    wait = np.maximum(0.0, p.link_free_ms[None, :] - ready)
+    return ttft[:, None] + wait + p.transfer_ms[None, :], wait
+
+
+def _scores(
+    ttft: np.ndarray,
+    itl: np.ndarray,
+    ttft_mean: np.ndarray,
+    itl_mean: np.ndarray,
+    ttft_slo_ms: float | None,
+    itl_slo_ms: float | None,
+    expected_output_tokens: float,
+) -> np.ndarray:
+    if ttft_slo_ms is None and itl_slo_ms is None:
+        return latency_scores(ttft_mean, itl_mean, expected_output_tokens)
+    return slo_scores(ttft, itl, ttft_slo_ms, itl_slo_ms)
+
+
+def choose_pair(
+    p: PairPredictions,
+    now_ms: float,
+    ttft_slo_ms: float | None,
+    itl_slo_ms: float | None,
+    expected_output_tokens: float = 0.0,
+    decode_first: bool = False,
+) -> PairChoice:
+    """The best (prefill, decode) pair, or local prefill, for one request.
+
+    >>> p = PairPredictions(
+    ...     prefill_ttft=np.array([300.0, 200.0]), prefill_ttft_mean=np.array([250.0, 150.0]),
+    ...     decode_itl=np.array([30.0, 20.0]), decode_itl_mean=np.array([25.0, 15.0]),
+    ...     local_ttft=None, local_ttft_mean=None,
+    ...     link_free_ms=np.array([0.0, 2000.0]), transfer_ms=np.array([40.0, 40.0]))
+    >>> c = choose_pair(p, now_ms=0.0, ttft_slo_ms=1000.0, itl_slo_ms=50.0)
+    >>> (c.prefill, c.decode, c.ttft_ms)  # decode 1 has the better ITL, but its link is busy for 2 s
+    (1, 0, 240.0)
+    >>> c = choose_pair(p, now_ms=0.0, ttft_slo_ms=1000.0, itl_slo_ms=50.0, decode_first=True)
+    >>> (c.prefill, c.decode, c.ttft_ms)  # llm-d's order: the best ITL first, whatever its link
+    (0, 1, 2040.0)
+    """
+    n_p, n_d = len(p.prefill_ttft), len(p.decode_itl)
+    ttft, wait = _pair_ttft(p, now_ms, p.prefill_ttft)
+    ttft_mean, wait_mean = _pair_ttft(p, now_ms, p.prefill_ttft_mean)
+    itl = np.broadcast_to(p.decode_itl[None, :], (n_p, n_d))
+    itl_mean = np.broadcast_to(p.decode_itl_mean[None, :], (n_p, n_d))
+    if decode_first:
+        if itl_slo_ms is not None:
+            decode_scores = slo_scores(np.zeros(n_d), p.decode_itl, None, itl_slo_ms)
+        else:
+            decode_scores = latency_scores(np.zeros(n_d), p.decode_itl_mean, 1.0)
+        d = int(np.argmax(decode_scores))
+        column = _scores(
+            ttft[:, d], itl[:, d], ttft_mean[:, d], itl_mean[:, d], ttft_slo_ms, itl_slo_ms, expected_output_tokens
+        )
+        pf = int(np.argmax(column))
+        return PairChoice(
+            pf,
+            d,
+            float(ttft[pf, d]),
+            float(ttft_mean[pf, d]),
+            float(p.decode_itl[d]),
+            float(p.decode_itl_mean[d]),
+            float(wait_mean[pf, d]),
+            float(p.transfer_ms[d]),
+            float(column[pf]),
+        )
+    flat_ttft, flat_itl = ttft.ravel(), itl.ravel()
+    flat_ttft_mean, flat_itl_mean = ttft_mean.ravel(), itl_mean.ravel()
+    if p.local_ttft is not None and p.local_ttft_mean is not None:
+        flat_ttft = np.concatenate([flat_ttft, p.local_ttft])
+        flat_itl = np.concatenate([flat_itl, p.decode_itl])
+        flat_ttft_mean = np.concatenate([flat_ttft_mean, p.local_ttft_mean])
+        flat_itl_mean = np.concatenate([flat_itl_mean, p.decode_itl_mean])
+    scores = _scores(
+        flat_ttft, flat_itl, flat_ttft_mean, flat_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
+    )
+    best = int(np.argmax(scores))
+    if best >= n_p * n_d:
+        d = best - n_p * n_d
+        return PairChoice(
+            None,
+            d,
+            float(flat_ttft[best]),
+            float(flat_ttft_mean[best]),
+            float(p.decode_itl[d]),
+            float(p.decode_itl_mean[d]),
+            0.0,
+            0.0,
+            float(scores[best]),
+        )
+    pf, d = divmod(best, n_d)
+    return PairChoice(
+        pf,
+        d,
+        float(ttft[pf, d]),
+        float(ttft_mean[pf, d]),
+        float(p.decode_itl[d]),
+        float(p.decode_itl_mean[d]),
+        float(wait_mean[pf, d]),
+        float(p.transfer_ms[d]),
+        float(scores[best]),
+    )

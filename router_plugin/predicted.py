@@ -1,0 +1,409 @@
+"""Leadtime's routing policy: every candidate predicted in one call, picked by SLO headroom, learned as it routes.
+
+For each request:
+
+1. **Filter** — time-sliced endpoints whose group is not serving the inference job are dropped (unless every
+   candidate is such an endpoint: then each is scored with its expected wait until resident, learned from the
+   group's history, see `timeslice.ResidencyTracker`); an endpoint swapped in since its state was published has
+   lost its prefix cache, so its prefix hits are dropped.
+2. **Rows** — one feature row per remaining candidate: the request's prompt and that endpoint's prefix hits, the
+   endpoint's published state plus what this router sent it since (`inflight.InflightLedger`), its accelerator
+   class, role and time-slice state.
+3. **Predict** — one bulk call for all rows (prefill and decode endpoints of a P/D fleet together).
+4. **Score and pick** — `scorers.latency`: headroom of the upper-quantile predictions against the request's
+   SLOs (lowest predicted latency without SLOs); on P/D the (prefill, decode) pair or local prefill is chosen
+   jointly (`pairs.choose_pair`). A small share of decisions explores: among the candidates predicted to meet
+   the SLOs it takes the one this router has heard from least recently, so that every endpoint keeps being
+   observed.
+5. **Learn** — when the request completes, the rows it was decided on (in-flight additions included) are
+   reported with the actual TTFT and ITL and what was predicted. On P/D the prefill row learns the TTFT less the
+   transfer it was predicted to wait for, and the decode row the ITL.
+
+A predictor that fails or misses its deadline makes that decision fall back to llm-d's heuristic scorers; the
+fallbacks are counted. The `LeadtimeConfig` switches turn single features off for ablations.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from leadtime.features.catalog import get_model
+from leadtime.features.roofline import kv_transfer_ms
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.router_plugin.client import PredictorClient, PredictorError
+from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
+from leadtime.router_plugin.inflight import InflightLedger, Sent
+from leadtime.router_plugin.pairs import PairPredictions, choose_pair
+from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, split_by_role
+from leadtime.router_plugin.scorers.latency import FEASIBLE, latency_scores, slo_scores
+from leadtime.router_plugin.timeslice import ResidencyTracker, TimesliceSource
+
+BLIND_ACCELERATOR = "h100-sxm"
+"""What every endpoint is called when the predictor is kept blind to accelerator classes (an ablation)."""
+
+
+@dataclass(frozen=True)
+class LeadtimeConfig:
+    """Parameters of the Leadtime policy.
+
+    Parameters
+    ----------
+    name
+        Reported in results.
+    inflight
+        Add what this router sent since each endpoint's state was published.
+    hardware
+        Tell the predictor each endpoint's accelerator class (off: every endpoint is called an H100).
+    joint_pairs
+        Choose P/D pairs jointly (off: llm-d's order, the decode endpoint first, then the prefill endpoint,
+        always disaggregated above `disaggregate_min_tokens`).
+    timeslice
+        Read time-slice groups' state (off: every endpoint is treated as resident).
+    local_prefill
+        On P/D, let a decode endpoint prefill a request itself when that is predicted faster.
+    disaggregate_min_tokens
+        With `joint_pairs` off, prompts with fewer uncached tokens are prefilled on the decode endpoint.
+    exploration
+        Share of decisions that explore (see the module docstring).
+    kv_link_gb_s
+        KV link bandwidth to each decode endpoint, for transfer times.
+    serving_job
+        The inference job's name in time-slice group states.
+    seed
+        Seeds exploration and tie-breaking.
+    """
+
+    name: str = "leadtime"
+    inflight: bool = True
+    hardware: bool = True
+    joint_pairs: bool = True
+    timeslice: bool = True
+    local_prefill: bool = True
+    disaggregate_min_tokens: int = 16
+    exploration: float = 0.02
+    kv_link_gb_s: float = 25.0
+    serving_job: str = "inference"
+    seed: int = 0
+
+
+@dataclass
+class _Decision:
+    row: FeatureRow
+    decode_row: FeatureRow | None
+    predicted_ttft_ms: float
+    predicted_tpot_ms: float
+    transfer_ms: float = 0.0
+
+
+@dataclass
+class PolicyCounters:
+    decisions: int = 0
+    fallbacks: int = 0
+    explored: int = 0
+    disaggregated: int = 0
+    local_prefill: int = 0
+    timeslice_filtered: int = 0
+    all_non_resident: int = 0
+    learned: int = 0
+    unreported: int = 0
+
+
+@dataclass
+class _Scored:
+    """Candidates that survived filtering, their rows, and their predictions (index-aligned)."""
+
+    candidates: list[Candidate]
+    rows: list[FeatureRow]
+    ttft: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    ttft_mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tpot: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tpot_mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+class LeadtimePolicy:
+    """Routes on predicted TTFT/ITL and learns from every completed request (see the module docstring).
+
+    Parameters
+    ----------
+    predictor
+        Any `PredictorClient`: in-process, HTTP or gRPC.
+    config
+        Feature switches and parameters.
+    timeslice_source
+        Where time-slice group states come from; the simulator attaches itself when none is given.
+    deadline_s
+        Budget of each predictor call; beyond it the decision falls back to heuristics.
+    """
+
+    def __init__(
+        self,
+        predictor: PredictorClient,
+        config: LeadtimeConfig = LeadtimeConfig(),
+        timeslice_source: TimesliceSource | None = None,
+        deadline_s: float | None = None,
+    ) -> None:
+        self.predictor = predictor
+        self.config = config
+        self.name = config.name
+        self.timeslice_source = timeslice_source
+        self.deadline_s = deadline_s
+        self.counters = PolicyCounters()
+        self._rng = random.Random(config.seed)
+        self._ledger = InflightLedger()
+        self._residency = ResidencyTracker(config.serving_job)
+        self._decisions: dict[str, _Decision] = {}
+        self._fallback = LlmdHeuristicPolicy(seed=config.seed)
+        self._last_heard: dict[str, float] = {}
+        self._output_tokens = 256.0  # running mean of output lengths, for the no-SLO latency score
+
+    def attach(self, simulator: Any) -> None:
+        """Inside the simulator: read its time-slice groups unless another source was given."""
+        if self.timeslice_source is None and hasattr(simulator, "status"):
+            self.timeslice_source = simulator
+
+    # ----- rows -------------------------------------------------------------------------------------------
+
+    def _servable(self, request: RouteRequest, candidates: Sequence[Candidate]) -> tuple[list[Candidate], bool]:
+        """(candidates to score, whether they are all non-resident)."""
+        if not self.config.timeslice:
+            return list(candidates), False
+        source = self.timeslice_source
+        serving: list[Candidate] = []
+        for c in candidates:
+            if not c.timeslice_group:
+                serving.append(c)
+                continue
+            if source is not None:
+                status = source.status(c.timeslice_group)
+                if status is not None:
+                    self._residency.update(c.timeslice_group, status, request.arrival_ms)
+                    if self._residency.serving(c.timeslice_group):
+                        serving.append(c)
+                    continue
+            if c.state.timeslice_state in ("none", "resident"):
+                serving.append(c)
+        if serving:
+            self.counters.timeslice_filtered += len(candidates) - len(serving)
+            return serving, False
+        self.counters.all_non_resident += 1
+        return list(candidates), True
+
+    def _state(self, c: Candidate, away: bool, now_ms: float) -> EndpointState:
+        state = c.state
+        if self.config.inflight:
+            state = self._ledger.adjusted(state, c.published_ms)
+        changes: dict[str, Any] = {}
+        if not self.config.hardware and state.accelerator != BLIND_ACCELERATOR:
+            changes["accelerator"] = BLIND_ACCELERATOR
+        if not self.config.timeslice:
+            if state.timeslice_state != "none" or state.timeslice_wait_ms:
+                changes.update(timeslice_state="none", timeslice_wait_ms=0.0)
+        elif away and c.timeslice_group:
+            changes.update(
+                timeslice_state="parked",
+                timeslice_wait_ms=self._residency.expected_wait_ms(c.timeslice_group, now_ms),
+            )
+        elif c.timeslice_group and state.timeslice_state != "resident":
+            changes["timeslice_state"] = "resident"
+        return replace(state, **changes) if changes else state
+
+    def _prefix_hits(self, request: RouteRequest, c: Candidate) -> int:
+        hits = min(c.prefix_hit_tokens, request.input_tokens)
+        swapped = bool(c.timeslice_group) and self._residency.swapped_in_at(c.timeslice_group) > c.published_ms
+        if hits and self.config.timeslice and swapped:
+            return 0  # swapped out and back since the state was published: the cache is gone
+        return hits
+
+    def _rows(
+        self, request: RouteRequest, candidates: Sequence[Candidate], away: bool, decode_side: bool = False
+    ) -> list[FeatureRow]:
+        features: dict[int, RequestFeatures] = {}
+        rows = []
+        for c in candidates:
+            hits = 0 if decode_side else self._prefix_hits(request, c)
+            req = features.get(hits)
+            if req is None:
+                req = features[hits] = RequestFeatures.with_prefix_hits(request.input_tokens, hits)
+            rows.append(FeatureRow(req, self._state(c, away, request.arrival_ms)))
+        return rows
+
+    def _predict(self, scored: Sequence[_Scored]) -> None:
+        rows = [r for s in scored for r in s.rows]
+        p = self.predictor.predict(rows, self.deadline_s)
+        start = 0
+        for s in scored:
+            stop = start + len(s.rows)
+            s.ttft, s.ttft_mean = p.ttft_quantile_ms[start:stop], p.ttft_mean_ms[start:stop]
+            s.tpot, s.tpot_mean = p.tpot_quantile_ms[start:stop], p.tpot_mean_ms[start:stop]
+            start = stop
+
+    # ----- picking -----------------------------------------------------------------------------------------
+
+    def _scores(self, request: RouteRequest, s: _Scored) -> np.ndarray:
+        if request.ttft_slo_ms is None and request.tpot_slo_ms is None:
+            return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens)
+        return slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
+
+    def _argmax(self, scores: np.ndarray, candidates: Sequence[Candidate]) -> int:
+        best = float(scores.max())
+        tied = np.flatnonzero(scores >= best - 1e-12)
+        if self.config.exploration > 0 and self._rng.random() < self.config.exploration:
+            feasible = np.flatnonzero(scores >= FEASIBLE)
+            if len(feasible) > 1:
+                self.counters.explored += 1
+                heard = [self._last_heard.get(candidates[int(i)].endpoint_id, -math.inf) for i in feasible]
+                return int(feasible[int(np.argmin(heard))])
+        return int(tied[0]) if len(tied) == 1 else int(self._rng.choice(list(tied)))
+
+    def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        self.counters.decisions += 1
+        servable, away = self._servable(request, candidates)
+        roles = split_by_role(servable)
+        try:
+            if roles.disaggregated:
+                return self._pick_pair(request, list(roles.prefill), list(roles.decode), away)
+            return self._pick_one(request, list(roles.unified), away)
+        except PredictorError:
+            self.counters.fallbacks += 1
+            return self._fallback.pick(request, servable)
+
+    def _pick_one(self, request: RouteRequest, candidates: list[Candidate], away: bool) -> Pick:
+        if not candidates:
+            raise NoCandidateError("no candidate endpoints")
+        s = _Scored(candidates, self._rows(request, candidates, away))
+        self._predict([s])
+        i = self._argmax(self._scores(request, s), candidates)
+        chosen, row = candidates[i], s.rows[i]
+        self._ledger.record_prefill(
+            chosen.endpoint_id,
+            Sent(request.request_id, request.arrival_ms, row.request.uncached_tokens, request.input_tokens),
+        )
+        ttft, tpot = float(s.ttft_mean[i]), float(s.tpot_mean[i])
+        self._decisions[request.request_id] = _Decision(row, None, ttft, tpot)
+        return Pick(chosen.endpoint_id, row=row, predicted_ttft_ms=ttft, predicted_tpot_ms=tpot)
+
+    def _transfer_ms(self, request: RouteRequest, decode: Sequence[Candidate]) -> np.ndarray:
+        return np.array(
+            [
+                kv_transfer_ms(get_model(c.state.model), request.input_tokens, self.config.kv_link_gb_s)
+                if c.state.model
+                else 0.0
+                for c in decode
+            ]
+        )
+
+    def _pick_pair(self, request: RouteRequest, prefill: list[Candidate], decode: list[Candidate], away: bool) -> Pick:
+        if not decode:
+            raise NoCandidateError("P/D fleet has no servable decode endpoint")
+        now, config = request.arrival_ms, self.config
+        if config.joint_pairs:
+            local_allowed = config.local_prefill or not prefill
+        else:  # llm-d: disaggregate above a fixed number of uncached prompt tokens
+            local_allowed = request.input_tokens < config.disaggregate_min_tokens or not prefill
+        p = _Scored(prefill, self._rows(request, prefill, away))
+        d = _Scored(decode, self._rows(request, decode, away, decode_side=True))
+        local = _Scored(decode, self._rows(request, decode, away)) if local_allowed else None
+        self._predict([p, d] if local is None else [p, d, local])
+        link_free = np.array(
+            [self._ledger.link_free_ms(c.endpoint_id, now) if config.inflight else now for c in decode]
+        )
+        transfer = self._transfer_ms(request, decode)
+        if not config.joint_pairs and local is not None:
+            # llm-d's rule is a threshold, not a comparison: below it, prefill where the request decodes.
+            prefill_ttft = prefill_mean = np.zeros(0)
+        else:
+            prefill_ttft, prefill_mean = p.ttft, p.ttft_mean
+        choice = choose_pair(
+            PairPredictions(
+                prefill_ttft,
+                prefill_mean,
+                d.tpot,
+                d.tpot_mean,
+                None if local is None else local.ttft,
+                None if local is None else local.ttft_mean,
+                link_free,
+                transfer,
+            ),
+            now,
+            request.ttft_slo_ms,
+            request.tpot_slo_ms,
+            self._output_tokens,
+            decode_first=not config.joint_pairs and local is None,
+        )
+        dec = decode[choice.decode]
+        if choice.prefill is None:
+            assert local is not None
+            self.counters.local_prefill += 1
+            row = local.rows[choice.decode]
+            self._ledger.record_prefill(
+                dec.endpoint_id, Sent(request.request_id, now, row.request.uncached_tokens, request.input_tokens)
+            )
+            self._decisions[request.request_id] = _Decision(row, None, choice.ttft_mean_ms, choice.itl_mean_ms)
+            return Pick(
+                dec.endpoint_id, row=row, predicted_ttft_ms=choice.ttft_mean_ms, predicted_tpot_ms=choice.itl_mean_ms
+            )
+        self.counters.disaggregated += 1
+        pre = prefill[choice.prefill]
+        row, decode_row = p.rows[choice.prefill], d.rows[choice.decode]
+        prefill_done = now + float(p.ttft_mean[choice.prefill])
+        kv_arrival = max(prefill_done, float(link_free[choice.decode])) + choice.transfer_ms
+        self._ledger.record_prefill(
+            pre.endpoint_id, Sent(request.request_id, now, row.request.uncached_tokens, request.input_tokens)
+        )
+        self._ledger.record_decode(
+            dec.endpoint_id,
+            Sent(
+                request.request_id, now, 0, request.input_tokens, kv_arrival_ms=kv_arrival, transfer_end_ms=kv_arrival
+            ),
+        )
+        self._decisions[request.request_id] = _Decision(
+            row, decode_row, choice.ttft_mean_ms, choice.itl_mean_ms, choice.wait_ms + choice.transfer_ms
+        )
+        return Pick(
+            pre.endpoint_id,
+            dec.endpoint_id,
+            row=row,
+            decode_row=decode_row,
+            predicted_ttft_ms=choice.ttft_mean_ms,
+            predicted_tpot_ms=choice.itl_mean_ms,
+        )
+
+    # ----- learning ----------------------------------------------------------------------------------------
+
+    def observe(self, outcome: Outcome) -> None:
+        self._ledger.complete(outcome.request_id)
+        self._last_heard[outcome.endpoint_id] = outcome.completed_ms
+        if outcome.decode_endpoint_id is not None:
+            self._last_heard[outcome.decode_endpoint_id] = outcome.completed_ms
+        self._output_tokens += 0.01 * (outcome.output_tokens - self._output_tokens)
+        decision = self._decisions.pop(outcome.request_id, None)
+        if decision is None:
+            return  # decided by the fallback: its rows were not predicted
+        itl = outcome.itl_ms if outcome.output_tokens > 1 else 0.0
+        stamp = outcome.completed_ms / 1e3
+        if decision.decode_row is None:
+            observations = [
+                Observation(
+                    decision.row,
+                    outcome.ttft_ms,
+                    itl,
+                    decision.predicted_ttft_ms,
+                    decision.predicted_tpot_ms if itl else None,
+                    stamp,
+                )
+            ]
+        else:
+            prefill_ttft = max(outcome.ttft_ms - decision.transfer_ms, 0.05 * outcome.ttft_ms)
+            observations = [Observation(decision.row, prefill_ttft, 0.0, timestamp=stamp)]
+            if itl:
+                observations.append(Observation(decision.decode_row, 0.0, itl, None, decision.predicted_tpot_ms, stamp))
+        try:
+            self.counters.learned += self.predictor.observe(observations, self.deadline_s)
+        except PredictorError:
+            self.counters.unreported += len(observations)  # the predictor could not take them; routing goes on

@@ -1,0 +1,54 @@
+"""The policies that learn while they route, built for one fleet: Leadtime (and its ablations).
+
+Each starts cold: a fresh in-process predictor that knows only the accelerator catalog's physics, learning from
+every request the simulation completes. The P/D link bandwidth is the fleet's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from leadtime.features.rows import FeatureRow, Observation
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.router_plugin.client import InProcessPredictor
+from leadtime.router_plugin.policy import RoutingPolicy
+from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
+from leadtime.simulator.fleet import Fleet
+
+LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
+    "leadtime": {},
+    "leadtime_no_inflight": {"inflight": False},
+    "leadtime_no_hardware": {"hardware": False},
+    "leadtime_decode_first": {"joint_pairs": False},
+    "leadtime_no_timeslice": {"timeslice": False},
+}
+
+
+class _Learner:
+    """The online predictor under the row-taking names the plugin's in-process client calls."""
+
+    def __init__(self, predictor: OnlinePredictor) -> None:
+        self.predictor = predictor
+
+    def predict_many(self, rows: Sequence[FeatureRow]) -> Any:
+        return self.predictor.predict_rows(rows)
+
+    def learn_many(self, observations: Sequence[Observation]) -> None:
+        self.predictor.learn_observations(observations)
+
+
+def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
+    """A cold-started Leadtime policy (or one of its ablations) for `fleet`."""
+    switches = LEADTIME_POLICIES[name]
+    first = fleet.endpoints[0]
+    learner = OnlinePredictor(
+        LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
+    )
+    config = LeadtimeConfig(name=name, kv_link_gb_s=fleet.kv_link_gb_s, seed=seed, **switches)
+    return LeadtimePolicy(InProcessPredictor(_Learner(learner), learner.config.quantile), config)
+
+
+def learning_factories(fleet: Fleet, seed: int) -> dict[str, Callable[[], RoutingPolicy]]:
+    return {name: partial(leadtime_policy, name, fleet, seed) for name in LEADTIME_POLICIES}

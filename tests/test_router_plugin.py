@@ -1,0 +1,312 @@
+"""The Leadtime routing plugin: scorer math, in-flight accounting, P/D pairs, time-slicing, learning, fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from leadtime.features.rows import EndpointState, FeatureRow, Observation
+from leadtime.predictor.client import BulkPredictions, PredictorUnavailable
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.router_plugin.client import InProcessPredictor, PredictorClient
+from leadtime.router_plugin.inflight import InflightLedger, Sent
+from leadtime.router_plugin.pairs import PairPredictions, choose_pair
+from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest, RoutingPolicy
+from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
+from leadtime.router_plugin.scorers.latency import FEASIBLE, headroom, latency_scores, slo_scores
+from leadtime.router_plugin.timeslice import GroupStatus, ResidencyTracker
+
+
+class QueueModel:
+    """A predictor of our own protocol whose answers follow the rows' load: TTFT grows with the queue and
+    the uncached prompt, ITL with the running batch. It records what it was asked and told."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.asked: list[list[FeatureRow]] = []
+        self.told: list[Observation] = []
+
+    def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        if self.fail:
+            raise PredictorUnavailable("timeout", "deadline exceeded")
+        self.asked.append(list(rows))
+        ttft = np.array(
+            [
+                20.0
+                + 200.0 * r.endpoint.num_request_waiting
+                + 0.05 * r.request.uncached_tokens
+                + r.endpoint.timeslice_wait_ms
+                for r in rows
+            ]
+        )
+        itl = np.array([10.0 + 2.0 * r.endpoint.num_request_running for r in rows])
+        return BulkPredictions(ttft, 1.2 * ttft, itl, 1.2 * itl, 1, 0.9)
+
+    def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
+        self.told.extend(observations)
+        return len(observations)
+
+
+def cand(
+    name: str,
+    waiting: int = 0,
+    running: int = 0,
+    hits: int = 0,
+    role: str = "both",
+    group: str = "",
+    timeslice: str = "none",
+    published_ms: float = 0.0,
+) -> Candidate:
+    state = EndpointState(
+        endpoint_id=name,
+        accelerator="h100-sxm",
+        model="llama-3.1-8b",
+        role=role,
+        num_request_waiting=waiting,
+        num_request_running=running,
+        timeslice_state=timeslice,
+    )
+    return Candidate(state, hits, published_ms, group)
+
+
+def req(
+    rid: str = "r", tokens: int = 1000, at: float = 0.0, ttft_slo: float | None = 2000.0, itl_slo: float | None = 100.0
+) -> RouteRequest:
+    return RouteRequest(rid, tokens, (), ttft_slo, itl_slo, at)
+
+
+# ------------------------------------------------------------------------------ scorer
+
+
+def test_headroom_and_slo_scores() -> None:
+    assert headroom(np.array([0.0, 2000.0, 4000.0]), 2000.0).tolist() == [1.0, 0.0, -1.0]
+    ttft = np.array([100.0, 1900.0, 2100.0, 500.0])
+    itl = np.array([10.0, 10.0, 10.0, 120.0])
+    scores = slo_scores(ttft, itl, 2000.0, 100.0)
+    assert all(0.0 <= s <= 1.0 for s in scores)
+    assert (scores >= FEASIBLE).tolist() == [True, True, False, False]  # feasible iff both predicted met
+    assert scores[0] > scores[1]  # more slack, higher score
+    assert scores[2] > scores[3]  # a 5% TTFT miss is better than a 20% ITL miss
+    # Only one SLO: only that target counts.
+    assert slo_scores(ttft, itl, 2000.0, None).tolist() == slo_scores(ttft, np.zeros(4), 2000.0, None).tolist()
+    with pytest.raises(ValueError):
+        slo_scores(ttft, itl, None, None)
+
+
+def test_ties_on_the_binding_slo_are_broken_by_the_other() -> None:
+    scores = slo_scores(np.array([1500.0, 500.0]), np.array([80.0, 80.0]), 2000.0, 100.0)
+    assert scores[1] > scores[0] >= FEASIBLE
+
+
+def test_latency_scores_without_slos() -> None:
+    scores = latency_scores(np.array([100.0, 100.0, 300.0]), np.array([10.0, 20.0, 10.0]), 10.0)
+    assert scores.tolist() == pytest.approx([1.0, 200 / 300, 200 / 400])
+
+
+# ------------------------------------------------------------------------------ in-flight accounting
+
+
+def test_ledger_counts_only_what_the_published_state_cannot_hold() -> None:
+    ledger = InflightLedger()
+    ledger.record_prefill("a", Sent("r1", 10.0, 500, 600))
+    ledger.record_prefill("a", Sent("r2", 60.0, 300, 300))
+    state = EndpointState(endpoint_id="a", num_request_waiting=1, prefill_tokens_in_flight=100)
+    assert ledger.adjusted(state, published_ms=50.0).num_request_waiting == 2  # r2 only
+    assert ledger.adjusted(state, published_ms=0.0).prefill_tokens_in_flight == 900
+    ledger.record_decode("d", Sent("r3", 0.0, 0, 800, kv_arrival_ms=120.0, transfer_end_ms=120.0))
+    decode = EndpointState(endpoint_id="d", role="decode", num_request_running=4, decode_tokens_in_flight=1000)
+    later = ledger.adjusted(decode, published_ms=100.0)
+    assert (later.num_request_running, later.decode_tokens_in_flight) == (5, 1800)
+    assert ledger.adjusted(decode, published_ms=150.0) is decode  # landed before publication: counted there
+    assert ledger.link_free_ms("d", now_ms=50.0) == 120.0 and ledger.link_free_ms("d", now_ms=200.0) == 200.0
+    for rid in ("r1", "r2", "r3"):
+        ledger.complete(rid)
+    assert len(ledger) == 0 and ledger.adjusted(state, 0.0) is state
+
+
+def test_a_burst_is_spread_by_in_flight_accounting() -> None:
+    # Endpoint a looks slightly better to every request of the burst: its state was published before any of them.
+    candidates = [cand("a", hits=200), cand("b"), cand("c"), cand("d")]
+
+    def route(config: LeadtimeConfig) -> list[str]:
+        policy = LeadtimePolicy(QueueModel(), config)
+        return [policy.pick(req(f"r{i}", at=1.0 + i * 0.01), candidates).endpoint_id for i in range(8)]
+
+    spread = route(LeadtimeConfig(exploration=0.0))
+    assert sorted(spread) == ["a", "a", "b", "b", "c", "c", "d", "d"]
+    assert route(LeadtimeConfig(inflight=False, exploration=0.0)) == ["a"] * 8
+
+
+# ------------------------------------------------------------------------------ learning and fallback
+
+
+def test_observations_carry_the_scored_features_actuals_and_predictions() -> None:
+    model = QueueModel()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0))
+    first = policy.pick(req("r1", at=5.0), [cand("a")])
+    second = policy.pick(req("r2", at=6.0), [cand("a")])
+    assert second.row is not None and second.row.endpoint.num_request_waiting == 1  # r1 added in flight
+    policy.observe(Outcome("r2", "a", None, ttft_ms=480.0, itl_ms=12.5, output_tokens=40, completed_ms=900.0))
+    (obs,) = model.told
+    assert obs.row == second.row
+    assert (obs.actual_ttft_ms, obs.actual_tpot_ms) == (480.0, 12.5)
+    assert obs.predicted_ttft_ms == second.predicted_ttft_ms and obs.predicted_tpot_ms == second.predicted_tpot_ms
+    assert obs.timestamp == pytest.approx(0.9)
+    assert first.row is not None and first.row.endpoint.num_request_waiting == 0
+    # A request of one output token has no ITL to learn.
+    policy.observe(Outcome("r1", "a", None, ttft_ms=300.0, itl_ms=0.0, output_tokens=1, completed_ms=950.0))
+    assert model.told[-1].actual_tpot_ms == 0.0 and model.told[-1].predicted_tpot_ms is None
+
+
+def test_a_failing_predictor_falls_back_to_the_heuristics_and_routing_goes_on() -> None:
+    policy = LeadtimePolicy(QueueModel(fail=True), LeadtimeConfig())
+    pick = policy.pick(req(), [cand("a", waiting=5), cand("b", waiting=0)])
+    assert pick.endpoint_id == "b" and pick.row is None  # llm-d's queue scorer decides
+    assert policy.counters.fallbacks == 1
+    policy.observe(Outcome("r", "b", None, 100.0, 10.0, 5, 200.0))  # nothing to learn, nothing raised
+
+
+def test_the_in_process_client_satisfies_the_protocol_and_learns() -> None:
+    predictor = OnlinePredictor(LearnerConfig(background=False))
+
+    class Rows:
+        def predict_many(self, rows: Sequence[FeatureRow]) -> object:
+            return predictor.predict_rows(rows)
+
+        def learn_many(self, observations: Sequence[Observation]) -> None:
+            predictor.learn_observations(observations)
+
+    client = InProcessPredictor(Rows())
+    assert isinstance(client, PredictorClient)
+    policy = LeadtimePolicy(client)
+    assert isinstance(policy, RoutingPolicy)
+    row = policy.pick(req(), [cand("a"), cand("b", waiting=3)]).row
+    assert row is not None
+    before = client.predict([row]).ttft_mean_ms[0]
+    for _ in range(40):
+        client.observe([Observation(row, actual_ttft_ms=before * 3, actual_tpot_ms=30.0)])
+    assert client.predict([row]).ttft_mean_ms[0] > 1.5 * before
+
+
+# ------------------------------------------------------------------------------ P/D pairs
+
+
+def test_the_joint_pair_beats_decode_first_when_the_best_decode_link_is_busy() -> None:
+    p = PairPredictions(
+        prefill_ttft=np.array([400.0, 380.0]),
+        prefill_ttft_mean=np.array([300.0, 290.0]),
+        decode_itl=np.array([40.0, 20.0]),
+        decode_itl_mean=np.array([35.0, 15.0]),
+        local_ttft=None,
+        local_ttft_mean=None,
+        link_free_ms=np.array([0.0, 3000.0]),
+        transfer_ms=np.array([50.0, 50.0]),
+    )
+    joint = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0)
+    first = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0, decode_first=True)
+    assert (joint.prefill, joint.decode) == (1, 0) and joint.ttft_ms <= 1000.0
+    assert first.decode == 1 and first.ttft_ms > 1000.0  # best ITL first, then a TTFT miss behind its link
+
+
+def test_a_short_prompt_is_prefilled_on_the_decode_endpoint_when_that_is_faster() -> None:
+    p = PairPredictions(
+        prefill_ttft=np.array([900.0]),
+        prefill_ttft_mean=np.array([800.0]),
+        decode_itl=np.array([20.0]),
+        decode_itl_mean=np.array([18.0]),
+        local_ttft=np.array([60.0]),
+        local_ttft_mean=np.array([50.0]),
+        link_free_ms=np.array([0.0]),
+        transfer_ms=np.array([5.0]),
+    )
+    choice = choose_pair(p, 0.0, 2000.0, 100.0)
+    assert choice.prefill is None and choice.decode == 0 and choice.transfer_ms == 0.0
+
+
+def test_pd_policy_learns_prefill_ttft_without_the_transfer_and_itl_on_the_decode_row() -> None:
+    model = QueueModel()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0, local_prefill=False, kv_link_gb_s=10.0))
+    candidates = [
+        cand("p0", role="prefill"),
+        cand("p1", role="prefill", waiting=4),
+        cand("d0", role="decode", running=30),
+        cand("d1", role="decode"),
+    ]
+    pick = policy.pick(req("r", tokens=4000), candidates)
+    assert (pick.endpoint_id, pick.decode_endpoint_id) == ("p0", "d1")
+    assert pick.row is not None and pick.decode_row is not None and pick.decode_row.endpoint.role == "decode"
+    assert policy._ledger.link_free_ms("d1", 0.0) > 0.0  # r's transfer is queued on d1's link
+    policy.observe(Outcome("r", "p0", "d1", ttft_ms=700.0, itl_ms=15.0, output_tokens=50, completed_ms=2000.0))
+    prefill_obs, decode_obs = model.told
+    assert prefill_obs.row == pick.row and 0 < prefill_obs.actual_ttft_ms < 700.0 and prefill_obs.actual_tpot_ms == 0
+    assert decode_obs.row == pick.decode_row and decode_obs.actual_tpot_ms == 15.0 and decode_obs.actual_ttft_ms == 0
+    assert policy._ledger.link_free_ms("d1", 0.0) == 0.0  # completed: nothing of r is left in flight
+
+
+# ------------------------------------------------------------------------------ time-slicing
+
+
+class Groups:
+    def __init__(self, statuses: dict[str, GroupStatus]) -> None:
+        self.statuses = statuses
+
+    def status(self, group: str) -> GroupStatus | None:
+        return self.statuses.get(group)
+
+
+def test_non_resident_endpoints_are_filtered_out() -> None:
+    source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
+    policy = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    # The shared endpoint looks idle, but its group is held by the training job.
+    candidates = [cand("shared", group="rl"), cand("dedicated", waiting=3)]
+    assert policy.pick(req(), candidates).endpoint_id == "dedicated"
+    assert policy.counters.timeslice_filtered == 1
+    blind = LeadtimePolicy(QueueModel(), LeadtimeConfig(timeslice=False, exploration=0.0), timeslice_source=source)
+    assert blind.pick(req(), candidates).endpoint_id == "shared"
+
+
+def test_when_every_candidate_is_away_each_is_scored_with_its_expected_wait() -> None:
+    source = Groups(
+        {
+            "g1": GroupStatus("LOCKED", "training", "training", 1, 0.0),
+            "g2": GroupStatus("SWITCHING", "", "inference", 0, 9_900.0),
+        }
+    )
+    model = QueueModel()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    pick = policy.pick(req(at=10_000.0), [cand("a", group="g1"), cand("b", group="g2")])
+    assert pick.endpoint_id == "b"  # restoring already: back within ~100 ms, where g1 may be away for seconds
+    waits = {r.endpoint.endpoint_id: r.endpoint.timeslice_wait_ms for r in model.asked[-1]}
+    assert 0.0 <= waits["b"] < 100.0 < waits["a"]
+    assert all(r.endpoint.timeslice_state == "parked" for r in model.asked[-1])
+    assert policy.counters.all_non_resident == 1
+
+
+def test_prefix_hits_are_dropped_after_a_swap() -> None:
+    source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
+    model = QueueModel()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    policy.pick(req(at=100.0), [cand("x", group="rl", hits=800), cand("y")])
+    source.statuses["rl"] = GroupStatus("LOCKED", "inference", "inference", 0, 5_000.0)
+    # Published at 4 s, before the swap back at 5 s: the 800 cached tokens it reports are gone.
+    policy.pick(req("r2", at=5_010.0), [cand("x", group="rl", hits=800, published_ms=4_000.0)])
+    assert model.asked[-1][0].request.prefix_hit_tokens == 0
+    policy.pick(req("r3", at=5_100.0), [cand("x", group="rl", hits=800, published_ms=5_050.0)])
+    assert model.asked[-1][0].request.prefix_hit_tokens == 800
+
+
+def test_the_residency_tracker_learns_away_and_restore_times() -> None:
+    tracker = ResidencyTracker("inference", prior_away_ms=5000.0)
+    assert tracker.expected_wait_ms("g", 0.0) == 0.0  # never seen: assumed serving
+    tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, 0.0), 0.0)
+    assert tracker.expected_wait_ms("g", 1000.0) == pytest.approx(4000.0 + 100.0)  # the priors
+    for start in (10_000.0, 20_000.0):
+        tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, start), start)
+        tracker.update("g", GroupStatus("LOCKED", "inference", "inference", 0, start + 50.0), start + 50.0)
+        tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, start + 5000.0), start + 5000.0)
+    assert tracker.serving("g") is False
+    # Away periods of 10 s and 5 s seen; 6 s into this one only the 10 s one is longer: 4 s left, + 50 ms.
+    assert tracker.expected_wait_ms("g", 31_000.0) == pytest.approx(4050.0)
+    assert tracker.swapped_in_at("g") == 0.0  # not serving now
