@@ -37,10 +37,18 @@ from leadtime.features.catalog import get_model
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
 from leadtime.router_plugin.client import PredictorClient, PredictorError
-from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
+from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy, WeightedScorer
 from leadtime.router_plugin.inflight import InflightLedger, Sent
 from leadtime.router_plugin.pairs import PairPredictions, choose_pair
-from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, split_by_role
+from leadtime.router_plugin.policy import (
+    Candidate,
+    NoCandidateError,
+    Outcome,
+    Pick,
+    RouteRequest,
+    RoutingPolicy,
+    split_by_role,
+)
 from leadtime.router_plugin.scorers.latency import FEASIBLE, latency_scores, slo_scores
 from leadtime.router_plugin.timeslice import ResidencyTracker, TimesliceSource
 
@@ -139,6 +147,11 @@ class LeadtimePolicy:
         Where time-slice group states come from; the simulator attaches itself when none is given.
     deadline_s
         Budget of each predictor call; beyond it the decision falls back to heuristics.
+    latency_weight, extra_scorers
+        On unified fleets a candidate's score is `latency_weight` × its latency score plus each extra
+        (heuristic) scorer's weighted score, as llm-d sums its scorers; on P/D pairs are ranked by latency alone.
+    fallback
+        The policy that decides when the predictor cannot (llm-d's 3/2/2 heuristic by default).
     """
 
     def __init__(
@@ -147,6 +160,9 @@ class LeadtimePolicy:
         config: LeadtimeConfig = LeadtimeConfig(),
         timeslice_source: TimesliceSource | None = None,
         deadline_s: float | None = None,
+        latency_weight: float = 1.0,
+        extra_scorers: Sequence[WeightedScorer] = (),
+        fallback: RoutingPolicy | None = None,
     ) -> None:
         self.predictor = predictor
         self.config = config
@@ -158,7 +174,9 @@ class LeadtimePolicy:
         self._ledger = InflightLedger()
         self._residency = ResidencyTracker(config.serving_job)
         self._decisions: dict[str, _Decision] = {}
-        self._fallback = LlmdHeuristicPolicy(seed=config.seed)
+        self.latency_weight = latency_weight
+        self.extra_scorers = list(extra_scorers)
+        self._fallback = fallback if fallback is not None else LlmdHeuristicPolicy(seed=config.seed)
         self._last_heard: dict[str, float] = {}
         self._output_tokens = 256.0  # running mean of output lengths, for the no-SLO latency score
 
@@ -245,16 +263,19 @@ class LeadtimePolicy:
 
     # ----- picking -----------------------------------------------------------------------------------------
 
-    def _scores(self, request: RouteRequest, s: _Scored) -> np.ndarray:
+    def _latency_scores(self, request: RouteRequest, s: _Scored) -> np.ndarray:
         if request.ttft_slo_ms is None and request.tpot_slo_ms is None:
             return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens)
         return slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
 
-    def _argmax(self, scores: np.ndarray, candidates: Sequence[Candidate]) -> int:
+    def _argmax(self, request: RouteRequest, latency: np.ndarray, candidates: Sequence[Candidate]) -> int:
+        scores = self.latency_weight * latency
+        for extra in self.extra_scorers:
+            scores = scores + extra.weight * np.asarray(extra.scorer(request, candidates))
         best = float(scores.max())
         tied = np.flatnonzero(scores >= best - 1e-12)
         if self.config.exploration > 0 and self._rng.random() < self.config.exploration:
-            feasible = np.flatnonzero(scores >= FEASIBLE)
+            feasible = np.flatnonzero(latency >= FEASIBLE)
             if len(feasible) > 1:
                 self.counters.explored += 1
                 heard = [self._last_heard.get(candidates[int(i)].endpoint_id, -math.inf) for i in feasible]
@@ -278,7 +299,7 @@ class LeadtimePolicy:
             raise NoCandidateError("no candidate endpoints")
         s = _Scored(candidates, self._rows(request, candidates, away))
         self._predict([s])
-        i = self._argmax(self._scores(request, s), candidates)
+        i = self._argmax(request, self._latency_scores(request, s), candidates)
         chosen, row = candidates[i], s.rows[i]
         self._ledger.record_prefill(
             chosen.endpoint_id,

@@ -1,0 +1,244 @@
+"""The plugin's configuration, in the shape of llm-d's EndpointPickerConfig: plugins with parameters, and a
+scheduling profile that lists which of them run and with what weight.
+
+    kind: EndpointPickerConfig
+    plugins:
+    - type: timeslice-filter                 # drop endpoints whose accelerator group serves another job
+      parameters: {servingJob: inference}
+    - type: inflight-accounting              # add what this router sent since each endpoint's last scrape
+    - type: predicted-latency-scorer         # SLO headroom from predicted TTFT/ITL (scorers/latency.py)
+      parameters: {exploration: 0.02, disaggregation: joint, localPrefill: true, kvLinkGbS: 25}
+    - type: prefix-cache-scorer
+    - type: queue-scorer
+    - type: kv-cache-utilization-scorer
+    - type: max-score-picker
+    schedulingProfiles:
+    - name: default
+      plugins:
+      - pluginRef: timeslice-filter
+      - pluginRef: inflight-accounting
+      - pluginRef: predicted-latency-scorer
+        weight: 1
+      - pluginRef: max-score-picker
+    fallback:                                # when the predictor fails or misses its deadline
+      deadlineMs: 20
+      weights: {prefix-cache-scorer: 3, queue-scorer: 2, kv-cache-utilization-scorer: 2}
+
+A profile with the predicted-latency scorer becomes a `LeadtimePolicy`; heuristic scorers listed beside it with
+a weight add their weighted scores to its score on unified fleets (on P/D fleets pairs are ranked by the
+latency scorer alone). A profile without it is llm-d's heuristic pipeline. Every mistake is a `ConfigError`
+naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from leadtime.router_plugin.client import PredictorClient
+from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, resident_filter
+from leadtime.router_plugin.policy import RoutingPolicy
+from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
+from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
+
+HEURISTIC_SCORERS = {
+    "prefix-cache-scorer": prefix_cache_scorer,
+    "queue-scorer": queue_scorer,
+    "kv-cache-utilization-scorer": kv_utilization_scorer,
+}
+PLUGIN_TYPES = (
+    "predicted-latency-scorer",
+    "inflight-accounting",
+    "timeslice-filter",
+    "max-score-picker",
+    *HEURISTIC_SCORERS,
+)
+LLMD_WEIGHTS = {"prefix-cache-scorer": 3.0, "queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0}
+
+
+class ConfigError(ValueError):
+    """The plugin configuration is malformed; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class LatencyParameters(_Model):
+    exploration: float = Field(default=0.02, ge=0.0, le=1.0)
+    disaggregation: Literal["joint", "decode-first"] = "joint"
+    local_prefill: bool = Field(default=True, alias="localPrefill")
+    disaggregate_min_tokens: int = Field(default=16, ge=0, alias="disaggregateMinTokens")
+    kv_link_gb_s: float = Field(default=25.0, gt=0, alias="kvLinkGbS")
+    hardware: bool = True
+    seed: int = 0
+
+
+class TimesliceParameters(_Model):
+    serving_job: str = Field(default="inference", min_length=1, alias="servingJob")
+
+
+class PluginSpec(_Model):
+    type: Literal[PLUGIN_TYPES]  # type: ignore[valid-type]
+    name: str | None = None
+    parameters: dict[str, Any] = {}
+
+    @property
+    def ref(self) -> str:
+        return self.name or self.type
+
+
+class ProfilePlugin(_Model):
+    plugin_ref: str = Field(alias="pluginRef")
+    weight: float = Field(default=1.0, ge=0.0)
+
+
+class ProfileSpec(_Model):
+    name: str = "default"
+    plugins: list[ProfilePlugin] = Field(min_length=1)
+
+
+class FallbackSpec(_Model):
+    deadline_ms: float = Field(default=20.0, gt=0, alias="deadlineMs")
+    weights: dict[Literal[tuple(HEURISTIC_SCORERS)], float] = dict(LLMD_WEIGHTS)  # type: ignore[valid-type]
+
+
+class PickerConfig(_Model):
+    kind: Literal["EndpointPickerConfig"] = "EndpointPickerConfig"
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    plugins: list[PluginSpec] = Field(min_length=1)
+    scheduling_profiles: list[ProfileSpec] = Field(min_length=1, alias="schedulingProfiles")
+    fallback: FallbackSpec = FallbackSpec()
+
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "kind": "EndpointPickerConfig",
+    "plugins": [
+        {"type": "timeslice-filter"},
+        {"type": "inflight-accounting"},
+        {"type": "predicted-latency-scorer"},
+        {"type": "max-score-picker"},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "timeslice-filter"},
+                {"pluginRef": "inflight-accounting"},
+                {"pluginRef": "predicted-latency-scorer", "weight": 1},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }
+    ],
+}
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "config"
+    return f"{where}: {first['msg']}"
+
+
+def parse_config(data: object) -> PickerConfig:
+    """A parsed YAML/JSON document → PickerConfig; ConfigError names the offending field."""
+    try:
+        config = PickerConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None
+    refs = [p.ref for p in config.plugins]
+    duplicates = {r for r in refs if refs.count(r) > 1}
+    if duplicates:
+        raise ConfigError(f"plugins: the name {sorted(duplicates)[0]!r} is used twice")
+    for i, profile in enumerate(config.scheduling_profiles):
+        for j, entry in enumerate(profile.plugins):
+            if entry.plugin_ref not in refs:
+                raise ConfigError(f"schedulingProfiles.{i}.plugins.{j}.pluginRef: no plugin named {entry.plugin_ref!r}")
+    return config
+
+
+def load_config(path: Path) -> PickerConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: {(err.strerror or str(err)).lower()}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    try:
+        return parse_config(data)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def _parameters(model: type[BaseModel], spec: PluginSpec, where: str) -> Any:
+    try:
+        return model.model_validate(spec.parameters)
+    except ValidationError as err:
+        raise ConfigError(f"{where}.parameters.{_describe(err)}") from None
+
+
+def build_policy(
+    config: PickerConfig | Mapping[str, Any] | None,
+    predictor: PredictorClient | None,
+    profile: str = "default",
+    seed: int = 0,
+) -> RoutingPolicy:
+    """The policy a scheduling profile describes, over `predictor` (needed when it uses predicted latency)."""
+    if not isinstance(config, PickerConfig):
+        config = parse_config(DEFAULT_CONFIG if config is None else config)
+    chosen = next((p for p in config.scheduling_profiles if p.name == profile), None)
+    if chosen is None:
+        raise ConfigError(f"schedulingProfiles: no profile named {profile!r}")
+    plugins = {p.ref: p for p in config.plugins}
+    used = [(plugins[e.plugin_ref], e.weight, e.plugin_ref) for e in chosen.plugins]
+    types = {spec.type for spec, _, _ in used}
+    heuristics = [
+        WeightedScorer(HEURISTIC_SCORERS[spec.type], weight)
+        for spec, weight, _ in used
+        if spec.type in HEURISTIC_SCORERS and weight > 0
+    ]
+    if "predicted-latency-scorer" not in types:
+        filters = [resident_filter] if "timeslice-filter" in types else []
+        return ScoringPolicy(chosen.name, heuristics, filters, seed=seed)
+    if predictor is None:
+        raise ConfigError(
+            "the predicted-latency-scorer needs a predictor (--predictor-url, --predictor-grpc or --embedded)"
+        )
+    latency_spec, latency_weight, _ = next(u for u in used if u[0].type == "predicted-latency-scorer")
+    latency = _parameters(LatencyParameters, latency_spec, f"plugins.{latency_spec.ref}")
+    timeslice_spec = next((spec for spec, _, _ in used if spec.type == "timeslice-filter"), None)
+    timeslice = (
+        _parameters(TimesliceParameters, timeslice_spec, f"plugins.{timeslice_spec.ref}") if timeslice_spec else None
+    )
+    leadtime = LeadtimeConfig(
+        name=chosen.name if chosen.name != "default" else "leadtime",
+        inflight="inflight-accounting" in types,
+        hardware=latency.hardware,
+        joint_pairs=latency.disaggregation == "joint",
+        timeslice=timeslice is not None,
+        local_prefill=latency.local_prefill,
+        disaggregate_min_tokens=latency.disaggregate_min_tokens,
+        exploration=latency.exploration,
+        kv_link_gb_s=latency.kv_link_gb_s,
+        serving_job=timeslice.serving_job if timeslice else "inference",
+        seed=latency.seed or seed,
+    )
+    fallback = ScoringPolicy(
+        "fallback",
+        [WeightedScorer(HEURISTIC_SCORERS[n], w) for n, w in config.fallback.weights.items() if w > 0],
+        [resident_filter],
+        seed=seed,
+    )
+    return LeadtimePolicy(
+        predictor,
+        leadtime,
+        deadline_s=config.fallback.deadline_ms / 1e3,
+        latency_weight=latency_weight,
+        extra_scorers=heuristics,
+        fallback=fallback,
+    )

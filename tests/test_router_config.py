@@ -1,0 +1,106 @@
+"""The plugin configuration (llm-d's EndpointPickerConfig shape): parsing, errors naming the field, policies."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_router_plugin import QueueModel, cand, req
+
+from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
+from leadtime.router_plugin.heuristics import ScoringPolicy
+from leadtime.router_plugin.predicted import LeadtimePolicy
+
+SHIPPED = Path(__file__).resolve().parents[1] / "router_plugin" / "plugins.yaml"
+
+
+def test_the_shipped_config_builds_both_profiles() -> None:
+    config = load_config(SHIPPED)
+    policy = build_policy(config, QueueModel())
+    assert isinstance(policy, LeadtimePolicy)
+    assert policy.config.inflight and policy.config.timeslice and policy.config.joint_pairs
+    assert policy.config.exploration == 0.02 and policy.deadline_s == pytest.approx(0.02)
+    heuristic = build_policy(config, None, profile="heuristic")
+    assert isinstance(heuristic, ScoringPolicy) and [w.weight for w in heuristic.scorers] == [3, 2, 2]
+
+
+def test_defaults_without_a_file() -> None:
+    policy = build_policy(None, QueueModel())
+    assert isinstance(policy, LeadtimePolicy) and policy.extra_scorers == []
+
+
+def test_weights_and_parameters_reach_the_policy() -> None:
+    config = {
+        "plugins": [
+            {"type": "predicted-latency-scorer", "parameters": {"disaggregation": "decode-first", "exploration": 0}},
+            {"type": "kv-cache-utilization-scorer", "name": "kv"},
+        ],
+        "schedulingProfiles": [
+            {"plugins": [{"pluginRef": "predicted-latency-scorer", "weight": 2}, {"pluginRef": "kv", "weight": 0.5}]}
+        ],
+        "fallback": {"deadlineMs": 5},
+    }
+    policy = build_policy(config, QueueModel())
+    assert isinstance(policy, LeadtimePolicy)
+    assert not policy.config.joint_pairs and not policy.config.inflight and not policy.config.timeslice
+    assert policy.latency_weight == 2 and [w.weight for w in policy.extra_scorers] == [0.5]
+    assert policy.deadline_s == pytest.approx(0.005)
+    # Both predicted alike (the model ignores KV use): the weighted KV scorer tips it towards the emptier cache.
+    full, empty = cand("a"), cand("b")
+    full = replace(full, state=replace(full.state, kv_cache_percentage=0.9))
+    assert policy.pick(req(), [full, empty]).endpoint_id == "b"
+    assert policy.pick(req("r2"), [empty, full]).endpoint_id == "b"
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        (
+            {"plugins": [{"type": "magic-scorer"}], "schedulingProfiles": [{"plugins": [{"pluginRef": "x"}]}]},
+            "plugins.0.type",
+        ),
+        (
+            {"plugins": [{"type": "queue-scorer"}], "schedulingProfiles": [{"plugins": [{"pluginRef": "nope"}]}]},
+            "pluginRef",
+        ),
+        (
+            {
+                "plugins": [{"type": "queue-scorer"}, {"type": "queue-scorer"}],
+                "schedulingProfiles": [{"plugins": [{"pluginRef": "queue-scorer"}]}],
+            },
+            "used twice",
+        ),
+        (
+            {
+                "plugins": [{"type": "predicted-latency-scorer", "parameters": {"exploration": 2}}],
+                "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
+            },
+            "exploration",
+        ),
+        (
+            {
+                "plugins": [{"type": "queue-scorer"}],
+                "schedulingProfiles": [{"plugins": [{"pluginRef": "queue-scorer", "weight": -1}]}],
+            },
+            "weight",
+        ),
+        ({"plugins": [], "schedulingProfiles": []}, "plugins"),
+    ],
+)
+def test_mistakes_name_the_field(config: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        build_policy(parse_config(config) if field != "exploration" else config, QueueModel())
+
+
+def test_a_latency_profile_without_a_predictor_and_a_missing_profile_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="needs a predictor"):
+        build_policy(None, None)
+    with pytest.raises(ConfigError, match="no profile named 'fast'"):
+        build_policy(None, QueueModel(), profile="fast")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("plugins: [\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="missing.yaml: no such file"):
+        load_config(tmp_path / "missing.yaml")
