@@ -2,9 +2,10 @@
 
 For each fleet the same requests (the first `max_requests` of the trace, arrivals spread over the trace's
 timestamp steps, see `simulator.workload.spread_steps`) are replayed at two rates: a base rate that loads the
-fleet to `LOAD_TARGET` of its capacity, and 1.5× that. A fleet's capacity is measured, not configured: the first
-`CAPACITY_PROBE` requests are offered all at once to the fleet under least-queue routing, and its capacity is the
-rate at which it completes the middle 80% of them. Every policy sees the same requests, seed and SLOs (each
+fleet to `LOAD_TARGET` of its capacity, and 1.5× that. A fleet's capacity is measured, not configured: the
+highest rate at which, under least-queue routing, it completes requests as fast as they arrive (at least
+`KEEP_UP` of the arrivals in the middle half of the window complete within it), found by bisection on the first
+`CAPACITY_PROBE` requests with the trace's own arrival pattern. Every policy sees the same requests, seed and SLOs (each
 request's SLO class is drawn by the fleet file's `slos` from its id). Goodput is the number of requests that met
 both of their SLOs per second of the arrival window.
 
@@ -41,7 +42,9 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
 LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS)
 LOADS = {"base": 1.0, "high": 1.5}
 LOAD_TARGET = 0.85
-CAPACITY_PROBE = 1200
+CAPACITY_PROBE = 2000
+CAPACITY_STEPS = 5
+KEEP_UP = 0.95
 AFTER_JOIN_S = 120.0
 DEFAULT_SLO_MS = (2000.0, 100.0)  # (TTFT, ITL) for a fleet file that states no SLO classes
 
@@ -87,19 +90,44 @@ def _at_rate(requests: Sequence[Any], rate_rps: float) -> list[Any]:
     return [replace(r, arrival_ms=(r.arrival_ms - requests[0].arrival_ms) * scale) for r in requests]
 
 
-def capacity_rps(fleet_name: str, trace: str, max_requests: int, seed: int) -> float:
-    """Requests per second the fleet completes when offered far more than it can take (least-queue routing)."""
+def _keeps_up(fleet: Any, probe: Sequence[Any], rate_rps: float, seed: int) -> bool:
+    """Whether the fleet, under least-queue routing, completes requests as fast as they arrive at `rate_rps`:
+    over the middle half of the arrival window it must complete at least `KEEP_UP` of what arrived."""
     from leadtime.simulator.engine import FleetSimulator
     from leadtime.simulator.run import make_policy
 
+    workload = _at_rate(probe, rate_rps)
+    result = FleetSimulator(fleet, workload, make_policy("least-queue", seed, fleet), seed=seed).run()
+    start, end = workload[len(workload) // 4].arrival_ms, workload[3 * len(workload) // 4].arrival_ms
+    arrived = sum(start <= r.arrival_ms < end for r in workload)
+    completed = sum(start <= c.arrival_ms + c.e2e_ms < end for c in result.completed)
+    return completed >= KEEP_UP * arrived
+
+
+def capacity_rps(fleet_name: str, trace: str, max_requests: int, seed: int) -> float:
+    """The highest arrival rate the fleet keeps up with (least-queue routing, the trace's own arrival pattern):
+    found by doubling or halving from the trace's recorded rate, then `CAPACITY_STEPS` bisections."""
     fleet = _fleet(fleet_name)
     probe = list(_trace(trace, max_requests, seed))[: min(CAPACITY_PROBE, max_requests)]
-    burst = [replace(r, arrival_ms=i * 1e-3) for i, r in enumerate(probe)]
-    result = FleetSimulator(fleet, burst, make_policy("least-queue", seed, fleet), seed=seed).run()
-    done = np.sort([c.arrival_ms + c.e2e_ms for c in result.completed])
-    lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
-    span_s = (done[hi] - done[lo]) / 1e3
-    return (hi - lo) / span_s if span_s > 0 else float(len(done))
+    span_s = (probe[-1].arrival_ms - probe[0].arrival_ms) / 1e3
+    rate = (len(probe) - 1) / span_s if span_s > 0 else 1.0
+    low, high = None, None
+    for _ in range(12):
+        if _keeps_up(fleet, probe, rate, seed):
+            low, rate = rate, rate * 2.0
+        else:
+            high, rate = rate, rate / 2.0
+        if low is not None and high is not None:
+            break
+    if low is None or high is None:
+        raise RuntimeError(f"{fleet_name}: could not bracket the fleet's capacity")
+    for _ in range(CAPACITY_STEPS):
+        middle = math.sqrt(low * high)
+        if _keeps_up(fleet, probe, middle, seed):
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -114,15 +142,14 @@ def _mape(pairs: list[tuple[float, float]]) -> float | None:
     return float(np.mean(np.abs(predicted - actual) / actual))
 
 
-def cell_metrics(result: Any, workload: Sequence[Any], learning: bool) -> dict[str, Any]:
+def cell_metrics(result: Any, learning: bool) -> dict[str, Any]:
     """One policy's figures on one fleet and load, as the JSON reports them."""
     done = result.completed
-    span_s = max((workload[-1].arrival_ms - workload[0].arrival_ms) / 1e3, 1e-9)
     met = [c for c in done if c.meets_slo]
     itl = [c.itl_ms for c in done if c.output_tokens > 1]
     ttft = [c.ttft_ms for c in done]
     metrics: dict[str, Any] = {
-        "goodput_rps": len(met) / span_s,
+        "goodput_rps": result.goodput_rps,
         "slo_attainment": len(met) / max(len(done), 1),
         "ttft_ms": {
             "p50": _percentile([c.ttft_ms for c in done], 50),
@@ -171,7 +198,7 @@ def run_cell(cell: Cell) -> tuple[Cell, dict[str, Any], Any]:
     result = FleetSimulator(
         fleet, workload, policy, seed=cell.seed, ttft_slo_ms=DEFAULT_SLO_MS[0], tpot_slo_ms=DEFAULT_SLO_MS[1]
     ).run()
-    metrics = cell_metrics(result, workload, cell.policy in LEARNING)
+    metrics = cell_metrics(result, cell.policy in LEARNING)
     curves = {
         "ttft_ms": sorted(c.ttft_ms for c in result.completed),
         "itl_ms": sorted(c.itl_ms for c in result.completed if c.output_tokens > 1),

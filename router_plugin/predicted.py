@@ -107,6 +107,9 @@ class _Decision:
     predicted_ttft_ms: float
     predicted_tpot_ms: float
     transfer_ms: float = 0.0
+    decided_ms: float = 0.0
+    prefill_group: str = ""
+    decode_group: str = ""
 
 
 @dataclass
@@ -257,9 +260,22 @@ class LeadtimePolicy:
         start = 0
         for s in scored:
             stop = start + len(s.rows)
-            s.ttft, s.ttft_mean = p.ttft_quantile_ms[start:stop], p.ttft_mean_ms[start:stop]
-            s.tpot, s.tpot_mean = p.tpot_quantile_ms[start:stop], p.tpot_mean_ms[start:stop]
+            s.ttft, s.ttft_mean = p.ttft_quantile_ms[start:stop].copy(), p.ttft_mean_ms[start:stop].copy()
+            s.tpot, s.tpot_mean = p.tpot_quantile_ms[start:stop].copy(), p.tpot_mean_ms[start:stop].copy()
             start = stop
+            if self.config.timeslice:
+                self._add_swap_risk(s)
+
+    def _add_swap_risk(self, s: _Scored) -> None:
+        """Time-sliced endpoints that serve now may be swapped out mid-request (timeslice.swap_risk_ms)."""
+        for i, c in enumerate(s.candidates):
+            group = c.timeslice_group
+            if not group or not self._residency.serving(group):
+                continue
+            s.ttft[i], s.ttft_mean[i] = self._residency.swap_risk_ms(group, np.array([s.ttft[i], s.ttft_mean[i]]))
+            factor = self._residency.swap_risk_factor(group)
+            s.tpot[i] *= factor
+            s.tpot_mean[i] *= factor
 
     # ----- picking -----------------------------------------------------------------------------------------
 
@@ -306,7 +322,8 @@ class LeadtimePolicy:
             Sent(request.request_id, request.arrival_ms, row.request.uncached_tokens, request.input_tokens),
         )
         ttft, tpot = float(s.ttft_mean[i]), float(s.tpot_mean[i])
-        self._decisions[request.request_id] = _Decision(row, None, ttft, tpot)
+        group = chosen.timeslice_group
+        self._decisions[request.request_id] = _Decision(row, None, ttft, tpot, 0.0, request.arrival_ms, group, group)
         return Pick(chosen.endpoint_id, row=row, predicted_ttft_ms=ttft, predicted_tpot_ms=tpot)
 
     def _transfer_ms(self, request: RouteRequest, decode: Sequence[Candidate]) -> np.ndarray:
@@ -365,7 +382,10 @@ class LeadtimePolicy:
             self._ledger.record_prefill(
                 dec.endpoint_id, Sent(request.request_id, now, row.request.uncached_tokens, request.input_tokens)
             )
-            self._decisions[request.request_id] = _Decision(row, None, choice.ttft_mean_ms, choice.itl_mean_ms)
+            group = dec.timeslice_group
+            self._decisions[request.request_id] = _Decision(
+                row, None, choice.ttft_mean_ms, choice.itl_mean_ms, 0.0, now, group, group
+            )
             return Pick(
                 dec.endpoint_id, row=row, predicted_ttft_ms=choice.ttft_mean_ms, predicted_tpot_ms=choice.itl_mean_ms
             )
@@ -384,7 +404,14 @@ class LeadtimePolicy:
             ),
         )
         self._decisions[request.request_id] = _Decision(
-            row, decode_row, choice.ttft_mean_ms, choice.itl_mean_ms, choice.wait_ms + choice.transfer_ms
+            row,
+            decode_row,
+            choice.ttft_mean_ms,
+            choice.itl_mean_ms,
+            choice.wait_ms + choice.transfer_ms,
+            now,
+            pre.timeslice_group,
+            dec.timeslice_group,
         )
         return Pick(
             pre.endpoint_id,
@@ -407,12 +434,21 @@ class LeadtimePolicy:
         if decision is None:
             return  # decided by the fallback: its rows were not predicted
         itl = outcome.itl_ms if outcome.output_tokens > 1 else 0.0
+        ttft = outcome.ttft_ms
+        if self.config.timeslice:  # learn the endpoint's own speed: the swap-out risk is added when deciding
+            first_token = decision.decided_ms + ttft
+            if decision.prefill_group:
+                away = self._residency.away_overlap_ms(decision.prefill_group, decision.decided_ms, first_token)
+                ttft = max(ttft - away, 0.05 * ttft)
+            if itl and decision.decode_group:
+                away = self._residency.away_overlap_ms(decision.decode_group, first_token, outcome.completed_ms)
+                itl = max(itl - away / (outcome.output_tokens - 1), 0.05 * itl)
         stamp = outcome.completed_ms / 1e3
         if decision.decode_row is None:
             observations = [
                 Observation(
                     decision.row,
-                    outcome.ttft_ms,
+                    ttft,
                     itl,
                     decision.predicted_ttft_ms,
                     decision.predicted_tpot_ms if itl else None,
@@ -420,7 +456,7 @@ class LeadtimePolicy:
                 )
             ]
         else:
-            prefill_ttft = max(outcome.ttft_ms - decision.transfer_ms, 0.05 * outcome.ttft_ms)
+            prefill_ttft = max(ttft - decision.transfer_ms, 0.05 * ttft)
             observations = [Observation(decision.row, prefill_ttft, 0.0, timestamp=stamp)]
             if itl:
                 observations.append(Observation(decision.decode_row, 0.0, itl, None, decision.predicted_tpot_ms, stamp))

@@ -10,6 +10,18 @@ Nobody tells the router when the other job will yield: `ResidencyTracker` learns
 lengths of past away periods and restores, and estimates the remaining wait of a group that is away now as the
 mean residual life of the away periods seen so far (the mean of what is left of those that lasted longer than
 this one has already; about one more mean once it has outlasted them all) plus the mean restore.
+
+Nor does anyone say when a serving group will be taken away. A request on such an endpoint risks being swapped
+out: its KV is lost and it starts over once the group is back. Treating swap-outs as arriving at the rate
+λ = 1 / (mean resident period seen) and each costing the mean downtime D (away + restore), the expected time to
+get through work that takes T uninterrupted is the preemptive-repeat formula
+
+    T_eff = (exp(λ·T) − 1) · (1/λ + D)
+
+(≈ T for T ≪ 1/λ; much more for work as long as a resident period), which `swap_risk_ms` applies to a predicted
+TTFT; a decode of many steps loses D per swap-out but keeps its progress, so its ITL grows by the factor
+(1 + λ·D) (`swap_risk_factor`). The router learns endpoint speeds from latencies with the away time they
+overlapped taken out (`away_overlap_ms`), so the risk is counted once, here.
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
+
+import numpy as np
 
 GROUP_STATES = ("IDLE", "IDLE_YIELDED", "LOCKED", "SWITCHING")
 
@@ -52,6 +66,9 @@ class _GroupHistory:
     switching_since_ms: float | None = None
     away: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     restore: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    resident: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    outages: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))  # (start, end)
+    serving_since_ms: float | None = None  # start of the current (or last) resident period
 
 
 class ResidencyTracker:
@@ -61,8 +78,8 @@ class ResidencyTracker:
     ----------
     job
         The serving job's name as the orchestrator reports it.
-    prior_away_ms, prior_restore_ms
-        Used until a group has been seen away (or restoring) once: a first guess, replaced by what is seen.
+    prior_away_ms, prior_restore_ms, prior_resident_ms
+        Used until a group has been seen away (restoring, resident) once: a first guess, replaced by what is seen.
 
     >>> tracker = ResidencyTracker("inference")
     >>> tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, 1000.0), now_ms=1000.0)
@@ -73,28 +90,41 @@ class ResidencyTracker:
     2080
     """
 
-    def __init__(self, job: str, prior_away_ms: float = 5000.0, prior_restore_ms: float = 100.0) -> None:
+    def __init__(
+        self,
+        job: str,
+        prior_away_ms: float = 5000.0,
+        prior_restore_ms: float = 100.0,
+        prior_resident_ms: float = 60_000.0,
+    ) -> None:
         self.job = job
         self.prior_away_ms = prior_away_ms
         self.prior_restore_ms = prior_restore_ms
+        self.prior_resident_ms = prior_resident_ms
         self._groups: dict[str, _GroupHistory] = {}
 
     def update(self, group: str, status: GroupStatus, now_ms: float) -> None:
         """Record the group's status as seen now (call it whenever the router looks)."""
-        h = self._groups.setdefault(group, _GroupHistory(since_ms=status.since_ms))
         serving = status.serves(self.job)
-        if serving and not h.serving:
+        h = self._groups.get(group)
+        if h is None:
+            h = self._groups[group] = _GroupHistory(serving=True, since_ms=status.since_ms)
+        if serving and not h.serving:  # back
             if h.switching_since_ms is not None:
                 h.restore.append(max(0.0, status.since_ms - h.switching_since_ms))
             if h.away_since_ms is not None:
                 ended = h.switching_since_ms if h.switching_since_ms is not None else status.since_ms
                 h.away.append(max(0.0, ended - h.away_since_ms))
+                h.outages.append((h.away_since_ms, status.since_ms))
             h.away_since_ms = h.switching_since_ms = None
-        elif not serving:
-            if h.serving:
-                h.away_since_ms = status.since_ms
-            if status.state == "SWITCHING" and h.switching_since_ms is None:
-                h.switching_since_ms = status.since_ms
+        elif not serving and h.serving:  # taken away
+            h.away_since_ms = status.since_ms
+            if h.serving_since_ms is not None:
+                h.resident.append(max(0.0, status.since_ms - h.serving_since_ms))
+        if serving:
+            h.serving_since_ms = status.since_ms
+        elif status.state == "SWITCHING" and h.switching_since_ms is None:
+            h.switching_since_ms = status.since_ms
         h.serving = serving
         h.since_ms = status.since_ms
 
@@ -121,3 +151,35 @@ class ResidencyTracker:
         # Longer than every period seen so far: expect about one more mean.
         residual = sum(longer) / len(longer) if longer else sum(away) / len(away)
         return residual + restore
+
+    def _mean(self, values: deque[float], prior: float) -> float:
+        return sum(values) / len(values) if values else prior
+
+    def swap_risk_ms(self, group: str, work_ms: np.ndarray) -> np.ndarray:
+        """Expected time to get through `work_ms` of uninterrupted work on a serving endpoint of `group`."""
+        h = self._groups.get(group)
+        if h is None:
+            return np.asarray(work_ms, dtype=np.float64)
+        rate = 1.0 / max(self._mean(h.resident, self.prior_resident_ms), 1.0)
+        down = self._mean(h.away, self.prior_away_ms) + self._mean(h.restore, self.prior_restore_ms)
+        exponent = np.minimum(rate * np.asarray(work_ms, dtype=np.float64), 30.0)
+        return np.expm1(exponent) * (1.0 / rate + down)
+
+    def swap_risk_factor(self, group: str) -> float:
+        """How much a long decode's ITL grows on average from swap-outs of `group`: 1 + λ·D."""
+        h = self._groups.get(group)
+        if h is None:
+            return 1.0
+        rate = 1.0 / max(self._mean(h.resident, self.prior_resident_ms), 1.0)
+        down = self._mean(h.away, self.prior_away_ms) + self._mean(h.restore, self.prior_restore_ms)
+        return 1.0 + rate * down
+
+    def away_overlap_ms(self, group: str, start_ms: float, end_ms: float) -> float:
+        """How much of [start_ms, end_ms] the group spent away (or restoring), as far as it was seen."""
+        h = self._groups.get(group)
+        if h is None or end_ms <= start_ms:
+            return 0.0
+        spans = list(h.outages)
+        if not h.serving and h.away_since_ms is not None:
+            spans.append((h.away_since_ms, end_ms))
+        return sum(max(0.0, min(b, end_ms) - max(a, start_ms)) for a, b in spans)

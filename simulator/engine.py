@@ -97,6 +97,12 @@ class SimResult:
     preemptions: int
     join_ms: float = 0.0
     decision_ms: list[float] = field(default_factory=list)
+    arrival_span_ms: float = 0.0
+
+    @property
+    def goodput_rps(self) -> float:
+        """Requests that met both of their SLOs per second of the arrival window (the same for every policy)."""
+        return sum(c.meets_slo for c in self.completed) / max(self.arrival_span_ms / 1e3, 1e-9)
 
 
 def trusted_state(**fields: object) -> EndpointState:
@@ -574,4 +580,5 @@ class FleetSimulator:
             preemptions=sum(e.preemptions for e in self.endpoints),
             join_ms=self.fleet.join_ms,
             decision_ms=self.decision_ms,
+            arrival_span_ms=self.workload[-1].arrival_ms - self.workload[0].arrival_ms if self.workload else 0.0,
         )

@@ -104,7 +104,12 @@ def simulate(
         "requests": len(workload),
         "rate_scale": rate_scale,
         "seed": options.seed,
-        "policies": {r.policy: summarize(r, options.ttft_slo_ms, options.itl_slo_ms) for r in results},
+        "slo": {
+            "ttft_ms": options.ttft_slo_ms,
+            "itl_ms": options.itl_slo_ms,
+            "classes": [{"share": c.share, "ttft_ms": c.ttft_ms, "itl_ms": c.itl_ms} for c in fleet.slos],
+        },
+        "policies": {r.policy: summarize(r) for r in results},
     }
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
