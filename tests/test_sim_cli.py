@@ -192,3 +192,14 @@ def test_sim_serve_rejects_bad_options() -> None:
     assert result.exit_code == 2 and "base-port" in result.output
     result = runner.invoke(app, ["sim", "serve", "--fleet", "missing.yaml"])
     assert result.exit_code == 2 and "missing.yaml" in result.output
+
+
+def test_utilisation_heat_map_has_a_row_per_endpoint_and_busy_shares() -> None:
+    from leadtime.simulator.engine import SimResult
+    from leadtime.simulator.report import utilisation_matrix
+
+    busy = {"h100-0": [(0.0, 1000.0)], "h100-1": [(500.0, 750.0)], "a100-0": []}
+    result = SimResult("p", [], [], busy, {}, {}, duration_ms=1000.0, preemptions=0)
+    edges, ids, matrix = utilisation_matrix(result, buckets=4)
+    assert ids == ["h100-0", "h100-1", "a100-0"] and list(edges) == [0.0, 250.0, 500.0, 750.0, 1000.0]
+    assert matrix.tolist() == [[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
