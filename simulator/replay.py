@@ -25,12 +25,13 @@ What a row leaves out, and what the replay assumes:
 - When the request arrives at a busy endpoint (one that has running requests) a step is in flight; the request
   arrives halfway through it (the mean of an arrival at a uniformly random point of the step). An idle
   endpoint schedules it at once.
-- Scheduling. vLLM's asynchronous scheduling (the default) plans step N+1 while step N runs, so a request that
-  arrives during step N is first seen when step N+2 is planned: it waits for the rest of the step in flight,
-  then one more step of the batch as it was, then runs its prefill (with the queued prefill ahead of it, under
-  the token budget, alongside the running batch's decode tokens) and samples its first token at the end of
-  that step. `async_scheduling=False` gives the synchronous scheduler (the request joins the step right after
-  the one in flight).
+- Scheduling. vLLM's asynchronous scheduling (on by default in vLLM 0.14 unless pipeline parallelism, the Ray
+  executor or non-EAGLE speculative decoding rules it out; the engine then keeps two steps in its batch queue)
+  plans step N+1 while step N runs and takes in new requests when step N ends, so a request that arrives during
+  step N is first scheduled in step N+2: it waits for the rest of the step in flight, then one more step of the
+  batch as it was, then runs its prefill (with the queued prefill ahead of it, under the token budget, alongside
+  the running batch's decode tokens) and samples its first token at the end of that step. `async_scheduling=False`
+  gives the synchronous scheduler (the request joins the step right after the one in flight).
 - TTFT is the simulated time from arrival to the first token. Time outside the engine (the router, HTTP,
   tokenisation, streaming the token back) is not modelled, so the replay is expected to be short by that much.
 - TPOT rows: llm-d captured them when the request arrived (`num_tokens_generated` = 0), and the TPOT it
