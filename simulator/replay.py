@@ -16,7 +16,8 @@ What a row leaves out, and what the replay assumes:
   finishes while the replay runs (the running batch is taken as steady: an arrival replaces each request that
   leaves). Their split between prompt and output does not matter to a step, only their context does.
 - Waiting requests and prefill tokens in flight. llm-d's `prefill_tokens_in_flight` counts the prompt tokens
-  (rounded up to 64) of the requests it routed to this endpoint that have not yet sent their first token:
+  (in the shipped rows, each rounded up to a multiple of 64) of the requests it routed to this endpoint that
+  have not yet sent their first token:
   prefill that must run before or with this request's. The replay queues them ahead of the request, in
   `max(num_request_waiting, 1)` requests of equal size (one request when none is waiting: the scrape that
   says "0 waiting" is older than the router's own count). A row that reports waiting requests but no prefill
@@ -39,8 +40,8 @@ What a row leaves out, and what the replay assumes:
   the end of an assumed `output_tokens` (128 by default; a row does not say how long the reply was) and
   reports (last token − first token) / (output_tokens − 1), with the running batch and the queued requests
   decoding beside it. A TPOT row with `num_tokens_generated` = g > 0 is taken as captured mid-generation: the
-  request is one of the running requests, with its prompt and g tokens in context, and its TPOT is the mean of
-  its next `output_tokens` decode steps.
+  request is one of the running requests, with its prompt and its first g − 1 output tokens computed, and its
+  TPOT is the mean of its next `output_tokens` decode steps.
 - Arrivals after the row are unknown, so prefill chunks of later requests, which share decode steps in the
   real engine, are absent: the simulated TPOT is that of the batch alone.
 - Prefix-cache hits are not modelled (the prompt is computed in full): the shipped run had prefix caching off.
