@@ -250,16 +250,38 @@ def simulate(
 
 @sim_app.command("validate")
 def sim_validate(
-    data: Annotated[Path, typer.Option(help="splitwise_sim_perf_model.csv (the shipped copy by default)")] = SPLITWISE,
+    data: Annotated[str, typer.Option(help=MEASURED_HELP)] = DEFAULT_MEASURED,
+    accelerator: Annotated[str, typer.Option(help="Accelerator class the rows were measured on.")] = "h200-sxm",
+    model: Annotated[str, typer.Option(help="Model the rows were measured with.")] = "qwen3-32b",
+    splitwise: Annotated[
+        Path, typer.Option(help="splitwise_sim_perf_model.csv (the shipped copy by default).")
+    ] = SPLITWISE,
+    scheduling: Annotated[
+        str, typer.Option(help="The replayed vLLM's scheduler: async (vLLM's default) or sync.")
+    ] = "async",
+    output_tokens: Annotated[int, typer.Option(help="Output length assumed for TPOT rows (≥ 2).")] = 128,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Error of the step-time model against measured llama2-70b prefill and decode times (A100, H100)."""
+    """Simulator fidelity: replay of measured vLLM rows in their recorded state, and the splitwise check."""
+    from leadtime.data import readable_file
     from leadtime.simulator.cli import print_validation
     from leadtime.simulator.validate import validate
 
+    if scheduling not in ("async", "sync"):
+        _fail(f"--scheduling must be async or sync, got {scheduling!r}")
+    if output_tokens < 2:
+        _fail(f"--output-tokens must be ≥ 2, got {output_tokens}")
+    path = _measured(data)
     try:
-        report = validate(data)
-    except (OSError, ValueError) as err:
+        report = validate(
+            path,
+            accelerator,
+            model,
+            readable_file(splitwise, "splitwise_sim_perf_model.csv"),
+            async_scheduling=scheduling == "async",
+            output_tokens=output_tokens,
+        )
+    except (FeatureError, OSError, ValueError) as err:
         _fail(err)
     print_validation(report, as_json=json_out)
 

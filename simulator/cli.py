@@ -82,10 +82,47 @@ def print_simulation(report: dict[str, object], as_json: bool) -> None:
         console.print(f"wrote {report['outputs']}")
 
 
-def print_validation(report: dict[str, dict[str, float]], as_json: bool) -> None:
+def _pct(value: object) -> str:
+    assert isinstance(value, float | int)
+    return f"{value:.1%}"
+
+
+def print_validation(report: dict[str, object], as_json: bool) -> None:
+    """`sim validate`: the replay's TTFT/TPOT error (overall and by load quintile) and the splitwise check."""
     if as_json:
         print(json.dumps(report))
         return
-    for phase in ("prefill", "decode"):
-        r = report[phase]
-        print(f"{phase:8s} median APE {r['median_ape']:.1%}   p90 APE {r['p90_ape']:.1%}   ({r['rows']} rows)")
+    console = Console()
+    measured = report["measured"]
+    assert isinstance(measured, dict)
+    table = Table(title="Replay of measured rows in their recorded state (simulated vs measured)")
+    for column in ("target", "rows", "load (running + waiting)", "median APE", "p90 APE"):
+        table.add_column(column)
+    for target in ("ttft", "tpot"):
+        r = measured[target]
+        table.add_row(target.upper(), str(r["rows"]), "all", _pct(r["median_ape"]), _pct(r["p90_ape"]))
+        for q in r["by_load_quintile"]:
+            load = f"{q['load_min']}–{q['load_max']}"
+            table.add_row("", str(q["rows"]), load, _pct(q["median_ape"]), _pct(q["p90_ape"]))
+    console.print(table)
+    table = Table(title="Splitwise llama2-70b, A100 and H100 (step model vs measured)")
+    for column in ("", "prefill median APE", "prefill p90", "decode median APE", "decode p90", "rows"):
+        table.add_column(column)
+    for key, label in (
+        ("splitwise_unfitted", "unfitted"),
+        ("splitwise_heldout", "held out (fitted factors)"),
+    ):
+        r = report[key]
+        assert isinstance(r, dict)
+        p, d = r["prefill"], r["decode"]
+        table.add_row(
+            label, _pct(p["median_ape"]), _pct(p["p90_ape"]), _pct(d["median_ape"]), _pct(d["p90_ape"]), str(p["rows"])
+        )
+    console.print(table)
+    heldout = report["splitwise_heldout"]
+    assert isinstance(heldout, dict)
+    for fold in heldout["folds"]:
+        factors = ", ".join(
+            f"{hw} prefill {f['prefill']:.2f} decode {f['decode']:.2f}" for hw, f in fold["efficiency"].items()
+        )
+        console.print(f"fitted on {fold['fit_on']}, evaluated on {fold['evaluated_on']}: efficiency {factors}")

@@ -190,6 +190,19 @@ class Endpoint:
     def enqueue(self, request: SimRequest) -> None:
         self.waiting.append(request)
 
+    def place_running(self, request: SimRequest) -> bool:
+        """Put a request that is already decoding into the running batch, holding the KV blocks of what it has
+        computed (to start an endpoint in a given state). False, and nothing changed, if the blocks do not fit.
+        """
+        if not request.decoding:
+            raise ValueError("place_running takes a decoding request (generated ≥ 1, one token to compute)")
+        blocks = self.cache.blocks_for(request.computed) - request.private_blocks
+        if not self.cache.allocate(blocks):
+            return False
+        request.private_blocks += blocks
+        self.running.append(request)
+        return True
+
     # ----- cache bookkeeping per request --------------------------------------------------------------------
 
     def _blocks_needed(self, r: SimRequest, tokens: int) -> int:

@@ -78,8 +78,19 @@ def write_observations(results: list[SimResult], path: Path) -> int:
     return n
 
 
+def utilisation_matrix(result: SimResult, buckets: int = 100) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Time-bucket edges (ms), endpoint ids in fleet order, and each endpoint's busy share of each bucket."""
+    edges = np.linspace(0.0, max(result.duration_ms, 1.0), buckets + 1)
+    width = edges[1] - edges[0]
+    ids = list(result.busy)
+    matrix = np.array(
+        [[_busy_ms(result.busy[e], lo, hi) / width for lo, hi in zip(edges[:-1], edges[1:], strict=True)] for e in ids]
+    )
+    return edges, ids, np.clip(matrix.reshape(len(ids), buckets), 0.0, 1.0)
+
+
 def write_plots(results: list[SimResult], directory: Path, buckets: int = 100) -> list[Path]:
-    """Latency CDFs per policy and per-endpoint utilisation over time (PNG)."""
+    """Latency CDFs per policy, and per-endpoint utilisation over time as one heat map per policy (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,20 +115,35 @@ def write_plots(results: list[SimResult], directory: Path, buckets: int = 100) -
     plt.close(fig)
     paths.append(cdf)
 
-    fig, axes = plt.subplots(len(results), 1, figsize=(12, 3 * len(results)), squeeze=False)
+    # One heat map per policy: a row per endpoint (grouped by pool), colour = share of each time bucket busy.
+    rows_per_policy = max(len(r.busy) for r in results)
+    height = max(2.2, 0.22 * rows_per_policy + 1.2)
+    fig, axes = plt.subplots(len(results), 1, figsize=(12, height * len(results)), squeeze=False, layout="constrained")
+    image = None
     for ax, result in zip(axes[:, 0], results, strict=True):
-        edges = np.linspace(0.0, max(result.duration_ms, 1.0), buckets + 1)
-        width = edges[1] - edges[0]
-        for endpoint_id, intervals in result.busy.items():
-            use = [_busy_ms(intervals, lo, hi) / width for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
-            ax.plot(edges[:-1] / 1e3, use, label=endpoint_id, linewidth=0.8)
+        edges, ids, matrix = utilisation_matrix(result, buckets)
+        image = ax.imshow(
+            matrix,
+            aspect="auto",
+            interpolation="nearest",
+            cmap="viridis",
+            vmin=0.0,
+            vmax=1.0,
+            extent=(edges[0] / 1e3, edges[-1] / 1e3, len(ids) - 0.5, -0.5),
+        )
+        ax.set_yticks(range(len(ids)), ids, fontsize=8 if len(ids) <= 16 else 6)
+        pools = [endpoint.rsplit("-", 1)[0] for endpoint in ids]
+        for i in range(1, len(ids)):
+            if pools[i] != pools[i - 1]:
+                ax.axhline(i - 0.5, color="white", linewidth=1.5)
         ax.set_title(f"utilisation over time — {result.policy}")
         ax.set_xlabel("simulated time (s)")
-        ax.set_ylim(0, 1.05)
-        ax.legend(fontsize=6, ncol=4)
-    fig.tight_layout()
+        ax.set_ylabel("endpoint")
+    if image is not None:
+        bar = fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.025, pad=0.01, aspect=40)
+        bar.set_label("share of the time bucket the endpoint was busy")
     util = directory / "utilisation.png"
-    fig.savefig(util, dpi=100)
+    fig.savefig(util, dpi=100, bbox_inches="tight")
     plt.close(fig)
     paths.append(util)
     return paths

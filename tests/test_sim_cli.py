@@ -119,11 +119,63 @@ def test_bad_fleet_file_names_the_field(tmp_path: Path) -> None:
 
 
 def test_sim_validate_json() -> None:
-    result = runner.invoke(app, ["sim", "validate", "--json"])  # the shipped splitwise measurements
+    result = runner.invoke(app, ["sim", "validate", "--json"])  # shipped sharegpt-h200 rows and splitwise rows
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert set(report) == {"prefill", "decode"}
-    assert {"median_ape", "p90_ape"} <= set(report["prefill"])
+    assert set(report) == {"measured", "splitwise_heldout", "splitwise_unfitted"}
+    assert set(report["measured"]) == {"ttft", "tpot"}
+    for target in ("ttft", "tpot"):
+        assert {"median_ape", "p90_ape"} <= set(report["measured"][target])
+    for part in ("splitwise_heldout", "splitwise_unfitted"):
+        assert {"prefill", "decode"} <= set(report[part])
+        assert {"median_ape", "p90_ape"} <= set(report[part]["prefill"])
+
+
+def _rows_file(tmp_path: Path) -> Path:
+    row = {
+        "input_token_length": 200,
+        "num_request_waiting": 0,
+        "num_request_running": 3,
+        "kv_cache_percentage": 0.01,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": 0.0,
+    }
+    path = tmp_path / "rows.jsonl"
+    lines = [{**row, "actual_ttft_ms": 60, "actual_tpot_ms": 0}, {**row, "actual_ttft_ms": 0, "actual_tpot_ms": 19.5}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_sim_validate_takes_any_file_of_the_schema(tmp_path: Path) -> None:
+    path = _rows_file(tmp_path)
+    argv = ["sim", "validate", "--data", str(path), "--accelerator", "h100-sxm", "--model", "qwen3-32b", "--json"]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)["measured"]
+    assert measured["ttft"]["rows"] == 1 and measured["tpot"]["rows"] == 1
+    human = runner.invoke(app, ["sim", "validate", "--data", str(path), "--scheduling", "sync"])
+    assert human.exit_code == 0 and "TTFT" in human.stdout and "efficiency" in human.stdout
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--scheduling", "later"], "--scheduling"),
+        (["--output-tokens", "1"], "--output-tokens"),
+        (["--accelerator", "abacus"], "unknown accelerator"),
+        (["--splitwise", "/no/such.csv"], "no such file"),
+    ],
+)
+def test_sim_validate_rejects_bad_options(tmp_path: Path, extra: list[str], message: str) -> None:
+    result = runner.invoke(app, ["sim", "validate", "--data", str(_rows_file(tmp_path)), *extra])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_sim_validate_names_a_bad_line(tmp_path: Path) -> None:
+    path = _rows_file(tmp_path)
+    path.write_text(path.read_text() + "{not json\n")
+    result = runner.invoke(app, ["sim", "validate", "--data", str(path)])
+    assert result.exit_code == 2 and "rows.jsonl:3" in result.output
 
 
 def test_bench_sim_json_small() -> None:
@@ -140,3 +192,14 @@ def test_sim_serve_rejects_bad_options() -> None:
     assert result.exit_code == 2 and "base-port" in result.output
     result = runner.invoke(app, ["sim", "serve", "--fleet", "missing.yaml"])
     assert result.exit_code == 2 and "missing.yaml" in result.output
+
+
+def test_utilisation_heat_map_has_a_row_per_endpoint_and_busy_shares() -> None:
+    from leadtime.simulator.engine import SimResult
+    from leadtime.simulator.report import utilisation_matrix
+
+    busy = {"h100-0": [(0.0, 1000.0)], "h100-1": [(500.0, 750.0)], "a100-0": []}
+    result = SimResult("p", [], [], busy, {}, {}, duration_ms=1000.0, preemptions=0)
+    edges, ids, matrix = utilisation_matrix(result, buckets=4)
+    assert ids == ["h100-0", "h100-1", "a100-0"] and list(edges) == [0.0, 250.0, 500.0, 750.0, 1000.0]
+    assert matrix.tolist() == [[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]

@@ -14,7 +14,7 @@ from leadtime.data import SPLITWISE
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.simulator import calibration
 from leadtime.simulator.steptime import StepTimeModel, coefficients_for, ffn_size
-from leadtime.simulator.validate import validate
+from leadtime.simulator.validate import FOLDS, splitwise_heldout, splitwise_unfitted, validation_rows
 
 DATA = SHARED_CALIBRATION
 needs_data = pytest.mark.usefixtures("shared_calibration")
@@ -162,7 +162,7 @@ def test_ffn_size_recovers_published_llama_shapes() -> None:
 
 
 def test_validation_against_splitwise_reports_both_phases() -> None:
-    report = validate(SPLITWISE)
+    report = splitwise_unfitted(validation_rows(SPLITWISE))
     for phase in ("prefill", "decode"):
         assert report[phase]["rows"] == 630
         assert 0 <= report[phase]["median_ape"] <= report[phase]["p90_ape"]
@@ -170,9 +170,24 @@ def test_validation_against_splitwise_reports_both_phases() -> None:
         assert report[phase]["median_ape"] < 0.35
 
 
+def test_splitwise_folds_split_by_tp_degree_and_hold_out_every_row_once() -> None:
+    fits = [degrees for _, degrees in FOLDS]
+    assert len(fits) == 2 and not fits[0] & fits[1] and fits[0] | fits[1] == {2, 4, 8}
+    report = splitwise_heldout(validation_rows(SPLITWISE))
+    folds = report["folds"]
+    assert isinstance(folds, list) and len(folds) == 2
+    for fold in folds:
+        for factors in fold["efficiency"].values():
+            assert set(factors) == {"prefill", "decode"} and all(0.3 < f < 1.5 for f in factors.values())
+    for phase in ("prefill", "decode"):
+        figures = report[phase]
+        assert isinstance(figures, dict) and figures["rows"] == 630
+        assert figures["median_ape"] <= 0.15  # one factor per (hardware, stack) and phase, fitted on other rows
+
+
 def test_validation_rejects_missing_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
-        validate(tmp_path / "absent.csv")
+        validation_rows(tmp_path / "absent.csv")
     bad = tmp_path / "bad.csv"
     with bad.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -190,4 +205,4 @@ def test_validation_rejects_missing_and_malformed_files(tmp_path: Path) -> None:
         )
         writer.writerow(["llama2-70b", "a100-80gb", "x", "1", "128", "1", "1", "2"])
     with pytest.raises(ValueError, match=r"bad.csv:2"):
-        validate(bad)
+        validation_rows(bad)
