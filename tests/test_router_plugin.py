@@ -310,3 +310,38 @@ def test_the_residency_tracker_learns_away_and_restore_times() -> None:
     # Away periods of 10 s and 5 s seen; 6 s into this one only the 10 s one is longer: 4 s left, + 50 ms.
     assert tracker.expected_wait_ms("g", 31_000.0) == pytest.approx(4050.0)
     assert tracker.swapped_in_at("g") == 0.0  # not serving now
+
+
+def test_swap_out_risk_grows_with_the_work_and_away_time_is_taken_out_of_what_is_learned() -> None:
+    tracker = ResidencyTracker("inference")
+    for start in (0.0, 10_000.0, 20_000.0):  # resident 8 s, away 1.9 s, restoring 0.1 s, three times
+        tracker.update("g", GroupStatus("LOCKED", "inference", "inference", 0, start), start)
+        tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, start + 8000.0), start + 8000.0)
+        tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, start + 9900.0), start + 9900.0)
+    tracker.update("g", GroupStatus("LOCKED", "inference", "inference", 0, 30_000.0), 30_000.0)
+    short, long = tracker.swap_risk_ms("g", np.array([100.0, 8000.0]))
+    assert 100.0 < short < 130.0  # little risk for 0.1 s of work
+    assert long > 2 * 8000.0  # as long as a resident period: likely to start over
+    assert tracker.swap_risk_factor("g") == pytest.approx(1 + 2000.0 / 8000.0)
+    assert tracker.away_overlap_ms("g", 7000.0, 12_000.0) == pytest.approx(2000.0)
+    assert tracker.away_overlap_ms("g", 0.0, 7000.0) == 0.0
+    assert tracker.swap_risk_ms("never-seen", np.array([500.0])).tolist() == [500.0]
+
+
+def test_a_request_that_waited_out_a_swap_teaches_the_endpoint_speed_without_the_wait() -> None:
+    source = Groups({"g": GroupStatus("LOCKED", "inference", "inference", 0, 0.0)})
+    model = QueueModel()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    policy.pick(req("r", at=1000.0), [cand("s", group="g")])
+    source.statuses["g"] = GroupStatus("LOCKED", "training", "training", 1, 1100.0)
+    policy.pick(req("r2", at=1200.0), [cand("s", group="g"), cand("d")])
+    source.statuses["g"] = GroupStatus("LOCKED", "inference", "inference", 0, 4100.0)
+    policy.pick(req("r3", at=4200.0), [cand("s", group="g"), cand("d")])
+    # r arrived at 1.0 s, its group was away 1.1-4.1 s, its first token came at 4.3 s: 300 ms of its own.
+    policy.observe(Outcome("r", "s", None, ttft_ms=3300.0, itl_ms=20.0, output_tokens=10, completed_ms=4480.0))
+    learned = next(o for o in model.told if o.row.endpoint.endpoint_id == "s")
+    assert learned.actual_ttft_ms == pytest.approx(300.0)
+    blind = LeadtimePolicy(QueueModel(), LeadtimeConfig(timeslice=False, exploration=0.0), timeslice_source=source)
+    blind.pick(req("r", at=1000.0), [cand("s", group="g")])
+    blind.observe(Outcome("r", "s", None, ttft_ms=3300.0, itl_ms=20.0, output_tokens=10, completed_ms=4480.0))
+    assert blind.predictor.told[0].actual_ttft_ms == 3300.0  # type: ignore[attr-defined]
