@@ -5,12 +5,13 @@ timestamp steps, see `simulator.workload.spread_steps`) are replayed at two rate
 fleet to `LOAD_TARGET` of its capacity, and 1.5× that. A fleet's capacity is measured, not configured: the
 highest rate at which, under least-queue routing, it completes requests as fast as they arrive (at least
 `KEEP_UP` of the arrivals in the middle half of the window complete within it), found by bisection on the first
-`CAPACITY_PROBE` requests with the trace's own arrival pattern. Every policy sees the same requests, seed and SLOs (each
-request's SLO class is drawn by the fleet file's `slos` from its id). Goodput is the number of requests that met
-both of their SLOs per second of the arrival window.
+`CAPACITY_PROBE` requests with the trace's own arrival pattern. Every policy sees the same requests, seed and
+SLOs (each request's SLO class is drawn by the fleet file's `slos` from its id). Goodput is the number of
+requests that met both of their SLOs per second of the arrival window.
 
-Runs go to `workers` processes; with `seeds` > 1 every figure is the mean over seeds 0..K−1 (or from `seed`),
-with its range beside it.
+`decision_ms` is the CPU time of each routing decision (the policy's own cost, whatever else shares the
+machine), `decision_wall_ms` its wall-clock time. Runs go to `workers` processes; with `seeds` > 1 every figure
+is the mean over seeds `seed`..`seed`+K−1, with its range beside it.
 """
 
 from __future__ import annotations
@@ -157,6 +158,10 @@ def cell_metrics(result: Any, learning: bool) -> dict[str, Any]:
         },
         "itl_ms": {"p99": _percentile(itl, 99)},
         "decision_ms": {"p50": _percentile(result.decision_ms, 50), "p99": _percentile(result.decision_ms, 99)},
+        "decision_wall_ms": {
+            "p50": _percentile(result.decision_wall_ms, 50),
+            "p99": _percentile(result.decision_wall_ms, 99),
+        },
     }
     if learning:
         ttft = [
@@ -199,10 +204,21 @@ def run_cell(cell: Cell) -> tuple[Cell, dict[str, Any], Any]:
         fleet, workload, policy, seed=cell.seed, ttft_slo_ms=DEFAULT_SLO_MS[0], tpot_slo_ms=DEFAULT_SLO_MS[1]
     ).run()
     metrics = cell_metrics(result, cell.policy in LEARNING)
-    curves = {
+    curves: dict[str, Any] = {
         "ttft_ms": sorted(c.ttft_ms for c in result.completed),
         "itl_ms": sorted(c.itl_ms for c in result.completed if c.output_tokens > 1),
     }
+    if cell.policy in LEARNING:  # what was predicted beside what happened, in completion order
+        curves["ttft_pred"] = [
+            (o.actual_ttft_ms, o.predicted_ttft_ms)
+            for o in result.observations
+            if o.actual_ttft_ms > 0 and o.predicted_ttft_ms is not None
+        ]
+        curves["tpot_pred"] = [
+            (o.actual_tpot_ms, o.predicted_tpot_ms)
+            for o in result.observations
+            if o.actual_tpot_ms > 0 and o.predicted_tpot_ms is not None
+        ]
     return cell, metrics, curves
 
 
@@ -228,6 +244,7 @@ def _mean_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def run_routing(
     options: RoutingOptions = RoutingOptions(),
     progress: Callable[[int, int, str], None] | None = None,
+    loads: Sequence[str] = tuple(LOADS),
 ) -> tuple[dict[str, Any], dict[tuple[str, str, str], Any]]:
     """(the JSON report, the latency curves of seed `options.seed` per (fleet, load, policy))."""
     seeds = list(range(options.seed, options.seed + options.seeds))
@@ -240,7 +257,8 @@ def run_routing(
             cap = capacity_rps(fleet, options.trace, options.max_requests, seed)
             capacity.setdefault(fleet, []).append(cap)
             rates[fleet, seed] = LOAD_TARGET * cap
-            for load, factor in LOADS.items():
+            for load in loads:
+                factor = LOADS[load]
                 for policy in policies_for(fleet, options.policies):
                     cells.append(
                         Cell(
@@ -270,7 +288,7 @@ def run_routing(
     report: dict[str, Any] = {"fleets": {}}
     for fleet in options.fleets:
         fleet_report: dict[str, Any] = {}
-        for load in LOADS:
+        for load in loads:
             per_policy: dict[str, Any] = {}
             for policy in policies_for(fleet, options.policies):
                 runs = [results[c] for c in cells if (c.fleet, c.load, c.policy) == (fleet, load, policy)]
@@ -285,7 +303,7 @@ def run_routing(
         "max_requests": options.max_requests,
         "seeds": seeds,
         "load_target": LOAD_TARGET,
-        "loads": LOADS,
+        "loads": {load: LOADS[load] for load in loads},
         "workers": options.workers,
         "wall_s": time.perf_counter() - started,
         "cpus": os.cpu_count(),
@@ -355,7 +373,9 @@ def check_targets(
 # ----- output -------------------------------------------------------------------------------------------
 
 
-def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any], out: Path) -> list[Path]:
+def write_plots(
+    report: dict[str, Any], curves: dict[tuple[str, str, str], Any], out: Path, loads: Sequence[str] = tuple(LOADS)
+) -> list[Path]:
     """Latency CDFs per fleet (high load) and goodput per fleet and load; returns the files written."""
     import matplotlib
 
@@ -365,8 +385,8 @@ def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any],
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     fleets = list(report["fleets"])
-    fig, axes = plt.subplots(1, len(LOADS), figsize=(6.5 * len(LOADS), 4.8), sharey=False)
-    for ax, load in zip(np.atleast_1d(axes), LOADS, strict=True):
+    fig, axes = plt.subplots(1, len(loads), figsize=(6.5 * len(loads), 4.8), sharey=False)
+    for ax, load in zip(np.atleast_1d(axes), loads, strict=True):
         names = sorted({p for f in fleets for p in report["fleets"][f][load]["policies"]}, key=_policy_order)
         width = 0.8 / max(len(names), 1)
         for k, name in enumerate(names):
@@ -453,15 +473,16 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
 
     console = Console()
     for fleet, loads in report["fleets"].items():
+        ran = [load for load in LOADS if load in loads]
         table = Table(title=f"{fleet} (capacity {loads['capacity_rps']:.2f} req/s)")
         table.add_column("policy")
-        for load in LOADS:
+        for load in ran:
             table.add_column(f"{load} {loads[load]['rate_rps']:.2f} rps: goodput")
             table.add_column("TTFT p50 / p99 ms")
-        names = sorted(loads["base"]["policies"], key=_policy_order)
+        names = sorted(loads[ran[0]]["policies"], key=_policy_order)
         for name in names:
             cells = []
-            for load in LOADS:
+            for load in ran:
                 m = loads[load]["policies"][name]
                 cells += [f"{m['goodput_rps']:.2f}", f"{m['ttft_ms']['p50']:.0f} / {m['ttft_ms']['p99']:.0f}"]
             table.add_row(f"[bold]{name}[/bold]" if name == LEADTIME else name, *cells)

@@ -1,0 +1,141 @@
+"""`make demo` / `leadtime demo`: Leadtime routing three hard fleets beside the routers a user could pick instead.
+
+A mixed-accelerator fleet, a prefill/decode-disaggregated pool and a fleet half time-sliced with a training job,
+each replaying the Mooncake conversation trace at 1.5× the rate that loads it to 85% (`bench.routing`). Every
+learning policy starts cold with the predictor embedded and learns from each request it completes. It prints
+the comparison and writes a report folder: goodput per fleet, latency CDFs, Leadtime's predicted against actual
+TTFT, and its prediction error over time as it learns.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from leadtime.bench.routing import LEADTIME, RoutingOptions, run_routing, write_plots
+
+DEMO_FLEETS = ("mixed", "pd", "timesliced")
+DEMO_POLICIES = ("llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache", LEADTIME)
+
+
+def run_demo(
+    out: Path, max_requests: int = 1500, workers: int = 2, policies: tuple[str, ...] = DEMO_POLICIES
+) -> dict[str, Any]:
+    console = Console()
+    console.print(
+        f"[bold]Leadtime demo[/bold]: {max_requests} Mooncake requests on each of {', '.join(DEMO_FLEETS)}, at 1.5× "
+        "the rate that loads the fleet to 85% of its capacity; every learning policy starts cold."
+    )
+    options = RoutingOptions(max_requests=max_requests, fleets=DEMO_FLEETS, policies=policies, workers=workers)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with bar:
+        task = bar.add_task("measuring each fleet's capacity", total=None)
+
+        def tick(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        report, curves = run_routing(options, progress=tick, loads=("high",))
+    table = Table(title="goodput (requests/s meeting both SLOs) and TTFT p50 / p99, high load")
+    table.add_column("policy")
+    for fleet in DEMO_FLEETS:
+        table.add_column(f"{fleet} ({report['fleets'][fleet]['high']['rate_rps']:.1f} rps)", justify="right")
+    for name in policies:
+        cells = []
+        for fleet in DEMO_FLEETS:
+            m = report["fleets"][fleet]["high"]["policies"].get(name)
+            cells.append(
+                "–"
+                if m is None
+                else f"{m['goodput_rps']:.2f}  ({m['ttft_ms']['p50'] / 1e3:.1f} / {m['ttft_ms']['p99'] / 1e3:.0f} s)"
+            )
+        table.add_row(f"[bold]{name}[/bold]" if name == LEADTIME else name, *cells)
+    console.print(table)
+    files = write_plots(report, curves, out, loads=("high",))
+    files += write_learning_plots(curves, out)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"report written to {out}/ ({', '.join(p.name for p in files)}, report.json)")
+    return report
+
+
+def _rolling_ape(pairs: list[tuple[float, float]], window: int) -> tuple[np.ndarray, np.ndarray]:
+    actual = np.array([a for a, _ in pairs])
+    predicted = np.array([p for _, p in pairs])
+    ape = np.abs(predicted - actual) / actual
+    if len(ape) < window:
+        return np.arange(len(ape)), ape
+    kernel = np.ones(window) / window
+    return np.arange(window - 1, len(ape)), np.convolve(ape, kernel, mode="valid")
+
+
+def write_learning_plots(curves: dict[tuple[str, str, str], Any], out: Path) -> list[Path]:
+    """Leadtime's predicted vs actual TTFT, and the prediction error of every learning policy over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: list[Path] = []
+    fig, axes = plt.subplots(1, len(DEMO_FLEETS), figsize=(5 * len(DEMO_FLEETS), 4.6))
+    for ax, fleet in zip(np.atleast_1d(axes), DEMO_FLEETS, strict=True):
+        pairs = curves.get((fleet, "high", LEADTIME), {}).get("ttft_pred", [])
+        if not pairs:
+            continue
+        actual = np.array([a for a, _ in pairs]) / 1e3
+        predicted = np.array([p for _, p in pairs]) / 1e3
+        top = float(np.percentile(np.concatenate([actual, predicted]), 98))
+        ax.scatter(actual, predicted, s=4, alpha=0.35, color="#1565c0")
+        ax.plot([0, top], [0, top], color="black", lw=0.8, label="predicted = actual")
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_xlabel("actual TTFT (s)")
+        ax.set_ylabel("predicted TTFT, mean (s)")
+        ax.set_title(f"{fleet}: Leadtime's TTFT predictions")
+        ax.legend(loc="upper left", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "predicted_vs_actual_ttft.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    fig, axes = plt.subplots(2, len(DEMO_FLEETS), figsize=(5 * len(DEMO_FLEETS), 7), sharex="col")
+    for col, fleet in enumerate(DEMO_FLEETS):
+        for row, (key, label) in enumerate((("ttft_pred", "TTFT"), ("tpot_pred", "ITL"))):
+            ax = axes[row][col]
+            for (f, _, name), curve in sorted(curves.items()):
+                if f != fleet or key not in curve or not curve[key]:
+                    continue
+                x, y = _rolling_ape(curve[key], window=100)
+                ax.plot(
+                    x,
+                    y,
+                    lw=1.6 if name == LEADTIME else 1.0,
+                    label=name,
+                    color="#1565c0" if name == LEADTIME else "#e65100",
+                )
+            ax.set_ylabel(f"{label} abs. % error (rolling 100)")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(f"{fleet}: prediction error while routing")
+            else:
+                ax.set_xlabel("completed requests")
+            ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    path = out / "prediction_error_over_time.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written
