@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, LlmdHeuristicPolicy, RandomPolicy, RoundRobinPolicy
+from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
+from leadtime.router_plugin.peers.sglang_cache import SglangCachePolicy
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.simulator.clairvoyant import ClairvoyantPolicy
 from leadtime.simulator.engine import FleetSimulator, SimResult
@@ -15,21 +17,32 @@ from leadtime.simulator.fleet import Fleet, load_fleet
 from leadtime.simulator.report import summarize, write_observations, write_plots
 from leadtime.simulator.workload import WorkloadRequest, load_workload, shape
 
-POLICY_NAMES = ("random", "round-robin", "least-queue", "llm-d", "clairvoyant")
+# Every policy the simulator can run, by its name in results (the benchmark's JSON keys).
+POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
+    "round_robin": lambda seed: RoundRobinPolicy(),
+    "least_queue": lambda seed: LeastQueuePolicy(seed),
+    "llmd_heuristic": lambda seed: LlmdHeuristicPolicy(seed=seed),
+    "dynamo_kv": lambda seed: DynamoKvPolicy(seed=seed),
+    "sglang_cache": lambda seed: SglangCachePolicy(seed=seed),
+    "clairvoyant": lambda seed: ClairvoyantPolicy(),
+    "random": lambda seed: RandomPolicy(seed),
+}
+POLICY_NAMES = tuple(POLICIES)
+# Other spellings the CLI accepts (hyphens for underscores, and the older short names).
+ALIASES = {"llm-d": "llmd_heuristic", "llmd": "llmd_heuristic"}
+
+
+def policy_name(name: str) -> str:
+    """The canonical name of a policy as a user may spell it (`round-robin` → `round_robin`, `llm-d` → ...)."""
+    canonical = ALIASES.get(name, name.replace("-", "_"))
+    if canonical not in POLICIES:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+    return canonical
 
 
 def make_policy(name: str, seed: int = 0) -> RoutingPolicy:
-    """A fresh policy by name (see POLICY_NAMES)."""
-    factories: dict[str, Callable[[], RoutingPolicy]] = {
-        "random": lambda: RandomPolicy(seed),
-        "round-robin": RoundRobinPolicy,
-        "least-queue": lambda: LeastQueuePolicy(seed),
-        "llm-d": lambda: LlmdHeuristicPolicy(seed=seed),
-        "clairvoyant": ClairvoyantPolicy,
-    }
-    if name not in factories:
-        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
-    return factories[name]()
+    """A fresh policy by name (see POLICY_NAMES; hyphen spellings accepted)."""
+    return POLICIES[policy_name(name)](seed)
 
 
 @dataclass(frozen=True)
@@ -79,9 +92,7 @@ def simulate(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, object]:
     """The whole command: returns the JSON report and writes observations and plots under `out`."""
-    for name in policies:
-        if name not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+    policies = [policy_name(name) for name in policies]
     fleet = load_fleet(fleet_path)
     loaded = load_workload(str(trace_path), options.seed, max_requests)
     workload = shape(loaded, rate_scale=rate_scale, max_requests=max_requests)

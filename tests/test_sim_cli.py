@@ -47,7 +47,7 @@ def test_simulate_json_report_and_outputs(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert set(report["policies"]) == {"llm-d", "round-robin"}
+    assert set(report["policies"]) == {"llmd_heuristic", "round_robin"}  # canonical names, whatever the spelling
     for summary in report["policies"].values():
         assert summary["completed"] == 40
         for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
