@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,13 +155,17 @@ class Endpoint:
         self.busy_intervals: list[tuple[float, float]] = []
         self.preemptions = 0
 
-    def clone(self) -> Endpoint:
-        """An independent copy for what-if simulation (the clairvoyant policy)."""
+    def clone(self, share_cache: bool = False) -> Endpoint:
+        """An independent copy for what-if simulation (the clairvoyant policy).
+
+        With `share_cache` the copy's KV cache is a copy-on-write fork of this one's (cheap, but only valid
+        while this endpoint does not change).
+        """
         other = Endpoint(
             self.endpoint_id,
             self.role,
             self.stepper,
-            self.cache.clone(),
+            self.cache.fork() if share_cache else self.cache.clone(),
             self.max_batched_tokens,
             self.max_running,
             self.decode_runs,
@@ -347,8 +352,9 @@ class Endpoint:
         plan = self.plan
         if plan is None or plan.decode_run <= 1:
             return False
-        ends = [plan.run_end(k) for k in range(1, plan.decode_run + 1)]
-        steps = min(plan.decode_run, bisect.bisect_right(ends, now_ms) + 1)
+        # Steps of the run that end by now (run_end grows with k): bisect over k without listing every end.
+        done = bisect.bisect_right(range(1, plan.decode_run + 1), now_ms, key=plan.run_end)
+        steps = min(plan.decode_run, done + 1)
         if steps >= plan.decode_run:
             return False
         for r, _ in plan.entries:
@@ -357,7 +363,7 @@ class Endpoint:
             self.cache.free(over)
             r.private_blocks -= over
         plan.decode_run = steps
-        plan.end_ms = ends[steps - 1]
+        plan.end_ms = plan.run_end(steps)
         return True
 
     def finish_step(self) -> StepOutcome:
@@ -431,7 +437,17 @@ class Endpoint:
         `give_up_after_ms`, the forward simulation stops and returns infinity (a caller looking for the
         minimum over endpoints needs no more).
         """
-        sim = self.clone()
+        return self.fork_until_prefilled(request, now_ms, resume_at_ms, give_up_after_ms)[0]
+
+    def fork_until_prefilled(
+        self, request: SimRequest, now_ms: float, resume_at_ms: float | None = None, give_up_after_ms: float = math.inf
+    ) -> tuple[float, Endpoint | None]:
+        """`time_to_prefill`, and the forked replica as it is the moment the prefill completes (None if cut).
+
+        The fork's `running` and `waiting` are then exactly the batch the request would join to decode (the
+        request itself has left it: it ran as prefill-only).
+        """
+        sim = self.clone(share_cache=True)
         probe = request.copy()
         probe.prefill_only = True
         sim.waiting.append(probe)
@@ -442,15 +458,29 @@ class Endpoint:
             sim.finish_step()
         if not sim.available:
             if resume_at_ms is None:
-                return math.inf
+                return math.inf, None
             clock = max(clock, resume_at_ms)
             sim.resume()
         while probe.prefill_done_ms is None:
             if clock - now_ms > give_up_after_ms:
-                return math.inf
+                return math.inf, None
             plan = sim.start_step(clock)
             if plan is None:
-                return math.inf
+                return math.inf, None
             clock = plan.end_ms
             sim.finish_step()
-        return probe.prefill_done_ms - now_ms
+        return probe.prefill_done_ms - now_ms, sim
+
+    def joining_step_ms(self, context_tokens: int, also: Sequence[int] = ()) -> float:
+        """True decode step time of the batch a request of `context_tokens` joins here, with no later arrivals.
+
+        The batch is what runs and waits here now (waiting requests are ahead of it), the requests of `also`
+        (context tokens of requests already bound here but not arrived yet, e.g. KV in transit) and the
+        request itself, up to the running cap; a decode step of n sequences over kv tokens costs a + b·kv on
+        this replica's step-time model, times its speed factor (the per-step jitter has mean 1).
+        """
+        contexts = [r.input_tokens + r.generated for r in (*self.running, *self.waiting)]
+        contexts.extend(also)
+        contexts = contexts[: max(0, self.max_running - 1)]
+        a, b = self.stepper.decode_affine(len(contexts) + 1)
+        return (a + b * float(sum(contexts) + context_tokens + 1)) * self.noise.speed
