@@ -26,14 +26,20 @@ def _busy_ms(intervals: list[tuple[float, float]], start: float, end: float) -> 
     return float(np.clip(np.minimum(spans[:, 1], end) - np.maximum(spans[:, 0], start), 0, None).sum())
 
 
-def summarize(result: SimResult, ttft_slo_ms: float, itl_slo_ms: float) -> dict[str, object]:
-    """One policy's figures: latency percentiles (ms), SLO attainment, goodput, per-endpoint utilisation."""
+def summarize(result: SimResult) -> dict[str, object]:
+    """One policy's figures: latency percentiles (ms), SLO attainment, goodput, per-endpoint utilisation.
+
+    Each request is judged against its own SLOs (its class in the fleet file, or the command's SLOs).
+    """
     done = result.completed
     ttft = np.array([c.ttft_ms for c in done])
     itl = np.array([c.itl_ms for c in done if c.output_tokens > 1])
     e2e = np.array([c.e2e_ms for c in done])
-    meets_ttft = ttft <= ttft_slo_ms
-    meets_itl = np.array([c.itl_ms <= itl_slo_ms for c in done])
+    meets_ttft = np.array([c.ttft_ms <= c.ttft_slo_ms for c in done], dtype=bool)
+    meets_itl = np.array([c.itl_ms <= c.itl_slo_ms for c in done], dtype=bool)
+    classes: dict[tuple[float, float], int] = {}
+    for c in done:
+        classes[(c.ttft_slo_ms, c.itl_slo_ms)] = classes.get((c.ttft_slo_ms, c.itl_slo_ms), 0) + 1
     both = meets_ttft & meets_itl if done else np.array([], dtype=bool)
     span_ms = max(result.duration_ms, 1e-9)
     endpoints: dict[str, object] = {}
@@ -48,7 +54,7 @@ def summarize(result: SimResult, ttft_slo_ms: float, itl_slo_ms: float) -> dict[
         "ttft_ms": _percentiles(ttft),
         "itl_ms": _percentiles(itl),
         "e2e_ms": _percentiles(e2e),
-        "slo": {"ttft_ms": ttft_slo_ms, "itl_ms": itl_slo_ms},
+        "slo": [{"ttft_ms": t, "itl_ms": i, "share": n / len(done)} for (t, i), n in sorted(classes.items())],
         "slo_attainment": float(both.mean()) if done else 0.0,
         "ttft_slo_attainment": float(meets_ttft.mean()) if done else 0.0,
         "itl_slo_attainment": float(meets_itl.mean()) if done else 0.0,

@@ -103,7 +103,7 @@ def simulate(
         "requests": len(workload),
         "rate_scale": rate_scale,
         "seed": options.seed,
-        "policies": {r.policy: summarize(r, options.ttft_slo_ms, options.itl_slo_ms) for r in results},
+        "policies": {r.policy: summarize(r) for r in results},
     }
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
