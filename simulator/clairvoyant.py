@@ -14,8 +14,10 @@ locally: TTFT = exact prefill on the prefill endpoint + the KV transfer over the
 behind what is on it already; ITL = the decode endpoint's joining step, counting the requests already bound to
 it whose KV has not arrived yet.
 
-Forks of loaded endpoints are cut short once their TTFT alone rules them out against the best candidate found
-so far (endpoints are tried lightest first, so that the cut comes early).
+Keeping it cheap: each candidate first gets an upper bound on its slack from cheap lower bounds on its TTFT
+(the step in flight, a resume, and the request's own uncached prefill at the fastest step noise) and ITL (the
+request decoding alone); candidates are tried best bound first, and the search stops when no bound left beats
+the best slack found. A fork is cut short once its TTFT alone rules it out.
 """
 
 from __future__ import annotations
@@ -135,39 +137,68 @@ class ClairvoyantPolicy:
         start = max(sim.now + prefill_done_ms, sim.link_free_ms(decode_id))
         return start + kv_transfer_ms(model, request.input_tokens, sim.fleet.kv_link_gb_s) - sim.now
 
+    def _upper_slack(self, request: RouteRequest, endpoint_id: str, itl_ms: float | None = None) -> float:
+        """No candidate's slack exceeds the slack of its cheap lower bounds (TTFT; ITL unless given)."""
+        sim = self._simulator()
+        endpoint = sim.by_id[endpoint_id]
+        ttft = endpoint.ttft_lower_bound_ms(self._probe(request), sim.now, sim.resume_time(endpoint_id))
+        itl = endpoint.itl_lower_bound_ms(request.input_tokens) if itl_ms is None else itl_ms
+        return slack(Estimate(ttft, itl), request.ttft_slo_ms, request.tpot_slo_ms)
+
     def _best_unified(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Candidate:
         ttft_slo, itl_slo = request.ttft_slo_ms, request.tpot_slo_ms
+        bounds = sorted(
+            ((self._upper_slack(request, c.endpoint_id), c) for c in candidates),
+            key=lambda item: (-item[0], item[1].endpoint_id),
+        )
         best, best_slack = None, -math.inf
-        for c in _lightest_first(candidates):
+        for upper, c in bounds:
+            if best is not None and upper <= best_slack:
+                break  # sorted by bound: no candidate left can beat the best
             estimate = self.estimate(request, c.endpoint_id, _ttft_bound_ms(best_slack, ttft_slo, itl_slo))
             if estimate is None:
                 continue
             s = slack(estimate, ttft_slo, itl_slo)
             if best is None or s > best_slack:
                 best, best_slack = c, s
-        return best if best is not None else _lightest_first(candidates)[0]
+        return best if best is not None else bounds[0][1]
 
     def _best_pair(self, request: RouteRequest, prefill: Sequence[Candidate], decode: Sequence[Candidate]) -> Pick:
+        sim = self._simulator()
         ttft_slo, itl_slo = request.ttft_slo_ms, request.tpot_slo_ms
         decode_itl = {d.endpoint_id: self.decode_itl_ms(request, d.endpoint_id) for d in decode}
+        probe = self._probe(request)
+        # Options: ("pair", p) prefills on p and decodes on the best decode endpoint for it; ("local", d) prefills
+        # on d itself. Each with an upper bound on its slack, tried best bound first.
+        options: list[tuple[float, str, str]] = []
+        for p in prefill:
+            low = sim.by_id[p.endpoint_id].ttft_lower_bound_ms(probe, sim.now, sim.resume_time(p.endpoint_id))
+            upper = max(
+                slack(Estimate(self.transfer_done_ms(request, d, low), decode_itl[d]), ttft_slo, itl_slo)
+                for d in decode_itl
+            )
+            options.append((upper, "pair", p.endpoint_id))
+        for c in decode:
+            options.append((self._upper_slack(request, c.endpoint_id), "local", c.endpoint_id))
+        options.sort(key=lambda o: (-o[0], o[1], o[2]))
         best: Pick | None = None
         best_slack = -math.inf
-        for p in _lightest_first(prefill):
-            prefill_ms, _ = self._fork(request, p.endpoint_id, _ttft_bound_ms(best_slack, ttft_slo, itl_slo))
+        for upper, kind, endpoint_id in options:
+            if best is not None and upper <= best_slack:
+                break
+            give_up = _ttft_bound_ms(best_slack, ttft_slo, itl_slo)
+            if kind == "local":
+                estimate = self.estimate(request, endpoint_id, give_up)
+                if estimate is not None and (best is None or slack(estimate, ttft_slo, itl_slo) > best_slack):
+                    best, best_slack = Pick(endpoint_id), slack(estimate, ttft_slo, itl_slo)
+                continue
+            prefill_ms, _ = self._fork(request, endpoint_id, give_up)
             if not math.isfinite(prefill_ms):
                 continue
-            for d in decode:
-                ttft = self.transfer_done_ms(request, d.endpoint_id, prefill_ms)
-                s = slack(Estimate(ttft, decode_itl[d.endpoint_id]), ttft_slo, itl_slo)
+            for d, itl in decode_itl.items():
+                s = slack(Estimate(self.transfer_done_ms(request, d, prefill_ms), itl), ttft_slo, itl_slo)
                 if best is None or s > best_slack:
-                    best, best_slack = Pick(p.endpoint_id, d.endpoint_id), s
-        for d in _lightest_first(decode):  # or no disaggregation: the decode endpoint prefills itself
-            estimate = self.estimate(request, d.endpoint_id, _ttft_bound_ms(best_slack, ttft_slo, itl_slo))
-            if estimate is None:
-                continue
-            s = slack(estimate, ttft_slo, itl_slo)
-            if best is None or s > best_slack:
-                best, best_slack = Pick(d.endpoint_id), s
+                    best, best_slack = Pick(endpoint_id, d), s
         if best is None:
             return Pick(_lightest_first(prefill)[0].endpoint_id, _lightest_first(decode)[0].endpoint_id)
         return best

@@ -98,10 +98,14 @@ def test_slack_rule_takes_the_most_slack_else_the_smallest_miss() -> None:
             super().__init__()
             self.estimates = estimates
             self.bounds: list[float] = []
+            self.upper: dict[str, float] = {}
 
         def estimate(self, request: RouteRequest, endpoint_id: str, give_up_after_ms: float = math.inf) -> Estimate:
             self.bounds.append(give_up_after_ms)
             return self.estimates[endpoint_id]
+
+        def _upper_slack(self, request: RouteRequest, endpoint_id: str, itl_ms: float | None = None) -> float:
+            return self.upper.get(endpoint_id, 1.0)
 
     from leadtime.features.rows import EndpointState
 
@@ -112,6 +116,52 @@ def test_slack_rule_takes_the_most_slack_else_the_smallest_miss() -> None:
     assert meets.bounds == [math.inf, pytest.approx(900.0), pytest.approx(600.0)]  # forks cut at what can win
     misses = Scripted({"a": Estimate(3000.0, 10.0), "b": Estimate(1500.0, 80.0), "c": Estimate(1800.0, 40.0)})
     assert misses.pick(request, cands) == Pick("b")  # misses by 2.0, 0.6, 0.8
+    # Candidates are tried best upper bound first, and none is forked once no bound left beats the best.
+    pruned = Scripted({"a": Estimate(900.0, 10.0), "b": Estimate(300.0, 30.0), "c": Estimate(100.0, 49.0)})
+    pruned.upper = {"a": 0.2, "b": 0.5, "c": 0.3}
+    assert pruned.pick(request, cands) == Pick("b")
+    assert pruned.bounds == [math.inf]  # b (slack 0.4) beats every bound left: c ≤ 0.3, a ≤ 0.2
+
+
+def test_cheap_bounds_never_exceed_the_exact_figures() -> None:
+    fleet = parse_fleet(
+        {
+            "pools": [
+                {"name": "h", "count": 2, "accelerator": "h100-sxm", "model": MODEL},
+                {"name": "l", "count": 1, "accelerator": "l40s", "model": MODEL},
+            ],
+            "realism": {"step_jitter": 0.08, "speed_spread": 0.05},
+        }
+    )
+    checked: list[tuple[float, float]] = []
+
+    class Checker(ClairvoyantPolicy):
+        def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+            sim = self._simulator()
+            for c in candidates:
+                e = sim.by_id[c.endpoint_id]
+                exact = self.estimate(request, c.endpoint_id)
+                assert exact is not None
+                low = e.ttft_lower_bound_ms(self._probe(request), sim.now, sim.resume_time(c.endpoint_id))
+                assert low <= exact.ttft_ms + 1e-9
+                assert e.itl_lower_bound_ms(request.input_tokens) <= exact.itl_ms + 1e-9
+                checked.append((low, exact.ttft_ms))
+            return super().pick(request, candidates)
+
+    rng = random.Random(4)
+    prefixes = [[f"p{g}-{i}" for i in range(4)] for g in range(3)]
+    from leadtime.features.prefix import chain_block_ids
+
+    workload = []
+    for i in range(150):
+        ids: list[object] = [*rng.choice(prefixes), *(f"u{i}-{k}" for k in range(rng.randint(1, 8)))]
+        workload.append(
+            WorkloadRequest(
+                i * 40.0, 512 * len(ids) - rng.randint(0, 400), rng.randint(2, 200), tuple(chain_block_ids(ids))
+            )
+        )
+    FleetSimulator(fleet, workload, Checker(), seed=1).run()
+    assert len(checked) == 450 and any(exact > 3 * low for low, exact in checked)  # queues were exercised
 
 
 def _pd_sim() -> FleetSimulator:
