@@ -145,6 +145,13 @@ class ClairvoyantPolicy:
         itl = endpoint.itl_lower_bound_ms(request.input_tokens) if itl_ms is None else itl_ms
         return slack(Estimate(ttft, itl), request.ttft_slo_ms, request.tpot_slo_ms)
 
+    def _cannot_win(self, request: RouteRequest, endpoint_id: str, give_up_ms: float, best_slack: float) -> bool:
+        """True if the candidate can beat `best_slack` neither by TTFT (past `give_up_ms`) nor, prefilled in
+        time, by ITL (the requests sure to be still running then make its batch too slow)."""
+        sim = self._simulator()
+        itl = sim.by_id[endpoint_id].sure_joining_step_ms(request.input_tokens, sim.now, give_up_ms)
+        return slack(Estimate(0.0, itl), None, request.tpot_slo_ms) <= best_slack if request.tpot_slo_ms else False
+
     def _best_unified(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Candidate:
         ttft_slo, itl_slo = request.ttft_slo_ms, request.tpot_slo_ms
         bounds = sorted(
@@ -155,7 +162,10 @@ class ClairvoyantPolicy:
         for upper, c in bounds:
             if best is not None and upper <= best_slack:
                 break  # sorted by bound: no candidate left can beat the best
-            estimate = self.estimate(request, c.endpoint_id, _ttft_bound_ms(best_slack, ttft_slo, itl_slo))
+            give_up = _ttft_bound_ms(best_slack, ttft_slo, itl_slo)
+            if best is not None and self._cannot_win(request, c.endpoint_id, give_up, best_slack):
+                continue
+            estimate = self.estimate(request, c.endpoint_id, give_up)
             if estimate is None:
                 continue
             s = slack(estimate, ttft_slo, itl_slo)
@@ -188,6 +198,8 @@ class ClairvoyantPolicy:
                 break
             give_up = _ttft_bound_ms(best_slack, ttft_slo, itl_slo)
             if kind == "local":
+                if best is not None and self._cannot_win(request, endpoint_id, give_up, best_slack):
+                    continue
                 estimate = self.estimate(request, endpoint_id, give_up)
                 if estimate is not None and (best is None or slack(estimate, ttft_slo, itl_slo) > best_slack):
                     best, best_slack = Pick(endpoint_id), slack(estimate, ttft_slo, itl_slo)

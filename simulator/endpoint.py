@@ -33,6 +33,8 @@ _LOWEST_NORMAL = min(_NORMALS)
 # A request's prefill computed in one step takes at least this share of the steps it really takes (chunks, and
 # other requests' tokens in the same steps, only add time): 0.97 measured over every catalog class, 0.85 kept.
 PREFILL_BOUND_SHARE = 0.85
+# No step (prefill, decode or mixed) is shorter than this share of a one-sequence decode step (0.994 measured).
+MIN_STEP_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -535,6 +537,25 @@ class Endpoint:
         """No `joining_step_ms` here is below the step of the request decoding alone."""
         a, b = self.stepper.decode_affine(1)
         return (a + b * float(context_tokens + 1)) * self.noise.speed
+
+    def sure_joining_step_ms(self, context_tokens: int, now_ms: float, within_ms: float) -> float:
+        """A lower bound on `joining_step_ms` of the fork, if the request's prefill completes within `within_ms`.
+
+        A request here with more tokens left to generate than steps fit in that time is still in the batch
+        then, with at least its present context; the shortest ones fill the batch, up to the running cap.
+        """
+        if not math.isfinite(within_ms):
+            return self.itl_lower_bound_ms(context_tokens)
+        origin = self.plan.start_ms if self.plan is not None else now_ms
+        a1, _ = self.stepper.decode_affine(1)
+        steps = (now_ms + within_ms - origin) / (MIN_STEP_SHARE * a1 * self.noise.lowest_factor)
+        sure = sorted(
+            r.input_tokens + r.generated
+            for r in (*self.running, *self.waiting)
+            if r.output_tokens - r.generated > steps
+        )[: max(0, self.max_running - 1)]
+        a, b = self.stepper.decode_affine(len(sure) + 1)
+        return (a + b * float(sum(sure) + context_tokens + 1)) * self.noise.speed
 
     def joining_step_ms(self, context_tokens: int, also: Sequence[int] = ()) -> float:
         """True decode step time of the batch a request of `context_tokens` joins here, with no later arrivals.

@@ -107,6 +107,9 @@ def test_slack_rule_takes_the_most_slack_else_the_smallest_miss() -> None:
         def _upper_slack(self, request: RouteRequest, endpoint_id: str, itl_ms: float | None = None) -> float:
             return self.upper.get(endpoint_id, 1.0)
 
+        def _cannot_win(self, request: RouteRequest, endpoint_id: str, give_up_ms: float, best: float) -> bool:
+            return False
+
     from leadtime.features.rows import EndpointState
 
     cands = [Candidate(EndpointState(endpoint_id=n, num_request_waiting=i)) for i, n in enumerate("abc")]
@@ -134,6 +137,7 @@ def test_cheap_bounds_never_exceed_the_exact_figures() -> None:
         }
     )
     checked: list[tuple[float, float]] = []
+    sure_tight: list[float] = []
 
     class Checker(ClairvoyantPolicy):
         def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
@@ -145,6 +149,11 @@ def test_cheap_bounds_never_exceed_the_exact_figures() -> None:
                 low = e.ttft_lower_bound_ms(self._probe(request), sim.now, sim.resume_time(c.endpoint_id))
                 assert low <= exact.ttft_ms + 1e-9
                 assert e.itl_lower_bound_ms(request.input_tokens) <= exact.itl_ms + 1e-9
+                # If the prefill completes within a horizon, the requests sure to be running bound the ITL.
+                for horizon in (exact.ttft_ms, exact.ttft_ms * 1.5 + 1.0):
+                    sure = e.sure_joining_step_ms(request.input_tokens, sim.now, horizon)
+                    assert sure <= exact.itl_ms * (1 + 1e-9)
+                    sure_tight.append(sure / exact.itl_ms)
                 checked.append((low, exact.ttft_ms))
             return super().pick(request, candidates)
 
@@ -162,6 +171,7 @@ def test_cheap_bounds_never_exceed_the_exact_figures() -> None:
         )
     FleetSimulator(fleet, workload, Checker(), seed=1).run()
     assert len(checked) == 450 and any(exact > 3 * low for low, exact in checked)  # queues were exercised
+    assert max(sure_tight) > 0.9  # the sure batch is often (nearly) the whole batch
 
 
 def _pd_sim() -> FleetSimulator:
