@@ -2,10 +2,13 @@
 
 For every candidate it forks that endpoint's true current state (not the stale published one), adds the
 request and runs the replica forward with no further arrivals until the request's prefill completes: that is
-the request's exact TTFT there, waiting for a parked time-sliced endpoint to resume included. The fork is then
+the request's exact TTFT there, waiting for a parked time-sliced endpoint to resume included, and so is a
+resident one being handed to the other job at its next swap (it then stays away for the mean away time, the
+one figure not drawn yet). The fork is then
 exactly the batch the request would join; the decode step time of that batch with the request in it (the
-step-time model's `decode_affine`, times the endpoint's speed) is its ITL. No router can know more than this
-short of knowing future arrivals, so it is the upper reference for any predictor.
+step-time model's `decode_affine`, times the endpoint's speed) is its ITL, plus the mean away time spread over
+its output tokens if the next swap falls while it decodes (it knows the output length). No router can know
+more than this short of knowing future arrivals, so it is the upper reference for any predictor.
 
 The pick maximises the smaller relative slack, min(1 − TTFT / TTFT SLO, 1 − ITL / ITL SLO): among the
 candidates that meet both SLOs the one with the most slack, and when none does the one that misses by the
@@ -100,8 +103,14 @@ class ClairvoyantPolicy:
     ) -> tuple[float, Endpoint | None]:
         sim = self._simulator()
         endpoint = sim.by_id[endpoint_id]
+        park = sim.park_time(endpoint_id)
         return endpoint.fork_until_prefilled(
-            self._probe(request), sim.now, sim.resume_time(endpoint_id), give_up_after_ms
+            self._probe(request),
+            sim.now,
+            sim.resume_time(endpoint_id),
+            give_up_after_ms,
+            park[0] if park is not None else None,
+            park[1] if park is not None else 0.0,
         )
 
     def exact_ttft_ms(self, request: RouteRequest, endpoint_id: str, give_up_after_ms: float = math.inf) -> float:
@@ -123,7 +132,13 @@ class ClairvoyantPolicy:
         if fork is None:
             return None
         also = self._in_transit(endpoint_id) if fork.role == "decode" else []
-        return Estimate(ttft, fork.joining_step_ms(request.input_tokens, also))
+        itl = fork.joining_step_ms(request.input_tokens, also)
+        sim = self._simulator()
+        park = sim.park_time(endpoint_id)
+        tokens = sim.routing.output_tokens if sim.routing is not None else 1
+        if park is not None and tokens > 1 and sim.now + ttft < park[0] < sim.now + ttft + (tokens - 1) * itl:
+            itl += park[1] / (tokens - 1)  # handed to the other job while it decodes: it waits that long once
+        return Estimate(ttft, itl)
 
     def decode_itl_ms(self, request: RouteRequest, endpoint_id: str) -> float:
         """ITL of `request` on a decode endpoint it reaches by KV transfer (the batch it would join there)."""

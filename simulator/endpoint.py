@@ -451,12 +451,20 @@ class Endpoint:
         return self.fork_until_prefilled(request, now_ms, resume_at_ms, give_up_after_ms)[0]
 
     def fork_until_prefilled(
-        self, request: SimRequest, now_ms: float, resume_at_ms: float | None = None, give_up_after_ms: float = math.inf
+        self,
+        request: SimRequest,
+        now_ms: float,
+        resume_at_ms: float | None = None,
+        give_up_after_ms: float = math.inf,
+        park_at_ms: float | None = None,
+        away_ms: float = 0.0,
     ) -> tuple[float, Endpoint | None]:
         """`time_to_prefill`, and the forked replica as it is the moment the prefill completes (None if cut).
 
         The fork's `running` and `waiting` are then exactly the batch the request would join to decode (the
-        request itself has left it: it ran as prefill-only).
+        request itself has left it: it ran as prefill-only). `park_at_ms`: a resident time-sliced endpoint
+        is handed to the other job then (after the step in flight, as the engine does) and serves again
+        `away_ms` later.
         """
         sim = self.clone(share_cache=True)
         probe = request.copy()
@@ -475,9 +483,16 @@ class Endpoint:
         while probe.prefill_done_ms is None:
             if clock - now_ms > give_up_after_ms:
                 return math.inf, None
+            if park_at_ms is not None and clock >= park_at_ms:
+                sim.request_park(clock)
+                clock = max(clock, park_at_ms + away_ms)
+                sim.resume()
+                park_at_ms = None
             plan = sim.start_step(clock)
             if plan is None:
                 return math.inf, None
+            if park_at_ms is not None and plan.end_ms > park_at_ms:
+                sim.interrupt(max(park_at_ms, plan.start_ms))
             clock = plan.end_ms
             sim.finish_step()
         return probe.prefill_done_ms - now_ms, sim
@@ -542,20 +557,21 @@ class Endpoint:
         """A lower bound on `joining_step_ms` of the fork, if the request's prefill completes within `within_ms`.
 
         A request here with more tokens left to generate than steps fit in that time is still in the batch
-        then, with at least its present context; the shortest ones fill the batch, up to the running cap.
+        then; the batch holds at least that many sequences (up to the running cap) and at least the KV of that
+        many of the shortest contexts here now (contexts only grow).
         """
         if not math.isfinite(within_ms):
             return self.itl_lower_bound_ms(context_tokens)
         origin = self.plan.start_ms if self.plan is not None else now_ms
         a1, _ = self.stepper.decode_affine(1)
         steps = (now_ms + within_ms - origin) / (MIN_STEP_SHARE * a1 * self.noise.lowest_factor)
-        sure = sorted(
-            r.input_tokens + r.generated
-            for r in (*self.running, *self.waiting)
-            if r.output_tokens - r.generated > steps
-        )[: max(0, self.max_running - 1)]
-        a, b = self.stepper.decode_affine(len(sure) + 1)
-        return (a + b * float(sum(sure) + context_tokens + 1)) * self.noise.speed
+        present = [
+            (r.input_tokens + r.generated, r.output_tokens - r.generated) for r in (*self.running, *self.waiting)
+        ]
+        sure = min(sum(1 for _, left in present if left > steps), max(0, self.max_running - 1))
+        smallest = sorted(context for context, _ in present)[:sure]  # no batch of `sure` of them holds less
+        a, b = self.stepper.decode_affine(sure + 1)
+        return (a + b * float(sum(smallest) + context_tokens + 1)) * self.noise.speed
 
     def joining_step_ms(self, context_tokens: int, also: Sequence[int] = ()) -> float:
         """True decode step time of the batch a request of `context_tokens` joins here, with no later arrivals.

@@ -314,3 +314,31 @@ def test_a_forked_cache_behaves_exactly_like_a_full_copy(seed: int) -> None:
     assert _cache_state(fork) == _cache_state(copy)
     assert evictions > 0  # the LRU order was exercised
     assert _cache_state(base.clone()) == _cache_state(base)  # the base never changed
+
+
+def test_the_clairvoyant_sees_a_resident_endpoint_being_handed_to_the_other_job() -> None:
+    doc = {
+        "pools": [{"name": "shared", "count": 1, "accelerator": "h100-sxm", "model": MODEL, "timeslice_group": "g"}],
+        "timeslice_groups": {
+            "g": {
+                "resident_ms": {"distribution": "fixed", "value": 100},
+                "away_ms": {"distribution": "fixed", "value": 5000},
+                "restore_ms": {"distribution": "fixed", "value": 80},
+            }
+        },
+    }
+    sim = FleetSimulator(parse_fleet(doc), [], ClairvoyantPolicy())
+    policy = sim.policy
+    assert isinstance(policy, ClairvoyantPolicy)
+    request = RouteRequest("1", 16_000)
+    sim.routing = SimRequest(1, 0.0, 16_000, 101)
+    sim.groups["g"].until_ms = math.inf
+    alone = policy.estimate(request, "shared-0")
+    assert alone is not None and alone.ttft_ms > 100.0
+    sim.groups["g"].until_ms = 50.0  # swapped out before its prefill completes: preempted, back 5,080 ms later
+    parked = policy.estimate(request, "shared-0")
+    assert parked is not None and parked.ttft_ms > 5080.0 + 50.0
+    sim.groups["g"].until_ms = alone.ttft_ms + 5 * alone.itl_ms  # swapped out while it decodes
+    hit = policy.estimate(request, "shared-0")
+    assert hit is not None and hit.ttft_ms == pytest.approx(alone.ttft_ms)
+    assert hit.itl_ms == pytest.approx(alone.itl_ms + 5080.0 / 100)
