@@ -1,7 +1,7 @@
 """Dynamo's KV-aware router, re-implemented from its documentation.
 
-Source: NVIDIA Dynamo, "KV Cache Routing" (docs/router/kv_cache_routing.md) and the router's CLI reference
-(`--kv-overlap-score-weight`, default 1.0; `--router-temperature`, default 0; `--kv-cache-block-size`). Dynamo's
+Source: NVIDIA Dynamo's documentation, "KV Cache Routing" (the KV router's cost function) and the router's
+options (`--kv-overlap-score-weight`, default 1.0; `--router-temperature`, default 0; `--kv-cache-block-size`). Dynamo's
 router learns each worker's cache from the engines' KV events (stored / removed blocks), which makes its view
 of the cache near exact, and tracks the sequences it has itself sent to each worker until they complete. For
 every worker it computes a cost

@@ -1,10 +1,10 @@
 """SGLang's cache-aware router, re-implemented from its documentation.
 
-Source: SGLang Model Gateway / sgl-router, "Cache-Aware Load-Balancing Router" (docs/advanced_features/router.md)
-and its options `--cache-threshold` (0.3), `--balance-abs-threshold` (64), `--balance-rel-threshold` (1.5),
-`--max-tree-size`. The router never sees the workers' caches. It keeps, per worker, an approximate radix tree
-of the prompts it has sent there (bounded, least recently used entries evicted first) and counts the requests
-it has in flight on each worker (its load). For each request:
+Source: SGLang's router documentation (sgl-router / SGLang Model Gateway), "Cache-Aware Load-Balancing
+Router", and its options `--cache-threshold` (0.3), `--balance-abs-threshold` (64), `--balance-rel-threshold`
+(1.5), `--max-tree-size`. The router never sees the workers' caches. It keeps, per worker, an approximate
+radix tree of the prompts it has sent there (bounded, least recently used entries evicted first) and counts
+the requests it has in flight on each worker (its load). For each request:
 
 1. The load is imbalanced when max − min > balance_abs_threshold *and* max > balance_rel_threshold × min; then
    the request goes to the least loaded worker.
