@@ -225,8 +225,12 @@ def simulate(
     max_requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice as fast).")] = 1.0,
     seed: Annotated[int, typer.Option(help="Random seed (policies, time-slice windows).")] = 0,
-    ttft_slo_ms: Annotated[float, typer.Option(help="TTFT SLO for attainment and goodput.")] = 2000.0,
-    itl_slo_ms: Annotated[float, typer.Option(help="ITL SLO for attainment and goodput.")] = 100.0,
+    ttft_slo_ms: Annotated[
+        float, typer.Option(help="TTFT SLO of every request when the fleet states no SLO classes.")
+    ] = 2000.0,
+    itl_slo_ms: Annotated[
+        float, typer.Option(help="ITL SLO of every request when the fleet states no SLO classes.")
+    ] = 100.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out: Annotated[Path | None, typer.Option(help="Directory for observations JSONL, plots, report.")] = None,
 ) -> None:

@@ -4,6 +4,9 @@ A filter narrows the candidates, each scorer gives every remaining candidate a s
 summed with weights, and a picker chooses. llm-d's default profile weighs prefix-cache 3, queue 2 and
 KV-utilization 2; those are the defaults of `LlmdHeuristicPolicy`. On a P/D fleet the same pipeline picks the
 decode endpoint and then, separately, the prefill endpoint, as llm-d does.
+
+Every policy here first drops endpoints whose time-slice group is parked or switching (`resident_filter`), as a
+readiness probe removes a sleeping pod from the endpoints a router is offered, unless that would drop them all.
 """
 
 from __future__ import annotations
@@ -97,12 +100,13 @@ class LlmdHeuristicPolicy(ScoringPolicy):
         self, prefix_weight: float = 3.0, queue_weight: float = 2.0, kv_weight: float = 2.0, seed: int = 0
     ) -> None:
         super().__init__(
-            "llm-d",
+            "llmd_heuristic",
             [
                 WeightedScorer(prefix_cache_scorer, prefix_weight),
                 WeightedScorer(queue_scorer, queue_weight),
                 WeightedScorer(kv_utilization_scorer, kv_weight),
             ],
+            filters=[resident_filter],
             seed=seed,
         )
 
@@ -118,17 +122,19 @@ class RandomPolicy:
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         roles = split_by_role(candidates)
         if roles.disaggregated:
-            return Pick(self._rng.choice(roles.prefill).endpoint_id, self._rng.choice(roles.decode).endpoint_id)
-        return Pick(self._rng.choice(roles.unified).endpoint_id)
+            prefill = resident_filter(request, roles.prefill)
+            decode = resident_filter(request, roles.decode)
+            return Pick(self._rng.choice(prefill).endpoint_id, self._rng.choice(decode).endpoint_id)
+        return Pick(self._rng.choice(resident_filter(request, roles.unified)).endpoint_id)
 
     def observe(self, outcome: Outcome) -> None:
         """Random does not learn."""
 
 
 class RoundRobinPolicy:
-    """Each endpoint in turn (per role), in candidate order."""
+    """Each endpoint in turn (per role), in candidate order (among the resident ones)."""
 
-    name = "round-robin"
+    name = "round_robin"
 
     def __init__(self) -> None:
         self._turn: dict[str, int] = {}
@@ -141,10 +147,10 @@ class RoundRobinPolicy:
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         roles = split_by_role(candidates)
         if roles.disaggregated:
-            return Pick(
-                self._next("prefill", roles.prefill).endpoint_id, self._next("decode", roles.decode).endpoint_id
-            )
-        return Pick(self._next("both", roles.unified).endpoint_id)
+            prefill = self._next("prefill", resident_filter(request, roles.prefill))
+            decode = self._next("decode", resident_filter(request, roles.decode))
+            return Pick(prefill.endpoint_id, decode.endpoint_id)
+        return Pick(self._next("both", resident_filter(request, roles.unified)).endpoint_id)
 
     def observe(self, outcome: Outcome) -> None:
         """Round-robin does not learn."""
@@ -163,4 +169,4 @@ class LeastQueuePolicy(ScoringPolicy):
             low, high = min(loads), max(loads)
             return [1.0 if high == low else (high - q) / (high - low) for q in loads]
 
-        super().__init__("least-queue", [WeightedScorer(least_load, 1.0)], seed=seed)
+        super().__init__("least_queue", [WeightedScorer(least_load, 1.0)], filters=[resident_filter], seed=seed)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,12 @@ MAX_DECODE_RUN = 4096
 # Standard normal draws that step noise indexes by a hash of (endpoint, step start): the same step of the same
 # endpoint gets the same factor in every run and in every what-if fork, whatever else happened meanwhile.
 _NORMALS: list[float] = [float(z) for z in np.random.default_rng(20261201).standard_normal(1 << 16)]
+_LOWEST_NORMAL = min(_NORMALS)
+# A request's prefill computed in one step takes at least this share of the steps it really takes (chunks, and
+# other requests' tokens in the same steps, only add time): 0.97 measured over every catalog class, 0.85 kept.
+PREFILL_BOUND_SHARE = 0.85
+# No step (prefill, decode or mixed) is shorter than this share of a one-sequence decode step (0.994 measured).
+MIN_STEP_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,11 @@ class StepNoise:
     speed: float = 1.0
     jitter: float = 0.0
     seed: int = 0
+
+    @property
+    def lowest_factor(self) -> float:
+        """No step's factor is below this (the table's lowest draw)."""
+        return self.speed * math.exp(self.jitter * _LOWEST_NORMAL - 0.5 * self.jitter * self.jitter)
 
     def factor(self, start_ms: float) -> float:
         if self.jitter == 0.0:
@@ -154,13 +166,17 @@ class Endpoint:
         self.busy_intervals: list[tuple[float, float]] = []
         self.preemptions = 0
 
-    def clone(self) -> Endpoint:
-        """An independent copy for what-if simulation (the clairvoyant policy)."""
+    def clone(self, share_cache: bool = False) -> Endpoint:
+        """An independent copy for what-if simulation (the clairvoyant policy).
+
+        With `share_cache` the copy's KV cache is a copy-on-write fork of this one's (cheap, but only valid
+        while this endpoint does not change).
+        """
         other = Endpoint(
             self.endpoint_id,
             self.role,
             self.stepper,
-            self.cache.clone(),
+            self.cache.fork() if share_cache else self.cache.clone(),
             self.max_batched_tokens,
             self.max_running,
             self.decode_runs,
@@ -360,8 +376,9 @@ class Endpoint:
         plan = self.plan
         if plan is None or plan.decode_run <= 1:
             return False
-        ends = [plan.run_end(k) for k in range(1, plan.decode_run + 1)]
-        steps = min(plan.decode_run, bisect.bisect_right(ends, now_ms) + 1)
+        # Steps of the run that end by now (run_end grows with k): bisect over k without listing every end.
+        done = bisect.bisect_right(range(1, plan.decode_run + 1), now_ms, key=plan.run_end)
+        steps = min(plan.decode_run, done + 1)
         if steps >= plan.decode_run:
             return False
         for r, _ in plan.entries:
@@ -370,7 +387,7 @@ class Endpoint:
             self.cache.free(over)
             r.private_blocks -= over
         plan.decode_run = steps
-        plan.end_ms = ends[steps - 1]
+        plan.end_ms = plan.run_end(steps)
         return True
 
     def finish_step(self) -> StepOutcome:
@@ -444,7 +461,25 @@ class Endpoint:
         `give_up_after_ms`, the forward simulation stops and returns infinity (a caller looking for the
         minimum over endpoints needs no more).
         """
-        sim = self.clone()
+        return self.fork_until_prefilled(request, now_ms, resume_at_ms, give_up_after_ms)[0]
+
+    def fork_until_prefilled(
+        self,
+        request: SimRequest,
+        now_ms: float,
+        resume_at_ms: float | None = None,
+        give_up_after_ms: float = math.inf,
+        park_at_ms: float | None = None,
+        away_ms: float = 0.0,
+    ) -> tuple[float, Endpoint | None]:
+        """`time_to_prefill`, and the forked replica as it is the moment the prefill completes (None if cut).
+
+        The fork's `running` and `waiting` are then exactly the batch the request would join to decode (the
+        request itself has left it: it ran as prefill-only). `park_at_ms`: a resident time-sliced endpoint
+        is handed to the other job then (after the step in flight, as the engine does) and serves again
+        `away_ms` later.
+        """
+        sim = self.clone(share_cache=True)
         probe = request.copy()
         probe.prefill_only = True
         sim.waiting.append(probe)
@@ -455,15 +490,112 @@ class Endpoint:
             sim.finish_step()
         if not sim.available:
             if resume_at_ms is None:
-                return math.inf
+                return math.inf, None
             clock = max(clock, resume_at_ms)
             sim.resume()
         while probe.prefill_done_ms is None:
             if clock - now_ms > give_up_after_ms:
-                return math.inf
+                return math.inf, None
+            if park_at_ms is not None and clock >= park_at_ms:
+                sim.request_park(clock)
+                clock = max(clock, park_at_ms + away_ms)
+                sim.resume()
+                park_at_ms = None
             plan = sim.start_step(clock)
             if plan is None:
-                return math.inf
+                return math.inf, None
+            if park_at_ms is not None and plan.end_ms > park_at_ms:
+                sim.interrupt(max(park_at_ms, plan.start_ms))
             clock = plan.end_ms
             sim.finish_step()
-        return probe.prefill_done_ms - now_ms
+        return probe.prefill_done_ms - now_ms, sim
+
+    def ttft_lower_bound_ms(self, request: SimRequest, now_ms: float, resume_at_ms: float | None = None) -> float:
+        """A cheap lower bound on `time_to_prefill` (no fork).
+
+        The step in flight ends first (a decode run can be cut at once), a parked endpoint resumes first, and
+        the request's uncached prompt and the prefill queued ahead of it then take at least
+        `PREFILL_BOUND_SHARE` of one step over all of it at the lowest step noise. Cached counts every segment
+        cached here or carried by a request already here (those may be cached by the time it is admitted).
+        """
+        wait = 0.0
+        if self.plan is not None and self.plan.decode_run <= 1:
+            wait = max(0.0, self.plan.end_ms - now_ms)
+        if not self.available:
+            if resume_at_ms is None:
+                return math.inf
+            wait = max(wait, resume_at_ms - now_ms)
+        usable = self._cacheable_segments(request)
+        matched = self.cache.matched_prefix(request.segments[:usable])
+        if matched < usable and (self.running or self.waiting):
+            ahead = {h for r in (*self.running, *self.waiting) for h in r.segments}
+            while matched < usable:
+                h = request.segments[matched]
+                if h not in ahead and not self.cache.matched_prefix((h,)):
+                    break
+                matched += 1
+        if matched * request.segment_tokens >= request.input_tokens:
+            matched -= 1
+        hits = max(0, matched) * request.segment_tokens
+        chunks = [(request.input_tokens - hits, hits)]
+        queued = self._prefill_ahead_tokens()
+        if queued:
+            chunks.append((queued, 0))
+        compute = self.stepper.step_ms(chunks, 0, 0.0)
+        return wait + PREFILL_BOUND_SHARE * compute * self.noise.lowest_factor
+
+    def _prefill_ahead_tokens(self) -> int:
+        """Prompt tokens that must be computed before a newcomer's prefill completes, at the least.
+
+        Running requests get the token budget before anyone admitted after them and waiting ones are admitted
+        first in, so all of their prefill is done by the time a newcomer's is. Counted: what running requests
+        still need after the step in flight, and what waiting ones need beyond every segment that might be
+        cached for them.
+        """
+        plan = self.plan
+        in_flight = {id(r): n for r, n in plan.entries} if plan is not None and not plan.decode_run else {}
+        # (the step in flight is counted as a wait of its own)
+        tokens = sum(max(0, r.need() - in_flight.get(id(r), 0)) for r in self.running if not r.decoding)
+        for r in self.waiting:
+            if not r.kv_ready:
+                tokens += max(0, r.input_tokens + r.generated - self._cacheable_segments(r) * r.segment_tokens)
+        return tokens
+
+    def itl_lower_bound_ms(self, context_tokens: int) -> float:
+        """No `joining_step_ms` here is below the step of the request decoding alone."""
+        a, b = self.stepper.decode_affine(1)
+        return (a + b * float(context_tokens + 1)) * self.noise.speed
+
+    def sure_joining_step_ms(self, context_tokens: int, now_ms: float, within_ms: float) -> float:
+        """A lower bound on `joining_step_ms` of the fork, if the request's prefill completes within `within_ms`.
+
+        A request here with more tokens left to generate than steps fit in that time is still in the batch
+        then; the batch holds at least that many sequences (up to the running cap) and at least the KV of that
+        many of the shortest contexts here now (contexts only grow).
+        """
+        if not math.isfinite(within_ms):
+            return self.itl_lower_bound_ms(context_tokens)
+        origin = self.plan.start_ms if self.plan is not None else now_ms
+        a1, _ = self.stepper.decode_affine(1)
+        steps = (now_ms + within_ms - origin) / (MIN_STEP_SHARE * a1 * self.noise.lowest_factor)
+        present = [
+            (r.input_tokens + r.generated, r.output_tokens - r.generated) for r in (*self.running, *self.waiting)
+        ]
+        sure = min(sum(1 for _, left in present if left > steps), max(0, self.max_running - 1))
+        smallest = sorted(context for context, _ in present)[:sure]  # no batch of `sure` of them holds less
+        a, b = self.stepper.decode_affine(sure + 1)
+        return (a + b * float(sum(smallest) + context_tokens + 1)) * self.noise.speed
+
+    def joining_step_ms(self, context_tokens: int, also: Sequence[int] = ()) -> float:
+        """True decode step time of the batch a request of `context_tokens` joins here, with no later arrivals.
+
+        The batch is what runs and waits here now (waiting requests are ahead of it), the requests of `also`
+        (context tokens of requests already bound here but not arrived yet, e.g. KV in transit) and the
+        request itself, up to the running cap; a decode step of n sequences over kv tokens costs a + b·kv on
+        this replica's step-time model, times its speed factor (the per-step jitter has mean 1).
+        """
+        contexts = [r.input_tokens + r.generated for r in (*self.running, *self.waiting)]
+        contexts.extend(also)
+        contexts = contexts[: max(0, self.max_running - 1)]
+        a, b = self.stepper.decode_affine(len(contexts) + 1)
+        return (a + b * float(sum(contexts) + context_tokens + 1)) * self.noise.speed

@@ -296,6 +296,14 @@ class FleetSimulator:
             return group.until_ms + group.spec.restore_ms.mean
         return group.until_ms
 
+    def park_time(self, endpoint_id: str) -> tuple[float, float] | None:
+        """For a resident time-sliced endpoint: when its group is handed to the other job next, and the mean
+        time it then stays away (away + restore). Known to the simulator, not to routers."""
+        group = self._group_of.get(endpoint_id)
+        if group is None or group.state != "resident":
+            return None
+        return group.until_ms, group.spec.away_ms.mean + group.spec.restore_ms.mean
+
     def link_free_ms(self, endpoint_id: str) -> float:
         """When the KV ingress link of a decode endpoint is next free."""
         return max(self.now, self._link_free[endpoint_id])

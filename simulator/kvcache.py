@@ -146,3 +146,139 @@ class KVCache:
             self.prefix_blocks -= self.entries.pop(h).blocks
         self._unreferenced.clear()
         self.evictable_blocks = 0
+
+    def fork(self) -> KVCache:
+        """A what-if copy that shares this cache's entries until it changes them (this cache must not change
+        while the fork is in use): cheap where `clone` copies every entry."""
+        return ForkedKVCache(self)
+
+
+class ForkedKVCache(KVCache):
+    """Copy-on-write view of a `KVCache` for what-if runs (the clairvoyant policy forks every candidate).
+
+    Entries it touches are copied into `_own`; entries it evicts are in `_gone`. Its LRU order of unreferenced
+    entries is the base's (skipping those referenced, moved or evicted here) followed by `_tail`, the entries
+    that became unreferenced in the fork, oldest first.
+    """
+
+    def __init__(self, base: KVCache) -> None:
+        super().__init__(base.total_blocks, base.block_size)
+        self.private_blocks = base.private_blocks
+        self.prefix_blocks = base.prefix_blocks
+        self.evictable_blocks = base.evictable_blocks
+        self._base = base
+        self._base_entries = base.entries
+        self._base_order = iter(base._unreferenced)
+        self._own: dict[int, PrefixEntry] = {}
+        self._gone: set[int] = set()
+        self._tail: OrderedDict[int, None] = OrderedDict()
+
+    def _peek(self, h: int) -> PrefixEntry | None:
+        entry = self._own.get(h)
+        if entry is not None:
+            return entry
+        if h in self._gone:
+            return None
+        return self._base_entries.get(h)
+
+    def _mutable(self, h: int) -> PrefixEntry:
+        entry = self._own.get(h)
+        if entry is None:
+            base = self._base_entries[h]
+            entry = self._own[h] = PrefixEntry(base.blocks, base.refs, base.cached_at_ms)
+        return entry
+
+    def clone(self) -> KVCache:
+        other = KVCache(self.total_blocks, self.block_size)
+        other.private_blocks = self.private_blocks
+        other.prefix_blocks = self.prefix_blocks
+        other.evictable_blocks = self.evictable_blocks
+        keys = [h for h in self._base_entries if h not in self._gone and h not in self._own] + list(self._own)
+        other.entries = {h: PrefixEntry(e.blocks, e.refs, e.cached_at_ms) for h in keys if (e := self._peek(h))}
+        order = [h for h in self._base._unreferenced if self._still_base_unreferenced(h)]
+        other._unreferenced = OrderedDict.fromkeys([*order, *self._tail])
+        return other
+
+    def _still_base_unreferenced(self, h: int) -> bool:
+        """A base LRU entry that is still unreferenced here and still in its base position."""
+        if h in self._gone or h in self._tail:
+            return False
+        entry = self._own.get(h)
+        return entry is None or entry.refs == 0
+
+    def _next_base_unreferenced(self) -> int | None:
+        """The oldest base entry still unreferenced in the fork (advancing past stale ones); None when done."""
+        for h in self._base_order:
+            if self._still_base_unreferenced(h):
+                return h
+        return None
+
+    def matched_prefix(self, hashes: tuple[int, ...] | list[int], visible_before_ms: float | None = None) -> int:
+        n = 0
+        for h in hashes:
+            entry = self._peek(h)
+            if entry is None or (visible_before_ms is not None and entry.cached_at_ms > visible_before_ms):
+                break
+            n += 1
+        return n
+
+    def acquire_prefix(self, hashes: tuple[int, ...] | list[int]) -> None:
+        for h in hashes:
+            entry = self._mutable(h)
+            if entry.refs == 0:
+                self._tail.pop(h, None)
+                self.evictable_blocks -= entry.blocks
+            entry.refs += 1
+
+    def release_prefix(self, hashes: tuple[int, ...] | list[int]) -> None:
+        for h in hashes:
+            entry = self._mutable(h)
+            entry.refs -= 1
+            if entry.refs == 0:
+                self._tail[h] = None
+                self.evictable_blocks += entry.blocks
+
+    def make_room(self, blocks: int) -> bool:
+        while self.free_blocks < blocks:
+            h = self._next_base_unreferenced()
+            if h is None:
+                if not self._tail:
+                    break
+                h, _ = self._tail.popitem(last=False)
+            entry = self._peek(h)
+            assert entry is not None
+            self._own.pop(h, None)
+            self._gone.add(h)
+            self.prefix_blocks -= entry.blocks
+            self.evictable_blocks -= entry.blocks
+        return self.free_blocks >= blocks
+
+    def publish_prefix(self, hashes: list[int], blocks_per_segment: int, now_ms: float) -> list[int]:
+        for h in hashes:
+            self.private_blocks -= blocks_per_segment
+            if self._peek(h) is None:
+                self._own[h] = PrefixEntry(blocks_per_segment, 1, now_ms)
+                self._gone.discard(h)
+                self.prefix_blocks += blocks_per_segment
+            else:
+                entry = self._mutable(h)
+                if entry.refs == 0:
+                    self._tail.pop(h, None)
+                    self.evictable_blocks -= entry.blocks
+                entry.refs += 1
+        return hashes
+
+    def clear_unreferenced(self) -> None:
+        while (h := self._next_base_unreferenced()) is not None:
+            self._evict(h)
+        for h in list(self._tail):
+            self._evict(h)
+        self._tail.clear()
+        self.evictable_blocks = 0
+
+    def _evict(self, h: int) -> None:
+        entry = self._peek(h)
+        assert entry is not None
+        self._own.pop(h, None)
+        self._gone.add(h)
+        self.prefix_blocks -= entry.blocks

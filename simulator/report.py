@@ -38,6 +38,9 @@ def summarize(result: SimResult) -> dict[str, object]:
     e2e = np.array([c.e2e_ms for c in done])
     meets_ttft = np.array([c.ttft_ms <= c.ttft_slo_ms for c in done], dtype=bool)
     meets_itl = np.array([c.itl_ms <= c.itl_slo_ms for c in done], dtype=bool)
+    classes: dict[tuple[float, float], int] = {}
+    for c in done:
+        classes[(c.ttft_slo_ms, c.itl_slo_ms)] = classes.get((c.ttft_slo_ms, c.itl_slo_ms), 0) + 1
     both = meets_ttft & meets_itl
     span_ms = max(result.duration_ms, 1e-9)
     endpoints: dict[str, object] = {}
@@ -52,6 +55,7 @@ def summarize(result: SimResult) -> dict[str, object]:
         "ttft_ms": _percentiles(ttft),
         "itl_ms": _percentiles(itl),
         "e2e_ms": _percentiles(e2e),
+        "slo": [{"ttft_ms": t, "itl_ms": i, "share": n / len(done)} for (t, i), n in sorted(classes.items())],
         "slo_attainment": float(both.mean()) if done else 0.0,
         "ttft_slo_attainment": float(meets_ttft.mean()) if done else 0.0,
         "itl_slo_attainment": float(meets_itl.mean()) if done else 0.0,

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, LlmdHeuristicPolicy, RandomPolicy, RoundRobinPolicy
+from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
+from leadtime.router_plugin.peers.sglang_cache import SglangCachePolicy
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.simulator.clairvoyant import ClairvoyantPolicy
 from leadtime.simulator.engine import FleetSimulator, SimResult
@@ -16,32 +18,38 @@ from leadtime.simulator.learning_policies import LEADTIME_POLICIES, learning_fac
 from leadtime.simulator.report import summarize, write_observations, write_plots
 from leadtime.simulator.workload import WorkloadRequest, load_workload, shape
 
-POLICY_NAMES = ("random", "round-robin", "least-queue", "llm-d", "clairvoyant", *LEADTIME_POLICIES)
+# Every policy the simulator can run, by its name in results (the benchmark's JSON keys).
+POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
+    "round_robin": lambda seed: RoundRobinPolicy(),
+    "least_queue": lambda seed: LeastQueuePolicy(seed),
+    "llmd_heuristic": lambda seed: LlmdHeuristicPolicy(seed=seed),
+    "dynamo_kv": lambda seed: DynamoKvPolicy(seed=seed),
+    "sglang_cache": lambda seed: SglangCachePolicy(seed=seed),
+    "clairvoyant": lambda seed: ClairvoyantPolicy(),
+    "random": lambda seed: RandomPolicy(seed),
+}
+POLICY_NAMES = (*POLICIES, *LEADTIME_POLICIES)
+# Other spellings the CLI accepts (hyphens for underscores, and the older short names).
+ALIASES = {"llm-d": "llmd_heuristic", "llmd": "llmd_heuristic"}
+
+
+def policy_name(name: str) -> str:
+    """The canonical name of a policy as a user may spell it (`round-robin` → `round_robin`, `llm-d` → ...)."""
+    canonical = ALIASES.get(name, name.replace("-", "_"))
+    if canonical not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+    return canonical
 
 
 def make_policy(name: str, seed: int = 0, fleet: Fleet | None = None) -> RoutingPolicy:
-    """A fresh policy by name (see POLICY_NAMES); learning policies need the fleet they will route."""
-    factories: dict[str, Callable[[], RoutingPolicy]] = {
-        "random": lambda: RandomPolicy(seed),
-        "round-robin": RoundRobinPolicy,
-        "least-queue": lambda: LeastQueuePolicy(seed),
-        "llm-d": lambda: LlmdHeuristicPolicy(seed=seed),
-        "clairvoyant": ClairvoyantPolicy,
-    }
-    factories.update(
-        {
-            "round_robin": factories["round-robin"],
-            "least_queue": factories["least-queue"],
-            "llmd_heuristic": factories["llm-d"],
-        }
-    )
-    if fleet is not None:
-        factories.update(learning_factories(fleet, seed))
-    if name not in factories:
-        if name in LEADTIME_POLICIES:
-            raise ValueError(f"policy {name!r} learns: it needs the fleet it routes")
-        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
-    return factories[name]()
+    """A fresh policy by name (see POLICY_NAMES; hyphen spellings accepted); a learning policy is built for the
+    fleet it will route (its KV links, its default classes) and starts cold."""
+    canonical = policy_name(name)
+    if canonical in POLICIES:
+        return POLICIES[canonical](seed)
+    if fleet is None:
+        raise ValueError(f"policy {name!r} learns: it needs the fleet it routes")
+    return learning_factories(fleet, seed)[canonical]()
 
 
 @dataclass(frozen=True)
@@ -91,9 +99,7 @@ def simulate(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, object]:
     """The whole command: returns the JSON report and writes observations and plots under `out`."""
-    for name in policies:
-        if name not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+    policies = [policy_name(name) for name in policies]
     fleet = load_fleet(fleet_path)
     loaded = load_workload(str(trace_path), options.seed, max_requests)
     workload = shape(loaded, rate_scale=rate_scale, max_requests=max_requests)
@@ -104,11 +110,6 @@ def simulate(
         "requests": len(workload),
         "rate_scale": rate_scale,
         "seed": options.seed,
-        "slo": {
-            "ttft_ms": options.ttft_slo_ms,
-            "itl_ms": options.itl_slo_ms,
-            "classes": [{"share": c.share, "ttft_ms": c.ttft_ms, "itl_ms": c.itl_ms} for c in fleet.slos],
-        },
         "policies": {r.policy: summarize(r) for r in results},
     }
     if out is not None:

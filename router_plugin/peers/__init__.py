@@ -1,0 +1,1 @@
+"""Routers a user could pick instead of Leadtime, re-implemented from their projects' documentation."""

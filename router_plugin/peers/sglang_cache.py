@@ -1,0 +1,187 @@
+"""SGLang's cache-aware router, re-implemented from its documentation.
+
+Source: SGLang's router documentation (sgl-router / SGLang Model Gateway), "Cache-Aware Load-Balancing
+Router", and its options `--cache-threshold` (0.3), `--balance-abs-threshold` (64), `--balance-rel-threshold`
+(1.5), `--max-tree-size`. The router never sees the workers' caches. It keeps, per worker, an approximate
+radix tree of the prompts it has sent there (bounded, least recently used entries evicted first) and counts
+the requests it has in flight on each worker (its load). For each request:
+
+1. The load is imbalanced when max − min > balance_abs_threshold *and* max > balance_rel_threshold × min; then
+   the request goes to the least loaded worker.
+2. Otherwise (balanced) it finds the worker whose tree holds the longest prefix of the prompt. If that match
+   covers more than `cache_threshold` of the prompt, the request goes there; if not, it goes to the worker
+   with the smallest tree (the most cache room).
+3. The prompt is inserted in the chosen worker's tree.
+
+The trees here hold the request's chained block hashes (`RouteRequest.block_hashes`; equal leading hashes are
+equal prefixes, as equal leading characters are in SGLang's character tree), so a prefix match is the run of
+leading hashes a worker's tree has; the match rate is matched segments ÷ the prompt's segments. Tree size is
+counted in tokens. A prompt without hashes (a trace without prefix information) matches nothing and is
+inserted as its own entry.
+
+P/D (SGLang's PD router, `--pd-disaggregation`): the router places each request on a prefill worker and a
+decode worker, each chosen by its policy over its own pool (`--prefill-policy`, `--decode-policy`, both
+cache-aware here) with its own trees and loads; the decode worker pulls the KV from the prefill worker. Load is
+counted until the request completes (the routing contract reports completions only).
+
+Readiness: like any router behind Kubernetes readiness probes it does not route to an endpoint whose time-slice
+group is parked or switching, unless every endpoint is (`heuristics.resident_filter`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+from leadtime.router_plugin.heuristics import resident_filter
+from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, split_by_role
+
+# SGLang bounds its tree at 2**26 characters per worker; at about 4 characters a token that is 2**24 tokens.
+DEFAULT_MAX_TREE_TOKENS = 2**24
+
+
+class ApproximateTree:
+    """The prompts one worker was sent: chained block hashes in LRU order, each with its tokens.
+
+    >>> tree = ApproximateTree(max_tokens=1000)
+    >>> tree.insert(RouteRequest("a", 600, (1, 2, 3)))
+    >>> tree.matched((1, 2, 9)), tree.tokens
+    (2, 600.0)
+    >>> tree.insert(RouteRequest("b", 800, (5, 6)))  # 1400 tokens > 1000: the least recently used go first
+    >>> tree.matched((1, 2, 3)), tree.matched((5, 6)), tree.tokens
+    (0, 2, 800.0)
+    """
+
+    def __init__(self, max_tokens: float = DEFAULT_MAX_TREE_TOKENS) -> None:
+        self.max_tokens = max_tokens
+        self.tokens = 0.0
+        self._entries: OrderedDict[Hashable, float] = OrderedDict()
+
+    def matched(self, hashes: Sequence[int]) -> int:
+        """Leading hashes of the prompt held in the tree."""
+        n = 0
+        for h in hashes:
+            if h not in self._entries:
+                break
+            n += 1
+        return n
+
+    def insert(self, request: RouteRequest) -> None:
+        """Add the prompt (touching its head last, so that the head is the most recently used part)."""
+        if request.block_hashes:
+            per_segment = request.input_tokens / len(request.block_hashes)
+            keys: list[Hashable] = list(reversed(request.block_hashes))
+        else:
+            per_segment = float(request.input_tokens)
+            keys = [("prompt", request.request_id)]
+        for key in keys:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+            else:
+                self._entries[key] = per_segment
+                self.tokens += per_segment
+        while self.tokens > self.max_tokens and self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            self.tokens -= evicted
+
+
+class SglangCachePolicy:
+    """SGLang's cache-aware routing (balance check, then longest prefix match or smallest tree).
+
+    Parameters
+    ----------
+    cache_threshold
+        Share of the prompt the best match must exceed to route by cache (SGLang's default 0.3).
+    balance_abs_threshold, balance_rel_threshold
+        Load is imbalanced when max − min exceeds the first and max exceeds the second × min (64, 1.5).
+    max_tree_tokens
+        Bound of each worker's tree, in tokens.
+    seed
+        Seeds the tie-breaks.
+
+    >>> from leadtime.features.rows import EndpointState
+    >>> a, b = Candidate(EndpointState(endpoint_id="a")), Candidate(EndpointState(endpoint_id="b"))
+    >>> policy = SglangCachePolicy()
+    >>> first = policy.pick(RouteRequest("1", 1024, (7, 8)), [a, b]).endpoint_id
+    >>> policy.pick(RouteRequest("2", 1536, (7, 8, 9)), [a, b]).endpoint_id == first  # 2 of 3 segments match
+    True
+    """
+
+    name = "sglang_cache"
+
+    def __init__(
+        self,
+        cache_threshold: float = 0.3,
+        balance_abs_threshold: int = 64,
+        balance_rel_threshold: float = 1.5,
+        max_tree_tokens: float = DEFAULT_MAX_TREE_TOKENS,
+        seed: int = 0,
+    ) -> None:
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.max_tree_tokens = max_tree_tokens
+        self._rng = random.Random(seed)
+        self._trees: dict[str, ApproximateTree] = {}
+        self._load: dict[str, int] = {}
+        self._routed: dict[str, tuple[str, ...]] = {}
+
+    def load(self, endpoint_id: str) -> int:
+        """Requests this router has in flight on the worker."""
+        return self._load.get(endpoint_id, 0)
+
+    def tree(self, endpoint_id: str) -> ApproximateTree:
+        tree = self._trees.get(endpoint_id)
+        if tree is None:
+            tree = self._trees[endpoint_id] = ApproximateTree(self.max_tree_tokens)
+        return tree
+
+    def balanced(self, candidates: Sequence[Candidate]) -> bool:
+        loads = [self.load(c.endpoint_id) for c in candidates]
+        high, low = max(loads), min(loads)
+        imbalanced = high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low
+        return not imbalanced
+
+    def _lowest(self, candidates: Sequence[Candidate], values: Sequence[float]) -> Candidate:
+        low = min(values)
+        tied = [c for c, v in zip(candidates, values, strict=True) if v == low]
+        return tied[0] if len(tied) == 1 else self._rng.choice(tied)
+
+    def _choose(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Candidate:
+        ready = resident_filter(request, candidates)
+        if not ready:
+            raise NoCandidateError("no candidate endpoints")
+        if not self.balanced(ready):
+            chosen = self._lowest(ready, [self.load(c.endpoint_id) for c in ready])
+        else:
+            hashes = request.block_hashes
+            matches = [self.tree(c.endpoint_id).matched(hashes) for c in ready] if hashes else [0] * len(ready)
+            best = max(matches)
+            if hashes and best / len(hashes) > self.cache_threshold:
+                chosen = self._lowest(ready, [-m for m in matches])
+            else:
+                chosen = self._lowest(ready, [self.tree(c.endpoint_id).tokens for c in ready])
+        self.tree(chosen.endpoint_id).insert(request)
+        return chosen
+
+    def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        roles = split_by_role(candidates)
+        if roles.disaggregated:
+            prefill = self._choose(request, roles.prefill)
+            decode = self._choose(request, roles.decode)
+            self._track(request.request_id, (prefill.endpoint_id, decode.endpoint_id))
+            return Pick(prefill.endpoint_id, decode.endpoint_id)
+        chosen = self._choose(request, roles.unified)
+        self._track(request.request_id, (chosen.endpoint_id,))
+        return Pick(chosen.endpoint_id)
+
+    def _track(self, request_id: str, endpoints: tuple[str, ...]) -> None:
+        for eid in endpoints:
+            self._load[eid] = self._load.get(eid, 0) + 1
+        self._routed[request_id] = endpoints
+
+    def observe(self, outcome: Outcome) -> None:
+        """A request completed: it no longer counts in its workers' loads."""
+        for eid in self._routed.pop(outcome.request_id, ()):
+            self._load[eid] = max(0, self._load.get(eid, 0) - 1)

@@ -1,0 +1,202 @@
+"""The peer routers' rules on hand-made cases from their documentation: Dynamo's KV cost, SGLang's cache-aware
+branches; and every peer's readiness behaviour on time-sliced fleets."""
+
+from __future__ import annotations
+
+import pytest
+
+from leadtime.features.rows import EndpointState
+from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
+from leadtime.router_plugin.peers.sglang_cache import ApproximateTree, SglangCachePolicy
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
+from leadtime.simulator.learning_policies import LEADTIME_POLICIES
+from leadtime.simulator.run import POLICY_NAMES, make_policy
+
+
+def cand(name: str, hits: int = 0, role: str = "both", timeslice: str = "none") -> Candidate:
+    return Candidate(EndpointState(endpoint_id=name, role=role, timeslice_state=timeslice), hits)
+
+
+def done(request_id: str, endpoint: str, decode: str | None = None) -> Outcome:
+    return Outcome(request_id, endpoint, decode, ttft_ms=100.0, itl_ms=10.0, output_tokens=10, completed_ms=1.0)
+
+
+# ------------------------------------------------------------------------------------------------ Dynamo
+
+
+def test_dynamo_cost_is_overlap_weighted_prefill_blocks_plus_active_blocks() -> None:
+    policy = DynamoKvPolicy(block_size=16)
+    a, b = cand("a"), cand("b", hits=1600)
+    # Nothing active: a computes 3200 tokens (200 blocks), b 1600 (100); both hold the request's 200 blocks.
+    assert policy.costs(RouteRequest("r", 3200), [a, b]) == [400.0, 300.0]
+    assert DynamoKvPolicy(overlap_score_weight=2.0).costs(RouteRequest("r", 3200), [a, b]) == [600.0, 400.0]
+    assert policy.pick(RouteRequest("r1", 3200), [a, b]) == Pick("b")
+    # b now carries r1's 200 blocks until r1 completes: the same request costs 400 on a, 500 on b.
+    assert policy.active_blocks("b") == 200.0
+    assert policy.costs(RouteRequest("r2", 3200), [a, b]) == [400.0, 500.0]
+    assert policy.pick(RouteRequest("r2", 3200), [a, b]) == Pick("a")
+    policy.observe(done("r1", "b"))
+    assert policy.active_blocks("b") == 0.0
+    assert policy.costs(RouteRequest("r3", 3200), [a, b]) == [600.0, 300.0]  # a has r2 active
+
+
+def test_dynamo_counts_blocks_shared_by_active_sequences_once() -> None:
+    policy = DynamoKvPolicy(block_size=16)
+    a = cand("a")
+    policy.pick(RouteRequest("r1", 1024, (1, 2)), [a])
+    assert policy.active_blocks("a") == 64.0
+    # r2 shares r1's first segment: only its second segment (512 tokens, 32 blocks) is new there.
+    assert policy.costs(RouteRequest("r2", 1024, (1, 3)), [a]) == [64.0 + 64.0 + 32.0]
+    policy.pick(RouteRequest("r2", 1024, (1, 3)), [a])
+    assert policy.active_blocks("a") == 96.0
+    policy.observe(done("r1", "a"))
+    assert policy.active_blocks("a") == 64.0  # segment 1 is still r2's
+    policy.observe(done("r2", "a"))
+    assert policy.active_blocks("a") == 0.0
+
+
+def test_dynamo_breaks_ties_at_random_reproducibly() -> None:
+    cands = [cand(n) for n in "abcd"]
+
+    def picks(seed: int) -> list[str]:
+        policy = DynamoKvPolicy(seed=seed)
+        out = []
+        for i in range(40):
+            out.append(policy.pick(RouteRequest(str(i), 160), cands).endpoint_id)
+            policy.observe(done(str(i), out[-1]))  # every worker idle again: all four tie each time
+        return out
+
+    assert set(picks(1)) == set("abcd") and picks(1) == picks(1)
+
+
+def test_dynamo_pd_picks_a_pair_and_local_prefill_below_its_threshold() -> None:
+    cands = [cand("p0", role="prefill"), cand("p1", role="prefill", hits=800), cand("d0", role="decode")]
+    pick = DynamoKvPolicy().pick(RouteRequest("r", 1000), cands)
+    assert pick == Pick("p1", "d0")
+    conditional = DynamoKvPolicy(max_local_prefill_tokens=1000)
+    assert conditional.pick(RouteRequest("short", 1000), cands) == Pick("d0")
+    assert conditional.pick(RouteRequest("long", 1001), cands).is_pair
+
+
+# ------------------------------------------------------------------------------------------------ SGLang
+
+
+def test_sglang_tree_matches_leading_hashes_and_evicts_least_recent() -> None:
+    tree = ApproximateTree(max_tokens=3000)
+    tree.insert(RouteRequest("a", 1024, (1, 2)))
+    tree.insert(RouteRequest("b", 1024, (3, 4)))
+    assert tree.matched((1, 2, 5)) == 2 and tree.matched((9, 1)) == 0
+    tree.insert(RouteRequest("c", 1024, (5, 6)))  # 3072 tokens > 3000: the least recent entry goes,
+    assert tree.tokens == 2560  # the tail of the oldest prompt: its head is still a usable prefix
+    assert tree.matched((1, 2)) == 1 and tree.matched((3, 4)) == 2 and tree.matched((5, 6)) == 2
+
+
+def _loaded(policy: SglangCachePolicy, endpoint: str, n: int, prefix: str) -> None:
+    """Put `n` requests without shared prefixes in flight on `endpoint`."""
+    for i in range(n):
+        policy.pick(RouteRequest(f"{prefix}{i}", 512), [cand(endpoint)])
+
+
+def test_sglang_balanced_fleet_routes_by_prefix_above_the_threshold() -> None:
+    policy = SglangCachePolicy()
+    a, b = cand("a"), cand("b")
+    assert policy.pick(RouteRequest("warm", 2048, (1, 2, 3, 4)), [a]) == Pick("a")
+    _loaded(policy, "a", 10, "x")  # a: 11 in flight, b: 0; max − min = 11 ≤ 64 → balanced
+    assert policy.balanced([a, b])
+    # 2 of 5 segments match on a (0.4 > 0.3): cache wins although a is the busier worker.
+    assert policy.pick(RouteRequest("hit", 2560, (1, 2, 90, 91, 92)), [a, b]) == Pick("a")
+    # 1 of 4 matches (0.25 ≤ 0.3): the worker with the smallest tree, b.
+    assert policy.pick(RouteRequest("miss", 2048, (1, 80, 81, 82)), [a, b]) == Pick("b")
+
+
+def test_sglang_exactly_at_the_threshold_is_not_a_cache_hit() -> None:
+    policy = SglangCachePolicy(cache_threshold=0.5)
+    a, b = cand("a"), cand("b")
+    policy.pick(RouteRequest("warm", 4096, (1, 2, 3, 4, 5, 6, 7, 8)), [a])  # a: the bigger tree
+    policy.pick(RouteRequest("other", 512, (50,)), [b])
+    # 1 of 2 segments match on a: rate 0.5, not above 0.5 → the smallest tree (b).
+    assert policy.pick(RouteRequest("half", 1024, (1, 60)), [a, b]) == Pick("b")
+    assert policy.pick(RouteRequest("more", 1536, (1, 2, 61)), [a, b]) == Pick("a")  # 2/3 > 0.5
+
+
+def test_sglang_imbalanced_fleet_routes_to_the_least_loaded_even_with_a_full_match() -> None:
+    policy = SglangCachePolicy()
+    a, b, c = cand("a"), cand("b"), cand("c")
+    policy.pick(RouteRequest("warm", 1024, (1, 2)), [a])
+    _loaded(policy, "a", 69, "x")  # a: 70 in flight
+    _loaded(policy, "b", 4, "y")  # b: 4
+    _loaded(policy, "c", 2, "z")  # c: 2 → max − min = 68 > 64 and 70 > 1.5 × 2: imbalanced
+    assert not policy.balanced([a, b, c])
+    assert policy.pick(RouteRequest("hit", 1024, (1, 2)), [a, b, c]) == Pick("c")
+
+
+def test_sglang_needs_both_thresholds_exceeded_to_call_it_imbalanced() -> None:
+    policy = SglangCachePolicy()
+    a, b = cand("a"), cand("b")
+    _loaded(policy, "a", 200, "x")
+    _loaded(policy, "b", 140, "y")  # max − min = 60 ≤ 64: balanced although 200 > 1.5 × 140 is false too
+    assert policy.balanced([a, b])
+    _loaded(policy, "a", 10, "w")  # 210 − 140 = 70 > 64 but 210 ≤ 1.5 × 140: still balanced
+    assert policy.balanced([a, b])
+    _loaded(policy, "a", 1, "v")  # 211 > 210 = 1.5 × 140 and 71 > 64: imbalanced
+    assert not policy.balanced([a, b])
+
+
+def test_sglang_load_falls_when_requests_complete() -> None:
+    policy = SglangCachePolicy()
+    pick = policy.pick(RouteRequest("r", 100), [cand("a")])
+    assert policy.load("a") == 1
+    policy.observe(done("r", pick.endpoint_id))
+    assert policy.load("a") == 0
+
+
+def test_sglang_pd_picks_prefill_and_decode_each_by_its_own_trees() -> None:
+    policy = SglangCachePolicy()
+    cands = [cand("p0", role="prefill"), cand("p1", role="prefill"), cand("d0", role="decode")]
+    first = policy.pick(RouteRequest("1", 1024, (1, 2)), cands)
+    assert first.is_pair and first.decode_endpoint_id == "d0"
+    again = policy.pick(RouteRequest("2", 1024, (1, 2)), cands)
+    assert again.endpoint_id == first.endpoint_id
+    policy.observe(done("1", first.endpoint_id, "d0"))
+    assert policy.load("d0") == 1 and policy.load(first.endpoint_id) == 1
+
+
+# ------------------------------------------------------------------------------------------------ all peers
+
+
+PEERS = ("round_robin", "least_queue", "llmd_heuristic", "dynamo_kv", "sglang_cache", "random")
+
+
+@pytest.mark.parametrize("name", PEERS)
+def test_every_peer_skips_parked_endpoints_unless_all_are(name: str) -> None:
+    policy = make_policy(name)
+    assert isinstance(policy, RoutingPolicy) and policy.name == name
+    cands = [cand("a", timeslice="parked"), cand("b", timeslice="resident"), cand("c", timeslice="switching")]
+    for i in range(12):
+        assert policy.pick(RouteRequest(str(i), 600, (i,)), cands) == Pick("b")
+    parked = [cand("a", timeslice="parked"), cand("c", timeslice="switching")]
+    assert policy.pick(RouteRequest("x", 600), parked).endpoint_id in ("a", "c")
+    pd = [
+        cand("p0", role="prefill", timeslice="parked"),
+        cand("p1", role="prefill"),
+        cand("d0", role="decode"),
+        cand("d1", role="decode", timeslice="switching"),
+    ]
+    assert policy.pick(RouteRequest("y", 600), pd) == Pick("p1", "d0")
+
+
+def test_registry_names_and_spellings() -> None:
+    assert set(PEERS) | {"clairvoyant"} | set(LEADTIME_POLICIES) == set(POLICY_NAMES)
+    for spelling, name in [
+        ("round-robin", "round_robin"),
+        ("least-queue", "least_queue"),
+        ("llm-d", "llmd_heuristic"),
+        ("llmd-heuristic", "llmd_heuristic"),
+        ("dynamo-kv", "dynamo_kv"),
+        ("sglang-cache", "sglang_cache"),
+    ]:
+        assert make_policy(spelling).name == name
+    with pytest.raises(ValueError, match="unknown policy 'nope'"):
+        make_policy("nope")
+    with pytest.raises(ValueError, match="needs the fleet"):
+        make_policy("leadtime")
