@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from leadtime.router_plugin.scorers.latency import latency_scores, slo_scores
+from leadtime.router_plugin.scorers.latency import latency_scores, preference, slo_scores
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ def choose_pair(
     itl_slo_ms: float | None,
     expected_output_tokens: float = 0.0,
     decode_first: bool = False,
+    fit: tuple[str, float, str] = ("most_slack", 0.0, "least_bad"),
 ) -> PairChoice:
     """The best (prefill, decode) pair, or local prefill, for one request.
 
@@ -129,7 +130,7 @@ def choose_pair(
     scores = _scores(
         flat_ttft, flat_itl, flat_ttft_mean, flat_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
     )
-    best = int(np.argmax(scores))
+    best = int(np.argmax(preference(scores, *fit)))
     if best >= n_p * n_d:
         d = best - n_p * n_d
         return PairChoice(

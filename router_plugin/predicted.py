@@ -49,7 +49,7 @@ from leadtime.router_plugin.policy import (
     RoutingPolicy,
     split_by_role,
 )
-from leadtime.router_plugin.scorers.latency import FEASIBLE, latency_scores, slo_scores
+from leadtime.router_plugin.scorers.latency import FEASIBLE, latency_scores, preference, slo_scores
 from leadtime.router_plugin.timeslice import ResidencyTracker, TimesliceSource
 
 BLIND_ACCELERATOR = "h100-sxm"
@@ -95,6 +95,9 @@ class LeadtimeConfig:
     local_prefill: bool = True
     disaggregate_min_tokens: int = 16
     exploration: float = 0.02
+    fit: str = "most_slack"
+    fit_margin: float = 0.0
+    overflow: str = "least_bad"
     kv_link_gb_s: float = 25.0
     serving_job: str = "inference"
     seed: int = 0
@@ -285,7 +288,8 @@ class LeadtimePolicy:
         return slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
 
     def _argmax(self, request: RouteRequest, latency: np.ndarray, candidates: Sequence[Candidate]) -> int:
-        scores = self.latency_weight * latency
+        c = self.config
+        scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, c.overflow)
         for extra in self.extra_scorers:
             scores = scores + extra.weight * np.asarray(extra.scorer(request, candidates))
         best = float(scores.max())
@@ -373,6 +377,7 @@ class LeadtimePolicy:
             request.tpot_slo_ms,
             self._output_tokens,
             decode_first=not config.joint_pairs and local is None,
+            fit=(config.fit, config.fit_margin, config.overflow),
         )
         dec = decode[choice.decode]
         if choice.prefill is None:

@@ -21,6 +21,8 @@ import numpy as np
 
 FEASIBLE = 0.5
 """Scores at or above this are predicted to meet every SLO the request has."""
+SINK = 0.1
+"""Scores below this are predicted to miss by about the SLO itself or more (beyond saving)."""
 
 
 def headroom(predicted_ms: np.ndarray, slo_ms: float) -> np.ndarray:
@@ -64,3 +66,35 @@ def latency_scores(ttft_ms: np.ndarray, itl_ms: np.ndarray, expected_output_toke
     """
     latency = np.maximum(np.asarray(ttft_ms) + expected_output_tokens * np.asarray(itl_ms), 1e-6)
     return latency.min() / latency
+
+
+def preference(scores: np.ndarray, fit: str = "most_slack", margin: float = 0.0, overflow: str = "least_bad"
+               ) -> np.ndarray:
+    """Turn SLO scores into the value the picker maximises: any candidate predicted to meet the SLOs ranks above
+    every one predicted to miss them.
+
+    Among those predicted to meet them, `fit="most_slack"` prefers the most slack; `fit="tightest"` prefers the
+    least slack that still leaves `margin` of the binding SLO (keeping the fastest endpoints for the requests
+    that need them), and falls back to the most slack when none leaves that much. Among those predicted to miss,
+    `overflow="least_bad"` prefers the smallest miss; `overflow="sink"` sends it where the queue is already beyond
+    saving, when one is: to the candidate with the largest miss among those scoring below `SINK` (predicted at
+    about twice the SLO or more), rather than onto an endpoint that may still serve others in time; with no
+    such candidate, the smallest miss.
+
+    >>> s = np.array([0.9, 0.6, 0.52, 0.3, 0.05])
+    >>> int(np.argmax(preference(s))), int(np.argmax(preference(s, fit="tightest", margin=0.1)))
+    (0, 1)
+    >>> int(np.argmax(preference(s[3:], overflow="sink"))), int(np.argmax(preference(s[3:4], overflow="sink")))
+    (1, 0)
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    feasible = scores >= FEASIBLE
+    out = scores.copy()
+    if fit == "tightest":
+        roomy = scores >= FEASIBLE + margin / 2.0
+        out = np.where(roomy, 2.0 - scores, out)
+    if overflow == "sink":
+        hopeless = scores < SINK
+        if hopeless.any():
+            out = np.where(feasible, out, np.where(hopeless, FEASIBLE - scores - 1e-9, 0.0))
+    return out
