@@ -19,9 +19,9 @@ from rich.table import Table  # noqa: E402
 
 from leadtime.bench.accuracy import MODELS, TARGETS, Walk, prequential_walk, summarize_walk  # noqa: E402
 from leadtime.bench.data import actuals, load_llmd_rows  # noqa: E402
-from leadtime.bench.llmd_reference import llmd_features  # noqa: E402
 from leadtime.features.vectorize import Vectorizer  # noqa: E402
 from leadtime.predictor.learner import LearnerConfig  # noqa: E402
+from leadtime.predictor.llmd_reference import LlmdFrame  # noqa: E402
 
 
 def plot_walk(preds: Walk, y: dict[str, np.ndarray], path: Path) -> None:
@@ -47,7 +47,12 @@ def plot_walk(preds: Walk, y: dict[str, np.ndarray], path: Path) -> None:
 
 
 def run_demo(
-    data: Path, out: Path, accelerator: str = "h200-sxm", model: str = "qwen3-32b", max_rows: int | None = None
+    data: Path,
+    out: Path,
+    accelerator: str = "h200-sxm",
+    model: str = "qwen3-32b",
+    max_rows: int | None = None,
+    reference_model: str | None = None,
 ) -> None:
     console = Console()
     rows = load_llmd_rows(data)[:max_rows]
@@ -57,7 +62,7 @@ def run_demo(
     y = {"ttft": ttft, "tpot": tpot}
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
     with Progress(console=console, transient=True) as bar:
-        preds = prequential_walk(x_lt, llmd_features(rows), y, config, bar)
+        preds = prequential_walk(x_lt, LlmdFrame.from_rows(rows), y, config, bar, reference_model)
     summary = summarize_walk(preds, y)
     table = Table(title="prequential accuracy (each row predicted before it is learned)")
     for column in ("model", "target", "MAPE", "MAPE 2nd half", "median APE", "p90 coverage"):
