@@ -180,8 +180,17 @@ class ServiceMetrics:
         return text + llmd_training_lines(**llmd_lines).encode()
 
 
-def llmd_training_lines(objective: str, quantile: float, samples: dict[str, int]) -> str:
-    """llm-d's non-standard training-server lines (DESIGN.md), exactly in its shape."""
+def llmd_training_lines(
+    objective: str,
+    quantile: float,
+    samples: dict[str, int],
+    importances: dict[str, dict[str, float]] | None = None,
+) -> str:
+    """llm-d's non-standard training-server lines (DESIGN.md), exactly in its shape. `importances`: per target,
+    llm-d input → share of the trees' gain (missing or empty: zeros, as llm-d shows before its first model).
+    The intercept lines are 0.0: llm-d's tree models report none, and neither do Leadtime's."""
+    from leadtime.predictor.llmd_importances import LLMD_INPUTS
+
     lines = [
         'model_type{type="lightgbm"} 1',
         f'objective_type{{type="{objective}"}} 1',
@@ -191,4 +200,9 @@ def llmd_training_lines(objective: str, quantile: float, samples: dict[str, int]
     ]
     for target in ("ttft", "tpot"):
         lines.append(f'training_samples_count{{model="{target}"}} {samples.get(target, 0)}')
+    for target in ("ttft", "tpot"):
+        shares = (importances or {}).get(target) or {}
+        lines.append(f"{target}_intercept{{}} 0.0")
+        for name in LLMD_INPUTS:
+            lines.append(f'{target}_importance{{feature="{name}"}} {float(shares.get(name, 0.0))!r}')
     return "\n".join(lines) + "\n"
