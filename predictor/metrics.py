@@ -61,6 +61,38 @@ class _LiveValues(Collector):
         )
         buffered.add_metric([], v.get("buffered", 0))
         yield buffered
+        ingestion = v.get("ingestion")
+        if ingestion:
+            learned_rows = CounterMetricFamily(
+                "leadtime_observations_learned", "Accepted observations the learner has learned (model and window)."
+            )
+            learned_rows.add_metric([], ingestion["learned"])
+            yield learned_rows
+            thinned = CounterMetricFamily(
+                "leadtime_observations_thinned",
+                "Accepted observations left unlearned to keep up with overload, evenly over time.",
+                labels=["reason"],
+            )
+            for reason, n in ingestion["thinned"].items():
+                thinned.add_metric([reason], n)
+            yield thinned
+            reasons = CounterMetricFamily(
+                "leadtime_observations_lost",
+                "Accepted observations that will not be learned, by reason (backlog_full, store_bound, "
+                "redis_buffer, invalid).",
+                labels=["reason"],
+            )
+            for reason, n in ingestion["dropped"].items():
+                reasons.add_metric([reason], n)
+            yield reasons
+            pending = GaugeMetricFamily("leadtime_observations_pending", "Accepted observations waiting to be learned.")
+            pending.add_metric([], ingestion["pending"])
+            yield pending
+            one_in = GaugeMetricFamily(
+                "leadtime_ingestion_learning_one_in", "Thinning: 1 = every accepted row is learned, n = one in n."
+            )
+            one_in.add_metric([], ingestion["learning_one_in"])
+            yield one_in
 
 
 class ServiceMetrics:

@@ -40,10 +40,12 @@ async def readyz(runtime: Runtime) -> JSONResponse:
     over a dependency the hot path does not need. So degraded parts are named in a 200 answer."""
     health = runtime.health()
     degraded = {name: state for name, state in health.items() if state != "ok"}
+    ingestion = runtime.ingestion()
     if runtime.ready:
-        return JSONResponse({"status": "ready", "degraded": degraded, "components": health})
+        return JSONResponse({"status": "ready", "degraded": degraded, "components": health, "ingestion": ingestion})
     degraded.setdefault("predictor", "not started")
-    return JSONResponse({"status": "not ready", "degraded": degraded, "components": health}, status_code=503)
+    body = {"status": "not ready", "degraded": degraded, "components": health, "ingestion": ingestion}
+    return JSONResponse(body, status_code=503)
 
 
 @router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
@@ -63,6 +65,7 @@ async def status(runtime: Runtime) -> dict[str, Any]:
         "holds_training_lease": runtime.holds_lease,
         "registry_version": runtime.store_version,
         "components": runtime.health(),
+        "ingestion": runtime.ingestion(),
     }
     if predictor is not None:
         st = runtime.model_status()

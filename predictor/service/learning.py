@@ -52,6 +52,10 @@ class LearnerReport:
     retrain_error: str | None
     last_model_load: datetime | None
     retrains: list[dict[str, Any]] = field(default_factory=list)
+    # Rows this learner has learned (handed to the model and its window) and skipped as invalid since it started,
+    # up to `cursor`: what the serving model's lineage holds.
+    learned: int = 0
+    invalid: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class _Child:
         self.retrained = threading.Event()
         self.dirty = False
         self.last_snapshot = 0.0
+        self.learned = 0
+        self.invalid = 0
         self.predictor = self._load(setup.artifact)
         self.predictor.config.retrain = setup.retrain
         self.predictor.config.retrain_every = setup.retrain_every
@@ -132,6 +138,7 @@ class _Child:
             self.retrains.clear()  # results of the replaced learner's retrains describe a model no longer served
             self.retrained.clear()
             self.cursor, self.epoch = cursor, epoch
+            self.learned = self.invalid = 0  # a new lineage: the service keeps what the old one had counted
         elif kind == "lease":
             _, retrain, every = message
             self.predictor.config.retrain = retrain
@@ -158,6 +165,7 @@ class _Child:
                     good.append(entry)
                 except FeatureError as err:
                     log.warning("skipping an invalid stored observation: %s", err)
+            self.invalid += len(entries) - len(good)
             if not good:
                 return
             parsed = self.parser.parse_observations(good)
@@ -165,7 +173,9 @@ class _Child:
             self.predictor.learn_many(
                 parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms, parsed.rows.endpoint_ids
             )
+            self.learned += len(parsed.actual_ttft_ms)
         except (FeatureError, ValueError) as err:
+            self.invalid += len(parsed.actual_ttft_ms)
             log.warning("learner refused %d observations: %s", len(parsed.actual_ttft_ms), err)
 
     def snapshot(self) -> None:
@@ -185,6 +195,8 @@ class _Child:
             retrain_error=predictor.retrain_error,
             last_model_load=predictor.last_model_load,
             retrains=retrains,
+            learned=self.learned,
+            invalid=self.invalid,
         )
         self.conn.send(("snapshot", state, compiled, report, artifact))
         self.dirty = False
