@@ -29,7 +29,8 @@ def test_a_burst_above_what_the_reader_keeps_up_with_is_thinned_evenly_across_it
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = MemoryStore(thin_above=2_000, max_stride=64)
-    cursor, learned = "0", []
+    cursor = "0"
+    learned: list[int] = []
 
     def read(n: int) -> None:
         nonlocal cursor
