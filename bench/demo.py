@@ -1,7 +1,8 @@
 """`make demo` / `leadtime demo`: the online predictor walking real vLLM measurements, beside llm-d's.
 
 It predicts each row of the H200 trace before learning it (as a predictor inside a router would), prints the
-accuracy of Leadtime, the llm-d reference and a median floor, and plots predicted against actual over time.
+accuracy of Leadtime, the llm-d reference (llm-d's own predictor as its training server runs it,
+`leadtime.predictor.llmd_reference`) and a median floor, and plots predicted against actual over time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from leadtime.bench.accuracy import MODELS, TARGETS, Walk, prequential_walk, summarize_walk  # noqa: E402
+from leadtime.bench.accuracy import (  # noqa: E402
+    MODELS,
+    TARGETS,
+    Walk,
+    prequential_walk,
+    reference_settings,
+    summarize_walk,
+)
 from leadtime.bench.data import actuals, load_llmd_rows  # noqa: E402
 from leadtime.features.vectorize import Vectorizer  # noqa: E402
 from leadtime.predictor.learner import LearnerConfig  # noqa: E402
@@ -79,6 +87,12 @@ def run_demo(
                 f"{r['prequential_p90_coverage']:.3f}",
             )
     console.print(table)
+    ref = reference_settings(reference_model)
+    console.print(
+        f"llm-d reference: llm-d's own predictor ({ref['model_type']}, a store of the newest {ref['bucket_size']} "
+        f"rows per load bucket, {ref['test_share']:.0%} held out, queue-gated ensemble), retrained every "
+        f"{ref['retrain_every_rows']} rows, 10 ms until its first model"
+    )
     path = out / "predicted_vs_actual.png"
     plot_walk(preds, y, path)
     console.print(f"plot written to {path}")
