@@ -72,6 +72,9 @@ class ChildSetup:
     nice: int
     snapshot_interval_s: float
     cpus: frozenset[int] | None = None  # where the learner runs (None: wherever the scheduler puts it)
+    # Least time between two retrains: under a high rate of observations a retrain every `retrain_every` rows
+    # would run back to back and take the CPU that learning the rows needs.
+    min_retrain_interval_s: float = 0.0
 
 
 class _Child:
@@ -92,6 +95,8 @@ class _Child:
         self.learned = 0
         self.invalid = 0
         self.predictor = self._load(setup.artifact)
+        self.lease_retrain = setup.retrain  # what the lease allows; paused for min_retrain_interval_s after one
+        self.last_retrain_at = -float("inf")
         self.predictor.config.retrain = setup.retrain
         self.predictor.config.retrain_every = setup.retrain_every
 
@@ -103,11 +108,19 @@ class _Child:
     def _on_retrain(self, result: dict[str, Any]) -> None:
         """Runs in the learner's retrain thread; the main loop sends the snapshot."""
         self.retrains.append(result)
+        self.last_retrain_at = time.monotonic()
         self.retrained.set()
+
+    def _pace_retrains(self) -> None:
+        """Allow a retrain only when the lease does and the last one is `min_retrain_interval_s` old (rows that
+        arrive meanwhile count towards the next one)."""
+        rested = time.monotonic() - self.last_retrain_at >= self.setup.min_retrain_interval_s
+        self.predictor.config.retrain = self.lease_retrain and rested
 
     def run(self) -> None:
         while True:
             timeout = 0.02 if self.dirty else 0.2
+            self._pace_retrains()
             if self.conn.poll(timeout):
                 try:
                     message = self.conn.recv()
@@ -141,6 +154,7 @@ class _Child:
             self.learned = self.invalid = 0  # a new lineage: the service keeps what the old one had counted
         elif kind == "lease":
             _, retrain, every = message
+            self.lease_retrain = retrain
             self.predictor.config.retrain = retrain
             self.predictor.config.retrain_every = every
         elif kind == "flush":

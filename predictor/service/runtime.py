@@ -207,6 +207,7 @@ class ServiceRuntime:
                 default_model=s.model,
                 nice=s.background_nice,
                 snapshot_interval_s=s.snapshot_interval_s,
+                min_retrain_interval_s=s.min_retrain_interval_s,
                 cpus=self.cpu_plan.learner if self.cpu_plan else None,
             )
             self.learner.start(setup)
