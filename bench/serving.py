@@ -192,7 +192,7 @@ def feed_observations(port: int, entries: list[dict[str, Any]], stop: Any, poste
     client.close()
 
 
-SUSTAIN_RATES = (5_000, 10_000, 20_000, 30_000, 40_000, 60_000)
+SUSTAIN_RATES = (2_000, 5_000, 10_000, 20_000, 30_000, 40_000, 60_000)
 SUSTAIN_SECONDS = 10.0
 
 
