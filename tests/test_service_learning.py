@@ -152,9 +152,14 @@ def test_retrains_rest_min_retrain_interval_s_after_one_and_follow_the_lease() -
         child._on_retrain({"duration_s": 0.1})
         child._pace_retrains()
         assert child.predictor.config.retrain is False  # resting
+        child.retrains.clear()
+        for model in child.predictor._models.values():
+            model.since_retrain = 100  # a retrain came due while resting
         child.last_retrain_at = clock.monotonic() - 31.0
         child._pace_retrains()
         assert child.predictor.config.retrain is True
+        # ... and the retrain that came due meanwhile runs at once, without waiting for another row to ask for it.
+        assert wait_until(lambda: len(child.retrains) > 0, timeout_s=10)
         child.handle(("lease", False, 100))  # the lease went elsewhere: no retrain, rested or not
         child._pace_retrains()
         assert child.predictor.config.retrain is False

@@ -97,6 +97,7 @@ class _Child:
         self.predictor = self._load(setup.artifact)
         self.lease_retrain = setup.retrain  # what the lease allows; paused for min_retrain_interval_s after one
         self.last_retrain_at = -float("inf")
+        self.resting = False
         self.predictor.config.retrain = setup.retrain
         self.predictor.config.retrain_every = setup.retrain_every
 
@@ -116,6 +117,9 @@ class _Child:
         arrive meanwhile count towards the next one)."""
         rested = time.monotonic() - self.last_retrain_at >= self.setup.min_retrain_interval_s
         self.predictor.config.retrain = self.lease_retrain and rested
+        if rested and self.resting:
+            self.predictor.retrain_if_due()  # one that came due during the pause: no later row may come to ask
+        self.resting = not rested
 
     def run(self) -> None:
         while True:
