@@ -20,9 +20,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from leadtime.bench.data import actuals, load_llmd_rows
-from leadtime.bench.llmd_reference import LlmdReference, llmd_features
 from leadtime.features.vectorize import Vectorizer
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
 
 TARGETS = ("ttft", "tpot")
 MODELS = ("leadtime", "llmd_reference", "median_baseline")
@@ -64,27 +64,39 @@ class _MedianBaseline:
 Walk = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]  # model → target → (mean, upper) per row
 
 
+def _first(values: np.ndarray | None) -> float:
+    assert values is not None  # the reference trains both objectives here
+    return float(values[0])
+
+
 def prequential_walk(
-    x_lt: np.ndarray, x_ref: np.ndarray, y: dict[str, np.ndarray], config: LearnerConfig, progress: Progress | None
+    x_lt: np.ndarray,
+    x_ref: LlmdFrame,
+    y: dict[str, np.ndarray],
+    config: LearnerConfig,
+    progress: Progress | None,
+    reference_model: str | None = None,
 ) -> Walk:
     """Every model's (mean, upper) prediction of every row, each made before that row was learned."""
     n = len(x_lt)
     preds = {m: {t: (np.zeros(n), np.zeros(n)) for t in TARGETS} for m in MODELS}
     leadtime = OnlinePredictor(config)
-    reference = LlmdReference(quantile=config.quantile)
+    reference = LlmdReference(model=reference_model, quantile=config.quantile)
     floor = _MedianBaseline(config.quantile)
     task = progress.add_task("prequential walk", total=n) if progress else None
     for i in range(n):
         p = leadtime.predict_many(x_lt[i : i + 1])
         preds["leadtime"]["ttft"][0][i], preds["leadtime"]["ttft"][1][i] = p.ttft_mean[0], p.ttft_quantile[0]
         preds["leadtime"]["tpot"][0][i], preds["leadtime"]["tpot"][1][i] = p.tpot_mean[0], p.tpot_quantile[0]
+        row = x_ref.take(np.arange(i, i + 1))
+        ref = reference.predict_many(row)
         for t in TARGETS:
-            mean, upper = reference.predict(t, x_ref[i : i + 1])
-            preds["llmd_reference"][t][0][i], preds["llmd_reference"][t][1][i] = mean[0], upper[0]
+            preds["llmd_reference"][t][0][i] = _first(ref.get(t, "mean"))
+            preds["llmd_reference"][t][1][i] = _first(ref.get(t, "quantile"))
             fm, fu = floor.predict(t)
             preds["median_baseline"][t][0][i], preds["median_baseline"][t][1][i] = fm, fu
         leadtime.learn_many(x_lt[i : i + 1], y["ttft"][i : i + 1], y["tpot"][i : i + 1])
-        reference.learn_one(x_ref[i], float(y["ttft"][i]), float(y["tpot"][i]))
+        reference.learn_many(row)
         for t in TARGETS:
             floor.learn(t, float(y[t][i]))
         if progress and task is not None:
@@ -114,11 +126,12 @@ def summarize_walk(preds: Walk, y: dict[str, np.ndarray]) -> dict[str, dict[str,
 
 def _split(
     x_lt: np.ndarray,
-    x_ref: np.ndarray,
+    x_ref: LlmdFrame,
     y: dict[str, np.ndarray],
     config: LearnerConfig,
     seeds: int,
     progress: Progress | None,
+    reference_model: str | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
     n = len(x_lt)
     per_seed: dict[str, dict[str, list[dict[str, float]]]] = {m: {t: [] for t in TARGETS} for m in MODELS}
@@ -133,11 +146,14 @@ def _split(
         p = leadtime.predict_many(x_lt[test])
         leadtime.close()
         lt = {"ttft": (p.ttft_mean, p.ttft_quantile), "tpot": (p.tpot_mean, p.tpot_quantile)}
-        reference = LlmdReference(quantile=config.quantile)
-        reference.fit(x_ref[train], y["ttft"][train], y["tpot"][train])
+        reference = LlmdReference(model=reference_model, quantile=config.quantile)
+        reference.fit(x_ref.take(train))
+        ref = reference.predict_many(x_ref.take(test))
         for t in TARGETS:
             per_seed["leadtime"][t].append(errors(*lt[t], y[t][test]))
-            per_seed["llmd_reference"][t].append(errors(*reference.predict(t, x_ref[test]), y[t][test]))
+            ref_mean, ref_upper = ref.get(t, "mean"), ref.get(t, "quantile")
+            assert ref_mean is not None and ref_upper is not None
+            per_seed["llmd_reference"][t].append(errors(ref_mean, ref_upper, y[t][test]))
             seen = y[t][train][y[t][train] > 0]
             median, upper = (np.median(seen), np.quantile(seen, config.quantile)) if len(seen) else (0.0, 0.0)
             floor = (np.full(len(test), median), np.full(len(test), upper))
@@ -208,22 +224,42 @@ def _speed(
 
 
 def run_accuracy(
-    data: Path, accelerator: str, model: str, seeds: int = 10, progress: bool = True, speed_calls: int = 2000
+    data: Path,
+    accelerator: str,
+    model: str,
+    seeds: int = 10,
+    progress: bool = True,
+    speed_calls: int = 2000,
+    reference_model: str | None = None,
 ) -> dict[str, Any]:
     rows = load_llmd_rows(data)
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
     x_lt = Vectorizer(accelerator, model).transform_llmd(rows)
-    x_ref = llmd_features(rows)
+    x_ref = LlmdFrame.from_rows(rows)
     ttft, tpot = actuals(rows)
     y = {"ttft": ttft, "tpot": tpot}
     console = Console(stderr=True)
     with Progress(console=console, disable=not progress, transient=True) as bar:
-        preq = summarize_walk(prequential_walk(x_lt, x_ref, y, config, bar if progress else None), y)
-        split = _split(x_lt, x_ref, y, config, seeds, bar if progress else None)
+        walk = prequential_walk(x_lt, x_ref, y, config, bar if progress else None, reference_model)
+        preq = summarize_walk(walk, y)
+        split = _split(x_lt, x_ref, y, config, seeds, bar if progress else None, reference_model)
     report: dict[str, Any] = {m: {t: {**preq[m][t], **split[m][t]} for t in TARGETS} for m in MODELS}
     report["speed"] = _speed(x_lt, y, config, calls=speed_calls, learns=int(1.5 * speed_calls))
     report["data"] = {"path": str(data), "rows": len(rows), "accelerator": accelerator, "model": model}
+    report["reference"] = reference_settings(reference_model)
     return report
+
+
+def reference_settings(reference_model: str | None) -> dict[str, Any]:
+    """How the llm-d reference ran, for the report."""
+    ref = LlmdReference(model=reference_model)
+    return {
+        "model_type": ref.model_type,
+        "retrain_every_rows": ref.retrain_every,
+        "bucket_size": ref.bucket_size,
+        "test_share": ref.test_share,
+        "ensemble_min_rows": ref.ensemble_min_rows if ref.ensemble else None,
+    }
 
 
 def json_safe(value: Any) -> Any:

@@ -17,10 +17,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from leadtime.bench.llmd_reference import LlmdReference, llmd_features
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures, feature_row_to_llmd
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
 
 MODEL = "llama-3.1-8b"
 SEEN = ("h100-sxm", "a100-sxm-80gb")
@@ -88,8 +88,19 @@ def _mape(pred: np.ndarray, actual: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - actual) / actual))
 
 
+def _llmd_frame(rows: list[FeatureRow], ttft: np.ndarray, tpot: np.ndarray) -> LlmdFrame:
+    entries = [feature_row_to_llmd(r) for r in rows]
+    for entry, a, b in zip(entries, ttft.tolist(), tpot.tolist(), strict=True):
+        entry["actual_ttft_ms"], entry["actual_tpot_ms"] = a, b
+    return LlmdFrame.from_rows(entries)
+
+
 def run_coldstart(
-    seed: int = 0, unseen: str = UNSEEN, per_seen_class: int = 1500, unseen_walk: int = 1000
+    seed: int = 0,
+    unseen: str = UNSEEN,
+    per_seen_class: int = 1500,
+    unseen_walk: int = 1000,
+    reference_model: str | None = None,
 ) -> dict[str, Any]:
     if unseen in SEEN:
         raise ValueError(f"--unseen must be a class other than the seen ones ({', '.join(SEEN)})")
@@ -106,11 +117,11 @@ def run_coldstart(
     leadtime = OnlinePredictor(LearnerConfig(accelerator="h100-sxm", model=MODEL, background=False, seed=seed))
     x_seen = leadtime.vectorizer.transform(rows)
     leadtime.learn_many(x_seen, ttft, tpot, [r.endpoint.endpoint_id for r in rows])
-    reference = LlmdReference(with_quantile=False)  # only its mean is scored here
-    reference.fit(llmd_features([feature_row_to_llmd(r) for r in rows]), ttft, tpot)
+    reference = LlmdReference(model=reference_model, objectives=("mean",))  # only its mean is scored here
+    reference.fit(_llmd_frame(rows, ttft, tpot))
 
     x_new = leadtime.vectorizer.transform(new_rows)
-    x_new_ref = llmd_features([feature_row_to_llmd(r) for r in new_rows])
+    x_new_ref = _llmd_frame(new_rows, new_ttft, new_tpot)
     ids = [r.endpoint.endpoint_id for r in new_rows]
     preds: dict[str, dict[str, np.ndarray]] = {
         m: {t: np.empty(unseen_walk) for t in ("ttft", "tpot")} for m in ("leadtime", "llmd_reference")
@@ -118,10 +129,14 @@ def run_coldstart(
     for i in range(unseen_walk):
         p = leadtime.predict_many(x_new[i : i + 1], ids[i : i + 1])
         preds["leadtime"]["ttft"][i], preds["leadtime"]["tpot"][i] = p.ttft_mean[0], p.tpot_mean[0]
+        row = x_new_ref.take(np.arange(i, i + 1))
+        ref = reference.predict_many(row)
         for t in ("ttft", "tpot"):
-            preds["llmd_reference"][t][i] = reference.predict(t, x_new_ref[i : i + 1])[0][0]
+            mean = ref.get(t, "mean")
+            assert mean is not None
+            preds["llmd_reference"][t][i] = mean[0]
         leadtime.learn_many(x_new[i : i + 1], new_ttft[i : i + 1], new_tpot[i : i + 1], ids[i : i + 1])
-        reference.learn_one(x_new_ref[i], float(new_ttft[i]), float(new_tpot[i]))
+        reference.learn_many(row)
     leadtime.close()
     actual = {"ttft": new_ttft, "tpot": new_tpot}
     report: dict[str, Any] = {
@@ -129,6 +144,7 @@ def run_coldstart(
         "unseen_class": unseen,
         "model": MODEL,
         "seed": seed,
+        "reference_model": reference.model_type,
     }
     for m, by_target in preds.items():
         report[m] = {

@@ -1,7 +1,8 @@
 """`make demo` / `leadtime demo`: the online predictor walking real vLLM measurements, beside llm-d's.
 
 It predicts each row of the H200 trace before learning it (as a predictor inside a router would), prints the
-accuracy of Leadtime, the llm-d reference and a median floor, and plots predicted against actual over time.
+accuracy of Leadtime, the llm-d reference (llm-d's own predictor as its training server runs it,
+`leadtime.predictor.llmd_reference`) and a median floor, and plots predicted against actual over time.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from leadtime.bench.accuracy import MODELS, TARGETS, Walk, prequential_walk, summarize_walk  # noqa: E402
+from leadtime.bench.accuracy import (  # noqa: E402
+    MODELS,
+    TARGETS,
+    Walk,
+    prequential_walk,
+    reference_settings,
+    summarize_walk,
+)
 from leadtime.bench.data import actuals, load_llmd_rows  # noqa: E402
-from leadtime.bench.llmd_reference import llmd_features  # noqa: E402
 from leadtime.features.vectorize import Vectorizer  # noqa: E402
 from leadtime.predictor.learner import LearnerConfig  # noqa: E402
+from leadtime.predictor.llmd_reference import LlmdFrame  # noqa: E402
 
 
 def plot_walk(preds: Walk, y: dict[str, np.ndarray], path: Path) -> None:
@@ -47,7 +55,12 @@ def plot_walk(preds: Walk, y: dict[str, np.ndarray], path: Path) -> None:
 
 
 def run_demo(
-    data: Path, out: Path, accelerator: str = "h200-sxm", model: str = "qwen3-32b", max_rows: int | None = None
+    data: Path,
+    out: Path,
+    accelerator: str = "h200-sxm",
+    model: str = "qwen3-32b",
+    max_rows: int | None = None,
+    reference_model: str | None = None,
 ) -> None:
     console = Console()
     rows = load_llmd_rows(data)[:max_rows]
@@ -57,7 +70,7 @@ def run_demo(
     y = {"ttft": ttft, "tpot": tpot}
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
     with Progress(console=console, transient=True) as bar:
-        preds = prequential_walk(x_lt, llmd_features(rows), y, config, bar)
+        preds = prequential_walk(x_lt, LlmdFrame.from_rows(rows), y, config, bar, reference_model)
     summary = summarize_walk(preds, y)
     table = Table(title="prequential accuracy (each row predicted before it is learned)")
     for column in ("model", "target", "MAPE", "MAPE 2nd half", "median APE", "p90 coverage"):
@@ -74,6 +87,12 @@ def run_demo(
                 f"{r['prequential_p90_coverage']:.3f}",
             )
     console.print(table)
+    ref = reference_settings(reference_model)
+    console.print(
+        f"llm-d reference: llm-d's own predictor ({ref['model_type']}, a store of the newest {ref['bucket_size']} "
+        f"rows per load bucket, {ref['test_share']:.0%} held out, queue-gated ensemble), retrained every "
+        f"{ref['retrain_every_rows']} rows, 10 ms until its first model"
+    )
     path = out / "predicted_vs_actual.png"
     plot_walk(preds, y, path)
     console.print(f"plot written to {path}")

@@ -7,6 +7,11 @@ http.client's), the same rows through gRPC `PredictBulk`, and `/add_training_dat
 in batches of 1,000. Ingesting makes the service learn and retrain behind the answers, so the 100-row
 latencies are measured once more while that happens. Request bodies are encoded before the clock starts:
 the figures are the service's round trip, not the client's JSON encoder.
+
+Ingestion is reported as what the service did with the rows, not as answers: `accepted_per_s` (rows answered
+202) beside `learned_per_s` (rows that reached the model and its window), with what was thinned or dropped, and
+the sustained rate: the highest of a series of paced rates (1,000-row batches for `SUSTAIN_SECONDS` each) at
+which nothing was thinned or dropped and the backlog did not grow past one second of rows.
 """
 
 from __future__ import annotations
@@ -187,6 +192,109 @@ def feed_observations(port: int, entries: list[dict[str, Any]], stop: Any, poste
     client.close()
 
 
+SUSTAIN_RATES = (2_000, 5_000, 10_000, 20_000, 30_000, 40_000, 60_000)
+SUSTAIN_SECONDS = 10.0
+
+
+def post_at_rate(
+    port: int, entries: list[dict[str, Any]], rows_per_s: float, seconds: float, posted: Any, took: Any
+) -> None:
+    """Runs in its own process: posts 1,000-row batches to /add_training_data_bulk at `rows_per_s` for `seconds`
+    (as fast as the answers allow when that is slower), counting the rows answered 202 in `posted` and the time
+    from the first post to the last answer in `took`."""
+    client = KeepAliveClient("127.0.0.1", port)
+    batches = [
+        client.request_bytes(
+            "/add_training_data_bulk",
+            json.dumps(
+                {"entries": [entries[(b * INGEST_BATCH + i) % len(entries)] for i in range(INGEST_BATCH)]}
+            ).encode(),
+        )
+        for b in range(20)
+    ]
+    period = INGEST_BATCH / rows_per_s
+    started = time.monotonic()
+    next_at, b = started, 0
+    while time.monotonic() - started < seconds:
+        status, _ = client.send(batches[b % len(batches)])
+        if status != 202:
+            raise RuntimeError(f"/add_training_data_bulk answered {status}")
+        posted.value += INGEST_BATCH
+        b += 1
+        next_at += period
+        # Until the next batch is due (or now, when the answers are slower than the schedule).
+        took.value = max(time.monotonic(), next_at) - started
+        if time.monotonic() - started < seconds:
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    client.close()
+
+
+def ingestion_state(client: httpx.Client) -> dict[str, Any]:
+    state: dict[str, Any] = client.get("/status").json()["ingestion"]
+    return state
+
+
+def lost(state: dict[str, Any]) -> int:
+    """Rows thinned or dropped, for any reason."""
+    return int(sum(state["thinned"].values()) + sum(state["dropped"].values()))
+
+
+def wait_settled(client: httpx.Client, timeout_s: float = 120.0) -> tuple[dict[str, Any], bool]:
+    """Wait until every accepted row is learned, thinned or dropped (nothing pending, nothing in the learner)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = ingestion_state(client)
+        if state["pending"] == 0 and state["learned"] + lost(state) >= state["accepted"]:
+            return state, True
+        if time.monotonic() > deadline:
+            return state, False
+        time.sleep(0.1)
+
+
+def sustained_ingestion(
+    client: httpx.Client,
+    port: int,
+    entries: list[dict[str, Any]],
+    rates: tuple[int, ...] = SUSTAIN_RATES,
+    seconds: float = SUSTAIN_SECONDS,
+) -> dict[str, Any]:
+    """Paced rates, lowest first, until one is not sustained (something thinned or dropped, or a backlog of
+    more than a second of rows at the end of the step)."""
+    context = multiprocessing.get_context("spawn")
+    steps = []
+    sustained = 0
+    for rate in rates:
+        before, _ = wait_settled(client)
+        posted, took = context.Value("q", 0), context.Value("d", 0.0)
+        poster = context.Process(target=post_at_rate, args=(port, entries, rate, seconds, posted, took))
+        poster.start()
+        poster.join(seconds + 60)
+        elapsed = max(took.value, 1e-3)
+        if poster.exitcode != 0:
+            raise RuntimeError(f"the paced poster failed (exit code {poster.exitcode})")
+        end = ingestion_state(client)
+        settled, ok = wait_settled(client)
+        step = {
+            "target_per_s": rate,
+            "accepted_per_s": round(posted.value / elapsed),
+            "learned_per_s_during": round((end["learned"] - before["learned"]) / elapsed),
+            "pending_at_end": end["pending"],
+            "thinned_or_dropped": lost(settled) - lost(before),
+            "settled": ok,
+        }
+        step["sustained"] = bool(
+            ok
+            and step["thinned_or_dropped"] == 0
+            and end["pending"] < step["accepted_per_s"]
+            and step["accepted_per_s"] >= 0.95 * rate
+        )
+        steps.append(step)
+        if not step["sustained"]:
+            break
+        sustained = step["accepted_per_s"]
+    return {"sustained_per_s": sustained, "seconds_per_step": seconds, "steps": steps}
+
+
 def retrain_count(client: httpx.Client) -> int:
     text = client.get("/metrics").text
     total = 0
@@ -196,9 +304,16 @@ def retrain_count(client: httpx.Client) -> int:
     return total
 
 
-def run_serving(calls: int = 2_000, progress: bool = True, settings: dict[str, str] | None = None) -> dict[str, Any]:
+def run_serving(
+    calls: int = 2_000,
+    progress: bool = True,
+    settings: dict[str, str] | None = None,
+    sustain_rates: tuple[int, ...] = SUSTAIN_RATES,
+    sustain_seconds: float = SUSTAIN_SECONDS,
+) -> dict[str, Any]:
     """`settings`: service settings (name → value) for the measured service; everything else runs on defaults,
-    whatever LEADTIME_* variables the caller's environment holds."""
+    whatever LEADTIME_* variables the caller's environment holds. `sustain_rates`, `sustain_seconds`: the paced
+    ingestion steps."""
     import grpc
 
     from leadtime.predictor.grpc import leadtime_pb2_grpc
@@ -242,6 +357,7 @@ def run_serving(calls: int = 2_000, progress: bool = True, settings: dict[str, s
                 batches.append(json.dumps({"entries": batch}, separators=(",", ":")).encode())
             headers = {"content-type": "application/json"}
             retrains_before = retrain_count(client)
+            before = ingestion_state(client)
             started = time.perf_counter()
             for body in batches:
                 response = client.post("/add_training_data_bulk", content=body, headers=headers)
@@ -249,7 +365,13 @@ def run_serving(calls: int = 2_000, progress: bool = True, settings: dict[str, s
                     raise RuntimeError(f"/add_training_data_bulk answered {response.status_code}: {response.text}")
             elapsed = time.perf_counter() - started
             report["ingest_samples_per_s"] = round(INGEST_BATCH * INGEST_BATCHES / elapsed)
-            say(f"ingested {INGEST_BATCH * INGEST_BATCHES} samples at {report['ingest_samples_per_s']}/s")
+            after = ingestion_state(client)
+            report["burst"] = {
+                "rows": INGEST_BATCH * INGEST_BATCHES,
+                "accepted_per_s": report["ingest_samples_per_s"],
+                "learned_per_s": round((after["learned"] - before["learned"]) / elapsed),
+            }
+            say(f"accepted {INGEST_BATCH * INGEST_BATCHES} samples at {report['ingest_samples_per_s']}/s")
 
             # The service now learns the backlog and retrains behind the answers, and a feeder process keeps
             # sending observations while 100-row calls are timed again.
@@ -287,6 +409,17 @@ def run_serving(calls: int = 2_000, progress: bool = True, settings: dict[str, s
                 feeder.join(30)
             connection.close()
             say(f"while learning ({retrains} retrains): {report['while_learning']}")
+            settled, _ = wait_settled(client)
+            report["burst"].update(
+                accepted_total=settled["accepted"] - before["accepted"],
+                learned_total=settled["learned"] - before["learned"],
+                thinned_total=sum(settled["thinned"].values()) - sum(before["thinned"].values()),
+                dropped_total=sum(settled["dropped"].values()) - sum(before["dropped"].values()),
+            )
+            report["ingestion"] = sustained_ingestion(
+                client, service.http_port, entries, sustain_rates, sustain_seconds
+            )
+            say(f"ingestion: {report['ingestion']}")
     finally:
         service.stop()
     work_us = report["while_learning"]["handler_rows_100_ms"]["p50_ms"] * 1e3
@@ -383,7 +516,21 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
             f"p99 {f['http_rows_100']['p99_ms']:.3f} ms, gRPC p50 {f['grpc_rows_100']['p50_ms']:.3f} / "
             f"p99 {f['grpc_rows_100']['p99_ms']:.3f} ms"
         )
-    print(f"ingestion: {report['ingest_samples_per_s']:,} samples/s (batches of {INGEST_BATCH:,})")
+    b = report["burst"]
+    print(
+        f"a burst of {b['rows']:,} rows: accepted at {b['accepted_per_s']:,}/s, learned at {b['learned_per_s']:,}/s "
+        f"meanwhile; of everything accepted until it "
+        f"was learned (the burst and the feeder's rows): {b['learned_total']:,} learned, {b['thinned_total']:,} "
+        f"thinned, {b['dropped_total']:,} dropped"
+    )
+    i = report["ingestion"]
+    for step in i["steps"]:
+        print(
+            f"  paced {step['target_per_s']:,}/s: accepted {step['accepted_per_s']:,}/s, learned "
+            f"{step['learned_per_s_during']:,}/s meanwhile, {step['pending_at_end']:,} pending at the end, "
+            f"{step['thinned_or_dropped']:,} thinned or dropped -> {'sustained' if step['sustained'] else 'not'}"
+        )
+    print(f"ingestion sustained with nothing thinned or dropped: {i['sustained_per_s']:,} rows/s")
     print(
         f"machine: {report['cpus']} CPUs, 1-minute load average {report['load_average_1m_before']} before, "
         f"{report['load_average_1m_after']} after (other processes share these CPUs)"

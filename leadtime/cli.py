@@ -22,6 +22,18 @@ app.add_typer(sim_app, name="sim")
 
 DEFAULT_MEASURED = "sharegpt-h200"
 MEASURED_HELP = f"JSONL of llm-d training rows, or a shipped name ({', '.join(MEASURED)})."
+REFERENCE_HELP = "Model of the llm-d reference: xgboost (llm-d's default; the default where installed) or lightgbm."
+
+
+def _reference_model(value: str | None) -> str | None:
+    if value is not None and value not in ("xgboost", "lightgbm"):
+        _fail(f"--reference-model must be xgboost or lightgbm, got {value!r}")
+    if value == "xgboost":
+        import importlib.util
+
+        if importlib.util.find_spec("xgboost") is None:
+            _fail("--reference-model xgboost needs the xgboost package (pip install 'leadtime[test]')")
+    return value
 
 
 def _fail(message: str | Exception) -> None:
@@ -67,12 +79,21 @@ def bench_accuracy(
     model: Annotated[str, typer.Option(help="Model the rows came from.")] = "qwen3-32b",
     seeds: Annotated[int, typer.Option(help="Seeds of the random 90/10 split.")] = 10,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP)] = None,
 ) -> None:
     """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
     from leadtime.bench.accuracy import print_report, run_accuracy
 
+    reference = _reference_model(reference_model)
     try:
-        report = run_accuracy(_measured(data), accelerator=accelerator, model=model, seeds=seeds, progress=not json_out)
+        report = run_accuracy(
+            _measured(data),
+            accelerator=accelerator,
+            model=model,
+            seeds=seeds,
+            progress=not json_out,
+            reference_model=reference,
+        )
     except (FeatureError, OSError, ValueError) as err:
         _fail(err)
     print_report(report, as_json=json_out)
@@ -83,12 +104,14 @@ def bench_coldstart(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     seed: Annotated[int, typer.Option(help="Random seed of the synthetic fleet data.")] = 0,
     unseen: Annotated[str, typer.Option(help="The accelerator class held back (never seen in training).")] = "mi300x",
+    reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP)] = None,
 ) -> None:
     """Accuracy on an accelerator class never seen before, after 50 and 500 of its observations."""
     from leadtime.bench.coldstart import print_report, run_coldstart
 
+    reference = _reference_model(reference_model)
     try:
-        report = run_coldstart(seed=seed, unseen=unseen)
+        report = run_coldstart(seed=seed, unseen=unseen, reference_model=reference)
     except (FeatureError, ValueError) as err:
         _fail(err)
     print_report(report, as_json=json_out)
@@ -99,12 +122,14 @@ def demo(
     data: Annotated[str, typer.Option(help=MEASURED_HELP)] = DEFAULT_MEASURED,
     out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path("out/demo"),
     quick: Annotated[bool, typer.Option("--quick", help="A short run (the first 600 rows), as a smoke test.")] = False,
+    reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP)] = None,
 ) -> None:
     """Run the online predictor over the real H200 trace, compare with llm-d's reference, plot it."""
     from leadtime.bench.demo import run_demo
 
+    reference = _reference_model(reference_model)
     try:
-        run_demo(_measured(data), out, max_rows=600 if quick else None)
+        run_demo(_measured(data), out, max_rows=600 if quick else None, reference_model=reference)
     except (FeatureError, OSError, ValueError) as err:
         _fail(err)
 

@@ -645,6 +645,18 @@ class OnlinePredictor:
             listener(result)
         return result
 
+    def retrain_if_due(self) -> bool:
+        """Ask for a retrain that came due while retraining was paused (`config.retrain` False); True if asked."""
+        with self._lock:
+            due = any(m.since_retrain >= self.config.retrain_every for m in self._models.values())
+        if not (due and self.config.retrain):
+            return False
+        if self.config.background:
+            self._retrain_wanted.set()
+        else:
+            self.retrain_now()
+        return True
+
     def add_retrain_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
         self._listeners.append(fn)
 

@@ -61,6 +61,38 @@ class _LiveValues(Collector):
         )
         buffered.add_metric([], v.get("buffered", 0))
         yield buffered
+        ingestion = v.get("ingestion")
+        if ingestion:
+            learned_rows = CounterMetricFamily(
+                "leadtime_observations_learned", "Accepted observations the learner has learned (model and window)."
+            )
+            learned_rows.add_metric([], ingestion["learned"])
+            yield learned_rows
+            thinned = CounterMetricFamily(
+                "leadtime_observations_thinned",
+                "Accepted observations left unlearned to keep up with overload, evenly over time.",
+                labels=["reason"],
+            )
+            for reason, n in ingestion["thinned"].items():
+                thinned.add_metric([reason], n)
+            yield thinned
+            reasons = CounterMetricFamily(
+                "leadtime_observations_lost",
+                "Accepted observations that will not be learned, by reason (backlog_full, store_bound, "
+                "redis_buffer, invalid).",
+                labels=["reason"],
+            )
+            for reason, n in ingestion["dropped"].items():
+                reasons.add_metric([reason], n)
+            yield reasons
+            pending = GaugeMetricFamily("leadtime_observations_pending", "Accepted observations waiting to be learned.")
+            pending.add_metric([], ingestion["pending"])
+            yield pending
+            one_in = GaugeMetricFamily(
+                "leadtime_ingestion_learning_one_in", "Thinning: 1 = every accepted row is learned, n = one in n."
+            )
+            one_in.add_metric([], ingestion["learning_one_in"])
+            yield one_in
 
 
 class ServiceMetrics:
@@ -180,8 +212,17 @@ class ServiceMetrics:
         return text + llmd_training_lines(**llmd_lines).encode()
 
 
-def llmd_training_lines(objective: str, quantile: float, samples: dict[str, int]) -> str:
-    """llm-d's non-standard training-server lines (DESIGN.md), exactly in its shape."""
+def llmd_training_lines(
+    objective: str,
+    quantile: float,
+    samples: dict[str, int],
+    importances: dict[str, dict[str, float]] | None = None,
+) -> str:
+    """llm-d's non-standard training-server lines (DESIGN.md), exactly in its shape. `importances`: per target,
+    llm-d input → share of the trees' gain (missing or empty: zeros, as llm-d shows before its first model).
+    The intercept lines are 0.0: llm-d's tree models report none, and neither do Leadtime's."""
+    from leadtime.predictor.llmd_importances import LLMD_INPUTS
+
     lines = [
         'model_type{type="lightgbm"} 1',
         f'objective_type{{type="{objective}"}} 1',
@@ -191,4 +232,9 @@ def llmd_training_lines(objective: str, quantile: float, samples: dict[str, int]
     ]
     for target in ("ttft", "tpot"):
         lines.append(f'training_samples_count{{model="{target}"}} {samples.get(target, 0)}')
+    for target in ("ttft", "tpot"):
+        shares = (importances or {}).get(target) or {}
+        lines.append(f"{target}_intercept{{}} 0.0")
+        for name in LLMD_INPUTS:
+            lines.append(f'{target}_importance{{feature="{name}"}} {float(shares.get(name, 0.0))!r}')
     return "\n".join(lines) + "\n"

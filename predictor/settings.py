@@ -52,6 +52,13 @@ class ServiceSettings(BaseModel):
         description="Nice value of the learner process (0 = same as the handlers; 19 also makes it SCHED_IDLE: it "
         "then runs only on CPU nothing else wants, and may fall behind on a saturated machine).",
     )
+    min_retrain_interval_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="Least time between two retrains of the trees (a retrain is due every retrain_every "
+        "observations; under a high observation rate this keeps retrains from running back to back and taking the "
+        "CPU that learning the observations needs).",
+    )
     snapshot_interval_s: float = Field(
         default=0.25,
         gt=0,

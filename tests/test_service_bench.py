@@ -37,6 +37,39 @@ def test_report_prints_as_json_or_a_table(capsys: pytest.CaptureFixture[str]) ->
         "http": {f"rows_{n}": cell for n in (1, 10, 100)},
         "grpc": {f"rows_{n}": cell for n in (1, 10, 100)},
         "ingest_samples_per_s": 61000,
+        "burst": {
+            "rows": 60000,
+            "accepted_per_s": 61000,
+            "learned_per_s": 9000,
+            "accepted_total": 70000,
+            "learned_total": 52000,
+            "thinned_total": 18000,
+            "dropped_total": 0,
+        },
+        "ingestion": {
+            "sustained_per_s": 20000,
+            "seconds_per_step": 10.0,
+            "steps": [
+                {
+                    "target_per_s": 20000,
+                    "accepted_per_s": 20000,
+                    "learned_per_s_during": 19900,
+                    "pending_at_end": 900,
+                    "thinned_or_dropped": 0,
+                    "settled": True,
+                    "sustained": True,
+                },
+                {
+                    "target_per_s": 30000,
+                    "accepted_per_s": 29000,
+                    "learned_per_s_during": 22000,
+                    "pending_at_end": 70000,
+                    "thinned_or_dropped": 5000,
+                    "settled": True,
+                    "sustained": False,
+                },
+            ],
+        },
         "while_learning": {
             "http_rows_100": cell,
             "grpc_rows_100": cell,
@@ -54,18 +87,26 @@ def test_report_prints_as_json_or_a_table(capsys: pytest.CaptureFixture[str]) ->
     assert json.loads(capsys.readouterr().out) == report
     print_report(report, as_json=False)
     text = capsys.readouterr().out
-    assert "100 rows" in text and "61,000 samples/s" in text and "2 retrains" in text and "2,000 observations/s" in text
+    assert "100 rows" in text and "2 retrains" in text and "2,000 observations/s" in text
+    assert "accepted at 61,000/s, learned at 9,000/s" in text and "18,000 thinned" in text
+    assert "paced 30,000/s" in text and "-> not" in text and "nothing thinned or dropped: 20,000 rows/s" in text
     assert "the bare stack" in text and "busy 1000 µs" in text and "processing_time_ms" in text
     assert "busy 1000 µs beside a CPU-bound process" in text
 
 
 def test_the_benchmark_runs_end_to_end_against_a_real_service_process() -> None:
-    report = run_serving(calls=30, progress=False)
+    report = run_serving(calls=30, progress=False, sustain_rates=(2_000, 1_000_000), sustain_seconds=2.0)
     for protocol in ("http", "grpc"):
         for n in (1, 10, 100):
             cell = report[protocol][f"rows_{n}"]
             assert 0 < cell["p50_ms"] <= cell["p99_ms"]
     assert report["ingest_samples_per_s"] > 0
+    burst = report["burst"]
+    assert burst["learned_total"] + burst["thinned_total"] + burst["dropped_total"] == burst["accepted_total"]
+    steps = report["ingestion"]["steps"]
+    assert steps[0]["sustained"] and steps[0]["thinned_or_dropped"] == 0  # 2,000 rows/s is kept whole
+    assert not steps[-1]["sustained"]  # a million rows/s is not reached by one client
+    assert report["ingestion"]["sustained_per_s"] == steps[0]["accepted_per_s"]
     assert report["while_learning"]["observations_fed_per_s"] > 0
     for cell in (*report["stack_floor"].values(), *report["stack_floor_beside_busy_cpu"].values()):
         assert 0 < cell["p50_ms"] <= cell["p99_ms"]

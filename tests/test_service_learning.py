@@ -123,3 +123,47 @@ def test_flushing_training_data_empties_the_learners_window() -> None:
         assert c.post("/flush", json={"flush_test_data": False}).status_code == 200
         assert wait_until(lambda: runtime.model_status().get("window") == {"ttft": 0, "tpot": 0}, timeout_s=10)
         assert runtime.learned() == {"ttft": 200, "tpot": 200}  # flushing the window forgets no learning
+
+
+def test_retrains_rest_min_retrain_interval_s_after_one_and_follow_the_lease() -> None:
+    import multiprocessing
+    import time as clock
+
+    from leadtime.predictor.learner import OnlinePredictor as Predictor
+    from leadtime.predictor.service.learning import ChildSetup, _Child
+
+    parent, child_end = multiprocessing.Pipe()
+    setup = ChildSetup(
+        artifact=Predictor().to_bytes(),
+        cursor="0",
+        epoch=1,
+        retrain=True,
+        retrain_every=100,
+        default_accelerator="h100-sxm",
+        default_model="llama-3.1-8b",
+        nice=0,
+        snapshot_interval_s=0.25,
+        min_retrain_interval_s=30.0,
+    )
+    child = _Child(child_end, setup)
+    try:
+        child._pace_retrains()
+        assert child.predictor.config.retrain is True  # none yet: free to retrain
+        child._on_retrain({"duration_s": 0.1})
+        child._pace_retrains()
+        assert child.predictor.config.retrain is False  # resting
+        child.retrains.clear()
+        for model in child.predictor._models.values():
+            model.since_retrain = 100  # a retrain came due while resting
+        child.last_retrain_at = clock.monotonic() - 31.0
+        child._pace_retrains()
+        assert child.predictor.config.retrain is True
+        # ... and the retrain that came due meanwhile runs at once, without waiting for another row to ask for it.
+        assert wait_until(lambda: len(child.retrains) > 0, timeout_s=10)
+        child.handle(("lease", False, 100))  # the lease went elsewhere: no retrain, rested or not
+        child._pace_retrains()
+        assert child.predictor.config.retrain is False
+    finally:
+        child.predictor.close()
+        parent.close()
+        child_end.close()

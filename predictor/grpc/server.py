@@ -19,7 +19,7 @@ from leadtime.features.errors import FeatureError
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
 from leadtime.predictor.service.rows import ParsedRows
-from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339, served_ms
+from leadtime.predictor.service.runtime import BACKLOG_FULL_MESSAGE, ServiceRuntime, rfc3339, served_ms
 
 T = TypeVar("T")
 
@@ -86,6 +86,10 @@ def observation_to_dict(obs: Any) -> dict[str, Any]:
     return d
 
 
+class BacklogFull(Exception):
+    """The learner's backlog is full: nothing is accepted until it drains (RESOURCE_EXHAUSTED, retry later)."""
+
+
 class PredictorServicer(pb_grpc.PredictorServicer):
     """Implements leadtime.v1.Predictor over a ServiceRuntime."""
 
@@ -106,6 +110,9 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             context.abort(code, str(err))
         except PermissionError as err:
             code = grpc.StatusCode.UNAUTHENTICATED
+            context.abort(code, str(err))
+        except BacklogFull as err:
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED
             context.abort(code, str(err))
         finally:
             metrics = self.runtime.metrics
@@ -161,6 +168,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
 
     def _accept(self, observations: Sequence[Any]) -> int:
         runtime = self.runtime
+        if runtime.backlog_full():
+            raise BacklogFull(BACKLOG_FULL_MESSAGE)
         entries = [observation_to_dict(o) for o in observations]
         try:
             parsed = runtime.parser.parse_observations(entries, "observations")

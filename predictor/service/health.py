@@ -8,10 +8,24 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from leadtime.predictor.llmd_importances import llmd_importances
 from leadtime.predictor.service.edge import Runtime
 from leadtime.predictor.service.runtime import rfc3339
 
 router = APIRouter(tags=["health"])
+
+
+@router.get("/", summary="What is running here (llm-d's servers answer this too).")
+async def root(runtime: Runtime) -> dict[str, Any]:
+    s = runtime.settings
+    return {
+        "message": f"Leadtime latency predictor is running ({s.role} role)",
+        "model_type": "lightgbm",
+        "objective_type": s.objective,
+        "quantile": s.quantile,
+        "description": "TTFT/TPOT predictions per candidate endpoint, learned online; llm-d-compatible API, "
+        "native API under /v1, docs at /docs",
+    }
 
 
 @router.get("/healthz", summary="The process is alive.")
@@ -26,10 +40,12 @@ async def readyz(runtime: Runtime) -> JSONResponse:
     over a dependency the hot path does not need. So degraded parts are named in a 200 answer."""
     health = runtime.health()
     degraded = {name: state for name, state in health.items() if state != "ok"}
+    ingestion = runtime.ingestion()
     if runtime.ready:
-        return JSONResponse({"status": "ready", "degraded": degraded, "components": health})
+        return JSONResponse({"status": "ready", "degraded": degraded, "components": health, "ingestion": ingestion})
     degraded.setdefault("predictor", "not started")
-    return JSONResponse({"status": "not ready", "degraded": degraded, "components": health}, status_code=503)
+    body = {"status": "not ready", "degraded": degraded, "components": health, "ingestion": ingestion}
+    return JSONResponse(body, status_code=503)
 
 
 @router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
@@ -49,6 +65,7 @@ async def status(runtime: Runtime) -> dict[str, Any]:
         "holds_training_lease": runtime.holds_lease,
         "registry_version": runtime.store_version,
         "components": runtime.health(),
+        "ingestion": runtime.ingestion(),
     }
     if predictor is not None:
         st = runtime.model_status()
@@ -67,9 +84,16 @@ async def metrics(runtime: Runtime) -> Response:
     llmd = None
     if runtime.settings.serves_training:
         samples = runtime.samples
+        predictor = runtime.predictor
+        importances = {}
+        if predictor is not None:
+            for target in ("ttft", "tpot"):
+                raw = predictor.tree_importances(target)
+                importances[target] = llmd_importances(target, raw) if raw else {}
         llmd = {
             "objective": runtime.settings.objective,
             "quantile": runtime.settings.quantile,
             "samples": {t: samples.train[t] + samples.test[t] for t in ("ttft", "tpot")},
+            "importances": importances,
         }
     return Response(runtime.metrics.render(llmd), media_type=CONTENT_TYPE_LATEST)

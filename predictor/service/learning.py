@@ -52,6 +52,10 @@ class LearnerReport:
     retrain_error: str | None
     last_model_load: datetime | None
     retrains: list[dict[str, Any]] = field(default_factory=list)
+    # Rows this learner has learned (handed to the model and its window) and skipped as invalid since it started,
+    # up to `cursor`: what the serving model's lineage holds.
+    learned: int = 0
+    invalid: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class ChildSetup:
     nice: int
     snapshot_interval_s: float
     cpus: frozenset[int] | None = None  # where the learner runs (None: wherever the scheduler puts it)
+    # Least time between two retrains: under a high rate of observations a retrain every `retrain_every` rows
+    # would run back to back and take the CPU that learning the rows needs.
+    min_retrain_interval_s: float = 0.0
 
 
 class _Child:
@@ -85,7 +92,12 @@ class _Child:
         self.retrained = threading.Event()
         self.dirty = False
         self.last_snapshot = 0.0
+        self.learned = 0
+        self.invalid = 0
         self.predictor = self._load(setup.artifact)
+        self.lease_retrain = setup.retrain  # what the lease allows; paused for min_retrain_interval_s after one
+        self.last_retrain_at = -float("inf")
+        self.resting = False
         self.predictor.config.retrain = setup.retrain
         self.predictor.config.retrain_every = setup.retrain_every
 
@@ -97,11 +109,22 @@ class _Child:
     def _on_retrain(self, result: dict[str, Any]) -> None:
         """Runs in the learner's retrain thread; the main loop sends the snapshot."""
         self.retrains.append(result)
+        self.last_retrain_at = time.monotonic()
         self.retrained.set()
+
+    def _pace_retrains(self) -> None:
+        """Allow a retrain only when the lease does and the last one is `min_retrain_interval_s` old (rows that
+        arrive meanwhile count towards the next one)."""
+        rested = time.monotonic() - self.last_retrain_at >= self.setup.min_retrain_interval_s
+        self.predictor.config.retrain = self.lease_retrain and rested
+        if rested and self.resting:
+            self.predictor.retrain_if_due()  # one that came due during the pause: no later row may come to ask
+        self.resting = not rested
 
     def run(self) -> None:
         while True:
             timeout = 0.02 if self.dirty else 0.2
+            self._pace_retrains()
             if self.conn.poll(timeout):
                 try:
                     message = self.conn.recv()
@@ -132,8 +155,10 @@ class _Child:
             self.retrains.clear()  # results of the replaced learner's retrains describe a model no longer served
             self.retrained.clear()
             self.cursor, self.epoch = cursor, epoch
+            self.learned = self.invalid = 0  # a new lineage: the service keeps what the old one had counted
         elif kind == "lease":
             _, retrain, every = message
+            self.lease_retrain = retrain
             self.predictor.config.retrain = retrain
             self.predictor.config.retrain_every = every
         elif kind == "flush":
@@ -158,6 +183,7 @@ class _Child:
                     good.append(entry)
                 except FeatureError as err:
                     log.warning("skipping an invalid stored observation: %s", err)
+            self.invalid += len(entries) - len(good)
             if not good:
                 return
             parsed = self.parser.parse_observations(good)
@@ -165,7 +191,9 @@ class _Child:
             self.predictor.learn_many(
                 parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms, parsed.rows.endpoint_ids
             )
+            self.learned += len(parsed.actual_ttft_ms)
         except (FeatureError, ValueError) as err:
+            self.invalid += len(parsed.actual_ttft_ms)
             log.warning("learner refused %d observations: %s", len(parsed.actual_ttft_ms), err)
 
     def snapshot(self) -> None:
@@ -185,6 +213,8 @@ class _Child:
             retrain_error=predictor.retrain_error,
             last_model_load=predictor.last_model_load,
             retrains=retrains,
+            learned=self.learned,
+            invalid=self.invalid,
         )
         self.conn.send(("snapshot", state, compiled, report, artifact))
         self.dirty = False

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Response
 
 from leadtime.features.vectorize import COLUMNS
 from leadtime.predictor.learner import ArtifactError
+from leadtime.predictor.llmd_importances import llmd_importances
 from leadtime.predictor.service.edge import ReadyRuntime, require_token
 from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
 
@@ -26,8 +27,6 @@ training_router = APIRouter(tags=["llm-d operations"])
 
 MODEL_NAMES = ("ttft", "tpot", "ttft_gated", "tpot_gated")
 TARGETS = ("ttft", "tpot")
-# Leadtime column → llm-d's name for the same feature (the rest are Leadtime's own and keep their names).
-LLMD_FEATURE_NAMES = {"input_tokens": "input_token_length"}
 
 
 def _state(runtime: ServiceRuntime) -> dict[str, Any]:
@@ -193,12 +192,24 @@ async def lgb_text(target: str, runtime: ReadyRuntime) -> Response:
     return Response(text, media_type="text/plain; charset=utf-8")
 
 
-@training_router.get("/model/{target}/lgb/importances", summary="Gain importance per feature (llm-d's names).")
+@training_router.get(
+    "/model/{target}/lgb/importances",
+    summary="Share of the trees' gain per llm-d input (404 while no tree serves).",
+)
 async def lgb_importances(target: str, runtime: ReadyRuntime) -> dict[str, float]:
+    """Keyed by llm-d's input names: Leadtime's features are summed onto the inputs they are derived from
+    (`leadtime.predictor.llmd_importances`); Leadtime's own features (accelerator, time-slice) keep their names."""
     _check_target(target)
     predictor = runtime.predictor
     assert predictor is not None
-    return {LLMD_FEATURE_NAMES.get(k, k): v for k, v in predictor.tree_importances(target).items()}
+    importances = predictor.tree_importances(target)
+    if not importances:
+        raise HTTPException(
+            404,
+            f"no LightGBM tree serves {target} yet, so it has no feature importances (predictions come from the "
+            "physics prior and the online correction)",
+        )
+    return llmd_importances(target, importances)
 
 
 @training_router.get("/model/export", summary="A gzip tar of the current models and metadata.json.")

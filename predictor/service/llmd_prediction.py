@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
 
 from leadtime.features.errors import FeatureError
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field
@@ -104,15 +105,30 @@ async def predict_bulk_strict(request: Request, runtime: ReadyRuntime) -> Respon
     return Response(strict_answer(runtime, parsed, started), media_type="application/json")
 
 
+def check_llmd_schema(rows: list[Any]) -> None:
+    """A row that fails llm-d's request schema (a required field missing, a value of the wrong type or out of its
+    range) fails the whole call with 422, as llm-d's request model does; `/predict/bulk`'s per-row errors are for
+    rows that pass it but cannot be predicted (Leadtime's extras: an unknown accelerator class, say)."""
+    for i, row in enumerate(rows):
+        try:
+            LlmdRow.model_validate(row)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise FeatureError(f"requests[{i}].{where}" if where else f"requests[{i}]", first["msg"]) from None
+
+
 @router.post(
     "/predict/bulk",
     response_model=BulkPredictAnswer,
     openapi_extra=body_schema(BulkPredictRequest, "requests", LlmdRow),
-    summary="Predict every valid row; bad rows get an error entry and a null prediction.",
+    summary="Predict every row llm-d's schema accepts; one it refuses fails the call (422), rows that cannot be "
+    "predicted get an error entry and a null prediction.",
 )
 async def predict_bulk(request: Request, runtime: ReadyRuntime) -> Response:
     started = time.perf_counter()
     rows = list_field(await json_body(request), "requests", 1, runtime.settings.max_rows)
+    check_llmd_schema(rows)
     good: list[int] = []
     errors: list[dict[str, Any]] = []
     for i, row in enumerate(rows):

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 from leadtime.features.errors import FeatureError
@@ -19,7 +19,7 @@ from leadtime.features.rows import feature_row_from_llmd
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.health import status as llmd_status
 from leadtime.predictor.service.llmd_training import accept_entries, parse_entries
-from leadtime.predictor.service.runtime import served_ms
+from leadtime.predictor.service.runtime import BACKLOG_FULL_MESSAGE, BACKLOG_RETRY_AFTER_S, served_ms
 from leadtime.predictor.service.schemas import (
     ExplainRequest,
     NativeAccepted,
@@ -78,9 +78,14 @@ def _llmd_entry(entry: Any) -> Any:
     response_model=NativeAccepted,
     openapi_extra=body_schema(NativeObservationBatch, "observations", NativeObservation),
     dependencies=[Depends(require_token)],
-    summary="Accept completed requests: the row, what happened and what had been predicted (202).",
+    summary="Accept completed requests: the row, what happened and what had been predicted (202; 429 with "
+    "Retry-After while the learner's backlog is full).",
 )
 async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
+    """Unlike llm-d's path (its router drops a batch on any answer but 202, so it gets 202 and the rows are
+    counted as dropped), the native API tells a full backlog with 429: its clients can retry."""
+    if runtime.backlog_full():
+        raise HTTPException(429, BACKLOG_FULL_MESSAGE, {"Retry-After": str(BACKLOG_RETRY_AFTER_S)})
     entries = list_field(await json_body(request), "observations", 1, _MAX_OBSERVATIONS)
     parsed = await parse_entries(runtime, entries, "native", "observations")
     llmd_entries = [_llmd_entry(e) for e in entries]

@@ -37,6 +37,11 @@ from leadtime.predictor.store.base import Store
 log = logging.getLogger("leadtime.service")
 
 _RESTART_PAUSE_S = 1.0  # after the learner process died, before starting another (no tight crash loop)
+BACKLOG_FULL_MESSAGE = (
+    "the learner's backlog is full (accepted rows wait to be learned faster than they can be, even thinned): "
+    "nothing is accepted now; retry after a moment"
+)
+BACKLOG_RETRY_AFTER_S = 1
 
 
 @dataclass
@@ -75,6 +80,10 @@ class ServiceRuntime:
         # Adoptions of published models (and learner restarts) start a new epoch; older snapshots are ignored.
         self._epoch = 0
         self._report: LearnerReport | None = None
+        # Rows accepted, and learned / skipped as invalid by learner lineages that ended (restart, adoption).
+        self._accepted_rows = 0
+        self._learned_before = 0
+        self._invalid_before = 0
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
         # Held while a batch is forwarded and the read position advanced, and while a model is adopted, so that
@@ -198,6 +207,7 @@ class ServiceRuntime:
                 default_model=s.model,
                 nice=s.background_nice,
                 snapshot_interval_s=s.snapshot_interval_s,
+                min_retrain_interval_s=s.min_retrain_interval_s,
                 cpus=self.cpu_plan.learner if self.cpu_plan else None,
             )
             self.learner.start(setup)
@@ -209,7 +219,7 @@ class ServiceRuntime:
             return
         self._loop_errors["learner"] = "the learner process exited; restarting it"
         with self._counts_lock:
-            self._report = None
+            self._close_lineage()
         if self._stop.wait(_RESTART_PAUSE_S):
             return
         self._start_learner()
@@ -317,7 +327,7 @@ class ServiceRuntime:
                 self._epoch += 1
                 epoch, cursor = self._epoch, self._cursor
                 with self._counts_lock:
-                    self._report = None
+                    self._close_lineage()
                 self.store_version = version
                 self._loop_errors.pop("model_sync", None)
                 self._unpublished = None  # another replica's newer model replaces ours
@@ -334,6 +344,14 @@ class ServiceRuntime:
             self._learn_lock.release()
         self.metrics.model_swaps.inc()
         return True, True
+
+    def _close_lineage(self) -> None:
+        """The learner's lineage ends (restart or adoption): keep what its serving snapshot had counted (under
+        _counts_lock). Rows it learned after that snapshot are read and learned again by the next one."""
+        if self._report is not None:
+            self._learned_before += self._report.learned
+            self._invalid_before += self._report.invalid
+        self._report = None
 
     def _adopt_cursor(self, predictor: OnlinePredictor) -> None:
         cursor = predictor.metadata.get(CURSOR_KEY)
@@ -404,6 +422,7 @@ class ServiceRuntime:
         self.store.append_observations(entries)
         every = self.settings.test_every
         with self._counts_lock:
+            self._accepted_rows += len(entries)
             s = self.samples
             # Every `every`-th accepted sample, by arrival, counts as test data (as llm-d holds some out).
             arrival = np.arange(s.seen, s.seen + len(entries))
@@ -438,6 +457,44 @@ class ServiceRuntime:
             log.warning("the learner did not take the request to flush its window (busy or restarting)")
         return out
 
+    def backlog_full(self) -> bool:
+        """Whether rows offered now would be dropped (the native API then answers 429 instead of accepting)."""
+        try:
+            return bool(self.store.stats().get("full", 0))
+        except Exception:
+            return False
+
+    def ingestion(self) -> dict[str, Any]:
+        """What became of the accepted rows: learned, thinned (evenly, to keep up), dropped per reason, pending.
+
+        With one replica, accepted = learned + thinned + dropped + pending + what the learner holds but has not
+        reported yet (0 once it is idle). With a shared store each replica learns every replica's rows.
+        """
+        try:
+            stats = self.store.stats()
+        except Exception:
+            stats = {}
+        with self._counts_lock:
+            report = self._report
+            learned = self._learned_before + (report.learned if report is not None else 0)
+            invalid = self._invalid_before + (report.invalid if report is not None else 0)
+            accepted = self._accepted_rows
+        dropped = {k[len("dropped_") :]: int(v) for k, v in stats.items() if k.startswith("dropped_")}
+        if not dropped:  # a store that counts its drops without reasons (the Redis store's outage buffer)
+            dropped["store_buffer"] = int(stats.get("dropped", 0))
+        dropped["invalid"] = invalid
+        stride = int(stats.get("thinning_stride", 1))
+        return {
+            "accepted": accepted,
+            "learned": learned,
+            "thinned": {"overload": int(stats.get("thinned", 0))},
+            "dropped": dropped,
+            "pending": int(stats.get("pending", stats.get("buffered", 0))),
+            "thinning": stride > 1,
+            "learning_one_in": stride,
+            "full": bool(stats.get("full", 0)),
+        }
+
     # --- introspection --------------------------------------------------------------------------------------
 
     def health(self) -> dict[str, str]:
@@ -459,6 +516,14 @@ class ServiceRuntime:
                 out[thread.name] = "background loop stopped"
         if self._retrain_error is not None:
             out["publication"] = self._retrain_error
+        ingestion = self.ingestion()
+        if ingestion["full"]:
+            out["ingestion"] = f"backlog full: {ingestion['pending']} rows wait to be learned; new rows are dropped"
+        elif ingestion["thinning"]:
+            out["ingestion"] = (
+                f"thinning: learning 1 in {ingestion['learning_one_in']} accepted rows, evenly over time, to keep up "
+                f"({ingestion['pending']} rows wait)"
+            )
         return out
 
     def live_values(self) -> dict[str, Any]:
@@ -476,6 +541,7 @@ class ServiceRuntime:
             values["buffered"] = stats.get("buffered", 0)
         except Exception:
             pass
+        values["ingestion"] = self.ingestion()
         return values
 
     def learned(self) -> dict[str, int]:

@@ -44,7 +44,10 @@ class Store(Protocol):
         ...
 
     def stats(self) -> dict[str, int]:
-        """Counters: "buffered" (waiting for the backend), "dropped" (lost to the buffer bound), "appended"."""
+        """Counters: "appended" (rows offered), "buffered" (waiting for the backend), "dropped" (lost, in all).
+        A store that thins under overload (the memory store) adds "pending" (accepted, not yet read), "thinned"
+        (removed to keep up, evenly over time), "thinning_stride" (1 = keeping every row), "dropped_<reason>"
+        per reason and "full" (1: rows offered now are dropped)."""
         ...
 
     def close(self) -> None: ...

@@ -1,17 +1,31 @@
 """The embedded store of a single process: observations, models and the training lease, in memory.
 
 It keeps the same semantics as the shared store (cursors, versions, a lease) so that the service runs one
-code path with or without Redis. Observations are retained up to a bound; entries trimmed before the ingest
-loop has read them are counted as dropped, never lost silently.
+code path with or without Redis.
+
+Overload is handled here, by design and visibly. The backlog is what was accepted and not yet read by the ingest
+loop (which hands it to the learner). While it stays under `thin_above` rows nothing is lost: a burst waits and
+is learned behind the answers. Beyond that the store thins the backlog uniformly over time instead of losing its
+oldest part: it removes every other pending row and from then on keeps one accepted row in 2 (then 4, 8, ... up
+to `max_stride`), so that every period of a burst stays represented in what is learned; once the backlog is down
+to a quarter of the bound it keeps twice as many again. Thinned rows are counted, thinning logs when it starts
+and stops. Only when even `max_stride` cannot hold the backlog is the store full: rows offered then are dropped
+and counted (`dropped_backlog_full`); the native API refuses them beforehand with 429 (see `stats()["full"]`),
+llm-d's path keeps answering 202 as its router expects. Read rows are retained up to `retain` (a restarted
+learner reads again from the serving model's position); unread rows trimmed by that bound are counted as
+`dropped_store_bound`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
+
+log = logging.getLogger("leadtime.service")
 
 _KEEP_MODELS = 4
 
@@ -23,19 +37,32 @@ class MemoryStore:
     ----------
     retain
         Most observations kept for readers; older ones are trimmed.
+    thin_above
+        Backlog (accepted, unread rows) above which the backlog is thinned uniformly over time.
+    max_stride
+        Most thinning: one row kept in `max_stride`. Beyond it the backlog is full and new rows are dropped.
     """
 
-    def __init__(self, retain: int = 200_000) -> None:
-        if retain < 1:
-            raise ValueError("retain must be ≥ 1")
+    def __init__(self, retain: int = 200_000, thin_above: int = 50_000, max_stride: int = 64) -> None:
+        if retain < 1 or thin_above < 1 or max_stride < 1:
+            raise ValueError("retain, thin_above and max_stride must be ≥ 1")
         self._retain = retain
+        self._thin_above = thin_above
+        self._max_stride = max_stride
         self._lock = threading.Lock()
         self._model_published = threading.Condition(self._lock)
-        self._entries: deque[dict[str, Any]] = deque()
+        # Slots of the stream; a thinned pending row leaves None behind, so cursors (absolute slot indices) hold.
+        self._entries: deque[dict[str, Any] | None] = deque()
         self._first_index = 0  # absolute index of self._entries[0]
-        self._highest_read = 0  # absolute index one past the newest entry any reader has seen
-        self._appended = 0
-        self._dropped = 0
+        self._highest_read = 0  # absolute index one past the newest slot any reader has seen
+        self._pending = 0  # rows (not None) at or after _highest_read
+        self._appended = 0  # rows offered to the store (accepted by the service)
+        self._stride = 1  # keep one accepted row in this many
+        self._arrivals = 0  # rows offered since thinning started (which of them the stride keeps)
+        self._thinned = 0
+        self._dropped_bound = 0
+        self._dropped_full = 0
+        self._thinning_since = 0.0
         self._models: deque[tuple[int, bytes]] = deque(maxlen=_KEEP_MODELS)
         self._version = 0
         self._lease_holder: str | None = None
@@ -43,15 +70,76 @@ class MemoryStore:
 
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
         with self._lock:
-            self._entries.extend(entries)
-            self._appended += len(entries)
-            excess = len(self._entries) - self._retain
-            if excess > 0:
-                for _ in range(excess):
-                    self._entries.popleft()
-                unread = self._first_index + excess - max(self._highest_read, self._first_index)
-                self._dropped += max(0, min(excess, unread))
-                self._first_index += excess
+            n = len(entries)
+            self._appended += n
+            kept: Sequence[dict[str, Any]] = entries
+            if self._stride > 1:
+                first = (-self._arrivals) % self._stride
+                kept = entries[first :: self._stride]
+                self._thinned += n - len(kept)
+            self._arrivals += n
+            if self._stride >= self._max_stride and self._pending >= self._thin_above:
+                self._dropped_full += len(kept)
+                return
+            self._entries.extend(kept)
+            self._pending += len(kept)
+            while self._pending > self._thin_above and self._stride < self._max_stride:
+                self._thin_pending()
+            self._trim()
+
+    def _thin_pending(self) -> None:
+        """Remove every other pending row and keep half as many from now on (under the lock)."""
+        start = max(self._highest_read, self._first_index) - self._first_index
+        keep = True
+        removed = 0
+        for i in range(start, len(self._entries)):
+            if self._entries[i] is None:
+                continue
+            if not keep:
+                self._entries[i] = None
+                removed += 1
+            keep = not keep
+        self._pending -= removed
+        self._thinned += removed
+        if self._stride == 1:
+            self._thinning_since = time.monotonic()
+            log.warning(
+                "ingestion: thinning started: %d accepted rows wait to be learned (bound %d); learning 1 in 2 of "
+                "the backlog and of what arrives, evenly over time",
+                self._pending + removed,
+                self._thin_above,
+            )
+        else:
+            log.warning("ingestion: thinning further: learning 1 in %d of what arrives", self._stride * 2)
+        self._stride *= 2
+        self._arrivals = 0
+
+    def _relax(self) -> None:
+        """Keep twice as many once the backlog is down to a quarter of the bound (under the lock)."""
+        while self._stride > 1 and self._pending <= self._thin_above // 4:
+            self._stride //= 2
+            self._arrivals = 0
+            if self._stride == 1:
+                log.warning(
+                    "ingestion: thinning stopped after %.1f s; %d rows thinned so far in all",
+                    time.monotonic() - self._thinning_since,
+                    self._thinned,
+                )
+
+    def _trim(self) -> None:
+        excess = len(self._entries) - self._retain
+        if excess <= 0:
+            return
+        unread_from = max(self._highest_read, self._first_index) - self._first_index
+        lost = 0
+        for i in range(excess):
+            entry = self._entries.popleft()
+            if i >= unread_from and entry is not None:
+                lost += 1
+        self._dropped_bound += lost
+        self._pending -= lost
+        self._first_index += excess
+        self._highest_read = max(self._highest_read, self._first_index)
 
     def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
         try:
@@ -60,11 +148,22 @@ class MemoryStore:
             raise ValueError(f"cursor must be an integer string, got {cursor!r}") from None
         with self._lock:
             start = max(start, self._first_index)
-            end = min(self._first_index + len(self._entries), start + max(0, max_count))
-            offset = start - self._first_index
-            out = [self._entries[offset + i] for i in range(end - start)]
-            self._highest_read = max(self._highest_read, end)
-            return str(end), out
+            stop = self._first_index + len(self._entries)
+            out: list[dict[str, Any]] = []
+            index = start
+            fresh = 0
+            while index < stop and len(out) < max_count:
+                entry = self._entries[index - self._first_index]
+                if entry is not None:
+                    out.append(entry)
+                    if index >= self._highest_read:
+                        fresh += 1
+                index += 1
+            if index > self._highest_read:
+                self._pending -= fresh
+                self._highest_read = index
+            self._relax()
+            return str(index), out
 
     def publish_model(self, artifact: bytes) -> int:
         with self._model_published:
@@ -101,7 +200,17 @@ class MemoryStore:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"buffered": 0, "dropped": self._dropped, "appended": self._appended}
+            return {
+                "buffered": 0,
+                "dropped": self._dropped_bound + self._dropped_full,
+                "dropped_store_bound": self._dropped_bound,
+                "dropped_backlog_full": self._dropped_full,
+                "appended": self._appended,
+                "pending": self._pending,
+                "thinned": self._thinned,
+                "thinning_stride": self._stride,
+                "full": int(self._stride >= self._max_stride and self._pending >= self._thin_above),
+            }
 
     def close(self) -> None:
         with self._model_published:

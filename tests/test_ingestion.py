@@ -1,0 +1,152 @@
+"""What a 202 promises: under overload the backlog is thinned evenly over time, every accepted row is counted as
+learned, thinned or dropped (per reason), and the state shows in /readyz, /status and /metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.store.memory import MemoryStore
+
+
+def rows(start: int, n: int) -> list[dict[str, Any]]:
+    return [{"t": start + i} for i in range(n)]
+
+
+def accounted(store: MemoryStore, read: int) -> int:
+    s = store.stats()
+    return read + s["pending"] + s["thinned"] + s["dropped"]
+
+
+def test_a_burst_above_what_the_reader_keeps_up_with_is_thinned_evenly_across_its_duration(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore(thin_above=2_000, max_stride=64)
+    cursor = "0"
+    learned: list[int] = []
+
+    def read(n: int) -> None:
+        nonlocal cursor
+        cursor, got = store.read_observations(cursor, n)
+        learned.extend(e["t"] for e in got)
+
+    t = 0
+    with caplog.at_level(logging.WARNING, logger="leadtime.service"):
+        for _ in range(50):  # sustained: 100 rows a step, the reader takes them all
+            store.append_observations(rows(t, 100))
+            t += 100
+            read(200)
+        assert store.stats()["thinned"] == 0 and len(learned) == t
+        burst_start = t
+        for _ in range(400):  # a burst: 1,000 rows a step, the reader takes 100
+            store.append_observations(rows(t, 1_000))
+            t += 1_000
+            read(100)
+        burst_end = t
+        assert store.stats()["thinning_stride"] > 1
+        while store.stats()["pending"]:  # the burst is over: the reader drains the backlog
+            read(100)
+        for _ in range(20):
+            store.append_observations(rows(t, 100))
+            t += 100
+            read(200)
+    s = store.stats()
+    assert s["thinning_stride"] == 1 and s["dropped"] == 0
+    assert s["appended"] == t == len(learned) + s["thinned"]  # every accepted row counted once
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "thinning started" in messages and "thinning stopped" in messages
+    # Evenly across the burst: every tenth of it is represented alike in what was learned (the first ~2,000 rows
+    # arrived before the backlog reached its bound and were kept whole).
+    kept = np.array([x for x in learned if burst_start + 10_000 <= x < burst_end])
+    deciles = np.histogram(kept, bins=10, range=(burst_start + 10_000, burst_end))[0]
+    assert deciles.min() > 0.6 * deciles.mean() and deciles.max() < 1.4 * deciles.mean(), deciles
+    # ... and after the burst every row is learned again.
+    assert [x for x in learned if x >= burst_end] == list(range(burst_end, t))
+
+
+def test_a_full_backlog_drops_new_rows_and_counts_them() -> None:
+    store = MemoryStore(thin_above=100, max_stride=4)
+    for i in range(20):
+        store.append_observations(rows(100 * i, 100))
+    s = store.stats()
+    assert s["full"] == 1 and s["dropped_backlog_full"] > 0 and s["dropped"] == s["dropped_backlog_full"]
+    assert accounted(store, 0) == s["appended"] == 2_000
+    cursor, got = store.read_observations("0", 10_000)
+    assert len(got) == s["pending"] and store.stats()["full"] == 0
+    assert accounted(store, len(got)) == 2_000
+
+
+def test_unread_rows_trimmed_by_the_store_bound_are_counted() -> None:
+    store = MemoryStore(retain=10, thin_above=1_000)
+    store.append_observations(rows(0, 25))
+    s = store.stats()
+    assert s["dropped_store_bound"] == 15 and s["pending"] == 10 and s["thinned"] == 0
+
+
+def _wait(condition: Any, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def entry(i: int) -> dict[str, Any]:
+    return {
+        "kv_cache_percentage": 0.2,
+        "input_token_length": 100 + i % 500,
+        "num_request_waiting": i % 4,
+        "num_request_running": i % 16,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": 0.0,
+        "actual_ttft_ms": 50.0 + (i % 500) * 0.1,
+        "actual_tpot_ms": 0.0 if i % 2 else 12.0,
+    }
+
+
+def test_the_service_counts_every_accepted_row_and_shows_thinning() -> None:
+    store = MemoryStore(thin_above=1_000, max_stride=64)
+    with TestClient(create_app(ServiceSettings(), store=store)) as c:
+        batch = {"entries": [entry(i) for i in range(1_000)]}
+        for _ in range(30):  # far faster than the learner learns: the backlog passes its bound
+            assert c.post("/add_training_data_bulk", json=batch).status_code == 202
+        status = c.get("/status").json()["ingestion"]
+        assert status["accepted"] == 30_000
+        assert status["thinned"]["overload"] > 0  # thinned as soon as the backlog passed 1,000
+
+        def settled() -> bool:
+            s = c.get("/status").json()["ingestion"]
+            return s["pending"] == 0 and s["learned"] + s["thinned"]["overload"] + sum(s["dropped"].values()) == 30_000
+
+        assert _wait(settled), c.get("/status").json()["ingestion"]
+        ready = c.get("/readyz")
+        assert ready.status_code == 200 and set(ready.json()["ingestion"]) >= {"learned", "thinned", "dropped"}
+        metrics = c.get("/metrics").text
+        learned = c.get("/status").json()["ingestion"]["learned"]
+        assert f"leadtime_observations_learned_total {float(learned)}" in metrics
+        assert 'leadtime_observations_thinned_total{reason="overload"}' in metrics
+
+
+class _FullStore(MemoryStore):
+    """A store whose learner backlog is full (as when the learner is stalled)."""
+
+    def stats(self) -> dict[str, int]:
+        return {**super().stats(), "full": 1}
+
+
+def test_a_full_backlog_gets_429_on_the_native_api_and_202_on_llmds() -> None:
+    with TestClient(create_app(ServiceSettings(), store=_FullStore())) as c:
+        native = c.post("/v1/observations", json={"observations": [entry(1)]})
+        assert native.status_code == 429 and native.headers["retry-after"] == "1"
+        assert "backlog is full" in native.json()["error"]
+        assert c.post("/add_training_data_bulk", json={"entries": [entry(1)]}).status_code == 202
+        ready = c.get("/readyz")
+        assert ready.status_code == 200 and "backlog full" in ready.json()["degraded"]["ingestion"]

@@ -1,0 +1,153 @@
+"""What llm-d's router and its tools rely on beyond the prediction and training calls: GET /, importances keyed by
+llm-d's inputs, the training server's intercept and importance metric lines, and /predict/bulk's schema check."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.llmd_importances import (
+    DERIVED_FROM,
+    LLMD_INPUTS,
+    LLMD_OPTIONAL_INPUTS,
+    OWN_FEATURES,
+    llmd_importances,
+    sources,
+)
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.trees import TREE_FEATURES
+
+
+def llmd_row(**overrides: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "kv_cache_percentage": 0.3,
+        "input_token_length": 800,
+        "num_request_waiting": 2,
+        "num_request_running": 8,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": 0.25,
+    }
+    row.update(overrides)
+    return row
+
+
+def training_entry(i: int) -> dict[str, Any]:
+    entry = llmd_row(input_token_length=100 + 37 * (i % 50), num_request_running=i % 16, num_request_waiting=i % 5)
+    entry["actual_ttft_ms"] = 40.0 + 0.2 * entry["input_token_length"] + 30 * entry["num_request_waiting"]
+    entry["actual_tpot_ms"] = 12.0 + 0.5 * entry["num_request_running"]
+    return entry
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with TestClient(create_app(ServiceSettings())) as c:
+        yield c
+
+
+@pytest.mark.parametrize("role", ["prediction", "training"])
+def test_root_says_what_is_running(role: str) -> None:
+    settings = ServiceSettings.model_validate({"role": role, "objective": "mean"})
+    with TestClient(create_app(settings)) as c:
+        r = c.get("/")
+        assert r.status_code == 200
+        body = r.json()
+        assert set(body) >= {"message", "model_type", "objective_type", "quantile", "description"}
+        assert "running" in body["message"] and body["model_type"] == "lightgbm"
+        assert body["objective_type"] == "mean" and body["quantile"] == 0.9
+
+
+def test_every_tree_feature_maps_to_llmd_inputs_or_is_leadtimes_own() -> None:
+    for feature in TREE_FEATURES:
+        assert sources("ttft", feature) or feature in OWN_FEATURES, feature
+        assert set(sources("tpot", feature)) <= set(LLMD_INPUTS) | set(LLMD_OPTIONAL_INPUTS)
+    assert set(DERIVED_FROM) | set(OWN_FEATURES) | {"log_prior"} == set(TREE_FEATURES)
+
+
+def test_importances_are_summed_onto_the_inputs_they_come_from() -> None:
+    shares = llmd_importances(
+        "ttft", {"uncached_tokens": 4.0, "num_request_waiting": 2.0, "accel_tflops": 2.0, "log_prior": 0.0}
+    )
+    assert set(LLMD_INPUTS) <= set(shares)
+    assert shares["input_token_length"] == pytest.approx(0.25) and shares["prefix_cache_score"] == pytest.approx(0.25)
+    assert shares["num_request_waiting"] == pytest.approx(0.25) and shares["accel_tflops"] == pytest.approx(0.25)
+    assert shares["decode_tokens_in_flight"] == 0.0 and "pod_type" not in shares
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert llmd_importances("tpot", {"role_decode": 1.0})["pod_type"] == pytest.approx(1.0)
+
+
+def _metric_lines(text: str, name: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        match = re.fullmatch(rf'{name}\{{(?:feature="([a-z_]+)")?\}} (\S+)', line)
+        if match:
+            out[match.group(1) or ""] = match.group(2)
+    return out
+
+
+def test_importances_404_until_a_tree_serves_then_every_llmd_input_and_the_metric_lines_agree() -> None:
+    config = LearnerConfig(background=False, min_window=50, retrain_every=300, tree_rounds=20)
+    predictor = OnlinePredictor(config)
+    with TestClient(create_app(ServiceSettings(role="training"), predictor=predictor)) as c:
+        for target in ("ttft", "tpot"):
+            r = c.get(f"/model/{target}/lgb/importances")
+            assert r.status_code == 404 and target in r.json()["detail"]
+        text = c.get("/metrics").text
+        for target in ("ttft", "tpot"):
+            assert f"{target}_intercept{{}} 0.0" in text.splitlines()
+            lines = _metric_lines(text, f"{target}_importance")
+            assert lines == dict.fromkeys(LLMD_INPUTS, "0.0")
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        parsed = runtime.parser.parse_observations([training_entry(i) for i in range(1500)])
+        predictor.learn_many(parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
+        predictor.retrain_now()
+        if predictor.tree_text("ttft") is None:
+            pytest.skip("the learner kept its online model on this data (no tree won on held-out data)")
+        importances = c.get("/model/ttft/lgb/importances").json()
+        assert set(LLMD_INPUTS) <= set(importances) and "input_tokens" not in importances
+        assert sum(importances.values()) == pytest.approx(1.0)
+        assert max(importances[name] for name in LLMD_INPUTS) > 0
+        lines = _metric_lines(c.get("/metrics").text, "ttft_importance")
+        assert set(lines) == set(LLMD_INPUTS)
+        for name in LLMD_INPUTS:
+            assert float(lines[name]) == pytest.approx(importances[name])
+
+
+def test_prediction_role_metrics_carry_no_training_server_lines() -> None:
+    with TestClient(create_app(ServiceSettings(role="prediction"))) as c:
+        text = c.get("/metrics").text
+        assert "ttft_intercept" not in text and "ttft_importance" not in text
+
+
+BAD_ROWS: list[tuple[dict[str, Any], str]] = [
+    ({"input_token_length": None}, "input_token_length"),  # missing (removed below)
+    ({"num_request_running": "many"}, "num_request_running"),
+    ({"kv_cache_percentage": [0.1]}, "kv_cache_percentage"),
+    ({"kv_cache_percentage": 1.5}, "kv_cache_percentage"),
+    ({"pod_type": "both"}, "pod_type"),
+]
+
+
+def test_bulk_refuses_the_whole_call_when_a_row_fails_llmds_schema(client: TestClient) -> None:
+    for bad, field in BAD_ROWS:
+        rows = [llmd_row(), llmd_row(**bad), llmd_row()]
+        if bad.get("input_token_length", 0) is None:
+            del rows[1]["input_token_length"]
+        r = client.post("/predict/bulk", json={"requests": rows})
+        assert r.status_code == 422, bad
+        assert r.json()["field"] == f"requests[1].{field}"
+
+
+def test_bulk_keeps_per_row_errors_for_rows_llmds_schema_accepts(client: TestClient) -> None:
+    rows = [llmd_row(), llmd_row(accelerator="no-such-gpu"), llmd_row(timeslice_state="asleep")]
+    r = client.post("/predict/bulk", json={"requests": rows})
+    assert r.status_code == 200
+    body = r.json()
+    assert [e["index"] for e in body["errors"]] == [1, 2]
+    assert body["predictions"][0] is not None and body["predictions"][1] is None
+    assert body["successful_predictions"] == 1 and body["failed_predictions"] == 2
