@@ -5,8 +5,10 @@ summed with weights, and a picker chooses. llm-d's default profile weighs prefix
 KV-utilization 2; those are the defaults of `LlmdHeuristicPolicy`. On a P/D fleet the same pipeline picks the
 decode endpoint and then, separately, the prefill endpoint, as llm-d does.
 
-Every policy here first drops endpoints whose time-slice group is parked or switching (`resident_filter`), as a
-readiness probe removes a sleeping pod from the endpoints a router is offered, unless that would drop them all.
+None of them reads a time-slice orchestrator: a vLLM engine put to sleep for another job keeps its server, its
+health check and its /metrics up, so a router that only scrapes endpoints keeps offering it requests (which wait
+until it wakes). `resident_filter` is the readiness filter a router that does read the orchestrator would add;
+`LlmdHeuristicPolicy(ready_only=True)` is llm-d's heuristic with it.
 """
 
 from __future__ import annotations
@@ -97,16 +99,21 @@ class LlmdHeuristicPolicy(ScoringPolicy):
     """llm-d's default scorer weights: prefix-cache 3, queue 2, KV-utilization 2."""
 
     def __init__(
-        self, prefix_weight: float = 3.0, queue_weight: float = 2.0, kv_weight: float = 2.0, seed: int = 0
+        self,
+        prefix_weight: float = 3.0,
+        queue_weight: float = 2.0,
+        kv_weight: float = 2.0,
+        seed: int = 0,
+        ready_only: bool = False,
     ) -> None:
         super().__init__(
-            "llmd_heuristic",
+            "llmd_heuristic_ready" if ready_only else "llmd_heuristic",
             [
                 WeightedScorer(prefix_cache_scorer, prefix_weight),
                 WeightedScorer(queue_scorer, queue_weight),
                 WeightedScorer(kv_utilization_scorer, kv_weight),
             ],
-            filters=[resident_filter],
+            filters=[resident_filter] if ready_only else [],
             seed=seed,
         )
 
@@ -122,17 +129,15 @@ class RandomPolicy:
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         roles = split_by_role(candidates)
         if roles.disaggregated:
-            prefill = resident_filter(request, roles.prefill)
-            decode = resident_filter(request, roles.decode)
-            return Pick(self._rng.choice(prefill).endpoint_id, self._rng.choice(decode).endpoint_id)
-        return Pick(self._rng.choice(resident_filter(request, roles.unified)).endpoint_id)
+            return Pick(self._rng.choice(roles.prefill).endpoint_id, self._rng.choice(roles.decode).endpoint_id)
+        return Pick(self._rng.choice(roles.unified).endpoint_id)
 
     def observe(self, outcome: Outcome) -> None:
         """Random does not learn."""
 
 
 class RoundRobinPolicy:
-    """Each endpoint in turn (per role), in candidate order (among the resident ones)."""
+    """Each endpoint in turn (per role), in candidate order."""
 
     name = "round_robin"
 
@@ -147,10 +152,10 @@ class RoundRobinPolicy:
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         roles = split_by_role(candidates)
         if roles.disaggregated:
-            prefill = self._next("prefill", resident_filter(request, roles.prefill))
-            decode = self._next("decode", resident_filter(request, roles.decode))
+            prefill = self._next("prefill", roles.prefill)
+            decode = self._next("decode", roles.decode)
             return Pick(prefill.endpoint_id, decode.endpoint_id)
-        return Pick(self._next("both", resident_filter(request, roles.unified)).endpoint_id)
+        return Pick(self._next("both", roles.unified).endpoint_id)
 
     def observe(self, outcome: Outcome) -> None:
         """Round-robin does not learn."""
@@ -169,4 +174,4 @@ class LeastQueuePolicy(ScoringPolicy):
             low, high = min(loads), max(loads)
             return [1.0 if high == low else (high - q) / (high - low) for q in loads]
 
-        super().__init__("least_queue", [WeightedScorer(least_load, 1.0)], filters=[resident_filter], seed=seed)
+        super().__init__("least_queue", [WeightedScorer(least_load, 1.0)], seed=seed)

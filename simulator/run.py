@@ -23,6 +23,7 @@ POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
     "round_robin": lambda seed: RoundRobinPolicy(),
     "least_queue": lambda seed: LeastQueuePolicy(seed),
     "llmd_heuristic": lambda seed: LlmdHeuristicPolicy(seed=seed),
+    "llmd_heuristic_ready": lambda seed: LlmdHeuristicPolicy(seed=seed, ready_only=True),
     "dynamo_kv": lambda seed: DynamoKvPolicy(seed=seed),
     "sglang_cache": lambda seed: SglangCachePolicy(seed=seed),
     "clairvoyant": lambda seed: ClairvoyantPolicy(),

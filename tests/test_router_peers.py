@@ -168,25 +168,28 @@ PEERS = ("round_robin", "least_queue", "llmd_heuristic", "dynamo_kv", "sglang_ca
 
 
 @pytest.mark.parametrize("name", PEERS)
-def test_every_peer_skips_parked_endpoints_unless_all_are(name: str) -> None:
+def test_no_peer_reads_the_time_slice_orchestrator(name: str) -> None:
+    """A sleeping engine still answers its health check and /metrics: peers keep offering it requests."""
     policy = make_policy(name)
     assert isinstance(policy, RoutingPolicy) and policy.name == name
     cands = [cand("a", timeslice="parked"), cand("b", timeslice="resident"), cand("c", timeslice="switching")]
-    for i in range(12):
-        assert policy.pick(RouteRequest(str(i), 600, (i,)), cands) == Pick("b")
+    picked = {policy.pick(RouteRequest(str(i), 600, (i,)), cands).endpoint_id for i in range(40)}
+    if name in ("round_robin", "random"):
+        assert picked == {"a", "b", "c"}
+    pd = [cand("p0", role="prefill", timeslice="parked"), cand("p1", role="prefill"), cand("d0", role="decode")]
+    assert policy.pick(RouteRequest("y", 600), pd).decode_endpoint_id == "d0"
+
+
+def test_the_readiness_filter_variant_of_llmd_skips_parked_endpoints_unless_all_are() -> None:
+    policy = make_policy("llmd_heuristic_ready")
+    cands = [cand("a", timeslice="parked"), cand("b", timeslice="resident"), cand("c", timeslice="switching")]
+    assert all(policy.pick(RouteRequest(str(i), 600, (i,)), cands) == Pick("b") for i in range(12))
     parked = [cand("a", timeslice="parked"), cand("c", timeslice="switching")]
     assert policy.pick(RouteRequest("x", 600), parked).endpoint_id in ("a", "c")
-    pd = [
-        cand("p0", role="prefill", timeslice="parked"),
-        cand("p1", role="prefill"),
-        cand("d0", role="decode"),
-        cand("d1", role="decode", timeslice="switching"),
-    ]
-    assert policy.pick(RouteRequest("y", 600), pd) == Pick("p1", "d0")
 
 
 def test_registry_names_and_spellings() -> None:
-    assert set(PEERS) | {"clairvoyant"} | set(LEADTIME_POLICIES) == set(POLICY_NAMES)
+    assert set(PEERS) | {"clairvoyant", "llmd_heuristic_ready"} | set(LEADTIME_POLICIES) == set(POLICY_NAMES)
     for spelling, name in [
         ("round-robin", "round_robin"),
         ("least-queue", "least_queue"),

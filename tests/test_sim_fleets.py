@@ -6,6 +6,7 @@ import pytest
 
 from leadtime.simulator.engine import FleetSimulator
 from leadtime.simulator.fleet import load_fleet, parse_fleet, shipped_fleets
+from leadtime.simulator.learning_policies import LEADTIME_POLICIES
 from leadtime.simulator.run import POLICY_NAMES, make_policy
 from leadtime.simulator.workload import SyntheticSpec, synthetic
 
@@ -92,8 +93,13 @@ def test_every_policy_runs_on_tiny_fleets(fleet_kind: str, name: str) -> None:
     assert result.policy == name and len(result.completed) == 60
     if fleet_kind == "pd":
         assert all(c.decode_endpoint_id is not None or c.endpoint_id.startswith("d-") for c in result.completed)
-    if fleet_kind == "timesliced" and name not in ("clairvoyant", "leadtime_no_timeslice"):  # the ablation ignores it
-        # Readiness: never sent to a parked or switching endpoint while the dedicated one serves.
+    if (
+        fleet_kind == "timesliced"
+        and name in ("llmd_heuristic_ready", *LEADTIME_POLICIES)
+        and name != "leadtime_no_timeslice"
+    ):
+        # Policies that read the time-slice state never send to a parked or switching endpoint while the
+        # dedicated one serves.
         history = result.timeslice["g"]
 
         def state_at(t: float) -> str:

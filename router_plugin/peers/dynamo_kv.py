@@ -26,8 +26,8 @@ decode pool; the KV then moves from one to the other. Older Dynamo releases also
 disaggregation (prefill on the decode worker when the uncached prompt is at most `max_local_prefill_length`
 tokens); `max_local_prefill_tokens` turns that on, off by default as in current releases.
 
-Readiness: like any router behind Kubernetes readiness probes it does not route to an endpoint whose time-slice
-group is parked or switching, unless every endpoint is (`heuristics.resident_filter`).
+Time-slicing: it reads no time-slice orchestrator (a sleeping vLLM engine still answers its health check and
+/metrics), so it may route to an endpoint whose accelerators another job holds; the requests wait there.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from leadtime.router_plugin.heuristics import resident_filter
 from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, split_by_role
 
 DEFAULT_BLOCK_SIZE = 16
@@ -157,7 +156,7 @@ class DynamoKvPolicy:
         return out
 
     def _choose(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Candidate:
-        ready = resident_filter(request, candidates)
+        ready = list(candidates)
         if not ready:
             raise NoCandidateError("no candidate endpoints")
         costs = self.costs(request, ready)

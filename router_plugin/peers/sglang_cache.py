@@ -24,8 +24,8 @@ decode worker, each chosen by its policy over its own pool (`--prefill-policy`, 
 cache-aware here) with its own trees and loads; the decode worker pulls the KV from the prefill worker. Load is
 counted until the request completes (the routing contract reports completions only).
 
-Readiness: like any router behind Kubernetes readiness probes it does not route to an endpoint whose time-slice
-group is parked or switching, unless every endpoint is (`heuristics.resident_filter`).
+Time-slicing: it reads no time-slice orchestrator (a sleeping vLLM engine still answers its health check and
+/metrics), so it may route to an endpoint whose accelerators another job holds; the requests wait there.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import random
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from leadtime.router_plugin.heuristics import resident_filter
 from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, split_by_role
 
 # SGLang bounds its tree at 2**26 characters per worker; at about 4 characters a token that is 2**24 tokens.
@@ -149,7 +148,7 @@ class SglangCachePolicy:
         return tied[0] if len(tied) == 1 else self._rng.choice(tied)
 
     def _choose(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Candidate:
-        ready = resident_filter(request, candidates)
+        ready = list(candidates)
         if not ready:
             raise NoCandidateError("no candidate endpoints")
         if not self.balanced(ready):

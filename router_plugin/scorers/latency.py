@@ -68,8 +68,9 @@ def latency_scores(ttft_ms: np.ndarray, itl_ms: np.ndarray, expected_output_toke
     return latency.min() / latency
 
 
-def preference(scores: np.ndarray, fit: str = "most_slack", margin: float = 0.0, overflow: str = "least_bad"
-               ) -> np.ndarray:
+def preference(
+    scores: np.ndarray, fit: str = "most_slack", margin: float = 0.0, overflow: str = "least_bad"
+) -> np.ndarray:
     """Turn SLO scores into the value the picker maximises: any candidate predicted to meet the SLOs ranks above
     every one predicted to miss them.
 
