@@ -70,6 +70,7 @@ class _Model(BaseModel):
 
 class LatencyParameters(_Model):
     exploration: float = Field(default=0.02, ge=0.0, le=1.0)
+    overflow: Literal["auto", "least_bad", "sink"] = "auto"
     disaggregation: Literal["joint", "decode-first"] = "joint"
     local_prefill: bool = Field(default=True, alias="localPrefill")
     disaggregate_min_tokens: int = Field(default=16, ge=0, alias="disaggregateMinTokens")
@@ -224,6 +225,7 @@ def build_policy(
         local_prefill=latency.local_prefill,
         disaggregate_min_tokens=latency.disaggregate_min_tokens,
         exploration=latency.exploration,
+        overflow=latency.overflow,
         kv_link_gb_s=latency.kv_link_gb_s,
         serving_job=timeslice.serving_job if timeslice else "inference",
         seed=latency.seed or seed,

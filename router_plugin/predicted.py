@@ -79,6 +79,16 @@ class LeadtimeConfig:
         With `joint_pairs` off, prompts with fewer uncached tokens are prefilled on the decode endpoint.
     exploration
         Share of decisions that explore (see the module docstring).
+    fit, fit_margin
+        Which candidate predicted to meet the SLOs wins (`scorers.latency.preference`): the most slack, or the
+        tightest fit leaving `fit_margin` of the binding SLO.
+    overflow, overload_share, overload_window
+        Where a request that no candidate is predicted to serve in time goes: "least_bad" (the smallest miss),
+        "sink" (an endpoint already beyond saving, see `preference`), or "auto": sink while the fleet is
+        overloaded, i.e. while more than `overload_share` of the recent decisions (a moving average over about
+        `overload_window` of them) found no candidate predicted to serve in time, and the smallest miss otherwise.
+        Under a passing burst, spreading the misses lets the fleet catch up; under sustained overload, piling
+        them onto the endpoints already beyond saving keeps the others serving in time.
     kv_link_gb_s
         KV link bandwidth to each decode endpoint, for transfer times.
     serving_job
@@ -97,7 +107,9 @@ class LeadtimeConfig:
     exploration: float = 0.02
     fit: str = "most_slack"
     fit_margin: float = 0.0
-    overflow: str = "least_bad"
+    overflow: str = "auto"
+    overload_share: float = 0.25
+    overload_window: int = 200
     kv_link_gb_s: float = 25.0
     serving_job: str = "inference"
     seed: int = 0
@@ -185,6 +197,7 @@ class LeadtimePolicy:
         self._fallback = fallback if fallback is not None else LlmdHeuristicPolicy(seed=config.seed)
         self._last_heard: dict[str, float] = {}
         self._output_tokens = 256.0  # running mean of output lengths, for the no-SLO latency score
+        self.overload = 0.0  # moving share of decisions that found no candidate predicted to serve in time
 
     def attach(self, simulator: Any) -> None:
         """Inside the simulator: read its time-slice groups unless another source was given."""
@@ -287,9 +300,18 @@ class LeadtimePolicy:
             return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens)
         return slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
 
+    def _overflow(self) -> str:
+        if self.config.overflow != "auto":
+            return self.config.overflow
+        return "sink" if self.overload > self.config.overload_share else "least_bad"
+
+    def _note_feasible(self, feasible: bool) -> None:
+        self.overload += (float(not feasible) - self.overload) / self.config.overload_window
+
     def _argmax(self, request: RouteRequest, latency: np.ndarray, candidates: Sequence[Candidate]) -> int:
         c = self.config
-        scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, c.overflow)
+        scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, self._overflow())
+        self._note_feasible(float(latency.max()) >= FEASIBLE)
         for extra in self.extra_scorers:
             scores = scores + extra.weight * np.asarray(extra.scorer(request, candidates))
         best = float(scores.max())
@@ -377,8 +399,9 @@ class LeadtimePolicy:
             request.tpot_slo_ms,
             self._output_tokens,
             decode_first=not config.joint_pairs and local is None,
-            fit=(config.fit, config.fit_margin, config.overflow),
+            fit=(config.fit, config.fit_margin, self._overflow()),
         )
+        self._note_feasible(choice.score >= FEASIBLE)
         dec = decode[choice.decode]
         if choice.prefill is None:
             assert local is not None

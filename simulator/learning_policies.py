@@ -1,4 +1,5 @@
-"""The policies that learn while they route, built for one fleet: Leadtime (and its ablations).
+"""The policies that learn while they route, built for one fleet: Leadtime (and its ablations), and llm-d's
+predicted-latency router.
 
 Each starts cold: a fresh in-process predictor that knows only the accelerator catalog's physics, learning from
 every request the simulation completes. The P/D link bandwidth is the fleet's.
@@ -12,7 +13,9 @@ from typing import Any
 
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.llmd_reference import LlmdReference
 from leadtime.router_plugin.client import InProcessPredictor
+from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.simulator.fleet import Fleet
@@ -50,5 +53,14 @@ def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
     return LeadtimePolicy(InProcessPredictor(_Learner(learner), learner.config.quantile), config)
 
 
+def llmd_predicted_policy(fleet: Fleet, seed: int = 0) -> RoutingPolicy:
+    """llm-d's predicted-latency router over llm-d's predictor as published, cold, retrained every 10 s."""
+    return LlmdPredictedPolicy(LlmdReference(retrain_every=None, seed=seed), seed=seed)
+
+
 def learning_factories(fleet: Fleet, seed: int) -> dict[str, Callable[[], RoutingPolicy]]:
-    return {name: partial(leadtime_policy, name, fleet, seed) for name in LEADTIME_POLICIES}
+    factories: dict[str, Callable[[], RoutingPolicy]] = {
+        name: partial(leadtime_policy, name, fleet, seed) for name in LEADTIME_POLICIES
+    }
+    factories["llmd_predicted"] = partial(llmd_predicted_policy, fleet, seed)
+    return factories

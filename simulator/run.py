@@ -29,7 +29,7 @@ POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
     "clairvoyant": lambda seed: ClairvoyantPolicy(),
     "random": lambda seed: RandomPolicy(seed),
 }
-POLICY_NAMES = (*POLICIES, *LEADTIME_POLICIES)
+POLICY_NAMES = (*POLICIES, "llmd_predicted", *LEADTIME_POLICIES)
 # Other spellings the CLI accepts (hyphens for underscores, and the older short names).
 ALIASES = {"llm-d": "llmd_heuristic", "llmd": "llmd_heuristic"}
 

@@ -1,0 +1,129 @@
+"""llm-d's predicted-latency router as re-implemented: counters, affinity gates, headroom, P/D order, learning."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from leadtime.features.rows import EndpointState
+from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
+from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest
+from leadtime.simulator.engine import FleetSimulator
+from leadtime.simulator.fleet import parse_fleet
+from leadtime.simulator.run import make_policy
+from leadtime.simulator.workload import SyntheticSpec, synthetic
+
+
+@dataclass
+class Answers:
+    ttft_mean: np.ndarray
+    ttft_quantile: np.ndarray
+    tpot_mean: np.ndarray
+    tpot_quantile: np.ndarray
+
+
+class Model:
+    """llm-d's model protocol: TTFT from waiting and in-flight prefill tokens, TPOT from running requests."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[dict[str, Any]]] = []
+        self.learned: list[Mapping[str, Any]] = []
+        self.retrains = 0
+
+    def predict_many(self, rows: Sequence[Mapping[str, Any]]) -> Answers:
+        self.asked.append([dict(r) for r in rows])
+        ttft = np.array([100.0 + 300.0 * r["num_request_waiting"] + 0.1 * r["prefill_tokens_in_flight"] for r in rows])
+        tpot = np.array([10.0 + 5.0 * r["num_request_running"] for r in rows])
+        return Answers(ttft, 1.1 * ttft, tpot, 1.1 * tpot)
+
+    def learn_many(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.learned.extend(rows)
+
+    def retrain(self) -> None:
+        self.retrains += 1
+
+
+def cand(name: str, waiting: int = 0, running: int = 0, hits: int = 0, role: str = "both") -> Candidate:
+    return Candidate(
+        EndpointState(endpoint_id=name, role=role, num_request_waiting=waiting, num_request_running=running), hits
+    )
+
+
+def req(rid: str, tokens: int = 1000, ttft_slo: float | None = 2000.0, tpot_slo: float | None = 50.0) -> RouteRequest:
+    return RouteRequest(rid, tokens, (), ttft_slo, tpot_slo)
+
+
+def test_prefill_tokens_in_flight_count_from_routing_to_completion() -> None:
+    model = Model()
+    policy = LlmdPredictedPolicy(model)
+    first = policy.pick(req("r1", 4000), [cand("a"), cand("b", waiting=1)])
+    assert first.endpoint_id == "a"
+    policy.pick(req("r2", 1000), [cand("a"), cand("b", waiting=1)])
+    rows = {r["input_token_length"]: r for r in model.asked[-1]}
+    assert model.asked[-1][0]["prefill_tokens_in_flight"] == 4000  # a still holds r1 (scrape shows nothing)
+    assert rows[1000]["pod_type"] == ""
+    policy.observe(Outcome("r1", "a", None, 300.0, 12.0, 20, 500.0))
+    policy.pick(req("r3"), [cand("a"), cand("b")])
+    assert model.asked[-1][0]["prefill_tokens_in_flight"] in (0, 1000)  # r1 gone; r2 may be on a
+
+
+def test_the_prefix_affinity_gates_come_before_headroom() -> None:
+    policy = LlmdPredictedPolicy(Model())
+    # c holds 99% of the prompt: only it is considered although b has more headroom.
+    assert policy.pick(req("r1"), [cand("a", waiting=3), cand("b"), cand("c", waiting=2, hits=990)]).endpoint_id == "c"
+    # No endpoint at 99%: those at ≥ 80% only.
+    assert policy.pick(req("r2"), [cand("a", hits=700), cand("b", waiting=1, hits=850)]).endpoint_id == "b"
+
+
+def test_positive_headroom_is_preferred_and_weighted_towards_ttft() -> None:
+    policy = LlmdPredictedPolicy(Model())
+    # a: TTFT 100 ms (headroom 0.95), TPOT 60 ms > 50 (negative); b: TTFT 700, TPOT 20: positive on both.
+    assert policy.pick(req("r1"), [cand("a", running=10), cand("b", waiting=2, running=2)]).endpoint_id == "b"
+    # Both positive (a fresh router: nothing in flight): 0.8 of the combined headroom is TTFT's, so a's shorter
+    # TTFT (headroom 0.95 against 0.78) outweighs b's better TPOT (0.78 against 0.34).
+    fresh = LlmdPredictedPolicy(Model())
+    assert fresh.pick(req("r2"), [cand("a", running=4), cand("b", waiting=1, running=0)]).endpoint_id == "a"
+
+
+def test_pd_picks_decode_first_then_prefill_and_disaggregates_above_the_threshold() -> None:
+    model = Model()
+    policy = LlmdPredictedPolicy(model)
+    cands = [
+        cand("p0", waiting=2, role="prefill"),
+        cand("p1", role="prefill"),
+        cand("d0", running=8, role="decode"),
+        cand("d1", running=1, role="decode"),
+    ]
+    pick = policy.pick(req("r1"), cands)
+    assert (pick.endpoint_id, pick.decode_endpoint_id) == ("p1", "d1")
+    assert [r["pod_type"] for r in model.asked[0]] == ["decode", "decode"]  # decode side asked first
+    short = policy.pick(req("r2", tokens=10), cands)
+    assert short.decode_endpoint_id is None and short.endpoint_id.startswith("d")  # 10 < 16 tokens: not split
+
+
+def test_each_outcome_becomes_a_ttft_row_and_a_tpot_row_and_the_timer_retrains() -> None:
+    model = Model()
+    policy = LlmdPredictedPolicy(model, retrain_every_ms=10_000.0)
+    policy.pick(req("r1"), [cand("a", waiting=1)])
+    policy.observe(Outcome("r1", "a", None, 420.0, 14.0, 30, 10_500.0))
+    ttft_row, tpot_row = model.learned
+    assert ttft_row["actual_ttft_ms"] == 420.0 and ttft_row["actual_tpot_ms"] == 0.0
+    assert ttft_row["num_tokens_generated"] == 0 and ttft_row["num_request_waiting"] == 1
+    assert tpot_row["actual_tpot_ms"] == 14.0 and tpot_row["actual_ttft_ms"] == 0.0
+    assert model.retrains == 1
+    policy.pick(req("r2"), [cand("a")])
+    policy.observe(Outcome("r2", "a", None, 300.0, 0.0, 1, 12_000.0))
+    assert len(model.learned) == 3 and model.retrains == 1  # one token: no TPOT row; 1.5 s: no retrain yet
+
+
+def test_it_routes_a_tiny_fleet_with_llm_ds_real_predictor() -> None:
+    fleet = parse_fleet({"pools": [{"name": "h", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}]})
+    workload = synthetic(SyntheticSpec(requests=80, rate_rps=10, input_mean=800), seed=3)
+    result = FleetSimulator(
+        fleet, workload, make_policy("llmd_predicted", 0, fleet), ttft_slo_ms=2000, tpot_slo_ms=100
+    ).run()
+    assert result.policy == "llmd_predicted" and len(result.completed) == 80
+    assert all(o.predicted_ttft_ms is not None for o in result.observations)
