@@ -108,7 +108,7 @@ class LeadtimeConfig:
     fit: str = "most_slack"
     fit_margin: float = 0.0
     overflow: str = "auto"
-    overload_share: float = 0.25
+    overload_share: float = 0.5
     overload_window: int = 200
     kv_link_gb_s: float = 25.0
     serving_job: str = "inference"
