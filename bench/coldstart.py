@@ -19,6 +19,7 @@ from rich.table import Table
 
 from leadtime.bench.llmd_reference import LlmdReference, llmd_features
 from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.roofline import kv_capacity_tokens
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures, feature_row_to_llmd
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
@@ -49,7 +50,7 @@ def synthetic_class(slug: str, n: int, rng: np.random.Generator) -> tuple[list[F
     acc, model = get_accelerator(slug), get_model(MODEL)
     truth = _truth(slug, rng)
     flops_per_token = 2.0 * model.params_b * 1e9
-    kv_capacity = (acc.memory_gb * 1e9 - model.weight_bytes) * 0.9 / model.kv_bytes_per_token
+    kv_capacity = kv_capacity_tokens(model, acc)
     rows, ttft, tpot = [], np.empty(n), np.empty(n)
     for i in range(n):
         load = rng.uniform(0.0, 1.0)
@@ -104,23 +105,21 @@ def run_coldstart(
     rows, ttft, tpot = [rows[i] for i in order], ttft[order], tpot[order]
 
     leadtime = OnlinePredictor(LearnerConfig(accelerator="h100-sxm", model=MODEL, background=False, seed=seed))
-    x_seen = leadtime.vectorizer.transform(rows)
-    leadtime.learn_many(x_seen, ttft, tpot, [r.endpoint.endpoint_id for r in rows])
+    leadtime.learn_many(leadtime.vectorizer.batch(rows), ttft, tpot)
     reference = LlmdReference(with_quantile=False)  # only its mean is scored here
     reference.fit(llmd_features([feature_row_to_llmd(r) for r in rows]), ttft, tpot)
 
-    x_new = leadtime.vectorizer.transform(new_rows)
+    x_new = leadtime.vectorizer.batch(new_rows)
     x_new_ref = llmd_features([feature_row_to_llmd(r) for r in new_rows])
-    ids = [r.endpoint.endpoint_id for r in new_rows]
     preds: dict[str, dict[str, np.ndarray]] = {
         m: {t: np.empty(unseen_walk) for t in ("ttft", "tpot")} for m in ("leadtime", "llmd_reference")
     }
     for i in range(unseen_walk):
-        p = leadtime.predict_many(x_new[i : i + 1], ids[i : i + 1])
+        p = leadtime.predict_many(x_new[i : i + 1])
         preds["leadtime"]["ttft"][i], preds["leadtime"]["tpot"][i] = p.ttft_mean[0], p.tpot_mean[0]
         for t in ("ttft", "tpot"):
             preds["llmd_reference"][t][i] = reference.predict(t, x_new_ref[i : i + 1])[0][0]
-        leadtime.learn_many(x_new[i : i + 1], new_ttft[i : i + 1], new_tpot[i : i + 1], ids[i : i + 1])
+        leadtime.learn_many(x_new[i : i + 1], new_ttft[i : i + 1], new_tpot[i : i + 1])
         reference.learn_one(x_new_ref[i], float(new_ttft[i]), float(new_tpot[i]))
     leadtime.close()
     actual = {"ttft": new_ttft, "tpot": new_tpot}

@@ -153,11 +153,14 @@ class OffsetTable:
     def get(self, key: str) -> float:
         return self._offsets.get(key, 0.0)
 
-    def get_many(self, keys: list[str]) -> np.ndarray | float:
-        """Offsets of `keys`; a single float when every key is the same (the usual case: one class)."""
+    def get_many(self, keys: list[str] | str) -> np.ndarray | float:
+        """Offsets of `keys`; a single float when every key is the same (the usual case: one class), which a
+        caller that knows it says by passing that one key."""
         offsets = self._offsets
         if not offsets:
             return 0.0
+        if isinstance(keys, str):
+            return offsets.get(keys, 0.0)
         if keys and keys.count(keys[0]) == len(keys):
             return offsets.get(keys[0], 0.0)
         return np.array([offsets.get(k, 0.0) for k in keys])

@@ -86,17 +86,20 @@ class SimResult:
 
 
 def trusted_state(**fields: object) -> EndpointState:
-    """An EndpointState from values the simulator produced itself, skipping field validation.
+    """An EndpointState from values the simulator produced itself, without field validation.
 
-    Validation is for values from outside; here it would dominate the cost of every routing decision.
+    Validation is for values from outside; here it would dominate the cost of every routing decision. Every
+    field must be given: one that EndpointState gains later makes this fail at once, never left unset.
     """
+    if fields.keys() != _STATE_FIELDS:
+        missing, unknown = sorted(_STATE_FIELDS - fields.keys()), sorted(fields.keys() - _STATE_FIELDS)
+        raise TypeError(f"trusted_state needs every EndpointState field: missing {missing}, unknown {unknown}")
     state = object.__new__(EndpointState)
-    for name, default in _STATE_FIELDS:
-        object.__setattr__(state, name, fields.get(name, default))
+    state.__dict__.update(fields)  # a frozen dataclass refuses setattr, not its __dict__
     return state
 
 
-_STATE_FIELDS = tuple((f.name, f.default) for f in dataclasses.fields(EndpointState))
+_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(EndpointState))
 
 
 def build_endpoints(fleet: Fleet, decode_runs: bool = True) -> list[Endpoint]:

@@ -9,7 +9,7 @@ import pytest
 
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
-from leadtime.features.vectorize import COLUMN_INDEX
+from leadtime.features.vectorize import COLUMN_INDEX, FeatureBatch
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
 
@@ -65,7 +65,7 @@ def test_converges_on_a_known_function(predictor: OnlinePredictor) -> None:
     rows = [_row(rng) for _ in range(3000)]
     truth = np.array([_truth(r) for r in rows])
     noise = rng.lognormal(0, 0.05, size=truth.shape)
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     predictor.learn_many(x[:2500], truth[:2500, 0] * noise[:2500, 0], truth[:2500, 1] * noise[:2500, 1])
     p = predictor.predict_many(x[2500:])
     ttft_mape = np.mean(np.abs(p.ttft_mean - truth[2500:, 0]) / truth[2500:, 0])
@@ -81,7 +81,7 @@ def test_p90_is_calibrated_and_within_15_percent_of_the_true_p90(predictor: Onli
     rows = [_row(rng) for _ in range(4000)]
     truth = np.array([_truth(r) for r in rows])
     observed = truth * rng.lognormal(0, sigma, size=truth.shape)
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     predictor.learn_many(x[:3000], observed[:3000, 0], observed[:3000, 1])
     p = predictor.predict_many(x[3000:])
     true_p90 = truth[3000:, 0] * np.exp(1.2816 * sigma)
@@ -102,7 +102,7 @@ def test_p90_stays_calibrated_when_every_sample_shares_one_load_regime(predictor
         for _ in range(3000)
     ]
     observed = 120 * rng.lognormal(0, 0.25, size=3000)
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     predictor.learn_many(x[:2000], observed[:2000], np.zeros(2000))
     p = predictor.predict_many(x[2000:])
     coverage = np.mean(observed[2000:] <= p.ttft_quantile)
@@ -133,19 +133,21 @@ def test_a_slowed_endpoint_is_tracked_within_tens_of_observations(predictor: Onl
 def test_rejected_input_leaves_state_unchanged(predictor: OnlinePredictor) -> None:
     rng = np.random.default_rng(5)
     rows = [_row(rng) for _ in range(200)]
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     truth = np.array([_truth(r) for r in rows])
     predictor.learn_many(x, truth[:, 0], truth[:, 1])
     before = predictor.to_bytes()
-    bad = x[:10].copy()
-    bad[7, COLUMN_INDEX["kv_cache_percentage"]] = np.nan
+    bad = x[:10]
+    bad.X = bad.X.copy()
+    bad.X[7, COLUMN_INDEX["kv_cache_percentage"]] = np.nan
     with pytest.raises(FeatureError, match="kv_cache_percentage"):
         predictor.learn_many(bad, truth[:10, 0], truth[:10, 1])
     with pytest.raises(FeatureError, match="actual_ttft_ms"):
         predictor.learn_many(x[:10], np.r_[truth[:9, 0], -1.0], truth[:10, 1])
     with pytest.raises(FeatureError, match="num_request_waiting"):
-        bad = x[:3].copy()
-        bad[1, COLUMN_INDEX["num_request_waiting"]] = -2
+        bad = x[:3]
+        bad.X = bad.X.copy()
+        bad.X[1, COLUMN_INDEX["num_request_waiting"]] = -2
         predictor.learn_many(bad, truth[:3, 0], truth[:3, 1])
     assert predictor.to_bytes() == before
     assert predictor.status()["observations"] == {"ttft": 200, "tpot": 200}
@@ -154,20 +156,20 @@ def test_rejected_input_leaves_state_unchanged(predictor: OnlinePredictor) -> No
 def test_zero_actual_means_target_not_observed(predictor: OnlinePredictor) -> None:
     rng = np.random.default_rng(6)
     rows = [_row(rng) for _ in range(50)]
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     predictor.learn_many(x, np.full(50, 100.0), np.zeros(50))
     assert predictor.status()["observations"] == {"ttft": 50, "tpot": 0}
 
 
-def _threshold_data(seed: int, n: int) -> tuple[OnlinePredictor, np.ndarray, np.ndarray, np.ndarray]:
+def _threshold_data(seed: int, n: int) -> tuple[OnlinePredictor, FeatureBatch, np.ndarray, np.ndarray]:
     """A fresh synchronous learner and rows with a threshold effect the log-linear correction cannot express:
     above 2 waiting requests TTFT triples. Returns (predictor, x, ttft, tpot)."""
     rng = np.random.default_rng(seed)
     predictor = OnlinePredictor(LearnerConfig(background=False, retrain_every=10**6, min_window=100))
     rows = [_row(rng) for _ in range(n)]
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     truth = np.array([_truth(r) for r in rows])
-    waiting = x[:, COLUMN_INDEX["num_request_waiting"]]
+    waiting = x.X[:, COLUMN_INDEX["num_request_waiting"]]
     ttft = truth[:, 0] * np.where(waiting > 2, 3.0, 1.0) * rng.lognormal(0, 0.05, n)
     return predictor, x, ttft, truth[:, 1]
 
@@ -202,11 +204,11 @@ def test_retrain_swaps_trees_in_only_when_they_win() -> None:
 
 def test_drift_triggers_a_background_retrain() -> None:
     rng = np.random.default_rng(8)
-    predictor = OnlinePredictor(LearnerConfig(background=True, retrain_every=10**6, min_window=100))
+    predictor = OnlinePredictor(LearnerConfig(background=True, retrain_every=10**6, min_window=100)).start()
     seen: list[dict] = []
     predictor.add_retrain_listener(seen.append)
     rows = [_row(rng) for _ in range(1500)]
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     truth = np.array([_truth(r) for r in rows])
     predictor.learn_many(x[:1000], truth[:1000, 0], truth[:1000, 1])
     predictor.learn_many(x[1000:], truth[1000:, 0] * 4.0, truth[1000:, 1] * 4.0)  # the fleet got 4x slower
@@ -223,7 +225,7 @@ def test_drift_triggers_a_background_retrain() -> None:
 def test_quantile_is_never_below_the_mean(predictor: OnlinePredictor) -> None:
     rng = np.random.default_rng(9)
     rows = [_row(rng) for _ in range(500)]
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     truth = np.array([_truth(r) for r in rows])
     predictor.learn_many(x, truth[:, 0], truth[:, 1])
     p = predictor.predict_many(x)
@@ -256,7 +258,7 @@ def test_a_learner_told_not_to_retrain_never_does_even_on_drift() -> None:
     seen: list[dict] = []
     predictor.add_retrain_listener(seen.append)
     rows = [_row(rng) for _ in range(1200)]
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     truth = np.array([_truth(r) for r in rows])
     predictor.learn_many(x[:600], truth[:600, 0], truth[:600, 1])
     predictor.learn_many(x[600:], truth[600:, 0] * 4.0, truth[600:, 1] * 4.0)
@@ -267,7 +269,7 @@ def test_a_learner_told_not_to_retrain_never_does_even_on_drift() -> None:
 
 def test_a_failing_background_retrain_is_recorded_and_the_thread_lives_on(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(13)
-    predictor = OnlinePredictor(LearnerConfig(background=True, retrain_every=200, min_window=100))
+    predictor = OnlinePredictor(LearnerConfig(background=True, retrain_every=200, min_window=100)).start()
     calls: list[int] = []
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -278,7 +280,7 @@ def test_a_failing_background_retrain_is_recorded_and_the_thread_lives_on(monkey
 
     monkeypatch.setattr(learner_module, "fit_booster", broken)
     rows = [_row(rng) for _ in range(1000)]
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     truth = np.array([_truth(r) for r in rows])
     import time
 
@@ -303,7 +305,7 @@ def test_a_cold_p90_is_wider_than_the_mean_and_narrows_as_residuals_arrive(predi
     assert cold["ttft_quantile"] >= 1.9 * cold["ttft_mean"]
     rng = np.random.default_rng(14)
     rows = [_row(rng) for _ in range(400)]
-    x = predictor.vectorizer.transform(rows)
+    x = predictor.vectorizer.batch(rows)
     truth = np.array([_truth(r) for r in rows])
     predictor.learn_many(x, truth[:, 0] * rng.lognormal(0, 0.05, 400), truth[:, 1])
     warm = predictor.predict_one(row)

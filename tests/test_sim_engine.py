@@ -464,3 +464,32 @@ def test_same_instant_burst_queues_behind_requests_the_router_cannot_yet_see() -
     one_step = sim.by_id["h100-0"].stepper.step_ms([(1500, 0)], 0, 0.0)
     assert ttfts[0] == pytest.approx(one_step)  # the first woke the idle endpoint and ran alone
     assert all(t > ttfts[0] + one_step for t in ttfts[1:])  # the rest waited for that step, then prefilled
+
+
+def test_trusted_state_is_the_validated_state_and_takes_every_field() -> None:
+    from leadtime.features.rows import EndpointState
+    from leadtime.simulator.engine import trusted_state
+
+    values = {
+        "endpoint_id": "e1",
+        "accelerator": "l40s",
+        "model": "llama-3.1-8b",
+        "tensor_parallel": 2,
+        "role": "decode",
+        "num_request_waiting": 3,
+        "num_request_running": 7,
+        "kv_cache_percentage": 0.25,
+        "prefill_tokens_in_flight": 100,
+        "decode_tokens_in_flight": 50,
+        "timeslice_state": "parked",
+        "timeslice_wait_ms": 12.5,
+    }
+    assert {f.name for f in dataclasses.fields(EndpointState)} == set(values)
+    assert trusted_state(**values) == EndpointState(**values)  # type: ignore[arg-type]
+    # A field left out (say, one EndpointState gained later) is an error, never a silent default.
+    partial = dict(values)
+    del partial["timeslice_wait_ms"]
+    with pytest.raises(TypeError, match="missing \\['timeslice_wait_ms'\\]"):
+        trusted_state(**partial)
+    with pytest.raises(TypeError, match="unknown \\['colour'\\]"):
+        trusted_state(**values, colour="red")

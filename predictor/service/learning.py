@@ -31,9 +31,11 @@ from typing import Any
 
 import orjson
 
+from leadtime.features.errors import FeatureError
 from leadtime.predictor.artifact import encode
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.predictor.service.cpus import pin_process
+from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.trees import CompiledTrees
 
 log = logging.getLogger("leadtime.service")
@@ -74,8 +76,6 @@ class _Child:
     """The child's side: learn what arrives, send snapshots back."""
 
     def __init__(self, conn: Connection, setup: ChildSetup) -> None:
-        from leadtime.predictor.service.rows import RowParser
-
         self.conn = conn
         self.setup = setup
         self.parser = RowParser(setup.default_accelerator, setup.default_model)
@@ -92,7 +92,7 @@ class _Child:
     def _load(self, artifact: bytes) -> OnlinePredictor:
         predictor = OnlinePredictor.from_bytes(artifact, background=True)
         predictor.add_retrain_listener(self._on_retrain)
-        return predictor
+        return predictor.start()
 
     def _on_retrain(self, result: dict[str, Any]) -> None:
         """Runs in the learner's retrain thread; the main loop sends the snapshot."""
@@ -145,8 +145,7 @@ class _Child:
         return True
 
     def learn(self, entries: list[dict[str, Any]]) -> None:
-        from leadtime.features.errors import FeatureError
-
+        """Learn stored entries; one that fails the checks (written by another writer) is skipped alone."""
         try:
             parsed = self.parser.parse_observations(entries)
         except FeatureError:
@@ -162,9 +161,7 @@ class _Child:
                 return
             parsed = self.parser.parse_observations(good)
         try:
-            self.predictor.learn_many(
-                parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms, parsed.rows.endpoint_ids
-            )
+            self.predictor.learn_many(parsed.rows, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
         except (FeatureError, ValueError) as err:
             log.warning("learner refused %d observations: %s", len(parsed.actual_ttft_ms), err)
 

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Response
 
 from leadtime.features.vectorize import COLUMNS
-from leadtime.predictor.learner import ArtifactError
+from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.service.edge import ReadyRuntime, require_token
 from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
 

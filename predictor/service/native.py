@@ -49,7 +49,7 @@ async def predict(request: Request, runtime: ReadyRuntime) -> Response:
     parsed = runtime.parser.parse(rows, "rows", native=True)
     predictor = runtime.predictor
     assert predictor is not None
-    p = predictor.predict_many(parsed.X, parsed.endpoint_ids)
+    p = predictor.predict_many(parsed)
     runtime.metrics.predictions.labels("native").inc(len(rows))
     body = {
         "model_version": p.model_version,

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.predictor.artifact import save_file
-from leadtime.predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
+from leadtime.predictor.artifact import ArtifactError, save_file
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
 from leadtime.predictor.service.cpus import allowed_cpus, plan_cpus
 from leadtime.predictor.service.learning import CURSOR_KEY, ChildSetup, LearnerProcess, LearnerReport, Snapshot
