@@ -644,7 +644,7 @@ class OnlinePredictor:
         while start < len(x):
             with self._lock:
                 stop = len(x)
-                if not self.config.background:
+                if self.config.retrain and not self.config.background:
                     # Stop where a target reaches its retrain point, so a synchronous walk retrains on time.
                     room = min(self.config.retrain_every - m.since_retrain for m in self._models.values())
                     stop = min(len(x), start + max(room, 1))

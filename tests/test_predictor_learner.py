@@ -350,3 +350,73 @@ def test_loading_again_reuses_boosters_whose_text_did_not_change() -> None:
     np.testing.assert_allclose(changed.predict_many(x[:50]).ttft_mean, predictor.predict_many(x[:50]).ttft_mean)
     for p in (predictor, first, again, changed):
         p.close()
+
+
+# --- the interface: river's one/many forms on the same row type -------------------------------------------
+
+
+def _observations(n: int, seed: int = 21) -> list[Observation]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        row = _row(rng, endpoint=f"e{i % 4}", accelerator=["", "l40s"][i % 2])
+        ttft, tpot = _truth(row)
+        out.append(Observation(row, actual_ttft_ms=ttft, actual_tpot_ms=tpot if i % 3 else 0.0))
+    return out
+
+
+def test_the_one_and_many_forms_agree_on_rows_and_batches() -> None:
+    observations = _observations(120)
+    rows = [o.row for o in observations]
+    by_list = OnlinePredictor(LearnerConfig(background=False))
+    by_list.learn_many(observations)
+    by_batch = OnlinePredictor(LearnerConfig(background=False))
+    batch = by_batch.vectorizer.batch(rows)
+    by_batch.learn_many(batch, [o.actual_ttft_ms for o in observations], [o.actual_tpot_ms for o in observations])
+    assert by_list.to_bytes() == by_batch.to_bytes()
+    from_rows, from_batch = by_list.predict_many(rows), by_list.predict_many(batch)
+    for name in ("ttft_mean", "ttft_quantile", "tpot_mean", "tpot_quantile"):
+        np.testing.assert_array_equal(getattr(from_rows, name), getattr(from_batch, name))
+        one = [by_list.predict_one(r)[name] for r in rows[:5]]
+        np.testing.assert_allclose(one, getattr(from_rows, name)[:5], rtol=1e-12)  # BLAS may round alone rows apart
+    one_by_one = OnlinePredictor(LearnerConfig(background=False))
+    for obs in observations[:40]:
+        one_by_one.learn_one(obs)
+    assert one_by_one.status()["observations"] == {"ttft": 40, "tpot": 26}
+
+
+def test_learn_many_says_what_a_batch_needs() -> None:
+    p = OnlinePredictor(LearnerConfig(background=False))
+    batch = p.vectorizer.batch([o.row for o in _observations(3)])
+    with pytest.raises(TypeError, match="needs its actuals"):
+        p.learn_many(batch)
+    with pytest.raises(TypeError, match="carry their own actuals"):
+        p.learn_many(_observations(3), [1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    with pytest.raises(FeatureError, match="expected 3 values"):
+        p.learn_many(batch, [1.0], [1.0])
+    p.learn_many([])  # nothing to learn is fine
+    assert p.status()["observations"] == {"ttft": 0, "tpot": 0}
+
+
+def test_a_bare_matrix_of_another_class_is_refused() -> None:
+    p = OnlinePredictor(LearnerConfig(background=False))
+    other = p.vectorizer.transform([FeatureRow(RequestFeatures(10), EndpointState(accelerator="l40s"))])
+    with pytest.raises(ValueError, match="default class"):
+        p.predict_many(other)
+    with pytest.raises(ValueError, match="default class"):
+        p.learn_many(other, [10.0], [1.0])
+
+
+def test_constructing_a_predictor_starts_no_thread() -> None:
+    import threading
+
+    before = {t.name for t in threading.enumerate()}
+    p = OnlinePredictor(LearnerConfig(background=True))
+    assert "leadtime-retrain" not in {t.name for t in threading.enumerate()} - before
+    loaded = OnlinePredictor.from_bytes(p.to_bytes(), background=True)
+    assert "leadtime-retrain" not in {t.name for t in threading.enumerate()} - before
+    with loaded:  # `with` starts and stops the background work
+        assert "leadtime-retrain" in {t.name for t in threading.enumerate()}
+    assert p.start() is p
+    p.close()
+    assert "leadtime-retrain" not in {t.name for t in threading.enumerate()} - before
