@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from leadtime.features.rows import Observation
+from leadtime.features.rows import Observation, is_resident
 from leadtime.router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, split_by_role
 
 Scorer = Callable[[RouteRequest, Sequence[Candidate]], list[float]]
@@ -21,7 +21,7 @@ Filter = Callable[[RouteRequest, Sequence[Candidate]], list[Candidate]]
 
 def resident_filter(request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
     """Drop time-sliced endpoints that are not resident, unless that would drop them all."""
-    kept = [c for c in candidates if c.state.timeslice_state in ("none", "resident")]
+    kept = [c for c in candidates if is_resident(c.state.timeslice_state)]
     return kept or list(candidates)
 
 

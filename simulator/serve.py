@@ -26,6 +26,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from leadtime.features.prefix import block_hashes
+from leadtime.features.rows import is_resident
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
@@ -153,7 +154,7 @@ class LiveEndpoint:
             f"vllm:generation_tokens_total{{{label}}} {self.counters.generation_tokens}",
             "# HELP leadtime_sim_timeslice_resident Whether the endpoint's time-slice group is resident.",
             "# TYPE leadtime_sim_timeslice_resident gauge",
-            f"leadtime_sim_timeslice_resident{{{label}}} {0 if self.timeslice_state in ('parked', 'switching') else 1}",
+            f"leadtime_sim_timeslice_resident{{{label}}} {1 if is_resident(self.timeslice_state) else 0}",
         ]
         return "\n".join(lines) + "\n"
 
