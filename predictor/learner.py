@@ -44,6 +44,11 @@ log = logging.getLogger("leadtime.predictor")
 _MIN_MS = 0.05  # floor for log targets; no real TTFT/ITL is below this
 _SETTLE_EVERY = 64  # observations between calibration updates (they need a LightGBM call)
 _BLOCK = 32  # rows per block update of the online correction when learning a batch
+# The global correction's pull towards the physics prior weighs like this many observations (~2.5 per feature
+# it learns), so that its first observations, all from one accelerator class, do not carry over to every other
+# class in full: one observation 3x slower than the prior moved another class's prediction by x3 with a ridge
+# of 1, and moves it by ~x1.2 with this.
+_PRIOR_ROWS = 30.0
 
 
 @dataclass
@@ -193,7 +198,9 @@ class _TargetModel:
     def __init__(self, target: str, config: LearnerConfig) -> None:
         self.target = target
         self.names = correction_feature_names(target)
-        self.rls = RecursiveLeastSquares(len(self.names), forgetting=config.forgetting, ridge=1.0)
+        self.rls = RecursiveLeastSquares(
+            len(self.names), forgetting=config.forgetting, ridge=1.0, prior_rows=_PRIOR_ROWS
+        )
         self.classes = OffsetTable(rate=0.02, prior_count=20.0)
         self.endpoints = OffsetTable(rate=0.1, prior_count=5.0)
         self.conformal = ConformalQuantile(config.quantile)

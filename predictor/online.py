@@ -27,6 +27,10 @@ class RecursiveLeastSquares:
         Weight kept by the past at each update; 0.999 remembers roughly the last thousand observations.
     ridge
         Strength of the initial pull of w towards 0; larger is more cautious on the first observations.
+    prior_rows
+        When > 0, the initial pull is set by the first rows instead: it weighs like `prior_rows` observations
+        of their scale (a ridge of 1 is nothing beside features of magnitude ~10, so one observation would
+        move w almost all the way).
     clip
         Innovations larger than `clip` times the running mean absolute error are clipped (outliers).
 
@@ -40,11 +44,19 @@ class RecursiveLeastSquares:
     [2.0, 3.0]
     """
 
-    def __init__(self, n_features: int, forgetting: float = 0.999, ridge: float = 1.0, clip: float = 4.0) -> None:
+    def __init__(
+        self,
+        n_features: int,
+        forgetting: float = 0.999,
+        ridge: float = 1.0,
+        clip: float = 4.0,
+        prior_rows: float = 0.0,
+    ) -> None:
         self.n_features = n_features
         self.forgetting = forgetting
         self.ridge = ridge
         self.clip = clip
+        self.prior_rows = prior_rows
         self.weights = np.zeros(n_features)
         self._p = np.eye(n_features) / ridge
         self._mean_abs_error = 0.0
@@ -56,6 +68,8 @@ class RecursiveLeastSquares:
 
     def learn_one(self, phi: np.ndarray, y: float) -> float:
         """Update on one (φ, y); returns the prior (before-update) error y − w·φ."""
+        if self.n_seen == 0 and self.prior_rows:
+            self._scale_prior(phi[None, :])
         weights, p = self.weights, self._p
         error = float(y - phi @ weights)
         bound = self.clip * self._mean_abs_error if self.n_seen >= 20 else np.inf
@@ -78,6 +92,8 @@ class RecursiveLeastSquares:
         """
         if len(y) == 1:
             return np.array([self.learn_one(phi[0], float(y[0]))])
+        if self.n_seen == 0 and self.prior_rows:
+            self._scale_prior(phi)
         errors = y - phi @ self.weights
         bound = self.clip * self._mean_abs_error if self.n_seen >= 20 else np.inf
         steps = np.clip(errors, -bound, bound)
@@ -91,6 +107,11 @@ class RecursiveLeastSquares:
         for error in np.abs(errors):
             self._mean_abs_error += (float(error) - self._mean_abs_error) / min(self.n_seen, 200)
         return errors
+
+    def _scale_prior(self, phi: np.ndarray) -> None:
+        """Make the pull towards 0 weigh like `prior_rows` observations of the scale of the first rows."""
+        scale = np.maximum(np.mean(phi * phi, axis=0), 1.0)
+        self._p = np.diag(1.0 / (self.prior_rows * scale))
 
     def _after_update(self, rows: int) -> None:
         self.n_seen += rows
@@ -110,6 +131,7 @@ class RecursiveLeastSquares:
             "forgetting": self.forgetting,
             "ridge": self.ridge,
             "clip": self.clip,
+            "prior_rows": self.prior_rows,
             "weights": self.weights.tolist(),
             "p": self._p.tolist(),
             "mean_abs_error": self._mean_abs_error,
@@ -118,7 +140,13 @@ class RecursiveLeastSquares:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RecursiveLeastSquares:
-        rls = cls(int(d["n_features"]), float(d["forgetting"]), float(d["ridge"]), float(d["clip"]))
+        rls = cls(
+            int(d["n_features"]),
+            float(d["forgetting"]),
+            float(d["ridge"]),
+            float(d["clip"]),
+            float(d.get("prior_rows", 0.0)),
+        )
         rls.weights = np.asarray(d["weights"], dtype=np.float64)
         rls._p = np.asarray(d["p"], dtype=np.float64)
         if rls.weights.shape != (rls.n_features,) or rls._p.shape != (rls.n_features, rls.n_features):
