@@ -390,7 +390,7 @@ def test_batches_slice_and_join_like_their_rows() -> None:
     v = Vectorizer()
     batch = v.batch(rows_)
     for index in (slice(5, 17), [3, 1, 29], np.array([0, 0, 4]), np.arange(30) % 2 == 0, 7):
-        part = batch[index]  # type: ignore[index]
+        part = batch[index]
         picked = [rows_[i] for i in np.arange(30)[index].reshape(-1).tolist()]
         expected = v.batch(picked)
         assert np.array_equal(part.X, expected.X)
