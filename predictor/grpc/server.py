@@ -186,8 +186,11 @@ def start_grpc_server(runtime: ServiceRuntime, host: str, port: int, max_workers
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
     pb_grpc.add_PredictorServicer_to_server(PredictorServicer(runtime), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc's own words point at GRPC_VERBOSITY rather than at the port
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind the gRPC server to {host}:{port}")
+        raise OSError(f"cannot serve gRPC on {host}:{port}: the port is taken or the address is not this machine's")
     server.start()
     return server, bound

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -203,12 +204,16 @@ def _lower_priority(nice: int) -> None:
 
 
 def _child_main(conn: Connection, setup: ChildSetup) -> None:
+    # Ctrl-C reaches the whole process group, and a service manager's SIGTERM often does too: the service stops
+    # the learner itself (a "stop" message, then SIGKILL if it hangs), so the signals must not end it first,
+    # which the service would take for a crash (a warning and a restart while it shuts down).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if setup.cpus:
         pin_process(setup.cpus)
     _lower_priority(setup.nice)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s learner: %(message)s")
-    with contextlib.suppress(KeyboardInterrupt):
-        _Child(conn, setup).run()
+    _Child(conn, setup).run()
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,7 @@ class LearnerProcess:
     """The service's side of the child: forward batches, receive snapshots (on a receiver thread).
 
     `on_snapshot(snapshot)` runs on the receiver thread for every snapshot; `on_exit()` when the child
-    ended without being asked to (the service restarts it with `start`).
+    ended without being asked to (the service restarts it with `start`, and says so).
     """
 
     def __init__(self, on_snapshot: SnapshotHandler, on_exit: Callable[[], None]) -> None:
@@ -315,7 +320,6 @@ class LearnerProcess:
                 except Exception:  # a bad snapshot must not stop the receiver
                     log.exception("cannot install the learner's snapshot")
         if not self._stopping:
-            log.warning("the learner process exited unexpectedly")
             self._on_exit()
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -324,10 +328,7 @@ class LearnerProcess:
         if process is not None:
             if self._send(("stop",), wait_s=2.0):
                 process.join(timeout_s)
-            if process.is_alive():
-                process.terminate()
-                process.join(2.0)
-            if process.is_alive():  # stopped or wedged: SIGTERM waits, SIGKILL does not
+            if process.is_alive():  # wedged (it ignores SIGTERM): SIGKILL
                 process.kill()
                 process.join(2.0)
         with self._send_lock:

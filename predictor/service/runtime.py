@@ -84,6 +84,7 @@ class ServiceRuntime:
         self._published: set[int] = set()
         self._refused_version = 0
         self._stop = threading.Event()
+        self._closing = threading.Event()  # a signal said stop; `stop()` has not run yet
         self._threads: list[threading.Thread] = []
         self._loop_errors: dict[str, str] = {}
         self._retrain_error: str | None = None
@@ -202,16 +203,25 @@ class ServiceRuntime:
             )
             self.learner.start(setup)
 
+    def begin_shutdown(self) -> None:
+        """The process was told to stop (a signal): `stop` follows once the servers have wound down."""
+        self._closing.set()
+
     def _on_learner_exit(self) -> None:
         """The learner process died: start another from what this process serves (no accepted data is lost:
-        the stream is read again from the serving model's position)."""
-        if self._stop.is_set():
+        the stream is read again from the serving model's position).
+
+        A learner that dies while the service shuts down is not a crash: Ctrl-C reaches the whole process group,
+        and a learner still starting up has not yet set itself to ignore it.
+        """
+        if self._stop.is_set() or self._closing.is_set():
             return
         self._loop_errors["learner"] = "the learner process exited; restarting it"
         with self._counts_lock:
             self._report = None
-        if self._stop.wait(_RESTART_PAUSE_S):
+        if self._stop.wait(_RESTART_PAUSE_S) or self._closing.is_set():
             return
+        log.warning("the learner process exited unexpectedly; starting another")
         self._start_learner()
         self._loop_errors.pop("learner", None)
 
