@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -183,3 +184,11 @@ def test_generated_code_matches_the_proto() -> None:
     block = proto.split("message Row {")[1].split("}")[0]
     declared = set(re.findall(r"^\s*(?:optional\s+)?\w+\s+(\w+)\s*=\s*\d+;", block, flags=re.M))
     assert set(pb.Row.DESCRIPTOR.fields_by_name) == declared
+
+
+def test_regenerating_the_grpc_modules_gives_the_committed_files(tmp_path: Path) -> None:
+    from leadtime.predictor.grpc import regenerate
+
+    regenerate.generate(tmp_path)
+    for name in regenerate.GENERATED:
+        assert (tmp_path / name).read_bytes() == (regenerate.HERE / name).read_bytes(), name

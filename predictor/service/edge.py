@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 import orjson
@@ -135,6 +135,8 @@ class EdgeMiddleware:
     The body is read here, at most `max_body_bytes` of it, and replayed to the app, so a chunked upload
     cannot slip past the limit. `hot_paths` maps a POST path to a handler that answers a body itself ((status,
     whole JSON answer), given the body and the Authorization header) or returns None to leave it to the app.
+    Requests under one of `mounts` (static files) are counted under the mount's path, requests that match no route
+    as "unmatched".
     """
 
     def __init__(
@@ -143,11 +145,13 @@ class EdgeMiddleware:
         max_body_bytes: int,
         runtime: ServiceRuntime,
         hot_paths: Mapping[str, Callable[[bytes, str], tuple[int, bytes] | None]] | None = None,
+        mounts: Sequence[str] = (),
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.runtime = runtime
         self.hot_paths = dict(hot_paths or {})
+        self.mounts = tuple(mounts)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -176,10 +180,18 @@ class EdgeMiddleware:
             else:
                 await self.app(scope, _replay(body, receive), send_recording)
         if path is None:
-            path = getattr(scope.get("route"), "path", None) or "unmatched"
+            path = getattr(scope.get("route"), "path", None) or self._mount_of(scope["path"])
+            if path is None:  # /openapi.json is the one plain route (fixed path) beside the API's routes
+                path = scope["path"] if scope.get("endpoint") is not None else "unmatched"
         self.runtime.metrics.observe_request(
             path, scope.get("method", ""), status_holder[0], time.perf_counter() - started
         )
+
+    def _mount_of(self, path: str) -> str | None:
+        for mount in self.mounts:
+            if path.startswith(mount + "/"):
+                return mount
+        return None
 
     async def _read_limited(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole body, or None if it exceeds the limit."""
