@@ -78,8 +78,12 @@ def print_simulation(report: dict[str, object], as_json: bool) -> None:
             str(s["completed"]),
         )
     console.print(table)
-    if "outputs" in report:
-        console.print(f"wrote {report['outputs']}")
+    outputs = report.get("outputs")
+    if isinstance(outputs, dict):
+        files = outputs["files"]
+        console.print(f"wrote {len(files)} files ({outputs['observations']:,} observations in the first):")
+        for path in files:
+            console.print(f"  {path}", highlight=False, soft_wrap=True)
 
 
 def print_validation(report: dict[str, dict[str, float]], as_json: bool) -> None:

@@ -99,5 +99,6 @@ def simulate(
         rows = write_observations(results, out / "observations.jsonl")
         plots = write_plots(results, out)
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        report["outputs"] = {"observations": rows, "files": [str(p) for p in plots]}
+        files = [out / "observations.jsonl", out / "report.json", *plots]
+        report["outputs"] = {"observations": rows, "files": [str(p) for p in files]}
     return report
