@@ -22,11 +22,20 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from leadtime.features.errors import FeatureError
 from leadtime.features.prefix import block_hashes
 from leadtime.features.rows import is_resident
+from leadtime.predictor.service.edge import (
+    feature_error_handler,
+    http_error_handler,
+    unexpected_error_handler,
+    validation_error_handler,
+)
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
@@ -117,7 +126,7 @@ class LiveEndpoint:
         )
         needed = self.engine.cache.blocks_for(request.input_tokens + max_tokens)
         if needed > self.engine.cache.total_blocks:
-            raise HTTPException(422, detail="prompt: prompt plus max_tokens exceed this endpoint's KV cache")
+            raise FeatureError("prompt", "prompt plus max_tokens exceed this endpoint's KV cache")
         queue: asyncio.Queue[int | None] = asyncio.Queue()
         self.streams[rid] = queue
         self.counters.prompt_tokens += request.input_tokens
@@ -164,9 +173,18 @@ def _words(text: str) -> list[str]:
 
 
 def build_app(live: LiveEndpoint) -> FastAPI:
-    """The HTTP face of one simulated endpoint."""
+    """The HTTP face of one simulated endpoint. Errors answer in the predictor service's JSON shape
+    (`{"error", "field", "detail"}`); a request naming a model the endpoint does not serve is a 404, as in vLLM."""
     app = FastAPI(title=f"leadtime mock vLLM {live.config.endpoint_id}")
+    app.add_exception_handler(FeatureError, feature_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(Exception, unexpected_error_handler)
     ids = itertools.count(1)
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model != live.model_name:
+            raise HTTPException(404, f"The model `{model}` does not exist.")  # vLLM's words
 
     async def tokens(queue: asyncio.Queue[int | None]) -> AsyncIterator[int]:
         index = 0
@@ -228,11 +246,13 @@ def build_app(live: LiveEndpoint) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody) -> object:
+        check_model(body.model)
         prompt = body.prompt if isinstance(body.prompt, str) else " ".join(body.prompt)
         return await respond("text", _words(prompt), body.max_tokens, body.stream)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatBody) -> object:
+        check_model(body.model)
         words = _words(" ".join(m.content for m in body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
         return await respond("chat", words, max_tokens, body.stream)
