@@ -92,6 +92,7 @@ def _mape(pred: np.ndarray, actual: np.ndarray) -> float:
 def run_coldstart(
     seed: int = 0, unseen: str = UNSEEN, per_seen_class: int = 1500, unseen_walk: int = 1000
 ) -> dict[str, Any]:
+    """Both predictors learn the seen classes, then walk the held-back one prequentially; MAPE per target."""
     if unseen in SEEN:
         raise ValueError(f"--unseen must be a class other than the seen ones ({', '.join(SEEN)})")
     rng = np.random.default_rng(seed)
@@ -141,6 +142,7 @@ def run_coldstart(
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
+    """The report as JSON, or as a table."""
     if as_json:
         print(json.dumps(report, indent=2))
         return

@@ -71,6 +71,7 @@ def plot_walk(preds: Walk, y: dict[str, np.ndarray], path: Path) -> None:
 def run_demo(
     data: Path, out: Path, accelerator: str = "h200-sxm", model: str = "qwen3-32b", max_rows: int | None = None
 ) -> None:
+    """Walk the trace, print each model's prequential accuracy and write the plot under `out`."""
     console = Console()
     rows = load_llmd_rows(data)[:max_rows]
     console.print(f"[bold]Leadtime demo[/bold]: {len(rows)} real rows from {data} ({accelerator}, {model})")

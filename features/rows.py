@@ -158,6 +158,7 @@ class RequestFeatures:
 
     @classmethod
     def with_prefix_hits(cls, input_tokens: int, prefix_hit_tokens: int, **kwargs: Any) -> RequestFeatures:
+        """Request features from a prefix-hit count in tokens (which must not exceed the input)."""
         input_tokens = check_count("input_token_length", input_tokens)
         hits = check_count("prefix_hit_tokens", prefix_hit_tokens)
         if hits > input_tokens:
@@ -167,10 +168,12 @@ class RequestFeatures:
 
     @property
     def prefix_hit_tokens(self) -> int:
+        """Input tokens already cached on the endpoint."""
         return round(self.prefix_cache_score * self.input_tokens)
 
     @property
     def uncached_tokens(self) -> int:
+        """Input tokens the endpoint must prefill."""
         return self.input_tokens - self.prefix_hit_tokens
 
 
@@ -247,10 +250,12 @@ class Observation:
 
     @property
     def has_ttft(self) -> bool:
+        """Whether the observation carries a TTFT."""
         return self.actual_ttft_ms > 0
 
     @property
     def has_tpot(self) -> bool:
+        """Whether the observation carries a TPOT."""
         return self.actual_tpot_ms > 0
 
 
@@ -341,6 +346,7 @@ def observation_from_llmd(entry: Mapping[str, Any]) -> Observation:
 
 
 def observation_to_llmd(obs: Observation) -> dict[str, Any]:
+    """Observation → llm-d training entry with Leadtime's extras as additional keys."""
     out = feature_row_to_llmd(obs.row)
     out["actual_ttft_ms"] = obs.actual_ttft_ms
     out["actual_tpot_ms"] = obs.actual_tpot_ms

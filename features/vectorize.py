@@ -105,6 +105,7 @@ class HardwareClass:
 
     @classmethod
     def of(cls, accelerator: Accelerator, model: ModelProfile, tensor_parallel: int) -> HardwareClass:
+        """The class of an accelerator, a model and a tensor-parallel degree, its figures computed."""
         return cls(
             accelerator,
             model,

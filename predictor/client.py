@@ -50,10 +50,12 @@ Obs = Mapping[str, Any] | Observation
 
 
 def row_dict(row: Row) -> dict[str, Any]:
+    """A row as the llm-d-shaped dict the service takes."""
     return feature_row_to_llmd(row) if isinstance(row, FeatureRow) else dict(row)
 
 
 def observation_dict(obs: Obs) -> dict[str, Any]:
+    """An observation as the llm-d-shaped training entry the service takes."""
     return observation_to_llmd(obs) if isinstance(obs, Observation) else dict(obs)
 
 
@@ -126,10 +128,12 @@ class HttpPredictorClient:
         return str(self._call("POST", "/add_training_data_bulk", body, deadline_s)["message"])
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
+        """The service's /v1/status answer."""
         answer: dict[str, Any] = self._call("GET", "/v1/status", None, deadline_s)
         return answer
 
     def close(self) -> None:
+        """Close the connection pool."""
         self._client.close()
 
     def __enter__(self) -> HttpPredictorClient:
@@ -194,6 +198,7 @@ def row_columns(rows: Sequence[Row]) -> Any:
 
 
 def observation_message(obs: Obs) -> Any:
+    """An observation (dict or Observation) → leadtime.v1.Observation."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     d = observation_dict(obs)
@@ -242,6 +247,7 @@ class GrpcPredictorClient:
             raise error(code.name, details or code.name) from None
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
+        """Predictions for every row (sent as columns when they can travel so)."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         columns = row_columns(rows)
@@ -260,6 +266,7 @@ class GrpcPredictorClient:
         )
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
+        """Send observations in one call; returns how many were accepted."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         request = pb.ObserveRequest(observations=[observation_message(o) for o in observations])
@@ -273,6 +280,7 @@ class GrpcPredictorClient:
         return int(self._call(self._stub.ObserveStream, requests, deadline_s).accepted)
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
+        """The service's Status answer as a dict."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         answer = self._call(self._stub.Status, pb.StatusRequest(), deadline_s)
@@ -289,6 +297,7 @@ class GrpcPredictorClient:
         }
 
     def close(self) -> None:
+        """Close the channel."""
         self._channel.close()
 
     def __enter__(self) -> GrpcPredictorClient:

@@ -697,6 +697,7 @@ class OnlinePredictor:
         return result
 
     def add_retrain_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        """Call `fn(result)` after every retrain (on the thread that ran it)."""
         self._listeners.append(fn)
 
     def _retrain_loop(self) -> None:
@@ -717,6 +718,7 @@ class OnlinePredictor:
     # --- introspection ------------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """Observations learned, window sizes, trees serving, drifts, last retrain and its error, version."""
         return {
             "observations": {t: m.observations for t, m in self._models.items()},
             "window": {t: m.window.count for t, m in self._models.items()},
@@ -728,11 +730,13 @@ class OnlinePredictor:
         }
 
     def tree_text(self, target: str) -> str | None:
+        """The serving tree of a target as LightGBM text (the mean tree, else the quantile tree), or None."""
         trees = self._model(target).trees
         booster = trees.mean if trees.mean is not None else trees.upper
         return booster.model_to_string() if booster is not None else None
 
     def tree_importances(self, target: str) -> dict[str, float]:
+        """Gain importance of each tree feature for a target's serving tree ({} without one)."""
         trees = self._model(target).trees
         booster = trees.mean if trees.mean is not None else trees.upper
         if booster is None:
@@ -741,6 +745,7 @@ class OnlinePredictor:
         return {name: float(g) for name, g in zip(TREE_FEATURES, gains, strict=True)}
 
     def flush_window(self) -> dict[str, int]:
+        """Empty both retraining windows; returns how many observations each held."""
         with self._lock:
             return {t: m.window.clear() for t, m in self._models.items()}
 

@@ -64,6 +64,7 @@ class RecursiveLeastSquares:
         self._since_maintenance = 0
 
     def predict_many(self, phi: np.ndarray) -> np.ndarray:
+        """w·φ for every row of φ."""
         return phi @ self.weights
 
     def learn_one(self, phi: np.ndarray, y: float) -> float:
@@ -126,6 +127,7 @@ class RecursiveLeastSquares:
                 p *= 1e4 * self.n_features / trace
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as JSON-ready values."""
         return {
             "n_features": self.n_features,
             "forgetting": self.forgetting,
@@ -140,6 +142,7 @@ class RecursiveLeastSquares:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RecursiveLeastSquares:
+        """A learner from `to_dict`'s output; ValueError if its shapes disagree."""
         rls = cls(
             int(d["n_features"]),
             float(d["forgetting"]),
@@ -168,6 +171,18 @@ class OffsetTable:
         Weight of the newest residual once warmed up; 0.1 follows a change within a few tens of observations.
     prior_count
         Pseudo-observations of residual 0 a new key starts with.
+
+    Examples
+    --------
+    One endpoint 2x slow (log residual 0.69) among others that are only noisy:
+
+    >>> import random
+    >>> table, rng = OffsetTable(), random.Random(0)
+    >>> for _ in range(60):
+    ...     table.learn_one("slow", 0.69 + rng.gauss(0, 0.1))
+    ...     table.learn_one("noisy", rng.gauss(0, 0.1))
+    >>> round(table.get("slow"), 1), abs(table.get("noisy")) < 0.05, table.get("never seen")
+    (0.7, True, 0.0)
     """
 
     def __init__(self, rate: float = 0.1, prior_count: float = 5.0) -> None:
@@ -179,6 +194,7 @@ class OffsetTable:
         self._counts: dict[str, int] = {}
 
     def get(self, key: str) -> float:
+        """The offset of `key` (0 for a key never seen)."""
         return self._offsets.get(key, 0.0)
 
     def get_many(self, keys: list[str] | str) -> np.ndarray | float:
@@ -194,6 +210,7 @@ class OffsetTable:
         return np.array([offsets.get(k, 0.0) for k in keys])
 
     def learn_one(self, key: str, residual: float) -> None:
+        """Update `key`'s offset with one residual (an empty key is ignored)."""
         if not key:
             return
         n = self._counts.get(key, 0) + 1
@@ -213,6 +230,7 @@ class OffsetTable:
         return len(self._offsets)
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as JSON-ready values."""
         return {
             "rate": self.rate,
             "prior_count": self.prior_count,
@@ -224,6 +242,7 @@ class OffsetTable:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OffsetTable:
+        """A table from `to_dict`'s output."""
         table = cls(float(d["rate"]), float(d["prior_count"]))
         table._offsets = {str(k): float(v) for k, v in d["offsets"].items()}
         table._means = {str(k): float(v) for k, v in d["means"].items()}
@@ -247,6 +266,18 @@ class ConformalQuantile:
         Recent residuals kept.
     step
         Adaptive-conformal learning rate (log units per observation).
+
+    Examples
+    --------
+    Residuals of standard normal noise: the p90 offset settles near its 1.28.
+
+    >>> import random
+    >>> rng, cq = random.Random(1), ConformalQuantile(0.9)
+    >>> for _ in range(2000):
+    ...     r = rng.gauss(0, 1)
+    ...     cq.observe(r, covered=r <= cq.offset)
+    >>> 1.0 < cq.offset < 1.6
+    True
     """
 
     def __init__(self, quantile: float = 0.9, window: int = 1000, step: float = 0.01) -> None:
@@ -300,6 +331,7 @@ class ConformalQuantile:
             self._since_refresh = 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as JSON-ready values."""
         return {
             "quantile": self.quantile,
             "window": self.window,
@@ -314,6 +346,7 @@ class ConformalQuantile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConformalQuantile:
+        """A calibration from `to_dict`'s output."""
         cq = cls(float(d["quantile"]), int(d["window"]), float(d["step"]))
         cq.residuals.extend(float(r) for r in d["residuals"])
         cq.adaptive = float(d["adaptive"])

@@ -86,8 +86,10 @@ class ServiceSettings(BaseModel):
 
     @property
     def serves_prediction(self) -> bool:
+        """Whether this process answers predictions (roles all and prediction)."""
         return self.role in ("all", "prediction")
 
     @property
     def serves_training(self) -> bool:
+        """Whether this process accepts training data (roles all and training)."""
         return self.role in ("all", "training")

@@ -96,6 +96,7 @@ def generation_attention_ms(p: np.ndarray | list[float], x: np.ndarray) -> np.nd
 
 
 def allreduce_ms(p: np.ndarray | list[float], x: np.ndarray) -> np.ndarray:
+    """Latency plus message bytes at achieved bandwidth."""
     latency_ms, gb_s = p
     return latency_ms + x[:, 0] / (gb_s * 1e6)
 
@@ -241,10 +242,12 @@ def fit_class(directory: Path, prefix: str) -> dict[str, object]:
 
 
 def fit_all(directory: Path) -> dict[str, dict[str, object]]:
+    """The coefficients of every class with tables, by catalog slug."""
     return {slug: fit_class(directory, prefix) for prefix, slug in TABLE_CLASSES.items()}
 
 
 def load_coefficients(path: Path = COEFFICIENTS_PATH) -> dict[str, dict[str, object]]:
+    """The cached coefficients."""
     data: dict[str, dict[str, object]] = json.loads(path.read_text())
     return data
 

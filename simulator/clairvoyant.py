@@ -22,12 +22,15 @@ if TYPE_CHECKING:
 
 
 class ClairvoyantPolicy:
+    """The upper reference: forks each candidate's true state to pick the lowest exact TTFT."""
+
     name = "clairvoyant"
 
     def __init__(self) -> None:
         self._sim: FleetSimulator | None = None
 
     def attach(self, simulator: FleetSimulator) -> None:
+        """Get the simulator whose true state it reads."""
         self._sim = simulator
 
     def exact_ttft_ms(self, request: RouteRequest, endpoint_id: str, give_up_after_ms: float = math.inf) -> float:
@@ -53,6 +56,7 @@ class ClairvoyantPolicy:
         return best
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        """The endpoint (or P/D pair) with the lowest exact TTFT for this request."""
         roles = split_by_role(candidates)
         if not roles.disaggregated:
             return Pick(self._best_prefill(request, roles.unified).endpoint_id)

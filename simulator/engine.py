@@ -50,6 +50,8 @@ class Decision:
 
 @dataclass
 class CompletedRequest:
+    """One request as it completed: its latencies and where it ran."""
+
     rid: int
     arrival_ms: float
     input_tokens: int
@@ -66,6 +68,8 @@ class CompletedRequest:
 
 @dataclass
 class GroupState:
+    """A time-slice group's state over the run."""
+
     spec: TimesliceGroup
     members: list[Endpoint]
     state: str = "resident"
@@ -75,6 +79,8 @@ class GroupState:
 
 @dataclass
 class SimResult:
+    """Everything one policy's run produced."""
+
     policy: str
     completed: list[CompletedRequest]
     observations: list[Observation]
@@ -103,6 +109,7 @@ _STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(EndpointState))
 
 
 def build_endpoints(fleet: Fleet, decode_runs: bool = True) -> list[Endpoint]:
+    """The fleet's endpoints with their step-time models and KV caches."""
     endpoints = []
     for cfg in fleet.endpoints:
         stepper = StepTimeModel(cfg.accelerator, get_model(cfg.model), cfg.tensor_parallel, cfg.cuda_graphs)
@@ -255,6 +262,7 @@ class FleetSimulator:
         return max(self.now, self._link_free[endpoint_id])
 
     def candidates(self, request: SimRequest) -> list[Candidate]:
+        """Every endpoint as the router sees it for this request: last published state, prefix hits."""
         out = []
         for e in self.endpoints:
             cfg = self.configs[e.endpoint_id]
@@ -440,6 +448,7 @@ class FleetSimulator:
     # ----- the loop -----------------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
+        """Run the workload to the end; SimulationError if some request can never complete."""
         for rid, w in enumerate(self.workload):
             request = SimRequest(rid, w.arrival_ms, w.input_tokens, w.output_tokens, w.segments, w.segment_tokens)
             self._push(w.arrival_ms, ARRIVAL, request)

@@ -34,6 +34,8 @@ def make_policy(name: str, seed: int = 0) -> RoutingPolicy:
 
 @dataclass(frozen=True)
 class SimulationOptions:
+    """Seed and SLOs of a simulation."""
+
     seed: int = 0
     ttft_slo_ms: float = 2000.0
     itl_slo_ms: float = 100.0

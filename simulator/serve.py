@@ -44,6 +44,8 @@ PREFIX_BLOCK_WORDS = 16
 
 
 class CompletionBody(BaseModel):
+    """The body of /v1/completions (unknown fields are accepted, as vLLM does)."""
+
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     prompt: str | list[str] = Field(min_length=1)
@@ -52,12 +54,16 @@ class CompletionBody(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """One chat message."""
+
     model_config = ConfigDict(extra="allow")
     role: str
     content: str
 
 
 class ChatBody(BaseModel):
+    """The body of /v1/chat/completions (unknown fields are accepted, as vLLM does)."""
+
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -68,6 +74,8 @@ class ChatBody(BaseModel):
 
 @dataclass
 class Counters:
+    """The token and request counters /metrics reports."""
+
     prompt_tokens: int = 0
     generation_tokens: int = 0
     requests_finished: int = 0
@@ -87,6 +95,7 @@ class LiveEndpoint:
     origin: float = field(default_factory=time.monotonic)
 
     def now_ms(self) -> float:
+        """Milliseconds since the endpoint started."""
         return (time.monotonic() - self.origin) * 1e3
 
     async def drive(self) -> None:
@@ -115,6 +124,7 @@ class LiveEndpoint:
                     queue.put_nowait(None)
 
     def submit(self, rid: int, words: list[str], max_tokens: int) -> asyncio.Queue[int | None]:
+        """Queue a request of these words; its tokens arrive on the returned queue (None ends it)."""
         ids = [zlib.crc32(w.encode()) for w in words]
         request = SimRequest(
             rid,
@@ -136,6 +146,7 @@ class LiveEndpoint:
         return queue
 
     def metrics(self) -> str:
+        """/metrics in vLLM's metric names."""
         e = self.engine
         label = f'model_name="{self.model_name}"'
         lines = [
@@ -332,6 +343,7 @@ class FleetServer:
 
     @property
     def urls(self) -> dict[str, str]:
+        """The base URL of every endpoint."""
         return {
             cfg.endpoint_id: f"http://{self.host}:{port}"
             for cfg, port in zip(self.fleet.endpoints, self.ports, strict=True)
@@ -368,6 +380,7 @@ class FleetServer:
             self._ready.set()
 
     def start(self, timeout_s: float = 15.0) -> None:
+        """Start serving; OSError if some port cannot be bound or the servers do not start in time."""
         self._thread = threading.Thread(target=self._run, name="leadtime-sim-serve", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):
@@ -379,12 +392,14 @@ class FleetServer:
             raise OSError(f"could not bind every port of {self.ports} on {self.host}")
 
     def stop(self) -> None:
+        """Stop every server and wait for the thread."""
         for server in self._servers:
             server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
 
     def wait(self) -> None:
+        """Block until the servers stop."""
         if self._thread is not None:
             self._thread.join()
 

@@ -45,6 +45,7 @@ def generate(out: Path = HERE) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """Generate into DIR (argv[0], default beside the proto); 2 with one line on stderr when that fails."""
     try:
         generate(Path(argv[0]) if argv else HERE)
     except ImportError:

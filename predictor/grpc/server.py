@@ -92,6 +92,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             raise PermissionError("Observe needs metadata 'authorization: Bearer <api token>'")
 
     def PredictBulk(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC's name)
+        """Mean and upper quantile of both targets for every row (messages or columns)."""
+
         def body() -> Any:
             runtime = self.runtime
             parsed = self._parse_bulk(request)
@@ -142,6 +144,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return len(entries)
 
     def Observe(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Accept one batch of observations, all or nothing."""
+
         def body() -> Any:
             self._check_token(context)
             return pb.ObserveResponse(accepted=self._accept(request.observations))
@@ -149,6 +153,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return self._call("Observe", context, body)
 
     def ObserveStream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Accept a client stream of batches, each on arrival."""
+
         def body() -> Any:
             self._check_token(context)
             total = 0
@@ -159,6 +165,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return self._call("ObserveStream", context, body)
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Readiness, model version, lease, component health and what was learned."""
+
         def body() -> Any:
             runtime = self.runtime
             predictor = runtime.predictor

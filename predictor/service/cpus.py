@@ -24,6 +24,8 @@ class CpuPlanError(ValueError):
 
 @dataclass(frozen=True)
 class CpuPlan:
+    """Where the serving threads and the learner process run."""
+
     serving: frozenset[int]
     learner: frozenset[int]
 
@@ -41,6 +43,7 @@ def parse_cpu_list(text: str) -> frozenset[int]:
 
 
 def format_cpu_list(cpus: frozenset[int]) -> str:
+    """CPU numbers as a comma-separated list, ascending."""
     return ",".join(str(c) for c in sorted(cpus))
 
 
@@ -77,6 +80,7 @@ def plan_cpus(setting: str | None, allowed: frozenset[int]) -> CpuPlan | None:
 
 
 def allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (empty where the platform cannot say)."""
     return frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 
 

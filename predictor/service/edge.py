@@ -27,6 +27,7 @@ def _runtime(request: Request) -> ServiceRuntime:
 # Dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a thread pool, which cost
 # ~0.3 ms per dependency per request on the hot path (measured with cProfile).
 async def runtime_of(request: Request) -> ServiceRuntime:
+    """The app's runtime (a dependency)."""
     return _runtime(request)
 
 
@@ -97,6 +98,7 @@ def _loc(field: str) -> list[Any]:
 
 
 async def feature_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """A FeatureError as 422 (400 for a body that is not JSON) naming the field."""
     assert isinstance(exc, FeatureError)
     status = 400 if exc.field == "body" and "JSON" in exc.problem else 422
     return JSONResponse(
@@ -110,6 +112,7 @@ async def feature_error_handler(request: Request, exc: Exception) -> JSONRespons
 
 
 async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """A pydantic validation error as 422 naming the first bad field."""
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
@@ -119,12 +122,14 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
 
 
 async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """An HTTPException in the service's JSON shape."""
     assert isinstance(exc, StarletteHTTPException)
     detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
     return JSONResponse({"error": detail, "detail": exc.detail}, exc.status_code, headers=exc.headers)
 
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Anything else as 500 with its type and message (no traceback to the client)."""
     return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, 500)
 
 

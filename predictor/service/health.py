@@ -16,6 +16,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", summary="The process is alive.")
 async def healthz() -> dict[str, str]:
+    """The process is alive."""
     return {"status": "ok"}
 
 
@@ -34,6 +35,7 @@ async def readyz(runtime: Runtime) -> JSONResponse:
 
 @router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
 async def status(runtime: Runtime) -> dict[str, Any]:
+    """llm-d's status answer, plus Leadtime's model and store state."""
     predictor = runtime.predictor
     s = runtime.settings
     answer: dict[str, Any] = {
@@ -64,6 +66,7 @@ async def status(runtime: Runtime) -> dict[str, Any]:
 
 @router.get("/metrics", summary="Prometheus text format.")
 async def metrics(runtime: Runtime) -> Response:
+    """Prometheus text: Leadtime's metrics, plus llm-d's training-server lines in the training role."""
     llmd = None
     if runtime.settings.serves_training:
         samples = runtime.samples

@@ -252,6 +252,7 @@ class LearnerProcess:
     def start(self, setup: ChildSetup) -> None:
         # A fresh interpreter, never a fork: this process runs gRPC and uvicorn threads, and a fork server
         # started after gRPC's threads was seen to hang the service at start-up.
+        """Start a learner process from `setup`, and the thread that receives its snapshots."""
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         process = context.Process(target=_child_main, args=(child_conn, setup), name="leadtime-learner", daemon=True)
@@ -268,10 +269,12 @@ class LearnerProcess:
 
     @property
     def alive(self) -> bool:
+        """Whether the learner process runs."""
         return self._process is not None and self._process.is_alive()
 
     @property
     def pid(self) -> int | None:
+        """The learner process's id, once started."""
         return self._process.pid if self._process is not None else None
 
     def _send(self, message: tuple[Any, ...], wait_s: float = -1) -> bool:
@@ -299,6 +302,7 @@ class LearnerProcess:
         return self._send(("adopt", artifact, cursor, epoch))
 
     def set_lease(self, retrain: bool, retrain_every: int) -> bool:
+        """Tell the learner whether it retrains (only the lease holder does), and how often."""
         self.retrain, self.retrain_every = retrain, retrain_every
         return self._send(("lease", retrain, retrain_every))
 
@@ -323,6 +327,7 @@ class LearnerProcess:
             self._on_exit()
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the learner to stop; SIGKILL if it has not within `timeout_s`."""
         self._stopping = True
         process = self._process
         if process is not None:

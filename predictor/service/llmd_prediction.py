@@ -110,6 +110,7 @@ async def predict_bulk_strict(request: Request, runtime: ReadyRuntime) -> Respon
     summary="Predict every valid row; bad rows get an error entry and a null prediction.",
 )
 async def predict_bulk(request: Request, runtime: ReadyRuntime) -> Response:
+    """Predict every valid row; bad rows get an error entry and a null prediction."""
     started = time.perf_counter()
     rows = list_field(await json_body(request), "requests", 1, runtime.settings.max_rows)
     good: list[int] = []
@@ -150,6 +151,7 @@ async def predict_bulk(request: Request, runtime: ReadyRuntime) -> Response:
     summary="Predict one row.",
 )
 async def predict_one(request: Request, runtime: ReadyRuntime) -> Response:
+    """Predict one row."""
     body = await json_body(request)
     if not isinstance(body, dict):
         raise FeatureError("body", "must be a JSON object (one prediction row)")

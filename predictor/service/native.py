@@ -45,6 +45,7 @@ _MAX_OBSERVATIONS = 100_000
     summary="Mean and upper quantile of TTFT and TPOT per row (columnar), and the model version.",
 )
 async def predict(request: Request, runtime: ReadyRuntime) -> Response:
+    """Mean and upper quantile of TTFT and TPOT per row (columnar), and the model version."""
     rows = list_field(await json_body(request), "rows", 1, runtime.settings.max_rows)
     parsed = runtime.parser.parse(rows, "rows", native=True)
     predictor = runtime.predictor
@@ -81,6 +82,7 @@ def _llmd_entry(entry: Any) -> Any:
     summary="Accept completed requests: the row, what happened and what had been predicted (202).",
 )
 async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
+    """Accept completed requests: the row, what happened and what had been predicted (202)."""
     entries = list_field(await json_body(request), "observations", 1, _MAX_OBSERVATIONS)
     parsed = await parse_entries(runtime, entries, "native", "observations")
     llmd_entries = [_llmd_entry(e) for e in entries]
@@ -91,6 +93,7 @@ async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
 
 @common_router.get("/status", summary="Model version, learning state, lease and component health.")
 async def status(runtime: ReadyRuntime) -> dict[str, Any]:
+    """Model version, learning state, lease and component health."""
     answer = await llmd_status(runtime)
     answer["learned"] = runtime.learned()
     return answer
@@ -98,6 +101,7 @@ async def status(runtime: ReadyRuntime) -> dict[str, Any]:
 
 @prediction_router.post("/explain", summary="One prediction explained term by term (plain text).")
 async def explain(body: ExplainRequest, runtime: ReadyRuntime) -> Response:
+    """One prediction explained term by term (plain text)."""
     row = body.row.model_dump(exclude_none=True)
     if row.get("pod_type", "") == "" and row.get("role") in ("prefill", "decode"):
         row["pod_type"] = row["role"]

@@ -117,6 +117,7 @@ class ServiceRuntime:
             self._threads.append(thread)
 
     def stop(self) -> None:
+        """Stop the learner process and the loops; close the store if the app owns it."""
         self._stop.set()
         self.learner.stop()
         for thread in self._threads:
@@ -129,6 +130,7 @@ class ServiceRuntime:
 
     @property
     def ready(self) -> bool:
+        """Whether predictions can be served (a model is installed and the service is not stopping)."""
         return self.predictor is not None and not self._stop.is_set()
 
     def _learner_config(self) -> LearnerConfig:
@@ -435,6 +437,7 @@ class ServiceRuntime:
             self.metrics.observe_live_error(target, actual, predicted, quantile, rows.accelerators, rows.roles)
 
     def flush_samples(self, training: bool, test: bool) -> dict[str, int]:
+        """Zero the sample counts asked for (and empty the learner's window with the training data)."""
         out = {"ttft_training": 0, "tpot_training": 0, "ttft_test": 0, "tpot_test": 0}
         with self._counts_lock:
             for target in ("ttft", "tpot"):
@@ -516,4 +519,5 @@ def served_ms(values: np.ndarray) -> list[float]:
 
 
 def rfc3339(moment: datetime | None) -> str | None:
+    """A moment as RFC 3339 with its offset, or None."""
     return moment.isoformat() if moment is not None else None
