@@ -515,10 +515,11 @@ class OnlinePredictor:
     def close(self) -> None:
         """Stop the background thread, if one runs (waits for a retrain in progress)."""
         self._stopping.set()
-        self._retrain_wanted.set()
+        self._retrain_wanted.set()  # wakes the thread
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        self._retrain_wanted.clear()  # the next retrain that falls due asks again
 
     def __enter__(self) -> OnlinePredictor:
         return self.start()
