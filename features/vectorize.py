@@ -23,7 +23,7 @@ import math
 import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain
 from typing import Any
 
@@ -38,7 +38,13 @@ from leadtime.features.roofline import (
     prefill_ms,
     prefill_ms_array,
 )
-from leadtime.features.rows import LLMD_COUNT_FIELDS, FeatureRow, feature_row_from_llmd, is_resident
+from leadtime.features.rows import (
+    LLMD_COUNT_FIELDS,
+    FeatureRow,
+    RequestFeatures,
+    feature_row_from_llmd,
+    is_resident,
+)
 
 SCHEMA_VERSION = 1
 
@@ -332,26 +338,26 @@ _DECODE_STEP = COLUMN_INDEX["roofline_decode_step_ms"]
 _RESIDENT = COLUMN_INDEX["timeslice_resident"]
 _WAIT = COLUMN_INDEX["timeslice_wait_ms"]
 
-# What the batch form reads off FeatureRows: request numbers, then endpoint numbers and labels.
-_REQUEST = operator.attrgetter("request")
-_ENDPOINT = operator.attrgetter("endpoint")
-_REQUEST_FIELDS = ("input_tokens", "num_tokens_generated", "encoder_matched_size", "encoder_input_size")
-_ENDPOINT_FIELDS = ("num_request_waiting", "num_request_running", "prefill_tokens_in_flight", "decode_tokens_in_flight")
-_REQUEST_VALUES = operator.attrgetter(*_REQUEST_FIELDS, "prefix_cache_score")
-_ENDPOINT_VALUES = operator.attrgetter(
-    *_ENDPOINT_FIELDS,
-    "kv_cache_percentage",
-    "timeslice_wait_ms",
-    "accelerator",
-    "model",
-    "tensor_parallel",
-    "role",
-    "timeslice_state",
-    "endpoint_id",
-)
-# The request counts then the endpoint counts, reordered as LLMD_COUNT_FIELDS.
-_STACKED_COLUMNS = [COLUMN_INDEX[f] for f in (*_REQUEST_FIELDS, *_ENDPOINT_FIELDS)]
-_ROW_COUNT_ORDER = np.array([_STACKED_COLUMNS.index(column) for column in _COUNT_COLUMNS])
+# What the batch form reads off a FeatureRow with one C-level getter each: the numbers (llm-d's counts in
+# LLMD_COUNT_FIELDS order, then kv, prefix score and time-slice wait), and the labels.
+_REQUEST_FIELDS = frozenset(f.name for f in fields(RequestFeatures))
+_ROW_ATTRIBUTE = {"input_token_length": "input_tokens"}
+
+
+def _row_path(name: str) -> str:
+    attribute = _ROW_ATTRIBUTE.get(name, name)
+    return f"request.{attribute}" if attribute in _REQUEST_FIELDS else f"endpoint.{attribute}"
+
+
+_ROW_NUMBERS = operator.attrgetter(
+    *map(_row_path, LLMD_COUNT_FIELDS), "endpoint.kv_cache_percentage", "request.prefix_cache_score",
+    "endpoint.timeslice_wait_ms"
+)  # fmt: skip
+_ROW_WIDTH = len(LLMD_COUNT_FIELDS) + 3
+_ROW_LABELS = operator.attrgetter(
+    "endpoint.accelerator", "endpoint.model", "endpoint.tensor_parallel", "endpoint.role", "endpoint.timeslice_state",
+    "endpoint.endpoint_id"
+)  # fmt: skip
 _PLAIN_TIMESLICE = frozenset(("none", "resident"))
 
 
@@ -434,12 +440,11 @@ class Vectorizer:
         n = len(rows)
         if n == 0:
             return FeatureBatch(np.empty((0, len(COLUMNS))), self.hardware.default, self.hardware)
-        request = list(zip(*map(_REQUEST_VALUES, map(_REQUEST, rows)), strict=True))
-        endpoint = list(zip(*map(_ENDPOINT_VALUES, map(_ENDPOINT, rows)), strict=True))
-        k, m = len(_REQUEST_FIELDS), len(_ENDPOINT_FIELDS)
-        counts = np.array(request[:k] + endpoint[:m], dtype=np.float64)[_ROW_COUNT_ORDER]
-        score, kv, wait = np.array((request[k], endpoint[m], endpoint[m + 1]), dtype=np.float64)
-        accelerators, models, parallel, roles, states, ids = endpoint[m + 2 :]
+        numbers = np.fromiter(chain.from_iterable(map(_ROW_NUMBERS, rows)), np.float64, n * _ROW_WIDTH)
+        numbers = numbers.reshape(n, _ROW_WIDTH)
+        k = len(LLMD_COUNT_FIELDS)
+        counts, kv, score, wait = numbers[:, :k], numbers[:, k], numbers[:, k + 1], numbers[:, k + 2]
+        accelerators, models, parallel, roles, states, ids = zip(*map(_ROW_LABELS, rows), strict=True)
         hardware = self._classes_of(accelerators, models, parallel)
         role_set = set(roles)
         codes = None if role_set == {"both"} else np.array([ROLE_CODES[r] for r in roles], dtype=np.float64)
@@ -447,7 +452,7 @@ class Vectorizer:
         if not _PLAIN_TIMESLICE.issuperset(states):
             resident = np.array([1.0 if is_resident(s) else 0.0 for s in states])
         columns = CheckedColumns(
-            counts.T,
+            counts,
             kv,
             score,
             roles=codes,
