@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.features.catalog import Accelerator, ModelProfile, get_accelerator, get_model
+from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, ModelProfile, get_accelerator, get_model
 from leadtime.features.errors import FeatureError
 from leadtime.features.roofline import (
     decode_step_ms,
@@ -491,22 +491,43 @@ class Vectorizer:
         return self.batch(parsed)
 
     def batch_of_matrix(self, x: np.ndarray) -> FeatureBatch:
-        """A bare `COLUMNS` matrix (from `transform`) as a batch of rows of the default class.
+        """A bare `COLUMNS` matrix (from `transform`) as a batch, each row's hardware class found again.
 
-        A matrix does not say which class its rows are, and its hardware figures are no name for one (two
-        classes may share them): one whose hardware columns are not exactly the default class's is refused.
+        A matrix does not name its rows' classes, and figures rounded into a name could make two classes one.
+        So each row's hardware columns are matched exactly against the catalog's classes (at the row's tensor
+        parallelism); a row that no class, or more than one, matches exactly is refused (ValueError): pass a
+        FeatureBatch from `batch`, which names every row's class.
         """
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != len(COLUMNS):
             raise ValueError(f"x must have shape (n, {len(COLUMNS)}), got {x.shape}")
         table = self.hardware
-        default = table.templates[table.default][_FIGURE_COLUMNS, 0]
-        if len(x) and not (x[:, _FIGURE_COLUMNS] == default).all():
+        figures = x[:, _FIGURE_COLUMNS]
+        if not len(x) or (figures == table.templates[table.default][_FIGURE_COLUMNS, 0]).all():
+            return FeatureBatch(x, table.default, table)
+        distinct, inverse = np.unique(figures, axis=0, return_inverse=True)
+        indices = np.array([self._class_of_figures(tuple(row)) for row in distinct.tolist()], dtype=np.intp)
+        per_row = indices[inverse.reshape(-1)]
+        hardware: int | np.ndarray = int(per_row[0]) if per_row.min() == per_row.max() else per_row
+        return FeatureBatch(x, hardware, table)
+
+    def _class_of_figures(self, figures: tuple[float, ...]) -> int:
+        """The table index of the one catalog class whose hardware columns are exactly `figures`."""
+        tp = figures[list(_FIGURE_COLUMN).index("tensor_parallel")]
+        matches = []
+        if tp >= 1 and float(tp).is_integer():
+            for acc in ACCELERATORS.values():
+                for mod in MODELS.values():
+                    candidate = np.array(HardwareClass.of(acc, mod, int(tp)).figures())[_FIGURE_POSITIONS]
+                    if tuple(candidate.tolist()) == figures:
+                        matches.append((acc.slug, mod.slug, int(tp)))
+        if len(matches) != 1:
+            found = "no accelerator class and model" if not matches else f"{len(matches)} classes ({matches})"
             raise ValueError(
-                f"a bare matrix is read as rows of the default class {table.keys[table.default]}, and these rows "
-                "are of another: vectorize them with Vectorizer.batch, which names every row's class"
+                f"a matrix row's hardware columns {figures} match {found} exactly: vectorize the rows with "
+                "Vectorizer.batch, which names every row's class"
             )
-        return FeatureBatch(x, table.default, table)
+        return self.hardware.index(*matches[0])
 
     def from_columns(self, c: CheckedColumns) -> FeatureBatch:
         """Checked columns → a FeatureBatch, in as few numpy calls as possible (each costs ~1 µs).

@@ -452,15 +452,38 @@ def test_checked_columns_give_the_rows_matrix() -> None:
     assert got.classes == v.batch(rows_).classes
 
 
-def test_a_bare_matrix_is_taken_as_the_default_class_only() -> None:
+def test_a_bare_matrix_finds_its_rows_classes_again_exactly() -> None:
     v = Vectorizer()
-    plain = v.transform([FeatureRow(RequestFeatures(100))])
-    assert v.batch_of_matrix(plain).classes == ["h100-sxm/llama-3.1-8b/tp1"]
-    other = v.transform([FeatureRow(RequestFeatures(100), EndpointState(accelerator="l40s"))])
-    with pytest.raises(ValueError, match="default class"):
-        v.batch_of_matrix(other)
+    rows_ = [
+        FeatureRow(RequestFeatures(100)),
+        FeatureRow(RequestFeatures(100), EndpointState(accelerator="l40s")),
+        FeatureRow(RequestFeatures(100), EndpointState(accelerator="mi300x", model="llama-3.1-70b", tensor_parallel=4)),
+    ]
+    x = Vectorizer("h200-sxm", "qwen3-32b").transform(rows_)  # another vectorizer, with other defaults
+    assert v.batch_of_matrix(x).classes == [
+        "h200-sxm/qwen3-32b/tp1",
+        "l40s/qwen3-32b/tp1",
+        "mi300x/llama-3.1-70b/tp4",
+    ]
+    assert v.batch_of_matrix(v.transform(rows_[:1])).hardware == v.hardware.default
+    bad = x.copy()
+    bad[0, C["accel_tflops"]] += 1.0
+    with pytest.raises(ValueError, match="no accelerator class"):
+        v.batch_of_matrix(bad)
     with pytest.raises(ValueError, match="shape"):
         v.batch_of_matrix(np.zeros((2, 3)))
+
+
+def test_a_bare_matrix_of_two_classes_with_the_same_figures_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from leadtime.features import catalog
+
+    twin = replace(catalog.ACCELERATORS["l40s"], slug="l40s-twin")
+    monkeypatch.setitem(catalog.ACCELERATORS, "l40s-twin", twin)
+    x = Vectorizer().transform([FeatureRow(RequestFeatures(100), EndpointState(accelerator="l40s"))])
+    with pytest.raises(ValueError, match="2 classes"):
+        Vectorizer().batch_of_matrix(x)
 
 
 def test_an_unknown_class_in_a_batch_names_its_first_row() -> None:

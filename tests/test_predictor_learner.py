@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -398,13 +399,22 @@ def test_learn_many_says_what_a_batch_needs() -> None:
     assert p.status()["observations"] == {"ttft": 0, "tpot": 0}
 
 
-def test_a_bare_matrix_of_another_class_is_refused() -> None:
-    p = OnlinePredictor(LearnerConfig(background=False))
-    other = p.vectorizer.transform([FeatureRow(RequestFeatures(10), EndpointState(accelerator="l40s"))])
-    with pytest.raises(ValueError, match="default class"):
-        p.predict_many(other)
-    with pytest.raises(ValueError, match="default class"):
-        p.learn_many(other, [10.0], [1.0])
+def test_a_bare_matrix_learns_and_predicts_as_its_rows() -> None:
+    observations = _observations(60)
+    by_rows = OnlinePredictor(LearnerConfig(background=False))
+    by_matrix = OnlinePredictor(LearnerConfig(background=False))
+    rows = [FeatureRow(o.row.request, replace(o.row.endpoint, endpoint_id="")) for o in observations]
+    x = by_matrix.vectorizer.transform(rows)  # a matrix names no endpoints: learn the rows without them too
+    by_rows.learn_many(
+        [Observation(r, o.actual_ttft_ms, o.actual_tpot_ms) for r, o in zip(rows, observations, strict=True)]
+    )
+    by_matrix.learn_many(x, [o.actual_ttft_ms for o in observations], [o.actual_tpot_ms for o in observations])
+    assert by_rows.to_bytes() == by_matrix.to_bytes()
+    np.testing.assert_array_equal(by_rows.predict_many(rows).ttft_mean, by_matrix.predict_many(x).ttft_mean)
+    bad = x.copy()
+    bad[0, COLUMN_INDEX["accel_tb_s"]] *= 1.5
+    with pytest.raises(ValueError, match="no accelerator class"):
+        by_matrix.predict_many(bad)
 
 
 def test_constructing_a_predictor_starts_no_thread() -> None:
