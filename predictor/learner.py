@@ -542,9 +542,9 @@ class OnlinePredictor:
     def predict_many(self, rows: Sequence[FeatureRow] | FeatureBatch | np.ndarray) -> Predictions:
         """Predictions for every row, in row order: FeatureRows, or a FeatureBatch vectorized by the caller.
 
-        A bare `COLUMNS` matrix is taken as rows of the default class (what `Vectorizer.transform` gives for rows
-        that name no class); one whose hardware columns say otherwise is refused, since a matrix cannot say
-        which class a row is.
+        A bare `COLUMNS` matrix (from `Vectorizer.transform`) is also taken: each row's class is found again by
+        an exact match of its hardware columns (`Vectorizer.batch_of_matrix`, which refuses a row no class or
+        several classes match).
         """
         batch = self._batch(rows)
         version = self.version
