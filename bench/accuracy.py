@@ -195,7 +195,7 @@ def _speed(
         predictor.predict_many(batch)
         timings.append(time.perf_counter() - start)
     predictor.close()
-    predictor = OnlinePredictor(replace(config, background=True))
+    predictor = OnlinePredictor(replace(config, background=True)).start()
     learn = []
     for i in range(min(len(x), learns)):
         row = x[i : i + 1]

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.roofline import kv_capacity_tokens
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures, feature_row_to_llmd
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
@@ -49,7 +50,7 @@ def synthetic_class(slug: str, n: int, rng: np.random.Generator) -> tuple[list[F
     acc, model = get_accelerator(slug), get_model(MODEL)
     truth = _truth(slug, rng)
     flops_per_token = 2.0 * model.params_b * 1e9
-    kv_capacity = (acc.memory_gb * 1e9 - model.weight_bytes) * 0.9 / model.kv_bytes_per_token
+    kv_capacity = kv_capacity_tokens(model, acc)
     rows, ttft, tpot = [], np.empty(n), np.empty(n)
     for i in range(n):
         load = rng.uniform(0.0, 1.0)
@@ -102,6 +103,7 @@ def run_coldstart(
     unseen_walk: int = 1000,
     reference_model: str | None = None,
 ) -> dict[str, Any]:
+    """Both predictors learn the seen classes, then walk the held-back one prequentially; MAPE per target."""
     if unseen in SEEN:
         raise ValueError(f"--unseen must be a class other than the seen ones ({', '.join(SEEN)})")
     rng = np.random.default_rng(seed)
@@ -115,19 +117,17 @@ def run_coldstart(
     rows, ttft, tpot = [rows[i] for i in order], ttft[order], tpot[order]
 
     leadtime = OnlinePredictor(LearnerConfig(accelerator="h100-sxm", model=MODEL, background=False, seed=seed))
-    x_seen = leadtime.vectorizer.transform(rows)
-    leadtime.learn_many(x_seen, ttft, tpot, [r.endpoint.endpoint_id for r in rows])
+    leadtime.learn_many(leadtime.vectorizer.batch(rows), ttft, tpot)
     reference = LlmdReference(model=reference_model, objectives=("mean",))  # only its mean is scored here
     reference.fit(_llmd_frame(rows, ttft, tpot))
 
-    x_new = leadtime.vectorizer.transform(new_rows)
+    x_new = leadtime.vectorizer.batch(new_rows)
     x_new_ref = _llmd_frame(new_rows, new_ttft, new_tpot)
-    ids = [r.endpoint.endpoint_id for r in new_rows]
     preds: dict[str, dict[str, np.ndarray]] = {
         m: {t: np.empty(unseen_walk) for t in ("ttft", "tpot")} for m in ("leadtime", "llmd_reference")
     }
     for i in range(unseen_walk):
-        p = leadtime.predict_many(x_new[i : i + 1], ids[i : i + 1])
+        p = leadtime.predict_many(x_new[i : i + 1])
         preds["leadtime"]["ttft"][i], preds["leadtime"]["tpot"][i] = p.ttft_mean[0], p.tpot_mean[0]
         row = x_new_ref.take(np.arange(i, i + 1))
         ref = reference.predict_many(row)
@@ -135,7 +135,7 @@ def run_coldstart(
             mean = ref.get(t, "mean")
             assert mean is not None
             preds["llmd_reference"][t][i] = mean[0]
-        leadtime.learn_many(x_new[i : i + 1], new_ttft[i : i + 1], new_tpot[i : i + 1], ids[i : i + 1])
+        leadtime.learn_many(x_new[i : i + 1], new_ttft[i : i + 1], new_tpot[i : i + 1])
         reference.learn_many(row)
     leadtime.close()
     actual = {"ttft": new_ttft, "tpot": new_tpot}
@@ -158,6 +158,7 @@ def run_coldstart(
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
+    """The report as JSON, or as a table."""
     if as_json:
         print(json.dumps(report, indent=2))
         return

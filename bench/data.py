@@ -34,6 +34,7 @@ def load_llmd_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def actuals(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """(actual TTFT, actual TPOT) per row in milliseconds; 0 where a target was not observed."""
     return (
         np.array([float(r["actual_ttft_ms"]) for r in rows]),
         np.array([float(r["actual_tpot_ms"]) for r in rows]),

@@ -30,10 +30,12 @@ class KeepAliveClient:
         return head.encode() + body
 
     def send(self, request: bytes) -> tuple[int, bytes]:
+        """Send raw request bytes and read one response: (status, body)."""
         self.sock.sendall(request)
         return self._read_response()
 
     def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST a JSON body to `path`: (status, body)."""
         return self.send(self.request_bytes(path, body))
 
     def _read_response(self) -> tuple[int, bytes]:
@@ -65,4 +67,5 @@ class KeepAliveClient:
         return chunk
 
     def close(self) -> None:
+        """Close the connection."""
         self.sock.close()

@@ -42,6 +42,7 @@ WARMUP_CALLS = 200
 
 
 def free_port() -> int:
+    """A loopback TCP port free at the time of asking."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -75,6 +76,7 @@ def load_entries() -> list[dict[str, Any]]:
 
 
 def prediction_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Training entries without their actuals: prediction rows."""
     return [{k: v for k, v in e.items() if not k.startswith("actual_")} for e in entries]
 
 
@@ -98,6 +100,7 @@ class ServiceProcess:
         self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until /readyz answers 200; RuntimeError if the process exits or the time runs out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -112,6 +115,7 @@ class ServiceProcess:
         raise RuntimeError(f"leadtime serve was not ready within {timeout_s:.0f} s")
 
     def stop(self) -> None:
+        """Terminate the service (SIGKILL after 15 s)."""
         self.process.terminate()
         try:
             self.process.wait(timeout=15)
@@ -121,6 +125,7 @@ class ServiceProcess:
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:
+    """p50 and p99 in milliseconds of samples in seconds."""
     ms = np.asarray(samples_s) * 1e3
     return {
         "p50_ms": round(float(np.percentile(ms, 50)), 3),
@@ -129,6 +134,7 @@ def percentiles(samples_s: list[float]) -> dict[str, float]:
 
 
 def time_calls(call: Callable[[], None], n: int) -> list[float]:
+    """Seconds taken by each of `n` sequential calls."""
     samples = []
     for _ in range(n):
         started = time.perf_counter()
@@ -296,6 +302,7 @@ def sustained_ingestion(
 
 
 def retrain_count(client: httpx.Client) -> int:
+    """Retrains the service has run, from its /metrics."""
     text = client.get("/metrics").text
     total = 0
     for line in text.splitlines():
@@ -485,6 +492,7 @@ def measure_floor(
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
+    """The report as JSON, or as a table of p50/p99 per row count and protocol."""
     if as_json:
         print(json.dumps(report))
         return

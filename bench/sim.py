@@ -17,6 +17,7 @@ from leadtime.simulator.workload import load_workload, shape
 
 
 def run_bench(fleet_path: str | Path, trace_path: str, requests: int, policy: str = "llm-d") -> dict[str, object]:
+    """Replay `requests` requests of the trace on the fleet under one policy and time it."""
     start = time.perf_counter()
     fleet = load_fleet(fleet_path)
     workload = shape(load_workload(trace_path, 0, requests), max_requests=requests)
@@ -38,6 +39,7 @@ def run_bench(fleet_path: str | Path, trace_path: str, requests: int, policy: st
 
 
 def print_report(report: dict[str, object], as_json: bool) -> None:
+    """The report as JSON, or as one line."""
     if as_json:
         print(json.dumps(report))
         return

@@ -37,6 +37,7 @@ def busy(work_s: float) -> None:
 
 
 def create_floor_app(work_s: float = 0.0) -> FastAPI:
+    """An HTTP app answering /predict/bulk/strict with constants after `work_s` of busy work: the stack's own cost."""
     app = FastAPI()
 
     @app.post("/predict/bulk/strict")
@@ -71,10 +72,13 @@ def create_floor_app(work_s: float = 0.0) -> FastAPI:
 
 
 class FloorServicer(pb_grpc.PredictorServicer):
+    """A gRPC servicer answering PredictBulk with constants after `work_s` of busy work."""
+
     def __init__(self, work_s: float) -> None:
         self.work_s = work_s
 
     def PredictBulk(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC's name)
+        """Constant predictions, one per row."""
         n = len(request.rows) or len(request.columns.input_token_length)
         busy(self.work_s)
         return pb.PredictBulkResponse(
@@ -88,6 +92,7 @@ class FloorServicer(pb_grpc.PredictorServicer):
 
 
 def main() -> None:
+    """Serve the floor apps on the given ports until interrupted."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--grpc-port", type=int, required=True)

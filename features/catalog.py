@@ -15,6 +15,8 @@ from leadtime.features.errors import FeatureError
 
 @dataclass(frozen=True)
 class Accelerator:
+    """One accelerator class: published peaks, memory, and the achieved figures where kernel timings were measured."""
+
     slug: str
     name: str
     peak_tflops: float
@@ -26,12 +28,14 @@ class Accelerator:
 
     @property
     def effective_tflops(self) -> float:
+        """Achieved dense BF16 TFLOP/s: measured, else the peak at the measured classes' mean efficiency."""
         if self.measured_gemm_tflops is not None:
             return self.measured_gemm_tflops
         return self.peak_tflops * _MEAN_COMPUTE_EFFICIENCY
 
     @property
     def effective_tb_s(self) -> float:
+        """Achieved KV-read bandwidth in TB/s: measured, else the peak at the measured classes' mean efficiency."""
         if self.measured_kv_tb_s is not None:
             return self.measured_kv_tb_s
         return self.hbm_tb_s * _MEAN_BANDWIDTH_EFFICIENCY
@@ -64,6 +68,8 @@ ACCELERATORS: dict[str, Accelerator] = {
 
 @dataclass(frozen=True)
 class ModelProfile:
+    """One model's shape: what its weights and KV cache weigh and how much work a token is."""
+
     slug: str
     params_b: float
     layers: int
@@ -75,6 +81,7 @@ class ModelProfile:
 
     @property
     def weight_bytes(self) -> float:
+        """Bytes of the weights."""
         return self.params_b * 1e9 * self.bytes_per_param
 
     @property
@@ -96,6 +103,7 @@ MODELS: dict[str, ModelProfile] = {
 
 
 def get_accelerator(slug: str) -> Accelerator:
+    """The catalog's class named `slug`; FeatureError naming the known ones if there is none."""
     try:
         return ACCELERATORS[slug]
     except KeyError:
@@ -104,6 +112,7 @@ def get_accelerator(slug: str) -> Accelerator:
 
 
 def get_model(slug: str) -> ModelProfile:
+    """The catalog's model named `slug`; FeatureError naming the known ones if there is none."""
     try:
         return MODELS[slug]
     except KeyError:

@@ -101,4 +101,5 @@ class PrefixIndex:
         self._blocks.pop(endpoint_id, None)
 
     def size(self, endpoint_id: str) -> int:
+        """Blocks the index holds for an endpoint."""
         return len(self._blocks.get(endpoint_id, ()))

@@ -50,6 +50,22 @@ def decode_step_ms(
     return 1e3 * max(memory_s, compute_s) / tensor_parallel
 
 
+# Share of the memory left after the weights that vLLM gives to the KV cache (gpu_memory_utilization 0.9).
+KV_MEMORY_SHARE = 0.9
+
+
+def kv_capacity_tokens(model: ModelProfile, accelerator: Accelerator, tensor_parallel: int = 1) -> float:
+    """Tokens of KV cache one replica holds: the memory of its devices less the weights (at least 1 GB is
+    assumed left, so a model that barely fits still has a capacity), times `KV_MEMORY_SHARE`.
+
+    >>> from leadtime.features.catalog import get_accelerator, get_model
+    >>> round(kv_capacity_tokens(get_model("llama-3.1-8b"), get_accelerator("h100-sxm")))
+    439041
+    """
+    free_bytes = max(accelerator.memory_gb * 1e9 * tensor_parallel - model.weight_bytes, 1e9)
+    return free_bytes * KV_MEMORY_SHARE / model.kv_bytes_per_token
+
+
 def kv_transfer_ms(model: ModelProfile, tokens: float, link_gb_s: float) -> float:
     """Moving `tokens` tokens of KV cache over a link of `link_gb_s` GB/s (P/D disaggregation)."""
     if link_gb_s <= 0:

@@ -18,7 +18,74 @@ from leadtime.features.errors import FeatureError
 
 ROLES = ("both", "prefill", "decode")
 TIMESLICE_STATES = ("none", "resident", "switching", "parked")
-_POD_TYPE_TO_ROLE = {"": "both", "both": "both", "prefill": "prefill", "decode": "decode"}
+# An endpoint is servable only while its time-slice group is resident: in these states its job is away.
+NOT_RESIDENT_STATES = frozenset(("switching", "parked"))
+# The role each pod_type value means ("both" is accepted beside llm-d's "").
+POD_TYPE_ROLES = {"": "both", "both": "both", "prefill": "prefill", "decode": "decode"}
+
+# llm-d's prediction row, field by field, in the order llm-d documents it. Every decoder (JSON dicts, msgspec
+# structs, protobuf messages) reads these names from here.
+LLMD_FIELDS = (
+    "kv_cache_percentage",
+    "input_token_length",
+    "num_request_waiting",
+    "num_request_running",
+    "num_tokens_generated",
+    "prefix_cache_score",
+    "pod_type",
+    "prefill_tokens_in_flight",
+    "decode_tokens_in_flight",
+    "encoder_matched_size",
+    "encoder_input_size",
+)
+LLMD_REQUIRED_FIELDS = (
+    "kv_cache_percentage",
+    "input_token_length",
+    "num_request_waiting",
+    "num_request_running",
+    "num_tokens_generated",
+    "prefix_cache_score",
+)
+# Integers ≥ 0, and fractions in [0, 1]; pod_type is the one text field.
+LLMD_COUNT_FIELDS = tuple(f for f in LLMD_FIELDS if f not in ("kv_cache_percentage", "prefix_cache_score", "pod_type"))
+LLMD_FRACTION_FIELDS = ("kv_cache_percentage", "prefix_cache_score")
+# What an optional llm-d field means when a row leaves it out.
+LLMD_DEFAULTS: dict[str, Any] = {
+    "pod_type": "",
+    "prefill_tokens_in_flight": 0,
+    "decode_tokens_in_flight": 0,
+    "encoder_matched_size": 0,
+    "encoder_input_size": 0,
+}
+# Leadtime's fields that ride along in a flat row (llm-d's predictor ignores them). The native API also takes
+# `role` for a row without pod_type.
+LEADTIME_ROW_FIELDS = (
+    "endpoint_id",
+    "accelerator",
+    "model",
+    "tensor_parallel",
+    "prefix_hit_tokens",
+    "timeslice_state",
+    "timeslice_wait_ms",
+)
+# A training entry: the row, what happened (0 = not observed), and optionally what had been predicted and when.
+ACTUAL_FIELDS = ("actual_ttft_ms", "actual_tpot_ms")
+PREDICTED_FIELDS = (
+    "predicted_ttft_ms",
+    "predicted_tpot_ms",
+    "predicted_ttft_quantile_ms",
+    "predicted_tpot_quantile_ms",
+)
+OBSERVATION_FIELDS = (*ACTUAL_FIELDS, *PREDICTED_FIELDS, "timestamp")
+
+
+def is_resident(timeslice_state: str) -> bool:
+    """Whether an endpoint in this time-slice state serves now (no time-slicing counts as resident).
+
+    >>> is_resident("none"), is_resident("resident"), is_resident("parked")
+    (True, True, False)
+    """
+    return timeslice_state not in NOT_RESIDENT_STATES
 
 
 # Largest count accepted: every integer up to it is exact as a float64, so vectorizing a row cannot overflow.
@@ -91,6 +158,7 @@ class RequestFeatures:
 
     @classmethod
     def with_prefix_hits(cls, input_tokens: int, prefix_hit_tokens: int, **kwargs: Any) -> RequestFeatures:
+        """Request features from a prefix-hit count in tokens (which must not exceed the input)."""
         input_tokens = check_count("input_token_length", input_tokens)
         hits = check_count("prefix_hit_tokens", prefix_hit_tokens)
         if hits > input_tokens:
@@ -100,10 +168,12 @@ class RequestFeatures:
 
     @property
     def prefix_hit_tokens(self) -> int:
+        """Input tokens already cached on the endpoint."""
         return round(self.prefix_cache_score * self.input_tokens)
 
     @property
     def uncached_tokens(self) -> int:
+        """Input tokens the endpoint must prefill."""
         return self.input_tokens - self.prefix_hit_tokens
 
 
@@ -180,21 +250,13 @@ class Observation:
 
     @property
     def has_ttft(self) -> bool:
+        """Whether the observation carries a TTFT."""
         return self.actual_ttft_ms > 0
 
     @property
     def has_tpot(self) -> bool:
+        """Whether the observation carries a TPOT."""
         return self.actual_tpot_ms > 0
-
-
-LLMD_REQUIRED_FIELDS = (
-    "kv_cache_percentage",
-    "input_token_length",
-    "num_request_waiting",
-    "num_request_running",
-    "num_tokens_generated",
-    "prefix_cache_score",
-)
 
 
 def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
@@ -220,14 +282,14 @@ def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
     pod_type = row.get("pod_type", "")
     if pod_type is None:
         pod_type = ""
-    if pod_type not in _POD_TYPE_TO_ROLE:
+    if pod_type not in POD_TYPE_ROLES:
         raise FeatureError("pod_type", f"must be '', 'prefill' or 'decode', got {pod_type!r}")
     endpoint = EndpointState(
         endpoint_id=row.get("endpoint_id", "") or "",
         accelerator=row.get("accelerator", "") or "",
         model=row.get("model", "") or "",
         tensor_parallel=row.get("tensor_parallel", 1),
-        role=_POD_TYPE_TO_ROLE[pod_type],
+        role=POD_TYPE_ROLES[pod_type],
         num_request_waiting=row["num_request_waiting"],
         num_request_running=row["num_request_running"],
         kv_cache_percentage=row["kv_cache_percentage"],
@@ -284,6 +346,7 @@ def observation_from_llmd(entry: Mapping[str, Any]) -> Observation:
 
 
 def observation_to_llmd(obs: Observation) -> dict[str, Any]:
+    """Observation → llm-d training entry with Leadtime's extras as additional keys."""
     out = feature_row_to_llmd(obs.row)
     out["actual_ttft_ms"] = obs.actual_ttft_ms
     out["actual_tpot_ms"] = obs.actual_tpot_ms

@@ -1,24 +1,50 @@
-"""Feature rows → a float matrix in one fixed, versioned column order.
+"""Feature rows → a float matrix in one fixed, versioned column order, a row at a time or a batch at a time.
 
 Every model Leadtime saves records `SCHEMA_VERSION` and `COLUMNS`; a model trained on another order is refused
 on load rather than silently fed the wrong columns. Hardware-derived columns (effective FLOP/s and bandwidth,
 roofline prefill and decode times) are computed here, so the predictor sees a never-seen accelerator class
 through the same physics as the ones it knows.
+
+Two forms give the same matrix (tests hold them equal):
+
+- the row form, `Vectorizer.row_vector`, is the definition: one FeatureRow in, one list of floats out;
+- the batch form builds a whole batch a column at a time with numpy, whose cost per call hardly depends on the
+  number of rows: from FeatureRows (`Vectorizer.batch`, what an in-process router calls with its candidates) or
+  from columns a decoder has already checked (`Vectorizer.from_columns`, what the service calls with the JSON or
+  protobuf rows it decoded). It returns a `FeatureBatch`: the matrix, the hardware class of every row (the
+  learner keeps an offset per class, keyed by `HardwareClass.key`) and the endpoint of every row.
+
+Every position in the matrix is looked up in `COLUMN_INDEX`, so reordering `COLUMNS` cannot break either form.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from leadtime.features.catalog import Accelerator, ModelProfile, get_accelerator, get_model
+from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, ModelProfile, get_accelerator, get_model
 from leadtime.features.errors import FeatureError
-from leadtime.features.roofline import decode_step_ms, prefill_ms
-from leadtime.features.rows import FeatureRow, feature_row_from_llmd
+from leadtime.features.roofline import (
+    decode_step_ms,
+    decode_step_ms_array,
+    kv_capacity_tokens,
+    prefill_ms,
+    prefill_ms_array,
+)
+from leadtime.features.rows import (
+    LLMD_COUNT_FIELDS,
+    FeatureRow,
+    RequestFeatures,
+    feature_row_from_llmd,
+    is_resident,
+)
 
 SCHEMA_VERSION = 1
 
@@ -59,20 +85,284 @@ _BOUNDS["tensor_parallel"] = (1.0, math.inf)
 _LOW = np.array([_BOUNDS[c][0] for c in COLUMNS])
 _HIGH = np.array([_BOUNDS[c][1] for c in COLUMNS])
 
-# Share of the memory left after weights that vLLM gives to the KV cache (gpu_memory_utilization 0.9).
-KV_MEMORY_SHARE = 0.9
+# Role codes of the batch form: what `CheckedColumns.roles` holds per row.
+ROLE_CODES: dict[str, int] = {"both": 0, "prefill": 1, "decode": 2}
+
+
+def class_key(accelerator: str, model: str, tensor_parallel: int) -> str:
+    """The name of a hardware class: accelerator, model and tensor parallelism, which fix every hardware column.
+
+    >>> class_key("h100-sxm", "llama-3.1-8b", 1)
+    'h100-sxm/llama-3.1-8b/tp1'
+    """
+    return f"{accelerator}/{model}/tp{tensor_parallel}"
 
 
 @dataclass(frozen=True)
-class _Hardware:
+class HardwareClass:
+    """One accelerator class running one model at one tensor-parallel degree: the figures all its rows share."""
+
     accelerator: Accelerator
     model: ModelProfile
     tensor_parallel: int
+    key: str
     kv_capacity_tokens: float
+    weights_ms: float  # one decode step that reads only the weights: the roofline_weights_ms column
+
+    @classmethod
+    def of(cls, accelerator: Accelerator, model: ModelProfile, tensor_parallel: int) -> HardwareClass:
+        """The class of an accelerator, a model and a tensor-parallel degree, its figures computed."""
+        return cls(
+            accelerator,
+            model,
+            tensor_parallel,
+            class_key(accelerator.slug, model.slug, tensor_parallel),
+            kv_capacity_tokens(model, accelerator, tensor_parallel),
+            decode_step_ms(model, accelerator, 1, 0.0, tensor_parallel),
+        )
+
+    def figures(self) -> tuple[float, ...]:
+        """The class's figures in `_FIGURES` order (what the batch form computes with)."""
+        acc, mod = self.accelerator, self.model
+        return (
+            float(acc.effective_tflops),
+            float(acc.effective_tb_s),
+            float(mod.kv_bytes_per_token),
+            float(mod.params_b),
+            float(mod.layers),
+            float(mod.num_heads * mod.head_dim),
+            float(mod.weight_bytes),
+            float(self.kv_capacity_tokens),
+            float(self.tensor_parallel),
+            float(self.weights_ms),
+        )
+
+
+_FIGURES = (
+    "tflops",
+    "tb_s",
+    "kv_bytes_per_token",
+    "params_b",
+    "layers",
+    "attn_width",
+    "weight_bytes",
+    "kv_capacity_tokens",
+    "tensor_parallel",
+    "weights_ms",
+)
+# The figures that are columns of their own, and their columns.
+_FIGURE_COLUMN = {
+    "tflops": "accel_tflops",
+    "tb_s": "accel_tb_s",
+    "tensor_parallel": "tensor_parallel",
+    "kv_bytes_per_token": "kv_bytes_per_token",
+    "weights_ms": "roofline_weights_ms",
+}
+_FIGURE_POSITIONS = np.array([_FIGURES.index(f) for f in _FIGURE_COLUMN])
+_FIGURE_COLUMNS = np.array([COLUMN_INDEX[c] for c in _FIGURE_COLUMN.values()])
+
+
+class HardwareTable:
+    """Every hardware class a Vectorizer has met, by index, with the default class for rows that name none.
+
+    Request threads share one table: a new class is published in the index only once all of it is in place.
+
+    Parameters
+    ----------
+    default_accelerator, default_model
+        The class of rows that name no accelerator or model (llm-d rows never do).
+    """
+
+    def __init__(self, default_accelerator: str, default_model: str) -> None:
+        self.default_accelerator = get_accelerator(default_accelerator).slug
+        self.default_model = get_model(default_model).slug
+        self.classes: list[HardwareClass] = []
+        self.keys: list[str] = []
+        self.figures = np.empty((0, len(_FIGURES)))  # one row per class, `_FIGURES` order
+        self.templates: list[np.ndarray] = []  # per class: its constant columns, a (COLUMNS, 1) column
+        self._index: dict[tuple[str, str, int], int] = {}
+        self._lock = threading.Lock()
+        self.default = self.index("", "", 1)
+
+    def index(self, accelerator: str, model: str, tensor_parallel: int) -> int:
+        """The index of a class ("" names the default); raises FeatureError for an unknown one."""
+        found = self._index.get((accelerator, model, tensor_parallel))
+        if found is not None:
+            return found
+        if tensor_parallel < 1:
+            raise FeatureError("tensor_parallel", "must be ≥ 1")
+        with self._lock:
+            acc = get_accelerator(accelerator or self.default_accelerator)
+            mod = get_model(model or self.default_model)
+            hardware = HardwareClass.of(acc, mod, tensor_parallel)
+            if hardware.key not in self.keys:
+                template = np.zeros((len(COLUMNS), 1))
+                template[_FIGURE_COLUMNS, 0] = np.array(hardware.figures())[_FIGURE_POSITIONS]
+                template[COLUMN_INDEX["timeslice_resident"]] = 1.0  # roles and the time-slice wait stay 0
+                self.classes.append(hardware)
+                self.templates.append(template)
+                self.figures = np.array([c.figures() for c in self.classes])
+                self.keys.append(hardware.key)
+            found = self.keys.index(hardware.key)
+            self._index[(accelerator, model, tensor_parallel)] = found
+            return found
+
+
+@dataclass
+class FeatureBatch:
+    """Rows vectorized: the `COLUMNS` matrix, the hardware class of every row, and every row's endpoint.
+
+    `hardware` is one index into `table` for every row (a fleet of one class, the usual case), or one per row.
+    Batches slice like arrays (`batch[10:20]`, `batch[[0, 5]]`).
+    """
+
+    X: np.ndarray
+    hardware: int | np.ndarray
+    table: HardwareTable
+    endpoint_ids: list[str] | None = None  # None when no row names its endpoint
+
+    def __len__(self) -> int:
+        return len(self.X)
+
+    @property
+    def classes(self) -> list[str]:
+        """The hardware class key of every row (what the learner keeps its per-class offsets by)."""
+        keys = self.table.keys
+        if isinstance(self.hardware, int):
+            return [keys[self.hardware]] * len(self.X)
+        return [keys[i] for i in self.hardware.tolist()]
+
+    @property
+    def accelerators(self) -> list[str]:
+        """The accelerator class of every row, the default filled in."""
+        classes = self.table.classes
+        if isinstance(self.hardware, int):
+            return [classes[self.hardware].accelerator.slug] * len(self.X)
+        return [classes[i].accelerator.slug for i in self.hardware.tolist()]
+
+    @property
+    def roles(self) -> list[str]:
+        """both | prefill | decode per row."""
+        roles = self.X[:, [COLUMN_INDEX["role_prefill"], COLUMN_INDEX["role_decode"]]].tolist()
+        return ["prefill" if p else "decode" if d else "both" for p, d in roles]
+
+    def __getitem__(self, index: int | slice | Sequence[int] | np.ndarray) -> FeatureBatch:
+        if isinstance(index, int | np.integer):
+            index = [int(index)]
+        hardware = self.hardware if isinstance(self.hardware, int) else self.hardware[index]
+        ids = self.endpoint_ids
+        if ids is not None:
+            if isinstance(index, slice):
+                ids = ids[index]
+            else:
+                positions = np.asarray(index)
+                if positions.dtype == bool:
+                    positions = np.flatnonzero(positions)
+                ids = [ids[i] for i in positions.tolist()]
+        return FeatureBatch(self.X[index], hardware, self.table, ids)
+
+    @classmethod
+    def concat(cls, parts: Sequence[FeatureBatch]) -> FeatureBatch:
+        """Batches of one table (slices of one request, checked one after the other) as one."""
+        if len(parts) == 1:
+            return parts[0]
+        table = parts[0].table
+        if any(p.table is not table for p in parts):
+            raise ValueError("batches of different hardware tables cannot be joined")
+        hardware: int | np.ndarray
+        shared = {p.hardware for p in parts if isinstance(p.hardware, int)}
+        if len(shared) == 1 and all(isinstance(p.hardware, int) for p in parts):
+            hardware = shared.pop()
+        else:
+            hardware = np.concatenate([np.full(len(p), p.hardware, dtype=np.intp) for p in parts])
+        ids = None
+        if any(p.endpoint_ids is not None for p in parts):
+            ids = list(chain.from_iterable(p.endpoint_ids or [""] * len(p) for p in parts))
+        return cls(np.concatenate([p.X for p in parts]), hardware, table, ids)
+
+
+@dataclass
+class CheckedColumns:
+    """A batch of rows as columns whose values a decoder has already checked: what `from_columns` takes.
+
+    counts
+        (n, len(LLMD_COUNT_FIELDS)) integers 0..2**53 in `LLMD_COUNT_FIELDS` order (any numeric dtype).
+    kv_cache_percentage
+        (n,) in [0, 1].
+    prefix_cache_score
+        (n,) in [0, 1]; the prefix hits are round(score × input tokens) where `prefix_hit_tokens` is None.
+    prefix_hit_tokens
+        (n,) exact hit counts ≤ the input tokens, or None.
+    roles
+        (n,) `ROLE_CODES` per row, or None when every row is "both".
+    resident, timeslice_wait_ms
+        (n,) 1/0 and milliseconds ≥ 0, or None: every row resident, no wait.
+    hardware
+        `HardwareTable` index per row, or one for every row (None: the default class).
+    endpoint_ids
+        Per row, or None when no row names one.
+    """
+
+    counts: np.ndarray
+    kv_cache_percentage: np.ndarray
+    prefix_cache_score: np.ndarray
+    prefix_hit_tokens: np.ndarray | None = None
+    roles: np.ndarray | None = None
+    resident: np.ndarray | None = None
+    timeslice_wait_ms: np.ndarray | None = None
+    hardware: int | np.ndarray | None = None
+    endpoint_ids: list[str] | None = None
+
+
+def _positions(*names: str) -> slice | np.ndarray:
+    """Where columns are in the matrix: a slice when they are adjacent and in order (numpy is faster on those)."""
+    where = [COLUMN_INDEX[n] for n in names]
+    if where == list(range(where[0], where[0] + len(where))):
+        return slice(where[0], where[0] + len(where))
+    return np.array(where)
+
+
+# The column of each llm-d count field: its own name but for the input length.
+_COLUMN_OF = {"input_token_length": "input_tokens"}
+_COUNT_COLUMNS = np.array([COLUMN_INDEX[_COLUMN_OF.get(f, f)] for f in LLMD_COUNT_FIELDS])
+_INPUT = COLUMN_INDEX["input_tokens"]
+_HITS = COLUMN_INDEX["prefix_hit_tokens"]
+_UNCACHED = COLUMN_INDEX["uncached_tokens"]
+_RUNNING = COLUMN_INDEX["num_request_running"]
+_KV = COLUMN_INDEX["kv_cache_percentage"]
+_PREFILL_IN_FLIGHT = COLUMN_INDEX["prefill_tokens_in_flight"]
+_ROLES = _positions("role_prefill", "role_decode")
+_ROLE_CODE_COLUMN = np.array([[ROLE_CODES["prefill"]], [ROLE_CODES["decode"]]])
+_PREFILLS = _positions("roofline_own_prefill_ms", "roofline_queue_prefill_ms")
+_DECODE_STEP = COLUMN_INDEX["roofline_decode_step_ms"]
+_RESIDENT = COLUMN_INDEX["timeslice_resident"]
+_WAIT = COLUMN_INDEX["timeslice_wait_ms"]
+
+# What the batch form reads off a FeatureRow with one C-level getter each: the numbers (llm-d's counts in
+# LLMD_COUNT_FIELDS order, then kv, prefix score and time-slice wait), and the labels.
+_REQUEST_FIELDS = frozenset(f.name for f in fields(RequestFeatures))
+_ROW_ATTRIBUTE = {"input_token_length": "input_tokens"}
+
+
+def _row_path(name: str) -> str:
+    attribute = _ROW_ATTRIBUTE.get(name, name)
+    return f"request.{attribute}" if attribute in _REQUEST_FIELDS else f"endpoint.{attribute}"
+
+
+_ROW_NUMBERS = operator.attrgetter(
+    *map(_row_path, LLMD_COUNT_FIELDS), "endpoint.kv_cache_percentage", "request.prefix_cache_score",
+    "endpoint.timeslice_wait_ms"
+)  # fmt: skip
+_ROW_WIDTH = len(LLMD_COUNT_FIELDS) + 3
+_ROW_LABELS = operator.attrgetter(
+    "endpoint.accelerator", "endpoint.model", "endpoint.tensor_parallel", "endpoint.role", "endpoint.timeslice_state",
+    "endpoint.endpoint_id"
+)  # fmt: skip
+_PLAIN_TIMESLICE = frozenset(("none", "resident"))
 
 
 class Vectorizer:
-    """Turns FeatureRows (or llm-d dict rows) into the `COLUMNS` matrix.
+    """Turns FeatureRows (or llm-d dict rows) into the `COLUMNS` matrix, a row or a batch at a time.
 
     Parameters
     ----------
@@ -80,76 +370,217 @@ class Vectorizer:
         Class assumed for rows that do not name one (llm-d rows never do).
     default_model
         Model assumed for rows that do not name one.
+
+    Examples
+    --------
+    >>> from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+    >>> v = Vectorizer("h100-sxm", "llama-3.1-8b")
+    >>> rows = [FeatureRow(RequestFeatures(1000)), FeatureRow(RequestFeatures(50), EndpointState(accelerator="l40s"))]
+    >>> batch = v.batch(rows)
+    >>> batch.X.shape, batch.classes
+    ((2, 23), ['h100-sxm/llama-3.1-8b/tp1', 'l40s/llama-3.1-8b/tp1'])
+    >>> bool(np.array_equal(batch.X[1], v.row_vector(rows[1])))
+    True
     """
 
     def __init__(self, default_accelerator: str = "h100-sxm", default_model: str = "llama-3.1-8b") -> None:
-        self.default_accelerator = get_accelerator(default_accelerator).slug
-        self.default_model = get_model(default_model).slug
-        self._hardware: dict[tuple[str, str, int], _Hardware] = {}
+        self.hardware = HardwareTable(default_accelerator, default_model)
+        self.default_accelerator = self.hardware.default_accelerator
+        self.default_model = self.hardware.default_model
 
-    def _hw(self, accelerator: str, model: str, tensor_parallel: int) -> _Hardware:
-        key = (accelerator or self.default_accelerator, model or self.default_model, tensor_parallel)
-        hw = self._hardware.get(key)
-        if hw is None:
-            acc, mod = get_accelerator(key[0]), get_model(key[1])
-            free_bytes = max(acc.memory_gb * 1e9 * tensor_parallel - mod.weight_bytes, 1e9)
-            capacity = free_bytes * KV_MEMORY_SHARE / mod.kv_bytes_per_token
-            hw = _Hardware(acc, mod, tensor_parallel, capacity)
-            self._hardware[key] = hw
-        return hw
+    # --- the row form ---------------------------------------------------------------------------------------
 
     def row_vector(self, row: FeatureRow) -> list[float]:
+        """One row's values in `COLUMNS` order: the definition the batch form is held to."""
         r, e = row.request, row.endpoint
-        hw = self._hw(e.accelerator, e.model, e.tensor_parallel)
+        hw = self.hardware.classes[self.hardware.index(e.accelerator, e.model, e.tensor_parallel)]
+        acc, mod, tp = hw.accelerator, hw.model, hw.tensor_parallel
         hits = r.prefix_hit_tokens
         uncached = r.input_tokens - hits
-        tp = hw.tensor_parallel
         kv_tokens = e.kv_cache_percentage * hw.kv_capacity_tokens
-        return [
-            float(r.input_tokens),
-            float(hits),
-            float(uncached),
-            float(r.num_tokens_generated),
-            float(e.num_request_waiting),
-            float(e.num_request_running),
-            e.kv_cache_percentage,
-            float(e.prefill_tokens_in_flight),
-            float(e.decode_tokens_in_flight),
-            1.0 if e.role == "prefill" else 0.0,
-            1.0 if e.role == "decode" else 0.0,
-            hw.accelerator.effective_tflops,
-            hw.accelerator.effective_tb_s,
-            float(tp),
-            float(hw.model.kv_bytes_per_token),
-            prefill_ms(hw.model, hw.accelerator, uncached, hits, tp),
-            prefill_ms(hw.model, hw.accelerator, e.prefill_tokens_in_flight, 0.0, tp),
-            decode_step_ms(hw.model, hw.accelerator, e.num_request_running + 1, kv_tokens, tp),
-            decode_step_ms(hw.model, hw.accelerator, 1, 0.0, tp),
-            0.0 if e.timeslice_state in ("switching", "parked") else 1.0,
-            e.timeslice_wait_ms,
-            float(r.encoder_input_size),
-            float(r.encoder_matched_size),
-        ]
+        values = {
+            "input_tokens": float(r.input_tokens),
+            "prefix_hit_tokens": float(hits),
+            "uncached_tokens": float(uncached),
+            "num_tokens_generated": float(r.num_tokens_generated),
+            "num_request_waiting": float(e.num_request_waiting),
+            "num_request_running": float(e.num_request_running),
+            "kv_cache_percentage": e.kv_cache_percentage,
+            "prefill_tokens_in_flight": float(e.prefill_tokens_in_flight),
+            "decode_tokens_in_flight": float(e.decode_tokens_in_flight),
+            "role_prefill": 1.0 if e.role == "prefill" else 0.0,
+            "role_decode": 1.0 if e.role == "decode" else 0.0,
+            "accel_tflops": acc.effective_tflops,
+            "accel_tb_s": acc.effective_tb_s,
+            "tensor_parallel": float(tp),
+            "kv_bytes_per_token": float(mod.kv_bytes_per_token),
+            "roofline_own_prefill_ms": prefill_ms(mod, acc, uncached, hits, tp),
+            "roofline_queue_prefill_ms": prefill_ms(mod, acc, e.prefill_tokens_in_flight, 0.0, tp),
+            "roofline_decode_step_ms": decode_step_ms(mod, acc, e.num_request_running + 1, kv_tokens, tp),
+            "roofline_weights_ms": hw.weights_ms,
+            "timeslice_resident": 1.0 if is_resident(e.timeslice_state) else 0.0,
+            "timeslice_wait_ms": e.timeslice_wait_ms,
+            "encoder_input_size": float(r.encoder_input_size),
+            "encoder_matched_size": float(r.encoder_matched_size),
+        }
+        return [values[c] for c in COLUMNS]
 
     def transform(self, rows: Sequence[FeatureRow]) -> np.ndarray:
         """Rows → matrix; an unknown accelerator or model raises a FeatureError naming the row index."""
-        out = np.empty((len(rows), len(COLUMNS)), dtype=np.float64)
-        for i, row in enumerate(rows):
-            try:
-                out[i] = self.row_vector(row)
-            except FeatureError as err:
-                raise FeatureError(f"rows[{i}].{err.field}", err.problem) from None
-        return out
+        return self.batch(rows).X
 
     def transform_llmd(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
         """llm-d dict rows → matrix; a bad row raises FeatureError naming the row index and field."""
+        return self.batch_llmd(rows).X
+
+    # --- the batch form -------------------------------------------------------------------------------------
+
+    def batch(self, rows: Sequence[FeatureRow]) -> FeatureBatch:
+        """FeatureRows (already checked when they were built) → a FeatureBatch, a column at a time."""
+        n = len(rows)
+        if n == 0:
+            return FeatureBatch(np.empty((0, len(COLUMNS))), self.hardware.default, self.hardware)
+        numbers = np.fromiter(chain.from_iterable(map(_ROW_NUMBERS, rows)), np.float64, n * _ROW_WIDTH)
+        numbers = numbers.reshape(n, _ROW_WIDTH)
+        k = len(LLMD_COUNT_FIELDS)
+        counts, kv, score, wait = numbers[:, :k], numbers[:, k], numbers[:, k + 1], numbers[:, k + 2]
+        accelerators, models, parallel, roles, states, ids = zip(*map(_ROW_LABELS, rows), strict=True)
+        hardware = self._classes_of(accelerators, models, parallel)
+        role_set = set(roles)
+        codes = None if role_set == {"both"} else np.array([ROLE_CODES[r] for r in roles], dtype=np.float64)
+        resident = None
+        if not _PLAIN_TIMESLICE.issuperset(states):
+            resident = np.array([1.0 if is_resident(s) else 0.0 for s in states])
+        columns = CheckedColumns(
+            counts,
+            kv,
+            score,
+            roles=codes,
+            resident=resident,
+            timeslice_wait_ms=wait if wait.any() else None,
+            hardware=hardware,
+            endpoint_ids=list(ids) if any(ids) else None,
+        )
+        return self.from_columns(columns)
+
+    def _classes_of(
+        self, accelerators: Sequence[str], models: Sequence[str], parallel: Sequence[int]
+    ) -> int | np.ndarray:
+        """The hardware class of every row (one index when all share one); names the first row of an unknown one."""
+        keys = list(zip(accelerators, models, parallel, strict=True))
+        index: dict[tuple[str, str, int], int] = {}
+        for key in dict.fromkeys(keys):  # in order of first appearance, so the first bad row is named
+            try:
+                index[key] = self.hardware.index(*key)
+            except FeatureError as err:
+                raise FeatureError(f"rows[{keys.index(key)}].{err.field}", err.problem) from None
+        if len(index) == 1:
+            return next(iter(index.values()))
+        per_row = np.array([index[key] for key in keys], dtype=np.intp)
+        return int(per_row[0]) if per_row.min() == per_row.max() else per_row
+
+    def batch_llmd(self, rows: Iterable[Mapping[str, Any]]) -> FeatureBatch:
+        """llm-d dict rows (Leadtime's extras allowed) → a FeatureBatch; a bad row raises FeatureError naming the
+        row index and field."""
         parsed = []
         for i, raw in enumerate(rows):
             try:
                 parsed.append(feature_row_from_llmd(raw))
             except FeatureError as err:
                 raise FeatureError(f"rows[{i}].{err.field}", err.problem) from None
-        return self.transform(parsed)
+        return self.batch(parsed)
+
+    def batch_of_matrix(self, x: np.ndarray) -> FeatureBatch:
+        """A bare `COLUMNS` matrix (from `transform`) as a batch, each row's hardware class found again.
+
+        A matrix does not name its rows' classes, and figures rounded into a name could make two classes one.
+        So each row's hardware columns are matched exactly against the catalog's classes (at the row's tensor
+        parallelism); a row that no class, or more than one, matches exactly is refused (ValueError): pass a
+        FeatureBatch from `batch`, which names every row's class.
+        """
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != len(COLUMNS):
+            raise ValueError(f"x must have shape (n, {len(COLUMNS)}), got {x.shape}")
+        table = self.hardware
+        figures = x[:, _FIGURE_COLUMNS]
+        if not len(x) or (figures == table.templates[table.default][_FIGURE_COLUMNS, 0]).all():
+            return FeatureBatch(x, table.default, table)
+        distinct, inverse = np.unique(figures, axis=0, return_inverse=True)
+        indices = np.array([self._class_of_figures(tuple(row)) for row in distinct.tolist()], dtype=np.intp)
+        per_row = indices[inverse.reshape(-1)]
+        hardware: int | np.ndarray = int(per_row[0]) if per_row.min() == per_row.max() else per_row
+        return FeatureBatch(x, hardware, table)
+
+    def _class_of_figures(self, figures: tuple[float, ...]) -> int:
+        """The table index of the one catalog class whose hardware columns are exactly `figures`."""
+        tp = figures[list(_FIGURE_COLUMN).index("tensor_parallel")]
+        matches = []
+        if tp >= 1 and float(tp).is_integer():
+            for acc in ACCELERATORS.values():
+                for mod in MODELS.values():
+                    candidate = np.array(HardwareClass.of(acc, mod, int(tp)).figures())[_FIGURE_POSITIONS]
+                    if tuple(candidate.tolist()) == figures:
+                        matches.append((acc.slug, mod.slug, int(tp)))
+        if len(matches) != 1:
+            found = "no accelerator class and model" if not matches else f"{len(matches)} classes ({matches})"
+            raise ValueError(
+                f"a matrix row's hardware columns {figures} match {found} exactly: vectorize the rows with "
+                "Vectorizer.batch, which names every row's class"
+            )
+        return self.hardware.index(*matches[0])
+
+    def from_columns(self, c: CheckedColumns) -> FeatureBatch:
+        """Checked columns → a FeatureBatch, in as few numpy calls as possible (each costs ~1 µs).
+
+        With one hardware class for every row its figures are scalars and one template fills every constant
+        column; otherwise the figures are (n,) vectors, which broadcast like scalars.
+        """
+        table = self.hardware
+        counts = c.counts
+        n = len(counts)
+        group = table.default if c.hardware is None else c.hardware
+        # Built transposed, one contiguous row per column (numpy's per-call cost is lower on contiguous
+        # vectors), and copied into the usual row-major (n, COLUMNS) layout at the end.
+        xt = np.empty((len(COLUMNS), n))
+        figures: Any
+        if isinstance(group, int):
+            figures = table.classes[group].figures()
+            xt[:] = table.templates[group]
+        else:
+            xt[:] = table.templates[table.default]  # its constant columns; the figures are set per row below
+            per_row = table.figures[group]
+            figures = per_row.T
+            xt[_FIGURE_COLUMNS] = per_row[:, _FIGURE_POSITIONS].T
+        tflops, tb_s, kvb, params_b, layers, attn_width, weight_bytes, capacity, tp, _ = figures
+        xt[_COUNT_COLUMNS] = counts.T
+        xt[_KV] = c.kv_cache_percentage
+        if c.roles is not None:  # else every row is "both", as the template says
+            xt[_ROLES] = c.roles == _ROLE_CODE_COLUMN
+        if c.resident is not None:
+            xt[_RESIDENT] = c.resident
+        if c.timeslice_wait_ms is not None:
+            xt[_WAIT] = c.timeslice_wait_ms
+        # The request's own prefill (its uncached tokens after its cached hits) and the prefill queued ahead of
+        # it (nothing cached) in one pass: new tokens in tokens[:2], cached ones in tokens[2:].
+        tokens = np.zeros((4, n))
+        if c.prefix_hit_tokens is None:
+            # np.rint is np.round's own kernel for 0 decimals (half to even, as Python's round), without its wrapper.
+            hits = np.rint(np.multiply(c.prefix_cache_score, xt[_INPUT], out=tokens[2]), out=tokens[2])
+        else:
+            hits = tokens[2]
+            hits[:] = c.prefix_hit_tokens
+        np.subtract(xt[_INPUT], hits, out=tokens[0])
+        tokens[1] = xt[_PREFILL_IN_FLIGHT]
+        xt[_HITS] = hits
+        xt[_UNCACHED] = tokens[0]
+        xt[_PREFILLS] = prefill_ms_array(
+            params_b, layers, attn_width, weight_bytes, tflops, tb_s, tokens[:2], tokens[2:], tp
+        )
+        batch = xt[_RUNNING] + 1.0  # running + this one
+        xt[_DECODE_STEP] = decode_step_ms_array(
+            params_b, weight_bytes, kvb, tflops, tb_s, batch, xt[_KV] * capacity, tp
+        )
+        return FeatureBatch(xt.T.copy(), group, table, c.endpoint_ids)
 
 
 def check_matrix(x: np.ndarray) -> np.ndarray:

@@ -29,6 +29,8 @@ _ESCAPE = re.compile(r"\\(.)")
 
 @dataclass(frozen=True)
 class VllmMetrics:
+    """What a router reads off one vLLM endpoint's /metrics."""
+
     num_requests_waiting: int
     num_requests_running: int
     kv_cache_usage: float

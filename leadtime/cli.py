@@ -14,9 +14,14 @@ import typer
 from leadtime.data import MEASURED, SPLITWISE, DataFileError, describe_os_error, resolve
 from leadtime.features.errors import FeatureError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Leadtime: latency-prediction routing.")
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print the figures the README quotes.")
-sim_app = typer.Typer(no_args_is_help=True, help="The fleet simulator's tools.")
+# Plain (click-style) help: typer's rich help prints a type after every option, `<bool>` after flags included.
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, rich_markup_mode=None, help="Leadtime: latency-prediction routing."
+)
+bench_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Benchmarks that print the figures the README quotes."
+)
+sim_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The fleet simulator's tools.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(sim_app, name="sim")
 

@@ -15,17 +15,18 @@ from typing import Any
 from leadtime.features.vectorize import COLUMNS, SCHEMA_VERSION
 
 FORMAT = "leadtime-predictor"
-ARTIFACT_VERSION = 1
+# 2: per-class offsets are keyed by class name ("h100-sxm/llama-3.1-8b/tp1"), no longer by rounded figures.
+ARTIFACT_VERSION = 2
 FILE_NAME = "leadtime-predictor.json"
 
 
-def _error(message: str) -> Exception:
-    from leadtime.predictor.learner import ArtifactError
-
-    return ArtifactError(message)
+class ArtifactError(ValueError):
+    """A saved predictor is corrupt, not a Leadtime artifact, or of another schema version."""
 
 
 def encode(state: dict[str, Any]) -> bytes:
+    """A learner's state (`OnlinePredictor.snapshot()[0]`) as the artifact's bytes: JSON with its format,
+    version and column order."""
     document = {
         "format": FORMAT,
         "artifact_version": ARTIFACT_VERSION,
@@ -37,24 +38,26 @@ def encode(state: dict[str, Any]) -> bytes:
 
 
 def decode(data: bytes) -> dict[str, Any]:
+    """An artifact's bytes → the state `OnlinePredictor.from_state` takes; ArtifactError for anything that is not
+    an artifact of this build's format, version and columns."""
     try:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise _error(f"not a Leadtime artifact: not JSON ({err.__class__.__name__})") from None
+        raise ArtifactError(f"not a Leadtime artifact: not JSON ({err.__class__.__name__})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise _error("not a Leadtime artifact: missing or wrong 'format'")
+        raise ArtifactError("not a Leadtime artifact: missing or wrong 'format'")
     if document.get("artifact_version") != ARTIFACT_VERSION:
         found = document.get("artifact_version")
-        raise _error(f"artifact version {found!r} is not supported (this build reads {ARTIFACT_VERSION})")
+        raise ArtifactError(f"artifact version {found!r} is not supported (this build reads {ARTIFACT_VERSION})")
     if document.get("schema_version") != SCHEMA_VERSION:
-        raise _error(
+        raise ArtifactError(
             f"feature schema version {document.get('schema_version')!r} differs from this build's {SCHEMA_VERSION}"
         )
     if document.get("columns") != list(COLUMNS):
-        raise _error("feature columns differ from this build's column order")
+        raise ArtifactError("feature columns differ from this build's column order")
     for key in ("config", "targets"):
         if not isinstance(document.get(key), dict):
-            raise _error(f"artifact lacks {key!r}")
+            raise ArtifactError(f"artifact lacks {key!r}")
     return document
 
 
@@ -71,9 +74,10 @@ def save_file(directory: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def load_file(directory: str | os.PathLike[str]) -> bytes:
+    """The artifact's bytes from a directory (or the file itself); ArtifactError when there is none."""
     path = Path(directory)
     if path.is_dir():
         path = path / FILE_NAME
     if not path.exists():
-        raise _error(f"no artifact at {path}")
+        raise ArtifactError(f"no artifact at {path}")
     return path.read_bytes()

@@ -8,6 +8,7 @@ raises `PredictorError` with the service's message. Rows and observations may be
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +50,12 @@ Obs = Mapping[str, Any] | Observation
 
 
 def row_dict(row: Row) -> dict[str, Any]:
+    """A row as the llm-d-shaped dict the service takes."""
     return feature_row_to_llmd(row) if isinstance(row, FeatureRow) else dict(row)
 
 
 def observation_dict(obs: Obs) -> dict[str, Any]:
+    """An observation as the llm-d-shaped training entry the service takes."""
     return observation_to_llmd(obs) if isinstance(obs, Observation) else dict(obs)
 
 
@@ -125,10 +128,12 @@ class HttpPredictorClient:
         return str(self._call("POST", "/add_training_data_bulk", body, deadline_s)["message"])
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
+        """The service's /v1/status answer."""
         answer: dict[str, Any] = self._call("GET", "/v1/status", None, deadline_s)
         return answer
 
     def close(self) -> None:
+        """Close the connection pool."""
         self._client.close()
 
     def __enter__(self) -> HttpPredictorClient:
@@ -138,35 +143,15 @@ class HttpPredictorClient:
         self.close()
 
 
-_ROW_FIELDS = (
-    "kv_cache_percentage",
-    "input_token_length",
-    "num_request_waiting",
-    "num_request_running",
-    "num_tokens_generated",
-    "prefix_cache_score",
-    "pod_type",
-    "prefill_tokens_in_flight",
-    "decode_tokens_in_flight",
-    "encoder_matched_size",
-    "encoder_input_size",
-    "endpoint_id",
-    "accelerator",
-    "model",
-    "tensor_parallel",
-    "prefix_hit_tokens",
-    "timeslice_state",
-    "timeslice_wait_ms",
-)
-_OBSERVATION_FIELDS = (
-    "actual_ttft_ms",
-    "actual_tpot_ms",
-    "predicted_ttft_ms",
-    "predicted_tpot_ms",
-    "predicted_ttft_quantile_ms",
-    "predicted_tpot_quantile_ms",
-    "timestamp",
-)
+@functools.cache
+def _wire() -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]:
+    """(Row fields, Observation fields but the row, Row text fields), read off the proto descriptor once."""
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
+
+    row = pb.Row.DESCRIPTOR.fields
+    observation = tuple(f.name for f in pb.Observation.DESCRIPTOR.fields if f.name != "row")
+    text = frozenset(f.name for f in row if f.type == f.TYPE_STRING)
+    return tuple(f.name for f in row), observation, text
 
 
 def _wire_fields(row: Row) -> dict[str, Any]:
@@ -175,7 +160,7 @@ def _wire_fields(row: Row) -> dict[str, Any]:
     d = row_dict(row)
     if not d.get("pod_type") and d.get("role") in ("prefill", "decode"):
         d["pod_type"] = d["role"]
-    fields = {k: d[k] for k in _ROW_FIELDS if d.get(k) is not None}
+    fields = {k: d[k] for k in _wire()[0] if d.get(k) is not None}
     if fields.get("timeslice_state") == "none":
         del fields["timeslice_state"]
     return fields
@@ -191,9 +176,6 @@ def row_message(row: Row) -> Any:
         raise PredictorError("invalid", f"row cannot be encoded: {err}") from None
 
 
-_TEXT_FIELDS = frozenset(("pod_type", "endpoint_id", "accelerator", "model", "timeslice_state"))
-
-
 def row_columns(rows: Sequence[Row]) -> Any:
     """Rows → leadtime.v1.RowColumns, the form the service decodes fastest; None when the rows cannot travel as
     columns (some give `prefix_hit_tokens` and others not), for the caller to send Row messages instead."""
@@ -204,9 +186,10 @@ def row_columns(rows: Sequence[Row]) -> Any:
     if "prefix_hit_tokens" in names and not all("prefix_hit_tokens" in f for f in wire):
         return None
     lists = {}
-    for name in _ROW_FIELDS:
+    row_fields, _, text_fields = _wire()
+    for name in row_fields:
         if name in names:
-            zero = "" if name in _TEXT_FIELDS else 0
+            zero = "" if name in text_fields else 0
             lists[name] = [f.get(name, zero) for f in wire]
     try:
         return pb.RowColumns(**lists)
@@ -215,12 +198,13 @@ def row_columns(rows: Sequence[Row]) -> Any:
 
 
 def observation_message(obs: Obs) -> Any:
+    """An observation (dict or Observation) → leadtime.v1.Observation."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     d = observation_dict(obs)
     if isinstance(d.get("timestamp"), str):
         d.pop("timestamp")  # the wire form is seconds since the epoch
-    fields = {k: d[k] for k in _OBSERVATION_FIELDS if d.get(k) is not None}
+    fields = {k: d[k] for k in _wire()[1] if d.get(k) is not None}
     try:
         return pb.Observation(row=row_message(d), **fields)
     except (TypeError, ValueError) as err:
@@ -263,6 +247,7 @@ class GrpcPredictorClient:
             raise error(code.name, details or code.name) from None
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
+        """Predictions for every row (sent as columns when they can travel so)."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         columns = row_columns(rows)
@@ -281,6 +266,7 @@ class GrpcPredictorClient:
         )
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
+        """Send observations in one call; returns how many were accepted."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         request = pb.ObserveRequest(observations=[observation_message(o) for o in observations])
@@ -294,6 +280,7 @@ class GrpcPredictorClient:
         return int(self._call(self._stub.ObserveStream, requests, deadline_s).accepted)
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
+        """The service's Status answer as a dict."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         answer = self._call(self._stub.Status, pb.StatusRequest(), deadline_s)
@@ -310,6 +297,7 @@ class GrpcPredictorClient:
         }
 
     def close(self) -> None:
+        """Close the channel."""
         self._channel.close()
 
     def __enter__(self) -> GrpcPredictorClient:

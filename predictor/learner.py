@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,8 +25,10 @@ from typing import Any
 import numpy as np
 from river import drift
 
+from leadtime.features.errors import FeatureError
 from leadtime.features.rows import FeatureRow, Observation
-from leadtime.features.vectorize import COLUMN_INDEX, COLUMNS, Vectorizer, check_matrix
+from leadtime.features.vectorize import COLUMNS, FeatureBatch, Vectorizer, check_matrix
+from leadtime.predictor.artifact import ArtifactError, decode, encode, load_file, save_file
 from leadtime.predictor.online import ConformalQuantile, OffsetTable, RecursiveLeastSquares
 from leadtime.predictor.physics import (
     TARGETS,
@@ -41,6 +44,11 @@ log = logging.getLogger("leadtime.predictor")
 _MIN_MS = 0.05  # floor for log targets; no real TTFT/ITL is below this
 _SETTLE_EVERY = 64  # observations between calibration updates (they need a LightGBM call)
 _BLOCK = 32  # rows per block update of the online correction when learning a batch
+# The global correction's pull towards the physics prior weighs like this many observations (~2.5 per feature
+# it learns), so that its first observations, all from one accelerator class, do not carry over to every other
+# class in full: one observation 3x slower than the prior moved another class's prediction by x3 with a ridge
+# of 1, and moves it by ~x1.2 with this.
+_PRIOR_ROWS = 30.0
 
 
 @dataclass
@@ -107,24 +115,8 @@ class Predictions:
     model_version: int
 
 
-class ArtifactError(ValueError):
-    """A saved predictor is corrupt, not a Leadtime artifact, or of another schema version."""
-
-
-_CLASS_COLUMNS = [COLUMN_INDEX[c] for c in ("accel_tflops", "accel_tb_s", "tensor_parallel", "kv_bytes_per_token")]
-
-
-def hardware_keys(x: np.ndarray) -> list[str]:
-    """One key per row naming its accelerator class, tensor parallelism and model (via KV bytes/token)."""
-    hw = x[:, _CLASS_COLUMNS]
-    if len(hw) and (hw == hw[0]).all():
-        return [_hardware_key(hw[0])] * len(hw)
-    return [_hardware_key(row) for row in hw]
-
-
-def _hardware_key(row: np.ndarray) -> str:
-    tflops, tb_s, tp, kv = (float(v) for v in row)
-    return f"{tflops:.0f}/{tb_s:.3f}/{tp:.0f}/{kv:.0f}"
+_ACTUAL_TTFT = operator.attrgetter("actual_ttft_ms")
+_ACTUAL_TPOT = operator.attrgetter("actual_tpot_ms")
 
 
 def tree_inputs(x: np.ndarray, prior: np.ndarray) -> np.ndarray:
@@ -206,7 +198,9 @@ class _TargetModel:
     def __init__(self, target: str, config: LearnerConfig) -> None:
         self.target = target
         self.names = correction_feature_names(target)
-        self.rls = RecursiveLeastSquares(len(self.names), forgetting=config.forgetting, ridge=1.0)
+        self.rls = RecursiveLeastSquares(
+            len(self.names), forgetting=config.forgetting, ridge=1.0, prior_rows=_PRIOR_ROWS
+        )
         self.classes = OffsetTable(rate=0.02, prior_count=20.0)
         self.endpoints = OffsetTable(rate=0.1, prior_count=5.0)
         self.conformal = ConformalQuantile(config.quantile)
@@ -227,9 +221,9 @@ class _TargetModel:
     # --- prediction -------------------------------------------------------------------------------------
 
     def online_log(
-        self, x: np.ndarray, prior: np.ndarray, hw: list[str], endpoint_ids: Sequence[str] | None
+        self, x: np.ndarray, prior: np.ndarray, hw: list[str] | str, endpoint_ids: Sequence[str] | None
     ) -> np.ndarray:
-        """log(correction) from the online parts."""
+        """log(correction) from the online parts. `hw`: the class key of every row, or one for all of them."""
         phi = correction_features(self.target, x, prior)
         z = self.rls.predict_many(phi) + self.classes.get_many(hw)
         if endpoint_ids is not None and len(self.endpoints):
@@ -237,8 +231,9 @@ class _TargetModel:
         return z
 
     def predict(
-        self, x: np.ndarray, hw: list[str], endpoint_ids: Sequence[str] | None
+        self, x: np.ndarray, hw: list[str] | str, endpoint_ids: Sequence[str] | None
     ) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, upper quantile) in ms of every row; `hw` as in `online_log`."""
         prior = prior_ms(self.target, x)
         z_online = self.online_log(x, prior, hw, endpoint_ids)
         trees = self.trees  # one read: a swap during this call cannot mix two models
@@ -454,6 +449,12 @@ class _TargetModel:
 class OnlinePredictor:
     """Predicts TTFT and TPOT (mean and an upper quantile) per row and learns from every observation.
 
+    As river's learners: `predict_one(row)` / `learn_one(observation)` and, for batches, `predict_many(rows)` /
+    `learn_many(observations)`; the batch forms also take a `FeatureBatch` the caller vectorized itself (the
+    service does, column-wise), with the actuals beside it in `learn_many`. Constructing one does no work
+    beyond setting it up: with `config.background`, retraining runs in a thread that `start()` starts (and
+    `close()` stops); until then a retrain that falls due waits.
+
     Parameters
     ----------
     config
@@ -474,7 +475,13 @@ class OnlinePredictor:
     ...     p.learn_one(Observation(row, actual_tpot_ms=actual))
     >>> bool(sum(errors[-50:]) / 50 < 0.05)
     True
-    >>> p.close()
+
+    A router's candidates in one call, and what it learned once they completed:
+
+    >>> candidates = [FeatureRow(RequestFeatures(800), EndpointState(endpoint_id=f"e{i}")) for i in range(3)]
+    >>> p.predict_many(candidates).ttft_mean.shape
+    (3,)
+    >>> p.learn_many([Observation(row, actual_ttft_ms=40.0) for row in candidates])
     """
 
     def __init__(self, config: LearnerConfig | None = None) -> None:
@@ -492,30 +499,39 @@ class OnlinePredictor:
         self._retrain_wanted = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        if self.config.background:
+
+    # --- background work ----------------------------------------------------------------------------------
+
+    def start(self) -> OnlinePredictor:
+        """Start retraining in a background thread (with `config.background`; otherwise retrains run inside
+        `learn_many`, and this does nothing). Returns the predictor, so `OnlinePredictor(config).start()` reads
+        as one step."""
+        if self.config.background and self._thread is None:
+            self._stopping.clear()
             self._thread = threading.Thread(target=self._retrain_loop, name="leadtime-retrain", daemon=True)
             self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the background thread, if one runs (waits for a retrain in progress)."""
+        self._stopping.set()
+        self._retrain_wanted.set()  # wakes the thread
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        self._retrain_wanted.clear()  # the next retrain that falls due asks again
+
+    def __enter__(self) -> OnlinePredictor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # --- prediction ---------------------------------------------------------------------------------------
 
-    def predict_many(self, x: np.ndarray, endpoint_ids: Sequence[str] | None = None) -> Predictions:
-        x = np.asarray(x, dtype=np.float64)
-        if x.ndim != 2 or x.shape[1] != len(COLUMNS):
-            raise ValueError(f"x must have shape (n, {len(COLUMNS)}), got {x.shape}")
-        if endpoint_ids is not None and len(endpoint_ids) != len(x):
-            raise ValueError(f"{len(endpoint_ids)} endpoint ids for {len(x)} rows")
-        version = self.version
-        hw = hardware_keys(x)
-        ttft, ttft_q = self._models["ttft"].predict(x, hw, endpoint_ids)
-        tpot, tpot_q = self._models["tpot"].predict(x, hw, endpoint_ids)
-        return Predictions(ttft, ttft_q, tpot, tpot_q, version)
-
-    def predict_rows(self, rows: Sequence[FeatureRow]) -> Predictions:
-        ids = [r.endpoint.endpoint_id for r in rows]
-        return self.predict_many(self.vectorizer.transform(rows), ids if any(ids) else None)
-
     def predict_one(self, row: FeatureRow) -> dict[str, float]:
-        p = self.predict_rows([row])
+        """One row's predictions in milliseconds: ttft_mean, ttft_quantile, tpot_mean, tpot_quantile."""
+        p = self.predict_many([row])
         return {
             "ttft_mean": float(p.ttft_mean[0]),
             "ttft_quantile": float(p.ttft_quantile[0]),
@@ -523,10 +539,34 @@ class OnlinePredictor:
             "tpot_quantile": float(p.tpot_quantile[0]),
         }
 
+    def predict_many(self, rows: Sequence[FeatureRow] | FeatureBatch | np.ndarray) -> Predictions:
+        """Predictions for every row, in row order: FeatureRows, or a FeatureBatch vectorized by the caller.
+
+        A bare `COLUMNS` matrix (from `Vectorizer.transform`) is also taken: each row's class is found again by
+        an exact match of its hardware columns (`Vectorizer.batch_of_matrix`, which refuses a row no class or
+        several classes match).
+        """
+        batch = self._batch(rows)
+        version = self.version
+        x, ids = batch.X, batch.endpoint_ids
+        classes: str | list[str] = (
+            batch.table.keys[batch.hardware] if isinstance(batch.hardware, int) else batch.classes
+        )
+        ttft, ttft_q = self._models["ttft"].predict(x, classes, ids)
+        tpot, tpot_q = self._models["tpot"].predict(x, classes, ids)
+        return Predictions(ttft, ttft_q, tpot, tpot_q, version)
+
+    def _batch(self, rows: Sequence[FeatureRow] | FeatureBatch | np.ndarray) -> FeatureBatch:
+        if isinstance(rows, FeatureBatch):
+            return rows
+        if isinstance(rows, np.ndarray):
+            return self.vectorizer.batch_of_matrix(rows)
+        return self.vectorizer.batch(rows)
+
     def debug_one(self, row: FeatureRow) -> str:
         """Explain one prediction term by term: prior, correction, offsets, trees, calibration."""
-        x = self.vectorizer.transform([row])
-        hw = hardware_keys(x)
+        batch = self.vectorizer.batch([row])
+        x, hw = batch.X, batch.classes
         endpoint = row.endpoint.endpoint_id
         lines = []
         for target, model in self._models.items():
@@ -543,7 +583,7 @@ class OnlinePredictor:
             lines.append(f"  online correction        ×{math.exp(float(phi @ model.rls.weights)):.3f}")
             for name, value in terms[:5]:
                 lines.append(f"    {name:<28} {value:+.3f} (log)")
-            lines.append(f"  accelerator-class offset ×{math.exp(model.classes.get(hw[0])):.3f}")
+            lines.append(f"  accelerator-class offset ×{math.exp(model.classes.get(hw[0])):.3f} ({hw[0]})")
             lines.append(f"  endpoint offset          ×{math.exp(model.endpoints.get(endpoint)):.3f}")
             tree = model.trees.predict_mean(tree_inputs(x, prior))
             if tree is not None:
@@ -563,44 +603,56 @@ class OnlinePredictor:
     # --- learning ---------------------------------------------------------------------------------------
 
     def learn_one(self, obs: Observation) -> None:
-        x = self.vectorizer.transform([obs.row])
-        ids = [obs.row.endpoint.endpoint_id]
-        self.learn_many(x, np.array([obs.actual_ttft_ms]), np.array([obs.actual_tpot_ms]), ids)
-
-    def learn_observations(self, observations: Sequence[Observation]) -> None:
-        if not observations:
-            return
-        x = self.vectorizer.transform([o.row for o in observations])
-        self.learn_many(
-            x,
-            np.array([o.actual_ttft_ms for o in observations]),
-            np.array([o.actual_tpot_ms for o in observations]),
-            [o.row.endpoint.endpoint_id for o in observations],
-        )
+        """Learn one completed request."""
+        self.learn_many([obs])
 
     def learn_many(
         self,
-        x: np.ndarray,
-        actual_ttft_ms: np.ndarray,
-        actual_tpot_ms: np.ndarray,
-        endpoint_ids: Sequence[str] | None = None,
+        observations: Sequence[Observation] | FeatureBatch | np.ndarray,
+        actual_ttft_ms: np.ndarray | Sequence[float] | None = None,
+        actual_tpot_ms: np.ndarray | Sequence[float] | None = None,
     ) -> None:
-        """Learn a batch in order. Everything is validated before anything is learned: a bad batch changes nothing."""
-        x = check_matrix(x)
+        """Learn a batch in order: Observations, or a FeatureBatch (or a bare matrix, as `predict_many` takes
+        it) with the actuals beside it (0 = that target was not observed).
+
+        Everything is validated before anything is learned: a bad batch changes nothing.
+        """
+        if isinstance(observations, FeatureBatch | np.ndarray):
+            if actual_ttft_ms is None or actual_tpot_ms is None:
+                raise TypeError("learn_many(batch, actual_ttft_ms, actual_tpot_ms): a batch needs its actuals")
+            batch = self._batch(observations)
+        else:
+            if actual_ttft_ms is not None or actual_tpot_ms is not None:
+                raise TypeError("learn_many(observations): Observations carry their own actuals")
+            n = len(observations)
+            if n == 0:
+                return
+            batch = self.vectorizer.batch([o.row for o in observations])
+            actual_ttft_ms = np.fromiter(map(_ACTUAL_TTFT, observations), dtype=np.float64, count=n)
+            actual_tpot_ms = np.fromiter(map(_ACTUAL_TPOT, observations), dtype=np.float64, count=n)
+        self._learn(batch, actual_ttft_ms, actual_tpot_ms)
+
+    def _learn(
+        self,
+        batch: FeatureBatch,
+        actual_ttft_ms: np.ndarray | Sequence[float],
+        actual_tpot_ms: np.ndarray | Sequence[float],
+    ) -> None:
+        x = check_matrix(batch.X)
         actual = {
             "ttft": _check_actuals("actual_ttft_ms", actual_ttft_ms, len(x)),
             "tpot": _check_actuals("actual_tpot_ms", actual_tpot_ms, len(x)),
         }
-        if endpoint_ids is not None and len(endpoint_ids) != len(x):
-            raise ValueError(f"{len(endpoint_ids)} endpoint ids for {len(x)} rows")
-        hw = hardware_keys(x)
-        ids = list(endpoint_ids) if endpoint_ids is not None else [""] * len(x)
+        if batch.endpoint_ids is not None and len(batch.endpoint_ids) != len(x):
+            raise ValueError(f"{len(batch.endpoint_ids)} endpoint ids for {len(x)} rows")
+        hw = batch.classes
+        ids = batch.endpoint_ids if batch.endpoint_ids is not None else [""] * len(x)
         want_retrain = False
         start = 0
         while start < len(x):
             with self._lock:
                 stop = len(x)
-                if not self.config.background:
+                if self.config.retrain and not self.config.background:
                     # Stop where a target reaches its retrain point, so a synchronous walk retrains on time.
                     room = min(self.config.retrain_every - m.since_retrain for m in self._models.values())
                     stop = min(len(x), start + max(room, 1))
@@ -658,6 +710,7 @@ class OnlinePredictor:
         return True
 
     def add_retrain_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        """Call `fn(result)` after every retrain (on the thread that ran it)."""
         self._listeners.append(fn)
 
     def _retrain_loop(self) -> None:
@@ -675,15 +728,10 @@ class OnlinePredictor:
                     self.retrain_error = f"{type(err).__name__}: {err}"
                     log.exception("background retrain failed")
 
-    def close(self) -> None:
-        self._stopping.set()
-        self._retrain_wanted.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
     # --- introspection ------------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """Observations learned, window sizes, trees serving, drifts, last retrain and its error, version."""
         return {
             "observations": {t: m.observations for t, m in self._models.items()},
             "window": {t: m.window.count for t, m in self._models.items()},
@@ -695,11 +743,13 @@ class OnlinePredictor:
         }
 
     def tree_text(self, target: str) -> str | None:
+        """The serving tree of a target as LightGBM text (the mean tree, else the quantile tree), or None."""
         trees = self._model(target).trees
         booster = trees.mean if trees.mean is not None else trees.upper
         return booster.model_to_string() if booster is not None else None
 
     def tree_importances(self, target: str) -> dict[str, float]:
+        """Gain importance of each tree feature for a target's serving tree ({} without one)."""
         trees = self._model(target).trees
         booster = trees.mean if trees.mean is not None else trees.upper
         if booster is None:
@@ -708,6 +758,7 @@ class OnlinePredictor:
         return {name: float(g) for name, g in zip(TREE_FEATURES, gains, strict=True)}
 
     def flush_window(self) -> dict[str, int]:
+        """Empty both retraining windows; returns how many observations each held."""
         with self._lock:
             return {t: m.window.clear() for t, m in self._models.items()}
 
@@ -719,8 +770,7 @@ class OnlinePredictor:
     # --- persistence ------------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        from leadtime.predictor.artifact import encode
-
+        """The artifact: JSON with the trees as LightGBM text (never a pickle)."""
         with self._lock:
             for model in self._models.values():
                 model.settle()
@@ -732,8 +782,6 @@ class OnlinePredictor:
     ) -> OnlinePredictor:
         """Load an artifact. `reuse`: a predictor loaded earlier whose boosters are kept where the artifact's
         trees are the same text (parsing LightGBM text is most of a load's cost)."""
-        from leadtime.predictor.artifact import decode
-
         return cls.from_state(decode(data), background, reuse)
 
     @classmethod
@@ -777,14 +825,12 @@ class OnlinePredictor:
             return self._state(), {t: dict(m.trees.compiled) for t, m in self._models.items()}
 
     def save(self, directory: Any) -> None:
-        from leadtime.predictor.artifact import save_file
-
+        """Write the artifact into `directory` (atomically)."""
         save_file(directory, self.to_bytes())
 
     @classmethod
     def load(cls, directory: Any, background: bool | None = None) -> OnlinePredictor:
-        from leadtime.predictor.artifact import load_file
-
+        """A predictor from the artifact in `directory` (not started)."""
         return cls.from_bytes(load_file(directory), background=background)
 
     def _state(self) -> dict[str, Any]:
@@ -796,9 +842,7 @@ class OnlinePredictor:
         }
 
 
-def _check_actuals(name: str, values: np.ndarray, n: int) -> np.ndarray:
-    from leadtime.features.errors import FeatureError
-
+def _check_actuals(name: str, values: np.ndarray | Sequence[float], n: int) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64)
     if values.shape != (n,):
         raise FeatureError(name, f"expected {n} values, got shape {values.shape}")

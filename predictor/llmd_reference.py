@@ -160,6 +160,7 @@ class LlmdFrame:
         )
 
     def take(self, index: np.ndarray) -> LlmdFrame:
+        """The rows at `index`, in that order."""
         return LlmdFrame(
             {k: v[index] for k, v in self.columns.items()},
             self.pod_type[index],
@@ -168,6 +169,7 @@ class LlmdFrame:
         )
 
     def actual(self, target: str) -> np.ndarray:
+        """The observed latency of `target` per row (0: not observed)."""
         return self.actual_ttft_ms if target == "ttft" else self.actual_tpot_ms
 
 
@@ -310,6 +312,7 @@ class LlmdPredictions:
     tpot_quantile: np.ndarray | None
 
     def get(self, target: str, objective: str) -> np.ndarray | None:
+        """One target's predictions for one objective (None when that objective is not trained)."""
         value: np.ndarray | None = getattr(self, f"{target}_{objective}")
         return value
 
@@ -377,6 +380,7 @@ class LlmdReference:
 
     @property
     def model_type(self) -> str:
+        """The library the trees come from: the one asked for, else XGBoost where installed."""
         if self.model is None:
             return default_model_type()
         if self.model not in MODEL_TYPES:
@@ -420,6 +424,7 @@ class LlmdReference:
             start = stop
 
     def learn_one(self, row: Mapping[str, Any]) -> None:
+        """`learn_many` of one training row."""
         self.learn_many([row])
 
     def _add(self, frame: LlmdFrame) -> None:
@@ -483,6 +488,7 @@ class LlmdReference:
         return LlmdPredictions(**out)
 
     def predict_one(self, row: Mapping[str, Any]) -> dict[str, float]:
+        """Every trained prediction for one row, keyed `<target>_<objective>`."""
         p = self.predict_many([row])
         return {f"{t}_{o}": float(v[0]) for t in TARGETS for o in OBJECTIVES if (v := p.get(t, o)) is not None}
 

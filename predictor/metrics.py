@@ -168,6 +168,7 @@ class ServiceMetrics:
             r.register(_LiveValues(read_live))
 
     def observe_request(self, path: str, method: str, status: int, seconds: float) -> None:
+        """Count an HTTP request and time it, by route path."""
         self.requests.labels(path, method, str(status)).inc()
         self.request_seconds.labels(path).observe(seconds)
 
@@ -182,6 +183,7 @@ class ServiceMetrics:
             self.retrains.labels(target, "accepted" if accepted else "rejected").inc()
 
     def observe_retrain_failure(self) -> None:
+        """Count a retrain that failed, for both targets."""
         for target in ("ttft", "tpot"):
             self.retrains.labels(target, "failed").inc()
 

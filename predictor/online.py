@@ -27,6 +27,10 @@ class RecursiveLeastSquares:
         Weight kept by the past at each update; 0.999 remembers roughly the last thousand observations.
     ridge
         Strength of the initial pull of w towards 0; larger is more cautious on the first observations.
+    prior_rows
+        When > 0, the initial pull is set by the first rows instead: it weighs like `prior_rows` observations
+        of their scale (a ridge of 1 is nothing beside features of magnitude ~10, so one observation would
+        move w almost all the way).
     clip
         Innovations larger than `clip` times the running mean absolute error are clipped (outliers).
 
@@ -40,11 +44,19 @@ class RecursiveLeastSquares:
     [2.0, 3.0]
     """
 
-    def __init__(self, n_features: int, forgetting: float = 0.999, ridge: float = 1.0, clip: float = 4.0) -> None:
+    def __init__(
+        self,
+        n_features: int,
+        forgetting: float = 0.999,
+        ridge: float = 1.0,
+        clip: float = 4.0,
+        prior_rows: float = 0.0,
+    ) -> None:
         self.n_features = n_features
         self.forgetting = forgetting
         self.ridge = ridge
         self.clip = clip
+        self.prior_rows = prior_rows
         self.weights = np.zeros(n_features)
         self._p = np.eye(n_features) / ridge
         self._mean_abs_error = 0.0
@@ -52,10 +64,13 @@ class RecursiveLeastSquares:
         self._since_maintenance = 0
 
     def predict_many(self, phi: np.ndarray) -> np.ndarray:
+        """w·φ for every row of φ."""
         return phi @ self.weights
 
     def learn_one(self, phi: np.ndarray, y: float) -> float:
         """Update on one (φ, y); returns the prior (before-update) error y − w·φ."""
+        if self.n_seen == 0 and self.prior_rows:
+            self._scale_prior(phi[None, :])
         weights, p = self.weights, self._p
         error = float(y - phi @ weights)
         bound = self.clip * self._mean_abs_error if self.n_seen >= 20 else np.inf
@@ -78,6 +93,8 @@ class RecursiveLeastSquares:
         """
         if len(y) == 1:
             return np.array([self.learn_one(phi[0], float(y[0]))])
+        if self.n_seen == 0 and self.prior_rows:
+            self._scale_prior(phi)
         errors = y - phi @ self.weights
         bound = self.clip * self._mean_abs_error if self.n_seen >= 20 else np.inf
         steps = np.clip(errors, -bound, bound)
@@ -92,6 +109,11 @@ class RecursiveLeastSquares:
             self._mean_abs_error += (float(error) - self._mean_abs_error) / min(self.n_seen, 200)
         return errors
 
+    def _scale_prior(self, phi: np.ndarray) -> None:
+        """Make the pull towards 0 weigh like `prior_rows` observations of the scale of the first rows."""
+        scale = np.maximum(np.mean(phi * phi, axis=0), 1.0)
+        self._p = np.diag(1.0 / (self.prior_rows * scale))
+
     def _after_update(self, rows: int) -> None:
         self.n_seen += rows
         self._since_maintenance += rows
@@ -105,11 +127,13 @@ class RecursiveLeastSquares:
                 p *= 1e4 * self.n_features / trace
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as JSON-ready values."""
         return {
             "n_features": self.n_features,
             "forgetting": self.forgetting,
             "ridge": self.ridge,
             "clip": self.clip,
+            "prior_rows": self.prior_rows,
             "weights": self.weights.tolist(),
             "p": self._p.tolist(),
             "mean_abs_error": self._mean_abs_error,
@@ -118,7 +142,14 @@ class RecursiveLeastSquares:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RecursiveLeastSquares:
-        rls = cls(int(d["n_features"]), float(d["forgetting"]), float(d["ridge"]), float(d["clip"]))
+        """A learner from `to_dict`'s output; ValueError if its shapes disagree."""
+        rls = cls(
+            int(d["n_features"]),
+            float(d["forgetting"]),
+            float(d["ridge"]),
+            float(d["clip"]),
+            float(d.get("prior_rows", 0.0)),
+        )
         rls.weights = np.asarray(d["weights"], dtype=np.float64)
         rls._p = np.asarray(d["p"], dtype=np.float64)
         if rls.weights.shape != (rls.n_features,) or rls._p.shape != (rls.n_features, rls.n_features):
@@ -140,6 +171,18 @@ class OffsetTable:
         Weight of the newest residual once warmed up; 0.1 follows a change within a few tens of observations.
     prior_count
         Pseudo-observations of residual 0 a new key starts with.
+
+    Examples
+    --------
+    One endpoint 2x slow (log residual 0.69) among others that are only noisy:
+
+    >>> import random
+    >>> table, rng = OffsetTable(), random.Random(0)
+    >>> for _ in range(60):
+    ...     table.learn_one("slow", 0.69 + rng.gauss(0, 0.1))
+    ...     table.learn_one("noisy", rng.gauss(0, 0.1))
+    >>> round(table.get("slow"), 1), abs(table.get("noisy")) < 0.05, table.get("never seen")
+    (0.7, True, 0.0)
     """
 
     def __init__(self, rate: float = 0.1, prior_count: float = 5.0) -> None:
@@ -151,18 +194,23 @@ class OffsetTable:
         self._counts: dict[str, int] = {}
 
     def get(self, key: str) -> float:
+        """The offset of `key` (0 for a key never seen)."""
         return self._offsets.get(key, 0.0)
 
-    def get_many(self, keys: list[str]) -> np.ndarray | float:
-        """Offsets of `keys`; a single float when every key is the same (the usual case: one class)."""
+    def get_many(self, keys: list[str] | str) -> np.ndarray | float:
+        """Offsets of `keys`; a single float when every key is the same (the usual case: one class), which a
+        caller that knows it says by passing that one key."""
         offsets = self._offsets
         if not offsets:
             return 0.0
+        if isinstance(keys, str):
+            return offsets.get(keys, 0.0)
         if keys and keys.count(keys[0]) == len(keys):
             return offsets.get(keys[0], 0.0)
         return np.array([offsets.get(k, 0.0) for k in keys])
 
     def learn_one(self, key: str, residual: float) -> None:
+        """Update `key`'s offset with one residual (an empty key is ignored)."""
         if not key:
             return
         n = self._counts.get(key, 0) + 1
@@ -182,6 +230,7 @@ class OffsetTable:
         return len(self._offsets)
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as JSON-ready values."""
         return {
             "rate": self.rate,
             "prior_count": self.prior_count,
@@ -193,6 +242,7 @@ class OffsetTable:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OffsetTable:
+        """A table from `to_dict`'s output."""
         table = cls(float(d["rate"]), float(d["prior_count"]))
         table._offsets = {str(k): float(v) for k, v in d["offsets"].items()}
         table._means = {str(k): float(v) for k, v in d["means"].items()}
@@ -216,6 +266,18 @@ class ConformalQuantile:
         Recent residuals kept.
     step
         Adaptive-conformal learning rate (log units per observation).
+
+    Examples
+    --------
+    Residuals of standard normal noise: the p90 offset settles near its 1.28.
+
+    >>> import random
+    >>> rng, cq = random.Random(1), ConformalQuantile(0.9)
+    >>> for _ in range(2000):
+    ...     r = rng.gauss(0, 1)
+    ...     cq.observe(r, covered=r <= cq.offset)
+    >>> 1.0 < cq.offset < 1.6
+    True
     """
 
     def __init__(self, quantile: float = 0.9, window: int = 1000, step: float = 0.01) -> None:
@@ -269,6 +331,7 @@ class ConformalQuantile:
             self._since_refresh = 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The state as JSON-ready values."""
         return {
             "quantile": self.quantile,
             "window": self.window,
@@ -283,6 +346,7 @@ class ConformalQuantile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConformalQuantile:
+        """A calibration from `to_dict`'s output."""
         cq = cls(float(d["quantile"]), int(d["window"]), float(d["step"]))
         cq.residuals.extend(float(r) for r in d["residuals"])
         cq.adaptive = float(d["adaptive"])

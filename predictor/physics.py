@@ -29,10 +29,12 @@ def ttft_prior_ms(x: np.ndarray) -> np.ndarray:
 
 
 def tpot_prior_ms(x: np.ndarray) -> np.ndarray:
+    """Physics TPOT: one decode step of the running batch plus this request."""
     return x[:, _C["roofline_decode_step_ms"]]
 
 
 def prior_ms(target: str, x: np.ndarray) -> np.ndarray:
+    """The physics prior of `target` ("ttft" or "tpot") for every row."""
     return ttft_prior_ms(x) if target == "ttft" else tpot_prior_ms(x)
 
 
@@ -66,6 +68,7 @@ _LINEAR_COLUMNS = ("kv_cache_percentage", "role_prefill", "role_decode")
 
 
 def correction_feature_names(target: str) -> list[str]:
+    """Names of φ's columns for `target`, in order."""
     return (
         ["bias", "log_prior"]
         + [f"log1p_{c}" for c in _LOG_COLUMNS[target]]

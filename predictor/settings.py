@@ -64,12 +64,13 @@ class ServiceSettings(BaseModel):
         gt=0,
         description="Most often the learner process hands its model to the serving process while it learns.",
     )
-    learner_cpus: str = Field(
-        default="off",
+    learner_cpus: str | None = Field(
+        default=None,
         pattern=r"^(auto|off|\d+(-\d+)?(,\d+(-\d+)?)*)$",
         description="CPUs of the learner process, the serving threads getting the others: off (no pinning), auto "
         "(the highest-numbered CPU this process may use, when it may use two or more) or a list such as 3, 2-3, "
-        "1,3. On a 2-core machine auto lowered gRPC p99 while learning by ~2-3 ms and cost some ingestion rate.",
+        "1,3. Unset: auto when this process may use 4 or more CPUs, off below. On a 2-core machine auto lowered "
+        "gRPC p99 while learning by ~2-3 ms but left the serving threads one CPU and cost ingestion rate.",
     )
     replica_id: str = ""
     seed: int = 0
@@ -92,8 +93,10 @@ class ServiceSettings(BaseModel):
 
     @property
     def serves_prediction(self) -> bool:
+        """Whether this process answers predictions (roles all and prediction)."""
         return self.role in ("all", "prediction")
 
     @property
     def serves_training(self) -> bool:
+        """Whether this process accepts training data (roles all and training)."""
         return self.role in ("all", "training")

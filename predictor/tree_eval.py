@@ -41,6 +41,7 @@ class CompiledEnsemble:
     width: int  # input columns
 
     def predict(self, x: np.ndarray) -> np.ndarray:
+        """The ensemble's raw output per row of `x` (as the library's own predict)."""
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.width:
             raise ValueError(f"x must have shape (n, {self.width}), got {x.shape}")

@@ -32,11 +32,13 @@ _MONOTONE_INCREASING = {
 
 
 def monotone_constraints(target: str) -> list[int]:
+    """LightGBM's monotone constraints for `target` over TREE_FEATURES (more load never means faster)."""
     up = _MONOTONE_INCREASING[target]
     return [1 if name in up else 0 for name in TREE_FEATURES]
 
 
 def tree_params(target: str, objective: str, quantile: float, seed: int) -> dict[str, Any]:
+    """LightGBM parameters of one residual tree."""
     params: dict[str, Any] = {
         "objective": objective,
         # Small trees, few rounds: they refine a residual, and they sit on the prediction hot path, where
@@ -68,6 +70,7 @@ def tree_params(target: str, objective: str, quantile: float, seed: int) -> dict
 def fit_booster(
     target: str, objective: str, quantile: float, x: np.ndarray, y: np.ndarray, rounds: int, seed: int
 ) -> lgb.Booster:
+    """Fit one residual tree (mean or quantile objective) on the features and log residuals given."""
     data = lgb.Dataset(x, label=y, feature_name=list(TREE_FEATURES), free_raw_data=True)
     return lgb.train(tree_params(target, objective, quantile, seed), data, num_boost_round=rounds)
 
@@ -153,6 +156,7 @@ class CompiledTrees:
         )
 
     def predict(self, x: np.ndarray) -> np.ndarray:
+        """The trees' sum for every row, a block of rows at a time."""
         if len(x) <= _BLOCK_ROWS:
             return self._predict_block(x)
         return np.concatenate([self._predict_block(x[i : i + _BLOCK_ROWS]) for i in range(0, len(x), _BLOCK_ROWS)])
@@ -319,24 +323,30 @@ class TextBooster:
         self._lock = threading.Lock()
 
     def booster(self) -> lgb.Booster:
+        """The LightGBM booster, parsed from its text on first use."""
         with self._lock:
             if self._booster is None:
                 self._booster = parse_booster(self._text)
             return self._booster
 
     def model_to_string(self) -> str:
+        """The LightGBM text the booster came from."""
         return self._text
 
     def predict(self, x: Any, num_threads: int = 1) -> Any:
+        """LightGBM's predict on the parsed booster."""
         return self.booster().predict(x, num_threads=num_threads)
 
     def feature_importance(self, importance_type: str = "split") -> Any:
+        """LightGBM's feature importances."""
         return self.booster().feature_importance(importance_type=importance_type)
 
     def feature_name(self) -> list[str]:
+        """LightGBM's feature names."""
         return list(self.booster().feature_name())
 
     def dump_model(self) -> dict[str, Any]:
+        """LightGBM's JSON dump of the trees."""
         return dict(self.booster().dump_model())
 
 
@@ -372,12 +382,15 @@ class ResidualTrees:
         self.compiled[name] = compile_booster(booster) if booster is not None else None
 
     def predict_mean(self, features: np.ndarray) -> np.ndarray | None:
+        """The mean tree's residual for every row, or None when no mean tree serves."""
         return None if self.mean is None else _predict(self.mean, self.compiled.get("mean"), features)
 
     def predict_upper(self, features: np.ndarray) -> np.ndarray | None:
+        """The quantile tree's residual for every row, or None when no quantile tree serves."""
         return None if self.upper is None else _predict(self.upper, self.compiled.get("upper"), features)
 
     def to_dict(self) -> dict[str, str | None]:
+        """Both trees as LightGBM text with their SHA-256 (None where a tree is missing)."""
         out: dict[str, str | None] = {}
         for name, booster in (("mean", self.mean), ("upper", self.upper)):
             text = booster.model_to_string() if booster is not None else None

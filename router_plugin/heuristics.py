@@ -17,6 +17,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from leadtime.features.rows import is_resident
 from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, split_by_role
 from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
 
@@ -26,7 +27,7 @@ Filter = Callable[[RouteRequest, Sequence[Candidate]], list[Candidate]]
 
 def resident_filter(request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
     """Drop time-sliced endpoints that are not resident, unless that would drop them all."""
-    kept = [c for c in candidates if c.state.timeslice_state in ("none", "resident")]
+    kept = [c for c in candidates if is_resident(c.state.timeslice_state)]
     return kept or list(candidates)
 
 

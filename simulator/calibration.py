@@ -11,6 +11,8 @@ that the simulator never needs the tables or scipy at run time. Regenerate it wi
 
     .venv/bin/python -m leadtime.simulator.calibration ../shared/data/calibration
 
+which writes the same bytes on any machine (`_fit` says how).
+
 Classes without tables (mi300x, tpu-*, gaudi3) are not fitted: `steptime.coefficients_for` derives them from the
 published figures in features.catalog through the same model.
 """
@@ -47,14 +49,24 @@ def _read(path: Path, columns: tuple[str, ...], where: Callable[[dict[str, str]]
 def _fit(
     model: Callable[[np.ndarray, np.ndarray], np.ndarray], x: np.ndarray, y: np.ndarray, start: list[float]
 ) -> list[float]:
-    """Least squares on log latency over log-parameters (keeps every coefficient positive)."""
+    """Least squares on log latency over log-parameters (keeps every coefficient positive).
+
+    Reproducible to the byte on any machine: the solver runs to the optimum (default tolerances stop it
+    ~1e-7 short, wherever the machine's BLAS rounding led it) and the coefficients keep `_FIT_DIGITS`
+    significant digits, far above what is left of that rounding.
+    """
     from scipy.optimize import least_squares
 
     def residual(logp: np.ndarray) -> np.ndarray:
         return np.log(model(np.exp(logp), x)) - np.log(y)
 
-    result = least_squares(residual, np.log(np.array(start)), method="trf", max_nfev=2000)
-    return [float(v) for v in np.exp(result.x)]
+    result = least_squares(
+        residual, np.log(np.array(start)), method="trf", max_nfev=10_000, ftol=1e-15, xtol=1e-15, gtol=1e-15
+    )
+    return [float(f"{v:.{_FIT_DIGITS}g}") for v in np.exp(result.x)]
+
+
+_FIT_DIGITS = 6
 
 
 def gemm_ms(p: np.ndarray | list[float], x: np.ndarray) -> np.ndarray:
@@ -84,6 +96,7 @@ def generation_attention_ms(p: np.ndarray | list[float], x: np.ndarray) -> np.nd
 
 
 def allreduce_ms(p: np.ndarray | list[float], x: np.ndarray) -> np.ndarray:
+    """Latency plus message bytes at achieved bandwidth."""
     latency_ms, gb_s = p
     return latency_ms + x[:, 0] / (gb_s * 1e6)
 
@@ -229,19 +242,28 @@ def fit_class(directory: Path, prefix: str) -> dict[str, object]:
 
 
 def fit_all(directory: Path) -> dict[str, dict[str, object]]:
+    """The coefficients of every class with tables, by catalog slug."""
     return {slug: fit_class(directory, prefix) for prefix, slug in TABLE_CLASSES.items()}
 
 
 def load_coefficients(path: Path = COEFFICIENTS_PATH) -> dict[str, dict[str, object]]:
+    """The cached coefficients."""
     data: dict[str, dict[str, object]] = json.loads(path.read_text())
     return data
 
 
+def coefficients_text(coefficients: dict[str, dict[str, object]]) -> str:
+    """The file's exact text: compact, keys sorted, one line."""
+    return json.dumps(coefficients, separators=(",", ":"), sort_keys=True) + "\n"
+
+
 def main(argv: list[str]) -> None:
+    """`python -m leadtime.simulator.calibration [TABLES_DIR [OUT]]`: fit the tables, write the coefficients
+    (OUT defaults to the `coefficients.json` the simulator reads)."""
     directory = Path(argv[0]) if argv else Path("../shared/data/calibration")
-    coefficients = fit_all(directory)
-    COEFFICIENTS_PATH.write_text(json.dumps(coefficients, separators=(",", ":"), sort_keys=True) + "\n")
-    print(f"wrote {COEFFICIENTS_PATH}")
+    out = Path(argv[1]) if len(argv) > 1 else COEFFICIENTS_PATH
+    out.write_text(coefficients_text(fit_all(directory)))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

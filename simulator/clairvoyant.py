@@ -77,6 +77,8 @@ def _lightest_first(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 
 class ClairvoyantPolicy:
+    """The upper reference: forks each candidate's true state to pick the lowest exact TTFT."""
+
     name = "clairvoyant"
 
     def __init__(self) -> None:
@@ -86,6 +88,7 @@ class ClairvoyantPolicy:
         self._decode_of: dict[int, str] = {}
 
     def attach(self, simulator: FleetSimulator) -> None:
+        """Get the simulator whose true state it reads."""
         self._sim = simulator
 
     def _simulator(self) -> FleetSimulator:
@@ -231,6 +234,7 @@ class ClairvoyantPolicy:
         return best
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        """The endpoint (or P/D pair) with the lowest exact TTFT for this request."""
         roles = split_by_role(candidates)
         if not roles.disaggregated:
             return Pick(self._best_unified(request, roles.unified).endpoint_id)

@@ -25,6 +25,7 @@ def run_simulate_command(
     out: Path | None,
     progress: bool,
 ) -> dict[str, object]:
+    """`leadtime simulate`: run the policies with a progress bar on stderr (none with --json)."""
     options = SimulationOptions(seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms)
     if not progress:
         return simulate(fleet, trace, policies, max_requests, rate_scale, options, out)
@@ -49,6 +50,7 @@ def run_simulate_command(
 
 
 def print_simulation(report: dict[str, object], as_json: bool) -> None:
+    """The report as JSON, or as a table and the files written."""
     if as_json:
         print(json.dumps(report))
         return
@@ -78,8 +80,12 @@ def print_simulation(report: dict[str, object], as_json: bool) -> None:
             str(s["completed"]),
         )
     console.print(table)
-    if "outputs" in report:
-        console.print(f"wrote {report['outputs']}")
+    outputs = report.get("outputs")
+    if isinstance(outputs, dict):
+        files = outputs["files"]
+        console.print(f"wrote {len(files)} files ({outputs['observations']:,} observations in the first):")
+        for path in files:
+            console.print(f"  {path}", highlight=False, soft_wrap=True)
 
 
 def _pct(value: object) -> str:

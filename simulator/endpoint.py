@@ -90,9 +90,11 @@ class SimRequest:
 
     @property
     def decoding(self) -> bool:
+        """Whether the request is past its prefill, generating a token per step."""
         return self.generated > 0 and self.need() == 1
 
     def copy(self) -> SimRequest:
+        """An independent copy (for forking an endpoint's state)."""
         clone = SimRequest(**{k: getattr(self, k) for k in self.__dataclass_fields__})
         clone.held = list(self.held)
         return clone
@@ -100,6 +102,8 @@ class SimRequest:
 
 @dataclass
 class StepPlan:
+    """One engine step (or a run of decode-only steps): when it starts and ends, and what each request does."""
+
     start_ms: float
     end_ms: float
     entries: list[tuple[SimRequest, int]]
@@ -109,12 +113,15 @@ class StepPlan:
     kv0: float = 0.0
 
     def run_end(self, steps: int) -> float:
+        """When the first `steps` steps of a decode run end."""
         n = len(self.entries)
         return self.start_ms + steps * self.a_ms + self.b_ms * (steps * self.kv0 + n * steps * (steps - 1) / 2.0)
 
 
 @dataclass
 class StepOutcome:
+    """What a finished step did: first tokens, prefills done (for P/D) and requests finished."""
+
     first_token: list[SimRequest] = field(default_factory=list)
     prefill_done: list[SimRequest] = field(default_factory=list)
     finished: list[SimRequest] = field(default_factory=list)
@@ -196,14 +203,17 @@ class Endpoint:
     # ----- what a router can scrape -------------------------------------------------------------------------
 
     def prefill_tokens_in_flight(self) -> int:
+        """Prompt tokens still to prefill, waiting and running requests together."""
         return sum(r.need() for r in (*self.waiting, *self.running) if not r.decoding)
 
     def decode_tokens_in_flight(self) -> int:
+        """KV tokens of the requests decoding."""
         return sum(r.computed + 1 for r in self.running if r.decoding)
 
     # ----- queue --------------------------------------------------------------------------------------------
 
     def enqueue(self, request: SimRequest) -> None:
+        """Queue a request (the next step schedules it)."""
         self.waiting.append(request)
 
     def place_running(self, request: SimRequest) -> bool:
@@ -448,6 +458,7 @@ class Endpoint:
         self.cache.clear_unreferenced()
 
     def resume(self) -> None:
+        """The time-slice group is resident again: serve."""
         self.available = True
 
     # ----- what-if ------------------------------------------------------------------------------------------

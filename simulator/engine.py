@@ -56,6 +56,8 @@ class Decision:
 
 @dataclass
 class CompletedRequest:
+    """One request as it completed: its latencies and where it ran."""
+
     rid: int
     arrival_ms: float
     input_tokens: int
@@ -78,6 +80,8 @@ class CompletedRequest:
 
 @dataclass
 class GroupState:
+    """A time-slice group's state over the run."""
+
     spec: TimesliceGroup
     members: list[Endpoint]
     state: str = "resident"
@@ -87,6 +91,8 @@ class GroupState:
 
 @dataclass
 class SimResult:
+    """Everything one policy's run produced."""
+
     policy: str
     completed: list[CompletedRequest]
     observations: list[Observation]
@@ -107,17 +113,20 @@ class SimResult:
 
 
 def trusted_state(**fields: object) -> EndpointState:
-    """An EndpointState from values the simulator produced itself, skipping field validation.
+    """An EndpointState from values the simulator produced itself, without field validation.
 
-    Validation is for values from outside; here it would dominate the cost of every routing decision.
+    Validation is for values from outside; here it would dominate the cost of every routing decision. Every
+    field must be given: one that EndpointState gains later makes this fail at once, never left unset.
     """
+    if fields.keys() != _STATE_FIELDS:
+        missing, unknown = sorted(_STATE_FIELDS - fields.keys()), sorted(fields.keys() - _STATE_FIELDS)
+        raise TypeError(f"trusted_state needs every EndpointState field: missing {missing}, unknown {unknown}")
     state = object.__new__(EndpointState)
-    for name, default in _STATE_FIELDS:
-        object.__setattr__(state, name, fields.get(name, default))
+    state.__dict__.update(fields)  # a frozen dataclass refuses setattr, not its __dict__
     return state
 
 
-_STATE_FIELDS = tuple((f.name, f.default) for f in dataclasses.fields(EndpointState))
+_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(EndpointState))
 
 
 def build_endpoints(fleet: Fleet, decode_runs: bool = True, seed: int = 0) -> list[Endpoint]:
@@ -333,6 +342,7 @@ class FleetSimulator:
                     prefill_tokens_in_flight=prefill_tokens,
                     decode_tokens_in_flight=decode_tokens,
                     timeslice_state=ts_state,
+                    timeslice_wait_ms=0.0,  # routers are not told when an away group comes back
                 )
                 self._states[e.endpoint_id] = (key, state)
             hits = 0
@@ -529,6 +539,7 @@ class FleetSimulator:
         self._joined.append(endpoint)
 
     def run(self) -> SimResult:
+        """Run the workload to the end; SimulationError if some request can never complete."""
         for e in self.endpoints:  # pushed first: an endpoint joining at a request's arrival instant is offered to it
             join_ms = self.configs[e.endpoint_id].join_ms
             if join_ms > 0:

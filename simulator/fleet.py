@@ -42,6 +42,8 @@ class FleetError(ValueError):
 
 
 class DistributionSpec(BaseModel):
+    """A duration as a fleet file gives it: fixed, uniform or exponential."""
+
     model_config = ConfigDict(extra="forbid")
     distribution: Literal["fixed", "uniform", "exponential"] = "fixed"
     value: float | None = Field(default=None, ge=0)
@@ -61,6 +63,8 @@ class DistributionSpec(BaseModel):
 
 
 class TimesliceSpec(BaseModel):
+    """How long a time-slice group stays resident, away, and takes to restore."""
+
     model_config = ConfigDict(extra="forbid")
     resident_ms: DistributionSpec
     away_ms: DistributionSpec
@@ -68,6 +72,8 @@ class TimesliceSpec(BaseModel):
 
 
 class PoolSpec(BaseModel):
+    """A pool of identical endpoints as a fleet file gives it."""
+
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
     count: int = Field(ge=1, le=1024)
@@ -104,6 +110,8 @@ class RealismSpec(BaseModel):
 
 
 class FleetSpec(BaseModel):
+    """A fleet file: pools, time-slice groups, publication period and KV link."""
+
     model_config = ConfigDict(extra="forbid")
     name: str = "fleet"
     refresh_ms: float = Field(default=50.0, gt=0)
@@ -117,11 +125,14 @@ class FleetSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Distribution:
+    """A duration distribution, ready to draw from."""
+
     kind: str
     a: float
     b: float = 0.0
 
     def draw(self, rng: random.Random) -> float:
+        """One duration in milliseconds."""
         if self.kind == "fixed":
             return self.a
         if self.kind == "uniform":
@@ -130,6 +141,7 @@ class Distribution:
 
     @property
     def mean(self) -> float:
+        """The mean duration in milliseconds."""
         return (self.a + self.b) / 2.0 if self.kind == "uniform" else self.a
 
 
@@ -143,6 +155,8 @@ def _distribution(spec: DistributionSpec) -> Distribution:
 
 @dataclass(frozen=True)
 class EndpointConfig:
+    """One endpoint of the fleet and how it is configured."""
+
     endpoint_id: str
     pool: str
     accelerator: str
@@ -160,6 +174,8 @@ class EndpointConfig:
 
 @dataclass(frozen=True)
 class TimesliceGroup:
+    """A group of endpoints that share accelerators with another job."""
+
     name: str
     resident_ms: Distribution
     away_ms: Distribution
@@ -175,6 +191,8 @@ class SloClass:
 
 @dataclass(frozen=True)
 class Fleet:
+    """A parsed fleet: its endpoints and time-slice groups."""
+
     name: str
     refresh_ms: float
     kv_link_gb_s: float
@@ -186,6 +204,7 @@ class Fleet:
 
     @property
     def disaggregated(self) -> bool:
+        """Whether the fleet has separate prefill and decode pools."""
         return any(e.role != "both" for e in self.endpoints)
 
     @property
@@ -222,6 +241,7 @@ def kv_blocks(pool: PoolSpec) -> int:
 
 
 def build_fleet(spec: FleetSpec) -> Fleet:
+    """Check a fleet spec (roles, names, groups) and expand its pools into endpoints."""
     roles = {p.role for p in spec.pools}
     if "both" in roles and len(roles) > 1:
         raise FleetError("pools: a fleet is either unified (all 'both') or P/D ('prefill' and 'decode'), not mixed")

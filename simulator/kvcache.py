@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 @dataclass
 class PrefixEntry:
+    """A cached prefix block group: its size, its users and when it was cached."""
+
     blocks: int
     refs: int
     cached_at_ms: float
@@ -43,6 +45,7 @@ class KVCache:
         self._unreferenced: OrderedDict[int, None] = OrderedDict()
 
     def clone(self) -> KVCache:
+        """An independent copy (for forking an endpoint's state)."""
         other = KVCache(self.total_blocks, self.block_size)
         other.private_blocks = self.private_blocks
         other.prefix_blocks = self.prefix_blocks
@@ -53,10 +56,12 @@ class KVCache:
 
     @property
     def used_blocks(self) -> int:
+        """Blocks held by running requests and by cached prefixes."""
         return self.private_blocks + self.prefix_blocks
 
     @property
     def free_blocks(self) -> int:
+        """Blocks nobody holds."""
         return self.total_blocks - self.used_blocks
 
     def usage(self) -> float:
@@ -65,6 +70,7 @@ class KVCache:
         return min(1.0, max(0.0, held / self.total_blocks))
 
     def blocks_for(self, tokens: int) -> int:
+        """Blocks `tokens` tokens take."""
         return -(-tokens // self.block_size)
 
     def matched_prefix(self, hashes: tuple[int, ...] | list[int], visible_before_ms: float | None = None) -> int:
@@ -105,6 +111,7 @@ class KVCache:
         return self.free_blocks >= blocks
 
     def can_allocate(self, blocks: int) -> bool:
+        """Whether `blocks` blocks can be had, evicting unused prefixes if needed."""
         return self.free_blocks + self.evictable_blocks >= blocks
 
     def allocate(self, blocks: int) -> bool:
@@ -117,6 +124,7 @@ class KVCache:
         return True
 
     def free(self, blocks: int) -> None:
+        """Release blocks a request held privately."""
         if blocks > self.private_blocks:
             raise AssertionError(f"freeing {blocks} private blocks, only {self.private_blocks} held")
         self.private_blocks -= blocks

@@ -7,11 +7,10 @@ every request the simulation completes. The P/D link bandwidth is the fleet's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from leadtime.features.rows import FeatureRow, Observation
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdReference
 from leadtime.router_plugin.client import InProcessPredictor
@@ -29,19 +28,6 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
 }
 
 
-class _Learner:
-    """The online predictor under the row-taking names the plugin's in-process client calls."""
-
-    def __init__(self, predictor: OnlinePredictor) -> None:
-        self.predictor = predictor
-
-    def predict_many(self, rows: Sequence[FeatureRow]) -> Any:
-        return self.predictor.predict_rows(rows)
-
-    def learn_many(self, observations: Sequence[Observation]) -> None:
-        self.predictor.learn_observations(observations)
-
-
 def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
     """A cold-started Leadtime policy (or one of its ablations) for `fleet`."""
     switches = LEADTIME_POLICIES[name]
@@ -50,7 +36,7 @@ def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
         LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
     )
     config = LeadtimeConfig(name=name, kv_link_gb_s=fleet.kv_link_gb_s, seed=seed, **switches)
-    return LeadtimePolicy(InProcessPredictor(_Learner(learner), learner.config.quantile), config)
+    return LeadtimePolicy(InProcessPredictor(learner, learner.config.quantile), config)
 
 
 def llmd_predicted_policy(fleet: Fleet, seed: int = 0) -> RoutingPolicy:

@@ -55,6 +55,8 @@ def make_policy(name: str, seed: int = 0, fleet: Fleet | None = None) -> Routing
 
 @dataclass(frozen=True)
 class SimulationOptions:
+    """Seed and SLOs of a simulation."""
+
     seed: int = 0
     ttft_slo_ms: float = 2000.0
     itl_slo_ms: float = 100.0
@@ -118,5 +120,6 @@ def simulate(
         rows = write_observations(results, out / "observations.jsonl")
         plots = write_plots(results, out)
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        report["outputs"] = {"observations": rows, "files": [str(p) for p in plots]}
+        files = [out / "observations.jsonl", out / "report.json", *plots]
+        report["outputs"] = {"observations": rows, "files": [str(p) for p in files]}
     return report

@@ -22,10 +22,20 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from leadtime.features.errors import FeatureError
 from leadtime.features.prefix import block_hashes
+from leadtime.features.rows import is_resident
+from leadtime.predictor.service.edge import (
+    feature_error_handler,
+    http_error_handler,
+    unexpected_error_handler,
+    validation_error_handler,
+)
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
@@ -34,6 +44,8 @@ PREFIX_BLOCK_WORDS = 16
 
 
 class CompletionBody(BaseModel):
+    """The body of /v1/completions (unknown fields are accepted, as vLLM does)."""
+
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     prompt: str | list[str] = Field(min_length=1)
@@ -42,12 +54,16 @@ class CompletionBody(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """One chat message."""
+
     model_config = ConfigDict(extra="allow")
     role: str
     content: str
 
 
 class ChatBody(BaseModel):
+    """The body of /v1/chat/completions (unknown fields are accepted, as vLLM does)."""
+
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -58,6 +74,8 @@ class ChatBody(BaseModel):
 
 @dataclass
 class Counters:
+    """The token and request counters /metrics reports."""
+
     prompt_tokens: int = 0
     generation_tokens: int = 0
     requests_finished: int = 0
@@ -77,6 +95,7 @@ class LiveEndpoint:
     origin: float = field(default_factory=time.monotonic)
 
     def now_ms(self) -> float:
+        """Milliseconds since the endpoint started."""
         return (time.monotonic() - self.origin) * 1e3
 
     async def drive(self) -> None:
@@ -105,6 +124,7 @@ class LiveEndpoint:
                     queue.put_nowait(None)
 
     def submit(self, rid: int, words: list[str], max_tokens: int) -> asyncio.Queue[int | None]:
+        """Queue a request of these words; its tokens arrive on the returned queue (None ends it)."""
         ids = [zlib.crc32(w.encode()) for w in words]
         request = SimRequest(
             rid,
@@ -116,7 +136,7 @@ class LiveEndpoint:
         )
         needed = self.engine.cache.blocks_for(request.input_tokens + max_tokens)
         if needed > self.engine.cache.total_blocks:
-            raise HTTPException(422, detail="prompt: prompt plus max_tokens exceed this endpoint's KV cache")
+            raise FeatureError("prompt", "prompt plus max_tokens exceed this endpoint's KV cache")
         queue: asyncio.Queue[int | None] = asyncio.Queue()
         self.streams[rid] = queue
         self.counters.prompt_tokens += request.input_tokens
@@ -126,6 +146,7 @@ class LiveEndpoint:
         return queue
 
     def metrics(self) -> str:
+        """/metrics in vLLM's metric names."""
         e = self.engine
         label = f'model_name="{self.model_name}"'
         lines = [
@@ -153,7 +174,7 @@ class LiveEndpoint:
             f"vllm:generation_tokens_total{{{label}}} {self.counters.generation_tokens}",
             "# HELP leadtime_sim_timeslice_resident Whether the endpoint's time-slice group is resident.",
             "# TYPE leadtime_sim_timeslice_resident gauge",
-            f"leadtime_sim_timeslice_resident{{{label}}} {0 if self.timeslice_state in ('parked', 'switching') else 1}",
+            f"leadtime_sim_timeslice_resident{{{label}}} {1 if is_resident(self.timeslice_state) else 0}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -163,9 +184,18 @@ def _words(text: str) -> list[str]:
 
 
 def build_app(live: LiveEndpoint) -> FastAPI:
-    """The HTTP face of one simulated endpoint."""
+    """The HTTP face of one simulated endpoint. Errors answer in the predictor service's JSON shape
+    (`{"error", "field", "detail"}`); a request naming a model the endpoint does not serve is a 404, as in vLLM."""
     app = FastAPI(title=f"leadtime mock vLLM {live.config.endpoint_id}")
+    app.add_exception_handler(FeatureError, feature_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(Exception, unexpected_error_handler)
     ids = itertools.count(1)
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model != live.model_name:
+            raise HTTPException(404, f"The model `{model}` does not exist.")  # vLLM's words
 
     async def tokens(queue: asyncio.Queue[int | None]) -> AsyncIterator[int]:
         index = 0
@@ -227,11 +257,13 @@ def build_app(live: LiveEndpoint) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody) -> object:
+        check_model(body.model)
         prompt = body.prompt if isinstance(body.prompt, str) else " ".join(body.prompt)
         return await respond("text", _words(prompt), body.max_tokens, body.stream)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatBody) -> object:
+        check_model(body.model)
         words = _words(" ".join(m.content for m in body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
         return await respond("chat", words, max_tokens, body.stream)
@@ -311,6 +343,7 @@ class FleetServer:
 
     @property
     def urls(self) -> dict[str, str]:
+        """The base URL of every endpoint."""
         return {
             cfg.endpoint_id: f"http://{self.host}:{port}"
             for cfg, port in zip(self.fleet.endpoints, self.ports, strict=True)
@@ -347,6 +380,7 @@ class FleetServer:
             self._ready.set()
 
     def start(self, timeout_s: float = 15.0) -> None:
+        """Start serving; OSError if some port cannot be bound or the servers do not start in time."""
         self._thread = threading.Thread(target=self._run, name="leadtime-sim-serve", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):
@@ -358,12 +392,14 @@ class FleetServer:
             raise OSError(f"could not bind every port of {self.ports} on {self.host}")
 
     def stop(self) -> None:
+        """Stop every server and wait for the thread."""
         for server in self._servers:
             server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
 
     def wait(self) -> None:
+        """Block until the servers stop."""
         if self._thread is not None:
             self._thread.join()
 

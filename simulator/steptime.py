@@ -58,6 +58,8 @@ ARCHITECTURES: dict[str, tuple[int, int, bool]] = {
 
 @dataclass(frozen=True)
 class GemmTable:
+    """Measured GEMM latencies on their (m, n, k) grid, as logs for interpolation."""
+
     m: tuple[float, ...]
     n: np.ndarray
     k: np.ndarray
@@ -66,12 +68,16 @@ class GemmTable:
 
 @dataclass(frozen=True)
 class CollectiveTable:
+    """Measured all-reduce latency by message size."""
+
     bytes: tuple[float, ...]
     ms: tuple[float, ...]
 
 
 @dataclass(frozen=True)
 class Coefficients:
+    """The step-time model's coefficients for one accelerator class (fitted or derived)."""
+
     gemm: tuple[float, float, float, float]
     context_attention: tuple[float, float, float]
     generation_attention: tuple[float, float, float]

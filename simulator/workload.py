@@ -26,6 +26,8 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class WorkloadRequest:
+    """One request of a workload: when it arrives, its lengths and its prefix blocks."""
+
     arrival_ms: float
     input_tokens: int
     output_tokens: int
@@ -216,6 +218,7 @@ class SyntheticSpec:
 
 
 def synthetic(spec: SyntheticSpec, seed: int = 0) -> list[WorkloadRequest]:
+    """A synthetic workload: bursty (gamma) arrivals and prompts sharing prefixes as `spec` says."""
     rng = random.Random(seed)
     out: list[WorkloadRequest] = []
     clock = 0.0

@@ -61,7 +61,9 @@ def test_accuracy_cli_prints_json_and_refuses_bad_files(small_trace: Path, tmp_p
 
 
 def test_coldstart_beats_the_reference_on_a_class_it_never_saw() -> None:
-    report = run_coldstart(seed=1, per_seen_class=400, unseen_walk=600)
+    # 800 observations per seen class: with 400, the two models' TPOT on the first 50 rows were within 2-5% of
+    # each other (0.174-0.187 against 0.178 MAPE, seed 1), too close to tell apart on so little data.
+    report = run_coldstart(seed=1, per_seen_class=800, unseen_walk=600)
     assert report["unseen_class"] == "mi300x"
     for target in ("ttft", "tpot"):
         ours = report["leadtime"][target]["mape_first_50"]

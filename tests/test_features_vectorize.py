@@ -15,8 +15,18 @@ from leadtime.features import ACCELERATORS, MODELS, ROLES, TIMESLICE_STATES, End
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError
 from leadtime.features.roofline import decode_step_ms, prefill_ms
-from leadtime.features.rows import feature_row_from_llmd
-from leadtime.features.vectorize import COLUMN_INDEX, COLUMNS, SCHEMA_VERSION, Vectorizer, check_matrix
+from leadtime.features.rows import LLMD_COUNT_FIELDS, feature_row_from_llmd
+from leadtime.features.vectorize import (
+    COLUMN_INDEX,
+    COLUMNS,
+    ROLE_CODES,
+    SCHEMA_VERSION,
+    CheckedColumns,
+    FeatureBatch,
+    Vectorizer,
+    check_matrix,
+    class_key,
+)
 
 C = COLUMN_INDEX
 
@@ -334,3 +344,150 @@ def test_non_numeric_matrix_is_refused_with_a_feature_error() -> None:
     with pytest.raises(FeatureError) as err:
         check_matrix(np.array([["a"] * len(COLUMNS)]))
     assert err.value.field == "matrix"
+
+
+# ------------------------------------------------------------------------------ the batch form
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(rows, min_size=1, max_size=12))
+def test_the_batch_form_is_bitwise_the_row_form(batch: list[FeatureRow]) -> None:
+    v = Vectorizer()
+    got = v.batch(batch)
+    expected = np.array([v.row_vector(r) for r in batch])
+    assert np.array_equal(got.X, expected)
+    assert got.X.flags.c_contiguous
+    assert got.classes == [
+        class_key(r.endpoint.accelerator or "h100-sxm", r.endpoint.model or "llama-3.1-8b", r.endpoint.tensor_parallel)
+        for r in batch
+    ]
+    ids = [r.endpoint.endpoint_id for r in batch]
+    assert got.endpoint_ids == (ids if any(ids) else None)
+
+
+def test_a_batch_names_each_rows_class_accelerator_and_role() -> None:
+    rows_ = [
+        FeatureRow(RequestFeatures(10), EndpointState(endpoint_id="a", role="decode")),
+        FeatureRow(RequestFeatures(10), EndpointState(accelerator="l40s", model="qwen3-32b", tensor_parallel=2)),
+    ]
+    batch = Vectorizer().batch(rows_)
+    assert batch.classes == ["h100-sxm/llama-3.1-8b/tp1", "l40s/qwen3-32b/tp2"]
+    assert batch.accelerators == ["h100-sxm", "l40s"]
+    assert batch.roles == ["decode", "both"]
+    assert batch.endpoint_ids == ["a", ""]
+    assert len(batch) == 2
+
+
+def test_batches_slice_and_join_like_their_rows() -> None:
+    rng = np.random.default_rng(3)
+    rows_ = [
+        FeatureRow(
+            RequestFeatures(int(rng.integers(1, 5000))),
+            EndpointState(endpoint_id=f"e{i % 3}", accelerator=["", "l40s", "a100-sxm-80gb"][i % 3]),
+        )
+        for i in range(30)
+    ]
+    v = Vectorizer()
+    batch = v.batch(rows_)
+    for index in (slice(5, 17), [3, 1, 29], np.array([0, 0, 4]), np.arange(30) % 2 == 0, 7):
+        part = batch[index]
+        picked = [rows_[i] for i in np.arange(30)[index].reshape(-1).tolist()]
+        expected = v.batch(picked)
+        assert np.array_equal(part.X, expected.X)
+        assert part.classes == expected.classes and part.endpoint_ids == expected.endpoint_ids
+    joined = FeatureBatch.concat([batch[:10], batch[10:11], batch[11:]])
+    assert np.array_equal(joined.X, batch.X) and joined.classes == batch.classes
+    assert joined.endpoint_ids == batch.endpoint_ids
+
+
+def test_two_classes_with_the_same_figures_keep_their_own_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: the learner used to rebuild a class key from the class's rounded figures, so two classes
+    # whose figures round alike shared their offsets.
+    from dataclasses import replace
+
+    from leadtime.features import catalog
+
+    twin = replace(catalog.ACCELERATORS["h100-sxm"], slug="h100-twin", name="an H100 by another name")
+    monkeypatch.setitem(catalog.ACCELERATORS, "h100-twin", twin)
+    batch = Vectorizer().batch(
+        [FeatureRow(RequestFeatures(10), EndpointState(accelerator=a)) for a in ("", "h100-twin")]
+    )
+    assert np.array_equal(batch.X[0], batch.X[1])
+    assert batch.classes == ["h100-sxm/llama-3.1-8b/tp1", "h100-twin/llama-3.1-8b/tp1"]
+
+
+def test_checked_columns_give_the_rows_matrix() -> None:
+    """What a decoder hands over (exact prefix hits, role codes, time-slice columns, a class per row)."""
+    v = Vectorizer()
+    rows_ = [
+        FeatureRow(
+            RequestFeatures.with_prefix_hits(900, 300, num_tokens_generated=4, encoder_input_size=2),
+            EndpointState(
+                accelerator="l40s",
+                role="prefill",
+                num_request_waiting=3,
+                num_request_running=5,
+                kv_cache_percentage=0.25,
+                prefill_tokens_in_flight=700,
+                timeslice_state="parked",
+                timeslice_wait_ms=40.0,
+            ),
+        ),
+        FeatureRow(RequestFeatures(20), EndpointState(decode_tokens_in_flight=9, role="decode")),
+    ]
+    counts = np.array([[900, 3, 5, 4, 700, 0, 0, 2], [20, 0, 0, 0, 0, 9, 0, 0]], dtype=np.uint64)
+    assert counts.shape[1] == len(LLMD_COUNT_FIELDS)
+    columns = CheckedColumns(
+        counts,
+        kv_cache_percentage=np.array([0.25, 0.0]),
+        prefix_cache_score=np.array([0.0, 0.0]),  # ignored: the hits are given
+        prefix_hit_tokens=np.array([300, 0]),
+        roles=np.array([ROLE_CODES["prefill"], ROLE_CODES["decode"]]),
+        resident=np.array([0.0, 1.0]),
+        timeslice_wait_ms=np.array([40.0, 0.0]),
+        hardware=np.array([v.hardware.index("l40s", "", 1), v.hardware.default]),
+    )
+    got = v.from_columns(columns)
+    assert np.array_equal(got.X, v.transform(rows_))
+    assert got.classes == v.batch(rows_).classes
+
+
+def test_a_bare_matrix_finds_its_rows_classes_again_exactly() -> None:
+    v = Vectorizer()
+    rows_ = [
+        FeatureRow(RequestFeatures(100)),
+        FeatureRow(RequestFeatures(100), EndpointState(accelerator="l40s")),
+        FeatureRow(RequestFeatures(100), EndpointState(accelerator="mi300x", model="llama-3.1-70b", tensor_parallel=4)),
+    ]
+    x = Vectorizer("h200-sxm", "qwen3-32b").transform(rows_)  # another vectorizer, with other defaults
+    assert v.batch_of_matrix(x).classes == [
+        "h200-sxm/qwen3-32b/tp1",
+        "l40s/qwen3-32b/tp1",
+        "mi300x/llama-3.1-70b/tp4",
+    ]
+    assert v.batch_of_matrix(v.transform(rows_[:1])).hardware == v.hardware.default
+    bad = x.copy()
+    bad[0, C["accel_tflops"]] += 1.0
+    with pytest.raises(ValueError, match="no accelerator class"):
+        v.batch_of_matrix(bad)
+    with pytest.raises(ValueError, match="shape"):
+        v.batch_of_matrix(np.zeros((2, 3)))
+
+
+def test_a_bare_matrix_of_two_classes_with_the_same_figures_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from leadtime.features import catalog
+
+    twin = replace(catalog.ACCELERATORS["l40s"], slug="l40s-twin")
+    monkeypatch.setitem(catalog.ACCELERATORS, "l40s-twin", twin)
+    x = Vectorizer().transform([FeatureRow(RequestFeatures(100), EndpointState(accelerator="l40s"))])
+    with pytest.raises(ValueError, match="2 classes"):
+        Vectorizer().batch_of_matrix(x)
+
+
+def test_an_unknown_class_in_a_batch_names_its_first_row() -> None:
+    rows_ = [FeatureRow(RequestFeatures(10))] * 3 + [FeatureRow(RequestFeatures(10), EndpointState(model="gpt-9"))]
+    with pytest.raises(FeatureError) as err:
+        Vectorizer().batch(rows_ + rows_)
+    assert err.value.field == "rows[3].model"

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
-from leadtime.predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
+from leadtime.features.vectorize import COLUMN_INDEX
+from leadtime.predictor.artifact import ArtifactError
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +29,16 @@ def trained() -> OnlinePredictor:
         )
         for i in range(1500)
     ]
-    x = p.vectorizer.transform(rows)
-    waiting = x[:, 4]
-    ttft = (20 + 0.03 * x[:, 0]) * np.where(waiting > 3, 2.5, 1.0) * rng.lognormal(0, 0.05, 1500)
-    tpot = (10 + 0.2 * x[:, 5]) * rng.lognormal(0, 0.05, 1500)
-    p.learn_many(x, ttft, tpot, [r.endpoint.endpoint_id for r in rows])
+    batch = p.vectorizer.batch(rows)
+    x = batch.X
+    waiting = x[:, COLUMN_INDEX["num_request_waiting"]]
+    ttft = (
+        (20 + 0.03 * x[:, COLUMN_INDEX["input_tokens"]])
+        * np.where(waiting > 3, 2.5, 1.0)
+        * rng.lognormal(0, 0.05, 1500)
+    )
+    tpot = (10 + 0.2 * x[:, COLUMN_INDEX["num_request_running"]]) * rng.lognormal(0, 0.05, 1500)
+    p.learn_many(batch, ttft, tpot)
     p.retrain_now()
     assert p.status()["trees_active"]["ttft"]
     return p
@@ -42,7 +49,7 @@ def _probe(p: OnlinePredictor) -> np.ndarray:
         FeatureRow(RequestFeatures(n), EndpointState(endpoint_id="ep-1", num_request_waiting=w))
         for n, w in [(100, 0), (1000, 5), (2500, 2)]
     ]
-    pred = p.predict_rows(rows)
+    pred = p.predict_many(rows)
     return np.concatenate([pred.ttft_mean, pred.ttft_quantile, pred.tpot_mean, pred.tpot_quantile])
 
 
@@ -73,7 +80,7 @@ def test_artifact_is_json_with_lightgbm_text_not_pickle(trained: OnlinePredictor
     ("mutate", "message"),
     [
         (lambda d: d.update(schema_version=999), "schema version"),
-        (lambda d: d.update(artifact_version=2), "artifact version"),
+        (lambda d: d.update(artifact_version=1), "artifact version"),
         (lambda d: d.update(format="joblib"), "not a Leadtime artifact"),
         (lambda d: d["columns"].reverse(), "column order"),
         (lambda d: d["targets"]["ttft"]["trees"].update(mean="import os; os.system('x')"), "LightGBM text"),
@@ -122,7 +129,7 @@ def test_a_loaded_predictor_serves_the_same_quantile_mid_refresh() -> None:
     rng = np.random.default_rng(11)
     p = OnlinePredictor(LearnerConfig(background=False))
     rows = [FeatureRow(RequestFeatures(int(rng.integers(10, 900))), EndpointState()) for _ in range(213)]
-    x = p.vectorizer.transform(rows)
+    x = p.vectorizer.batch(rows)
     p.learn_many(x, 50 * rng.lognormal(0, 0.4, 213), 12 * rng.lognormal(0, 0.2, 213))
     loaded = OnlinePredictor.from_bytes(p.to_bytes(), background=False)
     np.testing.assert_array_equal(_probe(loaded), _probe(p))

@@ -51,9 +51,9 @@ def stream(n: int, seed: int, reach: float = 1.0) -> tuple[list[FeatureRow], np.
 def fitted() -> tuple[OnlinePredictor, list[FeatureRow], dict[str, np.ndarray], dict[str, np.ndarray]]:
     rows, ttft, tpot = stream(4000, seed=0)
     predictor = OnlinePredictor(LearnerConfig(background=False))
-    predictor.learn_observations([Observation(r, a, b) for r, a, b in zip(rows, ttft, tpot, strict=True)])
+    predictor.learn_many([Observation(r, a, b) for r, a, b in zip(rows, ttft, tpot, strict=True)])
     test_rows, test_ttft, test_tpot = stream(3000, seed=1, reach=1.1)
-    p = predictor.predict_rows(test_rows)
+    p = predictor.predict_many(test_rows)
     predictor.close()
     return (
         predictor,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pickle
 import threading
 import time
@@ -323,6 +324,24 @@ def test_outage_loses_no_accepted_observation(make_store: StoreFactory, redis_se
     _cursor, after = read_all(reader, cursor)
     assert [e["input_token_length"] for e in after] == list(range(50, 150))
     assert writer.stats() == {"buffered": 0, "dropped": 0, "appended": 150}
+
+
+def test_redis_going_away_and_coming_back_is_logged_once_each(
+    make_store: StoreFactory, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store()
+    with caplog.at_level(logging.INFO, logger="leadtime.store"):
+        redis_server.stop()
+        for i in range(3):
+            store.append_observations([entry(i)])
+            store.read_observations("0", 10)
+        assert wait_until(lambda: "buffering observations in memory" in caplog.text)
+        redis_server.start()
+        assert wait_until(lambda: "answers again" in caplog.text, timeout_s=15.0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "leadtime.store"]
+    assert sum("buffering observations in memory" in line for line in lines) == 1, lines
+    assert sum("answers again" in line for line in lines) == 1, lines
+    assert all(redis_server.url.split("@")[-1] in line for line in lines)
 
 
 def test_a_hung_server_neither_blocks_appends_nor_duplicates_a_resent_chunk(

@@ -189,7 +189,9 @@ def test_the_readiness_filter_variant_of_llmd_skips_parked_endpoints_unless_all_
 
 
 def test_registry_names_and_spellings() -> None:
-    assert set(PEERS) | {"clairvoyant", "llmd_heuristic_ready"} | set(LEADTIME_POLICIES) == set(POLICY_NAMES)
+    assert set(PEERS) | {"clairvoyant", "llmd_heuristic_ready", "llmd_predicted"} | set(LEADTIME_POLICIES) == set(
+        POLICY_NAMES
+    )
     for spelling, name in [
         ("round-robin", "round_robin"),
         ("least-queue", "least_queue"),

@@ -169,16 +169,7 @@ def test_a_failing_predictor_falls_back_to_the_heuristics_and_routing_goes_on() 
 
 
 def test_the_in_process_client_satisfies_the_protocol_and_learns() -> None:
-    predictor = OnlinePredictor(LearnerConfig(background=False))
-
-    class Rows:
-        def predict_many(self, rows: Sequence[FeatureRow]) -> object:
-            return predictor.predict_rows(rows)
-
-        def learn_many(self, observations: Sequence[Observation]) -> None:
-            predictor.learn_observations(observations)
-
-    client = InProcessPredictor(Rows())
+    client = InProcessPredictor(OnlinePredictor(LearnerConfig(background=False)))
     assert isinstance(client, PredictorClient)
     policy = LeadtimePolicy(client)
     assert isinstance(policy, RoutingPolicy)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,16 @@ from leadtime.predictor.client import GrpcPredictorClient
 ROOT = Path(__file__).resolve().parents[1]
 
 
+ROW = {
+    "kv_cache_percentage": 0.1,
+    "input_token_length": 64,
+    "num_request_waiting": 0,
+    "num_request_running": 0,
+    "num_tokens_generated": 0,
+    "prefix_cache_score": 0.0,
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -23,7 +34,7 @@ def free_port() -> int:
         return port
 
 
-def leadtime(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def leadtime(*args: str, env: dict[str, str] | None = None, new_session: bool = False) -> subprocess.Popen[bytes]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
     return subprocess.Popen(
         [sys.executable, "-m", "leadtime", *args],
@@ -31,6 +42,7 @@ def leadtime(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[
         env={**base, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=new_session,  # its own process group, as a terminal gives it
     )
 
 
@@ -48,21 +60,80 @@ def test_serve_runs_http_grpc_and_metrics_in_one_process() -> None:
             except httpx.TransportError:
                 time.sleep(0.1)
         assert ready, process.stderr.read1().decode() if process.stderr else ""  # type: ignore[attr-defined]
-        row = {
-            "kv_cache_percentage": 0.1,
-            "input_token_length": 64,
-            "num_request_waiting": 0,
-            "num_request_running": 0,
-            "num_tokens_generated": 0,
-            "prefix_cache_score": 0.0,
-        }
-        assert httpx.post(f"{base}/predict/bulk/strict", json={"requests": [row]}).status_code == 200
+        assert httpx.post(f"{base}/predict/bulk/strict", json={"requests": [ROW]}).status_code == 200
         assert "leadtime_http_requests_total" in httpx.get(f"{base}/metrics").text
         with GrpcPredictorClient(f"127.0.0.1:{grpc_port}", deadline_s=5) as g:
             assert g.status()["is_ready"] is True
     finally:
         process.terminate()
         process.wait(timeout=20)
+    log = process.stderr.read().decode() if process.stderr else ""
+    assert f"gRPC on 127.0.0.1:{grpc_port}" in log
+    assert f"HTTP on http://127.0.0.1:{http_port}" in log
+    assert "store: in memory" in log
+
+
+def wait_ready(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+        assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+    raise AssertionError("the service did not become ready")
+
+
+def learner_pid(server: int) -> int:
+    """The learner process among the server's children (the other one is multiprocessing's resource tracker)."""
+    for task in Path(f"/proc/{server}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+    raise AssertionError("no learner process")
+
+
+def test_ctrl_c_stops_the_service_quietly() -> None:
+    # Regression: Ctrl-C reaches the whole process group; when the learner process got it first it died, and
+    # the service logged "learner process exited unexpectedly" (and began restarting it) on its way out.
+    http_port = free_port()
+    process = leadtime("serve", "--port", str(http_port), "--grpc-port", "0", new_session=True)
+    try:
+        wait_ready(http_port, process)
+        base = f"http://127.0.0.1:{http_port}"
+        entry = {**ROW, "actual_ttft_ms": 50.0, "actual_tpot_ms": 5.0}
+        assert httpx.post(f"{base}/add_training_data_bulk", json={"entries": [entry]}).status_code == 202
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{base}/status").json().get("observations", {}).get("ttft", 0) < 1:  # the learner runs
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        learner = learner_pid(process.pid)
+        os.kill(learner, signal.SIGINT)  # the learner's share of a Ctrl-C, delivered first
+        time.sleep(1.0)
+        assert learner_pid(process.pid) == learner  # it ignored it
+        os.killpg(process.pid, signal.SIGINT)  # the Ctrl-C itself, to everyone
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = err.decode()
+    assert "exited unexpectedly" not in log and "Traceback" not in log, log
+    assert log.rstrip().endswith("stopped"), log
+
+
+def test_a_taken_port_stops_serve_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args in (["--port", str(free_port()), "--grpc-port", port], ["--port", port, "--grpc-port", "0"]):
+            process = leadtime("serve", *args)
+            _, err = process.communicate(timeout=60)
+            message = err.decode().strip()
+            assert process.returncode == 2, message
+            assert f"127.0.0.1:{port}" in message and "Traceback" not in message, message
+            assert len(message.splitlines()) == 1, message
 
 
 def test_bad_options_exit_2_with_one_line() -> None:

@@ -41,8 +41,15 @@ def test_explicit_cpus_must_be_available_and_leave_one_for_serving() -> None:
         plan_cpus("0-1", frozenset({0, 1}))
 
 
-def test_the_setting_is_off_by_default_and_checked() -> None:
-    assert ServiceSettings().learner_cpus == "off"
+def test_the_default_is_auto_from_four_cpus_and_off_below() -> None:
+    assert ServiceSettings().learner_cpus is None
+    assert plan_cpus(None, frozenset({0, 1})) is None
+    assert plan_cpus(None, frozenset({0, 1, 2})) is None
+    assert plan_cpus(None, frozenset({0, 1, 2, 3})) == CpuPlan(serving=frozenset({0, 1, 2}), learner=frozenset({3}))
+    assert plan_cpus("auto", frozenset({0, 1})) is not None  # asked for, it splits two CPUs too
+
+
+def test_the_setting_is_checked() -> None:
     assert ServiceSettings.from_env(env={"LEADTIME_LEARNER_CPUS": "1,3"}).learner_cpus == "1,3"
     for bad in ("all", "1;2", "-1", "1-"):
         with pytest.raises(ValidationError, match="learner_cpus"):

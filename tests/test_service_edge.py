@@ -111,3 +111,29 @@ def test_each_app_has_its_own_metrics_registry() -> None:
         a.post("/predict/bulk/strict", json={"requests": [row()]})
         assert 'leadtime_predictions_total{api="llmd"} 1.0' in a.get("/metrics").text
         assert 'leadtime_predictions_total{api="llmd"}' not in b.get("/metrics").text
+
+
+def test_the_docs_pages_load_their_assets_from_the_service_itself() -> None:
+    # Regression: /docs loaded Swagger UI's JavaScript and CSS from a CDN, and was blank on an offline machine.
+    import re
+
+    with TestClient(create_app(ServiceSettings())) as client:
+        for page in ("/docs", "/redoc"):
+            html = client.get(page).text
+            assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+            assert assets, page
+            for url in assets:
+                assert url.startswith("/docs/assets/"), (page, url)  # nothing from another host
+                answer = client.get(url)
+                assert answer.status_code == 200 and len(answer.content) > 100, url
+        assert client.get("/openapi.json").status_code == 200
+        metrics = client.get("/metrics").text
+    assert 'path="/docs/assets"' in metrics
+    assert 'path="unmatched"' not in metrics
+
+
+def test_requests_that_match_no_route_are_counted_as_unmatched() -> None:
+    with TestClient(create_app(ServiceSettings())) as client:
+        assert client.get("/no/such/path").status_code == 404
+        metrics = client.get("/metrics").text
+    assert 'path="unmatched",status="404"' in metrics

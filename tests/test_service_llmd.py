@@ -268,7 +268,7 @@ def test_lgb_text_is_404_until_a_tree_serves_then_plain_text() -> None:
         assert c.get("/model/itl/lgb/txt").status_code == 404
         runtime = c.app.state.runtime  # type: ignore[attr-defined]
         parsed = runtime.parser.parse_observations([training_entry(i) for i in range(1200)])
-        predictor.learn_many(parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
+        predictor.learn_many(parsed.rows, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
         predictor.retrain_now()
         if predictor.tree_text("ttft") is None:
             pytest.skip("the learner kept its online model on this data (no tree won on held-out data)")
@@ -359,7 +359,7 @@ def test_strict_answers_are_what_orjson_writes_for_the_answer_objects(client: Te
     raw = strict_answer(runtime, parsed, started=0.0)
     answer = orjson.loads(raw)
     assert raw == orjson.dumps(answer)  # the splice is byte for byte orjson's own encoding of what it holds
-    ttft, tpot = _served(runtime, parsed.X, parsed.endpoint_ids)
+    ttft, tpot = _served(runtime, parsed)
     assert [p["ttft_ms"] for p in answer["predictions"]] == ttft
     assert [p["tpot_ms"] for p in answer["predictions"]] == tpot
     order = ["ttft_ms", "tpot_ms", "predicted_at", "model_type", "objective_type", "quantile", "last_model_load"]

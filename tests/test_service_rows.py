@@ -157,7 +157,7 @@ def row_by_row(parser: RowParser, rows: list[Any], native: bool = False) -> np.n
 
 def takes_column_path(parser: RowParser, rows: list[Any]) -> bool:
     columns = _dict_columns(rows)
-    return columns is not None and parser._parse_columns(columns) is not None
+    return columns is not None and parser._parse_plain(columns) is not None
 
 
 def error_of(call: Any) -> tuple[str, str]:
@@ -516,3 +516,23 @@ def test_column_lists_with_mixed_hardware_and_no_roles_or_time_slices() -> None:
         junk = np.full((len(COLUMNS), len(rows)), np.nan)  # numpy hands freed small blocks out again, unwiped
         del junk
         np.testing.assert_array_equal(parser.parse_column_lists(columns).X, expected.X)
+
+
+# --- llm-d's row fields are defined once (features.rows); every decoder agrees with them --------------------
+
+
+def test_every_row_decoder_knows_exactly_the_feature_rows_fields() -> None:
+    from leadtime.features.rows import LEADTIME_ROW_FIELDS, LLMD_DEFAULTS, LLMD_FIELDS, LLMD_REQUIRED_FIELDS
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
+    from leadtime.predictor.service.bulk_decode import LlmdBulkRow, LlmdTrainingEntry
+    from leadtime.predictor.service.schemas import LlmdRow, NativeRow
+
+    assert set(LLMD_REQUIRED_FIELDS) | set(LLMD_DEFAULTS) == set(LLMD_FIELDS)
+    assert tuple(f.name for f in pb.Row.DESCRIPTOR.fields) == LLMD_FIELDS + LEADTIME_ROW_FIELDS
+    assert tuple(f.name for f in pb.RowColumns.DESCRIPTOR.fields) == LLMD_FIELDS + LEADTIME_ROW_FIELDS
+    assert LlmdBulkRow.__struct_fields__ == LLMD_FIELDS
+    assert LlmdTrainingEntry.__struct_fields__ == (*LLMD_FIELDS, "actual_ttft_ms", "actual_tpot_ms")
+    # The OpenAPI schemas document the same fields (plus the native API's `role`).
+    assert tuple(LlmdRow.model_fields) == LLMD_FIELDS
+    assert set(NativeRow.model_fields) == {*LLMD_FIELDS, *LEADTIME_ROW_FIELDS, "role"}
+    assert {n for n, f in LlmdRow.model_fields.items() if f.is_required()} == set(LLMD_REQUIRED_FIELDS)

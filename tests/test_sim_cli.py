@@ -62,6 +62,19 @@ def test_simulate_json_report_and_outputs(tmp_path: Path) -> None:
     assert {"policy", "prefix_hit_tokens", "endpoint_id", "timeslice_state"} <= set(rows[0])
     assert (out / "latency_cdf.png").stat().st_size > 1000
     assert (out / "utilisation.png").stat().st_size > 1000
+    assert sorted(report["outputs"]["files"]) == sorted(str(p) for p in out.iterdir())
+
+
+def test_simulate_out_ends_by_listing_what_it_wrote(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["simulate", "--fleet", str(FLEETS / "mixed.yaml"), "--trace", str(_azure(tmp_path)), "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    written = sorted(out.iterdir())
+    assert len(written) == 4
+    tail = result.stdout.strip().splitlines()[-len(written) - 1 :]
+    assert tail[0] == "wrote 4 files (40 observations in the first):"
+    assert sorted(line.strip() for line in tail[1:]) == [str(p) for p in written]
 
 
 @pytest.mark.parametrize("fleet", ["homogeneous", "pd", "timesliced", "mixed", "pd_hetero", "large"])

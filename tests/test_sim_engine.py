@@ -574,3 +574,32 @@ def test_a_pd_fleet_accepts_a_decode_endpoint_prefilling_locally() -> None:
 
     with pytest.raises(SimulationError, match="decode endpoint"):
         FleetSimulator(parse_fleet(spec), [WorkloadRequest(0.0, 300, 5)], Wrong()).run()
+
+
+def test_trusted_state_is_the_validated_state_and_takes_every_field() -> None:
+    from leadtime.features.rows import EndpointState
+    from leadtime.simulator.engine import trusted_state
+
+    values = {
+        "endpoint_id": "e1",
+        "accelerator": "l40s",
+        "model": "llama-3.1-8b",
+        "tensor_parallel": 2,
+        "role": "decode",
+        "num_request_waiting": 3,
+        "num_request_running": 7,
+        "kv_cache_percentage": 0.25,
+        "prefill_tokens_in_flight": 100,
+        "decode_tokens_in_flight": 50,
+        "timeslice_state": "parked",
+        "timeslice_wait_ms": 12.5,
+    }
+    assert {f.name for f in dataclasses.fields(EndpointState)} == set(values)
+    assert trusted_state(**values) == EndpointState(**values)  # type: ignore[arg-type]
+    # A field left out (say, one EndpointState gained later) is an error, never a silent default.
+    partial = dict(values)
+    del partial["timeslice_wait_ms"]
+    with pytest.raises(TypeError, match="missing \\['timeslice_wait_ms'\\]"):
+        trusted_state(**partial)
+    with pytest.raises(TypeError, match="unknown \\['colour'\\]"):
+        trusted_state(**values, colour="red")

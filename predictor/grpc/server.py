@@ -7,6 +7,7 @@ than the body limit are refused by gRPC itself (RESOURCE_EXHAUSTED).
 
 from __future__ import annotations
 
+import operator
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,72 +17,40 @@ from typing import Any, TypeVar
 import grpc
 
 from leadtime.features.errors import FeatureError
+from leadtime.features.rows import LLMD_FIELDS
+from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
-from leadtime.predictor.service.rows import ParsedRows
 from leadtime.predictor.service.runtime import BACKLOG_FULL_MESSAGE, ServiceRuntime, rfc3339, served_ms
 
 T = TypeVar("T")
 
-# The fields of leadtime.v1.RowColumns, which are the Row fields' names.
-COLUMN_FIELDS = tuple(field.name for field in pb.RowColumns.DESCRIPTOR.fields)
-
-_LLMD_INT_FIELDS = (
-    "input_token_length",
-    "num_request_waiting",
-    "num_request_running",
-    "num_tokens_generated",
-    "prefill_tokens_in_flight",
-    "decode_tokens_in_flight",
-    "encoder_matched_size",
-    "encoder_input_size",
-)
+# The fields of the messages, read off the proto descriptor (the proto is where they are defined).
+ROW_FIELDS = tuple(field.name for field in pb.Row.DESCRIPTOR.fields)
+COLUMN_FIELDS = tuple(field.name for field in pb.RowColumns.DESCRIPTOR.fields)  # the Row fields' names
+# llm-d's fields are always copied; Leadtime's only when set (unset, they mean "the default").
+_LLMD_ROW_FIELDS = tuple(name for name in ROW_FIELDS if name in LLMD_FIELDS)
+_GET_LLMD = operator.attrgetter(*_LLMD_ROW_FIELDS)
+_EXTRA_FIELDS = tuple(name for name in ROW_FIELDS if name not in LLMD_FIELDS)
+_PRESENCE = frozenset(f.name for f in pb.Row.DESCRIPTOR.fields if f.has_presence)
+_OBSERVATION_FIELDS = tuple(f.name for f in pb.Observation.DESCRIPTOR.fields if f.name != "row")
+_OBSERVATION_OPTIONAL = frozenset(f.name for f in pb.Observation.DESCRIPTOR.fields if f.has_presence)
 
 
 def row_to_dict(row: Any) -> dict[str, Any]:
     """A Row message → the JSON-row shape the service validates (extras only when set)."""
-    d: dict[str, Any] = {
-        "kv_cache_percentage": row.kv_cache_percentage,
-        "input_token_length": row.input_token_length,
-        "num_request_waiting": row.num_request_waiting,
-        "num_request_running": row.num_request_running,
-        "num_tokens_generated": row.num_tokens_generated,
-        "prefix_cache_score": row.prefix_cache_score,
-        "pod_type": row.pod_type,
-        "prefill_tokens_in_flight": row.prefill_tokens_in_flight,
-        "decode_tokens_in_flight": row.decode_tokens_in_flight,
-        "encoder_matched_size": row.encoder_matched_size,
-        "encoder_input_size": row.encoder_input_size,
-    }
-    if row.endpoint_id:
-        d["endpoint_id"] = row.endpoint_id
-    if row.accelerator:
-        d["accelerator"] = row.accelerator
-    if row.model:
-        d["model"] = row.model
-    if row.tensor_parallel:
-        d["tensor_parallel"] = row.tensor_parallel
-    if row.HasField("prefix_hit_tokens"):
-        d["prefix_hit_tokens"] = row.prefix_hit_tokens
-    if row.timeslice_state:
-        d["timeslice_state"] = row.timeslice_state
-    if row.timeslice_wait_ms:
-        d["timeslice_wait_ms"] = row.timeslice_wait_ms
+    d = dict(zip(_LLMD_ROW_FIELDS, _GET_LLMD(row), strict=True))
+    for name in _EXTRA_FIELDS:
+        if row.HasField(name) if name in _PRESENCE else getattr(row, name):
+            d[name] = getattr(row, name)
     return d
 
 
 def observation_to_dict(obs: Any) -> dict[str, Any]:
+    """An Observation message → the JSON-entry shape the service validates."""
     d = row_to_dict(obs.row)
-    d["actual_ttft_ms"] = obs.actual_ttft_ms
-    d["actual_tpot_ms"] = obs.actual_tpot_ms
-    for name in (
-        "predicted_ttft_ms",
-        "predicted_tpot_ms",
-        "predicted_ttft_quantile_ms",
-        "predicted_tpot_quantile_ms",
-        "timestamp",
-    ):
-        if obs.HasField(name):
+    for name in _OBSERVATION_FIELDS:
+        if name not in _OBSERVATION_OPTIONAL or obs.HasField(name):
             d[name] = getattr(obs, name)
     return d
 
@@ -130,13 +99,15 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             raise PermissionError("Observe needs metadata 'authorization: Bearer <api token>'")
 
     def PredictBulk(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC's name)
+        """Mean and upper quantile of both targets for every row (messages or columns)."""
+
         def body() -> Any:
             runtime = self.runtime
             parsed = self._parse_bulk(request)
             predictor = runtime.predictor
             assert predictor is not None
-            p = predictor.predict_many(parsed.X, parsed.endpoint_ids)
-            runtime.metrics.predictions.labels("grpc").inc(len(parsed.X))
+            p = predictor.predict_many(parsed)
+            runtime.metrics.predictions.labels("grpc").inc(len(parsed))
             return pb.PredictBulkResponse(
                 ttft_mean_ms=served_ms(p.ttft_mean),
                 ttft_quantile_ms=served_ms(p.ttft_quantile),
@@ -149,7 +120,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
 
         return self._call("PredictBulk", context, body)
 
-    def _parse_bulk(self, request: Any) -> ParsedRows:
+    def _parse_bulk(self, request: Any) -> FeatureBatch:
         """The request's rows, given as messages or as columns, checked and vectorized."""
         limit = self.runtime.settings.max_rows
         parser = self.runtime.parser
@@ -182,6 +153,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return len(entries)
 
     def Observe(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Accept one batch of observations, all or nothing."""
+
         def body() -> Any:
             self._check_token(context)
             return pb.ObserveResponse(accepted=self._accept(request.observations))
@@ -189,6 +162,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return self._call("Observe", context, body)
 
     def ObserveStream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Accept a client stream of batches, each on arrival."""
+
         def body() -> Any:
             self._check_token(context)
             total = 0
@@ -199,6 +174,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return self._call("ObserveStream", context, body)
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Readiness, model version, lease, component health and what was learned."""
+
         def body() -> Any:
             runtime = self.runtime
             predictor = runtime.predictor
@@ -226,8 +203,11 @@ def start_grpc_server(runtime: ServiceRuntime, host: str, port: int, max_workers
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
     pb_grpc.add_PredictorServicer_to_server(PredictorServicer(runtime), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc's own words point at GRPC_VERBOSITY rather than at the port
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind the gRPC server to {host}:{port}")
+        raise OSError(f"cannot serve gRPC on {host}:{port}: the port is taken or the address is not this machine's")
     server.start()
     return server, bound

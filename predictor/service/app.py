@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from leadtime.features.errors import FeatureError
@@ -30,6 +31,7 @@ from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.base import Store
 
 API_VERSION = "1"
+DOCS_ASSETS = "/docs/assets"  # where /docs and /redoc find their JavaScript, CSS and icon
 
 
 def make_store(settings: ServiceSettings) -> tuple[Store, bool]:
@@ -63,11 +65,14 @@ def create_app(
         finally:
             runtime.stop()
 
-    app = FastAPI(
+    # /docs and /redoc load their JavaScript and CSS from this process (the fastapi-offline package ships them),
+    # not from a CDN: the pages work on a machine without Internet access.
+    app = FastAPIOffline(
         title="Leadtime predictor",
         version=API_VERSION,
         description="TTFT/TPOT predictions for LLM serving fleets; a drop-in for llm-d's latency predictor.",
         lifespan=lifespan,
+        static_url=DOCS_ASSETS,
     )
     app.state.runtime = runtime
     hot = HotPath(runtime)
@@ -76,7 +81,13 @@ def create_app(
         hot_paths[STRICT_PATH] = hot.predict_bulk_strict
     if settings.serves_training:
         hot_paths[TRAINING_PATH] = hot.add_training_data_bulk
-    app.add_middleware(EdgeMiddleware, max_body_bytes=settings.max_body_bytes, runtime=runtime, hot_paths=hot_paths)
+    app.add_middleware(
+        EdgeMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        runtime=runtime,
+        hot_paths=hot_paths,
+        mounts=(DOCS_ASSETS,),
+    )
     app.add_exception_handler(FeatureError, feature_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)

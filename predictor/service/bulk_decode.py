@@ -20,50 +20,49 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from leadtime.features.rows import MAX_COUNT
+from leadtime.features.rows import (
+    ACTUAL_FIELDS,
+    LLMD_DEFAULTS,
+    LLMD_FIELDS,
+    LLMD_FRACTION_FIELDS,
+    LLMD_REQUIRED_FIELDS,
+    MAX_COUNT,
+)
 from leadtime.predictor.service.rows import NUMBER_FIELDS
 
 _Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 _Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+_PodType = Literal["", "both", "prefill", "decode"] | None
+_Actual = Annotated[float, msgspec.Meta(ge=0.0)]
 
 
-class LlmdBulkRow(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """One candidate as llm-d's router sends it (`gc=False`: the rows hold no containers, so the collector
-    never needs to see them)."""
-
-    kv_cache_percentage: _Fraction
-    input_token_length: _Count
-    num_request_waiting: _Count
-    num_request_running: _Count
-    num_tokens_generated: _Count
-    prefix_cache_score: _Fraction
-    pod_type: Literal["", "both", "prefill", "decode"] | None = None
-    prefill_tokens_in_flight: _Count = 0
-    decode_tokens_in_flight: _Count = 0
-    encoder_matched_size: _Count = 0
-    encoder_input_size: _Count = 0
+def _row_field(name: str) -> tuple[Any, ...]:
+    """One llm-d row field as msgspec declares it: (name, type) when required, (name, type, default) when not."""
+    kind = _PodType if name == "pod_type" else _Fraction if name in LLMD_FRACTION_FIELDS else _Count
+    return (name, kind) if name in LLMD_REQUIRED_FIELDS else (name, kind, LLMD_DEFAULTS[name])
 
 
-class _BulkBody(msgspec.Struct):
-    requests: list[LlmdBulkRow]
-
-
-class LlmdTrainingEntry(LlmdBulkRow, kw_only=True, forbid_unknown_fields=True, gc=False):
-    """One observed sample as llm-d's router posts it: the row and what happened (0 = not observed)."""
-
-    actual_ttft_ms: Annotated[float, msgspec.Meta(ge=0.0)]
-    actual_tpot_ms: Annotated[float, msgspec.Meta(ge=0.0)]
-
-
-class _TrainingBody(msgspec.Struct):
-    entries: list[LlmdTrainingEntry]
-
-
+# One candidate as llm-d's router sends it, field by field from `LLMD_FIELDS` (`gc=False`: the rows hold no
+# containers, so the collector never needs to see them).
+LlmdBulkRow: Any = msgspec.defstruct(
+    "LlmdBulkRow", [_row_field(name) for name in LLMD_FIELDS], forbid_unknown_fields=True, gc=False
+)
+# One observed sample as llm-d's router posts it: the row and what happened (0 = not observed).
+LlmdTrainingEntry: Any = msgspec.defstruct(
+    "LlmdTrainingEntry",
+    [(name, _Actual) for name in ACTUAL_FIELDS],
+    bases=(LlmdBulkRow,),
+    kw_only=True,
+    forbid_unknown_fields=True,
+    gc=False,
+)
+_BulkBody: Any = msgspec.defstruct("_BulkBody", [("requests", list[LlmdBulkRow])])
+_TrainingBody: Any = msgspec.defstruct("_TrainingBody", [("entries", list[LlmdTrainingEntry])])
 _NUMBERS = operator.attrgetter(*NUMBER_FIELDS)
 _POD = operator.attrgetter("pod_type")
 _DECODER = msgspec.json.Decoder(_BulkBody)
 _TRAINING_DECODER = msgspec.json.Decoder(_TrainingBody)
-_ACTUALS = operator.attrgetter("actual_ttft_ms", "actual_tpot_ms")
+_ACTUALS = operator.attrgetter(*ACTUAL_FIELDS)
 
 
 def decode_plain_bulk(body: bytes, max_rows: int) -> tuple[list[tuple[Any, ...]], Sequence[str | None]] | None:

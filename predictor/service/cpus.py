@@ -5,7 +5,9 @@ included) took the bare gRPC stack's p99 for 100 rows from ~1 ms to 3-5 ms, beca
 landing on the CPU it held; with the server's threads on one CPU and that process on the other, p99 stayed at
 ~1.3 ms. The learner is such a process while it retrains. Splitting the CPUs (`auto`) lowered the service's gRPC
 p99 while learning from 7.6-8.4 to 4.4-6.7 ms (six runs each way), but the serving threads then share one CPU and
-ingestion fell (median ~4%, one run in six below 60,000 samples/s), so it is opt-in.
+ingestion fell (median ~4%, one run in six below 60,000 samples/s). So the default splits the CPUs only where
+the serving threads keep several of their own: `auto` when this process may use `AUTO_FROM_CPUS` or more CPUs,
+`off` below.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ class CpuPlanError(ValueError):
 
 @dataclass(frozen=True)
 class CpuPlan:
+    """Where the serving threads and the learner process run."""
+
     serving: frozenset[int]
     learner: frozenset[int]
 
@@ -39,11 +43,23 @@ def parse_cpu_list(text: str) -> frozenset[int]:
 
 
 def format_cpu_list(cpus: frozenset[int]) -> str:
+    """CPU numbers as a comma-separated list, ascending."""
     return ",".join(str(c) for c in sorted(cpus))
 
 
-def plan_cpus(setting: str, allowed: frozenset[int]) -> CpuPlan | None:
-    """The placement `setting` asks for within the CPUs this process may use; None: leave scheduling alone."""
+AUTO_FROM_CPUS = 4  # the default is `auto` from this many usable CPUs on, `off` below
+
+
+def default_setting(allowed: frozenset[int]) -> str:
+    """What an unset LEADTIME_LEARNER_CPUS means on a process that may use `allowed`."""
+    return "auto" if len(allowed) >= AUTO_FROM_CPUS else "off"
+
+
+def plan_cpus(setting: str | None, allowed: frozenset[int]) -> CpuPlan | None:
+    """The placement `setting` asks for within the CPUs this process may use (None: the default for them);
+    None: leave scheduling alone."""
+    if setting is None:
+        setting = default_setting(allowed)
     if setting == "off":
         return None
     if setting == "auto":
@@ -64,6 +80,7 @@ def plan_cpus(setting: str, allowed: frozenset[int]) -> CpuPlan | None:
 
 
 def allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (empty where the platform cannot say)."""
     return frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
 
 

@@ -17,6 +17,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/", summary="What is running here (llm-d's servers answer this too).")
 async def root(runtime: Runtime) -> dict[str, Any]:
+    """A message that the predictor runs, its model and objective, as llm-d's servers answer `/`."""
     s = runtime.settings
     return {
         "message": f"Leadtime latency predictor is running ({s.role} role)",
@@ -30,6 +31,7 @@ async def root(runtime: Runtime) -> dict[str, Any]:
 
 @router.get("/healthz", summary="The process is alive.")
 async def healthz() -> dict[str, str]:
+    """The process is alive."""
     return {"status": "ok"}
 
 
@@ -50,6 +52,7 @@ async def readyz(runtime: Runtime) -> JSONResponse:
 
 @router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
 async def status(runtime: Runtime) -> dict[str, Any]:
+    """llm-d's status answer, plus Leadtime's model and store state."""
     predictor = runtime.predictor
     s = runtime.settings
     answer: dict[str, Any] = {
@@ -81,6 +84,7 @@ async def status(runtime: Runtime) -> dict[str, Any]:
 
 @router.get("/metrics", summary="Prometheus text format.")
 async def metrics(runtime: Runtime) -> Response:
+    """Prometheus text: Leadtime's metrics, plus llm-d's training-server lines in the training role."""
     llmd = None
     if runtime.settings.serves_training:
         samples = runtime.samples

@@ -36,6 +36,7 @@ class HotPath:
         self.runtime = runtime
 
     def predict_bulk_strict(self, body: bytes, authorization: str) -> tuple[int, bytes] | None:
+        """Answer a plain llm-d body of /predict/bulk/strict, or None to leave it to the route."""
         started = time.perf_counter()
         runtime = self.runtime
         if not runtime.ready:
@@ -49,6 +50,7 @@ class HotPath:
         return 200, strict_answer(runtime, parsed, started)
 
     def add_training_data_bulk(self, body: bytes, authorization: str) -> tuple[int, bytes] | None:
+        """Accept a plain llm-d body of /add_training_data_bulk (202), or None to leave it to the route."""
         runtime = self.runtime
         token = runtime.settings.api_token
         if not runtime.ready or (token and not bearer_matches(authorization, token)):

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +32,11 @@ from typing import Any
 
 import orjson
 
+from leadtime.features.errors import FeatureError
 from leadtime.predictor.artifact import encode
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.predictor.service.cpus import pin_process
+from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.trees import CompiledTrees
 
 log = logging.getLogger("leadtime.service")
@@ -81,8 +84,6 @@ class _Child:
     """The child's side: learn what arrives, send snapshots back."""
 
     def __init__(self, conn: Connection, setup: ChildSetup) -> None:
-        from leadtime.predictor.service.rows import RowParser
-
         self.conn = conn
         self.setup = setup
         self.parser = RowParser(setup.default_accelerator, setup.default_model)
@@ -104,7 +105,7 @@ class _Child:
     def _load(self, artifact: bytes) -> OnlinePredictor:
         predictor = OnlinePredictor.from_bytes(artifact, background=True)
         predictor.add_retrain_listener(self._on_retrain)
-        return predictor
+        return predictor.start()
 
     def _on_retrain(self, result: dict[str, Any]) -> None:
         """Runs in the learner's retrain thread; the main loop sends the snapshot."""
@@ -170,8 +171,7 @@ class _Child:
         return True
 
     def learn(self, entries: list[dict[str, Any]]) -> None:
-        from leadtime.features.errors import FeatureError
-
+        """Learn stored entries; one that fails the checks (written by another writer) is skipped alone."""
         try:
             parsed = self.parser.parse_observations(entries)
         except FeatureError:
@@ -188,9 +188,7 @@ class _Child:
                 return
             parsed = self.parser.parse_observations(good)
         try:
-            self.predictor.learn_many(
-                parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms, parsed.rows.endpoint_ids
-            )
+            self.predictor.learn_many(parsed.rows, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
             self.learned += len(parsed.actual_ttft_ms)
         except (FeatureError, ValueError) as err:
             self.invalid += len(parsed.actual_ttft_ms)
@@ -236,12 +234,16 @@ def _lower_priority(nice: int) -> None:
 
 
 def _child_main(conn: Connection, setup: ChildSetup) -> None:
+    # Ctrl-C reaches the whole process group, and a service manager's SIGTERM often does too: the service stops
+    # the learner itself (a "stop" message, then SIGKILL if it hangs), so the signals must not end it first,
+    # which the service would take for a crash (a warning and a restart while it shuts down).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if setup.cpus:
         pin_process(setup.cpus)
     _lower_priority(setup.nice)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s learner: %(message)s")
-    with contextlib.suppress(KeyboardInterrupt):
-        _Child(conn, setup).run()
+    _Child(conn, setup).run()
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,7 @@ class LearnerProcess:
     """The service's side of the child: forward batches, receive snapshots (on a receiver thread).
 
     `on_snapshot(snapshot)` runs on the receiver thread for every snapshot; `on_exit()` when the child
-    ended without being asked to (the service restarts it with `start`).
+    ended without being asked to (the service restarts it with `start`, and says so).
     """
 
     def __init__(self, on_snapshot: SnapshotHandler, on_exit: Callable[[], None]) -> None:
@@ -280,6 +282,7 @@ class LearnerProcess:
     def start(self, setup: ChildSetup) -> None:
         # A fresh interpreter, never a fork: this process runs gRPC and uvicorn threads, and a fork server
         # started after gRPC's threads was seen to hang the service at start-up.
+        """Start a learner process from `setup`, and the thread that receives its snapshots."""
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         process = context.Process(target=_child_main, args=(child_conn, setup), name="leadtime-learner", daemon=True)
@@ -296,10 +299,12 @@ class LearnerProcess:
 
     @property
     def alive(self) -> bool:
+        """Whether the learner process runs."""
         return self._process is not None and self._process.is_alive()
 
     @property
     def pid(self) -> int | None:
+        """The learner process's id, once started."""
         return self._process.pid if self._process is not None else None
 
     def _send(self, message: tuple[Any, ...], wait_s: float = -1) -> bool:
@@ -327,6 +332,7 @@ class LearnerProcess:
         return self._send(("adopt", artifact, cursor, epoch))
 
     def set_lease(self, retrain: bool, retrain_every: int) -> bool:
+        """Tell the learner whether it retrains (only the lease holder does), and how often."""
         self.retrain, self.retrain_every = retrain, retrain_every
         return self._send(("lease", retrain, retrain_every))
 
@@ -348,19 +354,16 @@ class LearnerProcess:
                 except Exception:  # a bad snapshot must not stop the receiver
                     log.exception("cannot install the learner's snapshot")
         if not self._stopping:
-            log.warning("the learner process exited unexpectedly")
             self._on_exit()
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the learner to stop; SIGKILL if it has not within `timeout_s`."""
         self._stopping = True
         process = self._process
         if process is not None:
             if self._send(("stop",), wait_s=2.0):
                 process.join(timeout_s)
-            if process.is_alive():
-                process.terminate()
-                process.join(2.0)
-            if process.is_alive():  # stopped or wedged: SIGTERM waits, SIGKILL does not
+            if process.is_alive():  # wedged (it ignores SIGTERM): SIGKILL
                 process.kill()
                 process.join(2.0)
         with self._send_lock:

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Response
 
 from leadtime.features.vectorize import COLUMNS
-from leadtime.predictor.learner import ArtifactError
+from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.llmd_importances import llmd_importances
 from leadtime.predictor.service.edge import ReadyRuntime, require_token
 from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
@@ -75,6 +75,7 @@ def _check_name(name: str) -> None:
     "/reload", dependencies=[Depends(require_token)], summary="Swap in the newest published model now."
 )
 async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
+    """Load the newest published model now (llm-d's /reload)."""
     try:
         # In a worker thread: loading a model waits for the registry and for the learner's pipe, and the event
         # loop must keep answering predictions meanwhile.
@@ -99,6 +100,7 @@ async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
 
 @training_router.get("/models/list", summary="Every model name llm-d knows, with whether it exists here.")
 async def models_list(runtime: ReadyRuntime) -> dict[str, Any]:
+    """Every model name llm-d's tooling asks for, with whether it exists, its size and age."""
     models = {}
     for name in MODEL_NAMES:
         document = _target_document(runtime, name)
@@ -117,6 +119,7 @@ async def models_list(runtime: ReadyRuntime) -> dict[str, Any]:
 
 @training_router.get("/model/download/info", summary="What can be downloaded, and from where.")
 async def download_info(runtime: ReadyRuntime) -> dict[str, Any]:
+    """llm-d's /model/download/info: model type, quantile, where each model can be fetched."""
     predictor = runtime.predictor
     assert predictor is not None
     trees = predictor.status().get("trees_active", {})
@@ -146,6 +149,7 @@ async def download_info(runtime: ReadyRuntime) -> dict[str, Any]:
 
 @training_router.get("/model/{name}/info", summary="Size, age and location of one model (404 if unknown).")
 async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
+    """One model's size, age and path (404 for a name llm-d does not use)."""
     _check_name(name)
     document = _target_document(runtime, name)
     return {
@@ -161,6 +165,7 @@ async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
 
 @training_router.get("/model/{name}/download", summary="One model as JSON with embedded LightGBM text.")
 async def model_download(name: str, runtime: ReadyRuntime) -> Response:
+    """The model's artifact bytes: JSON with LightGBM text inside, never a pickle."""
     _check_name(name)
     document = _target_document(runtime, name)
     if document is None:
@@ -179,6 +184,7 @@ def _check_target(target: str) -> None:
 
 @training_router.get("/model/{target}/lgb/txt", summary="The LightGBM text model serving now (404 if none yet).")
 async def lgb_text(target: str, runtime: ReadyRuntime) -> Response:
+    """The serving LightGBM tree of a target as text (404 while none serves)."""
     _check_target(target)
     predictor = runtime.predictor
     assert predictor is not None
@@ -214,6 +220,7 @@ async def lgb_importances(target: str, runtime: ReadyRuntime) -> dict[str, float
 
 @training_router.get("/model/export", summary="A gzip tar of the current models and metadata.json.")
 async def model_export(runtime: ReadyRuntime) -> Response:
+    """A gzip tar of the current models and metadata.json: a seed for a new deployment."""
     predictor = runtime.predictor
     assert predictor is not None
     files: dict[str, bytes] = {"leadtime-predictor.json": predictor.to_bytes()}

@@ -63,6 +63,7 @@ def accept_entries(
     summary="Accept observed samples (202); learning happens behind the answer.",
 )
 async def add_training_data_bulk(request: Request, runtime: ReadyRuntime) -> JSONResponse:
+    """Accept observed samples (exactly 202); learning happens behind the answer."""
     entries = list_field(await json_body(request), "entries", 0, _MAX_ENTRIES)
     parsed = await parse_entries(runtime, entries, "llmd", "entries")
     n = accept_entries(runtime, entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms, "llmd")
@@ -71,6 +72,7 @@ async def add_training_data_bulk(request: Request, runtime: ReadyRuntime) -> JSO
 
 @router.get("/data/status", summary="Samples held for training and testing, and the model state.")
 async def data_status(runtime: ReadyRuntime) -> dict[str, Any]:
+    """Samples held for training and testing, and the model state."""
     s = runtime.samples
     predictor = runtime.predictor
     assert predictor is not None
@@ -99,6 +101,7 @@ async def data_status(runtime: ReadyRuntime) -> dict[str, Any]:
     summary="Empty the training and test data (and the metrics' live-error state) on request.",
 )
 async def flush(request: Request, runtime: ReadyRuntime) -> dict[str, Any]:
+    """Empty the training and test data (and the metrics' live-error state) on request."""
     raw = await request.body()
     body: Any = {} if not raw.strip() else await json_body(request)
     try:

@@ -45,11 +45,12 @@ _MAX_OBSERVATIONS = 100_000
     summary="Mean and upper quantile of TTFT and TPOT per row (columnar), and the model version.",
 )
 async def predict(request: Request, runtime: ReadyRuntime) -> Response:
+    """Mean and upper quantile of TTFT and TPOT per row (columnar), and the model version."""
     rows = list_field(await json_body(request), "rows", 1, runtime.settings.max_rows)
     parsed = runtime.parser.parse(rows, "rows", native=True)
     predictor = runtime.predictor
     assert predictor is not None
-    p = predictor.predict_many(parsed.X, parsed.endpoint_ids)
+    p = predictor.predict_many(parsed)
     runtime.metrics.predictions.labels("native").inc(len(rows))
     body = {
         "model_version": p.model_version,
@@ -82,7 +83,9 @@ def _llmd_entry(entry: Any) -> Any:
     "Retry-After while the learner's backlog is full).",
 )
 async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
-    """Unlike llm-d's path (its router drops a batch on any answer but 202, so it gets 202 and the rows are
+    """Accept completed requests: the row, what happened and what had been predicted (202).
+
+    Unlike llm-d's path (its router drops a batch on any answer but 202, so it gets 202 and the rows are
     counted as dropped), the native API tells a full backlog with 429: its clients can retry."""
     if runtime.backlog_full():
         raise HTTPException(429, BACKLOG_FULL_MESSAGE, {"Retry-After": str(BACKLOG_RETRY_AFTER_S)})
@@ -96,6 +99,7 @@ async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
 
 @common_router.get("/status", summary="Model version, learning state, lease and component health.")
 async def status(runtime: ReadyRuntime) -> dict[str, Any]:
+    """Model version, learning state, lease and component health."""
     answer = await llmd_status(runtime)
     answer["learned"] = runtime.learned()
     return answer
@@ -103,6 +107,7 @@ async def status(runtime: ReadyRuntime) -> dict[str, Any]:
 
 @prediction_router.post("/explain", summary="One prediction explained term by term (plain text).")
 async def explain(body: ExplainRequest, runtime: ReadyRuntime) -> Response:
+    """One prediction explained term by term (plain text)."""
     row = body.row.model_dump(exclude_none=True)
     if row.get("pod_type", "") == "" and row.get("role") in ("prefill", "decode"):
         row["pod_type"] = row["role"]

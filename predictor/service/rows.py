@@ -1,14 +1,18 @@
-"""Validation and vectorization of JSON rows on the hot path, column-wise.
+"""Rows as the service receives them (JSON dicts, msgspec structs, protobuf messages) → checked columns.
 
-`leadtime.features.vectorize.Vectorizer` builds one frozen dataclass per row, which costs ~40 µs a row: 4 ms for the
-router's 100 candidates, more than the whole latency budget of a bulk call. This module checks the same rules a
-batch at a time. Plain llm-d rows (dicts without Leadtime's extras, or plain gRPC Row messages) are read with one
-C-level getter per row, converted by `struct` (whose formats also refuse floats, negatives and non-numbers in
-the counts), type-checked once for bools and range-checked with numpy reductions. If any check fails, the batch
-is parsed again row by row, so a bad value is still named `requests[i].field` with exactly the message the
-per-row checks give. The hardware and roofline columns are then computed for all rows at once, one hardware
-group at a time. `tests/test_service_rows.py` checks that the matrix equals the Vectorizer's on random rows, and
-that the column-wise and row-by-row paths agree bit for bit, so none of them can drift apart unnoticed.
+The feature matrix is `leadtime.features.vectorize`'s: this module only reads the values a request carries,
+checks them and hands them to `Vectorizer.from_columns` as `CheckedColumns`. It checks a whole batch at a time
+where it can, because the router's 100 candidates per call leave no room for ~40 µs of Python per row:
+
+- plain llm-d rows (dicts without Leadtime's extras, plain gRPC Row messages, rows msgspec has decoded) are read
+  with one C-level getter per row and converted by `struct`, whose formats also refuse floats, negatives and
+  non-numbers in the counts; bools are looked for once, ranges are checked with numpy reductions;
+- gRPC `RowColumns` (one list per field) are converted a list at a time;
+- anything else (Leadtime's extras, or any value the batch checks refuse) is checked row by row, so a bad value
+  is named `requests[i].field` with exactly the message the feature rows give.
+
+`tests/test_service_rows.py` holds every path to the Vectorizer's matrix, and the batch paths bit for bit to the
+row-by-row one.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import itertools
 import math
 import operator
 import struct
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from itertools import chain, repeat
@@ -25,93 +28,76 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError
-from leadtime.features.roofline import decode_step_ms_array, prefill_ms_array
 from leadtime.features.rows import (
+    ACTUAL_FIELDS,
+    LEADTIME_ROW_FIELDS,
+    LLMD_COUNT_FIELDS,
+    LLMD_DEFAULTS,
+    LLMD_FRACTION_FIELDS,
     LLMD_REQUIRED_FIELDS,
     MAX_COUNT,
+    NOT_RESIDENT_STATES,
+    POD_TYPE_ROLES,
+    PREDICTED_FIELDS,
     ROLES,
     TIMESLICE_STATES,
     check_count,
     check_real,
+    is_resident,
     parse_timestamp,
 )
-from leadtime.features.vectorize import COLUMNS, KV_MEMORY_SHARE
+from leadtime.features.vectorize import ROLE_CODES, CheckedColumns, FeatureBatch, Vectorizer
 
-_POD_TYPES = {"": 0, "both": 0, "prefill": 1, "decode": 2}
-
-# The fields of a plain llm-d row. Its numbers are packed as these counts then these fractions, one struct
-# record per row; `_finish` maps them to `COLUMNS`.
-_COUNT_FIELDS = (
-    "input_token_length",
-    "num_tokens_generated",
-    "num_request_waiting",
-    "num_request_running",
-    "prefill_tokens_in_flight",
-    "decode_tokens_in_flight",
-    "encoder_input_size",
-    "encoder_matched_size",
-)
-_FRACTION_FIELDS = ("kv_cache_percentage", "prefix_cache_score")
-NUMBER_FIELDS = _COUNT_FIELDS + _FRACTION_FIELDS
-_OPTIONAL_DEFAULTS = {
-    "prefill_tokens_in_flight": 0,
-    "decode_tokens_in_flight": 0,
-    "encoder_input_size": 0,
-    "encoder_matched_size": 0,
-    "pod_type": "",
-}
+# The numbers of a plain llm-d row, packed as these counts then these fractions, one struct record per row.
+NUMBER_FIELDS = LLMD_COUNT_FIELDS + LLMD_FRACTION_FIELDS
 _PLAIN_WIDTH = len(NUMBER_FIELDS) + 1  # + pod_type
 _GET_NUMBERS = operator.itemgetter(*NUMBER_FIELDS)
 _GET_POD = operator.itemgetter("pod_type")
 _ATTR_NUMBERS = operator.attrgetter(*NUMBER_FIELDS)
 _ATTR_POD = operator.attrgetter("pod_type")
-_ATTR_MESSAGE_EXTRAS = operator.attrgetter(
-    "endpoint_id", "accelerator", "model", "timeslice_wait_ms", "tensor_parallel", "timeslice_state"
-)
+# Leadtime's fields a Row message always has (prefix_hit_tokens is the one with presence, asked by HasField).
+_MESSAGE_EXTRAS = tuple(f for f in LEADTIME_ROW_FIELDS if f != "prefix_hit_tokens")
+_ATTR_MESSAGE_EXTRAS = operator.attrgetter(*_MESSAGE_EXTRAS)
 _HAS_PREFIX_HITS = operator.methodcaller("HasField", "prefix_hit_tokens")
-_GET_ACTUALS = operator.itemgetter("actual_ttft_ms", "actual_tpot_ms")
+_GET_ACTUALS = operator.itemgetter(*ACTUAL_FIELDS)
 _ACTUALS_RECORD = struct.Struct("<2d")
 # One row's numbers as bytes. `struct` converts a whole batch in C at a fraction of np.fromiter's cost, and its
 # "Q" refuses what a count must not be (floats, negatives, strings, None, anything ≥ 2**64) while "d" refuses
 # non-numbers in the fractions. It lets bools through (bool is an int): the one type check left is for those.
-_RECORD = struct.Struct(f"<{len(_COUNT_FIELDS)}Q{len(_FRACTION_FIELDS)}d")
-_RECORD_DTYPE = np.dtype([("counts", "<u8", (len(_COUNT_FIELDS),)), ("fractions", "<f8", (len(_FRACTION_FIELDS),))])
+_RECORD = struct.Struct(f"<{len(LLMD_COUNT_FIELDS)}Q{len(LLMD_FRACTION_FIELDS)}d")
+_RECORD_DTYPE = np.dtype(
+    [("counts", "<u8", (len(LLMD_COUNT_FIELDS),)), ("fractions", "<f8", (len(LLMD_FRACTION_FIELDS),))]
+)
+_KV, _SCORE = (LLMD_FRACTION_FIELDS.index(f) for f in ("kv_cache_percentage", "prefix_cache_score"))
+_INPUT = LLMD_COUNT_FIELDS.index("input_token_length")
 _NUMBER_TYPES = frozenset((int, float))
 _POD_VALUE_TYPES = frozenset((str, type(None)))
-_POD_CODES: dict[str | None, float] = {None: 0.0, "": 0.0, "both": 0.0, "prefill": 1.0, "decode": 2.0}
+# Role code per pod_type (null means "", as in llm-d).
+_POD_CODES: dict[str | None, int] = {None: 0, **{p: ROLE_CODES[r] for p, r in POD_TYPE_ROLES.items()}}
 _POD_VALUES = frozenset(_POD_CODES)
-_BOTH_ONLY = frozenset((None, "", "both"))
+_BOTH_ONLY = frozenset(p for p, code in _POD_CODES.items() if code == ROLE_CODES["both"])
 _PLAIN_TIMESLICE = frozenset(("", "none"))
-_ROLE_CODES = np.array([[1.0], [2.0]])  # pod code of role_prefill, role_decode
+_COLUMN_TIMESLICE = frozenset(("", *TIMESLICE_STATES))
+_TEXT = frozenset((str,))
+# Keys that only Leadtime's rows carry: their presence sends a row down the careful path.
+_EXTRAS = frozenset((*LEADTIME_ROW_FIELDS, "role"))
+_OBSERVATION_EXTRAS = frozenset((*PREDICTED_FIELDS, "timestamp"))
 
-# Where things go in the COLUMNS matrix.
-_COUNT_COLUMNS = np.array([0, 3, 4, 5, 7, 8, 21, 22])  # `_COUNT_FIELDS`, in order
-_FIGURE_COLUMNS = np.array([11, 12, 13, 14, 18])  # tflops, tb_s, tensor parallel, kv bytes/token, weights ms
-_TABLE_FIGURE_COLUMNS = np.array([0, 1, 8, 2, 9])  # the same figures in `_group_figures` order
-
-# Raw layout of the row-by-row path: the counts, the fractions, then these.
-_POD, _RESIDENT, _WAIT, _GROUP = 10, 11, 12, 13
-
-
-@dataclass
-class ParsedRows:
-    """Rows ready for the predictor, plus the labels metrics need."""
-
-    X: np.ndarray
-    endpoint_ids: list[str] | None  # None when no row names an endpoint
-    accelerators: list[str]  # resolved accelerator class per row
-
-    @property
-    def roles(self) -> list[str]:
-        """both | prefill | decode per row (computed on demand: only live-error metrics need it)."""
-        return ["prefill" if p else "decode" if d else "both" for p, d in self.X[:, 9:11].tolist()]
+# The row-by-row path's values per row: the counts, the fractions, then these.
+_RAW = (*NUMBER_FIELDS, "hits", "role", "resident", "wait", "hardware")
+_RAW_HITS, _RAW_ROLE, _RAW_RESIDENT, _RAW_WAIT, _RAW_HARDWARE = (
+    _RAW.index(n) for n in ("hits", "role", "resident", "wait", "hardware")
+)
+_RAW_COUNTS = slice(0, len(LLMD_COUNT_FIELDS))
+_RAW_KV, _RAW_SCORE = (NUMBER_FIELDS.index(f) for f in ("kv_cache_percentage", "prefix_cache_score"))
 
 
 @dataclass
 class ParsedObservations:
-    rows: ParsedRows
+    """Training entries checked: their rows vectorized, what happened, and what the client had predicted."""
+
+    rows: FeatureBatch
     actual_ttft_ms: np.ndarray
     actual_tpot_ms: np.ndarray
     predicted_ttft_ms: np.ndarray  # NaN where the client sent none
@@ -124,34 +110,13 @@ class ParsedObservations:
         """Slices of one batch, checked one after the other, as one."""
         if len(parts) == 1:
             return parts[0]
-        ids = [p.rows.endpoint_ids or [""] * len(p.rows.X) for p in parts]
-        rows = ParsedRows(
-            np.concatenate([p.rows.X for p in parts]),
-            list(chain.from_iterable(ids)) if any(p.rows.endpoint_ids for p in parts) else None,
-            list(chain.from_iterable(p.rows.accelerators for p in parts)),
-        )
+        rows = FeatureBatch.concat([p.rows for p in parts])
         columns = [np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls) if f.name != "rows"]
         return cls(rows, *columns)
 
 
-@dataclass(frozen=True)
-class _Group:
-    """Constants of one (accelerator, model, tensor parallel) combination."""
-
-    tflops: float
-    tb_s: float
-    kv_bytes_per_token: float
-    params_b: float
-    layers: float
-    attn_width: float
-    weight_bytes: float
-    kv_capacity_tokens: float
-    tensor_parallel: float
-    weights_ms: float  # roofline_weights_ms: the same for every row of the group, so computed once
-
-
 @dataclass
-class _Columns:
+class _Plain:
     """A plain batch read with one getter per row, before its types and ranges are checked."""
 
     numbers: list[tuple[Any, ...]]  # per row, in `NUMBER_FIELDS` order
@@ -190,7 +155,7 @@ def _all_dicts(rows: Sequence[Any]) -> bool:
     return len(rows) > 0 and set(map(type, rows)) == {dict}
 
 
-def _dict_columns(rows: Sequence[Any], keys_checked: bool = False) -> _Columns | None:
+def _dict_columns(rows: Sequence[Any], keys_checked: bool = False) -> _Plain | None:
     """The plain llm-d fields of every row as columns; None when some row is not a dict or carries extras.
 
     `keys_checked`: the caller has already seen that every row is a dict without `_EXTRAS` keys. Otherwise
@@ -203,7 +168,7 @@ def _dict_columns(rows: Sequence[Any], keys_checked: bool = False) -> _Columns |
             return None
         exact = set(map(len, rows)) == {_PLAIN_WIDTH}
     try:
-        columns = _Columns(list(map(_GET_NUMBERS, rows)), list(map(_GET_POD, rows)), typed=False)
+        columns = _Plain(list(map(_GET_NUMBERS, rows)), list(map(_GET_POD, rows)), typed=False)
     except KeyError:  # some row leaves out an optional field
         columns, exact = None, False
     if not (keys_checked or exact) and not _EXTRAS.isdisjoint(set().union(*rows)):
@@ -212,39 +177,40 @@ def _dict_columns(rows: Sequence[Any], keys_checked: bool = False) -> _Columns |
         return columns
 
     def column(name: str) -> list[Any]:
-        return list(map(dict.get, rows, repeat(name), repeat(_OPTIONAL_DEFAULTS.get(name))))
+        return list(map(dict.get, rows, repeat(name), repeat(LLMD_DEFAULTS.get(name))))
 
-    return _Columns(list(zip(*map(column, NUMBER_FIELDS), strict=True)), column("pod_type"), typed=False)
+    return _Plain(list(zip(*map(column, NUMBER_FIELDS), strict=True)), column("pod_type"), typed=False)
 
 
-def _message_columns(messages: Sequence[Any]) -> _Columns | None:
+def _message_columns(messages: Sequence[Any]) -> _Plain | None:
     """The fields of plain gRPC Row messages as columns; None when some message sets a Leadtime extra."""
     if not messages:
         return None
-    endpoint, accelerator, model, wait, tp, timeslice = zip(*map(_ATTR_MESSAGE_EXTRAS, messages), strict=True)
+    extras = dict(zip(_MESSAGE_EXTRAS, zip(*map(_ATTR_MESSAGE_EXTRAS, messages), strict=True), strict=True))
     if (
-        any(endpoint)
-        or any(accelerator)
-        or any(model)
-        or any(wait)  # 0.0 and -0.0 are the plain "no wait"; NaN is truthy and goes row by row
-        or max(tp) > 1
-        or not _PLAIN_TIMESLICE.issuperset(timeslice)
+        any(extras["endpoint_id"])
+        or any(extras["accelerator"])
+        or any(extras["model"])
+        or any(extras["timeslice_wait_ms"])  # 0.0 and -0.0 are the plain "no wait"; NaN is truthy: row by row
+        or max(extras["tensor_parallel"]) > 1
+        or not _PLAIN_TIMESLICE.issuperset(extras["timeslice_state"])
         or any(map(_HAS_PREFIX_HITS, messages))
     ):
         return None
-    return _Columns(list(map(_ATTR_NUMBERS, messages)), list(map(_ATTR_POD, messages)), typed=True)
+    return _Plain(list(map(_ATTR_NUMBERS, messages)), list(map(_ATTR_POD, messages)), typed=True)
 
 
-def _pod_codes(pods: Sequence[Any], typed: bool) -> np.ndarray | float | None:
-    """Role code per row (0.0 for every row when all are "both"); None when some pod_type is not plain."""
+def _pod_codes(pods: Sequence[Any], typed: bool) -> tuple[bool, np.ndarray | None]:
+    """(plain, role code per row): plain is False when some pod_type needs the row checks; the codes are None
+    when every row is "both"."""
     if not (typed or _POD_VALUE_TYPES.issuperset(map(type, pods))):
-        return None
+        return False, None
     kinds = set(pods)
     if kinds <= _BOTH_ONLY:
-        return 0.0
+        return True, None
     if not kinds <= _POD_VALUES:
-        return None
-    return np.fromiter(map(_POD_CODES.__getitem__, pods), dtype=np.float64, count=len(pods))
+        return False, None
+    return True, np.fromiter(map(_POD_CODES.__getitem__, pods), dtype=np.float64, count=len(pods))
 
 
 def _column_actuals(
@@ -270,7 +236,7 @@ def _column_actuals(
     if not (actual.min() >= 0.0 and actual.max() < math.inf):  # NaN fails both comparisons
         return None
     given: dict[int, np.ndarray] = {}
-    for j, name in enumerate(_PREDICTED):
+    for j, name in enumerate(PREDICTED_FIELDS):
         if name in keys:
             column = list(map(dict.get, entries, repeat(name)))
             values = [v for v in column if v is not None]
@@ -296,7 +262,7 @@ def _column_actuals(
 
 
 class RowParser:
-    """Parses llm-d rows (and Leadtime's native rows) into the `COLUMNS` matrix.
+    """Checks llm-d rows (and Leadtime's native rows) and vectorizes them with its `Vectorizer`.
 
     Parameters
     ----------
@@ -305,59 +271,17 @@ class RowParser:
     """
 
     def __init__(self, default_accelerator: str, default_model: str) -> None:
-        self.default_accelerator = get_accelerator(default_accelerator).slug
-        self.default_model = get_model(default_model).slug
-        self._groups: dict[tuple[str, str, int], int] = {}
-        self._group_list: list[_Group] = []
-        self._table = np.empty((0, 10))
-        self._templates: list[np.ndarray] = []  # per group: a (COLUMNS, 1) column of its constant columns
-        self._lock = threading.Lock()
-        self._default_group = self._group("", "", 1)
+        self.vectorizer = Vectorizer(default_accelerator, default_model)
+        self.hardware = self.vectorizer.hardware
 
-    def _group(self, accelerator: str, model: str, tensor_parallel: int) -> int:
-        key = (accelerator or self.default_accelerator, model or self.default_model, tensor_parallel)
-        found = self._groups.get(key)
-        if found is not None:
-            return found
-        with self._lock:  # request threads share the parser: a group is published only once complete
-            found = self._groups.get(key)
-            return found if found is not None else self._add_group(key)
-
-    def _add_group(self, key: tuple[str, str, int]) -> int:
-        acc, mod = get_accelerator(key[0]), get_model(key[1])
-        tensor_parallel = key[2]
-        free_bytes = max(acc.memory_gb * 1e9 * tensor_parallel - mod.weight_bytes, 1e9)
-        tflops, tb_s, tp = float(acc.effective_tflops), float(acc.effective_tb_s), float(tensor_parallel)
-        params_b, weight_bytes, kvb = float(mod.params_b), float(mod.weight_bytes), float(mod.kv_bytes_per_token)
-        group = _Group(
-            tflops=tflops,
-            tb_s=tb_s,
-            kv_bytes_per_token=kvb,
-            params_b=params_b,
-            layers=float(mod.layers),
-            attn_width=float(mod.num_heads * mod.head_dim),
-            weight_bytes=weight_bytes,
-            kv_capacity_tokens=float(free_bytes * KV_MEMORY_SHARE / mod.kv_bytes_per_token),
-            tensor_parallel=tp,
-            weights_ms=float(decode_step_ms_array(params_b, weight_bytes, kvb, tflops, tb_s, 1.0, 0.0, tp)),
-        )
-        index = len(self._group_list)
-        template = np.zeros((len(COLUMNS), 1))
-        template[_FIGURE_COLUMNS, 0] = np.array(_group_figures(group))[_TABLE_FIGURE_COLUMNS]
-        template[19] = 1.0  # timeslice_resident; role_prefill, role_decode and timeslice_wait_ms stay 0
-        self._group_list.append(group)
-        self._templates.append(template)
-        self._table = np.array([_group_figures(g) for g in self._group_list])
-        self._groups[key] = index
-        return index
-
-    def _raw_row(self, row: Any, native: bool) -> tuple[tuple[float, ...], str, str]:
-        """One row → (raw values, endpoint id, accelerator slug); raises FeatureError naming the field."""
+    def _raw_row(self, row: Any, native: bool) -> tuple[tuple[float, ...], str]:
+        """One row → (values in `_RAW` order, endpoint id); raises FeatureError naming the field."""
         if not isinstance(row, Mapping):
             raise FeatureError("row", f"must be a JSON object, got {type(row).__name__}")
         for name in LLMD_REQUIRED_FIELDS:
             if row.get(name) is None:
                 raise FeatureError(name, "is required")
+        # Checked in llm-d's order (the first bad value is the one named), kept in `NUMBER_FIELDS` order below.
         kv = _real01(row, "kv_cache_percentage")
         input_tokens = _count(row, "input_token_length")
         waiting = _count(row, "num_request_waiting")
@@ -373,7 +297,8 @@ class RowParser:
             hits = check_count("prefix_hit_tokens", hits_raw)
             if hits > input_tokens:
                 raise FeatureError("prefix_hit_tokens", f"{hits} exceeds input_token_length {input_tokens}")
-            score = hits / input_tokens if input_tokens else 0.0
+        else:
+            hits = round(score * input_tokens)
         role = _pod_type_index(row, native)
         endpoint_id = _text(row, "endpoint_id")
         accelerator = _text(row, "accelerator")
@@ -388,56 +313,60 @@ class RowParser:
         wait = row.get("timeslice_wait_ms", 0.0)
         if not ((type(wait) is float or type(wait) is int) and 0.0 <= wait < math.inf):
             wait = check_real("timeslice_wait_ms", wait)
-        group = self._group(accelerator, model, tp)
+        hardware = self.hardware.index(accelerator, model, tp)
         values = (
             input_tokens,
-            generated,
             waiting,
             running,
+            generated,
             prefill_in_flight,
             decode_in_flight,
-            encoder_input,
             encoder_matched,
+            encoder_input,
             kv,
             score,
+            hits,
             role,
-            0.0 if timeslice in ("switching", "parked") else 1.0,
+            1.0 if is_resident(timeslice) else 0.0,
             wait,
-            group,
+            hardware,
         )
-        return values, endpoint_id, accelerator or self.default_accelerator
+        return values, endpoint_id
 
-    def parse(self, rows: Sequence[Any], where: str = "requests", native: bool = False) -> ParsedRows:
-        """Validate and vectorize; a bad row raises FeatureError with field `where[i].name`."""
-        columns = _dict_columns(rows)
-        if columns is not None:
-            parsed = self._parse_columns(columns)
+    def parse(self, rows: Sequence[Any], where: str = "requests", native: bool = False) -> FeatureBatch:
+        """Check and vectorize; a bad row raises FeatureError with field `where[i].name`."""
+        plain = _dict_columns(rows)
+        if plain is not None:
+            parsed = self._parse_plain(plain)
             if parsed is not None:
                 return parsed
         return self._parse_rows(rows, where, native)
 
-    def _parse_rows(self, rows: Sequence[Any], where: str, native: bool, first: int = 0) -> ParsedRows:
+    def parse_one(self, row: Any, native: bool = False) -> FeatureBatch:
+        """One row (`/predict`); a bad value raises FeatureError naming the field."""
+        values, endpoint_id = self._raw_row(row, native)
+        return self._finish_raw([values], [endpoint_id])
+
+    def _parse_rows(self, rows: Sequence[Any], where: str, native: bool, first: int = 0) -> FeatureBatch:
         """Row by row: for batches with Leadtime's extras, and to name the first bad value of any batch."""
         raw: list[tuple[float, ...]] = []
         endpoint_ids: list[str] = []
-        accelerators: list[str] = []
         for i, row in enumerate(rows):
             try:
-                values, endpoint_id, accelerator = self._raw_row(row, native)
+                values, endpoint_id = self._raw_row(row, native)
             except FeatureError as err:
                 raise FeatureError(f"{where}[{first + i}].{err.field}", err.problem) from None
             raw.append(values)
             endpoint_ids.append(endpoint_id)
-            accelerators.append(accelerator)
-        return self._finish_raw(raw, endpoint_ids, accelerators)
+        return self._finish_raw(raw, endpoint_ids)
 
-    def _parse_columns(self, columns: _Columns) -> ParsedRows | None:
+    def _parse_plain(self, plain: _Plain) -> FeatureBatch | None:
         """A plain batch checked and converted a column at a time; None when any value needs the row checks."""
-        numbers = columns.numbers
-        if not (columns.typed or _NUMBER_TYPES.issuperset(map(type, chain.from_iterable(numbers)))):
+        numbers = plain.numbers
+        if not (plain.typed or _NUMBER_TYPES.issuperset(map(type, chain.from_iterable(numbers)))):
             return None  # a bool, or something struct would convert (numpy scalars, Decimal): row by row
-        pods = _pod_codes(columns.pods, columns.typed)
-        if pods is None:
+        plain_pods, roles = _pod_codes(plain.pods, plain.typed)
+        if not plain_pods:
             return None
         try:
             records = np.frombuffer(b"".join(itertools.starmap(_RECORD.pack, numbers)), dtype=_RECORD_DTYPE)
@@ -447,58 +376,56 @@ class RowParser:
         # Exact on the integers; NaN fails both fraction comparisons.
         if not (counts.max() <= MAX_COUNT and fractions.min() >= 0.0 and fractions.max() <= 1.0):
             return None
-        accelerators = [self.default_accelerator] * len(numbers)
-        return self._finish(counts, fractions, pods, None, self._default_group, None, accelerators)
+        columns = CheckedColumns(counts, fractions[:, _KV], fractions[:, _SCORE], roles=roles)
+        return self.vectorizer.from_columns(columns)
 
-    def parse_plain(self, numbers: list[tuple[Any, ...]], pods: Sequence[str | None]) -> ParsedRows | None:
+    def parse_plain(self, numbers: list[tuple[Any, ...]], pods: Sequence[str | None]) -> FeatureBatch | None:
         """Rows whose types are already known (`bulk_decode`): numbers in `NUMBER_FIELDS` order, pod_type each.
 
         None when a value is out of range, for the general path to name it.
         """
-        return self._parse_columns(_Columns(numbers, pods, typed=True))
+        return self._parse_plain(_Plain(numbers, pods, typed=True))
 
-    def parse_messages(self, messages: Sequence[Any], to_dict: Any, where: str = "rows") -> ParsedRows:
+    def parse_messages(self, messages: Sequence[Any], to_dict: Any, where: str = "rows") -> FeatureBatch:
         """gRPC `leadtime.v1.Row` messages: plain ones straight to values, the rest through `to_dict(message)`.
 
         Protobuf already guarantees the integer fields are non-negative integers, so a plain row only needs its
         two fractions checked (and its counts held to 2**53, as JSON rows are).
         """
-        columns = _message_columns(messages)
-        if columns is not None:
-            parsed = self._parse_columns(columns)
+        plain = _message_columns(messages)
+        if plain is not None:
+            parsed = self._parse_plain(plain)
             if parsed is not None:
                 return parsed
         raw: list[tuple[float, ...]] = []
         endpoint_ids: list[str] = []
-        accelerators: list[str] = []
-        group = self._default_group
+        default = self.hardware.default
         for i, m in enumerate(messages):
-            kv, score, pod = m.kv_cache_percentage, m.prefix_cache_score, _POD_TYPES.get(m.pod_type)
-            counts = _ATTR_NUMBERS(m)[: len(_COUNT_FIELDS)]
+            kv, score, role = m.kv_cache_percentage, m.prefix_cache_score, _POD_CODES.get(m.pod_type)
+            counts = _ATTR_NUMBERS(m)[: len(LLMD_COUNT_FIELDS)]
             if (
                 0.0 <= kv <= 1.0
                 and 0.0 <= score <= 1.0
-                and pod is not None
+                and role is not None
                 and max(counts) <= MAX_COUNT
                 and not (m.endpoint_id or m.accelerator or m.model or m.timeslice_wait_ms)
                 and m.tensor_parallel <= 1
-                and m.timeslice_state in ("", "none")
+                and m.timeslice_state in _PLAIN_TIMESLICE
                 and not m.HasField("prefix_hit_tokens")
             ):
-                raw.append((*counts, kv, score, pod, 1.0, 0.0, group))
+                hits = round(score * counts[_INPUT])
+                raw.append((*counts, kv, score, hits, role, 1.0, 0.0, default))
                 endpoint_ids.append("")
-                accelerators.append(self.default_accelerator)
                 continue
             try:
-                values, endpoint_id, accelerator = self._raw_row(to_dict(m), native=True)
+                values, endpoint_id = self._raw_row(to_dict(m), native=True)
             except FeatureError as err:
                 raise FeatureError(f"{where}[{i}].{err.field}", err.problem) from None
             raw.append(values)
             endpoint_ids.append(endpoint_id)
-            accelerators.append(accelerator)
-        return self._finish_raw(raw, endpoint_ids, accelerators)
+        return self._finish_raw(raw, endpoint_ids)
 
-    def parse_column_lists(self, columns: Mapping[str, Sequence[Any]], where: str = "columns") -> ParsedRows:
+    def parse_column_lists(self, columns: Mapping[str, Sequence[Any]], where: str = "columns") -> FeatureBatch:
         """Rows given as one list per field (gRPC `RowColumns`), with the row fields' names; an empty or missing
         list means the field's default for every row. A bad value raises FeatureError naming `where[i].field`.
         """
@@ -515,7 +442,7 @@ class RowParser:
             return parsed
         return self._parse_rows(_column_rows(columns, n), where, native=True)
 
-    def _parse_column_arrays(self, columns: Mapping[str, Sequence[Any]], n: int) -> ParsedRows | None:
+    def _parse_column_arrays(self, columns: Mapping[str, Sequence[Any]], n: int) -> FeatureBatch | None:
         """The lists checked and converted a whole column at a time; None when a value needs the row checks."""
 
         def given(name: str) -> Sequence[Any]:
@@ -531,9 +458,9 @@ class RowParser:
             return array if array.dtype.kind in kinds else None
 
         # Negative integers wrap around in these unsigned columns and so fail the range checks below.
-        counts = np.zeros((n, len(_COUNT_FIELDS)), dtype=np.uint64)
-        fractions = np.zeros((n, 2))
-        for names, kinds, block in ((_COUNT_FIELDS, "ui", counts), (_FRACTION_FIELDS, "uif", fractions)):
+        counts = np.zeros((n, len(LLMD_COUNT_FIELDS)), dtype=np.uint64)
+        fractions = np.zeros((n, len(LLMD_FRACTION_FIELDS)))
+        for names, kinds, block in ((LLMD_COUNT_FIELDS, "ui", counts), (LLMD_FRACTION_FIELDS, "uif", fractions)):
             for j, name in enumerate(names):
                 if given(name):
                     column = typed(name, kinds)
@@ -542,33 +469,25 @@ class RowParser:
                     block[:, j] = column
         if n == 0 or not (counts.max() <= MAX_COUNT and fractions.min() >= 0.0 and fractions.max() <= 1.0):
             return None
+        hits = None
         if given("prefix_hit_tokens"):
             hits = typed("prefix_hit_tokens", "ui")
-            tokens = counts[:, 0]
-            if hits is None or not (hits.astype(np.uint64) <= tokens).all():
+            if hits is None or not (hits.astype(np.uint64) <= counts[:, _INPUT]).all():
                 return None
-            fractions[:, 1] = np.divide(hits, tokens, out=np.zeros(n), where=tokens > 0)
-        pods = _pod_codes(given("pod_type"), typed=True) if given("pod_type") else 0.0
-        if pods is None:
+        plain_pods, roles = _pod_codes(given("pod_type"), typed=True) if given("pod_type") else (True, None)
+        if not plain_pods:
             return None
-        timeslice = None
+        resident = wait = None
         states, waits = given("timeslice_state"), given("timeslice_wait_ms")
-        if states or waits:
-            timeslice = np.zeros((n, 2))
-            timeslice[:, 0] = 1.0
-            if states:
-                if not _COLUMN_TIMESLICE.issuperset(states):
-                    return None
-                timeslice[:, 0] = [0.0 if state in _NOT_RESIDENT else 1.0 for state in states]
-            if waits:
-                wait = typed("timeslice_wait_ms", "uif")
-                if wait is None:
-                    return None
-                timeslice[:, 1] = wait
-                if not (timeslice[:, 1].min() >= 0.0 and timeslice[:, 1].max() < math.inf):
-                    return None
-        group: int | np.ndarray = self._default_group
-        accelerators = [self.default_accelerator] * n
+        if states:
+            if not _COLUMN_TIMESLICE.issuperset(states):
+                return None
+            resident = np.array([0.0 if state in NOT_RESIDENT_STATES else 1.0 for state in states])
+        if waits:
+            wait = typed("timeslice_wait_ms", "uif")
+            if wait is None or not (wait.min() >= 0.0 and wait.max() < math.inf):
+                return None
+        hardware: int | np.ndarray = self.hardware.default
         named, models, parallel = given("accelerator"), given("model"), given("tensor_parallel")
         if parallel:
             sizes = typed("tensor_parallel", "ui")
@@ -577,21 +496,26 @@ class RowParser:
         if any(named) or any(models) or any(tp > 1 for tp in parallel):
             keys = list(zip(named or repeat(""), models or repeat(""), parallel or repeat(1), strict=False))
             try:
-                groups = {key: self._group(key[0], key[1], max(key[2], 1)) for key in set(keys)}
+                classes = {key: self.hardware.index(key[0], key[1], max(int(key[2]), 1)) for key in set(keys)}
             except FeatureError:
                 return None
-            per_row = np.array([groups[key] for key in keys], dtype=np.intp)
-            group = int(per_row[0]) if per_row.min() == per_row.max() else per_row
-            accelerators = [a or self.default_accelerator for a, _, _ in keys]
+            per_row = np.array([classes[key] for key in keys], dtype=np.intp)
+            hardware = int(per_row[0]) if per_row.min() == per_row.max() else per_row
         ids = given("endpoint_id")
         if not _TEXT.issuperset(map(type, ids)):
             return None
-        endpoint_ids = list(ids) if any(ids) else None
-        return self._finish(counts, fractions, pods, timeslice, group, endpoint_ids, accelerators)
-
-    def parse_one(self, row: Any, native: bool = False) -> ParsedRows:
-        values, endpoint_id, accelerator = self._raw_row(row, native)
-        return self._finish_raw([values], [endpoint_id], [accelerator])
+        checked = CheckedColumns(
+            counts,
+            fractions[:, _KV],
+            fractions[:, _SCORE],
+            prefix_hit_tokens=hits,
+            roles=roles,
+            resident=resident,
+            timeslice_wait_ms=wait,
+            hardware=hardware,
+            endpoint_ids=list(ids) if any(ids) else None,
+        )
+        return self.vectorizer.from_columns(checked)
 
     def parse_observations(self, entries: Sequence[Any], where: str = "entries", first: int = 0) -> ParsedObservations:
         """Training entries: a row plus `actual_ttft_ms`, `actual_tpot_ms` (0 = not observed). `first`: the index
@@ -601,20 +525,20 @@ class RowParser:
         column-wise paths for the actuals and for the rows; either falls back to the per-entry checks.
         """
         n = len(entries)
-        predicted = np.full((n, 4), np.nan)
+        predicted = np.full((n, len(PREDICTED_FIELDS)), np.nan)
         keys = set().union(*entries) if _all_dicts(entries) else None
         actuals = None if keys is None else _column_actuals(entries, keys, predicted)
         checked = None if actuals is not None else self._entry_actuals(entries, predicted, where, first)
         rows = None
         if keys is not None and _EXTRAS.isdisjoint(keys):
-            columns = _dict_columns(entries, keys_checked=True)
-            rows = None if columns is None else self._parse_columns(columns)
+            plain = _dict_columns(entries, keys_checked=True)
+            rows = None if plain is None else self._parse_plain(plain)
         if rows is None:
             rows = self._parse_rows(entries, where, native=True, first=first)
         if actuals is None:  # converted after the rows are checked, so a bad row is named first, as it was
             both = np.array(checked, dtype=np.float64).reshape(n, 2)
             actuals = both[:, 0], both[:, 1]
-        return ParsedObservations(rows, *actuals, *(predicted[:, j] for j in range(4)))
+        return ParsedObservations(rows, *actuals, *(predicted[:, j] for j in range(len(PREDICTED_FIELDS))))
 
     def _entry_actuals(
         self, entries: Sequence[Any], predicted: np.ndarray, where: str, first: int = 0
@@ -645,12 +569,12 @@ class RowParser:
         if not isinstance(entry, Mapping):
             raise FeatureError("entry", f"must be a JSON object, got {type(entry).__name__}")
         values = []
-        for name in ("actual_ttft_ms", "actual_tpot_ms"):
+        for name in ACTUAL_FIELDS:
             value = entry.get(name)
             if value is None:
                 raise FeatureError(name, "is required")
             values.append(check_real(name, value))
-        for j, name in enumerate(_PREDICTED):
+        for j, name in enumerate(PREDICTED_FIELDS):
             value = entry.get(name)
             if value is not None:
                 predicted[j] = check_real(name, value)
@@ -659,110 +583,27 @@ class RowParser:
             parse_timestamp(timestamp)
         return values[0], values[1]
 
-    def _finish_raw(self, raw: list[tuple[float, ...]], endpoint_ids: list[str], accelerators: list[str]) -> ParsedRows:
-        """Raw tuples of the row-by-row path → the COLUMNS matrix."""
+    def _finish_raw(self, raw: list[tuple[float, ...]], endpoint_ids: list[str]) -> FeatureBatch:
+        """Values of the row-by-row path (`_RAW` order) → checked columns → the batch."""
         n = len(raw)
         if n == 0:
-            return ParsedRows(np.empty((0, len(COLUMNS))), None, [])
-        width = len(raw[0])
+            return self.vectorizer.batch([])
         # fromiter over the flattened values is ~25% faster than np.array on a list of mixed int/float tuples.
-        r = np.fromiter(itertools.chain.from_iterable(raw), dtype=np.float64, count=n * width).reshape(n, width)
-        groups = r[:, _GROUP]
-        group: int | np.ndarray = int(groups[0]) if groups.min() == groups.max() else groups.astype(np.intp)
-        ids = endpoint_ids if any(endpoint_ids) else None
-        return self._finish(r[:, :8], r[:, 8:10], r[:, _POD], r[:, _RESIDENT : _WAIT + 1], group, ids, accelerators)
-
-    def _finish(
-        self,
-        counts: np.ndarray,
-        fractions: np.ndarray,
-        pods: np.ndarray | float,
-        timeslice: np.ndarray | None,
-        group: int | np.ndarray,
-        endpoint_ids: list[str] | None,
-        accelerators: list[str],
-    ) -> ParsedRows:
-        """Checked raw columns → the COLUMNS matrix, in as few numpy calls as possible (each costs ~1 µs).
-
-        counts: (n, 8) in `_COUNT_FIELDS` order; fractions: (n, 2) kv, score; pods: role code per row, or one
-        for all; timeslice: (n, 2) resident, wait, or None for resident without wait; group: the one hardware
-        group of every row (its figures are then scalars and one template row fills every constant column), or
-        the group per row.
-        """
-        n = len(counts)
-        # Built transposed, one contiguous row per column, since numpy's per-call cost is lower on contiguous
-        # vectors; copied into the usual row-major (n, COLUMNS) layout at the end.
-        xt = np.empty((len(COLUMNS), n))
-        figures: Any
-        if isinstance(group, int):
-            figures = _group_figures(self._group_list[group])
-            xt[:] = self._templates[group]
-        else:  # per-row figures as (n,) vectors, which broadcast like scalars against (k, n) blocks
-            xt[:] = self._templates[self._default_group]  # its constant columns; the figures are set per row below
-            per_row = self._table[group]
-            figures = per_row.T
-            xt[_FIGURE_COLUMNS] = per_row[:, _TABLE_FIGURE_COLUMNS].T
-        tflops, tb_s, kvb, params_b, layers, attn_width, weight_bytes, capacity, tp, _ = figures
-        xt[_COUNT_COLUMNS] = counts.T
-        xt[6] = fractions[:, 0]
-        if not isinstance(pods, float):  # else 0.0: every row is "both", as the template says
-            xt[9:11] = pods == _ROLE_CODES
-        if timeslice is not None:
-            xt[19:21] = timeslice.T
-        # The request's own prefill (its uncached tokens after its cached hits) and the prefill queued ahead of
-        # it (nothing cached) in one pass: new tokens in tokens[:2], cached ones in tokens[2:].
-        tokens = np.zeros((4, n))
-        # np.rint is np.round's own kernel for 0 decimals (half to even), without its Python wrapper.
-        hits = np.rint(np.multiply(fractions[:, 1], xt[0], out=tokens[2]), out=tokens[2])
-        np.subtract(xt[0], hits, out=tokens[0])
-        tokens[1] = xt[7]  # prefill_tokens_in_flight
-        xt[1:3] = tokens[2::-2]  # prefix_hit_tokens, uncached_tokens
-        model_figures = (params_b, layers, attn_width, weight_bytes, tflops, tb_s)
-        xt[15:17] = prefill_ms_array(*model_figures, tokens[:2], tokens[2:], tp)
-        batch = xt[5] + 1.0  # running + this one
-        xt[17] = decode_step_ms_array(params_b, weight_bytes, kvb, tflops, tb_s, batch, xt[6] * capacity, tp)
-        return ParsedRows(xt.T.copy(), endpoint_ids, accelerators)
-
-
-def _group_figures(g: _Group) -> tuple[float, ...]:
-    """A group's figures in the order `_finish` unpacks them (and `RowParser._table` holds them)."""
-    return (g.tflops, g.tb_s, g.kv_bytes_per_token, g.params_b, g.layers, g.attn_width, g.weight_bytes,
-            g.kv_capacity_tokens, g.tensor_parallel, g.weights_ms)  # fmt: skip
-
-
-# Keys that only Leadtime's rows carry: their presence sends a row down the careful path.
-_EXTRAS = frozenset(
-    (
-        "prefix_hit_tokens",
-        "endpoint_id",
-        "accelerator",
-        "model",
-        "tensor_parallel",
-        "timeslice_state",
-        "timeslice_wait_ms",
-        "role",
-    )
-)
-_OBSERVATION_EXTRAS = frozenset(
-    (
-        "predicted_ttft_ms",
-        "predicted_tpot_ms",
-        "predicted_ttft_quantile_ms",
-        "predicted_tpot_quantile_ms",
-        "timestamp",
-    )
-)
-_PREDICTED = (
-    "predicted_ttft_ms",
-    "predicted_tpot_ms",
-    "predicted_ttft_quantile_ms",
-    "predicted_tpot_quantile_ms",
-)
-
-
-_COLUMN_TIMESLICE = frozenset(("", *TIMESLICE_STATES))
-_TEXT = frozenset((str,))
-_NOT_RESIDENT = frozenset(("switching", "parked"))
+        r = np.fromiter(itertools.chain.from_iterable(raw), dtype=np.float64, count=n * len(_RAW)).reshape(n, -1)
+        groups = r[:, _RAW_HARDWARE]
+        hardware: int | np.ndarray = int(groups[0]) if groups.min() == groups.max() else groups.astype(np.intp)
+        columns = CheckedColumns(
+            r[:, _RAW_COUNTS],
+            r[:, _RAW_KV],
+            r[:, _RAW_SCORE],
+            prefix_hit_tokens=r[:, _RAW_HITS],
+            roles=r[:, _RAW_ROLE],
+            resident=r[:, _RAW_RESIDENT],
+            timeslice_wait_ms=r[:, _RAW_WAIT],
+            hardware=hardware,
+            endpoint_ids=endpoint_ids if any(endpoint_ids) else None,
+        )
+        return self.vectorizer.from_columns(columns)
 
 
 def _column_rows(columns: Mapping[str, Sequence[Any]], n: int) -> list[dict[str, Any]]:
@@ -784,6 +625,7 @@ def _column_rows(columns: Mapping[str, Sequence[Any]], n: int) -> list[dict[str,
     return rows
 
 
+# What an unset field of a Row message reads as.
 _ROW_DEFAULTS: dict[str, Any] = {"kv_cache_percentage": 0.0, "prefix_cache_score": 0.0, "pod_type": ""}
 
 
@@ -793,10 +635,8 @@ def _pod_type_index(row: Mapping[str, Any], native: bool) -> int:
         role = row["role"]
         if role not in ROLES:
             raise FeatureError("role", f"must be one of {', '.join(repr(r) for r in ROLES)}, got {role!r}")
-        return _POD_TYPES[role]
-    if pod_type is None:
-        return 0
-    index = _POD_TYPES.get(pod_type) if isinstance(pod_type, str) else None
-    if index is None:
+        return ROLE_CODES[role]
+    code = _POD_CODES.get(pod_type) if pod_type is None or isinstance(pod_type, str) else None
+    if code is None:
         raise FeatureError("pod_type", f"must be '', 'prefill' or 'decode', got {pod_type!r}")
-    return index
+    return code

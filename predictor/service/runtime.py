@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.predictor.artifact import save_file
-from leadtime.predictor.learner import ArtifactError, LearnerConfig, OnlinePredictor
+from leadtime.predictor.artifact import ArtifactError, save_file
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
 from leadtime.predictor.service.cpus import allowed_cpus, plan_cpus
 from leadtime.predictor.service.learning import CURSOR_KEY, ChildSetup, LearnerProcess, LearnerReport, Snapshot
@@ -93,6 +93,7 @@ class ServiceRuntime:
         self._published: set[int] = set()
         self._refused_version = 0
         self._stop = threading.Event()
+        self._closing = threading.Event()  # a signal said stop; `stop()` has not run yet
         self._threads: list[threading.Thread] = []
         self._loop_errors: dict[str, str] = {}
         self._retrain_error: str | None = None
@@ -125,6 +126,7 @@ class ServiceRuntime:
             self._threads.append(thread)
 
     def stop(self) -> None:
+        """Stop the learner process and the loops; close the store if the app owns it."""
         self._stop.set()
         self.learner.stop()
         for thread in self._threads:
@@ -137,6 +139,7 @@ class ServiceRuntime:
 
     @property
     def ready(self) -> bool:
+        """Whether predictions can be served (a model is installed and the service is not stopping)."""
         return self.predictor is not None and not self._stop.is_set()
 
     def _learner_config(self) -> LearnerConfig:
@@ -212,16 +215,25 @@ class ServiceRuntime:
             )
             self.learner.start(setup)
 
+    def begin_shutdown(self) -> None:
+        """The process was told to stop (a signal): `stop` follows once the servers have wound down."""
+        self._closing.set()
+
     def _on_learner_exit(self) -> None:
         """The learner process died: start another from what this process serves (no accepted data is lost:
-        the stream is read again from the serving model's position)."""
-        if self._stop.is_set():
+        the stream is read again from the serving model's position).
+
+        A learner that dies while the service shuts down is not a crash: Ctrl-C reaches the whole process group,
+        and a learner still starting up has not yet set itself to ignore it.
+        """
+        if self._stop.is_set() or self._closing.is_set():
             return
         self._loop_errors["learner"] = "the learner process exited; restarting it"
         with self._counts_lock:
             self._close_lineage()
-        if self._stop.wait(_RESTART_PAUSE_S):
+        if self._stop.wait(_RESTART_PAUSE_S) or self._closing.is_set():
             return
+        log.warning("the learner process exited unexpectedly; starting another")
         self._start_learner()
         self._loop_errors.pop("learner", None)
 
@@ -444,6 +456,7 @@ class ServiceRuntime:
             self.metrics.observe_live_error(target, actual, predicted, quantile, rows.accelerators, rows.roles)
 
     def flush_samples(self, training: bool, test: bool) -> dict[str, int]:
+        """Zero the sample counts asked for (and empty the learner's window with the training data)."""
         out = {"ttft_training": 0, "tpot_training": 0, "ttft_test": 0, "tpot_test": 0}
         with self._counts_lock:
             for target in ("ttft", "tpot"):
@@ -572,4 +585,5 @@ def served_ms(values: np.ndarray) -> list[float]:
 
 
 def rfc3339(moment: datetime | None) -> str | None:
+    """A moment as RFC 3339 with its offset, or None."""
     return moment.isoformat() if moment is not None else None

@@ -44,12 +44,16 @@ class NativeRow(LlmdRow):
 
 
 class TrainingEntry(LlmdRow):
+    """One observed sample as llm-d's router posts it: the row and what happened."""
+
     actual_ttft_ms: float = Field(..., ge=0.0, description="0 = TTFT not observed in this sample.")
     actual_tpot_ms: float = Field(..., ge=0.0, description="0 = TPOT not observed in this sample.")
     timestamp: float | str | None = None
 
 
 class NativeObservation(NativeRow):
+    """A completed request: Leadtime's row, what happened, and what had been predicted."""
+
     actual_ttft_ms: float = Field(..., ge=0.0, description="0 = TTFT not observed.")
     actual_tpot_ms: float = Field(..., ge=0.0, description="0 = TPOT not observed.")
     predicted_ttft_ms: float | None = Field(default=None, description="Mean TTFT the decision was made with.")
@@ -60,22 +64,32 @@ class NativeObservation(NativeRow):
 
 
 class BulkPredictRequest(BaseModel):
+    """llm-d's bulk prediction body."""
+
     requests: list[LlmdRow] = Field(..., min_length=1, max_length=10_000)
 
 
 class TrainingBatch(BaseModel):
+    """llm-d's training body."""
+
     entries: list[TrainingEntry]
 
 
 class NativePredictRequest(BaseModel):
+    """The native API's prediction body."""
+
     rows: list[NativeRow] = Field(..., min_length=1, max_length=10_000)
 
 
 class NativeObservationBatch(BaseModel):
+    """The native API's observation body."""
+
     observations: list[NativeObservation] = Field(..., min_length=1)
 
 
 class PredictionAnswer(BaseModel):
+    """One llm-d prediction answer."""
+
     ttft_ms: float
     tpot_ms: float
     predicted_at: str
@@ -86,11 +100,15 @@ class PredictionAnswer(BaseModel):
 
 
 class BulkPredictionError(BaseModel):
+    """Why one row of /predict/bulk got no prediction."""
+
     index: int
     error: str
 
 
 class BulkPredictAnswer(BaseModel):
+    """llm-d's bulk answer: predictions in request order, and counts."""
+
     predictions: list[PredictionAnswer | None]
     errors: list[BulkPredictionError] = []
     total_requests: int
@@ -100,6 +118,8 @@ class BulkPredictAnswer(BaseModel):
 
 
 class AcceptedAnswer(BaseModel):
+    """llm-d's 202 answer to a training batch."""
+
     message: str
 
 
@@ -116,10 +136,14 @@ class NativePredictAnswer(BaseModel):
 
 
 class NativeAccepted(BaseModel):
+    """How many observations the native API accepted."""
+
     accepted: int
 
 
 class FlushRequest(BaseModel):
+    """What /flush empties (everything by default) and why."""
+
     model_config = ConfigDict(extra="forbid")
 
     flush_training_data: bool = True
@@ -129,6 +153,8 @@ class FlushRequest(BaseModel):
 
 
 class ExplainRequest(BaseModel):
+    """The row /v1/explain explains."""
+
     row: NativeRow
 
 

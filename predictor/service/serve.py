@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import gc
 import logging
+import socket
 import sys
+from types import FrameType
 
 import uvicorn
 
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.cpus import format_cpu_list, pin_process
+from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.settings import ServiceSettings
 
 log = logging.getLogger("leadtime.service")
@@ -20,18 +23,68 @@ log = logging.getLogger("leadtime.service")
 _SWITCH_INTERVAL_S = 0.0005
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the runtime as soon as a signal asks it to stop."""
+
+    def __init__(self, config: uvicorn.Config, runtime: ServiceRuntime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.runtime.begin_shutdown()
+        super().handle_exit(sig, frame)
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Raise OSError in one line when `host:port` cannot be bound (another process has it, or the address is not
+    this machine's), before anything is started: port 0 (any free port) always passes."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as err:
+        raise OSError(f"the {what} address {host!r} cannot be resolved ({err.strerror})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and gRPC bind
+        try:
+            probe.bind(address)
+        except OSError as err:
+            reason = (err.strerror or str(err)).lower()
+            raise OSError(f"cannot serve {what} on {host}:{port}: {reason}") from None
+
+
+def describe_store(store: object) -> str:
+    """How the log names the store: Redis with its address (credentials left out), or this process's memory."""
+    address = getattr(store, "address", None)
+    if address is not None:
+        return f"Redis at {address}"
+    return "in memory (this process only: observations and models go when it stops)"
+
+
 def serve(settings: ServiceSettings) -> None:
-    """Blocks until interrupted; the HTTP app's lifespan starts and stops the background loops."""
+    """Blocks until interrupted; the HTTP app's lifespan starts and stops the background loops.
+
+    A port another process holds stops it with one OSError before anything starts (the CLI prints it and exits
+    2). Ctrl-C or SIGTERM shuts it down quietly: the learner process ignores both, the service stops it.
+    """
     from leadtime.predictor.grpc.server import start_grpc_server
 
+    check_port_free(settings.host, settings.port, "HTTP")
+    if settings.grpc_port:
+        check_port_free(settings.host, settings.grpc_port, "gRPC")
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
+    runtime = app.state.runtime
     grpc_server = None
     if settings.grpc_port:
-        grpc_server, port = start_grpc_server(app.state.runtime, settings.host, settings.grpc_port)
+        grpc_server, port = start_grpc_server(runtime, settings.host, settings.grpc_port)
         log.info("gRPC on %s:%d", settings.host, port)
-    plan = app.state.runtime.cpu_plan
+    else:
+        log.info("gRPC off (grpc_port 0)")
+    log.info("HTTP on http://%s:%d (API docs at /docs)", settings.host, settings.port)
+    log.info("store: %s", describe_store(runtime.store))
+    plan = runtime.cpu_plan
     if plan is not None:
         # After gRPC's threads exist and before uvicorn's loop starts the learner: every serving thread, and
         # everything started from here on, keeps off the learner's CPUs (the learner moves itself to them).
@@ -44,7 +97,8 @@ def serve(settings: ServiceSettings) -> None:
     # again on every full collection (each walk stalls the requests in flight).
     gc.freeze()
     try:
-        uvicorn.Server(config).run()
+        _Server(config, runtime).run()
     finally:
         if grpc_server is not None:
             grpc_server.stop(grace=1.0).wait()
+        log.info("stopped")

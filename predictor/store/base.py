@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 
 class Store(Protocol):
+    """What the service needs of its shared state: observations, the model registry and the training lease."""
+
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
         """Accept validated observation entries (llm-d training-entry dicts, `observation_to_llmd` shape).
 
@@ -50,4 +52,6 @@ class Store(Protocol):
         per reason and "full" (1: rows offered now are dropped)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release connections and threads."""
+        ...

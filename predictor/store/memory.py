@@ -69,6 +69,7 @@ class MemoryStore:
         self._lease_expires = 0.0
 
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Append entries in order (never blocks on learning); past `retain`, the oldest go."""
         with self._lock:
             n = len(entries)
             self._appended += n
@@ -142,6 +143,7 @@ class MemoryStore:
         self._highest_read = max(self._highest_read, self._first_index)
 
     def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
+        """Entries after `cursor`, oldest first, at most `max_count`, and the new cursor."""
         try:
             start = int(cursor)
         except ValueError:
@@ -166,6 +168,7 @@ class MemoryStore:
             return str(index), out
 
     def publish_model(self, artifact: bytes) -> int:
+        """Keep an artifact as the next version; returns it."""
         with self._model_published:
             self._version += 1
             self._models.append((self._version, bytes(artifact)))
@@ -173,10 +176,12 @@ class MemoryStore:
             return self._version
 
     def latest_model(self) -> tuple[int, bytes] | None:
+        """The newest (version, artifact), or None."""
         with self._lock:
             return self._models[-1] if self._models else None
 
     def wait_for_model(self, after_version: int, timeout_s: float) -> int | None:
+        """Block up to `timeout_s` until a version newer than `after_version` exists; return it."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._model_published:
             while self._version <= after_version:
@@ -187,6 +192,7 @@ class MemoryStore:
             return self._version
 
     def acquire_training_lease(self, holder: str, ttl_s: float) -> bool:
+        """Take or renew the one training lease for `holder` (it expires after `ttl_s`)."""
         now = time.monotonic()
         with self._lock:
             if self._lease_holder in (None, holder) or now >= self._lease_expires:
@@ -196,9 +202,11 @@ class MemoryStore:
             return False
 
     def health(self) -> dict[str, str]:
+        """Always ok: the store is this process's memory."""
         return {"store": "ok"}
 
     def stats(self) -> dict[str, int]:
+        """Observations appended, and dropped unread past `retain`; nothing waits in a buffer here."""
         with self._lock:
             return {
                 "buffered": 0,
@@ -213,5 +221,6 @@ class MemoryStore:
             }
 
     def close(self) -> None:
+        """Nothing to release."""
         with self._model_published:
             self._model_published.notify_all()

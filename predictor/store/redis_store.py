@@ -521,6 +521,7 @@ class RedisStore:
         return {"redis": detail}
 
     def stats(self) -> dict[str, int]:
+        """Observations waiting in memory, dropped while Redis was down, and appended."""
         with self._lock:
             return {"buffered": len(self._buffer), "dropped": self._dropped, "appended": self._appended}
 

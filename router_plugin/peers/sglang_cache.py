@@ -47,9 +47,9 @@ class ApproximateTree:
     >>> tree.insert(RouteRequest("a", 600, (1, 2, 3)))
     >>> tree.matched((1, 2, 9)), tree.tokens
     (2, 600.0)
-    >>> tree.insert(RouteRequest("b", 800, (5, 6)))  # 1400 tokens > 1000: the least recently used go first
-    >>> tree.matched((1, 2, 3)), tree.matched((5, 6)), tree.tokens
-    (0, 2, 800.0)
+    >>> tree.insert(RouteRequest("b", 800, (5, 6)))  # 1400 tokens > 1000: the least recently used go first,
+    >>> tree.matched((1, 2, 3)), tree.matched((5, 6)), tree.tokens  # leaves before the prefix they extend
+    (1, 2, 1000.0)
     """
 
     def __init__(self, max_tokens: float = DEFAULT_MAX_TREE_TOKENS) -> None:
