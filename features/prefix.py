@@ -13,7 +13,11 @@ import numbers
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
+import numpy as np
+
 DEFAULT_BLOCK_SIZE = 16
+DEFAULT_CHUNK_BYTES = 64
+"""Bytes per prompt chunk when the router has no tokenizer: vLLM's 16-token block at ~4 bytes of text a token."""
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int = DEFAULT_BLOCK_SIZE) -> list[int]:
@@ -49,6 +53,45 @@ def chain_block_ids(block_ids: Sequence[Hashable]) -> list[int]:
     return hashes
 
 
+MAX_TEXT_CHUNKS = 8192
+_CHUNK_MIX = np.random.default_rng(0x1EAD71E).integers(1, 2**63, size=64, dtype=np.uint64) | np.uint64(1)
+_CHUNK_POWERS = np.cumprod(np.full(MAX_TEXT_CHUNKS, 0x9E3779B97F4A7C15, dtype=np.uint64), dtype=np.uint64)
+_CHUNK_POWERS.setflags(write=False)
+
+
+def text_chunk_hashes(
+    text: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, seed: str = "", max_chunks: int = MAX_TEXT_CHUNKS
+) -> list[int]:
+    """Prefix hashes of the full `chunk_bytes`-byte chunks of `text` (UTF-8), for a router without a tokenizer.
+
+    Hash i identifies the whole prompt up to the end of chunk i (and the `seed`, the model name: different models
+    share no cache), so equal hashes mean equal text from the start, as chained block hashes do; a trailing
+    partial chunk is not hashed, and at most `max_chunks` are (prompts equal that far are then indistinguishable).
+    Each chunk is mixed into 64 bits and the prefix hash is a polynomial sum of the chunks' mixes, computed for
+    all chunks at once with numpy: a routing hint, fast, not a cryptographic identity.
+
+    >>> a = text_chunk_hashes("x" * 64 + "y" * 64 + "tail", 64)
+    >>> b = text_chunk_hashes("x" * 64 + "z" * 64, 64)
+    >>> len(a), a[0] == b[0], a[1] == b[1]
+    (2, True, False)
+    """
+    if chunk_bytes < 8 or chunk_bytes % 8 or chunk_bytes > 8 * len(_CHUNK_MIX):
+        raise ValueError(f"chunk_bytes must be a multiple of 8 between 8 and {8 * len(_CHUNK_MIX)}, got {chunk_bytes}")
+    data = text.encode()
+    n = min(len(data) // chunk_bytes, max_chunks, MAX_TEXT_CHUNKS)
+    if n <= 0:
+        return []
+    words = np.frombuffer(data, dtype="<u8", count=n * chunk_bytes // 8).reshape(n, chunk_bytes // 8)
+    mixed = (words * _CHUNK_MIX[: chunk_bytes // 8]).sum(axis=1, dtype=np.uint64)
+    mixed ^= mixed >> np.uint64(31)
+    mixed *= np.uint64(0xBF58476D1CE4E5B9)
+    mixed ^= mixed >> np.uint64(29)
+    start = np.uint64(int.from_bytes(hashlib.blake2b(seed.encode(), digest_size=8).digest(), "big"))
+    prefix = np.cumsum(mixed * _CHUNK_POWERS[:n], dtype=np.uint64) + start
+    hashes: list[int] = prefix.tolist()
+    return hashes
+
+
 class PrefixIndex:
     """Which chained blocks each endpoint probably holds, bounded to `capacity_blocks` per endpoint (LRU).
 
@@ -66,6 +109,16 @@ class PrefixIndex:
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
         self._blocks: dict[str, OrderedDict[int, None]] = {}
+        self._capacity: dict[str, int] = {}
+
+    def set_capacity(self, endpoint_id: str, capacity_blocks: int) -> None:
+        """Bound one endpoint's blocks differently (e.g. to the size of its own KV cache)."""
+        if capacity_blocks < 1:
+            raise ValueError("capacity_blocks must be ≥ 1")
+        self._capacity[endpoint_id] = capacity_blocks
+        blocks = self._blocks.get(endpoint_id)
+        while blocks and len(blocks) > capacity_blocks:
+            blocks.popitem(last=False)
 
     def record(self, endpoint_id: str, hashes: Iterable[int]) -> None:
         """Remember that `endpoint_id` now holds these blocks (most recent use).
@@ -77,7 +130,8 @@ class PrefixIndex:
         for h in reversed(list(hashes)):
             blocks[h] = None
             blocks.move_to_end(h)
-        while len(blocks) > self.capacity_blocks:
+        capacity = self._capacity.get(endpoint_id, self.capacity_blocks)
+        while len(blocks) > capacity:
             blocks.popitem(last=False)
 
     def matched_blocks(self, endpoint_id: str, hashes: Sequence[int]) -> int:
@@ -92,6 +146,30 @@ class PrefixIndex:
             n += 1
         return n
 
+    def longest_prefix(self, endpoint_id: str, hashes: Sequence[int]) -> int:
+        """`matched_blocks` by bisection, in O(log n) lookups.
+
+        Exact for chained hashes recorded with `record`: a request's blocks are touched head last, so a block's
+        predecessors are always more recent than it and leave the index after it; whenever block i is held, so
+        is every block before it.
+
+        >>> index = PrefixIndex()
+        >>> index.record("e", [1, 2, 3, 4])
+        >>> index.longest_prefix("e", [1, 2, 3, 9, 10]), index.matched_blocks("e", [1, 2, 3, 9, 10])
+        (3, 3)
+        """
+        blocks = self._blocks.get(endpoint_id)
+        if not blocks or not hashes or hashes[0] not in blocks:
+            return 0
+        low, high = 1, len(hashes)  # hashes[:low] are held; hashes[high:] are not known to be
+        while low < high:
+            mid = (low + high + 1) // 2
+            if hashes[mid - 1] in blocks:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
     def matched_tokens(self, endpoint_id: str, hashes: Sequence[int], input_tokens: int) -> int:
         """Leading tokens of a request of `input_tokens` tokens cached on the endpoint."""
         return min(self.matched_blocks(endpoint_id, hashes) * self.block_size, input_tokens)
@@ -99,6 +177,10 @@ class PrefixIndex:
     def forget(self, endpoint_id: str) -> None:
         """Drop an endpoint's blocks (it restarted, or a time-slice swap cleared its cache)."""
         self._blocks.pop(endpoint_id, None)
+
+    def endpoints(self) -> list[str]:
+        """Endpoints the index holds blocks for (to drop those that left the fleet)."""
+        return list(self._blocks)
 
     def size(self, endpoint_id: str) -> int:
         """Blocks the index holds for an endpoint."""

@@ -2,7 +2,9 @@
 
 vLLM labels every series with `model_name` (and more); a server hosting one model has one series per metric,
 so values are summed across label sets. KV usage is `vllm:kv_cache_usage_perc` since vLLM 0.10 and
-`vllm:gpu_cache_usage_perc` before; both are fractions in [0, 1] despite the name.
+`vllm:gpu_cache_usage_perc` before; both are fractions in [0, 1] despite the name. Prefix-cache hits are counted
+in tokens by the counters `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (vLLM V1); older
+servers publish a hit-rate gauge, `vllm:gpu_prefix_cache_hit_rate`, instead. Both are optional.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+PREFIX_HITS = "vllm:prefix_cache_hits"
+PREFIX_HIT_RATE_OLD = "vllm:gpu_prefix_cache_hit_rate"
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -36,6 +41,12 @@ class VllmMetrics:
     kv_cache_usage: float
     block_size: int | None = None
     num_gpu_blocks: int | None = None
+    prefix_cache_queries: float | None = None
+    """Prompt tokens looked up in the prefix cache since the server started (a counter)."""
+    prefix_cache_hits: float | None = None
+    """Of those, tokens found cached (a counter)."""
+    prefix_cache_hit_rate: float | None = None
+    """Older servers' hit-rate gauge, in [0, 1]."""
 
     def endpoint_state(self, base: EndpointState | None = None) -> EndpointState:
         """`base` (the endpoint's identity, role, accelerator... from discovery) with this scrape's load."""
@@ -104,10 +115,28 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
         except ValueError:
             problem = f"block_size/num_gpu_blocks are not integers: {labels}"
             raise FeatureError(CACHE_CONFIG, problem) from None
+    queries = _counter(samples, PREFIX_QUERIES)
+    hits = _counter(samples, PREFIX_HITS)
+    hit_rate = None
+    if PREFIX_HIT_RATE_OLD in samples:
+        hit_rate = _total(samples, PREFIX_HIT_RATE_OLD) / len(samples[PREFIX_HIT_RATE_OLD])
+        if hit_rate > 1.0:
+            raise FeatureError(PREFIX_HIT_RATE_OLD, f"must be a fraction in [0, 1], got {hit_rate:g}")
     return VllmMetrics(
         num_requests_waiting=round(_total(samples, WAITING)),
         num_requests_running=round(_total(samples, RUNNING)),
         kv_cache_usage=kv,
         block_size=block_size,
         num_gpu_blocks=num_blocks,
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        prefix_cache_hit_rate=hit_rate,
     )
+
+
+def _counter(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:
+    """A counter published as `name_total` (Prometheus' convention) or plain `name`; None when absent."""
+    for key in (f"{name}_total", name):
+        if key in samples:
+            return _total(samples, key)
+    return None

@@ -452,6 +452,11 @@ class LeadtimePolicy:
 
     # ----- learning ----------------------------------------------------------------------------------------
 
+    def abandon(self, request_id: str) -> None:
+        """The request will not complete where it was sent (it failed, or was retried elsewhere): forget it."""
+        self._ledger.complete(request_id)
+        self._decisions.pop(request_id, None)
+
     def observe(self, outcome: Outcome) -> None:
         self._ledger.complete(outcome.request_id)
         self._last_heard[outcome.endpoint_id] = outcome.completed_ms

@@ -1,0 +1,271 @@
+"""Which endpoints exist: llm-d's file discovery (re-read when the file changes) or a static list.
+
+The file is llm-d's format, YAML or JSON:
+
+    endpoints:
+      - name: h100-0
+        namespace: serving            # optional; the endpoint's id is namespace/name when given
+        address: 10.0.0.7
+        port: "8000"                  # a string in llm-d's files; an integer is accepted too
+        labels:
+          llm-d.ai/role: both         # prefill | decode | both (default both)
+          leadtime.io/accelerator: h100-sxm
+          leadtime.io/timeslice-group: rl
+          leadtime.io/model: llama-3.1-8b          # Leadtime's own, optional
+          leadtime.io/tensor-parallel: "1"         # Leadtime's own, optional
+
+At most 1 MiB, as llm-d reads it. A reload that finds the file missing, oversized or malformed keeps the previous
+set and logs why: a bad edit never empties a running gateway's fleet. A static list (`--endpoint` on the command
+line) takes `ADDRESS:PORT[,KEY=VALUE...]`, where a key is `name` or a label.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import ROLES, EndpointState
+
+log = logging.getLogger("leadtime.router.discovery")
+
+MAX_FILE_BYTES = 1 << 20
+ROLE_LABEL = "llm-d.ai/role"
+ACCELERATOR_LABEL = "leadtime.io/accelerator"
+TIMESLICE_LABEL = "leadtime.io/timeslice-group"
+MODEL_LABEL = "leadtime.io/model"
+TP_LABEL = "leadtime.io/tensor-parallel"
+
+
+class DiscoveryError(ValueError):
+    """The endpoint list is malformed; the message names the field."""
+
+
+class _EndpointSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    namespace: str = ""
+    address: str = Field(min_length=1)
+    port: int | str
+    labels: dict[str, str] = {}
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, value: int | str) -> int:
+        try:
+            port = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a port number, got {value!r}") from None
+        if not 1 <= port <= 65535:
+            raise ValueError(f"must be between 1 and 65535, got {port}")
+        return port
+
+
+class _FileSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    endpoints: list[_EndpointSpec]
+
+
+@dataclass(frozen=True)
+class DiscoveredEndpoint:
+    """One endpoint as discovery describes it: where it is and what its labels say."""
+
+    name: str
+    address: str
+    port: int
+    namespace: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def endpoint_id(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def host_port(self) -> str:
+        """`address:port`, as llm-d names a prefill endpoint in `x-prefiller-host-port`."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
+
+    @property
+    def role(self) -> str:
+        return self.labels.get(ROLE_LABEL, "both") or "both"
+
+    @property
+    def timeslice_group(self) -> str:
+        return self.labels.get(TIMESLICE_LABEL, "")
+
+    def base_state(self, default_accelerator: str = "", default_model: str = "") -> EndpointState:
+        """The endpoint's identity as a feature row needs it; the load comes from scraping."""
+        return EndpointState(
+            endpoint_id=self.endpoint_id,
+            accelerator=self.labels.get(ACCELERATOR_LABEL, default_accelerator),
+            model=self.labels.get(MODEL_LABEL, default_model),
+            tensor_parallel=int(self.labels.get(TP_LABEL, "1")),
+            role=self.role,
+            timeslice_state="resident" if self.timeslice_group else "none",
+        )
+
+
+def _describe(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ""
+    for part in first["loc"]:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    return f"{where or 'file'}: {first['msg'].removeprefix('Value error, ')}"
+
+
+def _check_labels(index: int, labels: Mapping[str, str]) -> None:
+    where = f"endpoints[{index}].labels"
+    role = labels.get(ROLE_LABEL, "both")
+    if role not in ROLES:
+        raise DiscoveryError(f"{where}.{ROLE_LABEL}: must be one of {', '.join(ROLES)}, got {role!r}")
+    tp = labels.get(TP_LABEL, "1")
+    if not tp.isdigit() or int(tp) < 1:
+        raise DiscoveryError(f"{where}.{TP_LABEL}: must be an integer ≥ 1, got {tp!r}")
+    for label, lookup in ((ACCELERATOR_LABEL, get_accelerator), (MODEL_LABEL, get_model)):
+        if label in labels:
+            try:
+                lookup(labels[label])
+            except FeatureError as err:
+                raise DiscoveryError(f"{where}.{label}: {err.problem}") from None
+
+
+def parse_endpoints(data: object) -> tuple[DiscoveredEndpoint, ...]:
+    """A parsed YAML/JSON document → endpoints; DiscoveryError names the offending field."""
+    if not isinstance(data, dict):
+        raise DiscoveryError("file: expected a mapping with an 'endpoints' list")
+    try:
+        spec = _FileSpec.model_validate(data)
+    except ValidationError as err:
+        raise DiscoveryError(_describe(err)) from None
+    endpoints = []
+    seen: set[str] = set()
+    for i, e in enumerate(spec.endpoints):
+        _check_labels(i, e.labels)
+        endpoint = DiscoveredEndpoint(e.name, e.address, int(e.port), e.namespace, dict(e.labels))
+        if endpoint.endpoint_id in seen:
+            raise DiscoveryError(f"endpoints[{i}].name: {endpoint.endpoint_id!r} is listed twice")
+        seen.add(endpoint.endpoint_id)
+        endpoints.append(endpoint)
+    return tuple(endpoints)
+
+
+def read_endpoints_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[DiscoveredEndpoint, ...]:
+    """Read and parse a discovery file; DiscoveryError says what is wrong with it."""
+    try:
+        with Path(path).open("rb") as handle:
+            raw = handle.read(max_bytes + 1)
+    except OSError as err:
+        raise DiscoveryError(f"{path}: {(err.strerror or str(err)).lower()}") from None
+    if len(raw) > max_bytes:
+        raise DiscoveryError(f"{path}: larger than {max_bytes} bytes")
+    try:
+        text = raw.decode()
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
+        raise DiscoveryError(f"{path}: not valid YAML/JSON ({err})") from None
+    try:
+        return parse_endpoints(data)
+    except DiscoveryError as err:
+        raise DiscoveryError(f"{path}: {err}") from None
+
+
+def parse_static(specs: Sequence[str]) -> tuple[DiscoveredEndpoint, ...]:
+    """`ADDRESS:PORT[,KEY=VALUE...]` items (KEY is `name` or a label) → endpoints.
+
+    >>> endpoints = parse_static(["127.0.0.1:8100", "127.0.0.1:8101,name=l4,leadtime.io/accelerator=l40s"])
+    >>> [(e.endpoint_id, e.base_state().accelerator) for e in endpoints]
+    [('127.0.0.1:8100', ''), ('l4', 'l40s')]
+    """
+    entries: list[dict[str, Any]] = []
+    for i, spec in enumerate(specs):
+        target, *pairs = spec.split(",")
+        address, sep, port = target.rpartition(":")
+        if not sep or not address:
+            raise DiscoveryError(f"endpoint {i + 1} ({spec!r}): expected ADDRESS:PORT[,KEY=VALUE...]")
+        entry: dict[str, Any] = {"name": target, "address": address.strip("[]"), "port": port, "labels": {}}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise DiscoveryError(f"endpoint {i + 1} ({spec!r}): {pair!r} is not KEY=VALUE")
+            if key == "name":
+                entry["name"] = value
+            else:
+                entry["labels"][key] = value
+        entries.append(entry)
+    return parse_endpoints({"endpoints": entries})
+
+
+class StaticDiscovery:
+    """A fixed endpoint list."""
+
+    def __init__(self, endpoints: Sequence[DiscoveredEndpoint]) -> None:
+        self.endpoints: tuple[DiscoveredEndpoint, ...] = tuple(endpoints)
+        self.last_error: str | None = None
+        self.reloads = 0
+        self.failed_reloads = 0
+
+    def poll(self) -> bool:
+        """Nothing to re-read; False (unchanged)."""
+        return False
+
+
+class FileDiscovery:
+    """llm-d file discovery: the file is re-read whenever it changes (size, mtime or inode), polled by `poll`.
+
+    Parameters
+    ----------
+    path
+        The YAML/JSON endpoints file.
+    max_bytes
+        Larger files are refused (llm-d's limit is 1 MiB).
+
+    The first read must succeed (a gateway cannot start on a broken file); later ones that fail keep the
+    previous set, log the reason and count in `failed_reloads`.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = MAX_FILE_BYTES) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.last_error: str | None = None
+        self.reloads = 0
+        self.failed_reloads = 0
+        self._stamp = self._stat()
+        self.endpoints: tuple[DiscoveredEndpoint, ...] = read_endpoints_file(self.path, max_bytes)
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def poll(self) -> bool:
+        """Re-read the file if it changed; True when the endpoint set changed."""
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            endpoints = read_endpoints_file(self.path, self.max_bytes)
+        except DiscoveryError as err:
+            self.failed_reloads += 1
+            self.last_error = str(err)
+            log.warning("discovery reload failed, keeping the previous %d endpoints: %s", len(self.endpoints), err)
+            return False
+        self.reloads += 1
+        self.last_error = None
+        changed = endpoints != self.endpoints
+        if changed:
+            log.info("discovery: %d endpoints (%s)", len(endpoints), ", ".join(e.endpoint_id for e in endpoints))
+        self.endpoints = endpoints
+        return changed

@@ -1,0 +1,181 @@
+"""Each endpoint's load, scraped from its vLLM `/metrics` on an interval, with how stale it is.
+
+One task per endpoint GETs `/metrics` every `interval_s` and parses it with `features.vllm_metrics` (requests
+running and waiting, KV-cache usage under its old or new name, the cache's size, prefix-cache hit counters). The
+state a router sees is the last good scrape, stamped with when it was asked for (`scraped_ms`, on the router's
+clock): whatever the router sent after that is not in it. A failing scrape marks the endpoint; once it has failed
+for `unroutable_after_s` the endpoint is no longer routed to, until a scrape succeeds again. An endpoint never
+scraped successfully is not routed to either: nothing is known of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from leadtime.features import vllm_metrics as vm
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import EndpointState
+from leadtime.features.vllm_metrics import VllmMetrics, parse_vllm_metrics
+from leadtime.router_plugin.discovery import DiscoveredEndpoint
+from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
+
+log = logging.getLogger("leadtime.router.scrape")
+
+
+def monotonic_ms() -> float:
+    return time.monotonic() * 1e3
+
+
+WANTED = tuple(
+    name.encode()
+    for name in (
+        vm.WAITING,
+        vm.RUNNING,
+        vm.KV_USAGE,
+        vm.KV_USAGE_OLD,
+        vm.CACHE_CONFIG,
+        vm.PREFIX_QUERIES,
+        vm.PREFIX_HITS,
+        vm.PREFIX_HIT_RATE_OLD,
+    )
+)
+
+
+def wanted_lines(body: bytes) -> str:
+    """Only the samples the router reads: a real vLLM's /metrics is hundreds of lines of histograms, and
+    parsing all of them on every scrape would cost the gateway more than everything else it does."""
+    keep = [line for line in body.split(b"\n") if line.startswith(WANTED)]
+    return b"\n".join(keep).decode(errors="replace")
+
+
+@dataclass
+class EndpointScrape:
+    """What is known of one endpoint's load."""
+
+    endpoint: DiscoveredEndpoint
+    state: EndpointState | None = None
+    metrics: VllmMetrics | None = None
+    scraped_ms: float = 0.0
+    """When the last good scrape was asked for (router clock)."""
+    failing_since_ms: float | None = None
+    last_error: str = ""
+    errors: int = 0
+    scrapes: int = 0
+    duration_s: float = 0.0
+
+
+class Scraper:
+    """Scrapes every discovered endpoint's `/metrics` on an interval.
+
+    Parameters
+    ----------
+    upstreams
+        Connection pools (shared with the proxy).
+    interval_s
+        Time between two scrapes of one endpoint (llm-d's default refresh is 50 ms).
+    timeout_s
+        Budget of one scrape.
+    unroutable_after_s
+        How long an endpoint may fail its scrapes before it is no longer routed to.
+    default_accelerator, default_model
+        For endpoints whose labels name none.
+    clock
+        Milliseconds on the router's clock.
+    on_scrape
+        Called after every good scrape (the gateway sizes its prefix index from the cache's size).
+    """
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        interval_s: float = 0.05,
+        timeout_s: float = 1.0,
+        unroutable_after_s: float = 3.0,
+        default_accelerator: str = "",
+        default_model: str = "",
+        clock: Callable[[], float] = monotonic_ms,
+        on_scrape: Callable[[EndpointScrape], None] | None = None,
+    ) -> None:
+        self.upstreams = upstreams
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.unroutable_after_s = unroutable_after_s
+        self.default_accelerator = default_accelerator
+        self.default_model = default_model
+        self.clock = clock
+        self.on_scrape = on_scrape
+        self.scrapes: dict[str, EndpointScrape] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def sync(self, endpoints: Iterable[DiscoveredEndpoint]) -> None:
+        """Scrape exactly these endpoints: start tasks for new ones, stop those that left or changed."""
+        wanted = {e.endpoint_id: e for e in endpoints}
+        for endpoint_id in list(self._tasks):
+            if endpoint_id not in wanted or self.scrapes[endpoint_id].endpoint != wanted[endpoint_id]:
+                self._tasks.pop(endpoint_id).cancel()
+                self.scrapes.pop(endpoint_id, None)
+        for endpoint_id, endpoint in wanted.items():
+            if endpoint_id not in self._tasks:
+                self.scrapes[endpoint_id] = EndpointScrape(endpoint)
+                self._tasks[endpoint_id] = asyncio.get_running_loop().create_task(self._loop(endpoint_id))
+
+    async def _loop(self, endpoint_id: str) -> None:
+        while True:
+            started = time.monotonic()
+            scrape = self.scrapes.get(endpoint_id)
+            if scrape is None:
+                return
+            await self.scrape_once(scrape)
+            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    async def scrape_once(self, scrape: EndpointScrape) -> None:
+        endpoint = scrape.endpoint
+        asked_ms = self.clock()
+        started = time.perf_counter()
+        try:
+            pool = self.upstreams.pool(endpoint.address, endpoint.port)
+            response = await pool.request("GET", "/metrics", timeout_s=self.timeout_s)
+            body = await response.read(self.timeout_s)
+            if response.status != 200:
+                raise UpstreamError("status", f"/metrics answered {response.status}", responded=True)
+            metrics = parse_vllm_metrics(wanted_lines(body))
+            base = scrape.state or endpoint.base_state(self.default_accelerator, self.default_model)
+            state = dataclasses.replace(
+                base,
+                num_request_waiting=metrics.num_requests_waiting,
+                num_request_running=metrics.num_requests_running,
+                kv_cache_percentage=metrics.kv_cache_usage,
+            )
+        except (UpstreamError, FeatureError) as err:
+            scrape.errors += 1
+            scrape.last_error = str(err)
+            if scrape.failing_since_ms is None:
+                scrape.failing_since_ms = asked_ms
+                log.warning("scrape of %s failed: %s", endpoint.endpoint_id, err)
+            return
+        finally:
+            scrape.duration_s = time.perf_counter() - started
+            scrape.scrapes += 1
+        if scrape.failing_since_ms is not None:
+            log.info("scrape of %s succeeds again", endpoint.endpoint_id)
+        scrape.metrics, scrape.state, scrape.scraped_ms = metrics, state, asked_ms
+        scrape.failing_since_ms = None
+        scrape.last_error = ""
+        if self.on_scrape is not None:
+            self.on_scrape(scrape)
+
+    def routable(self, scrape: EndpointScrape, now_ms: float) -> bool:
+        """Scraped successfully at least once, and not failing for longer than `unroutable_after_s`."""
+        if scrape.state is None:
+            return False
+        return scrape.failing_since_ms is None or now_ms - scrape.failing_since_ms < self.unroutable_after_s * 1e3
+
+    def stop(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()

@@ -1,0 +1,171 @@
+"""Time-slice group states for a gateway: read from a file or polled from an orchestrator's HTTP endpoint.
+
+Both carry the same document, YAML or JSON:
+
+    groups:
+      rl:
+        state: LOCKED            # IDLE | IDLE_YIELDED | LOCKED | SWITCHING
+        active_job: training
+        loaded_job: training
+        waiters: 1
+        since: 1764612345.25     # when the group entered this state, seconds since the epoch
+
+`since` is wall-clock time, the one clock an orchestrator and a router share; it is turned into the router's
+clock when the document is read. `leadtime sim serve` publishes its time-sliced fleet's groups in this form. A
+document that cannot be read or parsed keeps the previous states (and is counted), as discovery does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
+from leadtime.router_plugin.timeslice import GROUP_STATES, GroupStatus
+
+log = logging.getLogger("leadtime.router.timeslice")
+
+
+class TimesliceError(ValueError):
+    """A group-state document is malformed; the message names the field."""
+
+
+class _GroupSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    state: str
+    active_job: str = ""
+    loaded_job: str = ""
+    waiters: int = Field(default=0, ge=0)
+    since: float = Field(default=0.0, ge=0)
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    groups: dict[str, _GroupSpec]
+
+
+def parse_groups(data: object, router_now_ms: float, wall_now_s: float) -> dict[str, GroupStatus]:
+    """A parsed document → statuses with `since_ms` on the router's clock."""
+    try:
+        doc = _Document.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "document"
+        raise TimesliceError(f"{where}: {first['msg']}") from None
+    out = {}
+    for name, g in doc.groups.items():
+        if g.state not in GROUP_STATES:
+            raise TimesliceError(f"groups.{name}.state: must be one of {', '.join(GROUP_STATES)}, got {g.state!r}")
+        since_ms = router_now_ms - max(0.0, wall_now_s - g.since) * 1e3 if g.since else router_now_ms
+        out[name] = GroupStatus(g.state, g.active_job, g.loaded_job, g.waiters, since_ms)
+    return out
+
+
+def _load(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise TimesliceError(f"not valid YAML/JSON ({err})") from None
+
+
+class _Source:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.groups: dict[str, GroupStatus] = {}
+        self.updated_ms: float | None = None
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def status(self, group: str) -> GroupStatus | None:
+        return self.groups.get(group)
+
+    def _apply(self, text: str, where: str) -> None:
+        try:
+            groups = parse_groups(_load(text), self.clock(), time.time())
+        except TimesliceError as err:
+            self._failed(f"{where}: {err}")
+            return
+        # A group whose state did not change keeps the `since` first seen (the document's may drift by a poll).
+        for name, status in groups.items():
+            old = self.groups.get(name)
+            if old is not None and (old.state, old.active_job, old.loaded_job) == (
+                status.state,
+                status.active_job,
+                status.loaded_job,
+            ):
+                groups[name] = GroupStatus(
+                    status.state, status.active_job, status.loaded_job, status.waiters, old.since_ms
+                )
+        self.groups = groups
+        self.updated_ms = self.clock()
+        self.last_error = None
+
+    def _failed(self, message: str) -> None:
+        self.errors += 1
+        if self.last_error != message:
+            log.warning("time-slice states: %s (keeping the previous ones)", message)
+        self.last_error = message
+
+
+class FileTimesliceSource(_Source):
+    """Group states from a file, re-read when it changes (`poll`)."""
+
+    def __init__(self, path: Path, clock: Callable[[], float]) -> None:
+        super().__init__(clock)
+        self.path = Path(path)
+        self._stamp: tuple[int, int, int] | None = None
+
+    def poll(self) -> None:
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp == self._stamp:
+                return
+            text = self.path.read_text()
+        except OSError as err:
+            self._failed(f"{self.path}: {(err.strerror or str(err)).lower()}")
+            return
+        self._stamp = stamp
+        self._apply(text, str(self.path))
+
+
+class HttpTimesliceSource(_Source):
+    """Group states polled from an HTTP endpoint (GET, the document above as the body)."""
+
+    def __init__(self, url: str, upstreams: Upstreams, clock: Callable[[], float], timeout_s: float = 1.0) -> None:
+        super().__init__(clock)
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise TimesliceError(f"{url!r}: expected http://HOST:PORT/PATH")
+        self.url = url
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self.upstreams = upstreams
+        self.timeout_s = timeout_s
+
+    async def poll(self) -> None:
+        try:
+            response = await self.upstreams.pool(self.host, self.port).request(
+                "GET", self.path, timeout_s=self.timeout_s
+            )
+            body = await response.read(self.timeout_s)
+        except UpstreamError as err:
+            self._failed(f"{self.url}: {err}")
+            return
+        if response.status != 200:
+            self._failed(f"{self.url} answered {response.status}")
+            return
+        self._apply(body.decode(errors="replace"), self.url)
