@@ -326,15 +326,36 @@ def sim_serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     base_port: Annotated[int, typer.Option(help="First port; endpoint i listens on base_port + i.")] = 8100,
     model_name: Annotated[str, typer.Option(help="Model name served in the OpenAI API.")] = "",
+    timeslice_port: Annotated[
+        int | None, typer.Option(help="Port of the time-slice groups' states (default: after the endpoints').")
+    ] = None,
+    endpoints_file: Annotated[
+        Path | None, typer.Option(help="Write the fleet here as an llm-d discovery file (for leadtime route).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the time-slice windows.")] = 0,
 ) -> None:
-    """Serve the simulated endpoints in real time as OpenAI-compatible HTTP servers with vLLM /metrics."""
+    """Serve the simulated endpoints in real time as OpenAI-compatible HTTP servers with vLLM /metrics.
+
+    A decode endpoint of a P/D fleet honours `x-prefiller-host-port` (prefill there, simulated KV transfer);
+    a time-sliced fleet publishes its groups' states at /v1/timeslice/groups on --timeslice-port.
+    """
     from leadtime.simulator.fleet import load_fleet
     from leadtime.simulator.serve import serve_fleet
 
     if not 1 <= base_port <= 65535:
         _fail("--base-port must be between 1 and 65535")
+    if timeslice_port is not None and not 1 <= timeslice_port <= 65535:
+        _fail("--timeslice-port must be between 1 and 65535")
     try:
-        serve_fleet(load_fleet(fleet), host=host, base_port=base_port, model_name=model_name or None)
+        serve_fleet(
+            load_fleet(fleet),
+            host=host,
+            base_port=base_port,
+            model_name=model_name or None,
+            timeslice_port=timeslice_port,
+            endpoints_file=endpoints_file,
+            seed=seed,
+        )
     except (OSError, ValueError) as err:
         _fail(err)
 
@@ -417,6 +438,188 @@ def bench_routing(
         files = write_plots(report, curves, out)
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         report["outputs"] = [str(p) for p in [*files, out / "report.json"]]
+    print_report(report, as_json=json_out)
+
+
+# ----- gateway (issue 15) -------------------------------------------------------------------------------
+
+
+@app.command("route")
+def route(
+    discovery: Annotated[
+        Path | None, typer.Option(help="llm-d endpoints file (YAML/JSON), re-read when it changes.")
+    ] = None,
+    endpoint: Annotated[
+        list[str] | None,
+        typer.Option(help="A static endpoint instead: ADDRESS:PORT[,name=N,LABEL=VALUE...] (repeatable)."),
+    ] = None,
+    predictor_url: Annotated[
+        str | None, typer.Option(help="The predictor service over HTTP (http://HOST:PORT).")
+    ] = None,
+    predictor_grpc: Annotated[str | None, typer.Option(help="The predictor service over gRPC (HOST:PORT).")] = None,
+    embedded: Annotated[bool, typer.Option("--embedded", help="Run the online predictor in this process.")] = False,
+    config: Annotated[Path | None, typer.Option(help="Plugin configuration (EndpointPickerConfig YAML).")] = None,
+    profile: Annotated[str, typer.Option(help="Scheduling profile of the configuration.")] = "default",
+    policy: Annotated[
+        str, typer.Option(help="Route with a plain baseline instead: round-robin, random or least-queue.")
+    ] = "",
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to serve the OpenAI-compatible API on.")] = 8080,
+    timeslice_file: Annotated[
+        Path | None, typer.Option(help="Time-slice group states, a file re-read on change.")
+    ] = None,
+    timeslice_url: Annotated[str | None, typer.Option(help="Time-slice group states, polled from this URL.")] = None,
+    ttft_slo_ms: Annotated[
+        float | None, typer.Option(help="TTFT SLO of requests without an x-llm-d-slo-ttft-ms header.")
+    ] = None,
+    tpot_slo_ms: Annotated[
+        float | None, typer.Option(help="ITL SLO of requests without an x-llm-d-slo-tpot-ms header.")
+    ] = None,
+    accelerator: Annotated[
+        str, typer.Option(help="Accelerator class of endpoints whose labels name none.")
+    ] = "h100-sxm",
+    model: Annotated[str, typer.Option(help="Model of endpoints whose labels name none.")] = "llama-3.1-8b",
+    scrape_interval_ms: Annotated[float, typer.Option(help="Time between two /metrics scrapes of an endpoint.")] = 50.0,
+    unroutable_after_s: Annotated[
+        float, typer.Option(help="An endpoint whose scrapes fail this long is no longer routed to.")
+    ] = 3.0,
+    api_token: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_API_TOKEN", help="Bearer token for the predictor's write paths.")
+    ] = None,
+) -> None:
+    """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
+    from leadtime.features.catalog import get_accelerator, get_model
+    from leadtime.router_plugin.config import ConfigError
+    from leadtime.router_plugin.discovery import DiscoveryError
+    from leadtime.router_plugin.gateway.app import GatewaySettings
+    from leadtime.router_plugin.gateway.serve import PLAIN_POLICIES, RouteOptions, build_gateway, needs_predictor
+    from leadtime.router_plugin.timeslice_sources import TimesliceError
+
+    if (discovery is None) == (not endpoint):
+        _fail("give either --discovery FILE or one or more --endpoint ADDRESS:PORT")
+    if sum([predictor_url is not None, predictor_grpc is not None, embedded]) > 1:
+        _fail("--predictor-url, --predictor-grpc and --embedded are alternatives: give one")
+    if timeslice_file is not None and timeslice_url is not None:
+        _fail("--timeslice-file and --timeslice-url are alternatives: give one")
+    if policy and policy not in PLAIN_POLICIES:
+        _fail(f"--policy must be one of {', '.join(PLAIN_POLICIES)}, got {policy!r}")
+    if not 1 <= port <= 65535:
+        _fail("--port must be between 1 and 65535")
+    if scrape_interval_ms <= 0 or unroutable_after_s <= 0:
+        _fail("--scrape-interval-ms and --unroutable-after-s must be > 0")
+    for name, value in (("--ttft-slo-ms", ttft_slo_ms), ("--tpot-slo-ms", tpot_slo_ms)):
+        if value is not None and value <= 0:
+            _fail(f"{name} must be > 0")
+    try:
+        get_accelerator(accelerator)
+        get_model(model)
+    except FeatureError as err:
+        _fail(err)
+    settings = GatewaySettings(
+        host=host,
+        port=port,
+        scrape_interval_s=scrape_interval_ms / 1e3,
+        unroutable_after_s=unroutable_after_s,
+        default_accelerator=accelerator,
+        default_model=model,
+        ttft_slo_ms=ttft_slo_ms,
+        tpot_slo_ms=tpot_slo_ms,
+    )
+    options = RouteOptions(
+        discovery=discovery,
+        endpoints=tuple(endpoint or ()),
+        config=config,
+        profile=profile,
+        policy=policy,
+        timeslice_file=timeslice_file,
+        timeslice_url=timeslice_url,
+        settings=settings,
+    )
+    try:
+        wanted = needs_predictor(options)
+    except ConfigError as err:
+        _fail(err)
+    if wanted and not (predictor_url or predictor_grpc or embedded):
+        _fail("the predicted-latency scorer needs a predictor: give --predictor-url, --predictor-grpc or --embedded")
+    from leadtime.router_plugin.client import PredictorClient
+
+    predict_client: PredictorClient | None = None
+    observe_client: PredictorClient | None = None
+    if wanted and predictor_url:
+        from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+
+        try:
+            predict_client = LeanHttpPredictorClient(predictor_url, api_token=api_token)
+            observe_client = LeanHttpPredictorClient(predictor_url, api_token=api_token)
+        except ValueError as err:
+            _fail(f"--predictor-url: {err}")
+    elif wanted and predictor_grpc:
+        from leadtime.predictor.client import GrpcPredictorClient
+
+        predict_client = GrpcPredictorClient(predictor_grpc, api_token=api_token)
+        observe_client = GrpcPredictorClient(predictor_grpc, api_token=api_token)
+    elif wanted:
+        from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+        from leadtime.router_plugin.client import InProcessPredictor
+
+        learner = OnlinePredictor(LearnerConfig(accelerator=accelerator, model=model)).start()
+        predict_client = InProcessPredictor(learner, learner.config.quantile)
+    try:
+        gateway = build_gateway(options, predict_client, observe_client, remote=not embedded)
+    except (ConfigError, DiscoveryError, TimesliceError) as err:
+        _fail(err)
+    from leadtime.router_plugin.gateway.serve import serve_gateway
+
+    try:
+        serve_gateway(gateway)
+    except OSError as err:
+        _fail(err)
+
+
+@bench_app.command("gateway")
+def bench_gateway(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    trace: Annotated[str, typer.Option(help="The trace replayed (a shipped name or a file).")] = "mooncake",
+    requests: Annotated[int, typer.Option(help="Requests of the trace replayed per policy.")] = 400,
+    rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier of the trace.")] = 2.0,
+    probes: Annotated[int, typer.Option(help="Probe pairs (gateway, then direct) for the overhead.")] = 200,
+    processes: Annotated[int, typer.Option(help="Load-generator processes.")] = 2,
+) -> None:
+    """The gateway on loopback: added time to first token, and goodput with Leadtime and with round-robin."""
+    from leadtime.bench.gateway import GatewayBenchOptions, print_report, run_gateway_bench
+
+    if requests < 10 or probes < 10:
+        _fail("--requests and --probes must be ≥ 10")
+    if rate_scale <= 0 or processes < 1:
+        _fail("--rate-scale must be > 0 and --processes ≥ 1")
+    options = GatewayBenchOptions(trace, requests, rate_scale, probes, processes=processes)
+
+    def say(message: str) -> None:
+        if not json_out:
+            typer.echo(message, err=True)
+
+    try:
+        report = run_gateway_bench(options, progress=say)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        _fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("prefix")
+def bench_prefix(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    requests: Annotated[int, typer.Option(help="Requests of each trace per run.")] = 1000,
+    salts: Annotated[int, typer.Option(help="Runs with other text for the same prefix blocks, pooled.")] = 3,
+) -> None:
+    """How good the gateway's tokenizer-free prefix-hit (and prompt-length) estimate is on the shipped traces."""
+    from leadtime.bench.prefix_estimate import TokenizerMissing, print_report, run_prefix_bench
+
+    if requests < 10 or salts < 1:
+        _fail("--requests must be ≥ 10 and --salts ≥ 1")
+    try:
+        report = run_prefix_bench(requests=requests, salts=salts)
+    except (TokenizerMissing, OSError, ValueError) as err:
+        _fail(err)
     print_report(report, as_json=json_out)
 
 

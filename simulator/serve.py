@@ -5,8 +5,17 @@ Each endpoint of the fleet gets its own server on 127.0.0.1 (port base_port + i)
 scraper, the gateway and end-to-end tests talk real HTTP to something that queues, batches and slows down like
 vLLM. Steps are paced on the wall clock by the same step-time model and scheduler as the simulator (one step
 at a time, no closed-form decode runs). Prompts are tokenised as whitespace-separated words; prefix caching
-works on 16-word blocks of them. Time-slice groups swap in real time. Every endpoint serves requests end to
-end whatever its role (the role is reported as a label; P/D routing is the gateway's business).
+works on 16-word blocks of them.
+
+P/D: a decode endpoint that receives header `x-prefiller-host-port` (llm-d's convention) has the named prefill
+endpoint of the fleet prefill the prompt, waits for the KV transfer on its own link (queued behind the
+transfers already on it; uncached and cached prompt KV at the fleet's `kv_link_gb_s`), emits the first token
+when the KV lands and decodes the rest itself. Without the header any endpoint serves a request end to end.
+
+A request's `x-request-id` header is echoed in the response, as vLLM does with request-id headers on.
+Time-slice groups swap in real time; their states are published as an orchestrator would, on a port of their
+own (`GET /v1/timeslice/groups`, the document `router_plugin.timeslice_sources` reads). Errors are answered as
+the predictor service answers them: `{"error": "field: problem", "field": ..., "detail": [...]}`.
 """
 
 from __future__ import annotations
@@ -16,19 +25,21 @@ import itertools
 import json
 import threading
 import time
-import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
-from fastapi import FastAPI, HTTPException
+import yaml
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from leadtime.features.catalog import get_model
 from leadtime.features.errors import FeatureError
-from leadtime.features.prefix import block_hashes
+from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import is_resident
 from leadtime.predictor.service.edge import (
     feature_error_handler,
@@ -41,6 +52,14 @@ from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
 
 PREFIX_BLOCK_WORDS = 16
+PREFILLER_HEADER = "x-prefiller-host-port"
+SERVING_JOB = "inference"
+OTHER_JOB = "training"
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
 
 
 class CompletionBody(BaseModel):
@@ -51,6 +70,7 @@ class CompletionBody(BaseModel):
     prompt: str | list[str] = Field(min_length=1)
     max_tokens: int = Field(default=16, ge=1, le=32768)
     stream: bool = False
+    stream_options: StreamOptions | None = None
 
 
 class ChatMessage(BaseModel):
@@ -70,6 +90,7 @@ class ChatBody(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, le=32768)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
     stream: bool = False
+    stream_options: StreamOptions | None = None
 
 
 @dataclass
@@ -79,6 +100,29 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     requests_finished: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prefills_for_peers: int = 0
+    kv_received: int = 0
+
+
+@dataclass
+class GroupClock:
+    """A time-slice group's state as its orchestrator would publish it (wall-clock `since`)."""
+
+    state: str = "resident"
+    since: float = field(default_factory=time.time)
+
+    def document(self) -> dict[str, object]:
+        if self.state == "resident":
+            active = loaded = SERVING_JOB
+            waiters, status = 0, "LOCKED"
+        elif self.state == "parked":
+            active = loaded = OTHER_JOB
+            waiters, status = 1, "LOCKED"
+        else:
+            active, loaded, waiters, status = "", SERVING_JOB, 0, "SWITCHING"
+        return {"state": status, "active_job": active, "loaded_job": loaded, "waiters": waiters, "since": self.since}
 
 
 @dataclass
@@ -93,6 +137,9 @@ class LiveEndpoint:
     timeslice_state: str = "none"
     wake: asyncio.Event | None = None
     origin: float = field(default_factory=time.monotonic)
+    kv_link_gb_s: float = 25.0
+    link_free_ms: float = 0.0
+    prefills: dict[int, asyncio.Future[None]] = field(default_factory=dict)
 
     def now_ms(self) -> float:
         """Milliseconds since the endpoint started."""
@@ -110,6 +157,14 @@ class LiveEndpoint:
             await asyncio.sleep(max(0.0, (plan.end_ms - self.now_ms()) / 1e3))
             before = {id(r): r.generated for r, _ in plan.entries}
             outcome = self.engine.finish_step()
+            for r in (*outcome.first_token, *outcome.prefill_done):
+                if not r.kv_ready and r.prefix_hit_tokens >= 0 and before[id(r)] == 0:
+                    self.counters.prefix_queries += r.input_tokens
+                    self.counters.prefix_hits += r.prefix_hit_tokens
+            for r in outcome.prefill_done:
+                done = self.prefills.pop(r.rid, None)
+                if done is not None and not done.done():
+                    done.set_result(None)
             for r, _ in plan.entries:
                 queue = self.streams.get(r.rid)
                 if queue is None:
@@ -123,27 +178,72 @@ class LiveEndpoint:
                 if queue is not None:
                     queue.put_nowait(None)
 
-    def submit(self, rid: int, words: list[str], max_tokens: int) -> asyncio.Queue[int | None]:
-        """Queue a request of these words; its tokens arrive on the returned queue (None ends it)."""
-        ids = [zlib.crc32(w.encode()) for w in words]
+    def _request(self, rid: int, words: list[str], max_tokens: int) -> SimRequest:
         request = SimRequest(
-            rid,
-            self.now_ms(),
-            max(1, len(ids)),
-            max_tokens,
-            tuple(block_hashes(ids, PREFIX_BLOCK_WORDS)),
-            PREFIX_BLOCK_WORDS,
+            rid, self.now_ms(), max(1, len(words)), max_tokens, word_block_hashes(words), PREFIX_BLOCK_WORDS
         )
         needed = self.engine.cache.blocks_for(request.input_tokens + max_tokens)
         if needed > self.engine.cache.total_blocks:
             raise FeatureError("prompt", "prompt plus max_tokens exceed this endpoint's KV cache")
-        queue: asyncio.Queue[int | None] = asyncio.Queue()
-        self.streams[rid] = queue
-        self.counters.prompt_tokens += request.input_tokens
+        return request
+
+    def _enqueue(self, request: SimRequest) -> None:
         self.engine.enqueue(request)
         assert self.wake is not None
         self.wake.set()
+
+    def submit(self, rid: int, words: list[str], max_tokens: int) -> asyncio.Queue[int | None]:
+        """Serve a request end to end here; its tokens arrive on the queue, then None."""
+        request = self._request(rid, words, max_tokens)
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        self.streams[rid] = queue
+        self.counters.prompt_tokens += request.input_tokens
+        self._enqueue(request)
         return queue
+
+    async def prefill_for_peer(self, rid: int, words: list[str], max_tokens: int) -> int:
+        """Prefill a request whose decode endpoint is elsewhere; returns its prompt length once done."""
+        request = self._request(rid, words, max_tokens)
+        request.prefill_only = True
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.prefills[rid] = done
+        self.counters.prompt_tokens += request.input_tokens
+        self.counters.prefills_for_peers += 1
+        self._enqueue(request)
+        await done
+        return request.input_tokens
+
+    def submit_disaggregated(
+        self, prefiller: LiveEndpoint, rid: int, words: list[str], max_tokens: int
+    ) -> asyncio.Queue[int | None]:
+        """Prefill on `prefiller`, move the KV over this endpoint's link, decode here."""
+        self._request(rid, words, max_tokens)  # refused here at once if it cannot fit this cache
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        self.streams[rid] = queue
+        asyncio.get_running_loop().create_task(self._disaggregated(prefiller, rid, words, max_tokens, queue))
+        return queue
+
+    async def _disaggregated(
+        self, prefiller: LiveEndpoint, rid: int, words: list[str], max_tokens: int, queue: asyncio.Queue[int | None]
+    ) -> None:
+        input_tokens = await prefiller.prefill_for_peer(rid, words, max_tokens)
+        start = max(self.now_ms(), self.link_free_ms)
+        end = start + kv_transfer_ms(get_model(self.config.model), input_tokens, self.kv_link_gb_s)
+        self.link_free_ms = end
+        await asyncio.sleep(max(0.0, (end - self.now_ms()) / 1e3))
+        self.counters.kv_received += 1
+        queue.put_nowait(1)  # the first token comes with the KV
+        self.counters.generation_tokens += 1
+        if max_tokens <= 1:
+            self.counters.requests_finished += 1
+            self.streams.pop(rid, None)
+            queue.put_nowait(None)
+            return
+        request = SimRequest(rid, self.now_ms(), input_tokens, max_tokens, kv_ready=True)
+        request.generated = 1
+        request.first_token_ms = request.decode_start_ms = self.now_ms()
+        request.decode_start_generated = 1
+        self._enqueue(request)
 
     def metrics(self) -> str:
         """/metrics in vLLM's metric names."""
@@ -172,6 +272,18 @@ class LiveEndpoint:
             "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
             "# TYPE vllm:generation_tokens_total counter",
             f"vllm:generation_tokens_total{{{label}}} {self.counters.generation_tokens}",
+            "# HELP vllm:prefix_cache_queries_total Prefix-cache queries, in tokens.",
+            "# TYPE vllm:prefix_cache_queries_total counter",
+            f"vllm:prefix_cache_queries_total{{{label}}} {self.counters.prefix_queries}",
+            "# HELP vllm:prefix_cache_hits_total Prefix-cache hits, in tokens.",
+            "# TYPE vllm:prefix_cache_hits_total counter",
+            f"vllm:prefix_cache_hits_total{{{label}}} {self.counters.prefix_hits}",
+            "# HELP leadtime_sim_prefills_for_peers_total Prompts prefilled here for a decode endpoint (P/D).",
+            "# TYPE leadtime_sim_prefills_for_peers_total counter",
+            f"leadtime_sim_prefills_for_peers_total{{{label}}} {self.counters.prefills_for_peers}",
+            "# HELP leadtime_sim_kv_received_total Requests whose KV arrived here from a prefill endpoint (P/D).",
+            "# TYPE leadtime_sim_kv_received_total counter",
+            f"leadtime_sim_kv_received_total{{{label}}} {self.counters.kv_received}",
             "# HELP leadtime_sim_timeslice_resident Whether the endpoint's time-slice group is resident.",
             "# TYPE leadtime_sim_timeslice_resident gauge",
             f"leadtime_sim_timeslice_resident{{{label}}} {1 if is_resident(self.timeslice_state) else 0}",
@@ -179,19 +291,57 @@ class LiveEndpoint:
         return "\n".join(lines) + "\n"
 
 
+def word_block_hashes(words: list[str]) -> tuple[int, ...]:
+    """Chained hashes of the prompt's full 16-word blocks (the mock's tokens are words).
+
+    Python's own hashes, stable within this process (which holds every endpoint of the fleet): ~1 µs a block,
+    where hashing each word's bytes first cost ~12 ms for a 12,000-word prompt, on the serving event loop.
+    """
+    hashes = []
+    parent = 0
+    for start in range(0, len(words) - PREFIX_BLOCK_WORDS + 1, PREFIX_BLOCK_WORDS):
+        parent = hash((parent, *words[start : start + PREFIX_BLOCK_WORDS]))
+        hashes.append(parent)
+    return tuple(hashes)
+
+
 def _words(text: str) -> list[str]:
     return text.split() or [""]
 
 
-def build_app(live: LiveEndpoint) -> FastAPI:
-    """The HTTP face of one simulated endpoint. Errors answer in the predictor service's JSON shape
-    (`{"error", "field", "detail"}`); a request naming a model the endpoint does not serve is a 404, as in vLLM."""
-    app = FastAPI(title=f"leadtime mock vLLM {live.config.endpoint_id}")
+class HeaderError(FeatureError):
+    """A request header the mock cannot honour (400, naming the header: the request itself is malformed)."""
+
+
+async def _header_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    response = await feature_error_handler(request, exc)
+    response.status_code = 400
+    return response
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors in the predictor service's JSON shape (one definition of it: predictor.service.edge)."""
+    app.add_exception_handler(HeaderError, _header_error_handler)
     app.add_exception_handler(FeatureError, feature_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
-    ids = itertools.count(1)
+
+
+def build_app(
+    live: LiveEndpoint, peers: dict[str, LiveEndpoint] | None = None, ids: Iterator[int] | None = None
+) -> FastAPI:
+    """The HTTP face of one simulated endpoint.
+
+    Errors answer in the predictor service's JSON shape (`{"error", "field", "detail"}`); a request naming a model
+    the endpoint does not serve is a 404, as in vLLM. `peers` maps `host:port` to the fleet's endpoints (a decode
+    endpoint finds its prefiller there); `ids` numbers requests across the fleet (a prefill endpoint serves
+    requests of several decode endpoints).
+    """
+    app = FastAPI(title=f"leadtime mock vLLM {live.config.endpoint_id}")
+    _add_error_handlers(app)
+    numbers = ids if ids is not None else itertools.count(1)
+    fleet = peers or {}
 
     def check_model(model: str | None) -> None:
         if model is not None and model != live.model_name:
@@ -202,6 +352,13 @@ def build_app(live: LiveEndpoint) -> FastAPI:
         while await queue.get() is not None:
             yield index
             index += 1
+
+    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
 
     def completion_json(kind: str, rid: int, text_pieces: list[str], prompt_tokens: int) -> dict[str, object]:
         text = "".join(text_pieces)
@@ -219,54 +376,76 @@ def build_app(live: LiveEndpoint) -> FastAPI:
             "created": int(time.time()),
             "model": live.model_name,
             "choices": [choice],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": len(text_pieces),
-                "total_tokens": prompt_tokens + len(text_pieces),
-            },
+            "usage": usage(prompt_tokens, len(text_pieces)),
         }
 
-    async def respond(kind: str, words: list[str], max_tokens: int, stream: bool) -> object:
-        rid = next(ids)
-        queue = live.submit(rid, words, max_tokens)
+    def prefiller_of(request: Request) -> LiveEndpoint | None:
+        target = request.headers.get(PREFILLER_HEADER)
+        if target is None:
+            return None
+        if live.config.role != "decode":
+            raise HeaderError(PREFILLER_HEADER, f"{live.config.endpoint_id} is not a decode endpoint")
+        peer = fleet.get(target.strip())
+        if peer is None:
+            raise HeaderError(PREFILLER_HEADER, f"{target!r} is no endpoint of this fleet")
+        if peer.config.role != "prefill":
+            raise HeaderError(PREFILLER_HEADER, f"{peer.config.endpoint_id} is not a prefill endpoint")
+        return peer
+
+    async def respond(
+        request: Request, kind: str, words: list[str], max_tokens: int, stream: bool, include_usage: bool
+    ) -> object:
+        rid = next(numbers)
+        prefiller = prefiller_of(request)
+        if prefiller is None:
+            queue = live.submit(rid, words, max_tokens)
+        else:
+            queue = live.submit_disaggregated(prefiller, rid, words, max_tokens)
         prompt_tokens = len(words)
+        echo = {"x-request-id": request.headers["x-request-id"]} if "x-request-id" in request.headers else None
         if not stream:
             pieces = [f" tok{i}" async for i in tokens(queue)]
-            return completion_json(kind, rid, pieces, prompt_tokens)
+            return JSONResponse(completion_json(kind, rid, pieces, prompt_tokens), headers=echo)
+        created = int(time.time())
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        head = f'data: {{"id":"cmpl-{live.config.endpoint_id}-{rid}","object":"{obj}","created":{created},'
+        head += f'"model":{json.dumps(live.model_name)},"choices":[{{"index":0,'
+        head += '"delta":{"content":" tok' if kind == "chat" else '"text":" tok'
+        tail = '"},"finish_reason":null}]}\n\n' if kind == "chat" else '","finish_reason":null}]}\n\n'
 
         async def events() -> AsyncIterator[str]:
-            created = int(time.time())
+            n = 0
             async for i in tokens(queue):
-                if kind == "chat":
-                    choice: dict[str, object] = {"index": 0, "delta": {"content": f" tok{i}"}, "finish_reason": None}
-                    obj = "chat.completion.chunk"
-                else:
-                    choice = {"index": 0, "text": f" tok{i}", "finish_reason": None}
-                    obj = "text_completion"
-                chunk = {
+                n += 1
+                yield f"{head}{i}{tail}"
+            if include_usage:
+                last = {
                     "id": f"cmpl-{live.config.endpoint_id}-{rid}",
                     "object": obj,
                     "created": created,
                     "model": live.model_name,
-                    "choices": [choice],
+                    "choices": [],
+                    "usage": usage(prompt_tokens, n),
                 }
-                yield f"data: {json.dumps(chunk)}\n\n"
+                yield f"data: {json.dumps(last)}\n\n"
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type="text/event-stream", headers=echo)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionBody) -> object:
+    async def completions(body: CompletionBody, request: Request) -> object:
         check_model(body.model)
         prompt = body.prompt if isinstance(body.prompt, str) else " ".join(body.prompt)
-        return await respond("text", _words(prompt), body.max_tokens, body.stream)
+        usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
+        return await respond(request, "text", _words(prompt), body.max_tokens, body.stream, usage_wanted)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatBody) -> object:
+    async def chat(body: ChatBody, request: Request) -> object:
         check_model(body.model)
         words = _words(" ".join(m.content for m in body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
-        return await respond("chat", words, max_tokens, body.stream)
+        usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
+        return await respond(request, "chat", words, max_tokens, body.stream, usage_wanted)
 
     @app.get("/v1/models")
     async def models() -> dict[str, object]:
@@ -283,24 +462,44 @@ def build_app(live: LiveEndpoint) -> FastAPI:
     return app
 
 
-async def _timeslice(group: TimesliceGroup, members: list[LiveEndpoint], seed: int) -> None:
+def build_timeslice_app(groups: dict[str, GroupClock]) -> FastAPI:
+    """The orchestrator's face: every time-slice group's state (`GET /v1/timeslice/groups`)."""
+    app = FastAPI(title="leadtime mock time-slice orchestrator")
+    _add_error_handlers(app)
+
+    @app.get("/v1/timeslice/groups")
+    async def states() -> dict[str, object]:
+        return {"groups": {name: clock.document() for name, clock in groups.items()}}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+async def _timeslice(group: TimesliceGroup, members: list[LiveEndpoint], clock: GroupClock, seed: int) -> None:
     """Cycle a group on the wall clock: resident → parked → switching → resident."""
     import random
 
     rng = random.Random(seed)
-    for m in members:
-        m.timeslice_state = "resident"
+
+    def enter(state: str) -> None:
+        clock.state, clock.since = state, time.time()
+        for m in members:
+            m.timeslice_state = state
+
+    enter("resident")
     while True:
         await asyncio.sleep(group.resident_ms.draw(rng) / 1e3)
+        enter("parked")
         for m in members:
-            m.timeslice_state = "parked"
             m.engine.request_park(m.now_ms())
         await asyncio.sleep(group.away_ms.draw(rng) / 1e3)
-        for m in members:
-            m.timeslice_state = "switching"
+        enter("switching")
         await asyncio.sleep(group.restore_ms.draw(rng) / 1e3)
+        enter("resident")
         for m in members:
-            m.timeslice_state = "resident"
             m.engine.resume()
             assert m.wake is not None
             m.wake.set()
@@ -321,10 +520,18 @@ class FleetServer:
         Name reported by the OpenAI API (default: the pool's model slug).
     seed
         Seeds the time-slice windows.
+    timeslice_port
+        Where the time-slice groups' states are served (only for a fleet that has groups; None: not served).
     """
 
     def __init__(
-        self, fleet: Fleet, ports: list[int], host: str = "127.0.0.1", model_name: str | None = None, seed: int = 0
+        self,
+        fleet: Fleet,
+        ports: list[int],
+        host: str = "127.0.0.1",
+        model_name: str | None = None,
+        seed: int = 0,
+        timeslice_port: int | None = None,
     ) -> None:
         if len(ports) != len(fleet.endpoints):
             raise ValueError(f"need {len(fleet.endpoints)} ports, got {len(ports)}")
@@ -332,9 +539,13 @@ class FleetServer:
         self.ports = ports
         self.host = host
         self.seed = seed
+        self.timeslice_port = timeslice_port if fleet.timeslice_groups else None
         engines = build_endpoints(fleet, decode_runs=False)
         pairs = zip(fleet.endpoints, engines, strict=True)
-        self.live = [LiveEndpoint(cfg, engine, model_name or cfg.model) for cfg, engine in pairs]
+        self.live = [
+            LiveEndpoint(cfg, engine, model_name or cfg.model, kv_link_gb_s=fleet.kv_link_gb_s) for cfg, engine in pairs
+        ]
+        self.groups = {name: GroupClock() for name in fleet.timeslice_groups}
         self._servers: list[uvicorn.Server] = []
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -349,19 +560,47 @@ class FleetServer:
             for cfg, port in zip(self.fleet.endpoints, self.ports, strict=True)
         }
 
+    @property
+    def timeslice_url(self) -> str | None:
+        """Where the groups' states are published, if they are."""
+        if self.timeslice_port is None:
+            return None
+        return f"http://{self.host}:{self.timeslice_port}/v1/timeslice/groups"
+
+    def endpoints_document(self) -> dict[str, object]:
+        """The fleet as an llm-d discovery file (roles, accelerator classes, models, time-slice groups)."""
+        entries = []
+        for cfg, port in zip(self.fleet.endpoints, self.ports, strict=True):
+            labels = {
+                "llm-d.ai/role": cfg.role,
+                "leadtime.io/accelerator": cfg.accelerator,
+                "leadtime.io/model": cfg.model,
+                "leadtime.io/tensor-parallel": str(cfg.tensor_parallel),
+            }
+            if cfg.timeslice_group:
+                labels["leadtime.io/timeslice-group"] = cfg.timeslice_group
+            entries.append({"name": cfg.endpoint_id, "address": self.host, "port": str(port), "labels": labels})
+        return {"endpoints": entries}
+
     async def _main(self) -> None:
         tasks = []
+        peers = {f"{self.host}:{port}": live for live, port in zip(self.live, self.ports, strict=True)}
+        ids = itertools.count(1)
         for live, port in zip(self.live, self.ports, strict=True):
             live.wake = asyncio.Event()
             live.origin = time.monotonic()
             tasks.append(asyncio.create_task(live.drive()))
-            config = uvicorn.Config(build_app(live), host=self.host, port=port, log_level="warning", lifespan="off")
-            server = uvicorn.Server(config)
-            self._servers.append(server)
+            app = build_app(live, peers, ids)
+            config = uvicorn.Config(app, host=self.host, port=port, log_level="warning", lifespan="off")
+            self._servers.append(uvicorn.Server(config))
+        if self.timeslice_port is not None:
+            app = build_timeslice_app(self.groups)
+            config = uvicorn.Config(app, host=self.host, port=self.timeslice_port, log_level="warning", lifespan="off")
+            self._servers.append(uvicorn.Server(config))
         for i, (name, group) in enumerate(self.fleet.timeslice_groups.items()):
             members = [m for m in self.live if m.config.timeslice_group == name]
             if members:
-                tasks.append(asyncio.create_task(_timeslice(group, members, self.seed + i)))
+                tasks.append(asyncio.create_task(_timeslice(group, members, self.groups[name], self.seed + i)))
         serving = [asyncio.create_task(s.serve()) for s in self._servers]
         while not all(s.started for s in self._servers):
             if any(t.done() for t in serving):
@@ -404,15 +643,34 @@ class FleetServer:
             self._thread.join()
 
 
-def serve_fleet(fleet: Fleet, host: str = "127.0.0.1", base_port: int = 8100, model_name: str | None = None) -> None:
-    """Serve until interrupted (the `leadtime sim serve` command)."""
+def serve_fleet(
+    fleet: Fleet,
+    host: str = "127.0.0.1",
+    base_port: int = 8100,
+    model_name: str | None = None,
+    timeslice_port: int | None = None,
+    endpoints_file: Path | None = None,
+    seed: int = 0,
+) -> None:
+    """Serve until interrupted (the `leadtime sim serve` command).
+
+    A fleet with time-slice groups publishes their states on `timeslice_port` (default: the port after the
+    endpoints'); `endpoints_file` is written with the fleet as an llm-d discovery file.
+    """
     ports = [base_port + i for i in range(len(fleet.endpoints))]
-    if ports[-1] > 65535:
+    if fleet.timeslice_groups and timeslice_port is None:
+        timeslice_port = base_port + len(ports)
+    if max(ports + [timeslice_port or 0]) > 65535:
         raise ValueError(f"--base-port {base_port} leaves no room for {len(ports)} endpoints")
-    server = FleetServer(fleet, ports, host, model_name)
+    server = FleetServer(fleet, ports, host, model_name, seed=seed, timeslice_port=timeslice_port)
     server.start()
     for endpoint_id, url in server.urls.items():
-        print(f"{endpoint_id}: {url}")
+        print(f"{endpoint_id}: {url}", flush=True)
+    if server.timeslice_url is not None:
+        print(f"timeslice: {server.timeslice_url}", flush=True)
+    if endpoints_file is not None:
+        endpoints_file.write_text(yaml.safe_dump(server.endpoints_document(), sort_keys=False))
+        print(f"endpoints: {endpoints_file}", flush=True)
     try:
         server.wait()
     except KeyboardInterrupt:

@@ -1,0 +1,1 @@
+"""`leadtime route`: an OpenAI-compatible gateway that routes live traffic with the router plugin."""

@@ -1,0 +1,715 @@
+"""The gateway: an OpenAI-compatible HTTP front that routes every request with the plugin's policy.
+
+Per request (`/v1/completions`, `/v1/chat/completions`, streaming or not):
+
+1. read the body and what routing needs of it (`requests.parse_request`): prompt, model, SLO headers;
+2. hash the prompt's chunks and estimate, per endpoint, the tokens it holds cached (`affinity.PrefixAffinity`);
+3. offer the policy one `Candidate` per routable endpoint: its last scraped state and when it was scraped,
+   its time-slice group (and that group's state), its prefix hits; the policy decides on a thread of its own
+   (one decision at a time, so the policy needs no locks), calling the predictor within its deadline or falling
+   back to the heuristics;
+4. forward the body unchanged to the chosen endpoint (on P/D the decode endpoint, with the prefill endpoint in
+   `x-prefiller-host-port`), headers passed through but hop-by-hop ones; an endpoint that fails before
+   answering is left out and the request decided again, once;
+5. pass the answer back as it arrives, status, headers and errors included, measuring TTFT and ITL from the
+   stream, and report the outcome to the policy, which learns from it (observations reach the predictor in
+   batches, `predictor.GatewayPredictor`).
+
+Failed and non-streaming requests teach nothing (a non-streaming answer has no first-token time); the policy is
+told to forget them (`abandon`, when it has one). Its own paths: `/metrics` (`metrics.GatewayMetrics`),
+`/healthz`, `/readyz` (ready once an endpoint can be routed to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
+from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
+from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
+from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.predictor import GatewayPredictor
+from leadtime.router_plugin.gateway.requests import BadRequest, ParsedRequest, parse_request
+from leadtime.router_plugin.gateway.stream import StreamMeter
+from leadtime.router_plugin.gateway.upstream import Response, UpstreamError, Upstreams
+from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
+from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, RoutingPolicy
+from leadtime.router_plugin.scrape import EndpointScrape, Scraper, monotonic_ms
+from leadtime.router_plugin.timeslice import TimesliceSource
+
+log = logging.getLogger("leadtime.router.gateway")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
+PREFILLER_HEADER = b"x-prefiller-host-port"
+HOP_BY_HOP = frozenset(
+    (
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        PREFILLER_HEADER,
+    )
+)
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """How the gateway runs (the `leadtime route` options)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    scrape_interval_s: float = 0.05
+    scrape_timeout_s: float = 1.0
+    unroutable_after_s: float = 3.0
+    discovery_poll_s: float = 1.0
+    timeslice_poll_s: float = 0.1
+    default_accelerator: str = ""
+    default_model: str = ""
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    serving_job: str = "inference"
+    chunk_bytes: int = 64
+    connect_timeout_s: float = 2.0
+    upstream_timeout_s: float = 600.0
+    """Longest wait for an endpoint's answer to start, and between two pieces of it."""
+    max_body_bytes: int = 32 << 20
+
+
+@dataclass
+class _Decision:
+    pick: Pick
+    fell_back: str | None
+    seconds: float
+
+
+@dataclass
+class _Routed:
+    """One request on its way: what was decided, and where it went."""
+
+    request_id: str
+    route: RouteRequest
+    parsed: ParsedRequest
+    key: PromptKey
+    decision: _Decision
+    candidates: dict[str, Candidate]
+    settled: bool = False
+    """Completed or abandoned: the policy and the work tracker were told."""
+
+
+def _json(obj: object) -> bytes:
+    return orjson.dumps(obj)
+
+
+class Gateway:
+    """An ASGI application that routes OpenAI-style requests with a `RoutingPolicy`.
+
+    Parameters
+    ----------
+    discovery
+        Where the endpoint list comes from (a file re-read on change, or a static list).
+    policy
+        Any routing policy; `LeadtimePolicy` gets the time-slice source and is told of abandoned requests.
+    settings
+        Intervals, timeouts, default SLOs and model.
+    predictor
+        The policy's predictor wrapper, when it has one (started and stopped with the gateway).
+    timeslice
+        Group states, from a file or an orchestrator's endpoint (`timeslice_sources`).
+    decide_in_thread
+        Decide on a thread of its own (one decision at a time), so that waiting for a remote predictor does not
+        hold up the streams in flight; otherwise (the default without a predictor) decide in the event loop,
+        which costs no thread hand-over.
+    """
+
+    def __init__(
+        self,
+        discovery: FileDiscovery | StaticDiscovery,
+        policy: RoutingPolicy,
+        settings: GatewaySettings = GatewaySettings(),
+        predictor: GatewayPredictor | None = None,
+        timeslice: Any = None,
+        metrics: GatewayMetrics | None = None,
+        decide_in_thread: bool | None = None,
+    ) -> None:
+        self.discovery = discovery
+        self.policy = policy
+        self.settings = settings
+        self.predictor = predictor
+        self.metrics = metrics or (predictor.metrics if predictor is not None else GatewayMetrics())
+        self.clock = monotonic_ms
+        self.upstreams = Upstreams(settings.connect_timeout_s)
+        self.scraper = Scraper(
+            self.upstreams,
+            settings.scrape_interval_s,
+            settings.scrape_timeout_s,
+            settings.unroutable_after_s,
+            settings.default_accelerator,
+            settings.default_model,
+            self.clock,
+            on_scrape=self._on_scrape,
+        )
+        self.affinity = PrefixAffinity(settings.chunk_bytes)
+        self.work = InflightWork()
+        self.last_resort = LlmdHeuristicPolicy()
+        self._decider = ThreadPoolExecutor(1, thread_name_prefix="leadtime-router-decide")
+        self.decide_in_thread = predictor is not None if decide_in_thread is None else decide_in_thread
+        self._ids = itertools.count(1)
+        self._group_view: dict[str, str] = {}
+        self._scrape_errors_seen: dict[str, int] = {}
+        self._warm_up: Future[bool] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.timeslice: Any = None
+        if timeslice is not None:
+            self.attach_timeslice(timeslice)
+        self._abandon = getattr(policy, "abandon", None)
+        self._started_ms = self.clock()
+
+    def attach_timeslice(self, source: Any) -> None:
+        """Read time-slice group states from `source` (its `poll` is called on an interval); a policy that
+        reads group states itself (`LeadtimePolicy.timeslice_source`) gets it too."""
+        self.timeslice = source
+        if hasattr(self.policy, "timeslice_source") and self.policy.timeslice_source is None:
+            ts: TimesliceSource = source
+            self.policy.timeslice_source = ts
+
+    # ----- lifecycle ---------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.scraper.sync(self.discovery.endpoints)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._watch_discovery()))
+        if self.timeslice is not None:
+            self._tasks.append(loop.create_task(self._watch_timeslice()))
+        if self.predictor is not None:
+            self.predictor.start()
+            row = FeatureRow(
+                RequestFeatures(input_tokens=16),
+                EndpointState(accelerator=self.settings.default_accelerator, model=self.settings.default_model),
+            )
+            if self.decide_in_thread:  # on the decision thread, which owns the client; /readyz waits for it
+                self._warm_up = self._decider.submit(self.predictor.warm_up, row)
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, self.predictor.warm_up, row)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self.scraper.stop()
+        self.upstreams.close()
+        if self.predictor is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.predictor.stop)
+        self._decider.shutdown(wait=False)
+
+    async def _watch_discovery(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.discovery_poll_s)
+            before = (self.discovery.reloads, self.discovery.failed_reloads)
+            try:
+                changed = await asyncio.get_running_loop().run_in_executor(None, self.discovery.poll)
+            except Exception:  # noqa: BLE001 - a watcher must keep watching
+                log.exception("discovery poll failed")
+                continue
+            if self.discovery.reloads > before[0]:
+                self.metrics.discovery_reloads.labels("ok").inc()
+            if self.discovery.failed_reloads > before[1]:
+                self.metrics.discovery_reloads.labels("error").inc()
+            if changed:
+                gone = {s.endpoint.endpoint_id for s in self.scraper.scrapes.values()} - {
+                    e.endpoint_id for e in self.discovery.endpoints
+                }
+                for endpoint_id in gone:
+                    self.affinity.forget(endpoint_id)
+                self.scraper.sync(self.discovery.endpoints)
+
+    async def _watch_timeslice(self) -> None:
+        source: Any = self.timeslice
+        while True:
+            result = source.poll()
+            if asyncio.iscoroutine(result):
+                await result
+            self.metrics.timeslice_source_errors.set(source.errors)
+            self._refresh_group_views()
+            await asyncio.sleep(self.settings.timeslice_poll_s)
+
+    def _group_state(self, group: str) -> str:
+        status = self.timeslice.status(group) if self.timeslice is not None else None
+        if status is None or status.serves(self.settings.serving_job):
+            return "resident"
+        return "switching" if status.state == "SWITCHING" else "parked"
+
+    def _refresh_group_views(self) -> None:
+        for scrape in self.scraper.scrapes.values():
+            group = scrape.endpoint.timeslice_group
+            if not group:
+                continue
+            view = self._group_state(group)
+            old = self._group_view.get(group)
+            if old is not None and old != "resident" and view == "resident":
+                for other in self.scraper.scrapes.values():  # back from a swap: its prefix cache is gone
+                    if other.endpoint.timeslice_group == group:
+                        self.affinity.forget(other.endpoint.endpoint_id)
+            self._group_view[group] = view
+            if scrape.state is not None and scrape.state.timeslice_state != view:
+                scrape.state = dataclasses.replace(scrape.state, timeslice_state=view)
+
+    def _on_scrape(self, scrape: EndpointScrape) -> None:
+        group = scrape.endpoint.timeslice_group
+        if group and scrape.state is not None:
+            view = self._group_view.get(group, "resident")
+            if scrape.state.timeslice_state != view:
+                scrape.state = dataclasses.replace(scrape.state, timeslice_state=view)
+        m = scrape.metrics
+        if m is not None and m.block_size and m.num_gpu_blocks:
+            self.affinity.set_cache_tokens(scrape.endpoint.endpoint_id, m.block_size * m.num_gpu_blocks)
+        self.metrics.scrape_seconds.observe(scrape.duration_s)
+
+    def routable(self) -> list[EndpointScrape]:
+        now = self.clock()
+        return [s for s in self.scraper.scrapes.values() if self.scraper.routable(s, now)]
+
+    # ----- ASGI --------------------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path in PROXIED_PATHS and method == "POST":
+            await self._proxy(scope, receive, send)
+        elif path == "/metrics" and method == "GET":
+            await self._plain(send, 200, self._render_metrics(), b"text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/healthz":
+            await self._reply(send, 200, {"status": "ok"})
+        elif path == "/readyz":
+            await self._readyz(send)
+        elif path == "/v1/models" and method == "GET":
+            await self._models(send)
+        else:
+            await self._reply(send, 404, {"error": f"no route for {method} {path}"})
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _reply(
+        self, send: Send, status: int, body: object, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        await self._plain(send, status, _json(body), b"application/json", extra)
+
+    async def _plain(
+        self, send: Send, status: int, body: bytes, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *(extra or [])]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _readyz(self, send: Send) -> None:
+        routable = len(self.routable())
+        known = len(self.scraper.scrapes)
+        if self._warm_up is not None and not self._warm_up.done():
+            reason = "connecting to the predictor (at most 2 s)"
+            await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
+        elif routable:
+            await self._reply(send, 200, {"status": "ready", "routable_endpoints": routable, "endpoints": known})
+        else:
+            await self._reply(
+                send, 503, {"status": "not ready", "reason": "no endpoint can be routed to yet", "endpoints": known}
+            )
+
+    async def _models(self, send: Send) -> None:
+        for scrape in self.routable():
+            e = scrape.endpoint
+            try:
+                response = await self.upstreams.pool(e.address, e.port).request("GET", "/v1/models", timeout_s=5.0)
+                body = await response.read(5.0)
+            except UpstreamError:
+                continue
+            await self._plain(send, response.status, body, response.header(b"content-type") or b"application/json")
+            return
+        await self._reply(send, 503, {"error": "no endpoint can be routed to"})
+
+    def _render_metrics(self) -> bytes:
+        m = self.metrics
+        now = self.clock()
+        routable = 0
+        for scrape in self.scraper.scrapes.values():
+            eid = scrape.endpoint.endpoint_id
+            up = self.scraper.routable(scrape, now)
+            routable += up
+            m.endpoint_up.labels(eid).set(1 if up else 0)
+            if scrape.state is not None:
+                m.scrape_age.labels(eid).set((now - scrape.scraped_ms) / 1e3)
+            if scrape.metrics is not None and scrape.metrics.prefix_cache_hits is not None:
+                m.prefix_reported.labels(eid).set(scrape.metrics.prefix_cache_hits)
+            seen = self._scrape_errors_seen.get(eid, 0)
+            if scrape.errors > seen:
+                m.scrape_errors.labels(eid).inc(scrape.errors - seen)
+                self._scrape_errors_seen[eid] = scrape.errors
+        m.endpoints.labels("true").set(routable)
+        m.endpoints.labels("false").set(len(self.scraper.scrapes) - routable)
+        m.bytes_per_token.set(self.affinity.bytes_per_token)
+        return m.render()
+
+    # ----- the hot path ------------------------------------------------------------------------------------
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body = message.get("body", b"")
+            size += len(body)
+            if size > self.settings.max_body_bytes:
+                raise BadRequest(413, "body", f"larger than {self.settings.max_body_bytes} bytes")
+            chunks.append(body)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrival_ms = self.clock()
+        started = time.perf_counter()
+        path = scope["path"]
+        self.metrics.inflight.inc()
+        code = 500
+        try:
+            code = await self._route(scope, receive, send, arrival_ms, started)
+        finally:
+            self.metrics.inflight.dec()
+            self.metrics.requests.labels(path, str(code)).inc()
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send, arrival_ms: float, started: float) -> int:
+        headers = dict(scope["headers"])
+        try:
+            body = await self._read_body(receive)
+            if body is None:
+                return 499
+            parsed = parse_request(scope["path"], body, headers, self.settings.ttft_slo_ms, self.settings.tpot_slo_ms)
+        except BadRequest as err:
+            await self._reply(send, err.status, {"error": str(err), "field": err.field})
+            return err.status
+        if parsed.token_ids is not None:
+            key = self.affinity.key_for_ids(parsed.token_ids, parsed.model)
+        else:
+            key = self.affinity.key(parsed.text, parsed.model)
+        request_id = f"gw-{next(self._ids)}"
+        route = RouteRequest(
+            request_id, key.input_tokens, (), parsed.ttft_slo_ms, parsed.tpot_slo_ms, arrival_ms=arrival_ms
+        )
+        routes: list[_Routed] = []
+        try:
+            return await self._attempts(scope, send, receive, started, request_id, route, parsed, key, body, routes)
+        finally:
+            for routed in routes:  # a request cut short (the client left, the task was cancelled)
+                self._forget(routed)
+
+    async def _attempts(
+        self,
+        scope: Scope,
+        send: Send,
+        receive: Receive,
+        started: float,
+        request_id: str,
+        route: RouteRequest,
+        parsed: ParsedRequest,
+        key: PromptKey,
+        body: bytes,
+        routes: list[_Routed],
+    ) -> int:
+        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP]
+        target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
+        excluded: set[str] = set()
+        for attempt in (0, 1):
+            routed = await self._decide(
+                request_id if not attempt else f"{request_id}-retry", route, parsed, key, excluded
+            )
+            if routed is None:
+                await self._reply(send, 503, {"error": "no endpoint can serve this request now", "field": "endpoints"})
+                return 503
+            routes.append(routed)
+            target = self._target(routed)
+            extra = list(forward)
+            if routed.decision.pick.is_pair:
+                prefill = self._endpoint(routed.decision.pick.endpoint_id)
+                extra.append((PREFILLER_HEADER, prefill.host_port.encode()))
+            pool = self.upstreams.pool(target.address, target.port)
+            try:
+                sent_at = time.perf_counter()
+                response = await pool.request("POST", target_path, extra, body, self.settings.upstream_timeout_s)
+            except UpstreamError as err:
+                self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                self._forget(routed)
+                excluded.add(target.endpoint_id)
+                if attempt == 0:
+                    self.metrics.retries.inc()
+                    log.info("%s failed before answering (%s); trying elsewhere", target.endpoint_id, err)
+                    continue
+                await self._reply(
+                    send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
+                )
+                return 502
+            overhead = sent_at - started
+            self.metrics.overhead_seconds.observe(overhead)
+            return await self._relay(routed, target, response, send, receive, overhead)
+        raise AssertionError("unreachable")
+
+    def _endpoint(self, endpoint_id: str) -> DiscoveredEndpoint:
+        return self.scraper.scrapes[endpoint_id].endpoint
+
+    def _target(self, routed: _Routed) -> DiscoveredEndpoint:
+        pick = routed.decision.pick
+        return self._endpoint(pick.decode_endpoint_id or pick.endpoint_id)
+
+    def _candidates(self, key: PromptKey, excluded: set[str]) -> list[Candidate]:
+        now = self.clock()
+        out = []
+        for scrape in self.scraper.scrapes.values():
+            eid = scrape.endpoint.endpoint_id
+            if eid in excluded or scrape.state is None or not self.scraper.routable(scrape, now):
+                continue
+            hits = self.affinity.hit_tokens(eid, key)
+            state = with_tokens(scrape.state, *self.work.tokens(eid, scrape.scraped_ms))
+            out.append(Candidate(state, hits, scrape.scraped_ms, scrape.endpoint.timeslice_group))
+        return out
+
+    async def _decide(
+        self, request_id: str, route: RouteRequest, parsed: ParsedRequest, key: PromptKey, excluded: set[str]
+    ) -> _Routed | None:
+        candidates = self._candidates(key, excluded)
+        if not candidates:
+            return None
+        if request_id != route.request_id:
+            route = dataclasses.replace(route, request_id=request_id)
+        try:
+            if self.decide_in_thread:
+                decision = await asyncio.get_running_loop().run_in_executor(
+                    self._decider, self._pick, route, candidates
+                )
+            else:
+                decision = self._pick(route, candidates)
+        except NoCandidateError:
+            return None
+        routed = _Routed(request_id, route, parsed, key, decision, {c.endpoint_id: c for c in candidates})
+        self._record_decision(routed, candidates)
+        return routed
+
+    def _pick(self, route: RouteRequest, candidates: list[Candidate]) -> _Decision:
+        """On the decision thread."""
+        started = time.perf_counter()
+        before = self._fallbacks()
+        known = {c.endpoint_id for c in candidates}
+        try:
+            pick = self.policy.pick(route, candidates)
+            if pick.endpoint_id not in known or (pick.decode_endpoint_id or pick.endpoint_id) not in known:
+                raise ValueError(f"picked {pick.endpoint_id}/{pick.decode_endpoint_id}, not among the candidates")
+        except NoCandidateError:
+            raise
+        except Exception:  # a policy bug must not drop the request
+            log.exception("policy %s failed; deciding with the heuristics", getattr(self.policy, "name", "?"))
+            return _Decision(self.last_resort.pick(route, candidates), "policy_error", time.perf_counter() - started)
+        fell_back = None
+        after = self._fallbacks()
+        if before is not None and after is not None and after > before:
+            fell_back = self.predictor.last_failure if self.predictor is not None else "unavailable"
+        return _Decision(pick, fell_back, time.perf_counter() - started)
+
+    def _fallbacks(self) -> int | None:
+        counters = getattr(self.policy, "counters", None)
+        return None if counters is None else int(counters.fallbacks)
+
+    def _record_decision(self, routed: _Routed, candidates: list[Candidate]) -> None:
+        m = self.metrics
+        decision = routed.decision
+        pick = decision.pick
+        m.decision_seconds.observe(decision.seconds)
+        if decision.fell_back:
+            m.fallbacks.labels(decision.fell_back).inc()
+        chosen = [pick.endpoint_id] + ([pick.decode_endpoint_id] if pick.decode_endpoint_id else [])
+        for eid in chosen:
+            state = routed.candidates[eid].state
+            m.picks.labels(eid, state.accelerator, state.role).inc()
+            self.affinity.record(eid, routed.key)
+        prefill = routed.candidates[pick.endpoint_id]
+        uncached = max(routed.route.input_tokens - prefill.prefix_hit_tokens, 0)
+        decode_on = pick.decode_endpoint_id or pick.endpoint_id
+        active = Active(routed.route.arrival_ms, uncached, routed.route.input_tokens, pick.endpoint_id, decode_on)
+        self.work.start(routed.request_id, active)
+        if prefill.prefix_hit_tokens:
+            m.prefix_estimated.labels(pick.endpoint_id).inc(prefill.prefix_hit_tokens)
+        if any(c.state.role != "both" for c in candidates):
+            m.pd_decisions.labels("disaggregated" if pick.is_pair else "local_prefill").inc()
+        resident = sum(c.state.timeslice_state in ("none", "resident") for c in candidates)
+        if resident and resident < len(candidates):
+            m.timeslice_filtered.inc(len(candidates) - resident)
+
+    def _forget(self, routed: _Routed) -> None:
+        """The request will not complete where it was sent: the policy must not wait for it or learn from it."""
+        if routed.settled:
+            return
+        routed.settled = True
+        self.work.finish(routed.request_id)
+        if self._abandon is not None:
+            self._policy_call(self._abandon, routed.request_id)
+
+    def _policy_call(self, fn: Callable[..., None], *args: Any) -> None:
+        """Where decisions are made (their thread, or here), so that the policy sees one caller at a time."""
+        if self.decide_in_thread:
+            self._decider.submit(self._safely, fn, *args)
+        else:
+            self._safely(fn, *args)
+
+    @staticmethod
+    def _safely(fn: Callable[..., None], *args: Any) -> None:
+        """On the decision thread: a policy's failure to learn is logged, never raised into the proxy."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("policy hook %s failed", getattr(fn, "__name__", fn))
+
+    def _headers_out(self, response: Response, routed: _Routed, overhead_s: float) -> list[tuple[bytes, bytes]]:
+        pick = routed.decision.pick
+        out = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
+        out.append((b"x-leadtime-endpoint", (pick.decode_endpoint_id or pick.endpoint_id).encode()))
+        if pick.is_pair:
+            out.append((b"x-leadtime-prefill-endpoint", pick.endpoint_id.encode()))
+        out.append((b"x-leadtime-route-ms", f"{overhead_s * 1e3:.3f}".encode()))
+        return out
+
+    async def _relay(
+        self,
+        routed: _Routed,
+        target: DiscoveredEndpoint,
+        response: Response,
+        send: Send,
+        receive: Receive,
+        overhead_s: float,
+    ) -> int:
+        headers = self._headers_out(response, routed, overhead_s)
+        content_type = response.header(b"content-type") or b""
+        streaming = content_type.startswith(b"text/event-stream")
+        meter = StreamMeter()
+        timeout = self.settings.upstream_timeout_s
+        if not streaming:
+            try:
+                body = await response.read(timeout)
+            except UpstreamError as err:
+                self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                self._forget(routed)
+                await self._reply(
+                    send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
+                )
+                return 502
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({"type": "http.response.start", "status": response.status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            if 200 <= response.status < 300:
+                meter.feed_json(body)
+                self._learn_length(routed, meter)
+            self._forget(routed)  # no first-token time to learn from
+            return response.status
+        disconnected = asyncio.ensure_future(receive())
+        status = response.status
+        first = True
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            while True:
+                try:
+                    chunk = await response.next_chunk(timeout)
+                except UpstreamError as err:
+                    self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                    self._forget(routed)
+                    await send({"type": "http.response.body", "body": b""})
+                    return 502
+                if chunk is None:
+                    break
+                meter.feed(chunk, self.clock())
+                if meter.events:
+                    if first:
+                        first = False
+                        self.work.first_token(routed.request_id, meter.events)
+                    else:
+                        self.work.progress(routed.request_id, meter.events)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if disconnected.done():
+                    response.close()
+                    self._forget(routed)
+                    return 499
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            disconnected.cancel()
+        if not 200 <= status < 300 or meter.first_ms is None:
+            self._forget(routed)
+            return status
+        self._complete(routed, meter)
+        return status
+
+    def _learn_length(self, routed: _Routed, meter: StreamMeter) -> None:
+        if meter.prompt_tokens and routed.key.prompt_bytes:
+            self.affinity.learn_length(routed.key.prompt_bytes, meter.prompt_tokens)
+
+    def _complete(self, routed: _Routed, meter: StreamMeter) -> None:
+        assert meter.first_ms is not None
+        routed.settled = True
+        self.work.finish(routed.request_id)
+        pick = routed.decision.pick
+        ttft = meter.first_ms - routed.route.arrival_ms
+        itl = meter.itl_ms()
+        tokens = max(meter.tokens, 1)
+        self._learn_length(routed, meter)
+        outcome = Outcome(routed.request_id, pick.endpoint_id, pick.decode_endpoint_id, ttft, itl, tokens, self.clock())
+        self._policy_call(self.policy.observe, outcome)
+        m = self.metrics
+        prefill_class = routed.candidates[pick.endpoint_id].state.accelerator
+        decode_class = routed.candidates[pick.decode_endpoint_id or pick.endpoint_id].state.accelerator
+        m.ttft_seconds.labels("actual", prefill_class).observe(ttft / 1e3)
+        if pick.predicted_ttft_ms:
+            m.ttft_seconds.labels("predicted", prefill_class).observe(pick.predicted_ttft_ms / 1e3)
+            m.ttft_ratio.labels(prefill_class).observe(ttft / pick.predicted_ttft_ms)
+        if tokens > 1:
+            m.itl_seconds.labels("actual", decode_class).observe(itl / 1e3)
+            if pick.predicted_tpot_ms:
+                m.itl_seconds.labels("predicted", decode_class).observe(pick.predicted_tpot_ms / 1e3)
+                m.itl_ratio.labels(decode_class).observe(itl / pick.predicted_tpot_ms)
+        route = routed.route
+        ttft_ok = route.ttft_slo_ms is None or ttft <= route.ttft_slo_ms
+        itl_ok = route.tpot_slo_ms is None or tokens < 2 or itl <= route.tpot_slo_ms
+        if route.ttft_slo_ms is not None:
+            m.slo.labels("ttft", "met" if ttft_ok else "missed").inc()
+        if route.tpot_slo_ms is not None:
+            m.slo.labels("itl", "met" if itl_ok else "missed").inc()
+        if route.ttft_slo_ms is not None or route.tpot_slo_ms is not None:
+            m.slo.labels("both", "met" if ttft_ok and itl_ok else "missed").inc()

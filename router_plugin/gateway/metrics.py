@@ -1,0 +1,153 @@
+"""The gateway's Prometheus metrics (`leadtime_router_*`), in a registry of its own.
+
+What a dashboard needs to see the router work: picks per endpoint and accelerator class, P/D decisions,
+time-slice filtering, fallbacks to the heuristics and why, the predictor's call latency, predicted next to actual
+TTFT and ITL of routed requests, SLO attainment, the gateway's own added time, retries and upstream errors, the
+scrapes and the observations sent back to the predictor.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+FAST_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports; `render()` is the body of its `/metrics`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "leadtime_router"
+        self.requests = Counter(
+            f"{p}_requests", "Requests answered, by path and status code.", ["path", "code"], registry=r
+        )
+        self.picks = Counter(
+            f"{p}_picks",
+            "Routing decisions, by endpoint, accelerator class and role.",
+            ["endpoint", "accelerator", "role"],
+            registry=r,
+        )
+        self.pd_decisions = Counter(
+            f"{p}_pd_decisions",
+            "Decisions on a P/D fleet: disaggregated or prefilled locally.",
+            ["decision"],
+            registry=r,
+        )
+        self.timeslice_filtered = Counter(
+            f"{p}_timeslice_filtered", "Candidates left out because their time-slice group was not serving.", registry=r
+        )
+        self.fallbacks = Counter(
+            f"{p}_fallbacks",
+            "Decisions made by the heuristic fallback, by the predictor's failure.",
+            ["reason"],
+            registry=r,
+        )
+        self.predictor_seconds = Histogram(
+            f"{p}_predictor_call_seconds",
+            "Predictor calls, by kind and result.",
+            ["call", "result"],
+            buckets=FAST_BUCKETS_S,
+            registry=r,
+        )
+        self.decision_seconds = Histogram(
+            f"{p}_decision_seconds",
+            "Time to decide where a request goes (predictor call included).",
+            buckets=FAST_BUCKETS_S,
+            registry=r,
+        )
+        self.overhead_seconds = Histogram(
+            f"{p}_overhead_seconds",
+            "Time the gateway adds before a request reaches its endpoint (parse, decide, connect, send).",
+            buckets=FAST_BUCKETS_S,
+            registry=r,
+        )
+        self.ttft_seconds = Histogram(
+            f"{p}_ttft_seconds",
+            "TTFT of routed streaming requests, predicted and actual.",
+            ["kind", "accelerator"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.itl_seconds = Histogram(
+            f"{p}_itl_seconds",
+            "Mean ITL of routed streaming requests, predicted and actual.",
+            ["kind", "accelerator"],
+            buckets=ITL_BUCKETS_S,
+            registry=r,
+        )
+        self.ttft_ratio = Histogram(
+            f"{p}_ttft_actual_over_predicted",
+            "Actual TTFT ÷ predicted TTFT of routed requests.",
+            ["accelerator"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.itl_ratio = Histogram(
+            f"{p}_itl_actual_over_predicted",
+            "Actual ITL ÷ predicted ITL of routed requests.",
+            ["accelerator"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.slo = Counter(
+            f"{p}_slo", "Streaming requests against their SLOs, by target and result.", ["target", "result"], registry=r
+        )
+        self.retries = Counter(
+            f"{p}_retries", "Requests sent to a second endpoint after the first failed before responding.", registry=r
+        )
+        self.upstream_errors = Counter(
+            f"{p}_upstream_errors",
+            "Failures to reach an endpoint or read its answer, by endpoint and kind.",
+            ["endpoint", "kind"],
+            registry=r,
+        )
+        self.inflight = Gauge(f"{p}_inflight_requests", "Requests being proxied now.", registry=r)
+        self.endpoints = Gauge(
+            f"{p}_endpoints", "Discovered endpoints, by whether they can be routed to.", ["routable"], registry=r
+        )
+        self.endpoint_up = Gauge(
+            f"{p}_endpoint_routable", "1 when the endpoint can be routed to.", ["endpoint"], registry=r
+        )
+        self.scrape_age = Gauge(
+            f"{p}_scrape_age_seconds", "Age of each endpoint's last good scrape.", ["endpoint"], registry=r
+        )
+        self.scrape_errors = Counter(
+            f"{p}_scrape_errors", "Failed /metrics scrapes, by endpoint.", ["endpoint"], registry=r
+        )
+        self.scrape_seconds = Histogram(
+            f"{p}_scrape_seconds", "Duration of /metrics scrapes.", buckets=FAST_BUCKETS_S, registry=r
+        )
+        self.discovery_reloads = Counter(
+            f"{p}_discovery_reloads", "Discovery file reloads, by result.", ["result"], registry=r
+        )
+        self.observations = Counter(
+            f"{p}_observations",
+            "Observations for the predictor: queued, sent, failed to send, dropped.",
+            ["result"],
+            registry=r,
+        )
+        self.prefix_estimated = Counter(
+            f"{p}_prefix_hit_tokens_estimated",
+            "Prompt tokens estimated cached where each request was sent.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.prefix_reported = Gauge(
+            f"{p}_endpoint_prefix_cache_hit_tokens",
+            "The endpoint's own count of prefix-cache hit tokens (as scraped).",
+            ["endpoint"],
+            registry=r,
+        )
+        self.bytes_per_token = Gauge(
+            f"{p}_prompt_bytes_per_token", "Learned bytes of prompt text per token.", registry=r
+        )
+        self.timeslice_source_errors = Gauge(
+            f"{p}_timeslice_source_errors", "Failed reads of time-slice group states.", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

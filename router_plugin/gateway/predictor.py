@@ -1,0 +1,195 @@
+"""The predictor as the gateway's policy sees it: predictions on the routing path, observations in batches.
+
+`GatewayPredictor` is the `PredictorClient` handed to the policy. Its `predict` goes straight to the predictor
+(HTTP, gRPC or in process) with the policy's deadline, timed; after `open_after` failures in a row it stops
+calling for `open_for_s` and fails at once, so that a predictor that hangs costs the deadline a few times, not
+on every request (each such decision still falls back to the heuristics and is counted). Its `observe` only
+queues: a thread of its own sends the queue in batches through a second client, retries a batch that failed,
+and drops the oldest observations (counted) when the queue is full because the predictor has been away long.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+
+from leadtime.features.rows import FeatureRow, Observation
+from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorError, PredictorUnavailable
+from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("leadtime.router.predictor")
+
+
+def failure_reason(err: PredictorError) -> str:
+    """A short label for a failed call: deadline, unavailable, circuit_open or refused."""
+    status = str(err.status)
+    if status in ("deadline", "DEADLINE_EXCEEDED"):
+        return "deadline"
+    if status == "circuit":
+        return "circuit_open"
+    if isinstance(err, PredictorUnavailable):
+        return "unavailable"
+    return "refused"
+
+
+class GatewayPredictor:
+    """Predict on the caller's thread; observe into a queue flushed in batches by a background thread.
+
+    Parameters
+    ----------
+    predict_client
+        Serves `predict` (the routing path).
+    observe_client
+        Serves the batched `observe` calls from the flusher thread (a client of its own: HTTP and gRPC clients
+        are not shared between threads here).
+    metrics
+        Where call latencies and observation counts go.
+    batch_size, flush_interval_s
+        A batch goes when it is this large or this old.
+    capacity
+        Most observations queued; beyond it the oldest are dropped.
+    observe_deadline_s
+        Budget of one batch call.
+    open_after, open_for_s
+        The breaker: after this many failed predictions in a row, none is tried for this long.
+    """
+
+    def __init__(
+        self,
+        predict_client: PredictorClient,
+        observe_client: PredictorClient,
+        metrics: GatewayMetrics,
+        batch_size: int = 64,
+        flush_interval_s: float = 0.2,
+        capacity: int = 20_000,
+        observe_deadline_s: float = 2.0,
+        open_after: int = 3,
+        open_for_s: float = 1.0,
+    ) -> None:
+        self.predict_client = predict_client
+        self.observe_client = observe_client
+        self.metrics = metrics
+        self.batch_size = batch_size
+        self.flush_interval_s = flush_interval_s
+        self.capacity = capacity
+        self.observe_deadline_s = observe_deadline_s
+        self.open_after = open_after
+        self.open_for_s = open_for_s
+        self.last_failure = ""
+        self._consecutive = 0
+        self._open_until = 0.0
+        self._queue: deque[Observation] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.dropped = 0
+        self._ok = metrics.predictor_seconds.labels("predict", "ok")
+        self._queued = metrics.observations.labels("queued")
+
+    # ----- predictions (the decision thread) -------------------------------------------------------------
+
+    def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        now = time.monotonic()
+        if now < self._open_until:
+            self.last_failure = "circuit_open"
+            raise PredictorUnavailable("circuit", f"predictor failed {self.open_after} times in a row; resting")
+        started = time.perf_counter()
+        try:
+            answer = self.predict_client.predict(rows, deadline_s)
+        except PredictorError as err:
+            self.last_failure = failure_reason(err)
+            self.metrics.predictor_seconds.labels("predict", self.last_failure).observe(time.perf_counter() - started)
+            self._consecutive += 1
+            if self._consecutive >= self.open_after:
+                self._open_until = time.monotonic() + self.open_for_s
+                self._consecutive = 0
+                log.warning("predictor failing (%s); heuristics for %.1f s", err, self.open_for_s)
+            raise
+        except Exception as err:  # a client bug must not drop the request: treat it as the predictor failing
+            self.last_failure = "refused"
+            self._consecutive += 1
+            raise PredictorError("client", f"{type(err).__name__}: {err}") from err
+        self._ok.observe(time.perf_counter() - started)
+        self._consecutive = 0
+        return answer
+
+    def warm_up(self, row: FeatureRow, deadline_s: float = 2.0) -> bool:
+        """One prediction before traffic, so that the first request does not pay for connecting; its answer and
+        any failure are ignored (the breaker is not touched)."""
+        try:
+            self.predict_client.predict([row], deadline_s)
+        except Exception as err:  # noqa: BLE001 - a warm-up must never stop the gateway
+            log.info("predictor warm-up failed (%s); requests will fall back until it answers", err)
+            return False
+        return True
+
+    # ----- observations ----------------------------------------------------------------------------------
+
+    def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
+        """Queue for the flusher; returns how many were queued."""
+        with self._cond:
+            self._queue.extend(observations)
+            over = len(self._queue) - self.capacity
+            for _ in range(max(0, over)):
+                self._queue.popleft()
+            if over > 0:
+                self.dropped += over
+                self.metrics.observations.labels("dropped").inc(over)
+            if len(self._queue) >= self.batch_size:
+                self._cond.notify()
+        self._queued.inc(len(observations))
+        return len(observations)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._flush_loop, name="leadtime-router-observe", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._stopping and len(self._queue) < self.batch_size:
+                    self._cond.wait(self.flush_interval_s)
+                stopping = self._stopping
+                batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
+            if batch and not self._send(batch):
+                with self._cond:  # keep them for the next try, in order
+                    room = self.capacity - len(self._queue)
+                    keep = batch[-room:] if room > 0 else []
+                    self._queue.extendleft(reversed(keep))
+                    lost = len(batch) - len(keep)
+                    if lost:
+                        self.dropped += lost
+                        self.metrics.observations.labels("dropped").inc(lost)
+                if stopping:
+                    return
+                time.sleep(min(1.0, self.flush_interval_s * 5))  # the predictor is away: do not spin
+            elif stopping and not self._queue:
+                return
+
+    def _send(self, batch: list[Observation]) -> bool:
+        started = time.perf_counter()
+        try:
+            self.observe_client.observe(batch, self.observe_deadline_s)
+        except Exception as err:  # any failure: the batch is kept and retried
+            self.metrics.predictor_seconds.labels("observe", "error").observe(time.perf_counter() - started)
+            self.metrics.observations.labels("failed").inc(len(batch))
+            log.debug("observation batch not sent: %s", err)
+            return False
+        self.metrics.predictor_seconds.labels("observe", "ok").observe(time.perf_counter() - started)
+        self.metrics.observations.labels("sent").inc(len(batch))
+        self.sent += len(batch)
+        return True

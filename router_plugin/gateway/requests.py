@@ -1,0 +1,130 @@
+"""What the gateway reads of an OpenAI-style request to route it: the prompt, the model, streaming, the SLOs.
+
+The body is forwarded unchanged; only these are taken from it. A completion's prompt is text, a list of texts,
+or token ids; a chat's prompt is its messages rendered as `role: content` lines (text parts of multi-part
+contents included). The SLOs come from llm-d's headers `x-llm-d-slo-ttft-ms` and `x-llm-d-slo-tpot-ms`, else
+from the gateway's defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+SLO_TTFT_HEADER = b"x-llm-d-slo-ttft-ms"
+SLO_TPOT_HEADER = b"x-llm-d-slo-tpot-ms"
+
+
+class BadRequest(ValueError):
+    """The request cannot be routed; `field` names what is wrong (a body field or a header)."""
+
+    def __init__(self, status: int, field: str, problem: str) -> None:
+        self.status = status
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    model: str
+    stream: bool
+    text: str
+    token_ids: list[int] | None
+    ttft_slo_ms: float | None
+    tpot_slo_ms: float | None
+
+
+def _slo(headers: Mapping[bytes, bytes], name: bytes, default: float | None) -> float | None:
+    raw = headers.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise BadRequest(
+            422, name.decode(), f"must be a number of milliseconds > 0, got {raw.decode(errors='replace')!r}"
+        )
+    return value
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "\n".join(parts)
+    raise BadRequest(422, where, "must be a string or a list of content parts")
+
+
+def _prompt(body: dict[str, Any]) -> tuple[str, list[int] | None]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "".join(prompt), None
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return "", list(prompt)
+        if all(isinstance(p, list) for p in prompt):
+            ids = [t for p in prompt for t in p]
+            if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                return "", ids
+    if prompt is None:
+        raise BadRequest(422, "prompt", "field required")
+    raise BadRequest(422, "prompt", "must be a string, a list of strings or token ids")
+
+
+def _messages(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest(422, "messages", "must be a non-empty list of messages")
+    lines = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise BadRequest(422, f"messages[{i}]", "must be an object with a role and a content")
+        lines.append(f"{message.get('role', '')}: {_content_text(message.get('content'), f'messages[{i}].content')}")
+    return "\n".join(lines)
+
+
+def parse_request(
+    path: str,
+    body: bytes,
+    headers: Mapping[bytes, bytes],
+    default_ttft_slo_ms: float | None = None,
+    default_tpot_slo_ms: float | None = None,
+) -> ParsedRequest:
+    """Read what routing needs; BadRequest (400 for unreadable JSON, 422 for a bad field) otherwise."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise BadRequest(400, "body", f"not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise BadRequest(422, "body", "must be a JSON object")
+    model = data.get("model") or ""
+    if not isinstance(model, str):
+        raise BadRequest(422, "model", "must be a string")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(422, "stream", "must be true or false")
+    if path.endswith("/chat/completions"):
+        text, ids = _messages(data), None
+    else:
+        text, ids = _prompt(data)
+    return ParsedRequest(
+        model=model,
+        stream=stream,
+        text=text,
+        token_ids=ids,
+        ttft_slo_ms=_slo(headers, SLO_TTFT_HEADER, default_ttft_slo_ms),
+        tpot_slo_ms=_slo(headers, SLO_TPOT_HEADER, default_tpot_slo_ms),
+    )

@@ -1,0 +1,121 @@
+"""Assemble a gateway from its parts and serve it (the body of `leadtime route`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from leadtime.router_plugin.client import PredictorClient
+from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
+from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.predictor import GatewayPredictor
+from leadtime.router_plugin.heuristics import LeastQueuePolicy, RandomPolicy, RoundRobinPolicy
+from leadtime.router_plugin.policy import RoutingPolicy
+from leadtime.router_plugin.scrape import monotonic_ms
+from leadtime.router_plugin.timeslice_sources import FileTimesliceSource, HttpTimesliceSource
+
+PLAIN_POLICIES = {"round-robin": RoundRobinPolicy, "random": RandomPolicy, "least-queue": LeastQueuePolicy}
+"""Policies chosen by name instead of from the plugin configuration (baselines for comparisons)."""
+
+
+@dataclass(frozen=True)
+class RouteOptions:
+    """Everything `leadtime route` was told."""
+
+    discovery: Path | None = None
+    endpoints: tuple[str, ...] = ()
+    config: Path | None = None
+    profile: str = "default"
+    policy: str = ""
+    timeslice_file: Path | None = None
+    timeslice_url: str | None = None
+    settings: GatewaySettings = GatewaySettings()
+
+
+def needs_predictor(options: RouteOptions) -> bool:
+    """Whether the chosen profile scores with predicted latency."""
+    if options.policy:
+        return False
+    config = load_config(options.config) if options.config else parse_config(_default_config())
+    profile = next((p for p in config.scheduling_profiles if p.name == options.profile), None)
+    if profile is None:
+        raise ConfigError(f"schedulingProfiles: no profile named {options.profile!r}")
+    plugins = {p.ref: p.type for p in config.plugins}
+    return any(plugins[e.plugin_ref] == "predicted-latency-scorer" for e in profile.plugins)
+
+
+def _default_config() -> Any:
+    import yaml
+
+    return yaml.safe_load((Path(__file__).resolve().parent.parent / "plugins.yaml").read_text())
+
+
+def build_gateway(
+    options: RouteOptions,
+    predict_client: PredictorClient | None = None,
+    observe_client: PredictorClient | None = None,
+    remote: bool = True,
+) -> Gateway:
+    """The gateway `options` describe; raises ConfigError, DiscoveryError or TimesliceError on bad input.
+
+    `remote`: the predictor is in another process (decisions then wait for it on a thread of their own).
+    """
+    discovery: FileDiscovery | StaticDiscovery
+    if options.discovery is not None:
+        discovery = FileDiscovery(options.discovery)
+    else:
+        discovery = StaticDiscovery(parse_static(options.endpoints))
+    metrics = GatewayMetrics()
+    predictor = None
+    if predict_client is not None:
+        predictor = GatewayPredictor(predict_client, observe_client or predict_client, metrics)
+    policy: RoutingPolicy
+    if options.policy:
+        policy = PLAIN_POLICIES[options.policy]()
+    else:
+        config = load_config(options.config) if options.config else parse_config(_default_config())
+        policy = build_policy(config, predictor, options.profile)
+    gateway = Gateway(
+        discovery,
+        policy,
+        options.settings,
+        predictor,
+        metrics=metrics,
+        decide_in_thread=remote and predictor is not None,
+    )
+    if options.timeslice_file is not None:
+        gateway.attach_timeslice(FileTimesliceSource(options.timeslice_file, monotonic_ms))
+    elif options.timeslice_url is not None:
+        gateway.attach_timeslice(HttpTimesliceSource(options.timeslice_url, gateway.upstreams, gateway.clock))
+    return gateway
+
+
+def serve_gateway(gateway: Gateway) -> None:
+    """Serve until interrupted.
+
+    The interpreter's thread switch interval is shortened from 5 ms to 0.5 ms: when the decision thread's
+    predictor answer arrives while the event loop is busy, it waits at most that long for the interpreter.
+    """
+    sys.setswitchinterval(0.0005)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = gateway.settings
+    config = uvicorn.Config(
+        gateway,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        loop="uvloop",
+        http="httptools",
+        server_header=False,  # the endpoint's own date and server headers are passed through
+        date_header=False,
+    )
+    uvicorn.Server(config).run()

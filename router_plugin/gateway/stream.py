@@ -1,0 +1,108 @@
+"""TTFT and ITL measured from an OpenAI-style event stream as it passes through the gateway.
+
+The stream is `data: {json}` events separated by blank lines, ending with `data: [DONE]`. An event whose choices
+carry text (`text`, or `delta.content` / `delta.reasoning_content` in chat) is a token; its arrival time at the
+gateway is when the gateway saw the bytes. TTFT is the first token's time less the request's arrival; ITL is the
+mean gap between the first and the last token. A final usage event (`stream_options.include_usage`) gives the
+exact token counts, which replace the count of token events (an event may carry more than one token).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+
+class StreamMeter:
+    """Feed it the body as it arrives; it keeps the first and last token times and the counts.
+
+    >>> meter = StreamMeter()
+    >>> meter.feed(b'data: {"choices":[{"text":" a"}]}\\n\\ndata: {"choi', 10.0)
+    >>> meter.feed(b'ces":[{"text":" b"}]}\\n\\ndata: {"choices":[{"text":" c"}]}\\n\\ndata: [DONE]\\n\\n', 30.0)
+    >>> meter.tokens, meter.first_ms, meter.last_ms, meter.itl_ms()
+    (3, 10.0, 30.0, 10.0)
+    """
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self.events = 0
+        self.first_ms: float | None = None
+        self.last_ms: float | None = None
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.error: str | None = None
+
+    def feed(self, data: bytes, now_ms: float | None = None) -> None:
+        buffer = self._tail + data if self._tail else data
+        if b"\n\n" not in buffer and b"\r\n\r\n" not in buffer:
+            self._tail = buffer
+            return
+        if b"\r\n" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        *events, self._tail = buffer.split(b"\n\n")
+        stamp = now_ms if now_ms is not None else time.monotonic() * 1e3
+        for event in events:
+            self._event(event, stamp)
+
+    def _event(self, event: bytes, now_ms: float) -> None:
+        payload = b""
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                payload += line[5:].lstrip()
+        if not payload or payload == b"[DONE]":
+            return
+        try:
+            obj: Any = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(obj, dict):
+            return
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self._usage(usage)
+        if "error" in obj:
+            self.error = str(obj["error"])[:200]
+        if any(_has_text(c) for c in obj.get("choices") or ()):
+            self.events += 1
+            if self.first_ms is None:
+                self.first_ms = now_ms
+            self.last_ms = now_ms
+
+    def _usage(self, usage: dict[str, Any]) -> None:
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            self.prompt_tokens = prompt
+        if isinstance(completion, int):
+            self.completion_tokens = completion
+
+    def feed_json(self, body: bytes) -> None:
+        """A non-streaming answer: only its usage counts can be read."""
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(obj, dict) and isinstance(obj.get("usage"), dict):
+            self._usage(obj["usage"])
+
+    @property
+    def tokens(self) -> int:
+        """Output tokens: the usage count when reported, else the token events seen."""
+        return self.completion_tokens if self.completion_tokens is not None else self.events
+
+    def itl_ms(self) -> float:
+        """Mean gap between output tokens (0 with fewer than two)."""
+        n = self.tokens
+        if n < 2 or self.first_ms is None or self.last_ms is None:
+            return 0.0
+        return (self.last_ms - self.first_ms) / (n - 1)
+
+
+def _has_text(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and bool(delta.get("content") or delta.get("reasoning_content"))

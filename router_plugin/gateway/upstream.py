@@ -1,0 +1,332 @@
+"""A small asyncio HTTP/1.1 client for the gateway's upstream calls (proxied requests, /metrics scrapes).
+
+The gateway's budget is a couple of milliseconds per request, and general-purpose async clients spend about
+that much of their own per call on this machine; this one does only what a proxy needs: keep-alive connections
+per endpoint, one write per request, httptools to parse the response, the body handed over chunk by chunk as it
+arrives (de-chunked), with reading paused while the client is slower than the endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+
+import httptools
+
+Headers = list[tuple[bytes, bytes]]
+_PAUSE_BYTES = 1 << 20
+
+
+class UpstreamError(Exception):
+    """The endpoint could not be reached, or the connection broke.
+
+    `responded` says whether a response had started: before that, the request can go elsewhere.
+    """
+
+    def __init__(self, kind: str, message: str, responded: bool = False) -> None:
+        self.kind = kind
+        self.responded = responded
+        super().__init__(f"{kind}: {message}")
+
+
+class Response:
+    """An upstream response: status and headers at once, the body as it arrives."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+        self.status = 0
+        self.headers: Headers = []
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self.error: UpstreamError | None = None
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    # called by the connection
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _PAUSE_BYTES:
+            self._connection.pause()
+        self._wake()
+
+    def _finish(self, error: UpstreamError | None = None) -> None:
+        if error is not None and not self.complete:
+            self.error = error
+        self.complete = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
+        """The next piece of the body; None at its end; UpstreamError if the connection broke."""
+        while not self._chunks:
+            if self.complete:
+                if self.error is not None:
+                    raise self.error
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                if timeout_s is None:
+                    await self._waiter
+                else:
+                    await asyncio.wait_for(self._waiter, timeout_s)
+            except TimeoutError:
+                self.close()
+                raise UpstreamError("timeout", f"no data for {timeout_s} s", responded=True) from None
+            finally:
+                self._waiter = None
+        data = self._chunks.popleft()
+        self._buffered -= len(data)
+        if self._buffered <= _PAUSE_BYTES // 2:
+            self._connection.resume()
+        return data
+
+    async def chunks(self, timeout_s: float | None = None) -> AsyncIterator[bytes]:
+        while (data := await self.next_chunk(timeout_s)) is not None:
+            yield data
+
+    async def read(self, timeout_s: float | None = None) -> bytes:
+        return b"".join([c async for c in self.chunks(timeout_s)])
+
+    def close(self) -> None:
+        """Stop reading: a connection with an unfinished response is closed, not reused."""
+        if not self.complete:
+            self._connection.abort()
+            self.complete = True
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, pool: UpstreamPool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.headers_ready: asyncio.Future[Response] | None = None
+        self.closed = False
+        self.paused = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamError("protocol", "unexpected upgrade", self._responded()))
+        except httptools.HttpParserError as err:
+            self._fail(UpstreamError("protocol", f"malformed response: {err}", self._responded()))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool._discard(self)
+        response = self.response
+        if response is not None and not response.complete and self._responded() and self._until_close(response):
+            response._finish()  # a response without a length ends with the connection
+            return
+        if response is None or not response.complete:
+            self._fail(UpstreamError("reset", f"connection closed ({exc or 'by the endpoint'})", self._responded()))
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.response = Response(self)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        response = self.response
+        if response is None:
+            return
+        response.status = self.parser.get_status_code()
+        if self.headers_ready is not None and not self.headers_ready.done():
+            self.headers_ready.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        keep = self.parser.should_keep_alive()
+        if response is not None:
+            response._finish()
+        self.response = None
+        self.headers_ready = None
+        if keep and not self.closed:
+            self.resume()
+            self.pool._release(self)
+        else:
+            self.abort()
+
+    # helpers
+    @staticmethod
+    def _until_close(response: Response) -> bool:
+        return response.header(b"content-length") is None and response.header(b"transfer-encoding") is None
+
+    def _responded(self) -> bool:
+        return self.headers_ready is not None and self.headers_ready.done()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self.headers_ready is not None and not self.headers_ready.done():
+            self.headers_ready.set_exception(error)
+        if self.response is not None:
+            self.response._finish(error)
+        self.abort()
+
+    def pause(self) -> None:
+        if not self.paused and self.transport is not None and not self.closed:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.abort()
+        self.pool._discard(self)
+
+    def send(self, data: bytes) -> asyncio.Future[Response]:
+        assert self.transport is not None
+        self.headers_ready = asyncio.get_running_loop().create_future()
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport.write(data)
+        return self.headers_ready
+
+
+class UpstreamPool:
+    """Keep-alive connections to one endpoint.
+
+    Parameters
+    ----------
+    host, port
+        The endpoint.
+    connect_timeout_s
+        Budget to open a connection.
+    max_idle
+        Idle connections kept open for reuse.
+    """
+
+    def __init__(self, host: str, port: int, connect_timeout_s: float = 2.0, max_idle: int = 64) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout_s = connect_timeout_s
+        self.max_idle = max_idle
+        self._idle: list[_Connection] = []
+        self._all: set[_Connection] = set()
+        self._host_header = f"{host}:{port}".encode()
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _Connection(self), self.host, self.port), self.connect_timeout_s
+            )
+        except TimeoutError:
+            message = f"{self.host}:{self.port} did not accept within {self.connect_timeout_s} s"
+            raise UpstreamError("connect", message) from None
+        except OSError as err:
+            raise UpstreamError("connect", f"{self.host}:{self.port}: {err.strerror or err}") from None
+        self._all.add(protocol)
+        return protocol
+
+    def _release(self, connection: _Connection) -> None:
+        if connection.closed or len(self._idle) >= self.max_idle:
+            connection.abort()
+        elif connection not in self._idle:
+            self._idle.append(connection)
+
+    def _discard(self, connection: _Connection) -> None:
+        self._all.discard(connection)
+        if connection in self._idle:
+            self._idle.remove(connection)
+
+    def encode(self, method: str, path: str, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bytes:
+        lines = [f"{method} {path} HTTP/1.1".encode(), b"host: " + self._host_header]
+        lines.extend(name + b": " + value for name, value in headers)
+        if body or method in ("POST", "PUT", "PATCH"):
+            lines.append(b"content-length: " + str(len(body)).encode())
+        return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> Response:
+        """Send a request; returns once the response's status and headers are in.
+
+        A reused connection that turns out closed before any byte of the response is retried once on a new one
+        (the endpoint closed it while idle); any other failure raises UpstreamError.
+        """
+        data = self.encode(method, path, headers, body)
+        for attempt in (0, 1):
+            reused = bool(self._idle)
+            connection = self._idle.pop() if reused else await self._connect()
+            if connection.closed:
+                continue
+            waiter = connection.send(data)
+            try:
+                return await (waiter if timeout_s is None else asyncio.wait_for(waiter, timeout_s))
+            except TimeoutError:
+                connection.abort()
+                raise UpstreamError("timeout", f"no response within {timeout_s} s") from None
+            except UpstreamError as err:
+                if reused and attempt == 0 and not err.responded and err.kind == "reset":
+                    continue
+                raise
+        raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection")
+
+    def close(self) -> None:
+        for connection in list(self._all):
+            connection.abort()
+        self._idle.clear()
+
+
+class Upstreams:
+    """One pool per `host:port`, created on first use."""
+
+    def __init__(self, connect_timeout_s: float = 2.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._pools: dict[tuple[str, int], UpstreamPool] = {}
+
+    def pool(self, host: str, port: int) -> UpstreamPool:
+        key = (host, port)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = UpstreamPool(host, port, self.connect_timeout_s)
+        return pool
+
+    def drop(self, host: str, port: int) -> None:
+        pool = self._pools.pop((host, port), None)
+        if pool is not None:
+            pool.close()
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()

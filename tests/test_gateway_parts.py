@@ -1,0 +1,441 @@
+"""The gateway's parts on their own: discovery, request parsing, stream timing, prefix affinity, scraping's
+metric names, time-slice documents, the predictor wrapper's breaker and batches, the lean HTTP client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from leadtime.features.prefix import PrefixIndex, text_chunk_hashes
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.features.vllm_metrics import parse_vllm_metrics
+from leadtime.router_plugin.affinity import PrefixAffinity
+from leadtime.router_plugin.client import BulkPredictions, PredictorUnavailable
+from leadtime.router_plugin.discovery import DiscoveryError, FileDiscovery, parse_endpoints, parse_static
+from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.predictor import GatewayPredictor
+from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+from leadtime.router_plugin.gateway.requests import BadRequest, parse_request
+from leadtime.router_plugin.gateway.stream import StreamMeter
+from leadtime.router_plugin.scrape import wanted_lines
+from leadtime.router_plugin.timeslice_sources import FileTimesliceSource, TimesliceError, parse_groups
+
+ENDPOINTS = {
+    "endpoints": [
+        {"name": "a", "address": "10.0.0.1", "port": "8000", "labels": {"leadtime.io/accelerator": "h100-sxm"}},
+        {
+            "name": "b",
+            "namespace": "serving",
+            "address": "10.0.0.2",
+            "port": 8001,
+            "labels": {"llm-d.ai/role": "decode", "leadtime.io/timeslice-group": "rl"},
+        },
+    ]
+}
+
+
+# ----- discovery -------------------------------------------------------------------------------------------
+
+
+def test_discovery_reads_llmd_files() -> None:
+    a, b = parse_endpoints(ENDPOINTS)
+    assert (a.endpoint_id, a.host_port, a.role, a.base_state().accelerator) == (
+        "a",
+        "10.0.0.1:8000",
+        "both",
+        "h100-sxm",
+    )
+    assert (b.endpoint_id, b.port, b.role, b.timeslice_group) == ("serving/b", 8001, "decode", "rl")
+    assert b.base_state("l40s", "llama-3.1-8b").timeslice_state == "resident"
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"port": "eighty"}, "endpoints[0].port"),
+        ({"port": 70000}, "endpoints[0].port"),
+        ({"address": ""}, "endpoints[0].address"),
+        ({"labels": {"llm-d.ai/role": "router"}}, "endpoints[0].labels.llm-d.ai/role"),
+        ({"labels": {"leadtime.io/accelerator": "abacus"}}, "endpoints[0].labels.leadtime.io/accelerator"),
+        ({"labels": {"leadtime.io/tensor-parallel": "0"}}, "endpoints[0].labels.leadtime.io/tensor-parallel"),
+        ({"name": "serving/b"}, None),
+    ],
+)
+def test_discovery_errors_name_the_field(change: dict[str, object], field: str | None) -> None:
+    data = json.loads(json.dumps(ENDPOINTS))
+    data["endpoints"][0].update(change)
+    if field is None:  # a duplicate id: "serving/b" as a name is not the same as namespace serving, name b
+        data["endpoints"][0]["namespace"] = ""
+        data["endpoints"][1] = {**data["endpoints"][1], "namespace": "", "name": "serving/b"}
+    with pytest.raises(DiscoveryError) as err:
+        parse_endpoints(data)
+    assert str(err.value).startswith(field or "endpoints[1].name")
+
+
+def test_static_endpoints() -> None:
+    (e,) = parse_static(["127.0.0.1:9000,name=x,llm-d.ai/role=prefill"])
+    assert (e.endpoint_id, e.port, e.role) == ("x", 9000, "prefill")
+    with pytest.raises(DiscoveryError, match="ADDRESS:PORT"):
+        parse_static(["nowhere"])
+    with pytest.raises(DiscoveryError, match="KEY=VALUE"):
+        parse_static(["127.0.0.1:9000,oops"])
+
+
+def test_file_discovery_keeps_the_previous_set_on_a_bad_reload(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(json.dumps(ENDPOINTS))
+    discovery = FileDiscovery(path)
+    assert len(discovery.endpoints) == 2 and not discovery.poll()  # unchanged file: nothing re-read
+    for bad in (b"endpoints: [", b"x" * (FileDiscovery(path).max_bytes + 1), b'{"endpoints": [{"name": "a"}]}'):
+        tmp = tmp_path / "new"
+        tmp.write_bytes(bad)
+        tmp.replace(path)
+        assert discovery.poll() is False
+        assert len(discovery.endpoints) == 2 and discovery.last_error
+    path.unlink()
+    assert discovery.poll() is False and "no such file" in (discovery.last_error or "")
+    one = {"endpoints": ENDPOINTS["endpoints"][:1]}
+    path.write_text(json.dumps(one))
+    assert discovery.poll() is True and [e.endpoint_id for e in discovery.endpoints] == ["a"]
+    assert discovery.failed_reloads == 4 and discovery.reloads == 1 and discovery.last_error is None
+
+
+def test_file_discovery_refuses_a_broken_file_at_start(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.yaml"
+    path.write_text("endpoints: 3")
+    with pytest.raises(DiscoveryError, match="endpoints"):
+        FileDiscovery(path)
+
+
+# ----- requests ----------------------------------------------------------------------------------------------
+
+
+def test_requests_give_their_prompt_and_slos() -> None:
+    headers = {b"x-llm-d-slo-ttft-ms": b"500", b"x-llm-d-slo-tpot-ms": b"40.5"}
+    parsed = parse_request("/v1/completions", b'{"prompt": "hi there", "model": "m", "stream": true}', headers)
+    assert (parsed.text, parsed.model, parsed.stream, parsed.ttft_slo_ms, parsed.tpot_slo_ms) == (
+        "hi there",
+        "m",
+        True,
+        500.0,
+        40.5,
+    )
+    ids = parse_request("/v1/completions", b'{"prompt": [1, 2, 3]}', {}, 900.0, None)
+    assert ids.token_ids == [1, 2, 3] and ids.ttft_slo_ms == 900.0 and ids.tpot_slo_ms is None
+    chat = parse_request(
+        "/v1/chat/completions",
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "be brief"},
+                    {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+                ]
+            }
+        ).encode(),
+        {},
+    )
+    assert chat.text == "system: be brief\nuser: hello"
+
+
+@pytest.mark.parametrize(
+    "path,body,headers,status,field",
+    [
+        ("/v1/completions", b"{", {}, 400, "body"),
+        ("/v1/completions", b"[1]", {}, 422, "body"),
+        ("/v1/completions", b"{}", {}, 422, "prompt"),
+        ("/v1/completions", b'{"prompt": [true]}', {}, 422, "prompt"),
+        ("/v1/completions", b'{"prompt": "x", "stream": "yes"}', {}, 422, "stream"),
+        ("/v1/chat/completions", b'{"messages": []}', {}, 422, "messages"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 3}]}', {}, 422, "messages[0].content"),
+        ("/v1/completions", b'{"prompt": "x"}', {b"x-llm-d-slo-tpot-ms": b"nan"}, 422, "x-llm-d-slo-tpot-ms"),
+    ],
+)
+def test_bad_requests_name_the_field(
+    path: str, body: bytes, headers: dict[bytes, bytes], status: int, field: str
+) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_request(path, body, headers)
+    assert (err.value.status, err.value.field) == (status, field)
+
+
+# ----- stream timing ------------------------------------------------------------------------------------------
+
+
+def test_stream_meter_times_tokens_across_chunk_boundaries() -> None:
+    meter = StreamMeter()
+    events = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}] + [
+        {"choices": [{"delta": {"content": f"t{i}"}}]} for i in range(5)
+    ]
+    data = b"".join(b"data: " + json.dumps(e).encode() + b"\r\n\r\n" for e in events) + b"data: [DONE]\r\n\r\n"
+    for k, start in enumerate(range(0, len(data), 7)):  # 7-byte pieces, 1 ms apart
+        meter.feed(data[start : start + 7], float(k))
+    assert meter.tokens == 5 and meter.first_ms is not None and meter.last_ms is not None
+    assert meter.itl_ms() == pytest.approx((meter.last_ms - meter.first_ms) / 4)
+    meter.feed(b'data: {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 9}}\n\n', 99.0)
+    assert meter.tokens == 9 and meter.prompt_tokens == 30
+
+
+def test_stream_meter_reads_usage_of_a_whole_answer() -> None:
+    meter = StreamMeter()
+    meter.feed_json(b'{"choices": [{"text": "x"}], "usage": {"prompt_tokens": 4, "completion_tokens": 1}}')
+    assert (meter.prompt_tokens, meter.tokens, meter.first_ms) == (4, 1, None)
+
+
+# ----- prefix affinity ----------------------------------------------------------------------------------------
+
+
+def test_chunk_hashes_identify_prefixes() -> None:
+    a = text_chunk_hashes("x" * 640, 64, seed="m")
+    b = text_chunk_hashes("x" * 320 + "y" * 320, 64, seed="m")
+    assert len(a) == 10 and a[:5] == b[:5] and set(a[5:]).isdisjoint(b[5:])
+    assert text_chunk_hashes("x" * 640, 64, seed="other")[0] != a[0]  # another model shares no cache
+    assert text_chunk_hashes("x" * 63, 64) == [] and len(text_chunk_hashes("x" * 6400, 64, max_chunks=7)) == 7
+    assert text_chunk_hashes("é" * 64, 64) == text_chunk_hashes("é" * 64, 64)  # bytes, not characters: 2 chunks
+    with pytest.raises(ValueError):
+        text_chunk_hashes("x", 60)
+
+
+def test_longest_prefix_matches_the_linear_scan() -> None:
+    rng = np.random.default_rng(0)
+    index = PrefixIndex(block_size=1, capacity_blocks=300)
+    prompts = [list(range(p * 1000, p * 1000 + int(rng.integers(1, 60)))) for p in range(40)]
+    for p in prompts:  # shared heads: prompt k starts with prompt k-1's first half
+        index.record("e", p)
+    for p in prompts:
+        query = p[: len(p) // 2] + [-1, -2]
+        assert index.longest_prefix("e", query) == index.matched_blocks("e", query)
+    index.set_capacity("e", 10)
+    assert index.size("e") == 10
+
+
+def test_affinity_estimates_hit_tokens_and_learns_bytes_per_token() -> None:
+    affinity = PrefixAffinity(chunk_bytes=64)
+    system = "You are a careful assistant. " * 40  # 1,160 bytes
+    first = affinity.key(system + "What is 2 + 2?", model="m")
+    affinity.record("e1", first)
+    second = affinity.key(system + "Name a colour.", model="m")
+    assert affinity.hit_tokens("e1", second) == 18 * 64 // 4 and affinity.hit_tokens("e2", second) == 0
+    for _ in range(50):
+        affinity.learn_length(6000, 1000)  # responses say ~6 bytes a token
+    assert affinity.bytes_per_token == pytest.approx(6.0, rel=0.05)
+    assert affinity.key(system, "m").input_tokens == pytest.approx(len(system) / 6.0, rel=0.05)
+    ids = affinity.key_for_ids(list(range(100)), "m")
+    affinity.record("e3", ids)
+    assert affinity.hit_tokens("e3", affinity.key_for_ids(list(range(50)) + [7] * 50, "m")) == 48  # 3 chunks of 16
+    affinity.set_cache_tokens("e1", 500)
+    assert affinity.index.size("e1") <= 500 * 6 // 64 + 1
+    affinity.forget("e1")
+    assert affinity.hit_tokens("e1", second) == 0
+
+
+# ----- scraping -----------------------------------------------------------------------------------------------
+
+
+def test_scrapes_keep_only_what_the_router_reads_old_and_new_names() -> None:
+    body = b"\n".join(
+        [
+            b"# HELP vllm:num_requests_running x",
+            b'vllm:num_requests_running{model_name="m"} 3',
+            b'vllm:num_requests_waiting{model_name="m"} 1',
+            b'vllm:gpu_cache_usage_perc{model_name="m"} 0.25',
+            b'vllm:time_to_first_token_seconds_bucket{le="0.1"} 9',
+            b'vllm:prefix_cache_queries_total{model_name="m"} 1000',
+            b'vllm:prefix_cache_hits_total{model_name="m"} 250',
+        ]
+    )
+    text = wanted_lines(body)
+    assert "bucket" not in text and "HELP" not in text
+    m = parse_vllm_metrics(text)
+    assert (m.num_requests_running, m.num_requests_waiting, m.kv_cache_usage) == (3, 1, 0.25)
+    assert (m.prefix_cache_queries, m.prefix_cache_hits, m.prefix_cache_hit_rate) == (1000.0, 250.0, None)
+    old = parse_vllm_metrics(
+        wanted_lines(body.replace(b"prefix_cache_hits_total", b"x") + b"\nvllm:gpu_prefix_cache_hit_rate 0.5")
+    )
+    assert old.prefix_cache_hit_rate == 0.5 and old.prefix_cache_hits is None
+
+
+# ----- time-slice documents -------------------------------------------------------------------------------------
+
+
+def test_group_states_come_on_the_routers_clock(tmp_path: Path) -> None:
+    doc = {
+        "groups": {
+            "rl": {"state": "LOCKED", "active_job": "training", "loaded_job": "training", "waiters": 1, "since": 1000.0}
+        }
+    }
+    status = parse_groups(doc, router_now_ms=50_000.0, wall_now_s=1002.5)["rl"]
+    assert status.since_ms == pytest.approx(47_500.0) and not status.serves("inference")
+    with pytest.raises(TimesliceError, match="groups.rl.state"):
+        parse_groups({"groups": {"rl": {"state": "ASLEEP"}}}, 0.0, 0.0)
+    path = tmp_path / "groups.json"
+    path.write_text(json.dumps(doc))
+    source = FileTimesliceSource(path, clock=lambda: 10_000.0)
+    source.poll()
+    assert source.status("rl") is not None and source.status("other") is None
+    path.write_text("groups: {rl: {state: NOPE}}")
+    source.poll()
+    assert source.errors == 1 and source.status("rl") is not None  # the previous states are kept
+
+
+# ----- the predictor wrapper --------------------------------------------------------------------------------
+
+
+class _Client:
+    """A predictor client that fails while `down` is set, and records what it was sent."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.predictions = 0
+        self.batches: list[int] = []
+
+    def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        self.predictions += 1
+        if self.down:
+            raise PredictorUnavailable("transport", "connection refused")
+        n = len(rows)
+        return BulkPredictions(np.ones(n), np.ones(n), np.ones(n), np.ones(n), 1, 0.9)
+
+    def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
+        if self.down:
+            raise PredictorUnavailable("transport", "connection refused")
+        self.batches.append(len(observations))
+        return len(observations)
+
+
+ROW = FeatureRow(RequestFeatures(input_tokens=10), EndpointState(endpoint_id="e"))
+
+
+def test_the_breaker_rests_after_failures_in_a_row() -> None:
+    client = _Client()
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=3, open_for_s=0.2)
+    client.down = True
+    for _ in range(6):
+        with pytest.raises(PredictorUnavailable):
+            wrapper.predict([ROW], 0.02)
+    assert client.predictions == 3 and wrapper.last_failure == "circuit_open"
+    client.down = False
+    time.sleep(0.25)
+    assert len(wrapper.predict([ROW], 0.02).ttft_mean_ms) == 1 and client.predictions == 4
+
+
+def test_observations_go_in_batches_and_survive_an_outage() -> None:
+    client = _Client()
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), batch_size=10, flush_interval_s=0.05, capacity=25)
+    wrapper.start()
+    try:
+        obs = Observation(ROW, 100.0, 10.0)
+        client.down = True
+        for _ in range(30):
+            wrapper.observe([obs])
+        time.sleep(0.2)
+        assert wrapper.dropped == 5 and not client.batches  # the queue holds 25; the 5 oldest went
+        client.down = False
+        deadline = time.monotonic() + 5
+        while sum(client.batches) < 25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(client.batches) == 25 and max(client.batches) <= 10 and wrapper.pending() == 0
+    finally:
+        wrapper.stop()
+
+
+# ----- the lean HTTP client -----------------------------------------------------------------------------------
+
+
+class _Service(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    delay_s = 0.0
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        time.sleep(type(self).delay_s)
+        if self.path == "/v1/predict":
+            n = len(body["rows"])
+            payload = {k: [5.0] * n for k in ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms")}
+            answer, status = {**payload, "model_version": 3, "quantile": 0.9}, 200
+        else:
+            answer, status = {"error": "observations[0].actual_ttft_ms: must be ≥ 0"}, 422
+        data = json.dumps(answer).encode()
+        try:
+            self.send_response(status)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_lean_client_predicts_keeps_its_deadline_and_reports_refusals() -> None:
+    from leadtime.router_plugin.client import PredictorError
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Service)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = LeanHttpPredictorClient(f"http://127.0.0.1:{server.server_address[1]}", deadline_s=0.5)
+    try:
+        for _ in range(3):  # one connection, kept alive
+            answer = client.predict([ROW, ROW])
+            assert answer.model_version == 3 and list(answer.ttft_quantile_ms) == [5.0, 5.0]
+        with pytest.raises(PredictorError) as refused:
+            client.observe([Observation(ROW, 1.0, 1.0)])
+        assert refused.value.status == 422 and "actual_ttft_ms" in refused.value.message
+        _Service.delay_s = 0.3
+        started = time.monotonic()
+        with pytest.raises(PredictorUnavailable) as late:
+            client.predict([ROW], deadline_s=0.05)
+        assert late.value.status == "deadline" and time.monotonic() - started < 0.25
+        _Service.delay_s = 0.0
+        assert client.predict([ROW]).model_version == 3  # a new connection: the late answer is never read
+    finally:
+        _Service.delay_s = 0.0
+        client.close()
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(PredictorUnavailable, match="transport"):
+        LeanHttpPredictorClient(f"http://127.0.0.1:{server.server_address[1]}").predict([ROW], 0.2)
+
+
+# ----- the command line ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ([], "give either --discovery FILE or one or more --endpoint"),
+        (["--endpoint", "127.0.0.1:1", "--embedded", "--predictor-url", "http://x:1"], "alternatives"),
+        (["--endpoint", "127.0.0.1:1"], "needs a predictor"),
+        (["--endpoint", "127.0.0.1:1", "--policy", "fastest"], "--policy must be one of"),
+        (["--endpoint", "nowhere", "--policy", "random"], "ADDRESS:PORT"),
+        (["--endpoint", "127.0.0.1:1", "--embedded", "--accelerator", "abacus"], "unknown accelerator class"),
+        (["--endpoint", "127.0.0.1:1", "--embedded", "--profile", "fast"], "no profile named 'fast'"),
+        (["--endpoint", "127.0.0.1:1", "--predictor-url", "grpc://x:1"], "--predictor-url"),
+        (["--endpoint", "127.0.0.1:1", "--policy", "random", "--ttft-slo-ms", "0"], "--ttft-slo-ms must be > 0"),
+    ],
+)
+def test_route_refuses_bad_options_with_one_line(args: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+
+    result = CliRunner().invoke(app, ["route", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_route_refuses_a_broken_discovery_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+
+    path = tmp_path / "endpoints.yaml"
+    path.write_text("endpoints:\n  - {name: a, address: 10.0.0.1, port: 'x'}\n")
+    result = CliRunner().invoke(app, ["route", "--discovery", str(path), "--policy", "random"])
+    assert result.exit_code == 2 and "endpoints[0].port" in result.output
