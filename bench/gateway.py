@@ -1,0 +1,230 @@
+"""`leadtime bench gateway`: the gateway's added latency and the goodput it routes to, real processes on loopback.
+
+Every part runs as a user runs it: `leadtime sim serve --fleet mixed` (eight mock endpoints of three accelerator
+classes, in real time), `leadtime serve` (the predictor), `leadtime route`, and the load generator's processes.
+
+1. **Overhead.** With the fleet idle, probe pairs one after the other: a streaming request through the gateway,
+   then the same-sized request (another prompt, so no prefix is shared) straight to the endpoint the gateway
+   chose. The gateway's added time to first byte is the difference of the two times to the first token, pair
+   by pair; p50 and p99 over the pairs. Measured through the gateway routing with Leadtime over HTTP to
+   `leadtime serve`, and again with the predictor embedded.
+2. **Goodput.** A slice of the Mooncake trace (its arrival steps spread out, time compressed by `rate_scale`),
+   prompts built from its prefix blocks, each request with TTFT and ITL SLOs in llm-d's headers, replayed
+   open-loop through the gateway: once routing round-robin, once with Leadtime (a cold predictor that learns
+   from the traffic). Each run gets a fresh fleet (empty caches and queues). Goodput is the requests that met
+   both SLOs per second of the arrival window, as in the simulator.
+
+JSON: `requests` and `errors` over every phase (an error: a status other than 200, a broken or short stream),
+`overhead_ms` {p50, p99}, `fallbacks` (the Leadtime gateways' decisions made by the heuristics), `goodput_rps`
+{leadtime, round_robin}, and the details beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from leadtime.bench.loadgen import Result, Shot, paired_probes, replay
+from leadtime.bench.procs import Predictor, Route, SimFleet
+from leadtime.simulator.workload import load_workload, shape, spread_steps
+
+FLEET = "mixed"
+TTFT_SLO_MS = 2000.0
+ITL_SLO_MS = 100.0
+
+
+@dataclass(frozen=True)
+class GatewayBenchOptions:
+    trace: str = "mooncake"
+    requests: int = 400
+    rate_scale: float = 2.0
+    probes: int = 200
+    probe_words: int = 256
+    processes: int = 2
+    seed: int = 0
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p99": float("nan")}
+    a = np.asarray(values)
+    return {"p50": round(float(np.percentile(a, 50)), 3), "p99": round(float(np.percentile(a, 99)), 3)}
+
+
+def workload_shots(options: GatewayBenchOptions) -> list[Shot]:
+    requests = shape(spread_steps(load_workload(options.trace), options.seed), options.rate_scale, options.requests)
+    return [
+        Shot(i, r.arrival_ms / 1e3, tuple(r.segments), r.input_tokens, r.output_tokens, TTFT_SLO_MS, ITL_SLO_MS)
+        for i, r in enumerate(requests)
+    ]
+
+
+def probe_pairs(
+    route: Route, fleet: SimFleet, n: int, words: int, first_index: int
+) -> tuple[list[float], list[Result]]:
+    """(added time to first token per pair, every result)."""
+    addresses = {e["name"]: f"{e['address']}:{e['port']}" for e in fleet.endpoints}
+    pairs = paired_probes(
+        route.url.removeprefix("http://"), addresses, n, words, first_index, (TTFT_SLO_MS, ITL_SLO_MS)
+    )
+    added = [via.ttft_ms - direct.ttft_ms for via, direct in pairs[5:] if direct is not None and direct.ok]
+    return added, [r for pair in pairs for r in pair if r is not None]
+
+
+def _goodput(results: list[Result], shots: list[Shot]) -> float:
+    window = max(s.at_s for s in shots) - min(s.at_s for s in shots)
+    met = sum(r.meets(s.ttft_slo_ms, s.itl_slo_ms) for r, s in zip(results, shots, strict=True))
+    return met / max(window, 1e-9)
+
+
+def _summary(results: list[Result], shots: list[Shot]) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    return {
+        "goodput_rps": round(_goodput(results, shots), 3),
+        "slo_attainment": round(sum(r.meets(TTFT_SLO_MS, ITL_SLO_MS) for r in results) / max(len(results), 1), 4),
+        "ttft_ms": _pct([r.ttft_ms for r in ok]),
+        "itl_ms": _pct([r.itl_ms for r in ok if r.tokens > 1]),
+        "route_ms": _pct([r.route_ms for r in ok]),
+        "errors": len(results) - len(ok),
+        "picks": {
+            e: sum(r.endpoint == e for r in results) for e in sorted({r.endpoint for r in results if r.endpoint})
+        },
+    }
+
+
+def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), progress: Any = None) -> dict[str, Any]:
+    say = progress or (lambda message: None)
+    work = Path(tempfile.mkdtemp(prefix="leadtime-bench-gateway-"))
+    report: dict[str, Any] = {"fleet": FLEET, "trace": options.trace, "rate_scale": options.rate_scale}
+    report["load_average_before"] = [round(x, 2) for x in os.getloadavg()]
+    all_results: list[Result] = []
+    fallbacks = 0.0
+    try:
+        # 1. overhead, on an idle fleet
+        say("overhead: starting the fleet, the predictor and two gateways")
+        (work / "a").mkdir()
+        predictor = Predictor(work / "a")
+        fleet = SimFleet(FLEET, work / "a", options.seed)
+        predictor.wait()
+        http = Route(work / "a", ["--discovery", str(fleet.endpoints_file), "--predictor-url", predictor.url])
+        embedded = Route(work / "a", ["--discovery", str(fleet.endpoints_file), "--embedded"])
+        try:
+            http.wait()
+            embedded.wait()
+            say(f"overhead: {options.probes} probe pairs through the gateway (HTTP predictor)")
+            added, results = probe_pairs(http, fleet, options.probes, options.probe_words, 0)
+            all_results += results
+            fallbacks += http.metric("leadtime_router_fallbacks_total")
+            say(f"overhead: {options.probes} probe pairs through the gateway (embedded predictor)")
+            added_embedded, results = probe_pairs(
+                embedded, fleet, options.probes, options.probe_words, 10 * options.probes
+            )
+            all_results += results
+            fallbacks += embedded.metric("leadtime_router_fallbacks_total")
+        finally:
+            http.child.stop()
+            embedded.child.stop()
+            predictor.child.stop()
+            fleet.stop()
+        report["overhead_ms"] = _pct(added)
+        report["overhead_ms_embedded"] = _pct(added_embedded)
+        report["overhead_pairs"] = {"http": len(added), "embedded": len(added_embedded)}
+
+        # 2. goodput, the same trace slice through the gateway with each policy, each on a fresh fleet
+        shots = workload_shots(options)
+        window = max(s.at_s for s in shots)
+        runs: dict[str, dict[str, Any]] = {}
+        for name, args, with_predictor in (
+            ("round_robin", ["--policy", "round-robin"], False),
+            ("leadtime", [], True),
+        ):
+            say(f"goodput: {len(shots)} requests over {window:.0f} s through the gateway routing {name}")
+            run_dir = work / name
+            run_dir.mkdir()
+            fleet = SimFleet(FLEET, run_dir, options.seed)
+            service = Predictor(run_dir).wait() if with_predictor else None
+            extra = ["--predictor-url", service.url] if service is not None else []
+            route = Route(run_dir, ["--discovery", str(fleet.endpoints_file), *args, *extra])
+            try:
+                route.wait()
+                started = time.monotonic()
+                results = replay(route.url.removeprefix("http://"), shots, options.processes)
+                runs[name] = _summary(results, shots)
+                runs[name]["wall_s"] = round(time.monotonic() - started, 1)
+                all_results += results
+                if service is not None:
+                    runs[name]["fallbacks"] = route.metric("leadtime_router_fallbacks_total")
+                    fallbacks += runs[name]["fallbacks"]
+                    calls = route.metric("leadtime_router_predictor_call_seconds_count", call="predict", result="ok")
+                    took = route.metric("leadtime_router_predictor_call_seconds_sum", call="predict", result="ok")
+                    runs[name]["predict_call_ms_mean"] = round(1e3 * took / max(calls, 1), 3)
+                decisions = route.metric("leadtime_router_decision_seconds_count")
+                took = route.metric("leadtime_router_decision_seconds_sum")
+                runs[name]["decision_ms_mean"] = round(1e3 * took / max(decisions, 1), 3)
+            finally:
+                route.child.stop()
+                if service is not None:
+                    service.child.stop()
+                fleet.stop()
+        report["goodput_rps"] = {name: runs[name]["goodput_rps"] for name in ("leadtime", "round_robin")}
+        report["runs"] = runs
+        report["window_s"] = round(window, 1)
+        report["requests"] = len(all_results)
+        report["errors"] = sum(not r.ok for r in all_results)
+        report["fallbacks"] = int(fallbacks)
+        report["slo_ms"] = {"ttft": TTFT_SLO_MS, "itl": ITL_SLO_MS}
+        report["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    order = ["requests", "errors", "overhead_ms", "fallbacks", "goodput_rps"]
+    return {**{k: report[k] for k in order}, **{k: v for k, v in report.items() if k not in order}}
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    o, e = report["overhead_ms"], report["overhead_ms_embedded"]
+    console.print(
+        f"gateway overhead (added time to first token, {report['overhead_pairs']['http']} pairs): "
+        f"p50 {o['p50']:.2f} ms, p99 {o['p99']:.2f} ms with the predictor over HTTP; "
+        f"p50 {e['p50']:.2f} ms, p99 {e['p99']:.2f} ms embedded"
+    )
+    table = Table(
+        title=f"{report['trace']} ×{report['rate_scale']} on {report['fleet']}, {report['window_s']} s of arrivals"
+    )
+    for column in (
+        "policy",
+        "goodput rps",
+        "SLO met",
+        "TTFT p50/p99 ms",
+        "ITL p50/p99 ms",
+        "route p50/p99 ms",
+        "errors",
+    ):
+        table.add_column(column)
+    for name, r in report["runs"].items():
+        t, i, g = r["ttft_ms"], r["itl_ms"], r["route_ms"]
+        table.add_row(
+            name,
+            f"{r['goodput_rps']:.2f}",
+            f"{r['slo_attainment']:.1%}",
+            f"{t['p50']:.0f} / {t['p99']:.0f}",
+            f"{i['p50']:.1f} / {i['p99']:.1f}",
+            f"{g['p50']:.2f} / {g['p99']:.2f}",
+            str(r["errors"]),
+        )
+    console.print(table)
+    console.print(f"requests {report['requests']}, errors {report['errors']}, fallbacks {report['fallbacks']}")

@@ -1,0 +1,173 @@
+"""Leadtime's commands as child processes on loopback: mock endpoints, the predictor service, the gateway.
+
+The gateway benchmark and the end-to-end tests run the real programs, as a user would, each in its own process:
+`leadtime sim serve` (writing its fleet as an llm-d discovery file), `leadtime serve`, `leadtime route`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def free_ports(n: int) -> int:
+    """A base port with `n` free ports after it (`leadtime sim serve` takes consecutive ports)."""
+    for _ in range(200):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        ok = True
+        for port in range(base, base + n):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise OSError(f"no {n} consecutive free ports")
+
+
+class Child:
+    """A `leadtime ...` command in a child process, its output in a log file."""
+
+    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.log = log
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
+        environment.update(env or {})
+        self._out = log.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "leadtime", *args], stdout=self._out, stderr=subprocess.STDOUT, env=environment
+        )
+        atexit.register(self._end)  # a caller that dies half-way leaves no server behind
+
+    def _end(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_until(self, url: str, timeout_s: float = 60.0, status: int = 200) -> None:
+        """Until GET `url` answers `status` (or the process dies: RuntimeError with its output)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"leadtime {' '.join(self.args)} exited {self.process.returncode}:\n{self.output()[-3000:]}"
+                )
+            try:
+                if httpx.get(url, timeout=1.0).status_code == status:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{url} did not answer {status} within {timeout_s:.0f} s:\n{self.output()[-3000:]}")
+
+    def kill(self) -> None:
+        """Stop at once (SIGKILL), as a crash would."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._out.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._out.close()
+
+
+class SimFleet:
+    """`leadtime sim serve` on consecutive free ports; its discovery file and time-slice URL."""
+
+    def __init__(self, fleet: str | Path, workdir: Path, seed: int = 0) -> None:
+        from leadtime.simulator.fleet import load_fleet
+
+        parsed = load_fleet(fleet)
+        self.size = len(parsed.endpoints)
+        self.base_port = free_ports(self.size + 1)
+        self.endpoints_file = workdir / "endpoints.yaml"
+        self.endpoints_file.unlink(missing_ok=True)
+        args = ["sim", "serve", "--fleet", str(fleet), "--base-port", str(self.base_port)]
+        args += ["--endpoints-file", str(self.endpoints_file), "--seed", str(seed)]
+        self.timeslice_url = (
+            f"http://127.0.0.1:{self.base_port + self.size}/v1/timeslice/groups" if parsed.timeslice_groups else None
+        )
+        self.child = Child(args, workdir / "sim.log")
+        deadline = time.monotonic() + 60
+        while not self.endpoints_file.exists():
+            if self.child.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"leadtime sim serve did not start:\n{self.child.output()[-3000:]}")
+            time.sleep(0.1)
+        self.endpoints = yaml.safe_load(self.endpoints_file.read_text())["endpoints"]
+
+    def url(self, name: str) -> str:
+        entry = next(e for e in self.endpoints if e["name"] == name)
+        return f"http://{entry['address']}:{entry['port']}"
+
+    def stop(self) -> None:
+        self.child.stop()
+
+
+class Predictor:
+    """`leadtime serve` (in-memory store) on free HTTP and gRPC ports."""
+
+    def __init__(self, workdir: Path, accelerator: str = "h100-sxm", model: str = "llama-3.1-8b") -> None:
+        self.port, self.grpc_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc = f"127.0.0.1:{self.grpc_port}"
+        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--grpc-port", str(self.grpc_port)]
+        args += ["--accelerator", accelerator, "--model", model]
+        self.child = Child(args, workdir / f"predictor-{self.port}.log")
+
+    def wait(self) -> Predictor:
+        self.child.wait_until(f"{self.url}/readyz")
+        return self
+
+
+class Route:
+    """`leadtime route` on a free port."""
+
+    def __init__(self, workdir: Path, args: Sequence[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.child = Child(["route", "--port", str(self.port), *args], workdir / f"route-{self.port}.log")
+
+    def wait(self) -> Route:
+        self.child.wait_until(f"{self.url}/readyz")
+        return self
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels` (0 if none)."""
+        from leadtime.features.vllm_metrics import parse_samples
+
+        samples = parse_samples(httpx.get(f"{self.url}/metrics", timeout=5).text)
+        return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
