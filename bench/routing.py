@@ -412,7 +412,7 @@ def write_plots(
                 scale = 1e-3 if metric == "ttft_ms" else 1.0
                 ax.plot(
                     sample * scale,
-                    np.linspace(0, 1, len(values)),
+                    np.linspace(0, 1, len(sample)),
                     label=name,
                     color=_color(name),
                     lw=2.0 if name == LEADTIME else 1.0,

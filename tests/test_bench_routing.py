@@ -1,0 +1,101 @@
+"""`leadtime bench routing`: a smoke run of the benchmark, and its target checks on hand-made figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leadtime.bench.routing import RoutingOptions, check_targets, policies_for, run_routing, write_plots
+
+
+@pytest.fixture(scope="module")
+def small_run() -> tuple[dict[str, Any], dict[tuple[str, str, str], Any]]:
+    options = RoutingOptions(
+        max_requests=150,
+        fleets=("mixed",),
+        policies=("round_robin", "llmd_heuristic", "clairvoyant", "leadtime", "leadtime_no_hardware"),
+        workers=1,
+    )
+    return run_routing(options)
+
+
+def test_the_report_has_every_figure_the_issue_names(
+    small_run: tuple[dict[str, Any], dict[tuple[str, str, str], Any]],
+) -> None:
+    report, _ = small_run
+    mixed = report["fleets"]["mixed"]
+    assert mixed["capacity_rps"] > 0
+    assert mixed["high"]["rate_rps"] == pytest.approx(1.5 * mixed["base"]["rate_rps"])
+    for load in ("base", "high"):
+        policies = mixed[load]["policies"]
+        assert set(policies) == {"round_robin", "llmd_heuristic", "clairvoyant", "leadtime", "leadtime_no_hardware"}
+        for name, m in policies.items():
+            assert 0 <= m["slo_attainment"] <= 1
+            assert m["goodput_rps"] >= 0
+            assert m["ttft_ms"]["p50"] <= m["ttft_ms"]["p99"]
+            assert m["itl_ms"]["p99"] > 0
+            assert m["decision_ms"]["p50"] <= m["decision_ms"]["p99"]
+            assert ("prediction_mape" in m) == name.startswith("leadtime")
+        mape = policies["leadtime"]["prediction_mape"]
+        assert 0 < mape["ttft"] < 10 and 0 < mape["tpot"] < 10
+    targets = report["targets"]
+    assert targets["mixed/high"]["best_peer"] in ("round_robin", "llmd_heuristic")
+    assert "L_ge_1.10B" in targets["mixed/high"]
+    assert set(targets["ablations"]) == {"leadtime_no_hardware"}
+    json.dumps(report)  # plain JSON all the way down
+
+
+def test_plots_are_written(small_run: tuple[dict[str, Any], dict[tuple[str, str, str], Any]], tmp_path: Path) -> None:
+    report, curves = small_run
+    files = write_plots(report, curves, tmp_path)
+    assert {p.name for p in files} == {"goodput.png", "latency_cdf_mixed.png"}
+    assert all(p.stat().st_size > 10_000 for p in files)
+
+
+def _cell(goodput: float, p50: float = 100.0, p99: float = 1000.0) -> dict[str, Any]:
+    return {"goodput_rps": goodput, "ttft_ms": {"p50": p50, "p99": p99}, "decision_ms": {"p99": 0.5}}
+
+
+def test_target_rules_on_hand_made_figures() -> None:
+    policies = {
+        "round_robin": _cell(1.0),
+        "dynamo_kv": _cell(2.0, 90.0, 900.0),
+        "clairvoyant": _cell(3.0),
+        "leadtime": _cell(2.9, 80.0, 950.0),
+        "leadtime_no_inflight": _cell(2.0),
+    }
+    report = {"fleets": {"mixed": {"high": {"rate_rps": 1.0, "policies": policies}}}}
+    entry = check_targets(report)["mixed/high"]
+    assert entry["best_peer"] == "dynamo_kv" and entry["B"] == 2.0
+    assert entry["gap_closed"] == pytest.approx(0.9) and entry["gap_closed_ge_0.8"]
+    assert entry["L_ge_1.10B"]
+    assert not entry["ttft_no_worse"]  # p99 950 against the best peer's 900
+    ablation = check_targets(report)["ablations"]["leadtime_no_inflight"]
+    assert ablation["loss_at_high_load"]["mixed"] == pytest.approx(1 - 2.0 / 2.9)
+    assert ablation["loses_ge_3pct"]
+
+
+def test_where_the_clairvoyant_is_no_better_the_rule_is_within_3_percent_of_it() -> None:
+    policies = {"least_queue": _cell(2.0), "clairvoyant": _cell(2.05), "leadtime": _cell(2.0)}
+    entry = check_targets({"fleets": {"homogeneous": {"base": {"rate_rps": 1, "policies": policies}}}})
+    assert "gap_closed" not in entry["homogeneous/base"]
+    assert entry["homogeneous/base"]["L_ge_0.97C"]
+
+
+def test_ablations_run_only_where_their_feature_acts() -> None:
+    assert "leadtime_decode_first" in policies_for("pd") and "leadtime_decode_first" not in policies_for("mixed")
+    assert "leadtime_no_timeslice" in policies_for("timesliced")
+    assert "leadtime_no_inflight" in policies_for("homogeneous")
+
+
+def test_cli_refuses_an_unknown_fleet() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "leadtime", "bench", "routing", "--fleet", "nowhere"], capture_output=True, text=True
+    )
+    assert run.returncode == 2
+    assert "nowhere" in run.stderr and "Traceback" not in run.stderr
