@@ -74,7 +74,7 @@ def _measured(data: str) -> Path:
         raise
 
 
-# ----- predictor core (issue 2) -------------------------------------------------------------------------
+# ----- predictor core -------------------------------------------------------------------------
 
 
 @bench_app.command("accuracy")
@@ -124,22 +124,34 @@ def bench_coldstart(
 
 @app.command("demo")
 def demo(
-    data: Annotated[str, typer.Option(help=MEASURED_HELP)] = DEFAULT_MEASURED,
-    out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path("out/demo"),
-    quick: Annotated[bool, typer.Option("--quick", help="A short run (the first 600 rows), as a smoke test.")] = False,
-    reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP)] = None,
+    out: Annotated[Path, typer.Option(help="Where to write the report and plots.")] = Path("out/demo"),
+    quick: Annotated[bool, typer.Option("--quick", help="A short run, as a smoke test.")] = False,
+    accuracy: Annotated[
+        bool,
+        typer.Option("--accuracy", help="Instead: the predictor alone walking the real H200 trace beside llm-d's."),
+    ] = False,
+    data: Annotated[str, typer.Option(help=MEASURED_HELP + " (with --accuracy)")] = DEFAULT_MEASURED,
+    reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP + " (with --accuracy)")] = None,
 ) -> None:
-    """Run the online predictor over the real H200 trace, compare with llm-d's reference, plot it."""
-    from leadtime.bench.demo import run_demo
+    """Leadtime routing a mixed, a P/D and a time-sliced fleet beside the routers a user could pick instead."""
+    if accuracy:
+        from leadtime.bench.demo import run_demo as run_accuracy_demo
 
-    reference = _reference_model(reference_model)
+        reference = _reference_model(reference_model)
+        try:
+            run_accuracy_demo(_measured(data), out, max_rows=600 if quick else None, reference_model=reference)
+        except (FeatureError, OSError, ValueError) as err:
+            _fail(err)
+        return
+    from leadtime.bench.routing_demo import run_demo
+
     try:
-        run_demo(_measured(data), out, max_rows=600 if quick else None, reference_model=reference)
-    except (FeatureError, OSError, ValueError) as err:
+        run_demo(out, max_requests=300 if quick else 1500)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
         _fail(err)
 
 
-# ----- predictor service (issue 4) ----------------------------------------------------------------------
+# ----- predictor service ----------------------------------------------------------------------
 
 
 @app.command("serve")
@@ -241,7 +253,7 @@ def bench_serving(
     print_report(report, as_json=json_out)
 
 
-# ----- fleet simulator (issue 3) ------------------------------------------------------------------------
+# ----- fleet simulator ------------------------------------------------------------------------
 
 TRACE_HELP = "A shipped trace (mooncake, azure-conv), a Mooncake .jsonl or Azure .csv, or synthetic:rate_rps=20,..."
 FLEET_HELP = "A shipped fleet (see `leadtime sim fleets`) or a fleet YAML."
@@ -441,7 +453,7 @@ def bench_routing(
     print_report(report, as_json=json_out)
 
 
-# ----- gateway (issue 15) -------------------------------------------------------------------------------
+# ----- gateway -------------------------------------------------------------------------------
 
 
 @app.command("route")
