@@ -678,6 +678,31 @@ def dashboards_render(
         _fail(err)
 
 
+@bench_app.command("dashboards")
+def bench_dashboards(
+    out: Annotated[Path, typer.Option(help="Folder for the PNG files.")],
+    minutes: Annotated[float, typer.Option(help="Minutes of traffic drawn.")] = 5.0,
+    redis: Annotated[str | None, typer.Option(help="Redis for the predictor service (redis://HOST:PORT/DB).")] = None,
+) -> None:
+    """The whole stack on loopback under changing load, scraped by a real Prometheus; then the dashboards' PNGs."""
+    import tempfile
+
+    from leadtime.bench.dashboards import run_dashboard_bench
+    from leadtime.bench.procs import find_prometheus
+
+    executable = find_prometheus()
+    if executable is None:
+        _fail("prometheus is not installed (apt-get install prometheus)")
+        return
+    if minutes <= 0:
+        _fail("--minutes must be > 0")
+    with tempfile.TemporaryDirectory(prefix="leadtime-dashboards-") as workdir:
+        try:
+            run_dashboard_bench(out, minutes, executable, Path(workdir), redis, progress=typer.echo)
+        except (RuntimeError, OSError) as err:
+            _fail(err)
+
+
 def main() -> None:
     app()
 
