@@ -74,6 +74,7 @@ class Variable:
 
     @property
     def query(self) -> str:
+        """Grafana's Prometheus variable query: `label_values(metric, label)`."""
         return f"label_values({self.metric}, {self.name})"
 
 
@@ -89,6 +90,7 @@ class Dashboard:
     tags: tuple[str, ...] = field(default=("leadtime",))
 
     def panels(self) -> list[Panel]:
+        """Every panel, row after row."""
         return [p for row in self.rows for p in row.panels]
 
 

@@ -42,6 +42,7 @@ class PanelQuery:
 
     @property
     def name(self) -> str:
+        """`dashboard / panel / refId`: how a test or a message names the query."""
         return f"{self.dashboard} / {self.panel} / {self.ref}"
 
 

@@ -40,6 +40,7 @@ class Series:
 
     @property
     def has_data(self) -> bool:
+        """At least one finite value."""
         return bool(np.isfinite(self.values).any())
 
 
@@ -71,6 +72,7 @@ class PrometheusApi:
         return max(parse_duration(i) for i in intervals)
 
     def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[Series]:
+        """`expr` evaluated every `step_s` from `start` to `end` (seconds since the epoch)."""
         data = self._get("/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step_s})
         out = []
         for result in data["result"]:
@@ -79,6 +81,7 @@ class PrometheusApi:
         return out
 
     def query(self, expr: str, at: float) -> list[Series]:
+        """`expr` evaluated at one moment (a stat panel's instant query)."""
         data = self._get("/api/v1/query", {"query": expr, "time": at})
         if data["resultType"] == "scalar":
             t, v = data["result"]
@@ -89,6 +92,7 @@ class PrometheusApi:
         ]
 
     def label_values(self, label: str, metric: str) -> list[str]:
+        """The values `label` takes on `metric` (what a `label_values` template variable lists)."""
         values: list[str] = self._get(f"/api/v1/label/{label}/values", [("match[]", metric)])
         return values
 
@@ -126,6 +130,7 @@ class PanelData:
 
     @property
     def has_data(self) -> bool:
+        """At least one series with a finite value."""
         return any(s.has_data for _, s in self.series)
 
 
@@ -157,12 +162,13 @@ def render_dashboard(
     columns = 2
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(13, 2.9 * rows + 0.6), squeeze=False)
+    clock = mdates.DateFormatter("%H:%M:%S" if minutes <= 10 else "%H:%M")
     for ax, data in zip(axes.flat, panels, strict=False):
-        _draw(ax, data, mdates)
+        _draw(ax, data, clock)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     moment = datetime.fromtimestamp(end).astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    fig.suptitle(f"{board.title} — last {minutes:g} min to {moment} (Prometheus {api.url})", fontsize=11)
+    fig.suptitle(f"{board.title}: main panels, {minutes:g} min to {moment}, from Prometheus", fontsize=11)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{board.uid}.png"
@@ -171,7 +177,7 @@ def render_dashboard(
     return path, panels
 
 
-def _draw(ax: Any, data: PanelData, mdates: Any) -> None:
+def _draw(ax: Any, data: PanelData, clock: Any) -> None:
     panel = data.panel
     ax.set_title(panel.title, fontsize=9)
     ax.tick_params(labelsize=7)
@@ -190,7 +196,7 @@ def _draw(ax: Any, data: PanelData, mdates: Any) -> None:
     if panel.max is not None:
         ax.set_ylim(top=panel.max * scale * 1.02)
     ax.set_ylabel(suffix, fontsize=7)
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+    ax.xaxis.set_major_formatter(clock)
     ax.grid(alpha=0.3)
     if data.series:
         ax.legend(fontsize=6, loc="upper left", ncol=2 if len(data.series) > 4 else 1, framealpha=0.6)
