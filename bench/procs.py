@@ -1,13 +1,16 @@
-"""Leadtime's commands as child processes on loopback: mock endpoints, the predictor service, the gateway.
+"""Leadtime's commands as child processes on loopback: mock endpoints, the predictor service, the gateway; and a
+real Prometheus scraping them.
 
 The gateway benchmark and the end-to-end tests run the real programs, as a user would, each in its own process:
-`leadtime sim serve` (writing its fleet as an llm-d discovery file), `leadtime serve`, `leadtime route`.
+`leadtime sim serve` (writing its fleet as an llm-d discovery file), `leadtime serve`, `leadtime route`,
+`prometheus` (Debian's package) for the dashboards.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -138,15 +141,25 @@ class SimFleet:
 
 
 class Predictor:
-    """`leadtime serve` (in-memory store) on free HTTP and gRPC ports."""
+    """`leadtime serve` on free HTTP and gRPC ports: in-memory store, or Redis at `redis_url`; `env` sets other
+    `LEADTIME_*` settings (e.g. {"LEADTIME_RETRAIN_EVERY": "50"})."""
 
-    def __init__(self, workdir: Path, accelerator: str = "h100-sxm", model: str = "llama-3.1-8b") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        accelerator: str = "h100-sxm",
+        model: str = "llama-3.1-8b",
+        redis_url: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
         args = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--grpc-port", str(self.grpc_port)]
         args += ["--accelerator", accelerator, "--model", model]
-        self.child = Child(args, workdir / f"predictor-{self.port}.log")
+        if redis_url is not None:
+            args += ["--redis", redis_url]
+        self.child = Child(args, workdir / f"predictor-{self.port}.log", env)
 
     def wait(self) -> Predictor:
         self.child.wait_until(f"{self.url}/readyz")
@@ -171,3 +184,75 @@ class Route:
 
         samples = parse_samples(httpx.get(f"{self.url}/metrics", timeout=5).text)
         return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+
+
+def find_prometheus() -> str | None:
+    """Path of the `prometheus` binary (Debian's package installs /usr/bin/prometheus), or None."""
+    return shutil.which("prometheus") or ("/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None)
+
+
+class Prometheus:
+    """A real `prometheus` on a free loopback port with `config` (a parsed prometheus.yml), its data in `workdir`."""
+
+    def __init__(self, executable: str, workdir: Path, config: dict[str, object]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workdir = workdir
+        config_file = workdir / "prometheus.yml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        (workdir / "tsdb").mkdir(exist_ok=True)
+        self.log = workdir / "prometheus.log"
+        self._out = self.log.open("wb")
+        self.process = subprocess.Popen(
+            [
+                executable,
+                f"--config.file={config_file}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1d",
+                "--log.level=warn",
+            ],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+        )
+        atexit.register(self.stop)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until /-/ready answers 200 (RuntimeError with its log if it exits or takes longer)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"prometheus exited {self.process.returncode}:\n{self.output()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"prometheus was not ready within {timeout_s:.0f} s:\n{self.output()[-3000:]}")
+
+    def wait_targets_up(self, timeout_s: float = 30.0) -> None:
+        """Until every configured target has been scraped successfully at least once."""
+        deadline = time.monotonic() + timeout_s
+        targets: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            targets = httpx.get(f"{self.url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            if targets and all(t["health"] == "up" for t in targets):
+                return
+            time.sleep(0.2)
+        states = {str(t["scrapeUrl"]): (t["health"], t.get("lastError")) for t in targets}
+        raise RuntimeError(f"prometheus targets not all up within {timeout_s:.0f} s: {states}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._out.close()

@@ -230,7 +230,8 @@ class Observation:
     """A completed request: the row it was predicted from, what happened, and what had been predicted.
 
     An actual of 0 means "this target was not observed" (llm-d's convention: TTFT and TPOT samples often
-    arrive separately).
+    arrive separately). The predicted mean is what live error is measured on, the predicted upper quantile what
+    live coverage is measured on (the service's `leadtime_live_*` metrics).
     """
 
     row: FeatureRow
@@ -239,11 +240,13 @@ class Observation:
     predicted_ttft_ms: float | None = None
     predicted_tpot_ms: float | None = None
     timestamp: float | None = None
+    predicted_ttft_quantile_ms: float | None = None
+    predicted_tpot_quantile_ms: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "actual_ttft_ms", check_real("actual_ttft_ms", self.actual_ttft_ms))
         object.__setattr__(self, "actual_tpot_ms", check_real("actual_tpot_ms", self.actual_tpot_ms))
-        for name in ("predicted_ttft_ms", "predicted_tpot_ms", "timestamp"):
+        for name in (*PREDICTED_FIELDS, "timestamp"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, check_real(name, value, -math.inf))
@@ -342,6 +345,8 @@ def observation_from_llmd(entry: Mapping[str, Any]) -> Observation:
         predicted_ttft_ms=entry.get("predicted_ttft_ms"),
         predicted_tpot_ms=entry.get("predicted_tpot_ms"),
         timestamp=timestamp,
+        predicted_ttft_quantile_ms=entry.get("predicted_ttft_quantile_ms"),
+        predicted_tpot_quantile_ms=entry.get("predicted_tpot_quantile_ms"),
     )
 
 
@@ -350,10 +355,10 @@ def observation_to_llmd(obs: Observation) -> dict[str, Any]:
     out = feature_row_to_llmd(obs.row)
     out["actual_ttft_ms"] = obs.actual_ttft_ms
     out["actual_tpot_ms"] = obs.actual_tpot_ms
-    if obs.predicted_ttft_ms is not None:
-        out["predicted_ttft_ms"] = obs.predicted_ttft_ms
-    if obs.predicted_tpot_ms is not None:
-        out["predicted_tpot_ms"] = obs.predicted_tpot_ms
+    for name in PREDICTED_FIELDS:
+        value = getattr(obs, name)
+        if value is not None:
+            out[name] = value
     if obs.timestamp is not None:
         out["timestamp"] = obs.timestamp
     return out

@@ -22,8 +22,12 @@ bench_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="Benchmarks that print the figures the README quotes."
 )
 sim_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The fleet simulator's tools.")
+dashboards_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="The Grafana dashboards: write their JSON, draw their panels."
+)
 app.add_typer(bench_app, name="bench")
 app.add_typer(sim_app, name="sim")
+app.add_typer(dashboards_app, name="dashboards")
 
 DEFAULT_MEASURED = "sharegpt-h200"
 MEASURED_HELP = f"JSONL of llm-d training rows, or a shipped name ({', '.join(MEASURED)})."
@@ -646,6 +650,69 @@ def sim_fleets() -> None:
         typer.echo(f"fleet  {name:18s} {len(fleet.endpoints):3d} endpoints  {path}")
     for name, path in TRACES.items():
         typer.echo(f"trace  {name:18s} {path}")
+
+
+@dashboards_app.command("build")
+def dashboards_build(
+    out: Annotated[
+        Path | None, typer.Option(help="Folder to write the JSON into (default: the package's dashboards folder).")
+    ] = None,
+) -> None:
+    """Write leadtime-predictor.json and leadtime-router.json from their definitions (for Grafana to import)."""
+    from leadtime.dashboards.files import FOLDER, write_dashboards
+
+    try:
+        for path in write_dashboards(out or FOLDER):
+            typer.echo(f"wrote {path}")
+    except OSError as err:
+        _fail(err)
+
+
+@dashboards_app.command("render")
+def dashboards_render(
+    prometheus: Annotated[str, typer.Option(help="Prometheus that scrapes Leadtime (http://HOST:PORT).")],
+    out: Annotated[Path, typer.Option(help="Folder for the PNG files (one per dashboard).")],
+    minutes: Annotated[float, typer.Option(help="Time range drawn, ending now.")] = 60.0,
+) -> None:
+    """Draw each dashboard's main panels as a PNG from Prometheus's answers (matplotlib; no Grafana needed)."""
+    from leadtime.dashboards.definitions import DASHBOARDS
+    from leadtime.dashboards.render import PrometheusApi, PrometheusError, render_dashboard
+
+    if minutes <= 0:
+        _fail("--minutes must be > 0")
+    api = PrometheusApi(prometheus)
+    try:
+        for board in DASHBOARDS:
+            path, panels = render_dashboard(board, api, out, minutes=minutes)
+            empty = [p.panel.title for p in panels if not p.has_data]
+            typer.echo(f"wrote {path}" + (f" (no data: {'; '.join(empty)})" if empty else ""))
+    except (PrometheusError, OSError, ValueError) as err:
+        _fail(err)
+
+
+@bench_app.command("dashboards")
+def bench_dashboards(
+    out: Annotated[Path, typer.Option(help="Folder for the PNG files.")],
+    minutes: Annotated[float, typer.Option(help="Minutes of traffic drawn.")] = 5.0,
+    redis: Annotated[str | None, typer.Option(help="Redis for the predictor service (redis://HOST:PORT/DB).")] = None,
+) -> None:
+    """The whole stack on loopback under changing load, scraped by a real Prometheus; then the dashboards' PNGs."""
+    import tempfile
+
+    from leadtime.bench.dashboards import run_dashboard_bench
+    from leadtime.bench.procs import find_prometheus
+
+    executable = find_prometheus()
+    if executable is None:
+        _fail("prometheus is not installed (apt-get install prometheus)")
+        return
+    if minutes <= 0:
+        _fail("--minutes must be > 0")
+    with tempfile.TemporaryDirectory(prefix="leadtime-dashboards-") as workdir:
+        try:
+            run_dashboard_bench(out, minutes, executable, Path(workdir), redis, progress=typer.echo)
+        except (RuntimeError, OSError) as err:
+            _fail(err)
 
 
 def main() -> None:

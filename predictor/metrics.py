@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 RETRAIN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+RETRAIN_OUTCOMES = ("accepted", "rejected", "failed")
 
 
 class _LiveValues(Collector):
@@ -38,6 +39,22 @@ class _LiveValues(Collector):
         )
         age.add_metric([], v.get("model_age_seconds", float("nan")))
         yield age
+        if "quantile" in v:
+            quantile = GaugeMetricFamily(
+                "leadtime_model_quantile",
+                "The upper quantile the service predicts (0.9 = p90): the share of actuals it should cover.",
+            )
+            quantile.add_metric([], v["quantile"])
+            yield quantile
+        store_up = GaugeMetricFamily(
+            "leadtime_store_up",
+            "1 while a component of the store answers, 0 while it does not: redis with a Redis store "
+            "(its outage buffers observations in memory), store for the in-memory one (always 1).",
+            labels=["component"],
+        )
+        for component, up in v.get("store_up", {}).items():
+            store_up.add_metric([component], up)
+        yield store_up
         window = GaugeMetricFamily("leadtime_window_samples", "Samples in the retraining window.", labels=["target"])
         for target, n in v.get("window", {}).items():
             window.add_metric([target], n)
@@ -161,6 +178,9 @@ class ServiceMetrics:
             ["target", "outcome"],
             registry=r,
         )
+        for target in ("ttft", "tpot"):  # exported at 0 from the start: a dashboard sees "none yet", not no data
+            for outcome in RETRAIN_OUTCOMES:
+                self.retrains.labels(target, outcome)
         self.model_swaps = Counter(
             "leadtime_model_swaps", "Models swapped in from the shared registry or a reload.", registry=r
         )

@@ -125,6 +125,8 @@ class _Decision:
     decided_ms: float = 0.0
     prefill_group: str = ""
     decode_group: str = ""
+    predicted_ttft_quantile_ms: float | None = None
+    predicted_tpot_quantile_ms: float | None = None
 
 
 @dataclass
@@ -349,7 +351,10 @@ class LeadtimePolicy:
         )
         ttft, tpot = float(s.ttft_mean[i]), float(s.tpot_mean[i])
         group = chosen.timeslice_group
-        self._decisions[request.request_id] = _Decision(row, None, ttft, tpot, 0.0, request.arrival_ms, group, group)
+        ttft_q, tpot_q = float(s.ttft[i]), float(s.tpot[i])
+        self._decisions[request.request_id] = _Decision(
+            row, None, ttft, tpot, 0.0, request.arrival_ms, group, group, ttft_q, tpot_q
+        )
         return Pick(chosen.endpoint_id, row=row, predicted_ttft_ms=ttft, predicted_tpot_ms=tpot)
 
     def _transfer_ms(self, request: RouteRequest, decode: Sequence[Candidate]) -> np.ndarray:
@@ -410,9 +415,9 @@ class LeadtimePolicy:
             self._ledger.record_prefill(
                 dec.endpoint_id, Sent(request.request_id, now, row.request.uncached_tokens, request.input_tokens)
             )
-            group = dec.timeslice_group
+            group, ttft_q, tpot_q = dec.timeslice_group, choice.ttft_ms, choice.itl_ms
             self._decisions[request.request_id] = _Decision(
-                row, None, choice.ttft_mean_ms, choice.itl_mean_ms, 0.0, now, group, group
+                row, None, choice.ttft_mean_ms, choice.itl_mean_ms, 0.0, now, group, group, ttft_q, tpot_q
             )
             return Pick(
                 dec.endpoint_id, row=row, predicted_ttft_ms=choice.ttft_mean_ms, predicted_tpot_ms=choice.itl_mean_ms
@@ -440,6 +445,7 @@ class LeadtimePolicy:
             now,
             pre.timeslice_group,
             dec.timeslice_group,
+            predicted_tpot_quantile_ms=choice.itl_ms,
         )
         return Pick(
             pre.endpoint_id,
@@ -486,13 +492,16 @@ class LeadtimePolicy:
                     decision.predicted_ttft_ms,
                     decision.predicted_tpot_ms if itl else None,
                     stamp,
+                    decision.predicted_ttft_quantile_ms,
+                    decision.predicted_tpot_quantile_ms if itl else None,
                 )
             ]
         else:
             prefill_ttft = max(ttft - decision.transfer_ms, 0.05 * ttft)
             observations = [Observation(decision.row, prefill_ttft, 0.0, timestamp=stamp)]
             if itl:
-                observations.append(Observation(decision.decode_row, 0.0, itl, None, decision.predicted_tpot_ms, stamp))
+                tpot, tpot_quantile = decision.predicted_tpot_ms, decision.predicted_tpot_quantile_ms
+                observations.append(Observation(decision.decode_row, 0.0, itl, None, tpot, stamp, None, tpot_quantile))
         try:
             self.counters.learned += self.predictor.observe(observations, self.deadline_s)
         except PredictorError:

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Redis server per test, and the CI rule that such tests must run there, not skip."""
+"""Shared fixtures: a real Redis server per test, and the CI rule that tests of real servers (redis-server,
+prometheus) must run there, not skip."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ def require_redis_server() -> str:
         message = "redis-server is not installed (apt-get install redis-server)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{message}; with CI=true the Redis tests must run, not skip", pytrace=False)
+        pytest.skip(message)
+    return executable
+
+
+def require_prometheus() -> str:
+    """The prometheus binary; skip without it locally, but fail under CI=true, where the tests must run."""
+    from leadtime.bench.procs import find_prometheus
+
+    executable = find_prometheus()
+    if executable is None:
+        message = "prometheus is not installed (apt-get install prometheus)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; with CI=true the Prometheus tests must run, not skip", pytrace=False)
         pytest.skip(message)
     return executable
 

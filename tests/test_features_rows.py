@@ -115,6 +115,8 @@ observations = st.builds(
     predicted_ttft_ms=st.none() | milliseconds,
     predicted_tpot_ms=st.none() | milliseconds,
     timestamp=st.none() | st.floats(min_value=0, max_value=4e9, allow_nan=False),
+    predicted_ttft_quantile_ms=st.none() | milliseconds,
+    predicted_tpot_quantile_ms=st.none() | milliseconds,
 )
 
 # llm-d sends JSON: counts as ints, fractions as floats (or 0/1 written as integers).
@@ -322,6 +324,7 @@ def test_observation_flags_which_targets_were_observed() -> None:
         ({"actual_ttft_ms": "fast"}, "actual_ttft_ms"),
         ({"predicted_ttft_ms": math.inf}, "predicted_ttft_ms"),
         ({"predicted_tpot_ms": math.nan}, "predicted_tpot_ms"),
+        ({"predicted_ttft_quantile_ms": math.inf}, "predicted_ttft_quantile_ms"),
         ({"timestamp": math.nan}, "timestamp"),
     ],
 )

@@ -17,10 +17,10 @@ from leadtime.features.prefix import PrefixIndex, text_chunk_hashes
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
 from leadtime.features.vllm_metrics import parse_vllm_metrics
 from leadtime.router_plugin.affinity import PrefixAffinity
-from leadtime.router_plugin.client import BulkPredictions, PredictorUnavailable
+from leadtime.router_plugin.client import BulkPredictions, PredictorError, PredictorUnavailable
 from leadtime.router_plugin.discovery import DiscoveryError, FileDiscovery, parse_endpoints, parse_static
-from leadtime.router_plugin.gateway.metrics import GatewayMetrics
-from leadtime.router_plugin.gateway.predictor import GatewayPredictor
+from leadtime.router_plugin.gateway.metrics import FALLBACK_REASONS, GatewayMetrics
+from leadtime.router_plugin.gateway.predictor import GatewayPredictor, failure_reason
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 from leadtime.router_plugin.gateway.requests import BadRequest, parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
@@ -323,6 +323,22 @@ def test_the_breaker_rests_after_failures_in_a_row() -> None:
     client.down = False
     time.sleep(0.25)
     assert len(wrapper.predict([ROW], 0.02).ttft_mean_ms) == 1 and client.predictions == 4
+
+
+def test_zero_valued_counters_are_exported_from_the_start() -> None:
+    text = GatewayMetrics().render().decode()
+    for reason in ("deadline", "unavailable", "circuit_open", "refused", "policy_error"):
+        assert f'leadtime_router_fallbacks_total{{reason="{reason}"}} 0.0' in text
+    assert 'leadtime_router_slo_total{result="missed",target="both"} 0.0' in text
+    assert 'leadtime_router_observations_total{result="dropped"} 0.0' in text
+    # every label failure_reason gives is one of them
+    reasons = {
+        failure_reason(PredictorError("deadline", "slow")),
+        failure_reason(PredictorError("circuit", "resting")),
+        failure_reason(PredictorUnavailable("transport", "refused")),
+        failure_reason(PredictorError(422, "bad row")),
+    }
+    assert reasons == {"deadline", "circuit_open", "unavailable", "refused"} <= set(FALLBACK_REASONS)
 
 
 def test_observations_go_in_batches_and_survive_an_outage() -> None:

@@ -98,6 +98,12 @@ def test_the_wheel_installs_only_the_leadtime_package(installed: tuple[Path, Pat
         "simulator/fleets/mixed.yaml",
         "simulator/coefficients.json",
         "predictor/grpc/leadtime.proto",
+        "dashboards/leadtime-predictor.json",
+        "dashboards/leadtime-router.json",
+        "dashboards/README.md",
+        "dashboards/provisioning/prometheus.yml",
+        "dashboards/provisioning/dashboards/leadtime.yaml",
+        "dashboards/provisioning/datasources/leadtime-prometheus.yaml",
     ):
         shipped = f"leadtime/{shipped}"
         assert shipped in names, shipped
@@ -130,6 +136,16 @@ def test_version_demo_and_simulate_run_from_an_empty_directory(installed: tuple[
     missing = _leadtime(target, tmp_path, "simulate", "--fleet", "mixed", "--trace", "nowhere.jsonl")
     assert missing.returncode == 2
     assert "nowhere.jsonl: no such file" in missing.stderr and "Errno" not in missing.stderr
+
+
+def test_the_dashboards_written_by_the_installed_package_are_the_shipped_ones(
+    installed: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, target = installed
+    build = _leadtime(target, tmp_path, "dashboards", "build", "--out", "grafana")
+    assert build.returncode == 0, build.stderr
+    for name in ("leadtime-predictor.json", "leadtime-router.json"):
+        assert (tmp_path / "grafana" / name).read_bytes() == (target / "leadtime" / "dashboards" / name).read_bytes()
 
 
 def test_serve_answers_healthz_from_an_empty_directory(installed: tuple[Path, Path], tmp_path: Path) -> None:

@@ -153,11 +153,16 @@ def test_observations_carry_the_scored_features_actuals_and_predictions() -> Non
     assert obs.row == second.row
     assert (obs.actual_ttft_ms, obs.actual_tpot_ms) == (480.0, 12.5)
     assert obs.predicted_ttft_ms == second.predicted_ttft_ms and obs.predicted_tpot_ms == second.predicted_tpot_ms
+    # the upper quantiles too (the service measures live coverage on them): QueueModel's are 1.2 × its means
+    assert second.predicted_ttft_ms is not None and second.predicted_tpot_ms is not None
+    assert obs.predicted_ttft_quantile_ms == pytest.approx(1.2 * second.predicted_ttft_ms)
+    assert obs.predicted_tpot_quantile_ms == pytest.approx(1.2 * second.predicted_tpot_ms)
     assert obs.timestamp == pytest.approx(0.9)
     assert first.row is not None and first.row.endpoint.num_request_waiting == 0
     # A request of one output token has no ITL to learn.
     policy.observe(Outcome("r1", "a", None, ttft_ms=300.0, itl_ms=0.0, output_tokens=1, completed_ms=950.0))
     assert model.told[-1].actual_tpot_ms == 0.0 and model.told[-1].predicted_tpot_ms is None
+    assert model.told[-1].predicted_tpot_quantile_ms is None
 
 
 def test_a_failing_predictor_falls_back_to_the_heuristics_and_routing_goes_on() -> None:
@@ -233,6 +238,8 @@ def test_pd_policy_learns_prefill_ttft_without_the_transfer_and_itl_on_the_decod
     prefill_obs, decode_obs = model.told
     assert prefill_obs.row == pick.row and 0 < prefill_obs.actual_ttft_ms < 700.0 and prefill_obs.actual_tpot_ms == 0
     assert decode_obs.row == pick.decode_row and decode_obs.actual_tpot_ms == 15.0 and decode_obs.actual_ttft_ms == 0
+    assert decode_obs.predicted_tpot_ms is not None
+    assert decode_obs.predicted_tpot_quantile_ms == pytest.approx(1.2 * decode_obs.predicted_tpot_ms)
     assert policy._ledger.link_free_ms("d1", 0.0) == 0.0  # completed: nothing of r is left in flight
 
 

@@ -91,6 +91,9 @@ def test_metrics_scrape_has_the_leadtime_families() -> None:
             "leadtime_observations_dropped_total 0.0",
             "leadtime_model_version 0.0",
             "leadtime_model_age_seconds",
+            "leadtime_model_quantile 0.9",
+            'leadtime_store_up{component="store"} 1.0',
+            'leadtime_retrains_total{outcome="failed",target="tpot"} 0.0',  # every outcome exported from the start
             'leadtime_window_samples{target="ttft"}',
             "# TYPE leadtime_retrain_duration_seconds histogram",
             "# TYPE leadtime_live_absolute_percentage_error_ratio histogram",

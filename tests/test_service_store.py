@@ -190,6 +190,7 @@ def test_readyz_names_what_is_degraded_and_predictions_continue() -> None:
         assert r.status_code == 200  # predictions still work: degraded parts are named, not fatal
         degraded = r.json()["degraded"]
         assert degraded["redis"] == "connection refused" and "connection refused" in degraded["ingest"]
+        assert 'leadtime_store_up{component="redis"} 0.0' in c.get("/metrics").text
         row = {k: v for k, v in entry(0).items() if not k.startswith("actual")}
         assert c.post("/predict/bulk/strict", json={"requests": [row]}).status_code == 200
 

@@ -542,12 +542,16 @@ class ServiceRuntime:
     def live_values(self) -> dict[str, Any]:
         """Values metrics read at scrape time."""
         predictor = self.predictor
-        values: dict[str, Any] = {"learned": self.learned()}
+        values: dict[str, Any] = {"learned": self.learned(), "quantile": self.settings.quantile}
         if predictor is not None:
             values["model_version"] = predictor.version
             values["window"] = dict(self.model_status().get("window", {}))
             loaded = predictor.last_model_load
             values["model_age_seconds"] = time.time() - loaded.timestamp() if loaded else time.time() - self.started_at
+        try:  # the stores answer health() from state they keep, without a round trip
+            values["store_up"] = {name: int(reason == "ok") for name, reason in self.store.health().items()}
+        except Exception:
+            values["store_up"] = {"store": 0}
         try:
             stats = self.store.stats()
             values["dropped"] = stats.get("dropped", 0)

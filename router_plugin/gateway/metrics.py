@@ -14,6 +14,12 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10
 ITL_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 FAST_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
+# Label values exported at 0 from the start, so a dashboard shows "none" rather than no data: why a decision fell
+# back (predictor.failure_reason's labels, and a policy that raised), SLO results, what became of observations.
+FALLBACK_REASONS = ("deadline", "unavailable", "circuit_open", "refused", "policy_error")
+SLO_TARGETS = ("ttft", "itl", "both")
+SLO_RESULTS = ("met", "missed")
+OBSERVATION_RESULTS = ("queued", "sent", "failed", "dropped")
 
 
 class GatewayMetrics:
@@ -148,6 +154,14 @@ class GatewayMetrics:
         self.timeslice_source_errors = Gauge(
             f"{p}_timeslice_source_errors", "Failed reads of time-slice group states.", registry=r
         )
+
+        for reason in FALLBACK_REASONS:
+            self.fallbacks.labels(reason)
+        for target in SLO_TARGETS:
+            for result in SLO_RESULTS:
+                self.slo.labels(target, result)
+        for result in OBSERVATION_RESULTS:
+            self.observations.labels(result)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,691 @@
+"""The two dashboards, panel by panel: the one source the JSON files in this folder are written from.
+
+`leadtime-predictor` watches the service (`leadtime serve`, metrics `leadtime_*` from `predictor/metrics.py`);
+`leadtime-router` watches the gateway (`leadtime route`, `leadtime_router_*` from
+`router_plugin/gateway/metrics.py`). Every expression filters by the `instance` variable (replicas) and, where
+the metric has the label, by accelerator class, role or endpoint. Rates use Grafana's `$__rate_interval` (at
+least four scrape intervals, so set the data source's scrape interval); rare events (retrains) use fixed
+30-minute windows. Counters a panel needs at 0 are exported at 0 by the service and the gateway (retrain
+outcomes, fallback reasons, SLO results, observation results); rejected observations and upstream errors, whose
+labels appear with the first one, are written `... or vector(0)` instead.
+
+>>> [d.uid for d in DASHBOARDS]
+['leadtime-predictor', 'leadtime-router']
+>>> all(p.description and p.unit for d in DASHBOARDS for p in d.panels())
+True
+"""
+
+from __future__ import annotations
+
+from leadtime.dashboards.grafana import Dashboard, Panel, Query, Row, Variable
+
+RATE = "[$__rate_interval]"
+RARE = "[30m]"  # retrains are minutes apart: a window that holds some
+INSTANCE = 'instance=~"$instance"'
+LIVE = 'instance=~"$instance", accelerator=~"$accelerator", role=~"$role"'
+APE = "leadtime_live_absolute_percentage_error_ratio"
+CHECKS = "leadtime_live_quantile_checks_total"
+UP_DOWN = ((0, "down", "red"), (1, "up", "green"))
+
+
+def _ratio(numerator: str, denominator: str, by: str) -> str:
+    """sum by (`by`) (rate(numerator)) / sum by (`by`) (rate(denominator)), both over the rate interval."""
+    return f"sum by ({by}) (rate({numerator}{RATE}))\n/\nsum by ({by}) (rate({denominator}{RATE}))"
+
+
+def _quantile(q: float, histogram: str, selector: str, by: str, window: str = RATE) -> str:
+    """The `q` quantile of a histogram's observations in each window, per `by` group."""
+    labels = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, sum by ({labels}) (rate({histogram}_bucket{{{selector}}}{window})))"
+
+
+PREDICTOR = Dashboard(
+    uid="leadtime-predictor",
+    title="Leadtime predictor",
+    description="The latency predictor service (leadtime serve): live prediction error and p90 coverage per target, "
+    "accelerator class and role; traffic; API latency; the model, its retrains; lost observations; the store.",
+    variables=(
+        Variable("instance", "Replica", "leadtime_model_version"),
+        Variable("accelerator", "Accelerator class", f"{APE}_count"),
+        Variable("role", "Role", f"{APE}_count"),
+    ),
+    rows=(
+        Row(
+            "Prediction error (observed decisions)",
+            (
+                Panel(
+                    "Mean absolute percentage error by target",
+                    "MAPE of the mean prediction over the decisions observed in each interval: |predicted − actual| "
+                    "÷ actual, averaged. Measured on observations that carry what was predicted (the gateway's, "
+                    "or any client of /v1/observations and gRPC Observe); llm-d's training posts carry none.",
+                    "percentunit",
+                    (Query(_ratio(f"{APE}_sum{{{LIVE}}}", f"{APE}_count{{{LIVE}}}", "target"), "{{target}}"),),
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Absolute percentage error quantiles",
+                    "Median and 90th percentile of the absolute percentage error per target, from the histogram "
+                    "leadtime_live_absolute_percentage_error_ratio (buckets from 1% to 500%).",
+                    "percentunit",
+                    (
+                        Query(_quantile(0.5, APE, LIVE, "target"), "{{target}} p50"),
+                        Query(_quantile(0.9, APE, LIVE, "target"), "{{target}} p90"),
+                    ),
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "MAPE by accelerator class and role",
+                    "The same error per target, accelerator class and role: a class or a P/D role the model gets "
+                    "wrong stands out here before it moves the fleet-wide figure.",
+                    "percentunit",
+                    (
+                        Query(
+                            _ratio(f"{APE}_sum{{{LIVE}}}", f"{APE}_count{{{LIVE}}}", "target, accelerator, role"),
+                            "{{target}} {{accelerator}} {{role}}",
+                        ),
+                    ),
+                    min=0,
+                ),
+                Panel(
+                    "Upper-quantile coverage against its target",
+                    "Share of observed decisions whose actual was at or below the predicted upper quantile (p90 "
+                    "by default), per target; the dashed line is the quantile the service predicts "
+                    "(leadtime_model_quantile). Calibrated, coverage sits on the line.",
+                    "percentunit",
+                    (
+                        Query(
+                            _ratio(f'{CHECKS}{{{LIVE}, covered="true"}}', f"{CHECKS}{{{LIVE}}}", "target"), "{{target}}"
+                        ),
+                        Query(f"max(leadtime_model_quantile{{{INSTANCE}}})", "target quantile"),
+                    ),
+                    min=0,
+                    max=1,
+                    dashed=("target quantile",),
+                    main=True,
+                ),
+                Panel(
+                    "Coverage by accelerator class and role",
+                    "Upper-quantile coverage per target, accelerator class and role.",
+                    "percentunit",
+                    (
+                        Query(
+                            _ratio(
+                                f'{CHECKS}{{{LIVE}, covered="true"}}',
+                                f"{CHECKS}{{{LIVE}}}",
+                                "target, accelerator, role",
+                            ),
+                            "{{target}} {{accelerator}} {{role}}",
+                        ),
+                    ),
+                    min=0,
+                    max=1,
+                ),
+                Panel(
+                    "Observed decisions per second by class and role",
+                    "How many observations with predictions each error figure above rests on.",
+                    "ops",
+                    (
+                        Query(
+                            f"sum by (target, accelerator, role) (rate({APE}_count{{{LIVE}}}{RATE}))",
+                            "{{target}} {{accelerator}} {{role}}",
+                        ),
+                    ),
+                    width=12,
+                    min=0,
+                ),
+            ),
+        ),
+        Row(
+            "Traffic",
+            (
+                Panel(
+                    "Predictions per second by API",
+                    "Rows predicted per second: llmd (llm-d's paths), native (/v1/predict), grpc.",
+                    "ops",
+                    (Query(f"sum by (api) (rate(leadtime_predictions_total{{{INSTANCE}}}{RATE}))", "{{api}}"),),
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Observations per second",
+                    "Observations accepted per API, rejected as invalid, and learned by the learner process. "
+                    "Learned trails accepted under load; see the backlog.",
+                    "ops",
+                    (
+                        Query(
+                            f"sum by (api) (rate(leadtime_observations_accepted_total{{{INSTANCE}}}{RATE}))",
+                            "accepted {{api}}",
+                        ),
+                        Query(f"sum(rate(leadtime_observations_learned_total{{{INSTANCE}}}{RATE}))", "learned"),
+                        Query(
+                            f"sum(rate(leadtime_observations_rejected_total{{{INSTANCE}}}{RATE})) or vector(0)",
+                            "rejected",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Backlog: observations waiting to be learned",
+                    "Accepted observations the learner has not taken yet. Up to 50,000 are kept in full; beyond "
+                    "that the in-memory store thins them evenly over time (see Lost observations).",
+                    "short",
+                    (Query(f"sum by (instance) (leadtime_observations_pending{{{INSTANCE}}})", "{{instance}}"),),
+                    width=8,
+                    min=0,
+                ),
+            ),
+        ),
+        Row(
+            "API latency",
+            (
+                Panel(
+                    "HTTP latency by path (p50, p99)",
+                    "Time to answer an HTTP request, per route, inside the service (from the first byte read to the "
+                    "answer written).",
+                    "s",
+                    (
+                        Query(
+                            _quantile(0.5, "leadtime_http_request_duration_seconds", INSTANCE, "path"), "{{path}} p50"
+                        ),
+                        Query(
+                            _quantile(0.99, "leadtime_http_request_duration_seconds", INSTANCE, "path"), "{{path}} p99"
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "gRPC latency by method (p50, p99)",
+                    "Time to answer a gRPC call (leadtime.v1.Predictor), per method.",
+                    "s",
+                    (
+                        Query(
+                            _quantile(0.5, "leadtime_grpc_request_duration_seconds", INSTANCE, "method"),
+                            "{{method}} p50",
+                        ),
+                        Query(
+                            _quantile(0.99, "leadtime_grpc_request_duration_seconds", INSTANCE, "method"),
+                            "{{method}} p99",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+                Panel(
+                    "Requests per second by path and status",
+                    "HTTP requests per route and status code, and gRPC calls per method and code.",
+                    "reqps",
+                    (
+                        Query(
+                            f"sum by (path, status) (rate(leadtime_http_requests_total{{{INSTANCE}}}{RATE}))",
+                            "{{path}} {{status}}",
+                        ),
+                        Query(
+                            f"sum by (method, code) (rate(leadtime_grpc_requests_total{{{INSTANCE}}}{RATE}))",
+                            "gRPC {{method}} {{code}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+            ),
+        ),
+        Row(
+            "Model",
+            (
+                Panel(
+                    "Model version",
+                    "Version of the model each replica serves; replicas sharing Redis converge on the newest "
+                    "published one within a second.",
+                    "none",
+                    (Query(f"max by (instance) (leadtime_model_version{{{INSTANCE}}})", "{{instance}}"),),
+                    kind="stat",
+                    width=6,
+                ),
+                Panel(
+                    "Model age",
+                    "Seconds since the serving model last changed (a retrain accepted, or a published model "
+                    "adopted); since start-up if it never has.",
+                    "s",
+                    (Query(f"max by (instance) (leadtime_model_age_seconds{{{INSTANCE}}})", "{{instance}}"),),
+                    kind="stat",
+                    width=6,
+                ),
+                Panel(
+                    "Retrain outcomes",
+                    "Retrains per target and outcome in each interval: accepted (the new trees beat the serving "
+                    "model on held-out data and replaced it), rejected, failed.",
+                    "short",
+                    (
+                        Query(
+                            f"sum by (target, outcome) (increase(leadtime_retrains_total{{{INSTANCE}}}{RATE}))",
+                            "{{target}} {{outcome}}",
+                        ),
+                    ),
+                    kind="bars",
+                    width=12,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Retrain duration (last 30 min)",
+                    "Mean and 90th percentile wall time of a retrain of both targets, over the last 30 minutes.",
+                    "s",
+                    (
+                        Query(
+                            f"sum(increase(leadtime_retrain_duration_seconds_sum{{{INSTANCE}}}{RARE}))\n/\n"
+                            f"sum(increase(leadtime_retrain_duration_seconds_count{{{INSTANCE}}}{RARE}))",
+                            "mean",
+                        ),
+                        Query(_quantile(0.9, "leadtime_retrain_duration_seconds", INSTANCE, "", RARE), "p90"),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+                Panel(
+                    "Observations learned and training window",
+                    "Observations the serving model has learned from per target (a gauge: adopting another "
+                    "replica's model changes it), and the samples in the retraining window.",
+                    "short",
+                    (
+                        Query(f"max by (target) (leadtime_model_observations{{{INSTANCE}}})", "learned {{target}}"),
+                        Query(f"max by (target) (leadtime_window_samples{{{INSTANCE}}})", "window {{target}}"),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+                Panel(
+                    "Models swapped in",
+                    "Models adopted from the shared registry or a reload, per interval.",
+                    "short",
+                    (Query(f"sum(increase(leadtime_model_swaps_total{{{INSTANCE}}}{RATE}))", "swaps"),),
+                    kind="bars",
+                    width=8,
+                    min=0,
+                ),
+            ),
+        ),
+        Row(
+            "Lost observations and the store",
+            (
+                Panel(
+                    "Lost observations",
+                    "Accepted observations that will not be learned, per reason and interval (backlog_full, "
+                    "store_bound, store_buffer: Redis was away longer than the buffer holds, invalid), and those "
+                    "thinned to keep up with overload (evenly over time).",
+                    "short",
+                    (
+                        Query(
+                            f"sum by (reason) (increase(leadtime_observations_lost_total{{{INSTANCE}}}{RATE}))",
+                            "lost {{reason}}",
+                        ),
+                        Query(
+                            f"sum by (reason) (increase(leadtime_observations_thinned_total{{{INSTANCE}}}{RATE}))",
+                            "thinned {{reason}}",
+                        ),
+                    ),
+                    kind="bars",
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Redis health",
+                    "leadtime_store_up: 1 while Redis answers (component redis), 0 while it does not; replicas "
+                    "keep serving with their last model meanwhile. The in-memory store shows as component store.",
+                    "none",
+                    (Query(f"leadtime_store_up{{{INSTANCE}}}", "{{instance}} {{component}}"),),
+                    kind="state",
+                    width=8,
+                    states=UP_DOWN,
+                ),
+                Panel(
+                    "Buffered while Redis is away, and thinning",
+                    "Observations waiting in memory for Redis to come back (up to 100,000 per replica), and the "
+                    "thinning stride (1 = every accepted row is learned, n = one in n).",
+                    "short",
+                    (
+                        Query(
+                            f"sum by (instance) (leadtime_observations_buffered{{{INSTANCE}}})", "buffered {{instance}}"
+                        ),
+                        Query(
+                            f"max by (instance) (leadtime_ingestion_learning_one_in{{{INSTANCE}}})",
+                            "learning 1 in n {{instance}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+            ),
+        ),
+    ),
+)
+
+
+ROUTER_INSTANCE = 'instance=~"$instance"'
+PICKS = 'instance=~"$instance", endpoint=~"$endpoint", accelerator=~"$accelerator"'
+BY_CLASS = 'instance=~"$instance", accelerator=~"$accelerator"'
+
+ROUTER = Dashboard(
+    uid="leadtime-router",
+    title="Leadtime router",
+    description="The routing gateway (leadtime route): where requests go, fallbacks to the heuristics, predicted "
+    "against actual TTFT and ITL of routed requests, SLO attainment, P/D decisions and time-slice filtering.",
+    variables=(
+        Variable("instance", "Gateway", "leadtime_router_endpoints"),
+        Variable("accelerator", "Accelerator class", "leadtime_router_picks_total"),
+        Variable("endpoint", "Endpoint", "leadtime_router_picks_total"),
+    ),
+    rows=(
+        Row(
+            "Routing decisions",
+            (
+                Panel(
+                    "Picks per second by endpoint",
+                    "Routing decisions per endpoint (a P/D pair counts once for its prefill and once for its "
+                    "decode endpoint), with the endpoint's role.",
+                    "ops",
+                    (
+                        Query(
+                            f"sum by (endpoint, role) (rate(leadtime_router_picks_total{{{PICKS}}}{RATE}))",
+                            "{{endpoint}} ({{role}})",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Picks per second by accelerator class",
+                    "The same decisions per accelerator class and role: how the router spreads work over the "
+                    "hardware generations of the fleet.",
+                    "ops",
+                    (
+                        Query(
+                            f"sum by (accelerator, role) (rate(leadtime_router_picks_total{{{PICKS}}}{RATE}))",
+                            "{{accelerator}} ({{role}})",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Fallbacks to the heuristics",
+                    "Decisions made by the heuristic scorers because the predictor missed its deadline, was "
+                    "unavailable, rested after failures (circuit_open), refused the rows, or the policy failed; as "
+                    "a share of all decisions.",
+                    "percentunit",
+                    (
+                        Query(
+                            f"sum by (reason) (rate(leadtime_router_fallbacks_total{{{ROUTER_INSTANCE}}}{RATE}))\n/ "
+                            f"ignoring (reason) group_left\n"
+                            f"sum(rate(leadtime_router_decision_seconds_count{{{ROUTER_INSTANCE}}}{RATE}))",
+                            "{{reason}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Decision time and predictor calls (p50, p99)",
+                    "Time to decide where a request goes (predictor call included), and the predictor calls by "
+                    "kind (predict, observe) and result.",
+                    "s",
+                    (
+                        Query(_quantile(0.5, "leadtime_router_decision_seconds", ROUTER_INSTANCE, ""), "decision p50"),
+                        Query(_quantile(0.99, "leadtime_router_decision_seconds", ROUTER_INSTANCE, ""), "decision p99"),
+                        Query(
+                            _quantile(0.99, "leadtime_router_predictor_call_seconds", ROUTER_INSTANCE, "call, result"),
+                            "{{call}} {{result}} p99",
+                        ),
+                    ),
+                    width=12,
+                    min=0,
+                ),
+                Panel(
+                    "Time the gateway adds (p50, p99)",
+                    "From a request's arrival to its forwarding to the endpoint: parse, decide, connect, send.",
+                    "s",
+                    (
+                        Query(_quantile(0.5, "leadtime_router_overhead_seconds", ROUTER_INSTANCE, ""), "p50"),
+                        Query(_quantile(0.99, "leadtime_router_overhead_seconds", ROUTER_INSTANCE, ""), "p99"),
+                    ),
+                    width=12,
+                    min=0,
+                ),
+            ),
+        ),
+        Row(
+            "Predicted against actual",
+            (
+                Panel(
+                    "TTFT of routed requests: predicted and actual (median)",
+                    "Median time to first token of routed streaming requests per accelerator class (of the "
+                    "prefill endpoint): what the router predicted when it chose, and what the stream showed.",
+                    "s",
+                    (
+                        Query(
+                            _quantile(0.5, "leadtime_router_ttft_seconds", BY_CLASS, "kind, accelerator"),
+                            "{{accelerator}} {{kind}}",
+                        ),
+                    ),
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "ITL of routed requests: predicted and actual (median)",
+                    "Median mean inter-token latency of routed streaming requests per accelerator class (of the "
+                    "decode endpoint), predicted and actual.",
+                    "s",
+                    (
+                        Query(
+                            _quantile(0.5, "leadtime_router_itl_seconds", BY_CLASS, "kind, accelerator"),
+                            "{{accelerator}} {{kind}}",
+                        ),
+                    ),
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Actual ÷ predicted TTFT (median, p90)",
+                    "Per accelerator class, actual TTFT divided by the predicted mean: 1 is exact, above 1 the "
+                    "router was optimistic.",
+                    "none",
+                    (
+                        Query(
+                            _quantile(0.5, "leadtime_router_ttft_actual_over_predicted", BY_CLASS, "accelerator"),
+                            "{{accelerator}} p50",
+                        ),
+                        Query(
+                            _quantile(0.9, "leadtime_router_ttft_actual_over_predicted", BY_CLASS, "accelerator"),
+                            "{{accelerator}} p90",
+                        ),
+                    ),
+                    min=0,
+                ),
+                Panel(
+                    "Actual ÷ predicted ITL (median, p90)",
+                    "Per accelerator class, actual mean ITL divided by the predicted mean.",
+                    "none",
+                    (
+                        Query(
+                            _quantile(0.5, "leadtime_router_itl_actual_over_predicted", BY_CLASS, "accelerator"),
+                            "{{accelerator}} p50",
+                        ),
+                        Query(
+                            _quantile(0.9, "leadtime_router_itl_actual_over_predicted", BY_CLASS, "accelerator"),
+                            "{{accelerator}} p90",
+                        ),
+                    ),
+                    min=0,
+                ),
+            ),
+        ),
+        Row(
+            "SLOs and traffic",
+            (
+                Panel(
+                    "SLO attainment",
+                    "Share of streaming requests with SLOs (x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms headers, or "
+                    "the gateway's defaults) that met their TTFT SLO, their ITL SLO, and both.",
+                    "percentunit",
+                    (
+                        Query(
+                            _ratio(
+                                f'leadtime_router_slo_total{{{ROUTER_INSTANCE}, result="met"}}',
+                                f"leadtime_router_slo_total{{{ROUTER_INSTANCE}}}",
+                                "target",
+                            ),
+                            "{{target}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                    max=1,
+                    main=True,
+                ),
+                Panel(
+                    "Requests per second by status",
+                    "Requests the gateway answered per path and status code, and the requests it proxies now.",
+                    "reqps",
+                    (
+                        Query(
+                            f"sum by (path, code) (rate(leadtime_router_requests_total{{{ROUTER_INSTANCE}}}{RATE}))",
+                            "{{path}} {{code}}",
+                        ),
+                        Query(f"sum(leadtime_router_inflight_requests{{{ROUTER_INSTANCE}}})", "in flight"),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+                Panel(
+                    "Retries and upstream errors",
+                    "Requests sent to a second endpoint after the first failed before answering, and failures to "
+                    "reach an endpoint or read its answer by kind (0 when none has failed).",
+                    "reqps",
+                    (
+                        Query(f"sum(rate(leadtime_router_retries_total{{{ROUTER_INSTANCE}}}{RATE}))", "retries"),
+                        Query(
+                            f"sum by (kind) (rate(leadtime_router_upstream_errors_total{{{ROUTER_INSTANCE}}}{RATE}))"
+                            " or vector(0)",
+                            "upstream errors {{kind}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+            ),
+        ),
+        Row(
+            "P/D disaggregation and time-slicing",
+            (
+                Panel(
+                    "P/D decisions per second",
+                    "On a prefill/decode fleet: requests sent as a pair (prefill endpoint named to the decode one in "
+                    "x-prefiller-host-port) and requests a decode endpoint prefilled itself.",
+                    "ops",
+                    (
+                        Query(
+                            f"sum by (decision) (rate(leadtime_router_pd_decisions_total{{{ROUTER_INSTANCE}}}{RATE}))",
+                            "{{decision}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+                Panel(
+                    "Share disaggregated",
+                    "Share of P/D decisions that used a separate prefill endpoint.",
+                    "percentunit",
+                    (
+                        Query(
+                            _ratio(
+                                f'leadtime_router_pd_decisions_total{{{ROUTER_INSTANCE}, decision="disaggregated"}}',
+                                f"leadtime_router_pd_decisions_total{{{ROUTER_INSTANCE}}}",
+                                "instance",
+                            ),
+                            "{{instance}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                    max=1,
+                ),
+                Panel(
+                    "Candidates left out by time-slicing",
+                    "Candidate endpoints per second left out because their accelerator's time-slice group was not "
+                    "serving the inference job, and failed reads of the group states.",
+                    "short",
+                    (
+                        Query(
+                            f"sum(rate(leadtime_router_timeslice_filtered_total{{{ROUTER_INSTANCE}}}{RATE}))",
+                            "left out per second",
+                        ),
+                        Query(f"max(leadtime_router_timeslice_source_errors{{{ROUTER_INSTANCE}}})", "source errors"),
+                    ),
+                    width=8,
+                    min=0,
+                    main=True,
+                ),
+            ),
+        ),
+        Row(
+            "Endpoints and feedback",
+            (
+                Panel(
+                    "Endpoints by routability",
+                    "Discovered endpoints that can be routed to (a recent good /metrics scrape), and those that "
+                    "cannot.",
+                    "short",
+                    (
+                        Query(
+                            f"sum by (routable) (leadtime_router_endpoints{{{ROUTER_INSTANCE}}})",
+                            "routable={{routable}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+                Panel(
+                    "Scrape age by endpoint",
+                    "Age of each endpoint's last good /metrics scrape: the state the router decides on is this old.",
+                    "s",
+                    (
+                        Query(
+                            f"max by (endpoint) (leadtime_router_scrape_age_seconds{{{ROUTER_INSTANCE}, "
+                            f'endpoint=~"$endpoint"}})',
+                            "{{endpoint}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+                Panel(
+                    "Observations sent back to the predictor",
+                    "Completed requests reported to the predictor per second: queued, sent, failed to send, and "
+                    "dropped (the queue of 20,000 was full while the predictor was away).",
+                    "ops",
+                    (
+                        Query(
+                            f"sum by (result) (rate(leadtime_router_observations_total{{{ROUTER_INSTANCE}}}{RATE}))",
+                            "{{result}}",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                ),
+            ),
+        ),
+    ),
+)
+
+DASHBOARDS = (PREDICTOR, ROUTER)

@@ -1,0 +1,147 @@
+"""The dashboards as files: written from their definitions, Grafana's conventions kept, every metric they name
+exported by the service or the gateway, the provisioning files consistent, the commands' errors one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from leadtime.cli import app
+from leadtime.dashboards.definitions import DASHBOARDS
+from leadtime.dashboards.files import FOLDER, dashboard_files, dashboard_text, load_dashboards
+from leadtime.dashboards.promql import (
+    exposed_names,
+    for_prometheus,
+    iter_panels,
+    metric_names,
+    panel_queries,
+    variables_used,
+)
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+
+BUILTINS = {"__rate_interval", "__interval", "__range"}
+SHIPPED = load_dashboards()
+
+
+def test_the_shipped_json_is_what_the_definitions_write() -> None:
+    # One source of truth: edit dashboards/definitions.py, then `leadtime dashboards build`.
+    for board, path in zip(DASHBOARDS, dashboard_files(), strict=True):
+        assert path.read_text(encoding="utf-8") == dashboard_text(board), f"{path.name} is stale"
+
+
+@pytest.mark.parametrize(
+    ("uid", "variables"),
+    [
+        ("leadtime-predictor", {"instance", "accelerator", "role"}),
+        ("leadtime-router", {"instance", "accelerator", "endpoint"}),
+    ],
+)
+def test_grafana_conventions(uid: str, variables: set[str]) -> None:
+    board = SHIPPED[uid]
+    assert board["uid"] == uid and board["title"] and board["description"]
+    templating = {v["name"]: v for v in board["templating"]["list"]}
+    assert templating["datasource"]["type"] == "datasource" and templating["datasource"]["query"] == "prometheus"
+    assert set(templating) == {"datasource", *variables}
+    for name in variables:
+        variable = templating[name]
+        assert variable["type"] == "query" and variable["datasource"]["uid"] == "${datasource}"
+        assert variable["includeAll"] and variable["allValue"] == ".*"
+        assert variable["definition"].startswith("label_values(leadtime_")
+        assert variable["definition"].endswith(f", {name})")  # lists the label it is named after
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    assert len(rows) >= 4 and all(r["title"] for r in rows)
+    panels = list(iter_panels(board))
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in board["panels"]:  # on the 24-column grid, no two panels overlap
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24
+        cover = {
+            (x, y) for x in range(grid["x"], grid["x"] + grid["w"]) for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not cover & cells, panel["title"]
+        cells |= cover
+    used: set[str] = set()
+    for panel in panels:
+        title = panel["title"]
+        assert len(panel["description"]) > 30, title
+        assert panel["fieldConfig"]["defaults"]["unit"], title
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
+        assert panel["targets"], title
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}" and target["expr"].strip(), title
+            used |= variables_used(target["expr"])
+    assert used - BUILTINS == variables  # every variable filters something, and nothing else is referenced
+    assert "__rate_interval" in used
+
+
+def variable_metric(definition: str) -> str:
+    """The metric of `label_values(metric, label)`."""
+    return definition.removeprefix("label_values(").split(",")[0]
+
+
+def test_every_metric_a_dashboard_names_is_exported() -> None:
+    with TestClient(create_app(ServiceSettings())) as client:
+        service = exposed_names(client.get("/metrics").text)
+    gateway = exposed_names(GatewayMetrics().render().decode())
+    exporters = {"leadtime-predictor": service, "leadtime-router": gateway}
+    for uid, board in SHIPPED.items():
+        named = {n for q in panel_queries(board) for n in metric_names(q.expr)}
+        named |= {variable_metric(v["definition"]) for v in board["templating"]["list"] if "definition" in v}
+        assert len(named) > 15, uid
+        assert named <= exporters[uid], f"{uid} names metrics nobody exports: {sorted(named - exporters[uid])}"
+
+
+def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
+    expr = (
+        'sum by (reason) (rate(a_total{x=~"$v"}[$__rate_interval]))\n/ ignoring (reason) group_left\n'
+        'sum(rate(b_count{le="0.5"}[5m])) or vector(0) > bool 1e3'
+    )
+    assert metric_names(expr) == {"a_total", "b_count"}
+    assert variables_used(expr) == {"v", "__rate_interval"}
+    with pytest.raises(ValueError, match=r"\$__from"):
+        for_prometheus("x[$__from]", 1, 1, 1)
+
+
+def test_provisioning_files_point_at_the_dashboards_and_a_prometheus() -> None:
+    provisioning = FOLDER / "provisioning"
+    providers = yaml.safe_load((provisioning / "dashboards" / "leadtime.yaml").read_text())["providers"]
+    assert providers[0]["type"] == "file" and providers[0]["options"]["path"]
+    (source,) = yaml.safe_load((provisioning / "datasources" / "leadtime-prometheus.yaml").read_text())["datasources"]
+    assert source["type"] == "prometheus" and source["url"].startswith("http") and source["jsonData"]["timeInterval"]
+    scrape = yaml.safe_load((provisioning / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert set(jobs) == {"leadtime-predictor", "leadtime-router"}
+    assert all(job["metrics_path"] == "/metrics" and job["static_configs"][0]["targets"] for job in jobs.values())
+    assert scrape["global"]["scrape_interval"] == source["jsonData"]["timeInterval"]
+
+
+def test_build_writes_the_shipped_files(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["dashboards", "build", "--out", str(tmp_path / "grafana")])
+    assert result.exit_code == 0, result.output
+    for path in dashboard_files():
+        written: dict[str, Any] = json.loads((tmp_path / "grafana" / path.name).read_text())
+        assert written == SHIPPED[written["uid"]]
+
+
+def test_render_without_a_prometheus_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["dashboards", "render", "--prometheus", "http://127.0.0.1:1", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: Prometheus at http://127.0.0.1:1 cannot be reached")
+    assert "Traceback" not in result.output
+    bad = CliRunner().invoke(
+        app, ["dashboards", "render", "--prometheus", "x", "--out", str(tmp_path), "--minutes", "0"]
+    )
+    assert bad.exit_code == 2 and "--minutes must be > 0" in bad.output
