@@ -66,8 +66,7 @@ class LearnerConfig:
     window
         Observations per target kept for tree retraining.
     retrain_every
-        Most observations of a target between tree retrains (the first comes at `min_window`, the next ones each
-        time the data has grown by half, up to this); drift triggers earlier ones.
+        Observations of a target between tree retrains; drift triggers earlier ones.
     background
         Retrain in a background thread (in the service's learner process) or synchronously (reproducible
         benchmarks).
@@ -142,19 +141,6 @@ def heldout_rows(n: int) -> np.ndarray:
     [4, 9]
     """
     return np.arange(n) % 5 == 4
-
-
-def retrain_interval(observations: int, min_window: int, retrain_every: int) -> int:
-    """Observations between two retrains of a target that has learned `observations`: the first at
-    `min_window`, then each time the data has grown by half, at most every `retrain_every`.
-
-    A fixed `retrain_every` (2,000) starves the trees on a trace of a few thousand rows, where the load changes
-    within the first thousand: they would first be fitted when most of the walk is over.
-
-    >>> [retrain_interval(n, 300, 2000) for n in (0, 300, 1000, 10000)]
-    [300, 300, 500, 2000]
-    """
-    return min(retrain_every, max(min_window, observations // 2))
 
 
 class _Window:
@@ -685,7 +671,7 @@ class OnlinePredictor:
                 stop = len(x)
                 if self.config.retrain and not self.config.background:
                     # Stop where a target reaches its retrain point, so a synchronous walk retrains on time.
-                    room = min(self._interval(m) - m.since_retrain for m in self._models.values())
+                    room = min(self.config.retrain_every - m.since_retrain for m in self._models.values())
                     stop = min(len(x), start + max(room, 1))
                 for target, model in self._models.items():
                     observed = np.flatnonzero(actual[target][start:stop] > 0) + start
@@ -694,7 +680,7 @@ class OnlinePredictor:
                     drifted = model.learn_batch(
                         x[observed], actual[target][observed], [hw[i] for i in observed], [ids[i] for i in observed]
                     )
-                    if self.config.retrain and (drifted or model.since_retrain >= self._interval(model)):
+                    if self.config.retrain and (drifted or model.since_retrain >= self.config.retrain_every):
                         want_retrain = True
             if want_retrain and not self.config.background:
                 self.retrain_now()
@@ -704,10 +690,6 @@ class OnlinePredictor:
             self._retrain_wanted.set()
 
     # --- retraining ---------------------------------------------------------------------------------------
-
-    def _interval(self, model: _TargetModel) -> int:
-        c = self.config
-        return retrain_interval(model.observations, c.min_window, c.retrain_every)
 
     def retrain_now(self) -> dict[str, Any]:
         """Retrain both targets' trees synchronously; swap in only what wins on held-out data."""
@@ -735,7 +717,7 @@ class OnlinePredictor:
     def retrain_if_due(self) -> bool:
         """Ask for a retrain that came due while retraining was paused (`config.retrain` False); True if asked."""
         with self._lock:
-            due = any(m.since_retrain >= self._interval(m) for m in self._models.values())
+            due = any(m.since_retrain >= self.config.retrain_every for m in self._models.values())
         if not (due and self.config.retrain):
             return False
         if self.config.background:
