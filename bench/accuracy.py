@@ -61,6 +61,40 @@ class _MedianBaseline:
         return float(np.median(seen)), float(np.quantile(seen, self.quantile))
 
 
+# The load features whose low and high halves each get their own p90 coverage.
+LOAD_FEATURES = (
+    "num_request_waiting",
+    "num_request_running",
+    "kv_cache_percentage",
+    "prefill_tokens_in_flight",
+    "decode_tokens_in_flight",
+)
+_MIN_HALF_ROWS = 50
+
+
+def coverage_by_load(x_ref: LlmdFrame, upper: np.ndarray, actual: np.ndarray) -> dict[str, dict[str, float]]:
+    """p90 coverage in the low half (at or below the median) and the high half (above it) of each load feature,
+    over rows that observed the target; a feature with a half of fewer than 50 rows is left out (a load the
+    trace hardly varies)."""
+    observed = actual > 0
+    out: dict[str, dict[str, float]] = {}
+    for name in LOAD_FEATURES:
+        values = x_ref.columns[name][observed]
+        if len(values) == 0:
+            continue
+        covered = actual[observed] <= upper[observed]
+        low = values <= np.median(values)
+        if min(int(low.sum()), int((~low).sum())) < _MIN_HALF_ROWS:
+            continue
+        out[name] = {"low": float(covered[low].mean()), "high": float(covered[~low].mean())}
+    return out
+
+
+def _extremes(halves: dict[str, dict[str, float]]) -> tuple[float, float]:
+    values = [v for h in halves.values() for v in h.values()]
+    return (min(values), max(values)) if values else (float("nan"), float("nan"))
+
+
 Walk = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]  # model → target → (mean, upper) per row
 
 
@@ -76,8 +110,15 @@ def prequential_walk(
     config: LearnerConfig,
     progress: Progress | None,
     reference_model: str | None = None,
+    label_delay: int = 0,
 ) -> Walk:
-    """Every model's (mean, upper) prediction of every row, each made before that row was learned."""
+    """Every model's (mean, upper) prediction of every row, each made before that row was learned.
+
+    With `label_delay` d, row i's outcome is learned only after row i + d was predicted (production: an outcome
+    arrives when its request completes, while later requests are being routed); every model gets the same delay.
+    """
+    if label_delay < 0:
+        raise ValueError(f"label_delay must be ≥ 0, got {label_delay}")
     n = len(x_lt)
     preds = {m: {t: (np.zeros(n), np.zeros(n)) for t in TARGETS} for m in MODELS}
     leadtime = OnlinePredictor(config)
@@ -88,33 +129,47 @@ def prequential_walk(
         p = leadtime.predict_many(x_lt[i : i + 1])
         preds["leadtime"]["ttft"][0][i], preds["leadtime"]["ttft"][1][i] = p.ttft_mean[0], p.ttft_quantile[0]
         preds["leadtime"]["tpot"][0][i], preds["leadtime"]["tpot"][1][i] = p.tpot_mean[0], p.tpot_quantile[0]
-        row = x_ref.take(np.arange(i, i + 1))
-        ref = reference.predict_many(row)
+        ref = reference.predict_many(x_ref.take(np.arange(i, i + 1)))
         for t in TARGETS:
             preds["llmd_reference"][t][0][i] = _first(ref.get(t, "mean"))
             preds["llmd_reference"][t][1][i] = _first(ref.get(t, "quantile"))
             fm, fu = floor.predict(t)
             preds["median_baseline"][t][0][i], preds["median_baseline"][t][1][i] = fm, fu
-        leadtime.learn_many(x_lt[i : i + 1], y["ttft"][i : i + 1], y["tpot"][i : i + 1])
-        reference.learn_many(row)
-        for t in TARGETS:
-            floor.learn(t, float(y[t][i]))
+        j = i - label_delay
+        if j >= 0:
+            leadtime.learn_many(x_lt[j : j + 1], y["ttft"][j : j + 1], y["tpot"][j : j + 1])
+            reference.learn_many(x_ref.take(np.arange(j, j + 1)))
+            for t in TARGETS:
+                floor.learn(t, float(y[t][j]))
         if progress and task is not None:
             progress.advance(task)
     leadtime.close()
     return preds
 
 
-def summarize_walk(preds: Walk, y: dict[str, np.ndarray]) -> dict[str, dict[str, dict[str, float]]]:
+def summarize_walk(
+    preds: Walk, y: dict[str, np.ndarray], x_ref: LlmdFrame | None = None
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """MAPE, median APE and coverage over the walk and its second half; with `x_ref`, coverage by load half."""
     half = len(y["ttft"]) // 2
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for m in MODELS:
         out[m] = {}
         for t in TARGETS:
             mean, upper = preds[m][t]
             whole = errors(mean, upper, y[t])
             second = errors(mean[half:], upper[half:], y[t][half:])
-            out[m][t] = {
+            if x_ref is not None:
+                halves = coverage_by_load(x_ref, upper, y[t])
+                low, high = _extremes(halves)
+                out[m][t] = {
+                    "prequential_p90_coverage_by_load": halves,
+                    "prequential_p90_coverage_by_load_min": low,
+                    "prequential_p90_coverage_by_load_max": high,
+                }
+            else:
+                out[m][t] = {}
+            out[m][t] |= {
                 "prequential_mape": whole["mape"],
                 "prequential_median_ape": whole["median_ape"],
                 "prequential_p90_coverage": whole["p90_coverage"],
@@ -132,9 +187,11 @@ def _split(
     seeds: int,
     progress: Progress | None,
     reference_model: str | None = None,
-) -> dict[str, dict[str, dict[str, float]]]:
+) -> dict[str, dict[str, dict[str, Any]]]:
     n = len(x_lt)
     per_seed: dict[str, dict[str, list[dict[str, float]]]] = {m: {t: [] for t in TARGETS} for m in MODELS}
+    # Leadtime's upper predictions and actuals of every seed's test rows, for coverage by load half.
+    pooled: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {t: [] for t in TARGETS}
     task = progress.add_task("90/10 splits", total=seeds) if progress else None
     for seed in range(seeds):
         order = np.random.default_rng(seed).permutation(n)
@@ -151,6 +208,7 @@ def _split(
         ref = reference.predict_many(x_ref.take(test))
         for t in TARGETS:
             per_seed["leadtime"][t].append(errors(*lt[t], y[t][test]))
+            pooled[t].append((test, lt[t][1], y[t][test]))
             ref_mean, ref_upper = ref.get(t, "mean"), ref.get(t, "quantile")
             assert ref_mean is not None and ref_upper is not None
             per_seed["llmd_reference"][t].append(errors(ref_mean, ref_upper, y[t][test]))
@@ -160,7 +218,7 @@ def _split(
             per_seed["median_baseline"][t].append(errors(*floor, y[t][test]))
         if progress and task is not None:
             progress.advance(task)
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for m in MODELS:
         out[m] = {}
         for t in TARGETS:
@@ -170,6 +228,20 @@ def _split(
                 "split_median_ape": float(np.mean([r["median_ape"] for r in runs])),
                 "split_p90_coverage": float(np.mean([r["p90_coverage"] for r in runs])),
             }
+    for t in TARGETS:
+        # Over the test rows of every seed together: a single seed's 10% is too few rows for two halves.
+        if pooled[t]:
+            rows = np.concatenate([p[0] for p in pooled[t]])
+            upper, actual = np.concatenate([p[1] for p in pooled[t]]), np.concatenate([p[2] for p in pooled[t]])
+            by_load = coverage_by_load(x_ref.take(rows), upper, actual)
+        else:
+            by_load = {}
+        low, high = _extremes(by_load)
+        out["leadtime"][t] |= {
+            "split_p90_coverage_by_load": by_load,
+            "split_p90_coverage_by_load_min": low,
+            "split_p90_coverage_by_load_max": high,
+        }
     return out
 
 
@@ -231,6 +303,7 @@ def run_accuracy(
     progress: bool = True,
     speed_calls: int = 2000,
     reference_model: str | None = None,
+    label_delay: int = 0,
 ) -> dict[str, Any]:
     rows = load_llmd_rows(data)
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
@@ -240,12 +313,18 @@ def run_accuracy(
     y = {"ttft": ttft, "tpot": tpot}
     console = Console(stderr=True)
     with Progress(console=console, disable=not progress, transient=True) as bar:
-        walk = prequential_walk(x_lt, x_ref, y, config, bar if progress else None, reference_model)
-        preq = summarize_walk(walk, y)
+        walk = prequential_walk(x_lt, x_ref, y, config, bar if progress else None, reference_model, label_delay)
+        preq = summarize_walk(walk, y, x_ref)
         split = _split(x_lt, x_ref, y, config, seeds, bar if progress else None, reference_model)
     report: dict[str, Any] = {m: {t: {**preq[m][t], **split[m][t]} for t in TARGETS} for m in MODELS}
     report["speed"] = _speed(x_lt, y, config, calls=speed_calls, learns=int(1.5 * speed_calls))
-    report["data"] = {"path": str(data), "rows": len(rows), "accelerator": accelerator, "model": model}
+    report["data"] = {
+        "path": str(data),
+        "rows": len(rows),
+        "accelerator": accelerator,
+        "model": model,
+        "label_delay": label_delay,
+    }
     report["reference"] = reference_settings(reference_model)
     return report
 
@@ -292,6 +371,13 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
             )
     console = Console()
     console.print(table)
+    for t in TARGETS:
+        r = report["leadtime"][t]
+        console.print(
+            f"Leadtime {t} p90 coverage in the low and high halves of each load feature: prequential "
+            f"{r['prequential_p90_coverage_by_load_min']:.3f}–{r['prequential_p90_coverage_by_load_max']:.3f}, "
+            f"split {r['split_p90_coverage_by_load_min']:.3f}–{r['split_p90_coverage_by_load_max']:.3f}"
+        )
     s = report["speed"]
     console.print(
         f"predict 100 rows: p50 {s['predict_100_us_p50']:.0f} µs, p99 {s['predict_100_us_p99']:.0f} µs; "

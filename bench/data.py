@@ -8,8 +8,24 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.data import MEASURED, resolve
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import observation_from_llmd
+
+SIMULATED_PREFIX = "sim:"
+
+
+def dataset_path(name: str) -> Path:
+    """The JSONL file a dataset name means: a file, a shipped name (`sharegpt-h200`), or `sim:NAME`, a trace
+    the simulator records as llm-d's sidecar would (generated on first use, then cached).
+
+    Raises DataFileError for a file that is not there, ValueError for an unknown simulated trace.
+    """
+    if name.startswith(SIMULATED_PREFIX) and not Path(name).is_file():
+        from leadtime.simulator.traces import trace_path
+
+        return trace_path(name[len(SIMULATED_PREFIX) :])
+    return resolve(name, MEASURED, "a JSONL file of llm-d training rows, or sim:NAME")
 
 
 def load_llmd_rows(path: Path) -> list[dict[str, Any]]:

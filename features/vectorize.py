@@ -37,6 +37,7 @@ from leadtime.features.roofline import (
     kv_capacity_tokens,
     prefill_ms,
     prefill_ms_array,
+    queue_prefill_ms,
 )
 from leadtime.features.rows import (
     LLMD_COUNT_FIELDS,
@@ -334,6 +335,8 @@ _PREFILL_IN_FLIGHT = COLUMN_INDEX["prefill_tokens_in_flight"]
 _ROLES = _positions("role_prefill", "role_decode")
 _ROLE_CODE_COLUMN = np.array([[ROLE_CODES["prefill"]], [ROLE_CODES["decode"]]])
 _PREFILLS = _positions("roofline_own_prefill_ms", "roofline_queue_prefill_ms")
+_QUEUE_PREFILL = COLUMN_INDEX["roofline_queue_prefill_ms"]
+_WAITING = COLUMN_INDEX["num_request_waiting"]
 _DECODE_STEP = COLUMN_INDEX["roofline_decode_step_ms"]
 _RESIDENT = COLUMN_INDEX["timeslice_resident"]
 _WAIT = COLUMN_INDEX["timeslice_wait_ms"]
@@ -415,7 +418,9 @@ class Vectorizer:
             "tensor_parallel": float(tp),
             "kv_bytes_per_token": float(mod.kv_bytes_per_token),
             "roofline_own_prefill_ms": prefill_ms(mod, acc, uncached, hits, tp),
-            "roofline_queue_prefill_ms": prefill_ms(mod, acc, e.prefill_tokens_in_flight, 0.0, tp),
+            "roofline_queue_prefill_ms": queue_prefill_ms(
+                mod, acc, e.prefill_tokens_in_flight, e.num_request_waiting, tp
+            ),
             "roofline_decode_step_ms": decode_step_ms(mod, acc, e.num_request_running + 1, kv_tokens, tp),
             "roofline_weights_ms": hw.weights_ms,
             "timeslice_resident": 1.0 if is_resident(e.timeslice_state) else 0.0,
@@ -570,12 +575,15 @@ class Vectorizer:
             hits = tokens[2]
             hits[:] = c.prefix_hit_tokens
         np.subtract(xt[_INPUT], hits, out=tokens[0])
-        tokens[1] = xt[_PREFILL_IN_FLIGHT]
+        # The queued tokens are the waiting requests' prompts, each its own sequence (`queue_prefill_ms`).
+        queued = np.minimum(np.maximum(xt[_WAITING], 1.0), np.maximum(xt[_PREFILL_IN_FLIGHT], 1.0))
+        np.divide(xt[_PREFILL_IN_FLIGHT], queued, out=tokens[1])
         xt[_HITS] = hits
         xt[_UNCACHED] = tokens[0]
         xt[_PREFILLS] = prefill_ms_array(
             params_b, layers, attn_width, weight_bytes, tflops, tb_s, tokens[:2], tokens[2:], tp
         )
+        xt[_QUEUE_PREFILL] *= queued
         batch = xt[_RUNNING] + 1.0  # running + this one
         xt[_DECODE_STEP] = decode_step_ms_array(
             params_b, weight_bytes, kvb, tflops, tb_s, batch, xt[_KV] * capacity, tp

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.data import MEASURED, SPLITWISE, DataFileError, describe_os_error, resolve
+from leadtime.data import MEASURED, SPLITWISE, DataFileError, describe_os_error
 from leadtime.features.errors import FeatureError
 
 # Plain (click-style) help: typer's rich help prints a type after every option, `<bool>` after flags included.
@@ -30,7 +30,10 @@ app.add_typer(sim_app, name="sim")
 app.add_typer(dashboards_app, name="dashboards")
 
 DEFAULT_MEASURED = "sharegpt-h200"
-MEASURED_HELP = f"JSONL of llm-d training rows, or a shipped name ({', '.join(MEASURED)})."
+MEASURED_HELP = (
+    f"JSONL of llm-d training rows, a shipped name ({', '.join(MEASURED)}), or a trace the simulator records "
+    "(sim:bimodal, sim:long-chat, sim:mixed, sim:pd; generated once, then cached)."
+)
 REFERENCE_HELP = "Model of the llm-d reference: xgboost (llm-d's default; the default where installed) or lightgbm."
 
 
@@ -71,9 +74,11 @@ def _root(
 
 
 def _measured(data: str) -> Path:
+    from leadtime.bench.data import dataset_path
+
     try:
-        return resolve(data, MEASURED, "a JSONL file of llm-d training rows")
-    except DataFileError as err:
+        return dataset_path(data)
+    except (DataFileError, ValueError) as err:
         _fail(err)
         raise
 
@@ -89,6 +94,13 @@ def bench_accuracy(
     seeds: Annotated[int, typer.Option(help="Seeds of the random 90/10 split.")] = 10,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP)] = None,
+    label_delay: Annotated[
+        int,
+        typer.Option(
+            help="Rows predicted before a row's outcome is learned in the prequential walk (as in production, "
+            "where an outcome arrives when its request completes); 0 = learned at once."
+        ),
+    ] = 0,
 ) -> None:
     """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
     from leadtime.bench.accuracy import print_report, run_accuracy
@@ -102,6 +114,7 @@ def bench_accuracy(
             seeds=seeds,
             progress=not json_out,
             reference_model=reference,
+            label_delay=label_delay,
         )
     except (FeatureError, OSError, ValueError) as err:
         _fail(err)

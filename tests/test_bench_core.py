@@ -90,3 +90,64 @@ def test_a_file_without_one_target_reports_null_for_it(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert report["leadtime"]["tpot"]["split_mape"] is None
     assert report["leadtime"]["ttft"]["split_mape"] > 0
+
+
+def _walk_inputs(path: Path, n: int) -> tuple:
+    from leadtime.bench.data import actuals, load_llmd_rows
+    from leadtime.features.vectorize import Vectorizer
+    from leadtime.predictor.llmd_reference import LlmdFrame
+
+    rows = load_llmd_rows(path)[:n]
+    ttft, tpot = actuals(rows)
+    x = Vectorizer("h200-sxm", "qwen3-32b").transform_llmd(rows)
+    return x, LlmdFrame.from_rows(rows), {"ttft": ttft, "tpot": tpot}
+
+
+def test_label_delay_learns_a_row_only_after_that_many_later_rows_were_predicted(small_trace: Path) -> None:
+    from leadtime.bench.accuracy import prequential_walk
+    from leadtime.predictor.learner import LearnerConfig
+
+    n, delay = 160, 40
+    x, frame, y = _walk_inputs(small_trace, n)
+    config = LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False)
+    delayed = prequential_walk(x, frame, y, config, None, label_delay=delay)
+    # Change the outcome of row k: no prediction up to row k + delay may move, and later ones must.
+    k = 60
+    changed = {t: v.copy() for t, v in y.items()}
+    target = "ttft" if y["ttft"][k] > 0 else "tpot"
+    changed[target][k] *= 50.0
+    moved = prequential_walk(x, frame, changed, config, None, label_delay=delay)
+    for model in ("leadtime", "median_baseline"):
+        before, after = delayed[model][target][0], moved[model][target][0]
+        assert (before[: k + delay + 1] == after[: k + delay + 1]).all(), model
+        assert (before[k + delay + 1 :] != after[k + delay + 1 :]).any(), model
+    # Nothing is learned before row `delay`: the median floor has seen nothing there.
+    assert (delayed["median_baseline"]["ttft"][0][:delay] == 0).all()
+    immediate = prequential_walk(x, frame, y, config, None)
+    assert (immediate["median_baseline"]["ttft"][0][1:delay] != 0).any()
+
+
+def test_coverage_by_load_splits_each_feature_at_its_median() -> None:
+    import numpy as np
+
+    from leadtime.bench.accuracy import coverage_by_load
+    from leadtime.predictor.llmd_reference import LlmdFrame
+
+    n = 200
+    rows = [
+        {
+            "kv_cache_percentage": i / n,
+            "input_token_length": 100,
+            "num_request_waiting": i,
+            "num_request_running": 3,
+            "num_tokens_generated": 0,
+            "prefix_cache_score": 0.0,
+            "actual_ttft_ms": 10.0,
+            "actual_tpot_ms": 0.0,
+        }
+        for i in range(n)
+    ]
+    upper = np.where(np.arange(n) < n // 2, 20.0, 5.0)  # covers the low-load half only
+    halves = coverage_by_load(LlmdFrame.from_rows(rows), upper, np.full(n, 10.0))
+    assert halves["num_request_waiting"] == {"low": 1.0, "high": 0.0}
+    assert "num_request_running" not in halves  # constant: no high half

@@ -141,7 +141,7 @@ def test_values_land_in_their_named_columns() -> None:
         "tensor_parallel": 2,
         "kv_bytes_per_token": model.kv_bytes_per_token,
         "roofline_own_prefill_ms": prefill_ms(model, acc, 744, 256, 2),
-        "roofline_queue_prefill_ms": prefill_ms(model, acc, 2048, 0, 2),
+        "roofline_queue_prefill_ms": 4 * prefill_ms(model, acc, 512, 0, 2),  # four waiting prompts of 512
         "roofline_weights_ms": decode_step_ms(model, acc, 1, 0, 2),
         "timeslice_resident": 0,
         "timeslice_wait_ms": 75.0,

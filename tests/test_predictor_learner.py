@@ -449,3 +449,41 @@ def test_one_observation_of_one_class_barely_moves_another_classs_predictions() 
         p.learn_one(slow)
     warm = p.predict_one(seen)
     assert warm["ttft_mean"] > 2.4 * cold["ttft_mean"] and warm["tpot_mean"] > 2.4 * cold["tpot_mean"]
+
+
+def _ramp_rows(n: int, seed: int = 0) -> tuple:
+    """A load ramp whose TTFT saturates (a client timeout caps it): the prior keeps growing with the queue, so
+    log(actual / prior) depends on the queue in a way the log-linear correction cannot follow everywhere."""
+    from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+    from leadtime.features.vectorize import Vectorizer
+
+    rng = np.random.default_rng(seed)
+    rows, actual = [], []
+    for i in range(n):
+        waiting = int(400 * i / (0.7 * n)) if i < 0.7 * n else 0  # the ramp, then the queue drained
+        prompt = int(rng.integers(2000, 9000))
+        rows.append(
+            FeatureRow(
+                RequestFeatures(prompt),
+                EndpointState(
+                    num_request_waiting=waiting, num_request_running=30, prefill_tokens_in_flight=waiting * 5000
+                ),
+            )
+        )
+        actual.append(min(600.0 + 900.0 * waiting, 60_000.0) * float(np.exp(rng.normal(0, 0.05))))
+    return Vectorizer("h200-sxm", "qwen3-32b").batch(rows).X, np.array(actual)
+
+
+def test_trees_are_accepted_when_the_load_moved_and_serve_every_load_state_met() -> None:
+    # Held out as the newest fifth of the window, the drained queue at the end of a ramp refused every tree,
+    # and rows from the ramp's middle were predicted from the drained state (10x off).
+    x, ttft = _ramp_rows(2000)
+    config = LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False, retrain=False)
+    predictor = OnlinePredictor(config)
+    predictor.learn_many(x, ttft, np.zeros(len(x)))
+    online_only = predictor.predict_many(x).ttft_mean
+    result = predictor.retrain_now()
+    assert result["ttft"]["accepted_mean"]
+    refined = predictor.predict_many(x).ttft_mean
+    ape = lambda p: float(np.mean(np.abs(p - ttft) / ttft))  # noqa: E731
+    assert ape(refined) < 0.5 * ape(online_only)
