@@ -158,6 +158,12 @@ def test_the_decision_needs_both_targets_better_by_the_margin_and_no_worse_quant
     assert "ttft: MAPE 0.2000 → 0.1500" in worse_quantile.reason and "(worse)" in worse_quantile.reason
     unjudged = decide(champion, evaluation_of(scores(0.1, 0.01), scores(0.05, 0.01, rows=0)), 0.02)
     assert not unjudged.publish and "tpot: no row of the evaluation slice observed it" in unjudged.reason
+    # A margin of 0 publishes a challenger better on one target and the champion's equal on the other...
+    assert decide(champion, evaluation_of(scores(0.15, 0.05), scores(0.10, 0.02)), 0.0).publish
+    # ...but not the champion's equal on both (nothing would change but the version).
+    tie = decide(champion, champion, 0.0)
+    assert not tie.publish and tie.wins == {"ttft": True, "tpot": True}
+    assert tie.reason.startswith("the champion stays (the challenger is its equal on both targets)")
 
 
 class MovingRegistry(DirectoryRegistry):

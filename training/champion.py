@@ -8,7 +8,8 @@ learn it) and the upper quantile's coverage.
 
 The challenger wins a target when its MAPE is at least `margin` (relative) below the champion's *and* its
 quantile loss is no higher: the router decides on the p90, so a better mean bought with a worse quantile is not
-better. It is published only if it wins both targets; with no champion it is published as it is.
+better. It is published only if it wins both targets, and, with a margin of 0, only if it is better somewhere
+(not the champion's equal on both); with no champion it is published as it is.
 """
 
 from __future__ import annotations
@@ -156,6 +157,16 @@ def decide(champion: Evaluation | None, challenger: Evaluation, margin: float) -
             f"upper-quantile loss {old.pinball:.4f} → {new.pinball:.4f}"
             f" ({'held' if quantile_held else 'worse'})"
         )
-    publish = all(wins.values())
-    verdict = "the challenger wins both targets" if publish else "the champion stays"
+    better = any(
+        challenger.overall[t].mape < champion.overall[t].mape
+        or challenger.overall[t].pinball < champion.overall[t].pinball
+        for t in TARGETS
+    )
+    publish = all(wins.values()) and better
+    if publish:
+        verdict = "the challenger wins both targets"
+    elif all(wins.values()):
+        verdict = "the champion stays (the challenger is its equal on both targets)"
+    else:
+        verdict = "the champion stays"
     return Decision(publish, f"{verdict}: " + "; ".join(why), wins)
