@@ -91,14 +91,27 @@ def summary_markdown(report: dict[str, Any]) -> str:
     for target, fitted in training["targets"].items():
         state = {True: "installed", False: "not better than what served, not installed"}
         lines.append(
-            f"- {target}: {fitted['trees']['mean']} point-prediction trees {fitted['chosen']['mean']} "
-            f"({state[fitted['accepted']['mean']]}), {fitted['trees']['upper']} upper-quantile trees "
-            f"{fitted['chosen']['upper']} ({state[fitted['accepted']['upper']]}), fitted on "
+            f"- {target}: {fitted['trees']['mean']} point-prediction trees ({_setting(fitted['chosen']['mean'])}; "
+            f"{state[fitted['accepted']['mean']]}), {fitted['trees']['upper']} upper-quantile trees "
+            f"({_setting(fitted['chosen']['upper'])}; {state[fitted['accepted']['upper']]}), fitted on "
             f"{fitted['rows']['fit']} rows"
         )
     timings = report["timings_s"]
     lines.append("- time: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items()))
     return "\n".join(lines) + "\n"
+
+
+def _setting(chosen: dict[str, Any]) -> str:
+    """A chosen setting in words.
+
+    >>> _setting({"objective": "median", "num_leaves": 5, "min_data_in_leaf": 200})
+    'median, 5 leaves, ≥ 200 rows a leaf'
+    """
+    rest = {k: v for k, v in chosen.items() if k not in ("objective", "num_leaves", "min_data_in_leaf")}
+    words = [str(chosen.get("objective", "")), f"{chosen.get('num_leaves')} leaves"]
+    words.append(f"≥ {chosen.get('min_data_in_leaf')} rows a leaf")
+    words += [f"{k} {v}" for k, v in sorted(rest.items())]
+    return ", ".join(words)
 
 
 def _thin(n: int) -> np.ndarray:
