@@ -36,7 +36,7 @@ from leadtime.features.rows import parse_timestamp
 from leadtime.predictor.artifact import save_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.physics import TARGETS
-from leadtime.training.champion import Scores, evaluate
+from leadtime.training.champion import Evaluation, Scores, decide, evaluate
 from leadtime.training.job import RetrainConfig, RetrainResult, run_retrain
 from leadtime.training.sources import SampleReader, Samples
 
@@ -138,12 +138,27 @@ def _retrain(history: Path, champion: bytes, workdir: Path, name: str, client: A
     return result, time.perf_counter() - started
 
 
+def _decision_at(report: dict[str, Any], margin: float) -> str:
+    """What the job would have decided on the same judging with another `--margin`."""
+    judged = {
+        name: Evaluation({t: Scores(*(e[t][k] for k in _SCORE_FIELDS)) for t in TARGETS}, {}, {})
+        for name, e in report["evaluation"].items()
+    }
+    if "champion" not in judged:
+        return report["outcome"]
+    return "published" if decide(judged["champion"], judged["challenger"], margin).publish else "kept"
+
+
+_SCORE_FIELDS = ("rows", "mape", "median_ape", "pinball", "coverage")
+
+
 def _job_summary(result: RetrainResult, seconds: float) -> dict[str, Any]:
     report = result.report
     return {
         "seconds": seconds,
         "fit_s": report["timings_s"]["fit_s"],
         "outcome": report["outcome"],
+        "outcome_with_margin_0": _decision_at(report, 0.0),
         "reason": report["decision"]["reason"],
         "job_evaluation": {
             name: {t: {"mape": e[t]["mape"], "coverage": e[t]["coverage"]} for t in TARGETS}
