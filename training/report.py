@@ -245,7 +245,7 @@ def print_result(report: dict[str, Any], as_json: bool) -> None:
     print(report["decision"]["reason"])
     samples = report["samples"]
     print(
-        f"{samples['rows']} rows ({samples['malformed_total']} malformed, left out), ordered by "
+        f"{samples['rows']} rows used ({samples['malformed_total']} malformed left out), ordered by "
         f"{samples['ordered_by']}; judged on the most recent {samples['evaluation_rows']}; "
         f"{report['timings_s']['total_s']:.1f} s on {report['training']['backend']}"
     )
