@@ -235,3 +235,14 @@ def test_options_that_disagree_with_the_champion_are_refused(sim_log: Path, tmp_
     OnlinePredictor(LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False)).save(tmp_path)
     with pytest.raises(RetrainError, match="--model llama-3.1-8b disagrees with the registry's model"):
         run_retrain(RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path), model="llama-3.1-8b"))
+
+
+def test_a_report_that_cannot_be_written_stops_the_job_before_anything_is_published(
+    sim_log: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    config = RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path / "models"), report_dir=blocker / "report")
+    with pytest.raises(RetrainError, match="cannot write the report"):
+        run_retrain(config)
+    assert not (tmp_path / "models").exists()

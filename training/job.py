@@ -159,6 +159,11 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}
+    if config.report_dir is not None:  # before anything is published: a report that cannot be written stops here
+        try:
+            config.report_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise RetrainError(f"{config.report_dir}: cannot write the report ({err.strerror or err})") from None
     registry = _open_registry(config.registry)
     own_client = None
     try:
@@ -232,7 +237,11 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
         if config.report_dir is not None:
             from leadtime.training.report import write_report
 
-            result.files = write_report(config.report_dir, report, evaluation, trees)
+            try:
+                result.files = write_report(config.report_dir, report, evaluation, trees)
+            except OSError as err:
+                done = f"published version {published_version}" if decision.publish else "kept the champion"
+                raise RetrainError(f"{done}, but the report could not be written: {err}") from None
             report["files"] = [str(p) for p in result.files]
         return result
     finally:
