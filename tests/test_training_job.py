@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from redis_server import free_port
 from typer.testing import CliRunner
 
 from leadtime.bench.retrain import write_simulator_log
@@ -246,3 +247,11 @@ def test_a_report_that_cannot_be_written_stops_the_job_before_anything_is_publis
     with pytest.raises(RetrainError, match="cannot write the report"):
         run_retrain(config)
     assert not (tmp_path / "models").exists()
+
+
+def test_an_unreachable_redis_registry_is_one_line(sim_log: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    refused = CliRunner().invoke(app, ["retrain", "--samples", str(sim_log), "--registry", url])
+    assert refused.exit_code == 2
+    (line,) = refused.output.strip().splitlines()
+    assert line.startswith(f"error: {url} (leadtime): unreachable (") and "buffered" not in line

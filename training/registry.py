@@ -99,17 +99,22 @@ class RedisRegistry:
             self.store = RedisStore(source.url, namespace=source.namespace)
         except ValueError as err:
             raise RegistryError(str(err)) from None
-        problem = self.store.health().get("redis", "ok")
-        if problem != "ok":
+        problem = self._problem()
+        if problem is not None:
             self.store.close(flush_timeout_s=0.0)
             raise RegistryError(f"{self.name}: {problem}")
+
+    def _problem(self) -> str | None:
+        """Why Redis cannot be used now (the store's health without its observation-buffer counts), or None."""
+        health = self.store.health().get("redis", "ok")
+        return None if health == "ok" else health.split("; ")[0]
 
     def latest(self) -> Published | None:
         """The newest published version, or None when none is."""
         found = self.store.latest_model()
         if found is None:
-            problem = self.store.health().get("redis", "ok")
-            if problem != "ok":
+            problem = self._problem()
+            if problem is not None:
                 raise RegistryError(f"{self.name}: {problem}")
             return None
         return Published(*found)
