@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(VENV)/bin/leadtime bench serving --json
 	$(VENV)/bin/leadtime bench sim --json
 	$(VENV)/bin/leadtime sim validate --data sharegpt-h200 --accelerator h200-sxm --model qwen3-32b --json
+	$(VENV)/bin/leadtime bench retrain --json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -652,6 +652,68 @@ def bench_prefix(
     print_report(report, as_json=json_out)
 
 
+# ----- offline retraining -------------------------------------------------------------------------------
+
+
+@app.command("retrain")
+def retrain(
+    samples: Annotated[
+        list[str],
+        typer.Option(help="JSONL or Parquet observations, a shipped name, or redis://HOST:PORT/DB (the stream)."),
+    ],
+    registry: Annotated[str, typer.Option(help="Model registry: a directory (as --model-dir) or redis://...")],
+    dask: Annotated[str | None, typer.Option(help="Fit on this Dask scheduler (tcp://HOST:8786).")] = None,
+    report: Annotated[Path | None, typer.Option(help="Write report.json, report.md and plots here.")] = None,
+    accelerator: Annotated[str | None, typer.Option(help="Class for rows naming none (a new model).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model for rows naming none (a new model).")] = None,
+    eval_share: Annotated[float, typer.Option(help="Most recent share of rows held out for judging.")] = 0.2,
+    margin: Annotated[float, typer.Option(help="Relative MAPE gain needed on both targets to publish.")] = 0.02,
+    max_malformed_share: Annotated[
+        float, typer.Option(help="Share of a source's rows that may be malformed before the job stops.")
+    ] = 0.01,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Fit the trees on a long history; publish only if they beat the registry's model (exit 0; kept: 3)."""
+    from leadtime.training.job import RetrainConfig, RetrainError, run_retrain
+    from leadtime.training.report import print_result
+
+    try:
+        config = RetrainConfig(
+            samples=tuple(samples),
+            registry=registry,
+            dask=dask,
+            report_dir=report,
+            accelerator=accelerator,
+            model=model,
+            eval_share=eval_share,
+            margin=margin,
+            max_malformed_share=max_malformed_share,
+        )
+        result = run_retrain(config, progress=not json_out)
+    except (RetrainError, ValueError, OSError) as err:
+        _fail(err)
+    print_result(result.report, as_json=json_out)
+    raise typer.Exit(result.exit_code)
+
+
+@bench_app.command("retrain")
+def bench_retrain(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    requests: Annotated[int, typer.Option(help="Requests of the simulator run (one observation each).")] = 100_000,
+    cache: Annotated[Path | None, typer.Option(help="Where the simulator's observation log is kept.")] = None,
+) -> None:
+    """Retraining time locally and on a 2-worker Dask cluster, and the retrained model against the online one."""
+    from leadtime.bench.retrain import print_report, run_bench_retrain
+
+    if requests < 1000:
+        _fail("--requests must be ≥ 1000")
+    try:
+        result = run_bench_retrain(requests=requests, cache=cache, progress=not json_out)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        _fail(err)
+    print_report(result, as_json=json_out)
+
+
 @sim_app.command("fleets")
 def sim_fleets() -> None:
     """List the fleets and traces that ship with Leadtime (usable by name in --fleet and --trace)."""

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import lightgbm as lgb
 import numpy as np
 from river import drift
 
@@ -117,6 +118,12 @@ class Predictions:
 
 _ACTUAL_TTFT = operator.attrgetter("actual_ttft_ms")
 _ACTUAL_TPOT = operator.attrgetter("actual_tpot_ms")
+
+
+def log_target(target: str, x: np.ndarray, actual_ms: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """What the correction and the trees learn for every row: log(actual without the additive wait / prior)."""
+    wait = additive_ms(target, x)
+    return np.log(np.maximum(actual_ms - wait, _MIN_MS)) - np.log(np.maximum(prior, _MIN_MS))
 
 
 def tree_inputs(x: np.ndarray, prior: np.ndarray) -> np.ndarray:
@@ -275,8 +282,7 @@ class _TargetModel:
         output, is deferred to `settle` and done in batches (LightGBM has a high per-call cost).
         """
         prior = prior_ms(self.target, x)
-        wait = additive_ms(self.target, x)
-        z_all = np.log(np.maximum(actual_ms - wait, _MIN_MS)) - np.log(np.maximum(prior, _MIN_MS))
+        z_all = log_target(self.target, x, actual_ms, prior)
         phi_all = correction_features(self.target, x, prior)
         online_all = np.empty(len(x))
         drifted = False
@@ -405,6 +411,28 @@ class _TargetModel:
             heldout_pinball_after=min(baseline_pinball, candidate_pinball),
         )
         return candidate, outcome
+
+    def residual_set(
+        self, x: np.ndarray, actual_ms: np.ndarray, hw: list[str] | str, endpoints: Sequence[str] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(tree inputs, log residual of the online parts in their current state) of rows that observed the
+        target: what `fit_candidate` fits on its window, for rows from anywhere."""
+        prior = prior_ms(self.target, x)
+        residual = log_target(self.target, x, actual_ms, prior) - self.online_log(x, prior, hw, endpoints)
+        return tree_inputs(x, prior), residual
+
+    def serving_residuals(self, tree_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What `predict` adds to the online parts' log prediction for every row: (mean, upper quantile)."""
+        trees = self.trees
+        n = len(tree_x)
+        mean = trees.predict_mean(tree_x)
+        upper = trees.predict_upper(tree_x)
+        mean_out = np.full(n, self.conformal.center) if mean is None else mean
+        if upper is None:
+            upper_out = np.full(n, self.conformal.offset)
+        else:
+            upper_out = upper + self.upper_shift + self.conformal.adaptive
+        return mean_out, np.maximum(upper_out, mean_out)
 
     def swap_in(self, candidate: _Candidate | None) -> None:
         self.since_retrain = 0
@@ -725,6 +753,56 @@ class OnlinePredictor:
         else:
             self.retrain_now()
         return True
+
+    # --- trees fitted elsewhere (the offline retraining job) ------------------------------------------------
+
+    def residual_training_set(
+        self, target: str, batch: FeatureBatch, actual_ms: np.ndarray | Sequence[float]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The trees' inputs (`TREE_FEATURES` columns) and what they learn for every row of `batch`: the log
+        residual that the online parts (prior × correction × offsets), in their current state, leave.
+
+        The same quantities this learner's own retrain fits on its window. The offline retraining job
+        (`leadtime.training`) fits on them over a longer history, so that the trees it installs refine this
+        predictor's residual exactly as its own would. Every row must have observed `target` (actual > 0).
+        """
+        actual = _check_actuals(f"actual_{target}_ms", actual_ms, len(batch))
+        if len(actual) and actual.min() <= 0:
+            raise ValueError(f"every row must have observed {target} (actual > 0)")
+        x = check_matrix(batch.X)
+        with self._lock:
+            return self._model(target).residual_set(x, actual, batch.classes, batch.endpoint_ids)
+
+    def serving_residuals(self, target: str, tree_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What the predictor now adds to its online parts' log prediction of `target` for rows of tree inputs
+        (from `residual_training_set`): (mean, upper quantile). The trees serving, or without them the median
+        recentring and the conformal offset: the baseline a tree fitted elsewhere must beat."""
+        with self._lock:
+            return self._model(target).serving_residuals(tree_x)
+
+    def install_trees(
+        self,
+        target: str,
+        mean: lgb.Booster | None,
+        upper: lgb.Booster | None,
+        upper_shift: float,
+        residuals: np.ndarray,
+    ) -> None:
+        """Serve trees fitted elsewhere for `target`: a mean-residual and an upper-quantile booster over
+        `TREE_FEATURES` (None keeps the one serving), the log shift that calibrates the quantile booster, and the
+        online parts' residuals on recent rows (the split-conformal base). Swapped in as this learner swaps in
+        its own winners; the version is the caller's to set."""
+        for booster in (mean, upper):
+            if booster is not None and list(booster.feature_name()) != list(TREE_FEATURES):
+                raise ValueError("trees must be fitted on TREE_FEATURES")
+        candidate = _Candidate(mean=mean, upper=upper, upper_shift=float(upper_shift), residuals=residuals)
+        for name, booster in (("mean", mean), ("upper", upper)):
+            if booster is not None:
+                candidate.compiled[name] = compile_booster(booster)
+        with self._lock:
+            model = self._model(target)
+            model.settle()
+            model.swap_in(candidate)
 
     def add_retrain_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """Call `fn(result)` after every retrain (on the thread that ran it)."""

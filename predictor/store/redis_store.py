@@ -121,6 +121,20 @@ _RETRY_MAX_S = 1.0
 _POLL_EVERY_S = 0.25  # polling fallback for model notifications lost while the subscriber reconnects
 
 
+# The field of each stream message that holds its entry's JSON (what _APPEND_SCRIPT writes and _READ_SCRIPT reads).
+ENTRY_FIELD = "e"
+
+
+def observation_stream_key(namespace: str) -> str:
+    """The Redis stream the replicas of `namespace` append accepted observations to (what the retraining job
+    reads as a sample source).
+
+    >>> observation_stream_key("leadtime")
+    'leadtime:observations'
+    """
+    return f"{namespace}:observations"
+
+
 class StoreUnavailable(ConnectionError):
     """Redis could not be reached for an operation that cannot be buffered (publishing a model)."""
 
@@ -216,7 +230,7 @@ class RedisStore:
         self.stream_maxlen = stream_maxlen
         self.keep_versions = keep_versions
         self._socket_timeout_s = socket_timeout_s
-        self._stream_key = f"{namespace}:observations"
+        self._stream_key = observation_stream_key(namespace)
         self._chunk_prefix = f"{namespace}:observations:chunk:"
         self._version_key = f"{namespace}:model:version"
         self._model_prefix = f"{namespace}:model:"

@@ -1,0 +1,66 @@
+"""The retraining job on a real Dask cluster (a LocalCluster of two worker processes): LightGBM's Dask estimators
+fit the same search, and the result is as accurate as a local run's, within the noise of distributed bins."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dask.distributed import Client, LocalCluster
+
+from leadtime.bench.retrain import write_simulator_log
+from leadtime.predictor.learner import OnlinePredictor
+from leadtime.training.distributed import DaskUnavailable, connect
+from leadtime.training.fit import SearchConfig
+from leadtime.training.job import EXIT_PUBLISHED, RetrainConfig, run_retrain
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+        ) as cluster,
+        Client(cluster) as connected,
+    ):
+        yield connected
+
+
+def test_a_dask_run_matches_a_local_run(client: Any, tmp_path: Path) -> None:
+    log = tmp_path / "observations.jsonl"
+    write_simulator_log(log, requests=1500)
+    # Two settings instead of four and at most 100 rounds keep the test short: a Dask fit runs every round
+    # (its workers cannot stop early together), each synchronised over the network.
+    search = SearchConfig(grid={"num_leaves": [5, 9], "min_data_in_leaf": [20]}, max_rounds=100)
+    local = run_retrain(RetrainConfig(samples=(str(log),), registry=str(tmp_path / "local"), search=search))
+    distributed = run_retrain(
+        RetrainConfig(samples=(str(log),), registry=str(tmp_path / "dask"), search=search), client=client
+    )
+    assert local.exit_code == distributed.exit_code == EXIT_PUBLISHED
+    assert distributed.report["training"]["backend"] == "dask" and distributed.report["training"]["workers"] == 2
+    # The same search ran: every setting of both roles, on both folds, for both targets.
+    for target in ("ttft", "tpot"):
+        tried = distributed.report["training"]["targets"][target]["search"]
+        assert len(tried) == 6 and all(len(s["fold_scores"]) == 2 for s in tried)
+    # Within noise: the candidate trees' validation scores, and the published models' errors on the evaluation
+    # slice, differ by less than 5% of the local run's.
+    for target in ("ttft", "tpot"):
+        for role in ("mean", "upper"):
+            a = local.report["training"]["targets"][target]["validation"][role]["candidate"]
+            b = distributed.report["training"]["targets"][target]["validation"][role]["candidate"]
+            assert abs(a - b) <= 0.05 * a, (target, role, a, b)
+        a = local.report["evaluation"]["challenger"][target]
+        b = distributed.report["evaluation"]["challenger"][target]
+        assert abs(a["mape"] - b["mape"]) <= 0.05 * a["mape"], (target, a["mape"], b["mape"])
+        assert abs(a["coverage"] - b["coverage"]) <= 0.05, (target, a["coverage"], b["coverage"])
+    # What the cluster fitted is a model the service loads like any other.
+    loaded = OnlinePredictor.load(tmp_path / "dask", background=False)
+    assert loaded.status()["trees_active"] == {"ttft": True, "tpot": True}
+
+
+def test_an_unreachable_scheduler_is_one_clear_error() -> None:
+    with pytest.raises(DaskUnavailable, match=r"^cannot reach the Dask scheduler at tcp://127\.0\.0\.1:9: "):
+        connect("tcp://127.0.0.1:9", timeout_s=1.0)

@@ -1,0 +1,257 @@
+"""The retraining job end to end: champion/challenger both ways, the registry round trip through the service's own
+loader (directory and Redis), the report files, the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from redis_server import free_port
+from typer.testing import CliRunner
+
+from leadtime.bench.retrain import write_simulator_log
+from leadtime.cli import app
+from leadtime.predictor.artifact import FILE_NAME, load_file
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
+from leadtime.training import job as job_module
+from leadtime.training.champion import Evaluation, Scores, decide, evaluate
+from leadtime.training.job import EXIT_KEPT, EXIT_PUBLISHED, RETRAIN_KEY, RetrainConfig, RetrainError, run_retrain
+from leadtime.training.registry import DirectoryRegistry, Published
+from leadtime.training.sources import SampleReader
+from leadtime.training.split import split_recent
+
+ROW_KEYS = ("actual_ttft_ms", "actual_tpot_ms", "timestamp", "policy")
+
+
+@pytest.fixture(scope="module")
+def sim_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """1,500 observations of the mixed H100/A100/L40S fleet (the simulator's observation log)."""
+    path = tmp_path_factory.mktemp("sim") / "observations.jsonl"
+    write_simulator_log(path, requests=1500)
+    return path
+
+
+def rows_of(log: Path, n: int) -> list[dict[str, Any]]:
+    """The first `n` rows of the log as the native API's prediction rows."""
+    with log.open() as f:
+        return [{k: v for k, v in json.loads(next(f)).items() if k not in ROW_KEYS} for _ in range(n)]
+
+
+def wait_until(condition: Any, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def served_equals(client: TestClient, predictor: OnlinePredictor, rows: list[dict[str, Any]]) -> None:
+    """The service's answers for `rows` are the predictor's, to the last bits JSON keeps."""
+    answer = client.post("/v1/predict", json={"rows": rows})
+    assert answer.status_code == 200, answer.text
+    served = answer.json()
+    batch = SampleReader(predictor.config.accelerator, predictor.config.model).parser.parse(rows, native=True)
+    expected = predictor.predict_many(batch)
+    assert served["model_version"] == predictor.version
+    for name in ("ttft_mean", "ttft_quantile", "tpot_mean", "tpot_quantile"):
+        assert np.allclose(served[f"{name}_ms"], getattr(expected, name), rtol=1e-12), name
+
+
+def test_an_empty_registry_publishes_what_was_judged_and_the_service_loads_it(sim_log: Path, tmp_path: Path) -> None:
+    registry, report_dir = tmp_path / "models", tmp_path / "report"
+    result = run_retrain(RetrainConfig(samples=(str(sim_log),), registry=str(registry), report_dir=report_dir))
+    assert result.exit_code == EXIT_PUBLISHED and result.published_version == 1
+    assert (
+        result.report["outcome"] == "published" and result.report["decision"]["reason"] == "the registry holds no model"
+    )
+    published = OnlinePredictor.from_bytes(load_file(registry), background=False)
+    assert published.version == 1 and published.metadata[RETRAIN_KEY]["history_rows"] == 1200
+    # What is published is what was judged: its scores on the evaluation slice are the report's.
+    samples = SampleReader("h100-sxm", "llama-3.1-8b").read([str(sim_log)])
+    split = split_recent(samples.timestamps, 0.2)
+    actual = {"ttft": samples.actual_ttft_ms[split.evaluation], "tpot": samples.actual_tpot_ms[split.evaluation]}
+    again = evaluate(published, samples.batch[split.evaluation], actual)
+    for target in ("ttft", "tpot"):
+        assert again.overall[target].mape == result.report["evaluation"]["challenger"][target]["mape"]
+    # The service started with --model-dir on that directory serves exactly this model.
+    with TestClient(create_app(ServiceSettings(model_dir=registry, grpc_port=0))) as client:
+        assert client.get("/status").json()["model_version"] == 1
+        served_equals(client, published, rows_of(sim_log, 25))
+    # The report: JSON, Markdown and the four plots.
+    names = sorted(p.name for p in report_dir.iterdir())
+    assert names == [
+        "calibration.png",
+        "error_by_class.png",
+        "feature_importances.png",
+        "predicted_vs_actual.png",
+        "report.json",
+        "report.md",
+    ]
+    for png in report_dir.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["samples"]["rows"] == 1500 and report["samples"]["ordered_by"] == "timestamp"
+    groups = report["evaluation"]["challenger"]["ttft"]["by_group"]
+    assert set(groups) == {"h100-sxm/both", "a100-sxm-80gb/both", "l40s/both"}
+    assert sum(g["rows"] for g in groups.values()) == report["evaluation"]["challenger"]["ttft"]["rows"]
+    assert "**Published** as version 1" in (report_dir / "report.md").read_text()
+
+
+def test_a_challenger_no_better_than_the_champion_is_not_published(sim_log: Path, tmp_path: Path) -> None:
+    config = RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path))
+    assert run_retrain(config).exit_code == EXIT_PUBLISHED
+    before = (tmp_path / FILE_NAME).read_bytes()
+    result = run_retrain(config)
+    assert result.exit_code == EXIT_KEPT and result.published_version is None
+    assert result.report["outcome"] == "kept" and not all(result.report["decision"]["wins"].values())
+    assert result.report["registry"]["champion_version"] == 1
+    assert (tmp_path / FILE_NAME).read_bytes() == before
+
+
+def stale_champion(log: Path, version: int) -> OnlinePredictor:
+    """A model left behind by its fleet: it learned these requests when they took three times as long."""
+    samples = SampleReader("h100-sxm", "llama-3.1-8b").read([str(log)])
+    champion = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    champion.learn_many(samples.batch, 3 * samples.actual_ttft_ms, 3 * samples.actual_tpot_ms)
+    champion.version = version
+    return champion
+
+
+def test_a_challenger_that_wins_both_targets_is_published(sim_log: Path, tmp_path: Path) -> None:
+    stale_champion(sim_log, version=4).save(tmp_path)
+    result = run_retrain(RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path)))
+    assert result.exit_code == EXIT_PUBLISHED and result.published_version == 5
+    evaluation = result.report["evaluation"]
+    for target in ("ttft", "tpot"):
+        old, new = evaluation["champion"][target], evaluation["challenger"][target]
+        assert new["mape"] <= 0.98 * old["mape"] and new["pinball"] <= old["pinball"]
+    assert result.report["decision"]["wins"] == {"ttft": True, "tpot": True}
+    published = OnlinePredictor.load(tmp_path, background=False)
+    assert published.version == 5 and published.metadata[RETRAIN_KEY]["based_on_version"] == 4
+
+
+def scores(mape: float, pinball: float, rows: int = 100) -> Scores:
+    return Scores(rows, mape, mape, pinball, 0.9)
+
+
+def evaluation_of(ttft: Scores, tpot: Scores) -> Evaluation:
+    return Evaluation({"ttft": ttft, "tpot": tpot}, {"ttft": {}, "tpot": {}}, {})
+
+
+def test_the_decision_needs_both_targets_better_by_the_margin_and_no_worse_quantile() -> None:
+    champion = evaluation_of(scores(0.20, 0.05), scores(0.10, 0.02))
+    assert decide(None, champion, 0.02).publish
+    assert decide(champion, evaluation_of(scores(0.19, 0.05), scores(0.09, 0.02)), 0.02).publish
+    assert decide(champion, evaluation_of(scores(0.19, 0.05), scores(0.09, 0.02)), 0.10).wins == {
+        "ttft": False,
+        "tpot": True,
+    }
+    worse_quantile = decide(champion, evaluation_of(scores(0.15, 0.051), scores(0.05, 0.01)), 0.02)
+    assert not worse_quantile.publish and worse_quantile.wins == {"ttft": False, "tpot": True}
+    assert "ttft: MAPE 0.2000 → 0.1500" in worse_quantile.reason and "(worse)" in worse_quantile.reason
+    unjudged = decide(champion, evaluation_of(scores(0.1, 0.01), scores(0.05, 0.01, rows=0)), 0.02)
+    assert not unjudged.publish and "tpot: no row of the evaluation slice observed it" in unjudged.reason
+    # A margin of 0 publishes a challenger better on one target and the champion's equal on the other...
+    assert decide(champion, evaluation_of(scores(0.15, 0.05), scores(0.10, 0.02)), 0.0).publish
+    # ...but not the champion's equal on both (nothing would change but the version).
+    tie = decide(champion, champion, 0.0)
+    assert not tie.publish and tie.wins == {"ttft": True, "tpot": True}
+    assert tie.reason.startswith("the champion stays (the challenger is its equal on both targets)")
+
+
+class MovingRegistry(DirectoryRegistry):
+    """A directory registry to which the service publishes another model while the job runs."""
+
+    def __init__(self, directory: Path, meanwhile: OnlinePredictor) -> None:
+        super().__init__(directory)
+        self.meanwhile = meanwhile
+        self.reads = 0
+
+    def latest(self) -> Published | None:
+        self.reads += 1
+        if self.reads == 2:  # after the job read its champion, before it publishes
+            self.meanwhile.save(self.directory)
+        return super().latest()
+
+
+def test_a_registry_that_moved_on_during_the_job_is_judged_against_again(
+    sim_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = MovingRegistry(tmp_path, stale_champion(sim_log, version=7))
+    monkeypatch.setattr(job_module, "open_registry", lambda spec: registry)
+    result = run_retrain(RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path)))
+    assert result.report["registry"]["champion_version"] is None
+    assert result.report["registry"]["judged_again_against_version"] == 7
+    assert "champion" in result.report["evaluation"]  # judged against the model published meanwhile
+    assert result.report["decision"]["wins"] == {"ttft": True, "tpot": True}
+    assert result.exit_code == EXIT_PUBLISHED and result.published_version == 8
+    assert OnlinePredictor.load(tmp_path, background=False).version == 8
+
+
+def test_the_redis_registry_round_trips_through_a_running_service(sim_log: Path, redis_url: str) -> None:
+    settings = ServiceSettings(redis_url=redis_url, grpc_port=0)
+    with TestClient(create_app(settings)) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        assert client.get("/status").json()["model_version"] == 0
+        result = run_retrain(RetrainConfig(samples=(str(sim_log),), registry=redis_url))
+        assert result.exit_code == EXIT_PUBLISHED and result.published_version == 1
+        # Every replica swaps a published model in within a second (pub/sub); allow a loaded machine more.
+        assert wait_until(lambda: runtime.store_version == 1)
+        served_equals(client, result.challenger, rows_of(sim_log, 25))
+        kept = run_retrain(RetrainConfig(samples=(str(sim_log),), registry=redis_url))
+        assert kept.exit_code == EXIT_KEPT and runtime.store.latest_model()[0] == 1
+
+
+def test_the_cli_exit_status_says_what_happened(sim_log: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    args = ["retrain", "--samples", str(sim_log), "--registry", str(tmp_path / "models"), "--json"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["outcome"] == "published"
+    second = runner.invoke(app, args)
+    assert second.exit_code == 3 and json.loads(second.stdout)["outcome"] == "kept"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(["{}"] * 5) + "\n")
+    refused = runner.invoke(app, ["retrain", "--samples", str(bad), "--registry", str(tmp_path / "models")])
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines() == [
+        f"error: {bad}: 5 of 5 rows are malformed (100.0% > the 1.0% allowed; first: line 1: actual_ttft_ms: is "
+        "required)"
+    ]
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    wrong = runner.invoke(app, ["retrain", "--samples", str(sim_log), "--registry", str(not_a_dir)])
+    assert wrong.exit_code == 2 and "not a directory" in wrong.output
+
+
+def test_options_that_disagree_with_the_champion_are_refused(sim_log: Path, tmp_path: Path) -> None:
+    OnlinePredictor(LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False)).save(tmp_path)
+    with pytest.raises(RetrainError, match="--model llama-3.1-8b disagrees with the registry's model"):
+        run_retrain(RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path), model="llama-3.1-8b"))
+
+
+def test_a_report_that_cannot_be_written_stops_the_job_before_anything_is_published(
+    sim_log: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    config = RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path / "models"), report_dir=blocker / "report")
+    with pytest.raises(RetrainError, match="cannot write the report"):
+        run_retrain(config)
+    assert not (tmp_path / "models").exists()
+
+
+def test_an_unreachable_redis_registry_is_one_line(sim_log: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    refused = CliRunner().invoke(app, ["retrain", "--samples", str(sim_log), "--registry", url])
+    assert refused.exit_code == 2
+    (line,) = refused.output.strip().splitlines()
+    assert line.startswith(f"error: {url} (leadtime): unreachable (") and "buffered" not in line

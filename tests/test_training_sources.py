@@ -1,0 +1,196 @@
+"""The retraining job's sources: llm-d rows, Leadtime observations, the simulator's log, Parquet, the Redis stream,
+each with malformed rows counted by source and line, never dropped silently, and a bound on their share."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from leadtime.bench.retrain import write_simulator_log
+from leadtime.data import MEASURED
+from leadtime.features.rows import FeatureRow, Observation, RequestFeatures, observation_to_llmd
+from leadtime.predictor.service.rows import RowParser
+from leadtime.predictor.store.redis_store import RedisStore, observation_stream_key
+from leadtime.training.sources import RedisSource, SampleError, SampleReader
+from leadtime.training.split import BY_READ_ORDER, BY_TIMESTAMP, split_recent
+
+
+def llmd_lines(n: int) -> list[str]:
+    """The first `n` rows of the shipped sharegpt-h200 measurements (llm-d's own training rows)."""
+    with MEASURED["sharegpt-h200"].open() as f:
+        return [next(f).strip() for _ in range(n)]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_llmd_rows_with_malformed_lines_counted_by_line(tmp_path: Path) -> None:
+    good = llmd_lines(40)
+    bad = [
+        "{not json",
+        json.dumps([1, 2]),
+        json.dumps({**json.loads(good[0]), "input_token_length": -3}),
+        json.dumps({k: v for k, v in json.loads(good[1]).items() if k != "num_request_waiting"}),
+        json.dumps({**json.loads(good[2]), "actual_ttft_ms": 0, "actual_tpot_ms": 0}),
+        json.dumps({**json.loads(good[3]), "timestamp": "yesterday"}),
+    ]
+    path = write_lines(tmp_path / "rows.jsonl", good[:20] + bad + [""] + good[20:])
+    samples = SampleReader("h200-sxm", "qwen3-32b", max_malformed_share=0.2).read([str(path)])
+    assert len(samples) == 40
+    (source,) = samples.sources
+    assert (source.read, source.used, source.malformed) == (46, 40, 6)
+    assert [(m.where, m.problem.split(" ")[0]) for m in samples.malformed] == [
+        ("line 21", "not"),
+        ("line 22", "must"),
+        ("line 23", "input_token_length:"),
+        ("line 24", "num_request_waiting:"),
+        ("line 25", "observes"),
+        ("line 26", "timestamp:"),
+    ]
+    assert all(m.source == str(path) for m in samples.malformed)
+    # The rows kept are the good ones, in file order, vectorized as the service's parser does.
+    expected = RowParser("h200-sxm", "qwen3-32b").parse_observations([json.loads(line) for line in good])
+    assert np.array_equal(samples.batch.X, expected.rows.X)
+    assert np.array_equal(samples.actual_ttft_ms, expected.actual_ttft_ms)
+
+
+def test_too_large_a_share_of_malformed_rows_stops_the_job(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "rows.jsonl", llmd_lines(10) + ["oops"] * 2)
+    with pytest.raises(SampleError, match=r"2 of 12 rows are malformed \(16\.7% > the 10\.0% allowed; first: line 11"):
+        SampleReader("h200-sxm", "qwen3-32b", max_malformed_share=0.1).read([str(path)])
+    assert len(SampleReader("h200-sxm", "qwen3-32b", max_malformed_share=0.2).read([str(path)])) == 10
+
+
+def native_observation(i: int, **extra: Any) -> dict[str, Any]:
+    """Leadtime's native observation schema: llm-d's fields plus the endpoint, its class, role and time."""
+    return {
+        "kv_cache_percentage": 0.2,
+        "input_token_length": 500 + i,
+        "num_request_waiting": i % 3,
+        "num_request_running": 4,
+        "num_tokens_generated": 0,
+        "prefix_cache_score": 0.0,
+        "prefix_hit_tokens": 100,
+        "endpoint_id": f"l40s-{i % 2}",
+        "accelerator": "l40s",
+        "model": "llama-3.1-8b",
+        "role": "prefill",
+        "actual_ttft_ms": 80.0 + i,
+        "actual_tpot_ms": 0.0,
+        "predicted_ttft_ms": 75.0,
+        "timestamp": f"2026-11-30T10:00:{i:02d}Z",
+        **extra,
+    }
+
+
+def test_leadtime_observations_keep_their_class_role_endpoint_and_time(tmp_path: Path) -> None:
+    lines = [json.dumps(native_observation(i)) for i in range(30)]
+    lines[7] = json.dumps(native_observation(7, accelerator="a-gpu-nobody-makes"))
+    lines[9] = json.dumps(native_observation(9, role="sideways"))
+    samples = SampleReader("h100-sxm", "llama-3.1-8b", max_malformed_share=0.1).read(
+        [str(write_lines(tmp_path / "o.jsonl", lines))]
+    )
+    assert len(samples) == 28
+    assert [m.where for m in samples.malformed] == ["line 8", "line 10"]
+    assert "accelerator" in samples.malformed[0].problem and "role" in samples.malformed[1].problem
+    assert set(samples.batch.accelerators) == {"l40s"} and set(samples.batch.roles) == {"prefill"}
+    assert samples.batch.endpoint_ids is not None and samples.batch.endpoint_ids[:2] == ["l40s-0", "l40s-1"]
+    assert samples.timestamps[0] == pytest.approx(1796032800.0)  # 2026-11-30T10:00:00Z
+    assert np.all(np.diff(samples.timestamps) > 0)
+
+
+def test_the_simulators_observation_log(tmp_path: Path) -> None:
+    path = tmp_path / "observations.jsonl"
+    rows = write_simulator_log(path, requests=300)
+    with path.open("a") as f:
+        f.write('{"policy": "llmd_heuristic"}\n')  # a row without any of the fields
+    samples = SampleReader("h100-sxm", "llama-3.1-8b", max_malformed_share=0.01).read([str(path)])
+    assert len(samples) == rows == 300
+    assert [(m.where, m.problem) for m in samples.malformed] == [("line 301", "actual_ttft_ms: is required")]
+    assert set(samples.batch.accelerators) == {"h100-sxm", "a100-sxm-80gb", "l40s"}  # the mixed fleet
+    assert np.isfinite(samples.timestamps).all()
+    split = split_recent(samples.timestamps, 0.2)
+    assert split.basis == BY_TIMESTAMP and len(split.evaluation) == 60
+    assert samples.timestamps[split.history].max() <= samples.timestamps[split.evaluation].min()
+
+
+def test_parquet_rows_with_nulls_and_a_malformed_row(tmp_path: Path) -> None:
+    rows = [json.loads(line) for line in llmd_lines(12)]
+    rows[3]["num_request_running"] = -1  # malformed
+    for row in rows[:6]:  # a column only some rows fill: null elsewhere
+        row["endpoint_id"] = "h200-a"
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    samples = SampleReader("h200-sxm", "qwen3-32b", max_malformed_share=0.1).read([str(path)])
+    assert len(samples) == 11 and samples.sources[0].kind == "parquet"
+    assert [(m.where, m.problem.split(":")[0]) for m in samples.malformed] == [("row 4", "num_request_running")]
+    assert samples.batch.endpoint_ids is not None
+    assert samples.batch.endpoint_ids[:6] == ["h200-a"] * 5 + [""]
+
+
+def test_a_file_that_is_not_parquet_is_one_clear_error(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "rows.parquet", llmd_lines(3))
+    with pytest.raises(SampleError, match=r"rows\.parquet: not a Parquet file"):
+        SampleReader("h200-sxm", "qwen3-32b").read([str(path)])
+
+
+def test_the_services_redis_stream_with_foreign_and_broken_messages(redis_url: str) -> None:
+    entries = [
+        observation_to_llmd(Observation(FeatureRow(RequestFeatures(100 + i)), actual_ttft_ms=20.0 + i))
+        for i in range(50)
+    ]
+    store = RedisStore(redis_url, namespace="fleet-a")
+    try:
+        store.append_observations(entries[:25])
+        assert store.flush()
+        client = redis.Redis.from_url(redis_url)
+        key = observation_stream_key("fleet-a")
+        client.xadd(key, {"other": "field"})  # some other writer's message
+        client.xadd(key, {"e": b"{broken"})
+        store.append_observations(entries[25:])
+        assert store.flush()
+        newest: Any = client.xrevrange(key, count=1)
+        last_id = newest[0][0].decode()
+        client.close()
+    finally:
+        store.close()
+    spec = f"{redis_url}?namespace=fleet-a"
+    samples = SampleReader("h100-sxm", "llama-3.1-8b", max_malformed_share=0.05).read([spec])
+    assert len(samples) == 50
+    assert np.array_equal(samples.actual_ttft_ms, [20.0 + i for i in range(50)])
+    (source,) = samples.sources
+    assert (source.kind, source.read, source.malformed, source.cursor) == ("redis", 52, 2, last_id)
+    assert [m.problem.split(" (")[0] for m in samples.malformed] == ["no 'e' field", "not JSON"]
+    assert all(m.where.startswith("entry ") for m in samples.malformed)
+    # The service's own namespace holds nothing here.
+    with pytest.raises(SampleError, match="holds no rows"):
+        SampleReader("h100-sxm", "llama-3.1-8b").read([redis_url])
+
+
+def test_redis_source_names_hide_credentials() -> None:
+    source = RedisSource.parse("redis://user:secret@10.0.0.5:6379/2?namespace=a&socket_timeout=3")
+    assert source.url == "redis://user:secret@10.0.0.5:6379/2?socket_timeout=3"
+    assert "secret" not in source.name and source.namespace == "a"
+
+
+def test_sources_join_in_time_order_only_when_every_row_has_a_timestamp(tmp_path: Path) -> None:
+    early = [json.dumps(native_observation(i)) for i in range(0, 20, 2)]
+    late = [json.dumps(native_observation(i)) for i in range(1, 20, 2)]
+    a, b = write_lines(tmp_path / "a.jsonl", early), write_lines(tmp_path / "b.jsonl", late)
+    samples = SampleReader("h100-sxm", "llama-3.1-8b").read([str(a), str(b)])
+    assert samples.source.tolist() == [0] * 10 + [1] * 10
+    split = split_recent(samples.timestamps, 0.25)
+    ordered = np.concatenate([split.history, split.evaluation])
+    assert samples.actual_ttft_ms[ordered].tolist() == [80.0 + i for i in range(20)]  # interleaved by time
+    no_time = write_lines(tmp_path / "c.jsonl", llmd_lines(4))
+    mixed = SampleReader("h100-sxm", "llama-3.1-8b").read([str(a), str(no_time)])
+    assert split_recent(mixed.timestamps, 0.25).basis == BY_READ_ORDER

@@ -1,0 +1,172 @@
+"""Champion and challenger on the same recent slice: how each predicts it, and whether the challenger wins.
+
+Both models predict the evaluation slice through `OnlinePredictor.predict_many`, exactly as the service would
+serve them, with neither learning from the slice while it is predicted. Per target (and broken down per
+accelerator class and role, the labels of the service's live-error metrics) the figures are the MAPE and median
+APE of the mean prediction, the pinball loss of the upper quantile on log latencies (scale-free, as the trees
+learn it) and the upper quantile's coverage.
+
+The challenger wins a target when its MAPE is at least `margin` (relative) below the champion's *and* its
+quantile loss is no higher: the router decides on the p90, so a better mean bought with a worse quantile is not
+better. It is published only if it wins both targets, and, with a margin of 0, only if it is better somewhere
+(not the champion's equal on both); with no champion it is published as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import mean_absolute_percentage_error, mean_pinball_loss
+
+from leadtime.features.vectorize import FeatureBatch
+from leadtime.predictor.learner import OnlinePredictor
+from leadtime.predictor.physics import TARGETS
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Accuracy of one model on one target over some rows."""
+
+    rows: int
+    mape: float
+    median_ape: float
+    pinball: float  # on log latencies, at the served quantile
+    coverage: float  # share of actuals at or below the upper quantile
+
+    @classmethod
+    def of(cls, actual: np.ndarray, mean: np.ndarray, upper: np.ndarray, quantile: float) -> Scores:
+        """Scores of predictions against actuals (all > 0).
+
+        >>> s = Scores.of(np.array([10.0, 20.0]), np.array([11.0, 18.0]), np.array([12.0, 19.0]), 0.9)
+        >>> round(s.mape, 3), s.coverage
+        (0.1, 0.5)
+        """
+        if not len(actual):
+            return cls(0, float("nan"), float("nan"), float("nan"), float("nan"))
+        ape = np.abs(mean - actual) / actual
+        log_upper = np.log(np.maximum(upper, 1e-9))
+        return cls(
+            rows=len(actual),
+            mape=float(mean_absolute_percentage_error(actual, mean)),
+            median_ape=float(np.median(ape)),
+            pinball=float(mean_pinball_loss(np.log(actual), log_upper, alpha=quantile)),
+            coverage=float(np.mean(actual <= upper)),
+        )
+
+    def as_dict(self) -> dict[str, float | int]:
+        """JSON-ready."""
+        return {
+            "rows": self.rows,
+            "mape": self.mape,
+            "median_ape": self.median_ape,
+            "pinball": self.pinball,
+            "coverage": self.coverage,
+        }
+
+
+@dataclass
+class Evaluation:
+    """One model on the evaluation slice: scores per target, per (accelerator, role) group, and the predictions."""
+
+    overall: dict[str, Scores]
+    groups: dict[str, dict[str, Scores]]  # target → "accelerator/role" → scores
+    predictions: dict[str, dict[str, np.ndarray]] = field(repr=False)  # target → actual / mean / upper
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (without the predictions)."""
+        return {
+            t: {
+                **self.overall[t].as_dict(),
+                "by_group": {g: s.as_dict() for g, s in sorted(self.groups[t].items())},
+            }
+            for t in self.overall
+        }
+
+
+def group_labels(batch: FeatureBatch) -> list[str]:
+    """Every row's accelerator class and role, as the service's metrics label them (``h100-sxm/prefill``)."""
+    return [f"{a}/{r}" for a, r in zip(batch.accelerators, batch.roles, strict=True)]
+
+
+def evaluate(
+    predictor: OnlinePredictor,
+    batch: FeatureBatch,
+    actual: dict[str, np.ndarray],
+) -> Evaluation:
+    """Predict every row once (no learning) and score each target over the rows that observed it."""
+    predicted = predictor.predict_many(batch)
+    quantile = predictor.config.quantile
+    served = {
+        "ttft": (predicted.ttft_mean, predicted.ttft_quantile),
+        "tpot": (predicted.tpot_mean, predicted.tpot_quantile),
+    }
+    labels = np.array(group_labels(batch))
+    overall: dict[str, Scores] = {}
+    groups: dict[str, dict[str, Scores]] = {}
+    predictions: dict[str, dict[str, np.ndarray]] = {}
+    for target in TARGETS:
+        seen = actual[target] > 0
+        a, (mean, upper) = actual[target][seen], (v[seen] for v in served[target])
+        overall[target] = Scores.of(a, mean, upper, quantile)
+        target_labels = labels[seen]
+        groups[target] = {
+            str(g): Scores.of(a[target_labels == g], mean[target_labels == g], upper[target_labels == g], quantile)
+            for g in np.unique(target_labels)
+        }
+        predictions[target] = {"actual": a, "mean": mean, "upper": upper, "group": target_labels}
+    return Evaluation(overall, groups, predictions)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether to publish, and why, target by target."""
+
+    publish: bool
+    reason: str
+    wins: dict[str, bool]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {"publish": self.publish, "reason": self.reason, "wins": self.wins}
+
+
+def decide(champion: Evaluation | None, challenger: Evaluation, margin: float) -> Decision:
+    """Publish the challenger if there is no champion, or if it wins both targets by `margin`.
+
+    A target nobody can be judged on (no row of the slice observed it) is not won.
+    """
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    if champion is None:
+        return Decision(True, "the registry holds no model", {t: True for t in TARGETS})
+    wins: dict[str, bool] = {}
+    why: list[str] = []
+    for target in TARGETS:
+        old, new = champion.overall[target], challenger.overall[target]
+        if not new.rows:
+            wins[target] = False
+            why.append(f"{target}: no row of the evaluation slice observed it")
+            continue
+        better_mean = new.mape <= (1.0 - margin) * old.mape
+        quantile_held = new.pinball <= old.pinball
+        wins[target] = better_mean and quantile_held
+        why.append(
+            f"{target}: MAPE {old.mape:.4f} → {new.mape:.4f} ({'≥' if better_mean else '<'} {margin:.0%} better), "
+            f"upper-quantile loss {old.pinball:.4f} → {new.pinball:.4f}"
+            f" ({'held' if quantile_held else 'worse'})"
+        )
+    better = any(
+        challenger.overall[t].mape < champion.overall[t].mape
+        or challenger.overall[t].pinball < champion.overall[t].pinball
+        for t in TARGETS
+    )
+    publish = all(wins.values()) and better
+    if publish:
+        verdict = "the challenger wins both targets"
+    elif all(wins.values()):
+        verdict = "the champion stays (the challenger is its equal on both targets)"
+    else:
+        verdict = "the champion stays"
+    return Decision(publish, f"{verdict}: " + "; ".join(why), wins)

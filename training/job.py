@@ -1,0 +1,547 @@
+"""`leadtime retrain`: read the history, fit the residual trees on it, judge them against the champion, publish.
+
+What "the model" is. A Leadtime model is the online predictor's state: the physics prior's online correction,
+the per-class and per-endpoint offsets and the calibration (learned from every observation as it arrives), and
+LightGBM trees that refine what those leave (`predictor/learner.py`). The online parts are only ever right as
+of now, and the service keeps them current; the trees are what a longer history can improve. So the job keeps
+the champion's online state as it is and replaces its trees with ones fitted on the whole history:
+
+- with a champion in the registry, the challenger is the champion with new trees (mean and upper quantile per
+  target) fitted on the residual the champion's online parts leave over the history, and calibrated on the
+  history's most recent block. It keeps the champion's record of how far into the service's observation stream
+  it has learned, so a replica that adopts it goes on from there: nothing learned twice, nothing skipped.
+- with an empty registry, the online parts are first learned from the history in time order, as the service
+  would have learned them, then the trees are fitted on top. What is published is what was judged: letting the
+  online parts learn the evaluation slice afterwards would move them under trees fitted to what they left
+  before (on the shipped H200 rows that doubled the TPOT error on the slice). Such a model records no position
+  in the service's stream: a running replica that adopts it goes on from its own, a replica that starts from it
+  learns the stream from its start.
+
+Judging is honest: the trees never see the evaluation slice (the most recent `eval_share` of the rows), and both
+models predict it the way the service serves them (`champion.py`). Exit status: 0 published, 3 champion kept.
+The registry may have moved on while the job ran (the service publishes its own retrains): the challenger is
+then judged again, against the newest model, before anything is published. It is not rebuilt on the newest
+model's online state: its trees were fitted to what its own online parts leave, and they would not fit another
+state. Published, it takes replicas back to its stream position, from which they learn the stream again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.errors import FeatureError
+from leadtime.predictor.artifact import ArtifactError
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.physics import TARGETS
+from leadtime.training.champion import Decision, Evaluation, decide, evaluate
+from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
+from leadtime.training.registry import Published, Registry, RegistryError, open_registry
+from leadtime.training.sources import SampleError, SampleReader, Samples
+from leadtime.training.split import TimeSplit, split_recent
+
+EXIT_PUBLISHED = 0
+EXIT_KEPT = 3
+MIN_TARGET_ROWS = 500  # history rows a target needs before trees are fitted for it
+DEFAULT_ACCELERATOR = "h100-sxm"  # the service's defaults, for rows that name no class
+DEFAULT_MODEL = "llama-3.1-8b"
+RETRAIN_KEY = "offline_retrain"  # artifact metadata: what the job fitted the trees on
+
+
+class RetrainError(RuntimeError):
+    """The job cannot run as asked (a source, the registry, the cluster, the options); one line."""
+
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    """What `leadtime retrain` is asked to do.
+
+    Parameters
+    ----------
+    samples
+        Sources: JSONL or Parquet paths, shipped names (``sharegpt-h200``), ``redis://`` URLs of a stream.
+    registry
+        A directory or a ``redis://`` URL (``?namespace=NAME`` for another than the service's default).
+    dask
+        Address of a Dask scheduler to fit on, or None to fit in this process.
+    report_dir
+        Where to write report.json, report.md and the plots (None: no files).
+    accelerator, model
+        The class of rows that name none, for a model started here; must agree with the champion's.
+    eval_share
+        The most recent share of the rows held out for judging.
+    margin
+        How much lower (relative) the challenger's MAPE must be on both targets.
+    max_malformed_share
+        The share of a source's rows that may be malformed before the job stops.
+    search
+        The trees' search (`fit.SearchConfig`).
+    """
+
+    samples: tuple[str, ...]
+    registry: str
+    dask: str | None = None
+    report_dir: Path | None = None
+    accelerator: str | None = None
+    model: str | None = None
+    eval_share: float = 0.2
+    margin: float = 0.02
+    max_malformed_share: float = 0.01
+    search: SearchConfig = field(default_factory=SearchConfig)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.eval_share < 0.5:
+            raise ValueError(f"eval_share must be in (0, 0.5), got {self.eval_share}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if not 0.0 <= self.max_malformed_share <= 1.0:
+            raise ValueError(f"max_malformed_share must be in [0, 1], got {self.max_malformed_share}")
+
+
+@dataclass
+class RetrainResult:
+    """What the job did: published or kept, the registry version, the report, and both models."""
+
+    exit_code: int
+    published_version: int | None
+    report: dict[str, Any]
+    challenger: OnlinePredictor
+    champion: OnlinePredictor | None
+    files: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class _Progress:
+    """A rich progress bar on standard error (or nothing), advanced by the job's steps."""
+
+    enabled: bool
+    bar: Any = None
+    task: Any = None
+
+    @contextlib.contextmanager
+    def running(self, total: int) -> Iterator[_Progress]:
+        if not self.enabled:
+            yield self
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        with self.bar:
+            self.task = self.bar.add_task("retrain", total=total)
+            yield self
+
+    def step(self, description: str, advance: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=advance, description=description)
+
+
+def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = False) -> RetrainResult:
+    """Run the job. `client`: a connected Dask client to fit on (else `config.dask` is connected to, if set).
+
+    Raises RetrainError for anything a user can fix; the exit code is in the result.
+    """
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    if config.report_dir is not None:  # before anything is published: a report that cannot be written stops here
+        try:
+            config.report_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise RetrainError(f"{config.report_dir}: cannot write the report ({err.strerror or err})") from None
+    registry = _open_registry(config.registry)
+    own_client = None
+    try:
+        champion_published = _latest(registry)
+        champion = _load(champion_published, registry.name) if champion_published is not None else None
+        accelerator, model = _default_class(config, champion)
+        trainer, own_client, workers = _trainer(config, client)
+        bar = _Progress(progress)
+        total_fits = fits_per_target(config.search) * len(TARGETS)
+        with bar.running(total_fits + 4):
+            t = time.perf_counter()
+            bar.step("reading samples", 0)
+            samples = _read(config, accelerator, model, bar)
+            timings["read_s"] = time.perf_counter() - t
+            split = _split(samples, config.eval_share)
+            bar.step("samples read")
+
+            t = time.perf_counter()
+            base = _base(champion, samples, split, accelerator, model, config.search.quantile)
+            timings["online_base_s"] = time.perf_counter() - t
+            bar.step("online parts ready")
+
+            t = time.perf_counter()
+            trees = _fit_trees(base, samples, split, config.search, trainer, bar)
+            timings["fit_s"] = time.perf_counter() - t
+
+            t = time.perf_counter()
+            challenger = _challenger(base, trees, samples, split, config)
+            evaluation = _evaluations(champion, challenger, base, samples, split)
+            decision = decide(evaluation.get("champion"), evaluation["challenger"], config.margin)
+            timings["evaluate_s"] = time.perf_counter() - t
+            bar.step("judged")
+
+            rival = None
+            published_version = None
+            if decision.publish:
+                rival, evaluation, decision = _judge_again_if_moved(
+                    registry, champion_published, challenger, base, samples, split, evaluation, decision, config
+                )
+            if decision.publish:
+                published_version = _publish(registry, challenger)
+            bar.step("published" if decision.publish else "champion kept")
+        timings["total_s"] = time.perf_counter() - started
+        serving_cost = {"challenger": _predict_cost(challenger, samples, split)}
+        if champion is not None:
+            serving_cost["champion"] = _predict_cost(champion, samples, split)
+        report = _report(
+            config,
+            samples,
+            split,
+            trees,
+            evaluation,
+            decision,
+            registry.name,
+            champion_published,
+            rival,
+            published_version,
+            trainer.name,
+            workers,
+            timings,
+            challenger,
+            serving_cost,
+        )
+        result = RetrainResult(
+            EXIT_PUBLISHED if decision.publish else EXIT_KEPT,
+            published_version,
+            report,
+            challenger,
+            champion,
+        )
+        if config.report_dir is not None:
+            from leadtime.training.report import write_report
+
+            try:
+                result.files = write_report(config.report_dir, report, evaluation, trees)
+            except OSError as err:
+                done = f"published version {published_version}" if decision.publish else "kept the champion"
+                raise RetrainError(f"{done}, but the report could not be written: {err}") from None
+            report["files"] = [str(p) for p in result.files]
+        return result
+    finally:
+        registry.close()
+        if own_client is not None:
+            own_client.close()
+
+
+# --- the steps ---------------------------------------------------------------------------------------------
+
+
+def _open_registry(spec: str) -> Registry:
+    try:
+        return open_registry(spec)
+    except (RegistryError, SampleError) as err:
+        raise RetrainError(str(err)) from None
+
+
+def _latest(registry: Registry) -> Published | None:
+    try:
+        return registry.latest()
+    except RegistryError as err:
+        raise RetrainError(str(err)) from None
+
+
+def _load(published: Published, where: str) -> OnlinePredictor:
+    try:
+        return OnlinePredictor.from_bytes(published.artifact, background=False)
+    except ArtifactError as err:
+        raise RetrainError(f"{where}: the registry's model {published.version} cannot be loaded ({err})") from None
+
+
+def _default_class(config: RetrainConfig, champion: OnlinePredictor | None) -> tuple[str, str]:
+    """The class of rows that name none: the champion's (the options may only repeat it), else the options'."""
+    try:
+        accelerator = get_accelerator(config.accelerator).slug if config.accelerator else None
+        model = get_model(config.model).slug if config.model else None
+    except FeatureError as err:
+        raise RetrainError(str(err)) from None
+    if champion is None:
+        return accelerator or DEFAULT_ACCELERATOR, model or DEFAULT_MODEL
+    served = champion.config.accelerator, champion.config.model
+    for given, theirs, option in ((accelerator, served[0], "--accelerator"), (model, served[1], "--model")):
+        if given is not None and given != theirs:
+            raise RetrainError(
+                f"{option} {given} disagrees with the registry's model, which serves rows naming no class as {theirs}"
+            )
+    return served
+
+
+def _trainer(config: RetrainConfig, client: Any) -> tuple[Trainer, Any, int]:
+    """(trainer, a client this job opened and must close, workers)."""
+    if client is None and config.dask is None:
+        return LocalTrainer(), None, 1
+    from leadtime.training.distributed import DaskTrainer, DaskUnavailable, connect
+
+    own = None
+    if client is None:
+        try:
+            client = own = connect(str(config.dask))
+        except DaskUnavailable as err:
+            raise RetrainError(str(err)) from None
+    trainer = DaskTrainer(client)
+    return trainer, own, trainer.workers
+
+
+def _read(config: RetrainConfig, accelerator: str, model: str, bar: _Progress) -> Samples:
+    reader = SampleReader(accelerator, model, config.max_malformed_share)
+    try:
+        return reader.read(config.samples, progress=lambda name, n: bar.step(f"reading {name}: {n:,} rows", 0))
+    except SampleError as err:
+        raise RetrainError(str(err)) from None
+
+
+def _split(samples: Samples, eval_share: float) -> TimeSplit:
+    try:
+        return split_recent(samples.timestamps, eval_share)
+    except ValueError as err:
+        raise RetrainError(str(err)) from None
+
+
+def _actuals(samples: Samples) -> dict[str, np.ndarray]:
+    return {"ttft": samples.actual_ttft_ms, "tpot": samples.actual_tpot_ms}
+
+
+def _base(
+    champion: OnlinePredictor | None,
+    samples: Samples,
+    split: TimeSplit,
+    accelerator: str,
+    model: str,
+    quantile: float,
+) -> OnlinePredictor:
+    """The online parts the trees refine: the champion's, or learned here from the history in time order."""
+    if champion is not None:
+        return OnlinePredictor.from_bytes(champion.to_bytes(), background=False)
+    base = OnlinePredictor(
+        LearnerConfig(accelerator=accelerator, model=model, quantile=quantile, background=False, retrain=False)
+    )
+    rows = split.history
+    base.learn_many(samples.batch[rows], samples.actual_ttft_ms[rows], samples.actual_tpot_ms[rows])
+    base.config.retrain = True  # the service decides when it retrains; a model at rest retrains on schedule
+    return base
+
+
+def _fit_trees(
+    base: OnlinePredictor,
+    samples: Samples,
+    split: TimeSplit,
+    search: SearchConfig,
+    trainer: Trainer,
+    bar: _Progress,
+) -> dict[str, TargetTrees]:
+    """Trees per target on the history rows that observed it (fewer than `MIN_TARGET_ROWS`: none fitted)."""
+    fitted: dict[str, TargetTrees] = {}
+    search = _with_quantile(search, base.config.quantile)
+    for target, actual in _actuals(samples).items():
+        rows = split.history[actual[split.history] > 0]
+        if len(rows) < MIN_TARGET_ROWS:
+            bar.step(f"{target}: {len(rows)} rows, too few for trees", fits_per_target(search))
+            continue
+        x, residual = base.residual_training_set(target, samples.batch[rows], actual[rows])
+        try:
+            fitted[target] = fit_target(
+                target,
+                x,
+                residual,
+                partial(base.serving_residuals, target),
+                search,
+                trainer,
+                tick=lambda what: bar.step(what),
+            )
+        except (ValueError, RuntimeError) as err:  # too few rows for the folds; a Dask fit that failed
+            raise RetrainError(f"{target}: {err}") from None
+    if not fitted:
+        raise RetrainError(
+            f"no target has the {MIN_TARGET_ROWS} history rows trees need "
+            f"({', '.join(f'{t}: {int((a[split.history] > 0).sum())}' for t, a in _actuals(samples).items())})"
+        )
+    return fitted
+
+
+def _with_quantile(search: SearchConfig, quantile: float) -> SearchConfig:
+    return search if search.quantile == quantile else replace(search, quantile=quantile)
+
+
+def _challenger(
+    base: OnlinePredictor,
+    trees: dict[str, TargetTrees],
+    samples: Samples,
+    split: TimeSplit,
+    config: RetrainConfig,
+) -> OnlinePredictor:
+    """`base` (copied) serving the new trees, one version on, with a record of what they were fitted on."""
+    challenger = OnlinePredictor.from_bytes(base.to_bytes(), background=False)
+    for target, fitted in trees.items():
+        if fitted.installs:
+            challenger.install_trees(
+                target, fitted.mean, fitted.upper, fitted.upper_shift, fitted.calibration_residuals
+            )
+    challenger.version = base.version + 1
+    stamps = samples.timestamps[split.history]
+    challenger.metadata[RETRAIN_KEY] = {
+        "at": datetime.now(UTC).isoformat(),
+        "sources": [s.name for s in samples.sources],
+        "history_rows": len(split.history),
+        "history_until": float(np.nanmax(stamps)) if np.isfinite(stamps).any() else None,
+        "targets": {t: {"mean": f.mean is not None, "upper": f.upper is not None} for t, f in trees.items()},
+        "based_on_version": base.version,
+    }
+    return challenger
+
+
+def _evaluations(
+    champion: OnlinePredictor | None,
+    challenger: OnlinePredictor,
+    base: OnlinePredictor,
+    samples: Samples,
+    split: TimeSplit,
+) -> dict[str, Evaluation]:
+    """Both models on the evaluation slice; with no champion, the online parts alone for reference."""
+    rows = split.evaluation
+    batch = samples.batch[rows]
+    actual = {t: a[rows] for t, a in _actuals(samples).items()}
+    out = {"challenger": evaluate(challenger, batch, actual)}
+    if champion is not None:
+        out["champion"] = evaluate(champion, batch, actual)
+    else:
+        out["online_only"] = evaluate(base, batch, actual)
+    return out
+
+
+def _judge_again_if_moved(
+    registry: Registry,
+    champion: Published | None,
+    challenger: OnlinePredictor,
+    base: OnlinePredictor,
+    samples: Samples,
+    split: TimeSplit,
+    evaluation: dict[str, Evaluation],
+    decision: Decision,
+    config: RetrainConfig,
+) -> tuple[Published | None, dict[str, Evaluation], Decision]:
+    """If the registry moved on while the job ran, judge the challenger again against its newest model (and
+    number it after that model)."""
+    newest = _latest(registry)
+    if newest is None or (champion is not None and newest.digest == champion.digest):
+        return None, evaluation, decision
+    rival = _load(newest, registry.name)
+    challenger.version = max(challenger.version, rival.version + 1)
+    evaluation = _evaluations(rival, challenger, base, samples, split)
+    return newest, evaluation, decide(evaluation["champion"], evaluation["challenger"], config.margin)
+
+
+def _publish(registry: Registry, challenger: OnlinePredictor) -> int:
+    try:
+        return registry.publish(challenger.to_bytes())
+    except RegistryError as err:
+        raise RetrainError(str(err)) from None
+
+
+def _report(
+    config: RetrainConfig,
+    samples: Samples,
+    split: TimeSplit,
+    trees: dict[str, TargetTrees],
+    evaluation: dict[str, Evaluation],
+    decision: Decision,
+    registry_name: str,
+    champion: Published | None,
+    rival: Published | None,
+    published_version: int | None,
+    backend: str,
+    workers: int,
+    timings: dict[str, float],
+    challenger: OnlinePredictor,
+    serving_cost: dict[str, float],
+) -> dict[str, Any]:
+    """The job's report as JSON-ready values (report.py writes it out with the plots)."""
+    stamps = samples.timestamps
+    eval_stamps = stamps[split.evaluation]
+    return {
+        "outcome": "published" if decision.publish else "kept",
+        "exit_code": EXIT_PUBLISHED if decision.publish else EXIT_KEPT,
+        "registry": {
+            "name": registry_name,
+            "champion_version": champion.version if champion is not None else None,
+            "judged_again_against_version": rival.version if rival is not None else None,
+            "published_version": published_version,
+        },
+        "decision": {**decision.as_dict(), "margin": config.margin},
+        "samples": {
+            "rows": len(samples),
+            "sources": [
+                {"name": s.name, "kind": s.kind, "read": s.read, "used": s.used, "malformed": s.malformed}
+                for s in samples.sources
+            ],
+            "malformed_total": samples.malformed_total,
+            "malformed": [{"source": m.source, "where": m.where, "problem": m.problem} for m in samples.malformed],
+            "ordered_by": split.basis,
+            "history_rows": len(split.history),
+            "evaluation_rows": len(split.evaluation),
+            "evaluation_from": float(np.min(eval_stamps)) if np.isfinite(eval_stamps).all() else None,
+            "per_target": {
+                t: {"history": int((a[split.history] > 0).sum()), "evaluation": int((a[split.evaluation] > 0).sum())}
+                for t, a in _actuals(samples).items()
+            },
+        },
+        "training": {
+            "backend": backend,
+            "workers": workers,
+            "quantile": challenger.config.quantile,
+            "search": {
+                "grid": config.search.grid,
+                "folds": config.search.folds,
+                "learning_rate": config.search.learning_rate,
+                "max_rounds": config.search.max_rounds,
+                "patience": config.search.patience,
+            },
+            "targets": {t: fitted.summary() for t, fitted in trees.items()},
+        },
+        "evaluation": {name: e.as_dict() for name, e in evaluation.items()},
+        "serving_cost_ms_per_100_rows": serving_cost,
+        "model": {
+            "version": challenger.version,
+            "accelerator": challenger.config.accelerator,
+            "model": challenger.config.model,
+        },
+        "timings_s": timings,
+    }
+
+
+def _predict_cost(predictor: OnlinePredictor, samples: Samples, split: TimeSplit, calls: int = 30) -> float:
+    """Median time of one `predict_many` call on 100 evaluation rows (what a router's bulk call costs)."""
+    rows = split.evaluation[:100]
+    batch = samples.batch[rows]
+    predictor.predict_many(batch)
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        predictor.predict_many(batch)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1e3)

@@ -1,0 +1,254 @@
+"""The retraining job's report: report.json, a short report.md, and four PNG plots.
+
+- predicted_vs_actual.png: each model's mean prediction against the actual, per target (log-log);
+- error_by_class.png: MAPE per accelerator class and role, per target and model;
+- calibration.png: how often the actual stays at or below the upper quantile, by decile of the predicted
+  quantile (a calibrated p90 sits on the 0.9 line in every decile);
+- feature_importances.png: the new trees' gain per feature (features/ columns plus the log physics prior).
+
+Plots are drawn on `matplotlib.figure.Figure` objects (no pyplot, no global backend state).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from leadtime.predictor.physics import TARGETS
+from leadtime.predictor.trees import TREE_FEATURES
+from leadtime.training.champion import Evaluation
+from leadtime.training.fit import TargetTrees
+
+_COLOURS = {"champion": "tab:gray", "online_only": "tab:gray", "challenger": "tab:blue"}
+_POINTS = 4000  # points per model in a scatter plot (evenly thinned beyond)
+_TOP_FEATURES = 12
+
+
+def write_report(
+    directory: Path, report: dict[str, Any], evaluation: dict[str, Evaluation], trees: dict[str, TargetTrees]
+) -> list[Path]:
+    """Write every file into `directory` (created if needed); returns their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [
+        _predicted_vs_actual(directory / "predicted_vs_actual.png", evaluation),
+        _error_by_class(directory / "error_by_class.png", evaluation),
+        _calibration(directory / "calibration.png", evaluation, float(report["training"]["quantile"])),
+        _importances(directory / "feature_importances.png", trees),
+    ]
+    markdown = directory / "report.md"
+    markdown.write_text(summary_markdown(report))
+    files.append(markdown)
+    path = directory / "report.json"
+    files.append(path)
+    report = {**report, "files": [str(p) for p in files]}
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return files
+
+
+def summary_markdown(report: dict[str, Any]) -> str:
+    """A short human summary: the decision, the figures it rests on, the data and the time taken."""
+    registry = report["registry"]
+    lines = ["# Offline retraining", ""]
+    if report["outcome"] == "published":
+        lines.append(f"**Published** as version {registry['published_version']} to {registry['name']}.")
+    else:
+        lines.append(f"**Champion kept** (version {registry['champion_version']} in {registry['name']}).")
+    lines += ["", report["decision"]["reason"], ""]
+    lines += [
+        "| model | target | rows | MAPE | median APE | upper-quantile loss | coverage |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, scores in report["evaluation"].items():
+        for target in TARGETS:
+            s = scores[target]
+            lines.append(
+                f"| {name} | {target} | {s['rows']} | {s['mape']:.4f} | {s['median_ape']:.4f} | {s['pinball']:.4f} "
+                f"| {s['coverage']:.3f} |"
+            )
+    samples = report["samples"]
+    lines += ["", "## Data", ""]
+    for source in samples["sources"]:
+        lines.append(
+            f"- {source['name']} ({source['kind']}): {source['read']} rows read, {source['used']} used, "
+            f"{source['malformed']} malformed"
+        )
+    listed = samples["malformed"][:5]
+    for item in listed:
+        lines.append(f"  - {item['source']} {item['where']}: {item['problem']}")
+    if samples["malformed_total"] > len(listed):
+        lines.append(f"  - ... {samples['malformed_total'] - len(listed)} more in report.json")
+    lines.append(
+        f"- ordered by {samples['ordered_by']}; history {samples['history_rows']} rows, evaluation slice (most "
+        f"recent) {samples['evaluation_rows']} rows"
+    )
+    training = report["training"]
+    lines += ["", "## Training", ""]
+    lines.append(f"- backend: {training['backend']} ({training['workers']} worker(s))")
+    for target, fitted in training["targets"].items():
+        state = {True: "installed", False: "not better than what served, not installed"}
+        lines.append(
+            f"- {target}: {fitted['trees']['mean']} point-prediction trees ({_setting(fitted['chosen']['mean'])}; "
+            f"{state[fitted['accepted']['mean']]}), {fitted['trees']['upper']} upper-quantile trees "
+            f"({_setting(fitted['chosen']['upper'])}; {state[fitted['accepted']['upper']]}), fitted on "
+            f"{fitted['rows']['fit']} rows"
+        )
+    timings = report["timings_s"]
+    lines.append("- time: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items()))
+    return "\n".join(lines) + "\n"
+
+
+def _setting(chosen: dict[str, Any]) -> str:
+    """A chosen setting in words.
+
+    >>> _setting({"objective": "median", "num_leaves": 5, "min_data_in_leaf": 200})
+    'median, 5 leaves, ≥ 200 rows a leaf'
+    """
+    rest = {k: v for k, v in chosen.items() if k not in ("objective", "num_leaves", "min_data_in_leaf")}
+    words = [str(chosen.get("objective", "")), f"{chosen.get('num_leaves')} leaves"]
+    words.append(f"≥ {chosen.get('min_data_in_leaf')} rows a leaf")
+    words += [f"{k} {v}" for k, v in sorted(rest.items())]
+    return ", ".join(words)
+
+
+def _thin(n: int) -> np.ndarray:
+    return np.linspace(0, n - 1, min(n, _POINTS)).astype(int) if n else np.zeros(0, dtype=int)
+
+
+def _predicted_vs_actual(path: Path, evaluation: dict[str, Evaluation]) -> Path:
+    fig = Figure(figsize=(11, 5))
+    for i, target in enumerate(TARGETS):
+        ax = fig.add_subplot(1, len(TARGETS), i + 1)
+        low, high = np.inf, 0.0
+        for name, ev in evaluation.items():
+            p = ev.predictions[target]
+            keep = _thin(len(p["actual"]))
+            if not len(keep):
+                continue
+            actual, mean = p["actual"][keep], p["mean"][keep]
+            ax.scatter(actual, mean, s=4, alpha=0.35, color=_COLOURS.get(name), label=name)
+            low = min(low, float(actual.min()), float(np.maximum(mean, 1e-3).min()))
+            high = max(high, float(actual.max()), float(mean.max()))
+        if high > 0:
+            ax.plot([low, high], [low, high], color="black", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.legend(loc="upper left")
+        ax.set_xlabel(f"actual {target} (ms)")
+        ax.set_ylabel(f"predicted mean {target} (ms)")
+        ax.set_title(f"{target}: predicted vs actual (evaluation slice)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _error_by_class(path: Path, evaluation: dict[str, Evaluation]) -> Path:
+    fig = Figure(figsize=(11, 5))
+    names = list(evaluation)
+    for i, target in enumerate(TARGETS):
+        ax = fig.add_subplot(1, len(TARGETS), i + 1)
+        groups = sorted(set().union(*(ev.groups[target] for ev in evaluation.values())))
+        width = 0.8 / max(1, len(names))
+        for j, name in enumerate(names):
+            values = [evaluation[name].groups[target].get(g) for g in groups]
+            heights = [v.mape if v is not None else 0.0 for v in values]
+            positions = np.arange(len(groups)) + j * width
+            ax.bar(positions, heights, width, color=_COLOURS.get(name), label=name)
+        ax.set_xticks(np.arange(len(groups)) + width * (len(names) - 1) / 2)
+        ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("MAPE of the mean prediction")
+        ax.set_title(f"{target}: error by accelerator class and role")
+        if groups:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def calibration_curve(actual: np.ndarray, upper: np.ndarray, bins: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """(median predicted quantile, coverage) per bin of equal row count, bins ordered by the predicted quantile.
+
+    >>> centre, coverage = calibration_curve(np.arange(1.0, 11.0), np.arange(1.0, 11.0) + 0.5, bins=2)
+    >>> centre.tolist(), coverage.tolist()
+    ([3.5, 8.5], [1.0, 1.0])
+    """
+    if not len(actual):
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(upper, kind="stable")
+    parts = [p for p in np.array_split(order, min(bins, len(order))) if len(p)]
+    centre = np.array([float(np.median(upper[p])) for p in parts])
+    coverage = np.array([float(np.mean(actual[p] <= upper[p])) for p in parts])
+    return centre, coverage
+
+
+def _calibration(path: Path, evaluation: dict[str, Evaluation], quantile: float) -> Path:
+    fig = Figure(figsize=(11, 5))
+    for i, target in enumerate(TARGETS):
+        ax = fig.add_subplot(1, len(TARGETS), i + 1)
+        for name, ev in evaluation.items():
+            p = ev.predictions[target]
+            centre, coverage = calibration_curve(p["actual"], p["upper"])
+            if len(centre):
+                ax.plot(centre, coverage, marker="o", color=_COLOURS.get(name), label=name)
+        ax.axhline(quantile, color="black", linewidth=0.8, linestyle="--", label=f"target {quantile:g}")
+        ax.set_xscale("log")
+        ax.set_ylim(0.0, 1.02)
+        ax.set_xlabel(f"predicted upper quantile of {target} (ms), deciles")
+        ax.set_ylabel("share of actuals at or below it")
+        ax.set_title(f"{target}: quantile calibration")
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _importances(path: Path, trees: dict[str, TargetTrees]) -> Path:
+    fig = Figure(figsize=(11, 5))
+    for i, target in enumerate(TARGETS):
+        ax = fig.add_subplot(1, len(TARGETS), i + 1)
+        fitted = trees.get(target)
+        if fitted is None:
+            ax.set_title(f"{target}: no trees fitted")
+            continue
+        mean_gain = np.asarray(fitted.candidate_mean.feature_importance(importance_type="gain"), dtype=float)
+        upper_gain = np.asarray(fitted.candidate_upper.feature_importance(importance_type="gain"), dtype=float)
+        mean_share = mean_gain / max(mean_gain.sum(), 1e-12)
+        upper_share = upper_gain / max(upper_gain.sum(), 1e-12)
+        top = np.argsort(-(mean_share + upper_share))[:_TOP_FEATURES][::-1]
+        positions = np.arange(len(top))
+        used = {True: "installed", False: "not installed"}
+        ax.barh(positions - 0.2, mean_share[top], 0.4, label=f"point trees ({used[fitted.accepted['mean']]})")
+        ax.barh(positions + 0.2, upper_share[top], 0.4, label=f"upper trees ({used[fitted.accepted['upper']]})")
+        ax.set_yticks(positions)
+        ax.set_yticklabels([TREE_FEATURES[j] for j in top], fontsize=8)
+        ax.set_xlabel("share of the trees' gain")
+        ax.set_title(f"{target}: feature importances")
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def print_result(report: dict[str, Any], as_json: bool) -> None:
+    """The report as one JSON object, or a few lines: the outcome, the figures it rests on, where the files are."""
+    if as_json:
+        print(json.dumps(report))
+        return
+    registry = report["registry"]
+    if report["outcome"] == "published":
+        print(f"published version {registry['published_version']} to {registry['name']}")
+    else:
+        print(f"kept the champion (version {registry['champion_version']} in {registry['name']})")
+    print(report["decision"]["reason"])
+    samples = report["samples"]
+    print(
+        f"{samples['rows']} rows used ({samples['malformed_total']} malformed left out), ordered by "
+        f"{samples['ordered_by']}; judged on the most recent {samples['evaluation_rows']}; "
+        f"{report['timings_s']['total_s']:.1f} s on {report['training']['backend']}"
+    )
+    for path in report.get("files", []):
+        if path.endswith("report.md"):
+            print(f"report: {path}")

@@ -1,0 +1,350 @@
+"""Sample sources of the retraining job: JSONL and Parquet files and the service's Redis observation stream.
+
+Every source yields training entries in the one shape the service accepts: an llm-d training row (llm-d's own
+rows, the simulator's observation log), optionally with Leadtime's extras (the native observation schema, and
+what the service appends to its stream). They are checked and vectorized by the service's own parser
+(`RowParser.parse_observations`, which vectorizes with `features/`), so a row means to the job exactly what it
+meant to the service that learned it online.
+
+A row that cannot be used is *malformed*: not JSON, not an object, a field the parser refuses, a timestamp that
+is not one, or neither target observed. Each is recorded with its source and where in it (line, row or stream
+entry id), counted per source, and left out; a source whose malformed share exceeds the configured bound stops
+the job (`SampleError`), because that is more likely the wrong file than a few bad rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+
+from leadtime.data import MEASURED, DataFileError, resolve
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import parse_timestamp
+from leadtime.features.vectorize import FeatureBatch
+from leadtime.predictor.service.rows import RowParser
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+DEFAULT_NAMESPACE = "leadtime"  # the service's (RedisStore's default)
+_CHUNK = 4096  # entries parsed per call of the service's parser
+_LISTED = 10_000  # malformed rows listed one by one in the report (all are counted)
+
+
+class SampleError(ValueError):
+    """A source cannot be read, holds no usable row, or too large a share of malformed rows (one line)."""
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """One row left out: its source, where in it (``line 12``, ``row 3``, ``entry 1700000000000-0``) and why."""
+
+    source: str
+    where: str
+    problem: str
+
+
+@dataclass
+class SourceSummary:
+    """What one source gave: rows read, rows used, rows malformed."""
+
+    name: str
+    kind: str  # jsonl | parquet | redis
+    read: int = 0
+    used: int = 0
+    malformed: int = 0
+    cursor: str | None = None  # a Redis stream's last entry id read
+
+    @property
+    def malformed_share(self) -> float:
+        """Malformed rows over rows read (0 for an empty source)."""
+        return self.malformed / self.read if self.read else 0.0
+
+
+@dataclass
+class Samples:
+    """Every usable row of every source, in read order (sources in the order given).
+
+    `timestamps` is NaN for a row without one; `source` is each row's index into `sources`.
+    """
+
+    batch: FeatureBatch
+    actual_ttft_ms: np.ndarray
+    actual_tpot_ms: np.ndarray
+    timestamps: np.ndarray
+    source: np.ndarray
+    sources: list[SourceSummary]
+    malformed: list[Malformed] = field(default_factory=list)  # the first `_LISTED`
+
+    def __len__(self) -> int:
+        return len(self.actual_ttft_ms)
+
+    @property
+    def malformed_total(self) -> int:
+        """Malformed rows over all sources."""
+        return sum(s.malformed for s in self.sources)
+
+
+@dataclass(frozen=True)
+class RedisSource:
+    """A Redis stream named by a URL: ``redis://host:port/db[?namespace=NAME]`` reads ``NAME:observations``."""
+
+    url: str  # without the namespace parameter (what redis-py takes)
+    namespace: str
+
+    @classmethod
+    def parse(cls, spec: str) -> RedisSource:
+        """Split the job's own `namespace` query parameter off a Redis URL.
+
+        >>> RedisSource.parse("redis://127.0.0.1:6379/0?namespace=fleet-a")
+        RedisSource(url='redis://127.0.0.1:6379/0', namespace='fleet-a')
+        """
+        parts = urlsplit(spec)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        names = [v for k, v in query if k == "namespace"]
+        rest = [(k, v) for k, v in query if k != "namespace"]
+        namespace = names[-1] if names else DEFAULT_NAMESPACE
+        if not namespace:
+            raise SampleError(f"{_redacted(spec)}: namespace must not be empty")
+        return cls(urlunsplit(parts._replace(query=urlencode(rest))), namespace)
+
+    @property
+    def name(self) -> str:
+        """The URL without credentials, with the namespace: how reports name it."""
+        return f"{_redacted(self.url)} ({self.namespace})"
+
+
+def is_redis_url(spec: str) -> bool:
+    """Whether a source or registry names a Redis server rather than a path."""
+    return spec.split("://", 1)[0] in REDIS_SCHEMES and "://" in spec
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+# An entry as read: its position in the source (for the report) and the decoded value, or why it is unusable.
+_Read = tuple[str, Any, str | None]
+# An entry waiting for the parser: its index in the source, position, value and timestamp.
+_Pending = tuple[int, str, Mapping[str, Any], float]
+
+
+def _jsonl_entries(path: Path) -> Iterator[_Read]:
+    with path.open("rb") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"line {lineno}"
+            try:
+                yield where, json.loads(line), None
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                yield where, None, f"not JSON ({getattr(err, 'msg', type(err).__name__)})"
+
+
+def _parquet_entries(path: Path) -> Iterator[_Read]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise SampleError(f"{path}: reading Parquet needs pyarrow (pip install 'leadtime[retrain]')") from None
+    try:
+        handle = pq.ParquetFile(path)
+    except Exception as err:  # pyarrow raises its own ArrowInvalid, OSError, ...
+        raise SampleError(f"{path}: not a Parquet file ({' '.join(str(err).split())[:200]})") from None
+    row = 0
+    with handle:
+        for record_batch in handle.iter_batches(batch_size=_CHUNK):
+            for values in record_batch.to_pylist():
+                row += 1
+                # A null in a column is a field the row does not have (a column that only some rows fill).
+                yield f"row {row}", {k: v for k, v in values.items() if v is not None}, None
+
+
+def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Read]:
+    import redis
+
+    from leadtime.predictor.store.redis_store import ENTRY_FIELD, observation_stream_key
+
+    try:
+        client = redis.Redis.from_url(source.url, socket_timeout=10.0, socket_connect_timeout=5.0)
+    except ValueError as err:
+        raise SampleError(f"{source.name}: not a usable Redis URL ({err})") from None
+    key = observation_stream_key(source.namespace)
+    field_name = ENTRY_FIELD.encode()
+    last = "-"
+    try:
+        while True:
+            low = last if last == "-" else f"({last}"
+            messages: Any = client.xrange(key, min=low, max="+", count=_CHUNK)
+            if not messages:
+                break
+            for message_id, fields in messages:
+                last = message_id.decode()
+                summary.cursor = last
+                where = f"entry {last}"
+                raw = fields.get(field_name)
+                if raw is None:
+                    yield where, None, f"no {ENTRY_FIELD!r} field (not a Leadtime observation message)"
+                    continue
+                try:
+                    yield where, json.loads(raw), None
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    yield where, None, f"not JSON ({getattr(err, 'msg', type(err).__name__)})"
+    except redis.RedisError as err:
+        raise SampleError(f"{source.name}: cannot read the observation stream ({err})") from None
+    finally:
+        client.close()
+
+
+def _timestamp(entry: Mapping[str, Any]) -> float:
+    value = entry.get("timestamp")
+    return math.nan if value is None else parse_timestamp(value)
+
+
+class SampleReader:
+    """Reads sources into `Samples` with the service's parser, counting malformed rows per source.
+
+    Parameters
+    ----------
+    accelerator, model
+        The class of rows that name none (llm-d rows never do): the serving model's defaults.
+    max_malformed_share
+        Largest share of a source's rows that may be malformed; beyond it the job stops.
+    """
+
+    def __init__(self, accelerator: str, model: str, max_malformed_share: float = 0.01) -> None:
+        if not 0.0 <= max_malformed_share <= 1.0:
+            raise ValueError(f"max_malformed_share must be in [0, 1], got {max_malformed_share}")
+        self.parser = RowParser(accelerator, model)
+        self.max_malformed_share = max_malformed_share
+
+    def read(self, specs: Sequence[str], progress: Callable[[str, int], None] | None = None) -> Samples:
+        """Every source in order; `progress(source name, rows read so far)` is called as rows come in."""
+        if not specs:
+            raise SampleError("no sample source given")
+        batches: list[FeatureBatch] = []
+        ttft: list[np.ndarray] = []
+        tpot: list[np.ndarray] = []
+        stamps: list[np.ndarray] = []
+        origin: list[np.ndarray] = []
+        summaries: list[SourceSummary] = []
+        malformed: list[Malformed] = []
+        for index, spec in enumerate(specs):
+            summary, entries = self._open(spec)
+            summaries.append(summary)
+            pending: list[_Pending] = []
+            bad: list[tuple[int, Malformed]] = []  # (position in the source, row), put in source order below
+            for where, entry, problem in entries:
+                summary.read += 1
+                if problem is None:
+                    problem, stamp = self._precheck(entry)
+                    if problem is None:
+                        pending.append((summary.read, where, entry, stamp))
+                if problem is not None:
+                    bad.append((summary.read, Malformed(summary.name, where, problem)))
+                if len(pending) >= _CHUNK:
+                    self._parse(pending, summary, bad, batches, ttft, tpot, stamps)
+                    pending = []
+                    if progress is not None:
+                        progress(summary.name, summary.read)
+            self._parse(pending, summary, bad, batches, ttft, tpot, stamps)
+            if progress is not None:
+                progress(summary.name, summary.read)
+            summary.malformed = len(bad)
+            bad.sort(key=lambda item: item[0])
+            malformed.extend(row for _, row in bad[: max(0, _LISTED - len(malformed))])
+            origin.append(np.full(summary.used, index, dtype=np.intp))
+            if summary.read == 0:
+                raise SampleError(f"{summary.name}: holds no rows")
+            if summary.malformed_share > self.max_malformed_share:
+                raise SampleError(
+                    f"{summary.name}: {summary.malformed} of {summary.read} rows are malformed "
+                    f"({summary.malformed_share:.1%} > the {self.max_malformed_share:.1%} allowed; first: "
+                    f"{_first_problem(malformed, summary.name)})"
+                )
+        if not batches:
+            raise SampleError("the sources hold no usable row")
+        return Samples(
+            FeatureBatch.concat(batches),
+            np.concatenate(ttft),
+            np.concatenate(tpot),
+            np.concatenate(stamps),
+            np.concatenate(origin),
+            summaries,
+            malformed,
+        )
+
+    def _open(self, spec: str) -> tuple[SourceSummary, Iterator[_Read]]:
+        if is_redis_url(spec):
+            source = RedisSource.parse(spec)
+            summary = SourceSummary(source.name, "redis")
+            return summary, _redis_entries(source, summary)
+        try:
+            path = resolve(spec, MEASURED, "a JSONL or Parquet file of observations, or a redis:// URL")
+        except DataFileError as err:
+            raise SampleError(str(err)) from None
+        if path.suffix.lower() in PARQUET_SUFFIXES:
+            return SourceSummary(spec, "parquet"), _parquet_entries(path)
+        return SourceSummary(spec, "jsonl"), _jsonl_entries(path)
+
+    @staticmethod
+    def _precheck(entry: Any) -> tuple[str | None, float]:
+        """What the parser does not look at: the entry is an object, its timestamp reads, a target observed."""
+        if not isinstance(entry, dict):
+            return f"must be a JSON object, got {type(entry).__name__}", math.nan
+        try:
+            stamp = _timestamp(entry)
+        except FeatureError as err:
+            return str(err), math.nan
+        ttft, tpot = entry.get("actual_ttft_ms"), entry.get("actual_tpot_ms")
+        if ttft == 0 and tpot == 0 and not isinstance(ttft, bool) and not isinstance(tpot, bool):
+            return "observes neither target (actual_ttft_ms and actual_tpot_ms are both 0)", stamp
+        return None, stamp
+
+    def _parse(
+        self,
+        pending: list[_Pending],
+        summary: SourceSummary,
+        bad: list[tuple[int, Malformed]],
+        batches: list[FeatureBatch],
+        ttft: list[np.ndarray],
+        tpot: list[np.ndarray],
+        stamps: list[np.ndarray],
+    ) -> None:
+        """A chunk at once; a chunk the parser refuses is parsed entry by entry, so each bad one is named."""
+        if not pending:
+            return
+        entries = [entry for _, _, entry, _ in pending]
+        try:
+            parsed = [self.parser.parse_observations(entries)]
+            kept = pending
+        except FeatureError:
+            parsed, kept = [], []
+            for item in pending:
+                position, where, entry, _ = item
+                try:
+                    parsed.append(self.parser.parse_observations([entry], where="entry"))
+                    kept.append(item)
+                except FeatureError as err:
+                    bad.append((position, Malformed(summary.name, where, str(err).removeprefix("entry[0]."))))
+        for part in parsed:
+            batches.append(part.rows)
+            ttft.append(part.actual_ttft_ms)
+            tpot.append(part.actual_tpot_ms)
+        stamps.append(np.array([stamp for _, _, _, stamp in kept], dtype=np.float64))
+        summary.used += len(kept)
+
+
+def _first_problem(malformed: list[Malformed], source: str) -> str:
+    for item in malformed:
+        if item.source == source:
+            return f"{item.where}: {item.problem}"
+    return "not listed"
