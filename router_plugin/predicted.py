@@ -2,10 +2,11 @@
 
 For each request:
 
-1. **Filter** — time-sliced endpoints whose group is not serving the inference job are dropped (unless every
-   candidate is such an endpoint: then each is scored with its expected wait until resident, learned from the
-   group's history, see `timeslice.ResidencyTracker`); an endpoint swapped in since its state was published has
-   lost its prefix cache, so its prefix hits are dropped.
+1. **Filter** — time-sliced endpoints whose group is not serving the inference job are left out while a serving
+   candidate is predicted to meet the request's SLOs. When none serves, or none of those that serve is predicted
+   in time (overload), the others compete too, each predicted with its expected wait until it is back, learned
+   from the group's history (`timeslice.ResidencyTracker`). An endpoint swapped in since its state was published
+   has lost its prefix cache, so its prefix hits are dropped.
 2. **Rows** — one feature row per remaining candidate: the request's prompt and that endpoint's prefix hits, the
    endpoint's published state plus what this router sent it since (`inflight.InflightLedger`), its accelerator
    class, role and time-slice state.
@@ -142,6 +143,9 @@ class PolicyCounters:
     unreported: int = 0
 
 
+_PREDICTED = ("ttft", "ttft_mean", "tpot", "tpot_mean")
+
+
 @dataclass
 class _Scored:
     """Candidates that survived filtering, their rows, and their predictions (index-aligned)."""
@@ -208,12 +212,15 @@ class LeadtimePolicy:
 
     # ----- rows -------------------------------------------------------------------------------------------
 
-    def _servable(self, request: RouteRequest, candidates: Sequence[Candidate]) -> tuple[list[Candidate], bool]:
-        """(candidates to score, whether they are all non-resident)."""
+    def _servable(
+        self, request: RouteRequest, candidates: Sequence[Candidate]
+    ) -> tuple[list[Candidate], list[Candidate]]:
+        """(candidates whose time-slice group serves the inference job now, the others)."""
         if not self.config.timeslice:
-            return list(candidates), False
+            return list(candidates), []
         source = self.timeslice_source
         serving: list[Candidate] = []
+        away: list[Candidate] = []
         for c in candidates:
             if not c.timeslice_group:
                 serving.append(c)
@@ -222,16 +229,10 @@ class LeadtimePolicy:
                 status = source.status(c.timeslice_group)
                 if status is not None:
                     self._residency.update(c.timeslice_group, status, request.arrival_ms)
-                    if self._residency.serving(c.timeslice_group):
-                        serving.append(c)
+                    (serving if self._residency.serving(c.timeslice_group) else away).append(c)
                     continue
-            if c.state.timeslice_state in ("none", "resident"):
-                serving.append(c)
-        if serving:
-            self.counters.timeslice_filtered += len(candidates) - len(serving)
-            return serving, False
-        self.counters.all_non_resident += 1
-        return list(candidates), True
+            (serving if c.state.timeslice_state in ("none", "resident") else away).append(c)
+        return serving, away
 
     def _state(self, c: Candidate, away: bool, now_ms: float) -> EndpointState:
         state = c.state
@@ -328,23 +329,49 @@ class LeadtimePolicy:
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         self.counters.decisions += 1
-        servable, away = self._servable(request, candidates)
-        roles = split_by_role(servable)
+        serving, away = self._servable(request, candidates)
+        if not serving:
+            self.counters.all_non_resident += 1
+        roles = split_by_role(serving or away)
         try:
             if roles.disaggregated:
-                return self._pick_pair(request, list(roles.prefill), list(roles.decode), away)
+                if serving:
+                    self.counters.timeslice_filtered += len(away)
+                return self._pick_pair(request, list(roles.prefill), list(roles.decode), not serving)
+            if not serving:
+                return self._pick_one(request, [], list(roles.unified))
             return self._pick_one(request, list(roles.unified), away)
         except PredictorError:
             self.counters.fallbacks += 1
-            return self._fallback.pick(request, servable)
+            return self._fallback.pick(request, serving or away)
 
-    def _pick_one(self, request: RouteRequest, candidates: list[Candidate], away: bool) -> Pick:
-        if not candidates:
+    def _pick_one(self, request: RouteRequest, serving: list[Candidate], away: list[Candidate]) -> Pick:
+        """The best candidate. Endpoints swapped out for the other job are left out while a serving one is predicted
+        to meet the request's SLOs; otherwise (none serves, or the serving ones are all predicted to miss, as under
+        overload) they compete too, each predicted with its expected wait until it is back: a queue that waits
+        out a swap is served when the group returns, and leaving those endpoints idle would waste them then."""
+        if not serving and not away:
             raise NoCandidateError("no candidate endpoints")
-        s = _Scored(candidates, self._rows(request, candidates, away))
-        self._predict([s])
-        i = self._argmax(request, self._latency_scores(request, s), candidates)
-        chosen, row = candidates[i], s.rows[i]
+        parts = []
+        if serving:
+            parts.append(_Scored(serving, self._rows(request, serving, False)))
+        if away:
+            parts.append(_Scored(away, self._rows(request, away, True)))
+        self._predict(parts)
+        s = parts[0]
+        latency = self._latency_scores(request, s)
+        if len(parts) == 2:
+            if float(latency.max()) >= FEASIBLE:
+                self.counters.timeslice_filtered += len(away)
+            else:
+                s = _Scored(
+                    serving + away,
+                    parts[0].rows + parts[1].rows,
+                    *(np.concatenate([getattr(parts[0], k), getattr(parts[1], k)]) for k in _PREDICTED),
+                )
+                latency = self._latency_scores(request, s)
+        i = self._argmax(request, latency, s.candidates)
+        chosen, row = s.candidates[i], s.rows[i]
         self._ledger.record_prefill(
             chosen.endpoint_id,
             Sent(request.request_id, request.arrival_ms, row.request.uncached_tokens, request.input_tokens),

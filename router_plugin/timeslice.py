@@ -12,16 +12,17 @@ mean residual life of the away periods seen so far (the mean of what is left of 
 this one has already; about one more mean once it has outlasted them all) plus the mean restore.
 
 Nor does anyone say when a serving group will be taken away. A request on such an endpoint risks being swapped
-out: its KV is lost and it starts over once the group is back. Treating swap-outs as arriving at the rate
-λ = 1 / (mean resident period seen) and each costing the mean downtime D (away + restore), the expected time to
-get through work that takes T uninterrupted is the preemptive-repeat formula
+out: it is preempted (its KV is dropped and recomputed once the group is back, as vLLM recomputes a preempted
+request) and waits out the other job. Its progress is kept, and so is the queue ahead of it. Treating swap-outs as
+arriving at the rate λ = 1 / (mean resident period seen) and each costing the mean downtime D (away + restore),
+work that takes T uninterrupted, queueing included, meets λ·T swap-outs on average and takes
 
-    T_eff = (exp(λ·T) − 1) · (1/λ + D)
+    T_eff = T · (1 + λ·D)
 
-(≈ T for T ≪ 1/λ; much more for work as long as a resident period), which `swap_risk_ms` applies to a predicted
-TTFT; a decode of many steps loses D per swap-out but keeps its progress, so its ITL grows by the factor
-(1 + λ·D) (`swap_risk_factor`). The router learns endpoint speeds from latencies with the away time they
-overlapped taken out (`away_overlap_ms`), so the risk is counted once, here.
+`swap_risk_ms` applies it to a predicted TTFT and `swap_risk_factor` (the same 1 + λ·D) to an ITL. (A model in
+which the whole of T starts over at each swap-out, (exp(λ·T) − 1)·(1/λ + D), explodes for the minutes-long
+TTFTs of an overloaded queue, which does not start over.) The router learns endpoint speeds from latencies with
+the away time they overlapped taken out (`away_overlap_ms`), so the risk is counted once, here.
 """
 
 from __future__ import annotations
@@ -157,16 +158,10 @@ class ResidencyTracker:
 
     def swap_risk_ms(self, group: str, work_ms: np.ndarray) -> np.ndarray:
         """Expected time to get through `work_ms` of uninterrupted work on a serving endpoint of `group`."""
-        h = self._groups.get(group)
-        if h is None:
-            return np.asarray(work_ms, dtype=np.float64)
-        rate = 1.0 / max(self._mean(h.resident, self.prior_resident_ms), 1.0)
-        down = self._mean(h.away, self.prior_away_ms) + self._mean(h.restore, self.prior_restore_ms)
-        exponent = np.minimum(rate * np.asarray(work_ms, dtype=np.float64), 30.0)
-        return np.expm1(exponent) * (1.0 / rate + down)
+        return np.asarray(work_ms, dtype=np.float64) * self.swap_risk_factor(group)
 
     def swap_risk_factor(self, group: str) -> float:
-        """How much a long decode's ITL grows on average from swap-outs of `group`: 1 + λ·D."""
+        """How much work on a serving endpoint of `group` is stretched on average by its swap-outs: 1 + λ·D."""
         h = self._groups.get(group)
         if h is None:
             return 1.0

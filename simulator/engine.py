@@ -28,7 +28,7 @@ from leadtime.features.rows import EndpointState, FeatureRow, Observation
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
 from leadtime.router_plugin.timeslice import GroupStatus
 from leadtime.simulator.endpoint import Endpoint, SimRequest, StepNoise, StepOutcome
-from leadtime.simulator.fleet import Fleet, TimesliceGroup
+from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
 from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.steptime import StepTimeModel
 from leadtime.simulator.workload import WorkloadRequest
@@ -222,7 +222,8 @@ class FleetSimulator:
                 self.groups[name] = group
                 for m in members:
                     self._group_of[m.endpoint_id] = group
-        self._joined: list[Endpoint] = [e for e in self.endpoints if self.configs[e.endpoint_id].join_ms <= 0]
+        self._join_ms = {e.endpoint_id: self._resolve_join_ms(self.configs[e.endpoint_id]) for e in self.endpoints}
+        self._joined: list[Endpoint] = [e for e in self.endpoints if self._join_ms[e.endpoint_id] <= 0]
         self.routing: SimRequest | None = None
         self.completed: list[CompletedRequest] = []
         self.observations: list[Observation] = []
@@ -534,6 +535,14 @@ class FleetSimulator:
 
     # ----- the loop -----------------------------------------------------------------------------------------
 
+    def _resolve_join_ms(self, config: EndpointConfig) -> float:
+        """When an endpoint joins: its fixed time, or its share of the workload's arrival window."""
+        if config.join_share <= 0 or not self.workload:
+            return config.join_ms
+        arrivals = [w.arrival_ms for w in self.workload]
+        first, last = min(arrivals), max(arrivals)
+        return max(first + config.join_share * (last - first), 1e-3)
+
     def _on_join(self, endpoint: Endpoint) -> None:
         """A scaled-out endpoint starts taking traffic (empty, cold cache)."""
         self._joined.append(endpoint)
@@ -541,7 +550,7 @@ class FleetSimulator:
     def run(self) -> SimResult:
         """Run the workload to the end; SimulationError if some request can never complete."""
         for e in self.endpoints:  # pushed first: an endpoint joining at a request's arrival instant is offered to it
-            join_ms = self.configs[e.endpoint_id].join_ms
+            join_ms = self._join_ms[e.endpoint_id]
             if join_ms > 0:
                 self._push(join_ms, JOIN, e)
         for rid, w in enumerate(self.workload):
@@ -602,7 +611,7 @@ class FleetSimulator:
             timeslice={name: g.history for name, g in self.groups.items()},
             duration_ms=self.now,
             preemptions=sum(e.preemptions for e in self.endpoints),
-            join_ms=self.fleet.join_ms,
+            join_ms=max(self._join_ms.values(), default=0.0),
             decision_ms=self.decision_ms,
             decision_wall_ms=self.decision_wall_ms,
             arrival_span_ms=self.workload[-1].arrival_ms - self.workload[0].arrival_ms if self.workload else 0.0,

@@ -89,6 +89,9 @@ class PoolSpec(BaseModel):
     cuda_graphs: bool = True
     join_at_s: float = Field(default=0.0, ge=0)
     """A scale-out: the pool's endpoints start empty at this time and are offered to routers from then on."""
+    join_at_share: float = Field(default=0.0, ge=0, lt=1)
+    """A scale-out at this share of the workload's arrival window (0.33: a third of the way through the run),
+    whatever rate the trace is replayed at; the alternative to `join_at_s`."""
 
 
 class SloClassSpec(BaseModel):
@@ -170,6 +173,8 @@ class EndpointConfig:
     kv_blocks: int
     cuda_graphs: bool
     join_ms: float = 0.0
+    join_share: float = 0.0
+    """Joins at this share of the arrival window (the simulator resolves it against its workload)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,7 @@ class Fleet:
 
     @property
     def join_ms(self) -> float:
-        """When the last pool joins (0 without a scale-out)."""
+        """When the last pool with a fixed `join_at_s` joins (0 without one; see `EndpointConfig.join_share`)."""
         return max((e.join_ms for e in self.endpoints), default=0.0)
 
     def slo_of(self, rid: int, default_ttft_ms: float, default_itl_ms: float) -> tuple[float, float]:
@@ -274,13 +279,17 @@ def build_fleet(spec: FleetSpec) -> Fleet:
                     kv_blocks=blocks,
                     cuda_graphs=pool.cuda_graphs,
                     join_ms=pool.join_at_s * 1e3,
+                    join_share=pool.join_at_share,
                 )
             )
     groups = {
         name: TimesliceGroup(name, _distribution(g.resident_ms), _distribution(g.away_ms), _distribution(g.restore_ms))
         for name, g in spec.timeslice_groups.items()
     }
-    if spec.pools and all(p.join_at_s > 0 for p in spec.pools):
+    for pool in spec.pools:
+        if pool.join_at_s > 0 and pool.join_at_share > 0:
+            raise FleetError(f"pool {pool.name!r}: give join_at_s or join_at_share, not both")
+    if spec.pools and all(p.join_at_s > 0 or p.join_at_share > 0 for p in spec.pools):
         raise FleetError("pools: at least one pool must be there from the start (join_at_s 0)")
     slos = tuple(SloClass(c.share, c.ttft_ms, c.itl_ms) for c in spec.slos)
     return Fleet(

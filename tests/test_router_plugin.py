@@ -265,6 +265,22 @@ def test_non_resident_endpoints_are_filtered_out() -> None:
     assert blind.pick(req(), candidates).endpoint_id == "shared"
 
 
+def test_away_endpoints_compete_with_their_wait_when_no_serving_one_is_predicted_in_time() -> None:
+    source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
+    model = QueueModel()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    # The dedicated endpoint's queue (20 waiting: ~4 s) misses the 2 s TTFT SLO; the shared one is expected back
+    # within the prior's 5 s away time: also a miss, but a smaller one, and it will serve its queue when back.
+    pick = policy.pick(req(ttft_slo=2000.0), [cand("shared", group="rl"), cand("dedicated", waiting=30)])
+    assert pick.endpoint_id == "shared"
+    rows = {r.endpoint.endpoint_id: r.endpoint for r in model.asked[-1]}
+    assert rows["shared"].timeslice_state == "parked" and rows["shared"].timeslice_wait_ms > 0
+    assert policy.counters.timeslice_filtered == 0
+    # With the dedicated endpoint in time, the away one is left out, however it is predicted.
+    pick = policy.pick(req("r2", ttft_slo=2000.0), [cand("shared", group="rl"), cand("dedicated", waiting=2)])
+    assert pick.endpoint_id == "dedicated" and policy.counters.timeslice_filtered == 1
+
+
 def test_when_every_candidate_is_away_each_is_scored_with_its_expected_wait() -> None:
     source = Groups(
         {
@@ -317,10 +333,11 @@ def test_swap_out_risk_grows_with_the_work_and_away_time_is_taken_out_of_what_is
         tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, start + 8000.0), start + 8000.0)
         tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, start + 9900.0), start + 9900.0)
     tracker.update("g", GroupStatus("LOCKED", "inference", "inference", 0, 30_000.0), 30_000.0)
-    short, long = tracker.swap_risk_ms("g", np.array([100.0, 8000.0]))
-    assert 100.0 < short < 130.0  # little risk for 0.1 s of work
-    assert long > 2 * 8000.0  # as long as a resident period: likely to start over
+    short, long, queued = tracker.swap_risk_ms("g", np.array([100.0, 8000.0, 600_000.0]))
     assert tracker.swap_risk_factor("g") == pytest.approx(1 + 2000.0 / 8000.0)
+    assert short == pytest.approx(125.0)  # 0.1 s of work meets 1/80 of a swap-out, costing 2 s
+    assert long == pytest.approx(10_000.0)  # a resident period's work meets one
+    assert queued == pytest.approx(750_000.0)  # 10 minutes in an overloaded queue: 75 swap-outs, not e^75
     assert tracker.away_overlap_ms("g", 7000.0, 12_000.0) == pytest.approx(2000.0)
     assert tracker.away_overlap_ms("g", 0.0, 7000.0) == 0.0
     assert tracker.swap_risk_ms("never-seen", np.array([500.0])).tolist() == [500.0]

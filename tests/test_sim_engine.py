@@ -510,6 +510,25 @@ def test_a_scaled_out_pool_is_offered_only_from_its_join_time_and_starts_empty()
         parse_fleet({"pools": [{**spec["pools"][1], "name": "only"}]})
 
 
+def test_a_pool_can_join_at_a_share_of_the_arrival_window_whatever_the_rate() -> None:
+    spec = {
+        "pools": [
+            {"name": "old", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+            {"name": "new", "count": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b", "join_at_share": 0.25},
+        ]
+    }
+    fleet = parse_fleet(spec)
+    for gap_ms in (100.0, 400.0):  # the same requests replayed at two rates
+        workload = [WorkloadRequest(1000.0 + i * gap_ms, 300, 5) for i in range(21)]
+        policy = _Scripted()
+        result = FleetSimulator(fleet, workload, policy).run()
+        assert result.join_ms == pytest.approx(1000.0 + 0.25 * 20 * gap_ms)
+        for arrival, offered in policy.offered:
+            assert ("new-0" in offered) == (arrival >= result.join_ms)
+    with pytest.raises(FleetError, match="not both"):
+        parse_fleet({"pools": [spec["pools"][0], {**spec["pools"][1], "join_at_s": 3}]})
+
+
 def test_slo_classes_are_drawn_per_request_the_same_for_every_policy() -> None:
     fleet = parse_fleet(
         _fleet(slos=[{"share": 3, "ttft_ms": 500, "itl_ms": 40}, {"share": 1, "ttft_ms": 4000, "itl_ms": 120}])

@@ -37,12 +37,12 @@ def test_pd_hetero_has_two_classes_a_side_and_a_slow_link() -> None:
 
 def test_large_fleet_scales_out_with_a_new_class() -> None:
     fleet = load_fleet("large")
-    start = [e for e in fleet.endpoints if e.join_ms == 0]
-    later = [e for e in fleet.endpoints if e.join_ms > 0]
+    start = [e for e in fleet.endpoints if e.join_ms == 0 and e.join_share == 0]
+    later = [e for e in fleet.endpoints if e.join_share > 0]
     assert len(start) >= 32 and len({e.accelerator for e in start}) == 3
     assert fleet.refresh_ms == 200
     assert len(later) >= 8 and {e.accelerator for e in later}.isdisjoint({e.accelerator for e in start})
-    assert len({e.join_ms for e in later}) == 1
+    assert {e.join_share for e in later} == {0.33}  # a third of the way through the run
 
 
 TINY: dict[str, dict[str, object]] = {
