@@ -93,8 +93,8 @@ def test_implausible_observations_are_counted_and_not_learned() -> None:
         assert 'leadtime_observations_lost_total{reason="implausible"} 75.0' in attacked.get("/metrics").text
         assert attacked.get("/readyz").status_code == 200
 
-        def predict(client: TestClient) -> dict[str, float]:
-            answer: dict[str, float] = client.post("/v1/predict", json={"rows": [PROBE]}).json()
+        def predict(client: TestClient) -> dict[str, list[float]]:
+            answer: dict[str, list[float]] = client.post("/v1/predict", json={"rows": [PROBE]}).json()
             return answer
 
         # The attacked service predicts as the clean one does (the same good rows; only their grouping into the
