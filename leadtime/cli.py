@@ -173,6 +173,10 @@ def serve(
     model: Annotated[
         str | None, typer.Option(envvar="LEADTIME_MODEL", help="Model for rows naming none (llama-3.1-8b).")
     ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(envvar="LEADTIME_TLS_CERTFILE", help="PEM certificate: HTTPS and gRPC over TLS.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(envvar="LEADTIME_TLS_KEYFILE", help="PEM key of --tls-cert.")] = None,
 ) -> None:
     """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
     from pydantic import ValidationError
@@ -192,6 +196,8 @@ def serve(
         api_token=api_token,
         accelerator=accelerator,
         model=model,
+        tls_certfile=tls_cert,
+        tls_keyfile=tls_key,
     )
     try:
         settings = ServiceSettings.from_env(overrides)
