@@ -611,6 +611,31 @@ def bench_gateway(
     print_report(report, as_json=json_out)
 
 
+@bench_app.command("load")
+def bench_load(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    predict_rps: Annotated[float, typer.Option(help="Target bulk predictions per second.")] = 1_000.0,
+    rows: Annotated[int, typer.Option(help="Rows per prediction call.")] = 50,
+    observe_rps: Annotated[float, typer.Option(help="Target observations per second.")] = 5_000.0,
+    duration: Annotated[float, typer.Option(help="Seconds of load.")] = 60.0,
+) -> None:
+    """The service on loopback under predictions (wrk) and observations together: rates, latency, errors, memory."""
+    from leadtime.bench.load import LoadOptions, WrkMissing, print_report, run_load
+
+    if predict_rps <= 0 or observe_rps <= 0 or duration < 1 or not 1 <= rows <= 10_000:
+        _fail("--predict-rps and --observe-rps must be > 0, --duration ≥ 1, --rows 1..10000")
+
+    def say(message: str) -> None:
+        if not json_out:
+            typer.echo(message, err=True)
+
+    try:
+        report = run_load(LoadOptions(predict_rps, rows, observe_rps, duration), progress=say)
+    except (WrkMissing, OSError, RuntimeError) as err:
+        _fail(err)
+    print_report(report, as_json=json_out)
+
+
 @bench_app.command("prefix")
 def bench_prefix(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
