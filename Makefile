@@ -12,12 +12,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Debian packages some tests start for real (redis-server, prometheus); installed only where we run as root.
+# Debian packages some tests start for real (redis-server, prometheus, wrk for bench load's smoke test); installed
+# only where we run as root.
 system-deps:
 	@if [ "$$(id -u)" = 0 ]; then \
 		missing=""; \
 		command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 		command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+		command -v wrk >/dev/null 2>&1 || missing="$$missing wrk"; \
 		if [ -n "$$missing" ]; then \
 			echo "installing$$missing"; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

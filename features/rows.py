@@ -128,9 +128,17 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
-def _check_text(name: str, value: Any) -> str:
+# Longest endpoint id, accelerator or model name: Kubernetes names stop at 253 characters. The learner keeps state
+# per endpoint id, so an unbounded id would be a way to make it hold megabytes per observation.
+MAX_TEXT_CHARS = 256
+
+
+def check_text(name: str, value: Any) -> str:
+    """A string of at most `MAX_TEXT_CHARS` characters."""
     if not isinstance(value, str):
         raise FeatureError(name, f"must be a string, got {value!r}")
+    if len(value) > MAX_TEXT_CHARS:
+        raise FeatureError(name, f"must be at most {MAX_TEXT_CHARS} characters, got {len(value):,}")
     return value
 
 
@@ -195,9 +203,9 @@ class EndpointState:
     timeslice_wait_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_text("endpoint_id", self.endpoint_id)
-        _check_text("accelerator", self.accelerator)
-        _check_text("model", self.model)
+        check_text("endpoint_id", self.endpoint_id)
+        check_text("accelerator", self.accelerator)
+        check_text("model", self.model)
         tp = check_count("tensor_parallel", self.tensor_parallel)
         if tp < 1:
             raise FeatureError("tensor_parallel", "must be ≥ 1")

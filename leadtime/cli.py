@@ -202,6 +202,10 @@ def serve(
     model: Annotated[
         str | None, typer.Option(envvar="LEADTIME_MODEL", help="Model for rows naming none (llama-3.1-8b).")
     ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(envvar="LEADTIME_TLS_CERTFILE", help="PEM certificate: HTTPS and gRPC over TLS.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(envvar="LEADTIME_TLS_KEYFILE", help="PEM key of --tls-cert.")] = None,
 ) -> None:
     """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
     from pydantic import ValidationError
@@ -221,6 +225,8 @@ def serve(
         api_token=api_token,
         accelerator=accelerator,
         model=model,
+        tls_certfile=tls_cert,
+        tls_keyfile=tls_key,
     )
     try:
         settings = ServiceSettings.from_env(overrides)
@@ -630,6 +636,31 @@ def bench_gateway(
     try:
         report = run_gateway_bench(options, progress=say)
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        _fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("load")
+def bench_load(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    predict_rps: Annotated[float, typer.Option(help="Target bulk predictions per second.")] = 1_000.0,
+    rows: Annotated[int, typer.Option(help="Rows per prediction call.")] = 50,
+    observe_rps: Annotated[float, typer.Option(help="Target observations per second.")] = 5_000.0,
+    duration: Annotated[float, typer.Option(help="Seconds of load.")] = 60.0,
+) -> None:
+    """The service on loopback under predictions (wrk) and observations together: rates, latency, errors, memory."""
+    from leadtime.bench.load import LoadOptions, WrkMissing, print_report, run_load
+
+    if predict_rps <= 0 or observe_rps <= 0 or duration < 1 or not 1 <= rows <= 10_000:
+        _fail("--predict-rps and --observe-rps must be > 0, --duration ≥ 1, --rows 1..10000")
+
+    def say(message: str) -> None:
+        if not json_out:
+            typer.echo(message, err=True)
+
+    try:
+        report = run_load(LoadOptions(predict_rps, rows, observe_rps, duration), progress=say)
+    except (WrkMissing, OSError, RuntimeError) as err:
         _fail(err)
     print_report(report, as_json=json_out)
 

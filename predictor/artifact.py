@@ -1,11 +1,16 @@
 """The predictor's on-disk and on-wire form: one JSON document with LightGBM models embedded as text.
 
 Never pickle: an artifact pulled from Redis or a shared volume is data, and loading it cannot run code. The
-document names its format, the feature schema version and the column order; anything else is refused.
+document names its format, the feature schema version and the column order, and ends with a SHA-256 checksum of
+everything before it; anything else, and any document whose checksum does not match (a flipped byte on disk, an
+edit by hand or by someone with write access to the registry who did not recompute it), is refused. The checksum
+detects tampering and corruption; it is not a signature: whoever can write the registry can also write a
+matching checksum, so the registry itself must be protected (see SECURITY.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -16,7 +21,8 @@ from leadtime.features.vectorize import COLUMNS, SCHEMA_VERSION
 
 FORMAT = "leadtime-predictor"
 # 2: per-class offsets are keyed by class name ("h100-sxm/llama-3.1-8b/tp1"), no longer by rounded figures.
-ARTIFACT_VERSION = 2
+# 3: a SHA-256 checksum of the whole document.
+ARTIFACT_VERSION = 3
 FILE_NAME = "leadtime-predictor.json"
 
 
@@ -32,9 +38,26 @@ def encode(state: dict[str, Any]) -> bytes:
         "artifact_version": ARTIFACT_VERSION,
         "schema_version": SCHEMA_VERSION,
         "columns": list(COLUMNS),
-        **state,
+        **{k: v for k, v in state.items() if k != CHECKSUM_KEY},
     }
-    return json.dumps(document, separators=(",", ":")).encode()
+    return seal(document)
+
+
+CHECKSUM_KEY = "checksum"
+
+
+def _digest(document: dict[str, Any]) -> str:
+    """SHA-256 of the document's JSON (without its checksum), as `encode` writes it. Parsing and writing again
+    gives the same bytes (key order is kept, floats round-trip exactly), so a reader can recompute it."""
+    body = {k: v for k, v in document.items() if k != CHECKSUM_KEY}
+    return "sha256:" + hashlib.sha256(json.dumps(body, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(document: dict[str, Any]) -> bytes:
+    """The document's bytes with its checksum added last."""
+    body = {k: v for k, v in document.items() if k != CHECKSUM_KEY}
+    body[CHECKSUM_KEY] = _digest(body)
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def decode(data: bytes) -> dict[str, Any]:
@@ -55,6 +78,9 @@ def decode(data: bytes) -> dict[str, Any]:
         )
     if document.get("columns") != list(COLUMNS):
         raise ArtifactError("feature columns differ from this build's column order")
+    if document.get(CHECKSUM_KEY) != _digest(document):
+        raise ArtifactError("the artifact does not match its checksum: corrupted or altered since it was written")
+    del document[CHECKSUM_KEY]
     for key in ("config", "targets"):
         if not isinstance(document.get(key), dict):
             raise ArtifactError(f"artifact lacks {key!r}")

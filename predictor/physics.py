@@ -94,3 +94,35 @@ _LOG_10 = float(np.log(10.0))
 # Index arrays, not lists: numpy converts a list on every call.
 _LOG_INDEX = {t: np.array([_C[c] for c in cols], dtype=np.intp) for t, cols in _LOG_COLUMNS.items()}
 _LINEAR_INDEX = np.array([_C[c] for c in (*_LINEAR_COLUMNS, "timeslice_resident")], dtype=np.intp)
+
+
+# The poisoning guard. An observation this far below what the hardware can physically do, or above a day, is not a
+# measurement (a unit mix-up, a broken client, someone feeding the learner on purpose): the learner drops it, and
+# the service counts it (`ingestion.dropped.implausible`, `leadtime_observations_lost_total{reason="implausible"}`).
+IMPLAUSIBLY_FAST = 100.0
+IMPLAUSIBLY_SLOW_MS = 86_400_000.0
+
+
+def floor_ms(target: str, x: np.ndarray) -> np.ndarray:
+    """The least time `target` can take on the row's hardware by the roofline: a first token needs one pass over
+    the weights (not the prompt's prefill: a prefix score that under-reports cache hits, or the decode side of a
+    P/D pair, legitimately answers far below it); a next token needs one decode step of the running batch."""
+    column = "roofline_weights_ms" if target == "ttft" else "roofline_decode_step_ms"
+    return x[:, _C[column]]
+
+
+def implausible(x: np.ndarray, actual_ttft_ms: np.ndarray, actual_tpot_ms: np.ndarray) -> np.ndarray:
+    """Rows whose observed TTFT or TPOT (0 = not observed) is over `IMPLAUSIBLY_FAST` times below its roofline floor,
+    or above `IMPLAUSIBLY_SLOW_MS`.
+
+    >>> from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+    >>> from leadtime.features.vectorize import Vectorizer
+    >>> x = Vectorizer().batch([FeatureRow(RequestFeatures(1000), EndpointState())] * 3).X
+    >>> implausible(x, np.array([80.0, 0.001, 0.0]), np.array([12.0, 12.0, 1e9])).tolist()
+    [False, True, True]
+    """
+    bad = np.zeros(len(x), dtype=bool)
+    for target, actual in (("ttft", actual_ttft_ms), ("tpot", actual_tpot_ms)):
+        observed = actual > 0
+        bad |= observed & ((actual * IMPLAUSIBLY_FAST < floor_ms(target, x)) | (actual > IMPLAUSIBLY_SLOW_MS))
+    return bad

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENV_PREFIX = "LEADTIME_"
 
@@ -30,6 +30,10 @@ class ServiceSettings(BaseModel):
     quantile: float = Field(default=0.9, ge=0.5, lt=1.0)
     model_dir: Path | None = None
     api_token: str | None = None
+    tls_certfile: Path | None = Field(
+        default=None, description="PEM certificate (chain) to serve HTTPS and gRPC over TLS with; needs tls_keyfile."
+    )
+    tls_keyfile: Path | None = Field(default=None, description="PEM private key of tls_certfile.")
     accelerator: str = "h100-sxm"
     model: str = "llama-3.1-8b"
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
@@ -74,6 +78,22 @@ class ServiceSettings(BaseModel):
     )
     replica_id: str = ""
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> ServiceSettings:
+        """TLS needs both files, and both must be readable: refused at start, not at the first handshake."""
+        given = [p for p in (self.tls_certfile, self.tls_keyfile) if p is not None]
+        if len(given) == 1:
+            raise ValueError("tls_certfile and tls_keyfile go together: give both, or neither")
+        for path in given:
+            if not path.is_file():
+                raise ValueError(f"TLS file {str(path)!r} does not exist or is not a file")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """Whether HTTP and gRPC are served over TLS."""
+        return self.tls_certfile is not None
 
     @classmethod
     def from_env(

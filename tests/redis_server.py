@@ -11,7 +11,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -31,10 +33,21 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server child process bound to 127.0.0.1:`port`, with its files in `workdir`."""
 
-    def __init__(self, executable: str, workdir: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        executable: str,
+        workdir: Path,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """`extra_args` go to redis-server after the defaults (a password, TLS); `client_options` to the redis-py
+        client that waits for its PONG (the password, TLS options)."""
         self.executable = executable
         self.workdir = workdir
         self.port = port if port is not None else free_port()
+        self.extra_args = list(extra_args)
+        self.client_options = dict(client_options or {})
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -67,13 +80,16 @@ class RedisServer:
                 "no",
                 "--protected-mode",
                 "yes",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
         )
         log.close()
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5, **self.client_options
+        )
         deadline = time.monotonic() + timeout_s
         try:
             while True:

@@ -10,7 +10,7 @@ import pytest
 
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.features.vectorize import COLUMN_INDEX
-from leadtime.predictor.artifact import ArtifactError
+from leadtime.predictor.artifact import ArtifactError, seal
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
 
@@ -93,8 +93,29 @@ def test_wrong_or_corrupt_artifacts_are_refused_with_a_clear_error(
 ) -> None:
     document = json.loads(trained.to_bytes())
     mutate(document)
+    # Sealed again (a matching checksum, as whoever can write the registry can make): the content checks refuse it.
     with pytest.raises(ArtifactError, match=message):
-        OnlinePredictor.from_bytes(json.dumps(document).encode(), background=False)
+        OnlinePredictor.from_bytes(seal(document), background=False)
+
+
+def test_any_change_without_a_matching_checksum_is_refused(trained: OnlinePredictor) -> None:
+    """The checksum covers the whole document, not only the trees: a learned weight or an offset changed by hand
+    (still of the right shape and type, so no other check could tell) is refused."""
+    original = json.loads(trained.to_bytes())
+    assert original["checksum"].startswith("sha256:")
+    changes = [
+        lambda d: d["targets"]["ttft"]["rls"]["weights"].__setitem__(0, d["targets"]["ttft"]["rls"]["weights"][0] + 1),
+        lambda d: d.update(version=d["version"] + 1),
+        lambda d: d["config"].update(quantile=0.5),
+        lambda d: d.pop("checksum"),
+    ]
+    for change in changes:
+        document = json.loads(trained.to_bytes())
+        change(document)
+        with pytest.raises(ArtifactError, match="checksum"):
+            OnlinePredictor.from_bytes(json.dumps(document, separators=(",", ":")).encode(), background=False)
+    # Whitespace is not content: the same document written another way still loads.
+    OnlinePredictor.from_bytes(json.dumps(original, indent=2).encode(), background=False).close()
 
 
 def test_garbage_bytes_are_refused(tmp_path: Path) -> None:
@@ -111,7 +132,7 @@ def test_truncated_lightgbm_text_is_refused_without_crashing(trained: OnlinePred
     text = document["targets"]["ttft"]["trees"]["mean"]
     document["targets"]["ttft"]["trees"]["mean"] = text[: int(len(text) * fraction)]
     with pytest.raises(ArtifactError):
-        OnlinePredictor.from_bytes(json.dumps(document).encode(), background=False)
+        OnlinePredictor.from_bytes(seal(document), background=False)  # past the checksum: LightGBM's parser
 
 
 def test_a_flipped_digit_in_a_tree_fails_the_checksum(trained: OnlinePredictor) -> None:

@@ -213,7 +213,7 @@ def test_killing_redis_mid_run_loses_no_accepted_observation(
     redis_server.start()  # same port, empty: the replicas reconnect by themselves
     assert wait_until(lambda: b.learned() == len(first) + len(during), timeout_s=20), b.learned()
     assert wait_until(lambda: a.learned() == len(first) + len(during), timeout_s=20), a.learned()
-    assert a.store.stats() == {"buffered": 0, "dropped": 0, "appended": len(first) + len(during)}
+    assert a.store.stats() == {"buffered": 0, "dropped": 0, "appended": len(first) + len(during), "resent": 0}
     for replica in (a, b):
         assert wait_until(replica.fully_ready, timeout_s=5)
 

@@ -196,15 +196,21 @@ class PredictorServicer(pb_grpc.PredictorServicer):
 
 
 def start_grpc_server(runtime: ServiceRuntime, host: str, port: int, max_workers: int = 4) -> tuple[grpc.Server, int]:
-    """Start serving on host:port (0 = any free port); returns the server and the bound port."""
+    """Start serving on host:port (0 = any free port), over TLS when the settings name a certificate and key;
+    returns the server and the bound port."""
     limit = runtime.settings.max_body_bytes
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="leadtime-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
     pb_grpc.add_PredictorServicer_to_server(PredictorServicer(runtime), server)
+    settings = runtime.settings
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if settings.tls_certfile is not None and settings.tls_keyfile is not None:
+            key_and_cert = (settings.tls_keyfile.read_bytes(), settings.tls_certfile.read_bytes())
+            bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([key_and_cert]))
+        else:
+            bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:  # grpc's own words point at GRPC_VERBOSITY rather than at the port
         bound = 0
     if bound == 0:

@@ -27,6 +27,7 @@ from leadtime.predictor.service.edge import (
 )
 from leadtime.predictor.service.hot_path import STRICT_PATH, TRAINING_PATH, HotPath
 from leadtime.predictor.service.runtime import ServiceRuntime
+from leadtime.predictor.service.schemas import BODY_ERRORS, COMMON_ERRORS
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.base import Store
 
@@ -93,14 +94,13 @@ def create_app(
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
-    app.include_router(health.router)
-    app.include_router(native.common_router)
+    app.include_router(health.router, responses=COMMON_ERRORS)
+    app.include_router(native.common_router, responses=COMMON_ERRORS)
+    routers = []
     if settings.serves_prediction:
-        app.include_router(llmd_prediction.router)
-        app.include_router(llmd_operations.prediction_router)
-        app.include_router(native.prediction_router)
+        routers += [llmd_prediction.router, llmd_operations.prediction_router, native.prediction_router]
     if settings.serves_training:
-        app.include_router(llmd_training.router)
-        app.include_router(llmd_operations.training_router)
-        app.include_router(native.training_router)
+        routers += [llmd_training.router, llmd_operations.training_router, native.training_router]
+    for router in routers:
+        app.include_router(router, responses=BODY_ERRORS)
     return app

@@ -90,6 +90,8 @@ def _decoded_list(decoder: msgspec.json.Decoder[Any], body: bytes, name: str, ma
     """The body's `name` list if the body decodes as the decoder's type and holds 1..max_items items."""
     try:
         items: list[Any] = getattr(decoder.decode(body), name)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        # RecursionError: msgspec skips an unknown field's value recursively, and a value nested ~50,000 deep
+        # exhausts the stack; the general path's JSON parser refuses it with 400 (its depth limit is 1,024).
         return None
     return items if 1 <= len(items) <= max_items else None

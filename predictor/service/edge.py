@@ -173,6 +173,8 @@ class EdgeMiddleware:
         path: str | None = None
         if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send_recording)
+        elif not json_content_type(_header(scope, b"content-type")):
+            await _send_json(send_recording, 415, _unsupported_type(_header(scope, b"content-type")))
         else:
             body = await self._read_limited(scope, receive)
             hot = self.hot_paths.get(scope["path"]) if scope["method"] == "POST" else None
@@ -237,6 +239,24 @@ class EdgeMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def json_content_type(header: str) -> bool:
+    """Whether a request's Content-Type lets its body be read as JSON: absent, `application/json` or a `+json` type.
+
+    Why refuse the rest (415): a web page can make a browser POST `text/plain`, form or multipart bodies to any
+    address without asking the server first (a "simple" cross-origin request), and this service reads JSON from
+    the body whatever the header says. Without an API token that would let any page a user on the fleet's
+    network opens feed training data or flush it; a JSON Content-Type makes the browser ask first (CORS
+    preflight), which this service never grants.
+    """
+    media = header.split(";", 1)[0].strip().lower()
+    return not media or media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def _unsupported_type(header: str) -> bytes:
+    problem = f"Content-Type must be application/json, got {header[:100]!r}"
+    return orjson.dumps({"error": f"content-type: {problem}", "field": "content-type"})
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from leadtime.predictor.llmd_importances import llmd_importances
 from leadtime.predictor.service.edge import Runtime
 from leadtime.predictor.service.runtime import rfc3339
+from leadtime.predictor.service.schemas import content_of
 
 router = APIRouter(tags=["health"])
 
@@ -82,7 +83,9 @@ async def status(runtime: Runtime) -> dict[str, Any]:
     return answer
 
 
-@router.get("/metrics", summary="Prometheus text format.")
+@router.get(
+    "/metrics", responses=content_of("text/plain", "Prometheus text format."), summary="Prometheus text format."
+)
 async def metrics(runtime: Runtime) -> Response:
     """Prometheus text: Leadtime's metrics, plus llm-d's training-server lines in the training role."""
     llmd = None

@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from leadtime.features.errors import FeatureError
+from leadtime.predictor import physics
 from leadtime.predictor.artifact import encode
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.predictor.service.cpus import pin_process
@@ -59,6 +60,7 @@ class LearnerReport:
     # up to `cursor`: what the serving model's lineage holds.
     learned: int = 0
     invalid: int = 0
+    implausible: int = 0  # dropped by the poisoning guard
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class _Child:
         self.last_snapshot = 0.0
         self.learned = 0
         self.invalid = 0
+        self.implausible = 0
         self.predictor = self._load(setup.artifact)
         self.lease_retrain = setup.retrain  # what the lease allows; paused for min_retrain_interval_s after one
         self.last_retrain_at = -float("inf")
@@ -156,7 +159,8 @@ class _Child:
             self.retrains.clear()  # results of the replaced learner's retrains describe a model no longer served
             self.retrained.clear()
             self.cursor, self.epoch = cursor, epoch
-            self.learned = self.invalid = 0  # a new lineage: the service keeps what the old one had counted
+            # A new lineage: the service keeps what the old one had counted.
+            self.learned = self.invalid = self.implausible = 0
         elif kind == "lease":
             _, retrain, every = message
             self.lease_retrain = retrain
@@ -171,7 +175,10 @@ class _Child:
         return True
 
     def learn(self, entries: list[dict[str, Any]]) -> None:
-        """Learn stored entries; one that fails the checks (written by another writer) is skipped alone."""
+        """Learn stored entries; one that fails the checks (written by another writer) is skipped alone, and rows
+        wildly at odds with the hardware's physics (the poisoning guard, `physics.implausible`) are dropped; both
+        are counted."""
+        good = entries
         try:
             parsed = self.parser.parse_observations(entries)
         except FeatureError:
@@ -184,6 +191,14 @@ class _Child:
                 except FeatureError as err:
                     log.warning("skipping an invalid stored observation: %s", err)
             self.invalid += len(entries) - len(good)
+            if not good:
+                return
+            parsed = self.parser.parse_observations(good)
+        bad = physics.implausible(parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
+        if bad.any():
+            self.implausible += int(bad.sum())
+            log.warning("dropping %d observations implausible by the roofline (or above a day)", int(bad.sum()))
+            good = [entry for entry, drop in zip(good, bad.tolist(), strict=True) if not drop]
             if not good:
                 return
             parsed = self.parser.parse_observations(good)
@@ -213,6 +228,7 @@ class _Child:
             retrains=retrains,
             learned=self.learned,
             invalid=self.invalid,
+            implausible=self.implausible,
         )
         self.conn.send(("snapshot", state, compiled, report, artifact))
         self.dirty = False

@@ -21,6 +21,7 @@ from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.llmd_importances import llmd_importances
 from leadtime.predictor.service.edge import ReadyRuntime, require_token
 from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
+from leadtime.predictor.service.schemas import NOT_FOUND, content_of
 
 prediction_router = APIRouter(tags=["llm-d operations"])
 training_router = APIRouter(tags=["llm-d operations"])
@@ -147,7 +148,9 @@ async def download_info(runtime: ReadyRuntime) -> dict[str, Any]:
     }
 
 
-@training_router.get("/model/{name}/info", summary="Size, age and location of one model (404 if unknown).")
+@training_router.get(
+    "/model/{name}/info", responses=NOT_FOUND, summary="Size, age and location of one model (404 if unknown)."
+)
 async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
     """One model's size, age and path (404 for a name llm-d does not use)."""
     _check_name(name)
@@ -163,7 +166,9 @@ async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
     }
 
 
-@training_router.get("/model/{name}/download", summary="One model as JSON with embedded LightGBM text.")
+@training_router.get(
+    "/model/{name}/download", responses=NOT_FOUND, summary="One model as JSON with embedded LightGBM text."
+)
 async def model_download(name: str, runtime: ReadyRuntime) -> Response:
     """The model's artifact bytes: JSON with LightGBM text inside, never a pickle."""
     _check_name(name)
@@ -182,7 +187,11 @@ def _check_target(target: str) -> None:
         raise HTTPException(404, f"unknown target {target!r}; targets are ttft, tpot")
 
 
-@training_router.get("/model/{target}/lgb/txt", summary="The LightGBM text model serving now (404 if none yet).")
+@training_router.get(
+    "/model/{target}/lgb/txt",
+    responses={**NOT_FOUND, **content_of("text/plain", "LightGBM's text model format.")},
+    summary="The LightGBM text model serving now (404 if none yet).",
+)
 async def lgb_text(target: str, runtime: ReadyRuntime) -> Response:
     """The serving LightGBM tree of a target as text (404 while none serves)."""
     _check_target(target)
@@ -200,6 +209,7 @@ async def lgb_text(target: str, runtime: ReadyRuntime) -> Response:
 
 @training_router.get(
     "/model/{target}/lgb/importances",
+    responses=NOT_FOUND,
     summary="Share of the trees' gain per llm-d input (404 while no tree serves).",
 )
 async def lgb_importances(target: str, runtime: ReadyRuntime) -> dict[str, float]:
@@ -218,7 +228,11 @@ async def lgb_importances(target: str, runtime: ReadyRuntime) -> dict[str, float
     return llmd_importances(target, importances)
 
 
-@training_router.get("/model/export", summary="A gzip tar of the current models and metadata.json.")
+@training_router.get(
+    "/model/export",
+    responses=content_of("application/gzip", "A gzip tar of the models."),
+    summary="A gzip tar of the current models and metadata.json.",
+)
 async def model_export(runtime: ReadyRuntime) -> Response:
     """A gzip tar of the current models and metadata.json: a seed for a new deployment."""
     predictor = runtime.predictor

@@ -29,6 +29,7 @@ from leadtime.predictor.service.schemas import (
     NativePredictRequest,
     NativeRow,
     body_schema,
+    content_of,
 )
 
 prediction_router = APIRouter(prefix="/v1", tags=["native v1"])
@@ -105,7 +106,11 @@ async def status(runtime: ReadyRuntime) -> dict[str, Any]:
     return answer
 
 
-@prediction_router.post("/explain", summary="One prediction explained term by term (plain text).")
+@prediction_router.post(
+    "/explain",
+    responses=content_of("text/plain", "The explanation, one term a line."),
+    summary="One prediction explained term by term (plain text).",
+)
 async def explain(body: ExplainRequest, runtime: ReadyRuntime) -> Response:
     """One prediction explained term by term (plain text)."""
     row = body.row.model_dump(exclude_none=True)

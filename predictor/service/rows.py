@@ -37,6 +37,7 @@ from leadtime.features.rows import (
     LLMD_FRACTION_FIELDS,
     LLMD_REQUIRED_FIELDS,
     MAX_COUNT,
+    MAX_TEXT_CHARS,
     NOT_RESIDENT_STATES,
     POD_TYPE_ROLES,
     PREDICTED_FIELDS,
@@ -44,6 +45,7 @@ from leadtime.features.rows import (
     TIMESLICE_STATES,
     check_count,
     check_real,
+    check_text,
     is_resident,
     parse_timestamp,
 )
@@ -146,9 +148,7 @@ def _text(row: Mapping[str, Any], name: str) -> str:
     value = row.get(name)
     if value is None:
         return ""
-    if not isinstance(value, str):
-        raise FeatureError(name, f"must be a string, got {value!r}")
-    return value
+    return check_text(name, value)
 
 
 def _all_dicts(rows: Sequence[Any]) -> bool:
@@ -502,8 +502,8 @@ class RowParser:
             per_row = np.array([classes[key] for key in keys], dtype=np.intp)
             hardware = int(per_row[0]) if per_row.min() == per_row.max() else per_row
         ids = given("endpoint_id")
-        if not _TEXT.issuperset(map(type, ids)):
-            return None
+        if not _TEXT.issuperset(map(type, ids)) or max(map(len, ids), default=0) > MAX_TEXT_CHARS:
+            return None  # the row-by-row checks name it
         checked = CheckedColumns(
             counts,
             fractions[:, _KV],

@@ -84,6 +84,7 @@ class ServiceRuntime:
         self._accepted_rows = 0
         self._learned_before = 0
         self._invalid_before = 0
+        self._implausible_before = 0
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
         # Held while a batch is forwarded and the read position advanced, and while a model is adopted, so that
@@ -363,6 +364,7 @@ class ServiceRuntime:
         if self._report is not None:
             self._learned_before += self._report.learned
             self._invalid_before += self._report.invalid
+            self._implausible_before += self._report.implausible
         self._report = None
 
     def _adopt_cursor(self, predictor: OnlinePredictor) -> None:
@@ -491,11 +493,13 @@ class ServiceRuntime:
             report = self._report
             learned = self._learned_before + (report.learned if report is not None else 0)
             invalid = self._invalid_before + (report.invalid if report is not None else 0)
+            implausible = self._implausible_before + (report.implausible if report is not None else 0)
             accepted = self._accepted_rows
         dropped = {k[len("dropped_") :]: int(v) for k, v in stats.items() if k.startswith("dropped_")}
         if not dropped:  # a store that counts its drops without reasons (the Redis store's outage buffer)
             dropped["store_buffer"] = int(stats.get("dropped", 0))
         dropped["invalid"] = invalid
+        dropped["implausible"] = implausible  # the poisoning guard (physics.implausible)
         stride = int(stats.get("thinning_stride", 1))
         return {
             "accepted": accepted,

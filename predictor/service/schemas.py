@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from leadtime.features.catalog import ACCELERATORS, MODELS
+from leadtime.features.rows import MAX_COUNT
+
+TIMESTAMP_HELP = "When the request completed: seconds since the epoch, or RFC 3339 (an offset-less time is UTC)."
 
 
 class LlmdRow(BaseModel):
@@ -18,26 +23,41 @@ class LlmdRow(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     kv_cache_percentage: float = Field(..., ge=0.0, le=1.0)
-    input_token_length: int = Field(..., ge=0)
-    num_request_waiting: int = Field(..., ge=0)
-    num_request_running: int = Field(..., ge=0)
-    num_tokens_generated: int = Field(..., ge=0)
+    input_token_length: int = Field(..., ge=0, le=MAX_COUNT)
+    num_request_waiting: int = Field(..., ge=0, le=MAX_COUNT)
+    num_request_running: int = Field(..., ge=0, le=MAX_COUNT)
+    num_tokens_generated: int = Field(..., ge=0, le=MAX_COUNT)
     prefix_cache_score: float = Field(..., ge=0.0, le=1.0)
     pod_type: Literal["", "prefill", "decode"] = ""
-    prefill_tokens_in_flight: int = Field(default=0, ge=0)
-    decode_tokens_in_flight: int = Field(default=0, ge=0)
-    encoder_matched_size: int = Field(default=0, ge=0)
-    encoder_input_size: int = Field(default=0, ge=0)
+    prefill_tokens_in_flight: int = Field(default=0, ge=0, le=MAX_COUNT)
+    decode_tokens_in_flight: int = Field(default=0, ge=0, le=MAX_COUNT)
+    encoder_matched_size: int = Field(default=0, ge=0, le=MAX_COUNT)
+    encoder_input_size: int = Field(default=0, ge=0, le=MAX_COUNT)
 
 
 class NativeRow(LlmdRow):
     """Leadtime's richer row: the llm-d fields plus what a mixed, disaggregated, time-sliced fleet needs."""
 
     endpoint_id: str = ""
-    accelerator: str = Field(default="", description="Accelerator class, e.g. h100-sxm; empty = the service default.")
-    model: str = Field(default="", description="Model profile, e.g. llama-3.1-8b; empty = the service default.")
-    tensor_parallel: int = Field(default=1, ge=1)
-    prefix_hit_tokens: int | None = Field(default=None, ge=0, description="Overrides prefix_cache_score when given.")
+    # Documented as the catalog's slugs (the parser refuses any other with 422 naming the known ones); not a Literal,
+    # so that /v1/explain's pydantic check leaves that message to the parser.
+    accelerator: str = Field(
+        default="",
+        description="Accelerator class; empty = the service default.",
+        json_schema_extra={"enum": ["", *sorted(ACCELERATORS)]},
+    )
+    model: str = Field(
+        default="",
+        description="Model profile; empty = the service default.",
+        json_schema_extra={"enum": ["", *sorted(MODELS)]},
+    )
+    tensor_parallel: int = Field(default=1, ge=1, le=MAX_COUNT)
+    prefix_hit_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_COUNT,
+        description="Overrides prefix_cache_score when given; at most input_token_length (422 otherwise).",
+    )
     role: Literal["both", "prefill", "decode"] | None = Field(default=None, description="Used when pod_type is absent.")
     timeslice_state: Literal["none", "resident", "switching", "parked"] = "none"
     timeslice_wait_ms: float = Field(default=0.0, ge=0.0)
@@ -48,7 +68,7 @@ class TrainingEntry(LlmdRow):
 
     actual_ttft_ms: float = Field(..., ge=0.0, description="0 = TTFT not observed in this sample.")
     actual_tpot_ms: float = Field(..., ge=0.0, description="0 = TPOT not observed in this sample.")
-    timestamp: float | str | None = None
+    timestamp: float | AwareDatetime | None = Field(default=None, description=TIMESTAMP_HELP)
 
 
 class NativeObservation(NativeRow):
@@ -56,11 +76,11 @@ class NativeObservation(NativeRow):
 
     actual_ttft_ms: float = Field(..., ge=0.0, description="0 = TTFT not observed.")
     actual_tpot_ms: float = Field(..., ge=0.0, description="0 = TPOT not observed.")
-    predicted_ttft_ms: float | None = Field(default=None, description="Mean TTFT the decision was made with.")
-    predicted_tpot_ms: float | None = None
-    predicted_ttft_quantile_ms: float | None = Field(default=None, description="Upper-quantile TTFT predicted.")
-    predicted_tpot_quantile_ms: float | None = None
-    timestamp: float | str | None = None
+    predicted_ttft_ms: float | None = Field(default=None, ge=0.0, description="Mean TTFT the decision was made with.")
+    predicted_tpot_ms: float | None = Field(default=None, ge=0.0)
+    predicted_ttft_quantile_ms: float | None = Field(default=None, ge=0.0, description="Upper-quantile TTFT predicted.")
+    predicted_tpot_quantile_ms: float | None = Field(default=None, ge=0.0)
+    timestamp: float | AwareDatetime | None = Field(default=None, description=TIMESTAMP_HELP)
 
 
 class BulkPredictRequest(BaseModel):
@@ -97,6 +117,37 @@ class PredictionAnswer(BaseModel):
     objective_type: Literal["quantile", "mean"]
     quantile: float
     last_model_load: str | None
+
+
+class ErrorAnswer(BaseModel):
+    """Every refusal (4xx) and the rare 5xx: what went wrong, and for a bad value the field it is in."""
+
+    error: str = Field(..., description="The problem in one line, naming the field when a value is at fault.")
+    field: str | None = Field(default=None, description="Where the bad value is, e.g. requests[3].pod_type.")
+    detail: Any = Field(default=None, description="The same in FastAPI's shape (a list of {loc, msg, type}).")
+
+
+# Refusals every path can answer (the edge answers 413 before any route; 503 while the service starts or stops);
+# body paths add 400/422 and write paths 401. Documented so that the OpenAPI schema says what clients may get.
+_ERROR = {"model": ErrorAnswer}
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {**_ERROR, "description": "The body exceeds the size limit."},
+    503: {**_ERROR, "description": "The service has not finished starting, or is stopping."},
+}
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    **COMMON_ERRORS,
+    400: {**_ERROR, "description": "The body is not JSON."},
+    401: {**_ERROR, "description": "An API token is configured and the request lacks it (write paths)."},
+    422: {**_ERROR, "description": "A value is missing, of the wrong type or out of range: `field` names it."},
+}
+
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {**_ERROR, "description": "No such model (or none yet)."}}
+
+
+def content_of(media_type: str, description: str) -> dict[int | str, dict[str, Any]]:
+    """A 200 answer that is not JSON, documented with its media type."""
+    return {200: {"description": description, "content": {media_type: {"schema": {"type": "string"}}}}}
 
 
 class BulkPredictionError(BaseModel):

@@ -77,12 +77,15 @@ def serve(settings: ServiceSettings) -> None:
     app = create_app(settings)
     runtime = app.state.runtime
     grpc_server = None
+    scheme, tls = ("https", " over TLS") if settings.tls else ("http", "")
     if settings.grpc_port:
         grpc_server, port = start_grpc_server(runtime, settings.host, settings.grpc_port)
-        log.info("gRPC on %s:%d", settings.host, port)
+        log.info("gRPC%s on %s:%d", tls, settings.host, port)
     else:
         log.info("gRPC off (grpc_port 0)")
-    log.info("HTTP on http://%s:%d (API docs at /docs)", settings.host, settings.port)
+    log.info("HTTP on %s://%s:%d (API docs at /docs)", scheme, settings.host, settings.port)
+    if settings.api_token is None:
+        log.warning("no API token: anyone who can reach this port can send training data (see SECURITY.md)")
     log.info("store: %s", describe_store(runtime.store))
     plan = runtime.cpu_plan
     if plan is not None:
@@ -91,7 +94,14 @@ def serve(settings: ServiceSettings) -> None:
         pin_process(plan.serving)
         log.info("serving on CPU %s, learner on CPU %s", format_cpu_list(plan.serving), format_cpu_list(plan.learner))
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, access_log=False, log_level="warning", timeout_keep_alive=75
+        app,
+        host=settings.host,
+        port=settings.port,
+        access_log=False,
+        log_level="warning",
+        timeout_keep_alive=75,
+        ssl_certfile=settings.tls_certfile,
+        ssl_keyfile=settings.tls_keyfile,
     )
     # Everything imported and built so far lives as long as the process: keep the collector from walking it
     # again on every full collection (each walk stalls the requests in flight).

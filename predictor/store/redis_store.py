@@ -5,6 +5,10 @@
 - Accepting an observation never touches the network: `append_observations` queues it in memory and one writer
   thread sends the queue to Redis in order. While Redis is down the queue is the outage buffer (bounded, drops
   counted); the writer keeps retrying and empties it, oldest first, once Redis answers again.
+- What Redis took is kept in memory until this store has read it back from the stream (a replica reads what it
+  writes): a Redis without persistence that crashes loses what no one had read yet. When the writer finds Redis
+  restarted (another `run_id`), it sends those entries again (counted in `stats()["resent"]`). Another replica
+  that had read them before the crash learns them twice: a duplicate rather than a loss.
 - Models go to a versioned registry: the artifact under `<ns>:model:<version>`, an INCR'd counter, the last
   few versions kept, a pub/sub message on every publication. Only JSON artifacts (LightGBM text inside JSON)
   are accepted, so nothing fetched from Redis can run code when loaded.
@@ -43,10 +47,11 @@ if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[2]) then
   return 0
 end
 local maxlen = ARGV[1]
+local id = 0
 for i = 3, #ARGV do
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'e', ARGV[i])
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'e', ARGV[i])
 end
-return #ARGV - 2
+return id
 """
 
 # Entries after a cursor as one flat array (id, entry, id, entry, ...): far cheaper to decode client-side than
@@ -175,6 +180,12 @@ def _decode_entries(raw: list[bytes | None]) -> list[dict[str, Any]]:
     return entries
 
 
+def _stream_id(text: str) -> tuple[int, int]:
+    """A stream id ("<ms>-<seq>") as a pair that orders as Redis orders them; "0" is (0, 0)."""
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
 def _without_credentials(url: str) -> str:
     parts = urlsplit(url)
     if "@" not in parts.netloc:
@@ -256,6 +267,15 @@ class RedisStore:
         self._buffer: deque[bytes] = deque()
         self._dropped = 0
         self._appended = 0
+        self._resent = 0
+        self._resent_pending = 0
+        # Chunks Redis took that this store has not read back yet: (last stream id, entries), oldest first; at
+        # most buffer_limit entries are remembered (beyond, the oldest are forgotten: a reader that far behind).
+        self._unread: deque[tuple[tuple[int, int], list[bytes]]] = deque()
+        self._unread_count = 0
+        self._run_id: str | None = None
+        self._read_upto = (0, 0)  # the newest stream id this store has read
+        self._check_run_id = True
         self._problem: str | None = "not contacted yet"  # None = Redis answered the last call
         self._highest_version = 0
         self._wake_writer = threading.Event()
@@ -304,7 +324,39 @@ class RedisStore:
         self._set_problem(None)
         if not flat:
             return cursor, []
-        return flat[-2].decode(), _decode_entries(flat[1::2])
+        new_cursor = flat[-2].decode()
+        self._confirm_read(_stream_id(new_cursor))
+        return new_cursor, _decode_entries(flat[1::2])
+
+    def _confirm_read(self, upto: tuple[int, int]) -> None:
+        """Forget the sent chunks this store has now read back (up to stream id `upto`)."""
+        with self._lock:
+            self._read_upto = max(self._read_upto, upto)  # a chunk recorded after it was read needs no keeping
+            while self._unread and self._unread[0][0] <= upto:
+                self._unread_count -= len(self._unread.popleft()[1])
+
+    def _resend_if_restarted(self) -> bool:
+        """If Redis restarted since the last look (another run id), queue what it had taken but this store had
+        not read back, ahead of what waits: that was lost with the crash (no persistence). Whether it restarted;
+        raises RedisError. Called by the writer only, with no chunk sent meanwhile."""
+        run_id = str(self._redis.info("server").get("run_id", ""))
+        self._check_run_id = False
+        if self._run_id is not None and run_id != self._run_id:
+            with self._lock:
+                self._read_upto = (0, 0)  # the new server's ids start again from its clock
+                lost = [entry for _, chunk in self._unread for entry in chunk]
+                self._unread.clear()
+                self._unread_count = 0
+                self._buffer.extendleft(reversed(lost))
+                self._resent += len(lost)
+                self._resent_pending += len(lost)  # at the head of the buffer: not counted as appended again
+            if lost:
+                log.warning(
+                    "redis at %s restarted and lost %d unread observations: sending them again", self.address, len(lost)
+                )
+        restarted = self._run_id is not None and run_id != self._run_id
+        self._run_id = run_id
+        return restarted
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every accepted observation is in Redis; False if that took longer than `timeout_s`."""
@@ -325,6 +377,15 @@ class RedisStore:
         chunk: list[bytes] = []  # the chunk in flight: resent unchanged, under the same id, until it lands
         chunk_id = ""
         while not self._stop.is_set():
+            if self._check_run_id:  # before anything is sent to what may be a new server
+                try:
+                    if self._resend_if_restarted():
+                        chunk = []  # taken again from the head, behind what the crash lost
+                except redis.RedisError as exc:
+                    self._set_problem(exc)
+                    self._stop.wait(retry_s)
+                    retry_s = min(retry_s * 2, _RETRY_MAX_S)
+                    continue
             if not chunk:
                 with self._lock:
                     chunk = list(islice(self._buffer, 0, _SEND_CHUNK))
@@ -332,7 +393,7 @@ class RedisStore:
             if not chunk:
                 if time.monotonic() - last_contact >= _PING_EVERY_S:
                     try:
-                        self._redis.ping()
+                        self._resend_if_restarted()  # also the health check (one INFO instead of a PING)
                         self._set_problem(None)
                     except redis.RedisError as exc:
                         self._set_problem(exc)
@@ -341,7 +402,7 @@ class RedisStore:
                 self._wake_writer.clear()
                 continue
             try:
-                self._send(chunk_id, chunk)
+                last_id = self._send(chunk_id, chunk)
             except redis.RedisError as exc:
                 self._set_problem(exc)
                 self._stop.wait(retry_s)
@@ -353,14 +414,26 @@ class RedisStore:
             with self._lock:  # appenders only add on the right, so the chunk is still the buffer's head
                 for _ in chunk:
                     self._buffer.popleft()
-                self._appended += len(chunk)
+                if self._resent_pending > 0:  # entries sent again after a restart are not new
+                    again = min(self._resent_pending, len(chunk))
+                    self._resent_pending -= again
+                    self._appended += len(chunk) - again
+                else:
+                    self._appended += len(chunk)
+                if last_id is not None and last_id > self._read_upto:
+                    self._unread.append((last_id, chunk))
+                    self._unread_count += len(chunk)
+                    while self._unread_count > self.buffer_limit:
+                        self._unread_count -= len(self._unread.popleft()[1])
             chunk = []
 
-    def _send(self, chunk_id: str, chunk: list[bytes]) -> None:
-        self._append(
+    def _send(self, chunk_id: str, chunk: list[bytes]) -> tuple[int, int] | None:
+        """Append one chunk; the stream id of its last entry (None: an earlier try of this chunk had landed)."""
+        last = self._append(
             keys=[self._stream_key, f"{self._chunk_prefix}{chunk_id}"],
             args=[self.stream_maxlen, _CHUNK_MARK_TTL_S, *chunk],
         )
+        return _stream_id(last.decode() if isinstance(last, bytes) else str(last)) if last else None
 
     # ---- model registry -----------------------------------------------------------------------------------
 
@@ -515,6 +588,8 @@ class RedisStore:
 
     def _set_problem(self, exc: BaseException | None) -> None:
         problem = None if exc is None else _reason(exc)
+        if problem is not None:
+            self._check_run_id = True  # the server may come back as another one, empty
         with self._lock:
             was, self._problem = self._problem, problem
             buffered = len(self._buffer)
@@ -537,7 +612,12 @@ class RedisStore:
     def stats(self) -> dict[str, int]:
         """Observations waiting in memory, dropped while Redis was down, and appended."""
         with self._lock:
-            return {"buffered": len(self._buffer), "dropped": self._dropped, "appended": self._appended}
+            return {
+                "buffered": len(self._buffer),
+                "dropped": self._dropped,
+                "appended": self._appended,
+                "resent": self._resent,
+            }
 
     def close(self, flush_timeout_s: float = 1.0) -> None:
         """Give the writer a moment to send what is queued, then stop both threads and the connections."""

@@ -1,0 +1,54 @@
+"""A few seconds of `leadtime bench load` at low rates: the real service, wrk and the observation feeder run, and
+the report has its fields, no errors and the rates it was asked for. (The full benchmark is not part of the tests.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+FIELDS = {"achieved_predict_rps", "achieved_observe_rps", "p50_ms", "p99_ms", "errors", "rss_mb_start", "rss_mb_end"}
+
+
+def require_wrk() -> None:
+    if shutil.which("wrk") is None:
+        message = "wrk is not installed (apt-get install wrk)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; with CI=true the load benchmark's smoke test must run", pytrace=False)
+        pytest.skip(message)
+
+
+def test_bench_load_smoke() -> None:
+    require_wrk()
+    done = subprocess.run(
+        [sys.executable, "-m", "leadtime", "bench", "load", "--json", "--duration", "3"]
+        + ["--predict-rps", "40", "--observe-rps", "400"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert set(report) >= FIELDS
+    assert report["errors"] == 0
+    assert 0.7 * 40 <= report["achieved_predict_rps"] <= 1.2 * 40, report
+    assert 0.8 * 400 <= report["achieved_observe_rps"] <= 1.05 * 400, report
+    assert 0 < report["p50_ms"] <= report["p99_ms"]
+    assert report["rss_mb_start"] > 50 and report["rss_mb_end"] > 50
+    assert report["ingestion"]["accepted"] >= 2_000  # the warm-up's 2,000 and the feeder's
+
+
+def test_bench_load_says_when_wrk_is_missing(tmp_path: object) -> None:
+    env = {**os.environ, "PATH": "/nonexistent"}
+    done = subprocess.run(
+        [sys.executable, "-m", "leadtime", "bench", "load", "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2 and "wrk is not installed" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,196 @@
+"""Transport security with real processes: `leadtime serve` over TLS (HTTPS and gRPC) from certificate files,
+and Redis reached with a password over TLS (`rediss://:password@host`), against a real redis-server started
+with `--requirepass` and `--tls-port` (Debian's build has TLS). The certificates are made at test time."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from conftest import require_redis_server
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from redis_server import RedisServer, free_port
+
+from leadtime.bench.procs import Child
+from leadtime.predictor.grpc import leadtime_pb2 as pb
+from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
+from leadtime.predictor.store.redis_store import RedisStore
+
+PASSWORD = "s3cret-p4ss"
+TOKEN = "write-token"
+ROW: dict[str, Any] = {
+    "kv_cache_percentage": 0.3,
+    "input_token_length": 800,
+    "num_request_waiting": 2,
+    "num_request_running": 8,
+    "num_tokens_generated": 0,
+    "prefix_cache_score": 0.25,
+}
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, valid for a day, and its key (PEM files)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "leadtime-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    return self_signed(tmp_path)
+
+
+@pytest.fixture
+def secure_redis(tmp_path: Path, certificate: tuple[Path, Path]) -> Iterator[tuple[RedisServer, str]]:
+    """redis-server with a password, listening only over TLS; and the rediss:// URL that reaches it."""
+    cert, key = certificate
+    server = RedisServer(
+        require_redis_server(),
+        tmp_path,
+        extra_args=["--requirepass", PASSWORD, "--tls-port", "PORT", "--port", "0"],
+        client_options={"password": PASSWORD, "ssl": True, "ssl_ca_certs": str(cert)},
+    )
+    server.extra_args[3] = str(server.port)  # the TLS port is the server's port; plain TCP is off (--port 0)
+    server.extra_args += ["--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no"]
+    server.extra_args += ["--tls-ca-cert-file", str(cert)]
+    try:
+        server.start()
+    except RuntimeError as err:
+        pytest.fail(f"redis-server with --tls-port did not start (built without TLS?): {err}")
+    try:
+        yield server, f"rediss://:{PASSWORD}@127.0.0.1:{server.port}/0?ssl_ca_certs={cert}"
+    finally:
+        server.stop()
+
+
+def _wait_https(url: str, context: ssl.SSLContext, child: Child, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if child.process.poll() is not None:
+            raise RuntimeError(child.output()[-3000:])
+        try:
+            if httpx.get(url, verify=context, timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer:\n{child.output()[-3000:]}")
+
+
+def test_serve_over_tls_with_redis_behind_a_password_and_tls(
+    tmp_path: Path, certificate: tuple[Path, Path], secure_redis: tuple[RedisServer, str]
+) -> None:
+    cert, key = certificate
+    _, redis_url = secure_redis
+    port, grpc_port = free_port(), free_port()
+    args = ["serve", "--port", str(port), "--grpc-port", str(grpc_port), "--api-token", TOKEN]
+    args += ["--tls-cert", str(cert), "--tls-key", str(key), "--redis", redis_url]
+    child = Child(args, tmp_path / "serve.log")
+    context = ssl.create_default_context(cafile=str(cert))
+    try:
+        _wait_https(f"https://127.0.0.1:{port}/readyz", context, child)
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=10) as client:
+            answer = client.post("/predict/bulk/strict", json={"requests": [ROW]})
+            assert answer.status_code == 200 and answer.json()["predictions"][0]["ttft_ms"] > 0
+            entries = {"entries": [{**ROW, "actual_ttft_ms": 150.0, "actual_tpot_ms": 25.0}] * 5}
+            assert client.post("/add_training_data_bulk", json=entries).status_code == 401  # no token
+            authorized = {"Authorization": f"Bearer {TOKEN}"}
+            assert client.post("/add_training_data_bulk", json=entries, headers=authorized).status_code == 202
+            assert client.get("/readyz").json()["status"] == "ready"  # Redis reached: nothing degraded
+            assert "redis" not in client.get("/readyz").json().get("degraded", {})
+        # The observations went through Redis (TLS, password): another client reads them back.
+        store = RedisStore(redis_url)
+        try:
+            deadline = time.monotonic() + 10
+            while not store.read_observations("0", 100)[1] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert len(store.read_observations("0", 100)[1]) == 5
+        finally:
+            store.close()
+        # Plain HTTP to the TLS port is not served.
+        try:
+            plain = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+            assert plain.status_code != 200, plain.text
+        except httpx.TransportError:
+            pass  # the TLS handshake fails: what is expected
+        # gRPC over TLS with the certificate as the root; a plain channel gets nothing.
+        credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{grpc_port}", credentials) as channel:
+            status = pb_grpc.PredictorStub(channel).Status(pb.StatusRequest(), timeout=10)
+            assert status.is_ready
+            answer = pb_grpc.PredictorStub(channel).PredictBulk(pb.PredictBulkRequest(rows=[pb.Row(**ROW)]), timeout=10)
+            assert answer.ttft_mean_ms[0] > 0
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.PredictorStub(channel).Status(pb.StatusRequest(), timeout=3)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        # The log names the store without its password.
+        assert f"Redis at rediss://127.0.0.1:{secure_redis[0].port}/0" in child.output()
+        assert PASSWORD not in child.output()
+    finally:
+        child.stop()
+
+
+def test_a_wrong_redis_password_or_no_tls_is_named_not_fatal(secure_redis: tuple[RedisServer, str]) -> None:
+    _, good = secure_redis
+    for url, words in (
+        (good.replace(PASSWORD, "wrong"), ("password", "auth")),
+        (good.replace("rediss://", "redis://").split("?")[0], ("connection", "closed", "reset", "timeout")),
+    ):
+        store = RedisStore(url, socket_timeout_s=0.5)
+        try:
+            store.append_observations([{"x": 1}])  # accepted into the outage buffer, never lost silently
+            problem = store.health()["redis"].lower()
+            assert any(word in problem for word in words), problem
+            assert store.stats()["buffered"] == 1
+        finally:
+            store.close()
+
+
+def test_tls_needs_both_files_and_they_must_exist(tmp_path: Path, certificate: tuple[Path, Path]) -> None:
+    cert, key = certificate
+    for args, message in (
+        (["--tls-cert", str(cert)], "give both"),
+        (["--tls-cert", str(cert), "--tls-key", str(tmp_path / "missing.pem")], "does not exist"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "leadtime", "serve", "--port", "0", "--grpc-port", "0", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
