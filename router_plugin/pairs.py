@@ -9,7 +9,8 @@ the prefill, the wait for transfers already queued on d's KV link, and the trans
 prompt KV at the link's bandwidth); its ITL is d's. Every pair, and every local prefill, is scored with the
 predicted-latency scorer and the best wins: disaggregating is chosen only where prefill elsewhere plus the
 transfer beats prefilling on the decode endpoint. `decode_first` reproduces llm-d's sequential choice instead: the
-decode endpoint by its ITL alone, then the prefill endpoint for it.
+decode endpoint by what it alone can tell (its ITL, and its link's queue and this request's transfer), then the
+prefill endpoint for it.
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def _scores(
     return slo_scores(ttft, itl, ttft_slo_ms, itl_slo_ms)
 
 
+def _best(values: np.ndarray, tiebreak: np.ndarray) -> int:
+    """The index of the highest value; among equal ones, the lowest `tiebreak` (the predicted TTFT), as a
+    deterministic stand-in for llm-d's picker, which breaks ties at random. (Scores clip at 0 for every candidate
+    predicted to miss by the SLO or more; llm-d's sequential pick taking the first of those piled every such
+    request onto one prefill and one decode endpoint: 2,433 of 3,000 on the P/D fleet.)"""
+    tied = np.flatnonzero(values >= values.max() - 1e-12)
+    return int(tied[int(np.argmin(tiebreak[tied]))])
+
+
 def choose_pair(
     p: PairPredictions,
     now_ms: float,
@@ -91,8 +101,8 @@ def choose_pair(
     >>> (c.prefill, c.decode, c.ttft_ms)  # decode 1 has the better ITL, but its link is busy for 2 s
     (1, 0, 240.0)
     >>> c = choose_pair(p, now_ms=0.0, ttft_slo_ms=1000.0, itl_slo_ms=50.0, decode_first=True)
-    >>> (c.prefill, c.decode, c.ttft_ms)  # llm-d's order: the best ITL first, whatever its link
-    (0, 1, 2040.0)
+    >>> (c.prefill, c.decode, c.ttft_ms)  # llm-d's order: decode 0 (its link is free), then the best prefill for it
+    (1, 0, 240.0)
     """
     n_p, n_d = len(p.prefill_ttft), len(p.decode_itl)
     ttft, wait = _pair_ttft(p, now_ms, p.prefill_ttft)
@@ -100,15 +110,17 @@ def choose_pair(
     itl = np.broadcast_to(p.decode_itl[None, :], (n_p, n_d))
     itl_mean = np.broadcast_to(p.decode_itl_mean[None, :], (n_p, n_d))
     if decode_first:
-        if itl_slo_ms is not None:
-            decode_scores = slo_scores(np.zeros(n_d), p.decode_itl, None, itl_slo_ms)
-        else:
-            decode_scores = latency_scores(np.zeros(n_d), p.decode_itl_mean, 1.0)
-        d = int(np.argmax(decode_scores))
+        # What the decode side alone knows: its ITL, and when its link would deliver this request's KV (the
+        # transfers queued on it and this one), with the prefill not yet chosen.
+        link = np.maximum(0.0, p.link_free_ms - now_ms) + p.transfer_ms
+        decode_scores = _scores(
+            link, p.decode_itl, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
+        )
+        d = _best(preference(decode_scores, *fit), link)
         column = _scores(
             ttft[:, d], itl[:, d], ttft_mean[:, d], itl_mean[:, d], ttft_slo_ms, itl_slo_ms, expected_output_tokens
         )
-        pf = int(np.argmax(column))
+        pf = _best(column, ttft_mean[:, d])
         return PairChoice(
             pf,
             d,
@@ -130,6 +142,9 @@ def choose_pair(
     scores = _scores(
         flat_ttft, flat_itl, flat_ttft_mean, flat_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
     )
+    # Ties (candidates beyond saving all score 0) go to the first one: a fixed sink takes what cannot be saved
+    # while the others keep serving in time. Spreading them by predicted TTFT measured worse on the P/D fleet
+    # (goodput 5.72 against 5.98 requests/s at the base load, 6.18 against 7.03 at 1.5x).
     best = int(np.argmax(preference(scores, *fit)))
     if best >= n_p * n_d:
         d = best - n_p * n_d

@@ -189,7 +189,27 @@ def test_the_in_process_client_satisfies_the_protocol_and_learns() -> None:
 # ------------------------------------------------------------------------------ P/D pairs
 
 
-def test_the_joint_pair_beats_decode_first_when_the_best_decode_link_is_busy() -> None:
+def test_the_joint_choice_beats_decode_first_when_the_decode_endpoint_should_prefill_itself() -> None:
+    # A long prompt on a slow KV link: prefill elsewhere (700 ms) plus the transfer (400 ms) misses the 1 s TTFT
+    # SLO, the decode endpoint prefilling itself (600 ms) does not. llm-d's order (decode, then prefill, always
+    # disaggregated above its threshold) cannot see that.
+    p = PairPredictions(
+        prefill_ttft=np.array([700.0, 900.0]),
+        prefill_ttft_mean=np.array([600.0, 800.0]),
+        decode_itl=np.array([30.0, 25.0]),
+        decode_itl_mean=np.array([25.0, 20.0]),
+        local_ttft=np.array([600.0, 650.0]),
+        local_ttft_mean=np.array([500.0, 550.0]),
+        link_free_ms=np.array([0.0, 0.0]),
+        transfer_ms=np.array([400.0, 400.0]),
+    )
+    joint = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0)
+    first = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0, decode_first=True)
+    assert joint.prefill is None and joint.ttft_ms <= 1000.0
+    assert first.prefill == 0 and first.ttft_ms == 1100.0  # a miss
+
+
+def test_decode_first_weighs_the_decode_endpoints_link_before_choosing_the_prefill() -> None:
     p = PairPredictions(
         prefill_ttft=np.array([400.0, 380.0]),
         prefill_ttft_mean=np.array([300.0, 290.0]),
@@ -200,10 +220,24 @@ def test_the_joint_pair_beats_decode_first_when_the_best_decode_link_is_busy() -
         link_free_ms=np.array([0.0, 3000.0]),
         transfer_ms=np.array([50.0, 50.0]),
     )
-    joint = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0)
     first = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0, decode_first=True)
-    assert (joint.prefill, joint.decode) == (1, 0) and joint.ttft_ms <= 1000.0
-    assert first.decode == 1 and first.ttft_ms > 1000.0  # best ITL first, then a TTFT miss behind its link
+    assert (first.prefill, first.decode) == (1, 0)  # decode 1 has the better ITL but its link is busy for 3 s
+
+
+def test_decode_first_spreads_requests_beyond_saving_by_their_predicted_ttft() -> None:
+    # Every pair misses the 1 s TTFT SLO by more than the SLO: all score 0. The least bad, not the first, wins.
+    p = PairPredictions(
+        prefill_ttft=np.array([9000.0, 5000.0]),
+        prefill_ttft_mean=np.array([8000.0, 4000.0]),
+        decode_itl=np.array([20.0, 20.0]),
+        decode_itl_mean=np.array([18.0, 18.0]),
+        local_ttft=None,
+        local_ttft_mean=None,
+        link_free_ms=np.array([4000.0, 0.0]),
+        transfer_ms=np.array([50.0, 50.0]),
+    )
+    first = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0, decode_first=True)
+    assert (first.prefill, first.decode) == (1, 1)
 
 
 def test_a_short_prompt_is_prefilled_on_the_decode_endpoint_when_that_is_faster() -> None:
