@@ -44,6 +44,18 @@ class BulkPredictions:
     model_version: int
     quantile: float
 
+    @classmethod
+    def from_native(cls, answer: Mapping[str, Any]) -> BulkPredictions:
+        """The native API's answer (POST /v1/predict) as arrays."""
+        return cls(
+            np.asarray(answer["ttft_mean_ms"], dtype=float),
+            np.asarray(answer["ttft_quantile_ms"], dtype=float),
+            np.asarray(answer["tpot_mean_ms"], dtype=float),
+            np.asarray(answer["tpot_quantile_ms"], dtype=float),
+            int(answer["model_version"]),
+            float(answer["quantile"]),
+        )
+
 
 Row = Mapping[str, Any] | FeatureRow
 Obs = Mapping[str, Any] | Observation
@@ -102,14 +114,7 @@ class HttpPredictorClient:
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
         answer = self._call("POST", "/v1/predict", {"rows": [row_dict(r) for r in rows]}, deadline_s)
-        return BulkPredictions(
-            np.asarray(answer["ttft_mean_ms"], dtype=float),
-            np.asarray(answer["ttft_quantile_ms"], dtype=float),
-            np.asarray(answer["tpot_mean_ms"], dtype=float),
-            np.asarray(answer["tpot_quantile_ms"], dtype=float),
-            int(answer["model_version"]),
-            float(answer["quantile"]),
-        )
+        return BulkPredictions.from_native(answer)
 
     def predict_llmd(self, rows: Sequence[Row], deadline_s: float | None = None) -> list[dict[str, Any]]:
         """llm-d's answers (POST /predict/bulk/strict), as llm-d's router would receive them."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leadtime.features.rows import FeatureRow, Observation, observation_to_llmd
+from leadtime.features.rows import LLMD_FIELDS, FeatureRow, Observation, observation_to_llmd
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.simulator.endpoint import Endpoint, SimRequest
@@ -46,15 +46,9 @@ from leadtime.simulator.workload import WorkloadRequest
 # llm-d's router counts a request's prompt in 64-token units (every prefill_tokens_in_flight of sharegpt-h200 is
 # a multiple of 64, and the first rows add up as ceil(prompt / 64) · 64).
 _PREFILL_UNIT = 64
+# llm-d's training row as its sidecar records it here: no pod type or encoder sizes (one role, text only).
 _LLMD_FIELDS = (
-    "kv_cache_percentage",
-    "input_token_length",
-    "num_request_waiting",
-    "num_request_running",
-    "num_tokens_generated",
-    "prefix_cache_score",
-    "prefill_tokens_in_flight",
-    "decode_tokens_in_flight",
+    *(f for f in LLMD_FIELDS if f not in ("pod_type", "encoder_matched_size", "encoder_input_size")),
     "actual_ttft_ms",
     "actual_tpot_ms",
     "timestamp",

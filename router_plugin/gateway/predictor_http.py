@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
 import orjson
 
 from leadtime.predictor.client import (
@@ -131,14 +130,7 @@ class LeanHttpPredictorClient:
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
         answer = self._call("/v1/predict", {"rows": [row_dict(r) for r in rows]}, deadline_s)
-        return BulkPredictions(
-            np.asarray(answer["ttft_mean_ms"], dtype=float),
-            np.asarray(answer["ttft_quantile_ms"], dtype=float),
-            np.asarray(answer["tpot_mean_ms"], dtype=float),
-            np.asarray(answer["tpot_quantile_ms"], dtype=float),
-            int(answer["model_version"]),
-            float(answer["quantile"]),
-        )
+        return BulkPredictions.from_native(answer)
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
         """Report completed requests with what was predicted (POST /v1/observations)."""
