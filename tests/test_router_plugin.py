@@ -139,6 +139,18 @@ def test_a_burst_is_spread_by_in_flight_accounting() -> None:
     assert route(LeadtimeConfig(inflight=False, exploration=0.0)) == ["a"] * 8
 
 
+def test_requests_beyond_saving_go_to_one_overflow_endpoint_not_all_over_the_fleet() -> None:
+    # Every endpoint has a queue predicted at several times the TTFT SLO: each request is beyond saving wherever it
+    # goes. Spread at random, they would slow every endpoint down; they all go to the first such endpoint.
+    candidates = [cand(name, waiting=40) for name in ("a", "b", "c", "d")]
+    policy = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, inflight=False))
+    picks = {policy.pick(req(f"r{i}", at=float(i)), candidates).endpoint_id for i in range(20)}
+    assert picks == {"a"}
+    # One endpoint that can still serve in time takes the requests instead.
+    candidates[2] = cand("c")
+    assert policy.pick(req("s", at=30.0), candidates).endpoint_id == "c"
+
+
 # ------------------------------------------------------------------------------ learning and fallback
 
 
@@ -303,9 +315,9 @@ def test_away_endpoints_compete_with_their_wait_when_no_serving_one_is_predicted
     source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
     model = QueueModel()
     policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0), timeslice_source=source)
-    # The dedicated endpoint's queue (20 waiting: ~4 s) misses the 2 s TTFT SLO; the shared one is expected back
+    # The dedicated endpoint's queue (30 waiting: ~6 s) misses the 4 s TTFT SLO; the shared one is expected back
     # within the prior's 5 s away time: also a miss, but a smaller one, and it will serve its queue when back.
-    pick = policy.pick(req(ttft_slo=2000.0), [cand("shared", group="rl"), cand("dedicated", waiting=30)])
+    pick = policy.pick(req(ttft_slo=4000.0), [cand("shared", group="rl"), cand("dedicated", waiting=30)])
     assert pick.endpoint_id == "shared"
     rows = {r.endpoint.endpoint_id: r.endpoint for r in model.asked[-1]}
     assert rows["shared"].timeslice_state == "parked" and rows["shared"].timeslice_wait_ms > 0

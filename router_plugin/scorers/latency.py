@@ -80,7 +80,8 @@ def preference(
     `overflow="least_bad"` prefers the smallest miss; `overflow="sink"` sends it where the queue is already beyond
     saving, when one is: to the candidate with the largest miss among those scoring below `SINK` (predicted at
     about twice the SLO or more), rather than onto an endpoint that may still serve others in time; with no
-    such candidate, the smallest miss.
+    such candidate, the smallest miss. Misses of the SLO itself or more all score 0: the picker gives such ties to
+    the first candidate, so that what cannot be saved piles up on one overflow endpoint.
 
     >>> s = np.array([0.9, 0.6, 0.52, 0.3, 0.05])
     >>> int(np.argmax(preference(s))), int(np.argmax(preference(s, fit="tightest", margin=0.1)))
