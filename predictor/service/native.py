@@ -7,6 +7,7 @@ measured.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,6 +77,31 @@ def predict_answer(runtime: ServiceRuntime, body: Any) -> bytes:
         "tpot_quantile_ms": served_ms(p.tpot_quantile),
     }
     return orjson.dumps(answer)
+
+
+@prediction_router.get(
+    "/model",
+    responses={
+        200: {"content": {"application/json": {}}, "description": "The serving model's artifact."},
+        304: {"description": "The model is the one whose digest If-None-Match names."},
+    },
+    summary="The serving model as an artifact (JSON with LightGBM text, SHA-256 sealed), for gateways that predict "
+    "with a copy of it; 304 when If-None-Match names the current one.",
+)
+async def model(request: Request, runtime: ReadyRuntime) -> Response:
+    """The model this process predicts with now, as `leadtime.predictor.artifact` writes it, with its SHA-256 as
+    the ETag.
+
+    Why: `leadtime route --pull-model` predicts in its own process with a copy of this model (a prediction over
+    loopback costs the gateway about a millisecond, in process a few tenths) and keeps sending every observation
+    here, so this service stays the one learner. It asks every second or so with the ETag it holds and gets
+    304 until the model changes. The artifact is data (never a pickle), and its checksum is checked on load."""
+    artifact, digest, version = await asyncio.to_thread(runtime.serving_artifact)
+    etag = f'"{digest}"'
+    headers = {"ETag": etag, "X-Leadtime-Model-Version": str(version)}
+    if etag in (v.strip() for v in request.headers.get("if-none-match", "").split(",")):
+        return Response(status_code=304, headers=headers)
+    return Response(artifact, media_type="application/json", headers=headers)
 
 
 def _llmd_entry(entry: Any) -> Any:
