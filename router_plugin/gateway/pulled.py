@@ -124,6 +124,7 @@ class PulledModel:
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop pulling (a pull in progress finishes first, within `timeout_s`)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
