@@ -6,8 +6,10 @@ classes, in real time), `leadtime serve` (the predictor), `leadtime route`, and 
 1. **Overhead.** With the fleet idle, probe pairs one after the other: a streaming request through the gateway,
    then the same-sized request (another prompt, so no prefix is shared) straight to the endpoint the gateway
    chose. The gateway's added time to first byte is the difference of the two times to the first token, pair
-   by pair; p50 and p99 over the pairs. Measured through the gateway routing with Leadtime over HTTP to
-   `leadtime serve`, and again with the predictor embedded.
+   by pair; p50 and p99 over the pairs. Measured through three gateways routing with Leadtime, in turn: with
+   `leadtime serve`'s model pulled into the gateway (`--predictor-url ... --pull-model`: predictions in process,
+   observations to the service), with every prediction asked of `leadtime serve` over HTTP (`--predictor-url`),
+   and with the predictor embedded (`--embedded`, which also learns in the gateway's process).
 2. **Goodput.** A slice of the Mooncake trace (its arrival steps spread out, time compressed by `rate_scale`),
    prompts built from its prefix blocks, each request with TTFT and ITL SLOs in llm-d's headers, replayed
    open-loop through the gateway: once routing round-robin, once with Leadtime (a cold predictor that learns
@@ -15,8 +17,10 @@ classes, in real time), `leadtime serve` (the predictor), `leadtime route`, and 
    both SLOs per second of the arrival window, as in the simulator.
 
 JSON: `requests` and `errors` over every phase (an error: a status other than 200, a broken or short stream),
-`overhead_ms` {p50, p99}, `fallbacks` (the Leadtime gateways' decisions made by the heuristics), `goodput_rps`
-{leadtime, round_robin}, and the details beside them.
+`overhead_ms` {p50, p99} with the service's model pulled into the gateway; `overhead_ms_predict_over_http` with
+each prediction asked of the service over HTTP (what `overhead_ms` measured before `--pull-model` existed);
+`overhead_ms_embedded`; `fallbacks` (the Leadtime gateways' decisions made by the heuristics), `goodput_rps`
+{leadtime, round_robin} (the Leadtime run asks the service over HTTP, as before), and the details beside them.
 """
 
 from __future__ import annotations
@@ -109,34 +113,37 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
     fallbacks = 0.0
     try:
         # 1. overhead, on an idle fleet
-        say("overhead: starting the fleet, the predictor and two gateways")
+        say("overhead: starting the fleet, the predictor and three gateways")
         (work / "a").mkdir()
         predictor = Predictor(work / "a")
         fleet = SimFleet(FLEET, work / "a", options.seed)
         predictor.wait()
-        http = Route(work / "a", ["--discovery", str(fleet.endpoints_file), "--predictor-url", predictor.url])
-        embedded = Route(work / "a", ["--discovery", str(fleet.endpoints_file), "--embedded"])
+        discovery = ["--discovery", str(fleet.endpoints_file)]
+        gateways = {
+            "pulled": Route(work / "a", [*discovery, "--predictor-url", predictor.url, "--pull-model"]),
+            "http": Route(work / "a", [*discovery, "--predictor-url", predictor.url]),
+            "embedded": Route(work / "a", [*discovery, "--embedded"]),
+        }
+        added: dict[str, list[float]] = {}
         try:
-            http.wait()
-            embedded.wait()
-            say(f"overhead: {options.probes} probe pairs through the gateway (HTTP predictor)")
-            added, results = probe_pairs(http, fleet, options.probes, options.probe_words, 0)
-            all_results += results
-            fallbacks += http.metric("leadtime_router_fallbacks_total")
-            say(f"overhead: {options.probes} probe pairs through the gateway (embedded predictor)")
-            added_embedded, results = probe_pairs(
-                embedded, fleet, options.probes, options.probe_words, 10 * options.probes
-            )
-            all_results += results
-            fallbacks += embedded.metric("leadtime_router_fallbacks_total")
+            for gateway in gateways.values():  # all started before any is measured
+                gateway.wait()
+            for i, (name, gateway) in enumerate(gateways.items()):
+                say(f"overhead: {options.probes} probe pairs through the gateway ({name} predictor)")
+                added[name], results = probe_pairs(
+                    gateway, fleet, options.probes, options.probe_words, 10 * i * options.probes
+                )
+                all_results += results
+                fallbacks += gateway.metric("leadtime_router_fallbacks_total")
         finally:
-            http.child.stop()
-            embedded.child.stop()
+            for gateway in gateways.values():
+                gateway.child.stop()
             predictor.child.stop()
             fleet.stop()
-        report["overhead_ms"] = _pct(added)
-        report["overhead_ms_embedded"] = _pct(added_embedded)
-        report["overhead_pairs"] = {"http": len(added), "embedded": len(added_embedded)}
+        report["overhead_ms"] = _pct(added["pulled"])
+        report["overhead_ms_predict_over_http"] = _pct(added["http"])
+        report["overhead_ms_embedded"] = _pct(added["embedded"])
+        report["overhead_pairs"] = {name: len(values) for name, values in added.items()}
 
         # 2. goodput, the same trace slice through the gateway with each policy, each on a fresh fleet
         shots = workload_shots(options)
@@ -196,10 +203,11 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
     from rich.table import Table
 
     console = Console()
-    o, e = report["overhead_ms"], report["overhead_ms_embedded"]
+    o, h, e = report["overhead_ms"], report["overhead_ms_predict_over_http"], report["overhead_ms_embedded"]
     console.print(
-        f"gateway overhead (added time to first token, {report['overhead_pairs']['http']} pairs): "
-        f"p50 {o['p50']:.2f} ms, p99 {o['p99']:.2f} ms with the predictor over HTTP; "
+        f"gateway overhead (added time to first token, {report['overhead_pairs']['pulled']} pairs): "
+        f"p50 {o['p50']:.2f} ms, p99 {o['p99']:.2f} ms with the service's model pulled; "
+        f"p50 {h['p50']:.2f} ms, p99 {h['p99']:.2f} ms with each prediction over HTTP; "
         f"p50 {e['p50']:.2f} ms, p99 {e['p99']:.2f} ms embedded"
     )
     table = Table(

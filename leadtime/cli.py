@@ -493,6 +493,17 @@ def route(
     ] = None,
     predictor_grpc: Annotated[str | None, typer.Option(help="The predictor service over gRPC (HOST:PORT).")] = None,
     embedded: Annotated[bool, typer.Option("--embedded", help="Run the online predictor in this process.")] = False,
+    pull_model: Annotated[
+        bool,
+        typer.Option(
+            "--pull-model",
+            help="With --predictor-url: predict in this process with a copy of the service's model, pulled every "
+            "--pull-interval-s (observations still go to the service, which stays the one learner).",
+        ),
+    ] = False,
+    pull_interval_s: Annotated[
+        float, typer.Option(help="With --pull-model: seconds between two pulls of the service's model.")
+    ] = 1.0,
     config: Annotated[Path | None, typer.Option(help="Plugin configuration (EndpointPickerConfig YAML).")] = None,
     profile: Annotated[str, typer.Option(help="Scheduling profile of the configuration.")] = "default",
     policy: Annotated[
@@ -536,6 +547,10 @@ def route(
         _fail("--predictor-url, --predictor-grpc and --embedded are alternatives: give one")
     if timeslice_file is not None and timeslice_url is not None:
         _fail("--timeslice-file and --timeslice-url are alternatives: give one")
+    if pull_model and predictor_url is None:
+        _fail("--pull-model pulls the model from the service's HTTP API: give --predictor-url too")
+    if pull_interval_s <= 0:
+        _fail("--pull-interval-s must be > 0")
     if policy and policy not in PLAIN_POLICIES:
         _fail(f"--policy must be one of {', '.join(PLAIN_POLICIES)}, got {policy!r}")
     if not 1 <= port <= 65535:
@@ -584,8 +599,13 @@ def route(
         from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 
         try:
-            predict_client = LeanHttpPredictorClient(predictor_url, api_token=api_token)
             observe_client = LeanHttpPredictorClient(predictor_url, api_token=api_token)
+            if pull_model:
+                from leadtime.router_plugin.gateway.pulled import PulledModel
+
+                predict_client = PulledModel(predictor_url, observe_client, pull_interval_s, api_token=api_token)
+            else:
+                predict_client = LeanHttpPredictorClient(predictor_url, api_token=api_token)
         except ValueError as err:
             _fail(f"--predictor-url: {err}")
     elif wanted and predictor_grpc:

@@ -140,3 +140,29 @@ def test_openapi_docs_describe_both_apis(client: TestClient) -> None:
         assert path in paths
     body = paths["/predict/bulk/strict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "kv_cache_percentage" in body["properties"]["requests"]["items"]["properties"]
+
+
+def test_the_edge_answers_good_predictions_as_the_route_would_and_leaves_bad_ones_to_it(client: TestClient) -> None:
+    """`/v1/predict` is answered by the edge's hot path (the gateway calls it on every decision); the route and
+    the hot path share `predict_answer`, and anything the hot path cannot answer still gets the route's error."""
+    import orjson
+
+    from leadtime.predictor.service.hot_path import HotPath
+
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    hot = HotPath(runtime)
+    rows = [native_row(), native_row(accelerator="l40s", prefix_hit_tokens=300)]
+    status, answer = hot.native_predict(orjson.dumps({"rows": rows}), "") or (0, b"")
+    via_client = client.post("/v1/predict", json={"rows": rows}).json()
+    direct = orjson.loads(answer)
+    assert status == 200
+    for key in ("model_version", "quantile", "ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms"):
+        assert direct[key] == via_client[key]
+    assert hot.native_predict(orjson.dumps({"rows": [native_row(role="leader")]}), "") is None
+    assert hot.native_predict(b"{not json", "") is None
+    assert hot.native_predict(orjson.dumps({"rows": []}), "") is None
+    assert client.post("/v1/predict", json={"rows": []}).status_code == 422
+    assert (
+        client.post("/v1/predict", content=b"{not json", headers={"content-type": "application/json"}).status_code
+        == 400
+    )

@@ -25,7 +25,7 @@ from leadtime.predictor.service.edge import (
     unexpected_error_handler,
     validation_error_handler,
 )
-from leadtime.predictor.service.hot_path import STRICT_PATH, TRAINING_PATH, HotPath
+from leadtime.predictor.service.hot_path import NATIVE_PREDICT_PATH, STRICT_PATH, TRAINING_PATH, HotPath
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.service.schemas import BODY_ERRORS, COMMON_ERRORS
 from leadtime.predictor.settings import ServiceSettings
@@ -80,6 +80,7 @@ def create_app(
     hot_paths: dict[str, Callable[[bytes, str], tuple[int, bytes] | None]] = {}
     if settings.serves_prediction:
         hot_paths[STRICT_PATH] = hot.predict_bulk_strict
+        hot_paths[NATIVE_PREDICT_PATH] = hot.native_predict
     if settings.serves_training:
         hot_paths[TRAINING_PATH] = hot.add_training_data_bulk
     app.add_middleware(

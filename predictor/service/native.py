@@ -7,6 +7,7 @@ measured.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +20,12 @@ from leadtime.features.rows import feature_row_from_llmd
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.health import status as llmd_status
 from leadtime.predictor.service.llmd_training import accept_entries, parse_entries
-from leadtime.predictor.service.runtime import BACKLOG_FULL_MESSAGE, BACKLOG_RETRY_AFTER_S, served_ms
+from leadtime.predictor.service.runtime import (
+    BACKLOG_FULL_MESSAGE,
+    BACKLOG_RETRY_AFTER_S,
+    ServiceRuntime,
+    served_ms,
+)
 from leadtime.predictor.service.schemas import (
     ExplainRequest,
     NativeAccepted,
@@ -47,13 +53,21 @@ _MAX_OBSERVATIONS = 100_000
 )
 async def predict(request: Request, runtime: ReadyRuntime) -> Response:
     """Mean and upper quantile of TTFT and TPOT per row (columnar), and the model version."""
-    rows = list_field(await json_body(request), "rows", 1, runtime.settings.max_rows)
+    return Response(predict_answer(runtime, await json_body(request)), media_type="application/json")
+
+
+def predict_answer(runtime: ServiceRuntime, body: Any) -> bytes:
+    """The whole /v1/predict answer for a parsed body, encoded; FeatureError naming the first bad field.
+
+    One function for the route and the edge's hot path (`hot_path.HotPath.native_predict`), so that both answer
+    alike."""
+    rows = list_field(body, "rows", 1, runtime.settings.max_rows)
     parsed = runtime.parser.parse(rows, "rows", native=True)
     predictor = runtime.predictor
     assert predictor is not None
     p = predictor.predict_many(parsed)
     runtime.metrics.predictions.labels("native").inc(len(rows))
-    body = {
+    answer = {
         "model_version": p.model_version,
         "quantile": runtime.settings.quantile,
         "predicted_at": datetime.now(UTC).isoformat(),
@@ -62,7 +76,32 @@ async def predict(request: Request, runtime: ReadyRuntime) -> Response:
         "tpot_mean_ms": served_ms(p.tpot_mean),
         "tpot_quantile_ms": served_ms(p.tpot_quantile),
     }
-    return Response(orjson.dumps(body), media_type="application/json")
+    return orjson.dumps(answer)
+
+
+@prediction_router.get(
+    "/model",
+    responses={
+        200: {"content": {"application/json": {}}, "description": "The serving model's artifact."},
+        304: {"description": "The model is the one whose digest If-None-Match names."},
+    },
+    summary="The serving model as an artifact (JSON with LightGBM text, SHA-256 sealed), for gateways that predict "
+    "with a copy of it; 304 when If-None-Match names the current one.",
+)
+async def model(request: Request, runtime: ReadyRuntime) -> Response:
+    """The model this process predicts with now, as `leadtime.predictor.artifact` writes it, with its SHA-256 as
+    the ETag.
+
+    Why: `leadtime route --pull-model` predicts in its own process with a copy of this model (a prediction over
+    loopback costs the gateway about a millisecond, in process a few tenths) and keeps sending every observation
+    here, so this service stays the one learner. It asks every second or so with the ETag it holds and gets
+    304 until the model changes. The artifact is data (never a pickle), and its checksum is checked on load."""
+    artifact, digest, version = await asyncio.to_thread(runtime.serving_artifact)
+    etag = f'"{digest}"'
+    headers = {"ETag": etag, "X-Leadtime-Model-Version": str(version)}
+    if etag in (v.strip() for v in request.headers.get("if-none-match", "").split(",")):
+        return Response(status_code=304, headers=headers)
+    return Response(artifact, media_type="application/json", headers=headers)
 
 
 def _llmd_entry(entry: Any) -> Any:

@@ -381,6 +381,10 @@ class Gateway:
         m.endpoints.labels("true").set(routable)
         m.endpoints.labels("false").set(len(self.scraper.scrapes) - routable)
         m.bytes_per_token.set(self.affinity.bytes_per_token)
+        age = getattr(self.predictor.predict_client, "age_s", None) if self.predictor is not None else None
+        if callable(age):
+            seconds = age()
+            m.pulled_model_age.set(-1.0 if seconds is None else seconds)
         return m.render()
 
     # ----- the hot path ------------------------------------------------------------------------------------

@@ -151,6 +151,17 @@ class GatewayMetrics:
         self.bytes_per_token = Gauge(
             f"{p}_prompt_bytes_per_token", "Learned bytes of prompt text per token.", registry=r
         )
+        self.model_pulls = Counter(
+            f"{p}_model_pulls",
+            "Pulls of the service's model (--pull-model), by result: new, unchanged, error, refused.",
+            ["result"],
+            registry=r,
+        )
+        self.pulled_model_age = Gauge(
+            f"{p}_pulled_model_age_seconds",
+            "Seconds since a pull of the service's model last reached it (--pull-model; -1 before any did).",
+            registry=r,
+        )
         self.timeslice_source_errors = Gauge(
             f"{p}_timeslice_source_errors", "Failed reads of time-slice group states.", registry=r
         )

@@ -145,10 +145,18 @@ class GatewayPredictor:
         return len(observations)
 
     def start(self) -> None:
+        """Start the flusher, and the predict client's own background work if it has any (`pulled.PulledModel`
+        pulls the service's model)."""
         self._thread = threading.Thread(target=self._flush_loop, name="leadtime-router-observe", daemon=True)
         self._thread.start()
+        start = getattr(self.predict_client, "start", None)
+        if callable(start):
+            start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        stop = getattr(self.predict_client, "stop", None)
+        if callable(stop):
+            stop(timeout_s)
         with self._cond:
             self._stopping = True
             self._cond.notify()

@@ -16,6 +16,7 @@ from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, par
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 from leadtime.router_plugin.gateway.predictor import GatewayPredictor
+from leadtime.router_plugin.gateway.pulled import PulledModel
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, RandomPolicy, RoundRobinPolicy
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.scrape import monotonic_ms
@@ -65,7 +66,8 @@ def build_gateway(
 ) -> Gateway:
     """The gateway `options` describe; raises ConfigError, DiscoveryError or TimesliceError on bad input.
 
-    `remote`: the predictor is in another process (decisions then wait for it on a thread of their own).
+    `remote`: the predictor is in another process (decisions then wait for it on a thread of their own); a
+    pulled model (`pulled.PulledModel`) predicts in this one, so decisions are made on the event loop.
     """
     discovery: FileDiscovery | StaticDiscovery
     if options.discovery is not None:
@@ -76,6 +78,8 @@ def build_gateway(
     predictor = None
     if predict_client is not None:
         predictor = GatewayPredictor(predict_client, observe_client or predict_client, metrics)
+        if isinstance(predict_client, PulledModel):
+            predict_client.metrics = metrics
     policy: RoutingPolicy
     if options.policy:
         policy = PLAIN_POLICIES[options.policy]()
@@ -88,7 +92,7 @@ def build_gateway(
         options.settings,
         predictor,
         metrics=metrics,
-        decide_in_thread=remote and predictor is not None,
+        decide_in_thread=remote and predictor is not None and not isinstance(predict_client, PulledModel),
     )
     if options.timeslice_file is not None:
         gateway.attach_timeslice(FileTimesliceSource(options.timeslice_file, monotonic_ms))

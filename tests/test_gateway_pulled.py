@@ -1,0 +1,157 @@
+"""`leadtime route --pull-model`: the gateway predicts with a copy of the service's model and sends the service
+every observation. Every part a real process on loopback: `leadtime sim serve`, `leadtime serve`, `leadtime
+route`; the service is killed, or started late, to see what the gateway does without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
+from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+from leadtime.predictor.client import row_dict
+from leadtime.predictor.learner import OnlinePredictor
+
+FLEET = {
+    "name": "two-classes",
+    "pools": [
+        {"name": "h100", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+        {"name": "l40s", "count": 1, "accelerator": "l40s", "model": "llama-3.1-8b"},
+    ],
+}
+PULL = ["--pull-model", "--pull-interval-s", "0.2"]
+
+
+def stream(url: str, prompt: str, max_tokens: int = 4) -> httpx.Response:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+        response.read()
+    return response
+
+
+def wait_for(check: object, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pulled")
+
+
+@pytest.fixture(scope="module")
+def fleet(workdir: Path) -> Iterator[SimFleet]:
+    fleet_file = workdir / "fleet.yaml"
+    fleet_file.write_text(yaml.safe_dump(FLEET))
+    fleet = SimFleet(fleet_file, workdir)
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def test_the_served_model_predicts_what_the_service_predicts(workdir: Path) -> None:
+    """GET /v1/model is the serving model: loaded elsewhere it predicts the service's numbers; its ETag is the
+    artifact's SHA-256, and asking with it gets 304."""
+    predictor = Predictor(workdir).wait()
+    try:
+        reply = httpx.get(f"{predictor.url}/v1/model", timeout=10)
+        assert reply.status_code == 200
+        import hashlib
+
+        assert reply.headers["etag"] == f'"{hashlib.sha256(reply.content).hexdigest()}"'
+        again = httpx.get(f"{predictor.url}/v1/model", headers={"If-None-Match": reply.headers["etag"]}, timeout=10)
+        assert again.status_code == 304 and not again.content
+        model = OnlinePredictor.from_bytes(reply.content, background=False)
+        rows = [
+            FeatureRow(RequestFeatures(n), EndpointState(endpoint_id="e", accelerator=a, model="llama-3.1-8b"))
+            for n, a in [(100, "h100-sxm"), (2000, "l40s"), (800, "a100-sxm-80gb")]
+        ]
+        here = model.predict_many(rows)
+        there = httpx.post(f"{predictor.url}/v1/predict", json={"rows": [row_dict(r) for r in rows]}, timeout=10)
+        served = there.json()
+        np.testing.assert_allclose(here.ttft_mean, served["ttft_mean_ms"], rtol=1e-9)
+        np.testing.assert_allclose(here.tpot_quantile, served["tpot_quantile_ms"], rtol=1e-9)
+    finally:
+        predictor.child.stop()
+
+
+def test_routes_with_the_pulled_model_and_the_service_learns_every_observation(workdir: Path, fleet: SimFleet) -> None:
+    """Then the service is killed: the gateway keeps predicting with the model it holds (no fallback), and its
+    pulls are counted as failing while the model's age grows."""
+    predictor = Predictor(workdir).wait()
+    route = Route(workdir, ["--discovery", str(fleet.endpoints_file), "--predictor-url", predictor.url, *PULL])
+    try:
+        route.wait()
+        assert route.metric("leadtime_router_model_pulls_total", result="new") >= 1
+        before = httpx.get(f"{predictor.url}/v1/status", timeout=5).json()["learned"]
+        for i in range(8):
+            response = stream(route.url, f"pulled question {i} " * 20)
+            assert response.status_code == 200 and response.headers["x-leadtime-endpoint"] in {"h100-0", "l40s-0"}
+        assert route.metric("leadtime_router_fallbacks_total") == 0
+        assert route.metric("leadtime_router_ttft_seconds_count", kind="predicted") >= 8
+
+        def learned() -> bool:
+            now = httpx.get(f"{predictor.url}/v1/status", timeout=5).json()["learned"]
+            return bool(now["ttft"] >= before["ttft"] + 8 and now["tpot"] >= before["tpot"] + 8)
+
+        wait_for(learned)
+        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="unchanged") >= 1)
+
+        predictor.child.kill()
+        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="error") >= 2)
+        for i in range(6):
+            assert stream(route.url, f"service gone {i} " * 20).status_code == 200
+        assert route.metric("leadtime_router_fallbacks_total") == 0  # the last model still predicts
+        assert route.metric("leadtime_router_pulled_model_age_seconds") > 0.2
+        assert route.metric("leadtime_router_requests_total", code="200") == 14
+    finally:
+        route.child.stop()
+        predictor.child.stop()
+
+
+def test_without_a_service_it_falls_back_then_pulls_once_the_service_is_up(workdir: Path, fleet: SimFleet) -> None:
+    port, grpc_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    route = Route(workdir, ["--discovery", str(fleet.endpoints_file), "--predictor-url", url, *PULL])
+    service: Child | None = None
+    try:
+        route.wait()  # ready: the warm-up found no model and said so
+        for i in range(4):
+            assert stream(route.url, f"no service yet {i} " * 10).status_code == 200
+        assert route.metric("leadtime_router_fallbacks_total") == 4
+        assert route.metric("leadtime_router_pulled_model_age_seconds") == -1
+        service = Child(["serve", "--port", str(port), "--grpc-port", str(grpc_port)], workdir / "late-serve.log")
+        service.wait_until(f"{url}/readyz")
+        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="new") >= 1)
+        time.sleep(1.2)  # the breaker (open for a second after three failures) has closed
+        before = route.metric("leadtime_router_fallbacks_total")
+        for i in range(4):
+            assert stream(route.url, f"service up {i} " * 10).status_code == 200
+        assert route.metric("leadtime_router_fallbacks_total") == before
+    finally:
+        route.child.stop()
+        if service is not None:
+            service.stop()
+
+
+def test_pull_model_needs_the_services_http_url() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "leadtime", "route", "--endpoint", "127.0.0.1:9", "--pull-model"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--predictor-url" in done.stderr + done.stdout
