@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from waiting import wait_for
 
 from leadtime.bench.procs import Predictor, Route, SimFleet, free_port
 from leadtime.simulator.fleet import parse_fleet
@@ -136,15 +137,6 @@ def test_observations_reach_the_predictor(stack: tuple[SimFleet, Predictor, Rout
     assert route.metric("leadtime_router_picks_total") >= 8
 
 
-def _wait_for(check: object, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
-
-
 def _replace(path: Path, content: bytes) -> None:
     """Write a new version of the file the way an editor or a config manager does: a new file, renamed over it."""
     tmp = path.with_suffix(".tmp")
@@ -158,9 +150,11 @@ def test_a_broken_discovery_file_keeps_the_previous_set(stack: tuple[SimFleet, P
     errors = route.metric("leadtime_router_discovery_reloads_total", result="error")
     try:
         _replace(discovery, b"endpoints: [{name: broken")
-        _wait_for(lambda: route.metric("leadtime_router_discovery_reloads_total", result="error") > errors)
+        wait_for(lambda: route.metric("leadtime_router_discovery_reloads_total", result="error") > errors, timeout_s=10)
         _replace(discovery, b"# padding\n" * 110_000)  # over 1 MiB
-        _wait_for(lambda: route.metric("leadtime_router_discovery_reloads_total", result="error") > errors + 1)
+        wait_for(
+            lambda: route.metric("leadtime_router_discovery_reloads_total", result="error") > errors + 1, timeout_s=10
+        )
         assert httpx.get(f"{route.url}/readyz", timeout=5).json()["routable_endpoints"] == 2
         response, events = stream_request(route.url, "still routed", 3)
         assert response.status_code == 200 and len(token_events(events)) == 3
@@ -168,13 +162,15 @@ def test_a_broken_discovery_file_keeps_the_previous_set(stack: tuple[SimFleet, P
         only_h100 = yaml.safe_load(good)
         only_h100["endpoints"] = [e for e in only_h100["endpoints"] if e["name"] == "h100-0"]
         _replace(discovery, yaml.safe_dump(only_h100).encode())
-        _wait_for(lambda: httpx.get(f"{route.url}/readyz", timeout=5).json()["endpoints"] == 1)
+        wait_for(lambda: httpx.get(f"{route.url}/readyz", timeout=5).json()["endpoints"] == 1, timeout_s=10)
         for _ in range(3):
             response, _ = stream_request(route.url, "where do I go", 2)
             assert response.headers["x-leadtime-endpoint"] == "h100-0"
     finally:
         _replace(discovery, good)
-        _wait_for(lambda: httpx.get(f"{route.url}/readyz", timeout=5).json().get("routable_endpoints") == 2)
+        wait_for(
+            lambda: httpx.get(f"{route.url}/readyz", timeout=5).json().get("routable_endpoints") == 2, timeout_s=10
+        )
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +198,9 @@ def round_robin(
     route = Route(workdir, ["--discovery", str(discovery), "--policy", "round-robin", "--unroutable-after-s", "2"])
     try:
         route.wait()
-        _wait_for(lambda: httpx.get(f"{route.url}/readyz", timeout=5).json().get("routable_endpoints") == 3)
+        wait_for(
+            lambda: httpx.get(f"{route.url}/readyz", timeout=5).json().get("routable_endpoints") == 3, timeout_s=10
+        )
         yield route, discovery, extra
     finally:
         route.child.stop()
@@ -214,14 +212,14 @@ def test_an_endpoint_whose_scrapes_fail_is_retried_around_then_left_out(
 ) -> None:
     route, _, extra = round_robin
     extra.stop()  # the endpoint goes away: scrapes and requests to it fail from now on
-    _wait_for(lambda: route.metric("leadtime_router_scrape_errors_total", endpoint="spare-0") > 0, timeout_s=5)
+    wait_for(lambda: route.metric("leadtime_router_scrape_errors_total", endpoint="spare-0") > 0, timeout_s=5)
     # Still within --unroutable-after-s: the endpoint is marked but may be picked; a pick fails before any byte
     # and the request is retried on another endpoint.
     answered = [stream_request(route.url, f"retry me {i}", 2) for i in range(3)]
     assert all(r.status_code == 200 and len(token_events(e)) == 2 for r, e in answered)
     assert route.metric("leadtime_router_retries_total") >= 1
     assert route.metric("leadtime_router_upstream_errors_total", endpoint="spare-0", kind="connect") >= 1
-    _wait_for(lambda: route.metric("leadtime_router_endpoint_routable", endpoint="spare-0") == 0, timeout_s=6)
+    wait_for(lambda: route.metric("leadtime_router_endpoint_routable", endpoint="spare-0") == 0, timeout_s=6)
     retries = route.metric("leadtime_router_retries_total")
     for i in range(6):
         response, _ = stream_request(route.url, f"after {i}", 2)

@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
+from waiting import wait_for
 
 from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
@@ -35,15 +36,6 @@ def stream(url: str, prompt: str, max_tokens: int = 4) -> httpx.Response:
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
         response.read()
     return response
-
-
-def wait_for(check: object, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.fixture(scope="module")
@@ -107,11 +99,11 @@ def test_routes_with_the_pulled_model_and_the_service_learns_every_observation(w
             now = httpx.get(f"{predictor.url}/v1/status", timeout=5).json()["learned"]
             return bool(now["ttft"] >= before["ttft"] + 8 and now["tpot"] >= before["tpot"] + 8)
 
-        wait_for(learned)
-        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="unchanged") >= 1)
+        wait_for(learned, timeout_s=20)
+        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="unchanged") >= 1, timeout_s=20)
 
         predictor.child.kill()
-        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="error") >= 2)
+        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="error") >= 2, timeout_s=20)
         for i in range(6):
             assert stream(route.url, f"service gone {i} " * 20).status_code == 200
         assert route.metric("leadtime_router_fallbacks_total") == 0  # the last model still predicts
@@ -135,7 +127,7 @@ def test_without_a_service_it_falls_back_then_pulls_once_the_service_is_up(workd
         assert route.metric("leadtime_router_pulled_model_age_seconds") == -1
         service = Child(["serve", "--port", str(port), "--grpc-port", str(grpc_port)], workdir / "late-serve.log")
         service.wait_until(f"{url}/readyz")
-        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="new") >= 1)
+        wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="new") >= 1, timeout_s=20)
         time.sleep(1.2)  # the breaker (open for a second after three failures) has closed
         before = route.metric("leadtime_router_fallbacks_total")
         for i in range(4):
