@@ -10,17 +10,20 @@ step-time model's `decode_affine`, times the endpoint's speed) is its ITL, plus 
 its output tokens if the next swap falls while it decodes (it knows the output length). No router can know
 more than this short of knowing future arrivals, so it is the upper reference for any predictor.
 
-The pick maximises the smaller relative slack, min(1 − TTFT / TTFT SLO, 1 − ITL / ITL SLO): among the
-candidates that meet both SLOs the one with the most slack, and when none does the one that misses by the
-least. On a P/D fleet it chooses jointly over (prefill, decode) pairs, and over decode endpoints prefilling
-locally: TTFT = exact prefill on the prefill endpoint + the KV transfer over the decode endpoint's link, queued
-behind what is on it already; ITL = the decode endpoint's joining step, counting the requests already bound to
-it whose KV has not arrived yet.
+The pick maximises the smaller relative slack, min(1 − TTFT / TTFT SLO, 1 − ITL / ITL SLO): among the candidates
+that meet both SLOs the one with the most slack, and when none does the one that misses by the least (misses by the
+SLO itself or more are not told apart, see below). On a P/D fleet it chooses jointly over (prefill, decode) pairs,
+and over decode endpoints prefilling locally: TTFT = exact prefill on the prefill endpoint + the KV transfer over
+the decode endpoint's link, queued behind what is on it already; ITL = the decode endpoint's joining step, counting
+the requests already bound to it whose KV has not arrived yet.
 
 Keeping it cheap: each candidate first gets an upper bound on its slack from cheap lower bounds on its TTFT
 (the step in flight, a resume, and the request's own uncached prefill at the fastest step noise) and ITL (the
 request decoding alone); candidates are tried best bound first, and the search stops when no bound left beats
-the best slack found. A fork is cut short once its TTFT alone rules it out.
+the best slack found. A fork is cut short once its TTFT alone rules it out, and none runs past twice the
+request's TTFT SLO: a request that misses by the SLO itself or more everywhere is lost wherever it goes, and goes
+where its bounds are best (on P/D, if no option is within the horizon, to the prefill and decode endpoints with the
+fewest requests waiting), not to the exact smallest miss.
 """
 
 from __future__ import annotations
@@ -63,8 +66,27 @@ def slack(estimate: Estimate, ttft_slo_ms: float | None, itl_slo_ms: float | Non
     return min(terms) if terms else -estimate.ttft_ms / 1e3
 
 
+HORIZON_SLOS = 2.0
+"""Misses by the SLO itself or more are not told apart exactly (see `_floor`)."""
+
+
+def _floor(ttft_slo_ms: float | None, itl_slo_ms: float | None) -> float:
+    """The slack below which candidates are not told apart: a latency of `HORIZON_SLOS` times its SLO.
+
+    Under overload every queue is deep, and forking each one to the end for every request made a run quadratic
+    in the queue (more than 10 minutes for one 3,000-request cell at 1.5x the base load). A request that misses
+    by the SLO itself or more everywhere is lost wherever it goes; it goes where its slack's upper bound is
+    highest (the least TTFT lower bound, i.e. the least prefill queued), with no fork run past the horizon.
+    """
+    return 1.0 - HORIZON_SLOS if ttft_slo_ms is not None or itl_slo_ms is not None else -math.inf
+
+
 def _ttft_bound_ms(best: float, ttft_slo_ms: float | None, itl_slo_ms: float | None) -> float:
-    """The TTFT beyond which a candidate cannot beat slack `best` (so its fork can stop there)."""
+    """The TTFT beyond which a candidate cannot beat slack `best` (so its fork can stop there).
+
+    >>> _ttft_bound_ms(_floor(2000.0, 100.0), 2000.0, 100.0), _ttft_bound_ms(0.25, 2000.0, 100.0)
+    (4000.0, 1500.0)
+    """
     if not math.isfinite(best):
         return math.inf
     if ttft_slo_ms is not None:
@@ -177,10 +199,11 @@ class ClairvoyantPolicy:
             key=lambda item: (-item[0], item[1].endpoint_id),
         )
         best, best_slack = None, -math.inf
+        floor = _floor(ttft_slo, itl_slo)
         for upper, c in bounds:
-            if best is not None and upper <= best_slack:
-                break  # sorted by bound: no candidate left can beat the best
-            give_up = _ttft_bound_ms(best_slack, ttft_slo, itl_slo)
+            if upper <= max(best_slack, floor):
+                break  # sorted by bound: no candidate left can beat the best (or get above the floor)
+            give_up = _ttft_bound_ms(max(best_slack, floor), ttft_slo, itl_slo)
             if best is not None and self._cannot_win(request, c.endpoint_id, give_up, best_slack):
                 continue
             estimate = self.estimate(request, c.endpoint_id, give_up)
@@ -211,10 +234,11 @@ class ClairvoyantPolicy:
         options.sort(key=lambda o: (-o[0], o[1], o[2]))
         best: Pick | None = None
         best_slack = -math.inf
+        floor = _floor(ttft_slo, itl_slo)
         for upper, kind, endpoint_id in options:
-            if best is not None and upper <= best_slack:
+            if upper <= max(best_slack, floor):
                 break
-            give_up = _ttft_bound_ms(best_slack, ttft_slo, itl_slo)
+            give_up = _ttft_bound_ms(max(best_slack, floor), ttft_slo, itl_slo)
             if kind == "local":
                 if best is not None and self._cannot_win(request, endpoint_id, give_up, best_slack):
                     continue

@@ -100,9 +100,12 @@ def test_slack_rule_takes_the_most_slack_else_the_smallest_miss() -> None:
             self.bounds: list[float] = []
             self.upper: dict[str, float] = {}
 
-        def estimate(self, request: RouteRequest, endpoint_id: str, give_up_after_ms: float = math.inf) -> Estimate:
+        def estimate(
+            self, request: RouteRequest, endpoint_id: str, give_up_after_ms: float = math.inf
+        ) -> Estimate | None:
             self.bounds.append(give_up_after_ms)
-            return self.estimates[endpoint_id]
+            estimate = self.estimates[endpoint_id]
+            return None if estimate.ttft_ms > give_up_after_ms else estimate  # the fork was cut
 
         def _upper_slack(self, request: RouteRequest, endpoint_id: str, itl_ms: float | None = None) -> float:
             return self.upper.get(endpoint_id, 1.0)
@@ -116,14 +119,23 @@ def test_slack_rule_takes_the_most_slack_else_the_smallest_miss() -> None:
     request = RouteRequest("1", 100, ttft_slo_ms=1000.0, tpot_slo_ms=50.0)
     meets = Scripted({"a": Estimate(900.0, 10.0), "b": Estimate(300.0, 30.0), "c": Estimate(100.0, 49.0)})
     assert meets.pick(request, cands) == Pick("b")  # slacks 0.1, 0.4, 0.02
-    assert meets.bounds == [math.inf, pytest.approx(900.0), pytest.approx(600.0)]  # forks cut at what can win
+    # The first fork stops at the horizon (twice the TTFT SLO), the others where they could no longer win.
+    assert meets.bounds == [pytest.approx(2000.0), pytest.approx(900.0), pytest.approx(600.0)]
     misses = Scripted({"a": Estimate(3000.0, 10.0), "b": Estimate(1500.0, 80.0), "c": Estimate(1800.0, 40.0)})
-    assert misses.pick(request, cands) == Pick("b")  # misses by 2.0, 0.6, 0.8
+    assert misses.pick(request, cands) == Pick("b")  # misses by 2.0 (past the horizon: cut), 0.6, 0.8
+    assert misses.bounds == [pytest.approx(2000.0), pytest.approx(2000.0), pytest.approx(1600.0)]
     # Candidates are tried best upper bound first, and none is forked once no bound left beats the best.
     pruned = Scripted({"a": Estimate(900.0, 10.0), "b": Estimate(300.0, 30.0), "c": Estimate(100.0, 49.0)})
     pruned.upper = {"a": 0.2, "b": 0.5, "c": 0.3}
     assert pruned.pick(request, cands) == Pick("b")
-    assert pruned.bounds == [math.inf]  # b (slack 0.4) beats every bound left: c ≤ 0.3, a ≤ 0.2
+    assert pruned.bounds == [pytest.approx(2000.0)]  # b (slack 0.4) beats every bound left: c ≤ 0.3, a ≤ 0.2
+    # Past the horizon everywhere: no smallest miss is sought; the best bound wins (the least TTFT lower bound).
+    hopeless = Scripted({"a": Estimate(30_000.0, 10.0), "b": Estimate(12_000.0, 10.0), "c": Estimate(40_000.0, 10.0)})
+    assert hopeless.pick(request, cands) == Pick("a")  # every fork cut at the horizon; bounds tie: the first
+    assert hopeless.bounds == [pytest.approx(2000.0)] * 3
+    hopeless.bounds, hopeless.upper = [], {"a": -5.0, "b": -9.0, "c": -3.0}
+    assert hopeless.pick(request, cands) == Pick("c")
+    assert hopeless.bounds == []  # the bounds alone put every candidate past the horizon: no fork at all
 
 
 def test_cheap_bounds_never_exceed_the_exact_figures() -> None:
