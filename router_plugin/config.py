@@ -71,6 +71,8 @@ class _Model(BaseModel):
 class LatencyParameters(_Model):
     exploration: float = Field(default=0.02, ge=0.0, le=1.0)
     overflow: Literal["auto", "least_bad", "sink"] = "auto"
+    overflow_cap: float = Field(default=5.0, ge=0.0, alias="overflowCap")
+    overflow_cap_share: float = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
     disaggregation: Literal["joint", "decode-first"] = "joint"
     local_prefill: bool = Field(default=True, alias="localPrefill")
     disaggregate_min_tokens: int = Field(default=16, ge=0, alias="disaggregateMinTokens")
@@ -226,6 +228,8 @@ def build_policy(
         disaggregate_min_tokens=latency.disaggregate_min_tokens,
         exploration=latency.exploration,
         overflow=latency.overflow,
+        overflow_cap=latency.overflow_cap,
+        overflow_cap_share=latency.overflow_cap_share,
         kv_link_gb_s=latency.kv_link_gb_s,
         serving_job=timeslice.serving_job if timeslice else "inference",
         seed=latency.seed or seed,

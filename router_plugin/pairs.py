@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from leadtime.router_plugin.scorers.latency import latency_scores, preference, slo_scores
+from leadtime.router_plugin.scorers.latency import latency_scores, overflow_choice, preference, slo_scores
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,7 @@ def choose_pair(
     expected_output_tokens: float = 0.0,
     decode_first: bool = False,
     fit: tuple[str, float, str] = ("most_slack", 0.0, "least_bad"),
+    overflow_cap_ms: float | None = None,
 ) -> PairChoice:
     """The best (prefill, decode) pair, or local prefill, for one request.
 
@@ -142,10 +143,11 @@ def choose_pair(
     scores = _scores(
         flat_ttft, flat_itl, flat_ttft_mean, flat_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
     )
-    # Ties (candidates beyond saving all score 0) go to the first one: a fixed sink takes what cannot be saved
-    # while the others keep serving in time. Spreading them by predicted TTFT measured worse on the P/D fleet
-    # (goodput 5.72 against 5.98 requests/s at the base load, 6.18 against 7.03 at 1.5x).
-    best = int(np.argmax(preference(scores, *fit)))
+    # Ties (candidates beyond saving all score 0) go to an overflow pair: it takes what cannot be saved while the
+    # others keep serving in time (up to `overflow_cap_ms` of predicted TTFT, `scorers.latency.overflow_choice`).
+    # Spreading them all by predicted TTFT measured worse on the P/D fleet (goodput 5.72 against 5.98
+    # requests/s at the base load, 6.18 against 7.03 at 1.5x).
+    best = overflow_choice(preference(scores, *fit), flat_ttft, overflow_cap_ms)
     if best >= n_p * n_d:
         d = best - n_p * n_d
         return PairChoice(

@@ -151,6 +151,23 @@ def test_requests_beyond_saving_go_to_one_overflow_endpoint_not_all_over_the_fle
     assert policy.pick(req("s", at=30.0), candidates).endpoint_id == "c"
 
 
+def test_the_overflow_endpoint_takes_requests_beyond_saving_only_up_to_its_cap() -> None:
+    # QueueModel's p90 TTFT for a 1,000-token prompt: 1.2 × (70 + 200 × waiting) ms. With 20 waiting (4.9 s) a
+    # request misses its 2 s SLO by more than the SLO: beyond saving, but within the cap of 3 × 2 s = 6 s, which
+    # 40 waiting (9.7 s) is past. Each request sent adds one in flight (+240 ms): five fit under the cap.
+    candidates = [cand("a", waiting=40), cand("b", waiting=20), cand("c", waiting=20), cand("d", waiting=40)]
+    policy = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, overflow_cap=3.0))
+    picks = [policy.pick(req(f"r{i}", at=float(i)), candidates).endpoint_id for i in range(11)]
+    # b until it passes the cap, then c; then every one is past it: the shortest predicted wait (b, first of b/c).
+    assert picks == ["b"] * 5 + ["c"] * 5 + ["b"]
+    # Short of capacity (more than a quarter of recent decisions found no candidate in time) the overflow endpoint
+    # is not capped: the first candidate takes everything beyond saving.
+    for share in (0.3, 1.0):
+        short = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, overflow_cap=3.0))
+        short.overload = share
+        assert {short.pick(req(f"o{i}", at=float(i)), candidates).endpoint_id for i in range(5)} == {"a"}
+
+
 # ------------------------------------------------------------------------------ learning and fallback
 
 
