@@ -127,4 +127,3 @@ def overflow_choice(ranked: np.ndarray, ttft_ms: np.ndarray, cap_ms: float | Non
         return int(tied[0])
     within = tied[ttft_ms[tied] <= cap_ms]
     return int(within[0]) if len(within) else int(tied[int(np.argmin(ttft_ms[tied]))])
-
