@@ -269,6 +269,28 @@ def test_decode_first_spreads_requests_beyond_saving_by_their_predicted_ttft() -
     assert (first.prefill, first.decode) == (1, 1)
 
 
+def test_the_joint_choice_sends_pairs_beyond_saving_to_an_overflow_pair_within_its_cap() -> None:
+    # Every option misses the 1 s TTFT SLO by more than the SLO (all score 0). Uncapped, the first pair takes it
+    # (prefill 0, decode 0: 9 s); capped at 6 s, the first pair within the cap (prefill 1, decode 0: 4 s) does.
+    p = PairPredictions(
+        prefill_ttft=np.array([9000.0, 4000.0]),
+        prefill_ttft_mean=np.array([8000.0, 3500.0]),
+        decode_itl=np.array([20.0, 20.0]),
+        decode_itl_mean=np.array([18.0, 18.0]),
+        local_ttft=None,
+        local_ttft_mean=None,
+        link_free_ms=np.array([0.0, 0.0]),
+        transfer_ms=np.array([50.0, 50.0]),
+    )
+    uncapped = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0)
+    capped = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0, overflow_cap_ms=6000.0)
+    assert (uncapped.prefill, uncapped.decode) == (0, 0)
+    assert (capped.prefill, capped.decode) == (1, 0)
+    # Every option past the cap: the shortest predicted TTFT.
+    tight = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0, overflow_cap_ms=2000.0)
+    assert (tight.prefill, tight.decode, tight.ttft_ms) == (1, 0, 4050.0)
+
+
 def test_a_short_prompt_is_prefilled_on_the_decode_endpoint_when_that_is_faster() -> None:
     p = PairPredictions(
         prefill_ttft=np.array([900.0]),
