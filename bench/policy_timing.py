@@ -49,7 +49,7 @@ class Timed:
 def time_policy(fleet_name: str, requests: int, rate_scale: float, policy: str, seed: int = 0) -> dict[str, object]:
     fleet = load_fleet(fleet_name)
     workload = shape(load_workload("mooncake", seed, requests), rate_scale=rate_scale, max_requests=requests)
-    timed = Timed(make_policy(policy, seed))
+    timed = Timed(make_policy(policy, seed, fleet))
     start = time.perf_counter()
     result = FleetSimulator(fleet, workload, timed, seed=seed).run()
     wall = time.perf_counter() - start
