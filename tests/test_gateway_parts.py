@@ -455,3 +455,20 @@ def test_route_refuses_a_broken_discovery_file(tmp_path: Path) -> None:
     path.write_text("endpoints:\n  - {name: a, address: 10.0.0.1, port: 'x'}\n")
     result = CliRunner().invoke(app, ["route", "--discovery", str(path), "--policy", "random"])
     assert result.exit_code == 2 and "endpoints[0].port" in result.output
+
+
+def test_the_gateway_starts_and_stops_a_pulled_model_with_itself_and_nothing_else() -> None:
+    from leadtime.router_plugin.gateway.predictor import BackgroundModel
+    from leadtime.router_plugin.gateway.pulled import PulledModel
+
+    observer = LeanHttpPredictorClient("http://127.0.0.1:9")
+    pulled = PulledModel("http://127.0.0.1:9", observer, interval_s=60.0, timeout_s=0.2)
+    assert isinstance(pulled, BackgroundModel) and not isinstance(observer, BackgroundModel)
+    predictor = GatewayPredictor(pulled, observer, GatewayMetrics())
+    predictor.start()
+    try:
+        assert pulled._thread is not None and pulled._thread.is_alive()  # pulling (nothing answers on port 9)
+        assert pulled.age_s() is None
+    finally:
+        predictor.stop(timeout_s=2.0)
+    assert not pulled._thread.is_alive()

@@ -39,7 +39,7 @@ from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
 from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
-from leadtime.router_plugin.gateway.predictor import GatewayPredictor
+from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPredictor
 from leadtime.router_plugin.gateway.requests import BadRequest, ParsedRequest, parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.gateway.upstream import Response, UpstreamError, Upstreams
@@ -381,9 +381,9 @@ class Gateway:
         m.endpoints.labels("true").set(routable)
         m.endpoints.labels("false").set(len(self.scraper.scrapes) - routable)
         m.bytes_per_token.set(self.affinity.bytes_per_token)
-        age = getattr(self.predictor.predict_client, "age_s", None) if self.predictor is not None else None
-        if callable(age):
-            seconds = age()
+        client = self.predictor.predict_client if self.predictor is not None else None
+        if isinstance(client, BackgroundModel):
+            seconds = client.age_s()
             m.pulled_model_age.set(-1.0 if seconds is None else seconds)
         return m.render()
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorError, PredictorUnavailable
@@ -33,6 +34,18 @@ def failure_reason(err: PredictorError) -> str:
     if isinstance(err, PredictorUnavailable):
         return "unavailable"
     return "refused"
+
+
+@runtime_checkable
+class BackgroundModel(Protocol):
+    """A predict client that holds a model of its own and keeps it current in the background (`pulled.PulledModel`
+    pulls the service's): the gateway starts and stops it with itself and reports the model's age."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout_s: float = 5.0) -> None: ...
+
+    def age_s(self) -> float | None: ...
 
 
 class GatewayPredictor:
@@ -149,14 +162,12 @@ class GatewayPredictor:
         pulls the service's model)."""
         self._thread = threading.Thread(target=self._flush_loop, name="leadtime-router-observe", daemon=True)
         self._thread.start()
-        start = getattr(self.predict_client, "start", None)
-        if callable(start):
-            start()
+        if isinstance(self.predict_client, BackgroundModel):
+            self.predict_client.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        stop = getattr(self.predict_client, "stop", None)
-        if callable(stop):
-            stop(timeout_s)
+        if isinstance(self.predict_client, BackgroundModel):
+            self.predict_client.stop(timeout_s)
         with self._cond:
             self._stopping = True
             self._cond.notify()
