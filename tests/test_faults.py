@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 from redis_server import RedisServer, free_port
 from test_replicas import PROBE, training_entries
+from waiting import wait_until
 
 from leadtime.bench.procs import Child
 from leadtime.features.rows import feature_row_from_llmd
@@ -31,15 +31,6 @@ def start_replica(workdir: Path, redis_url: str, name: str, *extra: str) -> tupl
     url = f"http://127.0.0.1:{port}"
     child.wait_until(f"{url}/readyz")
     return child, url
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def status(url: str) -> dict[str, Any]:

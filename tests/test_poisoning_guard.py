@@ -5,12 +5,11 @@ rest exactly as if they had never come."""
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from fastapi.testclient import TestClient
+from waiting import wait_until
 
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.features.vectorize import Vectorizer
@@ -46,15 +45,6 @@ def entries(n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
-
-
 def test_the_floor_is_the_roofline_of_the_rows_hardware() -> None:
     """One definition of the physics: the floors are the roofline columns features/ computes for the row."""
     x = Vectorizer().batch([FeatureRow(RequestFeatures(1000), EndpointState(num_request_running=30))]).X
@@ -85,8 +75,10 @@ def test_implausible_observations_are_counted_and_not_learned() -> None:
             block: dict[str, Any] = client.get("/status").json()["ingestion"]
             return block
 
-        assert wait_until(lambda: ingestion(clean)["learned"] == 400), ingestion(clean)
-        assert wait_until(lambda: ingestion(attacked)["learned"] + ingestion(attacked)["dropped"]["implausible"] == 475)
+        assert wait_until(lambda: ingestion(clean)["learned"] == 400, timeout_s=30), ingestion(clean)
+        assert wait_until(
+            lambda: ingestion(attacked)["learned"] + ingestion(attacked)["dropped"]["implausible"] == 475, timeout_s=30
+        )
         counts = ingestion(attacked)
         assert counts["accepted"] == 475 and counts["learned"] == 400 and counts["dropped"]["implausible"] == 75
         assert ingestion(clean)["dropped"]["implausible"] == 0

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 from redis_server import RedisServer
+from waiting import wait_until
 
 from leadtime.predictor.artifact import encode
 from leadtime.predictor.store.base import Store
@@ -63,15 +64,6 @@ def read_all(store: RedisStore, cursor: str = "0", batch: int = 1_000) -> tuple[
 def artifact(tag: str) -> bytes:
     """A minimal artifact in the predictor's JSON format, told apart by its tag."""
     return encode({"config": {}, "targets": {}, "tag": tag})
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 # ---- observations -----------------------------------------------------------------------------------------
@@ -249,7 +241,7 @@ def test_versions_never_go_backwards_after_redis_loses_its_data(
     store = make_store()
     assert [store.publish_model(artifact(str(i))) for i in range(3)] == [1, 2, 3]
     redis_server.restart()  # no persistence: the counter is gone
-    assert wait_until(lambda: store.health() == {"redis": "ok"})
+    assert wait_until(lambda: store.health() == {"redis": "ok"}, timeout_s=5)
     assert store.publish_model(artifact("after")) == 4
     assert store.latest_model() == (4, artifact("after"))
 
@@ -314,14 +306,14 @@ def test_outage_loses_no_accepted_observation(make_store: StoreFactory, redis_se
     redis_server.stop()
     for start in range(50, 150, 10):
         writer.append_observations([entry(i) for i in range(start, start + 10)])  # must not raise
-    assert wait_until(lambda: writer.health()["redis"] != "ok")
+    assert wait_until(lambda: writer.health()["redis"] != "ok", timeout_s=5)
     assert "100 observations buffered" in writer.health()["redis"]
     assert writer.stats()["buffered"] == 100
     assert reader.read_observations(cursor, 10) == (cursor, [])  # no exception while down
 
     redis_server.start()  # same port, empty
     assert writer.flush(10.0)
-    assert wait_until(lambda: writer.health() == {"redis": "ok"})
+    assert wait_until(lambda: writer.health() == {"redis": "ok"}, timeout_s=5)
     _cursor, after = read_all(reader, cursor)
     assert [e["input_token_length"] for e in after] == list(range(50, 150))
     assert writer.stats() == {"buffered": 0, "dropped": 0, "appended": 150, "resent": 0}
@@ -357,7 +349,7 @@ def test_redis_going_away_and_coming_back_is_logged_once_each(
         for i in range(3):
             store.append_observations([entry(i)])
             store.read_observations("0", 10)
-        assert wait_until(lambda: "buffering observations in memory" in caplog.text)
+        assert wait_until(lambda: "buffering observations in memory" in caplog.text, timeout_s=5)
         redis_server.start()
         assert wait_until(lambda: "answers again" in caplog.text, timeout_s=15.0)
     lines = [r.getMessage() for r in caplog.records if r.name == "leadtime.store"]
@@ -390,7 +382,7 @@ def test_outage_buffer_is_bounded_and_counts_drops(make_store: StoreFactory, red
     redis_server.stop()
     store.append_observations([entry(i) for i in range(25)])
     assert store.stats() == {"buffered": 10, "dropped": 15, "appended": 0, "resent": 0}
-    assert wait_until(lambda: "15 dropped" in store.health()["redis"])
+    assert wait_until(lambda: "15 dropped" in store.health()["redis"], timeout_s=5)
 
     redis_server.start()
     assert store.flush(10.0)
@@ -430,7 +422,7 @@ def test_a_store_started_before_redis_connects_once_it_is_up(redis_server: Redis
         store.append_observations([entry(i) for i in range(3)])
         redis_server.start()
         assert store.flush(10.0)
-        assert wait_until(lambda: store.health() == {"redis": "ok"})
+        assert wait_until(lambda: store.health() == {"redis": "ok"}, timeout_s=5)
         assert [e["input_token_length"] for e in read_all(store)[1]] == [0, 1, 2]
     finally:
         store.close()

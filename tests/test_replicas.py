@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from redis_server import RedisServer
+from waiting import wait_until
 
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.runtime import ServiceRuntime
@@ -55,15 +56,6 @@ def training_entries(n: int, seed: int, slowdown: float = 8.0) -> list[dict[str,
             }
         )
     return entries
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, every_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(every_s)
-    return condition()
 
 
 class Replica:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from waiting import wait_until
 
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
@@ -27,16 +28,6 @@ def entry(i: int) -> dict[str, Any]:
         "actual_ttft_ms": 30.0 + 0.3 * (100 + 29 * (i % 40)) if i % 2 == 0 else 0.0,
         "actual_tpot_ms": 0.0 if i % 2 == 0 else 9.0 + 0.7 * (i % 12),
     }
-
-
-def wait_until(condition: Any, timeout_s: float = 30.0) -> bool:
-    """Whether `condition` holds within `timeout_s` (learner processes take seconds to start on a loaded machine)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_memory_store_cursors_read_in_order() -> None:
@@ -101,8 +92,10 @@ def test_a_published_model_reaches_the_other_replica_within_a_second() -> None:
         runtime_b = b.app.state.runtime  # type: ignore[attr-defined]
         assert runtime_a.holds_lease and not runtime_b.holds_lease
         a.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(300)]})
-        assert wait_until(lambda: sum(runtime_a.learned().values()) == 300)
-        assert wait_until(lambda: sum(runtime_b.learned().values()) == 300)  # every replica learns the stream
+        assert wait_until(lambda: sum(runtime_a.learned().values()) == 300, timeout_s=30)
+        assert wait_until(
+            lambda: sum(runtime_b.learned().values()) == 300, timeout_s=30
+        )  # every replica learns the stream
         runtime_a.predictor.version = 7  # as if a retrain had been accepted
         started = time.monotonic()
         version = runtime_a.publish(runtime_a.predictor)
@@ -185,7 +178,7 @@ class BrokenStore(MemoryStore):
 def test_readyz_names_what_is_degraded_and_predictions_continue() -> None:
     with TestClient(create_app(ServiceSettings(), store=BrokenStore())) as c:
         assert c.post("/add_training_data_bulk", json={"entries": [entry(0)]}).status_code == 202
-        assert wait_until(lambda: "ingest" in c.app.state.runtime.health())  # type: ignore[attr-defined]
+        assert wait_until(lambda: "ingest" in c.app.state.runtime.health(), timeout_s=30)  # type: ignore[attr-defined]
         r = c.get("/readyz")
         assert r.status_code == 200  # predictions still work: degraded parts are named, not fatal
         degraded = r.json()["degraded"]
@@ -222,7 +215,7 @@ def test_a_refused_published_model_is_reported_and_a_newer_one_still_loads() -> 
     with TestClient(create_app(ServiceSettings(role="prediction"), store=store)) as c:
         runtime = c.app.state.runtime  # type: ignore[attr-defined]
         store.publish_model(b"pickle-looking bytes")
-        assert wait_until(lambda: "model_sync" in runtime.health())
+        assert wait_until(lambda: "model_sync" in runtime.health(), timeout_s=30)
         ready = c.get("/readyz")
         assert ready.status_code == 200 and "refused" in ready.json()["degraded"]["model_sync"]
         assert (

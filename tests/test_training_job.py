@@ -4,7 +4,6 @@ loader (directory and Redis), the report files, the CLI's exit codes."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from redis_server import free_port
 from typer.testing import CliRunner
+from waiting import wait_until
 
 from leadtime.bench.retrain import write_simulator_log
 from leadtime.cli import app
@@ -42,15 +42,6 @@ def rows_of(log: Path, n: int) -> list[dict[str, Any]]:
     """The first `n` rows of the log as the native API's prediction rows."""
     with log.open() as f:
         return [{k: v for k, v in json.loads(next(f)).items() if k not in ROW_KEYS} for _ in range(n)]
-
-
-def wait_until(condition: Any, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def served_equals(client: TestClient, predictor: OnlinePredictor, rows: list[dict[str, Any]]) -> None:
@@ -204,7 +195,7 @@ def test_the_redis_registry_round_trips_through_a_running_service(sim_log: Path,
         result = run_retrain(RetrainConfig(samples=(str(sim_log),), registry=redis_url))
         assert result.exit_code == EXIT_PUBLISHED and result.published_version == 1
         # Every replica swaps a published model in within a second (pub/sub); allow a loaded machine more.
-        assert wait_until(lambda: runtime.store_version == 1)
+        assert wait_until(lambda: runtime.store_version == 1, timeout_s=30)
         served_equals(client, result.challenger, rows_of(sim_log, 25))
         kept = run_retrain(RetrainConfig(samples=(str(sim_log),), registry=redis_url))
         assert kept.exit_code == EXIT_KEPT and runtime.store.latest_model()[0] == 1
