@@ -14,7 +14,8 @@ For each request:
 4. **Score and pick** — `scorers.latency`: headroom of the upper-quantile predictions against the request's
    SLOs (lowest predicted latency without SLOs); on P/D the (prefill, decode) pair or local prefill is chosen
    jointly (`pairs.choose_pair`). A request predicted beyond saving everywhere goes to the first candidate
-   beyond saving, one overflow endpoint, rather than slowing the whole fleet down. A small share of decisions
+   beyond saving, one overflow endpoint, rather than slowing the whole fleet down; while the fleet has capacity
+   to spare, only up to a bounded predicted wait there (`LeadtimeConfig.overflow_cap`). A small share of decisions
    explores: among the candidates predicted to meet the SLOs it takes the one this router has heard from least
    recently, so that every endpoint keeps being observed.
 5. **Learn** — when the request completes, the rows it was decided on (in-flight additions included) are
