@@ -7,7 +7,9 @@ For each target (TTFT, TPOT) a prediction in milliseconds is
 and the served upper quantile replaces the tree residual by a calibrated quantile of the residual. Every
 observation updates w (recursive least squares), the offsets and the calibration at once; LightGBM trees are
 retrained on a bounded window in the background and swapped in only when they beat the current model on recent
-held-out observations. The predictor answers from the first row: with nothing learned it is the physics prior.
+held-out observations. Where the recent TTFTs show a wall that the predictions overshoot (clients giving up
+on a queue deeper than their timeout), TTFT is capped at it (`ceiling.OutcomeCeiling`). The predictor answers
+from the first row: with nothing learned it is the physics prior.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from leadtime.features.errors import FeatureError
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.features.vectorize import COLUMNS, FeatureBatch, Vectorizer, check_matrix
 from leadtime.predictor.artifact import ArtifactError, decode, encode, load_file, save_file
+from leadtime.predictor.ceiling import OutcomeCeiling
 from leadtime.predictor.online import ConformalQuantile, OffsetTable, RecursiveLeastSquares
 from leadtime.predictor.physics import (
     TARGETS,
@@ -228,6 +231,8 @@ class _TargetModel:
         self.endpoints = OffsetTable(rate=0.1, prior_count=5.0)
         self.conformal = ConformalQuantile(config.quantile)
         self.trees = ResidualTrees()
+        # Only TTFT has a wall: a client's timeout bounds how long a request may queue, not how fast it decodes.
+        self.ceiling = OutcomeCeiling(quantile=config.quantile) if target == "ttft" else None
         self.window = _Window(config.window)
         self.drift = drift.ADWIN()
         self.observations = 0
@@ -235,7 +240,7 @@ class _TargetModel:
         self.drifts = 0
         # Log-space shift that calibrates an accepted quantile tree on its held-out data.
         self.upper_shift = 0.0
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_rows = 0
         # The serialized trees this model was loaded from (None once it trains its own): a later load of the
         # same text can reuse the parsed boosters instead of parsing them again.
@@ -270,7 +275,8 @@ class _TargetModel:
             z_upper = z_online + upper_residual + self.upper_shift + self.conformal.adaptive
         z_upper = np.maximum(z_upper, z_point)
         extra = additive_ms(self.target, x)
-        return extra + prior * np.exp(z_point), extra + prior * np.exp(z_upper)
+        mean, upper = extra + prior * np.exp(z_point), extra + prior * np.exp(z_upper)
+        return (mean, upper) if self.ceiling is None else self.ceiling.cap(mean, upper)
 
     # --- learning -----------------------------------------------------------------------------------------
 
@@ -311,7 +317,7 @@ class _TargetModel:
                 if self.drift.drift_detected:
                     self.drifts += 1
                     drifted = True
-        self._pending.append((x, prior, z_all, online_all))
+        self._pending.append((x, prior, z_all, online_all, actual_ms))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:
             self.settle()
@@ -329,19 +335,32 @@ class _TargetModel:
         prior = np.concatenate([p[1] for p in pending])
         z = np.concatenate([p[2] for p in pending])
         online = np.concatenate([p[3] for p in pending])
+        actual_ms = np.concatenate([p[4] for p in pending])
         tree_x = tree_inputs(x, prior)
         trees = self.trees
         mean_residual = trees.predict_mean(tree_x)
         upper_residual = trees.predict_upper(tree_x)
         point = online + (self.conformal.center if mean_residual is None else mean_residual)
         conformal = self.conformal
+        extra = additive_ms(self.target, x)
+        # Coverage is of the quantile served: under a wall that is the capped one, and the adaptive term must
+        # answer for it (the uncapped model's residuals there say it over-predicts, and it shrinks its width).
+        wall = self.ceiling if self.ceiling is not None and self.ceiling.active else None
         for i in range(len(z)):
             if upper_residual is None:
                 upper = online[i] + conformal.offset
             else:
                 upper = online[i] + upper_residual[i] + self.upper_shift + conformal.adaptive
-            covered = z[i] <= max(upper, point[i]) + 1e-12
+            top = max(upper, point[i])
+            if wall is None:
+                covered = z[i] <= top + 1e-12
+            else:
+                mean_ms = extra[i : i + 1] + prior[i : i + 1] * np.exp(point[i : i + 1])
+                served = wall.cap(mean_ms, extra[i : i + 1] + prior[i : i + 1] * math.exp(top))[1]
+                covered = actual_ms[i] <= served[0] * (1.0 + 1e-12)
             conformal.observe(float(z[i] - online[i]), covered)
+        if self.ceiling is not None:  # against the uncapped model, so that the cap goes when the wall does
+            self.ceiling.learn_many(actual_ms, extra + prior * np.exp(point))
 
     # --- retraining -----------------------------------------------------------------------------------------
 
@@ -465,6 +484,7 @@ class _TargetModel:
             "conformal": self.conformal.to_dict(),
             "trees": self.trees.to_dict(),
             "upper_shift": self.upper_shift,
+            "ceiling": None if self.ceiling is None else self.ceiling.to_dict(),
             "observations": self.observations,
             "drifts": self.drifts,
         }
@@ -487,6 +507,8 @@ class _TargetModel:
             self.trees = ResidualTrees.from_dict(d["trees"], compiled)
         self._loaded_trees = d["trees"]
         self.upper_shift = float(d["upper_shift"])
+        if self.ceiling is not None and d.get("ceiling"):  # artifacts written before the ceiling have none
+            self.ceiling.load_dict(d["ceiling"])
         self.observations = int(d["observations"])
         self.drifts = int(d["drifts"])
 

@@ -1,0 +1,116 @@
+"""A ceiling on TTFT that the outcomes show and the features cannot: clients that give up.
+
+A client (inference-perf, an SDK, a load balancer) drops a request still queued after its timeout, and vLLM
+aborts it: nothing is recorded for it. Under a queue deeper than the timeout can drain, every recorded TTFT is
+then the timeout plus the request's own prefill, a wall, while the queue the row shows keeps growing. The
+physics prior predicts the time that queue takes to drain (minutes) and the learned correction, which scales the
+prior, cannot turn a growing prediction into a constant; a tree on raw features, which never predicts beyond
+the targets it saw, can. The timeout is nowhere in the rows.
+
+So the wall is detected in the outcomes and the predictions are capped at it. Two tests, both over the last
+`window` observations, must hold:
+
+- a pile: at least `share` of the outcomes lie within `band` of the level, the median of the upper half of
+  the outcomes (an unbounded distribution has a few percent there: an exponential's ~4%);
+- evidence that the pile is a wall: of the rows whose prediction (uncapped) was above the pile, at least
+  `obeyed` had their outcome in it, over at least `min_evidence` rows. A steady load with prompts of one length
+  also piles up, but there a prediction above the pile comes true.
+
+While both hold, the mean prediction is at most the level and the upper quantile at most the pile's own
+upper quantile. Nothing else changes: the correction and the trees still learn from the uncapped model, so the
+cap goes as soon as the outcomes leave the wall.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+
+class OutcomeCeiling:
+    """A wall in the recent outcomes of a target, detected and applied as a cap.
+
+    >>> ceiling = OutcomeCeiling()
+    >>> rng = np.random.default_rng(0)
+    >>> actual = 60_000 + rng.normal(0, 500, 300)  # every outcome at a 60 s timeout
+    >>> predicted = np.linspace(40_000, 120_000, 300)  # a prior that expects the queue to drain
+    >>> ceiling.learn_many(actual, predicted)
+    >>> ceiling.active
+    True
+    >>> mean, upper = ceiling.cap(np.array([30_000.0, 90_000.0]), np.array([45_000.0, 130_000.0]))
+    >>> [round(v / 1000) for v in mean], [round(v / 1000) for v in upper]
+    ([30, 60], [45, 61])
+
+    Outcomes that follow the predictions are not a wall:
+
+    >>> follows = OutcomeCeiling()
+    >>> follows.learn_many(predicted * 1.02, predicted)
+    >>> follows.active
+    False
+    """
+
+    def __init__(
+        self,
+        window: int = 256,
+        band: float = 0.05,
+        share: float = 0.3,
+        obeyed: float = 0.8,
+        min_evidence: int = 16,
+        min_level_ms: float = 1000.0,
+        quantile: float = 0.9,
+    ) -> None:
+        self.window = window
+        self.band = band
+        self.share = share
+        self.obeyed = obeyed
+        self.min_evidence = min_evidence
+        self.min_level_ms = min_level_ms
+        self.quantile = quantile
+        self._recent: deque[tuple[float, float]] = deque(maxlen=window)
+        self.active = False
+        self.level_ms = 0.0
+        self.upper_ms = 0.0
+
+    def learn_many(self, actual_ms: np.ndarray, predicted_ms: np.ndarray) -> None:
+        """Outcomes with what the model (uncapped) predicted for them, in order; re-tests the wall."""
+        actual, predicted = np.asarray(actual_ms, float).tolist(), np.asarray(predicted_ms, float).tolist()
+        self._recent.extend(zip(actual, predicted, strict=True))
+        self._update()
+
+    def _update(self) -> None:
+        self.active = False
+        if len(self._recent) < 2 * self.min_evidence:
+            return
+        pairs = np.array(self._recent)
+        actual, predicted = pairs[:, 0], pairs[:, 1]
+        level = float(np.median(actual[actual >= np.median(actual)]))
+        if level < self.min_level_ms:
+            return
+        pile = np.abs(actual - level) <= self.band * level
+        if pile.mean() < self.share:
+            return
+        above = predicted > level * (1.0 + self.band)
+        if above.sum() < self.min_evidence or (actual[above] <= level * (1.0 + self.band)).mean() < self.obeyed:
+            return
+        self.active = True
+        self.level_ms = level
+        self.upper_ms = max(level, float(np.quantile(actual[pile], self.quantile)))
+
+    def cap(self, mean_ms: np.ndarray, upper_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, upper) with the wall applied; the same arrays when there is none."""
+        if not self.active:
+            return mean_ms, upper_ms
+        mean = np.minimum(mean_ms, self.level_ms)
+        return mean, np.maximum(np.minimum(upper_ms, self.upper_ms), mean)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recent outcomes as JSON-ready values (the wall is found again from them on load)."""
+        return {"recent": [list(p) for p in self._recent]}
+
+    def load_dict(self, d: dict[str, Any]) -> None:
+        """Take the state `to_dict` wrote."""
+        self._recent.clear()
+        self._recent.extend((float(a), float(p)) for a, p in d["recent"])
+        self._update()

@@ -1,0 +1,113 @@
+"""The TTFT ceiling: a wall of outcomes (clients giving up) detected and applied as a cap, and nothing else."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.predictor.ceiling import OutcomeCeiling
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+
+
+def _wall(n: int = 300, level: float = 60_000.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Outcomes at a timeout while the predictions keep growing with the queue."""
+    rng = np.random.default_rng(seed)
+    return level + rng.normal(0, 0.005 * level, n), np.linspace(0.7 * level, 2.0 * level, n)
+
+
+def test_a_wall_caps_the_mean_at_its_level_and_the_quantile_at_its_spread() -> None:
+    ceiling = OutcomeCeiling()
+    actual, predicted = _wall()
+    ceiling.learn_many(actual, predicted)
+    assert ceiling.active
+    assert abs(ceiling.level_ms - 60_000) < 300
+    assert ceiling.level_ms <= ceiling.upper_ms < 61_000
+    mean, upper = ceiling.cap(np.array([10_000.0, 59_000.0, 200_000.0]), np.array([15_000.0, 58_000.0, 300_000.0]))
+    assert mean[0] == 10_000 and mean[1] == 59_000  # below the wall: untouched
+    assert mean[2] == ceiling.level_ms
+    assert upper[0] == 15_000
+    assert upper[1] == 59_000  # never below the mean
+    assert upper[2] == ceiling.upper_ms
+
+
+def test_a_pile_whose_predictions_above_it_come_true_is_not_a_wall() -> None:
+    # A steady load with one prompt length: most outcomes alike, and the rows predicted higher were higher.
+    rng = np.random.default_rng(1)
+    predicted = np.where(rng.random(300) < 0.7, 5_000.0, rng.uniform(6_000, 20_000, 300))
+    ceiling = OutcomeCeiling()
+    ceiling.learn_many(predicted * rng.normal(1.0, 0.01, 300), predicted)
+    assert not ceiling.active
+    mean = np.array([20_000.0])
+    assert ceiling.cap(mean, mean)[0] is mean
+
+
+def test_a_pile_without_any_prediction_above_it_is_not_taken_for_a_wall() -> None:
+    actual, _ = _wall()
+    ceiling = OutcomeCeiling()
+    ceiling.learn_many(actual, np.full(len(actual), 50_000.0))
+    assert not ceiling.active
+
+
+def test_spread_outcomes_and_sub_second_piles_are_not_walls() -> None:
+    rng = np.random.default_rng(2)
+    spread = OutcomeCeiling()
+    queue = rng.exponential(20_000, 300)
+    spread.learn_many(queue, 3 * queue)  # even over-predicted 3x: no pile
+    assert not spread.active
+    fast = OutcomeCeiling()
+    actual, predicted = _wall(level=400.0)
+    fast.learn_many(actual, predicted)  # a pile at 0.4 s is a fast server, not a client's timeout
+    assert not fast.active
+
+
+def test_the_cap_goes_when_the_outcomes_leave_the_wall() -> None:
+    ceiling = OutcomeCeiling(window=128)
+    actual, predicted = _wall()
+    ceiling.learn_many(actual, predicted)
+    assert ceiling.active
+    rng = np.random.default_rng(3)
+    light = rng.uniform(200, 3_000, 128)
+    ceiling.learn_many(light, light * 1.05)
+    assert not ceiling.active
+
+
+def test_the_state_round_trips() -> None:
+    ceiling = OutcomeCeiling()
+    ceiling.learn_many(*_wall())
+    again = OutcomeCeiling()
+    again.load_dict(ceiling.to_dict())
+    assert again.active and again.level_ms == ceiling.level_ms and again.upper_ms == ceiling.upper_ms
+
+
+def _queued(waiting: int) -> FeatureRow:
+    return FeatureRow(
+        RequestFeatures(input_tokens=4000),
+        EndpointState(num_request_waiting=waiting, prefill_tokens_in_flight=4000 * waiting, kv_cache_percentage=0.95),
+    )
+
+
+def test_a_learner_whose_clients_give_up_predicts_the_timeout_not_the_drain_time() -> None:
+    """Every recorded TTFT is ~60 s however deep the queue: predictions stop at the wall, TPOT is untouched,
+    and a saved model keeps the cap."""
+    rng = np.random.default_rng(4)
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    observations = []
+    for _ in range(600):
+        row = _queued(int(rng.integers(100, 500)))
+        observations.append(Observation(row, actual_ttft_ms=60_000 + rng.normal(0, 300), actual_tpot_ms=40.0))
+    p.learn_many(observations)
+    deep = p.predict_one(_queued(2000))
+    assert abs(deep["ttft_mean"] - 60_000) < 0.02 * 60_000
+    assert 60_000 <= deep["ttft_quantile"] < 62_000
+    assert p._models["tpot"].ceiling is None
+    loaded = OnlinePredictor.from_bytes(p.to_bytes())
+    assert loaded.predict_one(_queued(2000))["ttft_mean"] == deep["ttft_mean"]
+
+
+def test_an_artifact_from_before_the_ceiling_still_loads() -> None:
+    p = OnlinePredictor(LearnerConfig(background=False))
+    p.learn_one(Observation(_queued(3), actual_ttft_ms=900.0, actual_tpot_ms=30.0))
+    state, _ = p.snapshot()
+    del state["targets"]["ttft"]["ceiling"]
+    loaded = OnlinePredictor.from_state(state)
+    assert loaded.predict_one(_queued(3)) == p.predict_one(_queued(3))
