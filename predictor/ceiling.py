@@ -17,12 +17,14 @@ So the wall is detected in the outcomes and the predictions are capped at it. Tw
   also piles up, but there a prediction above the pile comes true.
 
 While both hold, the mean prediction is at most the level and the upper quantile at most the pile's own
-upper quantile. Nothing else changes: the correction and the trees still learn from the uncapped model, so the
-cap goes as soon as the outcomes leave the wall.
+upper quantile, widened by an adaptive-conformal term that answers for the coverage of the rows capped (the
+pile drifts, and labels may arrive late). Nothing else changes: the correction and the trees still learn from
+the uncapped model, so the cap goes as soon as the outcomes leave the wall.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -60,6 +62,7 @@ class OutcomeCeiling:
         min_evidence: int = 16,
         min_level_ms: float = 1000.0,
         quantile: float = 0.9,
+        step: float = 0.01,
     ) -> None:
         self.window = window
         self.band = band
@@ -68,19 +71,31 @@ class OutcomeCeiling:
         self.min_evidence = min_evidence
         self.min_level_ms = min_level_ms
         self.quantile = quantile
+        self.step = step
         self._recent: deque[tuple[float, float]] = deque(maxlen=window)
         self.active = False
         self.level_ms = 0.0
-        self.upper_ms = 0.0
+        self.pile_upper_ms = 0.0
+        self.adaptive = 0.0  # log units added to the pile's quantile
+
+    @property
+    def upper_ms(self) -> float:
+        """The cap on the upper quantile."""
+        return max(self.level_ms, self.pile_upper_ms * math.exp(self.adaptive))
 
     def learn_many(self, actual_ms: np.ndarray, predicted_ms: np.ndarray) -> None:
         """Outcomes with what the model (uncapped) predicted for them, in order; re-tests the wall."""
         actual, predicted = np.asarray(actual_ms, float).tolist(), np.asarray(predicted_ms, float).tolist()
+        if self.active:
+            miss = 1.0 - self.quantile
+            for a, p in zip(actual, predicted, strict=True):
+                if p > self.level_ms:  # a row the wall capped: was its capped quantile above the outcome?
+                    self.adaptive += self.step * (float(a > self.upper_ms) - miss)
         self._recent.extend(zip(actual, predicted, strict=True))
         self._update()
 
     def _update(self) -> None:
-        self.active = False
+        was, self.active = self.active, False
         if len(self._recent) < 2 * self.min_evidence:
             return
         pairs = np.array(self._recent)
@@ -94,9 +109,11 @@ class OutcomeCeiling:
         above = predicted > level * (1.0 + self.band)
         if above.sum() < self.min_evidence or (actual[above] <= level * (1.0 + self.band)).mean() < self.obeyed:
             return
+        if not was:
+            self.adaptive = 0.0
         self.active = True
         self.level_ms = level
-        self.upper_ms = max(level, float(np.quantile(actual[pile], self.quantile)))
+        self.pile_upper_ms = float(np.quantile(actual[pile], self.quantile))
 
     def cap(self, mean_ms: np.ndarray, upper_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(mean, upper) with the wall applied; the same arrays when there is none."""
@@ -107,10 +124,11 @@ class OutcomeCeiling:
 
     def to_dict(self) -> dict[str, Any]:
         """The recent outcomes as JSON-ready values (the wall is found again from them on load)."""
-        return {"recent": [list(p) for p in self._recent]}
+        return {"recent": [list(p) for p in self._recent], "adaptive": self.adaptive}
 
     def load_dict(self, d: dict[str, Any]) -> None:
         """Take the state `to_dict` wrote."""
         self._recent.clear()
         self._recent.extend((float(a), float(p)) for a, p in d["recent"])
         self._update()
+        self.adaptive = float(d.get("adaptive", 0.0))

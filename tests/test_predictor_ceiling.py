@@ -111,3 +111,22 @@ def test_an_artifact_from_before_the_ceiling_still_loads() -> None:
     del state["targets"]["ttft"]["ceiling"]
     loaded = OnlinePredictor.from_state(state)
     assert loaded.predict_one(_queued(3)) == p.predict_one(_queued(3))
+
+
+def test_the_capped_quantile_keeps_its_coverage_while_the_wall_drifts() -> None:
+    """A wall rising by 10% over 800 rows (prompts getting longer): the window's p90 lags it; the adaptive term
+    answers for the rows capped."""
+
+    def coverage(step: float) -> float:
+        ceiling, rng = OutcomeCeiling(step=step), np.random.default_rng(5)
+        ceiling.learn_many(*_wall())
+        covered = []
+        for k in range(100):
+            actual = 60_000 * (1 + 0.1 * k / 100) + rng.normal(0, 300, 8)
+            covered += list(actual <= ceiling.upper_ms)  # what was served before these outcomes were learned
+            ceiling.learn_many(actual, np.full(8, 150_000.0))
+        assert ceiling.active
+        return float(np.mean(covered))
+
+    assert coverage(step=0.0) < 0.5
+    assert 0.85 <= coverage(step=0.01) <= 0.95
