@@ -487,3 +487,21 @@ def test_trees_are_accepted_when_the_load_moved_and_serve_every_load_state_met()
     refined = predictor.predict_many(x).ttft_mean
     ape = lambda p: float(np.mean(np.abs(p - ttft) / ttft))  # noqa: E731
     assert ape(refined) < 0.5 * ape(online_only)
+
+
+def test_a_kept_quantile_tree_is_recalibrated_at_each_retrain() -> None:
+    """The quantile tree's shift belongs to the online parts it was fitted beside; when a retrain keeps the tree
+    its shift is fitted again on the window, so a stale one does not carry on."""
+    x, ttft = _ramp_rows(2000)
+    config = LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False, retrain=False)
+    predictor = OnlinePredictor(config)
+    predictor.learn_many(x, ttft, np.zeros(len(x)))
+    assert predictor.retrain_now()["ttft"]["accepted_upper"]
+    model = predictor._models["ttft"]
+    model.upper_shift -= 5.0  # as if the online parts had moved far since the tree was fitted
+    stale = float(np.mean(ttft <= predictor.predict_many(x).ttft_quantile))
+    again = predictor.retrain_now()["ttft"]
+    assert not again["accepted_upper"]  # the same window and seed fit the same tree: it is kept
+    coverage = float(np.mean(ttft <= predictor.predict_many(x).ttft_quantile))
+    assert stale < 0.7
+    assert 0.85 <= coverage <= 0.97
