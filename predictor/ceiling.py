@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+Values = TypeVar("Values", np.ndarray, float)
 
 
 class OutcomeCeiling:
@@ -115,8 +117,9 @@ class OutcomeCeiling:
         self.level_ms = level
         self.pile_upper_ms = float(np.quantile(actual[pile], self.quantile))
 
-    def cap(self, mean_ms: np.ndarray, upper_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, upper) with the wall applied; the same arrays when there is none."""
+    def cap(self, mean_ms: Values, upper_ms: Values) -> tuple[Values, Values]:
+        """(mean, upper) with the wall applied, for arrays or single values; the same objects when there is
+        none."""
         if not self.active:
             return mean_ms, upper_ms
         mean = np.minimum(mean_ms, self.level_ms)

@@ -344,6 +344,7 @@ class _TargetModel:
         point = online + (self.conformal.center if mean_residual is None else mean_residual)
         conformal = self.conformal
         extra = additive_ms(self.target, x)
+        uncapped_ms = extra + prior * np.exp(point)
         # Coverage is of the quantile served: under a wall that is the capped one, and the adaptive term must
         # answer for it (the uncapped model's residuals there say it over-predicts, and it shrinks its width).
         wall = self.ceiling if self.ceiling is not None and self.ceiling.active else None
@@ -356,12 +357,11 @@ class _TargetModel:
             if wall is None:
                 covered = z[i] <= top + 1e-12
             else:
-                mean_ms = extra[i : i + 1] + prior[i : i + 1] * np.exp(point[i : i + 1])
-                served = wall.cap(mean_ms, extra[i : i + 1] + prior[i : i + 1] * math.exp(top))[1]
-                covered = actual_ms[i] <= served[0] * (1.0 + 1e-12)
+                served = wall.cap(float(uncapped_ms[i]), float(extra[i] + prior[i] * math.exp(top)))[1]
+                covered = actual_ms[i] <= served * (1.0 + 1e-12)
             conformal.observe(float(z[i] - online[i]), covered)
         if self.ceiling is not None:  # against the uncapped model, so that the cap goes when the wall does
-            self.ceiling.learn_many(actual_ms, extra + prior * np.exp(point))
+            self.ceiling.learn_many(actual_ms, uncapped_ms)
 
     # --- retraining -----------------------------------------------------------------------------------------
 

@@ -76,10 +76,9 @@ def _floor(ttft_slo_ms: float | None, itl_slo_ms: float | None) -> float:
     Under overload every queue is deep, and forking each one to the end for every request made a run quadratic
     in the queue: 6.6 minutes of CPU for the mixed fleet's 3,000 requests at 1.5x the base load (45 s with this
     horizon), and the homogeneous fleet's had not finished after 12 minutes on a shared machine (5.4 minutes of CPU
-    with a horizon of ten SLOs, 85 s with two).
-    A request that misses
-    by the SLO itself or more everywhere is lost wherever it goes; it goes where its slack's upper bound is
-    highest (the least TTFT lower bound, i.e. the least prefill queued), with no fork run past the horizon.
+    with a horizon of ten SLOs, 85 s with two). A request that misses by the SLO itself or more everywhere is lost
+    wherever it goes; it goes where its slack's upper bound is highest (the least TTFT lower bound, i.e. the least
+    prefill queued), with no fork run past the horizon.
     """
     return 1.0 - HORIZON_SLOS if ttft_slo_ms is not None or itl_slo_ms is not None else -math.inf
 
