@@ -20,7 +20,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from leadtime.bench.data import actuals, load_llmd_rows
-from leadtime.features.vectorize import Vectorizer
+from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
 
@@ -104,7 +104,7 @@ def _first(values: np.ndarray | None) -> float:
 
 
 def prequential_walk(
-    x_lt: np.ndarray,
+    x_lt: FeatureBatch,
     x_ref: LlmdFrame,
     y: dict[str, np.ndarray],
     config: LearnerConfig,
@@ -112,7 +112,8 @@ def prequential_walk(
     reference_model: str | None = None,
     label_delay: int = 0,
 ) -> Walk:
-    """Every model's (mean, upper) prediction of every row, each made before that row was learned.
+    """Every model's (mean, upper) prediction of every row, each made before that row was learned. Leadtime
+    gets each row's endpoint where the file names it, as it would from a router.
 
     With `label_delay` d, row i's outcome is learned only after row i + d was predicted (production: an outcome
     arrives when its request completes, while later requests are being routed); every model gets the same delay.
@@ -180,7 +181,7 @@ def summarize_walk(
 
 
 def _split(
-    x_lt: np.ndarray,
+    x_lt: FeatureBatch,
     x_ref: LlmdFrame,
     y: dict[str, np.ndarray],
     config: LearnerConfig,
@@ -246,7 +247,7 @@ def _split(
 
 
 def _speed(
-    x: np.ndarray, y: dict[str, np.ndarray], config: LearnerConfig, calls: int = 2000, learns: int = 3000
+    x: FeatureBatch, y: dict[str, np.ndarray], config: LearnerConfig, calls: int = 2000, learns: int = 3000
 ) -> dict[str, Any]:
     """In-process latency of predict_many on 100 rows and of learning one observation.
 
@@ -307,7 +308,7 @@ def run_accuracy(
 ) -> dict[str, Any]:
     rows = load_llmd_rows(data)
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
-    x_lt = Vectorizer(accelerator, model).transform_llmd(rows)
+    x_lt = Vectorizer(accelerator, model).batch_llmd(rows)
     x_ref = LlmdFrame.from_rows(rows)
     ttft, tpot = actuals(rows)
     y = {"ttft": ttft, "tpot": tpot}

@@ -88,7 +88,7 @@ def run_demo(
     console = Console()
     rows = load_llmd_rows(data)[:max_rows]
     console.print(f"[bold]Leadtime demo[/bold]: {len(rows)} real rows from {data} ({accelerator}, {model})")
-    x_lt = Vectorizer(accelerator, model).transform_llmd(rows)
+    x_lt = Vectorizer(accelerator, model).batch_llmd(rows)
     ttft, tpot = actuals(rows)
     y = {"ttft": ttft, "tpot": tpot}
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)

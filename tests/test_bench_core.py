@@ -99,8 +99,45 @@ def _walk_inputs(path: Path, n: int) -> tuple:
 
     rows = load_llmd_rows(path)[:n]
     ttft, tpot = actuals(rows)
-    x = Vectorizer("h200-sxm", "qwen3-32b").transform_llmd(rows)
+    x = Vectorizer("h200-sxm", "qwen3-32b").batch_llmd(rows)
     return x, LlmdFrame.from_rows(rows), {"ttft": ttft, "tpot": tpot}
+
+
+def test_the_walk_tells_leadtime_each_rows_endpoint() -> None:
+    """Rows that name their endpoint (Leadtime's extras) are predicted per endpoint, as a router's would be: two
+    endpoints alike in every feature, one three times as slow, come apart once it has seen a few of each."""
+    import numpy as np
+
+    from leadtime.bench.accuracy import prequential_walk
+    from leadtime.features.vectorize import Vectorizer
+    from leadtime.predictor.learner import LearnerConfig
+    from leadtime.predictor.llmd_reference import LlmdFrame
+
+    rows = []
+    for i in range(400):
+        slow = i % 2 == 1
+        rows.append(
+            {
+                "kv_cache_percentage": 0.2,
+                "input_token_length": 800,
+                "num_request_waiting": 0,
+                "num_request_running": 4,
+                "num_tokens_generated": 0,
+                "prefix_cache_score": 0.0,
+                "prefill_tokens_in_flight": 0,
+                "decode_tokens_in_flight": 0,
+                "actual_ttft_ms": 300.0 if slow else 100.0,
+                "actual_tpot_ms": 0.0,
+                "timestamp": float(i),
+                "endpoint_id": "slow" if slow else "fast",
+            }
+        )
+    y = {"ttft": np.array([r["actual_ttft_ms"] for r in rows]), "tpot": np.zeros(len(rows))}
+    config = LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False, retrain=False)
+    x = Vectorizer("h200-sxm", "qwen3-32b").batch_llmd(rows)
+    mean = prequential_walk(x, LlmdFrame.from_rows(rows), y, config, None)["leadtime"]["ttft"][0]
+    late = np.arange(len(rows)) >= 300
+    assert np.median(mean[late & (y["ttft"] > 200)]) > 2.0 * np.median(mean[late & (y["ttft"] < 200)])
 
 
 def test_label_delay_learns_a_row_only_after_that_many_later_rows_were_predicted(small_trace: Path) -> None:
