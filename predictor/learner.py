@@ -33,6 +33,7 @@ from leadtime.features.rows import FeatureRow, Observation
 from leadtime.features.vectorize import COLUMNS, FeatureBatch, Vectorizer, check_matrix
 from leadtime.predictor.artifact import ArtifactError, decode, encode, load_file, save_file
 from leadtime.predictor.ceiling import OutcomeCeiling
+from leadtime.predictor.forward import ForwardRecord
 from leadtime.predictor.online import ConformalQuantile, OffsetTable, RecursiveLeastSquares
 from leadtime.predictor.physics import (
     TARGETS,
@@ -239,6 +240,9 @@ class _TargetModel:
         self.observations = 0
         self.since_retrain = 0
         self.drifts = 0
+        # The serving mean tree against no tree, on the rows that came after it (`forward`).
+        self.forward = ForwardRecord()
+        self.trees_retired = 0
         # Log-space shift that calibrates an accepted quantile tree on its held-out data.
         self.upper_shift = 0.0
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -345,6 +349,9 @@ class _TargetModel:
         conformal = self.conformal
         extra = additive_ms(self.target, x)
         uncapped_ms = extra + prior * np.exp(point)
+        if mean_residual is not None:
+            plain_ms = extra + prior * np.exp(online + conformal.center)
+            self.forward.add(actual_ms, *self._served_means(uncapped_ms, plain_ms))
         # Coverage is of the quantile served: under a wall that is the capped one, and the adaptive term must
         # answer for it (the uncapped model's residuals there say it over-predicts, and it shrinks its width).
         wall = self.ceiling if self.ceiling is not None and self.ceiling.active else None
@@ -367,6 +374,25 @@ class _TargetModel:
             conformal.observe(float(z[i] - online[i]), covered)
         if self.ceiling is not None:  # against the uncapped model, so that the cap goes when the wall does
             self.ceiling.learn_many(actual_ms, uncapped_ms)
+        if self.trees.mean is not None and self.forward.retire():
+            self._retire_mean_tree()
+
+    def _served_means(self, *means_ms: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Mean predictions as served: under an active wall, capped at it."""
+        wall = self.ceiling if self.ceiling is not None and self.ceiling.active else None
+        if wall is None:
+            return means_ms
+        return tuple(wall.cap(m, m)[0] for m in means_ms)
+
+    def _retire_mean_tree(self) -> None:
+        """The mean tree did worse than no tree on the rows since it was swapped in: serve without it."""
+        old = self.trees
+        compiled = dict(old.compiled)
+        compiled["mean"] = None
+        self.trees = ResidualTrees(mean=None, upper=old.upper, compiled=compiled)
+        self._loaded_trees = None
+        self.trees_retired += 1
+        self.forward.reset()
 
     # --- retraining -----------------------------------------------------------------------------------------
 
@@ -478,6 +504,7 @@ class _TargetModel:
         if candidate.mean is not None:
             mean = candidate.mean
             compiled["mean"] = candidate.compiled["mean"]
+            self.forward.reset()
         if candidate.upper is not None:
             upper = candidate.upper
             compiled["upper"] = candidate.compiled["upper"]
@@ -870,6 +897,7 @@ class OnlinePredictor:
             "window": {t: m.window.count for t, m in self._models.items()},
             "trees_active": {t: m.trees.mean is not None or m.trees.upper is not None for t, m in self._models.items()},
             "drifts": {t: m.drifts for t, m in self._models.items()},
+            "trees_retired": {t: m.trees_retired for t, m in self._models.items()},
             "last_retrain": self.last_retrain,
             "retrain_error": self.retrain_error,
             "version": self.version,

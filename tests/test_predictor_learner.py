@@ -524,3 +524,39 @@ def test_a_kept_quantile_tree_is_recalibrated_at_each_retrain() -> None:
     coverage = float(np.mean(ttft <= predictor.predict_many(x).ttft_quantile))
     assert stale < 0.7
     assert 0.85 <= coverage <= 0.97
+
+
+def _installed(predictor: OnlinePredictor, x: np.ndarray, residual: float) -> None:
+    """Serve a mean tree fitted elsewhere that adds `residual` (log) to every TTFT prediction."""
+    from leadtime.predictor.learner import tree_inputs
+    from leadtime.predictor.physics import prior_ms
+    from leadtime.predictor.trees import fit_booster
+
+    tree_x = tree_inputs(x, prior_ms("ttft", x))
+    tree = fit_booster("ttft", "regression", 0.9, tree_x, np.full(len(x), residual), 5, 0)
+    predictor.install_trees("ttft", tree, None, 0.0, np.zeros(10))
+
+
+@pytest.mark.parametrize(("residual", "retired"), [(0.7, True), (0.0, False)])
+def test_a_mean_tree_that_does_worse_than_none_on_later_rows_is_retired(residual: float, retired: bool) -> None:
+    """A tree that passed its held-out rows but is wrong on the rows that follow stops serving once it has
+    served enough of them to judge; one that does no harm keeps serving."""
+    config = LearnerConfig(background=False, retrain=False)
+    predictor = OnlinePredictor(config)
+    rng = np.random.default_rng(11)
+    rows = [_row(rng, endpoint="ep-0") for _ in range(1200)]
+    truth = np.array([_truth(r) for r in rows])
+    x = predictor.vectorizer.batch(rows)
+    predictor.learn_many(x[:600], truth[:600, 0], truth[:600, 1])
+    _installed(predictor, x.X[:600], residual)
+    assert predictor._models["ttft"].trees.mean is not None
+    before = predictor.predict_many(x[600:]).ttft_mean
+    predictor.learn_many(x[600:], truth[600:, 0], truth[600:, 1])
+    model = predictor._models["ttft"]
+    assert (model.trees.mean is None) is retired
+    assert predictor.status()["trees_retired"]["ttft"] == int(retired)
+    if retired:
+        after = predictor.predict_many(x[600:]).ttft_mean
+        error = np.abs(after - truth[600:, 0]) / truth[600:, 0]
+        assert error.mean() < 0.5 * (np.abs(before - truth[600:, 0]) / truth[600:, 0]).mean()
+    predictor.close()
