@@ -9,7 +9,10 @@ the requests the state cannot contain yet:
   each is one more waiting request and its uncached prompt tokens more prefill work queued;
 - on a decode endpoint of a P/D pair, those whose KV was expected to arrive after the publication time: each is
   one more running request holding its prompt's KV (decode tokens in flight);
-- on a decode endpoint's KV link, the transfers expected to still be on it: a new transfer queues behind them.
+- on a decode endpoint's KV link, the transfers expected to be on it: those whose prefill is expected done
+  by now, queued in that order (first done, first sent), and a new transfer queues behind them. Transfers whose
+  prefill is still ahead do not block it: the link sends in the order prefills finish, and a request sent to a
+  deep prefill queue would otherwise hold every later request's link for as long as that queue.
 
 Only the router's own sends are counted; completions the state does not show yet are not subtracted, so the
 estimate errs towards a busier endpoint, which is the safe side for a burst.
@@ -18,6 +21,7 @@ estimate errs towards a busier endpoint, which is the safe side for a burst.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,7 +37,8 @@ class Sent:
     uncached_tokens: int
     input_tokens: int
     kv_arrival_ms: float = 0.0  # P/D decode side: when its KV was expected to land
-    transfer_end_ms: float = 0.0  # P/D decode side: when its KV transfer was expected to end
+    ready_ms: float = 0.0  # P/D decode side: when its prefill was expected done (its transfer can start)
+    transfer_ms: float = 0.0  # P/D decode side: how long its KV transfer takes on the link
 
 
 @dataclass
@@ -114,13 +119,26 @@ class InflightLedger:
         )
 
     def link_free_ms(self, endpoint_id: str, now_ms: float) -> float:
-        """When the decode endpoint's KV link is expected to be free of the transfers already sent to it."""
+        """When the decode endpoint's KV link is expected to be free of the transfers ready by `now_ms`, sent
+        one after the other in the order they became ready.
+
+        >>> ledger = InflightLedger()
+        >>> ledger.record_decode("d", Sent("a", 0.0, 0, 0, ready_ms=100.0, transfer_ms=50.0))
+        >>> ledger.record_decode("d", Sent("b", 0.0, 0, 0, ready_ms=110.0, transfer_ms=50.0))
+        >>> ledger.record_decode("d", Sent("far", 0.0, 0, 0, ready_ms=60_000.0, transfer_ms=50.0))
+        >>> ledger.link_free_ms("d", 120.0), ledger.link_free_ms("d", 500.0)
+        (200.0, 500.0)
+        """
         slot = self._endpoints.get(endpoint_id)
-        latest = now_ms
-        if slot is not None:
-            for s in slot.decode.values():
-                latest = max(latest, s.transfer_end_ms)
-        return latest
+        if slot is None:
+            return now_ms
+        ready = sorted((s.ready_ms, s.transfer_ms) for s in slot.decode.values() if s.ready_ms <= now_ms)
+        free = now_ms
+        if ready:
+            free = -math.inf
+            for start, duration in ready:
+                free = max(free, start) + duration
+        return max(free, now_ms)
 
     def __len__(self) -> int:
         return len(self._where)

@@ -498,7 +498,13 @@ class LeadtimePolicy:
         self._ledger.record_decode(
             dec.endpoint_id,
             Sent(
-                request.request_id, now, 0, request.input_tokens, kv_arrival_ms=kv_arrival, transfer_end_ms=kv_arrival
+                request.request_id,
+                now,
+                0,
+                request.input_tokens,
+                kv_arrival_ms=kv_arrival,
+                ready_ms=prefill_done,
+                transfer_ms=choice.transfer_ms,
             ),
         )
         self._decisions[request.request_id] = _Decision(

@@ -115,12 +115,13 @@ def test_ledger_counts_only_what_the_published_state_cannot_hold() -> None:
     state = EndpointState(endpoint_id="a", num_request_waiting=1, prefill_tokens_in_flight=100)
     assert ledger.adjusted(state, published_ms=50.0).num_request_waiting == 2  # r2 only
     assert ledger.adjusted(state, published_ms=0.0).prefill_tokens_in_flight == 900
-    ledger.record_decode("d", Sent("r3", 0.0, 0, 800, kv_arrival_ms=120.0, transfer_end_ms=120.0))
+    ledger.record_decode("d", Sent("r3", 0.0, 0, 800, kv_arrival_ms=120.0, ready_ms=40.0, transfer_ms=80.0))
     decode = EndpointState(endpoint_id="d", role="decode", num_request_running=4, decode_tokens_in_flight=1000)
     later = ledger.adjusted(decode, published_ms=100.0)
     assert (later.num_request_running, later.decode_tokens_in_flight) == (5, 1800)
     assert ledger.adjusted(decode, published_ms=150.0) is decode  # landed before publication: counted there
     assert ledger.link_free_ms("d", now_ms=50.0) == 120.0 and ledger.link_free_ms("d", now_ms=200.0) == 200.0
+    assert ledger.link_free_ms("d", now_ms=30.0) == 30.0  # its prefill is not done yet: the link is free
     for rid in ("r1", "r2", "r3"):
         ledger.complete(rid)
     assert len(ledger) == 0 and ledger.adjusted(state, 0.0) is state
@@ -318,14 +319,15 @@ def test_pd_policy_learns_prefill_ttft_without_the_transfer_and_itl_on_the_decod
     pick = policy.pick(req("r", tokens=4000), candidates)
     assert (pick.endpoint_id, pick.decode_endpoint_id) == ("p0", "d1")
     assert pick.row is not None and pick.decode_row is not None and pick.decode_row.endpoint.role == "decode"
-    assert policy._ledger.link_free_ms("d1", 0.0) > 0.0  # r's transfer is queued on d1's link
+    ready = policy._ledger._endpoints["d1"].decode["r"].ready_ms
+    assert policy._ledger.link_free_ms("d1", ready) > ready  # once r's prefill is done its transfer holds d1's link
     policy.observe(Outcome("r", "p0", "d1", ttft_ms=700.0, itl_ms=15.0, output_tokens=50, completed_ms=2000.0))
     prefill_obs, decode_obs = model.told
     assert prefill_obs.row == pick.row and 0 < prefill_obs.actual_ttft_ms < 700.0 and prefill_obs.actual_tpot_ms == 0
     assert decode_obs.row == pick.decode_row and decode_obs.actual_tpot_ms == 15.0 and decode_obs.actual_ttft_ms == 0
     assert decode_obs.predicted_tpot_ms is not None
     assert decode_obs.predicted_tpot_quantile_ms == pytest.approx(1.2 * decode_obs.predicted_tpot_ms)
-    assert policy._ledger.link_free_ms("d1", 0.0) == 0.0  # completed: nothing of r is left in flight
+    assert policy._ledger.link_free_ms("d1", ready) == ready  # completed: nothing of r is left in flight
 
 
 # ------------------------------------------------------------------------------ time-slicing
