@@ -132,12 +132,10 @@ class InflightLedger:
         slot = self._endpoints.get(endpoint_id)
         if slot is None:
             return now_ms
+        free = -math.inf
         ready = sorted((s.ready_ms, s.transfer_ms) for s in slot.decode.values() if s.ready_ms <= now_ms)
-        free = now_ms
-        if ready:
-            free = -math.inf
-            for start, duration in ready:
-                free = max(free, start) + duration
+        for start, duration in ready:
+            free = max(free, start) + duration
         return max(free, now_ms)
 
     def __len__(self) -> int:
