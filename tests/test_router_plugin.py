@@ -307,6 +307,18 @@ def test_a_short_prompt_is_prefilled_on_the_decode_endpoint_when_that_is_faster(
     assert choice.prefill is None and choice.decode == 0 and choice.transfer_ms == 0.0
 
 
+def test_a_transfer_still_behind_a_deep_prefill_queue_does_not_hold_the_link_for_later_requests() -> None:
+    """The link sends KV in the order prefills finish: a request sent to a prefill queue a minute deep must not
+    make every later pair on its decode endpoint wait that minute (idle pairs were predicted at ~1 s for requests
+    that took 20 ms)."""
+    policy = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, local_prefill=False, kv_link_gb_s=10.0))
+    deep, idle, decode = cand("p0", role="prefill", waiting=300), cand("p1", role="prefill"), cand("d0", role="decode")
+    first = policy.pick(req("r1", tokens=2000), [deep, decode])
+    assert first.predicted_ttft_ms is not None and first.predicted_ttft_ms > 50_000
+    later = policy.pick(req("r2", tokens=2000, at=100.0), [idle, decode])
+    assert later.predicted_ttft_ms is not None and later.predicted_ttft_ms < 1_000
+
+
 def test_pd_policy_learns_prefill_ttft_without_the_transfer_and_itl_on_the_decode_row() -> None:
     model = QueueModel()
     policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0, local_prefill=False, kv_link_gb_s=10.0))
