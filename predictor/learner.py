@@ -351,7 +351,7 @@ class _TargetModel:
         uncapped_ms = extra + prior * np.exp(point)
         if mean_residual is not None:
             plain_ms = extra + prior * np.exp(online + conformal.center)
-            self.forward.add(actual_ms, *self._served_means(uncapped_ms, plain_ms))
+            self.forward.add(actual_ms, self._served_mean(uncapped_ms), self._served_mean(plain_ms))
         # Coverage is of the quantile served: under a wall that is the capped one, and the adaptive term must
         # answer for it (the uncapped model's residuals there say it over-predicts, and it shrinks its width).
         wall = self.ceiling if self.ceiling is not None and self.ceiling.active else None
@@ -377,12 +377,9 @@ class _TargetModel:
         if self.trees.mean is not None and self.forward.retire():
             self._retire_mean_tree()
 
-    def _served_means(self, *means_ms: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Mean predictions as served: under an active wall, capped at it."""
-        wall = self.ceiling if self.ceiling is not None and self.ceiling.active else None
-        if wall is None:
-            return means_ms
-        return tuple(wall.cap(m, m)[0] for m in means_ms)
+    def _served_mean(self, mean_ms: np.ndarray) -> np.ndarray:
+        """A mean prediction as served: under an active wall, capped at it."""
+        return mean_ms if self.ceiling is None else self.ceiling.cap(mean_ms, mean_ms)[0]
 
     def _retire_mean_tree(self) -> None:
         """The mean tree did worse than no tree on the rows since it was swapped in: serve without it."""
