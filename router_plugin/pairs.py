@@ -117,7 +117,10 @@ def choose_pair(
         decode_scores = _scores(
             link, p.decode_itl, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
         )
-        d = _best(preference(decode_scores, *fit), link)
+        decode_mean = _scores(
+            link, p.decode_itl_mean, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
+        )
+        d = _best(preference(decode_scores, *fit, mean_scores=decode_mean), link)
         column = _scores(
             ttft[:, d], itl[:, d], ttft_mean[:, d], itl_mean[:, d], ttft_slo_ms, itl_slo_ms, expected_output_tokens
         )
@@ -147,7 +150,10 @@ def choose_pair(
     # others keep serving in time (up to `overflow_cap_ms` of predicted TTFT, `scorers.latency.overflow_choice`).
     # Spreading them all by predicted TTFT measured worse on the P/D fleet (goodput 5.72 against 5.98
     # requests/s at the base load, 6.18 against 7.03 at 1.5x).
-    best = overflow_choice(preference(scores, *fit), flat_ttft, overflow_cap_ms)
+    mean_scores = _scores(
+        flat_ttft_mean, flat_itl_mean, flat_ttft_mean, flat_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
+    )
+    best = overflow_choice(preference(scores, *fit, mean_scores=mean_scores), flat_ttft, overflow_cap_ms)
     if best >= n_p * n_d:
         d = best - n_p * n_d
         return PairChoice(

@@ -13,10 +13,10 @@ For each request:
 3. **Predict** — one bulk call for all rows (prefill and decode endpoints of a P/D fleet together).
 4. **Score and pick** — `scorers.latency`: headroom of the upper-quantile predictions against the request's
    SLOs (lowest predicted latency without SLOs); on P/D the (prefill, decode) pair or local prefill is chosen
-   jointly (`pairs.choose_pair`). A request predicted beyond saving everywhere goes to the first candidate
-   beyond saving, one overflow endpoint, rather than slowing the whole fleet down; while the fleet has capacity
-   to spare, only up to a bounded predicted wait there (`LeadtimeConfig.overflow_cap`). A small share of decisions
-   explores: among the candidates predicted to meet the SLOs it takes the one this router has heard from least
+   jointly (`pairs.choose_pair`). A request predicted beyond saving everywhere (not even its mean predictions
+   meet the SLOs anywhere) goes to the first candidate beyond saving, one overflow endpoint, rather than slowing
+   the whole fleet down; while the fleet has capacity to spare, only up to a bounded predicted wait there
+   (`LeadtimeConfig.overflow_cap`). A small share of decisions explores: among the candidates predicted to meet the SLOs it takes the one this router has heard from least
    recently, so that every endpoint keeps being observed.
 5. **Learn** — when the request completes, the rows it was decided on (in-flight additions included) are
    reported with the actual TTFT and ITL and what was predicted. On P/D the prefill row learns the TTFT less the
@@ -321,6 +321,12 @@ class LeadtimePolicy:
             return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens)
         return slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
 
+    def _mean_scores(self, request: RouteRequest, s: _Scored) -> np.ndarray | None:
+        """SLO scores of the mean predictions: whether the request may still be saved (`preference`)."""
+        if request.ttft_slo_ms is None and request.tpot_slo_ms is None:
+            return None
+        return slo_scores(s.ttft_mean, s.tpot_mean, request.ttft_slo_ms, request.tpot_slo_ms)
+
     def _overflow(self) -> str:
         if self.config.overflow != "auto":
             return self.config.overflow
@@ -337,12 +343,10 @@ class LeadtimePolicy:
             return None
         return cap * request.ttft_slo_ms
 
-    def _argmax(
-        self, request: RouteRequest, latency: np.ndarray, candidates: Sequence[Candidate], ttft: np.ndarray
-    ) -> int:
-        c = self.config
+    def _argmax(self, request: RouteRequest, latency: np.ndarray, s: _Scored) -> int:
+        c, candidates, ttft = self.config, s.candidates, s.ttft
         overflow = self._overflow()
-        scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, overflow)
+        scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, overflow, self._mean_scores(request, s))
         self._note_feasible(float(latency.max()) >= FEASIBLE)
         for extra in self.extra_scorers:
             scores = scores + extra.weight * np.asarray(extra.scorer(request, candidates))
@@ -406,7 +410,7 @@ class LeadtimePolicy:
                     *(np.concatenate([getattr(parts[0], k), getattr(parts[1], k)]) for k in _PREDICTED),
                 )
                 latency = self._latency_scores(request, s)
-        i = self._argmax(request, latency, s.candidates, s.ttft)
+        i = self._argmax(request, latency, s)
         chosen, row = s.candidates[i], s.rows[i]
         self._ledger.record_prefill(
             chosen.endpoint_id,

@@ -169,6 +169,25 @@ def test_the_overflow_endpoint_takes_requests_beyond_saving_only_up_to_its_cap()
         assert {short.pick(req(f"o{i}", at=float(i)), candidates).endpoint_id for i in range(5)} == {"a"}
 
 
+def test_a_request_whose_mean_predictions_meet_the_slos_is_not_given_up_under_overload() -> None:
+    # Sustained overload (sink mode): a request predicted to miss everywhere goes to the endpoint already beyond
+    # saving (a, 40 waiting). b and c miss the ITL SLO only at the p90 (QueueModel: 1.2 × (10 + 2 × 42) = 113 ms
+    # against 100 ms) while their means meet it (94 ms): the request is more likely than not served in time there.
+    candidates = [cand("a", waiting=40), cand("b", running=42), cand("c", running=42)]
+    policy = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, inflight=False))
+    policy.overload = 1.0
+    assert policy.pick(req("r1"), candidates).endpoint_id in ("b", "c")
+    # With means that miss too (10 + 2 × 50 = 110 ms), it is beyond saving everywhere: the overflow endpoint.
+    candidates[1:] = [cand("b", running=50), cand("c", running=50)]
+    assert policy.pick(req("r2"), candidates).endpoint_id == "a"
+    # The same rule on P/D pairs: the decode endpoints' mean ITLs decide whether the request is given up.
+    prefill = [cand("p1", role="prefill", waiting=40), cand("p2", role="prefill")]
+    decode = [cand("d1", role="decode", running=42), cand("d2", role="decode", running=42)]
+    pd = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, inflight=False, local_prefill=False))
+    pd.overload = 1.0
+    assert pd.pick(req("r3"), prefill + decode).endpoint_id == "p2"
+
+
 # ------------------------------------------------------------------------------ learning and fallback
 
 
