@@ -16,8 +16,9 @@ For each request:
    jointly (`pairs.choose_pair`). A request predicted beyond saving everywhere (not even its mean predictions
    meet the SLOs anywhere) goes to the first candidate beyond saving, one overflow endpoint, rather than slowing
    the whole fleet down; while the fleet has capacity to spare, only up to a bounded predicted wait there
-   (`LeadtimeConfig.overflow_cap`). A small share of decisions explores: among the candidates predicted to meet the SLOs it takes the one this router has heard from least
-   recently, so that every endpoint keeps being observed.
+   (`LeadtimeConfig.overflow_cap`). A small share of decisions explores: among the candidates predicted to
+   meet the SLOs it takes the one this router has heard from least recently, so that every endpoint keeps
+   being observed.
 5. **Learn** — when the request completes, the rows it was decided on (in-flight additions included) are
    reported with the actual TTFT and ITL and what was predicted. On P/D the prefill row learns the TTFT less the
    transfer it was predicted to wait for, and the decode row the ITL.
