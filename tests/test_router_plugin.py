@@ -100,6 +100,15 @@ def test_ties_on_the_binding_slo_are_broken_by_the_other() -> None:
     assert scores[1] > scores[0] >= FEASIBLE
 
 
+def test_among_candidates_that_meet_both_slos_slack_on_either_target_counts_alike() -> None:
+    # a: first token at once (95% of the TTFT SLO left), ITL within 20% of its SLO; b: 30% left on both. Both
+    # are predicted to meet; a leaves more slack in all (mean headroom 0.575 against 0.3) and wins, though its
+    # binding target is tighter. Among predicted misses the binding target still rules (previous test).
+    scores = slo_scores(np.array([100.0, 1400.0]), np.array([80.0, 70.0]), 2000.0, 100.0)
+    assert scores.tolist() == pytest.approx([(1 + 0.575) / 2, (1 + 0.3) / 2])
+    assert min(scores) >= FEASIBLE
+
+
 def test_latency_scores_without_slos() -> None:
     scores = latency_scores(np.array([100.0, 100.0, 300.0]), np.array([10.0, 20.0, 10.0]), 10.0)
     assert scores.tolist() == pytest.approx([1.0, 200 / 300, 200 / 400])

@@ -1,18 +1,24 @@
 """The predicted-latency scorer: SLO headroom from predicted TTFT and ITL, a score in [0, 1] per candidate.
 
 With SLOs, a candidate's headroom on one target is the share of its SLO left over by the prediction,
-`h = 1 − predicted / SLO` (1: no latency at all, 0: exactly at the SLO, negative: a predicted miss), and its score
-is set mostly by the binding target, with the other one breaking ties:
+`h = 1 − predicted / SLO` (1: no latency at all, 0: exactly at the SLO, negative: a predicted miss). A candidate
+predicted to meet both SLOs is scored on its mean headroom, one predicted to miss on its miss, set mostly by
+the binding target with the other breaking ties:
 
-    H = 0.9 · min(h_ttft, h_itl) + 0.1 · max(h_ttft, h_itl)
-    score = clip((1 + H) / 2, 0, 1), then at least 0.5 if both SLOs are predicted met, below 0.5 if either is not
+    H = (h_ttft + h_itl) / 2                                 if both SLOs are predicted met
+    H = 0.9 · min(h_ttft, h_itl) + 0.1 · max(h_ttft, h_itl)   otherwise
+    score = clip((1 + H) / 2, 0, 1), and below 0.5 if either SLO is predicted missed
 
-so a candidate predicted to meet both SLOs scores at least 0.5, more the more slack it leaves, and one predicted
-to miss scores below 0.5, less the worse the miss. The predictions used against SLOs are the upper quantile
-(p90 by default): a miss costs a request its SLO while a little more slack costs nothing. With only one SLO, only
-that target counts. Without SLOs the score is the lowest predicted latency over the candidates divided by this
-one's (1 for the fastest), with the latency of a request taken as its mean TTFT plus its expected output tokens at
-the mean ITL.
+so a candidate predicted to meet both SLOs scores at least 0.5, more the more slack it leaves on either target,
+and one predicted to miss scores below 0.5, less the worse the miss. Slack on either target is a margin against
+a prediction error, so among candidates that meet both, both count alike; ranked on the binding target alone,
+the ITL p90 (wide, as a request's ITL depends on the batches that form while it decodes) chose the endpoint and
+its TTFT barely counted: on the large mixed fleet goodput 20.3 against 20.9 requests/s at 85% load and 24.6
+against 28.8 at 1.5x, with the TTFT median 0.42 against 0.25 s (3 seeds). The predictions used against SLOs are
+the upper quantile (p90 by default): a miss costs a request its SLO while a little more slack costs nothing.
+With only one SLO, only that target counts. Without SLOs the score is the lowest predicted latency over the
+candidates divided by this one's (1 for the fastest), with the latency of a request taken as its mean TTFT plus
+its expected output tokens at the mean ITL.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def slo_scores(
     """Scores against the SLOs the request has (at least one of them).
 
     >>> slo_scores(np.array([500.0, 1500.0, 3000.0]), np.array([20.0, 20.0, 20.0]), 2000.0, 100.0).round(4).tolist()
-    [0.8775, 0.6525, 0.315]
+    [0.8875, 0.7625, 0.315]
     >>> slo_scores(np.array([500.0]), np.array([150.0]), 2000.0, 100.0).round(4).tolist()  # the ITL SLO binds
     [0.3125]
     """
@@ -54,8 +60,9 @@ def slo_scores(
     if len(parts) == 1:
         return np.clip((1.0 + parts[0]) / 2.0, 0.0, 1.0)
     low, high = np.minimum(parts[0], parts[1]), np.maximum(parts[0], parts[1])
-    score = np.clip((1.0 + 0.9 * low + 0.1 * high) / 2.0, 0.0, 1.0)
-    return np.where(low >= 0.0, np.maximum(score, FEASIBLE), np.minimum(score, np.nextafter(FEASIBLE, 0.0)))
+    met = np.clip((1.0 + (low + high) / 2.0) / 2.0, 0.0, 1.0)
+    missed = np.clip((1.0 + 0.9 * low + 0.1 * high) / 2.0, 0.0, np.nextafter(FEASIBLE, 0.0))
+    return np.where(low >= 0.0, met, missed)
 
 
 def latency_scores(ttft_ms: np.ndarray, itl_ms: np.ndarray, expected_output_tokens: float) -> np.ndarray:
