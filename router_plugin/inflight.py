@@ -43,8 +43,11 @@ class Sent:
 
 @dataclass
 class _Endpoint:
-    prefill: dict[str, Sent] = field(default_factory=dict)
+    # Prefill sends in the order they were recorded, each with the latest `sent_ms` recorded up to it: reading
+    # them newest first, `adjusted` stops where that is older than the publication (nothing before counts).
+    prefill: dict[str, tuple[Sent, float]] = field(default_factory=dict)
     decode: dict[str, Sent] = field(default_factory=dict)
+    latest_sent_ms: float = -math.inf
 
 
 class InflightLedger:
@@ -76,7 +79,10 @@ class InflightLedger:
     def record_prefill(self, endpoint_id: str, sent: Sent) -> None:
         """`sent` will be prefilled on `endpoint_id` (a unified endpoint, a prefill endpoint, or a decode
         endpoint prefilling locally)."""
-        self._slot(endpoint_id).prefill[sent.request_id] = sent
+        slot = self._slot(endpoint_id)
+        slot.latest_sent_ms = max(slot.latest_sent_ms, sent.sent_ms)
+        slot.prefill.pop(sent.request_id, None)  # recorded again: it moves to the end of the order
+        slot.prefill[sent.request_id] = (sent, slot.latest_sent_ms)
         self._where.setdefault(sent.request_id, []).append((endpoint_id, "prefill"))
 
     def record_decode(self, endpoint_id: str, sent: Sent) -> None:
@@ -92,7 +98,7 @@ class InflightLedger:
 
     def pending(self, endpoint_id: str) -> Iterable[Sent]:
         slot = self._endpoints.get(endpoint_id)
-        return () if slot is None else slot.prefill.values()
+        return () if slot is None else [sent for sent, _ in slot.prefill.values()]
 
     def adjusted(self, state: EndpointState, published_ms: float) -> EndpointState:
         """`state` plus what was sent after it was published (the same object when nothing was)."""
@@ -100,7 +106,10 @@ class InflightLedger:
         if slot is None:
             return state
         waiting = prefill_tokens = running = decode_tokens = 0
-        for s in slot.prefill.values():
+        # Newest first, so that a deep queue costs only its sends since the publication, not all of them.
+        for s, latest in reversed(slot.prefill.values()):
+            if latest < published_ms:
+                break  # this one and every one recorded before it were sent before the publication
             if s.sent_ms >= published_ms:
                 waiting += 1
                 prefill_tokens += s.uncached_tokens

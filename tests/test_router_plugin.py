@@ -136,6 +136,26 @@ def test_ledger_counts_only_what_the_published_state_cannot_hold() -> None:
     assert len(ledger) == 0 and ledger.adjusted(state, 0.0) is state
 
 
+def test_the_ledger_counts_sends_recorded_out_of_order_and_again() -> None:
+    # A gateway stamps a request's arrival before reading its body, so requests can be recorded out of arrival
+    # order, and a retry is recorded again with its first arrival time: every send after the publication counts,
+    # once, however it was recorded; a deep queue of older sends does not.
+    ledger = InflightLedger()
+    for i in range(500):
+        ledger.record_prefill("a", Sent(f"old{i}", float(i), 10, 10))
+    ledger.record_prefill("a", Sent("late", 1_010.0, 100, 100))
+    ledger.record_prefill("a", Sent("early", 1_005.0, 1_000, 1_000))  # arrived earlier, recorded later
+    ledger.record_prefill("a", Sent("old3", 3.0, 10, 10))  # a retry, recorded again at its first arrival
+    state = EndpointState(endpoint_id="a")
+    after = ledger.adjusted(state, published_ms=1_000.0)
+    assert (after.num_request_waiting, after.prefill_tokens_in_flight) == (2, 1_100)
+    before = ledger.adjusted(state, published_ms=0.0)
+    assert (before.num_request_waiting, before.prefill_tokens_in_flight) == (502, 6_100)
+    ledger.complete("late")
+    assert ledger.adjusted(state, published_ms=1_000.0).num_request_waiting == 1
+    assert len(list(ledger.pending("a"))) == 501
+
+
 def test_a_burst_is_spread_by_in_flight_accounting() -> None:
     # Endpoint a looks slightly better to every request of the burst: its state was published before any of them.
     candidates = [cand("a", hits=200), cand("b"), cand("c"), cand("d")]
