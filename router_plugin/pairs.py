@@ -19,7 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from leadtime.router_plugin.scorers.latency import latency_scores, overflow_choice, preference, slo_scores
+from leadtime.router_plugin.scorers.latency import (
+    FEASIBLE,
+    latency_scores,
+    overflow_choice,
+    preference,
+    slo_scores,
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,11 @@ def _scores(
     return slo_scores(ttft, itl, ttft_slo_ms, itl_slo_ms)
 
 
+def _may_sink(scores: np.ndarray, fit: tuple[str, float, str]) -> bool:
+    """Whether `preference` may send the request to an overflow endpoint, and so needs the mean scores."""
+    return fit[2] == "sink" and float(scores.max()) < FEASIBLE
+
+
 def _best(values: np.ndarray, tiebreak: np.ndarray) -> int:
     """The index of the highest value; among equal ones, the lowest `tiebreak` (the predicted TTFT), as a
     deterministic stand-in for llm-d's picker, which breaks ties at random. (Scores clip at 0 for every candidate
@@ -117,9 +128,11 @@ def choose_pair(
         decode_scores = _scores(
             link, p.decode_itl, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
         )
-        decode_mean = _scores(
-            link, p.decode_itl_mean, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
-        )
+        decode_mean = None
+        if _may_sink(decode_scores, fit):
+            decode_mean = _scores(
+                link, p.decode_itl_mean, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
+            )
         d = _best(preference(decode_scores, *fit, mean_scores=decode_mean), link)
         column = _scores(
             ttft[:, d], itl[:, d], ttft_mean[:, d], itl_mean[:, d], ttft_slo_ms, itl_slo_ms, expected_output_tokens
@@ -150,9 +163,17 @@ def choose_pair(
     # others keep serving in time (up to `overflow_cap_ms` of predicted TTFT, `scorers.latency.overflow_choice`).
     # Spreading them all by predicted TTFT measured worse on the P/D fleet (goodput 5.72 against 5.98
     # requests/s at the base load, 6.18 against 7.03 at 1.5x).
-    mean_scores = _scores(
-        flat_ttft_mean, flat_itl_mean, flat_ttft_mean, flat_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
-    )
+    mean_scores = None
+    if _may_sink(scores, fit):
+        mean_scores = _scores(
+            flat_ttft_mean,
+            flat_itl_mean,
+            flat_ttft_mean,
+            flat_itl_mean,
+            ttft_slo_ms,
+            itl_slo_ms,
+            expected_output_tokens,
+        )
     best = overflow_choice(preference(scores, *fit, mean_scores=mean_scores), flat_ttft, overflow_cap_ms)
     if best >= n_p * n_d:
         d = best - n_p * n_d

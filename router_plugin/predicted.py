@@ -347,8 +347,10 @@ class LeadtimePolicy:
     def _argmax(self, request: RouteRequest, latency: np.ndarray, s: _Scored) -> int:
         c, candidates, ttft = self.config, s.candidates, s.ttft
         overflow = self._overflow()
-        scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, overflow, self._mean_scores(request, s))
-        self._note_feasible(float(latency.max()) >= FEASIBLE)
+        in_time = float(latency.max()) >= FEASIBLE
+        mean = None if in_time or overflow != "sink" else self._mean_scores(request, s)  # only a sink needs them
+        scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, overflow, mean)
+        self._note_feasible(in_time)
         for extra in self.extra_scorers:
             scores = scores + extra.weight * np.asarray(extra.scorer(request, candidates))
         best = float(scores.max())
