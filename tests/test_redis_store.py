@@ -16,7 +16,13 @@ from waiting import wait_until
 
 from leadtime.predictor.artifact import encode
 from leadtime.predictor.store.base import Store
-from leadtime.predictor.store.redis_store import ArtifactRefused, RedisStore, StoreUnavailable, check_artifact
+from leadtime.predictor.store.redis_store import (
+    ArtifactRefused,
+    LatestOutcome,
+    RedisStore,
+    StoreUnavailable,
+    check_artifact,
+)
 
 StoreFactory = Callable[..., RedisStore]
 
@@ -356,6 +362,21 @@ def test_redis_going_away_and_coming_back_is_logged_once_each(
     assert sum("buffering observations in memory" in line for line in lines) == 1, lines
     assert sum("answers again" in line for line in lines) == 1, lines
     assert all(redis_server.url.split("@")[-1] in line for line in lines)
+
+
+def test_an_answer_that_arrives_late_does_not_override_a_call_started_after_it() -> None:
+    """Calls run on several threads (the writer, request handlers), so their answers arrive out of order: the
+    writer's health check that started before an outage may return after a handler's call saw the outage. Health
+    follows the call that started last, so that stale answer neither hides the outage nor logs a recovery."""
+    health = LatestOutcome("not contacted yet")
+    assert health.record(None, started=1.0) == ("not contacted yet", None)
+    assert health.record("connection refused", started=3.0) == (None, "connection refused")
+    assert health.record(None, started=2.0) is None  # began before the failure was seen: stale
+    assert health.problem == "connection refused"
+    assert health.record("connection refused", started=4.0) is None  # no change, nothing to log
+    assert health.record(None, started=5.0) == ("connection refused", None)
+    assert health.record("timeout", started=4.5) is None  # a stale failure does not hide the recovery
+    assert health.problem is None
 
 
 def test_a_hung_server_neither_blocks_appends_nor_duplicates_a_resent_chunk(

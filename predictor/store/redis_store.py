@@ -200,6 +200,36 @@ def _reason(exc: BaseException) -> str:
     return f"{kind} ({text})"
 
 
+class LatestOutcome:
+    """Whether Redis works, as told by the call that *started* last.
+
+    Calls run on several threads (the writer, request handlers, the trainer) and their answers can come back out
+    of order: a health check begun just before an outage may return after a handler's call has seen the outage.
+    Ordering by start time keeps such a stale answer from hiding the outage (or a recovery) and from logging a
+    transition twice. Not thread-safe by itself: the store records under its lock.
+
+    >>> health = LatestOutcome("not contacted yet")
+    >>> health.record(None, started=1.0)
+    ('not contacted yet', None)
+    >>> health.record("timeout", started=0.5) is None  # began before the success: stale
+    True
+    """
+
+    def __init__(self, problem: str | None) -> None:
+        self.problem = problem  # None = Redis answered
+        self._started = float("-inf")
+
+    def record(self, problem: str | None, started: float) -> tuple[str | None, str | None] | None:
+        """Take one call's outcome; (was, now) when the state changed, else None (stale or the same)."""
+        if started < self._started:
+            return None
+        self._started = started
+        was, self.problem = self.problem, problem
+        if (was is None) == (problem is None):
+            return None
+        return was, problem
+
+
 class RedisStore:
     """Shared observations, model registry and training lease in one Redis server.
 
@@ -276,16 +306,17 @@ class RedisStore:
         self._run_id: str | None = None
         self._read_upto = (0, 0)  # the newest stream id this store has read
         self._check_run_id = True
-        self._problem: str | None = "not contacted yet"  # None = Redis answered the last call
+        self._health = LatestOutcome("not contacted yet")
         self._highest_version = 0
         self._wake_writer = threading.Event()
         self._version_seen = threading.Condition()
         self._stop = threading.Event()
+        started = time.monotonic()
         try:  # know the truth from the start: health() answers before the writer's first round
             self._redis.ping()
-            self._problem = None
+            self._health.record(None, started)
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
         self._writer = threading.Thread(target=self._write_loop, name="redis-store-writer", daemon=True)
         self._subscriber = threading.Thread(target=self._listen_loop, name="redis-store-models", daemon=True)
         self._writer.start()
@@ -311,17 +342,18 @@ class RedisStore:
         """
         if max_count < 1:
             raise ValueError(f"max_count must be >= 1, got {max_count}")
+        started = time.monotonic()
         try:
             flat: Any = self._read(keys=[self._stream_key], args=[cursor, max_count])
         except redis.ResponseError as exc:
             if "stream id" in str(exc).lower():
                 raise ValueError(f"cursor {cursor!r} is not a stream id") from None
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return cursor, []
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return cursor, []
-        self._set_problem(None)
+        self._set_problem(None, started)
         if not flat:
             return cursor, []
         new_cursor = flat[-2].decode()
@@ -378,11 +410,12 @@ class RedisStore:
         chunk_id = ""
         while not self._stop.is_set():
             if self._check_run_id:  # before anything is sent to what may be a new server
+                started = time.monotonic()
                 try:
                     if self._resend_if_restarted():
                         chunk = []  # taken again from the head, behind what the crash lost
                 except redis.RedisError as exc:
-                    self._set_problem(exc)
+                    self._set_problem(exc, started)
                     self._stop.wait(retry_s)
                     retry_s = min(retry_s * 2, _RETRY_MAX_S)
                     continue
@@ -392,25 +425,27 @@ class RedisStore:
                 chunk_id = uuid.uuid4().hex
             if not chunk:
                 if time.monotonic() - last_contact >= _PING_EVERY_S:
+                    started = time.monotonic()
                     try:
                         self._resend_if_restarted()  # also the health check (one INFO instead of a PING)
-                        self._set_problem(None)
+                        self._set_problem(None, started)
                     except redis.RedisError as exc:
-                        self._set_problem(exc)
+                        self._set_problem(exc, started)
                     last_contact = time.monotonic()
                 self._wake_writer.wait(_PING_EVERY_S)
                 self._wake_writer.clear()
                 continue
+            started = time.monotonic()
             try:
                 last_id = self._send(chunk_id, chunk)
             except redis.RedisError as exc:
-                self._set_problem(exc)
+                self._set_problem(exc, started)
                 self._stop.wait(retry_s)
                 retry_s = min(retry_s * 2, _RETRY_MAX_S)
                 continue
             retry_s = _RETRY_MIN_S
             last_contact = time.monotonic()
-            self._set_problem(None)
+            self._set_problem(None, started)
             with self._lock:  # appenders only add on the right, so the chunk is still the buffer's head
                 for _ in chunk:
                     self._buffer.popleft()
@@ -442,6 +477,7 @@ class RedisStore:
         check_artifact(artifact)
         with self._lock:
             floor = self._highest_version
+        started = time.monotonic()
         try:
             version = int(
                 self._publish(
@@ -450,20 +486,21 @@ class RedisStore:
                 )
             )
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             raise StoreUnavailable(f"cannot publish the model: redis {_reason(exc)}") from None
-        self._set_problem(None)
+        self._set_problem(None, started)
         self._saw_version(version)
         return version
 
     def latest_model(self) -> tuple[int, bytes] | None:
         """The newest (version, artifact), or None if there is none or Redis cannot be reached."""
+        started = time.monotonic()
         try:
             answer = self._latest(keys=[self._version_key], args=[self._model_prefix])
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return None
-        self._set_problem(None)
+        self._set_problem(None, started)
         if not answer:
             return None
         version = int(answer[0])
@@ -472,6 +509,7 @@ class RedisStore:
 
     def model_versions(self) -> list[int]:
         """Versions still held in the registry, oldest first ([] if Redis cannot be reached)."""
+        started = time.monotonic()
         try:
             current = self._redis.get(self._version_key)
             if current is None:
@@ -483,16 +521,17 @@ class RedisStore:
                 pipe.exists(f"{self._model_prefix}{version}")
             present = pipe.execute()
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return []
         return [version for version, found in zip(candidates, present, strict=True) if found]
 
     def model(self, version: int) -> bytes | None:
         """The artifact of one published version; None if trimmed, never published or Redis is down."""
+        started = time.monotonic()
         try:
             data: Any = self._redis.get(f"{self._model_prefix}{version}")
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return None
         return None if data is None else bytes(data)
 
@@ -518,10 +557,11 @@ class RedisStore:
                     self._version_seen.wait(min(remaining, _POLL_EVERY_S))
 
     def _read_version_counter(self) -> int | None:
+        started = time.monotonic()
         try:
             value = self._redis.get(self._version_key)
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return None
         if value is None:
             return None
@@ -559,49 +599,55 @@ class RedisStore:
             raise ValueError("holder must be a non-empty string")
         if ttl_s <= 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        started = time.monotonic()
         try:
             granted = self._lease(keys=[self._lease_key], args=[holder, max(int(ttl_s * 1000), 1)])
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return False
-        self._set_problem(None)
+        self._set_problem(None, started)
         return bool(granted)
 
     def release_training_lease(self, holder: str) -> bool:
         """Give the lease up early (only its holder can); True if it was held by `holder`."""
+        started = time.monotonic()
         try:
             return bool(self._release(keys=[self._lease_key], args=[holder]))
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return False
 
     def lease_holder(self) -> str | None:
         """Who holds the training lease now (None if nobody or Redis is down)."""
+        started = time.monotonic()
         try:
             value: Any = self._redis.get(self._lease_key)
         except redis.RedisError as exc:
-            self._set_problem(exc)
+            self._set_problem(exc, started)
             return None
         return None if value is None else value.decode()
 
     # ---- state --------------------------------------------------------------------------------------------
 
-    def _set_problem(self, exc: BaseException | None) -> None:
+    def _set_problem(self, exc: BaseException | None, started: float) -> None:
+        """Record the outcome of a Redis call begun at `started` (time.monotonic()); log a change once."""
         problem = None if exc is None else _reason(exc)
         if problem is not None:
             self._check_run_id = True  # the server may come back as another one, empty
         with self._lock:
-            was, self._problem = self._problem, problem
+            change = self._health.record(problem, started)
             buffered = len(self._buffer)
-        if problem is not None and was is None:
+        if change is None:
+            return
+        if problem is not None:
             log.warning("redis at %s: %s; buffering observations in memory", self.address, problem)
-        elif problem is None and was is not None:
+        else:
             log.info("redis at %s answers again; %d buffered observations to send", self.address, buffered)
 
     def health(self) -> dict[str, str]:
         """{"redis": "ok"} or what is wrong, with how many observations wait in memory meanwhile."""
         with self._lock:
-            problem, buffered, dropped = self._problem, len(self._buffer), self._dropped
+            problem, buffered, dropped = self._health.problem, len(self._buffer), self._dropped
         if problem is None:
             return {"redis": "ok"}
         detail = f"{problem}; {buffered} observations buffered"
