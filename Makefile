@@ -26,8 +26,9 @@ system-deps:
 		fi; \
 	fi
 
+# Two workers, a file's tests on one of them (they share module fixtures: servers, trained models).
 test: $(STAMP) system-deps
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 demo: $(STAMP)
 	$(VENV)/bin/leadtime demo
