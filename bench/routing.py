@@ -11,7 +11,9 @@ requests that met both of their SLOs per second of the arrival window.
 
 `decision_ms` is the CPU time of each routing decision (the policy's own cost, whatever else shares the
 machine), `decision_wall_ms` its wall-clock time. Runs go to `workers` processes; with `seeds` > 1 every figure
-is the mean over seeds `seed`..`seed`+K−1, with its range beside it.
+is the mean over seeds `seed`..`seed`+K−1, with its range beside it. With `follow_llmd`, Leadtime's cells also
+report `llmd_mape_on_same_requests`: llm-d's predictor following Leadtime's picks (`shadow.FollowedByLlmd`), so
+that both predictors are measured on the same requests and load.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class RoutingOptions:
     fleets: tuple[str, ...] = FLEETS
     policies: tuple[str, ...] | None = None  # None: every policy that applies to the fleet
     workers: int = 2
+    follow_llmd: bool = False  # also measure llm-d's predictor on the requests Leadtime routed (`shadow`)
 
 
 def policies_for(fleet: str, only: Sequence[str] | None = None) -> list[str]:
@@ -190,20 +193,31 @@ class Cell:
     seed: int
     trace: str
     max_requests: int
+    follow_llmd: bool = False
 
 
 def run_cell(cell: Cell) -> tuple[Cell, dict[str, Any], Any]:
     """Simulate one (fleet, load, policy, seed); returns its metrics and what the plots need."""
+    from leadtime.bench.shadow import FollowedByLlmd
     from leadtime.simulator.engine import FleetSimulator
+    from leadtime.simulator.learning_policies import llmd_predicted_policy
     from leadtime.simulator.run import make_policy
 
     fleet = _fleet(cell.fleet)
     workload = _at_rate(_trace(cell.trace, cell.max_requests, cell.seed), cell.rate_rps)
     policy = make_policy(cell.policy, cell.seed, fleet)
+    followed = None
+    if cell.follow_llmd and cell.policy == LEADTIME:
+        policy = followed = FollowedByLlmd(policy, llmd_predicted_policy(fleet, cell.seed))
     result = FleetSimulator(
         fleet, workload, policy, seed=cell.seed, ttft_slo_ms=DEFAULT_SLO_MS[0], tpot_slo_ms=DEFAULT_SLO_MS[1]
     ).run()
     metrics = cell_metrics(result, cell.policy in LEARNING)
+    if followed is not None:
+        metrics["llmd_mape_on_same_requests"] = {
+            "ttft": _mape(followed.ttft_pairs),
+            "tpot": _mape(followed.tpot_pairs),
+        }
     curves: dict[str, Any] = {
         "ttft_ms": sorted(c.ttft_ms for c in result.completed),
         "itl_ms": sorted(c.itl_ms for c in result.completed if c.output_tokens > 1),
@@ -262,7 +276,14 @@ def run_routing(
                 for policy in policies_for(fleet, options.policies):
                     cells.append(
                         Cell(
-                            fleet, load, rates[fleet, seed] * factor, policy, seed, options.trace, options.max_requests
+                            fleet,
+                            load,
+                            rates[fleet, seed] * factor,
+                            policy,
+                            seed,
+                            options.trace,
+                            options.max_requests,
+                            options.follow_llmd,
                         )
                     )
     # The slowest first, so that the last minutes are not one worker finishing alone.

@@ -424,6 +424,13 @@ def bench_routing(
     fleet: Annotated[list[str] | None, typer.Option(help="Only these fleets (repeatable); default: all six.")] = None,
     policy: Annotated[list[str] | None, typer.Option(help="Only these policies (repeatable).")] = None,
     workers: Annotated[int, typer.Option(help="Simulations run in parallel processes.")] = 2,
+    follow_llmd: Annotated[
+        bool,
+        typer.Option(
+            "--follow-llmd",
+            help="Also measure llm-d's predictor on the requests Leadtime routed (its picks unchanged; slower).",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out: Annotated[Path | None, typer.Option(help="Directory for the plots and report.json.")] = None,
 ) -> None:
@@ -445,6 +452,7 @@ def bench_routing(
         fleets=tuple(fleet) if fleet else FLEETS,
         policies=tuple(policy) if policy else None,
         workers=workers,
+        follow_llmd=follow_llmd,
     )
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -39,7 +39,7 @@ def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
     return LeadtimePolicy(InProcessPredictor(learner, learner.config.quantile), config)
 
 
-def llmd_predicted_policy(fleet: Fleet, seed: int = 0) -> RoutingPolicy:
+def llmd_predicted_policy(fleet: Fleet, seed: int = 0) -> LlmdPredictedPolicy:
     """llm-d's predicted-latency router over llm-d's predictor as published, cold, retrained every 10 s."""
     return LlmdPredictedPolicy(LlmdReference(retrain_every=None, seed=seed), seed=seed)
 

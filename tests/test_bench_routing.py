@@ -5,12 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from leadtime.bench.routing import RoutingOptions, check_targets, policies_for, run_routing, write_plots
+from leadtime.bench.routing import (
+    Cell,
+    RoutingOptions,
+    check_targets,
+    policies_for,
+    run_cell,
+    run_routing,
+    write_plots,
+)
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +108,14 @@ def test_cli_refuses_an_unknown_fleet() -> None:
     )
     assert run.returncode == 2
     assert "nowhere" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_llm_ds_predictor_follows_leadtimes_picks_without_changing_one() -> None:
+    plain = Cell("pd", "base", 4.0, "leadtime", 0, "mooncake", 200)
+    _, alone, curves = run_cell(plain)
+    _, followed, followed_curves = run_cell(replace(plain, follow_llmd=True))
+    assert followed_curves["ttft_ms"] == curves["ttft_ms"] and followed_curves["itl_ms"] == curves["itl_ms"]
+    assert followed["prediction_mape"] == alone["prediction_mape"]
+    assert "llmd_mape_on_same_requests" not in alone
+    mape = followed["llmd_mape_on_same_requests"]
+    assert 0 < mape["ttft"] < 100 and 0 < mape["tpot"] < 100

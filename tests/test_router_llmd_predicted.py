@@ -10,7 +10,7 @@ import numpy as np
 
 from leadtime.features.rows import EndpointState
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
-from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.simulator.engine import FleetSimulator
 from leadtime.simulator.fleet import parse_fleet
 from leadtime.simulator.run import make_policy
@@ -127,3 +127,25 @@ def test_it_routes_a_tiny_fleet_with_llm_ds_real_predictor() -> None:
     ).run()
     assert result.policy == "llmd_predicted" and len(result.completed) == 80
     assert all(o.predicted_ttft_ms is not None for o in result.observations)
+
+
+def test_following_another_routers_picks_counts_and_learns_them_as_its_own() -> None:
+    model = Model()
+    policy = LlmdPredictedPolicy(model)
+    pool = [cand("p1", role="prefill"), cand("p2", role="prefill"), cand("d1", running=4, role="decode")]
+    # A pair it would not have chosen itself (p2 and p1 tie; it never picks the prefill endpoint for us).
+    ttft, tpot = policy.follow(req("r1", 3000), pool, Pick("p2", "d1"))
+    assert (ttft, tpot) == (100.0, 30.0)  # p2's TTFT row, d1's TPOT row
+    assert [r["pod_type"] for r in model.asked[-1]] == ["prefill", "decode"]
+    policy.follow(req("r2", 500), pool, Pick("p2", "d1"))
+    assert model.asked[-1][0]["prefill_tokens_in_flight"] == 3000  # r1 counted on p2
+    assert model.asked[-1][1]["decode_tokens_in_flight"] == 3000  # and on d1
+    # Prefilled on the decode endpoint itself: one row, as llm-d's own local path records it.
+    policy.follow(req("r3", 8), pool, Pick("d1"))
+    assert model.asked[-1][0]["pod_type"] == "decode"
+    policy.observe(Outcome("r1", "p2", "d1", 400.0, 25.0, 10, 900.0))
+    assert [(r["actual_ttft_ms"], r["actual_tpot_ms"]) for r in model.learned] == [(400.0, 0.0), (0.0, 25.0)]
+    assert model.learned[0]["pod_type"] == "prefill" and model.learned[1]["pod_type"] == "decode"
+    policy.follow(req("r4", 100), pool, Pick("p1", "d1"))
+    assert model.asked[-1][0]["prefill_tokens_in_flight"] == 0  # p1 never had anything
+    assert model.asked[-1][1]["decode_tokens_in_flight"] == 500 + 8  # r1 done; r2 and r3 still decode on d1

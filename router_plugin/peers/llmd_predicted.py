@@ -219,6 +219,35 @@ class LlmdPredictedPolicy:
             predicted_tpot_ms=float(d_tpot_mean[d]),
         )
 
+    def follow(self, request: RouteRequest, candidates: Sequence[Candidate], pick: Pick) -> tuple[float, float]:
+        """Predict and count another router's pick as if this router had made it; its (TTFT, TPOT) mean predictions.
+
+        For measuring llm-d's predictor on the very requests another policy routed: what this router would have
+        predicted for the endpoints that policy chose, with its own features and tokens-in-flight counters, and
+        learning from their outcomes through `observe` as it would from its own.
+        """
+        by_id = {c.endpoint_id: c for c in candidates}
+        first = by_id[pick.endpoint_id]
+        if first.state.role == "both":
+            row = self._row(request, first, "")
+            _, _, ttft, tpot = self._predict([row])
+            rows, prefill_id, decode_id = [row], first.endpoint_id, first.endpoint_id
+        elif pick.decode_endpoint_id is None or pick.decode_endpoint_id == pick.endpoint_id:
+            row = self._row(request, first, "decode")  # prefilled on the decode endpoint, as below the threshold
+            _, _, ttft, _ = self._predict([row])
+            _, _, _, tpot = self._predict([self._row(request, first, "decode", cached=False)])
+            rows, prefill_id, decode_id = [row], first.endpoint_id, first.endpoint_id
+        else:
+            decode = by_id[pick.decode_endpoint_id]
+            rows = [self._row(request, first, "prefill"), self._row(request, decode, "decode", cached=False)]
+            _, _, means_ttft, means_tpot = self._predict(rows)
+            ttft, tpot = means_ttft[:1], means_tpot[1:]
+            prefill_id, decode_id = first.endpoint_id, decode.endpoint_id
+        self._counters.add(request.request_id, "prefill", prefill_id, request.input_tokens)
+        self._counters.add(request.request_id, "decode", decode_id, request.input_tokens)
+        self._decisions[request.request_id] = _Decision(rows, float(ttft[0]), float(tpot[0]))
+        return float(ttft[0]), float(tpot[0])
+
     def observe(self, outcome: Outcome) -> None:
         self._counters.complete(outcome.request_id)
         decision = self._decisions.pop(outcome.request_id, None)
