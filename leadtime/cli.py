@@ -32,7 +32,7 @@ app.add_typer(dashboards_app, name="dashboards")
 DEFAULT_MEASURED = "sharegpt-h200"
 MEASURED_HELP = (
     f"JSONL of llm-d training rows, a shipped name ({', '.join(MEASURED)}), or a trace the simulator records "
-    "(sim:bimodal, sim:long-chat, sim:mixed, sim:pd; generated once, then cached)."
+    "(sim:bimodal, sim:long-chat, sim:long-chat-no-timeout, sim:mixed, sim:pd; generated once, then cached)."
 )
 REFERENCE_HELP = "Model of the llm-d reference: xgboost (llm-d's default; the default where installed) or lightgbm."
 

@@ -246,6 +246,9 @@ def record(spec: TraceSpec) -> list[dict[str, Any]]:
 TRACES: dict[str, TraceSpec] = {
     "bimodal": TraceSpec("h200-qwen3", "bimodal"),
     "long-chat": TraceSpec("h200-qwen3", "long-chat"),
+    # The same requests from a client that never gives up: the queue, and the TTFT, grow for as long as the load
+    # exceeds what the pair serves. What a model predicts when the growth is real rather than cut by a timeout.
+    "long-chat-no-timeout": TraceSpec("h200-qwen3", "long-chat", timeout_s=math.inf),
     "mixed": TraceSpec("mixed", "bimodal", stages_qps=(8, 16, 32, 64, 128), stage_s=15.0, extras=True),
     "pd": TraceSpec("pd", "bimodal", stages_qps=(8, 16, 32, 64, 128), stage_s=15.0, extras=True),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,13 @@ def test_fleet_traces_keep_the_class_and_role_of_each_row() -> None:
     assert {r["pod_type"] for r in rows if r["actual_ttft_ms"] > 0} == {"prefill"}
     assert {r["pod_type"] for r in rows if r["actual_tpot_ms"] > 0} == {"decode"}
     assert {r["accelerator"] for r in rows} == {"h100-sxm", "h200-sxm"}
+
+
+def test_a_client_that_never_gives_up_has_every_request_recorded_however_long_it_waited() -> None:
+    patient = TraceSpec("h200-qwen3", "long-chat", stages_qps=(1, 4), stage_s=20.0, timeout_s=math.inf)
+    rows = record(patient)
+    sent = len(staged_workload(patient))
+    assert sum(r["actual_ttft_ms"] > 0 for r in rows) == sent
+    # the same requests, once those queued past SMALL's 15 s timeout were given up on: they waited longer
+    assert max(r["actual_ttft_ms"] for r in rows) > max(r["actual_ttft_ms"] for r in record(SMALL))
+    assert "long-chat-no-timeout" in traces.TRACES and traces.TRACES["long-chat-no-timeout"].timeout_s == math.inf
