@@ -13,13 +13,17 @@ So the wall is detected in the outcomes and the predictions are capped at it. Tw
 - a pile: at least `share` of the outcomes lie within `band` of the level, the median of the upper half of
   the outcomes (an unbounded distribution has a few percent there: an exponential's ~4%);
 - evidence that the pile is a wall: of the rows whose prediction (uncapped) was above the pile, at least
-  `obeyed` had their outcome in it, over at least `min_evidence` rows. A steady load with prompts of one length
-  also piles up, but there a prediction above the pile comes true.
+  `obeyed` had their outcome in it, over at least `min_evidence` rows, and those predictions overshot their
+  outcomes by more than the pile's width (twice `band`, at the median). A steady load with prompts of one length
+  also piles up, but there a prediction above the pile comes true; a queue that keeps growing piles up too over
+  a window (its TTFT rises slowly against its level), but there the predictions follow it and only their noise
+  lands above the pile.
 
 While both hold, the mean prediction is at most the level and the upper quantile at most the pile's own
 upper quantile, widened by an adaptive-conformal term that answers for the coverage of the rows capped (the
-pile drifts, and labels may arrive late). Nothing else changes: the correction and the trees still learn from
-the uncapped model, so the cap goes as soon as the outcomes leave the wall.
+pile drifts, and labels may arrive late). The model underneath goes on predicting the uncapped time: the learner
+takes an outcome at the wall as a lower bound (one it already predicts at least is not learned), so the wall
+neither drags its correction down nor hides outcomes that leave it, and the cap goes as soon as they do.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class OutcomeCeiling:
         above = predicted > level * (1.0 + self.band)
         if above.sum() < self.min_evidence or (actual[above] <= level * (1.0 + self.band)).mean() < self.obeyed:
             return
+        if np.median(predicted[above] / actual[above]) < 1.0 + 2.0 * self.band:
+            return  # predictions that only graze the pile: a model following a slow climb, not a wall
         if not was:
             self.adaptive = 0.0
         self.active = True

@@ -8,8 +8,9 @@ and the served upper quantile replaces the tree residual by a calibrated quantil
 observation updates w (recursive least squares), the offsets and the calibration at once; LightGBM trees are
 retrained on a bounded window in the background and swapped in only when they beat the current model on recent
 held-out observations. Where the recent TTFTs show a wall that the predictions overshoot (clients giving up
-on a queue deeper than their timeout), TTFT is capped at it (`ceiling.OutcomeCeiling`). The predictor answers
-from the first row: with nothing learned it is the physics prior.
+on a queue deeper than their timeout), TTFT is capped at it (`ceiling.OutcomeCeiling`), and the outcomes at the
+wall are learned as the lower bounds they are. The predictor answers from the first row: with nothing learned it
+is the physics prior.
 """
 
 from __future__ import annotations
@@ -296,6 +297,8 @@ class _TargetModel:
         z_all = log_target(self.target, x, actual_ms, prior)
         phi_all = correction_features(self.target, x, prior)
         online_all = np.empty(len(x))
+        learned_all = z_all.copy()
+        at_wall = self._at_wall(actual_ms)
         drifted = False
         rls, classes, endpoint_table = self.rls, self.classes, self.endpoints
         for start in range(0, len(x), _BLOCK):
@@ -308,11 +311,17 @@ class _TargetModel:
             z = z_all[start:stop]
             online = phi @ rls.weights + offsets
             online_all[start:stop] = online
+            # An outcome at a wall is a lower bound (`_at_wall`): one the model already predicts at least is
+            # no evidence against it and is not learned; one predicted lower is, and pulls it up.
+            censored = at_wall[start:stop] & (z <= online)
+            learned_all[start:stop] = np.where(censored, online, z)  # what the window and calibration see
+            kept = ~censored
             # Backfitting: the global correction learns what the offsets do not explain, then each offset
             # learns what is left after the levels above it.
-            rls.learn_many(phi, z - offsets)
+            if kept.any():
+                rls.learn_many(phi[kept], (z - offsets)[kept])
             global_after = phi @ rls.weights
-            for i in range(stop - start):
+            for i in np.flatnonzero(kept).tolist():
                 key, endpoint, zi, gi = keys[i], eps[i], float(z[i]), float(global_after[i])
                 endpoint_offset = endpoint_table.get(endpoint) if endpoint else 0.0
                 classes.learn_one(key, zi - gi - endpoint_offset)
@@ -322,14 +331,25 @@ class _TargetModel:
                 if self.drift.drift_detected:
                     self.drifts += 1
                     drifted = True
-        self._pending.append((x, prior, z_all, online_all, actual_ms))
+        self._pending.append((x, prior, learned_all, online_all, actual_ms))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:
             self.settle()
-        self.window.extend(x, z_all, hw, endpoints)
+        self.window.extend(x, learned_all, hw, endpoints)
         self.observations += len(x)
         self.since_retrain += len(x)
         return drifted
+
+    def _at_wall(self, actual_ms: np.ndarray) -> np.ndarray:
+        """Outcomes at an active wall (`ceiling`). A request served at a client's timeout would have waited
+        longer had no client given up (the queue ahead held the requests that were given up on), so its outcome
+        is a lower bound on the uncapped time the model learns, not a measure of it. Learned as measures, the
+        wall's outcomes pulled the correction down on every row that shares their features, and the rows below
+        the wall were predicted short of it: a third of sim:bimodal's second half, whose outcomes were at it."""
+        wall = self.ceiling
+        if wall is None or not wall.active:
+            return np.zeros(len(actual_ms), dtype=bool)
+        return np.asarray(actual_ms) >= wall.level_ms * (1.0 - wall.band)
 
     def settle(self) -> None:
         """Update the calibration with every pending observation, in order, against what was served then."""

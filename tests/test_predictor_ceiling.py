@@ -41,6 +41,17 @@ def test_a_pile_whose_predictions_above_it_come_true_is_not_a_wall() -> None:
     assert ceiling.cap(mean, mean)[0] is mean
 
 
+def test_a_slow_climb_that_the_predictions_follow_is_not_a_wall() -> None:
+    """A queue that keeps growing, seen over a window in which its TTFT rises 2% (eight minutes in, at 16 QPS):
+    the outcomes pile up within the band, and the predictions that land above the pile by their noise come out
+    in it. A wall is a pile the predictions overshoot by more than its width."""
+    rng = np.random.default_rng(8)
+    actual = np.linspace(500_000, 510_000, 256)
+    ceiling = OutcomeCeiling()
+    ceiling.learn_many(actual, actual * np.exp(rng.normal(0, 0.04, 256)))
+    assert not ceiling.active
+
+
 def test_a_pile_without_any_prediction_above_it_is_not_taken_for_a_wall() -> None:
     actual, _ = _wall()
     ceiling = OutcomeCeiling()
@@ -130,3 +141,26 @@ def test_the_capped_quantile_keeps_its_coverage_while_the_wall_drifts() -> None:
 
     assert coverage(step=0.0) < 0.5
     assert 0.85 <= coverage(step=0.01) <= 0.95
+
+
+def test_outcomes_at_the_wall_are_lower_bounds_so_rows_below_it_are_not_pulled_down() -> None:
+    """Queues from shallow to deep, each request taking three times the prior's drain time unless a 60 s client
+    timeout cuts it. The outcomes at the wall say only that those requests would have waited at least that long:
+    learned as measures they dragged the correction down, and rows below the wall were predicted short of their
+    own outcomes (25% short at 50 s). Learned as the lower bounds they are, the rows below are predicted as they
+    come out and those above stop at the wall. Rows arrive a few at a time, as they complete."""
+    cold = OnlinePredictor(LearnerConfig(background=False))
+    depths = list(range(10, 700, 10))
+    drain = {w: 3 * cold.predict_one(_queued(w))["ttft_mean"] for w in depths}
+    rng = np.random.default_rng(7)
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    for _ in range(94):
+        batch = []
+        for w in rng.choice(depths, 16).tolist():
+            actual = min(drain[w], 60_000.0) * float(np.exp(rng.normal(0, 0.02)))
+            batch.append(Observation(_queued(w), actual_ttft_ms=actual, actual_tpot_ms=40.0))
+        p.learn_many(batch)
+    assert p._models["ttft"].ceiling is not None and p._models["ttft"].ceiling.active
+    for w in (60, 150, 200, 400):
+        truth = min(drain[w], 60_000.0)
+        assert abs(p.predict_one(_queued(w))["ttft_mean"] - truth) < 0.03 * truth, w
