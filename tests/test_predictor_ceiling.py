@@ -42,7 +42,7 @@ def test_a_pile_whose_predictions_above_it_come_true_is_not_a_wall() -> None:
 
 
 def test_a_slow_climb_that_the_predictions_follow_is_not_a_wall() -> None:
-    """A queue that keeps growing, seen over a window in which its TTFT rises 2% (eight minutes in, at 16 QPS):
+    """A queue that keeps growing, seen over a window in which its TTFT (over 8 minutes by now) rises 2%:
     the outcomes pile up within the band, and the predictions that land above the pile by their noise come out
     in it. A wall is a pile the predictions overshoot by more than its width."""
     rng = np.random.default_rng(8)

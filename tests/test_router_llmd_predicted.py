@@ -133,7 +133,7 @@ def test_following_another_routers_picks_counts_and_learns_them_as_its_own() -> 
     model = Model()
     policy = LlmdPredictedPolicy(model)
     pool = [cand("p1", role="prefill"), cand("p2", role="prefill"), cand("d1", running=4, role="decode")]
-    # A pair it would not have chosen itself (p2 and p1 tie; it never picks the prefill endpoint for us).
+    # A pair another router chose: predicted and counted as if llm-d's router had sent it there.
     ttft, tpot = policy.follow(req("r1", 3000), pool, Pick("p2", "d1"))
     assert (ttft, tpot) == (100.0, 30.0)  # p2's TTFT row, d1's TPOT row
     assert [r["pod_type"] for r in model.asked[-1]] == ["prefill", "decode"]
