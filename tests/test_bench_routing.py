@@ -7,8 +7,10 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from leadtime.bench.routing import (
@@ -20,6 +22,11 @@ from leadtime.bench.routing import (
     run_routing,
     write_plots,
 )
+from leadtime.bench.shadow import FollowedByLlmd
+from leadtime.features.rows import EndpointState
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
+from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +126,33 @@ def test_llm_ds_predictor_follows_leadtimes_picks_without_changing_one() -> None
     assert "llmd_mape_on_same_requests" not in alone
     mape = followed["llmd_mape_on_same_requests"]
     assert 0 < mape["ttft"] < 100 and 0 < mape["tpot"] < 100
+
+
+class _Model:
+    """llm-d's model protocol with fixed answers, counting the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict_many(self, rows: Any) -> Any:
+        self.calls += 1
+        n = len(rows)
+        return SimpleNamespace(ttft_mean=np.full(n, 500.0), ttft_quantile=np.full(n, 600.0), tpot_mean=np.full(n, 20.0))
+
+    def learn_many(self, rows: Any) -> None:
+        pass
+
+    def retrain(self) -> None:
+        pass
+
+
+def test_the_follower_predicts_after_the_pick_so_its_work_is_not_the_decisions() -> None:
+    model = _Model()
+    follower = LlmdPredictedPolicy(model)
+    followed = FollowedByLlmd(RoundRobinPolicy(), follower)
+    candidates = [Candidate(EndpointState(endpoint_id="a")), Candidate(EndpointState(endpoint_id="b"))]
+    pick = followed.pick(RouteRequest("r1", 1000, (), 2000.0, 100.0), candidates)
+    assert model.calls == 0  # nothing of the follower's inside the timed pick
+    followed.observe(Outcome("r1", pick.endpoint_id, None, 450.0, 25.0, 10, 900.0))
+    assert model.calls == 1
+    assert followed.ttft_pairs == [(450.0, 500.0)] and followed.tpot_pairs == [(25.0, 20.0)]
