@@ -18,11 +18,12 @@ that both predictors are measured on the same requests and load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -255,6 +256,16 @@ def _mean_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def _workers(count: int) -> Iterator[ProcessPoolExecutor | None]:
+    """A pool of `count` processes, or None to run everything here (one worker)."""
+    if count <= 1:
+        yield None
+        return
+    with ProcessPoolExecutor(count, mp_context=get_context("spawn")) as pool:
+        yield pool
+
+
 def run_routing(
     options: RoutingOptions = RoutingOptions(),
     progress: Callable[[int, int, str], None] | None = None,
@@ -266,9 +277,25 @@ def run_routing(
     rates: dict[tuple[str, int], float] = {}
     capacity: dict[str, list[float]] = {}
     cells: list[Cell] = []
-    for fleet in options.fleets:
-        for seed in seeds:
-            cap = capacity_rps(fleet, options.trace, options.max_requests, seed)
+    results: dict[Cell, dict[str, Any]] = {}
+    curves: dict[tuple[str, str, str], Any] = {}
+
+    def done(cell: Cell, metrics: dict[str, Any], curve: Any) -> None:
+        results[cell] = metrics
+        if cell.seed == options.seed:
+            curves[cell.fleet, cell.load, cell.policy] = curve
+        if progress is not None:
+            progress(len(results), len(cells), f"{cell.fleet} {cell.load} {cell.policy}")
+
+    with _workers(options.workers) as pool:
+        # The capacity searches (a dozen short simulations each) run on the workers too.
+        keys = [(fleet, seed) for fleet in options.fleets for seed in seeds]
+        searches = [(fleet, options.trace, options.max_requests, seed) for fleet, seed in keys]
+        if pool is None:
+            found = [capacity_rps(*search) for search in searches]
+        else:
+            found = [f.result() for f in [pool.submit(capacity_rps, *search) for search in searches]]
+        for (fleet, seed), cap in zip(keys, found, strict=True):
             capacity.setdefault(fleet, []).append(cap)
             rates[fleet, seed] = LOAD_TARGET * cap
             for load in loads:
@@ -286,24 +313,13 @@ def run_routing(
                             options.follow_llmd,
                         )
                     )
-    # The slowest first, so that the last minutes are not one worker finishing alone.
-    cost = {REFERENCE: 4.0, "llmd_predicted": 3.0, "large": 3.0, "pd_hetero": 1.5}
-    cells.sort(key=lambda c: -(cost.get(c.policy, 1.0) * cost.get(c.fleet, 1.0)))
-    results: dict[Cell, dict[str, Any]] = {}
-    curves: dict[tuple[str, str, str], Any] = {}
-
-    def done(cell: Cell, metrics: dict[str, Any], curve: Any) -> None:
-        results[cell] = metrics
-        if cell.seed == options.seed:
-            curves[cell.fleet, cell.load, cell.policy] = curve
-        if progress is not None:
-            progress(len(results), len(cells), f"{cell.fleet} {cell.load} {cell.policy}")
-
-    if options.workers <= 1:
-        for cell in cells:
-            done(*run_cell(cell))
-    else:
-        with ProcessPoolExecutor(options.workers, mp_context=get_context("spawn")) as pool:
+        # The slowest first, so that the last minutes are not one worker finishing alone.
+        cost = {REFERENCE: 4.0, "llmd_predicted": 3.0, "large": 3.0, "pd_hetero": 1.5}
+        cells.sort(key=lambda c: -(cost.get(c.policy, 1.0) * cost.get(c.fleet, 1.0)))
+        if pool is None:
+            for cell in cells:
+                done(*run_cell(cell))
+        else:
             for future in as_completed([pool.submit(run_cell, c) for c in cells]):
                 done(*future.result())
     report: dict[str, Any] = {"fleets": {}}

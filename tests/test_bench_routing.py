@@ -156,3 +156,23 @@ def test_the_follower_predicts_after_the_pick_so_its_work_is_not_the_decisions()
     followed.observe(Outcome("r1", pick.endpoint_id, None, 450.0, 25.0, 10, 900.0))
     assert model.calls == 1
     assert followed.ttft_pairs == [(450.0, 500.0)] and followed.tpot_pairs == [(25.0, 20.0)]
+
+
+def test_two_workers_report_what_one_does() -> None:
+    """Capacity searches and cells both go to the workers; the figures cannot depend on where they ran."""
+    options = RoutingOptions(max_requests=120, fleets=("homogeneous",), policies=("round_robin", "least_queue"))
+    alone, _ = run_routing(replace(options, workers=1))
+    pooled, _ = run_routing(replace(options, workers=2))
+
+    def outcomes(report: dict[str, Any]) -> dict[str, Any]:  # all but the decision times, which are measured
+        fleet = report["fleets"]["homogeneous"]
+        return {
+            "capacity": fleet["capacity_rps"],
+            **{
+                f"{load}/{name}": {k: v for k, v in m.items() if not k.startswith("decision")}
+                for load in ("base", "high")
+                for name, m in fleet[load]["policies"].items()
+            },
+        }
+
+    assert outcomes(pooled) == outcomes(alone)
