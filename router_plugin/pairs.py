@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from leadtime.router_plugin.scorers.latency import (
-    FEASIBLE,
     latency_scores,
+    may_sink,
     overflow_choice,
     preference,
     slo_scores,
@@ -78,11 +78,6 @@ def _scores(
     return slo_scores(ttft, itl, ttft_slo_ms, itl_slo_ms)
 
 
-def _may_sink(scores: np.ndarray, fit: tuple[str, float, str]) -> bool:
-    """Whether `preference` may send the request to an overflow endpoint, and so needs the mean scores."""
-    return fit[2] == "sink" and float(scores.max()) < FEASIBLE
-
-
 def _best(values: np.ndarray, tiebreak: np.ndarray) -> int:
     """The index of the highest value; among equal ones, the lowest `tiebreak` (the predicted TTFT), as a
     deterministic stand-in for llm-d's picker, which breaks ties at random. (Scores clip at 0 for every candidate
@@ -129,7 +124,7 @@ def choose_pair(
             link, p.decode_itl, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
         )
         decode_mean = None
-        if _may_sink(decode_scores, fit):
+        if may_sink(decode_scores, fit[2]):
             decode_mean = _scores(
                 link, p.decode_itl_mean, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
             )
@@ -164,7 +159,7 @@ def choose_pair(
     # Spreading them all by predicted TTFT measured worse on the P/D fleet (goodput 5.72 against 5.98
     # requests/s at the base load, 6.18 against 7.03 at 1.5x).
     mean_scores = None
-    if _may_sink(scores, fit):
+    if may_sink(scores, fit[2]):
         mean_scores = _scores(
             flat_ttft_mean,
             flat_itl_mean,

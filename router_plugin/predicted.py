@@ -56,6 +56,7 @@ from leadtime.router_plugin.policy import (
 from leadtime.router_plugin.scorers.latency import (
     FEASIBLE,
     latency_scores,
+    may_sink,
     overflow_choice,
     preference,
     slo_scores,
@@ -348,7 +349,7 @@ class LeadtimePolicy:
         c, candidates, ttft = self.config, s.candidates, s.ttft
         overflow = self._overflow()
         in_time = float(latency.max()) >= FEASIBLE
-        mean = None if in_time or overflow != "sink" else self._mean_scores(request, s)  # only a sink needs them
+        mean = self._mean_scores(request, s) if may_sink(latency, overflow) else None
         scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, overflow, mean)
         self._note_feasible(in_time)
         for extra in self.extra_scorers:

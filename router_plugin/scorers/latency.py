@@ -75,6 +75,16 @@ def latency_scores(ttft_ms: np.ndarray, itl_ms: np.ndarray, expected_output_toke
     return latency.min() / latency
 
 
+def may_sink(scores: np.ndarray, overflow: str) -> bool:
+    """Whether `preference` may give the request up to an overflow endpoint: only then are its `mean_scores`
+    needed, so callers compute them only then.
+
+    >>> may_sink(np.array([0.3, 0.45]), "sink"), may_sink(np.array([0.3, 0.6]), "sink")
+    (True, False)
+    """
+    return overflow == "sink" and float(np.max(scores)) < FEASIBLE
+
+
 def preference(
     scores: np.ndarray,
     fit: str = "most_slack",
