@@ -234,8 +234,8 @@ class LlmdPredictedPolicy:
             rows, prefill_id, decode_id = [row], first.endpoint_id, first.endpoint_id
         elif pick.decode_endpoint_id is None or pick.decode_endpoint_id == pick.endpoint_id:
             row = self._row(request, first, "decode")  # prefilled on the decode endpoint, as below the threshold
-            _, _, ttft, _ = self._predict([row])
-            _, _, _, tpot = self._predict([self._row(request, first, "decode", cached=False)])
+            _, _, means_ttft, means_tpot = self._predict([row, self._row(request, first, "decode", cached=False)])
+            ttft, tpot = means_ttft[:1], means_tpot[1:]
             rows, prefill_id, decode_id = [row], first.endpoint_id, first.endpoint_id
         else:
             decode = by_id[pick.decode_endpoint_id]
