@@ -15,16 +15,20 @@ def _wall(n: int = 300, level: float = 60_000.0, seed: int = 0) -> tuple[np.ndar
     return level + rng.normal(0, 0.005 * level, n), np.linspace(0.7 * level, 2.0 * level, n)
 
 
-def test_a_wall_caps_the_mean_at_its_level_and_the_quantile_at_its_spread() -> None:
+def test_a_wall_caps_the_mean_at_its_median_and_the_quantile_at_its_spread() -> None:
     ceiling = OutcomeCeiling()
     actual, predicted = _wall()
     ceiling.learn_many(actual, predicted)
     assert ceiling.active
     assert abs(ceiling.level_ms - 60_000) < 300
-    assert ceiling.level_ms <= ceiling.upper_ms < 61_000
+    # The mean is capped at the median of the outcomes at the wall, not at the level that found it (the median
+    # of the window's upper half: the pile's 75th percentile once every outcome is at the wall).
+    assert ceiling.pile_median_ms == np.median(actual[-ceiling.window :])
+    assert ceiling.pile_median_ms < ceiling.level_ms
+    assert ceiling.pile_median_ms <= ceiling.upper_ms < 61_000
     mean, upper = ceiling.cap(np.array([10_000.0, 59_000.0, 200_000.0]), np.array([15_000.0, 58_000.0, 300_000.0]))
     assert mean[0] == 10_000 and mean[1] == 59_000  # below the wall: untouched
-    assert mean[2] == ceiling.level_ms
+    assert mean[2] == ceiling.pile_median_ms
     assert upper[0] == 15_000
     assert upper[1] == 59_000  # never below the mean
     assert upper[2] == ceiling.upper_ms
@@ -125,7 +129,7 @@ def test_an_artifact_from_before_the_ceiling_still_loads() -> None:
 
 
 def test_the_capped_quantile_keeps_its_coverage_while_the_wall_drifts() -> None:
-    """A wall rising by 10% over 800 rows (prompts getting longer): the window's p90 lags it; the adaptive term
+    """A wall rising by 20% over 800 rows (prompts getting longer): the window's p90 lags it; the adaptive term
     answers for the rows capped."""
 
     def coverage(step: float) -> float:
@@ -133,7 +137,7 @@ def test_the_capped_quantile_keeps_its_coverage_while_the_wall_drifts() -> None:
         ceiling.learn_many(*_wall())
         covered = []
         for k in range(100):
-            actual = 60_000 * (1 + 0.1 * k / 100) + rng.normal(0, 300, 8)
+            actual = 60_000 * (1 + 0.2 * k / 100) + rng.normal(0, 300, 8)
             covered += list(actual <= ceiling.upper_ms)  # what was served before these outcomes were learned
             ceiling.learn_many(actual, np.full(8, 150_000.0))
         assert ceiling.active
@@ -164,3 +168,17 @@ def test_outcomes_at_the_wall_are_lower_bounds_so_rows_below_it_are_not_pulled_d
     for w in (60, 150, 200, 400):
         truth = min(drain[w], 60_000.0)
         assert abs(p.predict_one(_queued(w))["ttft_mean"] - truth) < 0.03 * truth, w
+
+
+def test_a_queue_the_model_overshoots_is_not_a_wall_while_its_outcomes_follow_the_predictions() -> None:
+    """The end of a queue that keeps growing: outcomes within a few percent of each other (a pile), every
+    prediction above it by a third (overshoot), but each outcome still rises with its prediction. A wall's
+    outcomes do not: they are the timeout whatever was predicted."""
+    rng = np.random.default_rng(3)
+    actual = np.linspace(2_400_000, 2_600_000, 128) * np.exp(rng.normal(0, 0.01, 128))
+    overshooting = OutcomeCeiling()
+    overshooting.learn_many(actual, 1.35 * actual * np.exp(rng.normal(0, 0.02, 128)))
+    assert not overshooting.active
+    wall = OutcomeCeiling()
+    wall.learn_many(actual, 1.35 * rng.permutation(actual) * np.exp(rng.normal(0, 0.02, 128)))
+    assert wall.active
