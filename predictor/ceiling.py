@@ -21,12 +21,17 @@ So the wall is detected in the outcomes and the predictions are capped at it. Tw
   pile, or, where the model overshoots the queue for a while, the outcomes still rise with the predictions
   (slope 0.7–0.85 at the end of sim:long-chat-no-timeout, against −0.07 to 0.04 at a 60 s timeout).
 
-While both hold, the mean prediction is at most the pile's median (the level, the upper half's median, is the
-pile's 75th percentile once the whole window is at the wall: about 1% high) and the upper quantile at most the pile's own
-upper quantile, widened by an adaptive-conformal term that answers for the coverage of the rows capped (the
-pile drifts, and labels may arrive late). The model underneath goes on predicting the uncapped time: the learner
-takes an outcome at the wall as a lower bound (one it already predicts at least is not learned), so the wall
-neither drags its correction down nor hides outcomes that leave it, and the cap goes as soon as they do.
+While both hold, each row's mean prediction is at most the wall as it stands for that row and its upper quantile at
+most the pile's own upper quantile there, widened by an adaptive-conformal term that answers for the coverage of the
+rows capped (the pile drifts, and labels may arrive late). A request served at the wall waited about the timeout and
+then had its own prompt prefilled, so the wall is not one level: it is fitted over the pile as `base + slope × own`,
+where `own` is the row's own prefill time at the roofline (the caller's; slope ≥ 0, about 2.2 on the simulated
+traces, where a long document adds two seconds to a 60 s timeout), and `base` is the median of what is left: the
+median, not the level that found the pile, which is the pile's 75th percentile once the whole window is at the wall.
+(A client whose timeout also bounds the prefill gives a slope near 0.) The model underneath goes on predicting the
+uncapped time: the learner takes an outcome at the wall as a lower bound (one it already predicts at least is not
+learned), so the wall neither drags its correction down nor hides outcomes that leave it, and the cap goes as soon
+as they do.
 """
 
 from __future__ import annotations
@@ -45,19 +50,24 @@ class OutcomeCeiling:
 
     >>> ceiling = OutcomeCeiling()
     >>> rng = np.random.default_rng(0)
-    >>> actual = 60_000 + rng.normal(0, 500, 300)  # every outcome at a 60 s timeout
+    >>> own = rng.uniform(0, 1_000, 300)  # each request's own prefill time at the roofline
+    >>> actual = 60_000 + 2 * own + rng.normal(0, 300, 300)  # queued up to a 60 s timeout, then prefilled
     >>> predicted = np.linspace(40_000, 120_000, 300)  # a prior that expects the queue to drain
-    >>> ceiling.learn_many(actual, predicted)
-    >>> ceiling.active
-    True
-    >>> mean, upper = ceiling.cap(np.array([30_000.0, 90_000.0]), np.array([45_000.0, 130_000.0]))
-    >>> [round(v / 1000) for v in mean], [round(v / 1000) for v in upper]
-    ([30, 60], [45, 61])
+    >>> ceiling.learn_many(actual, predicted, own)
+    >>> ceiling.active, round(ceiling.slope, 1)
+    (True, 2.0)
+    >>> mean, upper = ceiling.cap(
+    ...     np.array([30_000.0, 90_000.0, 90_000.0]),
+    ...     np.array([45_000.0, 130_000.0, 130_000.0]),
+    ...     np.array([0.0, 0.0, 1_000.0]),
+    ... )
+    >>> [float(round(v / 1000, 1)) for v in mean], [float(round(v / 1000, 1)) for v in upper]
+    ([30.0, 60.0, 62.0], [45.0, 60.4, 62.4])
 
     Outcomes that follow the predictions are not a wall:
 
     >>> follows = OutcomeCeiling()
-    >>> follows.learn_many(predicted * 1.02, predicted)
+    >>> follows.learn_many(predicted * 1.02, predicted, own)
     >>> follows.active
     False
     """
@@ -83,35 +93,43 @@ class OutcomeCeiling:
         self.max_slope = max_slope
         self.quantile = quantile
         self.step = step
-        self._recent: deque[tuple[float, float]] = deque(maxlen=window)
+        # (actual, predicted, own) of the last `window` outcomes.
+        self._recent: deque[tuple[float, float, float]] = deque(maxlen=window)
         self.active = False
-        self.level_ms = 0.0
-        self.pile_median_ms = 0.0
-        self.pile_upper_ms = 0.0
+        self.level_ms = 0.0  # where the pile was found
+        self.base_ms = 0.0  # the wall for a row with no prefill of its own
+        self.slope = 0.0  # the wall's rise per ms of the row's own prefill
+        self.base_upper_ms = 0.0  # the pile's upper quantile, likewise
         self.adaptive = 0.0  # log units added to the pile's quantile
 
-    @property
-    def upper_ms(self) -> float:
-        """The cap on the upper quantile."""
-        return max(self.pile_median_ms, self.pile_upper_ms * math.exp(self.adaptive))
+    def mean_cap_ms(self, own_ms: np.ndarray | float) -> np.ndarray | float:
+        """The cap on the mean of rows with this own prefill time."""
+        return self.base_ms + self.slope * own_ms
 
-    def learn_many(self, actual_ms: np.ndarray, predicted_ms: np.ndarray) -> None:
-        """Outcomes with what the model (uncapped) predicted for them, in order; re-tests the wall."""
+    def upper_cap_ms(self, own_ms: np.ndarray | float) -> np.ndarray | float:
+        """The cap on the upper quantile of rows with this own prefill time."""
+        upper = (self.base_upper_ms + self.slope * own_ms) * math.exp(self.adaptive)
+        return np.maximum(upper, self.mean_cap_ms(own_ms))
+
+    def learn_many(self, actual_ms: np.ndarray, predicted_ms: np.ndarray, own_ms: np.ndarray | float = 0.0) -> None:
+        """Outcomes with what the model (uncapped) predicted for them and each row's own prefill time, in order;
+        re-tests the wall."""
         actual, predicted = np.asarray(actual_ms, float).tolist(), np.asarray(predicted_ms, float).tolist()
+        own = np.broadcast_to(np.asarray(own_ms, float), (len(actual),)).tolist()
         if self.active:
             miss = 1.0 - self.quantile
-            for a, p in zip(actual, predicted, strict=True):
-                if p > self.pile_median_ms:  # a row the wall capped: was its capped quantile above the outcome?
-                    self.adaptive += self.step * (float(a > self.upper_ms) - miss)
-        self._recent.extend(zip(actual, predicted, strict=True))
+            for a, p, o in zip(actual, predicted, own, strict=True):
+                if p > self.mean_cap_ms(o):  # a row the wall capped: was its capped quantile above the outcome?
+                    self.adaptive += self.step * (float(a > self.upper_cap_ms(o)) - miss)
+        self._recent.extend(zip(actual, predicted, own, strict=True))
         self._update()
 
     def _update(self) -> None:
         was, self.active = self.active, False
         if len(self._recent) < 2 * self.min_evidence:
             return
-        pairs = np.array(self._recent)
-        actual, predicted = pairs[:, 0], pairs[:, 1]
+        recent = np.array(self._recent)
+        actual, predicted, own = recent[:, 0], recent[:, 1], recent[:, 2]
         level = float(np.median(actual[actual >= np.median(actual)]))
         if level < self.min_level_ms:
             return
@@ -131,16 +149,22 @@ class OutcomeCeiling:
             self.adaptive = 0.0
         self.active = True
         self.level_ms = level
-        self.pile_median_ms = float(np.median(actual[pile]))
-        self.pile_upper_ms = float(np.quantile(actual[pile], self.quantile))
+        at_wall, own_at_wall = actual[pile], own[pile]
+        own_spread = float(np.var(own_at_wall))
+        rise = float(np.cov(own_at_wall, at_wall, bias=True)[0, 1]) / own_spread if own_spread > 0.0 else 0.0
+        self.slope = max(rise, 0.0)
+        left = at_wall - self.slope * own_at_wall
+        self.base_ms = float(np.median(left))
+        self.base_upper_ms = float(np.quantile(left, self.quantile))
 
-    def cap(self, mean_ms: Values, upper_ms: Values) -> tuple[Values, Values]:
-        """(mean, upper) with the wall applied, for arrays or single values; the same objects when there is
-        none."""
+    def cap(self, mean_ms: Values, upper_ms: Values, own_ms: Values | float = 0.0) -> tuple[Values, Values]:
+        """(mean, upper) with the wall applied, for arrays or single values (`own_ms`: each row's own prefill
+        time); the same objects when there is none."""
         if not self.active:
             return mean_ms, upper_ms
-        mean = np.minimum(mean_ms, self.pile_median_ms)
-        return mean, np.maximum(np.minimum(upper_ms, self.upper_ms), mean)
+        mean: Any = np.minimum(mean_ms, self.mean_cap_ms(own_ms))  # of the caller's shape: Values
+        upper: Any = np.maximum(np.minimum(upper_ms, self.upper_cap_ms(own_ms)), mean)
+        return mean, upper
 
     def to_dict(self) -> dict[str, Any]:
         """The recent outcomes as JSON-ready values (the wall is found again from them on load)."""
@@ -149,6 +173,7 @@ class OutcomeCeiling:
     def load_dict(self, d: dict[str, Any]) -> None:
         """Take the state `to_dict` wrote."""
         self._recent.clear()
-        self._recent.extend((float(a), float(p)) for a, p in d["recent"])
+        # Written before the wall depended on the row's own prefill: (actual, predicted) pairs, own 0.
+        self._recent.extend((float(r[0]), float(r[1]), float(r[2]) if len(r) > 2 else 0.0) for r in d["recent"])
         self._update()
         self.adaptive = float(d.get("adaptive", 0.0))

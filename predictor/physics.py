@@ -18,9 +18,14 @@ TARGETS = ("ttft", "tpot")
 _C = COLUMN_INDEX
 
 
+def own_prefill_ms(x: np.ndarray) -> np.ndarray:
+    """The request's own uncached prefill at the roofline, with nothing queued ahead of it."""
+    return x[:, _C["roofline_own_prefill_ms"]]
+
+
 def ttft_prior_ms(x: np.ndarray) -> np.ndarray:
     """Physics TTFT without the time-slice wait (added outside the multiplicative correction)."""
-    own = x[:, _C["roofline_own_prefill_ms"]]
+    own = own_prefill_ms(x)
     queued = x[:, _C["roofline_queue_prefill_ms"]]
     # Each waiting request is at least one weight pass of prefill ahead of us; one decode step emits the token.
     waiting = x[:, _C["num_request_waiting"]] * x[:, _C["roofline_weights_ms"]]

@@ -23,15 +23,16 @@ def test_a_wall_caps_the_mean_at_its_median_and_the_quantile_at_its_spread() -> 
     assert abs(ceiling.level_ms - 60_000) < 300
     # The mean is capped at the median of the outcomes at the wall, not at the level that found it (the median
     # of the window's upper half: the pile's 75th percentile once every outcome is at the wall).
-    assert ceiling.pile_median_ms == np.median(actual[-ceiling.window :])
-    assert ceiling.pile_median_ms < ceiling.level_ms
-    assert ceiling.pile_median_ms <= ceiling.upper_ms < 61_000
+    assert ceiling.slope == 0.0  # no row had a prefill of its own
+    assert ceiling.base_ms == np.median(actual[-ceiling.window :])
+    assert ceiling.base_ms < ceiling.level_ms
+    assert ceiling.base_ms <= ceiling.upper_cap_ms(0.0) < 61_000
     mean, upper = ceiling.cap(np.array([10_000.0, 59_000.0, 200_000.0]), np.array([15_000.0, 58_000.0, 300_000.0]))
     assert mean[0] == 10_000 and mean[1] == 59_000  # below the wall: untouched
-    assert mean[2] == ceiling.pile_median_ms
+    assert mean[2] == ceiling.base_ms
     assert upper[0] == 15_000
     assert upper[1] == 59_000  # never below the mean
-    assert upper[2] == ceiling.upper_ms
+    assert upper[2] == ceiling.upper_cap_ms(0.0)
 
 
 def test_a_pile_whose_predictions_above_it_come_true_is_not_a_wall() -> None:
@@ -91,7 +92,7 @@ def test_the_state_round_trips() -> None:
     ceiling.learn_many(*_wall())
     again = OutcomeCeiling()
     again.load_dict(ceiling.to_dict())
-    assert again.active and again.level_ms == ceiling.level_ms and again.upper_ms == ceiling.upper_ms
+    assert again.active and again.level_ms == ceiling.level_ms and again.upper_cap_ms(0.0) == ceiling.upper_cap_ms(0.0)
 
 
 def _queued(waiting: int) -> FeatureRow:
@@ -138,7 +139,7 @@ def test_the_capped_quantile_keeps_its_coverage_while_the_wall_drifts() -> None:
         covered = []
         for k in range(100):
             actual = 60_000 * (1 + 0.2 * k / 100) + rng.normal(0, 300, 8)
-            covered += list(actual <= ceiling.upper_ms)  # what was served before these outcomes were learned
+            covered += list(actual <= ceiling.upper_cap_ms(0.0))  # what was served before these outcomes were learned
             ceiling.learn_many(actual, np.full(8, 150_000.0))
         assert ceiling.active
         return float(np.mean(covered))
@@ -182,3 +183,33 @@ def test_a_queue_the_model_overshoots_is_not_a_wall_while_its_outcomes_follow_th
     wall = OutcomeCeiling()
     wall.learn_many(actual, 1.35 * rng.permutation(actual) * np.exp(rng.normal(0, 0.02, 128)))
     assert wall.active
+
+
+def test_each_row_is_capped_at_the_timeout_plus_its_own_prefill() -> None:
+    """A request served at a client's timeout waited about the timeout and then had its own prompt prefilled: a
+    long document comes out seconds above a short chat. One level for all of them over-predicts the chats and
+    under-predicts the documents; the wall is fitted as base + slope × own prefill."""
+    rng = np.random.default_rng(7)
+    own = np.where(rng.random(300) < 0.5, rng.uniform(10, 50, 300), rng.uniform(500, 1_000, 300))
+    actual = 60_000 + 2.2 * own + rng.normal(0, 100, 300)
+    ceiling = OutcomeCeiling()
+    ceiling.learn_many(actual, np.linspace(50_000, 150_000, 300), own)
+    assert ceiling.active
+    assert abs(ceiling.slope - 2.2) < 0.1
+    chat, document = np.array([30.0]), np.array([900.0])
+    far_above = np.array([500_000.0])
+    assert abs(ceiling.cap(far_above, far_above, chat)[0][0] - (60_000 + 2.2 * 30)) < 100
+    assert abs(ceiling.cap(far_above, far_above, document)[0][0] - (60_000 + 2.2 * 900)) < 100
+    recent = actual[-ceiling.window :]
+    one_level = np.median(recent)
+    per_row = ceiling.cap(np.full(300, 500_000.0), np.full(300, 500_000.0), own)[0][-ceiling.window :]
+    assert np.mean(np.abs(per_row / recent - 1)) < 0.5 * np.mean(np.abs(one_level / recent - 1))
+
+
+def test_a_wall_saved_before_it_knew_each_rows_prefill_still_loads() -> None:
+    ceiling = OutcomeCeiling()
+    ceiling.learn_many(*_wall())
+    old = {"recent": [[a, p] for a, p, _ in ceiling.to_dict()["recent"]], "adaptive": 0.0}
+    again = OutcomeCeiling()
+    again.load_dict(old)
+    assert again.active and again.base_ms == ceiling.base_ms
