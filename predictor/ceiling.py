@@ -83,6 +83,7 @@ class OutcomeCeiling:
         max_slope: float = 0.5,
         quantile: float = 0.9,
         step: float = 0.01,
+        every: int = 16,
     ) -> None:
         self.window = window
         self.band = band
@@ -93,6 +94,8 @@ class OutcomeCeiling:
         self.max_slope = max_slope
         self.quantile = quantile
         self.step = step
+        self.every = every
+        self._unseen = 0  # outcomes since the wall was last tested
         # (actual, predicted, own) of the last `window` outcomes.
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=window)
         self.active = False
@@ -113,7 +116,7 @@ class OutcomeCeiling:
 
     def learn_many(self, actual_ms: np.ndarray, predicted_ms: np.ndarray, own_ms: np.ndarray | float = 0.0) -> None:
         """Outcomes with what the model (uncapped) predicted for them and each row's own prefill time, in order;
-        re-tests the wall."""
+        re-tests the wall every `every` outcomes."""
         actual, predicted = np.asarray(actual_ms, float).tolist(), np.asarray(predicted_ms, float).tolist()
         own = np.broadcast_to(np.asarray(own_ms, float), (len(actual),)).tolist()
         if self.active:
@@ -122,7 +125,10 @@ class OutcomeCeiling:
                 if p > self.mean_cap_ms(o):  # a row the wall capped: was its capped quantile above the outcome?
                     self.adaptive += self.step * (float(a > self.upper_cap_ms(o)) - miss)
         self._recent.extend(zip(actual, predicted, own, strict=True))
-        self._update()
+        self._unseen += len(actual)
+        if self._unseen >= self.every:  # the test costs a few medians over the window: not on every outcome
+            self._update()
+            self._unseen = 0
 
     def _update(self) -> None:
         was, self.active = self.active, False

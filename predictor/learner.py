@@ -332,6 +332,12 @@ class _TargetModel:
                 if self.drift.drift_detected:
                     self.drifts += 1
                     drifted = True
+        if self.ceiling is not None:
+            # Tested against the online parts' prediction (uncapped, so that the cap goes when the wall does) as
+            # the outcomes arrive, not at the calibration's settle (every 64 outcomes, for its tree call): there
+            # the wall took hold up to 64 outcomes late.
+            online_ms = additive_ms(self.target, x) + prior * np.exp(online_all + self.conformal.center)
+            self.ceiling.learn_many(actual_ms, online_ms, own_prefill_ms(x))
         self._pending.append((x, prior, learned_all, online_all, actual_ms))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:
@@ -394,8 +400,6 @@ class _TargetModel:
                 served = wall.cap(float(uncapped_ms[i]), float(extra[i] + prior[i] * math.exp(top)), float(own[i]))[1]
                 covered = actual_ms[i] <= served * (1.0 + 1e-12)
             conformal.observe(float(z[i] - online[i]), covered)
-        if self.ceiling is not None:  # against the uncapped model, so that the cap goes when the wall does
-            self.ceiling.learn_many(actual_ms, uncapped_ms, own)
         if self.trees.mean is not None and self.forward.retire():
             self._retire_mean_tree()
 

@@ -120,6 +120,25 @@ def test_a_learner_whose_clients_give_up_predicts_the_timeout_not_the_drain_time
     assert loaded.predict_one(_queued(2000))["ttft_mean"] == deep["ttft_mean"]
 
 
+def test_the_wall_is_tested_as_outcomes_arrive_not_at_the_calibrations_settle() -> None:
+    """Requests learned one at a time: the wall holds within 16 outcomes of the evidence, not at the next settle
+    of the calibration (every 64 outcomes), which under delayed labels cost up to 64 more rows predicted at the
+    drain time."""
+    rng = np.random.default_rng(6)
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    ceiling = p._models["ttft"].ceiling
+    assert ceiling is not None
+    learned = 0
+    while not ceiling.active:
+        row = _queued(int(rng.integers(100, 500)))
+        p.learn_one(Observation(row, actual_ttft_ms=60_000 + rng.normal(0, 300), actual_tpot_ms=40.0))
+        learned += 1
+        assert learned < 200
+    assert learned % ceiling.every == 0
+    assert learned % 64 != 0
+    assert abs(p.predict_one(_queued(2000))["ttft_mean"] - 60_000) < 0.02 * 60_000
+
+
 def test_an_artifact_from_before_the_ceiling_still_loads() -> None:
     p = OnlinePredictor(LearnerConfig(background=False))
     p.learn_one(Observation(_queued(3), actual_ttft_ms=900.0, actual_tpot_ms=30.0))
