@@ -147,18 +147,14 @@ class OutcomeCeiling:
             return
         if np.median(predicted[above] / actual[above]) < 1.0 + 2.0 * self.band:
             return  # predictions that only graze the pile: a model following a slow climb, not a wall
-        log_predicted, log_actual = np.log(predicted[above]), np.log(actual[above])
-        spread = float(np.var(log_predicted))
-        if spread > 0.0 and float(np.cov(log_predicted, log_actual, bias=True)[0, 1]) / spread >= self.max_slope:
+        if _slope(np.log(predicted[above]), np.log(actual[above])) >= self.max_slope:
             return  # outcomes that rise with the predictions: a queue the model overshoots, not a wall
         if not was:
             self.adaptive = 0.0
         self.active = True
         self.level_ms = level
         at_wall, own_at_wall = actual[pile], own[pile]
-        own_spread = float(np.var(own_at_wall))
-        rise = float(np.cov(own_at_wall, at_wall, bias=True)[0, 1]) / own_spread if own_spread > 0.0 else 0.0
-        self.slope = max(rise, 0.0)
+        self.slope = max(_slope(own_at_wall, at_wall), 0.0)
         left = at_wall - self.slope * own_at_wall
         self.base_ms = float(np.median(left))
         self.base_upper_ms = float(np.quantile(left, self.quantile))
@@ -183,3 +179,9 @@ class OutcomeCeiling:
         self._recent.extend((float(r[0]), float(r[1]), float(r[2]) if len(r) > 2 else 0.0) for r in d["recent"])
         self._update()
         self.adaptive = float(d.get("adaptive", 0.0))
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    """Least-squares slope of `y` on `x`; 0 where `x` does not vary."""
+    spread = float(np.var(x))
+    return float(np.cov(x, y, bias=True)[0, 1]) / spread if spread > 0.0 else 0.0
