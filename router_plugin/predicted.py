@@ -24,7 +24,8 @@ For each request:
    transfer it was predicted to wait for, and the decode row the ITL.
 
 A predictor that fails or misses its deadline makes that decision fall back to llm-d's heuristic scorers; the
-fallbacks are counted. The `LeadtimeConfig` switches turn single features off for ablations.
+fallbacks are counted, and their requests are accounted in flight and learned from like the others. The
+`LeadtimeConfig` switches turn single features off for ablations.
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ class LeadtimeConfig:
 class _Decision:
     row: FeatureRow
     decode_row: FeatureRow | None
-    predicted_ttft_ms: float
-    predicted_tpot_ms: float
+    predicted_ttft_ms: float | None
+    predicted_tpot_ms: float | None
     transfer_ms: float = 0.0
     decided_ms: float = 0.0
     prefill_group: str = ""
@@ -386,8 +387,29 @@ class LeadtimePolicy:
                 return self._pick_one(request, [], list(roles.unified))
             return self._pick_one(request, list(roles.unified), away)
         except PredictorError:
-            self.counters.fallbacks += 1
-            return self._fallback.pick(request, serving or away)
+            return self._fall_back(request, serving or away, not serving)
+
+    def _fall_back(self, request: RouteRequest, candidates: list[Candidate], away: bool) -> Pick:
+        """The heuristics decide. The request still counts in flight where it went and is learned from (with
+        nothing predicted): the predictor misses its deadline when the machine is busiest, and the outcomes of
+        those moments are the last to leave out."""
+        self.counters.fallbacks += 1
+        pick = self._fallback.pick(request, candidates)
+        by_id = {c.endpoint_id: c for c in candidates}
+        prefill, now = by_id[pick.endpoint_id], request.arrival_ms
+        (row,) = self._rows(request, [prefill], away)
+        self._ledger.record_prefill(
+            prefill.endpoint_id, Sent(request.request_id, now, row.request.uncached_tokens, request.input_tokens)
+        )
+        decode_row, transfer, decode_group = None, 0.0, prefill.timeslice_group
+        if pick.decode_endpoint_id is not None and pick.decode_endpoint_id != pick.endpoint_id:
+            decode = by_id[pick.decode_endpoint_id]
+            (decode_row,) = self._rows(request, [decode], away, decode_side=True)
+            transfer, decode_group = float(self._transfer_ms(request, [decode])[0]), decode.timeslice_group
+        self._decisions[request.request_id] = _Decision(
+            row, decode_row, None, None, transfer, now, prefill.timeslice_group, decode_group
+        )
+        return pick
 
     def _pick_one(self, request: RouteRequest, serving: list[Candidate], away: list[Candidate]) -> Pick:
         """The best candidate. Endpoints swapped out for the other job are left out while a serving one is predicted
@@ -550,7 +572,7 @@ class LeadtimePolicy:
         self._output_tokens += 0.01 * (outcome.output_tokens - self._output_tokens)
         decision = self._decisions.pop(outcome.request_id, None)
         if decision is None:
-            return  # decided by the fallback: its rows were not predicted
+            return  # never decided here, or abandoned
         itl = outcome.itl_ms if outcome.output_tokens > 1 else 0.0
         ttft = outcome.ttft_ms
         if self.config.timeslice:  # learn the endpoint's own speed: the swap-out risk is added when deciding

@@ -19,6 +19,7 @@ import yaml
 from waiting import wait_for
 
 from leadtime.bench.procs import Predictor, Route, SimFleet, free_port
+from leadtime.router_plugin.gateway.metrics import FALLBACK_REASONS
 from leadtime.simulator.fleet import parse_fleet
 from leadtime.simulator.serve import FleetServer
 
@@ -131,9 +132,11 @@ def test_observations_reach_the_predictor(stack: tuple[SimFleet, Predictor, Rout
         if learned["ttft"] >= before["ttft"] + 8 and learned["tpot"] >= before["tpot"] + 8:
             break
         time.sleep(0.2)
-    assert learned["ttft"] >= before["ttft"] + 8 and learned["tpot"] >= before["tpot"] + 8
+    fell_back = sum(route.metric("leadtime_router_fallbacks_total", reason=r) for r in FALLBACK_REASONS)
+    # Requests the heuristics decided (a predict call past its deadline on a loaded machine) are learned too.
+    assert learned["ttft"] >= before["ttft"] + 8 and learned["tpot"] >= before["tpot"] + 8, (learned, fell_back)
     assert route.metric("leadtime_router_observations_total", result="sent") >= 8
-    assert route.metric("leadtime_router_ttft_seconds_count", kind="predicted") >= 8
+    assert route.metric("leadtime_router_ttft_seconds_count", kind="predicted") + fell_back >= 8
     assert route.metric("leadtime_router_picks_total") >= 8
 
 

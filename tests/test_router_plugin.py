@@ -15,7 +15,12 @@ from leadtime.router_plugin.inflight import InflightLedger, Sent
 from leadtime.router_plugin.pairs import PairPredictions, choose_pair
 from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest, RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
-from leadtime.router_plugin.scorers.latency import FEASIBLE, headroom, latency_scores, slo_scores
+from leadtime.router_plugin.scorers.latency import (
+    FEASIBLE,
+    headroom,
+    latency_scores,
+    slo_scores,
+)
 from leadtime.router_plugin.timeslice import GroupStatus, ResidencyTracker
 
 
@@ -248,7 +253,37 @@ def test_a_failing_predictor_falls_back_to_the_heuristics_and_routing_goes_on() 
     pick = policy.pick(req(), [cand("a", waiting=5), cand("b", waiting=0)])
     assert pick.endpoint_id == "b" and pick.row is None  # llm-d's queue scorer decides
     assert policy.counters.fallbacks == 1
-    policy.observe(Outcome("r", "b", None, 100.0, 10.0, 5, 200.0))  # nothing to learn, nothing raised
+
+
+def test_a_request_decided_by_the_fallback_is_counted_in_flight_and_learned_from() -> None:
+    # The predictor misses its deadline exactly when endpoints are busiest: dropping those requests' outcomes
+    # would teach the model least about the moments that matter most (and lost 2 of 8 observations in the
+    # gateway's end-to-end test on a loaded machine).
+    model = QueueModel(fail=True)
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0))
+    candidates = [cand("a", waiting=5), cand("b")]
+    assert policy.pick(req("r1", at=1.0), candidates).endpoint_id == "b"
+    model.fail = False
+    policy.pick(req("r2", at=2.0), candidates)
+    assert [r.endpoint.num_request_waiting for r in model.asked[-1]] == [5, 1]  # r1 is in flight on b
+    policy.observe(Outcome("r1", "b", None, 100.0, 10.0, 5, 200.0))
+    (told,) = model.told
+    assert told.row.endpoint.endpoint_id == "b" and told.row.endpoint.num_request_waiting == 0
+    assert (told.actual_ttft_ms, told.actual_tpot_ms) == (100.0, 10.0)
+    assert told.predicted_ttft_ms is None and told.predicted_tpot_ms is None  # nothing was predicted
+
+
+def test_a_pd_pair_decided_by_the_fallback_is_learned_on_both_rows() -> None:
+    model = QueueModel(fail=True)
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0, kv_link_gb_s=10.0))
+    candidates = [cand("p0", role="prefill", waiting=3), cand("p1", role="prefill"), cand("d0", role="decode")]
+    pick = policy.pick(req("r", tokens=4000), candidates)
+    assert (pick.endpoint_id, pick.decode_endpoint_id) == ("p1", "d0")
+    policy.observe(Outcome("r", "p1", "d0", ttft_ms=700.0, itl_ms=15.0, output_tokens=50, completed_ms=2000.0))
+    prefill_obs, decode_obs = model.told
+    assert prefill_obs.row.endpoint.endpoint_id == "p1" and 0 < prefill_obs.actual_ttft_ms < 700.0  # less the transfer
+    assert decode_obs.row.endpoint.endpoint_id == "d0" and decode_obs.row.endpoint.role == "decode"
+    assert decode_obs.actual_tpot_ms == 15.0 and decode_obs.predicted_tpot_ms is None
 
 
 def test_the_in_process_client_satisfies_the_protocol_and_learns() -> None:
