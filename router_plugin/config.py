@@ -70,6 +70,7 @@ class _Model(BaseModel):
 
 class LatencyParameters(_Model):
     exploration: float = Field(default=0.02, ge=0.0, le=1.0)
+    comfort: float = Field(default=0.5, ge=0.0, le=1.0)
     overflow: Literal["auto", "least_bad", "sink"] = "auto"
     overflow_cap: float = Field(default=5.0, ge=0.0, alias="overflowCap")
     overflow_cap_share: float = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
@@ -227,6 +228,7 @@ def build_policy(
         local_prefill=latency.local_prefill,
         disaggregate_min_tokens=latency.disaggregate_min_tokens,
         exploration=latency.exploration,
+        comfort=latency.comfort,
         overflow=latency.overflow,
         overflow_cap=latency.overflow_cap,
         overflow_cap_share=latency.overflow_cap_share,

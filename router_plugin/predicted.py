@@ -56,6 +56,7 @@ from leadtime.router_plugin.policy import (
 )
 from leadtime.router_plugin.scorers.latency import (
     FEASIBLE,
+    comfortable_scores,
     latency_scores,
     may_sink,
     overflow_choice,
@@ -91,6 +92,9 @@ class LeadtimeConfig:
         With `joint_pairs` off, prompts with fewer uncached tokens are prefilled on the decode endpoint.
     exploration
         Share of decisions that explore (see the module docstring).
+    comfort
+        When every candidate's upper-quantile TTFT and ITL are within this share of the SLOs, the shortest mean
+        predicted TTFT wins (`scorers.latency.comfortable_scores`); 0: never, slack always decides.
     fit, fit_margin
         Which candidate predicted to meet the SLOs wins (`scorers.latency.preference`): the most slack, or the
         tightest fit leaving `fit_margin` of the binding SLO.
@@ -125,6 +129,7 @@ class LeadtimeConfig:
     local_prefill: bool = True
     disaggregate_min_tokens: int = 16
     exploration: float = 0.02
+    comfort: float = 0.5
     fit: str = "most_slack"
     fit_margin: float = 0.0
     overflow: str = "auto"
@@ -322,6 +327,11 @@ class LeadtimePolicy:
     def _latency_scores(self, request: RouteRequest, s: _Scored) -> np.ndarray:
         if request.ttft_slo_ms is None and request.tpot_slo_ms is None:
             return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens)
+        comfortable = comfortable_scores(
+            s.ttft, s.tpot, s.ttft_mean, request.ttft_slo_ms, request.tpot_slo_ms, self.config.comfort
+        )
+        if comfortable is not None:
+            return comfortable
         return slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
 
     def _mean_scores(self, request: RouteRequest, s: _Scored) -> np.ndarray | None:

@@ -17,6 +17,7 @@ from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest, Rout
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.router_plugin.scorers.latency import (
     FEASIBLE,
+    comfortable_scores,
     headroom,
     latency_scores,
     slo_scores,
@@ -114,6 +115,21 @@ def test_among_candidates_that_meet_both_slos_slack_on_either_target_counts_alik
     assert min(scores) >= FEASIBLE
 
 
+def test_candidates_all_far_inside_both_slos_are_ranked_by_mean_ttft() -> None:
+    p90_ttft, p90_itl = np.array([300.0, 900.0, 600.0]), np.array([45.0, 10.0, 30.0])
+    mean_ttft = np.array([200.0, 800.0, 400.0])
+    scores = comfortable_scores(p90_ttft, p90_itl, mean_ttft, 2000.0, 100.0, 0.5)
+    assert scores is not None
+    assert scores.tolist() == pytest.approx([1.0, 0.625, 0.75])  # the fastest 1, four times as slow 0.625
+    assert min(scores) >= FEASIBLE  # all are predicted to meet the SLOs
+    # One candidate past half of either SLO, a single candidate, one SLO missing or comfort 0: slack decides.
+    assert comfortable_scores(np.array([300.0, 1100.0]), p90_itl[:2], mean_ttft[:2], 2000.0, 100.0, 0.5) is None
+    assert comfortable_scores(p90_ttft[:2], np.array([45.0, 55.0]), mean_ttft[:2], 2000.0, 100.0, 0.5) is None
+    assert comfortable_scores(p90_ttft[:1], p90_itl[:1], mean_ttft[:1], 2000.0, 100.0, 0.5) is None
+    assert comfortable_scores(p90_ttft, p90_itl, mean_ttft, 2000.0, None, 0.5) is None
+    assert comfortable_scores(p90_ttft, p90_itl, mean_ttft, 2000.0, 100.0, 0.0) is None
+
+
 def test_latency_scores_without_slos() -> None:
     scores = latency_scores(np.array([100.0, 100.0, 300.0]), np.array([10.0, 20.0, 10.0]), 10.0)
     assert scores.tolist() == pytest.approx([1.0, 200 / 300, 200 / 400])
@@ -172,6 +188,19 @@ def test_a_burst_is_spread_by_in_flight_accounting() -> None:
     spread = route(LeadtimeConfig(exploration=0.0))
     assert sorted(spread) == ["a", "a", "b", "b", "c", "c", "d", "d"]
     assert route(LeadtimeConfig(inflight=False, exploration=0.0)) == ["a"] * 8
+
+
+def test_with_every_candidate_far_inside_the_slos_the_shortest_mean_ttft_wins_not_the_most_slack() -> None:
+    # QueueModel: a (15 running) is predicted a 70 ms TTFT and 40 ms ITL (p90 84 / 48), b (one waiting, none
+    # running) 270 / 10 ms (p90 324 / 12). Both are within half of both SLOs. Mean headroom prefers b (0.86
+    # against 0.74, its ITL slack); its first token comes 200 ms later.
+    candidates = [cand("a", running=15), cand("b", waiting=1)]
+    comfort = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, inflight=False))
+    assert comfort.pick(req(), candidates).endpoint_id == "a"
+    slack = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, inflight=False, comfort=0.0))
+    assert slack.pick(req(), candidates).endpoint_id == "b"
+    # With a tighter ITL SLO a is no longer far inside it: slack decides again.
+    assert comfort.pick(req("r2", itl_slo=80.0), candidates).endpoint_id == "b"
 
 
 def test_requests_beyond_saving_go_to_one_overflow_endpoint_not_all_over_the_fleet() -> None:
