@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -21,31 +22,44 @@ from pathlib import Path
 import httpx
 import yaml
 
+LOWEST_PORT = 10000
+"""Servers started here listen between this and the start of the kernel's ephemeral range (Linux: 32768 by
+default), from which it hands out the source ports of outgoing connections: a port found free in that range can be
+taken by a test's own HTTP client before the server binds it, and the server fails to start."""
 
-def free_port() -> int:
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
-def free_ports(n: int) -> int:
-    """A base port with `n` free ports after it (`leadtime sim serve` takes consecutive ports)."""
+def free_ports(n: int = 1) -> int:
+    """A base port with `n` free ports after it, below the ephemeral range (`leadtime sim serve` takes consecutive
+    ports). Chosen at random, so that test workers starting servers at the same moment rarely try the same one."""
+    top = _ephemeral_start() - n
+    if top <= LOWEST_PORT:  # an ephemeral range that starts low: any port above LOWEST_PORT
+        top = 65536 - n
     for _ in range(200):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        ok = True
-        for port in range(base, base + n):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+        base = LOWEST_PORT + secrets.randbelow(top - LOWEST_PORT)
+        if all(_bindable(port) for port in range(base, base + n)):
             return base
     raise OSError(f"no {n} consecutive free ports")
+
+
+def free_port() -> int:
+    """A free loopback port below the ephemeral range (see `LOWEST_PORT`)."""
+    return free_ports(1)
 
 
 class Child:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from leadtime.bench.procs import free_port
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
 from leadtime.predictor.client import (
     GrpcPredictorClient,
@@ -21,13 +22,6 @@ from leadtime.predictor.client import (
 from leadtime.predictor.grpc.server import start_grpc_server
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import site
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from leadtime.bench.procs import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +144,7 @@ def test_the_dashboards_written_by_the_installed_package_are_the_shipped_ones(
 
 def test_serve_answers_healthz_from_an_empty_directory(installed: tuple[Path, Path], tmp_path: Path) -> None:
     _, target = installed
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-S", "-m", "leadtime", "serve", "--port", str(port), "--grpc-port", "0"],
         cwd=tmp_path,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from leadtime.bench.procs import free_port
 from leadtime.predictor.client import GrpcPredictorClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,13 +26,6 @@ ROW = {
     "num_tokens_generated": 0,
     "prefix_cache_score": 0.0,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def leadtime(*args: str, env: dict[str, str] | None = None, new_session: bool = False) -> subprocess.Popen[bytes]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from leadtime.bench.procs import free_port
 from leadtime.features.vllm_metrics import parse_vllm_metrics
 from leadtime.simulator.fleet import parse_fleet
 from leadtime.simulator.serve import FleetServer
@@ -21,16 +21,10 @@ FLEET = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[FleetServer]:
     fleet = parse_fleet(FLEET)
-    srv = FleetServer(fleet, [_free_port() for _ in fleet.endpoints])
+    srv = FleetServer(fleet, [free_port() for _ in fleet.endpoints])
     srv.start()
     try:
         yield srv
@@ -103,7 +97,7 @@ def test_bad_requests_get_422_naming_the_field_as_the_service_does(server: Fleet
 def test_a_request_larger_than_the_kv_cache_is_a_422_naming_the_prompt() -> None:
     # 16.3 GB of the L40S's 48 for a 16 GB model: a KV cache of a few thousand tokens.
     pool = {"name": "tiny", "count": 1, "accelerator": "l40s", "model": "llama-3.1-8b", "gpu_memory_utilization": 0.34}
-    srv = FleetServer(parse_fleet({"pools": [pool]}), [_free_port()])
+    srv = FleetServer(parse_fleet({"pools": [pool]}), [free_port()])
     srv.start()
     try:
         body = {"prompt": "w " * 10, "max_tokens": 32768}
@@ -167,7 +161,7 @@ def test_timesliced_endpoint_goes_away_and_comes_back() -> None:
         },
     }
     fleet = parse_fleet(doc)
-    srv = FleetServer(fleet, [_free_port()])
+    srv = FleetServer(fleet, [free_port()])
     srv.start()
     try:
         url = srv.urls["ts-0"]
