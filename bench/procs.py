@@ -28,7 +28,8 @@ default), from which it hands out the source ports of outgoing connections: a po
 taken by a test's own HTTP client before the server binds it, and the server fails to start."""
 
 
-def _ephemeral_start() -> int:
+def ephemeral_port_start() -> int:
+    """The first port of the range the kernel picks source ports of outgoing connections from."""
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -47,7 +48,7 @@ def _bindable(port: int) -> bool:
 def free_ports(n: int = 1) -> int:
     """A base port with `n` free ports after it, below the ephemeral range (`leadtime sim serve` takes consecutive
     ports). Chosen at random, so that test workers starting servers at the same moment rarely try the same one."""
-    top = _ephemeral_start() - n
+    top = ephemeral_port_start() - n
     if top <= LOWEST_PORT:  # an ephemeral range that starts low: any port above LOWEST_PORT
         top = 65536 - n
     for _ in range(200):

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import socket
 
-from leadtime.bench.procs import LOWEST_PORT, _ephemeral_start, free_port, free_ports
+from leadtime.bench.procs import LOWEST_PORT, ephemeral_port_start, free_port, free_ports
+
+
+def _top() -> int:
+    start = ephemeral_port_start()
+    return start if start > LOWEST_PORT + 1 else 65536  # an ephemeral range that starts low leaves no room below
 
 
 def test_servers_listen_below_the_range_that_outgoing_connections_take_their_ports_from() -> None:
     # Outgoing connections (the tests' own HTTP clients) get source ports from the ephemeral range: a port found
     # free there can be taken before the server binds it.
-    start = _ephemeral_start()
-    top = start if start > LOWEST_PORT + 1 else 65536  # an ephemeral range that starts low leaves no room below
+    start, top = ephemeral_port_start(), _top()
     ports = {free_port() for _ in range(20)}
     assert all(LOWEST_PORT <= p < top for p in ports) and len(ports) > 1
     with socket.socket() as s:
@@ -21,7 +25,7 @@ def test_servers_listen_below_the_range_that_outgoing_connections_take_their_por
 
 def test_consecutive_free_ports_are_all_bindable() -> None:
     base = free_ports(5)
-    assert base + 5 <= _ephemeral_start()
+    assert base >= LOWEST_PORT and base + 5 <= _top()
     sockets = [socket.socket() for _ in range(5)]
     try:
         for i, s in enumerate(sockets):
