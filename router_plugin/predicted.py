@@ -154,6 +154,8 @@ class _Decision:
     decode_group: str = ""
     predicted_ttft_quantile_ms: float | None = None
     predicted_tpot_quantile_ms: float | None = None
+    prefill_ttft_ms: float | None = None  # P/D: the prefill endpoint's own predicted TTFT, mean and quantile
+    prefill_ttft_quantile_ms: float | None = None
 
 
 @dataclass
@@ -557,6 +559,8 @@ class LeadtimePolicy:
             pre.timeslice_group,
             dec.timeslice_group,
             predicted_tpot_quantile_ms=choice.itl_ms,
+            prefill_ttft_ms=float(p.ttft_mean[choice.prefill]),
+            prefill_ttft_quantile_ms=float(p.ttft[choice.prefill]),
         )
         return Pick(
             pre.endpoint_id,
@@ -609,7 +613,17 @@ class LeadtimePolicy:
             ]
         else:
             prefill_ttft = max(ttft - decision.transfer_ms, 0.05 * ttft)
-            observations = [Observation(decision.row, prefill_ttft, 0.0, timestamp=stamp)]
+            observations = [
+                Observation(
+                    decision.row,
+                    prefill_ttft,
+                    0.0,
+                    decision.prefill_ttft_ms,
+                    None,
+                    stamp,
+                    decision.prefill_ttft_quantile_ms,
+                )
+            ]
             if itl:
                 tpot, tpot_quantile = decision.predicted_tpot_ms, decision.predicted_tpot_quantile_ms
                 observations.append(Observation(decision.decode_row, 0.0, itl, None, tpot, stamp, None, tpot_quantile))

@@ -448,6 +448,13 @@ def test_pd_policy_learns_prefill_ttft_without_the_transfer_and_itl_on_the_decod
     policy.observe(Outcome("r", "p0", "d1", ttft_ms=700.0, itl_ms=15.0, output_tokens=50, completed_ms=2000.0))
     prefill_obs, decode_obs = model.told
     assert prefill_obs.row == pick.row and 0 < prefill_obs.actual_ttft_ms < 700.0 and prefill_obs.actual_tpot_ms == 0
+    # The prefill row carries what was predicted for it (the prefill endpoint's own TTFT, not the pair's), so its
+    # live error is measured too.
+    own = QueueModel().predict([pick.row])
+    assert prefill_obs.predicted_ttft_ms == pytest.approx(float(own.ttft_mean_ms[0]))
+    assert prefill_obs.predicted_ttft_quantile_ms == pytest.approx(float(own.ttft_quantile_ms[0]))
+    assert prefill_obs.predicted_ttft_ms is not None and pick.predicted_ttft_ms is not None
+    assert pick.predicted_ttft_ms > prefill_obs.predicted_ttft_ms  # the pair waits for the transfer too
     assert decode_obs.row == pick.decode_row and decode_obs.actual_tpot_ms == 15.0 and decode_obs.actual_ttft_ms == 0
     assert decode_obs.predicted_tpot_ms is not None
     assert decode_obs.predicted_tpot_quantile_ms == pytest.approx(1.2 * decode_obs.predicted_tpot_ms)
