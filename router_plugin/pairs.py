@@ -36,7 +36,7 @@ class PairPredictions:
     prefill_ttft_mean: np.ndarray
     decode_itl: np.ndarray  # quantile, per decode endpoint
     decode_itl_mean: np.ndarray
-    local_ttft: np.ndarray | None  # per decode endpoint prefilling the request itself; None: not allowed
+    local_ttft: np.ndarray | None  # per decode endpoint prefilling the request itself (inf: not there); None: nowhere
     local_ttft_mean: np.ndarray | None
     link_free_ms: np.ndarray  # per decode endpoint, when its link is free of queued transfers
     transfer_ms: np.ndarray  # per decode endpoint, this request's KV transfer time on its link
@@ -146,11 +146,13 @@ def choose_pair(
         )
     flat_ttft, flat_itl = ttft.ravel(), itl.ravel()
     flat_ttft_mean, flat_itl_mean = ttft_mean.ravel(), itl_mean.ravel()
+    local = np.zeros(0, dtype=np.intp)  # the decode endpoints that may prefill the request themselves
     if p.local_ttft is not None and p.local_ttft_mean is not None:
-        flat_ttft = np.concatenate([flat_ttft, p.local_ttft])
-        flat_itl = np.concatenate([flat_itl, p.decode_itl])
-        flat_ttft_mean = np.concatenate([flat_ttft_mean, p.local_ttft_mean])
-        flat_itl_mean = np.concatenate([flat_itl_mean, p.decode_itl_mean])
+        local = np.flatnonzero(np.isfinite(p.local_ttft))
+        flat_ttft = np.concatenate([flat_ttft, p.local_ttft[local]])
+        flat_itl = np.concatenate([flat_itl, p.decode_itl[local]])
+        flat_ttft_mean = np.concatenate([flat_ttft_mean, p.local_ttft_mean[local]])
+        flat_itl_mean = np.concatenate([flat_itl_mean, p.decode_itl_mean[local]])
     scores = _scores(
         flat_ttft, flat_itl, flat_ttft_mean, flat_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
     )
@@ -171,7 +173,7 @@ def choose_pair(
         )
     best = overflow_choice(preference(scores, *fit, mean_scores=mean_scores), flat_ttft, overflow_cap_ms)
     if best >= n_p * n_d:
-        d = best - n_p * n_d
+        d = int(local[best - n_p * n_d])
         return PairChoice(
             None,
             d,

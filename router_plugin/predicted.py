@@ -86,8 +86,10 @@ class LeadtimeConfig:
         always disaggregated above `disaggregate_min_tokens`).
     timeslice
         Read time-slice groups' state (off: every endpoint is treated as resident).
-    local_prefill
-        On P/D, let a decode endpoint prefill a request itself when that is predicted faster.
+    local_prefill, local_prefill_itl_share
+        On P/D, let a decode endpoint prefill a request itself when that is predicted faster, but only while its
+        predicted ITL p90 is within `local_prefill_itl_share` of the request's ITL SLO: a prefill there slows the
+        decode steps of every request on it (1: whenever the SLO is predicted met).
     disaggregate_min_tokens
         With `joint_pairs` off, prompts with fewer uncached tokens are prefilled on the decode endpoint.
     exploration
@@ -127,6 +129,7 @@ class LeadtimeConfig:
     joint_pairs: bool = True
     timeslice: bool = True
     local_prefill: bool = True
+    local_prefill_itl_share: float = 0.5
     disaggregate_min_tokens: int = 16
     exploration: float = 0.02
     comfort: float = 0.5
@@ -484,6 +487,12 @@ class LeadtimePolicy:
         d = _Scored(decode, self._rows(request, decode, away, decode_side=True))
         local = _Scored(decode, self._rows(request, decode, away)) if local_allowed else None
         self._predict([p, d] if local is None else [p, d, local])
+        local_ttft, local_mean = (None, None) if local is None else (local.ttft, local.ttft_mean)
+        if local is not None and config.joint_pairs and prefill and request.tpot_slo_ms is not None:
+            # Prefill chunks share the decode steps of every request on that endpoint: only where it decodes far
+            # inside the ITL SLO can it take them (prefilled anywhere, goodput on pd_hetero at 1.5x fell by 13%).
+            busy = d.tpot > config.local_prefill_itl_share * request.tpot_slo_ms
+            local_ttft, local_mean = np.where(busy, np.inf, local.ttft), np.where(busy, np.inf, local.ttft_mean)
         link_free = np.array(
             [self._ledger.link_free_ms(c.endpoint_id, now) if config.inflight else now for c in decode]
         )
@@ -500,8 +509,8 @@ class LeadtimePolicy:
                 prefill_mean,
                 d.tpot,
                 d.tpot_mean,
-                None if local is None else local.ttft,
-                None if local is None else local.ttft_mean,
+                local_ttft,
+                local_mean,
                 link_free,
                 transfer,
             ),

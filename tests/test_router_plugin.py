@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -417,6 +418,41 @@ def test_a_short_prompt_is_prefilled_on_the_decode_endpoint_when_that_is_faster(
     )
     choice = choose_pair(p, 0.0, 2000.0, 100.0)
     assert choice.prefill is None and choice.decode == 0 and choice.transfer_ms == 0.0
+
+
+def test_a_decode_endpoint_excluded_from_local_prefill_is_not_chosen_for_it() -> None:
+    # d0 would prefill fastest itself but may not (inf); d1 may, and does, rather than disaggregating.
+    p = PairPredictions(
+        prefill_ttft=np.array([900.0]),
+        prefill_ttft_mean=np.array([800.0]),
+        decode_itl=np.array([20.0, 30.0]),
+        decode_itl_mean=np.array([18.0, 25.0]),
+        local_ttft=np.array([np.inf, 90.0]),
+        local_ttft_mean=np.array([np.inf, 80.0]),
+        link_free_ms=np.array([0.0, 0.0]),
+        transfer_ms=np.array([5.0, 5.0]),
+    )
+    choice = choose_pair(p, 0.0, 2000.0, 100.0)
+    assert (choice.prefill, choice.decode, choice.ttft_mean_ms) == (None, 1, 80.0)
+    everywhere_inf = replace(p, local_ttft=np.array([np.inf, np.inf]), local_ttft_mean=np.array([np.inf, np.inf]))
+    assert choose_pair(everywhere_inf, 0.0, 2000.0, 100.0).prefill == 0
+
+
+def test_a_decode_endpoint_prefills_locally_only_while_it_decodes_far_inside_the_itl_slo() -> None:
+    # QueueModel's ITL p90 is 1.2 x (10 + 2 x running) ms: 36 ms with 10 running, 60 ms with 20. A short prompt
+    # is predicted faster prefilled on the decode endpoint than on a prefill endpoint with a queue (waiting=3).
+    prefill = [cand("p0", role="prefill", waiting=3)]
+
+    def where(running: int, share: float = 0.5) -> str | None:
+        policy = LeadtimePolicy(
+            QueueModel(), LeadtimeConfig(exploration=0.0, inflight=False, local_prefill_itl_share=share)
+        )
+        pick = policy.pick(req("r", tokens=200), [*prefill, cand("d0", role="decode", running=running)])
+        return pick.endpoint_id
+
+    assert where(10) == "d0"  # 36 ms: within half of the 100 ms ITL SLO, it prefills the request itself
+    assert where(20) == "p0"  # 60 ms: its decodes would slow down for every request on it; disaggregated
+    assert where(20, share=1.0) == "d0"  # allowed whenever the SLO is predicted met
 
 
 def test_a_transfer_still_behind_a_deep_prefill_queue_does_not_hold_the_link_for_later_requests() -> None:
