@@ -11,14 +11,14 @@ For each request:
    endpoint's published state plus what this router sent it since (`inflight.InflightLedger`), its accelerator
    class, role and time-slice state.
 3. **Predict** — one bulk call for all rows (prefill and decode endpoints of a P/D fleet together).
-4. **Score and pick** — `scorers.latency`: headroom of the upper-quantile predictions against the request's
-   SLOs (lowest predicted latency without SLOs); on P/D the (prefill, decode) pair or local prefill is chosen
-   jointly (`pairs.choose_pair`). A request predicted beyond saving everywhere (not even its mean predictions
-   meet the SLOs anywhere) goes to the first candidate beyond saving, one overflow endpoint, rather than slowing
-   the whole fleet down; while the fleet has capacity to spare, only up to a bounded predicted wait there
-   (`LeadtimeConfig.overflow_cap`). A small share of decisions explores: among the candidates predicted to
-   meet the SLOs it takes the one this router has heard from least recently, so that every endpoint keeps
-   being observed.
+4. **Score and pick** — `scorers.latency`: headroom of the upper-quantile predictions against the request's SLOs
+   (lowest predicted latency without SLOs; the shortest mean TTFT when every candidate is far inside them); on P/D the
+   (prefill, decode) pair or local prefill is chosen jointly (`pairs.choose_pair`), local prefill only on a decode
+   endpoint far inside the ITL SLO. A request predicted beyond saving everywhere (not even its mean predictions meet the
+   SLOs anywhere) goes to the first candidate beyond saving, one overflow endpoint, rather than slowing the whole fleet
+   down; while the fleet has capacity to spare, only up to a bounded predicted wait there
+   (`LeadtimeConfig.overflow_cap`). A small share of decisions explores: among the candidates predicted to meet the SLOs
+   it takes the one this router has heard from least recently, so that every endpoint keeps being observed.
 5. **Learn** — when the request completes, the rows it was decided on (in-flight additions included) are
    reported with the actual TTFT and ITL and what was predicted. On P/D the prefill row learns the TTFT less the
    transfer it was predicted to wait for, and the decode row the ITL.
