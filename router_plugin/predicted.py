@@ -404,6 +404,12 @@ class LeadtimePolicy:
         except PredictorError:
             return self._fall_back(request, serving or away, not serving)
 
+    def _record_prefill(self, endpoint_id: str, request: RouteRequest, row: FeatureRow) -> None:
+        """`request`, scored on `row`, was sent to `endpoint_id` to be prefilled there."""
+        self._ledger.record_prefill(
+            endpoint_id, Sent(request.request_id, request.arrival_ms, row.request.uncached_tokens, request.input_tokens)
+        )
+
     def _fall_back(self, request: RouteRequest, candidates: list[Candidate], away: bool) -> Pick:
         """The heuristics decide. The request still counts in flight where it went and is learned from (with
         nothing predicted): the predictor misses its deadline when the machine is busiest, and the outcomes of
@@ -413,9 +419,7 @@ class LeadtimePolicy:
         by_id = {c.endpoint_id: c for c in candidates}
         prefill, now = by_id[pick.endpoint_id], request.arrival_ms
         (row,) = self._rows(request, [prefill], away)
-        self._ledger.record_prefill(
-            prefill.endpoint_id, Sent(request.request_id, now, row.request.uncached_tokens, request.input_tokens)
-        )
+        self._record_prefill(prefill.endpoint_id, request, row)
         decode_row, transfer, decode_group = None, 0.0, prefill.timeslice_group
         if pick.decode_endpoint_id is not None and pick.decode_endpoint_id != pick.endpoint_id:
             decode = by_id[pick.decode_endpoint_id]
@@ -453,10 +457,7 @@ class LeadtimePolicy:
                 latency = self._latency_scores(request, s)
         i = self._argmax(request, latency, s)
         chosen, row = s.candidates[i], s.rows[i]
-        self._ledger.record_prefill(
-            chosen.endpoint_id,
-            Sent(request.request_id, request.arrival_ms, row.request.uncached_tokens, request.input_tokens),
-        )
+        self._record_prefill(chosen.endpoint_id, request, row)
         ttft, tpot = float(s.ttft_mean[i]), float(s.tpot_mean[i])
         group = chosen.timeslice_group
         ttft_q, tpot_q = float(s.ttft[i]), float(s.tpot[i])
@@ -528,9 +529,7 @@ class LeadtimePolicy:
             assert local is not None
             self.counters.local_prefill += 1
             row = local.rows[choice.decode]
-            self._ledger.record_prefill(
-                dec.endpoint_id, Sent(request.request_id, now, row.request.uncached_tokens, request.input_tokens)
-            )
+            self._record_prefill(dec.endpoint_id, request, row)
             group, ttft_q, tpot_q = dec.timeslice_group, choice.ttft_ms, choice.itl_ms
             self._decisions[request.request_id] = _Decision(
                 row, None, choice.ttft_mean_ms, choice.itl_mean_ms, 0.0, now, group, group, ttft_q, tpot_q
@@ -543,9 +542,7 @@ class LeadtimePolicy:
         row, decode_row = p.rows[choice.prefill], d.rows[choice.decode]
         prefill_done = now + float(p.ttft_mean[choice.prefill])
         kv_arrival = max(prefill_done, float(link_free[choice.decode])) + choice.transfer_ms
-        self._ledger.record_prefill(
-            pre.endpoint_id, Sent(request.request_id, now, row.request.uncached_tokens, request.input_tokens)
-        )
+        self._record_prefill(pre.endpoint_id, request, row)
         self._ledger.record_decode(
             dec.endpoint_id,
             Sent(
