@@ -71,6 +71,23 @@ def policies_for(fleet: str, only: Sequence[str] | None = None) -> list[str]:
     return [n for n in names if only is None or n in only]
 
 
+def selected_policies(names: Sequence[str], fleets: Sequence[str]) -> tuple[str, ...]:
+    """The policies a user asked for, by their canonical names (hyphens for underscores accepted); a name that is
+    no benchmark policy, or an ablation that acts on none of `fleets`, is refused (ValueError) rather than
+    silently running nothing."""
+    known = [*PEERS, REFERENCE, LEADTIME, *ABLATIONS]
+    chosen = []
+    for name in names:
+        canonical = name.replace("-", "_")
+        if canonical not in known:
+            raise ValueError(f"--policy {name!r}: not a benchmark policy (known: {', '.join(known)})")
+        where = ABLATIONS.get(canonical, FLEETS)
+        if not any(f in where for f in fleets):
+            raise ValueError(f"--policy {name!r} runs only on {', '.join(where)} (its feature acts only there)")
+        chosen.append(canonical)
+    return tuple(chosen)
+
+
 # ----- one simulation -----------------------------------------------------------------------------------
 
 

@@ -435,7 +435,14 @@ def bench_routing(
     out: Annotated[Path | None, typer.Option(help="Directory for the plots and report.json.")] = None,
 ) -> None:
     """Goodput of every routing policy on six fleets at two loads, side by side in one run."""
-    from leadtime.bench.routing import FLEETS, RoutingOptions, print_report, run_routing, write_plots
+    from leadtime.bench.routing import (
+        FLEETS,
+        RoutingOptions,
+        print_report,
+        run_routing,
+        selected_policies,
+        write_plots,
+    )
 
     if max_requests < 100:
         _fail("--max-requests must be ≥ 100")
@@ -444,13 +451,18 @@ def bench_routing(
     unknown = [f for f in fleet or [] if f not in FLEETS]
     if unknown:
         _fail(f"--fleet {unknown[0]!r}: not a benchmark fleet (known: {', '.join(FLEETS)})")
+    fleets = tuple(fleet) if fleet else FLEETS
+    try:
+        policies = selected_policies(policy, fleets) if policy else None
+    except ValueError as err:
+        _fail(err)
     options = RoutingOptions(
         trace=trace,
         max_requests=max_requests,
         seed=seed,
         seeds=seeds,
-        fleets=tuple(fleet) if fleet else FLEETS,
-        policies=tuple(policy) if policy else None,
+        fleets=fleets,
+        policies=policies,
         workers=workers,
         follow_llmd=follow_llmd,
     )

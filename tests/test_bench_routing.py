@@ -20,6 +20,7 @@ from leadtime.bench.routing import (
     policies_for,
     run_cell,
     run_routing,
+    selected_policies,
     write_plots,
 )
 from leadtime.bench.shadow import FollowedByLlmd
@@ -115,6 +116,28 @@ def test_cli_refuses_an_unknown_fleet() -> None:
     )
     assert run.returncode == 2
     assert "nowhere" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "fastest"], "--policy 'fastest': not a benchmark policy"),
+        (["--policy", "leadtime_decode_first", "--fleet", "mixed"], "runs only on pd, pd_hetero"),
+    ],
+)
+def test_cli_refuses_a_policy_that_would_run_nowhere(args: list[str], message: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "leadtime", "bench", "routing", *args], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2
+    assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_policies_may_be_spelled_with_hyphens() -> None:
+    assert selected_policies(["leadtime-no-inflight", "round_robin"], ["mixed"]) == (
+        "leadtime_no_inflight",
+        "round_robin",
+    )
 
 
 def test_llm_ds_predictor_follows_leadtimes_picks_without_changing_one() -> None:
