@@ -237,14 +237,17 @@ def serve(
         plan_cpus(settings.learner_cpus, allowed_cpus())
     except ValidationError as err:
         first = err.errors()[0]
-        _fail(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        where = ".".join(str(p) for p in first["loc"])  # empty for a check of several fields together
+        problem = first["msg"].removeprefix("Value error, ")
+        _fail(f"{where}: {problem}" if where else problem)
     except (FeatureError, CpuPlanError) as err:
         _fail(err)
+    from leadtime.predictor.service.app import StoreError
     from leadtime.predictor.service.serve import serve as run_service
 
     try:
         run_service(settings)
-    except OSError as err:
+    except (OSError, StoreError) as err:
         _fail(err)
 
 

@@ -141,11 +141,14 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         runtime = self.runtime
         if runtime.backlog_full():
             raise BacklogFull(BACKLOG_FULL_MESSAGE)
-        entries = [observation_to_dict(o) for o in observations]
         try:
+            for i, o in enumerate(observations):
+                if not o.HasField("row"):  # unset, it would read as a row of zeros: no tokens, no load
+                    raise FeatureError(f"observations[{i}].row", "is required")
+            entries = [observation_to_dict(o) for o in observations]
             parsed = runtime.parser.parse_observations(entries, "observations")
         except FeatureError:
-            runtime.metrics.observations_rejected.labels("grpc").inc(len(entries))
+            runtime.metrics.observations_rejected.labels("grpc").inc(len(observations))
             raise
         runtime.accept(entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
         runtime.metrics.observations_accepted.labels("grpc").inc(len(entries))
@@ -167,8 +170,13 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         def body() -> Any:
             self._check_token(context)
             total = 0
-            for batch in request_iterator:
-                total += self._accept(batch.observations)
+            for k, batch in enumerate(request_iterator):
+                try:
+                    total += self._accept(batch.observations)
+                except FeatureError as err:
+                    # The batches before it are kept: say so, or a client would send them again.
+                    kept = f"{total:,} observations of the batches before it were accepted"
+                    raise FeatureError(f"batches[{k}].{err.field}", f"{err.problem} ({kept})") from None
             return pb.ObserveResponse(accepted=total)
 
         return self._call("ObserveStream", context, body)

@@ -35,12 +35,23 @@ API_VERSION = "1"
 DOCS_ASSETS = "/docs/assets"  # where /docs and /redoc find their JavaScript, CSS and icon
 
 
+class StoreError(ValueError):
+    """The store the settings name cannot be used (a Redis URL that does not parse): one line, no credentials."""
+
+
 def make_store(settings: ServiceSettings) -> tuple[Store, bool]:
-    """The store the settings ask for, and whether the app owns it (and so closes it)."""
+    """The store the settings ask for, and whether the app owns it (and so closes it); StoreError for a Redis URL
+    that cannot be used."""
     if settings.redis_url:
         from leadtime.predictor.store.redis_store import RedisStore
 
-        return RedisStore(settings.redis_url), True
+        try:
+            return RedisStore(settings.redis_url), True
+        except ValueError as err:  # RedisStore's own words name the URL without its password
+            problem = str(err) if str(err).startswith("redis URL ") else f"the redis URL is not usable: {err}"
+            raise StoreError(problem) from None
+        except TypeError as err:  # redis-py passes unknown query parameters on as keyword arguments
+            raise StoreError(f"the redis URL is not usable: {err}") from None
     from leadtime.predictor.store.memory import MemoryStore
 
     return MemoryStore(), True

@@ -150,8 +150,16 @@ async def status(runtime: ReadyRuntime) -> dict[str, Any]:
     responses=content_of("text/plain", "The explanation, one term a line."),
     summary="One prediction explained term by term (plain text).",
 )
-async def explain(body: ExplainRequest, runtime: ReadyRuntime) -> Response:
-    """One prediction explained term by term (plain text)."""
+async def explain(body: ExplainRequest, request: Request, runtime: ReadyRuntime) -> Response:
+    """One prediction explained term by term (plain text).
+
+    The row as sent is checked by the rules `/v1/predict` applies first: pydantic's lax mode alone would explain
+    `"0.3"` or `true` as numbers, and an unknown accelerator class would be named as the predictor's
+    `rows[0].accelerator` rather than `row.accelerator`."""
+    try:
+        runtime.parser.parse_one((await json_body(request))["row"], native=True)
+    except FeatureError as err:
+        raise FeatureError(f"row.{err.field}", err.problem) from None
     row = body.row.model_dump(exclude_none=True)
     if row.get("pod_type", "") == "" and row.get("role") in ("prefill", "decode"):
         row["pod_type"] = row["role"]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import socket
+import ssl
 import sys
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -53,6 +56,35 @@ def check_port_free(host: str, port: int, what: str) -> None:
             raise OSError(f"cannot serve {what} on {host}:{port}: {reason}") from None
 
 
+def check_tls_files(certfile: Path, keyfile: Path) -> None:
+    """Raise OSError in one line unless the files are a PEM certificate (chain) and its unencrypted private key,
+    before anything is started (gRPC's C core would log three lines and blame the port; uvicorn fails only after
+    the start-up log)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        # A password (ignored for an unencrypted key) keeps OpenSSL from prompting for one on the terminal.
+        context.load_cert_chain(certfile, keyfile, password="")
+    except ssl.SSLError as err:
+        problem = f"are not a PEM certificate and its unencrypted private key ({err.reason or err})"
+        raise OSError(f"the TLS files {str(certfile)!r} and {str(keyfile)!r} {problem}") from None
+    except OSError as err:
+        raise OSError(f"cannot read the TLS files {str(certfile)!r} and {str(keyfile)!r}: {err.strerror}") from None
+
+
+def check_model_dir(path: Path) -> None:
+    """Raise OSError in one line when the model cannot be saved in `path`: it is not a directory, or the nearest
+    directory above a missing one cannot be written (the first save creates it). Otherwise the service would run
+    and fail to save at every retrain."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == path else f" ({str(existing)!r} is a file)"
+        raise OSError(f"the model directory {str(path)!r} is not a directory{where}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OSError(f"the model directory {str(path)!r} cannot be written ({str(existing)!r} is not writable)")
+
+
 def describe_store(store: object) -> str:
     """How the log names the store: Redis with its address (credentials left out), or this process's memory."""
     address = getattr(store, "address", None)
@@ -64,14 +96,22 @@ def describe_store(store: object) -> str:
 def serve(settings: ServiceSettings) -> None:
     """Blocks until interrupted; the HTTP app's lifespan starts and stops the background loops.
 
-    A port another process holds stops it with one OSError before anything starts (the CLI prints it and exits
-    2). Ctrl-C or SIGTERM shuts it down quietly: the learner process ignores both, the service stops it.
+    A port another process holds (or the same port given to HTTP and gRPC), TLS files that are not a
+    certificate and key, or a model directory it cannot save in stop it with one OSError before anything starts
+    (the CLI prints it and exits 2); so does a Redis URL that cannot be used (`StoreError`). Ctrl-C or SIGTERM
+    shuts it down quietly: the learner process ignores both, the service stops it.
     """
     from leadtime.predictor.grpc.server import start_grpc_server
 
+    if settings.grpc_port and settings.grpc_port == settings.port:
+        raise OSError(f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: it is the HTTP port too")
     check_port_free(settings.host, settings.port, "HTTP")
     if settings.grpc_port:
         check_port_free(settings.host, settings.grpc_port, "gRPC")
+    if settings.tls_certfile is not None and settings.tls_keyfile is not None:
+        check_tls_files(settings.tls_certfile, settings.tls_keyfile)
+    if settings.model_dir is not None:
+        check_model_dir(settings.model_dir)
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)

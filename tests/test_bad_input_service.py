@@ -1,0 +1,210 @@
+"""Bad input at the predictor service found by an adversarial sweep: each is refused with one clear error naming
+the problem (HTTP 422 naming the field, gRPC INVALID_ARGUMENT, `leadtime serve` one line and exit 2), never a
+traceback or a 5xx, and nothing accepted before it is lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from fastapi.testclient import TestClient
+
+from leadtime.bench.procs import free_port
+from leadtime.predictor.grpc import leadtime_pb2 as pb
+from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
+from leadtime.predictor.grpc.server import start_grpc_server
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.settings import ServiceSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+ROW: dict[str, Any] = {
+    "kv_cache_percentage": 0.3,
+    "input_token_length": 800,
+    "num_request_waiting": 2,
+    "num_request_running": 8,
+    "num_tokens_generated": 0,
+    "prefix_cache_score": 0.25,
+}
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[TestClient, Any]]:
+    """An app (HTTP through TestClient) and a gRPC stub on the same runtime."""
+    with TestClient(create_app(ServiceSettings(grpc_port=0))) as http:
+        server, port = start_grpc_server(http.app.state.runtime, "127.0.0.1", 0)  # type: ignore[attr-defined]
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            yield http, pb_grpc.PredictorStub(channel)
+        finally:
+            channel.close()
+            server.stop(grace=None)
+
+
+def accepted(http: TestClient) -> int:
+    return int(http.get("/status").json()["ingestion"]["accepted"])
+
+
+# ----- HTTP: /v1/explain ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value"), [("accelerator", "abacus"), ("model", "gpt-99")])
+def test_explain_names_an_unknown_class_as_a_field_of_row(served: tuple[TestClient, Any], key: str, value: str) -> None:
+    """The body holds one `row`: the error must name `row.accelerator`, not `rows[0].accelerator`."""
+    http, _ = served
+    response = http.post("/v1/explain", json={"row": {**ROW, key: value}})
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["field"] == f"row.{key}", body
+    assert body["error"].startswith(f"row.{key}: "), body
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("kv_cache_percentage", "0.3"),
+        ("input_token_length", "800"),
+        ("num_request_waiting", True),
+        ("tensor_parallel", "2"),
+        ("timeslice_wait_ms", "5"),
+        ("prefix_hit_tokens", "5"),
+    ],
+)
+def test_explain_refuses_what_the_prediction_paths_refuse(served: tuple[TestClient, Any], key: str, value: Any) -> None:
+    """A string or a bool where a number goes is 422 on /v1/predict; /v1/explain explained it as a number."""
+    http, _ = served
+    assert http.post("/v1/predict", json={"rows": [{**ROW, key: value}]}).status_code == 422
+    response = http.post("/v1/explain", json={"row": {**ROW, key: value}})
+    assert response.status_code == 422, response.text[:300]
+    assert response.json()["field"] == f"row.{key}", response.text
+
+
+def test_explain_still_explains_a_good_row(served: tuple[TestClient, Any]) -> None:
+    http, _ = served
+    response = http.post("/v1/explain", json={"row": {**ROW, "role": "prefill", "input_token_length": 800.0}})
+    assert response.status_code == 200, response.text
+    assert response.text.startswith("ttft: ")
+
+
+# ----- gRPC -------------------------------------------------------------------------------------------------------
+
+
+def observation(**fields: Any) -> Any:
+    return pb.Observation(row=pb.Row(**ROW), **{"actual_ttft_ms": 60.0, "actual_tpot_ms": 12.0, **fields})
+
+
+def test_grpc_observation_without_a_row_is_invalid_argument_and_nothing_is_kept(
+    served: tuple[TestClient, Any],
+) -> None:
+    """An Observation whose `row` is unset was learned as a row of zeros (no tokens, no load)."""
+    http, stub = served
+    before = accepted(http)
+    request = pb.ObserveRequest(observations=[observation(), pb.Observation(actual_ttft_ms=60.0)])
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Observe(request, timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "observations[1].row" in err.value.details()
+    assert accepted(http) == before
+
+
+def test_grpc_observe_stream_names_the_bad_batch_and_keeps_the_batches_before_it(
+    served: tuple[TestClient, Any],
+) -> None:
+    """Batches are accepted on arrival: a bad one fails the call, and the error says which batch it was and that
+    the ones before it were kept (the client must not send them again)."""
+    http, stub = served
+    before = accepted(http)
+    batches = [
+        pb.ObserveRequest(observations=[observation(), observation()]),
+        pb.ObserveRequest(observations=[observation(), observation(actual_ttft_ms=-1.0)]),
+    ]
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ObserveStream(iter(batches), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = err.value.details()
+    assert "batches[1].observations[1].actual_ttft_ms" in details, details
+    assert "2 observations" in details, details
+    assert accepted(http) == before + 2
+
+
+# ----- leadtime serve ---------------------------------------------------------------------------------------------
+
+
+def leadtime_serve(*args: str) -> tuple[int, str]:
+    """Run `leadtime serve` to its end (a bad option ends it at once); (exit code, stderr)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
+    process = subprocess.run(
+        [sys.executable, "-m", "leadtime", "serve", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    return process.returncode, process.stderr.decode().strip()
+
+
+def assert_one_line(code: int, message: str, *words: str) -> None:
+    assert code == 2, message
+    assert len(message.splitlines()) == 1 and message.startswith("error: "), message
+    assert "Traceback" not in message
+    for word in words:
+        assert word in message, message
+
+
+def test_serve_refuses_the_same_port_for_http_and_grpc() -> None:
+    """It started gRPC on the port, then uvicorn failed to bind it: log lines and exit code 3."""
+    port = str(free_port())
+    code, message = leadtime_serve("--port", port, "--grpc-port", port)
+    assert_one_line(code, message, port, "gRPC", "HTTP")
+
+
+def test_serve_refuses_tls_files_that_are_not_a_certificate_and_key(tmp_path: Path) -> None:
+    """Garbage PEM files: gRPC's C core logged three lines and blamed the port; with gRPC off, uvicorn failed after
+    the start-up log with "[ssl] pem lib"."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("not a certificate\n")
+    key.write_text("not a key\n")
+    for grpc_port in (str(free_port()), "0"):
+        args = ("--port", str(free_port()), "--grpc-port", grpc_port, "--tls-cert", str(cert), "--tls-key", str(key))
+        code, message = leadtime_serve(*args)
+        assert_one_line(code, message, str(cert), str(key))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:secret@host:notaport/0",
+        "redis://:secret@host:99999/0",
+        "redis://:secret@[::1/0",
+        "redis://:secret@host:6379/0?foo=bar",
+        "redis://:secret@host:6379/0?socket_timeout=abc",
+    ],
+)
+def test_serve_refuses_an_unusable_redis_url_without_showing_the_password(url: str) -> None:
+    code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--redis", url)
+    assert_one_line(code, message, "redis")
+    assert "secret" not in message
+
+
+def test_a_settings_error_that_names_no_field_reads_cleanly(tmp_path: Path) -> None:
+    """It printed "error: : Value error, tls_certfile and ..."."""
+    cert = tmp_path / "cert.pem"
+    cert.write_text("x")
+    code, message = leadtime_serve("--tls-cert", str(cert))
+    assert_one_line(code, message, "tls_certfile and tls_keyfile go together")
+    assert not message.startswith("error: :") and "Value error" not in message, message
+
+
+def test_serve_refuses_a_model_dir_it_cannot_save_in(tmp_path: Path) -> None:
+    """A file, or a path under a file: the service started, then logged a traceback at every retrain (saving the
+    model failed) and never saved it."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    for model_dir in (afile, afile / "models"):
+        code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--model-dir", str(model_dir))
+        assert_one_line(code, message, str(model_dir), "not a directory")
