@@ -19,7 +19,8 @@ from leadtime.bench.procs import free_port
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
 from leadtime.predictor.grpc.server import start_grpc_server
-from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.app import StoreError, create_app, make_store
+from leadtime.predictor.service.serve import check_model_dir, check_tls_files
 from leadtime.predictor.settings import ServiceSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,14 +166,15 @@ def test_serve_refuses_the_same_port_for_http_and_grpc() -> None:
 
 def test_serve_refuses_tls_files_that_are_not_a_certificate_and_key(tmp_path: Path) -> None:
     """Garbage PEM files: gRPC's C core logged three lines and blamed the port; with gRPC off, uvicorn failed after
-    the start-up log with "[ssl] pem lib"."""
+    the start-up log with "[ssl] pem lib". Now they are checked before either starts."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert.write_text("not a certificate\n")
     key.write_text("not a key\n")
-    for grpc_port in (str(free_port()), "0"):
-        args = ("--port", str(free_port()), "--grpc-port", grpc_port, "--tls-cert", str(cert), "--tls-key", str(key))
-        code, message = leadtime_serve(*args)
-        assert_one_line(code, message, str(cert), str(key))
+    with pytest.raises(OSError, match="are not a PEM certificate"):
+        check_tls_files(cert, key)
+    args = ("--port", str(free_port()), "--grpc-port", str(free_port()), "--tls-cert", str(cert), "--tls-key", str(key))
+    code, message = leadtime_serve(*args)
+    assert_one_line(code, message, str(cert), str(key))
 
 
 @pytest.mark.parametrize(
@@ -185,7 +187,15 @@ def test_serve_refuses_tls_files_that_are_not_a_certificate_and_key(tmp_path: Pa
         "redis://:secret@host:6379/0?socket_timeout=abc",
     ],
 )
-def test_serve_refuses_an_unusable_redis_url_without_showing_the_password(url: str) -> None:
+def test_an_unusable_redis_url_is_one_error_without_the_password(url: str) -> None:
+    """A traceback before (a TypeError for an unknown query parameter); the password must never be shown."""
+    with pytest.raises(StoreError) as caught:
+        make_store(ServiceSettings(redis_url=url))
+    assert "redis" in str(caught.value) and "secret" not in str(caught.value)
+
+
+def test_serve_refuses_an_unusable_redis_url_in_one_line() -> None:
+    url = "redis://:secret@host:6379/0?foo=bar"
     code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--redis", url)
     assert_one_line(code, message, "redis")
     assert "secret" not in message
@@ -205,6 +215,8 @@ def test_serve_refuses_a_model_dir_it_cannot_save_in(tmp_path: Path) -> None:
     model failed) and never saved it."""
     afile = tmp_path / "afile"
     afile.write_text("not a directory")
-    for model_dir in (afile, afile / "models"):
-        code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--model-dir", str(model_dir))
-        assert_one_line(code, message, str(model_dir), "not a directory")
+    with pytest.raises(OSError, match="not a directory"):
+        check_model_dir(afile / "models")
+    check_model_dir(tmp_path / "new" / "models")  # missing directories are made by the first save
+    code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--model-dir", str(afile))
+    assert_one_line(code, message, str(afile), "not a directory")
