@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +30,16 @@ def dataset_path(name: str) -> Path:
 def load_llmd_rows(path: Path) -> list[dict[str, Any]]:
     """Every row validated as an llm-d training entry; a bad line raises FeatureError naming it."""
     rows: list[dict[str, Any]] = []
-    with Path(path).open() as f:
+    from leadtime.simulator.workload import loads_line
+
+    with Path(path).open("rb") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise FeatureError(f"{path}:{lineno}", f"not JSON ({err.msg})") from None
+                row = loads_line(line)
+            except ValueError as err:
+                raise FeatureError(f"{path}:{lineno}", f"not JSON ({err})") from None
             try:
                 observation_from_llmd(row)
             except FeatureError as err:

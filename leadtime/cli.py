@@ -6,6 +6,7 @@ Each command imports what it needs lazily so that `leadtime --help` stays fast. 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -56,6 +57,12 @@ def _fail(message: str | Exception) -> None:
     raise typer.Exit(2)
 
 
+def _positive(option: str, value: float, infinite: bool = False) -> None:
+    """Fail unless `value` is a number > 0 (NaN is not), finite unless `infinite` allows infinity."""
+    if not value > 0 or (math.isinf(value) and not infinite):
+        _fail(f"{option} must be > 0{'' if infinite else ' and finite'}, got {value}")
+
+
 def _version(value: bool) -> None:
     if value:
         from leadtime import __version__
@@ -78,7 +85,7 @@ def _measured(data: str) -> Path:
 
     try:
         return dataset_path(data)
-    except (DataFileError, ValueError) as err:
+    except (DataFileError, ValueError, OSError) as err:  # OSError: a sim: trace's cache cannot be written
         _fail(err)
         raise
 
@@ -105,6 +112,10 @@ def bench_accuracy(
     """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
     from leadtime.bench.accuracy import print_report, run_accuracy
 
+    if seeds < 1:
+        _fail(f"--seeds must be ≥ 1, got {seeds}")
+    if label_delay < 0:
+        _fail(f"--label-delay must be ≥ 0, got {label_delay}")
     reference = _reference_model(reference_model)
     try:
         report = run_accuracy(
@@ -131,6 +142,8 @@ def bench_coldstart(
     """Accuracy on an accelerator class never seen before, after 50 and 500 of its observations."""
     from leadtime.bench.coldstart import print_report, run_coldstart
 
+    if seed < 0:
+        _fail(f"--seed must be ≥ 0, got {seed}")
     reference = _reference_model(reference_model)
     try:
         report = run_coldstart(seed=seed, unseen=unseen, reference_model=reference)
@@ -307,10 +320,9 @@ def simulate(
 
     if max_requests is not None and max_requests < 1:
         _fail("--max-requests must be ≥ 1")
-    if rate_scale <= 0:
-        _fail("--rate-scale must be > 0")
-    if ttft_slo_ms <= 0 or itl_slo_ms <= 0:
-        _fail("--ttft-slo-ms and --itl-slo-ms must be > 0")
+    _positive("--rate-scale", rate_scale)
+    _positive("--ttft-slo-ms", ttft_slo_ms, infinite=True)  # infinite: no SLO
+    _positive("--itl-slo-ms", itl_slo_ms, infinite=True)
     try:
         report = run_simulate_command(
             fleet, trace, policy, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, progress=not json_out
@@ -668,8 +680,9 @@ def bench_gateway(
 
     if requests < 10 or probes < 10:
         _fail("--requests and --probes must be ≥ 10")
-    if rate_scale <= 0 or processes < 1:
-        _fail("--rate-scale must be > 0 and --processes ≥ 1")
+    _positive("--rate-scale", rate_scale)
+    if processes < 1:
+        _fail("--processes must be ≥ 1")
     options = GatewayBenchOptions(trace, requests, rate_scale, probes, processes=processes)
 
     def say(message: str) -> None:
@@ -694,8 +707,11 @@ def bench_load(
     """The service on loopback under predictions (wrk) and observations together: rates, latency, errors, memory."""
     from leadtime.bench.load import LoadOptions, WrkMissing, print_report, run_load
 
-    if predict_rps <= 0 or observe_rps <= 0 or duration < 1 or not 1 <= rows <= 10_000:
-        _fail("--predict-rps and --observe-rps must be > 0, --duration ≥ 1, --rows 1..10000")
+    _positive("--predict-rps", predict_rps)
+    _positive("--observe-rps", observe_rps)
+    _positive("--duration", duration)
+    if duration < 1 or not 1 <= rows <= 10_000:
+        _fail("--duration must be ≥ 1 and --rows in 1..10000")
 
     def say(message: str) -> None:
         if not json_out:
@@ -827,8 +843,7 @@ def dashboards_render(
     from leadtime.dashboards.definitions import DASHBOARDS
     from leadtime.dashboards.render import PrometheusApi, PrometheusError, render_dashboard
 
-    if minutes <= 0:
-        _fail("--minutes must be > 0")
+    _positive("--minutes", minutes)
     api = PrometheusApi(prometheus)
     try:
         for board in DASHBOARDS:
@@ -851,12 +866,11 @@ def bench_dashboards(
     from leadtime.bench.dashboards import run_dashboard_bench
     from leadtime.bench.procs import find_prometheus
 
+    _positive("--minutes", minutes)
     executable = find_prometheus()
     if executable is None:
         _fail("prometheus is not installed (apt-get install prometheus)")
         return
-    if minutes <= 0:
-        _fail("--minutes must be > 0")
     with tempfile.TemporaryDirectory(prefix="leadtime-dashboards-") as workdir:
         try:
             run_dashboard_bench(out, minutes, executable, Path(workdir), redis, progress=typer.echo)

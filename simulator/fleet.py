@@ -44,7 +44,7 @@ class FleetError(ValueError):
 class DistributionSpec(BaseModel):
     """A duration as a fleet file gives it: fixed, uniform or exponential."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     distribution: Literal["fixed", "uniform", "exponential"] = "fixed"
     value: float | None = Field(default=None, ge=0)
     low: float | None = Field(default=None, ge=0)
@@ -61,6 +61,13 @@ class DistributionSpec(BaseModel):
             raise ValueError("uniform distribution needs low ≤ high")
         return self
 
+    @property
+    def mean_ms(self) -> float:
+        """The mean duration the spec gives."""
+        if self.distribution == "uniform":
+            return ((self.low or 0.0) + (self.high or 0.0)) / 2.0
+        return (self.value if self.distribution == "fixed" else self.mean) or 0.0
+
 
 class TimesliceSpec(BaseModel):
     """How long a time-slice group stays resident, away, and takes to restore."""
@@ -69,6 +76,12 @@ class TimesliceSpec(BaseModel):
     resident_ms: DistributionSpec
     away_ms: DistributionSpec
     restore_ms: DistributionSpec = DistributionSpec(distribution="uniform", low=50, high=100)
+
+    @model_validator(mode="after")
+    def _takes_time(self) -> TimesliceSpec:
+        if self.resident_ms.mean_ms + self.away_ms.mean_ms + self.restore_ms.mean_ms <= 0:
+            raise ValueError("resident_ms, away_ms and restore_ms are all 0: the group would switch forever at once")
+        return self
 
 
 class PoolSpec(BaseModel):
@@ -96,7 +109,7 @@ class PoolSpec(BaseModel):
 
 class SloClassSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    share: float = Field(default=1.0, gt=0)
+    share: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     ttft_ms: float = Field(gt=0)
     itl_ms: float = Field(gt=0)
 
@@ -117,7 +130,7 @@ class FleetSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = "fleet"
-    refresh_ms: float = Field(default=50.0, gt=0)
+    refresh_ms: float = Field(default=50.0, gt=0, allow_inf_nan=False)
     kv_link_gb_s: float = Field(default=25.0, gt=0)
     pools: list[PoolSpec] = Field(min_length=1)
     timeslice_groups: dict[str, TimesliceSpec] = {}
@@ -335,6 +348,14 @@ def resolve_fleet(value: str | Path) -> Path:
         raise FleetError(str(err)) from None
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error on one line: where and what (PyYAML's own message spans several, quoting the text)."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem and err.problem_mark is not None:
+        mark = err.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+    return " ".join(str(err).split())
+
+
 def load_fleet(source: str | Path) -> Fleet:
     """A fleet by shipped name or path; FleetError names the file and the problem."""
     path = resolve_fleet(source)
@@ -342,10 +363,14 @@ def load_fleet(source: str | Path) -> Fleet:
         text = path.read_text()
     except OSError as err:
         raise FleetError(f"{path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise FleetError(f"{path}: not UTF-8 text (expected a fleet YAML)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise FleetError(f"{path}: not valid YAML ({err})") from None
+        raise FleetError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
+    except RecursionError:
+        raise FleetError(f"{path}: not a fleet YAML (nested too deeply)") from None
     try:
         return parse_fleet(data)
     except FleetError as err:

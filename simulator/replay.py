@@ -50,7 +50,6 @@ What a row leaves out, and what the replay assumes:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +63,7 @@ from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.fleet import PoolSpec, kv_blocks
 from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.steptime import StepTimeModel
+from leadtime.simulator.workload import loads_line
 
 # Output length assumed for a TPOT row (the row does not record it).
 DEFAULT_OUTPUT_TOKENS = 128
@@ -282,14 +282,14 @@ class StateReplay:
 def load_rows(path: Path) -> list[tuple[int, Observation]]:
     """Every row of an llm-d training-row JSONL file with its line number; a bad line raises FeatureError."""
     out: list[tuple[int, Observation]] = []
-    with path.open() as handle:
+    with path.open("rb") as handle:
         for lineno, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise FeatureError(f"{path}:{lineno}", f"not JSON ({err.msg})") from None
+                entry = loads_line(line)
+            except ValueError as err:
+                raise FeatureError(f"{path}:{lineno}", f"not JSON ({err})") from None
             try:
                 out.append((lineno, observation_from_llmd(entry)))
             except FeatureError as err:

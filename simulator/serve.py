@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -547,6 +548,7 @@ class FleetServer:
         ]
         self.groups = {name: GroupClock() for name in fleet.timeslice_groups}
         self._servers: list[uvicorn.Server] = []
+        self._sockets: list[socket.socket] = []
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
@@ -601,7 +603,9 @@ class FleetServer:
             members = [m for m in self.live if m.config.timeslice_group == name]
             if members:
                 tasks.append(asyncio.create_task(_timeslice(group, members, self.groups[name], self.seed + i)))
-        serving = [asyncio.create_task(s.serve()) for s in self._servers]
+        serving = [
+            asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(self._servers, self._sockets, strict=True)
+        ]
         while not all(s.started for s in self._servers):
             if any(t.done() for t in serving):
                 break
@@ -618,8 +622,28 @@ class FleetServer:
             self._error = err
             self._ready.set()
 
+    def _listen(self) -> None:
+        """Bind every port (the endpoints', then the time-slice groups'); OSError naming the one that fails."""
+        ports = [*self.ports, *([self.timeslice_port] if self.timeslice_port is not None else [])]
+        try:
+            for port in ports:
+                try:
+                    family, _, _, _, address = socket.getaddrinfo(
+                        self.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+                    )[0]
+                    self._sockets.append(socket.create_server(address, family=family))
+                except OSError as err:
+                    reason = (err.strerror or str(err)).lower()
+                    raise OSError(f"cannot listen on {self.host}:{port}: {reason}") from None
+        except OSError:
+            for sock in self._sockets:
+                sock.close()
+            self._sockets.clear()
+            raise
+
     def start(self, timeout_s: float = 15.0) -> None:
         """Start serving; OSError if some port cannot be bound or the servers do not start in time."""
+        self._listen()
         self._thread = threading.Thread(target=self._run, name="leadtime-sim-serve", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):
@@ -660,6 +684,8 @@ def serve_fleet(
     ports = [base_port + i for i in range(len(fleet.endpoints))]
     if fleet.timeslice_groups and timeslice_port is None:
         timeslice_port = base_port + len(ports)
+    if fleet.timeslice_groups and timeslice_port in ports:
+        raise ValueError(f"--timeslice-port {timeslice_port} is one of the endpoints' ports ({ports[0]}-{ports[-1]})")
     if max(ports + [timeslice_port or 0]) > 65535:
         raise ValueError(f"--base-port {base_port} leaves no room for {len(ports)} endpoints")
     server = FleetServer(fleet, ports, host, model_name, seed=seed, timeslice_port=timeslice_port)

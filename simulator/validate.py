@@ -33,6 +33,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -58,6 +59,16 @@ class ValidationRow:
     predicted_decode_ms: float
 
 
+def _csv_records(path: Path, handle: TextIO) -> list[dict[str, str]]:
+    """Every record of a CSV file; ValueError naming the file when it is not UTF-8 text or not CSV."""
+    try:
+        return list(csv.DictReader(handle))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (expected splitwise_sim_perf_model.csv)") from None
+    except csv.Error as err:
+        raise ValueError(f"{path}: not CSV ({err})") from None
+
+
 def validation_rows(path: Path = DEFAULT_PATH, cuda_graphs: bool = False) -> list[ValidationRow]:
     """Predict every llama2-70b row measured on A100-80GB or H100-80GB."""
     if not path.is_file():
@@ -66,7 +77,7 @@ def validation_rows(path: Path = DEFAULT_PATH, cuda_graphs: bool = False) -> lis
     steppers: dict[tuple[str, int], StepTimeModel] = {}
     out: list[ValidationRow] = []
     with path.open(newline="") as handle:
-        for lineno, row in enumerate(csv.DictReader(handle), start=2):
+        for lineno, row in enumerate(_csv_records(path, handle), start=2):
             if row.get("model") != "llama2-70b" or row.get("hardware") not in HARDWARE:
                 continue
             try:

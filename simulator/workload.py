@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from leadtime.data import TRACES, DataFileError, resolve
 from leadtime.features.prefix import chain_block_ids
@@ -35,8 +37,24 @@ class WorkloadRequest:
     segment_tokens: int = MOONCAKE_SEGMENT_TOKENS
 
 
+def loads_line(line: bytes | str) -> Any:
+    """One line of a JSONL file (UTF-8) as JSON; ValueError saying in a few words why it is not JSON."""
+    try:
+        return json.loads(line.decode() if isinstance(line, bytes) else line)
+    except json.JSONDecodeError as err:
+        raise ValueError(err.msg) from None
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _finite_number(value: object) -> TypeGuard[int | float]:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
 def _positive_int(value: object, name: str, where: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < minimum:
+    if not _finite_number(value) or int(value) != value or value < minimum:
         raise TraceError(f"{where}: '{name}' must be an integer ≥ {minimum}, got {value!r}")
     return int(value)
 
@@ -48,7 +66,7 @@ def read_mooncake(path: Path, limit: int | None = None) -> list[WorkloadRequest]
     """
     out: list[WorkloadRequest] = []
     try:
-        handle = path.open()
+        handle = path.open("rb")
     except OSError as err:
         raise TraceError(f"{path}: {err.strerror or err}") from None
     with handle:
@@ -59,17 +77,17 @@ def read_mooncake(path: Path, limit: int | None = None) -> list[WorkloadRequest]
                 continue
             where = f"{path}:{lineno}"
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise TraceError(f"{where}: not valid JSON ({err.msg})") from None
+                row = loads_line(line)
+            except ValueError as err:
+                raise TraceError(f"{where}: not valid JSON ({err})") from None
             if not isinstance(row, dict):
                 raise TraceError(f"{where}: expected a JSON object")
             for name in ("timestamp", "input_length", "output_length"):
                 if name not in row:
                     raise TraceError(f"{where}: missing '{name}'")
             stamp = row["timestamp"]
-            if isinstance(stamp, bool) or not isinstance(stamp, int | float) or stamp < 0:
-                raise TraceError(f"{where}: 'timestamp' must be a number ≥ 0, got {stamp!r}")
+            if not _finite_number(stamp) or stamp < 0:
+                raise TraceError(f"{where}: 'timestamp' must be a finite number ≥ 0, got {stamp!r}")
             ids = row.get("hash_ids", [])
             if not isinstance(ids, list):
                 raise TraceError(f"{where}: 'hash_ids' must be a list")
@@ -87,41 +105,50 @@ def read_mooncake(path: Path, limit: int | None = None) -> list[WorkloadRequest]
 
 def read_azure(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
     """Azure LLM inference CSV: `TIMESTAMP` (date-time), `ContextTokens`, `GeneratedTokens`; no prefixes."""
-    out: list[WorkloadRequest] = []
     try:
         handle = path.open(newline="")
     except OSError as err:
         raise TraceError(f"{path}: {err.strerror or err}") from None
     with handle:
         reader = csv.DictReader(handle)
-        fields = set(reader.fieldnames or ())
-        missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - fields
-        if missing:
-            raise TraceError(f"{path}:1: missing column(s) {', '.join(sorted(missing))}")
-        start: datetime | None = None
-        for lineno, row in enumerate(reader, start=2):
-            if limit is not None and len(out) >= limit:
-                break
-            where = f"{path}:{lineno}"
-            text = (row.get("TIMESTAMP") or "").strip()
-            try:
-                # Seven fractional digits: keep microseconds.
-                head, _, frac = text.partition(".")
-                stamp = datetime.fromisoformat(f"{head}.{frac[:6]}" if frac else head)
-            except ValueError:
-                raise TraceError(f"{where}: TIMESTAMP {text!r} is not a date-time") from None
-            start = start or stamp
-            try:
-                context, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-            except (TypeError, ValueError):
-                raise TraceError(f"{where}: ContextTokens and GeneratedTokens must be integers") from None
-            out.append(
-                WorkloadRequest(
-                    arrival_ms=(stamp - start).total_seconds() * 1e3,
-                    input_tokens=_positive_int(context, "ContextTokens", where),
-                    output_tokens=_positive_int(generated, "GeneratedTokens", where),
-                )
+        try:
+            return _azure_rows(path, reader, limit)
+        except UnicodeDecodeError:
+            raise TraceError(f"{path}: not UTF-8 text (expected an Azure .csv trace)") from None
+        except csv.Error as err:
+            raise TraceError(f"{path}: not CSV ({err})") from None
+
+
+def _azure_rows(path: Path, reader: csv.DictReader[str], limit: int | None) -> list[WorkloadRequest]:
+    out: list[WorkloadRequest] = []
+    fields = set(reader.fieldnames or ())
+    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - fields
+    if missing:
+        raise TraceError(f"{path}:1: missing column(s) {', '.join(sorted(missing))}")
+    start: datetime | None = None
+    for lineno, row in enumerate(reader, start=2):
+        if limit is not None and len(out) >= limit:
+            break
+        where = f"{path}:{lineno}"
+        text = (row.get("TIMESTAMP") or "").strip()
+        try:
+            # Seven fractional digits: keep microseconds.
+            head, _, frac = text.partition(".")
+            stamp = datetime.fromisoformat(f"{head}.{frac[:6]}" if frac else head)
+        except ValueError:
+            raise TraceError(f"{where}: TIMESTAMP {text!r} is not a date-time") from None
+        start = start or stamp
+        try:
+            context, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
+        except (TypeError, ValueError):
+            raise TraceError(f"{where}: ContextTokens and GeneratedTokens must be integers") from None
+        out.append(
+            WorkloadRequest(
+                arrival_ms=(stamp - start).total_seconds() * 1e3,
+                input_tokens=_positive_int(context, "ContextTokens", where),
+                output_tokens=_positive_int(generated, "GeneratedTokens", where),
             )
+        )
     return out
 
 
@@ -257,6 +284,8 @@ def parse_synthetic(text: str) -> SyntheticSpec:
             value = float(raw)
         except ValueError:
             raise TraceError(f"synthetic workload: {name} must be a number, got {raw!r}") from None
+        if not math.isfinite(value):
+            raise TraceError(f"synthetic workload: {name} must be a finite number, got {raw!r}")
         values[name] = int(value) if fields[name].type == "int" else value
     spec = SyntheticSpec(**values)  # type: ignore[arg-type]
     if spec.requests < 1 or spec.rate_rps <= 0 or spec.burstiness <= 0 or spec.input_mean < 1 or spec.output_mean < 1:
@@ -268,7 +297,7 @@ def parse_synthetic(text: str) -> SyntheticSpec:
 
 def load_workload(source: str, seed: int = 0, limit: int | None = None) -> list[WorkloadRequest]:
     """A shipped trace's name (`mooncake`, `azure-conv`), a trace path, or `synthetic:key=value,...`."""
-    if source.startswith("synthetic"):
+    if source == "synthetic" or source.startswith("synthetic:"):
         spec = parse_synthetic(source)
         if limit is not None:
             spec = SyntheticSpec(**{**spec.__dict__, "requests": min(spec.requests, limit)})

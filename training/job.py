@@ -46,7 +46,7 @@ from leadtime.predictor.physics import TARGETS
 from leadtime.training.champion import Decision, Evaluation, decide, evaluate
 from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
 from leadtime.training.registry import Published, Registry, RegistryError, open_registry
-from leadtime.training.sources import SampleError, SampleReader, Samples
+from leadtime.training.sources import SampleError, SampleReader, Samples, is_redis_url
 from leadtime.training.split import TimeSplit, split_recent
 
 EXIT_PUBLISHED = 0
@@ -99,6 +99,10 @@ class RetrainConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
 
     def __post_init__(self) -> None:
+        if not self.registry.strip():
+            raise ValueError("the registry is empty: give a directory or a redis:// URL")
+        if "://" in self.registry and not is_redis_url(self.registry):
+            raise ValueError(f"{self.registry}: not a registry (a directory or a redis://, rediss:// or unix:// URL)")
         if not 0.0 < self.eval_share < 0.5:
             raise ValueError(f"eval_share must be in (0, 0.5), got {self.eval_share}")
         if not 0.0 <= self.margin < 1.0:

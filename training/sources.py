@@ -146,7 +146,7 @@ def _jsonl_entries(path: Path) -> Iterator[_Read]:
             where = f"line {lineno}"
             try:
                 yield where, json.loads(line), None
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
                 yield where, None, f"not JSON ({getattr(err, 'msg', type(err).__name__)})"
 
 
@@ -196,7 +196,7 @@ def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Rea
                     continue
                 try:
                     yield where, json.loads(raw), None
-                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
                     yield where, None, f"not JSON ({getattr(err, 'msg', type(err).__name__)})"
     except redis.RedisError as err:
         raise SampleError(f"{source.name}: cannot read the observation stream ({err})") from None

@@ -1,0 +1,297 @@
+"""Bad input on the command line (simulate, sim, bench, retrain, dashboards): each is one `error: ...` line on
+stderr naming the problem and exit 2, never a traceback, a hang or a run that silently does something else."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from leadtime.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEETS = ROOT / "simulator" / "fleets"
+runner = CliRunner()
+
+POOL = "pools:\n  - {name: a, count: 2, accelerator: h100-sxm, model: llama-3.1-8b}\n"
+SHARED = "pools:\n  - {name: a, count: 2, accelerator: h100-sxm, model: llama-3.1-8b, timeslice_group: rl}\n"
+ROW = {
+    "kv_cache_percentage": 0.1,
+    "input_token_length": 48,
+    "num_request_waiting": 0,
+    "num_request_running": 0,
+    "num_tokens_generated": 0,
+    "prefix_cache_score": 0,
+    "actual_ttft_ms": 100,
+    "actual_tpot_ms": 0,
+}
+GARBAGE = b"\x00\xed\xa0\x80\xff garbage \xfe\n" * 20
+DEEP = "[" * 100_000 + "\n"
+
+
+def refused(args: list[str], *names: str) -> str:
+    """Run the CLI; assert it refused with one `error:` line naming each of `names`, and return that line."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    for name in names:
+        assert name in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture
+def trace(tmp_path: Path) -> Path:
+    """Three Mooncake requests."""
+    path = tmp_path / "three.jsonl"
+    rows = [{"timestamp": 100 * i, "input_length": 300, "output_length": 5, "hash_ids": [i]} for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def rows(tmp_path: Path) -> Path:
+    """Twelve llm-d training rows."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text((json.dumps(ROW) + "\n") * 12)
+    return path
+
+
+# ----- fleet files ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [
+        (GARBAGE, "not UTF-8 text"),
+        (b"pools: [ {name: a, count: \n", "not valid YAML"),
+        (b"pools:\n\t- name: a\n", "not valid YAML"),
+        (DEEP.encode(), "nested too deeply"),
+    ],
+)
+@pytest.mark.parametrize("command", [["simulate", "--max-requests", "3"], ["bench", "sim", "--requests", "3"]])
+def test_a_fleet_file_that_is_not_a_fleet_yaml_is_one_line_naming_it(
+    tmp_path: Path, trace: Path, content: bytes, problem: str, command: list[str]
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_bytes(content)
+    refused([*command, "--fleet", str(fleet), "--trace", str(trace)], str(fleet), problem)
+
+
+def test_sim_serve_names_a_fleet_file_that_is_not_text(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_bytes(GARBAGE)
+    refused(["sim", "serve", "--fleet", str(fleet)], str(fleet), "not UTF-8 text")
+
+
+GROUP = "timeslice_groups:\n  rl:\n    resident_ms: {res}\n    away_ms: {away}\n    restore_ms: {restore}\n"
+FIXED_100 = "{distribution: fixed, value: 100}"
+
+
+@pytest.mark.parametrize(
+    "text,field",
+    [
+        (SHARED + GROUP.format(res=FIXED_100, away="{distribution: fixed, value: .inf}", restore=FIXED_100), "away_ms"),
+        (
+            SHARED + GROUP.format(res="{distribution: exponential, mean: .inf}", away=FIXED_100, restore=FIXED_100),
+            "resident_ms",
+        ),
+        (
+            SHARED + GROUP.format(res=FIXED_100, away=FIXED_100, restore="{distribution: uniform, low: 0, high: .inf}"),
+            "restore_ms",
+        ),
+        (POOL + "slos:\n  - {share: .inf, ttft_ms: 1000, itl_ms: 50}\n", "slos.0.share"),
+        ("refresh_ms: .inf\n" + POOL, "refresh_ms"),
+    ],
+)
+def test_infinite_fleet_values_are_refused_naming_the_field(tmp_path: Path, trace: Path, text: str, field: str) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(text)
+    refused(["simulate", "--fleet", str(fleet), "--trace", str(trace)], str(fleet), field, "finite")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("extra_pool", ["", "  - {name: b, count: 1, accelerator: h100-sxm, model: llama-3.1-8b}\n"])
+def test_a_timeslice_group_whose_cycle_takes_no_time_is_refused_not_simulated_forever(
+    tmp_path: Path, trace: Path, extra_pool: str
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    zero = "{distribution: fixed, value: 0}"
+    fleet.write_text(
+        SHARED + extra_pool + GROUP.format(res=zero, away=zero, restore="{distribution: uniform, low: 0, high: 0}")
+    )
+    refused(["simulate", "--fleet", str(fleet), "--trace", str(trace)], str(fleet), "timeslice_groups.rl")
+
+
+# ----- traces -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,content,problem",
+    [
+        ("t.jsonl", GARBAGE, "not UTF-8 text"),
+        ("t.csv", GARBAGE, "not UTF-8 text"),
+        ("t.jsonl", DEEP.encode(), "nested too deeply"),
+        ("t.jsonl", b'{"timestamp": NaN, "input_length": 10, "output_length": 5}\n', "timestamp"),
+        ("t.jsonl", b'{"timestamp": Infinity, "input_length": 10, "output_length": 5}\n', "timestamp"),
+        ("t.jsonl", b'{"timestamp": 0, "input_length": NaN, "output_length": 5}\n', "input_length"),
+        ("t.jsonl", b'{"timestamp": 0, "input_length": 10, "output_length": Infinity}\n', "output_length"),
+        ("t.csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n" + b'"' + b"x" * 200_000 + b'",5,5\n', "not CSV"),
+    ],
+)
+def test_a_trace_that_is_not_a_trace_is_one_line_naming_the_file(
+    tmp_path: Path, name: str, content: bytes, problem: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    refused(["simulate", "--fleet", "homogeneous", "--trace", str(path)], str(path), problem)
+
+
+def test_a_trace_file_whose_name_starts_with_synthetic_is_replayed_not_replaced(
+    tmp_path: Path, trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "synthetic_three.jsonl").write_text(trace.read_text())
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["simulate", "--fleet", "homogeneous", "--trace", "synthetic_three.jsonl", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["requests"] == 3
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+@pytest.mark.parametrize("name", ["rate_rps", "burstiness", "input_mean", "prefix_share"])
+def test_non_finite_synthetic_parameters_are_refused_naming_them(name: str, value: str) -> None:
+    refused(["simulate", "--fleet", "homogeneous", "--trace", f"synthetic:{name}={value}"], name, "finite")
+
+
+# ----- numeric options --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [("--rate-scale", "nan"), ("--rate-scale", "inf"), ("--ttft-slo-ms", "nan"), ("--itl-slo-ms", "nan")],
+)
+def test_simulate_refuses_non_finite_options(trace: Path, option: str, value: str) -> None:
+    refused(["simulate", "--fleet", "homogeneous", "--trace", str(trace), option, value], option)
+
+
+def test_simulate_takes_an_infinite_slo_as_no_slo(trace: Path) -> None:
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--ttft-slo-ms", "inf", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["policies"]["llmd_heuristic"]["slo_attainment"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (["bench", "gateway", "--requests", "10", "--probes", "10", "--rate-scale", "nan"], "--rate-scale"),
+        (["bench", "load", "--predict-rps", "nan", "--duration", "1"], "--predict-rps"),
+        (["bench", "load", "--observe-rps", "inf", "--duration", "1"], "--observe-rps"),
+        (["bench", "load", "--duration", "nan"], "--duration"),
+        (["bench", "load", "--duration", "inf"], "--duration"),
+        (["bench", "dashboards", "--out", "/tmp/unused", "--minutes", "nan"], "--minutes"),
+        (
+            ["dashboards", "render", "--prometheus", "http://127.0.0.1:1", "--out", "/tmp/x", "--minutes", "nan"],
+            "--minutes",
+        ),
+        (["bench", "accuracy", "--seeds", "0"], "--seeds"),
+        (["bench", "accuracy", "--seeds", "-1"], "--seeds"),
+        (["bench", "accuracy", "--label-delay", "-1"], "--label-delay"),
+        (["bench", "coldstart", "--seed", "-1"], "--seed"),
+    ],
+)
+def test_bench_options_out_of_range_are_refused_naming_the_option(args: list[str], option: str) -> None:
+    refused(args, option)
+
+
+# ----- llm-d training rows (bench accuracy, demo --accuracy, sim validate) ---------------------------------
+
+
+@pytest.mark.parametrize("content,problem", [(GARBAGE, "not UTF-8 text"), (DEEP.encode(), "nested too deeply")])
+@pytest.mark.parametrize(
+    "command", [["bench", "accuracy", "--seeds", "1"], ["sim", "validate"], ["demo", "--accuracy", "--quick"]]
+)
+def test_a_rows_file_that_is_not_jsonl_is_one_line_naming_the_line(
+    tmp_path: Path, rows: Path, content: bytes, problem: str, command: list[str]
+) -> None:
+    rows.write_bytes(rows.read_bytes() + content)
+    args = [*command, "--data", str(rows)]
+    if command[0] == "demo":
+        args += ["--out", str(tmp_path / "demo")]
+    refused(args, f"{rows}:13", problem)
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [(GARBAGE, "not UTF-8 text"), (b"model,hardware\n" + b'"' + b"x" * 200_000 + b'",h100\n', "splitwise.csv")],
+)
+def test_sim_validate_names_a_splitwise_file_that_is_not_csv(
+    tmp_path: Path, rows: Path, content: bytes, problem: str
+) -> None:
+    splitwise = tmp_path / "splitwise.csv"
+    splitwise.write_bytes(content)
+    refused(["sim", "validate", "--data", str(rows), "--splitwise", str(splitwise)], str(splitwise), problem)
+
+
+def test_sim_validate_names_a_cache_directory_it_cannot_create(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("LEADTIME_CACHE_DIR", str(blocker))
+    refused(["sim", "validate", "--data", "sim:mixed"], str(blocker), "not a directory")
+
+
+# ----- retrain ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "registry,problem", [("", "registry is empty"), ("http://models.example/x", "http://models.example/x")]
+)
+def test_retrain_refuses_a_registry_that_is_neither_a_directory_nor_redis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: str, problem: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    refused(["retrain", "--samples", "sharegpt-h200", "--registry", registry], problem)
+    assert list(tmp_path.iterdir()) == []  # nothing published anywhere
+
+
+def test_retrain_counts_a_deeply_nested_line_as_malformed(rows: Path, tmp_path: Path) -> None:
+    rows.write_text(rows.read_text() + DEEP)
+    refused(["retrain", "--samples", str(rows), "--registry", str(tmp_path / "models")], "line 13: not JSON")
+
+
+# ----- sim serve --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A loopback port something else listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.timeout(60)
+def test_sim_serve_names_a_port_it_cannot_listen_on(taken_port: int) -> None:
+    line = refused(
+        ["sim", "serve", "--fleet", "homogeneous", "--base-port", str(taken_port)], f"127.0.0.1:{taken_port}"
+    )
+    assert "in use" in line
+
+
+@pytest.mark.timeout(60)
+def test_sim_serve_names_a_host_it_cannot_listen_on() -> None:
+    refused(["sim", "serve", "--fleet", "homogeneous", "--host", "999.1.1.1", "--base-port", "18391"], "999.1.1.1")
+
+
+@pytest.mark.timeout(60)
+def test_sim_serve_refuses_a_timeslice_port_among_the_endpoints_ports() -> None:
+    args = ["sim", "serve", "--fleet", "timesliced", "--base-port", "18400", "--timeslice-port", "18401"]
+    refused(args, "--timeslice-port 18401")
