@@ -584,17 +584,21 @@ def route(
         _fail("--timeslice-file and --timeslice-url are alternatives: give one")
     if pull_model and predictor_url is None:
         _fail("--pull-model pulls the model from the service's HTTP API: give --predictor-url too")
-    if pull_interval_s <= 0:
-        _fail("--pull-interval-s must be > 0")
     if policy and policy not in PLAIN_POLICIES:
         _fail(f"--policy must be one of {', '.join(PLAIN_POLICIES)}, got {policy!r}")
     if not 1 <= port <= 65535:
         _fail("--port must be between 1 and 65535")
-    if scrape_interval_ms <= 0 or unroutable_after_s <= 0:
-        _fail("--scrape-interval-ms and --unroutable-after-s must be > 0")
-    for name, value in (("--ttft-slo-ms", ttft_slo_ms), ("--tpot-slo-ms", tpot_slo_ms)):
-        if value is not None and value <= 0:
-            _fail(f"{name} must be > 0")
+    for name, value in (
+        ("--pull-interval-s", pull_interval_s),
+        ("--scrape-interval-ms", scrape_interval_ms),
+        ("--unroutable-after-s", unroutable_after_s),
+        ("--ttft-slo-ms", ttft_slo_ms),
+        ("--tpot-slo-ms", tpot_slo_ms),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            _fail(f"{name} must be > 0 and finite, got {value}")
+    if api_token is not None and not (api_token.isascii() and api_token.isprintable()):
+        _fail("--api-token must be printable ASCII, without line breaks or control characters")
     try:
         get_accelerator(accelerator)
         get_model(model)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -87,6 +87,20 @@ class TimesliceParameters(_Model):
     serving_job: str = Field(default="inference", min_length=1, alias="servingJob")
 
 
+PARAMETERS: dict[str, type[BaseModel]] = {
+    "predicted-latency-scorer": LatencyParameters,
+    "timeslice-filter": TimesliceParameters,
+}
+"""The plugins that take parameters; the others take none but llm-d's own (`LLMD_ONLY_PARAMETERS`)."""
+
+LLMD_ONLY_PARAMETERS: dict[str, frozenset[str]] = {
+    "prefix-cache-scorer": frozenset({"hashBlockSize", "maxPrefixBlocksToMatch", "lruCapacityPerServer"}),
+    "max-score-picker": frozenset({"maxNumOfEndpoints"}),
+}
+"""Parameters llm-d's plugins of the same name take, accepted so that llm-d's own configs load, and not used:
+this prefix scorer estimates hits from what the router sent (`affinity.py`), and the picker returns one endpoint."""
+
+
 class PluginSpec(_Model):
     type: Literal[PLUGIN_TYPES]  # type: ignore[valid-type]
     name: str | None = None
@@ -99,7 +113,7 @@ class PluginSpec(_Model):
 
 class ProfilePlugin(_Model):
     plugin_ref: str = Field(alias="pluginRef")
-    weight: float = Field(default=1.0, ge=0.0)
+    weight: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
 
 
 class ProfileSpec(_Model):
@@ -107,9 +121,12 @@ class ProfileSpec(_Model):
     plugins: list[ProfilePlugin] = Field(min_length=1)
 
 
+Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
 class FallbackSpec(_Model):
-    deadline_ms: float = Field(default=20.0, gt=0, alias="deadlineMs")
-    weights: dict[Literal[tuple(HEURISTIC_SCORERS)], float] = dict(LLMD_WEIGHTS)  # type: ignore[valid-type]
+    deadline_ms: float = Field(default=20.0, gt=0, le=60_000, allow_inf_nan=False, alias="deadlineMs")
+    weights: dict[Literal[tuple(HEURISTIC_SCORERS)], Weight] = dict(LLMD_WEIGHTS)  # type: ignore[valid-type]
 
 
 class PickerConfig(_Model):
@@ -158,6 +175,18 @@ def parse_config(data: object) -> PickerConfig:
     duplicates = {r for r in refs if refs.count(r) > 1}
     if duplicates:
         raise ConfigError(f"plugins: the name {sorted(duplicates)[0]!r} is used twice")
+    for i, spec in enumerate(config.plugins):
+        parameters = PARAMETERS.get(spec.type)
+        if parameters is not None:
+            _parameters(parameters, spec, f"plugins.{i}")
+        elif unknown := sorted(set(spec.parameters or ()) - LLMD_ONLY_PARAMETERS.get(spec.type, frozenset())):
+            llmd = sorted(LLMD_ONLY_PARAMETERS.get(spec.type, ()))
+            besides = f" (llm-d's {', '.join(llmd)} are accepted and not used)" if llmd else ""
+            raise ConfigError(f"plugins.{i}.parameters: {spec.type} takes no parameters{besides}, got {unknown}")
+    names = [p.name for p in config.scheduling_profiles]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"schedulingProfiles.{i}.name: the profile {name!r} is defined twice")
     for i, profile in enumerate(config.scheduling_profiles):
         for j, entry in enumerate(profile.plugins):
             if entry.plugin_ref not in refs:
@@ -167,13 +196,15 @@ def parse_config(data: object) -> PickerConfig:
 
 def load_config(path: Path) -> PickerConfig:
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as err:
         raise ConfigError(f"{path}: {(err.strerror or str(err)).lower()}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
+        data = yaml.safe_load(raw.decode())
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: bad UTF-8, an integer of thousands of digits
         raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
     try:
         return parse_config(data)
     except ConfigError as err:

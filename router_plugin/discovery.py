@@ -58,13 +58,18 @@ class _EndpointSpec(BaseModel):
     port: int | str
     labels: dict[str, str] = {}
 
-    @field_validator("port")
+    @field_validator("port", mode="before")
     @classmethod
-    def _port(cls, value: int | str) -> int:
-        try:
+    def _port(cls, value: object) -> int:
+        text = value.strip() if isinstance(value, str) else value
+        if isinstance(text, str) and text.isascii() and text.isdigit():
+            port = int(text)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            port = value
+        elif isinstance(value, float) and value.is_integer():
             port = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"must be a port number, got {value!r}") from None
+        else:
+            raise ValueError(f"must be a port number, got {value!r}")
         if not 1 <= port <= 65535:
             raise ValueError(f"must be between 1 and 65535, got {port}")
         return port
@@ -129,8 +134,8 @@ def _check_labels(index: int, labels: Mapping[str, str]) -> None:
     if role not in ROLES:
         raise DiscoveryError(f"{where}.{ROLE_LABEL}: must be one of {', '.join(ROLES)}, got {role!r}")
     tp = labels.get(TP_LABEL, "1")
-    if not tp.isdigit() or int(tp) < 1:
-        raise DiscoveryError(f"{where}.{TP_LABEL}: must be an integer ≥ 1, got {tp!r}")
+    if not (tp.isascii() and tp.isdigit() and len(tp) <= 9) or int(tp) < 1:
+        raise DiscoveryError(f"{where}.{TP_LABEL}: must be an integer from 1 to 999999999, got {tp[:20]!r}")
     for label, lookup in ((ACCELERATOR_LABEL, get_accelerator), (MODEL_LABEL, get_model)):
         if label in labels:
             try:
@@ -152,6 +157,10 @@ def parse_endpoints(data: object) -> tuple[DiscoveredEndpoint, ...]:
     for i, e in enumerate(spec.endpoints):
         _check_labels(i, e.labels)
         endpoint = DiscoveredEndpoint(e.name, e.address, int(e.port), e.namespace, dict(e.labels))
+        try:  # what a feature row refuses (an id too long to be one) would leave the endpoint never scraped
+            endpoint.base_state()
+        except FeatureError as err:
+            raise DiscoveryError(f"endpoints[{i}].name: {err.problem}") from None
         if endpoint.endpoint_id in seen:
             raise DiscoveryError(f"endpoints[{i}].name: {endpoint.endpoint_id!r} is listed twice")
         seen.add(endpoint.endpoint_id)
@@ -171,8 +180,10 @@ def read_endpoints_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Di
     try:
         text = raw.decode()
         data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
-    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
+    except (ValueError, yaml.YAMLError) as err:  # ValueError: bad UTF-8 or JSON, an integer of thousands of digits
         raise DiscoveryError(f"{path}: not valid YAML/JSON ({err})") from None
+    except RecursionError:
+        raise DiscoveryError(f"{path}: not valid YAML/JSON (nested too deeply)") from None
     try:
         return parse_endpoints(data)
     except DiscoveryError as err:

@@ -72,12 +72,14 @@ def parse_groups(data: object, router_now_ms: float, wall_now_s: float) -> dict[
 def _load(text: str) -> object:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer of thousands of digits
         raise TimesliceError(f"not valid YAML/JSON ({err})") from None
+    except RecursionError:
+        raise TimesliceError("not valid YAML/JSON (nested too deeply)") from None
 
 
 class _Source:
@@ -91,9 +93,12 @@ class _Source:
     def status(self, group: str) -> GroupStatus | None:
         return self.groups.get(group)
 
-    def _apply(self, text: str, where: str) -> None:
+    def _apply(self, raw: bytes, where: str) -> None:
         try:
-            groups = parse_groups(_load(text), self.clock(), time.time())
+            groups = parse_groups(_load(raw.decode()), self.clock(), time.time())
+        except UnicodeDecodeError as err:
+            self._failed(f"{where}: not valid YAML/JSON ({err})")
+            return
         except TimesliceError as err:
             self._failed(f"{where}: {err}")
             return
@@ -133,12 +138,12 @@ class FileTimesliceSource(_Source):
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp == self._stamp:
                 return
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except OSError as err:
             self._failed(f"{self.path}: {(err.strerror or str(err)).lower()}")
             return
         self._stamp = stamp
-        self._apply(text, str(self.path))
+        self._apply(raw, str(self.path))
 
 
 class HttpTimesliceSource(_Source):
@@ -146,12 +151,16 @@ class HttpTimesliceSource(_Source):
 
     def __init__(self, url: str, upstreams: Upstreams, clock: Callable[[], float], timeout_s: float = 1.0) -> None:
         super().__init__(clock)
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # a port that is not a number from 0 to 65535 raises
+        except ValueError as err:
+            raise TimesliceError(f"{url!r}: expected http://HOST:PORT/PATH ({err})") from None
+        if parts.scheme != "http" or not parts.hostname or port == 0:
             raise TimesliceError(f"{url!r}: expected http://HOST:PORT/PATH")
         self.url = url
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.port = port or 80
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.upstreams = upstreams
         self.timeout_s = timeout_s
@@ -168,4 +177,4 @@ class HttpTimesliceSource(_Source):
         if response.status != 200:
             self._failed(f"{self.url} answered {response.status}")
             return
-        self._apply(body.decode(errors="replace"), self.url)
+        self._apply(body, self.url)

@@ -248,9 +248,12 @@ class Gateway:
     async def _watch_timeslice(self) -> None:
         source: Any = self.timeslice
         while True:
-            result = source.poll()
-            if asyncio.iscoroutine(result):
-                await result
+            try:
+                result = source.poll()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:  # noqa: BLE001 - a watcher must keep watching; the source keeps its last states
+                log.exception("time-slice poll failed")
             self.metrics.timeslice_source_errors.set(source.errors)
             self._refresh_group_views()
             await asyncio.sleep(self.settings.timeslice_poll_s)
@@ -417,7 +420,9 @@ class Gateway:
             self.metrics.requests.labels(path, str(code)).inc()
 
     async def _route(self, scope: Scope, receive: Receive, send: Send, arrival_ms: float, started: float) -> int:
-        headers = dict(scope["headers"])
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:  # a header given twice reads as its values joined, as in HTTP
+            headers[name] = headers[name] + b", " + value if name in headers else value
         try:
             body = await self._read_body(receive)
             if body is None:

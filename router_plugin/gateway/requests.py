@@ -17,6 +17,8 @@ import orjson
 
 SLO_TTFT_HEADER = b"x-llm-d-slo-ttft-ms"
 SLO_TPOT_HEADER = b"x-llm-d-slo-tpot-ms"
+MAX_TOKEN_ID = 2**31 - 1
+"""Token ids are vocabulary indices: the prefix hashes read them as 32-bit integers."""
 
 
 class BadRequest(ValueError):
@@ -66,6 +68,15 @@ def _content_text(content: Any, where: str) -> str:
     raise BadRequest(422, where, "must be a string or a list of content parts")
 
 
+def _token_ids(ids: list[Any]) -> list[int] | None:
+    """The ids, when every one is an integer; BadRequest when one is outside a vocabulary."""
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return None
+    if ids and not 0 <= min(ids) <= max(ids) <= MAX_TOKEN_ID:
+        raise BadRequest(422, "prompt", f"token ids must be integers from 0 to {MAX_TOKEN_ID}")
+    return ids
+
+
 def _prompt(body: dict[str, Any]) -> tuple[str, list[int] | None]:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -73,12 +84,11 @@ def _prompt(body: dict[str, Any]) -> tuple[str, list[int] | None]:
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return "".join(prompt), None
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            return "", list(prompt)
-        if all(isinstance(p, list) for p in prompt):
-            ids = [t for p in prompt for t in p]
-            if all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                return "", ids
+        ids = _token_ids(prompt)
+        if ids is None and all(isinstance(p, list) for p in prompt):
+            ids = _token_ids([t for p in prompt for t in p])
+        if ids is not None:
+            return "", ids
     if prompt is None:
         raise BadRequest(422, "prompt", "field required")
     raise BadRequest(422, "prompt", "must be a string, a list of strings or token ids")
@@ -110,7 +120,9 @@ def parse_request(
         raise BadRequest(400, "body", f"not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise BadRequest(422, "body", "must be a JSON object")
-    model = data.get("model") or ""
+    model = data.get("model")
+    if model is None:
+        model = ""
     if not isinstance(model, str):
         raise BadRequest(422, "model", "must be a string")
     stream = data.get("stream", False)

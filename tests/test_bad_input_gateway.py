@@ -1,0 +1,351 @@
+"""Bad input to the gateway and to what configures it: requests, the plugin configuration, discovery files,
+time-slice documents and `leadtime route`'s options. Each is refused with an error naming the problem (4xx with
+the field, a ConfigError/DiscoveryError/TimesliceError, one `error:` line and exit code 2), never a 500 or a
+traceback, and a file that turns bad while the gateway runs keeps what was read before it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
+from leadtime.router_plugin.discovery import (
+    DiscoveryError,
+    FileDiscovery,
+    StaticDiscovery,
+    parse_endpoints,
+    parse_static,
+)
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.gateway.requests import BadRequest, parse_request
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from leadtime.router_plugin.timeslice_sources import FileTimesliceSource, HttpTimesliceSource, TimesliceError
+
+SHIPPED = Path(__file__).resolve().parents[1] / "router_plugin" / "plugins.yaml"
+TTFT = "x-llm-d-slo-ttft-ms"
+TPOT = "x-llm-d-slo-tpot-ms"
+
+
+# ----- requests through the gateway (in process, no endpoint needed: they are refused before routing) --------
+
+
+def gateway() -> Gateway:
+    return Gateway(StaticDiscovery(()), RoundRobinPolicy(), GatewaySettings(timeslice_poll_s=0.001))
+
+
+def post(
+    path: str, body: bytes, headers: list[tuple[str, str]] | None = None, app: Gateway | None = None
+) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app or gateway(), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return await client.post(path, content=body, headers=headers or [])
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("ids", [[2**31], [1, 2**32], [2**64 - 1], [-1], [[5], [2**40]]])
+def test_token_ids_outside_a_vocabulary_are_422_naming_the_prompt(ids: list[object]) -> None:
+    response = post("/v1/completions", json.dumps({"prompt": ids, "max_tokens": 4}).encode())
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "prompt" and "token ids" in response.json()["error"]
+
+
+@pytest.mark.parametrize("header", [TTFT, TPOT])
+def test_an_slo_header_given_twice_is_422_naming_it(header: str) -> None:
+    response = post("/v1/completions", b'{"prompt": "hi"}', [(header, "100"), (header, "2000")])
+    assert response.status_code == 422 and response.json()["field"] == header
+    assert "100, 2000" in response.json()["error"]
+
+
+@pytest.mark.parametrize("model", [False, 0, [], {}, 5])
+def test_a_model_that_is_not_a_string_is_422(model: object) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_request("/v1/completions", json.dumps({"prompt": "hi", "model": model}).encode(), {})
+    assert (err.value.status, err.value.field) == (422, "model")
+
+
+@pytest.mark.parametrize(
+    "path,body,headers,status,field",
+    [
+        ("/v1/completions", b"", [], 400, "body"),
+        ("/v1/completions", b'{"prompt": "\\ud800"}', [], 400, "body"),
+        ("/v1/completions", b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", [], 400, "body"),
+        ("/v1/completions", b'{"prompt": [1e400]}', [], 400, "body"),
+        ("/v1/completions", b"null", [], 422, "body"),
+        ("/v1/completions", b'{"prompt": {"a": 1}}', [], 422, "prompt"),
+        ("/v1/completions", b'{"prompt": "x", "stream": null}', [], 422, "stream"),
+        ("/v1/chat/completions", b'{"messages": [null]}', [], 422, "messages[0]"),
+        ("/v1/completions", b'{"prompt": "x"}', [(TTFT, "1e400")], 422, TTFT),
+        ("/v1/completions", b'{"prompt": "x"}', [(TPOT, "-0")], 422, TPOT),
+        ("/v1/completions", b'{"prompt": "x"}', [(TTFT, "")], 422, TTFT),
+    ],
+)
+def test_bad_requests_through_the_gateway_are_4xx_naming_the_field(
+    path: str, body: bytes, headers: list[tuple[str, str]], status: int, field: str
+) -> None:
+    response = post(path, body, headers)
+    assert response.status_code == status and response.json()["field"] == field
+
+
+def test_unknown_paths_and_methods_are_404() -> None:
+    async def go() -> list[int]:
+        transport = httpx.ASGITransport(app=gateway(), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return [
+                (await client.request(method, path)).status_code
+                for method, path in (("GET", "/v1/completions"), ("POST", "/metrics"), ("GET", "/nope"))
+            ]
+
+    assert asyncio.run(go()) == [404, 404, 404]
+
+
+# ----- the plugin configuration ------------------------------------------------------------------------------
+
+
+def shipped() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(SHIPPED.read_text())
+    return data
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [(b"\xff\xfe plugins: []", "not valid YAML"), (b"[" * 20_000, "not valid YAML"), (b"seed: " + b"9" * 5000, "")],
+)
+def test_a_config_file_that_cannot_be_read_as_yaml_is_a_config_error(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"bad.yaml: {problem}"):
+        load_config(path)
+
+
+def test_a_parameter_mistake_names_the_file_and_the_plugin_whichever_profile_is_used(tmp_path: Path) -> None:
+    data = shipped()
+    data["plugins"][2]["parameters"]["exploration"] = 2
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"bad.yaml: plugins.2.parameters.exploration: .*less than or equal to 1"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("plugin", ["queue-scorer", "kv-cache-utilization-scorer", "max-score-picker"])
+def test_parameters_given_to_a_plugin_that_takes_none_are_refused(plugin: str) -> None:
+    data = shipped()
+    index = next(i for i, p in enumerate(data["plugins"]) if p["type"] == plugin)
+    data["plugins"][index]["parameters"] = {"maxScore": 3}
+    with pytest.raises(ConfigError, match=f"plugins.{index}.parameters: {plugin} takes no parameters"):
+        parse_config(data)
+
+
+def test_llm_ds_own_prefix_scorer_and_picker_parameters_still_load() -> None:
+    """A config copied from llm-d sets these; refusing them would break the drop-in promise."""
+    data = shipped()
+    for plugin in data["plugins"]:
+        if plugin["type"] == "prefix-cache-scorer":
+            plugin["parameters"] = {"hashBlockSize": 64, "maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 31250}
+        if plugin["type"] == "max-score-picker":
+            plugin["parameters"] = {"maxNumOfEndpoints": 1}
+    parse_config(data)
+    index = next(i for i, p in enumerate(data["plugins"]) if p["type"] == "prefix-cache-scorer")
+    data["plugins"][index]["parameters"]["blockSize"] = 64
+    refused = r"prefix-cache-scorer takes no parameters \(llm-d's hashBlockSize.*got \['blockSize'\]"
+    with pytest.raises(ConfigError, match=refused):
+        parse_config(data)
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        (lambda d: d["schedulingProfiles"][1]["plugins"][1].update(weight=float("inf")), "weight"),
+        (lambda d: d["fallback"]["weights"].update({"queue-scorer": -2}), "fallback.weights.queue-scorer"),
+        (lambda d: d["fallback"]["weights"].update({"queue-scorer": float("inf")}), "fallback.weights.queue-scorer"),
+        (lambda d: d["fallback"]["weights"].update({"queue-scorer": float("nan")}), "fallback.weights.queue-scorer"),
+        (lambda d: d["fallback"].update(deadlineMs=float("inf")), "fallback.deadlineMs"),
+        (lambda d: d["fallback"].update(deadlineMs=1e300), "fallback.deadlineMs"),
+        (lambda d: d["schedulingProfiles"].append({**d["schedulingProfiles"][1], "name": "default"}), "default"),
+    ],
+)
+def test_weights_deadlines_and_profiles_that_cannot_work_are_refused(
+    change: Callable[[dict[str, Any]], None], field: str
+) -> None:
+    data = shipped()
+    change(data)
+    with pytest.raises(ConfigError, match=field):
+        build_policy(parse_config(data), None, profile="heuristic")
+
+
+# ----- discovery ---------------------------------------------------------------------------------------------
+
+
+def endpoints(**change: object) -> dict[str, object]:
+    return {"endpoints": [{"name": "a", "address": "10.0.0.1", "port": "8000", **change}]}
+
+
+@pytest.mark.parametrize(
+    "data,field",
+    [
+        (endpoints(labels={"leadtime.io/tensor-parallel": "²"}), "endpoints[0].labels.leadtime.io/tensor-parallel"),
+        (endpoints(labels={"leadtime.io/tensor-parallel": "9" * 5000}), "endpoints[0].labels.leadtime.io/tensor"),
+        (endpoints(labels={"leadtime.io/tensor-parallel": "9" * 20}), "endpoints[0].labels.leadtime.io/tensor"),
+        (endpoints(name="x" * 300), "endpoints[0].name"),
+        (endpoints(port=True), "endpoints[0].port"),
+        (endpoints(port="8_0"), "endpoints[0].port"),
+    ],
+)
+def test_discovery_refuses_what_no_endpoint_can_be(data: dict[str, object], field: str) -> None:
+    with pytest.raises(DiscoveryError) as err:
+        parse_endpoints(data)
+    assert str(err.value).startswith(field)
+
+
+def test_a_static_endpoint_with_a_bad_tensor_parallel_label_is_a_discovery_error() -> None:
+    with pytest.raises(DiscoveryError, match="tensor-parallel"):
+        parse_static(["127.0.0.1:8000,leadtime.io/tensor-parallel=²"])
+
+
+@pytest.mark.parametrize("content", [b"[" * 20_000, b"endpoints: " + b"9" * 5000, b"{a: " * 5000])
+def test_a_discovery_file_nested_too_deep_is_refused_at_start_and_kept_out_on_reload(
+    tmp_path: Path, content: bytes
+) -> None:
+    path = tmp_path / "endpoints.yaml"
+    path.write_bytes(content)
+    with pytest.raises(DiscoveryError, match="endpoints.yaml"):
+        FileDiscovery(path)
+    path.write_text(json.dumps(endpoints()))
+    discovery = FileDiscovery(path)
+    new = tmp_path / "new"
+    new.write_bytes(content)
+    new.replace(path)
+    assert discovery.poll() is False
+    assert [e.endpoint_id for e in discovery.endpoints] == ["a"]
+    assert discovery.failed_reloads == 1 and "endpoints.yaml" in (discovery.last_error or "")
+
+
+# ----- time-slice states ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe", b"[" * 20_000, b'{"groups": {"rl": {"state": "LOCKED", "waiters": ' + b"9" * 5000 + b"}}}"],
+)
+def test_a_broken_timeslice_file_keeps_the_previous_states(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "groups.json"
+    path.write_text('{"groups": {"rl": {"state": "LOCKED", "active_job": "training"}}}')
+    source = FileTimesliceSource(path, lambda: 1000.0)
+    source.poll()
+    new = tmp_path / "new"
+    new.write_bytes(content)
+    new.replace(path)
+    source.poll()
+    assert source.errors == 1 and "groups.json" in (source.last_error or "")
+    status = source.status("rl")
+    assert status is not None and status.state == "LOCKED"
+
+
+@pytest.mark.parametrize("url", ["http://orchestrator:99999/groups", "http://orchestrator:x/", "http://[::1/"])
+def test_a_timeslice_url_that_cannot_be_used_is_a_timeslice_error(url: str) -> None:
+    with pytest.raises(TimesliceError, match="expected http://HOST:PORT/PATH"):
+        HttpTimesliceSource(url, gateway().upstreams, lambda: 0.0)
+
+
+def test_the_timeslice_watcher_keeps_watching_after_a_source_fails() -> None:
+    class Exploding:
+        errors = 0
+
+        def __init__(self) -> None:
+            self.polls = 0
+
+        def poll(self) -> None:
+            self.polls += 1
+            raise RuntimeError("boom")
+
+        def status(self, group: str) -> None:
+            return None
+
+    source = Exploding()
+    app = gateway()
+    app.timeslice = source
+
+    async def watch() -> None:
+        task = asyncio.get_running_loop().create_task(app._watch_timeslice())
+        await asyncio.sleep(0.05)
+        assert not task.done(), task
+        task.cancel()
+
+    asyncio.run(watch())
+    assert source.polls > 1
+
+
+# ----- leadtime route ------------------------------------------------------------------------------------------
+
+
+def route(*args: str) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+
+    result = CliRunner().invoke(app, ["route", *args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--ttft-slo-ms", "nan"], "--ttft-slo-ms"),
+        (["--tpot-slo-ms", "inf"], "--tpot-slo-ms"),
+        (["--scrape-interval-ms", "nan"], "--scrape-interval-ms"),
+        (["--scrape-interval-ms", "inf"], "--scrape-interval-ms"),
+        (["--unroutable-after-s", "nan"], "--unroutable-after-s"),
+        (["--pull-interval-s", "nan"], "--pull-interval-s"),
+        (["--timeslice-url", "http://orchestrator:99999/"], "http://orchestrator:99999/"),
+        (["--api-token", "secret\r\nX-Injected: 1"], "--api-token"),
+    ],
+)
+def test_route_refuses_options_that_cannot_work_with_one_line(args: list[str], message: str) -> None:
+    code, output = route("--endpoint", "127.0.0.1:1", "--policy", "random", *args)
+    assert code == 2, output
+    assert output.startswith("error: ") and message in output and "Traceback" not in output
+
+
+def test_route_refuses_config_and_discovery_files_it_cannot_use_naming_them(tmp_path: Path) -> None:
+    config = tmp_path / "plugins.yaml"
+    config.write_bytes(b"\xff\xfe")
+    code, output = route("--endpoint", "127.0.0.1:1", "--embedded", "--config", str(config))
+    assert code == 2 and "plugins.yaml: not valid YAML" in output and "Traceback" not in output
+    discovery = tmp_path / "endpoints.yaml"
+    discovery.write_text(yaml.safe_dump(endpoints(labels={"leadtime.io/tensor-parallel": "²"})))
+    code, output = route("--discovery", str(discovery), "--policy", "random")
+    assert code == 2 and "endpoints.yaml: endpoints[0].labels.leadtime.io/tensor-parallel" in output
+
+
+def test_route_on_a_port_in_use_says_so_in_one_line() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "leadtime", "route", "--endpoint", "127.0.0.1:1", "--policy", "random"]
+            + ["--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"error: 127.0.0.1:{port}: address already in use"]
+    assert time.monotonic() - started < 60
