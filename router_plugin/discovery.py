@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,10 @@ class DiscoveryError(ValueError):
     """The endpoint list is malformed; the message names the field."""
 
 
+_ADDRESS = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
+"""A host name, an IPv4 address or an IPv6 one (with a zone after `%`)."""
+
+
 class _EndpointSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
@@ -57,6 +62,16 @@ class _EndpointSpec(BaseModel):
     address: str = Field(min_length=1)
     port: int | str
     labels: dict[str, str] = {}
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        address = value.strip()
+        if address.startswith("[") and address.endswith("]"):  # an IPv6 literal as a URL writes it
+            address = address[1:-1]
+        if not _ADDRESS.fullmatch(address):
+            raise ValueError(f"must be a host name or an IP address, got {value[:80]!r}")
+        return address
 
     @field_validator("port", mode="before")
     @classmethod

@@ -204,12 +204,20 @@ def endpoints(**change: object) -> dict[str, object]:
         (endpoints(name="x" * 300), "endpoints[0].name"),
         (endpoints(port=True), "endpoints[0].port"),
         (endpoints(port="8_0"), "endpoints[0].port"),
+        (endpoints(address="   "), "endpoints[0].address"),
+        (endpoints(address="not a host!"), "endpoints[0].address"),
     ],
 )
 def test_discovery_refuses_what_no_endpoint_can_be(data: dict[str, object], field: str) -> None:
     with pytest.raises(DiscoveryError) as err:
         parse_endpoints(data)
     assert str(err.value).startswith(field)
+
+
+def test_an_ipv6_address_in_brackets_is_read_as_the_address() -> None:
+    """ "[::1]" was kept with its brackets and the endpoint named "[[::1]]:8000": never reached."""
+    (endpoint,) = parse_endpoints(endpoints(address="[::1]"))
+    assert endpoint.address == "::1" and endpoint.host_port == "[::1]:8000"
 
 
 def test_a_static_endpoint_with_a_bad_tensor_parallel_label_is_a_discovery_error() -> None:
