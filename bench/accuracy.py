@@ -296,6 +296,10 @@ def _speed(
     }
 
 
+MIN_ROWS = 20
+"""Fewer rows leave a 90/10 split a test set of one or two: figures, but of nothing."""
+
+
 def run_accuracy(
     data: Path,
     accelerator: str,
@@ -307,6 +311,12 @@ def run_accuracy(
     label_delay: int = 0,
 ) -> dict[str, Any]:
     rows = load_llmd_rows(data)
+    if len(rows) < MIN_ROWS:
+        raise ValueError(f"{data}: {len(rows)} rows; the walk and the 90/10 split need at least {MIN_ROWS}")
+    if label_delay >= len(rows):
+        raise ValueError(
+            f"--label-delay {label_delay} is not below the {len(rows)} rows of {data}: nothing would be learned"
+        )
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
     x_lt = Vectorizer(accelerator, model).batch_llmd(rows)
     x_ref = LlmdFrame.from_rows(rows)

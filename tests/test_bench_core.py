@@ -60,6 +60,16 @@ def test_accuracy_cli_prints_json_and_refuses_bad_files(small_trace: Path, tmp_p
     assert "none.jsonl" in result.output
 
 
+def test_accuracy_refuses_a_file_too_short_or_a_delay_past_its_end(small_trace: Path, tmp_path: Path) -> None:
+    """Five rows printed figures of a two-row split; a label delay past the end printed a walk that learned nothing."""
+    tiny = tmp_path / "tiny.jsonl"
+    tiny.write_text("\n".join(TRACE.read_text().splitlines()[:5]) + "\n")
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(tiny), "--json"])
+    assert result.exit_code == 2 and "5 rows" in result.output and "at least 20" in result.output
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(small_trace), "--label-delay", "400"])
+    assert result.exit_code == 2 and "--label-delay 400 is not below the 400 rows" in result.output
+
+
 def test_coldstart_beats_the_reference_on_a_class_it_never_saw() -> None:
     # 800 observations per seen class: with 400, the two models' TPOT on the first 50 rows were within 2-5% of
     # each other (0.174-0.187 against 0.178 MAPE, seed 1), too close to tell apart on so little data.
