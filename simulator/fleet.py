@@ -268,6 +268,10 @@ def build_fleet(spec: FleetSpec) -> Fleet:
     names = [p.name for p in spec.pools]
     if len(set(names)) != len(names):
         raise FleetError("pools: pool names must be unique")
+    models = sorted({p.model for p in spec.pools})
+    if len(models) > 1:
+        # A replayed request names no model: any endpoint may get it, and a P/D pair's KV must fit both sides.
+        raise FleetError(f"pools: every pool must serve the same model, got {', '.join(models)}")
     endpoints: list[EndpointConfig] = []
     for pool in spec.pools:
         if pool.timeslice_group is not None and pool.timeslice_group not in spec.timeslice_groups:

@@ -289,6 +289,15 @@ def test_fleet_errors_name_the_problem() -> None:
         )
     with pytest.raises(FleetError, match="count"):
         parse_fleet(_fleet(pool={"count": 0}))
+    with pytest.raises(FleetError, match="same model, got llama-3.1-8b, qwen3-32b"):
+        parse_fleet(
+            {
+                "pools": [
+                    {"name": "p", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "prefill"},
+                    {"name": "d", "count": 1, "accelerator": "h200-sxm", "model": "qwen3-32b", "role": "decode"},
+                ]
+            }
+        )
 
 
 def test_request_too_large_for_cache_is_a_clear_error() -> None:
