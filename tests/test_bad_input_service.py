@@ -92,6 +92,14 @@ def test_explain_still_explains_a_good_row(served: tuple[TestClient, Any]) -> No
     assert response.text.startswith("ttft: ")
 
 
+def test_explain_takes_a_null_pod_type_as_predict_does(served: tuple[TestClient, Any]) -> None:
+    """llm-d's clients send `pod_type: null` for a unified endpoint; /v1/predict took it and /v1/explain refused it."""
+    http, _ = served
+    assert http.post("/v1/predict", json={"rows": [{**ROW, "pod_type": None}]}).status_code == 200
+    response = http.post("/v1/explain", json={"row": {**ROW, "pod_type": None}})
+    assert response.status_code == 200, response.text
+
+
 # ----- gRPC -------------------------------------------------------------------------------------------------------
 
 
