@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from fastapi.testclient import TestClient
+from llmd_rows import llmd_row
 
 from leadtime.bench.procs import free_port
 from leadtime.predictor.grpc import leadtime_pb2 as pb
@@ -24,14 +25,7 @@ from leadtime.predictor.service.serve import check_model_dir, check_tls_files
 from leadtime.predictor.settings import ServiceSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW: dict[str, Any] = {
-    "kv_cache_percentage": 0.3,
-    "input_token_length": 800,
-    "num_request_waiting": 2,
-    "num_request_running": 8,
-    "num_tokens_generated": 0,
-    "prefix_cache_score": 0.25,
-}
+ROW = llmd_row()
 
 
 @pytest.fixture(scope="module")

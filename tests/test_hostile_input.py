@@ -10,18 +10,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from llmd_rows import llmd_row
 
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
 
-ROW = {
-    "kv_cache_percentage": 0.3,
-    "input_token_length": 800,
-    "num_request_waiting": 2,
-    "num_request_running": 8,
-    "num_tokens_generated": 0,
-    "prefix_cache_score": 0.25,
-}
+ROW = llmd_row()
 ENTRY = {**ROW, "actual_ttft_ms": 120.0, "actual_tpot_ms": 20.0}
 # (path, list field, one good item): every path that takes rows or entries.
 PATHS = [

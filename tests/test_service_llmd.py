@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 from fastapi.testclient import TestClient
+from llmd_rows import llmd_row
 
 from leadtime.data import MEASURED
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
@@ -21,19 +22,6 @@ from leadtime.predictor.settings import ServiceSettings
 
 TRACE = MEASURED["sharegpt-h200"]
 ANSWER_FIELDS = {"ttft_ms", "tpot_ms", "predicted_at", "model_type", "objective_type", "quantile", "last_model_load"}
-
-
-def llmd_row(**overrides: Any) -> dict[str, Any]:
-    row = {
-        "kv_cache_percentage": 0.3,
-        "input_token_length": 800,
-        "num_request_waiting": 2,
-        "num_request_running": 8,
-        "num_tokens_generated": 0,
-        "prefix_cache_score": 0.25,
-    }
-    row.update(overrides)
-    return row
 
 
 def training_entry(i: int, **overrides: Any) -> dict[str, Any]:

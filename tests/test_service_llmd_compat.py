@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from llmd_rows import llmd_row
 
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_importances import (
@@ -22,19 +23,6 @@ from leadtime.predictor.llmd_importances import (
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.trees import TREE_FEATURES
-
-
-def llmd_row(**overrides: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "kv_cache_percentage": 0.3,
-        "input_token_length": 800,
-        "num_request_waiting": 2,
-        "num_request_running": 8,
-        "num_tokens_generated": 0,
-        "prefix_cache_score": 0.25,
-    }
-    row.update(overrides)
-    return row
 
 
 def training_entry(i: int) -> dict[str, Any]:

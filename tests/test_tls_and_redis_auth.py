@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import httpx
@@ -22,6 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from llmd_rows import llmd_row
 from redis_server import RedisServer, free_port
 
 from leadtime.bench.procs import Child
@@ -31,14 +31,7 @@ from leadtime.predictor.store.redis_store import RedisStore
 
 PASSWORD = "s3cret-p4ss"
 TOKEN = "write-token"
-ROW: dict[str, Any] = {
-    "kv_cache_percentage": 0.3,
-    "input_token_length": 800,
-    "num_request_waiting": 2,
-    "num_request_running": 8,
-    "num_tokens_generated": 0,
-    "prefix_cache_score": 0.25,
-}
+ROW = llmd_row()
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
