@@ -15,12 +15,11 @@ import grpc
 import pytest
 from fastapi.testclient import TestClient
 from llmd_rows import llmd_row
+from served import http_and_grpc
 
 from leadtime.bench.procs import free_port
 from leadtime.predictor.grpc import leadtime_pb2 as pb
-from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
-from leadtime.predictor.grpc.server import start_grpc_server
-from leadtime.predictor.service.app import StoreError, create_app, make_store
+from leadtime.predictor.service.app import StoreError, make_store
 from leadtime.predictor.service.serve import check_model_dir, check_tls_files
 from leadtime.predictor.settings import ServiceSettings
 
@@ -31,14 +30,8 @@ ROW = llmd_row()
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[TestClient, Any]]:
     """An app (HTTP through TestClient) and a gRPC stub on the same runtime."""
-    with TestClient(create_app(ServiceSettings(grpc_port=0))) as http:
-        server, port = start_grpc_server(http.app.state.runtime, "127.0.0.1", 0)  # type: ignore[attr-defined]
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        try:
-            yield http, pb_grpc.PredictorStub(channel)
-        finally:
-            channel.close()
-            server.stop(grace=None)
+    with http_and_grpc(ServiceSettings(grpc_port=0)) as served:
+        yield served
 
 
 def accepted(http: TestClient) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 from fastapi.testclient import TestClient
+from served import http_and_grpc
 
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
@@ -35,14 +36,8 @@ def row(**overrides: Any) -> Any:
 @pytest.fixture
 def served() -> Iterator[tuple[TestClient, Any]]:
     """An app (HTTP through TestClient) and a gRPC stub on the same runtime."""
-    with TestClient(create_app(ServiceSettings(api_token="tok", max_body_bytes=200_000))) as http:
-        server, port = start_grpc_server(http.app.state.runtime, "127.0.0.1", 0)  # type: ignore[attr-defined]
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        try:
-            yield http, pb_grpc.PredictorStub(channel)
-        finally:
-            channel.close()
-            server.stop(grace=None)
+    with http_and_grpc(ServiceSettings(api_token="tok", max_body_bytes=200_000)) as served:
+        yield served
 
 
 def test_predict_bulk_answers_per_row_and_matches_http(served: tuple[TestClient, Any]) -> None:
