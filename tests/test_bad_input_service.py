@@ -128,6 +128,23 @@ def test_grpc_observe_stream_names_the_bad_batch_and_keeps_the_batches_before_it
     assert accepted(http) == before + 2
 
 
+def test_grpc_observe_stream_says_what_was_kept_when_the_backlog_fills(
+    served: tuple[TestClient, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full backlog in the middle of a stream failed it without saying that the batches before were kept."""
+    http, stub = served
+    runtime = http.app.state.runtime  # type: ignore[attr-defined]
+    before = accepted(http)
+    calls = iter([False, True])
+    monkeypatch.setattr(runtime, "backlog_full", lambda: next(calls))  # full from the second batch on
+    batches = [pb.ObserveRequest(observations=[observation()]) for _ in range(2)]
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ObserveStream(iter(batches), timeout=10)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "batches[1]" in err.value.details() and "1 observations" in err.value.details(), err.value.details()
+    assert accepted(http) == before + 1
+
+
 # ----- leadtime serve ---------------------------------------------------------------------------------------------
 
 

@@ -177,6 +177,10 @@ class PredictorServicer(pb_grpc.PredictorServicer):
                     # The batches before it are kept: say so, or a client would send them again.
                     kept = f"{total:,} observations of the batches before it were accepted"
                     raise FeatureError(f"batches[{k}].{err.field}", f"{err.problem} ({kept})") from None
+                except BacklogFull as err:
+                    raise BacklogFull(
+                        f"batches[{k}]: {err} ({total:,} observations of the batches before it were accepted)"
+                    ) from None
             return pb.ObserveResponse(accepted=total)
 
         return self._call("ObserveStream", context, body)
