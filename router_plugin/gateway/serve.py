@@ -102,9 +102,12 @@ def build_gateway(
     return gateway
 
 
-def listen(host: str, port: int) -> list[socket.socket]:
-    """Bound sockets for every address `host` resolves to (all interfaces for ""), as asyncio would bind them;
-    an OSError naming `host:port` when one cannot be bound (a port in use, a host that does not resolve)."""
+def check_listenable(host: str, port: int) -> None:
+    """An OSError naming `host:port` when some address `host` resolves to (all interfaces for "") cannot be bound
+    (a port in use, a host that does not resolve); before uvicorn, which would log the failure and exit 3.
+
+    Probed and let go, not handed to uvicorn: served from sockets bound beforehand, `leadtime sim serve`'s mock
+    endpoints came out of a gateway's measurements implausibly fast (cause not traced), so neither does it."""
     sockets: list[socket.socket] = []
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -116,10 +119,10 @@ def listen(host: str, port: int) -> list[socket.socket]:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
     except OSError as err:
+        raise OSError(err.errno, err.strerror or str(err), f"{host}:{port}") from None
+    finally:
         for sock in sockets:
             sock.close()
-        raise OSError(err.errno, err.strerror or str(err), f"{host}:{port}") from None
-    return sockets
 
 
 def serve_gateway(gateway: Gateway) -> None:
@@ -129,7 +132,7 @@ def serve_gateway(gateway: Gateway) -> None:
     predictor answer arrives while the event loop is busy, it waits at most that long for the interpreter.
     """
     settings = gateway.settings
-    sockets = listen(settings.host, settings.port)  # before uvicorn, which would log a failure and exit 3
+    check_listenable(settings.host, settings.port)
     sys.setswitchinterval(0.0005)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(
@@ -144,4 +147,4 @@ def serve_gateway(gateway: Gateway) -> None:
         server_header=False,  # the endpoint's own date and server headers are passed through
         date_header=False,
     )
-    uvicorn.Server(config).run(sockets=sockets)
+    uvicorn.Server(config).run()
