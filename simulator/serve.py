@@ -621,9 +621,10 @@ class FleetServer:
 
     def _check_ports(self) -> None:
         """OSError naming the first port (the endpoints', then the time-slice groups') that cannot be bound, before
-        any server starts. Only probed, not held: served from sockets bound here and handed to uvicorn, a gateway's
-        observations of the mock endpoints came out implausibly fast and the predictor dropped most of them (cause
-        not traced; tests/test_gateway_pulled.py caught it)."""
+        any server starts. Only probed, not held: a socket made by `socket.create_server` says protocol 0, and
+        asyncio sets TCP_NODELAY only on connections whose socket says IPPROTO_TCP, so served from such sockets the
+        token chunks waited on Nagle's algorithm and reached a gateway in bursts (ITLs near 0, which the predictor
+        drops as implausible; tests/test_gateway_pulled.py caught it)."""
         for port in [*self.ports, *([self.timeslice_port] if self.timeslice_port is not None else [])]:
             check_port_free(self.host, port, "simulated endpoints" if port in self.ports else "time-slice states")
 

@@ -106,8 +106,8 @@ def check_listenable(host: str, port: int) -> None:
     """An OSError naming `host:port` when some address `host` resolves to (all interfaces for "") cannot be bound
     (a port in use, a host that does not resolve); before uvicorn, which would log the failure and exit 3.
 
-    Probed and let go, not handed to uvicorn: served from sockets bound beforehand, `leadtime sim serve`'s mock
-    endpoints came out of a gateway's measurements implausibly fast (cause not traced), so neither does it."""
+    Probed and let go, as the service and `leadtime sim serve` do: a socket handed to uvicorn must say IPPROTO_TCP,
+    or asyncio leaves Nagle's algorithm on for its connections and streamed tokens go out in bursts."""
     sockets: list[socket.socket] = []
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
