@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -654,6 +655,18 @@ class FleetServer:
             self._thread.join()
 
 
+def _check_writable(path: Path) -> None:
+    """OSError before anything starts when `path` cannot be written (it is a directory, or its directory is missing
+    or not writable). Not created here: a waiting client takes the file's appearance for "the fleet is up"."""
+    directory = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise OSError(f"--endpoints-file {str(path)!r} is a directory")
+    if not directory.is_dir():
+        raise OSError(f"--endpoints-file {str(path)!r}: no directory {str(directory)!r}")
+    if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise OSError(f"--endpoints-file {str(path)!r} cannot be written")
+
+
 def serve_fleet(
     fleet: Fleet,
     host: str = "127.0.0.1",
@@ -675,6 +688,8 @@ def serve_fleet(
         raise ValueError(f"--timeslice-port {timeslice_port} is one of the endpoints' ports ({ports[0]}-{ports[-1]})")
     if max(ports + [timeslice_port or 0]) > 65535:
         raise ValueError(f"--base-port {base_port} leaves no room for {len(ports)} endpoints")
+    if endpoints_file is not None:
+        _check_writable(endpoints_file)
     server = FleetServer(fleet, ports, host, model_name, seed=seed, timeslice_port=timeslice_port)
     server.start()
     for endpoint_id, url in server.urls.items():

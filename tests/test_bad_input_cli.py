@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from leadtime.bench.procs import free_ports
 from leadtime.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -292,6 +293,15 @@ def test_sim_serve_names_a_host_it_cannot_listen_on() -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(("where", "problem"), [("missing/endpoints.yaml", "no directory"), (".", "is a directory")])
+def test_sim_serve_refuses_an_endpoints_file_it_cannot_write_before_starting(
+    tmp_path: Path, where: str, problem: str
+) -> None:
+    """It started the endpoints and printed their URLs, then failed to write the file."""
+    args = ["sim", "serve", "--fleet", "homogeneous", "--base-port", str(free_ports(9))]
+    refused([*args, "--endpoints-file", str(tmp_path / where)], "--endpoints-file", problem)
+
+
 def test_sim_serve_refuses_a_timeslice_port_among_the_endpoints_ports() -> None:
     args = ["sim", "serve", "--fleet", "timesliced", "--base-port", "18400", "--timeslice-port", "18401"]
     refused(args, "--timeslice-port 18401")
