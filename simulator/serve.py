@@ -48,7 +48,7 @@ from leadtime.predictor.service.edge import (
     unexpected_error_handler,
     validation_error_handler,
 )
-from leadtime.predictor.service.serve import check_port_free
+from leadtime.predictor.service.ports import check_port_free
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
@@ -622,10 +622,7 @@ class FleetServer:
 
     def _check_ports(self) -> None:
         """OSError naming the first port (the endpoints', then the time-slice groups') that cannot be bound, before
-        any server starts. Only probed, not held: a socket made by `socket.create_server` says protocol 0, and
-        asyncio sets TCP_NODELAY only on connections whose socket says IPPROTO_TCP, so served from such sockets the
-        token chunks waited on Nagle's algorithm and reached a gateway in bursts (ITLs near 0, which the predictor
-        drops as implausible; tests/test_gateway_pulled.py caught it)."""
+        any server starts (`predictor.service.ports`: probed, not held)."""
         for port in [*self.ports, *([self.timeslice_port] if self.timeslice_port is not None else [])]:
             check_port_free(self.host, port, "simulated endpoints" if port in self.ports else "time-slice states")
 

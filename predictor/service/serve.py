@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import socket
 import ssl
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import uvicorn
 
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.cpus import format_cpu_list, pin_process
+from leadtime.predictor.service.ports import check_port_free
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.settings import ServiceSettings
 
@@ -36,24 +36,6 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.runtime.begin_shutdown()
         super().handle_exit(sig, frame)
-
-
-def check_port_free(host: str, port: int, what: str) -> None:
-    """Raise OSError in one line when `host:port` cannot be bound (another process has it, or the address is not
-    this machine's), before anything is started: port 0 (any free port) always passes."""
-    if port == 0:
-        return
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as err:
-        raise OSError(f"the {what} address {host!r} cannot be resolved ({err.strerror})") from None
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn and gRPC bind
-        try:
-            probe.bind(address)
-        except OSError as err:
-            reason = (err.strerror or str(err)).lower()
-            raise OSError(f"cannot serve {what} on {host}:{port}: {reason}") from None
 
 
 def check_tls_files(certfile: Path, keyfile: Path) -> None:

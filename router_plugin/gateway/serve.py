@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import uvicorn
 
+from leadtime.predictor.service.ports import probe_bind
 from leadtime.router_plugin.client import PredictorClient
 from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
@@ -102,29 +102,6 @@ def build_gateway(
     return gateway
 
 
-def check_listenable(host: str, port: int) -> None:
-    """An OSError naming `host:port` when some address `host` resolves to (all interfaces for "") cannot be bound
-    (a port in use, a host that does not resolve); before uvicorn, which would log the failure and exit 3.
-
-    Probed and let go, as the service and `leadtime sim serve` do: a socket handed to uvicorn must say IPPROTO_TCP,
-    or asyncio leaves Nagle's algorithm on for its connections and streamed tokens go out in bursts."""
-    sockets: list[socket.socket] = []
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-    except OSError as err:
-        raise OSError(err.errno, err.strerror or str(err), f"{host}:{port}") from None
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def serve_gateway(gateway: Gateway) -> None:
     """Serve until interrupted; an OSError naming the address when it cannot be listened on.
 
@@ -132,7 +109,7 @@ def serve_gateway(gateway: Gateway) -> None:
     predictor answer arrives while the event loop is busy, it waits at most that long for the interpreter.
     """
     settings = gateway.settings
-    check_listenable(settings.host, settings.port)
+    probe_bind(settings.host, settings.port)  # before uvicorn, which would log a failure and exit 3
     sys.setswitchinterval(0.0005)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(
