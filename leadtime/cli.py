@@ -595,8 +595,8 @@ def route(
         ("--ttft-slo-ms", ttft_slo_ms),
         ("--tpot-slo-ms", tpot_slo_ms),
     ):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            _fail(f"{name} must be > 0 and finite, got {value}")
+        if value is not None:
+            _positive(name, value)
     if api_token is not None and not (api_token.isascii() and api_token.isprintable()):
         _fail("--api-token must be printable ASCII, without line breaks or control characters")
     try:

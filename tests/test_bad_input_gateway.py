@@ -19,7 +19,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from leadtime.cli import app
 from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
 from leadtime.router_plugin.discovery import (
     DiscoveryError,
@@ -302,10 +304,6 @@ def test_the_timeslice_watcher_keeps_watching_after_a_source_fails() -> None:
 
 
 def route(*args: str) -> tuple[int, str]:
-    from typer.testing import CliRunner
-
-    from leadtime.cli import app
-
     result = CliRunner().invoke(app, ["route", *args])
     return result.exit_code, result.output
 
