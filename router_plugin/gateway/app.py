@@ -420,9 +420,11 @@ class Gateway:
             self.metrics.requests.labels(path, str(code)).inc()
 
     async def _route(self, scope: Scope, receive: Receive, send: Send, arrival_ms: float, started: float) -> int:
-        headers: dict[bytes, bytes] = {}
-        for name, value in scope["headers"]:  # a header given twice reads as its values joined, as in HTTP
-            headers[name] = headers[name] + b", " + value if name in headers else value
+        headers: dict[bytes, bytes] = dict(scope["headers"])
+        if len(headers) < len(scope["headers"]):  # a header given twice reads as its values joined, as in HTTP
+            headers = {}
+            for name, value in scope["headers"]:
+                headers[name] = headers[name] + b", " + value if name in headers else value
         try:
             body = await self._read_body(receive)
             if body is None:
