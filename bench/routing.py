@@ -72,13 +72,18 @@ def policies_for(fleet: str, only: Sequence[str] | None = None) -> list[str]:
 
 
 def selected_policies(names: Sequence[str], fleets: Sequence[str]) -> tuple[str, ...]:
-    """The policies a user asked for, by their canonical names (hyphens for underscores accepted); a name that is
-    no benchmark policy, or an ablation that acts on none of `fleets`, is refused (ValueError) rather than
-    silently running nothing."""
+    """The policies a user asked for, by their canonical names (spelled as `leadtime simulate` takes them); a name
+    that is no benchmark policy, or an ablation that acts on none of `fleets`, is refused (ValueError) rather
+    than silently running nothing."""
+    from leadtime.simulator.run import policy_name
+
     known = [*PEERS, REFERENCE, LEADTIME, *ABLATIONS]
     chosen = []
     for name in names:
-        canonical = name.replace("-", "_")
+        try:
+            canonical = policy_name(name)  # the simulator's spellings: hyphens, and its older short names
+        except ValueError:
+            canonical = name
         if canonical not in known:
             raise ValueError(f"--policy {name!r}: not a benchmark policy (known: {', '.join(known)})")
         where = ABLATIONS.get(canonical, FLEETS)
