@@ -2,10 +2,11 @@
 
 For each fleet the same requests (the first `max_requests` of the trace, arrivals spread over the trace's
 timestamp steps, see `simulator.workload.spread_steps`) are replayed at two rates: a base rate that loads the
-fleet to `LOAD_TARGET` of its capacity, and 1.5× that. A fleet's capacity is measured, not configured: the
-highest rate at which, under least-queue routing, it completes requests as fast as they arrive (at least
-`KEEP_UP` of the arrivals in the middle half of the window complete within it), found by bisection on the first
-`CAPACITY_PROBE` requests with the trace's own arrival pattern. Every policy sees the same requests, seed and
+fleet to `LOAD_TARGET` of its capacity, and 1.5× that (other multiples of the base rate on request, `load_name`).
+A fleet's capacity is measured, not configured: the highest rate at which, under least-queue routing, it
+completes requests as fast as they arrive (at least `KEEP_UP` of the arrivals in the middle half of the window
+complete within it), found by bisection on the first `CAPACITY_PROBE` requests with the trace's own arrival
+pattern. Every policy sees the same requests, seed and
 SLOs (each request's SLO class is drawn by the fleet file's `slos` from its id). Goodput is the number of
 requests that met both of their SLOs per second of the arrival window.
 
@@ -63,6 +64,24 @@ class RoutingOptions:
     policies: tuple[str, ...] | None = None  # None: every policy that applies to the fleet
     workers: int = 2
     follow_llmd: bool = False  # also measure llm-d's predictor on the requests Leadtime routed (`shadow`)
+    loads: tuple[float, ...] = tuple(LOADS.values())  # multiples of the base rate
+
+
+def load_name(factor: float) -> str:
+    """The report's key for a load of `factor` times the base rate: the benchmark's own two by their names.
+
+    >>> load_name(1.0), load_name(1.5), load_name(1.2)
+    ('base', 'high', '1.2x')
+    """
+    for name, known in LOADS.items():
+        if math.isclose(factor, known):
+            return name
+    return f"{factor:g}x"
+
+
+def report_loads(fleet_report: dict[str, Any]) -> list[str]:
+    """The loads a fleet's report holds, in the order they were run."""
+    return [key for key in fleet_report if key != "capacity_rps"]
 
 
 def policies_for(fleet: str, only: Sequence[str] | None = None) -> list[str]:
@@ -291,9 +310,9 @@ def _workers(count: int) -> Iterator[ProcessPoolExecutor | None]:
 def run_routing(
     options: RoutingOptions = RoutingOptions(),
     progress: Callable[[int, int, str], None] | None = None,
-    loads: Sequence[str] = tuple(LOADS),
 ) -> tuple[dict[str, Any], dict[tuple[str, str, str], Any]]:
     """(the JSON report, the latency curves of seed `options.seed` per (fleet, load, policy))."""
+    loads = {load_name(factor): factor for factor in options.loads}
     seeds = list(range(options.seed, options.seed + options.seeds))
     started = time.perf_counter()
     rates: dict[tuple[str, int], float] = {}
@@ -320,8 +339,7 @@ def run_routing(
         for (fleet, seed), cap in zip(keys, found, strict=True):
             capacity.setdefault(fleet, []).append(cap)
             rates[fleet, seed] = LOAD_TARGET * cap
-            for load in loads:
-                factor = LOADS[load]
+            for load, factor in loads.items():
                 for policy in policies_for(fleet, options.policies):
                     cells.append(
                         Cell(
@@ -352,7 +370,7 @@ def run_routing(
             for policy in policies_for(fleet, options.policies):
                 runs = [results[c] for c in cells if (c.fleet, c.load, c.policy) == (fleet, load, policy)]
                 per_policy[policy] = _mean_metrics(runs)
-            rate = float(np.mean([rates[fleet, s] * LOADS[load] for s in seeds]))
+            rate = float(np.mean([rates[fleet, s] * loads[load] for s in seeds]))
             fleet_report[load] = {"rate_rps": rate, "policies": per_policy}
         fleet_report["capacity_rps"] = float(np.mean(capacity[fleet]))
         report["fleets"][fleet] = fleet_report
@@ -362,7 +380,7 @@ def run_routing(
         "max_requests": options.max_requests,
         "seeds": seeds,
         "load_target": LOAD_TARGET,
-        "loads": {load: LOADS[load] for load in loads},
+        "loads": loads,
         "workers": options.workers,
         "wall_s": time.perf_counter() - started,
         "cpus": os.cpu_count(),
@@ -380,9 +398,7 @@ def check_targets(
     """Each target of the routing benchmark, per fleet and load: the figures it compares and whether it holds."""
     checks: dict[str, Any] = {}
     for fleet, loads in report["fleets"].items():
-        for load in LOADS:
-            if load not in loads:
-                continue
+        for load in report_loads(loads):
             policies = loads[load]["policies"]
             peers = {p: policies[p]["goodput_rps"] for p in PEERS if p in policies}
             if not peers or LEADTIME not in policies:
@@ -432,10 +448,8 @@ def check_targets(
 # ----- output -------------------------------------------------------------------------------------------
 
 
-def write_plots(
-    report: dict[str, Any], curves: dict[tuple[str, str, str], Any], out: Path, loads: Sequence[str] = tuple(LOADS)
-) -> list[Path]:
-    """Latency CDFs per fleet (high load) and goodput per fleet and load; returns the files written."""
+def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any], out: Path) -> list[Path]:
+    """Latency CDFs per fleet (at the highest load run) and goodput per fleet and load; returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -444,6 +458,8 @@ def write_plots(
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     fleets = list(report["fleets"])
+    loads = list(report["run"]["loads"])
+    top = max(loads, key=lambda load: report["run"]["loads"][load])
     fig, axes = plt.subplots(1, len(loads), figsize=(6.5 * len(loads), 4.8), sharey=False)
     for ax, load in zip(np.atleast_1d(axes), loads, strict=True):
         names = sorted({p for f in fleets for p in report["fleets"][f][load]["policies"]}, key=_policy_order)
@@ -464,8 +480,8 @@ def write_plots(
     for fleet in fleets:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
         for ax, metric, label in zip(axes, ("ttft_ms", "itl_ms"), ("TTFT (s)", "ITL (ms)"), strict=True):
-            for name in sorted({p for (f, ld, p) in curves if f == fleet and ld == "high"}, key=_policy_order):
-                sample = np.asarray(curves[fleet, "high", name][metric], dtype=float)
+            for name in sorted({p for (f, ld, p) in curves if f == fleet and ld == top}, key=_policy_order):
+                sample = np.asarray(curves[fleet, top, name][metric], dtype=float)
                 if not len(sample):
                     continue
                 scale = 1e-3 if metric == "ttft_ms" else 1.0
@@ -481,14 +497,14 @@ def write_plots(
             ax.set_xlim(
                 0,
                 np.percentile(
-                    [v for (f, ld, p), c in curves.items() if f == fleet and ld == "high" for v in c[metric]] or [1.0],
+                    [v for (f, ld, p), c in curves.items() if f == fleet and ld == top for v in c[metric]] or [1.0],
                     95,
                 )
                 * (1e-3 if metric == "ttft_ms" else 1),
             )
             ax.grid(alpha=0.3)
-        axes[0].set_title(f"{fleet}, high load: TTFT")
-        axes[1].set_title(f"{fleet}, high load: ITL")
+        axes[0].set_title(f"{fleet}, {top} load: TTFT")
+        axes[1].set_title(f"{fleet}, {top} load: ITL")
         axes[1].legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         path = out / f"latency_cdf_{fleet}.png"
@@ -532,7 +548,7 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
 
     console = Console()
     for fleet, loads in report["fleets"].items():
-        ran = [load for load in LOADS if load in loads]
+        ran = report_loads(loads)
         table = Table(title=f"{fleet} (capacity {loads['capacity_rps']:.2f} req/s)")
         table.add_column("policy")
         for load in ran:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from leadtime.bench.routing import LEADTIME, RoutingOptions, run_routing, write_plots
+from leadtime.bench.routing import LEADTIME, LOADS, RoutingOptions, run_routing, write_plots
 
 DEMO_FLEETS = ("mixed", "pd", "timesliced")
 DEMO_POLICIES = ("llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache", LEADTIME)
@@ -32,7 +32,9 @@ def run_demo(
         f"[bold]Leadtime demo[/bold]: {max_requests} Mooncake requests on each of {', '.join(DEMO_FLEETS)}, at 1.5× "
         "the rate that loads the fleet to 85% of its capacity; every learning policy starts cold."
     )
-    options = RoutingOptions(max_requests=max_requests, fleets=DEMO_FLEETS, policies=policies, workers=workers)
+    options = RoutingOptions(
+        max_requests=max_requests, fleets=DEMO_FLEETS, policies=policies, workers=workers, loads=(LOADS["high"],)
+    )
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -47,7 +49,7 @@ def run_demo(
         def tick(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=what)
 
-        report, curves = run_routing(options, progress=tick, loads=("high",))
+        report, curves = run_routing(options, progress=tick)
     table = Table(title="goodput (requests/s meeting both SLOs) and TTFT p50 / p99, high load")
     table.add_column("policy")
     for fleet in DEMO_FLEETS:
@@ -63,7 +65,7 @@ def run_demo(
             )
         table.add_row(f"[bold]{name}[/bold]" if name == LEADTIME else name, *cells)
     console.print(table)
-    files = write_plots(report, curves, out, loads=("high",))
+    files = write_plots(report, curves, out)
     files += write_learning_plots(curves, out)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"report written to {out}/ ({', '.join(p.name for p in files)}, report.json)")

@@ -439,6 +439,13 @@ def bench_routing(
     fleet: Annotated[list[str] | None, typer.Option(help="Only these fleets (repeatable); default: all six.")] = None,
     policy: Annotated[list[str] | None, typer.Option(help="Only these policies (repeatable).")] = None,
     workers: Annotated[int, typer.Option(help="Simulations run in parallel processes.")] = 2,
+    load: Annotated[
+        list[float] | None,
+        typer.Option(
+            help="Loads to run, as multiples of the base rate (85% of capacity; repeatable); "
+            "default: 1.0 and 1.5, reported as base and high."
+        ),
+    ] = None,
     follow_llmd: Annotated[
         bool,
         typer.Option(
@@ -452,7 +459,9 @@ def bench_routing(
     """Goodput of every routing policy on six fleets at two loads, side by side in one run."""
     from leadtime.bench.routing import (
         FLEETS,
+        LOADS,
         RoutingOptions,
+        load_name,
         print_report,
         run_routing,
         selected_policies,
@@ -471,6 +480,12 @@ def bench_routing(
         policies = selected_policies(policy, fleets) if policy else None
     except ValueError as err:
         _fail(err)
+    loads = tuple(load) if load else tuple(LOADS.values())
+    for factor in loads:
+        _positive("--load", factor)
+    named = [load_name(factor) for factor in loads]
+    if len(set(named)) < len(named):
+        _fail(f"--load: each load once (given: {', '.join(named)})")
     options = RoutingOptions(
         trace=trace,
         max_requests=max_requests,
@@ -480,6 +495,7 @@ def bench_routing(
         policies=policies,
         workers=workers,
         follow_llmd=follow_llmd,
+        loads=loads,
     )
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -14,10 +14,13 @@ import numpy as np
 import pytest
 
 from leadtime.bench.routing import (
+    LOAD_TARGET,
     Cell,
     RoutingOptions,
     check_targets,
     policies_for,
+    print_report,
+    report_loads,
     run_cell,
     run_routing,
     selected_policies,
@@ -123,6 +126,9 @@ def test_cli_refuses_an_unknown_fleet() -> None:
     [
         (["--policy", "fastest"], "--policy 'fastest': not a benchmark policy"),
         (["--policy", "leadtime_decode_first", "--fleet", "mixed"], "runs only on pd, pd_hetero"),
+        (["--load", "0"], "--load must be > 0"),
+        (["--load", "nan"], "--load must be > 0"),
+        (["--load", "1.5", "--load", "1.50"], "--load: each load once (given: high, high)"),
     ],
 )
 def test_cli_refuses_a_policy_that_would_run_nowhere(args: list[str], message: str) -> None:
@@ -131,6 +137,20 @@ def test_cli_refuses_a_policy_that_would_run_nowhere(args: list[str], message: s
     )
     assert run.returncode == 2
     assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_loads_between_the_two_are_run_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    options = RoutingOptions(
+        max_requests=120, fleets=("homogeneous",), policies=("least_queue", "leadtime"), workers=1, loads=(1.2,)
+    )
+    report, curves = run_routing(options)
+    fleet = report["fleets"]["homogeneous"]
+    assert report_loads(fleet) == ["1.2x"] and report["run"]["loads"] == {"1.2x": 1.2}
+    assert fleet["1.2x"]["rate_rps"] == pytest.approx(1.2 * LOAD_TARGET * fleet["capacity_rps"])
+    assert report["targets"]["homogeneous/1.2x"]["best_peer"] == "least_queue"
+    assert {p.name for p in write_plots(report, curves, tmp_path)} == {"goodput.png", "latency_cdf_homogeneous.png"}
+    print_report(report, as_json=False)
+    assert "1.2x" in capsys.readouterr().out
 
 
 def test_policies_may_be_spelled_with_hyphens() -> None:
