@@ -6,9 +6,9 @@ fleet to `LOAD_TARGET` of its capacity, and 1.5× that (other multiples of the b
 A fleet's capacity is measured, not configured: the highest rate at which, under least-queue routing, it
 completes requests as fast as they arrive (at least `KEEP_UP` of the arrivals in the middle half of the window
 complete within it), found by bisection on the first `CAPACITY_PROBE` requests with the trace's own arrival
-pattern. Every policy sees the same requests, seed and
-SLOs (each request's SLO class is drawn by the fleet file's `slos` from its id). Goodput is the number of
-requests that met both of their SLOs per second of the arrival window.
+pattern. Every policy sees the same requests, seed and SLOs (each request's SLO class is drawn by the fleet
+file's `slos` from its id). Goodput is the number of requests that met both of their SLOs per second of the
+arrival window.
 
 `decision_ms` is the CPU time of each routing decision (the policy's own cost, whatever else shares the
 machine), `decision_wall_ms` its wall-clock time. Runs go to `workers` processes; with `seeds` > 1 every figure
@@ -77,6 +77,26 @@ def load_name(factor: float) -> str:
         if math.isclose(factor, known):
             return name
     return f"{factor:g}x"
+
+
+def check_loads(factors: Sequence[float]) -> dict[str, float]:
+    """The loads to run by their report keys; a factor that is no positive finite number, or two that would
+    share a key, are refused (ValueError) before anything runs.
+
+    >>> check_loads([1.0, 1.2])
+    {'base': 1.0, '1.2x': 1.2}
+    """
+    loads: dict[str, float] = {}
+    for factor in factors:
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"--load must be > 0 and finite, got {factor}")
+        name = load_name(factor)
+        if name in loads:
+            raise ValueError(f"--load: each load once ({name} was given twice)")
+        loads[name] = factor
+    if not loads:
+        raise ValueError("--load: at least one load")
+    return loads
 
 
 def report_loads(fleet_report: dict[str, Any]) -> list[str]:
@@ -312,7 +332,7 @@ def run_routing(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> tuple[dict[str, Any], dict[tuple[str, str, str], Any]]:
     """(the JSON report, the latency curves of seed `options.seed` per (fleet, load, policy))."""
-    loads = {load_name(factor): factor for factor in options.loads}
+    loads = check_loads(options.loads)
     seeds = list(range(options.seed, options.seed + options.seeds))
     started = time.perf_counter()
     rates: dict[tuple[str, int], float] = {}

@@ -461,7 +461,7 @@ def bench_routing(
         FLEETS,
         LOADS,
         RoutingOptions,
-        load_name,
+        check_loads,
         print_report,
         run_routing,
         selected_policies,
@@ -481,11 +481,10 @@ def bench_routing(
     except ValueError as err:
         _fail(err)
     loads = tuple(load) if load else tuple(LOADS.values())
-    for factor in loads:
-        _positive("--load", factor)
-    named = [load_name(factor) for factor in loads]
-    if len(set(named)) < len(named):
-        _fail(f"--load: each load once (given: {', '.join(named)})")
+    try:
+        check_loads(loads)
+    except ValueError as err:
+        _fail(err)
     options = RoutingOptions(
         trace=trace,
         max_requests=max_requests,

@@ -128,7 +128,7 @@ def test_cli_refuses_an_unknown_fleet() -> None:
         (["--policy", "leadtime_decode_first", "--fleet", "mixed"], "runs only on pd, pd_hetero"),
         (["--load", "0"], "--load must be > 0"),
         (["--load", "nan"], "--load must be > 0"),
-        (["--load", "1.5", "--load", "1.50"], "--load: each load once (given: high, high)"),
+        (["--load", "1.5", "--load", "1.50"], "--load: each load once (high was given twice)"),
     ],
 )
 def test_cli_refuses_a_policy_that_would_run_nowhere(args: list[str], message: str) -> None:
@@ -151,6 +151,11 @@ def test_loads_between_the_two_are_run_on_request(tmp_path: Path, capsys: pytest
     assert {p.name for p in write_plots(report, curves, tmp_path)} == {"goodput.png", "latency_cdf_homogeneous.png"}
     print_report(report, as_json=False)
     assert "1.2x" in capsys.readouterr().out
+
+
+def test_a_load_given_twice_is_refused_before_anything_runs() -> None:
+    with pytest.raises(ValueError, match="1.2x was given twice"):
+        run_routing(RoutingOptions(fleets=("homogeneous",), loads=(1.2, 1.2000000001)))
 
 
 def test_policies_may_be_spelled_with_hyphens() -> None:
