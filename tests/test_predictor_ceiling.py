@@ -27,12 +27,34 @@ def test_a_wall_caps_the_mean_at_its_median_and_the_quantile_at_its_spread() -> 
     assert ceiling.base_ms == np.median(actual[-ceiling.window :])
     assert ceiling.base_ms < ceiling.level_ms
     assert ceiling.base_ms <= ceiling.upper_cap_ms(0.0) < 61_000
-    mean, upper = ceiling.cap(np.array([10_000.0, 59_000.0, 200_000.0]), np.array([15_000.0, 58_000.0, 300_000.0]))
-    assert mean[0] == 10_000 and mean[1] == 59_000  # below the wall: untouched
+    mean, upper = ceiling.cap(
+        np.array([10_000.0, 50_000.0, 200_000.0, 59_000.0]), np.array([15_000.0, 48_000.0, 300_000.0, 58_000.0])
+    )
+    assert mean[0] == 10_000 and mean[1] == 50_000 and mean[3] == 59_000  # below the wall: untouched
     assert mean[2] == ceiling.base_ms
     assert upper[0] == 15_000
-    assert upper[1] == 59_000  # never below the mean
+    assert upper[1] == 50_000  # never below the mean
     assert upper[2] == ceiling.upper_cap_ms(0.0)
+    assert upper[3] == ceiling.upper_cap_ms(0.0)  # reaches the pile: the pile's upper quantile
+
+
+def test_an_upper_quantile_that_reaches_the_pile_is_the_piles_own() -> None:
+    """A row predicted just short of the wall is one the queue may hold until the timeout: its upper quantile,
+    once within the band below the wall, is raised to the pile's (and covers the outcomes at the wall); one
+    that stays below the band is the model's own."""
+    ceiling = OutcomeCeiling()
+    actual, predicted = _wall()
+    ceiling.learn_many(actual, predicted)
+    wall, pile_upper = ceiling.mean_cap_ms(0.0), ceiling.upper_cap_ms(0.0)
+    means = np.array([0.90, 0.93, 0.94]) * wall
+    uppers = np.array([0.94, 0.96, 0.99]) * wall
+    _, upper = ceiling.cap(means, uppers)
+    assert upper[0] == uppers[0]  # 6% short of the wall: outside the 5% band
+    assert upper[1] == pile_upper and upper[2] == pile_upper
+    at_wall = actual[-ceiling.window :]
+    assert np.mean(at_wall <= upper[1]) > np.mean(at_wall <= uppers[1])
+    # Single values are served the same way (the learner judges each row's coverage with them).
+    assert ceiling.cap(float(means[1]), float(uppers[1]))[1] == pile_upper
 
 
 def test_a_pile_whose_predictions_above_it_come_true_is_not_a_wall() -> None:
