@@ -731,6 +731,12 @@ class OnlinePredictor:
             else:
                 offset = math.exp(model.conformal.offset)
                 lines.append(f"  calibration offset       ×{offset:.3f} (conformal, upper quantile)")
+            wall = model.ceiling
+            if wall is not None and wall.active:
+                own = float(own_prefill_ms(x)[0])
+                level, pile = float(wall.mean_cap_ms(own)), float(wall.upper_cap_ms(own))
+                lines.append(f"  client-timeout wall      {level:10.2f} ms (the mean is at most this)")
+                lines.append(f"    p{q:g} at the pile         {pile:10.2f} ms (wherever the p{q:g} reaches the wall)")
         return "\n".join(lines)
 
     # --- learning ---------------------------------------------------------------------------------------

@@ -138,6 +138,13 @@ def test_a_learner_whose_clients_give_up_predicts_the_timeout_not_the_drain_time
     assert abs(deep["ttft_mean"] - 60_000) < 0.02 * 60_000
     assert 60_000 <= deep["ttft_quantile"] < 62_000
     assert p._models["tpot"].ceiling is None
+    ttft_part, tpot_part = p.debug_one(_queued(2000)).split("tpot:")
+    assert "client-timeout wall" not in tpot_part
+    (wall_line,) = [line for line in ttft_part.splitlines() if "client-timeout wall" in line]
+    (pile_line,) = [line for line in ttft_part.splitlines() if "at the pile" in line]
+    # The deep queue's mean is the wall itself and its p90 the pile's: the explanation names both.
+    assert float(wall_line.split()[2]) == round(deep["ttft_mean"], 2)
+    assert float(pile_line.split()[4]) == round(deep["ttft_quantile"], 2)
     loaded = OnlinePredictor.from_bytes(p.to_bytes())
     assert loaded.predict_one(_queued(2000))["ttft_mean"] == deep["ttft_mean"]
 
