@@ -296,9 +296,9 @@ def test_a_failing_background_retrain_is_recorded_and_the_thread_lives_on(monkey
         calls.append(1)
         raise RuntimeError("LightGBM exploded")
 
-    import leadtime.predictor.learner as learner_module
+    import leadtime.predictor.target as target_module
 
-    monkeypatch.setattr(learner_module, "fit_booster", broken)
+    monkeypatch.setattr(target_module, "fit_booster", broken)
     rows = [_row(rng) for _ in range(1000)]
     x = predictor.vectorizer.batch(rows)
     truth = np.array([_truth(r) for r in rows])
@@ -333,9 +333,9 @@ def test_a_cold_p90_is_wider_than_the_mean_and_narrows_as_residuals_arrive(predi
 
 
 def test_the_sample_window_keeps_the_newest_rows_in_order_across_wraparound() -> None:
-    from leadtime.predictor.learner import _Window
+    from leadtime.predictor.target import SampleWindow
 
-    window = _Window(capacity=100)
+    window = SampleWindow(capacity=100)
     width = window.x.shape[1]
     for start, n in ((0, 30), (30, 90), (120, 250)):  # fill, wrap around, then overflow in one batch
         rows = np.arange(start, start + n, dtype=float)
@@ -528,8 +528,8 @@ def test_a_kept_quantile_tree_is_recalibrated_at_each_retrain() -> None:
 
 def _installed(predictor: OnlinePredictor, x: np.ndarray, residual: float) -> None:
     """Serve a mean tree fitted elsewhere that adds `residual` (log) to every TTFT prediction."""
-    from leadtime.predictor.learner import tree_inputs
     from leadtime.predictor.physics import prior_ms
+    from leadtime.predictor.target import tree_inputs
     from leadtime.predictor.trees import fit_booster
 
     tree_x = tree_inputs(x, prior_ms("ttft", x))
