@@ -459,7 +459,6 @@ def bench_routing(
     """Goodput of every routing policy on six fleets at two loads, side by side in one run."""
     from leadtime.bench.routing import (
         FLEETS,
-        LOADS,
         RoutingOptions,
         check_loads,
         print_report,
@@ -480,7 +479,7 @@ def bench_routing(
         policies = selected_policies(policy, fleets) if policy else None
     except ValueError as err:
         _fail(err)
-    loads = tuple(load) if load else tuple(LOADS.values())
+    loads = tuple(load) if load else RoutingOptions().loads
     try:
         check_loads(loads)
     except ValueError as err:
