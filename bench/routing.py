@@ -298,6 +298,15 @@ def run_cell(cell: Cell) -> tuple[Cell, dict[str, Any], Any]:
     return cell, metrics, curves
 
 
+def ceiling_rps(fleet_name: str, options: RoutingOptions, rate_rps: float, seed: int) -> float:
+    """The goodput no policy can pass on this fleet and load (simulator.feasible): the requests that would meet
+    their SLOs with the fleet to themselves, per second of the arrival window."""
+    from leadtime.simulator.feasible import ceiling_goodput_rps
+
+    workload = _at_rate(_trace(options.trace, options.max_requests, seed), rate_rps)
+    return ceiling_goodput_rps(_fleet(fleet_name), workload, seed, DEFAULT_SLO_MS[0], DEFAULT_SLO_MS[1])
+
+
 # ----- the whole benchmark ------------------------------------------------------------------------------
 
 
@@ -391,7 +400,8 @@ def run_routing(
                 runs = [results[c] for c in cells if (c.fleet, c.load, c.policy) == (fleet, load, policy)]
                 per_policy[policy] = _mean_metrics(runs)
             rate = float(np.mean([rates[fleet, s] * loads[load] for s in seeds]))
-            fleet_report[load] = {"rate_rps": rate, "policies": per_policy}
+            ceiling = float(np.mean([ceiling_rps(fleet, options, rates[fleet, s] * loads[load], s) for s in seeds]))
+            fleet_report[load] = {"rate_rps": rate, "ceiling_rps": ceiling, "policies": per_policy}
         fleet_report["capacity_rps"] = float(np.mean(capacity[fleet]))
         report["fleets"][fleet] = fleet_report
     report["targets"] = check_targets(report)
@@ -427,6 +437,9 @@ def check_targets(
             b, lt = peers[best_peer], policies[LEADTIME]["goodput_rps"]
             entry: dict[str, Any] = {"best_peer": best_peer, "B": b, "L": lt, "L_over_B": lt / b if b else math.inf}
             entry["L_ge_B"] = lt >= b
+            if "ceiling_rps" in loads[load]:  # no router passes it: a target above it is out of every router's reach
+                entry["ceiling_over_B"] = loads[load]["ceiling_rps"] / b if b else math.inf
+                entry["L_over_ceiling"] = lt / loads[load]["ceiling_rps"] if loads[load]["ceiling_rps"] else 0.0
             if fleet in strong:
                 entry["L_ge_1.10B"] = lt >= 1.10 * b
             if REFERENCE in policies:
@@ -572,7 +585,9 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         table = Table(title=f"{fleet} (capacity {loads['capacity_rps']:.2f} req/s)")
         table.add_column("policy")
         for load in ran:
-            table.add_column(f"{load} {loads[load]['rate_rps']:.2f} rps: goodput")
+            ceiling = loads[load].get("ceiling_rps")
+            limit = f" (ceiling {ceiling:.2f})" if ceiling is not None else ""
+            table.add_column(f"{load} {loads[load]['rate_rps']:.2f} rps: goodput{limit}")
             table.add_column("TTFT p50 / p99 ms")
         names = sorted(loads[ran[0]]["policies"], key=_policy_order)
         for name in names:

@@ -153,6 +153,15 @@ def build_endpoints(fleet: Fleet, decode_runs: bool = True, seed: int = 0) -> li
     return endpoints
 
 
+def join_ms(config: EndpointConfig, workload: Sequence[WorkloadRequest]) -> float:
+    """When an endpoint joins: its fixed time, or its share of the workload's arrival window."""
+    if config.join_share <= 0 or not workload:
+        return config.join_ms
+    arrivals = [w.arrival_ms for w in workload]
+    first, last = min(arrivals), max(arrivals)
+    return max(first + config.join_share * (last - first), 1e-3)
+
+
 class FleetSimulator:
     """Run one policy over one workload on one fleet.
 
@@ -222,7 +231,7 @@ class FleetSimulator:
                 self.groups[name] = group
                 for m in members:
                     self._group_of[m.endpoint_id] = group
-        self._join_ms = {e.endpoint_id: self._resolve_join_ms(self.configs[e.endpoint_id]) for e in self.endpoints}
+        self._join_ms = {e.endpoint_id: join_ms(self.configs[e.endpoint_id], self.workload) for e in self.endpoints}
         self._joined: list[Endpoint] = [e for e in self.endpoints if self._join_ms[e.endpoint_id] <= 0]
         self.routing: SimRequest | None = None
         self.completed: list[CompletedRequest] = []
@@ -535,14 +544,6 @@ class FleetSimulator:
 
     # ----- the loop -----------------------------------------------------------------------------------------
 
-    def _resolve_join_ms(self, config: EndpointConfig) -> float:
-        """When an endpoint joins: its fixed time, or its share of the workload's arrival window."""
-        if config.join_share <= 0 or not self.workload:
-            return config.join_ms
-        arrivals = [w.arrival_ms for w in self.workload]
-        first, last = min(arrivals), max(arrivals)
-        return max(first + config.join_share * (last - first), 1e-3)
-
     def _on_join(self, endpoint: Endpoint) -> None:
         """A scaled-out endpoint starts taking traffic (empty, cold cache)."""
         self._joined.append(endpoint)
@@ -550,9 +551,9 @@ class FleetSimulator:
     def run(self) -> SimResult:
         """Run the workload to the end; SimulationError if some request can never complete."""
         for e in self.endpoints:  # pushed first: an endpoint joining at a request's arrival instant is offered to it
-            join_ms = self._join_ms[e.endpoint_id]
-            if join_ms > 0:
-                self._push(join_ms, JOIN, e)
+            joins_at = self._join_ms[e.endpoint_id]
+            if joins_at > 0:
+                self._push(joins_at, JOIN, e)
         for rid, w in enumerate(self.workload):
             request = SimRequest(rid, w.arrival_ms, w.input_tokens, w.output_tokens, w.segments, w.segment_tokens)
             self._push(w.arrival_ms, ARRIVAL, request)

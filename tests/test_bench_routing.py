@@ -63,9 +63,14 @@ def test_the_report_has_every_figure_the_issue_names(
             assert ("prediction_mape" in m) == name.startswith("leadtime")
         mape = policies["leadtime"]["prediction_mape"]
         assert 0 < mape["ttft"] < 10 and 0 < mape["tpot"] < 10
+        ceiling = mixed[load]["ceiling_rps"]  # what no router passes
+        assert max(m["goodput_rps"] for m in policies.values()) <= ceiling <= 1.01 * mixed[load]["rate_rps"]
     targets = report["targets"]
     assert targets["mixed/high"]["best_peer"] in ("round_robin", "llmd_heuristic")
     assert "L_ge_1.10B" in targets["mixed/high"]
+    assert targets["mixed/base"]["ceiling_over_B"] == pytest.approx(
+        mixed["base"]["ceiling_rps"] / targets["mixed/base"]["B"]
+    )
     assert set(targets["ablations"]) == {"leadtime_no_hardware"}
     json.dumps(report)  # plain JSON all the way down
 
@@ -89,8 +94,9 @@ def test_target_rules_on_hand_made_figures() -> None:
         "leadtime": _cell(2.9, 80.0, 950.0),
         "leadtime_no_inflight": _cell(2.0),
     }
-    report = {"fleets": {"mixed": {"high": {"rate_rps": 1.0, "policies": policies}}}}
+    report = {"fleets": {"mixed": {"high": {"rate_rps": 1.0, "ceiling_rps": 3.2, "policies": policies}}}}
     entry = check_targets(report)["mixed/high"]
+    assert entry["ceiling_over_B"] == pytest.approx(1.6) and entry["L_over_ceiling"] == pytest.approx(2.9 / 3.2)
     assert entry["best_peer"] == "dynamo_kv" and entry["B"] == 2.0
     assert entry["gap_closed"] == pytest.approx(0.9) and entry["gap_closed_ge_0.8"]
     assert entry["L_ge_1.10B"]
