@@ -9,8 +9,8 @@ observation updates w (recursive least squares), the offsets and the calibration
 retrained on a bounded window in the background and swapped in only when they beat the current model on recent
 held-out observations. Where the recent TTFTs show a wall that the predictions overshoot (clients giving up
 on a queue deeper than their timeout), TTFT is capped at it (`ceiling.OutcomeCeiling`), and the outcomes at the
-wall are learned as the lower bounds they are. The predictor answers from the first row: with nothing learned it
-is the physics prior.
+wall are learned as the lower bounds they are; nor is a mean TTFT predicted beyond the longest wait learned so far
+(`wait_bound.WaitBound`). The predictor answers from the first row: with nothing learned it is the physics prior.
 
 This module holds the predictor's interface, its locking and its retraining thread; what it learns about each
 target, and how, is `target.TargetModel`.
@@ -269,9 +269,15 @@ class OnlinePredictor:
             else:
                 offset = math.exp(model.conformal.offset)
                 lines.append(f"  calibration offset       ×{offset:.3f} (conformal, upper quantile)")
+            own = float(own_prefill_ms(x)[0])
+            bound = model.wait_bound
+            if bound is not None and bound.learned and float(mean[0]) >= own + bound.longest_ms - 1e-9:
+                lines.append(
+                    f"  longest wait learned     {own + bound.longest_ms:10.2f} ms (own prefill + the longest wait; "
+                    "the mean is at most this)"
+                )
             wall = model.ceiling
             if wall is not None and wall.active:
-                own = float(own_prefill_ms(x)[0])
                 level, pile = float(wall.mean_cap_ms(own)), float(wall.upper_cap_ms(own))
                 lines.append(f"  client-timeout wall      {level:10.2f} ms (the mean is at most this)")
                 lines.append(f"    p{q:g} at the pile         {pile:10.2f} ms (wherever the p{q:g} reaches the wall)")

@@ -29,6 +29,7 @@ from leadtime.predictor.physics import (
     prior_ms,
 )
 from leadtime.predictor.trees import CompiledTrees, ResidualTrees, compile_booster, fit_booster
+from leadtime.predictor.wait_bound import WaitBound
 
 _MIN_MS = 0.05  # floor for log targets; no real TTFT/ITL is below this
 _SETTLE_EVERY = 64  # observations between calibration updates (they need a LightGBM call)
@@ -152,6 +153,8 @@ class TargetModel:
         self.trees = ResidualTrees()
         # Only TTFT has a wall: a client's timeout bounds how long a request may queue, not how fast it decodes.
         self.ceiling = OutcomeCeiling(quantile=quantile) if target == "ttft" else None
+        # Nor is a TTFT predicted beyond the longest wait learned: the queue model's extrapolation is unproven.
+        self.wait_bound = WaitBound() if target == "ttft" else None
         self.window = SampleWindow(window)
         self.drift = drift.ADWIN()
         self.observations = 0
@@ -198,7 +201,14 @@ class TargetModel:
         z_upper = np.maximum(z_upper, z_point)
         extra = additive_ms(self.target, x)
         mean, upper = extra + prior * np.exp(z_point), extra + prior * np.exp(z_upper)
-        return (mean, upper) if self.ceiling is None else self.ceiling.cap(mean, upper, own_prefill_ms(x))
+        return self._bounded(mean, upper, x)
+
+    def _bounded(self, mean_ms: np.ndarray, upper_ms: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The predictions as served: the mean within the longest wait learned, both capped at an active wall."""
+        if self.ceiling is None or self.wait_bound is None:
+            return mean_ms, upper_ms
+        own = own_prefill_ms(x)
+        return self.ceiling.cap(self.wait_bound.cap(mean_ms, own), upper_ms, own)
 
     # --- learning -----------------------------------------------------------------------------------------
 
@@ -253,6 +263,8 @@ class TargetModel:
             # the wall took hold up to 64 outcomes late.
             online_ms = additive_ms(self.target, x) + prior * np.exp(online_all + self.conformal.center)
             self.ceiling.learn_many(actual_ms, online_ms, own_prefill_ms(x))
+        if self.wait_bound is not None:
+            self.wait_bound.learn_many(actual_ms, own_prefill_ms(x))
         self._pending.append((x, prior, learned_all, online_all, actual_ms))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:
@@ -319,8 +331,8 @@ class TargetModel:
             self._retire_mean_tree()
 
     def _served_mean(self, mean_ms: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """The mean predictions of rows `x` as served: under an active wall, capped at it."""
-        return mean_ms if self.ceiling is None else self.ceiling.cap(mean_ms, mean_ms, own_prefill_ms(x))[0]
+        """The mean predictions of rows `x` as served (`_bounded`)."""
+        return self._bounded(mean_ms, mean_ms, x)[0]
 
     def _retire_mean_tree(self) -> None:
         """The mean tree did worse than no tree on the rows since it was swapped in: serve without it."""
@@ -469,6 +481,7 @@ class TargetModel:
             "trees": self.trees.to_dict(),
             "upper_shift": self.upper_shift,
             "ceiling": None if self.ceiling is None else self.ceiling.to_dict(),
+            "wait_bound": None if self.wait_bound is None else self.wait_bound.to_dict(),
             "observations": self.observations,
             "drifts": self.drifts,
         }
@@ -495,5 +508,7 @@ class TargetModel:
         self.upper_shift = float(d["upper_shift"])
         if self.ceiling is not None and d.get("ceiling"):  # artifacts written before the ceiling have none
             self.ceiling.load_dict(d["ceiling"])
+        if self.wait_bound is not None and d.get("wait_bound"):  # nor those written before the wait bound
+            self.wait_bound.load_dict(d["wait_bound"])
         self.observations = int(d["observations"])
         self.drifts = int(d["drifts"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
 from leadtime.predictor.ceiling import OutcomeCeiling
@@ -168,11 +169,12 @@ def test_the_wall_is_tested_as_outcomes_arrive_not_at_the_calibrations_settle() 
     assert abs(p.predict_one(_queued(2000))["ttft_mean"] - 60_000) < 0.02 * 60_000
 
 
-def test_an_artifact_from_before_the_ceiling_still_loads() -> None:
+@pytest.mark.parametrize("key", ["ceiling", "wait_bound"])
+def test_an_artifact_from_before_the_ceiling_or_the_wait_bound_still_loads(key: str) -> None:
     p = OnlinePredictor(LearnerConfig(background=False))
     p.learn_one(Observation(_queued(3), actual_ttft_ms=900.0, actual_tpot_ms=30.0))
     state, _ = p.snapshot()
-    del state["targets"]["ttft"]["ceiling"]
+    del state["targets"]["ttft"][key]
     loaded = OnlinePredictor.from_state(state)
     assert loaded.predict_one(_queued(3)) == p.predict_one(_queued(3))
 

@@ -1,0 +1,56 @@
+"""No mean TTFT beyond the longest wait learned (predictor/wait_bound.py), in the learner and in its artifacts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.physics import own_prefill_ms
+from leadtime.predictor.wait_bound import WaitBound
+
+
+def _queued(waiting: int, prompt: int = 4000) -> FeatureRow:
+    return FeatureRow(
+        RequestFeatures(input_tokens=prompt),
+        EndpointState(num_request_waiting=waiting, prefill_tokens_in_flight=prompt * waiting, kv_cache_percentage=0.9),
+    )
+
+
+def _ramp(p: OnlinePredictor, depths: range) -> None:
+    """Outcomes that grow with the queue as the prior says (1 s of wait per request waiting)."""
+    p.learn_many([Observation(_queued(w), actual_ttft_ms=1_000.0 * w + 500.0, actual_tpot_ms=30.0) for w in depths])
+
+
+def test_the_bound_follows_the_longest_wait_and_holds_its_state() -> None:
+    bound = WaitBound()
+    bound.learn_many(np.array([1_500.0, 9_000.0, 4_000.0]), np.array([500.0, 1_000.0, 3_000.0]))
+    assert bound.longest_ms == 8_000.0 and bound.learned == 3
+    assert bound.cap(12_000.0, 2_000.0) == 10_000.0 and bound.cap(7_000.0, 2_000.0) == 7_000.0
+    again = WaitBound()
+    again.load_dict(bound.to_dict())
+    assert again.to_dict() == bound.to_dict()
+
+
+def test_a_queue_deeper_than_any_learned_is_predicted_at_the_longest_wait_not_extrapolated() -> None:
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    _ramp(p, range(1, 60))
+    deep_row = _queued(400)
+    deep = p.predict_one(deep_row)
+    bound = p._models["ttft"].wait_bound
+    assert bound is not None and bound.learned == 59
+    own = float(own_prefill_ms(p.vectorizer.batch([deep_row]).X)[0])
+    assert deep["ttft_mean"] == own + bound.longest_ms  # the ramp, extrapolated, says several minutes
+    # The upper quantile is not bounded: a longer wait than any seen is what it answers for.
+    assert deep["ttft_quantile"] > 2 * deep["ttft_mean"]
+    # Within what was learned, the predictions are the model's own.
+    shallow = p.predict_one(_queued(20))
+    assert shallow["ttft_mean"] < own + bound.longest_ms
+    (line,) = [x for x in p.debug_one(deep_row).split("tpot:")[0].splitlines() if "longest wait learned" in x]
+    assert float(line.split()[3]) == round(deep["ttft_mean"], 2)
+    assert "longest wait learned" not in p.debug_one(_queued(20))
+    # The bound rises as longer waits are learned, and a saved model keeps it.
+    _ramp(p, range(60, 120))
+    assert p.predict_one(deep_row)["ttft_mean"] > deep["ttft_mean"]
+    loaded = OnlinePredictor.from_bytes(p.to_bytes())
+    assert loaded.predict_one(deep_row) == p.predict_one(deep_row)
