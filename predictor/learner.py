@@ -271,10 +271,10 @@ class OnlinePredictor:
                 lines.append(f"  calibration offset       ×{offset:.3f} (conformal, upper quantile)")
             own = float(own_prefill_ms(x)[0])
             bound = model.wait_bound
-            if bound is not None and bound.learned and float(mean[0]) >= own + bound.longest_ms - 1e-9:
+            if bound is not None and bound.learned and float(mean[0]) >= own + wait + bound.longest_ms - 1e-9:
                 lines.append(
-                    f"  longest wait learned     {own + bound.longest_ms:10.2f} ms (own prefill + the longest wait; "
-                    "the mean is at most this)"
+                    f"  longest wait learned     {own + wait + bound.longest_ms:10.2f} ms (own prefill + the longest "
+                    "wait; the mean is at most this)"
                 )
             wall = model.ceiling
             if wall is not None and wall.active:

@@ -208,7 +208,8 @@ class TargetModel:
         if self.ceiling is None or self.wait_bound is None:
             return mean_ms, upper_ms
         own = own_prefill_ms(x)
-        return self.ceiling.cap(self.wait_bound.cap(mean_ms, own), upper_ms, own)
+        bounded = self.wait_bound.cap(mean_ms, own + additive_ms(self.target, x))
+        return self.ceiling.cap(bounded, upper_ms, own)
 
     # --- learning -----------------------------------------------------------------------------------------
 
@@ -264,7 +265,7 @@ class TargetModel:
             online_ms = additive_ms(self.target, x) + prior * np.exp(online_all + self.conformal.center)
             self.ceiling.learn_many(actual_ms, online_ms, own_prefill_ms(x))
         if self.wait_bound is not None:
-            self.wait_bound.learn_many(actual_ms, own_prefill_ms(x))
+            self.wait_bound.learn_many(actual_ms, own_prefill_ms(x) + additive_ms(self.target, x))
         self._pending.append((x, prior, learned_all, online_all, actual_ms))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:

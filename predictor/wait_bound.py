@@ -7,11 +7,12 @@ stop the outcomes at a level the model has never been shown, and until the outco
 wall only from rows predicted above it that came out in it, which under delayed labels arrive hundreds of rows
 late) the model extrapolates the ramp to TTFTs of minutes. Under the relative error the predictions are judged
 by, an overshoot costs more than a shortfall (twice the outcome costs 1.0, half of it 0.5), and past the longest
-wait it has learned the model has no evidence of its own. So each row's mean TTFT is at most its own prefill time
-plus the longest wait (TTFT less own prefill) among the outcomes learned so far: a tree never predicts beyond the
-targets it saw, and here neither does the mean. The bound rises with every longer wait learned, so on a queue
-that keeps growing it trails the outcomes by the label delay. The upper quantile is not bounded: the chance of a
-longer wait than any seen is what it is for.
+wait it has learned the model has no evidence of its own. So each row's mean TTFT is at most the part of its
+latency that is not queueing (its own prefill time, plus the wait for a time-sliced accelerator to come back that
+the row states) plus the longest wait (TTFT less that part) among the outcomes learned so far: a tree never
+predicts beyond the targets it saw, and here neither does the mean. The bound rises with every longer wait
+learned, so on a queue that keeps growing it trails the outcomes by the label delay. The upper quantile is not
+bounded: the chance of a longer wait than any seen is what it is for.
 """
 
 from __future__ import annotations
@@ -39,14 +40,14 @@ class WaitBound:
         self.learned = 0
 
     def learn_many(self, actual_ms: np.ndarray, own_ms: np.ndarray | float) -> None:
-        """Take outcomes (TTFT in ms) and the rows' own prefill times at the roofline."""
+        """Take outcomes (TTFT in ms) and the part of each that is not queueing (own prefill, stated waits)."""
         waits = np.asarray(actual_ms, dtype=np.float64) - own_ms
         if waits.size:
             self.longest_ms = max(self.longest_ms, float(np.max(waits)))
             self.learned += int(waits.size)
 
     def cap(self, mean_ms: Values, own_ms: Values | float) -> Values:
-        """Mean predictions bounded by each row's own prefill plus the longest wait (unchanged before any)."""
+        """Mean predictions bounded by each row's own part (as learned) plus the longest wait (unchanged before any)."""
         if not self.learned:
             return mean_ms
         return np.minimum(mean_ms, np.asarray(own_ms) + self.longest_ms)  # type: ignore[return-value]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
@@ -54,3 +56,15 @@ def test_a_queue_deeper_than_any_learned_is_predicted_at_the_longest_wait_not_ex
     assert p.predict_one(deep_row)["ttft_mean"] > deep["ttft_mean"]
     loaded = OnlinePredictor.from_bytes(p.to_bytes())
     assert loaded.predict_one(deep_row) == p.predict_one(deep_row)
+
+
+def test_a_stated_wait_for_a_time_sliced_accelerator_is_not_queueing_and_is_not_bounded() -> None:
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    _ramp(p, range(1, 30))
+    bound = p._models["ttft"].wait_bound
+    assert bound is not None
+    assert bound.longest_ms < 30_000.0
+    row = _queued(2)
+    parked = FeatureRow(row.request, replace(row.endpoint, timeslice_state="parked", timeslice_wait_ms=90_000.0))
+    # 90 s until the accelerator comes back, far beyond any wait learned: still predicted, on top of the rest.
+    assert p.predict_one(parked)["ttft_mean"] > 90_000.0
