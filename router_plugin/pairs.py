@@ -74,7 +74,7 @@ def _scores(
     expected_output_tokens: float,
 ) -> np.ndarray:
     if ttft_slo_ms is None and itl_slo_ms is None:
-        return latency_scores(ttft_mean, itl_mean, expected_output_tokens)
+        return latency_scores(ttft_mean, itl_mean, expected_output_tokens, ttft)
     return slo_scores(ttft, itl, ttft_slo_ms, itl_slo_ms)
 
 

@@ -331,7 +331,7 @@ class LeadtimePolicy:
 
     def _latency_scores(self, request: RouteRequest, s: _Scored) -> np.ndarray:
         if request.ttft_slo_ms is None and request.tpot_slo_ms is None:
-            return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens)
+            return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens, s.ttft)
         comfortable = comfortable_scores(
             s.ttft, s.tpot, s.ttft_mean, request.ttft_slo_ms, request.tpot_slo_ms, self.config.comfort
         )
