@@ -42,7 +42,7 @@ from leadtime.predictor.physics import (
     own_prefill_ms,
     prior_ms,
 )
-from leadtime.predictor.target import TargetModel, TreeCandidate, tree_inputs
+from leadtime.predictor.target import TargetModel, TreeCandidate, not_queueing_ms, tree_inputs
 from leadtime.predictor.trees import TREE_FEATURES, CompiledTrees, compile_booster
 
 log = logging.getLogger("leadtime.predictor")
@@ -271,10 +271,11 @@ class OnlinePredictor:
                 lines.append(f"  calibration offset       ×{offset:.3f} (conformal, upper quantile)")
             own = float(own_prefill_ms(x)[0])
             bound = model.wait_bound
-            if bound is not None and bound.learned and float(mean[0]) >= own + wait + bound.longest_ms - 1e-9:
+            limit = float(not_queueing_ms(target, x)[0]) + (bound.longest_ms if bound is not None else 0.0)
+            if bound is not None and bound.learned and float(mean[0]) >= limit - 1e-9:
                 lines.append(
-                    f"  longest wait learned     {own + wait + bound.longest_ms:10.2f} ms (own prefill + the longest "
-                    "wait; the mean is at most this)"
+                    f"  longest wait learned     {limit:10.2f} ms (own prefill + the longest wait; the mean is at most "
+                    "this)"
                 )
             wall = model.ceiling
             if wall is not None and wall.active:

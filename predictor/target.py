@@ -47,6 +47,11 @@ def log_target(target: str, x: np.ndarray, actual_ms: np.ndarray, prior: np.ndar
     return np.log(np.maximum(actual_ms - wait, _MIN_MS)) - np.log(np.maximum(prior, _MIN_MS))
 
 
+def not_queueing_ms(target: str, x: np.ndarray) -> np.ndarray:
+    """The part of each row's latency that is no queue wait (`wait_bound`): its own prefill and a stated wait."""
+    return own_prefill_ms(x) + additive_ms(target, x)
+
+
 def tree_inputs(x: np.ndarray, prior: np.ndarray) -> np.ndarray:
     """The trees' feature matrix: every column plus the log of the physics prior (TREE_FEATURES order)."""
     out = np.empty((len(x), x.shape[1] + 1))
@@ -208,7 +213,7 @@ class TargetModel:
         if self.ceiling is None or self.wait_bound is None:
             return mean_ms, upper_ms
         own = own_prefill_ms(x)
-        bounded = self.wait_bound.cap(mean_ms, own + additive_ms(self.target, x))
+        bounded = self.wait_bound.cap(mean_ms, not_queueing_ms(self.target, x))
         return self.ceiling.cap(bounded, upper_ms, own)
 
     # --- learning -----------------------------------------------------------------------------------------
@@ -265,7 +270,7 @@ class TargetModel:
             online_ms = additive_ms(self.target, x) + prior * np.exp(online_all + self.conformal.center)
             self.ceiling.learn_many(actual_ms, online_ms, own_prefill_ms(x))
         if self.wait_bound is not None:
-            self.wait_bound.learn_many(actual_ms, own_prefill_ms(x) + additive_ms(self.target, x))
+            self.wait_bound.learn_many(actual_ms, not_queueing_ms(self.target, x))
         self._pending.append((x, prior, learned_all, online_all, actual_ms))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:
