@@ -38,6 +38,9 @@ LLMD_FIELDS = (
     "encoder_matched_size",
     "encoder_input_size",
 )
+# The numbers llm-d's latency model is trained on and predicts from, in its order: every field but the pod type (a
+# category) and the encoder sizes of multimodal requests.
+LLMD_MODEL_INPUTS = tuple(f for f in LLMD_FIELDS if f not in ("pod_type", "encoder_matched_size", "encoder_input_size"))
 LLMD_REQUIRED_FIELDS = (
     "kv_cache_percentage",
     "input_token_length",

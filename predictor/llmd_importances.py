@@ -12,19 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# llm-d's input fields, in its order: every one is present in an answer (0 when the trees never split on it).
-LLMD_INPUTS = (
-    "kv_cache_percentage",
-    "input_token_length",
-    "num_request_waiting",
-    "num_request_running",
-    "num_tokens_generated",
-    "prefix_cache_score",
-    "prefill_tokens_in_flight",
-    "decode_tokens_in_flight",
-)
-# llm-d's optional inputs: listed when Leadtime's trees use a column derived from them.
-LLMD_OPTIONAL_INPUTS = ("pod_type", "encoder_input_size", "encoder_matched_size")
+from leadtime.features.rows import LLMD_FIELDS, LLMD_MODEL_INPUTS
+
+# llm-d's other row fields: listed when Leadtime's trees use a column derived from them (every one of
+# `LLMD_MODEL_INPUTS` is present in an answer, 0 when the trees never split on it).
+LLMD_OPTIONAL_INPUTS = tuple(f for f in LLMD_FIELDS if f not in LLMD_MODEL_INPUTS)
 
 _PRIOR_INPUTS = {
     # TTFT prior: own uncached prefill + queued prefill + a weight pass per waiting request + one decode step.
@@ -79,8 +71,8 @@ def sources(target: str, feature: str) -> tuple[str, ...]:
 
 def llmd_importances(target: str, importances: Mapping[str, float]) -> dict[str, float]:
     """Leadtime feature → importance (any scale) into llm-d input → share of the total, plus Leadtime's own
-    features by name. Every one of `LLMD_INPUTS` is in the answer."""
-    out: dict[str, float] = dict.fromkeys(LLMD_INPUTS, 0.0)
+    features by name. Every one of `LLMD_MODEL_INPUTS` is in the answer."""
+    out: dict[str, float] = dict.fromkeys(LLMD_MODEL_INPUTS, 0.0)
     own: dict[str, float] = {}
     total = sum(max(float(v), 0.0) for v in importances.values())
     for feature, value in importances.items():

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.features.rows import LLMD_MODEL_INPUTS, LLMD_REQUIRED_FIELDS
 from leadtime.predictor.tree_eval import CompiledEnsemble, compile_lightgbm, compile_xgboost
 
 TARGETS = ("ttft", "tpot")
@@ -88,18 +89,6 @@ TPOT_FEATURES: tuple[tuple[str, str], ...] = (
 )
 FEATURES = {"ttft": TTFT_FEATURES, "tpot": TPOT_FEATURES}
 
-_FIELDS = (
-    "kv_cache_percentage",
-    "input_token_length",
-    "num_request_waiting",
-    "num_request_running",
-    "num_tokens_generated",
-    "prefix_cache_score",
-    "prefill_tokens_in_flight",
-    "decode_tokens_in_flight",
-)
-_REQUIRED = _FIELDS[:6]
-
 
 def default_model_type() -> str:
     """llm-d's default, XGBoost, where it is installed; LightGBM (a Leadtime dependency) otherwise."""
@@ -123,14 +112,14 @@ class LlmdFrame:
     def from_rows(cls, rows: Sequence[Mapping[str, Any]]) -> LlmdFrame:
         """llm-d rows → frame; a missing required field or an unknown pod type raises ValueError naming it."""
         n = len(rows)
-        values = np.zeros((n, len(_FIELDS)))
+        values = np.zeros((n, len(LLMD_MODEL_INPUTS)))
         pods = np.zeros(n, dtype=np.int64)
         actual = np.zeros((n, 2))
         for i, r in enumerate(rows):
-            for name in _REQUIRED:
+            for name in LLMD_REQUIRED_FIELDS:
                 if r.get(name) is None:
                     raise ValueError(f"rows[{i}].{name} is required")
-            values[i] = [float(r.get(name) or 0) for name in _FIELDS]
+            values[i] = [float(r.get(name) or 0) for name in LLMD_MODEL_INPUTS]
             pod = r.get("pod_type") or ""
             if pod not in POD_TYPES:
                 raise ValueError(f"rows[{i}].pod_type must be '', 'prefill' or 'decode', got {pod!r}")
@@ -138,7 +127,7 @@ class LlmdFrame:
             actual[i] = (float(r.get("actual_ttft_ms") or 0.0), float(r.get("actual_tpot_ms") or 0.0))
         if not np.isfinite(values).all() or not np.isfinite(actual).all():
             raise ValueError("rows hold a value that is not a finite number")
-        return cls({name: values[:, j] for j, name in enumerate(_FIELDS)}, pods, actual[:, 0], actual[:, 1])
+        return cls({name: values[:, j] for j, name in enumerate(LLMD_MODEL_INPUTS)}, pods, actual[:, 0], actual[:, 1])
 
     @classmethod
     def from_columns(
@@ -150,7 +139,7 @@ class LlmdFrame:
     ) -> LlmdFrame:
         """Columns named as llm-d's fields (the two tokens-in-flight default to 0)."""
         n = len(columns["input_token_length"])
-        cols = {name: np.asarray(columns.get(name, np.zeros(n)), dtype=np.float64) for name in _FIELDS}
+        cols = {name: np.asarray(columns.get(name, np.zeros(n)), dtype=np.float64) for name in LLMD_MODEL_INPUTS}
         zeros = np.zeros(n)
         return cls(
             cols,
@@ -206,7 +195,7 @@ def holdout_mask(frame: LlmdFrame, share: float) -> np.ndarray:
     if share <= 0:
         return np.zeros(len(frame), dtype=bool)
     values = np.column_stack(
-        [*(frame.columns[n] for n in _FIELDS), frame.pod_type, frame.actual_ttft_ms, frame.actual_tpot_ms]
+        [*(frame.columns[n] for n in LLMD_MODEL_INPUTS), frame.pod_type, frame.actual_ttft_ms, frame.actual_tpot_ms]
     ).astype(np.float64)
     out = np.empty(len(frame), dtype=bool)
     for i, row in enumerate(values):

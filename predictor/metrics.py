@@ -243,7 +243,7 @@ def llmd_training_lines(
     """llm-d's non-standard training-server lines (DESIGN.md), exactly in its shape. `importances`: per target,
     llm-d input → share of the trees' gain (missing or empty: zeros, as llm-d shows before its first model).
     The intercept lines are 0.0: llm-d's tree models report none, and neither do Leadtime's."""
-    from leadtime.predictor.llmd_importances import LLMD_INPUTS
+    from leadtime.features.rows import LLMD_MODEL_INPUTS
 
     lines = [
         'model_type{type="lightgbm"} 1',
@@ -257,6 +257,6 @@ def llmd_training_lines(
     for target in ("ttft", "tpot"):
         shares = (importances or {}).get(target) or {}
         lines.append(f"{target}_intercept{{}} 0.0")
-        for name in LLMD_INPUTS:
+        for name in LLMD_MODEL_INPUTS:
             lines.append(f'{target}_importance{{feature="{name}"}} {float(shares.get(name, 0.0))!r}')
     return "\n".join(lines) + "\n"

@@ -35,7 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leadtime.features.rows import LLMD_FIELDS, FeatureRow, Observation, observation_to_llmd
+from leadtime.features.rows import (
+    ACTUAL_FIELDS,
+    LLMD_MODEL_INPUTS,
+    FeatureRow,
+    Observation,
+    observation_to_llmd,
+)
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.simulator.endpoint import Endpoint, SimRequest
@@ -47,12 +53,7 @@ from leadtime.simulator.workload import WorkloadRequest
 # a multiple of 64, and the first rows add up as ceil(prompt / 64) · 64).
 _PREFILL_UNIT = 64
 # llm-d's training row as its sidecar records it here: no pod type or encoder sizes (one role, text only).
-_LLMD_FIELDS = (
-    *(f for f in LLMD_FIELDS if f not in ("pod_type", "encoder_matched_size", "encoder_input_size")),
-    "actual_ttft_ms",
-    "actual_tpot_ms",
-    "timestamp",
-)
+_LLMD_FIELDS = (*LLMD_MODEL_INPUTS, *ACTUAL_FIELDS, "timestamp")
 # Leadtime's extras, kept where a router would know them (several accelerator classes, P/D roles).
 _EXTRA_FIELDS = ("pod_type", "endpoint_id", "accelerator", "model", "tensor_parallel")
 

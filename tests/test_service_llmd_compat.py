@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from llmd_rows import llmd_row
 
+from leadtime.features.rows import LLMD_MODEL_INPUTS
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_importances import (
     DERIVED_FROM,
-    LLMD_INPUTS,
     LLMD_OPTIONAL_INPUTS,
     OWN_FEATURES,
     llmd_importances,
@@ -53,7 +53,7 @@ def test_root_says_what_is_running(role: str) -> None:
 def test_every_tree_feature_maps_to_llmd_inputs_or_is_leadtimes_own() -> None:
     for feature in TREE_FEATURES:
         assert sources("ttft", feature) or feature in OWN_FEATURES, feature
-        assert set(sources("tpot", feature)) <= set(LLMD_INPUTS) | set(LLMD_OPTIONAL_INPUTS)
+        assert set(sources("tpot", feature)) <= set(LLMD_MODEL_INPUTS) | set(LLMD_OPTIONAL_INPUTS)
     assert set(DERIVED_FROM) | set(OWN_FEATURES) | {"log_prior"} == set(TREE_FEATURES)
 
 
@@ -61,7 +61,7 @@ def test_importances_are_summed_onto_the_inputs_they_come_from() -> None:
     shares = llmd_importances(
         "ttft", {"uncached_tokens": 4.0, "num_request_waiting": 2.0, "accel_tflops": 2.0, "log_prior": 0.0}
     )
-    assert set(LLMD_INPUTS) <= set(shares)
+    assert set(LLMD_MODEL_INPUTS) <= set(shares)
     assert shares["input_token_length"] == pytest.approx(0.25) and shares["prefix_cache_score"] == pytest.approx(0.25)
     assert shares["num_request_waiting"] == pytest.approx(0.25) and shares["accel_tflops"] == pytest.approx(0.25)
     assert shares["decode_tokens_in_flight"] == 0.0 and "pod_type" not in shares
@@ -89,7 +89,7 @@ def test_importances_404_until_a_tree_serves_then_every_llmd_input_and_the_metri
         for target in ("ttft", "tpot"):
             assert f"{target}_intercept{{}} 0.0" in text.splitlines()
             lines = _metric_lines(text, f"{target}_importance")
-            assert lines == dict.fromkeys(LLMD_INPUTS, "0.0")
+            assert lines == dict.fromkeys(LLMD_MODEL_INPUTS, "0.0")
         runtime = c.app.state.runtime  # type: ignore[attr-defined]
         parsed = runtime.parser.parse_observations([training_entry(i) for i in range(1500)])
         predictor.learn_many(parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
@@ -97,12 +97,12 @@ def test_importances_404_until_a_tree_serves_then_every_llmd_input_and_the_metri
         if predictor.tree_text("ttft") is None:
             pytest.skip("the learner kept its online model on this data (no tree won on held-out data)")
         importances = c.get("/model/ttft/lgb/importances").json()
-        assert set(LLMD_INPUTS) <= set(importances) and "input_tokens" not in importances
+        assert set(LLMD_MODEL_INPUTS) <= set(importances) and "input_tokens" not in importances
         assert sum(importances.values()) == pytest.approx(1.0)
-        assert max(importances[name] for name in LLMD_INPUTS) > 0
+        assert max(importances[name] for name in LLMD_MODEL_INPUTS) > 0
         lines = _metric_lines(c.get("/metrics").text, "ttft_importance")
-        assert set(lines) == set(LLMD_INPUTS)
-        for name in LLMD_INPUTS:
+        assert set(lines) == set(LLMD_MODEL_INPUTS)
+        for name in LLMD_MODEL_INPUTS:
             assert float(lines[name]) == pytest.approx(importances[name])
 
 
