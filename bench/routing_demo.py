@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from leadtime.bench.routing import LEADTIME, LOADS, RoutingOptions, run_routing, write_plots
+from leadtime.progress import stderr_bar
 
 DEMO_FLEETS = ("mixed", "pd", "timesliced")
 DEMO_POLICIES = ("llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache", LEADTIME)
@@ -35,14 +35,7 @@ def run_demo(
     options = RoutingOptions(
         max_requests=max_requests, fleets=DEMO_FLEETS, policies=policies, workers=workers, loads=(LOADS["high"],)
     )
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    bar = stderr_bar()
     with bar:
         task = bar.add_task("measuring each fleet's capacity", total=None)
 

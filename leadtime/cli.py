@@ -495,17 +495,9 @@ def bench_routing(
         follow_llmd=follow_llmd,
         loads=loads,
     )
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from leadtime.progress import stderr_bar
 
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    bar = stderr_bar()
     with bar:
         task = bar.add_task("routing", total=None)
 

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import TaskID
 from rich.table import Table
 
+from leadtime.progress import stderr_bar
 from leadtime.simulator.run import SimulationOptions, simulate
 
 
@@ -29,14 +30,7 @@ def run_simulate_command(
     options = SimulationOptions(seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms)
     if not progress:
         return simulate(fleet, trace, policies, max_requests, rate_scale, options, out)
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    bar = stderr_bar()
     tasks: dict[str, TaskID] = {}
 
     def tick(policy: str, done: int, total: int) -> None:

@@ -136,17 +136,9 @@ class _Progress:
         if not self.enabled:
             yield self
             return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from leadtime.progress import stderr_bar
 
-        self.bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
+        self.bar = stderr_bar()
         with self.bar:
             self.task = self.bar.add_task("retrain", total=total)
             yield self
