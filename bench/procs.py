@@ -63,6 +63,17 @@ def free_port() -> int:
     return free_ports(1)
 
 
+def terminate(process: subprocess.Popen[bytes]) -> None:
+    """Stop `process` as a user would (SIGTERM), with SIGKILL after 15 s; nothing if it has already exited."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 class Child:
     """A `leadtime ...` command in a child process, its output in a log file."""
 
@@ -113,13 +124,7 @@ class Child:
         self._out.close()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self._out.close()
 
 
@@ -263,11 +268,5 @@ class Prometheus:
         raise RuntimeError(f"prometheus targets not all up within {timeout_s:.0f} s: {states}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self._out.close()

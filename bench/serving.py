@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,48 +30,20 @@ import httpx
 import numpy as np
 import orjson
 
+from leadtime.bench.data import dataset_path, load_llmd_rows
 from leadtime.bench.keepalive import KeepAliveClient
+from leadtime.bench.procs import free_port, terminate
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT.parent / "shared" / "data" / "measured" / "sharegpt-h200.jsonl"
 ROW_COUNTS = (1, 10, 100)
 INGEST_BATCH = 1_000
 INGEST_BATCHES = 60
 WARMUP_CALLS = 200
 
 
-def free_port() -> int:
-    """A loopback TCP port free at the time of asking."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def load_entries() -> list[dict[str, Any]]:
-    """Training entries from the real H200 trace, or synthetic ones of the same shape if it is absent."""
-    if TRACE.exists():
-        with TRACE.open() as f:
-            return [json.loads(line) for line in f if line.strip()]
-    rng = np.random.default_rng(0)
-    entries = []
-    for i in range(3_400):
-        running = int(rng.integers(0, 64))
-        entries.append(
-            {
-                "kv_cache_percentage": float(rng.uniform(0, 0.9)),
-                "input_token_length": int(rng.integers(16, 4_000)),
-                "num_request_waiting": int(rng.integers(0, 20)),
-                "num_request_running": running,
-                "num_tokens_generated": int(rng.integers(0, 500)),
-                "prefix_cache_score": 0.0,
-                "prefill_tokens_in_flight": int(rng.integers(0, 8_000)),
-                "decode_tokens_in_flight": running * 300,
-                "actual_ttft_ms": float(rng.uniform(50, 900)) if i % 2 == 0 else 0.0,
-                "actual_tpot_ms": float(rng.uniform(10, 60)) if i % 2 else 0.0,
-            }
-        )
-    return entries
+    """The training entries of the real H200 trace that ships with Leadtime (sharegpt-h200)."""
+    return load_llmd_rows(dataset_path("sharegpt-h200"))
 
 
 def prediction_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -116,12 +87,7 @@ class ServiceProcess:
 
     def stop(self) -> None:
         """Terminate the service (SIGKILL after 15 s)."""
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        terminate(self.process)
 
 
 def percentiles(samples_s: list[float]) -> dict[str, float]:

@@ -20,6 +20,14 @@ def test_inputs_are_llmd_rows_without_actuals() -> None:
     assert all(not any(k.startswith("actual_") for k in r) for r in rows)
 
 
+def test_inputs_are_the_shipped_h200_trace() -> None:
+    # The rows that ship in the project, not a file beside the checkout (a clone with nothing beside it measured
+    # synthetic rows instead).
+    from leadtime.bench.data import dataset_path, load_llmd_rows
+
+    assert load_entries() == load_llmd_rows(dataset_path("sharegpt-h200"))
+
+
 def test_percentiles_are_in_milliseconds() -> None:
     samples = [0.001] * 98 + [0.010, 0.020]
     p = percentiles(samples)
