@@ -22,6 +22,7 @@ MEASURED: Mapping[str, Path] = {
     "sharegpt-h200": HERE / "measured" / "sharegpt-h200.jsonl",
 }
 SPLITWISE = HERE / "calibration" / "splitwise_sim_perf_model.csv"
+KERNEL_TABLES = HERE / "calibration"  # the vLLM 0.14 kernel timing tables, <gpu>_vllm0.14_<kernel>.csv
 
 
 class DataFileError(ValueError):

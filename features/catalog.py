@@ -1,7 +1,7 @@
 """Accelerator classes and model profiles: the hardware facts that let one model serve a mixed fleet.
 
 Figures are the published dense BF16 peaks and memory bandwidths; where kernel timings were measured (vLLM 0.14
-kernel tables, summarised here; the raw tables are not shipped) the measured GEMM throughput and KV-read
+kernel tables, summarised here; the tables ship in `leadtime.data`) the measured GEMM throughput and KV-read
 bandwidth are kept beside them, because a roofline built on achieved rather than peak figures is what predicts
 real step times. Classes without measurements get the mean achieved/peak ratio of the measured ones.
 """

@@ -1,6 +1,6 @@
 """Fit the step-time model's per-accelerator coefficients to the measured kernel tables.
 
-The tables in ../shared/data/calibration (measured inside vLLM 0.14) time the pieces a transformer step is made
+The tables in `leadtime.data`'s calibration/ (measured inside vLLM 0.14) time the pieces a transformer step is made
 of: GEMMs, prefill (context) attention, decode (generation) attention and all-reduce. Each piece gets a small
 roofline-shaped model with a handful of coefficients, fitted once by least squares on log latency (relative
 error is what matters across six orders of magnitude). Beside the curves, the measured grids themselves are kept
@@ -9,7 +9,7 @@ where the step-time model looks shapes up directly: the GEMM table on its (m, n,
 eager vs graph-replayed all-reduce timings. The result is cached in `coefficients.json` beside this module so
 that the simulator never needs the tables or scipy at run time. Regenerate it with:
 
-    .venv/bin/python -m leadtime.simulator.calibration ../shared/data/calibration
+    .venv/bin/python -m leadtime.simulator.calibration
 
 which writes the same bytes on any machine (`_fit` says how).
 
@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from leadtime.data import KERNEL_TABLES
 
 COEFFICIENTS_PATH = Path(__file__).with_name("coefficients.json")
 
@@ -258,9 +260,9 @@ def coefficients_text(coefficients: dict[str, dict[str, object]]) -> str:
 
 
 def main(argv: list[str]) -> None:
-    """`python -m leadtime.simulator.calibration [TABLES_DIR [OUT]]`: fit the tables, write the coefficients
-    (OUT defaults to the `coefficients.json` the simulator reads)."""
-    directory = Path(argv[0]) if argv else Path("../shared/data/calibration")
+    """`python -m leadtime.simulator.calibration [TABLES_DIR [OUT]]`: fit the tables (TABLES_DIR defaults to the
+    shipped ones), write the coefficients (OUT defaults to the `coefficients.json` the simulator reads)."""
+    directory = Path(argv[0]) if argv else KERNEL_TABLES
     out = Path(argv[1]) if len(argv) > 1 else COEFFICIENTS_PATH
     out.write_text(coefficients_text(fit_all(directory)))
     print(f"wrote {out}")

@@ -35,22 +35,6 @@ def require_prometheus() -> str:
     return executable
 
 
-# The raw vLLM kernel tables are not shipped (only the coefficients fitted to them are): the tests of that fit
-# read them from the shared data folder beside the checkout.
-SHARED_CALIBRATION = Path(__file__).resolve().parents[2] / "shared" / "data" / "calibration"
-
-
-@pytest.fixture
-def shared_calibration() -> Path:
-    """../shared/data/calibration; skip without it locally, but fail under CI=true, where it must be present."""
-    if not SHARED_CALIBRATION.is_dir():
-        message = f"the raw kernel tables are not present at {SHARED_CALIBRATION}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}; with CI=true the calibration tests must run, not skip", pytrace=False)
-        pytest.skip(message)
-    return SHARED_CALIBRATION
-
-
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A fresh redis-server on a free loopback port; tests may `stop()` and `restart()` it on that port."""

@@ -89,6 +89,7 @@ def test_the_wheel_installs_only_the_leadtime_package(installed: tuple[Path, Pat
         "data/traces/mooncake_conversation_trace.jsonl",
         "data/traces/AzureLLMInferenceTrace_conv_2023.csv",
         "data/README.md",
+        "data/calibration/h100_sxm_vllm0.14_gemm_bf16.csv",
         "simulator/fleets/mixed.yaml",
         "simulator/coefficients.json",
         "predictor/grpc/leadtime.proto",

@@ -8,23 +8,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED_CALIBRATION
 
-from leadtime.data import SPLITWISE
+from leadtime.data import KERNEL_TABLES, SPLITWISE
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.simulator import calibration
 from leadtime.simulator.steptime import StepTimeModel, coefficients_for, ffn_size
 from leadtime.simulator.validate import FOLDS, splitwise_heldout, splitwise_unfitted, validation_rows
 
-DATA = SHARED_CALIBRATION
-needs_data = pytest.mark.usefixtures("shared_calibration")
+DATA = KERNEL_TABLES
 
 
 def _median_ape(predicted: np.ndarray, measured: np.ndarray) -> float:
     return float(np.median(np.abs(predicted - measured) / measured))
 
 
-@needs_data
 @pytest.mark.parametrize("prefix,slug", list(calibration.TABLE_CLASSES.items()))
 def test_fitted_curves_match_kernel_tables(prefix: str, slug: str) -> None:
     coefficients = calibration.load_coefficients()[slug]
@@ -43,7 +40,6 @@ def test_fitted_curves_match_kernel_tables(prefix: str, slug: str) -> None:
     assert _median_ape(predicted, gen[:, 4]) < 0.3
 
 
-@needs_data
 def test_eager_host_cost_is_the_flat_eager_time_not_eager_minus_graph() -> None:
     # A loop of eager all-reduces runs at max(host, GPU): flat at the host's cost while the GPU time grows below.
     a100 = calibration.eager_host_ms(DATA / "a100_sxm_vllm0.14_vllm_custom_allreduce_bf16.csv")
@@ -63,7 +59,6 @@ def test_cached_coefficients_cover_measured_classes() -> None:
     assert 1.0 < h100["generation_attention"]["tb_s"] < 3.35
 
 
-@needs_data
 def test_refitting_the_tables_rewrites_the_cached_file_byte_for_byte(tmp_path: Path) -> None:
     # Regression: a refit changed 52 numbers in their 7th digit (the solver stopped short of the optimum
     # wherever the machine's BLAS rounding led it); it now runs to the optimum and keeps 6 digits.
@@ -86,7 +81,6 @@ def test_scalar_step_pieces_equal_fitted_curves() -> None:
     assert tpu._gemms_ms(256) == pytest.approx(float(calibration.gemm_ms(list(g), x).sum()))
 
 
-@needs_data
 def test_gemm_shapes_are_looked_up_in_the_measured_table() -> None:
     gemm = calibration._read(DATA / "h100_sxm_vllm0.14_gemm_bf16.csv", ("m", "n", "k", "latency"))
     table = {(int(m), int(n), int(k)): t for m, n, k, t in gemm}
