@@ -87,6 +87,29 @@ def _best(values: np.ndarray, tiebreak: np.ndarray) -> int:
     return int(tied[int(np.argmin(tiebreak[tied]))])
 
 
+def _pair(
+    p: PairPredictions,
+    pf: int,
+    d: int,
+    ttft: np.ndarray,
+    ttft_mean: np.ndarray,
+    wait_mean: np.ndarray,
+    score: float,
+) -> PairChoice:
+    """The choice of prefill endpoint `pf` and decode endpoint `d`, from the pair matrices of `_pair_ttft`."""
+    return PairChoice(
+        pf,
+        d,
+        float(ttft[pf, d]),
+        float(ttft_mean[pf, d]),
+        float(p.decode_itl[d]),
+        float(p.decode_itl_mean[d]),
+        float(wait_mean[pf, d]),
+        float(p.transfer_ms[d]),
+        score,
+    )
+
+
 def choose_pair(
     p: PairPredictions,
     now_ms: float,
@@ -133,17 +156,7 @@ def choose_pair(
             ttft[:, d], itl[:, d], ttft_mean[:, d], itl_mean[:, d], ttft_slo_ms, itl_slo_ms, expected_output_tokens
         )
         pf = _best(column, ttft_mean[:, d])
-        return PairChoice(
-            pf,
-            d,
-            float(ttft[pf, d]),
-            float(ttft_mean[pf, d]),
-            float(p.decode_itl[d]),
-            float(p.decode_itl_mean[d]),
-            float(wait_mean[pf, d]),
-            float(p.transfer_ms[d]),
-            float(column[pf]),
-        )
+        return _pair(p, pf, d, ttft, ttft_mean, wait_mean, float(column[pf]))
     flat_ttft, flat_itl = ttft.ravel(), itl.ravel()
     flat_ttft_mean, flat_itl_mean = ttft_mean.ravel(), itl_mean.ravel()
     local = np.zeros(0, dtype=np.intp)  # the decode endpoints that may prefill the request themselves
@@ -186,14 +199,4 @@ def choose_pair(
             float(scores[best]),
         )
     pf, d = divmod(best, n_d)
-    return PairChoice(
-        pf,
-        d,
-        float(ttft[pf, d]),
-        float(ttft_mean[pf, d]),
-        float(p.decode_itl[d]),
-        float(p.decode_itl_mean[d]),
-        float(wait_mean[pf, d]),
-        float(p.transfer_ms[d]),
-        float(scores[best]),
-    )
+    return _pair(p, pf, d, ttft, ttft_mean, wait_mean, float(scores[best]))
