@@ -271,12 +271,13 @@ class OnlinePredictor:
                 lines.append(f"  calibration offset       ×{offset:.3f} (conformal, upper quantile)")
             own = float(own_prefill_ms(x)[0])
             bound = model.wait_bound
-            limit = float(not_queueing_ms(target, x)[0]) + (bound.longest_ms if bound is not None else 0.0)
-            if bound is not None and bound.learned and float(mean[0]) >= limit - 1e-9:
-                lines.append(
-                    f"  longest wait learned     {limit:10.2f} ms (own prefill + the longest wait; the mean is at most "
-                    "this)"
-                )
+            if bound is not None and bound.learned:
+                limit = float(not_queueing_ms(target, x)[0]) + bound.longest_ms
+                if float(mean[0]) >= limit - 1e-9:
+                    lines.append(
+                        f"  longest wait learned     {limit:10.2f} ms (own prefill and stated waits + the longest "
+                        "wait; the mean is at most this)"
+                    )
             wall = model.ceiling
             if wall is not None and wall.active:
                 level, pile = float(wall.mean_cap_ms(own)), float(wall.upper_cap_ms(own))

@@ -39,18 +39,19 @@ class WaitBound:
         self.longest_ms = 0.0
         self.learned = 0
 
-    def learn_many(self, actual_ms: np.ndarray, own_ms: np.ndarray | float) -> None:
+    def learn_many(self, actual_ms: np.ndarray, not_queueing_ms: np.ndarray | float) -> None:
         """Take outcomes (TTFT in ms) and the part of each that is not queueing (own prefill, stated waits)."""
-        waits = np.asarray(actual_ms, dtype=np.float64) - own_ms
+        waits = np.asarray(actual_ms, dtype=np.float64) - not_queueing_ms
         if waits.size:
             self.longest_ms = max(self.longest_ms, float(np.max(waits)))
             self.learned += int(waits.size)
 
-    def cap(self, mean_ms: Values, own_ms: Values | float) -> Values:
-        """Mean predictions bounded by each row's own part (as learned) plus the longest wait (unchanged before any)."""
+    def cap(self, mean_ms: Values, not_queueing_ms: Values | float) -> Values:
+        """Mean predictions bounded by each row's part that is not queueing plus the longest wait (unchanged before
+        any is learned)."""
         if not self.learned:
             return mean_ms
-        return np.minimum(mean_ms, np.asarray(own_ms) + self.longest_ms)  # type: ignore[return-value]
+        return np.minimum(mean_ms, np.asarray(not_queueing_ms) + self.longest_ms)  # type: ignore[return-value]
 
     def to_dict(self) -> dict[str, Any]:
         """The state as JSON-ready values."""
