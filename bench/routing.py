@@ -43,6 +43,7 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "leadtime_no_hardware": ("mixed", "large"),
     "leadtime_decode_first": ("pd", "pd_hetero"),
     "leadtime_no_timeslice": ("timesliced",),
+    "leadtime_no_decode_harm": ("homogeneous", "mixed", "timesliced", "large"),
 }
 LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS)
 LOADS = {"base": 1.0, "high": 1.5}
@@ -568,6 +569,7 @@ def _color(name: str) -> str:
         "leadtime_no_hardware": "#7e57c2",
         "leadtime_decode_first": "#ce93d8",
         "leadtime_no_timeslice": "#f48fb1",
+        "leadtime_no_decode_harm": "#80deea",
     }
     return palette.get(name, "#607d8b")
 

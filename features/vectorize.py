@@ -468,6 +468,29 @@ class Vectorizer:
         )
         return self.from_columns(columns)
 
+    def own_prefill_ms(self, rows: Sequence[FeatureRow]) -> np.ndarray:
+        """Each row's `roofline_own_prefill_ms` column alone, at half the cost of the whole matrix: what a router
+        weighs a prefill by where it lands (`router_plugin.decoding`).
+
+        >>> from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+        >>> v = Vectorizer("h100-sxm", "llama-3.1-8b")
+        >>> rows = [FeatureRow(RequestFeatures(8000), EndpointState(accelerator=a)) for a in ("h100-sxm", "l40s")]
+        >>> slow, fast = v.own_prefill_ms(rows)[::-1]
+        >>> bool(slow > 2 * fast)
+        True
+        """
+        if not rows:
+            return np.zeros(0)
+        hardware = self._classes_of(
+            [r.endpoint.accelerator for r in rows],
+            [r.endpoint.model for r in rows],
+            [r.endpoint.tensor_parallel for r in rows],
+        )
+        tflops, tb_s, _, params_b, layers, attn_width, weight_bytes, _, tp, _ = self.hardware.figures[hardware].T
+        hits = np.array([r.request.prefix_hit_tokens for r in rows], dtype=np.float64)
+        new = np.array([r.request.input_tokens for r in rows], dtype=np.float64) - hits
+        return prefill_ms_array(params_b, layers, attn_width, weight_bytes, tflops, tb_s, new, hits, tp)
+
     def _classes_of(
         self, accelerators: Sequence[str], models: Sequence[str], parallel: Sequence[int]
     ) -> int | np.ndarray:

@@ -76,6 +76,7 @@ class LatencyParameters(_Model):
     overflow_cap_share: float = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
     disaggregation: Literal["joint", "decode-first"] = "joint"
     local_prefill: bool = Field(default=True, alias="localPrefill")
+    decode_harm: bool = Field(default=True, alias="decodeHarm")
     local_prefill_itl_share: float = Field(default=0.5, gt=0.0, le=1.0, alias="localPrefillItlShare")
     disaggregate_min_tokens: int = Field(default=16, ge=0, alias="disaggregateMinTokens")
     kv_link_gb_s: float = Field(default=25.0, gt=0, alias="kvLinkGbS")
@@ -258,6 +259,7 @@ def build_policy(
         joint_pairs=latency.disaggregation == "joint",
         timeslice=timeslice is not None,
         local_prefill=latency.local_prefill,
+        decode_harm=latency.decode_harm,
         local_prefill_itl_share=latency.local_prefill_itl_share,
         disaggregate_min_tokens=latency.disaggregate_min_tokens,
         exploration=latency.exploration,

@@ -41,7 +41,9 @@ import numpy as np
 from leadtime.features.catalog import get_model
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.features.vectorize import Vectorizer
 from leadtime.router_plugin.client import PredictorClient, PredictorError
+from leadtime.router_plugin.decoding import DecodingLedger, decode_harm
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy, WeightedScorer
 from leadtime.router_plugin.inflight import InflightLedger, Sent
 from leadtime.router_plugin.pairs import PairPredictions, choose_pair
@@ -61,6 +63,7 @@ from leadtime.router_plugin.scorers.latency import (
     may_sink,
     overflow_choice,
     preference,
+    shared_step_scores,
     slo_scores,
 )
 from leadtime.router_plugin.timeslice import ResidencyTracker, TimesliceSource
@@ -86,6 +89,10 @@ class LeadtimeConfig:
         always disaggregated above `disaggregate_min_tokens`).
     timeslice
         Read time-slice groups' state (off: every endpoint is treated as resident).
+    decode_harm
+        On unified endpoints, weigh among the candidates predicted to meet the SLOs the ITL headroom the request's
+        prefill would take from the requests this router has in flight there (`decoding`,
+        `scorers.latency.shared_step_scores`).
     local_prefill, local_prefill_itl_share
         On P/D, let a decode endpoint prefill a request itself when that is predicted faster, but only while its
         predicted ITL p90 is within `local_prefill_itl_share` of the request's ITL SLO: a prefill there slows the
@@ -128,6 +135,7 @@ class LeadtimeConfig:
     hardware: bool = True
     joint_pairs: bool = True
     timeslice: bool = True
+    decode_harm: bool = True
     local_prefill: bool = True
     local_prefill_itl_share: float = 0.5
     disaggregate_min_tokens: int = 16
@@ -227,6 +235,8 @@ class LeadtimePolicy:
         self.counters = PolicyCounters()
         self._rng = random.Random(config.seed)
         self._ledger = InflightLedger()
+        self._decoding = DecodingLedger()
+        self._vectorizer = Vectorizer()  # for the roofline prefill time the decode harm is weighed by
         self._residency = ResidencyTracker(config.serving_job)
         self._decisions: dict[str, _Decision] = {}
         self.latency_weight = latency_weight
@@ -335,9 +345,19 @@ class LeadtimePolicy:
         comfortable = comfortable_scores(
             s.ttft, s.tpot, s.ttft_mean, request.ttft_slo_ms, request.tpot_slo_ms, self.config.comfort
         )
-        if comfortable is not None:
-            return comfortable
-        return slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
+        if comfortable is None:
+            comfortable = slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
+        return self._shared_steps(s, comfortable)
+
+    def _shared_steps(self, s: _Scored, scores: np.ndarray) -> np.ndarray:
+        """`scores` weighed by what the request's prefill takes from the requests decoding on each candidate."""
+        if not self.config.decode_harm or float(scores.max()) < FEASIBLE:
+            return scores
+        in_flight = self._decoding.inverse_slo_sums([c.endpoint_id for c in s.candidates])
+        if not in_flight.any():
+            return scores
+        harm = decode_harm(self._vectorizer.own_prefill_ms(s.rows), self._output_tokens, in_flight)
+        return shared_step_scores(scores, harm)
 
     def _mean_scores(self, request: RouteRequest, s: _Scored) -> np.ndarray | None:
         """SLO scores of the mean predictions: whether the request may still be saved (`preference`)."""
@@ -397,12 +417,17 @@ class LeadtimePolicy:
             if roles.disaggregated:
                 if serving:
                     self.counters.timeslice_filtered += len(away)
-                return self._pick_pair(request, list(roles.prefill), list(roles.decode), not serving)
-            if not serving:
-                return self._pick_one(request, [], list(roles.unified))
-            return self._pick_one(request, list(roles.unified), away)
+                chosen = self._pick_pair(request, list(roles.prefill), list(roles.decode), not serving)
+            elif not serving:
+                chosen = self._pick_one(request, [], list(roles.unified))
+            else:
+                chosen = self._pick_one(request, list(roles.unified), away)
         except PredictorError:
-            return self._fall_back(request, serving or away, not serving)
+            chosen = self._fall_back(request, serving or away, not serving)
+        if request.tpot_slo_ms is not None:
+            decodes_on = chosen.decode_endpoint_id or chosen.endpoint_id
+            self._decoding.record(decodes_on, request.request_id, request.tpot_slo_ms)
+        return chosen
 
     def _record_prefill(self, endpoint_id: str, request: RouteRequest, row: FeatureRow) -> None:
         """`request`, scored on `row`, was sent to `endpoint_id` to be prefilled there."""
@@ -582,10 +607,12 @@ class LeadtimePolicy:
     def abandon(self, request_id: str) -> None:
         """The request will not complete where it was sent (it failed, or was retried elsewhere): forget it."""
         self._ledger.complete(request_id)
+        self._decoding.complete(request_id)
         self._decisions.pop(request_id, None)
 
     def observe(self, outcome: Outcome) -> None:
         self._ledger.complete(outcome.request_id)
+        self._decoding.complete(outcome.request_id)
         self._last_heard[outcome.endpoint_id] = outcome.completed_ms
         if outcome.decode_endpoint_id is not None:
             self._last_heard[outcome.decode_endpoint_id] = outcome.completed_ms

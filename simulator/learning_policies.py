@@ -25,6 +25,7 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
     "leadtime_no_hardware": {"hardware": False},
     "leadtime_decode_first": {"joint_pairs": False},
     "leadtime_no_timeslice": {"timeslice": False},
+    "leadtime_no_decode_harm": {"decode_harm": False},
 }
 
 

@@ -117,6 +117,7 @@ def test_ablations_run_only_where_their_feature_acts() -> None:
     assert "leadtime_decode_first" in policies_for("pd") and "leadtime_decode_first" not in policies_for("mixed")
     assert "leadtime_no_timeslice" in policies_for("timesliced")
     assert "leadtime_no_inflight" in policies_for("homogeneous")
+    assert "leadtime_no_decode_harm" in policies_for("large") and "leadtime_no_decode_harm" not in policies_for("pd")
 
 
 def test_cli_refuses_an_unknown_fleet() -> None:

@@ -365,6 +365,14 @@ def test_the_batch_form_is_bitwise_the_row_form(batch: list[FeatureRow]) -> None
     assert got.endpoint_ids == (ids if any(ids) else None)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(rows, min_size=0, max_size=12))
+def test_own_prefill_alone_is_the_matrix_column(batch: list[FeatureRow]) -> None:
+    v = Vectorizer()
+    expected = v.transform(batch)[:, C["roofline_own_prefill_ms"]]
+    assert np.allclose(v.own_prefill_ms(batch), expected, rtol=1e-12, atol=0.0)
+
+
 def test_a_batch_names_each_rows_class_accelerator_and_role() -> None:
     rows_ = [
         FeatureRow(RequestFeatures(10), EndpointState(endpoint_id="a", role="decode")),

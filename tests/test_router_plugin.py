@@ -12,6 +12,7 @@ from leadtime.features.rows import EndpointState, FeatureRow, Observation
 from leadtime.predictor.client import BulkPredictions, PredictorUnavailable
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.router_plugin.client import InProcessPredictor, PredictorClient
+from leadtime.router_plugin.decoding import DecodingLedger, decode_harm
 from leadtime.router_plugin.inflight import InflightLedger, Sent
 from leadtime.router_plugin.pairs import PairPredictions, choose_pair
 from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest, RoutingPolicy
@@ -21,6 +22,7 @@ from leadtime.router_plugin.scorers.latency import (
     comfortable_scores,
     headroom,
     latency_scores,
+    shared_step_scores,
     slo_scores,
 )
 from leadtime.router_plugin.timeslice import GroupStatus, ResidencyTracker
@@ -189,6 +191,64 @@ def test_a_burst_is_spread_by_in_flight_accounting() -> None:
     spread = route(LeadtimeConfig(exploration=0.0))
     assert sorted(spread) == ["a", "a", "b", "b", "c", "c", "d", "d"]
     assert route(LeadtimeConfig(inflight=False, exploration=0.0)) == ["a"] * 8
+
+
+def test_the_decoding_ledger_keeps_each_request_where_it_decodes_until_it_completes() -> None:
+    ledger = DecodingLedger()
+    ledger.record("a", "r1", 50.0)
+    ledger.record("a", "r2", 100.0)
+    ledger.record("b", "r3", 100.0)
+    assert ledger.inverse_slo_sums(["a", "b", "c"]) == pytest.approx([0.03, 0.01, 0.0])
+    ledger.record("b", "r1", 50.0)  # retried elsewhere: it decodes in one place
+    assert ledger.inverse_slo_sums(["a", "b"]) == pytest.approx([0.01, 0.03])
+    for rid in ("r1", "r2", "r3", "r3", "never-sent"):
+        ledger.complete(rid)
+    assert len(ledger) == 0 and ledger.inverse_slo_sums(["a", "b"]).tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="itl_slo_ms"):
+        ledger.record("a", "r4", 0.0)
+
+
+def test_decode_harm_grows_with_the_prefill_and_the_tight_requests_in_flight() -> None:
+    sums = np.array([0.0, 1 / 100, 2 / 100, 1 / 50])
+    harm = decode_harm(np.full(4, 1000.0), 100.0, sums)
+    assert harm.tolist() == pytest.approx([0.0, 0.1, 0.2, 0.2])  # 10 ms more ITL for each request there
+    assert decode_harm(np.array([2000.0]), 100.0, sums[1:2])[0] == pytest.approx(0.2)
+    assert decode_harm(np.array([1000.0]), 0.0, sums[1:2])[0] == pytest.approx(10.0)  # a mean of < 1 token counts as 1
+
+
+def test_shared_step_scores_reorder_only_candidates_predicted_in_time_and_keep_them_in_time() -> None:
+    rng = np.random.default_rng(3)
+    scores, harm = rng.uniform(0, 1, 200), rng.uniform(0, 5, 200)
+    shared = shared_step_scores(scores, harm)
+    in_time = scores >= FEASIBLE
+    assert np.array_equal(shared[~in_time], scores[~in_time])
+    assert (shared[in_time] >= FEASIBLE).all() and (shared[in_time] <= scores[in_time]).all()
+    assert np.array_equal(shared_step_scores(scores, np.zeros(200)), scores)
+    # Equal harm keeps the order; no harm is large enough to tie two candidates that differed.
+    equal = shared_step_scores(scores[in_time], np.full(in_time.sum(), 50.0))
+    assert np.array_equal(np.argsort(equal, kind="stable"), np.argsort(scores[in_time], kind="stable"))
+    assert len(np.unique(equal)) == len(np.unique(scores[in_time]))
+
+
+def test_a_long_prompt_goes_where_fewer_tight_itl_requests_are_decoding() -> None:
+    # a and b publish the same state; a holds part of the prompt (its TTFT is shorter) but this router has sent
+    # it twelve requests with a 50 ms ITL SLO that have not completed: the 8,000-token prefill would stall them.
+    a, b = cand("a", hits=400), cand("b")
+    config = LeadtimeConfig(exploration=0.0, inflight=False)
+    policy = LeadtimePolicy(QueueModel(), config)
+    blind = LeadtimePolicy(QueueModel(), replace(config, decode_harm=False))
+    for p in (policy, blind):
+        for i in range(12):
+            assert p.pick(req(f"t{i}", itl_slo=50.0), [a]).endpoint_id == "a"
+    assert policy.pick(req("long", tokens=8000, at=1.0), [a, b]).endpoint_id == "b"
+    assert blind.pick(req("long", tokens=8000, at=1.0), [a, b]).endpoint_id == "a"
+    # Once they complete (or are given up), they no longer count.
+    for i in range(12):
+        if i % 2:
+            policy.abandon(f"t{i}")
+        else:
+            policy.observe(Outcome(f"t{i}", "a", None, ttft_ms=100.0, itl_ms=20.0, output_tokens=200, completed_ms=2.0))
+    assert policy.pick(req("long2", tokens=8000, at=3.0), [a, b]).endpoint_id == "a"
 
 
 def test_with_every_candidate_far_inside_the_slos_the_shortest_mean_ttft_wins_not_the_most_slack() -> None:

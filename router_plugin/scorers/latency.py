@@ -126,6 +126,23 @@ def comfortable_scores(
     return FEASIBLE + (1.0 - FEASIBLE) * mean.min() / mean
 
 
+def shared_step_scores(scores: np.ndarray, harm: np.ndarray) -> np.ndarray:
+    """Scores of candidates predicted to meet the SLOs, their margin above `FEASIBLE` divided by `1 + harm`: the
+    ITL headroom the request's prefill would take from the requests already decoding there
+    (`router_plugin.decoding.decode_harm`). Those predicted to miss keep their scores; no candidate crosses
+    `FEASIBLE` either way, so which requests are predicted in time does not change.
+
+    Divided rather than subtracted, the harm never ties the candidates at `FEASIBLE`: a long prompt on a busy
+    fleet harms every candidate by more than its margin, and tied there it went to a random one (on the
+    time-sliced fleet at 1.28x capacity, 4.98 against 5.18 requests/s over six seeds; divided, 5.14).
+
+    >>> shared_step_scores(np.array([0.9, 0.7, 0.3]), np.array([1.0, 0.0, 5.0])).round(6).tolist()
+    [0.7, 0.7, 0.3]
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.where(scores >= FEASIBLE, FEASIBLE + (scores - FEASIBLE) / (1.0 + harm), scores)
+
+
 def may_sink(scores: np.ndarray, overflow: str) -> bool:
     """Whether `preference` may give the request up to an overflow endpoint: only then are its `mean_scores`
     needed, so callers compute them only then.
