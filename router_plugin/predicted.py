@@ -12,7 +12,9 @@ For each request:
    class, role and time-slice state.
 3. **Predict** — one bulk call for all rows (prefill and decode endpoints of a P/D fleet together).
 4. **Score and pick** — `scorers.latency`: headroom of the upper-quantile predictions against the request's SLOs
-   (lowest predicted latency without SLOs; the shortest mean TTFT when every candidate is far inside them); on P/D the
+   (lowest predicted latency without SLOs; the shortest mean TTFT when every candidate is far inside them), on
+   unified endpoints weighed by the ITL headroom the request's prefill would take from the requests this router
+   has in flight there (`decoding.DecodingLedger`, `scorers.latency.shared_step_scores`); on P/D the
    (prefill, decode) pair or local prefill is chosen jointly (`pairs.choose_pair`), local prefill only on a decode
    endpoint far inside the ITL SLO. A request predicted beyond saving everywhere (not even its mean predictions meet the
    SLOs anywhere) goes to the first candidate beyond saving, one overflow endpoint, rather than slowing the whole fleet
@@ -342,12 +344,12 @@ class LeadtimePolicy:
     def _latency_scores(self, request: RouteRequest, s: _Scored) -> np.ndarray:
         if request.ttft_slo_ms is None and request.tpot_slo_ms is None:
             return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens, s.ttft)
-        comfortable = comfortable_scores(
+        scores = comfortable_scores(
             s.ttft, s.tpot, s.ttft_mean, request.ttft_slo_ms, request.tpot_slo_ms, self.config.comfort
         )
-        if comfortable is None:
-            comfortable = slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
-        return self._shared_steps(s, comfortable)
+        if scores is None:
+            scores = slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
+        return self._shared_steps(s, scores)
 
     def _shared_steps(self, s: _Scored, scores: np.ndarray) -> np.ndarray:
         """`scores` weighed by what the request's prefill takes from the requests decoding on each candidate."""

@@ -25,6 +25,11 @@ SLO, half by default), no candidate risks a miss and the headroom sum mostly ran
 request then goes where its mean predicted TTFT is shortest (`comfortable_scores`). That shortens the TTFT tail
 at light load (Azure conversation trace, homogeneous fleet: p99 lower in all six cells of three seeds, e.g.
 108.5 against 116 ms); under the Mooncake trace's load its effect on goodput is within the seeds' noise.
+
+Either way the score weighs the request at hand only; its prefill also slows every request decoding where it
+lands. On unified endpoints the margin above `FEASIBLE` of each candidate predicted in time is divided by
+`1 + harm`, the ITL headroom the prefill would take from the requests in flight there (`shared_step_scores`,
+`router_plugin.decoding`).
 """
 
 from __future__ import annotations
