@@ -24,7 +24,7 @@ When every candidate is predicted far inside both SLOs (each upper-quantile pred
 SLO, half by default), no candidate risks a miss and the headroom sum mostly ranks noise in the ITL p90; the
 request then goes where its mean predicted TTFT is shortest (`comfortable_scores`). That shortens the TTFT tail
 at light load (Azure conversation trace, homogeneous fleet: p99 lower in all six cells of three seeds, e.g.
-108.5 against 116 ms); under the Mooncake trace's load its effect on goodput is within the seeds' noise.
+108.0 against 123.8 ms); under the Mooncake trace's load its effect on goodput is mostly within the seeds' noise.
 
 Either way the score weighs the request at hand only; its prefill also slows every request decoding where it
 lands. On unified endpoints the margin above `FEASIBLE` of each candidate predicted in time is divided by
