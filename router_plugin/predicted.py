@@ -426,7 +426,7 @@ class LeadtimePolicy:
                 chosen = self._pick_one(request, list(roles.unified), away)
         except PredictorError:
             chosen = self._fall_back(request, serving or away, not serving)
-        if request.tpot_slo_ms is not None:
+        if self.config.decode_harm and request.tpot_slo_ms is not None:  # only the weighing reads them
             decodes_on = chosen.decode_endpoint_id or chosen.endpoint_id
             self._decoding.record(decodes_on, request.request_id, request.tpot_slo_ms)
         return chosen
