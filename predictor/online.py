@@ -288,6 +288,10 @@ class ConformalQuantile:
         self.step = step
         self.residuals: deque[float] = deque(maxlen=window)
         self.adaptive = 0.0
+        # While a quantile tree serves instead of the offset, the adaptive term the offset would have had: steered
+        # by the offset's own coverage, so that a tree's forward record compares it with the offset as it would
+        # have served (on the served term the offset overshoots once that term answers for the tree's misses).
+        self.shadow = 0.0
         self.base: float | None = None
         self._cached = 0.0
         self.center = 0.0
@@ -300,11 +304,19 @@ class ConformalQuantile:
         Before it has seen `_WARMUP` residuals, an empirical quantile means little: the offset is then at least
         a cold-start width (×2) fading out as residuals arrive, so a first p90 is not simply the mean.
         """
+        return self._base() + self.adaptive
+
+    @property
+    def shadow_offset(self) -> float:
+        """The offset as it would serve while a quantile tree serves instead (see `shadow`)."""
+        return self._base() + self.shadow
+
+    def _base(self) -> float:
         base = self._cached if self.base is None else self.base
         seen = len(self.residuals)
         if self.base is None and seen < _WARMUP:
             base = max(base, _COLD_WIDTH * (1.0 - seen / _WARMUP))
-        return base + self.adaptive
+        return base
 
     def recalibrate(self, residuals: np.ndarray) -> None:
         """Split-conformal restart: base the quantile on the current model's residuals over a sample window.
@@ -315,12 +327,19 @@ class ConformalQuantile:
         """
         if len(residuals):
             self.base = float(np.quantile(residuals, self.quantile))
-            self.adaptive = 0.0
+            self.adaptive = self.shadow = 0.0
 
-    def observe(self, residual: float, covered: bool) -> None:
-        """Record a before-learning residual and whether the served quantile covered the actual."""
+    def serve_offset(self) -> None:
+        """The quantile tree stops serving: the offset serves again, with the adaptive term it would have had."""
+        self.adaptive, self.shadow = self.shadow, 0.0
+
+    def observe(self, residual: float, covered: bool, shadow_covered: bool | None = None) -> None:
+        """Record a before-learning residual and whether the served quantile covered the actual (and, while a
+        quantile tree serves, whether the offset would have: `shadow_offset`)."""
         self.residuals.append(residual)
         self.adaptive += self.step * ((0.0 if covered else 1.0) - (1.0 - self.quantile))
+        if shadow_covered is not None:
+            self.shadow += self.step * ((0.0 if shadow_covered else 1.0) - (1.0 - self.quantile))
         self._since_refresh += 1
         if self._since_refresh >= 25 or len(self.residuals) < 50:
             recent = np.fromiter(self.residuals, float)
@@ -338,6 +357,7 @@ class ConformalQuantile:
             "step": self.step,
             "residuals": list(self.residuals),
             "adaptive": self.adaptive,
+            "shadow": self.shadow,
             "base": self.base,
             "cached": self._cached,
             "center": self.center,
@@ -350,6 +370,7 @@ class ConformalQuantile:
         cq = cls(float(d["quantile"]), int(d["window"]), float(d["step"]))
         cq.residuals.extend(float(r) for r in d["residuals"])
         cq.adaptive = float(d["adaptive"])
+        cq.shadow = float(d.get("shadow", 0.0))  # artifacts written before it was kept: none
         cq.base = None if d.get("base") is None else float(d["base"])
         cq._cached = float(d["cached"])
         cq.center = float(d["center"])

@@ -19,7 +19,7 @@ from river import drift
 from leadtime.features.vectorize import COLUMNS
 from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.ceiling import OutcomeCeiling
-from leadtime.predictor.forward import ForwardRecord
+from leadtime.predictor.forward import ForwardRecord, percentage_errors, pinball_losses
 from leadtime.predictor.online import ConformalQuantile, OffsetTable, RecursiveLeastSquares
 from leadtime.predictor.physics import (
     additive_ms,
@@ -165,8 +165,9 @@ class TargetModel:
         self.observations = 0
         self.since_retrain = 0
         self.drifts = 0
-        # The serving mean tree against no tree, on the rows that came after it (`forward`).
+        # The serving mean and quantile trees against none, on the rows that came after them (`forward`).
         self.forward = ForwardRecord()
+        self.upper_forward = ForwardRecord()
         self.trees_retired = 0
         # Log-space shift that calibrates an accepted quantile tree on its held-out data.
         self.upper_shift = 0.0
@@ -311,7 +312,10 @@ class TargetModel:
         uncapped_ms = extra + prior * np.exp(point)
         if mean_residual is not None:
             plain_ms = extra + prior * np.exp(online + conformal.center)
-            self.forward.add(actual_ms, self._served_mean(uncapped_ms, x), self._served_mean(plain_ms, x))
+            self.forward.add(
+                percentage_errors(actual_ms, self._served_mean(uncapped_ms, x)),
+                percentage_errors(actual_ms, self._served_mean(plain_ms, x)),
+            )
         # Coverage is of the quantile served: under a wall that is the capped one, and the adaptive term must
         # answer for it (the uncapped model's residuals there say it over-predicts, and it shrinks its width).
         wall = self.ceiling if self.ceiling is not None and self.ceiling.active else None
@@ -319,36 +323,57 @@ class TargetModel:
         # that, not against the adaptive term as it moves within this batch. Judged against the moving term,
         # a steady climb looked covered (the term rose row by row in the judging) while what was served
         # missed: p90 coverage 0.62 over a tenth of a P/D trace whose TTFTs were climbing.
-        served_offset, served_adaptive = conformal.offset, conformal.adaptive
+        served_offset, served_adaptive, shadow_offset = conformal.offset, conformal.adaptive, conformal.shadow_offset
         own = own_prefill_ms(x)
+        # What each row was served as its upper quantile, and (while a quantile tree serves) what it would have
+        # been served without the tree: the conformal offset over the online parts.
+        served_ms = np.empty(len(z))
+        plain_upper_ms = np.empty(len(z))
         for i in range(len(z)):
             if upper_residual is None:
-                upper = online[i] + served_offset
+                top = plain = max(online[i] + served_offset, point[i])
             else:
-                upper = online[i] + upper_residual[i] + self.upper_shift + served_adaptive
-            top = max(upper, point[i])
+                top = max(online[i] + upper_residual[i] + self.upper_shift + served_adaptive, point[i])
+                plain = max(online[i] + shadow_offset, point[i])
+            served_ms[i] = extra[i] + prior[i] * math.exp(top)
+            plain_upper_ms[i] = extra[i] + prior[i] * math.exp(plain)
             if wall is None:
-                covered = z[i] <= top + 1e-12
+                covered, plain_covered = z[i] <= top + 1e-12, z[i] <= plain + 1e-12
             else:
-                served = wall.cap(float(uncapped_ms[i]), float(extra[i] + prior[i] * math.exp(top)), float(own[i]))[1]
-                covered = actual_ms[i] <= served * (1.0 + 1e-12)
-            conformal.observe(float(z[i] - online[i]), covered)
+                served_ms[i] = wall.cap(float(uncapped_ms[i]), float(served_ms[i]), float(own[i]))[1]
+                plain_upper_ms[i] = wall.cap(float(uncapped_ms[i]), float(plain_upper_ms[i]), float(own[i]))[1]
+                covered = actual_ms[i] <= served_ms[i] * (1.0 + 1e-12)
+                plain_covered = actual_ms[i] <= plain_upper_ms[i] * (1.0 + 1e-12)
+            conformal.observe(float(z[i] - online[i]), covered, None if upper_residual is None else plain_covered)
+        if upper_residual is not None:
+            self.upper_forward.add(
+                pinball_losses(actual_ms, served_ms, conformal.quantile),
+                pinball_losses(actual_ms, plain_upper_ms, conformal.quantile),
+            )
+            if self.upper_forward.retire():
+                self._retire_tree("upper")
         if self.trees.mean is not None and self.forward.retire():
-            self._retire_mean_tree()
+            self._retire_tree("mean")
 
     def _served_mean(self, mean_ms: np.ndarray, x: np.ndarray) -> np.ndarray:
         """The mean predictions of rows `x` as served (`_bounded`)."""
         return self._bounded(mean_ms, mean_ms, x)[0]
 
-    def _retire_mean_tree(self) -> None:
-        """The mean tree did worse than no tree on the rows since it was swapped in: serve without it."""
+    def _retire_tree(self, kind: str) -> None:
+        """The `kind` ("mean" or "upper") tree did worse than no tree on the rows since it was swapped in: serve
+        without it. A retired quantile tree leaves the conformal offset as its record judged it (`shadow`)."""
         old = self.trees
         compiled = dict(old.compiled)
-        compiled["mean"] = None
-        self.trees = ResidualTrees(mean=None, upper=old.upper, compiled=compiled)
+        compiled[kind] = None
+        if kind == "mean":
+            self.trees = ResidualTrees(mean=None, upper=old.upper, compiled=compiled)
+            self.forward.reset()
+        else:
+            self.trees = ResidualTrees(mean=old.mean, upper=None, compiled=compiled)
+            self.upper_forward.reset()
+            self.conformal.serve_offset()
         self._loaded_trees = None
         self.trees_retired += 1
-        self.forward.reset()
 
     # --- retraining -----------------------------------------------------------------------------------------
 
@@ -468,6 +493,7 @@ class TargetModel:
             compiled["upper"] = candidate.compiled["upper"]
             self.upper_shift = candidate.upper_shift
             self.conformal.adaptive = 0.0
+            self.upper_forward.reset()
         elif candidate.serving_upper_shift is not None and old.upper is not None:
             self.upper_shift = candidate.serving_upper_shift
         if mean is not old.mean or upper is not old.upper:

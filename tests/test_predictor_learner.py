@@ -526,15 +526,20 @@ def test_a_kept_quantile_tree_is_recalibrated_at_each_retrain() -> None:
     assert 0.85 <= coverage <= 0.97
 
 
-def _installed(predictor: OnlinePredictor, x: np.ndarray, residual: float) -> None:
-    """Serve a mean tree fitted elsewhere that adds `residual` (log) to every TTFT prediction."""
+def _installed(
+    predictor: OnlinePredictor, x: np.ndarray, residual: float, kind: str = "mean", base: float = 0.0
+) -> None:
+    """Serve a tree fitted elsewhere that puts every TTFT prediction's mean (`kind` "mean") or upper quantile
+    ("upper") at `residual` (log) above the online parts; `base` is the split-conformal base installed with it."""
     from leadtime.predictor.physics import prior_ms
     from leadtime.predictor.target import tree_inputs
     from leadtime.predictor.trees import fit_booster
 
     tree_x = tree_inputs(x, prior_ms("ttft", x))
-    tree = fit_booster("ttft", "regression", 0.9, tree_x, np.full(len(x), residual), 5, 0)
-    predictor.install_trees("ttft", tree, None, 0.0, np.zeros(10))
+    objective = "regression" if kind == "mean" else "quantile"
+    tree = fit_booster("ttft", objective, 0.9, tree_x, np.full(len(x), residual), 5, 0)
+    mean, upper = (tree, None) if kind == "mean" else (None, tree)
+    predictor.install_trees("ttft", mean, upper, 0.0, np.full(10, base))
 
 
 @pytest.mark.parametrize(("residual", "retired"), [(0.7, True), (0.0, False)])
@@ -559,4 +564,31 @@ def test_a_mean_tree_that_does_worse_than_none_on_later_rows_is_retired(residual
         after = predictor.predict_many(x[600:]).ttft_mean
         error = np.abs(after - truth[600:, 0]) / truth[600:, 0]
         assert error.mean() < 0.5 * (np.abs(before - truth[600:, 0]) / truth[600:, 0]).mean()
+    predictor.close()
+
+
+@pytest.mark.parametrize(("residual", "base", "retired"), [(-1.5, 0.0, True), (0.05, 1.0, False)])
+def test_a_quantile_tree_that_does_worse_than_none_on_later_rows_is_retired(
+    residual: float, base: float, retired: bool
+) -> None:
+    """Judged by the pinball loss of the p90 on the rows that follow: a quantile tree that serves a p90 far below
+    the outcomes stops serving (the conformal offset takes over and covers again); one closer to them than the
+    offset keeps serving."""
+    config = LearnerConfig(background=False, retrain=False)
+    predictor = OnlinePredictor(config)
+    rng = np.random.default_rng(12)
+    rows = [_row(rng, endpoint="ep-0") for _ in range(1200)]
+    truth = np.array([_truth(r) for r in rows])
+    x = predictor.vectorizer.batch(rows)
+    predictor.learn_many(x[:600], truth[:600, 0], truth[:600, 1])
+    _installed(predictor, x.X[:600], residual, kind="upper", base=base)
+    model = predictor._models["ttft"]
+    assert model.trees.upper is not None
+    for start in range(600, 1000, 20):  # outcomes arrive a few at a time, as they do from a router
+        predictor.learn_many(x[start : start + 20], truth[start : start + 20, 0], truth[start : start + 20, 1])
+    assert (model.trees.upper is None) is retired
+    assert model.trees.mean is None  # the mean is not judged by the quantile's record
+    assert predictor.status()["trees_retired"]["ttft"] == int(retired)
+    coverage = float(np.mean(truth[1000:, 0] <= predictor.predict_many(x[1000:]).ttft_quantile))
+    assert coverage >= 0.85
     predictor.close()
