@@ -88,3 +88,27 @@ def test_p90_coverage_holds_in_the_low_and_high_half_of_each_load_feature(
         assert 0.82 <= share <= 0.98, f"{target} p90 covers {share:.3f} of the {name} half of {feature}"
     # The stream does reach past what was learned, so the high halves include extrapolation.
     assert values.max() > max(LOAD[feature](r) for r in stream(4000, seed=0)[0])
+
+
+def test_the_offset_beside_a_quantile_tree_is_steered_by_its_own_coverage() -> None:
+    """While a quantile tree serves, the offset it would be retired for keeps an adaptive term of its own: the
+    served term answers for the tree's misses, the offset's for its own; retired, the offset serves with its own."""
+    from leadtime.predictor.online import ConformalQuantile
+
+    cq = ConformalQuantile(0.9)
+    cq.recalibrate(np.zeros(10))
+    for _ in range(100):  # the tree misses every row, the offset would have covered every one
+        cq.observe(0.0, covered=False, shadow_covered=True)
+    assert cq.adaptive == pytest.approx(100 * 0.01 * 0.9)
+    assert cq.shadow == pytest.approx(-100 * 0.01 * 0.1)
+    assert cq.shadow_offset == pytest.approx(cq.shadow)  # base 0
+    restored = ConformalQuantile.from_dict(cq.to_dict())
+    assert restored.shadow == cq.shadow
+    older = cq.to_dict()
+    del older["shadow"]  # written before the term was kept
+    assert ConformalQuantile.from_dict(older).shadow == 0.0
+    cq.serve_offset()
+    assert cq.adaptive == pytest.approx(-0.1) and cq.shadow == 0.0
+    assert cq.offset == pytest.approx(-0.1)
+    cq.recalibrate(np.zeros(10))
+    assert cq.adaptive == cq.shadow == 0.0
