@@ -542,17 +542,22 @@ def _installed(
     predictor.install_trees("ttft", mean, upper, 0.0, np.full(10, base))
 
 
-@pytest.mark.parametrize(("residual", "retired"), [(0.7, True), (0.0, False)])
-def test_a_mean_tree_that_does_worse_than_none_on_later_rows_is_retired(residual: float, retired: bool) -> None:
-    """A tree that passed its held-out rows but is wrong on the rows that follow stops serving once it has
-    served enough of them to judge; one that does no harm keeps serving."""
-    config = LearnerConfig(background=False, retrain=False)
-    predictor = OnlinePredictor(config)
-    rng = np.random.default_rng(11)
+def _half_learned(seed: int) -> tuple[OnlinePredictor, FeatureBatch, np.ndarray]:
+    """A learner without retraining that has learned the first 600 of 1,200 rows of one endpoint."""
+    predictor = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    rng = np.random.default_rng(seed)
     rows = [_row(rng, endpoint="ep-0") for _ in range(1200)]
     truth = np.array([_truth(r) for r in rows])
     x = predictor.vectorizer.batch(rows)
     predictor.learn_many(x[:600], truth[:600, 0], truth[:600, 1])
+    return predictor, x, truth
+
+
+@pytest.mark.parametrize(("residual", "retired"), [(0.7, True), (0.0, False)])
+def test_a_mean_tree_that_does_worse_than_none_on_later_rows_is_retired(residual: float, retired: bool) -> None:
+    """A tree that passed its held-out rows but is wrong on the rows that follow stops serving once it has
+    served enough of them to judge; one that does no harm keeps serving."""
+    predictor, x, truth = _half_learned(11)
     _installed(predictor, x.X[:600], residual)
     assert predictor._models["ttft"].trees.mean is not None
     before = predictor.predict_many(x[600:]).ttft_mean
@@ -574,13 +579,7 @@ def test_a_quantile_tree_that_does_worse_than_none_on_later_rows_is_retired(
     """Judged by the pinball loss of the p90 on the rows that follow: a quantile tree that serves a p90 far below
     the outcomes stops serving (the conformal offset takes over and covers again); one closer to them than the
     offset keeps serving."""
-    config = LearnerConfig(background=False, retrain=False)
-    predictor = OnlinePredictor(config)
-    rng = np.random.default_rng(12)
-    rows = [_row(rng, endpoint="ep-0") for _ in range(1200)]
-    truth = np.array([_truth(r) for r in rows])
-    x = predictor.vectorizer.batch(rows)
-    predictor.learn_many(x[:600], truth[:600, 0], truth[:600, 1])
+    predictor, x, truth = _half_learned(12)
     _installed(predictor, x.X[:600], residual, kind="upper", base=base)
     model = predictor._models["ttft"]
     assert model.trees.upper is not None
