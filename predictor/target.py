@@ -324,27 +324,29 @@ class TargetModel:
         # a steady climb looked covered (the term rose row by row in the judging) while what was served
         # missed: p90 coverage 0.62 over a tenth of a P/D trace whose TTFTs were climbing.
         served_offset, served_adaptive, shadow_offset = conformal.offset, conformal.adaptive, conformal.shadow_offset
-        own = own_prefill_ms(x)
-        # What each row was served as its upper quantile, and (while a quantile tree serves) what it would have
-        # been served without the tree: the conformal offset over the online parts.
-        served_ms = np.empty(len(z))
-        plain_upper_ms = np.empty(len(z))
+        # What each row was served as its upper quantile (log), and, while a quantile tree serves, what it would
+        # have been served without the tree: the conformal offset over the online parts.
+        plain = np.maximum(online + (served_offset if upper_residual is None else shadow_offset), point)
+        top = (
+            plain
+            if upper_residual is None
+            else np.maximum(online + upper_residual + self.upper_shift + served_adaptive, point)
+        )
+        if wall is None and upper_residual is None:  # the usual case: coverage in log space, nothing else needed
+            for i, covered in enumerate((z <= top + 1e-12).tolist()):
+                conformal.observe(float(z[i] - online[i]), covered)
+            self._settle_mean_tree()
+            return
+        served_ms = self._served_upper_ms(top, extra, prior, uncapped_ms, x, wall)
+        plain_upper_ms = self._served_upper_ms(plain, extra, prior, uncapped_ms, x, wall)
+        if wall is None:
+            covered_all, plain_covered_all = z <= top + 1e-12, z <= plain + 1e-12
+        else:
+            covered_all = actual_ms <= served_ms * (1.0 + 1e-12)
+            plain_covered_all = actual_ms <= plain_upper_ms * (1.0 + 1e-12)
         for i in range(len(z)):
-            if upper_residual is None:
-                top = plain = max(online[i] + served_offset, point[i])
-            else:
-                top = max(online[i] + upper_residual[i] + self.upper_shift + served_adaptive, point[i])
-                plain = max(online[i] + shadow_offset, point[i])
-            served_ms[i] = extra[i] + prior[i] * math.exp(top)
-            plain_upper_ms[i] = extra[i] + prior[i] * math.exp(plain)
-            if wall is None:
-                covered, plain_covered = z[i] <= top + 1e-12, z[i] <= plain + 1e-12
-            else:
-                served_ms[i] = wall.cap(float(uncapped_ms[i]), float(served_ms[i]), float(own[i]))[1]
-                plain_upper_ms[i] = wall.cap(float(uncapped_ms[i]), float(plain_upper_ms[i]), float(own[i]))[1]
-                covered = actual_ms[i] <= served_ms[i] * (1.0 + 1e-12)
-                plain_covered = actual_ms[i] <= plain_upper_ms[i] * (1.0 + 1e-12)
-            conformal.observe(float(z[i] - online[i]), covered, None if upper_residual is None else plain_covered)
+            shadow_covered = None if upper_residual is None else bool(plain_covered_all[i])
+            conformal.observe(float(z[i] - online[i]), bool(covered_all[i]), shadow_covered)
         if upper_residual is not None:
             self.upper_forward.add(
                 pinball_losses(actual_ms, served_ms, conformal.quantile),
@@ -352,8 +354,31 @@ class TargetModel:
             )
             if self.upper_forward.retire():
                 self._retire_tree("upper")
+        self._settle_mean_tree()
+
+    def _settle_mean_tree(self) -> None:
+        """Retire the serving mean tree if its record says it does worse than none."""
         if self.trees.mean is not None and self.forward.retire():
             self._retire_tree("mean")
+
+    def _served_upper_ms(
+        self,
+        z_upper: np.ndarray,
+        extra: np.ndarray,
+        prior: np.ndarray,
+        uncapped_ms: np.ndarray,
+        x: np.ndarray,
+        wall: OutcomeCeiling | None,
+    ) -> np.ndarray:
+        """Upper quantiles in ms from their log values, as served: under an active wall, capped as `predict` caps
+        them (row by row, as the wall's cap is)."""
+        upper_ms = extra + prior * np.array([math.exp(v) for v in z_upper.tolist()])
+        if wall is None:
+            return upper_ms
+        own = own_prefill_ms(x)
+        return np.array(
+            [wall.cap(float(m), float(u), float(o))[1] for m, u, o in zip(uncapped_ms, upper_ms, own, strict=True)]
+        )
 
     def _served_mean(self, mean_ms: np.ndarray, x: np.ndarray) -> np.ndarray:
         """The mean predictions of rows `x` as served (`_bounded`)."""
