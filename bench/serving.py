@@ -164,6 +164,19 @@ def feed_observations(port: int, entries: list[dict[str, Any]], stop: Any, poste
     client.close()
 
 
+def wait_until_feeding(feeder: Any, posted: Any, timeout_s: float = 60.0) -> None:
+    """Return once the feeder process has posted its first batch. A spawned process takes a second or two to
+    import before it sends anything; timed from its start, a short run of calls could end before the first
+    observation arrived (0 observations/s fed while learning, seen on a quick run of 30 calls)."""
+    deadline = time.monotonic() + timeout_s
+    while posted.value == 0:
+        if not feeder.is_alive():
+            raise RuntimeError(f"the observation feeder stopped before feeding (exit code {feeder.exitcode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the observation feeder posted nothing in {timeout_s:.0f} s")
+        time.sleep(0.01)
+
+
 SUSTAIN_RATES = (2_000, 5_000, 10_000, 20_000, 30_000, 40_000, 60_000)
 SUSTAIN_SECONDS = 10.0
 
@@ -356,6 +369,7 @@ def run_serving(
             feeder = context.Process(target=feed_observations, args=(service.http_port, entries, stop, posted))
             feeder.start()
             try:
+                wait_until_feeding(feeder, posted)
                 started = time.perf_counter()
                 during_http = time_calls(http_call, calls)
                 during_grpc = time_calls(grpc_call, calls)

@@ -153,3 +153,20 @@ def test_a_setting_that_is_not_one_is_refused_by_the_cli() -> None:
     )
     message = process.stderr.decode().strip()
     assert process.returncode == 2 and "nonsense=1" in message and "Traceback" not in message
+
+
+def test_the_timed_window_starts_only_once_the_feeder_feeds() -> None:
+    """A feeder that has posted lets the timing start; one that ended without posting is named, not waited on."""
+    import multiprocessing
+
+    from leadtime.bench.serving import wait_until_feeding
+
+    context = multiprocessing.get_context("spawn")
+    posted = context.Value("q", 0)
+    quitter = context.Process(target=int)  # ends at once, having posted nothing
+    quitter.start()
+    quitter.join(30)
+    with pytest.raises(RuntimeError, match="stopped before feeding"):
+        wait_until_feeding(quitter, posted)
+    posted.value = 500
+    wait_until_feeding(quitter, posted)  # something was posted: no wait
