@@ -95,7 +95,8 @@ class SimRequest:
 
     def copy(self) -> SimRequest:
         """An independent copy (for forking an endpoint's state)."""
-        clone = SimRequest(**{k: getattr(self, k) for k in self.__dataclass_fields__})
+        clone = object.__new__(SimRequest)  # every field as it is (no __init__ to rerun), the held list copied
+        clone.__dict__.update(self.__dict__)
         clone.held = list(self.held)
         return clone
 
@@ -300,32 +301,50 @@ class Endpoint:
         return plan
 
     def _plan_step(self, now_ms: float) -> StepPlan | None:
+        # The simulator's innermost loop (the clairvoyant policy forks and plans thousands of steps per request):
+        # `SimRequest.need`, `decoding` and `_blocks_needed` are written out here, and a step's prefill chunks and
+        # decodes are tallied as it is planned.
         budget = self.max_batched_tokens
+        cache = self.cache
+        block = cache.block_size
         entries: list[tuple[SimRequest, int]] = []
+        chunks: list[tuple[int, int]] = []  # (tokens computed this step, tokens computed before) per prefill chunk
+        decodes = 0
+        kv = 0  # KV tokens the decodes read
         preempted = False
         for r in list(self.running):
             if budget <= 0:
                 break
-            if r not in self.running:
+            if preempted and r not in self.running:
                 continue  # preempted below to make room for an earlier request
-            n = min(r.need(), budget)
-            blocks = self._blocks_needed(r, n)
-            while not self.cache.allocate(blocks):
+            need = r.input_tokens + r.generated - r.computed
+            n = need if need < budget else budget
+            blocks = -(-(r.computed + n) // block) - r.published * (r.segment_tokens // block) - r.private_blocks
+            fits = blocks <= 0 or cache.allocate(blocks)
+            while not fits:  # make room from the back of the batch, this request itself the last resort
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
                 if victim is r:
                     break
+                fits = cache.allocate(blocks)
+            if not fits:
+                continue
+            r.private_blocks += blocks
+            entries.append((r, n))
+            budget -= n
+            if r.generated > 0 and need == 1:
+                decodes += 1
+                kv += r.computed + 1
             else:
-                r.private_blocks += blocks
-                entries.append((r, n))
-                budget -= n
+                chunks.append((n, r.computed))
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_running:
             r = self.waiting[0]
             self._admit_prefix(r)
-            n = min(r.need(), budget)
+            need = r.need()
+            n = min(need, budget)
             blocks = self._blocks_needed(r, n)
-            if not self.cache.allocate(blocks):
+            if not cache.allocate(blocks):
                 self._release(r)
                 r.computed = 0
                 break
@@ -336,12 +355,14 @@ class Endpoint:
             self.running.append(r)
             entries.append((r, n))
             budget -= n
+            if r.generated > 0 and need == 1:
+                decodes += 1
+                kv += r.computed + 1
+            else:
+                chunks.append((n, r.computed))
         if not entries:
             return None
-        chunks = [(n, r.computed) for r, n in entries if not r.decoding]
-        decodes = [r for r, _ in entries if r.decoding]
-        kv = float(sum(r.computed + 1 for r in decodes))
-        duration = self.stepper.step_ms(chunks, len(decodes), kv) * self.noise.factor(now_ms)
+        duration = self.stepper.step_ms(chunks, decodes, float(kv)) * self.noise.factor(now_ms)
         return StepPlan(now_ms, now_ms + duration, entries)
 
     def _plan_decode_run(self, now_ms: float) -> StepPlan | None:
@@ -416,7 +437,15 @@ class Endpoint:
                 r.generated += steps
             else:
                 r.computed += n
-                self._publish(r, now)
+                seg = r.segment_tokens
+                # Only a request that has just computed a whole new prompt segment has anything to publish.
+                if (
+                    r.computed >= (r.published + 1) * seg
+                    and r.published < r.input_tokens // seg
+                    and r.published < len(r.segments)
+                    and not r.kv_ready
+                ):
+                    self._publish(r, now)
                 if r.computed == r.input_tokens + r.generated:
                     r.generated += 1
                     if r.prefill_done_ms is None:
