@@ -364,6 +364,16 @@ def test_random_shared_prefix_traffic_keeps_cache_invariants() -> None:
     assert any(r.prefix_hit_tokens > 0 for r in requests)
 
 
+def test_a_copied_request_has_every_field_and_its_own_held_segments() -> None:
+    r = SimRequest(7, 12.5, 1300, 40, (11, 22, 33), 512, computed=1024, generated=3, published=2, held=[11, 22])
+    r.first_token_ms, r.preemptions = 99.0, 1
+    clone = r.copy()
+    assert dataclasses.asdict(clone) == dataclasses.asdict(r)
+    clone.held.append(33)
+    clone.computed += 1
+    assert r.held == [11, 22] and r.computed == 1024
+
+
 def test_progress_reports_reach_the_total() -> None:
     calls: list[tuple[str, int, int]] = []
     workload = [WorkloadRequest(i * 50.0, 200, 4) for i in range(30)]
