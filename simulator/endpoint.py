@@ -302,15 +302,11 @@ class Endpoint:
 
     def _plan_step(self, now_ms: float) -> StepPlan | None:
         # The simulator's innermost loop (the clairvoyant policy forks and plans thousands of steps per request):
-        # `SimRequest.need`, `decoding` and `_blocks_needed` are written out here, and a step's prefill chunks and
-        # decodes are tallied as it is planned.
+        # `SimRequest.need`, `decoding` and `_blocks_needed` are written out here.
         budget = self.max_batched_tokens
         cache = self.cache
         block = cache.block_size
         entries: list[tuple[SimRequest, int]] = []
-        chunks: list[tuple[int, int]] = []  # (tokens computed this step, tokens computed before) per prefill chunk
-        decodes = 0
-        kv = 0  # KV tokens the decodes read
         preempted = False
         for r in list(self.running):
             if budget <= 0:
@@ -333,16 +329,10 @@ class Endpoint:
             r.private_blocks += blocks
             entries.append((r, n))
             budget -= n
-            if r.generated > 0 and need == 1:
-                decodes += 1
-                kv += r.computed + 1
-            else:
-                chunks.append((n, r.computed))
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_running:
             r = self.waiting[0]
             self._admit_prefix(r)
-            need = r.need()
-            n = min(need, budget)
+            n = min(r.need(), budget)
             blocks = self._blocks_needed(r, n)
             if not cache.allocate(blocks):
                 self._release(r)
@@ -355,13 +345,17 @@ class Endpoint:
             self.running.append(r)
             entries.append((r, n))
             budget -= n
-            if r.generated > 0 and need == 1:
+        if not entries:
+            return None
+        chunks: list[tuple[int, int]] = []  # (tokens computed this step, tokens computed before) per prefill chunk
+        decodes = 0
+        kv = 0  # KV tokens the decodes read
+        for r, n in entries:
+            if r.generated > 0 and r.input_tokens + r.generated - r.computed == 1:  # `SimRequest.decoding`
                 decodes += 1
                 kv += r.computed + 1
             else:
                 chunks.append((n, r.computed))
-        if not entries:
-            return None
         duration = self.stepper.step_ms(chunks, decodes, float(kv)) * self.noise.factor(now_ms)
         return StepPlan(now_ms, now_ms + duration, entries)
 
@@ -438,7 +432,8 @@ class Endpoint:
             else:
                 r.computed += n
                 seg = r.segment_tokens
-                # Only a request that has just computed a whole new prompt segment has anything to publish.
+                # Only a request that has just computed a whole new segment it may share (`_cacheable_segments`,
+                # written out) has anything to publish.
                 if (
                     r.computed >= (r.published + 1) * seg
                     and r.published < r.input_tokens // seg
