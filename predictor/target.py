@@ -8,7 +8,6 @@ owns two of these, the locking and the retraining thread; each of these owns the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -372,7 +371,7 @@ class TargetModel:
     ) -> np.ndarray:
         """Upper quantiles in ms from their log values, as served: under an active wall, capped as `predict` caps
         them (row by row, as the wall's cap is)."""
-        upper_ms = extra + prior * np.array([math.exp(v) for v in z_upper.tolist()])
+        upper_ms = extra + prior * np.exp(z_upper)
         if wall is None:
             return upper_ms
         own = own_prefill_ms(x)
