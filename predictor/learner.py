@@ -259,6 +259,7 @@ class OnlinePredictor:
             tree = model.trees.predict_mean(tree_inputs(x, prior))
             if tree is not None:
                 lines.append(f"  tree residual            ×{math.exp(float(tree[0])):.3f}")
+                lines.append(f"  median recentring        ×{math.exp(model.tree_center):.3f} (the tree's)")
             else:
                 lines.append("  tree residual            none serving")
                 lines.append(f"  median recentring        ×{math.exp(model.conformal.center):.3f}")
@@ -415,8 +416,9 @@ class OnlinePredictor:
 
     def serving_residuals(self, target: str, tree_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """What the predictor now adds to its online parts' log prediction of `target` for rows of tree inputs
-        (from `residual_training_set`): (mean, upper quantile). The trees serving, or without them the median
-        recentring and the conformal offset: the baseline a tree fitted elsewhere must beat."""
+        (from `residual_training_set`): (mean, upper quantile). The trees serving (the mean tree with its median
+        recentring), or without them the median recentring and the conformal offset: the baseline a tree fitted
+        elsewhere must beat."""
         with self._lock:
             return self._model(target).serving_residuals(tree_x)
 

@@ -591,3 +591,34 @@ def test_a_quantile_tree_that_does_worse_than_none_on_later_rows_is_retired(
     coverage = float(np.mean(truth[1000:, 0] <= predictor.predict_many(x[1000:]).ttft_quantile))
     assert coverage >= 0.85
     predictor.close()
+
+
+def test_a_serving_mean_tree_is_recentred_on_the_median_of_its_residuals() -> None:
+    """A tree fitted on log residuals predicts their mean; under skewed noise that is above the median, so the
+    tree's point is recentred on the median of the residuals it has served, as the online point is on its own:
+    about half of the outcomes then fall below the point served."""
+    x, ttft = _ramp_rows(3000)
+    rng = np.random.default_rng(5)
+    order = rng.permutation(len(ttft))  # every load state throughout: the tree stays worth serving
+    x, ttft = x[order], ttft[order]
+    actual = ttft * np.exp(rng.exponential(0.3, len(ttft)))  # skewed: the median is 0.092 below the mean (log)
+    config = LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False, retrain=False)
+    predictor = OnlinePredictor(config)
+    predictor.learn_many(x[:2000], actual[:2000], np.zeros(2000))
+    assert predictor.retrain_now()["ttft"]["accepted_mean"]
+    model = predictor._models["ttft"]
+    assert model.tree_center == 0.0  # a new tree starts without a centre of its own
+    served, centres = [], []
+    for start in range(2000, 3000, 50):  # outcomes arrive a few at a time, as they do from a router
+        served.append(predictor.predict_many(x[start : start + 50]).ttft_mean)
+        centres.append(np.full(50, model.tree_center))
+        predictor.learn_many(x[start : start + 50], actual[start : start + 50], np.zeros(50))
+    assert model.trees.mean is not None
+    assert -0.2 < model.tree_center < -0.04
+    later, point, centre = actual[2200:], np.concatenate(served)[200:], np.concatenate(centres)[200:]
+    assert 0.4 < float(np.mean(later < point)) < 0.6
+    assert float(np.mean(later < point / np.exp(centre))) > 0.6  # the tree's point before its recentring
+    loaded = OnlinePredictor.from_bytes(predictor.to_bytes(), background=False)  # the centre is kept
+    np.testing.assert_allclose(loaded.predict_many(x).ttft_mean, predictor.predict_many(x).ttft_mean, rtol=1e-12)
+    loaded.close()
+    predictor.close()
