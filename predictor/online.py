@@ -344,8 +344,9 @@ class ConformalQuantile:
         if self._since_refresh >= 25 or len(self.residuals) < 50:
             recent = np.fromiter(self.residuals, float)
             self._cached = float(np.quantile(recent, self.quantile))
-            # The median recent residual recentres the point prediction: for skewed noise, exp(E[log y])
-            # overshoots the median, which is what absolute-percentage error rewards.
+            # The median recent residual recentres the point prediction: for skewed noise, exp(E[log y]) is not
+            # the median. (The point relative error rewards, the median weighted by e^-residual, lost under delayed
+            # labels: residuals 200 rows old, while the load climbs, are wider than the error to come; README.)
             self.center = float(np.median(recent)) if len(recent) >= 50 else 0.0
             self._since_refresh = 0
 
