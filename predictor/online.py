@@ -252,6 +252,7 @@ class OffsetTable:
 
 
 _WARMUP = 50  # residuals before the empirical quantile stands on its own
+RECENTRE_AFTER = 50  # recent residuals before a point prediction is recentred on their median
 _COLD_WIDTH = float(np.log(2.0))  # upper quantile ≈ 2 × the point prediction before anything is known
 
 
@@ -347,7 +348,7 @@ class ConformalQuantile:
             # The median recent residual recentres the point prediction: for skewed noise, exp(E[log y]) is not
             # the median. (The point relative error rewards, the median weighted by e^-residual, lost under delayed
             # labels: residuals 200 rows old, while the load climbs, are wider than the error to come; README.)
-            self.center = float(np.median(recent)) if len(recent) >= 50 else 0.0
+            self.center = float(np.median(recent)) if len(recent) >= RECENTRE_AFTER else 0.0
             self._since_refresh = 0
 
     def to_dict(self) -> dict[str, Any]:

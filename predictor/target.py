@@ -20,7 +20,7 @@ from leadtime.features.vectorize import COLUMNS
 from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.ceiling import OutcomeCeiling
 from leadtime.predictor.forward import ForwardRecord, percentage_errors, pinball_losses
-from leadtime.predictor.online import ConformalQuantile, OffsetTable, RecursiveLeastSquares
+from leadtime.predictor.online import RECENTRE_AFTER, ConformalQuantile, OffsetTable, RecursiveLeastSquares
 from leadtime.predictor.physics import (
     additive_ms,
     correction_feature_names,
@@ -39,8 +39,6 @@ _BLOCK = 32  # rows per block update of the online correction when learning a ba
 # class in full: one observation 3x slower than the prior moved another class's prediction by x3 with a ridge
 # of 1, and moves it by ~x1.2 with this.
 _PRIOR_ROWS = 30.0
-# Residuals a serving mean tree has served before its point is recentred on their median (as the online point is).
-_RECENTRE_AFTER = 50
 
 
 def log_target(target: str, x: np.ndarray, actual_ms: np.ndarray, prior: np.ndarray) -> np.ndarray:
@@ -373,7 +371,7 @@ class TargetModel:
             self._retire_tree("mean")
             return
         self._tree_residuals.extend((residual - mean_residual).tolist())
-        if len(self._tree_residuals) >= _RECENTRE_AFTER:
+        if len(self._tree_residuals) >= RECENTRE_AFTER:
             self.tree_center = float(np.median(np.fromiter(self._tree_residuals, float)))
 
     def _served_upper_ms(
