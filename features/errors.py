@@ -1,6 +1,14 @@
 """One error type for every bad feature value, carrying the field's name so that an HTTP layer can answer
 422 naming it and a CLI can print it without a traceback."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 # Longest problem text kept: a message quotes the bad value, and a hostile one (a string of megabytes) must not
 # come back whole in the answer or fill the log.
 MAX_PROBLEM_CHARS = 300
@@ -15,3 +23,47 @@ class FeatureError(ValueError):
         self.field = field[:MAX_PROBLEM_CHARS]
         self.problem = problem
         super().__init__(f"{field}: {problem}")
+
+
+def field_path(loc: Iterable[object]) -> str:
+    """A pydantic error location as the path a user writes: `plugins[0].ref`.
+
+    >>> field_path(("plugins", 0, "ref"))
+    'plugins[0].ref'
+    """
+    where = ""
+    for part in loc:
+        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    return where
+
+
+def problem_text(msg: object) -> str:
+    """A pydantic error message as a user reads it: a validator's own words, without "Value error, "."""
+    return str(msg).removeprefix("Value error, ")
+
+
+def validation_problem(err: ValidationError) -> tuple[str, str]:
+    """(where, problem) of a pydantic ValidationError's first error, for a message that names the field: where
+    as a `field_path` (empty for a check of several fields together), the problem without pydantic's
+    "Value error, " prefix. Every edge that turns a validation error into an answer or a CLI message says it
+    this one way.
+
+    >>> from pydantic import BaseModel, ValidationError, field_validator
+    >>> class Plugin(BaseModel):
+    ...     ref: str
+    ...     @field_validator("ref")
+    ...     @classmethod
+    ...     def named(cls, ref: str) -> str:
+    ...         if not ref:
+    ...             raise ValueError("must not be empty")
+    ...         return ref
+    >>> class Config(BaseModel):
+    ...     plugins: list[Plugin]
+    >>> try:
+    ...     Config.model_validate({"plugins": [{"ref": "a"}, {"ref": ""}]})
+    ... except ValidationError as err:
+    ...     validation_problem(err)
+    ('plugins[1].ref', 'must not be empty')
+    """
+    first = err.errors()[0]
+    return field_path(first["loc"]), problem_text(first["msg"])

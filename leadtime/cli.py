@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from leadtime.data import MEASURED, SPLITWISE, DataFileError, describe_os_error
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, validation_problem
 
 # Plain (click-style) help: typer's rich help prints a type after every option, `<bool>` after flags included.
 app = typer.Typer(
@@ -249,9 +249,7 @@ def serve(
         get_model(settings.model)
         plan_cpus(settings.learner_cpus, allowed_cpus())
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])  # empty for a check of several fields together
-        problem = first["msg"].removeprefix("Value error, ")
+        where, problem = validation_problem(err)
         _fail(f"{where}: {problem}" if where else problem)
     except (FeatureError, CpuPlanError) as err:
         _fail(err)

@@ -39,6 +39,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from leadtime.features.errors import validation_problem
 from leadtime.router_plugin.client import PredictorClient
 from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, resident_filter
 from leadtime.router_plugin.policy import RoutingPolicy
@@ -161,9 +162,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 
 def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "config"
-    return f"{where}: {first['msg']}"
+    where, problem = validation_problem(err)
+    return f"{where or 'config'}: {problem}"
 
 
 def parse_config(data: object) -> PickerConfig:
@@ -179,11 +179,11 @@ def parse_config(data: object) -> PickerConfig:
     for i, spec in enumerate(config.plugins):
         parameters = PARAMETERS.get(spec.type)
         if parameters is not None:
-            _parameters(parameters, spec, f"plugins.{i}")
+            _parameters(parameters, spec, f"plugins[{i}]")
         elif unknown := sorted(set(spec.parameters or ()) - LLMD_ONLY_PARAMETERS.get(spec.type, frozenset())):
             llmd = sorted(LLMD_ONLY_PARAMETERS.get(spec.type, ()))
             besides = f" (llm-d's {', '.join(llmd)} are accepted and not used)" if llmd else ""
-            raise ConfigError(f"plugins.{i}.parameters: {spec.type} takes no parameters{besides}, got {unknown}")
+            raise ConfigError(f"plugins[{i}].parameters: {spec.type} takes no parameters{besides}, got {unknown}")
     names = [p.name for p in config.scheduling_profiles]
     for i, name in enumerate(names):
         if name in names[:i]:

@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from leadtime.features.catalog import get_accelerator, get_model
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.features.rows import ROLES, EndpointState
 
 log = logging.getLogger("leadtime.router.discovery")
@@ -136,11 +136,8 @@ class DiscoveredEndpoint:
 
 
 def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ""
-    for part in first["loc"]:
-        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
-    return f"{where or 'file'}: {first['msg'].removeprefix('Value error, ')}"
+    where, problem = validation_problem(err)
+    return f"{where or 'file'}: {problem}"
 
 
 def _check_labels(index: int, labels: Mapping[str, str]) -> None:

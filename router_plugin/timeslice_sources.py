@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from leadtime.features.errors import validation_problem
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
 from leadtime.router_plugin.timeslice import GROUP_STATES, GroupStatus
 
@@ -57,9 +58,8 @@ def parse_groups(data: object, router_now_ms: float, wall_now_s: float) -> dict[
     try:
         doc = _Document.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "document"
-        raise TimesliceError(f"{where}: {first['msg']}") from None
+        where, problem = validation_problem(err)
+        raise TimesliceError(f"{where or 'document'}: {problem}") from None
     out = {}
     for name, g in doc.groups.items():
         if g.state not in GROUP_STATES:

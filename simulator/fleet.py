@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import get_accelerator, get_model
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, validation_problem
 
 
 class FleetError(ValueError):
@@ -321,18 +321,13 @@ def build_fleet(spec: FleetSpec) -> Fleet:
     )
 
 
-def _describe(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "fleet"
-    return f"{where}: {first['msg']}"
-
-
 def parse_fleet(data: object) -> Fleet:
     """A parsed YAML/JSON document → Fleet; FleetError names the offending field."""
     try:
         spec = FleetSpec.model_validate(data)
     except ValidationError as err:
-        raise FleetError(_describe(err)) from None
+        where, problem = validation_problem(err)
+        raise FleetError(f"{where or 'fleet'}: {problem}") from None
     return build_fleet(spec)
 
 

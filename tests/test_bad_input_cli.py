@@ -108,7 +108,7 @@ FIXED_100 = "{distribution: fixed, value: 100}"
             SHARED + GROUP.format(res=FIXED_100, away=FIXED_100, restore="{distribution: uniform, low: 0, high: .inf}"),
             "restore_ms",
         ),
-        (POOL + "slos:\n  - {share: .inf, ttft_ms: 1000, itl_ms: 50}\n", "slos.0.share"),
+        (POOL + "slos:\n  - {share: .inf, ttft_ms: 1000, itl_ms: 50}\n", "slos[0].share"),
         ("refresh_ms: .inf\n" + POOL, "refresh_ms"),
     ],
 )

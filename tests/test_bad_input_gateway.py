@@ -140,7 +140,9 @@ def test_a_parameter_mistake_names_the_file_and_the_plugin_whichever_profile_is_
     data["plugins"][2]["parameters"]["exploration"] = 2
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError, match=r"bad.yaml: plugins.2.parameters.exploration: .*less than or equal to 1"):
+    with pytest.raises(
+        ConfigError, match=r"bad\.yaml: plugins\[2\]\.parameters\.exploration: .*less than or equal to 1"
+    ):
         load_config(path)
 
 
@@ -149,7 +151,7 @@ def test_parameters_given_to_a_plugin_that_takes_none_are_refused(plugin: str) -
     data = shipped()
     index = next(i for i, p in enumerate(data["plugins"]) if p["type"] == plugin)
     data["plugins"][index]["parameters"] = {"maxScore": 3}
-    with pytest.raises(ConfigError, match=f"plugins.{index}.parameters: {plugin} takes no parameters"):
+    with pytest.raises(ConfigError, match=rf"plugins\[{index}\]\.parameters: {plugin} takes no parameters"):
         parse_config(data)
 
 

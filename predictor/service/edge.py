@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, field_path, problem_text
 from leadtime.predictor.service.runtime import ServiceRuntime
 
 
@@ -82,11 +82,7 @@ def list_field(body: Any, name: str, low: int, high: int) -> list[Any]:
 
 
 def _loc_text(loc: Any) -> str:
-    parts = [p for p in loc if p != "body"]
-    text = ""
-    for p in parts:
-        text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
-    return text or "body"
+    return field_path(p for p in loc if p != "body") or "body"
 
 
 def _loc(field: str) -> list[Any]:
@@ -118,7 +114,8 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
     field = _loc_text(first.get("loc", ()))
     detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in errors]
-    return JSONResponse({"error": f"{field}: {first.get('msg', 'invalid')}", "field": field, "detail": detail}, 422)
+    problem = problem_text(first.get("msg", "invalid"))
+    return JSONResponse({"error": f"{field}: {problem}", "field": field, "detail": detail}, 422)
 
 
 async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:

@@ -14,7 +14,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field
 from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339, served_ms
@@ -112,9 +112,8 @@ def check_llmd_schema(rows: list[Any]) -> None:
         try:
             LlmdRow.model_validate(row)
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise FeatureError(f"requests[{i}].{where}" if where else f"requests[{i}]", first["msg"]) from None
+            where, problem = validation_problem(err)
+            raise FeatureError(f"requests[{i}].{where}" if where else f"requests[{i}]", problem) from None
 
 
 @router.post(

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.rows import ParsedObservations
 from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
@@ -107,9 +107,8 @@ async def flush(request: Request, runtime: ReadyRuntime) -> dict[str, Any]:
     try:
         options = FlushRequest.model_validate(body)
     except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        raise FeatureError(field, first["msg"]) from None
+        where, problem = validation_problem(err)
+        raise FeatureError(where or "body", problem) from None
     flushed = runtime.flush_samples(options.flush_training_data, options.flush_test_data)
     if options.flush_metrics:
         runtime.metrics.live_error.clear()
