@@ -45,7 +45,9 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "leadtime_no_timeslice": ("timesliced",),
     "leadtime_no_decode_harm": ("homogeneous", "mixed", "timesliced", "large"),
 }
-LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS)
+VARIANTS: dict[str, tuple[str, ...]] = {"leadtime_in_turn": FLEETS}
+"""Leadtime with an option that is off by default, run only when asked for by `--policy`."""
+LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS, *VARIANTS)
 LOADS = {"base": 1.0, "high": 1.5}
 LOAD_TARGET = 0.85
 CAPACITY_PROBE = 2000
@@ -106,9 +108,13 @@ def report_loads(fleet_report: dict[str, Any]) -> list[str]:
 
 
 def policies_for(fleet: str, only: Sequence[str] | None = None) -> list[str]:
-    """The policies run on `fleet`: the peers, the clairvoyant reference, Leadtime and the ablations that act there."""
+    """The policies run on `fleet`: the peers, the clairvoyant reference, Leadtime and the ablations that act there;
+    of those and the variants, the ones in `only` when it is given."""
     names = [*PEERS, REFERENCE, LEADTIME, *(a for a, where in ABLATIONS.items() if fleet in where)]
-    return [n for n in names if only is None or n in only]
+    if only is None:
+        return names
+    names += [v for v, where in VARIANTS.items() if fleet in where]
+    return [n for n in names if n in only]
 
 
 def selected_policies(names: Sequence[str], fleets: Sequence[str]) -> tuple[str, ...]:
@@ -117,7 +123,7 @@ def selected_policies(names: Sequence[str], fleets: Sequence[str]) -> tuple[str,
     than silently running nothing."""
     from leadtime.simulator.run import policy_name
 
-    known = [*PEERS, REFERENCE, LEADTIME, *ABLATIONS]
+    known = [*PEERS, REFERENCE, LEADTIME, *ABLATIONS, *VARIANTS]
     chosen = []
     for name in names:
         try:
@@ -126,7 +132,7 @@ def selected_policies(names: Sequence[str], fleets: Sequence[str]) -> tuple[str,
             canonical = name
         if canonical not in known:
             raise ValueError(f"--policy {name!r}: not a benchmark policy (known: {', '.join(known)})")
-        where = ABLATIONS.get(canonical, FLEETS)
+        where = ABLATIONS.get(canonical, VARIANTS.get(canonical, FLEETS))
         if not any(f in where for f in fleets):
             raise ValueError(f"--policy {name!r} runs only on {', '.join(where)} (its feature acts only there)")
         chosen.append(canonical)
@@ -548,7 +554,7 @@ def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any],
     return written
 
 
-_ORDER = (*PEERS, REFERENCE, LEADTIME, *ABLATIONS)
+_ORDER = (*PEERS, REFERENCE, LEADTIME, *ABLATIONS, *VARIANTS)
 
 
 def _policy_order(name: str) -> int:
@@ -570,6 +576,7 @@ def _color(name: str) -> str:
         "leadtime_decode_first": "#ce93d8",
         "leadtime_no_timeslice": "#f48fb1",
         "leadtime_no_decode_harm": "#80deea",
+        "leadtime_in_turn": "#0d47a1",
     }
     return palette.get(name, "#607d8b")
 

@@ -72,6 +72,7 @@ class _Model(BaseModel):
 class LatencyParameters(_Model):
     exploration: float = Field(default=0.02, ge=0.0, le=1.0)
     comfort: float = Field(default=0.5, ge=0.0, le=1.0)
+    comfort_tolerance: float = Field(default=0.0, ge=0.0, le=1.0, alias="comfortTolerance")
     overflow: Literal["auto", "least_bad", "sink"] = "auto"
     overflow_cap: float = Field(default=5.0, ge=0.0, alias="overflowCap")
     overflow_cap_share: float = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
@@ -264,6 +265,7 @@ def build_policy(
         disaggregate_min_tokens=latency.disaggregate_min_tokens,
         exploration=latency.exploration,
         comfort=latency.comfort,
+        comfort_tolerance=latency.comfort_tolerance,
         overflow=latency.overflow,
         overflow_cap=latency.overflow_cap,
         overflow_cap_share=latency.overflow_cap_share,

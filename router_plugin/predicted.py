@@ -106,6 +106,10 @@ class LeadtimeConfig:
     comfort
         When every candidate's upper-quantile TTFT and ITL are within this share of the SLOs, the shortest mean
         predicted TTFT wins (`scorers.latency.comfortable_scores`); 0: never, slack always decides.
+    comfort_tolerance
+        Then, mean TTFTs within this share of the shortest count as equal, and of those the endpoint this policy
+        sent a request longest ago wins, without the decode-harm weighing (spacing the requests out is what
+        weighs them there); 0 (the default): the shortest wins.
     fit, fit_margin
         Which candidate predicted to meet the SLOs wins (`scorers.latency.preference`): the most slack, or the
         tightest fit leaving `fit_margin` of the binding SLO.
@@ -143,6 +147,7 @@ class LeadtimeConfig:
     disaggregate_min_tokens: int = 16
     exploration: float = 0.02
     comfort: float = 0.5
+    comfort_tolerance: float = 0.0
     fit: str = "most_slack"
     fit_margin: float = 0.0
     overflow: str = "auto"
@@ -245,6 +250,7 @@ class LeadtimePolicy:
         self.extra_scorers = list(extra_scorers)
         self._fallback = fallback if fallback is not None else LlmdHeuristicPolicy(seed=config.seed)
         self._last_heard: dict[str, float] = {}
+        self._last_sent: dict[str, float] = {}  # when each endpoint was last sent a request, for `comfort_tolerance`
         self._output_tokens = 256.0  # running mean of output lengths, for the no-SLO latency score
         self.overload = 0.0  # moving share of decisions that found no candidate predicted to serve in time
 
@@ -344,11 +350,24 @@ class LeadtimePolicy:
     def _latency_scores(self, request: RouteRequest, s: _Scored) -> np.ndarray:
         if request.ttft_slo_ms is None and request.tpot_slo_ms is None:
             return latency_scores(s.ttft_mean, s.tpot_mean, self._output_tokens, s.ttft)
+        tolerance = self.config.comfort_tolerance
+        last_sent = None
+        if tolerance > 0:
+            last_sent = np.array([self._last_sent.get(c.endpoint_id, -math.inf) for c in s.candidates])
         scores = comfortable_scores(
-            s.ttft, s.tpot, s.ttft_mean, request.ttft_slo_ms, request.tpot_slo_ms, self.config.comfort
+            s.ttft,
+            s.tpot,
+            s.ttft_mean,
+            request.ttft_slo_ms,
+            request.tpot_slo_ms,
+            self.config.comfort,
+            tolerance,
+            last_sent,
         )
         if scores is None:
             scores = slo_scores(s.ttft, s.tpot, request.ttft_slo_ms, request.tpot_slo_ms)
+        elif last_sent is not None:
+            return scores
         return self._shared_steps(s, scores)
 
     def _shared_steps(self, s: _Scored, scores: np.ndarray) -> np.ndarray:
@@ -484,6 +503,7 @@ class LeadtimePolicy:
                 latency = self._latency_scores(request, s)
         i = self._argmax(request, latency, s)
         chosen, row = s.candidates[i], s.rows[i]
+        self._last_sent[chosen.endpoint_id] = request.arrival_ms
         self._record_prefill(chosen.endpoint_id, request, row)
         ttft, tpot = float(s.ttft_mean[i]), float(s.tpot_mean[i])
         group = chosen.timeslice_group

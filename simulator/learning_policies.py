@@ -26,6 +26,7 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
     "leadtime_decode_first": {"joint_pairs": False},
     "leadtime_no_timeslice": {"timeslice": False},
     "leadtime_no_decode_harm": {"decode_harm": False},
+    "leadtime_in_turn": {"comfort_tolerance": 0.1},
 }
 
 

@@ -120,6 +120,12 @@ def test_ablations_run_only_where_their_feature_acts() -> None:
     assert "leadtime_no_decode_harm" in policies_for("large") and "leadtime_no_decode_harm" not in policies_for("pd")
 
 
+def test_a_variant_runs_only_when_asked_for() -> None:
+    assert "leadtime_in_turn" not in policies_for("homogeneous")
+    assert policies_for("homogeneous", ["leadtime", "leadtime_in_turn"]) == ["leadtime", "leadtime_in_turn"]
+    assert selected_policies(["leadtime-in-turn"], ["mixed"]) == ("leadtime_in_turn",)
+
+
 def test_cli_refuses_an_unknown_fleet() -> None:
     run = subprocess.run(
         [sys.executable, "-m", "leadtime", "bench", "routing", "--fleet", "nowhere"], capture_output=True, text=True

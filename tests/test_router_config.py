@@ -24,6 +24,7 @@ def test_the_shipped_config_builds_both_profiles() -> None:
     assert policy.config.exploration == 0.02 and policy.deadline_s == pytest.approx(0.02)
     assert (policy.config.overflow_cap, policy.config.overflow_cap_share) == (5.0, 0.25)
     assert policy.config.comfort == 0.5 and policy.config.local_prefill_itl_share == 0.5
+    assert policy.config.comfort_tolerance == 0.0  # taking near-equal candidates in turn is off by default
     assert policy.config.decode_harm
     heuristic = build_policy(config, None, profile="heuristic")
     assert isinstance(heuristic, ScoringPolicy) and [w.weight for w in heuristic.scorers] == [3, 2, 2]
@@ -44,6 +45,7 @@ def test_weights_and_parameters_reach_the_policy() -> None:
                     "exploration": 0,
                     "overflowCap": 3,
                     "comfort": 0.3,
+                    "comfortTolerance": 0.1,
                     "localPrefillItlShare": 0.8,
                     "decodeHarm": False,
                 },
@@ -60,6 +62,7 @@ def test_weights_and_parameters_reach_the_policy() -> None:
     assert not policy.config.joint_pairs and not policy.config.inflight and not policy.config.timeslice
     assert policy.latency_weight == 2 and [w.weight for w in policy.extra_scorers] == [0.5]
     assert policy.config.overflow_cap == 3.0 and policy.config.comfort == 0.3
+    assert policy.config.comfort_tolerance == 0.1
     assert policy.config.local_prefill_itl_share == 0.8 and not policy.config.decode_harm
     assert policy.deadline_s == pytest.approx(0.005)
     # Both predicted alike (the model ignores KV use): the weighted KV scorer tips it towards the emptier cache.

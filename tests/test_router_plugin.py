@@ -264,6 +264,37 @@ def test_with_every_candidate_far_inside_the_slos_the_shortest_mean_ttft_wins_no
     assert comfort.pick(req("r2", itl_slo=80.0), candidates).endpoint_id == "b"
 
 
+def test_with_a_comfort_tolerance_near_equal_candidates_are_taken_in_turn() -> None:
+    # QueueModel, 1,000-token prompts: a (no prefix hit) is predicted a 70 ms TTFT, b (60 tokens cached) 67 ms,
+    # c (120 cached) 64 ms, d (one waiting) 270 ms. Without a tolerance c, the shortest, takes every request
+    # (in-flight accounting is off, so nothing sent changes the predictions); with 10%, a, b and c are within it
+    # of c and take the requests in turn, and d none.
+    candidates = [cand("a"), cand("b", hits=60), cand("c", hits=120), cand("d", waiting=1)]
+
+    def route(config: LeadtimeConfig) -> list[str]:
+        policy = LeadtimePolicy(QueueModel(), config)
+        return [policy.pick(req(f"r{i}", at=float(i)), candidates).endpoint_id for i in range(6)]
+
+    assert route(LeadtimeConfig(exploration=0.0, inflight=False)) == ["c"] * 6
+    assert route(LeadtimeConfig(exploration=0.0, inflight=False, comfort_tolerance=0.1)) == ["a", "b", "c"] * 2
+
+
+def test_the_candidate_in_turn_is_the_one_sent_a_request_longest_ago() -> None:
+    near, itl = np.array([100.0, 104.0, 108.0]), np.full(3, 20.0)
+    never = -np.inf
+    scores = comfortable_scores(near, itl, near, 2000.0, 100.0, 0.5, 0.1, np.array([30.0, never, 10.0]))
+    assert scores is not None and int(np.argmax(scores)) == 1 and scores.max() == 1.0
+    assert sorted(scores)[-2] < 1.0 and min(scores) >= FEASIBLE  # one winner; all still predicted in time
+    # Outside the tolerance the shortest mean wins whatever was sent when; no tolerance or no record: as before.
+    far = np.array([100.0, 130.0, 160.0])
+    spread = comfortable_scores(far, itl, far, 2000.0, 100.0, 0.5, 0.1, np.array([30.0, 0.0, 0.0]))
+    assert spread is not None and int(np.argmax(spread)) == 0
+    plain = comfortable_scores(near, itl, near, 2000.0, 100.0, 0.5)
+    unrecorded = comfortable_scores(near, itl, near, 2000.0, 100.0, 0.5, 0.1, None)
+    assert plain is not None and unrecorded is not None and int(np.argmax(plain)) == 0
+    assert unrecorded.tolist() == plain.tolist()
+
+
 def test_requests_beyond_saving_go_to_one_overflow_endpoint_not_all_over_the_fleet() -> None:
     # Every endpoint has a queue predicted at several times the TTFT SLO: each request is beyond saving wherever it
     # goes. Spread at random, they would slow every endpoint down; they all go to the first such endpoint.

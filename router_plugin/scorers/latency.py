@@ -25,6 +25,8 @@ SLO, half by default), no candidate risks a miss and the headroom sum mostly ran
 request then goes where its mean predicted TTFT is shortest (`comfortable_scores`). That shortens the TTFT tail
 at light load (Azure conversation trace, homogeneous fleet: p99 lower in all six cells of three seeds, e.g.
 108.0 against 123.8 ms); under the Mooncake trace's load its effect on goodput is mostly within the seeds' noise.
+With a tolerance (off by default), means that close count as equal and the candidate sent a request longest ago
+wins: near-equal endpoints are taken in turn, as round-robin takes them all.
 
 Either way the score weighs the request at hand only; its prefill also slows every request decoding where it
 lands. On unified endpoints the margin above `FEASIBLE` of each candidate predicted in time is divided by
@@ -108,11 +110,18 @@ def comfortable_scores(
     ttft_slo_ms: float | None,
     itl_slo_ms: float | None,
     comfort: float,
+    tolerance: float = 0.0,
+    last_sent_ms: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """Scores by mean predicted TTFT when every candidate's upper-quantile predictions (`ttft_ms`, `itl_ms`) are
     within `comfort` times both SLOs; None otherwise (then `slo_scores` rank them). The fastest scores 1, one
     twice as slow 0.75: all stay at or above `FEASIBLE`, as all are predicted to meet the SLOs. Equal means are
     ordered by the upper quantile (`TIE_BREAK`).
+
+    With `tolerance` and `last_sent_ms` (when this router last sent each candidate a request), means within
+    `tolerance` of the shortest count as equal, and of those the candidate sent a request longest ago scores 1:
+    near-equal predictions are taken in turn, as round-robin takes every candidate, rather than the same
+    endpoint winning by a difference smaller than the predictions' own error.
 
     >>> itl, mean = np.array([30.0, 20.0]), np.array([200.0, 400.0])
     >>> comfortable_scores(np.array([400.0, 800.0]), itl, mean, 2000.0, 100.0, 0.5).round(6).tolist()
@@ -121,6 +130,10 @@ def comfortable_scores(
     >>> bool(tied[1] > tied[0])
     True
     >>> comfortable_scores(np.array([400.0, 1200.0]), itl, mean, 2000.0, 100.0, 0.5)  # one past half the SLO
+    >>> near = np.array([100.0, 105.0, 200.0])  # the second within 10% of the first, the third not
+    >>> s = comfortable_scores(near, np.full(3, 20.0), near, 2000.0, 100.0, 0.5, 0.1, np.array([50.0, 10.0, 0.0]))
+    >>> int(np.argmax(s))  # the third was sent a request longest ago, but is twice as slow
+    1
     """
     if comfort <= 0 or ttft_slo_ms is None or itl_slo_ms is None or len(ttft_ms) < 2:
         return None
@@ -128,7 +141,12 @@ def comfortable_scores(
         return None
     mean = np.asarray(ttft_mean_ms, dtype=np.float64) + TIE_BREAK * np.asarray(ttft_ms, dtype=np.float64)
     mean = np.maximum(mean, 1e-6)
-    return FEASIBLE + (1.0 - FEASIBLE) * mean.min() / mean
+    scores = FEASIBLE + (1.0 - FEASIBLE) * mean.min() / mean
+    if tolerance <= 0 or last_sent_ms is None:
+        return scores
+    near = mean <= (1.0 + tolerance) * mean.min()
+    turn = int(np.argmin(np.where(near, last_sent_ms, np.inf)))
+    return np.where(np.arange(len(scores)) == turn, 1.0, np.minimum(scores, 1.0 - TIE_BREAK))
 
 
 def shared_step_scores(scores: np.ndarray, harm: np.ndarray) -> np.ndarray:
