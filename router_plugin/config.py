@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from leadtime.features.errors import validation_problem
 from leadtime.router_plugin.client import PredictorClient
@@ -76,6 +76,7 @@ class LatencyParameters(_Model):
     overflow: Literal["auto", "least_bad", "sink"] = "auto"
     overflow_cap: float = Field(default=5.0, ge=0.0, alias="overflowCap")
     overflow_cap_share: float = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
+    overflow_endpoints: list[str] = Field(default=[], alias="overflowEndpoints")
     disaggregation: Literal["joint", "decode-first"] = "joint"
     local_prefill: bool = Field(default=True, alias="localPrefill")
     decode_harm: bool = Field(default=True, alias="decodeHarm")
@@ -84,6 +85,15 @@ class LatencyParameters(_Model):
     kv_link_gb_s: float = Field(default=25.0, gt=0, alias="kvLinkGbS")
     hardware: bool = True
     seed: int = 0
+
+    @field_validator("overflow_endpoints")
+    @classmethod
+    def _distinct_ids(cls, ids: list[str]) -> list[str]:
+        if any(not i for i in ids):
+            raise ValueError("endpoint ids must not be empty")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"each endpoint may be named once, got {ids}")
+        return ids
 
 
 class TimesliceParameters(_Model):
@@ -269,6 +279,7 @@ def build_policy(
         overflow=latency.overflow,
         overflow_cap=latency.overflow_cap,
         overflow_cap_share=latency.overflow_cap_share,
+        overflow_endpoints=tuple(latency.overflow_endpoints),
         kv_link_gb_s=latency.kv_link_gb_s,
         serving_job=timeslice.serving_job if timeslice else "inference",
         seed=latency.seed or seed,

@@ -119,8 +119,12 @@ def choose_pair(
     decode_first: bool = False,
     fit: tuple[str, float, str] = ("most_slack", 0.0, "least_bad"),
     overflow_cap_ms: float | None = None,
+    overflow_rank: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> PairChoice:
     """The best (prefill, decode) pair, or local prefill, for one request.
+
+    `overflow_rank` (per prefill endpoint, per decode endpoint; lower first) orders the pairs beyond saving by
+    the endpoint that prefills them, where their wait builds up (`scorers.latency.overflow_choice`).
 
     >>> p = PairPredictions(
     ...     prefill_ttft=np.array([300.0, 200.0]), prefill_ttft_mean=np.array([250.0, 150.0]),
@@ -184,7 +188,10 @@ def choose_pair(
             itl_slo_ms,
             expected_output_tokens,
         )
-    best = overflow_choice(preference(scores, *fit, mean_scores=mean_scores), flat_ttft, overflow_cap_ms)
+    rank = None
+    if overflow_rank is not None:
+        rank = np.concatenate([np.repeat(overflow_rank[0], n_d), overflow_rank[1][local]])
+    best = overflow_choice(preference(scores, *fit, mean_scores=mean_scores), flat_ttft, overflow_cap_ms, rank)
     if best >= n_p * n_d:
         d = int(local[best - n_p * n_d])
         return PairChoice(

@@ -120,6 +120,10 @@ class LeadtimeConfig:
         `overload_window` of them) found no candidate predicted to serve in time, and the smallest miss otherwise.
         Under a passing burst, spreading the misses lets the fleet catch up; under sustained overload, piling
         them onto the endpoints already beyond saving keeps the others serving in time.
+    overflow_endpoints
+        Endpoints, by id, that take requests predicted beyond saving everywhere before any other candidate does, in
+        this order (an endpoint kept spare, or one shared with another job); empty: the candidates' order. On P/D,
+        pairs are ordered by the endpoint that prefills.
     overflow_cap, overflow_cap_share
         The overflow endpoint (the first candidate beyond saving, which takes requests predicted beyond saving
         everywhere) takes them only while its predicted TTFT stays within `overflow_cap` times the request's TTFT
@@ -155,6 +159,7 @@ class LeadtimeConfig:
     overload_window: int = 200
     overflow_cap: float = 5.0
     overflow_cap_share: float = 0.25
+    overflow_endpoints: tuple[str, ...] = ()
     kv_link_gb_s: float = 25.0
     serving_job: str = "inference"
     seed: int = 0
@@ -402,6 +407,11 @@ class LeadtimePolicy:
             return None
         return cap * request.ttft_slo_ms
 
+    def _overflow_rank(self, candidates: Sequence[Candidate]) -> np.ndarray:
+        """Each candidate's place in `overflow_endpoints`, the others after them (`scorers.latency.overflow_choice`)."""
+        named = self.config.overflow_endpoints
+        return np.array([named.index(c.endpoint_id) if c.endpoint_id in named else len(named) for c in candidates])
+
     def _argmax(self, request: RouteRequest, latency: np.ndarray, s: _Scored) -> int:
         c, candidates, ttft = self.config, s.candidates, s.ttft
         overflow = self._overflow()
@@ -423,7 +433,8 @@ class LeadtimePolicy:
             # Ties among candidates predicted to miss are ties among those beyond saving (their scores clip at 0):
             # an overflow endpoint takes them, as on P/D (`pairs.choose_pair`). Spread at random they slowed every
             # endpoint down: goodput 1.8 against 8.3 requests/s on the homogeneous fleet at 1.5x.
-            return overflow_choice(scores, ttft, self._overflow_cap_ms(request, overflow))
+            rank = self._overflow_rank(candidates) if self.config.overflow_endpoints else None
+            return overflow_choice(scores, ttft, self._overflow_cap_ms(request, overflow), rank)
         if len(tied) == 1:
             return int(tied[0])
         return int(self._rng.choice(list(tied)))
@@ -569,6 +580,9 @@ class LeadtimePolicy:
             decode_first=not config.joint_pairs and local is None,
             fit=(config.fit, config.fit_margin, overflow),
             overflow_cap_ms=self._overflow_cap_ms(request, overflow),
+            overflow_rank=(self._overflow_rank(prefill), self._overflow_rank(decode))
+            if config.overflow_endpoints
+            else None,
         )
         self._note_feasible(choice.score >= FEASIBLE)
         dec = decode[choice.decode]

@@ -27,12 +27,20 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
     "leadtime_no_timeslice": {"timeslice": False},
     "leadtime_no_decode_harm": {"decode_harm": False},
     "leadtime_in_turn": {"comfort_tolerance": 0.1},
+    "leadtime_overflow_timesliced": {},  # and the fleet's time-sliced endpoints named as overflow (below)
 }
+
+
+def timesliced_endpoints(fleet: Fleet) -> tuple[str, ...]:
+    """The endpoints of `fleet` that share their accelerators with another job, in the fleet's order."""
+    return tuple(e.endpoint_id for e in fleet.endpoints if e.timeslice_group)
 
 
 def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
     """A cold-started Leadtime policy (or one of its ablations) for `fleet`."""
-    switches = LEADTIME_POLICIES[name]
+    switches = dict(LEADTIME_POLICIES[name])
+    if name == "leadtime_overflow_timesliced":
+        switches["overflow_endpoints"] = timesliced_endpoints(fleet)
     first = fleet.endpoints[0]
     learner = OnlinePredictor(
         LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)

@@ -31,6 +31,9 @@ from leadtime.features.rows import EndpointState
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest
+from leadtime.router_plugin.predicted import LeadtimePolicy
+from leadtime.simulator.fleet import load_fleet
+from leadtime.simulator.learning_policies import leadtime_policy
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +127,18 @@ def test_a_variant_runs_only_when_asked_for() -> None:
     assert "leadtime_in_turn" not in policies_for("homogeneous")
     assert policies_for("homogeneous", ["leadtime", "leadtime_in_turn"]) == ["leadtime", "leadtime_in_turn"]
     assert selected_policies(["leadtime-in-turn"], ["mixed"]) == ("leadtime_in_turn",)
+    # Naming the time-sliced endpoints as overflow acts only where there are some.
+    assert policies_for("timesliced", ["leadtime_overflow_timesliced"]) == ["leadtime_overflow_timesliced"]
+    assert policies_for("mixed", ["leadtime_overflow_timesliced"]) == []
+
+
+def test_the_overflow_variant_names_the_fleets_time_sliced_endpoints() -> None:
+    fleet = load_fleet("timesliced")
+    policy = leadtime_policy("leadtime_overflow_timesliced", fleet)
+    assert isinstance(policy, LeadtimePolicy)
+    assert policy.config.overflow_endpoints == ("shared-0", "shared-1", "shared-2", "shared-3")
+    plain = leadtime_policy("leadtime", fleet)
+    assert isinstance(plain, LeadtimePolicy) and plain.config.overflow_endpoints == ()
 
 
 def test_cli_refuses_an_unknown_fleet() -> None:

@@ -48,6 +48,7 @@ def test_weights_and_parameters_reach_the_policy() -> None:
                     "comfortTolerance": 0.1,
                     "localPrefillItlShare": 0.8,
                     "decodeHarm": False,
+                    "overflowEndpoints": ["b", "a"],
                 },
             },
             {"type": "kv-cache-utilization-scorer", "name": "kv"},
@@ -64,6 +65,7 @@ def test_weights_and_parameters_reach_the_policy() -> None:
     assert policy.config.overflow_cap == 3.0 and policy.config.comfort == 0.3
     assert policy.config.comfort_tolerance == 0.1
     assert policy.config.local_prefill_itl_share == 0.8 and not policy.config.decode_harm
+    assert policy.config.overflow_endpoints == ("b", "a")
     assert policy.deadline_s == pytest.approx(0.005)
     # Both predicted alike (the model ignores KV use): the weighted KV scorer tips it towards the emptier cache.
     full, empty = cand("a"), cand("b")
@@ -117,6 +119,13 @@ def test_weights_and_parameters_reach_the_policy() -> None:
                 "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
             },
             "localPrefillItlShare",
+        ),
+        (
+            {
+                "plugins": [{"type": "predicted-latency-scorer", "parameters": {"overflowEndpoints": ["a", "a"]}}],
+                "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
+            },
+            "overflowEndpoints",
         ),
         (
             {

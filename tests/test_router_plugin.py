@@ -307,6 +307,25 @@ def test_requests_beyond_saving_go_to_one_overflow_endpoint_not_all_over_the_fle
     assert policy.pick(req("s", at=30.0), candidates).endpoint_id == "c"
 
 
+def test_named_overflow_endpoints_take_requests_beyond_saving_first_in_their_order() -> None:
+    # As above, every request is beyond saving everywhere; the operator named c, then b, to take them.
+    candidates = [cand(name, waiting=40) for name in ("a", "b", "c", "d")]
+    config = LeadtimeConfig(exploration=0.0, inflight=False, overflow_endpoints=("c", "b"))
+    policy = LeadtimePolicy(QueueModel(), config)
+    assert {policy.pick(req(f"r{i}", at=float(i)), candidates).endpoint_id for i in range(10)} == {"c"}
+    # c gone (drained, or not a candidate): the next one named; none named among them: the candidates' order.
+    assert policy.pick(req("s1", at=20.0), [c for c in candidates if c.endpoint_id != "c"]).endpoint_id == "b"
+    assert policy.pick(req("s2", at=21.0), [candidates[0], candidates[3]]).endpoint_id == "a"
+    # With the cap (capacity to spare), the named endpoint takes them until it is past it, then the next named:
+    # 20 waiting is within 3 × 2 s of predicted wait for five requests (see the next test).
+    capped = [cand("a", waiting=20), cand("b", waiting=20), cand("c", waiting=20)]
+    bounded = LeadtimePolicy(QueueModel(), replace(config, inflight=True, overflow_cap=3.0))
+    picks = [bounded.pick(req(f"t{i}", at=float(i)), capped).endpoint_id for i in range(10)]
+    assert picks == ["c"] * 5 + ["b"] * 5
+    # A request that can be served in time still goes where it can.
+    assert policy.pick(req("u", at=30.0), [*candidates[:3], cand("d")]).endpoint_id == "d"
+
+
 def test_the_overflow_endpoint_takes_requests_beyond_saving_only_up_to_its_cap() -> None:
     # QueueModel's p90 TTFT for a 1,000-token prompt: 1.2 × (70 + 200 × waiting) ms. With 20 waiting (4.9 s) a
     # request misses its 2 s SLO by more than the SLO: beyond saving, but within the cap of 3 × 2 s = 6 s, which
@@ -494,6 +513,27 @@ def test_the_joint_choice_sends_pairs_beyond_saving_to_an_overflow_pair_within_i
     # Every option past the cap: the shortest predicted TTFT.
     tight = choose_pair(p, 0.0, ttft_slo_ms=1000.0, itl_slo_ms=60.0, overflow_cap_ms=2000.0)
     assert (tight.prefill, tight.decode, tight.ttft_ms) == (1, 0, 4050.0)
+
+
+def test_named_overflow_endpoints_order_pairs_beyond_saving_by_their_prefill_endpoint() -> None:
+    # Every option misses by more than the SLO; the operator named prefill endpoint 1, so its pair takes it.
+    p = PairPredictions(
+        prefill_ttft=np.array([9000.0, 12000.0]),
+        prefill_ttft_mean=np.array([8000.0, 11000.0]),
+        decode_itl=np.array([20.0, 20.0]),
+        decode_itl_mean=np.array([18.0, 18.0]),
+        local_ttft=np.array([15000.0, 14000.0]),
+        local_ttft_mean=np.array([14000.0, 13000.0]),
+        link_free_ms=np.array([0.0, 0.0]),
+        transfer_ms=np.array([50.0, 50.0]),
+    )
+    named_prefill = choose_pair(p, 0.0, 1000.0, 60.0, overflow_rank=(np.array([1, 0]), np.array([2, 2])))
+    assert (named_prefill.prefill, named_prefill.decode) == (1, 0)
+    # A decode endpoint named first takes it as a local prefill.
+    named_decode = choose_pair(p, 0.0, 1000.0, 60.0, overflow_rank=(np.array([2, 2]), np.array([2, 0])))
+    assert (named_decode.prefill, named_decode.decode) == (None, 1)
+    unnamed = choose_pair(p, 0.0, 1000.0, 60.0)  # the first pair, as without names
+    assert (unnamed.prefill, unnamed.decode) == (0, 0)
 
 
 def test_a_short_prompt_is_prefilled_on_the_decode_endpoint_when_that_is_faster() -> None:

@@ -224,7 +224,9 @@ def preference(
     return out
 
 
-def overflow_choice(ranked: np.ndarray, ttft_ms: np.ndarray, cap_ms: float | None) -> int:
+def overflow_choice(
+    ranked: np.ndarray, ttft_ms: np.ndarray, cap_ms: float | None, overflow_rank: np.ndarray | None = None
+) -> int:
     """Where a request predicted to miss on every candidate goes, given the picker's values (`preference`).
 
     A single best value wins. Ties are among candidates beyond saving (their scores clip at 0): with no cap the
@@ -233,6 +235,10 @@ def overflow_choice(ranked: np.ndarray, ttft_ms: np.ndarray, cap_ms: float | Non
     shortest predicted TTFT. Unbounded, the overflow endpoint's queue grows for as long as requests beyond
     saving keep coming, and its wait becomes the fleet's TTFT tail (100 s at p99 at 85% load, against about 6 s
     under any spreading router); bounded, that wait stays near the cap.
+
+    "In order" is the candidates' own order, or, with `overflow_rank` (one value per candidate, lower first; equal
+    ranks keep the candidates' order), the order an operator chose (`overflowEndpoints`): an endpoint kept spare,
+    or one shared with another job, can take what cannot be saved before the endpoints serving in time do.
 
     >>> ranked = np.array([0.0, 0.0, 0.0])
     >>> overflow_choice(ranked, np.array([5000.0, 9000.0, 4000.0]), None)
@@ -243,8 +249,12 @@ def overflow_choice(ranked: np.ndarray, ttft_ms: np.ndarray, cap_ms: float | Non
     2
     >>> overflow_choice(np.array([0.2, 0.0]), np.array([9000.0, 1000.0]), 6000.0)  # a smaller miss wins outright
     0
+    >>> overflow_choice(ranked, np.array([5000.0, 9000.0, 4000.0]), None, np.array([1, 1, 0]))  # the third is named
+    2
     """
     tied = np.flatnonzero(ranked >= ranked.max() - 1e-12)
+    if overflow_rank is not None and len(tied) > 1:
+        tied = tied[np.argsort(overflow_rank[tied], kind="stable")]
     if len(tied) == 1 or cap_ms is None:
         return int(tied[0])
     within = tied[ttft_ms[tied] <= cap_ms]
