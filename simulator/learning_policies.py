@@ -27,7 +27,7 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
     "leadtime_no_timeslice": {"timeslice": False},
     "leadtime_no_decode_harm": {"decode_harm": False},
     "leadtime_in_turn": {"comfort_tolerance": 0.1},
-    "leadtime_overflow_timesliced": {},  # and the fleet's time-sliced endpoints named as overflow (below)
+    "leadtime_overflow_timesliced": {},  # and the switches its fleet gives it (FLEET_SWITCHES)
 }
 
 
@@ -36,11 +36,15 @@ def timesliced_endpoints(fleet: Fleet) -> tuple[str, ...]:
     return tuple(e.endpoint_id for e in fleet.endpoints if e.timeslice_group)
 
 
+FLEET_SWITCHES: dict[str, Callable[[Fleet], dict[str, Any]]] = {
+    "leadtime_overflow_timesliced": lambda fleet: {"overflow_endpoints": timesliced_endpoints(fleet)},
+}
+"""Switches of a Leadtime policy that name something of the fleet it routes."""
+
+
 def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
     """A cold-started Leadtime policy (or one of its ablations) for `fleet`."""
-    switches = dict(LEADTIME_POLICIES[name])
-    if name == "leadtime_overflow_timesliced":
-        switches["overflow_endpoints"] = timesliced_endpoints(fleet)
+    switches = LEADTIME_POLICIES[name] | FLEET_SWITCHES.get(name, lambda _: {})(fleet)
     first = fleet.endpoints[0]
     learner = OnlinePredictor(
         LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
