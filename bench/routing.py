@@ -4,8 +4,8 @@ For each fleet the same requests (the first `max_requests` of the trace, arrival
 timestamp steps, see `simulator.workload.spread_steps`) are replayed at two rates: a base rate that loads the
 fleet to `LOAD_TARGET` of its capacity, and 1.5× that (other multiples of the base rate on request, `load_name`).
 A fleet's capacity is measured, not configured: the highest rate at which, under least-queue routing, it
-admits requests as fast as they arrive (`keeps_pace`: in the middle half of the window, at least `KEEP_UP` as many
-first tokens as arrivals), found by bisection on the first `CAPACITY_PROBE` requests with the trace's own arrival
+completes requests as fast as they arrive (at least `KEEP_UP` of the arrivals in the middle half of the window
+complete within it), found by bisection on the first `CAPACITY_PROBE` requests with the trace's own arrival
 pattern. Every policy sees the same requests, seed and SLOs (each request's SLO class is drawn by the fleet
 file's `slos` from its id). Goodput is the number of requests that met both of their SLOs per second of the
 arrival window.
@@ -163,35 +163,18 @@ def _at_rate(requests: Sequence[Any], rate_rps: float) -> list[Any]:
     return [replace(r, arrival_ms=(r.arrival_ms - requests[0].arrival_ms) * scale) for r in requests]
 
 
-def keeps_pace(arrivals_ms: Sequence[float], first_tokens_ms: Sequence[float]) -> bool:
-    """Whether a fleet admits requests as fast as they arrive: over the middle half of the arrival window, at least
-    `KEEP_UP` as many first tokens as arrivals.
-
-    Counted at the first token, not at completion: a queue delays the first token, while completions trail the
-    arrivals by each request's whole end-to-end time, which drifts with the output mix and the batch within a
-    window of a few seconds, so on short requests counting completions fails fleets that have no queue.
-
-    >>> arrivals = [float(t) for t in range(100)]
-    >>> keeps_pace(arrivals, [t + 0.5 for t in arrivals])  # every request starts within half a millisecond
-    True
-    >>> keeps_pace(arrivals, [1.2 * t for t in arrivals])  # each waits longer than the one before: a queue grows
-    False
-    """
-    ordered = sorted(arrivals_ms)
-    start, end = ordered[len(ordered) // 4], ordered[3 * len(ordered) // 4]
-    arrived = sum(start <= t < end for t in ordered)
-    started = sum(start <= t < end for t in first_tokens_ms)
-    return started >= KEEP_UP * arrived
-
-
 def _keeps_up(fleet: Any, probe: Sequence[Any], rate_rps: float, seed: int) -> bool:
-    """Whether the fleet, under least-queue routing, keeps pace (`keeps_pace`) with the probe at `rate_rps`."""
+    """Whether the fleet, under least-queue routing, completes requests as fast as they arrive at `rate_rps`:
+    over the middle half of the arrival window it must complete at least `KEEP_UP` of what arrived."""
     from leadtime.simulator.engine import FleetSimulator
     from leadtime.simulator.run import make_policy
 
     workload = _at_rate(probe, rate_rps)
     result = FleetSimulator(fleet, workload, make_policy("least-queue", seed, fleet), seed=seed).run()
-    return keeps_pace([r.arrival_ms for r in workload], [c.arrival_ms + c.ttft_ms for c in result.completed])
+    start, end = workload[len(workload) // 4].arrival_ms, workload[3 * len(workload) // 4].arrival_ms
+    arrived = sum(start <= r.arrival_ms < end for r in workload)
+    completed = sum(start <= c.arrival_ms + c.e2e_ms < end for c in result.completed)
+    return completed >= KEEP_UP * arrived
 
 
 def capacity_rps(fleet_name: str, trace: str, max_requests: int, seed: int) -> float:
