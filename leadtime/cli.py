@@ -7,6 +7,7 @@ Each command imports what it needs lazily so that `leadtime --help` stays fast. 
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -55,6 +56,19 @@ def _fail(message: str | Exception) -> None:
         message = describe_os_error(message)
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def _output_dir(path: Path) -> None:
+    """Make the `--out` folder and check that it takes files before a run that may last minutes, so the run does
+    not end in a write error with its figures lost."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except FileExistsError:
+        _fail(f"--out {path}: a file is in the way (a folder is needed)")
+    except OSError as err:
+        _fail(f"--out {path}: cannot write there ({(err.strerror or str(err)).lower()})")
 
 
 def _positive(option: str, value: float, infinite: bool = False) -> None:
@@ -164,6 +178,7 @@ def demo(
     reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP + " (with --accuracy)")] = None,
 ) -> None:
     """Leadtime routing a mixed, a P/D and a time-sliced fleet beside the routers a user could pick instead."""
+    _output_dir(out)
     if accuracy:
         from leadtime.bench.demo import run_demo as run_accuracy_demo
 
@@ -321,6 +336,8 @@ def simulate(
     _positive("--rate-scale", rate_scale)
     _positive("--ttft-slo-ms", ttft_slo_ms, infinite=True)  # infinite: no SLO
     _positive("--itl-slo-ms", itl_slo_ms, infinite=True)
+    if out is not None:
+        _output_dir(out)
     try:
         report = run_simulate_command(
             fleet, trace, policy, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, progress=not json_out
@@ -482,6 +499,8 @@ def bench_routing(
         check_loads(loads)
     except ValueError as err:
         _fail(err)
+    if out is not None:
+        _output_dir(out)
     options = RoutingOptions(
         trace=trace,
         max_requests=max_requests,
@@ -509,8 +528,12 @@ def bench_routing(
     if out is not None:
         import json
 
-        files = write_plots(report, curves, out)
-        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        try:
+            files = write_plots(report, curves, out)
+            (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as err:  # the folder was checked before the run: a full disk, say; keep the figures
+            print_report(report, as_json=json_out)
+            _fail(err)
         report["outputs"] = [str(p) for p in [*files, out / "report.json"]]
     print_report(report, as_json=json_out)
 
@@ -852,6 +875,7 @@ def dashboards_render(
     from leadtime.dashboards.render import PrometheusApi, PrometheusError, render_dashboard
 
     _positive("--minutes", minutes)
+    _output_dir(out)
     api = PrometheusApi(prometheus)
     try:
         for board in DASHBOARDS:
@@ -875,6 +899,7 @@ def bench_dashboards(
     from leadtime.bench.procs import find_prometheus
 
     _positive("--minutes", minutes)
+    _output_dir(out)
     executable = find_prometheus()
     if executable is None:
         _fail("prometheus is not installed (apt-get install prometheus)")

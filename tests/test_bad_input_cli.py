@@ -305,3 +305,46 @@ def test_sim_serve_refuses_an_endpoints_file_it_cannot_write_before_starting(
 def test_sim_serve_refuses_a_timeslice_port_among_the_endpoints_ports() -> None:
     args = ["sim", "serve", "--fleet", "timesliced", "--base-port", "18400", "--timeslice-port", "18401"]
     refused(args, "--timeslice-port 18401")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo"],
+        ["demo", "--accuracy"],
+        ["simulate", "--fleet", "homogeneous", "--max-requests", "50"],
+        ["bench", "routing", "--fleet", "homogeneous", "--policy", "round_robin", "--max-requests", "100"],
+        ["bench", "dashboards"],
+        ["dashboards", "render", "--prometheus", "http://127.0.0.1:9"],
+    ],
+)
+@pytest.mark.parametrize("where", ["file", "file/sub"])
+def test_an_output_folder_that_cannot_be_made_is_refused_before_the_run(
+    tmp_path: Path, args: list[str], where: str
+) -> None:
+    """`bench routing` ran for minutes and then died in a traceback writing its plots, the run's figures lost."""
+    (tmp_path / "file").write_text("a file, not a folder\n")
+    refused([*args, "--out", str(tmp_path / where)], "--out", str(tmp_path / "file"))
+
+
+@pytest.mark.timeout(120)
+def test_bench_routing_prints_its_figures_when_the_plots_cannot_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails after the run (a full disk) still shows what the run measured, then names the error."""
+    import errno
+
+    import leadtime.bench.routing as routing
+
+    def full_disk(*_: object) -> list[Path]:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "goodput.png"))
+
+    monkeypatch.setattr(routing, "write_plots", full_disk)
+    args = ["bench", "routing", "--fleet", "homogeneous", "--policy", "round_robin", "--max-requests", "100"]
+    result = runner.invoke(app, [*args, "--json", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    report = json.loads(result.stdout)
+    assert report["fleets"]["homogeneous"]["base"]["policies"]["round_robin"]["goodput_rps"] > 0
+    assert "no space left on device" in result.stderr.splitlines()[-1]
