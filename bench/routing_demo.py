@@ -65,10 +65,12 @@ def run_demo(
     return report
 
 
-def _rolling_ape(pairs: list[tuple[float, float]], window: int) -> tuple[np.ndarray, np.ndarray]:
+def rolling_error_percent(pairs: list[tuple[float, float]], window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean absolute error of the predictions as a percentage of the actual, over `window` completions at a
+    time, for (actual, predicted) pairs in completion order: (index of each window's last pair, its error)."""
     actual = np.array([a for a, _ in pairs])
     predicted = np.array([p for _, p in pairs])
-    ape = np.abs(predicted - actual) / actual
+    ape = 100.0 * np.abs(predicted - actual) / actual
     if len(ape) < window:
         return np.arange(len(ape)), ape
     kernel = np.ones(window) / window
@@ -112,7 +114,7 @@ def write_learning_plots(curves: dict[tuple[str, str, str], Any], out: Path) -> 
             for (f, _, name), curve in sorted(curves.items()):
                 if f != fleet or key not in curve or not curve[key]:
                     continue
-                x, y = _rolling_ape(curve[key], window=100)
+                x, y = rolling_error_percent(curve[key], window=100)
                 ax.plot(
                     x,
                     y,
@@ -120,7 +122,7 @@ def write_learning_plots(curves: dict[tuple[str, str, str], Any], out: Path) -> 
                     label=name,
                     color="#1565c0" if name == LEADTIME else "#e65100",
                 )
-            ax.set_ylabel(f"{label} abs. % error (rolling 100)")
+            ax.set_ylabel(f"{label} error, % of actual (last 100)")
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             if row == 0:

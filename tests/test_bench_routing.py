@@ -252,3 +252,13 @@ def test_two_workers_report_what_one_does() -> None:
         }
 
     assert outcomes(pooled) == outcomes(alone)
+
+
+def test_the_demo_plots_prediction_error_in_percent_of_the_actual() -> None:
+    """The curve was a fraction (3.0 for 300%) under an axis labelled "%"."""
+    from leadtime.bench.routing_demo import rolling_error_percent
+
+    pairs = [(100.0, 150.0), (200.0, 100.0), (50.0, 50.0), (10.0, 40.0)]  # (actual, predicted): 50, 50, 0, 300 %
+    x, y = rolling_error_percent(pairs, window=2)
+    assert x.tolist() == [1, 2, 3]
+    assert y.tolist() == pytest.approx([50.0, 25.0, 150.0])
