@@ -45,7 +45,11 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "leadtime_no_timeslice": ("timesliced",),
     "leadtime_no_decode_harm": ("homogeneous", "mixed", "timesliced", "large"),
 }
-VARIANTS: dict[str, tuple[str, ...]] = {"leadtime_in_turn": FLEETS, "leadtime_overflow_timesliced": ("timesliced",)}
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "leadtime_in_turn": FLEETS,
+    "leadtime_overflow_timesliced": ("timesliced",),
+    "leadtime_hold": FLEETS,
+}
 """Leadtime with an option that is off by default, run only when asked for by `--policy`."""
 LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS, *VARIANTS)
 LOADS = {"base": 1.0, "high": 1.5}
@@ -577,6 +581,7 @@ def _color(name: str) -> str:
         "leadtime_no_timeslice": "#f48fb1",
         "leadtime_no_decode_harm": "#80deea",
         "leadtime_in_turn": "#0d47a1",
+        "leadtime_hold": "#d32f2f",
         "leadtime_overflow_timesliced": "#283593",
     }
     return palette.get(name, "#607d8b")

@@ -42,7 +42,8 @@ class FollowedByLlmd:
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         pick = self.policy.pick(request, candidates)
-        self._pending.append((request, list(candidates), pick))
+        if not pick.hold:  # a held request is followed where it is placed
+            self._pending.append((request, list(candidates), pick))
         return pick
 
     def observe(self, outcome: Outcome) -> None:

@@ -554,7 +554,8 @@ ROUTER = Dashboard(
                 ),
                 Panel(
                     "Requests per second by status",
-                    "Requests the gateway answered per path and status code, and the requests it proxies now.",
+                    "Requests the gateway answered per path and status code, the requests it proxies now, and "
+                    "those it held while no endpoint was predicted to serve them in time (with holdSloMultiple).",
                     "reqps",
                     (
                         Query(
@@ -562,6 +563,7 @@ ROUTER = Dashboard(
                             "{{path}} {{code}}",
                         ),
                         Query(f"sum(leadtime_router_inflight_requests{{{ROUTER_INSTANCE}}})", "in flight"),
+                        Query(f"sum(rate(leadtime_router_held_seconds_count{{{ROUTER_INSTANCE}}}{RATE}))", "held"),
                     ),
                     width=8,
                     min=0,

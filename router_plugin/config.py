@@ -77,6 +77,7 @@ class LatencyParameters(_Model):
     overflow_cap: float = Field(default=5.0, ge=0.0, alias="overflowCap")
     overflow_cap_share: float = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
     overflow_endpoints: list[str] = Field(default=[], alias="overflowEndpoints")
+    hold_slo_multiple: float = Field(default=0.0, ge=0.0, alias="holdSloMultiple")
     disaggregation: Literal["joint", "decode-first"] = "joint"
     local_prefill: bool = Field(default=True, alias="localPrefill")
     decode_harm: bool = Field(default=True, alias="decodeHarm")
@@ -280,6 +281,7 @@ def build_policy(
         overflow_cap=latency.overflow_cap,
         overflow_cap_share=latency.overflow_cap_share,
         overflow_endpoints=tuple(latency.overflow_endpoints),
+        hold_slo_multiple=latency.hold_slo_multiple,
         kv_link_gb_s=latency.kv_link_gb_s,
         serving_job=timeslice.serving_job if timeslice else "inference",
         seed=latency.seed or seed,

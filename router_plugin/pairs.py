@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from leadtime.router_plugin.scorers.latency import (
+    FEASIBLE,
     latency_scores,
     may_sink,
     overflow_choice,
@@ -55,6 +56,8 @@ class PairChoice:
     wait_ms: float
     transfer_ms: float
     score: float
+    saveable: bool = True
+    """Whether some pair (or local prefill) is predicted in time by its quantile or its mean prediction."""
 
 
 def _pair_ttft(p: PairPredictions, now_ms: float, ttft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -95,6 +98,7 @@ def _pair(
     ttft_mean: np.ndarray,
     wait_mean: np.ndarray,
     score: float,
+    saveable: bool,
 ) -> PairChoice:
     """The choice of prefill endpoint `pf` and decode endpoint `d`, from the pair matrices of `_pair_ttft`."""
     return PairChoice(
@@ -107,6 +111,7 @@ def _pair(
         float(wait_mean[pf, d]),
         float(p.transfer_ms[d]),
         score,
+        saveable,
     )
 
 
@@ -160,7 +165,11 @@ def choose_pair(
             ttft[:, d], itl[:, d], ttft_mean[:, d], itl_mean[:, d], ttft_slo_ms, itl_slo_ms, expected_output_tokens
         )
         pf = _best(column, ttft_mean[:, d])
-        return _pair(p, pf, d, ttft, ttft_mean, wait_mean, float(column[pf]))
+        means = ttft_mean[:, d], itl_mean[:, d]
+        saveable = float(column.max()) >= FEASIBLE or (
+            float(_scores(*means, *means, ttft_slo_ms, itl_slo_ms, expected_output_tokens).max()) >= FEASIBLE
+        )
+        return _pair(p, pf, d, ttft, ttft_mean, wait_mean, float(column[pf]), saveable)
     flat_ttft, flat_itl = ttft.ravel(), itl.ravel()
     flat_ttft_mean, flat_itl_mean = ttft_mean.ravel(), itl_mean.ravel()
     local = np.zeros(0, dtype=np.intp)  # the decode endpoints that may prefill the request themselves
@@ -178,7 +187,7 @@ def choose_pair(
     # Spreading them all by predicted TTFT measured worse on the P/D fleet (goodput 5.72 against 5.98
     # requests/s at the base load, 6.18 against 7.03 at 1.5x).
     mean_scores = None
-    if may_sink(scores, fit[2]):
+    if float(scores.max()) < FEASIBLE:
         mean_scores = _scores(
             flat_ttft_mean,
             flat_itl_mean,
@@ -191,6 +200,9 @@ def choose_pair(
     rank = None
     if overflow_rank is not None:
         rank = np.concatenate([np.repeat(overflow_rank[0], n_d), overflow_rank[1][local]])
+    saveable = mean_scores is None or float(mean_scores.max()) >= FEASIBLE
+    if not may_sink(scores, fit[2]):
+        mean_scores = None  # only an overflow that sinks reads them
     best = overflow_choice(preference(scores, *fit, mean_scores=mean_scores), flat_ttft, overflow_cap_ms, rank)
     if best >= n_p * n_d:
         d = int(local[best - n_p * n_d])
@@ -204,6 +216,7 @@ def choose_pair(
             0.0,
             0.0,
             float(scores[best]),
+            saveable,
         )
     pf, d = divmod(best, n_d)
-    return _pair(p, pf, d, ttft, ttft_mean, wait_mean, float(scores[best]))
+    return _pair(p, pf, d, ttft, ttft_mean, wait_mean, float(scores[best]), saveable)

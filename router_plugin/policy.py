@@ -34,7 +34,10 @@ class RouteRequest:
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     arrival_ms: float = 0.0
-    """On the router's clock, the one `Candidate.published_ms` is on."""
+    """On the router's clock, the one `Candidate.published_ms` is on: now, for a request offered again."""
+    held_ms: float = 0.0
+    """How long the router has held the request already (`Pick.hold`). Its SLOs count from when it came in, so
+    `held_ms` of its TTFT SLO is spent."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,10 @@ class Pick:
     A policy that scored feature rows may hand them back (`row` for the endpoint that prefills, `decode_row` for
     the decode endpoint) with its predictions, so that what is recorded is what it decided on; otherwise the
     caller records the candidate's row as published.
+
+    A `held` pick places nothing: the router keeps the request and offers it again, with `RouteRequest.held_ms`
+    counting, once the endpoints have published fresh state (as llm-d's flow control queues requests at the
+    gateway while the pool is saturated, rather than on an endpoint).
     """
 
     endpoint_id: str
@@ -74,6 +81,12 @@ class Pick:
     decode_row: FeatureRow | None = None
     predicted_ttft_ms: float | None = None
     predicted_tpot_ms: float | None = None
+    hold: bool = False
+
+    @classmethod
+    def held(cls) -> Pick:
+        """Place the request later (see the class docstring)."""
+        return cls("", hold=True)
 
     @property
     def is_pair(self) -> bool:
@@ -84,7 +97,9 @@ class Pick:
 class Outcome:
     """What happened to one routed request, reported when it completes.
 
-    `ttft_ms` is what the client saw (on P/D it includes the KV transfer); `itl_ms` is the mean gap between
+    `ttft_ms` is what the client saw from when the request was sent to the endpoint (on P/D it includes the KV
+    transfer; a request the router held waited there before that, which is not the endpoint's doing and is not
+    in it); `itl_ms` is the mean gap between
     output tokens (0 for a request that produced one token only); `completed_ms` is on the router's clock.
     """
 

@@ -132,6 +132,12 @@ class LeadtimeConfig:
         decisions found no candidate predicted in time: with capacity to spare it bounds the overflow's wait (the
         TTFT tail: p99 70 s against 6 s at 85% load on the homogeneous fleet, for 2% of goodput); short of
         capacity, more overflow endpoints would serve fewer requests in time. 0: no cap.
+    hold_slo_multiple
+        While the overflow cap is let go (sustained overload, above), a request predicted to miss everywhere even
+        by its mean prediction is held at the router (`Pick.held`) rather than queued on the overflow endpoint:
+        offered again at each fresh state, with the time it waited spent from its TTFT SLO, it goes wherever it
+        is first predicted in time, or where it would have gone once it has waited `hold_slo_multiple` times its
+        TTFT SLO. Once held, a request is held on until then whatever the overload. 0: never hold.
     kv_link_gb_s
         KV link bandwidth to each decode endpoint, for transfer times.
     serving_job
@@ -160,6 +166,7 @@ class LeadtimeConfig:
     overflow_cap: float = 5.0
     overflow_cap_share: float = 0.25
     overflow_endpoints: tuple[str, ...] = ()
+    hold_slo_multiple: float = 0.0
     kv_link_gb_s: float = 25.0
     serving_job: str = "inference"
     seed: int = 0
@@ -186,6 +193,7 @@ class PolicyCounters:
     decisions: int = 0
     fallbacks: int = 0
     explored: int = 0
+    held: int = 0
     disaggregated: int = 0
     local_prefill: int = 0
     timeslice_filtered: int = 0
@@ -412,13 +420,17 @@ class LeadtimePolicy:
         named = self.config.overflow_endpoints
         return np.array([named.index(c.endpoint_id) if c.endpoint_id in named else len(named) for c in candidates])
 
-    def _argmax(self, request: RouteRequest, latency: np.ndarray, s: _Scored) -> int:
+    def _argmax(self, request: RouteRequest, latency: np.ndarray, s: _Scored, may_hold: bool) -> int:
+        """The chosen candidate's index; -1 to hold the request (`may_hold`)."""
         c, candidates, ttft = self.config, s.candidates, s.ttft
         overflow = self._overflow()
         in_time = float(latency.max()) >= FEASIBLE
-        mean = self._mean_scores(request, s) if may_sink(latency, overflow) else None
+        if not request.held_ms:  # the overload share counts each request once, when it comes in
+            self._note_feasible(in_time)
+        mean = self._mean_scores(request, s) if may_sink(latency, overflow) or (may_hold and not in_time) else None
+        if may_hold and not in_time and (mean is None or float(mean.max()) < FEASIBLE):
+            return -1
         scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, overflow, mean)
-        self._note_feasible(in_time)
         for extra in self.extra_scorers:
             scores = scores + extra.weight * np.asarray(extra.scorer(request, candidates))
         best = float(scores.max())
@@ -439,8 +451,24 @@ class LeadtimePolicy:
             return int(tied[0])
         return int(self._rng.choice(list(tied)))
 
+    def _may_hold(self, request: RouteRequest) -> bool:
+        """Whether `request` may be held (`LeadtimeConfig.hold_slo_multiple`)."""
+        slo, multiple = request.ttft_slo_ms, self.config.hold_slo_multiple
+        if slo is None or multiple <= 0 or request.held_ms >= multiple * slo:
+            return False
+        return request.held_ms > 0 or self.overload > self.config.overflow_cap_share
+
+    def _budget(self, request: RouteRequest) -> RouteRequest:
+        """`request` with the TTFT SLO it has left after waiting at the router."""
+        slo = request.ttft_slo_ms
+        if not request.held_ms or slo is None:
+            return request
+        return replace(request, ttft_slo_ms=max(slo - request.held_ms, 1.0))
+
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         self.counters.decisions += 1
+        may_hold = self._may_hold(request)
+        request = self._budget(request)
         serving, away = self._servable(request, candidates)
         if not serving:
             self.counters.all_non_resident += 1
@@ -449,13 +477,16 @@ class LeadtimePolicy:
             if roles.disaggregated:
                 if serving:
                     self.counters.timeslice_filtered += len(away)
-                chosen = self._pick_pair(request, list(roles.prefill), list(roles.decode), not serving)
+                chosen = self._pick_pair(request, list(roles.prefill), list(roles.decode), not serving, may_hold)
             elif not serving:
-                chosen = self._pick_one(request, [], list(roles.unified))
+                chosen = self._pick_one(request, [], list(roles.unified), may_hold)
             else:
-                chosen = self._pick_one(request, list(roles.unified), away)
+                chosen = self._pick_one(request, list(roles.unified), away, may_hold)
         except PredictorError:
             chosen = self._fall_back(request, serving or away, not serving)
+        if chosen.hold:
+            self.counters.held += 1
+            return chosen
         if self.config.decode_harm and request.tpot_slo_ms is not None:  # only the weighing reads them
             decodes_on = chosen.decode_endpoint_id or chosen.endpoint_id
             self._decoding.record(decodes_on, request.request_id, request.tpot_slo_ms)
@@ -487,7 +518,9 @@ class LeadtimePolicy:
         )
         return pick
 
-    def _pick_one(self, request: RouteRequest, serving: list[Candidate], away: list[Candidate]) -> Pick:
+    def _pick_one(
+        self, request: RouteRequest, serving: list[Candidate], away: list[Candidate], may_hold: bool = False
+    ) -> Pick:
         """The best candidate. Endpoints swapped out for the other job are left out while a serving one is predicted
         to meet the request's SLOs; otherwise (none serves, or the serving ones are all predicted to miss, as under
         overload) they compete too, each predicted with its expected wait until it is back: a queue that waits
@@ -512,7 +545,9 @@ class LeadtimePolicy:
                     *(np.concatenate([getattr(parts[0], k), getattr(parts[1], k)]) for k in _PREDICTED),
                 )
                 latency = self._latency_scores(request, s)
-        i = self._argmax(request, latency, s)
+        i = self._argmax(request, latency, s, may_hold)
+        if i < 0:
+            return Pick.held()
         chosen, row = s.candidates[i], s.rows[i]
         self._last_sent[chosen.endpoint_id] = request.arrival_ms
         self._record_prefill(chosen.endpoint_id, request, row)
@@ -534,7 +569,14 @@ class LeadtimePolicy:
             ]
         )
 
-    def _pick_pair(self, request: RouteRequest, prefill: list[Candidate], decode: list[Candidate], away: bool) -> Pick:
+    def _pick_pair(
+        self,
+        request: RouteRequest,
+        prefill: list[Candidate],
+        decode: list[Candidate],
+        away: bool,
+        may_hold: bool = False,
+    ) -> Pick:
         if not decode:
             raise NoCandidateError("P/D fleet has no servable decode endpoint")
         now, config = request.arrival_ms, self.config
@@ -584,7 +626,10 @@ class LeadtimePolicy:
             if config.overflow_endpoints
             else None,
         )
-        self._note_feasible(choice.score >= FEASIBLE)
+        if not request.held_ms:
+            self._note_feasible(choice.score >= FEASIBLE)
+        if may_hold and not choice.saveable:
+            return Pick.held()
         dec = decode[choice.decode]
         if choice.prefill is None:
             assert local is not None

@@ -34,6 +34,8 @@ from leadtime.simulator.steptime import StepTimeModel
 from leadtime.simulator.workload import WorkloadRequest
 
 ARRIVAL, STEP, TRANSFER, TIMESLICE, JOIN = 0, 1, 2, 3, 4
+MAX_HOLD_MS = 600_000.0
+"""A policy that holds a request longer than this (`Pick.hold`) is taken for one that never places it."""
 # The job names a time-slice group reports: the serving engine's, and the job it shares the accelerators with.
 SERVING_JOB, OTHER_JOB = "inference", "training"
 
@@ -52,6 +54,8 @@ class Decision:
     decode_endpoint_id: str | None
     predicted_ttft_ms: float | None = None
     predicted_tpot_ms: float | None = None
+    placed_ms: float = 0.0
+    """When it was sent to the endpoint: its arrival, or later for a request the router held."""
 
 
 @dataclass
@@ -382,6 +386,7 @@ class FleetSimulator:
             ttft_slo_ms=ttft_slo if math.isfinite(ttft_slo) else None,
             tpot_slo_ms=itl_slo if math.isfinite(itl_slo) else None,
             arrival_ms=self.now,
+            held_ms=self.now - request.arrival_ms,
         )
         candidates = self.candidates(request)
         self.routing = request
@@ -390,6 +395,9 @@ class FleetSimulator:
         self.decision_ms.append((time.thread_time() - started_cpu) * 1e3)
         self.decision_wall_ms.append((time.perf_counter() - started) * 1e3)
         self.routing = None
+        if pick.hold:
+            self._hold(request)
+            return
         self._check_pick(pick)
         by_id = {c.endpoint_id: c for c in candidates}
         decode_row = None
@@ -402,6 +410,7 @@ class FleetSimulator:
             pick.decode_endpoint_id,
             pick.predicted_ttft_ms,
             pick.predicted_tpot_ms,
+            self.now,
         )
         if pick.decode_endpoint_id is not None:
             request.prefill_only = True
@@ -412,6 +421,14 @@ class FleetSimulator:
         self._freeze(target)
         target.enqueue(request)
         self._wake(target)
+
+    def _hold(self, request: SimRequest) -> None:
+        """The policy holds `request`: offer it again at the next state publication."""
+        if self.now - request.arrival_ms > MAX_HOLD_MS:
+            name = getattr(self.policy, "name", type(self.policy).__name__)
+            raise SimulationError(f"policy {name!r} held request {request.rid} for over {MAX_HOLD_MS / 1e3:.0f} s")
+        again = self._next_publish if self._next_publish > self.now else self.now + self.fleet.refresh_ms
+        self._push(again, ARRIVAL, request)
 
     def _check_fits(self, request: SimRequest, endpoint: Endpoint) -> None:
         tokens = request.input_tokens + request.output_tokens
@@ -482,6 +499,7 @@ class FleetSimulator:
         decision = self._decisions.pop(r.rid)
         assert r.first_token_ms is not None and r.finish_ms is not None
         ttft = r.first_token_ms - r.arrival_ms
+        served_ttft = r.first_token_ms - decision.placed_ms  # what the endpoint took: what the router learns from
         decode_tokens = r.generated - r.decode_start_generated
         start = r.decode_start_ms if r.decode_start_ms is not None else r.first_token_ms
         itl = (r.finish_ms - start) / decode_tokens if decode_tokens > 0 else 0.0
@@ -506,15 +524,23 @@ class FleetSimulator:
         predicted_ttft, predicted_tpot = decision.predicted_ttft_ms, decision.predicted_tpot_ms
         if decision.decode_row is None:
             self.observations.append(
-                Observation(decision.row, ttft, itl, predicted_ttft, predicted_tpot if itl > 0 else None, stamp)
+                Observation(decision.row, served_ttft, itl, predicted_ttft, predicted_tpot if itl > 0 else None, stamp)
             )
         else:
-            self.observations.append(Observation(decision.row, ttft, 0.0, predicted_ttft, None, stamp))
+            self.observations.append(Observation(decision.row, served_ttft, 0.0, predicted_ttft, None, stamp))
             self.observations.append(
                 Observation(decision.decode_row, 0.0, itl, None, predicted_tpot if itl > 0 else None, stamp)
             )
         self.policy.observe(
-            Outcome(str(r.rid), decision.endpoint_id, decision.decode_endpoint_id, ttft, itl, r.output_tokens, self.now)
+            Outcome(
+                str(r.rid),
+                decision.endpoint_id,
+                decision.decode_endpoint_id,
+                served_ttft,
+                itl,
+                r.output_tokens,
+                self.now,
+            )
         )
         if self.progress is not None and (len(self.completed) % 200 == 0 or len(self.completed) == len(self.workload)):
             self.progress(len(self.completed))

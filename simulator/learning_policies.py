@@ -27,6 +27,7 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
     "leadtime_no_timeslice": {"timeslice": False},
     "leadtime_no_decode_harm": {"decode_harm": False},
     "leadtime_in_turn": {"comfort_tolerance": 0.1},
+    "leadtime_hold": {"hold_slo_multiple": 1.0},
     "leadtime_overflow_timesliced": {},  # and the switches its fleet gives it (FLEET_SWITCHES)
 }
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_router_hold import HoldsOnce
 
 from leadtime.bench.routing import (
     LOAD_TARGET,
@@ -127,6 +128,7 @@ def test_a_variant_runs_only_when_asked_for() -> None:
     assert "leadtime_in_turn" not in policies_for("homogeneous")
     assert policies_for("homogeneous", ["leadtime", "leadtime_in_turn"]) == ["leadtime", "leadtime_in_turn"]
     assert selected_policies(["leadtime-in-turn"], ["mixed"]) == ("leadtime_in_turn",)
+    assert selected_policies(["leadtime-hold"], ["large"]) == ("leadtime_hold",)
     # Naming the time-sliced endpoints as overflow acts only where there are some.
     assert policies_for("timesliced", ["leadtime_overflow_timesliced"]) == ["leadtime_overflow_timesliced"]
     assert policies_for("mixed", ["leadtime_overflow_timesliced"]) == []
@@ -232,6 +234,16 @@ def test_the_follower_predicts_after_the_pick_so_its_work_is_not_the_decisions()
     followed.observe(Outcome("r1", pick.endpoint_id, None, 450.0, 25.0, 10, 900.0))
     assert model.calls == 1
     assert followed.ttft_pairs == [(450.0, 500.0)] and followed.tpot_pairs == [(25.0, 20.0)]
+
+
+def test_a_held_request_is_followed_where_it_is_placed() -> None:
+    model = _Model()
+    followed = FollowedByLlmd(HoldsOnce(), LlmdPredictedPolicy(model))
+    candidates = [Candidate(EndpointState(endpoint_id="a")), Candidate(EndpointState(endpoint_id="b"))]
+    assert followed.pick(RouteRequest("r1", 1000, (), 2000.0, 100.0), candidates).hold
+    pick = followed.pick(RouteRequest("r1", 1000, (), 2000.0, 100.0, 50.0, held_ms=50.0), candidates)
+    followed.observe(Outcome("r1", pick.endpoint_id, None, 450.0, 25.0, 10, 900.0))
+    assert model.calls == 1 and followed.ttft_pairs == [(450.0, 500.0)]
 
 
 def test_two_workers_report_what_one_does() -> None:

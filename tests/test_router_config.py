@@ -49,6 +49,7 @@ def test_weights_and_parameters_reach_the_policy() -> None:
                     "localPrefillItlShare": 0.8,
                     "decodeHarm": False,
                     "overflowEndpoints": ["b", "a"],
+                    "holdSloMultiple": 0,
                 },
             },
             {"type": "kv-cache-utilization-scorer", "name": "kv"},
@@ -65,7 +66,7 @@ def test_weights_and_parameters_reach_the_policy() -> None:
     assert policy.config.overflow_cap == 3.0 and policy.config.comfort == 0.3
     assert policy.config.comfort_tolerance == 0.1
     assert policy.config.local_prefill_itl_share == 0.8 and not policy.config.decode_harm
-    assert policy.config.overflow_endpoints == ("b", "a")
+    assert policy.config.overflow_endpoints == ("b", "a") and policy.config.hold_slo_multiple == 0.0
     assert policy.deadline_s == pytest.approx(0.005)
     # Both predicted alike (the model ignores KV use): the weighted KV scorer tips it towards the emptier cache.
     full, empty = cand("a"), cand("b")
@@ -105,6 +106,13 @@ def test_weights_and_parameters_reach_the_policy() -> None:
                 "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
             },
             "overflowCapShare",
+        ),
+        (
+            {
+                "plugins": [{"type": "predicted-latency-scorer", "parameters": {"holdSloMultiple": -1}}],
+                "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
+            },
+            "holdSloMultiple",
         ),
         (
             {

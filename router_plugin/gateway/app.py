@@ -74,6 +74,8 @@ HOP_BY_HOP = frozenset(
     )
 )
 JSON_HEADERS = [(b"content-type", b"application/json")]
+MAX_HOLD_MS = 60_000.0
+"""A policy still holding a request after this long (`Pick.hold`) is overruled: the heuristics place it."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ class _Routed:
     key: PromptKey
     decision: _Decision
     candidates: dict[str, Candidate]
+    held_s: float = 0.0
+    """How long the policy held the request before placing it (`Pick.hold`)."""
     settled: bool = False
     """Completed or abandoned: the policy and the work tracker were told."""
 
@@ -493,7 +497,7 @@ class Gateway:
                     send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
                 )
                 return 502
-            overhead = sent_at - started
+            overhead = sent_at - started - routed.held_s
             self.metrics.overhead_seconds.observe(overhead)
             return await self._relay(routed, target, response, send, receive, overhead)
         raise AssertionError("unreachable")
@@ -520,21 +524,35 @@ class Gateway:
     async def _decide(
         self, request_id: str, route: RouteRequest, parsed: ParsedRequest, key: PromptKey, excluded: set[str]
     ) -> _Routed | None:
-        candidates = self._candidates(key, excluded)
-        if not candidates:
-            return None
+        """Where the request goes; None when no endpoint can take it. While the policy holds it (`Pick.hold`),
+        it is offered again a scrape interval later, on fresh states, until the policy places it."""
         if request_id != route.request_id:
             route = dataclasses.replace(route, request_id=request_id)
-        try:
-            if self.decide_in_thread:
-                decision = await asyncio.get_running_loop().run_in_executor(
-                    self._decider, self._pick, route, candidates
-                )
-            else:
-                decision = self._pick(route, candidates)
-        except NoCandidateError:
-            return None
-        routed = _Routed(request_id, route, parsed, key, decision, {c.endpoint_id: c for c in candidates})
+        first_ms, held_s = route.arrival_ms, 0.0
+        while True:
+            candidates = self._candidates(key, excluded)
+            if not candidates:
+                return None
+            try:
+                if self.decide_in_thread:
+                    decision = await asyncio.get_running_loop().run_in_executor(
+                        self._decider, self._pick, route, candidates
+                    )
+                else:
+                    decision = self._pick(route, candidates)
+            except NoCandidateError:
+                return None
+            if not decision.pick.hold:
+                break
+            self.metrics.decision_seconds.observe(decision.seconds)
+            started = time.perf_counter()
+            await asyncio.sleep(self.settings.scrape_interval_s)
+            held_s += time.perf_counter() - started
+            now = self.clock()
+            route = dataclasses.replace(route, arrival_ms=now, held_ms=now - first_ms)
+        if held_s:
+            self.metrics.held_seconds.observe(held_s)
+        routed = _Routed(request_id, route, parsed, key, decision, {c.endpoint_id: c for c in candidates}, held_s)
         self._record_decision(routed, candidates)
         return routed
 
@@ -545,18 +563,34 @@ class Gateway:
         known = {c.endpoint_id for c in candidates}
         try:
             pick = self.policy.pick(route, candidates)
+            if pick.hold:
+                if route.held_ms < MAX_HOLD_MS:
+                    return _Decision(pick, None, time.perf_counter() - started)
+                log.warning(
+                    "policy %s held %s for over %.0f s: the heuristics place it",
+                    self._name,
+                    route.request_id,
+                    MAX_HOLD_MS / 1e3,
+                )
+                return _Decision(
+                    self.last_resort.pick(route, candidates), "policy_error", time.perf_counter() - started
+                )
             if pick.endpoint_id not in known or (pick.decode_endpoint_id or pick.endpoint_id) not in known:
                 raise ValueError(f"picked {pick.endpoint_id}/{pick.decode_endpoint_id}, not among the candidates")
         except NoCandidateError:
             raise
         except Exception:  # a policy bug must not drop the request
-            log.exception("policy %s failed; deciding with the heuristics", getattr(self.policy, "name", "?"))
+            log.exception("policy %s failed; deciding with the heuristics", self._name)
             return _Decision(self.last_resort.pick(route, candidates), "policy_error", time.perf_counter() - started)
         fell_back = None
         after = self._fallbacks()
         if before is not None and after is not None and after > before:
             fell_back = self.predictor.last_failure if self.predictor is not None else "unavailable"
         return _Decision(pick, fell_back, time.perf_counter() - started)
+
+    @property
+    def _name(self) -> str:
+        return str(getattr(self.policy, "name", "?"))
 
     def _fallbacks(self) -> int | None:
         counters = getattr(self.policy, "counters", None)

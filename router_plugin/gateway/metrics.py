@@ -102,6 +102,12 @@ class GatewayMetrics:
         self.slo = Counter(
             f"{p}_slo", "Streaming requests against their SLOs, by target and result.", ["target", "result"], registry=r
         )
+        self.held_seconds = Histogram(
+            f"{p}_held_seconds",
+            "Time requests waited at the router because no endpoint was predicted to serve them in time (held).",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.retries = Counter(
             f"{p}_retries", "Requests sent to a second endpoint after the first failed before responding.", registry=r
         )
