@@ -136,8 +136,10 @@ class LeadtimeConfig:
         While the overflow cap is let go (sustained overload, above), a request predicted to miss everywhere even
         by its mean prediction is held at the router (`Pick.held`) rather than queued on the overflow endpoint:
         offered again at each fresh state, with the time it waited spent from its TTFT SLO, it goes wherever it
-        is first predicted in time, or where it would have gone once it has waited `hold_slo_multiple` times its
-        TTFT SLO. Once held, a request is held on until then whatever the overload. 0: never hold.
+        is first predicted in time, or, once it has waited `hold_slo_multiple` times its TTFT SLO, with the
+        requests beyond saving to the overflow endpoint. Once held, a request is held on until then whatever the
+        overload. 0: never hold. (Placed instead where it would have missed least, as when it came in, its TTFT
+        tail shortens but the goodput gained under overload is lost: it slows the requests still served in time.)
     kv_link_gb_s
         KV link bandwidth to each decode endpoint, for transfer times.
     serving_job

@@ -89,6 +89,23 @@ def test_a_held_request_is_scored_against_what_is_left_of_its_ttft_slo() -> None
     assert not overloaded().pick(replace(req("soon", at=500.0), held_ms=500.0), candidates).hold
 
 
+def test_past_its_hold_a_request_goes_with_those_beyond_saving_even_where_it_would_have_missed_least() -> None:
+    # a: 40 waiting, beyond saving (p90 9.7 s against 2 s). b: 10 waiting, a small miss (p90 2.5 s, mean 2.1 s).
+    # Between a quarter and half of recent decisions without a candidate in time, a request coming in with its
+    # whole SLO would go where it misses least, b, without the hold; with it, it waits.
+    candidates = [cand("a", waiting=40), cand("b", waiting=10)]
+    unheld = overloaded(replace(HOLD, hold_slo_multiple=0.0))
+    unheld.overload = 0.4
+    assert unheld.pick(req("fresh"), candidates).endpoint_id == "b"
+    policy = overloaded(replace(HOLD, hold_slo_multiple=1.0))
+    policy.overload = 0.4
+    assert policy.pick(req("r"), candidates).hold
+    assert policy.pick(replace(req("r", at=1000.0), held_ms=1000.0), candidates).hold
+    # Its TTFT SLO spent, every candidate misses what is left of it by far: it is given up to the overflow
+    # endpoint (a), where it does not slow down the requests b can still serve in time.
+    assert policy.pick(replace(req("r", at=2000.0), held_ms=2000.0), candidates).endpoint_id == "a"
+
+
 def test_pd_pairs_beyond_saving_are_held_and_a_pair_that_may_be_saved_is_not() -> None:
     prefill = [cand("p1", role="prefill", waiting=40), cand("p2", role="prefill", waiting=40)]
     decode = [cand("d1", role="decode"), cand("d2", role="decode")]
