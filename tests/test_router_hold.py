@@ -4,8 +4,10 @@ scored when offered again, and how the simulator and the gateway offer it again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import json
+from collections.abc import MutableMapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import numpy as np
@@ -203,13 +205,35 @@ def test_the_simulator_refuses_a_policy_that_never_places_a_request() -> None:
 # ------------------------------------------------------------------------------ the gateway
 
 
-def through_gateway(policy: HoldsOnce, requests: int) -> tuple[list[int], dict[str, float]]:
+def through_gateway(
+    policy: HoldsOnce, requests: int, leave_after_s: float | None = None
+) -> tuple[list[int | None], dict[str, float]]:
     """`requests` completions through an in-process gateway with `policy`, in front of one `sim serve` endpoint;
-    their status codes and the gateway's held/fallback counts."""
+    their status codes (None for a client that left after `leave_after_s` without an answer) and the gateway's
+    counts: requests held and for how long, fallbacks because of the policy, requests answered 499."""
     server = FleetServer(FLEET, [free_port()])
     server.start()
 
-    async def go() -> tuple[list[int], dict[str, float]]:
+    async def leaving(gateway: Gateway, body: bytes) -> int | None:
+        """A client that sends its request, then goes away after `leave_after_s`."""
+        sent: list[MutableMapping[str, Any]] = []
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop()
+            assert leave_after_s is not None
+            await asyncio.sleep(leave_after_s)
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": []}
+        await asyncio.wait_for(gateway(scope, receive, send), timeout=10)
+        return next((m["status"] for m in sent if m["type"] == "http.response.start"), None)
+
+    async def go() -> tuple[list[int | None], dict[str, float]]:
         endpoints = parse_static([f"127.0.0.1:{server.ports[0]},name=e0,leadtime.io/accelerator=h100-sxm"])
         gateway = Gateway(StaticDiscovery(endpoints), policy, GatewaySettings(scrape_interval_s=0.05))
         await gateway.start()
@@ -220,10 +244,13 @@ def through_gateway(policy: HoldsOnce, requests: int) -> tuple[list[int], dict[s
                 await asyncio.sleep(0.02)
             transport = httpx.ASGITransport(app=gateway)
             async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
-                codes = [
-                    (await client.post("/v1/completions", json={"prompt": f"hello {i}", "max_tokens": 2})).status_code
-                    for i in range(requests)
-                ]
+                codes: list[int | None] = []
+                for i in range(requests):
+                    body = {"prompt": f"hello {i}", "max_tokens": 2}
+                    if leave_after_s is None:
+                        codes.append((await client.post("/v1/completions", json=body)).status_code)
+                    else:
+                        codes.append(await leaving(gateway, json.dumps(body).encode()))
                 samples = parse_samples((await client.get("/metrics")).text)
         finally:
             await gateway.stop()
@@ -234,6 +261,9 @@ def through_gateway(policy: HoldsOnce, requests: int) -> tuple[list[int], dict[s
                 v
                 for labels, v in samples.get("leadtime_router_fallbacks_total", [])
                 if labels.get("reason") == "policy_error"
+            ),
+            "left": sum(
+                v for labels, v in samples.get("leadtime_router_requests_total", []) if labels["code"] == "499"
             ),
         }
         return codes, counts
@@ -260,3 +290,11 @@ def test_the_gateway_overrules_a_policy_that_never_places_a_request(monkeypatch:
     codes, counts = through_gateway(HoldsForever(), 1)
     assert codes == [200]  # placed by the heuristics, not dropped
     assert counts["policy_error"] == 1
+
+
+def test_a_client_that_leaves_while_its_request_is_held_gets_nothing_sent_anywhere() -> None:
+    policy = HoldsForever()
+    codes, counts = through_gateway(policy, 1, leave_after_s=0.3)
+    assert codes == [None]  # no answer started: the gateway stopped as soon as the client was gone
+    assert counts["left"] == 1 and counts["policy_error"] == 0
+    assert counts["held"] == 1 and 0.25 <= counts["held_s"] < 2.0

@@ -101,6 +101,10 @@ class GatewaySettings:
     max_body_bytes: int = 32 << 20
 
 
+class _ClientLeft(Exception):
+    """The client went away while its request was held: it is answered with nothing and sent nowhere."""
+
+
 @dataclass
 class _Decision:
     pick: Pick
@@ -469,9 +473,12 @@ class Gateway:
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
         for attempt in (0, 1):
-            routed = await self._decide(
-                request_id if not attempt else f"{request_id}-retry", route, parsed, key, excluded
-            )
+            try:
+                routed = await self._decide(
+                    request_id if not attempt else f"{request_id}-retry", route, parsed, key, excluded, receive
+                )
+            except _ClientLeft:
+                return 499
             if routed is None:
                 await self._reply(send, 503, {"error": "no endpoint can serve this request now", "field": "endpoints"})
                 return 503
@@ -522,34 +529,53 @@ class Gateway:
         return out
 
     async def _decide(
-        self, request_id: str, route: RouteRequest, parsed: ParsedRequest, key: PromptKey, excluded: set[str]
+        self,
+        request_id: str,
+        route: RouteRequest,
+        parsed: ParsedRequest,
+        key: PromptKey,
+        excluded: set[str],
+        receive: Receive,
     ) -> _Routed | None:
         """Where the request goes; None when no endpoint can take it. While the policy holds it (`Pick.hold`),
-        it is offered again a scrape interval later, on fresh states, until the policy places it."""
+        it is offered again a scrape interval later, on fresh states, until the policy places it, or the client
+        leaves (`_ClientLeft`: nothing is sent on for a client that is gone)."""
         if request_id != route.request_id:
             route = dataclasses.replace(route, request_id=request_id)
         first_ms, held_s = route.arrival_ms, 0.0
-        while True:
-            candidates = self._candidates(key, excluded)
-            if not candidates:
-                return None
-            try:
-                if self.decide_in_thread:
-                    decision = await asyncio.get_running_loop().run_in_executor(
-                        self._decider, self._pick, route, candidates
-                    )
-                else:
-                    decision = self._pick(route, candidates)
-            except NoCandidateError:
-                return None
-            if not decision.pick.hold:
-                break
-            self.metrics.decision_seconds.observe(decision.seconds)
-            started = time.perf_counter()
-            await asyncio.sleep(self.settings.scrape_interval_s)
-            held_s += time.perf_counter() - started
-            now = self.clock()
-            route = dataclasses.replace(route, arrival_ms=now, held_ms=now - first_ms)
+        message: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                candidates = self._candidates(key, excluded)
+                if not candidates:
+                    return None
+                try:
+                    if self.decide_in_thread:
+                        decision = await asyncio.get_running_loop().run_in_executor(
+                            self._decider, self._pick, route, candidates
+                        )
+                    else:
+                        decision = self._pick(route, candidates)
+                except NoCandidateError:
+                    return None
+                if not decision.pick.hold:
+                    break
+                self.metrics.decision_seconds.observe(decision.seconds)
+                started = time.perf_counter()
+                if message is None:
+                    message = asyncio.ensure_future(receive())
+                await asyncio.wait({message}, timeout=self.settings.scrape_interval_s)
+                held_s += time.perf_counter() - started
+                if message.done():
+                    if message.result().get("type") == "http.disconnect":
+                        self.metrics.held_seconds.observe(held_s)
+                        raise _ClientLeft
+                    message = None
+                now = self.clock()
+                route = dataclasses.replace(route, arrival_ms=now, held_ms=now - first_ms)
+        finally:
+            if message is not None:
+                message.cancel()
         if held_s:
             self.metrics.held_seconds.observe(held_s)
         routed = _Routed(request_id, route, parsed, key, decision, {c.endpoint_id: c for c in candidates}, held_s)
