@@ -46,13 +46,13 @@ def test_under_sustained_overload_a_request_beyond_saving_everywhere_is_held_not
     assert policy.pick(req("r1"), candidates).hold
     assert policy.pick(req("r2", at=1.0), candidates).hold
     assert policy.counters.held == 2
+    # Nothing was sent: the second request saw no in-flight addition from the first.
+    assert {r.endpoint.num_request_waiting for r in model.asked[-1]} == {40}
     # A held request still counts, when it comes in, as one that found no candidate in time.
     shared = LeadtimePolicy(QueueModel(), HOLD)
     shared.overload = 0.3
     assert shared.pick(req("r0"), candidates).hold and shared.overload > 0.3
-    # Nothing was sent: the second request saw no in-flight addition from the first.
-    assert {r.endpoint.num_request_waiting for r in model.asked[-1]} == {40}
-    # Offered again until it has waited twice its TTFT SLO, then placed where it would have gone (the overflow).
+    # Offered again until it has waited twice its TTFT SLO, then placed with those beyond saving (the overflow).
     assert policy.pick(replace(req("r1", at=3999.0), held_ms=3999.0), candidates).hold
     placed = policy.pick(replace(req("r1", at=4000.0), held_ms=4000.0), candidates)
     assert not placed.hold and placed.endpoint_id == "a"
@@ -183,15 +183,17 @@ def test_the_simulator_offers_a_held_request_again_at_the_next_state_and_counts_
     assert [at for _, at, _ in again] == [100.0, 300.0, 600.0, 800.0]
     assert [round(wait, 6) for _, _, wait in again] == [70.0, 20.0, 70.0, 20.0]
     # Its TTFT counts from when it came in: the wait at the router comes on top of what the endpoint took.
-    direct = FleetSimulator(FLEET, WORK, HoldsOnceSent()).run()
+    direct = FleetSimulator(FLEET, WORK, SendsAtOnce()).run()
     for h, d, (_, _, wait) in zip(held.completed, direct.completed, again, strict=True):
         assert h.ttft_ms == pytest.approx(d.ttft_ms + wait, abs=1.0)
     # What the policy is told and the predictor learns is what the endpoint took, from when the request was sent.
     assert [round(o.actual_ttft_ms, 6) for o in held.observations] == [round(c.ttft_ms, 6) for c in direct.completed]
 
 
-class HoldsOnceSent(HoldsOnce):
+class SendsAtOnce(HoldsOnce):
     """Sends every request at once, to the first candidate."""
+
+    name = "sends_at_once"
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         return Pick(candidates[0].endpoint_id)
