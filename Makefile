@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(VENV)/bin/leadtime bench coldstart --json
 	$(VENV)/bin/leadtime bench coldstart --unseen l40s --json
 	$(VENV)/bin/leadtime bench serving --json
+	$(VENV)/bin/leadtime bench tls --json
 	$(VENV)/bin/leadtime bench sim --json
 	$(VENV)/bin/leadtime sim validate --data sharegpt-h200 --accelerator h200-sxm --model qwen3-32b --json
 	$(VENV)/bin/leadtime bench retrain --json

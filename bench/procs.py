@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -100,8 +101,11 @@ class Child:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_until(self, url: str, timeout_s: float = 60.0, status: int = 200) -> None:
-        """Until GET `url` answers `status` (or the process dies: RuntimeError with its output)."""
+    def wait_until(
+        self, url: str, timeout_s: float = 60.0, status: int = 200, verify: ssl.SSLContext | bool = True
+    ) -> None:
+        """Until GET `url` answers `status` (or the process dies: RuntimeError with its output); an https `url` is
+        verified with `verify` (an SSL context trusting the service's certificate)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -109,7 +113,7 @@ class Child:
                     f"leadtime {' '.join(self.args)} exited {self.process.returncode}:\n{self.output()[-3000:]}"
                 )
             try:
-                if httpx.get(url, timeout=1.0).status_code == status:
+                if httpx.get(url, timeout=1.0, verify=verify).status_code == status:
                     return
             except httpx.TransportError:
                 pass

@@ -551,9 +551,22 @@ def route(
         typer.Option(help="A static endpoint instead: ADDRESS:PORT[,name=N,LABEL=VALUE...] (repeatable)."),
     ] = None,
     predictor_url: Annotated[
-        str | None, typer.Option(help="The predictor service over HTTP (http://HOST:PORT).")
+        str | None, typer.Option(help="The predictor service over HTTP (http://HOST:PORT, or https:// for TLS).")
     ] = None,
     predictor_grpc: Annotated[str | None, typer.Option(help="The predictor service over gRPC (HOST:PORT).")] = None,
+    predictor_tls: Annotated[
+        bool,
+        typer.Option(
+            "--predictor-tls", help="With --predictor-grpc: speak TLS to it (an https:// --predictor-url does)."
+        ),
+    ] = False,
+    predictor_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="PEM bundle that signed the predictor service's TLS certificate, when the system does not trust it "
+            "(implies --predictor-tls)."
+        ),
+    ] = None,
     embedded: Annotated[bool, typer.Option("--embedded", help="Run the online predictor in this process.")] = False,
     pull_model: Annotated[
         bool,
@@ -611,6 +624,19 @@ def route(
         _fail("--timeslice-file and --timeslice-url are alternatives: give one")
     if pull_model and predictor_url is None:
         _fail("--pull-model pulls the model from the service's HTTP API: give --predictor-url too")
+    if (predictor_tls or predictor_ca is not None) and predictor_url is None and predictor_grpc is None:
+        _fail(
+            "--predictor-tls and --predictor-ca are for a predictor service: give --predictor-url or --predictor-grpc"
+        )
+    if predictor_url is not None and predictor_tls and not predictor_url.startswith("https://"):
+        _fail("--predictor-tls: over HTTP, TLS is an https:// --predictor-url")
+    if predictor_ca is not None:
+        from leadtime.predictor.client import tls_client_context
+
+        try:
+            tls_client_context(predictor_ca)
+        except ValueError as err:
+            _fail(f"--predictor-ca: {err}")
     if policy and policy not in PLAIN_POLICIES:
         _fail(f"--policy must be one of {', '.join(PLAIN_POLICIES)}, got {policy!r}")
     if not 1 <= port <= 65535:
@@ -665,20 +691,26 @@ def route(
         from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 
         try:
-            observe_client = LeanHttpPredictorClient(predictor_url, api_token=api_token)
+            observe_client = LeanHttpPredictorClient(predictor_url, api_token=api_token, ca_file=predictor_ca)
             if pull_model:
                 from leadtime.router_plugin.gateway.pulled import PulledModel
 
-                predict_client = PulledModel(predictor_url, observe_client, pull_interval_s, api_token=api_token)
+                predict_client = PulledModel(
+                    predictor_url, observe_client, pull_interval_s, api_token=api_token, ca_file=predictor_ca
+                )
             else:
-                predict_client = LeanHttpPredictorClient(predictor_url, api_token=api_token)
+                predict_client = LeanHttpPredictorClient(predictor_url, api_token=api_token, ca_file=predictor_ca)
         except ValueError as err:
             _fail(f"--predictor-url: {err}")
     elif wanted and predictor_grpc:
         from leadtime.predictor.client import GrpcPredictorClient
 
-        predict_client = GrpcPredictorClient(predictor_grpc, api_token=api_token)
-        observe_client = GrpcPredictorClient(predictor_grpc, api_token=api_token)
+        predict_client = GrpcPredictorClient(
+            predictor_grpc, api_token=api_token, tls=predictor_tls, ca_file=predictor_ca
+        )
+        observe_client = GrpcPredictorClient(
+            predictor_grpc, api_token=api_token, tls=predictor_tls, ca_file=predictor_ca
+        )
     elif wanted:
         from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
         from leadtime.router_plugin.client import InProcessPredictor
@@ -723,6 +755,33 @@ def bench_gateway(
     try:
         report = run_gateway_bench(options, progress=say)
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        _fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("tls")
+def bench_tls(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    rows: Annotated[int, typer.Option(help="Rows per prediction (the candidates of one decision).")] = 8,
+    calls: Annotated[int, typer.Option(help="Timed calls per client and transport.")] = 3000,
+    first_calls: Annotated[int, typer.Option(help="New connections timed per transport.")] = 50,
+) -> None:
+    """What TLS costs a router's call to the predictor: plain and TLS services side by side, one run."""
+    from leadtime.bench.tls import TlsBenchOptions, print_report, run_tls_bench
+    from leadtime.predictor.client import PredictorError
+
+    if rows < 1 or calls < 100 or first_calls < 10:
+        _fail("--rows must be ≥ 1, --calls ≥ 100 and --first-calls ≥ 10")
+
+    def say(message: str) -> None:
+        if not json_out:
+            typer.echo(message, err=True)
+
+    try:
+        report = run_tls_bench(TlsBenchOptions(rows=rows, calls=calls, first_calls=first_calls), progress=say)
+    except ImportError as err:
+        _fail(f"bench tls makes a certificate with the `cryptography` package: {err} (pip install '.[test]')")
+    except (OSError, RuntimeError, PredictorError) as err:
         _fail(err)
     print_report(report, as_json=json_out)
 

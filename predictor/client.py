@@ -3,14 +3,18 @@
 Every call carries a deadline (`deadline_s`, overridable per call): a router must fall back to its heuristics
 rather than wait, so a slow or absent predictor raises `PredictorUnavailable` quickly and a refused request
 raises `PredictorError` with the service's message. Rows and observations may be llm-d/native dicts or
-`leadtime.features.rows` objects.
+`leadtime.features.rows` objects. Against a service that serves TLS (`leadtime serve --tls-cert`), the HTTP
+clients take an `https://` URL and the gRPC client `tls=True`; `ca_file` names the PEM bundle that signed the
+service's certificate when it is not one the system trusts (a private CA, a self-signed certificate).
 """
 
 from __future__ import annotations
 
 import functools
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,6 +61,42 @@ class BulkPredictions:
         )
 
 
+def tls_client_context(ca_file: str | Path | None = None) -> ssl.SSLContext:
+    """What a client verifies the service's certificate (and its host name) with: the CA bundle given, else the
+    system's trusted CAs. A bundle that cannot be read or holds no certificate is refused here, by its name, rather
+    than at the first call, where it would only show as a predictor that cannot be reached.
+
+    >>> tls_client_context().verify_mode == ssl.CERT_REQUIRED
+    True
+    >>> tls_client_context("/nonexistent/ca.pem")
+    Traceback (most recent call last):
+    ...
+    ValueError: CA file '/nonexistent/ca.pem': No such file or directory
+    """
+    try:
+        return ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+    except ssl.SSLError as err:
+        raise ValueError(f"CA file {str(ca_file)!r} holds no PEM certificate ({err.reason})") from None
+    except OSError as err:
+        raise ValueError(f"CA file {str(ca_file)!r}: {err.strerror}") from None
+
+
+def https_context(base_url: str, ca_file: str | Path | None = None) -> ssl.SSLContext | None:
+    """The TLS context of a client of `base_url`: None for a plain `http://` service, whose `ca_file` must then be
+    None too (a CA file given to a plain URL is a mistake that would otherwise pass unnoticed).
+
+    >>> https_context("http://127.0.0.1:8000") is None
+    True
+    >>> https_context("https://predictor:8443").check_hostname
+    True
+    """
+    if base_url.startswith("https://"):
+        return tls_client_context(ca_file)
+    if ca_file is not None:
+        raise ValueError(f"{base_url!r}: a CA file is for a service over TLS (https://)")
+    return None
+
+
 Row = Mapping[str, Any] | FeatureRow
 Obs = Mapping[str, Any] | Observation
 
@@ -82,15 +122,24 @@ class HttpPredictorClient:
         Default time budget of each call, connect included.
     api_token
         Sent as a Bearer token (needed on write paths when the service has one).
+    ca_file
+        With an `https://` URL: the PEM bundle to verify the service's certificate with (default: the system's).
     """
 
-    def __init__(self, base_url: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        api_token: str | None = None,
+        ca_file: str | Path | None = None,
+    ) -> None:
         import httpx
 
+        verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True  # True: httpx's default
         self._httpx = httpx
         headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
         self.deadline_s = deadline_s
-        self._client = httpx.Client(base_url=base_url, headers=headers, timeout=deadline_s)
+        self._client = httpx.Client(base_url=base_url, headers=headers, timeout=deadline_s, verify=verify)
 
     def _call(self, method: str, path: str, body: Any = None, deadline_s: float | None = None) -> Any:
         httpx = self._httpx
@@ -227,16 +276,34 @@ class GrpcPredictorClient:
         Default deadline of each call.
     api_token
         Sent as `authorization: Bearer <token>` metadata (needed by Observe when the service has one).
+    tls
+        Speak TLS (the service runs with `--tls-cert`); implied by `ca_file`.
+    ca_file
+        The PEM bundle to verify the service's certificate with (default: the system's trusted CAs).
     """
 
-    def __init__(self, target: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        api_token: str | None = None,
+        tls: bool = False,
+        ca_file: str | Path | None = None,
+    ) -> None:
         import grpc
 
         from leadtime.predictor.grpc import leadtime_pb2_grpc
 
         self._grpc = grpc
         self.deadline_s = deadline_s
-        self._channel = grpc.insecure_channel(target)
+        if ca_file is not None:
+            tls_client_context(ca_file)  # refused here by name; gRPC itself would only fail at the first call
+            roots = Path(ca_file).read_bytes()
+            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
+        elif tls:
+            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials())
+        else:
+            self._channel = grpc.insecure_channel(target)
         self._stub = leadtime_pb2_grpc.PredictorStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_token}"),) if api_token else ()
 

@@ -4,8 +4,6 @@ with `--requirepass` and `--tls-port` (Debian's build has TLS). The certificates
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import subprocess
 import sys
@@ -17,14 +15,11 @@ import grpc
 import httpx
 import pytest
 from conftest import require_redis_server
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from llmd_rows import llmd_row
 from redis_server import RedisServer, free_port
 
 from leadtime.bench.procs import Child
+from leadtime.bench.tls import self_signed
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
 from leadtime.predictor.store.redis_store import RedisStore
@@ -32,34 +27,6 @@ from leadtime.predictor.store.redis_store import RedisStore
 PASSWORD = "s3cret-p4ss"
 TOKEN = "write-token"
 ROW = llmd_row()
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, valid for a day, and its key (PEM files)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "leadtime-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return cert_path, key_path
 
 
 @pytest.fixture
@@ -90,20 +57,6 @@ def secure_redis(tmp_path: Path, certificate: tuple[Path, Path]) -> Iterator[tup
         server.stop()
 
 
-def _wait_https(url: str, context: ssl.SSLContext, child: Child, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if child.process.poll() is not None:
-            raise RuntimeError(child.output()[-3000:])
-        try:
-            if httpx.get(url, verify=context, timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer:\n{child.output()[-3000:]}")
-
-
 def test_serve_over_tls_with_redis_behind_a_password_and_tls(
     tmp_path: Path, certificate: tuple[Path, Path], secure_redis: tuple[RedisServer, str]
 ) -> None:
@@ -115,7 +68,7 @@ def test_serve_over_tls_with_redis_behind_a_password_and_tls(
     child = Child(args, tmp_path / "serve.log")
     context = ssl.create_default_context(cafile=str(cert))
     try:
-        _wait_https(f"https://127.0.0.1:{port}/readyz", context, child)
+        child.wait_until(f"https://127.0.0.1:{port}/readyz", verify=context)
         with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=10) as client:
             answer = client.post("/predict/bulk/strict", json={"requests": [ROW]})
             assert answer.status_code == 200 and answer.json()["predictions"][0]["ttft_ms"] > 0

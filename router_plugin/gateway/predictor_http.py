@@ -5,7 +5,8 @@ much as the service's answer; the gateway's whole budget is 2 ms. This client sp
 (`POST /v1/predict`, `POST /v1/observations`) over one persistent socket: a request is one `sendall`, the answer
 is read to its Content-Length, the rows are encoded with orjson. The deadline covers the whole call; a call that
 misses it closes the connection (its late answer must not be read as the next call's) and raises
-`PredictorUnavailable`, as the httpx client does.
+`PredictorUnavailable`, as the httpx client does. Given an `https://` URL it speaks TLS on that socket (the
+handshake once per connection, verified against the system's CAs or `ca_file`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,6 +27,7 @@ from leadtime.predictor.client import (
     PredictorError,
     PredictorUnavailable,
     Row,
+    https_context,
     observation_dict,
     row_dict,
 )
@@ -36,19 +39,28 @@ class LeanHttpPredictorClient:
     Parameters
     ----------
     base_url
-        e.g. "http://127.0.0.1:8000".
+        e.g. "http://127.0.0.1:8000", or "https://..." for a service over TLS.
     deadline_s
-        Default budget of each call, connecting included.
+        Default budget of each call, connecting (and the TLS handshake) included.
     api_token
         Sent as a Bearer token (the service's write paths need it when it has one).
+    ca_file
+        With an `https://` URL: the PEM bundle to verify the service's certificate with (default: the system's).
     """
 
-    def __init__(self, base_url: str, deadline_s: float = DEFAULT_DEADLINE_S, api_token: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        api_token: str | None = None,
+        ca_file: str | Path | None = None,
+    ) -> None:
         parts = urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"{base_url!r}: expected http://HOST:PORT")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{base_url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        self._tls = https_context(base_url, ca_file)
         self.host = parts.hostname
-        self.port = parts.port or 80
+        self.port = parts.port or (443 if self._tls else 80)
         self.prefix = parts.path.rstrip("/")
         self.deadline_s = deadline_s
         auth = f"Authorization: Bearer {api_token}\r\n" if api_token else ""
@@ -60,6 +72,12 @@ class LeanHttpPredictorClient:
         if self._sock is None:
             sock = socket.create_connection((self.host, self.port), timeout=max(until - time.monotonic(), 1e-3))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                try:
+                    sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+                except BaseException:
+                    sock.close()
+                    raise
             self._sock, self._pending = sock, b""
         return self._sock
 

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import httpx
 import numpy as np
 
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.predictor.artifact import ArtifactError
-from leadtime.predictor.client import DEFAULT_DEADLINE_S
+from leadtime.predictor.client import DEFAULT_DEADLINE_S, https_context
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorUnavailable
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
@@ -60,6 +62,8 @@ class PulledModel:
         Budget of one pull (the download and nothing else; loading is not bounded by it).
     api_token
         Sent as a Bearer token (the service does not need one to serve its model, but a proxy in front may).
+    ca_file
+        With an `https://` URL: the PEM bundle to verify the service's certificate with (default: the system's).
     """
 
     def __init__(
@@ -69,9 +73,10 @@ class PulledModel:
         interval_s: float = 1.0,
         timeout_s: float = 5.0,
         api_token: str | None = None,
+        ca_file: str | Path | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"{base_url!r}: expected http://HOST:PORT")
+            raise ValueError(f"{base_url!r}: expected http://HOST:PORT or https://HOST:PORT")
         if interval_s <= 0:
             raise ValueError("the pull interval must be > 0")
         self.url = base_url.rstrip("/") + "/v1/model"
@@ -79,6 +84,7 @@ class PulledModel:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
+        self._verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True  # True: httpx's default
         self.model: OnlinePredictor | None = None
         self.digest = ""
         self.pulled_at: float | None = None
@@ -134,7 +140,7 @@ class PulledModel:
         return None if self.pulled_at is None else time.monotonic() - self.pulled_at
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=self.timeout_s, headers=self._headers) as client:
+        with httpx.Client(timeout=self.timeout_s, headers=self._headers, verify=self._verify) as client:
             while not self._stop.is_set():
                 self.pull_once(client)
                 self._first.set()

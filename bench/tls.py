@@ -1,0 +1,180 @@
+"""`leadtime bench tls`: what TLS costs a router's call to the predictor, beside the same call in plain text.
+
+Two `leadtime serve` processes on loopback, the same build and settings, one serving TLS from a self-signed
+certificate made for the run and one plain. The calls are the ones `leadtime route` makes: a bulk prediction of
+`rows` candidates through the gateway's lean HTTP client (`--predictor-url`, one kept-alive connection), and the same
+through the gRPC client (`--predictor-grpc`). After a warm-up, blocks of sequential calls alternate between the two
+services, so a host that slows down or speeds up during the run touches both alike; the figures are p50 / p99 of
+each call and the TLS / plain ratio of each. The handshake is paid once per connection, so it is measured apart: a
+new lean client's first call (connect, handshake, call), `first_calls` times over.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from leadtime.bench.procs import Child, free_port
+from leadtime.bench.serving import load_entries, percentiles, prediction_rows, time_calls
+from leadtime.predictor.client import GrpcPredictorClient, tls_client_context
+from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+
+WARMUP_CALLS = 200
+
+
+@dataclass(frozen=True)
+class TlsBenchOptions:
+    rows: int = 8
+    calls: int = 3000
+    block: int = 100
+    first_calls: int = 50
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, valid for a day, and its key (PEM files in `directory`).
+
+    Needs the `cryptography` package (installed with Leadtime's test extras, as `make` does)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "leadtime-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+@dataclass
+class _Service:
+    url: str
+    grpc: str
+    child: Child
+
+
+def _start(workdir: Path, tls: tuple[Path, Path] | None) -> _Service:
+    port, grpc_port = free_port(), free_port()
+    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port)]
+    args += ["--accelerator", "h200-sxm", "--model", "qwen3-32b"]
+    if tls is not None:
+        args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+    name = "tls" if tls else "plain"
+    return _Service(
+        f"{'https' if tls else 'http'}://127.0.0.1:{port}",
+        f"127.0.0.1:{grpc_port}",
+        Child(args, workdir / f"{name}.log"),
+    )
+
+
+def run_tls_bench(
+    options: TlsBenchOptions = TlsBenchOptions(), progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Measure both transports side by side; the report as a dict (see the module's docstring)."""
+    say = progress or (lambda _message: None)
+    rows = prediction_rows(load_entries())[: options.rows]
+    with tempfile.TemporaryDirectory(prefix="leadtime-bench-tls-") as tmp:
+        workdir = Path(tmp)
+        cert, key = self_signed(workdir)
+        services = {"plain": _start(workdir, None), "tls": _start(workdir, (cert, key))}
+        try:
+            for name, service in services.items():
+                verify = tls_client_context(cert) if name == "tls" else True
+                service.child.wait_until(f"{service.url}/readyz", verify=verify)
+            ca = {"plain": None, "tls": cert}
+            http = {n: LeanHttpPredictorClient(s.url, deadline_s=5.0, ca_file=ca[n]) for n, s in services.items()}
+            grpc = {n: GrpcPredictorClient(s.grpc, deadline_s=5.0, ca_file=ca[n]) for n, s in services.items()}
+            callers = {
+                "http": {n: _predict_call(c, rows) for n, c in http.items()},
+                "grpc": {n: _predict_call(c, rows) for n, c in grpc.items()},
+            }
+            say("warming up")
+            for per_transport in callers.values():
+                for call in per_transport.values():
+                    time_calls(call, WARMUP_CALLS)
+            samples: dict[str, dict[str, list[float]]] = {p: {"plain": [], "tls": []} for p in callers}
+            blocks = max(1, options.calls // options.block)
+            for b in range(blocks):
+                say(f"block {b + 1}/{blocks}")
+                order = ("plain", "tls") if b % 2 == 0 else ("tls", "plain")
+                for protocol, per_transport in callers.items():
+                    for name in order:
+                        samples[protocol][name] += time_calls(per_transport[name], options.block)
+            first: dict[str, list[float]] = {"plain": [], "tls": []}
+            say("first calls")
+            for i in range(options.first_calls):
+                for name in ("plain", "tls") if i % 2 == 0 else ("tls", "plain"):
+
+                    def fresh(name: str = name) -> None:
+                        client = LeanHttpPredictorClient(services[name].url, deadline_s=5.0, ca_file=ca[name])
+                        try:
+                            client.predict(rows)
+                        finally:
+                            client.close()
+
+                    first[name] += time_calls(fresh, 1)
+            for lean in http.values():
+                lean.close()
+            for channel in grpc.values():
+                channel.close()
+        finally:
+            for service in services.values():
+                service.child.stop()
+    report: dict[str, Any] = {"rows": options.rows, "calls_per_transport": blocks * options.block}
+    for protocol, by_name in samples.items():
+        plain, tls = percentiles(by_name["plain"]), percentiles(by_name["tls"])
+        report[protocol] = {"plain": plain, "tls": tls, "tls_over_plain": _ratio(tls, plain)}
+    plain, tls = percentiles(first["plain"]), percentiles(first["tls"])
+    report["first_call"] = {"plain": plain, "tls": tls, "tls_over_plain": _ratio(tls, plain), "n": options.first_calls}
+    return report
+
+
+def _predict_call(
+    client: LeanHttpPredictorClient | GrpcPredictorClient, rows: list[dict[str, Any]]
+) -> Callable[[], None]:
+    def call() -> None:
+        client.predict(rows)
+
+    return call
+
+
+def _ratio(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: round(a[k] / b[k], 2) for k in a}
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"a prediction of {report['rows']} rows, {report['calls_per_transport']} calls per client and transport")
+    for key, label in (("http", "lean HTTP client"), ("grpc", "gRPC client"), ("first_call", "new connection")):
+        part = report[key]
+        p, t, r = part["plain"], part["tls"], part["tls_over_plain"]
+        plain = f"plain {p['p50_ms']:.3f} / {p['p99_ms']:.3f} ms"
+        tls = f"TLS {t['p50_ms']:.3f} / {t['p99_ms']:.3f} ms"
+        print(f"  {label:18} {plain}   {tls}   ratio {r['p50_ms']:.2f} / {r['p99_ms']:.2f}  (p50 / p99)")

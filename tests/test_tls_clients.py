@@ -1,0 +1,178 @@
+"""The clients that ship, against a real `leadtime serve` over TLS (a certificate made at test time): the gateway's
+lean HTTP client, the httpx and gRPC clients, the gateway's model pull, and `leadtime route` itself routing with a
+predictor reached over HTTPS."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from llmd_rows import llmd_row
+
+from leadtime.bench.procs import Child, Route, SimFleet, free_port
+from leadtime.bench.tls import TlsBenchOptions, run_tls_bench, self_signed
+from leadtime.predictor.client import (
+    GrpcPredictorClient,
+    HttpPredictorClient,
+    PredictorUnavailable,
+    tls_client_context,
+)
+from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+from leadtime.router_plugin.gateway.pulled import PulledModel
+
+TOKEN = "tls-token"
+ROW = llmd_row()
+FLEET = {"name": "one", "pools": [{"name": "h100", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}]}
+
+
+@dataclass
+class TlsService:
+    url: str
+    grpc: str
+    cert: Path
+    child: Child
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsService]:
+    workdir = tmp_path_factory.mktemp("tls")
+    cert, key = self_signed(workdir)
+    port, grpc_port = free_port(), free_port()
+    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port)]
+    args += ["--api-token", TOKEN, "--tls-cert", str(cert), "--tls-key", str(key)]
+    child = Child(args, workdir / "serve.log")
+    url = f"https://127.0.0.1:{port}"
+    try:
+        child.wait_until(f"{url}/readyz", verify=tls_client_context(cert))
+        yield TlsService(url, f"127.0.0.1:{grpc_port}", cert, child)
+    finally:
+        child.stop()
+
+
+def _observation() -> dict[str, object]:
+    return {**ROW, "actual_ttft_ms": 150.0, "actual_tpot_ms": 25.0}
+
+
+def test_every_client_predicts_and_reports_over_tls(service: TlsService) -> None:
+    lean = LeanHttpPredictorClient(service.url, deadline_s=10, api_token=TOKEN, ca_file=service.cert)
+    try:
+        assert lean.predict([ROW]).ttft_mean_ms[0] > 0
+        assert lean.observe([_observation()]) == 1
+        assert lean.predict([ROW, ROW]).tpot_mean_ms.shape == (2,)  # the same TLS connection, kept alive
+    finally:
+        lean.close()
+    with HttpPredictorClient(service.url, deadline_s=10, api_token=TOKEN, ca_file=service.cert) as client:
+        assert client.predict([ROW]).ttft_quantile_ms[0] > 0
+    with GrpcPredictorClient(service.grpc, deadline_s=10, api_token=TOKEN, ca_file=service.cert) as grpc_client:
+        assert grpc_client.status()["is_ready"]
+        assert grpc_client.predict([ROW]).ttft_mean_ms[0] > 0
+        assert grpc_client.observe([_observation()]) == 1
+
+
+def test_a_certificate_the_client_does_not_trust_is_refused_as_unavailable(service: TlsService) -> None:
+    lean = LeanHttpPredictorClient(service.url, deadline_s=10)  # the system's CAs: a self-signed one is not among them
+    with pytest.raises(PredictorUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+        lean.predict([ROW])
+    plain = LeanHttpPredictorClient(service.url.replace("https://", "http://"), deadline_s=2)
+    with pytest.raises(PredictorUnavailable, match="transport"):
+        plain.predict([ROW])  # plain HTTP to a TLS port: refused, not a hang
+    with (
+        GrpcPredictorClient(service.grpc, deadline_s=5, tls=True) as grpc_client,
+        pytest.raises(PredictorUnavailable, match="UNAVAILABLE"),
+    ):
+        grpc_client.status()
+
+
+def test_the_gateway_pulls_the_model_over_tls(service: TlsService) -> None:
+    observer = LeanHttpPredictorClient(service.url, deadline_s=10, api_token=TOKEN, ca_file=service.cert)
+    pulled = PulledModel(service.url, observer, interval_s=60.0, ca_file=service.cert)
+    pulled.start()
+    try:
+        assert pulled.predict([], deadline_s=30).model_version >= 0  # waits for the first pull
+        assert pulled.pulls["new"] == 1 and pulled.model is not None
+    finally:
+        pulled.stop()
+        observer.close()
+
+
+def test_a_ca_file_is_checked_when_the_client_is_made(tmp_path: Path, service: TlsService) -> None:
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    for make in (
+        lambda: LeanHttpPredictorClient(service.url, ca_file=not_pem),
+        lambda: HttpPredictorClient(service.url, ca_file=not_pem),
+        lambda: GrpcPredictorClient(service.grpc, ca_file=not_pem),
+        lambda: PulledModel(service.url, LeanHttpPredictorClient(service.url), ca_file=not_pem),
+    ):
+        with pytest.raises(ValueError, match="holds no PEM certificate"):
+            make()
+    plain_url = service.url.replace("https://", "http://")
+    with pytest.raises(ValueError, match="a CA file is for a service over TLS"):
+        LeanHttpPredictorClient(plain_url, ca_file=service.cert)
+    with pytest.raises(ValueError, match="a CA file is for a service over TLS"):
+        HttpPredictorClient(plain_url, ca_file=service.cert)
+
+
+def _route_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "leadtime", "route", "--endpoint", "127.0.0.1:9", "--port", str(free_port())]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--predictor-url", "https://127.0.0.1:9", "--predictor-ca", "/nonexistent.pem"], "--predictor-ca: CA file"),
+        (["--predictor-url", "http://127.0.0.1:9", "--predictor-tls"], "TLS is an https:// --predictor-url"),
+        (["--predictor-url", "http://127.0.0.1:9", "--predictor-ca", "CERT"], "a CA file is for a service over TLS"),
+        (["--embedded", "--predictor-tls"], "are for a predictor service"),
+    ],
+)
+def test_route_names_a_tls_option_that_cannot_work(service: TlsService, args: list[str], message: str) -> None:
+    done = _route_cli(*[str(service.cert) if a == "CERT" else a for a in args])
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_route_predicts_with_a_service_over_tls(tmp_path: Path, service: TlsService) -> None:
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(yaml.safe_dump(FLEET))
+    fleet = SimFleet(fleet_file, tmp_path)
+    args = ["--discovery", str(fleet.endpoints_file), "--api-token", TOKEN]
+    route = Route(tmp_path, [*args, "--predictor-url", service.url, "--predictor-ca", str(service.cert)])
+    try:
+        route.wait()
+        learned = httpx.get(f"{service.url}/v1/status", verify=tls_client_context(service.cert)).json()["learned"]
+        body = {"prompt": "tell me a story " * 20, "max_tokens": 4, "stream": True}
+        for _ in range(3):
+            with httpx.stream("POST", f"{route.url}/v1/completions", json=body, timeout=60) as response:
+                assert response.status_code == 200 and response.read().endswith(b"data: [DONE]\n\n")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{service.url}/v1/status", verify=tls_client_context(service.cert)).json()
+            if status["learned"]["ttft"] >= learned["ttft"] + 3:
+                break
+            time.sleep(0.2)
+        assert status["learned"]["ttft"] >= learned["ttft"] + 3  # the observations went over TLS too
+        assert route.metric("leadtime_router_fallbacks_total", reason="unavailable") == 0
+        assert route.metric("leadtime_router_ttft_seconds_count", kind="predicted") >= 1
+    finally:
+        route.child.stop()
+        fleet.stop()
+
+
+def test_bench_tls_reports_both_transports_side_by_side() -> None:
+    report = run_tls_bench(TlsBenchOptions(rows=2, calls=100, block=50, first_calls=10))
+    assert report["rows"] == 2 and report["calls_per_transport"] == 100
+    for part in ("http", "grpc", "first_call"):
+        figures = report[part]
+        for transport in ("plain", "tls"):
+            assert 0 < figures[transport]["p50_ms"] <= figures[transport]["p99_ms"]
+        ratio = figures["tls"]["p50_ms"] / figures["plain"]["p50_ms"]
+        assert figures["tls_over_plain"]["p50_ms"] == pytest.approx(ratio, abs=0.01)
