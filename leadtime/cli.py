@@ -607,6 +607,10 @@ def route(
     api_token: Annotated[
         str | None, typer.Option(envvar="LEADTIME_API_TOKEN", help="Bearer token for the predictor's write paths.")
     ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate (chain): serve the gateway's API over HTTPS.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM key of --tls-cert.")] = None,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
     from leadtime.features.catalog import get_accelerator, get_model
@@ -637,6 +641,8 @@ def route(
             tls_client_context(predictor_ca)
         except ValueError as err:
             _fail(f"--predictor-ca: {err}")
+    if (tls_cert is None) != (tls_key is None):
+        _fail("--tls-cert and --tls-key go together: give both, or neither")
     if policy and policy not in PLAIN_POLICIES:
         _fail(f"--policy must be one of {', '.join(PLAIN_POLICIES)}, got {policy!r}")
     if not 1 <= port <= 65535:
@@ -724,7 +730,7 @@ def route(
     from leadtime.router_plugin.gateway.serve import serve_gateway
 
     try:
-        serve_gateway(gateway)
+        serve_gateway(gateway, (tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None)
     except OSError as err:
         _fail(err)
 

@@ -1,6 +1,6 @@
 """The clients that ship, against a real `leadtime serve` over TLS (a certificate made at test time): the gateway's
-lean HTTP client, the httpx and gRPC clients, the gateway's model pull, and `leadtime route` itself routing with a
-predictor reached over HTTPS."""
+lean HTTP client, the httpx and gRPC clients, the gateway's model pull, and `leadtime route` itself serving HTTPS
+and routing with a predictor reached over HTTPS."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pytest
 import yaml
 from llmd_rows import llmd_row
 
-from leadtime.bench.procs import Child, Route, SimFleet, free_port
+from leadtime.bench.procs import Child, SimFleet, free_port
 from leadtime.bench.tls import TlsBenchOptions, run_tls_bench, self_signed
+from leadtime.features.vllm_metrics import parse_samples
 from leadtime.predictor.client import (
     GrpcPredictorClient,
     HttpPredictorClient,
@@ -140,31 +141,55 @@ def test_route_names_a_tls_option_that_cannot_work(service: TlsService, args: li
     assert "Traceback" not in done.stderr
 
 
-def test_route_predicts_with_a_service_over_tls(tmp_path: Path, service: TlsService) -> None:
+def test_route_serves_https_and_predicts_with_a_service_over_tls(tmp_path: Path, service: TlsService) -> None:
+    """A client reaches the gateway over HTTPS, and the gateway its predictor over HTTPS (the same test CA)."""
     fleet_file = tmp_path / "fleet.yaml"
     fleet_file.write_text(yaml.safe_dump(FLEET))
     fleet = SimFleet(fleet_file, tmp_path)
-    args = ["--discovery", str(fleet.endpoints_file), "--api-token", TOKEN]
-    route = Route(tmp_path, [*args, "--predictor-url", service.url, "--predictor-ca", str(service.cert)])
+    trust = tls_client_context(service.cert)
+    port = free_port()
+    args = ["route", "--port", str(port), "--discovery", str(fleet.endpoints_file), "--api-token", TOKEN]
+    args += ["--predictor-url", service.url, "--predictor-ca", str(service.cert)]
+    args += ["--tls-cert", str(service.cert), "--tls-key", str(service.cert.with_name("key.pem"))]
+    route = Child(args, tmp_path / "route.log")
+    url = f"https://127.0.0.1:{port}"
     try:
-        route.wait()
-        learned = httpx.get(f"{service.url}/v1/status", verify=tls_client_context(service.cert)).json()["learned"]
+        route.wait_until(f"{url}/readyz", verify=trust)
+        learned = httpx.get(f"{service.url}/v1/status", verify=trust).json()["learned"]
         body = {"prompt": "tell me a story " * 20, "max_tokens": 4, "stream": True}
         for _ in range(3):
-            with httpx.stream("POST", f"{route.url}/v1/completions", json=body, timeout=60) as response:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60, verify=trust) as response:
                 assert response.status_code == 200 and response.read().endswith(b"data: [DONE]\n\n")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            status = httpx.get(f"{service.url}/v1/status", verify=tls_client_context(service.cert)).json()
+            status = httpx.get(f"{service.url}/v1/status", verify=trust).json()
             if status["learned"]["ttft"] >= learned["ttft"] + 3:
                 break
             time.sleep(0.2)
         assert status["learned"]["ttft"] >= learned["ttft"] + 3  # the observations went over TLS too
-        assert route.metric("leadtime_router_fallbacks_total", reason="unavailable") == 0
-        assert route.metric("leadtime_router_ttft_seconds_count", kind="predicted") >= 1
+        metrics = parse_samples(httpx.get(f"{url}/metrics", verify=trust).text)
+        assert (
+            sum(v for labels, v in metrics["leadtime_router_fallbacks_total"] if labels["reason"] == "unavailable") == 0
+        )
+        predicted = metrics["leadtime_router_ttft_seconds_count"]
+        assert sum(v for labels, v in predicted if labels.get("kind") == "predicted") >= 1
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)  # plain HTTP to the TLS port
     finally:
-        route.child.stop()
+        route.stop()
         fleet.stop()
+
+
+def test_route_refuses_tls_files_that_cannot_serve(tmp_path: Path) -> None:
+    not_pem = tmp_path / "cert.pem"
+    not_pem.write_text("not a certificate\n")
+    for args, message in (
+        (["--tls-cert", str(not_pem)], "--tls-cert and --tls-key go together"),
+        (["--tls-cert", str(not_pem), "--tls-key", str(not_pem)], "are not a PEM certificate and its unencrypted"),
+    ):
+        done = _route_cli("--policy", "round-robin", *args)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_bench_tls_reports_both_transports_side_by_side() -> None:

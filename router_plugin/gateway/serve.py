@@ -11,6 +11,7 @@ from typing import Any
 import uvicorn
 
 from leadtime.predictor.service.ports import probe_bind
+from leadtime.predictor.service.serve import check_tls_files
 from leadtime.router_plugin.client import PredictorClient
 from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
@@ -102,13 +103,16 @@ def build_gateway(
     return gateway
 
 
-def serve_gateway(gateway: Gateway) -> None:
-    """Serve until interrupted; an OSError naming the address when it cannot be listened on.
+def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> None:
+    """Serve until interrupted, over TLS from `tls` (a PEM certificate chain and its key) when given; an OSError in
+    one line when the address cannot be listened on or the TLS files are not a certificate and its key.
 
     The interpreter's thread switch interval is shortened from 5 ms to 0.5 ms: when the decision thread's
     predictor answer arrives while the event loop is busy, it waits at most that long for the interpreter.
     """
     settings = gateway.settings
+    if tls is not None:
+        check_tls_files(*tls)
     probe_bind(settings.host, settings.port)  # before uvicorn, which would log a failure and exit 3
     sys.setswitchinterval(0.0005)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -123,5 +127,7 @@ def serve_gateway(gateway: Gateway) -> None:
         http="httptools",
         server_header=False,  # the endpoint's own date and server headers are passed through
         date_header=False,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     uvicorn.Server(config).run()
