@@ -9,6 +9,7 @@ share of rows whose actual is at or below the upper-quantile prediction.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -361,6 +362,16 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def _figure(value: float) -> str:
+    """A figure of the human-readable report; "–" where there was nothing to measure (no rows of that target)."""
+    return "–" if math.isnan(value) else f"{value:.3f}"
+
+
+def _coverage_range(r: dict[str, float], kind: str) -> str:
+    low, high = r[f"{kind}_p90_coverage_by_load_min"], r[f"{kind}_p90_coverage_by_load_max"]
+    return "–" if math.isnan(low) else f"{low:.3f}–{high:.3f}"
+
+
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(json_safe(report), indent=2, allow_nan=False))
@@ -368,30 +379,28 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
     table = Table(title=f"accuracy on {report['data']['path']} ({report['data']['rows']} rows)")
     for column in ("model", "target", "preq MAPE", "2nd-half MAPE", "preq p90 cov", "split MAPE", "split p90 cov"):
         table.add_column(column)
+    columns = (
+        "prequential_mape",
+        "prequential_mape_second_half",
+        "prequential_p90_coverage",
+        "split_mape",
+        "split_p90_coverage",
+    )
     for m in MODELS:
         for t in TARGETS:
-            r = report[m][t]
-            table.add_row(
-                m,
-                t,
-                f"{r['prequential_mape']:.3f}",
-                f"{r['prequential_mape_second_half']:.3f}",
-                f"{r['prequential_p90_coverage']:.3f}",
-                f"{r['split_mape']:.3f}",
-                f"{r['split_p90_coverage']:.3f}",
-            )
+            table.add_row(m, t, *(_figure(report[m][t][c]) for c in columns))
     console = Console()
     console.print(table)
     for t in TARGETS:
         r = report["leadtime"][t]
         console.print(
             f"Leadtime {t} p90 coverage in the low and high halves of each load feature: prequential "
-            f"{r['prequential_p90_coverage_by_load_min']:.3f}–{r['prequential_p90_coverage_by_load_max']:.3f}, "
-            f"split {r['split_p90_coverage_by_load_min']:.3f}–{r['split_p90_coverage_by_load_max']:.3f}"
+            f"{_coverage_range(r, 'prequential')}, split {_coverage_range(r, 'split')}"
         )
     s = report["speed"]
+    batch = s["learn_batch_per_s"]
     console.print(
         f"predict 100 rows: p50 {s['predict_100_us_p50']:.0f} µs, p99 {s['predict_100_us_p99']:.0f} µs; "
         f"learn one: p50 {s['learn_one_us_p50']:.1f} µs ({s['learn_one_per_s']:.0f}/s); "
-        f"learn in batches of 1,000: {s['learn_batch_per_s']:.0f}/s"
+        f"learn in batches of 1,000: {'– (under 1,000 rows)' if math.isnan(batch) else f'{batch:.0f}/s'}"
     )

@@ -70,6 +70,20 @@ def test_accuracy_refuses_a_file_too_short_or_a_delay_past_its_end(small_trace: 
     assert result.exit_code == 2 and "--label-delay 400 is not below the 400 rows" in result.output
 
 
+def test_accuracy_on_a_file_of_one_target_prints_dashes_not_nan(tmp_path: Path) -> None:
+    """A file of TPOT rows only printed "nan" in every TTFT cell and "learn in batches of 1,000: nan/s"."""
+    tpot_only = tmp_path / "tpot.jsonl"
+    lines = [line for line in TRACE.read_text().splitlines() if json.loads(line)["actual_tpot_ms"] > 0][:300]
+    tpot_only.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(tpot_only), "--seeds", "1"])
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.output.split())  # as one line, wherever the console wrapped it
+    assert "nan" not in printed.lower()
+    assert "prequential –, split –" in printed and "learn in batches of 1,000: – (under 1,000 rows)" in printed
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(tpot_only), "--seeds", "1", "--json"])
+    assert json.loads(result.stdout)["leadtime"]["ttft"]["prequential_mape"] is None
+
+
 def test_coldstart_beats_the_reference_on_a_class_it_never_saw() -> None:
     # 800 observations per seen class: with 400, the two models' TPOT on the first 50 rows were within 2-5% of
     # each other (0.174-0.187 against 0.178 MAPE, seed 1), too close to tell apart on so little data.
