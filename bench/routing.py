@@ -49,6 +49,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "leadtime_in_turn": FLEETS,
     "leadtime_overflow_timesliced": ("timesliced",),
     "leadtime_hold": FLEETS,
+    "leadtime_x4": FLEETS,
+    "leadtime_x4_shared": FLEETS,
 }
 """Leadtime with an option that is off by default, run only when asked for by `--policy`."""
 LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS, *VARIANTS)

@@ -607,6 +607,16 @@ def route(
     api_token: Annotated[
         str | None, typer.Option(envvar="LEADTIME_API_TOKEN", help="Bearer token for the predictor's write paths.")
     ] = None,
+    replicas_redis: Annotated[
+        str | None,
+        typer.Option(
+            help="Redis through which several gateway replicas tell each other what they send "
+            "(redis://HOST:PORT/DB, rediss:// for TLS)."
+        ),
+    ] = None,
+    replicas_group: Annotated[
+        str, typer.Option(help="With --replicas-redis: the replicas of one fleet share one group name.")
+    ] = "default",
     tls_cert: Annotated[
         Path | None, typer.Option(help="PEM certificate (chain): serve the gateway's API over HTTPS.")
     ] = None,
@@ -641,6 +651,10 @@ def route(
             tls_client_context(predictor_ca)
         except ValueError as err:
             _fail(f"--predictor-ca: {err}")
+    if replicas_redis is not None and not replicas_redis.startswith(("redis://", "rediss://", "unix://")):
+        _fail(f"--replicas-redis: expected redis://HOST:PORT/DB (or rediss://, unix://), got {replicas_redis!r}")
+    if not replicas_group or not replicas_group.isprintable() or " " in replicas_group:
+        _fail("--replicas-group: expected a name without spaces")
     if (tls_cert is None) != (tls_key is None):
         _fail("--tls-cert and --tls-key go together: give both, or neither")
     if policy and policy not in PLAIN_POLICIES:
@@ -682,6 +696,8 @@ def route(
         timeslice_file=timeslice_file,
         timeslice_url=timeslice_url,
         settings=settings,
+        replicas_redis=replicas_redis,
+        replicas_group=replicas_group,
     )
     try:
         wanted = needs_predictor(options)

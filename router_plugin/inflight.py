@@ -40,6 +40,20 @@ class Sent:
     ready_ms: float = 0.0  # P/D decode side: when its prefill was expected done (its transfer can start)
     transfer_ms: float = 0.0  # P/D decode side: how long its KV transfer takes on the link
 
+    def shifted(self, offset_ms: float) -> Sent:
+        """The same send on a clock `offset_ms` ahead: its times move, the transfer's duration does not.
+
+        >>> s = Sent("r", 100.0, 0, 10, kv_arrival_ms=300.0, ready_ms=200.0, transfer_ms=50.0).shifted(1000.0)
+        >>> s.sent_ms, s.kv_arrival_ms, s.ready_ms, s.transfer_ms
+        (1100.0, 1300.0, 1200.0, 50.0)
+        """
+        return dataclasses.replace(
+            self,
+            sent_ms=self.sent_ms + offset_ms,
+            kv_arrival_ms=self.kv_arrival_ms + offset_ms,
+            ready_ms=self.ready_ms + offset_ms,
+        )
+
 
 @dataclass
 class _Endpoint:

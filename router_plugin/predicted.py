@@ -45,9 +45,10 @@ from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
 from leadtime.features.vectorize import Vectorizer
 from leadtime.router_plugin.client import PredictorClient, PredictorError
-from leadtime.router_plugin.decoding import DecodingLedger, decode_harm
+from leadtime.router_plugin.decoding import decode_harm
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy, WeightedScorer
-from leadtime.router_plugin.inflight import InflightLedger, Sent
+from leadtime.router_plugin.inflight import Sent
+from leadtime.router_plugin.ledgers import RouterLedgers
 from leadtime.router_plugin.pairs import PairPredictions, choose_pair
 from leadtime.router_plugin.policy import (
     Candidate,
@@ -256,8 +257,8 @@ class LeadtimePolicy:
         self.deadline_s = deadline_s
         self.counters = PolicyCounters()
         self._rng = random.Random(config.seed)
-        self._ledger = InflightLedger()
-        self._decoding = DecodingLedger()
+        self.ledgers = RouterLedgers()
+        """What this router has in flight; a gateway replica sets its `outbox` to tell the other replicas."""
         self._vectorizer = Vectorizer()  # for the roofline prefill time the decode harm is weighed by
         self._residency = ResidencyTracker(config.serving_job)
         self._decisions: dict[str, _Decision] = {}
@@ -301,7 +302,7 @@ class LeadtimePolicy:
     def _state(self, c: Candidate, away: bool, now_ms: float) -> EndpointState:
         state = c.state
         if self.config.inflight:
-            state = self._ledger.adjusted(state, c.published_ms)
+            state = self.ledgers.inflight.adjusted(state, c.published_ms)
         changes: dict[str, Any] = {}
         if not self.config.hardware and state.accelerator != BLIND_ACCELERATOR:
             changes["accelerator"] = BLIND_ACCELERATOR
@@ -389,7 +390,7 @@ class LeadtimePolicy:
         """`scores` weighed by what the request's prefill takes from the requests decoding on each candidate."""
         if not self.config.decode_harm or float(scores.max()) < FEASIBLE:
             return scores
-        in_flight = self._decoding.inverse_slo_sums([c.endpoint_id for c in s.candidates])
+        in_flight = self.ledgers.decoding.inverse_slo_sums([c.endpoint_id for c in s.candidates])
         if not in_flight.any():
             return scores
         harm = decode_harm(self._vectorizer.own_prefill_ms(s.rows), self._output_tokens, in_flight)
@@ -491,12 +492,12 @@ class LeadtimePolicy:
             return chosen
         if self.config.decode_harm and request.tpot_slo_ms is not None:  # only the weighing reads them
             decodes_on = chosen.decode_endpoint_id or chosen.endpoint_id
-            self._decoding.record(decodes_on, request.request_id, request.tpot_slo_ms)
+            self.ledgers.record_decoding(decodes_on, request.request_id, request.tpot_slo_ms)
         return chosen
 
     def _record_prefill(self, endpoint_id: str, request: RouteRequest, row: FeatureRow) -> None:
         """`request`, scored on `row`, was sent to `endpoint_id` to be prefilled there."""
-        self._ledger.record_prefill(
+        self.ledgers.record_prefill(
             endpoint_id, Sent(request.request_id, request.arrival_ms, row.request.uncached_tokens, request.input_tokens)
         )
 
@@ -597,7 +598,7 @@ class LeadtimePolicy:
             busy = d.tpot > config.local_prefill_itl_share * request.tpot_slo_ms
             local_ttft, local_mean = np.where(busy, np.inf, local.ttft), np.where(busy, np.inf, local.ttft_mean)
         link_free = np.array(
-            [self._ledger.link_free_ms(c.endpoint_id, now) if config.inflight else now for c in decode]
+            [self.ledgers.inflight.link_free_ms(c.endpoint_id, now) if config.inflight else now for c in decode]
         )
         transfer = self._transfer_ms(request, decode)
         overflow = self._overflow()
@@ -651,7 +652,7 @@ class LeadtimePolicy:
         prefill_done = now + float(p.ttft_mean[choice.prefill])
         kv_arrival = max(prefill_done, float(link_free[choice.decode])) + choice.transfer_ms
         self._record_prefill(pre.endpoint_id, request, row)
-        self._ledger.record_decode(
+        self.ledgers.record_decode(
             dec.endpoint_id,
             Sent(
                 request.request_id,
@@ -689,13 +690,11 @@ class LeadtimePolicy:
 
     def abandon(self, request_id: str) -> None:
         """The request will not complete where it was sent (it failed, or was retried elsewhere): forget it."""
-        self._ledger.complete(request_id)
-        self._decoding.complete(request_id)
+        self.ledgers.complete(request_id)
         self._decisions.pop(request_id, None)
 
     def observe(self, outcome: Outcome) -> None:
-        self._ledger.complete(outcome.request_id)
-        self._decoding.complete(outcome.request_id)
+        self.ledgers.complete(outcome.request_id)
         self._last_heard[outcome.endpoint_id] = outcome.completed_ms
         if outcome.decode_endpoint_id is not None:
             self._last_heard[outcome.decode_endpoint_id] = outcome.completed_ms

@@ -18,6 +18,7 @@ from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.simulator.fleet import Fleet
+from leadtime.simulator.replicas import ReplicatedPolicy
 
 LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
     "leadtime": {},
@@ -30,6 +31,10 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
     "leadtime_hold": {"hold_slo_multiple": 1.0},
     "leadtime_overflow_timesliced": {},  # and the switches its fleet gives it (FLEET_SWITCHES)
 }
+
+
+REPLICATED_POLICIES: dict[str, tuple[int, bool]] = {"leadtime_x4": (4, False), "leadtime_x4_shared": (4, True)}
+"""Leadtime as four gateway replicas beside one predictor: (replicas, whether they share their ledgers)."""
 
 
 def timesliced_endpoints(fleet: Fleet) -> tuple[str, ...]:
@@ -54,6 +59,21 @@ def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
     return LeadtimePolicy(InProcessPredictor(learner, learner.config.quantile), config)
 
 
+def replicated_policy(name: str, fleet: Fleet, seed: int = 0) -> ReplicatedPolicy:
+    """Leadtime routed by several replicas over one cold-started predictor (see `simulator.replicas`)."""
+    count, shared = REPLICATED_POLICIES[name]
+    first = fleet.endpoints[0]
+    learner = OnlinePredictor(
+        LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
+    )
+    client = InProcessPredictor(learner, learner.config.quantile)
+    replicas = [
+        LeadtimePolicy(client, LeadtimeConfig(name=name, kv_link_gb_s=fleet.kv_link_gb_s, seed=seed + i))
+        for i in range(count)
+    ]
+    return ReplicatedPolicy(replicas, shared, name)
+
+
 def llmd_predicted_policy(fleet: Fleet, seed: int = 0) -> LlmdPredictedPolicy:
     """llm-d's predicted-latency router over llm-d's predictor as published, cold, retrained every 10 s."""
     return LlmdPredictedPolicy(LlmdReference(retrain_every=None, seed=seed), seed=seed)
@@ -63,5 +83,6 @@ def learning_factories(fleet: Fleet, seed: int) -> dict[str, Callable[[], Routin
     factories: dict[str, Callable[[], RoutingPolicy]] = {
         name: partial(leadtime_policy, name, fleet, seed) for name in LEADTIME_POLICIES
     }
+    factories.update({name: partial(replicated_policy, name, fleet, seed) for name in REPLICATED_POLICIES})
     factories["llmd_predicted"] = partial(llmd_predicted_policy, fleet, seed)
     return factories

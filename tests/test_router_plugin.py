@@ -610,8 +610,9 @@ def test_pd_policy_learns_prefill_ttft_without_the_transfer_and_itl_on_the_decod
     pick = policy.pick(req("r", tokens=4000), candidates)
     assert (pick.endpoint_id, pick.decode_endpoint_id) == ("p0", "d1")
     assert pick.row is not None and pick.decode_row is not None and pick.decode_row.endpoint.role == "decode"
-    ready = policy._ledger._endpoints["d1"].decode["r"].ready_ms
-    assert policy._ledger.link_free_ms("d1", ready) > ready  # once r's prefill is done its transfer holds d1's link
+    ready = policy.ledgers.inflight._endpoints["d1"].decode["r"].ready_ms
+    # once r's prefill is done its transfer holds d1's link
+    assert policy.ledgers.inflight.link_free_ms("d1", ready) > ready
     policy.observe(Outcome("r", "p0", "d1", ttft_ms=700.0, itl_ms=15.0, output_tokens=50, completed_ms=2000.0))
     prefill_obs, decode_obs = model.told
     assert prefill_obs.row == pick.row and 0 < prefill_obs.actual_ttft_ms < 700.0 and prefill_obs.actual_tpot_ms == 0
@@ -625,7 +626,7 @@ def test_pd_policy_learns_prefill_ttft_without_the_transfer_and_itl_on_the_decod
     assert decode_obs.row == pick.decode_row and decode_obs.actual_tpot_ms == 15.0 and decode_obs.actual_ttft_ms == 0
     assert decode_obs.predicted_tpot_ms is not None
     assert decode_obs.predicted_tpot_quantile_ms == pytest.approx(1.2 * decode_obs.predicted_tpot_ms)
-    assert policy._ledger.link_free_ms("d1", ready) == ready  # completed: nothing of r is left in flight
+    assert policy.ledgers.inflight.link_free_ms("d1", ready) == ready  # completed: nothing of r is left in flight
 
 
 # ------------------------------------------------------------------------------ time-slicing

@@ -40,10 +40,12 @@ from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, 
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPredictor
+from leadtime.router_plugin.gateway.replicas import ReplicaSync, WorkEvent
 from leadtime.router_plugin.gateway.requests import BadRequest, ParsedRequest, parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.gateway.upstream import Response, UpstreamError, Upstreams
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
+from leadtime.router_plugin.ledgers import LedgerEvent, RouterLedgers
 from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, RoutingPolicy
 from leadtime.router_plugin.scrape import EndpointScrape, Scraper, monotonic_ms
 from leadtime.router_plugin.timeslice import TimesliceSource
@@ -195,6 +197,38 @@ class Gateway:
             self.attach_timeslice(timeslice)
         self._abandon = getattr(policy, "abandon", None)
         self._started_ms = self.clock()
+        self.replicas: ReplicaSync | None = None
+
+    def attach_replicas(self, sync: ReplicaSync) -> None:
+        """Share what this gateway sends with the other replicas of its group (`replicas.ReplicaSync`): its policy's
+        ledgers and its tokens-in-flight tracker, both ways."""
+        self.replicas = sync
+        ledgers = getattr(self.policy, "ledgers", None)
+        if isinstance(ledgers, RouterLedgers):
+            ledgers.outbox = sync.publish
+
+    def apply_replica_event(self, event: LedgerEvent | WorkEvent) -> None:
+        """On the event loop: another replica's change, applied where this gateway's own would be."""
+        if isinstance(event, WorkEvent):
+            self._apply_work(event)
+            return
+        ledgers = getattr(self.policy, "ledgers", None)
+        if isinstance(ledgers, RouterLedgers):
+            self._policy_call(ledgers.apply, event)
+
+    def _apply_work(self, event: WorkEvent) -> None:
+        if event.kind == "work_start" and event.active is not None:
+            self.work.start(event.request_id, event.active)
+        elif event.kind == "work_first":
+            self.work.first_token(event.request_id, event.generated)
+        elif event.kind == "work_finish":
+            self.work.finish(event.request_id)
+
+    def _work(self, event: WorkEvent) -> None:
+        """A change of this gateway's own tokens-in-flight tracker, shared with the other replicas."""
+        self._apply_work(event)
+        if self.replicas is not None:
+            self.replicas.publish(event)
 
     def attach_timeslice(self, source: Any) -> None:
         """Read time-slice group states from `source` (its `poll` is called on an interval); a policy that
@@ -212,6 +246,8 @@ class Gateway:
         self._tasks.append(loop.create_task(self._watch_discovery()))
         if self.timeslice is not None:
             self._tasks.append(loop.create_task(self._watch_timeslice()))
+        if self.replicas is not None:
+            await self.replicas.start()
         if self.predictor is not None:
             self.predictor.start()
             row = FeatureRow(
@@ -228,6 +264,8 @@ class Gateway:
             task.cancel()
         self.scraper.stop()
         self.upstreams.close()
+        if self.replicas is not None:
+            await self.replicas.stop()
         if self.predictor is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.predictor.stop)
         self._decider.shutdown(wait=False)
@@ -638,7 +676,7 @@ class Gateway:
         uncached = max(routed.route.input_tokens - prefill.prefix_hit_tokens, 0)
         decode_on = pick.decode_endpoint_id or pick.endpoint_id
         active = Active(routed.route.arrival_ms, uncached, routed.route.input_tokens, pick.endpoint_id, decode_on)
-        self.work.start(routed.request_id, active)
+        self._work(WorkEvent("work_start", routed.request_id, active))
         if prefill.prefix_hit_tokens:
             m.prefix_estimated.labels(pick.endpoint_id).inc(prefill.prefix_hit_tokens)
         if any(c.state.role != "both" for c in candidates):
@@ -652,7 +690,7 @@ class Gateway:
         if routed.settled:
             return
         routed.settled = True
-        self.work.finish(routed.request_id)
+        self._work(WorkEvent("work_finish", routed.request_id))
         if self._abandon is not None:
             self._policy_call(self._abandon, routed.request_id)
 
@@ -731,7 +769,7 @@ class Gateway:
                 if meter.events:
                     if first:
                         first = False
-                        self.work.first_token(routed.request_id, meter.events)
+                        self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
                     else:
                         self.work.progress(routed.request_id, meter.events)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -755,7 +793,7 @@ class Gateway:
     def _complete(self, routed: _Routed, meter: StreamMeter) -> None:
         assert meter.first_ms is not None
         routed.settled = True
-        self.work.finish(routed.request_id)
+        self._work(WorkEvent("work_finish", routed.request_id))
         pick = routed.decision.pick
         ttft = meter.first_ms - routed.route.arrival_ms
         itl = meter.itl_ms()

@@ -20,6 +20,7 @@ FALLBACK_REASONS = ("deadline", "unavailable", "circuit_open", "refused", "polic
 SLO_TARGETS = ("ttft", "itl", "both")
 SLO_RESULTS = ("met", "missed")
 OBSERVATION_RESULTS = ("queued", "sent", "failed", "dropped")
+REPLICA_EVENT_DIRECTIONS = ("sent", "received", "dropped", "refused")
 
 
 class GatewayMetrics:
@@ -171,7 +172,24 @@ class GatewayMetrics:
         self.timeslice_source_errors = Gauge(
             f"{p}_timeslice_source_errors", "Failed reads of time-slice group states.", registry=r
         )
+        self.replica_events = Counter(
+            f"{p}_replica_events",
+            "Ledger changes shared with the other gateway replicas (--replicas-redis): sent, received, dropped "
+            "(not published: Redis away or the queue full), refused (a message that was not a replica's).",
+            ["direction"],
+            registry=r,
+        )
+        self.replicas_heard = Gauge(
+            f"{p}_replicas_heard", "Other gateway replicas heard within the last few seconds.", registry=r
+        )
+        self.replica_requests = Gauge(
+            f"{p}_replica_requests_in_flight",
+            "Requests the other gateway replicas have in flight, as this one knows them.",
+            registry=r,
+        )
 
+        for direction in REPLICA_EVENT_DIRECTIONS:
+            self.replica_events.labels(direction)
         for reason in FALLBACK_REASONS:
             self.fallbacks.labels(reason)
         for target in SLO_TARGETS:

@@ -19,6 +19,7 @@ from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 from leadtime.router_plugin.gateway.predictor import GatewayPredictor
 from leadtime.router_plugin.gateway.pulled import PulledModel
+from leadtime.router_plugin.gateway.replicas import ReplicaSync
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, RandomPolicy, RoundRobinPolicy
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.scrape import monotonic_ms
@@ -40,6 +41,8 @@ class RouteOptions:
     timeslice_file: Path | None = None
     timeslice_url: str | None = None
     settings: GatewaySettings = GatewaySettings()
+    replicas_redis: str | None = None
+    replicas_group: str = "default"
 
 
 def needs_predictor(options: RouteOptions) -> bool:
@@ -96,6 +99,9 @@ def build_gateway(
         metrics=metrics,
         decide_in_thread=remote and predictor is not None and not isinstance(predict_client, PulledModel),
     )
+    if options.replicas_redis is not None:
+        sync = ReplicaSync(options.replicas_redis, options.replicas_group, gateway.apply_replica_event, metrics)
+        gateway.attach_replicas(sync)
     if options.timeslice_file is not None:
         gateway.attach_timeslice(FileTimesliceSource(options.timeslice_file, monotonic_ms))
     elif options.timeslice_url is not None:

@@ -1,0 +1,297 @@
+"""`leadtime route --replicas-redis URL`: gateway replicas that tell each other what they send.
+
+Several gateways behind one load balancer each route a share of the requests. What an endpoint's scraped state
+cannot show yet (the requests sent since its last scrape, the prompt tokens still to prefill, who decodes where)
+each gateway knows only of its own requests; a burst split between replicas lands again on the endpoint that looked
+idle. Here every replica publishes, on one Redis channel per group, each change of its policy's ledgers
+(`router_plugin.ledgers`) and of its tokens-in-flight tracker (`inflight_work`), and applies everyone else's:
+where a request was sent, when its first token came, when it completed.
+
+- **Clocks.** Times travel as the sender's monotonic milliseconds with the sender's wall clock beside them; the
+  receiver moves them onto its own monotonic clock through the two wall clocks (exact on one host; across hosts,
+  off by the hosts' clock skew, which NTP keeps to a millisecond or so against a 50 ms scrape interval).
+- **A replica that goes away.** Each replica says it is alive every second (an empty message); the requests of one
+  not heard for `silent_after_s` (5 s) stop counting, as if they had completed.
+- **Redis that goes away.** Routing never waits for it: publishing is a queue drained by a task of its own (events
+  beyond 10,000 queued are dropped and counted), and the subscriber reconnects every second. Meanwhile each replica
+  routes on what it knows, as a single gateway does.
+- **Not shared:** decode progress (a remote request counts the tokens it had generated at its first token, not
+  those since), what each replica has learned of time-slice groups (each reads the same source), and the share of
+  recent decisions that found no endpoint in time (each replica's decisions are a sample of the same traffic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+from leadtime.router_plugin.gateway.inflight_work import Active
+from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.ledgers import LedgerEvent, dataclass_of_numbers, required_text
+
+log = logging.getLogger("leadtime.router.replicas")
+
+CHANNEL_PREFIX = "leadtime:route:"
+HEARTBEAT_S = 1.0
+QUEUE_LIMIT = 10_000
+WORK_KINDS = ("work_start", "work_first", "work_finish")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkEvent:
+    """A change of the tokens-in-flight tracker: a request started (with what it is), had its first token, or
+    finished."""
+
+    kind: str
+    request_id: str
+    active: Active | None = None
+    generated: int = 0
+
+
+Event = LedgerEvent | WorkEvent
+
+
+def encode(origin: str, events: list[Event], mono_ms: float, wall_ms: float) -> bytes:
+    """One message: who sends it, its two clocks, its events.
+
+    >>> from leadtime.router_plugin.inflight import Sent
+    >>> body = encode("a", [LedgerEvent("prefill", "r1", "e1", Sent("r1", 100.0, 8, 10))], 1000.0, 5000.0)
+    >>> origin, events = decode(body, local_offset_ms=4000.0)
+    >>> origin, events[0].sent.sent_ms
+    ('a', 100.0)
+    >>> decode(body, local_offset_ms=3990.0)[1][0].sent.sent_ms  # a receiver whose monotonic clock is 10 ms ahead
+    110.0
+    """
+    items: list[dict[str, Any]] = []
+    for event in events:
+        if isinstance(event, LedgerEvent):
+            items.append(event.to_dict())
+        else:
+            d: dict[str, Any] = {"kind": event.kind, "request_id": event.request_id}
+            if event.active is not None:
+                d["active"] = dataclasses.asdict(event.active)
+            if event.generated:
+                d["generated"] = event.generated
+            items.append(d)
+    return orjson.dumps({"origin": origin, "mono_ms": mono_ms, "wall_ms": wall_ms, "events": items})
+
+
+def decode(body: bytes, local_offset_ms: float) -> tuple[str, list[Event]]:
+    """(the sender, its events on the receiver's clock); `local_offset_ms` is the receiver's wall clock less its
+    monotonic clock. ValueError naming what is wrong with a message that is not one of ours."""
+    message = orjson.loads(body)
+    if not isinstance(message, dict) or not isinstance(message.get("origin"), str):
+        raise ValueError("origin: expected a string")
+    mono, wall = message.get("mono_ms"), message.get("wall_ms")
+    if not isinstance(mono, int | float) or not isinstance(wall, int | float):
+        raise ValueError("mono_ms, wall_ms: expected numbers")
+    shift = (wall - mono) - local_offset_ms  # sender's monotonic → receiver's monotonic
+    raw_events = message.get("events")
+    if not isinstance(raw_events, list):
+        raise ValueError("events: expected a list")
+    events: list[Event] = []
+    for raw in raw_events:
+        if not isinstance(raw, Mapping):
+            raise ValueError("events: expected objects")
+        if raw.get("kind") in WORK_KINDS:
+            events.append(_work_event(raw, shift))
+        else:
+            event = LedgerEvent.from_dict(raw)
+            if event.sent is not None:
+                event = dataclasses.replace(event, sent=event.sent.shifted(shift))
+            events.append(event)
+    return message["origin"], events
+
+
+def _work_event(raw: Mapping[str, Any], shift: float) -> WorkEvent:
+    request_id = required_text(raw, "request_id")
+    active = None
+    if raw["kind"] == "work_start":
+        active = dataclass_of_numbers(Active, raw.get("active"), "active")
+        active = dataclasses.replace(active, sent_ms=active.sent_ms + shift)
+    generated = raw.get("generated", 0)
+    if not isinstance(generated, int) or generated < 0:
+        raise ValueError("generated: expected a count")
+    return WorkEvent(raw["kind"], request_id, active, generated)
+
+
+class ReplicaSync:
+    """Publishes this replica's events and applies the other replicas' (see the module docstring).
+
+    Parameters
+    ----------
+    url
+        Redis, e.g. "redis://127.0.0.1:6379/0" (or rediss:// with a password).
+    group
+        Replicas of one group share; one Redis can serve several fleets.
+    apply
+        Called (on the event loop) with each event of another replica, to be applied where decisions are made.
+    metrics
+        The gateway's metrics (events sent, received and dropped; replicas heard; their requests in flight).
+    silent_after_s
+        A replica not heard for this long is taken to be gone, and its requests stop counting.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        group: str,
+        apply: Callable[[Event], None],
+        metrics: GatewayMetrics,
+        silent_after_s: float = 5.0,
+    ) -> None:
+        self.url = url
+        self.channel = CHANNEL_PREFIX + group
+        self.origin = secrets.token_hex(6)
+        self.apply = apply
+        self.metrics = metrics
+        self.silent_after_s = silent_after_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
+        self._heard: dict[str, float] = {}  # origin → time.monotonic() of its last message
+        # origin → its requests still in this replica's ledgers, and in its tokens-in-flight tracker
+        self._in_ledgers: dict[str, set[str]] = {}
+        self._in_work: dict[str, set[str]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client: Any = None
+
+    # ----- this replica's events (any thread) ---------------------------------------------------------------
+
+    def publish(self, event: Event) -> None:
+        """Queue an event for the other replicas; safe from the decision thread; never blocks."""
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the gateway is stopping
+                self._loop.call_soon_threadsafe(self._enqueue, event)
+
+    def _enqueue(self, event: Event) -> None:
+        try:
+            self._queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.metrics.replica_events.labels("dropped").inc()
+
+    # ----- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        import redis.asyncio as aioredis
+
+        self._loop = asyncio.get_running_loop()
+        self._client = aioredis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self._tasks = [
+            self._loop.create_task(self._send()),
+            self._loop.create_task(self._receive()),
+            self._loop.create_task(self._heartbeat()),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+
+    # ----- tasks --------------------------------------------------------------------------------------------
+
+    async def _publish(self, events: list[Event]) -> None:
+        body = encode(self.origin, events, time.monotonic() * 1e3, time.time() * 1e3)
+        await self._client.publish(self.channel, body)
+
+    async def _send(self) -> None:
+        failing = False
+        while True:
+            events = [await self._queue.get()]
+            while not self._queue.empty() and len(events) < 512:
+                events.append(self._queue.get_nowait())
+            try:
+                await self._publish(events)
+                self.metrics.replica_events.labels("sent").inc(len(events))
+                if failing:
+                    log.info("publishing to the other replicas through %s works again", self.channel)
+                failing = False
+            except Exception as err:  # Redis away: these events are lost to the others, routing goes on
+                self.metrics.replica_events.labels("dropped").inc(len(events))
+                if not failing:
+                    log.warning("cannot publish to the other replicas (%s); routing on what this one knows", err)
+                failing = True
+
+    async def _heartbeat(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self._publish([])
+            self._forget_silent()
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _receive(self) -> None:
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        self._take(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning("not hearing the other replicas (%s); retrying in a second", err)
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    def _take(self, body: bytes) -> None:
+        try:
+            origin, events = decode(body, time.time() * 1e3 - time.monotonic() * 1e3)
+        except (ValueError, TypeError, KeyError, orjson.JSONDecodeError) as err:
+            self.metrics.replica_events.labels("refused").inc()
+            log.debug("a message on %s that is not a replica's: %s", self.channel, err)
+            return
+        if origin == self.origin:
+            return
+        self._heard[origin] = time.monotonic()
+        in_ledgers = self._in_ledgers.setdefault(origin, set())
+        in_work = self._in_work.setdefault(origin, set())
+        for event in events:
+            if event.kind in ("prefill", "decode", "decoding"):
+                in_ledgers.add(event.request_id)
+            elif event.kind == "complete":
+                in_ledgers.discard(event.request_id)
+            elif event.kind == "work_start":
+                in_work.add(event.request_id)
+            elif event.kind == "work_finish":
+                in_work.discard(event.request_id)
+            self.apply(event)
+        self.metrics.replica_events.labels("received").inc(len(events))
+        self._export()
+
+    def _forget_silent(self) -> None:
+        now = time.monotonic()
+        for origin in [o for o, heard in self._heard.items() if now - heard > self.silent_after_s]:
+            in_ledgers, in_work = self._in_ledgers.pop(origin, set()), self._in_work.pop(origin, set())
+            del self._heard[origin]
+            log.warning(
+                "replica %s not heard for %.0f s: its %d requests stop counting",
+                origin,
+                self.silent_after_s,
+                len(in_ledgers | in_work),
+            )
+            for request_id in in_ledgers:
+                self.apply(LedgerEvent("complete", request_id))
+            for request_id in in_work:
+                self.apply(WorkEvent("work_finish", request_id))
+        self._export()
+
+    def _export(self) -> None:
+        self.metrics.replicas_heard.set(len(self._heard))
+        counting = (self._in_ledgers.get(o, set()) | self._in_work.get(o, set()) for o in self._heard)
+        self.metrics.replica_requests.set(sum(len(ids) for ids in counting))

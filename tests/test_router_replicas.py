@@ -1,0 +1,212 @@
+"""Router replicas that share their ledgers: the events, the policy's side, the simulator's replicated policy, the
+Redis sync against a real redis-server, and two `leadtime route` processes telling each other what they send."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from redis_server import RedisServer
+from test_router_plugin import QueueModel, cand, req
+
+from leadtime.bench.procs import Route, SimFleet
+from leadtime.router_plugin.gateway.inflight_work import Active
+from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.replicas import ReplicaSync, WorkEvent, decode, encode
+from leadtime.router_plugin.inflight import Sent
+from leadtime.router_plugin.ledgers import LedgerEvent
+from leadtime.router_plugin.policy import Outcome
+from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
+from leadtime.simulator.learning_policies import replicated_policy
+from leadtime.simulator.replicas import ReplicatedPolicy
+
+
+def _replicas(shared: bool) -> list[LeadtimePolicy]:
+    model = QueueModel()
+    policies = [LeadtimePolicy(model, LeadtimeConfig(exploration=0.0)) for _ in range(2)]
+    if shared:
+        for mine, theirs in ((policies[0], policies[1]), (policies[1], policies[0])):
+            mine.ledgers.outbox = theirs.ledgers.apply
+    return policies
+
+
+def test_replicas_that_share_their_ledgers_spread_a_burst_as_one_router_does() -> None:
+    """The burst of `test_a_burst_is_spread_by_in_flight_accounting`, dealt to two replicas in turn."""
+    candidates = [cand("a", hits=200), cand("b"), cand("c"), cand("d")]
+
+    def route(policies: Sequence[LeadtimePolicy]) -> list[str]:
+        return [policies[i % 2].pick(req(f"r{i}", at=1.0 + i * 0.01), candidates).endpoint_id for i in range(8)]
+
+    shared = route(_replicas(shared=True))
+    assert sorted(shared) == ["a", "a", "b", "b", "c", "c", "d", "d"] and shared[1] != shared[0]
+    alone = route(_replicas(shared=False))
+    # each replica alone sends its share of the burst as if it were the whole: their picks come in pairs
+    assert alone[0::2] == alone[1::2]
+
+
+def test_a_completion_reaches_the_other_replica_and_nothing_echoes() -> None:
+    first, second = _replicas(shared=True)
+    told: list[LedgerEvent] = []
+
+    def tell(event: LedgerEvent) -> None:
+        told.append(event)
+        second.ledgers.apply(event)
+
+    first.ledgers.outbox = tell
+    candidates = [cand("a"), cand("b")]
+    pick = first.pick(req("r1", at=1.0), candidates)
+    assert len(second.ledgers.inflight) == 1 and [e.kind for e in told] == ["prefill", "decoding"]
+    first.observe(Outcome("r1", pick.endpoint_id, None, ttft_ms=50.0, itl_ms=10.0, output_tokens=20, completed_ms=9.0))
+    assert len(second.ledgers.inflight) == 0 and len(second.ledgers.decoding) == 0
+    assert told[-1].kind == "complete" and len(told) == 3  # applying another's event tells no one
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"kind": "prefill", "request_id": "r", "endpoint_id": "e"}, "sent"),
+        ({"kind": "prefill", "request_id": "r", "endpoint_id": "e", "sent": {"request_id": "r"}}, "sent"),
+        (
+            {
+                "kind": "prefill",
+                "request_id": "r",
+                "endpoint_id": "e",
+                "sent": {"request_id": "r", "sent_ms": "soon", "uncached_tokens": 1, "input_tokens": 1},
+            },
+            "sent",
+        ),
+        ({"kind": "decoding", "request_id": "r", "endpoint_id": "e", "itl_slo_ms": -5}, "itl_slo_ms"),
+        ({"kind": "prefill", "request_id": "", "endpoint_id": "e"}, "request_id"),
+        ({"kind": "decode", "request_id": "r"}, "endpoint_id"),
+    ],
+)
+def test_a_ledger_event_that_is_not_one_is_refused_naming_its_field(raw: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        LedgerEvent.from_dict(raw)
+
+
+def test_messages_carry_times_onto_the_receivers_clock_and_bad_ones_are_refused() -> None:
+    active = Active(sent_ms=100.0, uncached_tokens=8, input_tokens=10, prefill_on="e", decode_on="e")
+    body = encode("a", [WorkEvent("work_start", "r1", active), WorkEvent("work_first", "r1", generated=3)], 0.0, 0.0)
+    origin, events = decode(body, local_offset_ms=-50.0)  # the receiver's monotonic clock is 50 ms ahead
+    assert origin == "a" and isinstance(events[0], WorkEvent) and events[0].active is not None
+    assert events[0].active.sent_ms == 150.0 and events[1] == WorkEvent("work_first", "r1", generated=3)
+    for body, problem in (
+        (b'{"origin": 1}', "origin"),
+        (b'{"origin": "a", "mono_ms": 0, "wall_ms": 0, "events": {}}', "events"),
+        (b'{"origin": "a", "mono_ms": 0, "wall_ms": 0, "events": [{"kind": "work_start", "request_id": "r"}]}', "act"),
+        (b'{"origin": "a", "mono_ms": "x", "wall_ms": 0, "events": []}', "mono_ms"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            decode(body, 0.0)
+
+
+def test_a_replica_not_heard_stops_counting_its_requests() -> None:
+    applied: list[object] = []
+    metrics = GatewayMetrics()
+    sync = ReplicaSync("redis://127.0.0.1:9/0", "g", applied.append, metrics, silent_after_s=0.0)
+    sent = LedgerEvent("prefill", "r1", "e1", Sent("r1", 1.0, 8, 10))
+    sync._take(encode("other", [sent], time.monotonic() * 1e3, time.time() * 1e3))
+    sync._take(encode(sync.origin, [sent], 0.0, 0.0))  # its own message, back from the channel: ignored
+    sync._take(b"not json")
+    assert len(applied) == 1 and metrics.replica_requests._value.get() == 1
+    assert metrics.replica_events.labels("refused")._value.get() == 1
+    time.sleep(0.01)
+    sync._forget_silent()
+    assert applied[1:] == [LedgerEvent("complete", "r1")]  # it had no tokens-in-flight entry to finish
+    assert metrics.replica_requests._value.get() == 0 and metrics.replicas_heard._value.get() == 0
+
+
+def test_two_syncs_share_through_a_real_redis_and_forget_a_replica_that_stops(redis_server: RedisServer) -> None:
+    async def scenario() -> tuple[list[object], list[object]]:
+        heard_by_b: list[object] = []
+        a = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
+        b = ReplicaSync(redis_server.url, "g", heard_by_b.append, GatewayMetrics(), silent_after_s=1.5)
+        other_group: list[object] = []
+        c = ReplicaSync(redis_server.url, "another", other_group.append, GatewayMetrics())
+        for sync in (a, b, c):
+            await sync.start()
+        await asyncio.sleep(0.3)  # subscribed
+        sent_at = time.monotonic() * 1e3
+        a.publish(LedgerEvent("prefill", "r1", "e1", Sent("r1", sent_at, 800, 1000)))
+        a.publish(LedgerEvent("decoding", "r1", "e1", itl_slo_ms=50.0))
+        deadline = time.monotonic() + 5
+        while len(heard_by_b) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        received = list(heard_by_b)
+        await a.stop()  # gone without completing r1
+        deadline = time.monotonic() + 6
+        while len(heard_by_b) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        for sync in (b, c):
+            await sync.stop()
+        return received + heard_by_b[2:], other_group
+
+    events, other_group = asyncio.run(scenario())
+    assert [getattr(e, "kind", None) for e in events] == ["prefill", "decoding", "complete"]
+    first = events[0]
+    assert isinstance(first, LedgerEvent) and first.sent is not None
+    assert abs(first.sent.sent_ms - time.monotonic() * 1e3) < 30_000  # on this host's clock, not shifted away
+    assert other_group == []
+
+
+def test_the_simulators_replicas_route_every_request_and_learn_once_each() -> None:
+    from leadtime.bench.routing import _fleet
+
+    fleet = _fleet("homogeneous")
+    for name in ("leadtime_x4", "leadtime_x4_shared"):
+        policy = replicated_policy(name, fleet, seed=0)
+        assert isinstance(policy, ReplicatedPolicy) and len(policy.replicas) == 4
+        assert policy.shared == name.endswith("shared")
+        assert len({id(r.predictor) for r in policy.replicas}) == 1  # one predictor, as one service
+    policy = replicated_policy("leadtime_x4_shared", fleet, seed=0)
+    candidates = [cand("a"), cand("b")]
+    picks = [policy.pick(req(f"r{i}", at=float(i)), candidates) for i in range(8)]
+    assert [len(r.ledgers.inflight) for r in policy.replicas] == [8, 8, 8, 8]  # each knows every request
+    for i, pick in enumerate(picks):
+        policy.observe(Outcome(f"r{i}", pick.endpoint_id, None, 50.0, 10.0, 20, 100.0 + i))
+    assert [len(r.ledgers.inflight) for r in policy.replicas] == [0, 0, 0, 0]
+
+
+FLEET = {"name": "one", "pools": [{"name": "h100", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}]}
+
+
+def test_two_gateways_tell_each_other_what_they_send(tmp_path: Path, redis_server: RedisServer) -> None:
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(yaml.safe_dump(FLEET))
+    fleet = SimFleet(fleet_file, tmp_path)
+    common = ["--discovery", str(fleet.endpoints_file), "--embedded"]
+    common += ["--replicas-redis", redis_server.url, "--replicas-group", "test"]
+    first, second = Route(tmp_path, common), Route(tmp_path, common)
+    try:
+        first.wait(), second.wait()
+        deadline = time.monotonic() + 10
+        while second.metric("leadtime_router_replicas_heard") < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert second.metric("leadtime_router_replicas_heard") == 1
+        body = {"prompt": "tell me a long story " * 30, "max_tokens": 400, "stream": True}
+        with httpx.stream("POST", f"{first.url}/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))  # streaming: in flight now
+            deadline = time.monotonic() + 10
+            while second.metric("leadtime_router_replica_requests_in_flight") < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert second.metric("leadtime_router_replica_requests_in_flight") == 1
+            assert second.metric("leadtime_router_replica_events_total", direction="received") >= 1
+            for _ in lines:
+                pass
+        deadline = time.monotonic() + 10
+        while second.metric("leadtime_router_replica_requests_in_flight") > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert second.metric("leadtime_router_replica_requests_in_flight") == 0  # completed: it counts no more
+        assert first.metric("leadtime_router_replica_events_total", direction="dropped") == 0
+    finally:
+        first.child.stop()
+        second.child.stop()
+        fleet.stop()
