@@ -687,6 +687,42 @@ ROUTER = Dashboard(
                 ),
             ),
         ),
+        Row(
+            "Gateway replicas (--replicas-redis)",
+            (
+                Panel(
+                    "Ledger changes shared per second",
+                    "What this gateway told the other replicas of its group (sent), heard from them (received), "
+                    "could not publish (dropped: Redis away or the queue full), and messages that were not a "
+                    "replica's (refused). All 0 without --replicas-redis.",
+                    "ops",
+                    (
+                        Query(
+                            "sum by (direction) "
+                            f"(rate(leadtime_router_replica_events_total{{{ROUTER_INSTANCE}}}{RATE}))",
+                            "{{direction}}",
+                        ),
+                    ),
+                    width=12,
+                    min=0,
+                ),
+                Panel(
+                    "Other replicas and their requests in flight",
+                    "Replicas of the group heard within the last few seconds, and the requests they have in flight "
+                    "as this gateway knows them (counted beside its own in what it adds to each endpoint's state).",
+                    "short",
+                    (
+                        Query(f"max(leadtime_router_replicas_heard{{{ROUTER_INSTANCE}}})", "replicas heard"),
+                        Query(
+                            f"sum(leadtime_router_replica_requests_in_flight{{{ROUTER_INSTANCE}}})",
+                            "their requests in flight",
+                        ),
+                    ),
+                    width=12,
+                    min=0,
+                ),
+            ),
+        ),
     ),
 )
 

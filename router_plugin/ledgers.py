@@ -1,12 +1,13 @@
-"""A router's two ledgers of what it has in flight, and the events that keep several router replicas' ledgers
-together.
+"""A router's two ledgers of what it has in flight, the share of its decisions that found no endpoint in time, and
+the events that keep several router replicas' ledgers together.
 
 The in-flight ledger (`router_plugin.inflight`) and the decoding ledger (`router_plugin.decoding`) hold what one
 router has sent and not seen complete. Behind a load balancer, several replicas each route a share of the requests;
 each would see only its own sends, and a burst split between them would again land on the endpoint that looked
 idle. In the simulator (`bench routing`'s `leadtime_x4`: four replicas each routing every fourth request beside one
 shared predictor, seeds 0–2) that cost up to 7% goodput and up to three times the TTFT tail; replicas that tell each
-other every change of their ledgers (`leadtime_x4_shared`) route within 1.7% of one router in ten of twelve cells.
+other every change of their ledgers and every decision's judgement (`leadtime_x4_shared`) route as one router does,
+within 2.4% of its goodput in every cell.
 
 So every change is an event: recorded here, applied to the ledgers, and handed to `outbox` (a replica publishes it
 to the others); `apply` takes the events of the other replicas. Times in events are the sender's clock: whoever
@@ -26,10 +27,11 @@ from leadtime.router_plugin.inflight import InflightLedger, Sent
 
 T = TypeVar("T")
 
-EVENT_KINDS = ("prefill", "decode", "decoding", "complete")
+EVENT_KINDS = ("prefill", "decode", "decoding", "complete", "judged")
 """prefill: a request will be prefilled on an endpoint; decode: it will decode on a P/D decode endpoint once its KV
 arrives; decoding: it decodes on an endpoint with an ITL SLO (the decode-harm weighing); complete: it no longer
-counts anywhere."""
+counts anywhere; judged: a decision found a candidate predicted to serve its request in time, or none (`in_time`),
+which moves the share of recent decisions that found none (the fleet is overloaded when it is high)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class LedgerEvent:
     endpoint_id: str = ""
     sent: Sent | None = None
     itl_slo_ms: float = 0.0
+    in_time: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind, "request_id": self.request_id}
@@ -59,6 +62,8 @@ class LedgerEvent:
             d["sent"] = dataclasses.asdict(self.sent)
         if self.itl_slo_ms:
             d["itl_slo_ms"] = self.itl_slo_ms
+        if self.kind == "judged":
+            d["in_time"] = self.in_time
         return d
 
     @classmethod
@@ -68,7 +73,7 @@ class LedgerEvent:
         if kind not in EVENT_KINDS:
             raise ValueError(f"kind: {kind!r} is not one of {', '.join(EVENT_KINDS)}")
         request_id = required_text(d, "request_id")
-        endpoint_id = required_text(d, "endpoint_id") if kind != "complete" else ""
+        endpoint_id = required_text(d, "endpoint_id") if kind not in ("complete", "judged") else ""
         sent = None
         if kind in ("prefill", "decode"):
             sent = dataclass_of_numbers(Sent, d.get("sent"), "sent")
@@ -77,7 +82,10 @@ class LedgerEvent:
         itl_slo_ms = d.get("itl_slo_ms", 0.0)
         if kind == "decoding" and not (_finite(itl_slo_ms) and itl_slo_ms > 0):
             raise ValueError("itl_slo_ms: expected a number > 0")
-        return cls(kind, request_id, endpoint_id, sent, float(itl_slo_ms))
+        in_time = d.get("in_time", True)
+        if not isinstance(in_time, bool):
+            raise ValueError("in_time: expected true or false")
+        return cls(kind, request_id, endpoint_id, sent, float(itl_slo_ms), in_time)
 
 
 def _finite(value: object) -> bool:
@@ -120,7 +128,9 @@ def dataclass_of_numbers(cls: type[T], raw: object, name: str) -> T:
 
 
 class RouterLedgers:
-    """The in-flight and decoding ledgers of one router; every change recorded here is also handed to `outbox`.
+    """The in-flight and decoding ledgers of one router, and the share of its recent decisions that found no
+    candidate in time (`overload`, a moving average over `overload_window` decisions); every change recorded here is
+    also handed to `outbox`.
 
     >>> told = []
     >>> mine, theirs = RouterLedgers(), RouterLedgers()
@@ -135,9 +145,11 @@ class RouterLedgers:
     (0, 0)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, overload_window: int = 200) -> None:
         self.inflight = InflightLedger()
         self.decoding = DecodingLedger()
+        self.overload = 0.0
+        self.overload_window = overload_window
         self.outbox: Callable[[LedgerEvent], None] | None = None
 
     def record_prefill(self, endpoint_id: str, sent: Sent) -> None:
@@ -151,6 +163,9 @@ class RouterLedgers:
 
     def complete(self, request_id: str) -> None:
         self._record(LedgerEvent("complete", request_id))
+
+    def record_judgement(self, request_id: str, in_time: bool) -> None:
+        self._record(LedgerEvent("judged", request_id, in_time=in_time))
 
     def _record(self, event: LedgerEvent) -> None:
         self.apply(event)
@@ -168,3 +183,5 @@ class RouterLedgers:
         elif event.kind == "complete":
             self.inflight.complete(event.request_id)
             self.decoding.complete(event.request_id)
+        elif event.kind == "judged":
+            self.overload += (float(not event.in_time) - self.overload) / self.overload_window

@@ -257,7 +257,7 @@ class LeadtimePolicy:
         self.deadline_s = deadline_s
         self.counters = PolicyCounters()
         self._rng = random.Random(config.seed)
-        self.ledgers = RouterLedgers()
+        self.ledgers = RouterLedgers(config.overload_window)
         """What this router has in flight; a gateway replica sets its `outbox` to tell the other replicas."""
         self._vectorizer = Vectorizer()  # for the roofline prefill time the decode harm is weighed by
         self._residency = ResidencyTracker(config.serving_job)
@@ -268,7 +268,6 @@ class LeadtimePolicy:
         self._last_heard: dict[str, float] = {}
         self._last_sent: dict[str, float] = {}  # when each endpoint was last sent a request, for `comfort_tolerance`
         self._output_tokens = 256.0  # running mean of output lengths, for the no-SLO latency score
-        self.overload = 0.0  # moving share of decisions that found no candidate predicted to serve in time
 
     def attach(self, simulator: Any) -> None:
         """Inside the simulator: read its time-slice groups unless another source was given."""
@@ -407,8 +406,15 @@ class LeadtimePolicy:
             return self.config.overflow
         return "sink" if self.overload > self.config.overload_share else "least_bad"
 
-    def _note_feasible(self, feasible: bool) -> None:
-        self.overload += (float(not feasible) - self.overload) / self.config.overload_window
+    @property
+    def overload(self) -> float:
+        """Moving share of the recent decisions that found no candidate predicted to serve in time (kept with the
+        ledgers, so that replicas sharing them judge the fleet on every replica's decisions)."""
+        return self.ledgers.overload
+
+    @overload.setter
+    def overload(self, share: float) -> None:
+        self.ledgers.overload = share
 
     def _overflow_cap_ms(self, request: RouteRequest, overflow: str) -> float | None:
         cap = self.config.overflow_cap
@@ -429,7 +435,7 @@ class LeadtimePolicy:
         overflow = self._overflow()
         in_time = float(latency.max()) >= FEASIBLE
         if not request.held_ms:  # the overload share counts each request once, when it comes in
-            self._note_feasible(in_time)
+            self.ledgers.record_judgement(request.request_id, in_time)
         mean = self._mean_scores(request, s) if may_sink(latency, overflow) or (may_hold and not in_time) else None
         if may_hold and not in_time and (mean is None or float(mean.max()) < FEASIBLE):
             return -1
@@ -630,7 +636,7 @@ class LeadtimePolicy:
             else None,
         )
         if not request.held_ms:
-            self._note_feasible(choice.score >= FEASIBLE)
+            self.ledgers.record_judgement(request.request_id, choice.score >= FEASIBLE)
         if may_hold and not choice.saveable:
             return Pick.held()
         dec = decode[choice.decode]

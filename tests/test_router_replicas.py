@@ -58,12 +58,14 @@ def test_a_completion_reaches_the_other_replica_and_nothing_echoes() -> None:
         second.ledgers.apply(event)
 
     first.ledgers.outbox = tell
+    first.overload = second.overload = 0.5
     candidates = [cand("a"), cand("b")]
     pick = first.pick(req("r1", at=1.0), candidates)
-    assert len(second.ledgers.inflight) == 1 and [e.kind for e in told] == ["prefill", "decoding"]
+    assert len(second.ledgers.inflight) == 1 and [e.kind for e in told] == ["judged", "prefill", "decoding"]
     first.observe(Outcome("r1", pick.endpoint_id, None, ttft_ms=50.0, itl_ms=10.0, output_tokens=20, completed_ms=9.0))
     assert len(second.ledgers.inflight) == 0 and len(second.ledgers.decoding) == 0
-    assert told[-1].kind == "complete" and len(told) == 3  # applying another's event tells no one
+    assert told[-1].kind == "complete" and len(told) == 4  # applying another's event tells no one
+    assert second.overload == first.overload < 0.5  # the decision found an endpoint in time: both replicas know
 
 
 @pytest.mark.parametrize(

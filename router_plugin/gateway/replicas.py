@@ -5,7 +5,7 @@ cannot show yet (the requests sent since its last scrape, the prompt tokens stil
 each gateway knows only of its own requests; a burst split between replicas lands again on the endpoint that looked
 idle. Here every replica publishes, on one Redis channel per group, each change of its policy's ledgers
 (`router_plugin.ledgers`) and of its tokens-in-flight tracker (`inflight_work`), and applies everyone else's:
-where a request was sent, when its first token came, when it completed.
+where a request was sent, when its first token came, when it completed, whether it found an endpoint in time.
 
 - **Clocks.** Times travel as the sender's monotonic milliseconds with the sender's wall clock beside them; the
   receiver moves them onto its own monotonic clock through the two wall clocks (exact on one host; across hosts,
@@ -16,8 +16,9 @@ where a request was sent, when its first token came, when it completed.
   beyond 10,000 queued are dropped and counted), and the subscriber reconnects every second. Meanwhile each replica
   routes on what it knows, as a single gateway does.
 - **Not shared:** decode progress (a remote request counts the tokens it had generated at its first token, not
-  those since), what each replica has learned of time-slice groups (each reads the same source), and the share of
-  recent decisions that found no endpoint in time (each replica's decisions are a sample of the same traffic).
+  those since) and what each replica has learned of time-slice groups (each reads the same source). Each decision's
+  judgement of whether any endpoint could serve its request in time is shared (`judged` events), so that every
+  replica sees the fleet overloaded when one router would.
 """
 
 from __future__ import annotations
