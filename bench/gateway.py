@@ -19,7 +19,9 @@ classes, in real time), `leadtime serve` (the predictor), `leadtime route`, and 
 JSON: `requests` and `errors` over every phase (an error: a status other than 200, a broken or short stream),
 `overhead_ms` {p50, p99} with the service's model pulled into the gateway; `overhead_ms_predict_over_http` with
 each prediction asked of the service over HTTP (what `overhead_ms` measured before `--pull-model` existed);
-`overhead_ms_embedded`; `fallbacks` (the Leadtime gateways' decisions made by the heuristics), `goodput_rps`
+`overhead_ms_embedded`; with `replicas_redis`, `overhead_ms_pulled_replicas`: the model pulled, the gateway one of
+two replicas telling each other what they send through that Redis (`--replicas-redis`; the other idle but listening),
+with `replica_events`; `fallbacks` (the Leadtime gateways' decisions made by the heuristics), `goodput_rps`
 {leadtime, round_robin} (the Leadtime run asks the service over HTTP, as before), and the details beside them.
 """
 
@@ -54,6 +56,7 @@ class GatewayBenchOptions:
     probe_words: int = 256
     processes: int = 2
     seed: int = 0
+    replicas_redis: str | None = None
 
 
 def _pct(values: list[float]) -> dict[str, float]:
@@ -119,22 +122,32 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
         fleet = SimFleet(FLEET, work / "a", options.seed)
         predictor.wait()
         discovery = ["--discovery", str(fleet.endpoints_file)]
-        gateways = {
-            "pulled": Route(work / "a", [*discovery, "--predictor-url", predictor.url, "--pull-model"]),
-            "http": Route(work / "a", [*discovery, "--predictor-url", predictor.url]),
-            "embedded": Route(work / "a", [*discovery, "--embedded"]),
-        }
+        pulled = [*discovery, "--predictor-url", predictor.url, "--pull-model"]
+        gateways = {"pulled": Route(work / "a", pulled)}
+        if options.replicas_redis is not None:  # the same, one of two replicas telling each other what they send
+            replica = [*pulled, "--replicas-redis", options.replicas_redis, "--replicas-group", "bench-gateway"]
+            gateways["pulled_replicas"] = Route(work / "a", replica)
+            gateways["idle_replica"] = Route(work / "a", replica)  # subscribed, heard, not measured
+        gateways["http"] = Route(work / "a", [*discovery, "--predictor-url", predictor.url])
+        gateways["embedded"] = Route(work / "a", [*discovery, "--embedded"])
         added: dict[str, list[float]] = {}
         try:
             for gateway in gateways.values():  # all started before any is measured
                 gateway.wait()
             for i, (name, gateway) in enumerate(gateways.items()):
+                if name == "idle_replica":
+                    continue
                 say(f"overhead: {options.probes} probe pairs through the gateway ({name} predictor)")
                 added[name], results = probe_pairs(
                     gateway, fleet, options.probes, options.probe_words, 10 * i * options.probes
                 )
                 all_results += results
                 fallbacks += gateway.metric("leadtime_router_fallbacks_total")
+                if name == "pulled_replicas":
+                    report["replica_events"] = {
+                        d: gateway.metric("leadtime_router_replica_events_total", direction=d)
+                        for d in ("sent", "received", "dropped")
+                    } | {"replicas_heard": gateway.metric("leadtime_router_replicas_heard")}
         finally:
             for gateway in gateways.values():
                 gateway.child.stop()
@@ -143,6 +156,8 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
         report["overhead_ms"] = _pct(added["pulled"])
         report["overhead_ms_predict_over_http"] = _pct(added["http"])
         report["overhead_ms_embedded"] = _pct(added["embedded"])
+        if "pulled_replicas" in added:
+            report["overhead_ms_pulled_replicas"] = _pct(added["pulled_replicas"])
         report["overhead_pairs"] = {name: len(values) for name, values in added.items()}
 
         # 2. goodput, the same trace slice through the gateway with each policy, each on a fresh fleet
@@ -210,6 +225,12 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         f"p50 {h['p50']:.2f} ms, p99 {h['p99']:.2f} ms with each prediction over HTTP; "
         f"p50 {e['p50']:.2f} ms, p99 {e['p99']:.2f} ms embedded"
     )
+    if "overhead_ms_pulled_replicas" in report:
+        r = report["overhead_ms_pulled_replicas"]
+        console.print(
+            f"with the model pulled, as one of two replicas sharing through Redis: p50 {r['p50']:.2f} ms, "
+            f"p99 {r['p99']:.2f} ms ({report['replica_events']})"
+        )
     table = Table(
         title=f"{report['trace']} ×{report['rate_scale']} on {report['fleet']}, {report['window_s']} s of arrivals"
     )

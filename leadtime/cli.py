@@ -759,6 +759,10 @@ def bench_gateway(
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier of the trace.")] = 2.0,
     probes: Annotated[int, typer.Option(help="Probe pairs (gateway, then direct) for the overhead.")] = 200,
     processes: Annotated[int, typer.Option(help="Load-generator processes.")] = 2,
+    replicas_redis: Annotated[
+        str | None,
+        typer.Option(help="Also measure the overhead of a gateway sharing with a replica through this Redis."),
+    ] = None,
 ) -> None:
     """The gateway on loopback: added time to first token, and goodput with Leadtime and with round-robin."""
     from leadtime.bench.gateway import GatewayBenchOptions, print_report, run_gateway_bench
@@ -768,7 +772,11 @@ def bench_gateway(
     _positive("--rate-scale", rate_scale)
     if processes < 1:
         _fail("--processes must be ≥ 1")
-    options = GatewayBenchOptions(trace, requests, rate_scale, probes, processes=processes)
+    if replicas_redis is not None and not replicas_redis.startswith(("redis://", "rediss://", "unix://")):
+        _fail(f"--replicas-redis: expected redis://HOST:PORT/DB, got {replicas_redis!r}")
+    options = GatewayBenchOptions(
+        trace, requests, rate_scale, probes, processes=processes, replicas_redis=replicas_redis
+    )
 
     def say(message: str) -> None:
         if not json_out:

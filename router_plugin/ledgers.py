@@ -44,7 +44,7 @@ class LedgerEvent:
     >>> LedgerEvent.from_dict({"kind": "evict", "request_id": "r1"})
     Traceback (most recent call last):
     ...
-    ValueError: kind: 'evict' is not one of prefill, decode, decoding, complete
+    ValueError: kind: 'evict' is not one of prefill, decode, decoding, complete, judged
     """
 
     kind: str
