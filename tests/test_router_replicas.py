@@ -19,7 +19,7 @@ from leadtime.router_plugin.gateway.inflight_work import Active
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 from leadtime.router_plugin.gateway.replicas import ReplicaSync, WorkEvent, decode, encode
 from leadtime.router_plugin.inflight import Sent
-from leadtime.router_plugin.ledgers import LedgerEvent
+from leadtime.router_plugin.ledgers import LedgerEvent, RouterLedgers
 from leadtime.router_plugin.policy import Outcome
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.simulator.learning_policies import replicated_policy
@@ -120,8 +120,27 @@ def test_a_replica_not_heard_stops_counting_its_requests() -> None:
     assert metrics.replica_events.labels("refused")._value.get() == 1
     time.sleep(0.01)
     sync._forget_silent()
-    assert applied[1:] == [LedgerEvent("complete", "r1")]  # it had no tokens-in-flight entry to finish
+    assert applied[1:] == [LedgerEvent("complete", "other/r1")]  # it had no tokens-in-flight entry to finish
     assert metrics.replica_requests._value.get() == 0 and metrics.replicas_heard._value.get() == 0
+
+
+def test_requests_numbered_alike_by_two_replicas_stay_apart() -> None:
+    """Every gateway numbers its requests gw-1, gw-2, ...: another replica's gw-1 completing must not complete this
+    replica's gw-1 (nor the third replica's)."""
+    ledgers = RouterLedgers()
+
+    def apply(event: LedgerEvent | WorkEvent) -> None:
+        if isinstance(event, LedgerEvent):
+            ledgers.apply(event)
+
+    sync = ReplicaSync("redis://127.0.0.1:9/0", "g", apply, GatewayMetrics())
+    ledgers.record_prefill("e1", Sent("gw-1", 1.0, 8, 10))  # this replica's own gw-1
+    now_mono, now_wall = time.monotonic() * 1e3, time.time() * 1e3
+    for origin in ("b", "c"):
+        sync._take(encode(origin, [LedgerEvent("prefill", "gw-1", "e1", Sent("gw-1", 2.0, 8, 10))], now_mono, now_wall))
+    assert len(ledgers.inflight) == 3
+    sync._take(encode("b", [LedgerEvent("complete", "gw-1")], now_mono, now_wall))
+    assert len(ledgers.inflight) == 2 and {s.request_id for s in ledgers.inflight.pending("e1")} == {"gw-1", "c/gw-1"}
 
 
 def test_two_syncs_share_through_a_real_redis_and_forget_a_replica_that_stops(redis_server: RedisServer) -> None:

@@ -124,6 +124,17 @@ def _work_event(raw: Mapping[str, Any], shift: float) -> WorkEvent:
     return WorkEvent(raw["kind"], request_id, active, generated)
 
 
+def _as_remote(event: Event, origin: str) -> Event:
+    """`event` with its request id prefixed by the replica it came from: every replica numbers its requests alike
+    (the gateway's `gw-1`, `gw-2`, ...), and one replica's request must not complete another's."""
+    request_id = f"{origin}/{event.request_id}"
+    if isinstance(event, LedgerEvent) and event.sent is not None:
+        return dataclasses.replace(
+            event, request_id=request_id, sent=dataclasses.replace(event.sent, request_id=request_id)
+        )
+    return dataclasses.replace(event, request_id=request_id)
+
+
 class ReplicaSync:
     """Publishes this replica's events and applies the other replicas' (see the module docstring).
 
@@ -259,6 +270,7 @@ class ReplicaSync:
             return
         if origin == self.origin:
             return
+        events = [_as_remote(event, origin) for event in events]
         self._heard[origin] = time.monotonic()
         in_ledgers = self._in_ledgers.setdefault(origin, set())
         in_work = self._in_work.setdefault(origin, set())
