@@ -133,9 +133,10 @@ class Child:
 
 
 class SimFleet:
-    """`leadtime sim serve` on consecutive free ports; its discovery file and time-slice URL."""
+    """`leadtime sim serve` on consecutive free ports; its discovery file and time-slice URL. With `tls`
+    (certificate, key), the endpoints serve HTTPS."""
 
-    def __init__(self, fleet: str | Path, workdir: Path, seed: int = 0) -> None:
+    def __init__(self, fleet: str | Path, workdir: Path, seed: int = 0, tls: tuple[Path, Path] | None = None) -> None:
         from leadtime.simulator.fleet import load_fleet
 
         parsed = load_fleet(fleet)
@@ -145,6 +146,8 @@ class SimFleet:
         self.endpoints_file.unlink(missing_ok=True)
         args = ["sim", "serve", "--fleet", str(fleet), "--base-port", str(self.base_port)]
         args += ["--endpoints-file", str(self.endpoints_file), "--seed", str(seed)]
+        if tls is not None:
+            args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
         self.timeslice_url = (
             f"http://127.0.0.1:{self.base_port + self.size}/v1/timeslice/groups" if parsed.timeslice_groups else None
         )
@@ -158,7 +161,8 @@ class SimFleet:
 
     def url(self, name: str) -> str:
         entry = next(e for e in self.endpoints if e["name"] == name)
-        return f"http://{entry['address']}:{entry['port']}"
+        scheme = entry.get("labels", {}).get("leadtime.io/scheme", "http")
+        return f"{scheme}://{entry['address']}:{entry['port']}"
 
     def stop(self) -> None:
         self.child.stop()

@@ -398,6 +398,10 @@ def sim_serve(
         Path | None, typer.Option(help="Write the fleet here as an llm-d discovery file (for leadtime route).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seeds the time-slice windows.")] = 0,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate: the endpoints serve HTTPS (as vLLM's --ssl-certfile).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM key of --tls-cert.")] = None,
 ) -> None:
     """Serve the simulated endpoints in real time as OpenAI-compatible HTTP servers with vLLM /metrics.
 
@@ -411,6 +415,8 @@ def sim_serve(
         _fail("--base-port must be between 1 and 65535")
     if timeslice_port is not None and not 1 <= timeslice_port <= 65535:
         _fail("--timeslice-port must be between 1 and 65535")
+    if (tls_cert is None) != (tls_key is None):
+        _fail("--tls-cert and --tls-key go together: give both, or neither")
     try:
         serve_fleet(
             load_fleet(fleet),
@@ -420,6 +426,7 @@ def sim_serve(
             timeslice_port=timeslice_port,
             endpoints_file=endpoints_file,
             seed=seed,
+            tls=(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
         )
     except (OSError, ValueError) as err:
         _fail(err)
@@ -617,6 +624,13 @@ def route(
     replicas_group: Annotated[
         str, typer.Option(help="With --replicas-redis: the replicas of one fleet share one group name.")
     ] = "default",
+    upstream_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="PEM bundle that endpoints serving HTTPS (label leadtime.io/scheme: https) are verified with, when "
+            "the system's CAs do not."
+        ),
+    ] = None,
     tls_cert: Annotated[
         Path | None, typer.Option(help="PEM certificate (chain): serve the gateway's API over HTTPS.")
     ] = None,
@@ -644,13 +658,14 @@ def route(
         )
     if predictor_url is not None and predictor_tls and not predictor_url.startswith("https://"):
         _fail("--predictor-tls: over HTTP, TLS is an https:// --predictor-url")
-    if predictor_ca is not None:
-        from leadtime.predictor.client import tls_client_context
+    for option, ca_file in (("--predictor-ca", predictor_ca), ("--upstream-ca", upstream_ca)):
+        if ca_file is not None:
+            from leadtime.predictor.client import tls_client_context
 
-        try:
-            tls_client_context(predictor_ca)
-        except ValueError as err:
-            _fail(f"--predictor-ca: {err}")
+            try:
+                tls_client_context(ca_file)
+            except ValueError as err:
+                _fail(f"{option}: {err}")
     if replicas_redis is not None and not replicas_redis.startswith(("redis://", "rediss://", "unix://")):
         _fail(f"--replicas-redis: expected redis://HOST:PORT/DB (or rediss://, unix://), got {replicas_redis!r}")
     if not replicas_group or not replicas_group.isprintable() or " " in replicas_group:
@@ -686,6 +701,7 @@ def route(
         default_model=model,
         ttft_slo_ms=ttft_slo_ms,
         tpot_slo_ms=tpot_slo_ms,
+        upstream_ca_file=None if upstream_ca is None else str(upstream_ca),
     )
     options = RouteOptions(
         discovery=discovery,

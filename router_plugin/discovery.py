@@ -45,6 +45,10 @@ ACCELERATOR_LABEL = "leadtime.io/accelerator"
 TIMESLICE_LABEL = "leadtime.io/timeslice-group"
 MODEL_LABEL = "leadtime.io/model"
 TP_LABEL = "leadtime.io/tensor-parallel"
+SCHEME_LABEL = "leadtime.io/scheme"
+SCHEMES = ("http", "https")
+"""How the gateway reaches an endpoint (its proxied requests and its /metrics): plain HTTP unless the endpoint's
+`leadtime.io/scheme` label says https (vLLM started with --ssl-certfile/--ssl-keyfile)."""
 
 
 class DiscoveryError(ValueError):
@@ -120,6 +124,11 @@ class DiscoveredEndpoint:
         return self.labels.get(ROLE_LABEL, "both") or "both"
 
     @property
+    def tls(self) -> bool:
+        """Whether the endpoint serves HTTPS (its `leadtime.io/scheme` label)."""
+        return self.labels.get(SCHEME_LABEL, "http") == "https"
+
+    @property
     def timeslice_group(self) -> str:
         return self.labels.get(TIMESLICE_LABEL, "")
 
@@ -145,6 +154,9 @@ def _check_labels(index: int, labels: Mapping[str, str]) -> None:
     role = labels.get(ROLE_LABEL, "both")
     if role not in ROLES:
         raise DiscoveryError(f"{where}.{ROLE_LABEL}: must be one of {', '.join(ROLES)}, got {role!r}")
+    scheme = labels.get(SCHEME_LABEL, "http")
+    if scheme not in SCHEMES:
+        raise DiscoveryError(f"{where}.{SCHEME_LABEL}: must be one of {', '.join(SCHEMES)}, got {scheme[:20]!r}")
     tp = labels.get(TP_LABEL, "1")
     if not (tp.isascii() and tp.isdigit() and len(tp) <= 9) or int(tp) < 1:
         raise DiscoveryError(f"{where}.{TP_LABEL}: must be an integer from 1 to 999999999, got {tp[:20]!r}")

@@ -138,7 +138,7 @@ class Scraper:
         asked_ms = self.clock()
         started = time.perf_counter()
         try:
-            pool = self.upstreams.pool(endpoint.address, endpoint.port)
+            pool = self.upstreams.pool(endpoint.address, endpoint.port, endpoint.tls)
             response = await pool.request("GET", "/metrics", timeout_s=self.timeout_s)
             body = await response.read(self.timeout_s)
             if response.status != 200:

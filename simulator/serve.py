@@ -49,6 +49,7 @@ from leadtime.predictor.service.edge import (
     validation_error_handler,
 )
 from leadtime.predictor.service.ports import check_port_free
+from leadtime.predictor.service.serve import check_tls_files
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
@@ -524,6 +525,9 @@ class FleetServer:
         Seeds the time-slice windows.
     timeslice_port
         Where the time-slice groups' states are served (only for a fleet that has groups; None: not served).
+    tls
+        (certificate, key) PEM files: the endpoints serve HTTPS, as vLLM does with --ssl-certfile/--ssl-keyfile
+        (the time-slice states stay plain HTTP).
     """
 
     def __init__(
@@ -534,6 +538,7 @@ class FleetServer:
         model_name: str | None = None,
         seed: int = 0,
         timeslice_port: int | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         if len(ports) != len(fleet.endpoints):
             raise ValueError(f"need {len(fleet.endpoints)} ports, got {len(ports)}")
@@ -541,6 +546,7 @@ class FleetServer:
         self.ports = ports
         self.host = host
         self.seed = seed
+        self.tls = tls
         self.timeslice_port = timeslice_port if fleet.timeslice_groups else None
         engines = build_endpoints(fleet, decode_runs=False)
         pairs = zip(fleet.endpoints, engines, strict=True)
@@ -558,7 +564,7 @@ class FleetServer:
     def urls(self) -> dict[str, str]:
         """The base URL of every endpoint."""
         return {
-            cfg.endpoint_id: f"http://{self.host}:{port}"
+            cfg.endpoint_id: f"{'https' if self.tls else 'http'}://{self.host}:{port}"
             for cfg, port in zip(self.fleet.endpoints, self.ports, strict=True)
         }
 
@@ -581,6 +587,8 @@ class FleetServer:
             }
             if cfg.timeslice_group:
                 labels["leadtime.io/timeslice-group"] = cfg.timeslice_group
+            if self.tls:
+                labels["leadtime.io/scheme"] = "https"
             entries.append({"name": cfg.endpoint_id, "address": self.host, "port": str(port), "labels": labels})
         return {"endpoints": entries}
 
@@ -593,7 +601,16 @@ class FleetServer:
             live.origin = time.monotonic()
             tasks.append(asyncio.create_task(live.drive()))
             app = build_app(live, peers, ids)
-            config = uvicorn.Config(app, host=self.host, port=port, log_level="warning", lifespan="off")
+            cert, key = self.tls or (None, None)
+            config = uvicorn.Config(
+                app,
+                host=self.host,
+                port=port,
+                log_level="warning",
+                lifespan="off",
+                ssl_certfile=cert,
+                ssl_keyfile=key,
+            )
             self._servers.append(uvicorn.Server(config))
         if self.timeslice_port is not None:
             app = build_timeslice_app(self.groups)
@@ -672,11 +689,13 @@ def serve_fleet(
     timeslice_port: int | None = None,
     endpoints_file: Path | None = None,
     seed: int = 0,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     """Serve until interrupted (the `leadtime sim serve` command).
 
     A fleet with time-slice groups publishes their states on `timeslice_port` (default: the port after the
-    endpoints'); `endpoints_file` is written with the fleet as an llm-d discovery file.
+    endpoints'); `endpoints_file` is written with the fleet as an llm-d discovery file. With `tls` (certificate and
+    key files) the endpoints serve HTTPS, and the discovery file says so (`leadtime.io/scheme: https`).
     """
     ports = [base_port + i for i in range(len(fleet.endpoints))]
     if fleet.timeslice_groups and timeslice_port is None:
@@ -687,7 +706,9 @@ def serve_fleet(
         raise ValueError(f"--base-port {base_port} leaves no room for {len(ports)} endpoints")
     if endpoints_file is not None:
         _check_writable(endpoints_file)
-    server = FleetServer(fleet, ports, host, model_name, seed=seed, timeslice_port=timeslice_port)
+    if tls is not None:
+        check_tls_files(*tls)
+    server = FleetServer(fleet, ports, host, model_name, seed=seed, timeslice_port=timeslice_port, tls=tls)
     server.start()
     for endpoint_id, url in server.urls.items():
         print(f"{endpoint_id}: {url}", flush=True)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from llmd_rows import llmd_row
 
-from leadtime.bench.procs import Child, SimFleet, free_port
+from leadtime.bench.procs import Child, Route, SimFleet, free_port
 from leadtime.bench.tls import TlsBenchOptions, run_tls_bench, self_signed
 from leadtime.features.vllm_metrics import parse_samples
 from leadtime.predictor.client import (
@@ -190,6 +190,34 @@ def test_route_refuses_tls_files_that_cannot_serve(tmp_path: Path) -> None:
         done = _route_cli("--policy", "round-robin", *args)
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_route_reaches_endpoints_that_serve_https(tmp_path: Path, service: TlsService) -> None:
+    """vLLM endpoints started with --ssl-certfile (here `sim serve --tls-cert`, labelled leadtime.io/scheme: https):
+    scraped and proxied over TLS, verified with --upstream-ca; without it the endpoints cannot be verified and are
+    never routed to."""
+    fleet_file = tmp_path / "fleet.yaml"
+    fleet_file.write_text(yaml.safe_dump(FLEET))
+    key = service.cert.with_name("key.pem")
+    fleet = SimFleet(fleet_file, tmp_path, tls=(service.cert, key))
+    assert fleet.url("h100-0").startswith("https://")
+    common = ["--discovery", str(fleet.endpoints_file), "--policy", "round-robin"]
+    trusting = Route(tmp_path, [*common, "--upstream-ca", str(service.cert)])
+    untrusting = Route(tmp_path, common)
+    try:
+        trusting.wait()
+        body = {"prompt": "hello " * 10, "max_tokens": 3, "stream": True}
+        with httpx.stream("POST", f"{trusting.url}/v1/completions", json=body, timeout=60) as response:
+            assert response.status_code == 200 and response.read().endswith(b"data: [DONE]\n\n")
+        untrusting.child.wait_until(f"{untrusting.url}/healthz")
+        time.sleep(1.0)
+        assert untrusting.metric("leadtime_router_scrape_errors_total") > 0
+        refused = httpx.post(f"{untrusting.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        assert refused.status_code == 503
+    finally:
+        trusting.child.stop()
+        untrusting.child.stop()
+        fleet.stop()
 
 
 def test_bench_tls_reports_both_transports_side_by_side() -> None:

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+from leadtime.predictor.client import tls_client_context
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
 from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
@@ -101,6 +102,8 @@ class GatewaySettings:
     upstream_timeout_s: float = 600.0
     """Longest wait for an endpoint's answer to start, and between two pieces of it."""
     max_body_bytes: int = 32 << 20
+    upstream_ca_file: str | None = None
+    """PEM bundle that endpoints serving HTTPS are verified with (default: the system's trusted CAs)."""
 
 
 class _ClientLeft(Exception):
@@ -171,7 +174,8 @@ class Gateway:
         self.predictor = predictor
         self.metrics = metrics or (predictor.metrics if predictor is not None else GatewayMetrics())
         self.clock = monotonic_ms
-        self.upstreams = Upstreams(settings.connect_timeout_s)
+        tls = tls_client_context(settings.upstream_ca_file) if settings.upstream_ca_file else None
+        self.upstreams = Upstreams(settings.connect_timeout_s, tls)
         self.scraper = Scraper(
             self.upstreams,
             settings.scrape_interval_s,
@@ -402,7 +406,8 @@ class Gateway:
         for scrape in self.routable():
             e = scrape.endpoint
             try:
-                response = await self.upstreams.pool(e.address, e.port).request("GET", "/v1/models", timeout_s=5.0)
+                pool = self.upstreams.pool(e.address, e.port, e.tls)
+                response = await pool.request("GET", "/v1/models", timeout_s=5.0)
                 body = await response.read(5.0)
             except UpstreamError:
                 continue
@@ -526,7 +531,7 @@ class Gateway:
             if routed.decision.pick.is_pair:
                 prefill = self._endpoint(routed.decision.pick.endpoint_id)
                 extra.append((PREFILLER_HEADER, prefill.host_port.encode()))
-            pool = self.upstreams.pool(target.address, target.port)
+            pool = self.upstreams.pool(target.address, target.port, target.tls)
             try:
                 sent_at = time.perf_counter()
                 response = await pool.request("POST", target_path, extra, body, self.settings.upstream_timeout_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 
@@ -227,11 +228,21 @@ class UpstreamPool:
         Budget to open a connection.
     max_idle
         Idle connections kept open for reuse.
+    tls
+        Speak TLS to the endpoint, verifying its certificate and host name with this context.
     """
 
-    def __init__(self, host: str, port: int, connect_timeout_s: float = 2.0, max_idle: int = 64) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        connect_timeout_s: float = 2.0,
+        max_idle: int = 64,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.host = host
         self.port = port
+        self.tls = tls
         self.connect_timeout_s = connect_timeout_s
         self.max_idle = max_idle
         self._idle: list[_Connection] = []
@@ -242,7 +253,14 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self), self.host, self.port), self.connect_timeout_s
+                loop.create_connection(
+                    lambda: _Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=self.tls,
+                    server_hostname=self.host if self.tls is not None else None,
+                ),
+                self.connect_timeout_s,
             )
         except TimeoutError:
             message = f"{self.host}:{self.port} did not accept within {self.connect_timeout_s} s"
@@ -308,23 +326,30 @@ class UpstreamPool:
 
 
 class Upstreams:
-    """One pool per `host:port`, created on first use."""
+    """One pool per `host:port` (and whether it speaks TLS), created on first use.
 
-    def __init__(self, connect_timeout_s: float = 2.0) -> None:
+    `tls`: the context endpoints serving HTTPS are verified with (default: the system's trusted CAs)."""
+
+    def __init__(self, connect_timeout_s: float = 2.0, tls: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
-        self._pools: dict[tuple[str, int], UpstreamPool] = {}
+        self._tls = tls
+        self._pools: dict[tuple[str, int, bool], UpstreamPool] = {}
 
-    def pool(self, host: str, port: int) -> UpstreamPool:
-        key = (host, port)
+    def pool(self, host: str, port: int, tls: bool = False) -> UpstreamPool:
+        key = (host, port, tls)
         pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[key] = UpstreamPool(host, port, self.connect_timeout_s)
+            context = None
+            if tls:
+                context = self._tls = self._tls or ssl.create_default_context()
+            pool = self._pools[key] = UpstreamPool(host, port, self.connect_timeout_s, tls=context)
         return pool
 
     def drop(self, host: str, port: int) -> None:
-        pool = self._pools.pop((host, port), None)
-        if pool is not None:
-            pool.close()
+        for tls in (False, True):
+            pool = self._pools.pop((host, port, tls), None)
+            if pool is not None:
+                pool.close()
 
     def close(self) -> None:
         for pool in self._pools.values():
