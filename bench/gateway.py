@@ -21,8 +21,10 @@ JSON: `requests` and `errors` over every phase (an error: a status other than 20
 each prediction asked of the service over HTTP (what `overhead_ms` measured before `--pull-model` existed);
 `overhead_ms_embedded`; with `replicas_redis`, `overhead_ms_pulled_replicas`: the model pulled, the gateway one of
 two replicas telling each other what they send through that Redis (`--replicas-redis`; the other idle but listening),
-with `replica_events`; `fallbacks` (the Leadtime gateways' decisions made by the heuristics), `goodput_rps`
-{leadtime, round_robin} (the Leadtime run asks the service over HTTP, as before), and the details beside them.
+with `replica_events`; with `tls_upstream`, `overhead_ms_pulled_tls_upstream`: the model pulled, a fleet of its own
+serving HTTPS (a certificate made for the run, `--upstream-ca`), the direct probe over TLS as well; `fallbacks`
+(the Leadtime gateways' decisions made by the heuristics), `goodput_rps` {leadtime, round_robin} (the Leadtime run
+asks the service over HTTP, as before), and the details beside them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,6 +43,8 @@ import numpy as np
 
 from leadtime.bench.loadgen import Result, Shot, paired_probes, replay
 from leadtime.bench.procs import Predictor, Route, SimFleet
+from leadtime.bench.tls import self_signed
+from leadtime.predictor.client import tls_client_context
 from leadtime.simulator.workload import load_workload, shape, spread_steps
 
 FLEET = "mixed"
@@ -57,6 +62,7 @@ class GatewayBenchOptions:
     processes: int = 2
     seed: int = 0
     replicas_redis: str | None = None
+    tls_upstream: bool = False
 
 
 def _pct(values: list[float]) -> dict[str, float]:
@@ -75,12 +81,12 @@ def workload_shots(options: GatewayBenchOptions) -> list[Shot]:
 
 
 def probe_pairs(
-    route: Route, fleet: SimFleet, n: int, words: int, first_index: int
+    route: Route, fleet: SimFleet, n: int, words: int, first_index: int, endpoint_tls: ssl.SSLContext | None = None
 ) -> tuple[list[float], list[Result]]:
     """(added time to first token per pair, every result)."""
     addresses = {e["name"]: f"{e['address']}:{e['port']}" for e in fleet.endpoints}
     pairs = paired_probes(
-        route.url.removeprefix("http://"), addresses, n, words, first_index, (TTFT_SLO_MS, ITL_SLO_MS)
+        route.url.removeprefix("http://"), addresses, n, words, first_index, (TTFT_SLO_MS, ITL_SLO_MS), endpoint_tls
     )
     added = [via.ttft_ms - direct.ttft_ms for via, direct in pairs[5:] if direct is not None and direct.ok]
     return added, [r for pair in pairs for r in pair if r is not None]
@@ -158,6 +164,32 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
         report["overhead_ms_embedded"] = _pct(added["embedded"])
         if "pulled_replicas" in added:
             report["overhead_ms_pulled_replicas"] = _pct(added["pulled_replicas"])
+        if options.tls_upstream:  # the gateway with the model pulled, before a fleet that serves HTTPS
+            say(f"overhead: {options.probes} probe pairs through a gateway to endpoints serving HTTPS")
+            (work / "tls").mkdir()
+            cert, key = self_signed(work / "tls")
+            predictor = Predictor(work / "tls")
+            fleet = SimFleet(FLEET, work / "tls", options.seed, tls=(cert, key))
+            predictor.wait()
+            args = ["--discovery", str(fleet.endpoints_file), "--predictor-url", predictor.url, "--pull-model"]
+            gateway = Route(work / "tls", [*args, "--upstream-ca", str(cert)])
+            try:
+                gateway.wait()
+                added["pulled_tls_upstream"], results = probe_pairs(
+                    gateway,
+                    fleet,
+                    options.probes,
+                    options.probe_words,
+                    10 * len(added) * options.probes,
+                    tls_client_context(cert),
+                )
+                all_results += results
+                fallbacks += gateway.metric("leadtime_router_fallbacks_total")
+            finally:
+                gateway.child.stop()
+                predictor.child.stop()
+                fleet.stop()
+            report["overhead_ms_pulled_tls_upstream"] = _pct(added["pulled_tls_upstream"])
         report["overhead_pairs"] = {name: len(values) for name, values in added.items()}
 
         # 2. goodput, the same trace slice through the gateway with each policy, each on a fresh fleet
@@ -225,6 +257,12 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         f"p50 {h['p50']:.2f} ms, p99 {h['p99']:.2f} ms with each prediction over HTTP; "
         f"p50 {e['p50']:.2f} ms, p99 {e['p99']:.2f} ms embedded"
     )
+    if "overhead_ms_pulled_tls_upstream" in report:
+        t = report["overhead_ms_pulled_tls_upstream"]
+        console.print(
+            "with the model pulled, to endpoints serving HTTPS (the direct probe over TLS too): "
+            f"p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms"
+        )
     if "overhead_ms_pulled_replicas" in report:
         r = report["overhead_ms_pulled_replicas"]
         console.print(

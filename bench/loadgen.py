@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -187,11 +188,18 @@ def replay(target: str, shots: list[Shot], processes: int = 2, lead_s: float = 3
 
 
 def paired_probes(
-    gateway: str, addresses: dict[str, str], n: int, words: int, first_index: int, slo: tuple[float, float]
+    gateway: str,
+    addresses: dict[str, str],
+    n: int,
+    words: int,
+    first_index: int,
+    slo: tuple[float, float],
+    endpoint_tls: ssl.SSLContext | None = None,
 ) -> list[tuple[Result, Result | None]]:
     """`n` pairs, one request at a time over kept-alive connections: a request through `gateway`, then one of
-    the same size straight to the endpoint it chose (`addresses`: endpoint id → host:port). Every prompt is new
-    (no prefix shared), so both find the endpoint idle and cold."""
+    the same size straight to the endpoint it chose (`addresses`: endpoint id → host:port; over TLS with
+    `endpoint_tls`, as the gateway reaches endpoints that serve HTTPS). Every prompt is new (no prefix shared), so
+    both find the endpoint idle and cold."""
 
     async def run() -> list[tuple[Result, Result | None]]:
         maker = PromptMaker()
@@ -200,7 +208,8 @@ def paired_probes(
         def pool(target: str) -> UpstreamPool:
             if target not in pools:
                 host, _, port = target.rpartition(":")
-                pools[target] = UpstreamPool(host, int(port))
+                tls = endpoint_tls if target != gateway else None
+                pools[target] = UpstreamPool(host, int(port), tls=tls)
             return pools[target]
 
         def shot(index: int, target: str = "") -> Shot:

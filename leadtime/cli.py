@@ -779,6 +779,9 @@ def bench_gateway(
         str | None,
         typer.Option(help="Also measure the overhead of a gateway sharing with a replica through this Redis."),
     ] = None,
+    tls_upstream: Annotated[
+        bool, typer.Option("--tls-upstream", help="Also measure the overhead before endpoints serving HTTPS.")
+    ] = False,
 ) -> None:
     """The gateway on loopback: added time to first token, and goodput with Leadtime and with round-robin."""
     from leadtime.bench.gateway import GatewayBenchOptions, print_report, run_gateway_bench
@@ -791,7 +794,13 @@ def bench_gateway(
     if replicas_redis is not None and not replicas_redis.startswith(("redis://", "rediss://", "unix://")):
         _fail(f"--replicas-redis: expected redis://HOST:PORT/DB, got {replicas_redis!r}")
     options = GatewayBenchOptions(
-        trace, requests, rate_scale, probes, processes=processes, replicas_redis=replicas_redis
+        trace,
+        requests,
+        rate_scale,
+        probes,
+        processes=processes,
+        replicas_redis=replicas_redis,
+        tls_upstream=tls_upstream,
     )
 
     def say(message: str) -> None:
