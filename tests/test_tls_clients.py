@@ -192,6 +192,19 @@ def test_route_refuses_tls_files_that_cannot_serve(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr
 
 
+def test_sim_serve_refuses_tls_files_that_cannot_serve(tmp_path: Path) -> None:
+    not_pem = tmp_path / "cert.pem"
+    not_pem.write_text("not a certificate\n")
+    base = [sys.executable, "-m", "leadtime", "sim", "serve", "--fleet", "homogeneous", "--base-port", "1"]
+    for args, message in (
+        (["--tls-key", str(not_pem)], "--tls-cert and --tls-key go together"),
+        (["--tls-cert", str(not_pem), "--tls-key", str(not_pem)], "are not a PEM certificate and its unencrypted"),
+    ):
+        done = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+
+
 def test_route_reaches_endpoints_that_serve_https(tmp_path: Path, service: TlsService) -> None:
     """vLLM endpoints started with --ssl-certfile (here `sim serve --tls-cert`, labelled leadtime.io/scheme: https):
     scraped and proxied over TLS, verified with --upstream-ca; without it the endpoints cannot be verified and are
