@@ -548,6 +548,11 @@ def bench_routing(
 # ----- gateway -------------------------------------------------------------------------------
 
 
+def _check_redis_url(option: str, url: str | None) -> None:
+    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+        _fail(f"{option}: expected redis://HOST:PORT/DB (or rediss://, unix://), got {url!r}")
+
+
 @app.command("route")
 def route(
     discovery: Annotated[
@@ -666,8 +671,7 @@ def route(
                 tls_client_context(ca_file)
             except ValueError as err:
                 _fail(f"{option}: {err}")
-    if replicas_redis is not None and not replicas_redis.startswith(("redis://", "rediss://", "unix://")):
-        _fail(f"--replicas-redis: expected redis://HOST:PORT/DB (or rediss://, unix://), got {replicas_redis!r}")
+    _check_redis_url("--replicas-redis", replicas_redis)
     if not replicas_group or not replicas_group.isprintable() or " " in replicas_group:
         _fail("--replicas-group: expected a name without spaces")
     if (tls_cert is None) != (tls_key is None):
@@ -791,8 +795,7 @@ def bench_gateway(
     _positive("--rate-scale", rate_scale)
     if processes < 1:
         _fail("--processes must be ≥ 1")
-    if replicas_redis is not None and not replicas_redis.startswith(("redis://", "rediss://", "unix://")):
-        _fail(f"--replicas-redis: expected redis://HOST:PORT/DB, got {replicas_redis!r}")
+    _check_redis_url("--replicas-redis", replicas_redis)
     options = GatewayBenchOptions(
         trace,
         requests,

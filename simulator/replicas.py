@@ -8,7 +8,7 @@ there within a millisecond or so). The benchmark's `leadtime_x4` and `leadtime_x
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from leadtime.router_plugin.ledgers import LedgerEvent
@@ -56,12 +56,8 @@ class ReplicatedPolicy:
     def observe(self, outcome: Outcome) -> None:
         self._owner.pop(outcome.request_id).observe(outcome)
 
-    @property
-    def counters(self) -> Any:
-        return self.replicas[0].counters
 
-
-def _tell(others: list[LeadtimePolicy]) -> Any:
+def _tell(others: list[LeadtimePolicy]) -> Callable[[LedgerEvent], None]:
     def outbox(event: LedgerEvent) -> None:
         for other in others:
             other.ledgers.apply(event)

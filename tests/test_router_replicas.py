@@ -231,3 +231,22 @@ def test_two_gateways_tell_each_other_what_they_send(tmp_path: Path, redis_serve
         first.child.stop()
         second.child.stop()
         fleet.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replicas-redis", "http://127.0.0.1:6379"], "--replicas-redis: expected redis://"),
+        (["--replicas-redis", "redis://127.0.0.1:6379/0", "--replicas-group", "two words"], "--replicas-group"),
+    ],
+)
+def test_route_names_a_replica_option_that_cannot_work(args: list[str], message: str) -> None:
+    import subprocess
+    import sys
+
+    from leadtime.bench.procs import free_port
+
+    command = [sys.executable, "-m", "leadtime", "route", "--endpoint", "127.0.0.1:9", "--policy", "round-robin"]
+    done = subprocess.run([*command, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
