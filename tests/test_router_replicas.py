@@ -176,6 +176,24 @@ def test_two_syncs_share_through_a_real_redis_and_forget_a_replica_that_stops(re
     assert other_group == []
 
 
+def test_without_redis_a_replica_counts_what_it_could_not_tell_and_goes_on() -> None:
+    from leadtime.bench.procs import free_port
+
+    async def scenario() -> float:
+        metrics = GatewayMetrics()
+        sync = ReplicaSync(f"redis://127.0.0.1:{free_port()}/0", "g", lambda e: None, metrics)
+        await sync.start()
+        for i in range(3):
+            sync.publish(LedgerEvent("complete", f"r{i}"))
+        deadline = time.monotonic() + 10
+        while metrics.replica_events.labels("dropped")._value.get() < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await sync.stop()
+        return float(metrics.replica_events.labels("dropped")._value.get())
+
+    assert asyncio.run(scenario()) == 3  # nothing raised into the gateway; nothing sent
+
+
 def test_the_simulators_replicas_route_every_request_and_learn_once_each() -> None:
     from leadtime.bench.routing import _fleet
 
