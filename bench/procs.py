@@ -170,7 +170,8 @@ class SimFleet:
 
 class Predictor:
     """`leadtime serve` on free HTTP and gRPC ports: in-memory store, or Redis at `redis_url`; `env` sets other
-    `LEADTIME_*` settings (e.g. {"LEADTIME_RETRAIN_EVERY": "50"})."""
+    `LEADTIME_*` settings (e.g. {"LEADTIME_RETRAIN_EVERY": "50"}); with `tls` (certificate, key), HTTPS and gRPC
+    over TLS."""
 
     def __init__(
         self,
@@ -179,18 +180,25 @@ class Predictor:
         model: str = "llama-3.1-8b",
         redis_url: str | None = None,
         env: dict[str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.port, self.grpc_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
         args = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--grpc-port", str(self.grpc_port)]
         args += ["--accelerator", accelerator, "--model", model]
         if redis_url is not None:
             args += ["--redis", redis_url]
+        if tls is not None:
+            args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
         self.child = Child(args, workdir / f"predictor-{self.port}.log", env)
 
     def wait(self) -> Predictor:
-        self.child.wait_until(f"{self.url}/readyz")
+        from leadtime.predictor.client import tls_client_context
+
+        verify = tls_client_context(self.tls[0]) if self.tls is not None else True
+        self.child.wait_until(f"{self.url}/readyz", verify=verify)
         return self
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leadtime.bench.procs import Child, free_port
+from leadtime.bench.procs import Predictor
 from leadtime.bench.serving import load_entries, percentiles, prediction_rows, time_calls
-from leadtime.predictor.client import GrpcPredictorClient, tls_client_context
+from leadtime.predictor.client import GrpcPredictorClient
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 
 WARMUP_CALLS = 200
@@ -71,27 +71,6 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-@dataclass
-class _Service:
-    url: str
-    grpc: str
-    child: Child
-
-
-def _start(workdir: Path, tls: tuple[Path, Path] | None) -> _Service:
-    port, grpc_port = free_port(), free_port()
-    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port)]
-    args += ["--accelerator", "h200-sxm", "--model", "qwen3-32b"]
-    if tls is not None:
-        args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
-    name = "tls" if tls else "plain"
-    return _Service(
-        f"{'https' if tls else 'http'}://127.0.0.1:{port}",
-        f"127.0.0.1:{grpc_port}",
-        Child(args, workdir / f"{name}.log"),
-    )
-
-
 def run_tls_bench(
     options: TlsBenchOptions = TlsBenchOptions(), progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -101,11 +80,13 @@ def run_tls_bench(
     with tempfile.TemporaryDirectory(prefix="leadtime-bench-tls-") as tmp:
         workdir = Path(tmp)
         cert, key = self_signed(workdir)
-        services = {"plain": _start(workdir, None), "tls": _start(workdir, (cert, key))}
+        services = {
+            "plain": Predictor(workdir, "h200-sxm", "qwen3-32b"),
+            "tls": Predictor(workdir, "h200-sxm", "qwen3-32b", tls=(cert, key)),
+        }
         try:
-            for name, service in services.items():
-                verify = tls_client_context(cert) if name == "tls" else True
-                service.child.wait_until(f"{service.url}/readyz", verify=verify)
+            for service in services.values():
+                service.wait()
             ca = {"plain": None, "tls": cert}
             http = {n: LeanHttpPredictorClient(s.url, deadline_s=5.0, ca_file=ca[n]) for n, s in services.items()}
             grpc = {n: GrpcPredictorClient(s.grpc, deadline_s=5.0, ca_file=ca[n]) for n, s in services.items()}

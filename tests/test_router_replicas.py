@@ -13,6 +13,7 @@ import pytest
 import yaml
 from redis_server import RedisServer
 from test_router_plugin import QueueModel, cand, req
+from test_tls_clients import route_cli
 
 from leadtime.bench.procs import Route, SimFleet
 from leadtime.router_plugin.gateway.inflight_work import Active
@@ -259,12 +260,6 @@ def test_two_gateways_tell_each_other_what_they_send(tmp_path: Path, redis_serve
     ],
 )
 def test_route_names_a_replica_option_that_cannot_work(args: list[str], message: str) -> None:
-    import subprocess
-    import sys
-
-    from leadtime.bench.procs import free_port
-
-    command = [sys.executable, "-m", "leadtime", "route", "--endpoint", "127.0.0.1:9", "--policy", "round-robin"]
-    done = subprocess.run([*command, "--port", str(free_port()), *args], capture_output=True, text=True, timeout=60)
+    done = route_cli("--policy", "round-robin", *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from llmd_rows import llmd_row
 
-from leadtime.bench.procs import Child, Route, SimFleet, free_port
+from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
 from leadtime.bench.tls import TlsBenchOptions, run_tls_bench, self_signed
 from leadtime.features.vllm_metrics import parse_samples
 from leadtime.predictor.client import (
@@ -38,23 +38,18 @@ class TlsService:
     url: str
     grpc: str
     cert: Path
-    child: Child
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsService]:
     workdir = tmp_path_factory.mktemp("tls")
     cert, key = self_signed(workdir)
-    port, grpc_port = free_port(), free_port()
-    args = ["serve", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port)]
-    args += ["--api-token", TOKEN, "--tls-cert", str(cert), "--tls-key", str(key)]
-    child = Child(args, workdir / "serve.log")
-    url = f"https://127.0.0.1:{port}"
+    predictor = Predictor(workdir, env={"LEADTIME_API_TOKEN": TOKEN}, tls=(cert, key))
     try:
-        child.wait_until(f"{url}/readyz", verify=tls_client_context(cert))
-        yield TlsService(url, f"127.0.0.1:{grpc_port}", cert, child)
+        predictor.wait()
+        yield TlsService(predictor.url, predictor.grpc, cert)
     finally:
-        child.stop()
+        predictor.child.stop()
 
 
 def _observation() -> dict[str, object]:
@@ -121,7 +116,8 @@ def test_a_ca_file_is_checked_when_the_client_is_made(tmp_path: Path, service: T
         HttpPredictorClient(plain_url, ca_file=service.cert)
 
 
-def _route_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def route_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`leadtime route` with a static endpoint, on a free port, and `args`; what it printed."""
     command = [sys.executable, "-m", "leadtime", "route", "--endpoint", "127.0.0.1:9", "--port", str(free_port())]
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
 
@@ -136,7 +132,7 @@ def _route_cli(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_route_names_a_tls_option_that_cannot_work(service: TlsService, args: list[str], message: str) -> None:
-    done = _route_cli(*[str(service.cert) if a == "CERT" else a for a in args])
+    done = route_cli(*[str(service.cert) if a == "CERT" else a for a in args])
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
@@ -187,7 +183,7 @@ def test_route_refuses_tls_files_that_cannot_serve(tmp_path: Path) -> None:
         (["--tls-cert", str(not_pem)], "--tls-cert and --tls-key go together"),
         (["--tls-cert", str(not_pem), "--tls-key", str(not_pem)], "are not a PEM certificate and its unencrypted"),
     ):
-        done = _route_cli("--policy", "round-robin", *args)
+        done = route_cli("--policy", "round-robin", *args)
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
 

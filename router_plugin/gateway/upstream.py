@@ -339,10 +339,9 @@ class Upstreams:
         key = (host, port, tls)
         pool = self._pools.get(key)
         if pool is None:
-            context = None
-            if tls:
-                context = self._tls = self._tls or ssl.create_default_context()
-            pool = self._pools[key] = UpstreamPool(host, port, self.connect_timeout_s, tls=context)
+            if tls and self._tls is None:
+                self._tls = ssl.create_default_context()
+            pool = self._pools[key] = UpstreamPool(host, port, self.connect_timeout_s, tls=self._tls if tls else None)
         return pool
 
     def drop(self, host: str, port: int) -> None:
