@@ -172,6 +172,7 @@ class ReplicaSync:
         # origin → its requests still in this replica's ledgers, and in its tokens-in-flight tracker
         self._in_ledgers: dict[str, set[str]] = {}
         self._in_work: dict[str, set[str]] = {}
+        self._counting = 0  # requests in either, over every replica heard: kept as messages come, not recounted
         self._tasks: list[asyncio.Task[None]] = []
         self._client: Any = None
 
@@ -275,14 +276,17 @@ class ReplicaSync:
         in_ledgers = self._in_ledgers.setdefault(origin, set())
         in_work = self._in_work.setdefault(origin, set())
         for event in events:
+            rid = event.request_id
+            counted = rid in in_ledgers or rid in in_work
             if event.kind in ("prefill", "decode", "decoding"):
-                in_ledgers.add(event.request_id)
+                in_ledgers.add(rid)
             elif event.kind == "complete":
-                in_ledgers.discard(event.request_id)
+                in_ledgers.discard(rid)
             elif event.kind == "work_start":
-                in_work.add(event.request_id)
+                in_work.add(rid)
             elif event.kind == "work_finish":
-                in_work.discard(event.request_id)
+                in_work.discard(rid)
+            self._counting += int(rid in in_ledgers or rid in in_work) - int(counted)
             self.apply(event)
         self.metrics.replica_events.labels("received").inc(len(events))
         self._export()
@@ -292,6 +296,7 @@ class ReplicaSync:
         for origin in [o for o, heard in self._heard.items() if now - heard > self.silent_after_s]:
             in_ledgers, in_work = self._in_ledgers.pop(origin, set()), self._in_work.pop(origin, set())
             del self._heard[origin]
+            self._counting -= len(in_ledgers | in_work)
             log.warning(
                 "replica %s not heard for %.0f s: its %d requests stop counting",
                 origin,
@@ -306,5 +311,4 @@ class ReplicaSync:
 
     def _export(self) -> None:
         self.metrics.replicas_heard.set(len(self._heard))
-        counting = (self._in_ledgers.get(o, set()) | self._in_work.get(o, set()) for o in self._heard)
-        self.metrics.replica_requests.set(sum(len(ids) for ids in counting))
+        self.metrics.replica_requests.set(self._counting)
