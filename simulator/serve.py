@@ -413,14 +413,20 @@ def build_app(
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         head = f'data: {{"id":"cmpl-{live.config.endpoint_id}-{rid}","object":"{obj}","created":{created},'
         head += f'"model":{json.dumps(live.model_name)},"choices":[{{"index":0,'
-        head += '"delta":{"content":" tok' if kind == "chat" else '"text":" tok'
-        tail = '"},"finish_reason":null}]}\n\n' if kind == "chat" else '","finish_reason":null}]}\n\n'
+
+        def event(text: str, finish: str = "null", role: str = "") -> str:
+            if kind == "chat":
+                return f'{head}"delta":{{{role}"content":"{text}"}},"finish_reason":{finish}}}]}}\n\n'
+            return f'{head}"text":"{text}","finish_reason":{finish}}}]}}\n\n'
 
         async def events() -> AsyncIterator[str]:
             n = 0
             async for i in tokens(queue):
+                if not n and kind == "chat":  # as vLLM: the role, with the first token
+                    yield event("", role='"role":"assistant",')
                 n += 1
-                yield f"{head}{i}{tail}"
+                yield event(f" tok{i}")
+            yield event("", finish='"length"')  # as vLLM: the last event of a choice says why it finished
             if include_usage:
                 last = {
                     "id": f"cmpl-{live.config.endpoint_id}-{rid}",

@@ -41,7 +41,9 @@ def stream_request(url: str, prompt: str, max_tokens: int, **headers: str) -> tu
 
 
 def token_events(events: list[str]) -> list[dict[str, object]]:
-    return [json.loads(e) for e in events if e != "[DONE]" and json.loads(e).get("choices")]
+    """The events that carry a token (not the role's, the finish reason's or the usage's)."""
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    return [c for c in chunks if c.get("choices") and c["choices"][0].get("text")]
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ def stream(url: str, prompt: str, max_tokens: int) -> tuple[httpx.Response, int]
     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
-    tokens = sum(1 for e in events if e != "[DONE]" and json.loads(e).get("choices"))
+    tokens = sum(1 for e in events if e != "[DONE]" and (json.loads(e).get("choices") or [{}])[0].get("text"))
     return response, tokens
 
 

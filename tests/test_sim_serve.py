@@ -69,9 +69,14 @@ def test_streams_deliver_every_token_then_done(server: FleetServer, path: str, p
         events = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert len(chunks) == 9
+    # As vLLM's: in chat the role comes first; the last event of the choice says why it finished, with no text.
+    texts = [c["choices"][0]["delta" if "chat" in path else "text"] for c in chunks]
     if "chat" in path:
-        assert all(c["object"] == "chat.completion.chunk" and c["choices"][0]["delta"]["content"] for c in chunks)
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert texts[0] == {"role": "assistant", "content": ""}
+        texts = [t["content"] for t in texts[1:]]
+    assert texts == [f" tok{i}" for i in range(9)] + [""]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[-2:]] == [None, "length"]
 
 
 def test_non_streaming_chat(server: FleetServer) -> None:
