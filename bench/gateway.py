@@ -14,7 +14,12 @@ classes, in real time), `leadtime serve` (the predictor), `leadtime route`, and 
    prompts built from its prefix blocks, each request with TTFT and ITL SLOs in llm-d's headers, replayed
    open-loop through the gateway: once routing round-robin, once with Leadtime (a cold predictor that learns
    from the traffic). Each run gets a fresh fleet (empty caches and queues). Goodput is the requests that met
-   both SLOs per second of the arrival window, as in the simulator.
+   both SLOs per second of the arrival window, as in the simulator. With `non_streaming_share`, that share of the
+   requests (drawn with the seed) asks for the whole answer at once, and Leadtime runs twice: measuring them (the
+   gateway's default: sent on as streams, timed, learned from) and sending them on unchanged
+   (`--no-measure-non-streaming`). Goodput, SLO attainment, TTFT and ITL are then the streaming requests' (only
+   their clients see a first token); `whole_ms` is how long the others waited for their answer, `observed` the
+   outcomes the gateway handed to the predictor.
 
 JSON: `requests` and `errors` over every phase (an error: a status other than 200, a broken or short stream),
 `overhead_ms` {p50, p99} with the service's model pulled into the gateway; `overhead_ms_predict_over_http` with
@@ -63,6 +68,8 @@ class GatewayBenchOptions:
     seed: int = 0
     replicas_redis: str | None = None
     tls_upstream: bool = False
+    non_streaming_share: float = 0.0
+    """Share of the replayed requests whose client asks for the whole answer at once (drawn with the seed)."""
 
 
 def _pct(values: list[float]) -> dict[str, float]:
@@ -74,8 +81,18 @@ def _pct(values: list[float]) -> dict[str, float]:
 
 def workload_shots(options: GatewayBenchOptions) -> list[Shot]:
     requests = shape(spread_steps(load_workload(options.trace), options.seed), options.rate_scale, options.requests)
+    whole = np.random.default_rng(options.seed).random(len(requests)) < options.non_streaming_share
     return [
-        Shot(i, r.arrival_ms / 1e3, tuple(r.segments), r.input_tokens, r.output_tokens, TTFT_SLO_MS, ITL_SLO_MS)
+        Shot(
+            i,
+            r.arrival_ms / 1e3,
+            tuple(r.segments),
+            r.input_tokens,
+            r.output_tokens,
+            TTFT_SLO_MS,
+            ITL_SLO_MS,
+            stream=not whole[i],
+        )
         for i, r in enumerate(requests)
     ]
 
@@ -99,18 +116,25 @@ def _goodput(results: list[Result], shots: list[Shot]) -> float:
 
 
 def _summary(results: list[Result], shots: list[Shot]) -> dict[str, Any]:
+    """Goodput, SLO attainment, TTFT and ITL are of the streaming requests (only their clients see a first token);
+    `whole_ms`: the time non-streaming clients waited for their answer."""
     ok = [r for r in results if r.ok]
-    return {
+    streamed = [r for r in results if r.stream]
+    out = {
         "goodput_rps": round(_goodput(results, shots), 3),
-        "slo_attainment": round(sum(r.meets(TTFT_SLO_MS, ITL_SLO_MS) for r in results) / max(len(results), 1), 4),
-        "ttft_ms": _pct([r.ttft_ms for r in ok]),
-        "itl_ms": _pct([r.itl_ms for r in ok if r.tokens > 1]),
+        "slo_attainment": round(sum(r.meets(TTFT_SLO_MS, ITL_SLO_MS) for r in streamed) / max(len(streamed), 1), 4),
+        "ttft_ms": _pct([r.ttft_ms for r in ok if r.stream]),
+        "itl_ms": _pct([r.itl_ms for r in ok if r.stream and r.tokens > 1]),
         "route_ms": _pct([r.route_ms for r in ok]),
         "errors": len(results) - len(ok),
         "picks": {
             e: sum(r.endpoint == e for r in results) for e in sorted({r.endpoint for r in results if r.endpoint})
         },
     }
+    if len(streamed) < len(results):
+        out["whole_ms"] = _pct([r.ttfb_ms for r in ok if not r.stream])
+        out["non_streaming"] = len(results) - len(streamed)
+    return out
 
 
 def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), progress: Any = None) -> dict[str, Any]:
@@ -196,10 +220,10 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
         shots = workload_shots(options)
         window = max(s.at_s for s in shots)
         runs: dict[str, dict[str, Any]] = {}
-        for name, args, with_predictor in (
-            ("round_robin", ["--policy", "round-robin"], False),
-            ("leadtime", [], True),
-        ):
+        policies = [("round_robin", ["--policy", "round-robin"], False), ("leadtime", [], True)]
+        if options.non_streaming_share > 0:  # Leadtime again, the non-streaming requests sent on unchanged
+            policies.append(("leadtime_unmeasured", ["--no-measure-non-streaming"], True))
+        for name, args, with_predictor in policies:
             say(f"goodput: {len(shots)} requests over {window:.0f} s through the gateway routing {name}")
             run_dir = work / name
             run_dir.mkdir()
@@ -220,6 +244,7 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
                     calls = route.metric("leadtime_router_predictor_call_seconds_count", call="predict", result="ok")
                     took = route.metric("leadtime_router_predictor_call_seconds_sum", call="predict", result="ok")
                     runs[name]["predict_call_ms_mean"] = round(1e3 * took / max(calls, 1), 3)
+                    runs[name]["observed"] = route.metric("leadtime_router_observations_total", result="queued")
                 decisions = route.metric("leadtime_router_decision_seconds_count")
                 took = route.metric("leadtime_router_decision_seconds_sum")
                 runs[name]["decision_ms_mean"] = round(1e3 * took / max(decisions, 1), 3)
@@ -282,8 +307,14 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         "errors",
     ):
         table.add_column(column)
+    whole = any("whole_ms" in r for r in report["runs"].values())
+    if whole:
+        table.add_column("whole answer p50/p99 ms")
+        table.add_column("outcomes learned")
     for name, r in report["runs"].items():
         t, i, g = r["ttft_ms"], r["itl_ms"], r["route_ms"]
+        w = r.get("whole_ms", {"p50": float("nan"), "p99": float("nan")})
+        extra = [f"{w['p50']:.0f} / {w['p99']:.0f}", f"{r.get('observed', 0):.0f}"] if whole else []
         table.add_row(
             name,
             f"{r['goodput_rps']:.2f}",
@@ -292,6 +323,7 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
             f"{i['p50']:.1f} / {i['p99']:.1f}",
             f"{g['p50']:.2f} / {g['p99']:.2f}",
             str(r["errors"]),
+            *extra,
         )
     console.print(table)
     console.print(f"requests {report['requests']}, errors {report['errors']}, fallbacks {report['fallbacks']}")

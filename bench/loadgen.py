@@ -44,6 +44,8 @@ class Shot:
     itl_slo_ms: float
     target: str = ""
     """`host:port` to send to (the gateway's unless set)."""
+    stream: bool = True
+    """False: a client that asks for the whole answer at once (it sees no first token, only the answer's time)."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +60,17 @@ class Result:
     endpoint: str
     route_ms: float
     error: str = ""
+    stream: bool = True
+    """False: a non-streaming request, whose client saw the whole answer after `ttfb_ms` and no TTFT or ITL."""
 
     @property
     def ok(self) -> bool:
         return self.status == 200 and self.tokens == self.expected_tokens and not self.error
 
     def meets(self, ttft_slo_ms: float, itl_slo_ms: float) -> bool:
-        return self.ok and self.ttft_ms <= ttft_slo_ms and (self.tokens < 2 or self.itl_ms <= itl_slo_ms)
+        """Whether its client saw both SLOs met (never, for a non-streaming request: its client sees neither)."""
+        ok = self.ok and self.stream
+        return ok and self.ttft_ms <= ttft_slo_ms and (self.tokens < 2 or self.itl_ms <= itl_slo_ms)
 
 
 def vocabulary(size: int = 4096, seed: int = 7) -> list[str]:
@@ -98,20 +104,15 @@ class PromptMaker:
         return " ".join(words[: shot.input_tokens])
 
 
-def request_body(prompt: str, max_tokens: int) -> bytes:
-    return orjson.dumps(
-        {
-            "model": "llama-3.1-8b",
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    )
+def request_body(prompt: str, max_tokens: int, stream: bool = True) -> bytes:
+    body: dict[str, Any] = {"model": "llama-3.1-8b", "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
 
 
 async def send(pool: UpstreamPool, shot: Shot, body: bytes, timeout_s: float = 300.0) -> Result:
-    """One streaming request; the client's view of it."""
+    """One request, streaming or not (`shot.stream`); the client's view of it."""
     headers = [
         (b"content-type", b"application/json"),
         (b"x-llm-d-slo-ttft-ms", str(shot.ttft_slo_ms).encode()),
@@ -122,26 +123,39 @@ async def send(pool: UpstreamPool, shot: Shot, body: bytes, timeout_s: float = 3
     first_byte_ms = 0.0
     try:
         response = await pool.request("POST", "/v1/completions", headers, body, timeout_s)
-        while (chunk := await response.next_chunk(timeout_s)) is not None:
+        if not shot.stream:
+            meter.feed_json(await response.read(timeout_s))
+            first_byte_ms = time.monotonic() * 1e3
+        while shot.stream and (chunk := await response.next_chunk(timeout_s)) is not None:
             now = time.monotonic() * 1e3
             if not first_byte_ms:
                 first_byte_ms = now
             meter.feed(chunk, now)
     except UpstreamError as err:
-        return Result(shot.index, 0, 0.0, 0.0, 0.0, meter.tokens, shot.max_tokens, "", 0.0, str(err))
+        return Result(shot.index, 0, 0.0, 0.0, 0.0, meter.tokens, shot.max_tokens, "", 0.0, str(err), shot.stream)
     endpoint = (response.header(b"x-leadtime-endpoint") or b"").decode()
     route = float(response.header(b"x-leadtime-route-ms") or 0.0)
     ttft = (meter.first_ms - sent_ms) if meter.first_ms is not None else 0.0
     error = "" if response.status == 200 else f"status {response.status}"
     ttfb = (first_byte_ms - sent_ms) if first_byte_ms else 0.0
     return Result(
-        shot.index, response.status, ttfb, ttft, meter.itl_ms(), meter.tokens, shot.max_tokens, endpoint, route, error
+        shot.index,
+        response.status,
+        ttfb,
+        ttft,
+        meter.itl_ms(),
+        meter.tokens,
+        shot.max_tokens,
+        endpoint,
+        route,
+        error,
+        shot.stream,
     )
 
 
 async def _replay(default_target: str, shots: list[Shot], start_wall: float) -> list[Result]:
     maker = PromptMaker()
-    bodies = [request_body(maker.prompt(s), s.max_tokens) for s in shots]
+    bodies = [request_body(maker.prompt(s), s.max_tokens, s.stream) for s in shots]
     pools: dict[str, UpstreamPool] = {}
 
     def pool(target: str) -> UpstreamPool:

@@ -554,8 +554,9 @@ ROUTER = Dashboard(
                 ),
                 Panel(
                     "Requests per second by status",
-                    "Requests the gateway answered per path and status code, the requests it proxies now, and "
-                    "those it held while no endpoint was predicted to serve them in time (with holdSloMultiple).",
+                    "Requests the gateway answered per path and status code, the requests it proxies now, "
+                    "those it held while no endpoint was predicted to serve them in time (with holdSloMultiple), and "
+                    "the non-streaming ones: measured (sent on as streams and learned from) or answered whole.",
                     "reqps",
                     (
                         Query(
@@ -564,6 +565,10 @@ ROUTER = Dashboard(
                         ),
                         Query(f"sum(leadtime_router_inflight_requests{{{ROUTER_INSTANCE}}})", "in flight"),
                         Query(f"sum(rate(leadtime_router_held_seconds_count{{{ROUTER_INSTANCE}}}{RATE}))", "held"),
+                        Query(
+                            f"sum by (measured) (rate(leadtime_router_non_streaming_total{{{ROUTER_INSTANCE}}}{RATE}))",
+                            "non-streaming, measured={{measured}}",
+                        ),
                     ),
                     width=8,
                     min=0,

@@ -640,6 +640,13 @@ def route(
         Path | None, typer.Option(help="PEM certificate (chain): serve the gateway's API over HTTPS.")
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM key of --tls-cert.")] = None,
+    measure_non_streaming: Annotated[
+        bool,
+        typer.Option(
+            help="Send non-streaming requests on as streams, to time them and learn from them, and answer their "
+            "clients with the whole body (--no-measure-non-streaming: send them unchanged; they teach nothing)."
+        ),
+    ] = True,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
     from leadtime.features.catalog import get_accelerator, get_model
@@ -706,6 +713,7 @@ def route(
         ttft_slo_ms=ttft_slo_ms,
         tpot_slo_ms=tpot_slo_ms,
         upstream_ca_file=None if upstream_ca is None else str(upstream_ca),
+        measure_non_streaming=measure_non_streaming,
     )
     options = RouteOptions(
         discovery=discovery,
@@ -786,6 +794,13 @@ def bench_gateway(
     tls_upstream: Annotated[
         bool, typer.Option("--tls-upstream", help="Also measure the overhead before endpoints serving HTTPS.")
     ] = False,
+    non_streaming_share: Annotated[
+        float,
+        typer.Option(
+            help="Share of the replayed requests that ask for the whole answer at once; above 0, Leadtime also runs "
+            "with them sent on unchanged (--no-measure-non-streaming)."
+        ),
+    ] = 0.0,
 ) -> None:
     """The gateway on loopback: added time to first token, and goodput with Leadtime and with round-robin."""
     from leadtime.bench.gateway import GatewayBenchOptions, print_report, run_gateway_bench
@@ -796,6 +811,8 @@ def bench_gateway(
     if processes < 1:
         _fail("--processes must be ≥ 1")
     _check_redis_url("--replicas-redis", replicas_redis)
+    if not 0 <= non_streaming_share <= 1:
+        _fail("--non-streaming-share must be between 0 and 1")
     options = GatewayBenchOptions(
         trace,
         requests,
@@ -804,6 +821,7 @@ def bench_gateway(
         processes=processes,
         replicas_redis=replicas_redis,
         tls_upstream=tls_upstream,
+        non_streaming_share=non_streaming_share,
     )
 
     def say(message: str) -> None:

@@ -193,6 +193,8 @@ def test_simulate_takes_an_infinite_slo_as_no_slo(trace: Path) -> None:
     "args,option",
     [
         (["bench", "gateway", "--requests", "10", "--probes", "10", "--rate-scale", "nan"], "--rate-scale"),
+        (["bench", "gateway", "--non-streaming-share", "1.5"], "--non-streaming-share"),
+        (["bench", "gateway", "--non-streaming-share", "nan"], "--non-streaming-share"),
         (["bench", "load", "--predict-rps", "nan", "--duration", "1"], "--predict-rps"),
         (["bench", "load", "--observe-rps", "inf", "--duration", "1"], "--observe-rps"),
         (["bench", "load", "--duration", "nan"], "--duration"),

@@ -127,19 +127,53 @@ def test_observations_reach_the_predictor(stack: tuple[SimFleet, Predictor, Rout
     with ThreadPoolExecutor(4) as pool:
         for response, _ in pool.map(lambda i: stream_request(route.url, f"question {i} " * 20, 6), range(8)):
             assert response.status_code == 200
-    deadline = time.monotonic() + 20
-    learned = before
-    while time.monotonic() < deadline:
-        learned = httpx.get(f"{predictor.url}/v1/status", timeout=5).json()["learned"]
-        if learned["ttft"] >= before["ttft"] + 8 and learned["tpot"] >= before["tpot"] + 8:
-            break
-        time.sleep(0.2)
+    learned = learned_after(predictor, before, 8)
     fell_back = sum(route.metric("leadtime_router_fallbacks_total", reason=r) for r in FALLBACK_REASONS)
     # Requests the heuristics decided (a predict call past its deadline on a loaded machine) are learned too.
     assert learned["ttft"] >= before["ttft"] + 8 and learned["tpot"] >= before["tpot"] + 8, (learned, fell_back)
     assert route.metric("leadtime_router_observations_total", result="sent") >= 8
     assert route.metric("leadtime_router_ttft_seconds_count", kind="predicted") + fell_back >= 8
     assert route.metric("leadtime_router_picks_total") >= 8
+
+
+def learned_after(predictor: Predictor, before: dict[str, int], more: int) -> dict[str, int]:
+    """The predictor's count of rows learned, once it has learned `more` of each target than `before` (or 20 s)."""
+    deadline = time.monotonic() + 20
+    learned = before
+    while time.monotonic() < deadline:
+        learned = httpx.get(f"{predictor.url}/v1/status", timeout=5).json()["learned"]
+        if learned["ttft"] >= before["ttft"] + more and learned["tpot"] >= before["tpot"] + more:
+            break
+        time.sleep(0.2)
+    return learned
+
+
+def test_non_streaming_requests_are_measured_answered_whole_and_learned(
+    stack: tuple[SimFleet, Predictor, Route, Path],
+) -> None:
+    _, predictor, route, _ = stack
+    before = httpx.get(f"{predictor.url}/v1/status", timeout=5).json()["learned"]
+    measured = route.metric("leadtime_router_non_streaming_total", measured="true")
+    for i in range(4):
+        reply = httpx.post(f"{route.url}/v1/completions", json={"prompt": f"whole {i} " * 20, "max_tokens": 3})
+        assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
+        # Put back together from the stream the gateway asked for (the mock's whole answer also has "logprobs").
+        assert reply.json()["choices"] == [{"index": 0, "text": " tok0 tok1 tok2", "finish_reason": "length"}]
+    learned = learned_after(predictor, before, 4)
+    assert learned["ttft"] >= before["ttft"] + 4 and learned["tpot"] >= before["tpot"] + 4, learned
+    assert route.metric("leadtime_router_non_streaming_total", measured="true") == measured + 4
+
+
+def test_told_not_to_measure_the_gateway_sends_non_streaming_requests_unchanged(
+    round_robin: tuple[Route, Path, FleetServer],
+) -> None:
+    route, _, _ = round_robin
+    reply = httpx.post(f"{route.url}/v1/completions", json={"prompt": "whole please", "max_tokens": 3}, timeout=30)
+    assert reply.status_code == 200
+    endpoints_own = {"index": 0, "text": " tok0 tok1 tok2", "finish_reason": "length", "logprobs": None}
+    assert reply.json()["choices"] == [endpoints_own]
+    assert route.metric("leadtime_router_non_streaming_total", measured="false") >= 1
+    assert route.metric("leadtime_router_non_streaming_total", measured="true") == 0
 
 
 def _replace(path: Path, content: bytes) -> None:
@@ -200,7 +234,11 @@ def round_robin(
     )
     discovery = workdir / "discovery-rr.yaml"
     discovery.write_text(yaml.safe_dump(entries))
-    route = Route(workdir, ["--discovery", str(discovery), "--policy", "round-robin", "--unroutable-after-s", "2"])
+    route = Route(
+        workdir,
+        ["--discovery", str(discovery), "--policy", "round-robin", "--unroutable-after-s", "2"]
+        + ["--no-measure-non-streaming"],
+    )
     try:
         route.wait()
         wait_for(

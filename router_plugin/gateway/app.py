@@ -15,8 +15,10 @@ Per request (`/v1/completions`, `/v1/chat/completions`, streaming or not):
    stream, and report the outcome to the policy, which learns from it (observations reach the predictor in
    batches, `predictor.GatewayPredictor`).
 
-Failed and non-streaming requests teach nothing (a non-streaming answer has no first-token time); the policy is
-told to forget them (`abandon`, when it has one). Its own paths: `/metrics` (`metrics.GatewayMetrics`),
+A non-streaming request goes on asking for a stream, which is timed and put back together into one JSON body
+for its client (`assemble`; requests whose answer that would not rebuild go on unchanged). Failed requests, and
+non-streaming ones answered whole, teach nothing (a whole answer has no first-token time); the policy is told to
+forget them (`abandon`, when it has one). Its own paths: `/metrics` (`metrics.GatewayMetrics`),
 `/healthz`, `/readyz` (ready once an endpoint can be routed to).
 """
 
@@ -38,6 +40,7 @@ from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import tls_client_context
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
 from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
+from leadtime.router_plugin.gateway.assemble import Assembler
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPredictor
@@ -104,6 +107,8 @@ class GatewaySettings:
     max_body_bytes: int = 32 << 20
     upstream_ca_file: str | None = None
     """PEM bundle that endpoints serving HTTPS are verified with (default: the system's trusted CAs)."""
+    measure_non_streaming: bool = True
+    """Send non-streaming requests on as streams, to time them (`assemble`), and answer their clients whole."""
 
 
 class _ClientLeft(Exception):
@@ -480,7 +485,14 @@ class Gateway:
             body = await self._read_body(receive)
             if body is None:
                 return 499
-            parsed = parse_request(scope["path"], body, headers, self.settings.ttft_slo_ms, self.settings.tpot_slo_ms)
+            parsed = parse_request(
+                scope["path"],
+                body,
+                headers,
+                self.settings.ttft_slo_ms,
+                self.settings.tpot_slo_ms,
+                self.settings.measure_non_streaming,
+            )
         except BadRequest as err:
             await self._reply(send, err.status, {"error": str(err), "field": err.field})
             return err.status
@@ -534,7 +546,9 @@ class Gateway:
             pool = self.upstreams.pool(target.address, target.port, target.tls)
             try:
                 sent_at = time.perf_counter()
-                response = await pool.request("POST", target_path, extra, body, self.settings.upstream_timeout_s)
+                response = await pool.request(
+                    "POST", target_path, extra, parsed.streamed_body or body, self.settings.upstream_timeout_s
+                )
             except UpstreamError as err:
                 self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
                 self._forget(routed)
@@ -735,8 +749,11 @@ class Gateway:
         headers = self._headers_out(response, routed, overhead_s)
         content_type = response.header(b"content-type") or b""
         streaming = content_type.startswith(b"text/event-stream")
-        meter = StreamMeter()
+        assembler = Assembler() if streaming and routed.parsed.streamed_body is not None else None
+        meter = StreamMeter(None if assembler is None else assembler.add)
         timeout = self.settings.upstream_timeout_s
+        if not routed.parsed.stream:
+            self.metrics.non_streaming.labels("true" if assembler is not None else "false").inc()
         if not streaming:
             try:
                 body = await response.read(timeout)
@@ -759,14 +776,20 @@ class Gateway:
         status = response.status
         first = True
         try:
-            await send({"type": "http.response.start", "status": status, "headers": headers})
+            if assembler is None:
+                await send({"type": "http.response.start", "status": status, "headers": headers})
             while True:
                 try:
                     chunk = await response.next_chunk(timeout)
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
                     self._forget(routed)
-                    await send({"type": "http.response.body", "body": b""})
+                    if assembler is None:
+                        await send({"type": "http.response.body", "body": b""})
+                    else:
+                        await self._reply(
+                            send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
+                        )
                     return 502
                 if chunk is None:
                     break
@@ -777,18 +800,36 @@ class Gateway:
                         self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
                     else:
                         self.work.progress(routed.request_id, meter.events)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if assembler is None:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if disconnected.done():
                     response.close()
                     self._forget(routed)
                     return 499
-            await send({"type": "http.response.body", "body": b""})
+            if assembler is None:
+                await send({"type": "http.response.body", "body": b""})
+            else:
+                status = await self._send_whole(send, headers, status, assembler)
         finally:
             disconnected.cancel()
         if not 200 <= status < 300 or meter.first_ms is None:
             self._forget(routed)
             return status
         self._complete(routed, meter)
+        return status
+
+    @staticmethod
+    async def _send_whole(send: Send, headers: list[tuple[bytes, bytes]], status: int, assembler: Assembler) -> int:
+        """A non-streaming request's answer, put back together from the stream it was sent on as."""
+        if assembler.error is not None:
+            status, answer = assembler.error_status(), assembler.error
+        else:
+            answer = assembler.body()
+        body = orjson.dumps(answer)
+        out = [(k, v) for k, v in headers if k.lower() != b"content-type"]
+        out += [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": body})
         return status
 
     def _learn_length(self, routed: _Routed, meter: StreamMeter) -> None:

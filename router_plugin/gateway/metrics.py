@@ -118,6 +118,12 @@ class GatewayMetrics:
             ["endpoint", "kind"],
             registry=r,
         )
+        self.non_streaming = Counter(
+            f"{p}_non_streaming",
+            "Non-streaming requests, by whether they were measured (sent on as streams) or answered whole.",
+            ["measured"],
+            registry=r,
+        )
         self.inflight = Gauge(f"{p}_inflight_requests", "Requests being proxied now.", registry=r)
         self.endpoints = Gauge(
             f"{p}_endpoints", "Discovered endpoints, by whether they can be routed to.", ["routable"], registry=r
@@ -197,6 +203,8 @@ class GatewayMetrics:
                 self.slo.labels(target, result)
         for result in OBSERVATION_RESULTS:
             self.observations.labels(result)
+        for measured in ("true", "false"):
+            self.non_streaming.labels(measured)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,9 +1,9 @@
 """What the gateway reads of an OpenAI-style request to route it: the prompt, the model, streaming, the SLOs.
 
-The body is forwarded unchanged; only these are taken from it. A completion's prompt is text, a list of texts,
-or token ids; a chat's prompt is its messages rendered as `role: content` lines (text parts of multi-part
-contents included). The SLOs come from llm-d's headers `x-llm-d-slo-ttft-ms` and `x-llm-d-slo-tpot-ms`, else
-from the gateway's defaults.
+Only these are taken from the body, which goes on unchanged (a non-streaming request may go on asking for a
+stream, to be measured: `assemble`). A completion's prompt is text, a list of texts, or token ids; a chat's
+prompt is its messages rendered as `role: content` lines (text parts of multi-part contents included). The SLOs
+come from llm-d's headers `x-llm-d-slo-ttft-ms` and `x-llm-d-slo-tpot-ms`, else from the gateway's defaults.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from leadtime.router_plugin.gateway.assemble import streamed_body
 
 SLO_TTFT_HEADER = b"x-llm-d-slo-ttft-ms"
 SLO_TPOT_HEADER = b"x-llm-d-slo-tpot-ms"
@@ -39,6 +41,9 @@ class ParsedRequest:
     token_ids: list[int] | None
     ttft_slo_ms: float | None
     tpot_slo_ms: float | None
+    streamed_body: bytes | None = None
+    """Sent on in place of the body: a non-streaming request asking the endpoint for a stream, to be measured
+    (`assemble`); None when the body goes unchanged."""
 
 
 def _slo(headers: Mapping[bytes, bytes], name: bytes, default: float | None) -> float | None:
@@ -112,6 +117,7 @@ def parse_request(
     headers: Mapping[bytes, bytes],
     default_ttft_slo_ms: float | None = None,
     default_tpot_slo_ms: float | None = None,
+    measure_non_streaming: bool = False,
 ) -> ParsedRequest:
     """Read what routing needs; BadRequest (400 for unreadable JSON, 422 for a bad field) otherwise."""
     try:
@@ -139,4 +145,5 @@ def parse_request(
         token_ids=ids,
         ttft_slo_ms=_slo(headers, SLO_TTFT_HEADER, default_ttft_slo_ms),
         tpot_slo_ms=_slo(headers, SLO_TPOT_HEADER, default_tpot_slo_ms),
+        streamed_body=streamed_body(data) if measure_non_streaming and not stream else None,
     )

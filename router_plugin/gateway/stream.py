@@ -10,6 +10,7 @@ exact token counts, which replace the count of token events (an event may carry 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -25,7 +26,9 @@ class StreamMeter:
     (3, 10.0, 30.0, 10.0)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self._on_event = on_event
+        """Handed every event's JSON object as it is read (to put a non-streaming answer back together)."""
         self._tail = b""
         self.events = 0
         self.first_ms: float | None = None
@@ -59,6 +62,8 @@ class StreamMeter:
             return
         if not isinstance(obj, dict):
             return
+        if self._on_event is not None:
+            self._on_event(obj)
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self._usage(usage)

@@ -1,0 +1,301 @@
+"""Non-streaming requests through the gateway: sent on as streams, timed, learned from and answered whole
+(`router_plugin.gateway.assemble`), in front of a real `sim serve` endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import MutableMapping, Sequence
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from leadtime.bench.procs import free_port
+from leadtime.features.vllm_metrics import parse_samples
+from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.gateway.assemble import Assembler, streamed_body
+from leadtime.router_plugin.gateway.requests import parse_request
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
+from leadtime.simulator.fleet import parse_fleet
+from leadtime.simulator.serve import FleetServer
+
+FLEET = parse_fleet(
+    {"name": "one", "pools": [{"name": "h", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}]}
+)
+
+
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        {"prompt": "x", "stream": True},
+        {"prompt": "x", "logprobs": 1},
+        {"prompt": "x", "logprobs": 0},
+        {"messages": [], "logprobs": True, "top_logprobs": 2},
+        {"prompt": "x", "echo": True},
+        {"prompt": "x", "n": 2},
+        {"prompt": "x", "best_of": 3},
+        {"messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"prompt": "x", "stream_options": {"include_usage": True}},
+        {"prompt": "x", "kv_transfer_params": {"do_remote_decode": True}},
+        {"prompt": "x", "return_token_ids": True},
+    ],
+)
+def test_requests_whose_answer_is_not_rebuilt_go_on_unchanged(request_body: dict[str, Any]) -> None:
+    assert streamed_body(request_body) is None
+
+
+@pytest.mark.parametrize(
+    "request_body",
+    [
+        {"prompt": "x", "max_tokens": 3},
+        {"prompt": "x", "stream": False, "n": 1, "logprobs": None, "echo": False, "temperature": 0.7, "seed": 4},
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": False, "tools": [], "response_format": {}},
+    ],
+)
+def test_other_requests_go_on_asking_for_a_stream_and_the_usage(request_body: dict[str, Any]) -> None:
+    sent = streamed_body(request_body)
+    assert sent is not None
+    assert orjson.loads(sent) == {**request_body, "stream": True, "stream_options": {"include_usage": True}}
+
+
+def test_parse_request_streams_non_streaming_requests_only_when_asked() -> None:
+    body = b'{"prompt": "hello", "max_tokens": 2}'
+    assert parse_request("/v1/completions", body, {}).streamed_body is None
+    measured = parse_request("/v1/completions", body, {}, measure_non_streaming=True)
+    assert not measured.stream and orjson.loads(measured.streamed_body or b"{}")["stream"] is True
+    streaming = b'{"prompt": "hello", "stream": true}'
+    assert parse_request("/v1/completions", streaming, {}, measure_non_streaming=True).streamed_body is None
+
+
+def test_a_completion_is_put_back_together() -> None:
+    a = Assembler()
+    common = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m", "system_fingerprint": "fp"}
+    for text, finish in (("Once", None), (" upon", None), (" a", None), ("", "length")):
+        a.add({**common, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]})
+    a.add({**common, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+    assert a.error is None
+    assert a.body() == {
+        **common,
+        "choices": [{"index": 0, "text": "Once upon a", "logprobs": None, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+    }
+
+
+def test_a_chat_answer_keeps_its_reasoning_and_the_last_stop_reason() -> None:
+    a = Assembler()
+    pieces = [
+        {"role": "assistant", "content": ""},
+        {"reasoning_content": "Think"},
+        {"reasoning_content": " first."},
+        {"content": "Hi"},
+        {"content": "!"},
+    ]
+    for delta in pieces:
+        a.add({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]})
+    a.add({"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": 128001}]})
+    choice = a.body()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Hi!", "reasoning_content": "Think first."}
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", 128001)
+    assert a.body()["object"] == "chat.completion" and "usage" not in a.body()
+
+
+def test_choices_are_kept_apart_by_index() -> None:
+    a = Assembler()
+    for index, text in ((0, "a"), (1, "x"), (0, "b"), (1, "y")):
+        a.add({"choices": [{"index": index, "text": text}]})
+    assert [c["text"] for c in a.body()["choices"]] == ["ab", "xy"]
+    assert a.body()["object"] == "text_completion"
+
+
+@pytest.mark.parametrize(
+    ("event", "status"),
+    [
+        ({"error": {"message": "prompt too long", "type": "BadRequestError", "param": None, "code": 400}}, 400),
+        ({"object": "error", "message": "engine dead", "type": "InternalServerError", "code": 500}, 500),
+        ({"error": {"message": "?", "code": "weird"}}, 500),
+    ],
+)
+def test_an_error_event_becomes_the_answer_with_its_status(event: dict[str, Any], status: int) -> None:
+    a = Assembler()
+    a.add({"choices": [{"index": 0, "text": "partial"}]})
+    a.add(event)
+    assert a.error == event and a.error_status() == status
+
+
+class Recording(RoundRobinPolicy):
+    """Round-robin that keeps every decision's candidates and every outcome it is told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[RouteRequest] = []
+        self.offered: list[Sequence[Candidate]] = []
+        self.outcomes: list[Outcome] = []
+        self.abandoned: list[str] = []
+
+    def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        self.requests.append(request)
+        self.offered.append(list(candidates))
+        return super().pick(request, candidates)
+
+    def observe(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+
+    def abandon(self, request_id: str) -> None:
+        self.abandoned.append(request_id)
+
+
+def through_gateway(measure: bool, scenario: Any) -> tuple[Recording, dict[str, Any], Any]:
+    """Run `scenario(client)` against an in-process gateway in front of one `sim serve` endpoint; the policy, the
+    gateway's metrics and what the scenario returned."""
+    server = FleetServer(FLEET, [free_port()])
+    server.start()
+    policy = Recording()
+
+    async def go() -> tuple[dict[str, Any], Any]:
+        endpoints = parse_static([f"127.0.0.1:{server.ports[0]},name=e0,leadtime.io/accelerator=h100-sxm"])
+        settings = GatewaySettings(scrape_interval_s=0.05, measure_non_streaming=measure)
+        gateway = Gateway(StaticDiscovery(endpoints), policy, settings)
+        await gateway.start()
+        try:
+            for _ in range(200):
+                if gateway.routable() and all(s.state is not None for s in gateway.routable()):
+                    break
+                await asyncio.sleep(0.02)
+            transport = httpx.ASGITransport(app=gateway)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=60) as client:
+                result = await scenario(client)
+                samples = parse_samples((await client.get("/metrics")).text)
+        finally:
+            await gateway.stop()
+        return samples, result
+
+    try:
+        samples, result = asyncio.run(go())
+    finally:
+        server.stop()
+    return policy, samples, result
+
+
+def counted(samples: dict[str, Any], name: str, **labels: str) -> float:
+    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
+
+
+async def one_of_each(client: httpx.AsyncClient) -> list[httpx.Response]:
+    completion = await client.post("/v1/completions", json={"prompt": "a b c d", "max_tokens": 5})
+    chat = await client.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 4}
+    )
+    refused = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 0})
+    whole = await client.post("/v1/completions", json={"prompt": "a b", "max_tokens": 3, "logprobs": 1})
+    return [completion, chat, refused, whole]
+
+
+def test_a_non_streaming_request_is_answered_whole_and_learned_from() -> None:
+    policy, samples, (completion, chat, refused, whole) = through_gateway(True, one_of_each)
+    assert completion.status_code == 200 and completion.headers["content-type"] == "application/json"
+    assert completion.headers["content-length"] == str(len(completion.content))
+    answer = completion.json()
+    assert answer["object"] == "text_completion" and answer["model"] == "llama-3.1-8b"
+    assert answer["choices"] == [{"index": 0, "text": " tok0 tok1 tok2 tok3 tok4", "finish_reason": "length"}]
+    assert answer["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+    assert completion.headers["x-leadtime-endpoint"] == "e0"
+    reply = chat.json()
+    assert reply["object"] == "chat.completion"
+    assert reply["choices"][0]["message"] == {"role": "assistant", "content": " tok0 tok1 tok2 tok3"}
+    assert reply["choices"][0]["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == 4
+    # The endpoint's refusal, before any stream, passes through as it is.
+    assert refused.status_code == 422 and refused.json()["field"] == "max_tokens"
+    # Asking for log-probabilities, it went on unchanged and came back whole (the mock's own answer).
+    assert whole.status_code == 200 and whole.json()["choices"][0]["logprobs"] is None
+    # The two measured requests taught the policy their TTFT and ITL; the others were forgotten.
+    assert [o.output_tokens for o in policy.outcomes] == [5, 4]
+    assert all(o.ttft_ms > 0 and o.itl_ms > 0 for o in policy.outcomes)
+    assert len(policy.abandoned) == 2
+    # Refused before any stream, the third was answered whole too.
+    assert counted(samples, "leadtime_router_non_streaming_total", measured="true") == 2
+    assert counted(samples, "leadtime_router_non_streaming_total", measured="false") == 2
+
+
+def test_not_measuring_sends_the_request_unchanged_and_learns_nothing() -> None:
+    policy, samples, (completion, chat, _, _) = through_gateway(False, one_of_each)
+    assert completion.json()["choices"][0]["logprobs"] is None  # the mock's whole answer, not one put together
+    assert chat.json()["choices"][0]["message"]["content"] == " tok0 tok1 tok2 tok3"
+    assert policy.outcomes == []
+    assert counted(samples, "leadtime_router_non_streaming_total", measured="false") == 4
+
+
+async def long_then_short(client: httpx.AsyncClient) -> list[httpx.Response]:
+    """A long prompt generating many tokens, and, while it decodes, a short request."""
+    long = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "w " * 2000, "max_tokens": 300}))
+    await asyncio.sleep(0.8)
+    assert not long.done()
+    short = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+    return [await long, short]
+
+
+@pytest.mark.parametrize("measure", [True, False])
+def test_a_decoding_non_streaming_request_counts_as_decode_work_once_measured(measure: bool) -> None:
+    policy, _, (long, short) = through_gateway(measure, long_then_short)
+    assert long.status_code == short.status_code == 200
+    prompt = policy.requests[0].input_tokens  # as the gateway estimates it from the prompt's bytes
+    seen = policy.offered[1][0].state  # what the second decision saw of the endpoint
+    if measure:  # its first token came: its prompt and what it generated are decode work
+        assert seen.prefill_tokens_in_flight == 0 and seen.decode_tokens_in_flight > prompt > 500
+    else:  # answered whole, it stays prefill work until it completes
+        assert seen.prefill_tokens_in_flight == prompt > 500 and seen.decode_tokens_in_flight == 0
+
+
+def test_an_error_in_the_stream_is_answered_with_its_status_and_json() -> None:
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    a = Assembler()
+    a.add({"choices": [{"index": 0, "text": "partial"}]})
+    a.add({"error": {"message": "the KV cache is gone", "code": 503}})
+    upstream = [(b"content-type", b"text/event-stream"), (b"x-request-id", b"r7")]
+    status = asyncio.run(Gateway._send_whole(send, upstream, 200, a))
+    assert status == 503 and sent[0]["status"] == 503
+    assert (b"x-request-id", b"r7") in sent[0]["headers"]
+    assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
+    assert orjson.loads(sent[1]["body"]) == {"error": {"message": "the KV cache is gone", "code": 503}}
+
+
+def test_the_load_generator_sends_a_share_of_non_streaming_requests_and_times_their_whole_answer() -> None:
+    from leadtime.bench.gateway import GatewayBenchOptions, workload_shots
+    from leadtime.bench.loadgen import PromptMaker, Shot, request_body, send
+    from leadtime.router_plugin.gateway.upstream import UpstreamPool
+
+    shots = workload_shots(GatewayBenchOptions(requests=200, non_streaming_share=0.5))
+    assert 70 < sum(not s.stream for s in shots) < 130
+    assert all(s.stream for s in workload_shots(GatewayBenchOptions(requests=200)))
+    server = FleetServer(FLEET, [free_port()])
+    server.start()
+
+    async def both() -> list[Any]:
+        pool = UpstreamPool("127.0.0.1", server.ports[0])
+        out = []
+        for stream in (True, False):
+            shot = Shot(0, 0.0, (1,), 40, 6, 2000.0, 100.0, stream=stream)
+            out.append(await send(pool, shot, request_body(PromptMaker().prompt(shot), 6, stream)))
+        pool.close()
+        return out
+
+    try:
+        streamed, whole = asyncio.run(both())
+    finally:
+        server.stop()
+    assert streamed.ok and streamed.stream and streamed.ttft_ms > 0 and streamed.meets(2000.0, 100.0)
+    assert whole.ok and not whole.stream and whole.tokens == 6 and whole.ttfb_ms > 0
+    assert not whole.meets(2000.0, 100.0)  # its client saw no first token: not counted in goodput
+
+
+def test_a_chat_answer_with_no_text_keeps_its_content_null() -> None:
+    a = Assembler()
+    a.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
+    a.add({"choices": [{"index": 0, "delta": {"content": None}, "finish_reason": "stop"}]})
+    assert a.body()["choices"][0]["message"] == {"role": "assistant", "content": None}
