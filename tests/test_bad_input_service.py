@@ -38,6 +38,32 @@ def accepted(http: TestClient) -> int:
     return int(http.get("/status").json()["ingestion"]["accepted"])
 
 
+# ----- HTTP: llm-d's paths and Leadtime's own row fields ------------------------------------------------------
+
+
+def test_llmd_paths_document_the_leadtime_fields_they_read_and_check(served: tuple[TestClient, Any]) -> None:
+    """A fuzzer found `role: []` on an llm-d training entry refused while the schema allowed any extra field."""
+    http, _ = served
+    paths = http.get("/openapi.json").json()["paths"]
+    for path, field in (("/add_training_data_bulk", "entries"), ("/predict/bulk", "requests")):
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        item = body["properties"][field]["items"]["properties"]
+        assert item["role"]["anyOf"][0]["enum"] == ["both", "prefill", "decode"], path
+        assert {"endpoint_id", "accelerator", "timeslice_state", "prefix_hit_tokens"} <= set(item), path
+    entry = {**ROW, "actual_ttft_ms": 100.0, "actual_tpot_ms": 10.0, "role": []}
+    refused = http.post("/add_training_data_bulk", json={"entries": [entry]})
+    assert refused.status_code == 422 and refused.json()["field"] == "entries[0].role", refused.text
+
+
+def test_the_lenient_bulk_path_names_a_bad_row_and_answers_the_others(served: tuple[TestClient, Any]) -> None:
+    http, _ = served
+    reply = http.post("/predict/bulk", json={"requests": [ROW, {**ROW, "decode_tokens_in_flight": False}]})
+    assert reply.status_code == 200
+    body = reply.json()
+    assert (body["successful_predictions"], body["failed_predictions"]) == (1, 1)
+    assert body["errors"][0]["index"] == 1 and "decode_tokens_in_flight" in body["errors"][0]["error"]
+
+
 # ----- HTTP: /v1/explain ----------------------------------------------------------------------------------------
 
 

@@ -82,8 +82,10 @@ _BOTH_ONLY = frozenset(p for p, code in _POD_CODES.items() if code == ROLE_CODES
 _PLAIN_TIMESLICE = frozenset(("", "none"))
 _COLUMN_TIMESLICE = frozenset(("", *TIMESLICE_STATES))
 _TEXT = frozenset((str,))
-# Keys that only Leadtime's rows carry: their presence sends a row down the careful path.
-_EXTRAS = frozenset((*LEADTIME_ROW_FIELDS, "role"))
+ROW_EXTRAS = (*LEADTIME_ROW_FIELDS, "role")
+"""Keys that only Leadtime's rows carry, read (and checked) on llm-d's paths too: their presence sends a row down
+the careful path."""
+_EXTRAS = frozenset(ROW_EXTRAS)
 _OBSERVATION_EXTRAS = frozenset((*PREDICTED_FIELDS, "timestamp"))
 
 # The row-by-row path's values per row: the counts, the fractions, then these.

@@ -13,6 +13,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from leadtime.features.catalog import ACCELERATORS, MODELS
 from leadtime.features.rows import MAX_COUNT
+from leadtime.predictor.service.rows import ROW_EXTRAS
 
 TIMESTAMP_HELP = "When the request completed: seconds since the epoch, or RFC 3339 (an offset-less time is UTC)."
 
@@ -210,8 +211,15 @@ class ExplainRequest(BaseModel):
 
 
 def body_schema(model: type[BaseModel], list_field: str, item: type[BaseModel]) -> dict[str, Any]:
-    """An OpenAPI requestBody for a handler that parses its body itself: {list_field: [item, ...]}."""
+    """An OpenAPI requestBody for a handler that parses its body itself: {list_field: [item, ...]}.
+
+    An llm-d row documents Leadtime's own fields as well (`rows.ROW_EXTRAS`): llm-d's paths take them when a row
+    carries them, and refuse a bad one, so the schema says what they must be.
+    """
     item_schema = item.model_json_schema()
+    if issubclass(item, LlmdRow) and not issubclass(item, NativeRow):
+        native = NativeRow.model_json_schema()["properties"]
+        item_schema["properties"].update({name: native[name] for name in ROW_EXTRAS})
     outer = model.model_json_schema()
     prop = dict(outer["properties"][list_field])
     prop["items"] = item_schema
