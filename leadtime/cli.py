@@ -402,6 +402,13 @@ def sim_serve(
         Path | None, typer.Option(help="PEM certificate: the endpoints serve HTTPS (as vLLM's --ssl-certfile).")
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM key of --tls-cert.")] = None,
+    tokens_per_event: Annotated[
+        int,
+        typer.Option(
+            help="Tokens in each event of a stream, as from a server whose steps yield several (speculative "
+            "decoding) or that streams every few tokens."
+        ),
+    ] = 1,
 ) -> None:
     """Serve the simulated endpoints in real time as OpenAI-compatible HTTP servers with vLLM /metrics.
 
@@ -417,6 +424,8 @@ def sim_serve(
         _fail("--timeslice-port must be between 1 and 65535")
     if (tls_cert is None) != (tls_key is None):
         _fail("--tls-cert and --tls-key go together: give both, or neither")
+    if tokens_per_event < 1:
+        _fail("--tokens-per-event must be ≥ 1")
     try:
         serve_fleet(
             load_fleet(fleet),
@@ -427,6 +436,7 @@ def sim_serve(
             endpoints_file=endpoints_file,
             seed=seed,
             tls=(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
+            tokens_per_event=tokens_per_event,
         )
     except (OSError, ValueError) as err:
         _fail(err)
@@ -647,6 +657,13 @@ def route(
             "clients with the whole body (--no-measure-non-streaming: send them unchanged; they teach nothing)."
         ),
     ] = True,
+    ask_usage: Annotated[
+        bool,
+        typer.Option(
+            help="Ask endpoints for the usage at the end of streams whose client did not, to count output tokens "
+            "exactly when an event carries several (the usage event is kept from such a client)."
+        ),
+    ] = True,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
     from leadtime.features.catalog import get_accelerator, get_model
@@ -714,6 +731,7 @@ def route(
         tpot_slo_ms=tpot_slo_ms,
         upstream_ca_file=None if upstream_ca is None else str(upstream_ca),
         measure_non_streaming=measure_non_streaming,
+        ask_usage=ask_usage,
     )
     options = RouteOptions(
         discovery=discovery,

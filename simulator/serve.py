@@ -332,14 +332,19 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def build_app(
-    live: LiveEndpoint, peers: dict[str, LiveEndpoint] | None = None, ids: Iterator[int] | None = None
+    live: LiveEndpoint,
+    peers: dict[str, LiveEndpoint] | None = None,
+    ids: Iterator[int] | None = None,
+    tokens_per_event: int = 1,
 ) -> FastAPI:
     """The HTTP face of one simulated endpoint.
 
     Errors answer in the predictor service's JSON shape (`{"error", "field", "detail"}`); a request naming a model
     the endpoint does not serve is a 404, as in vLLM. `peers` maps `host:port` to the fleet's endpoints (a decode
     endpoint finds its prefiller there); `ids` numbers requests across the fleet (a prefill endpoint serves
-    requests of several decode endpoints).
+    requests of several decode endpoints). A stream carries `tokens_per_event` tokens in each event (the last
+    event of a choice fewer), as a server does whose steps yield several tokens (speculative decoding) or that
+    sends its stream every few tokens: its clients cannot count tokens by events.
     """
     app = FastAPI(title=f"leadtime mock vLLM {live.config.endpoint_id}")
     _add_error_handlers(app)
@@ -421,11 +426,17 @@ def build_app(
 
         async def events() -> AsyncIterator[str]:
             n = 0
+            pending = ""
             async for i in tokens(queue):
                 if not n and kind == "chat":  # as vLLM: the role, with the first token
                     yield event("", role='"role":"assistant",')
                 n += 1
-                yield event(f" tok{i}")
+                pending += f" tok{i}"
+                if n % tokens_per_event == 0:
+                    yield event(pending)
+                    pending = ""
+            if pending:
+                yield event(pending)
             yield event("", finish='"length"')  # as vLLM: the last event of a choice says why it finished
             if include_usage:
                 last = {
@@ -534,6 +545,8 @@ class FleetServer:
     tls
         (certificate, key) PEM files: the endpoints serve HTTPS, as vLLM does with --ssl-certfile/--ssl-keyfile
         (the time-slice states stay plain HTTP).
+    tokens_per_event
+        Tokens in each event of a stream (`build_app`).
     """
 
     def __init__(
@@ -545,6 +558,7 @@ class FleetServer:
         seed: int = 0,
         timeslice_port: int | None = None,
         tls: tuple[Path, Path] | None = None,
+        tokens_per_event: int = 1,
     ) -> None:
         if len(ports) != len(fleet.endpoints):
             raise ValueError(f"need {len(fleet.endpoints)} ports, got {len(ports)}")
@@ -553,6 +567,7 @@ class FleetServer:
         self.host = host
         self.seed = seed
         self.tls = tls
+        self.tokens_per_event = tokens_per_event
         self.timeslice_port = timeslice_port if fleet.timeslice_groups else None
         engines = build_endpoints(fleet, decode_runs=False)
         pairs = zip(fleet.endpoints, engines, strict=True)
@@ -606,7 +621,7 @@ class FleetServer:
             live.wake = asyncio.Event()
             live.origin = time.monotonic()
             tasks.append(asyncio.create_task(live.drive()))
-            app = build_app(live, peers, ids)
+            app = build_app(live, peers, ids, self.tokens_per_event)
             cert, key = self.tls or (None, None)
             config = uvicorn.Config(
                 app,
@@ -696,6 +711,7 @@ def serve_fleet(
     endpoints_file: Path | None = None,
     seed: int = 0,
     tls: tuple[Path, Path] | None = None,
+    tokens_per_event: int = 1,
 ) -> None:
     """Serve until interrupted (the `leadtime sim serve` command).
 
@@ -714,7 +730,16 @@ def serve_fleet(
         _check_writable(endpoints_file)
     if tls is not None:
         check_tls_files(*tls)
-    server = FleetServer(fleet, ports, host, model_name, seed=seed, timeslice_port=timeslice_port, tls=tls)
+    server = FleetServer(
+        fleet,
+        ports,
+        host,
+        model_name,
+        seed=seed,
+        timeslice_port=timeslice_port,
+        tls=tls,
+        tokens_per_event=tokens_per_event,
+    )
     server.start()
     for endpoint_id, url in server.urls.items():
         print(f"{endpoint_id}: {url}", flush=True)

@@ -294,6 +294,10 @@ def test_sim_serve_names_a_host_it_cannot_listen_on() -> None:
     refused(["sim", "serve", "--fleet", "homogeneous", "--host", "999.1.1.1", "--base-port", "18391"], "999.1.1.1")
 
 
+def test_sim_serve_refuses_fewer_than_one_token_an_event() -> None:
+    refused(["sim", "serve", "--fleet", "homogeneous", "--tokens-per-event", "0"], "--tokens-per-event")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("where", "problem"), [("missing/endpoints.yaml", "no directory"), (".", "is a directory")])
 def test_sim_serve_refuses_an_endpoints_file_it_cannot_write_before_starting(

@@ -8,11 +8,12 @@ Per request (`/v1/completions`, `/v1/chat/completions`, streaming or not):
    its time-slice group (and that group's state), its prefix hits; the policy decides on a thread of its own
    (one decision at a time, so the policy needs no locks), calling the predictor within its deadline or falling
    back to the heuristics;
-4. forward the body unchanged to the chosen endpoint (on P/D the decode endpoint, with the prefill endpoint in
-   `x-prefiller-host-port`), headers passed through but hop-by-hop ones; an endpoint that fails before
-   answering is left out and the request decided again, once;
+4. forward the body to the chosen endpoint (on P/D the decode endpoint, with the prefill endpoint in
+   `x-prefiller-host-port`), unchanged but for the stream it asks for (below), headers passed through but
+   hop-by-hop ones; an endpoint that fails before answering is left out and the request decided again, once;
 5. pass the answer back as it arrives, status, headers and errors included, measuring TTFT and ITL from the
-   stream, and report the outcome to the policy, which learns from it (observations reach the predictor in
+   stream (whose usage event the gateway asks for when the client did not, to count tokens, and keeps from that
+   client), and report the outcome to the policy, which learns from it (observations reach the predictor in
    batches, `predictor.GatewayPredictor`).
 
 A non-streaming request goes on asking for a stream, which is timed and put back together into one JSON body
@@ -109,6 +110,8 @@ class GatewaySettings:
     """PEM bundle that endpoints serving HTTPS are verified with (default: the system's trusted CAs)."""
     measure_non_streaming: bool = True
     """Send non-streaming requests on as streams, to time them (`assemble`), and answer their clients whole."""
+    ask_usage: bool = True
+    """Ask for the usage of streams whose client did not, to count their tokens (kept from the client)."""
 
 
 class _ClientLeft(Exception):
@@ -492,6 +495,7 @@ class Gateway:
                 self.settings.ttft_slo_ms,
                 self.settings.tpot_slo_ms,
                 self.settings.measure_non_streaming,
+                self.settings.ask_usage,
             )
         except BadRequest as err:
             await self._reply(send, err.status, {"error": str(err), "field": err.field})
@@ -547,7 +551,7 @@ class Gateway:
             try:
                 sent_at = time.perf_counter()
                 response = await pool.request(
-                    "POST", target_path, extra, parsed.streamed_body or body, self.settings.upstream_timeout_s
+                    "POST", target_path, extra, parsed.upstream_body or body, self.settings.upstream_timeout_s
                 )
             except UpstreamError as err:
                 self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
@@ -749,10 +753,11 @@ class Gateway:
         headers = self._headers_out(response, routed, overhead_s)
         content_type = response.header(b"content-type") or b""
         streaming = content_type.startswith(b"text/event-stream")
-        assembler = Assembler() if streaming and routed.parsed.streamed_body is not None else None
-        meter = StreamMeter(None if assembler is None else assembler.add)
+        parsed = routed.parsed
+        assembler = Assembler() if streaming and not parsed.stream and parsed.upstream_body is not None else None
+        meter = StreamMeter(None if assembler is None else assembler.add, hide_usage=parsed.hide_usage)
         timeout = self.settings.upstream_timeout_s
-        if not routed.parsed.stream:
+        if not parsed.stream:
             self.metrics.non_streaming.labels("true" if assembler is not None else "false").inc()
         if not streaming:
             try:
@@ -793,21 +798,21 @@ class Gateway:
                     return 502
                 if chunk is None:
                     break
-                meter.feed(chunk, self.clock())
+                passed_on = meter.feed(chunk, self.clock())
                 if meter.events:
                     if first:
                         first = False
                         self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
                     else:
                         self.work.progress(routed.request_id, meter.events)
-                if assembler is None:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if assembler is None and passed_on:
+                    await send({"type": "http.response.body", "body": passed_on, "more_body": True})
                 if disconnected.done():
                     response.close()
                     self._forget(routed)
                     return 499
             if assembler is None:
-                await send({"type": "http.response.body", "body": b""})
+                await send({"type": "http.response.body", "body": meter.rest()})
             else:
                 status = await self._send_whole(send, headers, status, assembler)
         finally:

@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from leadtime.router_plugin.gateway.stream import USAGE_ASKED
+
 WHOLE_ONLY_FIELDS = (
     "logprobs",
     "top_logprobs",
@@ -52,7 +54,7 @@ def streamed_body(request: dict[str, Any]) -> bytes | None:
         return None
     if request.get("n") not in (None, 1) or request.get("best_of") not in (None, 1):
         return None
-    return orjson.dumps({**request, "stream": True, "stream_options": {"include_usage": True}})
+    return orjson.dumps({**request, "stream": True, "stream_options": USAGE_ASKED})
 
 
 def _set(value: Any) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from leadtime.router_plugin.gateway.assemble import streamed_body
+from leadtime.router_plugin.gateway.stream import USAGE_ASKED
 
 SLO_TTFT_HEADER = b"x-llm-d-slo-ttft-ms"
 SLO_TPOT_HEADER = b"x-llm-d-slo-tpot-ms"
@@ -41,9 +42,11 @@ class ParsedRequest:
     token_ids: list[int] | None
     ttft_slo_ms: float | None
     tpot_slo_ms: float | None
-    streamed_body: bytes | None = None
-    """Sent on in place of the body: a non-streaming request asking the endpoint for a stream, to be measured
-    (`assemble`); None when the body goes unchanged."""
+    upstream_body: bytes | None = None
+    """Sent on in place of the body, asking the endpoint for a stream (a non-streaming request, to be measured:
+    `assemble`) or for the stream's usage (`hide_usage`); None when the body goes unchanged."""
+    hide_usage: bool = False
+    """The usage event of the stream was asked for by the gateway, not the client: it is not passed on."""
 
 
 def _slo(headers: Mapping[bytes, bytes], name: bytes, default: float | None) -> float | None:
@@ -118,8 +121,14 @@ def parse_request(
     default_ttft_slo_ms: float | None = None,
     default_tpot_slo_ms: float | None = None,
     measure_non_streaming: bool = False,
+    ask_usage: bool = False,
 ) -> ParsedRequest:
-    """Read what routing needs; BadRequest (400 for unreadable JSON, 422 for a bad field) otherwise."""
+    """Read what routing needs; BadRequest (400 for unreadable JSON, 422 for a bad field) otherwise.
+
+    With `measure_non_streaming`, a non-streaming request goes on as a stream (`assemble.streamed_body`); with
+    `ask_usage`, a streaming request without `stream_options` goes on asking for the usage, which counts its
+    output tokens exactly when an event carries several (and is kept from the client).
+    """
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as err:
@@ -138,6 +147,11 @@ def parse_request(
         text, ids = _messages(data), None
     else:
         text, ids = _prompt(data)
+    upstream_body, hide_usage = None, False
+    if not stream and measure_non_streaming:
+        upstream_body = streamed_body(data)
+    elif stream and ask_usage and data.get("stream_options") is None:
+        upstream_body, hide_usage = orjson.dumps({**data, "stream_options": USAGE_ASKED}), True
     return ParsedRequest(
         model=model,
         stream=stream,
@@ -145,5 +159,6 @@ def parse_request(
         token_ids=ids,
         ttft_slo_ms=_slo(headers, SLO_TTFT_HEADER, default_ttft_slo_ms),
         tpot_slo_ms=_slo(headers, SLO_TPOT_HEADER, default_tpot_slo_ms),
-        streamed_body=streamed_body(data) if measure_non_streaming and not stream else None,
+        upstream_body=upstream_body,
+        hide_usage=hide_usage,
     )

@@ -4,7 +4,9 @@ The stream is `data: {json}` events separated by blank lines, ending with `data:
 carry text (`text`, or `delta.content` / `delta.reasoning_content` in chat) is a token; its arrival time at the
 gateway is when the gateway saw the bytes. TTFT is the first token's time less the request's arrival; ITL is the
 mean gap between the first and the last token. A final usage event (`stream_options.include_usage`) gives the
-exact token counts, which replace the count of token events (an event may carry more than one token).
+exact token counts, which replace the count of token events (an event may carry more than one token). The gateway
+asks for that event when the client did not (`requests.parse_request`), and then keeps it from the client
+(`hide_usage`).
 """
 
 from __future__ import annotations
@@ -15,20 +17,33 @@ from typing import Any
 
 import orjson
 
+USAGE_ASKED = {"include_usage": True}
+"""The `stream_options` that ask an OpenAI-compatible server for the usage event at the end of a stream."""
+
 
 class StreamMeter:
     """Feed it the body as it arrives; it keeps the first and last token times and the counts.
 
     >>> meter = StreamMeter()
-    >>> meter.feed(b'data: {"choices":[{"text":" a"}]}\\n\\ndata: {"choi', 10.0)
-    >>> meter.feed(b'ces":[{"text":" b"}]}\\n\\ndata: {"choices":[{"text":" c"}]}\\n\\ndata: [DONE]\\n\\n', 30.0)
+    >>> _ = meter.feed(b'data: {"choices":[{"text":" a"}]}\\n\\ndata: {"choi', 10.0)
+    >>> _ = meter.feed(b'ces":[{"text":" b"}]}\\n\\ndata: {"choices":[{"text":" c"}]}\\n\\ndata: [DONE]\\n\\n', 30.0)
     >>> meter.tokens, meter.first_ms, meter.last_ms, meter.itl_ms()
     (3, 10.0, 30.0, 10.0)
+
+    With `hide_usage`, `feed` passes on every event but the usage's, which the gateway asked for itself:
+
+    >>> meter = StreamMeter(hide_usage=True)
+    >>> meter.feed(b'data: {"choices":[{"text":" a b"}]}\\n\\n'
+    ...            b'data: {"choices":[],"usage":{"completion_tokens":2}}\\n\\ndata: [DONE]\\n\\n')
+    b'data: {"choices":[{"text":" a b"}]}\\n\\ndata: [DONE]\\n\\n'
+    >>> meter.tokens
+    2
     """
 
-    def __init__(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, on_event: Callable[[dict[str, Any]], None] | None = None, hide_usage: bool = False) -> None:
         self._on_event = on_event
         """Handed every event's JSON object as it is read (to put a non-streaming answer back together)."""
+        self._hide_usage = hide_usage
         self._tail = b""
         self.events = 0
         self.first_ms: float | None = None
@@ -37,36 +52,49 @@ class StreamMeter:
         self.completion_tokens: int | None = None
         self.error: str | None = None
 
-    def feed(self, data: bytes, now_ms: float | None = None) -> None:
+    def feed(self, data: bytes, now_ms: float | None = None) -> bytes:
+        """Read the next piece of the stream; the bytes to pass on to the client: `data` itself, or with
+        `hide_usage` its events but the usage's (an event cut between two pieces goes on with the second)."""
         buffer = self._tail + data if self._tail else data
         if b"\n\n" not in buffer and b"\r\n\r\n" not in buffer:
             self._tail = buffer
-            return
+            return b"" if self._hide_usage else data
         if b"\r\n" in buffer:
             buffer = buffer.replace(b"\r\n", b"\n")
         *events, self._tail = buffer.split(b"\n\n")
         stamp = now_ms if now_ms is not None else time.monotonic() * 1e3
-        for event in events:
-            self._event(event, stamp)
+        if not self._hide_usage:
+            for event in events:
+                self._event(event, stamp)
+            return data
+        return b"".join(event + b"\n\n" for event in events if self._event(event, stamp))
 
-    def _event(self, event: bytes, now_ms: float) -> None:
+    def rest(self) -> bytes:
+        """At the end of the stream, what `feed` still holds to pass on (with `hide_usage`: an unfinished event)."""
+        tail, self._tail = self._tail, b""
+        return tail if self._hide_usage else b""
+
+    def _event(self, event: bytes, now_ms: float) -> bool:
+        """Read one event; False for the usage's when it is hidden from the client."""
         payload = b""
         for line in event.split(b"\n"):
             if line.startswith(b"data:"):
                 payload += line[5:].lstrip()
         if not payload or payload == b"[DONE]":
-            return
+            return True
         try:
             obj: Any = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return
+            return True
         if not isinstance(obj, dict):
-            return
+            return True
         if self._on_event is not None:
             self._on_event(obj)
         usage = obj.get("usage")
         if isinstance(usage, dict):
             self._usage(usage)
+            if self._hide_usage and not obj.get("choices"):
+                return False
         if "error" in obj:
             self.error = str(obj["error"])[:200]
         if any(_has_text(c) for c in obj.get("choices") or ()):
@@ -74,6 +102,7 @@ class StreamMeter:
             if self.first_ms is None:
                 self.first_ms = now_ms
             self.last_ms = now_ms
+        return True
 
     def _usage(self, usage: dict[str, Any]) -> None:
         prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")

@@ -1,5 +1,6 @@
-"""Non-streaming requests through the gateway: sent on as streams, timed, learned from and answered whole
-(`router_plugin.gateway.assemble`), in front of a real `sim serve` endpoint."""
+"""What the gateway measures of the requests it proxies, in front of a real `sim serve` endpoint: non-streaming
+requests sent on as streams, timed, learned from and answered whole (`router_plugin.gateway.assemble`), and the
+usage of streams asked for so that output tokens are counted exactly when an event carries several."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.assemble import Assembler, streamed_body
 from leadtime.router_plugin.gateway.requests import parse_request
+from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.simulator.fleet import parse_fleet
@@ -63,11 +65,11 @@ def test_other_requests_go_on_asking_for_a_stream_and_the_usage(request_body: di
 
 def test_parse_request_streams_non_streaming_requests_only_when_asked() -> None:
     body = b'{"prompt": "hello", "max_tokens": 2}'
-    assert parse_request("/v1/completions", body, {}).streamed_body is None
+    assert parse_request("/v1/completions", body, {}).upstream_body is None
     measured = parse_request("/v1/completions", body, {}, measure_non_streaming=True)
-    assert not measured.stream and orjson.loads(measured.streamed_body or b"{}")["stream"] is True
+    assert not measured.stream and orjson.loads(measured.upstream_body or b"{}")["stream"] is True
     streaming = b'{"prompt": "hello", "stream": true}'
-    assert parse_request("/v1/completions", streaming, {}, measure_non_streaming=True).streamed_body is None
+    assert parse_request("/v1/completions", streaming, {}, measure_non_streaming=True).upstream_body is None
 
 
 def test_a_completion_is_put_back_together() -> None:
@@ -147,16 +149,18 @@ class Recording(RoundRobinPolicy):
         self.abandoned.append(request_id)
 
 
-def through_gateway(measure: bool, scenario: Any) -> tuple[Recording, dict[str, Any], Any]:
+def through_gateway(
+    scenario: Any, measure: bool = True, ask_usage: bool = True, tokens_per_event: int = 1
+) -> tuple[Recording, dict[str, Any], Any]:
     """Run `scenario(client)` against an in-process gateway in front of one `sim serve` endpoint; the policy, the
     gateway's metrics and what the scenario returned."""
-    server = FleetServer(FLEET, [free_port()])
+    server = FleetServer(FLEET, [free_port()], tokens_per_event=tokens_per_event)
     server.start()
     policy = Recording()
 
     async def go() -> tuple[dict[str, Any], Any]:
         endpoints = parse_static([f"127.0.0.1:{server.ports[0]},name=e0,leadtime.io/accelerator=h100-sxm"])
-        settings = GatewaySettings(scrape_interval_s=0.05, measure_non_streaming=measure)
+        settings = GatewaySettings(scrape_interval_s=0.05, measure_non_streaming=measure, ask_usage=ask_usage)
         gateway = Gateway(StaticDiscovery(endpoints), policy, settings)
         await gateway.start()
         try:
@@ -194,7 +198,7 @@ async def one_of_each(client: httpx.AsyncClient) -> list[httpx.Response]:
 
 
 def test_a_non_streaming_request_is_answered_whole_and_learned_from() -> None:
-    policy, samples, (completion, chat, refused, whole) = through_gateway(True, one_of_each)
+    policy, samples, (completion, chat, refused, whole) = through_gateway(one_of_each)
     assert completion.status_code == 200 and completion.headers["content-type"] == "application/json"
     assert completion.headers["content-length"] == str(len(completion.content))
     answer = completion.json()
@@ -220,7 +224,7 @@ def test_a_non_streaming_request_is_answered_whole_and_learned_from() -> None:
 
 
 def test_not_measuring_sends_the_request_unchanged_and_learns_nothing() -> None:
-    policy, samples, (completion, chat, _, _) = through_gateway(False, one_of_each)
+    policy, samples, (completion, chat, _, _) = through_gateway(one_of_each, measure=False)
     assert completion.json()["choices"][0]["logprobs"] is None  # the mock's whole answer, not one put together
     assert chat.json()["choices"][0]["message"]["content"] == " tok0 tok1 tok2 tok3"
     assert policy.outcomes == []
@@ -238,7 +242,7 @@ async def long_then_short(client: httpx.AsyncClient) -> list[httpx.Response]:
 
 @pytest.mark.parametrize("measure", [True, False])
 def test_a_decoding_non_streaming_request_counts_as_decode_work_once_measured(measure: bool) -> None:
-    policy, _, (long, short) = through_gateway(measure, long_then_short)
+    policy, _, (long, short) = through_gateway(long_then_short, measure)
     assert long.status_code == short.status_code == 200
     prompt = policy.requests[0].input_tokens  # as the gateway estimates it from the prompt's bytes
     seen = policy.offered[1][0].state  # what the second decision saw of the endpoint
@@ -299,3 +303,57 @@ def test_a_chat_answer_with_no_text_keeps_its_content_null() -> None:
     a.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
     a.add({"choices": [{"index": 0, "delta": {"content": None}, "finish_reason": "stop"}]})
     assert a.body()["choices"][0]["message"] == {"role": "assistant", "content": None}
+
+
+def test_a_stream_without_stream_options_goes_on_asking_for_the_usage() -> None:
+    body = b'{"prompt": "hello", "stream": true}'
+    asked = parse_request("/v1/completions", body, {}, ask_usage=True)
+    assert asked.hide_usage and orjson.loads(asked.upstream_body or b"{}") == {
+        "prompt": "hello",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    assert parse_request("/v1/completions", body, {}).upstream_body is None
+    own = b'{"prompt": "hello", "stream": true, "stream_options": {"include_usage": false}}'
+    mine = parse_request("/v1/completions", own, {}, ask_usage=True)  # the client's own options go unchanged
+    assert mine.upstream_body is None and not mine.hide_usage
+
+
+def test_a_hidden_usage_event_is_cut_out_wherever_the_pieces_break() -> None:
+    stream = (
+        b'data: {"choices":[{"index":0,"text":" a b"}]}\n\n'
+        b'data: {"choices":[{"index":0,"text":" c","finish_reason":"length"}],"usage":{"completion_tokens":3}}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    usage_event = stream.split(b"\n\n")[2] + b"\n\n"
+    for size in (1, 7, 64, len(stream)):
+        meter = StreamMeter(hide_usage=True)
+        passed = b"".join(meter.feed(stream[i : i + size], float(i)) for i in range(0, len(stream), size))
+        passed += meter.rest()
+        assert passed == stream.replace(usage_event, b""), size  # an event with choices keeps its usage
+        assert (meter.tokens, meter.prompt_tokens, meter.events) == (3, 2, 2)
+    meter = StreamMeter(hide_usage=True)
+    assert meter.feed(b"data: [DO") == b"" and meter.rest() == b"data: [DO"  # an unfinished end goes on as it is
+    meter = StreamMeter()
+    assert meter.feed(stream) == stream  # not hiding: every byte goes on as it came
+
+
+async def stream_of_twelve(client: httpx.AsyncClient) -> list[str]:
+    async with client.stream("POST", "/v1/completions", json={"prompt": "x y", "max_tokens": 12, "stream": True}) as r:
+        return [line async for line in r.aiter_lines() if line.startswith("data: ")]
+
+
+def test_with_several_tokens_an_event_the_itl_is_per_token_once_the_usage_is_asked() -> None:
+    outcomes = {}
+    for ask_usage in (True, False):
+        policy, _, lines = through_gateway(stream_of_twelve, ask_usage=ask_usage, tokens_per_event=3)
+        events = [orjson.loads(line[6:]) for line in lines if line != "data: [DONE]"]
+        assert lines[-1] == "data: [DONE]"
+        assert all("usage" not in e for e in events)  # the client did not ask for it, and does not get it
+        assert "".join(e["choices"][0]["text"] for e in events) == "".join(f" tok{i}" for i in range(12))
+        (outcomes[ask_usage],) = policy.outcomes
+    # Asked, the usage counts 12 tokens in the 4 events; counted by events, 4, and each gap is taken for one
+    # token's: 3 gaps over the span where there were 11.
+    assert (outcomes[True].output_tokens, outcomes[False].output_tokens) == (12, 4)
+    assert outcomes[False].itl_ms > 2 * outcomes[True].itl_ms
