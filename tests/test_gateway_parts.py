@@ -182,6 +182,18 @@ def test_stream_meter_times_tokens_across_chunk_boundaries() -> None:
     assert meter.tokens == 9 and meter.prompt_tokens == 30
 
 
+def test_stream_meter_takes_the_itl_of_one_choice_when_there_are_several() -> None:
+    meter = StreamMeter()
+    for step in range(3):  # two choices decoded side by side, a token each every 10 ms
+        for index in (0, 1):
+            meter.feed(f'data: {{"choices": [{{"index": {index}, "text": "t{step}"}}]}}\n\n'.encode(), 10.0 * step)
+    assert meter.tokens == 6 and meter.itl_ms() == pytest.approx(10.0)
+    meter.feed(b'data: {"choices": [], "usage": {"completion_tokens": 6}}\n\n', 30.0)
+    assert meter.itl_ms() == pytest.approx(10.0)
+    meter.feed(b'data: {"choices": [{"index": [1], "text": "odd"}]}\n\n', 30.0)  # a malformed index counts as 0
+    assert meter.events == 7
+
+
 def test_stream_meter_reads_usage_of_a_whole_answer() -> None:
     meter = StreamMeter()
     meter.feed_json(b'{"choices": [{"text": "x"}], "usage": {"prompt_tokens": 4, "completion_tokens": 1}}')

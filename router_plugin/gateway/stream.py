@@ -51,6 +51,8 @@ class StreamMeter:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.error: str | None = None
+        self._choices: set[int] = set()
+        """The indices of the choices that carried text."""
 
     def feed(self, data: bytes, now_ms: float | None = None) -> bytes:
         """Read the next piece of the stream; the bytes to pass on to the client: `data` itself, or with
@@ -97,8 +99,10 @@ class StreamMeter:
                 return False
         if "error" in obj:
             self.error = str(obj["error"])[:200]
-        if any(_has_text(c) for c in obj.get("choices") or ()):
+        texts = [c for c in obj.get("choices") or () if _has_text(c)]
+        if texts:
             self.events += 1
+            self._choices.update(_index(c) for c in texts)
             if self.first_ms is None:
                 self.first_ms = now_ms
             self.last_ms = now_ms
@@ -126,8 +130,9 @@ class StreamMeter:
         return self.completion_tokens if self.completion_tokens is not None else self.events
 
     def itl_ms(self) -> float:
-        """Mean gap between output tokens (0 with fewer than two)."""
-        n = self.tokens
+        """Mean gap between one choice's output tokens (0 with fewer than two); with several choices (`n`), each
+        is taken to have its share of the tokens, decoded side by side."""
+        n = self.tokens / max(len(self._choices), 1)
         if n < 2 or self.first_ms is None or self.last_ms is None:
             return 0.0
         return (self.last_ms - self.first_ms) / (n - 1)
@@ -140,3 +145,8 @@ def _has_text(choice: Any) -> bool:
         return True
     delta = choice.get("delta")
     return isinstance(delta, dict) and bool(delta.get("content") or delta.get("reasoning_content"))
+
+
+def _index(choice: dict[str, Any]) -> int:
+    index = choice.get("index", 0)
+    return index if isinstance(index, int) else 0
