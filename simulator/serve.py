@@ -26,6 +26,7 @@ import json
 import os
 import threading
 import time
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,14 @@ class CompletionBody(BaseModel):
     max_tokens: int = Field(default=16, ge=1, le=32768)
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+
+class TokenizeBody(BaseModel):
+    """The body of /tokenize (a completion's prompt)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str
 
 
 class ChatMessage(BaseModel):
@@ -466,6 +475,13 @@ def build_app(
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
         usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(request, "chat", words, max_tokens, body.stream, usage_wanted)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeBody) -> dict[str, object]:
+        """As vLLM's: the prompt's tokens (a word each here, numbered by a stable hash), and the model's length."""
+        check_model(body.model)
+        tokens = [zlib.crc32(w.encode()) % 128_000 for w in body.prompt.split()]
+        return {"count": len(tokens), "max_model_len": 131_072, "tokens": tokens}
 
     @app.get("/v1/models")
     async def models() -> dict[str, object]:

@@ -114,6 +114,11 @@ def test_unknown_paths_and_methods_are_404() -> None:
     assert asyncio.run(go()) == [404, 404, 404]
 
 
+def test_a_path_passed_through_with_no_endpoint_to_serve_it_is_503() -> None:
+    reply = post("/tokenize", b'{"prompt": "anyone?"}', [])
+    assert reply.status_code == 503 and reply.json()["field"] == "endpoints"
+
+
 # ----- the plugin configuration ------------------------------------------------------------------------------
 
 

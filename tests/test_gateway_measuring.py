@@ -11,10 +11,9 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from inprocess_gateway import Scenario, counted, through_gateway
 
 from leadtime.bench.procs import free_port
-from leadtime.features.vllm_metrics import parse_samples
-from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.assemble import Assembler, streamed_body
 from leadtime.router_plugin.gateway.requests import parse_request
@@ -149,42 +148,15 @@ class Recording(RoundRobinPolicy):
         self.abandoned.append(request_id)
 
 
-def through_gateway(
-    scenario: Any, measure: bool = True, ask_usage: bool = True, tokens_per_event: int = 1
+def through(
+    scenario: Scenario, measure: bool = True, ask_usage: bool = True, tokens_per_event: int = 1
 ) -> tuple[Recording, dict[str, Any], Any]:
     """Run `scenario(client)` against an in-process gateway in front of one `sim serve` endpoint; the policy, the
     gateway's metrics and what the scenario returned."""
-    server = FleetServer(FLEET, [free_port()], tokens_per_event=tokens_per_event)
-    server.start()
     policy = Recording()
-
-    async def go() -> tuple[dict[str, Any], Any]:
-        endpoints = parse_static([f"127.0.0.1:{server.ports[0]},name=e0,leadtime.io/accelerator=h100-sxm"])
-        settings = GatewaySettings(scrape_interval_s=0.05, measure_non_streaming=measure, ask_usage=ask_usage)
-        gateway = Gateway(StaticDiscovery(endpoints), policy, settings)
-        await gateway.start()
-        try:
-            for _ in range(200):
-                if gateway.routable() and all(s.state is not None for s in gateway.routable()):
-                    break
-                await asyncio.sleep(0.02)
-            transport = httpx.ASGITransport(app=gateway)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=60) as client:
-                result = await scenario(client)
-                samples = parse_samples((await client.get("/metrics")).text)
-        finally:
-            await gateway.stop()
-        return samples, result
-
-    try:
-        samples, result = asyncio.run(go())
-    finally:
-        server.stop()
+    settings = GatewaySettings(scrape_interval_s=0.05, measure_non_streaming=measure, ask_usage=ask_usage)
+    samples, result = through_gateway(FLEET, policy, scenario, settings, tokens_per_event)
     return policy, samples, result
-
-
-def counted(samples: dict[str, Any], name: str, **labels: str) -> float:
-    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
 
 
 async def one_of_each(client: httpx.AsyncClient) -> list[httpx.Response]:
@@ -198,14 +170,14 @@ async def one_of_each(client: httpx.AsyncClient) -> list[httpx.Response]:
 
 
 def test_a_non_streaming_request_is_answered_whole_and_learned_from() -> None:
-    policy, samples, (completion, chat, refused, whole) = through_gateway(one_of_each)
+    policy, samples, (completion, chat, refused, whole) = through(one_of_each)
     assert completion.status_code == 200 and completion.headers["content-type"] == "application/json"
     assert completion.headers["content-length"] == str(len(completion.content))
     answer = completion.json()
     assert answer["object"] == "text_completion" and answer["model"] == "llama-3.1-8b"
     assert answer["choices"] == [{"index": 0, "text": " tok0 tok1 tok2 tok3 tok4", "finish_reason": "length"}]
     assert answer["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
-    assert completion.headers["x-leadtime-endpoint"] == "e0"
+    assert completion.headers["x-leadtime-endpoint"] == "h-0"
     reply = chat.json()
     assert reply["object"] == "chat.completion"
     assert reply["choices"][0]["message"] == {"role": "assistant", "content": " tok0 tok1 tok2 tok3"}
@@ -224,7 +196,7 @@ def test_a_non_streaming_request_is_answered_whole_and_learned_from() -> None:
 
 
 def test_not_measuring_sends_the_request_unchanged_and_learns_nothing() -> None:
-    policy, samples, (completion, chat, _, _) = through_gateway(one_of_each, measure=False)
+    policy, samples, (completion, chat, _, _) = through(one_of_each, measure=False)
     assert completion.json()["choices"][0]["logprobs"] is None  # the mock's whole answer, not one put together
     assert chat.json()["choices"][0]["message"]["content"] == " tok0 tok1 tok2 tok3"
     assert policy.outcomes == []
@@ -242,7 +214,7 @@ async def long_then_short(client: httpx.AsyncClient) -> list[httpx.Response]:
 
 @pytest.mark.parametrize("measure", [True, False])
 def test_a_decoding_non_streaming_request_counts_as_decode_work_once_measured(measure: bool) -> None:
-    policy, _, (long, short) = through_gateway(long_then_short, measure)
+    policy, _, (long, short) = through(long_then_short, measure)
     assert long.status_code == short.status_code == 200
     prompt = policy.requests[0].input_tokens  # as the gateway estimates it from the prompt's bytes
     seen = policy.offered[1][0].state  # what the second decision saw of the endpoint
@@ -347,7 +319,7 @@ async def stream_of_twelve(client: httpx.AsyncClient) -> list[str]:
 def test_with_several_tokens_an_event_the_itl_is_per_token_once_the_usage_is_asked() -> None:
     outcomes = {}
     for ask_usage in (True, False):
-        policy, _, lines = through_gateway(stream_of_twelve, ask_usage=ask_usage, tokens_per_event=3)
+        policy, _, lines = through(stream_of_twelve, ask_usage=ask_usage, tokens_per_event=3)
         events = [orjson.loads(line[6:]) for line in lines if line != "data: [DONE]"]
         assert lines[-1] == "data: [DONE]"
         assert all("usage" not in e for e in events)  # the client did not ask for it, and does not get it

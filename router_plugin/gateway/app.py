@@ -63,6 +63,25 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
+PASSED_THROUGH = frozenset(
+    (
+        "/v1/embeddings",
+        "/tokenize",
+        "/detokenize",
+        "/pooling",
+        "/classify",
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
+    )
+)
+"""vLLM's other request paths that any one endpoint answers alone: passed through to the least-loaded endpoint,
+not predicted nor learned from. Stateful and administrative paths (`/v1/responses`, LoRA loading, cache resets)
+are not: sent through a router, they would reach one endpoint of many."""
 PREFILLER_HEADER = b"x-prefiller-host-port"
 HOP_BY_HOP = frozenset(
     (
@@ -201,6 +220,9 @@ class Gateway:
         self.decide_in_thread = predictor is not None if decide_in_thread is None else decide_in_thread
         self._ids = itertools.count(1)
         self._group_view: dict[str, str] = {}
+        self._passed: dict[str, int] = {}
+        """Per endpoint, the passed-through requests still open there."""
+        self._turn = 0
         self._scrape_errors_seen: dict[str, int] = {}
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -371,6 +393,8 @@ class Gateway:
             await self._readyz(send)
         elif path == "/v1/models" and method == "GET":
             await self._models(send)
+        elif path in PASSED_THROUGH:
+            await self._pass_through(scope, receive, send)
         else:
             await self._reply(send, 404, {"error": f"no route for {method} {path}"})
 
@@ -477,6 +501,102 @@ class Gateway:
         finally:
             self.metrics.inflight.dec()
             self.metrics.requests.labels(path, str(code)).inc()
+
+    async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.metrics.inflight.inc()
+        code = 500
+        try:
+            code = await self._pass(scope, receive, send)
+        finally:
+            self.metrics.inflight.dec()
+            self.metrics.requests.labels(scope["path"], str(code)).inc()
+
+    async def _pass(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """A request of `PASSED_THROUGH`: to the endpoint with the fewest requests waiting and running (as last
+        scraped, plus those this gateway passed it since and that are still open), its answer relayed as it comes;
+        an endpoint that fails before answering is left out and another tried, once."""
+        try:
+            body = await self._read_body(receive)
+        except BadRequest as err:
+            await self._reply(send, err.status, {"error": str(err), "field": err.field})
+            return err.status
+        if body is None:
+            return 499
+        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP]
+        target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
+        excluded: set[str] = set()
+        for attempt in (0, 1):
+            target = self._least_loaded(excluded)
+            if target is None:
+                await self._reply(send, 503, {"error": "no endpoint can serve this request now", "field": "endpoints"})
+                return 503
+            eid = target.endpoint_id
+            self._passed[eid] = self._passed.get(eid, 0) + 1
+            try:
+                pool = self.upstreams.pool(target.address, target.port, target.tls)
+                try:
+                    response = await pool.request(
+                        scope["method"], target_path, forward, body, self.settings.upstream_timeout_s
+                    )
+                except UpstreamError as err:
+                    self.metrics.upstream_errors.labels(eid, err.kind).inc()
+                    excluded.add(eid)
+                    if attempt == 0:
+                        self.metrics.retries.inc()
+                        continue
+                    await self._reply(send, 502, {"error": f"endpoint {eid} failed: {err}", "field": "endpoint"})
+                    return 502
+                return await self._relay_as_is(target, response, send, receive)
+            finally:
+                self._passed[eid] -= 1
+        raise AssertionError("unreachable")
+
+    def _least_loaded(self, excluded: set[str]) -> DiscoveredEndpoint | None:
+        """Of the endpoints serving requests now (not a prefill-only one, not one swapped out), the one with the
+        fewest requests; ties in turn."""
+        serving = [
+            s
+            for s in self.routable()
+            if s.state is not None
+            and s.endpoint.endpoint_id not in excluded
+            and s.state.role != "prefill"
+            and s.state.timeslice_state in ("none", "resident")
+        ]
+        if not serving:
+            return None
+        self._turn += 1
+
+        def load(item: tuple[int, EndpointScrape]) -> tuple[int, int]:
+            i, s = item
+            assert s.state is not None
+            passed = self._passed.get(s.endpoint.endpoint_id, 0)
+            return s.state.num_request_waiting + s.state.num_request_running + passed, (i - self._turn) % len(serving)
+
+        return min(enumerate(serving), key=load)[1].endpoint
+
+    async def _relay_as_is(self, target: DiscoveredEndpoint, response: Response, send: Send, receive: Receive) -> int:
+        headers = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
+        headers.append((b"x-leadtime-endpoint", target.endpoint_id.encode()))
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        disconnected = asyncio.ensure_future(receive())
+        try:
+            while True:
+                try:
+                    chunk = await response.next_chunk(self.settings.upstream_timeout_s)
+                except UpstreamError as err:
+                    self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                    await send({"type": "http.response.body", "body": b""})
+                    return 502
+                if chunk is None:
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if disconnected.done():
+                    response.close()
+                    return 499
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            disconnected.cancel()
+        return response.status
 
     async def _route(self, scope: Scope, receive: Receive, send: Send, arrival_ms: float, started: float) -> int:
         headers: dict[bytes, bytes] = dict(scope["headers"])

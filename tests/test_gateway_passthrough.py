@@ -1,0 +1,92 @@
+"""vLLM's other request paths through the gateway (`PASSED_THROUGH`): to the least-loaded endpoint that serves,
+answered as the endpoint answers, in front of real `sim serve` endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import httpx
+from inprocess_gateway import counted, through_gateway
+
+from leadtime.router_plugin.gateway.app import GatewaySettings
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
+from leadtime.simulator.fleet import parse_fleet
+
+TWO = parse_fleet(
+    {"name": "two", "pools": [{"name": "h", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}]}
+)
+PD = parse_fleet(
+    {
+        "name": "pd",
+        "pools": [
+            {"name": "p", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "prefill"},
+            {"name": "d", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
+        ],
+    }
+)
+SETTINGS = GatewaySettings(scrape_interval_s=0.05)
+
+
+class Learning(RoundRobinPolicy):
+    """Round-robin that keeps what it is asked and told: a passed-through request must reach neither."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+        self.outcomes: list[Outcome] = []
+
+    def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        self.asked += 1
+        return super().pick(request, candidates)
+
+    def observe(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+async def tokenize_four(client: httpx.AsyncClient) -> list[httpx.Response]:
+    return [await client.post("/tokenize", json={"prompt": f"count these {i} words"}) for i in range(4)]
+
+
+def test_a_tokenize_request_is_answered_by_an_endpoint_in_turn_and_teaches_nothing() -> None:
+    policy = Learning()
+    samples, replies = through_gateway(TWO, policy, tokenize_four, SETTINGS)
+    assert [r.status_code for r in replies] == [200] * 4
+    assert [r.json()["count"] for r in replies] == [4] * 4 and len(replies[0].json()["tokens"]) == 4
+    # Both idle: they take turns.
+    assert sorted(r.headers["x-leadtime-endpoint"] for r in replies) == ["h-0", "h-0", "h-1", "h-1"]
+    assert policy.asked == 0 and policy.outcomes == []
+    assert counted(samples, "leadtime_router_requests_total", path="/tokenize", code="200") == 4
+
+
+async def tokenize_beside_a_long_request(client: httpx.AsyncClient) -> list[httpx.Response]:
+    long = asyncio.ensure_future(
+        client.post("/v1/completions", json={"prompt": "w " * 500, "max_tokens": 400, "stream": False})
+    )
+    await asyncio.sleep(0.5)  # it runs, and the endpoints were scraped since
+    replies = [await client.post("/tokenize", json={"prompt": "x y"}) for _ in range(3)]
+    return [await long, *replies]
+
+
+def test_a_passed_through_request_goes_to_the_least_loaded_endpoint() -> None:
+    _, (long, *replies) = through_gateway(TWO, Learning(), tokenize_beside_a_long_request, SETTINGS)
+    busy = long.headers["x-leadtime-endpoint"]
+    assert long.status_code == 200
+    assert {r.headers["x-leadtime-endpoint"] for r in replies} == {"h-1" if busy == "h-0" else "h-0"}
+
+
+async def refused_and_unknown(client: httpx.AsyncClient) -> list[httpx.Response]:
+    return [
+        await client.post("/tokenize", json={"text": "no prompt"}),
+        await client.post("/v1/responses", json={"input": "stateful"}),
+        await client.post("/tokenize", json={"prompt": "on a decode endpoint"}),
+    ]
+
+
+def test_the_endpoints_refusal_comes_back_as_it_is_and_stateful_paths_are_not_passed() -> None:
+    _, (refused, stateful, ok) = through_gateway(PD, Learning(), refused_and_unknown, SETTINGS)
+    assert refused.status_code == 422 and refused.headers["x-leadtime-endpoint"] == "d-0"
+    assert stateful.status_code == 404 and "/v1/responses" in stateful.json()["error"]
+    # On a P/D fleet the prefill endpoints serve no client: the decode endpoint answers.
+    assert ok.status_code == 200 and ok.headers["x-leadtime-endpoint"] == "d-0"
