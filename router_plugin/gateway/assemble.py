@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from leadtime.router_plugin.gateway.stream import USAGE_ASKED
+from leadtime.router_plugin.gateway.stream import USAGE_ASKED, choice_index
 
 WHOLE_ONLY_FIELDS = (
     "logprobs",
@@ -114,8 +114,7 @@ class Assembler:
         for raw in event.get("choices") or ():
             if not isinstance(raw, dict):
                 continue
-            index = raw.get("index", 0)
-            choice = self._choices.setdefault(index if isinstance(index, int) else 0, _Choice())
+            choice = self._choices.setdefault(choice_index(raw), _Choice())
             piece = dict(raw)
             piece.pop("index", None)
             delta = piece.pop("delta", None)

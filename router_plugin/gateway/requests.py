@@ -1,9 +1,11 @@
 """What the gateway reads of an OpenAI-style request to route it: the prompt, the model, streaming, the SLOs.
 
-Only these are taken from the body, which goes on unchanged (a non-streaming request may go on asking for a
-stream, to be measured: `assemble`). A completion's prompt is text, a list of texts, or token ids; a chat's
-prompt is its messages rendered as `role: content` lines (text parts of multi-part contents included). The SLOs
-come from llm-d's headers `x-llm-d-slo-ttft-ms` and `x-llm-d-slo-tpot-ms`, else from the gateway's defaults.
+Only these are taken from the body, which goes on unchanged but for what the gateway asks of the stream: a
+non-streaming request may go on as a stream, to be measured (`assemble`), and a stream whose client did not ask
+for the usage goes on asking for it (`stream.StreamMeter` keeps it from that client). A completion's prompt is
+text, a list of texts, or token ids; a chat's prompt is its messages rendered as `role: content` lines (text parts
+of multi-part contents included). The SLOs come from llm-d's headers `x-llm-d-slo-ttft-ms` and
+`x-llm-d-slo-tpot-ms`, else from the gateway's defaults.
 """
 
 from __future__ import annotations

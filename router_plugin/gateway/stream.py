@@ -102,7 +102,7 @@ class StreamMeter:
         texts = [c for c in obj.get("choices") or () if _has_text(c)]
         if texts:
             self.events += 1
-            self._choices.update(_index(c) for c in texts)
+            self._choices.update(choice_index(c) for c in texts)
             if self.first_ms is None:
                 self.first_ms = now_ms
             self.last_ms = now_ms
@@ -147,6 +147,7 @@ def _has_text(choice: Any) -> bool:
     return isinstance(delta, dict) and bool(delta.get("content") or delta.get("reasoning_content"))
 
 
-def _index(choice: dict[str, Any]) -> int:
+def choice_index(choice: dict[str, Any]) -> int:
+    """Which choice an event's piece belongs to (0 when it does not say, or says it oddly)."""
     index = choice.get("index", 0)
     return index if isinstance(index, int) else 0
