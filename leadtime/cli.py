@@ -664,6 +664,14 @@ def route(
             "exactly when an event carries several (the usage event is kept from such a client)."
         ),
     ] = True,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar="LEADTIME_ROUTE_API_KEY",
+            help="A key clients must show (Authorization: Bearer KEY) on /v1/... and the passed-through paths; "
+            "repeat it to accept several (rotation). Health and metrics stay open.",
+        ),
+    ] = None,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
     from leadtime.features.catalog import get_accelerator, get_model
@@ -715,6 +723,9 @@ def route(
             _positive(name, value)
     if api_token is not None and not (api_token.isascii() and api_token.isprintable()):
         _fail("--api-token must be printable ASCII, without line breaks or control characters")
+    for key in api_key or ():
+        if not key or not (key.isascii() and key.isprintable()) or " " in key:
+            _fail("--api-key must be printable ASCII, without spaces, line breaks or control characters")
     try:
         get_accelerator(accelerator)
         get_model(model)
@@ -732,6 +743,7 @@ def route(
         upstream_ca_file=None if upstream_ca is None else str(upstream_ca),
         measure_non_streaming=measure_non_streaming,
         ask_usage=ask_usage,
+        api_keys=tuple(api_key or ()),
     )
     options = RouteOptions(
         discovery=discovery,

@@ -114,6 +114,25 @@ def test_unknown_paths_and_methods_are_404() -> None:
     assert asyncio.run(go()) == [404, 404, 404]
 
 
+def test_with_api_keys_the_api_paths_need_one_and_health_and_metrics_stay_open() -> None:
+    keyed = Gateway(StaticDiscovery(()), RoundRobinPolicy(), GatewaySettings(api_keys=("k-old", "k-new")))
+    body = b'{"prompt": "x"}'
+    for headers in ([], [("authorization", "Bearer wrong")], [("authorization", "Basic k-new")]):
+        refused = post("/v1/completions", body, headers, app=keyed)
+        assert refused.status_code == 401 and refused.json()["field"] == "authorization", headers
+        assert refused.headers["www-authenticate"] == "Bearer"
+    assert post("/tokenize", body, [], app=keyed).status_code == 401
+    for key in ("k-old", "k-new"):  # either key passes; no endpoint here, so the answer is the 503 that follows
+        assert post("/v1/completions", body, [("authorization", f"Bearer {key}")], app=keyed).status_code == 503
+
+    async def open_paths() -> list[int]:
+        transport = httpx.ASGITransport(app=keyed, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return [(await client.get(path)).status_code for path in ("/healthz", "/metrics", "/v1/models")]
+
+    assert asyncio.run(open_paths()) == [200, 200, 401]
+
+
 def test_a_path_passed_through_with_no_endpoint_to_serve_it_is_503() -> None:
     reply = post("/tokenize", b'{"prompt": "anyone?"}', [])
     assert reply.status_code == 503 and reply.json()["field"] == "endpoints"

@@ -270,6 +270,24 @@ def test_an_endpoint_whose_scrapes_fail_is_retried_around_then_left_out(
     assert route.metric("leadtime_router_retries_total") == retries
 
 
+def test_a_gateway_with_an_api_key_serves_only_clients_that_show_it(
+    workdir: Path, stack: tuple[SimFleet, Predictor, Route, Path]
+) -> None:
+    fleet, _, _, _ = stack
+    route = Route(workdir, ["--discovery", str(fleet.endpoints_file), "--policy", "round-robin", "--api-key", "s3cret"])
+    try:
+        route.wait()
+        body = {"prompt": "let me in", "max_tokens": 2}
+        refused = httpx.post(f"{route.url}/v1/completions", json=body, timeout=30)
+        assert refused.status_code == 401 and refused.json()["field"] == "authorization"
+        shown = {"authorization": "Bearer s3cret"}
+        answered = httpx.post(f"{route.url}/v1/completions", json=body, headers=shown, timeout=30)
+        assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] == 2
+        assert route.metric("leadtime_router_requests_total", path="/v1/completions", code="401") == 1
+    finally:
+        route.child.stop()
+
+
 def test_an_endpoint_never_scraped_is_not_routed_to(workdir: Path) -> None:
     dead = free_port()
     route = Route(workdir, ["--endpoint", f"127.0.0.1:{dead},name=ghost", "--policy", "round-robin"])

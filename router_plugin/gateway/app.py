@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import itertools
 import logging
 import time
@@ -131,6 +132,8 @@ class GatewaySettings:
     """Send non-streaming requests on as streams, to time them (`assemble`), and answer their clients whole."""
     ask_usage: bool = True
     """Ask for the usage of streams whose client did not, to count their tokens (kept from the client)."""
+    api_keys: tuple[str, ...] = ()
+    """Bearer tokens a client must show on the API's paths (`/v1/...` and the passed-through ones); none: open."""
 
 
 class _ClientLeft(Exception):
@@ -383,6 +386,17 @@ class Gateway:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        guarded = path.startswith("/v1/") or path in PASSED_THROUGH
+        if self.settings.api_keys and guarded and not self._authorized(scope):
+            await self._reply(
+                send,
+                401,
+                {"error": "authorization: a valid bearer token is required", "field": "authorization"},
+                [(b"www-authenticate", b"Bearer")],
+            )
+            if path in PROXIED_PATHS or path in PASSED_THROUGH:
+                self.metrics.requests.labels(path, "401").inc()
+            return
         if path in PROXIED_PATHS and method == "POST":
             await self._proxy(scope, receive, send)
         elif path == "/metrics" and method == "GET":
@@ -397,6 +411,18 @@ class Gateway:
             await self._pass_through(scope, receive, send)
         else:
             await self._reply(send, 404, {"error": f"no route for {method} {path}"})
+
+    def _authorized(self, scope: Scope) -> bool:
+        """Whether the request shows one of the API keys (`Authorization: Bearer KEY`), compared in constant time."""
+        shown = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                shown = value
+        scheme, _, token = shown.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        token = token.strip()
+        return any(hmac.compare_digest(token, key.encode()) for key in self.settings.api_keys)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
