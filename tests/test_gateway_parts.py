@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -458,6 +459,24 @@ def test_route_refuses_bad_options_with_one_line(args: list[str], message: str) 
     result = CliRunner().invoke(app, ["route", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_route_takes_api_keys_from_the_environment_apart_by_spaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+    from leadtime.router_plugin.gateway import serve
+
+    built: list[tuple[str, ...]] = []
+
+    def build(options: Any, *args: Any, **kwargs: Any) -> None:  # the gateway as configured, not started
+        built.append(options.settings.api_keys)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(serve, "build_gateway", build)
+    env = {"LEADTIME_ROUTE_API_KEY": "k-old k-new"}
+    result = CliRunner().invoke(app, ["route", "--endpoint", "127.0.0.1:1", "--policy", "random"], env=env)
+    assert result.exit_code == 0 and built == [("k-old", "k-new")], result.output
 
 
 def test_route_refuses_a_broken_discovery_file(tmp_path: Path) -> None:
