@@ -5,7 +5,7 @@ usage of streams asked for so that output tokens are counted exactly when an eve
 from __future__ import annotations
 
 import asyncio
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -14,8 +14,8 @@ import pytest
 from inprocess_gateway import Scenario, counted, through_gateway
 
 from leadtime.bench.procs import free_port
-from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
-from leadtime.router_plugin.gateway.assemble import Assembler, streamed_body
+from leadtime.router_plugin.gateway.app import GatewaySettings
+from leadtime.router_plugin.gateway.assemble import Assembler, streamed_body, whole_answer
 from leadtime.router_plugin.gateway.requests import parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
@@ -225,20 +225,15 @@ def test_a_decoding_non_streaming_request_counts_as_decode_work_once_measured(me
 
 
 def test_an_error_in_the_stream_is_answered_with_its_status_and_json() -> None:
-    sent: list[MutableMapping[str, Any]] = []
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        sent.append(message)
-
     a = Assembler()
     a.add({"choices": [{"index": 0, "text": "partial"}]})
     a.add({"error": {"message": "the KV cache is gone", "code": 503}})
     upstream = [(b"content-type", b"text/event-stream"), (b"x-request-id", b"r7")]
-    status = asyncio.run(Gateway._send_whole(send, upstream, 200, a))
-    assert status == 503 and sent[0]["status"] == 503
-    assert (b"x-request-id", b"r7") in sent[0]["headers"]
-    assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
-    assert orjson.loads(sent[1]["body"]) == {"error": {"message": "the KV cache is gone", "code": 503}}
+    status, headers, body = whole_answer(a, upstream, 200)
+    assert status == 503 and (b"x-request-id", b"r7") in headers
+    assert dict(headers)[b"content-type"] == b"application/json"
+    assert dict(headers)[b"content-length"] == str(len(body)).encode()
+    assert orjson.loads(body) == {"error": {"message": "the KV cache is gone", "code": 503}}
 
 
 def test_the_load_generator_sends_a_share_of_non_streaming_requests_and_times_their_whole_answer() -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import itertools
 import logging
 import time
@@ -42,12 +41,13 @@ from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import tls_client_context
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
 from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
-from leadtime.router_plugin.gateway.assemble import Assembler
+from leadtime.router_plugin.gateway.assemble import Assembler, whole_answer
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.passthrough import PASSED_THROUGH, PassedThroughLoad
 from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPredictor
 from leadtime.router_plugin.gateway.replicas import ReplicaSync, WorkEvent
-from leadtime.router_plugin.gateway.requests import BadRequest, ParsedRequest, parse_request
+from leadtime.router_plugin.gateway.requests import BadRequest, ParsedRequest, bearer_ok, parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.gateway.upstream import Response, UpstreamError, Upstreams
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
@@ -64,25 +64,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
-PASSED_THROUGH = frozenset(
-    (
-        "/v1/embeddings",
-        "/tokenize",
-        "/detokenize",
-        "/pooling",
-        "/classify",
-        "/score",
-        "/v1/score",
-        "/rerank",
-        "/v1/rerank",
-        "/v2/rerank",
-        "/v1/audio/transcriptions",
-        "/v1/audio/translations",
-    )
-)
-"""vLLM's other request paths that any one endpoint answers alone: passed through to the least-loaded endpoint,
-not predicted nor learned from. Stateful and administrative paths (`/v1/responses`, LoRA loading, cache resets)
-are not: sent through a router, they would reach one endpoint of many."""
 PREFILLER_HEADER = b"x-prefiller-host-port"
 HOP_BY_HOP = frozenset(
     (
@@ -100,7 +81,6 @@ HOP_BY_HOP = frozenset(
         PREFILLER_HEADER,
     )
 )
-JSON_HEADERS = [(b"content-type", b"application/json")]
 MAX_HOLD_MS = 60_000.0
 """A policy still holding a request after this long (`Pick.hold`) is overruled: the heuristics place it."""
 
@@ -223,9 +203,7 @@ class Gateway:
         self.decide_in_thread = predictor is not None if decide_in_thread is None else decide_in_thread
         self._ids = itertools.count(1)
         self._group_view: dict[str, str] = {}
-        self._passed: dict[str, int] = {}
-        """Per endpoint, the passed-through requests still open there."""
-        self._turn = 0
+        self._passed = PassedThroughLoad()
         self._scrape_errors_seen: dict[str, int] = {}
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -387,7 +365,7 @@ class Gateway:
             return
         path, method = scope["path"], scope["method"]
         guarded = path.startswith("/v1/") or path in PASSED_THROUGH
-        if self.settings.api_keys and guarded and not self._authorized(scope):
+        if self.settings.api_keys and guarded and not bearer_ok(scope["headers"], self.settings.api_keys):
             await self._reply(
                 send,
                 401,
@@ -411,18 +389,6 @@ class Gateway:
             await self._pass_through(scope, receive, send)
         else:
             await self._reply(send, 404, {"error": f"no route for {method} {path}"})
-
-    def _authorized(self, scope: Scope) -> bool:
-        """Whether the request shows one of the API keys (`Authorization: Bearer KEY`), compared in constant time."""
-        shown = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                shown = value
-        scheme, _, token = shown.partition(b" ")
-        if scheme.lower() != b"bearer":
-            return False
-        token = token.strip()
-        return any(hmac.compare_digest(token, key.encode()) for key in self.settings.api_keys)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -538,9 +504,8 @@ class Gateway:
             self.metrics.requests.labels(scope["path"], str(code)).inc()
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> int:
-        """A request of `PASSED_THROUGH`: to the endpoint with the fewest requests waiting and running (as last
-        scraped, plus those this gateway passed it since and that are still open), its answer relayed as it comes;
-        an endpoint that fails before answering is left out and another tried, once."""
+        """A request of `PASSED_THROUGH`: to the least-loaded endpoint (`PassedThroughLoad`), its answer relayed as
+        it comes; an endpoint that fails before answering is left out and another tried, once."""
         try:
             body = await self._read_body(receive)
         except BadRequest as err:
@@ -552,12 +517,12 @@ class Gateway:
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
         for attempt in (0, 1):
-            target = self._least_loaded(excluded)
+            target = self._passed.choose(self.routable(), excluded)
             if target is None:
                 await self._reply(send, 503, {"error": "no endpoint can serve this request now", "field": "endpoints"})
                 return 503
             eid = target.endpoint_id
-            self._passed[eid] = self._passed.get(eid, 0) + 1
+            self._passed.opened(eid)
             try:
                 pool = self.upstreams.pool(target.address, target.port, target.tls)
                 try:
@@ -574,31 +539,8 @@ class Gateway:
                     return 502
                 return await self._relay_as_is(target, response, send, receive)
             finally:
-                self._passed[eid] -= 1
+                self._passed.closed(eid)
         raise AssertionError("unreachable")
-
-    def _least_loaded(self, excluded: set[str]) -> DiscoveredEndpoint | None:
-        """Of the endpoints serving requests now (not a prefill-only one, not one swapped out), the one with the
-        fewest requests; ties in turn."""
-        serving = [
-            s
-            for s in self.routable()
-            if s.state is not None
-            and s.endpoint.endpoint_id not in excluded
-            and s.state.role != "prefill"
-            and s.state.timeslice_state in ("none", "resident")
-        ]
-        if not serving:
-            return None
-        self._turn += 1
-
-        def load(item: tuple[int, EndpointScrape]) -> tuple[int, int]:
-            i, s = item
-            assert s.state is not None
-            passed = self._passed.get(s.endpoint.endpoint_id, 0)
-            return s.state.num_request_waiting + s.state.num_request_running + passed, (i - self._turn) % len(serving)
-
-        return min(enumerate(serving), key=load)[1].endpoint
 
     async def _relay_as_is(self, target: DiscoveredEndpoint, response: Response, send: Send, receive: Receive) -> int:
         headers = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
@@ -960,27 +902,15 @@ class Gateway:
             if assembler is None:
                 await send({"type": "http.response.body", "body": meter.rest()})
             else:
-                status = await self._send_whole(send, headers, status, assembler)
+                status, whole_headers, body = whole_answer(assembler, headers, status)
+                await send({"type": "http.response.start", "status": status, "headers": whole_headers})
+                await send({"type": "http.response.body", "body": body})
         finally:
             disconnected.cancel()
         if not 200 <= status < 300 or meter.first_ms is None:
             self._forget(routed)
             return status
         self._complete(routed, meter)
-        return status
-
-    @staticmethod
-    async def _send_whole(send: Send, headers: list[tuple[bytes, bytes]], status: int, assembler: Assembler) -> int:
-        """A non-streaming request's answer, put back together from the stream it was sent on as."""
-        if assembler.error is not None:
-            status, answer = assembler.error_status(), assembler.error
-        else:
-            answer = assembler.body()
-        body = orjson.dumps(answer)
-        out = [(k, v) for k, v in headers if k.lower() != b"content-type"]
-        out += [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": body})
         return status
 
     def _learn_length(self, routed: _Routed, meter: StreamMeter) -> None:

@@ -164,3 +164,27 @@ class Assembler:
             out.setdefault("text", "")
         out.update(choice.fields)
         return out
+
+
+def whole_answer(
+    assembler: Assembler, headers: list[tuple[bytes, bytes]], status: int
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The status, headers and body a non-streaming client gets: the endpoint's headers but its content type, and
+    the answer the events made (or the error one reported, with its status).
+
+    >>> a = Assembler()
+    >>> a.add({"choices": [{"index": 0, "text": "hi"}]})
+    >>> status, headers, body = whole_answer(a, [(b"content-type", b"text/event-stream"), (b"x-id", b"r1")], 200)
+    >>> status, headers[:2]
+    (200, [(b'x-id', b'r1'), (b'content-type', b'application/json')])
+    >>> body
+    b'{"object":"text_completion","choices":[{"index":0,"text":"hi"}]}'
+    """
+    if assembler.error is not None:
+        status, answer = assembler.error_status(), assembler.error
+    else:
+        answer = assembler.body()
+    body = orjson.dumps(answer)
+    out = [(k, v) for k, v in headers if k.lower() != b"content-type"]
+    out += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    return status, out, body

@@ -10,8 +10,9 @@ of multi-part contents included). The SLOs come from llm-d's headers `x-llm-d-sl
 
 from __future__ import annotations
 
+import hmac
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,3 +165,20 @@ def parse_request(
         upstream_body=upstream_body,
         hide_usage=hide_usage,
     )
+
+
+def bearer_ok(headers: Iterable[tuple[bytes, bytes]], keys: Iterable[str]) -> bool:
+    """Whether the request shows one of `keys` as `Authorization: Bearer KEY` (compared in constant time).
+
+    >>> bearer_ok([(b"authorization", b"Bearer k2")], ["k1", "k2"]), bearer_ok([], ["k1"])
+    (True, False)
+    """
+    shown = b""
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            shown = value
+    scheme, _, token = shown.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return False
+    token = token.strip()
+    return any(hmac.compare_digest(token, key.encode()) for key in keys)
