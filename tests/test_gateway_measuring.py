@@ -14,6 +14,7 @@ import pytest
 from inprocess_gateway import Scenario, counted, through_gateway
 
 from leadtime.bench.procs import free_port
+from leadtime.router_plugin.affinity import DEFAULT_BYTES_PER_TOKEN
 from leadtime.router_plugin.gateway.app import GatewaySettings
 from leadtime.router_plugin.gateway.assemble import Assembler, streamed_body, whole_answer
 from leadtime.router_plugin.gateway.requests import parse_request
@@ -312,15 +313,18 @@ async def stream_of_twelve(client: httpx.AsyncClient) -> list[str]:
 
 
 def test_with_several_tokens_an_event_the_itl_is_per_token_once_the_usage_is_asked() -> None:
-    outcomes = {}
+    outcomes, bytes_per_token = {}, {}
     for ask_usage in (True, False):
-        policy, _, lines = through(stream_of_twelve, ask_usage=ask_usage, tokens_per_event=3)
+        policy, samples, lines = through(stream_of_twelve, ask_usage=ask_usage, tokens_per_event=3)
         events = [orjson.loads(line[6:]) for line in lines if line != "data: [DONE]"]
         assert lines[-1] == "data: [DONE]"
         assert all("usage" not in e for e in events)  # the client did not ask for it, and does not get it
         assert "".join(e["choices"][0]["text"] for e in events) == "".join(f" tok{i}" for i in range(12))
         (outcomes[ask_usage],) = policy.outcomes
+        bytes_per_token[ask_usage] = counted(samples, "leadtime_router_prompt_bytes_per_token")
     # Asked, the usage counts 12 tokens in the 4 events; counted by events, 4, and each gap is taken for one
     # token's: 3 gaps over the span where there were 11.
     assert (outcomes[True].output_tokens, outcomes[False].output_tokens) == (12, 4)
     assert outcomes[False].itl_ms > 2 * outcomes[True].itl_ms
+    # The usage's prompt length also teaches the prefix estimate its bytes per token ("x y": 3 bytes, 2 tokens).
+    assert bytes_per_token[True] < bytes_per_token[False] == DEFAULT_BYTES_PER_TOKEN
