@@ -206,8 +206,8 @@ def test_not_measuring_sends_the_request_unchanged_and_learns_nothing() -> None:
 
 async def long_then_short(client: httpx.AsyncClient) -> list[httpx.Response]:
     """A long prompt generating many tokens, and, while it decodes, a short request."""
-    long = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "w " * 2000, "max_tokens": 300}))
-    await asyncio.sleep(0.8)
+    long = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "w " * 2000, "max_tokens": 500}))
+    await asyncio.sleep(1.2)  # its prefill takes ~0.2 s, its 500 tokens ~3 s: it decodes now, scraped since
     assert not long.done()
     short = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
     return [await long, short]
