@@ -461,22 +461,28 @@ def test_route_refuses_bad_options_with_one_line(args: list[str], message: str) 
     assert message in result.output and "Traceback" not in result.output
 
 
-def test_route_takes_api_keys_from_the_environment_apart_by_spaces(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_route_hands_its_options_to_the_gateway_api_keys_from_the_environment_apart_by_spaces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from typer.testing import CliRunner
 
     from leadtime.cli import app
     from leadtime.router_plugin.gateway import serve
 
-    built: list[tuple[str, ...]] = []
+    built: list[Any] = []
 
     def build(options: Any, *args: Any, **kwargs: Any) -> None:  # the gateway as configured, not started
-        built.append(options.settings.api_keys)
+        built.append(options.settings)
         raise SystemExit(0)
 
     monkeypatch.setattr(serve, "build_gateway", build)
+    args = ["route", "--endpoint", "127.0.0.1:1", "--policy", "random"]
     env = {"LEADTIME_ROUTE_API_KEY": "k-old k-new"}
-    result = CliRunner().invoke(app, ["route", "--endpoint", "127.0.0.1:1", "--policy", "random"], env=env)
-    assert result.exit_code == 0 and built == [("k-old", "k-new")], result.output
+    assert CliRunner().invoke(app, args, env=env).exit_code == 0
+    assert CliRunner().invoke(app, [*args, "--no-ask-usage", "--no-measure-non-streaming"]).exit_code == 0
+    (keyed, plain) = built
+    assert keyed.api_keys == ("k-old", "k-new") and keyed.ask_usage and keyed.measure_non_streaming
+    assert plain.api_keys == () and not plain.ask_usage and not plain.measure_non_streaming
 
 
 def test_route_refuses_a_broken_discovery_file(tmp_path: Path) -> None:
