@@ -117,6 +117,16 @@ def test_pd_with_leadtime_every_request_is_a_pair_or_a_local_prefill(fleets: dic
     assert decisions == 6
 
 
+def test_pd_a_non_streaming_request_is_measured_through_the_pair(fleets: dict[str, object]) -> None:
+    route = fleets["pd_leadtime"]
+    assert isinstance(route, Route)
+    measured = route.metric("leadtime_router_non_streaming_total", measured="true")
+    reply = httpx.post(f"{route.url}/v1/completions", json={"prompt": "a long document " * 300, "max_tokens": 3})
+    assert reply.status_code == 200 and reply.headers["x-leadtime-endpoint"] == "decode-0"
+    assert reply.json()["choices"] == [{"index": 0, "text": " tok0 tok1 tok2", "finish_reason": "length"}]
+    assert route.metric("leadtime_router_non_streaming_total", measured="true") == measured + 1
+
+
 def test_a_time_sliced_endpoint_is_not_routed_to_while_swapped_out(fleets: dict[str, object]) -> None:
     ts, route = fleets["ts"], fleets["timesliced"]
     assert isinstance(ts, SimFleet) and isinstance(route, Route) and ts.timeslice_url is not None
