@@ -51,8 +51,12 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "leadtime_hold": FLEETS,
     "leadtime_x4": FLEETS,
     "leadtime_x4_shared": FLEETS,
+    "round_robin_shadow": FLEETS,
+    "least_queue_shadow": FLEETS,
 }
-"""Leadtime with an option that is off by default, run only when asked for by `--policy`."""
+"""Run only when asked for by `--policy`: Leadtime with an option that is off by default, and plain policies with
+Leadtime's predictor learning beside them (`router_plugin.shadow`: their goodput is the plain policy's, their
+prediction error is what a predictor learns from traffic it does not route)."""
 LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS, *VARIANTS)
 LOADS = {"base": 1.0, "high": 1.5}
 LOAD_TARGET = 0.85

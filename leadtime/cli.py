@@ -664,6 +664,14 @@ def route(
             "exactly when an event carries several (the usage event is kept from such a client)."
         ),
     ] = True,
+    shadow: Annotated[
+        bool,
+        typer.Option(
+            "--shadow",
+            help="With --policy: the predictor predicts the plain policy's picks and learns what happened, to be "
+            "judged (and warm) before routing on it. Needs a predictor.",
+        ),
+    ] = False,
     api_key: Annotated[
         list[str] | None,
         typer.Option(
@@ -756,13 +764,17 @@ def route(
         settings=settings,
         replicas_redis=replicas_redis,
         replicas_group=replicas_group,
+        shadow=shadow,
     )
+    if shadow and not policy:
+        _fail("--shadow goes with --policy: routing with Leadtime, the predictor learns from every request anyway")
     try:
         wanted = needs_predictor(options)
     except ConfigError as err:
         _fail(err)
     if wanted and not (predictor_url or predictor_grpc or embedded):
-        _fail("the predicted-latency scorer needs a predictor: give --predictor-url, --predictor-grpc or --embedded")
+        needs = "--shadow" if shadow else "the predicted-latency scorer"
+        _fail(f"{needs} needs a predictor: give --predictor-url, --predictor-grpc or --embedded")
     from leadtime.router_plugin.client import PredictorClient
 
     predict_client: PredictorClient | None = None

@@ -1,5 +1,5 @@
-"""The policies that learn while they route, built for one fleet: Leadtime (and its ablations), and llm-d's
-predicted-latency router.
+"""The policies that learn while they route, built for one fleet: Leadtime (and its ablations), llm-d's
+predicted-latency router, and plain policies with Leadtime's predictor learning beside them.
 
 Each starts cold: a fresh in-process predictor that knows only the accelerator catalog's physics, learning from
 every request the simulation completes. The P/D link bandwidth is the fleet's.
@@ -14,9 +14,11 @@ from typing import Any
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdReference
 from leadtime.router_plugin.client import InProcessPredictor
+from leadtime.router_plugin.heuristics import LeastQueuePolicy, RoundRobinPolicy
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
+from leadtime.router_plugin.shadow import ShadowLearning
 from leadtime.simulator.fleet import Fleet
 from leadtime.simulator.replicas import ReplicatedPolicy
 
@@ -34,6 +36,12 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
 
 
 REPLICATED_POLICIES: dict[str, tuple[int, bool]] = {"leadtime_x4": (4, False), "leadtime_x4_shared": (4, True)}
+
+SHADOW_POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
+    "round_robin_shadow": lambda seed: RoundRobinPolicy(),
+    "least_queue_shadow": lambda seed: LeastQueuePolicy(seed),
+}
+"""A plain policy routing while Leadtime's predictor predicts its picks and learns (`router_plugin.shadow`)."""
 """Leadtime as four gateway replicas beside one predictor: (replicas, whether they share their ledgers)."""
 
 
@@ -74,6 +82,15 @@ def replicated_policy(name: str, fleet: Fleet, seed: int = 0) -> ReplicatedPolic
     return ReplicatedPolicy(replicas, shared, name)
 
 
+def shadow_policy(name: str, fleet: Fleet, seed: int = 0) -> ShadowLearning:
+    """A plain policy with a cold-started predictor learning beside it."""
+    first = fleet.endpoints[0]
+    learner = OnlinePredictor(
+        LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
+    )
+    return ShadowLearning(SHADOW_POLICIES[name](seed), InProcessPredictor(learner, learner.config.quantile), None)
+
+
 def llmd_predicted_policy(fleet: Fleet, seed: int = 0) -> LlmdPredictedPolicy:
     """llm-d's predicted-latency router over llm-d's predictor as published, cold, retrained every 10 s."""
     return LlmdPredictedPolicy(LlmdReference(retrain_every=None, seed=seed), seed=seed)
@@ -84,5 +101,6 @@ def learning_factories(fleet: Fleet, seed: int) -> dict[str, Callable[[], Routin
         name: partial(leadtime_policy, name, fleet, seed) for name in LEADTIME_POLICIES
     }
     factories.update({name: partial(replicated_policy, name, fleet, seed) for name in REPLICATED_POLICIES})
+    factories.update({name: partial(shadow_policy, name, fleet, seed) for name in SHADOW_POLICIES})
     factories["llmd_predicted"] = partial(llmd_predicted_policy, fleet, seed)
     return factories

@@ -14,7 +14,12 @@ from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.simulator.clairvoyant import ClairvoyantPolicy
 from leadtime.simulator.engine import FleetSimulator, SimResult
 from leadtime.simulator.fleet import Fleet, load_fleet
-from leadtime.simulator.learning_policies import LEADTIME_POLICIES, REPLICATED_POLICIES, learning_factories
+from leadtime.simulator.learning_policies import (
+    LEADTIME_POLICIES,
+    REPLICATED_POLICIES,
+    SHADOW_POLICIES,
+    learning_factories,
+)
 from leadtime.simulator.report import summarize, write_observations, write_plots
 from leadtime.simulator.workload import WorkloadRequest, load_workload, shape
 
@@ -29,7 +34,7 @@ POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
     "clairvoyant": lambda seed: ClairvoyantPolicy(),
     "random": lambda seed: RandomPolicy(seed),
 }
-POLICY_NAMES = (*POLICIES, "llmd_predicted", *LEADTIME_POLICIES, *REPLICATED_POLICIES)
+POLICY_NAMES = (*POLICIES, "llmd_predicted", *LEADTIME_POLICIES, *REPLICATED_POLICIES, *SHADOW_POLICIES)
 # Other spellings the CLI accepts (hyphens for underscores, and the older short names).
 ALIASES = {"llm-d": "llmd_heuristic", "llmd": "llmd_heuristic"}
 

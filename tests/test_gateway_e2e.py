@@ -288,6 +288,26 @@ def test_a_gateway_with_an_api_key_serves_only_clients_that_show_it(
         route.child.stop()
 
 
+def test_a_shadowed_round_robin_gateway_teaches_the_predictor_what_its_picks_did(
+    workdir: Path, stack: tuple[SimFleet, Predictor, Route, Path]
+) -> None:
+    fleet, predictor, _, _ = stack
+    args = ["--discovery", str(fleet.endpoints_file), "--policy", "round-robin", "--shadow"]
+    route = Route(workdir, [*args, "--predictor-url", predictor.url])
+    try:
+        route.wait()
+        before = httpx.get(f"{predictor.url}/v1/status", timeout=5).json()["learned"]
+        picked = [
+            stream_request(route.url, f"shadowed {i} " * 30, 4)[0].headers["x-leadtime-endpoint"] for i in range(4)
+        ]
+        assert picked[:2] == picked[2:] and len(set(picked)) == 2  # round-robin's turns, whatever was predicted
+        learned = learned_after(predictor, before, 4)
+        assert learned["ttft"] >= before["ttft"] + 4 and learned["tpot"] >= before["tpot"] + 4, learned
+        assert route.metric("leadtime_router_ttft_seconds_count", kind="predicted") >= 1
+    finally:
+        route.child.stop()
+
+
 def test_an_endpoint_never_scraped_is_not_routed_to(workdir: Path) -> None:
     dead = free_port()
     route = Route(workdir, ["--endpoint", f"127.0.0.1:{dead},name=ghost", "--policy", "round-robin"])

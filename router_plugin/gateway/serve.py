@@ -23,6 +23,7 @@ from leadtime.router_plugin.gateway.replicas import ReplicaSync
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, RandomPolicy, RoundRobinPolicy
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.scrape import monotonic_ms
+from leadtime.router_plugin.shadow import ShadowLearning
 from leadtime.router_plugin.timeslice_sources import FileTimesliceSource, HttpTimesliceSource
 
 PLAIN_POLICIES = {"round-robin": RoundRobinPolicy, "random": RandomPolicy, "least-queue": LeastQueuePolicy}
@@ -43,12 +44,14 @@ class RouteOptions:
     settings: GatewaySettings = GatewaySettings()
     replicas_redis: str | None = None
     replicas_group: str = "default"
+    shadow: bool = False
+    """With a plain `policy`: the predictor predicts its picks and learns from them (`router_plugin.shadow`)."""
 
 
 def needs_predictor(options: RouteOptions) -> bool:
-    """Whether the chosen profile scores with predicted latency."""
+    """Whether the chosen profile scores with predicted latency (or a plain policy is shadowed)."""
     if options.policy:
-        return False
+        return options.shadow
     config = load_config(options.config) if options.config else parse_config(_default_config())
     profile = next((p for p in config.scheduling_profiles if p.name == options.profile), None)
     if profile is None:
@@ -88,6 +91,10 @@ def build_gateway(
     policy: RoutingPolicy
     if options.policy:
         policy = PLAIN_POLICIES[options.policy]()
+        if options.shadow:
+            if predictor is None:
+                raise ConfigError("--shadow: the plain policy's picks are predicted and learned: give a predictor")
+            policy = ShadowLearning(policy, predictor)
     else:
         config = load_config(options.config) if options.config else parse_config(_default_config())
         policy = build_policy(config, predictor, options.profile)
