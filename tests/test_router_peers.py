@@ -9,7 +9,7 @@ from leadtime.features.rows import EndpointState
 from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
 from leadtime.router_plugin.peers.sglang_cache import ApproximateTree, SglangCachePolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
-from leadtime.simulator.learning_policies import LEADTIME_POLICIES, REPLICATED_POLICIES
+from leadtime.simulator.learning_policies import LEADTIME_POLICIES, REPLICATED_POLICIES, SHADOW_POLICIES
 from leadtime.simulator.run import POLICY_NAMES, make_policy
 
 
@@ -189,7 +189,7 @@ def test_the_readiness_filter_variant_of_llmd_skips_parked_endpoints_unless_all_
 
 
 def test_registry_names_and_spellings() -> None:
-    learning = {"llmd_predicted", *LEADTIME_POLICIES, *REPLICATED_POLICIES}
+    learning = {"llmd_predicted", *LEADTIME_POLICIES, *REPLICATED_POLICIES, *SHADOW_POLICIES}
     assert set(PEERS) | {"clairvoyant", "llmd_heuristic_ready"} | learning == set(POLICY_NAMES)
     for spelling, name in [
         ("round-robin", "round_robin"),
