@@ -668,8 +668,9 @@ def route(
         bool,
         typer.Option(
             "--shadow",
-            help="With --policy: the predictor predicts the plain policy's picks and learns what happened, to be "
-            "judged (and warm) before routing on it. Needs a predictor.",
+            help="With --policy, or a --profile that does not predict (heuristic): the predictor predicts that "
+            "policy's picks and learns what happened, to be judged (and warm) before routing on it. Needs a "
+            "predictor.",
         ),
     ] = False,
     api_key: Annotated[
@@ -766,8 +767,6 @@ def route(
         replicas_group=replicas_group,
         shadow=shadow,
     )
-    if shadow and not policy:
-        _fail("--shadow goes with --policy: routing with Leadtime, the predictor learns from every request anyway")
     try:
         wanted = needs_predictor(options)
     except ConfigError as err:

@@ -1,9 +1,9 @@
 """Learning beside another router: a plain policy routes; the predictor predicts what it picked, and learns what
 happened.
 
-To see Leadtime's predictions on a fleet before routing on them, run the gateway with a plain policy and a
-predictor (`leadtime route --policy round-robin --shadow --predictor-url URL`). Every decision stays the plain
-policy's; the endpoint it picked is predicted (one row, within the plugin's default deadline; a prediction that
+To see Leadtime's predictions on a fleet before routing on them, run the gateway with a policy that does not
+predict and a predictor (`leadtime route --policy round-robin --shadow --predictor-url URL`, or `--profile heuristic`
+for llm-d's default scorers). Every decision stays that policy's; the endpoint it picked is predicted (one row, within the plugin's default deadline; a prediction that
 fails or is late is skipped, never the request), and when the request completes its row, what happened and what
 was predicted go to the predictor like any router's observations. The service's live error and coverage
 (`leadtime_live_*`) and the gateway's predicted and actual TTFT/ITL then say how well the predictor knows the

@@ -449,7 +449,8 @@ def test_lean_client_predicts_keeps_its_deadline_and_reports_refusals() -> None:
         (["--endpoint", "127.0.0.1:1", "--policy", "random", "--ttft-slo-ms", "0"], "--ttft-slo-ms must be > 0"),
         (["--endpoint", "127.0.0.1:1", "--policy", "random", "--api-key", "two words"], "--api-key must be"),
         (["--endpoint", "127.0.0.1:1", "--policy", "random", "--api-key", ""], "--api-key must be"),
-        (["--endpoint", "127.0.0.1:1", "--embedded", "--shadow"], "--shadow goes with --policy"),
+        (["--endpoint", "127.0.0.1:1", "--embedded", "--shadow"], "routes on predictions and learns"),
+        (["--endpoint", "127.0.0.1:1", "--profile", "heuristic", "--shadow"], "--shadow needs a predictor"),
         (["--endpoint", "127.0.0.1:1", "--policy", "random", "--shadow"], "--shadow needs a predictor"),
     ],
 )

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from test_router_plugin import QueueModel, cand, req
 
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.router_plugin.client import InProcessPredictor
+from leadtime.router_plugin.config import ConfigError
+from leadtime.router_plugin.gateway.serve import RouteOptions, build_gateway, needs_predictor
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
+from leadtime.router_plugin.predicted import LeadtimePolicy
 from leadtime.router_plugin.shadow import ShadowLearning
 from leadtime.simulator.engine import FleetSimulator
 from leadtime.simulator.fleet import parse_fleet
@@ -94,3 +100,14 @@ def test_in_the_simulator_the_shadowed_policy_routes_as_the_plain_one_and_its_pi
     assert [c.endpoint_id for c in shadowed.completed] == [c.endpoint_id for c in plain.completed]
     assert [c.ttft_ms for c in shadowed.completed] == [c.ttft_ms for c in plain.completed]
     assert all(o.predicted_ttft_ms is not None for o in shadowed.observations)
+
+
+def test_the_gateway_shadows_llmd_heuristic_profile_and_refuses_to_shadow_a_predicting_one() -> None:
+    options = RouteOptions(endpoints=("127.0.0.1:1",), profile="heuristic", shadow=True)
+    assert needs_predictor(options)
+    predictor = InProcessPredictor(OnlinePredictor(LearnerConfig(background=False)))
+    gateway = build_gateway(options, predictor, remote=False)
+    assert isinstance(gateway.policy, ShadowLearning)
+    assert not isinstance(gateway.policy.baseline, LeadtimePolicy)
+    with pytest.raises(ConfigError, match="routes on predictions"):
+        needs_predictor(RouteOptions(endpoints=("127.0.0.1:1",), shadow=True))

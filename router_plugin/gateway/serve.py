@@ -45,11 +45,13 @@ class RouteOptions:
     replicas_redis: str | None = None
     replicas_group: str = "default"
     shadow: bool = False
-    """With a plain `policy`: the predictor predicts its picks and learns from them (`router_plugin.shadow`)."""
+    """With a plain `policy` or a profile that does not predict: the predictor predicts its picks and learns from
+    them (`router_plugin.shadow`)."""
 
 
 def needs_predictor(options: RouteOptions) -> bool:
-    """Whether the chosen profile scores with predicted latency (or a plain policy is shadowed)."""
+    """Whether the chosen profile scores with predicted latency, or a policy that does not is shadowed;
+    ConfigError for a shadowed profile that predicts already."""
     if options.policy:
         return options.shadow
     config = load_config(options.config) if options.config else parse_config(_default_config())
@@ -57,7 +59,13 @@ def needs_predictor(options: RouteOptions) -> bool:
     if profile is None:
         raise ConfigError(f"schedulingProfiles: no profile named {options.profile!r}")
     plugins = {p.ref: p.type for p in config.plugins}
-    return any(plugins[e.plugin_ref] == "predicted-latency-scorer" for e in profile.plugins)
+    predicts = any(plugins[e.plugin_ref] == "predicted-latency-scorer" for e in profile.plugins)
+    if predicts and options.shadow:
+        raise ConfigError(
+            f"--shadow: profile {options.profile!r} routes on predictions and learns from every request already; "
+            "shadow a plain --policy or a profile without the predicted-latency scorer"
+        )
+    return predicts or options.shadow
 
 
 def _default_config() -> Any:
@@ -91,13 +99,13 @@ def build_gateway(
     policy: RoutingPolicy
     if options.policy:
         policy = PLAIN_POLICIES[options.policy]()
-        if options.shadow:
-            if predictor is None:
-                raise ConfigError("--shadow: the plain policy's picks are predicted and learned: give a predictor")
-            policy = ShadowLearning(policy, predictor)
     else:
         config = load_config(options.config) if options.config else parse_config(_default_config())
         policy = build_policy(config, predictor, options.profile)
+    if options.shadow:
+        if predictor is None:
+            raise ConfigError("--shadow: the policy's picks are predicted and learned: give a predictor")
+        policy = ShadowLearning(policy, predictor)
     gateway = Gateway(
         discovery,
         policy,
