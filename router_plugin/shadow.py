@@ -2,12 +2,12 @@
 happened.
 
 To see Leadtime's predictions on a fleet before routing on them, run the gateway with a policy that does not
-predict and a predictor (`leadtime route --policy round-robin --shadow --predictor-url URL`, or `--profile heuristic`
-for llm-d's default scorers). Every decision stays that policy's; the endpoint it picked is predicted (one row, within the plugin's default deadline; a prediction that
-fails or is late is skipped, never the request), and when the request completes its row, what happened and what
-was predicted go to the predictor like any router's observations. The service's live error and coverage
-(`leadtime_live_*`) and the gateway's predicted and actual TTFT/ITL then say how well the predictor knows the
-fleet, and it is warm the day the gateway routes on it.
+predict and a predictor (`leadtime route --policy round-robin --shadow --predictor-url URL`, or `--profile
+heuristic` for llm-d's default scorers). Every decision stays that policy's; the endpoint it picked is predicted
+(one row, within the plugin's default deadline; a prediction that fails or is late is skipped, never the request),
+and when the request completes its row, what happened and what was predicted go to the predictor like any
+router's observations. The service's live error and coverage (`leadtime_live_*`) and the gateway's predicted and
+actual TTFT/ITL then say how well the predictor knows the fleet, and it is warm the day the gateway routes on it.
 
 On a P/D fleet only the decode endpoint's ITL is learned: a pair's TTFT includes a KV transfer the plain policy
 does not model (Leadtime's own policy subtracts the transfer it predicted before learning the prefill).

@@ -36,13 +36,13 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
 
 
 REPLICATED_POLICIES: dict[str, tuple[int, bool]] = {"leadtime_x4": (4, False), "leadtime_x4_shared": (4, True)}
+"""Leadtime as four gateway replicas beside one predictor: (replicas, whether they share their ledgers)."""
 
 SHADOW_POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
     "round_robin_shadow": lambda seed: RoundRobinPolicy(),
     "least_queue_shadow": lambda seed: LeastQueuePolicy(seed),
 }
 """A plain policy routing while Leadtime's predictor predicts its picks and learns (`router_plugin.shadow`)."""
-"""Leadtime as four gateway replicas beside one predictor: (replicas, whether they share their ledgers)."""
 
 
 def timesliced_endpoints(fleet: Fleet) -> tuple[str, ...]:
@@ -56,25 +56,27 @@ FLEET_SWITCHES: dict[str, Callable[[Fleet], dict[str, Any]]] = {
 """Switches of a Leadtime policy that name something of the fleet it routes."""
 
 
-def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
-    """A cold-started Leadtime policy (or one of its ablations) for `fleet`."""
-    switches = LEADTIME_POLICIES[name] | FLEET_SWITCHES.get(name, lambda _: {})(fleet)
+def cold_predictor(fleet: Fleet, seed: int = 0) -> InProcessPredictor:
+    """A fresh in-process predictor for `fleet`: the physics of its first endpoint's class and model, nothing
+    learned."""
     first = fleet.endpoints[0]
     learner = OnlinePredictor(
         LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
     )
+    return InProcessPredictor(learner, learner.config.quantile)
+
+
+def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
+    """A cold-started Leadtime policy (or one of its ablations) for `fleet`."""
+    switches = LEADTIME_POLICIES[name] | FLEET_SWITCHES.get(name, lambda _: {})(fleet)
     config = LeadtimeConfig(name=name, kv_link_gb_s=fleet.kv_link_gb_s, seed=seed, **switches)
-    return LeadtimePolicy(InProcessPredictor(learner, learner.config.quantile), config)
+    return LeadtimePolicy(cold_predictor(fleet, seed), config)
 
 
 def replicated_policy(name: str, fleet: Fleet, seed: int = 0) -> ReplicatedPolicy:
     """Leadtime routed by several replicas over one cold-started predictor (see `simulator.replicas`)."""
     count, shared = REPLICATED_POLICIES[name]
-    first = fleet.endpoints[0]
-    learner = OnlinePredictor(
-        LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
-    )
-    client = InProcessPredictor(learner, learner.config.quantile)
+    client = cold_predictor(fleet, seed)
     replicas = [
         LeadtimePolicy(client, LeadtimeConfig(name=name, kv_link_gb_s=fleet.kv_link_gb_s, seed=seed + i))
         for i in range(count)
@@ -83,12 +85,8 @@ def replicated_policy(name: str, fleet: Fleet, seed: int = 0) -> ReplicatedPolic
 
 
 def shadow_policy(name: str, fleet: Fleet, seed: int = 0) -> ShadowLearning:
-    """A plain policy with a cold-started predictor learning beside it."""
-    first = fleet.endpoints[0]
-    learner = OnlinePredictor(
-        LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
-    )
-    return ShadowLearning(SHADOW_POLICIES[name](seed), InProcessPredictor(learner, learner.config.quantile), None)
+    """A plain policy with a cold-started predictor learning beside it (no deadline: the predictor is in process)."""
+    return ShadowLearning(SHADOW_POLICIES[name](seed), cold_predictor(fleet, seed), None)
 
 
 def llmd_predicted_policy(fleet: Fleet, seed: int = 0) -> LlmdPredictedPolicy:
