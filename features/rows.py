@@ -262,6 +262,38 @@ class Observation:
             if value is not None:
                 object.__setattr__(self, name, check_real(name, value, -math.inf))
 
+    @classmethod
+    def of_request(
+        cls,
+        row: FeatureRow,
+        ttft_ms: float,
+        tpot_ms: float,
+        timestamp: float,
+        predicted_ttft_ms: float | None = None,
+        predicted_ttft_quantile_ms: float | None = None,
+        predicted_tpot_ms: float | None = None,
+        predicted_tpot_quantile_ms: float | None = None,
+    ) -> Observation:
+        """A routed request's observation: a TPOT prediction goes with it only when a TPOT was observed (live
+        error and coverage are measured on pairs).
+
+        >>> o = Observation.of_request(FeatureRow(RequestFeatures(10), EndpointState("e", "h100-sxm")), 80.0, 0.0,
+        ...                            1.0, 70.0, 90.0, predicted_tpot_ms=9.0)
+        >>> o.predicted_ttft_ms, o.predicted_tpot_ms
+        (70.0, None)
+        """
+        observed = tpot_ms > 0
+        return cls(
+            row,
+            ttft_ms,
+            tpot_ms,
+            predicted_ttft_ms,
+            predicted_tpot_ms if observed else None,
+            timestamp,
+            predicted_ttft_quantile_ms,
+            predicted_tpot_quantile_ms if observed else None,
+        )
+
     @property
     def has_ttft(self) -> bool:
         """Whether the observation carries a TTFT."""

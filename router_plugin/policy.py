@@ -111,6 +111,11 @@ class Outcome:
     output_tokens: int
     completed_ms: float
 
+    @property
+    def learned_itl_ms(self) -> float:
+        """The ITL to learn: none (0) from a request of one token, which had no gap between tokens."""
+        return self.itl_ms if self.output_tokens > 1 else 0.0
+
 
 @runtime_checkable
 class RoutingPolicy(Protocol):

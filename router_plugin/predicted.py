@@ -708,7 +708,7 @@ class LeadtimePolicy:
         decision = self._decisions.pop(outcome.request_id, None)
         if decision is None:
             return  # never decided here, or abandoned
-        itl = outcome.itl_ms if outcome.output_tokens > 1 else 0.0
+        itl = outcome.learned_itl_ms
         ttft = outcome.ttft_ms
         if self.config.timeslice:  # learn the endpoint's own speed: the swap-out risk is added when deciding
             first_token = decision.decided_ms + ttft
@@ -721,15 +721,15 @@ class LeadtimePolicy:
         stamp = outcome.completed_ms / 1e3
         if decision.decode_row is None:
             observations = [
-                Observation(
+                Observation.of_request(
                     decision.row,
                     ttft,
                     itl,
-                    decision.predicted_ttft_ms,
-                    decision.predicted_tpot_ms if itl else None,
                     stamp,
+                    decision.predicted_ttft_ms,
                     decision.predicted_ttft_quantile_ms,
-                    decision.predicted_tpot_quantile_ms if itl else None,
+                    decision.predicted_tpot_ms,
+                    decision.predicted_tpot_quantile_ms,
                 )
             ]
         else:

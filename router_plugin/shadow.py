@@ -102,7 +102,7 @@ class ShadowLearning:
         decision = self._decisions.pop(outcome.request_id, None)
         if decision is None:
             return
-        itl = outcome.itl_ms if outcome.output_tokens > 1 else 0.0
+        itl = outcome.learned_itl_ms
         stamp = outcome.completed_ms / 1e3
         if decision.pair:
             if not itl:
@@ -111,15 +111,15 @@ class ShadowLearning:
                 decision.row, 0.0, itl, None, decision.tpot_ms, stamp, None, decision.tpot_quantile_ms
             )
         else:
-            observed = Observation(
+            observed = Observation.of_request(
                 decision.row,
                 outcome.ttft_ms,
                 itl,
-                decision.ttft_ms,
-                decision.tpot_ms if itl else None,
                 stamp,
+                decision.ttft_ms,
                 decision.ttft_quantile_ms,
-                decision.tpot_quantile_ms if itl else None,
+                decision.tpot_ms,
+                decision.tpot_quantile_ms,
             )
         try:
             self.shadow_counters.learned += self.predictor.observe([observed], self.deadline_s)

@@ -524,12 +524,12 @@ class FleetSimulator:
         predicted_ttft, predicted_tpot = decision.predicted_ttft_ms, decision.predicted_tpot_ms
         if decision.decode_row is None:
             self.observations.append(
-                Observation(decision.row, served_ttft, itl, predicted_ttft, predicted_tpot if itl > 0 else None, stamp)
+                Observation.of_request(decision.row, served_ttft, itl, stamp, predicted_ttft, None, predicted_tpot)
             )
         else:
             self.observations.append(Observation(decision.row, served_ttft, 0.0, predicted_ttft, None, stamp))
             self.observations.append(
-                Observation(decision.decode_row, 0.0, itl, None, predicted_tpot if itl > 0 else None, stamp)
+                Observation.of_request(decision.decode_row, 0.0, itl, stamp, predicted_tpot_ms=predicted_tpot)
             )
         self.policy.observe(
             Outcome(
