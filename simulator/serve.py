@@ -73,7 +73,7 @@ class CompletionBody(BaseModel):
     model: str | None = None
     prompt: str | list[str] = Field(min_length=1)
     max_tokens: int = Field(default=16, ge=1, le=32768)
-    stream: bool = False
+    stream: bool | None = False  # null reads as false, as in vLLM
     stream_options: StreamOptions | None = None
 
 
@@ -101,7 +101,7 @@ class ChatBody(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, le=32768)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
-    stream: bool = False
+    stream: bool | None = False  # null reads as false, as in vLLM
     stream_options: StreamOptions | None = None
 
 
@@ -466,7 +466,7 @@ def build_app(
         check_model(body.model)
         prompt = body.prompt if isinstance(body.prompt, str) else " ".join(body.prompt)
         usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, "text", _words(prompt), body.max_tokens, body.stream, usage_wanted)
+        return await respond(request, "text", _words(prompt), body.max_tokens, bool(body.stream), usage_wanted)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatBody, request: Request) -> object:
@@ -474,7 +474,7 @@ def build_app(
         words = _words(" ".join(m.content for m in body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
         usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, "chat", words, max_tokens, body.stream, usage_wanted)
+        return await respond(request, "chat", words, max_tokens, bool(body.stream), usage_wanted)
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeBody) -> dict[str, object]:

@@ -72,6 +72,15 @@ def test_parse_request_streams_non_streaming_requests_only_when_asked() -> None:
     assert parse_request("/v1/completions", streaming, {}, measure_non_streaming=True).upstream_body is None
 
 
+def test_a_null_stream_is_a_non_streaming_request_as_in_vllm() -> None:
+    """vLLM's request models read `"stream": null` as false; a client sending it must not be refused."""
+    body = b'{"prompt": "hello", "stream": null}'
+    plain = parse_request("/v1/completions", body, {})
+    assert not plain.stream and plain.upstream_body is None
+    measured = parse_request("/v1/completions", body, {}, measure_non_streaming=True)
+    assert not measured.stream and orjson.loads(measured.upstream_body or b"{}")["stream"] is True
+
+
 def test_a_completion_is_put_back_together() -> None:
     a = Assembler()
     common = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m", "system_fingerprint": "fp"}
@@ -162,8 +171,9 @@ def through(
 
 async def one_of_each(client: httpx.AsyncClient) -> list[httpx.Response]:
     completion = await client.post("/v1/completions", json={"prompt": "a b c d", "max_tokens": 5})
-    chat = await client.post(
-        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 4}
+    chat = await client.post(  # `"stream": null`, which vLLM reads as false
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 4, "stream": None},
     )
     refused = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 0})
     whole = await client.post("/v1/completions", json={"prompt": "a b", "max_tokens": 3, "logprobs": 1})

@@ -79,10 +79,11 @@ def test_streams_deliver_every_token_then_done(server: FleetServer, path: str, p
     assert [c["choices"][0]["finish_reason"] for c in chunks[-2:]] == [None, "length"]
 
 
-def test_non_streaming_chat(server: FleetServer) -> None:
+@pytest.mark.parametrize("stream", [{}, {"stream": None}])
+def test_non_streaming_chat(server: FleetServer, stream: dict[str, None]) -> None:
     reply = httpx.post(
         _url(server) + "/v1/chat/completions",
-        json={"messages": [{"role": "user", "content": "a b c"}], "max_completion_tokens": 4},
+        json={"messages": [{"role": "user", "content": "a b c"}], "max_completion_tokens": 4, **stream},
         timeout=30,
     )
     assert reply.status_code == 200

@@ -143,7 +143,9 @@ def parse_request(
         model = ""
     if not isinstance(model, str):
         raise BadRequest(422, "model", "must be a string")
-    stream = data.get("stream", False)
+    stream = data.get("stream")
+    if stream is None:  # as vLLM's request models read it
+        stream = False
     if not isinstance(stream, bool):
         raise BadRequest(422, "stream", "must be true or false")
     if path.endswith("/chat/completions"):
