@@ -21,10 +21,15 @@ Scenario = Callable[[httpx.AsyncClient], Awaitable[Any]]
 
 
 def through_gateway(
-    fleet: Fleet, policy: RoutingPolicy, scenario: Scenario, settings: GatewaySettings, tokens_per_event: int = 1
+    fleet: Fleet,
+    policy: RoutingPolicy,
+    scenario: Scenario,
+    settings: GatewaySettings,
+    tokens_per_event: int = 1,
+    attach: Callable[[Gateway], None] | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Run `scenario(client)` against the gateway once every endpoint has been scraped; the gateway's metrics
-    (parsed samples) and what the scenario returned."""
+    (parsed samples) and what the scenario returned. `attach` is given the gateway before it starts."""
     server = FleetServer(fleet, [free_port() for _ in fleet.endpoints], tokens_per_event=tokens_per_event)
     server.start()
 
@@ -34,6 +39,8 @@ def through_gateway(
             spec = f"127.0.0.1:{port},name={cfg.endpoint_id},leadtime.io/accelerator={cfg.accelerator}"
             specs.append(f"{spec},llm-d.ai/role={cfg.role}")
         gateway = Gateway(StaticDiscovery(parse_static(specs)), policy, settings)
+        if attach is not None:
+            attach(gateway)
         await gateway.start()
         try:
             for _ in range(200):

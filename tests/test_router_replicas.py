@@ -263,3 +263,53 @@ def test_route_names_a_replica_option_that_cannot_work(args: list[str], message:
     done = route_cli("--policy", "round-robin", *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_replica_tells_the_others_how_far_its_requests_have_decoded(redis_server: RedisServer) -> None:
+    """Another replica counts a remote request's decode work (prompt + tokens generated so far) to within
+    `PROGRESS_SHARED_EVERY` tokens, not as it stood at its first token."""
+    from inprocess_gateway import through_gateway
+
+    from leadtime.router_plugin.discovery import StaticDiscovery
+    from leadtime.router_plugin.gateway.app import PROGRESS_SHARED_EVERY, Gateway, GatewaySettings
+    from leadtime.router_plugin.heuristics import RoundRobinPolicy
+    from leadtime.simulator.fleet import parse_fleet
+
+    other = Gateway(StaticDiscovery([]), RoundRobinPolicy(), GatewaySettings())  # the other replica: never started
+    heard: list[WorkEvent] = []
+    counted_before_finish: list[tuple[int, int]] = []
+
+    def apply(event: LedgerEvent | WorkEvent) -> None:
+        if isinstance(event, WorkEvent):
+            heard.append(event)
+            if event.kind == "work_finish" and heard[0].active is not None:
+                counted_before_finish.append(other.work.tokens(heard[0].active.decode_on, float("inf")))
+        other.apply_replica_event(event)
+
+    listener = ReplicaSync(redis_server.url, "g", apply, GatewayMetrics())
+
+    def attach(gateway: Gateway) -> None:
+        gateway.attach_replicas(ReplicaSync(redis_server.url, "g", gateway.apply_replica_event, gateway.metrics))
+
+    async def scenario(client: httpx.AsyncClient) -> None:
+        await listener.start()
+        await asyncio.sleep(0.3)  # subscribed
+        body = {"prompt": "decode a while " * 20, "max_tokens": 200, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            async for _ in response.aiter_lines():
+                pass
+        deadline = time.monotonic() + 5
+        while not counted_before_finish and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await listener.stop()
+
+    through_gateway(parse_fleet(FLEET), RoundRobinPolicy(), scenario, GatewaySettings(), attach=attach)
+    assert [e.kind for e in heard][:2] == ["work_start", "work_first"] and heard[-1].kind == "work_finish"
+    progress = [e.generated for e in heard if e.kind == "work_progress"]
+    assert len(progress) >= 200 // PROGRESS_SHARED_EVERY - 1
+    assert progress == sorted(progress) and progress[-1] > 200 - 2 * PROGRESS_SHARED_EVERY
+    start = heard[0].active
+    assert start is not None
+    assert counted_before_finish == [(0, start.input_tokens + progress[-1])]
+    assert other.work.tokens(start.decode_on, float("inf")) == (0, 0)

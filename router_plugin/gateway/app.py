@@ -83,6 +83,9 @@ HOP_BY_HOP = frozenset(
 )
 MAX_HOLD_MS = 60_000.0
 """A policy still holding a request after this long (`Pick.hold`) is overruled: the heuristics place it."""
+PROGRESS_SHARED_EVERY = 32
+"""Tokens a request generates between two reports of its decode progress to the other replicas: each then counts
+its decode work to within that many tokens, at one event per request every 32 tokens on the channel."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ class _Routed:
     """How long the policy held the request before placing it (`Pick.hold`)."""
     settled: bool = False
     """Completed or abandoned: the policy and the work tracker were told."""
+    shared_generated: int = 0
+    """Tokens generated as last told to the other replicas (`PROGRESS_SHARED_EVERY`)."""
 
 
 def _json(obj: object) -> bytes:
@@ -236,6 +241,8 @@ class Gateway:
             self.work.start(event.request_id, event.active)
         elif event.kind == "work_first":
             self.work.first_token(event.request_id, event.generated)
+        elif event.kind == "work_progress":
+            self.work.progress(event.request_id, event.generated)
         elif event.kind == "work_finish":
             self.work.finish(event.request_id)
 
@@ -890,9 +897,13 @@ class Gateway:
                 if meter.events:
                     if first:
                         first = False
+                        routed.shared_generated = meter.events
                         self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
-                    else:
+                    elif meter.events < routed.shared_generated + PROGRESS_SHARED_EVERY or self.replicas is None:
                         self.work.progress(routed.request_id, meter.events)
+                    else:
+                        routed.shared_generated = meter.events
+                        self._work(WorkEvent("work_progress", routed.request_id, generated=meter.events))
                 if assembler is None and passed_on:
                     await send({"type": "http.response.body", "body": passed_on, "more_body": True})
                 if disconnected.done():

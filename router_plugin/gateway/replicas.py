@@ -15,8 +15,9 @@ where a request was sent, when its first token came, when it completed, whether 
 - **Redis that goes away.** Routing never waits for it: publishing is a queue drained by a task of its own (events
   beyond 10,000 queued are dropped and counted), and the subscriber reconnects every second. Meanwhile each replica
   routes on what it knows, as a single gateway does.
-- **Not shared:** decode progress (a remote request counts the tokens it had generated at its first token, not
-  those since) and what each replica has learned of time-slice groups (each reads the same source). Each decision's
+- **Decode progress** goes out every 32 tokens a request generates (`app.PROGRESS_SHARED_EVERY`), so another
+  replica counts a remote request's decode work to within that many tokens.
+- **Not shared:** what each replica has learned of time-slice groups (each reads the same source). Each decision's
   judgement of whether any endpoint could serve its request in time is shared (`judged` events), so that every
   replica sees the fleet overloaded when one router would.
 """
@@ -43,13 +44,13 @@ log = logging.getLogger("leadtime.router.replicas")
 CHANNEL_PREFIX = "leadtime:route:"
 HEARTBEAT_S = 1.0
 QUEUE_LIMIT = 10_000
-WORK_KINDS = ("work_start", "work_first", "work_finish")
+WORK_KINDS = ("work_start", "work_first", "work_progress", "work_finish")
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkEvent:
-    """A change of the tokens-in-flight tracker: a request started (with what it is), had its first token, or
-    finished."""
+    """A change of the tokens-in-flight tracker: a request started (with what it is), had its first token,
+    generated more (every `app.PROGRESS_SHARED_EVERY` tokens), or finished."""
 
     kind: str
     request_id: str
