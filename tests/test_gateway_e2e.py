@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -119,6 +120,45 @@ def test_non_streaming_answers_and_errors_pass_through(stack: tuple[SimFleet, Pr
     assert bad_slo.status_code == 422 and bad_slo.json()["field"] == "x-llm-d-slo-ttft-ms"
     assert httpx.get(f"{route.url}/healthz", timeout=5).json() == {"status": "ok"}
     assert httpx.get(f"{route.url}/v1/models", timeout=5).json()["data"][0]["id"] == "llama-3.1-8b"
+
+
+def post_expecting_continue(url: str, path: str, body: bytes) -> tuple[list[int], bytes]:
+    """POST as curl does with a large body: headers with `Expect: 100-continue`, the body once the server says
+    100 Continue; the status lines received and the final response's bytes after its headers."""
+    host, port = url.removeprefix("http://").split(":")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        interim = sock.recv(1024)
+        sock.sendall(body)
+        received = interim
+        while chunk := sock.recv(65536):
+            received += chunk
+    statuses = [int(line.split()[1]) for line in received.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+    final = received[received.rindex(b"HTTP/1.1 ") :]
+    return statuses, final.split(b"\r\n\r\n", 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        ("/v1/completions", {"prompt": "a b c", "max_tokens": 3}, b'"completion_tokens":3'),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}, b"[DONE]"),
+        ("/tokenize", {"prompt": "a b c"}, b'"tokens"'),
+    ],
+)
+def test_a_client_expecting_100_continue_gets_the_endpoints_answer(
+    stack: tuple[SimFleet, Predictor, Route, Path], path: str, body: dict[str, object], expected: bytes
+) -> None:
+    """curl sends `Expect: 100-continue` with any body over 1 MB: the interim 100 is the gateway's to answer,
+    and the client gets the endpoint's final answer after it, not an empty one."""
+    _, _, route, _ = stack
+    statuses, answer = post_expecting_continue(route.url, path, json.dumps(body).encode())
+    assert statuses == [100, 200]
+    assert expected in answer
 
 
 def test_observations_reach_the_predictor(stack: tuple[SimFleet, Predictor, Route, Path]) -> None:

@@ -514,3 +514,36 @@ def test_the_gateway_starts_and_stops_a_pulled_model_with_itself_and_nothing_els
     finally:
         predictor.stop(timeout_s=2.0)
     assert not pulled._thread.is_alive()
+
+
+def test_an_endpoints_interim_responses_are_passed_over_for_its_answer() -> None:
+    """An endpoint (or a proxy before it) may send 100 Continue or 103 Early Hints before its answer."""
+    import asyncio
+
+    from leadtime.router_plugin.gateway.upstream import UpstreamPool
+
+    async def scenario() -> tuple[int, bytes, list[tuple[bytes, bytes]], int, bytes]:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for _ in range(2):
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
+                await writer.drain()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-final: 1\r\n\r\nok")
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = UpstreamPool("127.0.0.1", port, 2.0)
+        try:
+            first = await pool.request("GET", "/", timeout_s=5)
+            first_body = await first.read(5)
+            again = await pool.request("GET", "/", timeout_s=5)  # and the connection is still usable
+            return first.status, first_body, first.headers, again.status, await again.read(5)
+        finally:
+            pool.close()
+            server.close()
+
+    status, body, headers, status_again, body_again = asyncio.run(scenario())
+    assert (status, body, status_again, body_again) == (200, b"ok", 200, b"ok")
+    assert headers == [(b"content-length", b"2"), (b"x-final", b"1")]  # the interim ones' headers are not its

@@ -78,6 +78,7 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
         b"host",
         b"content-length",
+        b"expect",  # the gateway has the whole body; a client's 100-continue was answered by its own server
         PREFILLER_HEADER,
     )
 )

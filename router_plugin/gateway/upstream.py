@@ -158,6 +158,8 @@ class _Connection(asyncio.Protocol):
         if response is None:
             return
         response.status = self.parser.get_status_code()
+        if 100 <= response.status < 200:  # interim (100 Continue, 103 Early Hints): the answer follows it
+            return
         if self.headers_ready is not None and not self.headers_ready.done():
             self.headers_ready.set_result(response)
 
@@ -167,6 +169,9 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         response = self.response
+        if response is not None and 100 <= response.status < 200:
+            self.response = None  # an interim response ends here; the parser reads the final one next
+            return
         keep = self.parser.should_keep_alive()
         if response is not None:
             response._finish()
