@@ -153,6 +153,17 @@ def _json(obj: object) -> bytes:
     return orjson.dumps(obj)
 
 
+def stream_failed(endpoint_id: str, err: UpstreamError) -> bytes:
+    """What ends a stream its endpoint broke off: the error event vLLM sends when a stream fails (which OpenAI
+    clients raise on), then `[DONE]`; without it the client would take the cut answer for a whole one.
+
+    >>> stream_failed("e-0", UpstreamError("reset", "connection closed")).decode()[:60]
+    'data: {"error":{"message":"endpoint e-0 failed mid-stream: r'
+    """
+    error = {"message": f"endpoint {endpoint_id} failed mid-stream: {err}", "type": "BadGatewayError", "param": None}
+    return b"data: " + orjson.dumps({"error": {**error, "code": 502}}) + b"\n\ndata: [DONE]\n\n"
+
+
 class Gateway:
     """An ASGI application that routes OpenAI-style requests with a `RoutingPolicy`.
 
@@ -886,7 +897,7 @@ class Gateway:
                     self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
                     self._forget(routed)
                     if assembler is None:
-                        await send({"type": "http.response.body", "body": b""})
+                        await send({"type": "http.response.body", "body": stream_failed(target.endpoint_id, err)})
                     else:
                         await self._reply(
                             send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}

@@ -55,26 +55,29 @@ class StreamMeter:
         """The indices of the choices that carried text."""
 
     def feed(self, data: bytes, now_ms: float | None = None) -> bytes:
-        """Read the next piece of the stream; the bytes to pass on to the client: `data` itself, or with
-        `hide_usage` its events but the usage's (an event cut between two pieces goes on with the second)."""
-        buffer = self._tail + data if self._tail else data
-        if b"\n\n" not in buffer and b"\r\n\r\n" not in buffer:
-            self._tail = buffer
-            return b"" if self._hide_usage else data
-        if b"\r\n" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n")
-        *events, self._tail = buffer.split(b"\n\n")
+        """Read the next piece of the stream; the bytes to pass on to the client: its complete events (an event
+        cut between two pieces goes on with the second, so that a stream that breaks off leaves the client no
+        half event), and with `hide_usage` all but the usage's."""
+        raw = self._tail + data if self._tail else data
+        lf, crlf = raw.rfind(b"\n\n"), raw.rfind(b"\r\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if end == 0:
+            self._tail = raw
+            return b""
+        complete, self._tail = raw[:end], raw[end:]
+        text = complete.replace(b"\r\n", b"\n") if b"\r\n" in complete else complete
+        events = text.split(b"\n\n")[:-1]
         stamp = now_ms if now_ms is not None else time.monotonic() * 1e3
         if not self._hide_usage:
             for event in events:
                 self._event(event, stamp)
-            return data
+            return complete
         return b"".join(event + b"\n\n" for event in events if self._event(event, stamp))
 
     def rest(self) -> bytes:
-        """At the end of the stream, what `feed` still holds to pass on (with `hide_usage`: an unfinished event)."""
+        """At the end of the stream, what `feed` still holds to pass on (an unfinished last event)."""
         tail, self._tail = self._tail, b""
-        return tail if self._hide_usage else b""
+        return tail
 
     def _event(self, event: bytes, now_ms: float) -> bool:
         """Read one event; False for the usage's when it is hidden from the client."""

@@ -1,0 +1,87 @@
+"""An endpoint that dies in the middle of a stream: the client must learn that its answer was cut off, in the
+event vLLM itself sends when a stream fails, not see a stream that looks complete."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
+
+METRICS = (
+    b'vllm:num_requests_running{model_name="m"} 0\n'
+    b'vllm:num_requests_waiting{model_name="m"} 0\n'
+    b'vllm:gpu_cache_usage_perc{model_name="m"} 0.1\n'
+)
+TWO_TOKENS = b'data: {"choices":[{"index":0,"text":" a"}]}\n\ndata: {"choices":[{"index":0,"text":" b"}]}\n\n'
+HALF_AN_EVENT = b'data: {"choices":[{"ind'
+
+
+async def dying_endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers /metrics; streams two tokens and half an event of a completion, then goes away."""
+    while True:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return  # the gateway closed its scraping connection
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")),
+            0,
+        )
+        await reader.readexactly(length)
+        if head.startswith(b"GET /metrics"):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(METRICS), METRICS))
+            await writer.drain()
+            continue
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        piece = TWO_TOKENS + HALF_AN_EVENT
+        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.transport.abort()
+        return
+
+
+def through_a_dying_endpoint(body: dict[str, object]) -> str:
+    async def go() -> str:
+        server = await asyncio.start_server(dying_endpoint, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        spec = f"127.0.0.1:{port},name=e-0,leadtime.io/accelerator=h100-sxm"
+        gateway = Gateway(StaticDiscovery(parse_static([spec])), RoundRobinPolicy(), GatewaySettings())
+        await gateway.start()
+        try:
+            for _ in range(200):
+                if any(s.state is not None for s in gateway.routable()):
+                    break
+                await asyncio.sleep(0.02)
+            transport = httpx.ASGITransport(app=gateway)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                response = await client.post("/v1/completions", json=body)
+                assert response.status_code == 200
+                return response.text
+        finally:
+            await gateway.stop()
+            server.close()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("own_options", [False, True])
+def test_a_stream_cut_off_by_its_endpoint_ends_with_an_error_event(own_options: bool) -> None:
+    body: dict[str, object] = {"prompt": "go on", "max_tokens": 100, "stream": True}
+    if own_options:  # the client's own stream_options: its events go on unchanged, the usage is not asked
+        body["stream_options"] = {"include_usage": False}
+    text = through_a_dying_endpoint(body)
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert all(e.startswith("data: ") for e in events), text
+    payloads = [e[len("data: ") :] for e in events]
+    assert payloads[-1] == "[DONE]"
+    *tokens, error = [json.loads(p) for p in payloads[:-1]]  # every event is whole: the half one never went on
+    assert [t["choices"][0]["text"] for t in tokens] == [" a", " b"]
+    assert error["error"]["code"] == 502 and "e-0" in error["error"]["message"]
+    assert "mid-stream" in error["error"]["message"]
