@@ -24,6 +24,7 @@ from leadtime.bench.data import actuals, load_llmd_rows
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
+from leadtime.progress import stderr_bar
 
 TARGETS = ("ttft", "tpot")
 MODELS = ("leadtime", "llmd_reference", "median_baseline")
@@ -323,8 +324,7 @@ def run_accuracy(
     x_ref = LlmdFrame.from_rows(rows)
     ttft, tpot = actuals(rows)
     y = {"ttft": ttft, "tpot": tpot}
-    console = Console(stderr=True)
-    with Progress(console=console, disable=not progress, transient=True) as bar:
+    with stderr_bar() as bar:
         walk = prequential_walk(x_lt, x_ref, y, config, bar if progress else None, reference_model, label_delay)
         preq = summarize_walk(walk, y, x_ref)
         split = _split(x_lt, x_ref, y, config, seeds, bar if progress else None, reference_model)

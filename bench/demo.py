@@ -15,7 +15,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
-from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from leadtime.bench.accuracy import (  # noqa: E402
@@ -30,6 +29,7 @@ from leadtime.bench.data import actuals, load_llmd_rows  # noqa: E402
 from leadtime.features.vectorize import Vectorizer  # noqa: E402
 from leadtime.predictor.learner import LearnerConfig  # noqa: E402
 from leadtime.predictor.llmd_reference import LlmdFrame  # noqa: E402
+from leadtime.progress import stderr_bar  # noqa: E402
 
 
 def axis_top(actual: np.ndarray) -> float:
@@ -92,7 +92,7 @@ def run_demo(
     ttft, tpot = actuals(rows)
     y = {"ttft": ttft, "tpot": tpot}
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
-    with Progress(console=console, transient=True) as bar:
+    with stderr_bar() as bar:
         preds = prequential_walk(x_lt, LlmdFrame.from_rows(rows), y, config, bar, reference_model)
     summary = summarize_walk(preds, y)
     table = Table(title="prequential accuracy (each row predicted before it is learned)")
