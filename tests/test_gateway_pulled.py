@@ -101,6 +101,9 @@ def test_routes_with_the_pulled_model_and_the_service_learns_every_observation(w
 
         wait_for(learned, timeout_s=20)
         wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="unchanged") >= 1, timeout_s=20)
+        log = route.child.output()
+        assert f"routing on {route.url}: 2 endpoints from {fleet.endpoints_file}" in log  # where it listens
+        assert "/v1/model" not in log  # not a line per pull
 
         predictor.child.kill()
         wait_for(lambda: route.metric("leadtime_router_model_pulls_total", result="error") >= 2, timeout_s=20)

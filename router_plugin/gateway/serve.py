@@ -26,6 +26,8 @@ from leadtime.router_plugin.scrape import monotonic_ms
 from leadtime.router_plugin.shadow import ShadowLearning
 from leadtime.router_plugin.timeslice_sources import FileTimesliceSource, HttpTimesliceSource
 
+log = logging.getLogger("leadtime.router")
+
 PLAIN_POLICIES = {"round-robin": RoundRobinPolicy, "random": RandomPolicy, "least-queue": LeastQueuePolicy}
 """Policies chosen by name instead of from the plugin configuration (baselines for comparisons)."""
 
@@ -137,6 +139,18 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
     probe_bind(settings.host, settings.port)  # before uvicorn, which would log a failure and exit 3
     sys.setswitchinterval(0.0005)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per model pull or time-slice poll
+    endpoints = gateway.discovery.endpoints
+    source = getattr(gateway.discovery, "path", None)
+    log.info(
+        "routing on %s://%s:%d: %d endpoint%s %s",
+        "https" if tls else "http",
+        settings.host,
+        settings.port,
+        len(endpoints),
+        "" if len(endpoints) == 1 else "s",
+        f"from {source}, re-read when it changes" if source is not None else "given on the command line",
+    )
     config = uvicorn.Config(
         gateway,
         host=settings.host,
