@@ -77,6 +77,16 @@ class _EndpointSpec(BaseModel):
             raise ValueError(f"must be a host name or an IP address, got {value[:80]!r}")
         return address
 
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, value: object) -> object:
+        """A number written unquoted in YAML (`leadtime.io/tensor-parallel: 2`) is the label's text."""
+        if isinstance(value, dict):
+            return {
+                k: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for k, v in value.items()
+            }
+        return value
+
     @field_validator("port", mode="before")
     @classmethod
     def _port(cls, value: object) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from leadtime.features.prefix import PrefixIndex, text_chunk_hashes
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
@@ -66,6 +67,8 @@ def test_discovery_reads_llmd_files() -> None:
         ({"labels": {"llm-d.ai/role": "router"}}, "endpoints[0].labels.llm-d.ai/role"),
         ({"labels": {"leadtime.io/accelerator": "abacus"}}, "endpoints[0].labels.leadtime.io/accelerator"),
         ({"labels": {"leadtime.io/tensor-parallel": "0"}}, "endpoints[0].labels.leadtime.io/tensor-parallel"),
+        ({"labels": {"leadtime.io/tensor-parallel": 0}}, "endpoints[0].labels.leadtime.io/tensor-parallel"),
+        ({"labels": {"leadtime.io/tensor-parallel": True}}, "endpoints[0].labels.leadtime.io/tensor-parallel"),
         ({"name": "serving/b"}, None),
     ],
 )
@@ -78,6 +81,15 @@ def test_discovery_errors_name_the_field(change: dict[str, object], field: str |
     with pytest.raises(DiscoveryError) as err:
         parse_endpoints(data)
     assert str(err.value).startswith(field or "endpoints[1].name")
+
+
+def test_a_number_written_unquoted_as_a_label_is_its_text() -> None:
+    data = yaml.safe_load(
+        "endpoints:\n- {name: a, address: 127.0.0.1, port: 8000, labels: {leadtime.io/tensor-parallel: 2}}"
+    )
+    (endpoint,) = parse_endpoints(data)
+    assert endpoint.labels["leadtime.io/tensor-parallel"] == "2"
+    assert endpoint.base_state("h100-sxm", "llama-3.1-8b").tensor_parallel == 2
 
 
 def test_static_endpoints() -> None:
