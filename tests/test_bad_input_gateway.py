@@ -6,6 +6,7 @@ traceback, and a file that turns bad while the gateway runs keeps what was read 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import socket
@@ -93,6 +94,7 @@ def test_a_model_that_is_not_a_string_is_422(model: object) -> None:
         ("/v1/completions", b'{"prompt": "x"}', [(TTFT, "1e400")], 422, TTFT),
         ("/v1/completions", b'{"prompt": "x"}', [(TPOT, "-0")], 422, TPOT),
         ("/v1/completions", b'{"prompt": "x"}', [(TTFT, "")], 422, TTFT),
+        ("/v1/completions", gzip.compress(b'{"prompt": "x"}', mtime=0), [("content-encoding", "gzip")], 415, "content-encoding"),
     ],
 )
 def test_bad_requests_through_the_gateway_are_4xx_naming_the_field(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from collections.abc import Iterator
@@ -191,6 +192,18 @@ def test_a_body_that_is_not_declared_json_is_415(
     before = state(client)
     response = client.post(path, content=json.dumps({field: [item]}), headers={"content-type": content_type})
     assert_refused(response, 415, "content-type")
+    assert state(client) == before
+
+
+@pytest.mark.parametrize(("path", "field", "item"), PATHS, ids=[p for p, _, _ in PATHS])
+def test_a_compressed_body_is_415_naming_its_encoding(
+    client: TestClient, path: str, field: str, item: dict[str, Any]
+) -> None:
+    before = state(client)
+    body = gzip.compress(json.dumps({field: [item]}).encode(), mtime=0)
+    response = client.post(path, content=body, headers={**JSON, "content-encoding": "gzip"})
+    assert_refused(response, 415, "content-encoding")
+    assert "gzip" in response.json()["error"]
     assert state(client) == before
 
 

@@ -172,6 +172,8 @@ class EdgeMiddleware:
             await self.app(scope, receive, send_recording)
         elif not json_content_type(_header(scope, b"content-type")):
             await _send_json(send_recording, 415, _unsupported_type(_header(scope, b"content-type")))
+        elif _header(scope, b"content-encoding").strip().lower() not in ("", "identity"):
+            await _send_json(send_recording, 415, _unsupported_encoding(_header(scope, b"content-encoding")))
         else:
             body = await self._read_limited(scope, receive)
             hot = self.hot_paths.get(scope["path"]) if scope["method"] == "POST" else None
@@ -254,6 +256,11 @@ def json_content_type(header: str) -> bool:
 def _unsupported_type(header: str) -> bytes:
     problem = f"Content-Type must be application/json, got {header[:100]!r}"
     return orjson.dumps({"error": f"content-type: {problem}", "field": "content-type"})
+
+
+def _unsupported_encoding(header: str) -> bytes:
+    problem = f"{header.strip()[:40]!r} bodies are not accepted: send the JSON uncompressed"
+    return orjson.dumps({"error": f"content-encoding: {problem}", "field": "content-encoding"})
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -132,6 +132,10 @@ def parse_request(
     `ask_usage`, a streaming request without `stream_options` goes on asking for the usage, which counts its
     output tokens exactly when an event carries several (and is kept from the client).
     """
+    encoding = headers.get(b"content-encoding", b"").strip().lower()
+    if encoding not in (b"", b"identity"):  # as vLLM, the gateway reads bodies as sent: this one is compressed
+        shown = encoding.decode("latin-1")[:40]
+        raise BadRequest(415, "content-encoding", f"{shown!r} bodies are not accepted: send the JSON uncompressed")
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as err:
