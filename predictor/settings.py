@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ENV_PREFIX = "LEADTIME_"
 
@@ -78,6 +78,15 @@ class ServiceSettings(BaseModel):
     )
     replica_id: str = ""
     seed: int = 0
+
+    @field_validator("api_token")
+    @classmethod
+    def _sendable_token(cls, value: str | None) -> str | None:
+        """A token a client can send as `Authorization: Bearer TOKEN`: an empty one would leave the write paths
+        open (without the warning that no token gives), one with spaces or control characters locked for all."""
+        if value is not None and (not value or not (value.isascii() and value.isprintable()) or " " in value):
+            raise ValueError("must be printable ASCII, without spaces, line breaks or control characters, not empty")
+        return value
 
     @model_validator(mode="after")
     def _tls_files_together(self) -> ServiceSettings:

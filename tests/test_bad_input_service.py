@@ -255,6 +255,23 @@ def test_serve_refuses_a_model_dir_it_cannot_save_in(tmp_path: Path) -> None:
     afile.write_text("not a directory")
     with pytest.raises(OSError, match="not a directory"):
         check_model_dir(afile / "models")
-    check_model_dir(tmp_path / "new" / "models")  # missing directories are made by the first save
+    check_model_dir(tmp_path / "new" / "models")  # missing directories are made
+    assert (tmp_path / "new" / "models").is_dir() and not any((tmp_path / "new" / "models").iterdir())
     code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--model-dir", str(afile))
     assert_one_line(code, message, str(afile), "not a directory")
+
+
+def test_serve_refuses_a_model_dir_that_cannot_be_made_even_as_root() -> None:
+    """Under /proc nothing can be made, whatever the permissions say (root passes every access check): the
+    service started, then logged a traceback at the first retrain."""
+    with pytest.raises(OSError, match="cannot be written"):
+        check_model_dir(Path("/proc/leadtime-models"))
+    code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--model-dir", "/proc/leadtime")
+    assert_one_line(code, message, "/proc/leadtime", "cannot be written")
+
+
+@pytest.mark.parametrize("token", ["", "   ", " padded ", "line\nbreak"])
+def test_serve_refuses_an_api_token_no_client_could_send(token: str) -> None:
+    """An empty `--api-token ""` left the write paths open without the warning that no token gives."""
+    code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--api-token", token)
+    assert_one_line(code, message, "api_token")

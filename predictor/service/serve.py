@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import ssl
 import sys
+import tempfile
 from pathlib import Path
 from types import FrameType
 
@@ -54,17 +54,22 @@ def check_tls_files(certfile: Path, keyfile: Path) -> None:
 
 
 def check_model_dir(path: Path) -> None:
-    """Raise OSError in one line when the model cannot be saved in `path`: it is not a directory, or the nearest
-    directory above a missing one cannot be written (the first save creates it). Otherwise the service would run
-    and fail to save at every retrain."""
+    """Raise OSError in one line when the model cannot be saved in `path`: it is not a directory, or it cannot be
+    made or written (it is made here, and a file written in it and removed: permissions alone do not tell, as
+    root or on a read-only or virtual file system). Otherwise the service would run and fail to save at every
+    retrain."""
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         where = "" if existing == path else f" ({str(existing)!r} is a file)"
         raise OSError(f"the model directory {str(path)!r} is not a directory{where}")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OSError(f"the model directory {str(path)!r} cannot be written ({str(existing)!r} is not writable)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise OSError(f"the model directory {str(path)!r} cannot be written ({err.strerror or err})") from None
 
 
 def describe_store(store: object) -> str:
