@@ -246,3 +246,40 @@ def test_an_unreachable_redis_registry_is_one_line(sim_log: Path) -> None:
     assert refused.exit_code == 2
     (line,) = refused.output.strip().splitlines()
     assert line.startswith(f"error: {url} (leadtime): unreachable (") and "buffered" not in line
+
+
+def test_a_redis_on_a_unix_socket_serves_as_source_and_registry(
+    sim_log: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`unix:///path` lost a slash on its way (`unix:/path`) and redis-py refused it."""
+    from redis_server import RedisServer, find_redis_server
+
+    from leadtime.predictor.store.redis_store import RedisStore
+
+    executable = find_redis_server()
+    assert executable is not None
+    workdir = tmp_path_factory.mktemp("unix")
+    socket_path = workdir / "r.sock"
+    server = RedisServer(executable, workdir, extra_args=["--unixsocket", str(socket_path), "--unixsocketperm", "700"])
+    server.start()
+    try:
+        url = f"unix://{socket_path}"
+        store = RedisStore(url)
+        store.append_observations([json.loads(line) for line in sim_log.read_text().splitlines()])
+        store.close(flush_timeout_s=10.0)
+        result = run_retrain(RetrainConfig(samples=(url,), registry=url))
+        assert result.exit_code == EXIT_PUBLISHED and result.published_version == 1
+        assert result.report["samples"]["sources"][0]["used"] == 1500
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("option", ["--samples", "--registry"])
+def test_a_redis_url_with_a_parameter_redis_does_not_know_is_one_line_naming_it(sim_log: Path, option: str) -> None:
+    """redis-py passes unknown query parameters on to its connection, which raised a TypeError: a traceback."""
+    url = f"redis://127.0.0.1:{free_port()}/0?foo=bar"
+    args = {"--samples": str(sim_log), "--registry": "unused-dir"} | {option: url}
+    refused = CliRunner().invoke(app, ["retrain", "--samples", args["--samples"], "--registry", args["--registry"]])
+    assert refused.exit_code == 2, refused.output
+    (line,) = refused.output.strip().splitlines()
+    assert line.startswith("error: ") and "'foo'" in line, line

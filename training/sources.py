@@ -104,15 +104,17 @@ class RedisSource:
 
         >>> RedisSource.parse("redis://127.0.0.1:6379/0?namespace=fleet-a")
         RedisSource(url='redis://127.0.0.1:6379/0', namespace='fleet-a')
+        >>> RedisSource.parse("unix:///run/redis.sock?db=2")
+        RedisSource(url='unix:///run/redis.sock?db=2', namespace='leadtime')
         """
-        parts = urlsplit(spec)
-        query = parse_qsl(parts.query, keep_blank_values=True)
+        base, _, query_text = spec.partition("?")  # as written: urlunsplit would make unix:///s unix:/s
+        query = parse_qsl(query_text, keep_blank_values=True)
         names = [v for k, v in query if k == "namespace"]
         rest = [(k, v) for k, v in query if k != "namespace"]
         namespace = names[-1] if names else DEFAULT_NAMESPACE
         if not namespace:
             raise SampleError(f"{_redacted(spec)}: namespace must not be empty")
-        return cls(urlunsplit(parts._replace(query=urlencode(rest))), namespace)
+        return cls(f"{base}?{urlencode(rest)}" if rest else base, namespace)
 
     @property
     def name(self) -> str:
@@ -171,10 +173,10 @@ def _parquet_entries(path: Path) -> Iterator[_Read]:
 def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Read]:
     import redis
 
-    from leadtime.predictor.store.redis_store import ENTRY_FIELD, observation_stream_key
+    from leadtime.predictor.store.redis_store import ENTRY_FIELD, observation_stream_key, redis_client
 
     try:
-        client = redis.Redis.from_url(source.url, socket_timeout=10.0, socket_connect_timeout=5.0)
+        client = redis_client(source.url, socket_timeout=10.0, socket_connect_timeout=5.0)
     except ValueError as err:
         raise SampleError(f"{source.name}: not a usable Redis URL ({err})") from None
     key = observation_stream_key(source.namespace)

@@ -50,8 +50,6 @@ def make_store(settings: ServiceSettings) -> tuple[Store, bool]:
         except ValueError as err:  # RedisStore's own words name the URL without its password
             problem = str(err) if str(err).startswith("redis URL ") else f"the redis URL is not usable: {err}"
             raise StoreError(problem) from None
-        except TypeError as err:  # redis-py passes unknown query parameters on as keyword arguments
-            raise StoreError(f"the redis URL is not usable: {err}") from None
     from leadtime.predictor.store.memory import MemoryStore
 
     return MemoryStore(), True

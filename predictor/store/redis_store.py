@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -230,6 +231,28 @@ class LatestOutcome:
         return was, problem
 
 
+def redis_client(url: str, **options: Any) -> redis.Redis:
+    """A client for `url`; ValueError naming what is wrong with it. The connection it describes is built here
+    (not connected): redis-py passes a query parameter it does not know on to that constructor, whose TypeError
+    would otherwise come at the first command.
+
+    >>> redis_client("redis://127.0.0.1:6379/0?foo=bar")
+    Traceback (most recent call last):
+    ValueError: unknown parameter 'foo'
+    """
+    try:
+        client = redis.Redis.from_url(url, **options)
+    except ValueError as exc:
+        raise ValueError(" ".join(str(exc).split())) from None
+    pool = client.connection_pool
+    try:
+        pool.connection_class(**pool.connection_kwargs)
+    except TypeError as exc:
+        unknown = re.search(r"unexpected keyword argument '([^']*)'", str(exc))
+        raise ValueError(f"unknown parameter {unknown[1]!r}" if unknown else str(exc)) from None
+    return client
+
+
 class RedisStore:
     """Shared observations, model registry and training lease in one Redis server.
 
@@ -278,14 +301,14 @@ class RedisStore:
         self._channel = f"{namespace}:model:published"
         self._lease_key = f"{namespace}:lease:training"
         try:
-            self._redis = redis.Redis.from_url(
+            self._redis = redis_client(
                 url,
                 socket_timeout=socket_timeout_s,
                 socket_connect_timeout=socket_timeout_s,
                 retry=Retry(NoBackoff(), 0),
             )
         except ValueError as exc:
-            raise ValueError(f"redis URL {self.address!r} is not usable: {' '.join(str(exc).split())}") from None
+            raise ValueError(f"redis URL {self.address!r} is not usable: {exc}") from None
         self._append = self._redis.register_script(_APPEND_SCRIPT)
         self._read = self._redis.register_script(_READ_SCRIPT)
         self._publish = self._redis.register_script(_PUBLISH_SCRIPT)
