@@ -408,10 +408,17 @@ def observation_to_llmd(obs: Observation) -> dict[str, Any]:
 
 
 def parse_timestamp(value: Any) -> float:
-    """Seconds since the epoch: a number, RFC 3339 (an offset-less time is taken as UTC, never the host's zone)
-    or epoch seconds as a string."""
+    """Seconds since the epoch: a number, RFC 3339 (an offset-less time is taken as UTC, never the host's zone),
+    epoch seconds as a string, or a `datetime` (what a Parquet timestamp column reads as; without a zone, UTC).
+
+    >>> from datetime import datetime
+    >>> parse_timestamp("2026-11-30T10:00:00Z"), parse_timestamp(datetime(2026, 11, 30, 10)), parse_timestamp(1.5)
+    (1796032800.0, 1796032800.0, 1.5)
+    """
     from datetime import UTC, datetime
 
+    if isinstance(value, datetime):
+        return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
     if not isinstance(value, str):
         return check_real("timestamp", value, -math.inf)
     text = value

@@ -137,6 +137,25 @@ def test_parquet_rows_with_nulls_and_a_malformed_row(tmp_path: Path) -> None:
     assert samples.batch.endpoint_ids[:6] == ["h200-a"] * 5 + [""]
 
 
+@pytest.mark.parametrize("zone", [None, "UTC", "Europe/Berlin"])
+def test_a_parquet_timestamp_column_is_read_as_its_moment(tmp_path: Path, zone: str | None) -> None:
+    """Parquet writers store times as timestamps, not as the numbers or RFC 3339 text of JSON: every row was
+    refused ("timestamp: must be a number, got datetime.datetime(...)"). A time without a zone is UTC."""
+    rows = [json.loads(line) for line in llmd_lines(6)]
+    epoch = 1796032800  # 2026-11-30T10:00:00Z
+    table = pa.Table.from_pylist(rows).append_column(
+        "timestamp", pa.array([(epoch + 60 * i) * 1_000_000 for i in range(6)], pa.timestamp("us", tz="UTC"))
+    )
+    if zone != "UTC":
+        kind = pa.timestamp("us", tz=zone) if zone else pa.timestamp("us")
+        table = table.set_column(table.num_columns - 1, "timestamp", table.column("timestamp").cast(kind))
+    path = tmp_path / "rows.parquet"
+    pq.write_table(table, path)
+    samples = SampleReader("h200-sxm", "qwen3-32b").read([str(path)])
+    assert len(samples) == 6 and not samples.malformed
+    assert samples.timestamps.tolist() == [float(epoch + 60 * i) for i in range(6)]
+
+
 def test_a_file_that_is_not_parquet_is_one_clear_error(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "rows.parquet", llmd_lines(3))
     with pytest.raises(SampleError, match=r"rows\.parquet: not a Parquet file"):
