@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_until
 
+from leadtime.predictor.artifact import FILE_NAME
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
@@ -245,6 +246,38 @@ def test_a_refused_published_model_is_reported_and_a_newer_one_still_loads() -> 
         assert wait_until(lambda: runtime.store_version == 2, timeout_s=2.0)
         assert wait_until(lambda: "model_sync" not in c.get("/readyz").json()["degraded"], timeout_s=2.0)
         assert c.get("/status").json()["model_version"] == 5
+
+
+def test_a_model_refused_at_start_is_named_in_readyz_until_a_good_one_is_saved(tmp_path: Path) -> None:
+    """SECURITY.md promises the refusal in /readyz; at start it was only logged."""
+    OnlinePredictor(LearnerConfig(background=False)).save(tmp_path)
+    artifact = tmp_path / FILE_NAME
+    artifact.write_bytes(artifact.read_bytes().replace(b'"version"', b'"versiom"', 1))  # tampered: checksum fails
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        ready = c.get("/readyz")
+        assert ready.status_code == 200
+        assert str(tmp_path) in ready.json()["degraded"]["model_load"]
+        assert c.get("/status").json()["model_version"] == 0  # serving a fresh model meanwhile
+        accepted = {"ttft": {"accepted_mean": True}, "tpot": {}, "duration_s": 0.5}
+        runtime._after_retrain(runtime.predictor.to_bytes(), accepted)  # saved in --model-dir, over the bad one
+        assert "model_load" not in c.get("/readyz").json()["degraded"]
+        OnlinePredictor.load(tmp_path, background=False)  # a good artifact there now
+
+
+def test_a_refusal_is_forgotten_once_this_replica_publishes_a_newer_model() -> None:
+    """The lease holder kept naming a refused version after it had published two newer ones itself."""
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        store.publish_model(b"pickle-looking bytes")
+        assert wait_until(lambda: "model_sync" in runtime.health(), timeout_s=30)
+        accepted = {"ttft": {"accepted_mean": True}, "tpot": {}, "duration_s": 0.5}
+        assert wait_until(lambda: runtime.holds_lease, timeout_s=30)
+        runtime._after_retrain(runtime.predictor.to_bytes(), accepted)
+        assert store.latest_model()[0] == 2  # type: ignore[index]
+        assert "model_sync" not in c.get("/readyz").json()["degraded"]
 
 
 def learned(runtime: Any) -> int:

@@ -174,6 +174,8 @@ class ServiceRuntime:
                 return predictor
             except ArtifactError as err:
                 log.warning("ignoring published model %d: %s", latest[0], err)
+                self._refused_version = latest[0]
+                self._loop_errors["model_sync"] = f"published model {latest[0]} refused: {err}"
         model_dir = self.settings.model_dir
         if model_dir is not None and model_dir.exists():
             try:
@@ -183,6 +185,7 @@ class ServiceRuntime:
                 return predictor
             except (ArtifactError, OSError) as err:
                 log.warning("ignoring the model in %s: %s", model_dir, err)
+                self._loop_errors["model_load"] = f"the model in {model_dir} was refused ({err}); serving a new one"
         return OnlinePredictor(self._learner_config())
 
     def _install(self, predictor: OnlinePredictor) -> None:
@@ -328,11 +331,14 @@ class ServiceRuntime:
             version = self.store.publish_model(artifact)
             self._published.add(version)
             self.store_version = max(self.store_version, version)
+            if self.store_version > self._refused_version:  # a refused version is behind what serves now
+                self._loop_errors.pop("model_sync", None)
             # What is published now is at least as new as any retrain that could not be published before.
             self._unpublished = None
             self._retrain_error = None
         if self.settings.model_dir is not None:
             save_file(self.settings.model_dir, artifact)
+            self._loop_errors.pop("model_load", None)
         return version
 
     def sync_from_store(self) -> tuple[bool, bool]:
