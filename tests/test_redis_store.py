@@ -89,7 +89,7 @@ def test_appended_entries_come_back_in_order_and_cursor_pages(make_store: StoreF
     cursor, rest = read_all(store, cursor, batch=64)
     assert [e["input_token_length"] for e in rest] == list(range(100, 300))
     assert store.read_observations(cursor, 10) == (cursor, [])
-    assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 300, "resent": 0}
+    assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 300, "resent": 0, "server_restarts": 0}
 
 
 def test_every_replica_reads_every_observation(make_store: StoreFactory) -> None:
@@ -322,7 +322,7 @@ def test_outage_loses_no_accepted_observation(make_store: StoreFactory, redis_se
     assert wait_until(lambda: writer.health() == {"redis": "ok"}, timeout_s=5)
     _cursor, after = read_all(reader, cursor)
     assert [e["input_token_length"] for e in after] == list(range(50, 150))
-    assert writer.stats() == {"buffered": 0, "dropped": 0, "appended": 150, "resent": 0}
+    assert writer.stats() == {"buffered": 0, "dropped": 0, "appended": 150, "resent": 0, "server_restarts": 1}
 
 
 def test_what_redis_took_but_lost_in_a_crash_before_it_was_read_is_sent_again(
@@ -395,21 +395,21 @@ def test_a_hung_server_neither_blocks_appends_nor_duplicates_a_resent_chunk(
     assert store.flush(10.0)
     _cursor, seen = read_all(store)
     assert [e["input_token_length"] for e in seen] == list(range(101))  # each exactly once, in order
-    assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 101, "resent": 0}
+    assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 101, "resent": 0, "server_restarts": 0}
 
 
 def test_outage_buffer_is_bounded_and_counts_drops(make_store: StoreFactory, redis_server: RedisServer) -> None:
     store = make_store(buffer_limit=10)
     redis_server.stop()
     store.append_observations([entry(i) for i in range(25)])
-    assert store.stats() == {"buffered": 10, "dropped": 15, "appended": 0, "resent": 0}
+    assert store.stats() == {"buffered": 10, "dropped": 15, "appended": 0, "resent": 0, "server_restarts": 0}
     assert wait_until(lambda: "15 dropped" in store.health()["redis"], timeout_s=5)
 
     redis_server.start()
     assert store.flush(10.0)
     _cursor, kept = read_all(store)
     assert [e["input_token_length"] for e in kept] == list(range(10))  # the oldest accepted ones survive
-    assert store.stats() == {"buffered": 0, "dropped": 15, "appended": 10, "resent": 0}
+    assert store.stats() == {"buffered": 0, "dropped": 15, "appended": 10, "resent": 0, "server_restarts": 1}
 
 
 def test_other_operations_degrade_without_raising_while_redis_is_down(
@@ -454,7 +454,7 @@ def test_closing_while_redis_is_down_counts_what_is_lost(make_store: StoreFactor
     redis_server.stop()
     store.append_observations([entry(i) for i in range(7)])
     store.close(flush_timeout_s=0.1)
-    assert store.stats() == {"buffered": 0, "dropped": 7, "appended": 0, "resent": 0}
+    assert store.stats() == {"buffered": 0, "dropped": 7, "appended": 0, "resent": 0, "server_restarts": 0}
 
 
 def test_missing_redis_server_skips_locally_but_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -205,7 +205,13 @@ def test_killing_redis_mid_run_loses_no_accepted_observation(
     redis_server.start()  # same port, empty: the replicas reconnect by themselves
     assert wait_until(lambda: b.learned() == len(first) + len(during), timeout_s=20), b.learned()
     assert wait_until(lambda: a.learned() == len(first) + len(during), timeout_s=20), a.learned()
-    assert a.store.stats() == {"buffered": 0, "dropped": 0, "appended": len(first) + len(during), "resent": 0}
+    assert a.store.stats() == {
+        "buffered": 0,
+        "dropped": 0,
+        "appended": len(first) + len(during),
+        "resent": 0,
+        "server_restarts": 1,
+    }
     for replica in (a, b):
         assert wait_until(replica.fully_ready, timeout_s=5)
 
@@ -225,6 +231,26 @@ def test_a_retrained_model_that_could_not_be_published_is_published_once_redis_i
     assert wait_until(a.fully_ready, timeout_s=5), a.readyz_degraded()
     assert a.store.latest_model() is not None
     assert wait_until(lambda: b.serves_registry_version(1), timeout_s=5)
+
+
+def test_a_registry_lost_with_a_redis_restart_is_given_the_serving_model_again(
+    start_replicas: Callable[..., list[Replica]], redis_server: RedisServer
+) -> None:
+    """A Redis without persistence that restarts loses the models too: the lease holder kept serving its model
+    without publishing it again, and a replica started meanwhile served the prior."""
+    a, b = start_replicas()
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    version = a.runtime.publish(a.runtime.predictor)
+    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
+    redis_server.stop()
+    redis_server.start()  # same port, empty
+    a.send(training_entries(20, seed=6))  # the writer finds the new server (another run id) when it sends
+    assert wait_until(lambda: a.store.latest_model() is not None, timeout_s=15), "not published again"
+    again = a.store.latest_model()
+    assert again is not None and again[0] > version  # numbered on from what every replica has
+    assert wait_until(lambda: b.serves_registry_version(again[0]), timeout_s=5)
+    (late,) = [r for r in start_replicas(count=1, replica_id="z")]
+    assert late.status()["model_version"] == a.status()["model_version"]  # not the prior
 
 
 def test_the_training_lease_passes_to_b_when_a_stops(start_replicas: Callable[..., list[Replica]]) -> None:

@@ -94,6 +94,7 @@ class ServiceRuntime:
         self._learn_lock = threading.Lock()
         self._published: set[int] = set()
         self._refused_version = 0
+        self._restarts_seen = 0  # the store's server restarts looked at (`_retry_publication`)
         self._stop = threading.Event()
         self._closing = threading.Event()  # a signal said stop; `stop()` has not run yet
         self._threads: list[threading.Thread] = []
@@ -303,9 +304,19 @@ class ServiceRuntime:
             log.exception("after-retrain publication failed")
 
     def _retry_publication(self) -> None:
-        """Publish the retrained model an outage kept from the store, so that the other replicas get it."""
+        """Publish the retrained model an outage kept from the store, so that the other replicas get it; and the
+        serving model again when the store restarted without its models (Redis without persistence)."""
         if not self.holds_lease:
             return
+        restarts = self.store.stats().get("server_restarts", 0)
+        if restarts != self._restarts_seen and self._unpublished is None:
+            try:
+                if self.store_version > 0 and self.store.latest_model() is None and self.predictor is not None:
+                    log.warning("the model registry came back empty (a restart without persistence): publishing again")
+                    self.publish(self.predictor)
+                self._restarts_seen = restarts
+            except Exception as err:  # down again: tried at the next renewal
+                self._retrain_error = f"{type(err).__name__}: {err}"
         with self._swap_lock:
             artifact = self._unpublished
             if artifact is None:

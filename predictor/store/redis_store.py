@@ -327,6 +327,7 @@ class RedisStore:
         self._unread: deque[tuple[tuple[int, int], list[bytes]]] = deque()
         self._unread_count = 0
         self._run_id: str | None = None
+        self._restarts = 0  # times the server came back as another one (its models gone too, without persistence)
         self._read_upto = (0, 0)  # the newest stream id this store has read
         self._check_run_id = True
         self._health = LatestOutcome("not contacted yet")
@@ -411,6 +412,9 @@ class RedisStore:
                 )
         restarted = self._run_id is not None and run_id != self._run_id
         self._run_id = run_id
+        if restarted:
+            with self._lock:
+                self._restarts += 1
         return restarted
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -679,13 +683,15 @@ class RedisStore:
         return {"redis": detail}
 
     def stats(self) -> dict[str, int]:
-        """Observations waiting in memory, dropped while Redis was down, and appended."""
+        """Observations waiting in memory, dropped while Redis was down, appended and sent again; times the
+        server was found restarted."""
         with self._lock:
             return {
                 "buffered": len(self._buffer),
                 "dropped": self._dropped,
                 "appended": self._appended,
                 "resent": self._resent,
+                "server_restarts": self._restarts,
             }
 
     def close(self, flush_timeout_s: float = 1.0) -> None:
