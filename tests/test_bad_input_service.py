@@ -223,6 +223,7 @@ def test_serve_refuses_tls_files_that_are_not_a_certificate_and_key(tmp_path: Pa
         "redis://:secret@[::1/0",
         "redis://:secret@host:6379/0?foo=bar",
         "redis://:secret@host:6379/0?socket_timeout=abc",
+        "redis://:secret@host:6379/zero",
     ],
 )
 def test_an_unusable_redis_url_is_one_error_without_the_password(url: str) -> None:

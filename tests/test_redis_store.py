@@ -364,6 +364,22 @@ def test_redis_going_away_and_coming_back_is_logged_once_each(
     assert all(redis_server.url.split("@")[-1] in line for line in lines)
 
 
+def test_redis_unreachable_from_the_start_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """Only a change was logged, and "not contacted yet" to "unreachable" was none: a service whose Redis was
+    never up said nothing of it in its log."""
+    from leadtime.bench.procs import free_port
+
+    with caplog.at_level(logging.INFO, logger="leadtime.store"):
+        store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", socket_timeout_s=0.3)
+        try:
+            store.append_observations([entry(0)])
+            assert wait_until(lambda: "buffering observations in memory" in caplog.text, timeout_s=5)
+        finally:
+            store.close(flush_timeout_s=0.0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "leadtime.store"]
+    assert any("unreachable" in line and "buffering" in line for line in lines), lines
+
+
 def test_an_answer_that_arrives_late_does_not_override_a_call_started_after_it() -> None:
     """Calls run on several threads (the writer, request handlers), so their answers arrive out of order: the
     writer's health check that started before an outage may return after a handler's call saw the outage. Health

@@ -201,6 +201,9 @@ def _reason(exc: BaseException) -> str:
     return f"{kind} ({text})"
 
 
+NOT_CONTACTED = "not contacted yet"
+
+
 class LatestOutcome:
     """Whether Redis works, as told by the call that *started* last.
 
@@ -218,15 +221,18 @@ class LatestOutcome:
 
     def __init__(self, problem: str | None) -> None:
         self.problem = problem  # None = Redis answered
+        self.contacted = False
         self._started = float("-inf")
 
     def record(self, problem: str | None, started: float) -> tuple[str | None, str | None] | None:
-        """Take one call's outcome; (was, now) when the state changed, else None (stale or the same)."""
+        """Take one call's outcome; (was, now) when the state changed or on the first outcome, else None (stale or
+        the same)."""
         if started < self._started:
             return None
         self._started = started
+        first, self.contacted = not self.contacted, True
         was, self.problem = self.problem, problem
-        if (was is None) == (problem is None):
+        if (was is None) == (problem is None) and not first:
             return None
         return was, problem
 
@@ -239,7 +245,13 @@ def redis_client(url: str, **options: Any) -> redis.Redis:
     >>> redis_client("redis://127.0.0.1:6379/0?foo=bar")
     Traceback (most recent call last):
     ValueError: unknown parameter 'foo'
+    >>> redis_client("redis://127.0.0.1:6379/zero")  # redis-py would take database 0 without a word
+    Traceback (most recent call last):
+    ValueError: the database must be a number (/0, /1, ...), got '/zero'
     """
+    parts = urlsplit(url)
+    if parts.scheme in ("redis", "rediss") and parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise ValueError(f"the database must be a number (/0, /1, ...), got {parts.path[:40]!r}")
     try:
         client = redis.Redis.from_url(url, **options)
     except ValueError as exc:
@@ -330,7 +342,7 @@ class RedisStore:
         self._restarts = 0  # times the server came back as another one (its models gone too, without persistence)
         self._read_upto = (0, 0)  # the newest stream id this store has read
         self._check_run_id = True
-        self._health = LatestOutcome("not contacted yet")
+        self._health = LatestOutcome(NOT_CONTACTED)
         self._highest_version = 0
         self._wake_writer = threading.Event()
         self._version_seen = threading.Condition()
@@ -666,9 +678,11 @@ class RedisStore:
             buffered = len(self._buffer)
         if change is None:
             return
+        first = change[0] == NOT_CONTACTED
         if problem is not None:
-            log.warning("redis at %s: %s; buffering observations in memory", self.address, problem)
-        else:
+            when = " from the start" if first else ""
+            log.warning("redis at %s: %s%s; buffering observations in memory", self.address, problem, when)
+        elif not first:
             log.info("redis at %s answers again; %d buffered observations to send", self.address, buffered)
 
     def health(self) -> dict[str, str]:
