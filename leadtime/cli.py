@@ -771,9 +771,17 @@ def route(
         wanted = needs_predictor(options)
     except ConfigError as err:
         _fail(err)
+    given = "--predictor-url" if predictor_url else "--predictor-grpc" if predictor_grpc else "--embedded"
     if wanted and not (predictor_url or predictor_grpc or embedded):
         needs = "--shadow" if shadow else "the predicted-latency scorer"
         _fail(f"{needs} needs a predictor: give --predictor-url, --predictor-grpc or --embedded")
+    if not wanted and (predictor_url or predictor_grpc or embedded):
+        plain = f"--policy {policy}" if policy else f"profile {profile!r}"
+        _fail(f"{given}: {plain} does not predict, so the predictor would go unused (add --shadow to learn beside it)")
+    if predictor_grpc is not None:
+        host, _, grpc_port = predictor_grpc.rpartition(":")
+        if not host or not grpc_port.isdigit() or not 1 <= int(grpc_port) <= 65535:
+            _fail(f"--predictor-grpc: expected HOST:PORT (a port from 1 to 65535), got {predictor_grpc!r}")
     from leadtime.router_plugin.client import PredictorClient
 
     predict_client: PredictorClient | None = None

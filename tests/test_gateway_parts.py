@@ -464,6 +464,10 @@ def test_lean_client_predicts_keeps_its_deadline_and_reports_refusals() -> None:
         (["--endpoint", "127.0.0.1:1", "--embedded", "--shadow"], "routes on predictions and learns"),
         (["--endpoint", "127.0.0.1:1", "--profile", "heuristic", "--shadow"], "--shadow needs a predictor"),
         (["--endpoint", "127.0.0.1:1", "--policy", "random", "--shadow"], "--shadow needs a predictor"),
+        (["--endpoint", "127.0.0.1:1", "--policy", "random", "--embedded"], "--embedded: --policy random does not"),
+        (["--endpoint", "127.0.0.1:1", "--profile", "heuristic", "--predictor-url", "http://x:1"], "would go unused"),
+        (["--endpoint", "127.0.0.1:1", "--predictor-grpc", "nohostport"], "--predictor-grpc: expected HOST:PORT"),
+        (["--endpoint", "127.0.0.1:1", "--predictor-grpc", "h:99999"], "--predictor-grpc: expected HOST:PORT"),
     ],
 )
 def test_route_refuses_bad_options_with_one_line(args: list[str], message: str) -> None:
