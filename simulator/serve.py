@@ -72,7 +72,7 @@ class CompletionBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     prompt: str | list[str] = Field(min_length=1)
-    max_tokens: int = Field(default=16, ge=1, le=32768)
+    max_tokens: int | None = Field(default=16, ge=1, le=32768)  # null: vLLM's default for completions, 16
     stream: bool | None = False  # null reads as false, as in vLLM
     stream_options: StreamOptions | None = None
 
@@ -90,7 +90,14 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     role: str
-    content: str
+    content: str | list[dict[str, object]] | None = None  # text, OpenAI's content parts, or none
+
+    @property
+    def text(self) -> str:
+        """The message's text: its string, or its text parts joined (other parts, images say, carry none here)."""
+        if isinstance(self.content, list):
+            return " ".join(str(part.get("text", "")) for part in self.content if part.get("type") == "text")
+        return self.content or ""
 
 
 class ChatBody(BaseModel):
@@ -466,12 +473,13 @@ def build_app(
         check_model(body.model)
         prompt = body.prompt if isinstance(body.prompt, str) else " ".join(body.prompt)
         usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
-        return await respond(request, "text", _words(prompt), body.max_tokens, bool(body.stream), usage_wanted)
+        max_tokens = body.max_tokens or 16
+        return await respond(request, "text", _words(prompt), max_tokens, bool(body.stream), usage_wanted)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatBody, request: Request) -> object:
         check_model(body.model)
-        words = _words(" ".join(m.content for m in body.messages))
+        words = _words(" ".join(m.text for m in body.messages))
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
         usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(request, "chat", words, max_tokens, bool(body.stream), usage_wanted)

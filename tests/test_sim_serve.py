@@ -91,6 +91,22 @@ def test_non_streaming_chat(server: FleetServer, stream: dict[str, None]) -> Non
     assert reply.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_requests_the_openai_clients_send_are_taken_as_vllm_takes_them(server: FleetServer) -> None:
+    """Content as a list of parts, a message without content, `max_tokens: null`: each was a 422 from the mock."""
+    parts = [
+        {"type": "text", "text": "a b"},
+        {"type": "image_url", "image_url": {"url": "x"}},
+        {"type": "text", "text": "c"},
+    ]
+    messages = [{"role": "user", "content": parts}, {"role": "assistant", "content": None}]
+    chat = httpx.post(_url(server) + "/v1/chat/completions", json={"messages": messages, "max_tokens": 3}, timeout=30)
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    body = {"prompt": "one two", "max_tokens": None}
+    completion = httpx.post(_url(server) + "/v1/completions", json=body, timeout=30)
+    assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 16
+
+
 def test_bad_requests_get_422_naming_the_field_as_the_service_does(server: FleetServer) -> None:
     reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=10)
     assert reply.status_code == 422
