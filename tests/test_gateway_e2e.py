@@ -353,6 +353,8 @@ def test_an_endpoint_never_scraped_is_not_routed_to(workdir: Path) -> None:
     route = Route(workdir, ["--endpoint", f"127.0.0.1:{dead},name=ghost", "--policy", "round-robin"])
     try:
         route.child.wait_until(f"{route.url}/readyz", status=503)
+        ready = httpx.get(f"{route.url}/readyz", timeout=10).json()
+        assert ready["reason"] == "no endpoint can be routed to (none answered a scrape within the last 3 s)"
         reply = httpx.post(f"{route.url}/v1/completions", json={"prompt": "anyone?"}, timeout=10)
         assert reply.status_code == 503 and "no endpoint" in reply.json()["error"]
     finally:

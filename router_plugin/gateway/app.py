@@ -441,9 +441,9 @@ class Gateway:
         elif routable:
             await self._reply(send, 200, {"status": "ready", "routable_endpoints": routable, "endpoints": known})
         else:
-            await self._reply(
-                send, 503, {"status": "not ready", "reason": "no endpoint can be routed to yet", "endpoints": known}
-            )
+            after = self.settings.unroutable_after_s
+            reason = f"no endpoint can be routed to (none answered a scrape within the last {after:g} s)"
+            await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
 
     async def _models(self, send: Send) -> None:
         for scrape in self.routable():
