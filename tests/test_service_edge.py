@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi.testclient import TestClient
+from waiting import wait_for
 
+from leadtime.bench.procs import Child
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
 
@@ -140,3 +145,24 @@ def test_requests_that_match_no_route_are_counted_as_unmatched() -> None:
         assert client.get("/no/such/path").status_code == 404
         metrics = client.get("/metrics").text
     assert 'path="unmatched",status="404"' in metrics
+
+
+def test_on_port_0_the_log_says_which_port_the_system_picked(tmp_path: Path) -> None:
+    """It logged "HTTP on http://127.0.0.1:0": a user could not tell where the service listened."""
+    child = Child(["serve", "--port", "0", "--grpc-port", "0"], tmp_path / "serve.log")
+    try:
+        wait_for(lambda: "HTTP on http://" in child.output(), timeout_s=60)
+        found = re.search(r"HTTP on http://127\.0\.0\.1:(\d+) ", child.output())
+        assert found is not None and int(found[1]) > 0, child.output()
+        url = f"http://127.0.0.1:{found[1]}"
+        wait_for(lambda: _answers(url), timeout_s=30)
+        assert httpx.get(f"{url}/healthz", timeout=5).json() == {"status": "ok"}
+    finally:
+        child.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

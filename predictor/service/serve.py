@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import socket
 import ssl
 import sys
 import tempfile
@@ -110,7 +111,14 @@ def serve(settings: ServiceSettings) -> None:
         log.info("gRPC%s on %s:%d", tls, settings.host, port)
     else:
         log.info("gRPC off (grpc_port 0)")
-    log.info("HTTP on %s://%s:%d (API docs at /docs)", scheme, settings.host, settings.port)
+    http_port, sockets = settings.port, None
+    if http_port == 0:  # the system picks the port: bound here, so that the log can say which
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((settings.host, 0))
+        http_port, sockets = sock.getsockname()[1], [sock]
+    log.info("HTTP on %s://%s:%d (API docs at /docs)", scheme, settings.host, http_port)
     if settings.api_token is None:
         log.warning("no API token: anyone who can reach this port can send training data (see SECURITY.md)")
     log.info("store: %s", describe_store(runtime.store))
@@ -134,7 +142,7 @@ def serve(settings: ServiceSettings) -> None:
     # again on every full collection (each walk stalls the requests in flight).
     gc.freeze()
     try:
-        _Server(config, runtime).run()
+        _Server(config, runtime).run(sockets=sockets)
     finally:
         if grpc_server is not None:
             grpc_server.stop(grace=1.0).wait()
