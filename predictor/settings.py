@@ -27,7 +27,7 @@ class ServiceSettings(BaseModel):
     redis_url: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://.+")
     role: Literal["all", "prediction", "training"] = "all"
     objective: Literal["quantile", "mean"] = "quantile"
-    quantile: float = Field(default=0.9, ge=0.5, lt=1.0)
+    quantile: float = Field(default=0.9, ge=0.5, lt=1.0, allow_inf_nan=False)
     model_dir: Path | None = None
     api_token: str | None = None
     tls_certfile: Path | None = Field(

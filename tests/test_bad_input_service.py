@@ -18,9 +18,10 @@ from llmd_rows import llmd_row
 from served import http_and_grpc
 
 from leadtime.bench.procs import free_port
+from leadtime.predictor.artifact import check_model_dir
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.service.app import StoreError, make_store
-from leadtime.predictor.service.serve import check_model_dir, check_tls_files
+from leadtime.predictor.service.serve import check_tls_files
 from leadtime.predictor.settings import ServiceSettings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -46,5 +46,7 @@ def test_bad_values_are_refused_naming_the_option() -> None:
         ServiceSettings.from_env(env={"LEADTIME_ROLE": "both"})
     with pytest.raises(ValidationError, match="quantile"):
         ServiceSettings(quantile=1.5)
+    with pytest.raises(ValidationError, match="finite number"):  # not "should be less than 1"
+        ServiceSettings.from_env(env={"LEADTIME_QUANTILE": "nan"})
     with pytest.raises(ValidationError, match="port"):
         ServiceSettings.from_env(env={"LEADTIME_PORT": "eighty"})

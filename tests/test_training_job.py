@@ -240,6 +240,13 @@ def test_a_report_that_cannot_be_written_stops_the_job_before_anything_is_publis
     assert not (tmp_path / "models").exists()
 
 
+def test_a_registry_directory_that_cannot_be_made_stops_the_job_before_it_reads(tmp_path: Path) -> None:
+    """It read and fitted everything first, then could not publish."""
+    missing = tmp_path / "no-such-source.jsonl"  # read first, this would be the error
+    with pytest.raises(RetrainError, match="cannot be written"):
+        run_retrain(RetrainConfig(samples=(str(missing),), registry="/proc/leadtime-registry"))
+
+
 def test_an_unreachable_redis_registry_is_one_line(sim_log: Path) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     refused = CliRunner().invoke(app, ["retrain", "--samples", str(sim_log), "--registry", url])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from leadtime.predictor.artifact import FILE_NAME, ArtifactError, decode, load_file, save_file
+from leadtime.predictor.artifact import FILE_NAME, ArtifactError, check_model_dir, decode, load_file, save_file
 from leadtime.training.sources import RedisSource, is_redis_url
 
 
@@ -61,6 +61,10 @@ class DirectoryRegistry:
     def __init__(self, directory: Path) -> None:
         if directory.exists() and not directory.is_dir():
             raise RegistryError(f"{directory}: not a directory (the registry is a directory or a redis:// URL)")
+        try:
+            check_model_dir(directory)  # before the job reads and fits, not when it has a model to publish
+        except OSError as err:
+            raise RegistryError(str(err)) from None
         self.directory = directory
         self.name = str(directory)
 

@@ -7,12 +7,12 @@ import logging
 import socket
 import ssl
 import sys
-import tempfile
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
+from leadtime.predictor.artifact import check_model_dir
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.cpus import format_cpu_list, pin_process
 from leadtime.predictor.service.ports import check_port_free
@@ -52,25 +52,6 @@ def check_tls_files(certfile: Path, keyfile: Path) -> None:
         raise OSError(f"the TLS files {str(certfile)!r} and {str(keyfile)!r} {problem}") from None
     except OSError as err:
         raise OSError(f"cannot read the TLS files {str(certfile)!r} and {str(keyfile)!r}: {err.strerror}") from None
-
-
-def check_model_dir(path: Path) -> None:
-    """Raise OSError in one line when the model cannot be saved in `path`: it is not a directory, or it cannot be
-    made or written (it is made here, and a file written in it and removed: permissions alone do not tell, as
-    root or on a read-only or virtual file system). Otherwise the service would run and fail to save at every
-    retrain."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        where = "" if existing == path else f" ({str(existing)!r} is a file)"
-        raise OSError(f"the model directory {str(path)!r} is not a directory{where}")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as err:
-        raise OSError(f"the model directory {str(path)!r} cannot be written ({err.strerror or err})") from None
 
 
 def describe_store(store: object) -> str:
