@@ -678,8 +678,9 @@ ROUTER = Dashboard(
                 ),
                 Panel(
                     "Observations sent back to the predictor",
-                    "Completed requests reported to the predictor per second: queued, sent, failed to send, and "
-                    "dropped (the queue of 20,000 was full while the predictor was away).",
+                    "Completed requests reported to the predictor per second: queued, sent, failed attempts to "
+                    "send (each stays queued and is sent again: no loss) and dropped (the queue of 20,000 was full "
+                    "while the predictor was away).",
                     "ops",
                     (
                         Query(

@@ -145,7 +145,8 @@ class GatewayMetrics:
         )
         self.observations = Counter(
             f"{p}_observations",
-            "Observations for the predictor: queued, sent, failed to send, dropped.",
+            "Observations for the predictor: queued, sent, dropped; failed counts each failed attempt to send one "
+            "(it stays queued and is sent again: not a loss).",
             ["result"],
             registry=r,
         )
