@@ -1,4 +1,4 @@
-"""What the CLI's simulator commands print (kept out of leadtime/cli.py so its command bodies stay thin)."""
+"""What the CLI's simulator commands print (kept out of leadtime/cli/ so that its command bodies stay thin)."""
 
 from __future__ import annotations
 

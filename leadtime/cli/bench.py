@@ -1,0 +1,427 @@
+"""`leadtime demo` and the `leadtime bench ...` commands: each prints the figures the README quotes."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from leadtime.cli.common import (
+    DEFAULT_MEASURED,
+    FLEET_HELP,
+    MEASURED_HELP,
+    REFERENCE_HELP,
+    TRACE_HELP,
+    app,
+    bench_app,
+    check_redis_url,
+    fail,
+    measured_path,
+    output_dir,
+    positive,
+    reference_model_option,
+)
+from leadtime.features.errors import FeatureError
+
+
+@bench_app.command("accuracy")
+def bench_accuracy(
+    data: Annotated[str, typer.Option(help=MEASURED_HELP)] = DEFAULT_MEASURED,
+    accelerator: Annotated[str, typer.Option(help="Accelerator class the rows came from.")] = "h200-sxm",
+    model: Annotated[str, typer.Option(help="Model the rows came from.")] = "qwen3-32b",
+    seeds: Annotated[int, typer.Option(help="Seeds of the random 90/10 split.")] = 10,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP)] = None,
+    label_delay: Annotated[
+        int,
+        typer.Option(
+            help="Rows predicted before a row's outcome is learned in the prequential walk (as in production, "
+            "where an outcome arrives when its request completes); 0 = learned at once."
+        ),
+    ] = 0,
+) -> None:
+    """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
+    from leadtime.bench.accuracy import print_report, run_accuracy
+
+    if seeds < 1:
+        fail(f"--seeds must be ≥ 1, got {seeds}")
+    if label_delay < 0:
+        fail(f"--label-delay must be ≥ 0, got {label_delay}")
+    reference = reference_model_option(reference_model)
+    try:
+        report = run_accuracy(
+            measured_path(data),
+            accelerator=accelerator,
+            model=model,
+            seeds=seeds,
+            progress=not json_out,
+            reference_model=reference,
+            label_delay=label_delay,
+        )
+    except (FeatureError, OSError, ValueError) as err:
+        fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("coldstart")
+def bench_coldstart(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    seed: Annotated[int, typer.Option(help="Random seed of the synthetic fleet data.")] = 0,
+    unseen: Annotated[str, typer.Option(help="The accelerator class held back (never seen in training).")] = "mi300x",
+    reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP)] = None,
+) -> None:
+    """Accuracy on an accelerator class never seen before, after 50 and 500 of its observations."""
+    from leadtime.bench.coldstart import print_report, run_coldstart
+
+    if seed < 0:
+        fail(f"--seed must be ≥ 0, got {seed}")
+    reference = reference_model_option(reference_model)
+    try:
+        report = run_coldstart(seed=seed, unseen=unseen, reference_model=reference)
+    except (FeatureError, ValueError) as err:
+        fail(err)
+    print_report(report, as_json=json_out)
+
+
+@app.command("demo")
+def demo(
+    out: Annotated[Path, typer.Option(help="Where to write the report and plots.")] = Path("out/demo"),
+    quick: Annotated[bool, typer.Option("--quick", help="A short run, as a smoke test.")] = False,
+    accuracy: Annotated[
+        bool,
+        typer.Option("--accuracy", help="Instead: the predictor alone walking the real H200 trace beside llm-d's."),
+    ] = False,
+    data: Annotated[str, typer.Option(help=MEASURED_HELP + " (with --accuracy)")] = DEFAULT_MEASURED,
+    reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP + " (with --accuracy)")] = None,
+) -> None:
+    """Leadtime routing a mixed, a P/D and a time-sliced fleet beside the routers a user could pick instead."""
+    output_dir(out)
+    if accuracy:
+        from leadtime.bench.demo import run_demo as run_accuracy_demo
+
+        reference = reference_model_option(reference_model)
+        try:
+            run_accuracy_demo(measured_path(data), out, max_rows=600 if quick else None, reference_model=reference)
+        except (FeatureError, OSError, ValueError) as err:
+            fail(err)
+        return
+    from leadtime.bench.routing_demo import run_demo
+
+    try:
+        run_demo(out, max_requests=300 if quick else 1500)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        fail(err)
+
+
+@bench_app.command("serving")
+def bench_serving(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    calls: Annotated[int, typer.Option(help="Timed calls per row count and protocol.")] = 2000,
+    setting: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=VALUE: a service setting for the measured service (LEADTIME_NAME), repeatable."),
+    ] = None,
+) -> None:
+    """Service latency over HTTP and gRPC (1, 10, 100 rows), also while retraining, and ingestion rate."""
+    from leadtime.bench.serving import print_report, run_serving
+    from leadtime.predictor.settings import ServiceSettings
+
+    if calls < 10:
+        fail("--calls must be ≥ 10")
+    settings: dict[str, str] = {}
+    for item in setting or []:
+        name, sep, value = item.partition("=")
+        if not sep or name.lower() not in ServiceSettings.model_fields:
+            fail(f"--setting {item!r}: expected NAME=VALUE with NAME a service setting, e.g. learner_cpus=auto")
+        settings[name.lower()] = value
+    try:
+        report = run_serving(calls=calls, progress=not json_out, settings=settings)
+    except (OSError, RuntimeError) as err:
+        fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("sim")
+def bench_sim(
+    requests: Annotated[int, typer.Option(help="Requests of the Mooncake trace to replay.")] = 10_000,
+    fleet: Annotated[str, typer.Option(help=FLEET_HELP)] = "bench-16",
+    trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
+    policy: Annotated[str, typer.Option(help="Routing policy.")] = "llm-d",
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Simulator speed: a trace replay on a 16-endpoint fleet, in simulated requests per wall-clock second."""
+    from leadtime.bench.sim import print_report, run_bench
+
+    if requests < 1:
+        fail("--requests must be ≥ 1")
+    try:
+        report = run_bench(fleet, trace, requests, policy)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("routing")
+def bench_routing(
+    trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
+    max_requests: Annotated[int, typer.Option(help="Requests of the trace replayed on each fleet.")] = 3000,
+    seed: Annotated[int, typer.Option(help="First seed (time-slice windows, step noise, policies' tie-breaks).")] = 0,
+    seeds: Annotated[int, typer.Option(help="Seeds to average over (seed, seed+1, ...).")] = 1,
+    fleet: Annotated[list[str] | None, typer.Option(help="Only these fleets (repeatable); default: all six.")] = None,
+    policy: Annotated[list[str] | None, typer.Option(help="Only these policies (repeatable).")] = None,
+    workers: Annotated[int, typer.Option(help="Simulations run in parallel processes.")] = 2,
+    load: Annotated[
+        list[float] | None,
+        typer.Option(
+            help="Loads to run, as multiples of the base rate (85% of capacity; repeatable); "
+            "default: 1.0 and 1.5, reported as base and high."
+        ),
+    ] = None,
+    follow_llmd: Annotated[
+        bool,
+        typer.Option(
+            "--follow-llmd",
+            help="Also measure llm-d's predictor on the requests Leadtime routed (its picks unchanged; slower).",
+        ),
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Directory for the plots and report.json.")] = None,
+) -> None:
+    """Goodput of every routing policy on six fleets at two loads, side by side in one run."""
+    from leadtime.bench.routing import (
+        FLEETS,
+        RoutingOptions,
+        check_loads,
+        print_report,
+        run_routing,
+        selected_policies,
+        write_plots,
+    )
+
+    if max_requests < 100:
+        fail("--max-requests must be ≥ 100")
+    if seeds < 1 or workers < 1:
+        fail("--seeds and --workers must be ≥ 1")
+    unknown = [f for f in fleet or [] if f not in FLEETS]
+    if unknown:
+        fail(f"--fleet {unknown[0]!r}: not a benchmark fleet (known: {', '.join(FLEETS)})")
+    fleets = tuple(fleet) if fleet else FLEETS
+    try:
+        policies = selected_policies(policy, fleets) if policy else None
+    except ValueError as err:
+        fail(err)
+    loads = tuple(load) if load else RoutingOptions().loads
+    try:
+        check_loads(loads)
+    except ValueError as err:
+        fail(err)
+    if out is not None:
+        output_dir(out)
+    options = RoutingOptions(
+        trace=trace,
+        max_requests=max_requests,
+        seed=seed,
+        seeds=seeds,
+        fleets=fleets,
+        policies=policies,
+        workers=workers,
+        follow_llmd=follow_llmd,
+        loads=loads,
+    )
+    from leadtime.progress import stderr_bar
+
+    bar = stderr_bar()
+    with bar:
+        task = bar.add_task("routing", total=None)
+
+        def tick(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        try:
+            report, curves = run_routing(options, progress=tick)
+        except (FeatureError, OSError, ValueError, RuntimeError) as err:
+            fail(err)
+    if out is not None:
+        import json
+
+        try:
+            files = write_plots(report, curves, out)
+            (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as err:  # the folder was checked before the run: a full disk, say; keep the figures
+            print_report(report, as_json=json_out)
+            fail(err)
+        report["outputs"] = [str(p) for p in [*files, out / "report.json"]]
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("gateway")
+def bench_gateway(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    trace: Annotated[str, typer.Option(help="The trace replayed (a shipped name or a file).")] = "mooncake",
+    requests: Annotated[int, typer.Option(help="Requests of the trace replayed per policy.")] = 400,
+    rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier of the trace.")] = 2.0,
+    probes: Annotated[int, typer.Option(help="Probe pairs (gateway, then direct) for the overhead.")] = 200,
+    processes: Annotated[int, typer.Option(help="Load-generator processes.")] = 2,
+    replicas_redis: Annotated[
+        str | None,
+        typer.Option(help="Also measure the overhead of a gateway sharing with a replica through this Redis."),
+    ] = None,
+    tls_upstream: Annotated[
+        bool, typer.Option("--tls-upstream", help="Also measure the overhead before endpoints serving HTTPS.")
+    ] = False,
+    non_streaming_share: Annotated[
+        float,
+        typer.Option(
+            help="Share of the replayed requests that ask for the whole answer at once; above 0, Leadtime also runs "
+            "with them sent on unchanged (--no-measure-non-streaming)."
+        ),
+    ] = 0.0,
+) -> None:
+    """The gateway on loopback: added time to first token, and goodput with Leadtime and with round-robin."""
+    from leadtime.bench.gateway import GatewayBenchOptions, print_report, run_gateway_bench
+
+    if requests < 10 or probes < 10:
+        fail("--requests and --probes must be ≥ 10")
+    positive("--rate-scale", rate_scale)
+    if processes < 1:
+        fail("--processes must be ≥ 1")
+    check_redis_url("--replicas-redis", replicas_redis)
+    if not 0 <= non_streaming_share <= 1:
+        fail("--non-streaming-share must be between 0 and 1")
+    options = GatewayBenchOptions(
+        trace,
+        requests,
+        rate_scale,
+        probes,
+        processes=processes,
+        replicas_redis=replicas_redis,
+        tls_upstream=tls_upstream,
+        non_streaming_share=non_streaming_share,
+    )
+
+    def say(message: str) -> None:
+        if not json_out:
+            typer.echo(message, err=True)
+
+    try:
+        report = run_gateway_bench(options, progress=say)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("tls")
+def bench_tls(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    rows: Annotated[int, typer.Option(help="Rows per prediction (the candidates of one decision).")] = 8,
+    calls: Annotated[int, typer.Option(help="Timed calls per client and transport.")] = 3000,
+    first_calls: Annotated[int, typer.Option(help="New connections timed per transport.")] = 50,
+) -> None:
+    """What TLS costs a router's call to the predictor: plain and TLS services side by side, one run."""
+    from leadtime.bench.tls import TlsBenchOptions, print_report, run_tls_bench
+    from leadtime.predictor.client import PredictorError
+
+    if rows < 1 or calls < 100 or first_calls < 10:
+        fail("--rows must be ≥ 1, --calls ≥ 100 and --first-calls ≥ 10")
+
+    def say(message: str) -> None:
+        if not json_out:
+            typer.echo(message, err=True)
+
+    try:
+        report = run_tls_bench(TlsBenchOptions(rows=rows, calls=calls, first_calls=first_calls), progress=say)
+    except ImportError as err:
+        fail(f"bench tls makes a certificate with the `cryptography` package: {err} (pip install '.[test]')")
+    except (OSError, RuntimeError, PredictorError) as err:
+        fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("load")
+def bench_load(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    predict_rps: Annotated[float, typer.Option(help="Target bulk predictions per second.")] = 1_000.0,
+    rows: Annotated[int, typer.Option(help="Rows per prediction call.")] = 50,
+    observe_rps: Annotated[float, typer.Option(help="Target observations per second.")] = 5_000.0,
+    duration: Annotated[float, typer.Option(help="Seconds of load.")] = 60.0,
+) -> None:
+    """The service on loopback under predictions (wrk) and observations together: rates, latency, errors, memory."""
+    from leadtime.bench.load import LoadOptions, WrkMissing, print_report, run_load
+
+    positive("--predict-rps", predict_rps)
+    positive("--observe-rps", observe_rps)
+    positive("--duration", duration)
+    if duration < 1 or not 1 <= rows <= 10_000:
+        fail("--duration must be ≥ 1 and --rows in 1..10000")
+
+    def say(message: str) -> None:
+        if not json_out:
+            typer.echo(message, err=True)
+
+    try:
+        report = run_load(LoadOptions(predict_rps, rows, observe_rps, duration), progress=say)
+    except (WrkMissing, OSError, RuntimeError) as err:
+        fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("prefix")
+def bench_prefix(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    requests: Annotated[int, typer.Option(help="Requests of each trace per run.")] = 1000,
+    salts: Annotated[int, typer.Option(help="Runs with other text for the same prefix blocks, pooled.")] = 3,
+) -> None:
+    """How good the gateway's tokenizer-free prefix-hit (and prompt-length) estimate is on the shipped traces."""
+    from leadtime.bench.prefix_estimate import TokenizerMissing, print_report, run_prefix_bench
+
+    if requests < 10 or salts < 1:
+        fail("--requests must be ≥ 10 and --salts ≥ 1")
+    try:
+        report = run_prefix_bench(requests=requests, salts=salts)
+    except (TokenizerMissing, OSError, ValueError) as err:
+        fail(err)
+    print_report(report, as_json=json_out)
+
+
+@bench_app.command("retrain")
+def bench_retrain(
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    requests: Annotated[int, typer.Option(help="Requests of the simulator run (one observation each).")] = 100_000,
+    cache: Annotated[Path | None, typer.Option(help="Where the simulator's observation log is kept.")] = None,
+) -> None:
+    """Retraining time locally and on a 2-worker Dask cluster, and the retrained model against the online one."""
+    from leadtime.bench.retrain import print_report, run_bench_retrain
+
+    if requests < 1000:
+        fail("--requests must be ≥ 1000")
+    try:
+        result = run_bench_retrain(requests=requests, cache=cache, progress=not json_out)
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        fail(err)
+    print_report(result, as_json=json_out)
+
+
+@bench_app.command("dashboards")
+def bench_dashboards(
+    out: Annotated[Path, typer.Option(help="Folder for the PNG files.")],
+    minutes: Annotated[float, typer.Option(help="Minutes of traffic drawn.")] = 5.0,
+    redis: Annotated[str | None, typer.Option(help="Redis for the predictor service (redis://HOST:PORT/DB).")] = None,
+) -> None:
+    """The whole stack on loopback under changing load, scraped by a real Prometheus; then the dashboards' PNGs."""
+
+    from leadtime.bench.dashboards import run_dashboard_bench
+    from leadtime.bench.procs import find_prometheus
+
+    positive("--minutes", minutes)
+    output_dir(out)
+    executable = find_prometheus()
+    if executable is None:
+        fail("prometheus is not installed (apt-get install prometheus)")
+        return
+    with tempfile.TemporaryDirectory(prefix="leadtime-dashboards-") as workdir:
+        try:
+            run_dashboard_bench(out, minutes, executable, Path(workdir), redis, progress=typer.echo)
+        except (RuntimeError, OSError) as err:
+            fail(err)

@@ -1,0 +1,107 @@
+"""What every `leadtime` command shares: the Typer apps, the one-line error, the checks of common options and
+the help texts of options several commands take."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from leadtime.data import MEASURED, DataFileError, describe_os_error
+
+# Plain (click-style) help: typer's rich help prints a type after every option, `<bool>` after flags included.
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, rich_markup_mode=None, help="Leadtime: latency-prediction routing."
+)
+bench_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Benchmarks that print the figures the README quotes."
+)
+sim_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The fleet simulator's tools.")
+dashboards_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="The Grafana dashboards: write their JSON, draw their panels."
+)
+app.add_typer(bench_app, name="bench")
+app.add_typer(sim_app, name="sim")
+app.add_typer(dashboards_app, name="dashboards")
+
+DEFAULT_MEASURED = "sharegpt-h200"
+MEASURED_HELP = (
+    f"JSONL of llm-d training rows, a shipped name ({', '.join(MEASURED)}), or a trace the simulator records "
+    "(sim:bimodal, sim:long-chat, sim:long-chat-no-timeout, sim:mixed, sim:pd; generated once, then cached)."
+)
+REFERENCE_HELP = "Model of the llm-d reference: xgboost (llm-d's default; the default where installed) or lightgbm."
+TRACE_HELP = "A shipped trace (mooncake, azure-conv), a Mooncake .jsonl or Azure .csv, or synthetic:rate_rps=20,..."
+FLEET_HELP = "A shipped fleet (see `leadtime sim fleets`) or a fleet YAML."
+
+
+def reference_model_option(value: str | None) -> str | None:
+    if value is not None and value not in ("xgboost", "lightgbm"):
+        fail(f"--reference-model must be xgboost or lightgbm, got {value!r}")
+    if value == "xgboost":
+        import importlib.util
+
+        if importlib.util.find_spec("xgboost") is None:
+            fail("--reference-model xgboost needs the xgboost package (pip install 'leadtime[test]')")
+    return value
+
+
+def fail(message: str | Exception) -> None:
+    """One line on stderr and exit 2: the shape of every error a user can fix."""
+    if isinstance(message, OSError) and message.strerror:
+        message = describe_os_error(message)
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def output_dir(path: Path) -> None:
+    """Make the `--out` folder and check that it takes files before a run that may last minutes, so the run does
+    not end in a write error with its figures lost."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except FileExistsError:
+        fail(f"--out {path}: a file is in the way (a folder is needed)")
+    except OSError as err:
+        fail(f"--out {path}: cannot write there ({(err.strerror or str(err)).lower()})")
+
+
+def positive(option: str, value: float, infinite: bool = False) -> None:
+    """Fail unless `value` is a number > 0 (NaN is not), finite unless `infinite` allows infinity."""
+    if not value > 0 or (math.isinf(value) and not infinite):
+        fail(f"{option} must be > 0{'' if infinite else ' and finite'}, got {value}")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from leadtime import __version__
+
+        typer.echo(f"leadtime {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Leadtime: latency-prediction routing."""
+
+
+def measured_path(data: str) -> Path:
+    from leadtime.bench.data import dataset_path
+
+    try:
+        return dataset_path(data)
+    except (DataFileError, ValueError, OSError) as err:  # OSError: a sim: trace's cache cannot be written
+        fail(err)
+        raise
+
+
+def check_redis_url(option: str, url: str | None) -> None:
+    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+        fail(f"{option}: expected redis://HOST:PORT/DB (or rediss://, unix://), got {url!r}")

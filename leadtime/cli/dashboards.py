@@ -1,0 +1,48 @@
+"""`leadtime dashboards ...`: the Grafana dashboards' JSON and panel drawings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from leadtime.cli.common import dashboards_app, fail, output_dir, positive
+
+
+@dashboards_app.command("build")
+def dashboards_build(
+    out: Annotated[
+        Path | None, typer.Option(help="Folder to write the JSON into (default: the package's dashboards folder).")
+    ] = None,
+) -> None:
+    """Write leadtime-predictor.json and leadtime-router.json from their definitions (for Grafana to import)."""
+    from leadtime.dashboards.files import FOLDER, write_dashboards
+
+    try:
+        for path in write_dashboards(out or FOLDER):
+            typer.echo(f"wrote {path}")
+    except OSError as err:
+        fail(err)
+
+
+@dashboards_app.command("render")
+def dashboards_render(
+    prometheus: Annotated[str, typer.Option(help="Prometheus that scrapes Leadtime (http://HOST:PORT).")],
+    out: Annotated[Path, typer.Option(help="Folder for the PNG files (one per dashboard).")],
+    minutes: Annotated[float, typer.Option(help="Time range drawn, ending now.")] = 60.0,
+) -> None:
+    """Draw each dashboard's main panels as a PNG from Prometheus's answers (matplotlib; no Grafana needed)."""
+    from leadtime.dashboards.definitions import DASHBOARDS
+    from leadtime.dashboards.render import PrometheusApi, PrometheusError, render_dashboard
+
+    positive("--minutes", minutes)
+    output_dir(out)
+    api = PrometheusApi(prometheus)
+    try:
+        for board in DASHBOARDS:
+            path, panels = render_dashboard(board, api, out, minutes=minutes)
+            empty = [p.panel.title for p in panels if not p.has_data]
+            typer.echo(f"wrote {path}" + (f" (no data: {'; '.join(empty)})" if empty else ""))
+    except (PrometheusError, OSError, ValueError) as err:
+        fail(err)

@@ -1,0 +1,51 @@
+"""`leadtime retrain`: the offline retraining job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from leadtime.cli.common import app, fail
+
+
+@app.command("retrain")
+def retrain(
+    samples: Annotated[
+        list[str],
+        typer.Option(help="JSONL or Parquet observations, a shipped name, or redis://HOST:PORT/DB (the stream)."),
+    ],
+    registry: Annotated[str, typer.Option(help="Model registry: a directory (as --model-dir) or redis://...")],
+    dask: Annotated[str | None, typer.Option(help="Fit on this Dask scheduler (tcp://HOST:8786).")] = None,
+    report: Annotated[Path | None, typer.Option(help="Write report.json, report.md and plots here.")] = None,
+    accelerator: Annotated[str | None, typer.Option(help="Class for rows naming none (a new model).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model for rows naming none (a new model).")] = None,
+    eval_share: Annotated[float, typer.Option(help="Most recent share of rows held out for judging.")] = 0.2,
+    margin: Annotated[float, typer.Option(help="Relative MAPE gain needed on both targets to publish.")] = 0.02,
+    max_malformed_share: Annotated[
+        float, typer.Option(help="Share of a source's rows that may be malformed before the job stops.")
+    ] = 0.01,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Fit the trees on a long history; publish only if they beat the registry's model (exit 0; kept: 3)."""
+    from leadtime.training.job import RetrainConfig, RetrainError, run_retrain
+    from leadtime.training.report import print_result
+
+    try:
+        config = RetrainConfig(
+            samples=tuple(samples),
+            registry=registry,
+            dask=dask,
+            report_dir=report,
+            accelerator=accelerator,
+            model=model,
+            eval_share=eval_share,
+            margin=margin,
+            max_malformed_share=max_malformed_share,
+        )
+        result = run_retrain(config, progress=not json_out)
+    except (RetrainError, ValueError, OSError) as err:
+        fail(err)
+    print_result(result.report, as_json=json_out)
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,89 @@
+"""`leadtime serve`: the predictor service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from leadtime.cli.common import app, fail
+from leadtime.features.errors import FeatureError, validation_problem
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str | None, typer.Option(envvar="LEADTIME_HOST", help="HTTP address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(envvar="LEADTIME_PORT", help="HTTP port (default 8000).")] = None,
+    grpc_port: Annotated[
+        int | None, typer.Option(envvar="LEADTIME_GRPC_PORT", help="gRPC port, 0 = off (default 50051).")
+    ] = None,
+    redis: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_REDIS_URL", help="Share state through Redis (redis://...).")
+    ] = None,
+    role: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_ROLE", help="all | prediction | training (default all).")
+    ] = None,
+    objective: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_OBJECTIVE", help="quantile | mean (default quantile).")
+    ] = None,
+    quantile: Annotated[
+        float | None, typer.Option(envvar="LEADTIME_QUANTILE", help="Upper quantile (default 0.9).")
+    ] = None,
+    model_dir: Annotated[
+        Path | None, typer.Option(envvar="LEADTIME_MODEL_DIR", help="Load and save the model here.")
+    ] = None,
+    api_token: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_API_TOKEN", help="Bearer token the write paths require.")
+    ] = None,
+    accelerator: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_ACCELERATOR", help="Class for rows naming none (h100-sxm).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(envvar="LEADTIME_MODEL", help="Model for rows naming none (llama-3.1-8b).")
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(envvar="LEADTIME_TLS_CERTFILE", help="PEM certificate: HTTPS and gRPC over TLS.")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(envvar="LEADTIME_TLS_KEYFILE", help="PEM key of --tls-cert.")] = None,
+) -> None:
+    """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
+    from pydantic import ValidationError
+
+    from leadtime.predictor.service.cpus import CpuPlanError, allowed_cpus, plan_cpus
+    from leadtime.predictor.settings import ServiceSettings
+
+    overrides = dict(
+        host=host,
+        port=port,
+        grpc_port=grpc_port,
+        redis_url=redis,
+        role=role,
+        objective=objective,
+        quantile=quantile,
+        model_dir=model_dir,
+        api_token=api_token,
+        accelerator=accelerator,
+        model=model,
+        tls_certfile=tls_cert,
+        tls_keyfile=tls_key,
+    )
+    try:
+        settings = ServiceSettings.from_env(overrides)
+        from leadtime.features.catalog import get_accelerator, get_model
+
+        get_accelerator(settings.accelerator)
+        get_model(settings.model)
+        plan_cpus(settings.learner_cpus, allowed_cpus())
+    except ValidationError as err:
+        where, problem = validation_problem(err)
+        fail(f"{where}: {problem}" if where else problem)
+    except (FeatureError, CpuPlanError) as err:
+        fail(err)
+    from leadtime.predictor.service.app import StoreError
+    from leadtime.predictor.service.serve import serve as run_service
+
+    try:
+        run_service(settings)
+    except (OSError, StoreError) as err:
+        fail(err)

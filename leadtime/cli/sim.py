@@ -1,0 +1,167 @@
+"""`leadtime simulate` and the `leadtime sim ...` tools."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from leadtime.cli.common import (
+    DEFAULT_MEASURED,
+    FLEET_HELP,
+    MEASURED_HELP,
+    TRACE_HELP,
+    app,
+    fail,
+    measured_path,
+    output_dir,
+    positive,
+    sim_app,
+)
+from leadtime.data import SPLITWISE
+from leadtime.features.errors import FeatureError
+
+
+@app.command("simulate")
+def simulate(
+    fleet: Annotated[str, typer.Option(help=FLEET_HELP)],
+    trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
+    policy: Annotated[list[str], typer.Option(help="Routing policy; repeat to compare several.")] = ["llm-d"],  # noqa: B006
+    max_requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
+    rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice as fast).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Random seed (policies, time-slice windows).")] = 0,
+    ttft_slo_ms: Annotated[
+        float, typer.Option(help="TTFT SLO of every request when the fleet states no SLO classes.")
+    ] = 2000.0,
+    itl_slo_ms: Annotated[
+        float, typer.Option(help="ITL SLO of every request when the fleet states no SLO classes.")
+    ] = 100.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Directory for observations JSONL, plots, report.")] = None,
+) -> None:
+    """Replay a trace on a simulated fleet under one or more routing policies."""
+    from leadtime.simulator.cli import print_simulation, run_simulate_command
+
+    if max_requests is not None and max_requests < 1:
+        fail("--max-requests must be ≥ 1")
+    positive("--rate-scale", rate_scale)
+    positive("--ttft-slo-ms", ttft_slo_ms, infinite=True)  # infinite: no SLO
+    positive("--itl-slo-ms", itl_slo_ms, infinite=True)
+    if out is not None:
+        output_dir(out)
+    try:
+        report = run_simulate_command(
+            fleet, trace, policy, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, progress=not json_out
+        )
+    except (FeatureError, OSError, ValueError, RuntimeError) as err:
+        fail(err)
+    print_simulation(report, as_json=json_out)
+
+
+@sim_app.command("validate")
+def sim_validate(
+    data: Annotated[str, typer.Option(help=MEASURED_HELP)] = DEFAULT_MEASURED,
+    accelerator: Annotated[str, typer.Option(help="Accelerator class the rows were measured on.")] = "h200-sxm",
+    model: Annotated[str, typer.Option(help="Model the rows were measured with.")] = "qwen3-32b",
+    splitwise: Annotated[
+        Path, typer.Option(help="splitwise_sim_perf_model.csv (the shipped copy by default).")
+    ] = SPLITWISE,
+    scheduling: Annotated[
+        str, typer.Option(help="The replayed vLLM's scheduler: async (vLLM's default) or sync.")
+    ] = "async",
+    output_tokens: Annotated[int, typer.Option(help="Output length assumed for TPOT rows (≥ 2).")] = 128,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Simulator fidelity: replay of measured vLLM rows in their recorded state, and the splitwise check."""
+    from leadtime.data import readable_file
+    from leadtime.simulator.cli import print_validation
+    from leadtime.simulator.validate import validate
+
+    if scheduling not in ("async", "sync"):
+        fail(f"--scheduling must be async or sync, got {scheduling!r}")
+    if output_tokens < 2:
+        fail(f"--output-tokens must be ≥ 2, got {output_tokens}")
+    path = measured_path(data)
+    try:
+        report = validate(
+            path,
+            accelerator,
+            model,
+            readable_file(splitwise, "splitwise_sim_perf_model.csv"),
+            async_scheduling=scheduling == "async",
+            output_tokens=output_tokens,
+        )
+    except (FeatureError, OSError, ValueError) as err:
+        fail(err)
+    print_validation(report, as_json=json_out)
+
+
+@sim_app.command("serve")
+def sim_serve(
+    fleet: Annotated[str, typer.Option(help=FLEET_HELP)],
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    base_port: Annotated[int, typer.Option(help="First port; endpoint i listens on base_port + i.")] = 8100,
+    model_name: Annotated[str, typer.Option(help="Model name served in the OpenAI API.")] = "",
+    timeslice_port: Annotated[
+        int | None, typer.Option(help="Port of the time-slice groups' states (default: after the endpoints').")
+    ] = None,
+    endpoints_file: Annotated[
+        Path | None, typer.Option(help="Write the fleet here as an llm-d discovery file (for leadtime route).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the time-slice windows.")] = 0,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate: the endpoints serve HTTPS (as vLLM's --ssl-certfile).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM key of --tls-cert.")] = None,
+    tokens_per_event: Annotated[
+        int,
+        typer.Option(
+            help="Tokens in each event of a stream, as from a server whose steps yield several (speculative "
+            "decoding) or that streams every few tokens."
+        ),
+    ] = 1,
+) -> None:
+    """Serve the simulated endpoints in real time as OpenAI-compatible HTTP servers with vLLM /metrics.
+
+    A decode endpoint of a P/D fleet honours `x-prefiller-host-port` (prefill there, simulated KV transfer);
+    a time-sliced fleet publishes its groups' states at /v1/timeslice/groups on --timeslice-port.
+    """
+    from leadtime.simulator.fleet import load_fleet
+    from leadtime.simulator.serve import serve_fleet
+
+    if not 1 <= base_port <= 65535:
+        fail("--base-port must be between 1 and 65535")
+    if timeslice_port is not None and not 1 <= timeslice_port <= 65535:
+        fail("--timeslice-port must be between 1 and 65535")
+    if (tls_cert is None) != (tls_key is None):
+        fail("--tls-cert and --tls-key go together: give both, or neither")
+    if tokens_per_event < 1:
+        fail("--tokens-per-event must be ≥ 1")
+    try:
+        serve_fleet(
+            load_fleet(fleet),
+            host=host,
+            base_port=base_port,
+            model_name=model_name or None,
+            timeslice_port=timeslice_port,
+            endpoints_file=endpoints_file,
+            seed=seed,
+            tls=(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
+            tokens_per_event=tokens_per_event,
+        )
+    except (OSError, ValueError) as err:
+        fail(err)
+
+
+@sim_app.command("fleets")
+def sim_fleets() -> None:
+    """List the fleets and traces that ship with Leadtime (usable by name in --fleet and --trace)."""
+    from leadtime.data import TRACES
+    from leadtime.simulator.fleet import load_fleet, shipped_fleets
+
+    for name, path in shipped_fleets().items():
+        fleet = load_fleet(path)
+        typer.echo(f"fleet  {name:18s} {len(fleet.endpoints):3d} endpoints  {path}")
+    for name, path in TRACES.items():
+        typer.echo(f"trace  {name:18s} {path}")
