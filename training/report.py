@@ -49,6 +49,16 @@ def write_report(
     return files
 
 
+def kept_version(registry: dict[str, Any]) -> Any:
+    """The version a kept outcome kept: the one published while the job ran, when it was judged against again.
+
+    >>> kept_version({"champion_version": 26, "judged_again_against_version": 28})
+    28
+    """
+    again = registry.get("judged_again_against_version")
+    return again if again is not None else registry["champion_version"]
+
+
 def summary_markdown(report: dict[str, Any]) -> str:
     """A short human summary: the decision, the figures it rests on, the data and the time taken."""
     registry = report["registry"]
@@ -56,7 +66,7 @@ def summary_markdown(report: dict[str, Any]) -> str:
     if report["outcome"] == "published":
         lines.append(f"**Published** as version {registry['published_version']} to {registry['name']}.")
     else:
-        lines.append(f"**Champion kept** (version {registry['champion_version']} in {registry['name']}).")
+        lines.append(f"**Champion kept** (version {kept_version(registry)} in {registry['name']}).")
     lines += ["", report["decision"]["reason"], ""]
     lines += [
         "| model | target | rows | MAPE | median APE | upper-quantile loss | coverage |",
@@ -241,7 +251,7 @@ def print_result(report: dict[str, Any], as_json: bool) -> None:
     if report["outcome"] == "published":
         print(f"published version {registry['published_version']} to {registry['name']}")
     else:
-        print(f"kept the champion (version {registry['champion_version']} in {registry['name']})")
+        print(f"kept the champion (version {kept_version(registry)} in {registry['name']})")
     print(report["decision"]["reason"])
     samples = report["samples"]
     print(
