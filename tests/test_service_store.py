@@ -163,6 +163,26 @@ def test_retrain_publishes_and_model_dir_round_trips(tmp_path: Path) -> None:
         assert restarted.get("/status").json()["model_version"] == saved_version
 
 
+def test_a_clean_stop_saves_what_was_learned_since_the_last_save(tmp_path: Path) -> None:
+    """Everything learned after the last retrain was lost on a restart: the model was saved only when published."""
+    settings = ServiceSettings(model_dir=tmp_path)
+    with TestClient(create_app(settings)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(300)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 300, timeout_s=60)
+        learned = runtime.learned()
+    assert OnlinePredictor.load(tmp_path, background=False).status()["observations"] == learned
+    with TestClient(create_app(settings)) as restarted:
+        assert restarted.app.state.runtime.learned() == learned  # type: ignore[attr-defined]
+
+
+def test_a_stop_before_anything_was_learned_leaves_the_model_dir_alone(tmp_path: Path) -> None:
+    (tmp_path / "leadtime-predictor.json").write_text("{}")  # refused at start: kept for its owner to look at
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path))):
+        pass
+    assert (tmp_path / "leadtime-predictor.json").read_text() == "{}"
+
+
 def test_a_corrupt_model_dir_falls_back_to_a_fresh_predictor(tmp_path: Path) -> None:
     (tmp_path / "leadtime-predictor.json").write_text("{}")
     with TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:

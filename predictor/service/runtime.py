@@ -138,10 +138,23 @@ class ServiceRuntime:
         for thread in self._threads:
             thread.join(timeout=10)
         self._threads.clear()
+        self._save_on_stop()
         if self.predictor is not None:
             self.predictor.close()
         if self.own_store:
             self.store.close()
+
+    def _save_on_stop(self) -> None:
+        """With --model-dir, keep what was learned since the model was last saved (it is saved when published):
+        a restart then goes on from it. A model that learned nothing leaves the directory as it is."""
+        model_dir, predictor = self.settings.model_dir, self.predictor
+        if model_dir is None or predictor is None or not any(self.learned().values()):
+            return
+        try:
+            save_file(model_dir, predictor.to_bytes())
+            log.info("saved the serving model in %s", model_dir)
+        except Exception as err:  # stopping anyway: say so, do not hide the stop behind a traceback
+            log.warning("could not save the serving model in %s: %s", model_dir, err)
 
     @property
     def ready(self) -> bool:
