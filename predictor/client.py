@@ -11,6 +11,7 @@ service's certificate when it is not one the system trusts (a private CA, a self
 from __future__ import annotations
 
 import functools
+import math
 import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.features.rows import FeatureRow, Observation, feature_row_to_llmd, observation_to_llmd
+from leadtime.features.rows import (
+    LLMD_REQUIRED_FIELDS,
+    FeatureRow,
+    Observation,
+    feature_row_to_llmd,
+    observation_to_llmd,
+)
 
 DEFAULT_DEADLINE_S = 0.05
 
@@ -111,6 +118,31 @@ def observation_dict(obs: Obs) -> dict[str, Any]:
     return observation_to_llmd(obs) if isinstance(obs, Observation) else dict(obs)
 
 
+def call_deadline(default_s: float, deadline_s: float | None) -> float:
+    """The time budget of one call: the client's default when none is given; one of 0 or less has run out before
+    the call (PredictorUnavailable, as any deadline missed; gRPC would read 0 as no deadline at all)."""
+    if deadline_s is None:
+        return default_s
+    if not deadline_s > 0:
+        raise PredictorUnavailable("deadline", f"a deadline of {deadline_s} s leaves no time for the call")
+    return deadline_s
+
+
+def sendable(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """`items` unchanged, or PredictorError naming the first value JSON cannot carry (NaN, an infinity): the
+    service would refuse it by name, but the encoder fails first with no name at all.
+
+    >>> sendable([{"a": 1.0}, {"a": float("nan")}], "rows")
+    Traceback (most recent call last):
+    leadtime.predictor.client.PredictorError: invalid: rows[1].a: must be a finite number, got nan
+    """
+    for i, item in enumerate(items):
+        for key, value in item.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise PredictorError("invalid", f"{name}[{i}].{key}: must be a finite number, got {value}")
+    return items
+
+
 class HttpPredictorClient:
     """Talks to the native `/v1` API (and llm-d's paths) over one keep-alive connection pool.
 
@@ -141,14 +173,15 @@ class HttpPredictorClient:
         self.deadline_s = deadline_s
         self._client = httpx.Client(base_url=base_url, headers=headers, timeout=deadline_s, verify=verify)
 
+    def _deadline(self, deadline_s: float | None) -> float:
+        return call_deadline(self.deadline_s, deadline_s)
+
     def _call(self, method: str, path: str, body: Any = None, deadline_s: float | None = None) -> Any:
         httpx = self._httpx
         try:
-            response = self._client.request(method, path, json=body, timeout=deadline_s or self.deadline_s)
+            response = self._client.request(method, path, json=body, timeout=self._deadline(deadline_s))
         except httpx.TimeoutException as err:
-            raise PredictorUnavailable(
-                "deadline", f"{method} {path} exceeded {deadline_s or self.deadline_s}s"
-            ) from err
+            raise PredictorUnavailable("deadline", f"{method} {path} exceeded {self._deadline(deadline_s)}s") from err
         except httpx.TransportError as err:
             raise PredictorUnavailable("transport", f"{method} {path}: {err}") from err
         if response.status_code >= 400:
@@ -162,23 +195,24 @@ class HttpPredictorClient:
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
-        answer = self._call("POST", "/v1/predict", {"rows": [row_dict(r) for r in rows]}, deadline_s)
+        answer = self._call("POST", "/v1/predict", {"rows": sendable([row_dict(r) for r in rows], "rows")}, deadline_s)
         return BulkPredictions.from_native(answer)
 
     def predict_llmd(self, rows: Sequence[Row], deadline_s: float | None = None) -> list[dict[str, Any]]:
         """llm-d's answers (POST /predict/bulk/strict), as llm-d's router would receive them."""
-        answer = self._call("POST", "/predict/bulk/strict", {"requests": [row_dict(r) for r in rows]}, deadline_s)
+        body = {"requests": sendable([row_dict(r) for r in rows], "requests")}
+        answer = self._call("POST", "/predict/bulk/strict", body, deadline_s)
         predictions: list[dict[str, Any]] = answer["predictions"]
         return predictions
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
         """Report completed requests with what was predicted (POST /v1/observations); returns how many."""
-        body = {"observations": [observation_dict(o) for o in observations]}
+        body = {"observations": sendable([observation_dict(o) for o in observations], "observations")}
         return int(self._call("POST", "/v1/observations", body, deadline_s)["accepted"])
 
     def add_training_data(self, entries: Sequence[Obs], deadline_s: float | None = None) -> str:
         """llm-d's training call (POST /add_training_data_bulk, 202)."""
-        body = {"entries": [observation_dict(o) for o in entries]}
+        body = {"entries": sendable([observation_dict(o) for o in entries], "entries")}
         return str(self._call("POST", "/add_training_data_bulk", body, deadline_s)["message"])
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
@@ -224,10 +258,32 @@ def row_message(row: Row) -> Any:
     """A row dict → leadtime.v1.Row (unknown keys dropped, native `role` mapped to `pod_type`)."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
+    fields = _wire_fields(row)
+    _required([fields])
     try:
-        return pb.Row(**_wire_fields(row))
-    except (TypeError, ValueError) as err:
-        raise PredictorError("invalid", f"row cannot be encoded: {err}") from None
+        return pb.Row(**fields)
+    except (TypeError, ValueError):
+        raise PredictorError("invalid", _bad_value(pb.Row, [fields]).replace("rows[0]", "row", 1)) from None
+
+
+def _required(wire: Sequence[Mapping[str, Any]]) -> None:
+    """PredictorError naming the first row without one of llm-d's required fields: on the wire a field left out
+    reads as 0, and the row would be predicted as if it had sent 0."""
+    for i, fields in enumerate(wire):
+        for name in LLMD_REQUIRED_FIELDS:
+            if name not in fields:
+                raise PredictorError("invalid", f"rows[{i}].{name}: is required")
+
+
+def _bad_value(message: Any, wire: Sequence[Mapping[str, Any]]) -> str:
+    """Which row and field a message type refuses (tried one value at a time), for the error to name it."""
+    for i, fields in enumerate(wire):
+        for name, value in fields.items():
+            try:
+                message(**{name: value})
+            except (TypeError, ValueError) as err:
+                return f"rows[{i}].{name}: {err}"
+    return "rows cannot be encoded"
 
 
 def row_columns(rows: Sequence[Row]) -> Any:
@@ -236,6 +292,7 @@ def row_columns(rows: Sequence[Row]) -> Any:
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     wire = [_wire_fields(r) for r in rows]
+    _required(wire)
     names = set().union(*wire)
     if "prefix_hit_tokens" in names and not all("prefix_hit_tokens" in f for f in wire):
         return None
@@ -247,8 +304,8 @@ def row_columns(rows: Sequence[Row]) -> Any:
             lists[name] = [f.get(name, zero) for f in wire]
     try:
         return pb.RowColumns(**lists)
-    except (TypeError, ValueError) as err:
-        raise PredictorError("invalid", f"rows cannot be encoded: {err}") from None
+    except (TypeError, ValueError):
+        raise PredictorError("invalid", _bad_value(pb.Row, wire)) from None
 
 
 def observation_message(obs: Obs) -> Any:
@@ -307,10 +364,13 @@ class GrpcPredictorClient:
         self._stub = leadtime_pb2_grpc.PredictorStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_token}"),) if api_token else ()
 
+    def _deadline(self, deadline_s: float | None) -> float:
+        return call_deadline(self.deadline_s, deadline_s)
+
     def _call(self, method: Any, request: Any, deadline_s: float | None) -> Any:
         grpc = self._grpc
         try:
-            return method(request, timeout=deadline_s or self.deadline_s, metadata=self._metadata)
+            return method(request, timeout=self._deadline(deadline_s), metadata=self._metadata)
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
             details = err.details() if hasattr(err, "details") else str(err)

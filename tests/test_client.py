@@ -101,6 +101,30 @@ def test_refusals_raise_predictor_error_naming_the_field(client: Any) -> None:
     assert "kv_cache_percentage" in err.value.message
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"kv_cache_percentage": float("nan")}, "kv_cache_percentage"),  # HTTP: a bare ValueError from the encoder
+        ({"kv_cache_percentage": None}, "kv_cache_percentage"),  # gRPC: predicted as 0 without a word
+        ({"num_request_running": -1}, "num_request_running"),  # gRPC: "Value out of range: -1", no field named
+        ({"num_request_waiting": "two"}, "num_request_waiting"),
+    ],
+)
+def test_rows_either_client_cannot_send_raise_predictor_error_naming_the_field(
+    client: Any, change: dict[str, Any], field: str
+) -> None:
+    row = {k: v for k, v in {**_dict_row(), **change}.items() if v is not None}
+    with pytest.raises(PredictorError) as err:
+        client.predict([_dict_row(), row])
+    assert not isinstance(err.value, PredictorUnavailable)
+    assert field in err.value.message, err.value.message
+
+
+def test_a_zero_deadline_is_a_zero_deadline_not_the_default(client: Any) -> None:
+    with pytest.raises(PredictorUnavailable):
+        client.predict([_dict_row()], deadline_s=0.0)
+
+
 def test_a_missing_token_is_refused(service: dict[str, Any]) -> None:
     with HttpPredictorClient(service["http"], deadline_s=2.0) as c, pytest.raises(PredictorError) as err:
         c.observe([Observation(feature_row(), actual_ttft_ms=100.0)])
