@@ -135,6 +135,21 @@ def test_grpc_observation_without_a_row_is_invalid_argument_and_nothing_is_kept(
     assert accepted(http) == before
 
 
+def test_grpc_takes_at_most_as_many_observations_a_call_as_http(served: tuple[TestClient, Any]) -> None:
+    """Observe took 100,001 observations in one call where both HTTP paths refuse more than 100,000."""
+    from leadtime.predictor.service.runtime import MAX_OBSERVATIONS_PER_CALL
+
+    http, stub = served
+    before = accepted(http)
+    one = observation()
+    request = pb.ObserveRequest(observations=[one] * (MAX_OBSERVATIONS_PER_CALL + 1))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Observe(request, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "observations" in err.value.details() and "100,000" in err.value.details()
+    assert accepted(http) == before
+
+
 def test_grpc_observe_stream_names_the_bad_batch_and_keeps_the_batches_before_it(
     served: tuple[TestClient, Any],
 ) -> None:

@@ -21,7 +21,13 @@ from leadtime.features.rows import LLMD_FIELDS
 from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
-from leadtime.predictor.service.runtime import BACKLOG_FULL_MESSAGE, ServiceRuntime, rfc3339, served_ms
+from leadtime.predictor.service.runtime import (
+    BACKLOG_FULL_MESSAGE,
+    MAX_OBSERVATIONS_PER_CALL,
+    ServiceRuntime,
+    rfc3339,
+    served_ms,
+)
 
 T = TypeVar("T")
 
@@ -139,6 +145,10 @@ class PredictorServicer(pb_grpc.PredictorServicer):
 
     def _accept(self, observations: Sequence[Any]) -> int:
         runtime = self.runtime
+        if len(observations) > MAX_OBSERVATIONS_PER_CALL:  # as over HTTP
+            raise FeatureError(
+                "observations", f"must hold at most {MAX_OBSERVATIONS_PER_CALL:,} items, got {len(observations):,}"
+            )
         if runtime.backlog_full():
             raise BacklogFull(BACKLOG_FULL_MESSAGE)
         try:

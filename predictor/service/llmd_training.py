@@ -18,12 +18,10 @@ from pydantic import ValidationError
 from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.rows import ParsedObservations
-from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
+from leadtime.predictor.service.runtime import MAX_OBSERVATIONS_PER_CALL, ServiceRuntime, rfc3339
 from leadtime.predictor.service.schemas import AcceptedAnswer, FlushRequest, TrainingBatch, TrainingEntry, body_schema
 
 router = APIRouter(tags=["llm-d training"])
-
-_MAX_ENTRIES = 100_000
 
 
 # Entries checked between two turns of the event loop: ~0.3 ms of work, so that a prediction arriving while a
@@ -64,7 +62,7 @@ def accept_entries(
 )
 async def add_training_data_bulk(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     """Accept observed samples (exactly 202); learning happens behind the answer."""
-    entries = list_field(await json_body(request), "entries", 0, _MAX_ENTRIES)
+    entries = list_field(await json_body(request), "entries", 0, MAX_OBSERVATIONS_PER_CALL)
     parsed = await parse_entries(runtime, entries, "llmd", "entries")
     n = accept_entries(runtime, entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms, "llmd")
     return JSONResponse({"message": f"Accepted {n} training samples."}, status_code=202)

@@ -23,6 +23,7 @@ from leadtime.predictor.service.llmd_training import accept_entries, parse_entri
 from leadtime.predictor.service.runtime import (
     BACKLOG_FULL_MESSAGE,
     BACKLOG_RETRY_AFTER_S,
+    MAX_OBSERVATIONS_PER_CALL,
     ServiceRuntime,
     served_ms,
 )
@@ -41,8 +42,6 @@ from leadtime.predictor.service.schemas import (
 prediction_router = APIRouter(prefix="/v1", tags=["native v1"])
 training_router = APIRouter(prefix="/v1", tags=["native v1"])
 common_router = APIRouter(prefix="/v1", tags=["native v1"])
-
-_MAX_OBSERVATIONS = 100_000
 
 
 @prediction_router.post(
@@ -129,7 +128,7 @@ async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     counted as dropped), the native API tells a full backlog with 429: its clients can retry."""
     if runtime.backlog_full():
         raise HTTPException(429, BACKLOG_FULL_MESSAGE, {"Retry-After": str(BACKLOG_RETRY_AFTER_S)})
-    entries = list_field(await json_body(request), "observations", 1, _MAX_OBSERVATIONS)
+    entries = list_field(await json_body(request), "observations", 1, MAX_OBSERVATIONS_PER_CALL)
     parsed = await parse_entries(runtime, entries, "native", "observations")
     llmd_entries = [_llmd_entry(e) for e in entries]
     accepted = accept_entries(runtime, llmd_entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms, "native")

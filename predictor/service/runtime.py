@@ -43,6 +43,8 @@ BACKLOG_FULL_MESSAGE = (
     "nothing is accepted now; retry after a moment"
 )
 BACKLOG_RETRY_AFTER_S = 1
+MAX_OBSERVATIONS_PER_CALL = 100_000
+"""Most observations (training entries) one write call takes, over HTTP or gRPC."""
 
 
 @dataclass
