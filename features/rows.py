@@ -329,7 +329,7 @@ def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
     if pod_type is None:
         pod_type = ""
     if pod_type not in POD_TYPE_ROLES:
-        raise FeatureError("pod_type", f"must be '', 'prefill' or 'decode', got {pod_type!r}")
+        raise FeatureError("pod_type", f"must be '', 'both', 'prefill' or 'decode', got {pod_type!r}")
     endpoint = EndpointState(
         endpoint_id=row.get("endpoint_id", "") or "",
         accelerator=row.get("accelerator", "") or "",

@@ -640,5 +640,5 @@ def _pod_type_index(row: Mapping[str, Any], native: bool) -> int:
         return ROLE_CODES[role]
     code = _POD_CODES.get(pod_type) if pod_type is None or isinstance(pod_type, str) else None
     if code is None:
-        raise FeatureError("pod_type", f"must be '', 'prefill' or 'decode', got {pod_type!r}")
+        raise FeatureError("pod_type", f"must be '', 'both', 'prefill' or 'decode', got {pod_type!r}")
     return code
