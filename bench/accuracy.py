@@ -25,6 +25,7 @@ from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
 from leadtime.progress import stderr_bar
+from leadtime.simulator.report import json_safe
 
 TARGETS = ("ttft", "tpot")
 MODELS = ("leadtime", "llmd_reference", "median_baseline")
@@ -351,15 +352,6 @@ def reference_settings(reference_model: str | None) -> dict[str, Any]:
         "test_share": ref.test_share,
         "ensemble_min_rows": ref.ensemble_min_rows if ref.ensemble else None,
     }
-
-
-def json_safe(value: Any) -> Any:
-    """NaN (a target the file never observed) becomes null: JSON has no NaN."""
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, float) and value != value:
-        return None
-    return value
 
 
 def _figure(value: float) -> str:

@@ -11,6 +11,7 @@ from rich.progress import TaskID
 from rich.table import Table
 
 from leadtime.progress import stderr_bar
+from leadtime.simulator.report import json_safe
 from leadtime.simulator.run import SimulationOptions, simulate
 
 
@@ -90,7 +91,7 @@ def _pct(value: object) -> str:
 def print_validation(report: dict[str, object], as_json: bool) -> None:
     """`sim validate`: the replay's TTFT/TPOT error (overall and by load quintile) and the splitwise check."""
     if as_json:
-        print(json.dumps(report))
+        print(json.dumps(json_safe(report), allow_nan=False))
         return
     console = Console()
     measured = report["measured"]

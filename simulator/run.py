@@ -111,6 +111,11 @@ def simulate(
     fleet = load_fleet(fleet_path)
     loaded = load_workload(str(trace_path), options.seed, max_requests)
     workload = shape(loaded, rate_scale=rate_scale, max_requests=max_requests)
+    if len({r.arrival_ms for r in workload}) < 2:
+        raise ValueError(
+            f"the {len(workload)} request(s) replayed arrive at one instant: goodput per second of their arrival "
+            "window is undefined; replay more of the trace (--max-requests)"
+        )
     results = run_policies(fleet, workload, policies, options, progress)
     report: dict[str, object] = {
         "fleet": fleet.name,

@@ -86,6 +86,15 @@ def test_a_fleet_file_that_is_not_a_fleet_yaml_is_one_line_naming_it(
     refused([*command, "--fleet", str(fleet), "--trace", str(trace)], str(fleet), problem)
 
 
+def test_requests_that_all_arrive_at_one_instant_are_refused(tmp_path: Path) -> None:
+    """Their arrival window is empty: goodput per second of it read 1e9 requests/s."""
+    burst = tmp_path / "burst.jsonl"
+    burst.write_text(
+        "".join(json.dumps({"timestamp": 0, "input_length": 300, "output_length": 5}) + "\n" for _ in range(4))
+    )
+    refused(["simulate", "--fleet", "homogeneous", "--trace", str(burst), "--json"], "one instant", "--max-requests")
+
+
 def test_sim_serve_names_a_fleet_file_that_is_not_text(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_bytes(GARBAGE)

@@ -170,6 +170,19 @@ def test_sim_validate_takes_any_file_of_the_schema(tmp_path: Path) -> None:
     assert human.exit_code == 0 and "TTFT" in human.stdout and "efficiency" in human.stdout
 
 
+def test_sim_validate_json_is_json_when_a_target_has_no_rows(tmp_path: Path) -> None:
+    """A file of TPOT rows only printed `"median_ape": NaN`, which no strict JSON parser reads."""
+    path = _rows_file(tmp_path)
+    lines = path.read_text().splitlines()[1:]  # the TPOT row only
+    path.write_text("\n".join(lines) + "\n")
+    argv = ["sim", "validate", "--data", str(path), "--accelerator", "h100-sxm", "--model", "qwen3-32b", "--json"]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert "NaN" not in result.stdout
+    measured = json.loads(result.stdout)["measured"]
+    assert measured["ttft"]["rows"] == 0 and measured["ttft"]["median_ape"] is None
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [
