@@ -25,6 +25,8 @@ from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.steptime import StepTimeModel
 
 MAX_DECODE_RUN = 4096
+MAX_PREEMPTIONS = 100
+"""A request preempted this often has been restarting without end (`StuckRequest`)."""
 
 # Standard normal draws that step noise indexes by a hash of (endpoint, step start): the same step of the same
 # endpoint gets the same factor in every run and in every what-if fork, whatever else happened meanwhile.
@@ -35,6 +37,11 @@ _LOWEST_NORMAL = min(_NORMALS)
 PREFILL_BOUND_SHARE = 0.85
 # No step (prefill, decode or mixed) is shorter than this share of a one-sequence decode step (0.994 measured).
 MIN_STEP_SHARE = 0.9
+
+
+class StuckRequest(RuntimeError):
+    """A request that can never complete here: each time it restarts, it is preempted again before it finishes (a
+    prompt too long to prefill within the time a time-sliced endpoint stays resident). The run would not end."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +280,12 @@ class Endpoint:
         self.preemptions += 1
         self.running.remove(r)
         self.waiting.appendleft(r)
+        if r.preemptions > MAX_PREEMPTIONS:
+            raise StuckRequest(
+                f"request {r.rid} ({r.input_tokens} prompt tokens) was preempted {r.preemptions} times on "
+                f"{self.endpoint_id} without completing: it cannot finish there (a prefill longer than the "
+                "endpoint stays resident, or a KV cache too small for it beside the others), so the run cannot end"
+            )
 
     def _publish(self, r: SimRequest, now_ms: float) -> None:
         """Share the prompt segments `r` has fully computed."""

@@ -41,15 +41,19 @@ class FleetError(ValueError):
     """A fleet file is missing, unreadable or describes an impossible fleet."""
 
 
+DAY_MS = 86_400_000.0
+"""The longest duration a fleet file may give: a group away longer is never resident in any run."""
+
+
 class DistributionSpec(BaseModel):
     """A duration as a fleet file gives it: fixed, uniform or exponential."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     distribution: Literal["fixed", "uniform", "exponential"] = "fixed"
-    value: float | None = Field(default=None, ge=0)
-    low: float | None = Field(default=None, ge=0)
-    high: float | None = Field(default=None, ge=0)
-    mean: float | None = Field(default=None, gt=0)
+    value: float | None = Field(default=None, ge=0, le=DAY_MS)
+    low: float | None = Field(default=None, ge=0, le=DAY_MS)
+    high: float | None = Field(default=None, ge=0, le=DAY_MS)
+    mean: float | None = Field(default=None, gt=0, le=DAY_MS)
 
     @model_validator(mode="after")
     def _complete(self) -> DistributionSpec:
@@ -79,8 +83,10 @@ class TimesliceSpec(BaseModel):
 
     @model_validator(mode="after")
     def _takes_time(self) -> TimesliceSpec:
-        if self.resident_ms.mean_ms + self.away_ms.mean_ms + self.restore_ms.mean_ms <= 0:
-            raise ValueError("resident_ms, away_ms and restore_ms are all 0: the group would switch forever at once")
+        if self.resident_ms.mean_ms < 1.0:  # 0 or 1e-300: the group would switch forever at one instant
+            raise ValueError(
+                f"resident_ms: the group must be resident for 1 ms or more on average, got {self.resident_ms.mean_ms:g}"
+            )
         return self
 
 

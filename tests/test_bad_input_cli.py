@@ -95,6 +95,20 @@ def test_requests_that_all_arrive_at_one_instant_are_refused(tmp_path: Path) -> 
     refused(["simulate", "--fleet", "homogeneous", "--trace", str(burst), "--json"], "one instant", "--max-requests")
 
 
+def test_a_request_that_can_never_finish_ends_the_run_with_one_line(tmp_path: Path) -> None:
+    """A prompt longer than a time-sliced endpoint's resident window can prefill restarted from zero at every
+    swap: `simulate` never ended."""
+    fleet = tmp_path / "ts.yaml"
+    fleet.write_text(
+        "pools:\n  - {name: a, count: 2, accelerator: h100-sxm, model: llama-3.1-8b, timeslice_group: rl}\n"
+        "timeslice_groups:\n  rl: {resident_ms: {value: 1000}, away_ms: {value: 1000}, restore_ms: {value: 10}}\n"
+    )
+    trace = tmp_path / "long.jsonl"
+    rows = [{"timestamp": t, "input_length": n, "output_length": 10} for t, n in ((0, 100_000), (1, 100))]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refused(["simulate", "--fleet", str(fleet), "--trace", str(trace), "--json"], "preempted", "cannot finish")
+
+
 def test_sim_serve_names_a_fleet_file_that_is_not_text(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_bytes(GARBAGE)
@@ -125,6 +139,28 @@ def test_infinite_fleet_values_are_refused_naming_the_field(tmp_path: Path, trac
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(text)
     refused(["simulate", "--fleet", str(fleet), "--trace", str(trace)], str(fleet), field, "finite")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("res", "away", "restore", "problem"),
+    [
+        ("{value: 0}", "{value: 0}", "{value: 1e-300}", "resident_ms"),  # switched forever, a hang
+        ("{value: 0}", "{value: 1e300}", "{value: 0}", "away_ms"),  # never resident, a hang
+        (
+            "{distribution: exponential, mean: 1e-300}",
+            "{distribution: exponential, mean: 1e-300}",
+            FIXED_100,
+            "resident",
+        ),
+    ],
+)
+def test_time_slice_durations_no_run_could_end_with_are_refused(
+    tmp_path: Path, trace: Path, res: str, away: str, restore: str, problem: str
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(SHARED + GROUP.format(res=res, away=away, restore=restore))
+    refused(["simulate", "--fleet", str(fleet), "--trace", str(trace)], str(fleet), problem)
 
 
 @pytest.mark.timeout(60)
