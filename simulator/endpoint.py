@@ -25,8 +25,9 @@ from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.steptime import StepTimeModel
 
 MAX_DECODE_RUN = 4096
-MAX_PREEMPTIONS = 100
-"""A request preempted this often has been restarting without end (`StuckRequest`)."""
+MAX_STALLS = 100
+"""A request preempted this many times in a row without getting further than before never will (`StuckRequest`);
+a request preempted often under KV pressure or at swaps still gets further each time it runs."""
 
 # Standard normal draws that step noise indexes by a hash of (endpoint, step start): the same step of the same
 # endpoint gets the same factor in every run and in every what-if fork, whatever else happened meanwhile.
@@ -90,6 +91,10 @@ class SimRequest:
     decode_start_ms: float | None = None
     decode_start_generated: int = 0
     preemptions: int = 0
+    best_progress: tuple[int, int] = (0, 0)
+    """The most (generated, computed) it had at a preemption: a request preempted again and again without passing
+    it makes no progress (`MAX_STALLS`)."""
+    stalls: int = 0
 
     def need(self) -> int:
         """Tokens to compute before the next token can be sampled."""
@@ -273,6 +278,11 @@ class Endpoint:
 
     def _preempt(self, r: SimRequest) -> None:
         """Free everything `r` holds; it will recompute its prompt and output here (transferred KV included)."""
+        progress = (r.generated, r.computed)
+        if progress > r.best_progress:
+            r.best_progress, r.stalls = progress, 0
+        else:
+            r.stalls += 1
         self._release(r)
         r.kv_ready = False
         r.computed = 0
@@ -280,10 +290,10 @@ class Endpoint:
         self.preemptions += 1
         self.running.remove(r)
         self.waiting.appendleft(r)
-        if r.preemptions > MAX_PREEMPTIONS:
+        if r.stalls > MAX_STALLS:
             raise StuckRequest(
-                f"request {r.rid} ({r.input_tokens} prompt tokens) was preempted {r.preemptions} times on "
-                f"{self.endpoint_id} without completing: it cannot finish there (a prefill longer than the "
+                f"request {r.rid} ({r.input_tokens} prompt tokens) was preempted {r.stalls} times in a row on "
+                f"{self.endpoint_id} without getting further: it cannot finish there (a prefill longer than the "
                 "endpoint stays resident, or a KV cache too small for it beside the others), so the run cannot end"
             )
 
