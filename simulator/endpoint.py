@@ -185,6 +185,8 @@ class Endpoint:
         self.parking = False
         self.busy_intervals: list[tuple[float, float]] = []
         self.preemptions = 0
+        self.stuck: SimRequest | None = None
+        """A request preempted `MAX_STALLS` times in a row without progress: it will never complete here."""
 
     def clone(self, share_cache: bool = False) -> Endpoint:
         """An independent copy for what-if simulation (the clairvoyant policy).
@@ -290,12 +292,18 @@ class Endpoint:
         self.preemptions += 1
         self.running.remove(r)
         self.waiting.appendleft(r)
-        if r.stalls > MAX_STALLS:
-            raise StuckRequest(
-                f"request {r.rid} ({r.input_tokens} prompt tokens) was preempted {r.stalls} times in a row on "
-                f"{self.endpoint_id} without getting further: it cannot finish there (a prefill longer than the "
-                "endpoint stays resident, or a KV cache too small for it beside the others), so the run cannot end"
-            )
+        if r.stalls > MAX_STALLS and self.stuck is None:
+            self.stuck = r  # for the engine to end the run (`stuck_error`); this endpoint stays consistent
+
+    def stuck_error(self) -> StuckRequest:
+        """Why the run cannot end: the request found stuck here (`stuck` is set)."""
+        r = self.stuck
+        assert r is not None
+        return StuckRequest(
+            f"request {r.rid} ({r.input_tokens} prompt tokens) was preempted {r.stalls} times in a row on "
+            f"{self.endpoint_id} without getting further: it cannot finish there (a prefill longer than the "
+            "endpoint stays resident, or a KV cache too small for it beside the others), so the run cannot end"
+        )
 
     def _publish(self, r: SimRequest, now_ms: float) -> None:
         """Share the prompt segments `r` has fully computed."""

@@ -459,6 +459,8 @@ class FleetSimulator:
     def _on_step(self, endpoint: Endpoint) -> None:
         self._freeze(endpoint)
         outcome: StepOutcome = endpoint.finish_step()
+        if endpoint.stuck is not None:
+            raise endpoint.stuck_error()
         for r in outcome.prefill_done:
             self._start_transfer(r)
         for r in outcome.finished:
@@ -553,6 +555,8 @@ class FleetSimulator:
                 self._freeze(e)
                 had_plan = e.plan is not None
                 e.request_park(self.now)
+                if e.stuck is not None:
+                    raise e.stuck_error()
                 if had_plan and e.plan is not None:
                     self._schedule_step(e)
         elif group.state == "parked":
