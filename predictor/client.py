@@ -259,7 +259,6 @@ def row_message(row: Row) -> Any:
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     fields = _wire_fields(row)
-    _required([fields])
     try:
         return pb.Row(**fields)
     except (TypeError, ValueError):
@@ -292,7 +291,6 @@ def row_columns(rows: Sequence[Row]) -> Any:
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     wire = [_wire_fields(r) for r in rows]
-    _required(wire)
     names = set().union(*wire)
     if "prefix_hit_tokens" in names and not all("prefix_hit_tokens" in f for f in wire):
         return None
@@ -382,6 +380,7 @@ class GrpcPredictorClient:
         """Predictions for every row (sent as columns when they can travel so)."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
+        _required([_wire_fields(r) for r in rows])  # on the wire a field left out would read as 0
         columns = row_columns(rows)
         if columns is not None:
             request = pb.PredictBulkRequest(columns=columns)
