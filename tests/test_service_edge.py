@@ -166,3 +166,12 @@ def _answers(url: str) -> bool:
         return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_the_model_download_answers_304_to_any_if_none_match_that_names_it() -> None:
+    """Only the exact quoted ETag got 304; HTTP compares If-None-Match weakly and `*` names any model."""
+    with TestClient(create_app(ServiceSettings())) as c:
+        etag = c.get("/v1/model").headers["etag"]
+        for header in (etag, f"W/{etag}", f'"other", {etag}', "*"):
+            assert c.get("/v1/model", headers={"If-None-Match": header}).status_code == 304, header
+        assert c.get("/v1/model", headers={"If-None-Match": '"other"'}).status_code == 200

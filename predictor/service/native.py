@@ -98,9 +98,20 @@ async def model(request: Request, runtime: ReadyRuntime) -> Response:
     artifact, digest, version = await asyncio.to_thread(runtime.serving_artifact)
     etag = f'"{digest}"'
     headers = {"ETag": etag, "X-Leadtime-Model-Version": str(version)}
-    if etag in (v.strip() for v in request.headers.get("if-none-match", "").split(",")):
+    if etag_matches(request.headers.get("if-none-match", ""), etag):
         return Response(status_code=304, headers=headers)
     return Response(artifact, media_type="application/json", headers=headers)
+
+
+def etag_matches(if_none_match: str, etag: str) -> bool:
+    """Whether an If-None-Match header names `etag`, by HTTP's weak comparison (RFC 9110: `W/` is ignored), or is
+    `*` (any current representation).
+
+    >>> etag_matches('"a", W/"b"', '"b"'), etag_matches("*", '"b"'), etag_matches('"a"', '"b"')
+    (True, True, False)
+    """
+    tags = [v.strip().removeprefix("W/") for v in if_none_match.split(",")]
+    return "*" in tags or etag in tags
 
 
 def _llmd_entry(entry: Any) -> Any:
