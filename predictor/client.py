@@ -288,9 +288,13 @@ def _bad_value(message: Any, wire: Sequence[Mapping[str, Any]]) -> str:
 def row_columns(rows: Sequence[Row]) -> Any:
     """Rows → leadtime.v1.RowColumns, the form the service decodes fastest; None when the rows cannot travel as
     columns (some give `prefix_hit_tokens` and others not), for the caller to send Row messages instead."""
+    return _columns([_wire_fields(r) for r in rows])
+
+
+def _columns(wire: Sequence[Mapping[str, Any]]) -> Any:
+    """`row_columns` of rows already in their wire form."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
-    wire = [_wire_fields(r) for r in rows]
     names = set().union(*wire)
     if "prefix_hit_tokens" in names and not all("prefix_hit_tokens" in f for f in wire):
         return None
@@ -380,8 +384,9 @@ class GrpcPredictorClient:
         """Predictions for every row (sent as columns when they can travel so)."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
-        _required([_wire_fields(r) for r in rows])  # on the wire a field left out would read as 0
-        columns = row_columns(rows)
+        wire = [_wire_fields(r) for r in rows]  # once per call: this is the gateway's path with --predictor-grpc
+        _required(wire)  # on the wire a field left out would read as 0
+        columns = _columns(wire)
         if columns is not None:
             request = pb.PredictBulkRequest(columns=columns)
         else:
