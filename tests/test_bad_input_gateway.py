@@ -119,6 +119,17 @@ def test_unknown_paths_and_methods_are_404() -> None:
     assert asyncio.run(go()) == [404, 404, 404]
 
 
+def test_probes_answer_head_with_no_body() -> None:
+    """Load balancers and `curl -I` probe with HEAD: GET's status and headers, no body."""
+
+    async def go() -> list[tuple[int, bytes]]:
+        transport = httpx.ASGITransport(app=gateway(), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return [((r := await client.head(path)).status_code, r.content) for path in ("/healthz", "/metrics")]
+
+    assert asyncio.run(go()) == [(200, b""), (200, b"")]
+
+
 def test_with_api_keys_the_api_paths_need_one_and_health_and_metrics_stay_open() -> None:
     keyed = Gateway(StaticDiscovery(()), RoundRobinPolicy(), GatewaySettings(api_keys=("k-old", "k-new")))
     body = b'{"prompt": "x"}'

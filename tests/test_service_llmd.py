@@ -217,6 +217,14 @@ def test_status_health_and_readiness(client: TestClient) -> None:
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
 
 
+def test_probes_answer_head(client: TestClient) -> None:
+    """Load balancers and `curl -I` probe with HEAD: the same status as GET, no body."""
+    for path in ("/healthz", "/readyz", "/status", "/metrics"):
+        r = client.head(path)
+        assert r.status_code == 200, (path, r.status_code)
+        assert r.content == b""
+
+
 def test_503_before_the_service_has_started() -> None:
     app = create_app(ServiceSettings())
     c = TestClient(app)  # no context manager: the lifespan (which loads the model) has not run

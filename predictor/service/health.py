@@ -30,13 +30,17 @@ async def root(runtime: Runtime) -> dict[str, Any]:
     }
 
 
-@router.get("/healthz", summary="The process is alive.")
+@router.api_route("/healthz", methods=["GET", "HEAD"], summary="The process is alive.")
 async def healthz() -> dict[str, str]:
     """The process is alive."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="200 while predictions can be served (naming anything degraded), else 503.")
+@router.api_route(
+    "/readyz",
+    methods=["GET", "HEAD"],
+    summary="200 while predictions can be served (naming anything degraded), else 503.",
+)
 async def readyz(runtime: Runtime) -> JSONResponse:
     """Readiness is about answering predictions. A Redis outage or a refused model degrades learning and
     sharing, not serving: answering 503 then would make Kubernetes pull every replica out of rotation at once
@@ -51,7 +55,9 @@ async def readyz(runtime: Runtime) -> JSONResponse:
     return JSONResponse(body, status_code=503)
 
 
-@router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
+@router.api_route(
+    "/status", methods=["GET", "HEAD"], summary="llm-d's status answer, plus Leadtime's model and store state."
+)
 async def status(runtime: Runtime) -> dict[str, Any]:
     """llm-d's status answer, plus Leadtime's model and store state."""
     predictor = runtime.predictor
@@ -83,8 +89,11 @@ async def status(runtime: Runtime) -> dict[str, Any]:
     return answer
 
 
-@router.get(
-    "/metrics", responses=content_of("text/plain", "Prometheus text format."), summary="Prometheus text format."
+@router.api_route(
+    "/metrics",
+    methods=["GET", "HEAD"],
+    responses=content_of("text/plain", "Prometheus text format."),
+    summary="Prometheus text format.",
 )
 async def metrics(runtime: Runtime) -> Response:
     """Prometheus text: Leadtime's metrics, plus llm-d's training-server lines in the training role."""

@@ -64,6 +64,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
+PROBED_PATHS = ("/healthz", "/readyz", "/metrics")
+"""Paths load balancers and `curl -I` probe with HEAD: answered as GET, without the body."""
 PREFILLER_HEADER = b"x-prefiller-host-port"
 HOP_BY_HOP = frozenset(
     (
@@ -147,6 +149,17 @@ class _Routed:
     """Completed or abandoned: the policy and the work tracker were told."""
     shared_generated: int = 0
     """Tokens generated as last told to the other replicas (`PROGRESS_SHARED_EVERY`)."""
+
+
+def _without_body(send: Send) -> Send:
+    """`send` for a HEAD request: GET's status and headers (its Content-Length included), an empty body."""
+
+    async def head(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return head
 
 
 def _json(obj: object) -> bytes:
@@ -383,6 +396,8 @@ class Gateway:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        if method == "HEAD" and path in PROBED_PATHS:
+            send, method = _without_body(send), "GET"
         guarded = path.startswith("/v1/") or path in PASSED_THROUGH
         if self.settings.api_keys and guarded and not bearer_ok(scope["headers"], self.settings.api_keys):
             await self._reply(
