@@ -147,6 +147,23 @@ def test_requests_that_match_no_route_are_counted_as_unmatched() -> None:
     assert 'path="unmatched",status="404"' in metrics
 
 
+def test_bodies_refused_before_routing_are_counted_under_their_route() -> None:
+    """A 413 or 415 is answered before the app routes the request; the metrics still name the route it was for."""
+    with TestClient(create_app(ServiceSettings(max_body_bytes=1_000))) as client:
+        assert (
+            client.post(
+                "/predict/bulk/strict", content=b"x" * 2_000, headers={"content-type": "application/json"}
+            ).status_code
+            == 413
+        )
+        assert client.post("/predict/bulk", content=b"{}", headers={"content-type": "text/plain"}).status_code == 415
+        assert client.post("/no/such/path", content=b"{}", headers={"content-type": "text/plain"}).status_code == 415
+        metrics = client.get("/metrics").text
+    assert 'path="/predict/bulk/strict",status="413"' in metrics
+    assert 'path="/predict/bulk",status="415"' in metrics
+    assert 'path="unmatched",status="415"' in metrics
+
+
 def test_on_port_0_the_log_says_which_port_the_system_picked(tmp_path: Path) -> None:
     """It logged "HTTP on http://127.0.0.1:0": a user could not tell where the service listened."""
     child = Child(["serve", "--port", "0", "--grpc-port", "0"], tmp_path / "serve.log")

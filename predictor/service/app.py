@@ -92,12 +92,18 @@ def create_app(
         hot_paths[NATIVE_PREDICT_PATH] = hot.native_predict
     if settings.serves_training:
         hot_paths[TRAINING_PATH] = hot.add_training_data_bulk
+    body_routers = []
+    if settings.serves_prediction:
+        body_routers += [llmd_prediction.router, llmd_operations.prediction_router, native.prediction_router]
+    if settings.serves_training:
+        body_routers += [llmd_training.router, llmd_operations.training_router, native.training_router]
     app.add_middleware(
         EdgeMiddleware,
         max_body_bytes=settings.max_body_bytes,
         runtime=runtime,
         hot_paths=hot_paths,
         mounts=(DOCS_ASSETS,),
+        body_routes=[route for router in body_routers for route in router.routes],
     )
     app.add_exception_handler(FeatureError, feature_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
@@ -106,11 +112,6 @@ def create_app(
     app.add_exception_handler(Exception, unexpected_error_handler)
     app.include_router(health.router, responses=COMMON_ERRORS)
     app.include_router(native.common_router, responses=COMMON_ERRORS)
-    routers = []
-    if settings.serves_prediction:
-        routers += [llmd_prediction.router, llmd_operations.prediction_router, native.prediction_router]
-    if settings.serves_training:
-        routers += [llmd_training.router, llmd_operations.training_router, native.training_router]
-    for router in routers:
+    for router in body_routers:
         app.include_router(router, responses=BODY_ERRORS)
     return app

@@ -13,6 +13,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from leadtime.features.errors import FeatureError, field_path, problem_text
@@ -138,7 +139,8 @@ class EdgeMiddleware:
     cannot slip past the limit. `hot_paths` maps a POST path to a handler that answers a body itself ((status,
     whole JSON answer), given the body and the Authorization header) or returns None to leave it to the app.
     Requests under one of `mounts` (static files) are counted under the mount's path, requests that match no route
-    as "unmatched".
+    as "unmatched". A body refused here (413, 415) is counted under the one of `body_routes` it was sent to: the app
+    has not routed it.
     """
 
     def __init__(
@@ -148,12 +150,14 @@ class EdgeMiddleware:
         runtime: ServiceRuntime,
         hot_paths: Mapping[str, Callable[[bytes, str], tuple[int, bytes] | None]] | None = None,
         mounts: Sequence[str] = (),
+        body_routes: Sequence[BaseRoute] = (),
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.runtime = runtime
         self.hot_paths = dict(hot_paths or {})
         self.mounts = tuple(mounts)
+        self.body_routes = tuple(body_routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -186,12 +190,20 @@ class EdgeMiddleware:
             else:
                 await self.app(scope, _replay(body, receive), send_recording)
         if path is None:
-            path = getattr(scope.get("route"), "path", None) or self._mount_of(scope["path"])
+            path = (
+                getattr(scope.get("route"), "path", None) or self._mount_of(scope["path"]) or self._body_route_of(scope)
+            )
             if path is None:  # /openapi.json is the one plain route (fixed path) beside the API's routes
                 path = scope["path"] if scope.get("endpoint") is not None else "unmatched"
         self.runtime.metrics.observe_request(
             path, scope.get("method", ""), status_holder[0], time.perf_counter() - started
         )
+
+    def _body_route_of(self, scope: Scope) -> str | None:
+        for route in self.body_routes:
+            if isinstance(route, Route) and route.matches(scope)[0] == Match.FULL:
+                return route.path
+        return None
 
     def _mount_of(self, path: str) -> str | None:
         for mount in self.mounts:
