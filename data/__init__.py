@@ -8,7 +8,7 @@ Imports nothing else of Leadtime's.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib.resources import files
 from pathlib import Path
 
@@ -34,6 +34,8 @@ def resolve(value: str | os.PathLike[str], shipped: Mapping[str, Path], what: st
 
     >>> resolve("mooncake", TRACES, "a trace").name
     'mooncake_conversation_trace.jsonl'
+    >>> resolve("azure_conv", TRACES, "a trace").name  # names take "-" and "_" alike
+    'AzureLLMInferenceTrace_conv_2023.csv'
     >>> try:
     ...     resolve("no-such.jsonl", TRACES, "a trace")
     ... except DataFileError as err:
@@ -41,9 +43,20 @@ def resolve(value: str | os.PathLike[str], shipped: Mapping[str, Path], what: st
     no-such.jsonl: no such file (expected a trace, or one of the shipped names: mooncake, azure-conv)
     """
     text = os.fspath(value)
-    if text in shipped and not Path(text).is_file():
-        return shipped[text]
+    name = shipped_name(text, shipped)
+    if name is not None and not Path(text).is_file():
+        return shipped[name]
     return readable_file(Path(text), what, shipped)
+
+
+def shipped_name(text: str, names: Iterable[str]) -> str | None:
+    """The one of `names` that `text` spells, "-" and "_" taken alike (`pd-hetero` for `pd_hetero`), else None.
+
+    >>> shipped_name("pd-hetero", ["pd", "pd_hetero"]), shipped_name("sharegpt_h200", ["sharegpt-h200"])
+    ('pd_hetero', 'sharegpt-h200')
+    """
+    wanted = text.replace("_", "-")
+    return next((name for name in names if name.replace("_", "-") == wanted), None)
 
 
 def readable_file(path: Path, what: str, shipped: Mapping[str, Path] | None = None) -> Path:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from leadtime.data import shipped_name
 from leadtime.features.rows import (
     ACTUAL_FIELDS,
     LLMD_MODEL_INPUTS,
@@ -277,9 +278,10 @@ def _code_digest() -> str:
 
 def trace_path(name: str) -> Path:
     """The JSONL file of the simulated trace `name` (one of TRACES), generated on first use and cached."""
-    if name not in TRACES:
+    known = shipped_name(name, TRACES)
+    if known is None:
         raise ValueError(f"unknown simulated trace {name!r} (known: {', '.join(f'sim:{n}' for n in TRACES)})")
-    spec = TRACES[name]
+    name, spec = known, TRACES[known]
     resolve_fleet(spec.fleet)
     key = hashlib.sha256(f"{dataclasses.asdict(spec)}|{_code_digest()}".encode()).hexdigest()[:16]
     path = cache_dir() / "traces" / f"{name}-{key}.jsonl"

@@ -399,3 +399,18 @@ def test_bench_routing_prints_its_figures_when_the_plots_cannot_be_written(
     report = json.loads(result.stdout)
     assert report["fleets"]["homogeneous"]["base"]["policies"]["round_robin"]["goodput_rps"] > 0
     assert "no space left on device" in result.stderr.splitlines()[-1]
+
+
+def test_shipped_names_take_hyphens_and_underscores_alike(tmp_path: Path) -> None:
+    """Policies took `round-robin` for `round_robin`; fleets, traces and simulated datasets now do the same."""
+    from leadtime.bench.data import dataset_path
+    from leadtime.data import TRACES, resolve
+    from leadtime.simulator.fleet import resolve_fleet
+
+    assert resolve_fleet("pd-hetero") == resolve_fleet("pd_hetero")
+    assert resolve("azure_conv", TRACES, "a trace") == TRACES["azure-conv"]
+    assert dataset_path("sharegpt_h200") == dataset_path("sharegpt-h200")
+    with pytest.raises(ValueError, match="unknown simulated trace 'long-chats'"):
+        dataset_path("sim:long-chats")
+    result = runner.invoke(app, ["bench", "routing", "--fleet", "pd-hetero", "--fleet", "nope"])
+    assert result.exit_code != 0 and "--fleet 'nope': not a benchmark fleet" in result.output

@@ -199,15 +199,17 @@ def bench_routing(
         selected_policies,
         write_plots,
     )
+    from leadtime.data import shipped_name
 
     if max_requests < 100:
         fail("--max-requests must be ≥ 100")
     if seeds < 1 or workers < 1:
         fail("--seeds and --workers must be ≥ 1")
-    unknown = [f for f in fleet or [] if f not in FLEETS]
+    named = [(f, shipped_name(f, FLEETS)) for f in fleet or []]
+    unknown = [f for f, name in named if name is None]
     if unknown:
         fail(f"--fleet {unknown[0]!r}: not a benchmark fleet (known: {', '.join(FLEETS)})")
-    fleets = tuple(fleet) if fleet else FLEETS
+    fleets = tuple(name for _, name in named if name is not None) or FLEETS
     try:
         policies = selected_policies(policy, fleets) if policy else None
     except ValueError as err:
