@@ -36,7 +36,7 @@ import yaml
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from leadtime.features.catalog import get_model
@@ -66,6 +66,16 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+ONE_CHOICE = "a simulated endpoint answers one choice per request"
+
+
+def one_choice(n: int | None) -> int | None:
+    """`n` as vLLM reads it, refused above 1: the simulator generates one sequence per request."""
+    if n is not None and n != 1:
+        raise ValueError(ONE_CHOICE)
+    return n
+
+
 class CompletionBody(BaseModel):
     """The body of /v1/completions (unknown fields are accepted, as vLLM does)."""
 
@@ -75,6 +85,17 @@ class CompletionBody(BaseModel):
     max_tokens: int | None = Field(default=16, ge=1, le=32768)  # null: vLLM's default for completions, 16
     stream: bool | None = False  # null reads as false, as in vLLM
     stream_options: StreamOptions | None = None
+    n: int | None = None
+
+    _one_choice = field_validator("n")(one_choice)
+
+    @field_validator("prompt")
+    @classmethod
+    def one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
+        """Several prompts are several choices in vLLM's answer."""
+        if isinstance(prompt, list) and len(prompt) > 1:
+            raise ValueError(f"{ONE_CHOICE}: send one prompt")
+        return prompt
 
 
 class TokenizeBody(BaseModel):
@@ -110,6 +131,9 @@ class ChatBody(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
     stream: bool | None = False  # null reads as false, as in vLLM
     stream_options: StreamOptions | None = None
+    n: int | None = None
+
+    _one_choice = field_validator("n")(one_choice)
 
 
 @dataclass

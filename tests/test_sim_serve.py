@@ -116,6 +116,20 @@ def test_bad_requests_get_422_naming_the_field_as_the_service_does(server: Fleet
     assert reply.status_code == 422 and reply.json()["field"] == "messages"
 
 
+def test_requests_for_several_choices_are_refused_naming_the_field(server: FleetServer) -> None:
+    """A simulated endpoint answers one choice: `n` > 1 or several prompts were answered as one, silently."""
+    for path, body, field in (
+        ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+        ("/v1/completions", {"prompt": ["one", "two"]}, "prompt"),
+    ):
+        reply = httpx.post(_url(server) + path, json=body, timeout=10)
+        assert reply.status_code == 422 and reply.json()["field"] == field, reply.text
+        assert "one choice" in reply.json()["error"]
+    for body in ({"prompt": "x", "n": 1, "max_tokens": 2}, {"prompt": ["x"], "n": None, "max_tokens": 2}):
+        assert httpx.post(_url(server) + "/v1/completions", json=body, timeout=30).status_code == 200
+
+
 def test_a_request_larger_than_the_kv_cache_is_a_422_naming_the_prompt() -> None:
     # 16.3 GB of the L40S's 48 for a 16 GB model: a KV cache of a few thousand tokens.
     pool = {"name": "tiny", "count": 1, "accelerator": "l40s", "model": "llama-3.1-8b", "gpu_memory_utilization": 0.34}
