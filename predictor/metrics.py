@@ -95,14 +95,17 @@ class _LiveValues(Collector):
             yield thinned
             reasons = CounterMetricFamily(
                 "leadtime_observations_lost",
-                "Accepted observations that will not be learned, by reason (backlog_full, store_bound, "
-                "redis_buffer, invalid).",
+                "Accepted observations that will not be learned, by reason (backlog_full, store_bound: the "
+                "embedded store; store_buffer: the Redis outage buffer; invalid; implausible: the poisoning guard).",
                 labels=["reason"],
             )
             for reason, n in ingestion["dropped"].items():
                 reasons.add_metric([reason], n)
             yield reasons
-            pending = GaugeMetricFamily("leadtime_observations_pending", "Accepted observations waiting to be learned.")
+            pending = GaugeMetricFamily(
+                "leadtime_observations_pending",
+                "Accepted observations waiting to be learned (in the store or the learner).",
+            )
             pending.add_metric([], ingestion["pending"])
             yield pending
             one_in = GaugeMetricFamily(

@@ -88,6 +88,8 @@ class ServiceRuntime:
         self._learned_before = 0
         self._invalid_before = 0
         self._implausible_before = 0
+        # Rows handed to the current lineage's learner: those it has not reported yet are pending in it.
+        self._forwarded = 0
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
         # Held while a batch is forwarded and the read position advanced, and while a model is adopted, so that
@@ -420,6 +422,7 @@ class ServiceRuntime:
             self._invalid_before += self._report.invalid
             self._implausible_before += self._report.implausible
         self._report = None
+        self._forwarded = 0  # what it held unreported is read from the store again
 
     def _adopt_cursor(self, predictor: OnlinePredictor) -> None:
         cursor = predictor.metadata.get(CURSOR_KEY)
@@ -446,6 +449,8 @@ class ServiceRuntime:
                     continue  # a model adopted meanwhile moved the cursor: these entries are read again or known
                 if self.learner.learn(cursor_before, cursor, entries):
                     self._cursor = cursor
+                    with self._counts_lock:
+                        self._forwarded += len(entries)
                     continue
             self._stop.wait(0.1)  # the learner process is gone; it is being restarted
 
@@ -536,8 +541,9 @@ class ServiceRuntime:
     def ingestion(self) -> dict[str, Any]:
         """What became of the accepted rows: learned, thinned (evenly, to keep up), dropped per reason, pending.
 
-        With one replica, accepted = learned + thinned + dropped + pending + what the learner holds but has not
-        reported yet (0 once it is idle). With a shared store each replica learns every replica's rows.
+        Pending counts the rows waiting in the store and those handed to the learner that it has not reported
+        yet. With one replica, accepted = learned + thinned + dropped + pending (to within the batch moving
+        between the two as this reads them). With a shared store each replica learns every replica's rows.
         """
         try:
             stats = self.store.stats()
@@ -545,6 +551,8 @@ class ServiceRuntime:
             stats = {}
         with self._counts_lock:
             report = self._report
+            in_lineage = (report.learned + report.invalid + report.implausible) if report is not None else 0
+            in_learner = max(0, self._forwarded - in_lineage)
             learned = self._learned_before + (report.learned if report is not None else 0)
             invalid = self._invalid_before + (report.invalid if report is not None else 0)
             implausible = self._implausible_before + (report.implausible if report is not None else 0)
@@ -560,7 +568,7 @@ class ServiceRuntime:
             "learned": learned,
             "thinned": {"overload": int(stats.get("thinned", 0))},
             "dropped": dropped,
-            "pending": int(stats.get("pending", stats.get("buffered", 0))),
+            "pending": int(stats.get("pending", stats.get("buffered", 0))) + in_learner,
             "thinning": stride > 1,
             "learning_one_in": stride,
             "full": bool(stats.get("full", 0)),
