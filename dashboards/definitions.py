@@ -630,14 +630,17 @@ ROUTER = Dashboard(
                 Panel(
                     "Candidates left out by time-slicing",
                     "Candidate endpoints per second left out because their accelerator's time-slice group was not "
-                    "serving the inference job, and failed reads of the group states.",
+                    "serving the inference job, and failed reads of the group states per second.",
                     "short",
                     (
                         Query(
                             f"sum(rate(leadtime_router_timeslice_filtered_total{{{ROUTER_INSTANCE}}}{RATE}))",
                             "left out per second",
                         ),
-                        Query(f"max(leadtime_router_timeslice_source_errors{{{ROUTER_INSTANCE}}})", "source errors"),
+                        Query(
+                            f"sum(rate(leadtime_router_timeslice_source_errors_total{{{ROUTER_INSTANCE}}}{RATE}))",
+                            "failed reads per second",
+                        ),
                     ),
                     width=8,
                     min=0,

@@ -9,6 +9,7 @@ import asyncio
 import gzip
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -340,6 +341,31 @@ def test_the_timeslice_watcher_keeps_watching_after_a_source_fails() -> None:
 
     asyncio.run(watch())
     assert source.polls > 1
+
+
+def test_failed_timeslice_reads_are_a_counter(tmp_path: Path) -> None:
+    """The failed reads were exported as a gauge holding a running count (no `_total`, no `rate()`)."""
+    path = tmp_path / "groups.json"
+    path.write_text("{not json")
+    app = gateway()
+    app.timeslice = FileTimesliceSource(path, lambda: 1000.0)
+
+    async def watch() -> str:
+        task = asyncio.get_running_loop().create_task(app._watch_timeslice())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        return app._render_metrics().decode()
+
+    text = asyncio.run(watch())
+    assert "# TYPE leadtime_router_timeslice_source_errors_total counter" in text
+    failed = re.search(r"^leadtime_router_timeslice_source_errors_total (\S+)$", text, re.M)
+    assert failed is not None and float(failed.group(1)) == app.timeslice.errors >= 1
+
+
+def test_the_pulled_model_age_is_minus_one_without_a_pulled_model() -> None:
+    """Its help says -1 before any pull reached the model; without --pull-model it read 0, a model just pulled."""
+    text = gateway()._render_metrics().decode()
+    assert re.search(r"^leadtime_router_pulled_model_age_seconds -1\.0$", text, re.M), text
 
 
 # ----- leadtime route ------------------------------------------------------------------------------------------

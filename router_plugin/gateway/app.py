@@ -235,6 +235,7 @@ class Gateway:
         self._group_view: dict[str, str] = {}
         self._passed = PassedThroughLoad()
         self._scrape_errors_seen: dict[str, int] = {}
+        self._timeslice_errors_seen = 0
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.timeslice: Any = None
@@ -347,7 +348,9 @@ class Gateway:
                     await result
             except Exception:  # noqa: BLE001 - a watcher must keep watching; the source keeps its last states
                 log.exception("time-slice poll failed")
-            self.metrics.timeslice_source_errors.set(source.errors)
+            if source.errors > self._timeslice_errors_seen:
+                self.metrics.timeslice_source_errors.inc(source.errors - self._timeslice_errors_seen)
+                self._timeslice_errors_seen = source.errors
             self._refresh_group_views()
             await asyncio.sleep(self.settings.timeslice_poll_s)
 

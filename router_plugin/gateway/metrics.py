@@ -176,7 +176,8 @@ class GatewayMetrics:
             "Seconds since a pull of the service's model last reached it (--pull-model; -1 before any did).",
             registry=r,
         )
-        self.timeslice_source_errors = Gauge(
+        self.pulled_model_age.set(-1.0)
+        self.timeslice_source_errors = Counter(
             f"{p}_timeslice_source_errors", "Failed reads of time-slice group states.", registry=r
         )
         self.replica_events = Counter(
