@@ -135,7 +135,10 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["serve", "--role", "both"], {}, "role"),
         (["serve", "--accelerator", "abacus"], {}, "abacus"),
         (["serve"], {"LEADTIME_QUANTILE": "2"}, "quantile"),
-        (["serve", "--redis", "http://x"], {}, "redis_url"),
+        (["serve", "--redis", "http://x"], {}, "--redis (LEADTIME_REDIS_URL): "),
+        (["serve", "--port", "99999"], {}, "--port (LEADTIME_PORT): "),
+        (["serve", "--tls-cert", __file__], {}, "--tls-cert and --tls-key go together"),
+        (["serve"], {"LEADTIME_MAX_BODY_BYTES": "-1"}, "LEADTIME_MAX_BODY_BYTES: "),
     ]:
         process = leadtime(*args, env=env)
         _, err = process.communicate(timeout=60)

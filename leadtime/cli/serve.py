@@ -10,6 +10,33 @@ import typer
 from leadtime.cli.common import app, fail
 from leadtime.features.errors import FeatureError, validation_problem
 
+OPTION_OF = {
+    "host": "--host",
+    "port": "--port",
+    "grpc_port": "--grpc-port",
+    "redis_url": "--redis",
+    "role": "--role",
+    "objective": "--objective",
+    "quantile": "--quantile",
+    "model_dir": "--model-dir",
+    "api_token": "--api-token",
+    "accelerator": "--accelerator",
+    "model": "--model",
+    "tls_certfile": "--tls-cert",
+    "tls_keyfile": "--tls-key",
+}
+"""The service settings `leadtime serve` takes as options; the others are read from `LEADTIME_<FIELD>` only."""
+
+
+def setting_name(field: str) -> str:
+    """A setting as the user gave it: its option and variable, or the variable alone.
+
+    >>> setting_name("redis_url"), setting_name("max_body_bytes")
+    ('--redis (LEADTIME_REDIS_URL)', 'LEADTIME_MAX_BODY_BYTES')
+    """
+    variable = f"LEADTIME_{field.upper()}"
+    return f"{OPTION_OF[field]} ({variable})" if field in OPTION_OF else variable
+
 
 @app.command("serve")
 def serve(
@@ -77,7 +104,10 @@ def serve(
         plan_cpus(settings.learner_cpus, allowed_cpus())
     except ValidationError as err:
         where, problem = validation_problem(err)
-        fail(f"{where}: {problem}" if where else problem)
+        for field, option in OPTION_OF.items():
+            if "_" in field:  # a name no sentence has: a check of several settings together names them
+                problem = problem.replace(field, option)
+        fail(f"{setting_name(where)}: {problem}" if where else problem)
     except (FeatureError, CpuPlanError) as err:
         fail(err)
     from leadtime.predictor.service.app import StoreError
