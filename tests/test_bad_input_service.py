@@ -261,7 +261,7 @@ def test_a_settings_error_that_names_no_field_reads_cleanly(tmp_path: Path) -> N
     cert = tmp_path / "cert.pem"
     cert.write_text("x")
     code, message = leadtime_serve("--tls-cert", str(cert))
-    assert_one_line(code, message, "tls_certfile and tls_keyfile go together")
+    assert_one_line(code, message, "--tls-cert and --tls-key go together")
     assert not message.startswith("error: :") and "Value error" not in message, message
 
 
@@ -291,4 +291,4 @@ def test_serve_refuses_a_model_dir_that_cannot_be_made_even_as_root() -> None:
 def test_serve_refuses_an_api_token_no_client_could_send(token: str) -> None:
     """An empty `--api-token ""` left the write paths open without the warning that no token gives."""
     code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--api-token", token)
-    assert_one_line(code, message, "api_token")
+    assert_one_line(code, message, "--api-token (LEADTIME_API_TOKEN)")
