@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_until
 
-from leadtime.predictor.artifact import FILE_NAME
+from leadtime.predictor.artifact import FILE_NAME, decode, save_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
@@ -174,6 +174,34 @@ def test_a_clean_stop_saves_what_was_learned_since_the_last_save(tmp_path: Path)
     assert OnlinePredictor.load(tmp_path, background=False).status()["observations"] == learned
     with TestClient(create_app(settings)) as restarted:
         assert restarted.app.state.runtime.learned() == learned  # type: ignore[attr-defined]
+
+
+def foreign_model(tmp_path: Path, version: int) -> bytes:
+    """A model another process (`leadtime retrain --registry DIR`) publishes to the directory."""
+    other = OnlinePredictor(LearnerConfig(background=False))
+    other.version = version
+    save_file(tmp_path, other.to_bytes())
+    return (tmp_path / FILE_NAME).read_bytes()
+
+
+def test_a_model_published_to_the_model_dir_by_another_process_is_served_and_not_overwritten(tmp_path: Path) -> None:
+    """`leadtime retrain --registry DIR` beside `serve --model-dir DIR`: the service never took the new model up,
+    and at its stop wrote its older one over it (version 2 back to 1)."""
+    settings = ServiceSettings(model_dir=tmp_path)
+    with TestClient(create_app(settings)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(300)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 300, timeout_s=60)
+        foreign_model(tmp_path, version=7)
+        assert c.post("/reload").json()["model_version"] == 7  # at once on /reload, else within a second
+        assert c.get("/status").json()["model_version"] == 7
+    assert decode((tmp_path / FILE_NAME).read_bytes())["version"] == 7
+
+
+def test_the_model_dir_is_taken_up_without_a_reload(tmp_path: Path) -> None:
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:
+        foreign_model(tmp_path, version=5)
+        assert wait_until(lambda: c.get("/status").json()["model_version"] == 5, timeout_s=10)
 
 
 def test_a_stop_before_anything_was_learned_leaves_the_model_dir_alone(tmp_path: Path) -> None:

@@ -80,6 +80,7 @@ async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
     try:
         # In a worker thread: loading a model waits for the registry and for the learner's pipe, and the event
         # loop must keep answering predictions meanwhile.
+        await asyncio.to_thread(runtime.sync_model_dir)  # a model another process wrote to --model-dir
         synced, loaded = await asyncio.to_thread(runtime.sync_from_store)
     except ArtifactError as err:
         raise HTTPException(409, f"the newest published model was refused: {err}") from None

@@ -26,11 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.predictor.artifact import ArtifactError, save_file
+from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
 from leadtime.predictor.service.cpus import allowed_cpus, plan_cpus
 from leadtime.predictor.service.learning import CURSOR_KEY, ChildSetup, LearnerProcess, LearnerReport, Snapshot
+from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.service.rows import ParsedObservations, RowParser
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.base import Store
@@ -113,6 +114,7 @@ class ServiceRuntime:
         # The serving model's artifact and its SHA-256, encoded once per model installed (`serving_artifact`).
         self._artifact_cache: tuple[OnlinePredictor, int, bytes, str] | None = None
         self._artifact_lock = threading.Lock()
+        self._model_file = ModelDirFile(settings.model_dir) if settings.model_dir is not None else None
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -151,14 +153,19 @@ class ServiceRuntime:
     def _save_on_stop(self) -> None:
         """With --model-dir, keep what was learned since the model was last saved (it is saved when published):
         a restart then goes on from it. A model that learned nothing leaves the directory as it is."""
-        model_dir, predictor = self.settings.model_dir, self.predictor
-        if model_dir is None or predictor is None or not any(self.learned().values()):
+        model_file, predictor = self._model_file, self.predictor
+        if model_file is None or predictor is None or not any(self.learned().values()):
             return
         try:
-            save_file(model_dir, predictor.to_bytes())
-            log.info("saved the serving model in %s", model_dir)
+            if model_file.save(predictor.to_bytes()):
+                log.info("saved the serving model in %s", model_file.directory)
+            else:
+                log.warning(
+                    "not saving the serving model in %s: another process published a model there since, kept",
+                    model_file.directory,
+                )
         except Exception as err:  # stopping anyway: say so, do not hide the stop behind a traceback
-            log.warning("could not save the serving model in %s: %s", model_dir, err)
+            log.warning("could not save the serving model in %s: %s", model_file.directory, err)
 
     @property
     def ready(self) -> bool:
@@ -195,6 +202,8 @@ class ServiceRuntime:
                 self._refused_version = latest[0]
                 self._loop_errors["model_sync"] = f"published model {latest[0]} refused: {err}"
         model_dir = self.settings.model_dir
+        if self._model_file is not None:
+            self._model_file.note_current()  # what is there now is known: not another process's publication
         if model_dir is not None and model_dir.exists():
             try:
                 predictor = OnlinePredictor.load(model_dir, background=False)
@@ -364,9 +373,15 @@ class ServiceRuntime:
             # What is published now is at least as new as any retrain that could not be published before.
             self._unpublished = None
             self._retrain_error = None
-        if self.settings.model_dir is not None:
-            save_file(self.settings.model_dir, artifact)
-            self._loop_errors.pop("model_load", None)
+        if self._model_file is not None:
+            if self._model_file.save(artifact):
+                self._loop_errors.pop("model_load", None)
+            else:
+                log.warning(
+                    "not saving model %d in %s: another process published a model there since (taken up next)",
+                    version,
+                    self._model_file.directory,
+                )
         return version
 
     def sync_from_store(self) -> tuple[bool, bool]:
@@ -414,6 +429,43 @@ class ServiceRuntime:
         self.metrics.model_swaps.inc()
         return True, True
 
+    def sync_model_dir(self) -> bool:
+        """Take up a model another process published to --model-dir (`leadtime retrain --registry DIR`): it is
+        published to the store as any replica's would be, and every replica swaps it in (the sync loop, or
+        `/reload` at once). It continues from this service's stream position: the position in its file belongs
+        to the stream of whichever process wrote it. True if one was taken up."""
+        model_file = self._model_file
+        if model_file is None:
+            return False
+        try:
+            data = model_file.changed()
+        except OSError as err:
+            self._loop_errors["model_load"] = f"cannot read the model in {model_file.directory}: {err}"
+            return False
+        if data is None:
+            return False
+        model_file.note(data)  # taken up or refused: either way not looked at again until it changes
+        try:
+            predictor = OnlinePredictor.from_bytes(data, background=False)
+        except ArtifactError as err:
+            log.warning("ignoring the model another process wrote to %s: %s", model_file.directory, err)
+            self._loop_errors["model_load"] = f"the model in {model_file.directory} was refused ({err})"
+            return False
+        predictor.metadata.pop(CURSOR_KEY, None)
+        try:
+            version = self.store.publish_model(predictor.to_bytes())
+        except Exception as err:
+            self._loop_errors["model_load"] = f"cannot publish the model in {model_file.directory}: {err}"
+            return False
+        self._loop_errors.pop("model_load", None)
+        log.info(
+            "taking up the model another process wrote to %s (its version %d, published as %d)",
+            model_file.directory,
+            predictor.version,
+            version,
+        )
+        return True
+
     def _close_lineage(self) -> None:
         """The learner's lineage ends (restart or adoption): keep what its serving snapshot had counted (under
         _counts_lock). Rows it learned after that snapshot are read and learned again by the next one."""
@@ -456,6 +508,7 @@ class ServiceRuntime:
 
     def _sync_loop(self) -> None:
         while not self._stop.is_set():
+            self.sync_model_dir()
             try:
                 newer = self.store.wait_for_model(max(self.store_version, self._refused_version), 0.5)
                 self._loop_errors.pop("model_registry", None)

@@ -1,0 +1,95 @@
+"""The `--model-dir` file, shared with whoever else writes there (`leadtime retrain --registry DIR`).
+
+The service loads the directory's model at start and saves its own there when it publishes one and when it stops.
+Another process may publish there meanwhile; its model must not be overwritten by an older lineage, so the
+service remembers what the file held when it last read or wrote it, and treats a change it did not make as a
+publication to take up (see `ServiceRuntime._sync_model_dir`), not as a file to write over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+from leadtime.predictor.artifact import FILE_NAME, save_file
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a rewrite cheaply: inode, size and modification time (None: no file)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class ModelDirFile:
+    """The artifact file in a model directory, and what this process last knew it to hold.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> f = ModelDirFile(d)
+    >>> f.note_current(); f.save(b"ours"), f.changed()
+    (True, None)
+    >>> _ = save_file(d, b"theirs")  # another process publishes
+    >>> f.changed(), f.save(b"ours again")
+    (b'theirs', False)
+    >>> f.note(b"theirs"); f.save(b"ours, from theirs")
+    True
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / FILE_NAME
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._digest: str | None = None
+
+    def note_current(self) -> None:
+        """Take what the file holds now as known (at start: whatever is there is the starting point)."""
+        with self._lock:
+            self._stamp = _stamp(self.path)
+            self._digest = _digest_of(self.path) if self._stamp is not None else None
+
+    def note(self, data: bytes) -> None:
+        """The file holds `data`, read (or taken up) by this process."""
+        with self._lock:
+            self._stamp = _stamp(self.path)
+            self._digest = hashlib.sha256(data).hexdigest()
+
+    def changed(self) -> bytes | None:
+        """The file's bytes if another process wrote them since this one last read or wrote it, else None."""
+        with self._lock:
+            return self._changed()
+
+    def save(self, data: bytes) -> bool:
+        """Write `data` unless another process wrote the file since (then False: its model is newer news)."""
+        with self._lock:
+            if self._changed() is not None:
+                return False
+            save_file(self.directory, data)
+            self._stamp = _stamp(self.path)
+            self._digest = hashlib.sha256(data).hexdigest()
+            return True
+
+    def _changed(self) -> bytes | None:
+        stamp = _stamp(self.path)
+        if stamp == self._stamp or stamp is None:
+            return None
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if hashlib.sha256(data).hexdigest() == self._digest:
+            self._stamp = stamp  # rewritten with the same bytes
+            return None
+        return data
+
+
+def _digest_of(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
