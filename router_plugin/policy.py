@@ -144,13 +144,18 @@ class RoleSplit:
 
 
 def split_by_role(candidates: Sequence[Candidate]) -> RoleSplit:
-    """Group candidates by role; a fleet is either unified (`both`) or P/D (`prefill` + `decode`)."""
+    """Group candidates by role; a fleet is either unified (`both`) or P/D (`prefill` + `decode`).
+
+    Decode endpoints prefill for themselves whatever is not sent to a prefill endpoint, so without any prefill
+    endpoint (the pool scaled to zero or unreachable) they serve whole requests, as a unified fleet. Prefill
+    endpoints alone serve no client."""
     if not candidates:
         raise NoCandidateError("no candidate endpoints")
     unified = tuple(c for c in candidates if c.state.role == "both")
     prefill = tuple(c for c in candidates if c.state.role == "prefill")
     decode = tuple(c for c in candidates if c.state.role == "decode")
-    if (prefill or decode) and not (prefill and decode):
-        missing = "decode" if prefill else "prefill"
-        raise NoCandidateError(f"P/D fleet has no {missing} endpoint")
+    if prefill and not decode:
+        raise NoCandidateError("P/D fleet has no decode endpoint (prefill endpoints serve no client alone)")
+    if decode and not prefill:
+        return RoleSplit(unified + decode, (), ())
     return RoleSplit(unified, prefill, decode)

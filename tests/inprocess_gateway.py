@@ -14,7 +14,7 @@ from leadtime.features.vllm_metrics import parse_samples
 from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.policy import RoutingPolicy
-from leadtime.simulator.fleet import Fleet
+from leadtime.simulator.fleet import EndpointConfig, Fleet
 from leadtime.simulator.serve import FleetServer
 
 Scenario = Callable[[httpx.AsyncClient], Awaitable[Any]]
@@ -27,15 +27,19 @@ def through_gateway(
     settings: GatewaySettings,
     tokens_per_event: int = 1,
     attach: Callable[[Gateway], None] | None = None,
+    discovered: Callable[[EndpointConfig], bool] = lambda cfg: True,
 ) -> tuple[dict[str, Any], Any]:
     """Run `scenario(client)` against the gateway once every endpoint has been scraped; the gateway's metrics
-    (parsed samples) and what the scenario returned. `attach` is given the gateway before it starts."""
+    (parsed samples) and what the scenario returned. `attach` is given the gateway before it starts; the gateway
+    discovers the endpoints `discovered` keeps (all of them by default)."""
     server = FleetServer(fleet, [free_port() for _ in fleet.endpoints], tokens_per_event=tokens_per_event)
     server.start()
 
     async def go() -> tuple[dict[str, Any], Any]:
         specs = []
         for cfg, port in zip(fleet.endpoints, server.ports, strict=True):
+            if not discovered(cfg):
+                continue
             spec = f"127.0.0.1:{port},name={cfg.endpoint_id},leadtime.io/accelerator={cfg.accelerator}"
             specs.append(f"{spec},llm-d.ai/role={cfg.role}")
         gateway = Gateway(StaticDiscovery(parse_static(specs)), policy, settings)

@@ -90,3 +90,19 @@ def test_the_endpoints_refusal_comes_back_as_it_is_and_stateful_paths_are_not_pa
     assert stateful.status_code == 404 and "/v1/responses" in stateful.json()["error"]
     # On a P/D fleet the prefill endpoints serve no client: the decode endpoint answers.
     assert ok.status_code == 200 and ok.headers["x-leadtime-endpoint"] == "d-0"
+
+
+async def one_completion(client: httpx.AsyncClient) -> httpx.Response:
+    return await client.post("/v1/completions", json={"prompt": "just the decode pool", "max_tokens": 3})
+
+
+def test_a_pd_fleet_without_its_prefill_pool_is_served_by_its_decode_endpoints() -> None:
+    _, reply = through_gateway(PD, Learning(), one_completion, SETTINGS, discovered=lambda cfg: cfg.role == "decode")
+    assert reply.status_code == 200 and reply.headers["x-leadtime-endpoint"] == "d-0"
+    assert "x-leadtime-prefill-endpoint" not in reply.headers
+
+
+def test_a_pd_fleet_without_its_decode_pool_is_a_503_saying_so() -> None:
+    _, reply = through_gateway(PD, Learning(), one_completion, SETTINGS, discovered=lambda cfg: cfg.role == "prefill")
+    assert reply.status_code == 503 and reply.json()["field"] == "endpoints"
+    assert "no decode endpoint" in reply.json()["error"]

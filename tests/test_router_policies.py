@@ -114,6 +114,17 @@ def test_split_by_role_errors() -> None:
     assert not split_by_role([cand("a")]).disaggregated
 
 
+def test_decode_endpoints_without_a_prefill_endpoint_serve_requests_whole() -> None:
+    """A P/D fleet whose prefill pool is gone (scaled to zero, unreachable) was a 503 for every request, though
+    its decode endpoints prefill for themselves whatever is not sent elsewhere."""
+    split = split_by_role([cand("d0", role="decode"), cand("d1", role="decode", waiting=3)])
+    assert [c.endpoint_id for c in split.unified] == ["d0", "d1"] and not split.disaggregated
+    cands = [cand("d0", role="decode", waiting=2), cand("d1", role="decode")]
+    for policy in (RandomPolicy(), RoundRobinPolicy(), LeastQueuePolicy(), LlmdHeuristicPolicy()):
+        pick = policy.pick(REQ, cands)
+        assert not pick.is_pair and pick.endpoint_id in ("d0", "d1")
+
+
 def test_resident_filter_drops_parked_unless_all_are() -> None:
     cands = [cand("a", timeslice="parked"), cand("b", timeslice="resident"), cand("c")]
     assert [c.endpoint_id for c in resident_filter(REQ, cands)] == ["b", "c"]

@@ -236,6 +236,7 @@ class Gateway:
         self._passed = PassedThroughLoad()
         self._scrape_errors_seen: dict[str, int] = {}
         self._timeslice_errors_seen = 0
+        self._unservable_message = "no endpoint can serve this request now"
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.timeslice: Any = None
@@ -664,7 +665,7 @@ class Gateway:
             except _ClientLeft:
                 return 499
             if routed is None:
-                await self._reply(send, 503, {"error": "no endpoint can serve this request now", "field": "endpoints"})
+                await self._reply(send, 503, {"error": self._unservable_message, "field": "endpoints"})
                 return 503
             routes.append(routed)
             target = self._target(routed)
@@ -734,6 +735,8 @@ class Gateway:
             while True:
                 candidates = self._candidates(key, excluded)
                 if not candidates:
+                    reason = "no other endpoint to retry on" if excluded else "no endpoint answered a scrape recently"
+                    self._unservable(reason, warn=False)  # the scrapes' own warnings say why
                     return None
                 try:
                     if self.decide_in_thread:
@@ -742,7 +745,8 @@ class Gateway:
                         )
                     else:
                         decision = self._pick(route, candidates)
-                except NoCandidateError:
+                except NoCandidateError as err:
+                    self._unservable(str(err))
                     return None
                 if not decision.pick.hold:
                     break
@@ -767,6 +771,13 @@ class Gateway:
         routed = _Routed(request_id, route, parsed, key, decision, {c.endpoint_id: c for c in candidates}, held_s)
         self._record_decision(routed, candidates)
         return routed
+
+    def _unservable(self, reason: str, warn: bool = True) -> None:
+        """Why no endpoint could take a request: in the 503's message, and logged when it changes."""
+        message = f"no endpoint can serve this request now: {reason}"
+        if warn and message != self._unservable_message:
+            log.warning("%s", message)
+        self._unservable_message = message
 
     def _pick(self, route: RouteRequest, candidates: list[Candidate]) -> _Decision:
         """On the decision thread."""
