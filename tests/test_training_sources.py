@@ -63,6 +63,26 @@ def test_llmd_rows_with_malformed_lines_counted_by_line(tmp_path: Path) -> None:
     assert np.array_equal(samples.actual_ttft_ms, expected.actual_ttft_ms)
 
 
+def test_rows_the_services_poisoning_guard_drops_are_left_out_by_name(tmp_path: Path) -> None:
+    """The service drops observations impossible by the roofline or above a day; the job trained on them."""
+    good = llmd_lines(60)
+    poisoned = [
+        json.dumps({**json.loads(good[0]), "actual_ttft_ms": 1e12}),
+        json.dumps({**json.loads(good[1]), "actual_ttft_ms": 1e308}),
+        json.dumps({**json.loads(good[2]), "actual_ttft_ms": 1e-6}),
+    ]
+    refused = json.dumps({**json.loads(good[3]), "input_token_length": -3})
+    for extra in ([], [refused]):  # a chunk parsed whole, and one parsed entry by entry after the parser refused
+        path = write_lines(tmp_path / "rows.jsonl", good[:30] + poisoned + extra + good[30:])
+        samples = SampleReader("h200-sxm", "qwen3-32b", max_malformed_share=0.1).read([str(path)])
+        assert len(samples) == 60
+        implausible = [m for m in samples.malformed if "implausible" in m.problem]
+        assert [m.where for m in implausible] == ["line 31", "line 32", "line 33"]
+        expected = RowParser("h200-sxm", "qwen3-32b").parse_observations([json.loads(line) for line in good])
+        assert np.array_equal(samples.actual_ttft_ms, expected.actual_ttft_ms)
+        assert np.array_equal(samples.batch.X, expected.rows.X)
+
+
 def test_too_large_a_share_of_malformed_rows_stops_the_job(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "rows.jsonl", llmd_lines(10) + ["oops"] * 2)
     with pytest.raises(SampleError, match=r"2 of 12 rows are malformed \(16\.7% > the 10\.0% allowed; first: line 11"):

@@ -7,9 +7,10 @@ what the service appends to its stream). They are checked and vectorized by the 
 meant to the service that learned it online.
 
 A row that cannot be used is *malformed*: not JSON, not an object, a field the parser refuses, a timestamp that
-is not one, or neither target observed. Each is recorded with its source and where in it (line, row or stream
-entry id), counted per source, and left out; a source whose malformed share exceeds the configured bound stops
-the job (`SampleError`), because that is more likely the wrong file than a few bad rows.
+is not one, neither target observed, or a latency the service's poisoning guard drops (`physics.implausible`).
+Each is recorded with its source and where in it (line, row or stream entry id), counted per source, and left
+out; a source whose malformed share exceeds the configured bound stops the job (`SampleError`), because that is
+more likely the wrong file than a few bad rows.
 """
 
 from __future__ import annotations
@@ -28,12 +29,17 @@ from leadtime.data import MEASURED, DataFileError, resolve
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import parse_timestamp
 from leadtime.features.vectorize import FeatureBatch
+from leadtime.predictor import physics
 from leadtime.predictor.service.rows import RowParser
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 DEFAULT_NAMESPACE = "leadtime"  # the service's (RedisStore's default)
 _CHUNK = 4096  # entries parsed per call of the service's parser
+IMPLAUSIBLE = (
+    f"implausible: a TTFT or TPOT over {physics.IMPLAUSIBLY_FAST:g}x below the hardware's roofline floor, or above "
+    f"{physics.IMPLAUSIBLY_SLOW_MS / 3.6e6:g} hours (the service's poisoning guard drops it too)"
+)
 _LISTED = 10_000  # malformed rows listed one by one in the report (all are counted)
 
 
@@ -337,10 +343,23 @@ class SampleReader:
                     kept.append(item)
                 except FeatureError as err:
                     bad.append((position, Malformed(summary.name, where, str(err).removeprefix("entry[0]."))))
-        for part in parsed:
-            batches.append(part.rows)
-            ttft.append(part.actual_ttft_ms)
-            tpot.append(part.actual_tpot_ms)
+        if not parsed:
+            return
+        rows = FeatureBatch.concat([part.rows for part in parsed]) if len(parsed) > 1 else parsed[0].rows
+        actual_ttft = np.concatenate([part.actual_ttft_ms for part in parsed])
+        actual_tpot = np.concatenate([part.actual_tpot_ms for part in parsed])
+        # The service's poisoning guard: what it would drop, the job does not train on either.
+        implausible = physics.implausible(rows.X, actual_ttft, actual_tpot)
+        if implausible.any():
+            for (position, where, _, _), dropped in zip(kept, implausible, strict=True):
+                if dropped:
+                    bad.append((position, Malformed(summary.name, where, IMPLAUSIBLE)))
+            keep = ~implausible
+            rows, actual_ttft, actual_tpot = rows[keep], actual_ttft[keep], actual_tpot[keep]
+            kept = [item for item, dropped in zip(kept, implausible, strict=True) if not dropped]
+        batches.append(rows)
+        ttft.append(actual_ttft)
+        tpot.append(actual_tpot)
         stamps.append(np.array([stamp for _, _, _, stamp in kept], dtype=np.float64))
         summary.used += len(kept)
 
