@@ -146,3 +146,17 @@ def test_bad_options_exit_2_with_one_line() -> None:
         assert process.returncode == 2, message
         assert words in message and "Traceback" not in message
         assert len(message.splitlines()) == 1
+
+
+def test_serve_refuses_a_class_that_disagrees_with_the_saved_model(tmp_path: Path) -> None:
+    """As `leadtime retrain` refuses it for its registry: the model learned rows naming no class as H200s."""
+    from leadtime.predictor.artifact import save_file
+    from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+
+    saved = OnlinePredictor(LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False))
+    save_file(tmp_path, saved.to_bytes())
+    process = leadtime("serve", "--model-dir", str(tmp_path), "--accelerator", "l40s", "--port", "0")
+    _, err = process.communicate(timeout=60)
+    message = err.decode().strip()
+    assert process.returncode == 2 and len(message.splitlines()) == 1, message
+    assert "--accelerator l40s disagrees with the model in" in message and "as h200-sxm" in message

@@ -204,6 +204,21 @@ def test_the_model_dir_is_taken_up_without_a_reload(tmp_path: Path) -> None:
         assert wait_until(lambda: c.get("/status").json()["model_version"] == 5, timeout_s=10)
 
 
+def test_rows_naming_no_class_take_the_class_the_saved_model_learned(tmp_path: Path) -> None:
+    """A model retrained on H200 rows (`retrain --accelerator h200-sxm`) served from --model-dir without
+    --accelerator: llm-d rows were vectorized as the default H100, beside offsets learned for the H200."""
+    saved = OnlinePredictor(LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False))
+    save_file(tmp_path, saved.to_bytes())
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        assert (runtime.settings.accelerator, runtime.settings.model) == ("h200-sxm", "qwen3-32b")
+        batch = runtime.parser.parse([entry(0)], "requests")
+        assert batch.accelerators == ["h200-sxm"]
+    given = ServiceSettings(model_dir=tmp_path, accelerator="l40s")  # named: the settings' class stays
+    with TestClient(create_app(given)) as c:
+        assert c.app.state.runtime.settings.accelerator == "l40s"  # type: ignore[attr-defined]
+
+
 def test_a_stop_before_anything_was_learned_leaves_the_model_dir_alone(tmp_path: Path) -> None:
     (tmp_path / "leadtime-predictor.json").write_text("{}")  # refused at start: kept for its owner to look at
     with TestClient(create_app(ServiceSettings(model_dir=tmp_path))):

@@ -64,10 +64,16 @@ def serve(
         str | None, typer.Option(envvar="LEADTIME_API_TOKEN", help="Bearer token the write paths require.")
     ] = None,
     accelerator: Annotated[
-        str | None, typer.Option(envvar="LEADTIME_ACCELERATOR", help="Class for rows naming none (h100-sxm).")
+        str | None,
+        typer.Option(
+            envvar="LEADTIME_ACCELERATOR", help="Class for rows naming none (the saved model's, else h100-sxm)."
+        ),
     ] = None,
     model: Annotated[
-        str | None, typer.Option(envvar="LEADTIME_MODEL", help="Model for rows naming none (llama-3.1-8b).")
+        str | None,
+        typer.Option(
+            envvar="LEADTIME_MODEL", help="Model for rows naming none (the saved model's, else llama-3.1-8b)."
+        ),
     ] = None,
     tls_cert: Annotated[
         Path | None, typer.Option(envvar="LEADTIME_TLS_CERTFILE", help="PEM certificate: HTTPS and gRPC over TLS.")

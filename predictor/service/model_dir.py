@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-from leadtime.predictor.artifact import FILE_NAME, save_file
+from leadtime.predictor.artifact import FILE_NAME, ArtifactError, decode, load_file, save_file
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -92,4 +92,14 @@ def _digest_of(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except FileNotFoundError:
+        return None
+
+
+def saved_class(directory: Path) -> tuple[str, str] | None:
+    """(accelerator, model) the model saved in `directory` takes rows naming no class as; None without a model
+    that loads (it is refused, and named, at start)."""
+    try:
+        config = decode(load_file(directory)).get("config", {})
+        return str(config["accelerator"]), str(config["model"])
+    except (ArtifactError, OSError, KeyError, TypeError):
         return None

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
@@ -124,6 +125,7 @@ class ServiceRuntime:
             return
         predictor = self._initial_predictor or self._first_predictor()
         self._initial_predictor = None
+        self._take_default_class(predictor)
         self._install(predictor)
         self._served_cursor = self._cursor
         self._renew_lease()
@@ -171,6 +173,27 @@ class ServiceRuntime:
     def ready(self) -> bool:
         """Whether predictions can be served (a model is installed and the service is not stopping)."""
         return self.predictor is not None and not self._stop.is_set()
+
+    def _take_default_class(self, predictor: OnlinePredictor) -> None:
+        """Rows that name no class (llm-d's never do) are of the class the first model learned them as, unless
+        the settings name one: a model retrained on H200 rows and served from --model-dir would otherwise be
+        asked about them as the default H100's."""
+        s = self.settings
+        theirs = predictor.config.accelerator, predictor.config.model
+        ours = get_accelerator(s.accelerator).slug, get_model(s.model).slug
+        if theirs == ours:
+            return
+        if {"accelerator", "model"} & s.model_fields_set:
+            log.warning(
+                "rows naming no class are taken as %s serving %s as the settings say; the model loaded learned "
+                "them as %s serving %s",
+                *ours,
+                *theirs,
+            )
+            return
+        self.settings = s.model_copy(update={"accelerator": theirs[0], "model": theirs[1]})
+        self.parser = RowParser(*theirs)
+        log.info("rows naming no class are taken as %s serving %s, as the model loaded learned them", *theirs)
 
     def _learner_config(self) -> LearnerConfig:
         s = self.settings

@@ -12,9 +12,11 @@ from types import FrameType
 
 import uvicorn
 
+from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.predictor.artifact import check_model_dir
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.cpus import format_cpu_list, pin_process
+from leadtime.predictor.service.model_dir import saved_class
 from leadtime.predictor.service.ports import check_port_free
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.settings import ServiceSettings
@@ -54,6 +56,24 @@ def check_tls_files(certfile: Path, keyfile: Path) -> None:
         raise OSError(f"cannot read the TLS files {str(certfile)!r} and {str(keyfile)!r}: {err.strerror}") from None
 
 
+def check_saved_class(settings: ServiceSettings) -> None:
+    """Raise OSError in one line when --accelerator or --model names another class than the model saved in
+    --model-dir takes rows naming none as (as `leadtime retrain` refuses the same for its registry)."""
+    assert settings.model_dir is not None
+    saved = saved_class(settings.model_dir)
+    if saved is None:
+        return
+    for name, option, given, theirs in (
+        ("accelerator", "--accelerator", get_accelerator(settings.accelerator).slug, saved[0]),
+        ("model", "--model", get_model(settings.model).slug, saved[1]),
+    ):
+        if name in settings.model_fields_set and given != theirs:
+            raise OSError(
+                f"{option} {given} disagrees with the model in {settings.model_dir}, which takes rows naming no "
+                f"class as {theirs}"
+            )
+
+
 def describe_store(store: object) -> str:
     """How the log names the store: Redis with its address (credentials left out), or this process's memory."""
     address = getattr(store, "address", None)
@@ -81,6 +101,7 @@ def serve(settings: ServiceSettings) -> None:
         check_tls_files(settings.tls_certfile, settings.tls_keyfile)
     if settings.model_dir is not None:
         check_model_dir(settings.model_dir)
+        check_saved_class(settings)
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
