@@ -69,6 +69,23 @@ def parse_groups(data: object, router_now_ms: float, wall_now_s: float) -> dict[
     return out
 
 
+def unknown_keys(data: object) -> list[str]:
+    """Keys of a group-state document that mean nothing here, as `groups.NAME.KEY` (or `KEY` at the top): left
+    for what an orchestrator may add, but a misspelled one (`activ_job`) would change what a group serves.
+
+    >>> unknown_keys({"groups": {"rl": {"state": "IDLE", "activ_job": "x"}}, "updated": 3})
+    ['updated', 'groups.rl.activ_job']
+    """
+    if not isinstance(data, dict):
+        return []
+    out = [str(key) for key in data if key not in _Document.model_fields]
+    groups = data.get("groups")
+    for name, spec in groups.items() if isinstance(groups, dict) else ():
+        if isinstance(spec, dict):
+            out.extend(f"groups.{name}.{key}" for key in spec if key not in _GroupSpec.model_fields)
+    return out
+
+
 def _load(text: str) -> object:
     try:
         return json.loads(text)
@@ -89,13 +106,15 @@ class _Source:
         self.updated_ms: float | None = None
         self.errors = 0
         self.last_error: str | None = None
+        self._warned_keys: set[str] = set()
 
     def status(self, group: str) -> GroupStatus | None:
         return self.groups.get(group)
 
     def _apply(self, raw: bytes, where: str) -> None:
         try:
-            groups = parse_groups(_load(raw.decode()), self.clock(), time.time())
+            data = _load(raw.decode())
+            groups = parse_groups(data, self.clock(), time.time())
         except UnicodeDecodeError as err:
             self._failed(f"{where}: not valid YAML/JSON ({err})")
             return
@@ -116,6 +135,12 @@ class _Source:
         self.groups = groups
         self.updated_ms = self.clock()
         self.last_error = None
+        for key in unknown_keys(data):
+            name = key.rsplit(".", 1)[-1]
+            if name not in self._warned_keys:
+                self._warned_keys.add(name)
+                known = ", ".join(_GroupSpec.model_fields if "." in key else _Document.model_fields)
+                log.warning("time-slice states: %s: unknown key, ignored (known: %s)", key, known)
 
     def _failed(self, message: str) -> None:
         self.errors += 1

@@ -3,7 +3,9 @@ metric names, time-slice documents, the predictor wrapper's breaker and batches,
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -20,13 +22,21 @@ from leadtime.features.rows import EndpointState, FeatureRow, Observation, Reque
 from leadtime.features.vllm_metrics import parse_vllm_metrics
 from leadtime.router_plugin.affinity import PrefixAffinity
 from leadtime.router_plugin.client import BulkPredictions, PredictorError, PredictorUnavailable
-from leadtime.router_plugin.discovery import DiscoveryError, FileDiscovery, parse_endpoints, parse_static
+from leadtime.router_plugin.discovery import (
+    DiscoveryError,
+    FileDiscovery,
+    StaticDiscovery,
+    parse_endpoints,
+    parse_static,
+)
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.metrics import FALLBACK_REASONS, GatewayMetrics
 from leadtime.router_plugin.gateway.predictor import GatewayPredictor, failure_reason
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 from leadtime.router_plugin.gateway.requests import BadRequest, parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
-from leadtime.router_plugin.scrape import wanted_lines
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from leadtime.router_plugin.scrape import EndpointScrape, wanted_lines
 from leadtime.router_plugin.timeslice_sources import FileTimesliceSource, TimesliceError, parse_groups
 
 ENDPOINTS = {
@@ -307,6 +317,46 @@ def test_group_states_come_on_the_routers_clock(tmp_path: Path) -> None:
     path.write_text("groups: {rl: {state: NOPE}}")
     source.poll()
     assert source.errors == 1 and source.status("rl") is not None  # the previous states are kept
+
+
+def test_a_misspelled_key_in_the_group_states_is_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unknown keys are left for what an orchestrator may add; a misspelled `active_job` went unnoticed, its group
+    taken as serving whatever it holds."""
+    path = tmp_path / "groups.yaml"
+    path.write_text("groups: {rl: {state: LOCKED, activ_job: inference, loaded_job: inference}}\nupdated: 3\n")
+    source = FileTimesliceSource(path, clock=lambda: 10_000.0)
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.timeslice"):
+        source.poll()
+        path.write_text("groups: {rl: {state: LOCKED, activ_job: training}}\n")
+        source.poll()
+    assert source.status("rl") is not None and source.errors == 0
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned  # once per unknown key, not at every read
+    (group_key,) = [w for w in warned if "groups.rl.activ_job" in w]
+    assert "active_job" in group_key and any("updated: unknown key" in w for w in warned)
+
+
+def test_an_endpoint_group_the_states_do_not_name_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "groups.yaml"
+    path.write_text("groups: {RL: {state: LOCKED, active_job: training}}\n")
+    (endpoint,) = parse_static(["127.0.0.1:9,name=a,leadtime.io/timeslice-group=rl"])
+    gateway = Gateway(StaticDiscovery((endpoint,)), RoundRobinPolicy(), GatewaySettings(timeslice_poll_s=0.001))
+    gateway.scraper.scrapes["a"] = EndpointScrape(endpoint)
+    gateway.timeslice = FileTimesliceSource(path, clock=lambda: 10_000.0)
+
+    async def watch() -> None:
+        task = asyncio.get_running_loop().create_task(gateway._watch_timeslice())
+        await asyncio.sleep(0.05)
+        task.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
+        asyncio.run(watch())
+    warned = [r.getMessage() for r in caplog.records if "'rl'" in r.getMessage()]
+    assert len(warned) == 1 and "RL" in warned[0], warned
 
 
 # ----- the predictor wrapper --------------------------------------------------------------------------------

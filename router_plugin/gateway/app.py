@@ -236,6 +236,7 @@ class Gateway:
         self._passed = PassedThroughLoad()
         self._scrape_errors_seen: dict[str, int] = {}
         self._timeslice_errors_seen = 0
+        self._unnamed_groups: set[str] = set()
         self._unservable_message = "no endpoint can serve this request now"
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -349,11 +350,30 @@ class Gateway:
                     await result
             except Exception:  # noqa: BLE001 - a watcher must keep watching; the source keeps its last states
                 log.exception("time-slice poll failed")
+            self._warn_unnamed_groups(source)
             if source.errors > self._timeslice_errors_seen:
                 self.metrics.timeslice_source_errors.inc(source.errors - self._timeslice_errors_seen)
                 self._timeslice_errors_seen = source.errors
             self._refresh_group_views()
             await asyncio.sleep(self.settings.timeslice_poll_s)
+
+    def _warn_unnamed_groups(self, source: Any) -> None:
+        """Once per group: an endpoint's time-slice group that the states read do not name is taken as serving
+        (a name spelled otherwise on either side would leave its endpoints routed while they train)."""
+        if getattr(source, "updated_ms", None) is None:
+            return  # nothing read yet
+        for scrape in self.scraper.scrapes.values():
+            group = scrape.endpoint.timeslice_group
+            if group and group not in self._unnamed_groups and source.status(group) is None:
+                self._unnamed_groups.add(group)
+                named = ", ".join(sorted(getattr(source, "groups", {}))) or "none"
+                log.warning(
+                    "time-slice group %r of endpoint %s is not in the group states (they name: %s); its endpoints "
+                    "are taken as serving",
+                    group,
+                    scrape.endpoint.endpoint_id,
+                    named,
+                )
 
     def _group_state(self, group: str) -> str:
         status = self.timeslice.status(group) if self.timeslice is not None else None
