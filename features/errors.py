@@ -64,6 +64,27 @@ def validation_problem(err: ValidationError) -> tuple[str, str]:
     ... except ValidationError as err:
     ...     validation_problem(err)
     ('plugins[1].ref', 'must not be empty')
+
+    A key the model does not know is named before the errors it explains (a misspelled key leaves the one meant
+    missing), and a value outside a fixed set is quoted:
+
+    >>> from typing import Literal
+    >>> from pydantic import ConfigDict
+    >>> class Pool(BaseModel):
+    ...     model_config = ConfigDict(extra="forbid")
+    ...     role: Literal["prefill", "decode"]
+    >>> for bad in ({"rol": "decode"}, {"role": "Decode"}):
+    ...     try:
+    ...         Pool.model_validate(bad)
+    ...     except ValidationError as err:
+    ...         validation_problem(err)
+    ('rol', 'Extra inputs are not permitted')
+    ('role', "Input should be 'prefill' or 'decode', got 'Decode'")
     """
-    first = err.errors()[0]
-    return field_path(first["loc"]), problem_text(first["msg"])
+    errors = err.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    problem = problem_text(first["msg"])
+    if first["type"] in ("literal_error", "enum"):
+        got = repr(first.get("input"))
+        problem += f", got {got if len(got) <= 60 else got[:57] + '...'}"
+    return field_path(first["loc"]), problem

@@ -199,11 +199,23 @@ def parse_config(data: object) -> PickerConfig:
     names = [p.name for p in config.scheduling_profiles]
     for i, name in enumerate(names):
         if name in names[:i]:
-            raise ConfigError(f"schedulingProfiles.{i}.name: the profile {name!r} is defined twice")
+            raise ConfigError(f"schedulingProfiles[{i}].name: the profile {name!r} is defined twice")
+    types = {p.ref: p.type for p in config.plugins}
     for i, profile in enumerate(config.scheduling_profiles):
+        listed: list[str] = []
         for j, entry in enumerate(profile.plugins):
+            where = f"schedulingProfiles[{i}].plugins[{j}].pluginRef"
             if entry.plugin_ref not in refs:
-                raise ConfigError(f"schedulingProfiles.{i}.plugins.{j}.pluginRef: no plugin named {entry.plugin_ref!r}")
+                raise ConfigError(f"{where}: no plugin named {entry.plugin_ref!r}")
+            if entry.plugin_ref in listed:
+                raise ConfigError(f"{where}: {entry.plugin_ref!r} is listed twice (one entry, one weight)")
+            if types[entry.plugin_ref] == "predicted-latency-scorer" and any(
+                types[r] == "predicted-latency-scorer" for r in listed
+            ):
+                raise ConfigError(f"{where}: a profile takes one predicted-latency-scorer")
+            listed.append(entry.plugin_ref)
+    if not any(weight > 0 for weight in config.fallback.weights.values()):
+        raise ConfigError("fallback.weights: at least one weight must be above 0 (with none, fallbacks pick at random)")
     return config
 
 
@@ -231,6 +243,21 @@ def _parameters(model: type[BaseModel], spec: PluginSpec, where: str) -> Any:
         raise ConfigError(f"{where}.parameters.{_describe(err)}") from None
 
 
+def profile_of(config: PickerConfig, name: str) -> ProfileSpec:
+    """The scheduling profile called `name`; ConfigError listing the profiles there are."""
+    chosen = next((p for p in config.scheduling_profiles if p.name == name), None)
+    if chosen is None:
+        known = ", ".join(p.name for p in config.scheduling_profiles)
+        raise ConfigError(f"schedulingProfiles: no profile named {name!r} (profiles: {known})")
+    return chosen
+
+
+def profile_types(config: PickerConfig, name: str) -> frozenset[str]:
+    """The plugin types the profile `name` runs."""
+    plugins = {p.ref: p.type for p in config.plugins}
+    return frozenset(plugins[e.plugin_ref] for e in profile_of(config, name).plugins)
+
+
 def build_policy(
     config: PickerConfig | Mapping[str, Any] | None,
     predictor: PredictorClient | None,
@@ -240,9 +267,7 @@ def build_policy(
     """The policy a scheduling profile describes, over `predictor` (needed when it uses predicted latency)."""
     if not isinstance(config, PickerConfig):
         config = parse_config(DEFAULT_CONFIG if config is None else config)
-    chosen = next((p for p in config.scheduling_profiles if p.name == profile), None)
-    if chosen is None:
-        raise ConfigError(f"schedulingProfiles: no profile named {profile!r}")
+    chosen = profile_of(config, profile)
     plugins = {p.ref: p for p in config.plugins}
     used = [(plugins[e.plugin_ref], e.weight, e.plugin_ref) for e in chosen.plugins]
     types = {spec.type for spec, _, _ in used}

@@ -390,7 +390,8 @@ def route(*args: str) -> tuple[int, str]:
     ],
 )
 def test_route_refuses_options_that_cannot_work_with_one_line(args: list[str], message: str) -> None:
-    code, output = route("--endpoint", "127.0.0.1:1", "--policy", "random", *args)
+    policy = ["--profile", "heuristic"] if "--timeslice-url" in args else ["--policy", "random"]  # one that reads it
+    code, output = route("--endpoint", "127.0.0.1:1", *policy, *args)
     assert code == 2, output
     assert output.startswith("error: ") and message in output and "Traceback" not in output
 

@@ -518,6 +518,10 @@ def test_lean_client_predicts_keeps_its_deadline_and_reports_refusals() -> None:
         (["--endpoint", "127.0.0.1:1", "--profile", "heuristic", "--predictor-url", "http://x:1"], "would go unused"),
         (["--endpoint", "127.0.0.1:1", "--predictor-grpc", "nohostport"], "--predictor-grpc: expected HOST:PORT"),
         (["--endpoint", "127.0.0.1:1", "--predictor-grpc", "h:99999"], "--predictor-grpc: expected HOST:PORT"),
+        (
+            ["--endpoint", "127.0.0.1:1", "--policy", "random", "--timeslice-url", "http://x:1/g"],
+            "--timeslice-url: --policy random does not read time-slice states",
+        ),
     ],
 )
 def test_route_refuses_bad_options_with_one_line(args: list[str], message: str) -> None:
@@ -528,6 +532,45 @@ def test_route_refuses_bad_options_with_one_line(args: list[str], message: str) 
     result = CliRunner().invoke(app, ["route", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_overflow_endpoints_discovery_does_not_know_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """`overflowEndpoints: [nosuch-0]` did nothing, silently: the names are checked against discovery's."""
+    from leadtime.predictor.learner import OnlinePredictor
+    from leadtime.router_plugin.client import InProcessPredictor
+    from leadtime.router_plugin.config import build_policy
+
+    config = {
+        "plugins": [{"type": "predicted-latency-scorer", "parameters": {"overflowEndpoints": ["a", "nosuch-0"]}}],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
+    }
+    policy = build_policy(config, InProcessPredictor(OnlinePredictor()))
+    endpoints = parse_static(["127.0.0.1:9,name=a", "127.0.0.1:10,name=b"])
+    gateway = Gateway(StaticDiscovery(endpoints), policy, GatewaySettings())
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
+        gateway._warn_unknown_overflow()
+        gateway._warn_unknown_overflow()  # once
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "'nosuch-0'" in warned[0] and "'a'" not in warned[0], warned
+
+
+def test_route_refuses_time_slice_states_its_profile_would_not_read(tmp_path: Path) -> None:
+    """Training held the endpoints, and 9 of 12 requests went to them: the profile had no timeslice-filter."""
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+
+    config = tmp_path / "plugins.yaml"
+    config.write_text(
+        "plugins: [{type: queue-scorer}, {type: max-score-picker}]\n"
+        "schedulingProfiles: [{name: q, plugins: [{pluginRef: queue-scorer}, {pluginRef: max-score-picker}]}]\n"
+    )
+    states = tmp_path / "groups.yaml"
+    states.write_text("groups: {}\n")
+    args = ["route", "--endpoint", "127.0.0.1:1", "--config", str(config), "--profile", "q"]
+    result = CliRunner().invoke(app, [*args, "--timeslice-file", str(states)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--timeslice-file: profile 'q' has no timeslice-filter, so the group states would go unused" in result.output
 
 
 def test_route_hands_its_options_to_the_gateway_api_keys_from_the_environment_apart_by_spaces(

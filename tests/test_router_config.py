@@ -143,6 +143,54 @@ def test_weights_and_parameters_reach_the_policy() -> None:
             "weight",
         ),
         ({"plugins": [], "schedulingProfiles": []}, "plugins"),
+        (  # the value refused is named, and the path is written one way
+            {"plugins": [{"type": "queue-scorrer"}], "schedulingProfiles": [{"plugins": [{"pluginRef": "x"}]}]},
+            "or 'kv-cache-utilization-scorer', got 'queue-scorrer'",
+        ),
+        (
+            {"plugins": [{"type": "queue-scorer"}], "schedulingProfiles": [{"plugins": [{"pluginRef": "nope"}]}]},
+            "schedulingProfiles[0].plugins[0].pluginRef: no plugin named 'nope'",
+        ),
+        (  # a misspelled key is named rather than the key it hides
+            {"plugins": [{"type": "queue-scorer"}], "schedulingprofiles": [{"plugins": [{"pluginRef": "x"}]}]},
+            "schedulingprofiles: ",
+        ),
+        (
+            {
+                "plugins": [{"type": "queue-scorer"}],
+                "schedulingProfiles": [
+                    {
+                        "plugins": [
+                            {"pluginRef": "queue-scorer", "weight": 1},
+                            {"pluginRef": "queue-scorer", "weight": 5},
+                        ]
+                    }
+                ],
+            },
+            "schedulingProfiles[0].plugins[1].pluginRef: 'queue-scorer' is listed twice",
+        ),
+        (
+            {
+                "plugins": [
+                    {"type": "predicted-latency-scorer"},
+                    {"type": "predicted-latency-scorer", "name": "second", "parameters": {"exploration": 0.5}},
+                ],
+                "schedulingProfiles": [
+                    {"plugins": [{"pluginRef": "predicted-latency-scorer"}, {"pluginRef": "second"}]}
+                ],
+            },
+            "schedulingProfiles[0].plugins[1].pluginRef: a profile takes one predicted-latency-scorer",
+        ),
+        (
+            {
+                "plugins": [{"type": "queue-scorer"}],
+                "schedulingProfiles": [{"plugins": [{"pluginRef": "queue-scorer"}]}],
+                "fallback": {
+                    "weights": {"queue-scorer": 0, "prefix-cache-scorer": 0, "kv-cache-utilization-scorer": 0}
+                },
+            },
+            "fallback.weights: at least one weight must be above 0",
+        ),
     ],
 )
 def test_mistakes_name_the_field(config: dict[str, object], field: str) -> None:
@@ -153,7 +201,7 @@ def test_mistakes_name_the_field(config: dict[str, object], field: str) -> None:
 def test_a_latency_profile_without_a_predictor_and_a_missing_profile_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="needs a predictor"):
         build_policy(None, None)
-    with pytest.raises(ConfigError, match="no profile named 'fast'"):
+    with pytest.raises(ConfigError, match=r"no profile named 'fast' \(profiles: default\)"):
         build_policy(None, QueueModel(), profile="fast")
     bad = tmp_path / "bad.yaml"
     bad.write_text("plugins: [\n")

@@ -237,6 +237,7 @@ class Gateway:
         self._scrape_errors_seen: dict[str, int] = {}
         self._timeslice_errors_seen = 0
         self._unnamed_groups: set[str] = set()
+        self._unknown_overflow: set[str] = set()
         self._unservable_message = "no endpoint can serve this request now"
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -292,6 +293,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.scraper.sync(self.discovery.endpoints)
+        self._warn_unknown_overflow()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch_discovery()))
         if self.timeslice is not None:
@@ -340,6 +342,17 @@ class Gateway:
                 for endpoint_id in gone:
                     self.affinity.forget(endpoint_id)
                 self.scraper.sync(self.discovery.endpoints)
+                self._warn_unknown_overflow()
+
+    def _warn_unknown_overflow(self) -> None:
+        """Once per name: an `overflowEndpoints` entry that no discovered endpoint has (a misspelling would leave
+        the overflow to the candidates' order, silently)."""
+        named = getattr(getattr(self.policy, "config", None), "overflow_endpoints", ())
+        known = {e.endpoint_id for e in self.discovery.endpoints}
+        for name in named:
+            if name not in known and name not in self._unknown_overflow:
+                self._unknown_overflow.add(name)
+                log.warning("overflowEndpoints names %r, which no discovered endpoint is (not yet, at least)", name)
 
     async def _watch_timeslice(self) -> None:
         source: Any = self.timeslice

@@ -13,7 +13,7 @@ import uvicorn
 from leadtime.predictor.service.ports import probe_bind
 from leadtime.predictor.service.serve import check_tls_files
 from leadtime.router_plugin.client import PredictorClient
-from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
+from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config, profile_types
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
@@ -51,17 +51,29 @@ class RouteOptions:
     them (`router_plugin.shadow`)."""
 
 
+def _chosen_types(options: RouteOptions) -> frozenset[str]:
+    """The plugin types the chosen profile runs (none for a plain `--policy`)."""
+    if options.policy:
+        return frozenset()
+    config = load_config(options.config) if options.config else parse_config(_default_config())
+    return profile_types(config, options.profile)
+
+
 def needs_predictor(options: RouteOptions) -> bool:
     """Whether the chosen profile scores with predicted latency, or a policy that does not is shadowed;
-    ConfigError for a shadowed profile that predicts already."""
+    ConfigError for a shadowed profile that predicts already, and for time-slice states nothing would read."""
+    types = _chosen_types(options)
+    if options.timeslice_file is not None or options.timeslice_url is not None:
+        given = "--timeslice-file" if options.timeslice_file is not None else "--timeslice-url"
+        if options.policy:
+            raise ConfigError(f"{given}: --policy {options.policy} does not read time-slice states")
+        if "timeslice-filter" not in types:
+            raise ConfigError(
+                f"{given}: profile {options.profile!r} has no timeslice-filter, so the group states would go unused"
+            )
     if options.policy:
         return options.shadow
-    config = load_config(options.config) if options.config else parse_config(_default_config())
-    profile = next((p for p in config.scheduling_profiles if p.name == options.profile), None)
-    if profile is None:
-        raise ConfigError(f"schedulingProfiles: no profile named {options.profile!r}")
-    plugins = {p.ref: p.type for p in config.plugins}
-    predicts = any(plugins[e.plugin_ref] == "predicted-latency-scorer" for e in profile.plugins)
+    predicts = "predicted-latency-scorer" in types
     if predicts and options.shadow:
         raise ConfigError(
             f"--shadow: profile {options.profile!r} routes on predictions and learns from every request already; "
