@@ -60,8 +60,16 @@ class PrometheusApi:
             body = reply.json()
         except ValueError:
             raise PrometheusError(f"Prometheus at {self.url}{path} answered {reply.status_code}, not JSON") from None
+        if not isinstance(body, dict) or body.get("status") not in ("success", "error"):
+            raise PrometheusError(
+                f"{self.url} does not answer as Prometheus's HTTP API ({path} answered {reply.status_code}): is it "
+                "Prometheus's address?"
+            )
         if body.get("status") != "success":
-            raise PrometheusError(f"{body.get('errorType', reply.status_code)}: {body.get('error', 'no error text')}")
+            raise PrometheusError(
+                f"Prometheus at {self.url}: {body.get('errorType', reply.status_code)}: "
+                f"{body.get('error', 'no error text')}"
+            )
         return body["data"]
 
     def scrape_interval_s(self) -> float:

@@ -231,6 +231,15 @@ def test_serve_refuses_tls_files_that_are_not_a_certificate_and_key(tmp_path: Pa
     assert_one_line(code, message, str(cert), str(key))
 
 
+def test_a_missing_tls_file_is_named_alone(tmp_path: Path) -> None:
+    """`route --tls-cert /nonexistent.pem --tls-key key.pem` named both files, not which one is missing."""
+    key = tmp_path / "key.pem"
+    key.write_text("not a key\n")
+    with pytest.raises(OSError) as caught:
+        check_tls_files(tmp_path / "missing.pem", key)
+    assert str(caught.value) == f"cannot read the TLS file '{tmp_path / 'missing.pem'}': no such file or directory"
+
+
 @pytest.mark.parametrize(
     "url",
     [

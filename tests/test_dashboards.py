@@ -145,3 +145,38 @@ def test_render_without_a_prometheus_is_one_line_and_exit_2(tmp_path: Path) -> N
         app, ["dashboards", "render", "--prometheus", "x", "--out", str(tmp_path), "--minutes", "0"]
     )
     assert bad.exit_code == 2 and "--minutes must be > 0" in bad.output
+
+
+def test_render_against_a_server_that_is_not_prometheus_says_so(tmp_path: Path) -> None:
+    """Pointed at the service instead of Prometheus it said "error: 404: Not Found"."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotPrometheus(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"detail": "Not Found"}'
+            self.send_response(404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotPrometheus)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        result = CliRunner().invoke(app, ["dashboards", "render", "--prometheus", url, "--out", str(tmp_path)])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{url} does not answer as Prometheus's HTTP API" in result.output and "404" in result.output
+
+
+def test_build_into_a_file_says_a_folder_is_needed(tmp_path: Path) -> None:
+    in_the_way = tmp_path / "leadtime-predictor.json"
+    in_the_way.write_text("{}")
+    result = CliRunner().invoke(app, ["dashboards", "build", "--out", str(in_the_way)])
+    assert result.exit_code == 2 and "a file is in the way (a folder is needed)" in result.output

@@ -387,6 +387,17 @@ class _Client:
 ROW = FeatureRow(RequestFeatures(input_tokens=10), EndpointState(endpoint_id="e"))
 
 
+def test_a_failed_warm_up_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """An untrusted predictor certificate at start was said at INFO only; every decision then falls back."""
+    client = _Client()
+    client.down = True
+    wrapper = GatewayPredictor(client, client, GatewayMetrics())
+    with caplog.at_level(logging.INFO, logger="leadtime.router.predictor"):
+        assert not wrapper.warm_up(ROW)
+    (record,) = [r for r in caplog.records if "warm-up failed" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+
+
 def test_the_breaker_rests_after_failures_in_a_row() -> None:
     client = _Client()
     wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=3, open_for_s=0.2)

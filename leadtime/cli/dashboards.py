@@ -19,6 +19,8 @@ def dashboards_build(
     """Write leadtime-predictor.json and leadtime-router.json from their definitions (for Grafana to import)."""
     from leadtime.dashboards.files import FOLDER, write_dashboards
 
+    if out is not None:
+        output_dir(out)
     try:
         for path in write_dashboards(out or FOLDER):
             typer.echo(f"wrote {path}")

@@ -45,6 +45,12 @@ def check_tls_files(certfile: Path, keyfile: Path) -> None:
     """Raise OSError in one line unless the files are a PEM certificate (chain) and its unencrypted private key,
     before anything is started (gRPC's C core would log three lines and blame the port; uvicorn fails only after
     the start-up log)."""
+    for path in (certfile, keyfile):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as err:
+            raise OSError(f"cannot read the TLS file {str(path)!r}: {(err.strerror or str(err)).lower()}") from None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         # A password (ignored for an unencrypted key) keeps OpenSSL from prompting for one on the terminal.

@@ -136,7 +136,7 @@ class GatewayPredictor:
         try:
             self.predict_client.predict([row], deadline_s)
         except Exception as err:  # noqa: BLE001 - a warm-up must never stop the gateway
-            log.info("predictor warm-up failed (%s); requests will fall back until it answers", err)
+            log.warning("predictor warm-up failed (%s); requests will fall back until it answers", err)
             return False
         return True
 
