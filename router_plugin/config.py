@@ -45,6 +45,7 @@ from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, res
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
+from leadtime.yaml_text import load_yaml
 
 HEURISTIC_SCORERS = {
     "prefix-cache-scorer": prefix_cache_scorer,
@@ -225,7 +226,7 @@ def load_config(path: Path) -> PickerConfig:
     except OSError as err:
         raise ConfigError(f"{path}: {(err.strerror or str(err)).lower()}") from None
     try:
-        data = yaml.safe_load(raw.decode())
+        data = load_yaml(raw.decode())
     except (yaml.YAMLError, ValueError) as err:  # ValueError: bad UTF-8, an integer of thousands of digits
         raise ConfigError(f"{path}: not valid YAML ({err})") from None
     except RecursionError:

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.features.rows import ROLES, EndpointState
+from leadtime.yaml_text import load_yaml
 
 log = logging.getLogger("leadtime.router.discovery")
 
@@ -213,7 +214,7 @@ def read_endpoints_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Di
         raise DiscoveryError(f"{path}: larger than {max_bytes} bytes")
     try:
         text = raw.decode()
-        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+        data = json.loads(text) if str(path).endswith(".json") else load_yaml(text)
     except (ValueError, yaml.YAMLError) as err:  # ValueError: bad UTF-8 or JSON, an integer of thousands of digits
         raise DiscoveryError(f"{path}: not valid YAML/JSON ({err})") from None
     except RecursionError:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from leadtime.features.errors import validation_problem
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
 from leadtime.router_plugin.timeslice import GROUP_STATES, GroupStatus
+from leadtime.yaml_text import load_yaml
 
 log = logging.getLogger("leadtime.router.timeslice")
 
@@ -92,7 +93,7 @@ def _load(text: str) -> object:
     except (ValueError, RecursionError):
         pass
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer of thousands of digits
         raise TimesliceError(f"not valid YAML/JSON ({err})") from None
     except RecursionError:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError, validation_problem
+from leadtime.yaml_text import load_yaml
 
 
 class FleetError(ValueError):
@@ -371,7 +372,7 @@ def load_fleet(source: str | Path) -> Fleet:
     except UnicodeDecodeError:
         raise FleetError(f"{path}: not UTF-8 text (expected a fleet YAML)") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as err:
         raise FleetError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
     except RecursionError:

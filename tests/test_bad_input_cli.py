@@ -75,6 +75,10 @@ def rows(tmp_path: Path) -> Path:
         (b"pools: [ {name: a, count: \n", "not valid YAML"),
         (b"pools:\n\t- name: a\n", "not valid YAML"),
         (DEEP.encode(), "nested too deeply"),
+        (  # PyYAML keeps the last of the two, silently
+            b"pools:\n  - {name: a, accelerator: h100-sxm, model: llama-3.1-8b, count: 2, count: 3}\n",
+            "line 2, column 69: the key 'count' is given twice",
+        ),
     ],
 )
 @pytest.mark.parametrize("command", [["simulate", "--max-requests", "3"], ["bench", "sim", "--requests", "3"]])

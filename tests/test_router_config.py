@@ -207,5 +207,8 @@ def test_a_latency_profile_without_a_predictor_and_a_missing_profile_are_refused
     bad.write_text("plugins: [\n")
     with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
         load_config(bad)
+    bad.write_text("plugins: [{type: queue-scorer}]\nschedulingProfiles: []\nplugins: []\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML .*the key 'plugins' is given twice"):
+        load_config(bad)
     with pytest.raises(ConfigError, match="missing.yaml: no such file"):
         load_config(tmp_path / "missing.yaml")
