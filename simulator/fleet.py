@@ -104,7 +104,7 @@ class PoolSpec(BaseModel):
     timeslice_group: str | None = None
     max_num_batched_tokens: int = Field(default=8192, ge=16)
     max_num_seqs: int = Field(default=256, ge=1)
-    block_size: int = Field(default=16, ge=1)
+    block_size: Literal[1, 8, 16, 32, 64, 128] = 16  # vLLM's --block-size choices
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     cuda_graphs: bool = True
     join_at_s: float = Field(default=0.0, ge=0)
@@ -255,12 +255,19 @@ def kv_blocks(pool: PoolSpec) -> int:
     accelerator = get_accelerator(pool.accelerator)
     model = get_model(pool.model)
     budget = accelerator.memory_gb * 1e9 * pool.tensor_parallel * pool.gpu_memory_utilization
+    if model.num_heads % pool.tensor_parallel:
+        raise FleetError(
+            f"pool {pool.name!r}: tensor_parallel {pool.tensor_parallel} does not divide {pool.model}'s "
+            f"{model.num_heads} attention heads (vLLM refuses it)"
+        )
     free = budget - model.weight_bytes
     blocks = math.floor(free / (model.kv_bytes_per_token * pool.block_size))
     if blocks < 1:
         raise FleetError(
-            f"pool {pool.name!r}: {pool.model} ({model.weight_bytes / 1e9:.0f} GB of weights) does not fit on "
-            f"{pool.tensor_parallel}× {pool.accelerator}; raise tensor_parallel"
+            f"pool {pool.name!r}: {pool.model} ({model.weight_bytes / 1e9:.0f} GB of weights) does not fit in "
+            f"{pool.gpu_memory_utilization:g} of {pool.tensor_parallel}× {pool.accelerator} "
+            f"({budget / 1e9:.0f} GB); raise gpu_memory_utilization ({pool.gpu_memory_utilization:g}) or "
+            "tensor_parallel"
         )
     return blocks
 
@@ -279,6 +286,10 @@ def build_fleet(spec: FleetSpec) -> Fleet:
     if len(models) > 1:
         # A replayed request names no model: any endpoint may get it, and a P/D pair's KV must fit both sides.
         raise FleetError(f"pools: every pool must serve the same model, got {', '.join(models)}")
+    used = {p.timeslice_group for p in spec.pools}
+    for name in spec.timeslice_groups:
+        if name not in used:
+            raise FleetError(f"timeslice_groups.{name}: no pool names it (a pool's timeslice_group)")
     endpoints: list[EndpointConfig] = []
     for pool in spec.pools:
         if pool.timeslice_group is not None and pool.timeslice_group not in spec.timeslice_groups:

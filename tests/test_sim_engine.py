@@ -289,6 +289,21 @@ def test_fleet_errors_name_the_problem() -> None:
         )
     with pytest.raises(FleetError, match="count"):
         parse_fleet(_fleet(pool={"count": 0}))
+
+
+def test_fleet_settings_vllm_would_refuse_are_refused_as_vllm_does() -> None:
+    """A block size vLLM has no kernel for, a tensor-parallel size that splits no model's heads evenly, and a
+    memory share too small for the weights (which blamed tensor_parallel alone) are caught where the fleet is read,
+    not at the first request of a run."""
+    with pytest.raises(FleetError, match="block_size: Input should be 1, 8, 16, 32, 64 or 128, got 48"):
+        parse_fleet(_fleet(pool={"block_size": 48}))
+    with pytest.raises(FleetError, match="tensor_parallel 3 does not divide llama-3.1-8b's 32 attention heads"):
+        parse_fleet(_fleet(pool={"tensor_parallel": 3}))
+    with pytest.raises(FleetError, match="raise gpu_memory_utilization .0.2. or tensor_parallel"):
+        parse_fleet(_fleet(pool={"gpu_memory_utilization": 0.2, "model": "qwen3-32b"}))
+    with pytest.raises(FleetError, match="timeslice_groups.spare: no pool names it"):
+        group = {"distribution": "exponential", "mean": 8000}
+        parse_fleet(_fleet(timeslice_groups={"spare": {"resident_ms": group, "away_ms": group}}))
     with pytest.raises(FleetError, match="same model, got llama-3.1-8b, qwen3-32b"):
         parse_fleet(
             {
