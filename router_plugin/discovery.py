@@ -160,8 +160,16 @@ def _describe(err: ValidationError) -> str:
     return f"{where or 'file'}: {problem}"
 
 
+LEADTIME_LABELS = (ACCELERATOR_LABEL, MODEL_LABEL, TP_LABEL, TIMESLICE_LABEL, SCHEME_LABEL)
+"""Every label Leadtime reads under its own prefix; another one there is a misspelling (llm-d's and others' are
+left alone)."""
+
+
 def _check_labels(index: int, labels: Mapping[str, str]) -> None:
     where = f"endpoints[{index}].labels"
+    for label in labels:
+        if label.startswith("leadtime.io/") and label not in LEADTIME_LABELS:
+            raise DiscoveryError(f"{where}.{label[:80]}: not a Leadtime label (known: {', '.join(LEADTIME_LABELS)})")
     role = labels.get(ROLE_LABEL, "both")
     if role not in ROLES:
         raise DiscoveryError(f"{where}.{ROLE_LABEL}: must be one of {', '.join(ROLES)}, got {role!r}")

@@ -251,6 +251,10 @@ def endpoints(**change: object) -> dict[str, object]:
         (endpoints(port="8_0"), "endpoints[0].port"),
         (endpoints(address="   "), "endpoints[0].address"),
         (endpoints(address="not a host!"), "endpoints[0].address"),
+        (  # Leadtime's own label namespace: a misspelling left the endpoint taken as an H100, silently
+            endpoints(labels={"leadtime.io/accelarator": "l40s"}),
+            "endpoints[0].labels.leadtime.io/accelarator: not a Leadtime label (known: leadtime.io/accelerator",
+        ),
     ],
 )
 def test_discovery_refuses_what_no_endpoint_can_be(data: dict[str, object], field: str) -> None:
