@@ -407,6 +407,19 @@ def observation_to_llmd(obs: Observation) -> dict[str, Any]:
     return out
 
 
+_MILLISECONDS_ABOVE = 2e10
+_LAST_SECOND = 253_402_300_799.0  # 9999-12-31T23:59:59Z
+
+
+def _epoch_seconds(value: float) -> float:
+    """pydantic's reading of a number as a time: seconds up to 2e10 (the year 2603), milliseconds beyond."""
+    if abs(value) > _MILLISECONDS_ABOVE:
+        value /= 1000.0
+    if abs(value) > _LAST_SECOND:
+        raise FeatureError("timestamp", "must be seconds or milliseconds since the epoch before the year 10000")
+    return value
+
+
 def parse_timestamp(value: Any) -> float:
     """Seconds since the epoch: a number, RFC 3339 (an offset-less time is taken as UTC, never the host's zone),
     epoch seconds as a string, or a `datetime` (what a Parquet timestamp column reads as; without a zone, UTC).
@@ -414,16 +427,21 @@ def parse_timestamp(value: Any) -> float:
     >>> from datetime import datetime
     >>> parse_timestamp("2026-11-30T10:00:00Z"), parse_timestamp(datetime(2026, 11, 30, 10)), parse_timestamp(1.5)
     (1796032800.0, 1796032800.0, 1.5)
+
+    A number beyond 2e10 is milliseconds, as pydantic (and so llm-d's own schema) reads it:
+
+    >>> parse_timestamp(1_700_000_000_000), parse_timestamp("1700000000")
+    (1700000000.0, 1700000000.0)
     """
     from datetime import UTC, datetime
 
     if isinstance(value, datetime):
         return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
     if not isinstance(value, str):
-        return check_real("timestamp", value, -math.inf)
+        return _epoch_seconds(check_real("timestamp", value, -math.inf))
     text = value
     try:
-        return check_real("timestamp", float(text), -math.inf)
+        return _epoch_seconds(check_real("timestamp", float(text), -math.inf))
     except ValueError:
         pass
     try:

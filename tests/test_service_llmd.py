@@ -200,9 +200,11 @@ def test_add_training_data_bulk_rejects_the_whole_batch_on_a_bad_entry(client: T
     ok = client.post("/add_training_data_bulk", json={"entries": [training_entry(0, timestamp="2026-01-01T00:00:00Z")]})
     assert ok.status_code == 202
     # The same timestamp forms features/ accepts: epoch seconds as a number or a string, offset-less RFC 3339.
-    for stamp in (1767225600, "1767225600.5", "2026-01-01T00:00:00"):
+    for stamp in (1767225600, "1767225600.5", "2026-01-01T00:00:00", 1767225600000):  # the last in ms, as pydantic
         ok = client.post("/add_training_data_bulk", json={"entries": [training_entry(0, timestamp=stamp)]})
         assert ok.status_code == 202, (stamp, ok.json())
+    r = client.post("/add_training_data_bulk", json={"entries": [training_entry(0, timestamp=1e20)]})
+    assert r.status_code == 422 and r.json()["field"] == "entries[0].timestamp"  # after the year 9999 in ms too
 
 
 def test_status_health_and_readiness(client: TestClient) -> None:
