@@ -334,7 +334,8 @@ def run_serving(
                 time_calls(grpc_call, WARMUP_CALLS)
                 report["http"][f"rows_{n}"] = percentiles(time_calls(http_call, calls))
                 report["grpc"][f"rows_{n}"] = percentiles(time_calls(grpc_call, calls))
-                say(f"{n} rows: http {report['http'][f'rows_{n}']}, grpc {report['grpc'][f'rows_{n}']}")
+                http_n, grpc_n = report["http"][f"rows_{n}"], report["grpc"][f"rows_{n}"]
+                say(f"{n} rows: HTTP {_p50_p99(http_n)}, gRPC {_p50_p99(grpc_n)}")
             report["handler_rows_100_ms"] = handler_times(connection, rows[:100])
 
             batches = []
@@ -395,7 +396,8 @@ def run_serving(
                 stop.set()
                 feeder.join(30)
             connection.close()
-            say(f"while learning ({retrains} retrains): {report['while_learning']}")
+            w = report["while_learning"]
+            say(f"while learning ({retrains} retrains), 100 rows: HTTP {_p50_p99(w['http_rows_100'])}")
             settled, _ = wait_settled(client)
             report["burst"].update(
                 accepted_total=settled["accepted"] - before["accepted"],
@@ -406,7 +408,7 @@ def run_serving(
             report["ingestion"] = sustained_ingestion(
                 client, service.http_port, entries, sustain_rates, sustain_seconds
             )
-            say(f"ingestion: {report['ingestion']}")
+            say(f"ingestion sustained: {report['ingestion']['sustained_per_s']:,} rows/s")
     finally:
         service.stop()
     work_us = report["while_learning"]["handler_rows_100_ms"]["p50_ms"] * 1e3
@@ -419,7 +421,7 @@ def run_serving(
         report[key] = measure_floor(rows[:100], calls, work or 0.0, beside_busy_cpu)
         if work is not None:
             report[key]["work_us"] = round(work)
-        say(f"{key}, 100 rows: {report[key]}")
+        say(f"{key}, 100 rows: HTTP {_p50_p99(report[key]['http_rows_100'])}")
     report["load_average_1m_after"] = round(os.getloadavg()[0], 2)
     return report
 
@@ -469,6 +471,11 @@ def measure_floor(
             neighbour.kill()
             neighbour.wait()
         floor.stop()
+
+
+def _p50_p99(latency: dict[str, Any]) -> str:
+    """A progress line's latency: "p50 0.412 / p99 1.020 ms"."""
+    return f"p50 {latency['p50_ms']:.3f} / p99 {latency['p99_ms']:.3f} ms"
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:

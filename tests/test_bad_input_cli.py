@@ -418,3 +418,9 @@ def test_shipped_names_take_hyphens_and_underscores_alike(tmp_path: Path) -> Non
         dataset_path("sim:long-chats")
     result = runner.invoke(app, ["bench", "routing", "--fleet", "pd-hetero", "--fleet", "nope"])
     assert result.exit_code != 0 and "--fleet 'nope': not a benchmark fleet" in result.output
+
+
+def test_bench_load_names_the_option_that_is_out_of_range() -> None:
+    """`--rows 0` said "--duration must be ≥ 1 and --rows in 1..10000"."""
+    refused(["bench", "load", "--rows", "0"], "--rows must be in 1..10000, got 0")
+    refused(["bench", "load", "--duration", "0.5"], "--duration must be ≥ 1 (seconds), got 0.5")

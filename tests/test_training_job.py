@@ -4,6 +4,8 @@ loader (directory and Redis), the report files, the CLI's exit codes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +255,14 @@ def test_an_unreachable_redis_registry_is_one_line(sim_log: Path) -> None:
     assert refused.exit_code == 2
     (line,) = refused.output.strip().splitlines()
     assert line.startswith(f"error: {url} (leadtime): unreachable (") and "buffered" not in line
+    # As a process, outside pytest's log capture: the store's own warning came first, on a line of its own.
+    process = subprocess.run(
+        [sys.executable, "-m", "leadtime", "retrain", "--samples", str(sim_log), "--registry", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert process.returncode == 2 and len(process.stderr.strip().splitlines()) == 1, process.stderr
 
 
 def test_a_redis_on_a_unix_socket_serves_as_source_and_registry(

@@ -129,8 +129,12 @@ class RedisSource:
 
 
 def is_redis_url(spec: str) -> bool:
-    """Whether a source or registry names a Redis server rather than a path."""
-    return spec.split("://", 1)[0] in REDIS_SCHEMES and "://" in spec
+    """Whether a source or registry names a Redis server rather than a path (schemes are case-insensitive).
+
+    >>> is_redis_url("REDIS://127.0.0.1:6379/0"), is_redis_url("unix:///run/redis.sock"), is_redis_url("rows.jsonl")
+    (True, True, False)
+    """
+    return spec.split("://", 1)[0].lower() in REDIS_SCHEMES and "://" in spec
 
 
 def _redacted(url: str) -> str:

@@ -355,8 +355,10 @@ def bench_load(
     positive("--predict-rps", predict_rps)
     positive("--observe-rps", observe_rps)
     positive("--duration", duration)
-    if duration < 1 or not 1 <= rows <= 10_000:
-        fail("--duration must be ≥ 1 and --rows in 1..10000")
+    if duration < 1:
+        fail(f"--duration must be ≥ 1 (seconds), got {duration:g}")
+    if not 1 <= rows <= 10_000:
+        fail(f"--rows must be in 1..10000, got {rows}")
 
     def say(message: str) -> None:
         if not json_out:

@@ -29,8 +29,17 @@ def retrain(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Fit the trees on a long history; publish only if they beat the registry's model (exit 0; kept: 3)."""
+    import logging
+
     from leadtime.training.job import RetrainConfig, RetrainError, run_retrain
     from leadtime.training.report import print_result
+
+    # The job says itself what went wrong, in one line: not the Redis store's own account of its connection, nor
+    # LightGBM's Dask set-up chatter.
+    logging.getLogger("leadtime.store").setLevel(logging.ERROR)
+    import lightgbm
+
+    lightgbm.register_logger(logging.getLogger("lightgbm"))
 
     try:
         config = RetrainConfig(
