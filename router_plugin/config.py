@@ -220,6 +220,11 @@ def parse_config(data: object) -> PickerConfig:
     return config
 
 
+SHIPPED_CONFIG = Path(__file__).resolve().parent / "plugins.yaml"
+"""The configuration `leadtime route` and `leadtime simulate` use without `--config`: profiles default and
+heuristic."""
+
+
 def load_config(path: Path) -> PickerConfig:
     try:
         raw = Path(path).read_bytes()

@@ -11,6 +11,7 @@ from rich.progress import TaskID
 from rich.table import Table
 
 from leadtime.progress import stderr_bar
+from leadtime.router_plugin.config import PickerConfig
 from leadtime.simulator.report import json_safe
 from leadtime.simulator.run import SimulationOptions, simulate
 
@@ -26,9 +27,10 @@ def run_simulate_command(
     itl_slo_ms: float,
     out: Path | None,
     progress: bool,
+    config: PickerConfig | None = None,
 ) -> dict[str, object]:
     """`leadtime simulate`: run the policies with a progress bar on stderr (none with --json)."""
-    options = SimulationOptions(seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms)
+    options = SimulationOptions(seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms, config=config)
     if not progress:
         return simulate(fleet, trace, policies, max_requests, rate_scale, options, out)
     bar = stderr_bar()

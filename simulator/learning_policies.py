@@ -14,6 +14,7 @@ from typing import Any
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdReference
 from leadtime.router_plugin.client import InProcessPredictor
+from leadtime.router_plugin.config import PickerConfig, build_policy
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, RoundRobinPolicy
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
 from leadtime.router_plugin.policy import RoutingPolicy
@@ -34,6 +35,9 @@ LEADTIME_POLICIES: dict[str, dict[str, Any]] = {
     "leadtime_overflow_timesliced": {},  # and the switches its fleet gives it (FLEET_SWITCHES)
 }
 
+
+PROFILE_PREFIX = "profile:"
+"""`--policy profile:NAME`: the profile NAME of the plugin configuration (`--config`, else the shipped one)."""
 
 REPLICATED_POLICIES: dict[str, tuple[int, bool]] = {"leadtime_x4": (4, False), "leadtime_x4_shared": (4, True)}
 """Leadtime as four gateway replicas beside one predictor: (replicas, whether they share their ledgers)."""
@@ -87,6 +91,14 @@ def replicated_policy(name: str, fleet: Fleet, seed: int = 0) -> ReplicatedPolic
 def shadow_policy(name: str, fleet: Fleet, seed: int = 0) -> ShadowLearning:
     """A plain policy with a cold-started predictor learning beside it (no deadline: the predictor is in process)."""
     return ShadowLearning(SHADOW_POLICIES[name](seed), cold_predictor(fleet, seed), None)
+
+
+def profile_policy(profile: str, config: PickerConfig, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
+    """A scheduling profile of a plugin configuration, as `leadtime route` would build it, over a cold in-process
+    predictor (used only if the profile predicts); named `profile:NAME` in results."""
+    policy = build_policy(config, cold_predictor(fleet, seed), profile, seed)
+    policy.name = f"{PROFILE_PREFIX}{profile}"
+    return policy
 
 
 def llmd_predicted_policy(fleet: Fleet, seed: int = 0) -> LlmdPredictedPolicy:

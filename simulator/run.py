@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from leadtime.router_plugin.config import SHIPPED_CONFIG, PickerConfig, load_config
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, LlmdHeuristicPolicy, RandomPolicy, RoundRobinPolicy
 from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
 from leadtime.router_plugin.peers.sglang_cache import SglangCachePolicy
@@ -16,9 +17,11 @@ from leadtime.simulator.engine import FleetSimulator, SimResult
 from leadtime.simulator.fleet import Fleet, load_fleet
 from leadtime.simulator.learning_policies import (
     LEADTIME_POLICIES,
+    PROFILE_PREFIX,
     REPLICATED_POLICIES,
     SHADOW_POLICIES,
     learning_factories,
+    profile_policy,
 )
 from leadtime.simulator.report import summarize, write_observations, write_plots
 from leadtime.simulator.workload import WorkloadRequest, load_workload, shape
@@ -40,21 +43,29 @@ ALIASES = {"llm-d": "llmd_heuristic", "llmd": "llmd_heuristic"}
 
 
 def policy_name(name: str) -> str:
-    """The canonical name of a policy as a user may spell it (`round-robin` → `round_robin`, `llm-d` → ...)."""
+    """The canonical name of a policy as a user may spell it (`round-robin` → `round_robin`, `llm-d` → ...);
+    `profile:NAME` names a profile of the plugin configuration as it is written."""
+    if name.startswith(PROFILE_PREFIX):
+        return name
     canonical = ALIASES.get(name, name.replace("-", "_"))
     if canonical not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
     return canonical
 
 
-def make_policy(name: str, seed: int = 0, fleet: Fleet | None = None) -> RoutingPolicy:
-    """A fresh policy by name (see POLICY_NAMES; hyphen spellings accepted); a learning policy is built for the
-    fleet it will route (its KV links, its default classes) and starts cold."""
+def make_policy(
+    name: str, seed: int = 0, fleet: Fleet | None = None, config: PickerConfig | None = None
+) -> RoutingPolicy:
+    """A fresh policy by name (see POLICY_NAMES; hyphen spellings accepted, and `profile:NAME` for a profile of
+    `config`, the shipped plugins.yaml by default); a learning policy is built for the fleet it will route (its KV
+    links, its default classes) and starts cold."""
     canonical = policy_name(name)
     if canonical in POLICIES:
         return POLICIES[canonical](seed)
     if fleet is None:
         raise ValueError(f"policy {name!r} learns: it needs the fleet it routes")
+    if canonical.startswith(PROFILE_PREFIX):
+        return profile_policy(canonical[len(PROFILE_PREFIX) :], config or load_config(SHIPPED_CONFIG), fleet, seed)
     return learning_factories(fleet, seed)[canonical]()
 
 
@@ -65,6 +76,8 @@ class SimulationOptions:
     seed: int = 0
     ttft_slo_ms: float = 2000.0
     itl_slo_ms: float = 100.0
+    config: PickerConfig | None = None
+    """The plugin configuration `profile:NAME` policies come from (None: the shipped plugins.yaml)."""
 
 
 def run_policies(
@@ -81,7 +94,7 @@ def run_policies(
     results = []
     total = len(workload)
     for name in policies:
-        policy = make_policy(name, options.seed, fleet)
+        policy = make_policy(name, options.seed, fleet, options.config)
         tick = (lambda n, name=name: progress(name, n, total)) if progress is not None else None
         sim = FleetSimulator(
             fleet,

@@ -229,3 +229,26 @@ def test_utilisation_heat_map_has_a_row_per_endpoint_and_busy_shares() -> None:
     edges, ids, matrix = utilisation_matrix(result, buckets=4)
     assert ids == ["h100-0", "h100-1", "a100-0"] and list(edges) == [0.0, 250.0, 500.0, 750.0, 1000.0]
     assert matrix.tolist() == [[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+
+
+def test_simulate_runs_the_profiles_of_a_plugin_configuration(tmp_path: Path) -> None:
+    """A configuration could be tried only by deploying it: `--policy profile:NAME` runs its profile (over a
+    cold in-process predictor where it predicts), from `--config FILE` or the shipped plugins.yaml."""
+    trace = str(_azure(tmp_path, 30))
+    shipped = ["--policy", "profile:default", "--policy", "profile:heuristic", "--policy", "round-robin"]
+    result = runner.invoke(app, ["simulate", "--fleet", "mixed", "--trace", trace, *shipped, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["policies"]) == {"profile:default", "profile:heuristic", "round_robin"}
+    assert all(p["completed"] == 30 for p in report["policies"].values())
+    config = tmp_path / "mine.yaml"
+    config.write_text(
+        "plugins: [{type: queue-scorer}, {type: max-score-picker}]\n"
+        "schedulingProfiles: [{name: queue, plugins: [{pluginRef: queue-scorer}, {pluginRef: max-score-picker}]}]\n"
+    )
+    mine = ["--config", str(config), "--policy", "profile:queue", "--json"]
+    result = runner.invoke(app, ["simulate", "--fleet", "mixed", "--trace", trace, *mine])
+    assert result.exit_code == 0, result.output
+    assert set(json.loads(result.stdout)["policies"]) == {"profile:queue"}
+    missing = runner.invoke(app, ["simulate", "--fleet", "mixed", "--trace", trace, "--config", str(config)])
+    assert missing.exit_code == 2 and "no profile named 'default' (profiles: queue)" in missing.output

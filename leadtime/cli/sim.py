@@ -27,7 +27,16 @@ from leadtime.features.errors import FeatureError
 def simulate(
     fleet: Annotated[str, typer.Option(help=FLEET_HELP)],
     trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
-    policy: Annotated[list[str], typer.Option(help="Routing policy; repeat to compare several.")] = ["llm-d"],  # noqa: B006
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Routing policy, or profile:NAME of the plugin configuration; repeat to compare several "
+            "(default: llm-d, or profile:default with --config)."
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="Plugin configuration (EndpointPickerConfig) of profile:NAME policies.")
+    ] = None,
     max_requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice as fast).")] = 1.0,
     seed: Annotated[int, typer.Option(help="Random seed (policies, time-slice windows).")] = 0,
@@ -41,6 +50,7 @@ def simulate(
     out: Annotated[Path | None, typer.Option(help="Directory for observations JSONL, plots, report.")] = None,
 ) -> None:
     """Replay a trace on a simulated fleet under one or more routing policies."""
+    from leadtime.router_plugin.config import load_config
     from leadtime.simulator.cli import print_simulation, run_simulate_command
 
     if max_requests is not None and max_requests < 1:
@@ -50,9 +60,11 @@ def simulate(
     positive("--itl-slo-ms", itl_slo_ms, infinite=True)
     if out is not None:
         output_dir(out)
+    policies = policy or (["profile:default"] if config is not None else ["llm-d"])
     try:
+        picker = load_config(config) if config is not None else None
         report = run_simulate_command(
-            fleet, trace, policy, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, progress=not json_out
+            fleet, trace, policies, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, not json_out, picker
         )
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
         fail(err)

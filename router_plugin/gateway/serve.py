@@ -6,14 +6,13 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import uvicorn
 
 from leadtime.predictor.service.ports import probe_bind
 from leadtime.predictor.service.serve import check_tls_files
 from leadtime.router_plugin.client import PredictorClient
-from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config, profile_types
+from leadtime.router_plugin.config import SHIPPED_CONFIG, ConfigError, build_policy, load_config, profile_types
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
@@ -55,7 +54,7 @@ def _chosen_types(options: RouteOptions) -> frozenset[str]:
     """The plugin types the chosen profile runs (none for a plain `--policy`)."""
     if options.policy:
         return frozenset()
-    config = load_config(options.config) if options.config else parse_config(_default_config())
+    config = load_config(options.config or SHIPPED_CONFIG)
     return profile_types(config, options.profile)
 
 
@@ -80,12 +79,6 @@ def needs_predictor(options: RouteOptions) -> bool:
             "shadow a plain --policy or a profile without the predicted-latency scorer"
         )
     return predicts or options.shadow
-
-
-def _default_config() -> Any:
-    import yaml
-
-    return yaml.safe_load((Path(__file__).resolve().parent.parent / "plugins.yaml").read_text())
 
 
 def build_gateway(
@@ -114,7 +107,7 @@ def build_gateway(
     if options.policy:
         policy = PLAIN_POLICIES[options.policy]()
     else:
-        config = load_config(options.config) if options.config else parse_config(_default_config())
+        config = load_config(options.config or SHIPPED_CONFIG)
         policy = build_policy(config, predictor, options.profile)
     if options.shadow:
         if predictor is None:
