@@ -52,12 +52,23 @@ HEURISTIC_SCORERS = {
     "queue-scorer": queue_scorer,
     "kv-cache-utilization-scorer": kv_utilization_scorer,
 }
+LLMD_STRUCTURAL = (
+    "single-profile-handler",
+    "pd-profile-handler",
+    "prefill-header-handler",
+    "decode-filter",
+    "prefill-filter",
+)
+"""llm-d's profile handlers and role filters, accepted with whatever parameters so that its configs load, and not
+used: the router keeps prefill and decode endpoints apart by their role itself, and decides disaggregation and the
+(prefill, decode) pair by prediction (or, in the heuristic profile, as llm-d's default P/D pipeline)."""
 PLUGIN_TYPES = (
     "predicted-latency-scorer",
     "inflight-accounting",
     "timeslice-filter",
     "max-score-picker",
     *HEURISTIC_SCORERS,
+    *LLMD_STRUCTURAL,
 )
 LLMD_WEIGHTS = {"prefix-cache-scorer": 3.0, "queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0}
 
@@ -191,6 +202,8 @@ def parse_config(data: object) -> PickerConfig:
         raise ConfigError(f"plugins: the name {sorted(duplicates)[0]!r} is used twice")
     for i, spec in enumerate(config.plugins):
         parameters = PARAMETERS.get(spec.type)
+        if spec.type in LLMD_STRUCTURAL:
+            continue
         if parameters is not None:
             _parameters(parameters, spec, f"plugins[{i}]")
         elif unknown := sorted(set(spec.parameters or ()) - LLMD_ONLY_PARAMETERS.get(spec.type, frozenset())):

@@ -145,7 +145,7 @@ def test_weights_and_parameters_reach_the_policy() -> None:
         ({"plugins": [], "schedulingProfiles": []}, "plugins"),
         (  # the value refused is named, and the path is written one way
             {"plugins": [{"type": "queue-scorrer"}], "schedulingProfiles": [{"plugins": [{"pluginRef": "x"}]}]},
-            "or 'kv-cache-utilization-scorer', got 'queue-scorrer'",
+            "or 'prefill-filter', got 'queue-scorrer'",
         ),
         (
             {"plugins": [{"type": "queue-scorer"}], "schedulingProfiles": [{"plugins": [{"pluginRef": "nope"}]}]},
@@ -212,3 +212,33 @@ def test_a_latency_profile_without_a_predictor_and_a_missing_profile_are_refused
         load_config(bad)
     with pytest.raises(ConfigError, match="missing.yaml: no such file"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_llmds_profile_handlers_and_role_filters_load_and_do_nothing() -> None:
+    """A config written for llm-d (its single- and P/D profile handlers, its role filters) did not load: Leadtime
+    routes by role itself and picks P/D pairs by prediction, so these are accepted and not used."""
+    llmd = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "single-profile-handler"},
+            {"type": "pd-profile-handler", "parameters": {"threshold": 100, "hashBlockSize": 5}},
+            {"type": "prefill-header-handler"},
+            {"type": "decode-filter"},
+            {"type": "prefill-filter"},
+            {"type": "prefix-cache-scorer", "parameters": {"hashBlockSize": 5, "maxPrefixBlocksToMatch": 256}},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "decode-filter"},
+                    {"pluginRef": "max-score-picker"},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 50},
+                ],
+            }
+        ],
+    }
+    policy = build_policy(parse_config(llmd), None)
+    assert policy.name == "default" and [s.weight for s in policy.scorers] == [50.0]
