@@ -173,7 +173,7 @@ class FileTimesliceSource(_Source):
 
 
 class HttpTimesliceSource(_Source):
-    """Group states polled from an HTTP endpoint (GET, the document above as the body)."""
+    """Group states polled from an HTTP or HTTPS endpoint (GET, the document above as the body)."""
 
     def __init__(self, url: str, upstreams: Upstreams, clock: Callable[[], float], timeout_s: float = 1.0) -> None:
         super().__init__(clock)
@@ -181,19 +181,20 @@ class HttpTimesliceSource(_Source):
             parts = urlsplit(url)
             port = parts.port  # a port that is not a number from 0 to 65535 raises
         except ValueError as err:
-            raise TimesliceError(f"{url!r}: expected http://HOST:PORT/PATH ({err})") from None
-        if parts.scheme != "http" or not parts.hostname or port == 0:
-            raise TimesliceError(f"{url!r}: expected http://HOST:PORT/PATH")
+            raise TimesliceError(f"{url!r}: expected http(s)://HOST[:PORT]/PATH ({err})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+            raise TimesliceError(f"{url!r}: expected http(s)://HOST[:PORT]/PATH")
         self.url = url
         self.host = parts.hostname
-        self.port = port or 80
+        self.tls = parts.scheme == "https"  # verified as the endpoints are: --upstream-ca, else the system's CAs
+        self.port = port or (443 if self.tls else 80)
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.upstreams = upstreams
         self.timeout_s = timeout_s
 
     async def poll(self) -> None:
         try:
-            response = await self.upstreams.pool(self.host, self.port).request(
+            response = await self.upstreams.pool(self.host, self.port, self.tls).request(
                 "GET", self.path, timeout_s=self.timeout_s
             )
             body = await response.read(self.timeout_s)

@@ -313,10 +313,19 @@ def test_a_broken_timeslice_file_keeps_the_previous_states(tmp_path: Path, conte
     assert status is not None and status.state == "LOCKED"
 
 
-@pytest.mark.parametrize("url", ["http://orchestrator:99999/groups", "http://orchestrator:x/", "http://[::1/"])
+@pytest.mark.parametrize(
+    "url", ["http://orchestrator:99999/groups", "http://orchestrator:x/", "http://[::1/", "ftp://orchestrator/"]
+)
 def test_a_timeslice_url_that_cannot_be_used_is_a_timeslice_error(url: str) -> None:
-    with pytest.raises(TimesliceError, match="expected http://HOST:PORT/PATH"):
+    with pytest.raises(TimesliceError, match=r"expected http\(s\)://HOST\[:PORT\]/PATH"):
         HttpTimesliceSource(url, gateway().upstreams, lambda: 0.0)
+
+
+def test_a_timeslice_url_may_be_https() -> None:
+    """An orchestrator behind TLS was refused as not http://; it is verified as the endpoints are (--upstream-ca
+    or the system's CAs)."""
+    source = HttpTimesliceSource("https://orchestrator/v1/groups", gateway().upstreams, lambda: 0.0)
+    assert (source.host, source.port, source.tls, source.path) == ("orchestrator", 443, True, "/v1/groups")
 
 
 def test_the_timeslice_watcher_keeps_watching_after_a_source_fails() -> None:
@@ -389,7 +398,7 @@ def route(*args: str) -> tuple[int, str]:
         (["--scrape-interval-ms", "inf"], "--scrape-interval-ms"),
         (["--unroutable-after-s", "nan"], "--unroutable-after-s"),
         (["--pull-interval-s", "nan"], "--pull-interval-s"),
-        (["--timeslice-url", "http://orchestrator:99999/"], "http://orchestrator:99999/"),
+        (["--timeslice-url", "http://orchestrator:99999/"], "--timeslice-url: 'http://orchestrator:99999/'"),
         (["--api-token", "secret\r\nX-Injected: 1"], "--api-token"),
     ],
 )

@@ -264,7 +264,9 @@ def route(
         predict_client = InProcessPredictor(learner, learner.config.quantile)
     try:
         gateway = build_gateway(options, predict_client, observe_client, remote=not embedded)
-    except (ConfigError, DiscoveryError, TimesliceError) as err:
+    except TimesliceError as err:
+        fail(f"--timeslice-{'url' if timeslice_url else 'file'}: {err}")
+    except (ConfigError, DiscoveryError) as err:
         fail(err)
     from leadtime.router_plugin.gateway.serve import serve_gateway
 
