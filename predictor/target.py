@@ -22,9 +22,11 @@ from leadtime.predictor.ceiling import OutcomeCeiling
 from leadtime.predictor.forward import ForwardRecord, percentage_errors, pinball_losses
 from leadtime.predictor.online import RECENTRE_AFTER, ConformalQuantile, OffsetTable, RecursiveLeastSquares
 from leadtime.predictor.physics import (
+    IMPLAUSIBLY_FAST,
     additive_ms,
     correction_feature_names,
     correction_features,
+    floor_ms,
     own_prefill_ms,
     prior_ms,
 )
@@ -213,7 +215,11 @@ class TargetModel:
         z_upper = np.maximum(z_upper, z_point)
         extra = additive_ms(self.target, x)
         mean, upper = extra + prior * np.exp(z_point), extra + prior * np.exp(z_upper)
-        return self._bounded(mean, upper, x)
+        mean, upper = self._bounded(mean, upper, x)
+        # Never below what the poisoning guard would refuse to learn (`physics.implausible`): however far down
+        # the outcomes it was fed have pushed the correction, the physics bounds how fast a request can go.
+        floor = floor_ms(self.target, x) * (1.000001 / IMPLAUSIBLY_FAST)  # a hair above, whatever the rounding
+        return np.maximum(mean, floor), np.maximum(upper, floor)
 
     def _bounded(self, mean_ms: np.ndarray, upper_ms: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The predictions as served: the mean within the longest wait learned, both capped at an active wall."""

@@ -622,3 +622,21 @@ def test_a_serving_mean_tree_is_recentred_on_the_median_of_its_residuals() -> No
     np.testing.assert_allclose(loaded.predict_many(x).ttft_mean, predictor.predict_many(x).ttft_mean, rtol=1e-12)
     loaded.close()
     predictor.close()
+
+
+def test_never_predicts_what_the_poisoning_guard_would_refuse_to_learn(predictor: OnlinePredictor) -> None:
+    """Fed outcomes far below any physics (self-referential ones, in a user's test), the mean TTFT fell to 0.09 ms
+    beside an upper quantile of 749 ms: a prediction the service would drop as implausible were it observed. The
+    predictions are bounded where the guard is, at 1/IMPLAUSIBLY_FAST of the roofline floor."""
+    from leadtime.predictor import physics
+
+    rng = np.random.default_rng(3)
+    rows = [_row(rng) for _ in range(2000)]
+    x = predictor.vectorizer.batch(rows)
+    prior_ttft, prior_tpot = physics.prior_ms("ttft", x.X), physics.prior_ms("tpot", x.X)
+    predictor.learn_many(x, prior_ttft * 1e-6, prior_tpot * 1e-6)
+    predicted = predictor.predict_many(x)
+    ttft_mean, tpot_mean = predicted.ttft_mean, predicted.tpot_mean
+    assert ttft_mean.max() < prior_ttft.min() / 10  # the correction did go that far down
+    assert not physics.implausible(x.X, ttft_mean, tpot_mean).any()
+    assert not physics.implausible(x.X, predicted.ttft_quantile, predicted.tpot_quantile).any()
