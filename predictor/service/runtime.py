@@ -456,9 +456,10 @@ class ServiceRuntime:
         """Take up a model another process published to --model-dir (`leadtime retrain --registry DIR`): it is
         published to the store as any replica's would be, and every replica swaps it in (the sync loop, or
         `/reload` at once). It continues from this service's stream position: the position in its file belongs
-        to the stream of whichever process wrote it. True if one was taken up."""
+        to the stream of whichever process wrote it. Only the lease holder does it (the one process that publishes,
+        so that replicas sharing a directory publish it once). True if one was taken up."""
         model_file = self._model_file
-        if model_file is None:
+        if model_file is None or not self.holds_lease:
             return False
         try:
             data = model_file.changed()
