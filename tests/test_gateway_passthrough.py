@@ -102,7 +102,15 @@ def test_a_pd_fleet_without_its_prefill_pool_is_served_by_its_decode_endpoints()
     assert "x-leadtime-prefill-endpoint" not in reply.headers
 
 
-def test_a_pd_fleet_without_its_decode_pool_is_a_503_saying_so() -> None:
-    _, reply = through_gateway(PD, Learning(), one_completion, SETTINGS, discovered=lambda cfg: cfg.role == "prefill")
+async def completion_and_readiness(client: httpx.AsyncClient) -> tuple[httpx.Response, httpx.Response]:
+    return await one_completion(client), await client.get("/readyz")
+
+
+def test_a_pd_fleet_without_its_decode_pool_is_a_503_saying_so_and_not_ready() -> None:
+    """/readyz said ready (1 routable endpoint) while every request got a 503."""
+    _, (reply, ready) = through_gateway(
+        PD, Learning(), completion_and_readiness, SETTINGS, discovered=lambda cfg: cfg.role == "prefill"
+    )
     assert reply.status_code == 503 and reply.json()["field"] == "endpoints"
     assert "no decode endpoint" in reply.json()["error"]
+    assert ready.status_code == 503 and "prefill" in ready.json()["reason"]

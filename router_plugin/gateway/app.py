@@ -20,7 +20,7 @@ A non-streaming request goes on asking for a stream, which is timed and put back
 for its client (`assemble`; requests whose answer that would not rebuild go on unchanged). Failed requests, and
 non-streaming ones answered whole, teach nothing (a whole answer has no first-token time); the policy is told to
 forget them (`abandon`, when it has one). Its own paths: `/metrics` (`metrics.GatewayMetrics`),
-`/healthz`, `/readyz` (ready once an endpoint can be routed to).
+`/healthz`, `/readyz` (ready once an endpoint that serves clients, not a prefill-only one, can be routed to).
 """
 
 from __future__ import annotations
@@ -485,10 +485,14 @@ class Gateway:
         await send({"type": "http.response.body", "body": body})
 
     async def _readyz(self, send: Send) -> None:
-        routable = len(self.routable())
+        scrapes = self.routable()
+        routable = len(scrapes)
         known = len(self.scraper.scrapes)
         if self._warm_up is not None and not self._warm_up.done():
             reason = "connecting to the predictor (at most 2 s)"
+            await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
+        elif routable and all(s.endpoint.role == "prefill" for s in scrapes):
+            reason = "only prefill endpoints can be routed to, and they serve no client alone (no decode endpoint)"
             await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
         elif routable:
             await self._reply(send, 200, {"status": "ready", "routable_endpoints": routable, "endpoints": known})
