@@ -129,6 +129,10 @@ def route(
             "repeat it to accept several (rotation). Health and metrics stay open.",
         ),
     ] = None,
+    drain_s: Annotated[
+        int,
+        typer.Option(help="On SIGTERM or Ctrl-C, seconds requests in flight may take to finish before they are cut."),
+    ] = 30,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
     from leadtime.features.catalog import get_accelerator, get_model
@@ -173,6 +177,7 @@ def route(
         ("--unroutable-after-s", unroutable_after_s),
         ("--ttft-slo-ms", ttft_slo_ms),
         ("--tpot-slo-ms", tpot_slo_ms),
+        ("--drain-s", drain_s),
     ):
         if value is not None:
             positive(name, value)
@@ -199,6 +204,7 @@ def route(
         measure_non_streaming=measure_non_streaming,
         ask_usage=ask_usage,
         api_keys=tuple(api_key or ()),
+        drain_s=drain_s,
     )
     options = RouteOptions(
         discovery=discovery,

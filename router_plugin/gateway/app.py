@@ -120,6 +120,9 @@ class GatewaySettings:
     """Ask for the usage of streams whose client did not, to count their tokens (kept from the client)."""
     api_keys: tuple[str, ...] = ()
     """Bearer tokens a client must show on the API's paths (`/v1/...` and the passed-through ones); none: open."""
+    drain_s: int = 30
+    """On a stop, how long requests in flight may take to finish (a frozen endpoint would hold them for
+    `upstream_timeout_s`)."""
 
 
 class _ClientLeft(Exception):
@@ -236,6 +239,8 @@ class Gateway:
         self._passed = PassedThroughLoad()
         self._scrape_errors_seen: dict[str, int] = {}
         self._timeslice_errors_seen = 0
+        self.in_flight = 0
+        """Requests being proxied or passed through now."""
         self._unnamed_groups: set[str] = set()
         self._unknown_overflow: set[str] = set()
         self._unservable_message = "no endpoint can serve this request now"
@@ -562,20 +567,24 @@ class Gateway:
         started = time.perf_counter()
         path = scope["path"]
         self.metrics.inflight.inc()
+        self.in_flight += 1
         code = 500
         try:
             code = await self._route(scope, receive, send, arrival_ms, started)
         finally:
             self.metrics.inflight.dec()
+            self.in_flight -= 1
             self.metrics.requests.labels(path, str(code)).inc()
 
     async def _pass_through(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.metrics.inflight.inc()
+        self.in_flight += 1
         code = 500
         try:
             code = await self._pass(scope, receive, send)
         finally:
             self.metrics.inflight.dec()
+            self.in_flight -= 1
             self.metrics.requests.labels(scope["path"], str(code)).inc()
 
     async def _pass(self, scope: Scope, receive: Receive, send: Send) -> int:

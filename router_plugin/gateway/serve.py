@@ -6,6 +6,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -169,5 +170,24 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
         date_header=False,
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
+        timeout_graceful_shutdown=settings.drain_s,
     )
-    uvicorn.Server(config).run()
+    _Draining(config, gateway).run()
+
+
+class _Draining(uvicorn.Server):
+    """uvicorn's server, saying at the first stop signal what it waits for, and for how long at most."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            n, drain = self.gateway.in_flight, self.gateway.settings.drain_s
+            if n:
+                requests, them = ("request", "it") if n == 1 else ("requests", "them")
+                log.info("stopping: %d %s in flight, finishing %s for at most %g s", n, requests, them, drain)
+            else:
+                log.info("stopping")
+        super().handle_exit(sig, frame)
