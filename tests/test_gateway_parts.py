@@ -447,6 +447,35 @@ def test_observations_go_in_batches_and_survive_an_outage() -> None:
         wrapper.stop()
 
 
+def test_observations_the_predictor_refuses_are_warned_about_and_those_left_at_stop_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A predictor restarted with a token the gateway lacked answered 401 to every batch: learning stopped with a
+    DEBUG line; at the gateway's stop the 45 queued were thrown away without a word or a count."""
+    client = _Client()
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), batch_size=10, flush_interval_s=0.02)
+    client.down = True
+    with caplog.at_level(logging.INFO, logger="leadtime.router.predictor"):
+        wrapper.start()
+        for _ in range(12):
+            wrapper.observe([Observation(ROW, 100.0, 10.0)])
+        time.sleep(0.3)  # several failed tries
+        client.down = False
+        deadline = time.monotonic() + 5
+        while wrapper.pending() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.down = True
+        for _ in range(3):
+            wrapper.observe([Observation(ROW, 100.0, 10.0)])
+        wrapper.stop(timeout_s=0.5)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    failing = [m for level, m in said if level == logging.WARNING and "kept and retried" in m]
+    assert len(failing) == 2, said  # once per outage, not per try
+    assert any("observations reach the predictor again" in m for _, m in said), said
+    assert any("3 observations not sent to the predictor are dropped" in m for _, m in said), said
+    assert wrapper.dropped == 3
+
+
 # ----- the lean HTTP client -----------------------------------------------------------------------------------
 
 

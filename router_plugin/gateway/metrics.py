@@ -145,8 +145,8 @@ class GatewayMetrics:
         )
         self.observations = Counter(
             f"{p}_observations",
-            "Observations for the predictor: queued, sent, dropped; failed counts each failed attempt to send one "
-            "(it stays queued and is sent again: not a loss).",
+            "Observations for the predictor: queued, sent, dropped (the queue full, or still queued at a stop); "
+            "failed counts each failed attempt to send one (it stays queued and is sent again: not a loss).",
             ["result"],
             registry=r,
         )

@@ -92,6 +92,7 @@ class GatewayPredictor:
         self.open_after = open_after
         self.open_for_s = open_for_s
         self.last_failure = ""
+        self._observe_failing = False  # the last batch sent failed (an outage, said once)
         self._consecutive = 0
         self._open_until = 0.0
         self._queue: deque[Observation] = deque()
@@ -173,6 +174,13 @@ class GatewayPredictor:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        with self._cond:
+            left = len(self._queue)
+            self._queue.clear()
+        if left:  # the predictor did not take them before the stop: said and counted, not lost in silence
+            self.dropped += left
+            self.metrics.observations.labels("dropped").inc(left)
+            log.warning("stopping: %d observations not sent to the predictor are dropped", left)
 
     def pending(self) -> int:
         return len(self._queue)
@@ -206,9 +214,14 @@ class GatewayPredictor:
         except Exception as err:  # any failure: the batch is kept and retried
             self.metrics.predictor_seconds.labels("observe", "error").observe(time.perf_counter() - started)
             self.metrics.observations.labels("failed").inc(len(batch))
-            log.debug("observation batch not sent: %s", err)
+            if not self._observe_failing:  # once an outage: a refusal (a token the service wants) stops learning
+                log.warning("observations not sent to the predictor (%s); kept and retried", err)
+            self._observe_failing = True
             return False
         self.metrics.predictor_seconds.labels("observe", "ok").observe(time.perf_counter() - started)
         self.metrics.observations.labels("sent").inc(len(batch))
         self.sent += len(batch)
+        if self._observe_failing:
+            log.info("observations reach the predictor again")
+            self._observe_failing = False
         return True
