@@ -63,6 +63,12 @@ class ServiceSettings(BaseModel):
         "observations; under a high observation rate this keeps retrains from running back to back and taking the "
         "CPU that learning the observations needs).",
     )
+    model_save_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="With --model-dir, how often the model is saved there while it learns (and at a clean stop).",
+    )
     snapshot_interval_s: float = Field(
         default=0.25,
         gt=0,

@@ -219,6 +219,29 @@ def test_rows_naming_no_class_take_the_class_the_saved_model_learned(tmp_path: P
         assert c.app.state.runtime.settings.accelerator == "l40s"  # type: ignore[attr-defined]
 
 
+def test_the_model_dir_is_saved_while_learning_not_only_at_a_clean_stop(tmp_path: Path) -> None:
+    """Killed after 1.5 minutes of learning, the service came back with what its last clean stop had saved."""
+    settings = ServiceSettings(model_dir=tmp_path, model_save_interval_s=0.2)
+    with TestClient(create_app(settings)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(300)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 300, timeout_s=60)
+
+        def saved() -> int:
+            path = tmp_path / FILE_NAME
+            if not path.exists():
+                return 0
+            return sum(OnlinePredictor.load(tmp_path, background=False).status()["observations"].values())
+
+        assert wait_until(lambda: saved() == 300, timeout_s=10)  # written while it runs
+
+
+def test_a_first_start_on_an_empty_model_dir_is_not_degraded(tmp_path: Path) -> None:
+    """It named the empty directory as a refused model in /readyz, and logged a warning, at every first start."""
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:
+        assert "model_load" not in c.get("/readyz").json()["degraded"]
+
+
 def test_a_stop_before_anything_was_learned_leaves_the_model_dir_alone(tmp_path: Path) -> None:
     (tmp_path / "leadtime-predictor.json").write_text("{}")  # refused at start: kept for its owner to look at
     with TestClient(create_app(ServiceSettings(model_dir=tmp_path))):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from leadtime.features.catalog import get_accelerator, get_model
-from leadtime.predictor.artifact import ArtifactError
+from leadtime.predictor.artifact import FILE_NAME, ArtifactError
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
 from leadtime.predictor.service.cpus import allowed_cpus, plan_cpus
@@ -116,6 +116,8 @@ class ServiceRuntime:
         self._artifact_cache: tuple[OnlinePredictor, int, bytes, str] | None = None
         self._artifact_lock = threading.Lock()
         self._model_file = ModelDirFile(settings.model_dir) if settings.model_dir is not None else None
+        self._saved_at = time.monotonic()
+        self._saved_learned: dict[str, int] | None = None  # what the model had learned when last saved (periodically)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -127,6 +129,7 @@ class ServiceRuntime:
         self._initial_predictor = None
         self._take_default_class(predictor)
         self._install(predictor)
+        self._saved_learned = self.learned()  # as it was loaded: nothing new to save yet
         self._served_cursor = self._cursor
         self._renew_lease()
         self._start_learner()
@@ -227,11 +230,15 @@ class ServiceRuntime:
         model_dir = self.settings.model_dir
         if self._model_file is not None:
             self._model_file.note_current()  # what is there now is known: not another process's publication
-        if model_dir is not None and model_dir.exists():
+        if model_dir is not None and (model_dir / FILE_NAME).exists():  # an empty one: a first start
             try:
                 predictor = OnlinePredictor.load(model_dir, background=False)
                 # A cursor saved by an earlier process names a position in a stream that may not exist now.
                 predictor.metadata.pop(CURSOR_KEY, None)
+                learned = sum(predictor.status()["observations"].values())
+                log.info(
+                    "loaded the model saved in %s (version %d, %d observations)", model_dir, predictor.version, learned
+                )
                 return predictor
             except (ArtifactError, OSError) as err:
                 log.warning("ignoring the model in %s: %s", model_dir, err)
@@ -452,6 +459,23 @@ class ServiceRuntime:
         self.metrics.model_swaps.inc()
         return True, True
 
+    def _save_now_and_then(self) -> None:
+        """With --model-dir, the model is saved every `model_save_interval_s` while it learns, not only when it is
+        published (every `retrain_every` rows, if a retrain wins) or at a clean stop: a crash loses at most that."""
+        model_file, predictor = self._model_file, self.predictor
+        now = time.monotonic()
+        if model_file is None or predictor is None or now - self._saved_at < self.settings.model_save_interval_s:
+            return
+        self._saved_at = now
+        learned = self.learned()
+        if learned == self._saved_learned:
+            return
+        try:
+            if model_file.save(self.serving_artifact()[0]):
+                self._saved_learned = learned
+        except Exception as err:  # the directory was checked at start; say it, keep serving
+            log.warning("could not save the serving model in %s: %s", model_file.directory, err)
+
     def sync_model_dir(self) -> bool:
         """Take up a model another process published to --model-dir (`leadtime retrain --registry DIR`): it is
         published to the store as any replica's would be, and every replica swaps it in (the sync loop, or
@@ -533,6 +557,7 @@ class ServiceRuntime:
     def _sync_loop(self) -> None:
         while not self._stop.is_set():
             self.sync_model_dir()
+            self._save_now_and_then()
             try:
                 newer = self.store.wait_for_model(max(self.store_version, self._refused_version), 0.5)
                 self._loop_errors.pop("model_registry", None)
