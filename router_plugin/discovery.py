@@ -273,6 +273,18 @@ class StaticDiscovery:
         return False
 
 
+def describe_change(before: Sequence[DiscoveredEndpoint], after: Sequence[DiscoveredEndpoint]) -> str:
+    """What a new endpoint list changed, by name: "added c; removed a; changed b" (address, port or labels)."""
+    old = {e.endpoint_id: e for e in before}
+    new = {e.endpoint_id: e for e in after}
+    parts = (
+        ("added", [n for n in new if n not in old]),
+        ("removed", [n for n in old if n not in new]),
+        ("changed", [n for n in new if n in old and new[n] != old[n]]),
+    )
+    return "; ".join(f"{verb} {', '.join(names)}" for verb, names in parts if names) or "reordered"
+
+
 class FileDiscovery:
     """llm-d file discovery: the file is re-read whenever it changes (size, mtime or inode), polled by `poll`.
 
@@ -319,7 +331,9 @@ class FileDiscovery:
         self.reloads += 1
         self.last_error = None
         changed = endpoints != self.endpoints
-        if changed:
-            log.info("discovery: %d endpoints (%s)", len(endpoints), ", ".join(e.endpoint_id for e in endpoints))
+        if changed and not endpoints:
+            log.warning("discovery: %s lists no endpoint; nothing can be routed until it lists some", self.path)
+        elif changed:
+            log.info("discovery: %d endpoints (%s)", len(endpoints), describe_change(self.endpoints, endpoints))
         self.endpoints = endpoints
         return changed

@@ -150,6 +150,17 @@ def test_with_api_keys_the_api_paths_need_one_and_health_and_metrics_stay_open()
     assert asyncio.run(open_paths()) == [200, 200, 401]
 
 
+def test_with_no_endpoint_discovered_readiness_and_requests_say_so() -> None:
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=gateway(), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return await client.get("/readyz"), await client.post("/v1/completions", json={"prompt": "x"})
+
+    ready, reply = asyncio.run(go())
+    assert ready.status_code == 503 and ready.json()["reason"] == "discovery lists no endpoint"
+    assert reply.status_code == 503 and reply.json()["error"].endswith(": discovery lists no endpoint")
+
+
 def test_a_path_passed_through_with_no_endpoint_to_serve_it_is_503() -> None:
     reply = post("/tokenize", b'{"prompt": "anyone?"}', [])
     assert reply.status_code == 503 and reply.json()["field"] == "endpoints"

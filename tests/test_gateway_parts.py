@@ -130,6 +130,26 @@ def test_file_discovery_keeps_the_previous_set_on_a_bad_reload(tmp_path: Path) -
     assert discovery.failed_reloads == 4 and discovery.reloads == 1 and discovery.last_error is None
 
 
+def test_file_discovery_says_what_changed_and_warns_of_an_empty_list(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A port change was logged as "8 endpoints (same names)"; `endpoints: []` emptied the fleet at INFO."""
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(json.dumps(ENDPOINTS))
+    discovery = FileDiscovery(path)
+    moved = json.loads(json.dumps(ENDPOINTS))
+    moved["endpoints"][1]["port"] = 9999
+    moved["endpoints"].append({**moved["endpoints"][0], "name": "c"})
+    with caplog.at_level(logging.INFO, logger="leadtime.router.discovery"):
+        path.write_text(json.dumps({"endpoints": moved["endpoints"][1:]}))
+        assert discovery.poll()
+        path.write_text("endpoints: []\n")
+        assert discovery.poll() and discovery.endpoints == ()
+    changed, emptied = caplog.records
+    assert changed.getMessage() == "discovery: 2 endpoints (added c; removed a; changed serving/b)"
+    assert emptied.levelno == logging.WARNING and "lists no endpoint" in emptied.getMessage()
+
+
 def test_file_discovery_refuses_a_broken_file_at_start(tmp_path: Path) -> None:
     path = tmp_path / "endpoints.yaml"
     path.write_text("endpoints: 3")

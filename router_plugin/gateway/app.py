@@ -503,7 +503,11 @@ class Gateway:
             await self._reply(send, 200, {"status": "ready", "routable_endpoints": routable, "endpoints": known})
         else:
             after = self.settings.unroutable_after_s
-            reason = f"no endpoint can be routed to (none answered a scrape within the last {after:g} s)"
+            reason = (
+                f"no endpoint can be routed to (none answered a scrape within the last {after:g} s)"
+                if known
+                else "discovery lists no endpoint"
+            )
             await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
 
     async def _models(self, send: Send) -> None:
@@ -781,7 +785,13 @@ class Gateway:
             while True:
                 candidates = self._candidates(key, excluded)
                 if not candidates:
-                    reason = "no other endpoint to retry on" if excluded else "no endpoint answered a scrape recently"
+                    reason = (
+                        "no other endpoint to retry on"
+                        if excluded
+                        else "no endpoint answered a scrape recently"
+                        if self.scraper.scrapes
+                        else "discovery lists no endpoint"
+                    )
                     self._unservable(reason, warn=False)  # the scrapes' own warnings say why
                     return None
                 try:
