@@ -150,6 +150,18 @@ def test_with_api_keys_the_api_paths_need_one_and_health_and_metrics_stay_open()
     assert asyncio.run(open_paths()) == [200, 200, 401]
 
 
+def test_an_endpoint_discovery_dropped_leaves_the_per_endpoint_gauges() -> None:
+    """A removed endpoint read as routable, its scrape age frozen, on every scrape after."""
+    from leadtime.router_plugin.scrape import EndpointScrape
+
+    app = gateway()
+    (endpoint,) = parse_static(["127.0.0.1:9,name=gone"])
+    app.scraper.scrapes["gone"] = EndpointScrape(endpoint)
+    assert 'leadtime_router_endpoint_routable{endpoint="gone"}' in app._render_metrics().decode()
+    del app.scraper.scrapes["gone"]
+    assert 'endpoint="gone"' not in app._render_metrics().decode()
+
+
 def test_with_no_endpoint_discovered_readiness_and_requests_say_so() -> None:
     async def go() -> tuple[httpx.Response, httpx.Response]:
         transport = httpx.ASGITransport(app=gateway(), raise_app_exceptions=False)

@@ -26,6 +26,7 @@ forget them (`abandon`, when it has one). Its own paths: `/metrics` (`metrics.Ga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -239,6 +240,7 @@ class Gateway:
         self._passed = PassedThroughLoad()
         self._scrape_errors_seen: dict[str, int] = {}
         self._timeslice_errors_seen = 0
+        self._gauged: set[str] = set()  # endpoints the per-endpoint gauges were last rendered for
         self.in_flight = 0
         """Requests being proxied or passed through now."""
         self._unnamed_groups: set[str] = set()
@@ -540,6 +542,12 @@ class Gateway:
             if scrape.errors > seen:
                 m.scrape_errors.labels(eid).inc(scrape.errors - seen)
                 self._scrape_errors_seen[eid] = scrape.errors
+        current = set(self.scraper.scrapes)
+        for gone in self._gauged - current:  # an endpoint discovery dropped is not shown as still there
+            for gauge in (m.endpoint_up, m.scrape_age, m.prefix_reported):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(gone)
+        self._gauged = current
         m.endpoints.labels("true").set(routable)
         m.endpoints.labels("false").set(len(self.scraper.scrapes) - routable)
         m.bytes_per_token.set(self.affinity.bytes_per_token)
