@@ -4,6 +4,7 @@ metric names, time-slice documents, the predictor wrapper's breaker and batches,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -407,6 +408,26 @@ class _Client:
 ROW = FeatureRow(RequestFeatures(input_tokens=10), EndpointState(endpoint_id="e"))
 
 
+def test_a_predictor_outage_is_one_warning_and_its_end_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    """The breaker's warning came again at every re-opening, every 1.2 s for a whole outage, and its end was silent."""
+    client = _Client()
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=2, open_for_s=0.02)
+    client.down = True
+    with caplog.at_level(logging.INFO, logger="leadtime.router.predictor"):
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            with contextlib.suppress(PredictorUnavailable):
+                wrapper.predict([ROW])
+            time.sleep(0.005)
+        client.down = False
+        time.sleep(0.03)
+        wrapper.predict([ROW])
+        wrapper.predict([ROW])
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, m in said if "predictor failing" in m] == [logging.WARNING], said
+    assert [m for _, m in said if "predictor answers again" in m], said
+
+
 def test_a_failed_warm_up_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """An untrusted predictor certificate at start was said at INFO only; every decision then falls back."""
     client = _Client()
@@ -683,6 +704,19 @@ def test_the_gateway_starts_and_stops_a_pulled_model_with_itself_and_nothing_els
     finally:
         predictor.stop(timeout_s=2.0)
     assert not pulled._thread.is_alive()
+
+
+def test_a_failing_pull_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """It said "failed (error)": not whether the service was down, refused or answered something else."""
+    import httpx as _httpx
+
+    from leadtime.router_plugin.gateway.pulled import PulledModel
+
+    pulled = PulledModel("http://127.0.0.1:9", LeanHttpPredictorClient("http://127.0.0.1:9"), timeout_s=0.2)
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.pulled"), _httpx.Client(timeout=0.5) as client:
+        assert pulled.pull_once(client) == "error"
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "failed (error)" not in said and "refused" in said.lower(), said  # the connection was refused
 
 
 def test_an_endpoints_interim_responses_are_passed_over_for_its_answer() -> None:

@@ -4,6 +4,7 @@ Redis sync against a real redis-server, and two `leadtime route` processes telli
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -193,6 +194,30 @@ def test_without_redis_a_replica_counts_what_it_could_not_tell_and_goes_on() -> 
         return float(metrics.replica_events.labels("dropped")._value.get())
 
     assert asyncio.run(scenario()) == 3  # nothing raised into the gateway; nothing sent
+
+
+def test_a_redis_outage_is_one_warning_and_its_end_is_said(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ "not hearing the other replicas" came every second of an outage, and hearing them again was never said."""
+
+    async def scenario() -> None:
+        sync = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
+        await sync.start()
+        await asyncio.sleep(0.3)
+        redis_server.stop()
+        await asyncio.sleep(3.5)  # several retries
+        redis_server.start()
+        deadline = time.monotonic() + 10
+        while "hearing the other replicas again" not in caplog.text and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await sync.stop()
+
+    with caplog.at_level(logging.INFO, logger="leadtime.router.replicas"):
+        asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if m.startswith("not hearing the other replicas")]) == 1, said
+    assert "hearing the other replicas again" in said, said
 
 
 def test_the_simulators_replicas_route_every_request_and_learn_once_each() -> None:

@@ -93,6 +93,7 @@ class GatewayPredictor:
         self.open_for_s = open_for_s
         self.last_failure = ""
         self._observe_failing = False  # the last batch sent failed (an outage, said once)
+        self._outage = False  # the breaker opened since the last prediction that succeeded
         self._consecutive = 0
         self._open_until = 0.0
         self._queue: deque[Observation] = deque()
@@ -121,7 +122,13 @@ class GatewayPredictor:
             if self._consecutive >= self.open_after:
                 self._open_until = time.monotonic() + self.open_for_s
                 self._consecutive = 0
-                log.warning("predictor failing (%s); heuristics for %.1f s", err, self.open_for_s)
+                if not self._outage:  # once an outage, not at every re-opening of the breaker
+                    self._outage = True
+                    log.warning(
+                        "predictor failing (%s); heuristics meanwhile, trying it again every %.1f s",
+                        err,
+                        self.open_for_s,
+                    )
             raise
         except Exception as err:  # a client bug must not drop the request: treat it as the predictor failing
             self.last_failure = "refused"
@@ -129,6 +136,9 @@ class GatewayPredictor:
             raise PredictorError("client", f"{type(err).__name__}: {err}") from err
         self._ok.observe(time.perf_counter() - started)
         self._consecutive = 0
+        if self._outage:
+            self._outage = False
+            log.info("predictor answers again")
         return answer
 
     def warm_up(self, row: FeatureRow, deadline_s: float = 2.0) -> bool:

@@ -95,6 +95,7 @@ class PulledModel:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        self.last_error = ""  # why the last pull failed (for the log line that says it is failing)
 
     # ----- predictions (the decision's thread) ---------------------------------------------------------------
 
@@ -158,7 +159,8 @@ class PulledModel:
             self._failing = failing
             if failing:
                 kept = "keeping the model held" if self.model is not None else "heuristics until one is pulled"
-                log.warning("pulling the model from %s failed (%s); %s", self.url, result, kept)
+                why = self.last_error if result == "error" else "refused"
+                log.warning("pulling the model from %s failed (%s); %s", self.url, why, kept)
             else:
                 log.info("pulling the model from %s succeeds again", self.url)
         return result
@@ -168,13 +170,13 @@ class PulledModel:
         try:
             response = client.get(self.url, headers=headers)
         except httpx.HTTPError as err:
-            log.debug("model pull failed: %s", err)
+            self.last_error = str(err) or type(err).__name__
             return "error"
         if response.status_code == 304:
             self.pulled_at = time.monotonic()
             return "unchanged"
         if response.status_code != 200:
-            log.debug("model pull answered %d", response.status_code)
+            self.last_error = f"answered {response.status_code}"
             return "error"
         artifact = response.content
         digest = hashlib.sha256(artifact).hexdigest()

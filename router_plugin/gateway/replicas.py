@@ -246,10 +246,14 @@ class ReplicaSync:
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _receive(self) -> None:
+        deaf = False  # said once an outage, and its end
         while True:
             pubsub = self._client.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
+                if deaf:
+                    deaf = False
+                    log.info("hearing the other replicas again")
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "message":
@@ -257,7 +261,9 @@ class ReplicaSync:
             except asyncio.CancelledError:
                 raise
             except Exception as err:
-                log.warning("not hearing the other replicas (%s); retrying in a second", err)
+                if not deaf:
+                    deaf = True
+                    log.warning("not hearing the other replicas (%s); retrying every second", err)
                 await asyncio.sleep(1.0)
             finally:
                 with contextlib.suppress(Exception):
