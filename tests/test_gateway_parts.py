@@ -419,10 +419,12 @@ def test_a_predictor_outage_is_one_warning_and_its_end_is_said(caplog: pytest.Lo
             with contextlib.suppress(PredictorUnavailable):
                 wrapper.predict([ROW])
             time.sleep(0.005)
+        assert wrapper.health()["predictor"].startswith("failing (")  # /readyz names it while it lasts
         client.down = False
         time.sleep(0.03)
         wrapper.predict([ROW])
         wrapper.predict([ROW])
+        assert wrapper.health() == {}
     said = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert [level for level, m in said if "predictor failing" in m] == [logging.WARNING], said
     assert [m for _, m in said if "predictor answers again" in m], said

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from leadtime.features.rows import parse_timestamp
 from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor import physics
 from leadtime.predictor.service.rows import RowParser
+from leadtime.predictor.store.redis_store import without_credentials
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -119,13 +120,13 @@ class RedisSource:
         rest = [(k, v) for k, v in query if k != "namespace"]
         namespace = names[-1] if names else DEFAULT_NAMESPACE
         if not namespace:
-            raise SampleError(f"{_redacted(spec)}: namespace must not be empty")
+            raise SampleError(f"{without_credentials(spec)}: namespace must not be empty")
         return cls(f"{base}?{urlencode(rest)}" if rest else base, namespace)
 
     @property
     def name(self) -> str:
         """The URL without credentials, with the namespace: how reports name it."""
-        return f"{_redacted(self.url)} ({self.namespace})"
+        return f"{without_credentials(self.url)} ({self.namespace})"
 
 
 def is_redis_url(spec: str) -> bool:
@@ -135,13 +136,6 @@ def is_redis_url(spec: str) -> bool:
     (True, True, False)
     """
     return spec.split("://", 1)[0].lower() in REDIS_SCHEMES and "://" in spec
-
-
-def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 # An entry as read: its position in the source (for the report) and the decoded value, or why it is unusable.

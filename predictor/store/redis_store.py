@@ -187,7 +187,12 @@ def _stream_id(text: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _without_credentials(url: str) -> str:
+def without_credentials(url: str) -> str:
+    """A Redis URL as logs and status pages show it: its password (and user) left out.
+
+    >>> without_credentials("rediss://:secret@10.0.0.5:6380/0"), without_credentials("redis://10.0.0.5:6379/0")
+    ('rediss://10.0.0.5:6380/0', 'redis://10.0.0.5:6379/0')
+    """
     parts = urlsplit(url)
     if "@" not in parts.netloc:
         return url
@@ -300,7 +305,7 @@ class RedisStore:
             raise ValueError(f"stream_maxlen must be >= 1, got {stream_maxlen}")
         if keep_versions < 1:
             raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
-        self.address = _without_credentials(url)  # for logs and status pages
+        self.address = without_credentials(url)  # for logs and status pages
         self.namespace = namespace
         self.buffer_limit = buffer_limit
         self.stream_maxlen = stream_maxlen

@@ -502,7 +502,9 @@ class Gateway:
             reason = "only prefill endpoints can be routed to, and they serve no client alone (no decode endpoint)"
             await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
         elif routable:
-            await self._reply(send, 200, {"status": "ready", "routable_endpoints": routable, "endpoints": known})
+            degraded = self.predictor.health() if self.predictor is not None else {}
+            answer = {"status": "ready", "routable_endpoints": routable, "endpoints": known, "degraded": degraded}
+            await self._reply(send, 200, answer)
         else:
             after = self.settings.unroutable_after_s
             reason = (

@@ -151,6 +151,15 @@ class GatewayPredictor:
             return False
         return True
 
+    def health(self) -> dict[str, str]:
+        """What is degraded (for the gateway's /readyz, which stays ready: the heuristics route meanwhile)."""
+        out = {}
+        if self._outage:
+            out["predictor"] = f"failing ({self.last_failure}); deciding with the heuristics until it answers"
+        if self._observe_failing:
+            out["observations"] = "not reaching the predictor; kept and retried"
+        return out
+
     # ----- observations ----------------------------------------------------------------------------------
 
     def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:

@@ -12,6 +12,7 @@ import uvicorn
 
 from leadtime.predictor.service.ports import probe_bind
 from leadtime.predictor.service.serve import check_tls_files
+from leadtime.predictor.store.redis_store import without_credentials
 from leadtime.router_plugin.client import PredictorClient
 from leadtime.router_plugin.config import SHIPPED_CONFIG, ConfigError, build_policy, load_config, profile_types
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
@@ -149,13 +150,15 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
     endpoints = gateway.discovery.endpoints
     source = getattr(gateway.discovery, "path", None)
     log.info(
-        "routing on %s://%s:%d: %d endpoint%s %s",
+        "routing on %s://%s:%d: %d endpoint%s %s; %s%s",
         "https" if tls else "http",
         settings.host,
         settings.port,
         len(endpoints),
         "" if len(endpoints) == 1 else "s",
         f"from {source}, re-read when it changes" if source is not None else "given on the command line",
+        "clients need an API key" if settings.api_keys else "open to any client that reaches it (no --api-key)",
+        f"; sharing with replicas through {without_credentials(gateway.replicas.url)}" if gateway.replicas else "",
     )
     config = uvicorn.Config(
         gateway,
