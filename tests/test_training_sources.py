@@ -176,6 +176,14 @@ def test_a_parquet_timestamp_column_is_read_as_its_moment(tmp_path: Path, zone: 
     assert samples.timestamps.tolist() == [float(epoch + 60 * i) for i in range(6)]
 
 
+def test_a_csv_source_is_refused_as_csv(tmp_path: Path) -> None:
+    """It was read as JSONL: "line 1: not JSON (Expecting value)"."""
+    path = tmp_path / "rows.csv"
+    path.write_text("actual_ttft_ms,actual_tpot_ms\n10,2\n")
+    with pytest.raises(SampleError, match=r"rows\.csv: a CSV file; sources are JSONL or Parquet"):
+        SampleReader("h200-sxm", "qwen3-32b").read([str(path)])
+
+
 def test_a_file_that_is_not_parquet_is_one_clear_error(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "rows.parquet", llmd_lines(3))
     with pytest.raises(SampleError, match=r"rows\.parquet: not a Parquet file"):

@@ -299,6 +299,8 @@ class SampleReader:
             raise SampleError(str(err)) from None
         if path.suffix.lower() in PARQUET_SUFFIXES:
             return SourceSummary(spec, "parquet"), _parquet_entries(path)
+        if path.suffix.lower() in (".csv", ".tsv"):  # read as JSONL it was "line 1: not JSON"
+            raise SampleError(f"{spec}: a {path.suffix[1:].upper()} file; sources are JSONL or Parquet (or redis://)")
         return SourceSummary(spec, "jsonl"), _jsonl_entries(path)
 
     @staticmethod
