@@ -409,6 +409,8 @@ def observation_to_llmd(obs: Observation) -> dict[str, Any]:
 
 _MILLISECONDS_ABOVE = 2e10
 _LAST_SECOND = 253_402_300_799.0  # 9999-12-31T23:59:59Z
+LATEST_TIMESTAMP = _LAST_SECOND * 1000.0
+"""The largest number a timestamp may be (in milliseconds, the last second of the year 9999); schemas bound it."""
 
 
 def _epoch_seconds(value: float) -> float:

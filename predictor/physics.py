@@ -127,7 +127,8 @@ def implausible(x: np.ndarray, actual_ttft_ms: np.ndarray, actual_tpot_ms: np.nd
     [False, True, True]
     """
     bad = np.zeros(len(x), dtype=bool)
-    for target, actual in (("ttft", actual_ttft_ms), ("tpot", actual_tpot_ms)):
-        observed = actual > 0
-        bad |= observed & ((actual * IMPLAUSIBLY_FAST < floor_ms(target, x)) | (actual > IMPLAUSIBLY_SLOW_MS))
+    with np.errstate(over="ignore"):  # 1e308 × 100 is inf, and above a day all the same
+        for target, actual in (("ttft", actual_ttft_ms), ("tpot", actual_tpot_ms)):
+            observed = actual > 0
+            bad |= observed & ((actual * IMPLAUSIBLY_FAST < floor_ms(target, x)) | (actual > IMPLAUSIBLY_SLOW_MS))
     return bad

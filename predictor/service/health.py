@@ -30,17 +30,15 @@ async def root(runtime: Runtime) -> dict[str, Any]:
     }
 
 
-@router.api_route("/healthz", methods=["GET", "HEAD"], summary="The process is alive.")
+@router.get("/healthz", summary="The process is alive.")
+@router.head("/healthz", include_in_schema=False)  # load balancers and `curl -I` probe with HEAD
 async def healthz() -> dict[str, str]:
     """The process is alive."""
     return {"status": "ok"}
 
 
-@router.api_route(
-    "/readyz",
-    methods=["GET", "HEAD"],
-    summary="200 while predictions can be served (naming anything degraded), else 503.",
-)
+@router.get("/readyz", summary="200 while predictions can be served (naming anything degraded), else 503.")
+@router.head("/readyz", include_in_schema=False)
 async def readyz(runtime: Runtime) -> JSONResponse:
     """Readiness is about answering predictions. A Redis outage or a refused model degrades learning and
     sharing, not serving: answering 503 then would make Kubernetes pull every replica out of rotation at once
@@ -55,9 +53,8 @@ async def readyz(runtime: Runtime) -> JSONResponse:
     return JSONResponse(body, status_code=503)
 
 
-@router.api_route(
-    "/status", methods=["GET", "HEAD"], summary="llm-d's status answer, plus Leadtime's model and store state."
-)
+@router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
+@router.head("/status", include_in_schema=False)
 async def status(runtime: Runtime) -> dict[str, Any]:
     """llm-d's status answer, plus Leadtime's model and store state."""
     predictor = runtime.predictor
@@ -89,12 +86,10 @@ async def status(runtime: Runtime) -> dict[str, Any]:
     return answer
 
 
-@router.api_route(
-    "/metrics",
-    methods=["GET", "HEAD"],
-    responses=content_of("text/plain", "Prometheus text format."),
-    summary="Prometheus text format.",
+@router.get(
+    "/metrics", responses=content_of("text/plain", "Prometheus text format."), summary="Prometheus text format."
 )
+@router.head("/metrics", include_in_schema=False)
 async def metrics(runtime: Runtime) -> Response:
     """Prometheus text: Leadtime's metrics, plus llm-d's training-server lines in the training role."""
     llmd = None

@@ -7,15 +7,19 @@ OpenAPI document by `body_schema`, so /docs shows exactly what those handlers ac
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from leadtime.features.catalog import ACCELERATORS, MODELS
-from leadtime.features.rows import MAX_COUNT
+from leadtime.features.rows import LATEST_TIMESTAMP, MAX_COUNT
 from leadtime.predictor.service.rows import ROW_EXTRAS
 
-TIMESTAMP_HELP = "When the request completed: seconds since the epoch, or RFC 3339 (an offset-less time is UTC)."
+TIMESTAMP_HELP = (
+    "When the request completed: seconds since the epoch (milliseconds above 2e10, as pydantic reads numbers), or "
+    "RFC 3339 (an offset-less time is UTC)."
+)
+Timestamp = Annotated[float, Field(ge=-LATEST_TIMESTAMP, le=LATEST_TIMESTAMP)]
 
 
 class LlmdRow(BaseModel):
@@ -69,7 +73,7 @@ class TrainingEntry(LlmdRow):
 
     actual_ttft_ms: float = Field(..., ge=0.0, description="0 = TTFT not observed in this sample.")
     actual_tpot_ms: float = Field(..., ge=0.0, description="0 = TPOT not observed in this sample.")
-    timestamp: float | AwareDatetime | None = Field(default=None, description=TIMESTAMP_HELP)
+    timestamp: Timestamp | AwareDatetime | None = Field(default=None, description=TIMESTAMP_HELP)
 
 
 class NativeObservation(NativeRow):
@@ -81,7 +85,7 @@ class NativeObservation(NativeRow):
     predicted_tpot_ms: float | None = Field(default=None, ge=0.0)
     predicted_ttft_quantile_ms: float | None = Field(default=None, ge=0.0, description="Upper-quantile TTFT predicted.")
     predicted_tpot_quantile_ms: float | None = Field(default=None, ge=0.0)
-    timestamp: float | AwareDatetime | None = Field(default=None, description=TIMESTAMP_HELP)
+    timestamp: Timestamp | AwareDatetime | None = Field(default=None, description=TIMESTAMP_HELP)
 
 
 class BulkPredictRequest(BaseModel):
