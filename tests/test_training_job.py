@@ -292,10 +292,13 @@ def test_a_redis_on_a_unix_socket_serves_as_source_and_registry(
 
 
 @pytest.mark.parametrize("option", ["--samples", "--registry"])
-def test_a_redis_url_with_a_parameter_redis_does_not_know_is_one_line_naming_it(sim_log: Path, option: str) -> None:
+def test_a_redis_url_with_a_parameter_redis_does_not_know_is_one_line_naming_it(
+    sim_log: Path, option: str, tmp_path: Path
+) -> None:
     """redis-py passes unknown query parameters on to its connection, which raised a TypeError: a traceback."""
     url = f"redis://127.0.0.1:{free_port()}/0?foo=bar"
-    args = {"--samples": str(sim_log), "--registry": "unused-dir"} | {option: url}
+    # The registry directory is made before the sources are read: in the test's own folder, not the checkout.
+    args = {"--samples": str(sim_log), "--registry": str(tmp_path / "registry")} | {option: url}
     refused = CliRunner().invoke(app, ["retrain", "--samples", args["--samples"], "--registry", args["--registry"]])
     assert refused.exit_code == 2, refused.output
     (line,) = refused.output.strip().splitlines()
