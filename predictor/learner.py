@@ -508,7 +508,11 @@ class OnlinePredictor:
     # --- persistence ------------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        """The artifact: JSON with the trees as LightGBM text (never a pickle)."""
+        """The artifact: JSON with the trees as LightGBM text (never a pickle).
+
+        Learned rows whose calibration update still waits (it is applied every 64 rows, in a batch, for speed) are
+        applied first, so the artifact holds everything learned: predictions afterwards include them, as they would
+        have a few rows later."""
         with self._lock:
             for model in self._models.values():
                 model.settle()
@@ -561,6 +565,22 @@ class OnlinePredictor:
             for model in self._models.values():
                 model.settle()
             return self._state(), {t: dict(m.trees.compiled) for t, m in self._models.items()}
+
+    def __reduce__(self) -> Any:
+        """Refused with the way that works: a predictor holds locks and threads, and its artifact is the portable
+        form (JSON and LightGBM text, checked on load).
+
+        >>> import pickle
+        >>> try:
+        ...     pickle.dumps(OnlinePredictor())
+        ... except TypeError as err:
+        ...     print(err)
+        an OnlinePredictor is not pickled: save it with to_bytes() or save(DIR), load it with from_bytes() or load(DIR)
+        """
+        raise TypeError(
+            "an OnlinePredictor is not pickled: save it with to_bytes() or save(DIR), load it with from_bytes() or "
+            "load(DIR)"
+        )
 
     def save(self, directory: Any) -> None:
         """Write the artifact into `directory` (atomically)."""

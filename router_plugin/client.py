@@ -56,11 +56,18 @@ class InProcessPredictor:
         An object with `predict_many(rows)` returning per-row arrays `ttft_mean`, `ttft_quantile`, `tpot_mean`,
         `tpot_quantile` (and `model_version`), and `learn_many(observations)`.
     quantile
-        The upper quantile the learner serves, reported with each answer.
+        The upper quantile the learner serves, reported with each answer: by default its own (`learner.config.
+        quantile`, as an `OnlinePredictor` has it), else 0.9.
+
+    >>> from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+    >>> InProcessPredictor(OnlinePredictor(LearnerConfig(quantile=0.95, background=False))).quantile
+    0.95
     """
 
-    def __init__(self, learner: LocalLearner, quantile: float = 0.9) -> None:
+    def __init__(self, learner: LocalLearner, quantile: float | None = None) -> None:
         self.learner = learner
+        if quantile is None:
+            quantile = float(getattr(getattr(learner, "config", None), "quantile", 0.9))
         self.quantile = quantile
 
     def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
