@@ -309,10 +309,11 @@ class LeadtimePolicy:
             if state.timeslice_state != "none" or state.timeslice_wait_ms:
                 changes.update(timeslice_state="none", timeslice_wait_ms=0.0)
         elif away and c.timeslice_group:
-            changes.update(
-                timeslice_state="parked",
-                timeslice_wait_ms=self._residency.expected_wait_ms(c.timeslice_group, now_ms),
-            )
+            # What the router has learned of the group's residency, once it has seen the group; until then the
+            # wait the candidate's own state gives (a caller or a source that knows it).
+            known = self._residency.knows(c.timeslice_group)
+            wait = self._residency.expected_wait_ms(c.timeslice_group, now_ms) if known else state.timeslice_wait_ms
+            changes.update(timeslice_state="parked", timeslice_wait_ms=wait)
         elif c.timeslice_group and state.timeslice_state != "resident":
             changes["timeslice_state"] = "resident"
         return replace(state, **changes) if changes else state

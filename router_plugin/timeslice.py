@@ -138,6 +138,10 @@ class ResidencyTracker:
         h = self._groups.get(group)
         return 0.0 if h is None or not h.serving else h.since_ms
 
+    def knows(self, group: str) -> bool:
+        """Whether the group's states were ever seen (`update`): its residency is learned, not assumed."""
+        return group in self._groups
+
     def expected_wait_ms(self, group: str, now_ms: float) -> float:
         """Expected ms until the group serves again (0 if it serves now)."""
         h = self._groups.get(group)

@@ -746,3 +746,15 @@ def test_a_request_that_waited_out_a_swap_teaches_the_endpoint_speed_without_the
     blind.pick(req("r", at=1000.0), [cand("s", group="g")])
     blind.observe(Outcome("r", "s", None, ttft_ms=3300.0, itl_ms=20.0, output_tokens=10, completed_ms=4480.0))
     assert blind.predictor.told[0].actual_ttft_ms == 3300.0  # type: ignore[attr-defined]
+
+
+def test_a_parked_endpoints_stated_wait_counts_until_the_router_has_learned_the_group() -> None:
+    """Without a time-slice source, a candidate parked for 5 s (its state says so) was scored as if it had no wait
+    because it named a group the router knew nothing of, and it took the request from an endpoint 50 deep."""
+    policy = LeadtimePolicy(InProcessPredictor(OnlinePredictor(LearnerConfig(background=False))), LeadtimeConfig())
+    parked = Candidate(EndpointState("x", timeslice_state="parked", timeslice_wait_ms=5000.0), timeslice_group="g")
+    busy = Candidate(EndpointState("y", num_request_waiting=50))
+    pick = policy.pick(RouteRequest("r", 100, ttft_slo_ms=300.0, tpot_slo_ms=40.0), [parked, busy])
+    assert pick.endpoint_id == "y"
+    scored = policy._state(parked, away=True, now_ms=0.0)
+    assert scored.timeslice_wait_ms == 5000.0
