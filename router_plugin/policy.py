@@ -10,11 +10,14 @@ late, exactly when each request finishes, as in production.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Protocol, runtime_checkable
 
-from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures, check_count, check_real
 
 
 class NoCandidateError(ValueError):
@@ -38,6 +41,23 @@ class RouteRequest:
     held_ms: float = 0.0
     """How long the router has held the request already (`Pick.hold`). Its SLOs count from when it came in, so
     `held_ms` of its TTFT SLO is spent."""
+
+    def __post_init__(self) -> None:
+        """Checked here, naming the field, rather than failing inside a scorer (`tpot_slo_ms=nan` was an IndexError
+        from an empty choice, `"500"` a TypeError).
+
+        >>> RouteRequest("r", 100, ttft_slo_ms=float("nan"))
+        Traceback (most recent call last):
+        ...
+        leadtime.features.errors.FeatureError: ttft_slo_ms: must be a number > 0 (inf: none), got nan
+        """
+        check_count("input_tokens", self.input_tokens)
+        for name in ("ttft_slo_ms", "tpot_slo_ms"):
+            slo = getattr(self, name)
+            if slo is not None and (isinstance(slo, bool) or not isinstance(slo, Real) or not float(slo) > 0):
+                raise FeatureError(name, f"must be a number > 0 (inf: none), got {slo!r}")
+        check_real("arrival_ms", self.arrival_ms, -math.inf)
+        check_real("held_ms", self.held_ms)
 
 
 @dataclass(frozen=True)
@@ -110,6 +130,20 @@ class Outcome:
     itl_ms: float
     output_tokens: int
     completed_ms: float
+
+    def __post_init__(self) -> None:
+        """Checked when it is made, naming its own fields: a bad one reported to `observe` failed after the policy
+        had let go of its decision, and `output_tokens=-3` was learned from.
+
+        >>> Outcome("r", "e", None, ttft_ms=float("nan"), itl_ms=10.0, output_tokens=5, completed_ms=0.0)
+        Traceback (most recent call last):
+        ...
+        leadtime.features.errors.FeatureError: ttft_ms: must be finite, got nan
+        """
+        check_real("ttft_ms", self.ttft_ms)
+        check_real("itl_ms", self.itl_ms)
+        check_count("output_tokens", self.output_tokens)
+        check_real("completed_ms", self.completed_ms, -math.inf)
 
     @property
     def learned_itl_ms(self) -> float:
