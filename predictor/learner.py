@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import operator
 import threading
 import time
@@ -93,12 +94,37 @@ class LearnerConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        """Every value checked here, by name: one that fails later does so inside a `learn_one`, after part of the
+        row was learned (`tree_rounds=0` at the first retrain, `window=1000.5` at the first window).
+
+        >>> LearnerConfig(tree_rounds=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: tree_rounds must be ≥ 1, got 0
+        """
+        for name in ("window", "retrain_every", "min_window", "tree_rounds", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in ("quantile", "forgetting"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         if not 0.5 <= self.quantile < 1.0:
             raise ValueError(f"quantile must be in [0.5, 1), got {self.quantile}")
         if self.window < 100 or self.retrain_every < 1 or self.min_window < 50:
             raise ValueError("window must be ≥ 100, retrain_every ≥ 1 and min_window ≥ 50")
+        if self.tree_rounds < 1:
+            raise ValueError(f"tree_rounds must be ≥ 1, got {self.tree_rounds}")
         if not 0.9 <= self.forgetting <= 1.0:
             raise ValueError(f"forgetting must be in [0.9, 1], got {self.forgetting}")
+
+
+def _only(items: Sequence[Any], kind: type, usage: str) -> None:
+    """A TypeError saying what the method takes, rather than an AttributeError from deep inside it."""
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise TypeError(f"{usage}; item {i} is {type(item).__name__}")
 
 
 @dataclass
@@ -232,6 +258,7 @@ class OnlinePredictor:
             return rows
         if isinstance(rows, np.ndarray):
             return self.vectorizer.batch_of_matrix(rows)
+        _only(rows, FeatureRow, "predict_many takes FeatureRows (an Observation's is its .row)")
         return self.vectorizer.batch(rows)
 
     def debug_one(self, row: FeatureRow) -> str:
@@ -313,6 +340,7 @@ class OnlinePredictor:
             n = len(observations)
             if n == 0:
                 return
+            _only(observations, Observation, "learn_many takes Observations: a FeatureRow with its actual TTFT/TPOT")
             batch = self.vectorizer.batch([o.row for o in observations])
             actual_ttft_ms = np.fromiter(map(_ACTUAL_TTFT, observations), dtype=np.float64, count=n)
             actual_tpot_ms = np.fromiter(map(_ACTUAL_TPOT, observations), dtype=np.float64, count=n)

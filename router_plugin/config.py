@@ -300,7 +300,13 @@ def build_policy(
         return ScoringPolicy(chosen.name, heuristics, filters, seed=seed)
     if predictor is None:
         raise ConfigError(
-            "the predicted-latency-scorer needs a predictor (--predictor-url, --predictor-grpc or --embedded)"
+            "the predicted-latency-scorer needs a predictor (--predictor-url, --predictor-grpc or --embedded; "
+            "in Python, a PredictorClient)"
+        )
+    if not isinstance(predictor, PredictorClient):  # an OnlinePredictor itself failed at the first pick
+        raise TypeError(
+            f"predictor must be a PredictorClient, got {type(predictor).__name__} (in process: "
+            "InProcessPredictor(OnlinePredictor(...)))"
         )
     latency_spec, latency_weight, _ = next(u for u in used if u[0].type == "predicted-latency-scorer")
     latency = _parameters(LatencyParameters, latency_spec, f"plugins.{latency_spec.ref}")

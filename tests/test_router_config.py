@@ -241,4 +241,13 @@ def test_llmds_profile_handlers_and_role_filters_load_and_do_nothing() -> None:
         ],
     }
     policy = build_policy(parse_config(llmd), None)
+    assert isinstance(policy, ScoringPolicy)
     assert policy.name == "default" and [s.weight for s in policy.scorers] == [50.0]
+
+
+def test_a_learner_given_where_a_predictor_client_goes_is_refused_at_build() -> None:
+    """`build_policy(config, OnlinePredictor())` was accepted; the first pick then failed with an AttributeError."""
+    from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+
+    with pytest.raises(TypeError, match=r"predictor must be a PredictorClient, got OnlinePredictor \(in process"):
+        build_policy(None, OnlinePredictor(LearnerConfig(background=False)))  # type: ignore[arg-type]

@@ -126,8 +126,12 @@ def test_requests_for_several_choices_are_refused_naming_the_field(server: Fleet
         reply = httpx.post(_url(server) + path, json=body, timeout=10)
         assert reply.status_code == 422 and reply.json()["field"] == field, reply.text
         assert "one choice" in reply.json()["error"]
-    for body in ({"prompt": "x", "n": 1, "max_tokens": 2}, {"prompt": ["x"], "n": None, "max_tokens": 2}):
-        assert httpx.post(_url(server) + "/v1/completions", json=body, timeout=30).status_code == 200
+    one_choice: list[dict[str, object]] = [
+        {"prompt": "x", "n": 1, "max_tokens": 2},
+        {"prompt": ["x"], "n": None, "max_tokens": 2},
+    ]
+    for ok in one_choice:
+        assert httpx.post(_url(server) + "/v1/completions", json=ok, timeout=30).status_code == 200
 
 
 def test_a_request_larger_than_the_kv_cache_is_a_422_naming_the_prompt() -> None:
