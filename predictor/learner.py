@@ -40,6 +40,7 @@ from leadtime.predictor.physics import (
     TARGETS,
     additive_ms,
     correction_features,
+    implausible,
     own_prefill_ms,
     prior_ms,
 )
@@ -188,6 +189,7 @@ class OnlinePredictor:
         self._lock = threading.RLock()
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self.version = 0
+        self.implausible = 0  # rows dropped by the poisoning guard (`physics.implausible`)
         # Free-form JSON facts saved with the model (e.g. the service's position in the observation stream).
         self.metadata: dict[str, Any] = {}
         self.last_model_load: datetime | None = None
@@ -359,6 +361,10 @@ class OnlinePredictor:
         }
         if batch.endpoint_ids is not None and len(batch.endpoint_ids) != len(x):
             raise ValueError(f"{len(batch.endpoint_ids)} endpoint ids for {len(x)} rows")
+        bad = implausible(x, actual["ttft"], actual["tpot"])  # the service's poisoning guard, for every caller
+        if bad.any():
+            self.implausible += int(bad.sum())
+            actual = {t: np.where(bad, 0.0, a) for t, a in actual.items()}  # 0: not observed, not learned
         hw = batch.classes
         ids = batch.endpoint_ids if batch.endpoint_ids is not None else [""] * len(x)
         want_retrain = False
@@ -499,6 +505,7 @@ class OnlinePredictor:
         """Observations learned, window sizes, trees serving, drifts, last retrain and its error, version."""
         return {
             "observations": {t: m.observations for t, m in self._models.items()},
+            "implausible": self.implausible,
             "window": {t: m.window.count for t, m in self._models.items()},
             "trees_active": {t: m.trees.mean is not None or m.trees.upper is not None for t, m in self._models.items()},
             "drifts": {t: m.drifts for t, m in self._models.items()},

@@ -633,8 +633,11 @@ def test_never_predicts_what_the_poisoning_guard_would_refuse_to_learn(predictor
     rng = np.random.default_rng(3)
     rows = [_row(rng) for _ in range(2000)]
     x = predictor.vectorizer.batch(rows)
-    prior_ttft, prior_tpot = physics.prior_ms("ttft", x.X), physics.prior_ms("tpot", x.X)
-    predictor.learn_many(x, prior_ttft * 1e-6, prior_tpot * 1e-6)
+    prior_ttft = physics.prior_ms("ttft", x.X)
+    # Outcomes just inside the guard (which drops anything further below): the correction follows them down.
+    bound_ttft, bound_tpot = (physics.floor_ms(t, x.X) / physics.IMPLAUSIBLY_FAST for t in ("ttft", "tpot"))
+    predictor.learn_many(x, bound_ttft * 1.2, bound_tpot * 1.2)
+    assert predictor.status()["implausible"] == 0
     predicted = predictor.predict_many(x)
     ttft_mean, tpot_mean = predicted.ttft_mean, predicted.tpot_mean
     assert ttft_mean.max() < prior_ttft.min() / 10  # the correction did go that far down
@@ -653,3 +656,16 @@ def test_the_wrong_kind_of_row_is_a_type_error_saying_what_is_taken(predictor: O
         LearnerConfig(window=1000.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantile must be a number, got '0.9'"):
         LearnerConfig(quantile="0.9")  # type: ignore[arg-type]
+
+
+def test_an_absurd_outcome_is_not_learned(predictor: OnlinePredictor) -> None:
+    """One TTFT of 1e300 ms made the next prediction 1.9e25 ms for 50 to 200 rows: the learner drops what the
+    service's poisoning guard drops (physics.implausible), and counts it."""
+    rng = np.random.default_rng(5)
+    rows = [_row(rng) for _ in range(60)]
+    for r in rows[:50]:
+        predictor.learn_one(Observation(r, *_truth(r)))
+    before = predictor.predict_one(rows[55])["ttft_mean"]
+    predictor.learn_one(Observation(rows[50], 1e300, 10.0))
+    after = predictor.predict_one(rows[55])["ttft_mean"]
+    assert after == pytest.approx(before) and predictor.status()["implausible"] == 1
