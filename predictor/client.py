@@ -184,6 +184,8 @@ class HttpPredictorClient:
             raise PredictorUnavailable("deadline", f"{method} {path} exceeded {self._deadline(deadline_s)}s") from err
         except httpx.TransportError as err:
             raise PredictorUnavailable("transport", f"{method} {path}: {err}") from err
+        except RuntimeError as err:  # httpx: "the client has been closed" (a router falls back on the heuristics)
+            raise PredictorUnavailable("closed", f"{method} {path}: {err}") from err
         if response.status_code >= 400:
             try:
                 message = str(response.json().get("error", response.text))
@@ -373,6 +375,8 @@ class GrpcPredictorClient:
         grpc = self._grpc
         try:
             return method(request, timeout=self._deadline(deadline_s), metadata=self._metadata)
+        except ValueError as err:  # gRPC: "Cannot invoke RPC on closed channel!"
+            raise PredictorUnavailable("closed", str(err)) from err
         except grpc.RpcError as err:
             code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
             details = err.details() if hasattr(err, "details") else str(err)

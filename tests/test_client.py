@@ -166,3 +166,17 @@ def test_a_slow_service_hits_the_deadline() -> None:
                 c.predict([_dict_row()])
             assert err.value.status == "deadline"
             assert 0.25 < time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_a_closed_client_is_unavailable_so_routers_fall_back(kind: str, service: dict[str, Any]) -> None:
+    """A closed HTTP client raised httpx's RuntimeError, a closed gRPC one a ValueError: a router's pick crashed
+    instead of falling back on the heuristics, which it does on PredictorUnavailable."""
+    c: Any = (
+        HttpPredictorClient(service["http"], deadline_s=2.0)
+        if kind == "http"
+        else GrpcPredictorClient(service["grpc"], deadline_s=2.0)
+    )
+    c.close()
+    with pytest.raises(PredictorUnavailable, match="closed"):
+        c.predict([feature_row()])
