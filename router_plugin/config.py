@@ -278,12 +278,16 @@ def profile_types(config: PickerConfig, name: str) -> frozenset[str]:
 
 
 def build_policy(
-    config: PickerConfig | Mapping[str, Any] | None,
+    config: PickerConfig | Mapping[str, Any] | Path | None,
     predictor: PredictorClient | None,
     profile: str = "default",
     seed: int = 0,
 ) -> RoutingPolicy:
-    """The policy a scheduling profile describes, over `predictor` (needed when it uses predicted latency)."""
+    """The policy a scheduling profile describes, over `predictor` (needed when it uses predicted latency).
+    `config`: a parsed configuration, its document, a YAML file's path (`SHIPPED_CONFIG`, say), or None for the
+    default profile alone."""
+    if isinstance(config, Path):
+        config = load_config(config)
     if not isinstance(config, PickerConfig):
         config = parse_config(DEFAULT_CONFIG if config is None else config)
     chosen = profile_of(config, profile)

@@ -251,3 +251,10 @@ def test_a_learner_given_where_a_predictor_client_goes_is_refused_at_build() -> 
 
     with pytest.raises(TypeError, match=r"predictor must be a PredictorClient, got OnlinePredictor \(in process"):
         build_policy(None, OnlinePredictor(LearnerConfig(background=False)))  # type: ignore[arg-type]
+
+
+def test_build_policy_takes_a_configuration_file_by_path() -> None:
+    """`build_policy(SHIPPED_CONFIG, ...)` said "config: Input should be a valid dictionary"."""
+    from leadtime.router_plugin.config import SHIPPED_CONFIG
+
+    assert build_policy(SHIPPED_CONFIG, None, profile="heuristic").name == "heuristic"
