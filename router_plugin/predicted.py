@@ -220,6 +220,10 @@ class _Scored:
     tpot_mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
+MAX_OPEN_DECISIONS = 100_000
+"""Decisions kept for outcomes still to come (far more requests than any fleet has in flight)."""
+
+
 class LeadtimePolicy:
     """Routes on predicted TTFT/ITL and learns from every completed request (see the module docstring).
 
@@ -523,8 +527,9 @@ class LeadtimePolicy:
             decode = by_id[pick.decode_endpoint_id]
             (decode_row,) = self._rows(request, [decode], away, decode_side=True)
             transfer, decode_group = float(self._transfer_ms(request, [decode])[0]), decode.timeslice_group
-        self._decisions[request.request_id] = _Decision(
-            row, decode_row, None, None, transfer, now, prefill.timeslice_group, decode_group
+        self._remember(
+            request.request_id,
+            _Decision(row, decode_row, None, None, transfer, now, prefill.timeslice_group, decode_group),
         )
         return pick
 
@@ -564,8 +569,8 @@ class LeadtimePolicy:
         ttft, tpot = float(s.ttft_mean[i]), float(s.tpot_mean[i])
         group = chosen.timeslice_group
         ttft_q, tpot_q = float(s.ttft[i]), float(s.tpot[i])
-        self._decisions[request.request_id] = _Decision(
-            row, None, ttft, tpot, 0.0, request.arrival_ms, group, group, ttft_q, tpot_q
+        self._remember(
+            request.request_id, _Decision(row, None, ttft, tpot, 0.0, request.arrival_ms, group, group, ttft_q, tpot_q)
         )
         return Pick(chosen.endpoint_id, row=row, predicted_ttft_ms=ttft, predicted_tpot_ms=tpot)
 
@@ -647,8 +652,9 @@ class LeadtimePolicy:
             row = local.rows[choice.decode]
             self._record_prefill(dec.endpoint_id, request, row)
             group, ttft_q, tpot_q = dec.timeslice_group, choice.ttft_ms, choice.itl_ms
-            self._decisions[request.request_id] = _Decision(
-                row, None, choice.ttft_mean_ms, choice.itl_mean_ms, 0.0, now, group, group, ttft_q, tpot_q
+            self._remember(
+                request.request_id,
+                _Decision(row, None, choice.ttft_mean_ms, choice.itl_mean_ms, 0.0, now, group, group, ttft_q, tpot_q),
             )
             return Pick(
                 dec.endpoint_id, row=row, predicted_ttft_ms=choice.ttft_mean_ms, predicted_tpot_ms=choice.itl_mean_ms
@@ -671,18 +677,21 @@ class LeadtimePolicy:
                 transfer_ms=choice.transfer_ms,
             ),
         )
-        self._decisions[request.request_id] = _Decision(
-            row,
-            decode_row,
-            choice.ttft_mean_ms,
-            choice.itl_mean_ms,
-            choice.wait_ms + choice.transfer_ms,
-            now,
-            pre.timeslice_group,
-            dec.timeslice_group,
-            predicted_tpot_quantile_ms=choice.itl_ms,
-            prefill_ttft_ms=float(p.ttft_mean[choice.prefill]),
-            prefill_ttft_quantile_ms=float(p.ttft[choice.prefill]),
+        self._remember(
+            request.request_id,
+            _Decision(
+                row,
+                decode_row,
+                choice.ttft_mean_ms,
+                choice.itl_mean_ms,
+                choice.wait_ms + choice.transfer_ms,
+                now,
+                pre.timeslice_group,
+                dec.timeslice_group,
+                predicted_tpot_quantile_ms=choice.itl_ms,
+                prefill_ttft_ms=float(p.ttft_mean[choice.prefill]),
+                prefill_ttft_quantile_ms=float(p.ttft[choice.prefill]),
+            ),
         )
         return Pick(
             pre.endpoint_id,
@@ -694,6 +703,14 @@ class LeadtimePolicy:
         )
 
     # ----- learning ----------------------------------------------------------------------------------------
+
+    def _remember(self, request_id: str, decision: _Decision) -> None:
+        """Keep what was decided until the outcome comes (`observe`) or the request is given up (`abandon`); a
+        caller that does neither for a pick would otherwise grow this without bound: past `MAX_OPEN_DECISIONS`
+        the oldest is forgotten (it could only be learned from late)."""
+        self._decisions[request_id] = decision
+        if len(self._decisions) > MAX_OPEN_DECISIONS:
+            self._decisions.pop(next(iter(self._decisions)))
 
     def abandon(self, request_id: str) -> None:
         """The request will not complete where it was sent (it failed, or was retried elsewhere): forget it."""

@@ -758,3 +758,15 @@ def test_a_parked_endpoints_stated_wait_counts_until_the_router_has_learned_the_
     assert pick.endpoint_id == "y"
     scored = policy._state(parked, away=True, now_ms=0.0)
     assert scored.timeslice_wait_ms == 5000.0
+
+
+def test_picks_never_reported_do_not_grow_the_policy_without_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """20,000 picks without an outcome or an abandon left 20,000 decisions held."""
+    from leadtime.router_plugin import predicted
+
+    monkeypatch.setattr(predicted, "MAX_OPEN_DECISIONS", 50)
+    policy = LeadtimePolicy(InProcessPredictor(OnlinePredictor(LearnerConfig(background=False))), LeadtimeConfig())
+    candidates = [Candidate(EndpointState("a")), Candidate(EndpointState("b"))]
+    for i in range(120):
+        policy.pick(RouteRequest(f"r{i}", 100, ttft_slo_ms=1000.0, tpot_slo_ms=50.0), candidates)
+    assert len(policy._decisions) == 50 and "r119" in policy._decisions and "r0" not in policy._decisions
