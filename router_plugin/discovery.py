@@ -208,6 +208,14 @@ def parse_endpoints(data: object) -> tuple[DiscoveredEndpoint, ...]:
             raise DiscoveryError(f"endpoints[{i}].name: {endpoint.endpoint_id!r} is listed twice")
         seen.add(endpoint.endpoint_id)
         endpoints.append(endpoint)
+    roles = {e.role for e in endpoints}
+    if "both" in roles and roles & {"prefill", "decode"}:
+        unified = sorted(e.endpoint_id for e in endpoints if e.role == "both")
+        log.warning(
+            "discovery mixes unified endpoints (%s) with prefill/decode ones: a fleet is one or the other, and "
+            "the unified ones are left out while P/D endpoints can be routed to",
+            ", ".join(unified[:5]) + (", ..." if len(unified) > 5 else ""),
+        )
     return tuple(endpoints)
 
 

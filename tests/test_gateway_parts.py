@@ -146,9 +146,24 @@ def test_file_discovery_says_what_changed_and_warns_of_an_empty_list(
         assert discovery.poll()
         path.write_text("endpoints: []\n")
         assert discovery.poll() and discovery.endpoints == ()
-    changed, emptied = caplog.records
+    changed, emptied = [r for r in caplog.records if r.getMessage().startswith("discovery: ")]
     assert changed.getMessage() == "discovery: 2 endpoints (added c; removed a; changed serving/b)"
     assert emptied.levelno == logging.WARNING and "lists no endpoint" in emptied.getMessage()
+
+
+def test_discovery_warns_of_unified_endpoints_beside_pd_ones(caplog: pytest.LogCaptureFixture) -> None:
+    """The policies score P/D pairs when there are any: a unified endpoint beside them was left out, silently."""
+    specs = [
+        "127.0.0.1:1,name=u",
+        "127.0.0.1:2,name=p,llm-d.ai/role=prefill",
+        "127.0.0.1:3,name=d,llm-d.ai/role=decode",
+    ]
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.discovery"):
+        parse_static(specs[1:])
+        assert not caplog.records
+        parse_static(specs)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "mixes unified endpoints (u)" in said
 
 
 def test_file_discovery_refuses_a_broken_file_at_start(tmp_path: Path) -> None:
