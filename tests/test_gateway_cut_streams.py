@@ -8,43 +8,26 @@ import json
 
 import httpx
 import pytest
+from raw_endpoint import STREAM_HEAD, next_request
 
 from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 
-METRICS = (
-    b'vllm:num_requests_running{model_name="m"} 0\n'
-    b'vllm:num_requests_waiting{model_name="m"} 0\n'
-    b'vllm:gpu_cache_usage_perc{model_name="m"} 0.1\n'
-)
 TWO_TOKENS = b'data: {"choices":[{"index":0,"text":" a"}]}\n\ndata: {"choices":[{"index":0,"text":" b"}]}\n\n'
 HALF_AN_EVENT = b'data: {"choices":[{"ind'
 
 
 async def dying_endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Answers /metrics; streams two tokens and half an event of a completion, then goes away."""
-    while True:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return  # the gateway closed its scraping connection
-        length = next(
-            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")),
-            0,
-        )
-        await reader.readexactly(length)
-        if head.startswith(b"GET /metrics"):
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(METRICS), METRICS))
-            await writer.drain()
-            continue
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        piece = TWO_TOKENS + HALF_AN_EVENT
-        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-        await writer.drain()
-        await asyncio.sleep(0.05)
-        writer.transport.abort()
-        return
+    if await next_request(reader, writer) is None:
+        return  # the gateway closed its scraping connection
+    writer.write(STREAM_HEAD)
+    piece = TWO_TOKENS + HALF_AN_EVENT
+    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.transport.abort()
 
 
 def through_a_dying_endpoint(body: dict[str, object]) -> str:

@@ -10,36 +10,18 @@ import time
 from pathlib import Path
 
 import httpx
+from raw_endpoint import STREAM_HEAD, next_request
 
 from leadtime.bench.procs import Route
-
-METRICS = (
-    b'vllm:num_requests_running{model_name="m"} 0\n'
-    b'vllm:num_requests_waiting{model_name="m"} 0\n'
-    b'vllm:gpu_cache_usage_perc{model_name="m"} 0.1\n'
-)
 
 
 async def frozen_endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Answers /metrics; starts a completion's stream and then says nothing more (a stopped process)."""
-    while True:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
-        length = next(
-            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")),
-            0,
-        )
-        await reader.readexactly(length)
-        if head.startswith(b"GET /metrics"):
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(METRICS), METRICS))
-            await writer.drain()
-            continue
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        await writer.drain()
-        await reader.read()  # nothing more, until the gateway hangs up
+    if await next_request(reader, writer) is None:
         return
+    writer.write(STREAM_HEAD)
+    await writer.drain()
+    await reader.read()  # nothing more, until the gateway hangs up
 
 
 def serve_frozen() -> tuple[int, asyncio.AbstractEventLoop]:

@@ -1,0 +1,32 @@
+"""A vLLM endpoint written by hand on asyncio streams, for tests that need one to misbehave in a precise way: it
+answers the gateway's /metrics scrapes itself and hands every other request to the test's own handler."""
+
+from __future__ import annotations
+
+import asyncio
+
+METRICS = (
+    b'vllm:num_requests_running{model_name="m"} 0\n'
+    b'vllm:num_requests_waiting{model_name="m"} 0\n'
+    b'vllm:gpu_cache_usage_perc{model_name="m"} 0.1\n'
+)
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+async def next_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
+    """The head of the next request that is not a /metrics scrape (those are answered here, idle), or None once
+    the gateway closed the connection."""
+    while True:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")),
+            0,
+        )
+        await reader.readexactly(length)
+        if not head.startswith(b"GET /metrics"):
+            return head
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(METRICS), METRICS))
+        await writer.drain()
