@@ -43,6 +43,7 @@ from leadtime.predictor.client import tls_client_context
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
 from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
 from leadtime.router_plugin.gateway.assemble import Assembler, whole_answer
+from leadtime.router_plugin.gateway.client_watch import ClientLeft, ClientWatch
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 from leadtime.router_plugin.gateway.passthrough import PASSED_THROUGH, PassedThroughLoad
@@ -124,10 +125,6 @@ class GatewaySettings:
     drain_s: int = 30
     """On a stop, how long requests in flight may take to finish (a frozen endpoint would hold them for
     `upstream_timeout_s`)."""
-
-
-class _ClientLeft(Exception):
-    """The client went away while its request was held: it is answered with nothing and sent nowhere."""
 
 
 @dataclass
@@ -611,6 +608,15 @@ class Gateway:
             return err.status
         if body is None:
             return 499
+        watch = ClientWatch(receive)
+        try:
+            return await self._pass_on(scope, send, watch, body)
+        except ClientLeft:
+            return 499
+        finally:
+            watch.close()
+
+    async def _pass_on(self, scope: Scope, send: Send, watch: ClientWatch, body: bytes) -> int:
         forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP]
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
@@ -624,8 +630,8 @@ class Gateway:
             try:
                 pool = self.upstreams.pool(target.address, target.port, target.tls)
                 try:
-                    response = await pool.request(
-                        scope["method"], target_path, forward, body, self.settings.upstream_timeout_s
+                    response = await watch.race(
+                        pool.request(scope["method"], target_path, forward, body, self.settings.upstream_timeout_s)
                     )
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(eid, err.kind).inc()
@@ -635,33 +641,30 @@ class Gateway:
                         continue
                     await self._reply(send, 502, {"error": f"endpoint {eid} failed: {err}", "field": "endpoint"})
                     return 502
-                return await self._relay_as_is(target, response, send, receive)
+                return await self._relay_as_is(target, response, send, watch)
             finally:
                 self._passed.closed(eid)
         raise AssertionError("unreachable")
 
-    async def _relay_as_is(self, target: DiscoveredEndpoint, response: Response, send: Send, receive: Receive) -> int:
+    async def _relay_as_is(self, target: DiscoveredEndpoint, response: Response, send: Send, watch: ClientWatch) -> int:
         headers = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
         headers.append((b"x-leadtime-endpoint", target.endpoint_id.encode()))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
-        disconnected = asyncio.ensure_future(receive())
-        try:
-            while True:
-                try:
-                    chunk = await response.next_chunk(self.settings.upstream_timeout_s)
-                except UpstreamError as err:
-                    self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
-                    await send({"type": "http.response.body", "body": b""})
-                    return 502
-                if chunk is None:
-                    break
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if disconnected.done():
-                    response.close()
-                    return 499
-            await send({"type": "http.response.body", "body": b""})
-        finally:
-            disconnected.cancel()
+        response.stop_when(watch.gone)
+        while True:
+            try:
+                chunk = await response.next_chunk(self.settings.upstream_timeout_s)
+            except UpstreamError as err:
+                self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                await send({"type": "http.response.body", "body": b""})
+                return 502
+            if chunk is None and not response.stopped:
+                break
+            if response.stopped:
+                response.close()
+                return 499
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
         return response.status
 
     async def _route(self, scope: Scope, receive: Receive, send: Send, arrival_ms: float, started: float) -> int:
@@ -695,9 +698,13 @@ class Gateway:
             request_id, key.input_tokens, (), parsed.ttft_slo_ms, parsed.tpot_slo_ms, arrival_ms=arrival_ms
         )
         routes: list[_Routed] = []
+        watch = ClientWatch(receive)
         try:
-            return await self._attempts(scope, send, receive, started, request_id, route, parsed, key, body, routes)
+            return await self._attempts(scope, send, watch, started, request_id, route, parsed, key, body, routes)
+        except ClientLeft:
+            return 499
         finally:
+            watch.close()
             for routed in routes:  # a request cut short (the client left, the task was cancelled)
                 self._forget(routed)
 
@@ -705,7 +712,7 @@ class Gateway:
         self,
         scope: Scope,
         send: Send,
-        receive: Receive,
+        watch: ClientWatch,
         started: float,
         request_id: str,
         route: RouteRequest,
@@ -718,12 +725,9 @@ class Gateway:
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
         for attempt in (0, 1):
-            try:
-                routed = await self._decide(
-                    request_id if not attempt else f"{request_id}-retry", route, parsed, key, excluded, receive
-                )
-            except _ClientLeft:
-                return 499
+            routed = await self._decide(
+                request_id if not attempt else f"{request_id}-retry", route, parsed, key, excluded, watch
+            )
             if routed is None:
                 await self._reply(send, 503, {"error": self._unservable_message, "field": "endpoints"})
                 return 503
@@ -736,8 +740,10 @@ class Gateway:
             pool = self.upstreams.pool(target.address, target.port, target.tls)
             try:
                 sent_at = time.perf_counter()
-                response = await pool.request(
-                    "POST", target_path, extra, parsed.upstream_body or body, self.settings.upstream_timeout_s
+                response = await watch.race(
+                    pool.request(
+                        "POST", target_path, extra, parsed.upstream_body or body, self.settings.upstream_timeout_s
+                    )
                 )
             except UpstreamError as err:
                 self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
@@ -753,7 +759,7 @@ class Gateway:
                 return 502
             overhead = sent_at - started - routed.held_s
             self.metrics.overhead_seconds.observe(overhead)
-            return await self._relay(routed, target, response, send, receive, overhead)
+            return await self._relay(routed, target, response, send, watch, overhead)
         raise AssertionError("unreachable")
 
     def _endpoint(self, endpoint_id: str) -> DiscoveredEndpoint:
@@ -782,56 +788,47 @@ class Gateway:
         parsed: ParsedRequest,
         key: PromptKey,
         excluded: set[str],
-        receive: Receive,
+        watch: ClientWatch,
     ) -> _Routed | None:
         """Where the request goes; None when no endpoint can take it. While the policy holds it (`Pick.hold`),
         it is offered again a scrape interval later, on fresh states, until the policy places it, or the client
-        leaves (`_ClientLeft`: nothing is sent on for a client that is gone)."""
+        leaves (`ClientLeft`: nothing is sent on for a client that is gone)."""
         if request_id != route.request_id:
             route = dataclasses.replace(route, request_id=request_id)
         first_ms, held_s = route.arrival_ms, 0.0
-        message: asyncio.Future[Any] | None = None
-        try:
-            while True:
-                candidates = self._candidates(key, excluded)
-                if not candidates:
-                    reason = (
-                        "no other endpoint to retry on"
-                        if excluded
-                        else "no endpoint answered a scrape recently"
-                        if self.scraper.scrapes
-                        else "discovery lists no endpoint"
+        while True:
+            candidates = self._candidates(key, excluded)
+            if not candidates:
+                reason = (
+                    "no other endpoint to retry on"
+                    if excluded
+                    else "no endpoint answered a scrape recently"
+                    if self.scraper.scrapes
+                    else "discovery lists no endpoint"
+                )
+                self._unservable(reason, warn=False)  # the scrapes' own warnings say why
+                return None
+            try:
+                if self.decide_in_thread:
+                    decision = await asyncio.get_running_loop().run_in_executor(
+                        self._decider, self._pick, route, candidates
                     )
-                    self._unservable(reason, warn=False)  # the scrapes' own warnings say why
-                    return None
-                try:
-                    if self.decide_in_thread:
-                        decision = await asyncio.get_running_loop().run_in_executor(
-                            self._decider, self._pick, route, candidates
-                        )
-                    else:
-                        decision = self._pick(route, candidates)
-                except NoCandidateError as err:
-                    self._unservable(str(err))
-                    return None
-                if not decision.pick.hold:
-                    break
-                self.metrics.decision_seconds.observe(decision.seconds)
-                started = time.perf_counter()
-                if message is None:
-                    message = asyncio.ensure_future(receive())
-                await asyncio.wait({message}, timeout=self.settings.scrape_interval_s)
-                held_s += time.perf_counter() - started
-                if message.done():
-                    if message.result().get("type") == "http.disconnect":
-                        self.metrics.held_seconds.observe(held_s)
-                        raise _ClientLeft
-                    message = None
-                now = self.clock()
-                route = dataclasses.replace(route, arrival_ms=now, held_ms=now - first_ms)
-        finally:
-            if message is not None:
-                message.cancel()
+                else:
+                    decision = self._pick(route, candidates)
+            except NoCandidateError as err:
+                self._unservable(str(err))
+                return None
+            if not decision.pick.hold:
+                break
+            self.metrics.decision_seconds.observe(decision.seconds)
+            started = time.perf_counter()
+            left = await watch.wait(self.settings.scrape_interval_s)
+            held_s += time.perf_counter() - started
+            if left:
+                self.metrics.held_seconds.observe(held_s)
+                raise ClientLeft
+            now = self.clock()
+            route = dataclasses.replace(route, arrival_ms=now, held_ms=now - first_ms)
         if held_s:
             self.metrics.held_seconds.observe(held_s)
         routed = _Routed(request_id, route, parsed, key, decision, {c.endpoint_id: c for c in candidates}, held_s)
@@ -949,7 +946,7 @@ class Gateway:
         target: DiscoveredEndpoint,
         response: Response,
         send: Send,
-        receive: Receive,
+        watch: ClientWatch,
         overhead_s: float,
     ) -> int:
         headers = self._headers_out(response, routed, overhead_s)
@@ -961,6 +958,7 @@ class Gateway:
         timeout = self.settings.upstream_timeout_s
         if not parsed.stream:
             self.metrics.non_streaming.labels("true" if assembler is not None else "false").inc()
+        response.stop_when(watch.gone)
         if not streaming:
             try:
                 body = await response.read(timeout)
@@ -971,6 +969,9 @@ class Gateway:
                     send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
                 )
                 return 502
+            if response.stopped:
+                response.close()
+                raise ClientLeft
             headers.append((b"content-length", str(len(body)).encode()))
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
@@ -979,52 +980,47 @@ class Gateway:
                 self._learn_length(routed, meter)
             self._forget(routed)  # no first-token time to learn from
             return response.status
-        disconnected = asyncio.ensure_future(receive())
         status = response.status
         first = True
-        try:
-            if assembler is None:
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-            while True:
-                try:
-                    chunk = await response.next_chunk(timeout)
-                except UpstreamError as err:
-                    self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
-                    self._forget(routed)
-                    if assembler is None:
-                        await send({"type": "http.response.body", "body": stream_failed(target.endpoint_id, err)})
-                    else:
-                        await self._reply(
-                            send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
-                        )
-                    return 502
-                if chunk is None:
-                    break
-                passed_on = meter.feed(chunk, self.clock())
-                if meter.events:
-                    if first:
-                        first = False
-                        routed.shared_generated = meter.events
-                        self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
-                    elif meter.events < routed.shared_generated + PROGRESS_SHARED_EVERY or self.replicas is None:
-                        self.work.progress(routed.request_id, meter.events)
-                    else:
-                        routed.shared_generated = meter.events
-                        self._work(WorkEvent("work_progress", routed.request_id, generated=meter.events))
-                if assembler is None and passed_on:
-                    await send({"type": "http.response.body", "body": passed_on, "more_body": True})
-                if disconnected.done():
-                    response.close()
-                    self._forget(routed)
-                    return 499
-            if assembler is None:
-                await send({"type": "http.response.body", "body": meter.rest()})
-            else:
-                status, whole_headers, body = whole_answer(assembler, headers, status)
-                await send({"type": "http.response.start", "status": status, "headers": whole_headers})
-                await send({"type": "http.response.body", "body": body})
-        finally:
-            disconnected.cancel()
+        if assembler is None:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+        while True:
+            try:
+                chunk = await response.next_chunk(timeout)
+            except UpstreamError as err:
+                self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                self._forget(routed)
+                if assembler is None:
+                    await send({"type": "http.response.body", "body": stream_failed(target.endpoint_id, err)})
+                else:
+                    await self._reply(
+                        send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
+                    )
+                return 502
+            if response.stopped:
+                response.close()
+                raise ClientLeft
+            if chunk is None:
+                break
+            passed_on = meter.feed(chunk, self.clock())
+            if meter.events:
+                if first:
+                    first = False
+                    routed.shared_generated = meter.events
+                    self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
+                elif meter.events < routed.shared_generated + PROGRESS_SHARED_EVERY or self.replicas is None:
+                    self.work.progress(routed.request_id, meter.events)
+                else:
+                    routed.shared_generated = meter.events
+                    self._work(WorkEvent("work_progress", routed.request_id, generated=meter.events))
+            if assembler is None and passed_on:
+                await send({"type": "http.response.body", "body": passed_on, "more_body": True})
+        if assembler is None:
+            await send({"type": "http.response.body", "body": meter.rest()})
+        else:
+            status, whole_headers, body = whole_answer(assembler, headers, status)
+            await send({"type": "http.response.start", "status": status, "headers": whole_headers})
+            await send({"type": "http.response.body", "body": body})
         if not 200 <= status < 300 or meter.first_ms is None:
             self._forget(routed)
             return status

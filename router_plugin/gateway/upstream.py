@@ -14,6 +14,7 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import httptools
 
@@ -44,6 +45,7 @@ class Response:
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
         self.complete = False
+        self.stopped = False
         self.error: UpstreamError | None = None
 
     def header(self, name: bytes) -> bytes | None:
@@ -66,17 +68,28 @@ class Response:
         self.complete = True
         self._wake()
 
+    def stop_when(self, future: asyncio.Future[Any]) -> None:
+        """Stop waiting for the body once `future` is done (the client left): `next_chunk` then returns None as at
+        the body's end, and `stopped` tells the two apart."""
+        future.add_done_callback(self._stop)
+
+    def _stop(self, _: object) -> None:
+        self.stopped = True
+        self._wake()
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     async def next_chunk(self, timeout_s: float | None = None) -> bytes | None:
-        """The next piece of the body; None at its end; UpstreamError if the connection broke."""
+        """The next piece of the body; None at its end (or once stopped); UpstreamError if the connection broke."""
         while not self._chunks:
             if self.complete:
                 if self.error is not None:
                     raise self.error
+                return None
+            if self.stopped:
                 return None
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -318,6 +331,9 @@ class UpstreamPool:
             except TimeoutError:
                 connection.abort()
                 raise UpstreamError("timeout", f"no response within {timeout_s} s") from None
+            except asyncio.CancelledError:  # the caller gave up (its client left): the endpoint is told so
+                connection.abort()
+                raise
             except UpstreamError as err:
                 if reused and attempt == 0 and not err.responded and err.kind == "reset":
                     continue
