@@ -4,6 +4,12 @@ answers the gateway's /metrics scrapes itself and hands every other request to t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
 
 METRICS = (
     b'vllm:num_requests_running{model_name="m"} 0\n'
@@ -30,3 +36,19 @@ async def next_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
             return head
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(METRICS), METRICS))
         await writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def gateway_in_front(port: int) -> AsyncIterator[Gateway]:
+    """An in-process gateway routing round-robin to the one endpoint on `port`, once it has scraped it."""
+    spec = f"127.0.0.1:{port},name=e-0,leadtime.io/accelerator=h100-sxm"
+    gateway = Gateway(StaticDiscovery(parse_static([spec])), RoundRobinPolicy(), GatewaySettings())
+    await gateway.start()
+    try:
+        for _ in range(200):
+            if any(s.state is not None for s in gateway.routable()):
+                break
+            await asyncio.sleep(0.02)
+        yield gateway
+    finally:
+        await gateway.stop()

@@ -11,11 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import pytest
-from raw_endpoint import STREAM_HEAD, next_request
-
-from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
-from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
-from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from raw_endpoint import STREAM_HEAD, gateway_in_front, next_request
 
 Writer = asyncio.StreamWriter
 ONE_TOKEN = b'data: {"choices":[{"index":0,"text":" a"}]}\n\n'
@@ -54,49 +50,41 @@ def leave_while_frozen(begin: Callable[[Writer], None], path: str) -> tuple[int 
     async def go() -> tuple[int | None, float, bool, dict[str, int]]:
         hung_up = asyncio.Event()
         server = await asyncio.start_server(frozen_endpoint(begin, hung_up), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        spec = f"127.0.0.1:{port},name=e-0,leadtime.io/accelerator=h100-sxm"
-        gateway = Gateway(StaticDiscovery(parse_static([spec])), RoundRobinPolicy(), GatewaySettings())
-        await gateway.start()
         try:
-            for _ in range(200):
-                if any(s.state is not None for s in gateway.routable()):
-                    break
-                await asyncio.sleep(0.02)
-            body = json.dumps({"prompt": "never answered", "input": "x", "max_tokens": 5, "stream": True}).encode()
-            messages = [{"type": "http.request", "body": body, "more_body": False}]
-            left_at: list[float] = []
-            sent: list[MutableMapping[str, Any]] = []
+            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
+                body = json.dumps({"prompt": "never answered", "input": "x", "max_tokens": 5, "stream": True}).encode()
+                messages = [{"type": "http.request", "body": body, "more_body": False}]
+                left_at: list[float] = []
+                sent: list[MutableMapping[str, Any]] = []
 
-            async def receive() -> dict[str, Any]:
-                if messages:
-                    return messages.pop()
-                await asyncio.sleep(0.3)
-                left_at.append(asyncio.get_running_loop().time())
-                return {"type": "http.disconnect"}
+                async def receive() -> dict[str, Any]:
+                    if messages:
+                        return messages.pop()
+                    await asyncio.sleep(0.3)
+                    left_at.append(asyncio.get_running_loop().time())
+                    return {"type": "http.disconnect"}
 
-            async def send(message: MutableMapping[str, Any]) -> None:
-                sent.append(message)
+                async def send(message: MutableMapping[str, Any]) -> None:
+                    sent.append(message)
 
-            scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "headers": []}
-            await asyncio.wait_for(gateway(scope, receive, send), timeout=10)
-            after_s = asyncio.get_running_loop().time() - left_at[0]
-            with_endpoint_closed = True
-            try:
-                await asyncio.wait_for(hung_up.wait(), timeout=5)
-            except TimeoutError:
-                with_endpoint_closed = False
-            status = next((m["status"] for m in sent if m["type"] == "http.response.start"), None)
-            codes = {
-                sample.labels["code"]: int(sample.value)
-                for metric in gateway.metrics.requests.collect()
-                for sample in metric.samples
-                if sample.name.endswith("_total") and sample.labels["path"] == path
-            }
-            assert gateway.in_flight == 0
-            return status, after_s, with_endpoint_closed, codes
+                scope = {"type": "http", "method": "POST", "path": path, "query_string": b"", "headers": []}
+                await asyncio.wait_for(gateway(scope, receive, send), timeout=10)
+                after_s = asyncio.get_running_loop().time() - left_at[0]
+                with_endpoint_closed = True
+                try:
+                    await asyncio.wait_for(hung_up.wait(), timeout=5)
+                except TimeoutError:
+                    with_endpoint_closed = False
+                status = next((m["status"] for m in sent if m["type"] == "http.response.start"), None)
+                codes = {
+                    sample.labels["code"]: int(sample.value)
+                    for metric in gateway.metrics.requests.collect()
+                    for sample in metric.samples
+                    if sample.name.endswith("_total") and sample.labels["path"] == path
+                }
+                assert gateway.in_flight == 0
+                return status, after_s, with_endpoint_closed, codes
         finally:
-            await gateway.stop()
             server.close()
 
     return asyncio.run(go())

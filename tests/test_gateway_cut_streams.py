@@ -8,11 +8,7 @@ import json
 
 import httpx
 import pytest
-from raw_endpoint import STREAM_HEAD, next_request
-
-from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
-from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
-from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from raw_endpoint import STREAM_HEAD, gateway_in_front, next_request
 
 TWO_TOKENS = b'data: {"choices":[{"index":0,"text":" a"}]}\n\ndata: {"choices":[{"index":0,"text":" b"}]}\n\n'
 HALF_AN_EVENT = b'data: {"choices":[{"ind'
@@ -33,22 +29,14 @@ async def dying_endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWri
 def through_a_dying_endpoint(body: dict[str, object]) -> str:
     async def go() -> str:
         server = await asyncio.start_server(dying_endpoint, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        spec = f"127.0.0.1:{port},name=e-0,leadtime.io/accelerator=h100-sxm"
-        gateway = Gateway(StaticDiscovery(parse_static([spec])), RoundRobinPolicy(), GatewaySettings())
-        await gateway.start()
         try:
-            for _ in range(200):
-                if any(s.state is not None for s in gateway.routable()):
-                    break
-                await asyncio.sleep(0.02)
-            transport = httpx.ASGITransport(app=gateway)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
-                response = await client.post("/v1/completions", json=body)
-                assert response.status_code == 200
-                return response.text
+            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
+                transport = httpx.ASGITransport(app=gateway)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                    response = await client.post("/v1/completions", json=body)
+                    assert response.status_code == 200
+                    return response.text
         finally:
-            await gateway.stop()
             server.close()
 
     return asyncio.run(go())

@@ -481,6 +481,10 @@ class Gateway:
     ) -> None:
         await self._plain(send, status, _json(body), b"application/json", extra)
 
+    async def _endpoint_failed(self, send: Send, endpoint_id: str, err: UpstreamError) -> int:
+        await self._reply(send, 502, {"error": f"endpoint {endpoint_id} failed: {err}", "field": "endpoint"})
+        return 502
+
     async def _plain(
         self, send: Send, status: int, body: bytes, content_type: bytes, extra: list[tuple[bytes, bytes]] | None = None
     ) -> None:
@@ -639,8 +643,7 @@ class Gateway:
                     if attempt == 0:
                         self.metrics.retries.inc()
                         continue
-                    await self._reply(send, 502, {"error": f"endpoint {eid} failed: {err}", "field": "endpoint"})
-                    return 502
+                    return await self._endpoint_failed(send, eid, err)
                 return await self._relay_as_is(target, response, send, watch)
             finally:
                 self._passed.closed(eid)
@@ -753,10 +756,7 @@ class Gateway:
                     self.metrics.retries.inc()
                     log.info("%s failed before answering (%s); trying elsewhere", target.endpoint_id, err)
                     continue
-                await self._reply(
-                    send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
-                )
-                return 502
+                return await self._endpoint_failed(send, target.endpoint_id, err)
             overhead = sent_at - started - routed.held_s
             self.metrics.overhead_seconds.observe(overhead)
             return await self._relay(routed, target, response, send, watch, overhead)
@@ -965,10 +965,7 @@ class Gateway:
             except UpstreamError as err:
                 self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
                 self._forget(routed)
-                await self._reply(
-                    send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
-                )
-                return 502
+                return await self._endpoint_failed(send, target.endpoint_id, err)
             if response.stopped:
                 response.close()
                 raise ClientLeft
@@ -993,9 +990,7 @@ class Gateway:
                 if assembler is None:
                     await send({"type": "http.response.body", "body": stream_failed(target.endpoint_id, err)})
                 else:
-                    await self._reply(
-                        send, 502, {"error": f"endpoint {target.endpoint_id} failed: {err}", "field": "endpoint"}
-                    )
+                    await self._endpoint_failed(send, target.endpoint_id, err)
                 return 502
             if response.stopped:
                 response.close()
