@@ -1,20 +1,25 @@
 """The gRPC face of the service: PredictBulk, Observe (one batch, or a client stream of batches) and Status.
 
-It shares the HTTP app's runtime (same predictor, store, metrics), so both faces answer alike. Bad rows get
-INVALID_ARGUMENT naming `rows[i].field`; a missing API token on Observe gets UNAUTHENTICATED; messages larger
-than the body limit are refused by gRPC itself (RESOURCE_EXHAUSTED).
+It shares the HTTP app's runtime (same predictor, store, metrics, role), so both faces answer alike. Bad rows get
+INVALID_ARGUMENT naming `rows[i].field`, and so does a message that is not protobuf at all (it is parsed here,
+not by gRPC, which would answer INTERNAL and log a traceback per message); a missing API token on Observe gets
+UNAUTHENTICATED; a call of the role this process does not serve UNIMPLEMENTED (404 over HTTP); messages larger
+than the body limit are refused by gRPC itself (RESOURCE_EXHAUSTED). An open ObserveStream holds a worker thread
+until its client ends it, so at most `MAX_OPEN_STREAMS` are open at once and the other threads answer the rest.
 """
 
 from __future__ import annotations
 
 import operator
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import LLMD_FIELDS
@@ -30,6 +35,10 @@ from leadtime.predictor.service.runtime import (
 )
 
 T = TypeVar("T")
+
+MAX_OPEN_STREAMS = 4
+"""ObserveStream calls open at once; one more is refused (RESOURCE_EXHAUSTED) rather than queued behind them."""
+WORKER_THREADS = MAX_OPEN_STREAMS + 4
 
 # The fields of the messages, read off the proto descriptor (the proto is where they are defined).
 ROW_FIELDS = tuple(field.name for field in pb.Row.DESCRIPTOR.fields)
@@ -62,7 +71,53 @@ def observation_to_dict(obs: Any) -> dict[str, Any]:
 
 
 class BacklogFull(Exception):
-    """The learner's backlog is full: nothing is accepted until it drains (RESOURCE_EXHAUSTED, retry later)."""
+    """The learner's backlog is full, or every stream is taken: nothing is accepted until then (RESOURCE_EXHAUSTED,
+    retry later)."""
+
+
+class NotThisRole(Exception):
+    """A call of the role this process does not serve (UNIMPLEMENTED)."""
+
+
+class CallerGone(Exception):
+    """The caller gave up (its deadline passed) before its observations were accepted: none are kept, for it was
+    told they failed and may send them again (CANCELLED)."""
+
+
+class Malformed:
+    """What a message that does not parse is handed to the method as: it answers INVALID_ARGUMENT."""
+
+    def __init__(self, message_name: str, problem: str) -> None:
+        self.message_name = message_name
+        self.problem = problem
+
+    def error(self, field: str) -> FeatureError:
+        """What to answer, naming `field` as where the bad message was."""
+        return FeatureError(field, f"is not a valid {self.message_name} message ({self.problem})")
+
+
+def lenient_parser(message_class: Any) -> Callable[[bytes], Any]:
+    """`message_class.FromString` that hands back `Malformed` instead of raising."""
+    name = message_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as err:
+            return Malformed(name, str(err) or "cannot be decoded")
+
+    return parse
+
+
+STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (FeatureError, grpc.StatusCode.INVALID_ARGUMENT),
+    (PermissionError, grpc.StatusCode.UNAUTHENTICATED),
+    (BacklogFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (NotThisRole, grpc.StatusCode.UNIMPLEMENTED),
+    (CallerGone, grpc.StatusCode.CANCELLED),
+)
+"""The status each refusal is answered with."""
+REFUSALS = tuple(kind for kind, _ in STATUS_OF)
 
 
 class PredictorServicer(pb_grpc.PredictorServicer):
@@ -70,6 +125,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
 
     def __init__(self, runtime: ServiceRuntime) -> None:
         self.runtime = runtime
+        self._streams = threading.BoundedSemaphore(MAX_OPEN_STREAMS)
 
     def _call(self, method: str, context: grpc.ServicerContext, body: Callable[[], T]) -> T:
         """Timing, metrics and the mapping of errors to status codes, shared by every method."""
@@ -80,14 +136,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
                 code = grpc.StatusCode.UNAVAILABLE
                 context.abort(code, "the predictor is not ready: the service has not finished starting")
             return body()
-        except FeatureError as err:
-            code = grpc.StatusCode.INVALID_ARGUMENT
-            context.abort(code, str(err))
-        except PermissionError as err:
-            code = grpc.StatusCode.UNAUTHENTICATED
-            context.abort(code, str(err))
-        except BacklogFull as err:
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        except REFUSALS as err:
+            code = next(code for kind, code in STATUS_OF if isinstance(err, kind))
             context.abort(code, str(err))
         finally:
             metrics = self.runtime.metrics
@@ -102,13 +152,22 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         given = dict(context.invocation_metadata()).get("authorization", "")
         scheme, _, value = str(given).partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode(), token.encode()):
-            raise PermissionError("Observe needs metadata 'authorization: Bearer <api token>'")
+            raise PermissionError("writes need metadata 'authorization: Bearer <api token>'")
+
+    def _check_role(self, method: str, serves: bool) -> None:
+        if not serves:
+            role = self.runtime.settings.role
+            other = "prediction" if role == "training" else "training"
+            raise NotThisRole(f"this process serves --role {role}: {method} is served by --role all or {other}")
 
     def PredictBulk(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC's name)
         """Mean and upper quantile of both targets for every row (messages or columns)."""
 
         def body() -> Any:
             runtime = self.runtime
+            self._check_role("PredictBulk", runtime.settings.serves_prediction)
+            if isinstance(request, Malformed):
+                raise request.error("request")
             parsed = self._parse_bulk(request)
             predictor = runtime.predictor
             assert predictor is not None
@@ -143,7 +202,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             raise FeatureError("rows", f"must hold 1 to {limit:,} rows, got {len(rows):,}")
         return parser.parse_messages(rows, row_to_dict)
 
-    def _accept(self, observations: Sequence[Any]) -> int:
+    def _accept(self, observations: Sequence[Any], context: grpc.ServicerContext) -> int:
         runtime = self.runtime
         if len(observations) > MAX_OBSERVATIONS_PER_CALL:  # as over HTTP
             raise FeatureError(
@@ -160,6 +219,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         except FeatureError:
             runtime.metrics.observations_rejected.labels("grpc").inc(len(observations))
             raise
+        if not context.is_active():
+            raise CallerGone("the caller gave up before its observations were accepted: none of them were kept")
         runtime.accept(entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
         runtime.metrics.observations_accepted.labels("grpc").inc(len(entries))
         runtime.record_live_errors(parsed)
@@ -169,8 +230,11 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         """Accept one batch of observations, all or nothing."""
 
         def body() -> Any:
+            self._check_role("Observe", self.runtime.settings.serves_training)
             self._check_token(context)
-            return pb.ObserveResponse(accepted=self._accept(request.observations))
+            if isinstance(request, Malformed):
+                raise request.error("request")
+            return pb.ObserveResponse(accepted=self._accept(request.observations, context))
 
         return self._call("Observe", context, body)
 
@@ -178,22 +242,34 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         """Accept a client stream of batches, each on arrival."""
 
         def body() -> Any:
+            self._check_role("ObserveStream", self.runtime.settings.serves_training)
             self._check_token(context)
-            total = 0
-            for k, batch in enumerate(request_iterator):
-                try:
-                    total += self._accept(batch.observations)
-                except FeatureError as err:
-                    # The batches before it are kept: say so, or a client would send them again.
-                    kept = f"{total:,} observations of the batches before it were accepted"
-                    raise FeatureError(f"batches[{k}].{err.field}", f"{err.problem} ({kept})") from None
-                except BacklogFull as err:
-                    raise BacklogFull(
-                        f"batches[{k}]: {err} ({total:,} observations of the batches before it were accepted)"
-                    ) from None
-            return pb.ObserveResponse(accepted=total)
+            if not self._streams.acquire(blocking=False):
+                raise BacklogFull(
+                    f"{MAX_OPEN_STREAMS} observation streams are open already: retry later, or use Observe"
+                )
+            try:
+                return pb.ObserveResponse(accepted=self._accept_stream(request_iterator, context))
+            finally:
+                self._streams.release()
 
         return self._call("ObserveStream", context, body)
+
+    def _accept_stream(self, batches: Iterator[Any], context: grpc.ServicerContext) -> int:
+        total = 0
+        for k, batch in enumerate(batches):
+            # The batches before a refused one are kept: say so, or a client would send them again.
+            kept = f"{total:,} observations of the batches before it were accepted"
+            if isinstance(batch, Malformed):
+                err = batch.error("request")
+                raise FeatureError(f"batches[{k}]", f"{err.problem} ({kept})")
+            try:
+                total += self._accept(batch.observations, context)
+            except FeatureError as err:
+                raise FeatureError(f"batches[{k}].{err.field}", f"{err.problem} ({kept})") from None
+            except (BacklogFull, CallerGone) as err:
+                raise type(err)(f"batches[{k}]: {err} ({kept})") from None
+        return total
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """Readiness, model version, lease, component health and what was learned."""
@@ -217,7 +293,24 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return self._call("Status", context, body)
 
 
-def start_grpc_server(runtime: ServiceRuntime, host: str, port: int, max_workers: int = 4) -> tuple[grpc.Server, int]:
+def method_handlers(servicer: PredictorServicer) -> grpc.GenericRpcHandler:
+    """The service's methods, read off the proto, each parsing its requests with `lenient_parser`."""
+    service = pb.DESCRIPTOR.services_by_name["Predictor"]
+    handlers = {}
+    for method in service.methods:
+        assert not method.server_streaming, method.name  # none streams its answer
+        make = grpc.stream_unary_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=lenient_parser(getattr(pb, method.input_type.name)),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def start_grpc_server(
+    runtime: ServiceRuntime, host: str, port: int, max_workers: int = WORKER_THREADS
+) -> tuple[grpc.Server, int]:
     """Start serving on host:port (0 = any free port), over TLS when the settings name a certificate and key;
     returns the server and the bound port."""
     limit = runtime.settings.max_body_bytes
@@ -225,7 +318,7 @@ def start_grpc_server(runtime: ServiceRuntime, host: str, port: int, max_workers
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="leadtime-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
-    pb_grpc.add_PredictorServicer_to_server(PredictorServicer(runtime), server)
+    server.add_generic_rpc_handlers((method_handlers(PredictorServicer(runtime)),))
     settings = runtime.settings
     try:
         if settings.tls_certfile is not None and settings.tls_keyfile is not None:

@@ -1,0 +1,127 @@
+"""The gRPC face at its edges: long-lived observation streams beside predictions, the process's role, messages
+that are not protobuf, and writes whose caller has already given up."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import grpc
+import pytest
+from served import http_and_grpc, http_and_grpc_channel
+
+from leadtime.predictor.grpc import leadtime_pb2 as pb
+from leadtime.predictor.grpc.server import MAX_OPEN_STREAMS
+from leadtime.predictor.settings import ServiceSettings
+
+BASE: dict[str, Any] = dict(
+    kv_cache_percentage=0.4,
+    input_token_length=1200,
+    num_request_waiting=2,
+    num_request_running=8,
+    num_tokens_generated=0,
+    prefix_cache_score=0.5,
+)
+OBSERVATION = pb.Observation(row=pb.Row(**BASE), actual_ttft_ms=80.0, actual_tpot_ms=20.0)
+PREDICT = pb.PredictBulkRequest(rows=[pb.Row(**BASE)])
+
+
+def test_open_observation_streams_leave_threads_for_predictions() -> None:
+    """Four open ObserveStream calls took every worker thread: predictions and Status timed out."""
+    release = threading.Event()
+
+    def slow_batches() -> Iterator[Any]:
+        yield pb.ObserveRequest(observations=[OBSERVATION])
+        release.wait(20)
+
+    with http_and_grpc(ServiceSettings()) as (_, stub):
+        calls = [stub.ObserveStream.future(slow_batches(), timeout=30) for _ in range(MAX_OPEN_STREAMS)]
+        try:
+            time.sleep(0.5)  # every stream open and waiting for its client
+            assert len(stub.PredictBulk(PREDICT, timeout=2).ttft_mean_ms) == 1
+            assert stub.Status(pb.StatusRequest(), timeout=2).is_ready
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ObserveStream(iter([pb.ObserveRequest(observations=[OBSERVATION])]), timeout=5)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"{MAX_OPEN_STREAMS} observation streams are open" in err.value.details()
+        finally:
+            release.set()
+        assert [c.result(timeout=10).accepted for c in calls] == [1] * MAX_OPEN_STREAMS
+        # Their threads are free again: another stream is taken.
+        assert stub.ObserveStream(iter([pb.ObserveRequest(observations=[OBSERVATION])]), timeout=5).accepted == 1
+
+
+@pytest.mark.parametrize(
+    ("role", "refused", "served_too"),
+    [("prediction", ["Observe", "ObserveStream"], "PredictBulk"), ("training", ["PredictBulk"], "Observe")],
+)
+def test_each_role_answers_only_its_own_calls_as_over_http(
+    role: Literal["prediction", "training"], refused: list[str], served_too: str
+) -> None:
+    """--role prediction learned from gRPC observations (404 over HTTP); --role training answered predictions."""
+    requests: dict[str, Any] = {
+        "Observe": pb.ObserveRequest(observations=[OBSERVATION]),
+        "ObserveStream": iter([pb.ObserveRequest(observations=[OBSERVATION])]),
+        "PredictBulk": PREDICT,
+    }
+    with http_and_grpc(ServiceSettings(role=role)) as (_, stub):
+        for name in refused:
+            with pytest.raises(grpc.RpcError) as err:
+                getattr(stub, name)(requests[name], timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert f"--role {role}" in err.value.details()
+        getattr(stub, served_too)(requests[served_too], timeout=5)
+        assert stub.Status(pb.StatusRequest(), timeout=5).role == role
+
+
+def test_a_message_that_is_not_protobuf_is_invalid_argument_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """INTERNAL, and an ERROR with a traceback in the log for every such message."""
+    row = pb.Row(**BASE).SerializeToString() + b"\x62\x01\xff"  # endpoint_id = b"\xff", not UTF-8
+    inner = {"PredictBulk": row, "Observe": b"\x0a" + bytes([len(row)]) + row}  # rows[0] / observations[0].row
+    with http_and_grpc_channel(ServiceSettings()) as (_, channel):
+        for method in ("PredictBulk", "Observe"):
+            raw = channel.unary_unary(
+                f"/leadtime.v1.Predictor/{method}",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )
+            bad_utf8 = b"\x0a" + bytes([len(inner[method])]) + inner[method]
+            for body in (b"\xff\xff\xff", bad_utf8):
+                with caplog.at_level(logging.INFO), pytest.raises(grpc.RpcError) as err:
+                    raw(body, timeout=5)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, body)
+                assert err.value.details().startswith(f"request: is not a valid leadtime.v1.{method}Request message")
+        stream = channel.stream_unary(
+            "/leadtime.v1.Predictor/ObserveStream", request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        good = pb.ObserveRequest(observations=[OBSERVATION]).SerializeToString()
+        with pytest.raises(grpc.RpcError) as err:
+            stream(iter([good, b"\xff\xff\xff"]), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith("batches[1]: is not a valid leadtime.v1.ObserveRequest")
+        assert "(1 observations of the batches before it were accepted)" in err.value.details()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_observations_whose_caller_gave_up_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that timed out at the client (told: unavailable, retry) was kept anyway: a retry learned it twice."""
+    with http_and_grpc(ServiceSettings()) as (http, stub):
+        runtime = http.app.state.runtime  # type: ignore[attr-defined]
+        parse = runtime.parser.parse_observations
+
+        def slow_parse(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.4)  # a large batch on a busy host
+            return parse(*args, **kwargs)
+
+        monkeypatch.setattr(runtime.parser, "parse_observations", slow_parse)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Observe(pb.ObserveRequest(observations=[OBSERVATION] * 3), timeout=0.1)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        time.sleep(0.8)
+        assert http.get("/status").json()["ingestion"]["accepted"] == 0
+        assert stub.Observe(pb.ObserveRequest(observations=[OBSERVATION] * 3), timeout=5).accepted == 3
