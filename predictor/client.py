@@ -20,12 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.features.errors import FeatureError
 from leadtime.features.rows import (
+    ACTUAL_FIELDS,
     LLMD_REQUIRED_FIELDS,
+    ROLES,
     FeatureRow,
     Observation,
     feature_row_to_llmd,
     observation_to_llmd,
+    parse_timestamp,
 )
 
 DEFAULT_DEADLINE_S = 0.05
@@ -108,14 +112,35 @@ Row = Mapping[str, Any] | FeatureRow
 Obs = Mapping[str, Any] | Observation
 
 
-def row_dict(row: Row) -> dict[str, Any]:
+def row_dict(row: Row, where: str = "row") -> dict[str, Any]:
     """A row as the llm-d-shaped dict the service takes."""
-    return feature_row_to_llmd(row) if isinstance(row, FeatureRow) else dict(row)
+    if isinstance(row, FeatureRow):
+        return feature_row_to_llmd(row)
+    return _mapping(row, "FeatureRow", where)
 
 
-def observation_dict(obs: Obs) -> dict[str, Any]:
+def observation_dict(obs: Obs, where: str = "observation") -> dict[str, Any]:
     """An observation as the llm-d-shaped training entry the service takes."""
-    return observation_to_llmd(obs) if isinstance(obs, Observation) else dict(obs)
+    if isinstance(obs, Observation):
+        return observation_to_llmd(obs)
+    return _mapping(obs, "Observation", where)
+
+
+def _mapping(item: object, kind: str, where: str) -> dict[str, Any]:
+    if not isinstance(item, Mapping):
+        problem = f"must be a {kind} or a mapping of its fields, got {type(item).__name__}"
+        raise PredictorError("invalid", f"{where}: {problem}")
+    return dict(item)
+
+
+def row_dicts(rows: Sequence[Row], name: str = "rows") -> list[dict[str, Any]]:
+    """`row_dict` of each row, named `name[i]` in errors."""
+    return [row_dict(r, f"{name}[{i}]") for i, r in enumerate(rows)]
+
+
+def observation_dicts(observations: Sequence[Obs], name: str = "observations") -> list[dict[str, Any]]:
+    """`observation_dict` of each observation, named `name[i]` in errors."""
+    return [observation_dict(o, f"{name}[{i}]") for i, o in enumerate(observations)]
 
 
 def call_deadline(default_s: float, deadline_s: float | None) -> float:
@@ -197,24 +222,24 @@ class HttpPredictorClient:
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
-        answer = self._call("POST", "/v1/predict", {"rows": sendable([row_dict(r) for r in rows], "rows")}, deadline_s)
+        answer = self._call("POST", "/v1/predict", {"rows": sendable(row_dicts(rows), "rows")}, deadline_s)
         return BulkPredictions.from_native(answer)
 
     def predict_llmd(self, rows: Sequence[Row], deadline_s: float | None = None) -> list[dict[str, Any]]:
         """llm-d's answers (POST /predict/bulk/strict), as llm-d's router would receive them."""
-        body = {"requests": sendable([row_dict(r) for r in rows], "requests")}
+        body = {"requests": sendable(row_dicts(rows, "requests"), "requests")}
         answer = self._call("POST", "/predict/bulk/strict", body, deadline_s)
         predictions: list[dict[str, Any]] = answer["predictions"]
         return predictions
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
         """Report completed requests with what was predicted (POST /v1/observations); returns how many."""
-        body = {"observations": sendable([observation_dict(o) for o in observations], "observations")}
+        body = {"observations": sendable(observation_dicts(observations), "observations")}
         return int(self._call("POST", "/v1/observations", body, deadline_s)["accepted"])
 
     def add_training_data(self, entries: Sequence[Obs], deadline_s: float | None = None) -> str:
         """llm-d's training call (POST /add_training_data_bulk, 202)."""
-        body = {"entries": sendable([observation_dict(o) for o in entries], "entries")}
+        body = {"entries": sendable(observation_dicts(entries, "entries"), "entries")}
         return str(self._call("POST", "/add_training_data_bulk", body, deadline_s)["message"])
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
@@ -244,53 +269,60 @@ def _wire() -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]:
     return tuple(f.name for f in row), observation, text
 
 
-def _wire_fields(row: Row) -> dict[str, Any]:
+def _wire_fields(row: Row, where: str = "row") -> dict[str, Any]:
     """A row's fields as the wire carries them: only leadtime.v1.Row's, a native `role` as `pod_type`, and
-    timeslice_state "none" left unset."""
-    d = row_dict(row)
-    if not d.get("pod_type") and d.get("role") in ("prefill", "decode"):
-        d["pod_type"] = d["role"]
+    timeslice_state "none" left unset. What the wire would misread is refused as the service refuses it: a role
+    it does not carry (dropped, the row predicted as unified), a tensor-parallel size below 1 (0 reads as 1)."""
+    d = row_dict(row, where)
+    role = d.get("role")
+    if role is not None and role not in ROLES:
+        choices = ", ".join(repr(r) for r in ROLES)
+        raise PredictorError("invalid", f"{where}.role: must be one of {choices}, got {role!r}")
+    if not d.get("pod_type") and role in ("prefill", "decode"):
+        d["pod_type"] = role
     fields = {k: d[k] for k in _wire()[0] if d.get(k) is not None}
     if fields.get("timeslice_state") == "none":
         del fields["timeslice_state"]
+    tensor_parallel = fields.get("tensor_parallel")
+    if isinstance(tensor_parallel, int | float) and tensor_parallel < 1:
+        raise PredictorError("invalid", f"{where}.tensor_parallel: must be ≥ 1, got {tensor_parallel}")
     return fields
 
 
-def row_message(row: Row) -> Any:
+def row_message(row: Row, where: str = "row") -> Any:
     """A row dict → leadtime.v1.Row (unknown keys dropped, native `role` mapped to `pod_type`)."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
-    fields = _wire_fields(row)
+    fields = _wire_fields(row, where)
     try:
         return pb.Row(**fields)
     except (TypeError, ValueError):
-        raise PredictorError("invalid", _bad_value(pb.Row, [fields]).replace("rows[0]", "row", 1)) from None
+        raise PredictorError("invalid", _bad_value(pb.Row, fields, where) or f"{where}: cannot be encoded") from None
 
 
-def _required(wire: Sequence[Mapping[str, Any]]) -> None:
-    """PredictorError naming the first row without one of llm-d's required fields: on the wire a field left out
-    reads as 0, and the row would be predicted as if it had sent 0."""
-    for i, fields in enumerate(wire):
-        for name in LLMD_REQUIRED_FIELDS:
-            if name not in fields:
-                raise PredictorError("invalid", f"rows[{i}].{name}: is required")
+def _required(wire: Sequence[Mapping[str, Any]], name: str, fields: Sequence[str] = LLMD_REQUIRED_FIELDS) -> None:
+    """PredictorError naming the first item without one of `fields` (llm-d's required ones): on the wire a field
+    left out reads as 0, and the row would be predicted or learned as if it had sent 0."""
+    for i, item in enumerate(wire):
+        for field in fields:
+            if field not in item:
+                raise PredictorError("invalid", f"{name}[{i}].{field}: is required")
 
 
-def _bad_value(message: Any, wire: Sequence[Mapping[str, Any]]) -> str:
-    """Which row and field a message type refuses (tried one value at a time), for the error to name it."""
-    for i, fields in enumerate(wire):
-        for name, value in fields.items():
-            try:
-                message(**{name: value})
-            except (TypeError, ValueError) as err:
-                return f"rows[{i}].{name}: {err}"
-    return "rows cannot be encoded"
+def _bad_value(message: Any, fields: Mapping[str, Any], where: str) -> str | None:
+    """Which field a message type refuses (tried one value at a time), for the error to name it; None if none."""
+    for name, value in fields.items():
+        try:
+            message(**{name: value})
+        except (TypeError, ValueError) as err:
+            return f"{where}.{name}: {err}"
+    return None
 
 
 def row_columns(rows: Sequence[Row]) -> Any:
     """Rows → leadtime.v1.RowColumns, the form the service decodes fastest; None when the rows cannot travel as
     columns (some give `prefix_hit_tokens` and others not), for the caller to send Row messages instead."""
-    return _columns([_wire_fields(r) for r in rows])
+    return _columns([_wire_fields(r, f"rows[{i}]") for i, r in enumerate(rows)])
 
 
 def _columns(wire: Sequence[Mapping[str, Any]]) -> Any:
@@ -309,21 +341,36 @@ def _columns(wire: Sequence[Mapping[str, Any]]) -> Any:
     try:
         return pb.RowColumns(**lists)
     except (TypeError, ValueError):
-        raise PredictorError("invalid", _bad_value(pb.Row, wire)) from None
+        problems = (_bad_value(pb.Row, f, f"rows[{i}]") for i, f in enumerate(wire))
+        raise PredictorError("invalid", next((p for p in problems if p), "rows: cannot be encoded")) from None
 
 
-def observation_message(obs: Obs) -> Any:
-    """An observation (dict or Observation) → leadtime.v1.Observation."""
+def observation_message(obs: Obs, where: str = "observation") -> Any:
+    """An observation (dict or Observation) → leadtime.v1.Observation; a timestamp given as text is sent as the
+    seconds since the epoch it names."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
-    d = observation_dict(obs)
+    d = observation_dict(obs, where)
     if isinstance(d.get("timestamp"), str):
-        d.pop("timestamp")  # the wire form is seconds since the epoch
+        try:
+            d["timestamp"] = parse_timestamp(d["timestamp"])
+        except FeatureError as err:
+            raise PredictorError("invalid", f"{where}.{err.field}: {err.problem}") from None
     fields = {k: d[k] for k in _wire()[1] if d.get(k) is not None}
+    row = row_message(d, where)
     try:
-        return pb.Observation(row=row_message(d), **fields)
-    except (TypeError, ValueError) as err:
-        raise PredictorError("invalid", f"observation cannot be encoded: {err}") from None
+        return pb.Observation(row=row, **fields)
+    except (TypeError, ValueError):
+        problem = _bad_value(pb.Observation, fields, where) or f"{where}: cannot be encoded"
+        raise PredictorError("invalid", problem) from None
+
+
+def observation_messages(observations: Sequence[Obs]) -> list[Any]:
+    """Observations → leadtime.v1.Observation messages, each with every field the service requires (left out,
+    it would read as 0 on the wire and be learned so)."""
+    dicts = observation_dicts(observations)
+    _required(dicts, "observations", (*LLMD_REQUIRED_FIELDS, *ACTUAL_FIELDS))
+    return [observation_message(d, f"observations[{i}]") for i, d in enumerate(dicts)]
 
 
 class GrpcPredictorClient:
@@ -388,13 +435,14 @@ class GrpcPredictorClient:
         """Predictions for every row (sent as columns when they can travel so)."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
-        wire = [_wire_fields(r) for r in rows]  # once per call: this is the gateway's path with --predictor-grpc
-        _required(wire)  # on the wire a field left out would read as 0
+        # once per call: this is the gateway's path with --predictor-grpc
+        wire = [_wire_fields(r, f"rows[{i}]") for i, r in enumerate(rows)]
+        _required(wire, "rows")  # on the wire a field left out would read as 0
         columns = _columns(wire)
         if columns is not None:
             request = pb.PredictBulkRequest(columns=columns)
         else:
-            request = pb.PredictBulkRequest(rows=[row_message(r) for r in rows])
+            request = pb.PredictBulkRequest(rows=[row_message(r, f"rows[{i}]") for i, r in enumerate(rows)])
         answer = self._call(self._stub.PredictBulk, request, deadline_s)
         return BulkPredictions(
             np.asarray(answer.ttft_mean_ms, dtype=float),
@@ -409,14 +457,14 @@ class GrpcPredictorClient:
         """Send observations in one call; returns how many were accepted."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
-        request = pb.ObserveRequest(observations=[observation_message(o) for o in observations])
+        request = pb.ObserveRequest(observations=observation_messages(observations))
         return int(self._call(self._stub.Observe, request, deadline_s).accepted)
 
     def observe_stream(self, batches: Iterable[Sequence[Obs]], deadline_s: float | None = None) -> int:
         """Send batches on one client stream; the deadline covers the whole stream."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
-        requests = (pb.ObserveRequest(observations=[observation_message(o) for o in b]) for b in batches)
+        requests = (pb.ObserveRequest(observations=observation_messages(b)) for b in batches)
         return int(self._call(self._stub.ObserveStream, requests, deadline_s).accepted)
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:

@@ -180,3 +180,52 @@ def test_a_closed_client_is_unavailable_so_routers_fall_back(kind: str, service:
     c.close()
     with pytest.raises(PredictorUnavailable, match="closed"):
         c.predict([feature_row()])
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"role": "bogus"}, "role"),  # gRPC: the role dropped, predicted as unified
+        ({"tensor_parallel": 0}, "tensor_parallel"),  # gRPC: 0 reads as 1 on the wire
+    ],
+)
+def test_what_the_grpc_wire_would_misread_is_refused_as_over_http(
+    client: Any, change: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(PredictorError) as err:
+        client.predict([_dict_row(), {**_dict_row(), **change}])
+    assert not isinstance(err.value, PredictorUnavailable)
+    assert f"rows[1].{field}" in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"kv_cache_percentage": None}, "kv_cache_percentage"),  # gRPC: learned as 0
+        ({"actual_ttft_ms": "80"}, "actual_ttft_ms"),  # gRPC: "observation cannot be encoded", no index or field
+        ({"timestamp": "yesterday"}, "timestamp"),  # gRPC: the timestamp dropped, the row kept
+    ],
+)
+def test_observations_either_client_cannot_send_raise_predictor_error_naming_the_field(
+    client: Any, change: dict[str, Any], field: str
+) -> None:
+    good = {**_dict_row(), "actual_ttft_ms": 80.0, "actual_tpot_ms": 20.0}
+    bad = {k: v for k, v in {**good, **change}.items() if v is not None}
+    with pytest.raises(PredictorError) as err:
+        client.observe([good, bad])
+    assert not isinstance(err.value, PredictorUnavailable)
+    assert f"observations[1].{field}" in err.value.message, err.value.message
+
+
+def test_a_row_that_is_not_a_row_is_a_predictor_error(client: Any) -> None:
+    with pytest.raises(PredictorError) as err:
+        client.predict([_dict_row(), "abc"])
+    assert "rows[1]" in err.value.message, err.value.message
+
+
+def test_the_grpc_client_sends_a_timestamp_given_as_text() -> None:
+    """It was dropped: the wire carries seconds since the epoch."""
+    from leadtime.predictor.client import observation_message
+
+    entry = {**_dict_row(), "actual_ttft_ms": 80.0, "timestamp": "2026-11-30T10:00:00Z"}
+    assert observation_message(entry).timestamp == 1796032800.0
