@@ -204,6 +204,20 @@ def test_the_model_dir_is_taken_up_without_a_reload(tmp_path: Path) -> None:
         assert wait_until(lambda: c.get("/status").json()["model_version"] == 5, timeout_s=10)
 
 
+def test_a_prediction_server_serves_what_a_training_server_saves_to_their_model_dir(tmp_path: Path) -> None:
+    """llm-d's two servers, as two processes sharing a model directory and no Redis: the prediction server took
+    up nothing (only a lease holder did, and it never holds the lease) and answered from the prior forever."""
+    settings = ServiceSettings(model_dir=tmp_path, role="prediction", model_save_interval_s=0.1)
+    with TestClient(create_app(settings)) as c:
+        theirs = foreign_model(tmp_path, version=4)  # what the training server (or `leadtime retrain`) saves there
+        assert wait_until(lambda: c.get("/status").json()["model_version"] == 4, timeout_s=10)
+        assert c.post("/reload").json()["model_version"] == 4
+        time.sleep(0.5)
+    # It learns nothing of its own: the directory stays the training server's (a copy written back would be taken
+    # up there as another process's model).
+    assert (tmp_path / FILE_NAME).read_bytes() == theirs
+
+
 def test_rows_naming_no_class_take_the_class_the_saved_model_learned(tmp_path: Path) -> None:
     """A model retrained on H200 rows (`retrain --accelerator h200-sxm`) served from --model-dir without
     --accelerator: llm-d rows were vectorized as the default H100, beside offsets learned for the H200."""

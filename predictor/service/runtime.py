@@ -481,9 +481,12 @@ class ServiceRuntime:
         published to the store as any replica's would be, and every replica swaps it in (the sync loop, or
         `/reload` at once). It continues from this service's stream position: the position in its file belongs
         to the stream of whichever process wrote it. Only the lease holder does it (the one process that publishes,
-        so that replicas sharing a directory publish it once). True if one was taken up."""
+        so that replicas sharing a directory publish it once), or a process alone in its store (no Redis) that
+        does not train: a prediction server beside a training server that saves to the same directory, as llm-d
+        runs its two. True if one was taken up."""
         model_file = self._model_file
-        if model_file is None or not self.holds_lease:
+        alone = self.settings.redis_url is None and not self.settings.serves_training
+        if model_file is None or not (self.holds_lease or alone):
             return False
         try:
             data = model_file.changed()

@@ -80,6 +80,16 @@ def check_saved_class(settings: ServiceSettings) -> None:
             )
 
 
+def check_role(settings: ServiceSettings) -> None:
+    """Raise OSError in one line for a prediction server that could never see a trained model: it learns nothing
+    itself, and takes its models from the training servers through Redis or a model directory they share."""
+    if settings.role == "prediction" and settings.redis_url is None and settings.model_dir is None:
+        raise OSError(
+            "--role prediction needs --redis or --model-dir shared with the training servers (alone it would "
+            "answer from the untrained prior forever); --role all serves both of llm-d's URLs from one process"
+        )
+
+
 def describe_store(store: object) -> str:
     """How the log names the store: Redis with its address (credentials left out), or this process's memory."""
     address = getattr(store, "address", None)
@@ -92,12 +102,14 @@ def serve(settings: ServiceSettings) -> None:
     """Blocks until interrupted; the HTTP app's lifespan starts and stops the background loops.
 
     A port another process holds (or the same port given to HTTP and gRPC), TLS files that are not a
-    certificate and key, or a model directory it cannot save in stop it with one OSError before anything starts
+    certificate and key, a model directory it cannot save in, or a prediction role with no way to receive models
+    stop it with one OSError before anything starts
     (the CLI prints it and exits 2); so does a Redis URL that cannot be used (`StoreError`). Ctrl-C or SIGTERM
     shuts it down quietly: the learner process ignores both, the service stops it.
     """
     from leadtime.predictor.grpc.server import start_grpc_server
 
+    check_role(settings)
     if settings.grpc_port and settings.grpc_port == settings.port:
         raise OSError(f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: it is the HTTP port too")
     check_port_free(settings.host, settings.port, "HTTP")
@@ -130,6 +142,8 @@ def serve(settings: ServiceSettings) -> None:
     if settings.api_token is None:
         log.warning("no API token: anyone who can reach this port can send training data (see SECURITY.md)")
     log.info("store: %s", describe_store(runtime.store))
+    if settings.role == "training" and settings.redis_url is None and settings.model_dir is None:
+        log.warning("--role training without --redis or --model-dir: no prediction server sees the models it learns")
     plan = runtime.cpu_plan
     if plan is not None:
         # After gRPC's threads exist and before uvicorn's loop starts the learner: every serving thread, and
