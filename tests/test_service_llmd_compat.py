@@ -117,7 +117,7 @@ BAD_ROWS: list[tuple[dict[str, Any], str]] = [
     ({"num_request_running": "many"}, "num_request_running"),
     ({"kv_cache_percentage": [0.1]}, "kv_cache_percentage"),
     ({"kv_cache_percentage": 1.5}, "kv_cache_percentage"),
-    ({"pod_type": "both"}, "pod_type"),
+    ({"pod_type": "mixed"}, "pod_type"),
 ]
 
 
@@ -139,3 +139,14 @@ def test_bulk_keeps_per_row_errors_for_rows_llmds_schema_accepts(client: TestCli
     assert [e["index"] for e in body["errors"]] == [1, 2]
     assert body["predictions"][0] is not None and body["predictions"][1] is None
     assert body["successful_predictions"] == 1 and body["failed_predictions"] == 2
+
+
+def test_every_prediction_path_takes_the_same_pod_types(client: TestClient) -> None:
+    """"both" was taken by /predict/bulk/strict and /predict but refused by /predict/bulk (422)."""
+    for pod_type in ("", "both", "prefill", "decode"):
+        row = llmd_row(pod_type=pod_type)
+        strict = client.post("/predict/bulk/strict", json={"requests": [row]})
+        bulk = client.post("/predict/bulk", json={"requests": [row]})
+        single = client.post("/predict", json=row)
+        assert (strict.status_code, bulk.status_code, single.status_code) == (200, 200, 200), pod_type
+        assert bulk.json()["predictions"][0]["ttft_ms"] == strict.json()["predictions"][0]["ttft_ms"]

@@ -33,7 +33,9 @@ class LlmdRow(BaseModel):
     num_request_running: int = Field(..., ge=0, le=MAX_COUNT)
     num_tokens_generated: int = Field(..., ge=0, le=MAX_COUNT)
     prefix_cache_score: float = Field(..., ge=0.0, le=1.0)
-    pod_type: Literal["", "prefill", "decode"] | None = Field(default="", description="null or '' = unified.")
+    pod_type: Literal["", "both", "prefill", "decode"] | None = Field(
+        default="", description="null, '' or 'both' = unified."
+    )
     prefill_tokens_in_flight: int = Field(default=0, ge=0, le=MAX_COUNT)
     decode_tokens_in_flight: int = Field(default=0, ge=0, le=MAX_COUNT)
     encoder_matched_size: int = Field(default=0, ge=0, le=MAX_COUNT)
