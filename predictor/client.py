@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import ssl
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -461,11 +461,31 @@ class GrpcPredictorClient:
         return int(self._call(self._stub.Observe, request, deadline_s).accepted)
 
     def observe_stream(self, batches: Iterable[Sequence[Obs]], deadline_s: float | None = None) -> int:
-        """Send batches on one client stream; the deadline covers the whole stream."""
+        """Send batches on one client stream; the deadline covers the whole stream.
+
+        A batch that cannot be sent (or `batches` itself failing) ends the stream there: the service answers for
+        the batches before it, and the error says how many of their observations it accepted."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
-        requests = (pb.ObserveRequest(observations=observation_messages(b)) for b in batches)
-        return int(self._call(self._stub.ObserveStream, requests, deadline_s).accepted)
+        failed: list[tuple[int, Exception]] = []
+
+        def requests() -> Iterator[Any]:
+            k = 0
+            try:
+                for k, batch in enumerate(batches):  # noqa: B007 (k names the batch that failed)
+                    yield pb.ObserveRequest(observations=observation_messages(batch))
+            except Exception as err:  # raised into gRPC's sending thread it would read "Exception iterating"
+                failed.append((k, err))
+
+        accepted = int(self._call(self._stub.ObserveStream, requests(), deadline_s).accepted)
+        if failed:
+            k, err = failed[0]
+            kept = f"{accepted:,} observations of the batches before it were accepted"
+            if isinstance(err, PredictorError):
+                raise PredictorError(err.status, f"batches[{k}].{err.message} ({kept})") from None
+            err.add_note(kept)
+            raise err
+        return accepted
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
         """The service's Status answer as a dict."""

@@ -229,3 +229,26 @@ def test_the_grpc_client_sends_a_timestamp_given_as_text() -> None:
 
     entry = {**_dict_row(), "actual_ttft_ms": 80.0, "timestamp": "2026-11-30T10:00:00Z"}
     assert observation_message(entry).timestamp == 1796032800.0
+
+
+def test_a_bad_batch_in_a_grpc_stream_is_named_and_what_went_before_counted(service: dict[str, Any]) -> None:
+    """The client's own refusal inside the stream reached the caller as gRPC's "UNKNOWN: Exception iterating
+    requests!", the field and the count of what was kept lost."""
+    good = {**_dict_row(), "actual_ttft_ms": 80.0, "actual_tpot_ms": 20.0}
+    bad = {k: v for k, v in good.items() if k != "kv_cache_percentage"}
+    with GrpcPredictorClient(service["grpc"], deadline_s=5.0, api_token="tok") as c:
+        with pytest.raises(PredictorError) as err:
+            c.observe_stream([[good, good], [bad]])
+        assert not isinstance(err.value, PredictorUnavailable)
+        assert err.value.message == (
+            "batches[1].observations[0].kv_cache_percentage: is required "
+            "(2 observations of the batches before it were accepted)"
+        )
+
+        def failing() -> Iterator[list[dict[str, Any]]]:
+            yield [good]
+            raise RuntimeError("the caller's own source broke")
+
+        with pytest.raises(RuntimeError, match="source broke") as broke:
+            c.observe_stream(failing())
+        assert "1 observations of the batches before it were accepted" in "".join(broke.value.__notes__)
