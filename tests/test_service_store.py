@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -163,7 +164,9 @@ def test_retrain_publishes_and_model_dir_round_trips(tmp_path: Path) -> None:
         assert restarted.get("/status").json()["model_version"] == saved_version
 
 
-def test_a_clean_stop_saves_what_was_learned_since_the_last_save(tmp_path: Path) -> None:
+def test_a_clean_stop_saves_what_was_learned_since_the_last_save(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Everything learned after the last retrain was lost on a restart: the model was saved only when published."""
     settings = ServiceSettings(model_dir=tmp_path)
     with TestClient(create_app(settings)) as c:
@@ -172,8 +175,11 @@ def test_a_clean_stop_saves_what_was_learned_since_the_last_save(tmp_path: Path)
         assert wait_until(lambda: sum(runtime.learned().values()) == 300, timeout_s=60)
         learned = runtime.learned()
     assert OnlinePredictor.load(tmp_path, background=False).status()["observations"] == learned
-    with TestClient(create_app(settings)) as restarted:
+    with caplog.at_level(logging.INFO), TestClient(create_app(settings)) as restarted:
         assert restarted.app.state.runtime.learned() == learned  # type: ignore[attr-defined]
+    # Said per target (their sum read as twice the rows sent).
+    said = f"{learned['ttft']} TTFT and {learned['tpot']} TPOT observations learned"
+    assert any(said in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 def foreign_model(tmp_path: Path, version: int) -> bytes:

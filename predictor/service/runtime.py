@@ -235,9 +235,13 @@ class ServiceRuntime:
                 predictor = OnlinePredictor.load(model_dir, background=False)
                 # A cursor saved by an earlier process names a position in a stream that may not exist now.
                 predictor.metadata.pop(CURSOR_KEY, None)
-                learned = sum(predictor.status()["observations"].values())
+                learned = predictor.status()["observations"]
                 log.info(
-                    "loaded the model saved in %s (version %d, %d observations)", model_dir, predictor.version, learned
+                    "loaded the model saved in %s (version %d; %d TTFT and %d TPOT observations learned)",
+                    model_dir,
+                    predictor.version,
+                    learned["ttft"],
+                    learned["tpot"],
                 )
                 return predictor
             except (ArtifactError, OSError) as err:
