@@ -162,6 +162,52 @@ def test_address_never_shows_the_password(redis_server: RedisServer) -> None:
         store.close()
 
 
+# ---- the stream key holding something else ------------------------------------------------------------------
+
+
+def test_a_chunk_refused_by_a_script_error_stays_buffered_until_the_stream_key_is_fixed(
+    make_store: StoreFactory, redis_url: str
+) -> None:
+    """Regression: with the stream key holding a string (WRONGTYPE), the append script set the chunk's mark before
+    its XADD failed; the retry found the mark, took the chunk for landed and dropped it: rows answered 202 lost."""
+    raw = redis.Redis.from_url(redis_url)
+    raw.set("test:observations", "v1-format")
+    store = make_store()
+    store.append_observations([entry(i) for i in range(10)])
+    assert wait_until(lambda: "observations" in store.health()["redis"], timeout_s=5), store.health()
+    time.sleep(0.3)  # several retries meet the wrong key
+    assert store.stats()["buffered"] == 10
+    assert "not a stream" in store.health()["redis"]  # names the problem
+    raw.delete("test:observations")
+    assert store.flush(10.0)
+    assert [e["input_token_length"] for e in read_all(store)[1]] == list(range(10))
+    assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 10, "resent": 0, "server_restarts": 0}
+
+
+def test_a_stream_key_holding_something_else_is_logged_once_not_on_every_other_call(
+    make_store: StoreFactory, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the stream key held a string, every failed append or read logged a warning and every registry or lease
+    call that succeeded meanwhile logged "answers again": 130 lines in 37 s instead of one per outage."""
+    raw = redis.Redis.from_url(redis_url)
+    raw.set("test:observations", "v1-format")
+    with caplog.at_level(logging.INFO, logger="leadtime.store"):
+        store = make_store()
+        store.append_observations([entry(0)])
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # what the ingest, model-sync and lease loops do meanwhile
+            store.read_observations("0", 10)
+            store.wait_for_model(0, 0.05)
+            store.acquire_training_lease("replica-a", 5.0)
+        assert "not a stream" in store.health()["redis"]
+        raw.delete("test:observations")
+        assert store.flush(10.0)
+        assert wait_until(lambda: store.health() == {"redis": "ok"}, timeout_s=5)
+    lines = [r.getMessage() for r in caplog.records if r.name == "leadtime.store"]
+    assert sum("buffering observations in memory" in line for line in lines) == 1, lines
+    assert sum("again" in line for line in lines) == 1, lines
+
+
 # ---- model registry ---------------------------------------------------------------------------------------
 
 

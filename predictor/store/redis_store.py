@@ -39,25 +39,44 @@ from redis.retry import Retry
 
 from leadtime.predictor.artifact import decode
 
+# Refuse, before anything is written, a stream key that holds something else (a string left by another program):
+# a Lua error is not rolled back, so the scripts must fail before their first write, and with a reply that names
+# the key rather than Redis's bare WRONGTYPE.
+_STREAM_TYPE_CHECK = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'stream' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE the key ' .. KEYS[1] .. ' holds a ' .. kind .. ', not a stream of observations')
+end
+"""
+
 # A whole chunk of observations in one atomic step, exactly once: it lands whole or not at all, and a chunk
 # resent after its reply was lost (a timeout while the server still ran it) finds its id already marked and is
-# skipped. The mark expires after `_CHUNK_MARK_TTL_S`; a resend comes seconds after the server answers again.
-# One script call is also ~3x faster than pipelined XADDs.
-_APPEND_SCRIPT = """
-if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[2]) then
+# skipped. The mark is set last: a script that fails half-way leaves no mark, so its retry is sent, not skipped
+# (the rows would be lost). The mark expires after `_CHUNK_MARK_TTL_S`; a resend comes seconds after the server
+# answers again. One script call is also ~3x faster than pipelined XADDs.
+_APPEND_SCRIPT = (
+    """
+if redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
 end
+"""
+    + _STREAM_TYPE_CHECK
+    + """
 local maxlen = ARGV[1]
 local id = 0
 for i = 3, #ARGV do
   id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'e', ARGV[i])
 end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[2])
 return id
 """
+)
 
 # Entries after a cursor as one flat array (id, entry, id, entry, ...): far cheaper to decode client-side than
 # XREAD's nested reply.
-_READ_SCRIPT = """
+_READ_SCRIPT = (
+    _STREAM_TYPE_CHECK
+    + """
 local messages = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
 local out = {}
 for i, message in ipairs(messages) do
@@ -70,6 +89,7 @@ for i, message in ipairs(messages) do
 end
 return out
 """
+)
 
 # Every publish is one atomic step: a version number that never goes backwards (even after Redis lost its data
 # in a restart, the publisher passes the highest version it has seen), the artifact, trimming, notification.
@@ -224,9 +244,9 @@ class LatestOutcome:
     True
     """
 
-    def __init__(self, problem: str | None) -> None:
+    def __init__(self, problem: str | None, contacted: bool = False) -> None:
         self.problem = problem  # None = Redis answered
-        self.contacted = False
+        self.contacted = contacted  # False: the first outcome is reported even if it changes nothing
         self._started = float("-inf")
 
     def record(self, problem: str | None, started: float) -> tuple[str | None, str | None] | None:
@@ -348,6 +368,9 @@ class RedisStore:
         self._read_upto = (0, 0)  # the newest stream id this store has read
         self._check_run_id = True
         self._health = LatestOutcome(NOT_CONTACTED)
+        # Whether the observation stream itself works: a server that answers may still refuse it (its key holds
+        # something else), and only the calls on the stream can tell that or its end.
+        self._stream_health = LatestOutcome(None, contacted=True)
         self._highest_version = 0
         self._wake_writer = threading.Event()
         self._version_seen = threading.Condition()
@@ -389,12 +412,12 @@ class RedisStore:
         except redis.ResponseError as exc:
             if "stream id" in str(exc).lower():
                 raise ValueError(f"cursor {cursor!r} is not a stream id") from None
-            self._set_problem(exc, started)
+            self._set_problem(exc, started, on_stream=True)
             return cursor, []
         except redis.RedisError as exc:
-            self._set_problem(exc, started)
+            self._set_problem(exc, started, on_stream=True)
             return cursor, []
-        self._set_problem(None, started)
+        self._set_problem(None, started, on_stream=True)
         if not flat:
             return cursor, []
         new_cursor = flat[-2].decode()
@@ -483,13 +506,13 @@ class RedisStore:
             try:
                 last_id = self._send(chunk_id, chunk)
             except redis.RedisError as exc:
-                self._set_problem(exc, started)
+                self._set_problem(exc, started, on_stream=True)
                 self._stop.wait(retry_s)
                 retry_s = min(retry_s * 2, _RETRY_MAX_S)
                 continue
             retry_s = _RETRY_MIN_S
             last_contact = time.monotonic()
-            self._set_problem(None, started)
+            self._set_problem(None, started, on_stream=True)
             with self._lock:  # appenders only add on the right, so the chunk is still the buffer's head
                 for _ in chunk:
                     self._buffer.popleft()
@@ -673,17 +696,29 @@ class RedisStore:
 
     # ---- state --------------------------------------------------------------------------------------------
 
-    def _set_problem(self, exc: BaseException | None, started: float) -> None:
-        """Record the outcome of a Redis call begun at `started` (time.monotonic()); log a change once."""
+    def _set_problem(self, exc: BaseException | None, started: float, on_stream: bool = False) -> None:
+        """Record the outcome of a Redis call begun at `started` (time.monotonic()); log a change once.
+
+        An error the server answered for a call `on_stream` (the observation stream's key holds something else)
+        is the stream's problem, not the server's: the registry and lease calls that succeed meanwhile must not
+        read as its end (that logged a warning and an "answers again" several times a second). A call on the
+        stream that succeeds ends both."""
         problem = None if exc is None else _reason(exc)
         if problem is not None:
             self._check_run_id = True  # the server may come back as another one, empty
+        stream_only = on_stream and isinstance(exc, redis.ResponseError)
         with self._lock:
-            change = self._health.record(problem, started)
+            change = None if stream_only else self._health.record(problem, started)
+            told = on_stream and (exc is None or stream_only)  # an unreachable server tells nothing of the stream
+            stream_change = self._stream_health.record(problem, started) if told else None
             buffered = len(self._buffer)
-        if change is None:
-            return
-        first = change[0] == NOT_CONTACTED
+        for outcome in (change, stream_change):
+            if outcome is not None:
+                self._log_change(*outcome, buffered)
+
+    def _log_change(self, was: str | None, problem: str | None, buffered: int) -> None:
+        """One line when Redis (or its observation stream) stops or starts working again."""
+        first = was == NOT_CONTACTED
         if problem is not None:
             when = " from the start" if first else ""
             log.warning("redis at %s: %s%s; buffering observations in memory", self.address, problem, when)
@@ -693,7 +728,8 @@ class RedisStore:
     def health(self) -> dict[str, str]:
         """{"redis": "ok"} or what is wrong, with how many observations wait in memory meanwhile."""
         with self._lock:
-            problem, buffered, dropped = self._health.problem, len(self._buffer), self._dropped
+            problem = self._health.problem or self._stream_health.problem
+            buffered, dropped = len(self._buffer), self._dropped
         if problem is None:
             return {"redis": "ok"}
         detail = f"{problem}; {buffered} observations buffered"
