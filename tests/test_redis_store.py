@@ -7,10 +7,12 @@ import pickle
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from conftest import require_redis_server
 from redis_server import RedisServer
 from waiting import wait_until
 
@@ -390,6 +392,57 @@ def test_what_redis_took_but_lost_in_a_crash_before_it_was_read_is_sent_again(
     _cursor, after = read_all(store, cursor)
     assert [e["input_token_length"] for e in after] == list(range(20, 50))  # each once, in order
     assert store.stats()["appended"] == 50  # resending is not appending again
+
+
+@pytest.fixture
+def persistent_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server with `appendonly yes` (fsync on every write): a restart keeps what it had taken."""
+    persistence = ["--appendonly", "yes", "--appendfsync", "always"]
+    server = RedisServer(require_redis_server(), tmp_path, extra_args=persistence)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_restart_of_a_redis_with_persistence_resends_nothing(persistent_redis: RedisServer) -> None:
+    """Regression: any new run_id made the store send again what it had not read back, though a Redis with
+    `appendonly yes` still held it: every replica learned those rows twice (XLEN 6500 -> 8500)."""
+    store = RedisStore(persistent_redis.url, namespace="test")
+    try:
+        store.append_observations([entry(i) for i in range(20)])
+        assert store.flush()
+        cursor, _first = read_all(store)
+        store.append_observations([entry(i) for i in range(20, 50)])
+        assert store.flush()  # in Redis, not yet read back
+        persistent_redis.restart()  # SIGKILL, then up again from its append-only file
+        assert wait_until(lambda: store.stats()["server_restarts"] == 1, 10), store.stats()
+        store.append_observations([entry(50)])
+        assert store.flush(10.0)
+        _cursor, after = read_all(store, cursor)
+        assert [e["input_token_length"] for e in after] == list(range(20, 51))  # each once
+        assert store.stats()["resent"] == 0
+    finally:
+        store.close()
+
+
+def test_rows_a_replica_was_moved_past_are_not_resent_after_a_restart(
+    make_store: StoreFactory, redis_server: RedisServer
+) -> None:
+    """Regression: a replica that adopted a published model continues from that model's stream position, past rows
+    it wrote and had not read itself; it kept them as unread and sent them again at the next restart, so every
+    replica learned them twice (14000 -> 14750)."""
+    writer, publisher = make_store(), make_store()
+    writer.append_observations([entry(i) for i in range(30)])
+    assert writer.flush()
+    adopted, _learned = read_all(publisher)  # the position recorded in the model the writer adopts
+    assert writer.read_observations(adopted, 100) == (adopted, [])  # the writer reads on from there
+    redis_server.restart()  # no persistence: the stream is gone, but every replica had these rows
+    assert wait_until(lambda: writer.stats()["server_restarts"] == 1, 10), writer.stats()
+    assert writer.flush(10.0)
+    assert writer.stats()["resent"] == 0
+    assert read_all(writer)[1] == []
 
 
 def test_redis_going_away_and_coming_back_is_logged_once_each(

@@ -6,9 +6,11 @@
   thread sends the queue to Redis in order. While Redis is down the queue is the outage buffer (bounded, drops
   counted); the writer keeps retrying and empties it, oldest first, once Redis answers again.
 - What Redis took is kept in memory until this store has read it back from the stream (a replica reads what it
-  writes): a Redis without persistence that crashes loses what no one had read yet. When the writer finds Redis
-  restarted (another `run_id`), it sends those entries again (counted in `stats()["resent"]`). Another replica
-  that had read them before the crash learns them twice: a duplicate rather than a loss.
+  writes) or reads on from past it: a Redis without persistence that crashes loses what no one had read yet.
+  When the writer finds Redis restarted (another `run_id`), it sends again those entries that the new server's
+  stream no longer holds (counted in `stats()["resent"]`); with `appendonly yes` that is nothing, or the last
+  writes the file had not synced. Another replica that had read them before the crash learns them twice: a
+  duplicate rather than a loss.
 - Models go to a versioned registry: the artifact under `<ns>:model:<version>`, an INCR'd counter, the last
   few versions kept, a pub/sub message on every publication. Only JSON artifacts (LightGBM text inside JSON)
   are accepted, so nothing fetched from Redis can run code when loaded.
@@ -90,6 +92,15 @@ end
 return out
 """
 )
+
+# For each stream id in ARGV, whether the stream still holds it (1) or not (0): what a restarted server kept.
+_HELD_SCRIPT = """
+local held = {}
+for i = 1, #ARGV do
+  held[i] = #redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i], 'COUNT', 1)
+end
+return held
+"""
 
 # Every publish is one atomic step: a version number that never goes backwards (even after Redis lost its data
 # in a restart, the publisher passes the highest version it has seen), the artifact, trimming, notification.
@@ -348,6 +359,7 @@ class RedisStore:
             raise ValueError(f"redis URL {self.address!r} is not usable: {exc}") from None
         self._append = self._redis.register_script(_APPEND_SCRIPT)
         self._read = self._redis.register_script(_READ_SCRIPT)
+        self._held = self._redis.register_script(_HELD_SCRIPT)
         self._publish = self._redis.register_script(_PUBLISH_SCRIPT)
         self._latest = self._redis.register_script(_LATEST_SCRIPT)
         self._lease = self._redis.register_script(_LEASE_SCRIPT)
@@ -418,10 +430,13 @@ class RedisStore:
             self._set_problem(exc, started, on_stream=True)
             return cursor, []
         self._set_problem(None, started, on_stream=True)
+        # The caller is done with everything up to `cursor` as well: a replica that adopted a published model
+        # reads on from that model's position, past rows it wrote and never read itself (the publisher learned
+        # them); kept as unread, they were sent again at the next restart and learned twice.
+        new_cursor = flat[-2].decode() if flat else cursor
+        self._confirm_read(_stream_id(new_cursor))
         if not flat:
             return cursor, []
-        new_cursor = flat[-2].decode()
-        self._confirm_read(_stream_id(new_cursor))
         return new_cursor, _decode_entries(flat[1::2])
 
     def _confirm_read(self, upto: tuple[int, int]) -> None:
@@ -432,30 +447,42 @@ class RedisStore:
                 self._unread_count -= len(self._unread.popleft()[1])
 
     def _resend_if_restarted(self) -> bool:
-        """If Redis restarted since the last look (another run id), queue what it had taken but this store had
-        not read back, ahead of what waits: that was lost with the crash (no persistence). Whether it restarted;
-        raises RedisError. Called by the writer only, with no chunk sent meanwhile."""
+        """If Redis restarted since the last look (another run id), queue what it had taken, this store had not
+        read back and the new server no longer holds, ahead of what waits: lost with the crash (no persistence, or
+        the last writes an append-only file had not synced). What it still holds is not sent again: every replica
+        would learn it twice. Whether it restarted; raises RedisError. Called by the writer only, with no chunk
+        sent meanwhile."""
         run_id = str(self._redis.info("server").get("run_id", ""))
-        self._check_run_id = False
-        if self._run_id is not None and run_id != self._run_id:
-            with self._lock:
-                self._read_upto = (0, 0)  # the new server's ids start again from its clock
-                lost = [entry for _, chunk in self._unread for entry in chunk]
-                self._unread.clear()
-                self._unread_count = 0
-                self._buffer.extendleft(reversed(lost))
-                self._resent += len(lost)
-                self._resent_pending += len(lost)  # at the head of the buffer: not counted as appended again
+        restarted = self._run_id is not None and run_id != self._run_id
+        if restarted:
+            lost = self._take_back_lost()
             if lost:
                 log.warning(
-                    "redis at %s restarted and lost %d unread observations: sending them again", self.address, len(lost)
+                    "redis at %s restarted and lost %d unread observations: sending them again", self.address, lost
                 )
-        restarted = self._run_id is not None and run_id != self._run_id
+        self._check_run_id = False
         self._run_id = run_id
         if restarted:
             with self._lock:
                 self._restarts += 1
         return restarted
+
+    def _take_back_lost(self) -> int:
+        """Move the unread chunks that the (restarted) server no longer holds to the head of the buffer; how many
+        entries. A chunk lands whole or not at all, so its last id tells whether the server kept it."""
+        with self._lock:
+            sent = [last_id for last_id, _ in self._unread]
+        answer: Any = self._held(keys=[self._stream_key], args=[f"{ms}-{seq}" for ms, seq in sent]) if sent else []
+        gone = {last_id for last_id, held in zip(sent, answer, strict=True) if not held}
+        with self._lock:
+            self._read_upto = (0, 0)  # without persistence the new server's ids start again from its clock
+            lost = [entry for last_id, chunk in self._unread if last_id in gone for entry in chunk]
+            self._unread = deque(item for item in self._unread if item[0] not in gone)
+            self._unread_count = sum(len(chunk) for _, chunk in self._unread)
+            self._buffer.extendleft(reversed(lost))
+            self._resent += len(lost)
+            self._resent_pending += len(lost)  # at the head of the buffer: not counted as appended again
+        return len(lost)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every accepted observation is in Redis; False if that took longer than `timeout_s`."""
