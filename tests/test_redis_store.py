@@ -225,6 +225,23 @@ def test_registry_versions_latest_and_trimming(make_store: StoreFactory) -> None
     assert other.model(1) is None  # trimmed: only the last three are kept
 
 
+def test_registry_version_tells_what_the_registry_still_holds(
+    make_store: StoreFactory, redis_url: str, redis_server: RedisServer
+) -> None:
+    """What the lease holder asks on every renewal to notice a registry that lost its models (no artifact sent)."""
+    store = make_store()
+    raw = redis.Redis.from_url(redis_url)
+    assert store.registry_version() == 0
+    assert [store.publish_model(artifact(str(i))) for i in range(2)] == [1, 2]
+    assert store.registry_version() == 2
+    raw.delete("test:model:2")  # evicted or deleted: the counter alone is not a model
+    assert store.registry_version() == 0
+    raw.flushall()
+    assert store.registry_version() == 0
+    redis_server.stop()
+    assert store.registry_version() is None  # cannot tell
+
+
 def test_registry_refuses_anything_but_json(make_store: StoreFactory) -> None:
     store = make_store()
     refused: list[Any] = [

@@ -7,6 +7,7 @@ model-sync and lease loops are the real ones.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 from redis_server import RedisServer
 from waiting import wait_until
@@ -251,6 +253,26 @@ def test_a_registry_lost_with_a_redis_restart_is_given_the_serving_model_again(
     assert wait_until(lambda: b.serves_registry_version(again[0]), timeout_s=5)
     (late,) = [r for r in start_replicas(count=1, replica_id="z")]
     assert late.status()["model_version"] == a.status()["model_version"]  # not the prior
+
+
+def test_a_registry_flushed_while_redis_runs_is_given_the_serving_model_again(
+    start_replicas: Callable[..., list[Replica]], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: after FLUSHALL (or the model keys deleted or evicted) the registry stayed empty: the lease holder
+    published again only when Redis had restarted (another run_id), and replicas starting then served the prior."""
+    a, b = start_replicas()
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    version = a.runtime.publish(a.runtime.predictor)
+    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        redis.Redis.from_url(redis_url).flushall()
+        assert wait_until(lambda: a.store.latest_model() is not None, timeout_s=10), "not published again"
+        again = a.store.latest_model()
+        assert again is not None and again[0] > version  # numbered on from what every replica has
+        (late,) = start_replicas(count=1, replica_id="z")
+        assert late.status()["model_version"] == a.status()["model_version"]  # not the prior
+    lines = [r.getMessage() for r in caplog.records if "registry" in r.getMessage()]
+    assert len(lines) == 1 and "flushed" in lines[0] and "restart" not in lines[0], lines
 
 
 def test_the_training_lease_passes_to_b_when_a_stops(start_replicas: Callable[..., list[Replica]]) -> None:

@@ -100,7 +100,7 @@ class ServiceRuntime:
         self._learn_lock = threading.Lock()
         self._published: set[int] = set()
         self._refused_version = 0
-        self._restarts_seen = 0  # the store's server restarts looked at (`_retry_publication`)
+        self._restarts_seen = 0  # the store's server restarts looked at (`_republish_if_registry_lost`)
         self._stop = threading.Event()
         self._closing = threading.Event()  # a signal said stop; `stop()` has not run yet
         self._threads: list[threading.Thread] = []
@@ -365,18 +365,10 @@ class ServiceRuntime:
 
     def _retry_publication(self) -> None:
         """Publish the retrained model an outage kept from the store, so that the other replicas get it; and the
-        serving model again when the store restarted without its models (Redis without persistence)."""
+        serving model again when the registry lost what was published (`_republish_if_registry_lost`)."""
         if not self.holds_lease:
             return
-        restarts = self.store.stats().get("server_restarts", 0)
-        if restarts != self._restarts_seen and self._unpublished is None:
-            try:
-                if self.store_version > 0 and self.store.latest_model() is None and self.predictor is not None:
-                    log.warning("the model registry came back empty (a restart without persistence): publishing again")
-                    self.publish(self.predictor)
-                self._restarts_seen = restarts
-            except Exception as err:  # down again: tried at the next renewal
-                self._retrain_error = f"{type(err).__name__}: {err}"
+        self._republish_if_registry_lost()
         with self._swap_lock:
             artifact = self._unpublished
             if artifact is None:
@@ -385,6 +377,31 @@ class ServiceRuntime:
                 self._publish_artifact(artifact)
             except Exception as err:
                 self._retrain_error = f"{type(err).__name__}: {err}"
+
+    def _republish_if_registry_lost(self) -> None:
+        """The registry no longer holds the newest model published (or adopted) here: Redis restarted without
+        persistence, was flushed, or its model keys were deleted or evicted. Replicas starting now would serve the
+        untrained prior: the lease holder publishes the model it serves again (numbered on from the last version).
+        A retrained model still waiting to be published is published instead, by the caller."""
+        if self.store_version == 0 or self._unpublished is not None or self.predictor is None:
+            return
+        restarts = self.store.stats().get("server_restarts", 0)
+        try:
+            held = self.store.registry_version()
+            if held is None:  # unreachable: tried at the next renewal
+                return
+            restarted, self._restarts_seen = restarts != self._restarts_seen, restarts
+            if held >= self.store_version:
+                return
+            cause = "Redis restarted without persistence" if restarted else "flushed, or its keys deleted or evicted"
+            log.warning(
+                "the model registry no longer holds model %d (%s): publishing the serving model again",
+                self.store_version,
+                cause,
+            )
+            self.publish(self.predictor)
+        except Exception as err:  # down again: tried at the next renewal
+            self._retrain_error = f"{type(err).__name__}: {err}"
 
     def publish(self, predictor: OnlinePredictor) -> int:
         """Publish to the shared registry (and --model-dir); our own sync loop then skips this version.

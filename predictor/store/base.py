@@ -33,6 +33,11 @@ class Store(Protocol):
         """The newest published (version, artifact), or None."""
         ...
 
+    def registry_version(self) -> int | None:
+        """The newest version the registry holds with its artifact (0: none), or None if the backend cannot be
+        reached; cheap (the artifact is not fetched), so the lease holder can ask it on every renewal."""
+        ...
+
     def wait_for_model(self, after_version: int, timeout_s: float) -> int | None:
         """Block up to `timeout_s` until a version newer than `after_version` is published; return it."""
         ...

@@ -180,6 +180,11 @@ class MemoryStore:
         with self._lock:
             return self._models[-1] if self._models else None
 
+    def registry_version(self) -> int | None:
+        """The newest version kept (0: none): nothing here loses its models."""
+        with self._lock:
+            return self._models[-1][0] if self._models else 0
+
     def wait_for_model(self, after_version: int, timeout_s: float) -> int | None:
         """Block up to `timeout_s` until a version newer than `after_version` exists; return it."""
         deadline = time.monotonic() + max(0.0, timeout_s)

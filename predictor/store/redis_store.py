@@ -120,10 +120,15 @@ redis.call('PUBLISH', ARGV[5], version)
 return version
 """
 
-# The newest version and its artifact read together, so a concurrent publish cannot split them.
+# The newest version and its artifact read together, so a concurrent publish cannot split them. With ARGV[2]
+# 'version', the version alone (if its artifact is still there), without sending the artifact.
 _LATEST_SCRIPT = """
 local version = redis.call('GET', KEYS[1])
 if not version then return nil end
+if ARGV[2] == 'version' then
+  if redis.call('EXISTS', ARGV[1] .. version) == 0 then return nil end
+  return {version}
+end
 local artifact = redis.call('GET', ARGV[1] .. version)
 if not artifact then return nil end
 return {version, artifact}
@@ -600,6 +605,19 @@ class RedisStore:
         version = int(answer[0])
         self._saw_version(version)
         return version, bytes(answer[1])
+
+    def registry_version(self) -> int | None:
+        """The newest version the registry holds with its artifact (0: none), without fetching the artifact; None
+        if Redis cannot be reached. The lease holder compares it with what it published to notice a registry that
+        lost its models (flushed, keys deleted or evicted, a restart without persistence)."""
+        started = time.monotonic()
+        try:
+            answer = self._latest(keys=[self._version_key], args=[self._model_prefix, "version"])
+        except redis.RedisError as exc:
+            self._set_problem(exc, started)
+            return None
+        self._set_problem(None, started)
+        return int(answer[0]) if answer else 0
 
     def model_versions(self) -> list[int]:
         """Versions still held in the registry, oldest first ([] if Redis cannot be reached)."""
