@@ -155,6 +155,19 @@ def test_constructor_refuses_bad_bounds(redis_url: str) -> None:
         RedisStore("http://user:secret@nowhere:6379")  # and the password is not repeated in the message
 
 
+@pytest.mark.parametrize("password", ["Zx9/Secr3tPart", "Zx9#Secr3tPart", "Zx9?Secr3tPart"])
+def test_a_password_holding_a_url_delimiter_is_never_shown_and_the_message_says_how_to_write_it(
+    password: str,
+) -> None:
+    """Regression: a `/` or `#` in the password ended the URL's user part early, and the error repeated the rest
+    (`got '/Secr3tPart@127.0.0.1:6393/0'`, `integer value as 'Zx9'`)."""
+    with pytest.raises(ValueError) as refused:
+        RedisStore(f"redis://:{password}@127.0.0.1:6393/0")
+    message = str(refused.value)
+    assert "Zx9" not in message and "Secr3t" not in message, message
+    assert "redis://127.0.0.1:6393/0" in message and "percent-encode" in message and "%2F" in message, message
+
+
 def test_address_never_shows_the_password(redis_server: RedisServer) -> None:
     store = RedisStore(f"redis://user:secret@127.0.0.1:{redis_server.port}/0")
     try:

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -223,16 +223,26 @@ def _stream_id(text: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _split_credentials(url: str) -> tuple[str, str, str]:
+    """(what comes before the user part, the user part, the rest): everything between `//` and the last `@` is
+    taken as the user and password, so that one holding `/`, `?`, `#` or `@` is never taken as host or path."""
+    head, sep, rest = url.partition("//")
+    if not sep or "@" not in rest:
+        return url, "", ""
+    userinfo, _, tail = rest.rpartition("@")
+    return head + sep, userinfo, tail
+
+
 def without_credentials(url: str) -> str:
-    """A Redis URL as logs and status pages show it: its password (and user) left out.
+    """A Redis URL as logs, status pages and error messages show it: its password (and user) left out.
 
     >>> without_credentials("rediss://:secret@10.0.0.5:6380/0"), without_credentials("redis://10.0.0.5:6379/0")
     ('rediss://10.0.0.5:6380/0', 'redis://10.0.0.5:6379/0')
+    >>> without_credentials("redis://:Zx9/Secr#t@10.0.0.5:6379/0")
+    'redis://10.0.0.5:6379/0'
     """
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    head, userinfo, tail = _split_credentials(url)
+    return head + tail if userinfo else url
 
 
 def _reason(exc: BaseException) -> str:
@@ -289,7 +299,14 @@ def redis_client(url: str, **options: Any) -> redis.Redis:
     >>> redis_client("redis://127.0.0.1:6379/zero")  # redis-py would take database 0 without a word
     Traceback (most recent call last):
     ValueError: the database must be a number (/0, /1, ...), got '/zero'
+    >>> redis_client("redis://:Zx9/Secr#t@127.0.0.1:6379/0")  # and never repeats a part of the password
+    Traceback (most recent call last):
+    ValueError: the user or password holds '/', '?' or '#', which end it in a URL: percent-encode them (%2F, %3F, %23)
     """
+    if any(delimiter in _split_credentials(url)[1] for delimiter in "/?#"):
+        raise ValueError(
+            "the user or password holds '/', '?' or '#', which end it in a URL: percent-encode them (%2F, %3F, %23)"
+        )
     parts = urlsplit(url)
     if parts.scheme in ("redis", "rediss") and parts.path.strip("/") and not parts.path.strip("/").isdigit():
         raise ValueError(f"the database must be a number (/0, /1, ...), got {parts.path[:40]!r}")
