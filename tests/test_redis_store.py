@@ -223,6 +223,29 @@ def test_a_stream_key_holding_something_else_is_logged_once_not_on_every_other_c
     assert sum("again" in line for line in lines) == 1, lines
 
 
+def test_a_refused_or_missing_password_is_named_as_such(tmp_path: Path) -> None:
+    """Authentication failures read as "unreachable (...)" or redis-py internals ("HELLO must be called with the
+    client already authenticated")."""
+    server = RedisServer(
+        require_redis_server(), tmp_path, extra_args=["--requirepass", "right"], client_options={"password": "right"}
+    )
+    server.start()
+    try:
+        for url, named in (
+            (f"redis://:wrong@127.0.0.1:{server.port}/0", "Redis refused the password"),
+            (server.url, "Redis needs a password"),
+        ):
+            store = RedisStore(url, socket_timeout_s=0.5)
+            try:
+                problem = store.health()["redis"]
+                assert problem.startswith(named) and "unreachable" not in problem and "HELLO" not in problem, problem
+                assert "wrong" not in problem
+            finally:
+                store.close(flush_timeout_s=0.0)
+    finally:
+        server.stop()
+
+
 # ---- model registry ---------------------------------------------------------------------------------------
 
 

@@ -245,9 +245,19 @@ def without_credentials(url: str) -> str:
     return head + tail if userinfo else url
 
 
+# What Redis answers a client that gave no password where one is needed (RESP2's AUTH check, RESP3's HELLO).
+_NO_PASSWORD_GIVEN = re.compile(r"NOAUTH|authentication required|HELLO must be called", re.IGNORECASE)
+
+
 def _reason(exc: BaseException) -> str:
-    """One short line for health(): "unreachable (...)" when the server cannot be reached, else "error (...)"."""
+    """One short line for health(): a refused or missing password by name (redis-py reports both as a connection
+    error, with RESP3's HELLO internals), "unreachable (...)" when the server cannot be reached, else
+    "error (...)"."""
     text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:200]
+    if isinstance(exc, redis.AuthenticationError):
+        if _NO_PASSWORD_GIVEN.search(text):
+            return "Redis needs a password (give it in the URL: redis://:PASSWORD@host:port/db)"
+        return "Redis refused the password (or the user) given in the URL"
     kind = "unreachable" if isinstance(exc, redis.ConnectionError | redis.TimeoutError) else "error"
     return f"{kind} ({text})"
 
