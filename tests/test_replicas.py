@@ -275,6 +275,21 @@ def test_a_registry_flushed_while_redis_runs_is_given_the_serving_model_again(
     assert len(lines) == 1 and "flushed" in lines[0] and "restart" not in lines[0], lines
 
 
+def test_taking_and_losing_the_training_lease_is_logged_once_each(
+    start_replicas: Callable[..., list[Replica]], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Which replica retrains and publishes changed without a word in any log."""
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        (a,) = start_replicas(count=1, lease_ttl_s=1.5)
+        assert a.status()["holds_training_lease"]
+        raw = redis.Redis.from_url(redis_url)
+        raw.set("leadtime:lease:training", "someone-else", px=60_000)  # another holder, as after an expiry
+        assert wait_until(lambda: not a.status()["holds_training_lease"], timeout_s=5)
+        time.sleep(1.0)  # more renewals refused: still one line
+    lines = [r.getMessage() for r in caplog.records if "training lease" in r.getMessage()]
+    assert len(lines) == 2 and "took" in lines[0] and "lost" in lines[1], lines
+
+
 def test_the_training_lease_passes_to_b_when_a_stops(start_replicas: Callable[..., list[Replica]]) -> None:
     a, b = start_replicas(lease_ttl_s=1.0)
     assert a.status()["holds_training_lease"] and not b.status()["holds_training_lease"]

@@ -611,6 +611,8 @@ class ServiceRuntime:
                 held = False
         if held != self.holds_lease:
             self.holds_lease = held
+            # Which replica retrains and publishes is worth one line each time it changes hands.
+            log.info("%s the training lease (replica %s)", "took" if held else "lost", self.replica_id)
             # Only the lease holder retrains (on schedule or drift); the others learn online and adopt its models.
             self.learner.set_lease(held, self.settings.retrain_every)
 
