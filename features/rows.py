@@ -12,6 +12,7 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from leadtime.features.errors import FeatureError
@@ -422,6 +423,26 @@ def _epoch_seconds(value: float) -> float:
     return value
 
 
+def in_utc(moment: datetime) -> datetime:
+    """`moment` with a zone: a zone-less time is UTC, never the host's zone (a trace recorded on one machine must
+    replay the same on any other).
+
+    >>> in_utc(datetime(2026, 11, 30, 10)).isoformat()
+    '2026-11-30T10:00:00+00:00'
+    """
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def parse_datetime(text: str) -> datetime:
+    """An ISO 8601 / RFC 3339 date-time with a zone (`in_utc`): any fraction of a second (cut to microseconds),
+    `Z` or an offset; ValueError if the text is no date-time.
+
+    >>> parse_datetime("2024-03-31 03:00:00.5+02:00") - parse_datetime("2024-03-31T01:59:59.5+01:00")
+    datetime.timedelta(seconds=1)
+    """
+    return in_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+
+
 def parse_timestamp(value: Any) -> float:
     """Seconds since the epoch: a number, RFC 3339 (an offset-less time is taken as UTC, never the host's zone),
     epoch seconds as a string, or a `datetime` (what a Parquet timestamp column reads as; without a zone, UTC).
@@ -435,10 +456,8 @@ def parse_timestamp(value: Any) -> float:
     >>> parse_timestamp(1_700_000_000_000), parse_timestamp("1700000000")
     (1700000000.0, 1700000000.0)
     """
-    from datetime import UTC, datetime
-
     if isinstance(value, datetime):
-        return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
+        return in_utc(value).timestamp()
     if not isinstance(value, str):
         return _epoch_seconds(check_real("timestamp", value, -math.inf))
     text = value
@@ -447,10 +466,7 @@ def parse_timestamp(value: Any) -> float:
     except ValueError:
         pass
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return parse_datetime(text).timestamp()
     except ValueError:
         problem = f"must be RFC 3339 or seconds since the epoch, got {text!r}"
         raise FeatureError("timestamp", problem) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()

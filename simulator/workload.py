@@ -18,6 +18,7 @@ from typing import Any, TypeGuard
 
 from leadtime.data import TRACES, DataFileError, resolve
 from leadtime.features.prefix import chain_block_ids
+from leadtime.features.rows import parse_datetime
 
 MOONCAKE_SEGMENT_TOKENS = 512
 
@@ -132,9 +133,8 @@ def _azure_rows(path: Path, reader: csv.DictReader[str], limit: int | None) -> l
         where = f"{path}:{lineno}"
         text = (row.get("TIMESTAMP") or "").strip()
         try:
-            # Seven fractional digits: keep microseconds.
-            head, _, frac = text.partition(".")
-            stamp = datetime.fromisoformat(f"{head}.{frac[:6]}" if frac else head)
+            # In UTC (a zone-less time is UTC): rows with offsets, Z and none compare as the times they name.
+            stamp = parse_datetime(text)
         except ValueError:
             raise TraceError(f"{where}: TIMESTAMP {text!r} is not a date-time") from None
         start = start or stamp

@@ -150,3 +150,24 @@ def test_synthetic_spec_from_text() -> None:
     ]:
         with pytest.raises(TraceError, match=problem):
             parse_synthetic(bad)
+
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+@pytest.mark.parametrize(
+    "stamps,expected_ms",
+    [
+        # Python's isoformat drops a zero fraction: rows with and without one, in UTC ('Z').
+        (["2024-01-01T00:00:00.500000Z", "2024-01-01T00:00:01.000000Z", "2024-01-01T00:00:02Z"], [0, 500, 1500]),
+        # Offsets are honoured: across a daylight-saving change these are one second apart.
+        (["2024-03-31 01:59:59.500000+01:00", "2024-03-31 03:00:00.500000+02:00"], [0, 1000]),
+        # Any fraction length, with an offset.
+        (["2024-03-31 01:59:59.5+01:00", "2024-03-31 03:00:10.5+02:00"], [0, 11000]),
+        # A zone-less time is UTC, as everywhere in Leadtime.
+        (["2024-01-01 00:00:00.0000000", "2024-01-01T00:00:01Z", "2024-01-01 01:00:03+01:00"], [0, 1000, 3000]),
+    ],
+)
+def test_azure_timestamps_are_compared_in_utc(tmp_path: Path, stamps: list[str], expected_ms: list[int]) -> None:
+    path = _write(tmp_path, "iso.csv", AZURE_HEADER + "".join(f"{s},10,1\n" for s in stamps))
+    assert [r.arrival_ms for r in read_azure(path)] == pytest.approx(expected_ms)
