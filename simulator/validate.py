@@ -41,6 +41,7 @@ from leadtime.data import SPLITWISE
 from leadtime.features.catalog import get_model
 from leadtime.simulator.replay import DEFAULT_OUTPUT_TOKENS, StateReplay, measured_fidelity
 from leadtime.simulator.steptime import StepTimeModel
+from leadtime.simulator.workload import USER_TEXT_ENCODING
 
 DEFAULT_PATH = SPLITWISE
 HARDWARE = {"a100-80gb": "a100-sxm-80gb", "h100-80gb": "h100-sxm"}
@@ -76,7 +77,7 @@ def validation_rows(path: Path = DEFAULT_PATH, cuda_graphs: bool = False) -> lis
     model = get_model("llama-2-70b")
     steppers: dict[tuple[str, int], StepTimeModel] = {}
     out: list[ValidationRow] = []
-    with path.open(newline="") as handle:
+    with path.open(newline="", encoding=USER_TEXT_ENCODING) as handle:
         for lineno, row in enumerate(_csv_records(path, handle), start=2):
             if row.get("model") != "llama2-70b" or row.get("hardware") not in HARDWARE:
                 continue

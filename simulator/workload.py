@@ -38,10 +38,17 @@ class WorkloadRequest:
     segment_tokens: int = MOONCAKE_SEGMENT_TOKENS
 
 
+USER_TEXT_ENCODING = "utf-8-sig"
+"""How users' text files (traces, training rows, CSV tables) are read: UTF-8, with or without the byte order mark
+that editors on Windows write first."""
+
+
 def loads_line(line: bytes | str) -> Any:
-    """One line of a JSONL file (UTF-8) as JSON; ValueError saying in a few words why it is not JSON."""
+    """One line of a JSONL file (UTF-8, a leading byte order mark allowed) as JSON; ValueError saying in a few words
+    why it is not JSON."""
     try:
-        return json.loads(line.decode() if isinstance(line, bytes) else line)
+        text = line.decode(USER_TEXT_ENCODING) if isinstance(line, bytes) else line.removeprefix("\ufeff")
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(err.msg) from None
     except UnicodeDecodeError:
@@ -107,7 +114,7 @@ def read_mooncake(path: Path, limit: int | None = None) -> list[WorkloadRequest]
 def read_azure(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
     """Azure LLM inference CSV: `TIMESTAMP` (date-time), `ContextTokens`, `GeneratedTokens`; no prefixes."""
     try:
-        handle = path.open(newline="")
+        handle = path.open(newline="", encoding=USER_TEXT_ENCODING)
     except OSError as err:
         raise TraceError(f"{path}: {err.strerror or err}") from None
     with handle:

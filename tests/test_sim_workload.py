@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,20 @@ AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 def test_azure_timestamps_are_compared_in_utc(tmp_path: Path, stamps: list[str], expected_ms: list[int]) -> None:
     path = _write(tmp_path, "iso.csv", AZURE_HEADER + "".join(f"{s},10,1\n" for s in stamps))
     assert [r.arrival_ms for r in read_azure(path)] == pytest.approx(expected_ms)
+
+
+def test_files_starting_with_a_byte_order_mark_are_read(tmp_path: Path) -> None:
+    """Editors on Windows save UTF-8 with a BOM: the Azure header's first column read as '\\ufeffTIMESTAMP'
+    ("missing column(s) TIMESTAMP") and a JSONL file's first line was refused as not JSON."""
+    from leadtime.bench.data import load_llmd_rows
+
+    bom = "\ufeff"
+    azure = _write(tmp_path, "bom.csv", bom + AZURE_HEADER + "2024-01-01 00:00:00,10,1\n2024-01-01 00:00:01,10,1\n")
+    assert [r.arrival_ms for r in read_azure(azure)] == [0.0, 1000.0]
+    mooncake = _write(tmp_path, "bom.jsonl", bom + '{"timestamp": 0, "input_length": 10, "output_length": 1}\n')
+    assert len(read_mooncake(mooncake)) == 1
+    row = {"kv_cache_percentage": 0.1, "input_token_length": 10, "num_request_waiting": 0, "num_request_running": 0}
+    row |= {"num_tokens_generated": 0, "prefix_cache_score": 0.0, "actual_ttft_ms": 5.0, "actual_tpot_ms": 0.0}
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(bom + json.dumps(row) + "\n", encoding="utf-8")
+    assert len(load_llmd_rows(rows)) == 1
