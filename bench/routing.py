@@ -61,6 +61,11 @@ LEARNING = ("llmd_predicted", LEADTIME, *ABLATIONS, *VARIANTS)
 LOADS = {"base": 1.0, "high": 1.5}
 LOAD_TARGET = 0.85
 CAPACITY_PROBE = 2000
+RELIABLE_PROBE = 1000
+"""Fewer requests than this in the capacity search, and the capacity found (so every rate run) varies with their
+count: a warning says the comparison is less reliable."""
+MIN_REQUESTS = 100
+"""The fewest requests a run replays (`--max-requests` and the trace alike)."""
 CAPACITY_STEPS = 5
 KEEP_UP = 0.95
 AFTER_JOIN_S = 120.0
@@ -166,6 +171,27 @@ def _trace(trace: str, max_requests: int, seed: int) -> tuple[Any, ...]:
     return tuple(shape(spread_steps(load_workload(trace, seed, max_requests), seed), max_requests=max_requests))
 
 
+def check_trace(options: RoutingOptions) -> tuple[int, list[str]]:
+    """(how many requests each fleet replays, warnings about them), checked before any simulation: a trace of fewer
+    than `MIN_REQUESTS` requests, or whose requests all arrive at one instant, is refused (ValueError; there is no
+    capacity to search for), one too short for a reliable capacity search is warned of."""
+    from leadtime.simulator.workload import require_arrival_window
+
+    requests = _trace(options.trace, options.max_requests, options.seed)
+    if len(requests) < MIN_REQUESTS:
+        raise ValueError(
+            f"{options.trace}: {len(requests)} requests; the routing benchmark replays at least {MIN_REQUESTS}"
+        )
+    require_arrival_window(requests)
+    probe = min(len(requests), CAPACITY_PROBE)
+    if probe >= RELIABLE_PROBE:
+        return len(requests), []
+    return len(requests), [
+        f"the capacity search runs on {probe} requests (fewer than {RELIABLE_PROBE:,}): the capacity it finds varies "
+        "with their count, so the rates run, and the comparison, are less reliable; replay more (--max-requests)"
+    ]
+
+
 def _at_rate(requests: Sequence[Any], rate_rps: float) -> list[Any]:
     """The same requests with their arrival times scaled to `rate_rps` on average."""
     span = requests[-1].arrival_ms - requests[0].arrival_ms
@@ -191,8 +217,10 @@ def capacity_rps(fleet_name: str, trace: str, max_requests: int, seed: int) -> f
     """The highest arrival rate the fleet keeps up with (least-queue routing, the trace's own arrival pattern):
     found by doubling or halving from the trace's recorded rate, then `CAPACITY_STEPS` bisections."""
     fleet = _fleet(fleet_name)
+    from leadtime.simulator.workload import arrival_window_s
+
     probe = list(_trace(trace, max_requests, seed))[: min(CAPACITY_PROBE, max_requests)]
-    span_s = (probe[-1].arrival_ms - probe[0].arrival_ms) / 1e3
+    span_s = arrival_window_s(probe)
     rate = (len(probe) - 1) / span_s if span_s > 0 else 1.0
     low, high = None, None
     for _ in range(12):
@@ -359,6 +387,7 @@ def run_routing(
 ) -> tuple[dict[str, Any], dict[tuple[str, str, str], Any]]:
     """(the JSON report, the latency curves of seed `options.seed` per (fleet, load, policy))."""
     loads = check_loads(options.loads)
+    requests, warnings = check_trace(options)
     seeds = list(range(options.seed, options.seed + options.seeds))
     started = time.perf_counter()
     rates: dict[tuple[str, int], float] = {}
@@ -425,6 +454,8 @@ def run_routing(
     report["run"] = {
         "trace": options.trace,
         "max_requests": options.max_requests,
+        "requests": requests,
+        "warnings": warnings,
         "seeds": seeds,
         "load_target": LOAD_TARGET,
         "loads": loads,

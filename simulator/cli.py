@@ -14,6 +14,7 @@ from leadtime.progress import stderr_bar
 from leadtime.router_plugin.config import PickerConfig
 from leadtime.simulator.report import json_safe
 from leadtime.simulator.run import SimulationOptions, simulate
+from leadtime.simulator.workload import WorkloadRequest
 
 
 def run_simulate_command(
@@ -28,11 +29,14 @@ def run_simulate_command(
     out: Path | None,
     progress: bool,
     config: PickerConfig | None = None,
-) -> dict[str, object]:
-    """`leadtime simulate`: run the policies with a progress bar on stderr (none with --json)."""
+) -> tuple[dict[str, object], list[WorkloadRequest]]:
+    """`leadtime simulate`: run the policies with a progress bar on stderr (none with --json); returns the report
+    and the requests replayed (what the report's figures are per second of)."""
     options = SimulationOptions(seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms, config=config)
+    replayed: list[WorkloadRequest] = []
     if not progress:
-        return simulate(fleet, trace, policies, max_requests, rate_scale, options, out)
+        report = simulate(fleet, trace, policies, max_requests, rate_scale, options, out, on_workload=replayed.extend)
+        return report, replayed
     bar = stderr_bar()
     tasks: dict[str, TaskID] = {}
 
@@ -43,16 +47,21 @@ def run_simulate_command(
 
     callback: Callable[[str, int, int], None] = tick
     with bar:
-        return simulate(fleet, trace, policies, max_requests, rate_scale, options, out, progress=callback)
+        report = simulate(
+            fleet, trace, policies, max_requests, rate_scale, options, out, callback, on_workload=replayed.extend
+        )
+    return report, replayed
 
 
-def print_simulation(report: dict[str, object], as_json: bool) -> None:
-    """The report as JSON, or as a table and the files written."""
+def print_simulation(report: dict[str, object], as_json: bool, arrivals: str = "") -> None:
+    """The report as JSON, or as a table titled with the fleet, the arrivals (`describe_arrivals`, else the count of
+    requests) and the trace, and the files written."""
     if as_json:
         print(json.dumps(report))
         return
     console = Console()
-    table = Table(title=f"{report['fleet']} — {report['requests']} requests ({report['trace']})")
+    arrivals = arrivals or f"{report['requests']} requests"
+    table = Table(title=f"{report['fleet']} — {arrivals} ({report['trace']})")
     for column in (
         "policy",
         "TTFT p50/p90/p99 ms",

@@ -23,6 +23,7 @@ A fleet is either unified (every pool `both`) or disaggregated (`prefill` and `d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -389,6 +390,13 @@ def load_fleet(source: str | Path) -> Fleet:
     except RecursionError:
         raise FleetError(f"{path}: not a fleet YAML (nested too deeply)") from None
     try:
-        return parse_fleet(data)
+        fleet = parse_fleet(data)
     except FleetError as err:
         raise FleetError(f"{path}: {err}") from None
+    return fleet if _is_shipped(path) else dataclasses.replace(fleet, name=str(path))
+
+
+def _is_shipped(path: Path) -> bool:
+    """Whether `path` is one of the shipped fleet files. A user's file is named by its path in titles and reports:
+    one copied from a shipped fleet keeps that fleet's `name:`, and its runs would read as the shipped fleet's."""
+    return any(path.resolve() == shipped.resolve() for shipped in shipped_fleets().values())

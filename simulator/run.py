@@ -24,7 +24,7 @@ from leadtime.simulator.learning_policies import (
     profile_policy,
 )
 from leadtime.simulator.report import summarize, write_observations, write_plots
-from leadtime.simulator.workload import WorkloadRequest, load_workload, shape
+from leadtime.simulator.workload import WorkloadRequest, load_workload, require_arrival_window, shape
 
 # Every policy the simulator can run, by its name in results (the benchmark's JSON keys).
 POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
@@ -118,17 +118,19 @@ def simulate(
     options: SimulationOptions = SimulationOptions(),
     out: Path | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    on_workload: Callable[[list[WorkloadRequest]], None] | None = None,
 ) -> dict[str, object]:
-    """The whole command: returns the JSON report and writes observations and plots under `out`."""
+    """The whole command: returns the JSON report and writes observations and plots under `out`.
+
+    `on_workload(requests)` is given the requests as replayed before the runs, for what a caller says of them.
+    """
     policies = [policy_name(name) for name in policies]
     fleet = load_fleet(fleet_path)
     loaded = load_workload(str(trace_path), options.seed, max_requests)
     workload = shape(loaded, rate_scale=rate_scale, max_requests=max_requests)
-    if len({r.arrival_ms for r in workload}) < 2:
-        raise ValueError(
-            f"the {len(workload)} request(s) replayed arrive at one instant: goodput per second of their arrival "
-            "window is undefined; replay more of the trace (--max-requests)"
-        )
+    require_arrival_window(workload)
+    if on_workload is not None:
+        on_workload(workload)
     results = run_policies(fleet, workload, policies, options, progress)
     report: dict[str, object] = {
         "fleet": fleet.name,

@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -129,8 +130,9 @@ def read_azure(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
 
 def _azure_rows(path: Path, reader: csv.DictReader[str], limit: int | None) -> list[WorkloadRequest]:
     out: list[WorkloadRequest] = []
-    fields = set(reader.fieldnames or ())
-    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - fields
+    if reader.fieldnames is None:  # an empty file: no header, no rows
+        return out
+    missing = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} - set(reader.fieldnames)
     if missing:
         raise TraceError(f"{path}:1: missing column(s) {', '.join(sorted(missing))}")
     start: datetime | None = None
@@ -145,27 +147,94 @@ def _azure_rows(path: Path, reader: csv.DictReader[str], limit: int | None) -> l
         except ValueError:
             raise TraceError(f"{where}: TIMESTAMP {text!r} is not a date-time") from None
         start = start or stamp
-        try:
-            context, generated = int(row["ContextTokens"]), int(row["GeneratedTokens"])
-        except (TypeError, ValueError):
-            raise TraceError(f"{where}: ContextTokens and GeneratedTokens must be integers") from None
         out.append(
             WorkloadRequest(
                 arrival_ms=(stamp - start).total_seconds() * 1e3,
-                input_tokens=_positive_int(context, "ContextTokens", where),
-                output_tokens=_positive_int(generated, "GeneratedTokens", where),
+                input_tokens=_azure_count(row, "ContextTokens", where),
+                output_tokens=_azure_count(row, "GeneratedTokens", where),
             )
         )
     return out
 
 
+def _azure_count(row: dict[str, str], name: str, where: str) -> int:
+    """A token count of an Azure row: the text of an integer ≥ 1 (an error names the column and quotes the cell,
+    an empty one or one the row is too short to have included)."""
+    text = row.get(name)
+    try:
+        value = int(text)  # type: ignore[arg-type]  # None (a short row) is refused below as not an integer
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: '{name}' must be an integer ≥ 1, got {text!r}") from None
+    return _positive_int(value, name, where)
+
+
 def read_trace(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
-    """Pick the parser by extension: .jsonl → Mooncake, .csv → Azure."""
+    """Pick the parser by extension: .jsonl → Mooncake, .csv → Azure; a file without a request is refused here,
+    where its name is known, rather than later as a workload without one."""
     if path.suffix == ".jsonl":
-        return read_mooncake(path, limit)
-    if path.suffix == ".csv":
-        return read_azure(path, limit)
-    raise TraceError(f"{path}: unknown trace format (expected .jsonl Mooncake or .csv Azure)")
+        requests = read_mooncake(path, limit)
+    elif path.suffix == ".csv":
+        requests = read_azure(path, limit)
+    else:
+        raise TraceError(f"{path}: unknown trace format (expected .jsonl Mooncake or .csv Azure)")
+    if not requests:
+        raise TraceError(
+            f"{path}: no requests (the file is empty{', or a header alone' if path.suffix == '.csv' else ''})"
+        )
+    return requests
+
+
+def arrival_window_s(requests: Sequence[WorkloadRequest]) -> float:
+    """Seconds from the first arrival to the last of requests in arrival order: what goodput and arrival rates are
+    per second of."""
+    return (requests[-1].arrival_ms - requests[0].arrival_ms) / 1e3 if requests else 0.0
+
+
+def arrival_rate_rps(requests: Sequence[WorkloadRequest]) -> float:
+    """Requests per second of their arrival window (requests in arrival order, over a window > 0).
+
+    >>> arrival_rate_rps([WorkloadRequest(1000.0 * i, 10, 1) for i in range(20)])  # 20 over 19 s
+    1.0526315789473684
+    """
+    return len(requests) / arrival_window_s(requests)
+
+
+def describe_arrivals(requests: Sequence[WorkloadRequest]) -> str:
+    """How many requests arrive over what window at what rate, as a user checks a replay against the trace meant.
+
+    >>> describe_arrivals([WorkloadRequest(1000.0 * i, 10, 1) for i in range(20)])
+    '20 requests over 19.0 s, 1.05 req/s'
+    """
+    return f"{len(requests)} requests over {arrival_window_s(requests):,.1f} s, {arrival_rate_rps(requests):,.2f} req/s"
+
+
+IMPLAUSIBLE_RATE_RPS = 1000.0
+"""A recorded Mooncake trace at this rate or above is more likely stamped in seconds than in the format's
+milliseconds (read as milliseconds, seconds replay a thousand times too fast; the shipped trace runs at ~3 req/s)."""
+
+
+def rate_unit_warning(source: str, requests: Sequence[WorkloadRequest], rate_scale: float = 1.0) -> str | None:
+    """A warning when a Mooncake file's recorded rate (`requests` as replayed at `rate_scale`) is implausible for
+    its unit, else None; other sources state their times unambiguously (Azure's are date-times)."""
+    if not source.endswith(".jsonl") or len(requests) < 2 or arrival_window_s(requests) <= 0:
+        return None
+    recorded = arrival_rate_rps(requests) / rate_scale
+    if recorded < IMPLAUSIBLE_RATE_RPS:
+        return None
+    return (
+        f"{source}: {len(requests)} requests arrive at {recorded:,.0f} req/s as recorded; Mooncake timestamps are "
+        "milliseconds: if this file's are seconds, multiply them by 1000"
+    )
+
+
+def require_arrival_window(requests: Sequence[WorkloadRequest]) -> None:
+    """Refuse requests (in arrival order) that all arrive at one instant: every rate per second of their window
+    would be a division by zero."""
+    if arrival_window_s(requests) <= 0:
+        raise TraceError(
+            f"the {len(requests)} request(s) replayed arrive at one instant: goodput per second of their arrival "
+            "window is undefined; replay more of the trace (--max-requests)"
+        )
 
 
 def shape(

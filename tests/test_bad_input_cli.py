@@ -32,6 +32,7 @@ ROW = {
 }
 GARBAGE = b"\x00\xed\xa0\x80\xff garbage \xfe\n" * 20
 DEEP = "[" * 100_000 + "\n"
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
 
 def refused(args: list[str], *names: str) -> str:
@@ -424,3 +425,41 @@ def test_bench_load_names_the_option_that_is_out_of_range() -> None:
     """`--rows 0` said "--duration must be ≥ 1 and --rows in 1..10000"."""
     refused(["bench", "load", "--rows", "0"], "--rows must be in 1..10000, got 0")
     refused(["bench", "load", "--duration", "0.5"], "--duration must be ≥ 1 (seconds), got 0.5")
+
+
+# ----- trace files --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,text",
+    [("empty.jsonl", ""), ("blank.jsonl", "\n\n"), ("empty.csv", ""), ("header.csv", AZURE_HEADER)],
+)
+def test_a_trace_without_requests_is_refused_naming_the_file(tmp_path: Path, name: str, text: str) -> None:
+    """It said "the workload has no requests", without the file."""
+    path = tmp_path / name
+    path.write_text(text)
+    refused(["simulate", "--fleet", "homogeneous", "--trace", str(path)], f"{path}: no requests")
+
+
+@pytest.mark.parametrize(
+    "row,names",
+    [
+        ("2024-01-01 00:00:01,,50", ["bad.csv:3", "ContextTokens", "''"]),
+        ("2024-01-01 00:00:01,12,5.5", ["bad.csv:3", "GeneratedTokens", "'5.5'"]),
+    ],
+)
+def test_an_azure_token_count_that_is_no_integer_is_named_with_its_value(
+    tmp_path: Path, row: str, names: list[str]
+) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(AZURE_HEADER + "2024-01-01 00:00:00,10,5\n" + row + "\n")
+    refused(["simulate", "--fleet", "homogeneous", "--trace", str(path)], *names)
+
+
+def test_bench_routing_on_requests_that_all_arrive_at_one_instant_says_so(tmp_path: Path) -> None:
+    """simulate said so; bench routing said "could not bracket the fleet's capacity"."""
+    burst = tmp_path / "burst.jsonl"
+    row = json.dumps({"timestamp": 0, "input_length": 300, "output_length": 5})
+    burst.write_text((row + "\n") * 120)
+    args = ["bench", "routing", "--trace", str(burst), "--max-requests", "120", "--fleet", "homogeneous"]
+    refused([*args, "--policy", "round_robin", "--workers", "1"], "120 request(s)", "one instant")

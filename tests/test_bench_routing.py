@@ -19,6 +19,7 @@ from leadtime.bench.routing import (
     Cell,
     RoutingOptions,
     check_targets,
+    check_trace,
     policies_for,
     print_report,
     report_loads,
@@ -176,6 +177,8 @@ def test_loads_between_the_two_are_run_on_request(tmp_path: Path, capsys: pytest
     report, curves = run_routing(options)
     fleet = report["fleets"]["homogeneous"]
     assert report_loads(fleet) == ["1.2x"] and report["run"]["loads"] == {"1.2x": 1.2}
+    assert report["run"]["requests"] == 120  # the count replayed, beside the option's max_requests
+    assert any("less reliable" in w for w in report["run"]["warnings"])  # a capacity search on 120 requests
     assert fleet["1.2x"]["rate_rps"] == pytest.approx(1.2 * LOAD_TARGET * fleet["capacity_rps"])
     assert report["targets"]["homogeneous/1.2x"]["best_peer"] == "least_queue"
     assert {p.name for p in write_plots(report, curves, tmp_path)} == {"goodput.png", "latency_cdf_homogeneous.png"}
@@ -274,3 +277,22 @@ def test_the_demo_plots_prediction_error_in_percent_of_the_actual() -> None:
     x, y = rolling_error_percent(pairs, window=2)
     assert x.tolist() == [1, 2, 3]
     assert y.tolist() == pytest.approx([50.0, 25.0, 150.0])
+
+
+def _mooncake(path: Path, count: int) -> Path:
+    rows = [{"timestamp": 1000 * i, "input_length": 300, "output_length": 5} for i in range(count)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_trace_shorter_than_the_least_max_requests_is_refused_saying_its_count(tmp_path: Path) -> None:
+    """With --max-requests 100 a 20-request trace ran, reported as "max_requests": 100."""
+    trace = _mooncake(tmp_path / "short.jsonl", 20)
+    with pytest.raises(ValueError, match=r"short\.jsonl: 20 requests; .* at least 100"):
+        check_trace(RoutingOptions(trace=str(trace), max_requests=100))
+
+
+def test_a_short_trace_is_run_with_a_warning_and_a_long_one_without() -> None:
+    count, warnings = check_trace(RoutingOptions(max_requests=300))
+    assert count == 300 and len(warnings) == 1 and "300 requests" in warnings[0] and "less reliable" in warnings[0]
+    assert check_trace(RoutingOptions(max_requests=3000)) == (3000, [])

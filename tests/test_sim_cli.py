@@ -252,3 +252,44 @@ def test_simulate_runs_the_profiles_of_a_plugin_configuration(tmp_path: Path) ->
     assert set(json.loads(result.stdout)["policies"]) == {"profile:queue"}
     missing = runner.invoke(app, ["simulate", "--fleet", "mixed", "--trace", trace, "--config", str(config)])
     assert missing.exit_code == 2 and "no profile named 'default' (profiles: queue)" in missing.output
+
+
+def _mooncake(tmp_path: Path, stamps: list[float]) -> Path:
+    path = tmp_path / "mc.jsonl"
+    rows = [{"timestamp": t, "input_length": 300, "output_length": 5} for t in stamps]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_simulate_says_the_arrival_window_and_rate(tmp_path: Path) -> None:
+    """Neither was shown, so a trace replayed at a rate far from the one meant went unnoticed."""
+    trace = _mooncake(tmp_path, [1000.0 * i for i in range(20)])
+    result = runner.invoke(
+        app, ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--policy", "round_robin"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "20 requests over 19.0 s, 1.05 req/s" in " ".join(result.output.split())
+    assert "warning" not in result.output
+
+
+def test_simulate_warns_of_a_mooncake_trace_whose_timestamps_look_like_seconds(tmp_path: Path) -> None:
+    trace = _mooncake(tmp_path, [float(i) for i in range(20)])  # seconds, read as the format's milliseconds
+    argv = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--policy", "round_robin", "--json"]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["requests"] == 20  # the warning is on stderr, the JSON alone on stdout
+    warning = " ".join(result.stderr.split())
+    assert "warning:" in warning and "1,053 req/s" in warning and "milliseconds" in warning
+
+
+def test_a_fleet_file_is_reported_under_its_path_not_the_name_inside(tmp_path: Path) -> None:
+    """A copy of a shipped fleet file keeps its `name:`: the run was reported as the shipped fleet's."""
+    mine = tmp_path / "my.yaml"
+    mine.write_text((FLEETS / "homogeneous.yaml").read_text())
+    argv = ["simulate", "--fleet", str(mine), "--trace", str(_azure(tmp_path, 5)), "--policy", "round_robin"]
+    result = runner.invoke(app, [*argv, "--json", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["fleet"] == str(mine)
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["fleet"] == str(mine)
+    shipped = runner.invoke(app, [*argv[:2], "homogeneous", *argv[3:], "--json"])
+    assert json.loads(shipped.stdout)["fleet"] == "homogeneous"

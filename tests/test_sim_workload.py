@@ -79,7 +79,7 @@ def test_azure_csv_parses_times_relative_to_first(tmp_path: Path) -> None:
     "row,problem",
     [
         ("yesterday,1,1", "TIMESTAMP"),
-        ("2023-11-16 18:15:46.6,x,1", "integers"),
+        ("2023-11-16 18:15:46.6,x,1", "'ContextTokens' must be an integer ≥ 1, got 'x'"),
         ("2023-11-16 18:15:46.6,10,0", "GeneratedTokens"),
     ],
 )

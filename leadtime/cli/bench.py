@@ -22,6 +22,7 @@ from leadtime.cli.common import (
     output_dir,
     positive,
     reference_model_option,
+    warn,
 )
 from leadtime.features.errors import FeatureError
 
@@ -192,8 +193,10 @@ def bench_routing(
     """Goodput of every routing policy on six fleets at two loads, side by side in one run."""
     from leadtime.bench.routing import (
         FLEETS,
+        MIN_REQUESTS,
         RoutingOptions,
         check_loads,
+        check_trace,
         print_report,
         run_routing,
         selected_policies,
@@ -201,8 +204,8 @@ def bench_routing(
     )
     from leadtime.data import shipped_name
 
-    if max_requests < 100:
-        fail("--max-requests must be ≥ 100")
+    if max_requests < MIN_REQUESTS:
+        fail(f"--max-requests must be ≥ {MIN_REQUESTS}")
     if seeds < 1 or workers < 1:
         fail("--seeds and --workers must be ≥ 1")
     named = [(f, shipped_name(f, FLEETS)) for f in fleet or []]
@@ -232,6 +235,13 @@ def bench_routing(
         follow_llmd=follow_llmd,
         loads=loads,
     )
+    try:
+        _, warnings = check_trace(options)
+    except (OSError, ValueError) as err:
+        fail(err)
+        return
+    for warning in warnings:
+        warn(warning)
     from leadtime.progress import stderr_bar
 
     bar = stderr_bar()

@@ -56,6 +56,11 @@ def fail(message: str | Exception) -> None:
     raise typer.Exit(2)
 
 
+def warn(message: str) -> None:
+    """One line on stderr that the run goes on despite: the shape of every warning, kept off stdout (--json)."""
+    typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+
+
 def output_dir(path: Path) -> None:
     """Make the `--out` folder and check that it takes files before a run that may last minutes, so the run does
     not end in a write error with its figures lost."""

@@ -18,6 +18,7 @@ from leadtime.cli.common import (
     output_dir,
     positive,
     sim_app,
+    warn,
 )
 from leadtime.data import SPLITWISE
 from leadtime.features.errors import FeatureError
@@ -52,6 +53,7 @@ def simulate(
     """Replay a trace on a simulated fleet under one or more routing policies."""
     from leadtime.router_plugin.config import load_config
     from leadtime.simulator.cli import print_simulation, run_simulate_command
+    from leadtime.simulator.workload import describe_arrivals, rate_unit_warning
 
     if max_requests is not None and max_requests < 1:
         fail("--max-requests must be ≥ 1")
@@ -63,12 +65,16 @@ def simulate(
     policies = policy or (["profile:default"] if config is not None else ["llm-d"])
     try:
         picker = load_config(config) if config is not None else None
-        report = run_simulate_command(
+        report, replayed = run_simulate_command(
             fleet, trace, policies, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, not json_out, picker
         )
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
         fail(err)
-    print_simulation(report, as_json=json_out)
+        return
+    suspicious = rate_unit_warning(trace, replayed, rate_scale)
+    if suspicious is not None:
+        warn(suspicious)
+    print_simulation(report, as_json=json_out, arrivals=describe_arrivals(replayed))
 
 
 @sim_app.command("validate")
