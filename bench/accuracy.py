@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from leadtime.bench.data import actuals, load_llmd_rows
+from leadtime.bench.data import RowUsage, actuals, at_line, load_llmd_lines
+from leadtime.features.errors import FeatureError
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
@@ -312,18 +314,32 @@ def run_accuracy(
     speed_calls: int = 2000,
     reference_model: str | None = None,
     label_delay: int = 0,
+    on_usage: Callable[[RowUsage], None] | None = None,
 ) -> dict[str, Any]:
-    rows = load_llmd_rows(data)
+    """The report of every model on the file's rows. `accelerator` and `model` are the hardware of rows that name
+    none (llm-d's never do); the report gives what the rows were taken as. `on_usage` is told how many rows measure
+    each target before the runs."""
+    rows, lines = load_llmd_lines(data)
     if len(rows) < MIN_ROWS:
         raise ValueError(f"{data}: {len(rows)} rows; the walk and the 90/10 split need at least {MIN_ROWS}")
     if label_delay >= len(rows):
         raise ValueError(
             f"--label-delay {label_delay} is not below the {len(rows)} rows of {data}: nothing would be learned"
         )
-    config = LearnerConfig(accelerator=accelerator, model=model, background=False)
-    x_lt = Vectorizer(accelerator, model).batch_llmd(rows)
-    x_ref = LlmdFrame.from_rows(rows)
     ttft, tpot = actuals(rows)
+    usage = RowUsage.of(ttft, tpot)
+    if usage.neither == usage.rows:
+        raise ValueError(
+            f"{data}: none of its {len(rows)} rows has an actual_ttft_ms or actual_tpot_ms above 0: nothing to measure"
+        )
+    if on_usage is not None:
+        on_usage(usage)
+    config = LearnerConfig(accelerator=accelerator, model=model, background=False)
+    try:
+        x_lt = Vectorizer(accelerator, model).batch_llmd(rows)
+    except FeatureError as err:
+        raise at_line(err, data, lines) from None
+    x_ref = LlmdFrame.from_rows(rows)
     y = {"ttft": ttft, "tpot": tpot}
     with stderr_bar() as bar:
         walk = prequential_walk(x_lt, x_ref, y, config, bar if progress else None, reference_model, label_delay)
@@ -334,12 +350,22 @@ def run_accuracy(
     report["data"] = {
         "path": str(data),
         "rows": len(rows),
-        "accelerator": accelerator,
-        "model": model,
+        "accelerator": taken_as(rows, "accelerator", accelerator),
+        "model": taken_as(rows, "model", model),
         "label_delay": label_delay,
     }
     report["reference"] = reference_settings(reference_model)
     return report
+
+
+def taken_as(rows: list[dict[str, Any]], field: str, default: str) -> str:
+    """What the rows' `field` (accelerator or model) was taken as: each row's own where it names one, `default`
+    (the command's option) where it does not; several, comma-separated.
+
+    >>> taken_as([{"model": "llama-3.1-8b"}, {}], "model", "qwen3-32b"), taken_as([{}], "model", "qwen3-32b")
+    ('llama-3.1-8b, qwen3-32b', 'qwen3-32b')
+    """
+    return ", ".join(sorted({row.get(field) or default for row in rows}))
 
 
 def reference_settings(reference_model: str | None) -> dict[str, Any]:
@@ -364,11 +390,13 @@ def _coverage_range(r: dict[str, float], kind: str) -> str:
     return "–" if math.isnan(low) else f"{low:.3f}–{high:.3f}"
 
 
-def print_report(report: dict[str, Any], as_json: bool) -> None:
+def print_report(report: dict[str, Any], as_json: bool, usage: RowUsage | None = None) -> None:
+    """The report as JSON, or as a table and the lines below it (with `usage`, how many rows each target used)."""
     if as_json:
         print(json.dumps(json_safe(report), indent=2, allow_nan=False))
         return
-    table = Table(title=f"accuracy on {report['data']['path']} ({report['data']['rows']} rows)")
+    data = report["data"]
+    table = Table(title=f"accuracy on {data['path']} ({data['rows']} rows)")
     for column in ("model", "target", "preq MAPE", "2nd-half MAPE", "preq p90 cov", "split MAPE", "split p90 cov"):
         table.add_column(column)
     columns = (
@@ -383,6 +411,8 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
             table.add_row(m, t, *(_figure(report[m][t][c]) for c in columns))
     console = Console()
     console.print(table)
+    if usage is not None:
+        console.print(f"{usage.describe()}; taken as {data['accelerator']} serving {data['model']}", highlight=False)
     for t in TARGETS:
         r = report["leadtime"][t]
         console.print(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,14 @@ def dataset_path(name: str) -> Path:
 
 def load_llmd_rows(path: Path) -> list[dict[str, Any]]:
     """Every row validated as an llm-d training entry; a bad line raises FeatureError naming it."""
+    return load_llmd_lines(path)[0]
+
+
+def load_llmd_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """(every row validated as an llm-d training entry, the line number of each), so that what a later step finds
+    wrong with `rows[i]` can be told at its line (`at_line`); a bad line raises FeatureError naming it."""
     rows: list[dict[str, Any]] = []
+    lines: list[int] = []
     from leadtime.simulator.workload import loads_line
 
     with Path(path).open("rb") as f:
@@ -45,9 +54,48 @@ def load_llmd_rows(path: Path) -> list[dict[str, Any]]:
             except FeatureError as err:
                 raise FeatureError(f"{path}:{lineno}: {err.field}", err.problem) from None
             rows.append(row)
+            lines.append(lineno)
     if not rows:
         raise FeatureError(str(path), "holds no rows")
-    return rows
+    return rows, lines
+
+
+_ROW_INDEX = re.compile(r"rows\[(\d+)\]\.(.*)", re.DOTALL)
+
+
+def at_line(err: FeatureError, path: Path, lines: list[int]) -> FeatureError:
+    """An error about `rows[i].field` of a file's rows (as `Vectorizer.batch_llmd` names them) as one about the
+    file's line of row i, like every other error about a row of a file; any other error as it is."""
+    match = _ROW_INDEX.fullmatch(err.field)
+    if match is None or int(match[1]) >= len(lines):
+        return err
+    return FeatureError(f"{path}:{lines[int(match[1])]}: {match[2]}", err.problem)
+
+
+@dataclass(frozen=True)
+class RowUsage:
+    """How many rows of a file measure each target: a row whose actual is 0 did not observe it."""
+
+    rows: int
+    ttft: int
+    tpot: int
+    neither: int
+
+    @classmethod
+    def of(cls, ttft: np.ndarray, tpot: np.ndarray) -> RowUsage:
+        """From the actuals (`actuals`) of every row."""
+        measured_ttft, measured_tpot = ttft > 0, tpot > 0
+        neither = int((~measured_ttft & ~measured_tpot).sum())
+        return cls(len(ttft), int(measured_ttft.sum()), int(measured_tpot.sum()), neither)
+
+    def describe(self) -> str:
+        """As the report says it.
+
+        >>> RowUsage(60, 28, 27, 5).describe()
+        '60 rows: TTFT from 28, TPOT from 27, 5 with neither skipped'
+        """
+        skipped = f", {self.neither} with neither skipped" if self.neither else ""
+        return f"{self.rows} rows: TTFT from {self.ttft}, TPOT from {self.tpot}{skipped}"
 
 
 def actuals(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:

@@ -212,3 +212,55 @@ def test_coverage_by_load_splits_each_feature_at_its_median() -> None:
     halves = coverage_by_load(LlmdFrame.from_rows(rows), upper, np.full(n, 10.0))
     assert halves["num_request_waiting"] == {"low": 1.0, "high": 0.0}
     assert "num_request_running" not in halves  # constant: no high half
+
+
+def _rows_file(path: Path, count: int, **fields: object) -> list[dict]:
+    rows = [json.loads(line) | fields for line in TRACE.read_text().splitlines()[:count]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_accuracy_says_how_many_rows_each_target_used_and_skipped(tmp_path: Path) -> None:
+    """Rows with neither actual > 0 were left out of every figure without a word."""
+    path = tmp_path / "some_unmeasured.jsonl"
+    rows = _rows_file(path, 60)
+    for row in rows[:5]:
+        row["actual_ttft_ms"] = row["actual_tpot_ms"] = 0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ttft = sum(r["actual_ttft_ms"] > 0 for r in rows)
+    tpot = sum(r["actual_tpot_ms"] > 0 for r in rows)
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--seeds", "1"])
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.output.split())
+    assert f"60 rows: TTFT from {ttft}, TPOT from {tpot}, 5 with neither skipped" in printed
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--seeds", "1", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["data"]["rows"] == 60
+    assert "warning:" in result.stderr and "5 of its 60 rows" in " ".join(result.stderr.split())
+
+
+def test_accuracy_refuses_a_file_without_a_measured_row(tmp_path: Path) -> None:
+    """It printed a table of dashes and exited 0."""
+    path = tmp_path / "unmeasured.jsonl"
+    _rows_file(path, 40, actual_ttft_ms=0, actual_tpot_ms=0)
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--json"])
+    assert result.exit_code == 2, result.output
+    assert str(path) in result.output and "none of its 40 rows" in result.output
+
+
+def test_accuracy_reports_the_hardware_the_rows_name_not_the_flags(tmp_path: Path) -> None:
+    """Rows naming their accelerator and model are vectorized as theirs; the report gave the flags' values."""
+    path = tmp_path / "h100.jsonl"
+    _rows_file(path, 60, accelerator="h100-sxm", model="llama-3.1-8b")
+    report = run_accuracy(path, accelerator="h200-sxm", model="qwen3-32b", seeds=1, progress=False, speed_calls=50)
+    assert (report["data"]["accelerator"], report["data"]["model"]) == ("h100-sxm", "llama-3.1-8b")
+
+
+def test_accuracy_names_the_line_of_a_row_with_an_unknown_accelerator(tmp_path: Path) -> None:
+    """It said `rows[49].accelerator` (an index from 0, no file)."""
+    path = tmp_path / "bad_accelerator.jsonl"
+    rows = _rows_file(path, 60)
+    rows[49]["accelerator"] = "h100"
+    path.write_text("\n" + "".join(json.dumps(r) + "\n" for r in rows))  # a blank first line: line 51
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--json"])
+    assert result.exit_code == 2, result.output
+    assert f"{path}:51: accelerator: unknown accelerator class 'h100'" in " ".join(result.output.split())

@@ -45,25 +45,38 @@ def bench_accuracy(
 ) -> None:
     """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
     from leadtime.bench.accuracy import print_report, run_accuracy
+    from leadtime.bench.data import RowUsage
 
     if seeds < 1:
         fail(f"--seeds must be ≥ 1, got {seeds}")
     if label_delay < 0:
         fail(f"--label-delay must be ≥ 0, got {label_delay}")
     reference = reference_model_option(reference_model)
+    path = measured_path(data)
+    used: list[RowUsage] = []
+
+    def skipped(usage: RowUsage) -> None:
+        used.append(usage)
+        if usage.neither:
+            warn(
+                f"{path}: {usage.neither} of its {usage.rows} rows have neither actual_ttft_ms nor actual_tpot_ms "
+                "above 0: they count toward no figure"
+            )
+
     try:
         report = run_accuracy(
-            measured_path(data),
+            path,
             accelerator=accelerator,
             model=model,
             seeds=seeds,
             progress=not json_out,
             reference_model=reference,
             label_delay=label_delay,
+            on_usage=skipped,
         )
     except (FeatureError, OSError, ValueError) as err:
         fail(err)
-    print_report(report, as_json=json_out)
+    print_report(report, as_json=json_out, usage=used[0])
 
 
 @bench_app.command("coldstart")
