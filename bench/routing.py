@@ -180,15 +180,17 @@ def check_trace(options: RoutingOptions) -> tuple[int, list[str]]:
     requests = _trace(options.trace, options.max_requests, options.seed)
     if len(requests) < MIN_REQUESTS:
         raise ValueError(
-            f"{options.trace}: {len(requests)} requests; the routing benchmark replays at least {MIN_REQUESTS}"
+            f"{options.trace}: {len(requests)} request{'s' if len(requests) != 1 else ''}; the routing benchmark "
+            f"replays at least {MIN_REQUESTS}"
         )
-    require_arrival_window(requests)
+    require_arrival_window(requests, options.trace)
     probe = min(len(requests), CAPACITY_PROBE)
     if probe >= RELIABLE_PROBE:
         return len(requests), []
+    more = "; replay more (--max-requests)" if len(requests) == options.max_requests else " (the whole trace)"
     return len(requests), [
         f"the capacity search runs on {probe} requests (fewer than {RELIABLE_PROBE:,}): the capacity it finds varies "
-        "with their count, so the rates run, and the comparison, are less reliable; replay more (--max-requests)"
+        f"with their count, so the rates run, and the comparison, are less reliable{more}"
     ]
 
 

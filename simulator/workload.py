@@ -204,8 +204,12 @@ def describe_arrivals(requests: Sequence[WorkloadRequest]) -> str:
 
     >>> describe_arrivals([WorkloadRequest(1000.0 * i, 10, 1) for i in range(20)])
     '20 requests over 19.0 s, 1.05 req/s'
+    >>> describe_arrivals([WorkloadRequest(1.0 * i, 10, 1) for i in range(20)])  # under a second: in ms
+    '20 requests over 19 ms, 1,052.63 req/s'
     """
-    return f"{len(requests)} requests over {arrival_window_s(requests):,.1f} s, {arrival_rate_rps(requests):,.2f} req/s"
+    window_s = arrival_window_s(requests)
+    window = f"{window_s:,.1f} s" if window_s >= 1 else f"{window_s * 1e3:.3g} ms"
+    return f"{len(requests)} requests over {window}, {arrival_rate_rps(requests):,.2f} req/s"
 
 
 IMPLAUSIBLE_RATE_RPS = 1000.0
@@ -227,13 +231,13 @@ def rate_unit_warning(source: str, requests: Sequence[WorkloadRequest], rate_sca
     )
 
 
-def require_arrival_window(requests: Sequence[WorkloadRequest]) -> None:
-    """Refuse requests (in arrival order) that all arrive at one instant: every rate per second of their window
-    would be a division by zero."""
+def require_arrival_window(requests: Sequence[WorkloadRequest], source: str) -> None:
+    """Refuse requests (in arrival order) of `source` that all arrive at one instant: every rate per second of their
+    window would be a division by zero."""
     if arrival_window_s(requests) <= 0:
         raise TraceError(
-            f"the {len(requests)} request(s) replayed arrive at one instant: goodput per second of their arrival "
-            "window is undefined; replay more of the trace (--max-requests)"
+            f"{source}: the {len(requests)} request(s) replayed arrive at one instant: goodput per second of their "
+            "arrival window is undefined; replay more of the trace (--max-requests)"
         )
 
 
