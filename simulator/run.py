@@ -24,7 +24,14 @@ from leadtime.simulator.learning_policies import (
     profile_policy,
 )
 from leadtime.simulator.report import summarize, write_observations, write_plots
-from leadtime.simulator.workload import WorkloadRequest, load_workload, require_arrival_window, shape
+from leadtime.simulator.workload import (
+    WorkloadRequest,
+    arrival_rate_rps,
+    arrival_window_s,
+    load_workload,
+    require_arrival_window,
+    shape,
+)
 
 # Every policy the simulator can run, by its name in results (the benchmark's JSON keys).
 POLICIES: dict[str, Callable[[int], RoutingPolicy]] = {
@@ -136,6 +143,8 @@ def simulate(
         "fleet": fleet.name,
         "trace": str(trace_path),
         "requests": len(workload),
+        "arrival_window_s": arrival_window_s(workload),
+        "arrival_rate_rps": arrival_rate_rps(workload),
         "rate_scale": rate_scale,
         "seed": options.seed,
         "policies": {r.policy: summarize(r) for r in results},

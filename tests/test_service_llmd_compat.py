@@ -142,7 +142,7 @@ def test_bulk_keeps_per_row_errors_for_rows_llmds_schema_accepts(client: TestCli
 
 
 def test_every_prediction_path_takes_the_same_pod_types(client: TestClient) -> None:
-    """"both" was taken by /predict/bulk/strict and /predict but refused by /predict/bulk (422)."""
+    """Pod type "both" was taken by /predict/bulk/strict and /predict but refused by /predict/bulk (422)."""
     for pod_type in ("", "both", "prefill", "decode"):
         row = llmd_row(pod_type=pod_type)
         strict = client.post("/predict/bulk/strict", json={"requests": [row]})

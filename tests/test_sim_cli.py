@@ -277,7 +277,9 @@ def test_simulate_warns_of_a_mooncake_trace_whose_timestamps_look_like_seconds(t
     argv = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--policy", "round_robin", "--json"]
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["requests"] == 20  # the warning is on stderr, the JSON alone on stdout
+    report = json.loads(result.stdout)  # the warning is on stderr, the JSON alone on stdout
+    assert report["requests"] == 20 and report["arrival_window_s"] == 0.019
+    assert report["arrival_rate_rps"] == pytest.approx(20 / 0.019)
     warning = " ".join(result.stderr.split())
     assert "warning:" in warning and "1,053 req/s" in warning and "milliseconds" in warning
 
