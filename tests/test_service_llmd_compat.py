@@ -150,3 +150,20 @@ def test_every_prediction_path_takes_the_same_pod_types(client: TestClient) -> N
         single = client.post("/predict", json=row)
         assert (strict.status_code, bulk.status_code, single.status_code) == (200, 200, 200), pod_type
         assert bulk.json()["predictions"][0]["ttft_ms"] == strict.json()["predictions"][0]["ttft_ms"]
+
+
+@pytest.mark.parametrize("field", ["prefill_tokens_in_flight", "decode_tokens_in_flight", "encoder_input_size"])
+def test_an_optional_field_sent_as_null_is_named_as_a_bad_value_not_as_missing(client: TestClient, field: str) -> None:
+    """Said "is required" of a field llm-d's schema defaults to 0."""
+    row = {**llmd_row(), field: None}
+    entry = {**row, "actual_ttft_ms": 80.0, "actual_tpot_ms": 20.0}
+    for path, body, where in [
+        ("/predict/bulk/strict", {"requests": [row]}, f"requests[0].{field}"),
+        ("/predict/bulk", {"requests": [row]}, f"requests[0].{field}"),
+        ("/predict", row, field),
+        ("/add_training_data_bulk", {"entries": [entry]}, f"entries[0].{field}"),
+    ]:
+        r = client.post(path, json=body)
+        assert r.status_code == 422, path
+        assert r.json()["field"] == where, path
+        assert "required" not in r.json()["error"], (path, r.json()["error"])

@@ -132,8 +132,8 @@ def _count(row: Mapping[str, Any], name: str, default: int | None = None) -> int
     value = row.get(name, default)
     if type(value) is int and 0 <= value <= MAX_COUNT:
         return value
-    if value is None:
-        raise FeatureError(name, "is required")
+    if value is None:  # a field with a default sent as null is a bad value, not a missing one
+        raise FeatureError(name, "is required" if default is None else "must be an integer ≥ 0, got null")
     return check_count(name, value)
 
 
