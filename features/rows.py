@@ -1,6 +1,6 @@
 """Request features, endpoint state and observations, and their lossless mapping to llm-d's rows.
 
-llm-d's router describes a candidate as one flat JSON row (see DESIGN.md); Leadtime keeps the same facts split
+llm-d's router describes a candidate as one flat JSON row (`LLMD_FIELDS`); Leadtime keeps the same facts split
 into what belongs to the request and what belongs to the endpoint, plus the fields llm-d lacks (endpoint id,
 accelerator class, model, role, time-slice state, prefix-hit tokens). Those extras ride along in the flat row
 as extra keys, which llm-d's own predictor ignores, so one row format serves both.

@@ -262,7 +262,7 @@ def llmd_training_lines(
     samples: dict[str, int],
     importances: dict[str, dict[str, float]] | None = None,
 ) -> str:
-    """llm-d's non-standard training-server lines (DESIGN.md), exactly in its shape. `importances`: per target,
+    """llm-d's non-standard training-server lines, exactly in its shape. `importances`: per target,
     llm-d input → share of the trees' gain (missing or empty: zeros, as llm-d shows before its first model).
     The intercept lines are 0.0: llm-d's tree models report none, and neither do Leadtime's."""
     from leadtime.features.rows import LLMD_MODEL_INPUTS

@@ -99,9 +99,34 @@ def test_the_wheel_installs_only_the_leadtime_package(installed: tuple[Path, Pat
         "dashboards/provisioning/prometheus.yml",
         "dashboards/provisioning/dashboards/leadtime.yaml",
         "dashboards/provisioning/datasources/leadtime-prometheus.yaml",
+        "py.typed",  # a user's mypy reads the package's types (it skipped them as untyped)
     ):
         shipped = f"leadtime/{shipped}"
         assert shipped in names, shipped
+    # The licence the metadata names ships with it.
+    assert f"{name}-{version}.dist-info/licenses/LICENSE" in names
+    metadata = zipfile.ZipFile(wheel).read(f"{name}-{version}.dist-info/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
+
+
+def test_the_dependency_floors_admit_no_grpc_or_protobuf_the_generated_code_refuses() -> None:
+    """`grpcio>=1.62` and `protobuf>=4.25` installed, and the service crashed at import: the committed modules
+    check the versions they were generated with."""
+    import tomllib
+
+    from leadtime.predictor.grpc import leadtime_pb2_grpc
+
+    generated = (ROOT / "predictor" / "grpc" / "leadtime_pb2.py").read_text()
+    gencode = generated.split("# Protobuf Python Version: ", 1)[1].split()[0]
+    needed = {"grpcio": leadtime_pb2_grpc.GRPC_GENERATED_VERSION, "protobuf": gencode}
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floors = {d.split(">=")[0]: d.split(">=")[1] for d in dependencies if ">=" in d}
+    for package, version in needed.items():
+        assert _version(floors[package]) >= _version(version), (package, floors[package], version)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
 
 
 def test_the_installed_package_is_the_one_imported(installed: tuple[Path, Path], tmp_path: Path) -> None:

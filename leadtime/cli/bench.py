@@ -358,7 +358,7 @@ def bench_tls(
     try:
         report = run_tls_bench(TlsBenchOptions(rows=rows, calls=calls, first_calls=first_calls), progress=say)
     except ImportError as err:
-        fail(f"bench tls makes a certificate with the `cryptography` package: {err} (pip install '.[test]')")
+        fail(f"bench tls makes a certificate with the `cryptography` package: {err} (pip install 'leadtime[test]')")
     except (OSError, RuntimeError, PredictorError) as err:
         fail(err)
     print_report(report, as_json=json_out)

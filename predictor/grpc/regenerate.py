@@ -49,7 +49,10 @@ def main(argv: list[str]) -> int:
     try:
         generate(Path(argv[0]) if argv else HERE)
     except ImportError:
-        print("error: grpcio-tools is not installed (pip install -e '.[test]')", file=sys.stderr)
+        print(
+            "error: grpcio-tools is not installed (pip install 'leadtime[test]', or -e '.[test]' in a checkout)",
+            file=sys.stderr,
+        )
         return 2
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)

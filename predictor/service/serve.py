@@ -140,7 +140,10 @@ def serve(settings: ServiceSettings) -> None:
         http_port, sockets = sock.getsockname()[1], [sock]
     log.info("HTTP on %s://%s:%d (API docs at /docs)", scheme, settings.host, http_port)
     if settings.api_token is None:
-        log.warning("no API token: anyone who can reach this port can send training data (see SECURITY.md)")
+        log.warning(
+            "no API token: anyone who can reach this port can send training data (--api-token or LEADTIME_API_TOKEN "
+            "sets one; see SECURITY.md in the source)"
+        )
     log.info("store: %s", describe_store(runtime.store))
     if settings.role == "training" and settings.redis_url is None and settings.model_dir is None:
         log.warning("--role training without --redis or --model-dir: no prediction server sees the models it learns")

@@ -1,7 +1,7 @@
 """llm-d's predicted-latency router, re-implemented from its documentation, as a peer for the benchmark.
 
 Source: llm-d's "predicted latency" scheduling (the llm-d-inference-scheduler's SLO-aware profile with the
-llm-d-latency-predictor sidecars), as described in its guides and summarised in DESIGN.md:
+llm-d-latency-predictor sidecars), as described in its guides:
 
 - One model per target (TTFT, TPOT) over llm-d's features only: no endpoint identity, no accelerator class, no
   P/D pair, no time-slice state. The model is `predictor` (in the benchmark, `leadtime.predictor.llmd_reference`,
