@@ -47,6 +47,16 @@ class LocalLearner(Protocol):
     def learn_many(self, observations: Sequence[Observation]) -> None: ...
 
 
+def require_predictor_client(predictor: object) -> None:
+    """TypeError, saying what to wrap it in, for a predictor that is not a `PredictorClient` (an `OnlinePredictor`
+    given as is failed at the first pick, without a word of why)."""
+    if not isinstance(predictor, PredictorClient):
+        raise TypeError(
+            f"predictor must be a PredictorClient, got {type(predictor).__name__} (in process: "
+            "InProcessPredictor(OnlinePredictor(...)))"
+        )
+
+
 class InProcessPredictor:
     """A `PredictorClient` over a learner in this process: no network, no deadline to miss.
 

@@ -40,7 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from leadtime.features.errors import validation_problem
-from leadtime.router_plugin.client import PredictorClient
+from leadtime.router_plugin.client import PredictorClient, require_predictor_client
 from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, resident_filter
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
@@ -278,16 +278,16 @@ def profile_types(config: PickerConfig, name: str) -> frozenset[str]:
 
 
 def build_policy(
-    config: PickerConfig | Mapping[str, Any] | Path | None,
+    config: PickerConfig | Mapping[str, Any] | str | Path | None,
     predictor: PredictorClient | None,
     profile: str = "default",
     seed: int = 0,
 ) -> RoutingPolicy:
     """The policy a scheduling profile describes, over `predictor` (needed when it uses predicted latency).
-    `config`: a parsed configuration, its document, a YAML file's path (`SHIPPED_CONFIG`, say), or None for the
-    default profile alone."""
-    if isinstance(config, Path):
-        config = load_config(config)
+    `config`: a parsed configuration, its document, a YAML file's path (`SHIPPED_CONFIG`, say, or as text), or
+    None for the default profile alone."""
+    if isinstance(config, str | Path):
+        config = load_config(Path(config))
     if not isinstance(config, PickerConfig):
         config = parse_config(DEFAULT_CONFIG if config is None else config)
     chosen = profile_of(config, profile)
@@ -307,11 +307,7 @@ def build_policy(
             "the predicted-latency-scorer needs a predictor (--predictor-url, --predictor-grpc or --embedded; "
             "in Python, a PredictorClient)"
         )
-    if not isinstance(predictor, PredictorClient):  # an OnlinePredictor itself failed at the first pick
-        raise TypeError(
-            f"predictor must be a PredictorClient, got {type(predictor).__name__} (in process: "
-            "InProcessPredictor(OnlinePredictor(...)))"
-        )
+    require_predictor_client(predictor)
     latency_spec, latency_weight, _ = next(u for u in used if u[0].type == "predicted-latency-scorer")
     latency = _parameters(LatencyParameters, latency_spec, f"plugins.{latency_spec.ref}")
     timeslice_spec = next((spec for spec, _, _ in used if spec.type == "timeslice-filter"), None)

@@ -32,8 +32,10 @@ fallbacks are counted, and their requests are accounted in flight and learned fr
 
 from __future__ import annotations
 
+import logging
 import math
 import random
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,7 +46,7 @@ from leadtime.features.catalog import get_model
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
 from leadtime.features.vectorize import Vectorizer
-from leadtime.router_plugin.client import PredictorClient, PredictorError
+from leadtime.router_plugin.client import PredictorClient, PredictorError, require_predictor_client
 from leadtime.router_plugin.decoding import decode_harm
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy, WeightedScorer
 from leadtime.router_plugin.inflight import Sent
@@ -73,6 +75,9 @@ from leadtime.router_plugin.timeslice import ResidencyTracker, TimesliceSource
 
 BLIND_ACCELERATOR = "h100-sxm"
 """What every endpoint is called when the predictor is kept blind to accelerator classes (an ablation)."""
+
+
+log = logging.getLogger("leadtime.router.policy")
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,10 @@ MAX_OPEN_DECISIONS = 100_000
 class LeadtimePolicy:
     """Routes on predicted TTFT/ITL and learns from every completed request (see the module docstring).
 
+    Its state (what is in flight, the decisions awaiting their outcomes, its counters) is one caller's at a time:
+    `pick`, `observe` and `abandon` take a lock, so a router may call them from several threads (the gateway and
+    the simulator call from one).
+
     Parameters
     ----------
     predictor
@@ -254,9 +263,12 @@ class LeadtimePolicy:
         extra_scorers: Sequence[WeightedScorer] = (),
         fallback: RoutingPolicy | None = None,
     ) -> None:
+        require_predictor_client(predictor)
         self.predictor = predictor
         self.config = config
         self.name = config.name
+        self._lock = threading.RLock()
+        self._refusal: str | None = None  # why the predictor last refused observations, said once
         self.timeslice_source = timeslice_source
         self.deadline_s = deadline_s
         self.counters = PolicyCounters()
@@ -480,6 +492,13 @@ class LeadtimePolicy:
         return replace(request, ttft_slo_ms=max(slo - request.held_ms, 1.0))
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        for i, c in enumerate(candidates):
+            if not isinstance(c, Candidate):
+                raise TypeError(f"candidates[{i}] must be a Candidate, got {type(c).__name__}")
+        with self._lock:
+            return self._pick(request, candidates)
+
+    def _pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         self.counters.decisions += 1
         may_hold = self._may_hold(request)
         request = self._budget(request)
@@ -714,10 +733,15 @@ class LeadtimePolicy:
 
     def abandon(self, request_id: str) -> None:
         """The request will not complete where it was sent (it failed, or was retried elsewhere): forget it."""
-        self.ledgers.complete(request_id)
-        self._decisions.pop(request_id, None)
+        with self._lock:
+            self.ledgers.complete(request_id)
+            self._decisions.pop(request_id, None)
 
     def observe(self, outcome: Outcome) -> None:
+        with self._lock:
+            self._observe(outcome)
+
+    def _observe(self, outcome: Outcome) -> None:
         self.ledgers.complete(outcome.request_id)
         self._last_heard[outcome.endpoint_id] = outcome.completed_ms
         if outcome.decode_endpoint_id is not None:
@@ -767,6 +791,20 @@ class LeadtimePolicy:
                 tpot, tpot_quantile = decision.predicted_tpot_ms, decision.predicted_tpot_quantile_ms
                 observations.append(Observation(decision.decode_row, 0.0, itl, None, tpot, stamp, None, tpot_quantile))
         try:
-            self.counters.learned += self.predictor.observe(observations, self.deadline_s)
-        except PredictorError:
+            learned = self.predictor.observe(observations, self.deadline_s)
+        except PredictorError as err:
             self.counters.unreported += len(observations)  # the predictor could not take them; routing goes on
+            self._refused(err)
+            return
+        self.counters.learned += learned
+        if self._refusal is not None:
+            log.info("the predictor takes this router's observations again")
+            self._refusal = None
+
+    def _refused(self, err: PredictorError) -> None:
+        """Said once per cause: a router whose predictor refuses what it is told (a token it lacks) routes on what
+        the predictor knew, for ever, and nothing else would say so."""
+        cause = f"{type(err).__name__} {err.status}"
+        if cause != self._refusal:
+            log.warning("the predictor refuses observations (%s): this router learns nothing meanwhile", err)
+            self._refusal = cause
