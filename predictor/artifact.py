@@ -88,13 +88,16 @@ def decode(data: bytes) -> dict[str, Any]:
 
 
 def save_file(directory: str | os.PathLike[str], data: bytes) -> Path:
-    """Write atomically (temp file + rename) so a reader never sees half an artifact."""
-    target_dir = Path(directory)
-    target_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target_dir, prefix=".artifact-")
+    """Write atomically (temp file + rename) so a reader never sees half an artifact: as `FILE_NAME` in a
+    directory (made if need be), or, given a path ending in `.json` that is not a directory, as that file (what
+    `load_file` takes too)."""
+    path = Path(directory)
+    if path.suffix != ".json" or path.is_dir():
+        path = path / FILE_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".artifact-")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    path = target_dir / FILE_NAME
     os.replace(tmp, path)
     return path
 

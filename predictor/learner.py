@@ -618,12 +618,13 @@ class OnlinePredictor:
         )
 
     def save(self, directory: Any) -> None:
-        """Write the artifact into `directory` (atomically)."""
+        """Write the artifact into `directory` (atomically; what `serve --model-dir` reads), or as the file named,
+        given a path ending in `.json`."""
         save_file(directory, self.to_bytes())
 
     @classmethod
     def load(cls, directory: Any, background: bool | None = None) -> OnlinePredictor:
-        """A predictor from the artifact in `directory` (not started)."""
+        """A predictor from the artifact in `directory`, or in the file named (not started)."""
         return cls.from_bytes(load_file(directory), background=background)
 
     def _state(self) -> dict[str, Any]:

@@ -68,6 +68,18 @@ def test_round_trip_through_a_directory(trained: OnlinePredictor, tmp_path: Path
     loaded.close()
 
 
+def test_round_trip_through_a_file_named_as_load_takes_it(trained: OnlinePredictor, tmp_path: Path) -> None:
+    """`save("m.json")` made a directory m.json/ holding the artifact, while `load("m.json")` takes a file."""
+    trained.save(tmp_path / "m.json")
+    assert (tmp_path / "m.json").is_file()
+    loaded = OnlinePredictor.load(tmp_path / "m.json", background=False)
+    np.testing.assert_allclose(_probe(loaded), _probe(trained), rtol=1e-12)
+    loaded.close()
+    (tmp_path / "models.json").mkdir()  # a directory that happens to end in .json stays a directory
+    trained.save(tmp_path / "models.json")
+    assert (tmp_path / "models.json" / "leadtime-predictor.json").is_file()
+
+
 def test_artifact_is_json_with_lightgbm_text_not_pickle(trained: OnlinePredictor) -> None:
     data = trained.to_bytes()
     document = json.loads(data)
