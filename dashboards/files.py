@@ -37,6 +37,18 @@ def write_dashboards(folder: Path = FOLDER) -> list[Path]:
     return paths
 
 
+def write_provisioning(folder: Path) -> list[Path]:
+    """Copy the shipped provisioning files (`provisioning/` here, in their layout) into `folder`; return them."""
+    shipped = FOLDER / "provisioning"
+    written = []
+    for source in sorted(p for p in shipped.rglob("*") if p.is_file()):
+        target = folder / source.relative_to(shipped)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
+        written.append(target)
+    return written
+
+
 def load_dashboards(folder: Path = FOLDER) -> dict[str, dict[str, Any]]:
     """uid → the dashboard JSON as shipped in `folder`."""
     out: dict[str, dict[str, Any]] = {}

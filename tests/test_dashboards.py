@@ -133,6 +133,26 @@ def test_build_writes_the_shipped_files(tmp_path: Path) -> None:
         assert written == SHIPPED[written["uid"]]
 
 
+def test_build_without_out_writes_into_the_working_directory_not_the_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It wrote into the package's folder: from an installed wheel, into site-packages."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["dashboards", "build"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "dashboards").iterdir()) == [p.name for p in dashboard_files()]
+
+
+def test_provisioning_writes_the_shipped_grafana_and_prometheus_files(tmp_path: Path) -> None:
+    """The README says to copy them, and only a checkout had them where a user could see them."""
+    result = CliRunner().invoke(app, ["dashboards", "provisioning", "--out", str(tmp_path / "prov")])
+    assert result.exit_code == 0, result.output
+    shipped = FOLDER / "provisioning"
+    files = sorted(p.relative_to(shipped) for p in shipped.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "prov") for p in (tmp_path / "prov").rglob("*") if p.is_file())
+    assert all((tmp_path / "prov" / f).read_bytes() == (shipped / f).read_bytes() for f in files)
+
+
 def test_render_without_a_prometheus_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app, ["dashboards", "render", "--prometheus", "http://127.0.0.1:1", "--out", str(tmp_path)]

@@ -13,16 +13,31 @@ from leadtime.cli.common import dashboards_app, fail, output_dir, positive
 @dashboards_app.command("build")
 def dashboards_build(
     out: Annotated[
-        Path | None, typer.Option(help="Folder to write the JSON into (default: the package's dashboards folder).")
-    ] = None,
+        Path, typer.Option(help="Folder to write the JSON into (in a checkout's root: the shipped files).")
+    ] = Path("dashboards"),
 ) -> None:
     """Write leadtime-predictor.json and leadtime-router.json from their definitions (for Grafana to import)."""
-    from leadtime.dashboards.files import FOLDER, write_dashboards
+    from leadtime.dashboards.files import write_dashboards
 
-    if out is not None:
-        output_dir(out)
+    output_dir(out)
     try:
-        for path in write_dashboards(out or FOLDER):
+        for path in write_dashboards(out):
+            typer.echo(f"wrote {path}")
+    except OSError as err:
+        fail(err)
+
+
+@dashboards_app.command("provisioning")
+def dashboards_provisioning(
+    out: Annotated[Path, typer.Option(help="Folder to write the provisioning files into.")],
+) -> None:
+    """Write the Grafana provisioning files (the dashboards' folder, the Prometheus data source) and a Prometheus
+    scrape configuration of the service and the gateway, for Grafana and Prometheus to load from disk."""
+    from leadtime.dashboards.files import write_provisioning
+
+    output_dir(out)
+    try:
+        for path in write_provisioning(out):
             typer.echo(f"wrote {path}")
     except OSError as err:
         fail(err)
