@@ -396,7 +396,8 @@ def print_report(report: dict[str, Any], as_json: bool, usage: RowUsage | None =
         print(json.dumps(json_safe(report), indent=2, allow_nan=False))
         return
     data = report["data"]
-    table = Table(title=f"accuracy on {data['path']} ({data['rows']} rows)")
+    reference = report["reference"]["model_type"]
+    table = Table(title=f"accuracy on {data['path']} ({data['rows']} rows; llmd_reference: {reference})")
     for column in ("model", "target", "preq MAPE", "2nd-half MAPE", "preq p90 cov", "split MAPE", "split p90 cov"):
         table.add_column(column)
     columns = (

@@ -60,6 +60,15 @@ def test_accuracy_cli_prints_json_and_refuses_bad_files(small_trace: Path, tmp_p
     assert "none.jsonl" in result.output
 
 
+def test_accuracy_table_names_the_model_the_llmd_reference_ran(small_trace: Path) -> None:
+    """Its row said `llmd_reference` whichever model ran (LightGBM where xgboost is not installed, against the
+    README's XGBoost figures)."""
+    argv = ["bench", "accuracy", "--data", str(small_trace), "--seeds", "1", "--reference-model", "lightgbm"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert "llmd_reference: lightgbm)" in " ".join(result.output.split())
+
+
 def test_accuracy_refuses_a_file_too_short_or_a_delay_past_its_end(small_trace: Path, tmp_path: Path) -> None:
     """Five rows printed figures of a two-row split; a label delay past the end printed a walk that learned nothing."""
     tiny = tmp_path / "tiny.jsonl"
