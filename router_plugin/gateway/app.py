@@ -994,7 +994,9 @@ class Gateway:
                 return 502
             if response.stopped:
                 response.close()
-                raise ClientLeft
+                if not meter.done:
+                    raise ClientLeft
+                break  # the client hung up after `[DONE]`, its whole answer read: served, not lost
             if chunk is None:
                 break
             passed_on = meter.feed(chunk, self.clock())

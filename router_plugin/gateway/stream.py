@@ -51,6 +51,9 @@ class StreamMeter:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.error: str | None = None
+        self.done = False
+        """Whether `data: [DONE]` was read: the client has its whole answer (it may hang up before the endpoint
+        ends the response)."""
         self._choices: set[int] = set()
         """The indices of the choices that carried text."""
 
@@ -85,7 +88,10 @@ class StreamMeter:
         for line in event.split(b"\n"):
             if line.startswith(b"data:"):
                 payload += line[5:].lstrip()
-        if not payload or payload == b"[DONE]":
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        if not payload:
             return True
         try:
             obj: Any = orjson.loads(payload)
