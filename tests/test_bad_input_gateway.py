@@ -64,14 +64,14 @@ def post(
 def test_token_ids_outside_a_vocabulary_are_422_naming_the_prompt(ids: list[object]) -> None:
     response = post("/v1/completions", json.dumps({"prompt": ids, "max_tokens": 4}).encode())
     assert response.status_code == 422, response.text
-    assert response.json()["field"] == "prompt" and "token ids" in response.json()["error"]
+    assert response.json()["error"]["param"] == "prompt" and "token ids" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("header", [TTFT, TPOT])
 def test_an_slo_header_given_twice_is_422_naming_it(header: str) -> None:
     response = post("/v1/completions", b'{"prompt": "hi"}', [(header, "100"), (header, "2000")])
-    assert response.status_code == 422 and response.json()["field"] == header
-    assert "100, 2000" in response.json()["error"]
+    assert response.status_code == 422 and response.json()["error"]["param"] == header
+    assert "100, 2000" in response.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("model", [False, 0, [], {}, 5])
@@ -105,7 +105,11 @@ def test_bad_requests_through_the_gateway_are_4xx_naming_the_field(
     path: str, body: bytes, headers: list[tuple[str, str]], status: int, field: str
 ) -> None:
     response = post(path, body, headers)
-    assert response.status_code == status and response.json()["field"] == field
+    assert response.status_code == status and response.json()["error"]["param"] == field
+    # The shape OpenAI clients read (they showed "Error code: 422" alone, the gateway's message lost).
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+    assert error["message"].startswith(f"{field}: ") and error["type"].endswith("Error")
 
 
 def test_unknown_paths_and_methods_are_404() -> None:
@@ -136,7 +140,7 @@ def test_with_api_keys_the_api_paths_need_one_and_health_and_metrics_stay_open()
     body = b'{"prompt": "x"}'
     for headers in ([], [("authorization", "Bearer wrong")], [("authorization", "Basic k-new")]):
         refused = post("/v1/completions", body, headers, app=keyed)
-        assert refused.status_code == 401 and refused.json()["field"] == "authorization", headers
+        assert refused.status_code == 401 and refused.json()["error"]["param"] == "authorization", headers
         assert refused.headers["www-authenticate"] == "Bearer"
     assert post("/tokenize", body, [], app=keyed).status_code == 401
     for key in ("k-old", "k-new"):  # either key passes; no endpoint here, so the answer is the 503 that follows
@@ -170,12 +174,12 @@ def test_with_no_endpoint_discovered_readiness_and_requests_say_so() -> None:
 
     ready, reply = asyncio.run(go())
     assert ready.status_code == 503 and ready.json()["reason"] == "discovery lists no endpoint"
-    assert reply.status_code == 503 and reply.json()["error"].endswith(": discovery lists no endpoint")
+    assert reply.status_code == 503 and reply.json()["error"]["message"].endswith(": discovery lists no endpoint")
 
 
 def test_a_path_passed_through_with_no_endpoint_to_serve_it_is_503() -> None:
     reply = post("/tokenize", b'{"prompt": "anyone?"}', [])
-    assert reply.status_code == 503 and reply.json()["field"] == "endpoints"
+    assert reply.status_code == 503 and reply.json()["error"]["param"] == "endpoints"
 
 
 # ----- the plugin configuration ------------------------------------------------------------------------------

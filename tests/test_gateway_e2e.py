@@ -113,11 +113,11 @@ def test_non_streaming_answers_and_errors_pass_through(stack: tuple[SimFleet, Pr
     assert refused.status_code == 422  # the endpoint's own answer, passed through
     assert refused.json()["field"] == "max_tokens" and refused.headers["x-leadtime-endpoint"]
     broken = httpx.post(f"{route.url}/v1/completions", content=b'{"prompt": ', headers=JSON, timeout=10)
-    assert broken.status_code == 400 and broken.json()["field"] == "body"
+    assert broken.status_code == 400 and broken.json()["error"]["param"] == "body"
     bad_slo = httpx.post(
         f"{route.url}/v1/completions", json={"prompt": "x"}, headers={"x-llm-d-slo-ttft-ms": "-3"}, timeout=10
     )
-    assert bad_slo.status_code == 422 and bad_slo.json()["field"] == "x-llm-d-slo-ttft-ms"
+    assert bad_slo.status_code == 422 and bad_slo.json()["error"]["param"] == "x-llm-d-slo-ttft-ms"
     assert httpx.get(f"{route.url}/healthz", timeout=5).json() == {"status": "ok"}
     assert httpx.get(f"{route.url}/v1/models", timeout=5).json()["data"][0]["id"] == "llama-3.1-8b"
 
@@ -319,7 +319,7 @@ def test_a_gateway_with_an_api_key_serves_only_clients_that_show_it(
         route.wait()
         body = {"prompt": "let me in", "max_tokens": 2}
         refused = httpx.post(f"{route.url}/v1/completions", json=body, timeout=30)
-        assert refused.status_code == 401 and refused.json()["field"] == "authorization"
+        assert refused.status_code == 401 and refused.json()["error"]["param"] == "authorization"
         shown = {"authorization": "Bearer s3cret"}
         answered = httpx.post(f"{route.url}/v1/completions", json=body, headers=shown, timeout=30)
         assert answered.status_code == 200 and answered.json()["usage"]["completion_tokens"] == 2
@@ -356,7 +356,7 @@ def test_an_endpoint_never_scraped_is_not_routed_to(workdir: Path) -> None:
         ready = httpx.get(f"{route.url}/readyz", timeout=10).json()
         assert ready["reason"] == "no endpoint can be routed to (none answered a scrape within the last 3 s)"
         reply = httpx.post(f"{route.url}/v1/completions", json={"prompt": "anyone?"}, timeout=10)
-        assert reply.status_code == 503 and "no endpoint" in reply.json()["error"]
+        assert reply.status_code == 503 and "no endpoint" in reply.json()["error"]["message"]
     finally:
         route.child.stop()
 

@@ -87,7 +87,7 @@ async def refused_and_unknown(client: httpx.AsyncClient) -> list[httpx.Response]
 def test_the_endpoints_refusal_comes_back_as_it_is_and_stateful_paths_are_not_passed() -> None:
     _, (refused, stateful, ok) = through_gateway(PD, Learning(), refused_and_unknown, SETTINGS)
     assert refused.status_code == 422 and refused.headers["x-leadtime-endpoint"] == "d-0"
-    assert stateful.status_code == 404 and "/v1/responses" in stateful.json()["error"]
+    assert stateful.status_code == 404 and "/v1/responses" in stateful.json()["error"]["message"]
     # On a P/D fleet the prefill endpoints serve no client: the decode endpoint answers.
     assert ok.status_code == 200 and ok.headers["x-leadtime-endpoint"] == "d-0"
 
@@ -111,6 +111,6 @@ def test_a_pd_fleet_without_its_decode_pool_is_a_503_saying_so_and_not_ready() -
     _, (reply, ready) = through_gateway(
         PD, Learning(), completion_and_readiness, SETTINGS, discovered=lambda cfg: cfg.role == "prefill"
     )
-    assert reply.status_code == 503 and reply.json()["field"] == "endpoints"
-    assert "no decode endpoint" in reply.json()["error"]
+    assert reply.status_code == 503 and reply.json()["error"]["param"] == "endpoints"
+    assert "no decode endpoint" in reply.json()["error"]["message"]
     assert ready.status_code == 503 and "prefill" in ready.json()["reason"]

@@ -34,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -167,6 +168,17 @@ def _json(obj: object) -> bytes:
     return orjson.dumps(obj)
 
 
+def openai_error(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """An error as OpenAI's API and vLLM answer it, which OpenAI clients read the message of (from a body of another
+    shape they show "Error code: 503" alone); `param` names the field at fault.
+
+    >>> openai_error(503, "no endpoint can serve this request now", "endpoints")["error"]["type"]
+    'ServiceUnavailableError'
+    """
+    kind = HTTPStatus(status).phrase.replace(" ", "").replace("-", "") + "Error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
 def stream_failed(endpoint_id: str, err: UpstreamError) -> bytes:
     """What ends a stream its endpoint broke off: the error event vLLM sends when a stream fails (which OpenAI
     clients raise on), then `[DONE]`; without it the client would take the cut answer for a whole one.
@@ -174,8 +186,8 @@ def stream_failed(endpoint_id: str, err: UpstreamError) -> bytes:
     >>> stream_failed("e-0", UpstreamError("reset", "connection closed")).decode()[:60]
     'data: {"error":{"message":"endpoint e-0 failed mid-stream: r'
     """
-    error = {"message": f"endpoint {endpoint_id} failed mid-stream: {err}", "type": "BadGatewayError", "param": None}
-    return b"data: " + orjson.dumps({"error": {**error, "code": 502}}) + b"\n\ndata: [DONE]\n\n"
+    error = openai_error(502, f"endpoint {endpoint_id} failed mid-stream: {err}")
+    return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
 
 
 class Gateway:
@@ -441,10 +453,11 @@ class Gateway:
             send, method = _without_body(send), "GET"
         guarded = path.startswith("/v1/") or path in PASSED_THROUGH
         if self.settings.api_keys and guarded and not bearer_ok(scope["headers"], self.settings.api_keys):
-            await self._reply(
+            await self._refuse(
                 send,
                 401,
-                {"error": "authorization: a valid bearer token is required", "field": "authorization"},
+                "authorization: a valid bearer token is required",
+                "authorization",
                 [(b"www-authenticate", b"Bearer")],
             )
             if path in PROXIED_PATHS or path in PASSED_THROUGH:
@@ -463,7 +476,7 @@ class Gateway:
         elif path in PASSED_THROUGH:
             await self._pass_through(scope, receive, send)
         else:
-            await self._reply(send, 404, {"error": f"no route for {method} {path}"})
+            await self._refuse(send, 404, f"no route for {method} {path}")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -481,8 +494,19 @@ class Gateway:
     ) -> None:
         await self._plain(send, status, _json(body), b"application/json", extra)
 
+    async def _refuse(
+        self,
+        send: Send,
+        status: int,
+        message: str,
+        param: str | None = None,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        """An error of the gateway's own, in OpenAI's shape (`openai_error`)."""
+        await self._reply(send, status, openai_error(status, message, param), extra)
+
     async def _endpoint_failed(self, send: Send, endpoint_id: str, err: UpstreamError) -> int:
-        await self._reply(send, 502, {"error": f"endpoint {endpoint_id} failed: {err}", "field": "endpoint"})
+        await self._refuse(send, 502, f"endpoint {endpoint_id} failed: {err}", "endpoint")
         return 502
 
     async def _plain(
@@ -526,7 +550,7 @@ class Gateway:
                 continue
             await self._plain(send, response.status, body, response.header(b"content-type") or b"application/json")
             return
-        await self._reply(send, 503, {"error": "no endpoint can be routed to"})
+        await self._refuse(send, 503, "no endpoint can be routed to", "endpoints")
 
     def _render_metrics(self) -> bytes:
         m = self.metrics
@@ -608,7 +632,7 @@ class Gateway:
         try:
             body = await self._read_body(receive)
         except BadRequest as err:
-            await self._reply(send, err.status, {"error": str(err), "field": err.field})
+            await self._refuse(send, err.status, str(err), err.field)
             return err.status
         if body is None:
             return 499
@@ -627,7 +651,7 @@ class Gateway:
         for attempt in (0, 1):
             target = self._passed.choose(self.routable(), excluded)
             if target is None:
-                await self._reply(send, 503, {"error": "no endpoint can serve this request now", "field": "endpoints"})
+                await self._refuse(send, 503, "no endpoint can serve this request now", "endpoints")
                 return 503
             eid = target.endpoint_id
             self._passed.opened(eid)
@@ -690,7 +714,7 @@ class Gateway:
                 self.settings.ask_usage,
             )
         except BadRequest as err:
-            await self._reply(send, err.status, {"error": str(err), "field": err.field})
+            await self._refuse(send, err.status, str(err), err.field)
             return err.status
         if parsed.token_ids is not None:
             key = self.affinity.key_for_ids(parsed.token_ids, parsed.model)
@@ -732,7 +756,7 @@ class Gateway:
                 request_id if not attempt else f"{request_id}-retry", route, parsed, key, excluded, watch
             )
             if routed is None:
-                await self._reply(send, 503, {"error": self._unservable_message, "field": "endpoints"})
+                await self._refuse(send, 503, self._unservable_message, "endpoints")
                 return 503
             routes.append(routed)
             target = self._target(routed)
