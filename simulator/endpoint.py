@@ -496,6 +496,22 @@ class Endpoint:
         self._release(r)
         self.running.remove(r)
 
+    def remove(self, rid: int) -> bool:
+        """Drop request `rid`, waiting or running, and free what it holds: its client left, and vLLM aborts such a
+        request at its next step. Between steps only (one in the step in flight is removed after it). Whether it
+        was here."""
+        assert self.plan is None or all(r.rid != rid for r, _ in self.plan.entries), "in the step in flight"
+        for r in self.waiting:
+            if r.rid == rid:
+                self.waiting.remove(r)
+                self._release(r)
+                return True
+        for r in self.running:
+            if r.rid == rid:
+                self._leave(r)
+                return True
+        return False
+
     # ----- time-slicing --------------------------------------------------------------------------------------
 
     def request_park(self, now_ms: float) -> None:

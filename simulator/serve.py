@@ -183,6 +183,8 @@ class LiveEndpoint:
     kv_link_gb_s: float = 25.0
     link_free_ms: float = 0.0
     prefills: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    aborted: set[int] = field(default_factory=set)
+    """Requests whose clients left during the step in flight: removed when it ends."""
 
     def now_ms(self) -> float:
         """Milliseconds since the endpoint started."""
@@ -200,6 +202,9 @@ class LiveEndpoint:
             await asyncio.sleep(max(0.0, (plan.end_ms - self.now_ms()) / 1e3))
             before = {id(r): r.generated for r, _ in plan.entries}
             outcome = self.engine.finish_step()
+            for rid in self.aborted:
+                self.engine.remove(rid)
+            self.aborted.clear()
             for r in (*outcome.first_token, *outcome.prefill_done):
                 if not r.kv_ready and r.prefix_hit_tokens >= 0 and before[id(r)] == 0:
                     self.counters.prefix_queries += r.input_tokens
@@ -220,6 +225,17 @@ class LiveEndpoint:
                 queue = self.streams.pop(r.rid, None)
                 if queue is not None:
                     queue.put_nowait(None)
+
+    def abort(self, rid: int) -> None:
+        """The client of request `rid` left: stop serving it, as vLLM aborts a request whose connection closes (the
+        mock generated on for no one, and a router in front of it saw load no one was waiting for)."""
+        self.streams.pop(rid, None)
+        plan = self.engine.plan
+        if plan is not None and any(r.rid == rid for r, _ in plan.entries):
+            self.aborted.add(rid)  # removed once the step in flight ends, a decode run cut short to it
+            self.engine.interrupt(self.now_ms())
+        else:
+            self.engine.remove(rid)
 
     def _request(self, rid: int, words: list[str], max_tokens: int) -> SimRequest:
         request = SimRequest(
@@ -270,6 +286,8 @@ class LiveEndpoint:
         self, prefiller: LiveEndpoint, rid: int, words: list[str], max_tokens: int, queue: asyncio.Queue[int | None]
     ) -> None:
         input_tokens = await prefiller.prefill_for_peer(rid, words, max_tokens)
+        if rid not in self.streams:
+            return  # its client left while it was prefilled elsewhere
         start = max(self.now_ms(), self.link_free_ms)
         end = start + kv_transfer_ms(get_model(self.config.model), input_tokens, self.kv_link_gb_s)
         self.link_free_ms = end
@@ -465,6 +483,14 @@ def build_app(
             return f'{head}"text":"{text}","finish_reason":{finish}}}]}}\n\n'
 
         async def events() -> AsyncIterator[str]:
+            try:
+                async for event in answer():
+                    yield event
+            finally:
+                if rid in live.streams:  # the client left before the end (a finished request has left them)
+                    live.abort(rid)
+
+        async def answer() -> AsyncIterator[str]:
             n = 0
             pending = ""
             async for i in tokens(queue):

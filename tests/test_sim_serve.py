@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -217,3 +218,22 @@ def test_timesliced_endpoint_goes_away_and_comes_back() -> None:
         assert reply.json()["usage"]["completion_tokens"] == 3  # served across swaps
     finally:
         srv.stop()
+
+
+def test_a_stream_whose_client_hangs_up_is_aborted_as_vllm_aborts_it(server: FleetServer) -> None:
+    """The mock generated on for nobody (running 32 after 40 clients left), so a gateway in front of it routed
+    on load no one was waiting for."""
+    url = _url(server, "h100-0")
+    body = {"prompt": "w " * 200, "max_tokens": 5000, "stream": True}
+    for _ in range(3):
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            assert [next(lines) for _ in range(3)]  # a few events in, then gone
+    running = waiting = -1
+    for _ in range(100):
+        m = parse_vllm_metrics(httpx.get(url + "/metrics", timeout=10).text)
+        running, waiting = m.num_requests_running, m.num_requests_waiting
+        if running == waiting == 0:
+            break
+        time.sleep(0.02)
+    assert (running, waiting) == (0, 0)
