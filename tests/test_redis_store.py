@@ -223,6 +223,60 @@ def test_a_stream_key_holding_something_else_is_logged_once_not_on_every_other_c
     assert sum("again" in line for line in lines) == 1, lines
 
 
+def test_a_full_redis_is_one_warning_and_health_says_what_waits_until_writes_are_taken_again(
+    make_store: StoreFactory, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis at its maxmemory (noeviction) refuses writes while reads answer: every read on the stream ended the
+    append's "error" (about 2 log lines a second, alternating) and health() said "ok" between them, while the
+    accepted rows stayed in the buffer. Raising maxmemory sends them, without a restart."""
+    raw = redis.Redis.from_url(redis_url)
+    store = make_store()
+    with caplog.at_level(logging.INFO, logger="leadtime.store"):
+        raw.config_set("maxmemory", "1")  # below what an empty server uses: every write is refused
+        store.append_observations([entry(i) for i in range(50)])
+        answers = set()
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:  # what the ingest, model-sync and lease loops do meanwhile
+            store.read_observations("0", 10)
+            store.wait_for_model(0, 0.05)
+            answers.add(store.health()["redis"])
+        assert store.stats()["buffered"] == 50
+        answers.discard("ok")  # before the writer's first refused try
+        assert answers == {store.health()["redis"]}, answers
+        assert "out of memory" in store.health()["redis"] and "50 observations buffered" in store.health()["redis"]
+        raw.config_set("maxmemory", "0")
+        assert store.flush(10.0)
+        assert wait_until(lambda: store.health() == {"redis": "ok"}, timeout_s=5)
+    assert [e["input_token_length"] for e in read_all(store)[1]] == list(range(50))
+    lines = [r.getMessage() for r in caplog.records if r.name == "leadtime.store"]
+    assert sum("buffering observations in memory" in line for line in lines) == 1, lines
+    assert sum("again" in line for line in lines) == 1, lines
+
+
+def test_a_redis_that_evicts_keys_when_full_is_named_once_at_start(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With an allkeys-* policy a full Redis silently evicts the observation stream and the models (XLEN 0)."""
+    raw = redis.Redis.from_url(redis_url)
+    with caplog.at_level(logging.INFO, logger="leadtime.store"):
+        quiet = RedisStore(redis_url, namespace="quiet")
+        quiet.flush(1.0)
+        time.sleep(0.3)  # the writer's first contact
+        quiet.close()
+        raw.config_set("maxmemory-policy", "allkeys-lru")
+        store = RedisStore(redis_url, namespace="evicted")
+        try:
+            assert wait_until(lambda: "allkeys-lru" in caplog.text, timeout_s=5)
+            store.append_observations([entry(0)])
+            assert store.flush(5.0)
+            time.sleep(0.6)  # further health checks by the writer say nothing more
+        finally:
+            store.close()
+    lines = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "allkeys-lru" in lines[0] and "noeviction" in lines[0] and "observation stream" in lines[0]
+
+
 def test_a_refused_or_missing_password_is_named_as_such(tmp_path: Path) -> None:
     """Authentication failures read as "unreachable (...)" or redis-py internals ("HELLO must be called with the
     client already authenticated")."""

@@ -298,3 +298,25 @@ def test_the_training_lease_passes_to_b_when_a_stops(start_replicas: Callable[..
     a.stop()  # A neither renews nor retrains any more; its lease runs out
     assert wait_until(lambda: b.status()["holds_training_lease"], timeout_s=5)
     assert b.store.lease_holder() == "b"
+
+
+def test_a_full_redis_is_named_in_readyz_and_status_while_accepted_rows_wait(
+    start_replicas: Callable[..., list[Replica]], redis_url: str
+) -> None:
+    """A Redis at its maxmemory refuses writes and answers reads: /readyz said `"degraded": {}` half the time while
+    the rows answered 202 stayed in the replica's buffer. Raising maxmemory sends them without a restart."""
+    (a,) = start_replicas(count=1)
+    raw = redis.Redis.from_url(redis_url)
+    raw.config_set("maxmemory", "1")  # below what the server uses: every write is refused
+    entries = training_entries(300, seed=9)
+    a.send(entries)
+    assert wait_until(a.redis_degraded, timeout_s=5)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:  # the ingest loop reads the stream meanwhile, and that works
+        reason = a.readyz_degraded().get("redis", "")
+        assert "out of memory" in reason and "300 observations buffered" in reason, reason
+        time.sleep(0.05)
+    assert "300 observations buffered" in a.status()["components"]["redis"]
+    raw.config_set("maxmemory", "0")
+    assert wait_until(lambda: a.learned() == len(entries), timeout_s=20), a.learned()
+    assert wait_until(a.fully_ready, timeout_s=5), a.readyz_degraded()

@@ -3,8 +3,9 @@
 - Observations go to one Redis stream. Every replica reads the whole stream from its own cursor (a range read
   after the last id it saw, no consumer groups): each replica must learn every observation, not share them out.
 - Accepting an observation never touches the network: `append_observations` queues it in memory and one writer
-  thread sends the queue to Redis in order. While Redis is down the queue is the outage buffer (bounded, drops
-  counted); the writer keeps retrying and empties it, oldest first, once Redis answers again.
+  thread sends the queue to Redis in order. While Redis is down, or full (at its maxmemory it refuses writes and
+  still answers reads), the queue is the outage buffer (bounded, drops counted); the writer keeps retrying and
+  empties it, oldest first, once Redis takes writes again.
 - What Redis took is kept in memory until this store has read it back from the stream (a replica reads what it
   writes) or reads on from past it: a Redis without persistence that crashes loses what no one had read yet.
   When the writer finds Redis restarted (another `run_id`), it sends again those entries that the new server's
@@ -32,7 +33,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import redis
@@ -258,8 +259,34 @@ def _reason(exc: BaseException) -> str:
         if _NO_PASSWORD_GIVEN.search(text):
             return "Redis needs a password (give it in the URL: redis://:PASSWORD@host:port/db)"
         return "Redis refused the password (or the user) given in the URL"
+    if isinstance(exc, redis.OutOfMemoryError):  # redis-py drops the "OOM" that names it
+        return "out of memory (OOM: Redis refuses writes above its maxmemory; raise maxmemory or free memory)"
     kind = "unreachable" if isinstance(exc, redis.ConnectionError | redis.TimeoutError) else "error"
     return f"{kind} ({text})"
+
+
+# What each family of maxmemory-policy evicts when Redis is full; noeviction (refusing writes, which the store
+# buffers and retries) is the only one that loses nothing.
+_EVICTED_BY_POLICY = {
+    "allkeys": "any key, the observation stream and the models too",
+    "volatile": "keys with a TTL: the training lease, and the marks that keep a resent chunk of observations from "
+    "landing twice",
+}
+
+
+def eviction_warning(policy: str) -> str | None:
+    """What a server's `maxmemory-policy` would silently evict, or None for one that evicts nothing of ours.
+
+    >>> eviction_warning("noeviction") is None
+    True
+    >>> print(eviction_warning("allkeys-lru"))  # doctest: +NORMALIZE_WHITESPACE
+    maxmemory-policy allkeys-lru evicts any key, the observation stream and the models too, when Redis is full;
+    Leadtime needs maxmemory-policy noeviction
+    """
+    evicted = _EVICTED_BY_POLICY.get(policy.partition("-")[0])
+    if evicted is None:
+        return None
+    return f"maxmemory-policy {policy} evicts {evicted}, when Redis is full; Leadtime needs maxmemory-policy noeviction"
 
 
 NOT_CONTACTED = "not contacted yet"
@@ -413,8 +440,10 @@ class RedisStore:
         self._check_run_id = True
         self._health = LatestOutcome(NOT_CONTACTED)
         # Whether the observation stream itself works: a server that answers may still refuse it (its key holds
-        # something else), and only the calls on the stream can tell that or its end.
-        self._stream_health = LatestOutcome(None, contacted=True)
+        # something else, or it is full and refuses writes while reads work), and only the calls on the stream can
+        # tell that or its end. Reads and writes are told apart: a read that works does not end refused writes.
+        self._stream_reads = LatestOutcome(None, contacted=True)
+        self._stream_writes = LatestOutcome(None, contacted=True)
         self._highest_version = 0
         self._wake_writer = threading.Event()
         self._version_seen = threading.Condition()
@@ -456,12 +485,12 @@ class RedisStore:
         except redis.ResponseError as exc:
             if "stream id" in str(exc).lower():
                 raise ValueError(f"cursor {cursor!r} is not a stream id") from None
-            self._set_problem(exc, started, on_stream=True)
+            self._set_problem(exc, started, stream="read")
             return cursor, []
         except redis.RedisError as exc:
-            self._set_problem(exc, started, on_stream=True)
+            self._set_problem(exc, started, stream="read")
             return cursor, []
-        self._set_problem(None, started, on_stream=True)
+        self._set_problem(None, started, stream="read")
         # The caller is done with everything up to `cursor` as well: a replica that adopted a published model
         # reads on from that model's position, past rows it wrote and never read itself (the publisher learned
         # them); kept as unread, they were sent again at the next restart and learned twice.
@@ -486,6 +515,8 @@ class RedisStore:
         sent meanwhile."""
         run_id = str(self._redis.info("server").get("run_id", ""))
         restarted = self._run_id is not None and run_id != self._run_id
+        if run_id != self._run_id:
+            self._warn_if_evicting()
         if restarted:
             lost = self._take_back_lost()
             if lost:
@@ -498,6 +529,14 @@ class RedisStore:
             with self._lock:
                 self._restarts += 1
         return restarted
+
+    def _warn_if_evicting(self) -> None:
+        """Once per server met: a maxmemory-policy that evicts would lose observations or models without an
+        error, where noeviction refuses the write (buffered, retried, shown in health()). Raises RedisError."""
+        policy = str(self._redis.info("memory").get("maxmemory_policy", "noeviction"))
+        warning = eviction_warning(policy)
+        if warning is not None:
+            log.warning("redis at %s: %s", self.address, warning)
 
     def _take_back_lost(self) -> int:
         """Move the unread chunks that the (restarted) server no longer holds to the head of the buffer; how many
@@ -565,13 +604,13 @@ class RedisStore:
             try:
                 last_id = self._send(chunk_id, chunk)
             except redis.RedisError as exc:
-                self._set_problem(exc, started, on_stream=True)
+                self._set_problem(exc, started, stream="write")
                 self._stop.wait(retry_s)
                 retry_s = min(retry_s * 2, _RETRY_MAX_S)
                 continue
             retry_s = _RETRY_MIN_S
             last_contact = time.monotonic()
-            self._set_problem(None, started, on_stream=True)
+            self._set_problem(None, started, stream="write")
             with self._lock:  # appenders only add on the right, so the chunk is still the buffer's head
                 for _ in chunk:
                     self._buffer.popleft()
@@ -768,25 +807,41 @@ class RedisStore:
 
     # ---- state --------------------------------------------------------------------------------------------
 
-    def _set_problem(self, exc: BaseException | None, started: float, on_stream: bool = False) -> None:
+    def _set_problem(
+        self, exc: BaseException | None, started: float, stream: Literal["read", "write"] | None = None
+    ) -> None:
         """Record the outcome of a Redis call begun at `started` (time.monotonic()); log a change once.
 
-        An error the server answered for a call `on_stream` (the observation stream's key holds something else)
-        is the stream's problem, not the server's: the registry and lease calls that succeed meanwhile must not
-        read as its end (that logged a warning and an "answers again" several times a second). A call on the
-        stream that succeeds ends both."""
+        An error the server answered for a call on the observation `stream` (its key holds something else, or a
+        full server refuses the append) is the stream's problem, not the server's: the registry and lease calls
+        that succeed meanwhile must not read as its end (that logged a warning and an "answers again" several
+        times a second). Nor may a read of the stream end refused writes: a full Redis still answers reads. A write
+        that lands ends both."""
         problem = None if exc is None else _reason(exc)
         if problem is not None:
             self._check_run_id = True  # the server may come back as another one, empty
-        stream_only = on_stream and isinstance(exc, redis.ResponseError)
+        stream_only = stream is not None and isinstance(exc, redis.ResponseError)
         with self._lock:
             change = None if stream_only else self._health.record(problem, started)
-            told = on_stream and (exc is None or stream_only)  # an unreachable server tells nothing of the stream
-            stream_change = self._stream_health.record(problem, started) if told else None
+            stream_change = None
+            if stream is not None and (exc is None or stream_only):  # an unreachable server tells nothing of it
+                was = self._stream_problem()
+                sides = [self._stream_reads] if stream == "read" else [self._stream_writes]
+                if stream == "write" and exc is None:  # a chunk landed: the key is a stream, readable too
+                    sides.append(self._stream_reads)
+                for side in sides:
+                    side.record(problem, started)
+                now = self._stream_problem()
+                stream_change = (was, now) if (was is None) != (now is None) else None
             buffered = len(self._buffer)
         for outcome in (change, stream_change):
             if outcome is not None:
                 self._log_change(*outcome, buffered)
+
+    def _stream_problem(self) -> str | None:
+        """What keeps the observation stream from working (its writes first: they keep rows waiting), or None.
+        Called under the lock."""
+        return self._stream_writes.problem or self._stream_reads.problem
 
     def _log_change(self, was: str | None, problem: str | None, buffered: int) -> None:
         """One line when Redis (or its observation stream) stops or starts working again."""
@@ -800,7 +855,7 @@ class RedisStore:
     def health(self) -> dict[str, str]:
         """{"redis": "ok"} or what is wrong, with how many observations wait in memory meanwhile."""
         with self._lock:
-            problem = self._health.problem or self._stream_health.problem
+            problem = self._health.problem or self._stream_problem()
             buffered, dropped = len(self._buffer), self._dropped
         if problem is None:
             return {"redis": "ok"}
@@ -835,5 +890,5 @@ class RedisStore:
             self._dropped += lost
             self._buffer.clear()
         if lost:
-            log.warning("closed with redis unreachable: %d buffered observations dropped", lost)
+            log.warning("closed before redis took them: %d buffered observations dropped", lost)
         self._redis.close()
