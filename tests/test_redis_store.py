@@ -651,6 +651,21 @@ def test_other_operations_degrade_without_raising_while_redis_is_down(
     assert store.health()["redis"].startswith("unreachable")
 
 
+def test_read_latest_model_tells_an_unreachable_registry_from_an_empty_one(
+    make_store: StoreFactory, redis_server: RedisServer
+) -> None:
+    """latest_model() answers None for both (its callers rely on that); /reload must tell them apart."""
+    store = make_store()
+    assert store.read_latest_model() is None  # nothing published: no error
+    store.publish_model(artifact("kept"))
+    assert store.read_latest_model() == (1, artifact("kept"))
+    redis_server.stop()
+    with pytest.raises(StoreUnavailable, match="unreachable") as raised:
+        store.read_latest_model()
+    assert str(raised.value).startswith(f"redis at {redis_server.url}: ")
+    assert store.latest_model() is None
+
+
 def test_close_is_idempotent_and_sends_what_is_queued(make_store: StoreFactory) -> None:
     store, reader = make_store(), make_store()
     store.append_observations([entry(i) for i in range(5)])

@@ -320,3 +320,18 @@ def test_a_full_redis_is_named_in_readyz_and_status_while_accepted_rows_wait(
     raw.config_set("maxmemory", "0")
     assert wait_until(lambda: a.learned() == len(entries), timeout_s=20), a.learned()
     assert wait_until(a.fully_ready, timeout_s=5), a.readyz_degraded()
+
+
+def test_reload_answers_503_while_the_registry_cannot_be_reached(
+    start_replicas: Callable[..., list[Replica]], redis_server: RedisServer
+) -> None:
+    """The store's latest_model() answers None for an unreachable Redis as for an empty registry: /reload said
+    200 `{"synced": true, "loaded": false}` during an outage."""
+    (a,) = start_replicas(count=1)
+    assert a.client.post("/reload").status_code == 200
+    redis_server.stop()
+    answer = a.client.post("/reload")
+    assert answer.status_code == 503, answer.text
+    assert "registry" in answer.text and "unreachable" in answer.text, answer.text
+    redis_server.start()
+    assert wait_until(lambda: a.client.post("/reload").status_code == 200, timeout_s=10)

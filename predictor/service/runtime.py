@@ -436,8 +436,9 @@ class ServiceRuntime:
         return version
 
     def sync_from_store(self) -> tuple[bool, bool]:
-        """Swap in the newest published model if it is newer than ours: (synced, loaded)."""
-        latest = self.store.latest_model()
+        """Swap in the newest published model if it is newer than ours: (synced, loaded). Raises if the registry
+        cannot be reached (/reload answers 503; the sync loop names it in health)."""
+        latest = self.store.read_latest_model()
         if latest is None:
             return True, False
         version, artifact = latest

@@ -30,7 +30,12 @@ class Store(Protocol):
         ...
 
     def latest_model(self) -> tuple[int, bytes] | None:
-        """The newest published (version, artifact), or None."""
+        """The newest published (version, artifact), or None (none published, or the backend is down)."""
+        ...
+
+    def read_latest_model(self) -> tuple[int, bytes] | None:
+        """The newest published (version, artifact), or None if none is; raises (ConnectionError) if the backend
+        cannot be reached, so that an outage is not taken for an empty registry."""
         ...
 
     def registry_version(self) -> int | None:

@@ -180,6 +180,10 @@ class MemoryStore:
         with self._lock:
             return self._models[-1] if self._models else None
 
+    def read_latest_model(self) -> tuple[int, bytes] | None:
+        """The newest (version, artifact), or None: nothing here is ever unreachable."""
+        return self.latest_model()
+
     def registry_version(self) -> int | None:
         """The newest version kept (0: none): nothing here loses its models."""
         with self._lock:

@@ -658,13 +658,22 @@ class RedisStore:
         return version
 
     def latest_model(self) -> tuple[int, bytes] | None:
-        """The newest (version, artifact), or None if there is none or Redis cannot be reached."""
+        """The newest (version, artifact), or None if there is none or Redis cannot be reached: the sync loop,
+        startup and the retraining job go on with what they have either way."""
+        try:
+            return self.read_latest_model()
+        except StoreUnavailable:
+            return None
+
+    def read_latest_model(self) -> tuple[int, bytes] | None:
+        """The newest (version, artifact), or None if none is published; StoreUnavailable if Redis cannot be
+        reached, for a caller that must not report an outage as "nothing published" (/reload)."""
         started = time.monotonic()
         try:
             answer = self._latest(keys=[self._version_key], args=[self._model_prefix])
         except redis.RedisError as exc:
             self._set_problem(exc, started)
-            return None
+            raise StoreUnavailable(f"redis at {self.address}: {_reason(exc)}") from None
         self._set_problem(None, started)
         if not answer:
             return None
