@@ -229,6 +229,18 @@ def test_redis_source_names_hide_credentials() -> None:
     assert "secret" not in source.name and source.namespace == "a"
 
 
+def test_a_password_holding_a_question_mark_is_not_cut_there_nor_shown() -> None:
+    """The query was split off at the first '?': one in the password cut it there, and what followed was taken as
+    query parameters and shown in the source's name."""
+    source = RedisSource.parse("redis://:pa?ss#wd@10.0.0.5:6379/2?namespace=a")
+    assert (source.url, source.namespace) == ("redis://:pa?ss#wd@10.0.0.5:6379/2", "a")
+    assert source.name == "redis://10.0.0.5:6379/2 (a)"
+    with pytest.raises(SampleError) as raised:
+        SampleReader("h100-sxm", "llama-3.1-8b").read(["redis://:pa?ss#wd@127.0.0.1:6379/0"])
+    assert "percent-encode" in str(raised.value) and "ss" not in str(raised.value).split("(")[0]
+    assert not any(part in str(raised.value) for part in ("pa?", "ss#", "wd@")), raised.value
+
+
 def test_sources_join_in_time_order_only_when_every_row_has_a_timestamp(tmp_path: Path) -> None:
     early = [json.dumps(native_observation(i)) for i in range(0, 20, 2)]
     late = [json.dumps(native_observation(i)) for i in range(1, 20, 2)]

@@ -31,7 +31,7 @@ from leadtime.features.rows import parse_timestamp
 from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor import physics
 from leadtime.predictor.service.rows import RowParser
-from leadtime.predictor.store.redis_store import without_credentials
+from leadtime.predictor.store.redis_store import split_query, without_credentials
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -107,14 +107,15 @@ class RedisSource:
 
     @classmethod
     def parse(cls, spec: str) -> RedisSource:
-        """Split the job's own `namespace` query parameter off a Redis URL.
+        """Split the job's own `namespace` query parameter off a Redis URL (its query begins after the password:
+        one holding '?' is not cut there, and the store's client then asks for it percent-encoded).
 
         >>> RedisSource.parse("redis://127.0.0.1:6379/0?namespace=fleet-a")
         RedisSource(url='redis://127.0.0.1:6379/0', namespace='fleet-a')
         >>> RedisSource.parse("unix:///run/redis.sock?db=2")
         RedisSource(url='unix:///run/redis.sock?db=2', namespace='leadtime')
         """
-        base, _, query_text = spec.partition("?")  # as written: urlunsplit would make unix:///s unix:/s
+        base, query_text = split_query(spec)  # as written: urlunsplit would make unix:///s unix:/s
         query = parse_qsl(query_text, keep_blank_values=True)
         names = [v for k, v in query if k == "namespace"]
         rest = [(k, v) for k, v in query if k != "namespace"]
@@ -177,7 +178,7 @@ def _parquet_entries(path: Path) -> Iterator[_Read]:
 def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Read]:
     import redis
 
-    from leadtime.predictor.store.redis_store import ENTRY_FIELD, observation_stream_key, redis_client
+    from leadtime.predictor.store.redis_store import ENTRY_FIELD, observation_stream_key, redis_client, redis_problem
 
     try:
         client = redis_client(source.url, socket_timeout=10.0, socket_connect_timeout=5.0)
@@ -205,7 +206,7 @@ def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Rea
                 except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
                     yield where, None, f"not JSON ({getattr(err, 'msg', type(err).__name__)})"
     except redis.RedisError as err:
-        raise SampleError(f"{source.name}: cannot read the observation stream ({err})") from None
+        raise SampleError(f"{source.name}: cannot read the observation stream ({redis_problem(err)})") from None
     finally:
         client.close()
 

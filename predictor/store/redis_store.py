@@ -31,12 +31,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import redis
+import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -234,6 +235,21 @@ def _split_credentials(url: str) -> tuple[str, str, str]:
     return head + sep, userinfo, tail
 
 
+def split_query(url: str) -> tuple[str, str]:
+    """(the URL without its query, the query), the '?' looked for after the user part: a password holding '?' is
+    not cut there (`redis_client` then asks for it percent-encoded, without showing it).
+
+    >>> split_query("redis://:pa?ss@10.0.0.5:6379/0?namespace=a"), split_query("unix:///run/redis.sock?db=2")
+    (('redis://:pa?ss@10.0.0.5:6379/0', 'namespace=a'), ('unix:///run/redis.sock', 'db=2'))
+    """
+    head, userinfo, tail = _split_credentials(url)
+    if not userinfo:
+        base, _, query = url.partition("?")
+        return base, query
+    base, _, query = tail.partition("?")
+    return f"{head}{userinfo}@{base}", query
+
+
 def without_credentials(url: str) -> str:
     """A Redis URL as logs, status pages and error messages show it: its password (and user) left out.
 
@@ -250,9 +266,10 @@ def without_credentials(url: str) -> str:
 _NO_PASSWORD_GIVEN = re.compile(r"NOAUTH|authentication required|HELLO must be called", re.IGNORECASE)
 
 
-def _reason(exc: BaseException) -> str:
-    """One short line for health(): a refused or missing password by name (redis-py reports both as a connection
-    error, with RESP3's HELLO internals), "unreachable (...)" when the server cannot be reached, else
+def redis_problem(exc: BaseException) -> str:
+    """One short line for health(), logs and messages (the store's, the gateway replicas', the retraining
+    job's): a refused or missing password by name (redis-py reports both as a connection error, with RESP3's HELLO
+    internals), a full server as "out of memory", "unreachable (...)" when the server cannot be reached, else
     "error (...)"."""
     text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:200]
     if isinstance(exc, redis.AuthenticationError):
@@ -340,6 +357,19 @@ def redis_client(url: str, **options: Any) -> redis.Redis:
     Traceback (most recent call last):
     ValueError: the user or password holds '/', '?' or '#', which end it in a URL: percent-encode them (%2F, %3F, %23)
     """
+    return _checked_client(redis.Redis.from_url, url, options)
+
+
+def async_redis_client(url: str, **options: Any) -> aioredis.Redis:
+    """`redis_client` for asyncio (the gateway's replicas): the same checks, the same messages."""
+    return _checked_client(aioredis.Redis.from_url, url, options)
+
+
+_Client = TypeVar("_Client", redis.Redis, aioredis.Redis)
+
+
+def _checked_client(from_url: Callable[..., _Client], url: str, options: dict[str, Any]) -> _Client:
+    """The client `from_url` makes of `url`, after the checks `redis_client` describes."""
     if any(delimiter in _split_credentials(url)[1] for delimiter in "/?#"):
         raise ValueError(
             "the user or password holds '/', '?' or '#', which end it in a URL: percent-encode them (%2F, %3F, %23)"
@@ -348,7 +378,7 @@ def redis_client(url: str, **options: Any) -> redis.Redis:
     if parts.scheme in ("redis", "rediss") and parts.path.strip("/") and not parts.path.strip("/").isdigit():
         raise ValueError(f"the database must be a number (/0, /1, ...), got {parts.path[:40]!r}")
     try:
-        client = redis.Redis.from_url(url, **options)
+        client = from_url(url, **options)
     except ValueError as exc:
         raise ValueError(" ".join(str(exc).split())) from None
     pool = client.connection_pool
@@ -652,7 +682,7 @@ class RedisStore:
             )
         except redis.RedisError as exc:
             self._set_problem(exc, started)
-            raise StoreUnavailable(f"cannot publish the model: redis {_reason(exc)}") from None
+            raise StoreUnavailable(f"cannot publish the model: redis {redis_problem(exc)}") from None
         self._set_problem(None, started)
         self._saw_version(version)
         return version
@@ -673,7 +703,7 @@ class RedisStore:
             answer = self._latest(keys=[self._version_key], args=[self._model_prefix])
         except redis.RedisError as exc:
             self._set_problem(exc, started)
-            raise StoreUnavailable(f"redis at {self.address}: {_reason(exc)}") from None
+            raise StoreUnavailable(f"redis at {self.address}: {redis_problem(exc)}") from None
         self._set_problem(None, started)
         if not answer:
             return None
@@ -826,7 +856,7 @@ class RedisStore:
         that succeed meanwhile must not read as its end (that logged a warning and an "answers again" several
         times a second). Nor may a read of the stream end refused writes: a full Redis still answers reads. A write
         that lands ends both."""
-        problem = None if exc is None else _reason(exc)
+        problem = None if exc is None else redis_problem(exc)
         if problem is not None:
             self._check_run_id = True  # the server may come back as another one, empty
         stream_only = stream is not None and isinstance(exc, redis.ResponseError)

@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 
+from leadtime.predictor.store.redis_store import async_redis_client, redis_problem, without_credentials
 from leadtime.router_plugin.gateway.inflight_work import Active
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 from leadtime.router_plugin.ledgers import LedgerEvent, dataclass_of_numbers, required_text
@@ -151,6 +152,8 @@ class ReplicaSync:
         The gateway's metrics (events sent, received and dropped; replicas heard; their requests in flight).
     silent_after_s
         A replica not heard for this long is taken to be gone, and its requests stop counting.
+
+    Raises ValueError naming what is wrong with `url` (never a part of its password), as the predictor's store does.
     """
 
     def __init__(
@@ -161,7 +164,9 @@ class ReplicaSync:
         metrics: GatewayMetrics,
         silent_after_s: float = 5.0,
     ) -> None:
-        self.url = url
+        self.address = without_credentials(url)  # for logs: the password left out
+        # Checked and built here (not connected): a bad URL is refused at start, in the store's words.
+        self._client = async_redis_client(url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self.channel = CHANNEL_PREFIX + group
         self.origin = secrets.token_hex(6)
         self.apply = apply
@@ -175,7 +180,6 @@ class ReplicaSync:
         self._in_work: dict[str, set[str]] = {}
         self._counting = 0  # requests in either, over every replica heard: kept as messages come, not recounted
         self._tasks: list[asyncio.Task[None]] = []
-        self._client: Any = None
 
     # ----- this replica's events (any thread) ---------------------------------------------------------------
 
@@ -194,10 +198,7 @@ class ReplicaSync:
     # ----- lifecycle ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        import redis.asyncio as aioredis
-
         self._loop = asyncio.get_running_loop()
-        self._client = aioredis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._tasks = [
             self._loop.create_task(self._send()),
             self._loop.create_task(self._receive()),
@@ -210,9 +211,8 @@ class ReplicaSync:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._client is not None:
-            with contextlib.suppress(Exception):
-                await self._client.aclose()
+        with contextlib.suppress(Exception):
+            await self._client.aclose()
 
     # ----- tasks --------------------------------------------------------------------------------------------
 
@@ -230,12 +230,16 @@ class ReplicaSync:
                 await self._publish(events)
                 self.metrics.replica_events.labels("sent").inc(len(events))
                 if failing:
-                    log.info("publishing to the other replicas through %s works again", self.channel)
+                    log.info("publishing to the other replicas through redis at %s works again", self.address)
                 failing = False
             except Exception as err:  # Redis away: these events are lost to the others, routing goes on
                 self.metrics.replica_events.labels("dropped").inc(len(events))
                 if not failing:
-                    log.warning("cannot publish to the other replicas (%s); routing on what this one knows", err)
+                    log.warning(
+                        "cannot publish to the other replicas through redis at %s (%s); routing on what this one knows",
+                        self.address,
+                        redis_problem(err),
+                    )
                 failing = True
 
     async def _heartbeat(self) -> None:
@@ -253,7 +257,7 @@ class ReplicaSync:
                 await pubsub.subscribe(self.channel)
                 if deaf:
                     deaf = False
-                    log.info("hearing the other replicas again")
+                    log.info("hearing the other replicas again through redis at %s", self.address)
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "message":
@@ -263,7 +267,11 @@ class ReplicaSync:
             except Exception as err:
                 if not deaf:
                     deaf = True
-                    log.warning("not hearing the other replicas (%s); retrying every second", err)
+                    log.warning(
+                        "not hearing the other replicas through redis at %s (%s); retrying every second",
+                        self.address,
+                        redis_problem(err),
+                    )
                 await asyncio.sleep(1.0)
             finally:
                 with contextlib.suppress(Exception):

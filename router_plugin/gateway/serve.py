@@ -124,7 +124,10 @@ def build_gateway(
         decide_in_thread=remote and predictor is not None and not isinstance(predict_client, PulledModel),
     )
     if options.replicas_redis is not None:
-        sync = ReplicaSync(options.replicas_redis, options.replicas_group, gateway.apply_replica_event, metrics)
+        try:
+            sync = ReplicaSync(options.replicas_redis, options.replicas_group, gateway.apply_replica_event, metrics)
+        except ValueError as err:
+            raise ConfigError(f"--replicas-redis {without_credentials(options.replicas_redis)}: {err}") from None
         gateway.attach_replicas(sync)
     if options.timeslice_file is not None:
         gateway.attach_timeslice(FileTimesliceSource(options.timeslice_file, monotonic_ms))
@@ -158,7 +161,7 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
         "" if len(endpoints) == 1 else "s",
         f"from {source}, re-read when it changes" if source is not None else "given on the command line",
         "clients need an API key" if settings.api_keys else "open to any client that reaches it (no --api-key)",
-        f"; sharing with replicas through {without_credentials(gateway.replicas.url)}" if gateway.replicas else "",
+        f"; sharing with replicas through {gateway.replicas.address}" if gateway.replicas else "",
     )
     config = uvicorn.Config(
         gateway,
