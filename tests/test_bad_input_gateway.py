@@ -175,6 +175,20 @@ def test_with_no_endpoint_discovered_readiness_and_requests_say_so() -> None:
     ready, reply = asyncio.run(go())
     assert ready.status_code == 503 and ready.json()["reason"] == "discovery lists no endpoint"
     assert reply.status_code == 503 and reply.json()["error"]["message"].endswith(": discovery lists no endpoint")
+    assert reply.headers["retry-after"] == "1"  # as clients that retry read a 503
+
+
+def test_model_listings_are_counted_as_the_requests_they_are() -> None:
+    """GET /v1/models (every openai client's models.list()) was missing from leadtime_router_requests_total."""
+    app = gateway()
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return await client.get("/v1/models")
+
+    assert asyncio.run(go()).status_code == 503  # no endpoint to ask
+    assert 'leadtime_router_requests_total{code="503",path="/v1/models"} 1.0' in app._render_metrics().decode()
 
 
 def test_a_path_passed_through_with_no_endpoint_to_serve_it_is_503() -> None:

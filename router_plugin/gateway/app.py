@@ -502,7 +502,9 @@ class Gateway:
         param: str | None = None,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        """An error of the gateway's own, in OpenAI's shape (`openai_error`)."""
+        """An error of the gateway's own, in OpenAI's shape (`openai_error`); a 503 says when to try again."""
+        if status == 503:
+            extra = [*(extra or []), (b"retry-after", b"1")]
         await self._reply(send, status, openai_error(status, message, param), extra)
 
     async def _endpoint_failed(self, send: Send, endpoint_id: str, err: UpstreamError) -> int:
@@ -540,6 +542,11 @@ class Gateway:
             await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
 
     async def _models(self, send: Send) -> None:
+        """Every endpoint serves the same models (as in an llm-d pool): the first that answers says which."""
+        status = await self._first_models(send)
+        self.metrics.requests.labels("/v1/models", str(status)).inc()
+
+    async def _first_models(self, send: Send) -> int:
         for scrape in self.routable():
             e = scrape.endpoint
             try:
@@ -549,8 +556,9 @@ class Gateway:
             except UpstreamError:
                 continue
             await self._plain(send, response.status, body, response.header(b"content-type") or b"application/json")
-            return
+            return response.status
         await self._refuse(send, 503, "no endpoint can be routed to", "endpoints")
+        return 503
 
     def _render_metrics(self) -> bytes:
         m = self.metrics
