@@ -114,14 +114,14 @@ class RedisRegistry:
         return None if health == "ok" else health.split("; ")[0]
 
     def latest(self) -> Published | None:
-        """The newest published version, or None when none is."""
-        found = self.store.latest_model()
-        if found is None:
-            problem = self._problem()
-            if problem is not None:
-                raise RegistryError(f"{self.name}: {problem}")
-            return None
-        return Published(*found)
+        """The newest published version, or None when none is (an outage is a RegistryError, not an empty one)."""
+        from leadtime.predictor.store.redis_store import StoreUnavailable
+
+        try:
+            found = self.store.read_latest_model()
+        except StoreUnavailable as err:
+            raise RegistryError(f"{self.name}: {err}") from None
+        return None if found is None else Published(*found)
 
     def publish(self, artifact: bytes) -> int:
         """Publish as the service's lease holder does: the next version, and a notification to every replica."""
