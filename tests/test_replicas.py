@@ -335,3 +335,20 @@ def test_reload_answers_503_while_the_registry_cannot_be_reached(
     assert "registry" in answer.text and "unreachable" in answer.text, answer.text
     redis_server.start()
     assert wait_until(lambda: a.client.post("/reload").status_code == 200, timeout_s=10)
+
+
+def test_a_restart_from_the_model_dir_on_the_same_stream_goes_on_from_where_it_stopped(
+    start_replicas: Callable[..., list[Replica]], tmp_path: Any
+) -> None:
+    """Nothing published yet (no retrain): the saved model's stream position was thrown away at the restart and
+    the whole stream learned again, every row twice."""
+    (a,) = start_replicas(1, model_dir=tmp_path, retrain_every=100_000)
+    a.send(training_entries(300, seed=5))
+    assert wait_until(lambda: a.learned() == 300, timeout_s=60)
+    a.stop()
+    (again,) = start_replicas(1, model_dir=tmp_path, retrain_every=100_000, replica_id="z")
+    assert again.learned() == 300
+    again.send(training_entries(20, seed=6))
+    assert wait_until(lambda: again.learned() >= 320, timeout_s=60)
+    time.sleep(0.5)  # anything it would read again has had time to arrive
+    assert again.learned() == 320

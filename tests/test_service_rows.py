@@ -217,7 +217,7 @@ def test_a_huge_batch_parses_column_wise() -> None:
         ("encoder_matched_size", -1, "must be ≥ 0, got -1"),
         ("decode_tokens_in_flight", "12", "must be an integer ≥ 0, got '12'"),
         ("input_token_length", None, "is required"),
-        ("prefill_tokens_in_flight", None, "is required"),  # optional, but null is not "left out"
+        ("prefill_tokens_in_flight", None, "must be an integer ≥ 0, got null"),  # optional: null is a bad value
         ("kv_cache_percentage", 1.5, "must be between 0 and 1, got 1.5"),
         ("kv_cache_percentage", float("nan"), "must be finite, got nan"),
         ("prefix_cache_score", -0.25, "must be between 0 and 1, got -0.25"),

@@ -43,6 +43,7 @@ from leadtime.predictor.trees import CompiledTrees
 log = logging.getLogger("leadtime.service")
 
 CURSOR_KEY = "stream_cursor"  # artifact metadata: the observation-stream position the model has learned to
+STREAM_KEY = "stream"  # artifact metadata: which stream that position is in (`Store.stream_name`)
 
 
 @dataclass

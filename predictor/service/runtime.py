@@ -31,7 +31,14 @@ from leadtime.predictor.artifact import FILE_NAME, ArtifactError
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
 from leadtime.predictor.service.cpus import allowed_cpus, plan_cpus
-from leadtime.predictor.service.learning import CURSOR_KEY, ChildSetup, LearnerProcess, LearnerReport, Snapshot
+from leadtime.predictor.service.learning import (
+    CURSOR_KEY,
+    STREAM_KEY,
+    ChildSetup,
+    LearnerProcess,
+    LearnerReport,
+    Snapshot,
+)
 from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.service.rows import ParsedObservations, RowParser
 from leadtime.predictor.settings import ServiceSettings
@@ -233,8 +240,15 @@ class ServiceRuntime:
         if model_dir is not None and (model_dir / FILE_NAME).exists():  # an empty one: a first start
             try:
                 predictor = OnlinePredictor.load(model_dir, background=False)
-                # A cursor saved by an earlier process names a position in a stream that may not exist now.
-                predictor.metadata.pop(CURSOR_KEY, None)
+                # Its position goes on in the stream it was saved from (a restart on the same Redis, nothing
+                # published: the whole stream was learned again); in another, or in a memory store, it means nothing.
+                same = (
+                    self.store.stream_name is not None and predictor.metadata.get(STREAM_KEY) == self.store.stream_name
+                )
+                if same:
+                    self._adopt_cursor(predictor)
+                else:
+                    predictor.metadata.pop(CURSOR_KEY, None)
                 learned = predictor.status()["observations"]
                 log.info(
                     "loaded the model saved in %s (version %d; %d TTFT and %d TPOT observations learned)",
@@ -282,7 +296,7 @@ class ServiceRuntime:
         predictor = self.predictor
         assert predictor is not None
         with self._learn_lock:
-            predictor.metadata[CURSOR_KEY] = self._served_cursor
+            self._stamp_position(predictor)
             artifact = predictor.to_bytes()
             self._cursor = self._served_cursor
             self._epoch += 1
@@ -410,9 +424,14 @@ class ServiceRuntime:
         continues from there: nothing learned twice, nothing skipped.
         """
         with self._learn_lock:
-            predictor.metadata[CURSOR_KEY] = self._served_cursor
+            self._stamp_position(predictor)
             artifact = predictor.to_bytes()
         return self._publish_artifact(artifact)
+
+    def _stamp_position(self, predictor: OnlinePredictor) -> None:
+        """Record in `predictor` how far into which stream it has learned (its learner's snapshots keep both)."""
+        predictor.metadata[CURSOR_KEY] = self._served_cursor
+        predictor.metadata[STREAM_KEY] = self.store.stream_name
 
     def _publish_artifact(self, artifact: bytes) -> int:
         with self._swap_lock:

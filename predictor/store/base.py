@@ -14,6 +14,10 @@ from typing import Any, Protocol
 class Store(Protocol):
     """What the service needs of its shared state: observations, the model registry and the training lease."""
 
+    stream_name: str | None
+    """Which observation stream this is, the same for every process that reads it (a model saved with a position
+    in it goes on from there); None for a stream no other process can read."""
+
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
         """Accept validated observation entries (llm-d training-entry dicts, `observation_to_llmd` shape).
 

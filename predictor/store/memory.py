@@ -49,6 +49,7 @@ class MemoryStore:
         self._retain = retain
         self._thin_above = thin_above
         self._max_stride = max_stride
+        self.stream_name: str | None = None  # this process's memory: no other process reads it
         self._lock = threading.Lock()
         self._model_published = threading.Condition(self._lock)
         # Slots of the stream; a thinned pending row leaves None behind, so cursors (absolute slot indices) hold.

@@ -432,6 +432,9 @@ class RedisStore:
         self.keep_versions = keep_versions
         self._socket_timeout_s = socket_timeout_s
         self._stream_key = observation_stream_key(namespace)
+        # Its ids are times: a position in it stays one across restarts (and a stream that restarted empty
+        # takes ids after it), so a model saved with one goes on from there.
+        self.stream_name: str | None = f"{self.address} {self._stream_key}"
         self._chunk_prefix = f"{namespace}:observations:chunk:"
         self._version_key = f"{namespace}:model:version"
         self._model_prefix = f"{namespace}:model:"
