@@ -268,7 +268,7 @@ def cell_metrics(result: Any, learning: bool) -> dict[str, Any]:
             "p50": _percentile([c.ttft_ms for c in done], 50),
             "p99": _percentile([c.ttft_ms for c in done], 99),
         },
-        "itl_ms": {"p99": _percentile(itl, 99)},
+        "itl_ms": {"p50": _percentile(itl, 50), "p99": _percentile(itl, 99)},
         "decision_ms": {"p50": _percentile(result.decision_ms, 50), "p99": _percentile(result.decision_ms, 99)},
         "decision_wall_ms": {
             "p50": _percentile(result.decision_wall_ms, 50),
@@ -562,29 +562,27 @@ def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any],
     written.append(path)
     for fleet in fleets:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-        for ax, metric, label in zip(axes, ("ttft_ms", "itl_ms"), ("TTFT (s)", "ITL (ms)"), strict=True):
+        for ax, metric, unit in zip(axes, ("ttft_ms", "itl_ms"), ("s", "ms"), strict=True):
+            scale = 1e-3 if metric == "ttft_ms" else 1.0
             for name in sorted({p for (f, ld, p) in curves if f == fleet and ld == top}, key=_policy_order):
                 sample = np.asarray(curves[fleet, top, name][metric], dtype=float)
                 if not len(sample):
                     continue
-                scale = 1e-3 if metric == "ttft_ms" else 1.0
                 ax.plot(
                     sample * scale,
                     np.linspace(0, 1, len(sample)),
                     label=name,
                     color=_color(name),
-                    lw=2.0 if name == LEADTIME else 1.0,
+                    linestyle=_line_style(name),
+                    lw=2.0 if name == LEADTIME else 1.2,
                 )
-            ax.set_xlabel(label)
+            pooled = [v for (f, ld, p), c in curves.items() if f == fleet and ld == top for v in c[metric]] or [1.0]
+            cut = float(np.percentile(pooled, CDF_CUT_PERCENTILE)) * scale
+            # Linear, so that a reader reads the SLO range directly; cut where the slowest tails would squash it.
+            what = "TTFT" if metric == "ttft_ms" else "ITL"
+            ax.set_xlabel(f"{what} ({unit}); cut at {cut:,.3g} {unit}, the {CDF_CUT_PERCENTILE}th percentile of all")
+            ax.set_xlim(0, cut)
             ax.set_ylabel("share of requests")
-            ax.set_xlim(
-                0,
-                np.percentile(
-                    [v for (f, ld, p), c in curves.items() if f == fleet and ld == top for v in c[metric]] or [1.0],
-                    95,
-                )
-                * (1e-3 if metric == "ttft_ms" else 1),
-            )
             ax.grid(alpha=0.3)
         axes[0].set_title(f"{fleet}, {top} load: TTFT")
         axes[1].set_title(f"{fleet}, {top} load: ITL")
@@ -598,6 +596,14 @@ def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any],
 
 
 _ORDER = (*PEERS, REFERENCE, LEADTIME, *ABLATIONS, *VARIANTS)
+CDF_CUT_PERCENTILE = 95
+"""Where the latency CDFs' axis ends, over every policy's requests: the tails beyond are in the reports' p99s."""
+
+
+def _line_style(name: str) -> str:
+    """Dashed for every other peer in `_ORDER`, so that two of like colour (llm-d's two, Dynamo's and SGLang's) are
+    told apart where their lines cross; Leadtime's solid (and thick)."""
+    return "--" if name != LEADTIME and _policy_order(name) % 2 else "-"
 
 
 def _policy_order(name: str) -> int:

@@ -58,11 +58,28 @@ def run_demo(
             )
         table.add_row(f"[bold]{name}[/bold]" if name == LEADTIME else name, *cells)
     console.print(table)
+    console.print(itl_table(report, policies))
     files = write_plots(report, curves, out)
     files += write_learning_plots(curves, out)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"report written to {out}/ ({', '.join(p.name for p in files)}, report.json)")
     return report
+
+
+def itl_table(report: dict[str, Any], policies: tuple[str, ...]) -> Table:
+    """The ITL each policy gave at the high load, p50 / p99 in ms: goodput counts the ITL SLO, and the tail that a
+    policy packing more requests on a decode endpoint pays is seen here."""
+    table = Table(title="ITL p50 / p99 (ms), high load")
+    table.add_column("policy")
+    for fleet in DEMO_FLEETS:
+        table.add_column(fleet, justify="right")
+    for name in policies:
+        cells = []
+        for fleet in DEMO_FLEETS:
+            m = report["fleets"][fleet]["high"]["policies"].get(name)
+            cells.append("–" if m is None else f"{m['itl_ms']['p50']:.0f} / {m['itl_ms']['p99']:.0f}")
+        table.add_row(f"[bold]{name}[/bold]" if name == LEADTIME else name, *cells)
+    return table
 
 
 def rolling_error_percent(pairs: list[tuple[float, float]], window: int) -> tuple[np.ndarray, np.ndarray]:
