@@ -222,7 +222,27 @@ def test_flush_from_a_web_page_is_refused_and_flushes_nothing(client: TestClient
     samples = client.get("/data/status").json()["training_data"]["total_samples"]
     assert samples > 0
     assert_refused(client.post("/flush", content=b"", headers={"content-type": "text/plain"}), 415, "content-type")
+    # A page's fetch(url, {method: "POST", mode: "no-cors"}) or sendBeacon with a Blob sends no Content-Type at all.
+    assert_refused(client.post("/flush"), 415, "content-type")
     assert client.get("/data/status").json()["training_data"]["total_samples"] == samples
+
+
+WRITES = [p for p in PATHS if p[0] in ("/add_training_data_bulk", "/v1/observations")]
+
+
+@pytest.mark.parametrize(("path", "field", "item"), WRITES, ids=[p for p, _, _ in WRITES])
+def test_a_write_without_a_content_type_is_415_as_a_browser_sends_it(
+    client: TestClient, path: str, field: str, item: dict[str, Any]
+) -> None:
+    """The JSON check let an absent Content-Type through, which is what a browser sends for a Blob or ArrayBuffer
+    body cross-origin without asking first: any web page could feed training data to a service without a token."""
+    before = state(client)
+    response = client.post(path, content=json.dumps({field: [item]}))
+    assert "content-type" not in {k.lower() for k in response.request.headers}
+    assert_refused(response, 415, "content-type")
+    assert "application/json" in response.json()["error"]
+    assert state(client) == before
+    assert client.post("/reload").status_code == 200  # it changes nothing a page could choose: left open
 
 
 @pytest.mark.parametrize(("path", "field", "item"), PATHS, ids=[p for p, _, _ in PATHS])

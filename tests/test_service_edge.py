@@ -40,6 +40,7 @@ def test_write_paths_need_the_token_and_read_paths_stay_open() -> None:
             ("/flush", None),
         ]
         for path, body in writes:
+            c.headers["content-type"] = "application/json"  # given even with no body: write paths need it
             r = c.post(path, json=body)
             assert r.status_code == 401, path
             assert "Bearer" in r.json()["error"] and r.headers["www-authenticate"] == "Bearer"

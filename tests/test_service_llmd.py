@@ -305,7 +305,9 @@ def test_data_status_and_flush(client: TestClient) -> None:
     assert body["metrics_cleared"] is True and body["message"].startswith("Successfully flushed: ")
     after = client.get("/data/status").json()
     assert after["training_data"]["total_samples"] == 0 and after["test_data"]["total_samples"] == 10
-    assert client.post("/flush").status_code == 200  # no body: flush everything
+    # No body, its JSON Content-Type given: flush everything; without the Content-Type, refused (a page could send it).
+    assert client.post("/flush", headers={"content-type": "application/json"}).status_code == 200
+    assert client.post("/flush").status_code == 415
     bad = client.post("/flush", json={"flush_training_data": "maybe"})
     assert bad.status_code == 422 and bad.json()["field"] == "flush_training_data"
     assert client.post("/flush", json={"surprise": True}).status_code == 422

@@ -7,13 +7,15 @@ and stop cleanly on shutdown.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from leadtime.features.errors import FeatureError
 from leadtime.predictor.learner import OnlinePredictor
@@ -22,10 +24,12 @@ from leadtime.predictor.service.edge import (
     EdgeMiddleware,
     feature_error_handler,
     http_error_handler,
+    require_token,
     unexpected_error_handler,
     validation_error_handler,
 )
 from leadtime.predictor.service.hot_path import NATIVE_PREDICT_PATH, STRICT_PATH, TRAINING_PATH, HotPath
+from leadtime.predictor.service.llmd_operations import RELOAD_PATH
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.service.schemas import BODY_ERRORS, COMMON_ERRORS
 from leadtime.predictor.settings import ServiceSettings
@@ -53,6 +57,18 @@ def make_store(settings: ServiceSettings) -> tuple[Store, bool]:
     from leadtime.predictor.store.memory import MemoryStore
 
     return MemoryStore(), True
+
+
+def write_paths(routes: Iterable[BaseRoute]) -> frozenset[str]:
+    """The paths that change what the service learns (those that need the API token, but /reload, which takes no
+    body and does what the service does by itself within a second): a JSON Content-Type is required there."""
+    return frozenset(
+        route.path
+        for route in routes
+        if isinstance(route, APIRoute)
+        and route.path != RELOAD_PATH
+        and any(d.call is require_token for d in route.dependant.dependencies)
+    )
 
 
 def create_app(
@@ -104,6 +120,7 @@ def create_app(
         hot_paths=hot_paths,
         mounts=(DOCS_ASSETS,),
         body_routes=[route for router in body_routers for route in router.routes],
+        writes=write_paths(route for router in body_routers for route in router.routes),
     )
     app.add_exception_handler(FeatureError, feature_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

@@ -151,8 +151,10 @@ class EdgeMiddleware:
         hot_paths: Mapping[str, Callable[[bytes, str], tuple[int, bytes] | None]] | None = None,
         mounts: Sequence[str] = (),
         body_routes: Sequence[BaseRoute] = (),
+        writes: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
+        self.writes = writes
         self.max_body_bytes = max_body_bytes
         self.runtime = runtime
         self.hot_paths = dict(hot_paths or {})
@@ -174,7 +176,7 @@ class EdgeMiddleware:
         path: str | None = None
         if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send_recording)
-        elif not json_content_type(_header(scope, b"content-type")):
+        elif not json_content_type(_header(scope, b"content-type"), required=scope["path"] in self.writes):
             await _send_json(send_recording, 415, _unsupported_type(_header(scope, b"content-type")))
         elif _header(scope, b"content-encoding").strip().lower() not in ("", "identity"):
             await _send_json(send_recording, 415, _unsupported_encoding(_header(scope, b"content-encoding")))
@@ -252,21 +254,28 @@ class EdgeMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-def json_content_type(header: str) -> bool:
-    """Whether a request's Content-Type lets its body be read as JSON: absent, `application/json` or a `+json` type.
+def json_content_type(header: str, required: bool = False) -> bool:
+    """Whether a request's Content-Type lets its body be read as JSON: `application/json` or a `+json` type, or,
+    unless `required` (the paths that change what the service learns), absent.
 
-    Why refuse the rest (415): a web page can make a browser POST `text/plain`, form or multipart bodies to any
-    address without asking the server first (a "simple" cross-origin request), and this service reads JSON from
-    the body whatever the header says. Without an API token that would let any page a user on the fleet's
-    network opens feed training data or flush it; a JSON Content-Type makes the browser ask first (CORS
-    preflight), which this service never grants.
+    Why refuse the rest (415): a web page can make a browser POST `text/plain`, form or multipart bodies, and a Blob,
+    an ArrayBuffer or no body at all with no Content-Type, to any address without asking the server first (a
+    "simple" cross-origin request), and this service reads JSON from the body whatever the header says. Without an
+    API token that would let any page a user on the fleet's network opens feed training data or flush it; a JSON
+    Content-Type makes the browser ask first (CORS preflight), which this service never grants.
+
+    >>> json_content_type(""), json_content_type("", required=True), json_content_type("application/json", True)
+    (True, False, True)
     """
     media = header.split(";", 1)[0].strip().lower()
-    return not media or media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+    if not media:
+        return not required
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def _unsupported_type(header: str) -> bytes:
-    problem = f"Content-Type must be application/json, got {header[:100]!r}"
+    got = f"got {header[:100]!r}" if header.strip() else "got none (a write path needs it, even with no body)"
+    problem = f"Content-Type must be application/json, {got}"
     return orjson.dumps({"error": f"content-type: {problem}", "field": "content-type"})
 
 

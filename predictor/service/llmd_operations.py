@@ -26,6 +26,7 @@ from leadtime.predictor.service.schemas import NOT_FOUND, content_of
 prediction_router = APIRouter(tags=["llm-d operations"])
 training_router = APIRouter(tags=["llm-d operations"])
 
+RELOAD_PATH = "/reload"
 MODEL_NAMES = ("ttft", "tpot", "ttft_gated", "tpot_gated")
 TARGETS = ("ttft", "tpot")
 
@@ -73,7 +74,7 @@ def _check_name(name: str) -> None:
 
 
 @prediction_router.post(
-    "/reload", dependencies=[Depends(require_token)], summary="Swap in the newest published model now."
+    RELOAD_PATH, dependencies=[Depends(require_token)], summary="Swap in the newest published model now."
 )
 async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
     """Load the newest published model now (llm-d's /reload)."""

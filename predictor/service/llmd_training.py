@@ -96,6 +96,11 @@ async def data_status(runtime: ReadyRuntime) -> dict[str, Any]:
 @router.post(
     "/flush",
     dependencies=[Depends(require_token)],
+    # Its JSON Content-Type is required even with no body (a web page could send an empty POST otherwise): the
+    # schema says so, with the options an empty object leaves at their defaults (flush everything).
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": FlushRequest.model_json_schema()}}}
+    },
     summary="Empty the training and test data (and the metrics' live-error state) on request.",
 )
 async def flush(request: Request, runtime: ReadyRuntime) -> dict[str, Any]:
