@@ -159,6 +159,12 @@ class RecursiveLeastSquares:
         return rls
 
 
+MAX_OFFSET_KEYS = 4096
+"""Keys an `OffsetTable` keeps, the least recently learned forgotten first: more endpoints than one fleet routes
+among, and a bound on what observations naming ever new endpoint ids can make the model hold (50,000 such ids made
+a 91 MB model, re-encoded at every snapshot)."""
+
+
 class OffsetTable:
     """Per-key exponentially weighted mean residual, shrunk towards zero unless it stands out of the noise.
 
@@ -171,6 +177,9 @@ class OffsetTable:
         Weight of the newest residual once warmed up; 0.1 follows a change within a few tens of observations.
     prior_count
         Pseudo-observations of residual 0 a new key starts with.
+    max_keys
+        Keys kept; learning a new one beyond them forgets the one learned least recently (it starts again at 0,
+        as a new endpoint does).
 
     Examples
     --------
@@ -185,9 +194,10 @@ class OffsetTable:
     (0.7, True, 0.0)
     """
 
-    def __init__(self, rate: float = 0.1, prior_count: float = 5.0) -> None:
+    def __init__(self, rate: float = 0.1, prior_count: float = 5.0, max_keys: int = MAX_OFFSET_KEYS) -> None:
         self.rate = rate
         self.prior_count = prior_count
+        self.max_keys = max_keys
         self._offsets: dict[str, float] = {}
         self._means: dict[str, float] = {}
         self._squares: dict[str, float] = {}
@@ -213,8 +223,11 @@ class OffsetTable:
         """Update `key`'s offset with one residual (an empty key is ignored)."""
         if not key:
             return
-        n = self._counts.get(key, 0) + 1
-        self._counts[key] = n
+        counts = self._counts
+        n = counts.pop(key, 0) + 1
+        counts[key] = n  # last in order: the least recently learned key is first
+        if len(counts) > self.max_keys:
+            self._forget(next(iter(counts)))
         weight = max(1.0 / (n + self.prior_count), self.rate)
         mean = self._means.get(key, 0.0)
         mean += weight * (residual - mean)
@@ -226,6 +239,10 @@ class OffsetTable:
         standard_error_sq = max(square - mean * mean, 1e-8) / effective_count
         self._offsets[key] = mean * mean * mean / (mean * mean + standard_error_sq)
 
+    def _forget(self, key: str) -> None:
+        for values in (self._offsets, self._means, self._squares, self._counts):
+            values.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._offsets)
 
@@ -234,6 +251,7 @@ class OffsetTable:
         return {
             "rate": self.rate,
             "prior_count": self.prior_count,
+            "max_keys": self.max_keys,
             "offsets": self._offsets,
             "means": self._means,
             "squares": self._squares,
@@ -243,7 +261,7 @@ class OffsetTable:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OffsetTable:
         """A table from `to_dict`'s output."""
-        table = cls(float(d["rate"]), float(d["prior_count"]))
+        table = cls(float(d["rate"]), float(d["prior_count"]), int(d.get("max_keys", MAX_OFFSET_KEYS)))
         table._offsets = {str(k): float(v) for k, v in d["offsets"].items()}
         table._means = {str(k): float(v) for k, v in d["means"].items()}
         table._squares = {str(k): float(v) for k, v in d["squares"].items()}
