@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -87,6 +87,25 @@ HOP_BY_HOP = frozenset(
         PREFILLER_HEADER,
     )
 )
+
+
+def end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The headers a proxy passes on: neither the hop-by-hop ones nor those its `Connection` header names (RFC 9110
+    7.6.1: they are for that hop alone).
+
+    >>> end_to_end([(b"Connection", b"close, X-Mine"), (b"x-mine", b"1"), (b"x-other", b"2"), (b"host", b"h")])
+    [(b'x-other', b'2')]
+    """
+    headers = list(headers)
+    named = {
+        token.strip().lower().encode()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.decode("latin-1").split(",")
+    }
+    return [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() not in named]
+
+
 MAX_HOLD_MS = 60_000.0
 """A policy still holding a request after this long (`Pick.hold`) is overruled: the heuristics place it."""
 PROGRESS_SHARED_EVERY = 32
@@ -653,7 +672,7 @@ class Gateway:
             watch.close()
 
     async def _pass_on(self, scope: Scope, send: Send, watch: ClientWatch, body: bytes) -> int:
-        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP]
+        forward = end_to_end(scope["headers"])
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
         for attempt in (0, 1):
@@ -682,7 +701,7 @@ class Gateway:
         raise AssertionError("unreachable")
 
     async def _relay_as_is(self, target: DiscoveredEndpoint, response: Response, send: Send, watch: ClientWatch) -> int:
-        headers = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
+        headers = end_to_end(response.headers)
         headers.append((b"x-leadtime-endpoint", target.endpoint_id.encode()))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         response.stop_when(watch.gone)
@@ -756,7 +775,7 @@ class Gateway:
         body: bytes,
         routes: list[_Routed],
     ) -> int:
-        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP]
+        forward = end_to_end(scope["headers"])
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
         for attempt in (0, 1):
@@ -965,7 +984,7 @@ class Gateway:
 
     def _headers_out(self, response: Response, routed: _Routed, overhead_s: float) -> list[tuple[bytes, bytes]]:
         pick = routed.decision.pick
-        out = [(k, v) for k, v in response.headers if k.lower() not in HOP_BY_HOP]
+        out = end_to_end(response.headers)
         out.append((b"x-leadtime-endpoint", (pick.decode_endpoint_id or pick.endpoint_id).encode()))
         if pick.is_pair:
             out.append((b"x-leadtime-prefill-endpoint", pick.endpoint_id.encode()))
