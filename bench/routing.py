@@ -383,6 +383,30 @@ def _workers(count: int) -> Iterator[ProcessPoolExecutor | None]:
         yield pool
 
 
+def _search_capacities(
+    pool: Any, searches: list[tuple[str, str, int, int]], progress: Callable[[int, int, str], None] | None
+) -> list[float]:
+    """`capacity_rps` of each search, in their order, on the workers if any; each found is told to `progress` (the
+    searches are a good share of a short run: a bar with no total for that long reads as a hang)."""
+    found: dict[int, float] = {}
+
+    def tell(i: int) -> None:
+        if progress is not None:
+            fleet, _, _, seed = searches[i]
+            progress(len(found), len(searches), f"capacity of {fleet} (seed {seed})")
+
+    if pool is None:
+        for i, search in enumerate(searches):
+            found[i] = capacity_rps(*search)
+            tell(i)
+    else:
+        futures = {pool.submit(capacity_rps, *search): i for i, search in enumerate(searches)}
+        for future in as_completed(futures):
+            found[futures[future]] = future.result()
+            tell(futures[future])
+    return [found[i] for i in range(len(searches))]
+
+
 def run_routing(
     options: RoutingOptions = RoutingOptions(),
     progress: Callable[[int, int, str], None] | None = None,
@@ -409,10 +433,7 @@ def run_routing(
         # The capacity searches (a dozen short simulations each) run on the workers too.
         keys = [(fleet, seed) for fleet in options.fleets for seed in seeds]
         searches = [(fleet, options.trace, options.max_requests, seed) for fleet, seed in keys]
-        if pool is None:
-            found = [capacity_rps(*search) for search in searches]
-        else:
-            found = [f.result() for f in [pool.submit(capacity_rps, *search) for search in searches]]
+        found = _search_capacities(pool, searches, progress)
         for (fleet, seed), cap in zip(keys, found, strict=True):
             capacity.setdefault(fleet, []).append(cap)
             rates[fleet, seed] = LOAD_TARGET * cap

@@ -317,3 +317,12 @@ def test_a_short_trace_is_run_with_a_warning_and_a_long_one_without() -> None:
     count, warnings = check_trace(RoutingOptions(max_requests=300))
     assert count == 300 and len(warnings) == 1 and "300 requests" in warnings[0] and "less reliable" in warnings[0]
     assert check_trace(RoutingOptions(max_requests=3000)) == (3000, [])
+
+
+def test_the_capacity_searches_are_told_to_the_progress_bar() -> None:
+    """A short run spent a good share of its time in them with a bar reading "0/?"."""
+    told: list[tuple[int, int, str]] = []
+    options = RoutingOptions(max_requests=100, fleets=("homogeneous",), policies=("round_robin",), workers=1)
+    run_routing(options, progress=lambda done, total, what: told.append((done, total, what)))
+    assert told[0] == (1, 1, "capacity of homogeneous (seed 0)")
+    assert told[-1][:2] == (2, 2) and told[-1][2].startswith("homogeneous high")  # then the runs, base and high
