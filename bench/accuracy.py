@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from leadtime.bench.data import RowUsage, actuals, at_line, load_llmd_lines
+from leadtime.console import report_console
 from leadtime.features.errors import FeatureError
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
@@ -410,7 +410,7 @@ def print_report(report: dict[str, Any], as_json: bool, usage: RowUsage | None =
     for m in MODELS:
         for t in TARGETS:
             table.add_row(m, t, *(_figure(report[m][t][c]) for c in columns))
-    console = Console()
+    console = report_console()
     console.print(table)
     if usage is not None:
         console.print(f"{usage.describe()}; taken as {data['accelerator']} serving {data['model']}", highlight=False)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
+from leadtime.console import report_console
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.roofline import kv_capacity_tokens
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures, feature_row_to_llmd
@@ -169,4 +169,4 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         for t in ("ttft", "tpot"):
             r = report[m][t]
             table.add_row(m, t, f"{r['mape_first_50']:.3f}", f"{r['mape_after_500']:.3f}")
-    Console().print(table)
+    report_console().print(table)

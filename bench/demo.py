@@ -14,7 +14,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from leadtime.bench.accuracy import (  # noqa: E402
@@ -26,6 +25,7 @@ from leadtime.bench.accuracy import (  # noqa: E402
     summarize_walk,
 )
 from leadtime.bench.data import actuals, load_llmd_rows  # noqa: E402
+from leadtime.console import report_console  # noqa: E402
 from leadtime.features.vectorize import Vectorizer  # noqa: E402
 from leadtime.predictor.learner import LearnerConfig  # noqa: E402
 from leadtime.predictor.llmd_reference import LlmdFrame  # noqa: E402
@@ -85,7 +85,7 @@ def run_demo(
     reference_model: str | None = None,
 ) -> None:
     """Walk the trace, print each model's prequential accuracy and write the plot under `out`."""
-    console = Console()
+    console = report_console()
     rows = load_llmd_rows(data)[:max_rows]
     console.print(f"[bold]Leadtime demo[/bold]: {len(rows)} real rows from {data} ({accelerator}, {model})")
     x_lt = Vectorizer(accelerator, model).batch_llmd(rows)

@@ -271,10 +271,11 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from leadtime.console import report_console
+
+    console = report_console()
     o, h, e = report["overhead_ms"], report["overhead_ms_predict_over_http"], report["overhead_ms_embedded"]
     console.print(
         f"gateway overhead (added time to first token, {report['overhead_pairs']['pulled']} pairs): "

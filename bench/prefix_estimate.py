@@ -287,8 +287,9 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from leadtime.console import report_console
 
     table = Table(
         title=f"prefix-hit estimate vs vLLM's blocks ({report['chunk_bytes']}-byte chunks, {report['tokenizer']})"
@@ -320,4 +321,4 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
             f"{n['median']:.1%} / {n['p90']:.1%}",
             f"{r['bytes_per_token']:.2f}",
         )
-    Console().print(table)
+    report_console().print(table)

@@ -657,10 +657,11 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from leadtime.console import report_console
+
+    console = report_console()
     for fleet, loads in report["fleets"].items():
         ran = report_loads(loads)
         table = Table(title=f"{fleet} (capacity {loads['capacity_rps']:.2f} req/s)")

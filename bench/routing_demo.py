@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
 from leadtime.bench.routing import LEADTIME, LOADS, RoutingOptions, run_routing, write_plots
+from leadtime.console import report_console
 from leadtime.progress import stderr_bar
 
 DEMO_FLEETS = ("mixed", "pd", "timesliced")
@@ -27,7 +27,7 @@ DEMO_POLICIES = ("llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache"
 def run_demo(
     out: Path, max_requests: int = 1500, workers: int = 2, policies: tuple[str, ...] = DEMO_POLICIES
 ) -> dict[str, Any]:
-    console = Console()
+    console = report_console()
     console.print(
         f"[bold]Leadtime demo[/bold]: {max_requests} Mooncake requests on each of {', '.join(DEMO_FLEETS)}, at 1.5× "
         "the rate that loads the fleet to 85% of its capacity; every learning policy starts cold."

@@ -6,10 +6,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import TaskID
 from rich.table import Table
 
+from leadtime.console import report_console
 from leadtime.progress import stderr_bar
 from leadtime.router_plugin.config import PickerConfig
 from leadtime.simulator.report import json_safe
@@ -59,7 +59,7 @@ def print_simulation(report: dict[str, object], as_json: bool, arrivals: str = "
     if as_json:
         print(json.dumps(report))
         return
-    console = Console()
+    console = report_console()
     arrivals = arrivals or f"{report['requests']} requests"
     table = Table(title=f"{report['fleet']} — {arrivals} ({report['trace']})")
     for column in (
@@ -104,7 +104,7 @@ def print_validation(report: dict[str, object], as_json: bool) -> None:
     if as_json:
         print(json.dumps(json_safe(report), allow_nan=False))
         return
-    console = Console()
+    console = report_console()
     measured = report["measured"]
     assert isinstance(measured, dict)
     table = Table(title="Replay of measured rows in their recorded state (simulated vs measured)")

@@ -295,3 +295,12 @@ def test_a_fleet_file_is_reported_under_its_path_not_the_name_inside(tmp_path: P
     assert json.loads((tmp_path / "out" / "report.json").read_text())["fleet"] == str(mine)
     shipped = runner.invoke(app, [*argv[:2], "homogeneous", *argv[3:], "--json"])
     assert json.loads(shipped.stdout)["fleet"] == "homogeneous"
+
+
+def test_a_piped_report_keeps_its_headers_and_names_whole(tmp_path: Path) -> None:
+    """Piped (a file, a CI log), the table took rich's 80 columns and cut "TTFT p50/p90/p99 ms" and "llmd_heuristic"
+    to "TTFT p50/p90…" and "llmd_heu…"."""
+    argv = ["simulate", "--fleet", "homogeneous", "--trace", str(_azure(tmp_path, 5)), "--policy", "llm-d"]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert "TTFT p50/p90/p99 ms" in result.output and "llmd_heuristic" in result.output
