@@ -177,6 +177,15 @@ class RoleSplit:
         return bool(self.prefill or self.decode)
 
 
+def serves_clients(candidates: Sequence[Candidate]) -> bool:
+    """Whether some of `candidates` can serve a client's request: any but prefill endpoints, which serve none alone.
+
+    >>> serves_clients([])
+    False
+    """
+    return any(c.state.role != "prefill" for c in candidates)
+
+
 def split_by_role(candidates: Sequence[Candidate]) -> RoleSplit:
     """Group candidates by role; a fleet is either unified (`both`) or P/D (`prefill` + `decode`).
 

@@ -59,6 +59,7 @@ from leadtime.router_plugin.policy import (
     Pick,
     RouteRequest,
     RoutingPolicy,
+    serves_clients,
     split_by_role,
 )
 from leadtime.router_plugin.scorers.latency import (
@@ -503,8 +504,9 @@ class LeadtimePolicy:
         may_hold = self._may_hold(request)
         request = self._budget(request)
         serving, away = self._servable(request, candidates)
-        if not serving:
+        if not serves_clients(serving):  # none resident, or prefill endpoints alone: all compete, with their waits
             self.counters.all_non_resident += 1
+            serving, away = [], [*serving, *away]
         roles = split_by_role(serving or away)
         try:
             if roles.disaggregated:
@@ -514,7 +516,9 @@ class LeadtimePolicy:
             elif not serving:
                 chosen = self._pick_one(request, [], list(roles.unified), may_hold)
             else:
-                chosen = self._pick_one(request, list(roles.unified), away, may_hold)
+                # An away prefill endpoint serves no client alone: only whole-request endpoints may compete.
+                whole = [c for c in away if c.state.role != "prefill"]
+                chosen = self._pick_one(request, list(roles.unified), whole, may_hold)
         except PredictorError:
             chosen = self._fall_back(request, serving or away, not serving)
         if chosen.hold:

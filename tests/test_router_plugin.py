@@ -684,6 +684,31 @@ def test_when_every_candidate_is_away_each_is_scored_with_its_expected_wait() ->
     assert policy.counters.all_non_resident == 1
 
 
+def test_on_p_d_a_swapped_out_prefill_endpoint_never_gets_a_whole_request() -> None:
+    """Every prefill endpoint away: the decode endpoints serve whole requests, and the prefill ones, let back in as
+    whole-request candidates when no decode endpoint was predicted in time, were sent clients alone (12 of 24)."""
+    source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
+    policy = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    candidates = [cand("p0", role="prefill", group="rl"), cand("d0", role="decode", waiting=40)]
+    for i in range(5):
+        pick = policy.pick(req(f"r{i}", tokens=7500, ttft_slo=300.0), candidates)
+        assert (pick.endpoint_id, pick.decode_endpoint_id) == ("d0", None), pick
+
+
+def test_on_p_d_with_every_decode_endpoint_away_requests_wait_for_one_instead_of_a_503() -> None:
+    """Every decode endpoint's group away: each request was refused (503 "P/D fleet has no decode endpoint"),
+    where a unified fleet in the same state queues on its away endpoints for when they are back."""
+    source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
+    model = QueueModel()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    candidates = [cand("p0", role="prefill"), cand("d0", role="decode", group="rl")]
+    pick = policy.pick(req(), candidates)
+    assert (pick.endpoint_id, pick.decode_endpoint_id) == ("p0", "d0")
+    assert policy.counters.all_non_resident == 1
+    waits = {r.endpoint.endpoint_id: r.endpoint.timeslice_wait_ms for r in model.asked[-1]}
+    assert waits["d0"] > 0  # scored with its expected wait
+
+
 def test_prefix_hits_are_dropped_after_a_swap() -> None:
     source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
     model = QueueModel()
