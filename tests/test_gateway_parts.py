@@ -395,6 +395,28 @@ def test_an_endpoint_group_the_states_do_not_name_is_warned_about(
     assert len(warned) == 1 and "RL" in warned[0], warned
 
 
+def test_endpoints_naming_groups_with_no_source_of_their_states_are_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Time-slice labels and no --timeslice-url/--timeslice-file: the endpoints were routed as always resident (into
+    a training job's turn) without a word."""
+    endpoints = parse_static(
+        [f"127.0.0.1:9,name=s{i},leadtime.io/timeslice-group=rl" for i in range(3)] + ["127.0.0.1:10,name=d"]
+    )
+    gateway = Gateway(StaticDiscovery(endpoints), RoundRobinPolicy(), GatewaySettings())
+
+    async def start_and_stop() -> None:
+        await gateway.start()
+        gateway._warn_unread_groups()  # as after every change of the discovered set: said once
+        await gateway.stop()
+
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
+        asyncio.run(start_and_stop())
+    warned = [r.getMessage() for r in caplog.records if "time-slice group" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "rl" in warned[0] and "--timeslice-url" in warned[0]
+
+
 # ----- the predictor wrapper --------------------------------------------------------------------------------
 
 

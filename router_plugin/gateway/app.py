@@ -273,6 +273,7 @@ class Gateway:
         """Requests being proxied or passed through now."""
         self._unnamed_groups: set[str] = set()
         self._unknown_overflow: set[str] = set()
+        self._unread_groups_said = False
         self._unservable_message = "no endpoint can serve this request now"
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -329,6 +330,7 @@ class Gateway:
     async def start(self) -> None:
         self.scraper.sync(self.discovery.endpoints)
         self._warn_unknown_overflow()
+        self._warn_unread_groups()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch_discovery()))
         if self.timeslice is not None:
@@ -378,6 +380,7 @@ class Gateway:
                     self.affinity.forget(endpoint_id)
                 self.scraper.sync(self.discovery.endpoints)
                 self._warn_unknown_overflow()
+                self._warn_unread_groups()
 
     def _warn_unknown_overflow(self) -> None:
         """Once per name: an `overflowEndpoints` entry that no discovered endpoint has (a misspelling would leave
@@ -388,6 +391,20 @@ class Gateway:
             if name not in known and name not in self._unknown_overflow:
                 self._unknown_overflow.add(name)
                 log.warning("overflowEndpoints names %r, which no discovered endpoint is (not yet, at least)", name)
+
+    def _warn_unread_groups(self) -> None:
+        """Once: endpoints name time-slice groups, and no source of group states was given (`--timeslice-url` or
+        `--timeslice-file`): they are routed as always resident, swapped out or not (the easiest mistake there)."""
+        if self.timeslice is not None or self._unread_groups_said:
+            return
+        groups = sorted({e.timeslice_group for e in self.discovery.endpoints if e.timeslice_group})
+        if groups:
+            self._unread_groups_said = True
+            log.warning(
+                "endpoints name time-slice group(s) %s, but no --timeslice-url or --timeslice-file gives their "
+                "states: they are routed as always resident",
+                ", ".join(groups),
+            )
 
     async def _watch_timeslice(self) -> None:
         source: Any = self.timeslice
