@@ -135,6 +135,8 @@ class _Source:
                 )
         self.groups = groups
         self.updated_ms = self.clock()
+        if self.last_error is not None:
+            log.info("time-slice states: %s read again", where)
         self.last_error = None
         for key in unknown_keys(data):
             name = key.rsplit(".", 1)[-1]

@@ -566,6 +566,9 @@ class Gateway:
             await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
         elif routable:
             degraded = self.predictor.health() if self.predictor is not None else {}
+            failing = getattr(self.timeslice, "last_error", None)
+            if failing is not None:  # routing goes on with the last states read, which age meanwhile
+                degraded = {**degraded, "timeslice": f"{failing} (routing on the last states read)"}
             answer = {"status": "ready", "routable_endpoints": routable, "endpoints": known, "degraded": degraded}
             await self._reply(send, 200, answer)
         else:
