@@ -197,6 +197,7 @@ def parse_endpoints(data: object) -> tuple[DiscoveredEndpoint, ...]:
         raise DiscoveryError(_describe(err)) from None
     endpoints = []
     seen: set[str] = set()
+    servers: dict[str, str] = {}  # host:port → the endpoint listed there first
     for i, e in enumerate(spec.endpoints):
         _check_labels(i, e.labels)
         endpoint = DiscoveredEndpoint(e.name, e.address, int(e.port), e.namespace, dict(e.labels))
@@ -206,6 +207,9 @@ def parse_endpoints(data: object) -> tuple[DiscoveredEndpoint, ...]:
             raise DiscoveryError(f"endpoints[{i}].name: {err.problem}") from None
         if endpoint.endpoint_id in seen:
             raise DiscoveryError(f"endpoints[{i}].name: {endpoint.endpoint_id!r} is listed twice")
+        first = servers.setdefault(endpoint.host_port, endpoint.endpoint_id)
+        if first != endpoint.endpoint_id:  # one server under two names: its load would be counted twice
+            raise DiscoveryError(f"endpoints[{i}].address: {endpoint.host_port} is endpoint {first!r} already")
         seen.add(endpoint.endpoint_id)
         endpoints.append(endpoint)
     roles = {e.role for e in endpoints}

@@ -94,6 +94,15 @@ def test_discovery_errors_name_the_field(change: dict[str, object], field: str |
     assert str(err.value).startswith(field or "endpoints[1].name")
 
 
+def test_one_server_listed_under_two_names_is_refused() -> None:
+    """Two names for one address and port loaded silently: the gateway counted that server's load twice."""
+    data = json.loads(json.dumps(ENDPOINTS))
+    data["endpoints"][1].update(address=data["endpoints"][0]["address"], port=data["endpoints"][0]["port"])
+    with pytest.raises(DiscoveryError) as err:
+        parse_endpoints(data)
+    assert str(err.value) == "endpoints[1].address: 10.0.0.1:8000 is endpoint 'a' already"
+
+
 def test_a_number_written_unquoted_as_a_label_is_its_text() -> None:
     data = yaml.safe_load(
         "endpoints:\n- {name: a, address: 127.0.0.1, port: 8000, labels: {leadtime.io/tensor-parallel: 2}}"
@@ -401,7 +410,7 @@ def test_endpoints_naming_groups_with_no_source_of_their_states_are_warned_about
     """Time-slice labels and no --timeslice-url/--timeslice-file: the endpoints were routed as always resident (into
     a training job's turn) without a word."""
     endpoints = parse_static(
-        [f"127.0.0.1:9,name=s{i},leadtime.io/timeslice-group=rl" for i in range(3)] + ["127.0.0.1:10,name=d"]
+        [f"127.0.0.1:{9 + i},name=s{i},leadtime.io/timeslice-group=rl" for i in range(3)] + ["127.0.0.1:20,name=d"]
     )
     gateway = Gateway(StaticDiscovery(endpoints), RoundRobinPolicy(), GatewaySettings())
 
