@@ -404,6 +404,32 @@ def test_an_endpoint_group_the_states_do_not_name_is_warned_about(
     assert len(warned) == 1 and "RL" in warned[0], warned
 
 
+def test_a_group_whose_states_never_name_the_serving_job_is_warned_about_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An orchestrator calling the inference job `vllm-inference` (servingJob is `inference`): the group's endpoints
+    were never routed to, without a word."""
+    path = tmp_path / "groups.yaml"
+    (endpoint,) = parse_static(["127.0.0.1:9,name=a,leadtime.io/timeslice-group=rl"])
+    gateway = Gateway(StaticDiscovery((endpoint,)), RoundRobinPolicy(), GatewaySettings(timeslice_poll_s=0.001))
+    gateway.timeslice = source = FileTimesliceSource(path, clock=lambda: 10_000.0)
+
+    async def watch(document: str) -> None:
+        path.write_text(document)
+        task = asyncio.get_running_loop().create_task(gateway._watch_timeslice())
+        await asyncio.sleep(0.03)
+        task.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
+        asyncio.run(watch("groups: {rl: {state: LOCKED, active_job: training, loaded_job: training}}\n"))
+        assert source.status("rl") is not None and not caplog.records  # training alone: its turn, no mistake
+        asyncio.run(watch("groups: {rl: {state: LOCKED, active_job: vllm-inference, loaded_job: vllm-inference}}\n"))
+        asyncio.run(watch("groups: {rl: {state: IDLE, active_job: '', loaded_job: vllm-inference}}\n"))
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert "training, vllm-inference" in warned[0] and "'inference'" in warned[0]
+
+
 def test_endpoints_naming_groups_with_no_source_of_their_states_are_warned_about_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

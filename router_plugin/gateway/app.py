@@ -272,6 +272,8 @@ class Gateway:
         self.in_flight = 0
         """Requests being proxied or passed through now."""
         self._unnamed_groups: set[str] = set()
+        self._jobs_seen: dict[str, set[str]] = {}  # per group, the jobs its states have named
+        self._serving_job_unseen: set[str] = set()  # groups warned of as never naming the serving job
         self._unknown_overflow: set[str] = set()
         self._unread_groups_said = False
         self._unservable_message = "no endpoint can serve this request now"
@@ -416,6 +418,7 @@ class Gateway:
             except Exception:  # noqa: BLE001 - a watcher must keep watching; the source keeps its last states
                 log.exception("time-slice poll failed")
             self._warn_unnamed_groups(source)
+            self._warn_serving_job_unnamed(source)
             if source.errors > self._timeslice_errors_seen:
                 self.metrics.timeslice_source_errors.inc(source.errors - self._timeslice_errors_seen)
                 self._timeslice_errors_seen = source.errors
@@ -438,6 +441,23 @@ class Gateway:
                     group,
                     scrape.endpoint.endpoint_id,
                     named,
+                )
+
+    def _warn_serving_job_unnamed(self, source: Any) -> None:
+        """Once per group: its states have named two jobs or more and never the serving job (`servingJob`): an
+        orchestrator calling it otherwise (`vllm-inference`) keeps the group's endpoints out of routing for good."""
+        job = self.settings.serving_job
+        for group, status in getattr(source, "groups", {}).items():
+            seen = self._jobs_seen.setdefault(group, set())
+            seen.update(j for j in (status.active_job, status.loaded_job) if j)
+            if len(seen) >= 2 and job not in seen and group not in self._serving_job_unseen:
+                self._serving_job_unseen.add(group)
+                log.warning(
+                    "time-slice group %r has named the jobs %s but never the serving job %r: its endpoints are "
+                    "taken as swapped out for good (is the inference job called otherwise? set servingJob)",
+                    group,
+                    ", ".join(sorted(seen)),
+                    job,
                 )
 
     def _group_state(self, group: str) -> str:
