@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
 
 from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
@@ -52,3 +55,26 @@ async def gateway_in_front(port: int) -> AsyncIterator[Gateway]:
         yield gateway
     finally:
         await gateway.stop()
+
+
+def post_through(
+    endpoint: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    """POST `body` to /v1/completions through an in-process gateway in front of the hand-written `endpoint`; the
+    whole answer."""
+
+    async def go() -> httpx.Response:
+        server = await asyncio.start_server(endpoint, "127.0.0.1", 0)
+        try:
+            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
+                transport = httpx.ASGITransport(app=gateway)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                    response = await client.post("/v1/completions", json=body, headers=headers)
+                    await response.aread()
+                    return response
+        finally:
+            server.close()
+
+    return asyncio.run(go())

@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
-from raw_endpoint import STREAM_HEAD, gateway_in_front, next_request
+from raw_endpoint import STREAM_HEAD, next_request, post_through
 
 TWO_TOKENS = b'data: {"choices":[{"index":0,"text":" a"}]}\n\ndata: {"choices":[{"index":0,"text":" b"}]}\n\n'
 HALF_AN_EVENT = b'data: {"choices":[{"ind'
@@ -27,19 +26,9 @@ async def dying_endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWri
 
 
 def through_a_dying_endpoint(body: dict[str, object]) -> str:
-    async def go() -> str:
-        server = await asyncio.start_server(dying_endpoint, "127.0.0.1", 0)
-        try:
-            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
-                transport = httpx.ASGITransport(app=gateway)
-                async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
-                    response = await client.post("/v1/completions", json=body)
-                    assert response.status_code == 200
-                    return response.text
-        finally:
-            server.close()
-
-    return asyncio.run(go())
+    response = post_through(dying_endpoint, body)
+    assert response.status_code == 200
+    return response.text
 
 
 @pytest.mark.parametrize("own_options", [False, True])

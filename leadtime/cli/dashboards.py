@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -19,12 +20,7 @@ def dashboards_build(
     """Write leadtime-predictor.json and leadtime-router.json from their definitions (for Grafana to import)."""
     from leadtime.dashboards.files import write_dashboards
 
-    output_dir(out)
-    try:
-        for path in write_dashboards(out):
-            typer.echo(f"wrote {path}")
-    except OSError as err:
-        fail(err)
+    _write_into(out, write_dashboards)
 
 
 @dashboards_app.command("provisioning")
@@ -35,9 +31,15 @@ def dashboards_provisioning(
     scrape configuration of the service and the gateway, for Grafana and Prometheus to load from disk."""
     from leadtime.dashboards.files import write_provisioning
 
+    _write_into(out, write_provisioning)
+
+
+def _write_into(out: Path, write: Callable[[Path], list[Path]]) -> None:
+    """Run `write` into the folder `out` (made and checked first), saying each file written; a write error is one
+    line, not a traceback."""
     output_dir(out)
     try:
-        for path in write_provisioning(out):
+        for path in write(out):
             typer.echo(f"wrote {path}")
     except OSError as err:
         fail(err)
