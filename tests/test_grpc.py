@@ -187,3 +187,32 @@ def test_regenerating_the_grpc_modules_gives_the_committed_files(tmp_path: Path)
     regenerate.generate(tmp_path)
     for name in regenerate.GENERATED:
         assert (tmp_path / name).read_bytes() == (regenerate.HERE / name).read_bytes(), name
+
+
+def test_grpc_health_checks_answer_readiness_as_kubernetes_probes_ask() -> None:
+    """grpc.health.v1 (what kubelet's gRPC probe and grpc_health_probe call): SERVING once predictions can be
+    served, NOT_SERVING before and after; a service the process does not have is NOT_FOUND; no token needed."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    app = create_app(ServiceSettings(api_token="tok"))
+    runtime = app.state.runtime
+    server, port = start_grpc_server(runtime, "127.0.0.1", 0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def status(service: str) -> int:
+                return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+            serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+            assert status("") == status("leadtime.v1.Predictor") == not_serving  # not started yet
+            with TestClient(app):
+                assert status("") == status("leadtime.v1.Predictor") == serving
+                with pytest.raises(grpc.RpcError) as err:
+                    status("leadtime.v1.Nope")
+                assert err.value.code() == grpc.StatusCode.NOT_FOUND
+                listed = health.List(health_pb2.HealthListRequest(), timeout=5).statuses
+                assert {name: listed[name].status for name in listed} == {"": serving, "leadtime.v1.Predictor": serving}
+            assert status("") == not_serving  # stopped
+    finally:
+        server.stop(grace=None)

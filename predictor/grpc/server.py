@@ -1,4 +1,5 @@
-"""The gRPC face of the service: PredictBulk, Observe (one batch, or a client stream of batches) and Status.
+"""The gRPC face of the service: PredictBulk, Observe (one batch, or a client stream of batches) and Status, with
+grpc.health.v1 beside them (`health.py`).
 
 It shares the HTTP app's runtime (same predictor, store, metrics, role), so both faces answer alike. Bad rows get
 INVALID_ARGUMENT naming `rows[i].field`, and so does a message that is not protobuf at all (it is parsed here,
@@ -26,6 +27,7 @@ from leadtime.features.rows import LLMD_FIELDS
 from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
+from leadtime.predictor.grpc.health import add_health_service
 from leadtime.predictor.service.runtime import (
     BACKLOG_FULL_MESSAGE,
     MAX_OBSERVATIONS_PER_CALL,
@@ -319,6 +321,7 @@ def start_grpc_server(
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
     server.add_generic_rpc_handlers((method_handlers(PredictorServicer(runtime)),))
+    add_health_service(server, runtime)
     settings = runtime.settings
     try:
         if settings.tls_certfile is not None and settings.tls_keyfile is not None:
