@@ -153,6 +153,18 @@ def call_deadline(default_s: float, deadline_s: float | None) -> float:
     return deadline_s
 
 
+def require_rows(rows: Sequence[Any], name: str = "rows") -> None:
+    """PredictorError for a prediction call with no rows. The service refuses one (llm-d's API does); every
+    client refuses it alike before sending, the in-process one too, so that swapping clients changes nothing.
+
+    >>> require_rows([])
+    Traceback (most recent call last):
+    leadtime.predictor.client.PredictorError: invalid: rows: must hold at least 1 row, got 0
+    """
+    if not rows:
+        raise PredictorError("invalid", f"{name}: must hold at least 1 row, got 0")
+
+
 def sendable(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     """`items` unchanged, or PredictorError naming the first value JSON cannot carry (NaN, an infinity): the
     service would refuse it by name, but the encoder fails first with no name at all.
@@ -222,11 +234,13 @@ class HttpPredictorClient:
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
+        require_rows(rows)
         answer = self._call("POST", "/v1/predict", {"rows": sendable(row_dicts(rows), "rows")}, deadline_s)
         return BulkPredictions.from_native(answer)
 
     def predict_llmd(self, rows: Sequence[Row], deadline_s: float | None = None) -> list[dict[str, Any]]:
         """llm-d's answers (POST /predict/bulk/strict), as llm-d's router would receive them."""
+        require_rows(rows, "requests")
         body = {"requests": sendable(row_dicts(rows, "requests"), "requests")}
         answer = self._call("POST", "/predict/bulk/strict", body, deadline_s)
         predictions: list[dict[str, Any]] = answer["predictions"]
@@ -435,6 +449,7 @@ class GrpcPredictorClient:
         """Predictions for every row (sent as columns when they can travel so)."""
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
+        require_rows(rows)
         # once per call: this is the gateway's path with --predictor-grpc
         wire = [_wire_fields(r, f"rows[{i}]") for i, r in enumerate(rows)]
         _required(wire, "rows")  # on the wire a field left out would read as 0

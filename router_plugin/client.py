@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from leadtime.features.rows import FeatureRow, Observation
-from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable
+from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable, require_rows
 
 __all__ = [
     "BulkPredictions",
@@ -81,6 +81,7 @@ class InProcessPredictor:
         self.quantile = quantile
 
     def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        require_rows(rows)
         p = self.learner.predict_many(rows)
         return BulkPredictions(
             np.asarray(p.ttft_mean),

@@ -51,13 +51,15 @@ def feature_row(endpoint: str = "e1", accelerator: str = "h100-sxm") -> FeatureR
     )
 
 
+def remote_client(kind: str, service: dict[str, Any]) -> Any:
+    if kind == "http":
+        return HttpPredictorClient(service["http"], deadline_s=2.0, api_token="tok")
+    return GrpcPredictorClient(service["grpc"], deadline_s=2.0, api_token="tok")
+
+
 @pytest.fixture(params=["http", "grpc"])
 def client(request: pytest.FixtureRequest, service: dict[str, Any]) -> Iterator[Any]:
-    if request.param == "http":
-        c: Any = HttpPredictorClient(service["http"], deadline_s=2.0, api_token="tok")
-    else:
-        c = GrpcPredictorClient(service["grpc"], deadline_s=2.0, api_token="tok")
-    with c:
+    with remote_client(request.param, service) as c:
         yield c
 
 
@@ -252,3 +254,25 @@ def test_a_bad_batch_in_a_grpc_stream_is_named_and_what_went_before_counted(serv
         with pytest.raises(RuntimeError, match="source broke") as broke:
             c.observe_stream(failing())
         assert "1 observations of the batches before it were accepted" in "".join(broke.value.__notes__)
+
+
+@pytest.fixture(params=["http", "grpc", "in-process"])
+def any_client(request: pytest.FixtureRequest, service: dict[str, Any]) -> Iterator[Any]:
+    """Each implementation of the router plugin's PredictorClient."""
+    if request.param == "in-process":
+        from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+        from leadtime.router_plugin.client import InProcessPredictor
+
+        yield InProcessPredictor(OnlinePredictor(LearnerConfig(background=False)))
+        return
+    with remote_client(request.param, service) as remote:
+        yield remote
+
+
+def test_every_client_answers_nothing_alike(any_client: Any) -> None:
+    """Swapping one PredictorClient for another changes nothing at the edges: an empty predict call is refused by
+    each, naming rows (the service refuses it, as llm-d does; in process it returned empty arrays), and an empty
+    observe call accepts none (over HTTP it was a 422, over gRPC and in process 0)."""
+    with pytest.raises(PredictorError, match=r"rows: .*got 0"):
+        any_client.predict([])
+    assert any_client.observe([]) == 0

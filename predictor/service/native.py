@@ -139,7 +139,7 @@ async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     counted as dropped), the native API tells a full backlog with 429: its clients can retry."""
     if runtime.backlog_full():
         raise HTTPException(429, BACKLOG_FULL_MESSAGE, {"Retry-After": str(BACKLOG_RETRY_AFTER_S)})
-    entries = list_field(await json_body(request), "observations", 1, MAX_OBSERVATIONS_PER_CALL)
+    entries = list_field(await json_body(request), "observations", 0, MAX_OBSERVATIONS_PER_CALL)
     parsed = await parse_entries(runtime, entries, "native", "observations")
     llmd_entries = [_llmd_entry(e) for e in entries]
     accepted = accept_entries(runtime, llmd_entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms, "native")

@@ -111,7 +111,7 @@ class NativePredictRequest(BaseModel):
 class NativeObservationBatch(BaseModel):
     """The native API's observation body."""
 
-    observations: list[NativeObservation] = Field(..., min_length=1)
+    observations: list[NativeObservation]
 
 
 class PredictionAnswer(BaseModel):
