@@ -31,11 +31,13 @@ class HealthCheck(health_pb2_grpc.HealthServicer):
         return response.SERVING if self.runtime.ready else response.NOT_SERVING
 
     def Check(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC's name)
+        """The status of one service; NOT_FOUND for a name this server does not have, as the protocol asks."""
         if request.service not in SERVICES:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no service {request.service!r} here; ask for one of {SERVICES}")
         return health_pb2.HealthCheckResponse(status=self._status())
 
     def List(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Every service this server answers for, with its status."""
         status = self._status()
         return health_pb2.HealthListResponse(
             statuses={name: health_pb2.HealthCheckResponse(status=status) for name in SERVICES}
