@@ -20,6 +20,7 @@ from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import row_dict
 from leadtime.predictor.learner import OnlinePredictor
+from leadtime.router_plugin.gateway.metrics import PULL_RESULTS, GatewayMetrics
 
 FLEET = {
     "name": "two-classes",
@@ -150,3 +151,11 @@ def test_pull_model_needs_the_services_http_url() -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "--predictor-url" in done.stderr + done.stdout
+
+
+def test_every_pull_result_is_exported_from_the_start() -> None:
+    """An alert on the rate of failing pulls found no series before the first failure (as with fallbacks, each
+    result starts at 0)."""
+    text = GatewayMetrics().render().decode()
+    for result in PULL_RESULTS:
+        assert f'leadtime_router_model_pulls_total{{result="{result}"}} 0.0' in text, text

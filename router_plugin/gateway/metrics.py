@@ -15,12 +15,17 @@ ITL_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 
 FAST_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 # Label values exported at 0 from the start, so a dashboard shows "none" rather than no data: why a decision fell
-# back (predictor.failure_reason's labels, and a policy that raised), SLO results, what became of observations.
+# back (predictor.failure_reason's labels, and a policy that raised), SLO results, what became of observations,
+# what pulls of the service's model did (so that an alert on the rate of failing pulls has a series before the first).
 FALLBACK_REASONS = ("deadline", "unavailable", "circuit_open", "refused", "policy_error")
 SLO_TARGETS = ("ttft", "itl", "both")
 SLO_RESULTS = ("met", "missed")
 OBSERVATION_RESULTS = ("queued", "sent", "failed", "dropped")
 REPLICA_EVENT_DIRECTIONS = ("sent", "received", "dropped", "refused")
+PULL_RESULTS = ("new", "unchanged", "error", "refused")
+"""What one pull of the service's model did (`pulled.PulledModel`): loaded a new model, found the held one current,
+failed to reach the service, refused what it sent (not an artifact of this build, or not what the service
+announced)."""
 
 
 class GatewayMetrics:
@@ -167,7 +172,7 @@ class GatewayMetrics:
         )
         self.model_pulls = Counter(
             f"{p}_model_pulls",
-            "Pulls of the service's model (--pull-model), by result: new, unchanged, error, refused.",
+            f"Pulls of the service's model (--pull-model), by result: {', '.join(PULL_RESULTS)}.",
             ["result"],
             registry=r,
         )
@@ -205,6 +210,8 @@ class GatewayMetrics:
                 self.slo.labels(target, result)
         for result in OBSERVATION_RESULTS:
             self.observations.labels(result)
+        for result in PULL_RESULTS:
+            self.model_pulls.labels(result)
         for measured in ("true", "false"):
             self.non_streaming.labels(measured)
 

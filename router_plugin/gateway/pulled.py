@@ -37,13 +37,9 @@ from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.client import DEFAULT_DEADLINE_S, https_context
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorUnavailable
-from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.metrics import PULL_RESULTS, GatewayMetrics
 
 log = logging.getLogger("leadtime.router.pulled")
-
-PULL_RESULTS = ("new", "unchanged", "error", "refused")
-"""What one pull did: loaded a new model, found the held one current, failed to reach the service, refused what
-it sent (not an artifact of this build, or not what the service announced)."""
 
 
 class PulledModel:
