@@ -4,10 +4,13 @@ route`; the service is killed, or started late, to see what the gateway does wit
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +24,8 @@ from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import row_dict
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.router_plugin.gateway.metrics import PULL_RESULTS, GatewayMetrics
+from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+from leadtime.router_plugin.gateway.pulled import PulledModel
 
 FLEET = {
     "name": "two-classes",
@@ -151,6 +156,82 @@ def test_pull_model_needs_the_services_http_url() -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "--predictor-url" in done.stderr + done.stdout
+
+
+Answer = Callable[[httpx.Request], httpx.Response]
+
+
+def served(artifact: bytes, etag: str | None = None) -> Answer:
+    """The service answering GET /v1/model with `artifact`, announced by `etag` (default: its SHA-256)."""
+    digest = hashlib.sha256(artifact).hexdigest()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("if-none-match") == f'"{digest}"':
+            return httpx.Response(304)
+        return httpx.Response(200, content=artifact, headers={"etag": f'"{etag or digest}"'})
+
+    return answer
+
+
+def down(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+
+def not_found(request: httpx.Request) -> httpx.Response:  # a service started with --role training
+    return httpx.Response(404, json={"detail": "Not Found"})
+
+
+def pulls(answers: list[tuple[Answer, int]], caplog: pytest.LogCaptureFixture) -> tuple[PulledModel, list[str]]:
+    """Pull from a service that answers each `(answer, times)` in turn; the model and what was logged."""
+    url = "http://service.test:8000"
+    pulled = PulledModel(url, LeanHttpPredictorClient(url), interval_s=60.0)
+    now: list[Answer] = []
+    with (
+        caplog.at_level(logging.INFO, logger="leadtime.router.pulled"),
+        httpx.Client(transport=httpx.MockTransport(lambda request: now[0](request))) as client,
+    ):
+        for answer, times in answers:
+            now[:] = [answer]
+            for _ in range(times):
+                pulled.pull_once(client)
+    return pulled, [r.getMessage() for r in caplog.records if r.name == "leadtime.router.pulled"]
+
+
+GOOD = OnlinePredictor().to_bytes()
+UNSUPPORTED = json.dumps({"format": "leadtime-predictor", "artifact_version": 999}).encode()
+
+
+def test_a_refused_model_is_said_once_not_at_every_pull(caplog: pytest.LogCaptureFixture) -> None:
+    """A service serving a model this build refuses had the gateway log the refusal at every pull (every second,
+    forever); said once as a failing connection is, again when the reason changes, and after a recovery."""
+    pulled, said = pulls(
+        [
+            (served(GOOD), 2),
+            (served(UNSUPPORTED), 5),
+            (served(UNSUPPORTED, etag="0" * 64), 5),  # not what the service announced
+            (served(GOOD), 3),
+            (served(UNSUPPORTED), 4),
+        ],
+        caplog,
+    )
+    assert pulled.pulls == {"new": 1, "unchanged": 4, "error": 0, "refused": 14}
+    assert pulled.model is not None  # the model held kept predicting throughout
+    assert len(said) == 4, said
+    assert "artifact version 999 is not supported" in said[0] and "keeping the model held" in said[0]
+    assert "SHA-256" in said[1]
+    assert "succeeds again" in said[2]
+    assert "artifact version 999 is not supported" in said[3]
+
+
+def test_a_pull_that_fails_for_another_reason_says_the_new_one(caplog: pytest.LogCaptureFixture) -> None:
+    """Only the switch between failing and succeeding was logged: a service that went down and came back with
+    --role training (404) went on failing under the first reason (connection refused) in the log."""
+    pulled, said = pulls([(down, 3), (not_found, 3), (down, 2)], caplog)
+    assert pulled.pulls["error"] == 8
+    assert len(said) == 3, said
+    assert "Connection refused" in said[0] and "heuristics until one is pulled" in said[0]
+    assert "answered 404" in said[1]
+    assert "Connection refused" in said[2]
 
 
 def test_every_pull_result_is_exported_from_the_start() -> None:

@@ -16,7 +16,9 @@ assignment: predictions never wait for a pull.
 
 A service that is down: the last model keeps serving (its age is exported), pulls are retried every
 `interval_s`; with no model yet, predictions fail at once as `unavailable` and the policy falls back to the
-heuristics (counted), as when a remote predictor is down.
+heuristics (counted), as when a remote predictor is down. A pull that fails, for want of the service or by
+refusing what it sent, is logged when it starts failing and when the reason changes, not at every pull: a service
+that keeps failing would otherwise write a line every `interval_s`, forever.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ class PulledModel:
         self._first = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._failing = False
-        self.last_error = ""  # why the last pull failed (for the log line that says it is failing)
+        self._failure = ""
+        """Why pulls fail now, "" since one succeeded: logged when it changes, not at every pull."""
 
     # ----- predictions (the decision's thread) ---------------------------------------------------------------
 
@@ -146,44 +148,40 @@ class PulledModel:
     def pull_once(self, client: httpx.Client) -> str:
         """One pull: ask for the model unless it is the one held; load and swap in a new one. Returns what it
         did (one of `PULL_RESULTS`); never raises."""
-        result = self._pull(client)
+        result, failure = self._pull(client)
         self.pulls[result] += 1
         if self.metrics is not None:
             self.metrics.model_pulls.labels(result).inc()
-        failing = result in ("error", "refused")
-        if failing != self._failing:
-            self._failing = failing
-            if failing:
+        if failure != self._failure:
+            if failure:
                 kept = "keeping the model held" if self.model is not None else "heuristics until one is pulled"
-                why = self.last_error if result == "error" else "refused"
-                log.warning("pulling the model from %s failed (%s); %s", self.url, why, kept)
+                log.warning("pulling the model from %s failed (%s); %s", self.url, failure, kept)
             else:
                 log.info("pulling the model from %s succeeds again", self.url)
+            self._failure = failure
         return result
 
-    def _pull(self, client: httpx.Client) -> str:
+    def _pull(self, client: httpx.Client) -> tuple[str, str]:
+        """What one pull did (one of `PULL_RESULTS`) and why it failed ("" when it did not). Says nothing:
+        `pull_once` logs a failure once, not at every pull."""
         headers = {"If-None-Match": f'"{self.digest}"'} if self.digest else {}
         try:
             response = client.get(self.url, headers=headers)
         except httpx.HTTPError as err:
-            self.last_error = str(err) or type(err).__name__
-            return "error"
+            return "error", str(err) or type(err).__name__
         if response.status_code == 304:
             self.pulled_at = time.monotonic()
-            return "unchanged"
+            return "unchanged", ""
         if response.status_code != 200:
-            self.last_error = f"answered {response.status_code}"
-            return "error"
+            return "error", f"answered {response.status_code}"
         artifact = response.content
         digest = hashlib.sha256(artifact).hexdigest()
         announced = response.headers.get("etag", "").strip('"')
         if announced and announced != digest:
-            log.warning("the model from %s does not match its announced SHA-256; refused", self.url)
-            return "refused"
+            return "refused", "refused: the model does not match the SHA-256 the service announced"
         try:
             model = OnlinePredictor.from_bytes(artifact, background=False, reuse=self.model)
         except ArtifactError as err:
-            log.warning("the model from %s was refused: %s", self.url, err)
-            return "refused"
+            return "refused", f"refused: {err}"
         self.model, self.digest, self.pulled_at = model, digest, time.monotonic()
-        return "new"
+        return "new", ""
