@@ -118,6 +118,8 @@ def test_routes_with_the_pulled_model_and_the_service_learns_every_observation(w
         assert route.metric("leadtime_router_fallbacks_total") == 0  # the last model still predicts
         assert route.metric("leadtime_router_pulled_model_age_seconds") > 0.2
         assert route.metric("leadtime_router_requests_total", code="200") == 14
+        ready = httpx.get(f"{route.url}/readyz", timeout=5)  # still routing on the model held, and saying so
+        assert ready.status_code == 200 and "s old" in ready.json()["degraded"]["model_pull"], ready.text
     finally:
         route.child.stop()
         predictor.child.stop()

@@ -1,8 +1,10 @@
-"""The gateway's /readyz on what it routes with besides the endpoints: the source of time-slice group states."""
+"""The gateway's /readyz on what it routes with besides the endpoints: the source of time-slice group states, the
+model pulled from the service (`--pull-model`)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 import httpx
@@ -41,3 +43,71 @@ def test_readyz_names_a_source_of_group_states_that_cannot_be_read(tmp_path: Any
     failing, fixed = asyncio.run(go())
     assert failing["status"] == "ready" and "groups.rl.state" in failing["degraded"]["timeslice"]
     assert "timeslice" not in fixed["degraded"]
+
+
+def test_readyz_names_a_pull_of_the_model_that_keeps_failing() -> None:
+    """With --pull-model, a service killed or restarted with --role training (GET /v1/model answering 404) left
+    /readyz saying nothing degraded while the model held grew old; it stays ready (the held model predicts)."""
+    from leadtime.predictor.learner import OnlinePredictor
+    from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+    from leadtime.router_plugin.gateway.predictor import GatewayPredictor
+    from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+    from leadtime.router_plugin.gateway.pulled import PulledModel
+
+    artifact = OnlinePredictor().to_bytes()
+    digest = f'"{hashlib.sha256(artifact).hexdigest()}"'
+    status = [200]
+
+    def service(request: httpx.Request) -> httpx.Response:
+        if status[0] == 404:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if request.headers.get("if-none-match") == digest:
+            return httpx.Response(304)
+        return httpx.Response(200, content=artifact, headers={"etag": digest})
+
+    url = "http://service.test:8000"
+    pulled = PulledModel(url, LeanHttpPredictorClient(url), interval_s=60.0)
+    pulling = httpx.Client(transport=httpx.MockTransport(service))
+
+    async def serve(reader: asyncio.StreamReader, writer: Writer) -> None:
+        await next_request(reader, writer)
+
+    async def go() -> list[dict[str, Any]]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        try:
+            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
+                gateway.predictor = GatewayPredictor(pulled, pulled.observer, GatewayMetrics())
+                transport = httpx.ASGITransport(app=gateway)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+                    answers = []
+                    for now in (200, 404, 200):
+                        status[0] = now
+                        pulled.pull_once(pulling)
+                        reply = await client.get("/readyz")
+                        assert reply.status_code == 200, reply.text
+                        answers.append(reply.json())
+                    return answers
+        finally:
+            server.close()
+
+    with pulling:
+        pulled_fine, failing, recovered = asyncio.run(go())
+    assert "model_pull" not in pulled_fine["degraded"]
+    assert failing["status"] == "ready"
+    assert failing["degraded"]["model_pull"].startswith("failing (answered 404); model ")
+    assert failing["degraded"]["model_pull"].endswith(" s old")
+    assert "model_pull" not in recovered["degraded"]
+
+
+def test_readyz_names_a_pull_that_never_found_the_service() -> None:
+    """No model pulled yet: decisions fall back to the heuristics, and /readyz says why."""
+    from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+    from leadtime.router_plugin.gateway.pulled import PulledModel
+
+    url = "http://127.0.0.1:9"
+    pulled = PulledModel(url, LeanHttpPredictorClient(url), interval_s=60.0, timeout_s=0.2)
+    assert pulled.health() == {}  # nothing tried yet
+    with httpx.Client(timeout=0.5) as client:
+        assert pulled.pull_once(client) == "error"
+    (said,) = pulled.health().values()
+    assert said.startswith("failing (") and "no model pulled yet" in said, said

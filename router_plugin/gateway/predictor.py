@@ -39,13 +39,16 @@ def failure_reason(err: PredictorError) -> str:
 @runtime_checkable
 class BackgroundModel(Protocol):
     """A predict client that holds a model of its own and keeps it current in the background (`pulled.PulledModel`
-    pulls the service's): the gateway starts and stops it with itself and reports the model's age."""
+    pulls the service's): the gateway starts and stops it with itself, reports the model's age, and names under
+    /readyz's `degraded` what fails in keeping it current (`health`)."""
 
     def start(self) -> None: ...
 
     def stop(self, timeout_s: float = 5.0) -> None: ...
 
     def age_s(self) -> float | None: ...
+
+    def health(self) -> dict[str, str]: ...
 
 
 class GatewayPredictor:
@@ -152,8 +155,9 @@ class GatewayPredictor:
         return True
 
     def health(self) -> dict[str, str]:
-        """What is degraded (for the gateway's /readyz, which stays ready: the heuristics route meanwhile)."""
-        out = {}
+        """What is degraded (for the gateway's /readyz, which stays ready: the heuristics, or a pulled model held,
+        route meanwhile): the predictor, the observations, and the predict client's own background work."""
+        out = self.predict_client.health() if isinstance(self.predict_client, BackgroundModel) else {}
         if self._outage:
             out["predictor"] = f"failing ({self.last_failure}); deciding with the heuristics until it answers"
         if self._observe_failing:

@@ -138,6 +138,19 @@ class PulledModel:
         """Seconds since a pull last found the service (None before any did)."""
         return None if self.pulled_at is None else time.monotonic() - self.pulled_at
 
+    def health(self) -> dict[str, str]:
+        """A pull that fails now, named for the gateway's /readyz (which stays ready: the model held, growing old,
+        or the heuristics decide meanwhile); empty while pulls succeed. Without it a service gone for good, or one
+        restarted to train only (404), left /readyz saying nothing while the gateway routed on an ever older
+        model."""
+        failure = self._failure
+        if not failure:
+            return {}
+        age = self.age_s()
+        if self.model is None or age is None:
+            return {"model_pull": f"failing ({failure}); no model pulled yet, deciding with the heuristics"}
+        return {"model_pull": f"failing ({failure}); model {age:.0f} s old"}
+
     def _loop(self) -> None:
         with httpx.Client(timeout=self.timeout_s, headers=self._headers, verify=self._verify) as client:
             while not self._stop.is_set():
