@@ -81,6 +81,10 @@ PREDICTED_FIELDS = (
     "predicted_tpot_quantile_ms",
 )
 OBSERVATION_FIELDS = (*ACTUAL_FIELDS, *PREDICTED_FIELDS, "timestamp")
+MAX_PREDICTED_MS = 1e12
+"""The most milliseconds a served prediction says (about 32 years: an infinity or overflow is served as this), and
+so the most a predicted_* field may carry: a value above it was never a prediction of this service, and one near
+float64's limit would make the live error's sum infinite for good."""
 
 
 def is_resident(timeslice_state: str) -> bool:
@@ -261,7 +265,8 @@ class Observation:
         for name in (*PREDICTED_FIELDS, "timestamp"):
             value = getattr(self, name)
             if value is not None:
-                object.__setattr__(self, name, check_real(name, value, -math.inf))
+                high = MAX_PREDICTED_MS if name in PREDICTED_FIELDS else math.inf
+                object.__setattr__(self, name, check_real(name, value, -math.inf, high))
 
     @classmethod
     def of_request(

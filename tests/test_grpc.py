@@ -136,6 +136,13 @@ def test_observe_needs_the_token_and_is_learned(served: tuple[TestClient, Any]) 
         stub.Observe(bad, timeout=5, metadata=auth)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "observations[0].actual_ttft_ms" in err.value.details()
+    absurd = pb.ObserveRequest(observations=[pb.Observation(row=row(), actual_ttft_ms=0.5, predicted_ttft_ms=1.7e308)])
+    with pytest.raises(grpc.RpcError) as err:  # as over HTTP: above what the service ever serves
+        stub.Observe(absurd, timeout=5, metadata=auth)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "observations[0].predicted_ttft_ms" in err.value.details()
+    implausible = pb.Observation(row=row(), actual_ttft_ms=1e-6, predicted_ttft_ms=70.0, predicted_ttft_quantile_ms=1.0)
+    assert stub.Observe(pb.ObserveRequest(observations=[implausible]), timeout=5, metadata=auth).accepted == 1
     runtime = http.app.state.runtime  # type: ignore[attr-defined]
     deadline = time.monotonic() + 30  # the learner process starts first: seconds on a loaded machine
     while runtime.learned()["ttft"] < 25 and time.monotonic() < deadline:
@@ -144,9 +151,11 @@ def test_observe_needs_the_token_and_is_learned(served: tuple[TestClient, Any]) 
     assert status.is_ready and status.observations["ttft"] == 25 and status.role == "all"
     assert status.components["store"] == "ok" and status.holds_training_lease
     metrics = http.get("/metrics").text
-    assert 'leadtime_grpc_requests_total{code="OK",method="Observe"} 1.0' in metrics
+    assert 'leadtime_grpc_requests_total{code="OK",method="Observe"} 2.0' in metrics
     assert 'leadtime_grpc_requests_total{code="UNAUTHENTICATED",method="Observe"} 1.0' in metrics
-    assert 'leadtime_observations_accepted_total{api="grpc"} 25.0' in metrics
+    assert 'leadtime_observations_accepted_total{api="grpc"} 26.0' in metrics
+    labels = 'accelerator="h100-sxm",role="both",target="ttft"'
+    assert f"leadtime_live_absolute_percentage_error_ratio_count{{{labels}}} 25.0" in metrics  # not the implausible
     assert (
         'leadtime_live_quantile_checks_total{accelerator="h100-sxm",covered="true",role="both",target="ttft"}'
         in metrics

@@ -167,3 +167,48 @@ def test_the_edge_answers_good_predictions_as_the_route_would_and_leaves_bad_one
         client.post("/v1/predict", content=b"{not json", headers={"content-type": "application/json"}).status_code
         == 400
     )
+
+
+def test_a_predicted_value_above_the_served_cap_is_refused_naming_it(client: TestClient) -> None:
+    """The service never serves more than `MAX_PREDICTED_MS`, so a predicted value above it is no prediction of
+    its: refused (422 naming the field) before it could make the live error's sum infinite for good."""
+    from leadtime.features.rows import MAX_PREDICTED_MS
+
+    capped = client.post("/v1/predict", json={"rows": [native_row(timeslice_state="parked", timeslice_wait_ms=1e300)]})
+    assert capped.json()["ttft_mean_ms"] == [MAX_PREDICTED_MS]  # the cap is the one answers carry
+    for name in ("predicted_ttft_ms", "predicted_tpot_ms", "predicted_ttft_quantile_ms", "predicted_tpot_quantile_ms"):
+        for value in (1.7e308, 1e308, MAX_PREDICTED_MS * 1.01):
+            entry = dict(native_row(), actual_ttft_ms=0.5, actual_tpot_ms=0.0, **{name: value})
+            r = client.post("/v1/observations", json={"observations": [dict(entry)]})
+            assert r.status_code == 422 and r.json()["field"] == f"observations[0].{name}", (name, value, r.text)
+            r = client.post("/v1/observations", json={"observations": [dict(entry, timestamp=1.7e9)]})  # entry-wise
+            assert r.status_code == 422 and r.json()["field"] == f"observations[0].{name}", (name, value, r.text)
+    at_cap = dict(native_row(), actual_ttft_ms=500.0, actual_tpot_ms=0.0, predicted_ttft_ms=MAX_PREDICTED_MS)
+    assert client.post("/v1/observations", json={"observations": [at_cap]}).status_code == 202
+    metrics = client.get("/metrics").text
+    assert "+Inf" not in "".join(line for line in metrics.splitlines() if "error_ratio_sum" in line)
+
+
+def test_observations_the_poisoning_guard_drops_stay_out_of_the_accuracy_metrics(client: TestClient) -> None:
+    """A row the learner drops as implausible (`physics.implausible`) is no measurement: neither its live error
+    nor its quantile coverage is recorded, or one row claiming a nanosecond TTFT would move the error's sum by
+    millions."""
+    implausible = dict(
+        native_row(),
+        actual_ttft_ms=0.000001,
+        actual_tpot_ms=0.0,
+        predicted_ttft_ms=50.0,
+        predicted_ttft_quantile_ms=120,
+    )
+    plausible = dict(implausible, actual_ttft_ms=100.0)
+    r = client.post("/v1/observations", json={"observations": [implausible, plausible, implausible]})
+    assert r.status_code == 202
+    metrics = client.get("/metrics").text
+    labels = 'accelerator="h100-sxm",role="both",target="ttft"'
+    assert f"leadtime_live_absolute_percentage_error_ratio_count{{{labels}}} 1.0" in metrics
+    assert f"leadtime_live_absolute_percentage_error_ratio_sum{{{labels}}} 0.5" in metrics
+    assert (
+        'leadtime_live_quantile_checks_total{accelerator="h100-sxm",covered="true",role="both",target="ttft"} 1.0'
+        in (metrics)
+    )
+    assert 'covered="false",role="both",target="ttft"}' not in metrics

@@ -304,7 +304,8 @@ def test_observation_columns_equal_the_entry_checks() -> None:
     for field, value, problem in [
         ("actual_tpot_ms", True, "must be a number, got True"),
         ("actual_ttft_ms", float("nan"), "must be finite, got nan"),
-        ("predicted_tpot_ms", -1.0, "must be ≥ 0, got -1"),
+        ("predicted_tpot_ms", -1.0, "must be between 0 and 1e+12, got -1"),
+        ("predicted_ttft_ms", 1.7e308, "must be between 0 and 1e+12, got 1.7e+308"),  # above what is ever served
         ("timestamp", "yesterday", "must be RFC 3339 or seconds since the epoch, got 'yesterday'"),
     ]:
         bad = [dict(e) for e in entries]

@@ -37,6 +37,7 @@ from leadtime.features.rows import (
     LLMD_FRACTION_FIELDS,
     LLMD_REQUIRED_FIELDS,
     MAX_COUNT,
+    MAX_PREDICTED_MS,
     MAX_TEXT_CHARS,
     NOT_RESIDENT_STATES,
     POD_TYPE_ROLES,
@@ -249,7 +250,7 @@ def _column_actuals(
                 given[j] = np.array(column, dtype=np.float64)  # None → NaN, "not sent"
             except OverflowError:
                 return None
-            if not (checked.min(initial=0.0) >= 0.0 and checked.max(initial=0.0) < math.inf):
+            if not (checked.min(initial=0.0) >= 0.0 and checked.max(initial=0.0) <= MAX_PREDICTED_MS):
                 return None
     if "timestamp" in keys:
         try:
@@ -579,7 +580,7 @@ class RowParser:
         for j, name in enumerate(PREDICTED_FIELDS):
             value = entry.get(name)
             if value is not None:
-                predicted[j] = check_real(name, value)
+                predicted[j] = check_real(name, value, high=MAX_PREDICTED_MS)
         timestamp = entry.get("timestamp")
         if timestamp is not None:
             parse_timestamp(timestamp)

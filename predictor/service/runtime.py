@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.rows import MAX_PREDICTED_MS
+from leadtime.predictor import physics
 from leadtime.predictor.artifact import FILE_NAME, ArtifactError
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
@@ -656,13 +658,21 @@ class ServiceRuntime:
                 s.train[target] += int(observed.sum()) - n_test
 
     def record_live_errors(self, parsed: ParsedObservations) -> None:
-        """Live error and quantile coverage of what was predicted for these observations, per target."""
+        """Live error and quantile coverage of what was predicted for these observations, per target.
+
+        Only of the rows the learner will learn: one the poisoning guard drops (`physics.implausible`) is no
+        measurement, and its error (a nanosecond TTFT against a 50 ms prediction is 5e7) would swamp the metric."""
         rows = parsed.rows
+        kept = ~physics.implausible(rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
+        accelerators, roles = rows.accelerators, rows.roles
+        if not kept.all():
+            accelerators = [a for a, k in zip(accelerators, kept.tolist(), strict=True) if k]
+            roles = [r for r, k in zip(roles, kept.tolist(), strict=True) if k]
         for target, actual, predicted, quantile in (
             ("ttft", parsed.actual_ttft_ms, parsed.predicted_ttft_ms, parsed.predicted_ttft_quantile_ms),
             ("tpot", parsed.actual_tpot_ms, parsed.predicted_tpot_ms, parsed.predicted_tpot_quantile_ms),
         ):
-            self.metrics.observe_live_error(target, actual, predicted, quantile, rows.accelerators, rows.roles)
+            self.metrics.observe_live_error(target, actual[kept], predicted[kept], quantile[kept], accelerators, roles)
 
     def flush_samples(self, training: bool, test: bool) -> dict[str, int]:
         """Zero the sample counts asked for (and empty the learner's window with the training data)."""
@@ -797,8 +807,8 @@ class ServiceRuntime:
 
 
 def served_ms(values: np.ndarray) -> list[float]:
-    """Predicted milliseconds as answers carry them: negatives and NaN become 0, infinities 1e12."""
-    out: list[float] = np.where(values > 0.0, np.minimum(values, 1e12), 0.0).tolist()  # NaN > 0 is False
+    """Predicted milliseconds as answers carry them: negatives and NaN become 0, infinities `MAX_PREDICTED_MS`."""
+    out: list[float] = np.where(values > 0.0, np.minimum(values, MAX_PREDICTED_MS), 0.0).tolist()  # NaN > 0 is False
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from leadtime.features.catalog import ACCELERATORS, MODELS
-from leadtime.features.rows import LATEST_TIMESTAMP, MAX_COUNT
+from leadtime.features.rows import LATEST_TIMESTAMP, MAX_COUNT, MAX_PREDICTED_MS
 from leadtime.predictor.service.rows import ROW_EXTRAS
 
 TIMESTAMP_HELP = (
@@ -83,10 +83,14 @@ class NativeObservation(NativeRow):
 
     actual_ttft_ms: float = Field(..., ge=0.0, description="0 = TTFT not observed.")
     actual_tpot_ms: float = Field(..., ge=0.0, description="0 = TPOT not observed.")
-    predicted_ttft_ms: float | None = Field(default=None, ge=0.0, description="Mean TTFT the decision was made with.")
-    predicted_tpot_ms: float | None = Field(default=None, ge=0.0)
-    predicted_ttft_quantile_ms: float | None = Field(default=None, ge=0.0, description="Upper-quantile TTFT predicted.")
-    predicted_tpot_quantile_ms: float | None = Field(default=None, ge=0.0)
+    predicted_ttft_ms: float | None = Field(
+        default=None, ge=0.0, le=MAX_PREDICTED_MS, description="Mean TTFT the decision was made with."
+    )
+    predicted_tpot_ms: float | None = Field(default=None, ge=0.0, le=MAX_PREDICTED_MS)
+    predicted_ttft_quantile_ms: float | None = Field(
+        default=None, ge=0.0, le=MAX_PREDICTED_MS, description="Upper-quantile TTFT predicted."
+    )
+    predicted_tpot_quantile_ms: float | None = Field(default=None, ge=0.0, le=MAX_PREDICTED_MS)
     timestamp: Timestamp | AwareDatetime | None = Field(default=None, description=TIMESTAMP_HELP)
 
 
