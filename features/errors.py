@@ -24,6 +24,18 @@ class FeatureError(ValueError):
         self.problem = problem
         super().__init__(f"{field}: {problem}")
 
+    def under(self, where: str) -> FeatureError:
+        """This error as one of the value at `where`: its field below it (`rows[3].kv_cache_percentage`), or
+        `where` itself when the error names no field, because the value there is the bad one (a row that is not an
+        object is `rows[3]`, not `rows[3].row`: a row has no field of that name).
+
+        >>> FeatureError("kv_cache_percentage", "must be ≤ 1").under("rows[3]").field
+        'rows[3].kv_cache_percentage'
+        >>> str(FeatureError("", "must be a JSON object, got int").under("rows[3]"))
+        'rows[3]: must be a JSON object, got int'
+        """
+        return FeatureError(f"{where}.{self.field}" if self.field else where, self.problem)
+
 
 def field_path(loc: Iterable[object]) -> str:
     """A pydantic error location as the path a user writes: `plugins[0].ref`.

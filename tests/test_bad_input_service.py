@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 from llmd_rows import llmd_row
@@ -63,6 +64,35 @@ def test_the_lenient_bulk_path_names_a_bad_row_and_answers_the_others(served: tu
     body = reply.json()
     assert (body["successful_predictions"], body["failed_predictions"]) == (1, 1)
     assert body["errors"][0]["index"] == 1 and "decode_tokens_in_flight" in body["errors"][0]["error"]
+
+
+@pytest.mark.parametrize("item", [5, "a row", [1, 2], None, True])
+def test_an_item_that_is_not_an_object_is_named_by_its_index(served: tuple[TestClient, Any], item: Any) -> None:
+    """A row or entry that is not an object is itself the bad value: `rows[0]`, not `rows[0].row` (there is no
+    field `row` in a row), on every path that takes a list of them, the edge's hot paths included."""
+    from leadtime.predictor.service.hot_path import HotPath
+
+    http, _ = served
+    entry = {**ROW, "actual_ttft_ms": 100.0, "actual_tpot_ms": 10.0}
+    for path, key, good in (
+        ("/v1/predict", "rows", ROW),
+        ("/predict/bulk/strict", "requests", ROW),
+        ("/v1/observations", "observations", entry),
+        ("/add_training_data_bulk", "entries", entry),
+    ):
+        reply = http.post(path, json={key: [good, item]})
+        assert reply.status_code == 422, (path, reply.text)
+        body = reply.json()
+        assert body["field"] == f"{key}[1]" and body["error"].startswith(f"{key}[1]: "), (path, body)
+        assert body["detail"][0]["loc"] == ["body", key, 1], (path, body)
+    lenient = http.post("/predict/bulk", json={"requests": [ROW, item]})
+    if lenient.status_code == 200:  # llm-d's schema may refuse it first (422 naming requests[1])
+        assert lenient.json()["errors"][0]["error"].startswith("requests[1]: "), lenient.text
+    else:
+        assert lenient.json()["field"] == "requests[1]", lenient.text
+    hot = HotPath(http.app.state.runtime)  # type: ignore[attr-defined]
+    assert hot.native_predict(orjson.dumps({"rows": [ROW, item]}), "") is None  # left to the route above
+    assert hot.predict_bulk_strict(orjson.dumps({"requests": [ROW, item]}), "") is None
 
 
 # ----- HTTP: /v1/explain ----------------------------------------------------------------------------------------

@@ -64,7 +64,8 @@ mutated_row = st.builds(
     lambda good, bad: {**good, **bad}, good_row, st.dictionaries(st.sampled_from(NAMES), json_values)
 )
 PARSER = RowParser("h100-sxm", "llama-3.1-8b")
-NAMED = re.compile(r"^(requests|entries)\[\d+\]\.\w+")
+# A bad field of a row or entry, or the item itself when it is not an object.
+NAMED = re.compile(r"^(requests|entries)\[\d+\](\.\w+|$)")
 
 
 @FUZZ

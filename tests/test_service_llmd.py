@@ -80,7 +80,7 @@ def test_bulk_strict_takes_10000_rows_and_refuses_more(client: TestClient) -> No
         (llmd_row(prefix_cache_score="high"), "requests[1].prefix_cache_score"),
         (llmd_row(pod_type="gpu"), "requests[1].pod_type"),
         (llmd_row(num_tokens_generated=2.5), "requests[1].num_tokens_generated"),
-        ("not a row", "requests[1].row"),
+        ("not a row", "requests[1]"),
     ],
 )
 def test_bulk_strict_refuses_a_bad_row_with_422_naming_it(client: TestClient, row: Any, field: str) -> None:

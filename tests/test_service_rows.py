@@ -243,7 +243,7 @@ def test_a_missing_required_field_is_named_with_its_index() -> None:
     assert error_of(lambda: parser.parse(rows)) == ("requests[41].num_request_running", "is required")
     mixed: list[Any] = plain_rows(100)
     mixed[3] = [1, 2, 3]
-    assert error_of(lambda: parser.parse(mixed)) == ("requests[3].row", "must be a JSON object, got list")
+    assert error_of(lambda: parser.parse(mixed)) == ("requests[3]", "must be a JSON object, got list")
 
 
 def test_values_the_row_checks_accept_give_the_same_matrix() -> None:

@@ -268,7 +268,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             try:
                 total += self._accept(batch.observations, context)
             except FeatureError as err:
-                raise FeatureError(f"batches[{k}].{err.field}", f"{err.problem} ({kept})") from None
+                raise FeatureError(err.under(f"batches[{k}]").field, f"{err.problem} ({kept})") from None
             except (BacklogFull, CallerGone) as err:
                 raise type(err)(f"batches[{k}]: {err} ({kept})") from None
         return total

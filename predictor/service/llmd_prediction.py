@@ -135,7 +135,7 @@ async def predict_bulk(request: Request, runtime: ReadyRuntime) -> Response:
             runtime.parser.parse_one(row)
             good.append(i)
         except FeatureError as err:
-            errors.append({"index": i, "error": f"requests[{i}].{err.field}: {err.problem}"})
+            errors.append({"index": i, "error": str(err.under(f"requests[{i}]"))})
     predictions: list[dict[str, Any] | None] = [None] * len(rows)
     if good:
         parsed = runtime.parser.parse([rows[i] for i in good], "requests")

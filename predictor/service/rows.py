@@ -278,9 +278,10 @@ class RowParser:
         self.hardware = self.vectorizer.hardware
 
     def _raw_row(self, row: Any, native: bool) -> tuple[tuple[float, ...], str]:
-        """One row → (values in `_RAW` order, endpoint id); raises FeatureError naming the field."""
+        """One row → (values in `_RAW` order, endpoint id); raises FeatureError naming the field, or naming none
+        when the row itself is not an object (the caller names where it was: `FeatureError.under`)."""
         if not isinstance(row, Mapping):
-            raise FeatureError("row", f"must be a JSON object, got {type(row).__name__}")
+            raise FeatureError("", f"must be a JSON object, got {type(row).__name__}")  # the row itself
         for name in LLMD_REQUIRED_FIELDS:
             if row.get(name) is None:
                 raise FeatureError(name, "is required")
@@ -346,7 +347,8 @@ class RowParser:
         return self._parse_rows(rows, where, native)
 
     def parse_one(self, row: Any, native: bool = False) -> FeatureBatch:
-        """One row (`/predict`); a bad value raises FeatureError naming the field."""
+        """One row (`/predict`); a bad value raises FeatureError naming the field (none for a row that is not an
+        object: the caller knows where the row was, `FeatureError.under`)."""
         values, endpoint_id = self._raw_row(row, native)
         return self._finish_raw([values], [endpoint_id])
 
@@ -358,7 +360,7 @@ class RowParser:
             try:
                 values, endpoint_id = self._raw_row(row, native)
             except FeatureError as err:
-                raise FeatureError(f"{where}[{first + i}].{err.field}", err.problem) from None
+                raise err.under(f"{where}[{first + i}]") from None
             raw.append(values)
             endpoint_ids.append(endpoint_id)
         return self._finish_raw(raw, endpoint_ids)
@@ -423,7 +425,7 @@ class RowParser:
             try:
                 values, endpoint_id = self._raw_row(to_dict(m), native=True)
             except FeatureError as err:
-                raise FeatureError(f"{where}[{i}].{err.field}", err.problem) from None
+                raise err.under(f"{where}[{i}]") from None
             raw.append(values)
             endpoint_ids.append(endpoint_id)
         return self._finish_raw(raw, endpoint_ids)
@@ -563,14 +565,14 @@ class RowParser:
             try:
                 actuals.append(self._checked_actuals(entry, predicted[i]))
             except FeatureError as err:
-                raise FeatureError(f"{where}[{first + i}].{err.field}", err.problem) from None
+                raise err.under(f"{where}[{first + i}]") from None
         return actuals
 
     @staticmethod
     def _checked_actuals(entry: Any, predicted: np.ndarray) -> tuple[float, float]:
         """Actuals of one entry checked field by field; fills `predicted` with what the client had predicted."""
         if not isinstance(entry, Mapping):
-            raise FeatureError("entry", f"must be a JSON object, got {type(entry).__name__}")
+            raise FeatureError("", f"must be a JSON object, got {type(entry).__name__}")  # the entry itself
         values = []
         for name in ACTUAL_FIELDS:
             value = entry.get(name)
