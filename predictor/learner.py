@@ -121,6 +121,16 @@ class LearnerConfig:
             raise ValueError(f"forgetting must be in [0.9, 1], got {self.forgetting}")
 
 
+def _ms_text(ms: float) -> str:
+    """Milliseconds for an explanation's column: two decimals, or four digits and an exponent past a billion (a
+    stated wait may be any finite number, and 300 digits would bury the other terms).
+
+    >>> _ms_text(36.849), _ms_text(1e300)
+    ('     36.85', '    1e+300')
+    """
+    return f"{ms:10.2f}" if abs(ms) < 1e9 else f"{ms:10.4g}"
+
+
 def _only(items: Sequence[Any], kind: type, usage: str) -> None:
     """A TypeError saying what the method takes, rather than an AttributeError from deep inside it."""
     for i, item in enumerate(items):
@@ -263,11 +273,20 @@ class OnlinePredictor:
         _only(rows, FeatureRow, "predict_many takes FeatureRows (an Observation's is its .row)")
         return self.vectorizer.batch(rows)
 
-    def debug_one(self, row: FeatureRow) -> str:
-        """Explain one prediction term by term: prior, correction, offsets, trees, calibration."""
-        batch = self.vectorizer.batch([row])
+    def debug_one(
+        self, row: FeatureRow | FeatureBatch, served: Callable[[np.ndarray], Sequence[float]] | None = None
+    ) -> str:
+        """Explain one prediction term by term: prior, correction, offsets, trees, calibration.
+
+        `row`: a FeatureRow, or a one-row FeatureBatch vectorized by the caller (a service explains the row exactly
+        as it read it for a prediction). `served`: how the caller turns predicted milliseconds into what it answers
+        (the service caps them, `service.runtime.served_ms`), so that the headline is the number the caller serves
+        for this row; where that differs from the model's, both are given."""
+        batch = self.vectorizer.batch([row]) if isinstance(row, FeatureRow) else row
+        if len(batch) != 1:
+            raise ValueError(f"debug_one explains one row, got {len(batch)}")
         x, hw = batch.X, batch.classes
-        endpoint = row.endpoint.endpoint_id
+        endpoint = batch.endpoint_ids[0] if batch.endpoint_ids else ""
         lines = []
         for target, model in self._models.items():
             prior = prior_ms(target, x)
@@ -276,10 +295,16 @@ class OnlinePredictor:
             mean, upper = model.predict(x, hw, [endpoint] if endpoint else None)
             wait = float(additive_ms(target, x)[0])
             q = self.config.quantile * 100
-            lines.append(f"{target}: {float(mean[0]):.2f} ms (p{q:g} {float(upper[0]):.2f} ms)")
+            shown_mean, shown_upper = (float(mean[0]), float(upper[0]))
+            if served is not None:
+                shown_mean, shown_upper = served(mean[:1])[0], served(upper[:1])[0]
+            lines.append(f"{target}: {shown_mean:.2f} ms (p{q:g} {shown_upper:.2f} ms)")
+            if (shown_mean, shown_upper) != (float(mean[0]), float(upper[0])):
+                model_says = f"{_ms_text(float(mean[0]))} ms (p{q:g} {float(upper[0]):.4g} ms)"
+                lines.append(f"  as the model gives it    {model_says}")
             lines.append(f"  physics prior            {float(prior[0]):10.2f} ms")
             if wait:
-                lines.append(f"  time-slice wait          {wait:10.2f} ms (added)")
+                lines.append(f"  time-slice wait          {_ms_text(wait)} ms (added)")  # as sent: any size
             lines.append(f"  online correction        ×{math.exp(float(phi @ model.rls.weights)):.3f}")
             for name, value in terms[:5]:
                 lines.append(f"    {name:<28} {value:+.3f} (log)")

@@ -144,6 +144,64 @@ def test_explain_takes_a_null_pod_type_as_predict_does(served: tuple[TestClient,
     assert response.status_code == 200, response.text
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b'{"row": {"kv_cache_percentage": NaN}}',
+        b'{"row": {"kv_cache_percentage": Infinity}}',
+        b'{"row": {"kv_cache_percentage": 1e309}}',
+        b'{"row": {"endpoint_id": "\\ud800"}}',  # a lone surrogate
+        b"\xff\xfe",
+    ],
+)
+def test_explain_reads_a_body_that_is_not_json_as_predict_does(served: tuple[TestClient, Any], body: bytes) -> None:
+    """Explain parsed its body with pydantic's JSON reader: `[0]: JSON decode error` for what /v1/predict calls a
+    body that is not JSON (400 naming `body`), and NaN read as a number "less than or equal to 1"."""
+    http, _ = served
+    headers = {"content-type": "application/json"}
+    predicted = http.post("/v1/predict", content=body, headers=headers)
+    explained = http.post("/v1/explain", content=body, headers=headers)
+    assert predicted.status_code == 400 and predicted.json()["field"] == "body", predicted.text
+    assert (explained.status_code, explained.json()) == (predicted.status_code, predicted.json())
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [([ROW], "body"), ("row", "body"), ({}, "row"), ({"row": None}, "row"), ({"row": 5}, "row"), ({"row": []}, "row")],
+)
+def test_explain_names_a_body_without_a_row_object(served: tuple[TestClient, Any], body: Any, field: str) -> None:
+    """A body that is not an object is answered as /v1/predict answers one; a missing or non-object row is 422."""
+    http, _ = served
+    response = http.post("/v1/explain", json=body)
+    expected = http.post("/v1/predict", json=body).status_code if field == "body" else 422
+    assert response.status_code == expected, response.text
+    assert response.json()["field"] == field and response.json()["error"].startswith(f"{field}: "), response.text
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ROW,
+        {**ROW, "accelerator": "l40s", "endpoint_id": "pod-b", "role": "decode"},
+        {**ROW, "timeslice_state": "parked", "timeslice_wait_ms": 1e300},  # /v1/predict caps it at 1e12 ms
+    ],
+)
+def test_explain_headlines_the_numbers_predict_serves(served: tuple[TestClient, Any], row: dict[str, Any]) -> None:
+    """The explanation's first lines are the prediction /v1/predict answers for the same row, cap included."""
+    import re
+
+    http, _ = served
+    answer = http.post("/v1/predict", json={"rows": [row]}).json()
+    text = http.post("/v1/explain", json={"row": row}).text
+    for target in ("ttft", "tpot"):
+        found = re.search(rf"^{target}: ([0-9.]+) ms \(p90 ([0-9.]+) ms\)", text, re.MULTILINE)
+        assert found is not None, text[:300]
+        mean, upper = float(found[1]), float(found[2])
+        assert mean == pytest.approx(answer[f"{target}_mean_ms"][0], abs=0.006), (target, text[:300])
+        assert upper == pytest.approx(answer[f"{target}_quantile_ms"][0], abs=0.006), (target, text[:300])
+
+
 # ----- gRPC -------------------------------------------------------------------------------------------------------
 
 

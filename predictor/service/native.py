@@ -16,7 +16,6 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 from leadtime.features.errors import FeatureError
-from leadtime.features.rows import feature_row_from_llmd
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.health import status as llmd_status
 from leadtime.predictor.service.llmd_training import accept_entries, parse_entries
@@ -28,7 +27,6 @@ from leadtime.predictor.service.runtime import (
     served_ms,
 )
 from leadtime.predictor.service.schemas import (
-    ExplainRequest,
     NativeAccepted,
     NativeObservation,
     NativeObservationBatch,
@@ -157,26 +155,39 @@ async def status(runtime: ReadyRuntime) -> dict[str, Any]:
 
 @prediction_router.post(
     "/explain",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["row"],
+                        "properties": {"row": NativeRow.model_json_schema()},
+                    }
+                }
+            },
+        }
+    },
     responses=content_of("text/plain", "The explanation, one term a line."),
     summary="One prediction explained term by term (plain text).",
 )
-async def explain(body: ExplainRequest, request: Request, runtime: ReadyRuntime) -> Response:
+async def explain(request: Request, runtime: ReadyRuntime) -> Response:
     """One prediction explained term by term (plain text).
 
-    The row as sent is checked by the rules `/v1/predict` applies first: pydantic's lax mode alone would explain
-    `"0.3"` or `true` as numbers, and an unknown accelerator class would be named as the predictor's
-    `rows[0].accelerator` rather than `row.accelerator`."""
+    The body is read as `/v1/predict` reads it (the same JSON reader, so the same 400 for a body that is not JSON,
+    NaN or an overflowing number included) and the row is checked and vectorized by the same parser, so that what
+    is explained is what `/v1/predict` serves for that row, its cap included (`served_ms`); a bad value is named as
+    a field of `row`."""
+    body = await json_body(request)
+    if not isinstance(body, dict):
+        raise FeatureError("body", "must be a JSON object with a 'row' object")
+    if body.get("row") is None:
+        raise FeatureError("row", "is required")
     try:
-        runtime.parser.parse_one((await json_body(request))["row"], native=True)
+        batch = runtime.parser.parse_one(body["row"], native=True)
     except FeatureError as err:
-        raise FeatureError(f"row.{err.field}", err.problem) from None
-    row = body.row.model_dump(exclude_none=True)
-    if row.get("pod_type", "") == "" and row.get("role") in ("prefill", "decode"):
-        row["pod_type"] = row["role"]
-    try:
-        feature_row = feature_row_from_llmd(row)
-    except FeatureError as err:
-        raise FeatureError(f"row.{err.field}", err.problem) from None
+        raise err.under("row") from None
     predictor = runtime.predictor
     assert predictor is not None
-    return Response(predictor.debug_one(feature_row), media_type="text/plain; charset=utf-8")
+    return Response(predictor.debug_one(batch, served=served_ms), media_type="text/plain; charset=utf-8")

@@ -214,12 +214,6 @@ class FlushRequest(BaseModel):
     reason: str | None = None
 
 
-class ExplainRequest(BaseModel):
-    """The row /v1/explain explains."""
-
-    row: NativeRow
-
-
 def body_schema(model: type[BaseModel], list_field: str, item: type[BaseModel]) -> dict[str, Any]:
     """An OpenAPI requestBody for a handler that parses its body itself: {list_field: [item, ...]}.
 
