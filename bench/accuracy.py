@@ -8,7 +8,6 @@ share of rows whose actual is at or below the upper-quantile prediction.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -21,13 +20,13 @@ from rich.progress import Progress
 from rich.table import Table
 
 from leadtime.bench.data import RowUsage, actuals, at_line, load_llmd_lines
+from leadtime.bench.report_json import print_json
 from leadtime.console import report_console
 from leadtime.features.errors import FeatureError
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
 from leadtime.progress import stderr_bar
-from leadtime.simulator.report import json_safe
 
 TARGETS = ("ttft", "tpot")
 MODELS = ("leadtime", "llmd_reference", "median_baseline")
@@ -393,7 +392,7 @@ def _coverage_range(r: dict[str, float], kind: str) -> str:
 def print_report(report: dict[str, Any], as_json: bool, usage: RowUsage | None = None) -> None:
     """The report as JSON, or as a table and the lines below it (with `usage`, how many rows each target used)."""
     if as_json:
-        print(json.dumps(json_safe(report), indent=2, allow_nan=False))
+        print_json(report, indent=2)
         return
     data = report["data"]
     reference = report["reference"]["model_type"]

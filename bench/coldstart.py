@@ -9,13 +9,13 @@ MAPE over the third class's first 50 observations and over its observations 500â
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from rich.table import Table
 
+from leadtime.bench.report_json import print_json
 from leadtime.console import report_console
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.roofline import kv_capacity_tokens
@@ -160,7 +160,7 @@ def run_coldstart(
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     """The report as JSON, or as a table."""
     if as_json:
-        print(json.dumps(report, indent=2))
+        print_json(report, indent=2)
         return
     table = Table(title=f"cold start on {report['unseen_class']} after learning {', '.join(report['seen_classes'])}")
     for column in ("model", "target", "MAPE first 50", "MAPE after 500"):

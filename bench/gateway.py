@@ -34,7 +34,6 @@ asks the service over HTTP, as before), and the details beside them.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import ssl
@@ -48,6 +47,7 @@ import numpy as np
 
 from leadtime.bench.loadgen import Result, Shot, paired_probes, replay
 from leadtime.bench.procs import Predictor, Route, SimFleet
+from leadtime.bench.report_json import print_json
 from leadtime.bench.tls import self_signed
 from leadtime.predictor.client import tls_client_context
 from leadtime.simulator.workload import load_workload, shape, spread_steps
@@ -269,7 +269,7 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(report))
+        print_json(report)
         return
     from rich.table import Table
 

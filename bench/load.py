@@ -32,6 +32,7 @@ import httpx
 
 from leadtime.bench.keepalive import KeepAliveClient
 from leadtime.bench.procs import Predictor
+from leadtime.bench.report_json import print_json
 from leadtime.bench.serving import load_entries, prediction_rows
 
 OBSERVE_BATCH = 100
@@ -244,7 +245,7 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     """The report as one JSON object, or as lines for a person."""
     if as_json:
-        print(json.dumps(report))
+        print_json(report)
         return
     print(
         f"predictions: {report['achieved_predict_rps']:,.0f}/s of {report['rows_per_call']} rows "

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import sys
 import warnings
 import zlib
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.bench.report_json import print_json
 from leadtime.features.prefix import PrefixIndex
 from leadtime.router_plugin.affinity import PrefixAffinity
 from leadtime.simulator.workload import load_workload
@@ -285,7 +285,7 @@ def run_prefix_bench(
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(report))
+        print_json(report)
         return
     from rich.table import Table
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.bench.report_json import print_json
 from leadtime.data import MEASURED
 from leadtime.features.rows import parse_timestamp
 from leadtime.predictor.artifact import save_file
@@ -263,7 +264,7 @@ def run_bench_retrain(
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     """The report as JSON, or a few lines per stream."""
     if as_json:
-        print(json.dumps(report))
+        print_json(report)
         return
     for name, s in report["streams"].items():
         print(f"{name}: {s['rows']:,} observations ({s['history_rows']:,} history, {s['end_of_stream_rows']:,} end)")

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.bench.report_json import print_json
+
 FLEETS = ("homogeneous", "mixed", "pd", "pd_hetero", "timesliced", "large")
 PEERS = ("round_robin", "least_queue", "llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache")
 REFERENCE = "clairvoyant"
@@ -655,7 +657,7 @@ def _color(name: str) -> str:
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(report, indent=2))
+        print_json(report, indent=2)
         return
     from rich.table import Table
 

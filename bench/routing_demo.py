@@ -9,13 +9,13 @@ TTFT, and its prediction error over time as it learns.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.table import Table
 
+from leadtime.bench.report_json import dumps
 from leadtime.bench.routing import LEADTIME, LOADS, RoutingOptions, run_routing, write_plots
 from leadtime.console import report_console
 from leadtime.progress import stderr_bar
@@ -61,7 +61,7 @@ def run_demo(
     console.print(itl_table(report, policies))
     files = write_plots(report, curves, out)
     files += write_learning_plots(curves, out)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.json").write_text(dumps(report, indent=2) + "\n")
     console.print(f"report written to {out}/ ({', '.join(p.name for p in files)}, report.json)")
     return report
 

@@ -33,6 +33,7 @@ import orjson
 from leadtime.bench.data import dataset_path, load_llmd_rows
 from leadtime.bench.keepalive import KeepAliveClient
 from leadtime.bench.procs import free_port, terminate
+from leadtime.bench.report_json import print_json
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW_COUNTS = (1, 10, 100)
@@ -481,7 +482,7 @@ def _p50_p99(latency: dict[str, Any]) -> str:
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     """The report as JSON, or as a table of p50/p99 per row count and protocol."""
     if as_json:
-        print(json.dumps(report))
+        print_json(report)
         return
     print(f"{'':10} {'HTTP p50':>9} {'HTTP p99':>9} {'gRPC p50':>9} {'gRPC p99':>9}  ms")
     for n in ROW_COUNTS:

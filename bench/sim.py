@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
 
+from leadtime.bench.report_json import print_json
 from leadtime.simulator.fleet import load_fleet
 from leadtime.simulator.run import SimulationOptions, run_policies
 from leadtime.simulator.workload import load_workload, shape
@@ -41,7 +41,7 @@ def run_bench(fleet_path: str | Path, trace_path: str, requests: int, policy: st
 def print_report(report: dict[str, object], as_json: bool) -> None:
     """The report as JSON, or as one line."""
     if as_json:
-        print(json.dumps(report))
+        print_json(report)
         return
     print(
         f"{report['requests']} requests on {report['endpoints']} endpoints: {report['wall_s']:.1f} s wall "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from leadtime.bench.procs import Predictor
+from leadtime.bench.report_json import print_json
 from leadtime.bench.serving import load_entries, percentiles, prediction_rows, time_calls
 from leadtime.predictor.client import GrpcPredictorClient
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
@@ -150,7 +150,7 @@ def _ratio(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(report, indent=2))
+        print_json(report, indent=2)
         return
     print(f"a prediction of {report['rows']} rows, {report['calls_per_transport']} calls per client and transport")
     for key, label in (("http", "lean HTTP client"), ("grpc", "gRPC client"), ("first_call", "new connection")):

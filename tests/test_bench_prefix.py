@@ -30,3 +30,25 @@ def test_the_estimate_finds_the_hits_the_cache_has(corpora: dict[str, object]) -
     assert 2.0 < r["bytes_per_token"] < 6.0
     azure = evaluate("azure-conv", corpora["prose"], 60, 1 << 40)  # type: ignore[arg-type]
     assert azure["with_hit"] == 0 and azure["input_tokens_relative_error"]["median"] < 0.5
+
+
+def test_json_has_null_where_a_figure_has_nothing_to_measure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench prefix --requests 10 --salts 1 --json` printed `"median": NaN`, which no strict JSON parser reads."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import leadtime.bench.prefix_estimate as prefix_estimate
+    from leadtime.cli import app
+
+    report = {"mixed": {"median": float("nan"), "hit_bias": float("inf"), "requests": 10}}
+    monkeypatch.setattr(prefix_estimate, "run_prefix_bench", lambda requests, salts: report)
+    result = CliRunner().invoke(app, ["bench", "prefix", "--requests", "10", "--salts", "1", "--json"])
+    assert result.exit_code == 0, result.output
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    assert json.loads(result.stdout, parse_constant=refuse) == {
+        "mixed": {"median": None, "hit_bias": None, "requests": 10}
+    }

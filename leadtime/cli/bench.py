@@ -269,11 +269,11 @@ def bench_routing(
         except (FeatureError, OSError, ValueError, RuntimeError) as err:
             fail(err)
     if out is not None:
-        import json
+        from leadtime.bench.report_json import dumps
 
         try:
             files = write_plots(report, curves, out)
-            (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+            (out / "report.json").write_text(dumps(report, indent=2) + "\n")
         except OSError as err:  # the folder was checked before the run: a full disk, say; keep the figures
             print_report(report, as_json=json_out)
             fail(err)
