@@ -39,6 +39,7 @@ import shutil
 import ssl
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ from leadtime.simulator.workload import load_workload, shape, spread_steps
 FLEET = "mixed"
 TTFT_SLO_MS = 2000.0
 ITL_SLO_MS = 100.0
+WARMUP_PAIRS = 5
+"""The first probe pairs through each gateway, not counted: they open the connections and warm the caches."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def probe_pairs(
     pairs = paired_probes(
         route.url.removeprefix("http://"), addresses, n, words, first_index, (TTFT_SLO_MS, ITL_SLO_MS), endpoint_tls
     )
-    added = [via.ttft_ms - direct.ttft_ms for via, direct in pairs[5:] if direct is not None and direct.ok]
+    added = [via.ttft_ms - direct.ttft_ms for via, direct in pairs[WARMUP_PAIRS:] if direct is not None and direct.ok]
     return added, [r for pair in pairs for r in pair if r is not None]
 
 
@@ -137,8 +140,29 @@ def _summary(results: list[Result], shots: list[Shot]) -> dict[str, Any]:
     return out
 
 
-def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), progress: Any = None) -> dict[str, Any]:
+def replica_overhead(
+    added: list[float], events: dict[str, float], warn: Callable[[str], None]
+) -> dict[str, float] | None:
+    """The overhead of the gateway that is one of two replicas; None (and a warning) if it never heard the other:
+    then it measured a lone gateway, not one sharing through Redis, and its figure would say otherwise."""
+    if not events.get("replicas_heard"):
+        warn(
+            f"no replica was heard through --replicas-redis (replica events {events}): "
+            "overhead_ms_pulled_replicas is left out"
+        )
+        return None
+    return _pct(added)
+
+
+def run_gateway_bench(
+    options: GatewayBenchOptions = GatewayBenchOptions(),
+    progress: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """The report described above; `progress` gets a line per phase, `warn` what makes a figure left out. The
+    trace is read first, so that a trace that is not one is named before any process starts."""
     say = progress or (lambda message: None)
+    shots = workload_shots(options)
     work = Path(tempfile.mkdtemp(prefix="leadtime-bench-gateway-"))
     report: dict[str, Any] = {"fleet": FLEET, "trace": options.trace, "rate_scale": options.rate_scale}
     report["load_average_before"] = [round(x, 2) for x in os.getloadavg()]
@@ -187,7 +211,9 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
         report["overhead_ms_predict_over_http"] = _pct(added["http"])
         report["overhead_ms_embedded"] = _pct(added["embedded"])
         if "pulled_replicas" in added:
-            report["overhead_ms_pulled_replicas"] = _pct(added["pulled_replicas"])
+            report["overhead_ms_pulled_replicas"] = replica_overhead(
+                added["pulled_replicas"], report["replica_events"], warn or say
+            )
         if options.tls_upstream:  # the gateway with the model pulled, before a fleet that serves HTTPS
             say(f"overhead: {options.probes} probe pairs through a gateway to endpoints serving HTTPS")
             (work / "tls").mkdir()
@@ -217,7 +243,6 @@ def run_gateway_bench(options: GatewayBenchOptions = GatewayBenchOptions(), prog
         report["overhead_pairs"] = {name: len(values) for name, values in added.items()}
 
         # 2. goodput, the same trace slice through the gateway with each policy, each on a fresh fleet
-        shots = workload_shots(options)
         window = max(s.at_s for s in shots)
         runs: dict[str, dict[str, Any]] = {}
         policies = [("round_robin", ["--policy", "round-robin"], False), ("leadtime", [], True)]
@@ -289,7 +314,7 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
             "with the model pulled, to endpoints serving HTTPS (the direct probe over TLS too): "
             f"p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms"
         )
-    if "overhead_ms_pulled_replicas" in report:
+    if report.get("overhead_ms_pulled_replicas") is not None:
         r = report["overhead_ms_pulled_replicas"]
         console.print(
             f"with the model pulled, as one of two replicas sharing through Redis: p50 {r['p50']:.2f} ms, "

@@ -463,3 +463,36 @@ def test_bench_routing_on_requests_that_all_arrive_at_one_instant_says_so(tmp_pa
     burst.write_text((row + "\n") * 120)
     args = ["bench", "routing", "--trace", str(burst), "--max-requests", "120", "--fleet", "homogeneous"]
     refused([*args, "--policy", "round_robin", "--workers", "1"], "120 request(s)", "one instant")
+
+
+@pytest.fixture
+def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway benchmark's child processes, made to fail the test if one is started."""
+    import leadtime.bench.gateway as gateway
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a child process was started before the options were checked")
+
+    for name in ("Predictor", "SimFleet", "Route"):
+        monkeypatch.setattr(gateway, name, started)
+
+
+def test_bench_gateway_refuses_a_replicas_redis_nothing_answers_at(no_processes: None) -> None:
+    """It ran and filled overhead_ms_pulled_replicas with the figure of a replica that never heard the other."""
+    url = f"redis://127.0.0.1:{free_ports(1)}/0"
+    args = ["bench", "gateway", "--requests", "10", "--probes", "10", "--replicas-redis", url, "--json"]
+    refused(args, f"--replicas-redis {url}", "unreachable")
+
+
+def test_bench_gateway_names_a_trace_that_is_not_one_before_starting_anything(no_processes: None) -> None:
+    """It started the fleet, the predictor and three gateways, and said so ~30 s later."""
+    refused(["bench", "gateway", "--trace", "nosuch", "--requests", "10", "--probes", "10"], "nosuch")
+
+
+def test_bench_gateway_help_says_the_first_probe_pairs_only_warm_up() -> None:
+    """`--probes 10` measured 5 pairs, without a word."""
+    from leadtime.bench.gateway import WARMUP_PAIRS
+
+    result = runner.invoke(app, ["bench", "gateway", "--help"])
+    assert f"the first {WARMUP_PAIRS} only warm up" in " ".join(result.output.split())
+    refused(["bench", "gateway", "--probes", str(WARMUP_PAIRS)], "--probes", f"the first {WARMUP_PAIRS}")

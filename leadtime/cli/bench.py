@@ -287,7 +287,13 @@ def bench_gateway(
     trace: Annotated[str, typer.Option(help="The trace replayed (a shipped name or a file).")] = "mooncake",
     requests: Annotated[int, typer.Option(help="Requests of the trace replayed per policy.")] = 400,
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier of the trace.")] = 2.0,
-    probes: Annotated[int, typer.Option(help="Probe pairs (gateway, then direct) for the overhead.")] = 200,
+    probes: Annotated[
+        int,
+        typer.Option(
+            help="Probe pairs (gateway, then direct) for the overhead, per gateway; the first 5 only warm up "
+            "(not counted)."
+        ),
+    ] = 200,
     processes: Annotated[int, typer.Option(help="Load-generator processes.")] = 2,
     replicas_redis: Annotated[
         str | None,
@@ -305,16 +311,18 @@ def bench_gateway(
     ] = 0.0,
 ) -> None:
     """The gateway on loopback: added time to first token, and goodput with Leadtime and with round-robin."""
-    from leadtime.bench.gateway import GatewayBenchOptions, print_report, run_gateway_bench
+    from leadtime.bench.gateway import WARMUP_PAIRS, GatewayBenchOptions, print_report, run_gateway_bench
 
-    if requests < 10 or probes < 10:
-        fail("--requests and --probes must be ≥ 10")
+    if requests < 10:
+        fail("--requests must be ≥ 10")
+    if probes < WARMUP_PAIRS + 5:
+        fail(f"--probes must be ≥ {WARMUP_PAIRS + 5}: the first {WARMUP_PAIRS} pairs only warm up (not counted)")
     positive("--rate-scale", rate_scale)
     if processes < 1:
         fail("--processes must be ≥ 1")
-    check_redis_url("--replicas-redis", replicas_redis)
     if not 0 <= non_streaming_share <= 1:
         fail("--non-streaming-share must be between 0 and 1")
+    check_redis_url("--replicas-redis", replicas_redis, reachable=True)
     options = GatewayBenchOptions(
         trace,
         requests,
@@ -331,7 +339,7 @@ def bench_gateway(
             typer.echo(message, err=True)
 
     try:
-        report = run_gateway_bench(options, progress=say)
+        report = run_gateway_bench(options, progress=say, warn=warn)
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
         fail(err)
     print_report(report, as_json=json_out)

@@ -107,6 +107,29 @@ def measured_path(data: str) -> Path:
         raise
 
 
-def check_redis_url(option: str, url: str | None) -> None:
-    if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+def check_redis_url(option: str, url: str | None, reachable: bool = False) -> None:
+    """Fail unless `url` (if given) is a Redis URL; with `reachable`, also unless a Redis answers there (a PING,
+    2 s at most). A service waits out an outage, so only its URL's form is checked; a benchmark that runs against
+    no Redis measures something else than it says, so it is refused before anything starts."""
+    if url is None:
+        return
+    if not url.startswith(("redis://", "rediss://", "unix://")):
         fail(f"{option}: expected redis://HOST:PORT/DB (or rediss://, unix://), got {url!r}")
+    if not reachable:
+        return
+    import redis
+
+    from leadtime.predictor.store.redis_store import redis_client, redis_problem, without_credentials
+
+    shown = without_credentials(url)
+    try:
+        client = redis_client(url, socket_connect_timeout=2.0, socket_timeout=2.0)
+    except ValueError as err:
+        fail(f"{option} {shown}: {err}")
+        return
+    try:
+        client.ping()
+    except redis.RedisError as err:
+        fail(f"{option} {shown}: {redis_problem(err)}")
+    finally:
+        client.close()
