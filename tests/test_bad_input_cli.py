@@ -496,3 +496,9 @@ def test_bench_gateway_help_says_the_first_probe_pairs_only_warm_up() -> None:
     result = runner.invoke(app, ["bench", "gateway", "--help"])
     assert f"the first {WARMUP_PAIRS} only warm up" in " ".join(result.output.split())
     refused(["bench", "gateway", "--probes", str(WARMUP_PAIRS)], "--probes", f"the first {WARMUP_PAIRS}")
+
+
+@pytest.mark.parametrize("item", ["QUANTILE=abc", "quantile=2"])
+def test_bench_serving_names_a_setting_whose_value_is_not_one(item: str) -> None:
+    """QUANTILE=abc printed `leadtime serve`'s usage error for --quantile, in five lines, naming no --setting."""
+    refused(["bench", "serving", "--setting", item], f"--setting {item}")

@@ -24,7 +24,7 @@ from leadtime.cli.common import (
     reference_model_option,
     warn,
 )
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, validation_problem
 
 
 @bench_app.command("accuracy")
@@ -139,6 +139,8 @@ def bench_serving(
     ] = None,
 ) -> None:
     """Service latency over HTTP and gRPC (1, 10, 100 rows), also while retraining, and ingestion rate."""
+    from pydantic import ValidationError
+
     from leadtime.bench.serving import print_report, run_serving
     from leadtime.predictor.settings import ServiceSettings
 
@@ -150,6 +152,12 @@ def bench_serving(
         if not sep or name.lower() not in ServiceSettings.model_fields:
             fail(f"--setting {item!r}: expected NAME=VALUE with NAME a service setting, e.g. learner_cpus=auto")
         settings[name.lower()] = value
+    try:  # here, so that a value is named as the --setting given, not as the child `leadtime serve`'s option
+        ServiceSettings.from_env(env={f"LEADTIME_{name.upper()}": value for name, value in settings.items()})
+    except ValidationError as err:
+        where, problem = validation_problem(err)
+        named = [item for item in setting or [] if item.partition("=")[0].lower() == where] or setting or []
+        fail(f"--setting {' '.join(named)}: {problem}")
     try:
         report = run_serving(calls=calls, progress=not json_out, settings=settings)
     except (OSError, RuntimeError) as err:
