@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from leadtime.bench.keepalive import KeepAliveClient
-from leadtime.bench.procs import Predictor
+from leadtime.bench.procs import Predictor, quietly
 from leadtime.bench.report_json import print_json
 from leadtime.bench.serving import load_entries, prediction_rows
 
@@ -201,7 +201,8 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
             context = multiprocessing.get_context("spawn")
             out = context.Manager().list([0, 0, 0.0])
             feeder = context.Process(
-                target=observe, args=(service.port, entries, options.observe_rps, options.duration_s, out)
+                target=quietly,
+                args=(observe, service.port, entries, options.observe_rps, options.duration_s, out),
             )
             feeder.start()
             samples: list[float] = []

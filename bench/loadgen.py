@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from leadtime.bench.procs import quietly
 from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.gateway.upstream import UpstreamError, UpstreamPool
 
@@ -191,7 +192,9 @@ def replay(target: str, shots: list[Shot], processes: int = 2, lead_s: float = 3
     workers = []
     for k in range(processes):
         receive, out = context.Pipe(duplex=False)
-        proc = context.Process(target=_worker, args=(target, shots[k::processes], start_wall, out), daemon=True)
+        proc = context.Process(
+            target=quietly, args=(_worker, target, shots[k::processes], start_wall, out), daemon=True
+        )
         proc.start()
         workers.append((proc, receive))
     results: list[Result] = []

@@ -9,6 +9,7 @@ The gateway benchmark and the end-to-end tests run the real programs, as a user 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import secrets
 import shutil
@@ -17,7 +18,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -62,6 +63,15 @@ def free_ports(n: int = 1) -> int:
 def free_port() -> int:
     """A free loopback port below the ephemeral range (see `LOWEST_PORT`)."""
     return free_ports(1)
+
+
+def quietly(target: Callable[..., object], *args: object) -> None:
+    """The entry of a benchmark's worker process (`multiprocessing`): `target(*args)`, ending quietly on Ctrl-C.
+    Ctrl-C reaches the whole process group: the parent stops the run, cleans up and exits 130, and a traceback
+    from each worker would only bury that. (SIGINT is not ignored instead: the parent would then wait at exit for
+    a worker with a fixed schedule to finish it.)"""
+    with contextlib.suppress(KeyboardInterrupt):
+        target(*args)
 
 
 def terminate(process: subprocess.Popen[bytes]) -> None:

@@ -32,7 +32,7 @@ import orjson
 
 from leadtime.bench.data import dataset_path, load_llmd_rows
 from leadtime.bench.keepalive import KeepAliveClient
-from leadtime.bench.procs import free_port, terminate
+from leadtime.bench.procs import free_port, quietly, terminate
 from leadtime.bench.report_json import print_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,7 +252,7 @@ def sustained_ingestion(
     for rate in rates:
         before, _ = wait_settled(client)
         posted, took = context.Value("q", 0), context.Value("d", 0.0)
-        poster = context.Process(target=post_at_rate, args=(port, entries, rate, seconds, posted, took))
+        poster = context.Process(target=quietly, args=(post_at_rate, port, entries, rate, seconds, posted, took))
         poster.start()
         poster.join(seconds + 60)
         elapsed = max(took.value, 1e-3)
@@ -368,7 +368,7 @@ def run_serving(
             http_call, grpc_call = http_caller(connection, rows[:100]), grpc_caller(stub, rows[:100])
             context = multiprocessing.get_context("spawn")
             stop, posted = context.Event(), context.Value("q", 0)
-            feeder = context.Process(target=feed_observations, args=(service.http_port, entries, stop, posted))
+            feeder = context.Process(target=quietly, args=(feed_observations, service.http_port, entries, stop, posted))
             feeder.start()
             try:
                 wait_until_feeding(feeder, posted)
@@ -389,7 +389,7 @@ def run_serving(
                 "observations_fed_per_s": round(posted.value / elapsed),
             }
             stop.clear()
-            feeder = context.Process(target=feed_observations, args=(service.http_port, entries, stop, posted))
+            feeder = context.Process(target=quietly, args=(feed_observations, service.http_port, entries, stop, posted))
             feeder.start()
             try:
                 report["while_learning"]["handler_rows_100_ms"] = handler_times(connection, rows[:100])

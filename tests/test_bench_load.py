@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from typing import Any
 
 import pytest
 
@@ -52,3 +55,27 @@ def test_bench_load_says_when_wrk_is_missing(tmp_path: object) -> None:
         env=env,
     )
     assert done.returncode == 2 and "wrk is not installed" in done.stderr and "Traceback" not in done.stderr
+
+
+def _nap(ready: Any) -> None:
+    """A worker that says it runs, then waits to be interrupted."""
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_worker_process_ends_quietly_on_ctrl_c(capfd: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C reaches the process group: each observation feeder printed a KeyboardInterrupt traceback under the
+    parent's own exit."""
+    import multiprocessing
+
+    from leadtime.bench.procs import quietly
+
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    worker = context.Process(target=quietly, args=(_nap, ready))
+    worker.start()
+    assert ready.wait(60)
+    os.kill(worker.pid or 0, signal.SIGINT)
+    worker.join(30)
+    assert worker.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err
