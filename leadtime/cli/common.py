@@ -4,8 +4,11 @@ the help texts of options several commands take."""
 from __future__ import annotations
 
 import math
+import signal
 import tempfile
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -16,9 +19,7 @@ from leadtime.data import MEASURED, DataFileError, describe_os_error
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, rich_markup_mode=None, help="Leadtime: latency-prediction routing."
 )
-bench_app = typer.Typer(
-    no_args_is_help=True, rich_markup_mode=None, help="Benchmarks that print the figures the README quotes."
-)
+bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None)  # its help: the docstring of `_bench`
 sim_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The fleet simulator's tools.")
 dashboards_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None, help="The Grafana dashboards: write their JSON, draw their panels."
@@ -95,6 +96,23 @@ def _root(
     ] = False,
 ) -> None:
     """Leadtime: latency-prediction routing."""
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's handler in a benchmark: leave as Ctrl-C does, through every `finally` and `with` on the way out
+    (children stopped, temporary folders removed), then exit 128 + 15 as a process that SIGTERM ended. Further
+    SIGTERMs are ignored so that they do not cut that cleanup short; SIGKILL still ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+@bench_app.callback()
+def _bench(ctx: typer.Context) -> None:
+    """Benchmarks that print the figures the README quotes."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
 
 
 def measured_path(data: str) -> Path:

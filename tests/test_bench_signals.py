@@ -1,0 +1,29 @@
+"""The benchmark commands stopped by a signal: SIGTERM ends a run as Ctrl-C does, its temporary folders removed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def test_sigterm_removes_the_run_s_temporary_folder_and_exits_143(tmp_path: Path) -> None:
+    """`timeout 10 leadtime bench tls` left /tmp/leadtime-bench-tls-* behind (Ctrl-C removed it)."""
+    pytest.importorskip("cryptography")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "leadtime", "bench", "tls", "--calls", "100", "--first-calls", "10"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("leadtime-bench-tls-*")):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)  # the command alone, as `kill PID` does: it stops its own children
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr.decode()[-2000:]
+    assert "Traceback" not in stderr.decode()
+    assert list(tmp_path.iterdir()) == []
