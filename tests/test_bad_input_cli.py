@@ -502,3 +502,21 @@ def test_bench_gateway_help_says_the_first_probe_pairs_only_warm_up() -> None:
 def test_bench_serving_names_a_setting_whose_value_is_not_one(item: str) -> None:
     """QUANTILE=abc printed `leadtime serve`'s usage error for --quantile, in five lines, naming no --setting."""
     refused(["bench", "serving", "--setting", item], f"--setting {item}")
+
+
+@pytest.mark.parametrize("url,problem", [("foo", "expected redis://"), ("redis://127.0.0.1:{port}/0", "unreachable")])
+def test_bench_dashboards_refuses_a_redis_url_before_starting_anything(tmp_path: Path, url: str, problem: str) -> None:
+    """`--redis foo` was refused by the predictor service once the stack had started, in two lines."""
+    refused(
+        ["bench", "dashboards", "--out", str(tmp_path), "--redis", url.format(port=free_ports(1))], "--redis", problem
+    )
+
+
+def test_bench_sim_says_when_the_trace_has_fewer_requests_than_asked(trace: Path) -> None:
+    """`--requests 20000` replayed the trace's 12,031 without a word."""
+    args = ["bench", "sim", "--fleet", "homogeneous", "--trace", str(trace), "--requests", "5", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["requests"] == 3
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "--requests 5" in warnings[0] and "3 requests" in warnings[0], result.stderr

@@ -182,6 +182,8 @@ def bench_sim(
         report = run_bench(fleet, trace, requests, policy)
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
         fail(err)
+    if report["requests"] != requests:  # the rate computed over fewer requests than asked is still right: say so
+        warn(f"--requests {requests}: the trace has {report['requests']} requests, all of them replayed")
     print_report(report, as_json=json_out)
 
 
@@ -458,6 +460,7 @@ def bench_dashboards(
     from leadtime.bench.procs import find_prometheus
 
     positive("--minutes", minutes)
+    check_redis_url("--redis", redis, reachable=True)
     output_dir(out)
     executable = find_prometheus()
     if executable is None:
