@@ -26,10 +26,11 @@ JSON: `requests` and `errors` over every phase (an error: a status other than 20
 each prediction asked of the service over HTTP (what `overhead_ms` measured before `--pull-model` existed);
 `overhead_ms_embedded`; with `replicas_redis`, `overhead_ms_pulled_replicas`: the model pulled, the gateway one of
 two replicas telling each other what they send through that Redis (`--replicas-redis`; the other idle but listening),
-with `replica_events`; with `tls_upstream`, `overhead_ms_pulled_tls_upstream`: the model pulled, a fleet of its own
-serving HTTPS (a certificate made for the run, `--upstream-ca`), the direct probe over TLS as well; `fallbacks`
-(the Leadtime gateways' decisions made by the heuristics), `goodput_rps` {leadtime, round_robin} (the Leadtime run
-asks the service over HTTP, as before), and the details beside them.
+with `replica_events` (the figure null if neither replica heard the other); with `tls_upstream`,
+`overhead_ms_pulled_tls_upstream`: the model pulled, a fleet of its own serving HTTPS (a certificate made for the
+run, `--upstream-ca`), the direct probe over TLS as well; `fallbacks` (the Leadtime gateways' decisions made by the
+heuristics), `goodput_rps` {leadtime, round_robin} (the Leadtime run asks the service over HTTP, as before), and the
+details beside them.
 """
 
 from __future__ import annotations
