@@ -12,17 +12,25 @@ What a row leaves out, and what the replay assumes:
 
 - Running requests (`num_request_running`) are all decoding, and share the KV the cache holds
   (`kv_cache_percentage` of the cache's blocks) evenly, in whole blocks: each one's context is its blocks ×
-  16 tokens (at least one block each, so a running request with a 0 % reading holds 16 tokens). None of them
-  finishes while the replay runs (the running batch is taken as steady: an arrival replaces each request that
-  leaves). Their split between prompt and output does not matter to a step, only their context does.
+  16 tokens (at least one block each, so a running request with a 0 % reading holds 16 tokens). Their split
+  between prompt and output does not matter to a step, only their context does. A row does not say when they
+  finish: the replay takes them as a steady state of replies of `output_tokens` tokens (the length it assumes
+  for TPOT rows), at evenly spread points of their generation, so the i-th of R running requests has
+  ⌈(i + 1) · output_tokens / R⌉ tokens still to go. One that finishes while nothing waits is replaced by a
+  request of the context it had reached, with a whole reply to go (an arrival replacing it: the batch stays
+  steady, step for step as if the request had gone on); one
+  that finishes while requests wait is not, and leaves its KV and its place to them, first come first served,
+  as vLLM's scheduler gives them. (A running batch that never finished, as the replay once assumed, never let a
+  long queued prefill into a nearly full cache: rows of a heavily loaded endpoint could not be replayed.)
 - Waiting requests and prefill tokens in flight. llm-d's `prefill_tokens_in_flight` counts the prompt tokens
   (in the shipped rows, each rounded up to a multiple of 64) of the requests it routed to this endpoint that
   have not yet sent their first token:
   prefill that must run before or with this request's. The replay queues them ahead of the request, in
   `max(num_request_waiting, 1)` requests of equal size (one request when none is waiting: the scrape that
   says "0 waiting" is older than the router's own count). A row that reports waiting requests but no prefill
-  tokens in flight gets waiting requests of the request's own input length. Queued requests ahead, like the
-  running ones, do not finish during the replay.
+  tokens in flight gets waiting requests of the request's own input length. A queued request ahead, once
+  running, generates a whole reply of `output_tokens` tokens and then leaves, and is replaced as a running
+  request is (below).
 - When the request arrives at a busy endpoint (one that has running requests) a step is in flight; the request
   arrives halfway through it (the mean of an arrival at a uniformly random point of the step). An idle
   endpoint schedules it at once.
@@ -65,12 +73,21 @@ from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.steptime import StepTimeModel
 from leadtime.simulator.workload import loads_line
 
-# Output length assumed for a TPOT row (the row does not record it).
+# Output length assumed for a TPOT row and for the replies of the requests beside it (a row records neither).
 DEFAULT_OUTPUT_TOKENS = 128
-# Requests that must not finish during a replay (running batch, queued requests ahead) get this many tokens.
+# The row's request on a TTFT replay, which is over at its first token, is given this many output tokens.
 _FOREVER = 1 << 40
 # A replay that has not produced its answer after this many engine steps is stuck (a request that never fits).
 _MAX_STEPS = 100_000
+
+
+# Request ids: the running batch's are -1, -2, ..., the queued requests ahead this one and below; the row's is 0.
+_FIRST_QUEUED_ID = -1_000_000
+
+
+def _running_request(rid: int, context: int, to_go: int) -> SimRequest:
+    """A request of the running batch: `context` tokens computed, its first token out, `to_go` more to generate."""
+    return SimRequest(rid, 0.0, input_tokens=context, output_tokens=1 + to_go, computed=context, generated=1)
 
 
 class ReplayError(ValueError):
@@ -171,10 +188,18 @@ class StateReplay:
             per, extra = divmod(used, running)
             for i in range(running):
                 context = (per + (1 if i < extra else 0)) * pool.block_size
-                r = SimRequest(-1 - i, 0.0, input_tokens=context, output_tokens=_FOREVER, computed=context, generated=1)
-                if not ep.place_running(r):
+                to_go = math.ceil((i + 1) * self.output_tokens / running)
+                if not ep.place_running(_running_request(-1 - i, context, to_go)):
                     raise AssertionError("running requests were sized to fit the cache")
         return ep
+
+    def _replace_finished(self, ep: Endpoint, finished: list[SimRequest]) -> None:
+        """Replace the requests beside the row's that finished, while nothing waits (see the module docstring)."""
+        for r in finished:
+            if r.rid == 0 or ep.waiting:
+                continue
+            if not ep.place_running(_running_request(r.rid, r.computed, self.output_tokens)):
+                return  # the cache filled meanwhile (queued requests grew into it): the batch shrinks
 
     def _queued_ahead(self, row: FeatureRow) -> list[SimRequest]:
         """The prefill waiting ahead of the row's request (see the module docstring for the layout)."""
@@ -189,7 +214,7 @@ class StateReplay:
             per, extra = divmod(tokens, count)
             sizes = [per + (1 if i < extra else 0) for i in range(count)]
         return [
-            SimRequest(-10_000 - i, 0.0, input_tokens=size, output_tokens=_FOREVER)
+            SimRequest(_FIRST_QUEUED_ID - i, 0.0, input_tokens=size, output_tokens=self.output_tokens)
             for i, size in enumerate(sizes)
             if size > 0
         ]
@@ -226,12 +251,11 @@ class StateReplay:
             clock = self._finish(ep)
         return arrival, clock
 
-    @staticmethod
-    def _finish(ep: Endpoint) -> float:
+    def _finish(self, ep: Endpoint) -> float:
         plan = ep.plan
         assert plan is not None
         end = plan.end_ms
-        ep.finish_step()
+        self._replace_finished(ep, ep.finish_step().finished)
         return end
 
     def _run_until(self, ep: Endpoint, clock: float, probe: SimRequest, done: str) -> None:

@@ -120,6 +120,24 @@ def test_a_request_that_cannot_fit_is_a_clear_error(replay: StateReplay) -> None
         replay.ttft_ms(_row(input_token_length=replay.kv_blocks * 16 + 1))
 
 
+def test_a_long_prefill_queued_at_a_nearly_full_cache_gets_in_as_the_running_batch_finishes(
+    replay: StateReplay,
+) -> None:
+    """A heavily loaded endpoint (every simulator trace under queueing has such rows): 50 running requests hold all
+    but 100 blocks and 20k prompt tokens wait ahead. The running batch used never to finish, and the replay gave
+    up ("no answer after 100000 simulated steps"). Replies with more to go hold the cache longer."""
+    row = _row(
+        input_token_length=2000,
+        num_request_running=50,
+        kv_cache_percentage=_kv_share(replay, replay.kv_blocks - 100),
+        num_request_waiting=1,
+        prefill_tokens_in_flight=20_000,
+    )
+    short_replies = replay.ttft_ms(row)
+    long_replies = StateReplay("h200-sxm", "qwen3-32b", output_tokens=512).ttft_ms(row)
+    assert 0 < short_replies < long_replies
+
+
 def test_load_quintiles_are_fifths_by_load() -> None:
     rows = [ReplayedRow(i, "ttft", load=i % 7, measured_ms=10.0, simulated_ms=10.0 + i % 3) for i in range(23)]
     parts = by_load_quintile(rows)
