@@ -95,6 +95,9 @@ def test_bulk_strict_refuses_a_bad_row_with_422_naming_it(client: TestClient, ro
 def test_bad_bodies_are_json_errors(client: TestClient) -> None:
     r = client.post("/predict/bulk/strict", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]
+    for path in ("/predict/bulk/strict", "/predict", "/v1/predict", "/v1/explain", "/add_training_data_bulk"):
+        r = client.post(path, json=[llmd_row()])  # JSON, of the wrong shape: a bad value (422), not a bad body
+        assert r.status_code == 422 and r.json()["field"] == "body", (path, r.text)
     r = client.post("/predict/bulk/strict", json={"requests": []})
     assert r.status_code == 422 and r.json()["field"] == "requests"
     r = client.post("/predict/bulk/strict", json={"rows": [llmd_row()]})
