@@ -40,6 +40,24 @@ def sim_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def prefill_log(sim_log: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same observations from a fleet that observes only TTFT (a prefill-only pool: every TPOT is 0)."""
+    path = tmp_path_factory.mktemp("prefill") / "observations.jsonl"
+    rows = [{**json.loads(line), "actual_tpot_ms": 0.0} for line in sim_log.read_text().splitlines()]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def strict_json(text: str) -> Any:
+    """JSON as strict readers (jq, JavaScript) take it: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def rows_of(log: Path, n: int) -> list[dict[str, Any]]:
     """The first `n` rows of the log as the native API's prediction rows."""
     with log.open() as f:
@@ -303,3 +321,15 @@ def test_a_redis_url_with_a_parameter_redis_does_not_know_is_one_line_naming_it(
     assert refused.exit_code == 2, refused.output
     (line,) = refused.output.strip().splitlines()
     assert line.startswith("error: ") and "'foo'" in line, line
+
+
+def test_a_target_no_evaluation_row_observed_is_null_in_the_report_not_nan(prefill_log: Path, tmp_path: Path) -> None:
+    """report.json and --json printed bare NaN for its figures: not JSON, refused by strict readers."""
+    report_dir = tmp_path / "report"
+    args = ["retrain", "--samples", str(prefill_log), "--registry", str(tmp_path / "models"), "--json"]
+    result = CliRunner().invoke(app, [*args, "--report", str(report_dir)])
+    assert result.exit_code == 0, result.output
+    for text in (result.stdout, (report_dir / "report.json").read_text()):
+        tpot = strict_json(text)["evaluation"]["challenger"]["tpot"]
+        assert tpot["rows"] == 0 and tpot["mape"] is None and tpot["pinball"] is None
+    assert "| challenger | tpot | 0 | – |" in (report_dir / "report.md").read_text()

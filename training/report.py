@@ -12,6 +12,7 @@ Plots are drawn on `matplotlib.figure.Figure` objects (no pyplot, no global back
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,41 @@ def write_report(
     path = directory / "report.json"
     files.append(path)
     report = {**report, "files": [str(p) for p in files]}
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path.write_text(json_text(report, indent=2) + "\n")
     return files
+
+
+def json_text(report: dict[str, Any], indent: int | None = None) -> str:
+    """The report as strict JSON. A figure that could not be computed (NaN: no row of the evaluation slice
+    observed the target) is null: bare NaN is not JSON, and strict readers (jq, JavaScript) refuse the file.
+    `allow_nan=False` keeps it so: a non-finite number that got past this is an error, not invalid output.
+
+    >>> json_text({"mape": float("nan"), "rows": [0, float("inf")]})
+    '{"mape": null, "rows": [0, null]}'
+    """
+    return json.dumps(_finite(report), indent=indent, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float (at any depth) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _figure(value: Any, digits: int) -> str:
+    """A figure of report.md: a dash where none could be computed (no row observed the target).
+
+    >>> _figure(0.12345, 4), _figure(float("nan"), 4), _figure(None, 3)
+    ('0.1235', '–', '–')
+    """
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{value:.{digits}f}"
 
 
 def kept_version(registry: dict[str, Any]) -> Any:
@@ -75,10 +109,8 @@ def summary_markdown(report: dict[str, Any]) -> str:
     for name, scores in report["evaluation"].items():
         for target in TARGETS:
             s = scores[target]
-            lines.append(
-                f"| {name} | {target} | {s['rows']} | {s['mape']:.4f} | {s['median_ape']:.4f} | {s['pinball']:.4f} "
-                f"| {s['coverage']:.3f} |"
-            )
+            figures = [_figure(s[k], 4) for k in ("mape", "median_ape", "pinball")] + [_figure(s["coverage"], 3)]
+            lines.append(f"| {name} | {target} | {s['rows']} | " + " | ".join(figures) + " |")
     samples = report["samples"]
     lines += ["", "## Data", ""]
     for source in samples["sources"]:
@@ -245,7 +277,7 @@ def _importances(path: Path, trees: dict[str, TargetTrees]) -> Path:
 def print_result(report: dict[str, Any], as_json: bool) -> None:
     """The report as one JSON object, or a few lines: the outcome, the figures it rests on, where the files are."""
     if as_json:
-        print(json.dumps(report))
+        print(json_text(report))
         return
     registry = report["registry"]
     if report["outcome"] == "published":
