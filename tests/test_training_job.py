@@ -168,8 +168,16 @@ def test_the_decision_needs_both_targets_better_by_the_margin_and_no_worse_quant
     worse_quantile = decide(champion, evaluation_of(scores(0.15, 0.051), scores(0.05, 0.01)), 0.02)
     assert not worse_quantile.publish and worse_quantile.wins == {"ttft": False, "tpot": True}
     assert "ttft: MAPE 0.2000 → 0.1500" in worse_quantile.reason and "(worse)" in worse_quantile.reason
+    # A target no row of the slice observed is left out: the challenger is judged on the other...
     unjudged = decide(champion, evaluation_of(scores(0.1, 0.01), scores(0.05, 0.01, rows=0)), 0.02)
-    assert not unjudged.publish and "tpot: no row of the evaluation slice observed it" in unjudged.reason
+    assert unjudged.publish and unjudged.wins == {"ttft": True}
+    assert "tpot: not judged (no row of the evaluation slice observed it)" in unjudged.reason
+    lost = decide(champion, evaluation_of(scores(0.2, 0.06), scores(0.05, 0.01, rows=0)), 0.02)
+    assert not lost.publish and lost.wins == {"ttft": False}
+    # ...and with neither judged, it is not published.
+    nothing = decide(champion, evaluation_of(scores(0.1, 0.01, rows=0), scores(0.05, 0.01, rows=0)), 0.02)
+    assert not nothing.publish and nothing.wins == {}
+    assert nothing.reason.startswith("the champion stays: no target can be judged")
     # A margin of 0 publishes a challenger better on one target and the champion's equal on the other...
     assert decide(champion, evaluation_of(scores(0.15, 0.05), scores(0.10, 0.02)), 0.0).publish
     # ...but not the champion's equal on both (nothing would change but the version).
@@ -333,3 +341,14 @@ def test_a_target_no_evaluation_row_observed_is_null_in_the_report_not_nan(prefi
         tpot = strict_json(text)["evaluation"]["challenger"]["tpot"]
         assert tpot["rows"] == 0 and tpot["mape"] is None and tpot["pinball"] is None
     assert "| challenger | tpot | 0 | – |" in (report_dir / "report.md").read_text()
+
+
+def test_a_fleet_that_observes_one_target_is_judged_on_it(prefill_log: Path, tmp_path: Path) -> None:
+    """A prefill-only pool could never publish after its first model: the TPOT nobody observed counted as lost."""
+    stale_champion(prefill_log, version=2).save(tmp_path)
+    result = run_retrain(RetrainConfig(samples=(str(prefill_log),), registry=str(tmp_path)))
+    assert result.exit_code == EXIT_PUBLISHED and result.published_version == 3
+    decision = result.report["decision"]
+    assert decision["wins"] == {"ttft": True}
+    assert decision["reason"].startswith("the challenger wins the one target judged")
+    assert "tpot: not judged (no row of the evaluation slice observed it)" in decision["reason"]

@@ -8,8 +8,10 @@ learn it) and the upper quantile's coverage.
 
 The challenger wins a target when its MAPE is at least `margin` (relative) below the champion's *and* its
 quantile loss is no higher: the router decides on the p90, so a better mean bought with a worse quantile is not
-better. It is published only if it wins both targets, and, with a margin of 0, only if it is better somewhere
-(not the champion's equal on both); with no champion it is published as it is.
+better. It is published only if it wins every target it can be judged on, and, with a margin of 0, only if it is
+better somewhere (not the champion's equal on all of them); with no champion it is published as it is. A target
+no row of the evaluation slice observed (TPOT, on a prefill-only pool) is left out of the decision, since neither
+model can be judged on it; at least one target must be judged.
 """
 
 from __future__ import annotations
@@ -133,21 +135,23 @@ class Decision:
 
 
 def decide(champion: Evaluation | None, challenger: Evaluation, margin: float) -> Decision:
-    """Publish the challenger if there is no champion, or if it wins both targets by `margin`.
+    """Publish the challenger if there is no champion, or if it wins every target it can be judged on by `margin`.
 
-    A target nobody can be judged on (no row of the slice observed it) is not won.
+    A target no row of the slice observed (a prefill-only pool never observes TPOT) is left out: neither model
+    can be judged on it, and counting it as lost kept such a fleet's first model for good. At least one target
+    must be judged; `wins` holds only the judged ones.
     """
     if not 0.0 <= margin < 1.0:
         raise ValueError(f"margin must be in [0, 1), got {margin}")
     if champion is None:
         return Decision(True, "the registry holds no model", {t: True for t in TARGETS})
+    judged = [t for t in TARGETS if challenger.overall[t].rows]
     wins: dict[str, bool] = {}
     why: list[str] = []
     for target in TARGETS:
         old, new = champion.overall[target], challenger.overall[target]
-        if not new.rows:
-            wins[target] = False
-            why.append(f"{target}: no row of the evaluation slice observed it")
+        if target not in judged:
+            why.append(f"{target}: not judged (no row of the evaluation slice observed it)")
             continue
         better_mean = new.mape <= (1.0 - margin) * old.mape
         quantile_held = new.pinball <= old.pinball
@@ -157,16 +161,19 @@ def decide(champion: Evaluation | None, challenger: Evaluation, margin: float) -
             f"upper-quantile loss {old.pinball:.4f} → {new.pinball:.4f}"
             f" ({'held' if quantile_held else 'worse'})"
         )
+    if not judged:
+        return Decision(False, "the champion stays: no target can be judged: " + "; ".join(why), wins)
     better = any(
         challenger.overall[t].mape < champion.overall[t].mape
         or challenger.overall[t].pinball < champion.overall[t].pinball
-        for t in TARGETS
+        for t in judged
     )
     publish = all(wins.values()) and better
+    targets = "both targets" if len(judged) == len(TARGETS) else "the one target judged"
     if publish:
-        verdict = "the challenger wins both targets"
+        verdict = f"the challenger wins {targets}"
     elif all(wins.values()):
-        verdict = "the champion stays (the challenger is its equal on both targets)"
+        verdict = f"the champion stays (the challenger is its equal on {targets})"
     else:
         verdict = "the champion stays"
     return Decision(publish, f"{verdict}: " + "; ".join(why), wins)

@@ -80,7 +80,7 @@ class RetrainConfig:
     eval_share
         The most recent share of the rows held out for judging.
     margin
-        How much lower (relative) the challenger's MAPE must be on both targets.
+        How much lower (relative) the challenger's MAPE must be on every target judged (`champion.decide`).
     max_malformed_share
         The share of a source's rows that may be malformed before the job stops.
     search

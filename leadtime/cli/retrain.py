@@ -22,7 +22,7 @@ def retrain(
     accelerator: Annotated[str | None, typer.Option(help="Class for rows naming none (a new model).")] = None,
     model: Annotated[str | None, typer.Option(help="Model for rows naming none (a new model).")] = None,
     eval_share: Annotated[float, typer.Option(help="Most recent share of rows held out for judging.")] = 0.2,
-    margin: Annotated[float, typer.Option(help="Relative MAPE gain needed on both targets to publish.")] = 0.02,
+    margin: Annotated[float, typer.Option(help="Relative MAPE gain needed on each target judged to publish.")] = 0.02,
     max_malformed_share: Annotated[
         float, typer.Option(help="Share of a source's rows that may be malformed before the job stops.")
     ] = 0.01,
