@@ -103,22 +103,27 @@ def save_file(directory: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def check_model_dir(path: Path) -> None:
-    """Raise OSError in one line when the model cannot be saved in `path`: it is not a directory, or it cannot be
-    made or written (it is made here, and a file written in it and removed: permissions alone do not tell, as
-    root or on a read-only or virtual file system). Otherwise the service would run and fail to save at every
-    retrain."""
+    """Raise OSError in one line when the model cannot be saved in `path` (`check_writable_dir`). Otherwise the
+    service would run and fail to save at every retrain."""
+    check_writable_dir(path, "the model directory")
+
+
+def check_writable_dir(path: Path, what: str) -> None:
+    """Raise OSError in one line, naming `path` as `what`, when files cannot be written in it: it is not a
+    directory, or it cannot be made or written (it is made here, and a file written in it and removed: permissions
+    alone do not tell, as root or on a read-only or virtual file system)."""
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         where = "" if existing == path else f" ({str(existing)!r} is a file)"
-        raise OSError(f"the model directory {str(path)!r} is not a directory{where}")
+        raise OSError(f"{what} {str(path)!r} is not a directory{where}")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as err:
-        raise OSError(f"the model directory {str(path)!r} cannot be written ({err.strerror or err})") from None
+        raise OSError(f"{what} {str(path)!r} cannot be written ({err.strerror or err})") from None
 
 
 def load_file(directory: str | os.PathLike[str]) -> bytes:

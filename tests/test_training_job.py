@@ -263,9 +263,35 @@ def test_a_report_that_cannot_be_written_stops_the_job_before_anything_is_publis
     blocker = tmp_path / "file"
     blocker.write_text("x")
     config = RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path / "models"), report_dir=blocker / "report")
-    with pytest.raises(RetrainError, match="cannot write the report"):
+    with pytest.raises(RetrainError, match=r"the report directory .* is not a directory \(.* is a file\)"):
         run_retrain(config)
     assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize("champion", [False, True])
+def test_an_existing_report_directory_that_takes_no_file_stops_the_job_before_it_reads(
+    sim_log: Path, tmp_path: Path, champion: bool
+) -> None:
+    """Only a missing parent was caught: an existing directory that takes no file (read-only, or /proc, where
+    nothing can be made even as root) failed after the model was published (or the champion kept), exit 2."""
+    registry = tmp_path / "models"
+    if champion:
+        stale_champion(sim_log, version=4).save(registry)
+    before = sorted(registry.iterdir()) if champion else None
+    missing = tmp_path / "no-such-source.jsonl"  # read first, this would be the error
+    config = RetrainConfig(samples=(str(missing),), registry=str(registry), report_dir=Path("/proc"))
+    with pytest.raises(RetrainError, match=r"^the report directory '/proc' cannot be written \("):
+        run_retrain(config)
+    assert (sorted(registry.iterdir()) if champion else None) == before
+    refused = CliRunner().invoke(
+        app, ["retrain", "--samples", str(sim_log), "--registry", str(registry)] + ["--report", "/proc"]
+    )
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert (
+        OnlinePredictor.load(registry, background=False).version == 4
+        if champion
+        else not registry.joinpath(FILE_NAME).exists()
+    )
 
 
 def test_a_registry_directory_that_cannot_be_made_stops_the_job_before_it_reads(tmp_path: Path) -> None:

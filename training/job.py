@@ -40,7 +40,7 @@ import numpy as np
 
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError
-from leadtime.predictor.artifact import ArtifactError
+from leadtime.predictor.artifact import ArtifactError, check_writable_dir
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.physics import TARGETS
 from leadtime.training.champion import Decision, Evaluation, decide, evaluate
@@ -155,11 +155,11 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    if config.report_dir is not None:  # before anything is published: a report that cannot be written stops here
-        try:
-            config.report_dir.mkdir(parents=True, exist_ok=True)
+    if config.report_dir is not None:  # before anything is fitted or published: a report that cannot be written
+        try:  # would turn a published model (or a kept champion) into exit status 2
+            check_writable_dir(config.report_dir, "the report directory")
         except OSError as err:
-            raise RetrainError(f"{config.report_dir}: cannot write the report ({err.strerror or err})") from None
+            raise RetrainError(str(err)) from None
     registry = _open_registry(config.registry)
     own_client = None
     try:
