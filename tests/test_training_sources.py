@@ -3,7 +3,9 @@ each with malformed rows counted by source and line, never dropped silently, and
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 from pathlib import Path
 from typing import Any
 
@@ -253,3 +255,27 @@ def test_sources_join_in_time_order_only_when_every_row_has_a_timestamp(tmp_path
     no_time = write_lines(tmp_path / "c.jsonl", llmd_lines(4))
     mixed = SampleReader("h100-sxm", "llama-3.1-8b").read([str(a), str(no_time)])
     assert split_recent(mixed.timestamps, 0.25).basis == BY_READ_ORDER
+
+
+def test_a_gzip_compressed_jsonl_source_is_read_as_its_rows(tmp_path: Path) -> None:
+    """It was read as JSONL: "656 of 656 rows are malformed ... not JSON (UnicodeDecodeError)"."""
+    lines = llmd_lines(40)
+    plain = write_lines(tmp_path / "rows.jsonl", lines)
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    reader = SampleReader("h200-sxm", "qwen3-32b")
+    samples, expected = reader.read([str(packed)]), reader.read([str(plain)])
+    assert len(samples) == 40 and samples.sources[0].kind == "jsonl" and not samples.malformed
+    assert np.array_equal(samples.batch.X, expected.batch.X)
+    assert np.array_equal(samples.actual_ttft_ms, expected.actual_ttft_ms)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    with pytest.raises(SampleError, match=r"^.*cut\.jsonl\.gz: a gzip file that cannot be read \("):
+        reader.read([str(cut)])
+
+
+def test_a_source_compressed_otherwise_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl.xz"
+    path.write_bytes(lzma.compress("\n".join(llmd_lines(5)).encode()))
+    with pytest.raises(SampleError, match=r"rows\.jsonl\.xz: compressed with xz, which is not read \(decompress it"):
+        SampleReader("h200-sxm", "qwen3-32b").read([str(path)])

@@ -1,5 +1,8 @@
 """Sample sources of the retraining job: JSONL and Parquet files and the service's Redis observation stream.
 
+JSONL files may be gzip-compressed: read as they are (known by their first bytes, not their name). Other
+compressions are refused in one line, rather than as every row "not JSON".
+
 Every source yields training entries in the one shape the service accepts: an llm-d training row (llm-d's own
 rows, the simulator's observation log), optionally with Leadtime's extras (the native observation schema, and
 what the service appends to its stream). They are checked and vectorized by the service's own parser
@@ -15,8 +18,10 @@ more likely the wrong file than a few bad rows.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +47,9 @@ IMPLAUSIBLE = (
     f"{physics.IMPLAUSIBLY_SLOW_MS / 3.6e6:g} hours (the service's poisoning guard drops it too)"
 )
 _LISTED = 10_000  # malformed rows listed one by one in the report (all are counted)
+GZIP_MAGIC = b"\x1f\x8b"  # a JSONL file starting so is read through gzip, whatever its name
+# Other compressions, known by their first bytes: refused in one line, not each of their rows as "not JSON".
+OTHER_COMPRESSIONS = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 
 
 class SampleError(ValueError):
@@ -145,16 +153,29 @@ _Read = tuple[str, Any, str | None]
 _Pending = tuple[int, str, Mapping[str, Any], float]
 
 
-def _jsonl_entries(path: Path) -> Iterator[_Read]:
+def _jsonl_entries(path: Path, name: str, gzipped: bool) -> Iterator[_Read]:
+    """Every non-blank line; a gzip file's lines as decompressed (archived logs usually are)."""
+    try:
+        with gzip.open(path, "rb") if gzipped else path.open("rb") as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                where = f"line {lineno}"
+                try:
+                    yield where, json.loads(line), None
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+                    yield where, None, f"not JSON ({getattr(err, 'msg', type(err).__name__)})"
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # cut short or damaged
+        raise SampleError(f"{name}: a gzip file that cannot be read ({err})") from None
+
+
+def _compression(path: Path) -> str | None:
+    """The file's compression ("gzip", another's name, or None), from its first bytes: a name can mislead."""
     with path.open("rb") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"line {lineno}"
-            try:
-                yield where, json.loads(line), None
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
-                yield where, None, f"not JSON ({getattr(err, 'msg', type(err).__name__)})"
+        head = handle.read(6)
+    if head.startswith(GZIP_MAGIC):
+        return "gzip"
+    return next((name for magic, name in OTHER_COMPRESSIONS.items() if head.startswith(magic)), None)
 
 
 def _parquet_entries(path: Path) -> Iterator[_Read]:
@@ -302,7 +323,10 @@ class SampleReader:
             return SourceSummary(spec, "parquet"), _parquet_entries(path)
         if path.suffix.lower() in (".csv", ".tsv"):  # read as JSONL it was "line 1: not JSON"
             raise SampleError(f"{spec}: a {path.suffix[1:].upper()} file; sources are JSONL or Parquet (or redis://)")
-        return SourceSummary(spec, "jsonl"), _jsonl_entries(path)
+        compression = _compression(path)
+        if compression not in (None, "gzip"):
+            raise SampleError(f"{spec}: compressed with {compression}, which is not read (decompress it, or gzip it)")
+        return SourceSummary(spec, "jsonl"), _jsonl_entries(path, spec, gzipped=compression == "gzip")
 
     @staticmethod
     def _precheck(entry: Any) -> tuple[str | None, float]:
