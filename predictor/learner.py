@@ -149,6 +149,9 @@ class Predictions:
     model_version: int
 
 
+# Artifact metadata describing the serving trees (the offline retraining job's record of what it fitted them on).
+# It is dropped when this learner swaps in trees of its own: a label must describe the trees it travels with.
+TREES_LABEL_KEY = "offline_retrain"
 _ACTUAL_TTFT = operator.attrgetter("actual_ttft_ms")
 _ACTUAL_TPOT = operator.attrgetter("actual_tpot_ms")
 
@@ -435,6 +438,8 @@ class OnlinePredictor:
         result["duration_s"] = time.perf_counter() - started
         self.last_retrain = datetime.now(UTC)
         if any(result[t]["accepted_mean"] or result[t]["accepted_upper"] for t in TARGETS):
+            with self._lock:
+                self.metadata.pop(TREES_LABEL_KEY, None)  # trees fitted elsewhere no longer all serve
             self.version += 1
             self.last_model_load = self.last_retrain
         result["version"] = self.version

@@ -378,3 +378,19 @@ def test_a_fleet_that_observes_one_target_is_judged_on_it(prefill_log: Path, tmp
     assert decision["wins"] == {"ttft": True}
     assert decision["reason"].startswith("the challenger wins the one target judged")
     assert "tpot: not judged (no row of the evaluation slice observed it)" in decision["reason"]
+
+
+def test_the_jobs_label_is_dropped_once_the_service_retrains_trees_of_its_own(sim_log: Path, tmp_path: Path) -> None:
+    """Models the service saved after many retrains of its own still named the job's sources and time."""
+    assert run_retrain(RetrainConfig(samples=(str(sim_log),), registry=str(tmp_path))).exit_code == EXIT_PUBLISHED
+    served = OnlinePredictor.load(tmp_path, background=False)
+    label = served.metadata[RETRAIN_KEY]
+    kept = served.retrain_now()  # the job's trees stay: the label still describes them
+    assert not any(kept[t]["accepted_mean"] or kept[t]["accepted_upper"] for t in ("ttft", "tpot"))
+    assert served.metadata[RETRAIN_KEY] == label
+    samples = SampleReader("h100-sxm", "llama-3.1-8b").read([str(sim_log)])
+    served.learn_many(samples.batch, 1.3 * samples.actual_ttft_ms, 0.8 * samples.actual_tpot_ms)  # the fleet moved
+    replaced = served.retrain_now()
+    assert any(replaced[t]["accepted_mean"] or replaced[t]["accepted_upper"] for t in ("ttft", "tpot"))
+    assert RETRAIN_KEY not in served.metadata
+    assert RETRAIN_KEY not in OnlinePredictor.from_bytes(served.to_bytes(), background=False).metadata

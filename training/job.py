@@ -41,7 +41,7 @@ import numpy as np
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError
 from leadtime.predictor.artifact import ArtifactError, check_writable_dir
-from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+from leadtime.predictor.learner import TREES_LABEL_KEY, LearnerConfig, OnlinePredictor
 from leadtime.predictor.physics import TARGETS
 from leadtime.training.champion import Decision, Evaluation, decide, evaluate
 from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
@@ -54,7 +54,7 @@ EXIT_KEPT = 3
 MIN_TARGET_ROWS = 500  # history rows a target needs before trees are fitted for it
 DEFAULT_ACCELERATOR = "h100-sxm"  # the service's defaults, for rows that name no class
 DEFAULT_MODEL = "llama-3.1-8b"
-RETRAIN_KEY = "offline_retrain"  # artifact metadata: what the job fitted the trees on
+RETRAIN_KEY = TREES_LABEL_KEY  # artifact metadata: what the job fitted the trees on (the learner drops it)
 
 
 class RetrainError(RuntimeError):
