@@ -394,3 +394,19 @@ def test_the_jobs_label_is_dropped_once_the_service_retrains_trees_of_its_own(si
     assert any(replaced[t]["accepted_mean"] or replaced[t]["accepted_upper"] for t in ("ttft", "tpot"))
     assert RETRAIN_KEY not in served.metadata
     assert RETRAIN_KEY not in OnlinePredictor.from_bytes(served.to_bytes(), background=False).metadata
+
+
+def test_the_cli_keeps_lightgbms_warnings_off_stderr(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """--dask printed "Parameter n_jobs will be ignored." 48 times a run: the CLI sent LightGBM's log to a logger
+    without a handler, whose warnings Python's last-resort handler prints on stderr."""
+    from lightgbm.basic import _log_warning
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{}\n")
+    assert CliRunner().invoke(app, ["retrain", "--samples", str(bad), "--registry", str(tmp_path / "m")]).exit_code == 2
+    capfd.readouterr()
+    _log_warning("Parameter n_jobs will be ignored.")  # what LightGBM's Dask estimator says at every fit
+    assert not [r for r in caplog.records if r.name == "lightgbm"]
+    assert "will be ignored" not in capfd.readouterr().err

@@ -102,7 +102,9 @@ class DaskTrainer:
         model = lgb.DaskLGBMRegressor(client=self.client, n_estimators=rounds)
         model.set_params(**settings)
         with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
-            # The estimator's own n_jobs default is always reported as ignored: the workers' threads decide.
+            # The estimator's own n_jobs default is always reported as ignored: the workers' threads decide. This
+            # catches it where LightGBM warns through `warnings` (its default); `leadtime retrain` gives LightGBM a
+            # logger of its own instead, kept below ERROR.
             warnings.filterwarnings("ignore", message="Parameter n_jobs will be ignored", category=UserWarning)
             try:
                 model.fit(data.x, data.y, feature_name=list(TREE_FEATURES))

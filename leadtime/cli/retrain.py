@@ -35,11 +35,14 @@ def retrain(
     from leadtime.training.report import print_result
 
     # The job says itself what went wrong, in one line: not the Redis store's own account of its connection, nor
-    # LightGBM's Dask set-up chatter.
+    # LightGBM's chatter (its Dask set-up, and "Parameter n_jobs will be ignored." at every Dask fit). LightGBM's
+    # log goes to a logger kept below ERROR: without a handler, Python's last-resort one printed every warning.
     logging.getLogger("leadtime.store").setLevel(logging.ERROR)
     import lightgbm
 
-    lightgbm.register_logger(logging.getLogger("lightgbm"))
+    lightgbm_log = logging.getLogger("lightgbm")
+    lightgbm_log.setLevel(logging.ERROR)
+    lightgbm.register_logger(lightgbm_log)
 
     try:
         config = RetrainConfig(
