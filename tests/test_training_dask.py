@@ -3,11 +3,16 @@ fit the same search, and the result is as accurate as a local run's, within the 
 
 from __future__ import annotations
 
+import gc
 import logging
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lightgbm as lgb
 import pytest
 from dask.distributed import Client, LocalCluster
 
@@ -64,3 +69,25 @@ def test_a_dask_run_matches_a_local_run(client: Any, tmp_path: Path) -> None:
 def test_an_unreachable_scheduler_is_one_clear_error() -> None:
     with pytest.raises(DaskUnavailable, match=r"^cannot reach the Dask scheduler at tcp://127\.0\.0\.1:9: "):
         connect("tcp://127.0.0.1:9", timeout_s=1.0)
+
+
+def test_an_interrupted_dask_fit_leaves_no_traceback_behind(
+    client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ctrl-C during a fit exited 130, then printed "Task exception was never retrieved ... AllExit" twice: the
+    client's gather, abandoned by the interrupt, ended that way when the client closed."""
+    log = tmp_path / "observations.jsonl"
+    write_simulator_log(log, requests=1500)
+    own = Client(client.scheduler.address)
+
+    def slow_fit(self: Any, *args: Any, **kwargs: Any) -> None:  # a fit waiting on the workers, as LightGBM's does
+        threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+        own.gather([own.submit(time.sleep, 30 + i, pure=False) for i in range(2)])
+
+    monkeypatch.setattr(lgb.DaskLGBMRegressor, "fit", slow_fit)
+    with pytest.raises(KeyboardInterrupt):
+        run_retrain(RetrainConfig(samples=(str(log),), registry=str(tmp_path / "models")), client=own)
+    own.close()
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert not (tmp_path / "models" / "leadtime-predictor.json").exists()

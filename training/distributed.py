@@ -15,6 +15,7 @@ LightGBM's Dask code prints its port search on standard output; it is sent to st
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import warnings
 from dataclasses import dataclass
@@ -117,6 +118,28 @@ class DaskTrainer:
     def release(self, data: _Placed) -> None:
         """Drop the scattered shares from the workers' memory."""
         self.client.cancel(data.futures)
+
+    def interrupted(self) -> None:
+        """Ctrl-C: let the job exit 130 as quietly as a local run. The interrupt leaves the client's gather behind,
+        its tasks waiting on the fit's futures; when the client closes they end in `AllExit` (distributed's own
+        signal to stop waiting) with nothing left to retrieve it, and asyncio printed each as "Task exception was
+        never retrieved" with a traceback. The client's loop drops those endings from now on (any other exception
+        it reports as before), and distributed's own log of the connection cut short is kept below CRITICAL."""
+        from distributed.client import AllExit
+
+        logging.getLogger("distributed").setLevel(logging.CRITICAL)
+        loop = self.client.loop.asyncio_loop
+        earlier = loop.get_exception_handler()
+
+        def handler(loop: Any, context: dict[str, Any]) -> None:
+            if isinstance(context.get("exception"), AllExit):
+                return
+            if earlier is not None:
+                earlier(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)
 
 
 def _validation_curve(booster: lgb.Booster, params: dict[str, Any], x: np.ndarray, y: np.ndarray) -> list[float]:

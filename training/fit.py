@@ -140,6 +140,10 @@ class Trainer(Protocol):
         """Free what `prepare` placed."""
         ...
 
+    def interrupted(self) -> None:
+        """The job was interrupted (Ctrl-C): leave nothing behind that would print on the way out."""
+        ...
+
 
 class LocalTrainer:
     """Fits in this process with LightGBM's own early stopping."""
@@ -175,6 +179,9 @@ class LocalTrainer:
 
     def release(self, data: Any) -> None:
         """Nothing placed."""
+
+    def interrupted(self) -> None:
+        """Nothing runs elsewhere."""
 
 
 def truncated(booster: lgb.Booster, rounds: int) -> lgb.Booster:

@@ -162,6 +162,7 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
             raise RetrainError(str(err)) from None
     registry = _open_registry(config.registry)
     own_client = None
+    trainer: Trainer | None = None
     try:
         champion_published = _latest(registry)
         champion = _load(champion_published, registry.name) if champion_published is not None else None
@@ -240,6 +241,10 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
                 raise RetrainError(f"{done}, but the report could not be written: {err}") from None
             report["files"] = [str(p) for p in result.files]
         return result
+    except KeyboardInterrupt:
+        if trainer is not None:
+            trainer.interrupted()
+        raise
     finally:
         registry.close()
         if own_client is not None:
