@@ -20,10 +20,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from leadtime.bench.data import RowUsage, actuals, at_line, load_llmd_lines
-from leadtime.bench.report_json import print_json
 from leadtime.console import report_console
 from leadtime.features.errors import FeatureError
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
+from leadtime.json_text import print_json
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
 from leadtime.progress import stderr_bar

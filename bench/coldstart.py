@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from leadtime.bench.report_json import print_json
 from leadtime.console import report_console
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.roofline import kv_capacity_tokens
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures, feature_row_to_llmd
+from leadtime.json_text import print_json
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
 

@@ -49,8 +49,8 @@ import numpy as np
 
 from leadtime.bench.loadgen import Result, Shot, paired_probes, replay
 from leadtime.bench.procs import Predictor, Route, SimFleet
-from leadtime.bench.report_json import print_json
 from leadtime.bench.tls import self_signed
+from leadtime.json_text import print_json
 from leadtime.predictor.client import tls_client_context
 from leadtime.simulator.workload import load_workload, shape, spread_steps
 

@@ -32,8 +32,8 @@ import httpx
 
 from leadtime.bench.keepalive import KeepAliveClient
 from leadtime.bench.procs import Predictor, quietly
-from leadtime.bench.report_json import print_json
 from leadtime.bench.serving import load_entries, prediction_rows
+from leadtime.json_text import print_json
 
 OBSERVE_BATCH = 100
 CONNECTIONS = 16

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.bench.report_json import print_json
 from leadtime.features.prefix import PrefixIndex
+from leadtime.json_text import print_json
 from leadtime.router_plugin.affinity import PrefixAffinity
 from leadtime.simulator.workload import load_workload
 

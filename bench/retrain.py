@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.bench.report_json import print_json
 from leadtime.data import MEASURED
 from leadtime.features.rows import parse_timestamp
+from leadtime.json_text import print_json
 from leadtime.predictor.artifact import save_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.physics import TARGETS

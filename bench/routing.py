@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.bench.report_json import print_json
+from leadtime.json_text import print_json
 
 FLEETS = ("homogeneous", "mixed", "pd", "pd_hetero", "timesliced", "large")
 PEERS = ("round_robin", "least_queue", "llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache")

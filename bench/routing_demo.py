@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from leadtime.bench.report_json import dumps
 from leadtime.bench.routing import LEADTIME, LOADS, RoutingOptions, run_routing, write_plots
 from leadtime.console import report_console
+from leadtime.json_text import dumps
 from leadtime.progress import stderr_bar
 
 DEMO_FLEETS = ("mixed", "pd", "timesliced")

@@ -33,7 +33,7 @@ import orjson
 from leadtime.bench.data import dataset_path, load_llmd_rows
 from leadtime.bench.keepalive import KeepAliveClient
 from leadtime.bench.procs import free_port, quietly, terminate
-from leadtime.bench.report_json import print_json
+from leadtime.json_text import print_json
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW_COUNTS = (1, 10, 100)

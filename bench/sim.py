@@ -10,7 +10,7 @@ import platform
 import time
 from pathlib import Path
 
-from leadtime.bench.report_json import print_json
+from leadtime.json_text import print_json
 from leadtime.simulator.fleet import load_fleet
 from leadtime.simulator.run import SimulationOptions, run_policies
 from leadtime.simulator.workload import load_workload, shape

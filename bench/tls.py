@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from leadtime.bench.procs import Predictor
-from leadtime.bench.report_json import print_json
 from leadtime.bench.serving import load_entries, percentiles, prediction_rows, time_calls
+from leadtime.json_text import print_json
 from leadtime.predictor.client import GrpcPredictorClient
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 

@@ -10,9 +10,9 @@ from rich.progress import TaskID
 from rich.table import Table
 
 from leadtime.console import report_console
+from leadtime.json_text import print_json
 from leadtime.progress import stderr_bar
 from leadtime.router_plugin.config import PickerConfig
-from leadtime.simulator.report import json_safe
 from leadtime.simulator.run import SimulationOptions, simulate
 from leadtime.simulator.workload import WorkloadRequest
 
@@ -102,7 +102,7 @@ def _pct(value: object) -> str:
 def print_validation(report: dict[str, object], as_json: bool) -> None:
     """`sim validate`: the replay's TTFT/TPOT error (overall and by load quintile) and the splitwise check."""
     if as_json:
-        print(json.dumps(json_safe(report), allow_nan=False))
+        print_json(report)
         return
     console = report_console()
     measured = report["measured"]

@@ -5,28 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from leadtime.features.rows import observation_to_llmd
 from leadtime.simulator.engine import SimResult
-
-
-def json_safe(value: Any) -> Any:
-    """`value` with every NaN (a figure with nothing to measure: a target no row observed) as null, and lists and
-    dicts gone through the same: JSON has no NaN.
-
-    >>> json_safe({"a": [1.0, float("nan")], "b": {"c": float("nan")}})
-    {'a': [1.0, None], 'b': {'c': None}}
-    """
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, float) and value != value:
-        return None
-    return value
 
 
 def _percentiles(values: np.ndarray) -> dict[str, float]:

@@ -11,7 +11,6 @@ Plots are drawn on `matplotlib.figure.Figure` objects (no pyplot, no global back
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from leadtime.json_text import dumps, print_json
 from leadtime.predictor.physics import TARGETS
 from leadtime.predictor.trees import TREE_FEATURES
 from leadtime.training.champion import Evaluation
@@ -46,30 +46,8 @@ def write_report(
     path = directory / "report.json"
     files.append(path)
     report = {**report, "files": [str(p) for p in files]}
-    path.write_text(json_text(report, indent=2) + "\n")
+    path.write_text(dumps(report, indent=2) + "\n")
     return files
-
-
-def json_text(report: dict[str, Any], indent: int | None = None) -> str:
-    """The report as strict JSON. A figure that could not be computed (NaN: no row of the evaluation slice
-    observed the target) is null: bare NaN is not JSON, and strict readers (jq, JavaScript) refuse the file.
-    `allow_nan=False` keeps it so: a non-finite number that got past this is an error, not invalid output.
-
-    >>> json_text({"mape": float("nan"), "rows": [0, float("inf")]})
-    '{"mape": null, "rows": [0, null]}'
-    """
-    return json.dumps(_finite(report), indent=indent, allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    """`value` with every non-finite float (at any depth) replaced by None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _figure(value: Any, digits: int) -> str:
@@ -277,7 +255,7 @@ def _importances(path: Path, trees: dict[str, TargetTrees]) -> Path:
 def print_result(report: dict[str, Any], as_json: bool) -> None:
     """The report as one JSON object, or a few lines: the outcome, the figures it rests on, where the files are."""
     if as_json:
-        print(json_text(report))
+        print_json(report)
         return
     registry = report["registry"]
     if report["outcome"] == "published":

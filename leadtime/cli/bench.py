@@ -279,7 +279,7 @@ def bench_routing(
         except (FeatureError, OSError, ValueError, RuntimeError) as err:
             fail(err)
     if out is not None:
-        from leadtime.bench.report_json import dumps
+        from leadtime.json_text import dumps
 
         try:
             files = write_plots(report, curves, out)

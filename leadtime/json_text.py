@@ -1,4 +1,4 @@
-"""The JSON every benchmark prints (`--json`) or writes (report.json): one way, so that it is always valid JSON.
+"""The JSON Leadtime's commands print (`--json`) or write (report.json): one way, so that it is always valid JSON.
 
 A figure with nothing to measure (a percentile of no samples, a ratio over zero) is NaN or infinite in Python,
 and `json.dumps` writes those as bare `NaN` / `Infinity`, which JSON does not have: a strict parser (jq, Go,
