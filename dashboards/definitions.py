@@ -574,16 +574,27 @@ ROUTER = Dashboard(
                     min=0,
                 ),
                 Panel(
-                    "Retries and upstream errors",
-                    "Requests sent to a second endpoint after the first failed before answering, and failures to "
-                    "reach an endpoint or read its answer by kind (0 when none has failed).",
+                    "Retries, endpoint failures and ejections",
+                    "Requests sent to a second endpoint after the first failed before answering or answered 502-504; "
+                    "per endpoint, failures to reach it or read its answer by kind, its 5xx answers, and the times "
+                    "it was taken out of routing for failing (0 when none has failed).",
                     "reqps",
                     (
                         Query(f"sum(rate(leadtime_router_retries_total{{{ROUTER_INSTANCE}}}{RATE}))", "retries"),
                         Query(
-                            f"sum by (kind) (rate(leadtime_router_upstream_errors_total{{{ROUTER_INSTANCE}}}{RATE}))"
-                            " or vector(0)",
-                            "upstream errors {{kind}}",
+                            "sum by (endpoint, kind) "
+                            f"(rate(leadtime_router_upstream_errors_total{{{ROUTER_INSTANCE}}}{RATE})) or vector(0)",
+                            "{{endpoint}} {{kind}}",
+                        ),
+                        Query(
+                            "sum by (endpoint) (rate(leadtime_router_upstream_responses_total"
+                            f'{{{ROUTER_INSTANCE}, status="5xx"}}{RATE})) or vector(0)',
+                            "{{endpoint}} answered 5xx",
+                        ),
+                        Query(
+                            "sum by (endpoint) "
+                            f"(rate(leadtime_router_endpoint_ejections_total{{{ROUTER_INSTANCE}}}{RATE})) or vector(0)",
+                            "{{endpoint}} taken out",
                         ),
                     ),
                     width=8,

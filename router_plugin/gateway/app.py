@@ -47,6 +47,7 @@ from leadtime.router_plugin.gateway.assemble import Assembler, whole_answer
 from leadtime.router_plugin.gateway.client_watch import ClientLeft, ClientWatch
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.outliers import Outliers
 from leadtime.router_plugin.gateway.passthrough import PASSED_THROUGH, PassedThroughLoad
 from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPredictor
 from leadtime.router_plugin.gateway.replicas import ReplicaSync, WorkEvent
@@ -108,6 +109,10 @@ def end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
 
 MAX_HOLD_MS = 60_000.0
 """A policy still holding a request after this long (`Pick.hold`) is overruled: the heuristics place it."""
+RETRIED_STATUSES = frozenset((502, 503, 504))
+"""Answers sent on to a second endpoint (once) rather than to the client: the endpoint, or a proxy before it, says
+it cannot serve now (gateway errors, as Envoy's `gateway-error` retry policy names them), and nothing was generated.
+A 500 is not retried: it may be what this request does anywhere."""
 PROGRESS_SHARED_EVERY = 32
 """Tokens a request generates between two reports of its decode progress to the other replicas: each then counts
 its decode work to within that many tokens, at one event per request every 32 tokens on the channel."""
@@ -259,6 +264,7 @@ class Gateway:
             on_scrape=self._on_scrape,
         )
         self.affinity = PrefixAffinity(settings.chunk_bytes)
+        self.outliers = Outliers(lambda: self.clock(), on_ejection=lambda eid: self.metrics.ejections.labels(eid).inc())
         self.work = InflightWork()
         self.last_resort = LlmdHeuristicPolicy()
         self._decider = ThreadPoolExecutor(1, thread_name_prefix="leadtime-router-decide")
@@ -380,6 +386,7 @@ class Gateway:
                 }
                 for endpoint_id in gone:
                     self.affinity.forget(endpoint_id)
+                self.outliers.keep_only(e.endpoint_id for e in self.discovery.endpoints)
                 self.scraper.sync(self.discovery.endpoints)
                 self._warn_unknown_overflow()
                 self._warn_unread_groups()
@@ -482,6 +489,7 @@ class Gateway:
                 scrape.state = dataclasses.replace(scrape.state, timeslice_state=view)
 
     def _on_scrape(self, scrape: EndpointScrape) -> None:
+        self.outliers.scraped(scrape.endpoint.endpoint_id, scrape.scraped_ms)
         group = scrape.endpoint.timeslice_group
         if group and scrape.state is not None:
             view = self._group_view.get(group, "resident")
@@ -494,7 +502,24 @@ class Gateway:
 
     def routable(self) -> list[EndpointScrape]:
         now = self.clock()
-        return [s for s in self.scraper.scrapes.values() if self.scraper.routable(s, now)]
+        return [s for s in self.scraper.scrapes.values() if self._up(s, now)]
+
+    def _up(self, scrape: EndpointScrape, now_ms: float) -> bool:
+        """Whether requests may go to the endpoint: its scrapes succeed, and it is not out for failing requests."""
+        return self.scraper.routable(scrape, now_ms) and not self.outliers.out(scrape.endpoint.endpoint_id)
+
+    def _answered(self, endpoint_id: str, status: int) -> None:
+        """An endpoint answered a request sent on with `status`: counted, and a 5xx is a failure (`outliers`)."""
+        self.metrics.upstream_responses.labels(endpoint_id, f"{status // 100}xx").inc()
+        if status >= 500:
+            self.outliers.failed(endpoint_id, f"answered {status}")
+        else:
+            self.outliers.answered(endpoint_id)
+
+    def _failed(self, endpoint_id: str, err: UpstreamError) -> None:
+        """An endpoint could not be reached, or broke its answer: counted, and a failure (`outliers`)."""
+        self.metrics.upstream_errors.labels(endpoint_id, err.kind).inc()
+        self.outliers.failed(endpoint_id, str(err), refused=err.kind == "connect")
 
     # ----- ASGI --------------------------------------------------------------------------------------------
 
@@ -563,8 +588,9 @@ class Gateway:
             extra = [*(extra or []), (b"retry-after", b"1")]
         await self._reply(send, status, openai_error(status, message, param), extra)
 
-    async def _endpoint_failed(self, send: Send, endpoint_id: str, err: UpstreamError) -> int:
-        await self._refuse(send, 502, f"endpoint {endpoint_id} failed: {err}", "endpoint")
+    async def _endpoint_failed(self, send: Send, endpoint_id: str, err: UpstreamError | str) -> int:
+        extra = [(b"x-leadtime-endpoint", endpoint_id.encode())]
+        await self._refuse(send, 502, f"endpoint {endpoint_id} failed: {err}", "endpoint", extra)
         return 502
 
     async def _plain(
@@ -586,6 +612,7 @@ class Gateway:
             await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
         elif routable:
             degraded = self.predictor.health() if self.predictor is not None else {}
+            degraded.update({f"endpoint {eid}": why for eid, why in self.outliers.health().items()})
             failing = getattr(self.timeslice, "last_error", None)
             if failing is not None:  # routing goes on with the last states read, which age meanwhile
                 degraded = {**degraded, "timeslice": f"{failing} (routing on the last states read)"}
@@ -593,12 +620,19 @@ class Gateway:
             await self._reply(send, 200, answer)
         else:
             after = self.settings.unroutable_after_s
+            out = self.outliers.health()
             reason = (
-                f"no endpoint can be routed to (none answered a scrape within the last {after:g} s)"
+                "no endpoint can be routed to (every one answered a scrape within the last "
+                f"{after:g} s is out of routing for failing its requests)"
+                if out
+                else f"no endpoint can be routed to (none answered a scrape within the last {after:g} s)"
                 if known
                 else "discovery lists no endpoint"
             )
-            await self._reply(send, 503, {"status": "not ready", "reason": reason, "endpoints": known})
+            refusal: dict[str, Any] = {"status": "not ready", "reason": reason, "endpoints": known}
+            if out:
+                refusal["degraded"] = {f"endpoint {eid}": why for eid, why in out.items()}
+            await self._reply(send, 503, refusal)
 
     async def _models(self, send: Send) -> None:
         """Every endpoint serves the same models (as in an llm-d pool): the first that answers says which."""
@@ -625,7 +659,7 @@ class Gateway:
         routable = 0
         for scrape in self.scraper.scrapes.values():
             eid = scrape.endpoint.endpoint_id
-            up = self.scraper.routable(scrape, now)
+            up = self._up(scrape, now)
             routable += up
             m.endpoint_up.labels(eid).set(1 if up else 0)
             if scrape.state is not None:
@@ -729,12 +763,13 @@ class Gateway:
                         pool.request(scope["method"], target_path, forward, body, self.settings.upstream_timeout_s)
                     )
                 except UpstreamError as err:
-                    self.metrics.upstream_errors.labels(eid, err.kind).inc()
+                    self._failed(eid, err)
                     excluded.add(eid)
                     if attempt == 0:
                         self.metrics.retries.inc()
                         continue
                     return await self._endpoint_failed(send, eid, err)
+                self._answered(eid, response.status)
                 return await self._relay_as_is(target, response, send, watch)
             finally:
                 self._passed.closed(eid)
@@ -749,7 +784,7 @@ class Gateway:
             try:
                 chunk = await response.next_chunk(self.settings.upstream_timeout_s)
             except UpstreamError as err:
-                self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                self._failed(target.endpoint_id, err)
                 await send({"type": "http.response.body", "body": b""})
                 return 502
             if chunk is None and not response.stopped:
@@ -840,14 +875,21 @@ class Gateway:
                     )
                 )
             except UpstreamError as err:
-                self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                self._failed(target.endpoint_id, err)
                 self._forget(routed)
                 excluded.add(target.endpoint_id)
-                if attempt == 0:
+                if attempt == 0:  # counted; `outliers` logs an endpoint that keeps failing, once
                     self.metrics.retries.inc()
-                    log.info("%s failed before answering (%s); trying elsewhere", target.endpoint_id, err)
+                    log.debug("%s failed before answering (%s); trying elsewhere", target.endpoint_id, err)
                     continue
                 return await self._endpoint_failed(send, target.endpoint_id, err)
+            self._answered(target.endpoint_id, response.status)
+            if response.status in RETRIED_STATUSES and attempt == 0:
+                response.close()
+                self._forget(routed)
+                excluded.add(target.endpoint_id)
+                self.metrics.retries.inc()
+                continue
             overhead = sent_at - started - routed.held_s
             self.metrics.overhead_seconds.observe(overhead)
             return await self._relay(routed, target, response, send, watch, overhead)
@@ -865,7 +907,7 @@ class Gateway:
         out = []
         for scrape in self.scraper.scrapes.values():
             eid = scrape.endpoint.endpoint_id
-            if eid in excluded or scrape.state is None or not self.scraper.routable(scrape, now):
+            if eid in excluded or scrape.state is None or not self._up(scrape, now):
                 continue
             hits = self.affinity.hit_tokens(eid, key)
             state = with_tokens(scrape.state, *self.work.tokens(eid, scrape.scraped_ms))
@@ -1054,7 +1096,7 @@ class Gateway:
             try:
                 body = await response.read(timeout)
             except UpstreamError as err:
-                self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                self._failed(target.endpoint_id, err)
                 self._forget(routed)
                 return await self._endpoint_failed(send, target.endpoint_id, err)
             if response.stopped:
@@ -1076,7 +1118,7 @@ class Gateway:
             try:
                 chunk = await response.next_chunk(timeout)
             except UpstreamError as err:
-                self.metrics.upstream_errors.labels(target.endpoint_id, err.kind).inc()
+                self._failed(target.endpoint_id, err)
                 self._forget(routed)
                 if assembler is None:
                     await send({"type": "http.response.body", "body": stream_failed(target.endpoint_id, err)})
@@ -1103,6 +1145,11 @@ class Gateway:
                     self._work(WorkEvent("work_progress", routed.request_id, generated=meter.events))
             if assembler is None and passed_on:
                 await send({"type": "http.response.body", "body": passed_on, "more_body": True})
+        empty = 200 <= status < 300 and not meter.events and assembler is not None and assembler.error is None
+        if empty:  # a stream with no event to make an answer of: "choices": [] would be no answer, called one
+            self.outliers.failed(target.endpoint_id, "answered a stream with no event in it")
+            self._forget(routed)
+            return await self._endpoint_failed(send, target.endpoint_id, "answered a stream with no event in it")
         if assembler is None:
             await send({"type": "http.response.body", "body": meter.rest()})
         else:

@@ -79,14 +79,16 @@ class GatewayMetrics:
         )
         self.ttft_seconds = Histogram(
             f"{p}_ttft_seconds",
-            "TTFT of routed streaming requests, predicted and actual.",
+            "TTFT of routed requests measured (streaming ones, and non-streaming ones sent on as streams), predicted "
+            "and actual.",
             ["kind", "accelerator"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
         self.itl_seconds = Histogram(
             f"{p}_itl_seconds",
-            "Mean ITL of routed streaming requests, predicted and actual.",
+            "Mean ITL of routed requests measured (streaming ones, and non-streaming ones sent on as streams), "
+            "predicted and actual.",
             ["kind", "accelerator"],
             buckets=ITL_BUCKETS_S,
             registry=r,
@@ -106,7 +108,11 @@ class GatewayMetrics:
             registry=r,
         )
         self.slo = Counter(
-            f"{p}_slo", "Streaming requests against their SLOs, by target and result.", ["target", "result"], registry=r
+            f"{p}_slo",
+            "Requests measured (streaming, and non-streaming sent on as streams) against their SLOs, by target and "
+            "result; requests that failed are not in it (see requests_total by code).",
+            ["target", "result"],
+            registry=r,
         )
         self.held_seconds = Histogram(
             f"{p}_held_seconds",
@@ -115,12 +121,27 @@ class GatewayMetrics:
             registry=r,
         )
         self.retries = Counter(
-            f"{p}_retries", "Requests sent to a second endpoint after the first failed before responding.", registry=r
+            f"{p}_retries",
+            "Requests sent to a second endpoint after the first failed before responding, or answered 502, 503 or 504.",
+            registry=r,
         )
         self.upstream_errors = Counter(
             f"{p}_upstream_errors",
             "Failures to reach an endpoint or read its answer, by endpoint and kind.",
             ["endpoint", "kind"],
+            registry=r,
+        )
+        self.upstream_responses = Counter(
+            f"{p}_upstream_responses",
+            "Answers of endpoints to requests sent on, by endpoint and status class (2xx, 3xx, 4xx, 5xx): which "
+            "endpoint answers errors, which the gateway's own requests_total (by path) cannot say.",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            f"{p}_endpoint_ejections",
+            "Times an endpoint was taken out of routing for failing the requests sent to it (outliers.py).",
+            ["endpoint"],
             registry=r,
         )
         self.non_streaming = Counter(

@@ -1,0 +1,218 @@
+"""Endpoints that fail their requests while their /metrics says they are idle: a latency router's favourite, unless
+the gateway takes them out of routing (outlier ejection)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from raw_endpoint import STREAM_HEAD, next_request
+
+from leadtime.features.vllm_metrics import parse_samples
+from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.gateway.outliers import CONSECUTIVE_FAILURES, Outliers
+from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+ANSWER = b'data: {"choices":[{"index":0,"text":" ok"}]}\n\ndata: [DONE]\n\n'
+
+
+class FirstByName:
+    """Picks the candidate whose id sorts first: "bad" whenever it is offered, as a latency router picks an endpoint
+    that looks idle."""
+
+    def pick(self, request: RouteRequest, candidates: list[Candidate]) -> Pick:
+        return Pick(min(c.endpoint_id for c in candidates))
+
+    def observe(self, outcome: Any) -> None:
+        pass
+
+
+def serving(answer: Callable[[asyncio.StreamWriter], None], connections: list[Any] | None = None) -> Handler:
+    """An endpoint answering /metrics idle and every other request with `answer` (its connections kept in
+    `connections`, for a test to close)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if connections is not None:
+            connections.append(writer)
+        while await next_request(reader, writer) is not None:
+            answer(writer)
+            await writer.drain()
+
+    return handle
+
+
+def answers_well(writer: asyncio.StreamWriter) -> None:
+    writer.write(STREAM_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(ANSWER), ANSWER))
+
+
+def answers_status(status: int) -> Callable[[asyncio.StreamWriter], None]:
+    def answer(writer: asyncio.StreamWriter) -> None:
+        body = b'{"error": "no"}'
+        writer.write(b"HTTP/1.1 %d Oops\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body))
+
+    return answer
+
+
+def answers_garbage_stream(writer: asyncio.StreamWriter) -> None:
+    garbage = b"data: {not json}\n\ndata: [DONE]\n\n"
+    writer.write(STREAM_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(garbage), garbage))
+
+
+@contextlib.asynccontextmanager
+async def fleet(**handlers: Handler) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, dict[str, Any]]]:
+    """A gateway (picking `FirstByName`) in front of hand-written endpoints named as the keyword arguments."""
+    servers = {name: await asyncio.start_server(h, "127.0.0.1", 0) for name, h in handlers.items()}
+    specs = [
+        f"127.0.0.1:{s.sockets[0].getsockname()[1]},name={name},leadtime.io/accelerator=h100-sxm"
+        for name, s in servers.items()
+    ]
+    gateway = Gateway(StaticDiscovery(parse_static(specs)), FirstByName(), GatewaySettings())  # type: ignore[arg-type]
+    await gateway.start()
+    try:
+        for _ in range(200):
+            if len(gateway.routable()) == len(specs):
+                break
+            await asyncio.sleep(0.02)
+        transport = httpx.ASGITransport(app=gateway)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+            yield gateway, client, servers
+    finally:
+        await gateway.stop()
+        for s in servers.values():
+            s.close()
+
+
+async def post(client: httpx.AsyncClient, n: int) -> list[tuple[int, str]]:
+    out = []
+    for _ in range(n):
+        r = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        out.append((r.status_code, r.headers.get("x-leadtime-endpoint", "")))
+    return out
+
+
+def count(samples: dict[str, Any], name: str, **labels: str) -> float:
+    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
+
+
+def test_an_endpoint_answering_500_at_once_is_taken_out_after_five_in_a_row(caplog: pytest.LogCaptureFixture) -> None:
+    """It looked idle, so every request went to it (96 % of a tester's traffic got a 500). Five 500s in a row take
+    it out; the requests go to the endpoint that serves; said once in the log, counted, named by /readyz."""
+
+    async def go() -> tuple[list[tuple[int, str]], dict[str, Any], dict[str, Any]]:
+        async with fleet(bad=serving(answers_status(500)), good=serving(answers_well)) as (gateway, client, _):
+            results = await post(client, 12)
+            samples = parse_samples((await client.get("/metrics")).text)
+            ready = (await client.get("/readyz")).json()
+        return results, samples, ready
+
+    with caplog.at_level(logging.INFO):
+        results, samples, ready = asyncio.run(go())
+    assert results == [(500, "bad")] * CONSECUTIVE_FAILURES + [(200, "good")] * (12 - CONSECUTIVE_FAILURES)
+    assert count(samples, "leadtime_router_endpoint_ejections_total", endpoint="bad") == 1
+    assert count(samples, "leadtime_router_upstream_responses_total", endpoint="bad", status="5xx") == 5
+    assert count(samples, "leadtime_router_upstream_responses_total", endpoint="good", status="2xx") == 7
+    assert count(samples, "leadtime_router_endpoint_routable", endpoint="bad") == 0
+    assert "answered 500 (5 failures in a row)" in ready["degraded"]["endpoint bad"]
+    said = [r.getMessage() for r in caplog.records if "taken out of routing" in r.getMessage()]
+    assert said == ["bad taken out of routing for 30 s: answered 500 (5 failures in a row)"]
+
+
+def test_a_503_is_retried_on_another_endpoint_and_counts_against_its_endpoint() -> None:
+    """A gateway error (502/503/504) means nothing was generated: the client gets the other endpoint's answer."""
+
+    async def go() -> tuple[list[tuple[int, str]], dict[str, Any]]:
+        async with fleet(bad=serving(answers_status(503)), good=serving(answers_well)) as (gateway, client, _):
+            results = await post(client, 8)
+            samples = parse_samples((await client.get("/metrics")).text)
+        return results, samples
+
+    results, samples = asyncio.run(go())
+    assert results == [(200, "good")] * 8
+    assert count(samples, "leadtime_router_retries_total") == CONSECUTIVE_FAILURES  # then it was out
+    assert count(samples, "leadtime_router_endpoint_ejections_total", endpoint="bad") == 1
+
+
+def test_a_refused_connection_takes_the_endpoint_out_at_once_until_it_accepts_again() -> None:
+    """Its port closed (the pod died): nothing sent there is served. The first request is retried elsewhere, the
+    next ones do not try it at all (the scrapes alone took 3 s to say so)."""
+
+    async def go() -> tuple[list[tuple[int, str]], float, list[str]]:
+        connections: list[Any] = []
+        async with fleet(bad=serving(answers_well, connections), good=serving(answers_well)) as (
+            gateway,
+            client,
+            servers,
+        ):
+            servers["bad"].close()  # no new connection; the gateway's open ones closed too
+            for writer in connections:
+                writer.close()
+            await asyncio.sleep(0.2)
+            results = await post(client, 4)
+            samples = parse_samples((await client.get("/metrics")).text)
+            out = list(gateway.outliers.health())
+        return results, count(samples, "leadtime_router_retries_total"), out
+
+    results, retries, out = asyncio.run(go())
+    assert results == [(200, "good")] * 4
+    assert retries == 1 and out == ["bad"]
+
+
+def test_a_stream_with_no_event_in_it_is_a_502_for_a_client_that_did_not_stream() -> None:
+    """`data: {not json}` then `[DONE]` was assembled into a 200 with `"choices": []`, which a client reading
+    choices[0] fails on; it is the endpoint's failure, named."""
+
+    async def go() -> httpx.Response:
+        async with fleet(bad=serving(answers_garbage_stream)) as (gateway, client, _):
+            return await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+
+    response = asyncio.run(go())
+    assert response.status_code == 502 and response.headers["x-leadtime-endpoint"] == "bad"
+    assert "no event" in response.json()["error"]["message"]
+
+
+def test_every_endpoint_out_is_a_503_with_retry_after_at_once() -> None:
+    async def go() -> list[httpx.Response]:
+        async with fleet(bad=serving(answers_status(500))) as (gateway, client, _):
+            return [await client.post("/v1/completions", json={"prompt": "hi"}) for _ in range(7)]
+
+    answers = asyncio.run(go())
+    assert [a.status_code for a in answers] == [500] * CONSECUTIVE_FAILURES + [503, 503]
+    assert answers[-1].headers["retry-after"] == "1"
+
+
+def test_ejections_back_off_and_a_success_clears_the_record() -> None:
+    now = [0.0]
+    outliers = Outliers(lambda: now[0], consecutive=2, base_s=10, max_s=25)
+    for _ in range(2):
+        outliers.failed("e", "answered 500")
+    assert outliers.out("e")
+    now[0] = 10_000.0
+    assert not outliers.out("e")  # back after 10 s, on probation
+    outliers.failed("e", "answered 500")
+    assert outliers.out("e") and "back in 20 s" in outliers.health()["e"]
+    now[0] = 30_000.0
+    assert not outliers.out("e")
+    outliers.answered("e")  # served: a clean record, the next ejection is 10 s again after 2 failures
+    outliers.failed("e", "answered 500")
+    assert not outliers.out("e")
+    outliers.failed("e", "answered 500")
+    assert "back in 10 s" in outliers.health()["e"]
+    outliers.keep_only(["other"])
+    assert not outliers.out("e")
+
+
+def test_a_refused_endpoint_is_back_with_the_first_scrape_asked_after_the_refusal() -> None:
+    now = [5.0]
+    outliers = Outliers(lambda: now[0])
+    outliers.failed("e", "connect: refused", refused=True)
+    outliers.scraped("e", 4.0)  # asked before: says nothing of now
+    assert outliers.out("e")
+    outliers.scraped("e", 6.0)
+    assert not outliers.out("e")
