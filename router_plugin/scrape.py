@@ -22,9 +22,13 @@ from leadtime.features.errors import FeatureError
 from leadtime.features.rows import EndpointState
 from leadtime.features.vllm_metrics import VllmMetrics, parse_vllm_metrics
 from leadtime.router_plugin.discovery import DiscoveredEndpoint
-from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
+from leadtime.router_plugin.gateway.upstream import Response, UpstreamError, Upstreams
 
 log = logging.getLogger("leadtime.router.scrape")
+
+MAX_METRICS_BYTES = 8 << 20
+"""A /metrics answer larger than this fails its scrape unread. vLLM's is tens to hundreds of kB (more with many
+LoRA adapters); one of 50 MB, read every 50 ms, took 40 % of the gateway's core."""
 
 
 def monotonic_ms() -> float:
@@ -64,9 +68,28 @@ class EndpointScrape:
     """When the last good scrape was asked for (router clock)."""
     failing_since_ms: float | None = None
     last_error: str = ""
+    failing_for: str = ""
+    """What kind of failure the scrapes have now (logged when it changes, not at every scrape)."""
     errors: int = 0
     scrapes: int = 0
     duration_s: float = 0.0
+
+
+async def read_at_most(response: Response, limit: int, timeout_s: float) -> bytes:
+    """The whole body, or UpstreamError ("too_large") once it passes `limit` bytes (the connection is closed, the
+    rest unread)."""
+    length = (response.header(b"content-length") or b"").strip()
+    if length.isdigit() and int(length) > limit:
+        response.close()
+        raise UpstreamError("too_large", f"/metrics is larger than {limit >> 20} MiB ({int(length):,} bytes)", True)
+    chunks, size = [], 0
+    async for chunk in response.chunks(timeout_s):
+        size += len(chunk)
+        if size > limit:
+            response.close()
+            raise UpstreamError("too_large", f"/metrics is larger than {limit >> 20} MiB", True)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Scraper:
@@ -140,7 +163,7 @@ class Scraper:
         try:
             pool = self.upstreams.pool(endpoint.address, endpoint.port, endpoint.tls)
             response = await pool.request("GET", "/metrics", timeout_s=self.timeout_s)
-            body = await response.read(self.timeout_s)
+            body = await read_at_most(response, MAX_METRICS_BYTES, self.timeout_s)
             if response.status != 200:
                 raise UpstreamError("status", f"/metrics answered {response.status}", responded=True)
             metrics = parse_vllm_metrics(wanted_lines(body))
@@ -154,9 +177,13 @@ class Scraper:
         except (UpstreamError, FeatureError) as err:
             scrape.errors += 1
             scrape.last_error = str(err)
+            kind = err.kind if isinstance(err, UpstreamError) else f"metrics:{err.field}"
             if scrape.failing_since_ms is None:
                 scrape.failing_since_ms = asked_ms
                 log.warning("scrape of %s failed: %s", endpoint.endpoint_id, err)
+            elif kind != scrape.failing_for:
+                log.warning("scrape of %s failed, now for another reason: %s", endpoint.endpoint_id, err)
+            scrape.failing_for = kind
             return
         finally:
             scrape.duration_s = time.perf_counter() - started
@@ -165,7 +192,7 @@ class Scraper:
             log.info("scrape of %s succeeds again", endpoint.endpoint_id)
         scrape.metrics, scrape.state, scrape.scraped_ms = metrics, state, asked_ms
         scrape.failing_since_ms = None
-        scrape.last_error = ""
+        scrape.last_error = scrape.failing_for = ""
         if self.on_scrape is not None:
             self.on_scrape(scrape)
 

@@ -1,0 +1,65 @@
+"""Scraping endpoints that misbehave: an endpoint's /metrics is read on every interval, so what it sends must not
+cost the gateway more than a scrape, and why a scrape fails must be said when it changes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import pytest
+from raw_endpoint import METRICS
+
+from leadtime.router_plugin.discovery import parse_static
+from leadtime.router_plugin.gateway.upstream import Upstreams
+from leadtime.router_plugin.scrape import MAX_METRICS_BYTES, EndpointScrape, Scraper
+
+GOOD = METRICS
+
+
+def scraping(answers: list[Callable[[], bytes]]) -> list[tuple[bool, str]]:
+    """Scrape an endpoint whose /metrics answers are `answers`, one per scrape; after each, whether a state is
+    known and the scrape's last error."""
+
+    async def go() -> list[tuple[bool, str]]:
+        served = iter(answers)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                body = next(served)()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        (endpoint,) = parse_static([f"127.0.0.1:{port},name=e"])
+        scraper = Scraper(Upstreams(2.0))
+        scrape = EndpointScrape(endpoint)
+        seen = []
+        for _ in answers:
+            await scraper.scrape_once(scrape)
+            seen.append((scrape.state is not None, scrape.last_error))
+        server.close()
+        return seen
+
+    return asyncio.run(go())
+
+
+def test_a_metrics_body_larger_than_the_cap_fails_the_scrape_unread() -> None:
+    """50 MB of /metrics every 50 ms took 40 % of a core to read and parse: beyond the cap it is not read."""
+    huge = b"# padding\n" * (MAX_METRICS_BYTES // 10 + 1) + GOOD
+    seen = scraping([lambda: GOOD, lambda: huge])
+    assert seen[0] == (True, "")
+    assert f"larger than {MAX_METRICS_BYTES // (1 << 20)} MiB" in seen[1][1]
+
+
+def test_a_scrape_failing_for_a_new_reason_says_the_new_one(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="leadtime.router.scrape"):
+        negative = METRICS.replace(b'running{model_name="m"} 0', b'running{model_name="m"} -1')
+        scraping([lambda: b"garbage{", lambda: b"garbage{", lambda: negative])
+    said = [r.getMessage() for r in caplog.records if r.name == "leadtime.router.scrape"]
+    assert len(said) == 2 and all(m.startswith("scrape of e failed") for m in said), said
