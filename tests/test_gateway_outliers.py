@@ -66,14 +66,16 @@ def answers_garbage_stream(writer: asyncio.StreamWriter) -> None:
 
 
 @contextlib.asynccontextmanager
-async def fleet(**handlers: Handler) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, dict[str, Any]]]:
+async def fleet(
+    settings: GatewaySettings = GatewaySettings(), **handlers: Handler
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, dict[str, Any]]]:
     """A gateway (picking `FirstByName`) in front of hand-written endpoints named as the keyword arguments."""
     servers = {name: await asyncio.start_server(h, "127.0.0.1", 0) for name, h in handlers.items()}
     specs = [
         f"127.0.0.1:{s.sockets[0].getsockname()[1]},name={name},leadtime.io/accelerator=h100-sxm"
         for name, s in servers.items()
     ]
-    gateway = Gateway(StaticDiscovery(parse_static(specs)), FirstByName(), GatewaySettings())  # type: ignore[arg-type]
+    gateway = Gateway(StaticDiscovery(parse_static(specs)), FirstByName(), settings)  # type: ignore[arg-type]
     await gateway.start()
     try:
         for _ in range(200):
@@ -216,3 +218,23 @@ def test_a_refused_endpoint_is_back_with_the_first_scrape_asked_after_the_refusa
     assert outliers.out("e")
     outliers.scraped("e", 6.0)
     assert not outliers.out("e")
+
+
+def test_an_endpoint_that_never_answers_fails_the_request_after_the_upstream_timeout() -> None:
+    """It accepted the request and said nothing: the client waited the fixed 600 s. `--upstream-timeout-s` bounds
+    the wait; nothing was answered, so the request goes elsewhere, and the silence counts against the endpoint."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await next_request(reader, writer) is not None:
+            await asyncio.sleep(30)
+
+    async def go() -> tuple[list[tuple[int, str]], dict[str, Any]]:
+        settings = GatewaySettings(upstream_timeout_s=0.3)
+        async with fleet(settings, bad=silent, good=serving(answers_well)) as (gateway, client, _):
+            results = await post(client, 2)
+            samples = parse_samples((await client.get("/metrics")).text)
+        return results, samples
+
+    results, samples = asyncio.run(go())
+    assert results == [(200, "good")] * 2
+    assert count(samples, "leadtime_router_upstream_errors_total", endpoint="bad", kind="timeout") == 2

@@ -133,6 +133,13 @@ def route(
         int,
         typer.Option(help="On SIGTERM or Ctrl-C, seconds requests in flight may take to finish before they are cut."),
     ] = 30,
+    upstream_timeout_s: Annotated[
+        float,
+        typer.Option(
+            help="Longest wait for an endpoint's answer to start, and between two pieces of it; an endpoint that "
+            "keeps anyone waiting longer fails the request (retried elsewhere if nothing was answered yet)."
+        ),
+    ] = 600.0,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
     from leadtime.features.catalog import get_accelerator, get_model
@@ -178,6 +185,7 @@ def route(
         ("--ttft-slo-ms", ttft_slo_ms),
         ("--tpot-slo-ms", tpot_slo_ms),
         ("--drain-s", drain_s),
+        ("--upstream-timeout-s", upstream_timeout_s),
     ):
         if value is not None:
             positive(name, value)
@@ -205,6 +213,7 @@ def route(
         ask_usage=ask_usage,
         api_keys=tuple(api_key or ()),
         drain_s=drain_s,
+        upstream_timeout_s=upstream_timeout_s,
     )
     options = RouteOptions(
         discovery=discovery,
