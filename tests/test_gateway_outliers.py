@@ -67,7 +67,7 @@ def answers_garbage_stream(writer: asyncio.StreamWriter) -> None:
 
 @contextlib.asynccontextmanager
 async def fleet(
-    settings: GatewaySettings = GatewaySettings(), **handlers: Handler
+    settings: GatewaySettings | None = None, **handlers: Handler
 ) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, dict[str, Any]]]:
     """A gateway (picking `FirstByName`) in front of hand-written endpoints named as the keyword arguments."""
     servers = {name: await asyncio.start_server(h, "127.0.0.1", 0) for name, h in handlers.items()}
@@ -75,7 +75,7 @@ async def fleet(
         f"127.0.0.1:{s.sockets[0].getsockname()[1]},name={name},leadtime.io/accelerator=h100-sxm"
         for name, s in servers.items()
     ]
-    gateway = Gateway(StaticDiscovery(parse_static(specs)), FirstByName(), settings)  # type: ignore[arg-type]
+    gateway = Gateway(StaticDiscovery(parse_static(specs)), FirstByName(), settings or GatewaySettings())  # type: ignore[arg-type]
     await gateway.start()
     try:
         for _ in range(200):
