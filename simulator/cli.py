@@ -53,6 +53,23 @@ def run_simulate_command(
     return report, replayed
 
 
+def failure_warnings(report: dict[str, object]) -> list[str]:
+    """One line per policy that had requests fail (the first named, with why): the run went on, and its figures
+    count them as missed SLOs, which a reader should know before comparing policies."""
+    policies = report["policies"]
+    assert isinstance(policies, dict)
+    lines = []
+    for name, summary in policies.items():
+        failures = summary["failures"]
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            lines.append(
+                f"policy {name}: {len(failures)} request(s) could not be served and count as failed (SLO missed): "
+                f"{failures[0]}{more}"
+            )
+    return lines
+
+
 def print_simulation(report: dict[str, object], as_json: bool, arrivals: str = "") -> None:
     """The report as JSON, or as a table titled with the fleet, the arrivals (`describe_arrivals`, else the count of
     requests) and the trace, and the files written."""
@@ -70,6 +87,7 @@ def print_simulation(report: dict[str, object], as_json: bool, arrivals: str = "
         "SLO met",
         "goodput rps",
         "completed",
+        "failed",
     ):
         table.add_column(column)
     policies = report["policies"]
@@ -84,6 +102,7 @@ def print_simulation(report: dict[str, object], as_json: bool, arrivals: str = "
             f"{s['slo_attainment']:.1%}",
             f"{s['goodput_rps']:.2f}",
             str(s["completed"]),
+            str(s["failed"]),
         )
     console.print(table)
     outputs = report.get("outputs")

@@ -26,8 +26,9 @@ from leadtime.simulator.steptime import StepTimeModel
 
 MAX_DECODE_RUN = 4096
 MAX_STALLS = 100
-"""A request preempted this many times in a row without getting further than before never will (`StuckRequest`);
-a request preempted often under KV pressure or at swaps still gets further each time it runs."""
+"""A request preempted this many times in a row without getting further than before is taken for one that never
+will (`Endpoint.stuck`): the simulator counts it as failed rather than restart it without end. A request preempted
+often under KV pressure or at swaps still gets further each time it runs."""
 
 # Standard normal draws that step noise indexes by a hash of (endpoint, step start): the same step of the same
 # endpoint gets the same factor in every run and in every what-if fork, whatever else happened meanwhile.
@@ -38,11 +39,6 @@ _LOWEST_NORMAL = min(_NORMALS)
 PREFILL_BOUND_SHARE = 0.85
 # No step (prefill, decode or mixed) is shorter than this share of a one-sequence decode step (0.994 measured).
 MIN_STEP_SHARE = 0.9
-
-
-class StuckRequest(RuntimeError):
-    """A request that can never complete here: each time it restarts, it is preempted again before it finishes (a
-    prompt too long to prefill within the time a time-sliced endpoint stays resident). The run would not end."""
 
 
 @dataclass(frozen=True)
@@ -293,16 +289,18 @@ class Endpoint:
         self.running.remove(r)
         self.waiting.appendleft(r)
         if r.stalls > MAX_STALLS and self.stuck is None:
-            self.stuck = r  # for the engine to end the run (`stuck_error`); this endpoint stays consistent
+            self.stuck = r  # for the engine to drop and count as failed (`stuck_reason`)
 
-    def stuck_error(self) -> StuckRequest:
-        """Why the run cannot end: the request found stuck here (`stuck` is set)."""
+    def stuck_reason(self) -> str:
+        """Why the request found stuck here (`stuck` is set) does not finish: what was seen, not a guessed cause
+        (a prompt that cannot be prefilled in one resident window, or one starved behind another that recomputes
+        a long prompt after every swap, look the same from here)."""
         r = self.stuck
         assert r is not None
-        return StuckRequest(
+        return (
             f"request {r.rid} ({r.input_tokens} prompt tokens) was preempted {r.stalls} times in a row on "
-            f"{self.endpoint_id} without getting further: it cannot finish there (a prefill longer than the "
-            "endpoint stays resident, or a KV cache too small for it beside the others), so the run cannot end"
+            f"{self.endpoint_id} without getting further than before (its KV is lost at each time-slice swap or "
+            "preemption, and it is restarted from its prompt)"
         )
 
     def _publish(self, r: SimRequest, now_ms: float) -> None:

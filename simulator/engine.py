@@ -82,6 +82,18 @@ class CompletedRequest:
         return self.ttft_ms <= self.ttft_slo_ms and self.itl_ms <= self.itl_slo_ms
 
 
+@dataclass(frozen=True)
+class FailedRequest:
+    """A request the fleet could not serve: counted as a missed SLO, and the run goes on without it (one request
+    the fleet cannot serve says nothing of how the policy routed the others, whose figures stand)."""
+
+    rid: int
+    arrival_ms: float
+    input_tokens: int
+    reason: str
+    """Why, naming the endpoint: a prompt too large for its KV cache, or restarted again and again."""
+
+
 @dataclass
 class GroupState:
     """A time-slice group's state over the run."""
@@ -109,6 +121,8 @@ class SimResult:
     decision_ms: list[float] = field(default_factory=list)
     decision_wall_ms: list[float] = field(default_factory=list)
     arrival_span_ms: float = 0.0
+    failed: list[FailedRequest] = field(default_factory=list)
+    """Requests dropped as unservable (`FailedRequest`): none met its SLO."""
 
     @property
     def goodput_rps(self) -> float:
@@ -239,6 +253,7 @@ class FleetSimulator:
         self._joined: list[Endpoint] = [e for e in self.endpoints if self._join_ms[e.endpoint_id] <= 0]
         self.routing: SimRequest | None = None
         self.completed: list[CompletedRequest] = []
+        self.failed: list[FailedRequest] = []
         self.observations: list[Observation] = []
         # Each policy.pick's own time: the CPU it used (what it costs, whatever else shares the machine) and
         # the wall-clock time it took.
@@ -414,9 +429,13 @@ class FleetSimulator:
         )
         if pick.decode_endpoint_id is not None:
             request.prefill_only = True
-        for chosen in (pick.endpoint_id, pick.decode_endpoint_id):
-            if chosen is not None:
-                self._check_fits(request, self.by_id[chosen])
+        try:
+            for chosen in (pick.endpoint_id, pick.decode_endpoint_id):
+                if chosen is not None:
+                    self._check_fits(request, self.by_id[chosen])
+        except SimulationError as err:  # too large for the cache picked: that request fails, not the run
+            self._fail(request, str(err))
+            return
         target = self.by_id[pick.endpoint_id]
         self._freeze(target)
         target.enqueue(request)
@@ -459,8 +478,7 @@ class FleetSimulator:
     def _on_step(self, endpoint: Endpoint) -> None:
         self._freeze(endpoint)
         outcome: StepOutcome = endpoint.finish_step()
-        if endpoint.stuck is not None:
-            raise endpoint.stuck_error()
+        self._drop_stuck(endpoint)
         for r in outcome.prefill_done:
             self._start_transfer(r)
         for r in outcome.finished:
@@ -544,8 +562,30 @@ class FleetSimulator:
                 self.now,
             )
         )
-        if self.progress is not None and (len(self.completed) % 200 == 0 or len(self.completed) == len(self.workload)):
-            self.progress(len(self.completed))
+        self._report_progress()
+
+    def _report_progress(self) -> None:
+        """Tell `progress` how many requests are done with (failed ones too: the bar reaches the total)."""
+        done = len(self.completed) + len(self.failed)
+        if self.progress is not None and (done % 200 == 0 or done == len(self.workload)):
+            self.progress(done)
+
+    def _fail(self, r: SimRequest, reason: str) -> None:
+        """Count `r` as failed and forget it (it holds nothing on any endpoint any more)."""
+        self._decisions.pop(r.rid, None)
+        self._transfer_ms.pop(r.rid, None)
+        self.failed.append(FailedRequest(r.rid, r.arrival_ms, r.input_tokens, reason))
+        self._report_progress()
+
+    def _drop_stuck(self, endpoint: Endpoint) -> None:
+        """A request the endpoint found restarting without end (`Endpoint.stuck`) fails; the endpoint serves on."""
+        r = endpoint.stuck
+        if r is None:
+            return
+        reason = endpoint.stuck_reason()
+        endpoint.stuck = None
+        endpoint.remove(r.rid)
+        self._fail(r, reason)
 
     def _on_timeslice(self, group: GroupState) -> None:
         if group.state == "resident":
@@ -555,8 +595,7 @@ class FleetSimulator:
                 self._freeze(e)
                 had_plan = e.plan is not None
                 e.request_park(self.now)
-                if e.stuck is not None:
-                    raise e.stuck_error()
+                self._drop_stuck(e)
                 if had_plan and e.plan is not None:
                     self._schedule_step(e)
         elif group.state == "parked":
@@ -579,7 +618,8 @@ class FleetSimulator:
         self._joined.append(endpoint)
 
     def run(self) -> SimResult:
-        """Run the workload to the end; SimulationError if some request can never complete."""
+        """Run the workload to the end. A request the fleet cannot serve is counted in `SimResult.failed`;
+        SimulationError if the run cannot end otherwise (a policy's bad pick, a fleet that never serves)."""
         for e in self.endpoints:  # pushed first: an endpoint joining at a request's arrival instant is offered to it
             joins_at = self._join_ms[e.endpoint_id]
             if joins_at > 0:
@@ -594,7 +634,7 @@ class FleetSimulator:
         pending = len(self.workload)
         refresh = self.fleet.refresh_ms
         self._next_publish = refresh
-        while self._events and len(self.completed) < pending:
+        while self._events and len(self.completed) + len(self.failed) < pending:
             time_ms, _, kind, payload = heapq.heappop(self._events)
             if kind == STEP:
                 endpoint, version = cast(tuple[Endpoint, int], payload)
@@ -618,10 +658,10 @@ class FleetSimulator:
             else:
                 assert isinstance(payload, GroupState)
                 self._on_timeslice(payload)
-        if len(self.completed) < pending:
+        if len(self.completed) + len(self.failed) < pending:
             raise SimulationError(
-                f"{pending - len(self.completed)} requests never completed (a request larger than an endpoint's "
-                "KV cache, or a fleet that never serves)"
+                f"{pending - len(self.completed) - len(self.failed)} requests never completed (a fleet that never "
+                "serves them)"
             )
         return SimResult(
             policy=getattr(self.policy, "name", type(self.policy).__name__),
@@ -646,4 +686,5 @@ class FleetSimulator:
             decision_ms=self.decision_ms,
             decision_wall_ms=self.decision_wall_ms,
             arrival_span_ms=self.workload[-1].arrival_ms - self.workload[0].arrival_ms if self.workload else 0.0,
+            failed=sorted(self.failed, key=lambda f: f.rid),
         )

@@ -30,7 +30,8 @@ def summarize(result: SimResult) -> dict[str, object]:
     """One policy's figures: latency percentiles (ms), SLO attainment, goodput, per-endpoint utilisation.
 
     Each request is judged against its own SLOs (the fleet's SLO classes, or the command's); goodput counts the
-    requests that met both per second of the arrival window.
+    requests that met both per second of the arrival window. A failed request (`SimResult.failed`) missed both:
+    it counts in the attainments, not in the latency percentiles (it has no latency).
     """
     done = result.completed
     ttft = np.array([c.ttft_ms for c in done])
@@ -42,6 +43,7 @@ def summarize(result: SimResult) -> dict[str, object]:
     for c in done:
         classes[(c.ttft_slo_ms, c.itl_slo_ms)] = classes.get((c.ttft_slo_ms, c.itl_slo_ms), 0) + 1
     both = meets_ttft & meets_itl
+    judged = len(done) + len(result.failed)
     span_ms = max(result.duration_ms, 1e-9)
     endpoints: dict[str, object] = {}
     for endpoint_id, info in result.endpoints.items():
@@ -56,11 +58,13 @@ def summarize(result: SimResult) -> dict[str, object]:
         "itl_ms": _percentiles(itl),
         "e2e_ms": _percentiles(e2e),
         "slo": [{"ttft_ms": t, "itl_ms": i, "share": n / len(done)} for (t, i), n in sorted(classes.items())],
-        "slo_attainment": float(both.mean()) if done else 0.0,
-        "ttft_slo_attainment": float(meets_ttft.mean()) if done else 0.0,
-        "itl_slo_attainment": float(meets_itl.mean()) if done else 0.0,
+        "slo_attainment": float(both.sum() / judged) if judged else 0.0,
+        "ttft_slo_attainment": float(meets_ttft.sum() / judged) if judged else 0.0,
+        "itl_slo_attainment": float(meets_itl.sum() / judged) if judged else 0.0,
         "goodput_rps": result.goodput_rps,
         "completed": len(done),
+        "failed": len(result.failed),
+        "failures": [f.reason for f in result.failed],
         "preemptions": result.preemptions,
         "prefix_hit_rate": float(sum(c.prefix_hit_tokens for c in done) / max(1, sum(c.input_tokens for c in done))),
         "simulated_s": span_ms / 1e3,

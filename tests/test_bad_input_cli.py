@@ -100,9 +100,9 @@ def test_requests_that_all_arrive_at_one_instant_are_refused(tmp_path: Path) -> 
     refused(["simulate", "--fleet", "homogeneous", "--trace", str(burst), "--json"], "one instant", "--max-requests")
 
 
-def test_a_request_that_can_never_finish_ends_the_run_with_one_line(tmp_path: Path) -> None:
-    """A prompt longer than a time-sliced endpoint's resident window can prefill restarted from zero at every
-    swap: `simulate` never ended."""
+def test_a_request_that_can_never_finish_is_counted_as_failed_with_a_warning(tmp_path: Path) -> None:
+    """A prompt longer than a time-sliced endpoint's resident window can prefill restarts from zero at every swap:
+    it fails alone (a warning naming it and the policy, a count in the JSON), and every policy's figures stand."""
     fleet = tmp_path / "ts.yaml"
     fleet.write_text(
         "pools:\n  - {name: a, count: 2, accelerator: h100-sxm, model: llama-3.1-8b, timeslice_group: rl}\n"
@@ -111,7 +111,16 @@ def test_a_request_that_can_never_finish_ends_the_run_with_one_line(tmp_path: Pa
     trace = tmp_path / "long.jsonl"
     rows = [{"timestamp": t, "input_length": n, "output_length": 10} for t, n in ((0, 100_000), (1, 100))]
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    refused(["simulate", "--fleet", str(fleet), "--trace", str(trace), "--json"], "preempted", "cannot finish")
+    args = ["simulate", "--fleet", str(fleet), "--trace", str(trace), "--json"]
+    result = runner.invoke(app, [*args, "--policy", "round-robin", "--policy", "llm-d"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: policy")]
+    assert len(warnings) == 2, result.stderr
+    assert all("request 0" in w and "preempted" in w and "failed" in w for w in warnings), warnings
+    assert "round_robin" in warnings[0] and "llmd_heuristic" in warnings[1]
+    report = json.loads(result.stdout)
+    assert {name: p["failed"] for name, p in report["policies"].items()} == {"round_robin": 1, "llmd_heuristic": 1}
+    assert all(p["completed"] == 1 for p in report["policies"].values())
 
 
 def test_sim_serve_names_a_fleet_file_that_is_not_text(tmp_path: Path) -> None:

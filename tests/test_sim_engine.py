@@ -15,6 +15,7 @@ from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import FleetSimulator, SimulationError
 from leadtime.simulator.fleet import FleetError, parse_fleet
 from leadtime.simulator.kvcache import KVCache
+from leadtime.simulator.report import summarize
 from leadtime.simulator.run import make_policy, run_policies
 from leadtime.simulator.steptime import StepTimeModel
 from leadtime.simulator.workload import SyntheticSpec, WorkloadRequest, synthetic
@@ -315,10 +316,35 @@ def test_fleet_settings_vllm_would_refuse_are_refused_as_vllm_does() -> None:
         )
 
 
-def test_request_too_large_for_cache_is_a_clear_error() -> None:
+def test_a_request_too_large_for_every_cache_is_counted_as_failed_and_the_run_goes_on() -> None:
     doc = _fleet(pool={"gpu_memory_utilization": 0.21})
-    with pytest.raises(SimulationError, match="never fit"):
-        FleetSimulator(parse_fleet(doc), [WorkloadRequest(0.0, 100_000, 10)], make_policy("random")).run()
+    workload = [WorkloadRequest(0.0, 100_000, 10), WorkloadRequest(10.0, 100, 5)]
+    result = FleetSimulator(parse_fleet(doc), workload, make_policy("random")).run()
+    assert [c.rid for c in result.completed] == [1]
+    assert [f.rid for f in result.failed] == [0]
+    assert "never fit" in result.failed[0].reason
+
+
+def test_a_request_that_can_never_finish_is_counted_as_failed_and_the_others_complete() -> None:
+    """A prompt longer than the group's resident window can prefill is restarted at every swap: it fails, alone."""
+    doc = _fleet(
+        pool={"count": 1, "timeslice_group": "rl"},
+        timeslice_groups={
+            "rl": {
+                "resident_ms": {"distribution": "fixed", "value": 1000},
+                "away_ms": {"distribution": "fixed", "value": 1000},
+                "restore_ms": {"distribution": "fixed", "value": 10},
+            }
+        },
+    )
+    workload = [WorkloadRequest(0.0, 100_000, 10), *(WorkloadRequest(5.0 + i, 100, 5) for i in range(3))]
+    result = FleetSimulator(parse_fleet(doc), workload, make_policy("round-robin"), ttft_slo_ms=1e9).run()
+    assert [f.rid for f in result.failed] == [0]
+    assert "preempted" in result.failed[0].reason and "h100-0" in result.failed[0].reason
+    assert sorted(c.rid for c in result.completed) == [1, 2, 3]
+    summary = summarize(result)
+    assert summary["failed"] == 1 and summary["completed"] == 3
+    assert summary["slo_attainment"] == 0.75  # the failed request missed its SLO
 
 
 def test_bad_policy_pick_is_reported() -> None:

@@ -52,7 +52,7 @@ def simulate(
 ) -> None:
     """Replay a trace on a simulated fleet under one or more routing policies."""
     from leadtime.router_plugin.config import load_config
-    from leadtime.simulator.cli import print_simulation, run_simulate_command
+    from leadtime.simulator.cli import failure_warnings, print_simulation, run_simulate_command
     from leadtime.simulator.workload import describe_arrivals, rate_unit_warning
 
     if max_requests is not None and max_requests < 1:
@@ -71,6 +71,8 @@ def simulate(
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
         fail(err)
         return
+    for line in failure_warnings(report):
+        warn(line)
     suspicious = rate_unit_warning(trace, replayed, rate_scale)
     if suspicious is not None:
         warn(suspicious)
