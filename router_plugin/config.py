@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from leadtime.features.errors import validation_problem
 from leadtime.router_plugin.client import PredictorClient, require_predictor_client
@@ -70,6 +70,11 @@ PLUGIN_TYPES = (
     *HEURISTIC_SCORERS,
     *LLMD_STRUCTURAL,
 )
+SCORER_TYPES = ("predicted-latency-scorer", *HEURISTIC_SCORERS)
+"""The plugins that score endpoints: a profile needs one weighing above 0, else its picker picks at random."""
+LLMD_TOP_LEVEL = {"featureGates": "feature_gates", "saturationDetector": "saturation_detector", "data": "data"}
+"""Top-level keys of llm-d's EndpointPickerConfig (by their field names here), accepted so that its configs load,
+and not used: Leadtime has no feature gates, sheds no load on saturation, and scrapes endpoints itself."""
 LLMD_WEIGHTS = {"prefix-cache-scorer": 3.0, "queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0}
 
 
@@ -161,6 +166,25 @@ class PickerConfig(_Model):
     plugins: list[PluginSpec] = Field(min_length=1)
     scheduling_profiles: list[ProfileSpec] = Field(min_length=1, alias="schedulingProfiles")
     fallback: FallbackSpec = FallbackSpec()
+    feature_gates: Any = Field(default=None, alias="featureGates")
+    saturation_detector: Any = Field(default=None, alias="saturationDetector")
+    data: Any = None
+    _source: str | None = PrivateAttr(default=None)
+    """The file it was read from (`load_config`), for errors found after parsing, such as a missing profile."""
+
+    @property
+    def unused_llmd_keys(self) -> list[str]:
+        """llm-d's top-level keys the file gives (`LLMD_TOP_LEVEL`), which a user should be told go unused."""
+        return [key for key, field in LLMD_TOP_LEVEL.items() if field in self.model_fields_set]
+
+    @property
+    def unused_warning(self) -> str | None:
+        """The one line saying which of llm-d's keys the file gives and Leadtime does not use (None: none)."""
+        keys = self.unused_llmd_keys
+        if not keys:
+            return None
+        where = f"{self._source}: " if self._source else ""
+        return f"{where}llm-d's {', '.join(keys)} are accepted and not used by Leadtime"
 
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -228,6 +252,11 @@ def parse_config(data: object) -> PickerConfig:
             ):
                 raise ConfigError(f"{where}: a profile takes one predicted-latency-scorer")
             listed.append(entry.plugin_ref)
+        if not any(types[e.plugin_ref] in SCORER_TYPES and e.weight > 0 for e in profile.plugins):
+            raise ConfigError(
+                f"schedulingProfiles[{i}]: profile {profile.name!r} has no scorer weighing above 0 "
+                f"({', '.join(SCORER_TYPES)}): its picker would pick at random"
+            )
     if not any(weight > 0 for weight in config.fallback.weights.values()):
         raise ConfigError("fallback.weights: at least one weight must be above 0 (with none, fallbacks pick at random)")
     return config
@@ -250,9 +279,11 @@ def load_config(path: Path) -> PickerConfig:
     except RecursionError:
         raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
     try:
-        return parse_config(data)
+        config = parse_config(data)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+    config._source = str(path)
+    return config
 
 
 def _parameters(model: type[BaseModel], spec: PluginSpec, where: str) -> Any:
@@ -267,7 +298,8 @@ def profile_of(config: PickerConfig, name: str) -> ProfileSpec:
     chosen = next((p for p in config.scheduling_profiles if p.name == name), None)
     if chosen is None:
         known = ", ".join(p.name for p in config.scheduling_profiles)
-        raise ConfigError(f"schedulingProfiles: no profile named {name!r} (profiles: {known})")
+        where = f"{config._source}: " if config._source else ""
+        raise ConfigError(f"{where}schedulingProfiles: no profile named {name!r} (profiles: {known})")
     return chosen
 
 

@@ -258,3 +258,49 @@ def test_build_policy_takes_a_configuration_file_by_path() -> None:
     from leadtime.router_plugin.config import SHIPPED_CONFIG
 
     assert build_policy(SHIPPED_CONFIG, None, profile="heuristic").name == "heuristic"
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [{"pluginRef": "queue-scorer", "weight": 0}, {"pluginRef": "max-score-picker"}],
+        [{"pluginRef": "timeslice-filter"}, {"pluginRef": "max-score-picker"}],
+    ],
+)
+def test_a_profile_with_no_scorer_above_weight_0_is_refused(entries: list[dict[str, object]]) -> None:
+    """A profile whose scorers all weigh 0, or that has none (filters and a picker), routed at random."""
+    config = {
+        "plugins": [{"type": "queue-scorer"}, {"type": "timeslice-filter"}, {"type": "max-score-picker"}],
+        "schedulingProfiles": [
+            {"name": "fine", "plugins": [{"pluginRef": "queue-scorer"}]},
+            {"name": "mine", "plugins": entries},
+        ],
+    }
+    with pytest.raises(ConfigError, match=r"^schedulingProfiles\[1\]: profile 'mine' has no scorer weighing above 0"):
+        parse_config(config)
+
+
+def test_llmds_own_top_level_keys_load_unused_and_typos_are_still_refused() -> None:
+    """A real llm-d EndpointPickerConfig with featureGates (saturationDetector, data) was refused."""
+    config = {
+        "featureGates": ["prepareDataPlugins"],
+        "saturationDetector": {"queueDepthThreshold": 5},
+        "data": {"sources": []},
+        "plugins": [{"type": "queue-scorer"}],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "queue-scorer"}]}],
+    }
+    parsed = parse_config(config)
+    assert parsed.unused_llmd_keys == ["featureGates", "saturationDetector", "data"]
+    plain = {k: v for k, v in config.items() if k in ("plugins", "schedulingProfiles")}
+    assert parse_config(plain).unused_llmd_keys == [] and parse_config(plain).unused_warning is None
+    with pytest.raises(ConfigError, match="schedulingProfile: Extra inputs are not permitted"):
+        parse_config({**config, "schedulingProfile": []})
+
+
+def test_a_missing_profile_names_the_configuration_file(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        "plugins: [{type: queue-scorer}]\nschedulingProfiles: [{name: mine, plugins: [{pluginRef: queue-scorer}]}]\n"
+    )
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(mine))}: schedulingProfiles: no profile named 'default'"):
+        build_policy(load_config(mine), None)

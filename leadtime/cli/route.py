@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import app, check_redis_url, fail, positive
+from leadtime.cli.common import app, check_redis_url, fail, positive, warn
 from leadtime.features.errors import FeatureError
 
 
@@ -143,7 +143,7 @@ def route(
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
     from leadtime.features.catalog import get_accelerator, get_model
-    from leadtime.router_plugin.config import ConfigError
+    from leadtime.router_plugin.config import ConfigError, load_config
     from leadtime.router_plugin.discovery import DiscoveryError
     from leadtime.router_plugin.gateway.app import GatewaySettings
     from leadtime.router_plugin.gateway.serve import PLAIN_POLICIES, RouteOptions, build_gateway, needs_predictor
@@ -230,8 +230,11 @@ def route(
     )
     try:
         wanted = needs_predictor(options)
+        unused = load_config(config).unused_warning if config is not None else None
     except ConfigError as err:
         fail(err)
+    if unused is not None:
+        warn(unused)
     given = "--predictor-url" if predictor_url else "--predictor-grpc" if predictor_grpc else "--embedded"
     if wanted and not (predictor_url or predictor_grpc or embedded):
         needs = "--shadow" if shadow else "the predicted-latency scorer"

@@ -65,6 +65,8 @@ def simulate(
     policies = policy or (["profile:default"] if config is not None else ["llm-d"])
     try:
         picker = load_config(config) if config is not None else None
+        if picker is not None and picker.unused_warning is not None:
+            warn(picker.unused_warning)
         report, replayed = run_simulate_command(
             fleet, trace, policies, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, not json_out, picker
         )
