@@ -1,6 +1,7 @@
 """YAML as users write it: the files they hand to Leadtime (fleets, plugin configurations, discovery, time-slice
 states). PyYAML keeps the last of a key written twice, so `count: 2` followed further down by `count: 3` would run
-with 3 and say nothing; here it is an error naming where. Imports nothing else of Leadtime's.
+with 3 and say nothing; here it is an error naming where. `yaml_problem` says what is wrong in one line, for every
+file a user hands over alike. Imports nothing else of Leadtime's.
 """
 
 from __future__ import annotations
@@ -39,3 +40,20 @@ def load_yaml(text: str) -> Any:
     the key 'count' is given twice at line 3
     """
     return yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_problem(err: Exception) -> str:
+    """What `load_yaml` refused, on one line: where and what. PyYAML's own message spans several, quoting the text
+    with a caret, which breaks a CLI's one-line errors; a ValueError (bad UTF-8, an integer of thousands of digits)
+    is joined onto one line as it is.
+
+    >>> try:
+    ...     load_yaml("plugins:\\n\\t- type: queue-scorer\\n")
+    ... except yaml.YAMLError as err:
+    ...     print(yaml_problem(err))
+    line 2, column 1: found character '\\t' that cannot start any token
+    """
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem and err.problem_mark is not None:
+        mark = err.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+    return " ".join(str(err).split())

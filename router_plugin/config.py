@@ -45,7 +45,7 @@ from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, res
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
-from leadtime.yaml_text import load_yaml
+from leadtime.yaml_text import load_yaml, yaml_problem
 
 HEURISTIC_SCORERS = {
     "prefix-cache-scorer": prefix_cache_scorer,
@@ -275,7 +275,7 @@ def load_config(path: Path) -> PickerConfig:
     try:
         data = load_yaml(raw.decode())
     except (yaml.YAMLError, ValueError) as err:  # ValueError: bad UTF-8, an integer of thousands of digits
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
     except RecursionError:
         raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
     try:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.features.rows import ROLES, EndpointState
-from leadtime.yaml_text import load_yaml
+from leadtime.yaml_text import load_yaml, yaml_problem
 
 log = logging.getLogger("leadtime.router.discovery")
 
@@ -236,7 +236,7 @@ def read_endpoints_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Di
         text = raw.decode()
         data = json.loads(text) if str(path).endswith(".json") else load_yaml(text)
     except (ValueError, yaml.YAMLError) as err:  # ValueError: bad UTF-8 or JSON, an integer of thousands of digits
-        raise DiscoveryError(f"{path}: not valid YAML/JSON ({err})") from None
+        raise DiscoveryError(f"{path}: not valid YAML/JSON ({yaml_problem(err)})") from None
     except RecursionError:
         raise DiscoveryError(f"{path}: not valid YAML/JSON (nested too deeply)") from None
     try:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from leadtime.features.errors import validation_problem
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
 from leadtime.router_plugin.timeslice import GROUP_STATES, GroupStatus
-from leadtime.yaml_text import load_yaml
+from leadtime.yaml_text import load_yaml, yaml_problem
 
 log = logging.getLogger("leadtime.router.timeslice")
 
@@ -95,7 +95,7 @@ def _load(text: str) -> object:
     try:
         return load_yaml(text)
     except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer of thousands of digits
-        raise TimesliceError(f"not valid YAML/JSON ({err})") from None
+        raise TimesliceError(f"not valid YAML/JSON ({yaml_problem(err)})") from None
     except RecursionError:
         raise TimesliceError("not valid YAML/JSON (nested too deeply)") from None
 

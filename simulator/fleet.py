@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError, validation_problem
-from leadtime.yaml_text import load_yaml
+from leadtime.yaml_text import load_yaml, yaml_problem
 
 
 class FleetError(ValueError):
@@ -366,14 +366,6 @@ def resolve_fleet(value: str | Path) -> Path:
         raise FleetError(str(err)) from None
 
 
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """A YAML error on one line: where and what (PyYAML's own message spans several, quoting the text)."""
-    if isinstance(err, yaml.MarkedYAMLError) and err.problem and err.problem_mark is not None:
-        mark = err.problem_mark
-        return f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
-    return " ".join(str(err).split())
-
-
 def load_fleet(source: str | Path) -> Fleet:
     """A fleet by shipped name or path; FleetError names the file and the problem."""
     path = resolve_fleet(source)
@@ -386,7 +378,7 @@ def load_fleet(source: str | Path) -> Fleet:
     try:
         data = load_yaml(text)
     except yaml.YAMLError as err:
-        raise FleetError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
+        raise FleetError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
     except RecursionError:
         raise FleetError(f"{path}: not a fleet YAML (nested too deeply)") from None
     try:

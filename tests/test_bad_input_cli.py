@@ -529,3 +529,35 @@ def test_bench_sim_says_when_the_trace_has_fewer_requests_than_asked(trace: Path
     assert json.loads(result.stdout)["requests"] == 3
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "--requests 5" in warnings[0] and "3 requests" in warnings[0], result.stderr
+
+
+# ----- plugin configurations --------------------------------------------------------------------------------
+
+MINE = "plugins: [{type: queue-scorer}]\nschedulingProfiles: [{name: mine, plugins: [{pluginRef: queue-scorer}]}]\n"
+ROUTE = ["route", "--endpoint", "127.0.0.1:9"]
+
+
+@pytest.mark.parametrize("command", [["simulate", "--fleet", "homogeneous"], ROUTE])
+def test_a_config_that_is_not_valid_yaml_is_one_line_naming_where(tmp_path: Path, command: list[str]) -> None:
+    """A tab in a configuration printed PyYAML's five-line dump; fleet files were one line already."""
+    tabs = tmp_path / "tabs.yaml"
+    tabs.write_text("plugins:\n\t- type: queue-scorer\n")
+    refused([*command, "--config", str(tabs)], str(tabs), "not valid YAML (line 2, column 1: found character")
+
+
+@pytest.mark.parametrize("command", [["simulate", "--fleet", "homogeneous"], ROUTE])
+def test_a_missing_profile_names_the_configuration_file(tmp_path: Path, command: list[str]) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(MINE)
+    refused([*command, "--config", str(mine)], f"{mine}: schedulingProfiles: no profile named 'default'", "mine")
+
+
+def test_llmds_top_level_keys_load_with_one_warning(tmp_path: Path, trace: Path) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(MINE + "featureGates: [prepareDataPlugins]\nsaturationDetector: {queueDepthThreshold: 5}\n")
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--config", str(mine), "--json"]
+    result = runner.invoke(app, [*args, "--policy", "profile:mine"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "not used" in line]
+    unused = "llm-d's featureGates, saturationDetector are accepted and not used by Leadtime"
+    assert warnings == [f"warning: {mine}: {unused}"]
