@@ -180,6 +180,16 @@ def join_ms(config: EndpointConfig, workload: Sequence[WorkloadRequest]) -> floa
     return max(first + config.join_share * (last - first), 1e-3)
 
 
+def pools_never_joining(fleet: Fleet, workload: Sequence[WorkloadRequest]) -> list[str]:
+    """The pools that join after the workload's last arrival (`join_ms`): they are offered no request, and a run
+    with them reads like one of the fleet without them, so a caller says so."""
+    if not workload:
+        return []
+    last = max(w.arrival_ms for w in workload)
+    late = [c.pool for c in fleet.endpoints if join_ms(c, workload) > last]
+    return list(dict.fromkeys(late))
+
+
 class FleetSimulator:
     """Run one policy over one workload on one fleet.
 

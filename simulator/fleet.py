@@ -353,6 +353,13 @@ def parse_fleet(data: object) -> Fleet:
 FLEETS_DIR = Path(__file__).resolve().parent / "fleets"
 
 
+def late_pools(fleet: Fleet) -> list[str]:
+    """The pools that scale out during a run (`join_at_s` or `join_at_share` above 0), in the fleet's order: what a
+    caller that cannot model a scale-out (`sim serve`) must say it serves from the start."""
+    late = [e.pool for e in fleet.endpoints if e.join_ms > 0 or e.join_share > 0]
+    return list(dict.fromkeys(late))
+
+
 def shipped_fleets() -> dict[str, Path]:
     """The example fleets that ship in `fleets/`, by name (the file's stem)."""
     return {p.stem: p for p in sorted(FLEETS_DIR.glob("*.yaml"))}

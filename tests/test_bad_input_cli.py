@@ -561,3 +561,29 @@ def test_llmds_top_level_keys_load_with_one_warning(tmp_path: Path, trace: Path)
     warnings = [line for line in result.stderr.splitlines() if "not used" in line]
     unused = "llm-d's featureGates, saturationDetector are accepted and not used by Leadtime"
     assert warnings == [f"warning: {mine}: {unused}"]
+
+
+# ----- scale-out pools --------------------------------------------------------------------------------------
+
+LATE = POOL + "  - {name: late, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, join_at_s: %s}\n"
+
+
+@pytest.mark.parametrize("join_at_s", ["1e308", ".inf", "100"])
+def test_a_pool_that_never_joins_is_warned_about(tmp_path: Path, trace: Path, join_at_s: str) -> None:
+    fleet = tmp_path / "late.yaml"
+    fleet.write_text(LATE % join_at_s)
+    result = runner.invoke(app, ["simulate", "--fleet", str(fleet), "--trace", str(trace), "--json"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "late" in line]
+    assert len(warnings) == 1 and "never joins" in warnings[0] and "0 requests" in warnings[0], result.stderr
+
+
+def test_sim_serve_says_it_does_not_model_a_scale_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sim serve` had the late pool listen from the start, in --endpoints-file, and said nothing."""
+    monkeypatch.setattr("leadtime.simulator.serve.serve_fleet", lambda *args, **kwargs: None)
+    fleet = tmp_path / "late.yaml"
+    fleet.write_text(LATE % "30")
+    result = runner.invoke(app, ["sim", "serve", "--fleet", str(fleet)])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "'late'" in warnings[0] and "not modelled" in warnings[0], result.stderr

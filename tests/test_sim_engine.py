@@ -12,8 +12,8 @@ from leadtime.features.catalog import get_model
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.simulator.endpoint import Endpoint, SimRequest
-from leadtime.simulator.engine import FleetSimulator, SimulationError
-from leadtime.simulator.fleet import FleetError, parse_fleet
+from leadtime.simulator.engine import FleetSimulator, SimulationError, pools_never_joining
+from leadtime.simulator.fleet import FleetError, late_pools, parse_fleet
 from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.report import summarize
 from leadtime.simulator.run import make_policy, run_policies
@@ -568,6 +568,22 @@ def test_a_scaled_out_pool_is_offered_only_from_its_join_time_and_starts_empty()
     assert {c.endpoint_id for c in result.completed if c.arrival_ms >= 1000} & {"new-0", "new-1"}
     with pytest.raises(FleetError, match="from the start"):
         parse_fleet({"pools": [{**spec["pools"][1], "name": "only"}]})
+
+
+@pytest.mark.parametrize("join_at_s", [1.9, 1.95, 100.0, 1e308, float("inf")])
+def test_pools_that_join_after_the_last_arrival_are_named(join_at_s: float) -> None:
+    """A scale-out pool joining after the last request arrived ran silently with 0 requests."""
+    spec = {
+        "pools": [
+            {"name": "old", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+            {"name": "new", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "join_at_s": join_at_s},
+            {"name": "half", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "join_at_share": 0.5},
+        ]
+    }
+    fleet = parse_fleet(spec)
+    workload = [WorkloadRequest(i * 100.0, 300, 5) for i in range(20)]  # the last at 1.9 s
+    assert late_pools(fleet) == ["new", "half"]
+    assert pools_never_joining(fleet, workload) == ([] if join_at_s <= 1.9 else ["new"])
 
 
 def test_a_pool_can_join_at_a_share_of_the_arrival_window_whatever_the_rate() -> None:

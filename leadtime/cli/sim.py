@@ -53,6 +53,8 @@ def simulate(
     """Replay a trace on a simulated fleet under one or more routing policies."""
     from leadtime.router_plugin.config import load_config
     from leadtime.simulator.cli import failure_warnings, print_simulation, run_simulate_command
+    from leadtime.simulator.engine import pools_never_joining
+    from leadtime.simulator.fleet import load_fleet
     from leadtime.simulator.workload import describe_arrivals, rate_unit_warning
 
     if max_requests is not None and max_requests < 1:
@@ -75,6 +77,8 @@ def simulate(
         return
     for line in failure_warnings(report):
         warn(line)
+    for pool in pools_never_joining(load_fleet(fleet), replayed):
+        warn(f"pool {pool!r} never joins: its join time is after the last request's arrival, so it serves 0 requests")
     suspicious = rate_unit_warning(trace, replayed, rate_scale)
     if suspicious is not None:
         warn(suspicious)
@@ -149,7 +153,7 @@ def sim_serve(
     A decode endpoint of a P/D fleet honours `x-prefiller-host-port` (prefill there, simulated KV transfer);
     a time-sliced fleet publishes its groups' states at /v1/timeslice/groups on --timeslice-port.
     """
-    from leadtime.simulator.fleet import load_fleet
+    from leadtime.simulator.fleet import late_pools, load_fleet
     from leadtime.simulator.serve import serve_fleet
 
     if not 1 <= base_port <= 65535:
@@ -161,8 +165,19 @@ def sim_serve(
     if tokens_per_event < 1:
         fail("--tokens-per-event must be ≥ 1")
     try:
+        served = load_fleet(fleet)
+    except ValueError as err:
+        fail(err)
+        return
+    late = late_pools(served)
+    if late:
+        warn(
+            f"pools {', '.join(map(repr, late))} scale out (join_at_s/join_at_share), not modelled by `sim serve`: "
+            "they listen from the start and are in --endpoints-file"
+        )
+    try:
         serve_fleet(
-            load_fleet(fleet),
+            served,
             host=host,
             base_port=base_port,
             model_name=model_name or None,
