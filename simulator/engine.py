@@ -581,7 +581,11 @@ class FleetSimulator:
             self.progress(done)
 
     def _fail(self, r: SimRequest, reason: str) -> None:
-        """Count `r` as failed and forget it (it holds nothing on any endpoint any more)."""
+        """Count `r` as failed and forget it (it holds nothing on any endpoint any more), and so does the policy
+        that placed it, if it keeps count of what it sent (`abandon`, as the gateway tells it of a failed request)."""
+        abandon = getattr(self.policy, "abandon", None)
+        if abandon is not None:
+            abandon(str(r.rid))
         self._decisions.pop(r.rid, None)
         self._transfer_ms.pop(r.rid, None)
         self.failed.append(FailedRequest(r.rid, r.arrival_ms, r.input_tokens, reason))

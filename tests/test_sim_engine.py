@@ -347,6 +347,20 @@ def test_a_request_that_can_never_finish_is_counted_as_failed_and_the_others_com
     assert summary["slo_attainment"] == 0.75  # the failed request missed its SLO
 
 
+def test_a_failed_request_is_abandoned_by_the_policy_that_placed_it() -> None:
+    """A policy counting what it sent (Leadtime's in-flight ledgers) must not count a failed request for good."""
+    abandoned: list[str] = []
+
+    class Counting(RoundRobinPolicy):
+        def abandon(self, request_id: str) -> None:
+            abandoned.append(request_id)
+
+    doc = _fleet(pool={"gpu_memory_utilization": 0.21})
+    workload = [WorkloadRequest(0.0, 100_000, 10), WorkloadRequest(10.0, 100, 5)]
+    FleetSimulator(parse_fleet(doc), workload, Counting()).run()
+    assert abandoned == ["0"]
+
+
 def test_bad_policy_pick_is_reported() -> None:
     class Wrong(RoundRobinPolicy):
         def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
