@@ -41,6 +41,10 @@ class RouteRequest:
     held_ms: float = 0.0
     """How long the router has held the request already (`Pick.hold`). Its SLOs count from when it came in, so
     `held_ms` of its TTFT SLO is spent."""
+    max_output_tokens: int | None = None
+    """The client's cap on output tokens (`max_tokens`), when it gave one: an upper bound, not the output length.
+    An endpoint reserves room for it (vLLM refuses a prompt plus `max_tokens` beyond its cache), so it decides
+    which endpoints can hold the request (`kv_tokens`)."""
 
     def __post_init__(self) -> None:
         """Checked here, naming the field, rather than failing inside a scorer (`tpot_slo_ms=nan` was an IndexError
@@ -58,6 +62,18 @@ class RouteRequest:
                 raise FeatureError(name, f"must be a number > 0 (inf: none), got {slo!r}")
         check_real("arrival_ms", self.arrival_ms, -math.inf)
         check_real("held_ms", self.held_ms)
+        if self.max_output_tokens is not None:
+            check_count("max_output_tokens", self.max_output_tokens)
+
+    @property
+    def kv_tokens(self) -> int:
+        """The most KV cache the request may need on one endpoint: its prompt plus `max_output_tokens` when known,
+        else its prompt alone (a router cannot know more).
+
+        >>> RouteRequest("r", 100, max_output_tokens=20).kv_tokens, RouteRequest("r", 100).kv_tokens
+        (120, 100)
+        """
+        return self.input_tokens + (self.max_output_tokens or 0)
 
 
 @dataclass(frozen=True)
@@ -71,10 +87,18 @@ class Candidate:
     prefix_hit_tokens: int = 0
     published_ms: float = 0.0
     timeslice_group: str = ""
+    kv_cache_tokens: int | None = None
+    """How many tokens the endpoint's KV cache holds in all (vLLM's `block_size × num_gpu_blocks`), or None when it
+    does not say. A fixed size, not load: it decides whether the endpoint can ever take the request
+    (`candidates_that_fit`), and is no feature a predictor scores, so it is here rather than in `state`."""
 
     @property
     def endpoint_id(self) -> str:
         return self.state.endpoint_id
+
+    def holds(self, request: RouteRequest) -> bool:
+        """Whether the endpoint's KV cache can hold `request` at all (an unknown size is taken to hold it)."""
+        return self.kv_cache_tokens is None or request.kv_tokens <= self.kv_cache_tokens
 
     def row(self, request: RouteRequest) -> FeatureRow:
         """The (request, endpoint) feature row a predictor scores."""
@@ -202,3 +226,28 @@ def split_by_role(candidates: Sequence[Candidate]) -> RoleSplit:
     if decode and not prefill:
         return RoleSplit(unified + decode, (), ())
     return RoleSplit(unified, prefill, decode)
+
+
+def candidates_that_fit(request: RouteRequest, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates whose KV cache can hold `request` (`Candidate.holds`): those the router offers a policy.
+
+    An endpoint too small for a request must refuse it (vLLM answers 400, the simulator cannot run it), whatever it
+    scores, so it is left out before any policy looks: every policy then picks among endpoints that can serve.
+    NoCandidateError, naming the sizes, when there were candidates that could serve a client but none that can hold
+    the request (on a P/D fleet, no decode endpoint can); with no candidate at all the list is returned as it is,
+    for the policy to refuse as before.
+
+    >>> big = Candidate(EndpointState("big"), kv_cache_tokens=90_000)
+    >>> small = Candidate(EndpointState("small"), kv_cache_tokens=30_000)
+    >>> [c.endpoint_id for c in candidates_that_fit(RouteRequest("r", 40_000), [big, small])]
+    ['big']
+    """
+    fit = [c for c in candidates if c.holds(request)]
+    if len(fit) == len(candidates) or not serves_clients(candidates) or serves_clients(fit):
+        return fit
+    what = "prompt plus max_tokens" if request.max_output_tokens is not None else "prompt"
+    largest = max(c.kv_cache_tokens or 0 for c in candidates if c.state.role != "prefill")
+    raise NoCandidateError(
+        f"no endpoint's KV cache can hold the request's {request.kv_tokens:,} tokens ({what}); "
+        f"the largest holds {largest:,}"
+    )

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from leadtime.features.errors import FeatureError
 from leadtime.features.rows import EndpointState
 from leadtime.router_plugin.heuristics import (
     LeastQueuePolicy,
@@ -17,7 +18,15 @@ from leadtime.router_plugin.heuristics import (
     queue_scorer,
     resident_filter,
 )
-from leadtime.router_plugin.policy import Candidate, NoCandidateError, Pick, RouteRequest, RoutingPolicy, split_by_role
+from leadtime.router_plugin.policy import (
+    Candidate,
+    NoCandidateError,
+    Pick,
+    RouteRequest,
+    RoutingPolicy,
+    candidates_that_fit,
+    split_by_role,
+)
 
 
 def cand(
@@ -136,3 +145,30 @@ def test_candidate_row_carries_prefix_hits() -> None:
     row = cand("a", hits=400).row(REQ)
     assert row.request.prefix_hit_tokens == 400 and row.endpoint.endpoint_id == "a"
     assert cand("a", hits=5000).row(REQ).request.prefix_hit_tokens == 1000  # capped at the prompt
+
+
+def test_only_candidates_whose_kv_cache_can_hold_the_request_are_offered() -> None:
+    big = Candidate(EndpointState("big"), kv_cache_tokens=400_000)
+    small = Candidate(EndpointState("small"), kv_cache_tokens=30_000)
+    unpublished = Candidate(EndpointState("unpublished"))  # no cache size known: never left out
+    ids = lambda cs: [c.endpoint_id for c in cs]  # noqa: E731
+    request = RouteRequest("r", 29_000, max_output_tokens=2_000)  # prompt plus max_tokens: 31,000
+    assert request.kv_tokens == 31_000
+    assert ids(candidates_that_fit(request, [big, small, unpublished])) == ["big", "unpublished"]
+    assert ids(candidates_that_fit(RouteRequest("r", 29_000), [big, small])) == ["big", "small"]  # prompt alone
+    assert ids(candidates_that_fit(RouteRequest("r", 30_000), [small])) == ["small"]  # exactly full fits
+    with pytest.raises(NoCandidateError, match=r"31,000 tokens \(prompt plus max_tokens\).*largest holds 30,000"):
+        candidates_that_fit(request, [small])
+    assert candidates_that_fit(request, []) == []  # no candidate at all is the policy's own refusal, as before
+
+
+def test_a_pd_fleet_whose_decode_endpoints_cannot_hold_the_request_cannot_serve_it() -> None:
+    prefill = Candidate(EndpointState("p", role="prefill"), kv_cache_tokens=400_000)
+    decode = Candidate(EndpointState("d", role="decode"), kv_cache_tokens=10_000)
+    with pytest.raises(NoCandidateError, match="KV cache"):
+        candidates_that_fit(RouteRequest("r", 20_000), [prefill, decode])
+
+
+def test_max_output_tokens_must_be_a_count() -> None:
+    with pytest.raises(FeatureError, match="max_output_tokens"):
+        RouteRequest("r", 10, max_output_tokens=-1)
