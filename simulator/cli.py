@@ -60,12 +60,13 @@ def failure_warnings(report: dict[str, object]) -> list[str]:
     assert isinstance(policies, dict)
     lines = []
     for name, summary in policies.items():
-        failures = summary["failures"]
+        failures = summary["failures"]  # reason → how many failed for it
         if failures:
-            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            first = next(iter(failures))
+            more = f" (and {len(failures) - 1} other reasons)" if len(failures) > 1 else ""
             lines.append(
-                f"policy {name}: {len(failures)} request(s) could not be served and count as failed (SLO missed): "
-                f"{failures[0]}{more}"
+                f"policy {name}: {summary['failed']} request(s) could not be served and count as failed (SLO "
+                f"missed): {first}{more}"
             )
     return lines
 

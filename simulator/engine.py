@@ -25,7 +25,15 @@ from typing import cast
 from leadtime.features.catalog import get_model
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation
-from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
+from leadtime.router_plugin.policy import (
+    Candidate,
+    NoCandidateError,
+    Outcome,
+    Pick,
+    RouteRequest,
+    RoutingPolicy,
+    candidates_that_fit,
+)
 from leadtime.router_plugin.timeslice import GroupStatus
 from leadtime.simulator.endpoint import Endpoint, SimRequest, StepNoise, StepOutcome
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
@@ -389,7 +397,7 @@ class FleetSimulator:
                 usable = min(len(request.segments), request.input_tokens // request.segment_tokens)
                 matched = e.cache.matched_prefix(request.segments[:usable], self._published_at)
                 hits = min(matched * request.segment_tokens, request.input_tokens)
-            out.append(Candidate(state, hits, self._published_at, cfg.timeslice_group or ""))
+            out.append(Candidate(state, hits, self._published_at, cfg.timeslice_group or "", e.cache.capacity_tokens))
         return out
 
     # ----- handlers -------------------------------------------------------------------------------------------
@@ -412,8 +420,15 @@ class FleetSimulator:
             tpot_slo_ms=itl_slo if math.isfinite(itl_slo) else None,
             arrival_ms=self.now,
             held_ms=self.now - request.arrival_ms,
+            # The simulated client asks for as many tokens as it will get (`leadtime sim serve` generates max_tokens).
+            max_output_tokens=request.output_tokens,
         )
-        candidates = self.candidates(request)
+        try:
+            candidates = candidates_that_fit(route, self.candidates(request))
+        except NoCandidateError as err:  # no endpoint can hold it: it fails, and no policy placed it
+            self.failed.append(FailedRequest(request.rid, request.arrival_ms, request.input_tokens, str(err)))
+            self._report_progress()
+            return
         self.routing = request
         started, started_cpu = time.perf_counter(), time.thread_time()
         pick = self.policy.pick(route, candidates)
@@ -424,6 +439,9 @@ class FleetSimulator:
             self._hold(request)
             return
         self._check_pick(pick)
+        for chosen in (pick.endpoint_id, pick.decode_endpoint_id):
+            if chosen is not None:
+                self._check_fits(request, self.by_id[chosen])
         by_id = {c.endpoint_id: c for c in candidates}
         decode_row = None
         if pick.decode_endpoint_id is not None:
@@ -439,13 +457,6 @@ class FleetSimulator:
         )
         if pick.decode_endpoint_id is not None:
             request.prefill_only = True
-        try:
-            for chosen in (pick.endpoint_id, pick.decode_endpoint_id):
-                if chosen is not None:
-                    self._check_fits(request, self.by_id[chosen])
-        except SimulationError as err:  # too large for the cache picked: that request fails, not the run
-            self._fail(request, str(err))
-            return
         target = self.by_id[pick.endpoint_id]
         self._freeze(target)
         target.enqueue(request)
@@ -460,11 +471,14 @@ class FleetSimulator:
         self._push(again, ARRIVAL, request)
 
     def _check_fits(self, request: SimRequest, endpoint: Endpoint) -> None:
+        """A policy that picked past its candidates an endpoint too small for the request (never offered it: see
+        `candidates_that_fit`) is a bug of that policy, named as `_check_pick` names it."""
         tokens = request.input_tokens + request.output_tokens
         if endpoint.cache.blocks_for(tokens) > endpoint.cache.total_blocks:
+            name = getattr(self.policy, "name", type(self.policy).__name__)
             raise SimulationError(
-                f"request {request.rid} ({tokens} tokens) can never fit the KV cache of {endpoint.endpoint_id} "
-                f"({endpoint.cache.total_blocks * endpoint.cache.block_size} tokens)"
+                f"policy {name!r} picked {endpoint.endpoint_id} for request {request.rid} ({tokens} tokens), which "
+                f"can never fit its KV cache ({endpoint.cache.capacity_tokens} tokens)"
             )
 
     def _check_pick(self, pick: Pick) -> None:

@@ -69,6 +69,12 @@ class KVCache:
         held = self.used_blocks - self.evictable_blocks
         return min(1.0, max(0.0, held / self.total_blocks))
 
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the whole cache holds: what the endpoint publishes (`vllm:cache_config_info`) for a router to
+        know which requests it can ever take."""
+        return self.total_blocks * self.block_size
+
     def blocks_for(self, tokens: int) -> int:
         """Blocks `tokens` tokens take."""
         return -(-tokens // self.block_size)

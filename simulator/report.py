@@ -4,6 +4,7 @@ utilisation, the observation JSONL and plots."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +65,7 @@ def summarize(result: SimResult) -> dict[str, object]:
         "goodput_rps": result.goodput_rps,
         "completed": len(done),
         "failed": len(result.failed),
-        "failures": [f.reason for f in result.failed],
+        "failures": dict(sorted(Counter(f.reason for f in result.failed).items())),
         "preemptions": result.preemptions,
         "prefix_hit_rate": float(sum(c.prefix_hit_tokens for c in done) / max(1, sum(c.input_tokens for c in done))),
         "simulated_s": span_ms / 1e3,

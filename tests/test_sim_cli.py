@@ -304,3 +304,35 @@ def test_a_piped_report_keeps_its_headers_and_names_whole(tmp_path: Path) -> Non
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
     assert "TTFT p50/p90/p99 ms" in result.output and "llmd_heuristic" in result.output
+
+
+def test_simulate_counts_a_request_no_kv_cache_can_hold_as_failed_and_says_why(tmp_path: Path) -> None:
+    """On a fleet with a small KV cache, a long prompt goes to the endpoint that holds it; one that no endpoint
+    holds fails for each policy, named in the report, and the run goes on."""
+    fleet = tmp_path / "smallkv.yaml"
+    fleet.write_text(
+        "pools:\n"
+        "  - {name: big, count: 1, accelerator: h100-sxm, model: llama-3.1-8b}\n"
+        "  - {name: small, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, gpu_memory_utilization: 0.25}\n"
+    )
+    trace = tmp_path / "long.csv"
+    rows = [(300, 10), (36_000, 10), (500_000, 10), (400, 10), (36_000, 10), (300, 10)]
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"2023-11-16 18:15:{10 + i:02d}.0000000,{tokens},{out}" for i, (tokens, out) in enumerate(rows)]
+    trace.write_text("\n".join(lines) + "\n")
+    args = ["simulate", "--fleet", str(fleet), "--trace", str(trace), "--policy", "leadtime", "--policy", "round-robin"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    for summary in json.loads(result.stdout)["policies"].values():
+        assert summary["completed"] == 5 and summary["failed"] == 1
+        (reason,) = summary["failures"]
+        assert summary["failures"][reason] == 1
+        assert reason == (
+            "no endpoint's KV cache can hold the request's 500,010 tokens (prompt plus max_tokens); "
+            "the largest holds 426,784"
+        )
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for name in ("leadtime", "round_robin"):
+        said = f"policy {name}: 1 request(s) could not be served and count as failed (SLO missed): no endpoint's KV"
+        assert said in result.output and "500,010 tokens" in result.output

@@ -316,29 +316,76 @@ def test_fleet_settings_vllm_would_refuse_are_refused_as_vllm_does() -> None:
         )
 
 
-def test_a_request_too_large_for_every_cache_is_counted_as_failed_and_the_run_goes_on() -> None:
+SMALL_KV_FLEET = {
+    "pools": [
+        {"name": "big", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+        {
+            "name": "small",
+            "count": 1,
+            "accelerator": "h100-sxm",
+            "model": "llama-3.1-8b",
+            "gpu_memory_utilization": 0.25,
+        },
+    ]
+}  # small-0 holds 30,048 tokens, big-0 over 400,000
+
+
+@pytest.mark.parametrize(
+    "policy", ["leadtime", "profile:default", "llmd_predicted", "llm-d", "round-robin", "random", "dynamo_kv"]
+)
+def test_an_endpoint_whose_kv_cache_cannot_hold_a_request_is_never_offered_it(policy: str) -> None:
+    fleet = parse_fleet(SMALL_KV_FLEET)
+    long = [0, 3, 6, 9]  # 36,000 tokens: small-0 would have to refuse them
+    workload = [WorkloadRequest(i * 40.0, 36_000 if i in long else 400, 16) for i in range(12)]
+    result = FleetSimulator(fleet, workload, make_policy(policy, 0, fleet)).run()
+    assert len(result.completed) == 12 and not result.failed
+    assert {c.endpoint_id for c in result.completed if c.rid in long} == {"big-0"}
+    # Prompt plus output: 30,000 + 100 fits no more than 30,048 once its output is counted.
+    result = FleetSimulator(fleet, [WorkloadRequest(0.0, 30_000, 100)] * 2, make_policy(policy, 0, fleet)).run()
+    assert {c.endpoint_id for c in result.completed} == {"big-0"}
+
+
+def test_a_request_no_endpoint_can_hold_fails_for_that_policy_with_the_reason_and_the_run_goes_on() -> None:
     doc = _fleet(pool={"gpu_memory_utilization": 0.21})
-    workload = [WorkloadRequest(0.0, 100_000, 10), WorkloadRequest(10.0, 100, 5)]
+    workload = [WorkloadRequest(0.0, 100_000, 10), WorkloadRequest(5.0, 200, 10)]
     result = FleetSimulator(parse_fleet(doc), workload, make_policy("random")).run()
     assert [c.rid for c in result.completed] == [1]
     assert [f.rid for f in result.failed] == [0]
-    assert "never fit" in result.failed[0].reason
+    assert "no endpoint's KV cache can hold the request's 100,010 tokens" in result.failed[0].reason
+    summary = summarize(result)
+    assert summary["completed"] == 1 and summary["failed"] == 1
+    assert summary["slo_attainment"] == 0.5  # a failed request met no SLO
+
+
+def test_a_policy_picking_past_the_candidates_an_endpoint_too_small_is_named() -> None:
+    class Stubborn(RoundRobinPolicy):
+        name = "stubborn"
+
+        def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+            return Pick("small-0")
+
+    named = r"policy 'stubborn' picked small-0 for request 0 \(36010 tokens\).*never fit"
+    with pytest.raises(SimulationError, match=named):
+        FleetSimulator(parse_fleet(SMALL_KV_FLEET), [WorkloadRequest(0.0, 36_000, 10)], Stubborn()).run()
+
+
+TIMESLICED_RL = _fleet(
+    pool={"count": 1, "timeslice_group": "rl"},
+    timeslice_groups={
+        "rl": {
+            "resident_ms": {"distribution": "fixed", "value": 1000},
+            "away_ms": {"distribution": "fixed", "value": 1000},
+            "restore_ms": {"distribution": "fixed", "value": 10},
+        }
+    },
+)
+STARVED = [WorkloadRequest(0.0, 100_000, 10), *(WorkloadRequest(5.0 + i, 100, 5) for i in range(3))]
+"""A prompt longer than the group's resident window can prefill, and three short ones."""
 
 
 def test_a_request_that_can_never_finish_is_counted_as_failed_and_the_others_complete() -> None:
     """A prompt longer than the group's resident window can prefill is restarted at every swap: it fails, alone."""
-    doc = _fleet(
-        pool={"count": 1, "timeslice_group": "rl"},
-        timeslice_groups={
-            "rl": {
-                "resident_ms": {"distribution": "fixed", "value": 1000},
-                "away_ms": {"distribution": "fixed", "value": 1000},
-                "restore_ms": {"distribution": "fixed", "value": 10},
-            }
-        },
-    )
-    workload = [WorkloadRequest(0.0, 100_000, 10), *(WorkloadRequest(5.0 + i, 100, 5) for i in range(3))]
-    result = FleetSimulator(parse_fleet(doc), workload, make_policy("round-robin"), ttft_slo_ms=1e9).run()
+    result = FleetSimulator(parse_fleet(TIMESLICED_RL), STARVED, make_policy("round-robin"), ttft_slo_ms=1e9).run()
     assert [f.rid for f in result.failed] == [0]
     assert "preempted" in result.failed[0].reason and "h100-0" in result.failed[0].reason
     assert sorted(c.rid for c in result.completed) == [1, 2, 3]
@@ -355,9 +402,7 @@ def test_a_failed_request_is_abandoned_by_the_policy_that_placed_it() -> None:
         def abandon(self, request_id: str) -> None:
             abandoned.append(request_id)
 
-    doc = _fleet(pool={"gpu_memory_utilization": 0.21})
-    workload = [WorkloadRequest(0.0, 100_000, 10), WorkloadRequest(10.0, 100, 5)]
-    FleetSimulator(parse_fleet(doc), workload, Counting()).run()
+    FleetSimulator(parse_fleet(TIMESLICED_RL), STARVED, Counting(), ttft_slo_ms=1e9).run()
     assert abandoned == ["0"]
 
 
