@@ -48,6 +48,14 @@ class VllmMetrics:
     prefix_cache_hit_rate: float | None = None
     """Older servers' hit-rate gauge, in [0, 1]."""
 
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the endpoint's whole KV cache holds (`block_size × num_gpu_blocks` of `vllm:cache_config_info`), or
+        None when it does not publish them: vLLM refuses a request longer than this, so a router offers it none."""
+        if not self.block_size or not self.num_gpu_blocks:
+            return None
+        return self.block_size * self.num_gpu_blocks
+
     def endpoint_state(self, base: EndpointState | None = None) -> EndpointState:
         """`base` (the endpoint's identity, role, accelerator... from discovery) with this scrape's load."""
         return replace(

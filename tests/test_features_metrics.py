@@ -69,6 +69,11 @@ def test_current_vllm_scrape() -> None:
         block_size=16,
         num_gpu_blocks=20480,
     )
+    assert m.kv_cache_tokens == 327_680  # what the router checks a request's prompt against
+
+
+def test_an_unpublished_cache_size_is_unknown() -> None:
+    assert parse_vllm_metrics(OLD_SCRAPE).kv_cache_tokens is None
 
 
 def test_old_kv_metric_name_is_understood() -> None:

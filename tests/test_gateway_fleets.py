@@ -145,3 +145,41 @@ def test_a_time_sliced_endpoint_is_not_routed_to_while_swapped_out(fleets: dict[
             time.sleep(0.05)
     assert checked >= 4
     assert route.metric("leadtime_router_timeslice_filtered_total") >= checked
+
+
+SMALL_KV_FLEET = {
+    "name": "smallkv",
+    "pools": [  # big-0 holds 91,088 tokens, small-0 30,048
+        {"name": name, "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "gpu_memory_utilization": share}
+        for name, share in (("big", 0.35), ("small", 0.25))
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def smallkv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Route]:
+    """Leadtime in front of two endpoints whose KV caches differ threefold (their `vllm:cache_config_info`)."""
+    root = tmp_path_factory.mktemp("smallkv")
+    (root / "fleet.yaml").write_text(yaml.safe_dump(SMALL_KV_FLEET))
+    fleet = SimFleet(root / "fleet.yaml", root)
+    route = Route(root, ["--discovery", str(fleet.endpoints_file), "--embedded"])
+    try:
+        yield route.wait()
+    finally:
+        route.child.stop()
+        fleet.stop()
+
+
+def test_a_prompt_a_small_kv_cache_cannot_hold_goes_where_it_fits(smallkv: Route) -> None:
+    for _ in range(4):
+        response, tokens = stream(smallkv.url, "word " * 40_000, 2)
+        assert response.status_code == 200 and tokens == 2
+        assert response.headers["x-leadtime-endpoint"] == "big-0"
+    seen = {stream(smallkv.url, f"short {i} " * 50, 2)[0].headers["x-leadtime-endpoint"] for i in range(8)}
+    assert "small-0" in seen  # short prompts still go to either
+
+
+def test_a_prompt_no_kv_cache_can_hold_is_refused_naming_the_cache(smallkv: Route) -> None:
+    body = {"prompt": "word " * 120_000, "max_tokens": 2, "stream": True}
+    response = httpx.post(f"{smallkv.url}/v1/completions", json=body, timeout=60)
+    assert 400 <= response.status_code < 600 and "KV cache" in response.text

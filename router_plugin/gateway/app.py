@@ -56,7 +56,15 @@ from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.gateway.upstream import Response, UpstreamError, Upstreams
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
 from leadtime.router_plugin.ledgers import LedgerEvent, RouterLedgers
-from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, Pick, RouteRequest, RoutingPolicy
+from leadtime.router_plugin.policy import (
+    Candidate,
+    NoCandidateError,
+    Outcome,
+    Pick,
+    RouteRequest,
+    RoutingPolicy,
+    candidates_that_fit,
+)
 from leadtime.router_plugin.scrape import EndpointScrape, Scraper, monotonic_ms
 from leadtime.router_plugin.timeslice import TimesliceSource
 
@@ -911,8 +919,15 @@ class Gateway:
                 continue
             hits = self.affinity.hit_tokens(eid, key)
             state = with_tokens(scrape.state, *self.work.tokens(eid, scrape.scraped_ms))
-            out.append(Candidate(state, hits, scrape.scraped_ms, scrape.endpoint.timeslice_group))
-        return out
+            cache = scrape.metrics.kv_cache_tokens if scrape.metrics is not None else None
+            out.append(Candidate(state, hits, scrape.scraped_ms, scrape.endpoint.timeslice_group, cache))
+        # An endpoint whose KV cache cannot hold the prompt would refuse it: it is not offered. When none can, all
+        # are: the prompt's length here is an estimate (bytes per token), so an endpoint, which counts its tokens,
+        # judges, and refuses it in words of its own (a 4xx naming its limit) if it is too long indeed.
+        try:
+            return candidates_that_fit(RouteRequest("", key.input_tokens), out)
+        except NoCandidateError:
+            return out
 
     async def _decide(
         self,
