@@ -503,9 +503,9 @@ class Gateway:
             view = self._group_view.get(group, "resident")
             if scrape.state.timeslice_state != view:
                 scrape.state = dataclasses.replace(scrape.state, timeslice_state=view)
-        m = scrape.metrics
-        if m is not None and m.block_size and m.num_gpu_blocks:
-            self.affinity.set_cache_tokens(scrape.endpoint.endpoint_id, m.block_size * m.num_gpu_blocks)
+        cache_tokens = scrape.metrics.kv_cache_tokens if scrape.metrics is not None else None
+        if cache_tokens is not None:
+            self.affinity.set_cache_tokens(scrape.endpoint.endpoint_id, cache_tokens)
         self.metrics.scrape_seconds.observe(scrape.duration_s)
 
     def routable(self) -> list[EndpointScrape]:
