@@ -256,29 +256,56 @@ class ServiceMetrics:
         return text + llmd_training_lines(**llmd_lines).encode()
 
 
+LLMD_LINE_HELP = {
+    "model_type": "llm-d: the kind of model serving (its type label), always 1.",
+    "objective_type": "llm-d: what the served predictions estimate (its type label: quantile or mean), always 1.",
+    "model_quantile": "llm-d: the upper quantile predicted (0.9 = p90).",
+    "ensemble_active": "llm-d: 1 while an ensemble of models serves; Leadtime serves none (0).",
+    "ensemble_mode": "llm-d: 1 in ensemble mode; Leadtime has none (0).",
+    "training_samples_count": "llm-d: accepted training samples per target model (test samples held out excluded).",
+    "ttft_intercept": "llm-d: the TTFT model's intercept; tree models have none (0).",
+    "ttft_importance": "llm-d: each llm-d input's share of the TTFT trees' gain (0 before the first tree).",
+    "tpot_intercept": "llm-d: the TPOT model's intercept; tree models have none (0).",
+    "tpot_importance": "llm-d: each llm-d input's share of the TPOT trees' gain (0 before the first tree).",
+}
+"""HELP text of llm-d's training-server lines: promtool and Prometheus tooling want every family described, and
+comment lines change nothing llm-d's greps and dashboards match (names, labels and values stay its own)."""
+
+
 def llmd_training_lines(
     objective: str,
     quantile: float,
     samples: dict[str, int],
     importances: dict[str, dict[str, float]] | None = None,
 ) -> str:
-    """llm-d's non-standard training-server lines, exactly in its shape. `importances`: per target,
-    llm-d input → share of the trees' gain (missing or empty: zeros, as llm-d shows before its first model).
-    The intercept lines are 0.0: llm-d's tree models report none, and neither do Leadtime's."""
+    """llm-d's non-standard training-server lines, exactly in its shape, each family headed by HELP and TYPE
+    lines (`LLMD_LINE_HELP`). `importances`: per target, llm-d input → share of the trees' gain (missing or
+    empty: zeros, as llm-d shows before its first model). The intercept lines are 0.0: llm-d's tree models report
+    none, and neither do Leadtime's."""
     from leadtime.features.rows import LLMD_MODEL_INPUTS
 
-    lines = [
-        'model_type{type="lightgbm"} 1',
-        f'objective_type{{type="{objective}"}} 1',
-        f"model_quantile{{}} {quantile:g}",
-        "ensemble_active{} 0",
-        "ensemble_mode{} 0",
-    ]
-    for target in ("ttft", "tpot"):
-        lines.append(f'training_samples_count{{model="{target}"}} {samples.get(target, 0)}')
+    lines: list[str] = []
+
+    def family(name: str, *samples: str) -> None:
+        lines.extend((f"# HELP {name} {LLMD_LINE_HELP[name]}", f"# TYPE {name} gauge", *samples))
+
+    family("model_type", 'model_type{type="lightgbm"} 1')
+    family("objective_type", f'objective_type{{type="{objective}"}} 1')
+    family("model_quantile", f"model_quantile{{}} {quantile:g}")
+    family("ensemble_active", "ensemble_active{} 0")
+    family("ensemble_mode", "ensemble_mode{} 0")
+    family(
+        "training_samples_count",
+        *(f'training_samples_count{{model="{target}"}} {samples.get(target, 0)}' for target in ("ttft", "tpot")),
+    )
     for target in ("ttft", "tpot"):
         shares = (importances or {}).get(target) or {}
-        lines.append(f"{target}_intercept{{}} 0.0")
-        for name in LLMD_MODEL_INPUTS:
-            lines.append(f'{target}_importance{{feature="{name}"}} {float(shares.get(name, 0.0))!r}')
+        family(f"{target}_intercept", f"{target}_intercept{{}} 0.0")
+        family(
+            f"{target}_importance",
+            *(
+                f'{target}_importance{{feature="{name}"}} {float(shares.get(name, 0.0))!r}'
+                for name in LLMD_MODEL_INPUTS
+            ),
+        )
     return "\n".join(lines) + "\n"

@@ -208,3 +208,19 @@ def test_the_latency_histograms_resolve_calls_faster_than_half_a_millisecond() -
     assert bounds[0] <= 0.0001
     fine = [b for b in bounds if b <= 0.01]
     assert all(b / a <= 2.5 for a, b in itertools.pairwise(fine)), fine
+
+
+def test_every_metric_family_has_help_text_llmds_lines_too() -> None:
+    """promtool flagged llm-d's training-server lines (`model_type`, `ttft_importance`, ...) as having no HELP:
+    each family carries HELP and TYPE lines, and its samples keep llm-d's names and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with TestClient(create_app(ServiceSettings())) as c:
+        text = c.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    undocumented = sorted(name for name, f in families.items() if not f.documentation)
+    assert not undocumented, undocumented
+    for name in ("model_type", "ttft_importance", "training_samples_count", "ensemble_mode", "tpot_intercept"):
+        assert families[name].type == "gauge", name
+        assert f"# HELP {name} " in text
+    assert 'model_type{type="lightgbm"} 1\n' in text and 'training_samples_count{model="ttft"} 0\n' in text
