@@ -86,11 +86,6 @@ class _LiveValues(Collector):
         for target, n in v.get("learned", {}).items():
             learned.add_metric([target], n)
         yield learned
-        dropped = CounterMetricFamily(
-            "leadtime_observations_dropped", "Accepted observations lost to the store's buffer bound."
-        )
-        dropped.add_metric([], v.get("dropped", 0))
-        yield dropped
         buffered = GaugeMetricFamily(
             "leadtime_observations_buffered",
             "Observations waiting in memory for the shared store to come back.",
@@ -112,6 +107,7 @@ class _LiveValues(Collector):
             for reason, n in ingestion["thinned"].items():
                 thinned.add_metric([reason], n)
             yield thinned
+            # The one count of accepted rows lost, by reason: a total beside it would count each loss twice.
             reasons = CounterMetricFamily(
                 "leadtime_observations_lost",
                 "Accepted observations that will not be learned, by reason (backlog_full, store_bound: the "

@@ -166,3 +166,17 @@ def test_a_full_backlog_gets_429_on_the_native_api_and_202_on_llmds() -> None:
         assert c.post("/add_training_data_bulk", json={"entries": [entry(1)]}).status_code == 202
         ready = c.get("/readyz")
         assert ready.status_code == 200 and "backlog full" in ready.json()["degraded"]["ingestion"]
+
+
+def test_lost_rows_are_counted_once_in_the_metrics_by_reason() -> None:
+    """`leadtime_observations_dropped_total` counted again what `leadtime_observations_lost_total` counts by
+    reason (backlog_full and store_bound here, store_buffer with Redis): summing the two overstated the loss."""
+    store = MemoryStore(thin_above=100, max_stride=4)
+    for i in range(20):  # before the service starts: the backlog is full and drops rows
+        store.append_observations(rows(100 * i, 100))
+    dropped = store.stats()["dropped_backlog_full"]
+    assert dropped > 0
+    with TestClient(create_app(ServiceSettings(), store=store)) as c:
+        text = c.get("/metrics").text
+    assert f'leadtime_observations_lost_total{{reason="backlog_full"}} {float(dropped)}' in text
+    assert "leadtime_observations_dropped" not in text

@@ -95,7 +95,7 @@ def test_metrics_scrape_has_the_leadtime_families() -> None:
             'leadtime_predictions_total{api="llmd"} 6.0',
             'leadtime_observations_accepted_total{api="llmd"} 2.0',
             'leadtime_observations_rejected_total{api="llmd"} 1.0',
-            "leadtime_observations_dropped_total 0.0",
+            'leadtime_observations_lost_total{reason="backlog_full"} 0.0',
             "leadtime_model_version 0.0",
             "leadtime_model_age_seconds",
             "leadtime_model_quantile 0.9",

@@ -778,7 +778,6 @@ class ServiceRuntime:
             values["store_up"] = {"store": 0}
         try:
             stats = self.store.stats()
-            values["dropped"] = stats.get("dropped", 0)
             values["buffered"] = stats.get("buffered", 0)
         except Exception:
             pass
