@@ -250,8 +250,8 @@ PREDICTOR = Dashboard(
                 ),
                 Panel(
                     "Model age",
-                    "Seconds since the serving model last changed (a retrain accepted, or a published model "
-                    "adopted); since start-up if it never has.",
+                    "Seconds since the serving model last changed (a retrain accepted, trees installed by the "
+                    "retraining job, or else its making), as its artifact records: a restart does not reset it.",
                     "s",
                     (Query(f"max by (instance) (leadtime_model_age_seconds{{{INSTANCE}}})", "{{instance}}"),),
                     kind="stat",

@@ -205,7 +205,12 @@ class OnlinePredictor:
         self.implausible = 0  # rows dropped by the poisoning guard (`physics.implausible`)
         # Free-form JSON facts saved with the model (e.g. the service's position in the observation stream).
         self.metadata: dict[str, Any] = {}
+        # When this process loaded or made the model (llm-d's `last_model_load`); not saved with it.
         self.last_model_load: datetime | None = None
+        # When the model last changed: made, a retrain that won, trees installed. Saved with it (`changed_at` in
+        # the artifact), so that its age survives a restart or a publication: a stale model must not look fresh
+        # because the process serving it restarted.
+        self.changed_at = datetime.now(UTC)
         self.last_retrain: datetime | None = None
         self.retrain_error: str | None = None
         self._retrain_wanted = threading.Event()
@@ -441,7 +446,7 @@ class OnlinePredictor:
             with self._lock:
                 self.metadata.pop(TREES_LABEL_KEY, None)  # trees fitted elsewhere no longer all serve
             self.version += 1
-            self.last_model_load = self.last_retrain
+            self.last_model_load = self.changed_at = self.last_retrain
         result["version"] = self.version
         for listener in list(self._listeners):
             listener(result)
@@ -509,6 +514,7 @@ class OnlinePredictor:
             model = self._model(target)
             model.settle()
             model.swap_in(candidate)
+            self.changed_at = datetime.now(UTC)
 
     def add_retrain_listener(self, fn: Callable[[dict[str, Any]], None]) -> None:
         """Call `fn(result)` after every retrain (on the thread that ran it)."""
@@ -620,6 +626,14 @@ class OnlinePredictor:
             raise ArtifactError("artifact metadata must be a JSON object")
         predictor.metadata = dict(metadata)
         predictor.last_model_load = datetime.now(UTC)
+        changed_at = state.get("changed_at")
+        if changed_at is not None:  # artifacts written before it was recorded: taken as changed when loaded
+            try:
+                predictor.changed_at = datetime.fromisoformat(changed_at)
+            except (TypeError, ValueError):
+                raise ArtifactError(f"artifact changed_at {changed_at!r} is not an ISO 8601 time") from None
+            if predictor.changed_at.tzinfo is None:
+                raise ArtifactError(f"artifact changed_at {changed_at!r} has no UTC offset")
         return predictor
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, dict[str, CompiledTrees | None]]]:
@@ -661,6 +675,7 @@ class OnlinePredictor:
         return {
             "config": asdict(self.config),
             "version": self.version,
+            "changed_at": self.changed_at.isoformat(),
             "metadata": self.metadata,
             "targets": {t: m.to_dict() for t, m in self._models.items()},
         }

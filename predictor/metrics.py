@@ -54,7 +54,8 @@ class _LiveValues(Collector):
         yield version
         age = GaugeMetricFamily(
             "leadtime_model_age_seconds",
-            "Seconds since the serving model last changed (since start-up if it never has).",
+            "Seconds since the serving model last changed (a retrain that won, trees installed by the retraining "
+            "job, or else its making), as its artifact records: kept across restarts and publication.",
         )
         age.add_metric([], v.get("model_age_seconds", float("nan")))
         yield age

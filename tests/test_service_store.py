@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -407,3 +408,35 @@ def test_a_replica_joining_later_continues_from_the_published_model_without_rele
             assert wait_until(lambda: learned(rb) >= 400, timeout_s=30)
             time.sleep(0.3)  # nothing more may arrive: every row is in b's model exactly once
             assert learned(rb) == 400
+
+
+def model_age(client: TestClient) -> float:
+    """`leadtime_model_age_seconds` as /metrics shows it."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("leadtime_model_age_seconds "):
+            return float(line.split()[1])
+    raise AssertionError("no leadtime_model_age_seconds")
+
+
+@pytest.mark.parametrize("source", ["model_dir", "registry"])
+def test_a_restart_keeps_the_model_age_and_last_model_load_says_when_this_process_loaded_it(
+    tmp_path: Path, source: str
+) -> None:
+    """The age went back to 0 at every restart though the model did not change (a stale-model alert was cleared by
+    each one, and a crash-looping service looked fresh): it counts from when the model last changed, which its
+    artifact records. /status's `last_model_load` keeps llm-d's meaning: when this process loaded it."""
+    made = OnlinePredictor(LearnerConfig(background=False))
+    made.version = 1
+    artifact = made.to_bytes()
+    time.sleep(2.0)  # the model was made 2 s before this "restart" loads it
+    store = MemoryStore()
+    if source == "model_dir":
+        save_file(tmp_path, artifact)
+    else:
+        store.publish_model(artifact)
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path), store=store)) as c:
+        status = c.get("/status").json()
+        assert status["model_version"] == 1
+        assert model_age(c) >= 2.0
+        loaded = datetime.fromisoformat(status["last_model_load"])
+        assert (datetime.now(UTC) - loaded).total_seconds() < 1.5

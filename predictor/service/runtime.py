@@ -770,8 +770,7 @@ class ServiceRuntime:
         if predictor is not None:
             values["model_version"] = predictor.version
             values["window"] = dict(self.model_status().get("window", {}))
-            loaded = predictor.last_model_load
-            values["model_age_seconds"] = time.time() - loaded.timestamp() if loaded else time.time() - self.started_at
+            values["model_age_seconds"] = time.time() - predictor.changed_at.timestamp()
         try:  # the stores answer health() from state they keep, without a round trip
             values["store_up"] = {name: int(reason == "ok") for name, reason in self.store.health().items()}
         except Exception:
