@@ -251,7 +251,8 @@ PREDICTOR = Dashboard(
                 Panel(
                     "Model age",
                     "Seconds since the serving model last changed (a retrain accepted, trees installed by the "
-                    "retraining job, or else its making), as its artifact records: a restart does not reset it.",
+                    "retraining job), as its artifact records: a restart does not reset it; since start-up if it "
+                    "never has.",
                     "s",
                     (Query(f"max by (instance) (leadtime_model_age_seconds{{{INSTANCE}}})", "{{instance}}"),),
                     kind="stat",

@@ -207,10 +207,11 @@ class OnlinePredictor:
         self.metadata: dict[str, Any] = {}
         # When this process loaded or made the model (llm-d's `last_model_load`); not saved with it.
         self.last_model_load: datetime | None = None
-        # When the model last changed: made, a retrain that won, trees installed. Saved with it (`changed_at` in
-        # the artifact), so that its age survives a restart or a publication: a stale model must not look fresh
-        # because the process serving it restarted.
-        self.changed_at = datetime.now(UTC)
+        # When the model last changed: a retrain that won, or trees installed (None: never, the physics prior
+        # learning online; not its making, so that the same learning gives the same artifact). Saved with it
+        # (`changed_at` in the artifact), so that its age survives a restart or a publication: a stale model must
+        # not look fresh because the process serving it restarted.
+        self.changed_at: datetime | None = None
         self.last_retrain: datetime | None = None
         self.retrain_error: str | None = None
         self._retrain_wanted = threading.Event()
@@ -627,7 +628,7 @@ class OnlinePredictor:
         predictor.metadata = dict(metadata)
         predictor.last_model_load = datetime.now(UTC)
         changed_at = state.get("changed_at")
-        if changed_at is not None:  # artifacts written before it was recorded: taken as changed when loaded
+        if changed_at is not None:  # None: never changed, or written before it was recorded
             try:
                 predictor.changed_at = datetime.fromisoformat(changed_at)
             except (TypeError, ValueError):
@@ -675,7 +676,7 @@ class OnlinePredictor:
         return {
             "config": asdict(self.config),
             "version": self.version,
-            "changed_at": self.changed_at.isoformat(),
+            "changed_at": self.changed_at.isoformat() if self.changed_at is not None else None,
             "metadata": self.metadata,
             "targets": {t: m.to_dict() for t, m in self._models.items()},
         }

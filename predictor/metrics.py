@@ -55,7 +55,7 @@ class _LiveValues(Collector):
         age = GaugeMetricFamily(
             "leadtime_model_age_seconds",
             "Seconds since the serving model last changed (a retrain that won, trees installed by the retraining "
-            "job, or else its making), as its artifact records: kept across restarts and publication.",
+            "job), as its artifact records, so restarts do not reset it; since start-up if it never has.",
         )
         age.add_metric([], v.get("model_age_seconds", float("nan")))
         yield age

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_until
@@ -426,6 +427,7 @@ def test_a_restart_keeps_the_model_age_and_last_model_load_says_when_this_proces
     each one, and a crash-looping service looked fresh): it counts from when the model last changed, which its
     artifact records. /status's `last_model_load` keeps llm-d's meaning: when this process loaded it."""
     made = OnlinePredictor(LearnerConfig(background=False))
+    made.install_trees("ttft", None, None, 0.0, np.zeros(64))  # a change, as the retraining job makes
     made.version = 1
     artifact = made.to_bytes()
     time.sleep(2.0)  # the model was made 2 s before this "restart" loads it

@@ -770,7 +770,8 @@ class ServiceRuntime:
         if predictor is not None:
             values["model_version"] = predictor.version
             values["window"] = dict(self.model_status().get("window", {}))
-            values["model_age_seconds"] = time.time() - predictor.changed_at.timestamp()
+            changed = predictor.changed_at
+            values["model_age_seconds"] = time.time() - (changed.timestamp() if changed else self.started_at)
         try:  # the stores answer health() from state they keep, without a round trip
             values["store_up"] = {name: int(reason == "ok") for name, reason in self.store.health().items()}
         except Exception:
