@@ -152,13 +152,16 @@ PREDICTOR = Dashboard(
                 Panel(
                     "Observations per second",
                     "Observations accepted per API, rejected as invalid, and learned by the learner process. "
-                    "Learned trails accepted under load; see the backlog.",
+                    "Learned trails accepted under load; see the backlog. After a restart, learned also takes the "
+                    "rows replayed: an earlier process accepted them, this one reads them back from the shared "
+                    "stream to learn them.",
                     "ops",
                     (
                         Query(
                             f"sum by (api) (rate(leadtime_observations_accepted_total{{{INSTANCE}}}{RATE}))",
                             "accepted {{api}}",
                         ),
+                        Query(f"sum(rate(leadtime_observations_replayed_total{{{INSTANCE}}}{RATE}))", "replayed"),
                         Query(f"sum(rate(leadtime_observations_learned_total{{{INSTANCE}}}{RATE}))", "learned"),
                         Query(
                             f"sum(rate(leadtime_observations_rejected_total{{{INSTANCE}}}{RATE})) or vector(0)",

@@ -95,6 +95,14 @@ class _LiveValues(Collector):
         yield buffered
         ingestion = v.get("ingestion")
         if ingestion:
+            replayed = CounterMetricFamily(
+                "leadtime_observations_replayed",
+                "Observations an earlier process accepted into the shared stream that this one read back at start "
+                "to learn (not in accepted_total): with one replica, accepted + replayed = learned + thinned + lost "
+                "+ pending.",
+            )
+            replayed.add_metric([], ingestion["replayed"])
+            yield replayed
             learned_rows = CounterMetricFamily(
                 "leadtime_observations_learned", "Accepted observations the learner has learned (model and window)."
             )

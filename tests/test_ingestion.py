@@ -180,3 +180,34 @@ def test_lost_rows_are_counted_once_in_the_metrics_by_reason() -> None:
         text = c.get("/metrics").text
     assert f'leadtime_observations_lost_total{{reason="backlog_full"}} {float(dropped)}' in text
     assert "leadtime_observations_dropped" not in text
+
+
+def test_rows_replayed_from_the_stream_after_a_restart_are_counted_apart_from_what_this_process_accepted(
+    redis_url: str,
+) -> None:
+    """A restarted service read the shared stream again from its model's position and counted those rows, which an
+    earlier process had accepted, as learned: learned jumped (467 in the first scrape) and ended above accepted,
+    breaking accepted = learned + thinned + dropped + pending. Now they are `replayed`, on the accepted side:
+    accepted + replayed = learned + thinned + dropped + pending."""
+    settings = ServiceSettings(redis_url=redis_url, retrain_every=1_000_000)  # nothing published: all replayed
+    with TestClient(create_app(settings)) as first:
+        assert (
+            first.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(300)]}).status_code == 202
+        )
+        assert _wait(lambda: first.get("/status").json()["ingestion"]["learned"] == 300)
+        assert first.get("/status").json()["ingestion"]["replayed"] == 0
+    with TestClient(create_app(settings)) as restarted:
+        batch = {"entries": [entry(i) for i in range(200)]}
+        assert restarted.post("/add_training_data_bulk", json=batch).status_code == 202
+
+        def settled() -> bool:
+            s = restarted.get("/status").json()["ingestion"]
+            return s["pending"] == 0 and s["learned"] == 500
+
+        assert _wait(settled), restarted.get("/status").json()["ingestion"]
+        s = restarted.get("/status").json()["ingestion"]
+        assert s["accepted"] == 200 and s["replayed"] == 300
+        assert s["accepted"] + s["replayed"] == s["learned"] + s["thinned"]["overload"] + sum(s["dropped"].values())
+        metrics = restarted.get("/metrics").text
+        assert "leadtime_observations_replayed_total 300.0" in metrics
+        assert "leadtime_observations_learned_total 500.0" in metrics

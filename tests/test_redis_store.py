@@ -94,6 +94,24 @@ def test_appended_entries_come_back_in_order_and_cursor_pages(make_store: StoreF
     assert store.stats() == {"buffered": 0, "dropped": 0, "appended": 300, "resent": 0, "server_restarts": 0}
 
 
+def test_a_read_stops_at_the_end_the_stream_had_at_a_moment(make_store: StoreFactory) -> None:
+    """What a restarted service replays (rows an earlier process accepted) is told from what arrives after its
+    start by the stream's end at start: `stream_end`, then reads bounded by it."""
+    store = make_store()
+    assert store.stream_end() == "0"
+    store.append_observations([entry(i) for i in range(30)])
+    assert store.flush(5.0)
+    end = store.stream_end()
+    assert end is not None
+    store.append_observations([entry(i) for i in range(30, 50)])
+    assert store.flush(5.0)
+    cursor, first = store.read_observations("0", 20, until=end)
+    cursor, rest = store.read_observations(cursor, 20, until=end)
+    assert [e["input_token_length"] for e in first + rest] == list(range(30)) and cursor == end
+    assert store.read_observations(cursor, 20, until=end) == (cursor, [])
+    assert [e["input_token_length"] for e in read_all(store, cursor)[1]] == list(range(30, 50))
+
+
 def test_every_replica_reads_every_observation(make_store: StoreFactory) -> None:
     a, b, c = make_store(), make_store(), make_store()
     a.append_observations([entry(i) for i in range(20)])

@@ -283,7 +283,9 @@ class BrokenStore(MemoryStore):
     def health(self) -> dict[str, str]:
         return {"redis": "connection refused"}
 
-    def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
+    def read_observations(
+        self, cursor: str, max_count: int, until: str | None = None
+    ) -> tuple[str, list[dict[str, Any]]]:
         raise ConnectionError("connection refused")
 
 

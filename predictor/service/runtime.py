@@ -44,7 +44,7 @@ from leadtime.predictor.service.learning import (
 from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.service.rows import ParsedObservations, RowParser
 from leadtime.predictor.settings import ServiceSettings
-from leadtime.predictor.store.base import Store
+from leadtime.predictor.store.base import Store, cursor_order
 
 log = logging.getLogger("leadtime.service")
 
@@ -101,6 +101,12 @@ class ServiceRuntime:
         self._implausible_before = 0
         # Rows handed to the current lineage's learner: those it has not reported yet are pending in it.
         self._forwarded = 0
+        # Rows the stream held when this process started, which an earlier one accepted: read back to be learned,
+        # they are counted as replayed (on the accepted side), each once, up to `_replay_counted`; `_replay_until`
+        # is the stream's end at start (None: nothing, or no longer anything, to replay).
+        self._replayed = 0
+        self._replay_until: str | None = None
+        self._replay_counted = "0"
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
         # Held while a batch is forwarded and the read position advanced, and while a model is adopted, so that
@@ -140,6 +146,7 @@ class ServiceRuntime:
         self._install(predictor)
         self._saved_learned = self.learned()  # as it was loaded: nothing new to save yet
         self._served_cursor = self._cursor
+        self._mark_replay()
         self._renew_lease()
         self._start_learner()
         for name, target in (
@@ -570,6 +577,32 @@ class ServiceRuntime:
         self._report = None
         self._forwarded = 0  # what it held unreported is read from the store again
 
+    def _mark_replay(self) -> None:
+        """Before anything is accepted: note where the stream ends, so that the rows before it (an earlier
+        process accepted them; this one reads them from its model's position) are counted as replayed, not as
+        accepted here. A store that cannot tell now (Redis down) leaves them uncounted."""
+        try:
+            end = self.store.stream_end()
+        except Exception as err:
+            log.warning("cannot tell where the observation stream ends: %s", err)
+            end = None
+        if end is not None and cursor_order(end) > cursor_order(self._cursor):
+            self._replay_until, self._replay_counted = end, self._cursor
+
+    def _replay_bound(self, cursor: str) -> tuple[str | None, bool]:
+        """(where a read from `cursor` must stop, whether its rows are replayed ones not counted yet): read
+        again after a learner restart, rows are counted once; past the stream's end at start, nothing is."""
+        until = self._replay_until
+        if until is None:
+            return None, False
+        at = cursor_order(cursor)
+        if at < cursor_order(self._replay_counted):
+            return self._replay_counted, False
+        if at < cursor_order(until):
+            return until, True
+        self._replay_until = None
+        return None, False
+
     def _adopt_cursor(self, predictor: OnlinePredictor) -> None:
         cursor = predictor.metadata.get(CURSOR_KEY)
         if isinstance(cursor, str):
@@ -581,13 +614,16 @@ class ServiceRuntime:
         while not self._stop.is_set():
             try:
                 cursor_before = self._cursor
-                cursor, entries = self.store.read_observations(cursor_before, self.settings.ingest_batch)
+                until, replayed = self._replay_bound(cursor_before)
+                cursor, entries = self.store.read_observations(cursor_before, self.settings.ingest_batch, until)
                 self._loop_errors.pop("ingest", None)
             except Exception as err:
                 self._loop_errors["ingest"] = f"cannot read observations: {err}"
                 self._stop.wait(0.5)
                 continue
             if not entries:
+                if until is not None and all(v == "ok" for v in self.store.health().values()):
+                    self._replay_until = None  # nothing left before the bound: trimmed from the stream
                 self._stop.wait(0.02)
                 continue
             with self._learn_lock:
@@ -597,6 +633,9 @@ class ServiceRuntime:
                     self._cursor = cursor
                     with self._counts_lock:
                         self._forwarded += len(entries)
+                        if replayed:
+                            self._replayed += len(entries)
+                            self._replay_counted = cursor
                     continue
             self._stop.wait(0.1)  # the learner process is gone; it is being restarted
 
@@ -700,8 +739,10 @@ class ServiceRuntime:
         """What became of the accepted rows: learned, thinned (evenly, to keep up), dropped per reason, pending.
 
         Pending counts the rows waiting in the store and those handed to the learner that it has not reported
-        yet. With one replica, accepted = learned + thinned + dropped + pending (to within the batch moving
-        between the two as this reads them). With a shared store each replica learns every replica's rows.
+        yet. Replayed counts the rows an earlier process accepted into the shared stream that this one read back
+        at start (from its model's position) to learn: they were not accepted here. With one replica,
+        accepted + replayed = learned + thinned + dropped + pending (to within the batch moving between the two
+        as this reads them). With a shared store each replica learns every replica's rows.
         """
         try:
             stats = self.store.stats()
@@ -715,6 +756,7 @@ class ServiceRuntime:
             invalid = self._invalid_before + (report.invalid if report is not None else 0)
             implausible = self._implausible_before + (report.implausible if report is not None else 0)
             accepted = self._accepted_rows
+            replayed = self._replayed
         dropped = {k[len("dropped_") :]: int(v) for k, v in stats.items() if k.startswith("dropped_")}
         if not dropped:  # a store that counts its drops without reasons (the Redis store's outage buffer)
             dropped["store_buffer"] = int(stats.get("dropped", 0))
@@ -723,6 +765,7 @@ class ServiceRuntime:
         stride = int(stats.get("thinning_stride", 1))
         return {
             "accepted": accepted,
+            "replayed": replayed,
             "learned": learned,
             "thinned": {"overload": int(stats.get("thinned", 0))},
             "dropped": dropped,

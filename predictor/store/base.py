@@ -11,6 +11,19 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 
+def cursor_order(cursor: str) -> tuple[int, int]:
+    """A cursor of either store as a pair that orders as their positions do: a Redis stream id "<ms>-<seq>",
+    a memory store's index "<n>" (as (n, 0)); "0" is (0, 0).
+
+    >>> cursor_order("1700000000000-3") > cursor_order("1700000000000-2") > cursor_order("0")
+    True
+    >>> cursor_order("12") < cursor_order("100")
+    True
+    """
+    ms, _, seq = cursor.partition("-")
+    return int(ms), int(seq or 0)
+
+
 class Store(Protocol):
     """What the service needs of its shared state: observations, the model registry and the training lease."""
 
@@ -25,8 +38,17 @@ class Store(Protocol):
         """
         ...
 
-    def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
-        """Entries appended after `cursor` ("0" = from the start), oldest first, and the new cursor."""
+    def read_observations(
+        self, cursor: str, max_count: int, until: str | None = None
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Entries appended after `cursor` ("0" = from the start), oldest first, and the new cursor; with `until`
+        (a cursor), none after it: a reader can tell the rows the stream held at a moment (`stream_end`) from
+        those that came later."""
+        ...
+
+    def stream_end(self) -> str | None:
+        """The cursor of a reader that has read everything the stream holds now ("0" when it is empty); None
+        when the backend cannot tell."""
         ...
 
     def publish_model(self, artifact: bytes) -> int:

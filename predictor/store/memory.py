@@ -143,8 +143,10 @@ class MemoryStore:
         self._first_index += excess
         self._highest_read = max(self._highest_read, self._first_index)
 
-    def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
-        """Entries after `cursor`, oldest first, at most `max_count`, and the new cursor."""
+    def read_observations(
+        self, cursor: str, max_count: int, until: str | None = None
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Entries after `cursor`, oldest first, at most `max_count` and none after `until`, and the new cursor."""
         try:
             start = int(cursor)
         except ValueError:
@@ -152,6 +154,8 @@ class MemoryStore:
         with self._lock:
             start = max(start, self._first_index)
             stop = self._first_index + len(self._entries)
+            if until is not None:
+                stop = min(stop, int(until))
             out: list[dict[str, Any]] = []
             index = start
             fresh = 0
@@ -167,6 +171,11 @@ class MemoryStore:
                 self._highest_read = index
             self._relax()
             return str(index), out
+
+    def stream_end(self) -> str:
+        """The index after the last entry: where a reader that has read everything stands."""
+        with self._lock:
+            return str(self._first_index + len(self._entries))
 
     def publish_model(self, artifact: bytes) -> int:
         """Keep an artifact as the next version; returns it."""

@@ -42,6 +42,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from leadtime.predictor.artifact import decode
+from leadtime.predictor.store.base import cursor_order
 
 # Refuse, before anything is written, a stream key that holds something else (a string left by another program):
 # a Lua error is not rolled back, so the scripts must fail before their first write, and with a reply that names
@@ -81,7 +82,7 @@ return id
 _READ_SCRIPT = (
     _STREAM_TYPE_CHECK
     + """
-local messages = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])
+local messages = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], ARGV[3], 'COUNT', ARGV[2])
 local out = {}
 for i, message in ipairs(messages) do
   out[2 * i - 1] = message[1]
@@ -217,12 +218,6 @@ def _decode_entries(raw: list[bytes | None]) -> list[dict[str, Any]]:
         if isinstance(entry, dict):
             entries.append(entry)
     return entries
-
-
-def _stream_id(text: str) -> tuple[int, int]:
-    """A stream id ("<ms>-<seq>") as a pair that orders as Redis orders them; "0" is (0, 0)."""
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def _split_credentials(url: str) -> tuple[str, str, str]:
@@ -505,8 +500,11 @@ class RedisStore:
             self._dropped += len(encoded) - min(room, len(encoded))
         self._wake_writer.set()
 
-    def read_observations(self, cursor: str, max_count: int) -> tuple[str, list[dict[str, Any]]]:
-        """Entries after `cursor` (a stream id; "0" = from the start), oldest first, and the new cursor.
+    def read_observations(
+        self, cursor: str, max_count: int, until: str | None = None
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Entries after `cursor` (a stream id; "0" = from the start) and none after `until` (one too), oldest
+        first, and the new cursor.
 
         While Redis is down this answers no entries and the same cursor, so the caller just tries again later.
         """
@@ -514,7 +512,7 @@ class RedisStore:
             raise ValueError(f"max_count must be >= 1, got {max_count}")
         started = time.monotonic()
         try:
-            flat: Any = self._read(keys=[self._stream_key], args=[cursor, max_count])
+            flat: Any = self._read(keys=[self._stream_key], args=[cursor, max_count, until or "+"])
         except redis.ResponseError as exc:
             if "stream id" in str(exc).lower():
                 raise ValueError(f"cursor {cursor!r} is not a stream id") from None
@@ -528,10 +526,21 @@ class RedisStore:
         # reads on from that model's position, past rows it wrote and never read itself (the publisher learned
         # them); kept as unread, they were sent again at the next restart and learned twice.
         new_cursor = flat[-2].decode() if flat else cursor
-        self._confirm_read(_stream_id(new_cursor))
+        self._confirm_read(cursor_order(new_cursor))
         if not flat:
             return cursor, []
         return new_cursor, _decode_entries(flat[1::2])
+
+    def stream_end(self) -> str | None:
+        """The id of the stream's last entry ("0" when it is empty or absent); None when Redis does not answer."""
+        try:
+            last: Any = self._redis.xrevrange(self._stream_key, count=1)
+        except redis.RedisError:
+            return None
+        if not last:
+            return "0"
+        newest = last[0][0]
+        return newest.decode() if isinstance(newest, bytes) else str(newest)
 
     def _confirm_read(self, upto: tuple[int, int]) -> None:
         """Forget the sent chunks this store has now read back (up to stream id `upto`)."""
@@ -666,7 +675,7 @@ class RedisStore:
             keys=[self._stream_key, f"{self._chunk_prefix}{chunk_id}"],
             args=[self.stream_maxlen, _CHUNK_MARK_TTL_S, *chunk],
         )
-        return _stream_id(last.decode() if isinstance(last, bytes) else str(last)) if last else None
+        return cursor_order(last.decode() if isinstance(last, bytes) else str(last)) if last else None
 
     # ---- model registry -----------------------------------------------------------------------------------
 
