@@ -53,6 +53,7 @@ FLEET = {
     },
 }
 SCRAPE_CONFIG = FOLDER / "provisioning" / "prometheus.yml"
+ALERTS = FOLDER / "provisioning" / "alerts.yml"
 WORDS = ("latency", "prefill", "decode", "token", "cache", "router", "fleet", "queue", "batch", "model", "kv")
 # (TTFT, ITL) SLOs in ms a request carries: on this small mock fleet TTFT is ~20 ms and ITL ~8 ms when it is not
 # busy, so the tighter ones are missed under load.
@@ -60,10 +61,12 @@ SLOS = ((25, 8), (100, 20), (1000, 100))
 
 
 def prometheus_config(predictor: str, router: str, scrape_interval_s: float) -> dict[str, Any]:
-    """The shipped scrape configuration with its targets replaced and a shorter scrape interval."""
+    """The shipped scrape configuration with its targets replaced, a shorter scrape interval, and the shipped
+    alerting rules (named by their path: the configuration is written elsewhere)."""
     config: dict[str, Any] = yaml.safe_load(SCRAPE_CONFIG.read_text())
     interval = f"{scrape_interval_s:g}s"
     config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = interval
+    config["rule_files"] = [str(ALERTS)]
     targets = {"leadtime-predictor": predictor, "leadtime-router": router}
     for job in config["scrape_configs"]:
         job["static_configs"] = [{"targets": [targets[job["job_name"]]]}]

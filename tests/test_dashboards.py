@@ -4,11 +4,13 @@ exported by the service or the gateway, the provisioning files consistent, the c
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import require_prometheus
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -99,6 +101,32 @@ def test_every_metric_a_dashboard_names_is_exported() -> None:
         named |= {variable_metric(v["definition"]) for v in board["templating"]["list"] if "definition" in v}
         assert len(named) > 15, uid
         assert named <= exporters[uid], f"{uid} names metrics nobody exports: {sorted(named - exporters[uid])}"
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load((FOLDER / "provisioning" / "alerts.yml").read_text())["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_every_metric_an_alert_names_is_exported() -> None:
+    with TestClient(create_app(ServiceSettings())) as client:
+        exported = exposed_names(client.get("/metrics").text) | exposed_names(GatewayMetrics().render().decode())
+    named = {n for rule in alert_rules() for n in metric_names(rule["expr"])} - {"up"}
+    assert len(named) >= 6 and named <= exported, sorted(named - exported)
+    assert all(rule["annotations"]["summary"] and rule["labels"]["severity"] for rule in alert_rules())
+
+
+def test_the_alerting_rules_pass_promtool_and_prometheus_yml_loads_them() -> None:
+    promtool = Path(require_prometheus()).with_name("promtool")
+    assert promtool.exists(), f"{promtool}: installed with prometheus"
+    checked = subprocess.run(
+        [str(promtool), "check", "config", str(FOLDER / "provisioning" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in checked.stdout
 
 
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:

@@ -122,3 +122,18 @@ def test_render_draws_every_main_panel_with_data(live: Live, tmp_path: Path) -> 
         path, panels = render_dashboard(board, live.api, tmp_path, minutes=minutes, end=live.end)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
         assert len(panels) >= 6 and all(p.has_data for p in panels), [p.panel.title for p in panels if not p.has_data]
+
+
+def test_prometheus_evaluates_every_alerting_rule_and_none_fires_on_a_healthy_stack(live: Live) -> None:
+    """The shipped rules (loaded through prometheus.yml's rule_files) run against the real metrics: a rule naming a
+    label the metrics lack evaluates to nothing rather than erring, so each is also checked to have evaluated."""
+    deadline = time.time() + 30
+    while True:
+        groups = httpx.get(f"{live.api.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        if rules and all(rule.get("lastEvaluation", "").startswith("2") for rule in rules) or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(rules) == 8, [r["name"] for r in rules]
+    assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
+    assert [r["name"] for r in rules if r["state"] == "firing"] == []
