@@ -698,7 +698,7 @@ ROUTER = Dashboard(
                     "Observations sent back to the predictor",
                     "Completed requests reported to the predictor per second: queued, sent, failed attempts to "
                     "send (each stays queued and is sent again: no loss) and dropped (the queue of 20,000 was full "
-                    "while the predictor was away).",
+                    "while the predictor was away); leadtime_router_observations_waiting says how many wait now.",
                     "ops",
                     (
                         Query(

@@ -544,7 +544,13 @@ def test_zero_valued_counters_are_exported_from_the_start() -> None:
 
 def test_observations_go_in_batches_and_survive_an_outage() -> None:
     client = _Client()
-    wrapper = GatewayPredictor(client, client, GatewayMetrics(), batch_size=10, flush_interval_s=0.05, capacity=25)
+    metrics = GatewayMetrics()
+    wrapper = GatewayPredictor(client, client, metrics, batch_size=10, flush_interval_s=0.05, capacity=25)
+
+    def waiting() -> float:  # what an alert reads: failed attempts count each retry, this says how many wait
+        value = metrics.registry.get_sample_value("leadtime_router_observations_waiting")
+        return -1.0 if value is None else value
+
     wrapper.start()
     try:
         obs = Observation(ROW, 100.0, 10.0)
@@ -553,11 +559,13 @@ def test_observations_go_in_batches_and_survive_an_outage() -> None:
             wrapper.observe([obs])
         time.sleep(0.2)
         assert wrapper.dropped == 5 and not client.batches  # the queue holds 25; the 5 oldest went
+        assert waiting() == 25
         client.down = False
         deadline = time.monotonic() + 5
         while sum(client.batches) < 25 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sum(client.batches) == 25 and max(client.batches) <= 10 and wrapper.pending() == 0
+        assert waiting() == 0
     finally:
         wrapper.stop()
 

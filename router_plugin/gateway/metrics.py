@@ -169,6 +169,12 @@ class GatewayMetrics:
         self.discovery_reloads = Counter(
             f"{p}_discovery_reloads", "Discovery file reloads, by result.", ["result"], registry=r
         )
+        self.observations_waiting = Gauge(
+            f"{p}_observations_waiting",
+            "Observations queued for the predictor now, not yet sent (each retried until sent or dropped): what to "
+            'alert on, where observations_total{result="failed"} counts every attempt.',
+            registry=r,
+        )
         self.observations = Counter(
             f"{p}_observations",
             "Observations for the predictor: queued, sent, dropped (the queue full, or still queued at a stop); "

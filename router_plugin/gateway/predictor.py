@@ -107,6 +107,7 @@ class GatewayPredictor:
         self.dropped = 0
         self._ok = metrics.predictor_seconds.labels("predict", "ok")
         self._queued = metrics.observations.labels("queued")
+        metrics.observations_waiting.set_function(self.pending)  # read at each scrape
 
     # ----- predictions (the decision thread) -------------------------------------------------------------
 
@@ -206,6 +207,7 @@ class GatewayPredictor:
             log.warning("stopping: %d observations not sent to the predictor are dropped", left)
 
     def pending(self) -> int:
+        """Observations queued, not yet sent."""
         return len(self._queue)
 
     def _flush_loop(self) -> None:
