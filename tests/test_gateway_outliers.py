@@ -179,14 +179,73 @@ def test_a_stream_with_no_event_in_it_is_a_502_for_a_client_that_did_not_stream(
     assert "no event" in response.json()["error"]["message"]
 
 
-def test_every_endpoint_out_is_a_503_with_retry_after_at_once() -> None:
-    async def go() -> list[httpx.Response]:
-        async with fleet(bad=serving(answers_status(500))) as (gateway, client, _):
-            return [await client.post("/v1/completions", json={"prompt": "hi"}) for _ in range(7)]
+def test_with_most_endpoints_out_the_gateway_routes_to_all_of_them_rather_than_answer_503() -> None:
+    """A failure every endpoint shares (a request type each pod answers 500) is no endpoint's: taking them all out
+    answered every request 503 for up to 300 s. Below half of them in, all are routed to (Envoy's panic threshold);
+    the client gets the endpoint's own answer, and /readyz says so."""
 
-    answers = asyncio.run(go())
-    assert [a.status_code for a in answers] == [500] * CONSECUTIVE_FAILURES + [503, 503]
-    assert answers[-1].headers["retry-after"] == "1"
+    async def go() -> tuple[list[tuple[int, str]], dict[str, Any]]:
+        async with fleet(bad=serving(answers_status(500))) as (gateway, client, _):
+            results = await post(client, 7)
+            return results, (await client.get("/readyz")).json()
+
+    results, ready = asyncio.run(go())
+    assert results == [(500, "bad")] * 7
+    assert "routing to all of them" in ready["degraded"]["endpoints"] and "endpoint bad" in ready["degraded"]
+
+
+def test_streams_that_break_after_their_status_take_the_endpoint_out() -> None:
+    """A 200 then a cut stream: the status line alone counted as a success and cleared the record, so broken streams
+    never added up to an ejection."""
+
+    def breaks_mid_stream(writer: asyncio.StreamWriter) -> None:
+        half = b'data: {"choices":[{"index":0,"text":" a"}]}\n\ndata: {"cho'
+        writer.write(STREAM_HEAD + b"%x\r\n%s\r\n" % (len(half), half))
+        writer.transport.abort()
+
+    async def go() -> tuple[list[tuple[int, str]], dict[str, Any]]:
+        async with fleet(bad=serving(breaks_mid_stream), good=serving(answers_well)) as (gateway, client, _):
+            results = await post(client, 8)
+            return results, parse_samples((await client.get("/metrics")).text)
+
+    results, samples = asyncio.run(go())
+    assert results == [(502, "bad")] * CONSECUTIVE_FAILURES + [(200, "good")] * 3
+    assert count(samples, "leadtime_router_endpoint_ejections_total", endpoint="bad") == 1
+
+
+def test_a_503_from_the_only_endpoint_left_is_its_answer_not_the_gateways() -> None:
+    """With nowhere to retry, the endpoint's 503 (its body, its Retry-After) was thrown away for the gateway's own."""
+
+    async def go() -> httpx.Response:
+        async with fleet(bad=serving(answers_status(503))) as (gateway, client, _):
+            return await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+
+    response = asyncio.run(go())
+    assert response.status_code == 503 and response.json() == {"error": "no"}
+
+
+def test_every_discovered_endpoint_has_an_ejection_series_from_the_start() -> None:
+    """An alert on increase() misses a counter's first step from nothing: the series exist at 0."""
+
+    async def go() -> dict[str, Any]:
+        async with fleet(a=serving(answers_well), b=serving(answers_well)) as (gateway, client, _):
+            return parse_samples((await client.get("/metrics")).text)
+
+    samples = asyncio.run(go())
+    series = {s["endpoint"]: v for s, v in samples["leadtime_router_endpoint_ejections_total"]}
+    assert series == {"a": 0.0, "b": 0.0}
+
+
+def test_a_late_failure_of_a_request_sent_before_the_endpoint_came_back_is_not_held_against_it() -> None:
+    now = [0.0]
+    outliers = Outliers(lambda: now[0], consecutive=1, base_s=10)
+    outliers.failed("e", "answered 500", sent_ms=0.0)
+    now[0] = 10_000.0
+    assert not outliers.out("e")  # back, on probation
+    outliers.failed("e", "timeout: no data", sent_ms=5_000.0)  # sent while it was out... before it came back
+    assert not outliers.out("e")
+    outliers.failed("e", "answered 500", sent_ms=10_001.0)
+    assert outliers.out("e")
 
 
 def test_ejections_back_off_and_a_success_clears_the_record() -> None:

@@ -46,7 +46,7 @@ from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, 
 from leadtime.router_plugin.gateway.assemble import Assembler, whole_answer
 from leadtime.router_plugin.gateway.client_watch import ClientLeft, ClientWatch
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, with_tokens
-from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.metrics import STATUS_CLASSES, GatewayMetrics
 from leadtime.router_plugin.gateway.outliers import Outliers
 from leadtime.router_plugin.gateway.passthrough import PASSED_THROUGH, PassedThroughLoad
 from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPredictor
@@ -117,6 +117,9 @@ def end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
 
 MAX_HOLD_MS = 60_000.0
 """A policy still holding a request after this long (`Pick.hold`) is overruled: the heuristics place it."""
+PANIC_SHARE = 0.5
+"""With fewer than this share of the scraped endpoints left in by `outliers`, all of them are routed to (Envoy's
+default panic threshold): a failure that is everyone's is no endpoint's to be taken out for."""
 RETRIED_STATUSES = frozenset((502, 503, 504))
 """Answers sent on to a second endpoint (once) rather than to the client: the endpoint, or a proxy before it, says
 it cannot serve now (gateway errors, as Envoy's `gateway-error` retry policy names them), and nothing was generated.
@@ -183,6 +186,9 @@ class _Routed:
     """Completed or abandoned: the policy and the work tracker were told."""
     shared_generated: int = 0
     """Tokens generated as last told to the other replicas (`PROGRESS_SHARED_EVERY`)."""
+    sent_ms: float = 0.0
+    """When it was sent on (router clock): a late failure of a request sent before its endpoint came back in is not
+    held against it (`outliers`)."""
 
 
 def _without_body(send: Send) -> Send:
@@ -290,6 +296,7 @@ class Gateway:
         self._serving_job_unseen: set[str] = set()  # groups warned of as never naming the serving job
         self._unknown_overflow: set[str] = set()
         self._unread_groups_said = False
+        self._panic = False
         self._unservable_message = "no endpoint can serve this request now"
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -508,26 +515,42 @@ class Gateway:
             self.affinity.set_cache_tokens(scrape.endpoint.endpoint_id, cache_tokens)
         self.metrics.scrape_seconds.observe(scrape.duration_s)
 
-    def routable(self) -> list[EndpointScrape]:
-        now = self.clock()
-        return [s for s in self.scraper.scrapes.values() if self._up(s, now)]
+    def routable(self, now_ms: float | None = None) -> list[EndpointScrape]:
+        """The endpoints requests may go to: those whose scrapes succeed, less those out for failing their requests
+        (`outliers`), unless that leaves fewer than `PANIC_SHARE` of them: then all of them (said once)."""
+        now = self.clock() if now_ms is None else now_ms
+        scraped = [s for s in self.scraper.scrapes.values() if self.scraper.routable(s, now)]
+        kept = [s for s in scraped if not self.outliers.out(s.endpoint.endpoint_id)]
+        panic = len(kept) < PANIC_SHARE * len(scraped)
+        if panic != self._panic:
+            self._panic = panic
+            if panic:
+                log.warning(
+                    "%d of %d endpoints are out of routing for failing their requests: routing to all of them "
+                    "(a failure most endpoints share is not one endpoint's)",
+                    len(scraped) - len(kept),
+                    len(scraped),
+                )
+            else:
+                log.info("most endpoints serve again: those failing their requests are left out again")
+        return scraped if panic else kept
 
-    def _up(self, scrape: EndpointScrape, now_ms: float) -> bool:
-        """Whether requests may go to the endpoint: its scrapes succeed, and it is not out for failing requests."""
-        return self.scraper.routable(scrape, now_ms) and not self.outliers.out(scrape.endpoint.endpoint_id)
-
-    def _answered(self, endpoint_id: str, status: int) -> None:
-        """An endpoint answered a request sent on with `status`: counted, and a 5xx is a failure (`outliers`)."""
-        self.metrics.upstream_responses.labels(endpoint_id, f"{status // 100}xx").inc()
+    def _answered(self, endpoint_id: str, status: int, sent_ms: float) -> None:
+        """An endpoint answered a request sent on with `status`: counted, and a 5xx is a failure (`outliers`). A
+        success is counted when the answer has been read to its end (`_served`): a stream may still break."""
+        self.metrics.upstream_responses.labels(endpoint_id, STATUS_CLASSES[min(max(status // 100, 1), 5) - 1]).inc()
         if status >= 500:
-            self.outliers.failed(endpoint_id, f"answered {status}")
-        else:
+            self.outliers.failed(endpoint_id, f"answered {status}", sent_ms=sent_ms)
+
+    def _served(self, endpoint_id: str, status: int) -> None:
+        """An answer read to its end: below 500, a success (`outliers`)."""
+        if status < 500:
             self.outliers.answered(endpoint_id)
 
-    def _failed(self, endpoint_id: str, err: UpstreamError) -> None:
+    def _failed(self, endpoint_id: str, err: UpstreamError, sent_ms: float) -> None:
         """An endpoint could not be reached, or broke its answer: counted, and a failure (`outliers`)."""
         self.metrics.upstream_errors.labels(endpoint_id, err.kind).inc()
-        self.outliers.failed(endpoint_id, str(err), refused=err.kind == "connect")
+        self.outliers.failed(endpoint_id, str(err), refused=err.kind == "connect", sent_ms=sent_ms)
 
     # ----- ASGI --------------------------------------------------------------------------------------------
 
@@ -621,6 +644,10 @@ class Gateway:
         elif routable:
             degraded = self.predictor.health() if self.predictor is not None else {}
             degraded.update({f"endpoint {eid}": why for eid, why in self.outliers.health().items()})
+            if self._panic:
+                degraded["endpoints"] = (
+                    "most endpoints are out of routing for failing their requests: routing to all of them"
+                )
             failing = getattr(self.timeslice, "last_error", None)
             if failing is not None:  # routing goes on with the last states read, which age meanwhile
                 degraded = {**degraded, "timeslice": f"{failing} (routing on the last states read)"}
@@ -665,10 +692,12 @@ class Gateway:
         m = self.metrics
         now = self.clock()
         routable = 0
+        up_now = {s.endpoint.endpoint_id for s in self.routable(now)}
         for scrape in self.scraper.scrapes.values():
             eid = scrape.endpoint.endpoint_id
-            up = self._up(scrape, now)
+            up = eid in up_now
             routable += up
+            m.ejections.labels(eid)  # at 0 from the start: an alert on its increase sees the first one
             m.endpoint_up.labels(eid).set(1 if up else 0)
             if scrape.state is not None:
                 m.scrape_age.labels(eid).set((now - scrape.scraped_ms) / 1e3)
@@ -680,9 +709,12 @@ class Gateway:
                 self._scrape_errors_seen[eid] = scrape.errors
         current = set(self.scraper.scrapes)
         for gone in self._gauged - current:  # an endpoint discovery dropped is not shown as still there
-            for gauge in (m.endpoint_up, m.scrape_age, m.prefix_reported):
+            for gauge in (m.endpoint_up, m.scrape_age, m.prefix_reported, m.ejections):
                 with contextlib.suppress(KeyError):
                     gauge.remove(gone)
+            for status in STATUS_CLASSES:
+                with contextlib.suppress(KeyError):
+                    m.upstream_responses.remove(gone, status)
         self._gauged = current
         m.endpoints.labels("true").set(routable)
         m.endpoints.labels("false").set(len(self.scraper.scrapes) - routable)
@@ -764,6 +796,7 @@ class Gateway:
                 return 503
             eid = target.endpoint_id
             self._passed.opened(eid)
+            sent_ms = self.clock()
             try:
                 pool = self.upstreams.pool(target.address, target.port, target.tls)
                 try:
@@ -771,19 +804,21 @@ class Gateway:
                         pool.request(scope["method"], target_path, forward, body, self.settings.upstream_timeout_s)
                     )
                 except UpstreamError as err:
-                    self._failed(eid, err)
+                    self._failed(eid, err, sent_ms)
                     excluded.add(eid)
                     if attempt == 0:
                         self.metrics.retries.inc()
                         continue
                     return await self._endpoint_failed(send, eid, err)
-                self._answered(eid, response.status)
-                return await self._relay_as_is(target, response, send, watch)
+                self._answered(eid, response.status, sent_ms)
+                return await self._relay_as_is(target, response, send, watch, sent_ms)
             finally:
                 self._passed.closed(eid)
         raise AssertionError("unreachable")
 
-    async def _relay_as_is(self, target: DiscoveredEndpoint, response: Response, send: Send, watch: ClientWatch) -> int:
+    async def _relay_as_is(
+        self, target: DiscoveredEndpoint, response: Response, send: Send, watch: ClientWatch, sent_ms: float
+    ) -> int:
         headers = end_to_end(response.headers)
         headers.append((b"x-leadtime-endpoint", target.endpoint_id.encode()))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
@@ -792,7 +827,7 @@ class Gateway:
             try:
                 chunk = await response.next_chunk(self.settings.upstream_timeout_s)
             except UpstreamError as err:
-                self._failed(target.endpoint_id, err)
+                self._failed(target.endpoint_id, err, sent_ms)
                 await send({"type": "http.response.body", "body": b""})
                 return 502
             if chunk is None and not response.stopped:
@@ -802,6 +837,7 @@ class Gateway:
                 return 499
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        self._served(target.endpoint_id, response.status)
         return response.status
 
     async def _route(self, scope: Scope, receive: Receive, send: Send, arrival_ms: float, started: float) -> int:
@@ -876,14 +912,14 @@ class Gateway:
                 extra.append((PREFILLER_HEADER, prefill.host_port.encode()))
             pool = self.upstreams.pool(target.address, target.port, target.tls)
             try:
-                sent_at = time.perf_counter()
+                sent_at, routed.sent_ms = time.perf_counter(), self.clock()
                 response = await watch.race(
                     pool.request(
                         "POST", target_path, extra, parsed.upstream_body or body, self.settings.upstream_timeout_s
                     )
                 )
             except UpstreamError as err:
-                self._failed(target.endpoint_id, err)
+                self._failed(target.endpoint_id, err, routed.sent_ms)
                 self._forget(routed)
                 excluded.add(target.endpoint_id)
                 if attempt == 0:  # counted; `outliers` logs an endpoint that keeps failing, once
@@ -891,8 +927,9 @@ class Gateway:
                     log.debug("%s failed before answering (%s); trying elsewhere", target.endpoint_id, err)
                     continue
                 return await self._endpoint_failed(send, target.endpoint_id, err)
-            self._answered(target.endpoint_id, response.status)
-            if response.status in RETRIED_STATUSES and attempt == 0:
+            self._answered(target.endpoint_id, response.status, routed.sent_ms)
+            elsewhere = attempt == 0 and response.status in RETRIED_STATUSES
+            if elsewhere and self._candidates(key, excluded | {target.endpoint_id}):  # else its answer is the best
                 response.close()
                 self._forget(routed)
                 excluded.add(target.endpoint_id)
@@ -911,11 +948,10 @@ class Gateway:
         return self._endpoint(pick.decode_endpoint_id or pick.endpoint_id)
 
     def _candidates(self, key: PromptKey, excluded: set[str]) -> list[Candidate]:
-        now = self.clock()
         out = []
-        for scrape in self.scraper.scrapes.values():
+        for scrape in self.routable():
             eid = scrape.endpoint.endpoint_id
-            if eid in excluded or scrape.state is None or not self._up(scrape, now):
+            if eid in excluded or scrape.state is None:
                 continue
             hits = self.affinity.hit_tokens(eid, key)
             state = with_tokens(scrape.state, *self.work.tokens(eid, scrape.scraped_ms))
@@ -1111,7 +1147,7 @@ class Gateway:
             try:
                 body = await response.read(timeout)
             except UpstreamError as err:
-                self._failed(target.endpoint_id, err)
+                self._failed(target.endpoint_id, err, routed.sent_ms)
                 self._forget(routed)
                 return await self._endpoint_failed(send, target.endpoint_id, err)
             if response.stopped:
@@ -1120,6 +1156,7 @@ class Gateway:
             headers.append((b"content-length", str(len(body)).encode()))
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
+            self._served(target.endpoint_id, response.status)
             if 200 <= response.status < 300:
                 meter.feed_json(body)
                 self._learn_length(routed, meter)
@@ -1133,7 +1170,7 @@ class Gateway:
             try:
                 chunk = await response.next_chunk(timeout)
             except UpstreamError as err:
-                self._failed(target.endpoint_id, err)
+                self._failed(target.endpoint_id, err, routed.sent_ms)
                 self._forget(routed)
                 if assembler is None:
                     await send({"type": "http.response.body", "body": stream_failed(target.endpoint_id, err)})
@@ -1162,9 +1199,10 @@ class Gateway:
                 await send({"type": "http.response.body", "body": passed_on, "more_body": True})
         empty = 200 <= status < 300 and not meter.events and assembler is not None and assembler.error is None
         if empty:  # a stream with no event to make an answer of: "choices": [] would be no answer, called one
-            self.outliers.failed(target.endpoint_id, "answered a stream with no event in it")
+            self.outliers.failed(target.endpoint_id, "answered a stream with no event in it", sent_ms=routed.sent_ms)
             self._forget(routed)
             return await self._endpoint_failed(send, target.endpoint_id, "answered a stream with no event in it")
+        self._served(target.endpoint_id, status)
         if assembler is None:
             await send({"type": "http.response.body", "body": meter.rest()})
         else:

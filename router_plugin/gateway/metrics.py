@@ -22,6 +22,8 @@ SLO_TARGETS = ("ttft", "itl", "both")
 SLO_RESULTS = ("met", "missed")
 OBSERVATION_RESULTS = ("queued", "sent", "failed", "dropped")
 REPLICA_EVENT_DIRECTIONS = ("sent", "received", "dropped", "refused")
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+"""The `status` label of upstream_responses: an endpoint's answers by class, not by code (fewer series)."""
 PULL_RESULTS = ("new", "unchanged", "error", "refused")
 """What one pull of the service's model did (`pulled.PulledModel`): loaded a new model, found the held one current,
 failed to reach the service, refused what it sent (not an artifact of this build, or not what the service

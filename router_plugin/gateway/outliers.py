@@ -10,7 +10,11 @@ So the gateway counts what each endpoint does with the requests it is sent:
 - a connection refused takes it out at once, until a scrape of it succeeds again (the port is closed: nothing
   sent there can be served; a restarted pod is back within a scrape);
 - back in, it is on probation: one more failure takes it out again (for the longer time), a success clears its
-  record. Statuses below 500 are answers (a 4xx is the client's), and count as successes.
+  record. A request counts as a success when its answer, below 500, has been read to its end (a 4xx is the
+  client's); a failure of a request sent before the endpoint came back does not count against it again.
+- more than half of the endpoints out at once is no longer an endpoint's fault (a request type every pod fails, a
+  shared dependency): the gateway then routes to all of them, as Envoy does under its panic threshold, rather
+  than answer every request 503 for up to 300 s (`app.Gateway.routable`, `PANIC_SHARE`).
 
 Each change is logged once, counted (`endpoint_ejections_total`), shown by `endpoint_routable` and named under
 `/readyz`'s `degraded`. When every endpoint is out, the gateway answers 503 with Retry-After at once rather than
@@ -42,6 +46,8 @@ class _Record:
     refused_at_ms: float | None = None
     """Out since a connection was refused then, until a scrape asked after it succeeds."""
     probation: bool = False
+    back_ms: float = -1.0
+    """When it last came back in: failures of requests sent before then are not its probation's."""
     why: str = ""
 
 
@@ -83,8 +89,9 @@ class Outliers:
         self.on_ejection = on_ejection
         self._records: dict[str, _Record] = {}
 
-    def failed(self, endpoint_id: str, why: str, refused: bool = False) -> None:
-        """A request sent to the endpoint failed (`refused`: its connection was refused)."""
+    def failed(self, endpoint_id: str, why: str, refused: bool = False, sent_ms: float | None = None) -> None:
+        """A request sent to the endpoint (at `sent_ms`, when known) failed (`refused`: its connection was
+        refused)."""
         record = self._records.setdefault(endpoint_id, _Record())
         now = self.clock()
         if refused:
@@ -94,8 +101,8 @@ class Outliers:
                 log.warning("%s taken out of routing: %s (back when a scrape of it succeeds)", endpoint_id, why)
                 self._ejected(endpoint_id)
             return
-        if self.out(endpoint_id):
-            return  # requests sent before it was taken out, failing now
+        if self.out(endpoint_id) or (sent_ms is not None and sent_ms < record.back_ms):
+            return  # requests sent before it was taken out, or before it came back, failing now
         record.consecutive += 1
         if record.consecutive < self.consecutive and not record.probation:
             return
@@ -109,7 +116,8 @@ class Outliers:
         self._ejected(endpoint_id)
 
     def answered(self, endpoint_id: str) -> None:
-        """A request sent to the endpoint was answered (any status below 500): its record is cleared."""
+        """A request sent to the endpoint was answered, below 500 and to the end of its answer: its record is
+        cleared."""
         record = self._records.get(endpoint_id)
         if record is not None and record.until_ms is None and record.refused_at_ms is None:
             del self._records[endpoint_id]
@@ -121,7 +129,7 @@ class Outliers:
             record.refused_at_ms = None
             log.info("%s back in routing: it accepts connections again", endpoint_id)
             if record.until_ms is None:
-                record.probation = True
+                record.probation, record.back_ms = True, self.clock()
 
     def out(self, endpoint_id: str) -> bool:
         """Whether the endpoint is out of routing now."""
@@ -135,7 +143,7 @@ class Outliers:
         if self.clock() < record.until_ms:
             return True
         record.until_ms = None
-        record.probation = True
+        record.probation, record.back_ms = True, self.clock()
         log.info("%s back in routing, on probation (one more failure takes it out again)", endpoint_id)
         return False
 
