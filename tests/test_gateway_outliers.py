@@ -297,3 +297,23 @@ def test_an_endpoint_that_never_answers_fails_the_request_after_the_upstream_tim
     results, samples = asyncio.run(go())
     assert results == [(200, "good")] * 2
     assert count(samples, "leadtime_router_upstream_errors_total", endpoint="bad", kind="timeout") == 2
+
+
+def test_only_a_refused_connection_is_told_apart_as_refused() -> None:
+    """A closed port takes an endpoint out at once; a connect timeout (an overloaded host) is one failure of five."""
+    from leadtime.bench.procs import free_port
+    from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
+
+    async def go() -> UpstreamError:
+        upstreams = Upstreams(2.0)
+        try:
+            await upstreams.pool("127.0.0.1", free_port()).request("GET", "/", timeout_s=2.0)
+        except UpstreamError as err:
+            return err
+        finally:
+            upstreams.close()
+        raise AssertionError("a closed port answered")
+
+    err = asyncio.run(go())
+    assert err.kind == "connect" and err.refused
+    assert not UpstreamError("connect", "did not accept within 2 s").refused

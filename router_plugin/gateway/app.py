@@ -550,7 +550,7 @@ class Gateway:
     def _failed(self, endpoint_id: str, err: UpstreamError, sent_ms: float) -> None:
         """An endpoint could not be reached, or broke its answer: counted, and a failure (`outliers`)."""
         self.metrics.upstream_errors.labels(endpoint_id, err.kind).inc()
-        self.outliers.failed(endpoint_id, str(err), refused=err.kind == "connect", sent_ms=sent_ms)
+        self.outliers.failed(endpoint_id, str(err), refused=err.refused, sent_ms=sent_ms)
 
     # ----- ASGI --------------------------------------------------------------------------------------------
 

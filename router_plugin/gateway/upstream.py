@@ -28,9 +28,11 @@ class UpstreamError(Exception):
     `responded` says whether a response had started: before that, the request can go elsewhere.
     """
 
-    def __init__(self, kind: str, message: str, responded: bool = False) -> None:
+    def __init__(self, kind: str, message: str, responded: bool = False, refused: bool = False) -> None:
         self.kind = kind
         self.responded = responded
+        self.refused = refused
+        """The endpoint's port refused the connection (nothing listens): not a timeout, a name or TLS failure."""
         super().__init__(f"{kind}: {message}")
 
 
@@ -284,7 +286,8 @@ class UpstreamPool:
             message = f"{self.host}:{self.port} did not accept within {self.connect_timeout_s} s"
             raise UpstreamError("connect", message) from None
         except OSError as err:
-            raise UpstreamError("connect", f"{self.host}:{self.port}: {err.strerror or err}") from None
+            refused = isinstance(err, ConnectionRefusedError)
+            raise UpstreamError("connect", f"{self.host}:{self.port}: {err.strerror or err}", refused=refused) from None
         self._all.add(protocol)
         return protocol
 
