@@ -97,8 +97,19 @@ class Candidate:
         return self.state.endpoint_id
 
     def holds(self, request: RouteRequest) -> bool:
-        """Whether the endpoint's KV cache can hold `request` at all (an unknown size is taken to hold it)."""
-        return self.kv_cache_tokens is None or request.kv_tokens <= self.kv_cache_tokens
+        """Whether the endpoint's KV cache can hold `request` at all (an unknown size is taken to hold it): its
+        prompt and output, or on a prefill endpoint, which hands the request on after its first token, the prompt.
+
+        >>> request = RouteRequest("r", 1000, max_output_tokens=500)
+        >>> Candidate(EndpointState("d", role="decode"), kv_cache_tokens=1200).holds(request)
+        False
+        >>> Candidate(EndpointState("p", role="prefill"), kv_cache_tokens=1200).holds(request)
+        True
+        """
+        if self.kv_cache_tokens is None:
+            return True
+        need = request.input_tokens if self.state.role == "prefill" else request.kv_tokens
+        return need <= self.kv_cache_tokens
 
     def row(self, request: RouteRequest) -> FeatureRow:
         """The (request, endpoint) feature row a predictor scores."""
