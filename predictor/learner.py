@@ -673,13 +673,12 @@ class OnlinePredictor:
         return cls.from_bytes(load_file(directory), background=background)
 
     def _state(self) -> dict[str, Any]:
-        return {
-            "config": asdict(self.config),
-            "version": self.version,
-            "changed_at": self.changed_at.isoformat() if self.changed_at is not None else None,
-            "metadata": self.metadata,
-            "targets": {t: m.to_dict() for t, m in self._models.items()},
-        }
+        state: dict[str, Any] = {"config": asdict(self.config), "version": self.version}
+        if self.changed_at is not None:  # left out when never changed: the same bytes as releases before it
+            state["changed_at"] = self.changed_at.isoformat()
+        state["metadata"] = self.metadata
+        state["targets"] = {t: m.to_dict() for t, m in self._models.items()}
+        return state
 
 
 def _check_actuals(name: str, values: np.ndarray | Sequence[float], n: int) -> np.ndarray:

@@ -88,6 +88,13 @@ def test_artifact_is_json_with_lightgbm_text_not_pickle(trained: OnlinePredictor
     assert b"\x80\x04" not in data[:2]  # no pickle protocol header
 
 
+def test_a_model_that_never_changed_writes_no_changed_at_as_before_it_was_recorded() -> None:
+    """A replica of this release and one of the last, serving the same never-changed model, must give it the same
+    bytes (the same ETag): `"changed_at": null` made every pull between the two a whole download."""
+    document = json.loads(OnlinePredictor(LearnerConfig(background=False)).to_bytes())
+    assert "changed_at" not in document
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
