@@ -54,19 +54,18 @@ def run_simulate_command(
 
 
 def failure_warnings(report: dict[str, object]) -> list[str]:
-    """One line per policy that had requests fail (the first named, with why): the run went on, and its figures
-    count them as missed SLOs, which a reader should know before comparing policies."""
+    """One line per policy that had requests fail, naming how many of each kind with one example reason: the run
+    went on, and its figures count them as missed SLOs, which a reader should know before comparing policies."""
     policies = report["policies"]
     assert isinstance(policies, dict)
     lines = []
     for name, summary in policies.items():
-        failures = summary["failures"]  # reason → how many failed for it
+        failures = summary["failures"]  # kind → {"count": how many, "example": one reason}
         if failures:
-            first = next(iter(failures))
-            more = f" (and {len(failures) - 1} other reasons)" if len(failures) > 1 else ""
+            kinds = "; ".join(f"{f['count']} {kind} (e.g. {f['example']})" for kind, f in failures.items())
             lines.append(
                 f"policy {name}: {summary['failed']} request(s) could not be served and count as failed (SLO "
-                f"missed): {first}{more}"
+                f"missed): {kinds}"
             )
     return lines
 

@@ -99,7 +99,10 @@ class FailedRequest:
     arrival_ms: float
     input_tokens: int
     reason: str
-    """Why, naming the endpoint: a prompt too large for its KV cache, or restarted again and again."""
+    """Why, naming the request and the endpoint: a prompt too large for its KV cache, or restarted again and again."""
+    kind: str
+    """What sort of failure, for counting them (`reason` names the request and its tokens): "kv_cache" (no
+    endpoint's KV cache can hold it) or "stuck" (preempted again and again without getting further)."""
 
 
 @dataclass
@@ -426,7 +429,9 @@ class FleetSimulator:
         try:
             candidates = candidates_that_fit(route, self.candidates(request))
         except NoCandidateError as err:  # no endpoint can hold it: it fails, and no policy placed it
-            self.failed.append(FailedRequest(request.rid, request.arrival_ms, request.input_tokens, str(err)))
+            self.failed.append(
+                FailedRequest(request.rid, request.arrival_ms, request.input_tokens, str(err), "kv_cache")
+            )
             self._report_progress()
             return
         self.routing = request
@@ -594,7 +599,7 @@ class FleetSimulator:
         if self.progress is not None and (done % 200 == 0 or done == len(self.workload)):
             self.progress(done)
 
-    def _fail(self, r: SimRequest, reason: str) -> None:
+    def _fail(self, r: SimRequest, reason: str, kind: str) -> None:
         """Count `r` as failed and forget it (it holds nothing on any endpoint any more), and so does the policy
         that placed it, if it keeps count of what it sent (`abandon`, as the gateway tells it of a failed request)."""
         abandon = getattr(self.policy, "abandon", None)
@@ -602,7 +607,7 @@ class FleetSimulator:
             abandon(str(r.rid))
         self._decisions.pop(r.rid, None)
         self._transfer_ms.pop(r.rid, None)
-        self.failed.append(FailedRequest(r.rid, r.arrival_ms, r.input_tokens, reason))
+        self.failed.append(FailedRequest(r.rid, r.arrival_ms, r.input_tokens, reason, kind))
         self._report_progress()
 
     def _drop_stuck(self, endpoint: Endpoint) -> None:
@@ -613,7 +618,7 @@ class FleetSimulator:
         reason = endpoint.stuck_reason()
         endpoint.stuck = None
         endpoint.remove(r.rid)
-        self._fail(r, reason)
+        self._fail(r, reason, "stuck")
 
     def _on_timeslice(self, group: GroupState) -> None:
         if group.state == "resident":

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from leadtime.features.rows import observation_to_llmd
-from leadtime.simulator.engine import SimResult
+from leadtime.simulator.engine import FailedRequest, SimResult
 
 
 def _percentiles(values: np.ndarray) -> dict[str, float]:
@@ -65,12 +65,22 @@ def summarize(result: SimResult) -> dict[str, object]:
         "goodput_rps": result.goodput_rps,
         "completed": len(done),
         "failed": len(result.failed),
-        "failures": dict(sorted(Counter(f.reason for f in result.failed).items())),
+        "failures": _failures(result.failed),
         "preemptions": result.preemptions,
         "prefix_hit_rate": float(sum(c.prefix_hit_tokens for c in done) / max(1, sum(c.input_tokens for c in done))),
         "simulated_s": span_ms / 1e3,
         "endpoints": endpoints,
     }
+
+
+def _failures(failed: list[FailedRequest]) -> dict[str, dict[str, object]]:
+    """The failed requests by kind (`FailedRequest.kind`), each with how many and one reason as an example (a
+    reason names its request, so counting by reason would make one entry per failed request)."""
+    kinds = Counter(f.kind for f in failed)
+    examples: dict[str, str] = {}
+    for f in failed:
+        examples.setdefault(f.kind, f.reason)
+    return {kind: {"count": n, "example": examples[kind]} for kind, n in sorted(kinds.items())}
 
 
 def write_observations(results: list[SimResult], path: Path) -> int:

@@ -11,6 +11,7 @@ import pytest
 from leadtime.features.catalog import get_model
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
+from leadtime.simulator.cli import failure_warnings
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import FleetSimulator, SimulationError, pools_never_joining
 from leadtime.simulator.fleet import FleetError, late_pools, parse_fleet
@@ -355,6 +356,26 @@ def test_a_request_no_endpoint_can_hold_fails_for_that_policy_with_the_reason_an
     summary = summarize(result)
     assert summary["completed"] == 1 and summary["failed"] == 1
     assert summary["slo_attainment"] == 0.5  # a failed request met no SLO
+
+
+def test_failures_are_grouped_by_kind_with_a_count_and_one_example() -> None:
+    """Reasons name the request and its tokens, so counting by reason made one key per failed request: the report
+    counts them by kind (`kv_cache`, `stuck`) with one example, and the warning names the count of each."""
+    doc = _fleet(pool={"gpu_memory_utilization": 0.21})
+    workload = [WorkloadRequest(i * 5.0, 100_000 + i, 10) for i in range(3)] + [WorkloadRequest(20.0, 200, 10)]
+    result = FleetSimulator(parse_fleet(doc), workload, make_policy("random")).run()
+    assert [f.kind for f in result.failed] == ["kv_cache"] * 3
+    failures = summarize(result)["failures"]
+    assert isinstance(failures, dict) and list(failures) == ["kv_cache"] and failures["kv_cache"]["count"] == 3
+    assert failures["kv_cache"]["example"] == result.failed[0].reason
+    stuck = FleetSimulator(parse_fleet(TIMESLICED_RL), STARVED, make_policy("round-robin"), ttft_slo_ms=1e9).run()
+    assert [f.kind for f in stuck.failed] == ["stuck"]
+    report: dict[str, object] = {"policies": {"random": summarize(result), "round_robin": summarize(stuck)}}
+    first, second = failure_warnings(report)
+    assert first.startswith("policy random: 3 request(s) could not be served and count as failed (SLO missed): ")
+    assert "3 kv_cache (e.g. no endpoint's KV cache can hold the request's 100,010 tokens" in first
+    assert "other reasons" not in first and "100,011" not in first
+    assert "1 stuck (e.g. request 0 (100000 prompt tokens) was preempted" in second
 
 
 def test_a_policy_picking_past_the_candidates_an_endpoint_too_small_is_named() -> None:
