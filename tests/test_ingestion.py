@@ -4,6 +4,7 @@ learned, thinned or dropped (per reason), and the state shows in /readyz, /statu
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.memory import MemoryStore
 
@@ -211,3 +213,27 @@ def test_rows_replayed_from_the_stream_after_a_restart_are_counted_apart_from_wh
         metrics = restarted.get("/metrics").text
         assert "leadtime_observations_replayed_total 300.0" in metrics
         assert "leadtime_observations_learned_total 500.0" in metrics
+
+
+def test_a_rewound_read_finding_its_counted_rows_trimmed_still_counts_the_rest_of_the_replay() -> None:
+    """After a learner restart the cursor goes back before `_replay_counted`; when the rows up to it were trimmed
+    from the stream meanwhile, that empty read cleared the replay's end, and the rest of the rows an earlier
+    process accepted went uncounted as replayed."""
+
+    class Learner:
+        def learn(self, cursor_before: str, cursor: str, entries: list[dict[str, Any]]) -> bool:
+            return True
+
+    store = MemoryStore(retain=40)
+    store.append_observations([entry(i) for i in range(100)])  # rows 60..99 remain
+    runtime = ServiceRuntime(ServiceSettings(), store)
+    runtime.learner = Learner()  # type: ignore[assignment]
+    runtime._cursor, runtime._replay_counted, runtime._replay_until = "10", "60", "100"
+    thread = threading.Thread(target=runtime._ingest_loop, daemon=True)
+    thread.start()
+    try:
+        assert _wait(lambda: runtime._cursor == "100", 10.0)
+    finally:
+        runtime._stop.set()
+        thread.join(timeout=5)
+    assert runtime._replayed == 40

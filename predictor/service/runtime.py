@@ -623,7 +623,13 @@ class ServiceRuntime:
                 continue
             if not entries:
                 if until is not None and all(v == "ok" for v in self.store.health().values()):
-                    self._replay_until = None  # nothing left before the bound: trimmed from the stream
+                    if replayed:
+                        self._replay_until = None  # nothing left before the stream's end at start: trimmed
+                    else:
+                        # Read again after a learner restart, up to the rows counted already, and those were
+                        # trimmed from the stream meanwhile: none is left to count twice, and the rest of the
+                        # replay, up to `_replay_until`, is still to be counted.
+                        self._replay_counted = cursor_before
                 self._stop.wait(0.02)
                 continue
             with self._learn_lock:
