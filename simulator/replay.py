@@ -18,7 +18,8 @@ What a row leaves out, and what the replay assumes:
   for TPOT rows), at evenly spread points of their generation, so the i-th of R running requests has
   ⌈(i + 1) · output_tokens / R⌉ tokens still to go. One that finishes while nothing waits is replaced by a
   request of the context it had reached, with a whole reply to go (an arrival replacing it: the batch stays
-  steady, step for step as if the request had gone on); one
+  steady, step for step as if the request had gone on: its context goes on growing a token a step, as when the
+  replay took the running requests never to finish, and the shipped rows' figures are the same as then); one
   that finishes while requests wait is not, and leaves its KV and its place to them, first come first served,
   as vLLM's scheduler gives them. (A running batch that never finished, as the replay once assumed, never let a
   long queued prefill into a nearly full cache: rows of a heavily loaded endpoint could not be replayed.)
@@ -194,7 +195,9 @@ class StateReplay:
         return ep
 
     def _replace_finished(self, ep: Endpoint, finished: list[SimRequest]) -> None:
-        """Replace the requests beside the row's that finished, while nothing waits (see the module docstring)."""
+        """Replace the requests beside the row's that finished, while nothing waits, each by one of the context it
+        had reached (`computed`) with a whole reply to go: step for step as if it had gone on (its context still
+        grows), not one of a fixed context (see the module docstring)."""
         for r in finished:
             if r.rid == 0 or ep.waiting:
                 continue
