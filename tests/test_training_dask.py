@@ -18,7 +18,7 @@ from dask.distributed import Client, LocalCluster
 
 from leadtime.bench.retrain import write_simulator_log
 from leadtime.predictor.learner import OnlinePredictor
-from leadtime.training.distributed import DaskUnavailable, connect
+from leadtime.training.distributed import DaskTrainer, DaskUnavailable, connect
 from leadtime.training.fit import SearchConfig
 from leadtime.training.job import EXIT_PUBLISHED, RetrainConfig, run_retrain
 
@@ -91,3 +91,9 @@ def test_an_interrupted_dask_fit_leaves_no_traceback_behind(
     gc.collect()
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
     assert not (tmp_path / "models" / "leadtime-predictor.json").exists()
+
+
+def test_quieting_an_interrupted_job_never_replaces_the_interrupt() -> None:
+    """On the way out of a Ctrl-C, a client without an event loop (closed, or not distributed's) made
+    `interrupted` raise, and that error replaced the KeyboardInterrupt."""
+    DaskTrainer(object()).interrupted()

@@ -124,7 +124,15 @@ class DaskTrainer:
         its tasks waiting on the fit's futures; when the client closes they end in `AllExit` (distributed's own
         signal to stop waiting) with nothing left to retrieve it, and asyncio printed each as "Task exception was
         never retrieved" with a traceback. The client's loop drops those endings from now on (any other exception
-        it reports as before), and distributed's own log of the connection cut short is kept below CRITICAL."""
+        it reports as before), and distributed's own log of the connection cut short is kept below CRITICAL.
+
+        Called only on the way out of an interrupted job, so the `distributed` logger left at CRITICAL for the rest
+        of the process is acceptable; and nothing here may raise (a client without an event loop, say): its error
+        would replace the KeyboardInterrupt."""
+        with contextlib.suppress(Exception):
+            self._quiet_interrupted_client()
+
+    def _quiet_interrupted_client(self) -> None:
         from distributed.client import AllExit
 
         logging.getLogger("distributed").setLevel(logging.CRITICAL)
