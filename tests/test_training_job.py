@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightgbm as lgb
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -22,6 +23,7 @@ from leadtime.predictor.artifact import FILE_NAME, load_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.trees import TREE_FEATURES
 from leadtime.training import job as job_module
 from leadtime.training.champion import Evaluation, Scores, decide, evaluate
 from leadtime.training.job import EXIT_KEPT, EXIT_PUBLISHED, RETRAIN_KEY, RetrainConfig, RetrainError, run_retrain
@@ -410,3 +412,32 @@ def test_the_cli_keeps_lightgbms_warnings_off_stderr(
     _log_warning("Parameter n_jobs will be ignored.")  # what LightGBM's Dask estimator says at every fit
     assert not [r for r in caplog.records if r.name == "lightgbm"]
     assert "will be ignored" not in capfd.readouterr().err
+
+
+def test_a_target_the_evaluation_slice_cannot_judge_keeps_the_champions_trees(sim_log: Path, tmp_path: Path) -> None:
+    """History rows observed TPOT, the evaluation slice did not: the challenger's TPOT trees, never compared with
+    the champion's, replaced them when it won on TTFT."""
+    champion = stale_champion(sim_log, version=2)
+    rng = np.random.default_rng(0)
+    x = rng.random((200, len(TREE_FEATURES)))
+    booster = lgb.train(
+        {"objective": "regression", "verbose": -1, "num_leaves": 4},
+        lgb.Dataset(x, rng.random(200), feature_name=list(TREE_FEATURES)),
+        num_boost_round=3,
+    )
+    champion.install_trees("tpot", booster, None, 0.0, np.zeros(64))
+    champion.save(tmp_path / "models")
+    kept = champion.tree_text("tpot")
+    assert kept is not None
+    rows = [json.loads(line) for line in sim_log.read_text().splitlines()]
+    recent = np.quantile([r["timestamp"] for r in rows], 0.7)  # the evaluation slice is the most recent 20%
+    log = tmp_path / "observations.jsonl"
+    log.write_text(
+        "".join(json.dumps({**r, "actual_tpot_ms": 0.0} if r["timestamp"] >= recent else r) + "\n" for r in rows)
+    )
+    result = run_retrain(RetrainConfig(samples=(str(log),), registry=str(tmp_path / "models")))
+    assert result.exit_code == EXIT_PUBLISHED and result.report["decision"]["wins"] == {"ttft": True}
+    assert any(result.report["training"]["targets"]["tpot"]["accepted"].values())  # TPOT trees were fitted
+    published = OnlinePredictor.load(tmp_path / "models", background=False)
+    assert published.tree_text("tpot") == kept
+    assert published.tree_text("ttft") != champion.tree_text("ttft")

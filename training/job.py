@@ -396,8 +396,13 @@ def _challenger(
     split: TimeSplit,
     config: RetrainConfig,
 ) -> OnlinePredictor:
-    """`base` (copied) serving the new trees, one version on, with a record of what they were fitted on."""
+    """`base` (copied) serving the new trees, one version on, with a record of what they were fitted on.
+
+    A target no row of the evaluation slice observed cannot be judged (`champion.decide`): trees fitted for it
+    replace none the champion (`base`) serves, which stay; they are installed only where it serves none."""
     challenger = OnlinePredictor.from_bytes(base.to_bytes(), background=False)
+    judged = {t for t, actual in _actuals(samples).items() if (actual[split.evaluation] > 0).any()}
+    trees = {t: f for t, f in trees.items() if t in judged or base.tree_text(t) is None}
     for target, fitted in trees.items():
         if fitted.installs:
             challenger.install_trees(
