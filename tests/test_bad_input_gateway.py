@@ -156,11 +156,14 @@ def test_with_api_keys_the_api_paths_need_one_and_health_and_metrics_stay_open()
 
 def test_an_endpoint_discovery_dropped_leaves_the_per_endpoint_gauges() -> None:
     """A removed endpoint read as routable, its scrape age frozen, on every scrape after."""
+    from leadtime.router_plugin.gateway.upstream import UpstreamError
     from leadtime.router_plugin.scrape import EndpointScrape
 
     app = gateway()
     (endpoint,) = parse_static(["127.0.0.1:9,name=gone"])
     app.scraper.scrapes["gone"] = EndpointScrape(endpoint)
+    app._failed("gone", UpstreamError("timeout", "no data"), 0.0)  # its counters too: pods come and go by name
+    app._answered("gone", 500, 0.0)
     assert 'leadtime_router_endpoint_routable{endpoint="gone"}' in app._render_metrics().decode()
     del app.scraper.scrapes["gone"]
     assert 'endpoint="gone"' not in app._render_metrics().decode()

@@ -297,6 +297,7 @@ class Gateway:
         self._unknown_overflow: set[str] = set()
         self._unread_groups_said = False
         self._panic = False
+        self._error_kinds: set[tuple[str, str]] = set()  # (endpoint, kind) series of upstream_errors, to remove
         self._unservable_message = "no endpoint can serve this request now"
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -550,6 +551,7 @@ class Gateway:
     def _failed(self, endpoint_id: str, err: UpstreamError, sent_ms: float) -> None:
         """An endpoint could not be reached, or broke its answer: counted, and a failure (`outliers`)."""
         self.metrics.upstream_errors.labels(endpoint_id, err.kind).inc()
+        self._error_kinds.add((endpoint_id, err.kind))
         self.outliers.failed(endpoint_id, str(err), refused=err.refused, sent_ms=sent_ms)
 
     # ----- ASGI --------------------------------------------------------------------------------------------
@@ -715,6 +717,9 @@ class Gateway:
             for status in STATUS_CLASSES:
                 with contextlib.suppress(KeyError):
                     m.upstream_responses.remove(gone, status)
+            for series in [s for s in self._error_kinds if s[0] == gone]:
+                m.upstream_errors.remove(*series)
+                self._error_kinds.discard(series)
         self._gauged = current
         m.endpoints.labels("true").set(routable)
         m.endpoints.labels("false").set(len(self.scraper.scrapes) - routable)
