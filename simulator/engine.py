@@ -444,9 +444,9 @@ class FleetSimulator:
             self._hold(request)
             return
         self._check_pick(pick)
-        for chosen in (pick.endpoint_id, pick.decode_endpoint_id):
-            if chosen is not None:
-                self._check_fits(request, self.by_id[chosen])
+        self._check_fits(route, self.by_id[pick.endpoint_id], prompt_only=pick.decode_endpoint_id is not None)
+        if pick.decode_endpoint_id is not None:
+            self._check_fits(route, self.by_id[pick.decode_endpoint_id], prompt_only=False)
         by_id = {c.endpoint_id: c for c in candidates}
         decode_row = None
         if pick.decode_endpoint_id is not None:
@@ -475,15 +475,16 @@ class FleetSimulator:
         again = self._next_publish if self._next_publish > self.now else self.now + self.fleet.refresh_ms
         self._push(again, ARRIVAL, request)
 
-    def _check_fits(self, request: SimRequest, endpoint: Endpoint) -> None:
+    def _check_fits(self, route: RouteRequest, endpoint: Endpoint, prompt_only: bool) -> None:
         """A policy that picked past its candidates an endpoint too small for the request (never offered it: see
-        `candidates_that_fit`) is a bug of that policy, named as `_check_pick` names it."""
-        tokens = request.input_tokens + request.output_tokens
-        if endpoint.cache.blocks_for(tokens) > endpoint.cache.total_blocks:
+        `candidates_that_fit`, whose measure this is: the prompt alone on the prefill endpoint of a pair) is a bug
+        of that policy, named as `_check_pick` names it."""
+        tokens = route.input_tokens if prompt_only else route.kv_tokens
+        if tokens > endpoint.cache.capacity_tokens:
             name = getattr(self.policy, "name", type(self.policy).__name__)
             raise SimulationError(
-                f"policy {name!r} picked {endpoint.endpoint_id} for request {request.rid} ({tokens} tokens), which "
-                f"can never fit its KV cache ({endpoint.cache.capacity_tokens} tokens)"
+                f"policy {name!r} picked {endpoint.endpoint_id} for request {route.request_id} ({tokens} tokens), "
+                f"which can never fit its KV cache ({endpoint.cache.capacity_tokens} tokens)"
             )
 
     def _check_pick(self, pick: Pick) -> None:

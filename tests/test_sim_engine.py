@@ -436,6 +436,36 @@ def test_bad_policy_pick_is_reported() -> None:
         FleetSimulator(parse_fleet(_fleet()), [WorkloadRequest(0.0, 10, 2)], Wrong()).run()
 
 
+def test_a_prefill_endpoint_is_held_to_the_prompt_alone_when_a_pair_is_placed() -> None:
+    """It hands the request on after its first token: a prompt its cache holds is its to prefill, however long the
+    reply (the engine's own check weighed prompt plus reply and stopped the run)."""
+    doc = {
+        "pools": [
+            {
+                "name": "p",
+                "count": 1,
+                "accelerator": "h100-sxm",
+                "model": "llama-3.1-8b",
+                "role": "prefill",
+                "gpu_memory_utilization": 0.21,
+            },
+            {"name": "d", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
+        ],
+    }
+    fleet = parse_fleet(doc)
+    capacity = FleetSimulator(fleet, [], make_policy("round-robin")).by_id["p-0"].cache.capacity_tokens
+    offered: list[str] = []
+
+    class Pairs(RoundRobinPolicy):
+        def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+            offered.extend(c.endpoint_id for c in candidates)
+            return Pick("p-0", decode_endpoint_id="d-0")
+
+    workload = [WorkloadRequest(0.0, capacity - 200, 1000)]
+    result = FleetSimulator(fleet, workload, Pairs()).run()
+    assert sorted(offered) == ["d-0", "p-0"] and len(result.completed) == 1 and not result.failed
+
+
 def test_pd_decode_preemption_recomputes_and_loses_no_token() -> None:
     doc = {
         "pools": [
