@@ -658,11 +658,8 @@ class Gateway:
         else:
             after = self.settings.unroutable_after_s
             out = self.outliers.health()
-            reason = (
-                "no endpoint can be routed to (every one answered a scrape within the last "
-                f"{after:g} s is out of routing for failing its requests)"
-                if out
-                else f"no endpoint can be routed to (none answered a scrape within the last {after:g} s)"
+            reason = (  # endpoints out for failing are routed to when most are (`routable`): never the reason here
+                f"no endpoint can be routed to (none answered a scrape within the last {after:g} s)"
                 if known
                 else "discovery lists no endpoint"
             )
