@@ -278,9 +278,10 @@ def test_grpc_observe_stream_says_what_was_kept_when_the_backlog_fills(
 # ----- leadtime serve ---------------------------------------------------------------------------------------------
 
 
-def leadtime_serve(*args: str) -> tuple[int, str]:
-    """Run `leadtime serve` to its end (a bad option ends it at once); (exit code, stderr)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
+def leadtime_serve(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run `leadtime serve` to its end (a bad option ends it at once); (exit code, stderr). `env`: LEADTIME_
+    variables to set."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}, **(env or {})}
     process = subprocess.run(
         [sys.executable, "-m", "leadtime", "serve", *args],
         cwd=ROOT,
@@ -389,3 +390,11 @@ def test_serve_refuses_an_api_token_no_client_could_send(token: str) -> None:
     """An empty `--api-token ""` left the write paths open without the warning that no token gives."""
     code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", "--api-token", token)
     assert_one_line(code, message, "--api-token (LEADTIME_API_TOKEN)")
+
+
+@pytest.mark.parametrize("variable", ["LEADTIME_API_TOKEN", "LEADTIME_TLS_CERTFILE", "LEADTIME_TLS_KEYFILE"])
+def test_serve_refuses_a_secret_variable_set_but_empty(variable: str) -> None:
+    """A Kubernetes Secret with an empty or missing key gives `LEADTIME_API_TOKEN=`: it was read as no token, and
+    the write paths were open (the TLS files alike: plain HTTP), while `--api-token ""` is refused."""
+    code, message = leadtime_serve("--port", str(free_port()), "--grpc-port", "0", env={variable: ""})
+    assert_one_line(code, message, variable, "set but empty")

@@ -760,6 +760,35 @@ def test_route_hands_its_options_to_the_gateway_api_keys_from_the_environment_ap
     assert plain.api_keys == () and not plain.ask_usage and not plain.measure_non_streaming
 
 
+@pytest.mark.parametrize(
+    ("env", "extra", "named"),
+    [
+        ({"LEADTIME_ROUTE_API_KEY": ""}, [], "LEADTIME_ROUTE_API_KEY"),
+        ({"LEADTIME_ROUTE_API_KEY": "   "}, [], "LEADTIME_ROUTE_API_KEY"),
+        ({"LEADTIME_API_TOKEN": ""}, [], "LEADTIME_API_TOKEN"),
+        ({}, ["--api-token", "has space"], "--api-token"),
+        ({}, ["--api-token", ""], "--api-token"),
+    ],
+)
+def test_route_refuses_keys_and_tokens_it_could_not_use(
+    env: dict[str, str], extra: list[str], named: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty LEADTIME_ROUTE_API_KEY (a Secret with an empty key) was read as none: the gateway came up open to
+    every client, saying so at INFO. A token with a space had every observation refused (401) for ever."""
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+    from leadtime.router_plugin.gateway import serve
+
+    monkeypatch.setattr(serve, "build_gateway", lambda *a, **k: pytest.fail("the gateway was built"))
+    for variable in ("LEADTIME_ROUTE_API_KEY", "LEADTIME_API_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+    args = ["route", "--endpoint", "127.0.0.1:1", "--predictor-url", "http://127.0.0.1:1", *extra]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert named in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
 def test_route_refuses_a_broken_discovery_file(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

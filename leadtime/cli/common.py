@@ -4,6 +4,7 @@ the help texts of options several commands take."""
 from __future__ import annotations
 
 import math
+import os
 import signal
 import tempfile
 import threading
@@ -55,6 +56,16 @@ def fail(message: str | Exception) -> None:
         message = describe_os_error(message)
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def refuse_blank_variables(*names: str) -> None:
+    """Fail when one of the environment variables `names` is set but empty or blank. Click reads such a variable
+    as not set, so a secret left empty (a Kubernetes Secret with an empty or missing key) started a server open to
+    every client, or on plain HTTP, where the operator had meant a token or TLS."""
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None and not value.strip():
+            fail(f"{name} is set but empty: give it a value, or unset it")
 
 
 def warn(message: str) -> None:

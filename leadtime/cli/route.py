@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import app, check_redis_url, fail, positive, warn
+from leadtime.cli.common import app, check_redis_url, fail, positive, refuse_blank_variables, warn
 from leadtime.features.errors import FeatureError
 
 
@@ -189,8 +189,11 @@ def route(
     ):
         if value is not None:
             positive(name, value)
-    if api_token is not None and not (api_token.isascii() and api_token.isprintable()):
-        fail("--api-token must be printable ASCII, without line breaks or control characters")
+    refuse_blank_variables("LEADTIME_API_TOKEN", "LEADTIME_ROUTE_API_KEY")
+    if api_token is not None and (
+        not api_token or not (api_token.isascii() and api_token.isprintable()) or " " in api_token
+    ):
+        fail("--api-token must be printable ASCII, without spaces, line breaks or control characters, not empty")
     for key in api_key or ():
         if not key or not (key.isascii() and key.isprintable()) or " " in key:
             fail("--api-key must be printable ASCII, without spaces, line breaks or control characters")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import app, fail
+from leadtime.cli.common import app, fail, refuse_blank_variables
 from leadtime.features.errors import FeatureError, validation_problem
 
 OPTION_OF = {
@@ -81,6 +81,7 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option(envvar="LEADTIME_TLS_KEYFILE", help="PEM key of --tls-cert.")] = None,
 ) -> None:
     """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
+    refuse_blank_variables("LEADTIME_API_TOKEN", "LEADTIME_TLS_CERTFILE", "LEADTIME_TLS_KEYFILE")
     from pydantic import ValidationError
 
     from leadtime.predictor.service.cpus import CpuPlanError, allowed_cpus, plan_cpus
