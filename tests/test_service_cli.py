@@ -67,6 +67,29 @@ def test_serve_runs_http_grpc_and_metrics_in_one_process() -> None:
     assert "store: in memory" in log
 
 
+def test_a_prediction_server_on_a_model_dir_logs_what_it_keeps_and_what_is_open(tmp_path: Path) -> None:
+    """A `--role prediction` server warned that anyone could send it training data (it answers those paths 404),
+    and said its models go when it stops while `--model-dir` keeps them."""
+    http_port = free_port()
+    args = ["serve", "--port", str(http_port), "--grpc-port", "0", "--role", "prediction", "--model-dir", str(tmp_path)]
+    process = leadtime(*args)
+    try:
+        deadline = time.monotonic() + 30
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{http_port}/readyz", timeout=1).status_code in (200, 503)
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert ready
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    log = process.stderr.read().decode() if process.stderr else ""
+    assert "no API token" not in log, log
+    assert f"store: in memory (this process only: observations go when it stops; models are kept in {tmp_path})" in log
+
+
 def wait_ready(port: int, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

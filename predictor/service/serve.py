@@ -90,11 +90,18 @@ def check_role(settings: ServiceSettings) -> None:
         )
 
 
-def describe_store(store: object) -> str:
-    """How the log names the store: Redis with its address (credentials left out), or this process's memory."""
+def describe_store(store: object, model_dir: Path | None = None) -> str:
+    """How the log names the store: Redis with its address (credentials left out), or this process's memory (and
+    where its models outlive it, with a model directory).
+
+    >>> describe_store(object(), Path("models"))
+    'in memory (this process only: observations go when it stops; models are kept in models)'
+    """
     address = getattr(store, "address", None)
     if address is not None:
         return f"Redis at {address}"
+    if model_dir is not None:
+        return f"in memory (this process only: observations go when it stops; models are kept in {model_dir})"
     return "in memory (this process only: observations and models go when it stops)"
 
 
@@ -139,12 +146,12 @@ def serve(settings: ServiceSettings) -> None:
         sock.bind((settings.host, 0))
         http_port, sockets = sock.getsockname()[1], [sock]
     log.info("HTTP on %s://%s:%d (API docs at /docs)", scheme, settings.host, http_port)
-    if settings.api_token is None:
+    if settings.api_token is None and settings.serves_training:  # a prediction server takes no training data
         log.warning(
             "no API token: anyone who can reach this port can send training data (--api-token or LEADTIME_API_TOKEN "
             "sets one; see SECURITY.md in the source)"
         )
-    log.info("store: %s", describe_store(runtime.store))
+    log.info("store: %s", describe_store(runtime.store, settings.model_dir))
     if settings.role == "training" and settings.redis_url is None and settings.model_dir is None:
         log.warning("--role training without --redis or --model-dir: no prediction server sees the models it learns")
     plan = runtime.cpu_plan
