@@ -241,9 +241,13 @@ class LiveEndpoint:
         request = SimRequest(
             rid, self.now_ms(), max(1, len(words)), max_tokens, word_block_hashes(words), PREFIX_BLOCK_WORDS
         )
-        needed = self.engine.cache.blocks_for(request.input_tokens + max_tokens)
-        if needed > self.engine.cache.total_blocks:
-            raise FeatureError("prompt", "prompt plus max_tokens exceed this endpoint's KV cache")
+        cache = self.engine.cache
+        if cache.blocks_for(request.input_tokens + max_tokens) > cache.total_blocks:
+            raise FeatureError(
+                "prompt",
+                f"prompt plus max_tokens ({request.input_tokens} + {max_tokens} tokens) exceed the "
+                f"{cache.capacity_tokens} tokens this endpoint's KV cache holds",
+            )
         return request
 
     def _enqueue(self, request: SimRequest) -> None:

@@ -147,6 +147,8 @@ def test_a_request_larger_than_the_kv_cache_is_a_422_naming_the_prompt() -> None
         srv.stop()
     assert reply.status_code == 422
     assert reply.json()["field"] == "prompt" and "KV cache" in reply.json()["error"]
+    capacity = srv.live[0].engine.cache.capacity_tokens
+    assert f"(10 + 32768 tokens) exceed the {capacity} tokens this endpoint's KV cache holds" in reply.json()["error"]
 
 
 def test_a_model_the_endpoint_does_not_serve_is_404_as_in_vllm(server: FleetServer) -> None:
