@@ -145,7 +145,12 @@ def _predict_call(
 
 
 def _ratio(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    return {k: round(a[k] / b[k], 2) for k in a}
+    """`a` over `b` per percentile, keyed p50/p99: a ratio, not milliseconds (`p50_ms` named it one).
+
+    >>> _ratio({"p50_ms": 3.0, "p99_ms": 9.0}, {"p50_ms": 2.0, "p99_ms": 4.0})
+    {'p50': 1.5, 'p99': 2.25}
+    """
+    return {k.removesuffix("_ms"): round(a[k] / b[k], 2) for k in a}
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:
@@ -158,4 +163,4 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         p, t, r = part["plain"], part["tls"], part["tls_over_plain"]
         plain = f"plain {p['p50_ms']:.3f} / {p['p99_ms']:.3f} ms"
         tls = f"TLS {t['p50_ms']:.3f} / {t['p99_ms']:.3f} ms"
-        print(f"  {label:18} {plain}   {tls}   ratio {r['p50_ms']:.2f} / {r['p99_ms']:.2f}  (p50 / p99)")
+        print(f"  {label:18} {plain}   {tls}   ratio {r['p50']:.2f} / {r['p99']:.2f}  (p50 / p99)")

@@ -279,7 +279,7 @@ class OnlinePredictor:
             return rows
         if isinstance(rows, np.ndarray):
             return self.vectorizer.batch_of_matrix(rows)
-        _only(rows, FeatureRow, "predict_many takes FeatureRows (an Observation's is its .row)")
+        _only(rows, FeatureRow, "predict_one and predict_many take FeatureRows (an Observation's is its .row)")
         return self.vectorizer.batch(rows)
 
     def debug_one(
@@ -376,7 +376,11 @@ class OnlinePredictor:
             n = len(observations)
             if n == 0:
                 return
-            _only(observations, Observation, "learn_many takes Observations: a FeatureRow with its actual TTFT/TPOT")
+            _only(
+                observations,
+                Observation,
+                "learn_one and learn_many take Observations: a FeatureRow with its actual TTFT/TPOT",
+            )
             batch = self.vectorizer.batch([o.row for o in observations])
             actual_ttft_ms = np.fromiter(map(_ACTUAL_TTFT, observations), dtype=np.float64, count=n)
             actual_tpot_ms = np.fromiter(map(_ACTUAL_TPOT, observations), dtype=np.float64, count=n)

@@ -23,7 +23,7 @@ from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import row_dict
 from leadtime.predictor.learner import OnlinePredictor
-from leadtime.router_plugin.gateway.metrics import PULL_RESULTS, GatewayMetrics
+from leadtime.router_plugin.gateway.metrics import DISCOVERY_RESULTS, PULL_RESULTS, GatewayMetrics
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 from leadtime.router_plugin.gateway.pulled import PulledModel
 
@@ -242,3 +242,10 @@ def test_every_pull_result_is_exported_from_the_start() -> None:
     text = GatewayMetrics().render().decode()
     for result in PULL_RESULTS:
         assert f'leadtime_router_model_pulls_total{{result="{result}"}} 0.0' in text, text
+
+
+def test_every_discovery_reload_result_is_exported_from_the_start() -> None:
+    """`discovery_reloads_total` had no series before the first reload, unlike the gateway's other counters."""
+    text = GatewayMetrics().render().decode()
+    for result in DISCOVERY_RESULTS:
+        assert f'leadtime_router_discovery_reloads_total{{result="{result}"}} 0.0' in text, text

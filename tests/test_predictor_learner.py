@@ -648,10 +648,12 @@ def test_never_predicts_what_the_poisoning_guard_would_refuse_to_learn(predictor
 def test_the_wrong_kind_of_row_is_a_type_error_saying_what_is_taken(predictor: OnlinePredictor) -> None:
     """learn_one(row) was "'FeatureRow' object has no attribute 'row'"; predict_one(None) an AttributeError too."""
     row = FeatureRow(RequestFeatures(10), EndpointState())
-    with pytest.raises(TypeError, match="learn_many takes Observations.*item 0 is FeatureRow"):
+    with pytest.raises(TypeError, match="learn_one and learn_many take Observations.*item 0 is FeatureRow"):
         predictor.learn_one(row)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="predict_many takes FeatureRows.*item 1 is dict"):
+    with pytest.raises(TypeError, match="predict_one and predict_many take FeatureRows.*item 1 is dict"):
         predictor.predict_many([row, {"input_tokens": 10}])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="predict_one and predict_many take FeatureRows.*item 0 is dict"):
+        predictor.predict_one({"input_tokens": 10})  # type: ignore[arg-type]  # named the other method alone
     with pytest.raises(ValueError, match="window must be an integer, got 1000.5"):
         LearnerConfig(window=1000.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantile must be a number, got '0.9'"):

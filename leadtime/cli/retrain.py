@@ -28,7 +28,9 @@ def retrain(
     ] = 0.01,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
-    """Fit the trees on a long history; publish only if they beat the registry's model (exit 0; kept: 3)."""
+    """Fit the trees on a long history; publish only if they beat the registry's model.
+
+    Exit 0 published, 3 champion kept, 2 an error."""
     import logging
 
     from leadtime.training.job import RetrainConfig, RetrainError, run_retrain
