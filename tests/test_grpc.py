@@ -225,3 +225,23 @@ def test_grpc_health_checks_answer_readiness_as_kubernetes_probes_ask() -> None:
             assert status("") == not_serving  # stopped
     finally:
         server.stop(grace=None)
+
+
+def test_health_watch_is_refused_as_unimplemented_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """`Watch` (what gRPC's client-side health checking calls) fell to the base class, whose NotImplementedError
+    gRPC logged as an ERROR with a traceback at every call; the client got UNIMPLEMENTED, which it reads as
+    "health checking not served"."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    app = create_app(ServiceSettings())
+    server, port = start_grpc_server(app.state.runtime, "127.0.0.1", 0)
+    try:
+        with TestClient(app), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=5)
+            with pytest.raises(grpc.RpcError) as err:
+                next(iter(watch))
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "Check" in (err.value.details() or "")  # says what to call instead
+    finally:
+        server.stop(grace=None)
+    assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info], caplog.text

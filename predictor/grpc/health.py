@@ -36,6 +36,11 @@ class HealthCheck(health_pb2_grpc.HealthServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no service {request.service!r} here; ask for one of {SERVICES}")
         return health_pb2.HealthCheckResponse(status=self._status())
 
+    def Watch(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """Refused as UNIMPLEMENTED (client-side health checking then takes the server as healthy), said here: the
+        base class raised NotImplementedError, which gRPC logged with a traceback at every call."""
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Watch is not served here; call Check (or List)")
+
     def List(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """Every service this server answers for, with its status."""
         status = self._status()
