@@ -27,7 +27,9 @@ if _version_not_supported:
 
 
 class PredictorStub:
-    """Missing associated documentation comment in .proto file."""
+    """Observe and ObserveStream need the metadata `authorization: Bearer TOKEN` when the service has an API token
+    (UNAUTHENTICATED otherwise); PredictBulk and Status need none. grpc.health.v1 is served on the same port.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -58,7 +60,9 @@ class PredictorStub:
 
 
 class PredictorServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Observe and ObserveStream need the metadata `authorization: Bearer TOKEN` when the service has an API token
+    (UNAUTHENTICATED otherwise); PredictBulk and Status need none. grpc.health.v1 is served on the same port.
+    """
 
     def PredictBulk(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -74,7 +78,8 @@ class PredictorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ObserveStream(self, request_iterator, context):
-        """A client stream of batches; each is validated and accepted on arrival.
+        """A client stream of batches; each is validated and accepted on arrival. At most 4 streams are open at once
+        (RESOURCE_EXHAUSTED beyond: retry later, or use Observe).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,7 +123,9 @@ def add_PredictorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Predictor:
-    """Missing associated documentation comment in .proto file."""
+    """Observe and ObserveStream need the metadata `authorization: Bearer TOKEN` when the service has an API token
+    (UNAUTHENTICATED otherwise); PredictBulk and Status need none. grpc.health.v1 is served on the same port.
+    """
 
     @staticmethod
     def PredictBulk(request,
