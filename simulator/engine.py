@@ -36,7 +36,7 @@ from leadtime.router_plugin.policy import (
 )
 from leadtime.router_plugin.timeslice import GroupStatus
 from leadtime.simulator.endpoint import Endpoint, SimRequest, StepNoise, StepOutcome
-from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
+from leadtime.simulator.fleet import DAY_MS, EndpointConfig, Fleet, TimesliceGroup
 from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.steptime import StepTimeModel
 from leadtime.simulator.workload import WorkloadRequest
@@ -102,7 +102,8 @@ class FailedRequest:
     """Why, naming the request and the endpoint: a prompt too large for its KV cache, or restarted again and again."""
     kind: str
     """What sort of failure, for counting them (`reason` names the request and its tokens): "kv_cache" (no
-    endpoint's KV cache can hold it) or "stuck" (preempted again and again without getting further)."""
+    endpoint's KV cache can hold it) or "stuck" (preempted again and again without getting further, or unfinished
+    a day after the last arrival)."""
 
 
 @dataclass
@@ -611,6 +612,23 @@ class FleetSimulator:
         self.failed.append(FailedRequest(r.rid, r.arrival_ms, r.input_tokens, reason, kind))
         self._report_progress()
 
+    def _fail_overdue(self) -> None:
+        """Fail every request still unfinished a day after the last arrival (`DAY_MS`, the longest a fleet file
+        may make a group stay away): one waiting on a group away that long, or needing many of its short resident
+        windows, would otherwise keep the run going over weeks of simulated time, for a client long gone."""
+        for rid, decision in list(self._decisions.items()):
+            w = self.workload[rid]
+            placed = [decision.endpoint_id, *([decision.decode_endpoint_id] if decision.decode_endpoint_id else [])]
+            groups = [g for g in (self.configs[e].timeslice_group for e in placed) if g]
+            reason = (
+                f"request {rid} ({w.input_tokens} prompt tokens) had not finished a day after the last arrival, on "
+                f"{' → '.join(placed)}"
+                + (f" (time-slice group {', '.join(map(repr, dict.fromkeys(groups)))})" if groups else "")
+                + "; the run stops there"
+            )
+            r = SimRequest(rid, w.arrival_ms, w.input_tokens, w.output_tokens, w.segments, w.segment_tokens)
+            self._fail(r, reason, "stuck")
+
     def _drop_stuck(self, endpoint: Endpoint) -> None:
         """A request the endpoint found restarting without end (`Endpoint.stuck`) fails; the endpoint serves on."""
         r = endpoint.stuck
@@ -668,8 +686,13 @@ class FleetSimulator:
         pending = len(self.workload)
         refresh = self.fleet.refresh_ms
         self._next_publish = refresh
+        horizon = (self.workload[-1].arrival_ms if self.workload else 0.0) + DAY_MS
         while self._events and len(self.completed) + len(self.failed) < pending:
             time_ms, _, kind, payload = heapq.heappop(self._events)
+            if time_ms > horizon:
+                self.now = horizon
+                self._fail_overdue()
+                break
             if kind == STEP:
                 endpoint, version = cast(tuple[Endpoint, int], payload)
                 if version != self._versions[endpoint.endpoint_id] or endpoint.plan is None:

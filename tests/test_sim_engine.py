@@ -14,7 +14,7 @@ from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.simulator.cli import failure_warnings
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import FleetSimulator, SimulationError, pools_never_joining
-from leadtime.simulator.fleet import FleetError, late_pools, parse_fleet
+from leadtime.simulator.fleet import DAY_MS, FleetError, late_pools, parse_fleet
 from leadtime.simulator.kvcache import KVCache
 from leadtime.simulator.report import summarize
 from leadtime.simulator.run import make_policy, run_policies
@@ -413,6 +413,29 @@ def test_a_request_that_can_never_finish_is_counted_as_failed_and_the_others_com
     summary = summarize(result)
     assert summary["failed"] == 1 and summary["completed"] == 3
     assert summary["slo_attainment"] == 0.75  # the failed request missed its SLO
+
+
+def test_a_request_unfinished_a_day_after_the_last_arrival_fails_and_the_run_ends_there() -> None:
+    """A group away for a day (the longest a fleet file may say) took requests that needed many of its short
+    resident windows: the run went on over weeks of simulated time, minutes of silence with other groups cycling.
+    A request a client would have given up on so long ago fails, and the run stops a day after the last arrival."""
+    away = {"distribution": "fixed", "value": DAY_MS}
+    doc = {
+        "pools": [
+            {"name": "dedicated", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+            {"name": "shared", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "timeslice_group": "c"},
+        ],
+        "timeslice_groups": {"c": {"resident_ms": {"distribution": "fixed", "value": 1000}, "away_ms": away}},
+    }
+    workload = [WorkloadRequest(i * 10.0, 200, 2000) for i in range(4)]  # ~14 s of decoding each
+    result = FleetSimulator(parse_fleet(doc), workload, make_policy("round-robin")).run()
+    on_shared = sorted(c.rid for c in result.completed if c.endpoint_id == "shared-0")
+    failed = sorted(f.rid for f in result.failed)
+    assert failed and not on_shared and len(failed) + len(result.completed) == 4
+    assert {f.kind for f in result.failed} == {"stuck"}
+    assert "had not finished a day after the last arrival" in result.failed[0].reason
+    assert "shared-0" in result.failed[0].reason
+    assert result.duration_ms <= workload[-1].arrival_ms + DAY_MS
 
 
 def test_a_failed_request_is_abandoned_by_the_policy_that_placed_it() -> None:
