@@ -75,19 +75,19 @@ class EndpointScrape:
     duration_s: float = 0.0
 
 
-async def read_at_most(response: Response, limit: int, timeout_s: float) -> bytes:
-    """The whole body, or UpstreamError ("too_large") once it passes `limit` bytes (the connection is closed, the
-    rest unread)."""
+async def read_at_most(response: Response, limit: int, timeout_s: float, what: str = "/metrics") -> bytes:
+    """The whole body, or UpstreamError ("too_large", naming `what`) once it passes `limit` bytes (the connection
+    is closed, the rest unread)."""
     length = (response.header(b"content-length") or b"").strip()
     if length.isdigit() and int(length) > limit:
         response.close()
-        raise UpstreamError("too_large", f"/metrics is larger than {limit >> 20} MiB ({int(length):,} bytes)", True)
+        raise UpstreamError("too_large", f"{what} is larger than {limit >> 20} MiB ({int(length):,} bytes)", True)
     chunks, size = [], 0
     async for chunk in response.chunks(timeout_s):
         size += len(chunk)
         if size > limit:
             response.close()
-            raise UpstreamError("too_large", f"/metrics is larger than {limit >> 20} MiB", True)
+            raise UpstreamError("too_large", f"{what} is larger than {limit >> 20} MiB", True)
         chunks.append(chunk)
     return b"".join(chunks)
 

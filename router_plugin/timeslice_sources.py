@@ -29,7 +29,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from leadtime.features.errors import validation_problem
+from leadtime.router_plugin.discovery import MAX_FILE_BYTES
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
+from leadtime.router_plugin.scrape import read_at_most
 from leadtime.router_plugin.timeslice import GROUP_STATES, GroupStatus
 from leadtime.yaml_text import load_yaml, yaml_problem
 
@@ -41,7 +43,7 @@ class TimesliceError(ValueError):
 
 
 class _GroupSpec(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     state: str
     active_job: str = ""
     loaded_job: str = ""
@@ -54,8 +56,15 @@ class _Document(BaseModel):
     groups: dict[str, _GroupSpec]
 
 
+_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}
+
+
 def parse_groups(data: object, router_now_ms: float, wall_now_s: float) -> dict[str, GroupStatus]:
     """A parsed document → statuses with `since_ms` on the router's clock."""
+    if data is None:
+        raise TimesliceError("the document is empty")
+    if not isinstance(data, dict):
+        raise TimesliceError(f"document: must be a mapping with 'groups', got {_KINDS.get(type(data), 'a value')}")
     try:
         doc = _Document.model_validate(data)
     except ValidationError as err:
@@ -166,6 +175,9 @@ class FileTimesliceSource(_Source):
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp == self._stamp:
                 return
+            if st.st_size > MAX_FILE_BYTES:  # as discovery: not read whole, however large
+                self._failed(f"{self.path}: larger than {MAX_FILE_BYTES >> 20} MiB")
+                return
             raw = self.path.read_bytes()
         except OSError as err:
             self._failed(f"{self.path}: {(err.strerror or str(err)).lower()}")
@@ -199,7 +211,7 @@ class HttpTimesliceSource(_Source):
             response = await self.upstreams.pool(self.host, self.port, self.tls).request(
                 "GET", self.path, timeout_s=self.timeout_s
             )
-            body = await response.read(self.timeout_s)
+            body = await read_at_most(response, MAX_FILE_BYTES, self.timeout_s, "the time-slice document")
         except UpstreamError as err:
             self._failed(f"{self.url}: {err}")
             return

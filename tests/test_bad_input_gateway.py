@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from leadtime.cli import app
 from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
 from leadtime.router_plugin.discovery import (
+    MAX_FILE_BYTES,
     DiscoveryError,
     FileDiscovery,
     StaticDiscovery,
@@ -355,6 +356,37 @@ def test_a_broken_timeslice_file_keeps_the_previous_states(tmp_path: Path, conte
     assert source.errors == 1 and "groups.json" in (source.last_error or "")
     status = source.status("rl")
     assert status is not None and status.state == "LOCKED"
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"", "the document is empty"),
+        (b"[1, 2]", "document: must be a mapping with 'groups', got a list"),
+        (b"just text", "document: must be a mapping with 'groups', got a string"),
+        (b'{"groups": {"rl": {"state": "LOCKED", "since": NaN}}}', "groups.rl.since: Input should be a finite number"),
+    ],
+)
+def test_a_timeslice_document_of_the_wrong_shape_says_what_it_is(tmp_path: Path, content: bytes, said: str) -> None:
+    """A list or an empty file was `document: Input should be a valid dictionary or instance of _Document` (a class
+    of ours), a NaN `since` "greater than or equal to 0"."""
+    path = tmp_path / "groups.json"
+    path.write_bytes(content)
+    source = FileTimesliceSource(path, lambda: 1000.0)
+    source.poll()
+    assert source.errors == 1 and said in (source.last_error or ""), source.last_error
+    assert "_Document" not in (source.last_error or "")
+
+
+def test_a_timeslice_file_larger_than_a_discovery_file_may_be_is_not_read(tmp_path: Path) -> None:
+    """It was read whole, however large (discovery stops at 1 MiB): a file filled by mistake took the router's
+    memory and a poll's time."""
+    path = tmp_path / "groups.json"
+    path.write_text('{"groups": {"rl": {"state": "LOCKED"}}, "pad": "' + "x" * (MAX_FILE_BYTES + 10) + '"}')
+    source = FileTimesliceSource(path, lambda: 1000.0)
+    source.poll()
+    assert source.errors == 1 and "larger than 1 MiB" in (source.last_error or ""), source.last_error
+    assert source.status("rl") is None
 
 
 @pytest.mark.parametrize(

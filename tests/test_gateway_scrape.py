@@ -63,3 +63,32 @@ def test_a_scrape_failing_for_a_new_reason_says_the_new_one(caplog: pytest.LogCa
         scraping([lambda: b"garbage{", lambda: b"garbage{", lambda: negative])
     said = [r.getMessage() for r in caplog.records if r.name == "leadtime.router.scrape"]
     assert len(said) == 2 and all(m.startswith("scrape of e failed") for m in said), said
+
+
+def test_a_timeslice_document_larger_than_a_discovery_file_is_not_read_from_an_orchestrator() -> None:
+    """The HTTP source read the whole body, however large (a file source stops at discovery's 1 MiB)."""
+    from leadtime.router_plugin.discovery import MAX_FILE_BYTES
+    from leadtime.router_plugin.timeslice_sources import HttpTimesliceSource
+
+    async def go() -> tuple[str | None, bool]:
+        body = b'{"groups": {"rl": {"state": "LOCKED"}}, "pad": "' + b"x" * MAX_FILE_BYTES + b'"}'
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")  # no length to refuse it by
+            for start in range(0, len(body), 65536):
+                chunk = body[start : start + 65536]
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        source = HttpTimesliceSource(f"http://127.0.0.1:{port}/groups", Upstreams(2.0), lambda: 0.0)
+        await source.poll()
+        server.close()
+        return source.last_error, source.status("rl") is None
+
+    error, nothing = asyncio.run(go())
+    assert nothing and "the time-slice document is larger than 1 MiB" in (error or ""), error
