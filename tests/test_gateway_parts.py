@@ -599,6 +599,39 @@ def test_observations_the_predictor_refuses_are_warned_about_and_those_left_at_s
     assert wrapper.dropped == 3
 
 
+@pytest.mark.parametrize(
+    ("refusal", "hint"),
+    [
+        (PredictorError(401, "Unauthorized"), "route --api-token"),
+        (PredictorError("UNAUTHENTICATED", "missing or wrong token"), "route --api-token"),
+        (PredictorError(404, "Not Found"), "--role prediction"),
+    ],
+)
+def test_observations_the_predictor_refuses_say_why_and_what_to_change(
+    refusal: PredictorError, hint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong token (401) or a `--role prediction` service (404) refuses every batch for ever: /readyz said "not
+    reaching the predictor" (it answers) and the log gave the status alone."""
+
+    class Refusing(_Client):
+        def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
+            raise refusal
+
+    client = Refusing()
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), batch_size=1, flush_interval_s=0.02)
+    with caplog.at_level(logging.INFO, logger="leadtime.router.predictor"):
+        wrapper.start()
+        wrapper.observe([Observation(ROW, 100.0, 10.0)])
+        deadline = time.monotonic() + 5
+        while "observations" not in wrapper.health() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        health = wrapper.health()
+        wrapper.stop(timeout_s=0.5)
+    assert "refused by the predictor" in health["observations"] and hint in health["observations"], health
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(hint in m and str(refusal.status) in m for m in warned), warned
+
+
 # ----- the lean HTTP client -----------------------------------------------------------------------------------
 
 

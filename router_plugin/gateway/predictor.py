@@ -36,6 +36,23 @@ def failure_reason(err: PredictorError) -> str:
     return "refused"
 
 
+def refusal_hint(err: Exception) -> str:
+    """What to change when the predictor refuses observations for good (retrying as it is will not help), or ""
+    for an outage (it is away; retrying will).
+
+    >>> refusal_hint(PredictorError(401, "Unauthorized"))
+    "give route --api-token the service's token"
+    """
+    if not isinstance(err, PredictorError) or isinstance(err, PredictorUnavailable):
+        return ""
+    status = str(err.status)
+    if status in ("401", "403", "UNAUTHENTICATED", "PERMISSION_DENIED"):
+        return "give route --api-token the service's token"
+    if status in ("404", "UNIMPLEMENTED"):
+        return "a --role prediction service takes none: point --predictor-url at a training or all one"
+    return ""
+
+
 @runtime_checkable
 class BackgroundModel(Protocol):
     """A predict client that holds a model of its own and keeps it current in the background (`pulled.PulledModel`
@@ -96,6 +113,7 @@ class GatewayPredictor:
         self.open_for_s = open_for_s
         self.last_failure = ""
         self._observe_failing = False  # the last batch sent failed (an outage, said once)
+        self._observe_refusal = ""  # what to change, when the predictor refuses them for good (`refusal_hint`)
         self._outage = False  # the breaker opened since the last prediction that succeeded
         self._consecutive = 0
         self._open_until = 0.0
@@ -161,7 +179,9 @@ class GatewayPredictor:
         out = self.predict_client.health() if isinstance(self.predict_client, BackgroundModel) else {}
         if self._outage:
             out["predictor"] = f"failing ({self.last_failure}); deciding with the heuristics until it answers"
-        if self._observe_failing:
+        if self._observe_failing and self._observe_refusal:
+            out["observations"] = f"refused by the predictor ({self._observe_refusal}); kept and retried"
+        elif self._observe_failing:
             out["observations"] = "not reaching the predictor; kept and retried"
         return out
 
@@ -239,14 +259,16 @@ class GatewayPredictor:
         except Exception as err:  # any failure: the batch is kept and retried
             self.metrics.predictor_seconds.labels("observe", "error").observe(time.perf_counter() - started)
             self.metrics.observations.labels("failed").inc(len(batch))
+            hint = refusal_hint(err)
             if not self._observe_failing:  # once an outage: a refusal (a token the service wants) stops learning
-                log.warning("observations not sent to the predictor (%s); kept and retried", err)
-            self._observe_failing = True
+                said = f"{err}: {hint}" if hint else str(err)
+                log.warning("observations not sent to the predictor (%s); kept and retried", said)
+            self._observe_failing, self._observe_refusal = True, hint
             return False
         self.metrics.predictor_seconds.labels("observe", "ok").observe(time.perf_counter() - started)
         self.metrics.observations.labels("sent").inc(len(batch))
         self.sent += len(batch)
         if self._observe_failing:
             log.info("observations reach the predictor again")
-            self._observe_failing = False
+            self._observe_failing, self._observe_refusal = False, ""
         return True
