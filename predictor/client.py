@@ -100,8 +100,10 @@ def https_context(base_url: str, ca_file: str | Path | None = None) -> ssl.SSLCo
     True
     >>> https_context("https://predictor:8443").check_hostname
     True
+    >>> https_context("HTTPS://predictor:8443").check_hostname  # a scheme is case-blind
+    True
     """
-    if base_url.startswith("https://"):
+    if base_url.lower().startswith("https://"):
         return tls_client_context(ca_file)
     if ca_file is not None:
         raise ValueError(f"{base_url!r}: a CA file is for a service over TLS (https://)")

@@ -159,7 +159,7 @@ def route(
         fail("--pull-model pulls the model from the service's HTTP API: give --predictor-url too")
     if (predictor_tls or predictor_ca is not None) and predictor_url is None and predictor_grpc is None:
         fail("--predictor-tls and --predictor-ca are for a predictor service: give --predictor-url or --predictor-grpc")
-    if predictor_url is not None and predictor_tls and not predictor_url.startswith("https://"):
+    if predictor_url is not None and predictor_tls and not predictor_url.lower().startswith("https://"):
         fail("--predictor-tls: over HTTP, TLS is an https:// --predictor-url")
     for option, ca_file in (("--predictor-ca", predictor_ca), ("--upstream-ca", upstream_ca)):
         if ca_file is not None:
