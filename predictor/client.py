@@ -36,7 +36,8 @@ DEFAULT_DEADLINE_S = 0.05
 
 
 class PredictorError(Exception):
-    """The service refused the call (bad input, unauthorised, too large): retrying will not help."""
+    """A call that failed: the service refused it (bad input, unauthorised, too large), and retrying it as it is
+    will not help; or, as the subclass `PredictorUnavailable`, the service could not be reached in time."""
 
     def __init__(self, status: int | str, message: str) -> None:
         self.status = status
@@ -94,7 +95,8 @@ def tls_client_context(ca_file: str | Path | None = None) -> ssl.SSLContext:
 
 def https_context(base_url: str, ca_file: str | Path | None = None) -> ssl.SSLContext | None:
     """The TLS context of a client of `base_url`: None for a plain `http://` service, whose `ca_file` must then be
-    None too (a CA file given to a plain URL is a mistake that would otherwise pass unnoticed).
+    None too (a CA file given to a plain URL is a mistake that would otherwise pass unnoticed). ValueError for a
+    URL that is neither (an address without its scheme).
 
     >>> https_context("http://127.0.0.1:8000") is None
     True
@@ -103,6 +105,8 @@ def https_context(base_url: str, ca_file: str | Path | None = None) -> ssl.SSLCo
     >>> https_context("HTTPS://predictor:8443").check_hostname  # a scheme is case-blind
     True
     """
+    if not base_url.lower().startswith(("http://", "https://")):  # httpx took it, and every call then failed
+        raise ValueError(f"{base_url!r}: expected http://HOST:PORT or https://HOST:PORT")
     if base_url.lower().startswith("https://"):
         return tls_client_context(ca_file)
     if ca_file is not None:

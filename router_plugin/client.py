@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from leadtime.features.errors import FeatureError
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable, require_rows
 
@@ -81,8 +82,13 @@ class InProcessPredictor:
         self.quantile = quantile
 
     def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        """As the service answers: a row it cannot read (an unknown accelerator class) is a PredictorError, as
+        over HTTP (422) and gRPC, so that a policy falls back alike whichever client stands behind it."""
         require_rows(rows)
-        p = self.learner.predict_many(rows)
+        try:
+            p = self.learner.predict_many(rows)
+        except FeatureError as err:
+            raise PredictorError("invalid", str(err)) from None
         return BulkPredictions(
             np.asarray(p.ttft_mean),
             np.asarray(p.ttft_quantile),
@@ -94,5 +100,8 @@ class InProcessPredictor:
 
     def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
         if observations:
-            self.learner.learn_many(observations)
+            try:
+                self.learner.learn_many(observations)
+            except FeatureError as err:
+                raise PredictorError("invalid", str(err)) from None
         return len(observations)

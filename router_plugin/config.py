@@ -102,7 +102,7 @@ class LatencyParameters(_Model):
     disaggregate_min_tokens: int = Field(default=16, ge=0, alias="disaggregateMinTokens")
     kv_link_gb_s: float = Field(default=25.0, gt=0, alias="kvLinkGbS")
     hardware: bool = True
-    seed: int = 0
+    seed: int | None = Field(default=None, ge=0)  # unset: the seed the caller gives
 
     @field_validator("overflow_endpoints")
     @classmethod
@@ -316,8 +316,8 @@ def build_policy(
     seed: int = 0,
 ) -> RoutingPolicy:
     """The policy a scheduling profile describes, over `predictor` (needed when it uses predicted latency).
-    `config`: a parsed configuration, its document, a YAML file's path (`SHIPPED_CONFIG`, say, or as text), or
-    None for the default profile alone."""
+    `config`: a parsed configuration, its document (a mapping), a YAML file's path (`SHIPPED_CONFIG`, say, as a
+    `Path` or a `str`), or None for the default profile alone."""
     if isinstance(config, str | Path):
         config = load_config(Path(config))
     if not isinstance(config, PickerConfig):
@@ -366,7 +366,7 @@ def build_policy(
         hold_slo_multiple=latency.hold_slo_multiple,
         kv_link_gb_s=latency.kv_link_gb_s,
         serving_job=timeslice.serving_job if timeslice else "inference",
-        seed=latency.seed or seed,
+        seed=seed if latency.seed is None else latency.seed,
     )
     fallback = ScoringPolicy(
         "fallback",

@@ -43,10 +43,16 @@ from typing import Any
 import numpy as np
 
 from leadtime.features.catalog import get_model
+from leadtime.features.errors import FeatureError
 from leadtime.features.roofline import kv_transfer_ms
-from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures, check_count, check_real
 from leadtime.features.vectorize import Vectorizer
-from leadtime.router_plugin.client import PredictorClient, PredictorError, require_predictor_client
+from leadtime.router_plugin.client import (
+    PredictorClient,
+    PredictorError,
+    PredictorUnavailable,
+    require_predictor_client,
+)
 from leadtime.router_plugin.decoding import decode_harm
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy, WeightedScorer
 from leadtime.router_plugin.inflight import Sent
@@ -73,6 +79,11 @@ from leadtime.router_plugin.scorers.latency import (
     slo_scores,
 )
 from leadtime.router_plugin.timeslice import ResidencyTracker, TimesliceSource
+
+FIT_CHOICES = ("most_slack", "tightest")
+"""Which candidate predicted to meet the SLOs wins (`scorers.latency.preference`)."""
+OVERFLOW_CHOICES = ("auto", "least_bad", "sink")
+"""Where a request no candidate is predicted to serve in time goes (`LeadtimeConfig.overflow`)."""
 
 BLIND_ACCELERATOR = "h100-sxm"
 """What every endpoint is called when the predictor is kept blind to accelerator classes (an ablation)."""
@@ -180,6 +191,27 @@ class LeadtimeConfig:
     serving_job: str = "inference"
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        """Checked when made, naming the field, as the YAML's are: an unknown `fit` or `overflow` behaved as the
+        default in silence, and `exploration=5` explored at every decision."""
+        for name, allowed in (("fit", FIT_CHOICES), ("overflow", OVERFLOW_CHOICES)):
+            if getattr(self, name) not in allowed:
+                raise FeatureError(name, f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        shares = ("local_prefill_itl_share", "exploration", "comfort", "comfort_tolerance")
+        for name in (*shares, "overload_share", "overflow_cap_share"):
+            check_real(name, getattr(self, name), 0.0, 1.0)
+        for name in ("fit_margin", "overflow_cap", "hold_slo_multiple"):
+            check_real(name, getattr(self, name))
+        if check_real("kv_link_gb_s", self.kv_link_gb_s) == 0:
+            raise FeatureError("kv_link_gb_s", "must be above 0, got 0")
+        for name in ("disaggregate_min_tokens", "seed"):
+            check_count(name, getattr(self, name))
+        if check_count("overload_window", self.overload_window) < 1:
+            raise FeatureError("overload_window", "must be at least 1, got 0")
+        ids = self.overflow_endpoints
+        if not isinstance(ids, tuple) or not all(isinstance(e, str) and e for e in ids):
+            raise FeatureError("overflow_endpoints", f"must be a tuple of endpoint ids, got {ids!r}")
+
 
 @dataclass
 class _Decision:
@@ -240,7 +272,10 @@ class LeadtimePolicy:
     Parameters
     ----------
     predictor
-        Any `PredictorClient`: in-process, HTTP or gRPC.
+        Any `PredictorClient`: in-process, HTTP or gRPC. An in-process `OnlinePredictor` made with
+        `background=True` (its default) retrains only once its thread is started (`start()`); with
+        `background=False` it retrains inside `observe`, holding this policy's lock (other threads' picks wait
+        for it: ~0.1 s every `retrain_every` observations).
     config
         Feature switches and parameters.
     timeslice_source
@@ -493,6 +528,9 @@ class LeadtimePolicy:
         return replace(request, ttft_slo_ms=max(slo - request.held_ms, 1.0))
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        """The endpoint (or P/D pair) for `request`. `candidates` are taken as able to hold it: give the ones
+        `policy.candidates_that_fit` keeps (the simulator and the gateway do), since `Candidate.kv_cache_tokens` is
+        not weighed here."""
         for i, c in enumerate(candidates):
             if not isinstance(c, Candidate):
                 raise TypeError(f"candidates[{i}] must be a Candidate, got {type(c).__name__}")
@@ -747,13 +785,13 @@ class LeadtimePolicy:
 
     def _observe(self, outcome: Outcome) -> None:
         self.ledgers.complete(outcome.request_id)
+        decision = self._decisions.pop(outcome.request_id, None)
+        if decision is None:
+            return  # never decided here, or abandoned: it says nothing of what this policy sent
         self._last_heard[outcome.endpoint_id] = outcome.completed_ms
         if outcome.decode_endpoint_id is not None:
             self._last_heard[outcome.decode_endpoint_id] = outcome.completed_ms
         self._output_tokens += 0.01 * (outcome.output_tokens - self._output_tokens)
-        decision = self._decisions.pop(outcome.request_id, None)
-        if decision is None:
-            return  # never decided here, or abandoned
         itl = outcome.learned_itl_ms
         ttft = outcome.ttft_ms
         if self.config.timeslice:  # learn the endpoint's own speed: the swap-out risk is added when deciding
@@ -810,5 +848,6 @@ class LeadtimePolicy:
         the predictor knew, for ever, and nothing else would say so."""
         cause = f"{type(err).__name__} {err.status}"
         if cause != self._refusal:
-            log.warning("the predictor refuses observations (%s): this router learns nothing meanwhile", err)
+            what = "cannot be reached" if isinstance(err, PredictorUnavailable) else "refuses observations"
+            log.warning("the predictor %s (%s): this router learns nothing meanwhile", what, err)
             self._refusal = cause

@@ -6,16 +6,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
-from leadtime.features.rows import EndpointState, FeatureRow, Observation
-from leadtime.predictor.client import BulkPredictions, PredictorError
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.predictor.client import BulkPredictions, HttpPredictorClient, PredictorError
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.router_plugin.client import InProcessPredictor
 from leadtime.router_plugin.config import SHIPPED_CONFIG, build_policy
 from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest
-from leadtime.router_plugin.predicted import LeadtimePolicy
+from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 
 
 def states(n: int = 3) -> list[Candidate]:
@@ -104,3 +105,61 @@ def test_a_policy_shared_by_threads_counts_what_it_learned() -> None:
         t.join()
     assert policy.counters.decisions == 1200
     assert predictor.taken == 1200 and policy.counters.learned == predictor.taken
+
+
+def test_a_row_the_predictor_refuses_falls_back_in_process_as_over_http() -> None:
+    """An unknown accelerator class raised FeatureError out of `pick` in process, while over HTTP (422) and gRPC
+    the same row fell back to the heuristics: the clients are meant to be interchangeable."""
+    policy = LeadtimePolicy(learner())
+    pick = policy.pick(RouteRequest("r", 10), [Candidate(EndpointState("x", "rtx4090"))])
+    assert pick.endpoint_id == "x" and policy.counters.fallbacks == 1
+    with pytest.raises(PredictorError, match="rtx4090"):
+        learner().predict([FeatureRow(RequestFeatures(10), EndpointState("x", "rtx4090"))])
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"fit": "bogus"}, "fit"),
+        ({"overflow": "bogus"}, "overflow"),
+        ({"exploration": 5.0}, "exploration"),
+        ({"comfort": -0.1}, "comfort"),
+        ({"overflow_endpoints": "ab"}, "overflow_endpoints"),
+        ({"kv_link_gb_s": 0.0}, "kv_link_gb_s"),
+    ],
+)
+def test_a_leadtime_config_out_of_range_is_refused_by_name(options: dict[str, object], named: str) -> None:
+    """The YAML refused `exploration: 2`; the dataclass took it (every decision explored), and an unknown `fit`
+    or `overflow` silently behaved as the default."""
+    with pytest.raises(ValueError, match=f"^{named}: "):
+        LeadtimeConfig(**options)  # type: ignore[arg-type]
+
+
+def test_an_outcome_for_a_request_never_picked_changes_nothing() -> None:
+    """It moved the policy's mean output length (from 256 to 1,253 on one outcome of 100,000 tokens), which
+    weighs decode harm, and the endpoint it named was taken as heard from."""
+    policy = LeadtimePolicy(learner())
+    before = policy.pick(RouteRequest("a", 100), states())
+    policy.observe(Outcome("a", before.endpoint_id, None, 50.0, 10.0, 20, 1_000.0))
+    state = (policy._output_tokens, dict(policy._last_heard))
+    policy.observe(Outcome("never-picked", "ghost", None, 10.0, 5.0, 100_000, 1e9))
+    assert (policy._output_tokens, dict(policy._last_heard)) == state
+
+
+def test_a_seed_the_yaml_gives_is_kept_even_zero(tmp_path: Path) -> None:
+    """`seed: 0` in the YAML was taken as unset and replaced by the caller's seed (`latency.seed or seed`)."""
+    text = SHIPPED_CONFIG.read_text()
+    assert "seed:" not in text
+    config = tmp_path / "c.yaml"
+    config.write_text(text.replace("exploration:", "seed: 0\n      exploration:", 1))
+    assert "seed: 0" in config.read_text()
+    policy = build_policy(config, learner(), seed=7)
+    assert isinstance(policy, LeadtimePolicy) and policy.config.seed == 0
+    assert build_policy(SHIPPED_CONFIG, learner(), seed=7).config.seed == 7  # type: ignore[attr-defined]
+
+
+def test_an_http_client_given_an_address_without_a_scheme_is_refused_when_made() -> None:
+    """`HttpPredictorClient("127.0.0.1:8000")` was taken, and every call then failed as the predictor being away
+    (PredictorUnavailable): a router so configured fell back for ever."""
+    with pytest.raises(ValueError, match=r"'127.0.0.1:8000'.*http://HOST:PORT or https://"):
+        HttpPredictorClient("127.0.0.1:8000")
