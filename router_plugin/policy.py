@@ -92,6 +92,16 @@ class Candidate:
     does not say. A fixed size, not load: it decides whether the endpoint can ever take the request
     (`candidates_that_fit`), and is no feature a predictor scores, so it is here rather than in `state`."""
 
+    def __post_init__(self) -> None:
+        """Checked when made, naming the field, as `RouteRequest` is: a string hit count failed deep inside `pick`,
+        and a NaN `published_ms` switched the in-flight accounting off for the endpoint in silence."""
+        if not isinstance(self.state, EndpointState):
+            raise TypeError(f"state must be an EndpointState, got {type(self.state).__name__}")
+        check_count("prefix_hit_tokens", self.prefix_hit_tokens)
+        check_real("published_ms", self.published_ms, -math.inf)
+        if self.kv_cache_tokens is not None:
+            check_count("kv_cache_tokens", self.kv_cache_tokens)
+
     @property
     def endpoint_id(self) -> str:
         return self.state.endpoint_id

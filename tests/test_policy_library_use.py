@@ -163,3 +163,21 @@ def test_an_http_client_given_an_address_without_a_scheme_is_refused_when_made()
     (PredictorUnavailable): a router so configured fell back for ever."""
     with pytest.raises(ValueError, match=r"'127.0.0.1:8000'.*http://HOST:PORT or https://"):
         HttpPredictorClient("127.0.0.1:8000")
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"prefix_hit_tokens": "x"}, "prefix_hit_tokens"),
+        ({"prefix_hit_tokens": float("nan")}, "prefix_hit_tokens"),
+        ({"published_ms": float("nan")}, "published_ms"),
+        ({"kv_cache_tokens": -1}, "kv_cache_tokens"),
+    ],
+)
+def test_a_candidate_with_a_bad_value_is_refused_when_made_naming_it(options: dict[str, object], named: str) -> None:
+    """`prefix_hit_tokens="x"` failed inside `pick` ("'<' not supported"), a NaN `published_ms` switched the in-flight
+    accounting off for the endpoint in silence, and a dict given as the state failed as an AttributeError."""
+    with pytest.raises(ValueError, match=f"^{named}: "):
+        Candidate(EndpointState("a"), **options)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="state must be an EndpointState, got dict"):
+        Candidate({"endpoint_id": "a"})  # type: ignore[arg-type]
