@@ -245,6 +245,9 @@ def test_model_download_info_and_models_list(client: TestClient) -> None:
     info = client.get("/model/download/info").json()
     assert info["model_type"] == "lightgbm" and info["quantile"] == 0.9
     assert "ttft" in info["available_endpoints"] and isinstance(info["model_status"], dict)
+    # Readiness flags alone, as llm-d's: a client decoding the map as name -> bool failed on a version number.
+    assert info["model_status"] and all(isinstance(v, bool) for v in info["model_status"].values())
+    assert isinstance(info["model_version"], int) and "last_model_load" in info
     listing = client.get("/models/list").json()
     assert set(listing["models"]) == {"ttft", "tpot", "ttft_gated", "tpot_gated"}
     for name, model in listing["models"].items():

@@ -139,14 +139,14 @@ async def download_info(runtime: ReadyRuntime) -> dict[str, Any]:
             "tpot_importances": "/model/tpot/lgb/importances",
             "export": "/model/export",
         },
-        "model_status": {
+        "model_status": {  # flags only, as llm-d's: a client may read it as name -> bool
             "ttft_model": True,
             "tpot_model": True,
             "ttft_trees": bool(trees.get("ttft")),
             "tpot_trees": bool(trees.get("tpot")),
-            "version": predictor.version,
-            "last_model_load": rfc3339(predictor.last_model_load),
         },
+        "model_version": predictor.version,
+        "last_model_load": rfc3339(predictor.last_model_load),
     }
 
 
