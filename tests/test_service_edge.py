@@ -116,6 +116,16 @@ def test_metrics_scrape_has_the_leadtime_families() -> None:
             assert line in text, line
 
 
+def test_llmd_training_samples_count_leaves_the_held_out_test_samples_out_as_its_help_says() -> None:
+    """It counted training and test samples together while its HELP (and llm-d's name) says training samples."""
+    with TestClient(create_app(ServiceSettings())) as c:
+        c.post("/add_training_data_bulk", json={"entries": [entry() for _ in range(60)]})
+        status = c.get("/data/status").json()
+        train, test = status["training_data"]["ttft_samples"], status["test_data"]["ttft_samples"]
+        assert train and test, status  # some of the 60 were held out
+        assert f'training_samples_count{{model="ttft"}} {train}\n' in c.get("/metrics").text
+
+
 def test_each_app_has_its_own_metrics_registry() -> None:
     with TestClient(create_app(ServiceSettings())) as a, TestClient(create_app(ServiceSettings())) as b:
         a.post("/predict/bulk/strict", json={"requests": [row()]})
