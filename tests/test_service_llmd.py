@@ -113,6 +113,22 @@ def test_unknown_fields_ride_along_and_extras_are_used(client: TestClient) -> No
     assert slow.json()["predictions"][0]["tpot_ms"] > plain.json()["predictions"][0]["tpot_ms"]
 
 
+def test_a_row_role_reads_alike_on_the_prediction_and_training_paths(client: TestClient) -> None:
+    """`role` (Leadtime's name for pod_type, among the extras llm-d's paths take) was read by
+    /add_training_data_bulk and ignored by the prediction paths: a row learned as decode was predicted as unified."""
+    by_pod_type = client.post("/predict/bulk/strict", json={"requests": [llmd_row(pod_type="decode")]})
+    by_role = client.post("/predict/bulk/strict", json={"requests": [llmd_row(role="decode")]})
+    role, pod_type = (r.json()["predictions"][0] for r in (by_role, by_pod_type))
+    assert (role["ttft_ms"], role["tpot_ms"]) == (pod_type["ttft_ms"], pod_type["tpot_ms"])
+    refused = client.post("/predict/bulk/strict", json={"requests": [llmd_row(role="worker")]})
+    assert refused.status_code == 422 and refused.json()["field"] == "requests[0].role", refused.text
+    per_row = client.post("/predict/bulk", json={"requests": [llmd_row(role="worker")]}).json()  # an extra: per row
+    assert per_row["predictions"] == [None] and "requests[0].role" in per_row["errors"][0]["error"]
+    entry = dict(llmd_row(role="worker"), actual_ttft_ms=10.0, actual_tpot_ms=0.0)
+    refused = client.post("/add_training_data_bulk", json={"entries": [entry]})
+    assert refused.status_code == 422 and refused.json()["field"] == "entries[0].role"
+
+
 def test_bulk_reports_per_row_errors_and_null_predictions(client: TestClient) -> None:
     # Row 1 passes llm-d's schema but names an accelerator class Leadtime does not know: it cannot be predicted.
     rows = [llmd_row(), llmd_row(accelerator="no-such-gpu"), llmd_row(input_token_length=20)]

@@ -131,7 +131,7 @@ def test_grpc_messages_give_the_same_matrix_as_json_rows() -> None:
     rng = random.Random(11)
     rows = [random_row(rng, extras=i % 2 == 0) for i in range(300)]
     parser = RowParser("h100-sxm", "llama-3.1-8b")
-    from_json = parser.parse(rows, native=True)
+    from_json = parser.parse(rows)
     from_messages = parser.parse_messages([row_message(r) for r in rows], row_to_dict)
     np.testing.assert_allclose(from_messages.X, from_json.X, rtol=1e-12, atol=0)
     assert from_messages.endpoint_ids == from_json.endpoint_ids
@@ -300,7 +300,7 @@ def test_observation_columns_equal_the_entry_checks() -> None:
     assert np.array_equal(parsed.actual_tpot_ms, checked[:, 1])
     assert np.array_equal(parsed.predicted_ttft_ms, predicted[:, 0], equal_nan=True)
     assert parsed.predicted_ttft_ms[10] == 11.0 and np.isnan(parsed.predicted_tpot_ms).all()
-    assert np.array_equal(parsed.rows.X, parser.parse(entries, native=True).X)
+    assert np.array_equal(parsed.rows.X, parser.parse(entries).X)
     for field, value, problem in [
         ("actual_tpot_ms", True, "must be a number, got True"),
         ("actual_ttft_ms", float("nan"), "must be finite, got nan"),
@@ -472,7 +472,7 @@ def test_the_column_wise_path_never_takes_what_the_row_checks_refuse() -> None:
         if fast is None:
             continue
         taken += 1
-        slow = parser._parse_rows(_column_rows(columns, len(rows)), "columns", native=True)
+        slow = parser._parse_rows(_column_rows(columns, len(rows)), "columns")
         np.testing.assert_array_equal(fast.X, slow.X)
         assert fast.endpoint_ids == slow.endpoint_ids and fast.accelerators == slow.accelerators
     assert taken > 100  # the column-wise path was really exercised

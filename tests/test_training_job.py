@@ -71,7 +71,7 @@ def served_equals(client: TestClient, predictor: OnlinePredictor, rows: list[dic
     answer = client.post("/v1/predict", json={"rows": rows})
     assert answer.status_code == 200, answer.text
     served = answer.json()
-    batch = SampleReader(predictor.config.accelerator, predictor.config.model).parser.parse(rows, native=True)
+    batch = SampleReader(predictor.config.accelerator, predictor.config.model).parser.parse(rows)
     expected = predictor.predict_many(batch)
     assert served["model_version"] == predictor.version
     for name in ("ttft_mean", "ttft_quantile", "tpot_mean", "tpot_quantile"):

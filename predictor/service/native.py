@@ -59,7 +59,7 @@ def predict_answer(runtime: ServiceRuntime, body: Any) -> bytes:
     One function for the route and the edge's hot path (`hot_path.HotPath.native_predict`), so that both answer
     alike."""
     rows = list_field(body, "rows", 1, runtime.settings.max_rows)
-    parsed = runtime.parser.parse(rows, "rows", native=True)
+    parsed = runtime.parser.parse(rows, "rows")
     predictor = runtime.predictor
     assert predictor is not None
     p = predictor.predict_many(parsed)
@@ -185,7 +185,7 @@ async def explain(request: Request, runtime: ReadyRuntime) -> Response:
     if body.get("row") is None:
         raise FeatureError("row", "is required")
     try:
-        batch = runtime.parser.parse_one(body["row"], native=True)
+        batch = runtime.parser.parse_one(body["row"])
     except FeatureError as err:
         raise err.under("row") from None
     predictor = runtime.predictor

@@ -277,7 +277,7 @@ class RowParser:
         self.vectorizer = Vectorizer(default_accelerator, default_model)
         self.hardware = self.vectorizer.hardware
 
-    def _raw_row(self, row: Any, native: bool) -> tuple[tuple[float, ...], str]:
+    def _raw_row(self, row: Any) -> tuple[tuple[float, ...], str]:
         """One row → (values in `_RAW` order, endpoint id); raises FeatureError naming the field, or naming none
         when the row itself is not an object (the caller names where it was: `FeatureError.under`)."""
         if not isinstance(row, Mapping):
@@ -303,7 +303,7 @@ class RowParser:
                 raise FeatureError("prefix_hit_tokens", f"{hits} exceeds input_token_length {input_tokens}")
         else:
             hits = round(score * input_tokens)
-        role = _pod_type_index(row, native)
+        role = _pod_type_index(row)
         endpoint_id = _text(row, "endpoint_id")
         accelerator = _text(row, "accelerator")
         model = _text(row, "model")
@@ -337,28 +337,28 @@ class RowParser:
         )
         return values, endpoint_id
 
-    def parse(self, rows: Sequence[Any], where: str = "requests", native: bool = False) -> FeatureBatch:
+    def parse(self, rows: Sequence[Any], where: str = "requests") -> FeatureBatch:
         """Check and vectorize; a bad row raises FeatureError with field `where[i].name`."""
         plain = _dict_columns(rows)
         if plain is not None:
             parsed = self._parse_plain(plain)
             if parsed is not None:
                 return parsed
-        return self._parse_rows(rows, where, native)
+        return self._parse_rows(rows, where)
 
-    def parse_one(self, row: Any, native: bool = False) -> FeatureBatch:
+    def parse_one(self, row: Any) -> FeatureBatch:
         """One row (`/predict`); a bad value raises FeatureError naming the field (none for a row that is not an
         object: the caller knows where the row was, `FeatureError.under`)."""
-        values, endpoint_id = self._raw_row(row, native)
+        values, endpoint_id = self._raw_row(row)
         return self._finish_raw([values], [endpoint_id])
 
-    def _parse_rows(self, rows: Sequence[Any], where: str, native: bool, first: int = 0) -> FeatureBatch:
+    def _parse_rows(self, rows: Sequence[Any], where: str, first: int = 0) -> FeatureBatch:
         """Row by row: for batches with Leadtime's extras, and to name the first bad value of any batch."""
         raw: list[tuple[float, ...]] = []
         endpoint_ids: list[str] = []
         for i, row in enumerate(rows):
             try:
-                values, endpoint_id = self._raw_row(row, native)
+                values, endpoint_id = self._raw_row(row)
             except FeatureError as err:
                 raise err.under(f"{where}[{first + i}]") from None
             raw.append(values)
@@ -423,7 +423,7 @@ class RowParser:
                 endpoint_ids.append("")
                 continue
             try:
-                values, endpoint_id = self._raw_row(to_dict(m), native=True)
+                values, endpoint_id = self._raw_row(to_dict(m))
             except FeatureError as err:
                 raise err.under(f"{where}[{i}]") from None
             raw.append(values)
@@ -445,7 +445,7 @@ class RowParser:
             parsed = None
         if parsed is not None:
             return parsed
-        return self._parse_rows(_column_rows(columns, n), where, native=True)
+        return self._parse_rows(_column_rows(columns, n), where)
 
     def _parse_column_arrays(self, columns: Mapping[str, Sequence[Any]], n: int) -> FeatureBatch | None:
         """The lists checked and converted a whole column at a time; None when a value needs the row checks."""
@@ -539,7 +539,7 @@ class RowParser:
             plain = _dict_columns(entries, keys_checked=True)
             rows = None if plain is None else self._parse_plain(plain)
         if rows is None:
-            rows = self._parse_rows(entries, where, native=True, first=first)
+            rows = self._parse_rows(entries, where, first=first)
         if actuals is None:  # converted after the rows are checked, so a bad row is named first, as it was
             both = np.array(checked, dtype=np.float64).reshape(n, 2)
             actuals = both[:, 0], both[:, 1]
@@ -634,9 +634,11 @@ def _column_rows(columns: Mapping[str, Sequence[Any]], n: int) -> list[dict[str,
 _ROW_DEFAULTS: dict[str, Any] = {"kv_cache_percentage": 0.0, "prefix_cache_score": 0.0, "pod_type": ""}
 
 
-def _pod_type_index(row: Mapping[str, Any], native: bool) -> int:
+def _pod_type_index(row: Mapping[str, Any]) -> int:
+    """The row's role: llm-d's `pod_type`, else Leadtime's `role` (one of the extras every path takes, so that a
+    row is predicted as what it is learned as)."""
     pod_type = row.get("pod_type")
-    if native and pod_type is None and row.get("role") is not None:
+    if pod_type is None and row.get("role") is not None:
         role = row["role"]
         if role not in ROLES:
             raise FeatureError("role", f"must be one of {', '.join(repr(r) for r in ROLES)}, got {role!r}")
