@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -24,14 +26,28 @@ async def frozen_endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWr
     await reader.read()  # nothing more, until the gateway hangs up
 
 
-def serve_frozen() -> tuple[int, asyncio.AbstractEventLoop]:
+ONE_TOKEN = b'data: {"choices":[{"index":0,"text":" a"}]}\n\n'
+
+
+async def stalling_endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers /metrics; streams one token of a completion and then nothing more (a long answer, slow to come)."""
+    if await next_request(reader, writer) is None:
+        return
+    writer.write(STREAM_HEAD + b"%x\r\n%s\r\n" % (len(ONE_TOKEN), ONE_TOKEN))
+    await writer.drain()
+    await reader.read()
+
+
+def serve_frozen(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]] = frozen_endpoint,
+) -> tuple[int, asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
     started = threading.Event()
     port: list[int] = []
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        server = loop.run_until_complete(asyncio.start_server(frozen_endpoint, "127.0.0.1", 0))
+        server = loop.run_until_complete(asyncio.start_server(handler, "127.0.0.1", 0))
         port.append(server.sockets[0].getsockname()[1])
         started.set()
         loop.run_forever()
@@ -71,3 +87,71 @@ def test_a_stop_with_a_request_stuck_on_a_frozen_endpoint_ends_after_the_drain(t
     finally:
         route.child.stop()
         loop.call_soon_threadsafe(loop.stop)
+
+
+def stopped_during_a_request(
+    tmp_path: Path, endpoint: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+) -> tuple[str, int, str]:
+    """SIGTERM to a gateway (`--drain-s 1`) with a streaming request to `endpoint` in flight: its log, and the
+    status and body its client got."""
+    port, loop = serve_frozen(endpoint)
+    route = Route(tmp_path, ["--endpoint", f"127.0.0.1:{port},name=slow", "--policy", "round-robin", "--drain-s", "1"])
+    try:
+        route.wait()
+        body = {"prompt": "a long answer", "max_tokens": 3000, "stream": True}
+        status: list[int] = []
+        received: list[str] = []
+
+        def ask() -> None:
+            with (
+                contextlib.suppress(httpx.HTTPError),
+                httpx.stream("POST", f"{route.url}/v1/completions", json=body, timeout=60) as response,
+            ):
+                status.append(response.status_code)
+                received.extend(response.iter_text())
+
+        client = threading.Thread(target=ask, daemon=True)
+        client.start()
+        deadline = time.monotonic() + 10
+        while route.metric("leadtime_router_inflight_requests") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the request sent on
+        route.child.process.send_signal(signal.SIGTERM)
+        route.child.process.wait(timeout=20)
+        client.join(10)
+        return route.child.output(), status[0] if status else 0, "".join(received)
+    finally:
+        route.child.stop()
+        loop.call_soon_threadsafe(loop.stop)
+
+
+def test_a_stream_cut_at_the_end_of_the_drain_ends_with_an_error_event_and_no_traceback(tmp_path: Path) -> None:
+    """At the drain's end uvicorn cancelled the request's task: it logged `Cancel 1 running task(s)` (and at times
+    a traceback ending in CancelledError), and the client's stream stopped without an error event or `[DONE]`, as
+    if whole."""
+    log, status, text = stopped_during_a_request(tmp_path, stalling_endpoint)
+    assert "stopping: 1 request in flight, finishing it for at most 1 s" in log, log
+    assert "cut 1 request still in flight" in log, log
+    assert "Traceback" not in log and "ERROR" not in log, log
+    assert status == 200
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert events[0] == ONE_TOKEN.decode().strip()
+    assert events[-1] == "data: [DONE]", events
+    error = json.loads(events[-2][len("data: ") :])["error"]
+    assert error["code"] == 503 and "stopping" in error["message"], error
+
+
+async def silent_endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers /metrics; takes a completion and never answers it."""
+    if await next_request(reader, writer) is None:
+        return
+    await reader.read()
+
+
+def test_a_request_cut_before_its_answer_started_gets_a_503(tmp_path: Path) -> None:
+    """Cut while waiting for its endpoint to answer, a request is answered 503 (try again), with no traceback."""
+    log, status, text = stopped_during_a_request(tmp_path, silent_endpoint)
+    assert "cut 1 request still in flight" in log, log
+    assert "Traceback" not in log and "ERROR" not in log, log
+    assert status == 503
+    assert "stopping" in json.loads(text)["error"]["message"]

@@ -224,8 +224,12 @@ def stream_failed(endpoint_id: str, err: UpstreamError) -> bytes:
     >>> stream_failed("e-0", UpstreamError("reset", "connection closed")).decode()[:60]
     'data: {"error":{"message":"endpoint e-0 failed mid-stream: r'
     """
-    error = openai_error(502, f"endpoint {endpoint_id} failed mid-stream: {err}")
-    return b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n"
+    return stream_error(502, f"endpoint {endpoint_id} failed mid-stream: {err}")
+
+
+def stream_error(status: int, message: str) -> bytes:
+    """An error event in OpenAI's shape and `[DONE]`: the end of a stream that could not be finished."""
+    return b"data: " + orjson.dumps(openai_error(status, message)) + b"\n\ndata: [DONE]\n\n"
 
 
 class Gateway:
@@ -291,6 +295,7 @@ class Gateway:
         self._gauged: set[str] = set()  # endpoints the per-endpoint gauges were last rendered for
         self.in_flight = 0
         """Requests being proxied or passed through now."""
+        self._watches: set[ClientWatch] = set()  # of the requests in flight whose body is read: what `cut` reaches
         self._unnamed_groups: set[str] = set()
         self._jobs_seen: dict[str, set[str]] = {}  # per group, the jobs its states have named
         self._serving_job_unseen: set[str] = set()  # groups warned of as never naming the serving job
@@ -621,6 +626,24 @@ class Gateway:
             extra = [*(extra or []), (b"retry-after", b"1")]
         await self._reply(send, status, openai_error(status, message, param), extra)
 
+    def cut(self) -> int:
+        """The drain is over (`serve._Draining`): the requests still in flight are let go, as when their clients
+        leave (the endpoint's connection closed, the policy told they were abandoned), but their clients are told
+        (`_cut_message`); how many. Done before uvicorn's own deadline, which cancels what is left with a traceback
+        each, and ends a stream without the error event that tells its client the answer is not whole."""
+        watches = list(self._watches)
+        for watch in watches:
+            watch.cut()
+        return len(watches)
+
+    def _cut_message(self) -> str:
+        return f"the gateway is stopping: its drain ({self.settings.drain_s} s) ended before this answer was complete"
+
+    async def _was_cut(self, send: Send) -> int:
+        """A request `cut` before its answer started: a 503, which says to try again (elsewhere)."""
+        await self._refuse(send, 503, self._cut_message())
+        return 503
+
     async def _endpoint_failed(self, send: Send, endpoint_id: str, err: UpstreamError | str) -> int:
         extra = [(b"x-leadtime-endpoint", endpoint_id.encode())]
         await self._refuse(send, 502, f"endpoint {endpoint_id} failed: {err}", "endpoint", extra)
@@ -780,11 +803,13 @@ class Gateway:
         if body is None:
             return 499
         watch = ClientWatch(receive)
+        self._watches.add(watch)
         try:
             return await self._pass_on(scope, send, watch, body)
         except ClientLeft:
-            return 499
+            return await self._was_cut(send) if watch.was_cut else 499
         finally:
+            self._watches.discard(watch)
             watch.close()
 
     async def _pass_on(self, scope: Scope, send: Send, watch: ClientWatch, body: bytes) -> int:
@@ -836,6 +861,9 @@ class Gateway:
                 break
             if response.stopped:
                 response.close()
+                if watch.was_cut:  # ended as a broken answer is here (above): its format's way to say so is not known
+                    await send({"type": "http.response.body", "body": b""})
+                    return 503
                 return 499
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
@@ -874,11 +902,13 @@ class Gateway:
         )
         routes: list[_Routed] = []
         watch = ClientWatch(receive)
+        self._watches.add(watch)
         try:
             return await self._attempts(scope, send, watch, started, request_id, route, parsed, key, body, routes)
-        except ClientLeft:
-            return 499
+        except ClientLeft:  # raised before the answer started
+            return await self._was_cut(send) if watch.was_cut else 499
         finally:
+            self._watches.discard(watch)
             watch.close()
             for routed in routes:  # a request cut short (the client left, the task was cancelled)
                 self._forget(routed)
@@ -1181,6 +1211,10 @@ class Gateway:
                 return 502
             if response.stopped:
                 response.close()
+                if not meter.done and watch.was_cut and assembler is None:
+                    self._forget(routed)
+                    await send({"type": "http.response.body", "body": stream_error(503, self._cut_message())})
+                    return 503
                 if not meter.done:
                     raise ClientLeft
                 break  # the client hung up after `[DONE]`, its whole answer read: served, not lost

@@ -26,6 +26,8 @@ class ClientWatch:
     def __init__(self, receive: Callable[[], Awaitable[Any]]) -> None:
         self._receive = receive
         self._gone: asyncio.Future[Any] | None = None
+        self.was_cut = False
+        """The gateway let the request go (`cut`), its client still there: it is told why, not dropped."""
 
     @property
     def gone(self) -> asyncio.Future[Any]:
@@ -56,6 +58,18 @@ class ClientWatch:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         raise ClientLeft
+
+    def cut(self) -> None:
+        """The gateway stops and its drain is over: the request is let go as if its client had left, by the paths
+        that let a leaving client go (in whatever wait it is), and `was_cut` tells them to answer it."""
+        if self.left():
+            return  # gone already: nobody to tell
+        self.was_cut = True
+        if self._gone is None:
+            self._gone = asyncio.get_running_loop().create_future()
+            self._gone.set_result(None)
+        else:
+            self._gone.cancel()  # the pending receive(): `gone` ends (cancelled) for its waiters and callbacks
 
     def close(self) -> None:
         if self._gone is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,11 @@ from leadtime.router_plugin.shadow import ShadowLearning
 from leadtime.router_plugin.timeslice_sources import FileTimesliceSource, HttpTimesliceSource
 
 log = logging.getLogger("leadtime.router")
+
+CUT_GRACE_S = 2
+"""How long after the drain, and the gateway's cut of the requests still in flight, uvicorn waits before cancelling
+what is left (a request still sending its body, which the cut does not reach): the cut requests' answers end in
+that time, so uvicorn's cancellation, logged as an error with a traceback per task, is kept for what is stuck."""
 
 PLAIN_POLICIES = {"round-robin": RoundRobinPolicy, "random": RandomPolicy, "least-queue": LeastQueuePolicy}
 """Policies chosen by name instead of from the plugin configuration (baselines for comparisons)."""
@@ -176,7 +183,7 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
         date_header=False,
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
-        timeout_graceful_shutdown=settings.drain_s,
+        timeout_graceful_shutdown=settings.drain_s + CUT_GRACE_S,  # the gateway cuts its requests first
     )
     _Draining(config, gateway).run()
 
@@ -197,3 +204,24 @@ class _Draining(uvicorn.Server):
             else:
                 log.info("stopping")
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, with the requests still in flight when the drain ends cut by the gateway: a cut is
+        expected (`--drain-s`), so it is one line and an answer each that says it was cut, not uvicorn's
+        cancellation (see `CUT_GRACE_S`)."""
+        timer = asyncio.get_running_loop().call_later(self.gateway.settings.drain_s, self._cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _cut(self) -> None:
+        n = self.gateway.cut()
+        if n:
+            requests = "request" if n == 1 else "requests"
+            log.warning(
+                "stopping: cut %d %s still in flight after the drain of %g s",
+                n,
+                requests,
+                self.gateway.settings.drain_s,
+            )
