@@ -4,15 +4,24 @@ and routing with a predictor reached over HTTPS."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
+import random
+import ssl
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import uvloop
 import yaml
 from llmd_rows import llmd_row
 
@@ -27,6 +36,7 @@ from leadtime.predictor.client import (
 )
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 from leadtime.router_plugin.gateway.pulled import PulledModel
+from leadtime.router_plugin.gateway.upstream import UpstreamError, UpstreamPool
 
 TOKEN = "tls-token"
 ROW = llmd_row()
@@ -238,3 +248,79 @@ def test_bench_tls_reports_both_transports_side_by_side() -> None:
             assert 0 < figures[transport]["p50_ms"] <= figures[transport]["p99_ms"]
         ratio = figures["tls"]["p50_ms"] / figures["plain"]["p50_ms"]
         assert figures["tls_over_plain"]["p50"] == pytest.approx(ratio, abs=0.01)  # a ratio: no "_ms" on it
+
+
+def serve_tls_in_a_thread(cert: Path, key: Path) -> tuple[int, asyncio.AbstractEventLoop]:
+    """A TLS server that reads what it is sent until the client hangs up, on its own loop and thread (as an
+    endpoint in another process answers while the gateway's loop is busy): its port and loop."""
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(cert, key)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    port: list[int] = []
+
+    async def endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            await reader.read()
+        writer.close()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        server = loop.run_until_complete(asyncio.start_server(endpoint, "127.0.0.1", 0, ssl=server_tls))
+        port.append(server.sockets[0].getsockname()[1])
+        started.set()
+        loop.run_forever()
+
+    threading.Thread(target=run, daemon=True).start()
+    started.wait(10)
+    return port[0], loop
+
+
+def test_connections_given_up_during_a_failing_handshake_leave_no_unretrieved_error(tmp_path: Path) -> None:
+    """The gateway's client, on uvloop, to an endpoint whose certificate it cannot verify, connections given up on
+    mid-way (the connect timeout, a scrape or request cancelled): uvloop's handshake future was left holding the
+    SSLCertVerificationError, logged as `Future exception was never retrieved` with a traceback, about once in fifty
+    attempts given up at the handshake."""
+    port, server_loop = serve_tls_in_a_thread(*self_signed(tmp_path))
+
+    async def attempts() -> tuple[list[dict[str, Any]], Counter[str]]:
+        unhandled: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: unhandled.append(context))
+        client_tls = ssl.create_default_context()  # the system's CAs: the self-signed certificate is not among them
+        outcomes: Counter[str] = Counter()
+        rng = random.Random(0)
+
+        async def attempt(i: int, within_s: float) -> None:
+            """Even `i`: the pool's connect timeout is `within_s`; odd: the caller gives up after `within_s` (a stop,
+            a client that left)."""
+            pool = UpstreamPool("127.0.0.1", port, connect_timeout_s=within_s if i % 2 == 0 else 10.0, tls=client_tls)
+            request = asyncio.ensure_future(pool.request("GET", "/metrics"))
+            if i % 2:
+                await asyncio.sleep(within_s)
+                request.cancel()
+            try:
+                await request
+            except UpstreamError as err:
+                outcomes["verify failed" if "CERTIFICATE_VERIFY_FAILED" in str(err) else err.kind] += 1
+            except asyncio.CancelledError:
+                outcomes["cancelled"] += 1
+            finally:
+                pool.close()
+
+        started = time.perf_counter()  # how long 20 failing handshakes at once take here: given up within that
+        await asyncio.gather(*(attempt(0, 10.0) for _ in range(20)))
+        batch_s = time.perf_counter() - started
+        assert outcomes["verify failed"] == 20, outcomes
+        for start in range(0, 2000, 20):
+            await asyncio.gather(*(attempt(i, rng.uniform(0.05, 1.2) * batch_s) for i in range(start, start + 20)))
+        await asyncio.sleep(0.2)  # connections given up finish failing
+        gc.collect()  # an unretrieved future says so when it is collected
+        await asyncio.sleep(0.05)
+        return unhandled, outcomes
+
+    try:
+        unhandled, outcomes = uvloop.run(attempts())
+    finally:
+        server_loop.call_soon_threadsafe(server_loop.stop)
+    assert not unhandled, [(c.get("message"), c.get("exception")) for c in unhandled[:3]]
+    assert outcomes["verify failed"] > 50 and outcomes["cancelled"] + outcomes["connect"] > 50, outcomes

@@ -270,18 +270,19 @@ class UpstreamPool:
         self._host_header = f"{host}:{port}".encode()
 
     async def _connect(self) -> _Connection:
+        """A new connection, TLS negotiated after the TCP connection (`start_tls`) rather than by create_connection's
+        `ssl`: uvloop's create_connection, given up on (the timeout, a caller cancelled) as its handshake fails, left
+        its handshake future holding the error, logged as "Future exception was never retrieved" with a traceback;
+        start_tls awaits that future alone, so that giving up cancels it."""
         loop = asyncio.get_running_loop()
         try:
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _Connection(self),
-                    self.host,
-                    self.port,
-                    ssl=self.tls,
-                    server_hostname=self.host if self.tls is not None else None,
-                ),
-                self.connect_timeout_s,
-            )
+            async with asyncio.timeout(self.connect_timeout_s):
+                transport, protocol = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+                if self.tls is not None:
+                    tls_transport = await loop.start_tls(transport, protocol, self.tls, server_hostname=self.host)
+                    if tls_transport is None:  # typed as optional: None only for a closed transport
+                        raise ConnectionResetError("connection closed during the TLS handshake")
+                    protocol.connection_made(tls_transport)  # start_tls does not call it
         except TimeoutError:
             message = f"{self.host}:{self.port} did not accept within {self.connect_timeout_s} s"
             raise UpstreamError("connect", message) from None
