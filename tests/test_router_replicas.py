@@ -220,6 +220,38 @@ def test_a_redis_outage_is_one_warning_and_its_end_is_said(
     assert any(m.startswith("hearing the other replicas again") for m in said), said
 
 
+def test_a_redis_outage_is_named_in_the_health_the_gateway_reports_and_cleared_after(
+    redis_server: RedisServer,
+) -> None:
+    """The gateway's /readyz said `degraded: {}` through a Redis outage that cut its replicas off from each other
+    (each routing on what it alone knew): the log said so, readiness did not."""
+
+    async def scenario() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        sync = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
+        await sync.start()
+        await asyncio.sleep(0.3)
+        before = sync.health()
+        redis_server.stop()
+        sync.publish(LedgerEvent("complete", "r0"))
+        deadline = time.monotonic() + 10
+        while not sync.health() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        during = sync.health()
+        redis_server.start()
+        deadline = time.monotonic() + 10
+        while sync.health() and time.monotonic() < deadline:
+            sync.publish(LedgerEvent("complete", "r1"))
+            await asyncio.sleep(0.2)
+        after = sync.health()
+        await sync.stop()
+        return before, during, after
+
+    before, during, after = asyncio.run(scenario())
+    assert before == {} and after == {}, (before, after)
+    assert set(during) == {"replicas"} and redis_server.url.split("//")[1].split("/")[0] in during["replicas"]
+    assert "routing on what this replica knows" in during["replicas"], during
+
+
 def test_the_simulators_replicas_route_every_request_and_learn_once_each() -> None:
     from leadtime.bench.routing import _fleet
 
@@ -271,6 +303,13 @@ def test_two_gateways_tell_each_other_what_they_send(tmp_path: Path, redis_serve
             time.sleep(0.05)
         assert second.metric("leadtime_router_replica_requests_in_flight") == 0  # completed: it counts no more
         assert first.metric("leadtime_router_replica_events_total", direction="dropped") == 0
+        assert httpx.get(f"{first.url}/readyz").json()["degraded"] == {}
+        redis_server.stop()  # the replicas no longer hear each other: still ready, and saying so
+        deadline = time.monotonic() + 10
+        while "replicas" not in httpx.get(f"{first.url}/readyz").json()["degraded"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ready = httpx.get(f"{first.url}/readyz")
+        assert ready.status_code == 200 and "not sharing through redis" in ready.json()["degraded"]["replicas"]
     finally:
         first.child.stop()
         second.child.stop()

@@ -669,6 +669,8 @@ class Gateway:
         elif routable:
             degraded = self.predictor.health() if self.predictor is not None else {}
             degraded.update({f"endpoint {eid}": why for eid, why in self.outliers.health().items()})
+            if self.replicas is not None:
+                degraded.update(self.replicas.health())
             if self._panic:
                 degraded["endpoints"] = (
                     "most endpoints are out of routing for failing their requests: routing to all of them"

@@ -180,6 +180,8 @@ class ReplicaSync:
         self._in_work: dict[str, set[str]] = {}
         self._counting = 0  # requests in either, over every replica heard: kept as messages come, not recounted
         self._tasks: list[asyncio.Task[None]] = []
+        self._cannot_publish: str | None = None  # why the last publication failed, until one succeeds
+        self._deaf: str | None = None  # why the subscription failed, until it is made again
 
     # ----- this replica's events (any thread) ---------------------------------------------------------------
 
@@ -194,6 +196,16 @@ class ReplicaSync:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:
             self.metrics.replica_events.labels("dropped").inc()
+
+    def health(self) -> dict[str, str]:
+        """What is degraded, for the gateway's /readyz (which stays ready: each replica routes on what it knows):
+        {"replicas": why} while the replicas cannot tell each other what they send, else {}."""
+        problem = self._cannot_publish or self._deaf
+        if problem is None:
+            return {}
+        return {
+            "replicas": f"not sharing through redis at {self.address} ({problem}); routing on what this replica knows"
+        }
 
     # ----- lifecycle ----------------------------------------------------------------------------------------
 
@@ -231,9 +243,10 @@ class ReplicaSync:
                 self.metrics.replica_events.labels("sent").inc(len(events))
                 if failing:
                     log.info("publishing to the other replicas through redis at %s works again", self.address)
-                failing = False
+                failing, self._cannot_publish = False, None
             except Exception as err:  # Redis away: these events are lost to the others, routing goes on
                 self.metrics.replica_events.labels("dropped").inc(len(events))
+                self._cannot_publish = redis_problem(err)
                 if not failing:
                     log.warning(
                         "cannot publish to the other replicas through redis at %s (%s); routing on what this one knows",
@@ -255,6 +268,7 @@ class ReplicaSync:
             pubsub = self._client.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
+                self._deaf = None
                 if deaf:
                     deaf = False
                     log.info("hearing the other replicas again through redis at %s", self.address)
@@ -265,6 +279,7 @@ class ReplicaSync:
             except asyncio.CancelledError:
                 raise
             except Exception as err:
+                self._deaf = redis_problem(err)
                 if not deaf:
                     deaf = True
                     log.warning(
