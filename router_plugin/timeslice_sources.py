@@ -117,6 +117,7 @@ class _Source:
         self.errors = 0
         self.last_error: str | None = None
         self._warned_keys: set[str] = set()
+        self._strict = False  # a failed read raises TimesliceError rather than keeping the previous states
 
     def status(self, group: str) -> GroupStatus | None:
         return self.groups.get(group)
@@ -155,6 +156,8 @@ class _Source:
                 log.warning("time-slice states: %s: unknown key, ignored (known: %s)", key, known)
 
     def _failed(self, message: str) -> None:
+        if self._strict:
+            raise TimesliceError(message)
         self.errors += 1
         if self.last_error != message:
             log.warning("time-slice states: %s (keeping the previous ones)", message)
@@ -168,6 +171,16 @@ class FileTimesliceSource(_Source):
         super().__init__(clock)
         self.path = Path(path)
         self._stamp: tuple[int, int, int] | None = None
+
+    def first_read(self) -> None:
+        """Read the file at start, or TimesliceError saying why not: with no states read, every group would be
+        taken as serving, so a mistyped path stops the router as a discovery file it cannot read does. Later reads
+        that fail keep the states read last (`poll`)."""
+        self._strict = True
+        try:
+            self.poll()
+        finally:
+            self._strict = False
 
     def poll(self) -> None:
         try:

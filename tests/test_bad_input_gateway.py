@@ -496,6 +496,23 @@ def test_route_refuses_config_and_discovery_files_it_cannot_use_naming_them(tmp_
     assert code == 2 and "endpoints.yaml: endpoints[0].labels.leadtime.io/tensor-parallel" in output
 
 
+@pytest.mark.parametrize("content", [None, b"[1, 2]", b"groups: {rl: {state: ASLEEP}}"])
+def test_route_refuses_a_timeslice_file_it_cannot_read_at_start(
+    tmp_path: Path, content: bytes | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mistyped --timeslice-file started the gateway with a warning and no states: every group was taken as
+    serving, traffic went to endpoints that were training (a discovery file that cannot be read stops it)."""
+    from leadtime.router_plugin.gateway import serve
+
+    monkeypatch.setattr(serve, "serve_gateway", lambda *a, **k: pytest.fail("the gateway was started"))
+    states = tmp_path / "groups.yaml"
+    if content is not None:
+        states.write_bytes(content)
+    code, output = route("--endpoint", "127.0.0.1:1", "--embedded", "--timeslice-file", str(states))
+    assert code == 2 and output.startswith("error: --timeslice-file: ") and "groups.yaml" in output, output
+    assert len(output.strip().splitlines()) == 1 and "Traceback" not in output
+
+
 def test_route_on_a_port_in_use_says_so_in_one_line() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

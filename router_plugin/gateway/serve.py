@@ -137,7 +137,9 @@ def build_gateway(
             raise ConfigError(f"--replicas-redis {without_credentials(options.replicas_redis)}: {err}") from None
         gateway.attach_replicas(sync)
     if options.timeslice_file is not None:
-        gateway.attach_timeslice(FileTimesliceSource(options.timeslice_file, monotonic_ms))
+        source = FileTimesliceSource(options.timeslice_file, monotonic_ms)
+        source.first_read()
+        gateway.attach_timeslice(source)
     elif options.timeslice_url is not None:
         gateway.attach_timeslice(HttpTimesliceSource(options.timeslice_url, gateway.upstreams, gateway.clock))
     return gateway
