@@ -352,3 +352,25 @@ def test_a_restart_from_the_model_dir_on_the_same_stream_goes_on_from_where_it_s
     assert wait_until(lambda: again.learned() >= 320, timeout_s=60)
     time.sleep(0.5)  # anything it would read again has had time to arrive
     assert again.learned() == 320
+
+
+def test_a_publication_refused_by_a_redis_outage_is_one_warning_per_outage_without_a_traceback(
+    start_replicas: Callable[..., list[Replica]], redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a retrain the lease holder could not publish while Redis was down logged an ERROR with a 7-line
+    traceback, though replicas are meant to keep serving through an outage."""
+    (a,) = start_replicas(count=1)
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    artifact = a.runtime.predictor.to_bytes()
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        for _ in range(2):  # an outage
+            redis_server.stop()
+            for _ in range(3):  # retrains the store cannot take
+                a.runtime._after_retrain(artifact, {"ttft": {"accepted": True}})
+            redis_server.start()
+            assert wait_until(lambda: a.store.latest_model() is not None, timeout_s=10), "not published once back"
+    records = [r for r in caplog.records if "publi" in r.getMessage()]
+    assert [r.levelno for r in records] == [logging.WARNING] * 2, [r.getMessage() for r in records]
+    for record in records:
+        assert record.exc_info is None
+        assert "unreachable" in record.getMessage(), record.getMessage()

@@ -123,6 +123,7 @@ class ServiceRuntime:
         self._retrain_error: str | None = None
         # A retrained model the store could not take (it was down): published once it is back.
         self._unpublished: bytes | None = None
+        self._publication_warned = False  # that the store could not take one was logged (once per outage)
         self.learner = LearnerProcess(self._on_snapshot, self._on_learner_exit)
         # Where the learner runs; `serve` pins the serving threads to the other CPUs.
         self.cpu_plan = plan_cpus(settings.learner_cpus, allowed_cpus())
@@ -382,7 +383,13 @@ class ServiceRuntime:
                 with self._swap_lock:  # never interleaved with a retry of an older model's publication
                     self._unpublished = artifact  # until the store has it
                     self._publish_artifact(artifact)
-        except Exception as err:  # never let a publication problem stop the receiver
+        except ConnectionError as err:  # the store is down (StoreUnavailable): expected in an outage, retried
+            self._retrain_error = f"{type(err).__name__}: {err}"
+            # One line per outage, not a traceback per retrain: the lease loop publishes it once the store is back.
+            if not self._publication_warned:
+                self._publication_warned = True
+                log.warning("the retrained model is not published yet (%s): published once the store is back", err)
+        except Exception as err:  # never let a publication problem stop the receiver (a bug: keep its traceback)
             self._retrain_error = f"{type(err).__name__}: {err}"
             log.exception("after-retrain publication failed")
 
@@ -452,6 +459,7 @@ class ServiceRuntime:
             # What is published now is at least as new as any retrain that could not be published before.
             self._unpublished = None
             self._retrain_error = None
+            self._publication_warned = False  # the store took it: the next outage is worth a line again
         if self._model_file is not None:
             if self._model_file.save(artifact):
                 self._loop_errors.pop("model_load", None)
