@@ -374,3 +374,37 @@ def test_a_publication_refused_by_a_redis_outage_is_one_warning_per_outage_witho
     for record in records:
         assert record.exc_info is None
         assert "unreachable" in record.getMessage(), record.getMessage()
+
+
+def test_a_replica_stopped_cleanly_hands_the_training_lease_over_at_once(
+    start_replicas: Callable[..., list[Replica]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a replica stopped by SIGTERM kept the lease until it expired (10 s by default), and meanwhile no
+    replica retrained or published, at every rolling update; nor did the stop leave a line in the log."""
+    a, b = start_replicas(lease_ttl_s=10.0)  # B tries to take it every 10/3 s
+    assert a.status()["holds_training_lease"] and not b.status()["holds_training_lease"]
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        a.stop()  # what the lifespan does after SIGTERM
+        stopped_at = time.monotonic()
+        assert b.store.lease_holder() is None
+        assert wait_until(lambda: b.status()["holds_training_lease"], timeout_s=5)
+    assert time.monotonic() - stopped_at < 4.0  # B's next attempt, not the lease's expiry
+    assert b.store.lease_holder() == "b"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
+    assert len(lines) == 1 and "lease" in lines[0] and "released" in lines[0], lines
+
+
+def test_a_stopping_replica_releases_only_a_lease_it_still_holds(
+    start_replicas: Callable[..., list[Replica]], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The release compares the holder and deletes atomically: a replica that lost the lease (it expired, another
+    took it) and does not know yet must not take it from its new holder when it stops."""
+    (a,) = start_replicas(count=1, lease_ttl_s=30.0)
+    assert a.status()["holds_training_lease"]
+    raw = redis.Redis.from_url(redis_url)
+    raw.set("leadtime:lease:training", "someone-else", px=60_000)  # as after an expiry and another's take
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        a.stop()
+    assert raw.get("leadtime:lease:training") == b"someone-else"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
+    assert len(lines) == 1 and "not released" in lines[0], lines

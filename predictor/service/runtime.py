@@ -160,17 +160,40 @@ class ServiceRuntime:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        """Stop the learner process and the loops; close the store if the app owns it."""
+        """Stop the learner process and the loops, hand the training lease over; close the store if the app owns
+        it."""
         self._stop.set()
         self.learner.stop()
         for thread in self._threads:
             thread.join(timeout=10)
         self._threads.clear()
+        log.info("stopping (replica %s)%s", self.replica_id, self._release_lease())
         self._save_on_stop()
         if self.predictor is not None:
             self.predictor.close()
         if self.own_store:
             self.store.close()
+
+    def _release_lease(self) -> str:
+        """Give the training lease up at a clean stop, so that another replica takes it at its next renewal (within
+        a third of the lease's TTL) instead of waiting for it to expire, with nobody retraining or publishing
+        meanwhile (every rolling update). Called once the loops and the learner have stopped: nothing renews or
+        publishes after it. The store deletes the lease only if this replica still holds it. What to add to the
+        stop's log line."""
+        if not self.holds_lease or self.store.stream_name is None:  # alone in its store: nobody to hand it to
+            return ""
+        self.holds_lease = False
+        try:
+            released = self.store.release_training_lease(self.replica_id)
+        except Exception as err:  # stopping anyway: say so, do not hide the stop behind a traceback
+            log.warning("could not release the training lease: %s", err)
+            released = False
+        if released:
+            return ": released the training lease, another replica takes it at its next renewal"
+        return (
+            ": the training lease was not released (another replica holds it now, or the store did not answer: "
+            f"then it expires within {self.settings.lease_ttl_s:g} s)"
+        )
 
     def _save_on_stop(self) -> None:
         """With --model-dir, keep what was learned since the model was last saved (it is saved when published):

@@ -77,6 +77,12 @@ class Store(Protocol):
         """True if `holder` now holds (or renewed) the one training lease; only the holder retrains."""
         ...
 
+    def release_training_lease(self, holder: str) -> bool:
+        """Give the lease up if `holder` still holds it (compared and deleted in one step, so a lease that passed to
+        another is left alone); True if it was released. A replica that stops cleanly calls it, so that another
+        takes the lease at its next attempt rather than when it expires."""
+        ...
+
     def health(self) -> dict[str, str]:
         """Component → "ok" or a short reason it is degraded (e.g. {"redis": "connection refused"})."""
         ...

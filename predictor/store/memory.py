@@ -220,6 +220,14 @@ class MemoryStore:
                 return True
             return False
 
+    def release_training_lease(self, holder: str) -> bool:
+        """Give the lease up if `holder` holds it (for the Store contract: no other process shares this store)."""
+        with self._lock:
+            if self._lease_holder != holder or time.monotonic() >= self._lease_expires:
+                return False
+            self._lease_holder = None
+            return True
+
     def health(self) -> dict[str, str]:
         """Always ok: the store is this process's memory."""
         return {"store": "ok"}
