@@ -724,3 +724,22 @@ def test_missing_redis_server_skips_locally_but_fails_in_ci(monkeypatch: pytest.
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="must run, not skip"):
         conftest.require_redis_server()
+
+
+def test_a_full_outage_buffer_is_one_warning_until_it_has_been_emptied(
+    make_store: StoreFactory, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: rows dropped beyond the outage buffer were counted but never logged; one line per row or batch
+    would flood the log during an outage, so it is one per time the buffer fills."""
+    store = make_store(buffer_limit=10)
+    with caplog.at_level(logging.WARNING, logger="leadtime.store"):
+        for _outage in range(2):
+            redis_server.stop()
+            for start in range(0, 40, 4):  # batches, most of them past the cap
+                store.append_observations([entry(i) for i in range(start, start + 4)])
+            redis_server.start()
+            assert store.flush(10.0)  # emptied: the next time it fills is worth a line again
+    lines = [r.getMessage() for r in caplog.records if "buffer" in r.getMessage() and "full" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "10 observations" in lines[0] and "dropped" in lines[0] and "store_buffer" in lines[0], lines[0]
+    assert store.stats()["dropped"] == 60

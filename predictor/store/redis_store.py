@@ -455,6 +455,7 @@ class RedisStore:
         self._lock = threading.Lock()
         self._buffer: deque[bytes] = deque()
         self._dropped = 0
+        self._full_warned = False  # that the buffer is full and rows are dropped was logged (once until emptied)
         self._appended = 0
         self._resent = 0
         self._resent_pending = 0
@@ -498,6 +499,18 @@ class RedisStore:
             room = max(self.buffer_limit - len(self._buffer), 0)
             self._buffer.extend(encoded[:room])
             self._dropped += len(encoded) - min(room, len(encoded))
+            # Dropped rows are counted for every row, but said once each time the buffer fills: a line per batch
+            # would flood the log for as long as the outage lasts. The writer re-arms it once it has emptied.
+            warn = room < len(encoded) and not self._full_warned
+            self._full_warned = self._full_warned or warn
+        if warn:
+            log.warning(
+                "redis at %s: the outage buffer is full (%d observations wait in memory): newer observations are "
+                "dropped, the oldest kept, until redis takes them again (counted in "
+                'leadtime_observations_lost_total{reason="store_buffer"} and as dropped in /status)',
+                self.address,
+                self.buffer_limit,
+            )
         self._wake_writer.set()
 
     def read_observations(
@@ -656,6 +669,8 @@ class RedisStore:
             with self._lock:  # appenders only add on the right, so the chunk is still the buffer's head
                 for _ in chunk:
                     self._buffer.popleft()
+                if not self._buffer:
+                    self._full_warned = False  # emptied: filling it again is worth a line again
                 if self._resent_pending > 0:  # entries sent again after a restart are not new
                     again = min(self._resent_pending, len(chunk))
                     self._resent_pending -= again
