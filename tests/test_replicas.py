@@ -408,3 +408,57 @@ def test_a_stopping_replica_releases_only_a_lease_it_still_holds(
     assert raw.get("leadtime:lease:training") == b"someone-else"
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
     assert len(lines) == 1 and "not released" in lines[0], lines
+
+
+def take_lease_and_check_registry(replica: Replica, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """One lease renewal of `replica` as its lease loop does it (that loop waits a third of the TTL), repeated
+    until it holds the lease and has said why the registry lost its model; those lines."""
+
+    def said() -> list[str]:
+        replica.runtime._renew_lease()
+        replica.runtime._retry_publication()
+        return [r.getMessage() for r in caplog.records if "registry no longer holds" in r.getMessage()]
+
+    assert wait_until(lambda: bool(said()), timeout_s=10)
+    return said()
+
+
+def test_a_registry_lost_with_a_redis_restart_is_named_so_by_the_replica_that_takes_the_lease(
+    start_replicas: Callable[..., list[Replica]], redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: after Redis restarted without persistence, the replica that took the lease on the new server
+    blamed a flush (or deleted or evicted keys): its store had not yet looked at the new server's run_id."""
+    a, b = start_replicas(lease_ttl_s=30.0)  # the lease loops wait 10 s: this test renews B's lease itself
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    version = a.runtime.publish(a.runtime.predictor)
+    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        redis_server.restart()  # same port, empty: the lease is free, the models are gone
+        lines = take_lease_and_check_registry(b, caplog)
+    assert len(lines) == 1 and "Redis restarted without persistence" in lines[0], lines
+
+
+def test_a_registry_flushed_is_named_so_by_a_replica_that_took_the_lease_after_an_earlier_restart(
+    start_replicas: Callable[..., list[Replica]],
+    redis_server: RedisServer,
+    redis_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: the restarts a replica had looked at were counted only while it held the lease, so one that
+    took it after a restart (which the holder had healed) blamed that restart for a later FLUSHALL."""
+    a, b = start_replicas(lease_ttl_s=30.0)  # the lease loops wait 10 s: this test renews the leases itself
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    version = a.runtime.publish(a.runtime.predictor)
+    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        redis_server.restart()
+        assert take_lease_and_check_registry(a, caplog)  # A, the holder, publishes its model again
+        again = a.store.latest_model()
+        assert again is not None and again[0] > version
+        assert wait_until(lambda: b.serves_registry_version(again[0]), timeout_s=5)
+        assert wait_until(lambda: b.store.stats()["server_restarts"] == 1, timeout_s=5)
+        b.runtime._retry_publication()  # a renewal of B, still not the holder: the registry holds its model
+        caplog.clear()
+        redis.Redis.from_url(redis_url).flushall()  # the lease goes too: B takes it
+        lines = take_lease_and_check_registry(b, caplog)
+    assert len(lines) == 1 and "flushed" in lines[0] and "restart" not in lines[0], lines

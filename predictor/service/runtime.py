@@ -115,7 +115,8 @@ class ServiceRuntime:
         self._learn_lock = threading.Lock()
         self._published: set[int] = set()
         self._refused_version = 0
-        self._restarts_seen = 0  # the store's server restarts looked at (`_republish_if_registry_lost`)
+        # The store's server restarts when the registry last held our model (`_republish_if_registry_lost`).
+        self._restarts_seen = 0
         self._stop = threading.Event()
         self._closing = threading.Event()  # a signal said stop; `stop()` has not run yet
         self._threads: list[threading.Thread] = []
@@ -419,9 +420,9 @@ class ServiceRuntime:
     def _retry_publication(self) -> None:
         """Publish the retrained model an outage kept from the store, so that the other replicas get it; and the
         serving model again when the registry lost what was published (`_republish_if_registry_lost`)."""
+        self._republish_if_registry_lost()  # on every replica: whichever takes the lease next must know the cause
         if not self.holds_lease:
             return
-        self._republish_if_registry_lost()
         with self._swap_lock:
             artifact = self._unpublished
             if artifact is None:
@@ -435,17 +436,25 @@ class ServiceRuntime:
         """The registry no longer holds the newest model published (or adopted) here: Redis restarted without
         persistence, was flushed, or its model keys were deleted or evicted. Replicas starting now would serve the
         untrained prior: the lease holder publishes the model it serves again (numbered on from the last version).
-        A retrained model still waiting to be published is published instead, by the caller."""
-        if self.store_version == 0 or self._unpublished is not None or self.predictor is None:
+        A retrained model still waiting to be published is published instead, by the caller.
+
+        Every replica looks, holder or not, and notes the store's count of server restarts whenever the registry
+        still holds its model: the cause it names is then whether Redis restarted since it last saw the model
+        there, right for whichever replica notices, including one that took the lease after an earlier restart
+        was healed."""
+        if self.store_version == 0 or self.predictor is None:
             return
-        restarts = self.store.stats().get("server_restarts", 0)
         try:
             held = self.store.registry_version()
-            if held is None:  # unreachable: tried at the next renewal
+            if held is None:  # unreachable, or a new server the store has not counted yet: at the next renewal
                 return
-            restarted, self._restarts_seen = restarts != self._restarts_seen, restarts
+            restarts = self.store.stats().get("server_restarts", 0)  # after: counts the server that answered
             if held >= self.store_version:
+                self._restarts_seen = restarts
                 return
+            if not self.holds_lease or self._unpublished is not None:
+                return
+            restarted = restarts != self._restarts_seen
             cause = "Redis restarted without persistence" if restarted else "flushed, or its keys deleted or evicted"
             log.warning(
                 "the model registry no longer holds model %d (%s): publishing the serving model again",

@@ -66,7 +66,8 @@ class Store(Protocol):
 
     def registry_version(self) -> int | None:
         """The newest version the registry holds with its artifact (0: none), or None if the backend cannot be
-        reached; cheap (the artifact is not fetched), so the lease holder can ask it on every renewal."""
+        reached or cannot yet tell whether it restarted (`stats()["server_restarts"]`); cheap (the artifact is not
+        fetched), so every replica can ask it on every renewal."""
         ...
 
     def wait_for_model(self, after_version: int, timeout_s: float) -> int | None:

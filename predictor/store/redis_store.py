@@ -578,11 +578,11 @@ class RedisStore:
                 log.warning(
                     "redis at %s restarted and lost %d unread observations: sending them again", self.address, lost
                 )
-        self._check_run_id = False
-        self._run_id = run_id
-        if restarted:
+        if restarted:  # counted before the run id is taken: `registry_version` relies on that order
             with self._lock:
                 self._restarts += 1
+        self._check_run_id = False
+        self._run_id = run_id
         return restarted
 
     def _warn_if_evicting(self) -> None:
@@ -740,15 +740,23 @@ class RedisStore:
 
     def registry_version(self) -> int | None:
         """The newest version the registry holds with its artifact (0: none), without fetching the artifact; None
-        if Redis cannot be reached. The lease holder compares it with what it published to notice a registry that
-        lost its models (flushed, keys deleted or evicted, a restart without persistence)."""
+        if Redis cannot be reached, or answers as another server than the writer last looked at. The replicas
+        compare it with what they published or adopted to notice a registry that lost its models (flushed, keys
+        deleted or evicted, a restart without persistence), and tell those causes apart by `server_restarts`:
+        until the writer has counted a restart (it looks at once when woken), the answer could not be told from a
+        flush, so there is none yet."""
         started = time.monotonic()
         try:
+            run_id = str(self._redis.info("server").get("run_id", ""))
             answer = self._latest(keys=[self._version_key], args=[self._model_prefix, "version"])
         except redis.RedisError as exc:
             self._set_problem(exc, started)
             return None
         self._set_problem(None, started)
+        if self._run_id is not None and run_id != self._run_id:  # restarted, not counted yet
+            self._check_run_id = True
+            self._wake_writer.set()
+            return None
         return int(answer[0]) if answer else 0
 
     def model_versions(self) -> list[int]:
