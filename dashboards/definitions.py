@@ -661,6 +661,25 @@ ROUTER = Dashboard(
                     min=0,
                     main=True,
                 ),
+                Panel(
+                    "Time-slice groups serving",
+                    "Per group, whether the gateway takes it as serving the inference job (1) or away (0), and how "
+                    "old, in seconds, the group states it routes on are (they stop being read when their source "
+                    "fails: the last states read are routed on meanwhile).",
+                    "short",
+                    (
+                        Query(
+                            f"max by (group) (leadtime_router_timeslice_group_serving{{{ROUTER_INSTANCE}}})",
+                            "{{group}} serving",
+                        ),
+                        Query(
+                            f"max(leadtime_router_timeslice_states_age_seconds{{{ROUTER_INSTANCE}}})",
+                            "states age (s)",
+                        ),
+                    ),
+                    width=8,
+                    min=0,
+                ),
             ),
         ),
         Row(

@@ -114,6 +114,9 @@ class _Source:
         self.clock = clock
         self.groups: dict[str, GroupStatus] = {}
         self.updated_ms: float | None = None
+        self.confirmed_ms: float | None = None
+        """When the states were last read, or found unchanged (a file whose stamp has not moved): how old the
+        states routed on are is the time since (`leadtime_router_timeslice_states_age_seconds`)."""
         self.errors = 0
         self.last_error: str | None = None
         self._warned_keys: set[str] = set()
@@ -144,7 +147,7 @@ class _Source:
                     status.state, status.active_job, status.loaded_job, status.waiters, old.since_ms
                 )
         self.groups = groups
-        self.updated_ms = self.clock()
+        self.updated_ms = self.confirmed_ms = self.clock()
         if self.last_error is not None:
             log.info("time-slice states: %s read again", where)
         self.last_error = None
@@ -187,6 +190,8 @@ class FileTimesliceSource(_Source):
             st = os.stat(self.path)
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp == self._stamp:
+                if self.last_error is None:  # unchanged since a good read: still what the file says
+                    self.confirmed_ms = self.clock()
                 return
             if st.st_size > MAX_FILE_BYTES:  # as discovery: not read whole, however large
                 self._failed(f"{self.path}: larger than {MAX_FILE_BYTES >> 20} MiB")

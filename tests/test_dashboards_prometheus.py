@@ -22,6 +22,7 @@ import httpx
 import pytest
 from conftest import require_prometheus, require_redis_server
 from redis_server import RedisServer
+from test_dashboards import alert_rules
 
 from leadtime.bench.dashboards import DashboardStack, Traffic
 from leadtime.dashboards.definitions import DASHBOARDS
@@ -134,6 +135,6 @@ def test_prometheus_evaluates_every_alerting_rule_and_none_fires_on_a_healthy_st
         if rules and all(rule.get("lastEvaluation", "").startswith("2") for rule in rules) or time.time() > deadline:
             break
         time.sleep(0.5)
-    assert len(rules) == 9, [r["name"] for r in rules]
+    assert len(rules) == len(alert_rules()) == 10, [r["name"] for r in rules]
     assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
     assert [r["name"] for r in rules if r["state"] == "firing"] == []

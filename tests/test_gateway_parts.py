@@ -430,6 +430,45 @@ def test_a_group_whose_states_never_name_the_serving_job_is_warned_about_once(
     assert "training, vllm-inference" in warned[0] and "'inference'" in warned[0]
 
 
+def test_what_the_router_believes_of_each_group_is_in_its_metrics_and_a_group_no_endpoint_names_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """/metrics said nothing of the groups (only a filtered count), so an SRE could not see which groups the router
+    took as away, nor how old the states it routes on are; a group the states name and no endpoint does (a
+    misspelled label, say) was ignored in silence."""
+    path = tmp_path / "groups.yaml"
+    path.write_text("groups: {rl: {state: LOCKED, active_job: training}, ghost: {state: IDLE}}\n")
+    endpoints = parse_static(
+        ["127.0.0.1:9,name=a,leadtime.io/timeslice-group=rl", "127.0.0.1:10,name=b,leadtime.io/timeslice-group=spare"]
+    )
+    gateway = Gateway(StaticDiscovery(endpoints), RoundRobinPolicy(), GatewaySettings(timeslice_poll_s=0.001))
+    for endpoint in endpoints:
+        gateway.scraper.scrapes[endpoint.endpoint_id] = EndpointScrape(endpoint)
+    now = [10_000.0]
+    gateway.timeslice = FileTimesliceSource(path, clock=lambda: now[0])
+    gateway.clock = lambda: now[0]
+
+    async def watch() -> None:
+        task = asyncio.get_running_loop().create_task(gateway._watch_timeslice())
+        await asyncio.sleep(0.05)
+        task.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
+        asyncio.run(watch())
+        asyncio.run(watch())  # read again, unchanged: the states are current
+        assert "leadtime_router_timeslice_states_age_seconds 0.0" in gateway.metrics.render().decode()
+        path.unlink()  # the states cannot be read for 7 s: the router routes on states 7 s old
+        now[0] += 7_000.0
+        asyncio.run(watch())
+    text = gateway.metrics.render().decode()
+    assert 'leadtime_router_timeslice_group_serving{group="rl"} 0.0' in text  # training's turn
+    assert 'leadtime_router_timeslice_group_serving{group="spare"} 1.0' in text  # not in the states: serving
+    assert 'group="ghost"' not in text  # no endpoint of it: no series
+    assert "leadtime_router_timeslice_states_age_seconds 7.0" in text
+    ghost = [r.getMessage() for r in caplog.records if "'ghost'" in r.getMessage()]
+    assert len(ghost) == 1 and "no endpoint" in ghost[0], ghost
+
+
 def test_endpoints_naming_groups_with_no_source_of_their_states_are_warned_about_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -297,6 +297,7 @@ class Gateway:
         """Requests being proxied or passed through now."""
         self._watches: set[ClientWatch] = set()  # of the requests in flight whose body is read: what `cut` reaches
         self._unnamed_groups: set[str] = set()
+        self._unused_groups: set[str] = set()  # named by the states, by no endpoint: warned of once
         self._jobs_seen: dict[str, set[str]] = {}  # per group, the jobs its states have named
         self._serving_job_unseen: set[str] = set()  # groups warned of as never naming the serving job
         self._unknown_overflow: set[str] = set()
@@ -446,11 +447,14 @@ class Gateway:
             except Exception:  # noqa: BLE001 - a watcher must keep watching; the source keeps its last states
                 log.exception("time-slice poll failed")
             self._warn_unnamed_groups(source)
+            self._warn_unused_groups(source)
             self._warn_serving_job_unnamed(source)
             if source.errors > self._timeslice_errors_seen:
                 self.metrics.timeslice_source_errors.inc(source.errors - self._timeslice_errors_seen)
                 self._timeslice_errors_seen = source.errors
             self._refresh_group_views()
+            if getattr(source, "confirmed_ms", None) is not None:
+                self.metrics.timeslice_states_age.set(max(0.0, self.clock() - source.confirmed_ms) / 1e3)
             await asyncio.sleep(self.settings.timeslice_poll_s)
 
     def _warn_unnamed_groups(self, source: Any) -> None:
@@ -469,6 +473,19 @@ class Gateway:
                     group,
                     scrape.endpoint.endpoint_id,
                     named,
+                )
+
+    def _warn_unused_groups(self, source: Any) -> None:
+        """Once per group: the states name a group no discovered endpoint belongs to (a label spelled otherwise, or
+        a group whose endpoints are gone): its state changes nothing here."""
+        labelled = {e.timeslice_group for e in self.discovery.endpoints if e.timeslice_group}
+        for group in getattr(source, "groups", {}):
+            if group not in labelled and group not in self._unused_groups:
+                self._unused_groups.add(group)
+                log.warning(
+                    "time-slice group %r is in the group states but no endpoint belongs to it (endpoints name: %s)",
+                    group,
+                    ", ".join(sorted(labelled)) or "none",
                 )
 
     def _warn_serving_job_unnamed(self, source: Any) -> None:
@@ -495,6 +512,11 @@ class Gateway:
         return "switching" if status.state == "SWITCHING" else "parked"
 
     def _refresh_group_views(self) -> None:
+        groups = {s.endpoint.timeslice_group for s in self.scraper.scrapes.values() if s.endpoint.timeslice_group}
+        for gone in set(self._group_view) - groups:  # no endpoint of it any more: neither its view nor its series
+            del self._group_view[gone]
+            with contextlib.suppress(KeyError):
+                self.metrics.timeslice_group_serving.remove(gone)
         for scrape in self.scraper.scrapes.values():
             group = scrape.endpoint.timeslice_group
             if not group:
@@ -506,6 +528,7 @@ class Gateway:
                     if other.endpoint.timeslice_group == group:
                         self.affinity.forget(other.endpoint.endpoint_id)
             self._group_view[group] = view
+            self.metrics.timeslice_group_serving.labels(group).set(1.0 if view == "resident" else 0.0)
             if scrape.state is not None and scrape.state.timeslice_state != view:
                 scrape.state = dataclasses.replace(scrape.state, timeslice_state=view)
 

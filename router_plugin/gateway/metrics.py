@@ -212,6 +212,18 @@ class GatewayMetrics:
             registry=r,
         )
         self.pulled_model_age.set(-1.0)
+        self.timeslice_group_serving = Gauge(
+            f"{p}_timeslice_group_serving",
+            "Whether the router takes a time-slice group as serving the inference job (1) or away (0), by group; "
+            "a group the states do not name counts as serving.",
+            ["group"],
+            registry=r,
+        )
+        self.timeslice_states_age = Gauge(
+            f"{p}_timeslice_states_age_seconds",
+            "Seconds since the time-slice states routed on were last read or found unchanged.",
+            registry=r,
+        )
         self.timeslice_source_errors = Counter(
             f"{p}_timeslice_source_errors", "Failed reads of time-slice group states.", registry=r
         )
