@@ -66,6 +66,9 @@ def test_bodies_over_the_limit_get_413_declared_or_streamed() -> None:
         big = c.post("/predict/bulk/strict", json={"requests": [row()] * 50})
         assert big.status_code == 413
         assert "2,000 bytes" in big.json()["error"]
+        assert big.json()["detail"] == big.json()["error"]  # the shape of every other error body (FastAPI's detail)
+        plain = c.post("/add_training_data_bulk", content=b"{}", headers={"content-type": "text/plain"})
+        assert plain.status_code == 415 and plain.json()["detail"] == plain.json()["error"]
 
         def chunks() -> Any:  # no Content-Length: the limit must hold on the streamed size too
             yield b'{"requests": ['

@@ -243,9 +243,8 @@ class EdgeMiddleware:
         return b"".join(chunks)
 
     async def _too_large(self, send: Send) -> None:
-        body = json.dumps(
-            {"error": f"request body exceeds the limit of {self.max_body_bytes:,} bytes", "field": "body"}
-        ).encode()
+        message = f"request body exceeds the limit of {self.max_body_bytes:,} bytes"
+        body = json.dumps({"error": message, "field": "body", "detail": message}).encode()
         await send(
             {
                 "type": "http.response.start",
@@ -281,12 +280,14 @@ def json_content_type(header: str, required: bool = False) -> bool:
 def _unsupported_type(header: str) -> bytes:
     got = f"got {header[:100]!r}" if header.strip() else "got none (a write path needs it, even with no body)"
     problem = f"Content-Type must be application/json, {got}"
-    return orjson.dumps({"error": f"content-type: {problem}", "field": "content-type"})
+    message = f"content-type: {problem}"
+    return orjson.dumps({"error": message, "field": "content-type", "detail": message})
 
 
 def _unsupported_encoding(header: str) -> bytes:
     problem = f"{header.strip()[:40]!r} bodies are not accepted: send the JSON uncompressed"
-    return orjson.dumps({"error": f"content-encoding: {problem}", "field": "content-encoding"})
+    message = f"content-encoding: {problem}"
+    return orjson.dumps({"error": message, "field": "content-encoding", "detail": message})
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
