@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +17,7 @@ import pytest
 from raw_endpoint import STREAM_HEAD, next_request
 
 from leadtime.features.vllm_metrics import parse_samples
-from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
+from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.outliers import CONSECUTIVE_FAILURES, Outliers
 from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest
@@ -317,3 +320,106 @@ def test_only_a_refused_connection_is_told_apart_as_refused() -> None:
     err = asyncio.run(go())
     assert err.kind == "connect" and err.refused
     assert not UpstreamError("connect", "did not accept within 2 s").refused
+
+
+def write_endpoints(path: Path, names: dict[str, int]) -> None:
+    """A discovery file listing one endpoint per name, at 127.0.0.1 and its port (replaced whole, as Kubernetes
+    does)."""
+    endpoints = [
+        {"name": name, "address": "127.0.0.1", "port": port, "labels": {"leadtime.io/accelerator": "h100-sxm"}}
+        for name, port in names.items()
+    ]
+    tmp = path.with_suffix(".new")
+    tmp.write_text(json.dumps({"endpoints": endpoints}))
+    tmp.replace(path)
+
+
+def endpoints_named(text: str) -> set[str]:
+    """Every `endpoint` label value in a /metrics body."""
+    return {s.get("endpoint", "") for series in parse_samples(text).values() for s, _ in series} - {""}
+
+
+def test_endpoints_renamed_by_discovery_leave_no_series_of_their_old_names(tmp_path: Path) -> None:
+    """In Kubernetes an endpoint's name is its pod's: a rollout renames every endpoint. The picks, estimated prefix
+    hits and scrape errors of the old names stayed in /metrics for ever (a soak test: 317 → 979 lines in 24 min)."""
+    path = tmp_path / "endpoints.json"
+
+    async def go() -> tuple[set[str], set[str], list[tuple[int, str]]]:
+        servers = [await asyncio.start_server(serving(answers_well), "127.0.0.1", 0) for _ in range(2)]
+        ports = [s.sockets[0].getsockname()[1] for s in servers]
+        with socket.socket() as closed:  # a port nothing listens on: every scrape of it fails
+            closed.bind(("127.0.0.1", 0))
+            dead = closed.getsockname()[1]
+        write_endpoints(path, {"a-1": ports[0], "b-1": ports[1], "dead-1": dead})
+        settings = GatewaySettings(discovery_poll_s=0.02, scrape_interval_s=0.01)
+        gateway = Gateway(FileDiscovery(path), FirstByName(), settings)  # type: ignore[arg-type]
+        await gateway.start()
+        try:
+            transport = httpx.ASGITransport(app=gateway)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                while len(gateway.routable()) < 2 or gateway.scraper.scrapes["dead-1"].errors == 0:
+                    await asyncio.sleep(0.02)
+                prompt = "the same long prompt, twice, so that the second is estimated cached " * 4
+                results = [
+                    (r.status_code, r.headers["x-leadtime-endpoint"])
+                    for r in [
+                        await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2}) for _ in range(2)
+                    ]
+                ]
+                before = endpoints_named((await client.get("/metrics")).text)
+                write_endpoints(path, {"a-2": ports[0], "b-2": ports[1]})
+                while set(gateway.scraper.scrapes) != {"a-2", "b-2"}:
+                    await asyncio.sleep(0.02)
+                after = endpoints_named((await client.get("/metrics")).text)
+        finally:
+            await gateway.stop()
+            for s in servers:
+                s.close()
+        return before, after, results
+
+    before, after, results = asyncio.run(go())
+    assert results == [(200, "a-1"), (200, "a-1")]
+    assert before == {"a-1", "b-1", "dead-1"}
+    assert after == {"a-2", "b-2"}
+
+
+@pytest.mark.parametrize("rendered_while_gone", [True, False])
+def test_an_endpoint_name_that_comes_back_counts_its_new_scrape_errors_from_zero(
+    tmp_path: Path, rendered_while_gone: bool
+) -> None:
+    """The gateway counted a name's scrape errors past those it had seen: a name back in discovery (a pod recreated
+    under its StatefulSet name) starts a new count at 0, and none of its errors were counted until they passed the
+    old count. So too when no /metrics was read while it was gone."""
+    path = tmp_path / "endpoints.json"
+
+    async def go() -> tuple[float, float, int]:
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = closed.getsockname()[1]
+        write_endpoints(path, {"dead": dead})
+        gateway = Gateway(FileDiscovery(path), FirstByName(), GatewaySettings(discovery_poll_s=0.02))  # type: ignore[arg-type]
+        gateway.scraper.interval_s = 0.005
+        await gateway.start()
+        try:
+            while gateway.scraper.scrapes["dead"].errors < 20:
+                await asyncio.sleep(0.01)
+            first = count(parse_samples(gateway._render_metrics().decode()), "leadtime_router_scrape_errors_total")
+            write_endpoints(path, {})
+            while gateway.scraper.scrapes:
+                await asyncio.sleep(0.01)
+            if rendered_while_gone:
+                gateway._render_metrics()
+            gateway.scraper.interval_s = 10.0  # from now on, one scrape: far fewer errors than before
+            write_endpoints(path, {"dead": dead})
+            while "dead" not in gateway.scraper.scrapes or gateway.scraper.scrapes["dead"].errors == 0:
+                await asyncio.sleep(0.01)
+            again = count(parse_samples(gateway._render_metrics().decode()), "leadtime_router_scrape_errors_total")
+            errors = gateway.scraper.scrapes["dead"].errors
+        finally:
+            await gateway.stop()
+        return first, again, errors
+
+    first, again, errors = asyncio.run(go())
+    assert first >= 20
+    assert errors == 1
+    assert again == (errors if rendered_while_gone else first + errors)  # not read while gone: the series went on

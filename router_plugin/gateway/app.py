@@ -290,7 +290,9 @@ class Gateway:
         self._ids = itertools.count(1)
         self._group_view: dict[str, str] = {}
         self._passed = PassedThroughLoad()
-        self._scrape_errors_seen: dict[str, int] = {}
+        self._scrape_errors_seen: dict[str, tuple[EndpointScrape, int]] = {}
+        """Per endpoint, the scrape whose errors scrape_errors has counted, and how many: a name discovery lists
+        again (or at a new address) gets a new scrape counting from 0, whose errors are all new."""
         self._timeslice_errors_seen = 0
         self._gauged: set[str] = set()  # endpoints the per-endpoint gauges were last rendered for
         self.in_flight = 0
@@ -304,6 +306,7 @@ class Gateway:
         self._unread_groups_said = False
         self._panic = False
         self._error_kinds: set[tuple[str, str]] = set()  # (endpoint, kind) series of upstream_errors, to remove
+        self._pick_series: set[tuple[str, str, str]] = set()  # (endpoint, accelerator, role) series of picks, ditto
         self._unservable_message = "no endpoint can serve this request now"
         self._warm_up: Future[bool] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -750,15 +753,26 @@ class Gateway:
                 m.scrape_age.labels(eid).set((now - scrape.scraped_ms) / 1e3)
             if scrape.metrics is not None and scrape.metrics.prefix_cache_hits is not None:
                 m.prefix_reported.labels(eid).set(scrape.metrics.prefix_cache_hits)
-            seen = self._scrape_errors_seen.get(eid, 0)
+            counted, seen = self._scrape_errors_seen.get(eid, (scrape, 0))
+            if counted is not scrape:
+                seen = 0
             if scrape.errors > seen:
                 m.scrape_errors.labels(eid).inc(scrape.errors - seen)
-                self._scrape_errors_seen[eid] = scrape.errors
+                self._scrape_errors_seen[eid] = (scrape, scrape.errors)
         current = set(self.scraper.scrapes)
-        for gone in self._gauged - current:  # an endpoint discovery dropped is not shown as still there
-            for gauge in (m.endpoint_up, m.scrape_age, m.prefix_reported, m.ejections):
+        # an endpoint discovery dropped is not shown as still there, nor are its counters kept: in Kubernetes its
+        # name is its pod's, and every rollout would add series for ever. A request decided or answered after the
+        # endpoint left labels it again: its series are in _pick_series or _error_kinds, removed at the next render.
+        series_of = {s[0] for s in self._pick_series} | {s[0] for s in self._error_kinds}
+        for gone in (self._gauged | series_of) - current:
+            self._scrape_errors_seen.pop(gone, None)
+            by_endpoint = (m.endpoint_up, m.scrape_age, m.prefix_reported, m.ejections, m.scrape_errors)
+            for family in (*by_endpoint, m.prefix_estimated):
                 with contextlib.suppress(KeyError):
-                    gauge.remove(gone)
+                    family.remove(gone)
+            for picked in [s for s in self._pick_series if s[0] == gone]:
+                m.picks.remove(*picked)
+                self._pick_series.discard(picked)
             for status in STATUS_CLASSES:
                 with contextlib.suppress(KeyError):
                     m.upstream_responses.remove(gone, status)
@@ -1134,6 +1148,7 @@ class Gateway:
         for eid in chosen:
             state = routed.candidates[eid].state
             m.picks.labels(eid, state.accelerator, state.role).inc()
+            self._pick_series.add((eid, state.accelerator, state.role))
             self.affinity.record(eid, routed.key)
         prefill = routed.candidates[pick.endpoint_id]
         uncached = max(routed.route.input_tokens - prefill.prefix_hit_tokens, 0)
