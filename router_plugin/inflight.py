@@ -105,10 +105,16 @@ class InflightLedger:
         self._where.setdefault(sent.request_id, []).append((endpoint_id, "decode"))
 
     def complete(self, request_id: str) -> None:
-        """The request finished: it no longer counts anywhere."""
+        """The request finished: it no longer counts anywhere. A slot left empty goes, as in `DecodingLedger`: in
+        Kubernetes endpoint names are pod names, and every rollout would add slots for ever. Nothing counted
+        changes: `latest_sent_ms` only lets `adjusted` stop early, and a new slot's bounds the sends in it as well."""
         for endpoint_id, side in self._where.pop(request_id, ()):
-            slot = self._endpoints[endpoint_id]
+            slot = self._endpoints.get(endpoint_id)
+            if slot is None:  # recorded twice there (a retry), and emptied at the first
+                continue
             (slot.prefill if side == "prefill" else slot.decode).pop(request_id, None)
+            if not slot.prefill and not slot.decode:
+                del self._endpoints[endpoint_id]
 
     def pending(self, endpoint_id: str) -> Iterable[Sent]:
         slot = self._endpoints.get(endpoint_id)

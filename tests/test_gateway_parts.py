@@ -31,6 +31,7 @@ from leadtime.router_plugin.discovery import (
     parse_static,
 )
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork
 from leadtime.router_plugin.gateway.metrics import FALLBACK_REASONS, GatewayMetrics
 from leadtime.router_plugin.gateway.predictor import GatewayPredictor, failure_reason
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
@@ -269,6 +270,41 @@ def test_stream_meter_reads_usage_of_a_whole_answer() -> None:
 
 
 # ----- prefix affinity ----------------------------------------------------------------------------------------
+
+
+def test_the_work_tracker_keeps_nothing_of_endpoints_whose_requests_all_finished() -> None:
+    """In Kubernetes an endpoint's name is its pod's: every rollout brings new names, and a set kept for each name
+    once its requests finished grew the tracker for ever. Meanwhile each endpoint's tokens are those of the
+    requests still open there."""
+    rng = np.random.default_rng(11)
+    work = InflightWork()
+    open_now: dict[str, Active] = {}
+    for i in range(2_000):
+        if open_now and rng.random() < 0.45:
+            done = list(open_now)[int(rng.integers(len(open_now)))]
+            del open_now[done]
+            work.finish(done)
+        else:
+            prefill_on, decode_on = f"p{rng.integers(300)}", f"d{rng.integers(300)}"
+            if rng.random() < 0.3:
+                decode_on = prefill_on  # unified
+            active = Active(float(rng.uniform(0, 1_000)), 100, 150, prefill_on, decode_on)
+            work.start(f"r{i}", active)
+            open_now[f"r{i}"] = active
+            if rng.random() < 0.5:
+                work.first_token(f"r{i}", generated=3)
+        if i % 100 == 0:
+            for endpoint in {e for a in open_now.values() for e in (a.prefill_on, a.decode_on)} | {"p1", "d1"}:
+                for at in (0.0, 500.0, 1_000.0):
+                    here = [a for a in open_now.values() if a.sent_ms < at]
+                    prefill = sum(a.uncached_tokens for a in here if not a.first_token and a.prefill_on == endpoint)
+                    decode = sum(
+                        a.input_tokens + a.generated for a in here if a.first_token and a.decode_on == endpoint
+                    )
+                    assert work.tokens(endpoint, at) == (prefill, decode)
+    for rid in open_now:
+        work.finish(rid)
+    assert len(work) == 0 and work._by_endpoint == {}
 
 
 def test_chunk_hashes_identify_prefixes() -> None:

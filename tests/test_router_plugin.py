@@ -180,6 +180,45 @@ def test_the_ledger_counts_sends_recorded_out_of_order_and_again() -> None:
     assert len(list(ledger.pending("a"))) == 501
 
 
+def test_the_ledger_keeps_nothing_of_endpoints_whose_requests_all_completed() -> None:
+    """In Kubernetes an endpoint's name is its pod's: every rollout brings new names, and a slot kept for each name
+    once its requests completed grew the ledger for ever. Meanwhile it counts as a ledger that never saw the
+    completed requests: a slot going and coming back changes nothing."""
+    rng = np.random.default_rng(7)
+    ledger = InflightLedger()
+    records: list[tuple[str, str, Sent]] = []  # (side, endpoint, send), in the order recorded
+    open_ids: list[str] = []
+    for i in range(2_000):
+        if open_ids and rng.random() < 0.45:
+            done = open_ids.pop(int(rng.integers(len(open_ids))))
+            ledger.complete(done)
+        else:
+            rid = f"r{i}"
+            prefill_on, decode_on = f"p{rng.integers(300)}", f"d{rng.integers(300)}"
+            sent = Sent(rid, float(rng.uniform(0, 1_000)), 10, 20, kv_arrival_ms=float(rng.uniform(0, 1_000)))
+            for side, endpoint in (("prefill", prefill_on), ("prefill", prefill_on), ("decode", decode_on)):
+                (ledger.record_prefill if side == "prefill" else ledger.record_decode)(endpoint, sent)
+                records.append((side, endpoint, sent))
+            if rng.random() < 0.3:  # prefilled locally on its decode endpoint
+                ledger.record_prefill(decode_on, sent)
+                records.append(("prefill", decode_on, sent))
+            open_ids.append(rid)
+        if i % 100 == 0:
+            fresh = InflightLedger()  # what is open now, recorded in the same order
+            for side, endpoint, sent in records:
+                if sent.request_id in open_ids:
+                    (fresh.record_prefill if side == "prefill" else fresh.record_decode)(endpoint, sent)
+            for endpoint in {e for _, e, _ in records}:
+                state = EndpointState(endpoint_id=endpoint)
+                for at in (0.0, 300.0, 700.0):
+                    assert ledger.adjusted(state, at) == fresh.adjusted(state, at)
+                    assert ledger.link_free_ms(endpoint, at) == fresh.link_free_ms(endpoint, at)
+                assert list(ledger.pending(endpoint)) == list(fresh.pending(endpoint))
+    for rid in open_ids:
+        ledger.complete(rid)
+    assert len(ledger) == 0 and ledger._endpoints == {}
+
+
 def test_a_burst_is_spread_by_in_flight_accounting() -> None:
     # Endpoint a looks slightly better to every request of the burst: its state was published before any of them.
     candidates = [cand("a", hits=200), cand("b"), cand("c"), cand("d")]

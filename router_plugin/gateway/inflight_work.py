@@ -67,6 +67,8 @@ class InflightWork:
             active.generated = generated
 
     def finish(self, request_id: str) -> None:
+        """The request completed or was abandoned. An endpoint left with none goes: in Kubernetes endpoint names
+        are pod names, and every rollout would add empty sets for ever."""
         active = self._requests.pop(request_id, None)
         if active is None:
             return
@@ -74,6 +76,8 @@ class InflightWork:
             ids = self._by_endpoint.get(endpoint_id)
             if ids is not None:
                 ids.discard(request_id)
+                if not ids:
+                    del self._by_endpoint[endpoint_id]
 
     def tokens(self, endpoint_id: str, published_ms: float) -> tuple[int, int]:
         """(prefill tokens, decode tokens) in flight on the endpoint, of requests sent before `published_ms`."""
