@@ -153,6 +153,9 @@ class Endpoint:
         Plan runs of decode steps in closed form (off for real-time serving, where each step is paced).
     noise
         Departures from the step-time model (none by default).
+    record_busy
+        Keep each step's (start, end) in `busy_intervals`, for the offline report's utilisation. Off for real-time
+        serving, which never reads them: a list growing by every step for as long as the server runs.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class Endpoint:
         max_running: int = 256,
         decode_runs: bool = True,
         noise: StepNoise = StepNoise(),
+        record_busy: bool = True,
     ) -> None:
         self.endpoint_id = endpoint_id
         self.role = role
@@ -174,6 +178,7 @@ class Endpoint:
         self.max_running = max_running
         self.decode_runs = decode_runs
         self.noise = noise
+        self.record_busy = record_busy
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.plan: StepPlan | None = None
@@ -199,6 +204,7 @@ class Endpoint:
             self.max_running,
             self.decode_runs,
             self.noise,
+            self.record_busy,
         )
         copies = {id(r): r.copy() for r in (*self.waiting, *self.running)}
         other.waiting = deque(copies[id(r)] for r in self.waiting)
@@ -451,7 +457,8 @@ class Endpoint:
             raise AssertionError("no step in flight")
         self.plan = None
         now = plan.end_ms
-        self.busy_intervals.append((plan.start_ms, now))
+        if self.record_busy:
+            self.busy_intervals.append((plan.start_ms, now))
         outcome = StepOutcome()
         steps = max(plan.decode_run, 1)
         for r, n in plan.entries:

@@ -159,8 +159,9 @@ def trusted_state(**fields: object) -> EndpointState:
 _STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(EndpointState))
 
 
-def build_endpoints(fleet: Fleet, decode_runs: bool = True, seed: int = 0) -> list[Endpoint]:
-    """The fleet's replicas; each draws its speed factor (the fleet's `speed_spread`) from `seed` and its index."""
+def build_endpoints(fleet: Fleet, decode_runs: bool = True, seed: int = 0, record_busy: bool = True) -> list[Endpoint]:
+    """The fleet's replicas; each draws its speed factor (the fleet's `speed_spread`) from `seed` and its index.
+    `record_busy`: see `Endpoint` (off where no report will read the steps' intervals)."""
     endpoints = []
     for index, cfg in enumerate(fleet.endpoints):
         stepper = StepTimeModel(cfg.accelerator, get_model(cfg.model), cfg.tensor_parallel, cfg.cuda_graphs)
@@ -178,6 +179,7 @@ def build_endpoints(fleet: Fleet, decode_runs: bool = True, seed: int = 0) -> li
                 cfg.max_running,
                 decode_runs,
                 noise,
+                record_busy,
             )
         )
     return endpoints

@@ -647,7 +647,7 @@ class FleetServer:
         self.tls = tls
         self.tokens_per_event = tokens_per_event
         self.timeslice_port = timeslice_port if fleet.timeslice_groups else None
-        engines = build_endpoints(fleet, decode_runs=False)
+        engines = build_endpoints(fleet, decode_runs=False, record_busy=False)  # served for as long as it runs
         pairs = zip(fleet.endpoints, engines, strict=True)
         self.live = [
             LiveEndpoint(cfg, engine, model_name or cfg.model, kv_link_gb_s=fleet.kv_link_gb_s) for cfg, engine in pairs
