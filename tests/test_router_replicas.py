@@ -252,6 +252,32 @@ def test_a_redis_outage_is_named_in_the_health_the_gateway_reports_and_cleared_a
     assert "routing on what this replica knows" in during["replicas"], during
 
 
+def test_an_idle_replica_clears_its_degraded_health_once_redis_is_back(redis_server: RedisServer) -> None:
+    """Only a publication of events cleared it: a gateway with no traffic after an outage said "not sharing" for
+    ever, though its heartbeats reached Redis again every second."""
+
+    async def scenario() -> tuple[dict[str, str], dict[str, str]]:
+        sync = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
+        await sync.start()
+        await asyncio.sleep(0.3)
+        redis_server.stop()
+        sync.publish(LedgerEvent("complete", "r0"))
+        deadline = time.monotonic() + 10
+        while not sync.health() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        during = sync.health()
+        redis_server.start()
+        deadline = time.monotonic() + 10
+        while sync.health() and time.monotonic() < deadline:  # no event published: heartbeats alone
+            await asyncio.sleep(0.2)
+        after = sync.health()
+        await sync.stop()
+        return during, after
+
+    during, after = asyncio.run(scenario())
+    assert "replicas" in during and after == {}, (during, after)
+
+
 def test_the_simulators_replicas_route_every_request_and_learn_once_each() -> None:
     from leadtime.bench.routing import _fleet
 

@@ -229,8 +229,15 @@ class ReplicaSync:
     # ----- tasks --------------------------------------------------------------------------------------------
 
     async def _publish(self, events: list[Event]) -> None:
+        """Publish `events` (none: a heartbeat). Whether it worked is what `health` says: heartbeats count too, so
+        that a replica with no traffic clears its degraded health once Redis is back."""
         body = encode(self.origin, events, time.monotonic() * 1e3, time.time() * 1e3)
-        await self._client.publish(self.channel, body)
+        try:
+            await self._client.publish(self.channel, body)
+        except Exception as err:
+            self._cannot_publish = redis_problem(err)
+            raise
+        self._cannot_publish = None
 
     async def _send(self) -> None:
         failing = False
@@ -243,10 +250,9 @@ class ReplicaSync:
                 self.metrics.replica_events.labels("sent").inc(len(events))
                 if failing:
                     log.info("publishing to the other replicas through redis at %s works again", self.address)
-                failing, self._cannot_publish = False, None
+                failing = False
             except Exception as err:  # Redis away: these events are lost to the others, routing goes on
                 self.metrics.replica_events.labels("dropped").inc(len(events))
-                self._cannot_publish = redis_problem(err)
                 if not failing:
                     log.warning(
                         "cannot publish to the other replicas through redis at %s (%s); routing on what this one knows",
