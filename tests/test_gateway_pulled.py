@@ -249,3 +249,12 @@ def test_every_discovery_reload_result_is_exported_from_the_start() -> None:
     text = GatewayMetrics().render().decode()
     for result in DISCOVERY_RESULTS:
         assert f'leadtime_router_discovery_reloads_total{{result="{result}"}} 0.0' in text, text
+
+
+def test_a_predictor_url_in_capitals_is_taken_and_one_without_a_scheme_refused_as_every_client_does() -> None:
+    """`--pull-model` refused `HTTPS://...`, which the other clients take (a scheme is case-blind); its own check was
+    one of three copies of the rule."""
+    pulled = PulledModel("HTTPS://predictor:8443", LeanHttpPredictorClient("HTTPS://predictor:8443"), interval_s=60.0)
+    assert pulled.url == "HTTPS://predictor:8443/v1/model"
+    with pytest.raises(ValueError, match=r"'predictor:8443': expected http://HOST:PORT or https://HOST:PORT"):
+        PulledModel("predictor:8443", LeanHttpPredictorClient("http://predictor:8443"), interval_s=60.0)

@@ -73,8 +73,8 @@ class PulledModel:
         api_token: str | None = None,
         ca_file: str | Path | None = None,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"{base_url!r}: expected http://HOST:PORT or https://HOST:PORT")
+        # True: httpx's default CAs. https_context refuses a URL without its scheme, as every client does.
+        self._verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True
         if interval_s <= 0:
             raise ValueError("the pull interval must be > 0")
         self.url = base_url.rstrip("/") + "/v1/model"
@@ -82,7 +82,6 @@ class PulledModel:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
-        self._verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True  # True: httpx's default
         self.model: OnlinePredictor | None = None
         self.digest = ""
         self.pulled_at: float | None = None
