@@ -176,9 +176,14 @@ class FileTimesliceSource(_Source):
         self._stamp: tuple[int, int, int] | None = None
 
     def first_read(self) -> None:
-        """Read the file at start, or TimesliceError saying why not: with no states read, every group would be
-        taken as serving, so a mistyped path stops the router as a discovery file it cannot read does. Later reads
-        that fail keep the states read last (`poll`)."""
+        """Read the file at start, or TimesliceError saying why not (unreadable, of the wrong shape), as a
+        discovery file is; later reads that fail keep the states read last (`poll`). A file not there yet is
+        waited for, not refused: an orchestrator's sidecar writing it may start with the router (refused, the pod
+        would loop), and until it is read every group is taken as away (the gateway's `_group_state`)."""
+        if not self.path.exists():
+            log.warning("time-slice states: %s is not there yet: every group is taken as away until it is", self.path)
+            self.poll()
+            return
         self._strict = True
         try:
             self.poll()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import os
 import re
 import socket
@@ -496,21 +497,46 @@ def test_route_refuses_config_and_discovery_files_it_cannot_use_naming_them(tmp_
     assert code == 2 and "endpoints.yaml: endpoints[0].labels.leadtime.io/tensor-parallel" in output
 
 
-@pytest.mark.parametrize("content", [None, b"[1, 2]", b"groups: {rl: {state: ASLEEP}}"])
+@pytest.mark.parametrize("content", [b"[1, 2]", b"groups: {rl: {state: ASLEEP}}"])
 def test_route_refuses_a_timeslice_file_it_cannot_read_at_start(
-    tmp_path: Path, content: bytes | None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, content: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A mistyped --timeslice-file started the gateway with a warning and no states: every group was taken as
-    serving, traffic went to endpoints that were training (a discovery file that cannot be read stops it)."""
+    """A --timeslice-file of the wrong shape started the gateway with a warning and no states: every group was
+    taken as serving, traffic went to endpoints that were training (a discovery file that cannot be read stops it).
+    One not there yet is waited for (`test_groups_are_taken_as_away_until_their_states_are_first_read`)."""
     from leadtime.router_plugin.gateway import serve
 
     monkeypatch.setattr(serve, "serve_gateway", lambda *a, **k: pytest.fail("the gateway was started"))
     states = tmp_path / "groups.yaml"
-    if content is not None:
-        states.write_bytes(content)
+    states.write_bytes(content)
     code, output = route("--endpoint", "127.0.0.1:1", "--embedded", "--timeslice-file", str(states))
     assert code == 2 and output.startswith("error: --timeslice-file: ") and "groups.yaml" in output, output
     assert len(output.strip().splitlines()) == 1 and "Traceback" not in output
+
+
+def test_groups_are_taken_as_away_until_their_states_are_first_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file an orchestrator's sidecar has not written yet (they start together in one pod) must not stop the
+    gateway (a crash loop), nor route into a training job's turn: until the states are first read, every group is
+    taken as away."""
+    from leadtime.router_plugin.gateway import serve
+
+    started: list[object] = []
+    monkeypatch.setattr(serve, "serve_gateway", lambda *a, **k: started.append(a))
+    path = tmp_path / "groups.yaml"
+    with caplog.at_level(logging.WARNING):
+        code, output = route("--endpoint", "127.0.0.1:1", "--embedded", "--timeslice-file", str(path))
+    assert code == 0 and len(started) == 1, output
+    assert any("not there yet" in r.getMessage() for r in caplog.records), caplog.text
+    (endpoint,) = parse_static(["127.0.0.1:9,name=a,leadtime.io/timeslice-group=rl"])
+    gateway = Gateway(StaticDiscovery((endpoint,)), RoundRobinPolicy(), GatewaySettings())
+    gateway.timeslice = FileTimesliceSource(path, lambda: 1000.0)
+    gateway.timeslice.first_read()
+    assert gateway._group_state("rl") == "parked"
+    path.write_text("groups: {rl: {state: LOCKED, active_job: inference, loaded_job: inference}}\n")
+    gateway.timeslice.poll()
+    assert gateway._group_state("rl") == "resident"
 
 
 def test_route_on_a_port_in_use_says_so_in_one_line() -> None:

@@ -509,6 +509,10 @@ class Gateway:
                 )
 
     def _group_state(self, group: str) -> str:
+        """How routing takes `group`: "resident" (serving the inference job), "switching" or "parked". Until the
+        states are first read, away: a source not readable yet must not send traffic into a training job's turn."""
+        if self.timeslice is not None and getattr(self.timeslice, "updated_ms", 0.0) is None:
+            return "parked"
         status = self.timeslice.status(group) if self.timeslice is not None else None
         if status is None or status.serves(self.settings.serving_job):
             return "resident"
