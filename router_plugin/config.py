@@ -44,6 +44,7 @@ from leadtime.router_plugin.client import PredictorClient, require_predictor_cli
 from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, resident_filter
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
+from leadtime.router_plugin.scorers.latency import OVERFLOW_CHOICES
 from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
 from leadtime.yaml_text import load_yaml, yaml_problem
 
@@ -90,7 +91,7 @@ class LatencyParameters(_Model):
     exploration: float = Field(default=0.02, ge=0.0, le=1.0)
     comfort: float = Field(default=0.5, ge=0.0, le=1.0)
     comfort_tolerance: float = Field(default=0.0, ge=0.0, le=1.0, alias="comfortTolerance")
-    overflow: Literal["auto", "least_bad", "sink"] = "auto"
+    overflow: str = "auto"  # one of OVERFLOW_CHOICES (checked below: the one list of them)
     overflow_cap: float = Field(default=5.0, ge=0.0, alias="overflowCap")
     overflow_cap_share: float = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
     overflow_endpoints: list[str] = Field(default=[], alias="overflowEndpoints")
@@ -103,6 +104,13 @@ class LatencyParameters(_Model):
     kv_link_gb_s: float = Field(default=25.0, gt=0, alias="kvLinkGbS")
     hardware: bool = True
     seed: int | None = Field(default=None, ge=0)  # unset: the seed the caller gives
+
+    @field_validator("overflow")
+    @classmethod
+    def _overflow_choice(cls, value: str) -> str:
+        if value not in OVERFLOW_CHOICES:
+            raise ValueError(f"must be one of {', '.join(OVERFLOW_CHOICES)}, got {value!r}")
+        return value
 
     @field_validator("overflow_endpoints")
     @classmethod

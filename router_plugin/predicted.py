@@ -70,6 +70,8 @@ from leadtime.router_plugin.policy import (
 )
 from leadtime.router_plugin.scorers.latency import (
     FEASIBLE,
+    FIT_CHOICES,
+    OVERFLOW_CHOICES,
     comfortable_scores,
     latency_scores,
     may_sink,
@@ -79,11 +81,6 @@ from leadtime.router_plugin.scorers.latency import (
     slo_scores,
 )
 from leadtime.router_plugin.timeslice import ResidencyTracker, TimesliceSource
-
-FIT_CHOICES = ("most_slack", "tightest")
-"""Which candidate predicted to meet the SLOs wins (`scorers.latency.preference`)."""
-OVERFLOW_CHOICES = ("auto", "least_bad", "sink")
-"""Where a request no candidate is predicted to serve in time goes (`LeadtimeConfig.overflow`)."""
 
 BLIND_ACCELERATOR = "h100-sxm"
 """What every endpoint is called when the predictor is kept blind to accelerator classes (an ablation)."""
@@ -200,6 +197,8 @@ class LeadtimeConfig:
         shares = ("local_prefill_itl_share", "exploration", "comfort", "comfort_tolerance")
         for name in (*shares, "overload_share", "overflow_cap_share"):
             check_real(name, getattr(self, name), 0.0, 1.0)
+        if self.local_prefill_itl_share == 0:  # no ITL headroom at all: every decode endpoint would look busy
+            raise FeatureError("local_prefill_itl_share", "must be above 0, got 0")
         for name in ("fit_margin", "overflow_cap", "hold_slo_multiple"):
             check_real(name, getattr(self, name))
         if check_real("kv_link_gb_s", self.kv_link_gb_s) == 0:

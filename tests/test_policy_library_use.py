@@ -126,6 +126,7 @@ def test_a_row_the_predictor_refuses_falls_back_in_process_as_over_http() -> Non
         ({"comfort": -0.1}, "comfort"),
         ({"overflow_endpoints": "ab"}, "overflow_endpoints"),
         ({"kv_link_gb_s": 0.0}, "kv_link_gb_s"),
+        ({"local_prefill_itl_share": 0.0}, "local_prefill_itl_share"),  # as the YAML (> 0)
     ],
 )
 def test_a_leadtime_config_out_of_range_is_refused_by_name(options: dict[str, object], named: str) -> None:

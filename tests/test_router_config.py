@@ -191,6 +191,13 @@ def test_weights_and_parameters_reach_the_policy() -> None:
             },
             "fallback.weights: at least one weight must be above 0",
         ),
+        (
+            {
+                "plugins": [{"type": "predicted-latency-scorer", "parameters": {"overflow": "spill"}}],
+                "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
+            },
+            "plugins[0].parameters.overflow: must be one of auto, least_bad, sink, got 'spill'",
+        ),
     ],
 )
 def test_mistakes_name_the_field(config: dict[str, object], field: str) -> None:

@@ -176,6 +176,13 @@ def may_sink(scores: np.ndarray, overflow: str) -> bool:
     return overflow == "sink" and float(np.max(scores)) < FEASIBLE
 
 
+FIT_CHOICES = ("most_slack", "tightest")
+"""Which candidate predicted to meet the SLOs wins (`preference`'s `fit`)."""
+OVERFLOW_CHOICES = ("auto", "least_bad", "sink")
+"""Where a request no candidate is predicted to serve in time goes: `preference`'s `overflow` ("least_bad",
+"sink"), or "auto", which a policy turns into one of them by the recent load (`LeadtimeConfig.overflow`)."""
+
+
 def preference(
     scores: np.ndarray,
     fit: str = "most_slack",
