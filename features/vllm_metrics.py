@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 
 from leadtime.features.errors import FeatureError
-from leadtime.features.rows import EndpointState
+from leadtime.features.rows import MAX_COUNT, EndpointState
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
@@ -54,7 +54,7 @@ class VllmMetrics:
         None when it does not publish them: vLLM refuses a request longer than this, so a router offers it none."""
         if not self.block_size or not self.num_gpu_blocks:
             return None
-        return self.block_size * self.num_gpu_blocks
+        return min(self.block_size * self.num_gpu_blocks, MAX_COUNT)  # beyond, no count: it holds any request
 
     def endpoint_state(self, base: EndpointState | None = None) -> EndpointState:
         """`base` (the endpoint's identity, role, accelerator... from discovery) with this scrape's load."""
@@ -123,6 +123,9 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
         except ValueError:
             problem = f"block_size/num_gpu_blocks are not integers: {labels}"
             raise FeatureError(CACHE_CONFIG, problem) from None
+        if any(n is not None and not 0 <= n <= MAX_COUNT for n in (block_size, num_blocks)):  # 0: not known
+            problem = f"block_size/num_gpu_blocks must be counts, got {block_size} and {num_blocks}"
+            raise FeatureError(CACHE_CONFIG, problem)
     queries = _counter(samples, PREFIX_QUERIES)
     hits = _counter(samples, PREFIX_HITS)
     hit_rate = None

@@ -17,7 +17,7 @@ from numbers import Real
 from typing import Protocol, runtime_checkable
 
 from leadtime.features.errors import FeatureError
-from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures, check_count, check_real
+from leadtime.features.rows import MAX_COUNT, EndpointState, FeatureRow, RequestFeatures, check_count, check_real
 
 
 class NoCandidateError(ValueError):
@@ -97,10 +97,14 @@ class Candidate:
         and a NaN `published_ms` switched the in-flight accounting off for the endpoint in silence."""
         if not isinstance(self.state, EndpointState):
             raise TypeError(f"state must be an EndpointState, got {type(self.state).__name__}")
-        check_count("prefix_hit_tokens", self.prefix_hit_tokens)
-        check_real("published_ms", self.published_ms, -math.inf)
-        if self.kv_cache_tokens is not None:
-            check_count("kv_cache_tokens", self.kv_cache_tokens)
+        # Made for every candidate of every request: the common types are let through first (~0.1 µs, not ~1 µs).
+        hits, published, kv = self.prefix_hit_tokens, self.published_ms, self.kv_cache_tokens
+        if not (type(hits) is int and 0 <= hits <= MAX_COUNT):
+            check_count("prefix_hit_tokens", hits)
+        if not (type(published) is float and math.isfinite(published)):
+            check_real("published_ms", published, -math.inf)
+        if kv is not None and not (type(kv) is int and 0 <= kv <= MAX_COUNT):
+            check_count("kv_cache_tokens", kv)
 
     @property
     def endpoint_id(self) -> str:

@@ -72,6 +72,23 @@ def test_current_vllm_scrape() -> None:
     assert m.kv_cache_tokens == 327_680  # what the router checks a request's prompt against
 
 
+@pytest.mark.parametrize(("blocks", "size"), [("-20480", "16"), ("20480", "-16"), (str(2**60), "16")])
+def test_a_cache_size_that_is_no_size_is_refused_naming_it(blocks: str, size: str) -> None:
+    """A negative size was taken, and every Candidate made from it then refused (`kv_cache_tokens: must be ≥ 0`)
+    inside the gateway's routing of every request."""
+    text = SCRAPE.replace('num_gpu_blocks="20480"', f'num_gpu_blocks="{blocks}"').replace(
+        'block_size="16"', f'block_size="{size}"'
+    )
+    with pytest.raises(FeatureError) as err:
+        parse_vllm_metrics(text)
+    assert err.value.field == "vllm:cache_config_info" and "must be counts" in err.value.problem
+
+
+def test_a_cache_larger_than_any_count_holds_any_request() -> None:
+    text = SCRAPE.replace('num_gpu_blocks="20480"', f'num_gpu_blocks="{2**53}"')
+    assert parse_vllm_metrics(text).kv_cache_tokens == 2**53  # capped: a count beyond is no count
+
+
 def test_an_unpublished_cache_size_is_unknown() -> None:
     assert parse_vllm_metrics(OLD_SCRAPE).kv_cache_tokens is None
 
