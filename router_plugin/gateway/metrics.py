@@ -25,10 +25,11 @@ REPLICA_EVENT_DIRECTIONS = ("sent", "received", "dropped", "refused")
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 """The `status` label of upstream_responses: an endpoint's answers by class, not by code (fewer series)."""
 PULL_RESULTS = ("new", "unchanged", "error", "refused")
-DISCOVERY_RESULTS = ("ok", "error")
 """What one pull of the service's model did (`pulled.PulledModel`): loaded a new model, found the held one current,
 failed to reach the service, refused what it sent (not an artifact of this build, or not what the service
 announced)."""
+DISCOVERY_RESULTS = ("ok", "error")
+"""What one reload of the discovery file did: its endpoints taken, or the file refused (the last ones kept)."""
 
 
 class GatewayMetrics:
