@@ -897,6 +897,25 @@ def test_route_refuses_keys_and_tokens_it_could_not_use(
     assert named in result.output and len(result.output.strip().splitlines()) == 1, result.output
 
 
+def test_a_blank_variable_a_flag_overrides_is_not_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LEADTIME_API_TOKEN=""` beside `--api-token X` was refused, though the flag wins."""
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+    from leadtime.router_plugin.gateway import serve
+
+    built: list[Any] = []
+
+    def build(options: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(options.settings)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(serve, "build_gateway", build)
+    args = ["route", "--endpoint", "127.0.0.1:1", "--policy", "random", "--api-key", "k1", "--api-token", "t1"]
+    result = CliRunner().invoke(app, args, env={"LEADTIME_API_TOKEN": "", "LEADTIME_ROUTE_API_KEY": " "})
+    assert result.exit_code == 0 and built and built[0].api_keys == ("k1",), result.output
+
+
 def test_route_refuses_a_broken_discovery_file(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -189,7 +189,9 @@ def route(
     ):
         if value is not None:
             positive(name, value)
-    refuse_blank_variables("LEADTIME_API_TOKEN", "LEADTIME_ROUTE_API_KEY")
+    refuse_blank_variables(  # a flag given wins over its variable, which then does not matter
+        *(["LEADTIME_API_TOKEN"] if api_token is None else []), *(["LEADTIME_ROUTE_API_KEY"] if not api_key else [])
+    )
     if api_token is not None and (
         not api_token or not (api_token.isascii() and api_token.isprintable()) or " " in api_token
     ):

@@ -81,7 +81,8 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option(envvar="LEADTIME_TLS_KEYFILE", help="PEM key of --tls-cert.")] = None,
 ) -> None:
     """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
-    refuse_blank_variables("LEADTIME_API_TOKEN", "LEADTIME_TLS_CERTFILE", "LEADTIME_TLS_KEYFILE")
+    given = {"LEADTIME_API_TOKEN": api_token, "LEADTIME_TLS_CERTFILE": tls_cert, "LEADTIME_TLS_KEYFILE": tls_key}
+    refuse_blank_variables(*(name for name, flag in given.items() if flag is None))  # a flag wins over its variable
     from pydantic import ValidationError
 
     from leadtime.predictor.service.cpus import CpuPlanError, allowed_cpus, plan_cpus

@@ -1,9 +1,10 @@
 """grpc.health.v1 for the gRPC face: what Kubernetes' gRPC probes and `grpc_health_probe` ask.
 
-A service is SERVING while the process can answer predictions (the HTTP /readyz rule: a Redis outage degrades
-learning, not serving), NOT_SERVING before start-up finished and once it stops. Its status is read at each call
-rather than pushed at each change, so it cannot fall out of step with the runtime. `Watch` is not served: an open
-stream holds one of the server's few worker threads for as long as the prober keeps it.
+A service is SERVING while the process is ready (the HTTP /readyz rule: a Redis outage degrades learning, not
+serving; a training-role process is ready too, though it answers no prediction), NOT_SERVING once it stops (the
+port opens only when start-up has finished). Its status is read at each call rather than pushed at each change, so
+it cannot fall out of step with the runtime. `Watch` is refused (UNIMPLEMENTED): an open stream would hold one of
+the server's few worker threads for as long as the prober keeps it.
 """
 
 from __future__ import annotations

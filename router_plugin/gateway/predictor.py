@@ -40,8 +40,8 @@ def refusal_hint(err: Exception) -> str:
     """What to change when the predictor refuses observations for good (retrying as it is will not help), or ""
     for an outage (it is away; retrying will).
 
-    >>> refusal_hint(PredictorError(401, "Unauthorized"))
-    "give route --api-token the service's token"
+    >>> refusal_hint(PredictorError(404, "Not Found"))
+    'a --role prediction service takes none: point the gateway at a training or all one'
     """
     if not isinstance(err, PredictorError) or isinstance(err, PredictorUnavailable):
         return ""
@@ -49,7 +49,7 @@ def refusal_hint(err: Exception) -> str:
     if status in ("401", "403", "UNAUTHENTICATED", "PERMISSION_DENIED"):
         return "give route --api-token the service's token"
     if status in ("404", "UNIMPLEMENTED"):
-        return "a --role prediction service takes none: point --predictor-url at a training or all one"
+        return "a --role prediction service takes none: point the gateway at a training or all one"
     return ""
 
 
