@@ -243,8 +243,7 @@ class EdgeMiddleware:
         return b"".join(chunks)
 
     async def _too_large(self, send: Send) -> None:
-        message = f"request body exceeds the limit of {self.max_body_bytes:,} bytes"
-        body = json.dumps({"error": message, "field": "body", "detail": message}).encode()
+        body = error_body(f"request body exceeds the limit of {self.max_body_bytes:,} bytes", "body")
         await send(
             {
                 "type": "http.response.start",
@@ -256,6 +255,16 @@ class EdgeMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def error_body(message: str, field: str) -> bytes:
+    """A refusal made before FastAPI sees the request, in the shape of its others: `error` and `field`, and
+    FastAPI's `detail` (here the message).
+
+    >>> error_body("content-type: must be JSON", "content-type")
+    b'{"error":"content-type: must be JSON","field":"content-type","detail":"content-type: must be JSON"}'
+    """
+    return orjson.dumps({"error": message, "field": field, "detail": message})
 
 
 def json_content_type(header: str, required: bool = False) -> bool:
@@ -280,14 +289,12 @@ def json_content_type(header: str, required: bool = False) -> bool:
 def _unsupported_type(header: str) -> bytes:
     got = f"got {header[:100]!r}" if header.strip() else "got none (a write path needs it, even with no body)"
     problem = f"Content-Type must be application/json, {got}"
-    message = f"content-type: {problem}"
-    return orjson.dumps({"error": message, "field": "content-type", "detail": message})
+    return error_body(f"content-type: {problem}", "content-type")
 
 
 def _unsupported_encoding(header: str) -> bytes:
     problem = f"{header.strip()[:40]!r} bodies are not accepted: send the JSON uncompressed"
-    message = f"content-encoding: {problem}"
-    return orjson.dumps({"error": message, "field": "content-encoding", "detail": message})
+    return error_body(f"content-encoding: {problem}", "content-encoding")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
