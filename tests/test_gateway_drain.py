@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 from raw_endpoint import STREAM_HEAD, next_request
+from threaded_server import Handler, serve_in_a_thread
 
 from leadtime.bench.procs import Route
 
@@ -38,23 +39,8 @@ async def stalling_endpoint(reader: asyncio.StreamReader, writer: asyncio.Stream
     await reader.read()
 
 
-def serve_frozen(
-    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]] = frozen_endpoint,
-) -> tuple[int, asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    port: list[int] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        server = loop.run_until_complete(asyncio.start_server(handler, "127.0.0.1", 0))
-        port.append(server.sockets[0].getsockname()[1])
-        started.set()
-        loop.run_forever()
-
-    threading.Thread(target=run, daemon=True).start()
-    started.wait(10)
-    return port[0], loop
+def serve_frozen(handler: Handler = frozen_endpoint) -> tuple[int, asyncio.AbstractEventLoop]:
+    return serve_in_a_thread(handler)
 
 
 def test_a_stop_with_a_request_stuck_on_a_frozen_endpoint_ends_after_the_drain(tmp_path: Path) -> None:

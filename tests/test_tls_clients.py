@@ -11,7 +11,6 @@ import random
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import pytest
 import uvloop
 import yaml
 from llmd_rows import llmd_row
+from threaded_server import serve_in_a_thread
 
 from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
 from leadtime.bench.tls import TlsBenchOptions, run_tls_bench, self_signed
@@ -255,25 +255,13 @@ def serve_tls_in_a_thread(cert: Path, key: Path) -> tuple[int, asyncio.AbstractE
     endpoint in another process answers while the gateway's loop is busy): its port and loop."""
     server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_tls.load_cert_chain(cert, key)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    port: list[int] = []
 
     async def endpoint(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             await reader.read()
         writer.close()
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        server = loop.run_until_complete(asyncio.start_server(endpoint, "127.0.0.1", 0, ssl=server_tls))
-        port.append(server.sockets[0].getsockname()[1])
-        started.set()
-        loop.run_forever()
-
-    threading.Thread(target=run, daemon=True).start()
-    started.wait(10)
-    return port[0], loop
+    return serve_in_a_thread(endpoint, server_tls)
 
 
 def test_connections_given_up_during_a_failing_handshake_leave_no_unretrieved_error(tmp_path: Path) -> None:
