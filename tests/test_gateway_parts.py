@@ -419,6 +419,17 @@ def test_a_misspelled_key_in_the_group_states_is_named_in_a_warning(
     assert "active_job" in group_key and any("updated: unknown key" in w for w in warned)
 
 
+def watch_timeslice(gateway: Gateway, seconds: float = 0.05) -> None:
+    """Run the gateway's time-slice watcher for `seconds` (it polls every `timeslice_poll_s`)."""
+
+    async def watch() -> None:
+        task = asyncio.get_running_loop().create_task(gateway._watch_timeslice())
+        await asyncio.sleep(seconds)
+        task.cancel()
+
+    asyncio.run(watch())
+
+
 def test_an_endpoint_group_the_states_do_not_name_is_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -429,13 +440,8 @@ def test_an_endpoint_group_the_states_do_not_name_is_warned_about(
     gateway.scraper.scrapes["a"] = EndpointScrape(endpoint)
     gateway.timeslice = FileTimesliceSource(path, clock=lambda: 10_000.0)
 
-    async def watch() -> None:
-        task = asyncio.get_running_loop().create_task(gateway._watch_timeslice())
-        await asyncio.sleep(0.05)
-        task.cancel()
-
     with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
-        asyncio.run(watch())
+        watch_timeslice(gateway)
     warned = [r.getMessage() for r in caplog.records if "'rl'" in r.getMessage()]
     assert len(warned) == 1 and "RL" in warned[0], warned
 
@@ -484,18 +490,13 @@ def test_what_the_router_believes_of_each_group_is_in_its_metrics_and_a_group_no
     gateway.timeslice = FileTimesliceSource(path, clock=lambda: now[0])
     gateway.clock = lambda: now[0]
 
-    async def watch() -> None:
-        task = asyncio.get_running_loop().create_task(gateway._watch_timeslice())
-        await asyncio.sleep(0.05)
-        task.cancel()
-
     with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
-        asyncio.run(watch())
-        asyncio.run(watch())  # read again, unchanged: the states are current
+        watch_timeslice(gateway)
+        watch_timeslice(gateway)  # read again, unchanged: the states are current
         assert "leadtime_router_timeslice_states_age_seconds 0.0" in gateway.metrics.render().decode()
         path.unlink()  # the states cannot be read for 7 s: the router routes on states 7 s old
         now[0] += 7_000.0
-        asyncio.run(watch())
+        watch_timeslice(gateway)
     text = gateway.metrics.render().decode()
     assert 'leadtime_router_timeslice_group_serving{group="rl"} 0.0' in text  # training's turn
     assert 'leadtime_router_timeslice_group_serving{group="spare"} 1.0' in text  # not in the states: serving
