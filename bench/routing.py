@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from leadtime.json_text import print_json
+from leadtime.plots import draw_cdf, policy_colour, shared_legend
 
 FLEETS = ("homogeneous", "mixed", "pd", "pd_hetero", "timesliced", "large")
 PEERS = ("round_robin", "least_queue", "llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache")
@@ -554,8 +555,18 @@ def check_targets(
 # ----- output -------------------------------------------------------------------------------------------
 
 
+def slo_thresholds_ms(fleet_name: str) -> tuple[list[float], list[float]]:
+    """The TTFT and ITL SLO thresholds (ms) the fleet's requests are judged by, each once: its SLO classes', or
+    `DEFAULT_SLO_MS` for a fleet file that states none (as `run_cell` judges them). The CDFs draw them."""
+    classes = _fleet(fleet_name).slos
+    if not classes:
+        return [DEFAULT_SLO_MS[0]], [DEFAULT_SLO_MS[1]]
+    return sorted({c.ttft_ms for c in classes}), sorted({c.itl_ms for c in classes})
+
+
 def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any], out: Path) -> list[Path]:
-    """Latency CDFs per fleet (at the highest load run) and goodput per fleet and load; returns the files written."""
+    """Latency CDFs per fleet (at the highest load run, with the fleet's SLO thresholds) and goodput per fleet and
+    load; returns the files written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -572,7 +583,7 @@ def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any],
         width = 0.8 / max(len(names), 1)
         for k, name in enumerate(names):
             values = [report["fleets"][f][load]["policies"].get(name, {}).get("goodput_rps", 0.0) for f in fleets]
-            ax.bar(np.arange(len(fleets)) + k * width, values, width, label=name, color=_color(name))
+            ax.bar(np.arange(len(fleets)) + k * width, values, width, label=name, color=policy_colour(name))
         ax.set_xticks(np.arange(len(fleets)) + 0.4 - width / 2, fleets, rotation=20)
         ax.set_ylabel("goodput (requests/s meeting both SLOs)")
         ax.set_title(f"{load} load")
@@ -584,33 +595,18 @@ def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any],
     plt.close(fig)
     written.append(path)
     for fleet in fleets:
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-        for ax, metric, unit in zip(axes, ("ttft_ms", "itl_ms"), ("s", "ms"), strict=True):
-            scale = 1e-3 if metric == "ttft_ms" else 1.0
-            for name in sorted({p for (f, ld, p) in curves if f == fleet and ld == top}, key=_policy_order):
-                sample = np.asarray(curves[fleet, top, name][metric], dtype=float)
-                if not len(sample):
-                    continue
-                ax.plot(
-                    sample * scale,
-                    np.linspace(0, 1, len(sample)),
-                    label=name,
-                    color=_color(name),
-                    linestyle=_line_style(name),
-                    lw=2.0 if name == LEADTIME else 1.2,
-                )
-            pooled = [v for (f, ld, p), c in curves.items() if f == fleet and ld == top for v in c[metric]] or [1.0]
-            cut = float(np.percentile(pooled, CDF_CUT_PERCENTILE)) * scale
-            # Linear, so that a reader reads the SLO range directly; cut where the slowest tails would squash it.
+        fig, axes = plt.subplots(1, 2, figsize=(12, 5.0), layout="constrained")
+        ttft_slos, itl_slos = slo_thresholds_ms(fleet)
+        names = sorted({p for (f, ld, p) in curves if f == fleet and ld == top}, key=_policy_order)
+        for ax, metric, unit, scale, slos in (
+            (axes[0], "ttft_ms", "s", 1e-3, ttft_slos),
+            (axes[1], "itl_ms", "ms", 1.0, itl_slos),
+        ):
             what = "TTFT" if metric == "ttft_ms" else "ITL"
-            ax.set_xlabel(f"{what} ({unit}); cut at {cut:,.3g} {unit}, the {CDF_CUT_PERCENTILE}th percentile of all")
-            ax.set_xlim(0, cut)
-            ax.set_ylabel("share of requests")
-            ax.grid(alpha=0.3)
-        axes[0].set_title(f"{fleet}, {top} load: TTFT")
-        axes[1].set_title(f"{fleet}, {top} load: ITL")
-        axes[1].legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
+            samples = {n: np.asarray(curves[fleet, top, n][metric], dtype=float) * scale for n in names}
+            draw_cdf(ax, samples, [s * scale for s in slos], what, unit)
+            ax.set_title(f"{fleet}, {top} load: {what}", pad=14)
+        shared_legend(fig, axes)
         path = out / f"latency_cdf_{fleet}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
@@ -619,40 +615,11 @@ def write_plots(report: dict[str, Any], curves: dict[tuple[str, str, str], Any],
 
 
 _ORDER = (*PEERS, REFERENCE, LEADTIME, *ABLATIONS, *VARIANTS)
-CDF_CUT_PERCENTILE = 95
-"""Where the latency CDFs' axis ends, over every policy's requests: the tails beyond are in the reports' p99s."""
-
-
-def _line_style(name: str) -> str:
-    """Dashed for every other peer in `_ORDER`, so that two of like colour (llm-d's two, Dynamo's and SGLang's) are
-    told apart where their lines cross; Leadtime's solid (and thick)."""
-    return "--" if name != LEADTIME and _policy_order(name) % 2 else "-"
+"""The order policies are listed and plotted in (their colours and lines: `leadtime.plots`)."""
 
 
 def _policy_order(name: str) -> int:
     return _ORDER.index(name) if name in _ORDER else len(_ORDER)
-
-
-def _color(name: str) -> str:
-    palette = {
-        "round_robin": "#9e9e9e",
-        "least_queue": "#795548",
-        "llmd_heuristic": "#ff9800",
-        "llmd_predicted": "#e65100",
-        "dynamo_kv": "#4caf50",
-        "sglang_cache": "#009688",
-        REFERENCE: "#000000",
-        LEADTIME: "#1565c0",
-        "leadtime_no_inflight": "#90caf9",
-        "leadtime_no_hardware": "#7e57c2",
-        "leadtime_decode_first": "#ce93d8",
-        "leadtime_no_timeslice": "#f48fb1",
-        "leadtime_no_decode_harm": "#80deea",
-        "leadtime_in_turn": "#0d47a1",
-        "leadtime_hold": "#d32f2f",
-        "leadtime_overflow_timesliced": "#283593",
-    }
-    return palette.get(name, "#607d8b")
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> None:

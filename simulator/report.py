@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from leadtime.features.rows import observation_to_llmd
+from leadtime.plots import draw_cdf, shared_legend
 from leadtime.simulator.engine import FailedRequest, SimResult
 
 
@@ -108,6 +109,17 @@ def utilisation_matrix(result: SimResult, buckets: int = 100) -> tuple[np.ndarra
     return edges, ids, np.clip(matrix.reshape(len(ids), buckets), 0.0, 1.0)
 
 
+def slo_thresholds(results: list[SimResult]) -> tuple[list[float], list[float]]:
+    """The TTFT and ITL SLO thresholds (ms) the requests were judged by, each once: every request carries its own
+    (its class's, or the command's), so they are read from the requests rather than assumed."""
+    done = [c for r in results for c in r.completed]
+    return sorted({c.ttft_slo_ms for c in done}), sorted({c.itl_slo_ms for c in done})
+
+
+CDF_PANELS = (("ttft_ms", "TTFT", "s", 1e-3), ("itl_ms", "ITL", "ms", 1.0), ("e2e_ms", "end-to-end", "s", 1e-3))
+"""The latency CDFs drawn: (field of a completed request, name, axis unit, scale from ms)."""
+
+
 def write_plots(results: list[SimResult], directory: Path, buckets: int = 100) -> list[Path]:
     """Latency CDFs per policy, and per-endpoint utilisation over time as one heat map per policy (PNG)."""
     import matplotlib
@@ -116,28 +128,30 @@ def write_plots(results: list[SimResult], directory: Path, buckets: int = 100) -
     import matplotlib.pyplot as plt
 
     paths: list[Path] = []
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for result in results:
-        for ax, name in zip(axes, ("ttft_ms", "itl_ms", "e2e_ms"), strict=True):
-            values = np.sort(np.array([getattr(c, name) for c in result.completed]))
-            if values.size:
-                ax.plot(values, np.arange(1, values.size + 1) / values.size, label=result.policy)
-    for ax, title in zip(axes, ("TTFT (ms)", "ITL (ms)", "end-to-end (ms)"), strict=True):
-        ax.set_xscale("log")
-        ax.set_xlabel(title)
-        ax.set_ylabel("CDF")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), layout="constrained")
+    ttft_slos, itl_slos = slo_thresholds(results)
+    slos = {"ttft_ms": ttft_slos, "itl_ms": itl_slos, "e2e_ms": []}
+    for ax, (field, what, unit, scale) in zip(axes, CDF_PANELS, strict=True):
+        samples = {
+            r.policy: [getattr(c, field) * scale for c in r.completed if field != "itl_ms" or c.output_tokens > 1]
+            for r in results
+        }
+        draw_cdf(ax, samples, [s * scale for s in slos[field]], what, unit)
+        ax.set_title(f"{what}: share of requests within a latency", pad=14)
+    fig.suptitle("latency CDFs of the completed requests, per policy (SLO thresholds dashed)")
+    shared_legend(fig, axes, where="lower center")
     cdf = directory / "latency_cdf.png"
     fig.savefig(cdf, dpi=100)
     plt.close(fig)
     paths.append(cdf)
 
-    # One heat map per policy: a row per endpoint (grouped by pool), colour = share of each time bucket busy.
+    # One heat map per policy: a row per endpoint (grouped by pool), colour = share of each time bucket the endpoint
+    # had a step in flight. One time axis for all, so that the policies' panels are compared at the same instants.
     rows_per_policy = max(len(r.busy) for r in results)
     height = max(2.2, 0.22 * rows_per_policy + 1.2)
-    fig, axes = plt.subplots(len(results), 1, figsize=(12, height * len(results)), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(results), 1, figsize=(12, height * len(results)), squeeze=False, sharex=True, layout="constrained"
+    )
     image = None
     for ax, result in zip(axes[:, 0], results, strict=True):
         edges, ids, matrix = utilisation_matrix(result, buckets)
@@ -156,11 +170,12 @@ def write_plots(results: list[SimResult], directory: Path, buckets: int = 100) -
             if pools[i] != pools[i - 1]:
                 ax.axhline(i - 0.5, color="white", linewidth=1.5)
         ax.set_title(f"utilisation over time — {result.policy}")
-        ax.set_xlabel("simulated time (s)")
         ax.set_ylabel("endpoint")
+    axes[-1, 0].set_xlim(0.0, max(max(r.duration_ms, 1.0) for r in results) / 1e3)
+    axes[-1, 0].set_xlabel("simulated time (s)")
     if image is not None:
         bar = fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.025, pad=0.01, aspect=40)
-        bar.set_label("share of the time bucket the endpoint was busy")
+        bar.set_label("share of the time bucket the endpoint had ≥ 1 request running")
     util = directory / "utilisation.png"
     fig.savefig(util, dpi=100, bbox_inches="tight")
     plt.close(fig)
