@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from leadtime.bench.routing import LEADTIME, LOADS, RoutingOptions, run_routing, write_plots
+from leadtime.bench.routing import LEADTIME, LOADS, RoutingOptions, _policy_order, run_routing, write_plots
 from leadtime.console import report_console
 from leadtime.json_text import dumps
+from leadtime.plots import policy_colour, policy_style, shared_legend
 from leadtime.progress import stderr_bar
 
 DEMO_FLEETS = ("mixed", "pd", "timesliced")
@@ -94,6 +95,18 @@ def rolling_error_percent(pairs: list[tuple[float, float]], window: int) -> tupl
     return np.arange(window - 1, len(ape)), np.convolve(ape, kernel, mode="valid")
 
 
+def beyond_axes(actual: np.ndarray, predicted: np.ndarray, top: float) -> int:
+    """How many (actual, predicted) points lie beyond a square plot's axes ending at `top`: they are not drawn, and
+    the panel says how many, so that none is dropped silently."""
+    return int(np.count_nonzero((actual > top) | (predicted > top)))
+
+
+SCATTER_CUT_PERCENTILE = 98
+"""Where the predicted-against-actual axes end, over both: the few slowest would squash the rest into a corner."""
+ERROR_WINDOW = 100
+"""The completed requests each point of the prediction error over time averages over."""
+
+
 def write_learning_plots(curves: dict[tuple[str, str, str], Any], out: Path) -> list[Path]:
     """Leadtime's predicted vs actual TTFT, and the prediction error of every learning policy over time."""
     import matplotlib
@@ -101,55 +114,68 @@ def write_learning_plots(curves: dict[tuple[str, str, str], Any], out: Path) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from leadtime.bench.routing import _mape
+
     written: list[Path] = []
-    fig, axes = plt.subplots(1, len(DEMO_FLEETS), figsize=(5 * len(DEMO_FLEETS), 4.6))
+    fig, axes = plt.subplots(1, len(DEMO_FLEETS), figsize=(5 * len(DEMO_FLEETS), 5.0), layout="constrained")
     for ax, fleet in zip(np.atleast_1d(axes), DEMO_FLEETS, strict=True):
         pairs = curves.get((fleet, "high", LEADTIME), {}).get("ttft_pred", [])
         if not pairs:
             continue
         actual = np.array([a for a, _ in pairs]) / 1e3
         predicted = np.array([p for _, p in pairs]) / 1e3
-        top = float(np.percentile(np.concatenate([actual, predicted]), 98))
-        ax.scatter(actual, predicted, s=4, alpha=0.35, color="#1565c0")
+        top = float(np.percentile(np.concatenate([actual, predicted]), SCATTER_CUT_PERCENTILE))
+        ax.scatter(actual, predicted, s=4, alpha=0.35, color=policy_colour(LEADTIME))
         ax.plot([0, top], [0, top], color="black", lw=0.8, label="predicted = actual")
         ax.set_xlim(0, top)
         ax.set_ylim(0, top)
         ax.set_xlabel("actual TTFT (s)")
-        ax.set_ylabel("predicted TTFT, mean (s)")
-        ax.set_title(f"{fleet}: Leadtime's TTFT predictions")
+        ax.set_ylabel("predicted mean TTFT (s)")
+        mape = _mape(pairs)
+        ax.set_title(
+            f"{fleet}: Leadtime's TTFT predictions, MAPE {100 * (mape or 0.0):.0f}%\n"
+            f"{beyond_axes(actual, predicted, top):,} of {len(pairs):,} requests beyond the axes "
+            f"({SCATTER_CUT_PERCENTILE}th percentile: {top:,.3g} s)",
+            fontsize=9.5,
+        )
         ax.legend(loc="upper left", fontsize=8)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
     path = out / "predicted_vs_actual_ttft.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
-    fig, axes = plt.subplots(2, len(DEMO_FLEETS), figsize=(5 * len(DEMO_FLEETS), 7), sharex="col")
+    fig, axes = plt.subplots(
+        2, len(DEMO_FLEETS), figsize=(5 * len(DEMO_FLEETS), 7.4), sharex="col", layout="constrained", squeeze=False
+    )
     for col, fleet in enumerate(DEMO_FLEETS):
         for row, (key, label) in enumerate((("ttft_pred", "TTFT"), ("tpot_pred", "ITL"))):
             ax = axes[row][col]
-            for (f, _, name), curve in sorted(curves.items()):
+            for (f, _, name), curve in sorted(curves.items(), key=lambda item: _policy_order(item[0][2])):
                 if f != fleet or key not in curve or not curve[key]:
                     continue
-                x, y = rolling_error_percent(curve[key], window=100)
-                ax.plot(
-                    x,
-                    y,
-                    lw=1.6 if name == LEADTIME else 1.0,
-                    label=name,
-                    color="#1565c0" if name == LEADTIME else "#e65100",
-                )
-            ax.set_ylabel(f"{label} error, % of actual (last 100)")
+                x, y = rolling_error_percent(curve[key], window=ERROR_WINDOW)
+                ax.plot(x, y, label=name, **{**policy_style(name), "linestyle": "-"})
+            if col == 0:
+                ax.set_ylabel(error_label(label))
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             if row == 0:
                 ax.set_title(f"{fleet}: prediction error while routing")
             else:
                 ax.set_xlabel("completed requests")
-            ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
+    shared_legend(fig, axes.flat)
     path = out / "prediction_error_over_time.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
     return written
+
+
+def error_label(metric: str) -> str:
+    """The y label of the prediction error over time: what each point is, not just "error".
+
+    >>> print(error_label("TTFT"))
+    TTFT: mean |predicted − actual| / actual
+    over the last 100 completed requests (%)
+    """
+    return f"{metric}: mean |predicted − actual| / actual\nover the last {ERROR_WINDOW} completed requests (%)"

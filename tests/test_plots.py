@@ -16,6 +16,12 @@ import pytest
 from matplotlib.figure import Figure
 
 from leadtime.bench.routing import DEFAULT_SLO_MS, _at_rate, _fleet, _trace, slo_thresholds_ms
+from leadtime.bench.routing_demo import (
+    DEMO_FLEETS,
+    beyond_axes,
+    error_label,
+    write_learning_plots,
+)
 from leadtime.plots import axis_cut, draw_cdf, policy_style, shared_legend
 from leadtime.simulator.engine import FleetSimulator
 from leadtime.simulator.report import slo_thresholds
@@ -111,6 +117,36 @@ def test_the_shared_legend_is_one_for_the_figure_above_its_panels() -> None:
     top_of_panels = max(ax.get_window_extent().y1 for ax in axes)
     assert legend.get_window_extent().y0 >= top_of_panels
     plt.close(fig)
+
+
+# ----- the demo -----------------------------------------------------------------------------------------
+
+
+def test_points_beyond_the_axes_are_counted_whichever_axis_they_pass() -> None:
+    actual = np.array([1.0, 5.0, 1.0, 12.0])
+    predicted = np.array([1.0, 1.0, 11.0, 13.0])
+    assert beyond_axes(actual, predicted, top=10.0) == 2
+
+
+def test_the_learning_plots_say_what_they_drop_their_mape_and_what_their_error_is(
+    tmp_path: Path, saved: dict[str, Figure]
+) -> None:
+    pairs = [(1000.0 * (1 + i % 50), 1100.0 * (1 + i % 50)) for i in range(300)]  # every prediction 10% high
+    curves = {
+        (fleet, "high", name): {"ttft_pred": pairs, "tpot_pred": pairs}
+        for fleet in DEMO_FLEETS
+        for name in ("leadtime", "llmd_predicted")
+    }
+    write_learning_plots(curves, tmp_path)
+    scatter = saved["predicted_vs_actual_ttft.png"].axes
+    for ax in scatter:
+        assert "MAPE 10%" in ax.get_title()
+        assert "of 300 requests beyond the axes" in ax.get_title()
+        assert ax.get_ylabel() == "predicted mean TTFT (s)"
+    error = saved["prediction_error_over_time.png"]
+    assert len(error.legends) == 1 and all(ax.get_legend() is None for ax in error.axes)
+    assert error.axes[0].get_ylabel() == error_label("TTFT")
+    assert "mean |predicted − actual| / actual" in error_label("ITL") and "last 100 completed" in error_label("ITL")
 
 
 # ----- leadtime simulate --out --------------------------------------------------------------------------
