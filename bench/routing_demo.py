@@ -20,6 +20,7 @@ from leadtime.console import report_console
 from leadtime.json_text import dumps
 from leadtime.plots import policy_colour, policy_style, shared_legend
 from leadtime.progress import stderr_bar
+from leadtime.simulator.fleet import SloClass
 
 DEMO_FLEETS = ("mixed", "pd", "timesliced")
 DEMO_POLICIES = ("llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache", LEADTIME)
@@ -44,10 +45,13 @@ def run_demo(
             bar.update(task, completed=done, total=total, description=what)
 
         report, curves = run_routing(options, progress=tick)
-    table = Table(title="goodput (requests/s meeting both SLOs) and TTFT p50 / p99, high load")
+    table = Table(
+        title="goodput (requests/s meeting both SLOs) and TTFT p50 / p99, high load",
+        caption=slo_caption({fleet: slo_classes(fleet) for fleet in DEMO_FLEETS}),
+    )
     table.add_column("policy")
     for fleet in DEMO_FLEETS:
-        table.add_column(f"{fleet} ({report['fleets'][fleet]['high']['rate_rps']:.1f} rps)", justify="right")
+        table.add_column(fleet_header(fleet, report["fleets"][fleet]["high"]["rate_rps"]), justify="right")
     for name in policies:
         cells = []
         for fleet in DEMO_FLEETS:
@@ -65,6 +69,51 @@ def run_demo(
     (out / "report.json").write_text(dumps(report, indent=2) + "\n")
     console.print(f"report written to {out}/ ({', '.join(p.name for p in files)}, report.json)")
     return report
+
+
+def fleet_header(fleet: str, rate_rps: float) -> str:
+    """A fleet's column header: the rate is what was offered (the arrivals replayed), not what was served.
+
+    >>> fleet_header("mixed", 6.3333)
+    'mixed (offered 6.3 rps)'
+    """
+    return f"{fleet} (offered {rate_rps:.1f} rps)"
+
+
+def slo_classes(fleet: str) -> tuple[SloClass, ...]:
+    """The SLO classes the fleet's requests are judged by (its file's, or the default the benchmark judges by)."""
+    from leadtime.bench.routing import DEFAULT_SLO_MS, _fleet
+
+    return _fleet(fleet).slos or (SloClass(1.0, *DEFAULT_SLO_MS),)
+
+
+def _ms(value: float) -> str:
+    return f"{value / 1e3:g} s" if value >= 1000 else f"{value:g} ms"
+
+
+def slo_caption(classes: dict[str, tuple[SloClass, ...]]) -> str:
+    """The line under the goodput table saying what goodput counts: the SLO classes (read from the fleets, once if
+    every fleet has the same) and that goodput is the requests per second that met both of their SLOs.
+
+    >>> print(slo_caption({"a": (SloClass(0.3, 1000, 50), SloClass(0.7, 3000, 100))}).split(". ")[0])
+    SLOs: 30% of requests TTFT ≤ 1 s and ITL ≤ 50 ms, 70% TTFT ≤ 3 s and ITL ≤ 100 ms
+    """
+
+    def described(of: tuple[SloClass, ...]) -> str:
+        total = sum(c.share for c in of)
+        return ", ".join(
+            f"{100 * c.share / total:.0f}% of requests TTFT ≤ {_ms(c.ttft_ms)} and ITL ≤ {_ms(c.itl_ms)}"
+            if i == 0
+            else f"{100 * c.share / total:.0f}% TTFT ≤ {_ms(c.ttft_ms)} and ITL ≤ {_ms(c.itl_ms)}"
+            for i, c in enumerate(of)
+        )
+
+    kinds = set(classes.values())
+    if len(kinds) == 1:
+        slos = described(next(iter(kinds)))
+    else:
+        slos = "; ".join(f"{fleet}: {described(of)}" for fleet, of in classes.items())
+    return f"SLOs: {slos}. Goodput: requests per second that met both of their SLOs."
 
 
 def itl_table(report: dict[str, Any], policies: tuple[str, ...]) -> Table:

@@ -20,10 +20,14 @@ from leadtime.bench.routing_demo import (
     DEMO_FLEETS,
     beyond_axes,
     error_label,
+    fleet_header,
+    slo_caption,
+    slo_classes,
     write_learning_plots,
 )
 from leadtime.plots import axis_cut, draw_cdf, policy_style, shared_legend
 from leadtime.simulator.engine import FleetSimulator
+from leadtime.simulator.fleet import SloClass
 from leadtime.simulator.report import slo_thresholds
 from leadtime.simulator.report import write_plots as write_sim_plots
 from leadtime.simulator.run import make_policy
@@ -120,6 +124,29 @@ def test_the_shared_legend_is_one_for_the_figure_above_its_panels() -> None:
 
 
 # ----- the demo -----------------------------------------------------------------------------------------
+
+
+def test_the_demo_table_says_the_rate_is_offered_and_what_goodput_counts() -> None:
+    assert fleet_header("mixed", 6.34) == "mixed (offered 6.3 rps)"
+    classes = (SloClass(0.3, 1000.0, 50.0), SloClass(0.7, 3000.0, 100.0))
+    assert slo_caption({"mixed": classes, "pd": classes}) == (
+        "SLOs: 30% of requests TTFT ≤ 1 s and ITL ≤ 50 ms, 70% TTFT ≤ 3 s and ITL ≤ 100 ms. "
+        "Goodput: requests per second that met both of their SLOs."
+    )
+    other = (SloClass(1.0, 2000.0, 100.0),)
+    assert slo_caption({"mixed": classes, "large": other}) == (
+        "SLOs: mixed: 30% of requests TTFT ≤ 1 s and ITL ≤ 50 ms, 70% TTFT ≤ 3 s and ITL ≤ 100 ms; "
+        "large: 100% of requests TTFT ≤ 2 s and ITL ≤ 100 ms. Goodput: requests per second that met both of their SLOs."
+    )
+
+
+def test_the_demo_reads_the_slos_from_the_fleet_files() -> None:
+    for fleet in DEMO_FLEETS:
+        assert slo_classes(fleet) == _fleet(fleet).slos
+        assert slo_thresholds_ms(fleet) == (
+            sorted({c.ttft_ms for c in _fleet(fleet).slos}),
+            sorted({c.itl_ms for c in _fleet(fleet).slos}),
+        )
 
 
 def test_points_beyond_the_axes_are_counted_whichever_axis_they_pass() -> None:
