@@ -526,13 +526,14 @@ def test_every_row_decoder_knows_exactly_the_feature_rows_fields() -> None:
     from leadtime.features.rows import LEADTIME_ROW_FIELDS, LLMD_DEFAULTS, LLMD_FIELDS, LLMD_REQUIRED_FIELDS
     from leadtime.predictor.grpc import leadtime_pb2 as pb
     from leadtime.predictor.service.bulk_decode import LlmdBulkRow, LlmdTrainingEntry
-    from leadtime.predictor.service.schemas import LlmdRow, NativeRow
+    from leadtime.predictor.service.schemas import LlmdRow, NativeRow, TrainingEntry
 
     assert set(LLMD_REQUIRED_FIELDS) | set(LLMD_DEFAULTS) == set(LLMD_FIELDS)
     assert tuple(f.name for f in pb.Row.DESCRIPTOR.fields) == LLMD_FIELDS + LEADTIME_ROW_FIELDS
     assert tuple(f.name for f in pb.RowColumns.DESCRIPTOR.fields) == LLMD_FIELDS + LEADTIME_ROW_FIELDS
     assert LlmdBulkRow.__struct_fields__ == LLMD_FIELDS
-    assert LlmdTrainingEntry.__struct_fields__ == (*LLMD_FIELDS, "actual_ttft_ms", "actual_tpot_ms")
+    training_fields = (*LLMD_FIELDS, "actual_ttft_ms", "actual_tpot_ms", "timestamp")
+    assert LlmdTrainingEntry.__struct_fields__ == training_fields == tuple(TrainingEntry.model_fields)
     # The OpenAPI schemas document the same fields (plus the native API's `role`).
     assert tuple(LlmdRow.model_fields) == LLMD_FIELDS
     assert set(NativeRow.model_fields) == {*LLMD_FIELDS, *LEADTIME_ROW_FIELDS, "role"}
