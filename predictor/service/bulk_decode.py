@@ -52,8 +52,8 @@ def _row_field(name: str) -> tuple[Any, ...]:
 LlmdBulkRow: Any = msgspec.defstruct(
     "LlmdBulkRow", [_row_field(name) for name in LLMD_FIELDS], forbid_unknown_fields=True, gc=False
 )
-# One observed sample as llm-d's router posts it: the row, what happened (0 = not observed) and when (llm-d's Go
-# client sends a timestamp on every entry, so a batch without this field would always take the general path).
+# One observed sample as llm-d's router posts it: the row, what happened (0 = not observed) and, optionally, when
+# (llm-d's schema has a timestamp: a batch carrying it took the general path, at twice the cost, before this field).
 LlmdTrainingEntry: Any = msgspec.defstruct(
     "LlmdTrainingEntry",
     [*((name, _Actual) for name in ACTUAL_FIELDS), ("timestamp", _Timestamp, None)],
