@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from leadtime.predictor.model_pull import PULL_RESULTS
+
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
 FAST_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
@@ -24,10 +26,6 @@ OBSERVATION_RESULTS = ("queued", "sent", "failed", "dropped")
 REPLICA_EVENT_DIRECTIONS = ("sent", "received", "dropped", "refused")
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 """The `status` label of upstream_responses: an endpoint's answers by class, not by code (fewer series)."""
-PULL_RESULTS = ("new", "unchanged", "error", "refused")
-"""What one pull of the service's model did (`pulled.PulledModel`): loaded a new model, found the held one current,
-failed to reach the service, refused what it sent (not an artifact of this build, or not what the service
-announced)."""
 DISCOVERY_RESULTS = ("ok", "error")
 """What one reload of the discovery file did: its endpoints taken, or the file refused (the last ones kept)."""
 

@@ -18,16 +18,15 @@ A service that is down: the last model keeps serving (its age is exported), pull
 `interval_s`; with no model yet, predictions fail at once as `unavailable` and the policy falls back to the
 heuristics (counted), as when a remote predictor is down. A pull that fails, for want of the service or by
 refusing what it sent, is logged when it starts failing and when the reason changes, not at every pull: a service
-that keeps failing would otherwise write a line every `interval_s`, forever.
+that keeps failing would otherwise write a line every `interval_s`, forever. The pull itself is
+`leadtime.predictor.model_pull.ModelPull`, shared with a prediction server that takes its models from a training
+server (`leadtime serve --model-from`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import ssl
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,11 +34,11 @@ import httpx
 import numpy as np
 
 from leadtime.features.rows import FeatureRow, Observation
-from leadtime.predictor.artifact import ArtifactError
-from leadtime.predictor.client import DEFAULT_DEADLINE_S, https_context
+from leadtime.predictor.client import DEFAULT_DEADLINE_S
 from leadtime.predictor.learner import OnlinePredictor
+from leadtime.predictor.model_pull import PULL_RESULTS, ModelPull
 from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorUnavailable
-from leadtime.router_plugin.gateway.metrics import PULL_RESULTS, GatewayMetrics
+from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("leadtime.router.pulled")
 
@@ -73,26 +72,36 @@ class PulledModel:
         api_token: str | None = None,
         ca_file: str | Path | None = None,
     ) -> None:
-        # True: httpx's default CAs. https_context refuses a URL without its scheme, as every client does.
-        self._verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True
         if interval_s <= 0:
             raise ValueError("the pull interval must be > 0")
-        self.url = base_url.rstrip("/") + "/v1/model"
+        self._pull = ModelPull(
+            base_url, self._load, log, "heuristics until one is pulled", timeout_s, api_token, ca_file
+        )
+        self.url = self._pull.url
         self.observer = observer
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self._headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
         self.model: OnlinePredictor | None = None
-        self.digest = ""
-        self.pulled_at: float | None = None
-        """time.monotonic() of the last pull that found the service (a new model or the same one)."""
         self.pulls = dict.fromkeys(PULL_RESULTS, 0)
         self.metrics: GatewayMetrics | None = None
         self._first = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._failure = ""
-        """Why pulls fail now, "" since one succeeded: logged when it changes, not at every pull."""
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the model held ("" before one was pulled)."""
+        return self._pull.digest
+
+    @property
+    def pulled_at(self) -> float | None:
+        """time.monotonic() of the last pull that found the service (a new model or the same one)."""
+        return self._pull.pulled_at
+
+    def _load(self, artifact: bytes) -> OnlinePredictor:
+        """A pulled artifact loaded beside the model serving, reusing its LightGBM trees where they are the same
+        text (ArtifactError refuses it)."""
+        return OnlinePredictor.from_bytes(artifact, background=False, reuse=self.model)
 
     # ----- predictions (the decision's thread) ---------------------------------------------------------------
 
@@ -135,14 +144,14 @@ class PulledModel:
 
     def age_s(self) -> float | None:
         """Seconds since a pull last found the service (None before any did)."""
-        return None if self.pulled_at is None else time.monotonic() - self.pulled_at
+        return self._pull.age_s()
 
     def health(self) -> dict[str, str]:
         """A pull that fails now, named for the gateway's /readyz (which stays ready: the model held, growing old,
         or the heuristics decide meanwhile); empty while pulls succeed. Without it a service gone for good, or one
         restarted to train only (404), left /readyz saying nothing while the gateway routed on an ever older
         model."""
-        failure = self._failure
+        failure = self._pull.failure
         if not failure:
             return {}
         age = self.age_s()
@@ -151,7 +160,7 @@ class PulledModel:
         return {"model_pull": f"failing ({failure}); model {age:.0f} s old"}
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=self.timeout_s, headers=self._headers, verify=self._verify) as client:
+        with self._pull.client() as client:
             while not self._stop.is_set():
                 self.pull_once(client)
                 self._first.set()
@@ -160,40 +169,10 @@ class PulledModel:
     def pull_once(self, client: httpx.Client) -> str:
         """One pull: ask for the model unless it is the one held; load and swap in a new one. Returns what it
         did (one of `PULL_RESULTS`); never raises."""
-        result, failure = self._pull(client)
+        result, model = self._pull.pull_once(client)
+        if model is not None:
+            self.model = model
         self.pulls[result] += 1
         if self.metrics is not None:
             self.metrics.model_pulls.labels(result).inc()
-        if failure != self._failure:
-            if failure:
-                kept = "keeping the model held" if self.model is not None else "heuristics until one is pulled"
-                log.warning("pulling the model from %s failed (%s); %s", self.url, failure, kept)
-            else:
-                log.info("pulling the model from %s succeeds again", self.url)
-            self._failure = failure
         return result
-
-    def _pull(self, client: httpx.Client) -> tuple[str, str]:
-        """What one pull did (one of `PULL_RESULTS`) and why it failed ("" when it did not). Says nothing:
-        `pull_once` logs a failure once, not at every pull."""
-        headers = {"If-None-Match": f'"{self.digest}"'} if self.digest else {}
-        try:
-            response = client.get(self.url, headers=headers)
-        except httpx.HTTPError as err:
-            return "error", str(err) or type(err).__name__
-        if response.status_code == 304:
-            self.pulled_at = time.monotonic()
-            return "unchanged", ""
-        if response.status_code != 200:
-            return "error", f"answered {response.status_code}"
-        artifact = response.content
-        digest = hashlib.sha256(artifact).hexdigest()
-        announced = response.headers.get("etag", "").strip('"')
-        if announced and announced != digest:
-            return "refused", "refused: the model does not match the SHA-256 the service announced"
-        try:
-            model = OnlinePredictor.from_bytes(artifact, background=False, reuse=self.model)
-        except ArtifactError as err:
-            return "refused", f"refused: {err}"
-        self.model, self.digest, self.pulled_at = model, digest, time.monotonic()
-        return "new", ""

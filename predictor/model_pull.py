@@ -1,0 +1,148 @@
+"""Pulling a service's serving model over HTTP: `GET /v1/model` with the digest held as `If-None-Match`.
+
+Two clients need it: the gateway predicting with a copy of the service's model (`leadtime route --pull-model`)
+and a prediction server taking its models from a training server (`leadtime serve --role prediction
+--model-from URL`, llm-d's two sidecars without a shared volume or Redis). What they share lives here: the
+request, the checks (the SHA-256 of what arrived against the ETag the service announced; what the caller's `load`
+checks besides, the artifact's own checksum first of all), and logging a failure once when it starts and when its
+cause changes, not at every pull: a source gone for good would otherwise write a line a second, forever.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Generic, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+
+from leadtime.predictor.artifact import ArtifactError
+from leadtime.predictor.client import https_context
+
+PULL_RESULTS = ("new", "unchanged", "error", "refused")
+"""What one pull did: a new model taken, the one held still current (304), the source not answering with a
+model, or what it sent refused."""
+
+T = TypeVar("T")
+
+
+def check_model_url(url: str) -> str:
+    """`url` if a model can be pulled from it (http(s)://HOST[:PORT][/PREFIX], a port in 1-65535), else
+    ValueError saying what is wrong in one line: refused at start, not found out at every pull.
+
+    >>> check_model_url("http://trainer:8000")
+    'http://trainer:8000'
+    >>> check_model_url("trainer:8000")
+    Traceback (most recent call last):
+    ...
+    ValueError: expected http://HOST:PORT or https://HOST:PORT
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise ValueError("expected http://HOST:PORT or https://HOST:PORT")
+    if not parts.hostname:
+        raise ValueError("names no host: expected http://HOST:PORT or https://HOST:PORT")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"port {parts.netloc.rsplit(':', 1)[-1]!r} is not a port (1-65535)") from None
+    if port == 0:
+        raise ValueError("port 0 is not a port to connect to (1-65535)")
+    if parts.query or parts.fragment:
+        raise ValueError("takes no query or fragment: expected http://HOST:PORT")
+    return url
+
+
+class ModelPull(Generic[T]):
+    """Pulls of one source's model, each loaded by `load` (which raises ArtifactError to refuse it).
+
+    Parameters
+    ----------
+    base_url
+        The service, e.g. "http://127.0.0.1:8000"; `/v1/model` is asked of it.
+    load
+        Checks and loads an artifact's bytes; ArtifactError refuses it (the pull counts as "refused").
+    log
+        Where failures are logged (once per cause) and recoveries.
+    meanwhile
+        What the caller does while it holds no model, for the log line of a failure ("serving the prior ...").
+    timeout_s
+        Budget of one pull (the download; `load` is not bounded by it).
+    api_token
+        Sent as a Bearer token (the service does not need one to serve its model, but a proxy in front may).
+    ca_file
+        With an `https://` URL: the PEM bundle to verify the service's certificate with (default: the system's).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        load: Callable[[bytes], T],
+        log: logging.Logger,
+        meanwhile: str,
+        timeout_s: float = 5.0,
+        api_token: str | None = None,
+        ca_file: str | Path | None = None,
+    ) -> None:
+        self._verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True  # True: httpx's default
+        self.url = base_url.rstrip("/") + "/v1/model"
+        self.load = load
+        self.log = log
+        self.meanwhile = meanwhile
+        self.timeout_s = timeout_s
+        self._headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
+        self.digest = ""
+        """SHA-256 of the last artifact loaded ("" before any was)."""
+        self.pulled_at: float | None = None
+        """time.monotonic() of the last pull that found the service (a new model or the same one)."""
+        self.failure = ""
+        """Why pulls fail now, "" since one succeeded: logged when it changes, not at every pull."""
+
+    def client(self) -> httpx.Client:
+        """An HTTP client for the pulls (keep-alive, the TLS settings and token given)."""
+        return httpx.Client(timeout=self.timeout_s, headers=self._headers, verify=self._verify)
+
+    def age_s(self) -> float | None:
+        """Seconds since a pull last found the service (None before any did)."""
+        return None if self.pulled_at is None else time.monotonic() - self.pulled_at
+
+    def pull_once(self, client: httpx.Client) -> tuple[str, T | None]:
+        """One pull: (what it did, one of `PULL_RESULTS`; what `load` made of a new model, else None). Never
+        raises for the source's sake; a failure is logged when it starts and when its cause changes."""
+        result, failure, loaded = self._pull(client)
+        if failure != self.failure:
+            if failure:
+                kept = "keeping the model held" if self.digest else self.meanwhile
+                self.log.warning("pulling the model from %s failed (%s); %s", self.url, failure, kept)
+            else:
+                self.log.info("pulling the model from %s succeeds again", self.url)
+            self.failure = failure
+        return result, loaded
+
+    def _pull(self, client: httpx.Client) -> tuple[str, str, T | None]:
+        headers = {"If-None-Match": f'"{self.digest}"'} if self.digest else {}
+        try:
+            response = client.get(self.url, headers=headers)
+        except httpx.HTTPError as err:
+            return "error", str(err) or type(err).__name__, None
+        if response.status_code == 304:
+            self.pulled_at = time.monotonic()
+            return "unchanged", "", None
+        if response.status_code != 200:
+            return "error", f"answered {response.status_code}", None
+        artifact = response.content
+        digest = hashlib.sha256(artifact).hexdigest()
+        announced = response.headers.get("etag", "").strip('"')
+        if announced and announced != digest:
+            return "refused", "refused: the model does not match the SHA-256 the service announced", None
+        try:
+            loaded = self.load(artifact)
+        except ArtifactError as err:
+            return "refused", f"refused: {err}", None
+        self.digest, self.pulled_at = digest, time.monotonic()
+        return "new", "", loaded
