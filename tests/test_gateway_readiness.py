@@ -46,7 +46,7 @@ def test_readyz_names_a_source_of_group_states_that_cannot_be_read(tmp_path: Any
 
 
 def test_readyz_names_a_pull_of_the_model_that_keeps_failing() -> None:
-    """With --pull-model, a service killed or restarted with --role training (GET /v1/model answering 404) left
+    """With --pull-model, a service killed or answering GET /v1/model with 404 left
     /readyz saying nothing degraded while the model held grew old; it stays ready (the held model predicts)."""
     from leadtime.predictor.learner import OnlinePredictor
     from leadtime.router_plugin.gateway.metrics import GatewayMetrics

@@ -372,6 +372,9 @@ def test_split_roles_serve_their_own_paths() -> None:
         assert training.post("/add_training_data_bulk", json={"entries": [training_entry(1)]}).status_code == 202
         assert training.get("/models/list").status_code == 200
         assert training.get("/status").json()["holds_training_lease"] is True
+        # Its model, for the prediction servers that pull it (`serve --role prediction --model-from URL`).
+        etag = training.get("/v1/model").headers["etag"]
+        assert training.get("/v1/model", headers={"If-None-Match": etag}).status_code == 304
 
 
 def test_real_llmd_rows_from_the_h200_trace_are_accepted(client: TestClient) -> None:

@@ -76,7 +76,7 @@ def predict_answer(runtime: ServiceRuntime, body: Any) -> bytes:
     return orjson.dumps(answer)
 
 
-@prediction_router.get(
+@common_router.get(
     "/model",
     responses={
         200: {"content": {"application/json": {}}, "description": "The serving model's artifact."},
@@ -92,7 +92,10 @@ async def model(request: Request, runtime: ReadyRuntime) -> Response:
     Why: `leadtime route --pull-model` predicts in its own process with a copy of this model (a prediction over
     loopback costs the gateway about a millisecond, in process a few tenths) and keeps sending every observation
     here, so this service stays the one learner. It asks every second or so with the ETag it holds and gets
-    304 until the model changes. The artifact is data (never a pickle), and its checksum is checked on load."""
+    304 until the model changes. So does a prediction server taking its models from a training server
+    (`leadtime serve --role prediction --model-from URL`): it is answered in every role, the training one first.
+    The artifact is data (never a pickle), and its checksum is checked on load. It needs no token: it is what
+    the predictions served here already give away, and writes nothing."""
     artifact, digest, version = await asyncio.to_thread(runtime.serving_artifact)
     etag = f'"{digest}"'
     headers = {"ETag": etag, "X-Leadtime-Model-Version": str(version)}

@@ -149,8 +149,7 @@ class PulledModel:
     def health(self) -> dict[str, str]:
         """A pull that fails now, named for the gateway's /readyz (which stays ready: the model held, growing old,
         or the heuristics decide meanwhile); empty while pulls succeed. Without it a service gone for good, or one
-        restarted to train only (404), left /readyz saying nothing while the gateway routed on an ever older
-        model."""
+        answering 404, left /readyz saying nothing while the gateway routed on an ever older model."""
         failure = self._pull.failure
         if not failure:
             return {}
