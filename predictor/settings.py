@@ -29,6 +29,15 @@ class ServiceSettings(BaseModel):
     objective: Literal["quantile", "mean"] = "quantile"
     quantile: float = Field(default=0.9, ge=0.5, lt=1.0, allow_inf_nan=False)
     model_dir: Path | None = None
+    model_from: str | None = Field(
+        default=None,
+        description="With --role prediction: the training (or all) server, http(s)://HOST:PORT, whose serving model "
+        "is pulled every second (GET /v1/model); the prediction server's one model source then.",
+    )
+    model_from_ca_file: Path | None = Field(
+        default=None,
+        description="PEM bundle to verify an https model_from's certificate with (default: the system's CAs).",
+    )
     api_token: str | None = None
     tls_certfile: Path | None = Field(
         default=None, description="PEM certificate (chain) to serve HTTPS and gRPC over TLS with; needs tls_keyfile."
@@ -93,6 +102,15 @@ class ServiceSettings(BaseModel):
         if value is not None and (not value or not (value.isascii() and value.isprintable()) or " " in value):
             raise ValueError("must be printable ASCII, without spaces, line breaks or control characters, not empty")
         return value
+
+    @field_validator("model_from")
+    @classmethod
+    def _pullable_url(cls, value: str | None) -> str | None:
+        """A URL a model can be pulled from, refused at start when it cannot be (no scheme, a port out of range):
+        otherwise the server would start and fail every pull, serving the prior forever."""
+        from leadtime.predictor.model_pull import check_model_url
+
+        return None if value is None else check_model_url(value)
 
     @model_validator(mode="after")
     def _tls_files_together(self) -> ServiceSettings:

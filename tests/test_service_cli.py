@@ -163,7 +163,7 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["serve", "--tls-cert", __file__], {}, "--tls-cert and --tls-key go together"),
         (["serve"], {"LEADTIME_MAX_BODY_BYTES": "-1"}, "LEADTIME_MAX_BODY_BYTES: "),
         # Alone, a prediction server never sees a trained model: it served the prior forever without a word.
-        (["serve", "--role", "prediction"], {}, "--role prediction needs --redis or --model-dir"),
+        (["serve", "--role", "prediction"], {}, "--role prediction needs --model-from"),
     ]:
         process = leadtime(*args, env=env)
         _, err = process.communicate(timeout=60)

@@ -19,6 +19,7 @@ OPTION_OF = {
     "objective": "--objective",
     "quantile": "--quantile",
     "model_dir": "--model-dir",
+    "model_from": "--model-from",
     "api_token": "--api-token",
     "accelerator": "--accelerator",
     "model": "--model",
@@ -60,6 +61,13 @@ def serve(
     model_dir: Annotated[
         Path | None, typer.Option(envvar="LEADTIME_MODEL_DIR", help="Load and save the model here.")
     ] = None,
+    model_from: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LEADTIME_MODEL_FROM",
+            help="With --role prediction: pull the model from this training server (http(s)://HOST:PORT).",
+        ),
+    ] = None,
     api_token: Annotated[
         str | None, typer.Option(envvar="LEADTIME_API_TOKEN", help="Bearer token the write paths require.")
     ] = None,
@@ -97,6 +105,7 @@ def serve(
         objective=objective,
         quantile=quantile,
         model_dir=model_dir,
+        model_from=model_from,
         api_token=api_token,
         accelerator=accelerator,
         model=model,

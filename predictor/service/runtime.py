@@ -7,7 +7,9 @@ beside the HTTP and gRPC handlers:
   sends back snapshots that become the serving model;
 - model sync: waits for newer models in the store's registry and swaps them in (within a second);
 - lease: renews the one training lease; only its holder retrains and publishes what it accepted (and, after a
-  store outage, the retrained model the store could not take then).
+  store outage, the retrained model the store could not take then);
+- model pull (`--role prediction --model-from URL` only): pulls a training server's model every second and
+  publishes it to this process's store, so that the model sync swaps it in as it would a shared registry's.
 Everything lives on this object, which the app factory creates; there is no module-level state.
 """
 
@@ -27,11 +29,13 @@ from typing import Any
 import numpy as np
 
 from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.errors import FeatureError
 from leadtime.features.rows import MAX_PREDICTED_MS
 from leadtime.predictor import physics
-from leadtime.predictor.artifact import FILE_NAME, ArtifactError
+from leadtime.predictor.artifact import FILE_NAME, ArtifactError, decode, encode
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
+from leadtime.predictor.model_pull import ModelPull
 from leadtime.predictor.service.cpus import allowed_cpus, plan_cpus
 from leadtime.predictor.service.learning import (
     CURSOR_KEY,
@@ -49,6 +53,7 @@ from leadtime.predictor.store.base import Store, cursor_order
 log = logging.getLogger("leadtime.service")
 
 _RESTART_PAUSE_S = 1.0  # after the learner process died, before starting another (no tight crash loop)
+_PULL_INTERVAL_S = 1.0  # between two pulls of --model-from's model (llm-d's prediction servers sync as often)
 BACKLOG_FULL_MESSAGE = (
     "the learner's backlog is full (accepted rows wait to be learned faster than they can be, even thinned): "
     "nothing is accepted now; retry after a moment"
@@ -135,6 +140,17 @@ class ServiceRuntime:
         self._model_file = ModelDirFile(settings.model_dir) if settings.model_dir is not None else None
         self._saved_at = time.monotonic()
         self._saved_learned: dict[str, int] | None = None  # what the model had learned when last saved (periodically)
+        # Whether the settings name the class of rows naming none (a pulled model of another class is then refused).
+        self._class_named = bool({"accelerator", "model"} & settings.model_fields_set)
+        self._model_pull: ModelPull[bytes] | None = None
+        if settings.model_from is not None:
+            self._model_pull = ModelPull(
+                settings.model_from,
+                self._check_pulled,
+                log,
+                "serving the physics prior until one is pulled",
+                ca_file=settings.model_from_ca_file,
+            )
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -155,6 +171,7 @@ class ServiceRuntime:
             ("ingest", self._ingest_loop),
             ("model-sync", self._sync_loop),
             ("lease", self._lease_loop),
+            *([("model-pull", self._pull_loop)] if self._model_pull is not None else []),
         ):
             thread = threading.Thread(target=target, name=f"leadtime-{name}", daemon=True)
             thread.start()
@@ -700,6 +717,65 @@ class ServiceRuntime:
                 self._loop_errors["model_registry"] = f"cannot reach the model registry: {err}"
                 self._stop.wait(0.5)
 
+    def _pull_loop(self) -> None:
+        """Pull --model-from's model every `_PULL_INTERVAL_S`; a new one is published to this process's store, and
+        the model sync swaps it in (version, `last_model_load`, metrics, the learner told) as it swaps in any
+        published model. While pulls fail the model held keeps serving (`health` names the failure)."""
+        pull = self._model_pull
+        assert pull is not None
+        with pull.client() as client:
+            while not self._stop.is_set():
+                first = not pull.digest
+                _, artifact = pull.pull_once(client)
+                if artifact is not None:
+                    self.store.publish_model(artifact)  # this process's own memory store: it takes it
+                    if first:  # the ones after it come every second while the training server learns: no line
+                        log.info("the first model pulled from %s serves from now on", pull.url)
+                self._stop.wait(_PULL_INTERVAL_S)
+
+    def _check_pulled(self, data: bytes) -> bytes:
+        """A pulled artifact as this process publishes it, or ArtifactError refusing it: not an artifact of this
+        build or not matching its checksum, or of another class of rows naming none than the settings name (as
+        a model directory's is refused at start). With no class named, the training server's is followed. Its
+        stream position is dropped: it belongs to the training server's stream, not to this process's."""
+        document = decode(data)
+        config = document["config"]
+        try:
+            theirs = get_accelerator(str(config.get("accelerator"))).slug, get_model(str(config.get("model"))).slug
+        except FeatureError as err:
+            raise ArtifactError(f"its class is not one this build knows ({err})") from None
+        s = self.settings
+        ours = get_accelerator(s.accelerator).slug, get_model(s.model).slug
+        if theirs != ours:
+            if self._class_named:
+                raise ArtifactError(
+                    f"it takes rows naming no class as {theirs[0]} serving {theirs[1]}; --accelerator and --model "
+                    f"say {ours[0]} serving {ours[1]}"
+                )
+            self.settings = s.model_copy(update={"accelerator": theirs[0], "model": theirs[1]})
+            self.parser = RowParser(*theirs)
+            log.info("rows naming no class are taken as %s serving %s, as the model pulled learned them", *theirs)
+        metadata = document.get("metadata")
+        if isinstance(metadata, dict):
+            metadata.pop(CURSOR_KEY, None)
+            metadata.pop(STREAM_KEY, None)
+        return encode(document)
+
+    def _pull_health(self) -> str | None:
+        """What /readyz says of --model-from: nothing while pulls succeed; the prior serving before the first
+        model arrives; a failure, and what serves meanwhile."""
+        pull = self._model_pull
+        if pull is None:
+            return None
+        age = pull.age_s()
+        if pull.failure:
+            if pull.digest and age is not None:
+                return f"failing ({pull.failure}); keeping the model held, last pulled {age:.0f} s ago"
+            return f"failing ({pull.failure}); no model pulled yet, serving the physics prior"
+        if not pull.digest:
+            return f"no model pulled yet from {pull.url}: serving the physics prior"
+        return None
+
     def _lease_loop(self) -> None:
         period = self.settings.lease_ttl_s / 3
         while not self._stop.wait(period):
@@ -837,6 +913,9 @@ class ServiceRuntime:
         if predictor is not None and not self.learner.alive and not self._stop.is_set():
             out.setdefault("learner", "the learner process is not running")
         out.update(self._loop_errors)
+        pulling = self._pull_health()
+        if pulling is not None:
+            out["model_pull"] = pulling
         for thread in self._threads:
             if not thread.is_alive() and not self._stop.is_set():
                 out[thread.name] = "background loop stopped"

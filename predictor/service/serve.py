@@ -14,6 +14,7 @@ import uvicorn
 
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.predictor.artifact import check_model_dir
+from leadtime.predictor.client import https_context
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.cpus import format_cpu_list, pin_process
 from leadtime.predictor.service.model_dir import saved_class
@@ -82,11 +83,29 @@ def check_saved_class(settings: ServiceSettings) -> None:
 
 def check_role(settings: ServiceSettings) -> None:
     """Raise OSError in one line for a prediction server that could never see a trained model: it learns nothing
-    itself, and takes its models from the training servers through Redis or a model directory they share."""
+    itself, and takes its models from the training servers over HTTP (`--model-from`), or through Redis or a model
+    directory they share. `--model-from` is that server's one source: with Redis or a model directory beside it,
+    two sources would swap in each other's models; a server that learns makes its own."""
+    if settings.model_from is not None:
+        if settings.role != "prediction":
+            raise OSError(
+                f"--model-from is for --role prediction (a --role {settings.role} server learns its own model)"
+            )
+        for given, option in ((settings.redis_url, "--redis"), (settings.model_dir, "--model-dir")):
+            if given is not None:
+                raise OSError(f"--role prediction takes its models from --model-from or {option}, not both")
+        try:
+            https_context(settings.model_from, settings.model_from_ca_file)
+        except ValueError as err:
+            raise OSError(f"LEADTIME_MODEL_FROM_CA_FILE: {err}") from None
+        return
+    if settings.model_from_ca_file is not None:
+        raise OSError("LEADTIME_MODEL_FROM_CA_FILE is for --model-from https://...: it is not given")
     if settings.role == "prediction" and settings.redis_url is None and settings.model_dir is None:
         raise OSError(
-            "--role prediction needs --redis or --model-dir shared with the training servers (alone it would "
-            "answer from the untrained prior forever); --role all serves both of llm-d's URLs from one process"
+            "--role prediction needs --model-from http://TRAINING:PORT, or --redis or --model-dir shared with the "
+            "training servers (alone it would answer from the untrained prior forever); --role all serves both of "
+            "llm-d's URLs from one process"
         )
 
 
@@ -129,6 +148,8 @@ def serve(settings: ServiceSettings) -> None:
         check_saved_class(settings)
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: with --model-from, a line a second for as long as the server runs.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     app = create_app(settings)
     runtime = app.state.runtime
     grpc_server = None
@@ -152,8 +173,11 @@ def serve(settings: ServiceSettings) -> None:
             "sets one; see SECURITY.md in the source)"
         )
     log.info("store: %s", describe_store(runtime.store, settings.model_dir))
-    if settings.role == "training" and settings.redis_url is None and settings.model_dir is None:
-        log.warning("--role training without --redis or --model-dir: no prediction server sees the models it learns")
+    if settings.model_from is not None:
+        log.info(
+            "models from %s (GET /v1/model every second); the physics prior serves until the first arrives",
+            settings.model_from,
+        )
     plan = runtime.cpu_plan
     if plan is not None:
         # After gRPC's threads exist and before uvicorn's loop starts the learner: every serving thread, and

@@ -1,0 +1,239 @@
+"""`leadtime serve --role prediction --model-from URL`: llm-d's two sidecars without a shared volume or Redis.
+
+Real processes: a training server and a prediction server on loopback, the second pulling the first's model
+over HTTP (`GET /v1/model`), as llm-d's prediction servers fetch theirs from `TRAINING_SERVER_URL`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_replicas import PROBE, training_entries
+from test_service_cli import leadtime
+from waiting import wait_for
+
+from leadtime.bench.procs import Child, free_port
+from leadtime.features.rows import feature_row_from_llmd
+from leadtime.predictor.learner import OnlinePredictor
+
+SMALL_RETRAINS = {"LEADTIME_RETRAIN_EVERY": "300", "LEADTIME_MIN_RETRAIN_INTERVAL_S": "0"}
+
+
+def start(workdir: Path, name: str, *args: str, port: int | None = None) -> tuple[Child, str]:
+    port = port or free_port()
+    child = Child(["serve", "--port", str(port), "--grpc-port", "0", *args], workdir / f"{name}.log", SMALL_RETRAINS)
+    url = f"http://127.0.0.1:{port}"
+    child.wait_until(f"{url}/readyz")
+    return child, url
+
+
+def get(url: str, path: str) -> dict[str, Any]:
+    answer: dict[str, Any] = httpx.get(url + path, timeout=5).json()
+    return answer
+
+
+def predicted(url: str) -> tuple[int, list[float]]:
+    """(model version, TTFT and TPOT mean and quantile of one probe row) the prediction server answers."""
+    answer = httpx.post(f"{url}/v1/predict", json={"rows": [PROBE]}, timeout=5).json()
+    keys = ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms")
+    return int(answer["model_version"]), [answer[k][0] for k in keys]
+
+
+def training_model(url: str) -> tuple[int, list[float]]:
+    """The same of the model the training server serves now (it answers no predictions: its /v1/model, loaded)."""
+    model = OnlinePredictor.from_bytes(httpx.get(f"{url}/v1/model", timeout=5).content, background=False)
+    try:
+        p = model.predict_one(feature_row_from_llmd(PROBE))
+        return model.version, [p["ttft_mean"], p["ttft_quantile"], p["tpot_mean"], p["tpot_quantile"]]
+    finally:
+        model.close()
+
+
+def same(answer: tuple[int, list[float]], expected: tuple[int, list[float]]) -> bool:
+    return answer[0] == expected[0] and answer[1] == pytest.approx(expected[1], rel=1e-9)
+
+
+def train_until_trees(url: str) -> None:
+    """Feed the training server until it serves retrained trees, then until its model stops changing."""
+    entries = training_entries(6_000, seed=3)
+    sent = 0
+
+    def trees() -> bool:
+        nonlocal sent
+        if sent < len(entries):
+            batch = entries[sent : sent + 300]
+            assert httpx.post(f"{url}/add_training_data_bulk", json={"entries": batch}, timeout=5).status_code == 202
+            sent += len(batch)
+        return any(get(url, "/status").get("trees_active", {}).values())
+
+    wait_for(trees, 90, "a retrained model on the training server")
+    etags: list[str] = []
+
+    def settled() -> bool:  # the learner hands over a snapshot every 0.25 s while it still learns
+        etags.append(httpx.get(f"{url}/v1/model", timeout=5).headers["etag"])
+        return len(etags) >= 6 and len(set(etags[-6:])) == 1
+
+    wait_for(settled, 60, "the training server's model to settle")
+
+
+def test_a_prediction_server_serves_the_training_servers_model_pulled_over_http(tmp_path: Path) -> None:
+    """llm-d's layout: the prediction server takes every model the training server has, within seconds, and
+    answers as it does; before the first pull it serves the prior and says so, and while pulls fail it keeps the
+    model it holds, stays ready and names the failure (logged once per cause, not at every pull)."""
+    training_port = free_port()
+    training_url = f"http://127.0.0.1:{training_port}"
+    prediction, url = start(tmp_path, "prediction", "--role", "prediction", "--model-from", training_url)
+    training: Child | None = None
+    try:
+        degraded = get(url, "/readyz")["degraded"]
+        assert "no model pulled yet" in degraded["model_pull"] and "prior" in degraded["model_pull"], degraded
+        assert httpx.post(f"{url}/predict/bulk/strict", json={"requests": [PROBE]}, timeout=5).status_code == 200
+
+        training, _ = start(tmp_path, "training", "--role", "training", port=training_port)
+        train_until_trees(training_url)
+        expected = training_model(training_url)
+        assert expected[0] > 0  # retrained: a model the prior is not
+        wait_for(lambda: same(predicted(url), expected), 5, "the prediction server to answer as the training server")
+        ready = httpx.get(f"{url}/readyz", timeout=5)
+        assert ready.status_code == 200 and "model_pull" not in ready.json()["degraded"], ready.json()
+        status = get(url, "/status")
+        assert status["model_version"] == expected[0] and status["last_model_load"] is not None
+        assert any(status["trees_active"].values())
+        assert "leadtime_model_swaps_total" in httpx.get(f"{url}/metrics", timeout=5).text
+
+        training.kill()
+        training = None
+        wait_for(lambda: "model_pull" in get(url, "/readyz")["degraded"], 10, "the failing pull named in /readyz")
+        ready = httpx.get(f"{url}/readyz", timeout=5)
+        assert ready.status_code == 200 and ready.json()["status"] == "ready"
+        assert "failing" in ready.json()["degraded"]["model_pull"], ready.json()
+        assert same(predicted(url), expected)  # the model held keeps serving
+    finally:
+        if training is not None:
+            training.stop()
+        prediction.stop()
+    log = prediction.output()
+    failed = [line for line in log.splitlines() if "pulling the model from" in line and "failed" in line]
+    assert 1 <= len(failed) <= 4, log  # once per cause, not once a second
+    assert "Traceback" not in log and "HTTP Request" not in log, log  # nor a line per pull from httpx
+    assert "the first model pulled from" in log
+
+
+def test_model_from_is_refused_at_start_in_one_line_when_it_cannot_work(tmp_path: Path) -> None:
+    for args, words in [
+        (["--role", "prediction", "--model-from", "127.0.0.1:8000"], "--model-from (LEADTIME_MODEL_FROM): "),
+        (["--role", "prediction", "--model-from", "http://127.0.0.1:99999"], "--model-from (LEADTIME_MODEL_FROM): "),
+        (["--role", "prediction", "--model-from", "ftp://trainer:8000"], "--model-from (LEADTIME_MODEL_FROM): "),
+        (["--role", "prediction", "--model-from", "http://:8000"], "--model-from (LEADTIME_MODEL_FROM): "),
+        (["--model-from", "http://127.0.0.1:8000"], "--model-from is for --role prediction"),
+        (["--role", "training", "--model-from", "http://127.0.0.1:8000"], "--model-from is for --role prediction"),
+        (
+            ["--role", "prediction", "--model-from", "http://127.0.0.1:8000", "--redis", "redis://127.0.0.1:1/0"],
+            "--model-from or --redis",
+        ),
+        (
+            ["--role", "prediction", "--model-from", "http://127.0.0.1:8000", "--model-dir", str(tmp_path)],
+            "--model-from or --model-dir",
+        ),
+    ]:
+        process = leadtime("serve", "--port", "0", "--grpc-port", "0", *args)
+        _, err = process.communicate(timeout=60)
+        message = err.decode().strip()
+        assert process.returncode == 2, message
+        assert words in message and "Traceback" not in message, (words, message)
+        assert len(message.splitlines()) == 1, message
+    for url, ca_file, words in [
+        ("https://127.0.0.1:8000", "/nonexistent/ca.pem", "LEADTIME_MODEL_FROM_CA_FILE: CA file '/nonexistent/ca.pem'"),
+        ("http://127.0.0.1:8000", __file__, "a CA file is for a service over TLS"),
+    ]:
+        args = ["--role", "prediction", "--model-from", url]
+        env = {"LEADTIME_MODEL_FROM_CA_FILE": ca_file}
+        process = leadtime("serve", "--port", "0", "--grpc-port", "0", *args, env=env)
+        _, err = process.communicate(timeout=60)
+        message = err.decode().strip()
+        assert process.returncode == 2, message
+        assert words in message and "Traceback" not in message, (words, message)
+        assert len(message.splitlines()) == 1, message
+
+
+class ModelSource:
+    """A server answering GET /v1/model with `artifact` (settable), as a training server would, on a free port."""
+
+    def __init__(self, artifact: bytes) -> None:
+        self.artifact = artifact
+        source = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                body = source.artifact
+                etag = f'"{hashlib.sha256(body).hexdigest()}"'
+                if self.headers.get("If-None-Match") == etag:
+                    self.send_response(304)
+                    self.send_header("ETag", etag)
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("ETag", etag)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_pulled_model_is_checked_as_a_model_dir_one_and_a_refused_one_leaves_the_held_model() -> None:
+    """An artifact that does not match its checksum, or that takes rows naming no class as another class than
+    --accelerator says, is refused: the model held keeps serving, /readyz names why. With no class named, the
+    training server's is followed (as a model directory's is at start)."""
+    from fastapi.testclient import TestClient
+
+    from leadtime.predictor.learner import LearnerConfig
+    from leadtime.predictor.service.app import create_app
+    from leadtime.predictor.settings import ServiceSettings
+
+    h200 = OnlinePredictor(LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False))
+    h200.version = 7
+    source = ModelSource(h200.to_bytes())
+    try:
+        named = ServiceSettings(role="prediction", model_from=source.url, accelerator="h100-sxm")
+        with TestClient(create_app(named)) as c:
+            wait_for(lambda: "refused" in c.get("/readyz").json()["degraded"].get("model_pull", ""), 10, "refusal")
+            ready = c.get("/readyz")
+            assert ready.status_code == 200, ready.json()
+            assert "as h200-sxm serving qwen3-32b" in ready.json()["degraded"]["model_pull"], ready.json()
+            assert c.get("/status").json()["model_version"] == 0  # the prior, still
+
+        with TestClient(create_app(ServiceSettings(role="prediction", model_from=source.url))) as c:
+            wait_for(lambda: c.get("/status").json()["model_version"] == 7, 10, "the pulled model serving")
+            assert "model_pull" not in c.get("/readyz").json()["degraded"]
+            row = {**PROBE}  # names no class: taken as the pulled model's, H200 serving Qwen3-32B
+            answer = c.post("/v1/predict", json={"rows": [row]}).json()
+            assert answer["ttft_mean_ms"][0] == pytest.approx(
+                h200.predict_one(feature_row_from_llmd({**row, "accelerator": "h200-sxm", "model": "qwen3-32b"}))[
+                    "ttft_mean"
+                ],
+                rel=1e-9,
+            )
+            altered = bytearray(h200.to_bytes())
+            altered[altered.index(b'"version":7') + 10] = ord("8")
+            source.artifact = bytes(altered)
+            wait_for(lambda: "checksum" in c.get("/readyz").json()["degraded"].get("model_pull", ""), 10, "refusal")
+            assert c.get("/status").json()["model_version"] == 7  # the model held
+    finally:
+        source.close()
+        h200.close()
