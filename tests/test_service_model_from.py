@@ -7,6 +7,7 @@ over HTTP (`GET /v1/model`), as llm-d's prediction servers fetch theirs from `TR
 from __future__ import annotations
 
 import hashlib
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,6 +20,7 @@ from test_service_cli import leadtime
 from waiting import wait_for
 
 from leadtime.bench.procs import Child, free_port
+from leadtime.bench.tls import self_signed
 from leadtime.features.rows import feature_row_from_llmd
 from leadtime.predictor.learner import OnlinePredictor
 
@@ -237,3 +239,35 @@ def test_a_pulled_model_is_checked_as_a_model_dir_one_and_a_refused_one_leaves_t
     finally:
         source.close()
         h200.close()
+
+
+def test_a_training_server_over_tls_is_pulled_from_with_its_certificate_verified(tmp_path: Path) -> None:
+    """https://: the training server's certificate is verified (a private CA named by LEADTIME_MODEL_FROM_CA_FILE);
+    one it cannot verify is a failing pull named in /readyz, and the prior serves."""
+    cert, key = self_signed(tmp_path)
+    port = free_port()
+    training = Child(
+        ["serve", "--port", str(port), "--grpc-port", "0", "--role", "training", "--tls-cert", str(cert)]
+        + ["--tls-key", str(key)],
+        tmp_path / "training.log",
+    )
+    servers = [training]
+    try:
+        training.wait_until(f"https://127.0.0.1:{port}/readyz", verify=ssl.create_default_context(cafile=str(cert)))
+        source = f"https://127.0.0.1:{port}"
+
+        def prediction_server(name: str, env: dict[str, str]) -> str:
+            http = free_port()
+            args = ["serve", "--port", str(http), "--grpc-port", "0", "--role", "prediction", "--model-from", source]
+            servers.append(Child(args, tmp_path / f"{name}.log", env))
+            servers[-1].wait_until(f"http://127.0.0.1:{http}/readyz")
+            return f"http://127.0.0.1:{http}"
+
+        trusting = prediction_server("trusting", {"LEADTIME_MODEL_FROM_CA_FILE": str(cert)})
+        wait_for(lambda: "model_pull" not in get(trusting, "/readyz")["degraded"], 10, "a pull over TLS")
+        untrusting = prediction_server("system-cas", {})
+        wait_for(lambda: "failing" in get(untrusting, "/readyz")["degraded"].get("model_pull", ""), 10, "refusal")
+        assert "CERTIFICATE_VERIFY_FAILED" in get(untrusting, "/readyz")["degraded"]["model_pull"]
+    finally:
+        for server in servers:
+            server.stop()
