@@ -107,7 +107,9 @@ def test_a_prediction_server_serves_the_training_servers_model_pulled_over_http(
         status = get(url, "/status")
         assert status["model_version"] == expected[0] and status["last_model_load"] is not None
         assert any(status["trees_active"].values())
-        assert "leadtime_model_swaps_total" in httpx.get(f"{url}/metrics", timeout=5).text
+        metrics = httpx.get(f"{url}/metrics", timeout=5).text
+        swaps = [line for line in metrics.splitlines() if line.startswith("leadtime_model_swaps_total ")]
+        assert swaps and float(swaps[0].split()[1]) >= 1, swaps  # swapped in as a shared registry's model is
 
         training.kill()
         training = None
