@@ -55,12 +55,8 @@ class PulledModel:
         Sends observations to the service (the same client a remote-mode gateway uses); `observe` delegates to it.
     interval_s
         Time between two pulls.
-    timeout_s
-        Budget of one pull (the download and nothing else; loading is not bounded by it).
-    api_token
-        Sent as a Bearer token (the service does not need one to serve its model, but a proxy in front may).
-    ca_file
-        With an `https://` URL: the PEM bundle to verify the service's certificate with (default: the system's).
+    timeout_s, api_token, ca_file
+        As `ModelPull` takes them (the pulls are its).
     """
 
     def __init__(
