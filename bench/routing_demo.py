@@ -182,7 +182,7 @@ def write_learning_plots(curves: dict[tuple[str, str, str], Any], out: Path) -> 
         ax.set_ylabel("predicted mean TTFT (s)")
         mape = _mape(pairs)
         ax.set_title(
-            f"{fleet}: Leadtime's TTFT predictions, MAPE {100 * (mape or 0.0):.0f}%\n"
+            f"{fleet}: Leadtime's TTFT predictions, MAPE {'n/a' if mape is None else f'{100 * mape:.0f}%'}\n"
             f"{beyond_axes(actual, predicted, top):,} of {len(pairs):,} requests beyond the axes "
             f"({SCATTER_CUT_PERCENTILE}th percentile: {top:,.3g} s)",
             fontsize=9.5,

@@ -28,6 +28,13 @@ PULL_RESULTS = ("new", "unchanged", "error", "refused")
 """What one pull did: a new model taken, the one held still current (304), the source not answering with a
 model, or what it sent refused."""
 
+MAX_MODEL_BYTES = 64 << 20
+"""The largest model artifact a pull reads (a served model is a few hundred KB to a few MB): a wrong URL streaming
+a huge body is not read whole into memory."""
+ROLE_HEADER = "x-leadtime-role"
+"""Sent with `GET /v1/model`: the serving process's role. A prediction server takes its models from elsewhere, so
+pulling from one (or from oneself) would serve its prior for ever."""
+
 T = TypeVar("T")
 
 
@@ -89,6 +96,10 @@ class ModelPull(Generic[T]):
         api_token: str | None = None,
         ca_file: str | Path | None = None,
     ) -> None:
+        try:  # a port out of range or a query: refused when made, not found out at every pull
+            check_model_url(base_url)
+        except ValueError as err:
+            raise ValueError(f"{base_url!r}: {err}") from None
         self._verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True  # True: httpx's default
         self.url = base_url.rstrip("/") + "/v1/model"
         self.load = load
@@ -98,6 +109,8 @@ class ModelPull(Generic[T]):
         self._headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
         self.digest = ""
         """SHA-256 of the last artifact loaded ("" before any was)."""
+        self.version: int | None = None
+        """The source's version of the last artifact loaded, as it announced it (None: not announced)."""
         self.pulled_at: float | None = None
         """time.monotonic() of the last pull that found the service (a new model or the same one)."""
         self.failure = ""
@@ -113,7 +126,8 @@ class ModelPull(Generic[T]):
 
     def pull_once(self, client: httpx.Client) -> tuple[str, T | None]:
         """One pull: (what it did, one of `PULL_RESULTS`; what `load` made of a new model, else None). Never
-        raises for the source's sake; a failure is logged when it starts and when its cause changes."""
+        raises for the source's sake, whatever it answers; a failure is logged when it starts and when its cause
+        changes."""
         result, failure, loaded = self._pull(client)
         if failure != self.failure:
             if failure:
@@ -127,22 +141,54 @@ class ModelPull(Generic[T]):
     def _pull(self, client: httpx.Client) -> tuple[str, str, T | None]:
         headers = {"If-None-Match": f'"{self.digest}"'} if self.digest else {}
         try:
-            response = client.get(self.url, headers=headers)
+            with client.stream("GET", self.url, headers=headers) as response:
+                if response.status_code == 304:
+                    self.pulled_at = time.monotonic()
+                    return "unchanged", "", None
+                if response.status_code != 200:
+                    return "error", f"answered {response.status_code}", None
+                if response.headers.get(ROLE_HEADER) == "prediction":  # takes its models from elsewhere
+                    return "refused", "refused: the source is a prediction server, with no model of its own", None
+                artifact = _read_at_most(response, MAX_MODEL_BYTES)
         except httpx.HTTPError as err:
             return "error", str(err) or type(err).__name__, None
-        if response.status_code == 304:
-            self.pulled_at = time.monotonic()
-            return "unchanged", "", None
-        if response.status_code != 200:
-            return "error", f"answered {response.status_code}", None
-        artifact = response.content
+        if artifact is None:
+            return "refused", f"refused: the answer is larger than {MAX_MODEL_BYTES >> 20} MiB", None
         digest = hashlib.sha256(artifact).hexdigest()
-        announced = response.headers.get("etag", "").strip('"')
+        announced = response.headers.get("etag", "").strip().removeprefix("W/").strip('"')  # a proxy may weaken it
         if announced and announced != digest:
             return "refused", "refused: the model does not match the SHA-256 the service announced", None
         try:
             loaded = self.load(artifact)
         except ArtifactError as err:
             return "refused", f"refused: {err}", None
+        except Exception as err:  # noqa: BLE001 - whatever a body does to the decoding, the pulls go on
+            return "refused", f"refused: not an artifact ({type(err).__name__})", None
         self.digest, self.pulled_at = digest, time.monotonic()
+        self._note_version(response.headers.get("x-leadtime-model-version"))
         return "new", "", loaded
+
+    def _note_version(self, announced: str | None) -> None:
+        """Warn when the source's version goes back: it restarted without keeping its model (no --model-dir or
+        --redis), and what is taken now is its prior again, in place of the trained model held."""
+        version = int(announced) if announced is not None and announced.isdigit() else None
+        if version is not None and self.version is not None and version < self.version:
+            self.log.warning(
+                "the model at %s went back from version %d to %d (its server restarted without keeping its model? "
+                "give it --model-dir or --redis): taking it",
+                self.url,
+                self.version,
+                version,
+            )
+        self.version = version
+
+
+def _read_at_most(response: httpx.Response, limit: int) -> bytes | None:
+    """The body, or None once it passes `limit` bytes (the rest is not read)."""
+    chunks, size = [], 0
+    for chunk in response.iter_bytes():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

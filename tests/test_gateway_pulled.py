@@ -22,7 +22,7 @@ from waiting import wait_for
 from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import row_dict
-from leadtime.predictor.learner import OnlinePredictor
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.router_plugin.gateway.metrics import DISCOVERY_RESULTS, PULL_RESULTS, GatewayMetrics
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 from leadtime.router_plugin.gateway.pulled import PulledModel
@@ -258,3 +258,68 @@ def test_a_predictor_url_in_capitals_is_taken_and_one_without_a_scheme_refused_a
     assert pulled.url == "HTTPS://predictor:8443/v1/model"
     with pytest.raises(ValueError, match=r"'predictor:8443': expected http://HOST:PORT or https://HOST:PORT"):
         PulledModel("predictor:8443", LeanHttpPredictorClient("http://predictor:8443"), interval_s=60.0)
+
+
+def test_a_pull_survives_any_body_and_says_why_it_was_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """A body nested 200,000 deep raised RecursionError out of the artifact's decoding: the pull thread died for
+    good (the gateway's model aged in silence; the service said "background loop stopped")."""
+
+    def deep(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"[" * 200_000)
+
+    pulled, said = pulls([(served(GOOD), 1), (deep, 3), (served(GOOD), 1)], caplog)
+    assert pulled.pulls["refused"] == 3 and pulled.model is not None
+    assert any("refused" in m for m in said), said
+
+
+def test_a_weak_etag_from_a_proxy_is_taken_as_the_digest_it_names(caplog: pytest.LogCaptureFixture) -> None:
+    """`W/"<sha>"` (a proxy that compresses weakens ETags) was refused at every pull as not the announced SHA-256."""
+    digest = hashlib.sha256(GOOD).hexdigest()
+
+    def weak(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=GOOD, headers={"etag": f'W/"{digest}"'})
+
+    pulled, said = pulls([(weak, 1)], caplog)
+    assert pulled.pulls["new"] == 1 and pulled.model is not None, said
+
+
+def test_a_source_that_is_itself_a_prediction_server_is_refused_naming_why(caplog: pytest.LogCaptureFixture) -> None:
+    """`--model-from` pointed at a prediction server (or at itself) took its prior, for ever, with nothing degraded:
+    such a server takes its models from elsewhere and has none of its own to give."""
+
+    def prediction_role(request: httpx.Request) -> httpx.Response:
+        digest = hashlib.sha256(GOOD).hexdigest()
+        headers = {"etag": f'"{digest}"', "x-leadtime-role": "prediction"}
+        return httpx.Response(200, content=GOOD, headers=headers)
+
+    pulled, said = pulls([(prediction_role, 2)], caplog)
+    assert pulled.pulls["refused"] == 2 and pulled.model is None
+    assert len(said) == 1 and "is a prediction server" in said[0], said
+
+
+def test_a_body_beyond_the_cap_is_not_read_whole(caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong URL streaming a huge body was read whole into memory."""
+    from leadtime.predictor.model_pull import MAX_MODEL_BYTES
+
+    def huge(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=iter([b"x" * (1 << 20)] * (MAX_MODEL_BYTES // (1 << 20) + 2)))
+
+    pulled, said = pulls([(huge, 1)], caplog)
+    assert pulled.pulls["refused"] == 1 and "larger than" in said[0], said
+
+
+def test_a_source_whose_model_version_went_back_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """A training server restarted without --model-dir or --redis serves its prior again as version 0: the pulling
+    servers took it in silence, back from a trained model to the prior ("succeeds again" was all the log said)."""
+    trained, fresh = GOOD, OnlinePredictor(LearnerConfig(quantile=0.8)).to_bytes()
+
+    def at(artifact: bytes, version: int) -> Answer:
+        def answer(request: httpx.Request) -> httpx.Response:
+            headers = {"etag": f'"{hashlib.sha256(artifact).hexdigest()}"', "x-leadtime-model-version": str(version)}
+            return httpx.Response(200, content=artifact, headers=headers)
+
+        return answer
+
+    pulled, said = pulls([(at(trained, 30), 1), (down, 2), (at(fresh, 0), 1)], caplog)
+    assert pulled.pulls["new"] == 2
+    assert any("went back from version 30 to 0" in m and "restarted" in m for m in said), said

@@ -185,3 +185,24 @@ def test_serve_refuses_a_class_that_disagrees_with_the_saved_model(tmp_path: Pat
     message = err.decode().strip()
     assert process.returncode == 2 and len(message.splitlines()) == 1, message
     assert "--accelerator l40s disagrees with the model in" in message and "as h200-sxm" in message
+
+
+def test_a_training_server_that_keeps_no_model_says_so_at_start(tmp_path: Path) -> None:
+    """Without --redis or --model-dir a training server's model dies with it, and every prediction server pulling
+    it (--model-from) goes back to the prior when it restarts: said once, at start."""
+    http_port = free_port()
+    process = leadtime("serve", "--port", str(http_port), "--grpc-port", "0", "--role", "training")
+    try:
+        deadline = time.monotonic() + 30
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{http_port}/readyz", timeout=1).status_code == 200
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert ready
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    log = process.stderr.read().decode() if process.stderr else ""
+    assert "--role training without --redis or --model-dir: its model is lost when it stops" in log, log

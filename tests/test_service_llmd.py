@@ -367,6 +367,7 @@ def test_split_roles_serve_their_own_paths() -> None:
         assert prediction.post("/add_training_data_bulk", json={"entries": []}).status_code == 404
         assert prediction.get("/status").json()["role"] == "prediction"
         assert "training_samples_count" not in prediction.get("/metrics").text
+        assert prediction.get("/v1/model").headers["x-leadtime-role"] == "prediction"  # no source to pull from
     with TestClient(create_app(ServiceSettings(role="training"))) as training:
         assert training.post("/predict/bulk/strict", json={"requests": [llmd_row()]}).status_code == 404
         assert training.post("/add_training_data_bulk", json={"entries": [training_entry(1)]}).status_code == 202
@@ -374,6 +375,7 @@ def test_split_roles_serve_their_own_paths() -> None:
         assert training.get("/status").json()["holds_training_lease"] is True
         # Its model, for the prediction servers that pull it (`serve --role prediction --model-from URL`).
         etag = training.get("/v1/model").headers["etag"]
+        assert training.get("/v1/model").headers["x-leadtime-role"] == "training"
         assert training.get("/v1/model", headers={"If-None-Match": etag}).status_code == 304
 
 

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 from leadtime.features.errors import FeatureError
+from leadtime.predictor.model_pull import ROLE_HEADER
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.health import status as llmd_status
 from leadtime.predictor.service.llmd_training import accept_entries, parse_entries
@@ -98,7 +99,8 @@ async def model(request: Request, runtime: ReadyRuntime) -> Response:
     the predictions served here already give away, and writes nothing."""
     artifact, digest, version = await asyncio.to_thread(runtime.serving_artifact)
     etag = f'"{digest}"'
-    headers = {"ETag": etag, "X-Leadtime-Model-Version": str(version)}
+    # Its role too: a prediction server pulling from a prediction server (or itself) would serve a prior for ever.
+    headers = {"ETag": etag, "X-Leadtime-Model-Version": str(version), ROLE_HEADER: runtime.settings.role}
     if etag_matches(request.headers.get("if-none-match", ""), etag):
         return Response(status_code=304, headers=headers)
     return Response(artifact, media_type="application/json", headers=headers)

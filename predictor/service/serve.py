@@ -178,6 +178,11 @@ def serve(settings: ServiceSettings) -> None:
             "models from %s (GET /v1/model every second); the physics prior serves until the first arrives",
             settings.model_from,
         )
+    if settings.role == "training" and settings.redis_url is None and settings.model_dir is None:
+        log.warning(
+            "--role training without --redis or --model-dir: its model is lost when it stops, and the prediction "
+            "servers pulling it (--model-from) go back to the prior"
+        )
     plan = runtime.cpu_plan
     if plan is not None:
         # After gRPC's threads exist and before uvicorn's loop starts the learner: every serving thread, and
