@@ -30,12 +30,15 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from leadtime.json_text import print_json
 from leadtime.plots import draw_cdf, policy_colour, shared_legend
+
+if TYPE_CHECKING:
+    from leadtime.simulator.fleet import SloClass
 
 FLEETS = ("homogeneous", "mixed", "pd", "pd_hetero", "timesliced", "large")
 PEERS = ("round_robin", "least_queue", "llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache")
@@ -555,12 +558,17 @@ def check_targets(
 # ----- output -------------------------------------------------------------------------------------------
 
 
+def slo_classes(fleet_name: str) -> tuple[SloClass, ...]:
+    """The SLO classes the fleet's requests are judged by: its file's, or `DEFAULT_SLO_MS` for all of them when it
+    states none (as `run_cell` judges them)."""
+    from leadtime.simulator.fleet import SloClass
+
+    return _fleet(fleet_name).slos or (SloClass(1.0, *DEFAULT_SLO_MS),)
+
+
 def slo_thresholds_ms(fleet_name: str) -> tuple[list[float], list[float]]:
-    """The TTFT and ITL SLO thresholds (ms) the fleet's requests are judged by, each once: its SLO classes', or
-    `DEFAULT_SLO_MS` for a fleet file that states none (as `run_cell` judges them). The CDFs draw them."""
-    classes = _fleet(fleet_name).slos
-    if not classes:
-        return [DEFAULT_SLO_MS[0]], [DEFAULT_SLO_MS[1]]
+    """The TTFT and ITL SLO thresholds (ms) the fleet's requests are judged by, each once. The CDFs draw them."""
+    classes = slo_classes(fleet_name)
     return sorted({c.ttft_ms for c in classes}), sorted({c.itl_ms for c in classes})
 
 

@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
-from leadtime.bench.routing import LEADTIME, LOADS, RoutingOptions, _policy_order, run_routing, write_plots
+from leadtime.bench.routing import (
+    LEADTIME,
+    LOADS,
+    RoutingOptions,
+    _policy_order,
+    run_routing,
+    slo_classes,
+    write_plots,
+)
 from leadtime.console import report_console
 from leadtime.json_text import dumps
 from leadtime.plots import policy_colour, policy_style, shared_legend
@@ -78,13 +86,6 @@ def fleet_header(fleet: str, rate_rps: float) -> str:
     'mixed (offered 6.3 rps)'
     """
     return f"{fleet} (offered {rate_rps:.1f} rps)"
-
-
-def slo_classes(fleet: str) -> tuple[SloClass, ...]:
-    """The SLO classes the fleet's requests are judged by (its file's, or the default the benchmark judges by)."""
-    from leadtime.bench.routing import DEFAULT_SLO_MS, _fleet
-
-    return _fleet(fleet).slos or (SloClass(1.0, *DEFAULT_SLO_MS),)
 
 
 def _ms(value: float) -> str:
