@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from leadtime.json_text import print_json
-from leadtime.plots import draw_cdf, policy_colour, shared_legend
+from leadtime.plots import LEADTIME, draw_cdf, policy_colour, shared_legend
 
 if TYPE_CHECKING:
     from leadtime.simulator.fleet import SloClass
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 FLEETS = ("homogeneous", "mixed", "pd", "pd_hetero", "timesliced", "large")
 PEERS = ("round_robin", "least_queue", "llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache")
 REFERENCE = "clairvoyant"
-LEADTIME = "leadtime"
 ABLATIONS: dict[str, tuple[str, ...]] = {
     "leadtime_no_inflight": FLEETS,
     "leadtime_no_hardware": ("mixed", "large"),
