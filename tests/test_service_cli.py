@@ -74,14 +74,7 @@ def test_a_prediction_server_on_a_model_dir_logs_what_it_keeps_and_what_is_open(
     args = ["serve", "--port", str(http_port), "--grpc-port", "0", "--role", "prediction", "--model-dir", str(tmp_path)]
     process = leadtime(*args)
     try:
-        deadline = time.monotonic() + 30
-        ready = False
-        while time.monotonic() < deadline and not ready:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{http_port}/readyz", timeout=1).status_code in (200, 503)
-            except httpx.TransportError:
-                time.sleep(0.1)
-        assert ready
+        wait_ready(http_port, process)
     finally:
         process.terminate()
         process.wait(timeout=20)
@@ -193,14 +186,7 @@ def test_a_training_server_that_keeps_no_model_says_so_at_start(tmp_path: Path) 
     http_port = free_port()
     process = leadtime("serve", "--port", str(http_port), "--grpc-port", "0", "--role", "training")
     try:
-        deadline = time.monotonic() + 30
-        ready = False
-        while time.monotonic() < deadline and not ready:
-            try:
-                ready = httpx.get(f"http://127.0.0.1:{http_port}/readyz", timeout=1).status_code == 200
-            except httpx.TransportError:
-                time.sleep(0.1)
-        assert ready
+        wait_ready(http_port, process)
     finally:
         process.terminate()
         process.wait(timeout=20)
