@@ -70,17 +70,20 @@ def test_serve_runs_http_grpc_and_metrics_in_one_process() -> None:
 def test_a_prediction_server_on_a_model_dir_logs_what_it_keeps_and_what_is_open(tmp_path: Path) -> None:
     """A `--role prediction` server warned that anyone could send it training data (it answers those paths 404),
     and said its models go when it stops while `--model-dir` keeps them."""
-    http_port = free_port()
-    args = ["serve", "--port", str(http_port), "--grpc-port", "0", "--role", "prediction", "--model-dir", str(tmp_path)]
-    process = leadtime(*args)
+    log = start_up_log(free_port(), "--role", "prediction", "--model-dir", str(tmp_path))
+    assert "no API token" not in log, log
+    assert f"store: in memory (this process only: observations go when it stops; models are kept in {tmp_path})" in log
+
+
+def start_up_log(http_port: int, *args: str) -> str:
+    """What `leadtime serve --port http_port --grpc-port 0 ARGS` logs until it is ready and stopped."""
+    process = leadtime("serve", "--port", str(http_port), "--grpc-port", "0", *args)
     try:
         wait_ready(http_port, process)
     finally:
         process.terminate()
         process.wait(timeout=20)
-    log = process.stderr.read().decode() if process.stderr else ""
-    assert "no API token" not in log, log
-    assert f"store: in memory (this process only: observations go when it stops; models are kept in {tmp_path})" in log
+    return process.stderr.read().decode() if process.stderr else ""
 
 
 def wait_ready(port: int, process: subprocess.Popen[bytes]) -> None:
@@ -183,12 +186,5 @@ def test_serve_refuses_a_class_that_disagrees_with_the_saved_model(tmp_path: Pat
 def test_a_training_server_that_keeps_no_model_says_so_at_start(tmp_path: Path) -> None:
     """Without --redis or --model-dir a training server's model dies with it, and every prediction server pulling
     it (--model-from) goes back to the prior when it restarts: said once, at start."""
-    http_port = free_port()
-    process = leadtime("serve", "--port", str(http_port), "--grpc-port", "0", "--role", "training")
-    try:
-        wait_ready(http_port, process)
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-    log = process.stderr.read().decode() if process.stderr else ""
+    log = start_up_log(free_port(), "--role", "training")
     assert "--role training without --redis or --model-dir: its model is lost when it stops" in log, log
