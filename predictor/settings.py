@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ENV_PREFIX = "LEADTIME_"
+SECRET_FIELDS = frozenset({"api_token", "tls_certfile", "tls_keyfile"})
+"""Settings whose variable, set but empty, is refused rather than read as unset (`ServiceSettings.from_env`)."""
 
 
 class ServiceSettings(BaseModel):
@@ -132,11 +134,18 @@ class ServiceSettings(BaseModel):
     def from_env(
         cls, overrides: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
     ) -> ServiceSettings:
-        """Settings from `LEADTIME_<FIELD>` variables, with non-None `overrides` taking precedence."""
+        """Settings from `LEADTIME_<FIELD>` variables, with non-None `overrides` taking precedence.
+
+        An empty variable counts as unset, but not for a secret (`SECRET_FIELDS`): ValueError naming it, unless
+        `overrides` gives that field. A Secret with an empty or missing key would otherwise start the service with
+        its write paths open, or on plain HTTP."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
+        given = {name for name, value in (overrides or {}).items() if value is not None}
         for name in cls.model_fields:
             raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and not raw.strip() and name in SECRET_FIELDS and name not in given:
+                raise ValueError(f"{ENV_PREFIX}{name.upper()} is set but empty: give it a value, or unset it")
             if raw is not None and raw != "":
                 values[name] = raw
         for name, value in (overrides or {}).items():

@@ -50,3 +50,14 @@ def test_bad_values_are_refused_naming_the_option() -> None:
         ServiceSettings.from_env(env={"LEADTIME_QUANTILE": "nan"})
     with pytest.raises(ValidationError, match="port"):
         ServiceSettings.from_env(env={"LEADTIME_PORT": "eighty"})
+
+
+@pytest.mark.parametrize("variable", ["LEADTIME_API_TOKEN", "LEADTIME_TLS_CERTFILE", "LEADTIME_TLS_KEYFILE"])
+def test_a_secret_variable_set_but_blank_is_refused_where_the_environment_is_read(variable: str) -> None:
+    """The refusal lived in the CLI alone: `create_app(ServiceSettings.from_env())`, with `LEADTIME_API_TOKEN=`
+    from a Secret missing its key, served with the write paths open. A value given for the field wins."""
+    with pytest.raises(ValueError, match=f"{variable} is set but empty"):
+        ServiceSettings.from_env(env={variable: " "})
+    field = variable.removeprefix("LEADTIME_").lower()
+    assert ServiceSettings.from_env({"api_token": "t"}, env={"LEADTIME_API_TOKEN": ""}).api_token == "t"
+    assert field in ServiceSettings.model_fields

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import app, fail, refuse_blank_variables
+from leadtime.cli.common import app, fail
 from leadtime.features.errors import FeatureError, validation_problem
 
 OPTION_OF = {
@@ -89,8 +89,6 @@ def serve(
     tls_key: Annotated[Path | None, typer.Option(envvar="LEADTIME_TLS_KEYFILE", help="PEM key of --tls-cert.")] = None,
 ) -> None:
     """Run the predictor service: llm-d-compatible and native HTTP, gRPC, Prometheus /metrics."""
-    given = {"LEADTIME_API_TOKEN": api_token, "LEADTIME_TLS_CERTFILE": tls_cert, "LEADTIME_TLS_KEYFILE": tls_key}
-    refuse_blank_variables(*(name for name, flag in given.items() if flag is None))  # a flag wins over its variable
     from pydantic import ValidationError
 
     from leadtime.predictor.service.cpus import CpuPlanError, allowed_cpus, plan_cpus
@@ -125,7 +123,7 @@ def serve(
             if "_" in field:  # a name no sentence has: a check of several settings together names them
                 problem = problem.replace(field, option)
         fail(f"{setting_name(where)}: {problem}" if where else problem)
-    except (FeatureError, CpuPlanError) as err:
+    except (FeatureError, CpuPlanError, ValueError) as err:  # ValueError: a secret variable set but empty
         fail(err)
     from leadtime.predictor.service.app import StoreError
     from leadtime.predictor.service.serve import serve as run_service
