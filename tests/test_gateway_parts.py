@@ -472,6 +472,29 @@ def test_a_group_whose_states_never_name_the_serving_job_is_warned_about_once(
     assert "training, vllm-inference" in warned[0] and "'inference'" in warned[0]
 
 
+def test_a_group_locked_by_the_serving_job_with_no_loaded_job_is_warned_about_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """States that leave `loaded_job` out kept a group's endpoints out of routing while the inference job held it
+    (its weights are not said to be resident), without a word."""
+    path = tmp_path / "groups.yaml"
+    (endpoint,) = parse_static(["127.0.0.1:9,name=a,leadtime.io/timeslice-group=rl"])
+    gateway = Gateway(StaticDiscovery((endpoint,)), RoundRobinPolicy(), GatewaySettings(timeslice_poll_s=0.001))
+    gateway.scraper.scrapes["a"] = EndpointScrape(endpoint)
+    gateway.timeslice = FileTimesliceSource(path, clock=lambda: 10_000.0)
+
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
+        path.write_text("groups: {rl: {state: LOCKED, active_job: inference, loaded_job: inference}}\n")
+        watch_timeslice(gateway)
+        assert not caplog.records and gateway._group_state("rl") == "resident"
+        path.write_text("groups: {rl: {state: LOCKED, active_job: inference}}\n")
+        watch_timeslice(gateway)
+        watch_timeslice(gateway)
+    warned = [r.getMessage() for r in caplog.records]
+    assert gateway._group_state("rl") == "parked"
+    assert len(warned) == 1 and "'rl'" in warned[0] and "loaded_job" in warned[0], warned
+
+
 def test_what_the_router_believes_of_each_group_is_in_its_metrics_and_a_group_no_endpoint_names_is_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

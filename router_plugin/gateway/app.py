@@ -302,6 +302,7 @@ class Gateway:
         self._unused_groups: set[str] = set()  # named by the states, by no endpoint: warned of once
         self._jobs_seen: dict[str, set[str]] = {}  # per group, the jobs its states have named
         self._serving_job_unseen: set[str] = set()  # groups warned of as never naming the serving job
+        self._loaded_job_unsaid: set[str] = set()  # groups warned of as held by it with no loaded job named
         self._unknown_overflow: set[str] = set()
         self._unread_groups_said = False
         self._panic = False
@@ -452,6 +453,7 @@ class Gateway:
             self._warn_unnamed_groups(source)
             self._warn_unused_groups(source)
             self._warn_serving_job_unnamed(source)
+            self._warn_loaded_job_unsaid(source)
             if source.errors > self._timeslice_errors_seen:
                 self.metrics.timeslice_source_errors.inc(source.errors - self._timeslice_errors_seen)
                 self._timeslice_errors_seen = source.errors
@@ -505,6 +507,23 @@ class Gateway:
                     "taken as swapped out for good (is the inference job called otherwise? set servingJob)",
                     group,
                     ", ".join(sorted(seen)),
+                    job,
+                )
+
+    def _warn_loaded_job_unsaid(self, source: Any) -> None:
+        """Once per group: LOCKED by the serving job with no `loaded_job` in its states. A group serves only while
+        its job's weights are said to be resident, so states that leave the field out keep its endpoints out of
+        routing during the inference job's own turn."""
+        job = self.settings.serving_job
+        for group, status in getattr(source, "groups", {}).items():
+            unsaid = status.state == "LOCKED" and status.active_job == job and not status.loaded_job
+            if unsaid and group not in self._loaded_job_unsaid:
+                self._loaded_job_unsaid.add(group)
+                log.warning(
+                    "time-slice group %r is LOCKED by the serving job %r but its states name no loaded_job: its "
+                    "endpoints are taken as away until the states say %r is loaded (loaded_job)",
+                    group,
+                    job,
                     job,
                 )
 
