@@ -5,7 +5,8 @@ and a prediction server taking its models from a training server (`leadtime serv
 --model-from URL`, llm-d's two sidecars without a shared volume or Redis). What they share lives here: the
 request, the checks (the SHA-256 of what arrived against the ETag the service announced; what the caller's `load`
 checks besides, the artifact's own checksum first of all), and logging a failure once when it starts and when its
-cause changes, not at every pull: a source gone for good would otherwise write a line a second, forever.
+cause changes, not at every pull: a source gone for good would otherwise write a line a second, forever. An
+artifact refused is not downloaded again while the source still serves it (its digest goes in If-None-Match).
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ class ModelPull(Generic[T]):
         """time.monotonic() of the last pull that found the service (a new model or the same one)."""
         self.failure = ""
         """Why pulls fail now, "" since one succeeded: logged when it changes, not at every pull."""
+        self._refused: tuple[str, str] | None = None
+        """(SHA-256, why) of the last artifact `load` refused, until one is taken: named in If-None-Match beside
+        the held one's, so that the source answers 304 while it serves it still, instead of the same artifact
+        being downloaded and refused again at every pull (every second, for ever)."""
 
     def client(self) -> httpx.Client:
         """An HTTP client for the pulls (keep-alive, the TLS settings and token given)."""
@@ -139,9 +144,13 @@ class ModelPull(Generic[T]):
         return result, loaded
 
     def _pull(self, client: httpx.Client) -> tuple[str, str, T | None]:
-        headers = {"If-None-Match": f'"{self.digest}"'} if self.digest else {}
+        known = [digest for digest in (self.digest, self._refused[0] if self._refused else "") if digest]
+        headers = {"If-None-Match": ", ".join(f'"{digest}"' for digest in known)} if known else {}
         try:
             with client.stream("GET", self.url, headers=headers) as response:
+                announced = _etag(response)
+                if self._refused is not None and announced == self._refused[0]:  # 304, or a source deaf to it
+                    return "refused", self._refused[1], None
                 if response.status_code == 304:
                     self.pulled_at = time.monotonic()
                     return "unchanged", "", None
@@ -155,18 +164,23 @@ class ModelPull(Generic[T]):
         if artifact is None:
             return "refused", f"refused: the answer is larger than {MAX_MODEL_BYTES >> 20} MiB", None
         digest = hashlib.sha256(artifact).hexdigest()
-        announced = response.headers.get("etag", "").strip().removeprefix("W/").strip('"')  # a proxy may weaken it
-        if announced and announced != digest:
+        if announced and announced != digest:  # not remembered: what arrives next may be whole
             return "refused", "refused: the model does not match the SHA-256 the service announced", None
         try:
             loaded = self.load(artifact)
         except ArtifactError as err:
-            return "refused", f"refused: {err}", None
+            return self._refuse(digest, f"refused: {err}")
         except Exception as err:  # noqa: BLE001 - whatever a body does to the decoding, the pulls go on
-            return "refused", f"refused: not an artifact ({type(err).__name__})", None
-        self.digest, self.pulled_at = digest, time.monotonic()
+            return self._refuse(digest, f"refused: not an artifact ({type(err).__name__})")
+        self.digest, self.pulled_at, self._refused = digest, time.monotonic(), None
         self._note_version(response.headers.get("x-leadtime-model-version"))
         return "new", "", loaded
+
+    def _refuse(self, digest: str, failure: str) -> tuple[str, str, T | None]:
+        """A pull whose artifact `load` refused: the same bytes would be refused again, so they are not asked
+        for again while the source's ETag stays theirs."""
+        self._refused = digest, failure
+        return "refused", failure, None
 
     def _note_version(self, announced: str | None) -> None:
         """Warn when the source's version goes back: it restarted without keeping its model (no --model-dir or
@@ -181,6 +195,11 @@ class ModelPull(Generic[T]):
                 version,
             )
         self.version = version
+
+
+def _etag(response: httpx.Response) -> str:
+    """The digest a response's ETag names ("" without one); `W/` dropped, as a proxy that compresses adds it."""
+    return response.headers.get("etag", "").strip().removeprefix("W/").strip('"')
 
 
 def _read_at_most(response: httpx.Response, limit: int) -> bytes | None:
