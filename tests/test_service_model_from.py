@@ -273,3 +273,51 @@ def test_a_training_server_over_tls_is_pulled_from_with_its_certificate_verified
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_pulled_models_class_of_rows_naming_none_is_taken_with_the_model_not_before_it() -> None:
+    """The pull thread switched the class taken for rows naming none as it checked a pulled model, before the
+    model sync installed it: meanwhile requests were parsed as the new class and predicted by the old model. The
+    switch is now made where the model is installed, by the one function a model loaded at start uses, after the
+    model is in place (requests read the parser, then the model: none sees the new class with the old model)."""
+    from leadtime.predictor.learner import LearnerConfig
+    from leadtime.predictor.service.runtime import ServiceRuntime
+    from leadtime.predictor.settings import ServiceSettings
+    from leadtime.predictor.store.memory import MemoryStore
+
+    class Learner:  # no process: what the runtime tells its learner is not looked at here
+        def adopt(self, artifact: bytes, cursor: str, epoch: int) -> bool:
+            return True
+
+    h200 = OnlinePredictor(LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False))
+    h200.version = 7
+    runtime = ServiceRuntime(ServiceSettings(role="prediction", model_from="http://127.0.0.1:9"), MemoryStore())
+    runtime.learner = Learner()  # type: ignore[assignment]
+    prior = OnlinePredictor(runtime._learner_config())
+    runtime._install(prior)
+    switches: list[tuple[str, bool]] = []
+    take = runtime._take_default_class
+
+    def spied(predictor: OnlinePredictor) -> None:
+        switches.append((predictor.config.accelerator, runtime.predictor is predictor))
+        take(predictor)
+
+    runtime._take_default_class = spied  # type: ignore[method-assign]
+    try:
+        checked = runtime._check_pulled(h200.to_bytes())  # the pull thread's part
+        assert (runtime.settings.accelerator, runtime.predictor) == ("h100-sxm", prior)  # nothing switched yet
+        runtime.store.publish_model(checked)
+        assert runtime.sync_from_store() == (True, True)  # the model sync's part: the install
+        served = runtime.predictor
+        assert served is not None and served.version == 7
+        assert (runtime.settings.accelerator, runtime.settings.model) == ("h200-sxm", "qwen3-32b")
+        assert switches == [("h200-sxm", True)]  # by the one function, once the model serves
+        row = {**PROBE}  # names no class: now H200 serving Qwen3-32B
+        expected = h200.predict_one(feature_row_from_llmd({**row, "accelerator": "h200-sxm", "model": "qwen3-32b"}))
+        assert served.predict_many(runtime.parser.parse([row], "rows")).ttft_mean[0] == pytest.approx(
+            expected["ttft_mean"], rel=1e-9
+        )
+    finally:
+        if runtime.predictor is not None:
+            runtime.predictor.close()
+        h200.close()

@@ -546,6 +546,12 @@ class ServiceRuntime:
             self._learn_lock.acquire()
             try:
                 self._install(predictor)
+                if self._model_pull is not None:
+                    # A pulled model brings its class of rows naming none (refused if the settings name another):
+                    # taken as one loaded at start is, under the same lock as the swap and after it, so that a
+                    # request (it reads the parser, then the model) never has the new class read by the old model.
+                    # A shared registry's models are all of the class the replicas took at start.
+                    self._take_default_class(predictor)
                 self._adopt_cursor(predictor)
                 self._served_cursor = self._cursor
                 self._epoch += 1
@@ -739,8 +745,10 @@ class ServiceRuntime:
     def _check_pulled(self, data: bytes) -> bytes:
         """A pulled artifact as this process publishes it, or ArtifactError refusing it: not an artifact of this
         build or not matching its checksum, or of another class of rows naming none than the settings name (as
-        a model directory's is refused at start). With no class named, the training server's is followed. Its
-        stream position is dropped: it belongs to the training server's stream, not to this process's."""
+        a model directory's is refused at start). With no class named, the training server's is followed, but
+        only once its model is installed (`sync_from_store`): switched here, in the pull thread, requests would be
+        parsed as the new class and predicted by the old model until then. Its stream position is dropped: it
+        belongs to the training server's stream, not to this process's."""
         document = decode(data)
         config = document["config"]
         try:
@@ -749,15 +757,11 @@ class ServiceRuntime:
             raise ArtifactError(f"its class is not one this build knows ({err})") from None
         s = self.settings
         ours = get_accelerator(s.accelerator).slug, get_model(s.model).slug
-        if theirs != ours:
-            if self._class_named:
-                raise ArtifactError(
-                    f"it takes rows naming no class as {theirs[0]} serving {theirs[1]}; --accelerator and --model "
-                    f"say {ours[0]} serving {ours[1]}"
-                )
-            self.settings = s.model_copy(update={"accelerator": theirs[0], "model": theirs[1]})
-            self.parser = RowParser(*theirs)
-            log.info("rows naming no class are taken as %s serving %s, as the model pulled learned them", *theirs)
+        if theirs != ours and self._class_named:
+            raise ArtifactError(
+                f"it takes rows naming no class as {theirs[0]} serving {theirs[1]}; --accelerator and --model "
+                f"say {ours[0]} serving {ours[1]}"
+            )
         metadata = document.get("metadata")
         if isinstance(metadata, dict):
             metadata.pop(CURSOR_KEY, None)
