@@ -23,6 +23,7 @@ from leadtime.bench.procs import Child, free_port
 from leadtime.bench.tls import self_signed
 from leadtime.features.rows import feature_row_from_llmd
 from leadtime.predictor.learner import OnlinePredictor
+from leadtime.predictor.service.native import etag_matches
 
 SMALL_RETRAINS = {"LEADTIME_RETRAIN_EVERY": "300", "LEADTIME_MIN_RETRAIN_INTERVAL_S": "0"}
 
@@ -169,15 +170,20 @@ def test_model_from_is_refused_at_start_in_one_line_when_it_cannot_work(tmp_path
 class ModelSource:
     """A server answering GET /v1/model with `artifact` (settable), as a training server would, on a free port."""
 
-    def __init__(self, artifact: bytes) -> None:
+    def __init__(self, artifact: bytes | None) -> None:
         self.artifact = artifact
         source = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 body = source.artifact
+                if body is None:  # the source down, as far as a pull can tell
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 etag = f'"{hashlib.sha256(body).hexdigest()}"'
-                if self.headers.get("If-None-Match") == etag:
+                if etag_matches(self.headers.get("If-None-Match", ""), etag):  # a list, as the service reads it
                     self.send_response(304)
                     self.send_header("ETag", etag)
                     self.end_headers()
@@ -321,3 +327,47 @@ def test_a_pulled_models_class_of_rows_naming_none_is_taken_with_the_model_not_b
         if runtime.predictor is not None:
             runtime.predictor.close()
         h200.close()
+
+
+def test_reload_on_a_prediction_server_pulls_at_once_and_says_what_the_pull_did(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`POST /reload` with --model-from swapped in only what the pull thread had already published to the
+    process's own store, answering `"loaded": false` while the training server had a newer model: it did not ask
+    the training server. It pulls now, and answers as for a registry: 200 with the model taken (or none newer),
+    409 naming why the model pulled was refused, 503 naming why the source could not be pulled from."""
+    from fastapi.testclient import TestClient
+
+    from leadtime.predictor.learner import LearnerConfig
+    from leadtime.predictor.service import runtime as runtime_module
+    from leadtime.predictor.service.app import create_app
+    from leadtime.predictor.settings import ServiceSettings
+
+    monkeypatch.setattr(runtime_module, "_PULL_INTERVAL_S", 3600.0)  # the first pull only: the rest is /reload's
+    models = []
+    for version in (7, 8):
+        model = OnlinePredictor(LearnerConfig(background=False))
+        model.version = version
+        models.append(model.to_bytes())
+        model.close()
+    source = ModelSource(models[0])
+    try:
+        with TestClient(create_app(ServiceSettings(role="prediction", model_from=source.url))) as c:
+            wait_for(lambda: c.get("/status").json()["model_version"] == 7, 10, "the first pull")
+            source.artifact = models[1]
+            answer = c.post("/reload")
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["pulled"] == "new" and answer.json()["loaded"] is True, answer.json()
+            assert answer.json()["model_version"] == 8 and c.get("/status").json()["model_version"] == 8
+            answer = c.post("/reload")
+            assert answer.json()["pulled"] == "unchanged" and answer.json()["loaded"] is False, answer.json()
+
+            source.artifact = b'{"format": "leadtime-predictor", "artifact_version": 999}'
+            answer = c.post("/reload")
+            assert answer.status_code == 409 and "artifact version 999" in answer.json()["detail"], answer.text
+            source.artifact = None
+            answer = c.post("/reload")
+            assert answer.status_code == 503 and "answered 503" in answer.json()["detail"], answer.text
+            assert c.get("/status").json()["model_version"] == 8  # the model held
+    finally:
+        source.close()

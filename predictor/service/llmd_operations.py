@@ -77,7 +77,13 @@ def _check_name(name: str) -> None:
     RELOAD_PATH, dependencies=[Depends(require_token)], summary="Swap in the newest published model now."
 )
 async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
-    """Load the newest published model now (llm-d's /reload)."""
+    """Load the newest published model now (llm-d's /reload). With --model-from, pull the source's model first
+    (`pulled`: what the pull did): the process's own store holds only what was pulled, up to a second ago."""
+    pulled = await asyncio.to_thread(runtime.pull_model_now)
+    if pulled is not None and pulled[0] == "refused":
+        raise HTTPException(409, f"the model pulled was refused: {pulled[1]}")
+    if pulled is not None and pulled[0] == "error":
+        raise HTTPException(503, f"the model source cannot be pulled from: {pulled[1]}")
     try:
         # In a worker thread: loading a model waits for the registry and for the learner's pipe, and the event
         # loop must keep answering predictions meanwhile.
@@ -87,11 +93,14 @@ async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
         raise HTTPException(409, f"the newest published model was refused: {err}") from None
     except Exception as err:
         raise HTTPException(503, f"the model registry is unreachable: {err}") from None
+    if pulled is not None and pulled[0] == "new":
+        loaded = True  # swapped in by the call above, or by the model sync a moment before it: serving either way
     predictor = runtime.predictor
     assert predictor is not None
     return {
         "synced": synced,
         "loaded": loaded,
+        **({"pulled": pulled[0]} if pulled is not None else {}),
         "is_ready": True,
         "model_type": "lightgbm",
         "objective_type": runtime.settings.objective,

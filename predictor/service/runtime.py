@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import httpx
 import numpy as np
 
 from leadtime.features.catalog import get_accelerator, get_model
@@ -114,6 +115,7 @@ class ServiceRuntime:
         self._replay_counted = "0"
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
+        self._pull_lock = threading.Lock()  # one pull of --model-from's model at a time: the loop's or /reload's
         # Held while a batch is forwarded and the read position advanced, and while a model is adopted, so that
         # the learner never receives a batch from before an adoption as if it came after it
         # (lock order: _swap_lock, then _learn_lock).
@@ -734,13 +736,33 @@ class ServiceRuntime:
         assert pull is not None
         with pull.client() as client:
             while not self._stop.is_set():
-                first = not pull.digest
-                _, artifact = pull.pull_once(client)
-                if artifact is not None:
-                    self.store.publish_model(artifact)  # this process's own memory store: it takes it
-                    if first:  # the ones after it come every second while the training server learns: no line
-                        log.info("the first model pulled from %s serves from now on", pull.url)
+                self._pull_model(client)
                 self._stop.wait(_PULL_INTERVAL_S)
+
+    def _pull_model(self, client: httpx.Client) -> tuple[str, str]:
+        """One pull of --model-from's model, the loop's or /reload's (one at a time: both update the pull's state):
+        (what it did, one of `PULL_RESULTS`; why pulls fail now, "" if they do not). A new model is published to
+        this process's store, which the model sync swaps in."""
+        pull = self._model_pull
+        assert pull is not None
+        with self._pull_lock:
+            first = not pull.digest
+            result, artifact = pull.pull_once(client)
+            if artifact is not None:
+                self.store.publish_model(artifact)  # this process's own memory store: it takes it
+                if first:  # the ones after it come every second while the training server learns: no line
+                    log.info("the first model pulled from %s serves from now on", pull.url)
+            return result, pull.failure
+
+    def pull_model_now(self) -> tuple[str, str] | None:
+        """/reload with --model-from: pull now rather than at the loop's next pull, so that the model the source
+        serves now is the one installed when /reload answers (the caller swaps it in). (what the pull did, why it
+        failed), or None without --model-from."""
+        pull = self._model_pull
+        if pull is None:
+            return None
+        with pull.client() as client:
+            return self._pull_model(client)
 
     def _check_pulled(self, data: bytes) -> bytes:
         """A pulled artifact as this process publishes it, or ArtifactError refusing it: not an artifact of this
