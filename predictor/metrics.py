@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from leadtime.predictor.model_pull import PULL_RESULTS
+
 LATENCY_BUCKETS = (
     0.0001,
     0.0002,
@@ -211,6 +213,15 @@ class ServiceMetrics:
         self.model_swaps = Counter(
             "leadtime_model_swaps", "Models swapped in from the shared registry or a reload.", registry=r
         )
+        self.model_pulls = Counter(
+            "leadtime_model_pulls",
+            "Pulls of --model-from's model, by result: new (taken), unchanged, error (no model from the source), "
+            "refused (what it sent).",
+            ["result"],
+            registry=r,
+        )
+        for result in PULL_RESULTS:  # exported at 0 from the start: an alert on failing pulls has a series to read
+            self.model_pulls.labels(result)
         if read_live is not None:
             r.register(_LiveValues(read_live))
 

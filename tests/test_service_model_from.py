@@ -371,3 +371,36 @@ def test_reload_on_a_prediction_server_pulls_at_once_and_says_what_the_pull_did(
             assert c.get("/status").json()["model_version"] == 8  # the model held
     finally:
         source.close()
+
+
+def test_every_pull_and_what_it_did_is_counted_in_the_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prediction server's pulls were in no metric (the gateway counts its own): an alert on failing or refused
+    pulls had only /readyz to go by. Each result is exported from the start, at 0."""
+    from fastapi.testclient import TestClient
+
+    from leadtime.predictor.model_pull import PULL_RESULTS
+    from leadtime.predictor.service import runtime as runtime_module
+    from leadtime.predictor.service.app import create_app
+    from leadtime.predictor.settings import ServiceSettings
+
+    def pulls(text: str) -> dict[str, float]:
+        prefix = "leadtime_model_pulls_total{result="
+        lines = [line.removeprefix(prefix).split("} ") for line in text.splitlines() if line.startswith(prefix)]
+        return {result.strip('"'): float(value) for result, value in lines}
+
+    with TestClient(create_app(ServiceSettings())) as c:
+        assert pulls(c.get("/metrics").text) == dict.fromkeys(PULL_RESULTS, 0.0)
+    monkeypatch.setattr(runtime_module, "_PULL_INTERVAL_S", 3600.0)  # the first pull only: the rest is /reload's
+    source = ModelSource(OnlinePredictor().to_bytes())
+    try:
+        with TestClient(create_app(ServiceSettings(role="prediction", model_from=source.url))) as c:
+            wait_for(lambda: pulls(c.get("/metrics").text)["new"] == 1, 10, "the first pull counted")
+            c.post("/reload")
+            source.artifact = b"not an artifact"
+            c.post("/reload")
+            c.post("/reload")  # the same artifact: refused again, not downloaded again
+            source.artifact = None
+            c.post("/reload")
+            assert pulls(c.get("/metrics").text) == {"new": 1, "unchanged": 1, "refused": 2, "error": 1}
+    finally:
+        source.close()

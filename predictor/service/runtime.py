@@ -752,6 +752,7 @@ class ServiceRuntime:
                 self.store.publish_model(artifact)  # this process's own memory store: it takes it
                 if first:  # the ones after it come every second while the training server learns: no line
                     log.info("the first model pulled from %s serves from now on", pull.url)
+            self.metrics.model_pulls.labels(result).inc()
             return result, pull.failure
 
     def pull_model_now(self) -> tuple[str, str] | None:
