@@ -129,6 +129,57 @@ def test_the_alerting_rules_pass_promtool_and_prometheus_yml_loads_them() -> Non
     assert f"SUCCESS: {len(alert_rules())} rules found" in checked.stdout
 
 
+def test_the_model_pull_alert_fires_on_failing_pulls_alone(tmp_path: Path) -> None:
+    """A prediction server (`--model-from`) or a gateway (`--pull-model`) whose pulls all fail serves an old model
+    or the prior for as long as that lasts, with nothing routing goes wrong on to notice it by. promtool's rule
+    tests: the service failing for 10 minutes, a gateway whose pulls are refused, a process whose pulls succeed
+    between failures (no alert), one that pulls nothing (no alert)."""
+    promtool = Path(require_prometheus()).with_name("promtool")
+    (rule,) = [r for r in alert_rules() if r["alert"] == "LeadtimeModelPullsFailing"]
+
+    def annotations(instance: str) -> dict[str, str]:
+        return {k: v.replace("{{ $labels.instance }}", instance) for k, v in rule["annotations"].items()}
+
+    tests = {
+        "rule_files": [str(FOLDER / "provisioning" / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'{name}{{instance="{instance}",result="{result}"}}', "values": values}
+                    for name, instance, result, values in [
+                        ("leadtime_model_pulls_total", "p1", "error", "0+60x15"),
+                        ("leadtime_model_pulls_total", "p1", "unchanged", "0x15"),
+                        ("leadtime_model_pulls_total", "p2", "error", "0+30x15"),
+                        ("leadtime_model_pulls_total", "p2", "unchanged", "0+30x15"),
+                        ("leadtime_model_pulls_total", "p3", "error", "0x15"),
+                        ("leadtime_router_model_pulls_total", "g1", "refused", "0+60x15"),
+                        ("leadtime_router_model_pulls_total", "g1", "new", "1x15"),
+                    ]
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "12m",
+                        "alertname": "LeadtimeModelPullsFailing",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", "instance": instance},
+                                "exp_annotations": annotations(instance),
+                            }
+                            for instance in ("g1", "p1")
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "pulls_test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    checked = subprocess.run([str(promtool), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
     expr = (
         'sum by (reason) (rate(a_total{x=~"$v"}[$__rate_interval]))\n/ ignoring (reason) group_left\n'
