@@ -27,10 +27,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightgbm as lgb
 import numpy as np
+
+if TYPE_CHECKING:
+    import lightgbm as lgb
 
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import FeatureRow, Observation
@@ -225,6 +227,11 @@ class OnlinePredictor:
         `learn_many`, and this does nothing). Returns the predictor, so `OnlinePredictor(config).start()` reads
         as one step."""
         if self.config.background and self._thread is None:
+            # LightGBM is imported when trees are first fitted (a process that only predicts never needs its ~1 s
+            # of imports); a thread retraining beside live traffic takes it here, not at its first retrain, where
+            # the imports would hold the interpreter for that second.
+            import lightgbm  # noqa: F401
+
             self._stopping.clear()
             self._thread = threading.Thread(target=self._retrain_loop, name="leadtime-retrain", daemon=True)
             self._thread.start()

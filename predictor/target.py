@@ -9,12 +9,11 @@ owns two of these, the locking and the retraining thread; each of these owns the
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from river import drift
 
 from leadtime.features.vectorize import COLUMNS
 from leadtime.predictor.artifact import ArtifactError
@@ -147,6 +146,39 @@ class TreeCandidate:
     compiled: dict[str, CompiledTrees | None] = field(default_factory=dict)
 
 
+class _Adwin:
+    """river's `drift.ADWIN()`: its Rust core with ADWIN's defaults, reset on the update after a drift as ADWIN
+    is. `from river import drift` pulls in scikit-learn, scipy.stats and pandas for the package's example datasets:
+    ~0.7 s and ~70 MiB at every start of every process (the service, each CLI run, each test worker) for this one
+    detector. `new_drift_detector` falls back to river's ADWIN should a release move the core."""
+
+    __slots__ = ("_core", "_helper", "drift_detected")
+
+    def __init__(self, core: Callable[..., Any]) -> None:
+        self._core = core
+        self._helper = core(**_ADWIN_DEFAULTS)
+        self.drift_detected = False
+
+    def update(self, x: float) -> None:
+        if self.drift_detected:
+            self._helper = self._core(**_ADWIN_DEFAULTS)
+        self.drift_detected = bool(self._helper.update(x))
+
+
+_ADWIN_DEFAULTS = {"delta": 0.002, "clock": 32, "max_buckets": 5, "min_window_length": 5, "grace_period": 10}
+
+
+def new_drift_detector() -> Any:
+    """A drift detector on a target's errors: ADWIN with river's defaults (`update(x)`, then `drift_detected`)."""
+    try:
+        from river._river_rust.drift import AdaptiveWindowing
+    except ImportError:  # pragma: no cover - a river whose core moved
+        from river import drift
+
+        return drift.ADWIN()
+    return _Adwin(AdaptiveWindowing)
+
+
 class TargetModel:
     """Everything learned about one target."""
 
@@ -163,7 +195,7 @@ class TargetModel:
         # Nor is a TTFT predicted beyond the longest wait learned: the queue model's extrapolation is unproven.
         self.wait_bound = WaitBound() if target == "ttft" else None
         self.window = SampleWindow(window)
-        self.drift = drift.ADWIN()
+        self.drift = new_drift_detector()
         self.observations = 0
         self.since_retrain = 0
         self.drifts = 0

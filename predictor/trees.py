@@ -12,10 +12,12 @@ import hashlib
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-import lightgbm as lgb
 import numpy as np
+
+if TYPE_CHECKING:
+    import lightgbm as lgb
 
 from leadtime.features.vectorize import COLUMNS
 
@@ -71,6 +73,8 @@ def fit_booster(
     target: str, objective: str, quantile: float, x: np.ndarray, y: np.ndarray, rounds: int, seed: int
 ) -> lgb.Booster:
     """Fit one residual tree (mean or quantile objective) on the features and log residuals given."""
+    import lightgbm as lgb  # lazily: ~0.9 s of imports (sklearn, scipy.stats) a run without trees never needs
+
     data = lgb.Dataset(x, label=y, feature_name=list(TREE_FEATURES), free_raw_data=True)
     return lgb.train(tree_params(target, objective, quantile, seed), data, num_boost_round=rounds)
 
@@ -302,6 +306,8 @@ def parse_booster(text: str, checked: bool = False) -> lgb.Booster:
     models of other features."""
     if not checked:
         check_lightgbm_text(text)
+    import lightgbm as lgb
+
     booster = lgb.Booster(model_str=text)
     if booster.feature_name() != list(TREE_FEATURES):
         raise ValueError("tree model was trained on other features")
@@ -350,7 +356,7 @@ class TextBooster:
         return dict(self.booster().dump_model())
 
 
-Booster = lgb.Booster | TextBooster
+Booster: TypeAlias = "lgb.Booster | TextBooster"
 
 
 @dataclass

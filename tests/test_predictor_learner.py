@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -690,3 +692,38 @@ def test_an_offset_table_keeps_the_keys_learned_most_recently_up_to_its_bound() 
     for i in range(MAX_OFFSET_KEYS + 500):
         flooded.learn_one(f"endpoint-{i}", 0.1)
     assert len(flooded) == MAX_OFFSET_KEYS
+
+
+def test_the_drift_detector_detects_where_rivers_adwin_does() -> None:
+    """The detector is river's ADWIN core reached without `from river import drift` (which imports scikit-learn,
+    scipy and pandas at every start): it must detect on the same updates, resets included."""
+    from river import drift
+
+    from leadtime.predictor.target import new_drift_detector
+
+    rng = np.random.default_rng(0)
+    stream = np.concatenate([rng.normal(level, 0.3, 3000) for level in (0.0, 1.5, 0.2, 3.0)])
+    ours, river_adwin = new_drift_detector(), drift.ADWIN()
+    detected: tuple[list[int], list[int]] = ([], [])
+    for i, x in enumerate(stream):
+        ours.update(float(x))
+        river_adwin.update(float(x))
+        for found, detector in zip(detected, (ours, river_adwin), strict=True):
+            if detector.drift_detected:
+                found.append(i)
+    assert len(detected[1]) >= 3 and detected[0] == detected[1], detected
+
+
+def test_a_process_that_predicts_imports_neither_lightgbm_nor_scikit_learn() -> None:
+    """The service, the gateway and the simulator predict with compiled trees: LightGBM (and through it and
+    river's drift package, scikit-learn, scipy.stats and pandas) cost ~1 s and ~150 MiB at every start when
+    imported up front; a retrain imports LightGBM when it fits."""
+    code = (
+        "import sys\n"
+        "import leadtime.predictor.service.app, leadtime.router_plugin.gateway.app, leadtime.simulator.run\n"
+        "from leadtime.predictor.learner import OnlinePredictor\n"
+        "OnlinePredictor()\n"
+        "print(sorted(m for m in ('lightgbm', 'sklearn', 'scipy.stats', 'pandas') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
