@@ -193,6 +193,10 @@ class RequestFeatures:
         return self.input_tokens - self.prefix_hit_tokens
 
 
+_COUNT_FIELDS = ("num_request_waiting", "num_request_running", "prefill_tokens_in_flight", "decode_tokens_in_flight")
+"""EndpointState's counts of work on the endpoint, integers ≥ 0."""
+
+
 @dataclass(frozen=True)
 class EndpointState:
     """What a router knows of one endpoint when it decides (possibly a little stale)."""
@@ -219,18 +223,31 @@ class EndpointState:
             raise FeatureError("tensor_parallel", "must be ≥ 1")
         object.__setattr__(self, "tensor_parallel", tp)
         _check_choice("role", self.role, ROLES)
-        for name in (
-            "num_request_waiting",
-            "num_request_running",
-            "prefill_tokens_in_flight",
-            "decode_tokens_in_flight",
-        ):
+        for name in _COUNT_FIELDS:
             object.__setattr__(self, name, check_count(name, getattr(self, name)))
         object.__setattr__(
             self, "kv_cache_percentage", check_real("kv_cache_percentage", self.kv_cache_percentage, 0.0, 1.0)
         )
         _check_choice("timeslice_state", self.timeslice_state, TIMESLICE_STATES)
         object.__setattr__(self, "timeslice_wait_ms", check_real("timeslice_wait_ms", self.timeslice_wait_ms))
+
+    def with_counts(self, **counts: int) -> EndpointState:
+        """A copy with the count fields given replaced, only those checked: a router adds what it has in flight
+        to every candidate at every decision, and `dataclasses.replace` would check the twelve fields again.
+
+        >>> EndpointState(num_request_waiting=2).with_counts(num_request_waiting=5).num_request_waiting
+        5
+        >>> EndpointState().with_counts(role=1)
+        Traceback (most recent call last):
+        ...
+        TypeError: with_counts takes count fields only, not ['role']
+        """
+        if not counts.keys() <= set(_COUNT_FIELDS):
+            raise TypeError(f"with_counts takes count fields only, not {sorted(counts.keys() - set(_COUNT_FIELDS))}")
+        state = object.__new__(EndpointState)
+        state.__dict__.update(self.__dict__)  # a frozen dataclass refuses setattr, not its __dict__
+        state.__dict__.update({name: check_count(name, value) for name, value in counts.items()})
+        return state
 
 
 @dataclass(frozen=True)

@@ -139,8 +139,7 @@ class InflightLedger:
                 decode_tokens += s.input_tokens
         if not (waiting or running):
             return state
-        return dataclasses.replace(
-            state,
+        return state.with_counts(
             num_request_waiting=state.num_request_waiting + waiting,
             prefill_tokens_in_flight=state.prefill_tokens_in_flight + prefill_tokens,
             num_request_running=state.num_request_running + running,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -470,3 +471,12 @@ def test_bad_timestamp_is_named(bad: Any) -> None:
     with pytest.raises(FeatureError) as err:
         observation_from_llmd(llmd_row(actual_ttft_ms=1.0, actual_tpot_ms=0.0, timestamp=bad))
     assert err.value.field == "timestamp"
+
+
+def test_with_counts_checks_the_counts_it_changes_and_keeps_every_other_field() -> None:
+    state = EndpointState(endpoint_id="a", accelerator="h100-sxm", num_request_waiting=1, kv_cache_percentage=0.5)
+    more = state.with_counts(num_request_waiting=3, decode_tokens_in_flight=7.0)  # type: ignore[arg-type]
+    assert more == dataclasses.replace(state, num_request_waiting=3, decode_tokens_in_flight=7)
+    assert type(more.decode_tokens_in_flight) is int and state.num_request_waiting == 1
+    with pytest.raises(FeatureError, match="num_request_running"):
+        state.with_counts(num_request_running=-1)
