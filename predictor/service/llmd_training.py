@@ -112,7 +112,9 @@ async def flush(request: Request, runtime: ReadyRuntime) -> dict[str, Any]:
     except ValidationError as err:
         where, problem = validation_problem(err)
         raise FeatureError(where or "body", problem) from None
-    flushed = runtime.flush_samples(options.flush_training_data, options.flush_test_data)
+    # In a worker thread: telling the learner process to empty its window waits for its pipe (up to 2 s), and the
+    # event loop must keep answering predictions meanwhile.
+    flushed = await asyncio.to_thread(runtime.flush_samples, options.flush_training_data, options.flush_test_data)
     if options.flush_metrics:
         runtime.metrics.live_error.clear()
         runtime.metrics.quantile_checks.clear()

@@ -1,0 +1,104 @@
+"""The event loop is never held by a slow request: encoding a model, exporting it, reading its trees or waiting for the
+learner's pipe runs in a worker thread, and a prediction or a probe arriving meanwhile is answered at once.
+
+Each test serves the app with a real uvicorn on a thread of its own, makes the heavy call slow (a second) and
+asks /healthz while it is in flight: answered within half a second, or the heavy call held the loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from llmd_rows import llmd_row
+
+from leadtime.bench.procs import free_port
+from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.runtime import ServiceRuntime
+from leadtime.predictor.settings import ServiceSettings
+
+SLOW_S = 1.0
+PROMPT_S = 0.5  # a cheap request answered within this while the slow one runs: the loop was free
+
+
+class Served:
+    """A real uvicorn serving one app on loopback, and its runtime."""
+
+    def __init__(self) -> None:
+        self.app = create_app(ServiceSettings())
+        self.url = f"http://127.0.0.1:{free_port()}"
+        port = int(self.url.rsplit(":", 1)[1])
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def runtime(self) -> ServiceRuntime:
+        runtime: ServiceRuntime = self.app.state.runtime
+        return runtime
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    s = Served()
+    s.thread.start()
+    deadline = time.monotonic() + 20
+    while not s.server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert s.server.started, "uvicorn did not start"
+    try:
+        yield s
+    finally:
+        s.server.should_exit = True
+        s.thread.join(20)
+
+
+def slowed(original: Callable[..., Any], entered: threading.Event) -> Callable[..., Any]:
+    """`original`, taking SLOW_S longer, setting `entered` when called."""
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        time.sleep(SLOW_S)
+        return original(*args, **kwargs)
+
+    return slow
+
+
+def assert_loop_free_during(served: Served, entered: threading.Event, method: str, path: str, **kw: Any) -> int:
+    """Send the slow request; once its slow call has begun, time /healthz and a prediction. The slow request's
+    status."""
+    answer: list[httpx.Response] = []
+
+    def heavy() -> None:
+        with httpx.Client(base_url=served.url, timeout=30) as c:
+            answer.append(c.request(method, path, **kw))
+
+    thread = threading.Thread(target=heavy)
+    thread.start()
+    try:
+        assert entered.wait(10), f"{method} {path} never reached the slowed call"
+        with httpx.Client(base_url=served.url, timeout=30) as c:
+            started = time.monotonic()
+            assert c.get("/healthz").status_code == 200
+            probe_s = time.monotonic() - started
+            started = time.monotonic()
+            assert c.post("/predict", json=llmd_row()).status_code == 200
+            predict_s = time.monotonic() - started
+    finally:
+        thread.join(30)
+    assert probe_s < PROMPT_S, f"/healthz waited {probe_s:.2f} s for {method} {path}: the event loop was held"
+    assert predict_s < PROMPT_S, f"/predict waited {predict_s:.2f} s for {method} {path}: the event loop was held"
+    assert answer, f"{method} {path} got no answer"
+    return answer[0].status_code
+
+
+def test_flush_waiting_for_the_learner_does_not_hold_the_loop(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """POST /flush asks the learner process to empty its window: that waits for its pipe up to 2 s."""
+    entered = threading.Event()
+    learner = served.runtime.learner
+    monkeypatch.setattr(learner, "flush_window", slowed(learner.flush_window, entered))
+    assert assert_loop_free_during(served, entered, "POST", "/flush", json={"reason": "test"}) == 200
