@@ -288,6 +288,32 @@ def test_model_info_and_download(client: TestClient) -> None:
     assert unknown.status_code == 404 and "nope" in unknown.json()["error"]
 
 
+def test_downloads_are_cut_from_the_model_encoded_once_per_model_installed(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llm-d's prediction servers ask for /model/{name}/download every second: the model is encoded once per model
+    installed (the artifact /v1/model serves), not once per download, listing or info."""
+    runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    encodings = []
+    original = OnlinePredictor.to_bytes
+
+    def counted(self: OnlinePredictor) -> bytes:
+        encodings.append(1)
+        return original(self)
+
+    monkeypatch.setattr(OnlinePredictor, "to_bytes", counted)
+    for _ in range(3):
+        for name in ("ttft", "tpot"):
+            assert client.get(f"/model/{name}/download").status_code == 200
+            assert client.get(f"/model/{name}/info").json()["exists"] is True
+        assert client.get("/models/list").status_code == 200
+    assert len(encodings) <= 1
+    artifact = json.loads(runtime.serving_artifact()[0])
+    for name in ("ttft", "tpot"):
+        document = json.loads(client.get(f"/model/{name}/download").content)
+        assert document["state"] == artifact["targets"][name] and document["version"] == artifact["version"]
+
+
 def test_lgb_text_is_404_until_a_tree_serves_then_plain_text() -> None:
     config = LearnerConfig(background=False, min_window=50, retrain_every=300, tree_rounds=20)
     predictor = OnlinePredictor(config)

@@ -18,6 +18,7 @@ import uvicorn
 from llmd_rows import llmd_row
 
 from leadtime.bench.procs import free_port
+from leadtime.predictor.learner import OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.settings import ServiceSettings
@@ -94,6 +95,13 @@ def assert_loop_free_during(served: Served, entered: threading.Event, method: st
     assert predict_s < PROMPT_S, f"/predict waited {predict_s:.2f} s for {method} {path}: the event loop was held"
     assert answer, f"{method} {path} got no answer"
     return answer[0].status_code
+
+
+@pytest.mark.parametrize("path", ["/model/ttft/download", "/model/tpot/info", "/models/list"], ids=lambda p: p)
+def test_encoding_the_model_does_not_hold_the_loop(served: Served, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    entered = threading.Event()
+    monkeypatch.setattr(OnlinePredictor, "to_bytes", slowed(OnlinePredictor.to_bytes, entered))
+    assert assert_loop_free_during(served, entered, "GET", path) == 200
 
 
 def test_flush_waiting_for_the_learner_does_not_hold_the_loop(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:

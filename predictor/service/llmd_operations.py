@@ -10,6 +10,7 @@ import asyncio
 import io
 import json
 import tarfile
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -31,29 +32,60 @@ MODEL_NAMES = ("ttft", "tpot", "ttft_gated", "tpot_gated")
 TARGETS = ("ttft", "tpot")
 
 
-def _state(runtime: ServiceRuntime) -> dict[str, Any]:
-    predictor = runtime.predictor
-    assert predictor is not None
-    state: dict[str, Any] = json.loads(predictor.to_bytes())
-    return state
+class _Documents:
+    """The downloadable documents of the serving model, built once per model installed.
+
+    llm-d's prediction servers ask for /model/{name}/download every second, and its tooling lists and describes the
+    models (sizes included) as often: each used to encode the whole model and parse it back, 80 ms and more on the
+    event loop with a large window. The documents are cut from `ServiceRuntime.serving_artifact` (the bytes
+    `/v1/model` serves, encoded once per model installed) and kept while its digest is the serving one.
+    Blocking: called in a worker thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cached: tuple[str, float, dict[str, bytes]] | None = None
+
+    def of(self, runtime: ServiceRuntime) -> dict[str, bytes]:
+        """Target -> its document, for the model serving now."""
+        artifact, digest, _ = runtime.serving_artifact()
+        quantile = runtime.settings.quantile
+        with self._lock:
+            cached = self._cached
+            if cached is None or cached[0] != digest or cached[1] != quantile:
+                cached = (digest, quantile, _target_documents(artifact, quantile))
+                self._cached = cached
+        return cached[2]
 
 
-def _target_document(runtime: ServiceRuntime, name: str) -> bytes | None:
+_documents = _Documents()
+
+
+def _target_documents(artifact: bytes, quantile: float) -> dict[str, bytes]:
+    """Each target's downloadable form, cut from the serving model's artifact."""
+    state: dict[str, Any] = json.loads(artifact)
+    documents = {}
+    for name in TARGETS:
+        document = {
+            "format": "leadtime-target-model",
+            "target": name,
+            "model_type": "lightgbm",
+            "quantile": quantile,
+            "schema_version": state.get("schema_version"),
+            "columns": list(COLUMNS),
+            "version": state.get("version"),
+            "state": state["targets"][name],
+        }
+        documents[name] = json.dumps(document, separators=(",", ":")).encode()
+    return documents
+
+
+async def _target_document(runtime: ServiceRuntime, name: str) -> bytes | None:
     """The downloadable form of one model, or None if it does not exist (the gated models never do)."""
     if name not in TARGETS:
         return None
-    state = _state(runtime)
-    document = {
-        "format": "leadtime-target-model",
-        "target": name,
-        "model_type": "lightgbm",
-        "quantile": runtime.settings.quantile,
-        "schema_version": state.get("schema_version"),
-        "columns": list(COLUMNS),
-        "version": state.get("version"),
-        "state": state["targets"][name],
-    }
-    return json.dumps(document, separators=(",", ":")).encode()
+    # In a worker thread: the first ask after a model is installed encodes it, and the loop answers predictions.
+    documents = await asyncio.to_thread(_documents.of, runtime)
+    return documents[name]
 
 
 def _last_modified(runtime: ServiceRuntime) -> str:
@@ -113,9 +145,10 @@ async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
 @training_router.get("/models/list", summary="Every model name llm-d knows, with whether it exists here.")
 async def models_list(runtime: ReadyRuntime) -> dict[str, Any]:
     """Every model name llm-d's tooling asks for, with whether it exists, its size and age."""
+    documents = await asyncio.to_thread(_documents.of, runtime)  # in a worker thread: see `_target_document`
     models = {}
     for name in MODEL_NAMES:
-        document = _target_document(runtime, name)
+        document = documents.get(name)
         models[name] = {
             "exists": document is not None,
             "size_bytes": len(document) if document is not None else 0,
@@ -165,7 +198,7 @@ async def download_info(runtime: ReadyRuntime) -> dict[str, Any]:
 async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
     """One model's size, age and path (404 for a name llm-d does not use)."""
     _check_name(name)
-    document = _target_document(runtime, name)
+    document = await _target_document(runtime, name)
     return {
         "model_name": name,
         "path": _path(runtime, name),
@@ -183,7 +216,7 @@ async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
 async def model_download(name: str, runtime: ReadyRuntime) -> Response:
     """The model's artifact bytes: JSON with LightGBM text inside, never a pickle."""
     _check_name(name)
-    document = _target_document(runtime, name)
+    document = await _target_document(runtime, name)
     if document is None:
         raise HTTPException(404, f"model {name!r} does not exist on this server (Leadtime has no gated models)")
     return Response(
