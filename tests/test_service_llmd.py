@@ -292,7 +292,7 @@ def test_downloads_are_cut_from_the_model_encoded_once_per_model_installed(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """llm-d's prediction servers ask for /model/{name}/download every second: the model is encoded once per model
-    installed (the artifact /v1/model serves), not once per download, listing or info."""
+    installed (the artifact /v1/model serves), not once per download, listing, info or export."""
     runtime = client.app.state.runtime  # type: ignore[attr-defined]
     encodings = []
     original = OnlinePredictor.to_bytes
@@ -307,6 +307,7 @@ def test_downloads_are_cut_from_the_model_encoded_once_per_model_installed(
             assert client.get(f"/model/{name}/download").status_code == 200
             assert client.get(f"/model/{name}/info").json()["exists"] is True
         assert client.get("/models/list").status_code == 200
+    assert client.get("/model/export").status_code == 200
     assert len(encodings) <= 1
     artifact = json.loads(runtime.serving_artifact()[0])
     for name in ("ttft", "tpot"):

@@ -97,10 +97,22 @@ def assert_loop_free_during(served: Served, entered: threading.Event, method: st
     return answer[0].status_code
 
 
-@pytest.mark.parametrize("path", ["/model/ttft/download", "/model/tpot/info", "/models/list"], ids=lambda p: p)
+@pytest.mark.parametrize(
+    "path", ["/model/ttft/download", "/model/tpot/info", "/models/list", "/model/export"], ids=lambda p: p
+)
 def test_encoding_the_model_does_not_hold_the_loop(served: Served, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     entered = threading.Event()
     monkeypatch.setattr(OnlinePredictor, "to_bytes", slowed(OnlinePredictor.to_bytes, entered))
+    assert assert_loop_free_during(served, entered, "GET", path) == 200
+
+
+@pytest.mark.parametrize("path", ["/model/export"], ids=lambda p: p)
+def test_writing_the_trees_as_text_does_not_hold_the_loop(
+    served: Served, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = threading.Event()
+    monkeypatch.setattr(OnlinePredictor, "to_bytes", lambda self: b"{}")  # only the text is slow here
+    monkeypatch.setattr(OnlinePredictor, "tree_text", slowed(lambda self, target: "tree\n", entered))
     assert assert_loop_free_during(served, entered, "GET", path) == 200
 
 

@@ -279,9 +279,24 @@ async def lgb_importances(target: str, runtime: ReadyRuntime) -> dict[str, float
 )
 async def model_export(runtime: ReadyRuntime) -> Response:
     """A gzip tar of the current models and metadata.json: a seed for a new deployment."""
+    # In a worker thread: encoding the model, writing its trees as text and compressing them take a quarter of a
+    # second with a large window, and the event loop must keep answering predictions meanwhile.
+    archive = await asyncio.to_thread(_export_archive, runtime)
+    return Response(
+        archive,
+        media_type="application/gzip",
+        headers={"Content-Disposition": 'attachment; filename="leadtime-models.tar.gz"'},
+    )
+
+
+def _export_archive(runtime: ServiceRuntime) -> bytes:
+    """The gzip tar `/model/export` answers. Blocking: called in a worker thread."""
+    artifact, _, version = runtime.serving_artifact()  # encoded once per model installed
     predictor = runtime.predictor
     assert predictor is not None
-    files: dict[str, bytes] = {"leadtime-predictor.json": predictor.to_bytes()}
+    if predictor.version != version:  # another model was installed meanwhile: its trees go with its own artifact
+        artifact, version = predictor.to_bytes(), predictor.version
+    files: dict[str, bytes] = {"leadtime-predictor.json": artifact}
     for target in TARGETS:
         text = predictor.tree_text(target)
         if text is not None:
@@ -291,7 +306,7 @@ async def model_export(runtime: ReadyRuntime) -> Response:
         "objective_type": runtime.settings.objective,
         "quantile_alpha": runtime.settings.quantile,
         "exported_at": datetime.now(UTC).isoformat(),
-        "model_version": predictor.version,
+        "model_version": version,
         "files": sorted(files),
     }
     files["metadata.json"] = json.dumps(metadata, indent=2).encode()
@@ -302,8 +317,4 @@ async def model_export(runtime: ReadyRuntime) -> Response:
             info.size = len(data)
             info.mtime = int(time.time())
             tar.addfile(info, io.BytesIO(data))
-    return Response(
-        buffer.getvalue(),
-        media_type="application/gzip",
-        headers={"Content-Disposition": 'attachment; filename="leadtime-models.tar.gz"'},
-    )
+    return buffer.getvalue()
