@@ -106,13 +106,24 @@ def test_encoding_the_model_does_not_hold_the_loop(served: Served, path: str, mo
     assert assert_loop_free_during(served, entered, "GET", path) == 200
 
 
-@pytest.mark.parametrize("path", ["/model/export"], ids=lambda p: p)
+@pytest.mark.parametrize("path", ["/model/ttft/lgb/txt", "/model/export"], ids=lambda p: p)
 def test_writing_the_trees_as_text_does_not_hold_the_loop(
     served: Served, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     entered = threading.Event()
     monkeypatch.setattr(OnlinePredictor, "to_bytes", lambda self: b"{}")  # only the text is slow here
     monkeypatch.setattr(OnlinePredictor, "tree_text", slowed(lambda self, target: "tree\n", entered))
+    assert assert_loop_free_during(served, entered, "GET", path) == 200
+
+
+@pytest.mark.parametrize("path", ["/model/tpot/lgb/importances"], ids=lambda p: p)
+def test_reading_the_trees_importances_does_not_hold_the_loop(
+    served: Served, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered = threading.Event()
+    monkeypatch.setattr(
+        OnlinePredictor, "tree_importances", slowed(lambda self, target: {"input_tokens": 1.0}, entered)
+    )
     assert assert_loop_free_during(served, entered, "GET", path) == 200
 
 

@@ -241,7 +241,7 @@ async def lgb_text(target: str, runtime: ReadyRuntime) -> Response:
     _check_target(target)
     predictor = runtime.predictor
     assert predictor is not None
-    text = predictor.tree_text(target)
+    text = await asyncio.to_thread(predictor.tree_text, target)  # LightGBM writes a large model in milliseconds
     if text is None:
         raise HTTPException(
             404,
@@ -262,7 +262,8 @@ async def lgb_importances(target: str, runtime: ReadyRuntime) -> dict[str, float
     _check_target(target)
     predictor = runtime.predictor
     assert predictor is not None
-    importances = predictor.tree_importances(target)
+    # In a worker thread: a tree loaded as text is parsed by LightGBM on first use, milliseconds for a large one.
+    importances = await asyncio.to_thread(predictor.tree_importances, target)
     if not importances:
         raise HTTPException(
             404,
