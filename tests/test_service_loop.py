@@ -116,7 +116,7 @@ def test_writing_the_trees_as_text_does_not_hold_the_loop(
     assert assert_loop_free_during(served, entered, "GET", path) == 200
 
 
-@pytest.mark.parametrize("path", ["/model/tpot/lgb/importances"], ids=lambda p: p)
+@pytest.mark.parametrize("path", ["/model/tpot/lgb/importances", "/metrics"], ids=lambda p: p)
 def test_reading_the_trees_importances_does_not_hold_the_loop(
     served: Served, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

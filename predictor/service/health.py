@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -10,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from leadtime.predictor.llmd_importances import llmd_importances
 from leadtime.predictor.service.edge import Runtime
-from leadtime.predictor.service.runtime import rfc3339
+from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
 from leadtime.predictor.service.schemas import content_of
 
 router = APIRouter(tags=["health"])
@@ -92,6 +93,13 @@ async def status(runtime: Runtime) -> dict[str, Any]:
 @router.head("/metrics", include_in_schema=False)
 async def metrics(runtime: Runtime) -> Response:
     """Prometheus text: Leadtime's metrics, plus llm-d's training-server lines in the training role."""
+    # In a worker thread: the trees' importances (LightGBM parses a tree loaded as text on first use) and the
+    # rendering take milliseconds, and Prometheus scrapes while the event loop answers predictions.
+    return Response(await asyncio.to_thread(_metrics_text, runtime), media_type=CONTENT_TYPE_LATEST)
+
+
+def _metrics_text(runtime: ServiceRuntime) -> bytes:
+    """What /metrics answers. Blocking: called in a worker thread."""
     llmd = None
     if runtime.settings.serves_training:
         samples = runtime.samples
@@ -107,4 +115,4 @@ async def metrics(runtime: Runtime) -> Response:
             "samples": dict(samples.train),  # training samples: the held-out test ones apart, as its HELP says
             "importances": importances,
         }
-    return Response(runtime.metrics.render(llmd), media_type=CONTENT_TYPE_LATEST)
+    return runtime.metrics.render(llmd)
