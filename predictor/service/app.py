@@ -101,6 +101,7 @@ def create_app(
         static_url=DOCS_ASSETS,
     )
     app.state.runtime = runtime
+    app.state.model_documents = llmd_operations.ModelDocuments()
     hot = HotPath(runtime)
     hot_paths: dict[str, Callable[[bytes, str], tuple[int, bytes] | None]] = {}
     if settings.serves_prediction:

@@ -13,9 +13,9 @@ import tarfile
 import threading
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from leadtime.features.vectorize import COLUMNS
 from leadtime.predictor.artifact import ArtifactError
@@ -32,14 +32,14 @@ MODEL_NAMES = ("ttft", "tpot", "ttft_gated", "tpot_gated")
 TARGETS = ("ttft", "tpot")
 
 
-class _Documents:
+class ModelDocuments:
     """The downloadable documents of the serving model, built once per model installed.
 
     llm-d's prediction servers ask for /model/{name}/download every second, and its tooling lists and describes the
     models (sizes included) as often: each used to encode the whole model and parse it back, 80 ms and more on the
     event loop with a large window. The documents are cut from `ServiceRuntime.serving_artifact` (the bytes
     `/v1/model` serves, encoded once per model installed) and kept while its digest is the serving one.
-    Blocking: called in a worker thread."""
+    One per app (`create_app` makes it); blocking: called in a worker thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -57,7 +57,12 @@ class _Documents:
         return cached[2]
 
 
-_documents = _Documents()
+def _model_documents(request: Request) -> ModelDocuments:
+    documents: ModelDocuments = request.app.state.model_documents
+    return documents
+
+
+Documents = Annotated[ModelDocuments, Depends(_model_documents)]
 
 
 def _target_documents(artifact: bytes, quantile: float) -> dict[str, bytes]:
@@ -79,12 +84,12 @@ def _target_documents(artifact: bytes, quantile: float) -> dict[str, bytes]:
     return documents
 
 
-async def _target_document(runtime: ServiceRuntime, name: str) -> bytes | None:
+async def _target_document(runtime: ServiceRuntime, cache: ModelDocuments, name: str) -> bytes | None:
     """The downloadable form of one model, or None if it does not exist (the gated models never do)."""
     if name not in TARGETS:
         return None
     # In a worker thread: the first ask after a model is installed encodes it, and the loop answers predictions.
-    documents = await asyncio.to_thread(_documents.of, runtime)
+    documents = await asyncio.to_thread(cache.of, runtime)
     return documents[name]
 
 
@@ -143,9 +148,9 @@ async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
 
 
 @training_router.get("/models/list", summary="Every model name llm-d knows, with whether it exists here.")
-async def models_list(runtime: ReadyRuntime) -> dict[str, Any]:
+async def models_list(runtime: ReadyRuntime, cache: Documents) -> dict[str, Any]:
     """Every model name llm-d's tooling asks for, with whether it exists, its size and age."""
-    documents = await asyncio.to_thread(_documents.of, runtime)  # in a worker thread: see `_target_document`
+    documents = await asyncio.to_thread(cache.of, runtime)  # in a worker thread: see `_target_document`
     models = {}
     for name in MODEL_NAMES:
         document = documents.get(name)
@@ -195,10 +200,10 @@ async def download_info(runtime: ReadyRuntime) -> dict[str, Any]:
 @training_router.get(
     "/model/{name}/info", responses=NOT_FOUND, summary="Size, age and location of one model (404 if unknown)."
 )
-async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
+async def model_info(name: str, runtime: ReadyRuntime, cache: Documents) -> dict[str, Any]:
     """One model's size, age and path (404 for a name llm-d does not use)."""
     _check_name(name)
-    document = await _target_document(runtime, name)
+    document = await _target_document(runtime, cache, name)
     return {
         "model_name": name,
         "path": _path(runtime, name),
@@ -213,10 +218,10 @@ async def model_info(name: str, runtime: ReadyRuntime) -> dict[str, Any]:
 @training_router.get(
     "/model/{name}/download", responses=NOT_FOUND, summary="One model as JSON with embedded LightGBM text."
 )
-async def model_download(name: str, runtime: ReadyRuntime) -> Response:
+async def model_download(name: str, runtime: ReadyRuntime, cache: Documents) -> Response:
     """The model's artifact bytes: JSON with LightGBM text inside, never a pickle."""
     _check_name(name)
-    document = await _target_document(runtime, name)
+    document = await _target_document(runtime, cache, name)
     if document is None:
         raise HTTPException(404, f"model {name!r} does not exist on this server (Leadtime has no gated models)")
     return Response(
