@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
+from served import uvicorn_in_a_thread
 
 from leadtime.bench.procs import free_port
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
@@ -28,20 +27,12 @@ from leadtime.predictor.settings import ServiceSettings
 def service() -> Iterator[dict[str, Any]]:
     """A real uvicorn server and gRPC server on loopback, sharing one runtime."""
     app = create_app(ServiceSettings(api_token="tok"))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    grpc_server, grpc_port = start_grpc_server(app.state.runtime, "127.0.0.1", 0)
-    try:
-        yield {"http": f"http://127.0.0.1:{port}", "grpc": f"127.0.0.1:{grpc_port}", "app": app}
-    finally:
-        grpc_server.stop(grace=None)
-        server.should_exit = True
-        thread.join(10)
+    with uvicorn_in_a_thread(app) as url:
+        grpc_server, grpc_port = start_grpc_server(app.state.runtime, "127.0.0.1", 0)
+        try:
+            yield {"http": url, "grpc": f"127.0.0.1:{grpc_port}", "app": app}
+        finally:
+            grpc_server.stop(grace=None)
 
 
 def feature_row(endpoint: str = "e1", accelerator: str = "h100-sxm") -> FeatureRow:

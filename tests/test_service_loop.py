@@ -10,14 +10,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
+from fastapi import FastAPI
 from llmd_rows import llmd_row
+from served import uvicorn_in_a_thread
 
-from leadtime.bench.procs import free_port
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.runtime import ServiceRuntime
@@ -27,15 +28,12 @@ SLOW_S = 1.0
 PROMPT_S = 0.5  # a cheap request answered within this while the slow one runs: the loop was free
 
 
+@dataclass
 class Served:
     """A real uvicorn serving one app on loopback, and its runtime."""
 
-    def __init__(self) -> None:
-        self.app = create_app(ServiceSettings())
-        self.url = f"http://127.0.0.1:{free_port()}"
-        port = int(self.url.rsplit(":", 1)[1])
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+    app: FastAPI
+    url: str
 
     @property
     def runtime(self) -> ServiceRuntime:
@@ -45,17 +43,9 @@ class Served:
 
 @pytest.fixture
 def served() -> Iterator[Served]:
-    s = Served()
-    s.thread.start()
-    deadline = time.monotonic() + 20
-    while not s.server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert s.server.started, "uvicorn did not start"
-    try:
-        yield s
-    finally:
-        s.server.should_exit = True
-        s.thread.join(20)
+    app = create_app(ServiceSettings())
+    with uvicorn_in_a_thread(app) as url:
+        yield Served(app, url)
 
 
 def slowed(original: Callable[..., Any], entered: threading.Event) -> Callable[..., Any]:
