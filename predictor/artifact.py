@@ -96,10 +96,32 @@ def save_file(directory: str | os.PathLike[str], data: bytes) -> Path:
         path = path / FILE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".artifact-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            # mkstemp makes the file 0600: the mode the umask gives, as for any file written, so that a prediction
+            # server or a retraining job running as another user can read a shared model directory.
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename: a power cut leaves the old artifact or the new one
+        os.replace(tmp, path)
+    except BaseException:
+        # A failed write (a full disk) leaves no partial temporary file behind to keep the disk full.
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask sets it, for every thread at once); 022 where
+    /proc does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def check_model_dir(path: Path) -> None:

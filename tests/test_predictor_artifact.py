@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.features.vectorize import COLUMN_INDEX
-from leadtime.predictor.artifact import ArtifactError, seal
+from leadtime.predictor.artifact import FILE_NAME, ArtifactError, save_file, seal
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 
 
@@ -173,3 +175,32 @@ def test_a_loaded_predictor_serves_the_same_quantile_mid_refresh() -> None:
     p.learn_many(x, 50 * rng.lognormal(0, 0.4, 213), 12 * rng.lognormal(0, 0.2, 213))
     loaded = OnlinePredictor.from_bytes(p.to_bytes(), background=False)
     np.testing.assert_array_equal(_probe(loaded), _probe(p))
+
+
+def test_a_save_that_fails_leaves_no_temporary_file_and_the_old_artifact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a full disk each failed save left its partial temporary file, which kept the disk full for every save
+    after it."""
+    save_file(tmp_path, b"old")
+
+    def disk_full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("leadtime.predictor.artifact.os.fsync", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        save_file(tmp_path, b"new" * 1000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [FILE_NAME]
+    assert (tmp_path / FILE_NAME).read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_a_saved_artifact_is_readable_as_the_umask_says(tmp_path: Path, umask: int, mode: int) -> None:
+    """Always 0600 before (the temporary file's mode): a prediction server or a retraining job running as another
+    user could not read a shared model directory."""
+    old = os.umask(umask)
+    try:
+        path = save_file(tmp_path, b"{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
