@@ -618,35 +618,54 @@ class OnlinePredictor:
         compiled: dict[str, dict[str, CompiledTrees | None]] | None = None,
     ) -> OnlinePredictor:
         """Load a decoded artifact (`snapshot()`'s first part, or `artifact.decode`'s result); `compiled`: the
-        trees' compiled forms per target, when the sender has them."""
+        trees' compiled forms per target, when the sender has them.
+
+        Any failure to make a predictor of the content is an ArtifactError naming it: a checksum says only who
+        wrote the document, not that its content is of the shapes this build reads (an endpoint table that is a
+        string raised AttributeError, which no caller expects from a refused model)."""
         try:
             config = LearnerConfig(**state["config"])
             if background is not None:
                 config.background = background
             predictor = cls(config)
-            for target in TARGETS:
-                earlier = reuse._models[target] if reuse is not None else None
-                forms = compiled.get(target) if compiled is not None else None
-                predictor._models[target].load_dict(state["targets"][target], earlier, forms)
         except ArtifactError:
             raise
-        except (KeyError, TypeError, ValueError) as err:
-            raise ArtifactError(f"artifact content is invalid: {err}") from None
-        predictor.version = int(state.get("version", 0))
+        except Exception as err:
+            raise ArtifactError(f"artifact content is invalid: {type(err).__name__}: {err}") from None
+        try:
+            predictor._load_state(state, reuse, compiled)
+        except BaseException as err:
+            predictor.close()
+            if isinstance(err, ArtifactError) or not isinstance(err, Exception):
+                raise
+            raise ArtifactError(f"artifact content is invalid: {type(err).__name__}: {err}") from None
+        return predictor
+
+    def _load_state(
+        self,
+        state: dict[str, Any],
+        reuse: OnlinePredictor | None,
+        compiled: dict[str, dict[str, CompiledTrees | None]] | None,
+    ) -> None:
+        """`from_state`'s filling of a new predictor; raises whatever the content makes it raise."""
+        for target in TARGETS:
+            earlier = reuse._models[target] if reuse is not None else None
+            forms = compiled.get(target) if compiled is not None else None
+            self._models[target].load_dict(state["targets"][target], earlier, forms)
+        self.version = int(state.get("version", 0))
         metadata = state.get("metadata", {})
         if not isinstance(metadata, dict):
             raise ArtifactError("artifact metadata must be a JSON object")
-        predictor.metadata = dict(metadata)
-        predictor.last_model_load = datetime.now(UTC)
+        self.metadata = dict(metadata)
+        self.last_model_load = datetime.now(UTC)
         changed_at = state.get("changed_at")
         if changed_at is not None:  # None: never changed, or written before it was recorded
             try:
-                predictor.changed_at = datetime.fromisoformat(changed_at)
+                self.changed_at = datetime.fromisoformat(changed_at)
             except (TypeError, ValueError):
                 raise ArtifactError(f"artifact changed_at {changed_at!r} is not an ISO 8601 time") from None
-            if predictor.changed_at.tzinfo is None:
+            if self.changed_at.tzinfo is None:
                 raise ArtifactError(f"artifact changed_at {changed_at!r} has no UTC offset")
-        return predictor
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, dict[str, CompiledTrees | None]]]:
         """The artifact's content before JSON encoding, and the trees' compiled forms: what `from_state` takes.

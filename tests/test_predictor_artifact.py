@@ -204,3 +204,24 @@ def test_a_saved_artifact_is_readable_as_the_umask_says(tmp_path: Path, umask: i
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d["targets"]["tpot"]["endpoints"].update(squares="x"),  # AttributeError: str has no .items()
+        lambda d: d["targets"]["ttft"]["endpoints"].update(offsets=[1, 2]),
+        lambda d: d["targets"]["ttft"].update(endpoints="x"),
+        lambda d: d["targets"]["tpot"]["rls"].update(weights={"a": 1}),
+        lambda d: d.update(metadata=None),
+    ],
+)
+def test_a_sealed_artifact_of_any_malformed_content_is_refused_as_an_artifact_error(
+    trained: OnlinePredictor, mutate
+) -> None:
+    """A checksummed artifact whose endpoint table was a string raised AttributeError out of `from_bytes`: the
+    model-sync thread that took it up from --model-dir died with it (no sync, no saves, for the process's life)."""
+    document = json.loads(trained.to_bytes())
+    mutate(document)
+    with pytest.raises(ArtifactError, match="invalid|metadata"):
+        OnlinePredictor.from_bytes(seal(document), background=False)
