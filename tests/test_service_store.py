@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_until
 
-from leadtime.predictor.artifact import FILE_NAME, decode, save_file
+from leadtime.predictor.artifact import FILE_NAME, decode, encode, save_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
@@ -444,3 +444,66 @@ def test_a_restart_keeps_the_model_age_and_last_model_load_says_when_this_proces
         assert model_age(c) >= 2.0
         loaded = datetime.fromisoformat(status["last_model_load"])
         assert (datetime.now(UTC) - loaded).total_seconds() < 1.5
+
+
+def test_every_background_loop_survives_an_unexpected_error_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The model-sync loop called sync_model_dir outside its try: one unexpected exception (an artifact that
+    raised AttributeError) ended the thread, and with it every registry sync and --model-dir save for the life of
+    the process. Each loop now names the error in /readyz, logs its traceback once per cause (not at every turn)
+    and goes on; once the cause is gone it works again."""
+    settings = ServiceSettings(model_dir=tmp_path, lease_ttl_s=0.3)
+    with caplog.at_level(logging.INFO), TestClient(create_app(settings)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        calls = {"sync": 0, "lease": 0, "ingest": 0}
+
+        def failing(kind: str, real: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                calls[kind] += 1
+                if calls[kind] <= 4:
+                    raise AttributeError(f"'str' object has no attribute 'items' ({kind})")
+                return real(*args, **kwargs)
+
+            return call
+
+        runtime.sync_model_dir = failing("sync", runtime.sync_model_dir)
+        runtime._retry_publication = failing("lease", runtime._retry_publication)
+        runtime.learner.learn = failing("ingest", runtime.learner.learn)
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(50)]})
+        assert wait_until(lambda: all(n > 4 for n in calls.values()), timeout_s=30), calls
+        # Alive, and working again: the rows are learned, a model written to --model-dir is taken up.
+        assert wait_until(lambda: sum(runtime.learned().values()) == 50, timeout_s=30)
+        foreign_model(tmp_path, version=9)
+        assert wait_until(lambda: c.get("/status").json()["model_version"] == 9, timeout_s=10)
+        assert all(thread.is_alive() for thread in runtime._threads)
+        assert not any("loop" in k for k in c.get("/readyz").json().get("degraded", {}))
+    for kind in calls:
+        logged = [r for r in caplog.records if r.exc_info and f"({kind})" in str(r.exc_info[1])]
+        assert len(logged) == 1, (kind, [r.getMessage() for r in logged])
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def read_latest_model(self) -> tuple[int, bytes] | None:
+        self.reads += 1
+        return super().read_latest_model()
+
+
+def test_a_published_model_of_malformed_content_is_refused_once_not_taken_for_an_unreachable_registry() -> None:
+    """Sealed with a valid checksum but with an endpoint table that is a string: the sync loop took the
+    AttributeError for "cannot reach the model registry" and downloaded the same version again every 0.5 s."""
+    store = CountingStore()
+    with TestClient(create_app(ServiceSettings(role="prediction"), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        document = decode(OnlinePredictor(LearnerConfig(background=False)).to_bytes())
+        document["targets"]["tpot"]["endpoints"]["squares"] = "x"
+        store.publish_model(encode(document))
+        assert wait_until(lambda: "model_sync" in runtime.health(), timeout_s=10)
+        time.sleep(1.5)
+        degraded = c.get("/readyz").json()["degraded"]
+        assert "refused" in degraded["model_sync"] and "model_registry" not in degraded, degraded
+        assert store.reads == 1

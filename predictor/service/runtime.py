@@ -21,7 +21,10 @@ import os
 import socket
 import threading
 import time
+import traceback
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -55,6 +58,7 @@ log = logging.getLogger("leadtime.service")
 
 _RESTART_PAUSE_S = 1.0  # after the learner process died, before starting another (no tight crash loop)
 _PULL_INTERVAL_S = 1.0  # between two pulls of --model-from's model (llm-d's prediction servers sync as often)
+_LOOP_ERROR_PAUSE_S = 0.5  # after an unexpected error in a background loop, before its next turn
 BACKLOG_FULL_MESSAGE = (
     "the learner's backlog is full (accepted rows wait to be learned faster than they can be, even thinned): "
     "nothing is accepted now; retry after a moment"
@@ -128,6 +132,8 @@ class ServiceRuntime:
         self._closing = threading.Event()  # a signal said stop; `stop()` has not run yet
         self._threads: list[threading.Thread] = []
         self._loop_errors: dict[str, str] = {}
+        # Per background loop, the causes of unexpected errors whose traceback was logged (`_loop_turn`).
+        self._loop_causes: dict[str, set[tuple[str, str, int]]] = {}
         self._retrain_error: str | None = None
         # A retrained model the store could not take (it was down): published once it is back.
         self._unpublished: bytes | None = None
@@ -678,55 +684,87 @@ class ServiceRuntime:
 
     # --- loops ----------------------------------------------------------------------------------------------
 
+    @contextmanager
+    def _loop_turn(self, loop: str) -> Iterator[None]:
+        """One turn of a background loop. An unexpected exception (a bug, or content no check foresaw) must not end
+        the thread: one that did took every later registry sync and --model-dir save with it, for the life of the
+        process. It is named in /readyz until a turn goes through, its traceback logged once per cause (type and
+        where it was raised: not at every turn of a loop that meets it each time), and the loop goes on after a
+        pause."""
+        key = f"{loop}_loop"
+        try:
+            yield
+        except Exception as err:
+            self._loop_errors[key] = f"unexpected error, the loop goes on: {type(err).__name__}: {err}"
+            where = traceback.extract_tb(err.__traceback__)[-1] if err.__traceback__ is not None else None
+            cause = (type(err).__name__, where.filename if where else "", (where.lineno or 0) if where else 0)
+            logged = self._loop_causes.setdefault(loop, set())
+            if cause not in logged:
+                logged.add(cause)
+                log.exception("unexpected error in the %s loop (it goes on; this cause is not logged again)", loop)
+            self._stop.wait(_LOOP_ERROR_PAUSE_S)
+        else:
+            self._loop_errors.pop(key, None)
+
     def _ingest_loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                cursor_before = self._cursor
-                until, replayed = self._replay_bound(cursor_before)
-                cursor, entries = self.store.read_observations(cursor_before, self.settings.ingest_batch, until)
-                self._loop_errors.pop("ingest", None)
-            except Exception as err:
-                self._loop_errors["ingest"] = f"cannot read observations: {err}"
-                self._stop.wait(0.5)
-                continue
-            if not entries:
-                if until is not None and all(v == "ok" for v in self.store.health().values()):
+            with self._loop_turn("ingest"):
+                self._ingest_turn()
+
+    def _ingest_turn(self) -> None:
+        """Forward the next batch of accepted observations to the learner (one turn of the ingest loop)."""
+        try:
+            cursor_before = self._cursor
+            until, replayed = self._replay_bound(cursor_before)
+            cursor, entries = self.store.read_observations(cursor_before, self.settings.ingest_batch, until)
+            self._loop_errors.pop("ingest", None)
+        except Exception as err:
+            self._loop_errors["ingest"] = f"cannot read observations: {err}"
+            self._stop.wait(0.5)
+            return
+        if not entries:
+            if until is not None and all(v == "ok" for v in self.store.health().values()):
+                if replayed:
+                    self._replay_until = None  # nothing left before the stream's end at start: trimmed
+                else:
+                    # Read again after a learner restart, up to the rows counted already, and those were
+                    # trimmed from the stream meanwhile: none is left to count twice, and the rest of the
+                    # replay, up to `_replay_until`, is still to be counted.
+                    self._replay_counted = cursor_before
+            self._stop.wait(0.02)
+            return
+        with self._learn_lock:
+            if cursor_before != self._cursor:
+                return  # a model adopted meanwhile moved the cursor: these entries are read again or known
+            if self.learner.learn(cursor_before, cursor, entries):
+                self._cursor = cursor
+                with self._counts_lock:
+                    self._forwarded += len(entries)
                     if replayed:
-                        self._replay_until = None  # nothing left before the stream's end at start: trimmed
-                    else:
-                        # Read again after a learner restart, up to the rows counted already, and those were
-                        # trimmed from the stream meanwhile: none is left to count twice, and the rest of the
-                        # replay, up to `_replay_until`, is still to be counted.
-                        self._replay_counted = cursor_before
-                self._stop.wait(0.02)
-                continue
-            with self._learn_lock:
-                if cursor_before != self._cursor:
-                    continue  # a model adopted meanwhile moved the cursor: these entries are read again or known
-                if self.learner.learn(cursor_before, cursor, entries):
-                    self._cursor = cursor
-                    with self._counts_lock:
-                        self._forwarded += len(entries)
-                        if replayed:
-                            self._replayed += len(entries)
-                            self._replay_counted = cursor
-                    continue
-            self._stop.wait(0.1)  # the learner process is gone; it is being restarted
+                        self._replayed += len(entries)
+                        self._replay_counted = cursor
+                return
+        self._stop.wait(0.1)  # the learner process is gone; it is being restarted
 
     def _sync_loop(self) -> None:
         while not self._stop.is_set():
-            self.sync_model_dir()
-            self._save_now_and_then()
-            try:
-                newer = self.store.wait_for_model(max(self.store_version, self._refused_version), 0.5)
-                self._loop_errors.pop("model_registry", None)
-                if newer is not None:
-                    self.sync_from_store()
-            except ArtifactError:
-                pass  # recorded by sync_from_store; the loop waits for a newer version
-            except Exception as err:
-                self._loop_errors["model_registry"] = f"cannot reach the model registry: {err}"
-                self._stop.wait(0.5)
+            with self._loop_turn("model_sync"):
+                self._sync_turn()
+
+    def _sync_turn(self) -> None:
+        """Take up --model-dir's model, save ours now and then, swap in a newer published one (one turn)."""
+        self.sync_model_dir()
+        self._save_now_and_then()
+        try:
+            newer = self.store.wait_for_model(max(self.store_version, self._refused_version), 0.5)
+            self._loop_errors.pop("model_registry", None)
+            if newer is not None:
+                self.sync_from_store()
+        except ArtifactError:
+            pass  # recorded by sync_from_store; the loop waits for a newer version
+        except OSError as err:  # the store's outages (StoreUnavailable is a ConnectionError); the rest is a bug
+            self._loop_errors["model_registry"] = f"cannot reach the model registry: {err}"
+            self._stop.wait(0.5)
 
     def _pull_loop(self) -> None:
         """Pull --model-from's model every `_PULL_INTERVAL_S`; a new one is published to this process's store, and
@@ -736,7 +774,8 @@ class ServiceRuntime:
         assert pull is not None
         with pull.client() as client:
             while not self._stop.is_set():
-                self._pull_model(client)
+                with self._loop_turn("model_pull"):
+                    self._pull_model(client)
                 self._stop.wait(_PULL_INTERVAL_S)
 
     def _pull_model(self, client: httpx.Client) -> tuple[str, str]:
@@ -809,8 +848,9 @@ class ServiceRuntime:
     def _lease_loop(self) -> None:
         period = self.settings.lease_ttl_s / 3
         while not self._stop.wait(period):
-            self._renew_lease()
-            self._retry_publication()
+            with self._loop_turn("lease"):
+                self._renew_lease()
+                self._retry_publication()
 
     def _renew_lease(self) -> None:
         if not self.settings.serves_training:
