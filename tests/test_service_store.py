@@ -17,6 +17,7 @@ from waiting import wait_until
 from leadtime.predictor.artifact import FILE_NAME, decode, encode, save_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.memory import MemoryStore
 
@@ -507,3 +508,45 @@ def test_a_published_model_of_malformed_content_is_refused_once_not_taken_for_an
         degraded = c.get("/readyz").json()["degraded"]
         assert "refused" in degraded["model_sync"] and "model_registry" not in degraded, degraded
         assert store.reads == 1
+
+
+def test_a_model_dir_file_rewritten_between_its_read_and_its_note_is_still_taken_up(tmp_path: Path) -> None:
+    """note() stamped the file as it was when noted, with the digest of the bytes read before: a model written
+    in between was recorded as known and never taken up."""
+    model_file = ModelDirFile(tmp_path)
+    model_file.note_current()
+    save_file(tmp_path, b"the first model")
+    read = model_file.changed()
+    assert read is not None
+    save_file(tmp_path, b"the second model, written before the first was noted")
+    model_file.note(read)
+    again = model_file.changed()
+    assert again is not None and bytes(getattr(again, "data", again)) == (tmp_path / FILE_NAME).read_bytes()
+
+
+def test_concurrent_model_dir_take_ups_publish_a_written_model_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """/reload (in a worker thread) and the sync loop both ran sync_model_dir, whose read and note of the file
+    were two critical sections: 6 clients on /reload while 30 models were written took up 51."""
+    with caplog.at_level(logging.INFO), TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        model_file = runtime._model_file
+        read = model_file.changed
+
+        def slow_read() -> Any:
+            found = read()
+            time.sleep(0.05)  # widens the window between the read and the note
+            return found
+
+        model_file.changed = slow_read
+        for version in (7, 8):
+            foreign_model(tmp_path, version=version)
+            threads = [threading.Thread(target=runtime.sync_model_dir) for _ in range(6)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        assert wait_until(lambda: c.get("/status").json()["model_version"] == 8, timeout_s=10)
+    taken = [r for r in caplog.records if r.getMessage().startswith("taking up the model")]
+    assert len(taken) == 2, [r.getMessage() for r in taken]

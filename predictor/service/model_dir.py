@@ -11,18 +11,30 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from leadtime.predictor.artifact import FILE_NAME, ArtifactError, decode, load_file, save_file
 
+Stamp = tuple[int, int, int]
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
+
+def _stamp(path: Path) -> Stamp | None:
     """What tells a rewrite cheaply: inode, size and modification time (None: no file)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@dataclass(frozen=True)
+class Read:
+    """Bytes read from the file, and the stamp of the file they were read from (the same open file: a writer
+    replaces it by a rename, so a later stat could describe newer bytes)."""
+
+    data: bytes
+    stamp: Stamp
 
 
 class ModelDirFile:
@@ -34,9 +46,9 @@ class ModelDirFile:
     >>> f.note_current(); f.save(b"ours"), f.changed()
     (True, None)
     >>> _ = save_file(d, b"theirs")  # another process publishes
-    >>> f.changed(), f.save(b"ours again")
+    >>> read = f.changed(); read.data, f.save(b"ours again")
     (b'theirs', False)
-    >>> f.note(b"theirs"); f.save(b"ours, from theirs")
+    >>> f.note(read); f.save(b"ours, from theirs")
     True
     """
 
@@ -44,7 +56,7 @@ class ModelDirFile:
         self.directory = directory
         self.path = directory / FILE_NAME
         self._lock = threading.Lock()
-        self._stamp: tuple[int, int, int] | None = None
+        self._stamp: Stamp | None = None
         self._digest: str | None = None
 
     def note_current(self) -> None:
@@ -53,14 +65,16 @@ class ModelDirFile:
             self._stamp = _stamp(self.path)
             self._digest = _digest_of(self.path) if self._stamp is not None else None
 
-    def note(self, data: bytes) -> None:
-        """The file holds `data`, read (or taken up) by this process."""
+    def note(self, read: Read) -> None:
+        """What `changed` read is known to this process (taken up or refused). Recorded with the stamp of the file
+        it was read from, not the file's stamp now: one written since is still a change, taken up next."""
         with self._lock:
-            self._stamp = _stamp(self.path)
-            self._digest = hashlib.sha256(data).hexdigest()
+            self._stamp = read.stamp
+            self._digest = hashlib.sha256(read.data).hexdigest()
 
-    def changed(self) -> bytes | None:
-        """The file's bytes if another process wrote them since this one last read or wrote it, else None."""
+    def changed(self) -> Read | None:
+        """The file's bytes (and their stamp) if another process wrote them since this one last read or wrote it,
+        else None."""
         with self._lock:
             return self._changed()
 
@@ -74,18 +88,21 @@ class ModelDirFile:
             self._digest = hashlib.sha256(data).hexdigest()
             return True
 
-    def _changed(self) -> bytes | None:
+    def _changed(self) -> Read | None:
         stamp = _stamp(self.path)
         if stamp == self._stamp or stamp is None:
             return None
         try:
-            data = self.path.read_bytes()
+            with open(self.path, "rb") as file:
+                st = os.fstat(file.fileno())
+                data = file.read()
         except FileNotFoundError:
             return None
+        stamp = st.st_ino, st.st_size, st.st_mtime_ns  # of the bytes read, whatever the path names by now
         if hashlib.sha256(data).hexdigest() == self._digest:
             self._stamp = stamp  # rewritten with the same bytes
             return None
-        return data
+        return Read(data, stamp)
 
 
 def _digest_of(path: Path) -> str | None:

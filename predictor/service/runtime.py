@@ -120,6 +120,9 @@ class ServiceRuntime:
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
         self._pull_lock = threading.Lock()  # one pull of --model-from's model at a time: the loop's or /reload's
+        # One take-up of --model-dir's model at a time, the sync loop's or /reload's: each read the file before the
+        # other noted it, and both published the same model.
+        self._model_dir_lock = threading.Lock()
         # Held while a batch is forwarded and the read position advanced, and while a model is adopted, so that
         # the learner never receives a batch from before an adoption as if it came after it
         # (lock order: _swap_lock, then _learn_lock).
@@ -612,16 +615,21 @@ class ServiceRuntime:
         alone = self.settings.redis_url is None and not self.settings.serves_training
         if model_file is None or not (self.holds_lease or alone):
             return False
+        with self._model_dir_lock:
+            return self._take_up_model_dir(model_file)
+
+    def _take_up_model_dir(self, model_file: ModelDirFile) -> bool:
+        """`sync_model_dir`'s take-up, under its lock."""
         try:
-            data = model_file.changed()
+            read = model_file.changed()
         except OSError as err:
             self._loop_errors["model_load"] = f"cannot read the model in {model_file.directory}: {err}"
             return False
-        if data is None:
+        if read is None:
             return False
-        model_file.note(data)  # taken up or refused: either way not looked at again until it changes
+        model_file.note(read)  # taken up or refused: either way not looked at again until it changes
         try:
-            predictor = OnlinePredictor.from_bytes(data, background=False)
+            predictor = OnlinePredictor.from_bytes(read.data, background=False)
         except ArtifactError as err:
             log.warning("ignoring the model another process wrote to %s: %s", model_file.directory, err)
             self._loop_errors["model_load"] = f"the model in {model_file.directory} was refused ({err})"
