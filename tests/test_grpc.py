@@ -245,3 +245,27 @@ def test_health_watch_is_refused_as_unimplemented_without_a_traceback(caplog: py
     finally:
         server.stop(grace=None)
     assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info], caplog.text
+
+
+def test_an_observation_stream_still_open_when_the_store_closes_is_refused_unavailable(
+    served: tuple[TestClient, Any],
+) -> None:
+    """At a stop, the store was closed while an ObserveStream opened before the signal went on: each later batch
+    was appended to a closed store (into a Redis writer's buffer nobody sends) and the client told accepted."""
+    http, stub = served
+    store = http.app.state.runtime.store  # type: ignore[attr-defined]
+
+    def batches() -> Iterator[Any]:
+        yield pb.ObserveRequest(observations=[observation(0)])
+        time.sleep(0.3)  # the first batch is accepted before the store closes
+        store.close()
+        yield pb.ObserveRequest(observations=[observation(1)])
+
+    auth = (("authorization", "Bearer tok"),)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ObserveStream(batches(), timeout=5, metadata=auth)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "batches[1]" in err.value.details() and "1 observations" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Observe(pb.ObserveRequest(observations=[observation(2)]), timeout=5, metadata=auth)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -17,7 +17,7 @@ from redis_server import RedisServer
 from waiting import wait_until
 
 from leadtime.predictor.artifact import encode
-from leadtime.predictor.store.base import Store
+from leadtime.predictor.store.base import Store, StoreClosed
 from leadtime.predictor.store.redis_store import (
     ArtifactRefused,
     LatestOutcome,
@@ -743,3 +743,13 @@ def test_a_full_outage_buffer_is_one_warning_until_it_has_been_emptied(
     assert len(lines) == 2, lines
     assert "10 observations" in lines[0] and "dropped" in lines[0] and "store_buffer" in lines[0], lines[0]
     assert store.stats()["dropped"] == 60
+
+
+def test_a_closed_store_refuses_appends_rather_than_buffer_what_nobody_sends(make_store: StoreFactory) -> None:
+    """Rows appended after close went into the writer's buffer, which no thread sends any more: lost, while the
+    caller (an ObserveStream open at a stop) was told they were accepted."""
+    store = make_store()
+    store.close()
+    with pytest.raises(StoreClosed):
+        store.append_observations([entry(0)])
+    assert store.stats()["buffered"] == 0

@@ -19,6 +19,7 @@ from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.store.base import StoreClosed
 from leadtime.predictor.store.memory import MemoryStore
 
 
@@ -550,3 +551,31 @@ def test_concurrent_model_dir_take_ups_publish_a_written_model_once(
         assert wait_until(lambda: c.get("/status").json()["model_version"] == 8, timeout_s=10)
     taken = [r for r in caplog.records if r.getMessage().startswith("taking up the model")]
     assert len(taken) == 2, [r.getMessage() for r in taken]
+
+
+def test_a_closed_store_refuses_appends_and_http_answers_503(tmp_path: Path) -> None:
+    """After the store closed at a stop, accepted rows went nowhere while the caller was told 202."""
+    store = MemoryStore()
+    store.close()
+    with pytest.raises(StoreClosed):
+        store.append_observations([entry(0)])
+    assert isinstance(StoreClosed("x"), ConnectionError)
+    with TestClient(create_app(ServiceSettings(), store=MemoryStore())) as c:
+        c.app.state.runtime.store.close()  # type: ignore[attr-defined]
+        plain = c.post("/add_training_data_bulk", json={"entries": [entry(0)]})  # the edge's hot path
+        routed = c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(300)]})  # the route
+        for answer in (plain, routed):
+            assert answer.status_code == 503, answer.text
+            assert "closed" in answer.json()["error"] and answer.headers.get("retry-after")
+
+
+def test_stop_stops_the_servers_in_front_before_the_loops_and_the_store() -> None:
+    """The gRPC server was stopped only after the app's lifespan had stopped the runtime and closed the store: a
+    stream still open kept accepting into it."""
+    app = create_app(ServiceSettings())
+    runtime = app.state.runtime
+    seen: list[tuple[bool, bool, bool]] = []
+    runtime.add_server(lambda: seen.append((runtime._stop.is_set(), runtime.learner.alive, runtime.store._closed)))
+    with TestClient(app):
+        pass
+    assert seen == [(False, True, False)]

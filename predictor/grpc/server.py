@@ -35,6 +35,7 @@ from leadtime.predictor.service.runtime import (
     rfc3339,
     served_ms,
 )
+from leadtime.predictor.store.base import StoreClosed
 
 T = TypeVar("T")
 
@@ -117,6 +118,7 @@ STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (BacklogFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NotThisRole, grpc.StatusCode.UNIMPLEMENTED),
     (CallerGone, grpc.StatusCode.CANCELLED),
+    (StoreClosed, grpc.StatusCode.UNAVAILABLE),
 )
 """The status each refusal is answered with."""
 REFUSALS = tuple(kind for kind, _ in STATUS_OF)
@@ -269,7 +271,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
                 total += self._accept(batch.observations, context)
             except FeatureError as err:
                 raise FeatureError(err.under(f"batches[{k}]").field, f"{err.problem} ({kept})") from None
-            except (BacklogFull, CallerGone) as err:
+            except (BacklogFull, CallerGone, StoreClosed) as err:
                 raise type(err)(f"batches[{k}]: {err} ({kept})") from None
         return total
 

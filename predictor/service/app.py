@@ -25,6 +25,7 @@ from leadtime.predictor.service.edge import (
     feature_error_handler,
     http_error_handler,
     require_token,
+    store_closed_handler,
     unexpected_error_handler,
     validation_error_handler,
 )
@@ -33,7 +34,7 @@ from leadtime.predictor.service.llmd_operations import RELOAD_PATH
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.service.schemas import BODY_ERRORS, COMMON_ERRORS
 from leadtime.predictor.settings import ServiceSettings
-from leadtime.predictor.store.base import Store
+from leadtime.predictor.store.base import Store, StoreClosed
 
 API_VERSION = "1"
 DOCS_ASSETS = "/docs/assets"  # where /docs and /redoc find their JavaScript, CSS and icon
@@ -127,6 +128,7 @@ def create_app(
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(StoreClosed, store_closed_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
     app.include_router(health.router, responses=COMMON_ERRORS)
     app.include_router(native.common_router, responses=COMMON_ERRORS)

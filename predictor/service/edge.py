@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from leadtime.features.errors import FeatureError, field_path, problem_text
 from leadtime.predictor.service.runtime import ServiceRuntime
+from leadtime.predictor.store.base import StoreClosed
 
 
 def _runtime(request: Request) -> ServiceRuntime:
@@ -129,6 +130,16 @@ async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
     return JSONResponse({"error": detail, "detail": exc.detail}, exc.status_code, headers=exc.headers)
+
+
+STORE_CLOSED_RETRY_AFTER_S = 1
+
+
+async def store_closed_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Observations offered once the store has closed (the service is stopping) as 503: none was kept, and the
+    caller sends them again, to another replica or after the restart."""
+    assert isinstance(exc, StoreClosed)
+    return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": str(STORE_CLOSED_RETRY_AFTER_S)})
 
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:

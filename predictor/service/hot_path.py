@@ -27,6 +27,7 @@ from leadtime.predictor.service.llmd_prediction import strict_answer
 from leadtime.predictor.service.llmd_training import accept_entries
 from leadtime.predictor.service.native import predict_answer
 from leadtime.predictor.service.runtime import ServiceRuntime
+from leadtime.predictor.store.base import StoreClosed
 
 STRICT_PATH = "/predict/bulk/strict"
 TRAINING_PATH = "/add_training_data_bulk"
@@ -76,5 +77,8 @@ class HotPath:
         if actuals is None:
             return None
         entries = orjson.loads(body)["entries"]  # what the store keeps: the entries as they came
-        n = accept_entries(runtime, entries, actuals[:, 0], actuals[:, 1], "llmd")
+        try:
+            n = accept_entries(runtime, entries, actuals[:, 0], actuals[:, 1], "llmd")
+        except StoreClosed:
+            return None  # nothing was kept: the route answers it (503, with Retry-After)
         return 202, orjson.dumps({"message": f"Accepted {n} training samples."})

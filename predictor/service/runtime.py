@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -134,6 +134,7 @@ class ServiceRuntime:
         self._stop = threading.Event()
         self._closing = threading.Event()  # a signal said stop; `stop()` has not run yet
         self._threads: list[threading.Thread] = []
+        self._server_stops: list[Callable[[], None]] = []  # servers in front of this runtime (`add_server`)
         self._loop_errors: dict[str, str] = {}
         # Per background loop, the causes of unexpected errors whose traceback was logged (`_loop_turn`).
         self._loop_causes: dict[str, set[tuple[str, str, int]]] = {}
@@ -188,9 +189,21 @@ class ServiceRuntime:
             thread.start()
             self._threads.append(thread)
 
+    def add_server(self, stop: Callable[[], None]) -> None:
+        """A server in front of this runtime that the app's lifespan does not stop (gRPC): `stop` (which waits
+        for its grace) runs first in `stop()`, while the store still takes what its calls in flight accept.
+        Stopped after, a stream open at the signal went on accepting into a closed store."""
+        self._server_stops.append(stop)
+
     def stop(self) -> None:
-        """Stop the learner process and the loops, hand the training lease over; close the store if the app owns
-        it."""
+        """Stop the servers in front (`add_server`), then the learner process and the loops, hand the training
+        lease over; close the store if the app owns it."""
+        stops, self._server_stops = self._server_stops, []
+        for stop_server in stops:
+            try:
+                stop_server()
+            except Exception:  # stopping anyway: the rest must still stop
+                log.exception("could not stop a server in front of the runtime")
         self._stop.set()
         self.learner.stop()
         for thread in self._threads:

@@ -156,6 +156,9 @@ def serve(settings: ServiceSettings) -> None:
     scheme, tls = ("https", " over TLS") if settings.tls else ("http", "")
     if settings.grpc_port:
         grpc_server, port = start_grpc_server(runtime, settings.host, settings.grpc_port)
+        # Stopped (with its grace) before the runtime stops its loops and closes the store, not after uvicorn
+        # returns: the app's lifespan stops the runtime first.
+        runtime.add_server(lambda: grpc_server.stop(grace=1.0).wait())
         log.info("gRPC%s on %s:%d", tls, settings.host, port)
     else:
         log.info("gRPC off (grpc_port 0)")

@@ -11,6 +11,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 
+class StoreClosed(ConnectionError):
+    """Observations offered to a store that was closed (the service is stopping): none of them is kept. The HTTP
+    API answers 503 and gRPC UNAVAILABLE, so that the caller sends them to another replica or again later."""
+
+
 def cursor_order(cursor: str) -> tuple[int, int]:
     """A cursor of either store as a pair that orders as their positions do: a Redis stream id "<ms>-<seq>",
     a memory store's index "<n>" (as (n, 0)); "0" is (0, 0).
@@ -34,7 +39,8 @@ class Store(Protocol):
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
         """Accept validated observation entries (llm-d training-entry dicts, `observation_to_llmd` shape).
 
-        Must be fast and must not raise when a backend is down: it buffers up to a bound and counts drops.
+        Must be fast and must not raise when a backend is down: it buffers up to a bound and counts drops. Raises
+        StoreClosed once `close` has begun: nothing would send or read them any more.
         """
         ...
 

@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from leadtime.predictor.store.base import StoreClosed
+
 log = logging.getLogger("leadtime.service")
 
 _KEEP_MODELS = 4
@@ -52,6 +54,7 @@ class MemoryStore:
         self.stream_name: str | None = None  # this process's memory: no other process reads it
         self._lock = threading.Lock()
         self._model_published = threading.Condition(self._lock)
+        self._closed = False
         # Slots of the stream; a thinned pending row leaves None behind, so cursors (absolute slot indices) hold.
         self._entries: deque[dict[str, Any] | None] = deque()
         self._first_index = 0  # absolute index of self._entries[0]
@@ -70,8 +73,11 @@ class MemoryStore:
         self._lease_expires = 0.0
 
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
-        """Append entries in order (never blocks on learning); past `retain`, the oldest go."""
+        """Append entries in order (never blocks on learning); past `retain`, the oldest go. StoreClosed once
+        closed."""
         with self._lock:
+            if self._closed:
+                raise StoreClosed("the store is closed (the service is stopping): no observation was accepted")
             n = len(entries)
             self._appended += n
             kept: Sequence[dict[str, Any]] = entries
@@ -248,6 +254,7 @@ class MemoryStore:
             }
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Refuse appends from now on (nothing else to release)."""
         with self._model_published:
+            self._closed = True
             self._model_published.notify_all()

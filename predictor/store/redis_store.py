@@ -42,7 +42,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from leadtime.predictor.artifact import decode
-from leadtime.predictor.store.base import cursor_order
+from leadtime.predictor.store.base import StoreClosed, cursor_order
 
 # Refuse, before anything is written, a stream key that holds something else (a string left by another program):
 # a Lua error is not rolled back, so the scripts must fail before their first write, and with a reply that names
@@ -453,6 +453,7 @@ class RedisStore:
         self._release = self._redis.register_script(_RELEASE_SCRIPT)
 
         self._lock = threading.Lock()
+        self._closed = False  # close() has begun: appends are refused (the writer sends what it holds, then stops)
         self._buffer: deque[bytes] = deque()
         self._dropped = 0
         self._full_warned = False  # that the buffer is full and rows are dropped was logged (once until emptied)
@@ -491,11 +492,14 @@ class RedisStore:
     # ---- observations -------------------------------------------------------------------------------------
 
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
-        """Queue entries for the writer thread: no network I/O here, so it is fast and survives an outage."""
+        """Queue entries for the writer thread: no network I/O here, so it is fast and survives an outage.
+        StoreClosed once `close` has begun: they would wait in a buffer that nobody sends."""
         if not entries:
             return
         encoded = [json.dumps(entry, separators=(",", ":")).encode() for entry in entries]
         with self._lock:
+            if self._closed:
+                raise StoreClosed("the store is closed (the service is stopping): no observation was accepted")
             room = max(self.buffer_limit - len(self._buffer), 0)
             self._buffer.extend(encoded[:room])
             self._dropped += len(encoded) - min(room, len(encoded))
@@ -954,6 +958,8 @@ class RedisStore:
         """Give the writer a moment to send what is queued, then stop both threads and the connections."""
         if self._stop.is_set():
             return
+        with self._lock:
+            self._closed = True  # from now on nothing joins what the flush sends
         self.flush(flush_timeout_s)
         self._stop.set()
         self._wake_writer.set()
