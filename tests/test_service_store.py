@@ -579,3 +579,23 @@ def test_stop_stops_the_servers_in_front_before_the_loops_and_the_store() -> Non
     with TestClient(app):
         pass
     assert seen == [(False, True, False)]
+
+
+def test_adopting_a_published_model_never_holds_the_swap_lock_while_it_waits_for_the_learn_lock() -> None:
+    """A lock cycle: the model sync held _swap_lock while it waited for _learn_lock; ingest held _learn_lock while
+    its batch waited for the learner to read its pipe; the learner was blocked sending a snapshot to the receiver
+    thread; the receiver waited for _swap_lock to install the one before. Here the test holds _learn_lock (ingest
+    blocked in its send): the receiver must still get _swap_lock while the sync waits."""
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(role="prediction"), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        donor = OnlinePredictor(LearnerConfig(background=False))
+        donor.version = 6
+        with runtime._learn_lock:
+            store.publish_model(donor.to_bytes())
+            time.sleep(1.5)  # the sync loop sees it and waits for _learn_lock
+            got = runtime._swap_lock.acquire(timeout=3)
+            if got:
+                runtime._swap_lock.release()
+        assert got, "the model sync held _swap_lock while waiting for _learn_lock"
+        assert wait_until(lambda: c.get("/status").json()["model_version"] == 6, timeout_s=10)

@@ -124,8 +124,8 @@ class ServiceRuntime:
         # other noted it, and both published the same model.
         self._model_dir_lock = threading.Lock()
         # Held while a batch is forwarded and the read position advanced, and while a model is adopted, so that
-        # the learner never receives a batch from before an adoption as if it came after it
-        # (lock order: _swap_lock, then _learn_lock).
+        # the learner never receives a batch from before an adoption as if it came after it (lock order:
+        # _learn_lock, then _swap_lock; never _learn_lock waited for with _swap_lock held, see `sync_from_store`).
         self._learn_lock = threading.Lock()
         self._published: set[int] = set()
         self._refused_version = 0
@@ -552,10 +552,7 @@ class ServiceRuntime:
             return True, False
         version, artifact = latest
         with self._swap_lock:
-            if version <= self.store_version:
-                return True, False
-            if version in self._published:
-                self.store_version = version
+            if self._known_version(version):
                 return True, False
             try:
                 # The trees that are the same text as the serving model's are kept, not parsed again: most of a
@@ -567,8 +564,15 @@ class ServiceRuntime:
                 self._refused_version = max(self._refused_version, version)
                 self._loop_errors["model_sync"] = f"published model {version} refused: {err}"
                 raise
-            self._learn_lock.acquire()
-            try:
+        # _learn_lock first, then _swap_lock, never the other way: ingest holds _learn_lock while its batch waits
+        # for the learner to read its pipe, the learner may be blocked sending a snapshot to the receiver thread,
+        # and the receiver needs _swap_lock to install it. Waiting for _learn_lock with _swap_lock held closed
+        # that cycle (and stopped serving, learning and syncing for good).
+        with self._learn_lock:
+            with self._swap_lock:
+                if self._known_version(version):  # another caller (the loop, /reload) swapped it in meanwhile
+                    predictor.close()
+                    return True, False
                 self._install(predictor)
                 if self._model_pull is not None:
                     # A pulled model brings its class of rows naming none (refused if the settings name another):
@@ -586,18 +590,22 @@ class ServiceRuntime:
                 self._loop_errors.pop("model_sync", None)
                 self._unpublished = None  # another replica's newer model replaces ours
                 self._retrain_error = None
-            except BaseException:
-                self._learn_lock.release()
-                raise
-        # Tell the learner with only _learn_lock held (no batch can overtake this message), not _swap_lock: the
-        # receiver needs that one to take the learner's next snapshot, and a learner blocked sending a snapshot
-        # does not read what we send.
-        try:
+            # Tell the learner with only _learn_lock held (no batch can overtake this message), not _swap_lock:
+            # the receiver needs that one to take the learner's next snapshot, and a learner blocked sending a
+            # snapshot does not read what we send.
             self.learner.adopt(artifact, cursor, epoch)
-        finally:
-            self._learn_lock.release()
         self.metrics.model_swaps.inc()
         return True, True
+
+    def _known_version(self, version: int) -> bool:
+        """Whether a published `version` is not news (under _swap_lock): not newer than the one held, or this
+        replica's own publication (then noted as held)."""
+        if version <= self.store_version:
+            return True
+        if version in self._published:
+            self.store_version = version
+            return True
+        return False
 
     def _save_now_and_then(self) -> None:
         """With --model-dir, the model is saved every `model_save_interval_s` while it learns, not only when it is
