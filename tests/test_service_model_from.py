@@ -404,3 +404,28 @@ def test_every_pull_and_what_it_did_is_counted_in_the_metrics(monkeypatch: pytes
             assert pulls(c.get("/metrics").text) == {"new": 1, "unchanged": 1, "refused": 2, "error": 1}
     finally:
         source.close()
+
+
+def test_the_pull_loop_survives_an_unexpected_error(caplog: pytest.LogCaptureFixture) -> None:
+    """An exception out of a pull ended the pull thread: the prediction server kept its model for good."""
+    from fastapi.testclient import TestClient
+
+    from leadtime.predictor.service.app import create_app
+    from leadtime.predictor.settings import ServiceSettings
+
+    with TestClient(create_app(ServiceSettings(role="prediction", model_from="http://127.0.0.1:9"))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        pulls = {"n": 0}
+        real = runtime._pull_model
+
+        def failing(client: Any) -> Any:
+            pulls["n"] += 1
+            if pulls["n"] <= 2:
+                raise RuntimeError("a bug in a pull")
+            return real(client)
+
+        runtime._pull_model = failing
+        wait_for(lambda: pulls["n"] > 3, timeout_s=15)
+        assert all(thread.is_alive() for thread in runtime._threads)
+        assert "model_pull_loop" not in runtime.health()
+    assert len([r for r in caplog.records if r.exc_info and "a bug in a pull" in str(r.exc_info[1])]) == 1
