@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from datetime import UTC, datetime
@@ -599,3 +601,25 @@ def test_adopting_a_published_model_never_holds_the_swap_lock_while_it_waits_for
                 runtime._swap_lock.release()
         assert got, "the model sync held _swap_lock while waiting for _learn_lock"
         assert wait_until(lambda: c.get("/status").json()["model_version"] == 6, timeout_s=10)
+
+
+def test_a_learner_that_cannot_be_restarted_at_once_is_restarted_later(caplog: pytest.LogCaptureFixture) -> None:
+    """The restart after the learner died ran on the receiver thread, which ended with it if the start raised:
+    no learner again for the life of the process."""
+    with caplog.at_level(logging.INFO), TestClient(create_app(ServiceSettings())) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        starts = {"n": 0}
+        real = runtime.learner.start
+
+        def failing(setup: Any) -> None:
+            starts["n"] += 1
+            if starts["n"] <= 2:
+                raise OSError("cannot spawn")
+            real(setup)
+
+        runtime.learner.start = failing
+        os.kill(runtime.learner.pid, signal.SIGKILL)
+        assert wait_until(lambda: starts["n"] >= 3 and runtime.learner.alive, timeout_s=30), starts
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(20)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 20, timeout_s=30)
+    assert len([r for r in caplog.records if r.exc_info and "cannot spawn" in str(r.exc_info[1])]) == 1

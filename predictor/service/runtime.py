@@ -410,7 +410,14 @@ class ServiceRuntime:
         if self._stop.wait(_RESTART_PAUSE_S) or self._closing.is_set():
             return
         log.warning("the learner process exited unexpectedly; starting another")
-        self._start_learner()
+        # This runs on the dead learner's receiver thread, which ends here: a start that fails is tried again
+        # after a pause (its traceback logged once per cause), not left to end the thread with no learner.
+        while True:
+            with self._loop_turn("learner_restart"):
+                self._start_learner()
+                break
+            if self._stop.is_set() or self._closing.is_set():
+                return
         self._loop_errors.pop("learner", None)
 
     def _on_snapshot(self, snapshot: Snapshot) -> None:
