@@ -281,6 +281,50 @@ def test_a_corrupt_model_dir_falls_back_to_a_fresh_predictor(tmp_path: Path) -> 
         assert c.get("/status").json()["is_ready"] is True
 
 
+def test_a_model_refused_at_start_is_moved_aside_not_written_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model this build refuses (one of a newer build's artifact version, after a rollback; one altered since it
+    was saved) was written over by the first save of the fresh model served meanwhile: the trained model lost, with
+    no copy left."""
+    OnlinePredictor(LearnerConfig(background=False)).save(tmp_path)
+    artifact = tmp_path / FILE_NAME
+    refused = artifact.read_bytes().replace(b'"version"', b'"versiom"', 1)  # checksum fails
+    artifact.write_bytes(refused)
+    app = create_app(ServiceSettings(model_dir=tmp_path))
+    with caplog.at_level(logging.WARNING, logger="leadtime.service"), TestClient(app) as c:
+        assert c.get("/readyz").json()["degraded"]["model_load"]
+        assert artifact.read_bytes() == refused  # in place until something is saved over it
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        accepted = {"ttft": {"accepted_mean": True}, "tpot": {}, "duration_s": 0.5}
+        runtime._after_retrain(runtime.predictor.to_bytes(), accepted)  # saved in --model-dir
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith(FILE_NAME + ".refused-")]
+    assert len(kept) == 1 and kept[0].read_bytes() == refused
+    OnlinePredictor.load(tmp_path, background=False)  # the model served meanwhile, saved in its place
+    assert any(kept[0].name in r.getMessage() for r in caplog.records)
+
+
+def test_a_model_another_process_writes_and_that_is_refused_is_moved_aside_at_the_next_save(tmp_path: Path) -> None:
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        save_file(tmp_path, b'{"not": "an artifact"}')  # another process writes what this build refuses
+        assert runtime.sync_model_dir() is False
+        accepted = {"ttft": {"accepted_mean": True}, "tpot": {}, "duration_s": 0.5}
+        runtime._after_retrain(runtime.predictor.to_bytes(), accepted)
+    (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith(FILE_NAME + ".refused-")]
+    assert kept.read_bytes() == b'{"not": "an artifact"}'
+    OnlinePredictor.load(tmp_path, background=False)
+
+
+def test_an_unreadable_model_file_at_start_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A directory where the artifact should be (or a file the service cannot read) stopped the start with a
+    traceback."""
+    (tmp_path / FILE_NAME).mkdir()
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:
+        assert c.get("/status").json()["is_ready"] is True
+        assert str(tmp_path) in c.get("/readyz").json()["degraded"]["model_load"]
+
+
 class BrokenStore(MemoryStore):
     """A store whose backend is down: it still accepts (buffers) but reports itself degraded."""
 
@@ -524,7 +568,7 @@ def test_a_model_dir_file_rewritten_between_its_read_and_its_note_is_still_taken
     save_file(tmp_path, b"the second model, written before the first was noted")
     model_file.note(read)
     again = model_file.changed()
-    assert again is not None and bytes(getattr(again, "data", again)) == (tmp_path / FILE_NAME).read_bytes()
+    assert again is not None and again.data == (tmp_path / FILE_NAME).read_bytes()
 
 
 def test_concurrent_model_dir_take_ups_publish_a_written_model_once(

@@ -9,12 +9,16 @@ publication to take up (see `ServiceRuntime.sync_model_dir`), not as a file to w
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from leadtime.predictor.artifact import FILE_NAME, ArtifactError, decode, load_file, save_file
+
+log = logging.getLogger("leadtime.service")
 
 Stamp = tuple[int, int, int]
 
@@ -58,6 +62,7 @@ class ModelDirFile:
         self._lock = threading.Lock()
         self._stamp: Stamp | None = None
         self._digest: str | None = None
+        self._refused: Stamp | None = None  # the stamp of a file this build refused (`note_refused`)
 
     def note_current(self) -> None:
         """Take what the file holds now as known (at start: whatever is there is the starting point)."""
@@ -72,6 +77,13 @@ class ModelDirFile:
             self._stamp = read.stamp
             self._digest = hashlib.sha256(read.data).hexdigest()
 
+    def note_refused(self) -> None:
+        """The file noted last was refused (a newer build's artifact after a rollback, one altered since it was
+        saved): the first `save` moves it aside (`set_aside`) rather than write over it. Left in place until then,
+        so that the build it belongs to still finds it if nothing was saved meanwhile."""
+        with self._lock:
+            self._refused = self._stamp
+
     def changed(self) -> Read | None:
         """The file's bytes (and their stamp) if another process wrote them since this one last read or wrote it,
         else None."""
@@ -83,6 +95,9 @@ class ModelDirFile:
         with self._lock:
             if self._changed() is not None:
                 return False
+            if self._refused is not None and self._refused == _stamp(self.path):
+                log.warning("the model refused in %s is kept as %s", self.directory, set_aside(self.directory).name)
+            self._refused = None
             save_file(self.directory, data)
             self._stamp = _stamp(self.path)
             self._digest = hashlib.sha256(data).hexdigest()
@@ -106,10 +121,29 @@ class ModelDirFile:
 
 
 def _digest_of(path: Path) -> str | None:
+    """The SHA-256 of the file's bytes; None when it cannot be read (missing, a directory, no permission: the
+    load that follows names why)."""
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
+    except OSError:
         return None
+
+
+def set_aside(directory: Path) -> Path:
+    """Rename the artifact in `directory`, which this build refused, to `<name>.refused-<UTC time>`: the fresh model
+    served meanwhile is saved under its name, and the refused one (a newer build's, say, after a rollback) would be
+    lost. The new path; OSError if it cannot be renamed.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / FILE_NAME).write_bytes(b"not this build's")
+    >>> set_aside(d).read_bytes(), (d / FILE_NAME).exists()
+    (b"not this build's", False)
+    """
+    moment = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    target = directory / f"{FILE_NAME}.refused-{moment}"
+    os.rename(directory / FILE_NAME, target)
+    return target
 
 
 def saved_class(directory: Path) -> tuple[str, str] | None:

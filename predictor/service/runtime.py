@@ -334,8 +334,15 @@ class ServiceRuntime:
                 )
                 return predictor
             except (ArtifactError, OSError) as err:
-                log.warning("ignoring the model in %s: %s", model_dir, err)
+                log.warning(
+                    "ignoring the model in %s: %s (it is moved aside, not written over, when this service first "
+                    "saves its own there)",
+                    model_dir,
+                    err,
+                )
                 self._loop_errors["model_load"] = f"the model in {model_dir} was refused ({err}); serving a new one"
+                if self._model_file is not None:
+                    self._model_file.note_refused()
         return OnlinePredictor(self._learner_config())
 
     def _install(self, predictor: OnlinePredictor) -> None:
@@ -661,6 +668,7 @@ class ServiceRuntime:
         except ArtifactError as err:
             log.warning("ignoring the model another process wrote to %s: %s", model_file.directory, err)
             self._loop_errors["model_load"] = f"the model in {model_file.directory} was refused ({err})"
+            model_file.note_refused()  # moved aside, not written over, by this service's next save
             return False
         predictor.metadata.pop(CURSOR_KEY, None)
         try:
