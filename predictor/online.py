@@ -274,6 +274,24 @@ RECENTRE_AFTER = 50  # recent residuals before a point prediction is recentred o
 _COLD_WIDTH = float(np.log(2.0))  # upper quantile ≈ 2 × the point prediction before anything is known
 
 
+_SHIFT_LOG = float(np.log(2.0))  # a change of level the current model leaves unexplained: a factor of 2
+_SHIFT_MIN_ROWS = 200  # rows on each side of it, at least
+
+
+def _since_level_shift(residuals: np.ndarray) -> int:
+    """How many of the newest residuals (oldest first) to base a quantile on: those after the window's most
+    likely single change of level (CUSUM split), when the current model's mean residual differs across it by
+    more than a factor of 2 (older rows from a regime that has gone); otherwise all of them."""
+    n = len(residuals)
+    if n < 2 * _SHIFT_MIN_ROWS:
+        return n
+    c = np.cumsum(residuals)
+    k = np.arange(_SHIFT_MIN_ROWS, n - _SHIFT_MIN_ROWS + 1)  # rows before the split
+    gap = c[k - 1] / k - (c[-1] - c[k - 1]) / (n - k)
+    best = int(np.argmax(np.abs(gap) * np.sqrt(k * (n - k))))
+    return n - int(k[best]) if abs(gap[best]) > _SHIFT_LOG else n
+
+
 class ConformalQuantile:
     """Upper-quantile offset on log residuals: recent empirical quantile + adaptive conformal correction.
 
@@ -342,10 +360,12 @@ class ConformalQuantile:
 
         The recent out-of-sample residuals describe the *recent* error of *past* states of the model; after a
         retrain the current model's residuals over the whole window are the better base for rows like those
-        in the window, and the adaptive term restarts from zero on top of it.
+        in the window, and the adaptive term restarts from zero on top of it. Rows from before a change of level
+        the model has since followed (latency ×0.1 for the same rows) are left out: they would say the model
+        errs by that factor, and hold the quantile there until they leave the window (`_since_level_shift`).
         """
         if len(residuals):
-            self.base = float(np.quantile(residuals, self.quantile))
+            self.base = float(np.quantile(residuals[-_since_level_shift(residuals) :], self.quantile))
             self.adaptive = self.shadow = 0.0
 
     def serve_offset(self) -> None:
