@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from dataclasses import replace
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 from test_service_store import entry, wait_until
@@ -167,3 +169,61 @@ def test_retrains_rest_min_retrain_interval_s_after_one_and_follow_the_lease() -
         child.predictor.close()
         parent.close()
         child_end.close()
+
+
+def _spawned_children() -> list[int]:
+    """Pids of this process's children that multiprocessing spawned."""
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and b"multiprocessing" in cmdline:
+            pids.append(int(status.parent.name))
+    return pids
+
+
+def test_a_learner_killed_before_it_read_its_model_does_not_hang_the_start() -> None:
+    """The model went to the learner with the spawn's own start-up data, which the parent writes while it still
+    holds the child's end of that pipe: a child killed while importing (Ctrl-C or a service manager's SIGTERM
+    reach the whole process group, and a start takes seconds on a busy host) left the parent blocked in that
+    write for good once the model passed the pipe's 64 KiB, no signal able to stop it. The model now goes over
+    the learner's own pipe, whose other end the parent closed."""
+    from leadtime.predictor.learner import OnlinePredictor as Predictor
+    from leadtime.predictor.service.learning import ChildSetup, LearnerProcess
+
+    before = set(_spawned_children())
+    artifact = Predictor().to_bytes()
+    setup = ChildSetup(
+        artifact=artifact + b" " * (4 << 20),  # a large model (trailing spaces decode as JSON whitespace)
+        cursor="0",
+        epoch=1,
+        retrain=False,
+        retrain_every=100,
+        default_accelerator="h100-sxm",
+        default_model="llama-3.1-8b",
+        nice=0,
+        snapshot_interval_s=0.25,
+    )
+    learner = LearnerProcess(lambda snapshot: None, lambda: None)
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            learner.start(setup)
+            outcome.append(None)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            outcome.append(err)
+
+    starter = threading.Thread(target=start, daemon=True)
+    starter.start()
+    assert wait_until(lambda: set(_spawned_children()) - before, timeout_s=30)
+    for pid in set(_spawned_children()) - before:
+        os.kill(pid, signal.SIGKILL)
+    starter.join(30)
+    try:
+        assert not starter.is_alive(), "the start hung on a learner that died before reading its model"
+    finally:
+        learner.stop(timeout_s=2.0)

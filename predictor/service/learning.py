@@ -18,6 +18,7 @@ position, so no accepted observation is lost.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -256,6 +257,7 @@ def _child_main(conn: Connection, setup: ChildSetup) -> None:
     # which the service would take for a crash (a warning and a restart while it shuts down).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    setup = dataclasses.replace(setup, artifact=conn.recv_bytes())  # sent first (`LearnerProcess.start`)
     if setup.cpus:
         pin_process(setup.cpus)
     _lower_priority(setup.nice)
@@ -302,9 +304,15 @@ class LearnerProcess:
         """Start a learner process from `setup`, and the thread that receives its snapshots."""
         context = multiprocessing.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
-        process = context.Process(target=_child_main, args=(child_conn, setup), name="leadtime-learner", daemon=True)
+        # The model goes over our own pipe, not with the spawn's start-up data: the parent writes that while it
+        # still holds the child's end of its pipe, so a child killed before reading it all (Ctrl-C, or a service
+        # manager's SIGTERM to the process group, while it imports) left that write blocked for good.
+        lean = dataclasses.replace(setup, artifact=b"")
+        process = context.Process(target=_child_main, args=(child_conn, lean), name="leadtime-learner", daemon=True)
         process.start()
         child_conn.close()
+        with contextlib.suppress(OSError):  # the child is gone already: the receiver sees it exit (and restarts it)
+            parent_conn.send_bytes(setup.artifact)
         with self._send_lock:
             self._conn, self._process = parent_conn, process
             self.retrain, self.retrain_every = setup.retrain, setup.retrain_every
