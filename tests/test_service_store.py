@@ -304,6 +304,17 @@ def test_a_model_refused_at_start_is_moved_aside_not_written_over(
     assert any(kept[0].name in r.getMessage() for r in caplog.records)
 
 
+def test_a_refusal_at_start_leaves_readyz_once_the_periodic_save_has_put_a_good_model_there(tmp_path: Path) -> None:
+    """Only a publication's save cleared it: a service that learned and saved every minute said "refused" for ever."""
+    (tmp_path / FILE_NAME).write_text("{}")
+    settings = ServiceSettings(model_dir=tmp_path, model_save_interval_s=0.1)
+    with TestClient(create_app(settings)) as c:
+        assert "model_load" in c.get("/readyz").json()["degraded"]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(50)]})
+        assert wait_until(lambda: "model_load" not in c.get("/readyz").json()["degraded"], timeout_s=30)
+        OnlinePredictor.load(tmp_path, background=False)
+
+
 def test_a_model_another_process_writes_and_that_is_refused_is_moved_aside_at_the_next_save(tmp_path: Path) -> None:
     with TestClient(create_app(ServiceSettings(model_dir=tmp_path))) as c:
         runtime = c.app.state.runtime  # type: ignore[attr-defined]
@@ -314,6 +325,25 @@ def test_a_model_another_process_writes_and_that_is_refused_is_moved_aside_at_th
     (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith(FILE_NAME + ".refused-")]
     assert kept.read_bytes() == b'{"not": "an artifact"}'
     OnlinePredictor.load(tmp_path, background=False)
+
+
+def test_a_replica_that_starts_from_the_registry_keeps_saving_its_model_dir_and_never_publishes_that_file(
+    tmp_path: Path,
+) -> None:
+    """A replica with --model-dir that found a model in the registry at start did not note its own file: it took
+    that file for another process's, so every save of its model was refused ("another process published a model
+    there since") and, holding the lease, it published the stale file to every replica (11,000 observations
+    learned fell back to the file's 3,000 in a rolling restart)."""
+    stale = OnlinePredictor(LearnerConfig(background=False))
+    stale.save(tmp_path)  # saved by this replica before its restart
+    store = MemoryStore()
+    store.publish_model(OnlinePredictor(LearnerConfig(background=False)).to_bytes())  # the fleet's model since
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        assert not wait_until(lambda: runtime.store_version > 1, timeout_s=2)  # the sync loop ran meanwhile
+        assert runtime.sync_model_dir() is False  # its own file: not another process's publication
+        assert store.latest_model()[0] == 1  # type: ignore[index]
+        assert runtime._model_file.save(runtime.serving_artifact()[0]) is True
 
 
 def test_an_unreadable_model_file_at_start_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -372,12 +402,18 @@ def test_an_accepted_retrain_is_published_by_the_lease_holder_only() -> None:
         assert "leadtime_retrain_duration_seconds_count 2.0" in metrics
 
 
-def test_a_refused_published_model_is_reported_and_a_newer_one_still_loads() -> None:
+def test_a_refused_published_model_is_reported_and_a_newer_one_still_loads(caplog: pytest.LogCaptureFixture) -> None:
+    """Reported in /readyz and, once, in the log (a model published by a newer build in a rolling upgrade was
+    refused by every older replica without a line)."""
     store = MemoryStore()
-    with TestClient(create_app(ServiceSettings(role="prediction"), store=store)) as c:
+    app = create_app(ServiceSettings(role="prediction"), store=store)
+    with caplog.at_level(logging.WARNING, logger="leadtime.service"), TestClient(app) as c:
         runtime = c.app.state.runtime  # type: ignore[attr-defined]
         store.publish_model(b"pickle-looking bytes")
         assert wait_until(lambda: "model_sync" in runtime.health(), timeout_s=30)
+        time.sleep(1.0)  # a few more turns of the sync loop
+        warned = [r.getMessage() for r in caplog.records if "published model 1" in r.getMessage()]
+        assert len(warned) == 1, warned
         ready = c.get("/readyz")
         assert ready.status_code == 200 and "refused" in ready.json()["degraded"]["model_sync"]
         assert (

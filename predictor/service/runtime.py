@@ -294,6 +294,11 @@ class ServiceRuntime:
 
     def _first_predictor(self) -> OnlinePredictor:
         """The newest shared model, else the one saved in --model-dir, else a fresh one (physics prior)."""
+        if self._model_file is not None:
+            # What is there now is known, whichever model serves: not another process's publication to take up
+            # (noted only when no registry model served, a replica restarted into a fleet never saved its model
+            # again, and published its stale file once it held the lease).
+            self._model_file.note_current()
         try:
             latest = self.store.latest_model()
         except Exception as err:  # a store that is down must not stop the service from starting
@@ -310,8 +315,6 @@ class ServiceRuntime:
                 self._refused_version = latest[0]
                 self._loop_errors["model_sync"] = f"published model {latest[0]} refused: {err}"
         model_dir = self.settings.model_dir
-        if self._model_file is not None:
-            self._model_file.note_current()  # what is there now is known: not another process's publication
         if model_dir is not None and (model_dir / FILE_NAME).exists():  # an empty one: a first start
             try:
                 predictor = OnlinePredictor.load(model_dir, background=False)
@@ -577,6 +580,7 @@ class ServiceRuntime:
                 # Keep serving the current model; do not retry this version, wait for a newer one.
                 self._refused_version = max(self._refused_version, version)
                 self._loop_errors["model_sync"] = f"published model {version} refused: {err}"
+                log.warning("ignoring published model %d: %s (the model held serves on)", version, err)
                 raise
         # _learn_lock first, then _swap_lock, never the other way: ingest holds _learn_lock while its batch waits
         # for the learner to read its pipe, the learner may be blocked sending a snapshot to the receiver thread,
@@ -635,6 +639,7 @@ class ServiceRuntime:
         try:
             if model_file.save(self.serving_artifact()[0]):
                 self._saved_learned = learned
+                self._loop_errors.pop("model_load", None)  # a good model is there now (one refused moved aside)
         except Exception as err:  # the directory was checked at start; say it, keep serving
             log.warning("could not save the serving model in %s: %s", model_file.directory, err)
 
