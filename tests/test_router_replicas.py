@@ -17,9 +17,10 @@ from test_router_plugin import QueueModel, cand, req
 from test_tls_clients import route_cli
 
 from leadtime.bench.procs import Route, SimFleet
+from leadtime.features.rows import EndpointState
 from leadtime.router_plugin.gateway.inflight_work import Active
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
-from leadtime.router_plugin.gateway.replicas import ReplicaSync, WorkEvent, decode, encode
+from leadtime.router_plugin.gateway.replicas import ReplicaSync, SenderClocks, WorkEvent, decode, encode
 from leadtime.router_plugin.inflight import Sent
 from leadtime.router_plugin.ledgers import LedgerEvent, RouterLedgers
 from leadtime.router_plugin.policy import Outcome
@@ -96,8 +97,8 @@ def test_a_ledger_event_that_is_not_one_is_refused_naming_its_field(raw: dict[st
 
 def test_messages_carry_times_onto_the_receivers_clock_and_bad_ones_are_refused() -> None:
     active = Active(sent_ms=100.0, uncached_tokens=8, input_tokens=10, prefill_on="e", decode_on="e")
-    body = encode("a", [WorkEvent("work_start", "r1", active), WorkEvent("work_first", "r1", generated=3)], 0.0, 0.0)
-    origin, events = decode(body, local_offset_ms=-50.0)  # the receiver's monotonic clock is 50 ms ahead
+    body = encode("a", [WorkEvent("work_start", "r1", active), WorkEvent("work_first", "r1", generated=3)], 200.0, 0.0)
+    origin, events = decode(body, SenderClocks(), now_ms=250.0)  # the receiver's clock is 50 ms ahead
     assert origin == "a" and isinstance(events[0], WorkEvent) and events[0].active is not None
     assert events[0].active.sent_ms == 150.0 and events[1] == WorkEvent("work_first", "r1", generated=3)
     for body, problem in (
@@ -107,7 +108,7 @@ def test_messages_carry_times_onto_the_receivers_clock_and_bad_ones_are_refused(
         (b'{"origin": "a", "mono_ms": "x", "wall_ms": 0, "events": []}', "mono_ms"),
     ):
         with pytest.raises(ValueError, match=problem):
-            decode(body, 0.0)
+            decode(body, SenderClocks(), 0.0)
 
 
 def test_a_replica_not_heard_stops_counting_its_requests() -> None:
@@ -143,6 +144,43 @@ def test_requests_numbered_alike_by_two_replicas_stay_apart() -> None:
     assert len(ledgers.inflight) == 3
     sync._take(encode("b", [LedgerEvent("complete", "gw-1")], now_mono, now_wall))
     assert len(ledgers.inflight) == 2 and {s.request_id for s in ledgers.inflight.pending("e1")} == {"gw-1", "c/gw-1"}
+
+
+@pytest.mark.parametrize("skew_ms", [-5_000.0, -100.0, 100.0, 5_000.0])
+def test_a_replica_whose_wall_clock_is_off_has_its_request_counted_once(skew_ms: float) -> None:
+    """Replica b's wall clock is `skew_ms` off a's, and its monotonic clock started at another time: a request b
+    sends counts once on a's ledgers, whichever side of a scrape it falls (not twice when b is ahead: already in a
+    scrape taken 20 ms after it; not zero times when b is behind: missing from a scrape taken 20 ms before it)."""
+    ledgers = RouterLedgers()
+
+    def apply(event: LedgerEvent | WorkEvent) -> None:
+        if isinstance(event, LedgerEvent):
+            ledgers.apply(event)
+
+    sync = ReplicaSync("redis://127.0.0.1:9/0", "g", apply, GatewayMetrics())
+    a_mono, a_wall = time.monotonic() * 1e3, time.time() * 1e3
+    b_mono, b_wall = a_mono - 200_000.0, a_wall + skew_ms  # b's clocks at the same instant
+    sync._take(encode("b", [LedgerEvent("prefill", "r1", "e1", Sent("r1", b_mono, 800, 1000))], b_mono, b_wall))
+    already_in = EndpointState(endpoint_id="e1", num_request_waiting=1, prefill_tokens_in_flight=800)
+    assert ledgers.inflight.adjusted(already_in, published_ms=a_mono + 20.0).num_request_waiting == 1
+    not_yet_in = EndpointState(endpoint_id="e1")
+    assert ledgers.inflight.adjusted(not_yet_in, published_ms=a_mono - 20.0).num_request_waiting == 1
+
+
+def test_a_senders_clock_is_mapped_by_its_quickest_recent_message_and_never_past_now() -> None:
+    clocks = SenderClocks(window_ms=60_000.0)
+    assert clocks.shift("b", sender_ms=1_000.0, received_ms=50_000.0) == 49_000.0  # first heard: as it came
+    assert clocks.shift("b", 2_000.0, 50_999.0) == 48_999.0  # a quicker one: the shift is its
+    assert clocks.shift("b", 3_000.0, 52_500.0) == 48_999.0  # a slow one (a busy loop) moves nothing
+    assert clocks.shift("c", 0.0, 52_500.0) == 52_500.0  # each sender its own
+    # a minute on, the quick message has left the window: b's clock may have drifted since
+    assert clocks.shift("b", 70_000.0, 119_100.0) == 49_100.0
+    clocks.forget("b")
+    assert clocks.shift("b", 0.0, 200_000.0) == 200_000.0
+    # a time on the sender's clock after its message was sent lands no later than the receiver's now
+    body = encode("d", [LedgerEvent("prefill", "r1", "e1", Sent("r1", 5_000.0, 8, 10))], 1_000.0, 0.0)
+    _, events = decode(body, SenderClocks(), now_ms=10_000.0)
+    assert isinstance(events[0], LedgerEvent) and events[0].sent is not None and events[0].sent.sent_ms == 10_000.0
 
 
 def test_two_syncs_share_through_a_real_redis_and_forget_a_replica_that_stops(redis_server: RedisServer) -> None:

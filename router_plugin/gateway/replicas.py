@@ -7,9 +7,14 @@ idle. Here every replica publishes, on one Redis channel per group, each change 
 (`router_plugin.ledgers`) and of its tokens-in-flight tracker (`inflight_work`), and applies everyone else's:
 where a request was sent, when its first token came, when it completed, whether it found an endpoint in time.
 
-- **Clocks.** Times travel as the sender's monotonic milliseconds with the sender's wall clock beside them; the
-  receiver moves them onto its own monotonic clock through the two wall clocks (exact on one host; across hosts,
-  off by the hosts' clock skew, which NTP keeps to a millisecond or so against a 50 ms scrape interval).
+- **Clocks.** No two replicas' clocks need agree, wall or monotonic. Times travel as the sender's monotonic
+  milliseconds, and each message says what the sender's monotonic clock read when it went out. The receiver maps
+  each sender's clock onto its own by the least (its own monotonic time at receipt − the message's) over that
+  sender's messages of the last minute, heartbeats included (`SenderClocks`): the quickest delivery, so off by
+  that delivery's latency (well under a millisecond on one network, against a 50 ms scrape interval), and taken
+  afresh every minute, so that clocks running at slightly different rates do not drift apart. A request's send
+  time never lands after the receiver's now. (Messages also carry the sender's wall clock, for replicas of
+  earlier versions, which convert through the wall clocks.)
 - **A replica that goes away.** Each replica says it is alive every second (an empty message); the requests of one
   not heard for `silent_after_s` (5 s) stop counting, as if they had completed.
 - **Redis that goes away.** Routing never waits for it: publishing is a queue drained by a task of its own (events
@@ -25,9 +30,11 @@ where a request was sent, when its first token came, when it completed, whether 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -63,14 +70,15 @@ Event = LedgerEvent | WorkEvent
 
 
 def encode(origin: str, events: list[Event], mono_ms: float, wall_ms: float) -> bytes:
-    """One message: who sends it, its two clocks, its events.
+    """One message: who sends it, its two clocks (the monotonic one is what receivers read; the wall clock is for
+    replicas of earlier versions), its events.
 
     >>> from leadtime.router_plugin.inflight import Sent
     >>> body = encode("a", [LedgerEvent("prefill", "r1", "e1", Sent("r1", 100.0, 8, 10))], 1000.0, 5000.0)
-    >>> origin, events = decode(body, local_offset_ms=4000.0)
+    >>> origin, events = decode(body, SenderClocks(), now_ms=1000.0)
     >>> origin, events[0].sent.sent_ms
     ('a', 100.0)
-    >>> decode(body, local_offset_ms=3990.0)[1][0].sent.sent_ms  # a receiver whose monotonic clock is 10 ms ahead
+    >>> decode(body, SenderClocks(), now_ms=1010.0)[1][0].sent.sent_ms  # a receiver whose clock is 10 ms ahead
     110.0
     """
     items: list[dict[str, Any]] = []
@@ -87,39 +95,72 @@ def encode(origin: str, events: list[Event], mono_ms: float, wall_ms: float) -> 
     return orjson.dumps({"origin": origin, "mono_ms": mono_ms, "wall_ms": wall_ms, "events": items})
 
 
-def decode(body: bytes, local_offset_ms: float) -> tuple[str, list[Event]]:
-    """(the sender, its events on the receiver's clock); `local_offset_ms` is the receiver's wall clock less its
-    monotonic clock. ValueError naming what is wrong with a message that is not one of ours."""
+class SenderClocks:
+    """Each sender's monotonic clock mapped onto the receiver's, without wall clocks.
+
+    A message sent when the sender's clock read `s` and received when the receiver's read `r` says the shift from
+    one clock to the other is at most `r - s` (it is `r - s` less the delivery time). The shift taken is the least
+    `r - s` of the sender's messages received in the last `window_ms`: the quickest delivery, and only recent ones,
+    so that a drift between the two clocks' rates does not build up.
+    """
+
+    def __init__(self, window_ms: float = 60_000.0) -> None:
+        self.window_ms = window_ms
+        # sender → (received at, r - s) of its messages in the window, each r - s below every later one's
+        self._samples: dict[str, collections.deque[tuple[float, float]]] = {}
+
+    def shift(self, origin: str, sender_ms: float, received_ms: float) -> float:
+        """What to add to a time on `origin`'s clock to have it on the receiver's, given a message of `origin`
+        sent at `sender_ms` (its clock) and received at `received_ms` (the receiver's)."""
+        samples = self._samples.setdefault(origin, collections.deque())
+        sample = received_ms - sender_ms
+        while samples and samples[-1][1] >= sample:
+            samples.pop()  # never the least again: this one is as low and will stay longer
+        samples.append((received_ms, sample))
+        while samples[0][0] < received_ms - self.window_ms:
+            samples.popleft()
+        return samples[0][1]
+
+    def forget(self, origin: str) -> None:
+        """Drop what is known of `origin`'s clock (a replica gone)."""
+        self._samples.pop(origin, None)
+
+
+def decode(body: bytes, clocks: SenderClocks, now_ms: float) -> tuple[str, list[Event]]:
+    """(the sender, its events on the receiver's monotonic clock), for a message received at `now_ms` on that
+    clock; `clocks` learns the sender's clock from it. A request's send time lands no later than `now_ms`.
+    ValueError naming what is wrong with a message that is not one of ours."""
     message = orjson.loads(body)
     if not isinstance(message, dict) or not isinstance(message.get("origin"), str):
         raise ValueError("origin: expected a string")
-    mono, wall = message.get("mono_ms"), message.get("wall_ms")
-    if not isinstance(mono, int | float) or not isinstance(wall, int | float):
-        raise ValueError("mono_ms, wall_ms: expected numbers")
-    shift = (wall - mono) - local_offset_ms  # sender's monotonic → receiver's monotonic
+    mono = message.get("mono_ms")
+    if not isinstance(mono, int | float) or isinstance(mono, bool) or not math.isfinite(mono):
+        raise ValueError("mono_ms: expected a number")
     raw_events = message.get("events")
     if not isinstance(raw_events, list):
         raise ValueError("events: expected a list")
+    shift = clocks.shift(message["origin"], mono, now_ms)  # sender's monotonic → receiver's monotonic
     events: list[Event] = []
     for raw in raw_events:
         if not isinstance(raw, Mapping):
             raise ValueError("events: expected objects")
         if raw.get("kind") in WORK_KINDS:
-            events.append(_work_event(raw, shift))
+            events.append(_work_event(raw, shift, now_ms))
         else:
             event = LedgerEvent.from_dict(raw)
             if event.sent is not None:
-                event = dataclasses.replace(event, sent=event.sent.shifted(shift))
+                sent = event.sent.shifted(shift)
+                event = dataclasses.replace(event, sent=dataclasses.replace(sent, sent_ms=min(sent.sent_ms, now_ms)))
             events.append(event)
     return message["origin"], events
 
 
-def _work_event(raw: Mapping[str, Any], shift: float) -> WorkEvent:
+def _work_event(raw: Mapping[str, Any], shift: float, now_ms: float) -> WorkEvent:
     request_id = required_text(raw, "request_id")
     active = None
     if raw["kind"] == "work_start":
         active = dataclass_of_numbers(Active, raw.get("active"), "active")
-        active = dataclasses.replace(active, sent_ms=active.sent_ms + shift)
+        active = dataclasses.replace(active, sent_ms=min(active.sent_ms + shift, now_ms))
     generated = raw.get("generated", 0)
     if not isinstance(generated, int) or generated < 0:
         raise ValueError("generated: expected a count")
@@ -175,6 +216,7 @@ class ReplicaSync:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
         self._heard: dict[str, float] = {}  # origin → time.monotonic() of its last message
+        self._clocks = SenderClocks()  # each other replica's monotonic clock on this one's
         # origin → its requests still in this replica's ledgers, and in its tokens-in-flight tracker
         self._in_ledgers: dict[str, set[str]] = {}
         self._in_work: dict[str, set[str]] = {}
@@ -300,7 +342,7 @@ class ReplicaSync:
 
     def _take(self, body: bytes) -> None:
         try:
-            origin, events = decode(body, time.time() * 1e3 - time.monotonic() * 1e3)
+            origin, events = decode(body, self._clocks, time.monotonic() * 1e3)
         except (ValueError, TypeError, KeyError, orjson.JSONDecodeError) as err:
             self.metrics.replica_events.labels("refused").inc()
             log.debug("a message on %s that is not a replica's: %s", self.channel, err)
@@ -332,6 +374,7 @@ class ReplicaSync:
         for origin in [o for o, heard in self._heard.items() if now - heard > self.silent_after_s]:
             in_ledgers, in_work = self._in_ledgers.pop(origin, set()), self._in_work.pop(origin, set())
             del self._heard[origin]
+            self._clocks.forget(origin)
             self._counting -= len(in_ledgers | in_work)
             log.warning(
                 "replica %s not heard for %.0f s: its %d requests stop counting",
