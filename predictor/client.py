@@ -11,8 +11,10 @@ service's certificate when it is not one the system trusts (a private CA, a self
 from __future__ import annotations
 
 import functools
+import json
 import math
 import ssl
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +161,16 @@ def call_deadline(default_s: float, deadline_s: float | None) -> float:
     return deadline_s
 
 
+def time_left(until: float) -> float:
+    """Seconds left before `until`, a call's deadline on `time.monotonic()`: the budget of the call's next step
+    (connecting, sending, each read), so that the deadline covers the whole call and not each step anew.
+    TimeoutError once it has passed."""
+    left = until - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left
+
+
 def require_rows(rows: Sequence[Any], name: str = "rows") -> None:
     """PredictorError for a prediction call with no rows. The service refuses one (llm-d's API does); every
     client refuses it alike before sending, the in-process one too, so that swapping clients changes nothing.
@@ -194,7 +206,8 @@ class HttpPredictorClient:
     base_url
         e.g. "http://127.0.0.1:8000".
     deadline_s
-        Default time budget of each call, connect included.
+        Default time budget of each call, the whole of it: connecting, sending, and reading the answer to its last
+        byte (an answer that trickles in is given up at the deadline, not only one that stalls).
     api_token
         Sent as a Bearer token (needed on write paths when the service has one).
     ca_file
@@ -221,22 +234,34 @@ class HttpPredictorClient:
 
     def _call(self, method: str, path: str, body: Any = None, deadline_s: float | None = None) -> Any:
         httpx = self._httpx
+        budget = self._deadline(deadline_s)
+        until = time.monotonic() + budget
         try:
-            response = self._client.request(method, path, json=body, timeout=self._deadline(deadline_s))
-        except httpx.TimeoutException as err:
-            raise PredictorUnavailable("deadline", f"{method} {path} exceeded {self._deadline(deadline_s)}s") from err
+            # httpx's timeout bounds each step (connect, each read) anew: the answer is read chunk by chunk,
+            # against the call's deadline. (A read already waiting when the deadline passes ends at its own
+            # timeout, so a service that stalls outright can hold a call up to twice its deadline.)
+            with self._client.stream(method, path, json=body, timeout=budget) as response:
+                chunks = []
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    time_left(until)
+        except (httpx.TimeoutException, TimeoutError) as err:
+            raise PredictorUnavailable("deadline", f"{method} {path} exceeded {budget}s") from err
         except httpx.TransportError as err:
             raise PredictorUnavailable("transport", f"{method} {path}: {err}") from err
         except RuntimeError as err:  # httpx: "the client has been closed" (a router falls back on the heuristics)
             raise PredictorUnavailable("closed", f"{method} {path}: {err}") from err
+        content = b"".join(chunks)
         if response.status_code >= 400:
+            text = content.decode(response.encoding or "utf-8", errors="replace")
             try:
-                message = str(response.json().get("error", response.text))
+                answer = json.loads(content)
+                message = str(answer.get("error", text)) if isinstance(answer, dict) else text
             except ValueError:
-                message = response.text
+                message = text
             error = PredictorUnavailable if response.status_code in (502, 503, 504) else PredictorError
             raise error(response.status_code, message)
-        return response.json() if response.content else None
+        return json.loads(content) if content else None
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""

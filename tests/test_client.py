@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Iterator
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 from served import uvicorn_in_a_thread
+from threaded_server import serve_in_a_thread
 
 from leadtime.bench.procs import free_port
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
@@ -21,6 +23,7 @@ from leadtime.predictor.client import (
 from leadtime.predictor.grpc.server import start_grpc_server
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
+from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +162,38 @@ def test_a_slow_service_hits_the_deadline() -> None:
                 c.predict([_dict_row()])
             assert err.value.status == "deadline"
             assert 0.25 < time.monotonic() - started < 2.0
+
+
+async def _trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A stalled predictor (a GC pause, swapping, an overloaded proxy) answering a byte every 50 ms."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-l"))
+    await reader.readexactly(length)
+    body = b'{"status": "ok"}' + b" " * 60
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+    for byte in body:
+        writer.write(bytes([byte]))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+    writer.close()
+
+
+@pytest.mark.parametrize("kind", ["httpx", "lean"])
+def test_a_service_trickling_its_answer_is_cut_at_the_deadline(kind: str) -> None:
+    """The deadline is the whole call's, not each read's: an answer coming a byte at a time (4 s in all) is given
+    up at 0.2 s."""
+    port, loop = serve_in_a_thread(_trickle)
+    url = f"http://127.0.0.1:{port}"
+    client = HttpPredictorClient(url, deadline_s=0.2) if kind == "httpx" else LeanHttpPredictorClient(url, 0.2)
+    try:
+        started = time.monotonic()
+        with pytest.raises(PredictorUnavailable) as err:
+            client.predict([_dict_row()])
+        assert err.value.status == "deadline"
+        assert time.monotonic() - started < 0.6
+    finally:
+        client.close()
+        loop.call_soon_threadsafe(loop.stop)
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])

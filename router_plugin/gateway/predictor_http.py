@@ -30,6 +30,7 @@ from leadtime.predictor.client import (
     https_context,
     observation_dict,
     row_dict,
+    time_left,
 )
 
 
@@ -70,7 +71,7 @@ class LeanHttpPredictorClient:
 
     def _connect(self, until: float) -> socket.socket:
         if self._sock is None:
-            sock = socket.create_connection((self.host, self.port), timeout=max(until - time.monotonic(), 1e-3))
+            sock = socket.create_connection((self.host, self.port), timeout=time_left(until))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
                 try:
@@ -87,10 +88,7 @@ class LeanHttpPredictorClient:
         self._sock, self._pending = None, b""
 
     def _recv(self, sock: socket.socket, until: float) -> bytes:
-        left = until - time.monotonic()
-        if left <= 0:
-            raise TimeoutError
-        sock.settimeout(left)
+        sock.settimeout(time_left(until))
         chunk = sock.recv(1 << 16)
         if not chunk:
             raise ConnectionError("the predictor closed the connection")
@@ -99,7 +97,7 @@ class LeanHttpPredictorClient:
     def _exchange(self, path: str, body: bytes, until: float) -> tuple[int, bytes]:
         sock = self._connect(until)
         head = f"POST {self.prefix}{path} HTTP/1.1\r\n{self._head}Content-Length: {len(body)}\r\n\r\n"
-        sock.settimeout(max(until - time.monotonic(), 1e-3))
+        sock.settimeout(time_left(until))
         sock.sendall(head.encode() + body)
         buf = self._pending
         while (end := buf.find(b"\r\n\r\n")) < 0:
