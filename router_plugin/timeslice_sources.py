@@ -9,10 +9,15 @@ Both carry the same document, YAML or JSON:
         loaded_job: training
         waiters: 1
         since: 1764612345.25     # when the group entered this state, seconds since the epoch
+    now: 1764612348.75           # optional: the orchestrator's clock as it wrote the document
 
-`since` is wall-clock time, the one clock an orchestrator and a router share; it is turned into the router's
-clock when the document is read. `leadtime sim serve` publishes its time-sliced fleet's groups in this form. A
-document that cannot be read or parsed keeps the previous states (and is counted), as discovery does.
+`since` and `now` are seconds since the epoch, or milliseconds (a number beyond 2e10 is milliseconds, as
+timestamps are read everywhere here); one before 2000-01-01 is refused, naming it. With `now`, how long a group
+has been in its state is `now - since`, both on the orchestrator's clock, whatever the skew between its clock and
+the router's; without it, it is the router's wall clock less `since`, which an orchestrator's clock running behind
+makes too short (and one running ahead makes 0). Either way the result lands on the router's monotonic clock when
+the document is read. `leadtime sim serve` publishes its time-sliced fleet's groups in this form, `now` included.
+A document that cannot be read or parsed keeps the previous states (and is counted), as discovery does.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from leadtime.features.errors import validation_problem
+from leadtime.features.errors import FeatureError, validation_problem
+from leadtime.features.rows import parse_timestamp
 from leadtime.router_plugin.discovery import MAX_FILE_BYTES
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
 from leadtime.router_plugin.scrape import read_at_most
@@ -48,12 +54,39 @@ class _GroupSpec(BaseModel):
     active_job: str = ""
     loaded_job: str = ""
     waiters: int = Field(default=0, ge=0)
-    since: float = Field(default=0.0, ge=0)
+    since: float | None = None
 
 
 class _Document(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     groups: dict[str, _GroupSpec]
+    now: float | None = None
+
+
+_EARLIEST_S = 946_684_800.0  # 2000-01-01T00:00:00Z
+
+
+def _epoch_time(value: float, where: str) -> float:
+    """`value` (seconds since the epoch, or milliseconds beyond 2e10) in seconds; TimesliceError naming `where`
+    for a time before 2000, which no orchestrator means (a duration, a count, a clock unset).
+
+    >>> _epoch_time(1_764_612_345_250, "since")
+    1764612345.25
+    >>> _epoch_time(1.0, "since")
+    Traceback (most recent call last):
+    ...
+    leadtime.router_plugin.timeslice_sources.TimesliceError: since: must be seconds (or milliseconds) since the \
+epoch, from 2000-01-01 on, got 1.0
+    """
+    try:
+        seconds = parse_timestamp(value)
+    except FeatureError as err:
+        raise TimesliceError(f"{where}: {err.problem}") from None
+    if seconds < _EARLIEST_S:
+        raise TimesliceError(
+            f"{where}: must be seconds (or milliseconds) since the epoch, from 2000-01-01 on, got {value}"
+        )
+    return seconds
 
 
 _KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}
@@ -70,11 +103,15 @@ def parse_groups(data: object, router_now_ms: float, wall_now_s: float) -> dict[
     except ValidationError as err:
         where, problem = validation_problem(err)
         raise TimesliceError(f"{where or 'document'}: {problem}") from None
+    # how long ago each `since` was is reckoned on the orchestrator's clock when the document says what it read
+    now_s = wall_now_s if doc.now is None else _epoch_time(doc.now, "now")
     out = {}
     for name, g in doc.groups.items():
         if g.state not in GROUP_STATES:
             raise TimesliceError(f"groups.{name}.state: must be one of {', '.join(GROUP_STATES)}, got {g.state!r}")
-        since_ms = router_now_ms - max(0.0, wall_now_s - g.since) * 1e3 if g.since else router_now_ms
+        since_ms = router_now_ms
+        if g.since is not None:
+            since_ms -= max(0.0, now_s - _epoch_time(g.since, f"groups.{name}.since")) * 1e3
         out[name] = GroupStatus(g.state, g.active_job, g.loaded_job, g.waiters, since_ms)
     return out
 

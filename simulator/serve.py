@@ -561,13 +561,14 @@ def build_app(
 
 
 def build_timeslice_app(groups: dict[str, GroupClock]) -> FastAPI:
-    """The orchestrator's face: every time-slice group's state (`GET /v1/timeslice/groups`)."""
+    """The orchestrator's face: every time-slice group's state (`GET /v1/timeslice/groups`), with `now`, what the
+    orchestrator's clock reads, for a router to reckon each `since` against."""
     app = FastAPI(title="leadtime mock time-slice orchestrator")
     _add_error_handlers(app)
 
     @app.get("/v1/timeslice/groups")
     async def states() -> dict[str, object]:
-        return {"groups": {name: clock.document() for name, clock in groups.items()}}
+        return {"groups": {name: clock.document() for name, clock in groups.items()}, "now": time.time()}
 
     @app.get("/health")
     async def health() -> dict[str, str]:

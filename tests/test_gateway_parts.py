@@ -380,13 +380,45 @@ def test_scrapes_keep_only_what_the_router_reads_old_and_new_names() -> None:
 # ----- time-slice documents -------------------------------------------------------------------------------------
 
 
+WALL = 1_796_459_931.0  # a router's wall clock, seconds since the epoch (2026-12)
+
+
+def _locked_since(since: object, **doc: object) -> dict[str, object]:
+    return {"groups": {"g": {"state": "LOCKED", "active_job": "training", "since": since}}, **doc}
+
+
+@pytest.mark.parametrize("since", [WALL - 3.0, (WALL - 3.0) * 1000.0])
+def test_since_is_read_in_seconds_or_milliseconds(since: float) -> None:
+    """`since` in milliseconds was taken as seconds far in the future, and clamped to now without a word."""
+    status = parse_groups(_locked_since(since), router_now_ms=50_000.0, wall_now_s=WALL)["g"]
+    assert status.since_ms == pytest.approx(47_000.0)
+
+
+@pytest.mark.parametrize("since", [1, 0, -5.0, 946_684_799.0])
+def test_a_since_before_2000_is_refused_naming_the_field(since: float) -> None:
+    with pytest.raises(TimesliceError, match=r"groups\.g\.since: .*2000-01-01"):
+        parse_groups(_locked_since(since), router_now_ms=50_000.0, wall_now_s=WALL)
+
+
+@pytest.mark.parametrize("orchestrator_ahead_s", [-60.0, -2.0, 0.0, 30.0])
+def test_a_documents_now_measures_since_on_the_orchestrators_clock(orchestrator_ahead_s: float) -> None:
+    """With `now`, how long a group has been in its state is the orchestrator's own reckoning, whatever the skew
+    between its clock and the router's: without it, an orchestrator 2 s behind made a 3 s-old state 1 s old."""
+    orchestrator_now = WALL + orchestrator_ahead_s
+    for now in (orchestrator_now, orchestrator_now * 1000.0):  # seconds or milliseconds, as `since`
+        doc = _locked_since(orchestrator_now - 3.0, now=now)
+        assert parse_groups(doc, 50_000.0, WALL)["g"].since_ms == pytest.approx(47_000.0)
+    with pytest.raises(TimesliceError, match=r"^now: .*2000-01-01"):
+        parse_groups(_locked_since(WALL, now=12.0), 50_000.0, WALL)
+
+
 def test_group_states_come_on_the_routers_clock(tmp_path: Path) -> None:
     doc = {
         "groups": {
-            "rl": {"state": "LOCKED", "active_job": "training", "loaded_job": "training", "waiters": 1, "since": 1000.0}
+            "rl": {"state": "LOCKED", "active_job": "training", "loaded_job": "training", "waiters": 1, "since": WALL}
         }
     }
-    status = parse_groups(doc, router_now_ms=50_000.0, wall_now_s=1002.5)["rl"]
+    status = parse_groups(doc, router_now_ms=50_000.0, wall_now_s=WALL + 2.5)["rl"]
     assert status.since_ms == pytest.approx(47_500.0) and not status.serves("inference")
     with pytest.raises(TimesliceError, match="groups.rl.state"):
         parse_groups({"groups": {"rl": {"state": "ASLEEP"}}}, 0.0, 0.0)

@@ -222,6 +222,29 @@ def test_timesliced_endpoint_goes_away_and_comes_back() -> None:
         srv.stop()
 
 
+def test_the_mock_orchestrator_says_what_its_clock_reads() -> None:
+    """Its documents carry `now` beside each group's `since`, so that a gateway measures how long a group has been
+    in its state on the orchestrator's clock alone."""
+    import asyncio
+
+    from leadtime.router_plugin.timeslice_sources import parse_groups
+    from leadtime.simulator.serve import GroupClock, build_timeslice_app
+
+    async def get() -> dict[str, object]:
+        transport = httpx.ASGITransport(app=build_timeslice_app({"rl": GroupClock("parked", time.time() - 4.0)}))
+        async with httpx.AsyncClient(transport=transport, base_url="http://orchestrator") as client:
+            answer: dict[str, object] = (await client.get("/v1/timeslice/groups")).json()
+            return answer
+
+    doc = asyncio.run(get())
+    assert isinstance(doc["now"], float)
+    assert abs(doc["now"] - time.time()) < 5.0
+    status = parse_groups(doc, router_now_ms=100_000.0, wall_now_s=time.time() + 3600.0)[
+        "rl"
+    ]  # the router's clock is off by an hour
+    assert 95_000.0 < status.since_ms <= 96_000.0
+
+
 def test_a_stream_whose_client_hangs_up_is_aborted_as_vllm_aborts_it(server: FleetServer) -> None:
     """The mock generated on for nobody (running 32 after 40 clients left), so a gateway in front of it routed
     on load no one was waiting for."""
