@@ -17,7 +17,7 @@ from redis_server import RedisServer
 from waiting import wait_until
 
 from leadtime.predictor.artifact import encode
-from leadtime.predictor.store.base import Store, StoreClosed
+from leadtime.predictor.store.base import LeaseLost, Store, StoreClosed
 from leadtime.predictor.store.redis_store import (
     ArtifactRefused,
     LatestOutcome,
@@ -442,6 +442,25 @@ def test_lease_is_exclusive_renewable_by_its_holder_and_expires(make_store: Stor
     assert not a.release_training_lease("replica-a")  # only the holder may release
     assert b.release_training_lease("replica-b")
     assert a.acquire_training_lease("replica-a", ttl_s=5.0)
+
+
+def test_a_former_lease_holder_cannot_publish(make_store: StoreFactory) -> None:
+    """Regression: a replica paused past the lease's TTL (a VM suspended) resumed believing it held the lease and
+    published over the new holder's model. The check and the publication are one atomic step."""
+    a, b = make_store(), make_store()
+    assert a.acquire_training_lease("replica-a", ttl_s=0.2)
+    assert a.publish_model(artifact("a1"), holder="replica-a") == 1
+    time.sleep(0.3)  # A paused past the TTL
+    with pytest.raises(LeaseLost, match="replica-a") as refused:  # nobody holds it: still not A's
+        a.publish_model(artifact("a-stale"), holder="replica-a")
+    assert refused.value.holder is None
+    assert b.acquire_training_lease("replica-b", ttl_s=5.0)
+    assert b.publish_model(artifact("b1"), holder="replica-b") == 2
+    with pytest.raises(LeaseLost, match="replica-b") as refused:
+        a.publish_model(artifact("a2"), holder="replica-a")
+    assert refused.value.holder == "replica-b"
+    assert b.latest_model() == (2, artifact("b1"))  # nothing of A's was stored, no version used
+    assert b.publish_model(artifact("job")) == 3  # a publisher without a lease (`leadtime retrain`) is not checked
 
 
 def test_lease_refuses_bad_arguments(make_store: StoreFactory) -> None:

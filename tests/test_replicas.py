@@ -414,6 +414,30 @@ def test_a_stopping_replica_releases_only_a_lease_it_still_holds(
     assert len(lines) == 1 and "not released" in lines[0], lines
 
 
+def test_a_replica_that_lost_the_lease_unknowingly_does_not_publish(
+    start_replicas: Callable[..., list[Replica]], redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the lease was checked only by the flag each renewal sets (every third of the TTL), so a replica
+    paused past the TTL (a VM suspended) resumed believing it held the lease and published its retrained model over
+    the new holder's. The store refuses it now; the replica takes that as the lease lost, in one line."""
+    (a,) = start_replicas(count=1, lease_ttl_s=30.0)  # no renewal during the test
+    assert a.runtime.predictor is not None and a.runtime.holds_lease
+    raw = redis.Redis.from_url(redis_url)
+    raw.set("leadtime:lease:training", "someone-else", px=60_000)  # as after an expiry and another's take
+    artifact = a.runtime.predictor.to_bytes()
+    with caplog.at_level(logging.INFO):
+        a.runtime._after_retrain(artifact, {"ttft": {"accepted": True}})
+        a.runtime._after_retrain(artifact, {"ttft": {"accepted": True}})  # a second retrain: no second line
+    assert raw.get("leadtime:model:version") is None  # nothing published
+    assert not a.runtime.holds_lease and not a.status()["holds_training_lease"]
+    lost = [r for r in caplog.records if "lease" in r.getMessage()]
+    assert len(lost) == 1 and "someone-else" in lost[0].getMessage(), [r.getMessage() for r in lost]
+    assert not any(r.exc_info or r.levelno >= logging.ERROR for r in caplog.records)
+    assert "publication" not in a.readyz_degraded()  # not an outage to retry
+    a.runtime._renew_lease()  # the next renewal tells the learner to stop retraining
+    assert not a.runtime.learner.retrain and not a.runtime.holds_lease
+
+
 def take_lease_and_check_registry(replica: Replica, caplog: pytest.LogCaptureFixture) -> list[str]:
     """One lease renewal of `replica` as its lease loop does it (that loop waits a third of the TTL), repeated
     until it holds the lease and has said why the registry lost its model; those lines."""

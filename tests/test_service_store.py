@@ -21,7 +21,7 @@ from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.settings import ServiceSettings
-from leadtime.predictor.store.base import StoreClosed
+from leadtime.predictor.store.base import LeaseLost, StoreClosed
 from leadtime.predictor.store.memory import MemoryStore
 
 
@@ -89,6 +89,21 @@ def test_memory_store_lease_has_one_holder_until_it_expires() -> None:
     time.sleep(0.25)
     assert store.acquire_training_lease("b", 0.2)
     assert store.health() == {"store": "ok"}
+
+
+def test_memory_store_publishes_for_the_lease_holder_only() -> None:
+    store = MemoryStore()
+    assert store.acquire_training_lease("a", 0.2)
+    assert store.publish_model(b"one", holder="a") == 1
+    time.sleep(0.25)
+    with pytest.raises(LeaseLost):  # expired: no longer a's
+        store.publish_model(b"stale", holder="a")
+    assert store.acquire_training_lease("b", 5.0)
+    with pytest.raises(LeaseLost) as refused:
+        store.publish_model(b"stale", holder="a")
+    assert refused.value.holder == "b"
+    assert store.publish_model(b"pulled") == 2  # no holder named: not checked
+    assert store.latest_model() == (2, b"pulled")
 
 
 def test_a_published_model_reaches_the_other_replica_within_a_second() -> None:

@@ -52,7 +52,7 @@ from leadtime.predictor.service.learning import (
 from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.service.rows import ParsedObservations, RowParser
 from leadtime.predictor.settings import ServiceSettings
-from leadtime.predictor.store.base import Store, cursor_order
+from leadtime.predictor.store.base import LeaseLost, Store, cursor_order
 
 log = logging.getLogger("leadtime.service")
 
@@ -465,6 +465,8 @@ class ServiceRuntime:
                 with self._swap_lock:  # never interleaved with a retry of an older model's publication
                     self._unpublished = artifact  # until the store has it
                     self._publish_artifact(artifact)
+        except LeaseLost as err:
+            self._lease_refused(err)
         except ConnectionError as err:  # the store is down (StoreUnavailable): expected in an outage, retried
             self._retrain_error = f"{type(err).__name__}: {err}"
             # One line per outage, not a traceback per retrain: the lease loop publishes it once the store is back.
@@ -487,6 +489,8 @@ class ServiceRuntime:
                 return
             try:
                 self._publish_artifact(artifact)
+            except LeaseLost as err:
+                self._lease_refused(err)
             except Exception as err:
                 self._retrain_error = f"{type(err).__name__}: {err}"
 
@@ -520,6 +524,8 @@ class ServiceRuntime:
                 cause,
             )
             self.publish(self.predictor)
+        except LeaseLost as err:
+            self._lease_refused(err)
         except Exception as err:  # down again: tried at the next renewal
             self._retrain_error = f"{type(err).__name__}: {err}"
 
@@ -539,9 +545,23 @@ class ServiceRuntime:
         predictor.metadata[CURSOR_KEY] = self._served_cursor
         predictor.metadata[STREAM_KEY] = self.store.stream_name
 
-    def _publish_artifact(self, artifact: bytes) -> int:
+    def _lease_refused(self, err: LeaseLost) -> None:
+        """The store refused a publication made as the lease's holder: the lease expired while this process could
+        not renew it (paused past its TTL: a VM suspended, a stalled host), and another replica may hold it now.
+        The model is not ours to publish; the lease is taken as lost, in one line, and the next renewal tells the
+        learner to stop retraining (this runs on its receiver thread, which must not write to its pipe)."""
         with self._swap_lock:
-            version = self.store.publish_model(artifact)
+            self._unpublished = None
+            self._retrain_error = None
+            self._publication_warned = False
+        if self.holds_lease:
+            self.holds_lease = False
+            log.warning("lost the training lease (replica %s): %s", self.replica_id, err)
+
+    def _publish_artifact(self, artifact: bytes) -> int:
+        """Publish as the lease's holder (LeaseLost if the store finds the lease is no longer ours)."""
+        with self._swap_lock:
+            version = self.store.publish_model(artifact, holder=self.replica_id)
             self._published.add(version)
             self.store_version = max(self.store_version, version)
             if self.store_version > self._refused_version:  # a refused version is behind what serves now
@@ -677,7 +697,13 @@ class ServiceRuntime:
             return False
         predictor.metadata.pop(CURSOR_KEY, None)
         try:
-            version = self.store.publish_model(predictor.to_bytes())
+            # As the lease's holder when it took it up as one; a process alone in its store holds no lease.
+            version = self.store.publish_model(
+                predictor.to_bytes(), holder=self.replica_id if self.holds_lease else None
+            )
+        except LeaseLost as err:
+            self._lease_refused(err)
+            return False
         except Exception as err:
             self._loop_errors["model_load"] = f"cannot publish the model in {model_file.directory}: {err}"
             return False
@@ -915,6 +941,7 @@ class ServiceRuntime:
             self.holds_lease = held
             # Which replica retrains and publishes is worth one line each time it changes hands.
             log.info("%s the training lease (replica %s)", "took" if held else "lost", self.replica_id)
+        if held != self.learner.retrain:  # also after a refused publication dropped the lease (`_lease_refused`)
             # Only the lease holder retrains (on schedule or drift); the others learn online and adopt its models.
             self.learner.set_lease(held, self.settings.retrain_every)
 

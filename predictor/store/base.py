@@ -16,6 +16,18 @@ class StoreClosed(ConnectionError):
     API answers 503 and gRPC UNAVAILABLE, so that the caller sends them to another replica or again later."""
 
 
+class LeaseLost(RuntimeError):
+    """A publication made for a training lease's holder that no longer holds it (it expired while the holder was
+    paused, and another may hold it now): nothing was published. `holder` is who holds the lease now (None:
+    nobody)."""
+
+    def __init__(self, publisher: str, holder: str | None) -> None:
+        now = f"{holder} holds it now" if holder else "nobody holds it now"
+        super().__init__(f"{publisher} no longer holds the training lease ({now}): the model was not published")
+        self.publisher = publisher
+        self.holder = holder
+
+
 def cursor_order(cursor: str) -> tuple[int, int]:
     """A cursor of either store as a pair that orders as their positions do: a Redis stream id "<ms>-<seq>",
     a memory store's index "<n>" (as (n, 0)); "0" is (0, 0).
@@ -57,8 +69,11 @@ class Store(Protocol):
         when the backend cannot tell."""
         ...
 
-    def publish_model(self, artifact: bytes) -> int:
-        """Store a model artifact (JSON + LightGBM text, never pickle) and return its new version."""
+    def publish_model(self, artifact: bytes, holder: str | None = None) -> int:
+        """Store a model artifact (JSON + LightGBM text, never pickle) and return its new version. With `holder`,
+        only while `holder` holds the training lease, checked in the same atomic step: LeaseLost otherwise (a
+        replica paused past the lease's TTL must not publish over the new holder's model). Publishers that hold
+        no lease (a model pulled or taken up alone, `leadtime retrain`) pass none."""
         ...
 
     def latest_model(self) -> tuple[int, bytes] | None:

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from leadtime.predictor.store.base import StoreClosed
+from leadtime.predictor.store.base import LeaseLost, StoreClosed
 
 log = logging.getLogger("leadtime.service")
 
@@ -183,9 +183,13 @@ class MemoryStore:
         with self._lock:
             return str(self._first_index + len(self._entries))
 
-    def publish_model(self, artifact: bytes) -> int:
-        """Keep an artifact as the next version; returns it."""
+    def publish_model(self, artifact: bytes, holder: str | None = None) -> int:
+        """Keep an artifact as the next version; returns it. With `holder`, only while it holds the lease
+        (LeaseLost otherwise)."""
         with self._model_published:
+            if holder is not None and (self._lease_holder != holder or time.monotonic() >= self._lease_expires):
+                current = self._lease_holder if time.monotonic() < self._lease_expires else None
+                raise LeaseLost(holder, current)
             self._version += 1
             self._models.append((self._version, bytes(artifact)))
             self._model_published.notify_all()

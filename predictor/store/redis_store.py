@@ -15,7 +15,9 @@
 - Models go to a versioned registry: the artifact under `<ns>:model:<version>`, an INCR'd counter, the last
   few versions kept, a pub/sub message on every publication. Only JSON artifacts (LightGBM text inside JSON)
   are accepted, so nothing fetched from Redis can run code when loaded.
-- One replica retrains at a time: a lease key set with NX and a TTL that only its holder may renew.
+- One replica retrains at a time: a lease key set with NX and a TTL that only its holder may renew. A holder's
+  publication is refused in the same atomic step once the key no longer names it (a replica paused past the TTL
+  does not publish over the new holder's model).
 
 Read paths (`read_observations`, `latest_model`, `wait_for_model`, `acquire_training_lease`) answer "nothing
 new" while Redis is down, so a replica keeps serving with the model it has; `health()` says why.
@@ -42,7 +44,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from leadtime.predictor.artifact import decode
-from leadtime.predictor.store.base import StoreClosed, cursor_order
+from leadtime.predictor.store.base import LeaseLost, StoreClosed, cursor_order
 
 # Refuse, before anything is written, a stream key that holds something else (a string left by another program):
 # a Lua error is not rolled back, so the scripts must fail before their first write, and with a reply that names
@@ -107,7 +109,13 @@ return held
 
 # Every publish is one atomic step: a version number that never goes backwards (even after Redis lost its data
 # in a restart, the publisher passes the highest version it has seen), the artifact, trimming, notification.
+# A publisher that names itself as the training lease's holder (ARGV[6], '' for none) is refused, before anything
+# is written, unless the lease key (KEYS[2]) holds it: {0, who holds it now or ''}.
 _PUBLISH_SCRIPT = """
+if ARGV[6] ~= '' then
+  local current = redis.call('GET', KEYS[2])
+  if current ~= ARGV[6] then return {0, current or ''} end
+end
 local version = redis.call('INCR', KEYS[1])
 local floor = tonumber(ARGV[2])
 if version <= floor then
@@ -698,23 +706,28 @@ class RedisStore:
 
     # ---- model registry -----------------------------------------------------------------------------------
 
-    def publish_model(self, artifact: bytes) -> int:
-        """Store a JSON artifact as the next version and notify every replica; raises if Redis is down."""
+    def publish_model(self, artifact: bytes, holder: str | None = None) -> int:
+        """Store a JSON artifact as the next version and notify every replica; raises if Redis is down. With
+        `holder`, only if the training lease is `holder`'s, checked in the same step (LeaseLost otherwise)."""
         check_artifact(artifact)
+        if holder == "":
+            raise ValueError("holder must be a non-empty string or None")
         with self._lock:
             floor = self._highest_version
         started = time.monotonic()
         try:
-            version = int(
-                self._publish(
-                    keys=[self._version_key],
-                    args=[bytes(artifact), floor, self._model_prefix, self.keep_versions, self._channel],
-                )
+            answer = self._publish(
+                keys=[self._version_key, self._lease_key],
+                args=[bytes(artifact), floor, self._model_prefix, self.keep_versions, self._channel, holder or ""],
             )
         except redis.RedisError as exc:
             self._set_problem(exc, started)
             raise StoreUnavailable(f"cannot publish the model: redis {redis_problem(exc)}") from None
         self._set_problem(None, started)
+        if isinstance(answer, list):
+            assert holder is not None
+            raise LeaseLost(holder, bytes(answer[1]).decode(errors="replace") or None)
+        version = int(answer)
         self._saw_version(version)
         return version
 
