@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,6 +50,13 @@ from leadtime.predictor.target import TargetModel, TreeCandidate, not_queueing_m
 from leadtime.predictor.trees import TREE_FEATURES, CompiledTrees, compile_booster
 
 log = logging.getLogger("leadtime.predictor")
+
+CHANGED_AT_AHEAD_KEPT = timedelta(minutes=5)
+"""How far ahead of this host's clock an artifact's `changed_at` is kept as written (clocks a little apart); one
+further ahead is taken as the moment of loading, with a warning."""
+CHANGED_AT_AHEAD = "leadtime_changed_at_ahead"
+"""The attribute that marks that warning's log record (the learner process, which loads what the service loaded
+and warned about already, leaves it out)."""
 
 
 @dataclass
@@ -666,6 +673,19 @@ class OnlinePredictor:
                 raise ArtifactError(f"artifact changed_at {changed_at!r} is not an ISO 8601 time") from None
             if self.changed_at.tzinfo is None:
                 raise ArtifactError(f"artifact changed_at {changed_at!r} has no UTC offset")
+            now = datetime.now(UTC)
+            ahead = self.changed_at - now
+            if ahead > CHANGED_AT_AHEAD_KEPT:
+                # Written by a publisher whose clock runs ahead (or made up): its age would read negative, hiding
+                # the model going stale. The model itself is good: kept, its change taken as now.
+                log.warning(
+                    "the model's changed_at %s is %.0f s ahead of this host's clock (the publisher's clock runs "
+                    "ahead?): taken as now, its age counted from this load",
+                    changed_at,
+                    ahead.total_seconds(),
+                    extra={CHANGED_AT_AHEAD: True},
+                )
+                self.changed_at = now
 
     def snapshot(self) -> tuple[dict[str, Any], dict[str, dict[str, CompiledTrees | None]]]:
         """The artifact's content before JSON encoding, and the trees' compiled forms: what `from_state` takes.

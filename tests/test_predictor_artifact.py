@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +97,32 @@ def test_a_model_that_never_changed_writes_no_changed_at_as_before_it_was_record
     bytes (the same ETag): `"changed_at": null` made every pull between the two a whole download."""
     document = json.loads(OnlinePredictor(LearnerConfig(background=False)).to_bytes())
     assert "changed_at" not in document
+
+
+@pytest.mark.parametrize("ahead", [timedelta(hours=2), datetime(9999, 1, 1, tzinfo=UTC) - datetime.now(UTC)])
+def test_a_changed_at_in_the_future_is_taken_as_now_with_one_warning(
+    ahead: timedelta, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A publisher whose clock ran 2 h ahead made the model's age -7200 s (year 9999: -2.5e11 s), which hid a stale
+    model from every dashboard. Its model is still good: loaded, its change taken as now, in one warning."""
+    made = OnlinePredictor(LearnerConfig(background=False))
+    made.changed_at = datetime.now(UTC) + ahead
+    written = made.changed_at.isoformat()
+    with caplog.at_level(logging.WARNING, logger="leadtime.predictor"):
+        loaded = OnlinePredictor.from_bytes(made.to_bytes())
+    assert loaded.changed_at is not None
+    assert abs((loaded.changed_at - datetime.now(UTC)).total_seconds()) < 5
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and written in lines[0], lines
+    again = OnlinePredictor.from_bytes(loaded.to_bytes())  # published on: now in the past, nothing to say
+    assert again.changed_at == loaded.changed_at and len(caplog.records) == 1
+
+
+def test_a_changed_at_a_little_ahead_is_kept() -> None:
+    """Clocks a few seconds apart are normal: within 5 minutes the recorded time is kept (the age reads 0)."""
+    made = OnlinePredictor(LearnerConfig(background=False))
+    made.changed_at = datetime.now(UTC) + timedelta(minutes=1)
+    assert OnlinePredictor.from_bytes(made.to_bytes()).changed_at == made.changed_at
 
 
 @pytest.mark.parametrize(

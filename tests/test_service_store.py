@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -543,6 +543,44 @@ def test_a_restart_keeps_the_model_age_and_last_model_load_says_when_this_proces
         assert model_age(c) >= 2.0
         loaded = datetime.fromisoformat(status["last_model_load"])
         assert (datetime.now(UTC) - loaded).total_seconds() < 1.5
+
+
+def test_the_model_age_is_never_negative_and_measured_from_a_monotonic_start_for_a_model_that_never_changed() -> None:
+    """A model changed 'in the future' (a publisher's clock a minute ahead, within what is kept at load) read as a
+    negative age; a model that never changed was measured on the wall clock, which can be stepped back."""
+    ahead = OnlinePredictor(LearnerConfig(background=False))
+    ahead.changed_at = datetime.now(UTC) + timedelta(minutes=1)
+    ahead.version = 1
+    store = MemoryStore()
+    store.publish_model(ahead.to_bytes())
+    with TestClient(create_app(ServiceSettings(role="prediction"), store=store)) as c:
+        assert c.get("/status").json()["model_version"] == 1
+        assert model_age(c) == 0.0
+    with TestClient(create_app(ServiceSettings(role="prediction"), store=MemoryStore())) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        runtime.started_at += 3_600.0  # as if the wall clock was stepped back an hour after the start
+        assert 0.0 <= model_age(c) < 30.0
+
+
+def test_a_published_model_changed_ahead_of_the_clock_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The service and its learner process both load an adopted artifact: only the service says its changed_at
+    is ahead."""
+    ahead = OnlinePredictor(LearnerConfig(background=False))
+    ahead.changed_at = datetime.now(UTC) + timedelta(hours=2)
+    ahead.version = 4
+    store = MemoryStore()
+    with caplog.at_level(logging.WARNING), TestClient(create_app(ServiceSettings(), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        store.publish_model(ahead.to_bytes())
+        assert wait_until(lambda: c.get("/status").json()["model_version"] == 4, timeout_s=10)
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(20)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) >= 20, timeout_s=30)  # the learner adopted it
+        assert 0.0 <= model_age(c) < 30.0
+    said = [r.getMessage() for r in caplog.records if "ahead of this host's clock" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "ahead of this host's clock" not in capfd.readouterr().err
 
 
 def test_every_background_loop_survives_an_unexpected_error_logged_once(

@@ -36,7 +36,7 @@ import orjson
 from leadtime.features.errors import FeatureError
 from leadtime.predictor import physics
 from leadtime.predictor.artifact import encode
-from leadtime.predictor.learner import OnlinePredictor
+from leadtime.predictor.learner import CHANGED_AT_AHEAD, OnlinePredictor
 from leadtime.predictor.service.cpus import pin_process
 from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.trees import CompiledTrees
@@ -262,6 +262,8 @@ def _child_main(conn: Connection, setup: ChildSetup) -> None:
         pin_process(setup.cpus)
     _lower_priority(setup.nice)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s learner: %(message)s")
+    # The service loaded every artifact this process is given and said so if its changed_at was ahead: once.
+    logging.getLogger("leadtime.predictor").addFilter(lambda record: not getattr(record, CHANGED_AT_AHEAD, False))
     _Child(conn, setup).run()
 
 

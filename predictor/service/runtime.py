@@ -97,6 +97,7 @@ class ServiceRuntime:
         self.holds_lease = False
         self.samples = SampleCounts()
         self.started_at = time.time()
+        self._started_monotonic = time.monotonic()  # the age of a model that never changed counts from here
         self._initial_predictor = predictor
         # Stream positions: how far batches were forwarded to the learner, and how far the serving model goes.
         self._cursor = "0"
@@ -1085,7 +1086,12 @@ class ServiceRuntime:
             values["model_version"] = predictor.version
             values["window"] = dict(self.model_status().get("window", {}))
             changed = predictor.changed_at
-            values["model_age_seconds"] = time.time() - (changed.timestamp() if changed else self.started_at)
+            # Never negative: a changed_at a little ahead (kept at load, up to `CHANGED_AT_AHEAD_KEPT`), or the wall
+            # clock stepped back since, reads as just changed.
+            if changed is not None:
+                values["model_age_seconds"] = max(0.0, time.time() - changed.timestamp())
+            else:
+                values["model_age_seconds"] = time.monotonic() - self._started_monotonic
         try:  # the stores answer health() from state they keep, without a round trip
             values["store_up"] = {name: int(reason == "ok") for name, reason in self.store.health().items()}
         except Exception:
