@@ -20,6 +20,7 @@ from leadtime.data import MEASURED
 from leadtime.features.rows import FeatureRow, Observation, RequestFeatures, observation_to_llmd
 from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.store.redis_store import RedisStore, observation_stream_key
+from leadtime.training.job import _split
 from leadtime.training.sources import RedisSource, SampleError, SampleReader
 from leadtime.training.split import BY_READ_ORDER, BY_TIMESTAMP, split_recent
 
@@ -249,12 +250,25 @@ def test_sources_join_in_time_order_only_when_every_row_has_a_timestamp(tmp_path
     a, b = write_lines(tmp_path / "a.jsonl", early), write_lines(tmp_path / "b.jsonl", late)
     samples = SampleReader("h100-sxm", "llama-3.1-8b").read([str(a), str(b)])
     assert samples.source.tolist() == [0] * 10 + [1] * 10
-    split = split_recent(samples.timestamps, 0.25)
+    split = _split(samples, 0.25)  # as the job splits them: each row's source known
     ordered = np.concatenate([split.history, split.evaluation])
     assert samples.actual_ttft_ms[ordered].tolist() == [80.0 + i for i in range(20)]  # interleaved by time
     no_time = write_lines(tmp_path / "c.jsonl", llmd_lines(4))
     mixed = SampleReader("h100-sxm", "llama-3.1-8b").read([str(a), str(no_time)])
     assert split_recent(mixed.timestamps, 0.25).basis == BY_READ_ORDER
+
+
+def test_a_source_whose_router_clock_runs_ahead_is_split_in_read_order_and_named(tmp_path: Path) -> None:
+    """One file of a router an hour ahead, beside one of a router with a right clock: its rows are not judged on for
+    being stamped later, and the split names the file whose timestamps disagree with the order they arrived in."""
+    rows = [native_observation(i) for i in range(20)]
+    rows[5]["timestamp"] = "2026-11-30T11:00:05Z"  # an hour ahead, as its router stamped it
+    a = write_lines(tmp_path / "a.jsonl", [json.dumps(native_observation(i)) for i in range(20)])
+    b = write_lines(tmp_path / "b.jsonl", [json.dumps(row) for row in rows])
+    samples = SampleReader("h100-sxm", "llama-3.1-8b").read([str(a), str(b)])
+    split = _split(samples, 0.25)
+    assert split.basis == BY_READ_ORDER and "b.jsonl" in split.reason, split.reason
+    assert split.evaluation.tolist() == list(range(30, 40))
 
 
 def test_a_gzip_compressed_jsonl_source_is_read_as_its_rows(tmp_path: Path) -> None:

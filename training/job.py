@@ -319,7 +319,7 @@ def _read(config: RetrainConfig, accelerator: str, model: str, bar: _Progress) -
 
 def _split(samples: Samples, eval_share: float) -> TimeSplit:
     try:
-        return split_recent(samples.timestamps, eval_share)
+        return split_recent(samples.timestamps, eval_share, samples.source, [s.name for s in samples.sources])
     except ValueError as err:
         raise RetrainError(str(err)) from None
 
@@ -508,6 +508,7 @@ def _report(
             "malformed_total": samples.malformed_total,
             "malformed": [{"source": m.source, "where": m.where, "problem": m.problem} for m in samples.malformed],
             "ordered_by": split.basis,
+            "order_reason": split.reason,  # for read order: why the timestamps were not used
             "history_rows": len(split.history),
             "evaluation_rows": len(split.evaluation),
             "evaluation_from": float(np.min(eval_stamps)) if np.isfinite(eval_stamps).all() else None,

@@ -101,8 +101,9 @@ def summary_markdown(report: dict[str, Any]) -> str:
         lines.append(f"  - {item['source']} {item['where']}: {item['problem']}")
     if samples["malformed_total"] > len(listed):
         lines.append(f"  - ... {samples['malformed_total'] - len(listed)} more in report.json")
+    order = samples["ordered_by"] + (f" ({samples['order_reason']})" if samples.get("order_reason") else "")
     lines.append(
-        f"- ordered by {samples['ordered_by']}; history {samples['history_rows']} rows, evaluation slice (most "
+        f"- ordered by {order}; history {samples['history_rows']} rows, evaluation slice (most "
         f"recent) {samples['evaluation_rows']} rows"
     )
     training = report["training"]
@@ -264,9 +265,10 @@ def print_result(report: dict[str, Any], as_json: bool) -> None:
         print(f"kept the champion (version {kept_version(registry)} in {registry['name']})")
     print(report["decision"]["reason"])
     samples = report["samples"]
+    order = samples["ordered_by"] + (f" ({samples['order_reason']})" if samples.get("order_reason") else "")
     print(
         f"{samples['rows']} rows used ({samples['malformed_total']} malformed left out), ordered by "
-        f"{samples['ordered_by']}; judged on the most recent {samples['evaluation_rows']}; "
+        f"{order}; judged on the most recent {samples['evaluation_rows']}; "
         f"{report['timings_s']['total_s']:.1f} s on {report['training']['backend']}"
     )
     for path in report.get("files", []):

@@ -6,13 +6,21 @@ the most recent share becomes the evaluation slice on which champion and challen
 hyper-parameter search runs scikit-learn's `TimeSeriesSplit` folds inside the history before it (each fold fits
 on a past and validates on the block right after it).
 
-Time order is the rows' timestamps when every row has one (a stable sort, so rows of one instant keep their read
-order); otherwise it is the order the rows were read in, sources in the order given (an llm-d JSONL file or the
-service's stream is already in arrival order), and the split says so.
+The order each source received its rows in is the one order no clock can upset: the service's stream is in the
+order Redis took them, a JSONL file in the order its lines were written. The rows' timestamps are the clocks of
+the routers that sent them, which can run apart: a router an hour ahead would supply the whole evaluation slice if
+rows were sorted by timestamp, and a year-9999 timestamp would always be judged on. So timestamps only merge
+sources, and only when they agree with arrival order: every row has one, none is more than `AGREEMENT_S` ahead of
+this host's clock, and in no source does a row's timestamp fall more than `AGREEMENT_S` behind one that arrived
+before it (clocks a little apart and requests of different lengths stay within that). Each source then keeps its
+own order, placed among the others by the latest timestamp seen in it so far. Otherwise the order is the order
+the rows were read in, sources in the order given, and the split says why.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,46 +28,84 @@ from sklearn.model_selection import TimeSeriesSplit
 
 BY_TIMESTAMP = "timestamp"
 BY_READ_ORDER = "read order"
+AGREEMENT_S = 300.0
+"""How far a row's timestamp may fall behind one that arrived before it in its source, or run ahead of this host's
+clock, for the timestamps to be taken as agreeing with arrival order."""
 
 
-def time_order(timestamps: np.ndarray) -> tuple[np.ndarray, str]:
-    """Row indices in time order and what the order rests on (`BY_TIMESTAMP` or `BY_READ_ORDER`).
+def time_order(
+    timestamps: np.ndarray,
+    source: np.ndarray | None = None,
+    names: Sequence[str] = (),
+    now: float | None = None,
+) -> tuple[np.ndarray, str, str]:
+    """Row indices in time order, what the order rests on (`BY_TIMESTAMP` or `BY_READ_ORDER`) and, for read
+    order, why the timestamps were not used. `source`: each row's source (one source if None), `names` theirs;
+    `now`: this host's clock (time.time() if None).
 
-    >>> order, basis = time_order(np.array([3.0, 1.0, 2.0, 1.0]))
+    >>> order, basis, why = time_order(np.array([1.0, 3.0, 2.0, 4.0]), np.array([0, 0, 1, 1]), now=10.0)
     >>> order.tolist(), basis
-    ([1, 3, 2, 0], 'timestamp')
-    >>> time_order(np.array([3.0, np.nan]))[1]
-    'read order'
+    ([0, 2, 1, 3], 'timestamp')
+    >>> time_order(np.array([3.0, np.nan]))[1:]
+    ('read order', 'not every row has a timestamp')
     """
     n = len(timestamps)
-    if n and np.isfinite(timestamps).all():
-        return np.argsort(timestamps, kind="stable"), BY_TIMESTAMP
-    return np.arange(n), BY_READ_ORDER
+    read_order = np.arange(n)
+    if not n or not np.isfinite(timestamps).all():
+        return read_order, BY_READ_ORDER, "not every row has a timestamp"
+    now = time.time() if now is None else now
+    ahead = float(timestamps.max()) - now
+    if ahead > AGREEMENT_S:
+        return read_order, BY_READ_ORDER, f"a timestamp is {ahead:.0f} s ahead of this host's clock"
+    source = np.zeros(n, dtype=np.intp) if source is None else np.asarray(source)
+    latest = np.empty(n)  # per row, the latest timestamp of its source up to it, in arrival order
+    for index in np.unique(source):
+        rows = np.flatnonzero(source == index)
+        latest[rows] = np.maximum.accumulate(timestamps[rows])
+        back = float((latest[rows] - timestamps[rows]).max())
+        if back > AGREEMENT_S:
+            name = names[index] if index < len(names) else f"source {index + 1}"
+            return (
+                read_order,
+                BY_READ_ORDER,
+                f"in {name} a timestamp goes {back:.0f} s back against the order the rows arrived in "
+                "(clocks that disagree)",
+            )
+    return np.argsort(latest, kind="stable"), BY_TIMESTAMP, ""
 
 
 @dataclass(frozen=True)
 class TimeSplit:
-    """Row indices (into the rows as read) of the history, oldest first, and of the evaluation slice after it."""
+    """Row indices (into the rows as read) of the history, oldest first, and of the evaluation slice after it;
+    what the order rests on and, for read order, why."""
 
     history: np.ndarray
     evaluation: np.ndarray
     basis: str
+    reason: str = ""
 
 
-def split_recent(timestamps: np.ndarray, eval_share: float) -> TimeSplit:
-    """The most recent `eval_share` of the rows (at least one) as the evaluation slice, the rest as history.
+def split_recent(
+    timestamps: np.ndarray,
+    eval_share: float,
+    source: np.ndarray | None = None,
+    names: Sequence[str] = (),
+    now: float | None = None,
+) -> TimeSplit:
+    """The most recent `eval_share` of the rows (at least one) as the evaluation slice, the rest as history
+    (`time_order` takes the other arguments).
 
-    >>> s = split_recent(np.array([5.0, 1.0, 4.0, 2.0, 3.0]), 0.4)
+    >>> s = split_recent(np.array([1.0, 2.0, 3.0, 5.0, 4.0]), 0.4, np.array([0, 0, 0, 0, 1]), now=10.0)
     >>> s.history.tolist(), s.evaluation.tolist()
-    ([1, 3, 4], [2, 0])
+    ([0, 1, 2], [4, 3])
     """
     if not 0.0 < eval_share < 1.0:
         raise ValueError(f"eval_share must be in (0, 1), got {eval_share}")
-    order, basis = time_order(timestamps)
+    order, basis, reason = time_order(timestamps, source, names, now)
     n_eval = max(1, int(round(len(order) * eval_share)))
     if n_eval >= len(order):
         raise ValueError(f"{len(order)} rows cannot be split into a history and an evaluation slice")
-    return TimeSplit(order[:-n_eval], order[-n_eval:], basis)
+    return TimeSplit(order[:-n_eval], order[-n_eval:], basis, reason)
 
 
 def search_folds(n: int, folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
