@@ -223,6 +223,7 @@ class OnlinePredictor:
         self.changed_at: datetime | None = None
         self.last_retrain: datetime | None = None
         self.retrain_error: str | None = None
+        self.retrain_failures = 0  # background retrains that raised (the service counts them in its metrics)
         self._retrain_wanted = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -552,6 +553,7 @@ class OnlinePredictor:
                     self.retrain_error = None
                 except Exception as err:  # LightGBM raises plain exceptions of several kinds
                     self.retrain_error = f"{type(err).__name__}: {err}"
+                    self.retrain_failures += 1
                     log.exception("background retrain failed")
 
     # --- introspection ------------------------------------------------------------------------------------

@@ -240,10 +240,10 @@ class ServiceMetrics:
             accepted = bool(outcome.get("accepted") or outcome.get("accepted_mean") or outcome.get("accepted_upper"))
             self.retrains.labels(target, "accepted" if accepted else "rejected").inc()
 
-    def observe_retrain_failure(self) -> None:
-        """Count a retrain that failed, for both targets."""
+    def observe_retrain_failure(self, count: int = 1) -> None:
+        """Count retrains that failed, for both targets (a retrain fits both)."""
         for target in ("ttft", "tpot"):
-            self.retrains.labels(target, "failed").inc()
+            self.retrains.labels(target, "failed").inc(count)
 
     def observe_live_error(
         self,

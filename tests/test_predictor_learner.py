@@ -311,6 +311,7 @@ def test_a_failing_background_retrain_is_recorded_and_the_thread_lives_on(monkey
     while predictor.status()["retrain_error"] is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "LightGBM exploded" in (predictor.status()["retrain_error"] or "")
+    assert predictor.retrain_failures >= 1  # counted, for the service's metrics
     first = len(calls)
     predictor.learn_many(x[400:], truth[400:, 0], truth[400:, 1])  # the next trigger is served again
     deadline = time.monotonic() + 20

@@ -70,6 +70,29 @@ def test_a_snapshot_from_before_an_adoption_is_ignored() -> None:
         assert runtime.predictor is served
 
 
+def test_failed_retrains_are_counted_from_the_learners_reports() -> None:
+    """`leadtime_retrains_total{outcome="failed"}` was exported and drawn on the dashboard, but nothing counted a
+    failure: it read 0 whatever the learner's retrains did."""
+    with TestClient(create_app(ServiceSettings(retrain_every=100_000))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(50)]})
+        assert wait_until(lambda: runtime._report is not None, timeout_s=60)
+        report = runtime._report
+        state, compiled = runtime.predictor.snapshot()
+
+        def failed() -> float:
+            return runtime.metrics.registry.get_sample_value(
+                "leadtime_retrains_total", {"target": "ttft", "outcome": "failed"}
+            )
+
+        for failures in (0, 2, 2, 3):  # reports carry the learner's count so far
+            runtime._on_snapshot(Snapshot(state, compiled, replace(report, retrain_failures=failures), None))
+        assert failed() == 3
+        restarted = replace(report, epoch=report.epoch, retrain_failures=1)  # a new learner counts from 0 again
+        runtime._on_snapshot(Snapshot(state, compiled, restarted, None))
+        assert failed() == 4
+
+
 def test_learner_report_round_trips_through_the_pipe() -> None:
     """The report crosses the process boundary by pickling: it must stay a plain picklable dataclass."""
     import pickle

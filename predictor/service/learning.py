@@ -63,6 +63,7 @@ class LearnerReport:
     learned: int = 0
     invalid: int = 0
     implausible: int = 0  # dropped by the poisoning guard
+    retrain_failures: int = 0  # retrains that raised, since this learner started
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ class _Child:
             learned=self.learned,
             invalid=self.invalid,
             implausible=self.implausible,
+            retrain_failures=predictor.retrain_failures,
         )
         self.conn.send(("snapshot", state, compiled, report, artifact))
         self.dirty = False

@@ -140,6 +140,7 @@ class ServiceRuntime:
         # Per background loop, the causes of unexpected errors whose traceback was logged (`_loop_turn`).
         self._loop_causes: dict[str, set[tuple[str, str, int]]] = {}
         self._retrain_error: str | None = None
+        self._retrain_failures_seen = 0  # the learner's count of failed retrains in the last report
         # A retrained model the store could not take (it was down): published once it is back.
         self._unpublished: bytes | None = None
         self._publication_warned = False  # that the store could not take one was logged (once per outage)
@@ -447,6 +448,14 @@ class ServiceRuntime:
             self._served_cursor = report.cursor
             with self._counts_lock:
                 self._report = report
+            # The report carries the learner's count of failed retrains since it started (a restarted one counts
+            # from 0 again): what is new since the last report goes to the metrics.
+            failures = report.retrain_failures
+            if failures < self._retrain_failures_seen:
+                self._retrain_failures_seen = 0
+            if failures > self._retrain_failures_seen:
+                self.metrics.observe_retrain_failure(failures - self._retrain_failures_seen)
+                self._retrain_failures_seen = failures
         if snapshot.artifact is not None:
             for result in report.retrains:
                 self._after_retrain(snapshot.artifact, result)
