@@ -80,7 +80,6 @@ PREDICTED_FIELDS = (
     "predicted_ttft_quantile_ms",
     "predicted_tpot_quantile_ms",
 )
-OBSERVATION_FIELDS = (*ACTUAL_FIELDS, *PREDICTED_FIELDS, "timestamp")
 MAX_PREDICTED_MS = 1e12
 """The most milliseconds a served prediction says (about 32 years: an infinity or overflow is served as this), and
 so the most a predicted_* field may carry: a value above it was never a prediction of this service, and one near

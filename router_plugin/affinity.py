@@ -70,7 +70,6 @@ class PrefixAffinity:
     ) -> None:
         self.chunk_bytes = chunk_bytes
         self.index = PrefixIndex(block_size=1, capacity_blocks=capacity_chunks)
-        self.prior_bytes_per_token = bytes_per_token
         self.memory_tokens = memory_tokens
         self._bytes = bytes_per_token * 1000.0  # the prior weighs as much as 1,000 tokens
         self._tokens = 1000.0

@@ -539,17 +539,6 @@ class Endpoint:
 
     # ----- what-if ------------------------------------------------------------------------------------------
 
-    def time_to_prefill(
-        self, request: SimRequest, now_ms: float, resume_at_ms: float | None = None, give_up_after_ms: float = math.inf
-    ) -> float:
-        """Exact time from `now_ms` until `request` would finish its prefill here, with no further arrivals.
-
-        `resume_at_ms` is when a parked endpoint will be resident again. Once the answer is known to exceed
-        `give_up_after_ms`, the forward simulation stops and returns infinity (a caller looking for the
-        minimum over endpoints needs no more).
-        """
-        return self.fork_until_prefilled(request, now_ms, resume_at_ms, give_up_after_ms)[0]
-
     def fork_until_prefilled(
         self,
         request: SimRequest,
@@ -559,7 +548,12 @@ class Endpoint:
         park_at_ms: float | None = None,
         away_ms: float = 0.0,
     ) -> tuple[float, Endpoint | None]:
-        """`time_to_prefill`, and the forked replica as it is the moment the prefill completes (None if cut).
+        """Exact time from `now_ms` until `request` would finish its prefill here, with no further arrivals, and
+        the forked replica as it is the moment the prefill completes (None if cut).
+
+        `resume_at_ms` is when a parked endpoint will be resident again. Once the answer is known to exceed
+        `give_up_after_ms`, the forward simulation stops and returns infinity (a caller looking for the
+        minimum over endpoints needs no more).
 
         The fork's `running` and `waiting` are then exactly the batch the request would join to decode (the
         request itself has left it: it ran as prefill-only). `park_at_ms`: a resident time-sliced endpoint
@@ -598,7 +592,7 @@ class Endpoint:
         return probe.prefill_done_ms - now_ms, sim
 
     def ttft_lower_bound_ms(self, request: SimRequest, now_ms: float, resume_at_ms: float | None = None) -> float:
-        """A cheap lower bound on `time_to_prefill` (no fork).
+        """A cheap lower bound on the time `fork_until_prefilled` finds (no fork).
 
         The step in flight ends first (a decode run can be cut at once), a parked endpoint resumes first, and
         the request's uncached prompt and the prefill queued ahead of it then take at least

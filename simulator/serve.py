@@ -328,6 +328,9 @@ class LiveEndpoint:
             "# TYPE vllm:cache_config_info gauge",
             f'vllm:cache_config_info{{block_size="{e.cache.block_size}",num_gpu_blocks="{e.cache.total_blocks}",'
             f"{label}}} 1.0",
+            "# HELP vllm:request_success_total Count of successfully processed requests.",
+            "# TYPE vllm:request_success_total counter",
+            f"vllm:request_success_total{{{label}}} {self.counters.requests_finished}",
             "# HELP vllm:num_preemptions_total Cumulative number of preemptions.",
             "# TYPE vllm:num_preemptions_total counter",
             f"vllm:num_preemptions_total{{{label}}} {e.preemptions}",

@@ -186,6 +186,10 @@ def test_load_shows_in_metrics_while_requests_run(server: FleetServer) -> None:
         t.join()
     assert seen > 0
     assert done == [60, 60, 60, 60]
+    # Counted as vLLM counts them (it was kept and never reported).
+    text = httpx.get(url + "/metrics", timeout=10).text
+    (line,) = [x for x in text.splitlines() if x.startswith("vllm:request_success_total")]
+    assert float(line.split()[-1]) >= 4
 
 
 def test_timesliced_endpoint_goes_away_and_comes_back() -> None:

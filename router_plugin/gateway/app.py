@@ -315,7 +315,6 @@ class Gateway:
         if timeslice is not None:
             self.attach_timeslice(timeslice)
         self._abandon = getattr(policy, "abandon", None)
-        self._started_ms = self.clock()
         self.replicas: ReplicaSync | None = None
 
     def attach_replicas(self, sync: ReplicaSync) -> None:
