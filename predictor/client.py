@@ -206,8 +206,10 @@ class HttpPredictorClient:
     base_url
         e.g. "http://127.0.0.1:8000".
     deadline_s
-        Default time budget of each call, the whole of it: connecting, sending, and reading the answer to its last
-        byte (an answer that trickles in is given up at the deadline, not only one that stalls).
+        Default time budget of each call. Connecting, sending and waiting for the answer's first bytes are each
+        bounded by it (httpx's timeouts are per step), and the answer is read against it as a whole: one that
+        trickles in is given up at the deadline. A service that stalls just short of it at every step can hold a
+        call up to about three times it (`LeanHttpPredictorClient`, the gateway's, holds one deadline throughout).
     api_token
         Sent as a Bearer token (needed on write paths when the service has one).
     ca_file
@@ -237,9 +239,8 @@ class HttpPredictorClient:
         budget = self._deadline(deadline_s)
         until = time.monotonic() + budget
         try:
-            # httpx's timeout bounds each step (connect, each read) anew: the answer is read chunk by chunk,
-            # against the call's deadline. (A read already waiting when the deadline passes ends at its own
-            # timeout, so a service that stalls outright can hold a call up to twice its deadline.)
+            # httpx's timeout bounds each step (connect, send, each read) anew: the answer is read chunk by chunk,
+            # against the call's deadline. (Each step may still take up to the whole budget: see the class.)
             with self._client.stream(method, path, json=body, timeout=budget) as response:
                 chunks = []
                 for chunk in response.iter_bytes():

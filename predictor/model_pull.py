@@ -80,7 +80,8 @@ class ModelPull(Generic[T]):
     meanwhile
         What the caller does while it holds no model, for the log line of a failure ("serving the prior ...").
     timeout_s
-        Budget of one pull (the download; `load` is not bounded by it).
+        Bound of each step of a pull (connecting, waiting for each part of the answer), as httpx's timeouts are:
+        a source that trickles its answer is bounded by `MAX_MODEL_BYTES`, not by this (nor is `load`).
     api_token
         Sent as a Bearer token (the service does not need one to serve its model, but a proxy in front may).
     ca_file

@@ -15,8 +15,9 @@ Both carry the same document, YAML or JSON:
 timestamps are read everywhere here); one before 2000-01-01 is refused, naming it. With `now`, how long a group
 has been in its state is `now - since`, both on the orchestrator's clock, whatever the skew between its clock and
 the router's; without it, it is the router's wall clock less `since`, which an orchestrator's clock running behind
-makes too short (and one running ahead makes 0). Either way the result lands on the router's monotonic clock when
-the document is read. `leadtime sim serve` publishes its time-sliced fleet's groups in this form, `now` included.
+makes too long (and one running ahead too short, down to 0). Either way the result lands on the router's
+monotonic clock when the document is read. `leadtime sim serve` publishes its time-sliced fleet's groups in this
+form, `now` included.
 A document that cannot be read or parsed keeps the previous states (and is counted), as discovery does.
 """
 

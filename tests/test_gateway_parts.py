@@ -403,7 +403,7 @@ def test_a_since_before_2000_is_refused_naming_the_field(since: float) -> None:
 @pytest.mark.parametrize("orchestrator_ahead_s", [-60.0, -2.0, 0.0, 30.0])
 def test_a_documents_now_measures_since_on_the_orchestrators_clock(orchestrator_ahead_s: float) -> None:
     """With `now`, how long a group has been in its state is the orchestrator's own reckoning, whatever the skew
-    between its clock and the router's: without it, an orchestrator 2 s behind made a 3 s-old state 1 s old."""
+    between its clock and the router's: without it, an orchestrator 2 s behind made a 3 s-old state 5 s old."""
     orchestrator_now = WALL + orchestrator_ahead_s
     for now in (orchestrator_now, orchestrator_now * 1000.0):  # seconds or milliseconds, as `since`
         doc = _locked_since(orchestrator_now - 3.0, now=now)

@@ -156,6 +156,26 @@ def test_reload_swaps_in_a_newer_published_model() -> None:
         assert refused.status_code == 409 and "refused" in refused.json()["error"]
 
 
+def test_reload_says_unreachable_only_for_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any error but a refused model was answered 503 "the model registry is unreachable", a bug included (the
+    sync loop was corrected for the same mislabelling)."""
+    with TestClient(create_app(ServiceSettings()), raise_server_exceptions=False) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+
+        def fails(error: Exception) -> Any:
+            def sync() -> tuple[bool, bool]:
+                raise error
+
+            return sync
+
+        monkeypatch.setattr(runtime, "sync_from_store", fails(ConnectionError("redis: connection refused")))
+        down = c.post("/reload")
+        assert down.status_code == 503 and "unreachable" in down.json()["error"]
+        monkeypatch.setattr(runtime, "sync_from_store", fails(AttributeError("'str' object has no attribute 'x'")))
+        bug = c.post("/reload")
+        assert bug.status_code == 500 and "unreachable" not in bug.json()["error"]
+
+
 def test_only_the_lease_holder_retrains() -> None:
     store = MemoryStore()
     with (

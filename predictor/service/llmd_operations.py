@@ -128,7 +128,7 @@ async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
         synced, loaded = await asyncio.to_thread(runtime.sync_from_store)
     except ArtifactError as err:
         raise HTTPException(409, f"the newest published model was refused: {err}") from None
-    except Exception as err:
+    except OSError as err:  # the store's outages (StoreUnavailable is a ConnectionError); anything else is a bug (500)
         raise HTTPException(503, f"the model registry is unreachable: {err}") from None
     if pulled is not None and pulled[0] == "new":
         loaded = True  # swapped in by the call above, or by the model sync a moment before it: serving either way

@@ -1,6 +1,7 @@
 """The `--model-dir` file, shared with whoever else writes there (`leadtime retrain --registry DIR`).
 
-The service loads the directory's model at start and saves its own there when it publishes one and when it stops.
+The service loads the directory's model at start and saves its own there every minute while it learns, when it
+publishes one and when it stops.
 Another process may publish there meanwhile; its model must not be overwritten by an older lineage, so the
 service remembers what the file held when it last read or wrote it, and treats a change it did not make as a
 publication to take up (see `ServiceRuntime.sync_model_dir`), not as a file to write over.

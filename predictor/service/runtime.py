@@ -1,11 +1,12 @@
 """The state of one service instance and its background loops.
 
-Learning happens in a child process (`leadtime.predictor.service.learning`); this process serves. Three loops run
-beside the HTTP and gRPC handlers:
+Learning happens in a child process (`leadtime.predictor.service.learning`); this process serves. These loops run
+beside the HTTP and gRPC handlers (each turn guarded: an unexpected error is named in /readyz, not the loop's end):
 - ingest: reads accepted observations back from the store and forwards them to the learner process, so
   accepting is only an append (fast) and learning happens behind it, identically on every replica; the learner
   sends back snapshots that become the serving model;
-- model sync: waits for newer models in the store's registry and swaps them in (within a second);
+- model sync: waits for newer models in the store's registry and swaps them in (within a second); with
+  --model-dir it also takes up a model another process wrote there, and saves ours every minute while it learns;
 - lease: renews the one training lease; only its holder retrains and publishes what it accepted (and, after a
   store outage, the retrained model the store could not take then);
 - model pull (`--role prediction --model-from URL` only): pulls a training server's model every second and

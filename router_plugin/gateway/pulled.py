@@ -133,7 +133,8 @@ class PulledModel:
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop pulling (a pull in progress finishes first, within `timeout_s`)."""
+        """Stop pulling: waits up to `timeout_s` for a pull in progress to finish (the thread is a daemon: one
+        that takes longer does not hold the process)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
