@@ -11,7 +11,6 @@ scraped successfully is not routed to either: nothing is known of it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -167,12 +166,8 @@ class Scraper:
             if response.status != 200:
                 raise UpstreamError("status", f"/metrics answered {response.status}", responded=True)
             metrics = parse_vllm_metrics(wanted_lines(body))
-            base = scrape.state or endpoint.base_state(self.default_accelerator, self.default_model)
-            state = dataclasses.replace(
-                base,
-                num_request_waiting=metrics.num_requests_waiting,
-                num_request_running=metrics.num_requests_running,
-                kv_cache_percentage=metrics.kv_cache_usage,
+            state = metrics.endpoint_state(
+                scrape.state or endpoint.base_state(self.default_accelerator, self.default_model)
             )
         except (UpstreamError, FeatureError) as err:
             scrape.errors += 1
