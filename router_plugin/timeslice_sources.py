@@ -12,13 +12,13 @@ Both carry the same document, YAML or JSON:
     now: 1764612348.75           # optional: the orchestrator's clock as it wrote the document
 
 `since` and `now` are seconds since the epoch, or milliseconds (a number beyond 2e10 is milliseconds, as
-timestamps are read everywhere here); one before 2000-01-01 is refused, naming it. With `now`, how long a group
-has been in its state is `now - since`, both on the orchestrator's clock, whatever the skew between its clock and
-the router's; without it, it is the router's wall clock less `since`, which an orchestrator's clock running behind
-makes too long (and one running ahead too short, down to 0). Either way the result lands on the router's
-monotonic clock when the document is read. `leadtime sim serve` publishes its time-sliced fleet's groups in this
-form, `now` included.
-A document that cannot be read or parsed keeps the previous states (and is counted), as discovery does.
+timestamps are read everywhere here); one before 2000-01-01 is refused, naming it, but for a `since` of 0 (or
+none), which means not known and is taken as now. With `now`, how long a group has been in its state is
+`now - since`, both on the orchestrator's clock, whatever the skew between its clock and the router's; without it,
+it is the router's wall clock less `since`, which an orchestrator's clock running behind makes too long (and one
+running ahead too short, down to 0). Either way the result lands on the router's monotonic clock when the document
+is read. `leadtime sim serve` publishes its time-sliced fleet's groups in this form, `now` included. A document
+that cannot be read or parsed keeps the previous states (and is counted), as discovery does.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def parse_groups(data: object, router_now_ms: float, wall_now_s: float) -> dict[
         if g.state not in GROUP_STATES:
             raise TimesliceError(f"groups.{name}.state: must be one of {', '.join(GROUP_STATES)}, got {g.state!r}")
         since_ms = router_now_ms
-        if g.since is not None:
+        if g.since:  # absent, or 0 (an orchestrator's zero value): not known, taken as now
             since_ms -= max(0.0, now_s - _epoch_time(g.since, f"groups.{name}.since")) * 1e3
         out[name] = GroupStatus(g.state, g.active_job, g.loaded_job, g.waiters, since_ms)
     return out

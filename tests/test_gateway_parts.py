@@ -394,10 +394,16 @@ def test_since_is_read_in_seconds_or_milliseconds(since: float) -> None:
     assert status.since_ms == pytest.approx(47_000.0)
 
 
-@pytest.mark.parametrize("since", [1, 0, -5.0, 946_684_799.0])
+@pytest.mark.parametrize("since", [1, -5.0, 946_684_799.0])
 def test_a_since_before_2000_is_refused_naming_the_field(since: float) -> None:
     with pytest.raises(TimesliceError, match=r"groups\.g\.since: .*2000-01-01"):
         parse_groups(_locked_since(since), router_now_ms=50_000.0, wall_now_s=WALL)
+
+
+def test_a_since_of_0_means_not_known_as_it_always_did() -> None:
+    """An orchestrator that sends 0 for a time it does not know (a common zero value) keeps being read, as now."""
+    status = parse_groups(_locked_since(0), router_now_ms=50_000.0, wall_now_s=WALL)["g"]
+    assert status.since_ms == 50_000.0
 
 
 @pytest.mark.parametrize("orchestrator_ahead_s", [-60.0, -2.0, 0.0, 30.0])
