@@ -381,6 +381,38 @@ def test_a_replica_that_starts_from_the_registry_keeps_saving_its_model_dir_and_
         assert runtime._model_file.save(runtime.serving_artifact()[0]) is True
 
 
+def test_a_model_dir_take_up_whose_publication_fails_is_taken_up_later_not_written_over(tmp_path: Path) -> None:
+    """The file was noted as known before it was published: a publication refused (the lease lapsed) or failed
+    (the store down) left the job's model unpublished, never looked at again, and written over by the next save."""
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path, model_save_interval_s=0.1))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        theirs = OnlinePredictor(LearnerConfig(background=False))
+        theirs.version = 77
+        data = theirs.to_bytes()
+        with runtime._model_dir_lock:  # the sync loop held off while the lease lapses
+            runtime.store._lease_expires = 0.0  # a paused host: the lease lapsed, nobody took it
+            save_file(tmp_path, data)
+            assert runtime._take_up_model_dir(runtime._model_file) is False
+            assert runtime._model_file.save(b"ours") is False  # still the job's file, not written over
+        runtime._renew_lease()
+        assert wait_until(lambda: runtime.store_version >= 1, timeout_s=10)  # taken up once the lease is back
+        assert runtime.predictor.version == 77
+
+
+def test_a_refused_model_dir_file_is_moved_aside_also_when_the_registry_model_serves(tmp_path: Path) -> None:
+    """Noted as known at start whatever model serves, the file was checked only when it was the one loaded: a file
+    this build refuses, beside a registry model, was written over by the first save."""
+    (tmp_path / FILE_NAME).write_text("{}")
+    store = MemoryStore()
+    store.publish_model(OnlinePredictor(LearnerConfig(background=False)).to_bytes())
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        assert runtime.store_version == 1
+        assert runtime._model_file.save(runtime.serving_artifact()[0]) is True
+    (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith(FILE_NAME + ".refused-")]
+    assert kept.read_text() == "{}"
+
+
 def test_an_unreadable_model_file_at_start_is_refused_in_one_line(tmp_path: Path) -> None:
     """A directory where the artifact should be (or a file the service cannot read) stopped the start with a
     traceback."""

@@ -37,7 +37,7 @@ from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import MAX_PREDICTED_MS
 from leadtime.predictor import physics
-from leadtime.predictor.artifact import FILE_NAME, ArtifactError, decode, encode
+from leadtime.predictor.artifact import FILE_NAME, ArtifactError, decode, encode, load_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
 from leadtime.predictor.model_pull import ModelPull
@@ -312,6 +312,7 @@ class ServiceRuntime:
                 predictor = OnlinePredictor.from_bytes(latest[1], background=False)
                 self.store_version = latest[0]
                 self._adopt_cursor(predictor)
+                self._check_model_dir_file()
                 return predictor
             except ArtifactError as err:
                 log.warning("ignoring published model %d: %s", latest[0], err)
@@ -350,6 +351,24 @@ class ServiceRuntime:
                 if self._model_file is not None:
                     self._model_file.note_refused()
         return OnlinePredictor(self._learner_config())
+
+    def _check_model_dir_file(self) -> None:
+        """With the registry's model serving at start, the --model-dir file is not loaded, but one this build
+        refuses (a newer build's, after a rollback) is still moved aside rather than written over by our first
+        save there (`ModelDirFile.note_refused`)."""
+        model_dir = self.settings.model_dir
+        if self._model_file is None or model_dir is None or not (model_dir / FILE_NAME).exists():
+            return
+        try:
+            decode(load_file(model_dir))
+        except (ArtifactError, OSError) as err:
+            log.warning(
+                "the model in %s is refused (%s): the registry's serves; it is moved aside, not written over, "
+                "when this service first saves its own there",
+                model_dir,
+                err,
+            )
+            self._model_file.note_refused()
 
     def _install(self, predictor: OnlinePredictor) -> None:
         """Make `predictor` the serving one; close the one it replaces."""
@@ -698,12 +717,15 @@ class ServiceRuntime:
             return False
         if read is None:
             return False
-        model_file.note(read)  # taken up or refused: either way not looked at again until it changes
+        # Noted as known (not looked at again until it changes) once refused or published: a publication that
+        # fails (the store down, the lease lapsed) leaves it to be taken up at a later turn, and it is not written
+        # over meanwhile (a save finds it changed).
         try:
             predictor = OnlinePredictor.from_bytes(read.data, background=False)
         except ArtifactError as err:
             log.warning("ignoring the model another process wrote to %s: %s", model_file.directory, err)
             self._loop_errors["model_load"] = f"the model in {model_file.directory} was refused ({err})"
+            model_file.note(read)
             model_file.note_refused()  # moved aside, not written over, by this service's next save
             return False
         predictor.metadata.pop(CURSOR_KEY, None)
@@ -718,6 +740,7 @@ class ServiceRuntime:
         except Exception as err:
             self._loop_errors["model_load"] = f"cannot publish the model in {model_file.directory}: {err}"
             return False
+        model_file.note(read)
         self._loop_errors.pop("model_load", None)
         log.info(
             "taking up the model another process wrote to %s (its version %d, published as %d)",
