@@ -93,6 +93,41 @@ def test_failed_retrains_are_counted_from_the_learners_reports() -> None:
         assert failed() == 4
 
 
+def test_a_learners_count_of_failed_retrains_survives_an_adoption() -> None:
+    """The count lived on the learner's predictor, which an adoption replaces: the failures before it were lost to
+    the service's metrics whenever the first report after it already counted as many."""
+    import multiprocessing
+
+    from leadtime.predictor.learner import OnlinePredictor as Predictor
+    from leadtime.predictor.service.learning import ChildSetup, _Child
+
+    parent, child_end = multiprocessing.Pipe()
+    artifact = Predictor().to_bytes()
+    setup = ChildSetup(
+        artifact=artifact,
+        cursor="0",
+        epoch=1,
+        retrain=False,
+        retrain_every=100,
+        default_accelerator="h100-sxm",
+        default_model="llama-3.1-8b",
+        nice=0,
+        snapshot_interval_s=0.25,
+    )
+    child = _Child(child_end, setup)
+    try:
+        child.predictor.retrain_failures = 2
+        child.handle(("adopt", artifact, "0", 2))
+        child.predictor.retrain_failures = 1  # the adopted learner's own
+        child.snapshot()
+        report = parent.recv()[3]
+        assert report.retrain_failures == 3
+    finally:
+        child.predictor.close()
+        parent.close()
+        child_end.close()
+
+
 def test_learner_report_round_trips_through_the_pipe() -> None:
     """The report crosses the process boundary by pickling: it must stay a plain picklable dataclass."""
     import pickle

@@ -63,7 +63,7 @@ class LearnerReport:
     learned: int = 0
     invalid: int = 0
     implausible: int = 0  # dropped by the poisoning guard
-    retrain_failures: int = 0  # retrains that raised, since this learner started
+    retrain_failures: int = 0  # retrains that raised since this learner process started, adoptions included
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,7 @@ class _Child:
         self.learned = 0
         self.invalid = 0
         self.implausible = 0
+        self.retrain_failures_before = 0  # failed retrains of the learners this one replaced by adoptions
         self.predictor = self._load(setup.artifact)
         self.lease_retrain = setup.retrain  # what the lease allows; paused for min_retrain_interval_s after one
         self.last_retrain_at = -float("inf")
@@ -159,6 +160,7 @@ class _Child:
             self.predictor.config.retrain = old.config.retrain
             self.predictor.config.retrain_every = old.config.retrain_every
             old.close()
+            self.retrain_failures_before += old.retrain_failures  # counted for as long as this process lives
             self.retrains.clear()  # results of the replaced learner's retrains describe a model no longer served
             self.retrained.clear()
             self.cursor, self.epoch = cursor, epoch
@@ -232,7 +234,7 @@ class _Child:
             learned=self.learned,
             invalid=self.invalid,
             implausible=self.implausible,
-            retrain_failures=predictor.retrain_failures,
+            retrain_failures=self.retrain_failures_before + predictor.retrain_failures,
         )
         self.conn.send(("snapshot", state, compiled, report, artifact))
         self.dirty = False
