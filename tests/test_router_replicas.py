@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 import yaml
 from redis_server import RedisServer
@@ -463,3 +464,18 @@ def test_a_refused_password_is_named_and_never_shown(tmp_path: Path, caplog: pyt
     assert sum("refused the password" in m for m in said) == 2, said  # publishing and hearing, once each
     assert all(f"redis://127.0.0.1:{server.port}/0" in m for m in said), said
     assert not any("wr" in m.split("redis://")[-1].split("/")[0] or "%2F" in m for m in said), said
+
+
+def test_a_message_that_is_refused_teaches_the_clocks_nothing() -> None:
+    """The clock sample was taken before the events were checked: one malformed message under a replica's name with
+    a bogus clock set that replica's shift for a minute (and every name sent stayed for good)."""
+    clocks = SenderClocks()
+    good = encode("b", [], 5_000.0, 0.0)
+    decode(good, clocks, now_ms=10_000.0)
+    bogus = orjson.dumps({"origin": "b", "mono_ms": 1e12, "wall_ms": 0.0, "events": [{"kind": "nonsense"}]})
+    with pytest.raises(ValueError):
+        decode(bogus, clocks, now_ms=10_001.0)
+    with pytest.raises(ValueError):
+        decode(orjson.dumps({"origin": "x", "mono_ms": 1.0, "wall_ms": 0.0, "events": "no"}), clocks, 10_001.0)
+    assert clocks.shift("b", 6_000.0, 11_000.0) == 5_000.0  # as the good message said
+    assert "x" not in clocks._samples

@@ -111,7 +111,19 @@ class SenderClocks:
 
     def shift(self, origin: str, sender_ms: float, received_ms: float) -> float:
         """What to add to a time on `origin`'s clock to have it on the receiver's, given a message of `origin`
-        sent at `sender_ms` (its clock) and received at `received_ms` (the receiver's)."""
+        sent at `sender_ms` (its clock) and received at `received_ms` (the receiver's); the message is learned."""
+        self.learn(origin, sender_ms, received_ms)
+        return self._samples[origin][0][1]
+
+    def peek(self, origin: str, sender_ms: float, received_ms: float) -> float:
+        """`shift` as it would be with this message, which is not learned (not yet checked)."""
+        sample = received_ms - sender_ms
+        samples = self._samples.get(origin)
+        recent = [s for at, s in samples or () if at >= received_ms - self.window_ms]
+        return min([sample, *recent])
+
+    def learn(self, origin: str, sender_ms: float, received_ms: float) -> None:
+        """Learn from a message of `origin` sent at `sender_ms`, received at `received_ms`."""
         samples = self._samples.setdefault(origin, collections.deque())
         sample = received_ms - sender_ms
         while samples and samples[-1][1] >= sample:
@@ -119,7 +131,6 @@ class SenderClocks:
         samples.append((received_ms, sample))
         while samples[0][0] < received_ms - self.window_ms:
             samples.popleft()
-        return samples[0][1]
 
     def forget(self, origin: str) -> None:
         """Drop what is known of `origin`'s clock (a replica gone)."""
@@ -139,7 +150,8 @@ def decode(body: bytes, clocks: SenderClocks, now_ms: float) -> tuple[str, list[
     raw_events = message.get("events")
     if not isinstance(raw_events, list):
         raise ValueError("events: expected a list")
-    shift = clocks.shift(message["origin"], mono, now_ms)  # sender's monotonic → receiver's monotonic
+    # sender's monotonic → receiver's monotonic; the message is learned from once it is known to be one of ours
+    shift = clocks.peek(message["origin"], mono, now_ms)
     events: list[Event] = []
     for raw in raw_events:
         if not isinstance(raw, Mapping):
@@ -152,6 +164,7 @@ def decode(body: bytes, clocks: SenderClocks, now_ms: float) -> tuple[str, list[
                 sent = event.sent.shifted(shift)
                 event = dataclasses.replace(event, sent=dataclasses.replace(sent, sent_ms=min(sent.sent_ms, now_ms)))
             events.append(event)
+    clocks.learn(message["origin"], mono, now_ms)
     return message["origin"], events
 
 
@@ -348,6 +361,7 @@ class ReplicaSync:
             log.debug("a message on %s that is not a replica's: %s", self.channel, err)
             return
         if origin == self.origin:
+            self._clocks.forget(origin)  # our own, echoed by the channel: no clock to map
             return
         events = [_as_remote(event, origin) for event in events]
         self._heard[origin] = time.monotonic()
