@@ -150,7 +150,7 @@ class _Adwin:
     """river's `drift.ADWIN()`: its Rust core with ADWIN's defaults, reset on the update after a drift as ADWIN
     is. `from river import drift` pulls in scikit-learn, scipy.stats and pandas for the package's example datasets:
     ~0.7 s and ~70 MiB at every start of every process (the service, each CLI run, each test worker) for this one
-    detector. `new_drift_detector` falls back to river's ADWIN should a release move the core."""
+    detector. `new_drift_detector` falls back to river's ADWIN should a release move the core or change it."""
 
     __slots__ = ("_core", "_helper", "drift_detected")
 
@@ -172,11 +172,12 @@ def new_drift_detector() -> Any:
     """A drift detector on a target's errors: ADWIN with river's defaults (`update(x)`, then `drift_detected`)."""
     try:
         from river._river_rust.drift import AdaptiveWindowing
-    except ImportError:  # pragma: no cover - a river whose core moved
+
+        return _Adwin(AdaptiveWindowing)
+    except (ImportError, TypeError):  # pragma: no cover - a river whose core moved or whose arguments changed
         from river import drift
 
         return drift.ADWIN()
-    return _Adwin(AdaptiveWindowing)
 
 
 class TargetModel:
