@@ -7,16 +7,32 @@ import signal
 import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
 from test_service_store import entry, wait_until
 
 from leadtime.predictor.service.app import create_app
-from leadtime.predictor.service.learning import LearnerReport, Snapshot
+from leadtime.predictor.service.learning import ChildSetup, LearnerReport, Snapshot
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.memory import MemoryStore
 
 ROW = {k: v for k, v in entry(0).items() if not k.startswith("actual_")}
+
+
+def child_setup(artifact: bytes, **overrides: Any) -> ChildSetup:
+    """A learner child's start-up data, with the defaults the service gives it."""
+    fields: dict[str, Any] = {
+        "cursor": "0",
+        "epoch": 1,
+        "retrain": False,
+        "retrain_every": 100,
+        "default_accelerator": "h100-sxm",
+        "default_model": "llama-3.1-8b",
+        "nice": 0,
+        "snapshot_interval_s": 0.25,
+    }
+    return ChildSetup(artifact=artifact, **{**fields, **overrides})
 
 
 def _predict(client: TestClient) -> float:
@@ -99,22 +115,11 @@ def test_a_learners_count_of_failed_retrains_survives_an_adoption() -> None:
     import multiprocessing
 
     from leadtime.predictor.learner import OnlinePredictor as Predictor
-    from leadtime.predictor.service.learning import ChildSetup, _Child
+    from leadtime.predictor.service.learning import _Child
 
     parent, child_end = multiprocessing.Pipe()
     artifact = Predictor().to_bytes()
-    setup = ChildSetup(
-        artifact=artifact,
-        cursor="0",
-        epoch=1,
-        retrain=False,
-        retrain_every=100,
-        default_accelerator="h100-sxm",
-        default_model="llama-3.1-8b",
-        nice=0,
-        snapshot_interval_s=0.25,
-    )
-    child = _Child(child_end, setup)
+    child = _Child(child_end, child_setup(artifact))
     try:
         child.predictor.retrain_failures = 2
         child.handle(("adopt", artifact, "0", 2))
@@ -190,22 +195,10 @@ def test_retrains_rest_min_retrain_interval_s_after_one_and_follow_the_lease() -
     import time as clock
 
     from leadtime.predictor.learner import OnlinePredictor as Predictor
-    from leadtime.predictor.service.learning import ChildSetup, _Child
+    from leadtime.predictor.service.learning import _Child
 
     parent, child_end = multiprocessing.Pipe()
-    setup = ChildSetup(
-        artifact=Predictor().to_bytes(),
-        cursor="0",
-        epoch=1,
-        retrain=True,
-        retrain_every=100,
-        default_accelerator="h100-sxm",
-        default_model="llama-3.1-8b",
-        nice=0,
-        snapshot_interval_s=0.25,
-        min_retrain_interval_s=30.0,
-    )
-    child = _Child(child_end, setup)
+    child = _Child(child_end, child_setup(Predictor().to_bytes(), retrain=True, min_retrain_interval_s=30.0))
     try:
         child._pace_retrains()
         assert child.predictor.config.retrain is True  # none yet: free to retrain
@@ -250,21 +243,11 @@ def test_a_learner_killed_before_it_read_its_model_does_not_hang_the_start() -> 
     write for good once the model passed the pipe's 64 KiB, no signal able to stop it. The model now goes over
     the learner's own pipe, whose other end the parent closed."""
     from leadtime.predictor.learner import OnlinePredictor as Predictor
-    from leadtime.predictor.service.learning import ChildSetup, LearnerProcess
+    from leadtime.predictor.service.learning import LearnerProcess
 
     before = set(_spawned_children())
     artifact = Predictor().to_bytes()
-    setup = ChildSetup(
-        artifact=artifact + b" " * (4 << 20),  # a large model (trailing spaces decode as JSON whitespace)
-        cursor="0",
-        epoch=1,
-        retrain=False,
-        retrain_every=100,
-        default_accelerator="h100-sxm",
-        default_model="llama-3.1-8b",
-        nice=0,
-        snapshot_interval_s=0.25,
-    )
+    setup = child_setup(artifact + b" " * (4 << 20))  # a large model (trailing spaces decode as JSON whitespace)
     learner = LearnerProcess(lambda snapshot: None, lambda: None)
     outcome: list[BaseException | None] = []
 
