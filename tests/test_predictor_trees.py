@@ -226,7 +226,7 @@ def test_trees_loaded_with_their_compiled_forms_stay_text_until_lightgbm_is_need
     np.testing.assert_array_equal(loaded.predict_upper(probe), upper.predict(probe, num_threads=1))
     assert loaded.to_dict() == trees.to_dict()
     assert loaded.mean._booster is None  # predicting and serializing never parsed it
-    # What the compiled form does not take goes to LightGBM, parsed on first use; importances need it too.
+    # What the compiled form does not take goes to LightGBM, parsed on first use (importances are read from the text).
     as_float32 = np.clip(probe, -1e30, 1e30).astype(np.float32)
     np.testing.assert_array_equal(loaded.predict_mean(as_float32), mean.predict(as_float32, num_threads=1))
     np.testing.assert_array_equal(
@@ -237,3 +237,26 @@ def test_trees_loaded_with_their_compiled_forms_stay_text_until_lightgbm_is_need
     broken["mean"] = str(broken["mean"])[: len(str(broken["mean"])) // 2]
     with pytest.raises(ValueError, match="LightGBM text"):
         ResidualTrees.from_dict(broken, compiled=trees.compiled)
+
+
+@pytest.mark.parametrize("objective", ["regression", "quantile"])
+def test_a_text_boosters_importances_are_read_from_its_text_as_lightgbm_gives_them(
+    objective: str, training: tuple
+) -> None:
+    """Importances parsed LightGBM's booster from the text, importing LightGBM (and scikit-learn, scipy, pandas
+    through it: ~1 s and ~150 MB) into a service that otherwise predicts with compiled trees, at the first /metrics
+    scrape after trees existed."""
+    x, y = training
+    for booster in (
+        fit_booster("ttft", objective, 0.9, x, y, rounds=60, seed=3),
+        fit_booster("tpot", objective, 0.9, x, np.full(len(x), 0.25), rounds=10, seed=3),  # single leaves
+    ):
+        text = TextBooster(booster.model_to_string())
+        parsed = lgb.Booster(model_str=booster.model_to_string())  # what the service's text gave before
+        for kind in ("gain", "split"):
+            np.testing.assert_allclose(
+                text.feature_importance(importance_type=kind),
+                parsed.feature_importance(importance_type=kind),
+                rtol=1e-12,
+            )
+        assert text._booster is None  # not parsed by LightGBM
