@@ -4,6 +4,7 @@ route`; the service is killed, or started late, to see what the gateway does wit
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -17,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
+from threaded_server import serve_in_a_thread
 from waiting import wait_for
 
 from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
@@ -373,3 +375,40 @@ def test_a_source_whose_model_version_went_back_is_warned_about(caplog: pytest.L
     pulled, said = pulls([(at(trained, 30), 1), (down, 2), (at(fresh, 0), 1)], caplog)
     assert pulled.pulls["new"] == 2
     assert any("went back from version 30 to 0" in m and "restarted" in m for m in said), said
+
+
+async def _trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A source answering GET /v1/model at once, then its body 1 KiB every 50 ms: 5 s in all, each read well
+    within any step's timeout."""
+    while True:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % (100 << 10)
+            )
+            for _ in range(100):
+                writer.write(b"x" * 1024)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+        except (OSError, asyncio.IncompleteReadError):
+            break
+    writer.close()
+
+
+def test_a_source_trickling_its_answer_is_given_up_at_the_pulls_deadline(caplog: pytest.LogCaptureFixture) -> None:
+    """httpx's timeout bounds each step (connecting, each read), not the pull: a source trickling its answer held
+    a pull (and /reload, or a gateway's stop, waiting on it) for as long as it kept sending, up to 64 MiB. The
+    pull's timeout is now its whole deadline: given up as an "error" naming it, said once."""
+    port, loop = serve_in_a_thread(_trickle)
+    pulled = PulledModel(f"http://127.0.0.1:{port}", LeanHttpPredictorClient("http://127.0.0.1:1"), timeout_s=0.5)
+    try:
+        with caplog.at_level(logging.INFO, logger="leadtime.router.pulled"), pulled._pull.client() as client:
+            for _ in range(2):
+                started = time.monotonic()
+                assert pulled.pull_once(client) == "error"
+                assert time.monotonic() - started < 1.5
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+    said = [r.getMessage() for r in caplog.records if r.name == "leadtime.router.pulled"]
+    assert len(said) == 1 and "the answer took longer than 0.5 s" in said[0], said
+    assert "took longer than 0.5 s" in pulled.health()["model_pull"]
