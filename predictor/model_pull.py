@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from leadtime.predictor.artifact import ArtifactError
-from leadtime.predictor.client import https_context
+from leadtime.predictor.client import https_context, time_left
 
 PULL_RESULTS = ("new", "unchanged", "error", "refused")
 """What one pull did: a new model taken, the one held still current (304), the source not answering with a
@@ -32,6 +32,13 @@ model, or what it sent refused."""
 MAX_MODEL_BYTES = 64 << 20
 """The largest model artifact a pull reads (a served model is a few hundred KB to a few MB): a wrong URL streaming
 a huge body is not read whole into memory."""
+DEFAULT_PULL_TIMEOUT_S = 30.0
+"""A pull's whole deadline by default: a model of a few MB over a slow link (about 1 MB/s) takes seconds to
+arrive, more than one step's timeout of a prediction call; while a pull lasts, `POST /reload` on a prediction
+server waits for it."""
+CONNECT_TIMEOUT_S = 5.0
+"""The longest a pull waits to connect (at most its whole deadline): a source that is down is found out in
+seconds, not at the end of a deadline sized for a download."""
 ROLE_HEADER = "x-leadtime-role"
 """Sent with `GET /v1/model`: the serving process's role. A prediction server takes its models from elsewhere, so
 pulling from one (or from oneself) would serve its prior for ever."""
@@ -80,8 +87,11 @@ class ModelPull(Generic[T]):
     meanwhile
         What the caller does while it holds no model, for the log line of a failure ("serving the prior ...").
     timeout_s
-        Bound of each step of a pull (connecting, waiting for each part of the answer), as httpx's timeouts are:
-        a source that trickles its answer is bounded by `MAX_MODEL_BYTES`, not by this (nor is `load`).
+        A pull's deadline, the whole download's (on `time.monotonic()`): the answer is read in chunks and given up
+        once it passes, as an "error" ("the answer took longer than N s"), so that a source trickling its answer
+        holds a pull (and `POST /reload`, which waits for it) no longer. Each step is bounded by it too (connecting
+        by `CONNECT_TIMEOUT_S` at most): a read begun just before the deadline may take it up to about twice as
+        long. `load` is not bounded by it.
     api_token
         Sent as a Bearer token (the service does not need one to serve its model, but a proxy in front may).
     ca_file
@@ -94,7 +104,7 @@ class ModelPull(Generic[T]):
         load: Callable[[bytes], T],
         log: logging.Logger,
         meanwhile: str,
-        timeout_s: float = 5.0,
+        timeout_s: float = DEFAULT_PULL_TIMEOUT_S,
         api_token: str | None = None,
         ca_file: str | Path | None = None,
     ) -> None:
@@ -123,8 +133,10 @@ class ModelPull(Generic[T]):
         being downloaded and refused again at every pull (every second, for ever)."""
 
     def client(self) -> httpx.Client:
-        """An HTTP client for the pulls (keep-alive, the TLS settings and token given)."""
-        return httpx.Client(timeout=self.timeout_s, headers=self._headers, verify=self._verify)
+        """An HTTP client for the pulls (keep-alive, the TLS settings and token given; each step bounded by the
+        pull's deadline, connecting by `CONNECT_TIMEOUT_S` at most)."""
+        timeout = httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, CONNECT_TIMEOUT_S))
+        return httpx.Client(timeout=timeout, headers=self._headers, verify=self._verify)
 
     def age_s(self) -> float | None:
         """Seconds since a pull last found the service (None before any did)."""
@@ -147,6 +159,7 @@ class ModelPull(Generic[T]):
     def _pull(self, client: httpx.Client) -> tuple[str, str, T | None]:
         known = [digest for digest in (self.digest, self._refused[0] if self._refused else "") if digest]
         headers = {"If-None-Match": ", ".join(f'"{digest}"' for digest in known)} if known else {}
+        until = time.monotonic() + self.timeout_s
         try:
             with client.stream("GET", self.url, headers=headers) as response:
                 announced = _etag(response)
@@ -159,7 +172,9 @@ class ModelPull(Generic[T]):
                     return "error", f"answered {response.status_code}", None
                 if response.headers.get(ROLE_HEADER) == "prediction":  # takes its models from elsewhere
                     return "refused", "refused: the source is a prediction server, with no model of its own", None
-                artifact = _read_at_most(response, MAX_MODEL_BYTES)
+                artifact = _read_at_most(response, MAX_MODEL_BYTES, until)
+        except TimeoutError:
+            return "error", f"the answer took longer than {self.timeout_s:g} s", None
         except httpx.HTTPError as err:
             return "error", str(err) or type(err).__name__, None
         if artifact is None:
@@ -203,10 +218,12 @@ def _etag(response: httpx.Response) -> str:
     return response.headers.get("etag", "").strip().removeprefix("W/").strip('"')
 
 
-def _read_at_most(response: httpx.Response, limit: int) -> bytes | None:
-    """The body, or None once it passes `limit` bytes (the rest is not read)."""
+def _read_at_most(response: httpx.Response, limit: int, until: float) -> bytes | None:
+    """The body, or None once it passes `limit` bytes (the rest is not read); TimeoutError once `until` (on
+    `time.monotonic()`) has passed, checked at each chunk (httpx bounds each read, not the body)."""
     chunks, size = [], 0
     for chunk in response.iter_bytes():
+        time_left(until)
         size += len(chunk)
         if size > limit:
             return None

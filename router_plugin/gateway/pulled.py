@@ -36,7 +36,7 @@ import numpy as np
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.predictor.client import DEFAULT_DEADLINE_S
 from leadtime.predictor.learner import OnlinePredictor
-from leadtime.predictor.model_pull import PULL_RESULTS, ModelPull
+from leadtime.predictor.model_pull import DEFAULT_PULL_TIMEOUT_S, PULL_RESULTS, ModelPull
 from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorUnavailable
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 
@@ -56,7 +56,7 @@ class PulledModel:
     interval_s
         Time between two pulls.
     timeout_s, api_token, ca_file
-        As `ModelPull` takes them (the pulls are its).
+        As `ModelPull` takes them (the pulls are its): `timeout_s` is a pull's whole deadline.
     """
 
     def __init__(
@@ -64,7 +64,7 @@ class PulledModel:
         base_url: str,
         observer: PredictorClient,
         interval_s: float = 1.0,
-        timeout_s: float = 5.0,
+        timeout_s: float = DEFAULT_PULL_TIMEOUT_S,
         api_token: str | None = None,
         ca_file: str | Path | None = None,
     ) -> None:
