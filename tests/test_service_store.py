@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_until
 
-from leadtime.predictor.artifact import FILE_NAME, decode, encode, save_file
+from leadtime.predictor.artifact import ARTIFACT_VERSION, FILE_NAME, decode, encode, save_file, seal
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.model_dir import ModelDirFile
@@ -539,6 +540,54 @@ def test_a_refusal_is_forgotten_once_this_replica_publishes_a_newer_model() -> N
         runtime._after_retrain(runtime.predictor.to_bytes(), accepted)
         assert store.latest_model()[0] == 2  # type: ignore[index]
         assert "model_sync" not in c.get("/readyz").json()["degraded"]
+
+
+def newer_build_artifact(predictor: OnlinePredictor) -> bytes:
+    """`predictor`'s artifact as a newer build writes it (one artifact version ahead, sealed): this build refuses it."""
+    document = json.loads(predictor.to_bytes())
+    document["artifact_version"] = ARTIFACT_VERSION + 1
+    return seal(document)
+
+
+def test_memory_store_keeps_the_last_versions_readable_one_by_one() -> None:
+    store = MemoryStore()
+    assert store.model_versions() == [] and store.model(1) is None
+    for i in range(6):
+        store.publish_model(b"artifact %d" % i)
+    assert store.model_versions() == [3, 4, 5, 6]  # the last four, oldest first
+    assert store.model(6) == b"artifact 5" and store.model(3) == b"artifact 2"
+    assert store.model(2) is None and store.model(7) is None
+
+
+def test_a_refused_newest_model_at_start_falls_back_to_the_newest_older_one_that_loads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After a rollback the registry's newest model was a newer build's: a replica started then ignored the older
+    ones still kept and served a fresh model, learning the whole stream again (710 ms predicted against the fleet's
+    131 ms until it had). It serves the newest it can read, from the stream position that model learned to."""
+    store = MemoryStore()
+    entries = [entry(i) for i in range(300)]
+    with TestClient(create_app(ServiceSettings(replica_id="a"), store=store)) as a:
+        ra = a.app.state.runtime  # type: ignore[attr-defined]
+        assert a.post("/add_training_data_bulk", json={"entries": entries}).status_code == 202
+        assert wait_until(lambda: learned(ra) == 300, timeout_s=30)
+        ra.predictor.version = 7
+        assert ra.publish(ra.predictor) == 1
+        assert store.publish_model(newer_build_artifact(ra.predictor)) == 2  # the newer build's, kept after it
+    with (
+        caplog.at_level(logging.INFO, logger="leadtime.service"),
+        TestClient(create_app(ServiceSettings(replica_id="b", role="prediction"), store=store)) as b,
+    ):
+        rb = b.app.state.runtime  # type: ignore[attr-defined]
+        assert rb.store_version == 1 and rb.predictor.version == 7
+        assert b.get("/status").json()["model_version"] == 7
+        assert learned(rb) == 300
+        time.sleep(0.5)  # a few turns of the loops: v2 is not tried again, no row is learned twice
+        assert learned(rb) == 300 and rb.store_version == 1 and rb._refused_version == 2
+        ready = b.get("/readyz")
+        assert ready.status_code == 200 and "published model 2 refused" in ready.json()["degraded"]["model_sync"]
+        serving = [r.getMessage() for r in caplog.records if "published model 1" in r.getMessage()]
+        assert len(serving) == 1 and "2" in serving[0], serving
 
 
 def learned(runtime: Any) -> int:
