@@ -296,7 +296,8 @@ class ServiceRuntime:
         )
 
     def _first_predictor(self) -> OnlinePredictor:
-        """The newest shared model, else the one saved in --model-dir, else a fresh one (physics prior)."""
+        """The newest shared model this build reads, else the one saved in --model-dir, else a fresh one (physics
+        prior)."""
         if self._model_file is not None:
             # What is there now is known, whichever model serves: not another process's publication to take up
             # (noted only when no registry model served, a replica restarted into a fleet never saved its model
@@ -316,8 +317,13 @@ class ServiceRuntime:
                 return predictor
             except ArtifactError as err:
                 log.warning("ignoring published model %d: %s", latest[0], err)
+                # The sync loop waits for a version newer than this one, whichever older one serves meanwhile.
                 self._refused_version = latest[0]
                 self._loop_errors["model_sync"] = f"published model {latest[0]} refused: {err}"
+                older = self._older_published_predictor(latest[0], err)
+                if older is not None:
+                    self._check_model_dir_file()
+                    return older
         model_dir = self.settings.model_dir
         if model_dir is not None and (model_dir / FILE_NAME).exists():  # an empty one: a first start
             try:
@@ -351,6 +357,40 @@ class ServiceRuntime:
                 if self._model_file is not None:
                     self._model_file.note_refused()
         return OnlinePredictor(self._learner_config())
+
+    def _older_published_predictor(self, refused: int, why: ArtifactError) -> OnlinePredictor | None:
+        """The newest of the older models the registry still keeps that this build reads, when it refused the newest
+        (`refused`; a newer build's, after a rollback): a replica starting then goes on from where the fleet's model
+        was, not from the prior learning the whole stream again. None if none loads (or the registry cannot tell)."""
+        try:
+            versions = sorted((v for v in self.store.model_versions() if v < refused), reverse=True)
+        except Exception as err:  # a store that is down must not stop the service from starting
+            log.warning("cannot read the model registry's older models at start: %s", err)
+            return None
+        for version in versions:
+            try:
+                artifact = self.store.model(version)
+            except Exception as err:
+                log.warning("cannot read published model %d at start: %s", version, err)
+                return None
+            if artifact is None:  # trimmed since it was listed
+                continue
+            try:
+                predictor = OnlinePredictor.from_bytes(artifact, background=False)
+            except ArtifactError as err:
+                log.warning("ignoring published model %d as well: %s", version, err)
+                continue
+            self.store_version = version
+            self._adopt_cursor(predictor)
+            log.warning(
+                "serving published model %d, the newest this build reads: the newest published, %d, is refused (%s); "
+                "a newer one is taken up when published",
+                version,
+                refused,
+                why,
+            )
+            return predictor
+        return None
 
     def _check_model_dir_file(self) -> None:
         """With the registry's model serving at start, the --model-dir file is not loaded, but one this build

@@ -85,6 +85,16 @@ class Store(Protocol):
         cannot be reached, so that an outage is not taken for an empty registry."""
         ...
 
+    def model_versions(self) -> list[int]:
+        """The versions the registry still holds, oldest first (it keeps the last few); [] if none is or the
+        backend cannot be reached. A replica that refuses the newest (a newer build's) starts from an older one."""
+        ...
+
+    def model(self, version: int) -> bytes | None:
+        """The artifact of one published `version`; None if it is no longer kept, was never published, or the
+        backend cannot be reached."""
+        ...
+
     def registry_version(self) -> int | None:
         """The newest version the registry holds with its artifact (0: none), or None if the backend cannot be
         reached or cannot yet tell whether it restarted (`stats()["server_restarts"]`); cheap (the artifact is not

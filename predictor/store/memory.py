@@ -204,6 +204,16 @@ class MemoryStore:
         """The newest (version, artifact), or None: nothing here is ever unreachable."""
         return self.latest_model()
 
+    def model_versions(self) -> list[int]:
+        """The versions kept (the last few), oldest first."""
+        with self._lock:
+            return [version for version, _ in self._models]
+
+    def model(self, version: int) -> bytes | None:
+        """The artifact of a kept `version`, or None."""
+        with self._lock:
+            return next((artifact for kept, artifact in self._models if kept == version), None)
+
     def registry_version(self) -> int | None:
         """The newest version kept (0: none): nothing here loses its models."""
         with self._lock:
