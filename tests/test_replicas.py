@@ -292,11 +292,15 @@ def test_a_replica_started_while_the_newest_model_is_refused_serves_the_newest_o
     a.send(entries)
     assert wait_until(lambda: a.learned() == len(entries), timeout_s=20)
     assert a.runtime.predictor is not None
-    version = a.runtime.publish(a.runtime.predictor)
-    served = a.status()["model_version"]
-    document = json.loads(a.runtime.predictor.to_bytes())
-    document["artifact_version"] = ARTIFACT_VERSION + 1  # written by a newer build (Redis takes only ours: by hand)
+    a.runtime.predictor.version = 7  # told apart from a fresh model's (0)
+    a.runtime.publish(a.runtime.predictor)
+    a.stop()  # the lease holder publishes no more models after the one written below (a retrain could)
     raw = redis.Redis.from_url(redis_url)
+    version = int(raw.get("leadtime:model:version") or 0)
+    document = json.loads(raw.get(f"leadtime:model:{version}") or b"")
+    served = document["version"]
+    assert served != 0  # A's model, not the fresh one's version
+    document["artifact_version"] = ARTIFACT_VERSION + 1  # written by a newer build (Redis takes only ours: by hand)
     raw.set(f"leadtime:model:{version + 1}", seal(document))
     raw.set("leadtime:model:version", version + 1)
     (b,) = start_replicas(count=1, replica_id="b", role="prediction")

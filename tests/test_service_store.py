@@ -542,9 +542,9 @@ def test_a_refusal_is_forgotten_once_this_replica_publishes_a_newer_model() -> N
         assert "model_sync" not in c.get("/readyz").json()["degraded"]
 
 
-def newer_build_artifact(predictor: OnlinePredictor) -> bytes:
-    """`predictor`'s artifact as a newer build writes it (one artifact version ahead, sealed): this build refuses it."""
-    document = json.loads(predictor.to_bytes())
+def newer_build_artifact(artifact: bytes) -> bytes:
+    """`artifact` as a newer build writes it (one artifact version ahead, sealed): this build refuses it."""
+    document = json.loads(artifact)
     document["artifact_version"] = ARTIFACT_VERSION + 1
     return seal(document)
 
@@ -572,22 +572,26 @@ def test_a_refused_newest_model_at_start_falls_back_to_the_newest_older_one_that
         assert a.post("/add_training_data_bulk", json={"entries": entries}).status_code == 202
         assert wait_until(lambda: learned(ra) == 300, timeout_s=30)
         ra.predictor.version = 7
-        assert ra.publish(ra.predictor) == 1
-        assert store.publish_model(newer_build_artifact(ra.predictor)) == 2  # the newer build's, kept after it
+        ra.publish(ra.predictor)
+    good = store.latest_model()  # A's (a retrain of its could have followed the one published here)
+    assert good is not None and json.loads(good[1])["version"] != 0  # not a fresh model's
+    served = json.loads(good[1])["version"]
+    refused = store.publish_model(newer_build_artifact(good[1]))  # the newer build's, kept after it
     with (
         caplog.at_level(logging.INFO, logger="leadtime.service"),
         TestClient(create_app(ServiceSettings(replica_id="b", role="prediction"), store=store)) as b,
     ):
         rb = b.app.state.runtime  # type: ignore[attr-defined]
-        assert rb.store_version == 1 and rb.predictor.version == 7
-        assert b.get("/status").json()["model_version"] == 7
+        assert rb.store_version == good[0] and rb.predictor.version == served
+        assert b.get("/status").json()["model_version"] == served
         assert learned(rb) == 300
-        time.sleep(0.5)  # a few turns of the loops: v2 is not tried again, no row is learned twice
-        assert learned(rb) == 300 and rb.store_version == 1 and rb._refused_version == 2
+        time.sleep(0.5)  # a few turns of the loops: the refused one is not tried again, no row is learned twice
+        assert learned(rb) == 300 and rb.store_version == good[0] and rb._refused_version == refused
         ready = b.get("/readyz")
-        assert ready.status_code == 200 and "published model 2 refused" in ready.json()["degraded"]["model_sync"]
-        serving = [r.getMessage() for r in caplog.records if "published model 1" in r.getMessage()]
-        assert len(serving) == 1 and "2" in serving[0], serving
+        assert ready.status_code == 200
+        assert f"published model {refused} refused" in ready.json()["degraded"]["model_sync"]
+        serving = [r.getMessage() for r in caplog.records if f"serving published model {good[0]}" in r.getMessage()]
+        assert len(serving) == 1 and f"{refused}, is refused" in serving[0], serving
 
 
 def learned(runtime: Any) -> int:
