@@ -361,11 +361,11 @@ class TextBooster:
 
 
 def text_importances(text: str, importance_type: str) -> np.ndarray:
-    """Per feature of a LightGBM text model: its splits ("split") or their gains summed ("gain"), as
+    r"""Per feature of a LightGBM text model: its splits ("split") or their gains summed ("gain"), as
     `Booster.feature_importance` gives them for every tree (LightGBM keeps each gain as a float32, and sums them
     in double precision, tree by tree).
 
-    >>> text = "max_feature_idx=2\nTree=0\nsplit_feature=0 2 0\nsplit_gain=1.5 2 0.25\nTree=1\nnum_leaves=1\n"
+    >>> text = "\n".join(["max_feature_idx=2", "Tree=0", "split_feature=0 2 0", "split_gain=1.5 2 0.25", "Tree=1"])
     >>> text_importances(text, "split").tolist(), text_importances(text, "gain").tolist()
     ([2.0, 0.0, 1.0], [1.75, 0.0, 2.0])
     """
