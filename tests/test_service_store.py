@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -566,11 +568,7 @@ def test_a_refused_newest_model_at_start_falls_back_to_the_newest_older_one_that
     ones still kept and served a fresh model, learning the whole stream again (710 ms predicted against the fleet's
     131 ms until it had). It serves the newest it can read, from the stream position that model learned to."""
     store = MemoryStore()
-    entries = [entry(i) for i in range(300)]
-    with TestClient(create_app(ServiceSettings(replica_id="a"), store=store)) as a:
-        ra = a.app.state.runtime  # type: ignore[attr-defined]
-        assert a.post("/add_training_data_bulk", json={"entries": entries}).status_code == 202
-        assert wait_until(lambda: learned(ra) == 300, timeout_s=30)
+    with replica_that_learned_300_rows(store) as (_, ra):
         ra.predictor.version = 7
         ra.publish(ra.predictor)
     good = store.latest_model()  # A's (a retrain of its could have followed the one published here)
@@ -599,14 +597,21 @@ def learned(runtime: Any) -> int:
     return int(sum(runtime.predictor.status()["observations"].values()))
 
 
+@contextlib.contextmanager
+def replica_that_learned_300_rows(store: MemoryStore) -> Iterator[tuple[TestClient, Any]]:
+    """Replica "a" on `store`, once it has learned 300 accepted rows: (its client, its runtime)."""
+    with TestClient(create_app(ServiceSettings(replica_id="a"), store=store)) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        entries = [entry(i) for i in range(300)]
+        assert client.post("/add_training_data_bulk", json={"entries": entries}).status_code == 202
+        assert wait_until(lambda: learned(runtime) == 300, timeout_s=30)
+        yield client, runtime
+
+
 def test_a_replica_joining_later_continues_from_the_published_model_without_relearning() -> None:
     """The published artifact records its stream position: a new replica must not learn those rows again."""
     store = MemoryStore()
-    entries = [entry(i) for i in range(300)]
-    with TestClient(create_app(ServiceSettings(replica_id="a"), store=store)) as a:
-        ra = a.app.state.runtime  # type: ignore[attr-defined]
-        assert a.post("/add_training_data_bulk", json={"entries": entries}).status_code == 202
-        assert wait_until(lambda: learned(ra) == 300, timeout_s=30)
+    with replica_that_learned_300_rows(store) as (a, ra):
         ra.publish(ra.predictor)
         more = [entry(i) for i in range(300, 400)]
         assert a.post("/add_training_data_bulk", json={"entries": more}).status_code == 202
