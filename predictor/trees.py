@@ -316,7 +316,7 @@ def parse_booster(text: str, checked: bool = False) -> lgb.Booster:
 
 class TextBooster:
     """A booster known by its LightGBM text and its compiled form, parsed by LightGBM only when something needs
-    LightGBM itself (importances, a booster without a compiled form).
+    LightGBM itself (a booster without a compiled form, its JSON dump; importances are read from the text).
 
     The service receives each retrained model from its learner process with the trees already compiled, so it
     never needs the parsed boosters to predict; parsing four of them (~8 ms, much of it holding the GIL) at every
@@ -326,6 +326,7 @@ class TextBooster:
     def __init__(self, text: str) -> None:
         self._text = text
         self._booster: lgb.Booster | None = None
+        self._importances: dict[str, np.ndarray] = {}  # read from the text once: it never changes
         self._lock = threading.Lock()
 
     def booster(self) -> lgb.Booster:
@@ -349,7 +350,10 @@ class TextBooster:
         LightGBM (with scikit-learn, scipy and pandas: ~1 s and ~150 MB) into a service that predicts without it."""
         if importance_type not in ("split", "gain"):
             return self.booster().feature_importance(importance_type=importance_type)
-        return text_importances(self._text, importance_type)
+        with self._lock:
+            if importance_type not in self._importances:
+                self._importances[importance_type] = text_importances(self._text, importance_type)
+            return self._importances[importance_type].copy()
 
     def feature_name(self) -> list[str]:
         """LightGBM's feature names."""
