@@ -272,15 +272,111 @@ def _probe_rows(compiled: CompiledTrees, rows: int = 128) -> np.ndarray:
     return x
 
 
+_MISSING_TYPES = ("None", "Zero", "NaN")  # LightGBM's decision_type bits 2-3
+
+
+def _text_model(text: str) -> dict[str, Any]:
+    """The parts of ``Booster.dump_model()`` that `_compile` reads, from a model's LightGBM text: compiling needs
+    no LightGBM then (a process that only predicts never imports it). ValueError for text that does not hold.
+
+    In the text each tree lists its splits by index: ``decision_type`` packs categorical (bit 0), default left
+    (bit 1) and the missing type (bits 2-3); a child >= 0 is a split, a child < 0 is leaf ``~child``.
+    """
+    header: dict[str, str] = {}
+    blocks: list[dict[str, str]] = []
+    fields = header
+    for line in text.splitlines():
+        if line == "end of trees":
+            break
+        key, has_value, value = line.partition("=")
+        if key == "Tree":
+            fields = {}
+            blocks.append(fields)
+        elif has_value:
+            fields[key] = value
+        elif line:
+            fields[line] = ""
+    else:
+        raise ValueError("LightGBM text: no end of trees")
+    return {
+        "objective": header.get("objective", ""),
+        "num_tree_per_iteration": int(header.get("num_tree_per_iteration", "1")),
+        "average_output": "average_output" in header,
+        "max_feature_idx": int(header["max_feature_idx"]),
+        "feature_names": header.get("feature_names", "").split(),
+        "tree_info": [{"tree_structure": _text_tree(block)} for block in blocks],
+    }
+
+
+def _text_tree(fields: dict[str, str]) -> dict[str, Any]:
+    """One tree of LightGBM text as dump_model's nested nodes."""
+
+    def numbers(key: str, kind: type) -> list[Any]:
+        return [kind(v) for v in fields.get(key, "").split()]
+
+    leaf_value = numbers("leaf_value", float)
+    if int(fields["num_leaves"]) != len(leaf_value) or not leaf_value:
+        raise ValueError("LightGBM text: leaf count and leaf values differ")
+    linear = fields.get("is_linear", "0") != "0"
+    feature, threshold = numbers("split_feature", int), numbers("threshold", float)
+    decision, left, right = numbers("decision_type", int), numbers("left_child", int), numbers("right_child", int)
+    if not len(feature) == len(threshold) == len(decision) == len(left) == len(right) == len(leaf_value) - 1:
+        raise ValueError("LightGBM text: a tree's split lists differ in length")
+    seen: set[int] = set()
+
+    def node(i: int) -> dict[str, Any]:
+        if i < 0:
+            leaf: dict[str, Any] = {"leaf_value": leaf_value[~i]}
+            if linear:
+                leaf["leaf_coeff"] = []
+            return leaf
+        if i in seen:
+            raise ValueError("LightGBM text: a split is reached twice")
+        seen.add(i)
+        return {
+            "split_feature": feature[i],
+            "threshold": threshold[i],
+            "decision_type": "==" if decision[i] & 1 else "<=",
+            "default_left": bool(decision[i] & 2),
+            "missing_type": _MISSING_TYPES[decision[i] >> 2 & 3],
+            "left_child": node(left[i]),
+            "right_child": node(right[i]),
+        }
+
+    return node(0 if feature else -1)
+
+
+def compile_text(text: str) -> CompiledTrees | None:
+    """A model's LightGBM text as CompiledTrees without LightGBM, or None when it must stay with LightGBM
+    (anything `compile_booster` leaves to it, or text this parser does not read).
+
+    Used where a model is loaded (from disk, the registry, a pull): there LightGBM would cost ~0.8 s of imports
+    and ~140 MB. The probe-row check against LightGBM runs where LightGBM is loaded anyway, at every fit
+    (`compile_booster` compiles from the same text), so a LightGBM that wrote a model this reads otherwise than
+    itself never has one compiled there, and the tests compare this with LightGBM on every kind of tree.
+    """
+    try:
+        model = _text_model(text)
+        if model["feature_names"] != list(TREE_FEATURES):
+            raise _Unsupported("trained on other features")
+        return _compile(model)
+    except _Unsupported as why:
+        log.debug("residual trees need LightGBM: %s", why)
+    except (ValueError, KeyError, IndexError) as err:
+        log.debug("residual trees need LightGBM: their text does not read (%s)", err)
+    return None
+
+
 def compile_booster(booster: Booster) -> CompiledTrees | None:
     """The booster as CompiledTrees, or None when it must stay with LightGBM.
 
     None for anything not reproduced exactly (categorical or zero-as-missing splits, linear trees, more than 8
     splits in a tree, output transforms) and, as a guard against a LightGBM whose semantics moved, whenever the
-    compiled form disagrees with ``Booster.predict`` on probe rows built around the model's own thresholds.
+    compiled form disagrees with ``Booster.predict`` on probe rows built around the model's own thresholds. It
+    compiles the booster's text, as `compile_text` does where a model is loaded.
     """
     try:
-        compiled = _compile(booster.dump_model())
+        compiled = _compile(_text_model(booster.model_to_string()))
         probe = _probe_rows(compiled)
         agrees = np.allclose(compiled.predict(probe), booster.predict(probe, num_threads=1), rtol=1e-12, atol=1e-12)
     except _Unsupported as why:
@@ -444,8 +540,8 @@ class ResidualTrees:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], compiled: dict[str, CompiledTrees | None] | None = None) -> ResidualTrees:
-        """`compiled`: the boosters' compiled forms when the caller has them (else they are compiled here). A
-        booster that comes with its compiled form is kept as text until LightGBM itself is needed."""
+        """`compiled`: the boosters' compiled forms when the caller has them (else they are compiled here, from
+        their text). A booster with a compiled form is kept as text until LightGBM itself is needed."""
         forms = dict(compiled) if compiled is not None else {}
 
         def load(name: str) -> Booster | None:
@@ -457,7 +553,9 @@ class ResidualTrees:
             check_lightgbm_text(text)
             if digest != hashlib.sha256(text.encode()).hexdigest():
                 raise ValueError("tree model does not match its checksum (corrupted?)")
-            if forms.get(name) is not None:
+            if name not in forms:
+                forms[name] = compile_text(text)
+            if forms[name] is not None:
                 return TextBooster(text)
             return parse_booster(text, checked=True)
 

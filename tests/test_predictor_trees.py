@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import lightgbm as lgb
 import numpy as np
 import pytest
 
 import leadtime.predictor.trees as trees_module
-from leadtime.predictor.trees import TREE_FEATURES, ResidualTrees, TextBooster, compile_booster, fit_booster
+from leadtime.predictor.trees import (
+    TREE_FEATURES,
+    ResidualTrees,
+    TextBooster,
+    compile_booster,
+    compile_text,
+    fit_booster,
+)
 
 WIDTH = len(TREE_FEATURES)
 K_ZERO = float(np.float32(1e-35))  # LightGBM's kZeroThreshold
@@ -74,11 +82,18 @@ def _hard_inputs(booster: lgb.Booster, n: int, seed: int) -> np.ndarray:
 
 
 def _assert_parity(booster: lgb.Booster, seed: int = 1) -> None:
-    compiled = compile_booster(booster)
-    assert compiled is not None
+    """Compiled from the booster (checked on probe rows) and from its text alone (what a loading process does,
+    without LightGBM), the trees give LightGBM's numbers, and both forms are the one LightGBM's JSON dump gives."""
+    compiled, from_text = compile_booster(booster), compile_text(booster.model_to_string())
+    assert compiled is not None and from_text is not None
+    from_dump = trees_module._compile(booster.dump_model())
+    for field in dataclasses.fields(from_dump):
+        np.testing.assert_array_equal(getattr(from_text, field.name), getattr(from_dump, field.name), field.name)
     for n in ROW_COUNTS:
         x = _hard_inputs(booster, n, seed + n)
-        np.testing.assert_array_equal(compiled.predict(x), booster.predict(x, num_threads=1))
+        expected = booster.predict(x, num_threads=1)
+        np.testing.assert_array_equal(compiled.predict(x), expected)
+        np.testing.assert_array_equal(from_text.predict(x), expected)
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +160,14 @@ def test_what_it_cannot_reproduce_stays_with_lightgbm(
     x, y = training
     base = {"objective": "regression", "num_leaves": 4, "verbosity": -1, "num_threads": 1, "seed": 1}
     label = np.abs(y) + 2.0 * np.isin(x[:, 1], [1, 3])  # column 1 matters as a category, not as an order
-    dataset = lgb.Dataset(x, label, categorical_feature=categorical or "auto")
+    dataset = lgb.Dataset(x, label, feature_name=list(TREE_FEATURES), categorical_feature=categorical or "auto")
     booster = lgb.train({**base, **params}, dataset, num_boost_round=5)
     with caplog.at_level(logging.DEBUG, logger="leadtime.predictor"):
         assert compile_booster(booster) is None
+    assert reason in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="leadtime.predictor"):
+        assert compile_text(booster.model_to_string()) is None
     assert reason in caplog.text
     probe = _features(np.random.default_rng(7), 200)
     probe[::7, 1] = np.nan
@@ -260,3 +279,29 @@ def test_a_text_boosters_importances_are_read_from_its_text_as_lightgbm_gives_th
                 rtol=1e-12,
             )
         assert text._booster is None  # not parsed by LightGBM
+
+
+def test_text_that_does_not_read_as_trees_is_left_to_lightgbm(training: tuple) -> None:
+    """A loading process compiles the trees from their text; text it cannot follow (a split reached twice, lists
+    of different lengths, an unknown missing type, other features) gives no compiled form, never an exception or
+    a loop."""
+    x, y = training
+    text = fit_booster("ttft", "regression", 0.9, x, y, rounds=5, seed=3).model_to_string()
+    assert compile_text(text) is not None
+    tree = text.index("Tree=0\n")
+
+    def edit_first(key: str, change: Callable[[list[str]], list[str]]) -> str:
+        start = text.index(f"\n{key}=", tree) + len(key) + 2
+        end = text.index("\n", start)
+        return text[:start] + " ".join(change(text[start:end].split())) + text[end:]
+
+    broken = [
+        edit_first("left_child", lambda v: ["0", *v[1:]]),  # the root is its own left child
+        edit_first("right_child", lambda v: v[:-1]),
+        edit_first("decision_type", lambda v: ["14", *v[1:]]),  # missing type 3 does not exist
+        edit_first("leaf_value", lambda v: ["x", *v[1:]]),
+        text.replace("feature_names=", "feature_names=other_", 1),
+        text.replace("\nend of trees", "", 1),
+    ]
+    for edited in broken:
+        assert compile_text(edited) is None
