@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import (
@@ -29,6 +30,7 @@ from leadtime.features.rows import (
     ROLES,
     FeatureRow,
     Observation,
+    check_count,
     feature_row_to_llmd,
     observation_to_llmd,
     parse_timestamp,
@@ -238,10 +240,17 @@ class HttpPredictorClient:
         httpx = self._httpx
         budget = self._deadline(deadline_s)
         until = time.monotonic() + budget
+        content, headers = None, None
+        if body is not None:
+            try:  # numpy's scalars as numbers: rows are often built from arrays (the gRPC client takes them)
+                content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+            except TypeError as err:
+                raise PredictorError("invalid", f"{method} {path}: the body cannot be sent as JSON: {err}") from None
+            headers = {"Content-Type": "application/json"}
         try:
             # httpx's timeout bounds each step (connect, send, each read) anew: the answer is read chunk by chunk,
             # against the call's deadline. (Each step may still take up to the whole budget: see the class.)
-            with self._client.stream(method, path, json=body, timeout=budget) as response:
+            with self._client.stream(method, path, content=content, headers=headers, timeout=budget) as response:
                 chunks = []
                 for chunk in response.iter_bytes():
                     chunks.append(chunk)
@@ -305,14 +314,16 @@ class HttpPredictorClient:
 
 
 @functools.cache
-def _wire() -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]:
-    """(Row fields, Observation fields but the row, Row text fields), read off the proto descriptor once."""
+def _wire() -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str], frozenset[str]]:
+    """(Row fields, Observation fields but the row, Row text fields, Row count fields), read off the proto
+    descriptor once."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     row = pb.Row.DESCRIPTOR.fields
     observation = tuple(f.name for f in pb.Observation.DESCRIPTOR.fields if f.name != "row")
     text = frozenset(f.name for f in row if f.type == f.TYPE_STRING)
-    return tuple(f.name for f in row), observation, text
+    counts = frozenset(f.name for f in row if f.type in (f.TYPE_UINT64, f.TYPE_UINT32))
+    return tuple(f.name for f in row), observation, text, counts
 
 
 def _wire_fields(row: Row, where: str = "row") -> dict[str, Any]:
@@ -327,6 +338,13 @@ def _wire_fields(row: Row, where: str = "row") -> dict[str, Any]:
     if not d.get("pod_type") and role in ("prefill", "decode"):
         d["pod_type"] = role
     fields = {k: d[k] for k in _wire()[0] if d.get(k) is not None}
+    for name in _wire()[3] & fields.keys():
+        # Checked as the service checks counts, in its words (protobuf's are "Value out of range"), and given as
+        # the integers the wire carries: 900.0 and numpy integers are counts over HTTP too.
+        try:
+            fields[name] = check_count(name, fields[name])
+        except FeatureError as err:
+            raise PredictorError("invalid", f"{where}.{err.field}: {err.problem}") from None
     if fields.get("timeslice_state") == "none":
         del fields["timeslice_state"]
     tensor_parallel = fields.get("tensor_parallel")
@@ -379,7 +397,7 @@ def _columns(wire: Sequence[Mapping[str, Any]]) -> Any:
     if "prefix_hit_tokens" in names and not all("prefix_hit_tokens" in f for f in wire):
         return None
     lists = {}
-    row_fields, _, text_fields = _wire()
+    row_fields, _, text_fields, _ = _wire()
     for name in row_fields:
         if name in names:
             zero = "" if name in text_fields else 0
@@ -490,7 +508,13 @@ class GrpcPredictorClient:
             request = pb.PredictBulkRequest(columns=columns)
         else:
             request = pb.PredictBulkRequest(rows=[row_message(r, f"rows[{i}]") for i, r in enumerate(rows)])
-        answer = self._call(self._stub.PredictBulk, request, deadline_s)
+        try:
+            answer = self._call(self._stub.PredictBulk, request, deadline_s)
+        except PredictorError as err:
+            if columns is None or not err.message.startswith("columns["):
+                raise
+            # The service names a column entry by its row's index: the caller gave rows, and reads them so.
+            raise type(err)(err.status, "rows[" + err.message.removeprefix("columns[")) from None
         return BulkPredictions(
             np.asarray(answer.ttft_mean_ms, dtype=float),
             np.asarray(answer.ttft_quantile_ms, dtype=float),

@@ -6,8 +6,10 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pytest
 from served import uvicorn_in_a_thread
 from threaded_server import serve_in_a_thread
@@ -302,3 +304,39 @@ def test_every_client_answers_nothing_alike(any_client: Any) -> None:
     with pytest.raises(PredictorError, match=r"rows: .*got 0"):
         any_client.predict([])
     assert any_client.observe([]) == 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"num_request_running": -1},  # gRPC said protobuf's "Value out of range: -1"
+        {"input_token_length": 1.5},  # gRPC: "'float' object cannot be interpreted as an integer"
+        {"num_request_waiting": "two"},
+        {"accelerator": "nope"},  # gRPC named "columns[1].accelerator": the caller gave rows
+    ],
+)
+def test_both_remote_clients_refuse_a_bad_row_in_the_same_words(service: dict[str, Any], change: dict) -> None:
+    """Swapping the HTTP client for the gRPC one (the gateway's `--predictor-grpc`) changes no error message."""
+    messages = []
+    for kind in ("http", "grpc"):
+        with remote_client(kind, service) as c, pytest.raises(PredictorError) as err:
+            c.predict([_dict_row(), {**_dict_row(), **change}])
+        messages.append(err.value.message)
+    assert messages[0] == messages[1]
+    assert messages[0].startswith(f"rows[1].{next(iter(change))}: "), messages[0]
+
+
+def test_both_remote_clients_take_counts_given_as_integral_floats(service: dict[str, Any]) -> None:
+    """JSON encoders differ: 900.0 is a count over HTTP (the service takes it), and the gRPC client refused it."""
+    row = {**_dict_row(), "input_token_length": 900.0, "num_request_running": np.int64(5)}
+    with remote_client("http", service) as http, remote_client("grpc", service) as grpc_client:
+        exact = http.predict([_dict_row()])
+        for c in (http, grpc_client):
+            np.testing.assert_array_equal(c.predict([row]).ttft_mean_ms, exact.ttft_mean_ms)
+
+
+def test_a_row_json_cannot_carry_is_a_predictor_error_over_http(service: dict[str, Any]) -> None:
+    """It was the JSON encoder's bare TypeError, raised through the caller."""
+    with remote_client("http", service) as c, pytest.raises(PredictorError) as err:
+        c.predict([{**_dict_row(), "num_request_waiting": Decimal(2)}])
+    assert "cannot be sent as JSON" in err.value.message and "Decimal" in err.value.message, err.value.message
