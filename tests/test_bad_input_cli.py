@@ -323,6 +323,29 @@ def test_retrain_refuses_a_registry_that_is_neither_a_directory_nor_redis(
     assert list(tmp_path.iterdir()) == []  # nothing published anywhere
 
 
+@pytest.mark.parametrize(
+    "option,value", [("--eval-share", "0"), ("--eval-share", "0.5"), ("--margin", "-1"), ("--max-malformed-share", "2")]
+)
+def test_retrain_names_the_option_that_is_out_of_range(tmp_path: Path, option: str, value: str) -> None:
+    """It named the job's field (`eval_share must be in (0, 0.5)`), not the option the user typed."""
+    args = ["retrain", "--samples", "sharegpt-h200", "--registry", str(tmp_path / "models"), option, value]
+    line = refused(args, f"{option} must be in ", f"got {float(value)}")
+    assert "_" not in line, line
+    assert not (tmp_path / "models").exists()
+
+
+def test_retrain_help_states_the_ranges_the_job_checks() -> None:
+    from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN
+
+    text = " ".join(runner.invoke(app, ["retrain", "--help"]).output.split())
+    for option, bounds in (
+        ("--eval-share", EVAL_SHARE),
+        ("--margin", MARGIN),
+        ("--max-malformed-share", MALFORMED_SHARE),
+    ):
+        assert f"in {bounds}" in text.split(option, 1)[1].split(" --", 1)[0], (option, text)
+
+
 def test_retrain_counts_a_deeply_nested_line_as_malformed(rows: Path, tmp_path: Path) -> None:
     rows.write_text(rows.read_text() + DEEP)
     refused(["retrain", "--samples", str(rows), "--registry", str(tmp_path / "models")], "line 13: not JSON")

@@ -25,6 +25,7 @@ from sklearn.metrics import mean_absolute_percentage_error, mean_pinball_loss
 from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.predictor.physics import TARGETS
+from leadtime.training.limits import MARGIN
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,7 @@ def decide(champion: Evaluation | None, challenger: Evaluation, margin: float) -
     can be judged on it, and counting it as lost kept such a fleet's first model for good. At least one target
     must be judged; `wins` holds only the judged ones.
     """
-    if not 0.0 <= margin < 1.0:
-        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    MARGIN.check("margin", margin)
     if champion is None:
         return Decision(True, "the registry holds no model", {t: True for t in TARGETS})
     judged = [t for t in TARGETS if challenger.overall[t].rows]

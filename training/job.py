@@ -45,6 +45,7 @@ from leadtime.predictor.learner import TREES_LABEL_KEY, LearnerConfig, OnlinePre
 from leadtime.predictor.physics import TARGETS
 from leadtime.training.champion import Decision, Evaluation, decide, evaluate
 from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
+from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN
 from leadtime.training.registry import Published, Registry, RegistryError, open_registry
 from leadtime.training.sources import SampleError, SampleReader, Samples, is_redis_url
 from leadtime.training.split import TimeSplit, split_recent
@@ -103,12 +104,9 @@ class RetrainConfig:
             raise ValueError("the registry is empty: give a directory or a redis:// URL")
         if "://" in self.registry and not is_redis_url(self.registry):
             raise ValueError(f"{self.registry}: not a registry (a directory or a redis://, rediss:// or unix:// URL)")
-        if not 0.0 < self.eval_share < 0.5:
-            raise ValueError(f"eval_share must be in (0, 0.5), got {self.eval_share}")
-        if not 0.0 <= self.margin < 1.0:
-            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
-        if not 0.0 <= self.max_malformed_share <= 1.0:
-            raise ValueError(f"max_malformed_share must be in [0, 1], got {self.max_malformed_share}")
+        EVAL_SHARE.check("eval_share", self.eval_share)  # OutOfRange names the field; the CLI, the option
+        MARGIN.check("margin", self.margin)
+        MALFORMED_SHARE.check("max_malformed_share", self.max_malformed_share)
 
 
 @dataclass

@@ -37,6 +37,7 @@ from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor import physics
 from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.store.redis_store import split_query, without_credentials
+from leadtime.training.limits import MALFORMED_SHARE
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -249,8 +250,7 @@ class SampleReader:
     """
 
     def __init__(self, accelerator: str, model: str, max_malformed_share: float = 0.01) -> None:
-        if not 0.0 <= max_malformed_share <= 1.0:
-            raise ValueError(f"max_malformed_share must be in [0, 1], got {max_malformed_share}")
+        MALFORMED_SHARE.check("max_malformed_share", max_malformed_share)
         self.parser = RowParser(accelerator, model)
         self.max_malformed_share = max_malformed_share
 

@@ -8,6 +8,10 @@ from typing import Annotated
 import typer
 
 from leadtime.cli.common import app, fail
+from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN, OutOfRange
+
+OPTION_OF = {"eval_share": "--eval-share", "margin": "--margin", "max_malformed_share": "--max-malformed-share"}
+"""The job's checked fields, as the options `leadtime retrain` takes them."""
 
 
 @app.command("retrain")
@@ -21,10 +25,17 @@ def retrain(
     report: Annotated[Path | None, typer.Option(help="Write report.json, report.md and plots here.")] = None,
     accelerator: Annotated[str | None, typer.Option(help="Class for rows naming none (a new model).")] = None,
     model: Annotated[str | None, typer.Option(help="Model for rows naming none (a new model).")] = None,
-    eval_share: Annotated[float, typer.Option(help="Most recent share of rows held out for judging.")] = 0.2,
-    margin: Annotated[float, typer.Option(help="Relative MAPE gain needed on each target judged to publish.")] = 0.02,
+    eval_share: Annotated[
+        float, typer.Option(help=f"Most recent share of rows held out for judging, in {EVAL_SHARE}.")
+    ] = 0.2,
+    margin: Annotated[
+        float, typer.Option(help=f"Relative MAPE gain needed on each target judged to publish, in {MARGIN}.")
+    ] = 0.02,
     max_malformed_share: Annotated[
-        float, typer.Option(help="Share of a source's rows that may be malformed before the job stops.")
+        float,
+        typer.Option(
+            help=f"Share of a source's rows that may be malformed before the job stops, in {MALFORMED_SHARE}."
+        ),
     ] = 0.01,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
@@ -59,6 +70,8 @@ def retrain(
             max_malformed_share=max_malformed_share,
         )
         result = run_retrain(config, progress=not json_out)
+    except OutOfRange as err:
+        fail(err.named(OPTION_OF.get(err.field, err.field)))
     except (RetrainError, ValueError, OSError) as err:
         fail(err)
     print_result(result.report, as_json=json_out)
