@@ -273,6 +273,25 @@ def test_bench_options_out_of_range_are_refused_naming_the_option(args: list[str
     refused(args, option)
 
 
+def test_bench_coldstart_refuses_to_hold_back_a_class_it_learns() -> None:
+    from leadtime.bench.coldstart import SEEN
+
+    refused(["bench", "coldstart", "--unseen", SEEN[0]], "--unseen must be a class other than the seen ones", *SEEN)
+
+
+def test_bench_coldstart_names_an_unknown_unseen_class_and_the_known_ones() -> None:
+    """It said `accelerator: unknown accelerator class 'nope'`, the catalog's field, not the option."""
+    from leadtime.features.catalog import ACCELERATORS
+
+    line = refused(["bench", "coldstart", "--unseen", "nope"], "--unseen: unknown accelerator class 'nope'")
+    assert line.endswith(f"(known: {', '.join(sorted(ACCELERATORS))})"), line
+
+
+@pytest.mark.parametrize("command", ["accuracy", "coldstart"])
+def test_bench_refuses_a_reference_model_it_does_not_know(command: str) -> None:
+    refused(["bench", command, "--reference-model", "foo"], "--reference-model must be xgboost or lightgbm, got 'foo'")
+
+
 # ----- llm-d training rows (bench accuracy, demo --accuracy, sim validate) ---------------------------------
 
 

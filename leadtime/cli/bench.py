@@ -88,10 +88,15 @@ def bench_coldstart(
 ) -> None:
     """Accuracy on an accelerator class never seen before, after 50 and 500 of its observations."""
     from leadtime.bench.coldstart import print_report, run_coldstart
+    from leadtime.features.catalog import get_accelerator
 
     if seed < 0:
         fail(f"--seed must be ≥ 0, got {seed}")
     reference = reference_model_option(reference_model)
+    try:
+        get_accelerator(unseen)
+    except FeatureError as err:  # it named the catalog's field: `accelerator: unknown accelerator class ...`
+        fail(f"--unseen: {err.problem}")
     try:
         report = run_coldstart(seed=seed, unseen=unseen, reference_model=reference)
     except (FeatureError, ValueError) as err:
