@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from leadtime.router_plugin.config import SHIPPED_CONFIG, PickerConfig, load_config
+from leadtime.router_plugin.config import SHIPPED_CONFIG, PickerConfig, load_config, profile_of
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, LlmdHeuristicPolicy, RandomPolicy, RoundRobinPolicy
 from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
 from leadtime.router_plugin.peers.sglang_cache import SglangCachePolicy
@@ -132,6 +132,11 @@ def simulate(
     `on_workload(requests)` is given the requests as replayed before the runs, for what a caller says of them.
     """
     policies = [policy_name(name) for name in policies]
+    profiles = [name[len(PROFILE_PREFIX) :] for name in policies if name.startswith(PROFILE_PREFIX)]
+    if profiles:  # a profile the configuration lacks is named before the fleet and the trace are read
+        config = options.config or load_config(SHIPPED_CONFIG)
+        for profile in profiles:
+            profile_of(config, profile)
     fleet = load_fleet(fleet_path)
     loaded = load_workload(str(trace_path), options.seed, max_requests)
     workload = shape(loaded, rate_scale=rate_scale, max_requests=max_requests)

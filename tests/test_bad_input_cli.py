@@ -594,6 +594,19 @@ def test_a_missing_profile_names_the_configuration_file(tmp_path: Path, command:
     refused([*command, "--config", str(mine)], f"{mine}: schedulingProfiles: no profile named 'default'", "mine")
 
 
+@pytest.mark.parametrize("config", [False, True])
+def test_an_unknown_profile_is_named_before_the_trace_is_judged(tmp_path: Path, config: bool) -> None:
+    """`--policy profile:nope --max-requests 5` said the 5 requests arrive at one instant, not that there is no
+    profile 'nope' (with the shipped configuration, or the one given)."""
+    from leadtime.router_plugin.config import SHIPPED_CONFIG
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(MINE)
+    extra = ["--config", str(mine)] if config else []
+    args = ["simulate", "--fleet", "homogeneous", "--max-requests", "5", "--policy", "profile:nope", *extra]
+    refused(args, f"{mine if config else SHIPPED_CONFIG}: schedulingProfiles: no profile named 'nope'")
+
+
 def test_llmds_top_level_keys_load_with_one_warning(tmp_path: Path, trace: Path) -> None:
     mine = tmp_path / "mine.yaml"
     mine.write_text(MINE + "featureGates: [prepareDataPlugins]\nsaturationDetector: {queueDepthThreshold: 5}\n")
