@@ -395,6 +395,16 @@ def test_sim_serve_names_a_host_it_cannot_listen_on() -> None:
     refused(["sim", "serve", "--fleet", "homogeneous", "--host", "999.1.1.1", "--base-port", "18391"], "999.1.1.1")
 
 
+@pytest.mark.parametrize("port", ["0", "65536"])
+def test_sim_serve_refuses_a_timeslice_port_that_is_no_port(port: str) -> None:
+    refused(["sim", "serve", "--fleet", "timesliced", "--timeslice-port", port], "--timeslice-port", "1 and 65535")
+
+
+def test_sim_serve_names_an_unknown_fleet_and_the_shipped_ones() -> None:
+    shipped = sorted(p.stem for p in FLEETS.glob("*.yaml"))
+    refused(["sim", "serve", "--fleet", "nope"], "nope: no such file", f"shipped names: {', '.join(shipped)})")
+
+
 def test_sim_serve_refuses_fewer_than_one_token_an_event() -> None:
     refused(["sim", "serve", "--fleet", "homogeneous", "--tokens-per-event", "0"], "--tokens-per-event")
 
@@ -424,6 +434,8 @@ def test_sim_serve_refuses_a_timeslice_port_among_the_endpoints_ports() -> None:
         ["bench", "routing", "--fleet", "homogeneous", "--policy", "round_robin", "--max-requests", "100"],
         ["bench", "dashboards"],
         ["dashboards", "render", "--prometheus", "http://127.0.0.1:9"],
+        ["dashboards", "build"],
+        ["dashboards", "provisioning"],
     ],
 )
 @pytest.mark.parametrize("where", ["file", "file/sub"])
@@ -528,11 +540,14 @@ def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(gateway, name, started)
 
 
-def test_bench_gateway_refuses_a_replicas_redis_nothing_answers_at(no_processes: None) -> None:
+@pytest.mark.parametrize(
+    "url,problem", [("redis://127.0.0.1:{port}/0", "unreachable"), ("redis://127.0.0.1:abc/0", "Port could not")]
+)
+def test_bench_gateway_refuses_a_replicas_redis_nothing_answers_at(no_processes: None, url: str, problem: str) -> None:
     """It ran and filled overhead_ms_pulled_replicas with the figure of a replica that never heard the other."""
-    url = f"redis://127.0.0.1:{free_ports(1)}/0"
+    url = url.format(port=free_ports(1))
     args = ["bench", "gateway", "--requests", "10", "--probes", "10", "--replicas-redis", url, "--json"]
-    refused(args, f"--replicas-redis {url}", "unreachable")
+    refused(args, f"--replicas-redis {url}", problem)
 
 
 def test_bench_gateway_names_a_trace_that_is_not_one_before_starting_anything(no_processes: None) -> None:
@@ -549,13 +564,20 @@ def test_bench_gateway_help_says_the_first_probe_pairs_only_warm_up() -> None:
     refused(["bench", "gateway", "--probes", str(WARMUP_PAIRS)], "--probes", f"the first {WARMUP_PAIRS}")
 
 
-@pytest.mark.parametrize("item", ["QUANTILE=abc", "quantile=2"])
+@pytest.mark.parametrize("item", ["QUANTILE=abc", "quantile=2", "quantile=5"])
 def test_bench_serving_names_a_setting_whose_value_is_not_one(item: str) -> None:
     """QUANTILE=abc printed `leadtime serve`'s usage error for --quantile, in five lines, naming no --setting."""
     refused(["bench", "serving", "--setting", item], f"--setting {item}")
 
 
-@pytest.mark.parametrize("url,problem", [("foo", "expected redis://"), ("redis://127.0.0.1:{port}/0", "unreachable")])
+@pytest.mark.parametrize(
+    "url,problem",
+    [
+        ("foo", "expected redis://"),
+        ("redis://127.0.0.1:{port}/0", "unreachable"),
+        ("redis://127.0.0.1:abc/0", "redis://127.0.0.1:abc/0: Port could not be cast to integer value as 'abc'"),
+    ],
+)
 def test_bench_dashboards_refuses_a_redis_url_before_starting_anything(tmp_path: Path, url: str, problem: str) -> None:
     """`--redis foo` was refused by the predictor service once the stack had started, in two lines."""
     refused(

@@ -477,10 +477,17 @@ def route(*args: str) -> tuple[int, str]:
         (["--pull-interval-s", "nan"], "--pull-interval-s"),
         (["--timeslice-url", "http://orchestrator:99999/"], "--timeslice-url: 'http://orchestrator:99999/'"),
         (["--api-token", "secret\r\nX-Injected: 1"], "--api-token"),
+        (["--timeslice-file", "states.json", "--timeslice-url", "http://orchestrator:9/"], "alternatives: give one"),
+        (["--port", "0"], "--port must be between 1 and 65535"),
+        (["--port", "65536"], "--port must be between 1 and 65535"),
+        (["--predictor-grpc", "nohost"], "--predictor-grpc: expected HOST:PORT (a port from 1 to 65535), got 'nohost'"),
+        (["--predictor-grpc", ":5"], "--predictor-grpc: expected HOST:PORT (a port from 1 to 65535), got ':5'"),
     ],
 )
 def test_route_refuses_options_that_cannot_work_with_one_line(args: list[str], message: str) -> None:
     policy = ["--profile", "heuristic"] if "--timeslice-url" in args else ["--policy", "random"]  # one that reads it
+    if "--predictor-grpc" in args:
+        policy = []  # the predictor is one to route on
     code, output = route("--endpoint", "127.0.0.1:1", *policy, *args)
     assert code == 2, output
     assert output.startswith("error: ") and message in output and "Traceback" not in output
