@@ -32,3 +32,11 @@ def test_no_help_page_shows_a_type_after_a_flag() -> None:
         assert result.exit_code == 0, (page, result.output)
         assert "<bool>" not in result.output, (page, result.output)
         assert "--help" in result.output
+
+
+def test_version_prints_the_installed_version() -> None:
+    import leadtime
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"leadtime {leadtime.__version__}\n"

@@ -335,3 +335,24 @@ def test_simulate_counts_a_request_no_kv_cache_can_hold_as_failed_and_says_why(t
     for name in ("leadtime", "round_robin"):
         said = f"policy {name}: 1 request(s) could not be served and count as failed (SLO missed): 1 kv_cache (e.g. no"
         assert said in result.output and "500,010 tokens" in result.output
+
+
+def test_sim_fleets_lists_every_shipped_fleet_and_trace() -> None:
+    """Every fleet file under simulator/fleets/ with its endpoint count, and every trace `--trace` takes by name."""
+    from leadtime.data import TRACES
+    from leadtime.simulator.fleet import load_fleet
+
+    result = runner.invoke(app, ["sim", "fleets"])
+    assert result.exit_code == 0, result.output
+    listed = [line.split() for line in result.output.splitlines()]
+    fleets = {p.stem: p for p in FLEETS.glob("*.yaml")}
+    assert fleets and TRACES
+    assert {(kind, name) for kind, name, *_ in listed} == {("fleet", name) for name in fleets} | {
+        ("trace", name) for name in TRACES
+    }
+    for kind, name, *rest in listed:
+        if kind == "fleet":
+            assert rest[:2] == [str(len(load_fleet(fleets[name]).endpoints)), "endpoints"], rest
+            assert Path(rest[2]).samefile(fleets[name])
+        else:
+            assert Path(rest[0]).samefile(TRACES[name])
