@@ -42,10 +42,10 @@ async def next_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 
 @contextlib.asynccontextmanager
-async def gateway_in_front(port: int) -> AsyncIterator[Gateway]:
+async def gateway_in_front(port: int, settings: GatewaySettings | None = None) -> AsyncIterator[Gateway]:
     """An in-process gateway routing round-robin to the one endpoint on `port`, once it has scraped it."""
     spec = f"127.0.0.1:{port},name=e-0,leadtime.io/accelerator=h100-sxm"
-    gateway = Gateway(StaticDiscovery(parse_static([spec])), RoundRobinPolicy(), GatewaySettings())
+    gateway = Gateway(StaticDiscovery(parse_static([spec])), RoundRobinPolicy(), settings or GatewaySettings())
     await gateway.start()
     try:
         for _ in range(200):

@@ -120,6 +120,8 @@ MAX_HOLD_MS = 60_000.0
 PANIC_SHARE = 0.5
 """With fewer than this share of the scraped endpoints left in by `outliers`, all of them are routed to (Envoy's
 default panic threshold): a failure that is everyone's is no endpoint's to be taken out for."""
+NOT_HTTP_KINDS = frozenset(("malformed", "upgrade"))
+"""Upstream failures (`UpstreamError.kind`) that say the endpoint does not speak HTTP/1.1: warned of (`_failed`)."""
 RETRIED_STATUSES = frozenset((502, 503, 504))
 """Answers sent on to a second endpoint (once) rather than to the client: the endpoint, or a proxy before it, says
 it cannot serve now (gateway errors, as Envoy's `gateway-error` retry policy names them), and nothing was generated.
@@ -307,6 +309,7 @@ class Gateway:
         self._unread_groups_said = False
         self._panic = False
         self._error_kinds: set[tuple[str, str]] = set()  # (endpoint, kind) series of upstream_errors, to remove
+        self._not_http: set[str] = set()  # endpoints warned of for answering other than in HTTP/1.1, until they serve
         self._pick_series: set[tuple[str, str, str]] = set()  # (endpoint, accelerator, role) series of picks, ditto
         self._unservable_message = "no endpoint can serve this request now"
         self._warm_up: Future[bool] | None = None
@@ -600,11 +603,23 @@ class Gateway:
         """An answer read to its end: below 500, a success (`outliers`)."""
         if status < 500:
             self.outliers.answered(endpoint_id)
+        self._not_http.discard(endpoint_id)
 
     def _failed(self, endpoint_id: str, err: UpstreamError, sent_ms: float) -> None:
-        """An endpoint could not be reached, or broke its answer: counted, and a failure (`outliers`)."""
+        """An endpoint could not be reached, or broke its answer: counted, and a failure (`outliers`). One that
+        answers other than in HTTP/1.1 (a port serving something else, or another protocol) is said in the log once,
+        until it serves a request: retried elsewhere, its failures were said nowhere but in a counter, and with no
+        other endpoint to retry on its clients got a 503 with no reason."""
         self.metrics.upstream_errors.labels(endpoint_id, err.kind).inc()
         self._error_kinds.add((endpoint_id, err.kind))
+        if err.kind in NOT_HTTP_KINDS and endpoint_id not in self._not_http:
+            self._not_http.add(endpoint_id)
+            log.warning(
+                "endpoint %s sent %s (%s): is an HTTP/1.1 server at its address? (said again once it serves a request)",
+                endpoint_id,
+                "a malformed response" if err.kind == "malformed" else "an unexpected upgrade",
+                err,
+            )
         self.outliers.failed(endpoint_id, str(err), refused=err.refused, sent_ms=sent_ms)
 
     # ----- ASGI --------------------------------------------------------------------------------------------
@@ -788,6 +803,7 @@ class Gateway:
         series_of = {s[0] for s in self._pick_series} | {s[0] for s in self._error_kinds}
         for gone in (self._gauged | series_of) - current:
             self._scrape_errors_seen.pop(gone, None)
+            self._not_http.discard(gone)
             by_endpoint = (m.endpoint_up, m.scrape_age, m.prefix_reported, m.ejections, m.scrape_errors)
             for family in (*by_endpoint, m.prefix_estimated):
                 with contextlib.suppress(KeyError):

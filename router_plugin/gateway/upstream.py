@@ -23,7 +23,10 @@ _PAUSE_BYTES = 1 << 20
 
 
 class UpstreamError(Exception):
-    """The endpoint could not be reached, or the connection broke.
+    """The endpoint could not be reached, or the connection broke, or what it sent was not HTTP/1.1.
+
+    `kind` says which: `connect`, `timeout`, `reset`, `malformed` (not an HTTP/1.1 response), `upgrade` (a
+    protocol switch nobody asked for); scrapes add kinds of their own.
 
     `responded` says whether a response had started: before that, the request can go elsewhere.
     """
@@ -146,9 +149,9 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(UpstreamError("protocol", "unexpected upgrade", self._responded()))
+            self._fail(UpstreamError("upgrade", "unexpected upgrade", self._responded()))
         except httptools.HttpParserError as err:
-            self._fail(UpstreamError("protocol", f"malformed response: {err}", self._responded()))
+            self._fail(UpstreamError("malformed", f"malformed response: {err}", self._responded()))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -1,0 +1,121 @@
+"""Endpoints that answer in ways HTTP allows rarely or not at all: a malformed response, an upgrade nobody asked
+for, silence in the middle of a body, a body that ends when the connection closes. The client must get an answer
+that says what happened (or the whole body), the gateway's log and counters must name the endpoint, and the gateway
+must carry on, its accounting of the work in flight released."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from raw_endpoint import STREAM_HEAD, gateway_in_front, next_request
+
+from leadtime.features.vllm_metrics import parse_samples
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+
+Writer = asyncio.StreamWriter
+Answer = Callable[[asyncio.StreamReader, Writer], Awaitable[None]]
+Scenario = Callable[[httpx.AsyncClient], Awaitable[Any]]
+
+ONE_TOKEN = b'data: {"choices":[{"index":0,"text":" a"}]}\n\n'
+WHOLE_STREAM = ONE_TOKEN + b'data: {"choices":[{"index":0,"text":" b","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+
+
+def chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def answers_well(reader: asyncio.StreamReader, writer: Writer) -> None:
+    writer.write(STREAM_HEAD + chunked(WHOLE_STREAM) + b"0\r\n\r\n")
+
+
+async def garbage(reader: asyncio.StreamReader, writer: Writer) -> None:
+    """Not HTTP at all (a port serving something else)."""
+    writer.write(b"GARBAGE NOT HTTP\r\n\r\n")
+
+
+def endpoint(*answers: Answer) -> Callable[[asyncio.StreamReader, Writer], Awaitable[None]]:
+    """An endpoint answering /metrics idle and the requests sent on with `answers` in turn (the last one again and
+    again); an answer that returns leaves the connection open for the next request."""
+    queue = list(answers)
+
+    async def handle(reader: asyncio.StreamReader, writer: Writer) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await next_request(reader, writer) is not None:
+                answer = queue.pop(0) if len(queue) > 1 else queue[0]
+                await answer(reader, writer)
+                if writer.is_closing():
+                    return
+                await writer.drain()
+
+    return handle
+
+
+def through(
+    handler: Callable[[asyncio.StreamReader, Writer], Awaitable[None]],
+    scenario: Scenario,
+    settings: GatewaySettings | None = None,
+) -> tuple[Any, dict[str, Any], Gateway]:
+    """`scenario(client)` through an in-process gateway in front of the endpoint `handler`; what it returned, the
+    gateway's metrics after it, and the gateway (stopped)."""
+
+    async def go() -> tuple[Any, dict[str, Any], Gateway]:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        try:
+            async with gateway_in_front(server.sockets[0].getsockname()[1], settings) as gateway:
+                transport = httpx.ASGITransport(app=gateway)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                    result = await scenario(client)
+                    samples = parse_samples((await client.get("/metrics")).text)
+                assert gateway.in_flight == 0
+                assert gateway.work.tokens("e-0", published_ms=float("inf")) == (0, 0)
+                return result, samples, gateway
+        finally:
+            server.close()
+
+    return asyncio.run(go())
+
+
+def count(samples: dict[str, Any], name: str, **labels: str) -> float:
+    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
+
+
+def completions(*bodies: dict[str, Any]) -> Scenario:
+    async def scenario(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await client.post("/v1/completions", json=body) for body in bodies]
+
+    return scenario
+
+
+STREAMING = {"prompt": "hi", "max_tokens": 2, "stream": True}
+NON_STREAMING = {"prompt": "hi", "max_tokens": 2}
+
+
+def test_a_malformed_response_is_logged_naming_the_endpoint_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """An endpoint answering `GARBAGE NOT HTTP` (real Prometheus text to its scrapes): each request got a 503 "no
+    other endpoint to retry on", and no line of the log at INFO or above said why."""
+    with caplog.at_level(logging.INFO):
+        responses, samples, _ = through(endpoint(garbage), completions(STREAMING, NON_STREAMING, STREAMING))
+    for response in responses:
+        assert response.status_code == 503
+        assert "no other endpoint to retry on" in response.json()["error"]["message"]
+    said = [r for r in caplog.records if "malformed response" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]  # once, not at every request
+    assert said[0].levelno == logging.WARNING and "e-0" in said[0].getMessage()
+    assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="malformed") == 3
+    assert count(samples, "leadtime_router_requests_total", path="/v1/completions", code="503") == 3
+
+
+def test_a_malformed_response_is_warned_again_after_the_endpoint_served_well(caplog: pytest.LogCaptureFixture) -> None:
+    handler = endpoint(garbage, answers_well, garbage, answers_well)
+    with caplog.at_level(logging.INFO):
+        responses, samples, _ = through(handler, completions(STREAMING, STREAMING, STREAMING, STREAMING))
+    assert [r.status_code for r in responses] == [503, 200, 503, 200]
+    said = [r.getMessage() for r in caplog.records if "malformed response" in r.getMessage()]
+    assert len(said) == 2, said
+    assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="malformed") == 2
