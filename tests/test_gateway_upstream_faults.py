@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -119,3 +120,63 @@ def test_a_malformed_response_is_warned_again_after_the_endpoint_served_well(cap
     said = [r.getMessage() for r in caplog.records if "malformed response" in r.getMessage()]
     assert len(said) == 2, said
     assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="malformed") == 2
+
+
+async def stalls_mid_stream(reader: asyncio.StreamReader, writer: Writer) -> None:
+    """Streams one token, then says nothing more until the gateway hangs up (a frozen process)."""
+    writer.write(STREAM_HEAD + chunked(ONE_TOKEN))
+    await writer.drain()
+    await reader.read()
+
+
+async def stalls_mid_json(reader: asyncio.StreamReader, writer: Writer) -> None:
+    """Answers whole JSON (as to a request it would not stream), the first of its 100 bytes only."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{")
+    await writer.drain()
+    await reader.read()
+
+
+def events(text: str) -> list[Any]:
+    """The payloads of a stream's events, JSON decoded (but `[DONE]`)."""
+    payloads = [e.removeprefix("data: ") for e in text.split("\n\n") if e.strip()]
+    return [p if p == "[DONE]" else json.loads(p) for p in payloads]
+
+
+def test_an_endpoint_silent_mid_stream_ends_the_stream_with_an_error_after_the_upstream_timeout() -> None:
+    """Silence between two pieces of an answer longer than `--upstream-timeout-s`: the client's stream ends with the
+    error event naming the endpoint and `[DONE]` (after the token it had), and the next request is served."""
+
+    async def scenario(client: httpx.AsyncClient) -> tuple[list[httpx.Response], float]:
+        started = asyncio.get_running_loop().time()
+        first = await client.post("/v1/completions", json=STREAMING)
+        took_s = asyncio.get_running_loop().time() - started
+        return [first, await client.post("/v1/completions", json=STREAMING)], took_s
+
+    handler = endpoint(stalls_mid_stream, answers_well)
+    ((cut, served), took_s), samples, _ = through(handler, scenario, GatewaySettings(upstream_timeout_s=0.3))
+    assert 0.3 <= took_s < 3.0  # was 600 s by default
+    assert cut.status_code == 200
+    token, error, done = events(cut.text)
+    assert token["choices"][0]["text"] == " a" and done == "[DONE]"
+    assert error["error"]["code"] == 502
+    assert error["error"]["message"] == "endpoint e-0 failed mid-stream: timeout: no data for 0.3 s"
+    assert served.status_code == 200
+    assert [e["choices"][0]["text"] for e in events(served.text)[:-1]] == [" a", " b"]
+    assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="timeout") == 1
+    assert count(samples, "leadtime_router_requests_total", path="/v1/completions", code="502") == 1
+    assert count(samples, "leadtime_router_requests_total", path="/v1/completions", code="200") == 1
+
+
+@pytest.mark.parametrize("stall", [stalls_mid_stream, stalls_mid_json], ids=["measured-stream", "whole-json"])
+def test_an_endpoint_silent_mid_body_answers_a_non_streaming_request_502(stall: Answer) -> None:
+    """A non-streaming request (sent on as a stream to be measured, or answered whole): a 502 naming the endpoint
+    and the silence, not an answer cut short; the next request is served."""
+    handler = endpoint(stall, answers_well)
+    settings = GatewaySettings(upstream_timeout_s=0.3)
+    (failed, served), samples, _ = through(handler, completions(NON_STREAMING, NON_STREAMING), settings)
+    assert failed.status_code == 502
+    assert failed.headers["x-leadtime-endpoint"] == "e-0"
+    assert failed.json()["error"]["message"] == "endpoint e-0 failed: timeout: no data for 0.3 s"
+    assert served.status_code == 200
+    assert served.json()["choices"][0]["text"] == " a b"
+    assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="timeout") == 1
