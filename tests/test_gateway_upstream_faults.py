@@ -180,3 +180,79 @@ def test_an_endpoint_silent_mid_body_answers_a_non_streaming_request_502(stall: 
     assert served.status_code == 200
     assert served.json()["choices"][0]["text"] == " a b"
     assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="timeout") == 1
+
+
+COMPLETION = {
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "model": "m",
+    "choices": [{"index": 0, "text": " a b", "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+}
+
+
+def until_close(content_type: bytes, body: bytes) -> Answer:
+    """An answer with neither a length nor chunks: its body ends when the endpoint closes the connection."""
+
+    async def answer(reader: asyncio.StreamReader, writer: Writer) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\n\r\n" % content_type)
+        for i in range(0, len(body), 7):  # in pieces, some of them apart
+            writer.write(body[i : i + 7])
+            if i % 21 == 0:
+                await writer.drain()
+                await asyncio.sleep(0.005)
+        await writer.drain()
+        writer.close()
+
+    return answer
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/embeddings"], ids=["routed", "passed-through"])
+def test_a_body_ended_by_the_connection_closing_is_delivered_whole(path: str) -> None:
+    whole = json.dumps(COMPLETION).encode()
+
+    async def scenario(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await client.post(path, json={**NON_STREAMING, "input": "hi"}) for _ in range(2)]
+
+    responses, samples, _ = through(endpoint(until_close(b"application/json", whole)), scenario)
+    for response in responses:  # the second on a new connection: the first ended with its own
+        assert response.status_code == 200
+        assert response.content == whole
+        assert response.headers["x-leadtime-endpoint"] == "e-0"
+    assert count(samples, "leadtime_router_upstream_errors_total") == 0
+    assert count(samples, "leadtime_router_upstream_responses_total", endpoint="e-0", status="2xx") == 2
+    assert count(samples, "leadtime_router_requests_total", path=path, code="200") == 2
+
+
+def test_a_stream_ended_by_the_connection_closing_is_delivered_whole_and_learned() -> None:
+    responses, samples, gateway = through(
+        endpoint(until_close(b"text/event-stream", WHOLE_STREAM)), completions(STREAMING, STREAMING)
+    )
+    for response in responses:
+        assert response.status_code == 200
+        *tokens, done = events(response.text)
+        assert [t["choices"][0]["text"] for t in tokens] == [" a", " b"] and done == "[DONE]"
+    assert count(samples, "leadtime_router_upstream_errors_total") == 0
+    assert count(samples, "leadtime_router_ttft_seconds_count", kind="actual") == 2  # a whole answer, measured
+
+
+async def upgrades(reader: asyncio.StreamReader, writer: Writer) -> None:
+    """Switches to another protocol, which nobody asked for."""
+    writer.write(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n")
+
+
+@pytest.mark.parametrize("body", [STREAMING, NON_STREAMING], ids=["streaming", "non-streaming"])
+def test_an_unexpected_upgrade_fails_the_request_before_its_answer_and_is_said(
+    body: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing was answered: the request is decided again (no other endpoint here: a 503), the endpoint named in
+    the log and counted; it serves the next request on a new connection."""
+    with caplog.at_level(logging.INFO):
+        (failed, served), samples, _ = through(endpoint(upgrades, answers_well), completions(body, body))
+    assert failed.status_code == 503
+    assert "no other endpoint to retry on" in failed.json()["error"]["message"]
+    assert served.status_code == 200
+    (said,) = [r.getMessage() for r in caplog.records if "unexpected upgrade" in r.getMessage()]
+    assert said.startswith("endpoint e-0 sent an unexpected upgrade")
+    assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="upgrade") == 1
+    assert count(samples, "leadtime_router_retries_total") == 1
