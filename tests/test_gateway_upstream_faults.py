@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import httpx
@@ -18,6 +18,7 @@ from raw_endpoint import STREAM_HEAD, gateway_in_front, next_request
 
 from leadtime.features.vllm_metrics import parse_samples
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.gateway.client_watch import ClientLeft, ClientWatch
 
 Writer = asyncio.StreamWriter
 Answer = Callable[[asyncio.StreamReader, Writer], Awaitable[None]]
@@ -46,7 +47,8 @@ def endpoint(*answers: Answer) -> Callable[[asyncio.StreamReader, Writer], Await
     queue = list(answers)
 
     async def handle(reader: asyncio.StreamReader, writer: Writer) -> None:
-        with contextlib.suppress(ConnectionError):
+        # cancelled as the test's loop ends, with a connection open: quietly (asyncio logs a cancelled handler)
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
             while await next_request(reader, writer) is not None:
                 answer = queue.pop(0) if len(queue) > 1 else queue[0]
                 await answer(reader, writer)
@@ -256,3 +258,177 @@ def test_an_unexpected_upgrade_fails_the_request_before_its_answer_and_is_said(
     assert said.startswith("endpoint e-0 sent an unexpected upgrade")
     assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="upgrade") == 1
     assert count(samples, "leadtime_router_retries_total") == 1
+
+
+def streams_slowly(closed: asyncio.Event, sent: list[int]) -> Answer:
+    """Streams up to 200 tokens, one every 20 ms, counting them in `sent`; sets `closed` once the gateway hangs
+    up."""
+
+    async def answer(reader: asyncio.StreamReader, writer: Writer) -> None:
+        writer.write(STREAM_HEAD)
+        try:
+            for _ in range(200):
+                writer.write(chunked(ONE_TOKEN))
+                await writer.drain()
+                sent.append(1)
+                await asyncio.sleep(0.02)
+        except ConnectionError:
+            pass
+        closed.set()
+        writer.close()
+
+    return answer
+
+
+async def asgi_post(
+    gateway: Gateway, body: dict[str, Any], leave_after: int | None
+) -> tuple[list[MutableMapping[str, Any]], float | None, tuple[int, int]]:
+    """POST `body` to /v1/completions straight to the gateway's ASGI interface, the client hanging up once
+    `leave_after` pieces of the body reached it (None: never); what it was sent, how long the gateway went on
+    after the client left, and the work in flight the gateway counted on e-0 as the client left."""
+    messages = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+    sent: list[MutableMapping[str, Any]] = []
+    enough = asyncio.Event()
+    left: list[float] = []
+    counted: list[tuple[int, int]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        if leave_after is None:
+            await asyncio.Event().wait()  # never: cancelled when the gateway is done with it
+        await enough.wait()
+        counted.append(gateway.work.tokens("e-0", published_ms=float("inf")))
+        left.append(asyncio.get_running_loop().time())
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+        if leave_after is not None and sum(m["type"] == "http.response.body" for m in sent) >= leave_after:
+            enough.set()
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": []}
+    await asyncio.wait_for(gateway(scope, receive, send), timeout=10)
+    after_s = asyncio.get_running_loop().time() - left[0] if left else None
+    return sent, after_s, counted[0] if counted else (0, 0)
+
+
+def test_a_client_that_hangs_up_mid_stream_is_let_go_and_its_work_released(caplog: pytest.LogCaptureFixture) -> None:
+    """The endpoint still streaming: the gateway notices the client left, closes the endpoint's connection (vLLM
+    aborts the request), counts a 499, releases the request's tokens in flight, says no traceback, and serves the
+    next request."""
+
+    async def go() -> tuple[Any, ...]:
+        closed = asyncio.Event()
+        streamed: list[int] = []
+        handler = endpoint(streams_slowly(closed, streamed), answers_well)
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        try:
+            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
+                sent, after_s, working = await asgi_post(gateway, STREAMING, leave_after=3)
+                await asyncio.wait_for(closed.wait(), timeout=5)
+                in_flight, left_over = gateway.in_flight, gateway.work.tokens("e-0", published_ms=float("inf"))
+                transport = httpx.ASGITransport(app=gateway)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                    served = await client.post("/v1/completions", json=STREAMING)
+                    samples = parse_samples((await client.get("/metrics")).text)
+                return sent, after_s, working, len(streamed), in_flight, left_over, served, samples
+        finally:
+            server.close()
+
+    with caplog.at_level(logging.DEBUG, logger="leadtime"):
+        sent, after_s, working, streamed, in_flight, left_over, served, samples = asyncio.run(go())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert all(m.get("more_body") for m in sent[1:])  # nothing more was sent to a client that is gone
+    assert working[1] > 0  # its prompt and tokens were counted as decode work on e-0 ...
+    assert in_flight == 0 and left_over == (0, 0)  # ... and released once it left
+    assert after_s is not None and after_s < 1.0
+    assert streamed < 100  # the endpoint stopped long before its 200 tokens
+    assert served.status_code == 200
+    assert count(samples, "leadtime_router_requests_total", path="/v1/completions", code="499") == 1
+    assert count(samples, "leadtime_router_upstream_errors_total") == 0  # the client's leaving is not the endpoint's
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+
+
+async def silent(reader: asyncio.StreamReader, writer: Writer) -> None:
+    """Says nothing until the gateway hangs up (a stopped process)."""
+    await reader.read()
+
+
+@pytest.mark.parametrize("answer", [stalls_mid_stream, silent], ids=["mid-stream", "before-answering"])
+def test_a_request_cut_at_the_end_of_the_drain_is_told_so(answer: Answer) -> None:
+    """`Gateway.cut` (the drain is over) while the endpoint is frozen: a stream ends with the 503 error event and
+    `[DONE]`; a request not answered yet gets a 503 saying to try again."""
+
+    async def go() -> tuple[list[MutableMapping[str, Any]], int, int]:
+        server = await asyncio.start_server(endpoint(answer), "127.0.0.1", 0)
+        try:
+            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
+                request = asyncio.ensure_future(asgi_post(gateway, STREAMING, leave_after=None))
+                await asyncio.sleep(0.3)
+                cut = gateway.cut()
+                sent, _, _ = await request
+                return sent, cut, gateway.in_flight
+        finally:
+            server.close()
+
+    sent, cut, in_flight = asyncio.run(go())
+    assert cut == 1 and in_flight == 0
+    start, *pieces = sent
+    assert start["status"] == (503 if answer is silent else 200)
+    text = b"".join(m.get("body", b"") for m in pieces).decode()
+    if answer is silent:
+        assert "the gateway is stopping" in json.loads(text)["error"]["message"]
+    else:
+        token, error, done = events(text)
+        assert token["choices"][0]["text"] == " a" and done == "[DONE]"
+        assert error["error"]["code"] == 503 and "the gateway is stopping" in error["error"]["message"]
+
+
+def test_a_race_cancelled_from_outside_cancels_its_work() -> None:
+    """A stop cancels the request's task while it races its client: the endpoint's call goes with it, not left
+    running for nobody."""
+
+    async def go() -> tuple[bool, bool]:
+        work = asyncio.ensure_future(asyncio.sleep(30))
+        watch = ClientWatch(asyncio.Event().wait)  # a client that stays
+        racing = asyncio.ensure_future(watch.race(work))
+        await asyncio.sleep(0.01)
+        racing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await racing
+        await asyncio.sleep(0)
+        watch.close()
+        return racing.cancelled(), work.cancelled()
+
+    assert asyncio.run(go()) == (True, True)
+
+
+def test_a_cut_lets_the_request_go_as_a_leaving_client_does_and_says_so() -> None:
+    async def go() -> tuple[bool, bool, bool, bool]:
+        watch = ClientWatch(asyncio.Event().wait)
+        watch.cut()  # before anything waited on the client
+        work = asyncio.ensure_future(asyncio.sleep(30))
+        try:
+            await watch.race(work)
+        except ClientLeft:
+            left = True
+        else:
+            left = False
+        await asyncio.sleep(0)
+        return watch.was_cut, watch.left(), left, work.cancelled()
+
+    assert asyncio.run(go()) == (True, True, True, True)
+
+
+def test_a_cut_after_the_client_left_is_nobody_to_tell() -> None:
+    async def go() -> tuple[bool, bool]:
+        async def gone() -> dict[str, str]:
+            return {"type": "http.disconnect"}
+
+        watch = ClientWatch(gone)
+        assert await watch.wait(1.0)
+        watch.cut()
+        return watch.was_cut, watch.left()
+
+    assert asyncio.run(go()) == (False, True)
