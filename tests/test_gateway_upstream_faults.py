@@ -19,6 +19,7 @@ from raw_endpoint import STREAM_HEAD, gateway_in_front, next_request
 from leadtime.features.vllm_metrics import parse_samples
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.client_watch import ClientLeft, ClientWatch
+from leadtime.router_plugin.gateway.upstream import UpstreamError, UpstreamPool
 
 Writer = asyncio.StreamWriter
 Answer = Callable[[asyncio.StreamReader, Writer], Awaitable[None]]
@@ -432,3 +433,48 @@ def test_a_cut_after_the_client_left_is_nobody_to_tell() -> None:
         return watch.was_cut, watch.left()
 
     assert asyncio.run(go()) == (False, True)
+
+
+def closes_reused_connections(answer_new_ones: bool) -> tuple[Callable[..., Awaitable[None]], list[int]]:
+    """An endpoint that answers the first request of each connection and closes a connection sent a second one
+    without a word (its keep-alive timeout passed as the request was on its way); from the second connection on, it
+    answers nothing at all unless `answer_new_ones`. Counts its connections."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: Writer) -> None:
+        connections.append(1)
+        for served in range(2):
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            if served or (len(connections) > 1 and not answer_new_ones):
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    return handle, connections
+
+
+def test_a_reused_connection_closed_before_answering_is_retried_once_on_a_new_one() -> None:
+    async def go(answer_new_ones: bool) -> tuple[list[Any], int]:
+        handle, connections = closes_reused_connections(answer_new_ones)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        pool = UpstreamPool("127.0.0.1", server.sockets[0].getsockname()[1])
+        got: list[Any] = []
+        try:
+            for _ in range(2):
+                try:
+                    response = await pool.request("GET", "/", timeout_s=2.0)
+                    got.append((response.status, await response.read(2.0)))
+                except UpstreamError as err:
+                    got.append((err.kind, err.responded))
+        finally:
+            pool.close()
+            server.close()
+        return got, len(connections)
+
+    assert asyncio.run(go(True)) == ([(200, b"ok"), (200, b"ok")], 2)
+    # the new connection fails too: no third try, the request's failure is said (nothing was answered)
+    assert asyncio.run(go(False)) == ([(200, b"ok"), ("reset", False)], 2)
