@@ -270,6 +270,8 @@ class UpstreamPool:
         self.max_idle = max_idle
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
+        self.retired = False
+        """No longer kept for reuse (`retire`): a connection released is closed."""
         self._host_header = f"{host}:{port}".encode()
 
     async def _connect(self) -> _Connection:
@@ -296,7 +298,7 @@ class UpstreamPool:
         return protocol
 
     def _release(self, connection: _Connection) -> None:
-        if connection.closed or len(self._idle) >= self.max_idle:
+        if connection.closed or self.retired or len(self._idle) >= self.max_idle:
             connection.abort()
         elif connection not in self._idle:
             self._idle.append(connection)
@@ -347,6 +349,14 @@ class UpstreamPool:
                 raise
         raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection")
 
+    def retire(self) -> None:
+        """Keep no connection any more: the idle ones are closed now, those carrying a request once it is answered
+        (a request streaming from an endpoint that left discovery, a pod draining, completes)."""
+        self.retired = True
+        for connection in list(self._idle):
+            connection.abort()
+        self._idle.clear()
+
     def close(self) -> None:
         for connection in list(self._all):
             connection.abort()
@@ -362,6 +372,7 @@ class Upstreams:
         self.connect_timeout_s = connect_timeout_s
         self._tls = tls
         self._pools: dict[tuple[str, int, bool], UpstreamPool] = {}
+        self._retired: list[UpstreamPool] = []  # retired with requests in flight: closed too by `close`
 
     def pool(self, host: str, port: int, tls: bool = False) -> UpstreamPool:
         key = (host, port, tls)
@@ -372,13 +383,22 @@ class Upstreams:
             pool = self._pools[key] = UpstreamPool(host, port, self.connect_timeout_s, tls=self._tls if tls else None)
         return pool
 
-    def drop(self, host: str, port: int) -> None:
+    def retire(self, host: str, port: int) -> None:
+        """Forget the pools of `host:port` (both schemes), which no endpoint has any more (it left discovery, as
+        every rollout's pods do): kept, each would hold its idle connections for ever, and a gateway running for
+        months would gather one per address it ever sent to. Retired, not closed: its idle connections are closed
+        now, but those carrying a request are left to finish (`UpstreamPool.retire`), since closing would cut the
+        streams of a pod draining. The address coming back gets a new pool."""
+        self._retired = [pool for pool in self._retired if pool._all]
         for tls in (False, True):
             pool = self._pools.pop((host, port, tls), None)
             if pool is not None:
-                pool.close()
+                pool.retire()
+                if pool._all:
+                    self._retired.append(pool)
 
     def close(self) -> None:
-        for pool in self._pools.values():
+        for pool in [*self._pools.values(), *self._retired]:
             pool.close()
         self._pools.clear()
+        self._retired.clear()
