@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
+import httpx
 from raw_endpoint import STREAM_HEAD, next_request
 
+from leadtime.router_plugin.discovery import FileDiscovery
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
+from leadtime.router_plugin.heuristics import RoundRobinPolicy
 
 FIRST = b'data: {"choices":[{"index":0,"text":" a"}]}\n\n'
 REST = b'data: {"choices":[{"index":0,"text":" b","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+STREAMING = {"prompt": "hi", "max_tokens": 2, "stream": True}
 
 
 def chunked(data: bytes) -> bytes:
@@ -58,10 +65,37 @@ class Endpoint:
                 writer.close()
 
 
+def write_endpoints(path: Path, names: dict[str, int]) -> None:
+    """A discovery file listing one endpoint per name at 127.0.0.1 and its port, replaced whole."""
+    endpoints = [
+        {"name": name, "address": "127.0.0.1", "port": port, "labels": {"leadtime.io/accelerator": "h100-sxm"}}
+        for name, port in names.items()
+    ]
+    tmp = path.with_suffix(".new")
+    tmp.write_text(json.dumps({"endpoints": endpoints}))
+    tmp.replace(path)
+
+
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def gateway_on(path: Path, names: dict[str, int]) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
+    """A gateway reading discovery from `path` (polled every 20 ms), once it can route to every name."""
+    write_endpoints(path, names)
+    settings = GatewaySettings(discovery_poll_s=0.02, scrape_interval_s=0.01)
+    gateway = Gateway(FileDiscovery(path), RoundRobinPolicy(), settings)
+    await gateway.start()
+    try:
+        await until(lambda: len(gateway.routable()) == len(names))
+        transport = httpx.ASGITransport(app=gateway)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+            yield gateway, client
+    finally:
+        await gateway.stop()
 
 
 @contextlib.asynccontextmanager
@@ -72,6 +106,108 @@ async def endpoint() -> AsyncIterator[tuple[Endpoint, int]]:
         yield e, server.sockets[0].getsockname()[1]
     finally:
         server.close()
+
+
+def pooled(gateway: Gateway, port: int) -> bool:
+    return any(key[:2] == ("127.0.0.1", port) for key in gateway.upstreams._pools)
+
+
+def test_an_endpoint_leaving_discovery_has_its_idle_connections_closed_and_its_pool_forgotten(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.json"
+
+    async def go() -> tuple[int, bool, int, bool]:
+        async with (
+            endpoint() as (e1, port1),
+            endpoint() as (_, port2),
+            gateway_on(path, {"e-1": port1, "e-2": port2}) as (gateway, client),
+        ):
+            while e1.served == 0:  # round robin: e-1 within two requests
+                response = await client.post("/v1/completions", json=STREAMING)
+                assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+            idle_before, pooled_before = e1.open, pooled(gateway, port1)
+            write_endpoints(path, {"e-2": port2})
+            await until(lambda: "e-1" not in gateway.scraper.scrapes)
+            with contextlib.suppress(TimeoutError):
+                await until(lambda: e1.open == 0, 2.0)
+            return idle_before, pooled_before, e1.open, pooled(gateway, port1)
+
+    idle_before, pooled_before, still_open, still_pooled = asyncio.run(go())
+    assert idle_before >= 1 and pooled_before  # the request's connection (and the scrapes') kept for reuse
+    assert still_open == 0  # the endpoint saw every connection close
+    assert not still_pooled
+
+
+def test_a_stream_in_flight_to_an_endpoint_leaving_discovery_completes_and_its_connection_is_closed(
+    tmp_path: Path,
+) -> None:
+    """A pod draining goes out of discovery while it still streams: its answer must reach the client whole."""
+    path = tmp_path / "endpoints.json"
+
+    async def go() -> tuple[httpx.Response, bool, bool, int]:
+        async with endpoint() as (e1, port1):
+            e1.hold = True
+            async with gateway_on(path, {"e-1": port1}) as (gateway, client):
+                asked = asyncio.create_task(client.post("/v1/completions", json=STREAMING))
+                held = await asyncio.wait_for(e1.held, 5.0)
+                write_endpoints(path, {})
+                await until(lambda: not gateway.scraper.scrapes and not pooled(gateway, port1))
+                cut_early = held in e1.closed
+                e1.release.set()
+                response = await asyncio.wait_for(asyncio.shield(asked), 5.0)
+                with contextlib.suppress(TimeoutError):
+                    await until(lambda: held in e1.closed, 2.0)
+                return response, cut_early, held in e1.closed, e1.open
+
+    response, cut_early, closed_after, still_open = asyncio.run(go())
+    assert not cut_early
+    assert response.status_code == 200
+    assert response.headers["x-leadtime-endpoint"] == "e-1"
+    assert response.text.count('"text":') == 2 and response.text.endswith("data: [DONE]\n\n"), response.text
+    assert closed_after  # not kept idle in a pool nobody reaches any more
+    assert still_open == 0
+
+
+def test_an_endpoint_back_in_discovery_is_served_again_on_a_fresh_pool(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.json"
+
+    async def go() -> tuple[httpx.Response, bool, int]:
+        async with endpoint() as (e1, port1), gateway_on(path, {"e-1": port1}) as (gateway, client):
+            assert (await client.post("/v1/completions", json=STREAMING)).status_code == 200
+            retired = gateway.upstreams._pools[("127.0.0.1", port1, False)]
+            write_endpoints(path, {})
+            await until(lambda: not pooled(gateway, port1) and e1.open == 0)
+            write_endpoints(path, {"e-1": port1})
+            await until(lambda: len(gateway.routable()) == 1)
+            response = await client.post("/v1/completions", json=STREAMING)
+            fresh = gateway.upstreams._pools[("127.0.0.1", port1, False)]
+            return response, fresh is not retired, e1.open
+
+    response, fresh, still_open = asyncio.run(go())
+    assert response.status_code == 200 and response.headers["x-leadtime-endpoint"] == "e-1"
+    assert response.text.endswith("data: [DONE]\n\n")
+    assert fresh
+    assert still_open >= 1  # its connections kept for reuse again
+
+
+def test_an_endpoint_renamed_at_the_same_address_keeps_its_pool(tmp_path: Path) -> None:
+    """A name leaving discovery while another takes its address in the same change (discovery refuses two names at
+    one address:port at once): the pool is still in use, its connections kept."""
+    path = tmp_path / "endpoints.json"
+
+    async def go() -> tuple[bool, int, int]:
+        async with endpoint() as (e1, port1), gateway_on(path, {"e-1": port1}) as (gateway, client):
+            assert (await client.post("/v1/completions", json=STREAMING)).status_code == 200
+            pool = gateway.upstreams._pools[("127.0.0.1", port1, False)]
+            write_endpoints(path, {"e-1b": port1})
+            await until(lambda: set(gateway.scraper.scrapes) == {"e-1b"})
+            await asyncio.sleep(0.1)  # a few more polls
+            response = await client.post("/v1/completions", json=STREAMING)
+            assert response.status_code == 200 and response.headers["x-leadtime-endpoint"] == "e-1b"
+            return gateway.upstreams._pools.get(("127.0.0.1", port1, False)) is pool, len(pool._idle), e1.open
+
+    kept, idle, still_open = asyncio.run(go())
+    assert kept
+    assert idle >= 1 and still_open >= 1  # still keeping connections for reuse
 
 
 def test_closing_the_upstreams_closes_a_retired_pools_connections_still_in_flight() -> None:

@@ -409,13 +409,16 @@ class Gateway:
             if self.discovery.failed_reloads > before[1]:
                 self.metrics.discovery_reloads.labels("error").inc()
             if changed:
-                gone = {s.endpoint.endpoint_id for s in self.scraper.scrapes.values()} - {
-                    e.endpoint_id for e in self.discovery.endpoints
-                }
+                known = [s.endpoint for s in self.scraper.scrapes.values()]  # as discovery listed them until now
+                gone = {e.endpoint_id for e in known} - {e.endpoint_id for e in self.discovery.endpoints}
                 for endpoint_id in gone:
                     self.affinity.forget(endpoint_id)
                 self.outliers.keep_only(e.endpoint_id for e in self.discovery.endpoints)
                 self.scraper.sync(self.discovery.endpoints)
+                # an address no endpoint has any more: its pool retired (one that another name took is still used)
+                left = {(e.address, e.port) for e in known} - {(e.address, e.port) for e in self.discovery.endpoints}
+                for address, port in left:
+                    self.upstreams.retire(address, port)
                 self._warn_unknown_overflow()
                 self._warn_unread_groups()
 

@@ -364,7 +364,7 @@ class UpstreamPool:
 
 
 class Upstreams:
-    """One pool per `host:port` (and whether it speaks TLS), created on first use.
+    """One pool per `host:port` (and whether it speaks TLS), created on first use, retired once no endpoint has it.
 
     `tls`: the context endpoints serving HTTPS are verified with (default: the system's trusted CAs)."""
 
