@@ -380,7 +380,12 @@ def test_a_real_predictor_round_trips_through_the_registry(make_store: StoreFact
     assert loaded.to_bytes() == source.to_bytes()
 
 
-def test_wait_for_model_wakes_within_a_second_of_publication(make_store: StoreFactory) -> None:
+WAIT_S = 30.0
+"""How long the wait_for_model tests wait: far longer than the 0.25 s poll, so a wake-up by a notification or a
+poll is told from the end of the wait however loaded the host is."""
+
+
+def test_wait_for_model_wakes_soon_after_publication(make_store: StoreFactory) -> None:
     publisher, replica = make_store(), make_store()
     publisher.publish_model(artifact("first"))
     assert replica.wait_for_model(0, 2.0) == 1  # already there: answers at once
@@ -389,18 +394,21 @@ def test_wait_for_model_wakes_within_a_second_of_publication(make_store: StoreFa
     seen: dict[str, float] = {}
 
     def waiter() -> None:
-        version = replica.wait_for_model(1, 5.0)
+        version = replica.wait_for_model(1, WAIT_S)
         seen["at"] = time.monotonic()
         seen["version"] = float(version or 0)
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    time.sleep(0.3)  # the waiter is blocked by now
+    time.sleep(0.3)  # the waiter is blocked by now (if not, it finds the version when it asks: same outcome)
     published_at = time.monotonic()
     publisher.publish_model(artifact("second"))
-    thread.join(5.0)
+    thread.join(WAIT_S)
     assert seen["version"] == 2
-    assert seen["at"] - published_at < 1.0
+    # Woken by the publication: the notification, or at worst the 0.25 s poll that backs it up (the two cannot be
+    # told apart by time). The bound only tells a wake-up from the end of the 30 s wait, with room for a stalled
+    # host; how fast a swap is, the benchmarks measure.
+    assert seen["at"] - published_at < WAIT_S / 3
 
 
 def test_wait_for_model_polls_when_a_notification_is_missed(make_store: StoreFactory, redis_url: str) -> None:
@@ -409,8 +417,10 @@ def test_wait_for_model_polls_when_a_notification_is_missed(make_store: StoreFac
     raw.set("test:model:1", artifact("silent"))
     started = time.monotonic()
     threading.Timer(0.2, lambda: raw.set("test:model:version", 1)).start()  # no PUBLISH at all
-    assert replica.wait_for_model(0, 3.0) == 1
-    assert time.monotonic() - started < 1.0
+    assert replica.wait_for_model(0, WAIT_S) == 1
+    # Found by a poll (every 0.25 s), not by the last look at the end of the 30 s wait: a generous bound tells
+    # the two apart.
+    assert time.monotonic() - started < WAIT_S / 3
     assert replica.latest_model() == (1, artifact("silent"))
 
 
@@ -428,16 +438,20 @@ def test_versions_never_go_backwards_after_redis_loses_its_data(
 # ---- training lease ---------------------------------------------------------------------------------------
 
 
-def test_lease_is_exclusive_renewable_by_its_holder_and_expires(make_store: StoreFactory) -> None:
+def test_lease_is_exclusive_renewable_by_its_holder_and_expires(make_store: StoreFactory, redis_url: str) -> None:
     a, b = make_store(), make_store()
-    assert a.acquire_training_lease("replica-a", ttl_s=0.4)
+    raw = redis.Redis.from_url(redis_url)
+    assert a.acquire_training_lease("replica-a", ttl_s=3.0)
     assert not b.acquire_training_lease("replica-b", ttl_s=5.0)
     assert b.lease_holder() == "replica-a"
-    time.sleep(0.25)
-    assert a.acquire_training_lease("replica-a", ttl_s=0.4)  # renewal pushes expiry out
-    time.sleep(0.25)
-    assert not b.acquire_training_lease("replica-b", ttl_s=5.0)  # would have expired without the renewal
-    assert wait_until(lambda: b.acquire_training_lease("replica-b", ttl_s=5.0), timeout_s=2.0)
+    time.sleep(1.0)
+    left = raw.pttl("test:lease:training")
+    assert 0 < left <= 2_000  # a second of the 3 s has gone
+    assert a.acquire_training_lease("replica-a", ttl_s=3.0)  # renewal pushes expiry out: the full TTL again
+    assert raw.pttl("test:lease:training") > left  # ~3 000 > 2 000: a second of margin for a stalled host
+    assert not b.acquire_training_lease("replica-b", ttl_s=5.0)
+    assert b.lease_holder() == "replica-a"
+    assert wait_until(lambda: b.acquire_training_lease("replica-b", ttl_s=5.0), timeout_s=10.0)  # it expires
     assert not a.acquire_training_lease("replica-a", ttl_s=5.0)
     assert not a.release_training_lease("replica-a")  # only the holder may release
     assert b.release_training_lease("replica-b")
