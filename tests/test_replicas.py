@@ -172,7 +172,7 @@ def test_what_replica_a_is_told_changes_what_replica_b_predicts(
     assert wait_until(lambda: b.status()["model_version"] == a.status()["model_version"], timeout_s=5)
 
 
-def test_a_model_published_by_a_is_served_by_b_within_a_second(
+def test_a_model_published_by_a_is_served_by_b(
     start_replicas: Callable[..., list[Replica]],
 ) -> None:
     # Mean objective: the served mean is fully determined by the artifact. (The quantile after a round trip
@@ -182,10 +182,11 @@ def test_a_model_published_by_a_is_served_by_b_within_a_second(
     assert wait_until(lambda: a.learned() == 200 and b.learned() == 200, timeout_s=20)
     for _ in range(3):
         assert a.runtime.predictor is not None
-        published_at = time.monotonic()
         version = a.runtime.publish(a.runtime.predictor)  # the path a successful retrain takes
-        assert wait_until(partial(b.serves_registry_version, version), timeout_s=3.0, every_s=0.005)
-        assert time.monotonic() - published_at < 1.0
+        # No time bound: B's model-sync loop looks for a newer version every 0.5 s (and the store polls every
+        # 0.25 s) even without the notification, so no bound tells the notification from that fallback; how
+        # fast a swap is, benchmarks measure. The deadline only keeps a loaded host from failing the test.
+        assert wait_until(partial(b.serves_registry_version, version), timeout_s=30.0, every_s=0.005)
         assert b.predict(PROBE)["ttft_ms"] == pytest.approx(a.predict(PROBE)["ttft_ms"], rel=1e-9)
         assert b.status()["model_version"] == a.status()["model_version"]
 
