@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from redis_server import RedisServer
 from waiting import wait_until
 
 from leadtime.predictor.artifact import ARTIFACT_VERSION, FILE_NAME, decode, encode, save_file, seal
@@ -109,7 +110,7 @@ def test_memory_store_publishes_for_the_lease_holder_only() -> None:
     assert store.latest_model() == (2, b"pulled")
 
 
-def test_a_published_model_reaches_the_other_replica_within_a_second() -> None:
+def test_a_published_model_reaches_the_other_replica() -> None:
     store = MemoryStore()
     settings_a = ServiceSettings(replica_id="a")
     settings_b = ServiceSettings(replica_id="b", role="prediction")
@@ -124,10 +125,11 @@ def test_a_published_model_reaches_the_other_replica_within_a_second() -> None:
         )  # every replica learns the stream
         runtime_a.predictor.version = 7  # as if a retrain had been accepted
         lineage = runtime_a._epoch
-        started = time.monotonic()
         version = runtime_a.publish(runtime_a.predictor)
-        assert wait_until(lambda: runtime_b.store_version == version, timeout_s=1.0)
-        assert time.monotonic() - started < 1.0
+        # No time bound: B's model-sync loop asks for a newer version every 0.5 s even when not woken by the
+        # publication, so no bound tells the notification from that fallback; how fast a swap is, benchmarks
+        # measure. The deadline only keeps a loaded host from failing the test.
+        assert wait_until(lambda: runtime_b.store_version == version, timeout_s=30.0)
         assert b.get("/status").json()["model_version"] == 7
         # The publisher did not reload its own model: that would start a new lineage. (Its serving copy may be
         # replaced meanwhile by a snapshot from its own learner, after a background retrain: not a reload.)
@@ -159,24 +161,26 @@ def test_reload_swaps_in_a_newer_published_model() -> None:
         assert refused.status_code == 409 and "refused" in refused.json()["error"]
 
 
-def test_reload_says_unreachable_only_for_an_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reload_says_unreachable_only_for_an_outage(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer) -> None:
     """Any error but a refused model was answered 503 "the model registry is unreachable", a bug included (the
     sync loop was corrected for the same mislabelling)."""
-    with TestClient(create_app(ServiceSettings()), raise_server_exceptions=False) as c:
+    settings = ServiceSettings(redis_url=redis_server.url, grpc_port=0)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as c:
         runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        assert c.post("/reload").status_code == 200
 
-        def fails(error: Exception) -> Any:
-            def sync() -> tuple[bool, bool]:
-                raise error
-
-            return sync
-
-        monkeypatch.setattr(runtime, "sync_from_store", fails(ConnectionError("redis: connection refused")))
+        redis_server.stop()  # a real outage
         down = c.post("/reload")
-        assert down.status_code == 503 and "unreachable" in down.json()["error"]
-        monkeypatch.setattr(runtime, "sync_from_store", fails(AttributeError("'str' object has no attribute 'x'")))
-        bug = c.post("/reload")
-        assert bug.status_code == 500 and "unreachable" not in bug.json()["error"]
+        assert down.status_code == 503 and "unreachable" in down.json()["error"], down.json()
+        redis_server.start()
+        assert wait_until(lambda: c.post("/reload").status_code == 200, timeout_s=30)
+
+        def bug() -> tuple[bool, bool]:  # a bug in the service, which no real store can cause on purpose
+            raise AttributeError("'str' object has no attribute 'x'")
+
+        monkeypatch.setattr(runtime, "sync_from_store", bug)
+        failed = c.post("/reload")
+        assert failed.status_code == 500 and "unreachable" not in failed.json()["error"]
 
 
 def test_only_the_lease_holder_retrains() -> None:
