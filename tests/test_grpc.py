@@ -12,6 +12,7 @@ import grpc
 import pytest
 from fastapi.testclient import TestClient
 from served import http_and_grpc
+from waiting import wait_for
 
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
@@ -253,11 +254,14 @@ def test_an_observation_stream_still_open_when_the_store_closes_is_refused_unava
     """At a stop, the store was closed while an ObserveStream opened before the signal went on: each later batch
     was appended to a closed store (into a Redis writer's buffer nobody sends) and the client told accepted."""
     http, stub = served
-    store = http.app.state.runtime.store  # type: ignore[attr-defined]
+    runtime = http.app.state.runtime  # type: ignore[attr-defined]
+    store = runtime.store
+    accepted_before = runtime.ingestion()["accepted"]
 
     def batches() -> Iterator[Any]:
         yield pb.ObserveRequest(observations=[observation(0)])
-        time.sleep(0.3)  # the first batch is accepted before the store closes
+        # The first batch is accepted before the store closes.
+        wait_for(lambda: runtime.ingestion()["accepted"] == accepted_before + 1, 10, "the first batch accepted")
         store.close()
         yield pb.ObserveRequest(observations=[observation(1)])
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import grpc
 import pytest
 from served import http_and_grpc, http_and_grpc_channel
+from waiting import wait_for
 
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc.server import MAX_OPEN_STREAMS
@@ -37,10 +38,13 @@ def test_open_observation_streams_leave_threads_for_predictions() -> None:
         yield pb.ObserveRequest(observations=[OBSERVATION])
         release.wait(20)
 
-    with http_and_grpc(ServiceSettings()) as (_, stub):
+    with http_and_grpc(ServiceSettings()) as (http, stub):
+        runtime = http.app.state.runtime  # type: ignore[attr-defined]
         calls = [stub.ObserveStream.future(slow_batches(), timeout=30) for _ in range(MAX_OPEN_STREAMS)]
         try:
-            time.sleep(0.5)  # every stream open and waiting for its client
+            # Every stream open and waiting for its client: a stream takes its slot before its first batch is
+            # accepted, and keeps it until its client ends it.
+            wait_for(lambda: runtime.ingestion()["accepted"] == MAX_OPEN_STREAMS, 20, "every stream's first batch")
             assert len(stub.PredictBulk(PREDICT, timeout=2).ttft_mean_ms) == 1
             assert stub.Status(pb.StatusRequest(), timeout=2).is_ready
             with pytest.raises(grpc.RpcError) as err:
