@@ -5,7 +5,7 @@ usage of streams asked for so that output tokens are counted exactly when an eve
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -15,7 +15,7 @@ from inprocess_gateway import Scenario, counted, through_gateway
 
 from leadtime.bench.procs import free_port
 from leadtime.router_plugin.affinity import DEFAULT_BYTES_PER_TOKEN
-from leadtime.router_plugin.gateway.app import GatewaySettings
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.assemble import Assembler, streamed_body, whole_answer
 from leadtime.router_plugin.gateway.requests import parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
@@ -159,13 +159,17 @@ class Recording(RoundRobinPolicy):
 
 
 def through(
-    scenario: Scenario, measure: bool = True, ask_usage: bool = True, tokens_per_event: int = 1
+    scenario: Scenario,
+    measure: bool = True,
+    ask_usage: bool = True,
+    tokens_per_event: int = 1,
+    attach: Callable[[Gateway], None] | None = None,
 ) -> tuple[Recording, dict[str, Any], Any]:
     """Run `scenario(client)` against an in-process gateway in front of one `sim serve` endpoint; the policy, the
-    gateway's metrics and what the scenario returned."""
+    gateway's metrics and what the scenario returned. `attach` is given the gateway before it starts."""
     policy = Recording()
     settings = GatewaySettings(scrape_interval_s=0.05, measure_non_streaming=measure, ask_usage=ask_usage)
-    samples, result = through_gateway(FLEET, policy, scenario, settings, tokens_per_event)
+    samples, result = through_gateway(FLEET, policy, scenario, settings, tokens_per_event, attach=attach)
     return policy, samples, result
 
 
@@ -214,18 +218,35 @@ def test_not_measuring_sends_the_request_unchanged_and_learns_nothing() -> None:
     assert counted(samples, "leadtime_router_non_streaming_total", measured="false") == 4
 
 
-async def long_then_short(client: httpx.AsyncClient) -> list[httpx.Response]:
+def long_then_short(gateways: list[Gateway], measure: bool) -> Scenario:
     """A long prompt generating many tokens, and, while it decodes, a short request."""
-    long = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "w " * 2000, "max_tokens": 500}))
-    await asyncio.sleep(1.2)  # its prefill takes ~0.2 s, its 500 tokens ~3 s: it decodes now, scraped since
-    assert not long.done()
-    short = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
-    return [await long, short]
+
+    async def scenario(client: httpx.AsyncClient) -> list[httpx.Response]:
+        (gateway,) = gateways
+        long = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "w " * 2000, "max_tokens": 500}))
+
+        def work() -> tuple[int, int]:  # (prefill, decode) tokens the gateway counts on the endpoint, as decided
+            (scrape,) = gateway.routable()
+            return gateway.work.tokens(scrape.endpoint.endpoint_id, scrape.scraped_ms)
+
+        # Its prefill takes ~0.2 s, its 500 tokens ~3 s. Wait until it is sent before the endpoint's last scrape
+        # and, measured, its first token came (it decodes now); answered whole, it stays prefill work.
+        deadline = asyncio.get_running_loop().time() + 30
+        while (work()[1] if measure else work()[0]) == 0:
+            assert asyncio.get_running_loop().time() < deadline, "the long request never showed as in flight"
+            assert not long.done()
+            await asyncio.sleep(0.02)
+        assert not long.done()
+        short = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        return [await long, short]
+
+    return scenario
 
 
 @pytest.mark.parametrize("measure", [True, False])
 def test_a_decoding_non_streaming_request_counts_as_decode_work_once_measured(measure: bool) -> None:
-    policy, _, (long, short) = through(long_then_short, measure)
+    gateways: list[Gateway] = []
+    policy, _, (long, short) = through(long_then_short(gateways, measure), measure, attach=gateways.append)
     assert long.status_code == short.status_code == 200
     prompt = policy.requests[0].input_tokens  # as the gateway estimates it from the prompt's bytes
     seen = policy.offered[1][0].state  # what the second decision saw of the endpoint

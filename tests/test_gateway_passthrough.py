@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Sequence
 
 import httpx
-from inprocess_gateway import counted, through_gateway
+from inprocess_gateway import Scenario, counted, through_gateway
 
-from leadtime.router_plugin.gateway.app import GatewaySettings
+from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.simulator.fleet import parse_fleet
@@ -60,17 +60,34 @@ def test_a_tokenize_request_is_answered_by_an_endpoint_in_turn_and_teaches_nothi
     assert counted(samples, "leadtime_router_requests_total", path="/tokenize", code="200") == 4
 
 
-async def tokenize_beside_a_long_request(client: httpx.AsyncClient) -> list[httpx.Response]:
-    long = asyncio.ensure_future(
-        client.post("/v1/completions", json={"prompt": "w " * 500, "max_tokens": 400, "stream": False})
-    )
-    await asyncio.sleep(0.5)  # it runs, and the endpoints were scraped since
-    replies = [await client.post("/tokenize", json={"prompt": "x y"}) for _ in range(3)]
-    return [await long, *replies]
+def tokenize_beside_a_long_request(gateways: list[Gateway]) -> Scenario:
+    async def scenario(client: httpx.AsyncClient) -> list[httpx.Response]:
+        (gateway,) = gateways
+        long = asyncio.ensure_future(
+            client.post("/v1/completions", json={"prompt": "w " * 500, "max_tokens": 400, "stream": False})
+        )
+
+        def scraped_busy() -> bool:  # what passed-through requests are routed by: the scraped running and waiting
+            return any(
+                s.state is not None and s.state.num_request_running + s.state.num_request_waiting > 0
+                for s in gateway.routable()
+            )
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not scraped_busy():  # it runs, and the endpoints were scraped since
+            assert asyncio.get_running_loop().time() < deadline, "no scrape showed the long request running"
+            assert not long.done()
+            await asyncio.sleep(0.02)
+        replies = [await client.post("/tokenize", json={"prompt": "x y"}) for _ in range(3)]
+        return [await long, *replies]
+
+    return scenario
 
 
 def test_a_passed_through_request_goes_to_the_least_loaded_endpoint() -> None:
-    _, (long, *replies) = through_gateway(TWO, Learning(), tokenize_beside_a_long_request, SETTINGS)
+    gateways: list[Gateway] = []
+    scenario = tokenize_beside_a_long_request(gateways)
+    _, (long, *replies) = through_gateway(TWO, Learning(), scenario, SETTINGS, attach=gateways.append)
     busy = long.headers["x-leadtime-endpoint"]
     assert long.status_code == 200
     assert {r.headers["x-leadtime-endpoint"] for r in replies} == {"h-1" if busy == "h-0" else "h-0"}
