@@ -171,7 +171,7 @@ async def _trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-l"))
     await reader.readexactly(length)
-    body = b'{"status": "ok"}' + b" " * 60
+    body = b'{"status": "ok"}' + b" " * 160  # 176 bytes, 0.05 s apart: ~9 s in all
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
     for byte in body:
         writer.write(bytes([byte]))
@@ -182,8 +182,8 @@ async def _trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
 
 @pytest.mark.parametrize("kind", ["httpx", "lean"])
 def test_a_service_trickling_its_answer_is_cut_at_the_deadline(kind: str) -> None:
-    """The deadline is the whole call's, not each read's: an answer coming a byte at a time (4 s in all) is given
-    up at 0.2 s."""
+    """The deadline is the whole call's, not each read's: an answer coming a byte at a time (every 0.05 s, ~9 s in
+    all) is given up at 0.2 s."""
     port, loop = serve_in_a_thread(_trickle)
     url = f"http://127.0.0.1:{port}"
     client = HttpPredictorClient(url, deadline_s=0.2) if kind == "httpx" else LeanHttpPredictorClient(url, 0.2)
@@ -192,7 +192,7 @@ def test_a_service_trickling_its_answer_is_cut_at_the_deadline(kind: str) -> Non
         with pytest.raises(PredictorUnavailable) as err:
             client.predict([_dict_row()])
         assert err.value.status == "deadline"
-        assert time.monotonic() - started < 0.6
+        assert time.monotonic() - started < 2.0  # at the deadline, not at the answer's end (a generous bound)
     finally:
         client.close()
         loop.call_soon_threadsafe(loop.stop)

@@ -811,11 +811,12 @@ def test_lean_client_predicts_keeps_its_deadline_and_reports_refusals() -> None:
         with pytest.raises(PredictorError) as refused:
             client.observe([Observation(ROW, 1.0, 1.0)])
         assert refused.value.status == 422 and "actual_ttft_ms" in refused.value.message
-        _Service.delay_s = 0.3
+        _Service.delay_s = 5.0
         started = time.monotonic()
         with pytest.raises(PredictorUnavailable) as late:
             client.predict([ROW], deadline_s=0.05)
-        assert late.value.status == "deadline" and time.monotonic() - started < 0.25
+        # Cut at its deadline, not at the answer 5 s later (a generous bound: the host may be loaded).
+        assert late.value.status == "deadline" and time.monotonic() - started < 2.0
         _Service.delay_s = 0.0
         assert client.predict([ROW]).model_version == 3  # a new connection: the late answer is never read
     finally:
