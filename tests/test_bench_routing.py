@@ -52,8 +52,9 @@ def small_run() -> tuple[dict[str, Any], dict[tuple[str, str, str], Any]]:
 def test_the_report_has_every_figure_the_issue_names(
     small_run: tuple[dict[str, Any], dict[tuple[str, str, str], Any]],
 ) -> None:
-    report, _ = small_run
+    report, curves = small_run
     mixed = report["fleets"]["mixed"]
+    windows_s: dict[str, list[float]] = {}
     assert mixed["capacity_rps"] > 0
     assert mixed["high"]["rate_rps"] == pytest.approx(1.5 * mixed["base"]["rate_rps"])
     for load in ("base", "high"):
@@ -61,11 +62,16 @@ def test_the_report_has_every_figure_the_issue_names(
         assert set(policies) == {"round_robin", "llmd_heuristic", "clairvoyant", "leadtime", "leadtime_no_hardware"}
         for name, m in policies.items():
             assert 0 <= m["slo_attainment"] <= 1
-            assert m["goodput_rps"] >= 0
+            # Requests that met their SLOs per second of the arrival window, the same window for every policy.
+            met = m["slo_attainment"] * len(curves[("mixed", load, name)]["ttft_ms"])  # of the completed ones
+            assert m["goodput_rps"] > 0 and met > 0
+            windows_s.setdefault(load, []).append(met / m["goodput_rps"])
             assert m["ttft_ms"]["p50"] <= m["ttft_ms"]["p99"]
             assert 0 < m["itl_ms"]["p50"] <= m["itl_ms"]["p99"]
             assert m["decision_ms"]["p50"] <= m["decision_ms"]["p99"]
             assert ("prediction_mape" in m) == name.startswith("leadtime")
+        first = windows_s[load][0]
+        assert windows_s[load] == pytest.approx([first] * len(policies), rel=1e-3), windows_s[load]
         mape = policies["leadtime"]["prediction_mape"]
         assert 0 < mape["ttft"] < 10 and 0 < mape["tpot"] < 10
         ceiling = mixed[load]["ceiling_rps"]  # what no router passes

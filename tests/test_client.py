@@ -59,13 +59,14 @@ def client(request: pytest.FixtureRequest, service: dict[str, Any]) -> Iterator[
         yield c
 
 
-def test_predict_takes_feature_rows_and_dicts(client: Any) -> None:
+def test_predict_takes_feature_rows_and_dicts(client: Any, service: dict[str, Any]) -> None:
     rows = [feature_row(), feature_row(accelerator="l40s"), {**_dict_row(), "role": "decode"}]
+    serving = service["app"].state.runtime.predictor.version
     p = client.predict(rows)
     assert p.ttft_mean_ms.shape == (3,) and p.quantile == pytest.approx(0.9)
     assert (p.ttft_quantile_ms >= p.ttft_mean_ms).all() and (p.tpot_quantile_ms >= p.tpot_mean_ms).all()
     assert p.tpot_mean_ms[1] > p.tpot_mean_ms[0]
-    assert p.model_version >= 0
+    assert p.model_version == serving  # the version of the model that answered
 
 
 def _dict_row() -> dict[str, Any]:

@@ -53,9 +53,15 @@ REQ = RouteRequest("r1", input_tokens=1000)
 
 
 def test_every_policy_satisfies_the_protocol() -> None:
+    cands = [cand("a", waiting=0, kv=0.1), cand("b", waiting=6, kv=0.9)]
     for policy in (RandomPolicy(), RoundRobinPolicy(), LeastQueuePolicy(), LlmdHeuristicPolicy()):
         assert isinstance(policy, RoutingPolicy)
         assert isinstance(policy.name, str) and policy.name
+        # Its decision: one of the candidates, and no P/D pair among unified endpoints.
+        pick = policy.pick(REQ, cands)
+        assert pick.endpoint_id in ("a", "b") and pick.decode_endpoint_id is None, (policy.name, pick)
+        if isinstance(policy, LeastQueuePolicy | LlmdHeuristicPolicy):  # those that look at load: the idle one
+            assert pick.endpoint_id == "a", (policy.name, pick)
 
 
 def test_scorers_are_in_unit_interval() -> None:

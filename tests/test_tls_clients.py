@@ -101,7 +101,11 @@ def test_the_gateway_pulls_the_model_over_tls(service: TlsService) -> None:
     pulled = PulledModel(service.url, observer, interval_s=60.0, ca_file=service.cert)
     pulled.start()
     try:
-        assert pulled.predict([], deadline_s=30).model_version >= 0  # waits for the first pull
+        version = pulled.predict([], deadline_s=30).model_version  # waits for the first pull
+        status = httpx.get(
+            f"{service.url}/status", verify=str(service.cert), headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
+        )
+        assert version == status.json()["model_version"]  # the service's own model, pulled
         assert pulled.pulls["new"] == 1 and pulled.model is not None
     finally:
         pulled.stop()
