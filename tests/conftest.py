@@ -3,9 +3,11 @@ prometheus) must run there, not skip."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis_server import RedisServer, find_redis_server
@@ -33,6 +35,18 @@ def require_prometheus() -> str:
             pytest.fail(f"{message}; with CI=true the Prometheus tests must run, not skip", pytrace=False)
         pytest.skip(message)
     return executable
+
+
+def require_module(name: str) -> Any:
+    """Import `name`, a dependency of the `test` extra; skip without it locally, but fail under CI=true, where
+    the extra is installed and the tests must run."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        message = f"{name} is not installed (pip install -e '.[test]'): {err}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; with CI=true the tests needing it must run, not skip", pytrace=False)
+        pytest.skip(message)
 
 
 @pytest.fixture

