@@ -94,8 +94,8 @@ def test_importances_404_until_a_tree_serves_then_every_llmd_input_and_the_metri
         parsed = runtime.parser.parse_observations([training_entry(i) for i in range(1500)])
         predictor.learn_many(parsed.rows.X, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
         predictor.retrain_now()
-        if predictor.tree_text("ttft") is None:
-            pytest.skip("the learner kept its online model on this data (no tree won on held-out data)")
+        # The rows are fixed and the learner seeded (LearnerConfig.seed): trees win on this data every run.
+        assert predictor.tree_text("ttft") is not None, "the learner kept its online model (no tree won held out)"
         importances = c.get("/model/ttft/lgb/importances").json()
         assert set(LLMD_MODEL_INPUTS) <= set(importances) and "input_tokens" not in importances
         assert sum(importances.values()) == pytest.approx(1.0)
