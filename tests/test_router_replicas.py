@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+import redis
 import yaml
 from redis_server import RedisServer
 from test_router_plugin import QueueModel, cand, req
@@ -243,9 +244,20 @@ def test_a_redis_outage_is_one_warning_and_its_end_is_said(
     async def scenario() -> None:
         sync = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
         await sync.start()
-        await asyncio.sleep(0.3)
+        raw = redis.Redis.from_url(redis_server.url)
+        deadline = time.monotonic() + 10
+        while not raw.pubsub_numsub(sync.channel)[0][1] and time.monotonic() < deadline:  # subscribed
+            await asyncio.sleep(0.05)
+        assert raw.pubsub_numsub(sync.channel)[0][1] == 1, "never subscribed"
+        raw.close()
         redis_server.stop()
-        await asyncio.sleep(3.5)  # several retries
+        deadline = time.monotonic() + 10
+        while sync.health() == {} and time.monotonic() < deadline:  # the outage noticed
+            await asyncio.sleep(0.05)
+        assert "replicas" in sync.health(), "the outage never noticed"
+        # Several retries (one a second): nothing counts them, and a longer wait only means more of them, so this
+        # sleep is a lower bound, not a guess at when something has happened.
+        await asyncio.sleep(3.5)
         redis_server.start()
         deadline = time.monotonic() + 10
         while "hearing the other replicas again" not in caplog.text and time.monotonic() < deadline:
