@@ -443,6 +443,29 @@ def test_a_replica_stopped_cleanly_hands_the_training_lease_over_at_once(
     assert len(lines) == 1 and "released the training lease" in lines[0], lines
 
 
+def test_a_replica_whose_learner_is_slow_to_stop_still_hands_the_lease_over(
+    start_replicas: Callable[..., list[Replica]], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the stop released the lease only after its learner process had stopped (up to 10 s, then a
+    kill), renewing it no more meanwhile: a learner slow to exit (a loaded host, a retrain finishing) let the lease
+    expire first, and nobody retrained until it did. It is released as soon as the loops have stopped."""
+    a, b = start_replicas(lease_ttl_s=3.0)
+    assert a.status()["holds_training_lease"]
+    real_stop = a.runtime.learner.stop
+
+    def slow_stop(*args: Any, **kwargs: Any) -> None:
+        time.sleep(4.0)  # longer than the lease's TTL
+        real_stop(*args, **kwargs)
+
+    monkeypatch.setattr(a.runtime.learner, "stop", slow_stop)
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        a.stop()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
+    assert len(lines) == 1 and ": released the training lease" in lines[0], lines
+    assert not [r for r in caplog.records if "lost the training lease" in r.getMessage()]
+    assert wait_until(lambda: b.status()["holds_training_lease"], timeout_s=30)
+
+
 def test_a_stopping_replica_releases_only_a_lease_it_still_holds(
     start_replicas: Callable[..., list[Replica]], redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

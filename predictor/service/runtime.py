@@ -208,11 +208,14 @@ class ServiceRuntime:
             except Exception:  # stopping anyway: the rest must still stop
                 log.exception("could not stop a server in front of the runtime")
         self._stop.set()
-        self.learner.stop()
         for thread in self._threads:
             thread.join(timeout=10)
         self._threads.clear()
-        log.info("stopping (replica %s)%s", self.replica_id, self._release_lease())
+        # Released before the learner is stopped (up to 10 s, then a kill): nothing renews the lease meanwhile, and
+        # it expired first whenever the learner was slow to exit, with nobody retraining until it had.
+        released = self._release_lease()
+        self.learner.stop()
+        log.info("stopping (replica %s)%s", self.replica_id, released)
         self._save_on_stop()
         if self.predictor is not None:
             self.predictor.close()
@@ -222,12 +225,15 @@ class ServiceRuntime:
     def _release_lease(self) -> str:
         """Give the training lease up at a clean stop, so that another replica takes it at its next renewal (within
         a third of the lease's TTL) instead of waiting for it to expire, with nobody retraining or publishing
-        meanwhile (every rolling update). Called once the loops and the learner have stopped: nothing renews or
-        publishes after it. The store deletes the lease only if this replica still holds it. What to add to the
-        stop's log line."""
+        meanwhile (every rolling update). Called once the loops have stopped: nothing renews it after this. The
+        learner may still be finishing a retrain: with `holds_lease` off, one it finishes later is not published
+        (one publishing now holds the swap lock and lands first), and the store refuses a publication by a replica
+        that no longer holds the lease. The store deletes the lease only if this replica still holds it. What to
+        add to the stop's log line."""
         if not self.holds_lease or self.store.stream_name is None:  # alone in its store: nobody to hand it to
             return ""
-        self.holds_lease = False
+        with self._swap_lock:
+            self.holds_lease = False
         try:
             released = self.store.release_training_lease(self.replica_id)
         except Exception as err:  # stopping anyway: say so, do not hide the stop behind a traceback
