@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -78,3 +80,15 @@ def post_through(
             server.close()
 
     return asyncio.run(go())
+
+
+def write_endpoints(path: Path, names: dict[str, int]) -> None:
+    """A discovery file listing one endpoint per name, at 127.0.0.1 and its port (replaced whole, as Kubernetes
+    does)."""
+    endpoints = [
+        {"name": name, "address": "127.0.0.1", "port": port, "labels": {"leadtime.io/accelerator": "h100-sxm"}}
+        for name, port in names.items()
+    ]
+    tmp = path.with_suffix(".new")
+    tmp.write_text(json.dumps({"endpoints": endpoints}))
+    tmp.replace(path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from raw_endpoint import STREAM_HEAD, next_request
+from raw_endpoint import STREAM_HEAD, next_request, write_endpoints
 
 from leadtime.features.vllm_metrics import parse_samples
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
@@ -320,18 +319,6 @@ def test_only_a_refused_connection_is_told_apart_as_refused() -> None:
     err = asyncio.run(go())
     assert err.kind == "connect" and err.refused
     assert not UpstreamError("connect", "did not accept within 2 s").refused
-
-
-def write_endpoints(path: Path, names: dict[str, int]) -> None:
-    """A discovery file listing one endpoint per name, at 127.0.0.1 and its port (replaced whole, as Kubernetes
-    does)."""
-    endpoints = [
-        {"name": name, "address": "127.0.0.1", "port": port, "labels": {"leadtime.io/accelerator": "h100-sxm"}}
-        for name, port in names.items()
-    ]
-    tmp = path.with_suffix(".new")
-    tmp.write_text(json.dumps({"endpoints": endpoints}))
-    tmp.replace(path)
 
 
 def endpoints_named(text: str) -> set[str]:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
-from raw_endpoint import STREAM_HEAD, next_request
+from raw_endpoint import STREAM_HEAD, next_request, write_endpoints
 
 from leadtime.router_plugin.discovery import FileDiscovery
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
@@ -63,17 +62,6 @@ class Endpoint:
             finally:
                 self.closed.add(connection)
                 writer.close()
-
-
-def write_endpoints(path: Path, names: dict[str, int]) -> None:
-    """A discovery file listing one endpoint per name at 127.0.0.1 and its port, replaced whole."""
-    endpoints = [
-        {"name": name, "address": "127.0.0.1", "port": port, "labels": {"leadtime.io/accelerator": "h100-sxm"}}
-        for name, port in names.items()
-    ]
-    tmp = path.with_suffix(".new")
-    tmp.write_text(json.dumps({"endpoints": endpoints}))
-    tmp.replace(path)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
