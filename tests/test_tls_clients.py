@@ -102,9 +102,9 @@ def test_the_gateway_pulls_the_model_over_tls(service: TlsService) -> None:
     pulled.start()
     try:
         version = pulled.predict([], deadline_s=30).model_version  # waits for the first pull
-        status = httpx.get(
-            f"{service.url}/status", verify=str(service.cert), headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10
-        )
+        trust = tls_client_context(service.cert)
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        status = httpx.get(f"{service.url}/status", verify=trust, headers=auth, timeout=10)
         assert version == status.json()["model_version"]  # the service's own model, pulled
         assert pulled.pulls["new"] == 1 and pulled.model is not None
     finally:
