@@ -275,19 +275,15 @@ def _probe_rows(compiled: CompiledTrees, rows: int = 128) -> np.ndarray:
 _MISSING_TYPES = ("None", "Zero", "NaN")  # LightGBM's decision_type bits 2-3
 
 
-def _text_model(text: str) -> dict[str, Any]:
-    """The parts of ``Booster.dump_model()`` that `_compile` reads, from a model's LightGBM text: compiling needs
-    no LightGBM then (a process that only predicts never imports it). ValueError for text that does not hold.
-
-    In the text each tree lists its splits by index: ``decision_type`` packs categorical (bit 0), default left
-    (bit 1) and the missing type (bits 2-3); a child >= 0 is a split, a child < 0 is leaf ``~child``.
-    """
+def _text_sections(text: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """A LightGBM text model's header and each tree's block, as `key=value` fields (a bare line is a key with an
+    empty value); ValueError without the line that ends the trees."""
     header: dict[str, str] = {}
     blocks: list[dict[str, str]] = []
     fields = header
     for line in text.splitlines():
         if line == "end of trees":
-            break
+            return header, blocks
         key, has_value, value = line.partition("=")
         if key == "Tree":
             fields = {}
@@ -296,8 +292,17 @@ def _text_model(text: str) -> dict[str, Any]:
             fields[key] = value
         elif line:
             fields[line] = ""
-    else:
-        raise ValueError("LightGBM text: no end of trees")
+    raise ValueError("LightGBM text: no end of trees")
+
+
+def _text_model(text: str) -> dict[str, Any]:
+    """The parts of ``Booster.dump_model()`` that `_compile` reads, from a model's LightGBM text: compiling needs
+    no LightGBM then (a process that only predicts never imports it). ValueError for text that does not hold.
+
+    In the text each tree lists its splits by index: ``decision_type`` packs categorical (bit 0), default left
+    (bit 1) and the missing type (bits 2-3); a child >= 0 is a split, a child < 0 is leaf ``~child``.
+    """
+    header, blocks = _text_sections(text)
     return {
         "objective": header.get("objective", ""),
         "num_tree_per_iteration": int(header.get("num_tree_per_iteration", "1")),
@@ -465,28 +470,23 @@ def text_importances(text: str, importance_type: str) -> np.ndarray:
     `Booster.feature_importance` gives them for every tree (LightGBM keeps each gain as a float32, and sums them
     in double precision, tree by tree).
 
-    >>> text = "\n".join(["max_feature_idx=2", "Tree=0", "split_feature=0 2 0", "split_gain=1.5 2 0.25", "Tree=1"])
+    >>> lines = ["max_feature_idx=2", "Tree=0", "split_feature=0 2 0", "split_gain=1.5 2 0.25", "Tree=1"]
+    >>> text = "\n".join([*lines, "end of trees"])
     >>> text_importances(text, "split").tolist(), text_importances(text, "gain").tolist()
     ([2.0, 0.0, 1.0], [1.75, 0.0, 2.0])
     """
-    features = np.zeros(0, dtype=np.int64)
-    importances: np.ndarray | None = None
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key == "max_feature_idx":
-            importances = np.zeros(int(value) + 1, dtype=np.float64)
-        elif key == "split_feature":
-            features = np.array(value.split(), dtype=np.int64)
-        elif key == "split_gain" and importances is not None:
-            if importance_type == "split":
-                np.add.at(importances, features, 1.0)
-            else:
-                for feature, gain in zip(features, np.array(value.split(), dtype=np.float32), strict=True):
-                    importances[feature] += float(gain)
-        elif line == "end of trees":
-            break
-    if importances is None:
+    header, blocks = _text_sections(text)
+    if "max_feature_idx" not in header:
         raise ValueError("LightGBM text: no max_feature_idx")
+    importances = np.zeros(int(header["max_feature_idx"]) + 1, dtype=np.float64)
+    for block in blocks:
+        features = np.array(block.get("split_feature", "").split(), dtype=np.int64)
+        if importance_type == "split":
+            np.add.at(importances, features, 1.0)
+        else:
+            gains = np.array(block.get("split_gain", "").split(), dtype=np.float32)
+            for feature, gain in zip(features, gains, strict=True):
+                importances[feature] += float(gain)
     return importances
 
 
