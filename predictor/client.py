@@ -11,7 +11,6 @@ service's certificate when it is not one the system trusts (a private CA, a self
 from __future__ import annotations
 
 import functools
-import json
 import math
 import ssl
 import time
@@ -265,13 +264,13 @@ class HttpPredictorClient:
         if response.status_code >= 400:
             text = content.decode(response.encoding or "utf-8", errors="replace")
             try:
-                answer = json.loads(content)
+                answer = orjson.loads(content)
                 message = str(answer.get("error", text)) if isinstance(answer, dict) else text
             except ValueError:
                 message = text
             error = PredictorUnavailable if response.status_code in (502, 503, 504) else PredictorError
             raise error(response.status_code, message)
-        return json.loads(content) if content else None
+        return orjson.loads(content) if content else None
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
