@@ -7,6 +7,7 @@ file a user hands over alike. Imports nothing else of Leadtime's.
 from __future__ import annotations
 
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -57,3 +58,21 @@ def yaml_problem(err: Exception) -> str:
         mark = err.problem_mark
         return f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
     return " ".join(str(err).split())
+
+
+def read_yaml_file(path: Path, kind: str) -> Any:
+    """A user's YAML file parsed (`load_yaml`); ValueError saying on one line, after the file's name, why it cannot
+    be: unreadable, not UTF-8, not YAML, nested too deeply. `kind` names what the file should be ("a fleet YAML").
+    """
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ValueError(f"{path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (expected {kind})") from None
+    try:
+        return load_yaml(text)
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer of thousands of digits
+        raise ValueError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not {kind} (nested too deeply)") from None

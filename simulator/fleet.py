@@ -30,13 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError, validation_problem
-from leadtime.yaml_text import load_yaml, yaml_problem
+from leadtime.yaml_text import read_yaml_file
 
 
 class FleetError(ValueError):
@@ -377,17 +376,9 @@ def load_fleet(source: str | Path) -> Fleet:
     """A fleet by shipped name or path; FleetError names the file and the problem."""
     path = resolve_fleet(source)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise FleetError(f"{path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise FleetError(f"{path}: not UTF-8 text (expected a fleet YAML)") from None
-    try:
-        data = load_yaml(text)
-    except yaml.YAMLError as err:
-        raise FleetError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
-    except RecursionError:
-        raise FleetError(f"{path}: not a fleet YAML (nested too deeply)") from None
+        data = read_yaml_file(path, "a fleet YAML")
+    except ValueError as err:
+        raise FleetError(str(err)) from None
     try:
         fleet = parse_fleet(data)
     except FleetError as err:

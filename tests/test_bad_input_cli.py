@@ -664,3 +664,10 @@ def test_sim_serve_says_it_does_not_model_a_scale_out(tmp_path: Path, monkeypatc
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "'late'" in warnings[0] and "not modelled" in warnings[0], result.stderr
+
+
+def test_a_fleet_holding_a_number_of_thousands_of_digits_is_one_line(tmp_path: Path) -> None:
+    """PyYAML reads such a number as Python's int(), which refuses it with a ValueError that no fleet check caught."""
+    fleet = tmp_path / "huge.yaml"
+    fleet.write_text(f"pools:\n  - {{name: a, count: {'9' * 5000}, accelerator: h100-sxm, model: llama-3.1-8b}}\n")
+    refused(["sim", "serve", "--fleet", str(fleet)], str(fleet), "not valid YAML")
