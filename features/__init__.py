@@ -1,10 +1,13 @@
-"""Leadtime's shared vocabulary: request and endpoint features, the accelerator catalog, prefix hashing,
-vLLM metrics parsing and vectorization. Imports nothing else of Leadtime's."""
+"""Leadtime's shared vocabulary: request and endpoint features, the accelerator catalog (and a deployment's own,
+`catalog_file`), prefix hashing, vLLM metrics parsing and vectorization. Imports nothing else of Leadtime's but
+`leadtime.yaml_text`, the reader every YAML file a user hands over goes through."""
 
 from leadtime.features.catalog import (
     ACCELERATORS,
+    BUILT_IN,
     MODELS,
     Accelerator,
+    Catalog,
     ModelProfile,
     get_accelerator,
     get_model,
@@ -25,10 +28,12 @@ from leadtime.features.rows import (
 
 __all__ = [
     "ACCELERATORS",
+    "BUILT_IN",
     "MODELS",
     "ROLES",
     "TIMESLICE_STATES",
     "Accelerator",
+    "Catalog",
     "EndpointState",
     "FeatureError",
     "FeatureRow",

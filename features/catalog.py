@@ -9,6 +9,7 @@ real step times. Classes without measurements get the mean achieved/peak ratio o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from leadtime.features.errors import FeatureError
 
@@ -102,19 +103,90 @@ MODELS: dict[str, ModelProfile] = {
 }
 
 
+@dataclass(frozen=True)
+class Catalog:
+    """The accelerator classes and model profiles one deployment knows: the built-in ones above and its own
+    additions (`--catalog FILE`, read by `catalog_file.load_catalog`).
+
+    Only the additions are held, so that a model's artifact, which carries its learner's catalog, records what
+    its deployment added and not what every build knows. An addition never redefines a built-in slug: one slug is
+    one set of figures everywhere a model goes.
+
+    >>> b200 = Accelerator("b200", "NVIDIA B200", 2250, 8.0, 180, interconnect_gb_s=900)
+    >>> catalog = Catalog(accelerators=(b200,))
+    >>> catalog.accelerator("b200").hbm_tb_s, catalog.accelerator("h100-sxm").hbm_tb_s
+    (8.0, 3.35)
+    >>> Catalog().accelerator("b200")
+    Traceback (most recent call last):
+    ...
+    leadtime.features.errors.FeatureError: accelerator: unknown accelerator class 'b200' (known: a100-sxm-80gb, \
+gaudi3, h100-sxm, h200-sxm, l40s, mi300x, tpu-v5e, tpu-v6e)
+    """
+
+    accelerators: tuple[Accelerator, ...] = ()
+    models: tuple[ModelProfile, ...] = ()
+
+    @cached_property
+    def all_accelerators(self) -> dict[str, Accelerator]:
+        """Every class this catalog knows, by slug: the built-in ones, then the additions."""
+        return {**ACCELERATORS, **{a.slug: a for a in self.accelerators}}
+
+    @cached_property
+    def all_models(self) -> dict[str, ModelProfile]:
+        """Every model this catalog knows, by slug: the built-in ones, then the additions."""
+        return {**MODELS, **{m.slug: m for m in self.models}}
+
+    def accelerator(self, slug: str) -> Accelerator:
+        """The class named `slug`; FeatureError naming the known ones if there is none."""
+        try:
+            return self.all_accelerators[slug]
+        except KeyError:
+            known = ", ".join(sorted(self.all_accelerators))
+            raise FeatureError("accelerator", f"unknown accelerator class {slug!r} (known: {known})") from None
+
+    def model(self, slug: str) -> ModelProfile:
+        """The model named `slug`; FeatureError naming the known ones if there is none."""
+        try:
+            return self.all_models[slug]
+        except KeyError:
+            known = ", ".join(sorted(self.all_models))
+            raise FeatureError("model", f"unknown model {slug!r} (known: {known})") from None
+
+    def differences(self, other: Catalog) -> list[str]:
+        """What `other` adds that this catalog lacks or states otherwise, one phrase each (empty: nothing).
+
+        A model carries its learner's catalog: served by a process that lacks a class of it, the rows of that class
+        are refused; one that states it otherwise would predict them from figures the model never learned from.
+
+        >>> l4 = Accelerator("l4", "NVIDIA L4", 121, 0.3, 24, interconnect_gb_s=32)
+        >>> Catalog().differences(Catalog((l4,)))
+        ["accelerator class 'l4' is unknown here"]
+        >>> from dataclasses import replace
+        >>> Catalog((l4,)).differences(Catalog((replace(l4, hbm_tb_s=0.6),)))
+        ["accelerator class 'l4' has other figures here"]
+        """
+        found = []
+        for kind, ours, theirs in (
+            ("accelerator class", self.all_accelerators, other.accelerators),
+            ("model", self.all_models, other.models),
+        ):
+            for entry in theirs:
+                mine = ours.get(entry.slug)
+                if mine != entry:
+                    how = "is unknown here" if mine is None else "has other figures here"
+                    found.append(f"{kind} {entry.slug!r} {how}")
+        return found
+
+
+BUILT_IN = Catalog()
+"""The catalog of a deployment that adds nothing."""
+
+
 def get_accelerator(slug: str) -> Accelerator:
-    """The catalog's class named `slug`; FeatureError naming the known ones if there is none."""
-    try:
-        return ACCELERATORS[slug]
-    except KeyError:
-        known = ", ".join(sorted(ACCELERATORS))
-        raise FeatureError("accelerator", f"unknown accelerator class {slug!r} (known: {known})") from None
+    """The built-in class named `slug`; FeatureError naming the known ones if there is none."""
+    return BUILT_IN.accelerator(slug)
 
 
 def get_model(slug: str) -> ModelProfile:
-    """The catalog's model named `slug`; FeatureError naming the known ones if there is none."""
-    try:
-        return MODELS[slug]
-    except KeyError:
-        known = ", ".join(sorted(MODELS))
-        raise FeatureError("model", f"unknown model {slug!r} (known: {known})") from None
+    """The built-in model named `slug`; FeatureError naming the known ones if there is none."""
+    return BUILT_IN.model(slug)

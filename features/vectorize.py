@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, ModelProfile, get_accelerator, get_model
+from leadtime.features.catalog import BUILT_IN, Accelerator, Catalog, ModelProfile
 from leadtime.features.errors import FeatureError
 from leadtime.features.roofline import (
     decode_step_ms,
@@ -172,11 +172,14 @@ class HardwareTable:
     ----------
     default_accelerator, default_model
         The class of rows that name no accelerator or model (llm-d rows never do).
+    catalog
+        The classes and models rows may name.
     """
 
-    def __init__(self, default_accelerator: str, default_model: str) -> None:
-        self.default_accelerator = get_accelerator(default_accelerator).slug
-        self.default_model = get_model(default_model).slug
+    def __init__(self, default_accelerator: str, default_model: str, catalog: Catalog = BUILT_IN) -> None:
+        self.catalog = catalog
+        self.default_accelerator = catalog.accelerator(default_accelerator).slug
+        self.default_model = catalog.model(default_model).slug
         self.classes: list[HardwareClass] = []
         self.keys: list[str] = []
         self.figures = np.empty((0, len(_FIGURES)))  # one row per class, `_FIGURES` order
@@ -193,8 +196,8 @@ class HardwareTable:
         if tensor_parallel < 1:
             raise FeatureError("tensor_parallel", "must be ≥ 1")
         with self._lock:
-            acc = get_accelerator(accelerator or self.default_accelerator)
-            mod = get_model(model or self.default_model)
+            acc = self.catalog.accelerator(accelerator or self.default_accelerator)
+            mod = self.catalog.model(model or self.default_model)
             hardware = HardwareClass.of(acc, mod, tensor_parallel)
             if hardware.key not in self.keys:
                 template = np.zeros((len(COLUMNS), 1))
@@ -373,6 +376,8 @@ class Vectorizer:
         Class assumed for rows that do not name one (llm-d rows never do).
     default_model
         Model assumed for rows that do not name one.
+    catalog
+        The classes and models rows may name (the built-in ones unless a deployment adds its own).
 
     Examples
     --------
@@ -386,8 +391,10 @@ class Vectorizer:
     True
     """
 
-    def __init__(self, default_accelerator: str = "h100-sxm", default_model: str = "llama-3.1-8b") -> None:
-        self.hardware = HardwareTable(default_accelerator, default_model)
+    def __init__(
+        self, default_accelerator: str = "h100-sxm", default_model: str = "llama-3.1-8b", catalog: Catalog = BUILT_IN
+    ) -> None:
+        self.hardware = HardwareTable(default_accelerator, default_model, catalog)
         self.default_accelerator = self.hardware.default_accelerator
         self.default_model = self.hardware.default_model
 
@@ -544,8 +551,8 @@ class Vectorizer:
         tp = figures[list(_FIGURE_COLUMN).index("tensor_parallel")]
         matches = []
         if tp >= 1 and float(tp).is_integer():
-            for acc in ACCELERATORS.values():
-                for mod in MODELS.values():
+            for acc in self.hardware.catalog.all_accelerators.values():
+                for mod in self.hardware.catalog.all_models.values():
                     candidate = np.array(HardwareClass.of(acc, mod, int(tp)).figures())[_FIGURE_POSITIONS]
                     if tuple(candidate.tolist()) == figures:
                         matches.append((acc.slug, mod.slug, int(tp)))

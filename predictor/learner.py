@@ -34,6 +34,7 @@ import numpy as np
 if TYPE_CHECKING:
     import lightgbm as lgb
 
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.features.vectorize import FeatureBatch, Vectorizer, check_matrix
@@ -89,6 +90,9 @@ class LearnerConfig:
         training lease sets it False: it learns online and adopts the lease holder's published trees.
     seed
         Seed of the trees' bagging.
+    catalog
+        The accelerator classes and models rows may name: the built-in ones and a deployment's additions. Saved
+        with the model (when it adds any), so that wherever the model goes its classes keep their figures.
     """
 
     accelerator: str = "h100-sxm"
@@ -102,6 +106,7 @@ class LearnerConfig:
     forgetting: float = 0.998
     retrain: bool = True
     seed: int = 0
+    catalog: Catalog = BUILT_IN
 
     def __post_init__(self) -> None:
         """Every value checked here, by name: one that fails later does so inside a `learn_one`, after part of the
@@ -120,6 +125,8 @@ class LearnerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"{name} must be a number, got {value!r}")
+        if not isinstance(self.catalog, Catalog):
+            raise ValueError(f"catalog must be a Catalog, got {type(self.catalog).__name__}")
         if not 0.5 <= self.quantile < 1.0:
             raise ValueError(f"quantile must be in [0.5, 1), got {self.quantile}")
         if self.window < 100 or self.retrain_every < 1 or self.min_window < 50:
@@ -205,7 +212,7 @@ class OnlinePredictor:
 
     def __init__(self, config: LearnerConfig | None = None) -> None:
         self.config = config or LearnerConfig()
-        self.vectorizer = Vectorizer(self.config.accelerator, self.config.model)
+        self.vectorizer = Vectorizer(self.config.accelerator, self.config.model, self.config.catalog)
         c = self.config
         self._models = {t: TargetModel(t, c.quantile, c.window, c.forgetting) for t in TARGETS}
         self._lock = threading.RLock()
@@ -633,7 +640,12 @@ class OnlinePredictor:
         wrote the document, not that its content is of the shapes this build reads (an endpoint table that is a
         string raised AttributeError, which no caller expects from a refused model)."""
         try:
-            config = LearnerConfig(**state["config"])
+            fields = dict(state["config"])
+            if "catalog" in fields:  # checked as a catalog file is: a checksum says who wrote it, not what it says
+                from leadtime.features.catalog_file import parse_catalog
+
+                fields["catalog"] = parse_catalog(fields["catalog"])
+            config = LearnerConfig(**fields)
             if background is not None:
                 config.background = background
             predictor = cls(config)
@@ -725,7 +737,10 @@ class OnlinePredictor:
         return cls.from_bytes(load_file(directory), background=background)
 
     def _state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"config": asdict(self.config), "version": self.version}
+        config = asdict(self.config)
+        if self.config.catalog == BUILT_IN:  # left out when it adds nothing: the same bytes as releases before it
+            del config["catalog"]
+        state: dict[str, Any] = {"config": config, "version": self.version}
         if self.changed_at is not None:  # left out when never changed: the same bytes as releases before it
             state["changed_at"] = self.changed_at.isoformat()
         state["metadata"] = self.metadata

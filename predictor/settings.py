@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from leadtime.features.catalog import BUILT_IN, Catalog
+
 ENV_PREFIX = "LEADTIME_"
 SECRET_FIELDS = frozenset({"api_token", "tls_certfile", "tls_keyfile"})
 """Settings whose variable, set but empty, is refused rather than read as unset (`ServiceSettings.from_env`)."""
@@ -47,6 +49,10 @@ class ServiceSettings(BaseModel):
     tls_keyfile: Path | None = Field(default=None, description="PEM private key of tls_certfile.")
     accelerator: str = "h100-sxm"
     model: str = "llama-3.1-8b"
+    catalog: Path | None = Field(
+        default=None,
+        description="YAML of accelerator classes and models to know beside the built-in ones (features.catalog_file).",
+    )
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     max_rows: int = Field(default=10_000, gt=0)
     window: int = Field(default=20_000, ge=100)
@@ -114,6 +120,16 @@ class ServiceSettings(BaseModel):
 
         return None if value is None else check_model_url(value)
 
+    @field_validator("catalog")
+    @classmethod
+    def _readable_catalog(cls, value: Path | None) -> Path | None:
+        """A catalog that reads, refused at start (naming the entry) rather than at the first row of its class."""
+        if value is not None:
+            from leadtime.features.catalog_file import load_catalog
+
+            load_catalog(value)  # CatalogError is a ValueError: pydantic names the setting
+        return value
+
     @model_validator(mode="after")
     def _tls_files_together(self) -> ServiceSettings:
         """TLS needs both files, and both must be readable: refused at start, not at the first handshake."""
@@ -124,6 +140,12 @@ class ServiceSettings(BaseModel):
             if not path.is_file():
                 raise ValueError(f"TLS file {str(path)!r} does not exist or is not a file")
         return self
+
+    def read_catalog(self) -> Catalog:
+        """The classes and models rows may name: the built-in ones, and the catalog file's."""
+        from leadtime.features.catalog_file import load_catalog
+
+        return BUILT_IN if self.catalog is None else load_catalog(self.catalog)
 
     @property
     def tls(self) -> bool:

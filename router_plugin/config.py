@@ -39,6 +39,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import validation_problem
 from leadtime.router_plugin.client import PredictorClient, require_predictor_client
 from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, resident_filter
@@ -322,10 +323,12 @@ def build_policy(
     predictor: PredictorClient | None,
     profile: str = "default",
     seed: int = 0,
+    catalog: Catalog = BUILT_IN,
 ) -> RoutingPolicy:
     """The policy a scheduling profile describes, over `predictor` (needed when it uses predicted latency).
     `config`: a parsed configuration, its document (a mapping), a YAML file's path (`SHIPPED_CONFIG`, say, as a
-    `Path` or a `str`), or None for the default profile alone."""
+    `Path` or a `str`), or None for the default profile alone. `catalog`: the accelerator classes and models the
+    endpoints may be of."""
     if isinstance(config, str | Path):
         config = load_config(Path(config))
     if not isinstance(config, PickerConfig):
@@ -375,6 +378,7 @@ def build_policy(
         kv_link_gb_s=latency.kv_link_gb_s,
         serving_job=timeslice.serving_job if timeslice else "inference",
         seed=seed if latency.seed is None else latency.seed,
+        catalog=catalog,
     )
     fallback = ScoringPolicy(
         "fallback",

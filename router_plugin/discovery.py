@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.features.rows import ROLES, EndpointState
 from leadtime.yaml_text import load_yaml, yaml_problem
@@ -165,7 +165,7 @@ LEADTIME_LABELS = (ACCELERATOR_LABEL, MODEL_LABEL, TP_LABEL, TIMESLICE_LABEL, SC
 left alone)."""
 
 
-def _check_labels(index: int, labels: Mapping[str, str]) -> None:
+def _check_labels(index: int, labels: Mapping[str, str], catalog: Catalog) -> None:
     where = f"endpoints[{index}].labels"
     for label in labels:
         if label.startswith("leadtime.io/") and label not in LEADTIME_LABELS:
@@ -179,7 +179,11 @@ def _check_labels(index: int, labels: Mapping[str, str]) -> None:
     tp = labels.get(TP_LABEL, "1")
     if not (tp.isascii() and tp.isdigit() and len(tp) <= 9) or int(tp) < 1:
         raise DiscoveryError(f"{where}.{TP_LABEL}: must be an integer from 1 to 999999999, got {tp[:20]!r}")
-    for label, lookup in ((ACCELERATOR_LABEL, get_accelerator), (MODEL_LABEL, get_model)):
+    lookups: tuple[tuple[str, Callable[[str], object]], ...] = (
+        (ACCELERATOR_LABEL, catalog.accelerator),
+        (MODEL_LABEL, catalog.model),
+    )
+    for label, lookup in lookups:
         if label in labels:
             try:
                 lookup(labels[label])
@@ -187,8 +191,9 @@ def _check_labels(index: int, labels: Mapping[str, str]) -> None:
                 raise DiscoveryError(f"{where}.{label}: {err.problem}") from None
 
 
-def parse_endpoints(data: object) -> tuple[DiscoveredEndpoint, ...]:
-    """A parsed YAML/JSON document → endpoints; DiscoveryError names the offending field."""
+def parse_endpoints(data: object, catalog: Catalog = BUILT_IN) -> tuple[DiscoveredEndpoint, ...]:
+    """A parsed YAML/JSON document → endpoints whose labels name classes and models of `catalog`; DiscoveryError
+    names the offending field."""
     if not isinstance(data, dict):
         raise DiscoveryError("file: expected a mapping with an 'endpoints' list")
     try:
@@ -199,7 +204,7 @@ def parse_endpoints(data: object) -> tuple[DiscoveredEndpoint, ...]:
     seen: set[str] = set()
     servers: dict[str, str] = {}  # host:port → the endpoint listed there first
     for i, e in enumerate(spec.endpoints):
-        _check_labels(i, e.labels)
+        _check_labels(i, e.labels, catalog)
         endpoint = DiscoveredEndpoint(e.name, e.address, int(e.port), e.namespace, dict(e.labels))
         try:  # what a feature row refuses (an id too long to be one) would leave the endpoint never scraped
             endpoint.base_state()
@@ -223,7 +228,9 @@ def parse_endpoints(data: object) -> tuple[DiscoveredEndpoint, ...]:
     return tuple(endpoints)
 
 
-def read_endpoints_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[DiscoveredEndpoint, ...]:
+def read_endpoints_file(
+    path: Path, max_bytes: int = MAX_FILE_BYTES, catalog: Catalog = BUILT_IN
+) -> tuple[DiscoveredEndpoint, ...]:
     """Read and parse a discovery file; DiscoveryError says what is wrong with it."""
     try:
         with Path(path).open("rb") as handle:
@@ -240,12 +247,12 @@ def read_endpoints_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> tuple[Di
     except RecursionError:
         raise DiscoveryError(f"{path}: not valid YAML/JSON (nested too deeply)") from None
     try:
-        return parse_endpoints(data)
+        return parse_endpoints(data, catalog)
     except DiscoveryError as err:
         raise DiscoveryError(f"{path}: {err}") from None
 
 
-def parse_static(specs: Sequence[str]) -> tuple[DiscoveredEndpoint, ...]:
+def parse_static(specs: Sequence[str], catalog: Catalog = BUILT_IN) -> tuple[DiscoveredEndpoint, ...]:
     """`ADDRESS:PORT[,KEY=VALUE...]` items (KEY is `name` or a label) → endpoints.
 
     >>> endpoints = parse_static(["127.0.0.1:8100", "127.0.0.1:8101,name=l4,leadtime.io/accelerator=l40s"])
@@ -268,7 +275,7 @@ def parse_static(specs: Sequence[str]) -> tuple[DiscoveredEndpoint, ...]:
             else:
                 entry["labels"][key] = value
         entries.append(entry)
-    return parse_endpoints({"endpoints": entries})
+    return parse_endpoints({"endpoints": entries}, catalog)
 
 
 class StaticDiscovery:
@@ -306,19 +313,22 @@ class FileDiscovery:
         The YAML/JSON endpoints file.
     max_bytes
         Larger files are refused (llm-d's limit is 1 MiB).
+    catalog
+        The accelerator classes and models the endpoints' labels may name.
 
     The first read must succeed (a gateway cannot start on a broken file); later ones that fail keep the
     previous set, log the reason and count in `failed_reloads`.
     """
 
-    def __init__(self, path: Path, max_bytes: int = MAX_FILE_BYTES) -> None:
+    def __init__(self, path: Path, max_bytes: int = MAX_FILE_BYTES, catalog: Catalog = BUILT_IN) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
+        self.catalog = catalog
         self.last_error: str | None = None
         self.reloads = 0
         self.failed_reloads = 0
         self._stamp = self._stat()
-        self.endpoints: tuple[DiscoveredEndpoint, ...] = read_endpoints_file(self.path, max_bytes)
+        self.endpoints: tuple[DiscoveredEndpoint, ...] = read_endpoints_file(self.path, max_bytes, catalog)
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -334,7 +344,7 @@ class FileDiscovery:
             return False
         self._stamp = stamp
         try:
-            endpoints = read_endpoints_file(self.path, self.max_bytes)
+            endpoints = read_endpoints_file(self.path, self.max_bytes, self.catalog)
         except DiscoveryError as err:
             self.failed_reloads += 1
             self.last_error = str(err)

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.features.catalog import get_model
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures, check_count, check_real
@@ -161,6 +161,8 @@ class LeadtimeConfig:
         The inference job's name in time-slice group states.
     seed
         Seeds exploration and tie-breaking.
+    catalog
+        The accelerator classes and models endpoints may be of (for roofline prefill and KV transfer times).
     """
 
     name: str = "leadtime"
@@ -187,6 +189,7 @@ class LeadtimeConfig:
     kv_link_gb_s: float = 25.0
     serving_job: str = "inference"
     seed: int = 0
+    catalog: Catalog = BUILT_IN
 
     def __post_init__(self) -> None:
         """Checked when made, naming the field, as the YAML's are: an unknown `fit` or `overflow` behaved as the
@@ -310,7 +313,9 @@ class LeadtimePolicy:
         self._rng = random.Random(config.seed)
         self.ledgers = RouterLedgers(config.overload_window)
         """What this router has in flight; a gateway replica sets its `outbox` to tell the other replicas."""
-        self._vectorizer = Vectorizer()  # for the roofline prefill time the decode harm is weighed by
+        self._vectorizer = Vectorizer(
+            catalog=config.catalog
+        )  # for the roofline prefill time the decode harm is weighed by
         self._residency = ResidencyTracker(config.serving_job)
         self._decisions: dict[str, _Decision] = {}
         self.latency_weight = latency_weight
@@ -637,7 +642,7 @@ class LeadtimePolicy:
     def _transfer_ms(self, request: RouteRequest, decode: Sequence[Candidate]) -> np.ndarray:
         return np.array(
             [
-                kv_transfer_ms(get_model(c.state.model), request.input_tokens, self.config.kv_link_gb_s)
+                kv_transfer_ms(self.config.catalog.model(c.state.model), request.input_tokens, self.config.kv_link_gb_s)
                 if c.state.model
                 else 0.0
                 for c in decode

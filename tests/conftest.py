@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from catalog_yaml import CATALOG_YAML
 from redis_server import RedisServer, find_redis_server
 
 
@@ -63,3 +64,11 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture
+def catalog_file(tmp_path: Path) -> Path:
+    """A deployment's catalog file (`catalog_yaml.CATALOG_YAML`): B200 and L4 classes, a Qwen2.5-7B model."""
+    path = tmp_path / "catalog.yaml"
+    path.write_text(CATALOG_YAML)
+    return path

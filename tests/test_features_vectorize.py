@@ -195,7 +195,7 @@ def test_faster_hardware_and_more_parallelism_lower_the_roofline() -> None:
     ("kwargs", "field"),
     [({"default_accelerator": "b200"}, "accelerator"), ({"default_model": "gpt-5"}, "model")],
 )
-def test_unknown_defaults_are_refused(kwargs: dict[str, str], field: str) -> None:
+def test_unknown_defaults_are_refused(kwargs: dict[str, Any], field: str) -> None:
     with pytest.raises(FeatureError) as err:
         Vectorizer(**kwargs)
     assert err.value.field == field
@@ -408,16 +408,15 @@ def test_batches_slice_and_join_like_their_rows() -> None:
     assert joined.endpoint_ids == batch.endpoint_ids
 
 
-def test_two_classes_with_the_same_figures_keep_their_own_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_classes_with_the_same_figures_keep_their_own_keys() -> None:
     # Regression: the learner used to rebuild a class key from the class's rounded figures, so two classes
     # whose figures round alike shared their offsets.
     from dataclasses import replace
 
-    from leadtime.features import catalog
+    from leadtime.features.catalog import ACCELERATORS, Catalog
 
-    twin = replace(catalog.ACCELERATORS["h100-sxm"], slug="h100-twin", name="an H100 by another name")
-    monkeypatch.setitem(catalog.ACCELERATORS, "h100-twin", twin)
-    batch = Vectorizer().batch(
+    twin = replace(ACCELERATORS["h100-sxm"], slug="h100-twin", name="an H100 by another name")
+    batch = Vectorizer(catalog=Catalog((twin,))).batch(
         [FeatureRow(RequestFeatures(10), EndpointState(accelerator=a)) for a in ("", "h100-twin")]
     )
     assert np.array_equal(batch.X[0], batch.X[1])
@@ -482,16 +481,16 @@ def test_a_bare_matrix_finds_its_rows_classes_again_exactly() -> None:
         v.batch_of_matrix(np.zeros((2, 3)))
 
 
-def test_a_bare_matrix_of_two_classes_with_the_same_figures_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bare_matrix_of_two_classes_with_the_same_figures_is_refused() -> None:
     from dataclasses import replace
 
-    from leadtime.features import catalog
+    from leadtime.features.catalog import ACCELERATORS, Catalog
 
-    twin = replace(catalog.ACCELERATORS["l40s"], slug="l40s-twin")
-    monkeypatch.setitem(catalog.ACCELERATORS, "l40s-twin", twin)
-    x = Vectorizer().transform([FeatureRow(RequestFeatures(100), EndpointState(accelerator="l40s"))])
+    twin = Catalog((replace(ACCELERATORS["l40s"], slug="l40s-twin"),))
+    x = Vectorizer(catalog=twin).transform([FeatureRow(RequestFeatures(100), EndpointState(accelerator="l40s"))])
     with pytest.raises(ValueError, match="2 classes"):
-        Vectorizer().batch_of_matrix(x)
+        Vectorizer(catalog=twin).batch_of_matrix(x)
+    assert Vectorizer().batch_of_matrix(x).classes == ["l40s/llama-3.1-8b/tp1"]  # the built-in catalog: one match
 
 
 def test_an_unknown_class_in_a_batch_names_its_first_row() -> None:

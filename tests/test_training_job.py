@@ -19,6 +19,7 @@ from waiting import wait_until
 
 from leadtime.bench.retrain import write_simulator_log
 from leadtime.cli import app
+from leadtime.features.catalog_file import load_catalog
 from leadtime.predictor.artifact import FILE_NAME, load_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
@@ -441,3 +442,37 @@ def test_a_target_the_evaluation_slice_cannot_judge_keeps_the_champions_trees(si
     published = OnlinePredictor.load(tmp_path / "models", background=False)
     assert published.tree_text("tpot") == kept
     assert published.tree_text("ttft") != champion.tree_text("ttft")
+
+
+def test_a_catalog_of_the_fleets_own_classes_trains_a_model_that_carries_it(
+    sim_log: Path, tmp_path: Path, catalog_file: Path
+) -> None:
+    """The L40S rows relabelled as a class only the catalog knows (L4): without the catalog they are malformed
+    rows, with it the model is published carrying the catalog, and a later job without it is refused by name."""
+    l4_log = tmp_path / "l4.jsonl"
+    rows = [json.loads(line) for line in sim_log.read_text().splitlines()]
+    for row in rows:
+        if row["accelerator"] == "l40s":
+            row["accelerator"] = "l4"
+    l4_log.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    registry = tmp_path / "models"
+    runner = CliRunner()
+    base = ["retrain", "--samples", str(l4_log), "--registry", str(registry)]
+
+    without = runner.invoke(app, base)
+    assert without.exit_code == 2 and "unknown accelerator class 'l4'" in without.output, without.output
+
+    published = runner.invoke(app, [*base, "--catalog", str(catalog_file), "--accelerator", "b200", "--json"])
+    assert published.exit_code == 0, published.output
+    model = OnlinePredictor.from_bytes(load_file(registry), background=False)
+    assert model.config.catalog == load_catalog(catalog_file) and model.config.accelerator == "b200"
+
+    forgot = runner.invoke(app, ["retrain", "--samples", str(sim_log), "--registry", str(registry)])
+    assert forgot.exit_code == 2 and len(forgot.output.splitlines()) == 1, forgot.output
+    assert "the registry's model was trained with another catalog" in forgot.output
+    assert "accelerator class 'b200' is unknown here" in forgot.output and "--catalog" in forgot.output
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("accelerators: [{slug: l4}]\n")
+    refused = runner.invoke(app, [*base, "--catalog", str(bad)])
+    assert refused.exit_code == 2 and refused.output.startswith(f"error: --catalog: {bad}: accelerators[0]")

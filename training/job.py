@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.predictor.artifact import ArtifactError, check_writable_dir
 from leadtime.predictor.learner import TREES_LABEL_KEY, LearnerConfig, OnlinePredictor
@@ -86,6 +86,9 @@ class RetrainConfig:
         The share of a source's rows that may be malformed before the job stops.
     search
         The trees' search (`fit.SearchConfig`).
+    catalog
+        The accelerator classes and models rows may name (`--catalog FILE`); it must state every class the
+        registry's model was trained with as that model does.
     """
 
     samples: tuple[str, ...]
@@ -98,6 +101,7 @@ class RetrainConfig:
     margin: float = 0.02
     max_malformed_share: float = 0.01
     search: SearchConfig = field(default_factory=SearchConfig)
+    catalog: Catalog = BUILT_IN
 
     def __post_init__(self) -> None:
         if not self.registry.strip():
@@ -177,7 +181,10 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
             bar.step("samples read")
 
             t = time.perf_counter()
-            base = _base(champion, samples, split, accelerator, model, config.search.quantile)
+            fresh = LearnerConfig(
+                accelerator=accelerator, model=model, quantile=config.search.quantile, catalog=config.catalog
+            )
+            base = _base(champion, samples, split, fresh)
             timings["online_base_s"] = time.perf_counter() - t
             bar.step("online parts ready")
 
@@ -275,11 +282,18 @@ def _load(published: Published, where: str) -> OnlinePredictor:
 
 def _default_class(config: RetrainConfig, champion: OnlinePredictor | None) -> tuple[str, str]:
     """The class of rows that name none: the champion's (the options may only repeat it), else the options'."""
+    known = config.catalog
     try:
-        accelerator = get_accelerator(config.accelerator).slug if config.accelerator else None
-        model = get_model(config.model).slug if config.model else None
+        accelerator = known.accelerator(config.accelerator).slug if config.accelerator else None
+        model = known.model(config.model).slug if config.model else None
     except FeatureError as err:
         raise RetrainError(str(err)) from None
+    differences = known.differences(champion.config.catalog) if champion is not None else []
+    if differences:
+        raise RetrainError(
+            f"the registry's model was trained with another catalog ({'; '.join(differences)}): give --catalog the "
+            "file it was trained with"
+        )
     if champion is None:
         return accelerator or DEFAULT_ACCELERATOR, model or DEFAULT_MODEL
     served = champion.config.accelerator, champion.config.model
@@ -308,7 +322,7 @@ def _trainer(config: RetrainConfig, client: Any) -> tuple[Trainer, Any, int]:
 
 
 def _read(config: RetrainConfig, accelerator: str, model: str, bar: _Progress) -> Samples:
-    reader = SampleReader(accelerator, model, config.max_malformed_share)
+    reader = SampleReader(accelerator, model, config.max_malformed_share, config.catalog)
     try:
         return reader.read(config.samples, progress=lambda name, n: bar.step(f"reading {name}: {n:,} rows", 0))
     except SampleError as err:
@@ -327,19 +341,13 @@ def _actuals(samples: Samples) -> dict[str, np.ndarray]:
 
 
 def _base(
-    champion: OnlinePredictor | None,
-    samples: Samples,
-    split: TimeSplit,
-    accelerator: str,
-    model: str,
-    quantile: float,
+    champion: OnlinePredictor | None, samples: Samples, split: TimeSplit, fresh: LearnerConfig
 ) -> OnlinePredictor:
-    """The online parts the trees refine: the champion's, or learned here from the history in time order."""
+    """The online parts the trees refine: the champion's, or learned here (with `fresh`'s class, quantile and
+    catalog) from the history in time order."""
     if champion is not None:
         return OnlinePredictor.from_bytes(champion.to_bytes(), background=False)
-    base = OnlinePredictor(
-        LearnerConfig(accelerator=accelerator, model=model, quantile=quantile, background=False, retrain=False)
-    )
+    base = OnlinePredictor(replace(fresh, background=False, retrain=False))
     rows = split.history
     base.learn_many(samples.batch[rows], samples.actual_ttft_ms[rows], samples.actual_tpot_ms[rows])
     base.config.retrain = True  # the service decides when it retrains; a model at rest retrains on schedule

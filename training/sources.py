@@ -31,6 +31,7 @@ from urllib.parse import parse_qsl, urlencode
 import numpy as np
 
 from leadtime.data import MEASURED, DataFileError, resolve
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import parse_timestamp
 from leadtime.features.vectorize import FeatureBatch
@@ -247,11 +248,15 @@ class SampleReader:
         The class of rows that name none (llm-d rows never do): the serving model's defaults.
     max_malformed_share
         Largest share of a source's rows that may be malformed; beyond it the job stops.
+    catalog
+        The classes and models rows may name.
     """
 
-    def __init__(self, accelerator: str, model: str, max_malformed_share: float = 0.01) -> None:
+    def __init__(
+        self, accelerator: str, model: str, max_malformed_share: float = 0.01, catalog: Catalog = BUILT_IN
+    ) -> None:
         MALFORMED_SHARE.check("max_malformed_share", max_malformed_share)
-        self.parser = RowParser(accelerator, model)
+        self.parser = RowParser(accelerator, model, catalog)
         self.max_malformed_share = max_malformed_share
 
     def read(self, specs: Sequence[str], progress: Callable[[str, int], None] | None = None) -> Samples:

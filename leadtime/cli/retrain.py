@@ -25,6 +25,9 @@ def retrain(
     report: Annotated[Path | None, typer.Option(help="Write report.json, report.md and plots here.")] = None,
     accelerator: Annotated[str | None, typer.Option(help="Class for rows naming none (a new model).")] = None,
     model: Annotated[str | None, typer.Option(help="Model for rows naming none (a new model).")] = None,
+    catalog: Annotated[
+        Path | None, typer.Option(help="YAML of accelerator classes and models to know beside the built-in ones.")
+    ] = None,
     eval_share: Annotated[
         float, typer.Option(help=f"Most recent share of rows held out for judging, in {EVAL_SHARE}.")
     ] = 0.2,
@@ -44,6 +47,8 @@ def retrain(
     Exit 0 published, 3 champion kept, 2 an error."""
     import logging
 
+    from leadtime.features.catalog import BUILT_IN
+    from leadtime.features.catalog_file import CatalogError, load_catalog
     from leadtime.training.job import RetrainConfig, RetrainError, run_retrain
     from leadtime.training.report import print_result
 
@@ -58,6 +63,10 @@ def retrain(
     lightgbm.register_logger(lightgbm_log)
 
     try:
+        known = BUILT_IN if catalog is None else load_catalog(catalog)
+    except CatalogError as err:
+        fail(f"--catalog: {err}")
+    try:
         config = RetrainConfig(
             samples=tuple(samples),
             registry=registry,
@@ -68,6 +77,7 @@ def retrain(
             eval_share=eval_share,
             margin=margin,
             max_malformed_share=max_malformed_share,
+            catalog=known,
         )
         result = run_retrain(config, progress=not json_out)
     except OutOfRange as err:

@@ -70,6 +70,10 @@ def route(
         str, typer.Option(help="Accelerator class of endpoints whose labels name none.")
     ] = "h100-sxm",
     model: Annotated[str, typer.Option(help="Model of endpoints whose labels name none.")] = "llama-3.1-8b",
+    catalog: Annotated[
+        Path | None,
+        typer.Option(help="YAML of accelerator classes and models to know beside the built-in ones (as serve's)."),
+    ] = None,
     scrape_interval_ms: Annotated[float, typer.Option(help="Time between two /metrics scrapes of an endpoint.")] = 50.0,
     unroutable_after_s: Annotated[
         float, typer.Option(help="An endpoint whose scrapes fail this long is no longer routed to.")
@@ -142,7 +146,8 @@ def route(
     ] = 600.0,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
-    from leadtime.features.catalog import get_accelerator, get_model
+    from leadtime.features.catalog import BUILT_IN
+    from leadtime.features.catalog_file import CatalogError, load_catalog
     from leadtime.router_plugin.config import ConfigError, load_config
     from leadtime.router_plugin.discovery import DiscoveryError
     from leadtime.router_plugin.gateway.app import GatewaySettings
@@ -200,8 +205,12 @@ def route(
         if not key or not (key.isascii() and key.isprintable()) or " " in key:
             fail("--api-key must be printable ASCII, without spaces, line breaks or control characters")
     try:
-        get_accelerator(accelerator)
-        get_model(model)
+        known = BUILT_IN if catalog is None else load_catalog(catalog)
+    except CatalogError as err:
+        fail(f"--catalog: {err}")
+    try:
+        known.accelerator(accelerator)
+        known.model(model)
     except FeatureError as err:
         fail(err)
     settings = GatewaySettings(
@@ -219,6 +228,7 @@ def route(
         api_keys=tuple(api_key or ()),
         drain_s=drain_s,
         upstream_timeout_s=upstream_timeout_s,
+        catalog=known,
     )
     options = RouteOptions(
         discovery=discovery,
@@ -283,7 +293,7 @@ def route(
         from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
         from leadtime.router_plugin.client import InProcessPredictor
 
-        learner = OnlinePredictor(LearnerConfig(accelerator=accelerator, model=model)).start()
+        learner = OnlinePredictor(LearnerConfig(accelerator=accelerator, model=model, catalog=known)).start()
         predict_client = InProcessPredictor(learner, learner.config.quantile)
     try:
         gateway = build_gateway(options, predict_client, observe_client, remote=not embedded)

@@ -23,6 +23,7 @@ OPTION_OF = {
     "api_token": "--api-token",
     "accelerator": "--accelerator",
     "model": "--model",
+    "catalog": "--catalog",
     "tls_certfile": "--tls-cert",
     "tls_keyfile": "--tls-key",
 }
@@ -83,6 +84,13 @@ def serve(
             envvar="LEADTIME_MODEL", help="Model for rows naming none (the saved model's, else llama-3.1-8b)."
         ),
     ] = None,
+    catalog: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="LEADTIME_CATALOG",
+            help="YAML of accelerator classes and models to know beside the built-in ones (e.g. b200, l4).",
+        ),
+    ] = None,
     tls_cert: Annotated[
         Path | None, typer.Option(envvar="LEADTIME_TLS_CERTFILE", help="PEM certificate: HTTPS and gRPC over TLS.")
     ] = None,
@@ -107,15 +115,15 @@ def serve(
         api_token=api_token,
         accelerator=accelerator,
         model=model,
+        catalog=catalog,
         tls_certfile=tls_cert,
         tls_keyfile=tls_key,
     )
     try:
         settings = ServiceSettings.from_env(overrides)
-        from leadtime.features.catalog import get_accelerator, get_model
-
-        get_accelerator(settings.accelerator)
-        get_model(settings.model)
+        known = settings.read_catalog()
+        known.accelerator(settings.accelerator)
+        known.model(settings.model)
         plan_cpus(settings.learner_cpus, allowed_cpus())
     except ValidationError as err:
         where, problem = validation_problem(err)

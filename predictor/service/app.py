@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +18,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute
 
+from leadtime.features.catalog import BUILT_IN
 from leadtime.features.errors import FeatureError
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.predictor.service import health, llmd_operations, llmd_prediction, llmd_training, native
@@ -32,7 +34,7 @@ from leadtime.predictor.service.edge import (
 from leadtime.predictor.service.hot_path import NATIVE_PREDICT_PATH, STRICT_PATH, TRAINING_PATH, HotPath
 from leadtime.predictor.service.llmd_operations import RELOAD_PATH
 from leadtime.predictor.service.runtime import ServiceRuntime
-from leadtime.predictor.service.schemas import BODY_ERRORS, COMMON_ERRORS
+from leadtime.predictor.service.schemas import BODY_ERRORS, COMMON_ERRORS, document_catalog
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.base import Store, StoreClosed
 
@@ -134,4 +136,11 @@ def create_app(
     app.include_router(native.common_router, responses=COMMON_ERRORS)
     for router in body_routers:
         app.include_router(router, responses=BODY_ERRORS)
+    if runtime.catalog != BUILT_IN:
+        plain_openapi = app.openapi
+
+        def openapi() -> dict[str, Any]:
+            return document_catalog(plain_openapi(), runtime.catalog)  # FastAPI keeps the document made first
+
+        app.openapi = openapi  # type: ignore[method-assign]
     return app

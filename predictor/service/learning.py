@@ -33,6 +33,7 @@ from typing import Any
 
 import orjson
 
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.predictor import physics
 from leadtime.predictor.artifact import encode
@@ -83,6 +84,7 @@ class ChildSetup:
     # Least time between two retrains: under a high rate of observations a retrain every `retrain_every` rows
     # would run back to back and take the CPU that learning the rows needs.
     min_retrain_interval_s: float = 0.0
+    catalog: Catalog = BUILT_IN  # the classes and models rows may name
 
 
 class _Child:
@@ -91,7 +93,7 @@ class _Child:
     def __init__(self, conn: Connection, setup: ChildSetup) -> None:
         self.conn = conn
         self.setup = setup
-        self.parser = RowParser(setup.default_accelerator, setup.default_model)
+        self.parser = RowParser(setup.default_accelerator, setup.default_model, setup.catalog)
         self.cursor = setup.cursor
         self.epoch = setup.epoch
         self.retrains: list[dict[str, Any]] = []

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import (
     ACTUAL_FIELDS,
@@ -271,10 +272,12 @@ class RowParser:
     ----------
     default_accelerator, default_model
         Assumed for rows that name none (llm-d rows never do).
+    catalog
+        The classes and models rows may name.
     """
 
-    def __init__(self, default_accelerator: str, default_model: str) -> None:
-        self.vectorizer = Vectorizer(default_accelerator, default_model)
+    def __init__(self, default_accelerator: str, default_model: str, catalog: Catalog = BUILT_IN) -> None:
+        self.vectorizer = Vectorizer(default_accelerator, default_model, catalog)
         self.hardware = self.vectorizer.hardware
 
     def _raw_row(self, row: Any) -> tuple[tuple[float, ...], str]:

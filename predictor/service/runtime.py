@@ -33,7 +33,6 @@ from typing import Any
 import httpx
 import numpy as np
 
-from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import MAX_PREDICTED_MS
 from leadtime.predictor import physics
@@ -91,7 +90,8 @@ class ServiceRuntime:
         self.settings = settings
         self.store = store
         self.own_store = own_store
-        self.parser = RowParser(settings.accelerator, settings.model)
+        self.catalog = settings.read_catalog()
+        self.parser = RowParser(settings.accelerator, settings.model, self.catalog)
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.predictor: OnlinePredictor | None = None
         self.store_version = 0
@@ -273,8 +273,14 @@ class ServiceRuntime:
         the settings name one: a model retrained on H200 rows and served from --model-dir would otherwise be
         asked about them as the default H100's."""
         s = self.settings
+        differences = self.catalog.differences(predictor.config.catalog)
+        if differences:
+            log.warning(
+                "the model loaded was trained with another catalog (%s): give this process the same --catalog",
+                "; ".join(differences),
+            )
         theirs = predictor.config.accelerator, predictor.config.model
-        ours = get_accelerator(s.accelerator).slug, get_model(s.model).slug
+        ours = self.catalog.accelerator(s.accelerator).slug, self.catalog.model(s.model).slug
         if theirs == ours:
             return
         if {"accelerator", "model"} & s.model_fields_set:
@@ -285,8 +291,19 @@ class ServiceRuntime:
                 *theirs,
             )
             return
+        try:
+            parser = RowParser(*theirs, self.catalog)
+        except FeatureError as err:
+            log.warning(
+                "rows naming no class are taken as %s serving %s: the model loaded learned them as %s serving %s, "
+                "which this process does not know (%s); give it the catalog the model was trained with (--catalog)",
+                *ours,
+                *theirs,
+                err,
+            )
+            return
         self.settings = s.model_copy(update={"accelerator": theirs[0], "model": theirs[1]})
-        self.parser = RowParser(*theirs)
+        self.parser = parser
         log.info("rows naming no class are taken as %s serving %s, as the model loaded learned them", *theirs)
 
     def _learner_config(self) -> LearnerConfig:
@@ -299,6 +316,7 @@ class ServiceRuntime:
             retrain_every=s.retrain_every,
             seed=s.seed,
             background=False,
+            catalog=self.catalog,
         )
 
     def _first_predictor(self) -> OnlinePredictor:
@@ -462,6 +480,7 @@ class ServiceRuntime:
                 retrain_every=s.retrain_every,
                 default_accelerator=s.accelerator,
                 default_model=s.model,
+                catalog=self.catalog,
                 nice=s.background_nice,
                 snapshot_interval_s=s.snapshot_interval_s,
                 min_retrain_interval_s=s.min_retrain_interval_s,
@@ -969,11 +988,12 @@ class ServiceRuntime:
         document = decode(data)
         config = document["config"]
         try:
-            theirs = get_accelerator(str(config.get("accelerator"))).slug, get_model(str(config.get("model"))).slug
+            known = self.catalog
+            theirs = known.accelerator(str(config.get("accelerator"))).slug, known.model(str(config.get("model"))).slug
         except FeatureError as err:
-            raise ArtifactError(f"its class is not one this build knows ({err})") from None
+            raise ArtifactError(f"its class is not one this process knows ({err})") from None
         s = self.settings
-        ours = get_accelerator(s.accelerator).slug, get_model(s.model).slug
+        ours = known.accelerator(s.accelerator).slug, known.model(s.model).slug
         if theirs != ours and self._class_named:
             raise ArtifactError(
                 f"it takes rows naming no class as {theirs[0]} serving {theirs[1]}; --accelerator and --model "

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from leadtime.features.catalog import ACCELERATORS, MODELS
+from leadtime.features.catalog import ACCELERATORS, MODELS, Catalog
 from leadtime.features.rows import LATEST_TIMESTAMP, MAX_COUNT, MAX_PREDICTED_MS
 from leadtime.predictor.service.rows import ROW_EXTRAS
 
@@ -47,7 +47,8 @@ class NativeRow(LlmdRow):
 
     endpoint_id: str = ""
     # Documented as the catalog's slugs (the parser refuses any other with 422 naming the known ones); not a Literal,
-    # so that /v1/explain's pydantic check leaves that message to the parser.
+    # so that /v1/explain's pydantic check leaves that message to the parser. A service with its own catalog
+    # documents its slugs instead (`document_catalog`).
     accelerator: str = Field(
         default="",
         description="Accelerator class; empty = the service default.",
@@ -229,3 +230,30 @@ def body_schema(model: type[BaseModel], list_field: str, item: type[BaseModel]) 
     prop["items"] = item_schema
     schema = {"type": "object", "required": [list_field], "properties": {list_field: prop}}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def document_catalog(document: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
+    """An OpenAPI document whose row fields `accelerator` and `model` list `catalog`'s slugs, not only the built-in
+    ones: a service started with its own catalog accepts more than the models above say. Changed in place (and
+    returned); doing it again changes nothing."""
+    slugs = {
+        "accelerator": ["", *sorted(catalog.all_accelerators)],
+        "model": ["", *sorted(catalog.all_models)],
+    }
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            properties = node.get("properties")
+            if isinstance(properties, dict):
+                for name, enum in slugs.items():
+                    field = properties.get(name)
+                    if isinstance(field, dict) and "enum" in field:
+                        field["enum"] = enum
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(document)
+    return document

@@ -12,7 +12,6 @@ from types import FrameType
 
 import uvicorn
 
-from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.predictor.artifact import check_model_dir
 from leadtime.predictor.client import https_context
 from leadtime.predictor.service.app import create_app
@@ -70,9 +69,10 @@ def check_saved_class(settings: ServiceSettings) -> None:
     saved = saved_class(settings.model_dir)
     if saved is None:
         return
+    known = settings.read_catalog()
     for name, option, given, theirs in (
-        ("accelerator", "--accelerator", get_accelerator(settings.accelerator).slug, saved[0]),
-        ("model", "--model", get_model(settings.model).slug, saved[1]),
+        ("accelerator", "--accelerator", known.accelerator(settings.accelerator).slug, saved[0]),
+        ("model", "--model", known.model(settings.model).slug, saved[1]),
     ):
         if name in settings.model_fields_set and given != theirs:
             raise OSError(

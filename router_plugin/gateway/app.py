@@ -39,6 +39,7 @@ from typing import Any
 
 import orjson
 
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import tls_client_context
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
@@ -163,6 +164,8 @@ class GatewaySettings:
     drain_s: int = 30
     """On a stop, how long requests in flight may take to finish (a frozen endpoint would hold them for
     `upstream_timeout_s`)."""
+    catalog: Catalog = BUILT_IN
+    """The accelerator classes and models endpoints may be of (`--catalog FILE` adds to the built-in ones)."""
 
 
 @dataclass

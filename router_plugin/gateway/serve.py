@@ -103,9 +103,9 @@ def build_gateway(
     """
     discovery: FileDiscovery | StaticDiscovery
     if options.discovery is not None:
-        discovery = FileDiscovery(options.discovery)
+        discovery = FileDiscovery(options.discovery, catalog=options.settings.catalog)
     else:
-        discovery = StaticDiscovery(parse_static(options.endpoints))
+        discovery = StaticDiscovery(parse_static(options.endpoints, options.settings.catalog))
     metrics = GatewayMetrics()
     predictor = None
     if predict_client is not None:
@@ -117,7 +117,7 @@ def build_gateway(
         policy = PLAIN_POLICIES[options.policy]()
     else:
         config = load_config(options.config or SHIPPED_CONFIG)
-        policy = build_policy(config, predictor, options.profile)
+        policy = build_policy(config, predictor, options.profile, catalog=options.settings.catalog)
     if options.shadow:
         if predictor is None:
             raise ConfigError("--shadow: the policy's picks are predicted and learned: give a predictor")

@@ -1,0 +1,141 @@
+"""A deployment's own accelerator classes and models (`--catalog FILE`): read, checked, vectorized, learned and
+carried with the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from leadtime.features.catalog import ACCELERATORS, BUILT_IN, Accelerator, Catalog
+from leadtime.features.catalog_file import CatalogError, load_catalog
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
+from leadtime.features.vectorize import COLUMN_INDEX, Vectorizer
+from leadtime.predictor.artifact import ArtifactError, decode, encode
+from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+
+
+def test_a_catalog_file_adds_its_classes_and_models(catalog_file: Path) -> None:
+    catalog = load_catalog(catalog_file)
+    assert [a.slug for a in catalog.accelerators] == ["b200", "l4"]
+    assert catalog.accelerator("b200").interconnect_gb_s == 900
+    assert catalog.accelerator("l4").name == "l4"  # no name given: the slug
+    assert catalog.accelerator("l4").interconnect_gb_s == 32
+    assert catalog.model("qwen2.5-7b").kv_bytes_per_token == 2 * 28 * 4 * 128 * 2
+    assert catalog.accelerator("h100-sxm") is ACCELERATORS["h100-sxm"]  # the built-in ones stay
+    assert load_catalog(_write(catalog_file.parent, "")) == BUILT_IN  # an empty file adds nothing
+
+
+def _write(directory: Path, text: str) -> Path:
+    path = directory / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+B200 = "  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("accelerators:\n" + B200 + B200, "accelerators[1].slug: 'b200' is given twice"),
+        ("accelerators:\n  - {slug: h100-sxm, peak_tflops: 1, hbm_tb_s: 1, memory_gb: 1}\n", "'h100-sxm' is built in"),
+        ("models:\n  - {slug: llama-3.1-8b, params_b: 8, layers: 32, hidden_size: 4096, num_heads: 32, "
+         "num_kv_heads: 8, head_dim: 128}\n", "models[0].slug: 'llama-3.1-8b' is built in"),
+        ("accelerators:\n  - {slug: b200, peak_tflops: 0, hbm_tb_s: 8.0, memory_gb: 180}\n",
+         "accelerators[0].peak_tflops: Input should be greater than 0"),
+        ("accelerators:\n  - {slug: b200, peak_tflops: 2250, memory_gb: 180}\n",
+         "accelerators[0].hbm_tb_s: Field required"),
+        ("accelerators:\n  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8, memory_gb: 180, hbm_gb_s: 8000}\n",
+         "accelerators[0].hbm_gb_s: Extra inputs are not permitted"),
+        ("accelerators:\n  - {slug: B200/x, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180}\n",
+         "accelerators[0].slug: String should match pattern"),
+        ("accelerators:\n  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180, measured_kv_tb_s: 7000}\n",
+         "measured_kv_tb_s exceeds hbm_tb_s"),
+        ("accelerators:\n  - {slug: b200, peak_tflops: .nan, hbm_tb_s: 8.0, memory_gb: 180}\n",
+         "accelerators[0].peak_tflops: Input should be a finite number"),
+        ("gpus: []\n", "gpus: Extra inputs are not permitted"),
+        ("- b200\n", "must be a mapping with accelerators and models, got list"),
+        ("accelerators: [\n", "not valid YAML (line 2, column 1:"),
+        ("accelerators: []\naccelerators: []\n", "the key 'accelerators' is given twice"),
+    ],
+)  # fmt: skip
+def test_a_bad_catalog_is_refused_naming_the_file_and_the_entry(tmp_path: Path, text: str, problem: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(CatalogError) as err:
+        load_catalog(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and problem in message and "\n" not in message
+
+
+def test_an_unreadable_catalog_is_refused_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="missing.yaml: No such file or directory"):
+        load_catalog(tmp_path / "missing.yaml")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(CatalogError, match="not UTF-8 text"):
+        load_catalog(binary)
+
+
+def test_rows_of_an_added_class_take_its_figures_and_an_unknown_one_is_named(catalog_file: Path) -> None:
+    catalog = load_catalog(catalog_file)
+    rows = [
+        FeatureRow(RequestFeatures(4000), EndpointState(accelerator=a, model="qwen2.5-7b"))
+        for a in ("h100-sxm", "b200", "l4")
+    ]
+    batch = Vectorizer(catalog=catalog).batch(rows)
+    assert batch.classes == ["h100-sxm/qwen2.5-7b/tp1", "b200/qwen2.5-7b/tp1", "l4/qwen2.5-7b/tp1"]
+    tb_s = batch.X[:, COLUMN_INDEX["accel_tb_s"]]
+    assert tb_s[1] > tb_s[0] > tb_s[2]  # B200's 8 TB/s, H100's 3.35, L4's 0.3, each at achieved efficiency
+    with pytest.raises(FeatureError) as err:
+        Vectorizer().batch(rows)
+    assert err.value.field == "rows[0].model" and "unknown model 'qwen2.5-7b'" in err.value.problem
+
+
+def test_the_prior_ranks_an_added_class_by_its_figures(catalog_file: Path) -> None:
+    """A class never observed gets first predictions from its figures: a long prefill is fastest on the B200
+    and slowest on the L4, and so is a decode step."""
+    predictor = OnlinePredictor(LearnerConfig(catalog=load_catalog(catalog_file), background=False))
+    rows = [
+        FeatureRow(RequestFeatures(4000), EndpointState(accelerator=a, num_request_running=8))
+        for a in ("b200", "h100-sxm", "l4")
+    ]
+    predicted = predictor.predict_many(rows)
+    assert list(np.argsort(predicted.ttft_mean)) == [0, 1, 2]
+    assert list(np.argsort(predicted.tpot_mean)) == [0, 1, 2]
+
+
+def test_a_model_carries_its_catalog_and_a_built_in_one_saves_as_before(catalog_file: Path) -> None:
+    catalog = load_catalog(catalog_file)
+    trained = OnlinePredictor(LearnerConfig(accelerator="b200", model="qwen2.5-7b", catalog=catalog, background=False))
+    row = FeatureRow(RequestFeatures(2000), EndpointState(endpoint_id="b-1", accelerator="l4"))
+    for _ in range(40):
+        trained.learn_one(Observation(row, actual_ttft_ms=3000.0, actual_tpot_ms=60.0))
+    loaded = OnlinePredictor.from_bytes(trained.to_bytes(), background=False)
+    assert loaded.config.catalog == catalog and loaded.config.accelerator == "b200"
+    assert loaded.predict_one(row) == trained.predict_one(row)
+    assert "catalog" not in decode(OnlinePredictor(LearnerConfig(background=False)).to_bytes())["config"]
+
+
+def test_catalog_differences_name_what_a_model_adds_that_a_process_lacks(catalog_file: Path) -> None:
+    catalog = load_catalog(catalog_file)
+    assert catalog.differences(catalog) == [] and catalog.differences(BUILT_IN) == []
+    assert BUILT_IN.differences(catalog) == [
+        "accelerator class 'b200' is unknown here",
+        "accelerator class 'l4' is unknown here",
+        "model 'qwen2.5-7b' is unknown here",
+    ]
+    faster = Catalog((Accelerator("b200", "NVIDIA B200", 2500, 8.0, 180),))
+    assert catalog.differences(faster) == ["accelerator class 'b200' has other figures here"]
+
+
+def test_an_artifact_whose_catalog_does_not_check_is_refused_naming_the_entry(catalog_file: Path) -> None:
+    """A checksum says who wrote an artifact, not that its catalog holds: a class with no bandwidth would divide
+    by zero in the prior."""
+    trained = OnlinePredictor(LearnerConfig(catalog=load_catalog(catalog_file), background=False))
+    document = decode(trained.to_bytes())
+    document["config"]["catalog"]["accelerators"][1]["hbm_tb_s"] = 0
+    with pytest.raises(ArtifactError, match=r"accelerators\[1\].hbm_tb_s: Input should be greater than 0"):
+        OnlinePredictor.from_bytes(encode(document), background=False)
