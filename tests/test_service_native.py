@@ -66,6 +66,30 @@ def test_predict_names_bad_native_fields(client: TestClient) -> None:
         assert r.json()["field"] == field
 
 
+def test_a_misspelled_field_of_a_native_row_is_refused_naming_it(client: TestClient) -> None:
+    """`acelerator` was ignored as an unknown field: the row was predicted, and its observation learned, as the
+    default class's (llm-d's paths still ignore what they do not know, as llm-d's server does)."""
+    typo = native_row()
+    typo["acelerator"] = typo.pop("accelerator")
+    r = client.post("/v1/predict", json={"rows": [native_row(), typo]})
+    assert r.status_code == 422
+    assert r.json()["field"] == "rows[1].acelerator"
+    assert "did you mean 'accelerator'" in r.json()["error"], r.json()
+    observation = dict(typo, actual_ttft_ms=900.0, actual_tpot_ms=40.0)
+    r = client.post("/v1/observations", json={"observations": [observation]})
+    assert r.status_code == 422 and r.json()["field"] == "observations[0].acelerator"
+    r = client.post(
+        "/v1/observations",
+        json={"observations": [dict(native_row(), actual_ttft_ms=900.0, actual_tpot_ms=40.0, predicted_ttft=1.0)]},
+    )
+    assert r.status_code == 422 and "did you mean 'predicted_ttft_ms'" in r.json()["error"], r.json()
+    r = client.post("/v1/explain", json={"row": dict(native_row(), kv_cache_percent=0.5)})
+    assert r.status_code == 422 and r.json()["field"] == "row.kv_cache_percent"
+    r = client.post("/predict/bulk/strict", json={"requests": [typo]})  # llm-d's path: ignored, as llm-d does
+    assert r.status_code == 200
+    assert client.get("/v1/status").json()["learned"] == {"ttft": 0, "tpot": 0}
+
+
 def test_a_parked_time_slice_adds_its_wait_to_ttft(client: TestClient) -> None:
     rows = [native_row(), native_row(timeslice_state="parked", timeslice_wait_ms=800.0)]
     body = client.post("/v1/predict", json={"rows": rows}).json()

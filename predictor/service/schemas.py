@@ -43,7 +43,10 @@ class LlmdRow(BaseModel):
 
 
 class NativeRow(LlmdRow):
-    """Leadtime's richer row: the llm-d fields plus what a mixed, disaggregated, time-sliced fleet needs."""
+    """Leadtime's richer row: the llm-d fields plus what a mixed, disaggregated, time-sliced fleet needs. Unlike
+    llm-d's rows, a field it does not know is refused (`native.refuse_unknown_fields`): it is a slip, not an extra."""
+
+    model_config = ConfigDict(extra="forbid")
 
     endpoint_id: str = ""
     # Documented as the catalog's slugs (the parser refuses any other with 422 naming the known ones); not a Literal,
