@@ -651,6 +651,23 @@ def test_a_failed_warm_up_is_a_warning(caplog: pytest.LogCaptureFixture) -> None
     assert record.levelno == logging.WARNING
 
 
+def test_a_failed_warm_up_is_named_in_readyz_until_the_predictor_answers() -> None:
+    """/readyz said nothing degraded after a warm-up against a predictor that was down, and kept saying so until
+    three requests in a row had fallen back and opened the breaker: a probe right after start saw a healthy
+    gateway."""
+    client = _Client()
+    client.down = True
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=3)
+    wrapper.warm_up(ROW)
+    assert wrapper.health()["predictor"].startswith("failing (unavailable)"), wrapper.health()
+    with pytest.raises(PredictorUnavailable):
+        wrapper.predict([ROW])  # one failure does not open the breaker: the warm-up did not count towards it
+    assert client.predictions == 2 and wrapper.health()["predictor"].startswith("failing (")
+    client.down = False
+    wrapper.predict([ROW])
+    assert wrapper.health() == {}
+
+
 def test_the_breaker_rests_after_failures_in_a_row() -> None:
     client = _Client()
     wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=3, open_for_s=0.2)

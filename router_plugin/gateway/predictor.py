@@ -114,7 +114,7 @@ class GatewayPredictor:
         self.last_failure = ""
         self._observe_failing = False  # the last batch sent failed (an outage, said once)
         self._observe_refusal = ""  # what to change, when the predictor refuses them for good (`refusal_hint`)
-        self._outage = False  # the breaker opened since the last prediction that succeeded
+        self._outage = False  # the breaker opened, or the warm-up failed, since the last prediction that succeeded
         self._consecutive = 0
         self._open_until = 0.0
         self._queue: deque[Observation] = deque()
@@ -164,12 +164,16 @@ class GatewayPredictor:
         return answer
 
     def warm_up(self, row: FeatureRow, deadline_s: float = 2.0) -> bool:
-        """One prediction before traffic, so that the first request does not pay for connecting; its answer and
-        any failure are ignored (the breaker is not touched)."""
+        """One prediction before traffic, so that the first request does not pay for connecting. Its answer is
+        ignored, and a failure does not count towards the breaker, but it is an outage as far as /readyz goes
+        (`health`) until a prediction succeeds: a probe right after start must not see a healthy gateway whose
+        every decision falls back."""
         try:
             self.predict_client.predict([row], deadline_s)
         except Exception as err:  # noqa: BLE001 - a warm-up must never stop the gateway
             log.warning("predictor warm-up failed (%s); requests will fall back until it answers", err)
+            self.last_failure = failure_reason(err) if isinstance(err, PredictorError) else "refused"
+            self._outage = True
             return False
         return True
 
