@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from leadtime.cli import app as cli
+from leadtime.features.catalog import Catalog
 from leadtime.features.catalog_file import load_catalog
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
@@ -119,3 +120,20 @@ def test_a_model_of_another_catalog_is_served_with_a_warning(
         assert client.app.state.runtime.settings.accelerator == "h100-sxm"  # type: ignore[attr-defined]
     warnings = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "accelerator class 'b200' is unknown here" in warnings and "--catalog" in warnings
+
+
+def test_a_catalog_difference_is_warned_once_not_at_every_model(
+    catalog_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A prediction server pulls a new model every few seconds while its source learns: a difference of catalogs
+    is said once, and again only when it changes."""
+    theirs = load_catalog(catalog_file)
+    with TestClient(create_app(ServiceSettings())) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3):  # as each pulled model is installed
+                runtime._take_default_class(OnlinePredictor(LearnerConfig(catalog=theirs, background=False)))
+            fewer = Catalog(accelerators=theirs.accelerators[:1])
+            runtime._take_default_class(OnlinePredictor(LearnerConfig(catalog=fewer, background=False)))
+    said = [r.getMessage() for r in caplog.records if "another catalog" in r.getMessage()]
+    assert len(said) == 2 and "'l4'" in said[0] and "'l4'" not in said[1], said

@@ -157,6 +157,7 @@ class ServiceRuntime:
         self._saved_learned: dict[str, int] | None = None  # what the model had learned when last saved (periodically)
         # Whether the settings name the class of rows naming none (a pulled model of another class is then refused).
         self._class_named = bool({"accelerator", "model"} & settings.model_fields_set)
+        self._catalog_differences: list[str] = []  # how the last model's catalog differed from ours (warned once)
         self._model_pull: ModelPull[bytes] | None = None
         if settings.model_from is not None:
             self._model_pull = ModelPull(
@@ -274,11 +275,12 @@ class ServiceRuntime:
         asked about them as the default H100's."""
         s = self.settings
         differences = self.catalog.differences(predictor.config.catalog)
-        if differences:
+        if differences and differences != self._catalog_differences:  # once, not at every model pulled
             log.warning(
                 "the model loaded was trained with another catalog (%s): give this process the same --catalog",
                 "; ".join(differences),
             )
+        self._catalog_differences = differences
         theirs = predictor.config.accelerator, predictor.config.model
         ours = self.catalog.accelerator(s.accelerator).slug, self.catalog.model(s.model).slug
         if theirs == ours:
