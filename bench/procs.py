@@ -144,12 +144,22 @@ class Child:
 
 class SimFleet:
     """`leadtime sim serve` on consecutive free ports; its discovery file and time-slice URL. With `tls`
-    (certificate, key), the endpoints serve HTTPS."""
+    (certificate, key), the endpoints serve HTTPS; with `catalog`, a catalog file, its pools may be of classes
+    only that file knows."""
 
-    def __init__(self, fleet: str | Path, workdir: Path, seed: int = 0, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(
+        self,
+        fleet: str | Path,
+        workdir: Path,
+        seed: int = 0,
+        tls: tuple[Path, Path] | None = None,
+        catalog: Path | None = None,
+    ) -> None:
+        from leadtime.features.catalog import BUILT_IN
+        from leadtime.features.catalog_file import load_catalog
         from leadtime.simulator.fleet import load_fleet
 
-        parsed = load_fleet(fleet)
+        parsed = load_fleet(fleet, BUILT_IN if catalog is None else load_catalog(catalog))
         self.size = len(parsed.endpoints)
         self.base_port = free_ports(self.size + 1)
         self.endpoints_file = workdir / "endpoints.yaml"
@@ -158,6 +168,8 @@ class SimFleet:
         args += ["--endpoints-file", str(self.endpoints_file), "--seed", str(seed)]
         if tls is not None:
             args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+        if catalog is not None:
+            args += ["--catalog", str(catalog)]
         self.timeslice_url = (
             f"http://127.0.0.1:{self.base_port + self.size}/v1/timeslice/groups" if parsed.timeslice_groups else None
         )

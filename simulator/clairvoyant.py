@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from leadtime.features.catalog import get_model
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, split_by_role
 from leadtime.simulator.endpoint import Endpoint, SimRequest
@@ -175,7 +174,7 @@ class ClairvoyantPolicy:
     def transfer_done_ms(self, request: RouteRequest, decode_id: str, prefill_done_ms: float) -> float:
         """When the KV lands on `decode_id` if the prefill ends `prefill_done_ms` from now (ms from now)."""
         sim = self._simulator()
-        model = get_model(sim.configs[decode_id].model)
+        model = sim.fleet.catalog.model(sim.configs[decode_id].model)
         start = max(sim.now + prefill_done_ms, sim.link_free_ms(decode_id))
         return start + kv_transfer_ms(model, request.input_tokens, sim.fleet.kv_link_gb_s) - sim.now
 

@@ -10,6 +10,7 @@ from rich.progress import TaskID
 from rich.table import Table
 
 from leadtime.console import report_console
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.json_text import print_json
 from leadtime.progress import stderr_bar
 from leadtime.router_plugin.config import PickerConfig
@@ -29,10 +30,13 @@ def run_simulate_command(
     out: Path | None,
     progress: bool,
     config: PickerConfig | None = None,
+    catalog: Catalog = BUILT_IN,
 ) -> tuple[dict[str, object], list[WorkloadRequest]]:
     """`leadtime simulate`: run the policies with a progress bar on stderr (none with --json); returns the report
     and the requests replayed (what the report's figures are per second of)."""
-    options = SimulationOptions(seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms, config=config)
+    options = SimulationOptions(
+        seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms, config=config, catalog=catalog
+    )
     replayed: list[WorkloadRequest] = []
     if not progress:
         report = simulate(fleet, trace, policies, max_requests, rate_scale, options, out, on_workload=replayed.extend)

@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from leadtime.features.catalog import get_model
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation
 from leadtime.router_plugin.policy import (
@@ -164,7 +163,10 @@ def build_endpoints(fleet: Fleet, decode_runs: bool = True, seed: int = 0, recor
     `record_busy`: see `Endpoint` (off where no report will read the steps' intervals)."""
     endpoints = []
     for index, cfg in enumerate(fleet.endpoints):
-        stepper = StepTimeModel(cfg.accelerator, get_model(cfg.model), cfg.tensor_parallel, cfg.cuda_graphs)
+        known = fleet.catalog
+        stepper = StepTimeModel(
+            known.accelerator(cfg.accelerator), known.model(cfg.model), cfg.tensor_parallel, cfg.cuda_graphs
+        )
         cache = KVCache(cfg.kv_blocks, cfg.block_size)
         spread = fleet.speed_spread
         z = random.Random(seed * 1_000_003 + index).gauss(0.0, 1.0)
@@ -522,7 +524,7 @@ class FleetSimulator:
         decision = self._decisions[r.rid]
         assert decision.decode_endpoint_id is not None
         target = decision.decode_endpoint_id
-        model = get_model(self.configs[target].model)
+        model = self.fleet.catalog.model(self.configs[target].model)
         start = max(self.now, self._link_free[target])
         end = start + kv_transfer_ms(model, r.input_tokens, self.fleet.kv_link_gb_s)
         self._link_free[target] = end

@@ -19,7 +19,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from leadtime.features.catalog import get_model
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.simulator.endpoint import Endpoint
 from leadtime.simulator.engine import build_endpoints, join_ms
@@ -46,7 +45,9 @@ def _fastest_of_each_kind(fleet: Fleet, workload: Sequence[WorkloadRequest], see
         kind = (c.accelerator, c.model, c.tensor_parallel, c.cuda_graphs, c.max_batched_tokens, c.role, joins)
         if kind in best and best[kind].endpoint.noise.speed <= e.noise.speed:
             continue
-        per_token = kv_transfer_ms(get_model(c.model), 1.0, fleet.kv_link_gb_s) if c.role == "prefill" else 0.0
+        per_token = (
+            kv_transfer_ms(fleet.catalog.model(c.model), 1.0, fleet.kv_link_gb_s) if c.role == "prefill" else 0.0
+        )
         best[kind] = _Fastest(e, c.role, joins, per_token)
     return list(best.values())
 

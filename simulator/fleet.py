@@ -33,7 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from leadtime.data import DataFileError, resolve
-from leadtime.features.catalog import get_accelerator, get_model
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.yaml_text import read_yaml_file
 
@@ -226,6 +226,8 @@ class Fleet:
     slos: tuple[SloClass, ...] = ()
     step_jitter: float = 0.0
     speed_spread: float = 0.0
+    catalog: Catalog = BUILT_IN
+    """The accelerator classes and models its pools may name (a deployment's own besides the built-in ones)."""
 
     @property
     def disaggregated(self) -> bool:
@@ -250,10 +252,10 @@ class Fleet:
         return self.slos[-1].ttft_ms, self.slos[-1].itl_ms
 
 
-def kv_blocks(pool: PoolSpec) -> int:
+def kv_blocks(pool: PoolSpec, catalog: Catalog = BUILT_IN) -> int:
     """Blocks left for KV after the weights, as vLLM sizes its cache from `gpu_memory_utilization`."""
-    accelerator = get_accelerator(pool.accelerator)
-    model = get_model(pool.model)
+    accelerator = catalog.accelerator(pool.accelerator)
+    model = catalog.model(pool.model)
     budget = accelerator.memory_gb * 1e9 * pool.tensor_parallel * pool.gpu_memory_utilization
     if model.num_heads % pool.tensor_parallel:
         raise FleetError(
@@ -272,8 +274,9 @@ def kv_blocks(pool: PoolSpec) -> int:
     return blocks
 
 
-def build_fleet(spec: FleetSpec) -> Fleet:
-    """Check a fleet spec (roles, names, groups) and expand its pools into endpoints."""
+def build_fleet(spec: FleetSpec, catalog: Catalog = BUILT_IN) -> Fleet:
+    """Check a fleet spec (roles, names, groups) and expand its pools, of `catalog`'s classes and models, into
+    endpoints."""
     roles = {p.role for p in spec.pools}
     if "both" in roles and len(roles) > 1:
         raise FleetError("pools: a fleet is either unified (all 'both') or P/D ('prefill' and 'decode'), not mixed")
@@ -295,7 +298,7 @@ def build_fleet(spec: FleetSpec) -> Fleet:
         if pool.timeslice_group is not None and pool.timeslice_group not in spec.timeslice_groups:
             raise FleetError(f"pool {pool.name!r}: unknown timeslice_group {pool.timeslice_group!r}")
         try:
-            blocks = kv_blocks(pool)
+            blocks = kv_blocks(pool, catalog)
         except FeatureError as err:
             raise FleetError(f"pool {pool.name!r}: {err}") from None
         for i in range(pool.count):
@@ -336,17 +339,19 @@ def build_fleet(spec: FleetSpec) -> Fleet:
         slos,
         spec.realism.step_jitter,
         spec.realism.speed_spread,
+        catalog,
     )
 
 
-def parse_fleet(data: object) -> Fleet:
-    """A parsed YAML/JSON document → Fleet; FleetError names the offending field."""
+def parse_fleet(data: object, catalog: Catalog = BUILT_IN) -> Fleet:
+    """A parsed YAML/JSON document → Fleet of `catalog`'s classes and models; FleetError names the offending
+    field."""
     try:
         spec = FleetSpec.model_validate(data)
     except ValidationError as err:
         where, problem = validation_problem(err)
         raise FleetError(f"{where or 'fleet'}: {problem}") from None
-    return build_fleet(spec)
+    return build_fleet(spec, catalog)
 
 
 FLEETS_DIR = Path(__file__).resolve().parent / "fleets"
@@ -372,15 +377,16 @@ def resolve_fleet(value: str | Path) -> Path:
         raise FleetError(str(err)) from None
 
 
-def load_fleet(source: str | Path) -> Fleet:
-    """A fleet by shipped name or path; FleetError names the file and the problem."""
+def load_fleet(source: str | Path, catalog: Catalog = BUILT_IN) -> Fleet:
+    """A fleet by shipped name or path, its pools of `catalog`'s classes and models; FleetError names the file and
+    the problem."""
     path = resolve_fleet(source)
     try:
         data = read_yaml_file(path, "a fleet YAML")
     except ValueError as err:
         raise FleetError(str(err)) from None
     try:
-        fleet = parse_fleet(data)
+        fleet = parse_fleet(data, catalog)
     except FleetError as err:
         raise FleetError(f"{path}: {err}") from None
     return fleet if _is_shipped(path) else dataclasses.replace(fleet, name=str(path))

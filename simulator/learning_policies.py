@@ -65,7 +65,9 @@ def cold_predictor(fleet: Fleet, seed: int = 0) -> InProcessPredictor:
     learned."""
     first = fleet.endpoints[0]
     learner = OnlinePredictor(
-        LearnerConfig(accelerator=first.accelerator, model=first.model, background=False, seed=seed)
+        LearnerConfig(
+            accelerator=first.accelerator, model=first.model, background=False, seed=seed, catalog=fleet.catalog
+        )
     )
     return InProcessPredictor(learner, learner.config.quantile)
 
@@ -73,7 +75,7 @@ def cold_predictor(fleet: Fleet, seed: int = 0) -> InProcessPredictor:
 def leadtime_policy(name: str, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
     """A cold-started Leadtime policy (or one of its ablations) for `fleet`."""
     switches = LEADTIME_POLICIES[name] | FLEET_SWITCHES.get(name, lambda _: {})(fleet)
-    config = LeadtimeConfig(name=name, kv_link_gb_s=fleet.kv_link_gb_s, seed=seed, **switches)
+    config = LeadtimeConfig(name=name, kv_link_gb_s=fleet.kv_link_gb_s, seed=seed, catalog=fleet.catalog, **switches)
     return LeadtimePolicy(cold_predictor(fleet, seed), config)
 
 
@@ -96,7 +98,7 @@ def shadow_policy(name: str, fleet: Fleet, seed: int = 0) -> ShadowLearning:
 def profile_policy(profile: str, config: PickerConfig, fleet: Fleet, seed: int = 0) -> RoutingPolicy:
     """A scheduling profile of a plugin configuration, as `leadtime route` would build it, over a cold in-process
     predictor (used only if the profile predicts); named `profile:NAME` in results."""
-    policy = build_policy(config, cold_predictor(fleet, seed), profile, seed)
+    policy = build_policy(config, cold_predictor(fleet, seed), profile, seed, fleet.catalog)
     policy.name = f"{PROFILE_PREFIX}{profile}"
     return policy
 

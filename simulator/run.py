@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.router_plugin.config import SHIPPED_CONFIG, PickerConfig, load_config, profile_of
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, LlmdHeuristicPolicy, RandomPolicy, RoundRobinPolicy
 from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
@@ -85,6 +86,8 @@ class SimulationOptions:
     itl_slo_ms: float = 100.0
     config: PickerConfig | None = None
     """The plugin configuration `profile:NAME` policies come from (None: the shipped plugins.yaml)."""
+    catalog: Catalog = BUILT_IN
+    """The accelerator classes and models the fleet's pools may name (`--catalog FILE`)."""
 
 
 def run_policies(
@@ -137,7 +140,7 @@ def simulate(
         config = options.config or load_config(SHIPPED_CONFIG)
         for profile in profiles:
             profile_of(config, profile)
-    fleet = load_fleet(fleet_path)
+    fleet = load_fleet(fleet_path, options.catalog)
     loaded = load_workload(str(trace_path), options.seed, max_requests)
     workload = shape(loaded, rate_scale=rate_scale, max_requests=max_requests)
     require_arrival_window(workload, str(trace_path))

@@ -39,7 +39,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from leadtime.features.catalog import get_model
 from leadtime.features.errors import FeatureError
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import is_resident
@@ -293,7 +292,7 @@ class LiveEndpoint:
         if rid not in self.streams:
             return  # its client left while it was prefilled elsewhere
         start = max(self.now_ms(), self.link_free_ms)
-        end = start + kv_transfer_ms(get_model(self.config.model), input_tokens, self.kv_link_gb_s)
+        end = start + kv_transfer_ms(self.engine.stepper.model, input_tokens, self.kv_link_gb_s)
         self.link_free_ms = end
         await asyncio.sleep(max(0.0, (end - self.now_ms()) / 1e3))
         self.counters.kv_received += 1

@@ -10,11 +10,14 @@ import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from leadtime.data import MEASURED, DataFileError, describe_os_error
+
+if TYPE_CHECKING:
+    from leadtime.features.catalog import Catalog
 
 # Plain (click-style) help: typer's rich help prints a type after every option, `<bool>` after flags included.
 app = typer.Typer(
@@ -37,6 +40,7 @@ MEASURED_HELP = (
 REFERENCE_HELP = "Model of the llm-d reference: xgboost (llm-d's default; the default where installed) or lightgbm."
 TRACE_HELP = "A shipped trace (mooncake, azure-conv), a Mooncake .jsonl or Azure .csv, or synthetic:rate_rps=20,..."
 FLEET_HELP = "A shipped fleet (see `leadtime sim fleets`) or a fleet YAML."
+CATALOG_HELP = "YAML of accelerator classes and models to know beside the built-in ones (e.g. b200, l4)."
 
 
 def reference_model_option(value: str | None) -> str | None:
@@ -48,6 +52,18 @@ def reference_model_option(value: str | None) -> str | None:
         if importlib.util.find_spec("xgboost") is None:
             fail("--reference-model xgboost needs the xgboost package (pip install 'leadtime[test]')")
     return value
+
+
+def catalog_option(path: Path | None) -> Catalog:
+    """The catalog `--catalog FILE` names (the built-in one without it); a bad file ends the command naming it."""
+    from leadtime.features.catalog import BUILT_IN
+    from leadtime.features.catalog_file import CatalogError, load_catalog
+
+    try:
+        return BUILT_IN if path is None else load_catalog(path)
+    except CatalogError as err:
+        fail(f"--catalog: {err}")
+        raise  # not reached: fail exits
 
 
 def fail(message: str | Exception) -> None:

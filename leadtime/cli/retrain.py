@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import app, fail
+from leadtime.cli.common import CATALOG_HELP, app, catalog_option, fail
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN, OutOfRange
 
 OPTION_OF = {"eval_share": "--eval-share", "margin": "--margin", "max_malformed_share": "--max-malformed-share"}
@@ -25,9 +25,7 @@ def retrain(
     report: Annotated[Path | None, typer.Option(help="Write report.json, report.md and plots here.")] = None,
     accelerator: Annotated[str | None, typer.Option(help="Class for rows naming none (a new model).")] = None,
     model: Annotated[str | None, typer.Option(help="Model for rows naming none (a new model).")] = None,
-    catalog: Annotated[
-        Path | None, typer.Option(help="YAML of accelerator classes and models to know beside the built-in ones.")
-    ] = None,
+    catalog: Annotated[Path | None, typer.Option(help=CATALOG_HELP)] = None,
     eval_share: Annotated[
         float, typer.Option(help=f"Most recent share of rows held out for judging, in {EVAL_SHARE}.")
     ] = 0.2,
@@ -47,8 +45,6 @@ def retrain(
     Exit 0 published, 3 champion kept, 2 an error."""
     import logging
 
-    from leadtime.features.catalog import BUILT_IN
-    from leadtime.features.catalog_file import CatalogError, load_catalog
     from leadtime.training.job import RetrainConfig, RetrainError, run_retrain
     from leadtime.training.report import print_result
 
@@ -62,10 +58,7 @@ def retrain(
     lightgbm_log.setLevel(logging.ERROR)
     lightgbm.register_logger(lightgbm_log)
 
-    try:
-        known = BUILT_IN if catalog is None else load_catalog(catalog)
-    except CatalogError as err:
-        fail(f"--catalog: {err}")
+    known = catalog_option(catalog)
     try:
         config = RetrainConfig(
             samples=tuple(samples),

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import app, check_redis_url, fail, positive, refuse_blank_variables, warn
+from leadtime.cli.common import (
+    CATALOG_HELP,
+    app,
+    catalog_option,
+    check_redis_url,
+    fail,
+    positive,
+    refuse_blank_variables,
+    warn,
+)
 from leadtime.features.errors import FeatureError
 
 
@@ -70,10 +79,7 @@ def route(
         str, typer.Option(help="Accelerator class of endpoints whose labels name none.")
     ] = "h100-sxm",
     model: Annotated[str, typer.Option(help="Model of endpoints whose labels name none.")] = "llama-3.1-8b",
-    catalog: Annotated[
-        Path | None,
-        typer.Option(help="YAML of accelerator classes and models to know beside the built-in ones (as serve's)."),
-    ] = None,
+    catalog: Annotated[Path | None, typer.Option(help=CATALOG_HELP)] = None,
     scrape_interval_ms: Annotated[float, typer.Option(help="Time between two /metrics scrapes of an endpoint.")] = 50.0,
     unroutable_after_s: Annotated[
         float, typer.Option(help="An endpoint whose scrapes fail this long is no longer routed to.")
@@ -146,8 +152,6 @@ def route(
     ] = 600.0,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
-    from leadtime.features.catalog import BUILT_IN
-    from leadtime.features.catalog_file import CatalogError, load_catalog
     from leadtime.router_plugin.config import ConfigError, load_config
     from leadtime.router_plugin.discovery import DiscoveryError
     from leadtime.router_plugin.gateway.app import GatewaySettings
@@ -204,10 +208,7 @@ def route(
     for key in api_key or ():
         if not key or not (key.isascii() and key.isprintable()) or " " in key:
             fail("--api-key must be printable ASCII, without spaces, line breaks or control characters")
-    try:
-        known = BUILT_IN if catalog is None else load_catalog(catalog)
-    except CatalogError as err:
-        fail(f"--catalog: {err}")
+    known = catalog_option(catalog)
     try:
         known.accelerator(accelerator)
         known.model(model)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import app, fail
+from leadtime.cli.common import CATALOG_HELP, app, fail
 from leadtime.features.errors import FeatureError, validation_problem
 
 OPTION_OF = {
@@ -88,7 +88,7 @@ def serve(
         Path | None,
         typer.Option(
             envvar="LEADTIME_CATALOG",
-            help="YAML of accelerator classes and models to know beside the built-in ones (e.g. b200, l4).",
+            help=CATALOG_HELP,
         ),
     ] = None,
     tls_cert: Annotated[

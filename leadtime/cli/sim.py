@@ -8,11 +8,13 @@ from typing import Annotated
 import typer
 
 from leadtime.cli.common import (
+    CATALOG_HELP,
     DEFAULT_MEASURED,
     FLEET_HELP,
     MEASURED_HELP,
     TRACE_HELP,
     app,
+    catalog_option,
     fail,
     measured_path,
     output_dir,
@@ -49,6 +51,7 @@ def simulate(
     ] = 100.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out: Annotated[Path | None, typer.Option(help="Directory for observations JSONL, plots, report.")] = None,
+    catalog: Annotated[Path | None, typer.Option(help=CATALOG_HELP)] = None,
 ) -> None:
     """Replay a trace on a simulated fleet under one or more routing policies."""
     from leadtime.router_plugin.config import load_config
@@ -64,20 +67,32 @@ def simulate(
     positive("--itl-slo-ms", itl_slo_ms, infinite=True)
     if out is not None:
         output_dir(out)
+    known = catalog_option(catalog)
     policies = policy or (["profile:default"] if config is not None else ["llm-d"])
     try:
         picker = load_config(config) if config is not None else None
         if picker is not None and picker.unused_warning is not None:
             warn(picker.unused_warning)
         report, replayed = run_simulate_command(
-            fleet, trace, policies, max_requests, rate_scale, seed, ttft_slo_ms, itl_slo_ms, out, not json_out, picker
+            fleet,
+            trace,
+            policies,
+            max_requests,
+            rate_scale,
+            seed,
+            ttft_slo_ms,
+            itl_slo_ms,
+            out,
+            not json_out,
+            picker,
+            known,
         )
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
         fail(err)
         return
     for line in failure_warnings(report):
         warn(line)
-    for pool in pools_never_joining(load_fleet(fleet), replayed):
+    for pool in pools_never_joining(load_fleet(fleet, known), replayed):
         warn(f"pool {pool!r} never joins: its join time is after the last request's arrival, so it serves 0 requests")
     suspicious = rate_unit_warning(trace, replayed, rate_scale)
     if suspicious is not None:
@@ -147,6 +162,7 @@ def sim_serve(
             "decoding) or that streams every few tokens."
         ),
     ] = 1,
+    catalog: Annotated[Path | None, typer.Option(help=CATALOG_HELP)] = None,
 ) -> None:
     """Serve the simulated endpoints in real time as OpenAI-compatible HTTP servers with vLLM /metrics.
 
@@ -164,8 +180,9 @@ def sim_serve(
         fail("--tls-cert and --tls-key go together: give both, or neither")
     if tokens_per_event < 1:
         fail("--tokens-per-event must be ≥ 1")
+    known = catalog_option(catalog)
     try:
-        served = load_fleet(fleet)
+        served = load_fleet(fleet, known)
     except ValueError as err:
         fail(err)
         return
