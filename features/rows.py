@@ -8,9 +8,10 @@ as extra keys, which llm-d's own predictor ignores, so one row format serves bot
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -80,6 +81,10 @@ PREDICTED_FIELDS = (
     "predicted_ttft_quantile_ms",
     "predicted_tpot_quantile_ms",
 )
+# Every field of a native row, and of a native observation (`/v1`, gRPC): anything else is a slip, refused by name
+# (`refuse_unknown_fields`), where llm-d's paths ignore what they do not know.
+NATIVE_ROW_FIELDS = frozenset((*LLMD_FIELDS, *LEADTIME_ROW_FIELDS, "role"))
+NATIVE_OBSERVATION_FIELDS = NATIVE_ROW_FIELDS | {*ACTUAL_FIELDS, *PREDICTED_FIELDS, "timestamp"}
 MAX_PREDICTED_MS = 1e12
 """The most milliseconds a served prediction says (about 32 years: an infinity or overflow is served as this), and
 so the most a predicted_* field may carry: a value above it was never a prediction of this service, and one near
@@ -99,18 +104,24 @@ def is_resident(timeslice_state: str) -> bool:
 MAX_COUNT = 2**53
 
 
-def check_count(name: str, value: Any) -> int:
-    """An integer ≥ 0; floats with an integral value are accepted (JSON encoders differ), bools are not.
+def check_count(name: str, value: Any, least: int = 0) -> int:
+    """An integer ≥ `least` (0: a count; 1: a tensor-parallel size); floats with an integral value are accepted
+    (JSON encoders differ), bools are not.
 
     numpy integers count as integers: rows are often built from arrays.
+
+    >>> check_count("tensor_parallel", 0.5, least=1)
+    Traceback (most recent call last):
+    ...
+    leadtime.features.errors.FeatureError: tensor_parallel: must be an integer ≥ 1, got 0.5
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral | float):
-        raise FeatureError(name, f"must be an integer ≥ 0, got {value!r}")
+        raise FeatureError(name, f"must be an integer ≥ {least}, got {value!r}")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise FeatureError(name, f"must be an integer ≥ 0, got {value!r}")
+        raise FeatureError(name, f"must be an integer ≥ {least}, got {value!r}")
     value = int(value)
-    if value < 0:
-        raise FeatureError(name, f"must be ≥ 0, got {value}")
+    if value < least:
+        raise FeatureError(name, f"must be ≥ {least}, got {value}")
     if value > MAX_COUNT:
         raise FeatureError(name, f"must be ≤ 2**53, got a {len(str(value))}-digit number")
     return value
@@ -127,6 +138,37 @@ def check_real(name: str, value: Any, low: float = 0.0, high: float = math.inf) 
         bounds = f"between {low:g} and {high:g}" if math.isfinite(high) else f"≥ {low:g}"
         raise FeatureError(name, f"must be {bounds}, got {value:g}")
     return value
+
+
+def refuse_unknown_fields(items: Sequence[Any], where: str, known: frozenset[str]) -> None:
+    """FeatureError naming the first key of `items` (rows or observations, named `where[i]`; items that are not
+    mappings are left to the checks of their own) that is not one of `known`, with the field it may be a slip for.
+
+    llm-d's paths ignore fields they do not know, as llm-d's own server does (Leadtime's extras ride along that
+    way); the native API is Leadtime's own, and a row that misspells its class (`acelerator`) would otherwise be
+    predicted, and its observation learned, as the default class's. One union of all keys when every one is known.
+
+    >>> refuse_unknown_fields([{"accelerator": "l40s"}, {"acelerator": "l40s"}], "rows", NATIVE_ROW_FIELDS)
+    Traceback (most recent call last):
+    ...
+    leadtime.features.errors.FeatureError: rows[1].acelerator: is not a field of the native API (did you mean \
+'accelerator'?)
+    """
+    mappings = [item for item in items if isinstance(item, Mapping)]
+    if known.issuperset(set().union(*mappings)):
+        return
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping):
+            refuse_unknown_keys(item, f"{where}[{i}]", known)
+
+
+def refuse_unknown_keys(item: Mapping[str, Any], where: str, known: frozenset[str]) -> None:
+    """`refuse_unknown_fields` of one row or observation, named `where`."""
+    for key in item:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else " (see /docs for the fields of a row)"
+            raise FeatureError(f"{where}.{key}", f"is not a field of the native API{hint}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -217,10 +259,7 @@ class EndpointState:
         check_text("endpoint_id", self.endpoint_id)
         check_text("accelerator", self.accelerator)
         check_text("model", self.model)
-        tp = check_count("tensor_parallel", self.tensor_parallel)
-        if tp < 1:
-            raise FeatureError("tensor_parallel", "must be ≥ 1")
-        object.__setattr__(self, "tensor_parallel", tp)
+        object.__setattr__(self, "tensor_parallel", check_count("tensor_parallel", self.tensor_parallel, least=1))
         _check_choice("role", self.role, ROLES)
         for name in _COUNT_FIELDS:
             object.__setattr__(self, name, check_count(name, getattr(self, name)))

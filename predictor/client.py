@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,6 +27,8 @@ from leadtime.features.errors import FeatureError
 from leadtime.features.rows import (
     ACTUAL_FIELDS,
     LLMD_REQUIRED_FIELDS,
+    NATIVE_OBSERVATION_FIELDS,
+    NATIVE_ROW_FIELDS,
     ROLES,
     FeatureRow,
     Observation,
@@ -33,6 +36,7 @@ from leadtime.features.rows import (
     feature_row_to_llmd,
     observation_to_llmd,
     parse_timestamp,
+    refuse_unknown_fields,
 )
 
 DEFAULT_DEADLINE_S = 0.05
@@ -313,16 +317,17 @@ class HttpPredictorClient:
 
 
 @functools.cache
-def _wire() -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str], frozenset[str]]:
-    """(Row fields, Observation fields but the row, Row text fields, Row count fields), read off the proto
-    descriptor once."""
+def _wire() -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str], frozenset[str], frozenset[str]]:
+    """(Row fields, Observation fields but the row, Row text fields, Row count fields, Row real fields), read off
+    the proto descriptor once."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     row = pb.Row.DESCRIPTOR.fields
     observation = tuple(f.name for f in pb.Observation.DESCRIPTOR.fields if f.name != "row")
     text = frozenset(f.name for f in row if f.type == f.TYPE_STRING)
     counts = frozenset(f.name for f in row if f.type in (f.TYPE_UINT64, f.TYPE_UINT32))
-    return tuple(f.name for f in row), observation, text, counts
+    reals = frozenset(f.name for f in row if f.type in (f.TYPE_DOUBLE, f.TYPE_FLOAT))
+    return tuple(f.name for f in row), observation, text, counts, reals
 
 
 def _wire_fields(row: Row, where: str = "row") -> dict[str, Any]:
@@ -341,19 +346,21 @@ def _wire_fields(row: Row, where: str = "row") -> dict[str, Any]:
         # Checked as the service checks counts, in its words (protobuf's are "Value out of range"), and given as
         # the integers the wire carries: 900.0 and numpy integers are counts over HTTP too.
         try:
-            fields[name] = check_count(name, fields[name])
+            fields[name] = check_count(name, fields[name], least=1 if name == "tensor_parallel" else 0)
         except FeatureError as err:
             raise PredictorError("invalid", f"{where}.{err.field}: {err.problem}") from None
+    for name in _wire()[4] & fields.keys():  # in the service's words too (protobuf's: "must be real number")
+        value = fields[name]
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise PredictorError("invalid", f"{where}.{name}: must be a number, got {value!r}")
     if fields.get("timeslice_state") == "none":
         del fields["timeslice_state"]
-    tensor_parallel = fields.get("tensor_parallel")
-    if isinstance(tensor_parallel, int | float) and tensor_parallel < 1:
-        raise PredictorError("invalid", f"{where}.tensor_parallel: must be ≥ 1, got {tensor_parallel}")
     return fields
 
 
 def row_message(row: Row, where: str = "row") -> Any:
-    """A row dict → leadtime.v1.Row (unknown keys dropped, native `role` mapped to `pod_type`)."""
+    """A row dict → leadtime.v1.Row (native `role` mapped to `pod_type`; a key the wire lacks is dropped: the
+    clients' calls refuse unknown keys first, `native_fields`)."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     fields = _wire_fields(row, where)
@@ -396,7 +403,7 @@ def _columns(wire: Sequence[Mapping[str, Any]]) -> Any:
     if "prefix_hit_tokens" in names and not all("prefix_hit_tokens" in f for f in wire):
         return None
     lists = {}
-    row_fields, _, text_fields, _ = _wire()
+    row_fields, _, text_fields, _, _ = _wire()
     for name in row_fields:
         if name in names:
             zero = "" if name in text_fields else 0
@@ -409,12 +416,12 @@ def _columns(wire: Sequence[Mapping[str, Any]]) -> Any:
 
 
 def observation_message(obs: Obs, where: str = "observation") -> Any:
-    """An observation (dict or Observation) → leadtime.v1.Observation; a timestamp given as text is sent as the
-    seconds since the epoch it names."""
+    """An observation (dict or Observation) → leadtime.v1.Observation; a timestamp given as text, a datetime or
+    milliseconds is sent as the seconds since the epoch it names (read as the service reads one over HTTP)."""
     from leadtime.predictor.grpc import leadtime_pb2 as pb
 
     d = observation_dict(obs, where)
-    if isinstance(d.get("timestamp"), str):
+    if d.get("timestamp") is not None:
         try:
             d["timestamp"] = parse_timestamp(d["timestamp"])
         except FeatureError as err:
@@ -428,9 +435,20 @@ def observation_message(obs: Obs, where: str = "observation") -> Any:
         raise PredictorError("invalid", problem) from None
 
 
+def native_fields(items: Sequence[Any], where: str, known: frozenset[str]) -> None:
+    """PredictorError naming the first key of a dict row or observation that the native API does not have, as the
+    service's `/v1` paths refuse it: on the wire an unknown key would be dropped unseen, and a misspelled class
+    (`acelerator`) predicted and learned as the default one."""
+    try:
+        refuse_unknown_fields(items, where, known)
+    except FeatureError as err:
+        raise PredictorError("invalid", str(err)) from None
+
+
 def observation_messages(observations: Sequence[Obs]) -> list[Any]:
     """Observations → leadtime.v1.Observation messages, each with every field the service requires (left out,
     it would read as 0 on the wire and be learned so)."""
+    native_fields(observations, "observations", NATIVE_OBSERVATION_FIELDS)
     dicts = observation_dicts(observations)
     _required(dicts, "observations", (*LLMD_REQUIRED_FIELDS, *ACTUAL_FIELDS))
     return [observation_message(d, f"observations[{i}]") for i, d in enumerate(dicts)]
@@ -499,6 +517,7 @@ class GrpcPredictorClient:
         from leadtime.predictor.grpc import leadtime_pb2 as pb
 
         require_rows(rows)
+        native_fields(rows, "rows", NATIVE_ROW_FIELDS)
         # once per call: this is the gateway's path with --predictor-grpc
         wire = [_wire_fields(r, f"rows[{i}]") for i, r in enumerate(rows)]
         _required(wire, "rows")  # on the wire a field left out would read as 0

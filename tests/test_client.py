@@ -235,6 +235,7 @@ def test_what_the_grpc_wire_would_misread_is_refused_as_over_http(
         ({"kv_cache_percentage": None}, "kv_cache_percentage"),  # gRPC: learned as 0
         ({"actual_ttft_ms": "80"}, "actual_ttft_ms"),  # gRPC: "observation cannot be encoded", no index or field
         ({"timestamp": "yesterday"}, "timestamp"),  # gRPC: the timestamp dropped, the row kept
+        ({"predicted_ttft": 40.0}, "predicted_ttft"),  # gRPC: dropped unseen, where HTTP refuses the slip
     ],
 )
 def test_observations_either_client_cannot_send_raise_predictor_error_naming_the_field(
@@ -254,12 +255,16 @@ def test_a_row_that_is_not_a_row_is_a_predictor_error(client: Any) -> None:
     assert "rows[1]" in err.value.message, err.value.message
 
 
-def test_the_grpc_client_sends_a_timestamp_given_as_text() -> None:
-    """It was dropped: the wire carries seconds since the epoch."""
+def test_the_grpc_client_sends_a_timestamp_given_as_text_or_a_datetime() -> None:
+    """Text was dropped, and a datetime refused ("must be real number, not datetime.datetime", where HTTP takes
+    it): the wire carries seconds since the epoch."""
+    from datetime import UTC, datetime
+
     from leadtime.predictor.client import observation_message
 
-    entry = {**_dict_row(), "actual_ttft_ms": 80.0, "timestamp": "2026-11-30T10:00:00Z"}
-    assert observation_message(entry).timestamp == 1796032800.0
+    for stamp in ("2026-11-30T10:00:00Z", datetime(2026, 11, 30, 10, tzinfo=UTC)):
+        entry = {**_dict_row(), "actual_ttft_ms": 80.0, "timestamp": stamp}
+        assert observation_message(entry).timestamp == 1796032800.0
 
 
 def test_a_bad_batch_in_a_grpc_stream_is_named_and_what_went_before_counted(service: dict[str, Any]) -> None:
@@ -314,6 +319,9 @@ def test_every_client_answers_nothing_alike(any_client: Any) -> None:
         {"input_token_length": 1.5},  # gRPC: "'float' object cannot be interpreted as an integer"
         {"num_request_waiting": "two"},
         {"accelerator": "nope"},  # gRPC named "columns[1].accelerator": the caller gave rows
+        {"acelerator": "l40s"},  # gRPC dropped the key: the row was predicted as the default class's
+        {"prefix_cache_score": "0.5"},  # gRPC said protobuf's "must be real number, not str"
+        {"tensor_parallel": 0.5},  # both said "must be an integer ≥ 0": the least is 1
     ],
 )
 def test_both_remote_clients_refuse_a_bad_row_in_the_same_words(service: dict[str, Any], change: dict) -> None:
@@ -325,6 +333,8 @@ def test_both_remote_clients_refuse_a_bad_row_in_the_same_words(service: dict[st
         messages.append(err.value.message)
     assert messages[0] == messages[1]
     assert messages[0].startswith(f"rows[1].{next(iter(change))}: "), messages[0]
+    if "tensor_parallel" in change:
+        assert messages[0] == "rows[1].tensor_parallel: must be an integer ≥ 1, got 0.5"
 
 
 def test_both_remote_clients_take_counts_given_as_integral_floats(service: dict[str, Any]) -> None:

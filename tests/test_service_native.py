@@ -236,3 +236,13 @@ def test_observations_the_poisoning_guard_drops_stay_out_of_the_accuracy_metrics
         in (metrics)
     )
     assert 'covered="false",role="both",target="ttft"}' not in metrics
+
+
+def test_the_native_field_lists_are_the_documented_schemas() -> None:
+    """`features.rows` holds the one list of a native row's fields (the service and the gRPC client refuse any
+    other); the OpenAPI models document the same ones."""
+    from leadtime.features.rows import NATIVE_OBSERVATION_FIELDS, NATIVE_ROW_FIELDS
+    from leadtime.predictor.service.schemas import NativeObservation, NativeRow
+
+    assert set(NativeRow.model_fields) == NATIVE_ROW_FIELDS
+    assert set(NativeObservation.model_fields) == NATIVE_OBSERVATION_FIELDS

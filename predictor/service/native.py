@@ -8,8 +8,6 @@ measured.
 from __future__ import annotations
 
 import asyncio
-import difflib
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +16,12 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 from leadtime.features.errors import FeatureError
+from leadtime.features.rows import (
+    NATIVE_OBSERVATION_FIELDS,
+    NATIVE_ROW_FIELDS,
+    refuse_unknown_fields,
+    refuse_unknown_keys,
+)
 from leadtime.predictor.model_pull import ROLE_HEADER
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.health import status as llmd_status
@@ -39,41 +43,6 @@ from leadtime.predictor.service.schemas import (
     body_schema,
     content_of,
 )
-
-ROW_FIELDS = frozenset(NativeRow.model_fields)
-OBSERVATION_FIELDS = frozenset(NativeObservation.model_fields)
-
-
-def refuse_unknown_fields(items: Sequence[Any], where: str, known: frozenset[str]) -> None:
-    """FeatureError naming the first field of `items` (rows or observations, at `where[i]`) that is not one of
-    `known`, with the field it may be a slip for.
-
-    llm-d's paths ignore fields they do not know, as llm-d's own server does (Leadtime's extras ride along that
-    way); the native API is Leadtime's, and a row that misspells its class (`acelerator`) would otherwise be
-    predicted, and its observation learned, as the default class's. One union of all keys when every one is known.
-
-    >>> refuse_unknown_fields([{"accelerator": "l40s"}, {"acelerator": "l40s"}], "rows", ROW_FIELDS)
-    Traceback (most recent call last):
-    ...
-    leadtime.features.errors.FeatureError: rows[1].acelerator: is not a field of the native API (did you mean \
-'accelerator'?)
-    """
-    mappings = [item for item in items if isinstance(item, dict)]
-    if known.issuperset(set().union(*mappings)):
-        return
-    for i, item in enumerate(items):
-        if isinstance(item, dict):
-            check_known_fields(item, known, f"{where}[{i}]")
-
-
-def check_known_fields(item: dict[str, Any], known: frozenset[str], where: str) -> None:
-    """FeatureError naming (under `where`) the first key of `item` that is not one of `known`."""
-    for key in item:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else " (see /docs for the fields of a row)"
-            raise FeatureError(f"{where}.{key}", f"is not a field of the native API{hint}")
-
 
 prediction_router = APIRouter(prefix="/v1", tags=["native v1"])
 training_router = APIRouter(prefix="/v1", tags=["native v1"])
@@ -97,7 +66,7 @@ def predict_answer(runtime: ServiceRuntime, body: Any) -> bytes:
     One function for the route and the edge's hot path (`hot_path.HotPath.native_predict`), so that both answer
     alike."""
     rows = list_field(body, "rows", 1, runtime.settings.max_rows)
-    refuse_unknown_fields(rows, "rows", ROW_FIELDS)
+    refuse_unknown_fields(rows, "rows", NATIVE_ROW_FIELDS)
     parsed = runtime.parser.parse(rows, "rows")
     predictor = runtime.predictor
     assert predictor is not None
@@ -181,7 +150,7 @@ async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     if runtime.backlog_full():
         raise HTTPException(429, BACKLOG_FULL_MESSAGE, {"Retry-After": str(BACKLOG_RETRY_AFTER_S)})
     entries = list_field(await json_body(request), "observations", 0, MAX_OBSERVATIONS_PER_CALL)
-    refuse_unknown_fields(entries, "observations", OBSERVATION_FIELDS)
+    refuse_unknown_fields(entries, "observations", NATIVE_OBSERVATION_FIELDS)
     parsed = await parse_entries(runtime, entries, "native", "observations")
     llmd_entries = [_llmd_entry(e) for e in entries]
     accepted = accept_entries(runtime, llmd_entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms, "native")
@@ -229,7 +198,7 @@ async def explain(request: Request, runtime: ReadyRuntime) -> Response:
     if body.get("row") is None:
         raise FeatureError("row", "is required")
     if isinstance(body["row"], dict):
-        check_known_fields(body["row"], ROW_FIELDS, "row")
+        refuse_unknown_keys(body["row"], "row", NATIVE_ROW_FIELDS)
     try:
         batch = runtime.parser.parse_one(body["row"])
     except FeatureError as err:

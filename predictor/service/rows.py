@@ -130,13 +130,13 @@ class _Plain:
     typed: bool  # protobuf already guarantees the types (unsigned ints, doubles, strings)
 
 
-def _count(row: Mapping[str, Any], name: str, default: int | None = None) -> int:
+def _count(row: Mapping[str, Any], name: str, default: int | None = None, least: int = 0) -> int:
     value = row.get(name, default)
-    if type(value) is int and 0 <= value <= MAX_COUNT:
+    if type(value) is int and least <= value <= MAX_COUNT:
         return value
     if value is None:  # a field with a default sent as null is a bad value, not a missing one
-        raise FeatureError(name, "is required" if default is None else "must be an integer ≥ 0, got null")
-    return check_count(name, value)
+        raise FeatureError(name, "is required" if default is None else f"must be an integer ≥ {least}, got null")
+    return check_count(name, value, least)
 
 
 def _real01(row: Mapping[str, Any], name: str) -> float:
@@ -310,9 +310,7 @@ class RowParser:
         endpoint_id = _text(row, "endpoint_id")
         accelerator = _text(row, "accelerator")
         model = _text(row, "model")
-        tp = _count(row, "tensor_parallel", 1)
-        if tp < 1:
-            raise FeatureError("tensor_parallel", "must be ≥ 1")
+        tp = _count(row, "tensor_parallel", 1, least=1)
         timeslice = row.get("timeslice_state", "none")
         if timeslice not in TIMESLICE_STATES:
             choices = ", ".join(repr(c) for c in TIMESLICE_STATES)
