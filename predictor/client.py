@@ -129,19 +129,19 @@ def row_dict(row: Row, where: str = "row") -> dict[str, Any]:
     """A row as the llm-d-shaped dict the service takes."""
     if isinstance(row, FeatureRow):
         return feature_row_to_llmd(row)
-    return _mapping(row, "FeatureRow", where)
+    return _mapping(row, "a FeatureRow", where)
 
 
 def observation_dict(obs: Obs, where: str = "observation") -> dict[str, Any]:
     """An observation as the llm-d-shaped training entry the service takes."""
     if isinstance(obs, Observation):
         return observation_to_llmd(obs)
-    return _mapping(obs, "Observation", where)
+    return _mapping(obs, "an Observation", where)
 
 
 def _mapping(item: object, kind: str, where: str) -> dict[str, Any]:
     if not isinstance(item, Mapping):
-        problem = f"must be a {kind} or a mapping of its fields, got {type(item).__name__}"
+        problem = f"must be {kind} or a mapping of its fields, got {type(item).__name__}"
         raise PredictorError("invalid", f"{where}: {problem}")
     return dict(item)
 
@@ -154,6 +154,24 @@ def row_dicts(rows: Sequence[Row], name: str = "rows") -> list[dict[str, Any]]:
 def observation_dicts(observations: Sequence[Obs], name: str = "observations") -> list[dict[str, Any]]:
     """`observation_dict` of each observation, named `name[i]` in errors."""
     return [observation_dict(o, f"{name}[{i}]") for i, o in enumerate(observations)]
+
+
+def default_deadline(deadline_s: Any) -> float:
+    """A client's default deadline, checked when the client is made: a positive, finite number of seconds. None
+    would make a gRPC call wait for ever on a stalled service, and the other refusals fail at the first call,
+    deep inside the transport.
+
+    >>> default_deadline(0.05)
+    0.05
+    >>> default_deadline(None)
+    Traceback (most recent call last):
+    ...
+    ValueError: deadline_s: must be a number of seconds > 0, got None
+    """
+    seconds = float(deadline_s) if isinstance(deadline_s, numbers.Real) and not isinstance(deadline_s, bool) else 0.0
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"deadline_s: must be a number of seconds > 0, got {deadline_s!r}")
+    return seconds
 
 
 def call_deadline(default_s: float, deadline_s: float | None) -> float:
@@ -230,10 +248,10 @@ class HttpPredictorClient:
     ) -> None:
         import httpx
 
+        self.deadline_s = default_deadline(deadline_s)
         verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True  # True: httpx's default
         self._httpx = httpx
         headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
-        self.deadline_s = deadline_s
         self._client = httpx.Client(base_url=base_url, headers=headers, timeout=deadline_s, verify=verify)
 
     def _deadline(self, deadline_s: float | None) -> float:
@@ -483,8 +501,11 @@ class GrpcPredictorClient:
 
         from leadtime.predictor.grpc import leadtime_pb2_grpc
 
+        self.deadline_s = default_deadline(deadline_s)
+        if "://" in target and target.split("://", 1)[0].lower() in ("http", "https", "grpc", "grpcs"):
+            # gRPC took it, and every call then failed as UNAVAILABLE: an outage to wait out, for ever.
+            raise ValueError(f"{target!r}: expected HOST:PORT (a gRPC target, not a URL)")
         self._grpc = grpc
-        self.deadline_s = deadline_s
         if ca_file is not None:
             tls_client_context(ca_file)  # refused here by name; gRPC itself would only fail at the first call
             roots = Path(ca_file).read_bytes()
@@ -529,10 +550,11 @@ class GrpcPredictorClient:
         try:
             answer = self._call(self._stub.PredictBulk, request, deadline_s)
         except PredictorError as err:
-            if columns is None or not err.message.startswith("columns["):
+            if columns is None or not err.message.startswith(("columns[", "columns:")):
                 raise
-            # The service names a column entry by its row's index: the caller gave rows, and reads them so.
-            raise type(err)(err.status, "rows[" + err.message.removeprefix("columns[")) from None
+            # The service names a column entry by its row's index, and the columns' length as theirs: the caller
+            # gave rows, and reads them so.
+            raise type(err)(err.status, "rows" + err.message.removeprefix("columns")) from None
         return BulkPredictions(
             np.asarray(answer.ttft_mean_ms, dtype=float),
             np.asarray(answer.ttft_quantile_ms, dtype=float),

@@ -253,6 +253,9 @@ def test_a_row_that_is_not_a_row_is_a_predictor_error(client: Any) -> None:
     with pytest.raises(PredictorError) as err:
         client.predict([_dict_row(), "abc"])
     assert "rows[1]" in err.value.message, err.value.message
+    with pytest.raises(PredictorError) as err:
+        client.observe(["abc"])
+    assert err.value.message == "observations[0]: must be an Observation or a mapping of its fields, got str"
 
 
 def test_the_grpc_client_sends_a_timestamp_given_as_text_or_a_datetime() -> None:
@@ -351,3 +354,34 @@ def test_a_row_json_cannot_carry_is_a_predictor_error_over_http(service: dict[st
     with remote_client("http", service) as c, pytest.raises(PredictorError) as err:
         c.predict([{**_dict_row(), "num_request_waiting": Decimal(2)}])
     assert "cannot be sent as JSON" in err.value.message and "Decimal" in err.value.message, err.value.message
+
+
+@pytest.mark.parametrize("deadline", [None, 0, -1, float("inf"), float("nan"), "1"])
+@pytest.mark.parametrize("kind", ["http", "grpc", "lean-http"])
+def test_a_client_without_a_usable_default_deadline_is_refused_when_made(kind: str, deadline: Any) -> None:
+    """None made the gRPC client wait for ever on a stopped service (its docstring: every call has a deadline), and
+    the HTTP client raise a TypeError at its first call; -1 a raw ValueError from the socket."""
+    make = {"http": HttpPredictorClient, "lean-http": LeanHttpPredictorClient}.get(kind)
+    with pytest.raises(ValueError, match=r"deadline_s: must be a number of seconds > 0"):
+        if make is not None:
+            make("http://127.0.0.1:9", deadline_s=deadline)
+        else:
+            GrpcPredictorClient("127.0.0.1:9", deadline_s=deadline)
+
+
+def test_a_grpc_target_given_as_a_url_is_refused_when_made() -> None:
+    """It was taken, and every call then failed as UNAVAILABLE ("Misformatted domain name"), which reads as an
+    outage to wait out."""
+    with pytest.raises(ValueError, match=r"expected HOST:PORT"):
+        GrpcPredictorClient("http://127.0.0.1:50051")
+
+
+def test_too_many_rows_are_named_as_rows_by_both_remote_clients(service: dict[str, Any]) -> None:
+    """The gRPC client passed on the service's "columns: must hold 1 to 10,000 rows": the caller gave rows."""
+    messages = []
+    for kind in ("http", "grpc"):
+        with remote_client(kind, service) as c, pytest.raises(PredictorError) as err:
+            c.predict([_dict_row()] * 10_001)
+        messages.append(err.value.message)
+    assert messages[1].startswith("rows: ") and "10,001" in messages[1], messages
+    assert messages[0].startswith("rows: "), messages

@@ -27,6 +27,7 @@ from leadtime.predictor.client import (
     PredictorError,
     PredictorUnavailable,
     Row,
+    default_deadline,
     https_context,
     observation_dict,
     row_dict,
@@ -63,7 +64,7 @@ class LeanHttpPredictorClient:
         self.host = parts.hostname
         self.port = parts.port or (443 if self._tls else 80)
         self.prefix = parts.path.rstrip("/")
-        self.deadline_s = deadline_s
+        self.deadline_s = default_deadline(deadline_s)
         auth = f"Authorization: Bearer {api_token}\r\n" if api_token else ""
         self._head = f"Host: {self.host}:{self.port}\r\nContent-Type: application/json\r\n{auth}"
         self._sock: socket.socket | None = None
