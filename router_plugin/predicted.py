@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -87,6 +88,8 @@ BLIND_ACCELERATOR = "h100-sxm"
 
 
 log = logging.getLogger("leadtime.router.policy")
+MAX_REASONS_SAID = 32
+"""Distinct reasons for refusing candidates a policy says in its log (an endpoint id in each would be unbounded)."""
 
 
 @dataclass(frozen=True)
@@ -307,6 +310,7 @@ class LeadtimePolicy:
         self.name = config.name
         self._lock = threading.RLock()
         self._refusal: str | None = None  # why the predictor last refused observations, said once
+        self._candidate_refusals: set[str] = set()  # why it refused a decision's candidates, each said once
         self.timeslice_source = timeslice_source
         self.deadline_s = deadline_s
         self.counters = PolicyCounters()
@@ -561,7 +565,9 @@ class LeadtimePolicy:
                 # An away prefill endpoint serves no client alone: only whole-request endpoints may compete.
                 whole = [c for c in away if c.state.role != "prefill"]
                 chosen = self._pick_one(request, list(roles.unified), whole, may_hold)
-        except PredictorError:
+        except PredictorError as err:
+            if not isinstance(err, PredictorUnavailable):  # a deadline missed or an outage is counted, not said
+                self._candidates_refused(err)
             chosen = self._fall_back(request, serving or away, not serving)
         if chosen.hold:
             self.counters.held += 1
@@ -846,6 +852,14 @@ class LeadtimePolicy:
         if self._refusal is not None:
             log.info("the predictor takes this router's observations again")
             self._refusal = None
+
+    def _candidates_refused(self, err: PredictorError) -> None:
+        """Said once per reason (up to `MAX_REASONS_SAID`): a candidate the predictor refuses (of a class it does
+        not know) sends every decision it is in to the heuristics, and nothing else would say why."""
+        reason = re.sub(r"^rows\[\d+\]\.", "", err.message)  # the same refusal, whichever index the row had
+        if reason not in self._candidate_refusals and len(self._candidate_refusals) < MAX_REASONS_SAID:
+            self._candidate_refusals.add(reason)
+            log.warning("the predictor refuses a decision's candidates (%s): the heuristics decide while it does", err)
 
     def _refused(self, err: PredictorError) -> None:
         """Said once per cause: a router whose predictor refuses what it is told (a token it lacks) routes on what

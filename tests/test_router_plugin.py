@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -432,6 +433,19 @@ def test_a_failing_predictor_falls_back_to_the_heuristics_and_routing_goes_on() 
     pick = policy.pick(req(), [cand("a", waiting=5), cand("b", waiting=0)])
     assert pick.endpoint_id == "b" and pick.row is None  # llm-d's queue scorer decides
     assert policy.counters.fallbacks == 1
+
+
+def test_a_candidate_the_predictor_refuses_is_said_once_not_at_every_decision(caplog: pytest.LogCaptureFixture) -> None:
+    """One endpoint of a class the predictor does not know sent every decision it was a candidate of to the
+    heuristics, and nothing said why until its request completed (the observation's refusal)."""
+    policy = LeadtimePolicy(InProcessPredictor(OnlinePredictor(LearnerConfig(background=False))), LeadtimeConfig())
+    unknown = Candidate(replace(cand("x").state, accelerator="tpu-x"), 0, 0.0, "")
+    with caplog.at_level(logging.WARNING, logger="leadtime.router"):
+        for i in range(3):
+            policy.pick(req(f"r{i}", at=float(i)), [cand("a"), unknown] if i % 2 else [unknown, cand("a")])
+    assert policy.counters.fallbacks == 3
+    said = [r.getMessage() for r in caplog.records if "refuses" in r.getMessage()]
+    assert len(said) == 1 and "unknown accelerator class 'tpu-x'" in said[0], said
 
 
 def test_a_request_decided_by_the_fallback_is_counted_in_flight_and_learned_from() -> None:
