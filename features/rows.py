@@ -295,6 +295,14 @@ class FeatureRow:
     request: RequestFeatures
     endpoint: EndpointState = field(default_factory=EndpointState)
 
+    def __post_init__(self) -> None:
+        """Its parts' kinds checked when made: a string in their place failed later, as an AttributeError from
+        inside the vectorizer."""
+        for name, kind, article in (("request", RequestFeatures, "a"), ("endpoint", EndpointState, "an")):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise TypeError(f"FeatureRow.{name} must be {article} {kind.__name__}, got {type(value).__name__}")
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -315,6 +323,8 @@ class Observation:
     predicted_tpot_quantile_ms: float | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.row, FeatureRow):
+            raise TypeError(f"Observation.row must be a FeatureRow, got {type(self.row).__name__}")
         object.__setattr__(self, "actual_ttft_ms", check_real("actual_ttft_ms", self.actual_ttft_ms))
         object.__setattr__(self, "actual_tpot_ms", check_real("actual_tpot_ms", self.actual_tpot_ms))
         for name in (*PREDICTED_FIELDS, "timestamp"):

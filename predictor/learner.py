@@ -147,6 +147,14 @@ def _ms_text(ms: float) -> str:
     return f"{ms:10.2f}" if abs(ms) < 1e9 else f"{ms:10.4g}"
 
 
+def _not_one(items: object, kind: type, method: str, single: str) -> None:
+    """A TypeError for one item given to a method that takes a sequence of them (it said "object is not
+    iterable", or "has no len()")."""
+    if isinstance(items, kind):
+        name = kind.__name__
+        raise TypeError(f"{method} takes a sequence of {name}s; got one {name} ({single} takes one)")
+
+
 def _only(items: Sequence[Any], kind: type, usage: str) -> None:
     """A TypeError saying what the method takes, rather than an AttributeError from deep inside it."""
     for i, item in enumerate(items):
@@ -301,6 +309,7 @@ class OnlinePredictor:
             return rows
         if isinstance(rows, np.ndarray):
             return self.vectorizer.batch_of_matrix(rows)
+        _not_one(rows, FeatureRow, "predict_many", "predict_one")
         _only(rows, FeatureRow, "predict_one and predict_many take FeatureRows (an Observation's is its .row)")
         return self.vectorizer.batch(rows)
 
@@ -386,7 +395,9 @@ class OnlinePredictor:
         """Learn a batch in order: Observations, or a FeatureBatch (or a bare matrix, as `predict_many` takes
         it) with the actuals beside it (0 = that target was not observed).
 
-        Everything is validated before anything is learned: a bad batch changes nothing.
+        Everything is validated before anything is learned: a bad batch changes nothing. Drift checks and the
+        scheduled tree retrains run between batches, not between rows: the same observations learned in batches of
+        another size may have trees fitted at other moments, and predict somewhat differently afterwards.
         """
         if isinstance(observations, FeatureBatch | np.ndarray):
             if actual_ttft_ms is None or actual_tpot_ms is None:
@@ -395,6 +406,7 @@ class OnlinePredictor:
         else:
             if actual_ttft_ms is not None or actual_tpot_ms is not None:
                 raise TypeError("learn_many(observations): Observations carry their own actuals")
+            _not_one(observations, Observation, "learn_many", "learn_one")
             n = len(observations)
             if n == 0:
                 return

@@ -659,6 +659,18 @@ def test_the_wrong_kind_of_row_is_a_type_error_saying_what_is_taken(predictor: O
         predictor.predict_many([row, {"input_tokens": 10}])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="predict_one and predict_many take FeatureRows.*item 0 is dict"):
         predictor.predict_one({"input_tokens": 10})  # type: ignore[arg-type]  # named the other method alone
+    # One row to a _many method said "'FeatureRow' object is not iterable"; a row of a string, an AttributeError
+    # from inside the vectorizer.
+    with pytest.raises(TypeError, match="predict_many takes a sequence of FeatureRows.*got one FeatureRow"):
+        predictor.predict_many(row)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="learn_many takes a sequence of Observations.*got one Observation"):
+        predictor.learn_many(Observation(row, actual_ttft_ms=5.0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="FeatureRow.request must be a RequestFeatures, got str"):
+        FeatureRow("abc")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="FeatureRow.endpoint must be an EndpointState, got dict"):
+        FeatureRow(RequestFeatures(10), {"endpoint_id": "a"})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Observation.row must be a FeatureRow, got RequestFeatures"):
+        Observation(RequestFeatures(10), actual_ttft_ms=5.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="window must be an integer, got 1000.5"):
         LearnerConfig(window=1000.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantile must be a number, got '0.9'"):
