@@ -1069,3 +1069,56 @@ def test_an_endpoints_interim_responses_are_passed_over_for_its_answer() -> None
     status, body, headers, status_again, body_again = asyncio.run(scenario())
     assert (status, body, status_again, body_again) == (200, b"ok", 200, b"ok")
     assert headers == [(b"content-length", b"2"), (b"x-final", b"1")]  # the interim ones' headers are not its
+
+
+def test_an_observation_the_predictor_refuses_is_dropped_and_the_others_delivered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A gateway that knows a class the service does not (its --catalog): the service refused every batch holding
+    one of its rows, and the gateway kept and retried them all for ever, the H100 rows with them, saying the
+    predictor could not be reached."""
+    from served import uvicorn_in_a_thread
+
+    from leadtime.predictor.service.app import create_app
+    from leadtime.predictor.settings import ServiceSettings
+    from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+
+    app = create_app(ServiceSettings())
+    unknown = FeatureRow(RequestFeatures(input_tokens=10), EndpointState(endpoint_id="b", accelerator="b200"))
+    batch = [Observation(ROW, actual_ttft_ms=50.0) for _ in range(5)]
+    batch[1] = batch[3] = Observation(unknown, actual_ttft_ms=50.0)
+    with uvicorn_in_a_thread(app) as url, caplog.at_level(logging.WARNING, logger="leadtime.router.predictor"):
+        client = LeanHttpPredictorClient(url, deadline_s=5.0)
+        wrapper = GatewayPredictor(client, client, GatewayMetrics(), flush_interval_s=0.01)
+        wrapper.start()
+        try:
+            wrapper.observe(batch)
+            deadline = time.monotonic() + 30
+            while (wrapper.sent < 3 or wrapper.pending()) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            wrapper.stop()
+        assert app.state.runtime.samples.seen == 3
+    assert wrapper.sent == 3 and wrapper.dropped == 2 and wrapper.pending() == 0
+    said = [r.getMessage() for r in caplog.records if "refuses" in r.getMessage()]
+    assert len(said) == 1 and "unknown accelerator class 'b200'" in said[0] and "dropped" in said[0], said
+    assert "observations" not in wrapper.health()
+
+
+def test_candidates_the_predictor_refuses_do_not_open_the_breaker_and_are_named_in_readyz() -> None:
+    """A refusal of rows (a class the predictor does not know) counted towards the breaker: three decisions with
+    that endpoint among their candidates sent every decision, the others too, to the heuristics for a second, and
+    /readyz said only "failing (refused)"."""
+    from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
+    from leadtime.router_plugin.client import InProcessPredictor
+
+    client = InProcessPredictor(OnlinePredictor(LearnerConfig(background=False)))
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=3)
+    unknown = FeatureRow(RequestFeatures(input_tokens=10), EndpointState(endpoint_id="b", accelerator="b200"))
+    for _ in range(5):
+        with pytest.raises(PredictorError):
+            wrapper.predict([ROW, unknown])
+    assert len(wrapper.predict([ROW]).ttft_mean_ms) == 1  # not resting: the predictor answers what it can read
+    said = wrapper.health()["candidates"]
+    assert "unknown accelerator class 'b200'" in said and "rows[1]" not in said, said
+    assert "predictor" not in wrapper.health()

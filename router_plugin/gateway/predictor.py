@@ -11,6 +11,7 @@ and drops the oldest observations (counted) when the queue is full because the p
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -22,6 +23,10 @@ from leadtime.router_plugin.client import BulkPredictions, PredictorClient, Pred
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("leadtime.router.predictor")
+REFUSED_ROWS_SAID_S = 60.0
+"""How long /readyz names candidates the predictor refused, after the last refusal."""
+MAX_REASONS_SAID = 32
+"""Distinct reasons for refusing single observations said in the log (each names a class or a value)."""
 
 
 def failure_reason(err: PredictorError) -> str:
@@ -51,6 +56,24 @@ def refusal_hint(err: Exception) -> str:
     if status in ("404", "UNIMPLEMENTED"):
         return "a --role prediction service takes none: point the gateway at a training or all one"
     return ""
+
+
+def refused_observation(err: Exception, count: int) -> int | None:
+    """The index of the one observation of a batch of `count` that the predictor refuses for good (it names it:
+    `observations[3].accelerator: unknown accelerator class 'b200'`), or None when the refusal is not of one row
+    (an outage, a token, a full backlog).
+
+    >>> refused_observation(PredictorError(422, "observations[3].accelerator: unknown accelerator class 'b200'"), 5)
+    3
+    >>> refused_observation(PredictorUnavailable("transport", "connection refused"), 5) is None
+    True
+    """
+    if not isinstance(err, PredictorError) or isinstance(err, PredictorUnavailable):
+        return None
+    if str(err.status) not in ("422", "invalid", "INVALID_ARGUMENT"):
+        return None
+    found = re.match(r"observations\[(\d+)\]", err.message)
+    return int(found.group(1)) if found is not None and int(found.group(1)) < count else None
 
 
 @runtime_checkable
@@ -114,7 +137,9 @@ class GatewayPredictor:
         self.last_failure = ""
         self._observe_failing = False  # the last batch sent failed (an outage, said once)
         self._observe_refusal = ""  # what to change, when the predictor refuses them for good (`refusal_hint`)
+        self._row_refusals: set[str] = set()  # why it refused single observations, each said once
         self._outage = False  # the breaker opened, or the warm-up failed, since the last prediction that succeeded
+        self._refused_rows: tuple[float, str] | None = None  # when the predictor last refused rows, and why
         self._consecutive = 0
         self._open_until = 0.0
         self._queue: deque[Observation] = deque()
@@ -140,6 +165,11 @@ class GatewayPredictor:
         except PredictorError as err:
             self.last_failure = failure_reason(err)
             self.metrics.predictor_seconds.labels("predict", self.last_failure).observe(time.perf_counter() - started)
+            if self.last_failure == "refused":
+                # The rows, not the predictor: it answers at once, and answers decisions without them. Not an
+                # outage to rest from, but named in /readyz while it lasts (`health`).
+                self._refused_rows = (time.monotonic(), re.sub(r"^rows\[\d+\]\.", "", err.message))
+                raise
             self._consecutive += 1
             if self._consecutive >= self.open_after:
                 self._open_until = time.monotonic() + self.open_for_s
@@ -183,6 +213,12 @@ class GatewayPredictor:
         out = self.predict_client.health() if isinstance(self.predict_client, BackgroundModel) else {}
         if self._outage:
             out["predictor"] = f"failing ({self.last_failure}); deciding with the heuristics until it answers"
+        refused = self._refused_rows
+        if refused is not None and time.monotonic() - refused[0] < REFUSED_ROWS_SAID_S:
+            out["candidates"] = (
+                f"the predictor refuses some ({refused[1]}); decisions with them among their candidates fall back "
+                "to the heuristics"
+            )
         if self._observe_failing and self._observe_refusal:
             out["observations"] = f"refused by the predictor ({self._observe_refusal}); kept and retried"
         elif self._observe_failing:
@@ -257,18 +293,46 @@ class GatewayPredictor:
                 return
 
     def _send(self, batch: list[Observation]) -> bool:
-        started = time.perf_counter()
-        try:
-            self.observe_client.observe(batch, self.observe_deadline_s)
-        except Exception as err:  # any failure: the batch is kept and retried
-            self.metrics.predictor_seconds.labels("observe", "error").observe(time.perf_counter() - started)
-            self.metrics.observations.labels("failed").inc(len(batch))
-            hint = refusal_hint(err)
-            if not self._observe_failing:  # once an outage: a refusal (a token the service wants) stops learning
-                said = f"{err}: {hint}" if hint else str(err)
-                log.warning("observations not sent to the predictor (%s); kept and retried", said)
-            self._observe_failing, self._observe_refusal = True, hint
-            return False
+        """Send `batch`; False when it could not be, for the caller to keep what is left of it. An observation the
+        predictor refuses for good (a class it does not know) is dropped from `batch`, counted and said once per
+        reason, and the rest sent again: the service takes a batch whole or not at all, and keeping that row would
+        have kept every other one from it for ever."""
+        while batch:
+            started = time.perf_counter()
+            try:
+                self.observe_client.observe(batch, self.observe_deadline_s)
+            except Exception as err:  # any failure: the batch is kept and retried
+                index = refused_observation(err, len(batch))
+                if index is None:
+                    return self._failed(batch, err, started)
+                del batch[index]
+                self._drop_refused(err)
+                continue
+            return self._sent(batch, started)
+        return True
+
+    def _drop_refused(self, err: Exception) -> None:
+        """Count an observation dropped, refused by the predictor as `err` says; the reason is said once."""
+        self.dropped += 1
+        self.metrics.observations.labels("dropped").inc()
+        reason = re.sub(r"^observations\[\d+\]\.", "", str(getattr(err, "message", err)))
+        if reason not in self._row_refusals and len(self._row_refusals) < MAX_REASONS_SAID:
+            self._row_refusals.add(reason)
+            log.warning("the predictor refuses an observation (%s): such ones are dropped, the others sent", err)
+
+    def _failed(self, batch: list[Observation], err: Exception, started: float) -> bool:
+        """`batch` was not sent (an outage, a refusal of the whole batch): counted and, once, said; False."""
+        self.metrics.predictor_seconds.labels("observe", "error").observe(time.perf_counter() - started)
+        self.metrics.observations.labels("failed").inc(len(batch))
+        hint = refusal_hint(err)
+        if not self._observe_failing:  # once an outage: a refusal (a token the service wants) stops learning
+            said = f"{err}: {hint}" if hint else str(err)
+            log.warning("observations not sent to the predictor (%s); kept and retried", said)
+        self._observe_failing, self._observe_refusal = True, hint
+        return False
+
+    def _sent(self, batch: list[Observation], started: float) -> bool:
+        """`batch` was taken: counted; an outage of observations said to be over; True."""
         self.metrics.predictor_seconds.labels("observe", "ok").observe(time.perf_counter() - started)
         self.metrics.observations.labels("sent").inc(len(batch))
         self.sent += len(batch)
