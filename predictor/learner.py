@@ -25,7 +25,7 @@ import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -615,6 +615,17 @@ class OnlinePredictor:
         if target not in self._models:
             raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
         return self._models[target]
+
+    def adopt_catalog(self, catalog: Catalog) -> None:
+        """Know `catalog`'s classes from now on, and save them with the model: a process whose catalog extends the
+        one the model was trained with (it grew, or the model predates it) teaches the model classes it must carry.
+        ValueError if `catalog` lacks a class of the model's own or states it otherwise (`Catalog.differences`)."""
+        differences = catalog.differences(self.config.catalog)
+        if differences:
+            raise ValueError(f"the catalog does not extend the model's: {'; '.join(differences)}")
+        with self._lock:
+            self.config = replace(self.config, catalog=catalog)
+            self.vectorizer = Vectorizer(self.config.accelerator, self.config.model, catalog)
 
     # --- persistence ------------------------------------------------------------------------------------
 

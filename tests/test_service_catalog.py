@@ -122,18 +122,78 @@ def test_a_model_of_another_catalog_is_served_with_a_warning(
     assert "accelerator class 'b200' is unknown here" in warnings and "--catalog" in warnings
 
 
-def test_a_catalog_difference_is_warned_once_not_at_every_model(
+def test_a_catalog_difference_is_warned_once_and_named_in_readyz_while_it_serves(
     catalog_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A prediction server pulls a new model every few seconds while its source learns: a difference of catalogs
-    is said once, and again only when it changes."""
+    """A prediction server pulls a new model every few seconds while its source learns (a replica installs its
+    peers' from Redis alike): a difference of catalogs is said once, again only when it changes, and /readyz names
+    it while such a model serves (a replica without the catalog of the others said nothing at all)."""
     theirs = load_catalog(catalog_file)
     with TestClient(create_app(ServiceSettings())) as client:
         runtime = client.app.state.runtime  # type: ignore[attr-defined]
         with caplog.at_level(logging.WARNING):
-            for _ in range(3):  # as each pulled model is installed
-                runtime._take_default_class(OnlinePredictor(LearnerConfig(catalog=theirs, background=False)))
+            for _ in range(3):  # as each pulled or synced model is installed
+                runtime._install(OnlinePredictor(LearnerConfig(catalog=theirs, background=False)))
+            assert "'b200' is unknown here" in client.get("/readyz").json()["degraded"]["catalog"]
             fewer = Catalog(accelerators=theirs.accelerators[:1])
-            runtime._take_default_class(OnlinePredictor(LearnerConfig(catalog=fewer, background=False)))
+            runtime._install(OnlinePredictor(LearnerConfig(catalog=fewer, background=False)))
+            runtime._install(OnlinePredictor(LearnerConfig(background=False)))
+            assert "catalog" not in client.get("/readyz").json()["degraded"]
     said = [r.getMessage() for r in caplog.records if "another catalog" in r.getMessage()]
     assert len(said) == 2 and "'l4'" in said[0] and "'l4'" not in said[1], said
+
+
+def test_a_model_learning_where_the_catalog_extends_its_own_is_saved_with_it(
+    catalog_file: Path, tmp_path: Path
+) -> None:
+    """A model saved before the deployment had a catalog, served with one: it learned B200 offsets and was saved
+    without the catalog, and a process without the file then loaded it without a word."""
+    model_dir = tmp_path / "model"
+    OnlinePredictor(LearnerConfig(background=False)).save(model_dir)
+    settings = ServiceSettings(catalog=catalog_file, model_dir=model_dir)
+    with TestClient(create_app(settings)) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        assert runtime.predictor.config.catalog == load_catalog(catalog_file)
+        b200 = [dict(row(endpoint_id="b-0", accelerator="b200"), actual_ttft_ms=90.0, actual_tpot_ms=9.0)] * 30
+        assert client.post("/v1/observations", json={"observations": b200}).status_code == 202
+        deadline = time.monotonic() + 60
+        while runtime.learned()["ttft"] < 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    saved = OnlinePredictor.load(model_dir, background=False)
+    assert saved.config.catalog == load_catalog(catalog_file) and saved.status()["observations"]["ttft"] >= 30
+
+
+def test_serve_refuses_a_model_dir_whose_default_class_it_does_not_know(catalog_file: Path, tmp_path: Path) -> None:
+    """Started without the catalog its model was trained with, the service answered every llm-d row as an H100's
+    and learned them so, saving them back into the model, /readyz all clear."""
+    model_dir = tmp_path / "model"
+    config = LearnerConfig(accelerator="b200", catalog=load_catalog(catalog_file), background=False)
+    OnlinePredictor(config).save(model_dir)
+    result = CliRunner().invoke(cli, ["serve", "--model-dir", str(model_dir), "--port", "0", "--grpc-port", "0"])
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert "takes rows naming no class as b200 serving llama-3.1-8b, which this process does not know" in result.output
+    assert "--catalog" in result.output
+
+
+def test_the_learner_says_why_it_skips_stored_observations_once_per_reason(
+    catalog_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica without its peers' catalog skips each of their rows of the classes it lacks: it said so for
+    every row (1,577 lines in a few seconds)."""
+    from multiprocessing import Pipe
+
+    from leadtime.predictor.service.learning import ChildSetup, _Child
+
+    artifact = OnlinePredictor(LearnerConfig(background=False)).to_bytes()
+    setup = ChildSetup(artifact, "0", 0, False, 2000, "h100-sxm", "llama-3.1-8b", 0, 0.25)
+    ours, _ = Pipe()
+    child = _Child(ours, setup)
+    try:
+        entries = [dict(row(accelerator=a), actual_ttft_ms=90.0, actual_tpot_ms=9.0) for a in ["b200"] * 40 + ["l4"]]
+        with caplog.at_level(logging.WARNING, logger="leadtime.service"):
+            child.learn([*entries, dict(row(), actual_ttft_ms=90.0, actual_tpot_ms=9.0)])
+    finally:
+        child.predictor.close()
+    assert child.invalid == 41 and child.learned == 1
+    said = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(said) == 2 and "'b200'" in said[0] and "'l4'" in said[1], said

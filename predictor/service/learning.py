@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time
@@ -46,6 +47,10 @@ log = logging.getLogger("leadtime.service")
 
 CURSOR_KEY = "stream_cursor"  # artifact metadata: the observation-stream position the model has learned to
 STREAM_KEY = "stream"  # artifact metadata: which stream that position is in (`Store.stream_name`)
+
+
+MAX_SKIP_REASONS_SAID = 32
+"""Distinct reasons for skipping stored observations a learner says in its log."""
 
 
 @dataclass
@@ -94,6 +99,7 @@ class _Child:
         self.conn = conn
         self.setup = setup
         self.parser = RowParser(setup.default_accelerator, setup.default_model, setup.catalog)
+        self.skip_reasons: set[str] = set()  # why stored observations were skipped, each said once
         self.cursor = setup.cursor
         self.epoch = setup.epoch
         self.retrains: list[dict[str, Any]] = []
@@ -181,6 +187,14 @@ class _Child:
             return False
         return True
 
+    def _skipped(self, err: FeatureError) -> None:
+        """Said once per reason (up to `MAX_SKIP_REASONS_SAID`), not per row: a replica that lacks the catalog of
+        the others skips each of their rows of its classes, and said it 1,577 times in a few seconds."""
+        reason = re.sub(r"^\w+\[\d+\]\.", "", str(err))
+        if reason not in self.skip_reasons and len(self.skip_reasons) < MAX_SKIP_REASONS_SAID:
+            self.skip_reasons.add(reason)
+            log.warning("skipping invalid stored observations (%s); such ones are skipped and counted", err)
+
     def learn(self, entries: list[dict[str, Any]]) -> None:
         """Learn stored entries; one that fails the checks (written by another writer) is skipped alone, and rows
         wildly at odds with the hardware's physics (the poisoning guard, `physics.implausible`) are dropped; both
@@ -196,7 +210,7 @@ class _Child:
                     self.parser.parse_observations([entry])
                     good.append(entry)
                 except FeatureError as err:
-                    log.warning("skipping an invalid stored observation: %s", err)
+                    self._skipped(err)
             self.invalid += len(entries) - len(good)
             if not good:
                 return

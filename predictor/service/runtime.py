@@ -274,13 +274,6 @@ class ServiceRuntime:
         the settings name one: a model retrained on H200 rows and served from --model-dir would otherwise be
         asked about them as the default H100's."""
         s = self.settings
-        differences = self.catalog.differences(predictor.config.catalog)
-        if differences and differences != self._catalog_differences:  # once, not at every model pulled
-            log.warning(
-                "the model loaded was trained with another catalog (%s): give this process the same --catalog",
-                "; ".join(differences),
-            )
-        self._catalog_differences = differences
         theirs = predictor.config.accelerator, predictor.config.model
         ours = self.catalog.accelerator(s.accelerator).slug, self.catalog.model(s.model).slug
         if theirs == ours:
@@ -438,11 +431,27 @@ class ServiceRuntime:
 
     def _install(self, predictor: OnlinePredictor) -> None:
         """Make `predictor` the serving one; close the one it replaces."""
+        self._check_catalog(predictor)
         with self._swap_lock:
             old = self.predictor
             self.predictor = predictor
         if old is not None and old is not predictor:
             old.close()
+
+    def _check_catalog(self, predictor: OnlinePredictor) -> None:
+        """A model of another catalog (from a replica or a training server given another file, or a model directory
+        written with one) is warned of once and named in /readyz while it serves: rows of a class this process lacks
+        are refused, and a class stated otherwise is predicted from figures the model never learned from. A model
+        of a catalog this one extends takes this one, and is saved with it: the classes it learns here go with it."""
+        differences = self.catalog.differences(predictor.config.catalog)
+        if differences and differences != self._catalog_differences:  # once, not at every model pulled or synced
+            log.warning(
+                "the model loaded was trained with another catalog (%s): give this process the same --catalog",
+                "; ".join(differences),
+            )
+        self._catalog_differences = differences
+        if not differences and predictor.config.catalog != self.catalog:
+            predictor.adopt_catalog(self.catalog)
 
     def serving_artifact(self) -> tuple[bytes, str, int]:
         """(the serving model as an artifact, its SHA-256 in hex, its version), for gateways that predict with a
@@ -1169,6 +1178,11 @@ class ServiceRuntime:
                 out[thread.name] = "background loop stopped"
         if self._retrain_error is not None:
             out["publication"] = self._retrain_error
+        if self._catalog_differences:
+            out["catalog"] = (
+                f"the model serving was trained with another catalog ({'; '.join(self._catalog_differences)}): "
+                "give this process the same --catalog"
+            )
         ingestion = self.ingestion()
         if ingestion["full"]:
             out["ingestion"] = f"backlog full: {ingestion['pending']} rows wait to be learned; new rows are dropped"

@@ -64,12 +64,19 @@ def check_tls_files(certfile: Path, keyfile: Path) -> None:
 
 def check_saved_class(settings: ServiceSettings) -> None:
     """Raise OSError in one line when --accelerator or --model names another class than the model saved in
-    --model-dir takes rows naming none as (as `leadtime retrain` refuses the same for its registry)."""
+    --model-dir takes rows naming none as (as `leadtime retrain` refuses the same for its registry), or when that
+    class is one this process does not know (the model was trained with a catalog it was not given): every llm-d
+    row would be predicted and learned as another class's."""
     assert settings.model_dir is not None
     saved = saved_class(settings.model_dir)
     if saved is None:
         return
     known = settings.read_catalog()
+    if saved[0] not in known.all_accelerators or saved[1] not in known.all_models:
+        raise OSError(
+            f"the model in {settings.model_dir} takes rows naming no class as {saved[0]} serving {saved[1]}, which "
+            "this process does not know: give it the catalog the model was trained with (--catalog)"
+        )
     for name, option, given, theirs in (
         ("accelerator", "--accelerator", known.accelerator(settings.accelerator).slug, saved[0]),
         ("model", "--model", known.model(settings.model).slug, saved[1]),
