@@ -27,8 +27,18 @@ models:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, Catalog, ModelProfile
 from leadtime.features.errors import validation_problem
@@ -46,17 +56,52 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _not_a_bool(value: object) -> object:
+    """`peak_tflops: true` was read as 1. Text stays allowed: PyYAML reads `2.25e3` as the string '2.25e3'."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, got {value}")
+    return value
+
+
+Figure = Annotated[float, BeforeValidator(_not_a_bool)]
+"""A published figure: a number (or text that is one), never a boolean."""
+Shape = Annotated[int, Strict()]
+"""A model's dimension: an integer as written (`layers: true` was taken as 1, `layers: '28'` as 28)."""
+
+
+# Upper bounds far above any accelerator or model made (B200: 2,250 TFLOP/s, 8 TB/s, 192 GB; the largest models a
+# few trillion parameters): a figure beyond them is a slip of units, which turned predictions to 0 or to seconds.
+MAX_TFLOPS = 100_000
+MAX_TB_S = 1_000
+MAX_MEMORY_GB = 10_000
+MAX_INTERCONNECT_GB_S = 100_000
+MAX_PARAMS_B = 100_000
+MAX_SHAPE = 10_000
+MAX_HIDDEN = 1_000_000
+
+
 class AcceleratorSpec(_Spec):
     """One accelerator class as a user states it: published figures, and achieved ones where measured."""
 
     slug: str = Field(pattern=SLUG_PATTERN)
     name: str = ""
-    peak_tflops: float = Field(gt=0, allow_inf_nan=False, description="Dense BF16 peak, TFLOP/s.")
-    hbm_tb_s: float = Field(gt=0, allow_inf_nan=False, description="Memory bandwidth, TB/s.")
-    memory_gb: float = Field(gt=0, allow_inf_nan=False)
-    measured_gemm_tflops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    measured_kv_tb_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    interconnect_gb_s: float = Field(default=450.0, gt=0, allow_inf_nan=False)
+    peak_tflops: Figure = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False, description="Dense BF16 peak, TFLOP/s.")
+    hbm_tb_s: Figure = Field(gt=0, le=MAX_TB_S, allow_inf_nan=False, description="Memory bandwidth, TB/s.")
+    memory_gb: Figure = Field(gt=0, allow_inf_nan=False, description="Memory, GB (bounded in `_memory_in_gb`).")
+    measured_gemm_tflops: Figure | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False)
+    measured_kv_tb_s: Figure | None = Field(default=None, gt=0, le=MAX_TB_S, allow_inf_nan=False)
+    interconnect_gb_s: Figure = Field(default=450.0, gt=0, le=MAX_INTERCONNECT_GB_S, allow_inf_nan=False)
+
+    @field_validator("memory_gb")
+    @classmethod
+    def _memory_in_gb(cls, value: float) -> float:
+        """nvidia-smi prints memory in MiB: 183359 for a B200 made its KV cache a thousand times too large."""
+        if value > MAX_MEMORY_GB:
+            raise ValueError(
+                f"must be at most {MAX_MEMORY_GB:,} GB, got {value:,.0f} (nvidia-smi prints MiB: "
+                f"{value:,.0f} MiB is {value * 2**20 / 1e9:,.0f} GB)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _measured_below_peak(self) -> AcceleratorSpec:
@@ -78,13 +123,20 @@ class ModelSpec(_Spec):
     """One model's shape, as its Hugging Face config states it."""
 
     slug: str = Field(pattern=SLUG_PATTERN)
-    params_b: float = Field(gt=0, allow_inf_nan=False, description="Parameters, billions.")
-    layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    bytes_per_param: int = Field(default=2, gt=0, le=8)
+    params_b: Figure = Field(gt=0, le=MAX_PARAMS_B, allow_inf_nan=False, description="Parameters, billions.")
+    layers: Shape = Field(gt=0, le=MAX_SHAPE)
+    hidden_size: Shape = Field(gt=0, le=MAX_HIDDEN)
+    num_heads: Shape = Field(gt=0, le=MAX_SHAPE)
+    num_kv_heads: Shape = Field(gt=0, le=MAX_SHAPE)
+    head_dim: Shape = Field(gt=0, le=MAX_SHAPE)
+    bytes_per_param: Shape = Field(default=2, gt=0, le=8)
+
+    @model_validator(mode="after")
+    def _grouped_heads(self) -> ModelSpec:
+        """Grouped-query attention shares each KV head among a whole number of query heads."""
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        return self
 
     def entry(self) -> ModelProfile:
         """The catalog's entry."""

@@ -52,10 +52,26 @@ B200 = "  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180}\n"
          "accelerators[0].hbm_gb_s: Extra inputs are not permitted"),
         ("accelerators:\n  - {slug: B200/x, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180}\n",
          "accelerators[0].slug: String should match pattern"),
-        ("accelerators:\n  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180, measured_kv_tb_s: 7000}\n",
+        ("accelerators:\n  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180, measured_kv_tb_s: 9}\n",
          "measured_kv_tb_s exceeds hbm_tb_s"),
         ("accelerators:\n  - {slug: b200, peak_tflops: .nan, hbm_tb_s: 8.0, memory_gb: 180}\n",
          "accelerators[0].peak_tflops: Input should be a finite number"),
+        ("accelerators:\n  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 183359}\n",
+         "accelerators[0].memory_gb: must be at most 10,000 GB, got 183,359 (nvidia-smi prints MiB"),
+        ("accelerators:\n  - {slug: b200, peak_tflops: 1e308, hbm_tb_s: 8.0, memory_gb: 180}\n",
+         "accelerators[0].peak_tflops: Input should be less than or equal to 100000"),
+        ("accelerators:\n  - {slug: b200, peak_tflops: true, hbm_tb_s: 8.0, memory_gb: 180}\n",
+         "accelerators[0].peak_tflops: must be a number, got True"),
+        ("models:\n  - {slug: m, params_b: 7.6, layers: true, hidden_size: 3584, num_heads: 28, num_kv_heads: 4, "
+         "head_dim: 128}\n", "models[0].layers: Input should be a valid integer"),
+        ("models:\n  - {slug: m, params_b: 7.6, layers: '28', hidden_size: 3584, num_heads: 28, num_kv_heads: 4, "
+         "head_dim: 128}\n", "models[0].layers: Input should be a valid integer"),
+        ("models:\n  - {slug: m, params_b: 7.6, layers: 10000000000000000000000, hidden_size: 3584, num_heads: 28, "
+         "num_kv_heads: 4, head_dim: 128}\n", "models[0].layers: Input should be less than or equal to 10000"),
+        ("models:\n  - {slug: m, params_b: 1e300, layers: 28, hidden_size: 3584, num_heads: 28, num_kv_heads: 4, "
+         "head_dim: 128}\n", "models[0].params_b: Input should be less than or equal to 100000"),
+        ("models:\n  - {slug: m, params_b: 7.6, layers: 28, hidden_size: 3584, num_heads: 4, num_kv_heads: 28, "
+         "head_dim: 128}\n", "models[0]: num_kv_heads (28) must divide num_heads (4)"),
         ("gpus: []\n", "gpus: Extra inputs are not permitted"),
         ("- b200\n", "must be a mapping with accelerators and models, got list"),
         ("accelerators: [\n", "not valid YAML (line 2, column 1:"),
@@ -139,3 +155,9 @@ def test_an_artifact_whose_catalog_does_not_check_is_refused_naming_the_entry(ca
     document["config"]["catalog"]["accelerators"][1]["hbm_tb_s"] = 0
     with pytest.raises(ArtifactError, match=r"accelerators\[1\].hbm_tb_s: Input should be greater than 0"):
         OnlinePredictor.from_bytes(encode(document), background=False)
+
+
+def test_a_figure_in_exponent_notation_is_read_as_the_number_it_is(tmp_path: Path) -> None:
+    """PyYAML reads `2.25e3` as text (YAML 1.1 wants `2.25e+3`): it is still the number a reader sees."""
+    path = _write(tmp_path, "accelerators:\n  - {slug: b200, peak_tflops: 2.25e3, hbm_tb_s: 8e0, memory_gb: 180}\n")
+    assert load_catalog(path).accelerator("b200").peak_tflops == 2250.0
