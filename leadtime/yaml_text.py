@@ -6,6 +6,7 @@ file a user hands over alike. Imports nothing else of Leadtime's.
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,9 @@ from typing import Any
 import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode
+
+MAX_FILE_BYTES = 1 << 20
+"""Largest YAML file a user hands over that is read (fleets and catalogs are a few kilobytes)."""
 
 
 class _UniqueKeys(yaml.SafeLoader):
@@ -62,12 +66,24 @@ def yaml_problem(err: Exception) -> str:
 
 def read_yaml_file(path: Path, kind: str) -> Any:
     """A user's YAML file parsed (`load_yaml`); ValueError saying on one line, after the file's name, why it cannot
-    be: unreadable, not UTF-8, not YAML, nested too deeply. `kind` names what the file should be ("a fleet YAML").
+    be: not a regular file, larger than `MAX_FILE_BYTES`, unreadable, not UTF-8, not YAML, nested too deeply.
+    `kind` names what the file should be ("a fleet YAML"). Only a regular file is read: /dev/zero or a named pipe
+    nobody writes was read for ever.
     """
     try:
-        text = path.read_text()
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise ValueError(f"{path}: is a directory (expected {kind})")
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path}: not a regular file (expected {kind})")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise ValueError(f"{path}: {err.strerror or err}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"{path}: larger than 1 MiB (expected {kind})")
+    try:
+        text = raw.decode()
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not UTF-8 text (expected {kind})") from None
     try:

@@ -671,3 +671,24 @@ def test_a_fleet_holding_a_number_of_thousands_of_digits_is_one_line(tmp_path: P
     fleet = tmp_path / "huge.yaml"
     fleet.write_text(f"pools:\n  - {{name: a, count: {'9' * 5000}, accelerator: h100-sxm, model: llama-3.1-8b}}\n")
     refused(["sim", "serve", "--fleet", str(fleet)], str(fleet), "not valid YAML")
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "directory"])
+def test_a_fleet_or_catalog_that_is_no_regular_file_is_refused_not_read_for_ever(tmp_path: Path, special: str) -> None:
+    """`--catalog /dev/zero` (or a named pipe nobody writes) read for ever: the command hung."""
+    import os
+
+    path = Path(special) if special.startswith("/") else tmp_path / special
+    if special == "fifo":
+        os.mkfifo(path)
+    elif special == "directory":
+        path.mkdir()
+    problem = "is a directory" if special == "directory" else "not a regular file"
+    refused(["sim", "serve", "--fleet", str(path)], str(path), problem)
+    refused(["retrain", "--samples", "x.jsonl", "--registry", str(tmp_path / "r"), "--catalog", str(path)], str(path))
+
+
+def test_a_fleet_larger_than_a_mebibyte_is_refused_unread(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * (1 << 20) + "\n" + POOL)
+    refused(["sim", "serve", "--fleet", str(big)], str(big), "larger than 1 MiB")
