@@ -152,6 +152,15 @@ gaudi3, h100-sxm, h200-sxm, l40s, mi300x, tpu-v5e, tpu-v6e)
             known = ", ".join(sorted(self.all_models))
             raise FeatureError("model", f"unknown model {slug!r} (known: {known})") from None
 
+    def describe(self) -> str:
+        """What this catalog adds, for a log line.
+
+        >>> Catalog((Accelerator("l4", "NVIDIA L4", 121, 0.3, 24),)).describe()
+        'accelerator classes l4; models none'
+        """
+        classes = ", ".join(a.slug for a in self.accelerators) or "none"
+        return f"accelerator classes {classes}; models {', '.join(m.slug for m in self.models) or 'none'}"
+
     def differences(self, other: Catalog) -> list[str]:
         """What `other` adds that this catalog lacks or states otherwise, one phrase each (empty: nothing).
 

@@ -44,6 +44,8 @@ from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, Catalog
 from leadtime.features.errors import validation_problem
 from leadtime.yaml_text import read_yaml_file
 
+CATALOG_HINT = "others can be described in a catalog file (--catalog FILE)"
+"""Said after an unknown class or model where the command takes a catalog."""
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 """What a slug may be: it is part of a class key (`h100-sxm/llama-3.1-8b/tp1`), a metric label and a file name."""
 

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import BUILT_IN, Catalog
+from leadtime.features.catalog_file import CATALOG_HINT
 from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.yaml_text import read_yaml_file
 
@@ -300,7 +301,7 @@ def build_fleet(spec: FleetSpec, catalog: Catalog = BUILT_IN) -> Fleet:
         try:
             blocks = kv_blocks(pool, catalog)
         except FeatureError as err:
-            raise FleetError(f"pool {pool.name!r}: {err}") from None
+            raise FleetError(f"pool {pool.name!r}: {err}; {CATALOG_HINT}") from None
         for i in range(pool.count):
             endpoints.append(
                 EndpointConfig(

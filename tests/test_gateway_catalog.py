@@ -40,7 +40,11 @@ def test_endpoint_labels_name_classes_of_the_catalog(catalog_file: Path, tmp_pat
     ("catalog_text", "args", "names"),
     [
         ("accelerators: 3\n", [], ["--catalog", "accelerators: Input should be a valid list"]),
-        (None, ["--accelerator", "b300"], ["unknown accelerator class 'b300'", "b200"]),
+        (
+            None,
+            ["--accelerator", "b300"],
+            ["--accelerator: unknown accelerator class 'b300'", "b200", "--catalog FILE"],
+        ),
     ],
 )
 def test_route_refuses_a_bad_catalog_in_one_line(

@@ -94,7 +94,8 @@ def test_a_bad_catalog_file_is_refused_by_the_settings(tmp_path: Path) -> None:
         ("accelerators: [{slug: h200-sxm, peak_tflops: 1, hbm_tb_s: 1, memory_gb: 1}]\n", [],
          ["--catalog (LEADTIME_CATALOG)", "accelerators[0].slug: 'h200-sxm' is built in"]),
         ("models: [}\n", [], ["--catalog (LEADTIME_CATALOG)", "not valid YAML"]),
-        (CATALOG_YAML, ["--accelerator", "b300"], ["unknown accelerator class 'b300'", "b200", "l4"]),
+        (CATALOG_YAML, ["--accelerator", "b300"],
+         ["--accelerator (LEADTIME_ACCELERATOR): unknown accelerator class 'b300'", "b200", "l4", "--catalog FILE"]),
     ],
 )  # fmt: skip
 def test_serve_refuses_a_bad_catalog_in_one_line(tmp_path: Path, text: str, args: list[str], names: list[str]) -> None:
@@ -197,3 +198,19 @@ def test_the_learner_says_why_it_skips_stored_observations_once_per_reason(
     assert child.invalid == 41 and child.learned == 1
     said = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
     assert len(said) == 2 and "'b200'" in said[0] and "'l4'" in said[1], said
+
+
+def test_what_a_catalog_adds_is_logged_at_start_and_an_empty_one_warned_of(
+    catalog_file: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing said a catalog had been read, or what it added: an empty or wrong file went unnoticed."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        create_app(ServiceSettings(catalog=catalog_file))
+        create_app(ServiceSettings(catalog=empty))
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "the catalog" in r.getMessage()]
+    assert said[0] == (logging.INFO, f"the catalog {catalog_file} adds accelerator classes b200, l4; models qwen2.5-7b")
+    assert said[1] == (logging.WARNING, f"the catalog {empty} adds no accelerator class or model")
+    result = CliRunner().invoke(cli, ["sim", "serve", "--fleet", "nope", "--catalog", str(empty)])
+    assert f"warning: --catalog {empty} adds no accelerator class or model" in result.output, result.output

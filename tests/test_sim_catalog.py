@@ -57,6 +57,7 @@ def test_simulate_routes_a_fleet_of_catalog_classes(fleet_file: Path, catalog_fi
     refused = CliRunner().invoke(app, args[:-2])
     assert refused.exit_code == 2 and len(refused.output.splitlines()) == 1, refused.output
     assert str(fleet_file) in refused.output and "unknown accelerator class 'b200'" in refused.output
+    assert "catalog file (--catalog FILE)" in refused.output
 
 
 def test_sim_serve_and_route_serve_a_fleet_of_catalog_classes(

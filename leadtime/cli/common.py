@@ -60,10 +60,13 @@ def catalog_option(path: Path | None) -> Catalog:
     from leadtime.features.catalog_file import CatalogError, load_catalog
 
     try:
-        return BUILT_IN if path is None else load_catalog(path)
+        catalog = BUILT_IN if path is None else load_catalog(path)
     except CatalogError as err:
         fail(f"--catalog: {err}")
         raise  # not reached: fail exits
+    if path is not None and catalog == BUILT_IN:
+        warn(f"--catalog {path} adds no accelerator class or model")
+    return catalog
 
 
 def fail(message: str | Exception) -> None:

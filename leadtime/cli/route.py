@@ -152,6 +152,7 @@ def route(
     ] = 600.0,
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
+    from leadtime.features.catalog_file import CATALOG_HINT
     from leadtime.router_plugin.config import ConfigError, load_config
     from leadtime.router_plugin.discovery import DiscoveryError
     from leadtime.router_plugin.gateway.app import GatewaySettings
@@ -213,7 +214,7 @@ def route(
         known.accelerator(accelerator)
         known.model(model)
     except FeatureError as err:
-        fail(err)
+        fail(f"--{err.field}: {err.problem}; {CATALOG_HINT}")
     settings = GatewaySettings(
         host=host,
         port=port,

@@ -122,8 +122,13 @@ def serve(
     try:
         settings = ServiceSettings.from_env(overrides)
         known = settings.read_catalog()
-        known.accelerator(settings.accelerator)
-        known.model(settings.model)
+        try:
+            known.accelerator(settings.accelerator)
+            known.model(settings.model)
+        except FeatureError as err:
+            from leadtime.features.catalog_file import CATALOG_HINT
+
+            fail(f"{setting_name(err.field)}: {err.problem}; {CATALOG_HINT}")
         plan_cpus(settings.learner_cpus, allowed_cpus())
     except ValidationError as err:
         where, problem = validation_problem(err)

@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from leadtime.features.catalog import BUILT_IN
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import MAX_PREDICTED_MS
 from leadtime.predictor import physics
@@ -91,6 +92,11 @@ class ServiceRuntime:
         self.store = store
         self.own_store = own_store
         self.catalog = settings.read_catalog()
+        if settings.catalog is not None:
+            if self.catalog == BUILT_IN:
+                log.warning("the catalog %s adds no accelerator class or model", settings.catalog)
+            else:
+                log.info("the catalog %s adds %s", settings.catalog, self.catalog.describe())
         self.parser = RowParser(settings.accelerator, settings.model, self.catalog)
         self.replica_id = settings.replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.predictor: OnlinePredictor | None = None
