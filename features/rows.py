@@ -154,7 +154,7 @@ def refuse_unknown_fields(items: Sequence[Any], where: str, known: frozenset[str
     leadtime.features.errors.FeatureError: rows[1].acelerator: is not a field of the native API (did you mean \
 'accelerator'?)
     """
-    mappings = [item for item in items if isinstance(item, Mapping)]
+    mappings = [item for item in items if type(item) is dict or isinstance(item, Mapping)]  # dicts: no ABC check
     if known.issuperset(set().union(*mappings)):
         return
     for i, item in enumerate(items):
