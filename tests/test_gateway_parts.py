@@ -1122,3 +1122,51 @@ def test_candidates_the_predictor_refuses_do_not_open_the_breaker_and_are_named_
     said = wrapper.health()["candidates"]
     assert "unknown accelerator class 'b200'" in said and "rows[1]" not in said, said
     assert "predictor" not in wrapper.health()
+
+
+@pytest.mark.parametrize("path", ["native", "llmd"])
+def test_observations_whose_sender_gave_up_are_not_kept_so_its_retry_lands_once(tmp_path: Path, path: str) -> None:
+    """A paused service (SIGSTOP) took in, once resumed, every batch the gateway had given up on at its deadline,
+    and then the same batches again from the gateway's retries: each observation learned twice or three times.
+    As over gRPC, a batch whose sender is gone by the time it would be accepted is not kept."""
+    import os
+    import signal
+
+    import httpx
+
+    from leadtime.bench.procs import Predictor
+    from leadtime.features.rows import observation_to_llmd
+    from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
+
+    service = Predictor(tmp_path).wait()
+    try:
+        client = LeanHttpPredictorClient(service.url, deadline_s=0.5)
+        batch = [Observation(ROW, actual_ttft_ms=50.0 + i) for i in range(4)]
+        entries = [observation_to_llmd(o) for o in batch]
+
+        def send(deadline_s: float) -> None:
+            if path == "native":
+                client.observe(batch, deadline_s)
+            else:  # llm-d's router posts its training batches so, and gives up at its own deadline
+                body = {"entries": entries}
+                httpx.post(f"{service.url}/add_training_data_bulk", json=body, timeout=deadline_s).raise_for_status()
+
+        os.kill(service.child.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises((PredictorUnavailable, httpx.TimeoutException)):
+                send(0.5)
+        finally:
+            os.kill(service.child.process.pid, signal.SIGCONT)
+        send(5.0)  # the sender's retry
+        deadline = time.monotonic() + 30
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{service.url}/v1/status", timeout=5).json()
+            if status["learned"]["ttft"] >= 4:
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)  # anything accepted twice would be learned by now too
+        status = httpx.get(f"{service.url}/v1/status", timeout=5).json()
+        assert status["learned"]["ttft"] == 4, status["learned"]
+    finally:
+        service.child.stop()

@@ -62,6 +62,10 @@ def make_store(settings: ServiceSettings) -> tuple[Store, bool]:
     return MemoryStore(), True
 
 
+OBSERVATION_PATHS = frozenset((TRAINING_PATH, "/v1/observations"))
+"""The HTTP paths observations are accepted on: a batch whose sender hung up before it was accepted is not kept."""
+
+
 def write_paths(routes: Iterable[BaseRoute]) -> frozenset[str]:
     """The paths that change what the service learns (those that need the API token, but /reload, which takes no
     body and does what the service does by itself within a second): a JSON Content-Type is required there."""
@@ -125,6 +129,7 @@ def create_app(
         mounts=(DOCS_ASSETS,),
         body_routes=[route for router in body_routers for route in router.routes],
         writes=write_paths(route for router in body_routers for route in router.routes),
+        observation_paths=OBSERVATION_PATHS if settings.serves_training else frozenset(),
     )
     app.add_exception_handler(FeatureError, feature_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

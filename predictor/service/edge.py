@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
+import anyio
 import orjson
 from fastapi import Depends, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -156,7 +158,8 @@ class EdgeMiddleware:
     whole JSON answer), given the body and the Authorization header) or returns None to leave it to the app.
     Requests under one of `mounts` (static files) are counted under the mount's path, requests that match no route
     as "unmatched". A body refused here (413, 415) is counted under the one of `body_routes` it was sent to: the app
-    has not routed it.
+    has not routed it. A body sent to one of `observation_paths` whose sender has hung up by the time it would be
+    accepted is not (`_sender_gone`).
     """
 
     def __init__(
@@ -168,9 +171,11 @@ class EdgeMiddleware:
         mounts: Sequence[str] = (),
         body_routes: Sequence[BaseRoute] = (),
         writes: frozenset[str] = frozenset(),
+        observation_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
         self.writes = writes
+        self.observation_paths = observation_paths
         self.max_body_bytes = max_body_bytes
         self.runtime = runtime
         self.hot_paths = dict(hot_paths or {})
@@ -198,15 +203,19 @@ class EdgeMiddleware:
             await _send_json(send_recording, 415, _unsupported_encoding(_header(scope, b"content-encoding")))
         else:
             body = await self._read_limited(scope, receive)
-            hot = self.hot_paths.get(scope["path"]) if scope["method"] == "POST" else None
-            answer = hot(body, _header(scope, b"authorization")) if hot is not None and body is not None else None
-            if answer is not None:
-                path = scope["path"]
-                await _send_json(send_recording, *answer)
-            elif body is None:
-                await self._too_large(send_recording)
+            if body is not None and scope["path"] in self.observation_paths and await _sender_gone(receive):
+                path = self._body_route_of(scope) or scope["path"]
+                await _send_json(send_recording, CLIENT_GONE, _gone_body())
             else:
-                await self.app(scope, _replay(body, receive), send_recording)
+                hot = self.hot_paths.get(scope["path"]) if scope["method"] == "POST" else None
+                answer = hot(body, _header(scope, b"authorization")) if hot is not None and body is not None else None
+                if answer is not None:
+                    path = scope["path"]
+                    await _send_json(send_recording, *answer)
+                elif body is None:
+                    await self._too_large(send_recording)
+                else:
+                    await self.app(scope, _replay(body, receive), send_recording)
         if path is None:
             path = (
                 getattr(scope.get("route"), "path", None) or self._mount_of(scope["path"]) or self._body_route_of(scope)
@@ -306,6 +315,30 @@ def _unsupported_type(header: str) -> bytes:
 def _unsupported_encoding(header: str) -> bytes:
     problem = f"{header.strip()[:40]!r} bodies are not accepted: send the JSON uncompressed"
     return error_body(f"content-encoding: {problem}", "content-encoding")
+
+
+CLIENT_GONE = 499
+"""The status recorded for a request whose sender hung up before it was answered (nginx's; nobody reads it)."""
+
+
+async def _sender_gone(receive: Receive) -> bool:
+    """Whether the sender of a request whose body was read has hung up since: its observations are then not kept,
+    as gRPC drops a batch whose caller gave up. Why: a sender that gave up at its deadline (a paused or overloaded
+    service) sends the batch again, and a service that kept both learned each observation twice.
+
+    One turn of the event loop first: a hang-up that arrived with the body is read by the server's next read of
+    the connection. Then a disconnect already queued is taken without waiting for one (the receive is cancelled
+    before it could wait, as Starlette's `Request.is_disconnected` does)."""
+    await asyncio.sleep(0)
+    message: Message = {}
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        message = await receive()
+    return message.get("type") == "http.disconnect"
+
+
+def _gone_body() -> bytes:
+    return error_body("the sender gave up before its observations were accepted: none of them were kept", "body")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
