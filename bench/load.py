@@ -101,14 +101,16 @@ def run_wrk(
         [*command, "-s", str(script), url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + seconds + 60
-    while process.poll() is None and time.monotonic() < deadline:
-        try:
-            process.wait(SAMPLE_EVERY_S)
-        except subprocess.TimeoutExpired:
-            if sample is not None:
-                sample()
-    if process.poll() is None:
-        process.kill()
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                process.wait(SAMPLE_EVERY_S)
+            except subprocess.TimeoutExpired:
+                if sample is not None:
+                    sample()
+    finally:  # a run stopped (SIGTERM, Ctrl-C) stops wrk too: it drove load at a closed port, its parent gone
+        if process.poll() is None:
+            process.kill()
     stdout, stderr = process.communicate()
     match = re.search(r"^LEADTIME (\{.*\})$", stdout, re.MULTILINE)
     if process.returncode != 0 or match is None:
@@ -184,6 +186,7 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="leadtime-load-") as tmp:
         workdir = Path(tmp)
         service = Predictor(workdir)
+        feeder = None
         try:
             service.wait()
             url = f"{service.url}/predict/bulk/strict"
@@ -221,6 +224,9 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
             with httpx.Client(base_url=service.url, timeout=10) as client:
                 ingestion = client.get("/status").json()["ingestion"]
         finally:
+            if feeder is not None and feeder.is_alive():  # stopped first: the service going away under it
+                feeder.terminate()  # made its reconnects fail with tracebacks
+                feeder.join(10)
             service.child.stop()
     seconds = result["duration_us"] / 1e6
     return {

@@ -254,7 +254,12 @@ def sustained_ingestion(
         posted, took = context.Value("q", 0), context.Value("d", 0.0)
         poster = context.Process(target=quietly, args=(post_at_rate, port, entries, rate, seconds, posted, took))
         poster.start()
-        poster.join(seconds + 60)
+        try:
+            poster.join(seconds + 60)
+        finally:  # a run stopped (SIGTERM, Ctrl-C) stops the poster before the service goes away under it
+            if poster.is_alive():
+                poster.terminate()
+                poster.join(10)
         elapsed = max(took.value, 1e-3)
         if poster.exitcode != 0:
             raise RuntimeError(f"the paced poster failed (exit code {poster.exitcode})")
