@@ -267,6 +267,11 @@ def test_simulate_takes_an_infinite_slo_as_no_slo(trace: Path) -> None:
         (["bench", "accuracy", "--seeds", "-1"], "--seeds"),
         (["bench", "accuracy", "--label-delay", "-1"], "--label-delay"),
         (["bench", "coldstart", "--seed", "-1"], "--seed"),
+        # A process pool's "terminated abruptly" once the capacity search had run, or a run with Leadtime's
+        # policies refused deep inside (their seed must be ≥ 0) and one without them accepted.
+        (["bench", "routing", "--seed", "-3", "--max-requests", "300", "--fleet", "mixed"], "--seed"),
+        (["simulate", "--fleet", "mixed", "--policy", "leadtime", "--seed", "-1"], "--seed"),
+        (["sim", "serve", "--fleet", "mixed", "--seed", "-1"], "--seed"),
     ],
 )
 def test_bench_options_out_of_range_are_refused_naming_the_option(args: list[str], option: str) -> None:

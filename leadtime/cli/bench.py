@@ -236,6 +236,8 @@ def bench_routing(
         fail(f"--max-requests must be ≥ {MIN_REQUESTS}")
     if seeds < 1 or workers < 1:
         fail("--seeds and --workers must be ≥ 1")
+    if seed < 0:
+        fail(f"--seed must be ≥ 0, got {seed}")
     named = [(f, shipped_name(f, FLEETS)) for f in fleet or []]
     unknown = [f for f, name in named if name is None]
     if unknown:

@@ -63,6 +63,8 @@ def simulate(
     if max_requests is not None and max_requests < 1:
         fail("--max-requests must be ≥ 1")
     positive("--rate-scale", rate_scale)
+    if seed < 0:
+        fail(f"--seed must be ≥ 0, got {seed}")
     positive("--ttft-slo-ms", ttft_slo_ms, infinite=True)  # infinite: no SLO
     positive("--itl-slo-ms", itl_slo_ms, infinite=True)
     if out is not None:
@@ -180,6 +182,8 @@ def sim_serve(
         fail("--tls-cert and --tls-key go together: give both, or neither")
     if tokens_per_event < 1:
         fail("--tokens-per-event must be ≥ 1")
+    if seed < 0:
+        fail(f"--seed must be ≥ 0, got {seed}")
     known = catalog_option(catalog)
     try:
         served = load_fleet(fleet, known)
