@@ -20,7 +20,6 @@ that both predictors are measured on the same requests and load.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
@@ -655,4 +654,39 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
                 cells += [f"{m['goodput_rps']:.2f}", f"{m['ttft_ms']['p50']:.0f} / {m['ttft_ms']['p99']:.0f}"]
             table.add_row(f"[bold]{name}[/bold]" if name == LEADTIME else name, *cells)
         console.print(table)
-    console.print_json(json.dumps(report["targets"]))
+    console.print(targets_table(report["targets"]))
+    ablations = report["targets"].get("ablations", {})
+    if ablations:
+        table = Table(title="ablations: goodput lost against leadtime at the high load")
+        for column in ("ablation", "loss by fleet", "loses ≥ 3% on one"):
+            table.add_column(column)
+        for name, result in ablations.items():
+            losses = ", ".join(f"{fleet} {loss:.1%}" for fleet, loss in result["loss_at_high_load"].items())
+            table.add_row(name, losses, "yes" if result["loses_ge_3pct"] else "no")
+        console.print(table)
+
+
+def targets_table(targets: dict[str, Any]) -> Any:
+    """The targets of `check_targets`, a row per fleet and load: the goodputs compared, and the targets missed
+    by name (as the JSON names them), where they printed as a page of raw JSON."""
+    from rich.table import Table
+
+    table = Table(title="targets (B: best peer, L: leadtime, C: clairvoyant; goodput in req/s)")
+    for column in ("fleet/load", "best peer", "B", "L", "L/B", "C", "gap closed", "missed"):
+        table.add_column(column)
+    for where, entry in targets.items():
+        if where == "ablations":
+            continue
+        missed = [name for name, value in entry.items() if value is False]
+        gap = entry.get("gap_closed")
+        table.add_row(
+            where,
+            entry["best_peer"],
+            f"{entry['B']:.2f}",
+            f"{entry['L']:.2f}",
+            f"{entry['L_over_B']:.3f}",
+            f"{entry['C']:.2f}" if "C" in entry else "",
+            f"{gap:.2f}" if gap is not None else "",
+            ", ".join(missed) or "none",
+        )
+    return table

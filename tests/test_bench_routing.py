@@ -210,7 +210,10 @@ def test_loads_between_the_two_are_run_on_request(tmp_path: Path, capsys: pytest
     assert report["targets"]["homogeneous/1.2x"]["best_peer"] == "least_queue"
     assert {p.name for p in write_plots(report, curves, tmp_path)} == {"goodput.png", "latency_cdf_homogeneous.png"}
     print_report(report, as_json=False)
-    assert "1.2x" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1.2x" in out
+    # The targets are a table, where they were a page of raw JSON after the tables.
+    assert "targets (B: best peer" in out and "homogeneous/1.2x" in out and '"L_ge_B"' not in out
 
 
 def test_a_load_given_twice_is_refused_before_anything_runs() -> None:
