@@ -697,3 +697,9 @@ def test_a_fleet_larger_than_a_mebibyte_is_refused_unread(tmp_path: Path) -> Non
     big = tmp_path / "big.yaml"
     big.write_text("# " + "x" * (1 << 20) + "\n" + POOL)
     refused(["sim", "serve", "--fleet", str(big)], str(big), "larger than 1 MiB")
+
+
+@pytest.mark.parametrize("option", [["--data", "nosuch"], ["--reference-model", "lightgbm"]])
+def test_demo_refuses_an_option_of_the_accuracy_demo_without_it(option: list[str]) -> None:
+    """`demo --quick --data nosuch` ran the routing demo and said nothing of --data."""
+    refused(["demo", "--quick", *option], option[0], "--accuracy")

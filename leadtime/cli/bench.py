@@ -116,6 +116,9 @@ def demo(
     reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP + " (with --accuracy)")] = None,
 ) -> None:
     """Leadtime routing a mixed, a P/D and a time-sliced fleet beside the routers a user could pick instead."""
+    if not accuracy and (data != DEFAULT_MEASURED or reference_model is not None):
+        given = "--data" if data != DEFAULT_MEASURED else "--reference-model"
+        fail(f"{given} is for the accuracy demo: add --accuracy (the routing demo replays its own trace)")
     output_dir(out)
     if accuracy:
         from leadtime.bench.demo import run_demo as run_accuracy_demo
