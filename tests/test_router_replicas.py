@@ -129,6 +129,20 @@ def test_a_replica_not_heard_stops_counting_its_requests() -> None:
     assert metrics.replica_requests._value.get() == 0 and metrics.replicas_heard._value.get() == 0
 
 
+def test_a_replica_heard_again_after_its_silence_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    """Its silence was said ("not heard for 5 s"), its return not: every other fault had its recovery line."""
+    sync = ReplicaSync("redis://127.0.0.1:9/0", "g", lambda event: None, GatewayMetrics(), silent_after_s=0.0)
+    sent = LedgerEvent("prefill", "r1", "e1", Sent("r1", 1.0, 8, 10))
+    with caplog.at_level(logging.INFO, logger="leadtime.router"):
+        sync._take(encode("other", [sent], time.monotonic() * 1e3, time.time() * 1e3))
+        time.sleep(0.01)
+        sync._forget_silent()
+        sync._take(encode("other", [sent], time.monotonic() * 1e3, time.time() * 1e3))
+        sync._take(encode("other", [sent], time.monotonic() * 1e3, time.time() * 1e3))
+    said = [r.getMessage() for r in caplog.records if "heard again" in r.getMessage()]
+    assert said == ["replica other heard again: its requests count from now on"], said
+
+
 def test_requests_numbered_alike_by_two_replicas_stay_apart() -> None:
     """Every gateway numbers its requests gw-1, gw-2, ...: another replica's gw-1 completing must not complete this
     replica's gw-1 (nor the third replica's)."""

@@ -191,6 +191,10 @@ def _as_remote(event: Event, origin: str) -> Event:
     return dataclasses.replace(event, request_id=request_id)
 
 
+MAX_SILENCED_KEPT = 1024
+"""Replicas whose silence is remembered, for their return to be said (a replica's id changes at each restart)."""
+
+
 class ReplicaSync:
     """Publishes this replica's events and applies the other replicas' (see the module docstring).
 
@@ -229,6 +233,7 @@ class ReplicaSync:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
         self._heard: dict[str, float] = {}  # origin → time.monotonic() of its last message
+        self._silenced: set[str] = set()  # origins whose silence was said (their return is said once)
         self._clocks = SenderClocks()  # each other replica's monotonic clock on this one's
         # origin → its requests still in this replica's ledgers, and in its tokens-in-flight tracker
         self._in_ledgers: dict[str, set[str]] = {}
@@ -364,6 +369,9 @@ class ReplicaSync:
             self._clocks.forget(origin)  # our own, echoed by the channel: no clock to map
             return
         events = [_as_remote(event, origin) for event in events]
+        if origin in self._silenced:  # its silence was said: so is its return
+            self._silenced.discard(origin)
+            log.info("replica %s heard again: its requests count from now on", origin)
         self._heard[origin] = time.monotonic()
         in_ledgers = self._in_ledgers.setdefault(origin, set())
         in_work = self._in_work.setdefault(origin, set())
@@ -390,6 +398,8 @@ class ReplicaSync:
             del self._heard[origin]
             self._clocks.forget(origin)
             self._counting -= len(in_ledgers | in_work)
+            if len(self._silenced) < MAX_SILENCED_KEPT:
+                self._silenced.add(origin)
             log.warning(
                 "replica %s not heard for %.0f s: its %d requests stop counting",
                 origin,
