@@ -351,6 +351,8 @@ class FileDiscovery:
             log.warning("discovery reload failed, keeping the previous %d endpoints: %s", len(self.endpoints), err)
             return False
         self.reloads += 1
+        if self.last_error is not None and endpoints == self.endpoints:  # else the change below is said
+            log.info("discovery: %s reads again (%d endpoints, as before)", self.path, len(endpoints))
         self.last_error = None
         changed = endpoints != self.endpoints
         if changed and not endpoints:

@@ -111,3 +111,79 @@ def test_readyz_names_a_pull_that_never_found_the_service() -> None:
         assert pulled.pull_once(client) == "error"
     (said,) = pulled.health().values()
     assert said.startswith("failing (") and "no model pulled yet" in said, said
+
+
+def test_readyz_names_an_endpoint_whose_scrapes_fail_until_they_succeed() -> None:
+    """An endpoint whose /metrics failed was said once in the log and never in /readyz, routable or not."""
+    from raw_endpoint import METRICS
+
+    answering = [True]
+
+    async def serve(reader: asyncio.StreamReader, writer: Writer) -> None:
+        while True:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            if answering[0]:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(METRICS), METRICS))
+            else:
+                writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n")
+            await writer.drain()
+
+    async def until(client: httpx.AsyncClient, failing: bool) -> dict[str, Any]:
+        for _ in range(250):
+            answer = (await client.get("/readyz")).json()
+            if ("endpoint e-0" in answer.get("degraded", {})) == failing:
+                return answer
+            await asyncio.sleep(0.02)
+        return answer
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any]]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        try:
+            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
+                transport = httpx.ASGITransport(app=gateway)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+                    answering[0] = False
+                    failing = await until(client, True)
+                    answering[0] = True
+                    return failing, await until(client, False)
+        finally:
+            server.close()
+
+    failing, recovered = asyncio.run(go())
+    said = failing["degraded"]["endpoint e-0"]
+    assert failing["status"] == "ready" and "its scrapes fail (" in said and "500" in said, failing
+    assert "endpoint e-0" not in recovered["degraded"], recovered
+
+
+def test_readyz_names_a_discovery_file_whose_reload_failed(tmp_path: Any, caplog: Any) -> None:
+    """A re-read refused kept the previous endpoints, said once in the log and counted; /readyz stayed clean, and
+    a fixed file back to the same endpoints said nothing at all."""
+    import logging
+
+    from leadtime.router_plugin.discovery import FileDiscovery
+    from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+    from leadtime.router_plugin.heuristics import RoundRobinPolicy
+
+    good = "endpoints: [{name: e-0, address: 127.0.0.1, port: 9}]\n"
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(good)
+    discovery = FileDiscovery(path)
+    gateway = Gateway(discovery, RoundRobinPolicy(), GatewaySettings())
+
+    async def readyz() -> dict[str, Any]:
+        transport = httpx.ASGITransport(app=gateway)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            return (await client.get("/readyz")).json()
+
+    path.write_text("endpoints: [{name: e-0, address: 127.0.0.1, port: abc}]\n")
+    discovery.poll()
+    refused = asyncio.run(readyz())
+    assert "port" in refused["degraded"]["discovery"] and "endpoints read before" in refused["degraded"]["discovery"]
+    path.write_text(good + "# fixed\n")
+    with caplog.at_level(logging.INFO, logger="leadtime.router"):
+        discovery.poll()
+    assert "discovery" not in asyncio.run(readyz()).get("degraded", {})
+    assert any("reads again" in r.getMessage() for r in caplog.records)

@@ -677,6 +677,23 @@ class Gateway:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def _discovery_failing(self) -> dict[str, str]:
+        """A file discovery whose last re-read was refused, for /readyz (the endpoints read before are kept)."""
+        reload_failed = getattr(self.discovery, "last_error", None)
+        return {} if reload_failed is None else {"discovery": f"{reload_failed} (routing on the endpoints read before)"}
+
+    def _scrapes_failing(self) -> dict[str, str]:
+        """The endpoints whose scrapes fail now, for /readyz: routed to on their last state until
+        `unroutable_after_s`, left out after it. Only the first failure was said, in the log."""
+        now, after = self.clock(), self.settings.unroutable_after_s
+        out = {}
+        for eid, scrape in self.scraper.scrapes.items():
+            if scrape.failing_since_ms is not None:
+                seconds = (now - scrape.failing_since_ms) / 1e3
+                routed = "out of routing" if seconds > after else f"out of routing after {after:g} s"
+                out[f"endpoint {eid}"] = f"its scrapes fail ({scrape.last_error}) for {seconds:.0f} s: {routed}"
+        return out
+
     async def _reply(
         self, send: Send, status: int, body: object, extra: list[tuple[bytes, bytes]] | None = None
     ) -> None:
@@ -744,6 +761,9 @@ class Gateway:
                 degraded["endpoints"] = (
                     "most endpoints are out of routing for failing their requests: routing to all of them"
                 )
+            for where, why in self._scrapes_failing().items():
+                degraded.setdefault(where, why)  # an endpoint taken out for failing requests says that first
+            degraded.update(self._discovery_failing())
             failing = getattr(self.timeslice, "last_error", None)
             if failing is not None:  # routing goes on with the last states read, which age meanwhile
                 degraded = {**degraded, "timeslice": f"{failing} (routing on the last states read)"}
@@ -758,8 +778,9 @@ class Gateway:
                 else "discovery lists no endpoint"
             )
             refusal: dict[str, Any] = {"status": "not ready", "reason": reason, "endpoints": known}
-            if out:
-                refusal["degraded"] = {f"endpoint {eid}": why for eid, why in out.items()}
+            named = {f"endpoint {eid}": why for eid, why in out.items()} | self._discovery_failing()
+            if named:
+                refusal["degraded"] = named
             await self._reply(send, 503, refusal)
 
     async def _models(self, send: Send) -> None:
