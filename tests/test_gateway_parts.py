@@ -659,7 +659,9 @@ def test_a_failed_warm_up_is_named_in_readyz_until_the_predictor_answers() -> No
     client.down = True
     wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=3)
     wrapper.warm_up(ROW)
-    assert wrapper.health()["predictor"].startswith("failing (unavailable)"), wrapper.health()
+    assert wrapper.health()["predictor"].startswith("failing (unavailable: transport: connection refused)"), (
+        wrapper.health()
+    )
     with pytest.raises(PredictorUnavailable):
         wrapper.predict([ROW])  # one failure does not open the breaker: the warm-up did not count towards it
     assert client.predictions == 2 and wrapper.health()["predictor"].startswith("failing (")

@@ -135,6 +135,7 @@ class GatewayPredictor:
         self.open_after = open_after
         self.open_for_s = open_for_s
         self.last_failure = ""
+        self._last_error = ""  # what the last failed call said (the breaker's resting says nothing of the cause)
         self._observe_failing = False  # the last batch sent failed (an outage, said once)
         self._observe_refusal = ""  # what to change, when the predictor refuses them for good (`refusal_hint`)
         self._row_refusals: set[str] = set()  # why it refused single observations, each said once
@@ -164,6 +165,7 @@ class GatewayPredictor:
             answer = self.predict_client.predict(rows, deadline_s)
         except PredictorError as err:
             self.last_failure = failure_reason(err)
+            self._last_error = str(err)
             self.metrics.predictor_seconds.labels("predict", self.last_failure).observe(time.perf_counter() - started)
             if self.last_failure == "refused":
                 # The rows, not the predictor: it answers at once, and answers decisions without them. Not an
@@ -203,6 +205,7 @@ class GatewayPredictor:
         except Exception as err:  # noqa: BLE001 - a warm-up must never stop the gateway
             log.warning("predictor warm-up failed (%s); requests will fall back until it answers", err)
             self.last_failure = failure_reason(err) if isinstance(err, PredictorError) else "refused"
+            self._last_error = str(err)
             self._outage = True
             return False
         return True
@@ -212,7 +215,8 @@ class GatewayPredictor:
         route meanwhile): the predictor, the observations, and the predict client's own background work."""
         out = self.predict_client.health() if isinstance(self.predict_client, BackgroundModel) else {}
         if self._outage:
-            out["predictor"] = f"failing ({self.last_failure}); deciding with the heuristics until it answers"
+            cause = f"{self.last_failure}: {self._last_error}" if self._last_error else self.last_failure
+            out["predictor"] = f"failing ({cause}); deciding with the heuristics until it answers"
         refused = self._refused_rows
         if refused is not None and time.monotonic() - refused[0] < REFUSED_ROWS_SAID_S:
             out["candidates"] = (
