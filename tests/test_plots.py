@@ -168,10 +168,13 @@ def test_the_learning_plots_say_what_they_drop_their_mape_and_what_their_error_i
     }
     write_learning_plots(curves, tmp_path)
     scatter = saved["predicted_vs_actual_ttft.png"].axes
-    for ax in scatter:
+    for ax, fleet in zip(scatter, DEMO_FLEETS, strict=True):
         assert "MAPE 10%" in ax.get_title()
         assert "of 300 requests beyond the axes" in ax.get_title()
         assert ax.get_ylabel() == "predicted mean TTFT (s)"
+        # The CDFs' rule: within 5 times the largest TTFT SLO, where a 98th percentile put the points in a corner.
+        largest_s = max(slo_thresholds_ms(fleet)[0]) / 1e3
+        assert ax.get_xlim()[1] == pytest.approx(5 * largest_s) and "× the largest SLO" in ax.get_title()
     error = saved["prediction_error_over_time.png"]
     assert len(error.legends) == 1 and all(ax.get_legend() is None for ax in error.axes)
     assert error.axes[0].get_ylabel() == error_label("TTFT")
