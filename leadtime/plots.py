@@ -32,7 +32,7 @@ _STYLES: dict[str, tuple[str, str]] = {
     "leadtime_no_hardware": ("#7e57c2", "--"),
     "leadtime_decode_first": ("#ce93d8", "-"),
     "leadtime_no_timeslice": ("#f48fb1", "--"),
-    "leadtime_no_decode_harm": ("#80deea", "-"),
+    "leadtime_no_decode_harm": ("#fbc02d", "-"),  # amber: the light blues of no_inflight and it were one
     "leadtime_in_turn": ("#0d47a1", "--"),
     "leadtime_overflow_timesliced": ("#283593", "-"),
     "leadtime_hold": ("#d32f2f", "--"),
