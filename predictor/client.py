@@ -174,6 +174,17 @@ def default_deadline(deadline_s: Any) -> float:
     return seconds
 
 
+def redirect_refused(status: int, location: str | None, method: str, path: str) -> PredictorError:
+    """The error for an answer that is a redirect: not followed (a token would go where the caller did not send
+    it), and not an answer either (read as one, its empty body made a TypeError of every call).
+
+    >>> redirect_refused(308, "https://p:8443/v1/predict", "POST", "/v1/predict").message
+    'POST /v1/predict was redirected to https://p:8443/v1/predict: give that URL (redirects are not followed)'
+    """
+    where = f"redirected to {location[:200]}" if location else "redirected"
+    return PredictorError(status, f"{method} {path} was {where}: give that URL (redirects are not followed)")
+
+
 def call_deadline(default_s: float, deadline_s: float | None) -> float:
     """The time budget of one call: the client's default when none is given; one of 0 or less has run out before
     the call (PredictorUnavailable, as any deadline missed; gRPC would read 0 as no deadline at all)."""
@@ -283,6 +294,8 @@ class HttpPredictorClient:
         except RuntimeError as err:  # httpx: "the client has been closed" (a router falls back on the heuristics)
             raise PredictorUnavailable("closed", f"{method} {path}: {err}") from err
         content = b"".join(chunks)
+        if 300 <= response.status_code < 400:
+            raise redirect_refused(response.status_code, response.headers.get("location"), method, path)
         if response.status_code >= 400:
             text = content.decode(response.encoding or "utf-8", errors="replace")
             try:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from leadtime.features.catalog import BUILT_IN, Catalog
 
 ENV_PREFIX = "LEADTIME_"
-SECRET_FIELDS = frozenset({"api_token", "tls_certfile", "tls_keyfile"})
+SECRET_FIELDS = frozenset({"api_token", "tls_certfile", "tls_keyfile", "model_from_ca_file"})
 """Settings whose variable, set but empty, is refused rather than read as unset (`ServiceSettings.from_env`)."""
 
 

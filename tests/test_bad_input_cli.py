@@ -703,3 +703,9 @@ def test_a_fleet_larger_than_a_mebibyte_is_refused_unread(tmp_path: Path) -> Non
 def test_demo_refuses_an_option_of_the_accuracy_demo_without_it(option: list[str]) -> None:
     """`demo --quick --data nosuch` ran the routing demo and said nothing of --data."""
     refused(["demo", "--quick", *option], option[0], "--accuracy")
+
+
+@pytest.mark.parametrize("target", ["https://127.0.0.1:18501", "grpcs://127.0.0.1:18501"])
+def test_route_refuses_a_url_given_as_the_grpc_predictor(target: str) -> None:
+    """It was a traceback ending in the client's ValueError, exit 1."""
+    refused(["route", "--endpoint", "127.0.0.1:8100", "--predictor-grpc", target], "--predictor-grpc", "HOST:PORT")

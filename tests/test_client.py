@@ -385,3 +385,36 @@ def test_too_many_rows_are_named_as_rows_by_both_remote_clients(service: dict[st
         messages.append(err.value.message)
     assert messages[1].startswith("rows: ") and "10,001" in messages[1], messages
     assert messages[0].startswith("rows: "), messages
+
+
+@pytest.mark.parametrize("kind", ["http", "lean-http"])
+def test_a_predictor_answering_a_redirect_is_a_predictor_error_naming_where(kind: str) -> None:
+    """A front redirecting http to https: the clients read the empty answer as the predictions, and raised
+    "'NoneType' object is not subscriptable" (a TypeError, not a PredictorError, so a client bug to the gateway).
+    Redirects are not followed: a token would go where the caller did not send it."""
+    import http.server
+    import threading
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(308)
+            self.send_header("Location", "https://127.0.0.1:8443/v1/predict")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    client = HttpPredictorClient(url, deadline_s=5.0) if kind == "http" else LeanHttpPredictorClient(url, 5.0)
+    try:
+        with pytest.raises(PredictorError) as err:
+            client.predict([_dict_row()])
+        assert not isinstance(err.value, PredictorUnavailable)
+        assert err.value.status == 308 and "https://127.0.0.1:8443/v1/predict" in err.value.message, err.value
+    finally:
+        client.close()
+        server.shutdown()

@@ -52,7 +52,12 @@ def test_bad_values_are_refused_naming_the_option() -> None:
         ServiceSettings.from_env(env={"LEADTIME_PORT": "eighty"})
 
 
-@pytest.mark.parametrize("variable", ["LEADTIME_API_TOKEN", "LEADTIME_TLS_CERTFILE", "LEADTIME_TLS_KEYFILE"])
+@pytest.mark.parametrize(
+    "variable",
+    # A CA file set but empty was read as unset: a --model-from over HTTPS then verified the source against the
+    # system's CAs and failed every pull, naming no variable.
+    ["LEADTIME_API_TOKEN", "LEADTIME_TLS_CERTFILE", "LEADTIME_TLS_KEYFILE", "LEADTIME_MODEL_FROM_CA_FILE"],
+)
 def test_a_secret_variable_set_but_blank_is_refused_where_the_environment_is_read(variable: str) -> None:
     """The refusal lived in the CLI alone: `create_app(ServiceSettings.from_env())`, with `LEADTIME_API_TOKEN=`
     from a Secret missing its key, served with the write paths open. A value given for the field wins."""

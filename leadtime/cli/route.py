@@ -285,12 +285,15 @@ def route(
     elif wanted and predictor_grpc:
         from leadtime.predictor.client import GrpcPredictorClient
 
-        predict_client = GrpcPredictorClient(
-            predictor_grpc, api_token=api_token, tls=predictor_tls, ca_file=predictor_ca
-        )
-        observe_client = GrpcPredictorClient(
-            predictor_grpc, api_token=api_token, tls=predictor_tls, ca_file=predictor_ca
-        )
+        try:
+            predict_client = GrpcPredictorClient(
+                predictor_grpc, api_token=api_token, tls=predictor_tls, ca_file=predictor_ca
+            )
+            observe_client = GrpcPredictorClient(
+                predictor_grpc, api_token=api_token, tls=predictor_tls, ca_file=predictor_ca
+            )
+        except ValueError as err:
+            fail(f"--predictor-grpc: {err}")
     elif wanted:
         from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
         from leadtime.router_plugin.client import InProcessPredictor

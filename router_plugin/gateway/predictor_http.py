@@ -30,6 +30,7 @@ from leadtime.predictor.client import (
     default_deadline,
     https_context,
     observation_dict,
+    redirect_refused,
     row_dict,
     time_left,
 )
@@ -95,7 +96,7 @@ class LeanHttpPredictorClient:
             raise ConnectionError("the predictor closed the connection")
         return chunk
 
-    def _exchange(self, path: str, body: bytes, until: float) -> tuple[int, bytes]:
+    def _exchange(self, path: str, body: bytes, until: float) -> tuple[int, bytes, str | None]:
         sock = self._connect(until)
         head = f"POST {self.prefix}{path} HTTP/1.1\r\n{self._head}Content-Length: {len(body)}\r\n\r\n"
         sock.settimeout(time_left(until))
@@ -105,18 +106,20 @@ class LeanHttpPredictorClient:
             buf += self._recv(sock, until)
         lines = buf[:end].decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
-        length = None
+        length, location = None, None
         for line in lines[1:]:
             name, _, value = line.partition(":")
             if name.strip().lower() == "content-length":
                 length = int(value)
+            elif name.strip().lower() == "location":
+                location = value.strip()
         if length is None:
             raise ConnectionError("the predictor's answer has no Content-Length")
         start = end + 4
         while len(buf) < start + length:
             buf += self._recv(sock, until)
         self._pending = buf[start + length :]
-        return status, buf[start : start + length]
+        return status, buf[start : start + length], location
 
     def _call(self, path: str, payload: Any, deadline_s: float | None) -> Any:
         budget = deadline_s or self.deadline_s
@@ -125,7 +128,7 @@ class LeanHttpPredictorClient:
         for attempt in (0, 1):
             reused = self._sock is not None
             try:
-                status, answer = self._exchange(path, body, until)
+                status, answer, location = self._exchange(path, body, until)
                 break
             except TimeoutError:
                 self.close()
@@ -135,6 +138,8 @@ class LeanHttpPredictorClient:
                 if reused and attempt == 0 and time.monotonic() < until:
                     continue  # the service closed an idle connection: once more on a new one
                 raise PredictorUnavailable("transport", f"POST {path}: {err}") from None
+        if 300 <= status < 400:
+            raise redirect_refused(status, location, "POST", path)
         if status >= 400:
             try:
                 message = str(orjson.loads(answer).get("error", answer[:200]))
