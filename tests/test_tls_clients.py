@@ -316,3 +316,43 @@ def test_connections_given_up_during_a_failing_handshake_leave_no_unretrieved_er
         server_loop.call_soon_threadsafe(server_loop.stop)
     assert not unhandled, [(c.get("message"), c.get("exception")) for c in unhandled[:3]]
     assert outcomes["verify failed"] > 50 and outcomes["cancelled"] + outcomes["connect"] > 50, outcomes
+
+
+def test_grpc_cores_info_lines_stay_off_a_tls_services_log(tmp_path: Path) -> None:
+    """gRPC's C core wrote an INFO line ("Handshake failed ...") for every plain-text connection to the TLS port: a
+    port scanner could fill the service's log. A user's own GRPC_VERBOSITY still wins."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from leadtime.bench.procs import free_port
+    from leadtime.bench.tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    http_port, grpc_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    command = [sys.executable, "-m", "leadtime", "serve", "--port", str(http_port), "--grpc-port", str(grpc_port)]
+    command += ["--tls-cert", str(cert), "--tls-key", str(key)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                connection = socket.create_connection(("127.0.0.1", grpc_port), timeout=1)
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+                time.sleep(0.1)
+        for _ in range(3):
+            connection.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            time.sleep(0.2)
+            connection.close()
+            connection = socket.create_connection(("127.0.0.1", grpc_port), timeout=1)
+        connection.close()
+        time.sleep(0.5)
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert "Handshake failed" not in stderr.decode(), stderr.decode()[-2000:]
