@@ -112,6 +112,29 @@ def test_the_gateway_pulls_the_model_over_tls(service: TlsService) -> None:
         observer.close()
 
 
+def test_the_gateways_client_says_when_the_scheme_is_the_wrong_one(service: TlsService) -> None:
+    """http:// to the HTTPS service said "the predictor closed the connection", https:// to a plain one "[SSL:
+    WRONG_VERSION_NUMBER] wrong version number": neither named the URL's scheme as what to change."""
+    plain_dir = service.cert.parent.parent / "plain-for-scheme"
+    plain_dir.mkdir(exist_ok=True)
+    plain = Predictor(plain_dir)
+    try:
+        plain.wait()
+        cases = (
+            (service.url.replace("https://", "http://"), "if it serves HTTPS, give its https:// URL"),
+            (plain.url.replace("http://", "https://"), "if it serves plain HTTP, give its http:// URL"),
+        )
+        for url, hint in cases:
+            ca = service.cert if url.startswith("https") else None
+            client = LeanHttpPredictorClient(url, deadline_s=5.0, ca_file=ca)
+            with pytest.raises(PredictorUnavailable) as err:
+                client.predict([ROW])
+            client.close()
+            assert hint in err.value.message, err.value.message
+    finally:
+        plain.child.stop()
+
+
 def test_a_ca_file_is_checked_when_the_client_is_made(tmp_path: Path, service: TlsService) -> None:
     not_pem = tmp_path / "ca.pem"
     not_pem.write_text("not a certificate\n")
