@@ -104,3 +104,27 @@ def test_quieting_an_interrupted_job_never_replaces_the_interrupt() -> None:
         assert logger.level == logging.CRITICAL
     finally:
         logger.setLevel(level)
+
+
+def test_an_address_that_is_no_dask_scheduler_is_one_clear_error_in_time() -> None:
+    """`--dask` pointed at Redis or the scheduler's dashboard connected and then waited for ever for a Dask
+    handshake: a nightly job hung, printing nothing."""
+    import socket
+    import threading
+    import time
+
+    from leadtime.training.distributed import DaskUnavailable, connect
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    started = time.monotonic()
+    try:
+        with pytest.raises(DaskUnavailable, match=r"did not answer as a Dask scheduler within 7 s"):
+            connect(address, timeout_s=2.0)
+        assert time.monotonic() - started < 15
+    finally:
+        for connection in held:
+            connection.close()
+        listener.close()

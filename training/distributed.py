@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -32,16 +33,41 @@ class DaskUnavailable(RuntimeError):
     """dask.distributed is not installed, or the scheduler cannot be reached (one line)."""
 
 
+HANDSHAKE_GRACE_S = 5.0
+"""Beyond `connect`'s own timeout, how long a connected address may take to answer as a scheduler."""
+
+
 def connect(address: str, timeout_s: float = 10.0) -> Any:
     """A `dask.distributed.Client` of the scheduler at `address` (``tcp://host:8786``)."""
     try:
         from dask.distributed import Client
     except ImportError:
         raise DaskUnavailable("--dask needs dask.distributed (pip install 'leadtime[retrain]')") from None
-    try:
-        return Client(address, timeout=timeout_s)
-    except (OSError, TimeoutError, ValueError) as err:
-        raise DaskUnavailable(f"cannot reach the Dask scheduler at {address}: {err}") from None
+    # Made on a thread of its own, waited for with a deadline: an address that takes the connection but never
+    # speaks Dask (Redis, the scheduler's dashboard) kept distributed's handshake waiting for ever, past `timeout`.
+    made: list[Any] = []
+    failed: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            made.append(Client(address, timeout=timeout_s))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            failed.append(err)
+
+    maker = threading.Thread(target=make, name="leadtime-dask-connect", daemon=True)
+    maker.start()
+    maker.join(timeout_s + HANDSHAKE_GRACE_S)
+    if failed:
+        err = failed[0]
+        if isinstance(err, OSError | TimeoutError | ValueError):
+            raise DaskUnavailable(f"cannot reach the Dask scheduler at {address}: {err}") from None
+        raise err
+    if not made:
+        raise DaskUnavailable(
+            f"{address} did not answer as a Dask scheduler within {timeout_s + HANDSHAKE_GRACE_S:g} s (is it the "
+            "scheduler's own address, tcp://HOST:8786?)"
+        )
+    return made[0]
 
 
 @dataclass
