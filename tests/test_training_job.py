@@ -476,3 +476,13 @@ def test_a_catalog_of_the_fleets_own_classes_trains_a_model_that_carries_it(
     bad.write_text("accelerators: [{slug: l4}]\n")
     refused = runner.invoke(app, [*base, "--catalog", str(bad)])
     assert refused.exit_code == 2 and refused.output.startswith(f"error: --catalog: {bad}: accelerators[0]")
+
+
+def test_a_source_given_twice_is_refused_before_anything_is_read(sim_log: Path, tmp_path: Path) -> None:
+    """Its rows counted twice ("3000 rows used" of a 1,500-row log), without a word."""
+    twice = (str(sim_log), str(sim_log.parent / ".." / sim_log.parent.name / sim_log.name))
+    with pytest.raises(ValueError, match="is given twice"):
+        RetrainConfig(samples=twice, registry=str(tmp_path / "models"))
+    result = CliRunner().invoke(app, ["retrain", "--samples", str(sim_log), "--samples", str(sim_log), "--registry",
+                                      str(tmp_path / "models")])  # fmt: skip
+    assert result.exit_code == 2 and "is given twice" in result.output and len(result.output.splitlines()) == 1

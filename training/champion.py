@@ -159,7 +159,7 @@ def decide(champion: Evaluation | None, challenger: Evaluation, margin: float) -
         why.append(
             f"{target}: MAPE {old.mape:.4f} → {new.mape:.4f} ({'≥' if better_mean else '<'} {margin:.0%} better), "
             f"upper-quantile loss {old.pinball:.4f} → {new.pinball:.4f}"
-            f" ({'held' if quantile_held else 'worse'})"
+            f" ({'better' if new.pinball < old.pinball else 'no worse' if quantile_held else 'worse'})"
         )
     if not judged:
         return Decision(False, "the champion stays: no target can be judged: " + "; ".join(why), wins)

@@ -28,6 +28,7 @@ state. Published, it takes replicas back to its stream position, from which they
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -104,6 +105,12 @@ class RetrainConfig:
     catalog: Catalog = BUILT_IN
 
     def __post_init__(self) -> None:
+        seen: dict[str, str] = {}
+        for spec in self.samples:  # the same file by two paths is one source: its rows would count twice
+            key = spec if "://" in spec else os.path.realpath(spec)
+            if key in seen:
+                raise ValueError(f"--samples {spec} is given twice (as {seen[key]} too): its rows would count twice")
+            seen[key] = spec
         if not self.registry.strip():
             raise ValueError("the registry is empty: give a directory or a redis:// URL")
         if "://" in self.registry and not is_redis_url(self.registry):

@@ -112,14 +112,23 @@ def summary_markdown(report: dict[str, Any]) -> str:
     for target, fitted in training["targets"].items():
         state = {True: "installed", False: "not better than what served, not installed"}
         lines.append(
-            f"- {target}: {fitted['trees']['mean']} point-prediction trees ({_setting(fitted['chosen']['mean'])}; "
-            f"{state[fitted['accepted']['mean']]}), {fitted['trees']['upper']} upper-quantile trees "
+            f"- {target}: {_trees(fitted['trees']['mean'], 'point-prediction')} ({_setting(fitted['chosen']['mean'])}; "
+            f"{state[fitted['accepted']['mean']]}), {_trees(fitted['trees']['upper'], 'upper-quantile')} "
             f"({_setting(fitted['chosen']['upper'])}; {state[fitted['accepted']['upper']]}), fitted on "
             f"{fitted['rows']['fit']} rows"
         )
     timings = report["timings_s"]
     lines.append("- time: " + ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items()))
     return "\n".join(lines) + "\n"
+
+
+def _trees(count: int, kind: str) -> str:
+    """`count` trees of `kind`, in words: "1 upper-quantile tree", "60 upper-quantile trees".
+
+    >>> _trees(1, "upper-quantile"), _trees(60, "point-prediction")
+    ('1 upper-quantile tree', '60 point-prediction trees')
+    """
+    return f"{count} {kind} tree{'' if count == 1 else 's'}"
 
 
 def _setting(chosen: dict[str, Any]) -> str:
