@@ -486,3 +486,28 @@ def test_a_source_given_twice_is_refused_before_anything_is_read(sim_log: Path, 
     result = CliRunner().invoke(app, ["retrain", "--samples", str(sim_log), "--samples", str(sim_log), "--registry",
                                       str(tmp_path / "models")])  # fmt: skip
     assert result.exit_code == 2 and "is given twice" in result.output and len(result.output.splitlines()) == 1
+
+
+def test_a_first_model_made_from_the_registrys_own_stream_says_how_far_into_it_it_learned(
+    sim_log: Path, redis_url: str
+) -> None:
+    """With an empty Redis registry the job's model recorded no position in the observation stream it was made
+    from: a replica adopting it kept reading where it was, losing what it had learned since, and one starting up
+    replayed the whole stream over it, learning the history twice."""
+    from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
+
+    settings = ServiceSettings(redis_url=redis_url, grpc_port=0)
+    with TestClient(create_app(settings)) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        entries = [json.loads(line) for line in sim_log.read_text().splitlines()]
+        for start in range(0, len(entries), 500):
+            chunk = [{k: v for k, v in e.items() if k != "policy"} for e in entries[start : start + 500]]
+            assert client.post("/add_training_data_bulk", json={"entries": chunk}).status_code == 202
+        assert wait_until(lambda: runtime.learned()["ttft"] == len(entries), timeout_s=60)
+        end = runtime.store.stream_end()
+        result = run_retrain(RetrainConfig(samples=(redis_url,), registry=redis_url))
+        assert result.exit_code == EXIT_PUBLISHED
+        published = OnlinePredictor.from_bytes(runtime.store.latest_model()[1], background=False)
+        assert published.metadata[CURSOR_KEY] == end and published.metadata[STREAM_KEY] == runtime.store.stream_name
+        # It learned every row read, the evaluation slice too once judged: what the position says it holds.
+        assert published.status()["observations"]["ttft"] == len(entries)

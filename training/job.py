@@ -44,6 +44,7 @@ from leadtime.features.errors import FeatureError
 from leadtime.predictor.artifact import ArtifactError, check_writable_dir
 from leadtime.predictor.learner import TREES_LABEL_KEY, LearnerConfig, OnlinePredictor
 from leadtime.predictor.physics import TARGETS
+from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
 from leadtime.training.champion import Decision, Evaluation, decide, evaluate
 from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN
@@ -213,6 +214,8 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
                     registry, champion_published, challenger, base, samples, split, evaluation, decision, config
                 )
             if decision.publish:
+                if champion_published is None and rival is None:
+                    _take_stream_position(registry, samples, split, challenger)
                 published_version = _publish(registry, challenger)
             bar.step("published" if decision.publish else "champion kept")
         timings["total_s"] = time.perf_counter() - started
@@ -473,6 +476,26 @@ def _judge_again_if_moved(
     challenger.version = max(challenger.version, rival.version + 1)
     evaluation = _evaluations(rival, challenger, base, samples, split)
     return newest, evaluation, decide(evaluation["champion"], evaluation["challenger"], config.margin)
+
+
+def _take_stream_position(registry: Registry, samples: Samples, split: TimeSplit, challenger: OnlinePredictor) -> None:
+    """A first model (the registry held none) learned its online parts from the history alone. When a source is
+    the registry's own observation stream, it also learns the evaluation slice once judged, and records how far
+    into that stream it has learned, as the service stamps the models it publishes: the replicas that adopt it go
+    on from there. Without a position a replica adopting it kept reading where it was, losing what its own model
+    had learned since, and one starting up replayed the whole stream over it, learning the history twice."""
+    stream = getattr(getattr(registry, "store", None), "stream_name", None)
+    source = next((s for s in samples.sources if s.cursor is not None and s.stream_name == stream), None)
+    if stream is None or source is None:
+        return
+    rows = split.evaluation
+    challenger.config.retrain = False  # the trees just fitted and judged are the ones published
+    try:
+        challenger.learn_many(samples.batch[rows], samples.actual_ttft_ms[rows], samples.actual_tpot_ms[rows])
+    finally:
+        challenger.config.retrain = True
+    challenger.metadata[CURSOR_KEY] = source.cursor
+    challenger.metadata[STREAM_KEY] = stream
 
 
 def _publish(registry: Registry, challenger: OnlinePredictor) -> int:

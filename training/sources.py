@@ -77,6 +77,7 @@ class SourceSummary:
     used: int = 0
     malformed: int = 0
     cursor: str | None = None  # a Redis stream's last entry id read
+    stream_name: str | None = None  # a Redis stream's name as its service's store gives it (`Store.stream_name`)
 
     @property
     def malformed_share(self) -> float:
@@ -208,6 +209,7 @@ def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Rea
     except ValueError as err:
         raise SampleError(f"{source.name}: not a usable Redis URL ({err})") from None
     key = observation_stream_key(source.namespace)
+    summary.stream_name = f"{without_credentials(source.url)} {key}"  # as `RedisStore.stream_name` says it
     field_name = ENTRY_FIELD.encode()
     last = "-"
     try:
