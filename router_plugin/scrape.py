@@ -20,7 +20,7 @@ from leadtime.features import vllm_metrics as vm
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import EndpointState
 from leadtime.features.vllm_metrics import VllmMetrics, parse_vllm_metrics
-from leadtime.router_plugin.discovery import DiscoveredEndpoint
+from leadtime.router_plugin.discovery import SCHEME_LABEL, DiscoveredEndpoint
 from leadtime.router_plugin.gateway.upstream import Response, UpstreamError, Upstreams
 
 log = logging.getLogger("leadtime.router.scrape")
@@ -171,13 +171,13 @@ class Scraper:
             )
         except (UpstreamError, FeatureError) as err:
             scrape.errors += 1
-            scrape.last_error = str(err)
+            scrape.last_error = f"{err}{_scheme_hint(endpoint, err)}"
             kind = err.kind if isinstance(err, UpstreamError) else f"metrics:{err.field}"
             if scrape.failing_since_ms is None:
                 scrape.failing_since_ms = asked_ms
-                log.warning("scrape of %s failed: %s", endpoint.endpoint_id, err)
+                log.warning("scrape of %s failed: %s", endpoint.endpoint_id, scrape.last_error)
             elif kind != scrape.failing_for:
-                log.warning("scrape of %s failed, now for another reason: %s", endpoint.endpoint_id, err)
+                log.warning("scrape of %s failed, now for another reason: %s", endpoint.endpoint_id, scrape.last_error)
             scrape.failing_for = kind
             return
         finally:
@@ -201,3 +201,12 @@ class Scraper:
         for task in self._tasks.values():
             task.cancel()
         self._tasks.clear()
+
+
+def _scheme_hint(endpoint: DiscoveredEndpoint, err: Exception) -> str:
+    """What to change when a plain-HTTP scrape is closed unanswered: an endpoint serving HTTPS (vLLM with
+    `--ssl-certfile`) ends a plain request's connection at its TLS handshake, and the scrape said only "connection
+    closed"."""
+    if not endpoint.tls and isinstance(err, UpstreamError) and err.kind == "reset" and not err.responded:
+        return f" (if it serves HTTPS, label it {SCHEME_LABEL}: https)"
+    return ""

@@ -379,3 +379,33 @@ def test_grpc_cores_info_lines_stay_off_a_tls_services_log(tmp_path: Path) -> No
         process.terminate()
         _, stderr = process.communicate(timeout=30)
     assert "Handshake failed" not in stderr.decode(), stderr.decode()[-2000:]
+
+
+def test_a_scrape_of_an_https_endpoint_labelled_plain_says_to_label_it(tmp_path: Path) -> None:
+    """vLLM with --ssl-certfile discovered without `leadtime.io/scheme: https`: its scrapes failed with "connection
+    closed (by the endpoint)", naming nothing to change."""
+    from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
+    from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+    from leadtime.router_plugin.heuristics import RoundRobinPolicy
+
+    port, server_loop = serve_tls_in_a_thread(*self_signed(tmp_path))
+
+    async def first_error() -> str:
+        gateway = Gateway(StaticDiscovery(parse_static([f"127.0.0.1:{port},name=e-0"])), RoundRobinPolicy(),
+                          GatewaySettings())  # fmt: skip
+        await gateway.start()
+        try:
+            for _ in range(250):
+                scrape = gateway.scraper.scrapes.get("e-0")
+                if scrape is not None and scrape.last_error:
+                    return scrape.last_error
+                await asyncio.sleep(0.02)
+            return ""
+        finally:
+            await gateway.stop()
+
+    try:
+        said = asyncio.run(first_error())
+    finally:
+        server_loop.call_soon_threadsafe(server_loop.stop)
+    assert "if it serves HTTPS, label it leadtime.io/scheme: https" in said, said
