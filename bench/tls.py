@@ -36,8 +36,9 @@ class TlsBenchOptions:
     first_calls: int = 50
 
 
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost, valid for a day, and its key (PEM files in `directory`).
+def self_signed(directory: Path, expires_in: datetime.timedelta = datetime.timedelta(days=1)) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and localhost, valid for `expires_in` (a day; negative: one that expired), and
+    its key (PEM files in `directory`).
 
     Needs the `cryptography` package (installed with Leadtime's test extras, as `make` does)."""
     from cryptography import x509
@@ -54,8 +55,8 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(min(now, now + expires_in) - datetime.timedelta(minutes=5))
+        .not_valid_after(now + expires_in)
         .add_extension(
             x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
             critical=False,

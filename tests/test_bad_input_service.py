@@ -320,6 +320,20 @@ def test_serve_refuses_tls_files_that_are_not_a_certificate_and_key(tmp_path: Pa
     assert_one_line(code, message, str(cert), str(key))
 
 
+def test_an_expired_certificate_is_refused_at_start(tmp_path: Path) -> None:
+    """It was served: every client then refused it ("certificate has expired"), while the start-up said the
+    files were checked."""
+    import datetime
+
+    from leadtime.bench.tls import self_signed
+
+    cert, key = self_signed(tmp_path, expires_in=datetime.timedelta(days=-3))
+    with pytest.raises(OSError, match=r"expired on .* every client would refuse it"):
+        check_tls_files(cert, key)
+    (tmp_path / "fresh").mkdir()
+    check_tls_files(*self_signed(tmp_path / "fresh"))  # one valid for a day passes
+
+
 def test_a_missing_tls_file_is_named_alone(tmp_path: Path) -> None:
     """`route --tls-cert /nonexistent.pem --tls-key key.pem` named both files, not which one is missing."""
     key = tmp_path / "key.pem"

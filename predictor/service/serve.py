@@ -7,6 +7,7 @@ import logging
 import socket
 import ssl
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -60,6 +61,22 @@ def check_tls_files(certfile: Path, keyfile: Path) -> None:
         raise OSError(f"the TLS files {str(certfile)!r} and {str(keyfile)!r} {problem}") from None
     except OSError as err:
         raise OSError(f"cannot read the TLS files {str(certfile)!r} and {str(keyfile)!r}: {err.strerror}") from None
+    expires = certificate_expiry(certfile)
+    if expires is not None and expires < time.time():
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(expires))
+        raise OSError(f"the TLS certificate {str(certfile)!r} expired on {when}: every client would refuse it")
+
+
+def certificate_expiry(certfile: Path) -> float | None:
+    """When the (first) certificate of a PEM file expires, in seconds since the epoch; None when Python cannot
+    tell (it reads it with a helper of its own `ssl` module, kept for its tests: absent, the check is skipped)."""
+    decode = getattr(getattr(ssl, "_ssl", None), "_test_decode_cert", None)
+    if decode is None:
+        return None
+    try:
+        return float(ssl.cert_time_to_seconds(decode(str(certfile))["notAfter"]))
+    except (ssl.SSLError, OSError, KeyError, ValueError, TypeError):
+        return None
 
 
 def check_saved_class(settings: ServiceSettings) -> None:
