@@ -174,6 +174,23 @@ def default_deadline(deadline_s: Any) -> float:
     return seconds
 
 
+def scheme_hint(over_tls: bool, problem: str) -> str:
+    """What to change when a failure says a URL's scheme is the wrong one: a service over TLS ends a plain-text
+    request's connection unanswered at its handshake, and a plain one answers a TLS hello with no TLS record.
+
+    >>> scheme_hint(False, "Server disconnected without sending a response.")
+    ' (if it serves HTTPS, give its https:// URL)'
+    >>> scheme_hint(True, "[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1000)")
+    ' (if it serves plain HTTP, give its http:// URL)'
+    """
+    unanswered = ("closed the connection", "disconnected without sending a response")
+    if not over_tls and any(words in problem for words in unanswered):
+        return " (if it serves HTTPS, give its https:// URL)"
+    if over_tls and "WRONG_VERSION_NUMBER" in problem:
+        return " (if it serves plain HTTP, give its http:// URL)"
+    return ""
+
+
 def redirect_refused(status: int, location: str | None, method: str, path: str) -> PredictorError:
     """The error for an answer that is a redirect: not followed (a token would go where the caller did not send
     it), and not an answer either (read as one, its empty body made a TypeError of every call).

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from leadtime.predictor.artifact import ArtifactError
-from leadtime.predictor.client import https_context, time_left
+from leadtime.predictor.client import https_context, scheme_hint, time_left
 
 PULL_RESULTS = ("new", "unchanged", "error", "refused")
 """What one pull did: a new model taken, the one held still current (304), the source not answering with a
@@ -176,7 +176,8 @@ class ModelPull(Generic[T]):
         except TimeoutError:
             return "error", f"the answer took longer than {self.timeout_s:g} s", None
         except httpx.HTTPError as err:
-            return "error", str(err) or type(err).__name__, None
+            problem = str(err) or type(err).__name__
+            return "error", problem + scheme_hint(self.url.lower().startswith("https://"), problem), None
         if artifact is None:
             return "refused", f"refused: the answer is larger than {MAX_MODEL_BYTES >> 20} MiB", None
         digest = hashlib.sha256(artifact).hexdigest()

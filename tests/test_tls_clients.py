@@ -409,3 +409,16 @@ def test_a_scrape_of_an_https_endpoint_labelled_plain_says_to_label_it(tmp_path:
     finally:
         server_loop.call_soon_threadsafe(server_loop.stop)
     assert "if it serves HTTPS, label it leadtime.io/scheme: https" in said, said
+
+
+def test_a_model_pull_over_the_wrong_scheme_says_which_to_give(service: TlsService) -> None:
+    """`serve --model-from http://` to a training server over TLS failed every pull with "Server disconnected
+    without sending a response", naming nothing to change."""
+    import logging
+
+    from leadtime.predictor.model_pull import ModelPull
+
+    pull = ModelPull(service.url.replace("https://", "http://"), bytes, logging.getLogger("test"), "the prior")
+    with pull.client() as client:
+        assert pull.pull_once(client)[0] == "error"
+    assert "if it serves HTTPS, give its https:// URL" in pull.failure, pull.failure

@@ -32,6 +32,7 @@ from leadtime.predictor.client import (
     observation_dict,
     redirect_refused,
     row_dict,
+    scheme_hint,
     time_left,
 )
 
@@ -121,15 +122,6 @@ class LeanHttpPredictorClient:
         self._pending = buf[start + length :]
         return status, buf[start : start + length], location
 
-    def _scheme_hint(self, err: OSError) -> str:
-        """What to change when the failure says the URL's scheme is the wrong one: a service over TLS closes a
-        plain-text request without an answer, and a plain one answers a TLS hello with what is no TLS record."""
-        if self._tls is None and "closed the connection" in str(err):
-            return " (if it serves HTTPS, give its https:// URL)"
-        if self._tls is not None and "WRONG_VERSION_NUMBER" in str(err):
-            return " (if it serves plain HTTP, give its http:// URL)"
-        return ""
-
     def _call(self, path: str, payload: Any, deadline_s: float | None) -> Any:
         budget = deadline_s or self.deadline_s
         until = time.monotonic() + budget
@@ -146,7 +138,8 @@ class LeanHttpPredictorClient:
                 self.close()
                 if reused and attempt == 0 and time.monotonic() < until:
                     continue  # the service closed an idle connection: once more on a new one
-                raise PredictorUnavailable("transport", f"POST {path}: {err}{self._scheme_hint(err)}") from None
+                hint = scheme_hint(self._tls is not None, str(err))
+                raise PredictorUnavailable("transport", f"POST {path}: {err}{hint}") from None
         if 300 <= status < 400:
             raise redirect_refused(status, location, "POST", path)
         if status >= 400:
