@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -100,3 +101,35 @@ def validation_problem(err: ValidationError) -> tuple[str, str]:
         got = repr(first.get("input"))
         problem += f", got {got if len(got) <= 60 else got[:57] + '...'}"
     return field_path(first["loc"]), problem
+
+
+def without_index(message: str) -> str:
+    """A message about one item of a list as one about any of them: the same refusal of another row reads alike.
+
+    >>> without_index("rows[3].accelerator: unknown accelerator class 'b200'")
+    "accelerator: unknown accelerator class 'b200'"
+    """
+    return re.sub(r"^\w+\[\d+\]\.", "", message)
+
+
+class ReasonsSaid:
+    """The reasons a warning was given for, so that it is given once per reason, whichever row it was about: a
+    line per row or batch floods the log and hides the rest. At most `limit` are kept (a reason may quote a value,
+    and values are unbounded); past them nothing more is said.
+
+    >>> said = ReasonsSaid()
+    >>> said.first("rows[0].accelerator: unknown"), said.first("rows[7].accelerator: unknown"), said.first("x: y")
+    (True, False, True)
+    """
+
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self._said: set[str] = set()
+
+    def first(self, message: str) -> bool:
+        """Whether `message`'s reason is said for the first time (it is remembered as said)."""
+        reason = without_index(message)
+        if reason in self._said or len(self._said) >= self.limit:
+            return False
+        self._said.add(reason)
+        return True

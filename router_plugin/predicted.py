@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -44,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from leadtime.features.catalog import BUILT_IN, Catalog
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, ReasonsSaid
 from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures, check_count, check_real
 from leadtime.features.vectorize import Vectorizer
@@ -88,8 +87,6 @@ BLIND_ACCELERATOR = "h100-sxm"
 
 
 log = logging.getLogger("leadtime.router.policy")
-MAX_REASONS_SAID = 32
-"""Distinct reasons for refusing candidates a policy says in its log (an endpoint id in each would be unbounded)."""
 
 
 @dataclass(frozen=True)
@@ -310,7 +307,7 @@ class LeadtimePolicy:
         self.name = config.name
         self._lock = threading.RLock()
         self._refusal: str | None = None  # why the predictor last refused observations, said once
-        self._candidate_refusals: set[str] = set()  # why it refused a decision's candidates, each said once
+        self._candidate_refusals = ReasonsSaid()  # why it refused a decision's candidates
         self.timeslice_source = timeslice_source
         self.deadline_s = deadline_s
         self.counters = PolicyCounters()
@@ -854,11 +851,9 @@ class LeadtimePolicy:
             self._refusal = None
 
     def _candidates_refused(self, err: PredictorError) -> None:
-        """Said once per reason (up to `MAX_REASONS_SAID`): a candidate the predictor refuses (of a class it does
-        not know) sends every decision it is in to the heuristics, and nothing else would say why."""
-        reason = re.sub(r"^rows\[\d+\]\.", "", err.message)  # the same refusal, whichever index the row had
-        if reason not in self._candidate_refusals and len(self._candidate_refusals) < MAX_REASONS_SAID:
-            self._candidate_refusals.add(reason)
+        """Said once per reason: a candidate the predictor refuses (of a class it does not know) sends every
+        decision it is in to the heuristics, and nothing else would say why."""
+        if self._candidate_refusals.first(err.message):
             log.warning("the predictor refuses a decision's candidates (%s): the heuristics decide while it does", err)
 
     def _refused(self, err: PredictorError) -> None:

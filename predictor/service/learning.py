@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import multiprocessing
 import os
-import re
 import signal
 import threading
 import time
@@ -35,7 +34,7 @@ from typing import Any
 import orjson
 
 from leadtime.features.catalog import BUILT_IN, Catalog
-from leadtime.features.errors import FeatureError
+from leadtime.features.errors import FeatureError, ReasonsSaid
 from leadtime.predictor import physics
 from leadtime.predictor.artifact import encode
 from leadtime.predictor.learner import CHANGED_AT_AHEAD, OnlinePredictor
@@ -47,10 +46,6 @@ log = logging.getLogger("leadtime.service")
 
 CURSOR_KEY = "stream_cursor"  # artifact metadata: the observation-stream position the model has learned to
 STREAM_KEY = "stream"  # artifact metadata: which stream that position is in (`Store.stream_name`)
-
-
-MAX_SKIP_REASONS_SAID = 32
-"""Distinct reasons for skipping stored observations a learner says in its log."""
 
 
 @dataclass
@@ -99,7 +94,7 @@ class _Child:
         self.conn = conn
         self.setup = setup
         self.parser = RowParser(setup.default_accelerator, setup.default_model, setup.catalog)
-        self.skip_reasons: set[str] = set()  # why stored observations were skipped, each said once
+        self.skip_reasons = ReasonsSaid()  # why stored observations were skipped
         self.cursor = setup.cursor
         self.epoch = setup.epoch
         self.retrains: list[dict[str, Any]] = []
@@ -188,11 +183,9 @@ class _Child:
         return True
 
     def _skipped(self, err: FeatureError) -> None:
-        """Said once per reason (up to `MAX_SKIP_REASONS_SAID`), not per row: a replica that lacks the catalog of
-        the others skips each of their rows of its classes, and said it 1,577 times in a few seconds."""
-        reason = re.sub(r"^\w+\[\d+\]\.", "", str(err))
-        if reason not in self.skip_reasons and len(self.skip_reasons) < MAX_SKIP_REASONS_SAID:
-            self.skip_reasons.add(reason)
+        """Said once per reason, not per row: a replica that lacks the catalog of the others skips each of their
+        rows of its classes, and said it 1,577 times in a few seconds."""
+        if self.skip_reasons.first(str(err)):
             log.warning("skipping invalid stored observations (%s); such ones are skipped and counted", err)
 
     def learn(self, entries: list[dict[str, Any]]) -> None:

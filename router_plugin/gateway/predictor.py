@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from leadtime.features.errors import ReasonsSaid, without_index
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorError, PredictorUnavailable
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
@@ -25,8 +26,6 @@ from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 log = logging.getLogger("leadtime.router.predictor")
 REFUSED_ROWS_SAID_S = 60.0
 """How long /readyz names candidates the predictor refused, after the last refusal."""
-MAX_REASONS_SAID = 32
-"""Distinct reasons for refusing single observations said in the log (each names a class or a value)."""
 
 
 def failure_reason(err: PredictorError) -> str:
@@ -138,7 +137,7 @@ class GatewayPredictor:
         self._last_error = ""  # what the last failed call said (the breaker's resting says nothing of the cause)
         self._observe_failing = False  # the last batch sent failed (an outage, said once)
         self._observe_refusal = ""  # what to change, when the predictor refuses them for good (`refusal_hint`)
-        self._row_refusals: set[str] = set()  # why it refused single observations, each said once
+        self._row_refusals = ReasonsSaid()  # why it refused single observations
         self._outage = False  # the breaker opened, or the warm-up failed, since the last prediction that succeeded
         self._refused_rows: tuple[float, str] | None = None  # when the predictor last refused rows, and why
         self._consecutive = 0
@@ -170,7 +169,7 @@ class GatewayPredictor:
             if self.last_failure == "refused":
                 # The rows, not the predictor: it answers at once, and answers decisions without them. Not an
                 # outage to rest from, but named in /readyz while it lasts (`health`).
-                self._refused_rows = (time.monotonic(), re.sub(r"^rows\[\d+\]\.", "", err.message))
+                self._refused_rows = (time.monotonic(), without_index(err.message))
                 raise
             self._consecutive += 1
             if self._consecutive >= self.open_after:
@@ -319,9 +318,7 @@ class GatewayPredictor:
         """Count an observation dropped, refused by the predictor as `err` says; the reason is said once."""
         self.dropped += 1
         self.metrics.observations.labels("dropped").inc()
-        reason = re.sub(r"^observations\[\d+\]\.", "", str(getattr(err, "message", err)))
-        if reason not in self._row_refusals and len(self._row_refusals) < MAX_REASONS_SAID:
-            self._row_refusals.add(reason)
+        if self._row_refusals.first(str(getattr(err, "message", err))):
             log.warning("the predictor refuses an observation (%s): such ones are dropped, the others sent", err)
 
     def _failed(self, batch: list[Observation], err: Exception, started: float) -> bool:
