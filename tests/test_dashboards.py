@@ -180,6 +180,68 @@ def test_the_model_pull_alert_fires_on_failing_pulls_alone(tmp_path: Path) -> No
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def test_observations_lost_to_capacity_alert_at_once_and_refused_rows_only_as_a_share(tmp_path: Path) -> None:
+    """Rows lost to a full backlog, store or outage buffer are learning the service could not do: one is an alert.
+    Rows the learner refuses (invalid, or implausible by the roofline) are the sender's: a stream bunched by a
+    starved server now and then makes one, and a client in the wrong units or a poisoner makes most of its rows
+    such. So those alert as a share of the rows the learner took in, over 1%, under their own name."""
+    promtool = Path(require_prometheus()).with_name("promtool")
+    lost = "leadtime_observations_lost_total"
+    learned = "leadtime_observations_learned_total"
+    series = [
+        (lost, "full", 'reason="backlog_full"', "0 0 0 5 5 5"),
+        (learned, "full", "", "0+600x5"),
+        (lost, "stray", 'reason="implausible"', "0 0 1 1 1 1"),  # one in 3,000: no alert
+        (learned, "stray", "", "0+600x5"),
+        (lost, "units", 'reason="implausible"', "0+100x5"),  # a sixth of the rows
+        (learned, "units", "", "0+500x5"),
+        (lost, "garbled", 'reason="invalid"', "0+20x5"),
+        (learned, "garbled", "", "0+600x5"),
+    ]
+    input_series = [
+        {"series": f'{name}{{instance="{instance}"{"," + labels if labels else ""}}}', "values": values}
+        for name, instance, labels, values in series
+    ]
+
+    def expected(alert: str, instances: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
+        (rule,) = [r for r in alert_rules() if r["alert"] == alert]
+        return {
+            "eval_time": "5m",
+            "alertname": alert,
+            "exp_alerts": [
+                {
+                    "exp_labels": {"severity": "warning", "instance": instance, **labels},
+                    "exp_annotations": {
+                        key: text.replace("{{ $labels.instance }}", instance).replace(
+                            "{{ $labels.reason }}", labels.get("reason", "")
+                        )
+                        for key, text in rule["annotations"].items()
+                    },
+                }
+                for instance, labels in instances
+            ],
+        }
+
+    tests = {
+        "rule_files": [str(FOLDER / "provisioning" / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": input_series,
+                "alert_rule_test": [
+                    expected("LeadtimeObservationsLost", [("full", {"reason": "backlog_full"})]),
+                    expected("LeadtimeObservationsRefused", [("garbled", {}), ("units", {})]),
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "lost_test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    checked = subprocess.run([str(promtool), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
     expr = (
         'sum by (reason) (rate(a_total{x=~"$v"}[$__rate_interval]))\n/ ignoring (reason) group_left\n'
