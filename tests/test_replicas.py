@@ -36,9 +36,10 @@ PROBE = {  # one llm-d prediction row, asked of both replicas before and after l
     "prefix_cache_score": 0.0,
 }
 
-RECOVERY_S = 15.0
+RECOVERY_S = 30.0
 """How long a replica may take to be fully ready again once Redis is back: a lease renewal (a third of the TTL) and
-a publication, on a host the whole suite loads (5 s was missed there once, never alone)."""
+a publication, on a host the whole suite loads (5 s was missed there once, and 15 s once, never alone). It checks
+that the replica recovers, not how fast: benchmarks measure speed."""
 
 
 def training_entries(n: int, seed: int, slowdown: float = 8.0) -> list[dict[str, Any]]:
