@@ -108,6 +108,27 @@ def alert_rules() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"]]
 
 
+def rule_annotations(alert: str, labels: dict[str, str]) -> dict[str, str]:
+    """The annotations `alert` carries once its templates are filled with `labels`."""
+    (rule,) = [r for r in alert_rules() if r["alert"] == alert]
+    filled = {}
+    for key, text in rule["annotations"].items():
+        for name, value in labels.items():
+            text = text.replace(f"{{{{ $labels.{name} }}}}", value)
+        filled[key] = text
+    return filled
+
+
+def promtool_rule_tests(tmp_path: Path, tests: list[dict[str, Any]]) -> None:
+    """Run promtool's unit tests of the shipped rules (evaluated each minute) over `tests`."""
+    promtool = Path(require_prometheus()).with_name("promtool")
+    spec = {"rule_files": [str(FOLDER / "provisioning" / "alerts.yml")], "evaluation_interval": "1m", "tests": tests}
+    path = tmp_path / "rules_test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    checked = subprocess.run([str(promtool), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_every_metric_an_alert_names_is_exported() -> None:
     with TestClient(create_app(ServiceSettings())) as client:
         exported = exposed_names(client.get("/metrics").text) | exposed_names(GatewayMetrics().render().decode())
@@ -134,16 +155,9 @@ def test_the_model_pull_alert_fires_on_failing_pulls_alone(tmp_path: Path) -> No
     or the prior for as long as that lasts, with nothing routing goes wrong on to notice it by. promtool's rule
     tests: the service failing for 10 minutes, a gateway whose pulls are refused, a process whose pulls succeed
     between failures (no alert), one that pulls nothing (no alert)."""
-    promtool = Path(require_prometheus()).with_name("promtool")
-    (rule,) = [r for r in alert_rules() if r["alert"] == "LeadtimeModelPullsFailing"]
-
-    def annotations(instance: str) -> dict[str, str]:
-        return {k: v.replace("{{ $labels.instance }}", instance) for k, v in rule["annotations"].items()}
-
-    tests = {
-        "rule_files": [str(FOLDER / "provisioning" / "alerts.yml")],
-        "evaluation_interval": "1m",
-        "tests": [
+    promtool_rule_tests(
+        tmp_path,
+        [
             {
                 "interval": "1m",
                 "input_series": [
@@ -165,7 +179,9 @@ def test_the_model_pull_alert_fires_on_failing_pulls_alone(tmp_path: Path) -> No
                         "exp_alerts": [
                             {
                                 "exp_labels": {"severity": "warning", "instance": instance},
-                                "exp_annotations": annotations(instance),
+                                "exp_annotations": rule_annotations(
+                                    "LeadtimeModelPullsFailing", {"instance": instance}
+                                ),
                             }
                             for instance in ("g1", "p1")
                         ],
@@ -173,11 +189,7 @@ def test_the_model_pull_alert_fires_on_failing_pulls_alone(tmp_path: Path) -> No
                 ],
             }
         ],
-    }
-    path = tmp_path / "pulls_test.yml"
-    path.write_text(yaml.safe_dump(tests))
-    checked = subprocess.run([str(promtool), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    )
 
 
 def test_observations_lost_to_capacity_alert_at_once_and_refused_rows_only_as_a_share(tmp_path: Path) -> None:
@@ -185,7 +197,6 @@ def test_observations_lost_to_capacity_alert_at_once_and_refused_rows_only_as_a_
     Rows the learner refuses (invalid, or implausible by the roofline) are the sender's: a stream bunched by a
     starved server now and then makes one, and a client in the wrong units or a poisoner makes most of its rows
     such. So those alert as a share of the rows the learner took in, over 1%, under their own name."""
-    promtool = Path(require_prometheus()).with_name("promtool")
     lost = "leadtime_observations_lost_total"
     learned = "leadtime_observations_learned_total"
     series = [
@@ -204,28 +215,21 @@ def test_observations_lost_to_capacity_alert_at_once_and_refused_rows_only_as_a_
     ]
 
     def expected(alert: str, instances: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
-        (rule,) = [r for r in alert_rules() if r["alert"] == alert]
         return {
             "eval_time": "5m",
             "alertname": alert,
             "exp_alerts": [
                 {
                     "exp_labels": {"severity": "warning", "instance": instance, **labels},
-                    "exp_annotations": {
-                        key: text.replace("{{ $labels.instance }}", instance).replace(
-                            "{{ $labels.reason }}", labels.get("reason", "")
-                        )
-                        for key, text in rule["annotations"].items()
-                    },
+                    "exp_annotations": rule_annotations(alert, {"instance": instance, **labels}),
                 }
                 for instance, labels in instances
             ],
         }
 
-    tests = {
-        "rule_files": [str(FOLDER / "provisioning" / "alerts.yml")],
-        "evaluation_interval": "1m",
-        "tests": [
+    promtool_rule_tests(
+        tmp_path,
+        [
             {
                 "interval": "1m",
                 "input_series": input_series,
@@ -235,11 +239,7 @@ def test_observations_lost_to_capacity_alert_at_once_and_refused_rows_only_as_a_
                 ],
             }
         ],
-    }
-    path = tmp_path / "lost_test.yml"
-    path.write_text(yaml.safe_dump(tests))
-    checked = subprocess.run([str(promtool), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    )
 
 
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
