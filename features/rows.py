@@ -163,12 +163,48 @@ def refuse_unknown_fields(items: Sequence[Any], where: str, known: frozenset[str
 
 
 def refuse_unknown_keys(item: Mapping[str, Any], where: str, known: frozenset[str]) -> None:
-    """`refuse_unknown_fields` of one row or observation, named `where`."""
+    """`refuse_unknown_fields` of one row or observation, named `where`, or of a whole body (`where` empty)."""
     for key in item:
         if key not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else " (see /docs for the fields of a row)"
-            raise FeatureError(f"{where}.{key}", f"is not a field of the native API{hint}")
+            hint = f" (did you mean {close[0]!r}?)" if close else " (see /docs for the fields it takes)"
+            name = str(key) or "''"
+            raise FeatureError(f"{where}.{name}" if where else name, f"is not a field of the native API{hint}")
+
+
+def role_of(pod_type: Any, role: Any = None) -> str:
+    """A row's role from llm-d's `pod_type` and Leadtime's `role`. An unset pod_type (absent, null or "") leaves it
+    to `role`: a client that sends every field with its default sends pod_type "" beside the role it means. Both
+    set and saying different things is refused rather than settled by a rule the sender may not know.
+
+    >>> role_of("", "prefill"), role_of("decode"), role_of(None)
+    ('prefill', 'decode', 'both')
+    >>> role_of("prefill", "decode")
+    Traceback (most recent call last):
+    ...
+    leadtime.features.errors.FeatureError: role: 'decode' disagrees with pod_type 'prefill': give one of them
+    """
+    if pod_type is None or (isinstance(pod_type, str) and not pod_type):
+        return "both" if role is None else _check_choice("role", role, ROLES)
+    if not isinstance(pod_type, str) or pod_type not in POD_TYPE_ROLES:
+        raise FeatureError("pod_type", f"must be '', 'both', 'prefill' or 'decode', got {pod_type!r}")
+    said = POD_TYPE_ROLES[pod_type]
+    if role is not None and role != said:
+        _check_choice("role", role, ROLES)
+        raise FeatureError("role", f"{role!r} disagrees with pod_type {pod_type!r}: give one of them")
+    return said
+
+
+def timeslice_state_of(value: Any) -> str:
+    """A row's time-slice state: unset (absent, null or "") is "none", as "" is every text field's default (gRPC's
+    unset field reads as "").
+
+    >>> timeslice_state_of(""), timeslice_state_of(None), timeslice_state_of("parked")
+    ('none', 'none', 'parked')
+    """
+    if value is None or (isinstance(value, str) and not value):
+        return "none"
+    return _check_choice("timeslice_state", value, TIMESLICE_STATES)
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -396,23 +432,19 @@ def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
         from_hits = RequestFeatures.with_prefix_hits(input_tokens, row["prefix_hit_tokens"], **common)
         if from_hits.prefix_hit_tokens != request.prefix_hit_tokens:
             request = from_hits
-    pod_type = row.get("pod_type", "")
-    if pod_type is None:
-        pod_type = ""
-    if pod_type not in POD_TYPE_ROLES:
-        raise FeatureError("pod_type", f"must be '', 'both', 'prefill' or 'decode', got {pod_type!r}")
+    role = role_of(row.get("pod_type"), row.get("role"))
     endpoint = EndpointState(
         endpoint_id=row.get("endpoint_id", "") or "",
         accelerator=row.get("accelerator", "") or "",
         model=row.get("model", "") or "",
         tensor_parallel=row.get("tensor_parallel", 1),
-        role=POD_TYPE_ROLES[pod_type],
+        role=role,
         num_request_waiting=row["num_request_waiting"],
         num_request_running=row["num_request_running"],
         kv_cache_percentage=row["kv_cache_percentage"],
         prefill_tokens_in_flight=row.get("prefill_tokens_in_flight", 0),
         decode_tokens_in_flight=row.get("decode_tokens_in_flight", 0),
-        timeslice_state=row.get("timeslice_state", "none"),
+        timeslice_state=timeslice_state_of(row.get("timeslice_state")),
         timeslice_wait_ms=row.get("timeslice_wait_ms", 0.0),
     )
     return FeatureRow(request, endpoint)

@@ -7,8 +7,8 @@ inputs to break) are sent through the app with its runtime started. Every answer
 - for a refusal (4xx), JSON whose `error` names the problem; a rejected write changes nothing that was accepted;
 - for a schema-breaking case, a refusal (schemathesis' negative_data_rejection), or on llm-d's lenient bulk path,
   where a bad row fails alone, a 200 that names it among the errors;
-- for a schema-valid case, an acceptance, except for the one rule JSON Schema cannot state (prefix hits may not
-  exceed the prompt: a 422 naming `prefix_hit_tokens`).
+- for a schema-valid case, an acceptance, except for the two rules JSON Schema cannot state (prefix hits may not
+  exceed the prompt: a 422 naming `prefix_hit_tokens`; a role may not disagree with pod_type: one naming `role`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def _check_case(case: Any, runtime: ServiceRuntime, mode: GenerationMode) -> int
         assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"], response.text[:300]
         assert _accepted(runtime) == before, f"{case.operation.label}: a refused write changed what was accepted"
         if mode is GenerationMode.POSITIVE and status not in (401, 404, 429):
-            assert status == 422 and "prefix_hit_tokens" in body.get("field", ""), (
+            field = body.get("field", "")
+            assert status == 422 and ("prefix_hit_tokens" in field or field.endswith(".role")), (
                 f"{case.operation.label}: a schema-valid case was refused: {response.text[:300]}"
             )
     extra = [schemathesis.checks.negative_data_rejection] if mode is GenerationMode.NEGATIVE else []

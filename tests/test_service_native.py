@@ -9,7 +9,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from leadtime.features.errors import FeatureError
+from leadtime.features.rows import feature_row_from_llmd
+from leadtime.features.vectorize import COLUMN_INDEX
 from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.settings import ServiceSettings
 
 
@@ -147,6 +151,64 @@ def test_role_is_stored_as_llmd_pod_type(client: TestClient) -> None:
     assert client.post("/v1/observations", json={"observations": [observation]}).status_code == 202
     _, stored = client.app.state.runtime.store.read_observations("0", 10)  # type: ignore[attr-defined]
     assert stored[0]["pod_type"] == "decode" and "role" not in stored[0]
+
+
+def test_role_is_used_when_pod_type_is_unset_and_refused_when_they_disagree(client: TestClient) -> None:
+    """A client that sends every field with its default (a Go struct without omitempty, a generated client) sends
+    `pod_type: ""` beside the `role` it means: the role was ignored and a prefill pod predicted as unified."""
+    for pod_type in ("", None, "prefill"):
+        observation = dict(native_row(role="prefill", pod_type=pod_type), actual_ttft_ms=300.0, actual_tpot_ms=0.0)
+        assert client.post("/v1/observations", json={"observations": [observation]}).status_code == 202
+    _, stored = client.app.state.runtime.store.read_observations("0", 10)  # type: ignore[attr-defined]
+    assert [entry["pod_type"] for entry in stored] == ["prefill"] * 3
+    rows = [native_row(role="prefill", pod_type=""), native_row(role="prefill", pod_type=None), native_row(pod_type="")]
+    x = RowParser("h100-sxm", "llama-3.1-8b").parse(rows).X
+    assert x[:, COLUMN_INDEX["role_prefill"]].tolist() == [1.0, 1.0, 0.0]
+    assert feature_row_from_llmd(native_row(role="decode", pod_type="")).endpoint.role == "decode"
+    with pytest.raises(FeatureError, match="role"):
+        feature_row_from_llmd(native_row(role="decode", pod_type="prefill"))
+    for path, body in (
+        ("/v1/predict", {"rows": [native_row(role="decode", pod_type="prefill")]}),
+        (
+            "/v1/observations",
+            {
+                "observations": [
+                    dict(native_row(role="both", pod_type="decode"), actual_ttft_ms=9.0, actual_tpot_ms=0.0)
+                ]
+            },
+        ),
+        ("/predict/bulk/strict", {"requests": [native_row(role="decode", pod_type="prefill")]}),
+    ):
+        r = client.post(path, json=body)
+        assert r.status_code == 422, (path, r.json())
+        assert r.json()["field"].endswith("[0].role") and "pod_type" in r.json()["error"], r.json()
+
+
+def test_an_empty_or_null_timeslice_state_means_none_as_over_grpc(client: TestClient) -> None:
+    """gRPC reads an unset `timeslice_state` ("") as "none", as the text fields' "" means their default here
+    (pod_type, accelerator, model); HTTP refused it."""
+    plain = client.post("/v1/predict", json={"rows": [native_row()]}).json()["ttft_mean_ms"]
+    for state in ("", None):
+        r = client.post("/v1/predict", json={"rows": [native_row(timeslice_state=state)]})
+        assert r.status_code == 200 and r.json()["ttft_mean_ms"] == plain, r.json()
+    observation = dict(native_row(timeslice_state=""), actual_ttft_ms=300.0, actual_tpot_ms=0.0)
+    assert client.post("/v1/observations", json={"observations": [observation]}).status_code == 202
+    r = client.post("/v1/predict", json={"rows": [native_row(timeslice_state="idle")]})
+    assert r.status_code == 422 and r.json()["field"] == "rows[0].timeslice_state"
+
+
+def test_a_key_the_native_bodies_do_not_have_is_refused_naming_it(client: TestClient) -> None:
+    """Inside a row an unknown key was refused, beside the rows it was ignored."""
+    r = client.post("/v1/predict", json={"rows": [native_row()], "row": [native_row()]})
+    assert r.status_code == 422 and r.json()["field"] == "row", r.json()
+    observation = dict(native_row(), actual_ttft_ms=300.0, actual_tpot_ms=0.0)
+    r = client.post("/v1/observations", json={"observations": [observation], "batch": 1})
+    assert r.status_code == 422 and r.json()["field"] == "batch", r.json()
+    r = client.post("/v1/explain", json={"row": native_row(), "verbose": True})
+    assert r.status_code == 422 and r.json()["field"] == "verbose", r.json()
+    r = client.post("/v1/predict", json={"rows": [native_row()], "²": None})  # a digit to Python, not an index
+    assert r.status_code == 422 and r.json()["field"] == "²", r.json()
+    assert client.get("/v1/status").json()["learned"] == {"ttft": 0, "tpot": 0}
 
 
 def test_explain_breaks_a_prediction_down(client: TestClient) -> None:

@@ -94,10 +94,15 @@ def _loc_text(loc: Any) -> str:
 
 
 def _loc(field: str) -> list[Any]:
+    """FastAPI's `loc` of a field path; an index is an int (only ASCII digits: a key "²" is a digit to Python).
+
+    >>> _loc("rows[2].role"), _loc("²")
+    (['body', 'rows', 2, 'role'], ['body', '²'])
+    """
     loc: list[Any] = ["body"]
     for part in field.replace("]", "").replace("[", ".").split("."):
         if part and not (part == "body" and len(loc) == 1):  # the body itself is ["body"], not ["body", "body"]
-            loc.append(int(part) if part.isdigit() else part)
+            loc.append(int(part) if part.isascii() and part.isdigit() else part)
     return loc
 
 

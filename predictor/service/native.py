@@ -21,6 +21,7 @@ from leadtime.features.rows import (
     NATIVE_ROW_FIELDS,
     refuse_unknown_fields,
     refuse_unknown_keys,
+    role_of,
 )
 from leadtime.predictor.model_pull import ROLE_HEADER
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
@@ -48,6 +49,11 @@ prediction_router = APIRouter(prefix="/v1", tags=["native v1"])
 training_router = APIRouter(prefix="/v1", tags=["native v1"])
 common_router = APIRouter(prefix="/v1", tags=["native v1"])
 
+# The keys of each native body: another is a slip (`row` for `rows`), refused by name as a row's unknown field is.
+_PREDICT_BODY = frozenset({"rows"})
+_OBSERVATIONS_BODY = frozenset({"observations"})
+_EXPLAIN_BODY = frozenset({"row"})
+
 
 @prediction_router.post(
     "/predict",
@@ -66,6 +72,7 @@ def predict_answer(runtime: ServiceRuntime, body: Any) -> bytes:
     One function for the route and the edge's hot path (`hot_path.HotPath.native_predict`), so that both answer
     alike."""
     rows = list_field(body, "rows", 1, runtime.settings.max_rows)
+    refuse_unknown_keys(body, "", _PREDICT_BODY)
     refuse_unknown_fields(rows, "rows", NATIVE_ROW_FIELDS)
     parsed = runtime.parser.parse(rows, "rows")
     predictor = runtime.predictor
@@ -125,10 +132,10 @@ def etag_matches(if_none_match: str, etag: str) -> bool:
 
 
 def _llmd_entry(entry: Any) -> Any:
-    """Store entries in llm-d's shape: a native `role` becomes `pod_type`."""
-    if isinstance(entry, dict) and entry.get("pod_type") is None and entry.get("role") is not None:
+    """Store entries (checked already) in llm-d's shape: a native `role` becomes `pod_type`."""
+    if isinstance(entry, dict) and "role" in entry:
         entry = dict(entry)
-        role = entry.pop("role")
+        role = role_of(entry.get("pod_type"), entry.pop("role"))
         entry["pod_type"] = "" if role == "both" else role
     return entry
 
@@ -149,7 +156,9 @@ async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
     counted as dropped), the native API tells a full backlog with 429: its clients can retry."""
     if runtime.backlog_full():
         raise HTTPException(429, BACKLOG_FULL_MESSAGE, {"Retry-After": str(BACKLOG_RETRY_AFTER_S)})
-    entries = list_field(await json_body(request), "observations", 0, MAX_OBSERVATIONS_PER_CALL)
+    body = await json_body(request)
+    entries = list_field(body, "observations", 0, MAX_OBSERVATIONS_PER_CALL)
+    refuse_unknown_keys(body, "", _OBSERVATIONS_BODY)
     refuse_unknown_fields(entries, "observations", NATIVE_OBSERVATION_FIELDS)
     parsed = await parse_entries(runtime, entries, "native", "observations")
     llmd_entries = [_llmd_entry(e) for e in entries]
@@ -177,6 +186,7 @@ async def status(runtime: ReadyRuntime) -> dict[str, Any]:
                         "type": "object",
                         "required": ["row"],
                         "properties": {"row": NativeRow.model_json_schema()},
+                        "additionalProperties": False,
                     }
                 }
             },
@@ -197,6 +207,7 @@ async def explain(request: Request, runtime: ReadyRuntime) -> Response:
         raise FeatureError("body", "must be a JSON object with a 'row' object")
     if body.get("row") is None:
         raise FeatureError("row", "is required")
+    refuse_unknown_keys(body, "", _EXPLAIN_BODY)
     if isinstance(body["row"], dict):
         refuse_unknown_keys(body["row"], "row", NATIVE_ROW_FIELDS)
     try:

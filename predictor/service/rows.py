@@ -43,13 +43,14 @@ from leadtime.features.rows import (
     NOT_RESIDENT_STATES,
     POD_TYPE_ROLES,
     PREDICTED_FIELDS,
-    ROLES,
     TIMESLICE_STATES,
     check_count,
     check_real,
     check_text,
     is_resident,
     parse_timestamp,
+    role_of,
+    timeslice_state_of,
 )
 from leadtime.features.vectorize import ROLE_CODES, CheckedColumns, FeatureBatch, Vectorizer
 
@@ -311,10 +312,7 @@ class RowParser:
         accelerator = _text(row, "accelerator")
         model = _text(row, "model")
         tp = _count(row, "tensor_parallel", 1, least=1)
-        timeslice = row.get("timeslice_state", "none")
-        if timeslice not in TIMESLICE_STATES:
-            choices = ", ".join(repr(c) for c in TIMESLICE_STATES)
-            raise FeatureError("timeslice_state", f"must be one of {choices}, got {timeslice!r}")
+        timeslice = timeslice_state_of(row.get("timeslice_state"))
         wait = row.get("timeslice_wait_ms", 0.0)
         if not ((type(wait) is float or type(wait) is int) and 0.0 <= wait < math.inf):
             wait = check_real("timeslice_wait_ms", wait)
@@ -636,15 +634,6 @@ _ROW_DEFAULTS: dict[str, Any] = {"kv_cache_percentage": 0.0, "prefix_cache_score
 
 
 def _pod_type_index(row: Mapping[str, Any]) -> int:
-    """The row's role: llm-d's `pod_type`, else Leadtime's `role` (one of the extras every path takes, so that a
-    row is predicted as what it is learned as)."""
-    pod_type = row.get("pod_type")
-    if pod_type is None and row.get("role") is not None:
-        role = row["role"]
-        if role not in ROLES:
-            raise FeatureError("role", f"must be one of {', '.join(repr(r) for r in ROLES)}, got {role!r}")
-        return ROLE_CODES[role]
-    code = _POD_CODES.get(pod_type) if pod_type is None or isinstance(pod_type, str) else None
-    if code is None:
-        raise FeatureError("pod_type", f"must be '', 'both', 'prefill' or 'decode', got {pod_type!r}")
-    return code
+    """The row's role code: llm-d's `pod_type`, else Leadtime's `role` (one of the extras every path takes, so that
+    a row is predicted as what it is learned as)."""
+    return ROLE_CODES[role_of(row.get("pod_type"), row.get("role"))]

@@ -69,8 +69,12 @@ class NativeRow(LlmdRow):
         le=MAX_COUNT,
         description="Overrides prefix_cache_score when given; at most input_token_length (422 otherwise).",
     )
-    role: Literal["both", "prefill", "decode"] | None = Field(default=None, description="Used when pod_type is absent.")
-    timeslice_state: Literal["none", "resident", "switching", "parked"] = "none"
+    role: Literal["both", "prefill", "decode"] | None = Field(
+        default=None, description="Used when pod_type is unset (absent, null or ''); refused when it disagrees."
+    )
+    timeslice_state: Literal["", "none", "resident", "switching", "parked"] | None = Field(
+        default="none", description="null or '' = none (not time-sliced)."
+    )
     timeslice_wait_ms: float = Field(default=0.0, ge=0.0)
 
 
@@ -231,7 +235,9 @@ def body_schema(model: type[BaseModel], list_field: str, item: type[BaseModel]) 
     outer = model.model_json_schema()
     prop = dict(outer["properties"][list_field])
     prop["items"] = item_schema
-    schema = {"type": "object", "required": [list_field], "properties": {list_field: prop}}
+    schema: dict[str, Any] = {"type": "object", "required": [list_field], "properties": {list_field: prop}}
+    if issubclass(item, NativeRow):  # the native API refuses a key its bodies do not have; llm-d's ignore them
+        schema["additionalProperties"] = False
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
