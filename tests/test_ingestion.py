@@ -74,6 +74,31 @@ def test_a_burst_above_what_the_reader_keeps_up_with_is_thinned_evenly_across_it
     assert [x for x in learned if x >= burst_end] == list(range(burst_end, t))
 
 
+def test_thinning_keeps_a_share_of_every_kind_of_row_whatever_pattern_they_arrive_in() -> None:
+    """Keeping every k-th row by position locks onto any pattern that repeats: llm-d sends a request's TTFT row and
+    then its TPOT row, and one call of 60,000 such entries kept every TTFT row and learned no TPOT at all."""
+    for period in (2, 3, 4, 8):
+        store = MemoryStore(thin_above=1_000, max_stride=64)
+        entries = [{"kind": i % period} for i in range(60_000)]
+        for start in range(0, len(entries), 5_000):
+            store.append_observations(entries[start : start + 5_000])
+        assert store.stats()["thinning_stride"] > 1
+        _, kept = store.read_observations("0", 100_000)
+        shares = np.bincount([e["kind"] for e in kept], minlength=period) / len(kept)
+        assert shares.min() > 0.6 / period and shares.max() < 1.4 / period, (period, shares)
+
+
+def test_rows_thinned_out_of_the_backlog_do_not_count_towards_the_retained_bound() -> None:
+    """A thinned backlog row leaves an empty slot (so that cursors hold); those slots counted towards `retain`, and
+    unread rows were trimmed as `store_bound` with far fewer than `retain` rows kept."""
+    store = MemoryStore(retain=1_000, thin_above=400, max_stride=64)
+    for i in range(8):
+        store.append_observations(rows(600 * i, 600))
+    s = store.stats()
+    assert s["thinned"] > 0 and s["pending"] <= 1_000
+    assert s["dropped_store_bound"] == 0 and s["appended"] == s["pending"] + s["thinned"] + s["dropped"]
+
+
 def test_a_full_backlog_drops_new_rows_and_counts_them() -> None:
     store = MemoryStore(thin_above=100, max_stride=4)
     for i in range(20):

@@ -6,9 +6,11 @@ code path with or without Redis.
 Overload is handled here, by design and visibly. The backlog is what was accepted and not yet read by the ingest
 loop (which hands it to the learner). While it stays under `thin_above` rows nothing is lost: a burst waits and
 is learned behind the answers. Beyond that the store thins the backlog uniformly over time instead of losing its
-oldest part: it removes every other pending row and from then on keeps one accepted row in 2 (then 4, 8, ... up
+oldest part: it removes half the pending rows and from then on keeps one accepted row in 2 (then 4, 8, ... up
 to `max_stride`), so that every period of a burst stays represented in what is learned; once the backlog is down
-to a quarter of the bound it keeps twice as many again. Thinned rows are counted, thinning logs when it starts
+to a quarter of the bound it keeps twice as many again. Which rows go is drawn at random, each alike: a rule by
+position (every other row) locks onto any pattern the rows arrive in, and llm-d's router sends each request's
+TTFT row beside its TPOT row. Thinned rows are counted, thinning logs when it starts
 and stops. Only when even `max_stride` cannot hold the backlog is the store full: rows offered then are dropped
 and counted (`dropped_backlog_full`); the native API refuses them beforehand with 429 (see `stats()["full"]`),
 llm-d's path keeps answering 202 as its router expects. Read rows are retained up to `retain` (a restarted
@@ -24,6 +26,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from leadtime.predictor.store.base import LeaseLost, StoreClosed
 
@@ -43,9 +47,11 @@ class MemoryStore:
         Backlog (accepted, unread rows) above which the backlog is thinned uniformly over time.
     max_stride
         Most thinning: one row kept in `max_stride`. Beyond it the backlog is full and new rows are dropped.
+    seed
+        Of the draws of which rows thinning keeps.
     """
 
-    def __init__(self, retain: int = 200_000, thin_above: int = 50_000, max_stride: int = 64) -> None:
+    def __init__(self, retain: int = 200_000, thin_above: int = 50_000, max_stride: int = 64, seed: int = 0) -> None:
         if retain < 1 or thin_above < 1 or max_stride < 1:
             raise ValueError("retain, thin_above and max_stride must be ≥ 1")
         self._retain = retain
@@ -61,8 +67,9 @@ class MemoryStore:
         self._highest_read = 0  # absolute index one past the newest slot any reader has seen
         self._pending = 0  # rows (not None) at or after _highest_read
         self._appended = 0  # rows offered to the store (accepted by the service)
+        self._rows = 0  # rows (not None) in _entries: what `retain` bounds (empty slots cost a pointer)
         self._stride = 1  # keep one accepted row in this many
-        self._arrivals = 0  # rows offered since thinning started (which of them the stride keeps)
+        self._rng = np.random.default_rng(seed)
         self._thinned = 0
         self._dropped_bound = 0
         self._dropped_full = 0
@@ -82,32 +89,30 @@ class MemoryStore:
             self._appended += n
             kept: Sequence[dict[str, Any]] = entries
             if self._stride > 1:
-                first = (-self._arrivals) % self._stride
-                kept = entries[first :: self._stride]
+                chosen = np.flatnonzero(self._rng.random(n) * self._stride < 1.0).tolist()
+                kept = [entries[i] for i in chosen]
                 self._thinned += n - len(kept)
-            self._arrivals += n
             if self._stride >= self._max_stride and self._pending >= self._thin_above:
                 self._dropped_full += len(kept)
                 return
             self._entries.extend(kept)
             self._pending += len(kept)
+            self._rows += len(kept)
             while self._pending > self._thin_above and self._stride < self._max_stride:
                 self._thin_pending()
             self._trim()
 
     def _thin_pending(self) -> None:
-        """Remove every other pending row and keep half as many from now on (under the lock)."""
+        """Remove half the pending rows, each alike likely, and keep half as many from now on (under the lock)."""
         start = max(self._highest_read, self._first_index) - self._first_index
-        keep = True
+        entries = self._entries
+        pending = [i for i in range(start, len(entries)) if entries[i] is not None]
         removed = 0
-        for i in range(start, len(self._entries)):
-            if self._entries[i] is None:
-                continue
-            if not keep:
-                self._entries[i] = None
-                removed += 1
-            keep = not keep
+        for i in np.flatnonzero(self._rng.random(len(pending)) < 0.5).tolist():
+            entries[pending[i]] = None
+            removed += 1
         self._pending -= removed
+        self._rows -= removed
         self._thinned += removed
         if self._stride == 1:
             self._thinning_since = time.monotonic()
@@ -120,13 +125,11 @@ class MemoryStore:
         else:
             log.warning("ingestion: thinning further: learning 1 in %d of what arrives", self._stride * 2)
         self._stride *= 2
-        self._arrivals = 0
 
     def _relax(self) -> None:
         """Keep twice as many once the backlog is down to a quarter of the bound (under the lock)."""
         while self._stride > 1 and self._pending <= self._thin_above // 4:
             self._stride //= 2
-            self._arrivals = 0
             if self._stride == 1:
                 log.warning(
                     "ingestion: thinning stopped after %.1f s; %d rows thinned so far in all",
@@ -135,18 +138,16 @@ class MemoryStore:
                 )
 
     def _trim(self) -> None:
-        excess = len(self._entries) - self._retain
-        if excess <= 0:
-            return
-        unread_from = max(self._highest_read, self._first_index) - self._first_index
+        """Drop the oldest slots until `retain` rows are left; unread rows among them are counted as lost."""
         lost = 0
-        for i in range(excess):
+        while self._rows > self._retain:
             entry = self._entries.popleft()
-            if i >= unread_from and entry is not None:
-                lost += 1
+            if entry is not None:
+                self._rows -= 1
+                lost += self._first_index >= self._highest_read
+            self._first_index += 1
         self._dropped_bound += lost
         self._pending -= lost
-        self._first_index += excess
         self._highest_read = max(self._highest_read, self._first_index)
 
     def read_observations(
