@@ -208,6 +208,10 @@ def test_a_key_the_native_bodies_do_not_have_is_refused_naming_it(client: TestCl
     assert r.status_code == 422 and r.json()["field"] == "verbose", r.json()
     r = client.post("/v1/predict", json={"rows": [native_row()], "²": None})  # a digit to Python, not an index
     assert r.status_code == 422 and r.json()["field"] == "²", r.json()
+    r = client.post("/v1/observations", json={"observations": [observation, dict(observation, acelerator="")]})
+    assert r.status_code == 422
+    # every refused observation is counted, as those refused for a bad value are (1 + 2 above)
+    assert 'leadtime_observations_rejected_total{api="native"} 3.0' in client.get("/metrics").text
     assert client.get("/v1/status").json()["learned"] == {"ttft": 0, "tpot": 0}
 
 

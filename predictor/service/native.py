@@ -158,8 +158,12 @@ async def observations(request: Request, runtime: ReadyRuntime) -> JSONResponse:
         raise HTTPException(429, BACKLOG_FULL_MESSAGE, {"Retry-After": str(BACKLOG_RETRY_AFTER_S)})
     body = await json_body(request)
     entries = list_field(body, "observations", 0, MAX_OBSERVATIONS_PER_CALL)
-    refuse_unknown_keys(body, "", _OBSERVATIONS_BODY)
-    refuse_unknown_fields(entries, "observations", NATIVE_OBSERVATION_FIELDS)
+    try:
+        refuse_unknown_keys(body, "", _OBSERVATIONS_BODY)
+        refuse_unknown_fields(entries, "observations", NATIVE_OBSERVATION_FIELDS)
+    except FeatureError:
+        runtime.metrics.observations_rejected.labels("native").inc(len(entries))  # as `parse_entries` counts
+        raise
     parsed = await parse_entries(runtime, entries, "native", "observations")
     llmd_entries = [_llmd_entry(e) for e in entries]
     accepted = accept_entries(runtime, llmd_entries, parsed.actual_ttft_ms, parsed.actual_tpot_ms, "native")
