@@ -39,7 +39,7 @@ LATENCY_BUCKETS = (
     2.5,
 )
 ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
-RETRAIN_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+RETRAIN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 RETRAIN_OUTCOMES = ("accepted", "rejected", "failed")
 
 
@@ -195,6 +195,7 @@ class ServiceMetrics:
             ["target", "accelerator", "role", "covered"],
             registry=r,
         )
+        self._coverage_keys: set[tuple[str, str, str]] = set()
         self.retrain_seconds = Histogram(
             "leadtime_retrain_duration_seconds",
             "Wall time of a retrain of both targets.",
@@ -261,8 +262,11 @@ class ServiceMetrics:
             if m == m:  # not NaN
                 self.live_error.labels(target, acc, role).observe(abs(float(m) - float(a)) / float(a))
             if q == q:
-                covered = "true" if a <= q else "false"
-                self.quantile_checks.labels(target, acc, role, covered).inc()
+                covered = a <= q
+                self.quantile_checks.labels(target, acc, role, "true" if covered else "false").inc()
+                if (target, acc, role) not in self._coverage_keys:  # both series from the first check: coverage 0
+                    self._coverage_keys.add((target, acc, role))  # reads 0, not "no data"
+                    self.quantile_checks.labels(target, acc, role, "false" if covered else "true")
 
     def render(self, llmd_lines: dict[str, Any] | None = None) -> bytes:
         """Prometheus text; with `llmd_lines`, also the llm-d training-server lines its tooling greps."""

@@ -14,8 +14,9 @@ from leadtime.predictor.model_pull import PULL_RESULTS
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
-FAST_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
-RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
+# Up to 10 s: a predictor call that runs into its deadline (2 s by default) must not read as 1 s at the p99.
+FAST_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 2.5, 5.0, 10.0)
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0, 16.0)
 # Label values exported at 0 from the start, so a dashboard shows "none" rather than no data: why a decision fell
 # back (predictor.failure_reason's labels, and a policy that raised), SLO results, what became of observations,
 # what pulls of the service's model did (so that an alert on the rate of failing pulls has a series before the first).
@@ -75,7 +76,8 @@ class GatewayMetrics:
         )
         self.overhead_seconds = Histogram(
             f"{p}_overhead_seconds",
-            "Time the gateway adds before a request reaches its endpoint (parse, decide, connect, send).",
+            "Time the gateway adds before it forwards a request (read, parse, decide; time held for an SLO, "
+            "connecting and sending are not in it).",
             buckets=FAST_BUCKETS_S,
             registry=r,
         )
@@ -179,7 +181,8 @@ class GatewayMetrics:
         )
         self.observations = Counter(
             f"{p}_observations",
-            "Observations for the predictor: queued, sent, dropped (the queue full, or still queued at a stop); "
+            "Observations for the predictor: queued, sent, dropped (the queue full, still queued at a stop, or "
+            "refused by the predictor for good); "
             "failed counts each failed attempt to send one (it stays queued and is sent again: not a loss).",
             ["result"],
             registry=r,
