@@ -321,8 +321,8 @@ PREDICTOR = Dashboard(
                 Panel(
                     "Lost observations",
                     "Accepted observations that will not be learned, per reason and interval (backlog_full, "
-                    "store_bound, store_buffer: Redis was away longer than the buffer holds, invalid), and those "
-                    "thinned to keep up with overload (evenly over time).",
+                    "store_bound, store_buffer: Redis was away longer than the buffer holds, invalid, implausible: "
+                    "the poisoning guard), and those thinned to keep up with overload (evenly over time).",
                     "short",
                     (
                         Query(
@@ -456,7 +456,8 @@ ROUTER = Dashboard(
                 ),
                 Panel(
                     "Time the gateway adds (p50, p99)",
-                    "From a request's arrival to its forwarding to the endpoint: parse, decide, connect, send.",
+                    "From a request's arrival to its forwarding to the endpoint: reading and parsing it and deciding "
+                    "(time held for an SLO excluded); connecting to the endpoint and sending show in TTFT.",
                     "s",
                     (
                         Query(_quantile(0.5, "leadtime_router_overhead_seconds", ROUTER_INSTANCE, ""), "p50"),
@@ -539,7 +540,8 @@ ROUTER = Dashboard(
                 Panel(
                     "SLO attainment",
                     "Share of streaming requests with SLOs (x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms headers, or "
-                    "the gateway's defaults) that met their TTFT SLO, their ITL SLO, and both.",
+                    "the gateway's defaults) that met their TTFT SLO, their ITL SLO, and both. Only completed "
+                    "requests count: one that failed at its endpoint is in neither share (see the endpoint errors).",
                     "percentunit",
                     (
                         Query(
@@ -717,7 +719,8 @@ ROUTER = Dashboard(
                     "Observations sent back to the predictor",
                     "Completed requests reported to the predictor per second: queued, sent, failed attempts to "
                     "send (each stays queued and is sent again: no loss) and dropped (the queue of 20,000 was full "
-                    "while the predictor was away); leadtime_router_observations_waiting says how many wait now.",
+                    "while the predictor was away, or the predictor refused that one observation for good); "
+                    "leadtime_router_observations_waiting says how many wait now.",
                     "ops",
                     (
                         Query(

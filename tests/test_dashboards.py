@@ -242,6 +242,91 @@ def test_observations_lost_to_capacity_alert_at_once_and_refused_rows_only_as_a_
     )
 
 
+def _fires(alert: str, eval_time: str, instances: list[tuple[str, dict[str, str]]]) -> dict[str, Any]:
+    """promtool's expectation that `alert` fires at `eval_time` for exactly these instances (and labels)."""
+    return {
+        "eval_time": eval_time,
+        "alertname": alert,
+        "exp_alerts": [
+            {
+                "exp_labels": {"severity": "warning", "instance": instance, **labels},
+                "exp_annotations": rule_annotations(alert, {"instance": instance, **labels}),
+            }
+            for instance, labels in instances
+        ],
+    }
+
+
+def _series(name: str, instance: str, labels: str, values: str) -> dict[str, str]:
+    return {"series": f'{name}{{instance="{instance}"{"," + labels if labels else ""}}}', "values": values}
+
+
+def test_the_coverage_alert_fires_below_and_above_its_band_even_with_no_covered_decision(tmp_path: Path) -> None:
+    """With no decision covered at all, `covered="true"` had no series and the rule's ratio was empty: coverage 0
+    raised nothing. And `abs(coverage - 0.9) > 0.1` cannot hold above 0.9: too loose a quantile never fired."""
+    checks = "leadtime_live_quantile_checks_total"
+    series = [_series("leadtime_model_quantile", i, "", "0.9x90") for i in ("none", "all", "calibrated", "close")]
+    series += [
+        _series(checks, "none", 'target="ttft",covered="false"', "0+60x90"),
+        _series(checks, "all", 'target="ttft",covered="true"', "0+60x90"),
+        _series(checks, "all", 'target="ttft",covered="false"', "0x90"),
+        _series(checks, "calibrated", 'target="ttft",covered="true"', "0+54x90"),
+        _series(checks, "calibrated", 'target="ttft",covered="false"', "0+6x90"),
+        _series(checks, "close", 'target="tpot",covered="true"', "0+51x90"),  # 0.85
+        _series(checks, "close", 'target="tpot",covered="false"', "0+9x90"),
+    ]
+    expected = [("all", {"target": "ttft"}), ("none", {"target": "ttft"})]
+    promtool_rule_tests(
+        tmp_path,
+        [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [_fires("LeadtimeCoverageOffTarget", "60m", expected)],
+            }
+        ],
+    )
+
+
+def test_a_stalled_learner_failing_retrains_and_failing_endpoints_alert(tmp_path: Path) -> None:
+    """Three failures nothing alerted on: rows waiting with none learned for 10 minutes (the learner stuck), every
+    retrain failing for half an hour, and endpoints answering one request in ten with a 5xx (short of the five
+    failures in a row that eject one)."""
+    learned, pending = "leadtime_observations_learned_total", "leadtime_observations_pending"
+    retrains, answers = "leadtime_retrains_total", "leadtime_router_upstream_responses_total"
+    errors = "leadtime_router_upstream_errors_total"
+    series = [
+        _series(pending, "stuck", "", "500x40"),
+        _series(learned, "stuck", "", "1000x40"),
+        _series(pending, "idle", "", "0x40"),
+        _series(learned, "idle", "", "1000x40"),
+        _series(pending, "busy", "", "500x40"),
+        _series(learned, "busy", "", "0+300x40"),
+        _series(retrains, "broken", 'target="ttft",outcome="failed"', "0+1x40"),
+        _series(retrains, "flaky", 'target="ttft",outcome="failed"', "0+1x40"),
+        _series(retrains, "flaky", 'target="ttft",outcome="accepted"', "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1x20"),
+        _series(answers, "g-bad", 'endpoint="a",status="2xx"', "0+90x40"),
+        _series(answers, "g-bad", 'endpoint="a",status="5xx"', "0+6x40"),
+        _series(errors, "g-bad", 'endpoint="a",kind="connect"', "0+4x40"),
+        _series(answers, "g-ok", 'endpoint="a",status="2xx"', "0+990x40"),
+        _series(answers, "g-ok", 'endpoint="a",status="5xx"', "0+10x40"),
+    ]
+    promtool_rule_tests(
+        tmp_path,
+        [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    _fires("LeadtimeLearnerStalled", "30m", [("stuck", {})]),
+                    _fires("LeadtimeRetrainsFailing", "38m", [("broken", {})]),
+                    _fires("LeadtimeEndpointErrors", "30m", [("g-bad", {})]),
+                ],
+            }
+        ],
+    )
+
+
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
     expr = (
         'sum by (reason) (rate(a_total{x=~"$v"}[$__rate_interval]))\n/ ignoring (reason) group_left\n'

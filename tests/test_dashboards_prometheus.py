@@ -135,7 +135,7 @@ def test_prometheus_evaluates_every_alerting_rule_and_none_fires_on_a_healthy_st
         if rules and all(rule.get("lastEvaluation", "").startswith("2") for rule in rules) or time.time() > deadline:
             break
         time.sleep(0.5)
-    assert len(rules) == len(alert_rules()) == 12, [r["name"] for r in rules]
+    assert len(rules) == len(alert_rules()) == 15, [r["name"] for r in rules]
     assert all(rule["health"] == "ok" for rule in rules), [(r["name"], r.get("lastError")) for r in rules]
     firing = [(r["name"], [alert["labels"] for alert in r.get("alerts", [])]) for r in rules if r["state"] == "firing"]
     assert firing == []
