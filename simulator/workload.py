@@ -68,11 +68,9 @@ def _positive_int(value: object, name: str, where: str, minimum: int = 1) -> int
     return int(value)
 
 
-def read_mooncake(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
-    """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (512-token blocks).
-
-    `limit` stops after that many requests (in file order, which is arrival order in the published traces).
-    """
+def read_mooncake(path: Path) -> list[WorkloadRequest]:
+    """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (512-token blocks), in file
+    order."""
     out: list[WorkloadRequest] = []
     try:
         handle = path.open("rb")
@@ -80,8 +78,6 @@ def read_mooncake(path: Path, limit: int | None = None) -> list[WorkloadRequest]
         raise TraceError(f"{path}: {err.strerror or err}") from None
     with handle:
         for lineno, line in enumerate(handle, start=1):
-            if limit is not None and len(out) >= limit:
-                break
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -112,8 +108,9 @@ def read_mooncake(path: Path, limit: int | None = None) -> list[WorkloadRequest]
     return out
 
 
-def read_azure(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
-    """Azure LLM inference CSV: `TIMESTAMP` (date-time), `ContextTokens`, `GeneratedTokens`; no prefixes."""
+def read_azure(path: Path) -> list[WorkloadRequest]:
+    """Azure LLM inference CSV: `TIMESTAMP` (date-time), `ContextTokens`, `GeneratedTokens`; no prefixes; in file
+    order, times relative to the first row's."""
     try:
         handle = path.open(newline="", encoding=USER_TEXT_ENCODING)
     except OSError as err:
@@ -121,14 +118,14 @@ def read_azure(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
     with handle:
         reader = csv.DictReader(handle)
         try:
-            return _azure_rows(path, reader, limit)
+            return _azure_rows(path, reader)
         except UnicodeDecodeError:
             raise TraceError(f"{path}: not UTF-8 text (expected an Azure .csv trace)") from None
         except csv.Error as err:
             raise TraceError(f"{path}: not CSV ({err})") from None
 
 
-def _azure_rows(path: Path, reader: csv.DictReader[str], limit: int | None) -> list[WorkloadRequest]:
+def _azure_rows(path: Path, reader: csv.DictReader[str]) -> list[WorkloadRequest]:
     out: list[WorkloadRequest] = []
     if reader.fieldnames is None:  # an empty file: no header, no rows
         return out
@@ -137,8 +134,6 @@ def _azure_rows(path: Path, reader: csv.DictReader[str], limit: int | None) -> l
         raise TraceError(f"{path}:1: missing column(s) {', '.join(sorted(missing))}")
     start: datetime | None = None
     for lineno, row in enumerate(reader, start=2):
-        if limit is not None and len(out) >= limit:
-            break
         where = f"{path}:{lineno}"
         text = (row.get("TIMESTAMP") or "").strip()
         try:
@@ -170,18 +165,23 @@ def _azure_count(row: dict[str, str], name: str, where: str) -> int:
 
 def read_trace(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
     """Pick the parser by extension: .jsonl → Mooncake, .csv → Azure; a file without a request is refused here,
-    where its name is known, rather than later as a workload without one."""
+    where its name is known, rather than later as a workload without one.
+
+    The requests come in arrival order, the `limit` earliest of them with a limit. The whole file is read either
+    way: a file's rows need not be in time order, and its first lines are then not its first arrivals (reading
+    the shipped traces whole takes a fraction of a second).
+    """
     if path.suffix == ".jsonl":
-        requests = read_mooncake(path, limit)
+        requests = read_mooncake(path)
     elif path.suffix == ".csv":
-        requests = read_azure(path, limit)
+        requests = read_azure(path)
     else:
         raise TraceError(f"{path}: unknown trace format (expected .jsonl Mooncake or .csv Azure)")
     if not requests:
         raise TraceError(
             f"{path}: no requests (the file is empty{', or a header alone' if path.suffix == '.csv' else ''})"
         )
-    return requests
+    return sorted(requests, key=lambda r: r.arrival_ms)[:limit]  # stable: rows of one instant keep file order
 
 
 def arrival_window_s(requests: Sequence[WorkloadRequest]) -> float:
@@ -376,7 +376,8 @@ def parse_synthetic(text: str) -> SyntheticSpec:
 
 
 def load_workload(source: str, seed: int = 0, limit: int | None = None) -> list[WorkloadRequest]:
-    """A shipped trace's name (`mooncake`, `azure-conv`), a trace path, or `synthetic:key=value,...`."""
+    """A shipped trace's name (`mooncake`, `azure-conv`), a trace path, or `synthetic:key=value,...`; with `limit`,
+    its `limit` earliest arrivals."""
     if source == "synthetic" or source.startswith("synthetic:"):
         spec = parse_synthetic(source)
         if limit is not None:

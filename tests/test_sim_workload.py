@@ -40,7 +40,7 @@ def test_mooncake_lines_become_requests_with_chained_segments(tmp_path: Path) ->
     assert (first.arrival_ms, first.input_tokens, first.output_tokens) == (0.0, 1100, 7)
     assert first.segments == tuple(chain_block_ids([0, 1, 2]))
     assert second.segments[0] == first.segments[0] and second.segments[1] != first.segments[1]
-    assert len(read_mooncake(path, limit=1)) == 1
+    assert len(read_trace(path, limit=1)) == 1
 
 
 @pytest.mark.parametrize(
@@ -136,6 +136,20 @@ def test_real_traces_parse() -> None:
     assert len(mooncake) == 200 and all(r.segments for r in mooncake)
     azure = read_trace(TRACES["azure-conv"], limit=200)
     assert len(azure) == 200 and azure[-1].arrival_ms > 0
+
+
+def test_a_limit_keeps_the_earliest_arrivals_of_an_unsorted_trace(tmp_path: Path) -> None:
+    rows = [(500, 1), (0, 2), (900, 3), (100, 4)]  # (timestamp ms, output_length), not in time order
+    lines = [json.dumps({"timestamp": t, "input_length": 10, "output_length": n}) for t, n in rows]
+    mooncake = _write(tmp_path, "t.jsonl", "\n".join(lines) + "\n")
+    assert [(r.arrival_ms, r.output_tokens) for r in read_trace(mooncake, limit=2)] == [(0.0, 2), (100.0, 4)]
+    azure = _write(
+        tmp_path,
+        "t.csv",
+        AZURE_HEADER + "".join(f"2023-11-16 18:15:{t // 100:02d},10,{n}\n" for t, n in rows),
+    )
+    assert [r.output_tokens for r in read_trace(azure, limit=2)] == [2, 4]
+    assert [r.output_tokens for r in load_workload(str(azure), limit=3)] == [2, 4, 1]
 
 
 def test_synthetic_spec_from_text() -> None:

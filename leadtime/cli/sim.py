@@ -40,7 +40,7 @@ def simulate(
     config: Annotated[
         Path | None, typer.Option(help="Plugin configuration (EndpointPickerConfig) of profile:NAME policies.")
     ] = None,
-    max_requests: Annotated[int | None, typer.Option(help="Replay only the first N requests.")] = None,
+    max_requests: Annotated[int | None, typer.Option(help="Replay only the N earliest arrivals of the trace.")] = None,
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice as fast).")] = 1.0,
     seed: Annotated[int, typer.Option(help="Random seed (policies, time-slice windows).")] = 0,
     ttft_slo_ms: Annotated[
