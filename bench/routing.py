@@ -187,7 +187,7 @@ def check_trace(options: RoutingOptions) -> tuple[int, list[str]]:
             f"{options.trace}: {len(requests)} request{'s' if len(requests) != 1 else ''}; the routing benchmark "
             f"replays at least {MIN_REQUESTS}"
         )
-    require_arrival_window(requests, options.trace)
+    require_arrival_window(requests, options.trace, options.max_requests)
     probe = min(len(requests), CAPACITY_PROBE)
     if probe >= RELIABLE_PROBE:
         return len(requests), []

@@ -143,7 +143,7 @@ def simulate(
     fleet = load_fleet(fleet_path, options.catalog)
     loaded = load_workload(str(trace_path), options.seed, max_requests)
     workload = shape(loaded, rate_scale=rate_scale, max_requests=max_requests)
-    require_arrival_window(workload, str(trace_path))
+    require_arrival_window(workload, str(trace_path), max_requests)
     if on_workload is not None:
         on_workload(workload)
     results = run_policies(fleet, workload, policies, options, progress)

@@ -231,13 +231,15 @@ def rate_unit_warning(source: str, requests: Sequence[WorkloadRequest], rate_sca
     )
 
 
-def require_arrival_window(requests: Sequence[WorkloadRequest], source: str) -> None:
+def require_arrival_window(requests: Sequence[WorkloadRequest], source: str, max_requests: int | None = None) -> None:
     """Refuse requests (in arrival order) of `source` that all arrive at one instant: every rate per second of their
-    window would be a division by zero."""
+    window would be a division by zero. Replaying more is advised only when `max_requests` (--max-requests) cut the
+    trace short: a whole trace has no more to give."""
     if arrival_window_s(requests) <= 0:
+        cut = max_requests is not None and len(requests) >= max_requests
         raise TraceError(
             f"{source}: the {len(requests)} request(s) replayed arrive at one instant: goodput per second of their "
-            "arrival window is undefined; replay more of the trace (--max-requests)"
+            f"arrival window is undefined{'; replay more of the trace (--max-requests)' if cut else ''}"
         )
 
 

@@ -92,12 +92,16 @@ def test_a_fleet_file_that_is_not_a_fleet_yaml_is_one_line_naming_it(
 
 
 def test_requests_that_all_arrive_at_one_instant_are_refused(tmp_path: Path) -> None:
-    """Their arrival window is empty: goodput per second of it read 1e9 requests/s."""
+    """Their arrival window is empty: goodput per second of it read 1e9 requests/s. Replaying more of the trace is
+    advised only where --max-requests cut it short (the whole trace has no more to give)."""
     burst = tmp_path / "burst.jsonl"
-    burst.write_text(
-        "".join(json.dumps({"timestamp": 0, "input_length": 300, "output_length": 5}) + "\n" for _ in range(4))
-    )
-    refused(["simulate", "--fleet", "homogeneous", "--trace", str(burst), "--json"], "one instant", "--max-requests")
+    rows = [{"timestamp": t, "input_length": 300, "output_length": 5} for t in (0, 0, 0, 0)]
+    burst.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    command = ["simulate", "--fleet", "homogeneous", "--trace", str(burst), "--json"]
+    assert "--max-requests" not in refused(command, "one instant")
+    assert "--max-requests" not in refused([*command, "--max-requests", "10"], "one instant")
+    burst.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {**rows[0], "timestamp": 100}]))
+    refused([*command, "--max-requests", "4"], "4 request(s)", "one instant", "replay more of the trace")
 
 
 def test_a_request_that_can_never_finish_is_counted_as_failed_with_a_warning(tmp_path: Path) -> None:
