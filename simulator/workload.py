@@ -368,7 +368,12 @@ def parse_synthetic(text: str) -> SyntheticSpec:
             raise TraceError(f"synthetic workload: {name} must be a number, got {raw!r}") from None
         if not math.isfinite(value):
             raise TraceError(f"synthetic workload: {name} must be a finite number, got {raw!r}")
-        values[name] = int(value) if fields[name].type == "int" else value
+        if fields[name].type == "int":
+            if value != int(value):  # 2.7 requests would silently become 2
+                raise TraceError(f"synthetic workload: {name} must be an integer, got {raw!r}")
+            values[name] = int(value)
+        else:
+            values[name] = value
     spec = SyntheticSpec(**values)  # type: ignore[arg-type]
     if spec.requests < 1 or spec.rate_rps <= 0 or spec.burstiness <= 0 or spec.input_mean < 1 or spec.output_mean < 1:
         raise TraceError("synthetic workload: requests, rate_rps, burstiness, input_mean, output_mean must be > 0")

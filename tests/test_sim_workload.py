@@ -156,12 +156,16 @@ def test_synthetic_spec_from_text() -> None:
     spec = parse_synthetic("synthetic:rate_rps=20,requests=50,burstiness=4,prefix_share=0.25")
     assert (spec.rate_rps, spec.requests, spec.burstiness, spec.prefix_share) == (20.0, 50, 4.0, 0.25)
     assert isinstance(spec.requests, int)
+    assert parse_synthetic("synthetic:requests=2e3,output_mean=100.0").requests == 2000  # integral: an integer
     assert len(load_workload("synthetic:requests=50", seed=1, limit=10)) == 10
     for bad, problem in [
         ("synthetic:rate=3", "bad parameter"),
         ("synthetic:requests=x", "number"),
         ("synthetic:prefix_share=2", "prefix_share"),
         ("synthetic:rate_rps=0", "> 0"),
+        ("synthetic:requests=2.7", "requests must be an integer, got '2.7'"),
+        ("synthetic:prefix_tokens=1e3.5", "prefix_tokens must be a number"),
+        ("synthetic:input_mean=99.5", "input_mean must be an integer"),
     ]:
         with pytest.raises(TraceError, match=problem):
             parse_synthetic(bad)
