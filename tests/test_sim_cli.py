@@ -356,3 +356,11 @@ def test_sim_fleets_lists_every_shipped_fleet_and_trace() -> None:
             assert Path(rest[2]).samefile(fleets[name])
         else:
             assert Path(rest[0]).samefile(TRACES[name])
+
+
+def test_simulate_seed_help_says_everything_it_seeds() -> None:
+    """The help said policies and time-slice windows; the seed also draws the realism factors and synthetic traces."""
+    result = runner.invoke(app, ["simulate", "--help"], terminal_width=400)
+    seed = next(line for line in result.stdout.splitlines() if line.strip().startswith("--seed"))
+    for drawn in ("policies", "time-slice windows", "step jitter", "speed spread", "synthetic:"):
+        assert drawn in seed, seed

@@ -42,7 +42,13 @@ def simulate(
     ] = None,
     max_requests: Annotated[int | None, typer.Option(help="Replay only the N earliest arrivals of the trace.")] = None,
     rate_scale: Annotated[float, typer.Option(help="Arrival-rate multiplier (2 = twice as fast).")] = 1.0,
-    seed: Annotated[int, typer.Option(help="Random seed (policies, time-slice windows).")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Random seed of every draw: policies, time-slice windows, the fleet's realism (step jitter, speed "
+            "spread) and synthetic: traces."
+        ),
+    ] = 0,
     ttft_slo_ms: Annotated[
         float, typer.Option(help="TTFT SLO of every request when the fleet states no SLO classes.")
     ] = 2000.0,
