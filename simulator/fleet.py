@@ -28,14 +28,14 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.catalog_file import CATALOG_HINT
-from leadtime.features.errors import FeatureError, validation_problem
+from leadtime.features.errors import FeatureError, field_path, validation_problem
 from leadtime.yaml_text import read_yaml_file
 
 
@@ -51,6 +51,11 @@ class DistributionSpec(BaseModel):
     """A duration as a fleet file gives it: fixed, uniform or exponential."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    TAKES: ClassVar[str] = (
+        "takes a distribution in milliseconds: {distribution: fixed, value: 5000} (or {value: 5000}), "
+        "{distribution: uniform, low: 50, high: 100} or {distribution: exponential, mean: 4000}"
+    )
+    """What a fleet file's duration field takes, as an error says it (a bare number is not one)."""
     distribution: Literal["fixed", "uniform", "exponential"] = "fixed"
     value: float | None = Field(default=None, ge=0, le=DAY_MS)
     low: float | None = Field(default=None, ge=0, le=DAY_MS)
@@ -344,13 +349,39 @@ def build_fleet(spec: FleetSpec, catalog: Catalog = BUILT_IN) -> Fleet:
     )
 
 
+_SPECS: dict[str, type[BaseModel]] = {
+    spec.__name__: spec for spec in (FleetSpec, PoolSpec, TimesliceSpec, DistributionSpec, SloClassSpec, RealismSpec)
+}
+
+
+def _fields(spec: type[BaseModel]) -> str:
+    """The fields of a mapping of the fleet file, from its model: `pools (and optionally name, ...)`."""
+    required = [name for name, field in spec.model_fields.items() if field.is_required()]
+    optional = [name for name, field in spec.model_fields.items() if not field.is_required()]
+    if not required:
+        return f"any of {', '.join(optional)}"
+    return f"{', '.join(required)} (and optionally {', '.join(optional)})" if optional else ", ".join(required)
+
+
+def _takes(spec: type[BaseModel]) -> str:
+    """What a mapping of the fleet file takes: pydantic's own words name the model's class ("a valid dictionary or
+    instance of PoolSpec"), which a fleet file's author never sees."""
+    takes = getattr(spec, "TAKES", None)
+    return takes if isinstance(takes, str) else f"takes a mapping of {_fields(spec)}"
+
+
 def parse_fleet(data: object, catalog: Catalog = BUILT_IN) -> Fleet:
     """A parsed YAML/JSON document → Fleet of `catalog`'s classes and models; FleetError names the offending
-    field."""
+    field, and what it takes where it is not a mapping."""
+    if not isinstance(data, dict):  # an empty file (None), a list, a bare value
+        raise FleetError(f"the file holds no fleet: expected a mapping with {_fields(FleetSpec)}")
     try:
         spec = FleetSpec.model_validate(data)
     except ValidationError as err:
         where, problem = validation_problem(err)
+        for error in err.errors():
+            if error["type"] == "model_type" and field_path(error["loc"]) == where:
+                problem = _takes(_SPECS[error.get("ctx", {})["class_name"]])
         raise FleetError(f"{where or 'fleet'}: {problem}") from None
     return build_fleet(spec, catalog)
 

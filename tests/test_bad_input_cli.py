@@ -69,6 +69,36 @@ def rows(tmp_path: Path) -> Path:
 # ----- fleet files ------------------------------------------------------------------------------------------
 
 
+SLICED_POOL = "pools:\n  - {name: a, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, timeslice_group: rl}\n"
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [
+        ("", "the file holds no fleet: expected a mapping with pools (and optionally name, refresh_ms,"),
+        ("[1, 2]\n", "the file holds no fleet: expected a mapping with pools"),
+        (
+            SLICED_POOL + "timeslice_groups:\n  rl: {resident_ms: 5000, away_ms: {value: 1000}}\n",
+            "timeslice_groups.rl.resident_ms: takes a distribution in milliseconds: {distribution: fixed, value: "
+            "5000} (or {value: 5000}), {distribution: uniform, low: 50, high: 100} or {distribution: exponential, "
+            "mean: 4000}",
+        ),
+        (SLICED_POOL + "timeslice_groups:\n  rl: 3\n", "timeslice_groups.rl: takes a mapping of resident_ms, away_ms"),
+        ("pools:\n  - 3\n", "pools[0]: takes a mapping of name, count, accelerator, model (and optionally"),
+        (POOL + "realism: 0.1\n", "realism: takes a mapping of any of"),
+    ],
+)
+def test_a_fleet_file_says_what_a_misshapen_field_takes(
+    tmp_path: Path, trace: Path, content: str, problem: str
+) -> None:
+    """An empty file, or a number where a distribution goes, said "Input should be a valid dictionary or instance
+    of FleetSpec" (or DistributionSpec): names of the code, not of the file."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(content)
+    line = refused(["simulate", "--fleet", str(fleet), "--trace", str(trace)], str(fleet), problem)
+    assert "instance of" not in line and "Spec" not in line
+
+
 @pytest.mark.parametrize(
     "content,problem",
     [
