@@ -14,6 +14,7 @@ from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.json_text import print_json
 from leadtime.progress import stderr_bar
 from leadtime.router_plugin.config import PickerConfig
+from leadtime.simulator.fleet import Fleet, fastest_pass_ms
 from leadtime.simulator.run import SimulationOptions, simulate
 from leadtime.simulator.workload import WorkloadRequest
 
@@ -55,6 +56,34 @@ def run_simulate_command(
             fleet, trace, policies, max_requests, rate_scale, options, out, callback, on_workload=replayed.extend
         )
     return report, replayed
+
+
+def slo_warnings(fleet: Fleet, ttft_slo_ms: float, itl_slo_ms: float) -> list[str]:
+    """One line per SLO no request can meet on `fleet` (the fleet's classes, else `--ttft-slo-ms`/`--itl-slo-ms`):
+    below one pass over the weights, the least a first token (on a prefilling endpoint) or a next token (on a
+    decoding one) takes. Such an SLO is most likely seconds given for milliseconds, and the run's attainment of 0%
+    would otherwise read as a verdict on the policies."""
+    if fleet.slos:
+        named = [
+            (f"slos[{i}].{field}", getattr(c, field))
+            for i, c in enumerate(fleet.slos)
+            for field in ("ttft_ms", "itl_ms")
+        ]
+    else:
+        named = [("--ttft-slo-ms", ttft_slo_ms), ("--itl-slo-ms", itl_slo_ms)]
+    floors = {
+        "ttft": fastest_pass_ms(fleet, ("both", "prefill")),
+        "itl": fastest_pass_ms(fleet, ("both", "decode")),
+    }
+    lines = []
+    for name, slo in named:
+        floor = floors["ttft" if "ttft" in name else "itl"]
+        if slo < floor:
+            lines.append(
+                f"{name} {slo:g} is below one pass over the model's weights ({floor:.1f} ms on this fleet's fastest "
+                "endpoint): no request can meet it; SLOs are in milliseconds (seconds given?)"
+            )
+    return lines
 
 
 def failure_warnings(report: dict[str, object]) -> list[str]:

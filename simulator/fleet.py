@@ -36,6 +36,7 @@ from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.catalog_file import CATALOG_HINT
 from leadtime.features.errors import FeatureError, field_path, validation_problem
+from leadtime.features.roofline import decode_step_ms
 from leadtime.yaml_text import read_yaml_file
 
 
@@ -256,6 +257,19 @@ class Fleet:
                 return c.ttft_ms, c.itl_ms
             u -= c.share
         return self.slos[-1].ttft_ms, self.slos[-1].itl_ms
+
+
+def fastest_pass_ms(fleet: Fleet, roles: tuple[str, ...]) -> float:
+    """The least time any endpoint of `roles` takes for one forward pass: one read of its share of the weights at
+    its class's achieved memory bandwidth (the roofline of a one-token step). Every token a request gets, its
+    first included, costs a pass at least: no SLO below this can be met, whatever the load or the router."""
+    return min(
+        decode_step_ms(
+            fleet.catalog.model(e.model), fleet.catalog.accelerator(e.accelerator), 1, 0.0, e.tensor_parallel
+        )
+        for e in fleet.endpoints
+        if e.role in roles
+    )
 
 
 def kv_blocks(pool: PoolSpec, catalog: Catalog = BUILT_IN) -> int:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from leadtime.cli import app
 from leadtime.features.rows import observation_from_llmd
@@ -364,3 +364,46 @@ def test_simulate_seed_help_says_everything_it_seeds() -> None:
     seed = next(line for line in result.stdout.splitlines() if line.strip().startswith("--seed"))
     for drawn in ("policies", "time-slice windows", "step jitter", "speed spread", "synthetic:"):
         assert drawn in seed, seed
+
+
+def _stderr_lines(result: Result) -> list[str]:
+    return [" ".join(line.split()) for line in result.stderr.splitlines() if line.strip()]
+
+
+def test_simulate_warns_of_slos_no_request_can_meet_as_seconds_given_for_milliseconds(tmp_path: Path) -> None:
+    """`slos: [{ttft_ms: 1.0, itl_ms: 0.05}]` (seconds) or `--ttft-slo-ms 2 --itl-slo-ms 0.1` gave 0-5% attainment
+    without a word: both are below one pass over the weights (5.4 ms for Llama-3.1-8B on an H100, its roofline)."""
+    trace = str(_azure(tmp_path, 5))
+    fleet = tmp_path / "seconds.yaml"
+    fleet.write_text(
+        "pools:\n  - {name: a, count: 2, accelerator: h100-sxm, model: llama-3.1-8b}\n"
+        "slos:\n  - {share: 1, ttft_ms: 1.0, itl_ms: 0.05}\n  - {share: 1, ttft_ms: 3000, itl_ms: 100}\n"
+    )
+    base = ["simulate", "--trace", trace, "--policy", "round_robin", "--json"]
+    result = runner.invoke(app, [*base, "--fleet", str(fleet)])
+    assert result.exit_code == 0, result.output
+    lines = _stderr_lines(result)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("warning: slos[0].ttft_ms 1 is below one pass over the model's weights (5.4 ms")
+    assert lines[1].startswith("warning: slos[0].itl_ms 0.05 is below one pass over the model's weights (5.4 ms")
+    assert all("no request can meet it" in line and "milliseconds" in line for line in lines)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("pools:\n  - {name: a, count: 2, accelerator: h100-sxm, model: llama-3.1-8b}\n")
+    flags = runner.invoke(app, [*base, "--fleet", str(plain), "--ttft-slo-ms", "2", "--itl-slo-ms", "0.1"])
+    assert [line.split(" is below")[0] for line in _stderr_lines(flags)] == [
+        "warning: --ttft-slo-ms 2",
+        "warning: --itl-slo-ms 0.1",
+    ]
+    assert _stderr_lines(runner.invoke(app, [*base, "--fleet", str(plain), "--itl-slo-ms", "6"])) == []
+
+
+@pytest.mark.parametrize("flags", [["--ttft-slo-ms", "500"], ["--itl-slo-ms", "20"], ["--ttft-slo-ms", "9"]])
+def test_simulate_says_the_fleets_slos_win_over_the_slo_options(tmp_path: Path, flags: list[str]) -> None:
+    """The options were ignored without a word on a fleet that states SLO classes (every shipped benchmark fleet)."""
+    argv = ["simulate", "--fleet", "homogeneous", "--trace", str(_azure(tmp_path, 5)), "--policy", "round_robin"]
+    result = runner.invoke(app, [*argv, *flags, "--json"])
+    assert result.exit_code == 0, result.output
+    assert _stderr_lines(result) == [
+        f"warning: {flags[0]} is ignored: the fleet states its SLO classes (slos), which apply instead"
+    ]
+    assert _stderr_lines(runner.invoke(app, [*argv, "--json"])) == []

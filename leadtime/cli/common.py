@@ -92,6 +92,14 @@ def warn(message: str) -> None:
     typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
 
 
+def option_given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave option `name` (its parameter's name), on the command line or in its environment
+    variable, rather than leaving its default: what an option's default cannot tell apart from the same value
+    given. (By the source's name: typer ships its own copy of click, whose ParameterSource is another class.)"""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def output_dir(path: Path) -> None:
     """Make the `--out` folder and check that it takes files before a run that may last minutes, so the run does
     not end in a write error with its figures lost."""

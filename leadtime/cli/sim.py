@@ -17,6 +17,7 @@ from leadtime.cli.common import (
     catalog_option,
     fail,
     measured_path,
+    option_given,
     output_dir,
     positive,
     sim_app,
@@ -28,6 +29,7 @@ from leadtime.features.errors import FeatureError
 
 @app.command("simulate")
 def simulate(
+    ctx: typer.Context,
     fleet: Annotated[str, typer.Option(help=FLEET_HELP)],
     trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
     policy: Annotated[
@@ -61,7 +63,7 @@ def simulate(
 ) -> None:
     """Replay a trace on a simulated fleet under one or more routing policies."""
     from leadtime.router_plugin.config import load_config
-    from leadtime.simulator.cli import failure_warnings, print_simulation, run_simulate_command
+    from leadtime.simulator.cli import failure_warnings, print_simulation, run_simulate_command, slo_warnings
     from leadtime.simulator.engine import pools_never_joining
     from leadtime.simulator.fleet import load_fleet
     from leadtime.simulator.workload import describe_arrivals, rate_unit_warning
@@ -81,6 +83,13 @@ def simulate(
         picker = load_config(config) if config is not None else None
         if picker is not None and picker.unused_warning is not None:
             warn(picker.unused_warning)
+        simulated = load_fleet(fleet, known)
+        for option in ("ttft_slo_ms", "itl_slo_ms"):
+            if simulated.slos and option_given(ctx, option):
+                flag = "--" + option.replace("_", "-")
+                warn(f"{flag} is ignored: the fleet states its SLO classes (slos), which apply instead")
+        for line in slo_warnings(simulated, ttft_slo_ms, itl_slo_ms):
+            warn(line)
         report, replayed = run_simulate_command(
             fleet,
             trace,
@@ -100,7 +109,7 @@ def simulate(
         return
     for line in failure_warnings(report):
         warn(line)
-    for pool in pools_never_joining(load_fleet(fleet, known), replayed):
+    for pool in pools_never_joining(simulated, replayed):
         warn(f"pool {pool!r} never joins: its join time is after the last request's arrival, so it serves 0 requests")
     suspicious = rate_unit_warning(trace, replayed, rate_scale)
     if suspicious is not None:
