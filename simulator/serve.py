@@ -432,18 +432,19 @@ def build_app(
             "total_tokens": prompt_tokens + completion_tokens,
         }
 
-    def completion_json(kind: str, rid: int, text_pieces: list[str], prompt_tokens: int) -> dict[str, object]:
+    def completion_json(kind: str, cid: str, text_pieces: list[str], prompt_tokens: int) -> dict[str, object]:
         text = "".join(text_pieces)
         if kind == "chat":
             choice: dict[str, object] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
+                "logprobs": None,
                 "finish_reason": "length",
             }
         else:
             choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
         return {
-            "id": f"cmpl-{live.config.endpoint_id}-{rid}",
+            "id": cid,
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": int(time.time()),
             "model": live.model_name,
@@ -468,6 +469,7 @@ def build_app(
         request: Request, kind: str, words: list[str], max_tokens: int, stream: bool, include_usage: bool
     ) -> object:
         rid = next(numbers)
+        cid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{live.config.endpoint_id}-{rid}"  # vLLM's prefixes
         prefiller = prefiller_of(request)
         if prefiller is None:
             queue = live.submit(rid, words, max_tokens)
@@ -477,16 +479,16 @@ def build_app(
         echo = {"x-request-id": request.headers["x-request-id"]} if "x-request-id" in request.headers else None
         if not stream:
             pieces = [f" tok{i}" async for i in tokens(queue)]
-            return JSONResponse(completion_json(kind, rid, pieces, prompt_tokens), headers=echo)
+            return JSONResponse(completion_json(kind, cid, pieces, prompt_tokens), headers=echo)
         created = int(time.time())
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        head = f'data: {{"id":"cmpl-{live.config.endpoint_id}-{rid}","object":"{obj}","created":{created},'
+        head = f'data: {{"id":"{cid}","object":"{obj}","created":{created},'
         head += f'"model":{json.dumps(live.model_name)},"choices":[{{"index":0,'
 
         def event(text: str, finish: str = "null", role: str = "") -> str:
             if kind == "chat":
-                return f'{head}"delta":{{{role}"content":"{text}"}},"finish_reason":{finish}}}]}}\n\n'
-            return f'{head}"text":"{text}","finish_reason":{finish}}}]}}\n\n'
+                return f'{head}"delta":{{{role}"content":"{text}"}},"logprobs":null,"finish_reason":{finish}}}]}}\n\n'
+            return f'{head}"text":"{text}","logprobs":null,"finish_reason":{finish}}}]}}\n\n'
 
         async def events() -> AsyncIterator[str]:
             try:
@@ -512,14 +514,14 @@ def build_app(
             yield event("", finish='"length"')  # as vLLM: the last event of a choice says why it finished
             if include_usage:
                 last = {
-                    "id": f"cmpl-{live.config.endpoint_id}-{rid}",
+                    "id": cid,
                     "object": obj,
                     "created": created,
                     "model": live.model_name,
                     "choices": [],
                     "usage": usage(prompt_tokens, n),
                 }
-                yield f"data: {json.dumps(last)}\n\n"
+                yield f"data: {json.dumps(last, separators=(',', ':'))}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=echo)

@@ -123,7 +123,9 @@ def test_pd_a_non_streaming_request_is_measured_through_the_pair(fleets: dict[st
     measured = route.metric("leadtime_router_non_streaming_total", measured="true")
     reply = httpx.post(f"{route.url}/v1/completions", json={"prompt": "a long document " * 300, "max_tokens": 3})
     assert reply.status_code == 200 and reply.headers["x-leadtime-endpoint"] == "decode-0"
-    assert reply.json()["choices"] == [{"index": 0, "text": " tok0 tok1 tok2", "finish_reason": "length"}]
+    assert reply.json()["choices"] == [
+        {"index": 0, "text": " tok0 tok1 tok2", "logprobs": None, "finish_reason": "length"}
+    ]
     assert route.metric("leadtime_router_non_streaming_total", measured="true") == measured + 1
 
 

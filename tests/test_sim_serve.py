@@ -117,6 +117,42 @@ def test_bad_requests_get_422_naming_the_field_as_the_service_does(server: Fleet
     assert reply.status_code == 422 and reply.json()["field"] == "messages"
 
 
+@pytest.mark.parametrize(
+    "path,payload,prefix",
+    [
+        ("/v1/completions", {"prompt": "a b", "max_tokens": 3}, "cmpl-"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a b"}], "max_tokens": 3}, "chatcmpl-"),
+    ],
+)
+def test_answers_carry_vllms_ids_and_logprobs_and_compact_chunks(
+    server: FleetServer, path: str, payload: dict[str, object], prefix: str
+) -> None:
+    """As vLLM's: a chat completion's id starts `chatcmpl-` (a text completion's `cmpl-`), every choice of a stream
+    chunk carries `"logprobs": null`, and the usage chunk is written as compactly as the others."""
+    reply = httpx.post(_url(server) + path, json=payload, timeout=30)
+    assert reply.status_code == 200 and reply.json()["id"].startswith(prefix), reply.text
+    assert reply.json()["choices"][0]["logprobs"] is None
+    streamed = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", _url(server) + path, json=streamed, timeout=30) as response:
+        events = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")][:-1]
+    chunks = [json.loads(e) for e in events]
+    assert all(c["id"].startswith(prefix) for c in chunks) and len({c["id"] for c in chunks}) == 1
+    assert all(c["choices"][0]["logprobs"] is None for c in chunks[:-1]) and chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+    assert all(e == json.dumps(json.loads(e), separators=(",", ":"), ensure_ascii=False) for e in events), events
+
+
+def test_a_body_that_is_not_json_is_named_as_the_body(server: FleetServer) -> None:
+    """It was `{"error": "[0]: JSON decode error", "field": "[0]"}`; the service says `body: is not valid JSON`."""
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        reply = httpx.post(
+            _url(server) + path, content=b"{not json", headers={"content-type": "application/json"}, timeout=10
+        )
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["field"] == "body", reply.text
+        assert reply.json()["error"].startswith("body: is not valid JSON ("), reply.text
+
+
 def test_requests_for_several_choices_are_refused_naming_the_field(server: FleetServer) -> None:
     """A simulated endpoint answers one choice: `n` > 1 or several prompts were answered as one, silently."""
     for path, body, field in (

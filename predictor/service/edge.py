@@ -122,10 +122,15 @@ async def feature_error_handler(request: Request, exc: Exception) -> JSONRespons
 
 
 async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    """A pydantic validation error as 422 naming the first bad field."""
+    """A pydantic validation error as 422 naming the first bad field; a body that is not JSON as 400, as the
+    service's own reader (`json_body`) answers it."""
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":  # FastAPI's "[0]: JSON decode error": named as json_body names it
+        context = first.get("ctx")
+        reason = context.get("error") if isinstance(context, dict) else first.get("msg", "")
+        return await feature_error_handler(request, FeatureError("body", f"{NOT_JSON} ({reason})"))
     field = _loc_text(first.get("loc", ()))
     detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in errors]
     problem = problem_text(first.get("msg", "invalid"))
