@@ -7,9 +7,10 @@ OpenAPI document by `body_schema`, so /docs shows exactly what those handlers ac
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from leadtime.features.catalog import ACCELERATORS, MODELS, Catalog
 from leadtime.features.rows import LATEST_TIMESTAMP, MAX_COUNT, MAX_PREDICTED_MS
@@ -20,6 +21,11 @@ TIMESTAMP_HELP = (
     "RFC 3339 (an offset-less time is UTC)."
 )
 Timestamp = Annotated[float, Field(ge=-LATEST_TIMESTAMP, le=LATEST_TIMESTAMP)]
+
+
+def text_choices(slugs: Iterable[str]) -> list[JsonValue]:
+    """The values a row's accelerator or model may take: a slug, or empty or null for the service default."""
+    return ["", *sorted(slugs), None]
 
 
 class LlmdRow(BaseModel):
@@ -48,19 +54,20 @@ class NativeRow(LlmdRow):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint_id: str = ""
+    # The three text fields may be null, read as empty (the service default), as the parser reads them (`rows._text`).
+    endpoint_id: str | None = Field(default="", description="null = empty.")
     # Documented as the catalog's slugs (the parser refuses any other with 422 naming the known ones); not a Literal,
     # so that /v1/explain's pydantic check leaves that message to the parser. A service with its own catalog
     # documents its slugs instead (`document_catalog`).
-    accelerator: str = Field(
+    accelerator: str | None = Field(
         default="",
-        description="Accelerator class; empty = the service default.",
-        json_schema_extra={"enum": ["", *sorted(ACCELERATORS)]},
+        description="Accelerator class; empty or null = the service default.",
+        json_schema_extra={"enum": text_choices(ACCELERATORS)},
     )
-    model: str = Field(
+    model: str | None = Field(
         default="",
-        description="Model profile; empty = the service default.",
-        json_schema_extra={"enum": ["", *sorted(MODELS)]},
+        description="Model profile; empty or null = the service default.",
+        json_schema_extra={"enum": text_choices(MODELS)},
     )
     tensor_parallel: int = Field(default=1, ge=1, le=MAX_COUNT)
     prefix_hit_tokens: int | None = Field(
@@ -246,8 +253,8 @@ def document_catalog(document: dict[str, Any], catalog: Catalog) -> dict[str, An
     ones: a service started with its own catalog accepts more than the models above say. Changed in place (and
     returned); doing it again changes nothing."""
     slugs = {
-        "accelerator": ["", *sorted(catalog.all_accelerators)],
-        "model": ["", *sorted(catalog.all_models)],
+        "accelerator": text_choices(catalog.all_accelerators),
+        "model": text_choices(catalog.all_models),
     }
 
     def visit(node: Any) -> None:
