@@ -34,7 +34,7 @@ from leadtime.predictor.service.edge import (
 from leadtime.predictor.service.hot_path import NATIVE_PREDICT_PATH, STRICT_PATH, TRAINING_PATH, HotPath
 from leadtime.predictor.service.llmd_operations import RELOAD_PATH
 from leadtime.predictor.service.runtime import ServiceRuntime
-from leadtime.predictor.service.schemas import BODY_ERRORS, COMMON_ERRORS, document_catalog
+from leadtime.predictor.service.schemas import COMMON_ERRORS, document_catalog, document_refusals
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.base import Store, StoreClosed
 
@@ -66,16 +66,19 @@ OBSERVATION_PATHS = frozenset((TRAINING_PATH, "/v1/observations"))
 """The HTTP paths observations are accepted on: a batch whose sender hung up before it was accepted is not kept."""
 
 
-def write_paths(routes: Iterable[BaseRoute]) -> frozenset[str]:
-    """The paths that change what the service learns (those that need the API token, but /reload, which takes no
-    body and does what the service does by itself within a second): a JSON Content-Type is required there."""
+def token_paths(routes: Iterable[BaseRoute]) -> frozenset[str]:
+    """The paths that need the API token when one is configured: those whose route depends on `require_token`."""
     return frozenset(
         route.path
         for route in routes
-        if isinstance(route, APIRoute)
-        and route.path != RELOAD_PATH
-        and any(d.call is require_token for d in route.dependant.dependencies)
+        if isinstance(route, APIRoute) and any(d.call is require_token for d in route.dependant.dependencies)
     )
+
+
+def write_paths(routes: Iterable[BaseRoute]) -> frozenset[str]:
+    """The paths that change what the service learns (those that need the API token, but /reload, which takes no
+    body and does what the service does by itself within a second): a JSON Content-Type is required there."""
+    return token_paths(routes) - {RELOAD_PATH}
 
 
 def create_app(
@@ -140,12 +143,14 @@ def create_app(
     app.include_router(health.router, responses=COMMON_ERRORS)
     app.include_router(native.common_router, responses=COMMON_ERRORS)
     for router in body_routers:
-        app.include_router(router, responses=BODY_ERRORS)
-    if runtime.catalog != BUILT_IN:
-        plain_openapi = app.openapi
+        app.include_router(router, responses=COMMON_ERRORS)
+    plain_openapi = app.openapi
+    # The token's scheme and 401 are documented only where a configured token is needed.
+    needing = token_paths(route for router in body_routers for route in router.routes) if settings.api_token else ()
 
-        def openapi() -> dict[str, Any]:
-            return document_catalog(plain_openapi(), runtime.catalog)  # FastAPI keeps the document made first
+    def openapi() -> dict[str, Any]:
+        document = document_refusals(plain_openapi(), needing)  # FastAPI keeps the document made first
+        return document if runtime.catalog == BUILT_IN else document_catalog(document, runtime.catalog)
 
-        app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

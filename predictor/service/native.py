@@ -35,6 +35,7 @@ from leadtime.predictor.service.runtime import (
     served_ms,
 )
 from leadtime.predictor.service.schemas import (
+    BACKLOG_FULL,
     NativeAccepted,
     NativeObservation,
     NativeObservationBatch,
@@ -144,6 +145,7 @@ def _llmd_entry(entry: Any) -> Any:
     "/observations",
     status_code=202,
     response_model=NativeAccepted,
+    responses=BACKLOG_FULL,
     openapi_extra=body_schema(NativeObservationBatch, "observations", NativeObservation),
     dependencies=[Depends(require_token)],
     summary="Accept completed requests: the row, what happened and what had been predicted (202; 429 with "

@@ -153,19 +153,73 @@ class ErrorAnswer(BaseModel):
     detail: Any = Field(default=None, description="The same in FastAPI's shape (a list of {loc, msg, type}).")
 
 
-# Refusals every path can answer (the edge answers 413 before any route; 503 while the service starts or stops);
-# body paths add 400/422 and write paths 401. Documented so that the OpenAPI schema says what clients may get.
+# What each path can be refused with, so that the OpenAPI document says what clients may get. Every path can answer
+# 503 (while the service starts or stops); the rest depend on what a path takes, and `document_refusals` adds them
+# from the operation itself (its method, its body, its security).
 _ERROR = {"model": ErrorAnswer}
+_ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorAnswer"}}}
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
-    413: {**_ERROR, "description": "The body exceeds the size limit."},
     503: {**_ERROR, "description": "The service has not finished starting, or is stopping."},
 }
-BODY_ERRORS: dict[int | str, dict[str, Any]] = {
-    **COMMON_ERRORS,
-    400: {**_ERROR, "description": "The body is not JSON."},
-    401: {**_ERROR, "description": "An API token is configured and the request lacks it (write paths)."},
-    422: {**_ERROR, "description": "A value is missing, of the wrong type or out of range: `field` names it."},
+# The edge refuses these before routing, on any method but GET, HEAD and OPTIONS (`edge.EdgeMiddleware`).
+SENT_BODY_ERRORS: dict[str, str] = {
+    "413": "The body exceeds the size limit.",
+    "415": "The Content-Type is not JSON (or is missing on a path that changes what the service learns), or the "
+    "body is compressed (Content-Encoding): send uncompressed JSON.",
 }
+READ_BODY_ERRORS: dict[str, str] = {
+    "400": "The body is not JSON.",
+    "422": "A value is missing, of the wrong type or out of range: `field` names it.",
+}
+TOKEN_ERRORS: dict[str, str] = {
+    "401": "An API token is configured and the request does not carry it as `Authorization: Bearer <token>`.",
+}
+BACKLOG_FULL: dict[int | str, dict[str, Any]] = {
+    429: {
+        **_ERROR,
+        "description": "The learner's backlog is full: nothing was accepted; send the batch again after Retry-After.",
+        "headers": {"Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}},
+    }
+}
+_NO_BODY_METHODS = frozenset({"get", "head", "options"})
+
+
+TOKEN_SCHEME = "apiToken"
+"""The name of the API token's security scheme in the OpenAPI document."""
+
+
+def document_refusals(document: dict[str, Any], token_paths: Iterable[str] = ()) -> dict[str, Any]:
+    """An OpenAPI document whose operations list the refusals they can answer: 413 and 415 where a body is sent,
+    400 and 422 where one is read (the operation documents it), and on `token_paths` (those that need the API token,
+    none when no token is configured) the bearer scheme and 401; all in the shape of `ErrorAnswer`. Changed in place
+    (and returned); doing it again changes nothing."""
+    token_paths = frozenset(token_paths)
+    for path, item in document.get("paths", {}).items():
+        for method, operation in item.items():
+            answers: dict[str, str] = {}
+            if method not in _NO_BODY_METHODS:
+                answers.update(SENT_BODY_ERRORS)
+            if "requestBody" in operation:
+                answers.update(READ_BODY_ERRORS)
+            else:  # FastAPI's own 422 for path parameters: they are plain strings (an unknown one is a 404)
+                operation.get("responses", {}).pop("422", None)
+            if path in token_paths:
+                answers.update(TOKEN_ERRORS)
+                operation["security"] = [{TOKEN_SCHEME: []}]
+            responses = operation.setdefault("responses", {})
+            for status, description in answers.items():
+                responses[status] = {"description": description, "content": _ERROR_CONTENT}
+            operation["responses"] = dict(sorted(responses.items()))
+    if token_paths:
+        document.setdefault("components", {})["securitySchemes"] = {
+            TOKEN_SCHEME: {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The service's API token (`--api-token`), needed on the paths that change what it "
+                "learns; a service started without one documents none.",
+            }
+        }
+    return document
 
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {**_ERROR, "description": "No such model (or none yet)."}}
