@@ -131,6 +131,42 @@ def test_429_is_documented_where_a_full_backlog_answers_it_and_not_on_llmds_trai
     assert answer["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorAnswer"}
 
 
+def _error_validator(document: dict[str, Any]) -> jsonschema_rs.Draft202012Validator:
+    schema = {"$ref": "#/components/schemas/ErrorAnswer", "components": document["components"]}
+    return jsonschema_rs.Draft202012Validator(schema)
+
+
+def test_every_error_body_matches_the_documented_error_schema(served: tuple[TestClient, dict[str, Any]]) -> None:
+    """`detail` is a list of {loc, msg, type} for a refused body (400, 422) and a string for the other refusals,
+    as llm-d's own server answers its HTTPExceptions; the document says exactly that."""
+    client, document = served
+    validator = _error_validator(document)
+    json_type = {"content-type": "application/json"}
+    answers = {
+        400: client.post("/v1/predict", content=b"{not json", headers=json_type),
+        401: client.post("/v1/observations", json={"observations": [ENTRY]}),
+        404: client.get("/model/nope/info"),
+        405: client.get("/v1/predict"),
+        413: client.post("/v1/predict", content=b" " * (MAX_BODY + 1), headers=json_type),
+        415: client.post("/v1/predict", content=b"{}", headers={"content-type": "text/plain"}),
+        422: client.post("/v1/predict", json={"rows": [{**ROW, "kv_cache_percentage": 3}]}),
+    }
+    with TestClient(create_app(ServiceSettings(grpc_port=0), store=_FullStore())) as full:
+        answers[429] = full.post("/v1/observations", json={"observations": [ENTRY]})
+    answers[503] = TestClient(create_app(ServiceSettings(grpc_port=0))).post("/v1/predict", json={"rows": [ROW]})
+    for status, answer in answers.items():
+        assert answer.status_code == status, (status, answer.text)
+        body = answer.json()
+        validator.validate(body)
+        if status in (400, 422):
+            assert isinstance(body["detail"], list) and body["detail"][0]["loc"][0] == "body", body
+        else:
+            assert isinstance(body["detail"], str), body
+    # The documented `detail` is that list or a string, nothing else.
+    for wrong in ({"error": "x", "detail": 5}, {"error": "x", "detail": {"msg": "x"}}, {"error": "x", "detail": [1]}):
+        assert not validator.is_valid(wrong), wrong
+
+
 def test_a_text_field_sent_as_null_is_accepted_and_documented_so(served: tuple[TestClient, dict[str, Any]]) -> None:
     """A row's endpoint_id, accelerator and model may be null (read as empty: the defaults), on every path that takes
     rows; a schema that said "string" made a generated client refuse what the service takes (a fuzzer found it)."""

@@ -145,12 +145,26 @@ class PredictionAnswer(BaseModel):
     last_model_load: str | None
 
 
+class ErrorDetail(BaseModel):
+    """One problem of a refused body, in FastAPI's validation-error shape."""
+
+    loc: list[str | int] = Field(..., description='Where it is: ["body", "rows", 0, "kv_cache_percentage"].')
+    msg: str
+    type: str
+
+
 class ErrorAnswer(BaseModel):
     """Every refusal (4xx) and the rare 5xx: what went wrong, and for a bad value the field it is in."""
 
     error: str = Field(..., description="The problem in one line, naming the field when a value is at fault.")
     field: str | None = Field(default=None, description="Where the bad value is, e.g. requests[3].pod_type.")
-    detail: Any = Field(default=None, description="The same in FastAPI's shape (a list of {loc, msg, type}).")
+    # A string for the refusals that are no bad value (401, 404, 405, 413, 415, 429, 503), as llm-d's own server
+    # answers its HTTPExceptions ({"detail": "..."}): a client written against llm-d reads them unchanged.
+    detail: list[ErrorDetail] | str | None = Field(
+        default=None,
+        description="The same in FastAPI's shape: a list of {loc, msg, type} for a refused body (400, 422), "
+        "else a string. Absent from a few 5xx answers.",
+    )
 
 
 # What each path can be refused with, so that the OpenAPI document says what clients may get. Every path can answer
