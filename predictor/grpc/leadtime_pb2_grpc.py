@@ -78,7 +78,11 @@ class PredictorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ObserveStream(self, request_iterator, context):
-        """A client stream of batches; each is validated and accepted on arrival. At most 4 streams are open at once
+        """A client stream of batches; each is validated and accepted on arrival, all or nothing per batch. So a bad batch
+        ends the call with INVALID_ARGUMENT (naming `batches[k]...` and how many observations of the batches before it
+        were accepted: "(N observations of the batches before it were accepted)") after the earlier batches were
+        kept: resend only batch k on, fixed, not the whole stream. A full backlog (RESOURCE_EXHAUSTED) or a stopping
+        service (UNAVAILABLE) ends it the same way, naming the count. At most 4 streams are open at once
         (RESOURCE_EXHAUSTED beyond: retry later, or use Observe).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
