@@ -273,3 +273,22 @@ def test_an_observation_stream_still_open_when_the_store_closes_is_refused_unava
     with pytest.raises(grpc.RpcError) as err:
         stub.Observe(pb.ObserveRequest(observations=[observation(2)]), timeout=5, metadata=auth)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_readmes_grpcurl_example_calls_a_real_method_with_a_body_it_answers(served: tuple[TestClient, Any]) -> None:
+    """The service has no gRPC reflection, so the README shows grpcurl given the .proto: its file, port, service,
+    method and JSON body must be what a fresh service answers (grpcurl reads the body as protobuf's JSON mapping)."""
+    from google.protobuf import json_format
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    shown = r"grpcurl -proto (\S+) -plaintext -d '(.*?)'[\s\\]+localhost:(\d+) (\S+)/(\w+)"
+    call = re.search(shown, readme, flags=re.S)
+    assert call, "the README shows no grpcurl call"
+    proto, body, port, service, method = call.groups()
+    assert (root / proto).is_file() and int(port) == ServiceSettings().grpc_port
+    assert service == f"{pb.DESCRIPTOR.package}.Predictor" and method == "PredictBulk"
+    request = json_format.Parse(body, pb.PredictBulkRequest())
+    _, stub = served
+    answer = stub.PredictBulk(request, timeout=5)
+    assert len(answer.ttft_mean_ms) == len(request.rows) == 2
