@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 from fastapi.testclient import TestClient
 from waiting import wait_for
 
@@ -79,6 +80,20 @@ def test_bodies_over_the_limit_get_413_declared_or_streamed() -> None:
         streamed = c.post("/add_training_data_bulk", content=chunks(), headers={"content-type": "application/json"})
         assert streamed.status_code == 413
         assert c.get("/status").status_code == 200  # the service carries on
+
+
+def test_more_training_entries_than_a_call_takes_are_over_the_body_limit_first() -> None:
+    """Over HTTP the 16 MiB limit answers 413 before the 100,000-entry cap could answer 422: the shortest llm-d
+    entry (its eight required fields) takes more than 16 MiB / 100,000 bytes, so the README says 413."""
+    from leadtime.predictor.service.runtime import MAX_OBSERVATIONS_PER_CALL
+
+    settings = ServiceSettings()
+    shortest = dict.fromkeys([*row(), "actual_ttft_ms", "actual_tpot_ms"], 0)
+    assert len(orjson.dumps(shortest)) + 1 > settings.max_body_bytes / MAX_OBSERVATIONS_PER_CALL
+    with TestClient(create_app(settings)) as c:
+        body = orjson.dumps({"entries": [shortest] * (MAX_OBSERVATIONS_PER_CALL + 1)})
+        answer = c.post("/add_training_data_bulk", content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 413, answer.text[:200]
 
 
 def test_metrics_scrape_has_the_leadtime_families() -> None:
