@@ -178,3 +178,14 @@ def test_a_text_field_sent_as_null_is_accepted_and_documented_so(served: tuple[T
         validator = jsonschema_rs.Draft202012Validator({**schema, "components": document["components"]})
         assert validator.is_valid({key: [row]}), path
         assert not validator.is_valid({key: [{**row, "endpoint_id": 5}]}), path
+
+
+def test_reload_documents_the_409_it_answers_for_a_refused_model() -> None:
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(grpc_port=0), store=store)) as client:
+        document = client.get("/openapi.json").json()
+        store.publish_model(b'{"not": "an artifact"}')
+        refused = client.post("/reload", headers={"content-type": "application/json"})
+    assert refused.status_code == 409 and "refused" in refused.json()["error"], refused.text
+    documented = document["paths"]["/reload"]["post"]["responses"]
+    assert documented["409"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorAnswer"}

@@ -22,7 +22,7 @@ from leadtime.predictor.artifact import ArtifactError
 from leadtime.predictor.llmd_importances import llmd_importances
 from leadtime.predictor.service.edge import ReadyRuntime, require_token
 from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
-from leadtime.predictor.service.schemas import NOT_FOUND, content_of
+from leadtime.predictor.service.schemas import MODEL_REFUSED, NOT_FOUND, content_of
 
 prediction_router = APIRouter(tags=["llm-d operations"])
 training_router = APIRouter(tags=["llm-d operations"])
@@ -111,7 +111,10 @@ def _check_name(name: str) -> None:
 
 
 @prediction_router.post(
-    RELOAD_PATH, dependencies=[Depends(require_token)], summary="Swap in the newest published model now."
+    RELOAD_PATH,
+    dependencies=[Depends(require_token)],
+    responses=MODEL_REFUSED,
+    summary="Swap in the newest published model now.",
 )
 async def reload(runtime: ReadyRuntime) -> dict[str, Any]:
     """Load the newest published model now (llm-d's /reload). With --model-from, pull the source's model first

@@ -237,6 +237,10 @@ def document_refusals(document: dict[str, Any], token_paths: Iterable[str] = ())
 
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {**_ERROR, "description": "No such model (or none yet)."}}
+MODEL_REFUSED: dict[int | str, dict[str, Any]] = {
+    409: {**_ERROR, "description": "The model to load (published, or pulled from --model-from) was refused: why."},
+    503: {**_ERROR, "description": "The service is not ready, or the model registry or source cannot be reached."},
+}
 
 
 def content_of(media_type: str, description: str) -> dict[int | str, dict[str, Any]]:
