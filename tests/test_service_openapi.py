@@ -189,3 +189,23 @@ def test_reload_documents_the_409_it_answers_for_a_refused_model() -> None:
     assert refused.status_code == 409 and "refused" in refused.json()["error"], refused.text
     documented = document["paths"]["/reload"]["post"]["responses"]
     assert documented["409"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorAnswer"}
+
+
+def test_503_is_documented_on_exactly_the_paths_that_answer_it_before_start_up_has_finished() -> None:
+    """Paths that need the model answer 503 (an ErrorAnswer) until start-up has finished; /readyz answers its own
+    503 (its readiness body); /, /healthz, /status and /metrics answer 200 all along."""
+    app = create_app(ServiceSettings(grpc_port=0))
+    client = TestClient(app)  # not entered: the runtime has not started
+    document = client.get("/openapi.json").json()
+    error = {"$ref": "#/components/schemas/ErrorAnswer"}
+    for method, url, operation in operations(document):
+        body = b"{}" if method == "POST" else None
+        answer = client.request(method, url, content=body, headers={"content-type": "application/json"})
+        assert ("503" in operation["responses"]) == (answer.status_code == 503), (method, url, answer.status_code)
+        if answer.status_code == 503:
+            schema = operation["responses"]["503"]["content"]["application/json"]["schema"]
+            assert (schema == error) == ("error" in answer.json()), (method, url, schema)
+    readyz = document["paths"]["/readyz"]["get"]["responses"]["503"]["content"]["application/json"]["schema"]
+    validator = jsonschema_rs.Draft202012Validator({**readyz, "components": document["components"]})
+    validator.validate(client.get("/readyz").json())
+    assert not validator.is_valid({"error": "not ready"})

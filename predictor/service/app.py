@@ -140,7 +140,7 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.add_exception_handler(StoreClosed, store_closed_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
-    app.include_router(health.router, responses=COMMON_ERRORS)
+    app.include_router(health.router)
     app.include_router(native.common_router, responses=COMMON_ERRORS)
     for router in body_routers:
         app.include_router(router, responses=COMMON_ERRORS)

@@ -12,8 +12,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from leadtime.predictor.llmd_importances import llmd_importances
 from leadtime.predictor.service.edge import Runtime
 from leadtime.predictor.service.runtime import ServiceRuntime, rfc3339
-from leadtime.predictor.service.schemas import content_of
+from leadtime.predictor.service.schemas import Readiness, content_of
 
+# Included without the common 503: these paths answer while the service starts and stops (/readyz says so itself).
 router = APIRouter(tags=["health"])
 
 
@@ -38,7 +39,14 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", summary="200 while predictions can be served (naming anything degraded), else 503.")
+@router.get(
+    "/readyz",
+    responses={
+        200: {"model": Readiness, "description": "Predictions can be served; anything degraded is named."},
+        503: {"model": Readiness, "description": "Predictions cannot be served yet (or any longer)."},
+    },
+    summary="200 while predictions can be served (naming anything degraded), else 503.",
+)
 @router.head("/readyz", include_in_schema=False)
 async def readyz(runtime: Runtime) -> JSONResponse:
     """Readiness is about answering predictions. A Redis outage or a refused model degrades learning and

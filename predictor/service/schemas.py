@@ -167,9 +167,18 @@ class ErrorAnswer(BaseModel):
     )
 
 
-# What each path can be refused with, so that the OpenAPI document says what clients may get. Every path can answer
-# 503 (while the service starts or stops); the rest depend on what a path takes, and `document_refusals` adds them
-# from the operation itself (its method, its body, its security).
+class Readiness(BaseModel):
+    """/readyz's answer, 200 and 503 alike: whether predictions can be served, and what is degraded meanwhile."""
+
+    status: Literal["ready", "not ready"]
+    degraded: dict[str, str] = Field(..., description="Each degraded component and why; empty when all is well.")
+    components: dict[str, str] = Field(..., description='Every component: "ok" or why it is degraded.')
+    ingestion: dict[str, Any] = Field(..., description="Observations accepted, learned, thinned, dropped, pending.")
+
+
+# What each path can be refused with, so that the OpenAPI document says what clients may get. Every path that needs
+# the model answers 503 while the service starts or stops (all but the health router's); the rest depend on what a
+# path takes, and `document_refusals` adds them from the operation itself (its method, its body, its security).
 _ERROR = {"model": ErrorAnswer}
 _ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorAnswer"}}}
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
