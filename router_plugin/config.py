@@ -27,20 +27,21 @@ scheduling profile that lists which of them run and with what weight.
 A profile with the predicted-latency scorer becomes a `LeadtimePolicy`; heuristic scorers listed beside it with
 a weight add their weighted scores to its score on unified fleets (on P/D fleets pairs are ranked by the
 latency scorer alone). A profile without it is llm-d's heuristic pipeline. Every mistake is a `ConfigError`
-naming the field.
+naming the field; what loads but has no effect (llm-d's keys and parameters Leadtime does not act on, a weight on
+a filter or picker, a parameter its `disaggregation` mode ignores) is in `PickerConfig.warnings`, a line each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from leadtime.features.catalog import BUILT_IN, Catalog
-from leadtime.features.errors import validation_problem
+from leadtime.features.errors import field_path, validation_problem
 from leadtime.router_plugin.client import PredictorClient, require_predictor_client
 from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, resident_filter
 from leadtime.router_plugin.policy import RoutingPolicy
@@ -61,9 +62,10 @@ LLMD_STRUCTURAL = (
     "decode-filter",
     "prefill-filter",
 )
-"""llm-d's profile handlers and role filters, accepted with whatever parameters so that its configs load, and not
-used: the router keeps prefill and decode endpoints apart by their role itself, and decides disaggregation and the
-(prefill, decode) pair by prediction (or, in the heuristic profile, as llm-d's default P/D pipeline)."""
+"""llm-d's profile handlers and role filters, accepted so that its configs load, and not used: the router keeps
+prefill and decode endpoints apart by their role itself, and decides disaggregation and the (prefill, decode) pair
+by prediction (or, in the heuristic profile, as llm-d's default P/D pipeline). Their llm-d parameters are checked
+(`LLMD_STRUCTURAL_PARAMETERS`) and each one given is warned about; those without take none."""
 PLUGIN_TYPES = (
     "predicted-latency-scorer",
     "inflight-accounting",
@@ -127,6 +129,74 @@ class TimesliceParameters(_Model):
     serving_job: str = Field(default="inference", min_length=1, alias="servingJob")
 
 
+class _LlmdParameters(_Model):
+    """Parameters of an llm-d plugin Leadtime takes and does not act on: checked as llm-d would (a number where it
+    takes one), so that a typo is caught, and each one given is warned about, with its field's description as the
+    reason (`PickerConfig.warnings`)."""
+
+    plugin: ClassVar[str]
+
+
+class PdHandlerParameters(_LlmdParameters):
+    plugin = "pd-profile-handler"
+    threshold: int = Field(
+        default=0,
+        ge=0,
+        strict=True,
+        description="Leadtime decides per request, by predicted latency, whether to disaggregate (for a fixed "
+        "threshold, see disaggregateMinTokens with disaggregation: decode-first)",
+    )
+    hash_block_size: int = Field(
+        default=16,
+        gt=0,
+        strict=True,
+        alias="hashBlockSize",
+        description="the router estimates prefix hits itself, from what it sent each endpoint",
+    )
+    prefix_plugin_name: str = Field(
+        default="prefix-cache-scorer",
+        strict=True,
+        alias="prefixPluginName",
+        description="the router estimates prefix hits itself, from what it sent each endpoint",
+    )
+    decode_profile: str = Field(
+        default="decode",
+        strict=True,
+        alias="decodeProfile",
+        description="Leadtime runs the one profile --profile names, for prefill and decode endpoints alike",
+    )
+    prefill_profile: str = Field(
+        default="prefill",
+        strict=True,
+        alias="prefillProfile",
+        description="Leadtime runs the one profile --profile names, for prefill and decode endpoints alike",
+    )
+    primary_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        strict=True,
+        alias="primaryPort",
+        description="requests go to the port the discovery names for the decode endpoint",
+    )
+
+
+class PrefillHeaderParameters(_LlmdParameters):
+    plugin = "prefill-header-handler"
+    prefill_profile: str = Field(
+        default="prefill",
+        strict=True,
+        alias="prefillProfile",
+        description="the gateway names the prefill endpoint it chose in x-prefiller-host-port itself",
+    )
+
+
+LLMD_STRUCTURAL_PARAMETERS: dict[str, type[_LlmdParameters]] = {
+    model.plugin: model for model in (PdHandlerParameters, PrefillHeaderParameters)
+}
+"""The parameters llm-d's structural plugins take (`LLMD_STRUCTURAL`; those not here take none)."""
+
+
 PARAMETERS: dict[str, type[BaseModel]] = {
     "predicted-latency-scorer": LatencyParameters,
     "timeslice-filter": TimesliceParameters,
@@ -146,22 +216,30 @@ class PluginSpec(_Model):
     name: str | None = None
     parameters: dict[str, Any] = {}
 
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: object) -> object:
+        """`parameters:` with every child commented out is YAML's null: no parameters, as an empty mapping is."""
+        return {} if value is None else value
+
     @property
     def ref(self) -> str:
         return self.name or self.type
 
 
+Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False, strict=True)]
+"""A scorer's weight: a number (an integer or not); strict, since `weight: true` or `weight: "2"` is a mistake
+that pydantic would otherwise take as 1 or 2."""
+
+
 class ProfilePlugin(_Model):
     plugin_ref: str = Field(alias="pluginRef")
-    weight: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    weight: Weight = 1.0
 
 
 class ProfileSpec(_Model):
     name: str = "default"
     plugins: list[ProfilePlugin] = Field(min_length=1)
-
-
-Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 
 class FallbackSpec(_Model):
@@ -181,19 +259,22 @@ class PickerConfig(_Model):
     _source: str | None = PrivateAttr(default=None)
     """The file it was read from (`load_config`), for errors found after parsing, such as a missing profile."""
 
+    _notes: list[str] = PrivateAttr(default_factory=list)
+    """What loads but has no effect, found by `parse_config`: a line each, naming the key."""
+
     @property
     def unused_llmd_keys(self) -> list[str]:
         """llm-d's top-level keys the file gives (`LLMD_TOP_LEVEL`), which a user should be told go unused."""
         return [key for key, field in LLMD_TOP_LEVEL.items() if field in self.model_fields_set]
 
     @property
-    def unused_warning(self) -> str | None:
-        """The one line saying which of llm-d's keys the file gives and Leadtime does not use (None: none)."""
+    def warnings(self) -> list[str]:
+        """A line for each thing the file gives that has no effect (llm-d's top-level keys in one line), prefixed
+        with the file's name when it was read from one; the CLI prints them as warnings."""
         keys = self.unused_llmd_keys
-        if not keys:
-            return None
+        lines = [f"llm-d's {', '.join(keys)} are accepted and not used by Leadtime"] if keys else []
         where = f"{self._source}: " if self._source else ""
-        return f"{where}llm-d's {', '.join(keys)} are accepted and not used by Leadtime"
+        return [where + line for line in lines + self._notes]
 
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -218,13 +299,38 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
+EXPECTED = {
+    "PluginSpec": "expected a mapping {type, name, parameters}",
+    "ProfileSpec": "expected a mapping {name, plugins}",
+    "ProfilePlugin": "expected a mapping {pluginRef, weight}",
+    "FallbackSpec": "expected a mapping {deadlineMs, weights}",
+    "parameters": "expected a mapping of the plugin's parameters",
+    "weights": "expected a mapping of scorer names to weights",
+}
+"""What a misshapen part of the file should be, by its model's class (pydantic's "a valid dictionary or instance
+of PluginSpec" names a class the file's author never sees) or by the mapping field's name."""
+
+
 def _describe(err: ValidationError) -> str:
     where, problem = validation_problem(err)
+    for error in err.errors():
+        if field_path(error["loc"]) != where:
+            continue
+        if error["type"] == "model_type":
+            problem = EXPECTED.get(error.get("ctx", {}).get("class_name", ""), problem)
+        elif error["type"] == "dict_type" and error["loc"]:
+            problem = EXPECTED.get(str(error["loc"][-1]), problem)
+        elif error["type"] in ("float_type", "int_type"):  # strict: `true` or `"2"` given for a number
+            got = repr(error.get("input"))
+            problem += f", got {got if len(got) <= 40 else got[:40] + '…'}"
     return f"{where or 'config'}: {problem}"
 
 
 def parse_config(data: object) -> PickerConfig:
-    """A parsed YAML/JSON document → PickerConfig; ConfigError names the offending field."""
+    """A parsed YAML/JSON document → PickerConfig; ConfigError names the offending field. What loads but has no
+    effect is in the result's `warnings`."""
+    if not isinstance(data, Mapping):  # an empty file (None), a list, a bare value
+        raise ConfigError("the file holds no configuration: expected a mapping with plugins and schedulingProfiles")
     try:
         config = PickerConfig.model_validate(data)
     except ValidationError as err:
@@ -233,11 +339,14 @@ def parse_config(data: object) -> PickerConfig:
     duplicates = {r for r in refs if refs.count(r) > 1}
     if duplicates:
         raise ConfigError(f"plugins: the name {sorted(duplicates)[0]!r} is used twice")
+    notes = config._notes
     for i, spec in enumerate(config.plugins):
         parameters = PARAMETERS.get(spec.type)
         if spec.type in LLMD_STRUCTURAL:
-            continue
-        if parameters is not None:
+            notes.extend(_llmd_parameters(spec, f"plugins[{i}]"))
+        elif parameters is LatencyParameters:
+            notes.extend(_mode_warnings(_parameters(LatencyParameters, spec, f"plugins[{i}]"), f"plugins[{i}]"))
+        elif parameters is not None:
             _parameters(parameters, spec, f"plugins[{i}]")
         elif unknown := sorted(set(spec.parameters or ()) - LLMD_ONLY_PARAMETERS.get(spec.type, frozenset())):
             llmd = sorted(LLMD_ONLY_PARAMETERS.get(spec.type, ()))
@@ -261,6 +370,11 @@ def parse_config(data: object) -> PickerConfig:
             ):
                 raise ConfigError(f"{where}: a profile takes one predicted-latency-scorer")
             listed.append(entry.plugin_ref)
+            if "weight" in entry.model_fields_set and types[entry.plugin_ref] not in SCORER_TYPES:
+                notes.append(
+                    f"schedulingProfiles[{i}].plugins[{j}].weight: {types[entry.plugin_ref]} is not a scorer, "
+                    "so its weight has no effect"
+                )
         if not any(types[e.plugin_ref] in SCORER_TYPES and e.weight > 0 for e in profile.plugins):
             raise ConfigError(
                 f"schedulingProfiles[{i}]: profile {profile.name!r} has no scorer weighing above 0 "
@@ -302,13 +416,60 @@ def _parameters(model: type[BaseModel], spec: PluginSpec, where: str) -> Any:
         raise ConfigError(f"{where}.parameters.{_describe(err)}") from None
 
 
+def _llmd_parameters(spec: PluginSpec, where: str) -> list[str]:
+    """Check the parameters of one of llm-d's structural plugins as llm-d takes them: a line for each one given,
+    saying why it is not used; ConfigError for one llm-d does not take or one of the wrong type."""
+    model = LLMD_STRUCTURAL_PARAMETERS.get(spec.type)
+    if model is None:
+        if spec.parameters:
+            raise ConfigError(
+                f"{where}.parameters: llm-d's {spec.type} takes no parameters, got {sorted(spec.parameters)}"
+            )
+        return []
+    given = _parameters(model, spec, where).model_fields_set
+    return [
+        f"{where}.parameters.{field.alias or name}: llm-d's {spec.type} {field.alias or name} is not used: "
+        f"{field.description}"
+        for name, field in model.model_fields.items()
+        if name in given
+    ]
+
+
+def _mode_warnings(latency: LatencyParameters, where: str) -> list[str]:
+    """A line for each parameter of the predicted-latency scorer given where it has no effect: in a `disaggregation`
+    mode that does not read it, or beside a setting that overrides it (see `predicted.LeadtimePolicy._pick_pair`)."""
+    given = latency.model_fields_set
+    joint = latency.disaggregation == "joint"
+    said: list[tuple[str, str]] = []
+    if joint and "disaggregate_min_tokens" in given:
+        said.append(("disaggregateMinTokens", "ignored with disaggregation: joint, which decides by prediction"))
+    if not joint and "local_prefill" in given:
+        said.append(
+            (
+                "localPrefill",
+                "ignored with disaggregation: decode-first: a prompt below disaggregateMinTokens is prefilled on "
+                "the decode endpoint, one at or above it never is",
+            )
+        )
+    if not joint and "local_prefill_itl_share" in given:
+        said.append(("localPrefillItlShare", "ignored with disaggregation: decode-first (it acts in joint)"))
+    elif joint and not latency.local_prefill and "local_prefill_itl_share" in given:
+        said.append(("localPrefillItlShare", "no effect with localPrefill: false (no decode endpoint prefills)"))
+    if latency.overflow == "sink" and "overflow_cap" in given:
+        said.append(("overflowCap", "no effect with overflow: sink, which never caps the overflow endpoint"))
+    return [f"{where}.parameters.{key}: {text}" for key, text in said]
+
+
 def profile_of(config: PickerConfig, name: str) -> ProfileSpec:
     """The scheduling profile called `name`; ConfigError listing the profiles there are."""
     chosen = next((p for p in config.scheduling_profiles if p.name == name), None)
     if chosen is None:
         known = ", ".join(p.name for p in config.scheduling_profiles)
         where = f"{config._source}: " if config._source else ""
-        raise ConfigError(f"{where}schedulingProfiles: no profile named {name!r} (profiles: {known})")
+        raise ConfigError(
+            f"{where}schedulingProfiles: no profile named {name!r} (profiles: {known}): Leadtime runs one profile, "
+            "for prefill and decode endpoints alike, chosen with --profile NAME (simulate: --policy profile:NAME)"
+        )
     return chosen
 
 

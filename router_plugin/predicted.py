@@ -115,7 +115,8 @@ class LeadtimeConfig:
         predicted ITL p90 is within `local_prefill_itl_share` of the request's ITL SLO: a prefill there slows the
         decode steps of every request on it (1: whenever the SLO is predicted met).
     disaggregate_min_tokens
-        With `joint_pairs` off, prompts with fewer uncached tokens are prefilled on the decode endpoint.
+        With `joint_pairs` off, prompts of fewer tokens (the whole prompt, cached or not) are prefilled on the
+        decode endpoint and longer ones never are: `local_prefill` and `local_prefill_itl_share` are not read.
     exploration
         Share of decisions that explore (see the module docstring).
     comfort

@@ -679,6 +679,22 @@ def test_llmds_top_level_keys_load_with_one_warning(tmp_path: Path, trace: Path)
     assert warnings == [f"warning: {mine}: {unused}"]
 
 
+def test_an_llmd_pd_handler_threshold_is_one_warning_line_naming_the_key(tmp_path: Path, trace: Path) -> None:
+    """llm-d's `pd-profile-handler` `threshold` was dropped without a word."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        MINE.replace(
+            "[{type: queue-scorer}]", "[{type: queue-scorer}, {type: pd-profile-handler, parameters: {threshold: 10}}]"
+        )
+    )
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--config", str(mine), "--json"]
+    result = runner.invoke(app, [*args, "--policy", "profile:mine"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "threshold" in line]
+    assert len(warnings) == 1, result.stderr
+    assert warnings[0].startswith(f"warning: {mine}: plugins[1].parameters.threshold: llm-d's pd-profile-handler")
+
+
 # ----- scale-out pools --------------------------------------------------------------------------------------
 
 LATE = POOL + "  - {name: late, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, join_at_s: %s}\n"

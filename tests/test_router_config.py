@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from test_router_plugin import QueueModel, cand, req
 
 from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
@@ -299,7 +300,7 @@ def test_llmds_own_top_level_keys_load_unused_and_typos_are_still_refused() -> N
     parsed = parse_config(config)
     assert parsed.unused_llmd_keys == ["featureGates", "saturationDetector", "data"]
     plain = {k: v for k, v in config.items() if k in ("plugins", "schedulingProfiles")}
-    assert parse_config(plain).unused_llmd_keys == [] and parse_config(plain).unused_warning is None
+    assert parse_config(plain).unused_llmd_keys == [] and parse_config(plain).warnings == []
     with pytest.raises(ConfigError, match="schedulingProfile: Extra inputs are not permitted"):
         parse_config({**config, "schedulingProfile": []})
 
@@ -311,3 +312,210 @@ def test_a_missing_profile_names_the_configuration_file(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(mine))}: schedulingProfiles: no profile named 'default'"):
         build_policy(load_config(mine), None)
+
+
+# ----- what a misshapen file says it expects ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        (None, "the file holds no configuration: expected a mapping with plugins and schedulingProfiles"),
+        ([], "the file holds no configuration: expected a mapping with plugins and schedulingProfiles"),
+        ({"plugins": ["queue-scorer"], "schedulingProfiles": []}, "plugins[0]: expected a mapping {type, name, "),
+        (
+            {"plugins": [{"type": "queue-scorer"}], "schedulingProfiles": ["default"]},
+            "schedulingProfiles[0]: expected a mapping {name, plugins}",
+        ),
+        (
+            {"plugins": [{"type": "queue-scorer"}], "schedulingProfiles": [{"plugins": ["queue-scorer"]}]},
+            "schedulingProfiles[0].plugins[0]: expected a mapping {pluginRef, weight}",
+        ),
+        (
+            {"plugins": [{"type": "queue-scorer", "parameters": 5}], "schedulingProfiles": []},
+            "plugins[0].parameters: expected a mapping of the plugin's parameters",
+        ),
+    ],
+)
+def test_a_misshapen_file_says_what_it_expects(data: object, expected: str) -> None:
+    """An empty file said "config: Input should be a valid dictionary or instance of PickerConfig", a bare-string
+    plugin "...or instance of PluginSpec": class names the author of a YAML file never sees."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value).startswith(expected), err.value
+    assert "instance of" not in str(err.value)
+
+
+def test_parameters_left_null_are_empty_parameters(tmp_path: Path) -> None:
+    """`parameters:` with every child commented out is YAML's null: it was refused as not a dictionary."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        "plugins:\n- type: predicted-latency-scorer\n  parameters:\n    # exploration: 0.1\n"
+        "- type: timeslice-filter\n  parameters:\n- type: max-score-picker\n  parameters:\n"
+        "schedulingProfiles:\n- plugins: [{pluginRef: predicted-latency-scorer}, {pluginRef: timeslice-filter}]\n"
+    )
+    policy = build_policy(load_config(mine), QueueModel())
+    assert isinstance(policy, LeadtimePolicy) and policy.config.exploration == 0.02
+
+
+# ----- llm-d's P/D configuration ---------------------------------------------------------------------------------
+
+LLMD_PD = {
+    "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+    "kind": "EndpointPickerConfig",
+    "plugins": [
+        {"type": "prefill-header-handler"},
+        {"type": "prefix-cache-scorer", "parameters": {"hashBlockSize": 5, "maxPrefixBlocksToMatch": 256}},
+        {"type": "queue-scorer"},
+        {"type": "prefill-filter"},
+        {"type": "decode-filter"},
+        {"type": "max-score-picker"},
+        {"type": "pd-profile-handler", "parameters": {"threshold": 10, "hashBlockSize": 5}},
+    ],
+    "schedulingProfiles": [
+        {
+            "name": "prefill",
+            "plugins": [
+                {"pluginRef": "prefill-filter"},
+                {"pluginRef": "max-score-picker"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 50},
+            ],
+        },
+        {
+            "name": "decode",
+            "plugins": [
+                {"pluginRef": "decode-filter"},
+                {"pluginRef": "max-score-picker"},
+                {"pluginRef": "prefix-cache-scorer", "weight": 50},
+                {"pluginRef": "queue-scorer", "weight": 1},
+            ],
+        },
+    ],
+}
+
+
+def test_llmds_pd_handler_threshold_is_warned_about_by_key() -> None:
+    """`threshold` was dropped in silence: Leadtime decides disaggregation by prediction."""
+    warnings = parse_config(LLMD_PD).warnings
+    threshold = [w for w in warnings if w.startswith("plugins[6].parameters.threshold: ")]
+    assert len(threshold) == 1, warnings
+    assert "llm-d's pd-profile-handler threshold is not used" in threshold[0]
+    assert "disaggregateMinTokens" in threshold[0]
+    assert any(w.startswith("plugins[6].parameters.hashBlockSize: ") for w in warnings), warnings
+    assert all("\n" not in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    "plugin,field",
+    [
+        ({"type": "pd-profile-handler", "parameters": {"threshold": "abc"}}, "plugins[0].parameters.threshold"),
+        ({"type": "pd-profile-handler", "parameters": {"threshold": -1}}, "plugins[0].parameters.threshold"),
+        ({"type": "pd-profile-handler", "parameters": {"threshold": True}}, "plugins[0].parameters.threshold"),
+        ({"type": "pd-profile-handler", "parameters": {"bogus": 1}}, "plugins[0].parameters.bogus"),
+        ({"type": "decode-filter", "parameters": {"bogus": 1}}, "plugins[0].parameters"),
+        ({"type": "single-profile-handler", "parameters": {"x": 1}}, "plugins[0].parameters"),
+    ],
+)
+def test_llmds_structural_plugins_parameters_are_checked(plugin: dict[str, object], field: str) -> None:
+    """`pd-profile-handler` took `{threshold: "abc", bogus: 1}` without a word."""
+    config = {
+        "plugins": [plugin, {"type": "queue-scorer"}],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "queue-scorer"}]}],
+    }
+    with pytest.raises(ConfigError, match="^" + re.escape(field)):
+        parse_config(config)
+
+
+def test_an_llmd_pd_config_without_profile_says_to_choose_one(tmp_path: Path) -> None:
+    mine = tmp_path / "pd.yaml"
+    mine.write_text(yaml.safe_dump(LLMD_PD))
+    with pytest.raises(ConfigError, match=r"no profile named 'default' \(profiles: prefill, decode\).*--profile NAME"):
+        build_policy(load_config(mine), None)
+    assert isinstance(build_policy(load_config(mine), None, profile="decode"), ScoringPolicy)
+
+
+# ----- weights ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weight", [True, "2", None])
+def test_a_weight_that_is_not_a_number_is_refused_naming_it(weight: object) -> None:
+    """`weight: true` was taken as 1 and `weight: "2"` as 2."""
+    config = {
+        "plugins": [{"type": "queue-scorer"}],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "queue-scorer", "weight": weight}]}],
+    }
+    with pytest.raises(ConfigError, match=r"^schedulingProfiles\[0\]\.plugins\[0\]\.weight: "):
+        parse_config(config)
+    fallback = {
+        "plugins": [{"type": "queue-scorer"}],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "queue-scorer"}]}],
+    }
+    with pytest.raises(ConfigError, match=r"^fallback\.weights\.queue-scorer: "):
+        parse_config({**fallback, "fallback": {"weights": {"queue-scorer": weight}}})
+
+
+def test_integer_and_fractional_weights_are_taken() -> None:
+    config = {
+        "plugins": [{"type": "queue-scorer"}, {"type": "prefix-cache-scorer"}],
+        "schedulingProfiles": [
+            {
+                "plugins": [
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 0.5},
+                ]
+            }
+        ],
+    }
+    policy = build_policy(parse_config(config), None)
+    assert isinstance(policy, ScoringPolicy) and [s.weight for s in policy.scorers] == [2.0, 0.5]
+
+
+def test_a_weight_on_a_filter_or_picker_is_warned_about() -> None:
+    config = {
+        "plugins": [{"type": "timeslice-filter"}, {"type": "queue-scorer"}, {"type": "max-score-picker"}],
+        "schedulingProfiles": [
+            {
+                "plugins": [
+                    {"pluginRef": "timeslice-filter", "weight": 2},
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "max-score-picker"},
+                ]
+            }
+        ],
+    }
+    assert parse_config(config).warnings == [
+        "schedulingProfiles[0].plugins[0].weight: timeslice-filter is not a scorer, so its weight has no effect"
+    ]
+
+
+# ----- parameters that act only in one disaggregation mode -------------------------------------------------------
+
+
+def latency(parameters: dict[str, object]) -> dict[str, object]:
+    return {
+        "plugins": [{"type": "predicted-latency-scorer", "parameters": parameters}],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
+    }
+
+
+@pytest.mark.parametrize(
+    "parameters,key,says",
+    [
+        ({"disaggregateMinTokens": 100}, "disaggregateMinTokens", "ignored with disaggregation: joint"),
+        ({"disaggregation": "decode-first", "localPrefill": False}, "localPrefill", "below disaggregateMinTokens"),
+        ({"disaggregation": "decode-first", "localPrefillItlShare": 0.3}, "localPrefillItlShare", "decode-first"),
+        ({"localPrefill": False, "localPrefillItlShare": 0.3}, "localPrefillItlShare", "localPrefill: false"),
+        ({"overflow": "sink", "overflowCap": 3}, "overflowCap", "overflow: sink"),
+    ],
+)
+def test_parameters_without_effect_in_their_mode_are_warned_about(
+    parameters: dict[str, object], key: str, says: str
+) -> None:
+    warnings = parse_config(latency(parameters)).warnings
+    assert len(warnings) == 1 and warnings[0].startswith(f"plugins[0].parameters.{key}: "), warnings
+    assert says in warnings[0]
+
+
+def test_the_shipped_config_warns_of_nothing() -> None:
+    assert load_config(SHIPPED).warnings == []
+    assert parse_config(latency({"disaggregation": "decode-first", "disaggregateMinTokens": 64})).warnings == []

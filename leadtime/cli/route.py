@@ -247,11 +247,11 @@ def route(
     )
     try:
         wanted = needs_predictor(options)
-        unused = load_config(config).unused_warning if config is not None else None
+        unused = load_config(config).warnings if config is not None else []
     except ConfigError as err:
         fail(err)
-    if unused is not None:
-        warn(unused)
+    for line in unused:
+        warn(line)
     given = "--predictor-url" if predictor_url else "--predictor-grpc" if predictor_grpc else "--embedded"
     if wanted and not (predictor_url or predictor_grpc or embedded):
         needs = "--shadow" if shadow else "the predicted-latency scorer"

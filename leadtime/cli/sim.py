@@ -81,8 +81,8 @@ def simulate(
     policies = policy or (["profile:default"] if config is not None else ["llm-d"])
     try:
         picker = load_config(config) if config is not None else None
-        if picker is not None and picker.unused_warning is not None:
-            warn(picker.unused_warning)
+        for line in picker.warnings if picker is not None else []:
+            warn(line)
         simulated = load_fleet(fleet, known)
         for option in ("ttft_slo_ms", "itl_slo_ms"):
             if simulated.slos and option_given(ctx, option):
