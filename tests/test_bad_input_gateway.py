@@ -76,6 +76,27 @@ def test_an_slo_header_given_twice_is_422_naming_it(header: str) -> None:
     assert "100, 2000" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "value,shown",
+    [("9" * 20_000, "got a 20,000-digit number"), ("x" * 20_000, "got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'…")],
+)
+def test_a_long_slo_header_is_not_echoed_whole(value: str, shown: str) -> None:
+    """A 20,000-digit `x-llm-d-slo-ttft-ms` came back whole in the 422's message (20 KB)."""
+    response = post("/v1/completions", b'{"prompt": "hi"}', [(TTFT, value)])
+    message = response.json()["error"]["message"]
+    assert response.status_code == 422 and response.json()["error"]["param"] == TTFT
+    assert shown in message and len(message) < 200, message
+
+
+def test_the_picks_counters_help_says_a_pd_request_counts_twice() -> None:
+    """It said "Routing decisions", while on P/D a request counts on its prefill and on its decode endpoint."""
+    from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+
+    text = GatewayMetrics().render().decode()
+    help_line = next(line for line in text.splitlines() if line.startswith("# HELP leadtime_router_picks_total"))
+    assert "prefill" in help_line and "decode" in help_line, help_line
+
+
 @pytest.mark.parametrize("model", [False, 0, [], {}, 5])
 def test_a_model_that_is_not_a_string_is_422(model: object) -> None:
     with pytest.raises(BadRequest) as err:

@@ -42,7 +42,8 @@ class GatewayMetrics:
         )
         self.picks = Counter(
             f"{p}_picks",
-            "Routing decisions, by endpoint, accelerator class and role.",
+            "Requests routed to each endpoint, by endpoint, accelerator class and role; on P/D a request counts "
+            "on its prefill endpoint and on its decode endpoint (once when its decode endpoint prefills it).",
             ["endpoint", "accelerator", "role"],
             registry=r,
         )

@@ -52,6 +52,26 @@ class ParsedRequest:
     """The usage event of the stream was asked for by the gateway, not the client: it is not passed on."""
 
 
+SHOWN_CHARS = 40
+"""How much of a refused header value an error quotes: a client's value may be kilobytes long (a 20,000-digit
+number), and the answer and the log need only enough of it to recognise it."""
+
+
+def _shown(raw: bytes) -> str:
+    """A header value as an error quotes it: whole when short, else its first `SHOWN_CHARS` characters, or how
+    many digits it has when it is all digits (as `features.rows` names an `N-digit number`).
+
+    >>> _shown(b"abc"), _shown(b"9" * 20_000), _shown(b"x" * 50)[-4:]
+    ("'abc'", 'a 20,000-digit number', "xx'…")
+    """
+    text = raw.decode(errors="replace")
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    if text.isdigit():
+        return f"a {len(text):,}-digit number"
+    return f"{text[:SHOWN_CHARS]!r}…"
+
+
 def _slo(headers: Mapping[bytes, bytes], name: bytes, default: float | None) -> float | None:
     raw = headers.get(name)
     if raw is None:
@@ -61,9 +81,7 @@ def _slo(headers: Mapping[bytes, bytes], name: bytes, default: float | None) -> 
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise BadRequest(
-            422, name.decode(), f"must be a number of milliseconds > 0, got {raw.decode(errors='replace')!r}"
-        )
+        raise BadRequest(422, name.decode(), f"must be a number of milliseconds > 0, got {_shown(raw)}")
     return value
 
 
