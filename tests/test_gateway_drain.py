@@ -141,3 +141,26 @@ def test_a_request_cut_before_its_answer_started_gets_a_503(tmp_path: Path) -> N
     assert "Traceback" not in log and "ERROR" not in log, log
     assert status == 503
     assert "stopping" in json.loads(text)["error"]["message"]
+
+
+def test_sighup_is_ignored_with_a_log_line_and_the_gateway_goes_on_serving(tmp_path: Path) -> None:
+    """SIGHUP ended the gateway at once: no drain, no log line. It has nothing to reload (its --config is read once
+    at start; the discovery and time-slice files are re-read when they change), so it says so and goes on."""
+    port, loop = serve_frozen()
+    route = Route(tmp_path, ["--endpoint", f"127.0.0.1:{port},name=frozen", "--policy", "round-robin"])
+    try:
+        route.wait()
+        route.child.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "SIGHUP" not in route.child.output() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert route.child.process.poll() is None, route.child.output()
+        assert httpx.get(f"{route.url}/readyz", timeout=5).status_code == 200
+        log = [line for line in route.child.output().splitlines() if "SIGHUP" in line]
+        assert len(log) == 1 and "ignored" in log[0] and "--config is read once" in log[0], log
+        route.child.process.send_signal(signal.SIGTERM)
+        route.child.process.wait(timeout=20)  # SIGTERM still stops it, with its drain
+        assert "stopping" in route.child.output()
+    finally:
+        route.child.stop()
+        loop.call_soon_threadsafe(loop.stop)

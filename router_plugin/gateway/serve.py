@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
 import sys
+import threading
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -190,12 +194,35 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
     _Draining(config, gateway).run()
 
 
+SIGHUP_IGNORED = (
+    "SIGHUP ignored: --config is read once at start (restart the gateway to change it: SIGTERM drains it); "
+    "the discovery and time-slice files are re-read when they change"
+)
+"""What the gateway logs at a SIGHUP, which it ignores: a service manager's reload (or a closed terminal) ended it
+at once, requests in flight cut, while it has nothing to reload."""
+
+
 class _Draining(uvicorn.Server):
-    """uvicorn's server, saying at the first stop signal what it waits for, and for how long at most."""
+    """uvicorn's server, saying at the first stop signal what it waits for, and for how long at most, and ignoring
+    SIGHUP with a line saying why."""
 
     def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
         super().__init__(config)
         self.gateway = gateway
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """uvicorn's stop signals (SIGINT, SIGTERM), and SIGHUP ignored with a log line, its handler restored after."""
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP"):
+            with super().capture_signals():
+                yield
+            return
+        previous = signal.signal(signal.SIGHUP, lambda sig, frame: log.warning(SIGHUP_IGNORED))
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGHUP, previous)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
