@@ -143,8 +143,9 @@ class PdHandlerParameters(_LlmdParameters):
         default=0,
         ge=0,
         strict=True,
-        description="Leadtime decides per request, by predicted latency, whether to disaggregate (for a fixed "
-        "threshold, see disaggregateMinTokens with disaggregation: decode-first)",
+        description="Leadtime decides per request, by predicted latency, whether to disaggregate (a profile without "
+        "the predicted-latency-scorer always does; for a fixed threshold, see disaggregateMinTokens with "
+        "disaggregation: decode-first)",
     )
     hash_block_size: int = Field(
         default=16,

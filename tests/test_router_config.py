@@ -400,7 +400,7 @@ def test_llmds_pd_handler_threshold_is_warned_about_by_key() -> None:
     threshold = [w for w in warnings if w.startswith("plugins[6].parameters.threshold: ")]
     assert len(threshold) == 1, warnings
     assert "llm-d's pd-profile-handler threshold is not used" in threshold[0]
-    assert "disaggregateMinTokens" in threshold[0]
+    assert "disaggregateMinTokens" in threshold[0] and "without the predicted-latency-scorer always" in threshold[0]
     assert any(w.startswith("plugins[6].parameters.hashBlockSize: ") for w in warnings), warnings
     assert all("\n" not in w for w in warnings)
 
