@@ -419,21 +419,24 @@ def _parameters(model: type[BaseModel], spec: PluginSpec, where: str) -> Any:
 
 def _llmd_parameters(spec: PluginSpec, where: str) -> list[str]:
     """Check the parameters of one of llm-d's structural plugins as llm-d takes them: a line for each one given,
-    saying why it is not used; ConfigError for one llm-d does not take or one of the wrong type."""
+    saying why it is not used; ConfigError for a known one of the wrong type. One this project does not know llm-d
+    to take is a warning too, not a refusal: a newer llm-d may take it, and a config of its must still load."""
     model = LLMD_STRUCTURAL_PARAMETERS.get(spec.type)
+    names = {} if model is None else {field.alias or name: name for name, field in model.model_fields.items()}
+    unknown = [key for key in spec.parameters if key not in names]
+    lines = [
+        f"{where}.parameters.{key}: not a parameter llm-d's {spec.type} is known to take; not used" for key in unknown
+    ]
     if model is None:
-        if spec.parameters:
-            raise ConfigError(
-                f"{where}.parameters: llm-d's {spec.type} takes no parameters, got {sorted(spec.parameters)}"
-            )
-        return []
-    given = _parameters(model, spec, where).model_fields_set
+        return lines
+    known = {key: value for key, value in spec.parameters.items() if key in names}
+    given = _parameters(model, spec.model_copy(update={"parameters": known}), where).model_fields_set
     return [
         f"{where}.parameters.{field.alias or name}: llm-d's {spec.type} {field.alias or name} is not used: "
         f"{field.description}"
         for name, field in model.model_fields.items()
         if name in given
-    ]
+    ] + lines
 
 
 def _mode_warnings(latency: LatencyParameters, where: str) -> list[str]:
