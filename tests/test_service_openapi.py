@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema_rs
 import pytest
 from fastapi.testclient import TestClient
+from llmd_rows import LLMD_ROW
 
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
@@ -17,14 +18,7 @@ from leadtime.predictor.store.memory import MemoryStore
 
 TOKEN = "s3cret"
 MAX_BODY = 20_000
-ROW = {
-    "kv_cache_percentage": 0.1,
-    "input_token_length": 300,
-    "num_request_waiting": 0,
-    "num_request_running": 2,
-    "num_tokens_generated": 0,
-    "prefix_cache_score": 0.0,
-}
+ROW = LLMD_ROW
 ENTRY = {**ROW, "actual_ttft_ms": 120.0, "actual_tpot_ms": 0.0}
 TOKEN_PATHS = {"/add_training_data_bulk", "/flush", "/v1/observations", "/reload"}
 
