@@ -24,6 +24,7 @@ from leadtime.console import report_console
 from leadtime.features.errors import FeatureError
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.json_text import print_json
+from leadtime.predictor import physics
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdFrame, LlmdReference
 from leadtime.progress import stderr_bar
@@ -331,13 +332,17 @@ def run_accuracy(
         raise ValueError(
             f"{data}: none of its {len(rows)} rows has an actual_ttft_ms or actual_tpot_ms above 0: nothing to measure"
         )
-    if on_usage is not None:
-        on_usage(usage)
     config = LearnerConfig(accelerator=accelerator, model=model, background=False)
     try:
         x_lt = Vectorizer(accelerator, model).batch_llmd(rows)
     except FeatureError as err:
         raise at_line(err, data, lines) from None
+    # What Leadtime's poisoning guard will not learn (the peers learn every row): latencies in seconds look so.
+    guarded = np.flatnonzero(physics.implausible(x_lt.X, ttft, tpot))
+    if len(guarded):
+        usage = replace(usage, implausible=len(guarded), first_implausible_line=lines[int(guarded[0])])
+    if on_usage is not None:
+        on_usage(usage)
     x_ref = LlmdFrame.from_rows(rows)
     y = {"ttft": ttft, "tpot": tpot}
     with stderr_bar() as bar:
@@ -352,6 +357,7 @@ def run_accuracy(
         "accelerator": taken_as(rows, "accelerator", accelerator),
         "model": taken_as(rows, "model", model),
         "label_delay": label_delay,
+        "implausible": usage.implausible,
     }
     report["reference"] = reference_settings(reference_model)
     return report

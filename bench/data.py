@@ -80,6 +80,9 @@ class RowUsage:
     ttft: int
     tpot: int
     neither: int
+    implausible: int = 0
+    """Rows Leadtime's poisoning guard does not learn (`predictor.physics.implausible`)."""
+    first_implausible_line: int | None = None
 
     @classmethod
     def of(cls, ttft: np.ndarray, tpot: np.ndarray) -> RowUsage:

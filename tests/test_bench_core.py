@@ -247,6 +247,24 @@ def test_accuracy_says_how_many_rows_each_target_used_and_skipped(tmp_path: Path
     assert "warning:" in result.stderr and "5 of its 60 rows" in " ".join(result.stderr.split())
 
 
+def test_accuracy_warns_of_rows_the_poisoning_guard_leaves_unlearned(tmp_path: Path) -> None:
+    """Latencies in seconds: Leadtime's guard dropped 286 of 300 rows as implausible while the reference and the
+    median baseline learned them, and the report, scored as usual, said nothing."""
+    path = tmp_path / "seconds.jsonl"
+    rows = _rows_file(path, 60)
+    for row in rows[10:]:
+        row["actual_ttft_ms"] /= 1000.0
+        row["actual_tpot_ms"] /= 1000.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--seeds", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    implausible = json.loads(result.stdout)["data"]["implausible"]
+    assert 40 <= implausible <= 50, implausible
+    said = " ".join(result.stderr.split())
+    assert f"warning: {path}: {implausible} of its 60 rows" in said and "first at line 11" in said, said
+    assert "milliseconds" in said
+
+
 def test_accuracy_refuses_a_file_without_a_measured_row(tmp_path: Path) -> None:
     """It printed a table of dashes and exited 0."""
     path = tmp_path / "unmeasured.jsonl"

@@ -62,6 +62,13 @@ def bench_accuracy(
                 f"{path}: {usage.neither} of its {usage.rows} rows have neither actual_ttft_ms nor actual_tpot_ms "
                 "above 0: they count toward no figure"
             )
+        if usage.implausible:
+            warn(
+                f"{path}: {usage.implausible} of its {usage.rows} rows (first at line {usage.first_implausible_line}) "
+                "are implausible by the roofline (over 100 times faster than the hardware can be, or over a day): "
+                "Leadtime's poisoning guard does not learn them, the reference and the median baseline do, and all "
+                "are scored on them. Are the latencies in milliseconds?"
+            )
 
     try:
         report = run_accuracy(
