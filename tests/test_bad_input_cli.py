@@ -759,3 +759,26 @@ def test_demo_refuses_an_option_of_the_accuracy_demo_without_it(option: list[str
 def test_route_refuses_a_url_given_as_the_grpc_predictor(target: str) -> None:
     """It was a traceback ending in the client's ValueError, exit 1."""
     refused(["route", "--endpoint", "127.0.0.1:8100", "--predictor-grpc", target], "--predictor-grpc", "HOST:PORT")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["serve", "--grpc-port", "0"],
+        ["route", "--endpoint", "127.0.0.1:8100", "--policy", "round-robin"],
+        ["sim", "serve", "--fleet", "homogeneous"],
+    ],
+)
+@pytest.mark.parametrize("host", ["", " "])
+def test_an_empty_host_is_refused_rather_than_listening_on_every_interface(command: list[str], host: str) -> None:
+    """`--host "$HOST"` with HOST unset listened on 0.0.0.0 and [::]: the servers are said to stay on loopback unless
+    told otherwise, and an empty value is no such telling."""
+    refused([*command, "--host", host], "--host", "0.0.0.0")
+
+
+def test_route_takes_a_plain_policy_spelled_with_underscores() -> None:
+    """`simulate` and `bench routing` take `round_robin` for `round-robin`; `route` refused it."""
+    result = CliRunner().invoke(
+        app, ["route", "--endpoint", "127.0.0.1:8100", "--policy", "least_queue", "--port", "0"]
+    )
+    assert "--policy must be one of" not in result.output, result.output

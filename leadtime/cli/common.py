@@ -92,6 +92,14 @@ def warn(message: str) -> None:
     typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
 
 
+def bind_host(value: str, option: str = "--host") -> str:
+    """The address a server binds, refused when empty: "" binds every interface, and `--host "$HOST"` with HOST
+    unset is no request to listen there (the servers stay on loopback unless told otherwise)."""
+    if not value.strip():
+        fail(f"{option} must not be empty: give an address (0.0.0.0 listens on every interface)")
+    return value
+
+
 def option_given(ctx: typer.Context, name: str) -> bool:
     """Whether the user gave option `name` (its parameter's name), on the command line or in its environment
     variable, rather than leaving its default: what an option's default cannot tell apart from the same value

@@ -10,6 +10,7 @@ import typer
 from leadtime.cli.common import (
     CATALOG_HELP,
     app,
+    bind_host,
     catalog_option,
     check_redis_url,
     fail,
@@ -159,6 +160,7 @@ def route(
     from leadtime.router_plugin.gateway.serve import PLAIN_POLICIES, RouteOptions, build_gateway, needs_predictor
     from leadtime.router_plugin.timeslice_sources import TimesliceError
 
+    bind_host(host)
     if (discovery is None) == (not endpoint):
         fail("give either --discovery FILE or one or more --endpoint ADDRESS:PORT")
     if sum([predictor_url is not None, predictor_grpc is not None, embedded]) > 1:
@@ -184,6 +186,7 @@ def route(
         fail("--replicas-group: expected a name without spaces")
     if (tls_cert is None) != (tls_key is None):
         fail("--tls-cert and --tls-key go together: give both, or neither")
+    policy = policy.replace("_", "-") if policy else policy  # as simulate and bench routing take names
     if policy and policy not in PLAIN_POLICIES:
         fail(f"--policy must be one of {', '.join(PLAIN_POLICIES)}, got {policy!r}")
     if not 1 <= port <= 65535:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import CATALOG_HELP, app, fail
+from leadtime.cli.common import CATALOG_HELP, app, bind_host, fail
 from leadtime.features.errors import FeatureError, validation_problem
 
 OPTION_OF = {
@@ -102,6 +102,8 @@ def serve(
     from leadtime.predictor.service.cpus import CpuPlanError, allowed_cpus, plan_cpus
     from leadtime.predictor.settings import ServiceSettings
 
+    if host is not None:
+        bind_host(host)
     overrides = dict(
         host=host,
         port=port,

@@ -14,6 +14,7 @@ from leadtime.cli.common import (
     MEASURED_HELP,
     TRACE_HELP,
     app,
+    bind_host,
     catalog_option,
     fail,
     measured_path,
@@ -195,6 +196,7 @@ def sim_serve(
         fail("--timeslice-port must be between 1 and 65535")
     if (tls_cert is None) != (tls_key is None):
         fail("--tls-cert and --tls-key go together: give both, or neither")
+    bind_host(host)
     if tokens_per_event < 1:
         fail("--tokens-per-event must be ≥ 1")
     if seed < 0:
