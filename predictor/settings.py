@@ -16,8 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from leadtime.features.catalog import BUILT_IN, Catalog
 
 ENV_PREFIX = "LEADTIME_"
-SECRET_FIELDS = frozenset({"api_token", "tls_certfile", "tls_keyfile", "model_from_ca_file"})
-"""Settings whose variable, set but empty, is refused rather than read as unset (`ServiceSettings.from_env`)."""
+REFUSED_WHEN_EMPTY = frozenset(
+    {"api_token", "tls_certfile", "tls_keyfile", "model_from_ca_file", "redis_url", "model_dir"}
+)
+"""Settings whose variable, set but empty, is refused rather than read as unset (`ServiceSettings.from_env`): the
+secrets (an empty one would leave the write paths open, or serve plain HTTP) and where state lives (an empty Redis
+URL or model directory would keep models and observations in this process only, replicas sharing nothing and a
+restart losing what was learned)."""
 
 
 class ServiceSettings(BaseModel):
@@ -158,15 +163,14 @@ class ServiceSettings(BaseModel):
     ) -> ServiceSettings:
         """Settings from `LEADTIME_<FIELD>` variables, with non-None `overrides` taking precedence.
 
-        An empty variable counts as unset, but not for a secret (`SECRET_FIELDS`): ValueError naming it, unless
-        `overrides` gives that field. A Secret with an empty or missing key would otherwise start the service with
-        its write paths open, or on plain HTTP."""
+        An empty variable counts as unset, but not for a secret or a place state lives (`REFUSED_WHEN_EMPTY`):
+        ValueError naming it, unless `overrides` gives that field."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         given = {name for name, value in (overrides or {}).items() if value is not None}
         for name in cls.model_fields:
             raw = env.get(ENV_PREFIX + name.upper())
-            if raw is not None and not raw.strip() and name in SECRET_FIELDS and name not in given:
+            if raw is not None and not raw.strip() and name in REFUSED_WHEN_EMPTY and name not in given:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()} is set but empty: give it a value, or unset it")
             if raw is not None and raw != "":
                 values[name] = raw

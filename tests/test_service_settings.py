@@ -52,6 +52,16 @@ def test_bad_values_are_refused_naming_the_option() -> None:
         ServiceSettings.from_env(env={"LEADTIME_PORT": "eighty"})
 
 
+@pytest.mark.parametrize("variable", ["LEADTIME_REDIS_URL", "LEADTIME_MODEL_DIR"])
+def test_a_variable_saying_where_state_lives_set_but_blank_is_refused(variable: str) -> None:
+    """`LEADTIME_REDIS_URL=` (a ConfigMap key left empty) started the service on its in-memory store: replicas
+    shared no model and no observation, and a restart lost what was learned, with one info line to say so."""
+    for blank in ("", " "):
+        with pytest.raises(ValueError, match=f"{variable} is set but empty"):
+            ServiceSettings.from_env(env={variable: blank})
+    assert ServiceSettings.from_env(env={"LEADTIME_PORT": ""}).port == 8000  # others: empty is unset
+
+
 @pytest.mark.parametrize(
     "variable",
     # A CA file set but empty was read as unset: a --model-from over HTTPS then verified the source against the
