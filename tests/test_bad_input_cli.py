@@ -782,3 +782,9 @@ def test_route_takes_a_plain_policy_spelled_with_underscores() -> None:
         app, ["route", "--endpoint", "127.0.0.1:8100", "--policy", "least_queue", "--port", "0"]
     )
     assert "--policy must be one of" not in result.output, result.output
+
+
+def test_the_itl_slo_option_is_spelled_alike_on_route_and_simulate() -> None:
+    """`route` took `--tpot-slo-ms` (llm-d's header's word) and `simulate` `--itl-slo-ms`: each takes both now."""
+    refused(["route", "--endpoint", "127.0.0.1:8100", "--itl-slo-ms", "-1"], "--tpot-slo-ms")
+    refused(["simulate", "--fleet", "homogeneous", "--tpot-slo-ms", "-1"], "--itl-slo-ms")

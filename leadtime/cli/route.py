@@ -71,10 +71,19 @@ def route(
     ] = None,
     timeslice_url: Annotated[str | None, typer.Option(help="Time-slice group states, polled from this URL.")] = None,
     ttft_slo_ms: Annotated[
-        float | None, typer.Option(help="TTFT SLO of requests without an x-llm-d-slo-ttft-ms header.")
+        float | None,
+        typer.Option(
+            help="TTFT SLO of requests without an x-llm-d-slo-ttft-ms header (unset: none, and a request with no "
+            "SLO goes where its predicted latency is lowest)."
+        ),
     ] = None,
     tpot_slo_ms: Annotated[
-        float | None, typer.Option(help="ITL SLO of requests without an x-llm-d-slo-tpot-ms header.")
+        float | None,
+        typer.Option(
+            "--tpot-slo-ms",
+            "--itl-slo-ms",
+            help="ITL SLO of requests without an x-llm-d-slo-tpot-ms header (unset: none).",
+        ),
     ] = None,
     accelerator: Annotated[
         str, typer.Option(help="Accelerator class of endpoints whose labels name none.")

@@ -56,7 +56,10 @@ def simulate(
         float, typer.Option(help="TTFT SLO of every request when the fleet states no SLO classes.")
     ] = 2000.0,
     itl_slo_ms: Annotated[
-        float, typer.Option(help="ITL SLO of every request when the fleet states no SLO classes.")
+        float,
+        typer.Option(
+            "--itl-slo-ms", "--tpot-slo-ms", help="ITL SLO of every request when the fleet states no SLO classes."
+        ),
     ] = 100.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out: Annotated[Path | None, typer.Option(help="Directory for observations JSONL, plots, report.")] = None,
