@@ -21,6 +21,7 @@ from leadtime.router_plugin.gateway.requests import parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
+from leadtime.router_plugin.predicted import PolicyCounters
 from leadtime.simulator.fleet import parse_fleet
 from leadtime.simulator.serve import FleetServer
 
@@ -361,3 +362,26 @@ def test_with_several_tokens_an_event_the_itl_is_per_token_once_the_usage_is_ask
     assert outcomes[False].itl_ms > 2 * outcomes[True].itl_ms
     # The usage's prompt length also teaches the prefix estimate its bytes per token ("x y": 3 bytes, 2 tokens).
     assert bytes_per_token[True] < bytes_per_token[False] == DEFAULT_BYTES_PER_TOKEN
+
+
+def test_the_gateway_counts_the_decisions_its_policy_explored() -> None:
+    """The exploration share (a decision taking an endpoint the model is unsure of) was counted by the policy and
+    shown nowhere: an SRE could not tell exploration from a bad model."""
+
+    class ExploresEveryOther(RoundRobinPolicy):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counters = PolicyCounters()
+
+        def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+            self.counters.decisions += 1
+            self.counters.explored += self.counters.decisions % 2
+            return super().pick(request, candidates)
+
+    async def four(client: httpx.AsyncClient) -> None:
+        for i in range(4):
+            assert (await client.post("/v1/completions", json={"prompt": f"p{i}", "max_tokens": 2})).status_code == 200
+
+    settings = GatewaySettings(scrape_interval_s=0.05)
+    samples, _ = through_gateway(FLEET, ExploresEveryOther(), four, settings)
+    assert [v for _, v in samples["leadtime_router_explorations_total"]] == [2.0]

@@ -173,6 +173,8 @@ class _Decision:
     pick: Pick
     fell_back: str | None
     seconds: float
+    explored: bool = False
+    """The policy took an endpoint its model is unsure of (its exploration share), not the best predicted one."""
 
 
 @dataclass
@@ -1165,7 +1167,7 @@ class Gateway:
     def _pick(self, route: RouteRequest, candidates: list[Candidate]) -> _Decision:
         """On the decision thread."""
         started = time.perf_counter()
-        before = self._fallbacks()
+        before, explored_before = self._fallbacks(), self._explored()
         known = {c.endpoint_id for c in candidates}
         try:
             pick = self.policy.pick(route, candidates)
@@ -1192,7 +1194,8 @@ class Gateway:
         after = self._fallbacks()
         if before is not None and after is not None and after > before:
             fell_back = self.predictor.last_failure if self.predictor is not None else "unavailable"
-        return _Decision(pick, fell_back, time.perf_counter() - started)
+        explored = explored_before is not None and (self._explored() or 0) > explored_before
+        return _Decision(pick, fell_back, time.perf_counter() - started, explored)
 
     @property
     def _name(self) -> str:
@@ -1202,6 +1205,10 @@ class Gateway:
         counters = getattr(self.policy, "counters", None)
         return None if counters is None else int(counters.fallbacks)
 
+    def _explored(self) -> int | None:
+        counters = getattr(self.policy, "counters", None)
+        return None if counters is None else int(getattr(counters, "explored", 0))
+
     def _record_decision(self, routed: _Routed, candidates: list[Candidate]) -> None:
         m = self.metrics
         decision = routed.decision
@@ -1209,6 +1216,8 @@ class Gateway:
         m.decision_seconds.observe(decision.seconds)
         if decision.fell_back:
             m.fallbacks.labels(decision.fell_back).inc()
+        if decision.explored:
+            m.explorations.inc()
         chosen = [pick.endpoint_id] + ([pick.decode_endpoint_id] if pick.decode_endpoint_id else [])
         for eid in chosen:
             state = routed.candidates[eid].state

@@ -143,6 +143,12 @@ class GatewayMetrics:
             ["endpoint", "status"],
             registry=r,
         )
+        self.explorations = Counter(
+            f"{p}_explorations",
+            "Decisions that took an endpoint the model is unsure of (the exploration share), not the best predicted "
+            "one: they keep every endpoint observed, at a small cost in latency.",
+            registry=r,
+        )
         self.ejections = Counter(
             f"{p}_endpoint_ejections",
             "Times an endpoint was taken out of routing for failing the requests sent to it (outliers.py).",
