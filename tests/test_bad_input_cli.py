@@ -788,3 +788,18 @@ def test_the_itl_slo_option_is_spelled_alike_on_route_and_simulate() -> None:
     """`route` took `--tpot-slo-ms` (llm-d's header's word) and `simulate` `--itl-slo-ms`: each takes both now."""
     refused(["route", "--endpoint", "127.0.0.1:8100", "--itl-slo-ms", "-1"], "--tpot-slo-ms")
     refused(["simulate", "--fleet", "homogeneous", "--tpot-slo-ms", "-1"], "--itl-slo-ms")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "accuracy"],
+        ["sim", "validate"],
+        ["retrain", "--samples", "sharegpt-h200", "--registry", "unused-registry"],
+        ["route", "--endpoint", "127.0.0.1:8100"],
+    ],
+)
+@pytest.mark.parametrize("option", ["--accelerator", "--model"])
+def test_an_unknown_class_or_model_names_the_option(command: list[str], option: str, tmp_path: Path) -> None:
+    """`bench accuracy --accelerator b200` said `accelerator: unknown ...`: a row's field or the option?"""
+    refused([*command, option, "b200"], f"{option}: unknown")

@@ -18,6 +18,7 @@ from leadtime.cli.common import (
     bench_app,
     check_redis_url,
     fail,
+    hardware_options,
     measured_path,
     output_dir,
     positive,
@@ -52,6 +53,7 @@ def bench_accuracy(
     if label_delay < 0:
         fail(f"--label-delay must be ≥ 0, got {label_delay}")
     reference = reference_model_option(reference_model)
+    hardware_options(accelerator, model)
     path = measured_path(data)
     used: list[RowUsage] = []
 

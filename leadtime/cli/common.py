@@ -69,6 +69,22 @@ def catalog_option(path: Path | None) -> Catalog:
     return catalog
 
 
+def hardware_options(accelerator: str | None, model: str | None, known: Catalog | None = None, hint: str = "") -> None:
+    """End the command naming `--accelerator` or `--model` when `known` (the built-in catalog by default) has no
+    such class or model: the catalog's own error names its field (`accelerator: unknown ...`), not the option."""
+    from leadtime.features.catalog import BUILT_IN
+    from leadtime.features.errors import FeatureError
+
+    catalog = BUILT_IN if known is None else known
+    try:
+        if accelerator is not None:
+            catalog.accelerator(accelerator)
+        if model is not None:
+            catalog.model(model)
+    except FeatureError as err:
+        fail(f"--{err.field}: {err.problem}{'; ' + hint if hint else ''}")
+
+
 def fail(message: str | Exception) -> None:
     """One line on stderr and exit 2: the shape of every error a user can fix."""
     if isinstance(message, OSError) and message.strerror:

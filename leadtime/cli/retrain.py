@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import CATALOG_HELP, app, catalog_option, fail
+from leadtime.cli.common import CATALOG_HELP, app, catalog_option, fail, hardware_options
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN, OutOfRange
 
 OPTION_OF = {"eval_share": "--eval-share", "margin": "--margin", "max_malformed_share": "--max-malformed-share"}
@@ -58,7 +58,10 @@ def retrain(
     lightgbm_log.setLevel(logging.ERROR)
     lightgbm.register_logger(lightgbm_log)
 
+    from leadtime.features.catalog_file import CATALOG_HINT
+
     known = catalog_option(catalog)
+    hardware_options(accelerator, model, known, CATALOG_HINT)
     try:
         config = RetrainConfig(
             samples=tuple(samples),

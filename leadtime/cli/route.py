@@ -14,11 +14,11 @@ from leadtime.cli.common import (
     catalog_option,
     check_redis_url,
     fail,
+    hardware_options,
     positive,
     refuse_blank_variables,
     warn,
 )
-from leadtime.features.errors import FeatureError
 
 
 @app.command("route")
@@ -222,11 +222,7 @@ def route(
         if not key or not (key.isascii() and key.isprintable()) or " " in key:
             fail("--api-key must be printable ASCII, without spaces, line breaks or control characters")
     known = catalog_option(catalog)
-    try:
-        known.accelerator(accelerator)
-        known.model(model)
-    except FeatureError as err:
-        fail(f"--{err.field}: {err.problem}; {CATALOG_HINT}")
+    hardware_options(accelerator, model, known, CATALOG_HINT)
     settings = GatewaySettings(
         host=host,
         port=port,

@@ -17,6 +17,7 @@ from leadtime.cli.common import (
     bind_host,
     catalog_option,
     fail,
+    hardware_options,
     measured_path,
     option_given,
     output_dir,
@@ -144,6 +145,7 @@ def sim_validate(
         fail(f"--scheduling must be async or sync, got {scheduling!r}")
     if output_tokens < 2:
         fail(f"--output-tokens must be ≥ 2, got {output_tokens}")
+    hardware_options(accelerator, model)
     path = measured_path(data)
     try:
         report = validate(
