@@ -43,7 +43,10 @@ def setting_name(field: str) -> str:
 @app.command("serve")
 def serve(
     host: Annotated[str | None, typer.Option(envvar="LEADTIME_HOST", help="HTTP address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(envvar="LEADTIME_PORT", help="HTTP port (default 8000).")] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(envvar="LEADTIME_PORT", help="HTTP port (default 8000; 0 = any free one, which the log names)."),
+    ] = None,
     grpc_port: Annotated[
         int | None, typer.Option(envvar="LEADTIME_GRPC_PORT", help="gRPC port, 0 = off (default 50051).")
     ] = None,
