@@ -19,7 +19,7 @@ import numpy as np
 from rich.progress import Progress
 from rich.table import Table
 
-from leadtime.bench.data import RowUsage, actuals, at_line, load_llmd_lines
+from leadtime.bench.data import RowUsage, actuals, at_line, first_out_of_order, load_llmd_lines
 from leadtime.console import report_console
 from leadtime.features.errors import FeatureError
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
@@ -341,6 +341,9 @@ def run_accuracy(
     guarded = np.flatnonzero(physics.implausible(x_lt.X, ttft, tpot))
     if len(guarded):
         usage = replace(usage, implausible=len(guarded), first_implausible_line=lines[int(guarded[0])])
+    backwards = first_out_of_order(rows)
+    if backwards is not None:
+        usage = replace(usage, out_of_order_line=lines[backwards])
     if on_usage is not None:
         on_usage(usage)
     x_ref = LlmdFrame.from_rows(rows)

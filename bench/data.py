@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 
 from leadtime.data import MEASURED, resolve
 from leadtime.features.errors import FeatureError
-from leadtime.features.rows import observation_from_llmd
+from leadtime.features.rows import observation_from_llmd, parse_timestamp
 
 SIMULATED_PREFIX = "sim:"
 
@@ -83,6 +84,8 @@ class RowUsage:
     implausible: int = 0
     """Rows Leadtime's poisoning guard does not learn (`predictor.physics.implausible`)."""
     first_implausible_line: int | None = None
+    out_of_order_line: int | None = None
+    """The first line whose timestamp is earlier than the row's before it: the walk follows the file's order."""
 
     @classmethod
     def of(cls, ttft: np.ndarray, tpot: np.ndarray) -> RowUsage:
@@ -99,6 +102,24 @@ class RowUsage:
         """
         skipped = f", {self.neither} with neither skipped" if self.neither else ""
         return f"{self.rows} rows: TTFT from {self.ttft}, TPOT from {self.tpot}{skipped}"
+
+
+def first_out_of_order(rows: list[dict[str, Any]]) -> int | None:
+    """The index of the first row whose timestamp is earlier than the last one before it (rows without one are
+    passed over), or None.
+
+    >>> first_out_of_order([{"timestamp": 3.0}, {}, {"timestamp": 2.0}]), first_out_of_order([{"timestamp": 1}])
+    (2, None)
+    """
+    last = -math.inf
+    for i, row in enumerate(rows):
+        if row.get("timestamp") is None:
+            continue
+        stamp = parse_timestamp(row["timestamp"])
+        if stamp < last:
+            return i
+        last = stamp
+    return None
 
 
 def actuals(rows: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:

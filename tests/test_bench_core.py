@@ -265,6 +265,23 @@ def test_accuracy_warns_of_rows_the_poisoning_guard_leaves_unlearned(tmp_path: P
     assert "milliseconds" in said
 
 
+def test_accuracy_says_when_timestamps_run_against_the_file_order(tmp_path: Path) -> None:
+    """The walk follows file order; a file whose timestamps run backwards was walked forwards without a word."""
+    path = tmp_path / "reversed.jsonl"
+    rows = _rows_file(path, 60)
+    for i, row in enumerate(rows):
+        row["timestamp"] = 1_800_000_000.0 - i
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--seeds", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert f"warning: {path}:2: timestamp earlier than the row before it" in said and "file order" in said, said
+    rows.sort(key=lambda r: r["timestamp"])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--seeds", "1", "--json"])
+    assert "timestamp" not in result.stderr, result.stderr
+
+
 def test_accuracy_refuses_a_file_without_a_measured_row(tmp_path: Path) -> None:
     """It printed a table of dashes and exited 0."""
     path = tmp_path / "unmeasured.jsonl"

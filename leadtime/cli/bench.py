@@ -64,6 +64,11 @@ def bench_accuracy(
                 f"{path}: {usage.neither} of its {usage.rows} rows have neither actual_ttft_ms nor actual_tpot_ms "
                 "above 0: they count toward no figure"
             )
+        if usage.out_of_order_line is not None:
+            warn(
+                f"{path}:{usage.out_of_order_line}: timestamp earlier than the row before it: the walk follows the "
+                "file order, not the timestamps (sort the file by time to walk it in time)"
+            )
         if usage.implausible:
             warn(
                 f"{path}: {usage.implausible} of its {usage.rows} rows (first at line {usage.first_implausible_line}) "
