@@ -21,6 +21,7 @@ from rich.table import Table
 
 from leadtime.bench.data import RowUsage, actuals, at_line, first_out_of_order, load_llmd_lines
 from leadtime.console import report_console
+from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.json_text import print_json
@@ -315,10 +316,11 @@ def run_accuracy(
     reference_model: str | None = None,
     label_delay: int = 0,
     on_usage: Callable[[RowUsage], None] | None = None,
+    catalog: Catalog = BUILT_IN,
 ) -> dict[str, Any]:
     """The report of every model on the file's rows. `accelerator` and `model` are the hardware of rows that name
-    none (llm-d's never do); the report gives what the rows were taken as. `on_usage` is told how many rows measure
-    each target before the runs."""
+    none (llm-d's never do), of `catalog`'s classes and models; the report gives what the rows were taken as.
+    `on_usage` is told how many rows measure each target before the runs."""
     rows, lines = load_llmd_lines(data)
     if len(rows) < MIN_ROWS:
         raise ValueError(f"{data}: {len(rows)} rows; the walk and the 90/10 split need at least {MIN_ROWS}")
@@ -332,9 +334,9 @@ def run_accuracy(
         raise ValueError(
             f"{data}: none of its {len(rows)} rows has an actual_ttft_ms or actual_tpot_ms above 0: nothing to measure"
         )
-    config = LearnerConfig(accelerator=accelerator, model=model, background=False)
+    config = LearnerConfig(accelerator=accelerator, model=model, background=False, catalog=catalog)
     try:
-        x_lt = Vectorizer(accelerator, model).batch_llmd(rows)
+        x_lt = Vectorizer(accelerator, model, catalog).batch_llmd(rows)
     except FeatureError as err:
         raise at_line(err, data, lines) from None
     # What Leadtime's poisoning guard will not learn (the peers learn every row): latencies in seconds look so.

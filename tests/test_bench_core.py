@@ -282,6 +282,19 @@ def test_accuracy_says_when_timestamps_run_against_the_file_order(tmp_path: Path
     assert "timestamp" not in result.stderr, result.stderr
 
 
+def test_accuracy_takes_a_catalog_for_rows_of_a_class_not_built_in(tmp_path: Path, catalog_file: Path) -> None:
+    """A B200 fleet's rows could not be judged: `--catalog` was refused here while serve, route, retrain and
+    simulate take it."""
+    path = tmp_path / "b200.jsonl"
+    _rows_file(path, 60, accelerator="b200")
+    args = ["bench", "accuracy", "--data", str(path), "--seeds", "1", "--json"]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and "unknown accelerator class 'b200'" in " ".join(refused.output.split())
+    result = CliRunner().invoke(app, [*args, "--catalog", str(catalog_file), "--accelerator", "l4"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["data"]["accelerator"] == "b200"
+
+
 def test_accuracy_refuses_a_file_without_a_measured_row(tmp_path: Path) -> None:
     """It printed a table of dashes and exited 0."""
     path = tmp_path / "unmeasured.jsonl"

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from leadtime.cli.common import (
+    CATALOG_HELP,
     DEFAULT_MEASURED,
     FLEET_HELP,
     MEASURED_HELP,
@@ -16,6 +17,7 @@ from leadtime.cli.common import (
     TRACE_HELP,
     app,
     bench_app,
+    catalog_option,
     check_redis_url,
     fail,
     hardware_options,
@@ -43,6 +45,7 @@ def bench_accuracy(
             "where an outcome arrives when its request completes); 0 = learned at once."
         ),
     ] = 0,
+    catalog: Annotated[Path | None, typer.Option(help=CATALOG_HELP)] = None,
 ) -> None:
     """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
     from leadtime.bench.accuracy import print_report, run_accuracy
@@ -53,7 +56,8 @@ def bench_accuracy(
     if label_delay < 0:
         fail(f"--label-delay must be ≥ 0, got {label_delay}")
     reference = reference_model_option(reference_model)
-    hardware_options(accelerator, model)
+    known = catalog_option(catalog)
+    hardware_options(accelerator, model, known)
     path = measured_path(data)
     used: list[RowUsage] = []
 
@@ -87,6 +91,7 @@ def bench_accuracy(
             reference_model=reference,
             label_delay=label_delay,
             on_usage=skipped,
+            catalog=known,
         )
     except (FeatureError, OSError, ValueError) as err:
         fail(err)
