@@ -81,6 +81,8 @@ class RowUsage:
     ttft: int
     tpot: int
     neither: int
+    both: int = 0
+    """Rows that measure both targets (counted in each): llm-d's sidecar writes a TTFT row and a TPOT row apart."""
     implausible: int = 0
     """Rows Leadtime's poisoning guard does not learn (`predictor.physics.implausible`)."""
     first_implausible_line: int | None = None
@@ -92,16 +94,20 @@ class RowUsage:
         """From the actuals (`actuals`) of every row."""
         measured_ttft, measured_tpot = ttft > 0, tpot > 0
         neither = int((~measured_ttft & ~measured_tpot).sum())
-        return cls(len(ttft), int(measured_ttft.sum()), int(measured_tpot.sum()), neither)
+        both = int((measured_ttft & measured_tpot).sum())
+        return cls(len(ttft), int(measured_ttft.sum()), int(measured_tpot.sum()), neither, both)
 
     def describe(self) -> str:
         """As the report says it.
 
         >>> RowUsage(60, 28, 27, 5).describe()
         '60 rows: TTFT from 28, TPOT from 27, 5 with neither skipped'
+        >>> RowUsage(60, 31, 30, 0, 1).describe()
+        '60 rows: TTFT from 31, TPOT from 30 (1 row measures both)'
         """
         skipped = f", {self.neither} with neither skipped" if self.neither else ""
-        return f"{self.rows} rows: TTFT from {self.ttft}, TPOT from {self.tpot}{skipped}"
+        both = f" ({self.both} row{'s' if self.both != 1 else ''} measure{'' if self.both != 1 else 's'} both)"
+        return f"{self.rows} rows: TTFT from {self.ttft}, TPOT from {self.tpot}{skipped}{both if self.both else ''}"
 
 
 def first_out_of_order(rows: list[dict[str, Any]]) -> int | None:
