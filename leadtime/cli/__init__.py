@@ -9,6 +9,9 @@ traceback (`common.fail`).
 from __future__ import annotations
 
 import os
+import sys
+
+import typer
 
 # gRPC's C core logs an INFO line for every connection that fails its TLS handshake (a port scanner, a client
 # speaking plain text): read once, when grpc is first imported, so set before any command imports it. A user's own
@@ -23,7 +26,24 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    app()
+    """Run the CLI, saying a usage error (a value of the wrong type, an unknown or missing option) in one `error:`
+    line as every other error is said, not in click's usage, hint and `Error:` lines. click's exceptions are told
+    by their names and shapes: typer may carry its own copy of click."""
+    try:
+        code = app(standalone_mode=False)
+    except Exception as err:
+        kind = type(err).__name__
+        if kind == "Abort":  # Ctrl-C at a prompt, or its input closed
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        if kind == "NoArgsIsHelpError":  # a bare group: its help, as before
+            err.show()  # type: ignore[attr-defined]
+            sys.exit(2)
+        if not hasattr(err, "format_message"):  # not click's: a bug, with its traceback
+            raise
+        typer.secho(f"error: {err.format_message()}", fg=typer.colors.RED, err=True)
+        sys.exit(int(getattr(err, "exit_code", 2)))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
