@@ -109,6 +109,36 @@ def check_lightgbm_text(text: str) -> None:
         raise ValueError("tree model is not LightGBM text: it is truncated")
     if not encoded.rstrip(b"\n").rsplit(b"\n", 1)[-1].startswith(b"pandas_categorical:"):
         raise ValueError("tree model is not LightGBM text: it is truncated")
+    _check_indices(*_text_sections(text))
+
+
+def _check_indices(header: dict[str, str], blocks: list[dict[str, str]]) -> None:
+    """Refuse trees that index outside the model: LightGBM trusts a model's indices, and one split naming feature
+    #100,000,000 (with a checksum and tree sizes made right) killed the process that parsed it with a segmentation
+    fault, a service at every start. A model this project fits has TREE_FEATURES' features, no categorical split,
+    and in each tree a split's children are its other splits or its leaves."""
+    try:
+        if int(header.get("max_feature_idx", "-1")) != len(TREE_FEATURES) - 1:
+            raise ValueError(f"max_feature_idx is not {len(TREE_FEATURES) - 1}")
+        if header.get("feature_names", "").split() != list(TREE_FEATURES):
+            raise ValueError("the features are not the ones the trees are fitted on")
+        for i, fields in enumerate(blocks):
+            leaves = int(fields["num_leaves"])
+            splits = {key: [int(v) for v in fields.get(key, "").split()] for key in _INDEXED}
+            if leaves < 1 or any(len(values) != leaves - 1 for values in splits.values()):
+                raise ValueError(f"tree {i}: its split lists do not match its {leaves} leaves")
+            if int(fields.get("num_cat", "0")) or any(d & 1 for d in splits["decision_type"]):
+                raise ValueError(f"tree {i}: a categorical split")
+            if any(not 0 <= f < len(TREE_FEATURES) for f in splits["split_feature"]):
+                raise ValueError(f"tree {i}: a split on a feature the model does not have")
+            children = splits["left_child"] + splits["right_child"]
+            if any(not (0 <= c < leaves - 1 if c >= 0 else ~c < leaves) for c in children):
+                raise ValueError(f"tree {i}: a child that is neither one of its splits nor one of its leaves")
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"tree model is not LightGBM text Leadtime could have written: {err}") from None
+
+
+_INDEXED = ("split_feature", "decision_type", "left_child", "right_child")
 
 
 # LightGBM's kZeroThreshold (a float literal widened to double): when LightGBM reads a dense row it drops every
@@ -303,6 +333,7 @@ def _text_model(text: str) -> dict[str, Any]:
     (bit 1) and the missing type (bits 2-3); a child >= 0 is a split, a child < 0 is leaf ``~child``.
     """
     header, blocks = _text_sections(text)
+    _check_indices(header, blocks)
     return {
         "objective": header.get("objective", ""),
         "num_tree_per_iteration": int(header.get("num_tree_per_iteration", "1")),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Callable
 
 import lightgbm as lgb
@@ -15,6 +16,7 @@ from leadtime.predictor.trees import (
     TREE_FEATURES,
     ResidualTrees,
     TextBooster,
+    check_lightgbm_text,
     compile_booster,
     compile_text,
     fit_booster,
@@ -305,3 +307,39 @@ def test_text_that_does_not_read_as_trees_is_left_to_lightgbm(training: tuple) -
     ]
     for edited in broken:
         assert compile_text(edited) is None
+
+
+def _sized(text: str) -> str:
+    """`text` with its header's tree_sizes made right again after an edit (as a crafted model would have them)."""
+    encoded = text.encode()
+    starts = [m.start() for m in re.finditer(rb"Tree=\d+\n", encoded)] + [encoded.find(b"end of trees")]
+    sizes = " ".join(str(b - a) for a, b in zip(starts, starts[1:], strict=False))
+    return re.sub(r"tree_sizes=.*", "tree_sizes=" + sizes, text, count=1)
+
+
+def test_a_tree_that_indexes_outside_the_model_is_refused_before_lightgbm_reads_it(training: tuple) -> None:
+    """A model with a correct checksum and tree sizes, one split naming feature #100,000,000, made LightGBM (and so
+    the service at every start, and a gateway pulling it) die of a segmentation fault; with few leaves the
+    compiled evaluator served 500s instead. A tree must index only the model's features, splits and leaves."""
+    x, y = training
+    text = fit_booster("ttft", "regression", 0.9, x, y, rounds=5, seed=3).model_to_string()
+    check_lightgbm_text(text)
+    tree = text.index("Tree=0\n")
+
+    def edit_first(key: str, change: Callable[[list[str]], list[str]]) -> str:
+        start = text.index(f"\n{key}=", tree) + len(key) + 2
+        end = text.index("\n", start)
+        return _sized(text[:start] + " ".join(change(text[start:end].split())) + text[end:])
+
+    crafted = {
+        "split_feature": edit_first("split_feature", lambda v: ["100000000", *v[1:]]),
+        "negative feature": edit_first("split_feature", lambda v: ["-1", *v[1:]]),
+        "left_child": edit_first("left_child", lambda v: ["5000", *v[1:]]),
+        "right_child": edit_first("right_child", lambda v: ["-5000", *v[1:]]),
+        "max_feature_idx": _sized(text.replace("max_feature_idx=", "max_feature_idx=9", 1)),
+        "categorical": edit_first("decision_type", lambda v: [str(int(v[0]) | 1), *v[1:]]),
+    }
+    for what, edited in crafted.items():
+        with pytest.raises(ValueError, match="LightGBM text"):
+            check_lightgbm_text(edited)
+        assert compile_text(edited) is None, what
