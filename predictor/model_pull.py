@@ -15,7 +15,8 @@ import hashlib
 import logging
 import ssl
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit
@@ -158,7 +159,9 @@ class ModelPull(Generic[T]):
 
     def _pull(self, client: httpx.Client) -> tuple[str, str, T | None]:
         known = [digest for digest in (self.digest, self._refused[0] if self._refused else "") if digest]
-        headers = {"If-None-Match": ", ".join(f'"{digest}"' for digest in known)} if known else {}
+        headers = {"Accept-Encoding": "identity"}  # the service sends models as they are (see `_read_at_most`)
+        if known:
+            headers["If-None-Match"] = ", ".join(f'"{digest}"' for digest in known)
         until = time.monotonic() + self.timeout_s
         try:
             with client.stream("GET", self.url, headers=headers) as response:
@@ -173,6 +176,8 @@ class ModelPull(Generic[T]):
                 if response.headers.get(ROLE_HEADER) == "prediction":  # takes its models from elsewhere
                     return "refused", "refused: the source is a prediction server, with no model of its own", None
                 artifact = _read_at_most(response, MAX_MODEL_BYTES, until)
+        except _Unreadable as err:
+            return "refused", f"refused: {err}", None
         except TimeoutError:
             return "error", f"the answer took longer than {self.timeout_s:g} s", None
         except httpx.HTTPError as err:
@@ -219,14 +224,52 @@ def _etag(response: httpx.Response) -> str:
     return response.headers.get("etag", "").strip().removeprefix("W/").strip('"')
 
 
+class _Unreadable(ValueError):
+    """A body in an encoding the pull does not take, or that does not inflate."""
+
+
+_INFLATED_PIECE = 1 << 20
+"""Most bytes inflated from compressed input at once: what a piece of a compressed answer may grow to in memory."""
+
+
 def _read_at_most(response: httpx.Response, limit: int, until: float) -> bytes | None:
     """The body, or None once it passes `limit` bytes (the rest is not read); TimeoutError once `until` (on
-    `time.monotonic()`) has passed, checked at each chunk (httpx bounds each read, not the body)."""
+    `time.monotonic()`) has passed, checked at each chunk (httpx bounds each read, not the body).
+
+    The pull asks for the body as it is, but a proxy may compress it anyway: gzip and deflate are inflated here,
+    piece by piece against `limit`, not by httpx, which inflates a piece whole before handing it over (5 KB of
+    `gzip, gzip` grew to 3 GB). Another encoding is `_Unreadable`."""
+    if response.is_stream_consumed:  # made whole in memory (a test's transport): httpx has decoded it already
+        return response.content if len(response.content) <= limit else None
+    encodings = [e.strip().lower() for e in response.headers.get("content-encoding", "").split(",")]
+    encodings = [e for e in encodings if e and e != "identity"]
+    unknown = [e for e in encodings if e not in ("gzip", "x-gzip", "deflate")]
+    if unknown:
+        raise _Unreadable(f"the answer is compressed as Content-Encoding {', '.join(unknown)}, which is not taken")
+    pieces: Iterator[bytes] = response.iter_raw()
+    for _ in reversed(encodings):  # the last encoding applied comes off first; gzip and zlib headers both read
+        pieces = _inflated(pieces)
     chunks, size = [], 0
-    for chunk in response.iter_bytes():
+    for chunk in pieces:
         time_left(until)
         size += len(chunk)
         if size > limit:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _inflated(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """`pieces` of gzip or zlib data, inflated `_INFLATED_PIECE` bytes at most at a time."""
+    inflater = zlib.decompressobj(wbits=47)  # 32 + 15: a gzip or a zlib header, told apart by the header
+    try:
+        for piece in pieces:
+            data = piece
+            while data:
+                out = inflater.decompress(data, _INFLATED_PIECE)
+                if out:
+                    yield out
+                data = inflater.unconsumed_tail
+        yield inflater.flush()
+    except zlib.error as err:
+        raise _Unreadable(f"the compressed answer does not inflate ({err})") from None

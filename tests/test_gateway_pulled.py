@@ -409,3 +409,46 @@ def test_a_source_trickling_its_answer_is_given_up_at_the_pulls_deadline(caplog:
     said = [r.getMessage() for r in caplog.records if r.name == "leadtime.router.pulled"]
     assert len(said) == 1 and "the answer took longer than 0.5 s" in said[0], said
     assert "took longer than 0.5 s" in pulled.health()["model_pull"]
+
+
+def test_a_compressed_answer_is_read_within_the_size_cap_not_inflated_whole(caplog: pytest.LogCaptureFixture) -> None:
+    """`Content-Encoding: gzip, gzip` over 5 KB inflated to 3 GB before the 64 MiB cap was checked (httpx decodes a
+    piece whole before handing it over): the prediction server grew to 6 GB. The pull asks for the model
+    uncompressed, and what a proxy compresses anyway is inflated piece by piece against the cap."""
+    import gzip
+    import tracemalloc
+    import zlib
+
+    class Streamed(httpx.SyncByteStream):  # as off the network: bytes given whole would be read (decoded) at once
+        def __init__(self, body: bytes) -> None:
+            self.body = body
+
+        def __iter__(self) -> Iterator[bytes]:
+            yield from (self.body[i : i + 65536] for i in range(0, len(self.body), 65536))
+
+    deflater = zlib.compressobj(9, zlib.DEFLATED, 31)  # a gzip stream of 512 MiB of zeros, made without holding it
+    zero = bytes(1 << 20)
+    inner = b"".join(deflater.compress(zero) for _ in range(512)) + deflater.flush()
+    bomb = gzip.compress(inner)
+    asked: list[str] = []
+
+    def bombing(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers.get("accept-encoding", ""))
+        return httpx.Response(200, stream=Streamed(bomb), headers={"content-encoding": "gzip, gzip"})
+
+    def compressed(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Streamed(gzip.compress(GOOD)), headers={"content-encoding": "gzip"})
+
+    def brotli(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Streamed(b"\x00" * 10), headers={"content-encoding": "br"})
+
+    tracemalloc.start()
+    pulled, said = pulls([(bombing, 1), (compressed, 1), (brotli, 1)], caplog)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 160 << 20, f"{peak >> 20} MiB held at once"  # the 64 MiB cap and a piece, not 512 MiB
+    assert asked == ["identity"]
+    assert pulled.pulls["refused"] == 2 and pulled.pulls["new"] == 1, pulled.pulls
+    assert "larger than 64 MiB" in said[0], said
+    assert pulled.model is not None  # a proxy's gzip of a model is taken
+    assert "Content-Encoding br" in said[-1], said
