@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from leadtime.features.errors import FeatureError, validation_problem
+from leadtime.features.rows import known_fields_only
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.rows import ParsedObservations
 from leadtime.predictor.service.runtime import MAX_OBSERVATIONS_PER_CALL, ServiceRuntime, rfc3339
@@ -46,8 +47,8 @@ async def parse_entries(runtime: ServiceRuntime, entries: list[Any], api: str, w
 def accept_entries(
     runtime: ServiceRuntime, entries: list[Any], actual_ttft: np.ndarray, actual_tpot: np.ndarray, api: str
 ) -> int:
-    """Append validated entries; returns how many were accepted."""
-    runtime.accept(entries, actual_ttft, actual_tpot)
+    """Append validated entries, without the fields nobody reads; returns how many were accepted."""
+    runtime.accept(known_fields_only(entries), actual_ttft, actual_tpot)
     runtime.metrics.observations_accepted.labels(api).inc(len(entries))
     return len(entries)
 
