@@ -55,6 +55,32 @@ def test_write_paths_need_the_token_and_read_paths_stay_open() -> None:
             assert c.get(path).status_code == 200, path
 
 
+def test_a_write_without_the_token_is_refused_before_its_body_is_read() -> None:
+    """The edge read each body whole (16 MiB a connection) before the route refused its missing token: a dozen
+    slow senders held 180 MB without one. A write path that needs the token says so at its headers."""
+    import asyncio
+
+    app = create_app(ServiceSettings(api_token="s3cret"))
+    for path in ("/add_training_data_bulk", "/v1/observations", "/flush"):
+        reads: list[int] = []
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            reads.append(1)
+            return {"type": "http.request", "body": b"{", "more_body": True}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer nope")]
+        scope = {"type": "http", "method": "POST", "path": path, "headers": headers, "query_string": b""}
+        asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
+        assert sent[0]["status"] == 401 and reads == [], (path, sent[:1], len(reads))
+        assert (b"www-authenticate", b"Bearer") in sent[0]["headers"]
+        body = orjson.loads(sent[1]["body"])
+        assert "Bearer" in body["error"] and body["detail"] == body["error"]
+
+
 def test_without_a_token_writes_are_open() -> None:
     with TestClient(create_app(ServiceSettings())) as c:
         assert c.post("/add_training_data_bulk", json={"entries": [entry()]}).status_code == 202

@@ -47,13 +47,17 @@ Runtime = Annotated[ServiceRuntime, Depends(runtime_of)]
 ReadyRuntime = Annotated[ServiceRuntime, Depends(ready_runtime)]
 
 
+TOKEN_NEEDED = "this path needs 'Authorization: Bearer <api token>'"
+
+
 async def require_token(request: Request) -> None:
-    """Write paths: with an API token configured, demand `Authorization: Bearer <token>`."""
+    """Write paths: with an API token configured, demand `Authorization: Bearer <token>` (the edge refuses a body
+    sent without it before reading it: `EdgeMiddleware`)."""
     token = _runtime(request).settings.api_token
     if not token:
         return
     if not bearer_matches(request.headers.get("authorization", ""), token):
-        raise HTTPException(401, "this path needs 'Authorization: Bearer <api token>'", {"WWW-Authenticate": "Bearer"})
+        raise HTTPException(401, TOKEN_NEEDED, {"WWW-Authenticate": "Bearer"})
 
 
 def bearer_matches(header: str, token: str) -> bool:
@@ -211,6 +215,9 @@ class EdgeMiddleware:
             await _send_json(send_recording, 415, _unsupported_type(_header(scope, b"content-type")))
         elif _header(scope, b"content-encoding").strip().lower() not in ("", "identity"):
             await _send_json(send_recording, 415, _unsupported_encoding(_header(scope, b"content-encoding")))
+        elif scope["path"] in self.writes and not self._authorized(scope):  # before the body, not after 16 MiB
+            path = self._body_route_of(scope) or scope["path"]
+            await _send_json(send_recording, 401, _TOKEN_NEEDED, [(b"www-authenticate", b"Bearer")])
         else:
             body = await self._read_limited(scope, receive)
             if body is not None and scope["path"] in self.observation_paths and await _sender_gone(receive):
@@ -235,6 +242,12 @@ class EdgeMiddleware:
         self.runtime.metrics.observe_request(
             path, scope.get("method", ""), status_holder[0], time.perf_counter() - started
         )
+
+    def _authorized(self, scope: Scope) -> bool:
+        """Whether a write may proceed: no token is configured, or the request shows it (`require_token`'s rule,
+        checked again by the route)."""
+        token = self.runtime.settings.api_token
+        return not token or bearer_matches(_header(scope, b"authorization"), token)
 
     def _body_route_of(self, scope: Scope) -> str | None:
         for route in self.body_routes:
@@ -372,12 +385,16 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-async def _send_json(send: Send, status: int, body: bytes) -> None:
+_TOKEN_NEEDED = json.dumps({"error": TOKEN_NEEDED, "detail": TOKEN_NEEDED}).encode()
+"""The edge's 401, as the route's (`http_error_handler`) says it."""
+
+
+async def _send_json(send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *headers],
         }
     )
     await send({"type": "http.response.body", "body": body})
