@@ -505,3 +505,17 @@ def test_a_message_that_is_refused_teaches_the_clocks_nothing() -> None:
         decode(orjson.dumps({"origin": "x", "mono_ms": 1.0, "wall_ms": 0.0, "events": "no"}), clocks, 10_001.0)
     assert clocks.shift("b", 6_000.0, 11_000.0) == 5_000.0  # as the good message said
     assert "x" not in clocks._samples
+
+
+def test_a_replica_says_its_own_name_when_it_starts_sharing(caplog: pytest.LogCaptureFixture) -> None:
+    """Others logged "replica 4e7ebea5c707 not heard for 5 s", a name no replica said was its own."""
+
+    async def started() -> None:
+        sync = ReplicaSync("redis://127.0.0.1:9/0", "g", lambda event: None, GatewayMetrics())
+        await sync.start()
+        await sync.stop()
+        said = [r.getMessage() for r in caplog.records if sync.origin in r.getMessage()]
+        assert said and "this replica" in said[0] and "127.0.0.1:9" in said[0], said
+
+    with caplog.at_level(logging.INFO, logger="leadtime.router"):
+        asyncio.run(started())

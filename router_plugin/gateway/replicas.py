@@ -270,6 +270,7 @@ class ReplicaSync:
     # ----- lifecycle ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        log.info("sharing with the other replicas through redis at %s: this replica is %s", self.address, self.origin)
         self._loop = asyncio.get_running_loop()
         self._tasks = [
             self._loop.create_task(self._send()),
