@@ -65,11 +65,11 @@ def test_a_write_without_the_token_is_refused_before_its_body_is_read() -> None:
         reads: list[int] = []
         sent: list[dict[str, Any]] = []
 
-        async def receive() -> dict[str, Any]:
+        async def receive(reads: list[int] = reads) -> dict[str, Any]:
             reads.append(1)
             return {"type": "http.request", "body": b"{", "more_body": True}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: dict[str, Any], sent: list[dict[str, Any]] = sent) -> None:
             sent.append(message)
 
         headers = [(b"content-type", b"application/json"), (b"authorization", b"Bearer nope")]
