@@ -870,3 +870,19 @@ def test_a_learner_that_cannot_be_restarted_at_once_is_restarted_later(caplog: p
         c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(20)]})
         assert wait_until(lambda: sum(runtime.learned().values()) == 20, timeout_s=30)
     assert len([r for r in caplog.records if r.exc_info and "cannot spawn" in str(r.exc_info[1])]) == 1
+
+
+def test_a_replica_that_loses_the_training_lease_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    """A replica paused past the lease's TTL logged "lost the training lease" at INFO, with no reason: important,
+    and it read as routine."""
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(grpc_port=0), store=store)) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        runtime._renew_lease()
+        assert runtime.holds_lease
+        assert store.release_training_lease(runtime.replica_id) and store.acquire_training_lease("other", 60.0)
+        with caplog.at_level(logging.INFO, logger="leadtime.service"):
+            runtime._renew_lease()
+    lost = [r for r in caplog.records if "lost the training lease" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING, lost
+    assert "another replica holds it" in lost[0].getMessage()

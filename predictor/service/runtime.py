@@ -1056,8 +1056,16 @@ class ServiceRuntime:
                 held = False
         if held != self.holds_lease:
             self.holds_lease = held
-            # Which replica retrains and publishes is worth one line each time it changes hands.
-            log.info("%s the training lease (replica %s)", "took" if held else "lost", self.replica_id)
+            # Which replica retrains and publishes is worth one line each time it changes hands; losing it says
+            # why, as far as this replica can tell (a pause past its TTL, or the store away).
+            if held:
+                log.info("took the training lease (replica %s)", self.replica_id)
+            else:
+                why = self._loop_errors.get("lease") or (
+                    f"another replica holds it: this one did not renew it within {self.settings.lease_ttl_s:g} s "
+                    "(paused, or starved of CPU)"
+                )
+                log.warning("lost the training lease (replica %s): %s", self.replica_id, why)
         if held != self.learner.retrain:  # also after a refused publication dropped the lease (`_lease_refused`)
             # Only the lease holder retrains (on schedule or drift); the others learn online and adopt its models.
             self.learner.set_lease(held, self.settings.retrain_every)
