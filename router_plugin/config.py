@@ -137,6 +137,10 @@ class _LlmdParameters(_Model):
     plugin: ClassVar[str]
 
 
+_OWN_PREFIX_HITS = "the router estimates prefix hits itself, from what it sent each endpoint"
+_ONE_PROFILE = "Leadtime runs the one profile --profile names, for prefill and decode endpoints alike"
+
+
 class PdHandlerParameters(_LlmdParameters):
     plugin = "pd-profile-handler"
     threshold: int = Field(
@@ -152,25 +156,25 @@ class PdHandlerParameters(_LlmdParameters):
         gt=0,
         strict=True,
         alias="hashBlockSize",
-        description="the router estimates prefix hits itself, from what it sent each endpoint",
+        description=_OWN_PREFIX_HITS,
     )
     prefix_plugin_name: str = Field(
         default="prefix-cache-scorer",
         strict=True,
         alias="prefixPluginName",
-        description="the router estimates prefix hits itself, from what it sent each endpoint",
+        description=_OWN_PREFIX_HITS,
     )
     decode_profile: str = Field(
         default="decode",
         strict=True,
         alias="decodeProfile",
-        description="Leadtime runs the one profile --profile names, for prefill and decode endpoints alike",
+        description=_ONE_PROFILE,
     )
     prefill_profile: str = Field(
         default="prefill",
         strict=True,
         alias="prefillProfile",
-        description="Leadtime runs the one profile --profile names, for prefill and decode endpoints alike",
+        description=_ONE_PROFILE,
     )
     primary_port: int = Field(
         default=0,
