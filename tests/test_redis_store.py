@@ -435,6 +435,23 @@ def test_versions_never_go_backwards_after_redis_loses_its_data(
     assert store.latest_model() == (4, artifact("after"))
 
 
+def test_a_model_is_restored_only_where_the_registry_lost_it_and_once(make_store: StoreFactory, redis_url: str) -> None:
+    """Any replica may give a registry that lost its models the model it serves, without the lease: the restoration
+    writes nothing while the registry holds the version lost or a newer one, so of two replicas noticing, one does."""
+    first, second = make_store(), make_store()
+    raw = redis.Redis.from_url(redis_url)
+    assert [first.publish_model(artifact(str(i))) for i in range(2)] == [1, 2]
+    assert first.restore_model(artifact("again"), lost=2) is None  # held
+    raw.delete("test:model:2")  # evicted: the counter alone is not a model
+    assert first.restore_model(artifact("again"), lost=2) == 3
+    assert second.restore_model(artifact("other"), lost=2) is None  # the first gave it back
+    raw.flushall()
+    assert make_store().publish_model(artifact("new lineage")) == 1  # a store that never saw the old numbers
+    assert first.restore_model(artifact("again"), lost=3) == 4  # numbered above what the fleet held
+    assert second.latest_model() == (4, artifact("again"))
+    assert second.restore_model(artifact("other"), lost=3) is None
+
+
 # ---- training lease ---------------------------------------------------------------------------------------
 
 

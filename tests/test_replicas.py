@@ -509,12 +509,12 @@ def test_a_replica_that_lost_the_lease_unknowingly_does_not_publish(
 
 def take_lease_and_check_registry(replica: Replica, caplog: pytest.LogCaptureFixture) -> list[str]:
     """One lease renewal of `replica` as its lease loop does it (that loop waits a third of the TTL), repeated
-    until it holds the lease and has said why the registry lost its model; those lines."""
+    until it has given the registry its model back and said why the registry lost it; those lines."""
 
     def said() -> list[str]:
         replica.runtime._renew_lease()
         replica.runtime._retry_publication()
-        return [r.getMessage() for r in caplog.records if "registry no longer holds" in r.getMessage()]
+        return [r.getMessage() for r in caplog.records if "registry no longer held" in r.getMessage()]
 
     assert wait_until(lambda: bool(said()), timeout_s=10)
     return said()
@@ -559,3 +559,44 @@ def test_a_registry_flushed_is_named_so_by_a_replica_that_took_the_lease_after_a
         redis.Redis.from_url(redis_url).flushall()  # the lease goes too: B takes it
         lines = take_lease_and_check_registry(b, caplog)
     assert len(lines) == 1 and "flushed" in lines[0] and "restart" not in lines[0], lines
+
+
+def test_a_registry_lost_while_a_new_replica_takes_the_lease_gets_the_trained_model_back(
+    start_replicas: Callable[..., list[Replica]], redis_server: RedisServer
+) -> None:
+    """Regression: after Redis lost its data, a replica started then took the lease and published the prior's lineage
+    from version 1; the trained replicas ignored every version up to their own, published nothing (not holders),
+    and the fleet served two lineages: the new replica and those started after it, the prior."""
+    a, b = start_replicas(lease_ttl_s=30.0)  # the lease loops wait 10 s: this test renews the leases itself
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    a.send(training_entries(300, seed=7))
+    assert wait_until(lambda: a.learned() >= 300, timeout_s=30), a.learned()
+    a.runtime.publish(a.runtime.predictor)
+    version = a.runtime.publish(a.runtime.predictor)  # two: the new holder's first version is below it
+    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
+    trained = a.predict(PROBE)["ttft_ms"]
+    redis_server.restart()  # same port, empty: the lease is free, the models and the stream are gone
+    (z,) = start_replicas(count=1, replica_id="z", lease_ttl_s=30.0)
+    assert z.predict(PROBE)["ttft_ms"] != pytest.approx(trained, rel=1e-3)  # the prior
+
+    def z_renewed() -> bool:
+        z.runtime._renew_lease()
+        return z.runtime.holds_lease
+
+    assert wait_until(z_renewed, timeout_s=10)
+    assert z.runtime.predictor is not None
+    assert z.runtime.publish(z.runtime.predictor) == 1  # the prior's lineage, numbered from 1
+
+    def renewed() -> bool:  # a renewal of A and of B, neither the holder: one of them gives the registry its model
+        for replica in (a, b):
+            replica.runtime._renew_lease()
+            replica.runtime._retry_publication()
+        latest = z.store.latest_model()
+        return latest is not None and latest[0] > version
+
+    assert wait_until(renewed, timeout_s=10), z.store.latest_model()
+    assert not a.runtime.holds_lease and not b.runtime.holds_lease
+    assert wait_until(lambda: z.predict(PROBE)["ttft_ms"] == pytest.approx(trained, rel=1e-6), timeout_s=10)
+    newer = z.runtime.publish(z.runtime.predictor)  # the holder's next model reaches the trained replicas
+    assert wait_until(lambda: b.serves_registry_version(newer), timeout_s=5)
+    assert wait_until(lambda: a.serves_registry_version(newer), timeout_s=5)

@@ -886,3 +886,11 @@ def test_a_replica_that_loses_the_training_lease_says_why(caplog: pytest.LogCapt
     lost = [r for r in caplog.records if "lost the training lease" in r.getMessage()]
     assert len(lost) == 1 and lost[0].levelno == logging.WARNING, lost
     assert "another replica holds it" in lost[0].getMessage()
+
+
+def test_the_memory_store_restores_nothing_it_still_holds() -> None:
+    """Nothing in memory loses its models: a restoration writes only what was never published there."""
+    store = MemoryStore()
+    assert store.restore_model(b'{"a": 1}', lost=1) == 1
+    assert store.restore_model(b'{"a": 2}', lost=1) is None
+    assert store.latest_model() == (1, b'{"a": 1}')

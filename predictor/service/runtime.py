@@ -609,13 +609,14 @@ class ServiceRuntime:
     def _republish_if_registry_lost(self) -> None:
         """The registry no longer holds the newest model published (or adopted) here: Redis restarted without
         persistence, was flushed, or its model keys were deleted or evicted. Replicas starting now would serve the
-        untrained prior: the lease holder publishes the model it serves again (numbered on from the last version).
-        A retrained model still waiting to be published is published instead, by the caller.
+        untrained prior, and one of them may take the lease and number the prior's models from 1, below what the
+        trained replicas hold (they would ignore them): the first replica to notice, holder or not, publishes the
+        model it serves again, numbered on from the last version (`Store.restore_model`: only if no other did
+        first). A retrained model the holder still waits to publish is published instead, by the caller.
 
-        Every replica looks, holder or not, and notes the store's count of server restarts whenever the registry
-        still holds its model: the cause it names is then whether Redis restarted since it last saw the model
-        there, right for whichever replica notices, including one that took the lease after an earlier restart
-        was healed."""
+        Every replica notes the store's count of server restarts whenever the registry still holds its model: the
+        cause it names is then whether Redis restarted since it last saw the model there, right for whichever
+        replica notices, including one that took the lease after an earlier restart was healed."""
         if self.store_version == 0 or self.predictor is None:
             return
         try:
@@ -626,18 +627,26 @@ class ServiceRuntime:
             if held >= self.store_version:
                 self._restarts_seen = restarts
                 return
-            if not self.holds_lease or self._unpublished is not None:
+            if self.holds_lease and self._unpublished is not None:
                 return
+            lost = self.store_version
+            with self._learn_lock:
+                self._stamp_position(self.predictor)
+                artifact = self.predictor.to_bytes()
+            with self._swap_lock:
+                version = self.store.restore_model(artifact, lost)
+                if version is None:  # another replica gave it back first, or the lineage went on
+                    return
+                self._note_published(version)
             restarted = restarts != self._restarts_seen
             cause = "Redis restarted without persistence" if restarted else "flushed, or its keys deleted or evicted"
             log.warning(
-                "the model registry no longer holds model %d (%s): publishing the serving model again",
-                self.store_version,
+                "the model registry no longer held model %d (%s): published the serving model again as %d",
+                lost,
                 cause,
+                version,
             )
-            self.publish(self.predictor)
-        except LeaseLost as err:
-            self._lease_refused(err)
+            self._save_published(artifact, version)
         except Exception as err:  # down again: tried at the next renewal
             self._retrain_error = f"{type(err).__name__}: {err}"
 
@@ -674,14 +683,23 @@ class ServiceRuntime:
         """Publish as the lease's holder (LeaseLost if the store finds the lease is no longer ours)."""
         with self._swap_lock:
             version = self.store.publish_model(artifact, holder=self.replica_id)
-            self._published.add(version)
-            self.store_version = max(self.store_version, version)
-            if self.store_version > self._refused_version:  # a refused version is behind what serves now
-                self._loop_errors.pop("model_sync", None)
-            # What is published now is at least as new as any retrain that could not be published before.
-            self._unpublished = None
-            self._retrain_error = None
-            self._publication_warned = False  # the store took it: the next outage is worth a line again
+            self._note_published(version)
+        self._save_published(artifact, version)
+        return version
+
+    def _note_published(self, version: int) -> None:
+        """This replica published `version` (under _swap_lock)."""
+        self._published.add(version)
+        self.store_version = max(self.store_version, version)
+        if self.store_version > self._refused_version:  # a refused version is behind what serves now
+            self._loop_errors.pop("model_sync", None)
+        # What is published now is at least as new as any retrain that could not be published before.
+        self._unpublished = None
+        self._retrain_error = None
+        self._publication_warned = False  # the store took it: the next outage is worth a line again
+
+    def _save_published(self, artifact: bytes, version: int) -> None:
+        """Also in --model-dir, unless another process published a model there since."""
         if self._model_file is not None:
             if self._model_file.save(artifact):
                 self._loop_errors.pop("model_load", None)
@@ -691,7 +709,6 @@ class ServiceRuntime:
                     version,
                     self._model_file.directory,
                 )
-        return version
 
     def sync_from_store(self) -> tuple[bool, bool]:
         """Swap in the newest published model if it is newer than ours: (synced, loaded). Raises if the registry

@@ -76,6 +76,13 @@ class Store(Protocol):
         no lease (a model pulled or taken up alone, `leadtime retrain`) pass none."""
         ...
 
+    def restore_model(self, artifact: bytes, lost: int) -> int | None:
+        """Publish `artifact` again, numbered above `lost`, only if the registry no longer holds version `lost`
+        or a newer one (it lost its data), in one atomic step; None if it does. No lease needed: after a loss the
+        replica that holds it may be new, and it would number the prior's models from 1, below what the trained
+        replicas hold (they would ignore them)."""
+        ...
+
     def latest_model(self) -> tuple[int, bytes] | None:
         """The newest published (version, artifact), or None (none published, or the backend is down)."""
         ...

@@ -191,10 +191,22 @@ class MemoryStore:
             if holder is not None and (self._lease_holder != holder or time.monotonic() >= self._lease_expires):
                 current = self._lease_holder if time.monotonic() < self._lease_expires else None
                 raise LeaseLost(holder, current)
-            self._version += 1
-            self._models.append((self._version, bytes(artifact)))
-            self._model_published.notify_all()
-            return self._version
+            return self._keep(artifact)
+
+    def restore_model(self, artifact: bytes, lost: int) -> int | None:
+        """Keep an artifact as the next version unless version `lost` or a newer one is kept (here it always is,
+        once published: nothing here loses its models)."""
+        with self._model_published:
+            if self._version >= lost:
+                return None
+            return self._keep(artifact)
+
+    def _keep(self, artifact: bytes) -> int:
+        """The next version (under _model_published)."""
+        self._version += 1
+        self._models.append((self._version, bytes(artifact)))
+        self._model_published.notify_all()
+        return self._version
 
     def latest_model(self) -> tuple[int, bytes] | None:
         """The newest (version, artifact), or None."""

@@ -110,11 +110,18 @@ return held
 # Every publish is one atomic step: a version number that never goes backwards (even after Redis lost its data
 # in a restart, the publisher passes the highest version it has seen), the artifact, trimming, notification.
 # A publisher that names itself as the training lease's holder (ARGV[6], '' for none) is refused, before anything
-# is written, unless the lease key (KEYS[2]) holds it: {0, who holds it now or ''}.
+# is written, unless the lease key (KEYS[2]) holds it: {0, who holds it now or ''}. A restoration (ARGV[7], a
+# version; '' for none) writes nothing if the registry holds that version or a newer one: {1, the newest held}.
 _PUBLISH_SCRIPT = """
 if ARGV[6] ~= '' then
   local current = redis.call('GET', KEYS[2])
   if current ~= ARGV[6] then return {0, current or ''} end
+end
+if ARGV[7] ~= '' then
+  local newest = redis.call('GET', KEYS[1])
+  if newest and tonumber(newest) >= tonumber(ARGV[7]) and redis.call('EXISTS', ARGV[3] .. newest) == 1 then
+    return {1, newest}
+  end
 end
 local version = redis.call('INCR', KEYS[1])
 local floor = tonumber(ARGV[2])
@@ -709,23 +716,36 @@ class RedisStore:
     def publish_model(self, artifact: bytes, holder: str | None = None) -> int:
         """Store a JSON artifact as the next version and notify every replica; raises if Redis is down. With
         `holder`, only if the training lease is `holder`'s, checked in the same step (LeaseLost otherwise)."""
-        check_artifact(artifact)
         if holder == "":
             raise ValueError("holder must be a non-empty string or None")
+        version = self._publish_if(artifact, holder or "", "")
+        assert version is not None  # nothing is restored: every publication writes
+        return version
+
+    def restore_model(self, artifact: bytes, lost: int) -> int | None:
+        """Publish `artifact` again, numbered above `lost`, only if the registry no longer holds version `lost` or
+        a newer one (Redis lost its data), checked in the same step; None if it does: another replica restored it
+        first, or the lineage went on. Needs no lease: whichever replica notices gives the fleet back its model."""
+        return self._publish_if(artifact, "", str(lost))
+
+    def _publish_if(self, artifact: bytes, holder: str, lost: str) -> int | None:
+        check_artifact(artifact)
         with self._lock:
             floor = self._highest_version
         started = time.monotonic()
         try:
             answer = self._publish(
                 keys=[self._version_key, self._lease_key],
-                args=[bytes(artifact), floor, self._model_prefix, self.keep_versions, self._channel, holder or ""],
+                args=[bytes(artifact), floor, self._model_prefix, self.keep_versions, self._channel, holder, lost],
             )
         except redis.RedisError as exc:
             self._set_problem(exc, started)
             raise StoreUnavailable(f"cannot publish the model: redis {redis_problem(exc)}") from None
         self._set_problem(None, started)
         if isinstance(answer, list):
-            assert holder is not None
+            if int(answer[0]) == 1:  # the registry holds the lost version or a newer one
+                self._saw_version(int(answer[1]))
+                return None
             raise LeaseLost(holder, bytes(answer[1]).decode(errors="replace") or None)
         version = int(answer)
         self._saw_version(version)
