@@ -14,15 +14,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from leadtime.features.catalog import BUILT_IN, Catalog
+from leadtime.predictor.service.hosts import check_allowed_host, parse_allowed_hosts
 
 ENV_PREFIX = "LEADTIME_"
 REFUSED_WHEN_EMPTY = frozenset(
-    {"api_token", "tls_certfile", "tls_keyfile", "model_from_ca_file", "redis_url", "model_dir"}
+    {"api_token", "tls_certfile", "tls_keyfile", "model_from_ca_file", "redis_url", "model_dir", "allowed_hosts"}
 )
 """Settings whose variable, set but empty, is refused rather than read as unset (`ServiceSettings.from_env`): the
-secrets (an empty one would leave the write paths open, or serve plain HTTP) and where state lives (an empty Redis
-URL or model directory would keep models and observations in this process only, replicas sharing nothing and a
-restart losing what was learned)."""
+secrets (an empty one would leave the write paths open, or serve plain HTTP), the allowed hosts (an empty list
+would answer every Host where a list was meant) and where state lives (an empty Redis URL or model directory would
+keep models and observations in this process only, replicas sharing nothing and a restart losing what was
+learned)."""
 
 
 class ServiceSettings(BaseModel):
@@ -48,6 +50,11 @@ class ServiceSettings(BaseModel):
         description="PEM bundle to verify an https model_from's certificate with (default: the system's CAs).",
     )
     api_token: str | None = None
+    allowed_hosts: tuple[str, ...] = Field(
+        default=(),
+        description="The Host headers HTTP requests may name (the DNS-rebinding defence, predictor.service.hosts); "
+        "its variable is comma-separated. Empty: every Host. /healthz, /readyz and /metrics answer any Host.",
+    )
     tls_certfile: Path | None = Field(
         default=None, description="PEM certificate (chain) to serve HTTPS and gRPC over TLS with; needs tls_keyfile."
     )
@@ -115,6 +122,19 @@ class ServiceSettings(BaseModel):
         if value is not None and (not value or not (value.isascii() and value.isprintable()) or " " in value):
             raise ValueError("must be printable ASCII, without spaces, line breaks or control characters, not empty")
         return value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, value: Any) -> Any:
+        """`LEADTIME_ALLOWED_HOSTS` is one string, its entries apart by commas (a Kubernetes env value)."""
+        return parse_allowed_hosts(value) if isinstance(value, str) else value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _matchable_hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Entries as they are compared; one no Host header could match (empty, with a port or a scheme) is refused
+        at start: found later, it would be every request refused, or a host meant to be allowed that is not."""
+        return tuple(check_allowed_host(entry) for entry in value)
 
     @field_validator("model_from")
     @classmethod

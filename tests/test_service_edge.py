@@ -9,11 +9,13 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from fastapi.testclient import TestClient
 from waiting import wait_for
 
 from leadtime.bench.procs import Child
 from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.hosts import check_allowed_host, host_allowed
 from leadtime.predictor.settings import ServiceSettings
 
 
@@ -84,6 +86,112 @@ def test_a_write_without_the_token_is_refused_before_its_body_is_read() -> None:
 def test_without_a_token_writes_are_open() -> None:
     with TestClient(create_app(ServiceSettings())) as c:
         assert c.post("/add_training_data_bulk", json={"entries": [entry()]}).status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("header", "allowed"),
+    [
+        ("leadtime.svc", True),
+        ("leadtime.svc:8000", True),  # the port is not compared
+        ("LeadTime.SVC", True),  # nor the case
+        ("leadtime.svc.:8000", True),  # nor a trailing dot (the same name to DNS)
+        ("10.0.0.7:8000", True),
+        ("[::1]:8000", True),
+        ("[0:0:0:0:0:0:0:1]", True),  # the same IPv6 address, written out
+        ("a.example.com", True),
+        ("b.a.example.com:443", True),
+        ("example.com", False),  # `*.example.com` is its subdomains, as Starlette's TrustedHostMiddleware reads it
+        ("badexample.com", False),
+        ("evil.example", False),
+        ("leadtime.svc.evil.example", False),
+        ("[::2]:8000", False),
+        ("[::1", False),  # malformed
+        ("", False),  # sent empty
+        (None, False),  # not sent
+    ],
+)
+def test_a_host_is_allowed_by_name_address_or_wildcard(header: str | None, allowed: bool) -> None:
+    entries = tuple(check_allowed_host(e) for e in ("leadtime.svc", "10.0.0.7", "::1", "*.example.com"))
+    assert host_allowed(header, entries) is allowed
+    assert host_allowed(header, ())  # no list: every host, as without the option
+    assert host_allowed(header, ("*",))  # `*` alone: every host
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ("", "empty"),
+        ("local host", "spaces"),
+        ("bad\x00host", "control"),
+        ("http://leadtime.svc", "without scheme or path"),
+        ("leadtime.svc/v1", "without scheme or path"),
+        ("localhost:8000", "give the host without it ('localhost')"),
+        ("[::1]:8000", "give the host without it ('[::1]')"),
+        ("[::1", "not an IPv6 address in brackets"),
+        ("host:name", "neither a host name nor an IPv6 address"),
+        ("foo*.example.com", "a wildcard is '*' alone"),
+        ("*example.com", "a wildcard is '*' alone"),
+        ("under@score", "not a host name"),
+    ],
+)
+def test_an_allowed_host_no_header_could_match_is_refused_saying_why(entry: str, said: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        check_allowed_host(entry)
+
+
+def test_a_foreign_host_is_refused_with_400_before_the_token_and_nothing_is_learned() -> None:
+    """DNS rebinding: a page on evil.example whose name resolves to the service is same-origin to the browser, and
+    its requests carry `Host: evil.example`. With --allowed-host they are refused before anything else is checked
+    or read; the probes and /metrics answer whatever the Host (kubelet and Prometheus name the pod by its IP)."""
+    settings = ServiceSettings(allowed_hosts=("leadtime.svc", "*.example.com"), api_token="s3cret")
+    with TestClient(create_app(settings), base_url="http://leadtime.svc:8000") as c:
+        before = c.get("/status").json()["ingestion"]["accepted"]
+        auth = {"Authorization": "Bearer s3cret"}
+        evil = {"Host": "evil.example", **auth}
+        for method, path in (("POST", "/v1/observations"), ("POST", "/add_training_data_bulk"), ("GET", "/status")):
+            body = {"observations": [entry()]} if path == "/v1/observations" else {"entries": [entry()]}
+            r = c.request(method, path, json=body if method == "POST" else None, headers=evil)
+            assert r.status_code == 400, (path, r.text)
+            assert r.json() == {
+                "error": "Host 'evil.example' is not an allowed host (--allowed-host)",
+                "field": "host",
+                "detail": "Host 'evil.example' is not an allowed host (--allowed-host)",
+            }
+        unauthorized = c.post("/v1/observations", json={"observations": [entry()]}, headers={"Host": "evil.example"})
+        assert unauthorized.status_code == 400  # the Host first: the token is not what refuses it
+        long = c.get("/status", headers={"Host": "x" * 20_000})
+        assert long.status_code == 400 and len(long.json()["error"]) < 120
+        assert c.get("/status").json()["ingestion"]["accepted"] == before  # nothing learned
+        accepted = c.post("/v1/observations", json={"observations": [entry()]}, headers=auth)
+        assert accepted.status_code == 202, accepted.text
+        sub = c.post("/v1/observations", json={"observations": [entry()]}, headers={"Host": "a.example.com", **auth})
+        assert sub.status_code == 202, sub.text
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert c.get(path, headers={"Host": "10.1.2.3:8000"}).status_code == 200, path
+            assert c.head(path, headers={"Host": "10.1.2.3:8000"}).status_code == 200, path
+        assert c.get("/", headers={"Host": "10.1.2.3:8000"}).status_code == 400
+
+
+def test_a_request_with_no_host_is_refused_when_hosts_are_listed_and_answered_when_not() -> None:
+    """HTTP/1.0 may send no Host: with a list it cannot be told from a rebound page's, and is refused."""
+    import asyncio
+
+    def status(settings: ServiceSettings) -> tuple[int, dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
+        asyncio.run(create_app(settings)(scope, receive, send))  # type: ignore[arg-type]
+        return sent[0]["status"], orjson.loads(sent[1]["body"])
+
+    code, body = status(ServiceSettings(allowed_hosts=("leadtime.svc",)))
+    assert code == 400 and "no Host header" in body["error"] and body["field"] == "host", body
+    assert status(ServiceSettings())[0] == 200
 
 
 def test_bodies_over_the_limit_get_413_declared_or_streamed() -> None:

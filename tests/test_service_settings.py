@@ -76,3 +76,18 @@ def test_a_secret_variable_set_but_blank_is_refused_where_the_environment_is_rea
     field = variable.removeprefix("LEADTIME_").lower()
     assert ServiceSettings.from_env({"api_token": "t"}, env={"LEADTIME_API_TOKEN": ""}).api_token == "t"
     assert field in ServiceSettings.model_fields
+
+
+def test_allowed_hosts_read_their_variable_comma_separated_and_the_option_wins() -> None:
+    env = {"LEADTIME_ALLOWED_HOSTS": "Leadtime.svc, 10.0.0.7 ,[::1],*.example.com"}
+    assert ServiceSettings.from_env(env=env).allowed_hosts == ("leadtime.svc", "10.0.0.7", "::1", "*.example.com")
+    assert ServiceSettings.from_env({"allowed_hosts": ("a.svc",)}, env=env).allowed_hosts == ("a.svc",)
+    assert ServiceSettings.from_env(env={}).allowed_hosts == ()  # unset: every host, as before
+    assert ServiceSettings.from_env({"allowed_hosts": ("a.svc",)}, env={"LEADTIME_ALLOWED_HOSTS": ""}).allowed_hosts
+
+
+@pytest.mark.parametrize("value", ["", " ", "a.svc,,b.svc", "a.svc,", "localhost:8000", "http://a.svc"])
+def test_an_allowed_hosts_variable_with_an_entry_no_host_could_match_is_refused(value: str) -> None:
+    """Set but empty is refused, as a secret is: it would leave every Host answered where a list was meant."""
+    with pytest.raises(ValueError, match="LEADTIME_ALLOWED_HOSTS is set but empty|allowed_hosts"):
+        ServiceSettings.from_env(env={"LEADTIME_ALLOWED_HOSTS": value})

@@ -133,6 +133,7 @@ def create_app(
         body_routes=[route for router in body_routers for route in router.routes],
         writes=write_paths(route for router in body_routers for route in router.routes),
         observation_paths=OBSERVATION_PATHS if settings.serves_training else frozenset(),
+        allowed_hosts=settings.allowed_hosts,
     )
     app.add_exception_handler(FeatureError, feature_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from leadtime.features.errors import FeatureError, field_path, problem_text
+from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_refusal
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.store.base import StoreClosed
 
@@ -164,8 +165,8 @@ async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResp
 
 
 class EdgeMiddleware:
-    """Pure ASGI: refuse oversize bodies with 413 (declared or streamed), answer the hot paths, and record
-    per-route metrics.
+    """Pure ASGI: refuse a Host not among `allowed_hosts` (when any are given) with 400, oversize bodies with 413
+    (declared or streamed), answer the hot paths, and record per-route metrics.
 
     The body is read here, at most `max_body_bytes` of it, and replayed to the app, so a chunked upload
     cannot slip past the limit. `hot_paths` maps a POST path to a handler that answers a body itself ((status,
@@ -173,7 +174,9 @@ class EdgeMiddleware:
     Requests under one of `mounts` (static files) are counted under the mount's path, requests that match no route
     as "unmatched". A body refused here (413, 415) is counted under the one of `body_routes` it was sent to: the app
     has not routed it. A body sent to one of `observation_paths` whose sender has hung up by the time it would be
-    accepted is not (`_sender_gone`).
+    accepted is not (`_sender_gone`). The Host is checked first, on every path but the probes and /metrics
+    (`hosts.UNCHECKED_PATHS`): a page rebound to the service's address learns nothing of the service (not even
+    whether it needs a token) and has no body read.
     """
 
     def __init__(
@@ -186,8 +189,10 @@ class EdgeMiddleware:
         body_routes: Sequence[BaseRoute] = (),
         writes: frozenset[str] = frozenset(),
         observation_paths: frozenset[str] = frozenset(),
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         self.app = app
+        self.allowed_hosts = tuple(allowed_hosts)
         self.writes = writes
         self.observation_paths = observation_paths
         self.max_body_bytes = max_body_bytes
@@ -209,7 +214,9 @@ class EdgeMiddleware:
             await send(message)
 
         path: str | None = None
-        if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+        if self._foreign_host(scope):
+            await _send_json(send_recording, 400, error_body(host_refusal(_header(scope, b"host")), "host"))
+        elif scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send_recording)
         elif not json_content_type(_header(scope, b"content-type"), required=scope["path"] in self.writes):
             await _send_json(send_recording, 415, _unsupported_type(_header(scope, b"content-type")))
@@ -241,6 +248,14 @@ class EdgeMiddleware:
                 path = scope["path"] if scope.get("endpoint") is not None else "unmatched"
         self.runtime.metrics.observe_request(
             path, scope.get("method", ""), status_holder[0], time.perf_counter() - started
+        )
+
+    def _foreign_host(self, scope: Scope) -> bool:
+        """Whether hosts are listed and the request's Host is none of them (the probes and /metrics pass)."""
+        return (
+            bool(self.allowed_hosts)
+            and scope["path"] not in UNCHECKED_PATHS
+            and not host_allowed(_header(scope, b"host"), self.allowed_hosts)
         )
 
     def _authorized(self, scope: Scope) -> bool:
