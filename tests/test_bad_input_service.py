@@ -406,6 +406,27 @@ def test_serve_refuses_an_api_token_no_client_could_send(token: str) -> None:
     assert_one_line(code, message, "--api-token (LEADTIME_API_TOKEN)")
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["--allowed-host", ""], {}, "empty"),
+        (["--allowed-host", "localhost:8000"], {}, "give the host without it ('localhost')"),
+        (["--allowed-host", "http://leadtime.svc"], {}, "without scheme or path"),
+        (["--allowed-host", "a.svc", "--allowed-host", "bad host"], {}, "spaces"),
+        ([], {"LEADTIME_ALLOWED_HOSTS": "a.svc,,b.svc"}, "empty"),
+        ([], {"LEADTIME_ALLOWED_HOSTS": ""}, "LEADTIME_ALLOWED_HOSTS is set but empty"),
+    ],
+)
+def test_serve_refuses_an_allowed_host_no_host_header_could_match(
+    args: list[str], env: dict[str, str], said: str
+) -> None:
+    """Found only when requests arrive, a mistyped entry would refuse every one (or leave a meant host out)."""
+    code, message = leadtime_serve("--port", "47601", "--grpc-port", "0", *args, env=env)
+    assert_one_line(code, message, said)
+    if args:
+        assert "--allowed-host (LEADTIME_ALLOWED_HOSTS)" in message, message
+
+
 @pytest.mark.parametrize("variable", ["LEADTIME_API_TOKEN", "LEADTIME_TLS_CERTFILE", "LEADTIME_TLS_KEYFILE"])
 def test_serve_refuses_a_secret_variable_set_but_empty(variable: str) -> None:
     """A Kubernetes Secret with an empty or missing key gives `LEADTIME_API_TOKEN=`: it was read as no token, and

@@ -75,6 +75,24 @@ def test_a_prediction_server_on_a_model_dir_logs_what_it_keeps_and_what_is_open(
     assert f"store: in memory (this process only: observations go when it stops; models are kept in {tmp_path})" in log
 
 
+def test_serve_with_allowed_hosts_says_which_and_refuses_another_host_over_a_real_socket() -> None:
+    """The readiness probe (Host 127.0.0.1:PORT, not listed) passes; a request naming another host is 400."""
+    port = free_port()
+    process = leadtime("serve", "--port", str(port), "--grpc-port", "0", "--allowed-host", "leadtime.svc")
+    try:
+        wait_ready(port, process)
+        base = f"http://127.0.0.1:{port}"
+        refused = httpx.get(f"{base}/status", headers={"Host": "evil.example"})
+        assert refused.status_code == 400 and refused.json()["field"] == "host", refused.text
+        assert httpx.get(f"{base}/status").status_code == 400  # 127.0.0.1 is not listed either
+        assert httpx.get(f"{base}/status", headers={"Host": f"leadtime.svc:{port}"}).status_code == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+    log = process.stderr.read().decode() if process.stderr else ""
+    assert "HTTP answers only the Host leadtime.svc (--allowed-host; /healthz, /readyz and /metrics any)" in log, log
+
+
 def start_up_log(http_port: int, *args: str) -> str:
     """What `leadtime serve --port http_port --grpc-port 0 ARGS` logs until it is ready and stopped."""
     process = leadtime("serve", "--port", str(http_port), "--grpc-port", "0", *args)

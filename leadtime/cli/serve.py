@@ -21,6 +21,7 @@ OPTION_OF = {
     "model_dir": "--model-dir",
     "model_from": "--model-from",
     "api_token": "--api-token",
+    "allowed_hosts": "--allowed-host",
     "accelerator": "--accelerator",
     "model": "--model",
     "catalog": "--catalog",
@@ -75,6 +76,15 @@ def serve(
     api_token: Annotated[
         str | None, typer.Option(envvar="LEADTIME_API_TOKEN", help="Bearer token the write paths require.")
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Answer HTTP requests only when their Host header names this host (port not compared; "
+            "*.example.com: its subdomains), refusing others with 400: the defence against DNS rebinding. "
+            "Repeatable; or LEADTIME_ALLOWED_HOSTS, comma-separated. Unset: any Host. /healthz, /readyz and "
+            "/metrics answer any Host (kubelet and Prometheus name the pod by its IP). gRPC is not checked.",
+        ),
+    ] = None,
     accelerator: Annotated[
         str | None,
         typer.Option(
@@ -118,6 +128,7 @@ def serve(
         model_dir=model_dir,
         model_from=model_from,
         api_token=api_token,
+        allowed_hosts=tuple(allowed_host) if allowed_host else None,  # else LEADTIME_ALLOWED_HOSTS, apart by commas
         accelerator=accelerator,
         model=model,
         catalog=catalog,

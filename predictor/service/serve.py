@@ -194,6 +194,11 @@ def serve(settings: ServiceSettings) -> None:
         sock.bind((settings.host, 0))
         http_port, sockets = sock.getsockname()[1], [sock]
     log.info("HTTP on %s://%s:%d (API docs at /docs)", scheme, settings.host, http_port)
+    if settings.allowed_hosts:
+        log.info(
+            "HTTP answers only the Host %s (--allowed-host; /healthz, /readyz and /metrics any)",
+            ", ".join(settings.allowed_hosts),
+        )
     if settings.api_token is None and settings.serves_training:  # a prediction server takes no training data
         log.warning(
             "no API token: anyone who can reach this port can send training data (--api-token or LEADTIME_API_TOKEN "
