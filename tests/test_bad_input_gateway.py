@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,56 @@ def test_with_api_keys_the_api_paths_need_one_and_health_and_metrics_stay_open()
             return [(await client.get(path)).status_code for path in ("/healthz", "/metrics", "/v1/models")]
 
     assert asyncio.run(open_paths()) == [200, 200, 401]
+
+
+def test_with_allowed_hosts_another_host_is_400_before_the_key_and_probes_stay_open() -> None:
+    """DNS rebinding: a page whose name resolves to the gateway reaches it as same-origin, with its own Host. With
+    --allowed-host it is refused before the key is checked or the body read; probes and /metrics answer any Host."""
+    settings = GatewaySettings(allowed_hosts=("gateway", "*.example.com"), api_keys=("k",))
+    listed = Gateway(StaticDiscovery(()), RoundRobinPolicy(), settings)
+    body, key = b'{"prompt": "x"}', ("authorization", "Bearer k")
+    for headers in ([("host", "evil.example"), key], [("host", "evil.example")], [("host", "x" * 20_000), key]):
+        refused = post("/v1/completions", body, headers, app=listed)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == "host" and error["type"] == "BadRequestError" and len(error["message"]) < 120
+    assert (
+        "Host 'evil.example' is not an allowed host (--allowed-host)"
+        in post("/tokenize", body, [("host", "evil.example")], app=listed).json()["error"]["message"]
+    )
+    # Allowed: on to the routing, which with no endpoint here answers 503.
+    assert post("/v1/completions", body, [key], app=listed).status_code == 503  # base_url's host is "gateway"
+    assert post("/v1/completions", body, [("host", "a.example.com:8080"), key], app=listed).status_code == 503
+
+    async def probes(host: str) -> list[int]:
+        transport = httpx.ASGITransport(app=listed, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            paths = ("/healthz", "/readyz", "/metrics", "/v1/models")
+            return [
+                (await client.get(path, headers={"host": host, "authorization": "Bearer k"})).status_code
+                for path in paths
+            ]
+
+    assert asyncio.run(probes("10.1.2.3:8080")) == [200, 503, 200, 400]  # /readyz: no endpoint here
+    assert 'leadtime_router_requests_total{code="400",path="/v1/completions"} 3.0' in listed._render_metrics().decode()
+
+
+def test_with_allowed_hosts_a_request_with_no_host_is_refused() -> None:
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> MutableMapping[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    listed = Gateway(StaticDiscovery(()), RoundRobinPolicy(), GatewaySettings(allowed_hosts=("gateway",)))
+    scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": [], "query_string": b""}
+    asyncio.run(listed(scope, receive, send))
+    assert sent[0]["status"] == 400 and "no Host header" in json.loads(sent[1]["body"])["error"]["message"]
+    sent.clear()
+    asyncio.run(gateway()(scope, receive, send))  # no list: answered as before (no endpoint here: 503)
+    assert sent[0]["status"] == 503
 
 
 def test_an_endpoint_discovery_dropped_leaves_the_per_endpoint_gauges() -> None:
@@ -503,6 +553,10 @@ def route(*args: str) -> tuple[int, str]:
         (["--port", "65536"], "--port must be between 1 and 65535"),
         (["--predictor-grpc", "nohost"], "--predictor-grpc: expected HOST:PORT (a port from 1 to 65535), got 'nohost'"),
         (["--predictor-grpc", ":5"], "--predictor-grpc: expected HOST:PORT (a port from 1 to 65535), got ':5'"),
+        (["--allowed-host", ""], "--allowed-host: an entry is empty"),
+        (["--allowed-host", "gateway:8080"], "--allowed-host: 'gateway:8080' has a port: give the host without it"),
+        (["--allowed-host", "https://gateway"], "without scheme or path"),
+        (["--allowed-host", "gate way"], "--allowed-host: 'gate way' has spaces"),
     ],
 )
 def test_route_refuses_options_that_cannot_work_with_one_line(args: list[str], message: str) -> None:

@@ -951,9 +951,38 @@ def test_route_hands_its_options_to_the_gateway_api_keys_from_the_environment_ap
     assert plain.api_keys == () and not plain.ask_usage and not plain.measure_non_streaming
 
 
+def test_route_reads_its_allowed_hosts_from_the_option_else_the_environment_apart_by_commas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+    from leadtime.router_plugin.gateway import serve
+
+    built: list[Any] = []
+
+    def build(options: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(options.settings)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(serve, "build_gateway", build)
+    monkeypatch.delenv("LEADTIME_ROUTE_ALLOWED_HOSTS", raising=False)
+    args = ["route", "--endpoint", "127.0.0.1:1", "--policy", "random"]
+    env = {"LEADTIME_ROUTE_ALLOWED_HOSTS": "Gateway.svc, 10.0.0.7,[::1] ,*.example.com"}
+    for extra, environment in (([], env), (["--allowed-host", "a.svc"], env), ([], {})):
+        result = CliRunner().invoke(app, [*args, *extra], env=environment)
+        assert result.exit_code == 0, result.output
+    (from_env, from_option, unset) = built
+    assert from_env.allowed_hosts == ("gateway.svc", "10.0.0.7", "::1", "*.example.com")
+    assert from_option.allowed_hosts == ("a.svc",) and unset.allowed_hosts == ()
+
+
 @pytest.mark.parametrize(
     ("env", "extra", "named"),
     [
+        ({"LEADTIME_ROUTE_ALLOWED_HOSTS": ""}, [], "LEADTIME_ROUTE_ALLOWED_HOSTS is set but empty"),
+        ({"LEADTIME_ROUTE_ALLOWED_HOSTS": "a.svc,,b.svc"}, [], "LEADTIME_ROUTE_ALLOWED_HOSTS: an entry is empty"),
+        ({"LEADTIME_ROUTE_ALLOWED_HOSTS": "a.svc:8080"}, [], "LEADTIME_ROUTE_ALLOWED_HOSTS: 'a.svc:8080' has a port"),
         ({"LEADTIME_ROUTE_API_KEY": ""}, [], "LEADTIME_ROUTE_API_KEY"),
         ({"LEADTIME_ROUTE_API_KEY": "   "}, [], "LEADTIME_ROUTE_API_KEY"),
         ({"LEADTIME_API_TOKEN": ""}, [], "LEADTIME_API_TOKEN"),
@@ -972,7 +1001,7 @@ def test_route_refuses_keys_and_tokens_it_could_not_use(
     from leadtime.router_plugin.gateway import serve
 
     monkeypatch.setattr(serve, "build_gateway", lambda *a, **k: pytest.fail("the gateway was built"))
-    for variable in ("LEADTIME_ROUTE_API_KEY", "LEADTIME_API_TOKEN"):
+    for variable in ("LEADTIME_ROUTE_API_KEY", "LEADTIME_API_TOKEN", "LEADTIME_ROUTE_ALLOWED_HOSTS"):
         monkeypatch.delenv(variable, raising=False)
     args = ["route", "--endpoint", "127.0.0.1:1", "--predictor-url", "http://127.0.0.1:1", *extra]
     result = CliRunner().invoke(app, args, env=env)
@@ -995,8 +1024,11 @@ def test_a_blank_variable_a_flag_overrides_is_not_refused(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(serve, "build_gateway", build)
     args = ["route", "--endpoint", "127.0.0.1:1", "--policy", "random", "--api-key", "k1", "--api-token", "t1"]
-    result = CliRunner().invoke(app, args, env={"LEADTIME_API_TOKEN": "", "LEADTIME_ROUTE_API_KEY": " "})
+    args += ["--allowed-host", "gw"]
+    env = {"LEADTIME_API_TOKEN": "", "LEADTIME_ROUTE_API_KEY": " ", "LEADTIME_ROUTE_ALLOWED_HOSTS": ""}
+    result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 0 and built and built[0].api_keys == ("k1",), result.output
+    assert built[0].allowed_hosts == ("gw",)
 
 
 def test_route_refuses_a_broken_discovery_file(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,27 @@ from leadtime.cli.common import (
     refuse_blank_variables,
     warn,
 )
+
+HOSTS_VARIABLE = "LEADTIME_ROUTE_ALLOWED_HOSTS"
+
+
+def checked_hosts(given: list[str] | None) -> tuple[str, ...]:
+    """The gateway's allowed hosts as compared: the `--allowed-host` options, else `LEADTIME_ROUTE_ALLOWED_HOSTS`
+    (comma-separated, as a Kubernetes env value lists them; click would split a repeatable option's variable at
+    spaces), else none. An entry no Host header could match fails in one line naming where it came from."""
+    from leadtime.predictor.service.hosts import check_allowed_host, parse_allowed_hosts
+
+    variable = os.environ.get(HOSTS_VARIABLE)
+    entries, source = (given, "--allowed-host") if given else (parse_allowed_hosts(variable or ""), HOSTS_VARIABLE)
+    if not given and variable is None:
+        return ()
+    checked = []
+    for entry in entries:
+        try:
+            checked.append(check_allowed_host(entry))
+        except ValueError as err:
+            fail(f"{source}: {err}")
+    return tuple(checked)
 
 
 @app.command("route")
@@ -149,6 +171,15 @@ def route(
             "repeat it to accept several (rotation). Health and metrics stay open.",
         ),
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Answer only requests whose Host header names this host (port not compared; *.example.com: its "
+            "subdomains), refusing others with 400: the defence against DNS rebinding. Repeatable; or "
+            "LEADTIME_ROUTE_ALLOWED_HOSTS, comma-separated. Unset: any Host. /healthz, /readyz and /metrics "
+            "answer any Host (kubelet and Prometheus name the pod by its IP).",
+        ),
+    ] = None,
     drain_s: Annotated[
         int,
         typer.Option(help="On SIGTERM or Ctrl-C, seconds requests in flight may take to finish before they are cut."),
@@ -212,7 +243,9 @@ def route(
         if value is not None:
             positive(name, value)
     refuse_blank_variables(  # a flag given wins over its variable, which then does not matter
-        *(["LEADTIME_API_TOKEN"] if api_token is None else []), *(["LEADTIME_ROUTE_API_KEY"] if not api_key else [])
+        *(["LEADTIME_API_TOKEN"] if api_token is None else []),
+        *(["LEADTIME_ROUTE_API_KEY"] if not api_key else []),
+        *(["LEADTIME_ROUTE_ALLOWED_HOSTS"] if not allowed_host else []),
     )
     if api_token is not None and (
         not api_token or not (api_token.isascii() and api_token.isprintable()) or " " in api_token
@@ -221,6 +254,7 @@ def route(
     for key in api_key or ():
         if not key or not (key.isascii() and key.isprintable()) or " " in key:
             fail("--api-key must be printable ASCII, without spaces, line breaks or control characters")
+    allowed_hosts = checked_hosts(allowed_host)
     known = catalog_option(catalog)
     hardware_options(accelerator, model, known, CATALOG_HINT)
     settings = GatewaySettings(
@@ -236,6 +270,7 @@ def route(
         measure_non_streaming=measure_non_streaming,
         ask_usage=ask_usage,
         api_keys=tuple(api_key or ()),
+        allowed_hosts=allowed_hosts,
         drain_s=drain_s,
         upstream_timeout_s=upstream_timeout_s,
         catalog=known,

@@ -42,6 +42,7 @@ import orjson
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import tls_client_context
+from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_refusal
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
 from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
 from leadtime.router_plugin.gateway.assemble import Assembler, whole_answer
@@ -116,6 +117,18 @@ def end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
     return [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() not in named]
 
 
+def _host_header(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The request's Host header (the first, as the service's edge reads it), None when it sent none.
+
+    >>> _host_header([(b"accept", b"*/*"), (b"host", b"gateway:8080")]), _host_header([])
+    ('gateway:8080', None)
+    """
+    for name, value in headers:
+        if name.lower() == b"host":
+            return bytes(value).decode("latin-1")
+    return None
+
+
 MAX_HOLD_MS = 60_000.0
 """A policy still holding a request after this long (`Pick.hold`) is overruled: the heuristics place it."""
 PANIC_SHARE = 0.5
@@ -161,6 +174,9 @@ class GatewaySettings:
     """Ask for the usage of streams whose client did not, to count their tokens (kept from the client)."""
     api_keys: tuple[str, ...] = ()
     """Bearer tokens a client must show on the API's paths (`/v1/...` and the passed-through ones); none: open."""
+    allowed_hosts: tuple[str, ...] = ()
+    """The Host headers requests may name, as `predictor.service.hosts.check_allowed_host` leaves them (the
+    DNS-rebinding defence); none: any. `/healthz`, `/readyz` and `/metrics` answer any Host."""
     drain_s: int = 30
     """On a stop, how long requests in flight may take to finish (a frozen endpoint would hold them for
     `upstream_timeout_s`)."""
@@ -641,6 +657,13 @@ class Gateway:
         path, method = scope["path"], scope["method"]
         if method == "HEAD" and path in PROBED_PATHS:
             send, method = _without_body(send), "GET"
+        if self.settings.allowed_hosts and path not in UNCHECKED_PATHS:  # before the key: a rebound page learns nothing
+            host = _host_header(scope["headers"])
+            if not host_allowed(host, self.settings.allowed_hosts):
+                await self._refuse(send, 400, host_refusal(host), "host")
+                if path in PROXIED_PATHS or path in PASSED_THROUGH:
+                    self.metrics.requests.labels(path, "400").inc()
+                return
         guarded = path.startswith("/v1/") or path in PASSED_THROUGH
         if self.settings.api_keys and guarded and not bearer_ok(scope["headers"], self.settings.api_keys):
             await self._refuse(

@@ -176,6 +176,11 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
         "clients need an API key" if settings.api_keys else "open to any client that reaches it (no --api-key)",
         f"; sharing with replicas through {gateway.replicas.address}" if gateway.replicas else "",
     )
+    if settings.allowed_hosts:
+        log.info(
+            "answering only the Host %s (--allowed-host; /healthz, /readyz and /metrics any)",
+            ", ".join(settings.allowed_hosts),
+        )
     config = uvicorn.Config(
         gateway,
         host=settings.host,
