@@ -180,15 +180,39 @@ class OutcomeCeiling:
         return mean, upper
 
     def to_dict(self) -> dict[str, Any]:
-        """The recent outcomes as JSON-ready values (the wall is found again from them on load)."""
-        return {"recent": [list(p) for p in self._recent], "adaptive": self.adaptive}
+        """The state as JSON-ready values: the recent outcomes, and the wall as it stands with the count of outcomes
+        not tested yet. The wall is saved as fitted, not found again on load: found again, it would be tested over
+        the untested outcomes too (up to `every` - 1 of them), and a loaded model (a restart, or the service taking
+        the learner's snapshot) would serve another cap than the one saved."""
+        return {
+            "recent": [list(p) for p in self._recent],
+            "adaptive": self.adaptive,
+            "active": self.active,
+            "level_ms": self.level_ms,
+            "base_ms": self.base_ms,
+            "slope": self.slope,
+            "base_upper_ms": self.base_upper_ms,
+            "unseen": self._unseen,
+        }
 
     def load_dict(self, d: dict[str, Any]) -> None:
-        """Take the state `to_dict` wrote."""
+        """Take the state `to_dict` wrote: the wall as it was served, which goes on learning as if never saved.
+        Builds before this one ignore the added keys, so the artifact version stays."""
         self._recent.clear()
         # Written before the wall depended on the row's own prefill: (actual, predicted) pairs, own 0.
         self._recent.extend((float(r[0]), float(r[1]), float(r[2]) if len(r) > 2 else 0.0) for r in d["recent"])
-        self._update()
+        if "active" in d:
+            if not isinstance(d["active"], bool):
+                raise ValueError(f"the wall's 'active' must be true or false, not {d['active']!r}")
+            self.active = d["active"]
+            self.level_ms = float(d["level_ms"])
+            self.base_ms = float(d["base_ms"])
+            self.slope = float(d["slope"])
+            self.base_upper_ms = float(d["base_upper_ms"])
+            self._unseen = int(d["unseen"])
+        else:  # written before the fitted wall was saved: found again from the outcomes, as those builds did
+            self._update()
+            self._unseen = 0
         self.adaptive = float(d.get("adaptive", 0.0))
 
 

@@ -245,6 +245,7 @@ def test_a_saved_artifact_is_readable_as_the_umask_says(tmp_path: Path, umask: i
         lambda d: d["targets"]["ttft"].update(endpoints="x"),
         lambda d: d["targets"]["tpot"]["rls"].update(weights={"a": 1}),
         lambda d: d.update(metadata=None),
+        lambda d: d["targets"]["ttft"]["ceiling"].update(active="false"),  # a string: true as a bool
     ],
 )
 def test_a_sealed_artifact_of_any_malformed_content_is_refused_as_an_artifact_error(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -263,3 +265,92 @@ def test_a_wall_saved_before_it_knew_each_rows_prefill_still_loads() -> None:
     again = OutcomeCeiling()
     again.load_dict(old)
     assert again.active and again.base_ms == ceiling.base_ms
+
+
+def _wall_with_untested_outcomes() -> OutcomeCeiling:
+    """An active wall that has learned 10 outcomes since its last test (fewer than `every`), outcomes that leave
+    it: testing them too moves the wall."""
+    rng = np.random.default_rng(0)
+    ceiling = OutcomeCeiling()
+    own = rng.uniform(0, 1000, 320)
+    ceiling.learn_many(60_000 + 2 * own + rng.normal(0, 300, 320), np.linspace(40_000, 120_000, 320), own)
+    ceiling.learn_many(np.full(10, 61_500.0), np.full(10, 130_000.0), rng.uniform(0, 1000, 10))
+    assert ceiling.active and ceiling._unseen == 10
+    return ceiling
+
+
+def _served(ceiling: OutcomeCeiling) -> tuple[np.ndarray, np.ndarray]:
+    """What the wall serves for rows far above it, just below it and far below it, each with and without a
+    prefill of its own."""
+    mean = np.array([90_000.0, 90_000.0, 58_000.0, 58_000.0, 20_000.0, 20_000.0])
+    upper = np.array([130_000.0, 130_000.0, 59_000.0, 59_000.0, 30_000.0, 30_000.0])
+    own = np.array([0.0, 800.0, 0.0, 800.0, 0.0, 800.0])
+    return ceiling.cap(mean, upper, own)
+
+
+def test_a_saved_wall_loads_as_it_was_served_and_learns_on_as_if_never_saved() -> None:
+    """Regression: a saved wall was found again from its recent outcomes on load, including those the live wall
+    had not tested yet: the loaded wall stood elsewhere (base 60003.9 ms → 60115.2 ms here), so a service that
+    took the learner's snapshot, or a restart from the saved model, served another cap than the learner computed
+    (and could even switch the wall on or off)."""
+    ceiling = _wall_with_untested_outcomes()
+    again = OutcomeCeiling()
+    again.load_dict(json.loads(json.dumps(ceiling.to_dict())))
+    for name in ("active", "level_ms", "base_ms", "slope", "base_upper_ms", "adaptive", "_unseen"):
+        assert getattr(again, name) == getattr(ceiling, name), name
+    for loaded, live in zip(_served(again), _served(ceiling), strict=True):
+        np.testing.assert_array_equal(loaded, live)
+    # Learning on: the outcomes untested at the save are tested with the next ones, as they would have been.
+    rng = np.random.default_rng(1)
+    for _ in range(20):  # 140 outcomes off the wall: more than the window
+        actual, predicted, own = rng.uniform(1_000, 3_000, 7), rng.uniform(1_000, 3_000, 7), rng.uniform(0, 500, 7)
+        ceiling.learn_many(actual, predicted, own)
+        again.learn_many(actual, predicted, own)
+        for loaded, live in zip(_served(again), _served(ceiling), strict=True):
+            np.testing.assert_array_equal(loaded, live)
+    assert not ceiling.active and not again.active  # the wall went, at the same outcome for both
+
+
+def test_a_wall_saved_before_its_fitted_state_was_kept_is_found_again_from_its_outcomes() -> None:
+    """Artifacts written before the wall's fitted state was saved hold only the outcomes and the adaptive term:
+    the wall is found again from them, as those builds did."""
+    ceiling = OutcomeCeiling()
+    ceiling.learn_many(*_wall())
+    old = {key: ceiling.to_dict()[key] for key in ("recent", "adaptive")}
+    again = OutcomeCeiling()
+    again.load_dict(old)
+    assert again.active and again.base_ms == ceiling.base_ms and again._unseen == 0
+
+
+def _learn_at_a_wall(p: OnlinePredictor, rng: np.random.Generator, n: int) -> None:
+    """Rows of queues ever deeper whose clients give up at 60 s, learned one at a time."""
+    for _ in range(n):
+        row = _queued(int(rng.integers(100, 500)))
+        p.learn_one(Observation(row, actual_ttft_ms=60_000 + rng.normal(0, 300), actual_tpot_ms=40.0))
+
+
+def test_a_predictor_with_a_wall_predicts_the_same_after_a_round_trip_and_after_learning_on() -> None:
+    """Regression: a predictor saved with outcomes its wall had not tested yet predicted another TTFT once
+    loaded (means 60239.83 ms → 60221.33 ms in a user's probe), by bytes (a restart) as by snapshot (the learner
+    process handing its model to the service)."""
+    rng = np.random.default_rng(4)
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    _learn_at_a_wall(p, rng, 600)
+    wall = p._models["ttft"].ceiling
+    assert wall is not None and wall.active
+    p.learn_many([Observation(_queued(450), actual_ttft_ms=66_000.0, actual_tpot_ms=40.0)] * 7)
+    assert wall._unseen != 0
+    rows = [_queued(w) for w in (50, 300, 500, 2000)]
+
+    def served(q: OnlinePredictor) -> np.ndarray:
+        pred = q.predict_many(rows)
+        return np.concatenate([pred.ttft_mean, pred.ttft_quantile, pred.tpot_mean, pred.tpot_quantile])
+
+    by_bytes = OnlinePredictor.from_bytes(p.to_bytes(), background=False)
+    state, compiled = p.snapshot()
+    by_snapshot = OnlinePredictor.from_state(state, background=False, compiled=compiled)
+    np.testing.assert_array_equal(served(by_bytes), served(p))
+    np.testing.assert_array_equal(served(by_snapshot), served(p))
+    for q in (p, by_bytes):
+        _learn_at_a_wall(q, np.random.default_rng(5), 40)  # the same 40 outcomes
+    np.testing.assert_array_equal(served(by_bytes), served(p))
