@@ -103,10 +103,18 @@ def is_resident(timeslice_state: str) -> bool:
 # Largest count accepted: every integer up to it is exact as a float64, so vectorizing a row cannot overflow.
 MAX_COUNT = 2**53
 
+MAX_TENSOR_PARALLEL = 1024
+"""The largest tensor-parallel size a row may name, on every path (rows, the service's HTTP and gRPC bodies, the
+clients, discovery labels). The largest tensor-parallel groups in practice are 8 to 64 GPUs (one node, or an
+NVLink domain such as a GB200 NVL72 rack); 1024 leaves ample room above them. Each size is part of a hardware
+class that the vectorizer keeps for the process's life, so an unbounded size (it was 2**53) let a client grow
+that table, and slow every prediction, by sending ever-new sizes: bounded, the table holds at most this many
+classes per accelerator class and model."""
 
-def check_count(name: str, value: Any, least: int = 0) -> int:
-    """An integer ≥ `least` (0: a count; 1: a tensor-parallel size); floats with an integral value are accepted
-    (JSON encoders differ), bools are not.
+
+def check_count(name: str, value: Any, least: int = 0, most: int = MAX_COUNT) -> int:
+    """An integer from `least` (0: a count; 1: a tensor-parallel size) to `most`; floats with an integral value are
+    accepted (JSON encoders differ), bools are not.
 
     numpy integers count as integers: rows are often built from arrays.
 
@@ -123,8 +131,22 @@ def check_count(name: str, value: Any, least: int = 0) -> int:
     if value < least:
         raise FeatureError(name, f"must be ≥ {least}, got {value}")
     if value > MAX_COUNT:
-        raise FeatureError(name, f"must be ≤ 2**53, got a {len(str(value))}-digit number")
+        bound = "2**53" if most == MAX_COUNT else str(most)
+        raise FeatureError(name, f"must be ≤ {bound}, got a {len(str(value))}-digit number")
+    if value > most:
+        raise FeatureError(name, f"must be ≤ {most}, got {value}")
     return value
+
+
+def check_tensor_parallel(value: Any, name: str = "tensor_parallel") -> int:
+    """A tensor-parallel size: an integer from 1 to `MAX_TENSOR_PARALLEL`.
+
+    >>> check_tensor_parallel(2048)
+    Traceback (most recent call last):
+    ...
+    leadtime.features.errors.FeatureError: tensor_parallel: must be ≤ 1024, got 2048
+    """
+    return check_count(name, value, least=1, most=MAX_TENSOR_PARALLEL)
 
 
 def check_real(name: str, value: Any, low: float = 0.0, high: float = math.inf) -> float:
@@ -309,7 +331,7 @@ class EndpointState:
         check_text("endpoint_id", self.endpoint_id)
         check_text("accelerator", self.accelerator)
         check_text("model", self.model)
-        object.__setattr__(self, "tensor_parallel", check_count("tensor_parallel", self.tensor_parallel, least=1))
+        object.__setattr__(self, "tensor_parallel", check_tensor_parallel(self.tensor_parallel))
         _check_choice("role", self.role, ROLES)
         for name in _COUNT_FIELDS:
             object.__setattr__(self, name, check_count(name, getattr(self, name)))

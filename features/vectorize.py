@@ -41,8 +41,10 @@ from leadtime.features.roofline import (
 )
 from leadtime.features.rows import (
     LLMD_COUNT_FIELDS,
+    MAX_TENSOR_PARALLEL,
     FeatureRow,
     RequestFeatures,
+    check_tensor_parallel,
     feature_row_from_llmd,
     is_resident,
 )
@@ -82,7 +84,7 @@ _BOUNDS["kv_cache_percentage"] = (0.0, 1.0)
 _BOUNDS["role_prefill"] = (0.0, 1.0)
 _BOUNDS["role_decode"] = (0.0, 1.0)
 _BOUNDS["timeslice_resident"] = (0.0, 1.0)
-_BOUNDS["tensor_parallel"] = (1.0, math.inf)
+_BOUNDS["tensor_parallel"] = (1.0, float(MAX_TENSOR_PARALLEL))
 _LOW = np.array([_BOUNDS[c][0] for c in COLUMNS])
 _HIGH = np.array([_BOUNDS[c][1] for c in COLUMNS])
 
@@ -166,7 +168,11 @@ _FIGURE_COLUMNS = np.array([COLUMN_INDEX[c] for c in _FIGURE_COLUMN.values()])
 class HardwareTable:
     """Every hardware class a Vectorizer has met, by index, with the default class for rows that name none.
 
-    Request threads share one table: a new class is published in the index only once all of it is in place.
+    Request threads share one table and read it without a lock: a new class is published in the index only once
+    all of it is in place. Adding one costs the same however many the table holds: its key is found in a dict,
+    and its figures are written into a matrix with room to spare (doubled when full), of which `figures` is a
+    view of the rows in use. (Rebuilt whole for each class, a client naming ever-new classes made every
+    prediction slower.) A reader holding an older `figures` keeps a valid view of the classes it knew.
 
     Parameters
     ----------
@@ -182,34 +188,50 @@ class HardwareTable:
         self.default_model = catalog.model(default_model).slug
         self.classes: list[HardwareClass] = []
         self.keys: list[str] = []
-        self.figures = np.empty((0, len(_FIGURES)))  # one row per class, `_FIGURES` order
+        self._storage = np.empty((8, len(_FIGURES)))  # room for classes to come, `_FIGURES` order
+        self.figures = self._storage[:0]  # one row per class
         self.templates: list[np.ndarray] = []  # per class: its constant columns, a (COLUMNS, 1) column
-        self._index: dict[tuple[str, str, int], int] = {}
+        self._index: dict[tuple[str, str, int], int] = {}  # as rows name them ("" for the default)
+        self._by_key: dict[str, int] = {}  # by class key
         self._lock = threading.Lock()
         self.default = self.index("", "", 1)
 
     def index(self, accelerator: str, model: str, tensor_parallel: int) -> int:
-        """The index of a class ("" names the default); raises FeatureError for an unknown one."""
+        """The index of a class ("" names the default); raises FeatureError for an unknown one, or a
+        tensor-parallel size outside 1 to `MAX_TENSOR_PARALLEL`."""
         found = self._index.get((accelerator, model, tensor_parallel))
         if found is not None:
             return found
-        if tensor_parallel < 1:
-            raise FeatureError("tensor_parallel", "must be ≥ 1")
+        if not 1 <= tensor_parallel <= MAX_TENSOR_PARALLEL:
+            check_tensor_parallel(tensor_parallel)  # raises, in the rows' words
         with self._lock:
             acc = self.catalog.accelerator(accelerator or self.default_accelerator)
             mod = self.catalog.model(model or self.default_model)
             hardware = HardwareClass.of(acc, mod, tensor_parallel)
-            if hardware.key not in self.keys:
-                template = np.zeros((len(COLUMNS), 1))
-                template[_FIGURE_COLUMNS, 0] = np.array(hardware.figures())[_FIGURE_POSITIONS]
-                template[COLUMN_INDEX["timeslice_resident"]] = 1.0  # roles and the time-slice wait stay 0
-                self.classes.append(hardware)
-                self.templates.append(template)
-                self.figures = np.array([c.figures() for c in self.classes])
-                self.keys.append(hardware.key)
-            found = self.keys.index(hardware.key)
+            found = self._by_key.get(hardware.key)
+            if found is None:
+                found = self._add(hardware)
             self._index[(accelerator, model, tensor_parallel)] = found
             return found
+
+    def _add(self, hardware: HardwareClass) -> int:
+        """Append a class (under the lock); its index. Readers see it once `index` publishes it."""
+        n = len(self.classes)
+        template = np.zeros((len(COLUMNS), 1))
+        figures = np.array(hardware.figures())
+        template[_FIGURE_COLUMNS, 0] = figures[_FIGURE_POSITIONS]
+        template[COLUMN_INDEX["timeslice_resident"]] = 1.0  # roles and the time-slice wait stay 0
+        if n == len(self._storage):  # full: a new matrix twice the size; views of the old one stay valid
+            grown = np.empty((2 * n, len(_FIGURES)))
+            grown[:n] = self._storage
+            self._storage = grown
+        self._storage[n] = figures
+        self.classes.append(hardware)
+        self.templates.append(template)
+        self.keys.append(hardware.key)
+        self.figures = self._storage[: n + 1]
+        self._by_key[hardware.key] = n
+        return n
 
 
 @dataclass

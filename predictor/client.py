@@ -33,6 +33,7 @@ from leadtime.features.rows import (
     FeatureRow,
     Observation,
     check_count,
+    check_tensor_parallel,
     feature_row_to_llmd,
     observation_to_llmd,
     parse_timestamp,
@@ -394,7 +395,8 @@ def _wire_fields(row: Row, where: str = "row") -> dict[str, Any]:
         # Checked as the service checks counts, in its words (protobuf's are "Value out of range"), and given as
         # the integers the wire carries: 900.0 and numpy integers are counts over HTTP too.
         try:
-            fields[name] = check_count(name, fields[name], least=1 if name == "tensor_parallel" else 0)
+            value = fields[name]
+            fields[name] = check_tensor_parallel(value) if name == "tensor_parallel" else check_count(name, value)
         except FeatureError as err:
             raise PredictorError("invalid", f"{where}.{err.field}: {err.problem}") from None
     for name in _wire()[4] & fields.keys():  # in the service's words too (protobuf's: "must be real number")

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError, validation_problem
-from leadtime.features.rows import ROLES, EndpointState
+from leadtime.features.rows import MAX_TENSOR_PARALLEL, ROLES, EndpointState
 from leadtime.yaml_text import load_yaml, yaml_problem
 
 log = logging.getLogger("leadtime.router.discovery")
@@ -177,8 +177,8 @@ def _check_labels(index: int, labels: Mapping[str, str], catalog: Catalog) -> No
     if scheme not in SCHEMES:
         raise DiscoveryError(f"{where}.{SCHEME_LABEL}: must be one of {', '.join(SCHEMES)}, got {scheme[:20]!r}")
     tp = labels.get(TP_LABEL, "1")
-    if not (tp.isascii() and tp.isdigit() and len(tp) <= 9) or int(tp) < 1:
-        raise DiscoveryError(f"{where}.{TP_LABEL}: must be an integer from 1 to 999999999, got {tp[:20]!r}")
+    if not (tp.isascii() and tp.isdigit() and len(tp) <= 9) or not 1 <= int(tp) <= MAX_TENSOR_PARALLEL:
+        raise DiscoveryError(f"{where}.{TP_LABEL}: must be an integer from 1 to {MAX_TENSOR_PARALLEL}, got {tp[:20]!r}")
     lookups: tuple[tuple[str, Callable[[str], object]], ...] = (
         (ACCELERATOR_LABEL, catalog.accelerator),
         (MODEL_LABEL, catalog.model),

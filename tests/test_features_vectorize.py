@@ -498,3 +498,32 @@ def test_an_unknown_class_in_a_batch_names_its_first_row() -> None:
     with pytest.raises(FeatureError) as err:
         Vectorizer().batch(rows_ + rows_)
     assert err.value.field == "rows[3].model"
+
+
+def test_a_table_of_thousands_of_classes_keeps_every_class_where_it_was_put() -> None:
+    """Regression: each new hardware class rebuilt the table's whole figures matrix and looked its key up in a
+    list, so a client naming ever-new tensor-parallel sizes made every prediction slower (about 50 ms each with
+    7,000 classes). A class is now appended (a dict lookup, the matrix grown by doubling): 2,000 classes, each
+    found again at its index, with its figures, its key, and the row form's matrix; a view of the figures taken
+    early (a reader without the lock) still reads what it read."""
+    v = Vectorizer()
+    table = v.hardware
+    early = table.figures
+    early_values = early.copy()
+    names = [(a, m, tp) for a in ACCELERATORS for m in MODELS for tp in range(1, 51)]
+    assert len(names) == 2000
+    indices = [table.index(*name) for name in names]
+    assert len(set(indices)) == len(table.classes) == len(table.keys) == len(table.figures)
+    assert [table.index(*name) for name in names] == indices
+    for (a, m, tp), i in zip(names, indices, strict=True):
+        hardware = table.classes[i]
+        assert hardware.key == table.keys[i] == class_key(a, m, tp)
+        assert table.figures[i].tolist() == list(hardware.figures())
+    np.testing.assert_array_equal(early, early_values)
+    rows = [
+        FeatureRow(
+            RequestFeatures(500), EndpointState(accelerator=a, model=m, tensor_parallel=tp, num_request_running=3)
+        )
+        for a, m, tp in names[-7:] + names[:3]
+    ]
+    np.testing.assert_array_equal(v.batch(rows).X, np.array([v.row_vector(r) for r in rows]))

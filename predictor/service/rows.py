@@ -39,6 +39,7 @@ from leadtime.features.rows import (
     LLMD_REQUIRED_FIELDS,
     MAX_COUNT,
     MAX_PREDICTED_MS,
+    MAX_TENSOR_PARALLEL,
     MAX_TEXT_CHARS,
     NOT_RESIDENT_STATES,
     POD_TYPE_ROLES,
@@ -131,13 +132,13 @@ class _Plain:
     typed: bool  # protobuf already guarantees the types (unsigned ints, doubles, strings)
 
 
-def _count(row: Mapping[str, Any], name: str, default: int | None = None, least: int = 0) -> int:
+def _count(row: Mapping[str, Any], name: str, default: int | None = None, least: int = 0, most: int = MAX_COUNT) -> int:
     value = row.get(name, default)
-    if type(value) is int and least <= value <= MAX_COUNT:
+    if type(value) is int and least <= value <= most:
         return value
     if value is None:  # a field with a default sent as null is a bad value, not a missing one
         raise FeatureError(name, "is required" if default is None else f"must be an integer ≥ {least}, got null")
-    return check_count(name, value, least)
+    return check_count(name, value, least, most)
 
 
 def _real01(row: Mapping[str, Any], name: str) -> float:
@@ -311,7 +312,7 @@ class RowParser:
         endpoint_id = _text(row, "endpoint_id")
         accelerator = _text(row, "accelerator")
         model = _text(row, "model")
-        tp = _count(row, "tensor_parallel", 1, least=1)
+        tp = _count(row, "tensor_parallel", 1, least=1, most=MAX_TENSOR_PARALLEL)
         timeslice = timeslice_state_of(row.get("timeslice_state"))
         wait = row.get("timeslice_wait_ms", 0.0)
         if not ((type(wait) is float or type(wait) is int) and 0.0 <= wait < math.inf):
@@ -495,8 +496,8 @@ class RowParser:
         named, models, parallel = given("accelerator"), given("model"), given("tensor_parallel")
         if parallel:
             sizes = typed("tensor_parallel", "ui")
-            if sizes is None or sizes.min() < 0 or sizes.max() > MAX_COUNT:
-                return None
+            if sizes is None or sizes.min() < 0 or sizes.max() > MAX_TENSOR_PARALLEL:
+                return None  # the row-by-row checks name it
         if any(named) or any(models) or any(tp > 1 for tp in parallel):
             keys = list(zip(named or repeat(""), models or repeat(""), parallel or repeat(1), strict=False))
             try:

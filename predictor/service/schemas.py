@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from leadtime.features.catalog import ACCELERATORS, MODELS, Catalog
-from leadtime.features.rows import LATEST_TIMESTAMP, MAX_COUNT, MAX_PREDICTED_MS
+from leadtime.features.rows import LATEST_TIMESTAMP, MAX_COUNT, MAX_PREDICTED_MS, MAX_TENSOR_PARALLEL
 from leadtime.predictor.service.rows import ROW_EXTRAS
 
 TIMESTAMP_HELP = (
@@ -69,7 +69,7 @@ class NativeRow(LlmdRow):
         description="Model profile; empty or null = the service default.",
         json_schema_extra={"enum": text_choices(MODELS)},
     )
-    tensor_parallel: int = Field(default=1, ge=1, le=MAX_COUNT)
+    tensor_parallel: int = Field(default=1, ge=1, le=MAX_TENSOR_PARALLEL)
     prefix_hit_tokens: int | None = Field(
         default=None,
         ge=0,
