@@ -4,7 +4,8 @@ An orchestrator (llm-d's co-operative time-slicing) grants an accelerator group 
 queue: `Acquire` blocks until granted, `Yield` hands it back. It reports each group as IDLE, IDLE_YIELDED, LOCKED
 or SWITCHING with the job that holds it (`active_job`), the job whose weights are resident (`loaded_job`) and the
 number of waiters. An endpoint serves only while its own job holds the group and is loaded; after a swap its
-prefix cache is gone.
+prefix cache is gone. SWITCHING comes both ways: straight after serving it is the swap-out, part of the away
+period; after the other job's turn it is the restore.
 
 Nobody tells the router when the other job will yield: `ResidencyTracker` learns it from what it sees, the
 lengths of past away periods and restores, and estimates the remaining wait of a group that is away now as the
@@ -65,6 +66,7 @@ class _GroupHistory:
     since_ms: float = 0.0
     away_since_ms: float | None = None
     switching_since_ms: float | None = None
+    leaving: bool = False  # in the SWITCHING that took it away from serving (not a restore)
     away: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     restore: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     resident: deque[float] = field(default_factory=lambda: deque(maxlen=64))
@@ -108,6 +110,7 @@ class ResidencyTracker:
         """Record the group's status as seen now (call it whenever the router looks)."""
         serving = status.serves(self.job)
         h = self._groups.get(group)
+        seen_serving = h is not None and h.serving
         if h is None:
             h = self._groups[group] = _GroupHistory(serving=True, since_ms=status.since_ms)
         if serving and not h.serving:  # back
@@ -124,7 +127,14 @@ class ResidencyTracker:
                 h.resident.append(max(0.0, status.since_ms - h.serving_since_ms))
         if serving:
             h.serving_since_ms = status.since_ms
-        elif status.state == "SWITCHING" and h.switching_since_ms is None:
+            h.leaving = False
+        elif status.state != "SWITCHING":
+            h.switching_since_ms = None
+            h.leaving = False
+        elif seen_serving:
+            # Switching away from serving: the swap-out is part of the away period, not a restore.
+            h.leaving = True
+        elif not h.leaving and h.switching_since_ms is None:
             h.switching_since_ms = status.since_ms
         h.serving = serving
         h.since_ms = status.since_ms

@@ -790,6 +790,26 @@ def test_the_residency_tracker_learns_away_and_restore_times() -> None:
     assert tracker.swapped_in_at("g") == 0.0  # not serving now
 
 
+def test_a_switch_away_from_serving_counts_as_away_not_as_a_restore() -> None:
+    """Regression: an orchestrator reports SWITCHING on the way out too; it was taken for a swap-in, so all through
+    the other job's turn the group was expected back at once (wait 0), and the turn was learned as a restore."""
+    tracker = ResidencyTracker("inference", prior_away_ms=5000.0, prior_restore_ms=100.0)
+    tracker.update("g", GroupStatus("LOCKED", "inference", "inference", 0, 0.0), 0.0)
+    tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, 60_000.0), 60_000.0)
+    assert tracker.expected_wait_ms("g", 60_100.0) == pytest.approx(4900.0 + 100.0)  # the priors, not a restore
+    tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, 60_200.0), 60_200.0)
+    assert tracker.expected_wait_ms("g", 61_000.0) == pytest.approx(4000.0 + 100.0)
+    tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, 80_000.0), 80_000.0)
+    tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, 80_000.0), 80_100.0)  # looked again
+    tracker.update("g", GroupStatus("LOCKED", "inference", "inference", 0, 80_300.0), 80_300.0)
+    # Away from the switch out (60 s) to the switch in (80 s); restoring 300 ms.
+    assert tracker.expected_wait_ms("g", 80_400.0) == 0.0
+    tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, 140_000.0), 140_000.0)
+    tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, 140_200.0), 140_200.0)
+    assert tracker.expected_wait_ms("g", 145_000.0) == pytest.approx(15_000.0 + 300.0)
+    assert tracker.expected_wait_ms("g", 165_000.0) == pytest.approx(20_000.0 + 300.0)  # outlasted: one more mean
+
+
 def test_swap_out_risk_grows_with_the_work_and_away_time_is_taken_out_of_what_is_learned() -> None:
     tracker = ResidencyTracker("inference")
     for start in (0.0, 10_000.0, 20_000.0):  # resident 8 s, away 1.9 s, restoring 0.1 s, three times
