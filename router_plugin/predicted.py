@@ -596,11 +596,34 @@ class LeadtimePolicy:
             decode = by_id[pick.decode_endpoint_id]
             (decode_row,) = self._rows(request, [decode], away, decode_side=True)
             transfer, decode_group = float(self._transfer_ms(request, [decode])[0]), decode.timeslice_group
+            # Nothing predicted: the prefill is taken to end when the roofline says, its queue left out.
+            ready = now + self._roofline_prefill_ms(row)
+            link_free = self.ledgers.inflight.link_free_ms(decode.endpoint_id, now) if self.config.inflight else now
+            self.ledgers.record_decode(
+                decode.endpoint_id,
+                Sent(
+                    request.request_id,
+                    now,
+                    0,
+                    request.input_tokens,
+                    kv_arrival_ms=max(ready, link_free) + transfer,
+                    ready_ms=ready,
+                    transfer_ms=transfer,
+                ),
+            )
         self._remember(
             request.request_id,
             _Decision(row, decode_row, None, None, transfer, now, prefill.timeslice_group, decode_group),
         )
         return pick
+
+    def _roofline_prefill_ms(self, row: FeatureRow) -> float:
+        """The row's prefill alone, as the roofline has it; 0 on hardware the catalog does not know (a fallback
+        must still route when the predictor refused the row for that)."""
+        try:
+            return float(self._vectorizer.own_prefill_ms([row])[0])
+        except FeatureError:
+            return 0.0
 
     def _pick_one(
         self, request: RouteRequest, serving: list[Candidate], away: list[Candidate], may_hold: bool = False

@@ -479,6 +479,21 @@ def test_a_pd_pair_decided_by_the_fallback_is_learned_on_both_rows() -> None:
     assert decode_obs.actual_tpot_ms == 15.0 and decode_obs.predicted_tpot_ms is None
 
 
+def test_a_pd_pair_decided_by_the_fallback_counts_in_flight_on_its_decode_endpoint() -> None:
+    """Regression: a fallback decision on P/D was recorded on its prefill endpoint only: the decode endpoint's
+    running count, decode tokens and KV link looked free of it, and the next decisions piled onto it."""
+    policy = LeadtimePolicy(QueueModel(fail=True), LeadtimeConfig(exploration=0.0, kv_link_gb_s=10.0))
+    candidates = [cand("p0", role="prefill"), cand("d0", role="decode")]
+    pick = policy.pick(req("r", tokens=4000, at=10.0), candidates)
+    assert (pick.endpoint_id, pick.decode_endpoint_id) == ("p0", "d0")
+    decode = policy.ledgers.inflight.adjusted(candidates[1].state, published_ms=0.0)
+    assert decode.num_request_running == 1 and decode.decode_tokens_in_flight == 4000
+    # Prefilled by ~90 ms (the roofline's 4000 tokens on an H100), its 50 ms transfer then holds the link.
+    assert policy.ledgers.inflight.link_free_ms("d0", now_ms=100.0) > 120.0
+    policy.observe(Outcome("r", "p0", "d0", ttft_ms=700.0, itl_ms=15.0, output_tokens=50, completed_ms=2000.0))
+    assert policy.ledgers.inflight.adjusted(candidates[1].state, published_ms=0.0).num_request_running == 0
+
+
 def test_the_in_process_client_satisfies_the_protocol_and_learns() -> None:
     client = InProcessPredictor(OnlinePredictor(LearnerConfig(background=False)))
     assert isinstance(client, PredictorClient)
