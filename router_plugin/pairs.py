@@ -128,7 +128,7 @@ def choose_pair(
 ) -> PairChoice:
     """The best (prefill, decode) pair, or local prefill, for one request.
 
-    `overflow_rank` (per prefill endpoint, per decode endpoint; lower first) orders the pairs beyond saving by
+    `overflow_rank` (per prefill endpoint, per decode endpoint predicted; lower first) orders the pairs beyond saving by
     the endpoint that prefills them, where their wait builds up (`scorers.latency.overflow_choice`).
 
     >>> p = PairPredictions(
@@ -144,6 +144,10 @@ def choose_pair(
     (1, 0, 240.0)
     """
     n_p, n_d = len(p.prefill_ttft), len(p.decode_itl)
+    if overflow_rank is not None:
+        for side, ranks, n in (("prefill", overflow_rank[0], n_p), ("decode", overflow_rank[1], n_d)):
+            if len(ranks) != n:
+                raise ValueError(f"{len(ranks)} {side} overflow ranks for {n} {side} endpoints predicted")
     ttft, wait = _pair_ttft(p, now_ms, p.prefill_ttft)
     ttft_mean, wait_mean = _pair_ttft(p, now_ms, p.prefill_ttft_mean)
     itl = np.broadcast_to(p.decode_itl[None, :], (n_p, n_d))

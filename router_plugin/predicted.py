@@ -709,8 +709,10 @@ class LeadtimePolicy:
         if not config.joint_pairs and local is not None:
             # llm-d's rule is a threshold, not a comparison: below it, prefill where the request decodes.
             prefill_ttft = prefill_mean = np.zeros(0)
+            scored_prefill: list[Candidate] = []
         else:
             prefill_ttft, prefill_mean = p.ttft, p.ttft_mean
+            scored_prefill = prefill
         choice = choose_pair(
             PairPredictions(
                 prefill_ttft,
@@ -729,7 +731,7 @@ class LeadtimePolicy:
             decode_first=not config.joint_pairs and local is None,
             fit=(config.fit, config.fit_margin, overflow),
             overflow_cap_ms=self._overflow_cap_ms(request, overflow),
-            overflow_rank=(self._overflow_rank(prefill), self._overflow_rank(decode))
+            overflow_rank=(self._overflow_rank(scored_prefill), self._overflow_rank(decode))
             if config.overflow_endpoints
             else None,
         )

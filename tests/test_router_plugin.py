@@ -604,6 +604,43 @@ def test_named_overflow_endpoints_order_pairs_beyond_saving_by_their_prefill_end
     assert (unnamed.prefill, unnamed.decode) == (0, 0)
 
 
+def test_decode_first_sends_a_short_prompt_beyond_saving_to_the_named_overflow_endpoint() -> None:
+    """Regression: in decode-first mode a short prompt scores no prefill endpoint, yet their overflow ranks were
+    still passed: the ranks no longer lined up with the options and the named overflow endpoint was ignored."""
+
+    class Slow(QueueModel):
+        def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+            far = np.full(len(rows), 60_000.0)
+            return BulkPredictions(far, far, np.full(len(rows), 10.0), np.full(len(rows), 12.0), 1, 0.9)
+
+    config = LeadtimeConfig(
+        joint_pairs=False, exploration=0.0, overflow="least_bad", overflow_cap=0.0, overflow_endpoints=("d1",)
+    )
+    policy = LeadtimePolicy(Slow(), config)
+    candidates = [cand("p0", role="prefill"), cand("d0", role="decode"), cand("d1", role="decode")]
+    pick = policy.pick(req("r", tokens=8, ttft_slo=500.0), candidates)  # below disaggregate_min_tokens
+    assert (pick.endpoint_id, pick.decode_endpoint_id) == ("d1", None)
+
+
+def test_overflow_ranks_that_do_not_match_the_predictions_are_refused() -> None:
+    """Regression: ranks longer than the options they order were cut silently, ranking options by the wrong
+    endpoints' places."""
+    p = PairPredictions(
+        prefill_ttft=np.zeros(0),
+        prefill_ttft_mean=np.zeros(0),
+        decode_itl=np.array([20.0, 20.0]),
+        decode_itl_mean=np.array([18.0, 18.0]),
+        local_ttft=np.array([9000.0, 9000.0]),
+        local_ttft_mean=np.array([8000.0, 8000.0]),
+        link_free_ms=np.array([0.0, 0.0]),
+        transfer_ms=np.array([50.0, 50.0]),
+    )
+    with pytest.raises(ValueError, match="1 prefill overflow ranks for 0 prefill endpoints"):
+        choose_pair(p, 0.0, 1000.0, 60.0, overflow_rank=(np.array([1]), np.array([1, 0])))
+    with pytest.raises(ValueError, match="1 decode overflow ranks for 2 decode endpoints"):
+        choose_pair(p, 0.0, 1000.0, 60.0, overflow_rank=(np.zeros(0), np.array([1])))
+
+
 def test_a_short_prompt_is_prefilled_on_the_decode_endpoint_when_that_is_faster() -> None:
     p = PairPredictions(
         prefill_ttft=np.array([900.0]),
