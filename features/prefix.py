@@ -62,22 +62,33 @@ _CHUNK_POWERS.setflags(write=False)
 def text_chunk_hashes(
     text: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, seed: str = "", max_chunks: int = MAX_TEXT_CHUNKS
 ) -> list[int]:
-    """Prefix hashes of the full `chunk_bytes`-byte chunks of `text` (UTF-8), for a router without a tokenizer.
-
-    Hash i identifies the whole prompt up to the end of chunk i (and the `seed`, the model name: different models
-    share no cache), so equal hashes mean equal text from the start, as chained block hashes do; a trailing
-    partial chunk is not hashed, and at most `max_chunks` are (prompts equal that far are then indistinguishable).
-    Each chunk is mixed into 64 bits and the prefix hash is a polynomial sum of the chunks' mixes, computed for
-    all chunks at once with numpy: a routing hint, fast, not a cryptographic identity.
+    """Prefix hashes of the full `chunk_bytes`-byte chunks of `text`'s UTF-8 bytes, for a router without a
+    tokenizer (`chunk_hashes`).
 
     >>> a = text_chunk_hashes("x" * 64 + "y" * 64 + "tail", 64)
     >>> b = text_chunk_hashes("x" * 64 + "z" * 64, 64)
     >>> len(a), a[0] == b[0], a[1] == b[1]
     (2, True, False)
     """
+    return chunk_hashes(text.encode(), chunk_bytes, seed, max_chunks)
+
+
+def chunk_hashes(
+    data: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES, seed: str = "", max_chunks: int = MAX_TEXT_CHUNKS
+) -> list[int]:
+    """Prefix hashes of the full `chunk_bytes`-byte chunks of `data` (a prompt's text or its packed token ids).
+
+    Hash i identifies the whole prompt up to the end of chunk i (and the `seed`, the model name: different models
+    share no cache), so equal hashes mean equal bytes from the start, as chained block hashes do; a trailing
+    partial chunk is not hashed, and at most `max_chunks` are (prompts equal that far are then indistinguishable).
+    Each chunk is mixed into 64 bits and the prefix hash is a polynomial sum of the chunks' mixes, computed for
+    all chunks at once with numpy: a routing hint, fast, not a cryptographic identity.
+
+    >>> len(chunk_hashes(bytes(range(256)) * 2, 64))
+    8
+    """
     if chunk_bytes < 8 or chunk_bytes % 8 or chunk_bytes > 8 * len(_CHUNK_MIX):
         raise ValueError(f"chunk_bytes must be a multiple of 8 between 8 and {8 * len(_CHUNK_MIX)}, got {chunk_bytes}")
-    data = text.encode()
     n = min(len(data) // chunk_bytes, max_chunks, MAX_TEXT_CHUNKS)
     if n <= 0:
         return []

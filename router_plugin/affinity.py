@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from leadtime.features.prefix import DEFAULT_CHUNK_BYTES, PrefixIndex, text_chunk_hashes
+from leadtime.features.prefix import DEFAULT_CHUNK_BYTES, PrefixIndex, chunk_hashes, text_chunk_hashes
 
 DEFAULT_BYTES_PER_TOKEN = 4.0
 DEFAULT_CAPACITY_CHUNKS = 31_250
@@ -87,8 +87,8 @@ class PrefixAffinity:
 
     def key_for_ids(self, token_ids: Sequence[int], model: str = "") -> PromptKey:
         """Hashes and exact length of a prompt given as token ids."""
-        data = np.asarray(token_ids, dtype="<i4").tobytes()
-        hashes = text_chunk_hashes(data.decode("latin-1"), self.chunk_bytes, seed=model)
+        # Raw bytes: a chunk of `chunk_bytes` holds exactly `chunk_bytes / 4` ids, as `hit_tokens` counts them.
+        hashes = chunk_hashes(np.asarray(token_ids, dtype="<i4").tobytes(), self.chunk_bytes, seed=model)
         return PromptKey(hashes, max(1, len(token_ids)), 0, 4.0)
 
     def hit_tokens(self, endpoint_id: str, key: PromptKey) -> int:

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from leadtime.data import TRACES
-from leadtime.features.prefix import DEFAULT_BLOCK_SIZE, PrefixIndex, block_hashes, chain_block_ids
+from leadtime.features.prefix import (
+    DEFAULT_BLOCK_SIZE,
+    PrefixIndex,
+    block_hashes,
+    chain_block_ids,
+    chunk_hashes,
+    text_chunk_hashes,
+)
 
 MOONCAKE = TRACES["mooncake"]
 
@@ -19,6 +26,16 @@ block_sizes = st.integers(min_value=1, max_value=32)
 
 
 # ------------------------------------------------------------------------------ block hashes
+
+
+def test_text_chunk_hashes_stay_as_they_were_when_bytes_are_hashed_too() -> None:
+    """Regression: token-id prompts moved to hashing raw bytes; a text prompt must hash as it always did (its
+    UTF-8 bytes), or routers of two versions, and the indices they hold, would stop agreeing on a prefix."""
+    text = "The same text hashes as it always has: é, ü, 日本語. " * 4
+    pinned = [18188593251860164873, 10604170691556810512, 15132525343027277744]
+    assert text_chunk_hashes(text, 64, seed="llama-3.1-8b") == pinned
+    assert chunk_hashes(text.encode(), 64, seed="llama-3.1-8b") == pinned
+    assert text_chunk_hashes("x" * 64, 64) == [12326148225899575614]
 
 
 def test_default_block_size_is_vllms() -> None:

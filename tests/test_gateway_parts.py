@@ -352,6 +352,19 @@ def test_affinity_estimates_hit_tokens_and_learns_bytes_per_token() -> None:
     assert affinity.hit_tokens("e1", second) == 0
 
 
+def test_token_ids_of_a_large_vocabulary_are_hashed_16_to_a_chunk() -> None:
+    """Regression: ids were packed 4 bytes each, then re-encoded as UTF-8 text, so every byte from 0x80 took two:
+    with ids from ~99k (Llama 3, Qwen) a chunk held under 16 ids, hits were over-counted by up to 1.5x, and a
+    shared prefix shorter than one block counted as a hit."""
+    high = [0x018080 + i % 128 + (i // 128 % 128) * 256 for i in range(800)]  # both low bytes >= 0x80
+    affinity = PrefixAffinity(chunk_bytes=64)
+    assert len(affinity.key_for_ids(high[:32], "m").hashes) == 2
+    affinity.record("e1", affinity.key_for_ids(high[:11] + list(range(1000, 1400)), "m"))
+    assert affinity.hit_tokens("e1", affinity.key_for_ids(high[:11] + list(range(5000, 5400)), "m")) == 0
+    affinity.record("e2", affinity.key_for_ids(high + list(range(1, 801)), "m"))
+    assert affinity.hit_tokens("e2", affinity.key_for_ids(high + list(range(20_000, 20_800)), "m")) == 800
+
+
 # ----- scraping -----------------------------------------------------------------------------------------------
 
 
