@@ -18,6 +18,7 @@ from leadtime.features.rows import FeatureRow, Observation
 from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable, require_rows
 
 __all__ = [
+    "INVALID_ANSWER",
     "BulkPredictions",
     "InProcessPredictor",
     "LocalLearner",
@@ -25,6 +26,10 @@ __all__ = [
     "PredictorError",
     "PredictorUnavailable",
 ]
+
+INVALID_ANSWER = "invalid_answer"
+"""The status of the `PredictorError` a policy raises for an answer it cannot route on (a row missing, a value
+not finite): the decision falls back to the heuristics, as for a predictor that failed."""
 
 
 @runtime_checkable

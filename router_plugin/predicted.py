@@ -48,6 +48,7 @@ from leadtime.features.roofline import kv_transfer_ms
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures, check_count, check_real
 from leadtime.features.vectorize import Vectorizer
 from leadtime.router_plugin.client import (
+    INVALID_ANSWER,
     PredictorClient,
     PredictorError,
     PredictorUnavailable,
@@ -247,6 +248,7 @@ class PolicyCounters:
 
 
 _PREDICTED = ("ttft", "ttft_mean", "tpot", "tpot_mean")
+_ANSWERED = ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms")
 
 
 @dataclass
@@ -326,6 +328,8 @@ class LeadtimePolicy:
         self._last_heard: dict[str, float] = {}
         self._last_sent: dict[str, float] = {}  # when each endpoint was last sent a request, for `comfort_tolerance`
         self._output_tokens = 256.0  # running mean of output lengths, for the no-SLO latency score
+        self.fallback_error: PredictorError | None = None
+        """What the last decision that fell back to the heuristics fell back on (the gateway counts it by it)."""
 
     def attach(self, simulator: Any) -> None:
         """Inside the simulator: read its time-slice groups unless another source was given."""
@@ -399,6 +403,14 @@ class LeadtimePolicy:
     def _predict(self, scored: Sequence[_Scored]) -> None:
         rows = [r for s in scored for r in s.rows]
         p = self.predictor.predict(rows, self.deadline_s)
+        # A native answer's null arrives as NaN, gRPC carries NaN and inf: one of them, or a missing row, would
+        # turn into a wrong pick or an exception, where the heuristics can still decide.
+        for name in _ANSWERED:
+            values = getattr(p, name)
+            if len(values) != len(rows):
+                raise PredictorError(INVALID_ANSWER, f"{name}: {len(values)} predictions for {len(rows)} rows")
+            if not np.isfinite(values).all():
+                raise PredictorError(INVALID_ANSWER, f"{name}: not a finite number")
         start = 0
         for s in scored:
             stop = start + len(s.rows)
@@ -566,6 +578,7 @@ class LeadtimePolicy:
         except PredictorError as err:
             if not isinstance(err, PredictorUnavailable):  # a deadline missed or an outage is counted, not said
                 self._candidates_refused(err)
+            self.fallback_error = err
             chosen = self._fall_back(request, serving or away, not serving)
         if chosen.hold:
             self.counters.held += 1
@@ -877,10 +890,15 @@ class LeadtimePolicy:
             self._refusal = None
 
     def _candidates_refused(self, err: PredictorError) -> None:
-        """Said once per reason: a candidate the predictor refuses (of a class it does not know) sends every
-        decision it is in to the heuristics, and nothing else would say why."""
+        """Said once per reason: a candidate the predictor refuses (of a class it does not know), or an answer that
+        cannot be routed on, sends every decision it is in to the heuristics, and nothing else would say why."""
         if self._candidate_refusals.first(err.message):
-            log.warning("the predictor refuses a decision's candidates (%s): the heuristics decide while it does", err)
+            what = (
+                "answers what cannot be routed on"
+                if err.status == INVALID_ANSWER
+                else "refuses a decision's candidates"
+            )
+            log.warning("the predictor %s (%s): the heuristics decide while it does", what, err)
 
     def _refused(self, err: PredictorError) -> None:
         """Said once per cause: a router whose predictor refuses what it is told (a token it lacks) routes on what

@@ -38,6 +38,8 @@ from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClien
 from leadtime.router_plugin.gateway.requests import BadRequest, parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from leadtime.router_plugin.policy import Candidate, RouteRequest
+from leadtime.router_plugin.predicted import LeadtimePolicy
 from leadtime.router_plugin.scrape import EndpointScrape, wanted_lines
 from leadtime.router_plugin.timeslice_sources import FileTimesliceSource, TimesliceError, parse_groups
 
@@ -710,6 +712,23 @@ def test_zero_valued_counters_are_exported_from_the_start() -> None:
         failure_reason(PredictorError(422, "bad row")),
     }
     assert reasons == {"deadline", "circuit_open", "unavailable", "refused"} <= set(FALLBACK_REASONS)
+
+
+def test_a_decision_fallen_back_on_an_unusable_answer_is_counted_as_invalid_answer() -> None:
+    """Regression: a predictor answering NaN sent the decision to the heuristics (or raised), and the fallback was
+    counted under whatever the predictor had last failed with, or not at all."""
+
+    class NaNs(_Client):
+        def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+            nan = np.full(len(rows), np.nan)
+            return BulkPredictions(nan, nan, nan, nan, 1, 0.9)
+
+    predictor = GatewayPredictor(NaNs(), _Client(), GatewayMetrics())
+    gateway = Gateway(StaticDiscovery(()), LeadtimePolicy(predictor), GatewaySettings(), predictor=predictor)
+    candidates = [Candidate(EndpointState("a")), Candidate(EndpointState("b"))]
+    decision = gateway._pick(RouteRequest("r", 100, ttft_slo_ms=1000.0, tpot_slo_ms=50.0), candidates)
+    assert decision.fell_back == "invalid_answer" and decision.pick.endpoint_id in ("a", "b")
+    assert failure_reason(PredictorError("invalid_answer", "ttft_mean_ms: not finite")) in FALLBACK_REASONS
 
 
 def test_observations_go_in_batches_and_survive_an_outage() -> None:

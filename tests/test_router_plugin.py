@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from leadtime.features.rows import EndpointState, FeatureRow, Observation
-from leadtime.predictor.client import BulkPredictions, PredictorUnavailable
+from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.router_plugin.client import InProcessPredictor, PredictorClient
 from leadtime.router_plugin.decoding import DecodingLedger, decode_harm
@@ -433,6 +434,29 @@ def test_a_failing_predictor_falls_back_to_the_heuristics_and_routing_goes_on() 
     pick = policy.pick(req(), [cand("a", waiting=5), cand("b", waiting=0)])
     assert pick.endpoint_id == "b" and pick.row is None  # llm-d's queue scorer decides
     assert policy.counters.fallbacks == 1
+
+
+class Answering(QueueModel):
+    """Answers `ttft` (quantile and mean) whatever the rows, as a remote predictor might."""
+
+    def __init__(self, ttft: list[float]) -> None:
+        super().__init__()
+        self.ttft = np.array(ttft)
+
+    def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        n = len(rows)
+        return BulkPredictions(self.ttft, 1.2 * self.ttft, np.full(n, 10.0), np.full(n, 12.0), 1, 0.9)
+
+
+@pytest.mark.parametrize("ttft", [[200.0, 200.0, math.nan], [200.0, math.inf, 200.0], [200.0, 200.0]])
+def test_a_prediction_missing_or_not_finite_falls_back_to_the_heuristics(ttft: list[float]) -> None:
+    """Regression: one NaN prediction (a native answer's null, or NaN/inf over gRPC) made `pick` raise IndexError
+    instead of routing, and counted the decision as overloaded; a short answer was taken as it came."""
+    policy = LeadtimePolicy(Answering(ttft), LeadtimeConfig(exploration=0.0, comfort=0.0))
+    pick = policy.pick(req(), [cand("a", waiting=5), cand("b"), cand("c", waiting=5)])
+    assert pick.endpoint_id == "b" and pick.row is None  # llm-d's queue scorer decides
+    assert policy.counters.fallbacks == 1 and policy.overload == 0.0
+    assert isinstance(policy.fallback_error, PredictorError) and policy.fallback_error.status == "invalid_answer"
 
 
 def test_a_candidate_the_predictor_refuses_is_said_once_not_at_every_decision(caplog: pytest.LogCaptureFixture) -> None:

@@ -44,6 +44,7 @@ from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import tls_client_context
 from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_refusal
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
+from leadtime.router_plugin.client import PredictorError
 from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
 from leadtime.router_plugin.gateway.assemble import Assembler, whole_answer
 from leadtime.router_plugin.gateway.client_watch import ClientLeft, ClientWatch
@@ -51,7 +52,7 @@ from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork, w
 from leadtime.router_plugin.gateway.metrics import STATUS_CLASSES, GatewayMetrics
 from leadtime.router_plugin.gateway.outliers import Outliers
 from leadtime.router_plugin.gateway.passthrough import PASSED_THROUGH, PassedThroughLoad
-from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPredictor
+from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPredictor, failure_reason
 from leadtime.router_plugin.gateway.replicas import ReplicaSync, WorkEvent
 from leadtime.router_plugin.gateway.requests import BadRequest, ParsedRequest, bearer_ok, parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
@@ -1216,13 +1217,21 @@ class Gateway:
         fell_back = None
         after = self._fallbacks()
         if before is not None and after is not None and after > before:
-            fell_back = self.predictor.last_failure if self.predictor is not None else "unavailable"
+            fell_back = self._fallback_reason()
         explored = explored_before is not None and (self._explored() or 0) > explored_before
         return _Decision(pick, fell_back, time.perf_counter() - started, explored)
 
     @property
     def _name(self) -> str:
         return str(getattr(self.policy, "name", "?"))
+
+    def _fallback_reason(self) -> str:
+        """Why the policy's last decision fell back: the error it caught when it says (an answer it could not
+        route on never reaches the predictor's wrapper), else what the predictor last failed with."""
+        err = getattr(self.policy, "fallback_error", None)
+        if isinstance(err, PredictorError):
+            return failure_reason(err)
+        return self.predictor.last_failure if self.predictor is not None else "unavailable"
 
     def _fallbacks(self) -> int | None:
         counters = getattr(self.policy, "counters", None)

@@ -20,7 +20,13 @@ from typing import Protocol, runtime_checkable
 
 from leadtime.features.errors import ReasonsSaid, without_index
 from leadtime.features.rows import FeatureRow, Observation
-from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorError, PredictorUnavailable
+from leadtime.router_plugin.client import (
+    INVALID_ANSWER,
+    BulkPredictions,
+    PredictorClient,
+    PredictorError,
+    PredictorUnavailable,
+)
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("leadtime.router.predictor")
@@ -29,10 +35,13 @@ REFUSED_ROWS_SAID_S = 60.0
 
 
 def failure_reason(err: PredictorError) -> str:
-    """A short label for a failed call: deadline, unavailable, circuit_open or refused."""
+    """A short label for a failed call: deadline, unavailable, circuit_open, refused, or invalid_answer (an answer
+    the policy cannot route on: a row missing, a value not finite)."""
     status = str(err.status)
     if status in ("deadline", "DEADLINE_EXCEEDED"):
         return "deadline"
+    if status == INVALID_ANSWER:
+        return "invalid_answer"
     if status == "circuit":
         return "circuit_open"
     if isinstance(err, PredictorUnavailable):
