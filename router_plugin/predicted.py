@@ -361,7 +361,11 @@ class LeadtimePolicy:
         return serving, away
 
     def _state(self, c: Candidate, away: bool, now_ms: float) -> EndpointState:
+        """The row's endpoint state. `away` is how the candidate's list was taken; a group the router has seen is
+        taken as it is now (on P/D with every decode endpoint away, the prefill endpoints may still serve)."""
         state = c.state
+        if c.timeslice_group and self._residency.knows(c.timeslice_group):
+            away = not self._residency.serving(c.timeslice_group)
         if self.config.inflight:
             state = self.ledgers.inflight.adjusted(state, c.published_ms)
         changes: dict[str, Any] = {}

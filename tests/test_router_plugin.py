@@ -838,6 +838,23 @@ def test_on_p_d_with_every_decode_endpoint_away_requests_wait_for_one_instead_of
     assert waits["d0"] > 0  # scored with its expected wait
 
 
+def test_on_p_d_with_every_decode_endpoint_away_a_serving_prefill_endpoint_is_predicted_resident() -> None:
+    """Regression: with every decode endpoint's group away, every candidate's row was built as parked, so prefill
+    endpoints whose group served were predicted (and learned from) as swapped out."""
+    source = Groups(
+        {
+            "gp": GroupStatus("LOCKED", "inference", "inference", 0, 0.0),
+            "gd": GroupStatus("LOCKED", "training", "training", 1, 0.0),
+        }
+    )
+    model = QueueModel()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    candidates = [cand("p0", role="prefill", group="gp"), cand("d0", role="decode", group="gd")]
+    policy.pick(req(at=1000.0), candidates)
+    states = {(r.endpoint.endpoint_id, r.endpoint.timeslice_state) for r in model.asked[-1]}
+    assert states == {("p0", "resident"), ("d0", "parked")}
+
+
 def test_prefix_hits_are_dropped_after_a_swap() -> None:
     source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
     model = QueueModel()
