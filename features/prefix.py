@@ -186,8 +186,10 @@ class PrefixIndex:
         return min(self.matched_blocks(endpoint_id, hashes) * self.block_size, input_tokens)
 
     def forget(self, endpoint_id: str) -> None:
-        """Drop an endpoint's blocks (it restarted, or a time-slice swap cleared its cache)."""
+        """Drop an endpoint's blocks and its bound (it restarted, a time-slice swap cleared its cache, or it left:
+        pod names change at every rollout). A router sets the bound again from the endpoint's next scrape."""
         self._blocks.pop(endpoint_id, None)
+        self._capacity.pop(endpoint_id, None)
 
     def endpoints(self) -> list[str]:
         """Endpoints the index holds blocks for (to drop those that left the fleet)."""

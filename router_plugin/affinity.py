@@ -118,5 +118,5 @@ class PrefixAffinity:
             self.index.set_capacity(endpoint_id, chunks)
 
     def forget(self, endpoint_id: str) -> None:
-        """The endpoint's cache was lost (restart, time-slice swap)."""
+        """The endpoint's cache was lost (restart, time-slice swap), or the endpoint left the fleet."""
         self.index.forget(endpoint_id)

@@ -6,6 +6,10 @@ On a P/D-disaggregated fleet a pick is a pair: the endpoint that prefills and th
 carry the feature rows the policy scored and what it predicted, so that what is recorded and learned is what
 was decided on. When the request completes, the caller reports an `Outcome` through `observe`; outcomes arrive
 late, exactly when each request finishes, as in production.
+
+Two hooks are optional, called only on a policy that has them (so that `RoutingPolicy` asks nothing more of the
+others): `abandon(request_id)`, the request will not complete where it was sent, and `forget_endpoint(endpoint_id)`,
+the endpoint left the fleet (discovery no longer lists it).
 """
 
 from __future__ import annotations

@@ -587,6 +587,9 @@ class LeadtimePolicy:
         if chosen.hold:
             self.counters.held += 1
             return chosen
+        for endpoint_id in (chosen.endpoint_id, chosen.decode_endpoint_id):
+            if endpoint_id is not None:  # heard from when its outcome comes, unless it leaves first
+                self._last_heard.setdefault(endpoint_id, -math.inf)
         if self.config.decode_harm and request.tpot_slo_ms is not None:  # only the weighing reads them
             decodes_on = chosen.decode_endpoint_id or chosen.endpoint_id
             self.ledgers.record_decoding(decodes_on, request.request_id, request.tpot_slo_ms)
@@ -833,14 +836,22 @@ class LeadtimePolicy:
         with self._lock:
             self._observe(outcome)
 
+    def forget_endpoint(self, endpoint_id: str) -> None:
+        """The endpoint left the fleet: drop what is kept of it by name. In Kubernetes endpoint names are pod
+        names, and every rollout would otherwise add entries for ever; its requests still in flight complete as
+        usual (the ledgers let go of them then)."""
+        with self._lock:
+            self._last_sent.pop(endpoint_id, None)
+            self._last_heard.pop(endpoint_id, None)
+
     def _observe(self, outcome: Outcome) -> None:
         self.ledgers.complete(outcome.request_id)
         decision = self._decisions.pop(outcome.request_id, None)
         if decision is None:
             return  # never decided here, or abandoned: it says nothing of what this policy sent
-        self._last_heard[outcome.endpoint_id] = outcome.completed_ms
-        if outcome.decode_endpoint_id is not None:
-            self._last_heard[outcome.decode_endpoint_id] = outcome.completed_ms
+        for endpoint_id in (outcome.endpoint_id, outcome.decode_endpoint_id):
+            if endpoint_id in self._last_heard:  # not one that left the fleet since (`forget_endpoint`)
+                self._last_heard[endpoint_id] = outcome.completed_ms
         self._output_tokens += 0.01 * (outcome.output_tokens - self._output_tokens)
         itl = outcome.learned_itl_ms
         ttft = outcome.ttft_ms

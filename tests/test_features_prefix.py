@@ -202,6 +202,18 @@ def test_forget_drops_one_endpoint() -> None:
     assert index.matched_blocks("b", [1, 2]) == 2
 
 
+def test_forget_drops_the_endpoints_capacity_too() -> None:
+    """Regression: forgetting an endpoint dropped its blocks but kept its capacity entry: with pod names changing at
+    every rollout, the index grew for ever."""
+    index = PrefixIndex(capacity_blocks=100)
+    index.set_capacity("a", 2)
+    index.record("a", [1, 2])
+    index.forget("a")
+    assert index._capacity == {} and index.endpoints() == []
+    index.record("a", [1, 2, 3])  # back under the same name: the default bound until its own is set again
+    assert index.size("a") == 3
+
+
 def test_least_recently_recorded_blocks_are_forgotten_first() -> None:
     index = PrefixIndex(block_size=1, capacity_blocks=4)
     index.record("a", [1, 2])

@@ -370,6 +370,46 @@ def test_endpoints_renamed_by_discovery_leave_no_series_of_their_old_names(tmp_p
     assert after == {"a-2", "b-2"}
 
 
+def test_the_policy_is_told_of_endpoints_discovery_no_longer_lists(tmp_path: Path) -> None:
+    """Regression: the policy kept per-endpoint entries (when each endpoint was last sent a request, last heard
+    from) for every pod name it ever saw: with each rollout they grew, and nothing told it a pod had gone."""
+    path = tmp_path / "endpoints.json"
+
+    class Forgetting(FirstByName):
+        def __init__(self) -> None:
+            self.forgotten: list[str] = []
+
+        def forget_endpoint(self, endpoint_id: str) -> None:
+            self.forgotten.append(endpoint_id)
+
+    policy = Forgetting()
+
+    async def go() -> None:
+        ports = []
+        for _ in range(3):  # nothing needs to answer: discovery alone is watched
+            with socket.socket() as closed:
+                closed.bind(("127.0.0.1", 0))
+                ports.append(closed.getsockname()[1])
+        write_endpoints(path, {"a-1": ports[0], "b-1": ports[1]})
+        gateway = Gateway(FileDiscovery(path), policy, GatewaySettings(discovery_poll_s=0.02))  # type: ignore[arg-type]
+        await gateway.start()
+        try:
+            while set(gateway.scraper.scrapes) != {"a-1", "b-1"}:
+                await asyncio.sleep(0.01)
+            write_endpoints(path, {"a-2": ports[2], "b-1": ports[1]})
+            while set(gateway.scraper.scrapes) != {"a-2", "b-1"}:
+                await asyncio.sleep(0.01)
+            for _ in range(200):  # told on the decision thread, soon after
+                if policy.forgotten:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await gateway.stop()
+
+    asyncio.run(go())
+    assert policy.forgotten == ["a-1"]
+
+
 @pytest.mark.parametrize("rendered_while_gone", [True, False])
 def test_an_endpoint_name_that_comes_back_counts_its_new_scrape_errors_from_zero(
     tmp_path: Path, rendered_while_gone: bool

@@ -951,6 +951,24 @@ def test_a_parked_endpoints_stated_wait_counts_until_the_router_has_learned_the_
     assert scored.timeslice_wait_ms == 5000.0
 
 
+def test_endpoints_that_left_are_forgotten_even_when_their_last_requests_complete_later() -> None:
+    """Regression: when each endpoint was last sent a request and last heard from was kept for every endpoint id
+    ever seen: with Kubernetes pod names, 1,000 entries after 500 rollouts of a 2-pod deployment."""
+    policy = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0, comfort_tolerance=0.1))
+    for rollout in range(50):
+        pods = [cand(f"vllm-{rollout}-{k}") for k in range(2)]
+        for j in range(4):
+            rid = f"r{rollout}-{j}"
+            pick = policy.pick(req(rid, at=rollout * 10.0 + j), pods)
+            if j < 3:
+                policy.observe(Outcome(rid, pick.endpoint_id, None, 100.0, 10.0, 20, rollout * 10.0 + j + 1))
+        for pod in pods:
+            policy.forget_endpoint(pod.endpoint_id)
+        # The last request of the rollout completes after its endpoint left the fleet.
+        policy.observe(Outcome(f"r{rollout}-3", pick.endpoint_id, None, 100.0, 10.0, 20, rollout * 10.0 + 9))
+    assert policy._last_sent == {} and policy._last_heard == {}
+
+
 def test_picks_never_reported_do_not_grow_the_policy_without_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """20,000 picks without an outcome or an abandon left 20,000 decisions held."""
     from leadtime.router_plugin import predicted

@@ -19,8 +19,9 @@ Per request (`/v1/completions`, `/v1/chat/completions`, streaming or not):
 A non-streaming request goes on asking for a stream, which is timed and put back together into one JSON body
 for its client (`assemble`; requests whose answer that would not rebuild go on unchanged). Failed requests, and
 non-streaming ones answered whole, teach nothing (a whole answer has no first-token time); the policy is told to
-forget them (`abandon`, when it has one). Its own paths: `/metrics` (`metrics.GatewayMetrics`),
-`/healthz`, `/readyz` (ready once an endpoint that serves clients, not a prefill-only one, can be routed to).
+forget them (`abandon`, when it has one), and so of endpoints discovery no longer lists (`forget_endpoint`).
+Its own paths: `/metrics` (`metrics.GatewayMetrics`), `/healthz`, `/readyz` (ready once an endpoint that serves
+clients, not a prefill-only one, can be routed to).
 """
 
 from __future__ import annotations
@@ -340,6 +341,7 @@ class Gateway:
         if timeslice is not None:
             self.attach_timeslice(timeslice)
         self._abandon = getattr(policy, "abandon", None)
+        self._forget_endpoint = getattr(policy, "forget_endpoint", None)
         self.replicas: ReplicaSync | None = None
 
     def attach_replicas(self, sync: ReplicaSync) -> None:
@@ -435,6 +437,8 @@ class Gateway:
                 gone = {e.endpoint_id for e in known} - {e.endpoint_id for e in self.discovery.endpoints}
                 for endpoint_id in gone:
                     self.affinity.forget(endpoint_id)
+                    if self._forget_endpoint is not None:
+                        self._policy_call(self._forget_endpoint, endpoint_id)
                 self.outliers.keep_only(e.endpoint_id for e in self.discovery.endpoints)
                 self.scraper.sync(self.discovery.endpoints)
                 # an address no endpoint has any more: its pool retired (one that another name took is still used)
