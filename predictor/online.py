@@ -88,7 +88,8 @@ class RecursiveLeastSquares:
         """Update on a block of rows at once (matrix-inversion lemma); returns the before-update errors.
 
         Equivalent to `learn_one` row by row when `forgetting` is 1, except that outlier clipping uses the
-        running error scale from before the block; with forgetting, the block is discounted as one step of
+        running error scale from before the block, and that with `prior_rows` the first block, not its first row
+        alone, sets the prior's scale; with forgetting, the block is discounted as one step of
         `forgetting ** len(y)`. Used for high-rate ingestion, where per-row Python overhead dominates.
         """
         if len(y) == 1:
@@ -104,9 +105,11 @@ class RecursiveLeastSquares:
         self.weights += gain @ steps
         self._p -= gain @ p_phi_t.T
         self._p *= 1.0 / lam
+        seen = self.n_seen
         self._after_update(len(y))
-        for error in np.abs(errors):
-            self._mean_abs_error += (float(error) - self._mean_abs_error) / min(self.n_seen, 200)
+        for error in np.abs(errors).tolist():  # each row with its own count, as `learn_one` takes them
+            seen += 1
+            self._mean_abs_error += (error - self._mean_abs_error) / min(seen, 200)
         return errors
 
     def _scale_prior(self, phi: np.ndarray) -> None:

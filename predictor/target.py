@@ -493,8 +493,11 @@ class TargetModel:
             diff = actual - pred
             return float(np.mean(np.maximum(quantile * diff, (quantile - 1.0) * diff)))
 
-        current_mean = current.predict_mean(test_x)
-        baseline_ape = ape(test_r - (current_mean if current_mean is not None else 0.0))
+        # Against what serves now: the online parts recentred on their median residual, or the serving tree with its
+        # own centre. Judged against no correction at all, a tree that learned only that constant offset (pulled off
+        # the median by a tail of slow rows) passed, and served worse than the model it replaced.
+        serving_mean, _ = self.serving_residuals(test_x)
+        baseline_ape = ape(test_r - serving_mean)
         candidate_ape = ape(test_r - mean_tree.predict(test_x, num_threads=1))
         # The quantile tree's split-conformal shift is fitted on the older half of the held-out rows and
         # judged on the newer half, so that the comparison does not reward a shift fitted to its own test.

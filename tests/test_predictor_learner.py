@@ -744,3 +744,58 @@ def test_a_process_that_predicts_imports_neither_lightgbm_nor_scikit_learn() -> 
     assert "lightgbm" not in imported, out.stdout + out.stderr
     if isinstance(new_drift_detector(), _Adwin):  # river's own ADWIN core, not river.drift
         assert imported == [], out.stdout + out.stderr
+
+
+def test_a_retrain_judges_a_mean_tree_against_the_recentred_model_that_serves() -> None:
+    """Regression: the swap test judged a candidate mean tree against no correction at all, while the model it
+    replaces serves the online parts recentred on their median residual: a tree that learned only that constant
+    offset (biased by a tail of slow rows) was accepted though it served worse than the model it replaced."""
+    from leadtime.features.vectorize import Vectorizer
+    from leadtime.predictor.physics import prior_ms
+    from leadtime.predictor.target import TargetModel
+
+    rng = np.random.default_rng(0)
+    vectorizer = Vectorizer()
+
+    def batch(n: int) -> FeatureBatch:
+        requests = rng.integers(10, 4000, n).tolist()
+        running = rng.integers(0, 32, n).tolist()
+        return vectorizer.batch(
+            [FeatureRow(RequestFeatures(i), EndpointState(num_request_running=r)) for i, r in zip(requests, running)]
+        )
+
+    def residuals(n: int) -> np.ndarray:  # no structure: a constant offset, noise, and 5% of rows 20x slow
+        return 0.5 + 0.05 * rng.standard_normal(n) + np.where(rng.random(n) < 0.05, 3.0, 0.0)
+
+    model = TargetModel("tpot", 0.9, 20_000, 0.998)
+    b = batch(2000)
+    online = model.online_log(b.X, prior_ms("tpot", b.X), b.classes, None)
+    for r in residuals(1000):
+        model.conformal.observe(float(r), True)
+    z = online + residuals(len(online))
+    _, outcome = model.fit_candidate((b.X, z, b.classes, [""] * len(z)), 0.9, 60, 0, 300)
+    assert not outcome["accepted_mean"], outcome
+    assert outcome["heldout_ape_before"] < 0.15  # what serves: the recentred online parts, not 0.4 off
+
+
+def test_learning_in_blocks_keeps_the_error_scale_a_row_at_a_time_would() -> None:
+    """Regression: a block's errors were averaged into the running error scale each with the divisor of the block's
+    last row, so batched ingestion (blocks of 32) held the scale at 0.64 of the errors after 32 rows and clipped
+    innovations at 2.6 rather than 4 times it over the first few hundred rows."""
+    from leadtime.predictor.online import RecursiveLeastSquares
+
+    rng = np.random.default_rng(0)
+    phi = np.column_stack([np.ones(384), rng.uniform(0.0, 1.0, 384)])
+    y = phi @ np.array([2.0, 3.0]) + np.where(rng.random(384) < 0.5, 1.0, -1.0)  # every error about 1
+    one, many = (
+        RecursiveLeastSquares(2, forgetting=1.0, clip=np.inf),
+        RecursiveLeastSquares(2, forgetting=1.0, clip=np.inf),
+    )
+    for i in range(384):
+        one.learn_one(phi[i], float(y[i]))
+    for start in range(0, 384, 32):
+        many.learn_many(phi[start : start + 32], y[start : start + 32])
+    np.testing.assert_allclose(many.weights, one.weights, rtol=1e-9)
+    first_block = RecursiveLeastSquares(2, forgetting=1.0, clip=np.inf)
+    errors = first_block.learn_many(phi[:32], y[:32])
+    assert first_block._mean_abs_error == pytest.approx(float(np.mean(np.abs(errors))))
