@@ -46,6 +46,7 @@ from leadtime.predictor.physics import (
     implausible,
     own_prefill_ms,
     prior_ms,
+    queue_ahead_ms,
 )
 from leadtime.predictor.target import TargetModel, TreeCandidate, not_queueing_ms, tree_inputs
 from leadtime.predictor.trees import TREE_FEATURES, CompiledTrees, compile_booster
@@ -366,12 +367,12 @@ class OnlinePredictor:
                 lines.append(f"  calibration offset       ×{offset:.3f} (conformal, upper quantile)")
             own = float(own_prefill_ms(x)[0])
             bound = model.wait_bound
-            if bound is not None and bound.learned:
+            if bound is not None and bound.learned and float(queue_ahead_ms(x)[0]) > bound.deepest_ms:
                 limit = float(not_queueing_ms(target, x)[0]) + bound.longest_ms
                 if float(mean[0]) >= limit - 1e-9:
                     lines.append(
                         f"  longest wait learned     {limit:10.2f} ms (own prefill and stated waits + the longest "
-                        "wait; the mean is at most this)"
+                        "wait; the mean of a queue deeper than any learned is at most this)"
                     )
             wall = model.ceiling
             if wall is not None and wall.active:

@@ -23,14 +23,23 @@ def own_prefill_ms(x: np.ndarray) -> np.ndarray:
     return x[:, _C["roofline_own_prefill_ms"]]
 
 
+def _queue_terms(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The prefill queued ahead of the request at the roofline: the tokens in flight, and the waiting requests,
+    each at least one weight pass of prefill."""
+    return x[:, _C["roofline_queue_prefill_ms"]], x[:, _C["num_request_waiting"]] * x[:, _C["roofline_weights_ms"]]
+
+
+def queue_ahead_ms(x: np.ndarray) -> np.ndarray:
+    """The prior's time for the queue ahead of the request (`_queue_terms`)."""
+    queued, waiting = _queue_terms(x)
+    return queued + waiting
+
+
 def ttft_prior_ms(x: np.ndarray) -> np.ndarray:
-    """Physics TTFT without the time-slice wait (added outside the multiplicative correction)."""
-    own = own_prefill_ms(x)
-    queued = x[:, _C["roofline_queue_prefill_ms"]]
-    # Each waiting request is at least one weight pass of prefill ahead of us; one decode step emits the token.
-    waiting = x[:, _C["num_request_waiting"]] * x[:, _C["roofline_weights_ms"]]
-    step = x[:, _C["roofline_decode_step_ms"]]
-    return own + queued + waiting + step
+    """Physics TTFT without the time-slice wait (added outside the multiplicative correction): its own prefill
+    after the queue ahead of it, and one decode step to emit the token."""
+    queued, waiting = _queue_terms(x)
+    return own_prefill_ms(x) + queued + waiting + x[:, _C["roofline_decode_step_ms"]]
 
 
 def tpot_prior_ms(x: np.ndarray) -> np.ndarray:

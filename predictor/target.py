@@ -28,6 +28,7 @@ from leadtime.predictor.physics import (
     floor_ms,
     own_prefill_ms,
     prior_ms,
+    queue_ahead_ms,
 )
 from leadtime.predictor.trees import CompiledTrees, ResidualTrees, compile_booster, fit_booster
 from leadtime.predictor.wait_bound import WaitBound
@@ -259,7 +260,7 @@ class TargetModel:
         if self.ceiling is None or self.wait_bound is None:
             return mean_ms, upper_ms
         own = own_prefill_ms(x)
-        bounded = self.wait_bound.cap(mean_ms, not_queueing_ms(self.target, x))
+        bounded = self.wait_bound.cap(mean_ms, not_queueing_ms(self.target, x), queue_ahead_ms(x))
         return self.ceiling.cap(bounded, upper_ms, own)
 
     # --- learning -----------------------------------------------------------------------------------------
@@ -316,7 +317,7 @@ class TargetModel:
             online_ms = additive_ms(self.target, x) + prior * np.exp(online_all + self.conformal.center)
             self.ceiling.learn_many(actual_ms, online_ms, own_prefill_ms(x))
         if self.wait_bound is not None:
-            self.wait_bound.learn_many(actual_ms, not_queueing_ms(self.target, x))
+            self.wait_bound.learn_many(actual_ms, not_queueing_ms(self.target, x), queue_ahead_ms(x))
         self._pending.append((x, prior, learned_all, online_all, actual_ms))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:

@@ -761,7 +761,10 @@ def test_a_retrain_judges_a_mean_tree_against_the_recentred_model_that_serves() 
         requests = rng.integers(10, 4000, n).tolist()
         running = rng.integers(0, 32, n).tolist()
         return vectorizer.batch(
-            [FeatureRow(RequestFeatures(i), EndpointState(num_request_running=r)) for i, r in zip(requests, running)]
+            [
+                FeatureRow(RequestFeatures(i), EndpointState(num_request_running=r))
+                for i, r in zip(requests, running, strict=True)
+            ]
         )
 
     def residuals(n: int) -> np.ndarray:  # no structure: a constant offset, noise, and 5% of rows 20x slow

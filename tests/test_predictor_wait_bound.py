@@ -26,9 +26,12 @@ def _ramp(p: OnlinePredictor, depths: range) -> None:
 
 def test_the_bound_follows_the_longest_wait_and_holds_its_state() -> None:
     bound = WaitBound()
-    bound.learn_many(np.array([1_500.0, 9_000.0, 4_000.0]), np.array([500.0, 1_000.0, 3_000.0]))
-    assert bound.longest_ms == 8_000.0 and bound.learned == 3
-    assert bound.cap(12_000.0, 2_000.0) == 10_000.0 and bound.cap(7_000.0, 2_000.0) == 7_000.0
+    bound.learn_many(
+        np.array([1_500.0, 9_000.0, 4_000.0]), np.array([500.0, 1_000.0, 3_000.0]), np.array([0, 6e3, 2e3])
+    )
+    assert bound.longest_ms == 8_000.0 and bound.deepest_ms == 6_000.0 and bound.learned == 3
+    assert bound.cap(12_000.0, 2_000.0, 7e3) == 10_000.0 and bound.cap(7_000.0, 2_000.0, 7e3) == 7_000.0
+    assert bound.cap(12_000.0, 2_000.0, 6e3) == 12_000.0  # a queue as deep as one learned: the model's own
     again = WaitBound()
     again.load_dict(bound.to_dict())
     assert again.to_dict() == bound.to_dict()
@@ -68,3 +71,22 @@ def test_a_stated_wait_for_a_time_sliced_accelerator_is_not_queueing_and_is_not_
     parked = FeatureRow(row.request, replace(row.endpoint, timeslice_state="parked", timeslice_wait_ms=90_000.0))
     # 90 s until the accelerator comes back, far beyond any wait learned: still predicted, on top of the rest.
     assert p.predict_one(parked)["ttft_mean"] > 90_000.0
+
+
+def test_a_class_slower_than_its_roofline_is_not_cut_short_on_long_prompts_with_nothing_queued() -> None:
+    """Regression: the bound held every row, queued or not, and what a class's prefill takes beyond its roofline
+    counted as wait: an L40S three times slower than its roofline, learned on prompts of 500 to 2,000 tokens with
+    nothing ever queued, served an 8,000-token prompt at 918 ms against 1,744 ms (and 32,000 tokens at −63%)."""
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    rng = np.random.default_rng(0)
+
+    def row(prompt: int) -> FeatureRow:
+        return FeatureRow(RequestFeatures(prompt), EndpointState("e1", accelerator="l40s"))
+
+    def truth(prompt: int) -> float:
+        return 3.0 * float(own_prefill_ms(p.vectorizer.batch([row(prompt)]).X)[0]) + 15.0
+
+    prompts = rng.choice([500, 1_000, 2_000], 600).tolist()
+    p.learn_many([Observation(row(n), truth(n) * float(rng.lognormal(0, 0.05)), 30.0) for n in prompts])
+    for prompt in (8_000, 32_000):
+        assert p.predict_one(row(prompt))["ttft_mean"] > 0.8 * truth(prompt), prompt
