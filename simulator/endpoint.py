@@ -223,9 +223,33 @@ class Endpoint:
         """Prompt tokens still to prefill, waiting and running requests together."""
         return sum(r.need() for r in (*self.waiting, *self.running) if not r.decoding)
 
-    def decode_tokens_in_flight(self) -> int:
-        """KV tokens of the requests decoding."""
-        return sum(r.computed + 1 for r in self.running if r.decoding)
+    def decode_tokens_in_flight(self, at_ms: float | None = None) -> int:
+        """KV tokens of the requests decoding (at `at_ms`, within a decode run in flight: as its steps have gone by
+        then, as step-by-step decoding would show them)."""
+        done = 0 if at_ms is None else self.run_steps_done(at_ms)
+        return sum(r.computed + done + 1 for r in self.running if r.decoding)
+
+    def kv_usage(self, at_ms: float | None = None) -> float:
+        """Share of the KV cache in use (at `at_ms`, within a decode run in flight: without the blocks the run took at
+        its start for steps it has not reached by then, as step-by-step decoding would hold them)."""
+        usage = self.cache.usage()
+        plan = self.plan
+        if at_ms is None or plan is None or plan.decode_run <= 1:
+            return usage
+        reached = min(self.run_steps_done(at_ms) + 1, plan.decode_run)  # the step in flight holds its block
+        blocks_for = self.cache.blocks_for
+        ahead = sum(
+            blocks_for(r.computed + plan.decode_run) - blocks_for(r.computed + reached) for r, _ in plan.entries
+        )
+        return max(0.0, usage - ahead / self.cache.total_blocks)
+
+    def run_steps_done(self, at_ms: float) -> int:
+        """Steps of the decode run in flight that end by `at_ms` (0 without one)."""
+        plan = self.plan
+        if plan is None or plan.decode_run <= 1:
+            return 0
+        # run_end grows with k: bisect over k without listing every end.
+        return bisect.bisect_right(range(1, plan.decode_run + 1), at_ms, key=plan.run_end)
 
     # ----- queue --------------------------------------------------------------------------------------------
 
@@ -436,9 +460,7 @@ class Endpoint:
         plan = self.plan
         if plan is None or plan.decode_run <= 1:
             return False
-        # Steps of the run that end by now (run_end grows with k): bisect over k without listing every end.
-        done = bisect.bisect_right(range(1, plan.decode_run + 1), now_ms, key=plan.run_end)
-        steps = min(plan.decode_run, done + 1)
+        steps = min(plan.decode_run, self.run_steps_done(now_ms) + 1)
         if steps >= plan.decode_run:
             return False
         for r, _ in plan.entries:
@@ -534,8 +556,10 @@ class Endpoint:
         self.cache.clear_unreferenced()
 
     def resume(self) -> None:
-        """The time-slice group is resident again: serve."""
+        """The time-slice group is resident again: serve. A step still in flight from before the swap-out goes on,
+        and the endpoint is no longer to be parked when it ends (it sat out its next resident window)."""
         self.available = True
+        self.parking = False
 
     # ----- what-if ------------------------------------------------------------------------------------------
 

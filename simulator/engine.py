@@ -324,9 +324,9 @@ class FleetSimulator:
             self._published[eid] = (
                 len(endpoint.waiting),
                 len(endpoint.running),
-                endpoint.cache.usage(),
+                endpoint.kv_usage(self._published_at),
                 endpoint.prefill_tokens_in_flight(),
-                endpoint.decode_tokens_in_flight(),
+                endpoint.decode_tokens_in_flight(self._published_at),
             )
             self._frozen_at[eid] = self._published_at
 

@@ -146,6 +146,7 @@ class _ClientSimulator(FleetSimulator):
             _, r, endpoint_id = self.deadlines.popleft()
             endpoint = self.by_id[endpoint_id]
             if r.first_token_ms is None and r.computed == 0 and r in endpoint.waiting:
+                self._freeze(endpoint)  # routers go on seeing it queued until the next publication
                 endpoint.waiting.remove(r)
                 self.aborted.add(r.rid)
                 self._decisions.pop(r.rid)

@@ -831,3 +831,83 @@ def test_trusted_state_is_the_validated_state_and_takes_every_field() -> None:
         trusted_state(**partial)
     with pytest.raises(TypeError, match="unknown \\['colour'\\]"):
         trusted_state(**values, colour="red")
+
+
+def _published_states(decode_runs: bool) -> tuple[list[list[tuple[str, int, int, float]]], list[tuple[int, float]]]:
+    """Every candidate's published running count, decoding tokens and KV use at each routing decision, and the
+    completions, of 300 Mooncake requests on the mixed fleet without step jitter."""
+    from leadtime.simulator.fleet import load_fleet
+    from leadtime.simulator.workload import load_workload, shape
+
+    fleet = dataclasses.replace(load_fleet("mixed"), step_jitter=0.0)
+    workload = shape(load_workload("mooncake", 0, 300), rate_scale=1.0, max_requests=300)
+    sim = FleetSimulator(fleet, workload, make_policy("llmd_heuristic", 0, fleet), seed=0)
+    for e in sim.endpoints:
+        e.decode_runs = decode_runs
+    seen: list[list[tuple[str, int, int, float]]] = []
+    route = sim._route
+
+    def recording(request: SimRequest) -> None:
+        states = [c.state for c in sim.candidates(request)]
+        seen.append(
+            [(s.endpoint_id, s.num_request_running, s.decode_tokens_in_flight, s.kv_cache_percentage) for s in states]
+        )
+        route(request)
+
+    sim._route = recording  # type: ignore[method-assign]
+    result = sim.run()
+    return seen, [(c.rid, round(c.e2e_ms, 6)) for c in result.completed]
+
+
+def test_routers_see_a_decode_run_as_they_would_see_its_steps() -> None:
+    """Regression: a decode run (many decode steps in one event) published the tokens decoding as they stood when
+    it began, and KV use with every block of the run taken at its start: routers saw up to 31% fewer tokens
+    decoding, and more KV in use, than step-by-step decoding showed at the same instant."""
+    by_step, completions_by_step = _published_states(decode_runs=False)
+    by_run, completions_by_run = _published_states(decode_runs=True)
+    assert completions_by_run == completions_by_step  # the same requests, served the same
+    assert len(by_run) == len(by_step)
+    for step_states, run_states in zip(by_step, by_run, strict=True):
+        for (eid, running, decoding, kv), (eid_run, running_run, decoding_run, kv_run) in zip(
+            step_states, run_states, strict=True
+        ):
+            assert (eid_run, running_run, decoding_run) == (eid, running, decoding)
+            assert kv_run == pytest.approx(kv, abs=1e-9)
+
+
+def test_a_group_back_before_its_last_step_ends_serves_on() -> None:
+    """Regression: a time-slice group resumed while the step in flight at its swap-out still ran (away and restore
+    shorter than that step) stayed parked when the step ended, and sat out its whole next resident window while it
+    was shown to routers as resident."""
+    fleet = parse_fleet(
+        {
+            "pools": [
+                {
+                    "name": "ts",
+                    "count": 1,
+                    "accelerator": "l40s",
+                    "model": "llama-3.1-8b",
+                    "timeslice_group": "g",
+                    "max_num_batched_tokens": 8192,
+                }
+            ],
+            "timeslice_groups": {
+                "g": {"resident_ms": {"value": 100}, "away_ms": {"value": 5}, "restore_ms": {"value": 5}}
+            },
+        }
+    )
+    # An 8,000-token prompt at 60 ms: its prefill step is in flight when the group is handed away at 100 ms.
+    workload = [WorkloadRequest(60.0, 8000, 50), WorkloadRequest(61.0, 100, 2)]
+    sim = FleetSimulator(fleet, workload, make_policy("round_robin", 0, fleet), seed=0)
+    (endpoint,) = sim.endpoints
+    shown_resident_but_idle: list[float] = []
+    on_step = sim._on_step
+
+    def after_step(e: Endpoint) -> None:
+        on_step(e)
+        if sim.groups["g"].state == "resident" and not endpoint.available:
+            shown_resident_but_idle.append(sim.now)
+
+    sim._on_step = after_step  # type: ignore[method-assign,assignment]
+    sim.run()
+    assert shown_resident_but_idle == []

@@ -82,3 +82,28 @@ def test_a_client_that_never_gives_up_has_every_request_recorded_however_long_it
     # the same requests, once those queued past SMALL's 15 s timeout were given up on: they waited longer
     assert max(r["actual_ttft_ms"] for r in rows) > max(r["actual_ttft_ms"] for r in record(SMALL))
     assert "long-chat-no-timeout" in traces.TRACES and traces.TRACES["long-chat-no-timeout"].timeout_s == math.inf
+
+
+def test_a_request_its_client_gave_up_on_is_shown_queued_until_the_next_publication() -> None:
+    """Regression: a client's timeout took its request out of the endpoint's queue without the state published to
+    routers being kept first, so rows recorded after that publication instant counted one waiting request fewer than
+    the endpoint had at it (131 of 361 routing decisions at 4 and 8 QPS with a 5 s timeout)."""
+    spec = TraceSpec("h200-qwen3", "long-chat", stages_qps=(4, 8), stage_s=30.0, timeout_s=5.0)
+    fleet = traces.load_fleet(spec.fleet)
+    sim = traces._ClientSimulator(
+        fleet, staged_workload(spec), traces._RecordingRouter(0), seed=0, timeout_ms=spec.timeout_s * 1e3
+    )
+    expire = sim._expire
+    unkept: list[float] = []
+
+    def expiring() -> None:
+        before = {e.endpoint_id: len(e.waiting) for e in sim.endpoints}
+        expire()
+        for e in sim.endpoints:
+            if len(e.waiting) < before[e.endpoint_id] and sim._frozen_at.get(e.endpoint_id, -1.0) < sim._published_at:
+                unkept.append(sim.now)
+
+    sim._expire = expiring  # type: ignore[method-assign]
+    sim.run()
+    assert len(sim.aborted) > 50  # the timeout did act
+    assert unkept == []
