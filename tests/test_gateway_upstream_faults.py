@@ -10,12 +10,15 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from raw_endpoint import STREAM_HEAD, gateway_in_front, next_request
+from threaded_server import serve_in_a_thread
 
+from leadtime.bench.procs import Route
 from leadtime.features.vllm_metrics import parse_samples
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.client_watch import ClientLeft, ClientWatch
@@ -478,3 +481,52 @@ def test_a_reused_connection_closed_before_answering_is_retried_once_on_a_new_on
     assert asyncio.run(go(True)) == ([(200, b"ok"), (200, b"ok")], 2)
     # the new connection fails too: no third try, the request's failure is said (nothing was answered)
     assert asyncio.run(go(False)) == ([(200, b"ok"), ("reset", False)], 2)
+
+
+CUT_JSON = b'{"data":[{"embedding":[' + b"0.1," * 25
+WHOLE_JSON = b'{"prompt":"hi"}'
+
+
+async def breaks_passed_through_bodies(reader: asyncio.StreamReader, writer: Writer) -> None:
+    """Answers /metrics; `/detokenize` whole, framed by its length; `/v1/embeddings` with a length of 2000 bytes and
+    `/tokenize` in chunks, each broken off (the connection reset) after the first 100 bytes of its JSON."""
+    with contextlib.suppress(ConnectionError):
+        while (head := await next_request(reader, writer)) is not None:
+            if head.startswith(b"POST /detokenize"):
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+                writer.write(b"content-length: %d\r\n\r\n%s" % (len(WHOLE_JSON), WHOLE_JSON))
+                await writer.drain()
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+            if head.startswith(b"POST /v1/embeddings"):
+                writer.write(b"content-length: 2000\r\n\r\n" + CUT_JSON)
+            else:
+                writer.write(b"transfer-encoding: chunked\r\n\r\n" + chunked(CUT_JSON))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.transport.abort()
+            return
+
+
+def test_a_passed_through_answer_broken_off_mid_body_reaches_its_client_broken(tmp_path: Path) -> None:
+    """Regression: an endpoint whose connection broke 100 bytes into a passed-through answer (`/v1/embeddings`,
+    `/tokenize`): its client got a complete chunked 200 holding half a JSON document, nothing to tell it from a
+    whole answer, while the gateway counted a 502. The client must see the body end before its end, as from any
+    proxy; a body framed by its length keeps that length."""
+    port, loop = serve_in_a_thread(breaks_passed_through_bodies)
+    route = Route(tmp_path, ["--endpoint", f"127.0.0.1:{port},name=e-0", "--policy", "round-robin"])
+    try:
+        route.wait()
+        for path in ("/v1/embeddings", "/tokenize"):
+            with pytest.raises(httpx.RemoteProtocolError):  # h11: the connection closed before the body's end
+                httpx.post(f"{route.url}{path}", json={"input": "x"}, timeout=10)
+        whole = httpx.post(f"{route.url}/detokenize", json={"tokens": [1]}, timeout=10)
+        assert whole.status_code == 200 and whole.content == WHOLE_JSON
+        assert whole.headers["content-length"] == str(len(WHOLE_JSON)) and "transfer-encoding" not in whole.headers
+        for path in ("/v1/embeddings", "/tokenize"):
+            assert route.metric("leadtime_router_requests_total", path=path, code="502") == 1
+        assert route.metric("leadtime_router_upstream_errors_total", endpoint="e-0", kind="reset") == 2
+    finally:
+        route.child.stop()
+        loop.call_soon_threadsafe(loop.stop)
+    assert "broke off its answer" in route.child.output()

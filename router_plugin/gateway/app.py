@@ -252,6 +252,37 @@ def stream_failed(endpoint_id: str, err: UpstreamError) -> bytes:
     return stream_error(502, f"endpoint {endpoint_id} failed mid-stream: {err}")
 
 
+class AnswerBroken(Exception):
+    """A passed-through answer that cannot be finished (its endpoint broke it off, or the drain ended), raised out of
+    the application once its status and part of its body went out: the ASGI server then closes the client's
+    connection before the body's end, which is how HTTP says an answer is not whole. Ending it (the last chunk of a
+    chunked body) would hand the client the part as a complete answer; the format of a passed-through body, unlike
+    a stream's, has no error event to say so in."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        """What the request is counted as (`leadtime_router_requests_total`)."""
+
+
+def _framing_length(status: int, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """An endpoint's Content-Length, to pass on with its body when that is how the body is framed (one decimal
+    value, no Transfer-Encoding): a client reading a body cut short then knows it for one by its length too. Else
+    nothing, and the body goes on chunked.
+
+    >>> _framing_length(200, [(b"Content-Length", b"15")])
+    [(b'content-length', b'15')]
+    >>> _framing_length(200, [(b"content-length", b"15"), (b"transfer-encoding", b"chunked")])
+    []
+    """
+    lengths = [v.strip() for k, v in headers if k.lower() == b"content-length"]
+    if len(lengths) != 1 or not lengths[0].isdigit() or any(k.lower() == b"transfer-encoding" for k, _ in headers):
+        return []
+    if status < 200 or status in (204, 304):
+        return []
+    return [(b"content-length", lengths[0])]
+
+
 def stream_error(status: int, message: str) -> bytes:
     """An error event in OpenAI's shape and `[DONE]`: the end of a stream that could not be finished."""
     return b"data: " + orjson.dumps(openai_error(status, message)) + b"\n\ndata: [DONE]\n\n"
@@ -921,6 +952,9 @@ class Gateway:
         code = 500
         try:
             code = await self._pass(scope, receive, send)
+        except AnswerBroken as err:
+            code = err.status
+            raise
         finally:
             self.metrics.inflight.dec()
             self.in_flight -= 1
@@ -980,7 +1014,7 @@ class Gateway:
     async def _relay_as_is(
         self, target: DiscoveredEndpoint, response: Response, send: Send, watch: ClientWatch, sent_ms: float
     ) -> int:
-        headers = end_to_end(response.headers)
+        headers = end_to_end(response.headers) + _framing_length(response.status, response.headers)
         headers.append((b"x-leadtime-endpoint", target.endpoint_id.encode()))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         response.stop_when(watch.gone)
@@ -989,15 +1023,13 @@ class Gateway:
                 chunk = await response.next_chunk(self.settings.upstream_timeout_s)
             except UpstreamError as err:
                 self._failed(target.endpoint_id, err, sent_ms)
-                await send({"type": "http.response.body", "body": b""})
-                return 502
+                raise AnswerBroken(502, f"endpoint {target.endpoint_id} broke off its answer: {err}") from None
             if chunk is None and not response.stopped:
                 break
             if response.stopped:
                 response.close()
-                if watch.was_cut:  # ended as a broken answer is here (above): its format's way to say so is not known
-                    await send({"type": "http.response.body", "body": b""})
-                    return 503
+                if watch.was_cut:  # ended as a broken answer is (above)
+                    raise AnswerBroken(503, self._cut_message())
                 return 499
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
