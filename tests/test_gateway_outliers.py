@@ -181,6 +181,50 @@ def test_a_stream_with_no_event_in_it_is_a_502_for_a_client_that_did_not_stream(
     assert "no event" in response.json()["error"]["message"]
 
 
+EMPTY_TEXT = (
+    b'data: {"id":"c1","object":"text_completion","model":"m","choices":[{"index":0,"text":"","finish_reason":"stop"}]}'
+    b'\n\ndata: {"id":"c1","object":"text_completion","model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\ndata: [DONE]\n\n'
+)
+EMPTY_CONTENT = (
+    b'data: {"id":"c2","object":"chat.completion.chunk","model":"m",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+    b'data: {"id":"c2","object":"chat.completion.chunk","model":"m",'
+    b'"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+)
+
+
+async def answers_empty(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """What vLLM streams when an answer is empty (EOS or a stop string at once): a choice whose text is "" (on
+    chat, the message's content "")."""
+    while (head := await next_request(reader, writer)) is not None:
+        events = EMPTY_CONTENT if head.startswith(b"POST /v1/chat/") else EMPTY_TEXT
+        writer.write(STREAM_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(events), events))
+        await writer.drain()
+
+
+def test_an_empty_answer_to_a_non_streaming_request_is_an_answer_not_the_endpoints_failure() -> None:
+    """Regression: a non-streaming request whose answer had no text (EOS at once, `"text": ""`) got a 502 "answered
+    a stream with no event in it", counted as the endpoint's failure: five of them took a healthy endpoint out of
+    routing for 30 s. vLLM answers such a request 200 with the text "" (on chat, the content "")."""
+
+    async def go() -> tuple[list[httpx.Response], httpx.Response, dict[str, str]]:
+        async with fleet(a=answers_empty) as (gateway, client, _):
+            body = {"prompt": "hi", "max_tokens": 5, "stop": ["\n"]}
+            texts = [await client.post("/v1/completions", json=body) for _ in range(CONSECUTIVE_FAILURES + 1)]
+            chat = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+            return texts, chat, gateway.outliers.health()
+
+    texts, chat, out = asyncio.run(go())
+    for response in texts:
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["text"] == "" and choice["finish_reason"] == "stop"
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"] == {"role": "assistant", "content": ""}
+    assert out == {}  # the endpoint is not out of routing
+
+
 def test_with_most_endpoints_out_the_gateway_routes_to_all_of_them_rather_than_answer_503() -> None:
     """A failure every endpoint shares (a request type each pod answers 500) is no endpoint's: taking them all out
     answered every request 503 for up to 300 s. Below half of them in, all are routed to (Envoy's panic threshold);

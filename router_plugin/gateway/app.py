@@ -1415,11 +1415,12 @@ class Gateway:
                     self._work(WorkEvent("work_progress", routed.request_id, generated=meter.events))
             if assembler is None and passed_on:
                 await send({"type": "http.response.body", "body": passed_on, "more_body": True})
-        empty = 200 <= status < 300 and not meter.events and assembler is not None and assembler.error is None
-        if empty:  # a stream with no event to make an answer of: "choices": [] would be no answer, called one
-            self.outliers.failed(target.endpoint_id, "answered a stream with no event in it", sent_ms=routed.sent_ms)
+        empty = 200 <= status < 300 and assembler is not None and assembler.error is None and not assembler.answered
+        if empty:  # no choice to make an answer of (one whose text is "" is one): "choices": [] would be no answer
+            why = "answered a stream with no event holding a choice"
+            self.outliers.failed(target.endpoint_id, why, sent_ms=routed.sent_ms)
             self._forget(routed)
-            return await self._endpoint_failed(send, target.endpoint_id, "answered a stream with no event in it")
+            return await self._endpoint_failed(send, target.endpoint_id, why)
         self._served(target.endpoint_id, status)
         if assembler is None:
             await send({"type": "http.response.body", "body": meter.rest()})

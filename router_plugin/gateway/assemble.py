@@ -123,6 +123,21 @@ class Assembler:
                 _take(delta, choice.message_joined, choice.message_fields)
             _take(piece, choice.joined, choice.fields)
 
+    @property
+    def answered(self) -> bool:
+        """Whether an event carried a choice, with text or without (an answer may be empty: EOS at once). With none,
+        the body would be `"choices": []`: no answer, called one.
+
+        >>> a = Assembler()
+        >>> a.add({"choices": [], "usage": {"completion_tokens": 0}})
+        >>> a.answered
+        False
+        >>> a.add({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})
+        >>> a.answered
+        True
+        """
+        return bool(self._choices)
+
     def error_status(self) -> int:
         """The HTTP status of the error reported: its code when that is one, else 500.
 
