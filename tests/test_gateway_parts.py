@@ -31,6 +31,7 @@ from leadtime.router_plugin.discovery import (
     parse_static,
 )
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.gateway.assemble import Assembler
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork
 from leadtime.router_plugin.gateway.metrics import FALLBACK_REASONS, GatewayMetrics
 from leadtime.router_plugin.gateway.predictor import GatewayPredictor, failure_reason
@@ -263,6 +264,33 @@ def test_stream_meter_takes_the_itl_of_one_choice_when_there_are_several() -> No
     assert meter.itl_ms() == pytest.approx(10.0)
     meter.feed(b'data: {"choices": [{"index": [1], "text": "odd"}]}\n\n', 30.0)  # a malformed index counts as 0
     assert meter.events == 7
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_stream_meter_counts_a_reasoning_models_thinking_as_tokens(field: str) -> None:
+    """Regression: a reasoning model's thinking in `delta.reasoning` (newer vLLM's field, which the assembler
+    already joined) was not counted: TTFT was learned at the first content token, a second after the first token
+    reached the client, and the ITL as the gap between the two content tokens, 1.7 ms for 170 ms a token."""
+    meter = StreamMeter()
+    events = [{"role": "assistant", "content": ""}] + [{field: f"think{i} "} for i in range(5)]
+    events += [{"content": "Hi"}, {"content": "!"}]
+    times = [0.0, 0.0, 200.0, 400.0, 600.0, 800.0, 1000.0, 1010.0]
+    for delta, at in zip(events, times, strict=True):
+        meter.feed(b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta}]}).encode() + b"\n\n", at)
+    assert (meter.events, meter.first_ms, meter.last_ms) == (7, 0.0, 1010.0)
+    assert meter.itl_ms() == pytest.approx(1010.0 / 6)
+
+
+@pytest.mark.parametrize("field", ["text", "content", "reasoning_content", "reasoning"])
+def test_every_text_field_the_assembler_joins_is_one_the_meter_counts(field: str) -> None:
+    """What makes a token and what makes an answer's text are one list: `reasoning` was joined into the answer but
+    not counted, and a reasoning model's TTFT was learned a second late."""
+    assembler = Assembler()
+    meter = StreamMeter(assembler.add)
+    meter.feed(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {field: "x"}}]}).encode() + b"\n\n", 1.0)
+    meter.feed(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {field: "y"}}]}).encode() + b"\n\n", 2.0)
+    assert (meter.events, meter.first_ms) == (2, 1.0)
+    assert assembler.body()["choices"][0]["message"][field] == "xy"
 
 
 def test_stream_meter_reads_usage_of_a_whole_answer() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from leadtime.router_plugin.gateway.stream import USAGE_ASKED, choice_index
+from leadtime.router_plugin.gateway.stream import TEXT_FIELDS, USAGE_ASKED, choice_index
 
 WHOLE_ONLY_FIELDS = (
     "logprobs",
@@ -36,8 +36,6 @@ WHOLE_ONLY_FIELDS = (
 )
 """Request fields whose answer is not rebuilt from events, when set (to anything but null, false or empty: a
 completion's `logprobs: 0` asks for the chosen tokens' log-probabilities)."""
-JOINED_FIELDS = ("text", "content", "reasoning_content", "reasoning")
-"""Per choice (in chat, per message), the text fields each event carries a piece of."""
 
 
 def streamed_body(request: dict[str, Any]) -> bytes | None:
@@ -71,9 +69,9 @@ class _Choice:
 
 def _take(piece: dict[str, Any], joined: dict[str, list[str]], fields: dict[str, Any]) -> None:
     for key, value in piece.items():
-        if key in JOINED_FIELDS and isinstance(value, str):
+        if key in TEXT_FIELDS and isinstance(value, str):
             joined.setdefault(key, []).append(value)
-        elif key in JOINED_FIELDS and value is None:
+        elif key in TEXT_FIELDS and value is None:
             continue  # no piece (a chat message with no text keeps content null)
         elif value is not None or key not in fields:
             fields[key] = value

@@ -1,7 +1,8 @@
 """TTFT and ITL measured from an OpenAI-style event stream as it passes through the gateway.
 
 The stream is `data: {json}` events separated by blank lines, ending with `data: [DONE]`. An event whose choices
-carry text (`text`, or `delta.content` / `delta.reasoning_content` in chat) is a token; its arrival time at the
+carry text (`text`, or in chat `delta.content`, or a reasoning model's thinking, `delta.reasoning` /
+`delta.reasoning_content`: `TEXT_FIELDS`) is a token; its arrival time at the
 gateway is when the gateway saw the bytes. TTFT is the first token's time less the request's arrival; ITL is the
 mean gap between the first and the last token. A final usage event (`stream_options.include_usage`) gives the
 exact token counts, which replace the count of token events (an event may carry more than one token). The gateway
@@ -17,6 +18,10 @@ from typing import Any
 
 import orjson
 
+TEXT_FIELDS = ("text", "content", "reasoning_content", "reasoning")
+"""The fields of a choice (in chat, of its delta) that carry a piece of the answer's text: an event with one that is
+not empty is a token, and a non-streaming answer's text is each joined in order (`assemble`). A reasoning model's
+thinking is tokens too: `reasoning` (newer vLLM) or `reasoning_content`."""
 USAGE_ASKED = {"include_usage": True}
 """The `stream_options` that ask an OpenAI-compatible server for the usage event at the end of a stream."""
 
@@ -148,12 +153,16 @@ class StreamMeter:
 
 
 def _has_text(choice: Any) -> bool:
+    """Whether a choice carries a piece of text (`TEXT_FIELDS`), itself or in its delta.
+
+    >>> _has_text({"delta": {"reasoning": "hm"}}), _has_text({"text": ""}), _has_text({"delta": {"role": "x"}})
+    (True, False, False)
+    """
     if not isinstance(choice, dict):
         return False
-    if choice.get("text"):
-        return True
     delta = choice.get("delta")
-    return isinstance(delta, dict) and bool(delta.get("content") or delta.get("reasoning_content"))
+    pieces = (choice, delta) if isinstance(delta, dict) else (choice,)
+    return any(piece.get(name) for piece in pieces for name in TEXT_FIELDS)
 
 
 def choice_index(choice: dict[str, Any]) -> int:
