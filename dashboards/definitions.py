@@ -456,8 +456,9 @@ ROUTER = Dashboard(
                 ),
                 Panel(
                     "Time the gateway adds (p50, p99)",
-                    "From a request's arrival to its forwarding to the endpoint: reading and parsing it and deciding "
-                    "(time held for an SLO excluded); connecting to the endpoint and sending show in TTFT.",
+                    "From a request's arrival (its body read) to its forwarding to the endpoint: parsing it and "
+                    "deciding (time held for an SLO, and the wait on an endpoint that failed it first, excluded); "
+                    "connecting to the endpoint and sending show in TTFT.",
                     "s",
                     (
                         Query(_quantile(0.5, "leadtime_router_overhead_seconds", ROUTER_INSTANCE, ""), "p50"),

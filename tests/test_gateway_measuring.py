@@ -5,16 +5,21 @@ usage of streams asked for so that output tokens are counted exactly when an eve
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, MutableMapping, Sequence
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 from inprocess_gateway import Scenario, counted, through_gateway
+from raw_endpoint import STREAM_HEAD, next_request
 
 from leadtime.bench.procs import free_port
+from leadtime.features.vllm_metrics import parse_samples
 from leadtime.router_plugin.affinity import DEFAULT_BYTES_PER_TOKEN
+from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.assemble import Assembler, streamed_body, whole_answer
 from leadtime.router_plugin.gateway.requests import parse_request
@@ -385,3 +390,119 @@ def test_the_gateway_counts_the_decisions_its_policy_explored() -> None:
     settings = GatewaySettings(scrape_interval_s=0.05)
     samples, _ = through_gateway(FLEET, ExploresEveryOther(), four, settings)
     assert [v for _, v in samples["leadtime_router_explorations_total"]] == [2.0]
+
+
+ONE_TOKEN = (
+    b'data: {"choices":[{"index":0,"text":" a","finish_reason":"length"}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}\n\ndata: [DONE]\n\n'
+)
+SLOW_S = 0.5
+"""How long the slow parts of the tests below take: an endpoint's 503, a client's upload."""
+
+
+async def answers_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        while await next_request(reader, writer) is not None:
+            writer.write(STREAM_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(ONE_TOKEN), ONE_TOKEN))
+            await writer.drain()
+
+
+async def answers_503_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An endpoint that cannot serve now, and takes `SLOW_S` to say so."""
+    with contextlib.suppress(ConnectionError):
+        while await next_request(reader, writer) is not None:
+            await asyncio.sleep(SLOW_S)
+            body = b'{"error":"overloaded"}'
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+
+
+class FirstByName(Recording):
+    """Picks the candidate whose id sorts first ("a" whenever it is offered), and keeps what it is told."""
+
+    def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        super().pick(request, candidates)
+        return Pick(min(c.endpoint_id for c in candidates))
+
+
+@contextlib.asynccontextmanager
+async def hand_written(policy: Recording, **handlers: Any) -> AsyncIterator[Gateway]:
+    """A gateway deciding with `policy` in front of hand-written endpoints named as the keyword arguments."""
+    servers = {name: await asyncio.start_server(h, "127.0.0.1", 0) for name, h in handlers.items()}
+    specs = [
+        f"127.0.0.1:{s.sockets[0].getsockname()[1]},name={name},leadtime.io/accelerator=h100-sxm"
+        for name, s in servers.items()
+    ]
+    gateway = Gateway(StaticDiscovery(parse_static(specs)), policy, GatewaySettings(scrape_interval_s=0.05))
+    await gateway.start()
+    try:
+        for _ in range(200):
+            if len(gateway.routable()) == len(specs) and all(s.state is not None for s in gateway.routable()):
+                break
+            await asyncio.sleep(0.02)
+        yield gateway
+    finally:
+        await gateway.stop()
+        for server in servers.values():
+            server.close()
+
+
+def test_the_ttft_learned_after_a_retry_is_the_second_endpoints_own() -> None:
+    """Regression: endpoint a took 1.5 s to answer 503, and the request was retried on b, which answered at once: b
+    was taught a TTFT of 1.5 s (counted from the request's arrival, a's wait in it), and `x-leadtime-route-ms` said
+    the gateway took 1,500 ms before sending the request on. The retry is decided as it is made, and its TTFT
+    counted from when it was sent to b."""
+    policy = FirstByName()
+
+    async def go() -> tuple[httpx.Response, dict[str, Any]]:
+        async with hand_written(policy, a=answers_503_late, b=answers_at_once) as gateway:
+            transport = httpx.ASGITransport(app=gateway)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "stream": True})
+                return response, parse_samples((await client.get("/metrics")).text)
+
+    response, samples = asyncio.run(go())
+    assert response.status_code == 200 and response.headers["x-leadtime-endpoint"] == "b"
+    (outcome,) = policy.outcomes
+    assert outcome.endpoint_id == "b" and outcome.ttft_ms < SLOW_S * 1e3 / 2
+    assert float(response.headers["x-leadtime-route-ms"]) < SLOW_S * 1e3 / 2
+    assert counted(samples, "leadtime_router_overhead_seconds_sum") < SLOW_S / 2
+    first, retry = policy.requests
+    assert retry.arrival_ms - first.arrival_ms >= SLOW_S * 1e3  # the retry is decided when it is made
+    assert counted(samples, "leadtime_router_ttft_seconds_sum", kind="actual") < SLOW_S / 2
+
+
+def test_the_ttft_learned_does_not_hold_the_clients_upload() -> None:
+    """Regression: a client whose body came in two parts 1 s apart (a long prompt on a slow link), to an endpoint
+    that answered at once: the endpoint was taught a TTFT of 1 s, counted from the first part of the body, and
+    `x-leadtime-route-ms` said the gateway took 1,000 ms before sending the request on."""
+    policy = FirstByName()
+    body = json.dumps({"prompt": "x" * 1000, "max_tokens": 1, "stream": True}).encode()
+    parts = [body[:500], body[500:]]
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def go() -> None:
+        async with hand_written(policy, a=answers_at_once) as gateway:
+            done = asyncio.Event()
+
+            async def receive() -> dict[str, Any]:
+                if len(parts) == 2:
+                    return {"type": "http.request", "body": parts.pop(0), "more_body": True}
+                if parts:
+                    await asyncio.sleep(SLOW_S)  # the rest of the upload
+                    return {"type": "http.request", "body": parts.pop(0), "more_body": False}
+                await done.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message: MutableMapping[str, Any]) -> None:
+                sent.append(message)
+
+            scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "headers": []}
+            await gateway(scope, receive, send)
+            done.set()
+
+    asyncio.run(go())
+    assert sent[0]["status"] == 200
+    (outcome,) = policy.outcomes
+    assert outcome.ttft_ms < SLOW_S * 1e3 / 2
+    assert float(dict(sent[0]["headers"])[b"x-leadtime-route-ms"]) < SLOW_S * 1e3 / 2

@@ -933,14 +933,12 @@ class Gateway:
                 return b"".join(chunks)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
-        arrival_ms = self.clock()
-        started = time.perf_counter()
         path = scope["path"]
         self.metrics.inflight.inc()
         self.in_flight += 1
         code = 500
         try:
-            code = await self._route(scope, receive, send, arrival_ms, started)
+            code = await self._route(scope, receive, send)
         finally:
             self.metrics.inflight.dec()
             self.in_flight -= 1
@@ -1036,7 +1034,7 @@ class Gateway:
         self._served(target.endpoint_id, response.status)
         return response.status
 
-    async def _route(self, scope: Scope, receive: Receive, send: Send, arrival_ms: float, started: float) -> int:
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> int:
         headers: dict[bytes, bytes] = dict(scope["headers"])
         if len(headers) < len(scope["headers"]):  # a header given twice reads as its values joined, as in HTTP
             headers = {}
@@ -1046,6 +1044,9 @@ class Gateway:
             body = await self._read_body(receive)
             if body is None:
                 return 499
+            # The request is here once its body is: the client's upload is neither the gateway's time nor the
+            # endpoint's (`x-leadtime-route-ms`, the TTFT learned).
+            arrival_ms, started = self.clock(), time.perf_counter()
             parsed = parse_request(
                 scope["path"],
                 body,
@@ -1095,7 +1096,11 @@ class Gateway:
         forward = end_to_end(scope["headers"])
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
+        overhead_s = 0.0  # the gateway's own time before each attempt was sent: not its hold, nor a failed endpoint's
         for attempt in (0, 1):
+            if attempt:  # a retry is decided now, on the states of now, as a request held is (`_decide`)
+                route = dataclasses.replace(route, arrival_ms=self.clock())
+                started = time.perf_counter()
             routed = await self._decide(
                 request_id if not attempt else f"{request_id}-retry", route, parsed, key, excluded, watch
             )
@@ -1109,8 +1114,9 @@ class Gateway:
                 prefill = self._endpoint(routed.decision.pick.endpoint_id)
                 extra.append((PREFILLER_HEADER, prefill.host_port.encode()))
             pool = self.upstreams.pool(target.address, target.port, target.tls)
+            overhead_s += time.perf_counter() - started - routed.held_s
+            routed.sent_ms = self.clock()
             try:
-                sent_at, routed.sent_ms = time.perf_counter(), self.clock()
                 response = await watch.race(
                     pool.request(
                         "POST", target_path, extra, parsed.upstream_body or body, self.settings.upstream_timeout_s
@@ -1133,9 +1139,8 @@ class Gateway:
                 excluded.add(target.endpoint_id)
                 self.metrics.retries.inc()
                 continue
-            overhead = sent_at - started - routed.held_s
-            self.metrics.overhead_seconds.observe(overhead)
-            return await self._relay(routed, target, response, send, watch, overhead)
+            self.metrics.overhead_seconds.observe(overhead_s)
+            return await self._relay(routed, target, response, send, watch, overhead_s)
         raise AssertionError("unreachable")
 
     def _endpoint(self, endpoint_id: str) -> DiscoveredEndpoint:
@@ -1443,7 +1448,7 @@ class Gateway:
         routed.settled = True
         self._work(WorkEvent("work_finish", routed.request_id))
         pick = routed.decision.pick
-        ttft = meter.first_ms - routed.route.arrival_ms
+        ttft = meter.first_ms - routed.sent_ms  # from when it was sent to its endpoint (`Outcome.ttft_ms`)
         itl = meter.itl_ms()
         tokens = max(meter.tokens, 1)
         self._learn_length(routed, meter)

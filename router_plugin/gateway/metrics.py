@@ -77,15 +77,15 @@ class GatewayMetrics:
         )
         self.overhead_seconds = Histogram(
             f"{p}_overhead_seconds",
-            "Time the gateway adds before it forwards a request (read, parse, decide; time held for an SLO, "
-            "connecting and sending are not in it).",
+            "Time the gateway adds before it forwards a request (parse, decide; the client's upload of its body, time "
+            "held for an SLO, the wait on an endpoint that failed it first, connecting and sending are not in it).",
             buckets=FAST_BUCKETS_S,
             registry=r,
         )
         self.ttft_seconds = Histogram(
             f"{p}_ttft_seconds",
-            "TTFT of routed requests measured (streaming ones, and non-streaming ones sent on as streams), predicted "
-            "and actual.",
+            "TTFT of routed requests measured (streaming ones, and non-streaming ones sent on as streams), from when "
+            "each was sent to its endpoint, predicted and actual.",
             ["kind", "accelerator"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,

@@ -2,9 +2,9 @@
 
 The stream is `data: {json}` events separated by blank lines, ending with `data: [DONE]`. An event whose choices
 carry text (`text`, or in chat `delta.content`, or a reasoning model's thinking, `delta.reasoning` /
-`delta.reasoning_content`: `TEXT_FIELDS`) is a token; its arrival time at the
-gateway is when the gateway saw the bytes. TTFT is the first token's time less the request's arrival; ITL is the
-mean gap between the first and the last token. A final usage event (`stream_options.include_usage`) gives the
+`delta.reasoning_content`: `TEXT_FIELDS`) is a token; its arrival time at the gateway is when the gateway saw the
+bytes. TTFT is the first token's time less when the request was sent to its endpoint; ITL is the mean gap between
+the first and the last token. A final usage event (`stream_options.include_usage`) gives the
 exact token counts, which replace the count of token events (an event may carry more than one token). The gateway
 asks for that event when the client did not (`requests.parse_request`), and then keeps it from the client
 (`hide_usage`).
