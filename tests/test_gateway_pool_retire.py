@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 from raw_endpoint import STREAM_HEAD, next_request, write_endpoints
 
+from leadtime.features.vllm_metrics import parse_samples
 from leadtime.router_plugin.discovery import FileDiscovery
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
+from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest, RoutingPolicy
 
 FIRST = b'data: {"choices":[{"index":0,"text":" a"}]}\n\n'
 REST = b'data: {"choices":[{"index":0,"text":" b","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
@@ -71,11 +75,14 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def gateway_on(path: Path, names: dict[str, int]) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
-    """A gateway reading discovery from `path` (polled every 20 ms), once it can route to every name."""
+async def gateway_on(
+    path: Path, names: dict[str, int], policy: RoutingPolicy | None = None, decide_in_thread: bool = False
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient]]:
+    """A gateway reading discovery from `path` (polled every 20 ms), once it can route to every name; round-robin
+    unless given a `policy`."""
     write_endpoints(path, names)
     settings = GatewaySettings(discovery_poll_s=0.02, scrape_interval_s=0.01)
-    gateway = Gateway(FileDiscovery(path), RoundRobinPolicy(), settings)
+    gateway = Gateway(FileDiscovery(path), policy or RoundRobinPolicy(), settings, decide_in_thread=decide_in_thread)
     await gateway.start()
     try:
         await until(lambda: len(gateway.routable()) == len(names))
@@ -226,3 +233,57 @@ def test_closing_the_upstreams_closes_a_retired_pools_connections_still_in_fligh
     assert open_after_retire
     assert fresh
     assert kind == "reset"
+
+
+class SlowFirstDecision(RoundRobinPolicy):
+    """Picks the candidate whose id sorts first; its first decision takes until `go` is set (a decision queued
+    behind others on the decision thread, or a slow predictor), the others none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deciding = threading.Event()
+        self.go = threading.Event()
+        self.picked: list[str] = []
+        self.abandoned: list[str] = []
+
+    def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        self.deciding.set()
+        if not self.picked:
+            self.go.wait(10)
+        self.picked.append(min(c.endpoint_id for c in candidates))
+        return Pick(self.picked[-1])
+
+    def abandon(self, request_id: str) -> None:
+        self.abandoned.append(request_id)
+
+
+def test_an_endpoint_leaving_discovery_while_a_decision_picks_it_has_the_request_decided_again(
+    tmp_path: Path,
+) -> None:
+    """Regression: with decisions on their own thread, a discovery reload that dropped the endpoint being picked
+    (a pod rolled) made the request fail with a KeyError out of the gateway (a 500 and a traceback). A pod gone
+    gets no new request: the request is decided again on the endpoints left, which is no retry."""
+    path = tmp_path / "endpoints.json"
+    policy = SlowFirstDecision()
+
+    async def go() -> tuple[httpx.Response, dict[str, Any]]:
+        async with (
+            endpoint() as (e1, port1),
+            endpoint() as (_, port2),
+            gateway_on(path, {"e-1": port1, "e-2": port2}, policy, decide_in_thread=True) as (gateway, client),
+        ):
+            request = asyncio.ensure_future(client.post("/v1/completions", json=STREAMING))
+            await until(policy.deciding.is_set)
+            write_endpoints(path, {"e-2": port2})  # e-1 leaves while it is being picked
+            await until(lambda: "e-1" not in gateway.scraper.scrapes)
+            policy.go.set()
+            response = await request
+            assert e1.served == 0
+            return response, parse_samples((await client.get("/metrics")).text)
+
+    response, samples = asyncio.run(go())
+    assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
+    assert response.headers["x-leadtime-endpoint"] == "e-2"
+    assert policy.picked == ["e-1", "e-2"]
+    assert policy.abandoned == ["gw-1"]  # the first decision let go of, as for a request that failed
+    assert samples.get("leadtime_router_retries_total") == [({}, 0.0)]

@@ -1206,7 +1206,17 @@ class Gateway:
                 self._unservable(str(err))
                 return None
             if not decision.pick.hold:
-                break
+                if self._listed(decision.pick):
+                    break
+                # Discovery dropped an endpoint picked while the decision was made (on its thread): a pod gone gets
+                # no new request. Decided again, now, on the endpoints left (no retry: nothing was sent), the policy
+                # letting go of the first decision.
+                log.debug("%s left discovery while %s was decided; deciding again", decision.pick, route.request_id)
+                self.metrics.decision_seconds.observe(decision.seconds)
+                if self._abandon is not None:
+                    self._policy_call(self._abandon, route.request_id)
+                route = dataclasses.replace(route, arrival_ms=self.clock())
+                continue
             self.metrics.decision_seconds.observe(decision.seconds)
             started = time.perf_counter()
             left = await watch.wait(self.settings.scrape_interval_s)
@@ -1221,6 +1231,10 @@ class Gateway:
         routed = _Routed(request_id, route, parsed, key, decision, {c.endpoint_id: c for c in candidates}, held_s)
         self._record_decision(routed, candidates)
         return routed
+
+    def _listed(self, pick: Pick) -> bool:
+        """Whether discovery still lists the endpoints `pick` names."""
+        return all(eid in self.scraper.scrapes for eid in (pick.endpoint_id, pick.decode_endpoint_id) if eid)
 
     def _unservable(self, reason: str, warn: bool = True) -> None:
         """Why no endpoint could take a request: in the 503's message, and logged when it changes."""
