@@ -34,6 +34,7 @@ from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.assemble import Assembler
 from leadtime.router_plugin.gateway.inflight_work import Active, InflightWork
 from leadtime.router_plugin.gateway.metrics import FALLBACK_REASONS, GatewayMetrics
+from leadtime.router_plugin.gateway.passthrough import PassedThroughLoad
 from leadtime.router_plugin.gateway.predictor import GatewayPredictor, failure_reason
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 from leadtime.router_plugin.gateway.requests import BadRequest, parse_request
@@ -335,6 +336,26 @@ def test_the_work_tracker_keeps_nothing_of_endpoints_whose_requests_all_finished
     for rid in open_now:
         work.finish(rid)
     assert len(work) == 0 and work._by_endpoint == {}
+
+
+def test_the_passed_through_load_keeps_nothing_of_endpoints_with_nothing_open() -> None:
+    """Regression: every endpoint name a passed-through request ever went to kept an entry (its count at 0), so the
+    gateway grew by one per pod for its life, every rollout naming new pods. Meanwhile each endpoint's count is
+    its requests still open there."""
+    rng = np.random.default_rng(5)
+    load = PassedThroughLoad()
+    open_now: list[str] = []
+    for _ in range(2_000):
+        if open_now and rng.random() < 0.45:
+            load.closed(open_now.pop(int(rng.integers(len(open_now)))))
+        else:
+            endpoint = f"pod-{rng.integers(300)}"
+            load.opened(endpoint)
+            open_now.append(endpoint)
+        assert load.open == {e: open_now.count(e) for e in set(open_now)}
+    for endpoint in open_now:
+        load.closed(endpoint)
+    assert load.open == {}
 
 
 def test_chunk_hashes_identify_prefixes() -> None:

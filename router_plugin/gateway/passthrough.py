@@ -37,7 +37,7 @@ class PassedThroughLoad:
     """Where passed-through requests go: the least loaded of the endpoints that serve clients, ties in turn."""
 
     open: dict[str, int] = field(default_factory=dict)
-    """Per endpoint, the passed-through requests still open there."""
+    """Per endpoint, the passed-through requests still open there (an endpoint with none has no entry)."""
     _turn: int = 0
 
     def choose(self, scrapes: Iterable[EndpointScrape], excluded: set[str]) -> DiscoveredEndpoint | None:
@@ -66,4 +66,10 @@ class PassedThroughLoad:
         self.open[endpoint_id] = self.open.get(endpoint_id, 0) + 1
 
     def closed(self, endpoint_id: str) -> None:
-        self.open[endpoint_id] -= 1
+        """One request passed to `endpoint_id` is done. An endpoint left with none goes: in Kubernetes endpoint names
+        are pod names, and every rollout would add entries at 0 for ever."""
+        left = self.open[endpoint_id] - 1
+        if left:
+            self.open[endpoint_id] = left
+        else:
+            del self.open[endpoint_id]
