@@ -253,9 +253,9 @@ def stream_failed(endpoint_id: str, err: UpstreamError) -> bytes:
 
 
 class AnswerBroken(Exception):
-    """A passed-through answer that cannot be finished (its endpoint broke it off, or the drain ended), raised out of
-    the application once its status and part of its body went out: the ASGI server then closes the client's
-    connection before the body's end, which is how HTTP says an answer is not whole. Ending it (the last chunk of a
+    """A passed-through answer that cannot be finished (its endpoint broke it off, or the drain ended) once its
+    status and part of its body went out: the application returns without the body's end, and the ASGI server then
+    closes the client's connection, which is how HTTP says an answer is not whole. Ending it (the last chunk of a
     chunked body) would hand the client the part as a complete answer; the format of a passed-through body, unlike
     a stream's, has no error event to say so in."""
 
@@ -951,8 +951,10 @@ class Gateway:
         try:
             code = await self._pass(scope, receive, send)
         except AnswerBroken as err:
+            # Returned from without the body's end: the server closes the connection, which tells the client the
+            # answer is not whole (one line of its own, not the traceback an exception raised out of the app logs).
             code = err.status
-            raise
+            log.warning("%s: the client's connection is closed before the answer's end", err)
         finally:
             self.metrics.inflight.dec()
             self.in_flight -= 1
