@@ -4,7 +4,9 @@ vLLM labels every series with `model_name` (and more); a server hosting one mode
 so values are summed across label sets. KV usage is `vllm:kv_cache_usage_perc` since vLLM 0.10 and
 `vllm:gpu_cache_usage_perc` before; both are fractions in [0, 1] despite the name. Prefix-cache hits are counted
 in tokens by the counters `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (vLLM V1); older
-servers publish a hit-rate gauge, `vllm:gpu_prefix_cache_hit_rate`, instead. Both are optional.
+servers publish a hit-rate gauge, `vllm:gpu_prefix_cache_hit_rate`, instead. Both are optional, and so is the
+cache's size (`vllm:cache_config_info`): a value of theirs that cannot be read (negative, NaN, a label that is not an
+integer) is unknown, not a failed scrape. The queues and KV usage are required and checked strictly.
 """
 
 from __future__ import annotations
@@ -95,11 +97,33 @@ def _unescape(value: str) -> str:
 
 
 def _total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
-    values = [v for _, v in samples[name]]
-    total = math.fsum(values)
-    if not math.isfinite(total) or total < 0:
-        raise FeatureError(name, f"must be a finite value ≥ 0, got {total!r}")
+    """A metric the router cannot do without, summed over its label sets; FeatureError naming it unless every value
+    is finite and ≥ 0."""
+    total = _total_or_unknown(samples, name)
+    if total is None:
+        bad = next((v for _, v in samples[name] if not (math.isfinite(v) and v >= 0)), math.inf)
+        raise FeatureError(name, f"must be a finite value ≥ 0, got {bad!r}")
     return total
+
+
+def _total_or_unknown(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:
+    """The metric summed over its label sets, or None (unknown) when a value is negative or not finite. An optional
+    metric reads this way rather than failing the scrape: vLLM v0 with prefix caching off (its default) publishes
+    a hit rate of -1, its allocator's "no rate"."""
+    values = [v for _, v in samples[name]]
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        return None
+    total = math.fsum(values)
+    return total if math.isfinite(total) else None
+
+
+def _count_label(labels: dict[str, str], key: str) -> int | None:
+    """An integer label of `vllm:cache_config_info`, or None (unknown) when absent or not an integer: early vLLM V1
+    releases publish `num_gpu_blocks="None"` until they have profiled memory."""
+    try:
+        return int(labels[key])
+    except (KeyError, ValueError):
+        return None
 
 
 def parse_vllm_metrics(text: str) -> VllmMetrics:
@@ -117,20 +141,16 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
     block_size = num_blocks = None
     if CACHE_CONFIG in samples:
         labels = samples[CACHE_CONFIG][0][0]
-        try:
-            block_size = int(labels["block_size"]) if "block_size" in labels else None
-            num_blocks = int(labels["num_gpu_blocks"]) if "num_gpu_blocks" in labels else None
-        except ValueError:
-            problem = f"block_size/num_gpu_blocks are not integers: {labels}"
-            raise FeatureError(CACHE_CONFIG, problem) from None
+        block_size, num_blocks = _count_label(labels, "block_size"), _count_label(labels, "num_gpu_blocks")
         if any(n is not None and not 0 <= n <= MAX_COUNT for n in (block_size, num_blocks)):  # 0: not known
             problem = f"block_size/num_gpu_blocks must be counts, got {block_size} and {num_blocks}"
             raise FeatureError(CACHE_CONFIG, problem)
     queries = _counter(samples, PREFIX_QUERIES)
     hits = _counter(samples, PREFIX_HITS)
     hit_rate = None
-    if PREFIX_HIT_RATE_OLD in samples:
-        hit_rate = _total(samples, PREFIX_HIT_RATE_OLD) / len(samples[PREFIX_HIT_RATE_OLD])
+    hit_rate_total = _total_or_unknown(samples, PREFIX_HIT_RATE_OLD) if PREFIX_HIT_RATE_OLD in samples else None
+    if hit_rate_total is not None:
+        hit_rate = hit_rate_total / len(samples[PREFIX_HIT_RATE_OLD])
         if hit_rate > 1.0:
             raise FeatureError(PREFIX_HIT_RATE_OLD, f"must be a fraction in [0, 1], got {hit_rate:g}")
     return VllmMetrics(
@@ -146,8 +166,8 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
 
 
 def _counter(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:
-    """A counter published as `name_total` (Prometheus' convention) or plain `name`; None when absent."""
+    """A counter published as `name_total` (Prometheus' convention) or plain `name`; None when absent or unreadable."""
     for key in (f"{name}_total", name):
         if key in samples:
-            return _total(samples, key)
+            return _total_or_unknown(samples, key)
     return None

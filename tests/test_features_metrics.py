@@ -12,6 +12,9 @@ from leadtime.features.vllm_metrics import (
     CACHE_CONFIG,
     KV_USAGE,
     KV_USAGE_OLD,
+    PREFIX_HIT_RATE_OLD,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
     RUNNING,
     WAITING,
     VllmMetrics,
@@ -202,11 +205,44 @@ def test_malformed_labels_are_refused() -> None:
     assert "line 1" in str(err.value)
 
 
-def test_non_integer_cache_config_is_named() -> None:
-    text = scrape() + f'{CACHE_CONFIG}{{block_size="sixteen",num_gpu_blocks="100"}} 1\n'
+def test_v0_without_prefix_caching_is_routable() -> None:
+    """Regression: a vLLM v0 server with prefix caching off (v0's default) publishes
+    `vllm:gpu_prefix_cache_hit_rate -1` (its allocator's "no rate"); every scrape of it failed on that one optional
+    gauge, so the endpoint was never routed to. The rate now reads as unknown and the load as published."""
+    text = OLD_SCRAPE + f"vllm:cpu_prefix_cache_hit_rate{{{MODEL}}} -1.0\n{PREFIX_HIT_RATE_OLD}{{{MODEL}}} -1.0\n"
+    m = parse_vllm_metrics(text)
+    assert (m.num_requests_running, m.num_requests_waiting, m.kv_cache_usage) == (4, 0, 0.125)
+    assert m.prefix_cache_hit_rate is None
+
+
+@pytest.mark.parametrize("name", [f"{PREFIX_QUERIES}_total", f"{PREFIX_HITS}_total", PREFIX_HIT_RATE_OLD])
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-1"])
+def test_an_unreadable_optional_metric_is_unknown_not_a_failed_scrape(name: str, value: str) -> None:
+    """Regression: a NaN (or negative, or infinite) prefix-cache counter or hit rate failed the whole scrape, so
+    the endpoint became unroutable over a figure the router can do without; it now reads as unknown."""
+    m = parse_vllm_metrics(scrape() + f'{name}{{{MODEL}}} 0.5\n{name}{{{MODEL},engine="1"}} {value}\n')
+    assert (m.prefix_cache_queries, m.prefix_cache_hits, m.prefix_cache_hit_rate) == (None, None, None)
+    assert (m.num_requests_waiting, m.num_requests_running, m.kv_cache_usage) == (3, 12, 0.5)
+
+
+def test_opposite_infinities_across_engines_are_a_named_error() -> None:
+    """Regression: two data-parallel engines publishing +Inf and -Inf for one queue made the sum raise a bare
+    ValueError (`-inf + inf in fsum`) instead of a FeatureError naming the metric, escaping the scrape's handling."""
+    engines = f'{WAITING}{{engine="0"}} +Inf\n{WAITING}{{engine="1"}} -Inf\n'
+    text = scrape().replace(f"{WAITING}{{{MODEL}}} 3\n", engines)
     with pytest.raises(FeatureError) as err:
         parse_vllm_metrics(text)
-    assert err.value.field == CACHE_CONFIG
+    assert err.value.field == WAITING
+
+
+def test_an_unprofiled_cache_size_is_unknown_not_a_failed_scrape() -> None:
+    """Regression: early vLLM V1 releases publish `vllm:cache_config_info{..., num_gpu_blocks="None"}` until they
+    have profiled memory; that failed every scrape ("not integers"), so the endpoint was unroutable. A label that
+    is not an integer now reads as unknown, and so does the cache's size."""
+    text = scrape() + f'{CACHE_CONFIG}{{block_size="16",num_gpu_blocks="None",num_gpu_blocks_override="None"}} 1\n'
+    m = parse_vllm_metrics(text)
+    assert (m.block_size, m.num_gpu_blocks, m.kv_cache_tokens) == (16, None, None)
+    assert parse_vllm_metrics(scrape() + f'{CACHE_CONFIG}{{block_size="x",num_gpu_blocks="9"}} 1\n').block_size is None
 
 
 def test_cache_config_without_block_labels_is_tolerated() -> None:
