@@ -161,3 +161,30 @@ def test_a_figure_in_exponent_notation_is_read_as_the_number_it_is(tmp_path: Pat
     """PyYAML reads `2.25e3` as text (YAML 1.1 wants `2.25e+3`): it is still the number a reader sees."""
     path = _write(tmp_path, "accelerators:\n  - {slug: b200, peak_tflops: 2.25e3, hbm_tb_s: 8e0, memory_gb: 180}\n")
     assert load_catalog(path).accelerator("b200").peak_tflops == 2250.0
+
+
+@pytest.mark.parametrize(
+    ("entry", "field", "gb_s"),
+    [
+        ("{slug: l4, peak_tflops: 121, hbm_tb_s: 300, memory_gb: 24}", "hbm_tb_s", 300),
+        ("{slug: a10g, peak_tflops: 125, hbm_tb_s: 600, memory_gb: 24}", "hbm_tb_s", 600),
+        ("{slug: t4, peak_tflops: 65, hbm_tb_s: 320, memory_gb: 16}", "hbm_tb_s", 320),
+        ("{slug: b200, peak_tflops: 2250, hbm_tb_s: 8000, memory_gb: 180}", "hbm_tb_s", 8000),
+        ("{slug: l4, peak_tflops: 121, hbm_tb_s: 300, memory_gb: 24, measured_kv_tb_s: 250}", "hbm_tb_s", 300),
+        ("{slug: l4, peak_tflops: 121, hbm_tb_s: 0.3, memory_gb: 24, measured_kv_tb_s: 250}", "measured_kv_tb_s", 250),
+    ],
+)
+def test_bandwidth_in_gb_s_is_refused_as_a_slip_of_units(tmp_path: Path, entry: str, field: str, gb_s: int) -> None:
+    """Regression: an L4 (300 GB/s), A10G (600 GB/s) or T4 (320 GB/s) written in GB/s in the TB/s field was
+    accepted as a chip with 300–600 TB/s: its decode steps were predicted at 0.16 ms instead of 63 ms. No
+    accelerator comes near 50 TB/s, so a figure above it is refused naming the slip."""
+    with pytest.raises(CatalogError) as err:
+        load_catalog(_write(tmp_path, f"accelerators:\n  - {entry}\n"))
+    assert f"accelerators[0].{field}: must be at most 50 TB/s" in str(err.value)
+    assert f"{gb_s:,} GB/s is {gb_s / 1000:g} TB/s" in str(err.value)
+
+
+def test_the_fastest_memory_made_is_accepted(tmp_path: Path) -> None:
+    """The bound is well above any chip made: a B200's 8 TB/s (and twice, or five times, that) passes."""
+    path = _write(tmp_path, "accelerators:\n  - {slug: next, peak_tflops: 9000, hbm_tb_s: 40, memory_gb: 1000}\n")
+    assert load_catalog(path).accelerator("next").hbm_tb_s == 40
