@@ -75,7 +75,7 @@ def synthetic_class(slug: str, n: int, rng: np.random.Generator) -> tuple[list[F
         )
         compute = acc.peak_tflops * 1e12 * truth.compute_efficiency
         bandwidth = acc.hbm_tb_s * 1e12 * truth.bandwidth_efficiency
-        step_ms = 1e3 * (model.weight_bytes + kv_tokens * model.kv_bytes_per_token) / bandwidth
+        step_ms = 1e3 * (model.weight_bytes + kv_tokens * model.kv_bytes_per_token(1)) / bandwidth
         prefill_ms = 1e3 * (in_flight + input_tokens - prefix) * flops_per_token / compute
         queue_ms = waiting * (step_ms + 1e3 * 600 * flops_per_token / compute) * (1 + 0.1 * waiting)
         noise = rng.lognormal(0.0, 0.15, size=2)

@@ -85,10 +85,12 @@ class ModelProfile:
         """Bytes of the weights."""
         return self.params_b * 1e9 * self.bytes_per_param
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V, every layer, BF16."""
-        return 2 * self.layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
+    def kv_bytes_per_token(self, tensor_parallel: int) -> int:
+        """K and V of one token, every layer, over a whole group of `tensor_parallel` devices. vLLM splits the KV
+        heads among the devices but gives each at least one, so a group wider than the model's KV heads holds
+        copies: Llama-3.1-70B's 8 heads take 16 heads' room at TP 16."""
+        heads = max(self.num_kv_heads, tensor_parallel)
+        return 2 * self.layers * heads * self.head_dim * self.bytes_per_param
 
 
 MODELS: dict[str, ModelProfile] = {

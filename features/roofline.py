@@ -64,7 +64,7 @@ def decode_step_ms(
 ) -> float:
     """One decode iteration for `batch_size` sequences holding `kv_tokens` KV tokens between them."""
     batch = max(batch_size, 1.0)
-    read_bytes = model.weight_bytes + kv_tokens * model.kv_bytes_per_token
+    read_bytes = model.weight_bytes + kv_tokens * model.kv_bytes_per_token(tensor_parallel)
     memory_s = read_bytes / (accelerator.effective_tb_s * 1e12)
     compute_s = 2.0 * model.params_b * 1e9 * batch / (accelerator.effective_tflops * 1e12)
     return 1e3 * max(memory_s, compute_s) / tensor_parallel
@@ -83,14 +83,15 @@ def kv_capacity_tokens(model: ModelProfile, accelerator: Accelerator, tensor_par
     439041
     """
     free_bytes = max(accelerator.memory_gb * 1e9 * tensor_parallel - model.weight_bytes, 1e9)
-    return free_bytes * KV_MEMORY_SHARE / model.kv_bytes_per_token
+    return free_bytes * KV_MEMORY_SHARE / model.kv_bytes_per_token(tensor_parallel)
 
 
-def kv_transfer_ms(model: ModelProfile, tokens: float, link_gb_s: float) -> float:
-    """Moving `tokens` tokens of KV cache over a link of `link_gb_s` GB/s (P/D disaggregation)."""
+def kv_transfer_ms(model: ModelProfile, tokens: float, link_gb_s: float, tensor_parallel: int) -> float:
+    """Moving `tokens` tokens of KV cache over a link of `link_gb_s` GB/s (P/D disaggregation) into a decode
+    endpoint of `tensor_parallel` devices: each of them receives its own KV heads, replicated ones included."""
     if link_gb_s <= 0:
         raise ValueError("link bandwidth must be positive")
-    return 1e3 * tokens * model.kv_bytes_per_token / (link_gb_s * 1e9)
+    return 1e3 * tokens * model.kv_bytes_per_token(tensor_parallel) / (link_gb_s * 1e9)
 
 
 Figures = np.ndarray | float  # per-row arrays, or one value shared by every row

@@ -130,7 +130,7 @@ class HardwareClass:
         return (
             float(acc.effective_tflops),
             float(acc.effective_tb_s),
-            float(mod.kv_bytes_per_token),
+            float(mod.kv_bytes_per_token(self.tensor_parallel)),
             float(mod.params_b),
             float(mod.layers),
             float(mod.num_heads * mod.head_dim),
@@ -445,7 +445,7 @@ class Vectorizer:
             "accel_tflops": acc.effective_tflops,
             "accel_tb_s": acc.effective_tb_s,
             "tensor_parallel": float(tp),
-            "kv_bytes_per_token": float(mod.kv_bytes_per_token),
+            "kv_bytes_per_token": float(mod.kv_bytes_per_token(tp)),
             "roofline_own_prefill_ms": prefill_ms(mod, acc, uncached, hits, tp),
             "roofline_queue_prefill_ms": queue_prefill_ms(
                 mod, acc, e.prefill_tokens_in_flight, e.num_request_waiting, tp

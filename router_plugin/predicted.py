@@ -689,7 +689,12 @@ class LeadtimePolicy:
     def _transfer_ms(self, request: RouteRequest, decode: Sequence[Candidate]) -> np.ndarray:
         return np.array(
             [
-                kv_transfer_ms(self.config.catalog.model(c.state.model), request.input_tokens, self.config.kv_link_gb_s)
+                kv_transfer_ms(
+                    self.config.catalog.model(c.state.model),
+                    request.input_tokens,
+                    self.config.kv_link_gb_s,
+                    c.state.tensor_parallel,
+                )
                 if c.state.model
                 else 0.0
                 for c in decode

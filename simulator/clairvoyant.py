@@ -174,9 +174,11 @@ class ClairvoyantPolicy:
     def transfer_done_ms(self, request: RouteRequest, decode_id: str, prefill_done_ms: float) -> float:
         """When the KV lands on `decode_id` if the prefill ends `prefill_done_ms` from now (ms from now)."""
         sim = self._simulator()
-        model = sim.fleet.catalog.model(sim.configs[decode_id].model)
+        decode = sim.configs[decode_id]
+        model = sim.fleet.catalog.model(decode.model)
         start = max(sim.now + prefill_done_ms, sim.link_free_ms(decode_id))
-        return start + kv_transfer_ms(model, request.input_tokens, sim.fleet.kv_link_gb_s) - sim.now
+        transfer = kv_transfer_ms(model, request.input_tokens, sim.fleet.kv_link_gb_s, decode.tensor_parallel)
+        return start + transfer - sim.now
 
     def _upper_slack(self, request: RouteRequest, endpoint_id: str, itl_ms: float | None = None) -> float:
         """No candidate's slack exceeds the slack of its cheap lower bounds (TTFT; ITL unless given)."""

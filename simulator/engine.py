@@ -524,9 +524,10 @@ class FleetSimulator:
         decision = self._decisions[r.rid]
         assert decision.decode_endpoint_id is not None
         target = decision.decode_endpoint_id
-        model = self.fleet.catalog.model(self.configs[target].model)
+        config = self.configs[target]
+        model = self.fleet.catalog.model(config.model)
         start = max(self.now, self._link_free[target])
-        end = start + kv_transfer_ms(model, r.input_tokens, self.fleet.kv_link_gb_s)
+        end = start + kv_transfer_ms(model, r.input_tokens, self.fleet.kv_link_gb_s, config.tensor_parallel)
         self._link_free[target] = end
         self._transfer_ms[r.rid] = end - self.now
         self._push(end, TRANSFER, r)

@@ -38,6 +38,7 @@ class _Fastest:
 
 def _fastest_of_each_kind(fleet: Fleet, workload: Sequence[WorkloadRequest], seed: int) -> list[_Fastest]:
     configs = {c.endpoint_id: c for c in fleet.endpoints}
+    transfer_ms_per_token = _cheapest_transfer_ms_per_token(fleet)
     best: dict[tuple[object, ...], _Fastest] = {}
     for e in build_endpoints(fleet, seed=seed):
         c = configs[e.endpoint_id]
@@ -45,11 +46,23 @@ def _fastest_of_each_kind(fleet: Fleet, workload: Sequence[WorkloadRequest], see
         kind = (c.accelerator, c.model, c.tensor_parallel, c.cuda_graphs, c.max_batched_tokens, c.role, joins)
         if kind in best and best[kind].endpoint.noise.speed <= e.noise.speed:
             continue
-        per_token = (
-            kv_transfer_ms(fleet.catalog.model(c.model), 1.0, fleet.kv_link_gb_s) if c.role == "prefill" else 0.0
-        )
+        per_token = transfer_ms_per_token if c.role == "prefill" else 0.0
         best[kind] = _Fastest(e, c.role, joins, per_token)
     return list(best.values())
+
+
+def _cheapest_transfer_ms_per_token(fleet: Fleet) -> float:
+    """The KV transfer of one prompt token into the decode endpoint it costs least to reach: the simulator times
+    a transfer by the receiving endpoint's model and tensor-parallel degree, and no router does better than the
+    cheapest."""
+    return min(
+        (
+            kv_transfer_ms(fleet.catalog.model(c.model), 1.0, fleet.kv_link_gb_s, c.tensor_parallel)
+            for c in fleet.endpoints
+            if c.role == "decode"
+        ),
+        default=0.0,
+    )
 
 
 def _prefill_alone_ms(endpoint: Endpoint, input_tokens: int, cached_tokens: int) -> float:

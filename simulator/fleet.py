@@ -283,7 +283,7 @@ def kv_blocks(pool: PoolSpec, catalog: Catalog = BUILT_IN) -> int:
             f"{model.num_heads} attention heads (vLLM refuses it)"
         )
     free = budget - model.weight_bytes
-    blocks = math.floor(free / (model.kv_bytes_per_token * pool.block_size))
+    blocks = math.floor(free / (model.kv_bytes_per_token(pool.tensor_parallel) * pool.block_size))
     if blocks < 1:
         raise FleetError(
             f"pool {pool.name!r}: {pool.model} ({model.weight_bytes / 1e9:.0f} GB of weights) does not fit in "

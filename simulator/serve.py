@@ -292,7 +292,8 @@ class LiveEndpoint:
         if rid not in self.streams:
             return  # its client left while it was prefilled elsewhere
         start = max(self.now_ms(), self.link_free_ms)
-        end = start + kv_transfer_ms(self.engine.stepper.model, input_tokens, self.kv_link_gb_s)
+        stepper = self.engine.stepper
+        end = start + kv_transfer_ms(stepper.model, input_tokens, self.kv_link_gb_s, stepper.tensor_parallel)
         self.link_free_ms = end
         await asyncio.sleep(max(0.0, (end - self.now_ms()) / 1e3))
         self.counters.kv_received += 1

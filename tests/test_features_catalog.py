@@ -11,7 +11,13 @@ import pytest
 from leadtime.data import HERE as SHIPPED_DATA
 from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, get_accelerator, get_model
 from leadtime.features.errors import FeatureError
-from leadtime.features.roofline import decode_step_ms, kv_transfer_ms, prefill_flops, prefill_ms
+from leadtime.features.roofline import (
+    decode_step_ms,
+    kv_capacity_tokens,
+    kv_transfer_ms,
+    prefill_flops,
+    prefill_ms,
+)
 
 DATA = SHIPPED_DATA  # the shipped copy of the published table and the splitwise measurements
 
@@ -137,7 +143,7 @@ def test_model_profiles_match_published_configs(slug: str) -> None:
 )
 def test_kv_bytes_per_token(slug: str, kib: int) -> None:
     """2 (K and V) × layers × KV heads × head dim × 2 bytes: the figures vLLM logs at start-up."""
-    assert get_model(slug).kv_bytes_per_token == kib * 1024
+    assert get_model(slug).kv_bytes_per_token(1) == kib * 1024
 
 
 def test_weight_bytes_are_bf16() -> None:
@@ -189,7 +195,7 @@ def test_decode_step_reads_weights_and_kv() -> None:
     empty = decode_step_ms(LLAMA8, H100, 1, 0)
     assert empty == pytest.approx(1e3 * LLAMA8.weight_bytes / (H100.effective_tb_s * 1e12))
     loaded = decode_step_ms(LLAMA8, H100, 32, 32 * 4096)
-    kv_ms = 1e3 * 32 * 4096 * LLAMA8.kv_bytes_per_token / (H100.effective_tb_s * 1e12)
+    kv_ms = 1e3 * 32 * 4096 * LLAMA8.kv_bytes_per_token(1) / (H100.effective_tb_s * 1e12)
     assert loaded == pytest.approx(empty + kv_ms)
     assert decode_step_ms(LLAMA8, H200, 32, 32 * 4096) < loaded
     assert decode_step_ms(LLAMA8, H100, 0, 0) == empty  # an empty batch still steps once
@@ -203,10 +209,27 @@ def test_huge_batch_decode_becomes_compute_bound() -> None:
 
 def test_kv_transfer_time() -> None:
     # 10,000 tokens × 320 KiB over 50 GB/s
-    assert kv_transfer_ms(LLAMA70, 10_000, 50) == pytest.approx(1e3 * 10_000 * 327_680 / 50e9)
-    assert kv_transfer_ms(LLAMA70, 0, 50) == 0
+    assert kv_transfer_ms(LLAMA70, 10_000, 50, 8) == pytest.approx(1e3 * 10_000 * 327_680 / 50e9)
+    assert kv_transfer_ms(LLAMA70, 0, 50, 8) == 0
     with pytest.raises(ValueError, match="bandwidth"):
-        kv_transfer_ms(LLAMA70, 100, 0)
+        kv_transfer_ms(LLAMA70, 100, 0, 8)
+
+
+def test_kv_heads_are_replicated_when_tensor_parallel_exceeds_them() -> None:
+    """Regression: Llama-3.1-70B (8 KV heads) at TP 16 was given twice the KV capacity vLLM has (3.13M tokens on
+    16 H100s instead of 1.56M), and decode steps that read half the KV they do: vLLM gives each GPU at least one
+    KV head, so 16 GPUs hold 16 copies' worth, not 8."""
+    per_head = 2 * LLAMA70.layers * LLAMA70.head_dim * LLAMA70.bytes_per_param  # one KV head, every layer
+    assert [LLAMA70.kv_bytes_per_token(tp) for tp in (1, 2, 8, 16, 32)] == [per_head * n for n in (8, 8, 8, 16, 32)]
+    kv_per_gpu = per_head  # one head on each of the 16 GPUs
+    free_per_gpu = H100.memory_gb * 1e9 - LLAMA70.weight_bytes / 16
+    assert kv_capacity_tokens(LLAMA70, H100, 16) == pytest.approx(free_per_gpu * 0.9 / kv_per_gpu)
+    step_ms = 1e3 * (LLAMA70.weight_bytes / 16 + 1e6 * kv_per_gpu) / (H100.effective_tb_s * 1e12)
+    assert decode_step_ms(LLAMA70, H100, 64, 1e6, 16) == pytest.approx(step_ms)
+    # Each GPU of the group sends its own heads, the replicated ones included.
+    assert kv_transfer_ms(LLAMA70, 10_000, 50, 16) == pytest.approx(2 * kv_transfer_ms(LLAMA70, 10_000, 50, 8))
+    bloom = get_model("bloom-176b")  # 112 KV heads: no TP degree a node offers replicates them
+    assert bloom.kv_bytes_per_token(8) == bloom.kv_bytes_per_token(1)
 
 
 def test_roofline_is_a_lower_bound_within_an_order_of_magnitude_of_measured_decode() -> None:
@@ -247,7 +270,7 @@ def test_the_array_roofline_matches_the_scalar_one() -> None:
             got = decode_step_ms_array(
                 model.params_b,
                 model.weight_bytes,
-                float(model.kv_bytes_per_token),
+                float(model.kv_bytes_per_token(4)),
                 acc.effective_tflops,
                 acc.effective_tb_s,
                 batch,

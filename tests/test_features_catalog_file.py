@@ -23,7 +23,7 @@ def test_a_catalog_file_adds_its_classes_and_models(catalog_file: Path) -> None:
     assert catalog.accelerator("b200").interconnect_gb_s == 900
     assert catalog.accelerator("l4").name == "l4"  # no name given: the slug
     assert catalog.accelerator("l4").interconnect_gb_s == 32
-    assert catalog.model("qwen2.5-7b").kv_bytes_per_token == 2 * 28 * 4 * 128 * 2
+    assert catalog.model("qwen2.5-7b").kv_bytes_per_token(1) == 2 * 28 * 4 * 128 * 2
     assert catalog.accelerator("h100-sxm") is ACCELERATORS["h100-sxm"]  # the built-in ones stay
     assert load_catalog(_write(catalog_file.parent, "")) == BUILT_IN  # an empty file adds nothing
 

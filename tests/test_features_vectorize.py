@@ -139,7 +139,7 @@ def test_values_land_in_their_named_columns() -> None:
         "accel_tflops": acc.effective_tflops,
         "accel_tb_s": acc.effective_tb_s,
         "tensor_parallel": 2,
-        "kv_bytes_per_token": model.kv_bytes_per_token,
+        "kv_bytes_per_token": model.kv_bytes_per_token(2),
         "roofline_own_prefill_ms": prefill_ms(model, acc, 744, 256, 2),
         "roofline_queue_prefill_ms": 4 * prefill_ms(model, acc, 512, 0, 2),  # four waiting prompts of 512
         "roofline_weights_ms": decode_step_ms(model, acc, 1, 0, 2),

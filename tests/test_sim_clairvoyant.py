@@ -210,7 +210,7 @@ def test_pair_choice_is_joint_prefill_and_link() -> None:
     pick = policy.pick(request, sim.candidates(probe))
     assert pick == Pick("pfast-0", "d-1")
     prefill = policy.exact_ttft_ms(request, "pfast-0")
-    transfer = kv_transfer_ms(get_model(MODEL), 8000, 10)
+    transfer = kv_transfer_ms(get_model(MODEL), 8000, 10, 1)
     assert policy.transfer_done_ms(request, "d-1", prefill) == pytest.approx(prefill + transfer)
     assert policy.transfer_done_ms(request, "d-0", prefill) == pytest.approx(2000.0 + transfer)
 

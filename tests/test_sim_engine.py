@@ -197,7 +197,7 @@ def test_pd_transfer_time_is_visible_and_grows_with_prompt() -> None:
     workload = [WorkloadRequest(0.0, 1000, 20), WorkloadRequest(5000.0, 8000, 20)]
     result = FleetSimulator(parse_fleet(doc), workload, make_policy("llm-d")).run()
     small, large = result.completed
-    kv_per_token = get_model("llama-3.1-8b").kv_bytes_per_token
+    kv_per_token = get_model("llama-3.1-8b").kv_bytes_per_token(1)
     assert small.transfer_ms == pytest.approx(1000 * kv_per_token / 5e9 * 1e3)
     assert large.transfer_ms > small.transfer_ms
     assert small.ttft_ms > small.transfer_ms
@@ -217,7 +217,7 @@ def test_pd_link_contention_queues_transfers() -> None:
     }
     workload = [WorkloadRequest(0.0, 4000, 5), WorkloadRequest(0.0, 4000, 5)]
     result = FleetSimulator(parse_fleet(doc), workload, make_policy("round-robin")).run()
-    alone = 4000 * get_model("llama-3.1-8b").kv_bytes_per_token / 1e9 * 1e3
+    alone = 4000 * get_model("llama-3.1-8b").kv_bytes_per_token(1) / 1e9 * 1e3
     transfers = sorted(c.transfer_ms for c in result.completed)
     assert transfers[0] == pytest.approx(alone)
     assert transfers[1] > 1.5 * alone  # waited for the first transfer on the shared link

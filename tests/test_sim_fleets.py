@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from leadtime.features.catalog import get_accelerator, get_model
 from leadtime.simulator.engine import FleetSimulator
-from leadtime.simulator.fleet import load_fleet, parse_fleet, shipped_fleets
+from leadtime.simulator.fleet import PoolSpec, kv_blocks, load_fleet, parse_fleet, shipped_fleets
 from leadtime.simulator.learning_policies import LEADTIME_POLICIES
 from leadtime.simulator.run import POLICY_NAMES, make_policy
 from leadtime.simulator.workload import SyntheticSpec, synthetic
@@ -26,6 +27,20 @@ def test_benchmark_fleets_state_slo_classes_and_the_same_realism(name: str) -> N
     assert fleet.name == name
     assert len(fleet.slos) >= 2 and len({(c.ttft_ms, c.itl_ms) for c in fleet.slos}) == len(fleet.slos)
     assert (fleet.step_jitter, fleet.speed_spread) == (0.08, 0.05)
+
+
+def test_a_pool_wider_than_its_kv_heads_sizes_its_cache_with_them_replicated() -> None:
+    """Regression: a pool of Llama-3.1-70B (8 KV heads) at TP 16 was simulated with twice the KV blocks vLLM
+    allocates, since each of the 16 GPUs holds a KV head of its own; so it admitted twice the batch a real one
+    does. A pool whose TP does not exceed the KV heads is sized as before."""
+    model, h100 = get_model("llama-3.1-70b"), get_accelerator("h100-sxm")
+    pool = PoolSpec(name="p", count=1, accelerator="h100-sxm", model="llama-3.1-70b", tensor_parallel=16)
+    per_gpu_block = 2 * model.layers * 1 * model.head_dim * model.bytes_per_param * pool.block_size  # one head
+    free_per_gpu = h100.memory_gb * 1e9 * pool.gpu_memory_utilization - model.weight_bytes / 16
+    assert kv_blocks(pool) == pytest.approx(free_per_gpu / per_gpu_block, abs=1)
+    eight = pool.model_copy(update={"tensor_parallel": 8})
+    free_per_gpu = h100.memory_gb * 1e9 * pool.gpu_memory_utilization - model.weight_bytes / 8
+    assert kv_blocks(eight) == pytest.approx(free_per_gpu / per_gpu_block, abs=1)  # one head a GPU, none copied
 
 
 def test_pd_hetero_has_two_classes_a_side_and_a_slow_link() -> None:
