@@ -20,6 +20,7 @@ from leadtime.data import MEASURED
 from leadtime.features.rows import FeatureRow, Observation, RequestFeatures, observation_to_llmd
 from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.store.redis_store import RedisStore, observation_stream_key
+from leadtime.training import sources
 from leadtime.training.job import _split
 from leadtime.training.sources import RedisSource, SampleError, SampleReader
 from leadtime.training.split import BY_READ_ORDER, BY_TIMESTAMP, split_recent
@@ -177,6 +178,29 @@ def test_a_parquet_timestamp_column_is_read_as_its_moment(tmp_path: Path, zone: 
     samples = SampleReader("h200-sxm", "qwen3-32b").read([str(path)])
     assert len(samples) == 6 and not samples.malformed
     assert samples.timestamps.tolist() == [float(epoch + 60 * i) for i in range(6)]
+
+
+def test_a_parquet_timestamp_beyond_pythons_years_is_one_malformed_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: one Parquet row timestamped in the year 10000 stopped `leadtime retrain` with a 72-line
+    OverflowError traceback (exit status 1), where a bad timestamp is to be left out and reported like any other
+    malformed row. The other rows of its batch, and of the batches after it, are read as usual."""
+    monkeypatch.setattr(sources, "_CHUNK", 50)  # the bad row in the second of several batches
+    rows = [json.loads(line) for line in llmd_lines(200)]
+    epoch = 1796032800  # 2026-11-30T10:00:00Z
+    stamps = [epoch + 60 * i for i in range(200)]
+    stamps[55] = 253402300800  # 10000-01-01T00:00:00Z: within Arrow's range, beyond Python's datetime
+    table = pa.Table.from_pylist(rows).append_column("timestamp", pa.array(stamps, pa.timestamp("s")))
+    path = tmp_path / "rows.parquet"
+    pq.write_table(table, path)
+    samples = SampleReader("h200-sxm", "qwen3-32b").read([str(path)])
+    (source,) = samples.sources
+    assert (source.read, source.used, source.malformed) == (200, 199, 1)
+    assert [(m.where, m.problem) for m in samples.malformed] == [
+        ("row 56", "timestamp: cannot be read (date value out of range)")
+    ]
+    assert samples.timestamps.tolist() == [float(s) for i, s in enumerate(stamps) if i != 55]
 
 
 def test_a_csv_source_is_refused_as_csv(tmp_path: Path) -> None:

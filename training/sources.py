@@ -193,10 +193,51 @@ def _parquet_entries(path: Path) -> Iterator[_Read]:
     row = 0
     with handle:
         for record_batch in handle.iter_batches(batch_size=_CHUNK):
-            for values in record_batch.to_pylist():
+            for values, problem in _batch_rows(record_batch):
                 row += 1
+                if problem is not None:
+                    yield f"row {row}", None, problem
+                    continue
                 # A null in a column is a field the row does not have (a column that only some rows fill).
                 yield f"row {row}", {k: v for k, v in values.items() if v is not None}, None
+
+
+# What pyarrow raises for a value Python cannot hold (a timestamp past the year 9999 is an OverflowError).
+_UNCONVERTIBLE = (OverflowError, ValueError)
+
+
+def _batch_rows(record_batch: Any) -> list[tuple[dict[str, Any], str | None]]:
+    """A Parquet batch's rows as Python values, each with why it cannot be used (or None).
+
+    The batch is converted at once. Arrow holds values Python cannot (a timestamp in the year 10000): one such
+    value made the whole batch fail, and the job stop with a traceback. Only a batch that fails is converted
+    again, column by column and the failing column value by value, so that just the rows holding such a value are
+    left out, each naming its column; a large file of good rows costs what it did.
+    """
+    try:
+        return [(values, None) for values in record_batch.to_pylist()]
+    except _UNCONVERTIBLE:
+        pass
+    columns: dict[str, list[Any]] = {}
+    problems: dict[int, str] = {}
+    for name, column in zip(record_batch.schema.names, record_batch.columns, strict=True):
+        try:
+            columns[name] = column.to_pylist()
+            continue
+        except _UNCONVERTIBLE:
+            pass
+        values: list[Any] = []
+        for index in range(len(column)):
+            try:
+                values.append(column[index].as_py())
+            except _UNCONVERTIBLE as err:
+                values.append(None)
+                problems.setdefault(index, f"{name}: cannot be read ({err})")
+        columns[name] = values
+    return [
+        ({name: values[index] for name, values in columns.items()}, problems.get(index))
+        for index in range(record_batch.num_rows)
+    ]
 
 
 def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Read]:
