@@ -511,3 +511,47 @@ def test_a_first_model_made_from_the_registrys_own_stream_says_how_far_into_it_i
         assert published.metadata[CURSOR_KEY] == end and published.metadata[STREAM_KEY] == runtime.store.stream_name
         # It learned every row read, the evaluation slice too once judged: what the position says it holds.
         assert published.status()["observations"]["ttft"] == len(entries)
+
+
+def test_a_first_model_published_past_a_replicas_model_still_takes_its_stream_position(
+    sim_log: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: with an empty registry at the start and a replica publishing its model while the job fitted,
+    the job's model won and was published without its position in the observation stream and without the
+    evaluation slice learned: replicas adopting it skipped those rows, or learned the history twice."""
+    import redis
+
+    from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
+    from leadtime.predictor.store.redis_store import ENTRY_FIELD, observation_stream_key
+    from leadtime.training.registry import RedisRegistry
+
+    entries = [json.loads(line) for line in sim_log.read_text().splitlines()]
+    client = redis.Redis.from_url(redis_url)
+    for entry in entries:
+        end = client.xadd(observation_stream_key("leadtime"), {ENTRY_FIELD: json.dumps(entry)}).decode()
+    client.close()
+    fit_trees = job_module._fit_trees
+
+    def replica_publishes_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        replica = RedisRegistry(redis_url)
+        try:
+            replica.publish(OnlinePredictor(LearnerConfig(background=False)).to_bytes())  # its prior alone
+        finally:
+            replica.close()
+        return fit_trees(*args, **kwargs)
+
+    monkeypatch.setattr(job_module, "_fit_trees", replica_publishes_meanwhile)
+    result = run_retrain(RetrainConfig(samples=(redis_url,), registry=redis_url))
+    assert result.report["registry"]["champion_version"] is None
+    assert result.report["registry"]["judged_again_against_version"] == 1
+    assert result.exit_code == EXIT_PUBLISHED and result.published_version == 2
+    registry = RedisRegistry(redis_url)
+    try:
+        latest = registry.latest()
+        stream = registry.store.stream_name
+    finally:
+        registry.close()
+    assert latest is not None
+    published = OnlinePredictor.from_bytes(latest.artifact, background=False)
+    assert published.metadata[CURSOR_KEY] == end and published.metadata[STREAM_KEY] == stream
+    assert published.status()["observations"]["ttft"] == len(entries)

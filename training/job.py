@@ -13,7 +13,9 @@ the champion's online state as it is and replaces its trees with ones fitted on 
 - with an empty registry, the online parts are first learned from the history in time order, as the service
   would have learned them, then the trees are fitted on top. What is published is what was judged: letting the
   online parts learn the evaluation slice afterwards would move them under trees fitted to what they left
-  before (on the shipped H200 rows that doubled the TPOT error on the slice). Such a model records no position
+  before (on the shipped H200 rows that doubled the TPOT error on the slice). When a source is the registry's
+  own observation stream, the model learns the evaluation slice once judged and records how far into that
+  stream it has learned, also when a replica published a model while the job ran. Otherwise it records no position
   in the service's stream: a running replica that adopts it goes on from its own, a replica that starts from it
   learns the stream from its start.
 
@@ -214,7 +216,7 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
                     registry, champion_published, challenger, base, samples, split, evaluation, decision, config
                 )
             if decision.publish:
-                if champion_published is None and rival is None:
+                if champion_published is None:  # its online parts were learned here, rival or not
                     _take_stream_position(registry, samples, split, challenger)
                 published_version = _publish(registry, challenger)
             bar.step("published" if decision.publish else "champion kept")
@@ -479,11 +481,12 @@ def _judge_again_if_moved(
 
 
 def _take_stream_position(registry: Registry, samples: Samples, split: TimeSplit, challenger: OnlinePredictor) -> None:
-    """A first model (the registry held none) learned its online parts from the history alone. When a source is
-    the registry's own observation stream, it also learns the evaluation slice once judged, and records how far
-    into that stream it has learned, as the service stamps the models it publishes: the replicas that adopt it go
-    on from there. Without a position a replica adopting it kept reading where it was, losing what its own model
-    had learned since, and one starting up replayed the whole stream over it, learning the history twice."""
+    """A first model (the registry held none when the job started) learned its online parts from the history
+    alone, whatever a replica published while the job ran. When a source is the registry's own observation stream,
+    it also learns the evaluation slice once judged, and records how far into that stream it has learned, as the
+    service stamps the models it publishes: the replicas that adopt it go on from there. Without a position a
+    replica adopting it kept reading where it was, losing what its own model had learned since, and one starting
+    up replayed the whole stream over it, learning the history twice."""
     stream = getattr(getattr(registry, "store", None), "stream_name", None)
     source = next((s for s in samples.sources if s.cursor is not None and s.stream_name == stream), None)
     if stream is None or source is None:
