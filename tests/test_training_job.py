@@ -3,6 +3,7 @@ loader (directory and Redis), the report files, the CLI's exit codes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -513,23 +514,31 @@ def test_a_first_model_made_from_the_registrys_own_stream_says_how_far_into_it_i
         assert published.status()["observations"]["ttft"] == len(entries)
 
 
+def fill_stream(url: str, log: Path) -> tuple[list[dict[str, Any]], str]:
+    """The log's rows appended to the service's observation stream (default namespace), as the service appends
+    them; returns them and the last entry's id."""
+    import redis
+
+    from leadtime.predictor.store.redis_store import ENTRY_FIELD, observation_stream_key
+
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    end = ""
+    with redis.Redis.from_url(url, decode_responses=True) as client:
+        for entry in entries:
+            end = str(client.xadd(observation_stream_key("leadtime"), {ENTRY_FIELD: json.dumps(entry)}))
+    return entries, end
+
+
 def test_a_first_model_published_past_a_replicas_model_still_takes_its_stream_position(
     sim_log: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Regression: with an empty registry at the start and a replica publishing its model while the job fitted,
     the job's model won and was published without its position in the observation stream and without the
     evaluation slice learned: replicas adopting it skipped those rows, or learned the history twice."""
-    import redis
-
     from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
-    from leadtime.predictor.store.redis_store import ENTRY_FIELD, observation_stream_key
     from leadtime.training.registry import RedisRegistry
 
-    entries = [json.loads(line) for line in sim_log.read_text().splitlines()]
-    client = redis.Redis.from_url(redis_url)
-    for entry in entries:
-        end = client.xadd(observation_stream_key("leadtime"), {ENTRY_FIELD: json.dumps(entry)}).decode()
-    client.close()
+    entries, end = fill_stream(redis_url, sim_log)
     fit_trees = job_module._fit_trees
 
     def replica_publishes_meanwhile(*args: Any, **kwargs: Any) -> Any:
@@ -555,3 +564,68 @@ def test_a_first_model_published_past_a_replicas_model_still_takes_its_stream_po
     published = OnlinePredictor.from_bytes(latest.artifact, background=False)
     assert published.metadata[CURSOR_KEY] == end and published.metadata[STREAM_KEY] == stream
     assert published.status()["observations"]["ttft"] == len(entries)
+
+
+@pytest.mark.parametrize(
+    ("source", "registry"),
+    [
+        ("redis://127.0.0.1:{port}", "redis://127.0.0.1:{port}/0"),  # the default database
+        ("redis://127.0.0.1:{port}/0/", "REDIS://127.0.0.1:{port}/0"),  # a trailing slash, the scheme's case
+        ("redis://127.0.0.1:{port}/0?namespace=leadtime", "redis://127.0.0.1:{port}?db=0"),  # defaults spelt out
+    ],
+)
+def test_the_registrys_own_stream_is_recognised_however_its_url_is_spelt(
+    sim_log: Path, redis_server: Any, source: str, registry: str
+) -> None:
+    """Regression: with an empty registry, `--samples redis://127.0.0.1:6379 --registry redis://127.0.0.1:6379/0`
+    published a model without its position in the stream and without the evaluation slice learned: the two URLs,
+    one stream, were compared as text. Replicas adopting it skipped rows or learned the history twice."""
+    from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
+    from leadtime.training.registry import RedisRegistry
+
+    entries, end = fill_stream(redis_server.url, sim_log)
+    source, registry = source.format(port=redis_server.port), registry.format(port=redis_server.port)
+    result = run_retrain(RetrainConfig(samples=(source,), registry=registry))
+    assert result.exit_code == EXIT_PUBLISHED
+    published = result.challenger
+    with contextlib.closing(RedisRegistry(registry)) as opened:
+        assert published.metadata[STREAM_KEY] == opened.store.stream_name
+    assert published.metadata[CURSOR_KEY] == end
+    assert published.status()["observations"]["ttft"] == len(entries)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("redis://cache.example:6379/0", "redis://Cache.Example/0"),  # the default port; a host name's case
+        ("redis://:secret@127.0.0.1:6379/0", "redis://127.0.0.1:6379/0?socket_timeout=5"),  # how, not where
+        ("redis://127.0.0.1:6379/3", "redis://127.0.0.1:6379/0?db=3"),
+        ("redis://[::1]:6379", "redis://[::1]/0"),
+        ("unix:///run/redis.sock", "unix:///run/redis.sock?db=0"),
+    ],
+)
+def test_urls_spelt_differently_for_one_stream_name_one(one: str, other: str) -> None:
+    """What the URL's text says for certain: the default port and database, a host name in any case."""
+    from leadtime.training.sources import StreamIdentity
+
+    assert StreamIdentity.of(one, "leadtime") == StreamIdentity.of(other, "leadtime")
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("redis://127.0.0.1:6379/0", "rediss://127.0.0.1:6379/0"),  # TLS: another listener, if any
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/1"),
+        ("redis://127.0.0.1:6379/1", "redis://127.0.0.1:6379/1?db=2"),  # redis-py takes ?db= over the path
+        ("redis://localhost:6379/0", "redis://127.0.0.1:6379/0"),  # localhost may be ::1: nothing is resolved
+        ("unix:///run/redis.sock", "unix:///run/redis.sock?db=1"),
+    ],
+)
+def test_urls_that_may_reach_different_streams_are_not_taken_for_one(one: str, other: str) -> None:
+    """Only what is certainly the same stream is: taking another for the registry's own would record a position
+    in a stream the model never read."""
+    from leadtime.training.sources import StreamIdentity
+
+    assert StreamIdentity.of(one, "leadtime") != StreamIdentity.of(other, "leadtime")
+    assert StreamIdentity.of(one, "leadtime") != StreamIdentity.of(one, "fleet-b")

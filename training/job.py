@@ -487,8 +487,10 @@ def _take_stream_position(registry: Registry, samples: Samples, split: TimeSplit
     service stamps the models it publishes: the replicas that adopt it go on from there. Without a position a
     replica adopting it kept reading where it was, losing what its own model had learned since, and one starting
     up replayed the whole stream over it, learning the history twice."""
-    stream = getattr(getattr(registry, "store", None), "stream_name", None)
-    source = next((s for s in samples.sources if s.cursor is not None and s.stream_name == stream), None)
+    # The registry's stream and a source's are compared as what their URLs name, not as text: `redis://h:6379`
+    # and `redis://h/0` are one stream.
+    stream = registry.stream
+    source = next((s for s in samples.sources if s.cursor is not None and s.stream == stream), None)
     if stream is None or source is None:
         return
     rows = split.evaluation
@@ -498,7 +500,7 @@ def _take_stream_position(registry: Registry, samples: Samples, split: TimeSplit
     finally:
         challenger.config.retrain = True
     challenger.metadata[CURSOR_KEY] = source.cursor
-    challenger.metadata[STREAM_KEY] = stream
+    challenger.metadata[STREAM_KEY] = registry.stream_name  # as the service stamps its own models
 
 
 def _publish(registry: Registry, challenger: OnlinePredictor) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from leadtime.predictor.artifact import FILE_NAME, ArtifactError, check_model_dir, decode, load_file, save_file
-from leadtime.training.sources import RedisSource, is_redis_url
+from leadtime.training.sources import RedisSource, StreamIdentity, is_redis_url
 
 
 class RegistryError(RuntimeError):
@@ -41,6 +41,8 @@ class Registry(Protocol):
     """What the job needs of a registry."""
 
     name: str
+    stream: StreamIdentity | None  # the observation stream beside it (a Redis registry's), or None
+    stream_name: str | None  # that stream's name as the service's store says it (`Store.stream_name`)
 
     def latest(self) -> Published | None:
         """The newest model, or None when the registry holds none."""
@@ -67,6 +69,8 @@ class DirectoryRegistry:
             raise RegistryError(str(err)) from None
         self.directory = directory
         self.name = str(directory)
+        self.stream: StreamIdentity | None = None  # no observation stream beside a directory
+        self.stream_name: str | None = None
 
     def latest(self) -> Published | None:
         """The artifact in the directory (its recorded version), or None when there is none."""
@@ -103,6 +107,8 @@ class RedisRegistry:
             self.store = RedisStore(source.url, namespace=source.namespace)
         except ValueError as err:
             raise RegistryError(str(err)) from None
+        self.stream: StreamIdentity | None = source.stream  # once the store's client has taken the URL
+        self.stream_name: str | None = self.store.stream_name
         problem = self._problem()
         if problem is not None:
             self.store.close(flush_timeout_s=0.0)

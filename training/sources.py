@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import numpy as np
 
@@ -77,7 +77,7 @@ class SourceSummary:
     used: int = 0
     malformed: int = 0
     cursor: str | None = None  # a Redis stream's last entry id read
-    stream_name: str | None = None  # a Redis stream's name as its service's store gives it (`Store.stream_name`)
+    stream: StreamIdentity | None = None  # which Redis stream it is
 
     @property
     def malformed_share(self) -> float:
@@ -110,6 +110,42 @@ class Samples:
 
 
 @dataclass(frozen=True)
+class StreamIdentity:
+    """Which observation stream a Redis URL and a namespace name, as far as the URL's text says for certain.
+
+    A source and a registry may name one stream in different words (``redis://h:6379`` and ``redis://h/0/``),
+    and the job must know when a source is the registry's own stream. Only what is certainly the same server
+    and database is made one: a host name in any case, the default port (6379) and database (0), a trailing
+    slash, the database given as ``?db=`` (which redis-py takes over the path); credentials and client options
+    say how to connect, not where. Names are not resolved: ``localhost`` may be ``::1``, another server than
+    ``127.0.0.1``; and ``rediss://`` is TLS, another listener than ``redis://``.
+
+    >>> StreamIdentity.of("REDIS://Cache.Local/0/", "a") == StreamIdentity.of("redis://cache.local:6379", "a")
+    True
+    >>> StreamIdentity.of("unix:///run/redis.sock?db=2", "a")
+    StreamIdentity(scheme='unix', server='/run/redis.sock', db=2, namespace='a')
+    """
+
+    scheme: str  # redis, rediss or unix
+    server: str  # host:port (a host in lower case), or a Unix socket's path
+    db: int
+    namespace: str
+
+    @classmethod
+    def of(cls, url: str, namespace: str) -> StreamIdentity:
+        """The identity of `url` (one the store's client takes: its database a number) and `namespace`."""
+        parts = urlsplit(without_credentials(url))  # a password may hold what would confuse urlsplit
+        given = [value for key, value in parse_qsl(parts.query) if key == "db"]
+        path = unquote(parts.path)
+        if parts.scheme == "unix":
+            return cls("unix", path, int(given[0]) if given else 0, namespace)
+        database = given[0] if given else path.replace("/", "")
+        host = unquote(parts.hostname or "localhost")  # redis-py's default host
+        server = f"[{host}]" if ":" in host else host  # an IPv6 address in brackets, as in a URL
+        return cls(parts.scheme, f"{server}:{parts.port or 6379}", int(database) if database else 0, namespace)
+
+
+@dataclass(frozen=True)
 class RedisSource:
     """A Redis stream named by a URL: ``redis://host:port/db[?namespace=NAME]`` reads ``NAME:observations``."""
 
@@ -139,6 +175,11 @@ class RedisSource:
     def name(self) -> str:
         """The URL without credentials, with the namespace: how reports name it."""
         return f"{without_credentials(self.url)} ({self.namespace})"
+
+    @property
+    def stream(self) -> StreamIdentity:
+        """Which observation stream it is, however the URL is spelt."""
+        return StreamIdentity.of(self.url, self.namespace)
 
 
 def is_redis_url(spec: str) -> bool:
@@ -250,7 +291,7 @@ def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Rea
     except ValueError as err:
         raise SampleError(f"{source.name}: not a usable Redis URL ({err})") from None
     key = observation_stream_key(source.namespace)
-    summary.stream_name = f"{without_credentials(source.url)} {key}"  # as `RedisStore.stream_name` says it
+    summary.stream = source.stream
     field_name = ENTRY_FIELD.encode()
     last = "-"
     try:
