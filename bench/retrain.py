@@ -147,7 +147,8 @@ def _decision_at(report: dict[str, Any], margin: float) -> str:
     }
     if "champion" not in judged:
         return report["outcome"]
-    return "published" if decide(judged["champion"], judged["challenger"], margin).publish else "kept"
+    unchanged = report.get("decision", {}).get("unchanged", [])  # held to no worse, not to the margin
+    return "published" if decide(judged["champion"], judged["challenger"], margin, unchanged).publish else "kept"
 
 
 _SCORE_FIELDS = ("rows", "mape", "median_ape", "pinball", "coverage")

@@ -11,11 +11,14 @@ quantile loss is no higher: the router decides on the p90, so a better mean boug
 better. It is published only if it wins every target it can be judged on, and, with a margin of 0, only if it is
 better somewhere (not the champion's equal on all of them); with no champion it is published as it is. A target
 no row of the evaluation slice observed (TPOT, on a prefill-only pool) is left out of the decision, since neither
-model can be judged on it; at least one target must be judged.
+model can be judged on it; at least one target must be judged. A target the job fitted no new trees for (too few
+rows, or none beat the champion's) is served by the challenger as the champion serves it: it cannot be better by
+the margin, so it need only be no worse, and the challenger is published on the targets it has new trees for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,29 +132,47 @@ class Decision:
     publish: bool
     reason: str
     wins: dict[str, bool]
+    unchanged: list[str] = field(default_factory=list)  # judged targets held to no worse, not to the margin
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        return {"publish": self.publish, "reason": self.reason, "wins": self.wins}
+        return {"publish": self.publish, "reason": self.reason, "wins": self.wins, "unchanged": self.unchanged}
 
 
-def decide(champion: Evaluation | None, challenger: Evaluation, margin: float) -> Decision:
+def decide(
+    champion: Evaluation | None, challenger: Evaluation, margin: float, unchanged: Collection[str] = ()
+) -> Decision:
     """Publish the challenger if there is no champion, or if it wins every target it can be judged on by `margin`.
 
     A target no row of the slice observed (a prefill-only pool never observes TPOT) is left out: neither model
     can be judged on it, and counting it as lost kept such a fleet's first model for good. At least one target
     must be judged; `wins` holds only the judged ones.
+
+    A target in `unchanged` is one the challenger serves as this champion does (no new trees installed for it):
+    its scores are the champion's, never better by the margin, so holding it to the margin kept the champion for
+    good whatever the challenger won elsewhere. It wins by being no worse (MAPE and quantile loss), and the
+    challenger must still be better on some target.
     """
     MARGIN.check("margin", margin)
     if champion is None:
         return Decision(True, "the registry holds no model", {t: True for t in TARGETS})
     judged = [t for t in TARGETS if challenger.overall[t].rows]
+    held = [t for t in judged if t in unchanged]
     wins: dict[str, bool] = {}
     why: list[str] = []
     for target in TARGETS:
         old, new = champion.overall[target], challenger.overall[target]
         if target not in judged:
             why.append(f"{target}: not judged (no row of the evaluation slice observed it)")
+            continue
+        if target in held:
+            no_worse = new.mape <= old.mape and new.pinball <= old.pinball
+            wins[target] = no_worse
+            why.append(
+                f"{target}: no new trees, the champion's own predictions (not held to the margin): "
+                f"MAPE {old.mape:.4f} → {new.mape:.4f}, upper-quantile loss {old.pinball:.4f} → {new.pinball:.4f}"
+                f" ({'no worse' if no_worse else 'worse'})"
+            )
             continue
         better_mean = new.mape <= (1.0 - margin) * old.mape
         quantile_held = new.pinball <= old.pinball
@@ -169,11 +190,13 @@ def decide(champion: Evaluation | None, challenger: Evaluation, margin: float) -
         for t in judged
     )
     publish = all(wins.values()) and better
-    targets = "both targets" if len(judged) == len(TARGETS) else "the one target judged"
+    judged_text = "both targets" if len(judged) == len(TARGETS) else "the one target judged"
     if publish:
-        verdict = f"the challenger wins {targets}"
+        competed = len(judged) - len(held)
+        won = "the one target it has new trees for" if held and competed == 1 else judged_text
+        verdict = f"the challenger wins {won}"
     elif all(wins.values()):
-        verdict = f"the champion stays (the challenger is its equal on {targets})"
+        verdict = f"the champion stays (the challenger is its equal on {judged_text})"
     else:
         verdict = "the champion stays"
-    return Decision(publish, f"{verdict}: " + "; ".join(why), wins)
+    return Decision(publish, f"{verdict}: " + "; ".join(why), wins, held)

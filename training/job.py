@@ -85,7 +85,8 @@ class RetrainConfig:
     eval_share
         The most recent share of the rows held out for judging.
     margin
-        How much lower (relative) the challenger's MAPE must be on every target judged (`champion.decide`).
+        How much lower (relative) the challenger's MAPE must be on every target judged that it has new trees for
+        (`champion.decide`); on one it has none for, it serves the champion's own predictions.
     max_malformed_share
         The share of a source's rows that may be malformed before the job stops.
     search
@@ -203,9 +204,11 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
             timings["fit_s"] = time.perf_counter() - t
 
             t = time.perf_counter()
-            challenger = _challenger(base, trees, samples, split, config)
+            challenger, renewed = _challenger(base, trees, samples, split, config)
             evaluation = _evaluations(champion, challenger, base, samples, split)
-            decision = decide(evaluation.get("champion"), evaluation["challenger"], config.margin)
+            # Where the challenger has no new trees it serves what the champion does (`base` is the champion's).
+            unchanged = [t for t in TARGETS if t not in renewed]
+            decision = decide(evaluation.get("champion"), evaluation["challenger"], config.margin, unchanged)
             timings["evaluate_s"] = time.perf_counter() - t
             bar.step("judged")
 
@@ -413,19 +416,22 @@ def _challenger(
     samples: Samples,
     split: TimeSplit,
     config: RetrainConfig,
-) -> OnlinePredictor:
-    """`base` (copied) serving the new trees, one version on, with a record of what they were fitted on.
+) -> tuple[OnlinePredictor, set[str]]:
+    """`base` (copied) serving the new trees, one version on, with a record of what they were fitted on; and the
+    targets it has new trees for (on the others it predicts as `base` does).
 
     A target no row of the evaluation slice observed cannot be judged (`champion.decide`): trees fitted for it
     replace none the champion (`base`) serves, which stay; they are installed only where it serves none."""
     challenger = OnlinePredictor.from_bytes(base.to_bytes(), background=False)
     judged = {t for t, actual in _actuals(samples).items() if (actual[split.evaluation] > 0).any()}
     trees = {t: f for t, f in trees.items() if t in judged or base.tree_text(t) is None}
+    renewed: set[str] = set()
     for target, fitted in trees.items():
         if fitted.installs:
             challenger.install_trees(
                 target, fitted.mean, fitted.upper, fitted.upper_shift, fitted.calibration_residuals
             )
+            renewed.add(target)
     challenger.version = base.version + 1
     stamps = samples.timestamps[split.history]
     challenger.metadata[RETRAIN_KEY] = {
@@ -436,7 +442,7 @@ def _challenger(
         "targets": {t: {"mean": f.mean is not None, "upper": f.upper is not None} for t, f in trees.items()},
         "based_on_version": base.version,
     }
-    return challenger
+    return challenger, renewed
 
 
 def _evaluations(
@@ -470,7 +476,8 @@ def _judge_again_if_moved(
     config: RetrainConfig,
 ) -> tuple[Published | None, dict[str, Evaluation], Decision]:
     """If the registry moved on while the job ran, judge the challenger again against its newest model (and
-    number it after that model)."""
+    number it after that model). Every target is held to the margin there: where the challenger has no new
+    trees it serves what the old champion did, not what the newest model does."""
     newest = _latest(registry)
     if newest is None or (champion is not None and newest.digest == champion.digest):
         return None, evaluation, decision

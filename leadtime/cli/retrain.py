@@ -30,7 +30,8 @@ def retrain(
         float, typer.Option(help=f"Most recent share of rows held out for judging, in {EVAL_SHARE}.")
     ] = 0.2,
     margin: Annotated[
-        float, typer.Option(help=f"Relative MAPE gain needed on each target judged to publish, in {MARGIN}.")
+        float,
+        typer.Option(help=f"Relative MAPE gain needed on each target judged that has new trees, in {MARGIN}."),
     ] = 0.02,
     max_malformed_share: Annotated[
         float,
