@@ -124,8 +124,10 @@ class DaskTrainer:
         patience: int,
     ) -> lgb.Booster:
         """Every round on the cluster, then truncated at the round early stopping would have kept."""
-        # The workers' thread count is theirs (LightGBM's Dask code sets it per worker).
-        settings = {k: v for k, v in params.items() if k not in ("num_threads", "feature_pre_filter")}
+        # The workers' thread count is theirs (LightGBM's Dask code sets it per worker). `feature_pre_filter` stays
+        # off, as in a local fit: with LightGBM's default (on) the workers' datasets dropped features the local
+        # fit keeps, and the same rows and seed gave other trees.
+        settings = {k: v for k, v in params.items() if k != "num_threads"}
         model = lgb.DaskLGBMRegressor(client=self.client, n_estimators=rounds)
         model.set_params(**settings)
         with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
