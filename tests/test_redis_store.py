@@ -25,6 +25,7 @@ from leadtime.predictor.store.redis_store import (
     StoreUnavailable,
     check_artifact,
 )
+from leadtime.predictor.store.stream_identity import StreamIdentity, same_stream
 
 StoreFactory = Callable[..., RedisStore]
 
@@ -193,6 +194,62 @@ def test_address_never_shows_the_password(redis_server: RedisServer) -> None:
         assert "secret" not in store.health()["redis"]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "redis://127.0.0.1:{port}",
+        "REDIS://user:secret@127.0.0.1:{port}/0/",
+        "redis://127.0.0.1:{port}?db=0&socket_timeout=5",
+    ],
+)
+def test_every_spelling_of_one_stream_records_one_name_and_shows_its_own_address(
+    redis_server: RedisServer, spelling: str
+) -> None:
+    """What a model records as its stream (`stream_name`) is canonical, so that a replica started under another
+    spelling of the URL recognises it; logs and /v1/status still show the URL as given, without the password."""
+    url = spelling.format(port=redis_server.port)
+    store = RedisStore(url, namespace="test")
+    try:
+        assert store.stream_name == f"redis://127.0.0.1:{redis_server.port}/0 test:observations"
+        assert store.address == url.replace("user:secret@", "")
+    finally:
+        store.close(flush_timeout_s=0.0)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "same"),
+    [
+        ("redis://127.0.0.1:6379/0 leadtime:observations", True),  # the canonical name
+        ("redis://127.0.0.1 leadtime:observations", True),  # an old-form name: the URL as it was given
+        ("redis://127.0.0.1:6379/0/?socket_timeout=5 leadtime:observations", True),
+        ("redis://127.0.0.1:6379?db=0 leadtime:observations", True),
+        ("redis://localhost:6379/0 leadtime:observations", False),  # nothing is resolved
+        ("rediss://127.0.0.1:6379/0 leadtime:observations", False),
+        ("redis://127.0.0.1:6379/1 leadtime:observations", False),
+        ("redis://127.0.0.1:6379/0 fleet-b:observations", False),
+        ("redis://127.0.0.1:6379/0", False),
+        ("redis://127.0.0.1:port/0 leadtime:observations", False),  # not an address
+        ("", False),
+        (None, False),  # a model saved without Redis
+    ],
+)
+def test_a_recorded_stream_name_is_compared_as_the_stream_it_names(recorded: str | None, same: bool) -> None:
+    """Regression: names were compared as text, so a model recorded under `redis://h:6379` lost its position in a
+    replica started under `redis://h:6379/0`. Names recorded before they were canonical are read too."""
+    ours = StreamIdentity.of("redis://127.0.0.1:6379/0", "leadtime")
+    assert same_stream(recorded, ours) is same
+    assert not same_stream(recorded, None)  # a memory store: no other process's stream
+
+
+def test_the_canonical_name_names_the_stream_it_was_made_of() -> None:
+    """A socket path holding a space, an IPv6 host, a namespace holding a space: the name still reads back as the
+    same stream, and never as another."""
+    for url, namespace in [("unix:///tmp/my redis.sock?db=2", "a b"), ("redis://[::1]", "leadtime")]:
+        ours = StreamIdentity.of(url, namespace)
+        assert same_stream(ours.name, ours)
+        assert not same_stream(ours.name, StreamIdentity.of(url, "other"))
 
 
 # ---- the stream key holding something else ------------------------------------------------------------------

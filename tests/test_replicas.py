@@ -21,8 +21,9 @@ from fastapi.testclient import TestClient
 from redis_server import RedisServer
 from waiting import wait_until
 
-from leadtime.predictor.artifact import ARTIFACT_VERSION, seal
+from leadtime.predictor.artifact import ARTIFACT_VERSION, decode, encode, load_file, save_file, seal
 from leadtime.predictor.service.app import create_app
+from leadtime.predictor.service.learning import STREAM_KEY
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.redis_store import RedisStore
@@ -385,6 +386,33 @@ def test_a_restart_from_the_model_dir_on_the_same_stream_goes_on_from_where_it_s
     assert wait_until(lambda: a.learned() == 300, timeout_s=60)
     a.stop()
     (again,) = start_replicas(1, model_dir=tmp_path, retrain_every=100_000, replica_id="z")
+    assert again.learned() == 300
+    again.send(training_entries(20, seed=6))
+    assert wait_until(lambda: again.learned() >= 320, timeout_s=60)
+    time.sleep(0.5)  # anything it would read again has had time to arrive
+    assert again.learned() == 320
+
+
+@pytest.mark.parametrize("recorded", ["as saved", "in the old text form"])
+def test_a_restart_from_the_model_dir_under_another_spelling_of_the_url_goes_on_from_where_it_stopped(
+    start_replicas: Callable[..., list[Replica]], redis_server: RedisServer, tmp_path: Any, recorded: str
+) -> None:
+    """Regression: a model saved under `redis://127.0.0.1:PORT` was not recognised at a restart under
+    `redis://127.0.0.1:PORT/0`, the same server and database: the stream names it records were compared as text,
+    its position was dropped and the whole stream learned again, every row twice. A model saved before stream
+    names were canonical (``<the URL as given> <stream key>``) is recognised too."""
+    port = redis_server.port
+    (a,) = start_replicas(1, redis_url=f"redis://127.0.0.1:{port}", model_dir=tmp_path, retrain_every=100_000)
+    a.send(training_entries(300, seed=5))
+    assert wait_until(lambda: a.learned() == 300, timeout_s=60)
+    a.stop()
+    if recorded == "in the old text form":
+        document = decode(load_file(tmp_path))
+        document["metadata"][STREAM_KEY] = f"redis://127.0.0.1:{port} leadtime:observations"
+        save_file(tmp_path, encode(document))
+    (again,) = start_replicas(
+        1, redis_url=f"redis://127.0.0.1:{port}/0", model_dir=tmp_path, retrain_every=100_000, replica_id="z"
+    )
     assert again.learned() == 300
     again.send(training_entries(20, seed=6))
     assert wait_until(lambda: again.learned() >= 320, timeout_s=60)

@@ -593,6 +593,7 @@ def test_the_registrys_own_stream_is_recognised_however_its_url_is_spelt(
     published = result.challenger
     with contextlib.closing(RedisRegistry(registry)) as opened:
         assert published.metadata[STREAM_KEY] == opened.store.stream_name
+    assert published.metadata[STREAM_KEY] == f"redis://127.0.0.1:{redis_server.port}/0 leadtime:observations"
     assert published.metadata[CURSOR_KEY] == end
     assert published.status()["observations"]["ttft"] == len(entries)
 
@@ -609,7 +610,7 @@ def test_the_registrys_own_stream_is_recognised_however_its_url_is_spelt(
 )
 def test_urls_spelt_differently_for_one_stream_name_one(one: str, other: str) -> None:
     """What the URL's text says for certain: the default port and database, a host name in any case."""
-    from leadtime.training.sources import StreamIdentity
+    from leadtime.predictor.store.stream_identity import StreamIdentity
 
     assert StreamIdentity.of(one, "leadtime") == StreamIdentity.of(other, "leadtime")
 
@@ -628,7 +629,7 @@ def test_urls_spelt_differently_for_one_stream_name_one(one: str, other: str) ->
 def test_urls_that_may_reach_different_streams_are_not_taken_for_one(one: str, other: str) -> None:
     """Only what is certainly the same stream is: taking another for the registry's own would record a position
     in a stream the model never read."""
-    from leadtime.training.sources import StreamIdentity
+    from leadtime.predictor.store.stream_identity import StreamIdentity
 
     assert StreamIdentity.of(one, "leadtime") != StreamIdentity.of(other, "leadtime")
     assert StreamIdentity.of(one, "leadtime") != StreamIdentity.of(one, "fleet-b")

@@ -507,7 +507,7 @@ def _take_stream_position(registry: Registry, samples: Samples, split: TimeSplit
     finally:
         challenger.config.retrain = True
     challenger.metadata[CURSOR_KEY] = source.cursor
-    challenger.metadata[STREAM_KEY] = registry.stream_name  # as the service stamps its own models
+    challenger.metadata[STREAM_KEY] = stream.name  # as the service stamps its own models (`Store.stream_name`)
 
 
 def _publish(registry: Registry, challenger: OnlinePredictor) -> int:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Protocol
 
 from leadtime.predictor.artifact import FILE_NAME, ArtifactError, check_model_dir, decode, load_file, save_file
-from leadtime.training.sources import RedisSource, StreamIdentity, is_redis_url
+from leadtime.predictor.store.stream_identity import StreamIdentity
+from leadtime.training.sources import RedisSource, is_redis_url
 
 
 class RegistryError(RuntimeError):
@@ -42,7 +43,6 @@ class Registry(Protocol):
 
     name: str
     stream: StreamIdentity | None  # the observation stream beside it (a Redis registry's), or None
-    stream_name: str | None  # that stream's name as the service's store says it (`Store.stream_name`)
 
     def latest(self) -> Published | None:
         """The newest model, or None when the registry holds none."""
@@ -70,7 +70,6 @@ class DirectoryRegistry:
         self.directory = directory
         self.name = str(directory)
         self.stream: StreamIdentity | None = None  # no observation stream beside a directory
-        self.stream_name: str | None = None
 
     def latest(self) -> Published | None:
         """The artifact in the directory (its recorded version), or None when there is none."""
@@ -107,8 +106,7 @@ class RedisRegistry:
             self.store = RedisStore(source.url, namespace=source.namespace)
         except ValueError as err:
             raise RegistryError(str(err)) from None
-        self.stream: StreamIdentity | None = source.stream  # once the store's client has taken the URL
-        self.stream_name: str | None = self.store.stream_name
+        self.stream: StreamIdentity | None = self.store.stream  # as the service's own store names it
         problem = self._problem()
         if problem is not None:
             self.store.close(flush_timeout_s=0.0)

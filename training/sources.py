@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode
 
 import numpy as np
 
@@ -37,7 +37,8 @@ from leadtime.features.rows import parse_timestamp
 from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor import physics
 from leadtime.predictor.service.rows import RowParser
-from leadtime.predictor.store.redis_store import split_query, without_credentials
+from leadtime.predictor.store.redis_store import split_query
+from leadtime.predictor.store.stream_identity import StreamIdentity, without_credentials
 from leadtime.training.limits import MALFORMED_SHARE
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -107,42 +108,6 @@ class Samples:
     def malformed_total(self) -> int:
         """Malformed rows over all sources."""
         return sum(s.malformed for s in self.sources)
-
-
-@dataclass(frozen=True)
-class StreamIdentity:
-    """Which observation stream a Redis URL and a namespace name, as far as the URL's text says for certain.
-
-    A source and a registry may name one stream in different words (``redis://h:6379`` and ``redis://h/0/``),
-    and the job must know when a source is the registry's own stream. Only what is certainly the same server
-    and database is made one: a host name in any case, the default port (6379) and database (0), a trailing
-    slash, the database given as ``?db=`` (which redis-py takes over the path); credentials and client options
-    say how to connect, not where. Names are not resolved: ``localhost`` may be ``::1``, another server than
-    ``127.0.0.1``; and ``rediss://`` is TLS, another listener than ``redis://``.
-
-    >>> StreamIdentity.of("REDIS://Cache.Local/0/", "a") == StreamIdentity.of("redis://cache.local:6379", "a")
-    True
-    >>> StreamIdentity.of("unix:///run/redis.sock?db=2", "a")
-    StreamIdentity(scheme='unix', server='/run/redis.sock', db=2, namespace='a')
-    """
-
-    scheme: str  # redis, rediss or unix
-    server: str  # host:port (a host in lower case), or a Unix socket's path
-    db: int
-    namespace: str
-
-    @classmethod
-    def of(cls, url: str, namespace: str) -> StreamIdentity:
-        """The identity of `url` (one the store's client takes: its database a number) and `namespace`."""
-        parts = urlsplit(without_credentials(url))  # a password may hold what would confuse urlsplit
-        given = [value for key, value in parse_qsl(parts.query) if key == "db"]
-        path = unquote(parts.path)
-        if parts.scheme == "unix":
-            return cls("unix", path, int(given[0]) if given else 0, namespace)
-        database = given[0] if given else path.replace("/", "")
-        host = unquote(parts.hostname or "localhost")  # redis-py's default host
-        server = f"[{host}]" if ":" in host else host  # an IPv6 address in brackets, as in a URL
-        return cls(parts.scheme, f"{server}:{parts.port or 6379}", int(database) if database else 0, namespace)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.service.rows import ParsedObservations, RowParser
 from leadtime.predictor.settings import ServiceSettings
 from leadtime.predictor.store.base import LeaseLost, Store, cursor_order
+from leadtime.predictor.store.stream_identity import same_stream
 
 log = logging.getLogger("leadtime.service")
 
@@ -354,11 +355,9 @@ class ServiceRuntime:
             try:
                 predictor = OnlinePredictor.load(model_dir, background=False)
                 # Its position goes on in the stream it was saved from (a restart on the same Redis, nothing
-                # published: the whole stream was learned again); in another, or in a memory store, it means nothing.
-                same = (
-                    self.store.stream_name is not None and predictor.metadata.get(STREAM_KEY) == self.store.stream_name
-                )
-                if same:
+                # published: the whole stream was learned again), also when this start spells the URL otherwise
+                # (`redis://h:6379` and `redis://h/0`); in another, or in a memory store, it means nothing.
+                if same_stream(predictor.metadata.get(STREAM_KEY), self.store.stream):
                     self._adopt_cursor(predictor)
                 else:
                     predictor.metadata.pop(CURSOR_KEY, None)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from leadtime.predictor.store.stream_identity import StreamIdentity
+
 
 class StoreClosed(ConnectionError):
     """Observations offered to a store that was closed (the service is stopping): none of them is kept. The HTTP
@@ -46,7 +48,11 @@ class Store(Protocol):
 
     stream_name: str | None
     """Which observation stream this is, the same for every process that reads it (a model saved with a position
-    in it goes on from there); None for a stream no other process can read."""
+    in it goes on from there), whichever spelling of its URL each was given (`StreamIdentity.name`); None for a
+    stream no other process can read."""
+
+    stream: StreamIdentity | None
+    """The identity `stream_name` is the name of: what a recorded name is compared with (`same_stream`)."""
 
     def append_observations(self, entries: Sequence[dict[str, Any]]) -> None:
         """Accept validated observation entries (llm-d training-entry dicts, `observation_to_llmd` shape).

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from leadtime.predictor.store.base import LeaseLost, StoreClosed
+from leadtime.predictor.store.stream_identity import StreamIdentity
 
 log = logging.getLogger("leadtime.service")
 
@@ -58,6 +59,7 @@ class MemoryStore:
         self._thin_above = thin_above
         self._max_stride = max_stride
         self.stream_name: str | None = None  # this process's memory: no other process reads it
+        self.stream: StreamIdentity | None = None
         self._lock = threading.Lock()
         self._model_published = threading.Condition(self._lock)
         self._closed = False

@@ -45,6 +45,12 @@ from redis.retry import Retry
 
 from leadtime.predictor.artifact import decode
 from leadtime.predictor.store.base import LeaseLost, StoreClosed, cursor_order
+from leadtime.predictor.store.stream_identity import (  # the gateway, the CLI and the job import these from here
+    StreamIdentity,
+    observation_stream_key,
+    split_credentials,
+    without_credentials,
+)
 
 # Refuse, before anything is written, a stream key that holds something else (a string left by another program):
 # a Lua error is not rolled back, so the scripts must fail before their first write, and with a reply that names
@@ -185,16 +191,6 @@ _POLL_EVERY_S = 0.25  # polling fallback for model notifications lost while the 
 ENTRY_FIELD = "e"
 
 
-def observation_stream_key(namespace: str) -> str:
-    """The Redis stream the replicas of `namespace` append accepted observations to (what the retraining job
-    reads as a sample source).
-
-    >>> observation_stream_key("leadtime")
-    'leadtime:observations'
-    """
-    return f"{namespace}:observations"
-
-
 class StoreUnavailable(ConnectionError):
     """Redis could not be reached for an operation that cannot be buffered (publishing a model)."""
 
@@ -235,16 +231,6 @@ def _decode_entries(raw: list[bytes | None]) -> list[dict[str, Any]]:
     return entries
 
 
-def _split_credentials(url: str) -> tuple[str, str, str]:
-    """(what comes before the user part, the user part, the rest): everything between `//` and the last `@` is
-    taken as the user and password, so that one holding `/`, `?`, `#` or `@` is never taken as host or path."""
-    head, sep, rest = url.partition("//")
-    if not sep or "@" not in rest:
-        return url, "", ""
-    userinfo, _, tail = rest.rpartition("@")
-    return head + sep, userinfo, tail
-
-
 def split_query(url: str) -> tuple[str, str]:
     """(the URL without its query, the query), the '?' looked for after the user part: a password holding '?' is
     not cut there (`redis_client` then asks for it percent-encoded, without showing it).
@@ -252,24 +238,12 @@ def split_query(url: str) -> tuple[str, str]:
     >>> split_query("redis://:pa?ss@10.0.0.5:6379/0?namespace=a"), split_query("unix:///run/redis.sock?db=2")
     (('redis://:pa?ss@10.0.0.5:6379/0', 'namespace=a'), ('unix:///run/redis.sock', 'db=2'))
     """
-    head, userinfo, tail = _split_credentials(url)
+    head, userinfo, tail = split_credentials(url)
     if not userinfo:
         base, _, query = url.partition("?")
         return base, query
     base, _, query = tail.partition("?")
     return f"{head}{userinfo}@{base}", query
-
-
-def without_credentials(url: str) -> str:
-    """A Redis URL as logs, status pages and error messages show it: its password (and user) left out.
-
-    >>> without_credentials("rediss://:secret@10.0.0.5:6380/0"), without_credentials("redis://10.0.0.5:6379/0")
-    ('rediss://10.0.0.5:6380/0', 'redis://10.0.0.5:6379/0')
-    >>> without_credentials("redis://:Zx9/Secr#t@10.0.0.5:6379/0")
-    'redis://10.0.0.5:6379/0'
-    """
-    head, userinfo, tail = _split_credentials(url)
-    return head + tail if userinfo else url
 
 
 # What Redis answers a client that gave no password where one is needed (RESP2's AUTH check, RESP3's HELLO).
@@ -380,7 +354,7 @@ _Client = TypeVar("_Client", redis.Redis, aioredis.Redis)
 
 def _checked_client(from_url: Callable[..., _Client], url: str, options: dict[str, Any]) -> _Client:
     """The client `from_url` makes of `url`, after the checks `redis_client` describes."""
-    if any(delimiter in _split_credentials(url)[1] for delimiter in "/?#"):
+    if any(delimiter in split_credentials(url)[1] for delimiter in "/?#"):
         raise ValueError(
             "the user or password holds '/', '?' or '#', which end it in a URL: percent-encode them (%2F, %3F, %23)"
         )
@@ -442,9 +416,6 @@ class RedisStore:
         self.keep_versions = keep_versions
         self._socket_timeout_s = socket_timeout_s
         self._stream_key = observation_stream_key(namespace)
-        # Its ids are times: a position in it stays one across restarts (and a stream that restarted empty
-        # takes ids after it), so a model saved with one goes on from there.
-        self.stream_name: str | None = f"{self.address} {self._stream_key}"
         self._chunk_prefix = f"{namespace}:observations:chunk:"
         self._version_key = f"{namespace}:model:version"
         self._model_prefix = f"{namespace}:model:"
@@ -457,8 +428,13 @@ class RedisStore:
                 socket_connect_timeout=socket_timeout_s,
                 retry=Retry(NoBackoff(), 0),
             )
+            stream = StreamIdentity.of(url, namespace)
         except ValueError as exc:
             raise ValueError(f"redis URL {self.address!r} is not usable: {exc}") from None
+        # Its ids are times: a position in it stays one across restarts (and a stream that restarted empty takes
+        # ids after it), so a model saved with one goes on from there, whichever spelling of the URL names it.
+        self.stream: StreamIdentity | None = stream
+        self.stream_name: str | None = stream.name  # what models record: one name for every spelling
         self._append = self._redis.register_script(_APPEND_SCRIPT)
         self._read = self._redis.register_script(_READ_SCRIPT)
         self._held = self._redis.register_script(_HELD_SCRIPT)
