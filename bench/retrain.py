@@ -46,7 +46,7 @@ PREQUENTIAL_BLOCK = 100
 SIM_FLEET = "mixed"
 SIM_POLICY = "llm-d"
 SIM_TRAFFIC = "synthetic:requests={requests},rate_rps=20,burstiness=4"
-LOG_VERSION = 1  # bump when the generated log would change, so a stale cache is not reused
+LOG_VERSION = 1  # bump when the log's format changes here; the simulator's own changes key it by `code_digest`
 
 
 def write_simulator_log(path: Path, requests: int, seed: int = 0, fleet: str = SIM_FLEET) -> int:
@@ -69,7 +69,11 @@ def write_simulator_log(path: Path, requests: int, seed: int = 0, fleet: str = S
 def cached_simulator_log(requests: int, seed: int, cache: Path | None) -> Path:
     """The simulator's observation log for this request count and seed, generated on first use."""
     directory = cache or Path(tempfile.gettempdir()) / "leadtime-bench-cache"
-    path = directory / f"retrain-{SIM_FLEET}-{requests}-seed{seed}-v{LOG_VERSION}" / "observations.jsonl"
+    from leadtime.simulator.traces import code_digest
+
+    # Keyed by the simulator's code too: a log it generated before a change to what it simulates is not reused.
+    key = f"retrain-{SIM_FLEET}-{requests}-seed{seed}-v{LOG_VERSION}-{code_digest()[:12]}"
+    path = directory / key / "observations.jsonl"
     if not path.exists():
         write_simulator_log(path, requests, seed)
     return path

@@ -266,8 +266,9 @@ def cache_dir() -> Path:
     return Path(base) / "leadtime"
 
 
-def _code_digest() -> str:
-    """A digest of everything a trace depends on: the simulator's code and coefficients, and the fleet files."""
+def code_digest() -> str:
+    """A digest of everything a simulated log depends on: the simulator's code and coefficients, and the fleet files
+    (what keys a cached one: a trace here, the retraining benchmark's log)."""
     here = Path(__file__).resolve().parent
     parts = sorted([*here.glob("*.py"), here / "coefficients.json", *(here / "fleets").glob("*.yaml")])
     digest = hashlib.sha256()
@@ -284,7 +285,7 @@ def trace_path(name: str) -> Path:
         raise ValueError(f"unknown simulated trace {name!r} (known: {', '.join(f'sim:{n}' for n in TRACES)})")
     name, spec = known, TRACES[known]
     resolve_fleet(spec.fleet)
-    key = hashlib.sha256(f"{dataclasses.asdict(spec)}|{_code_digest()}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{dataclasses.asdict(spec)}|{code_digest()}".encode()).hexdigest()[:16]
     path = cache_dir() / "traces" / f"{name}-{key}.jsonl"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from leadtime.bench.retrain import _decision_at, _time_ordered_lines, bench_stream, write_simulator_log
 
 
@@ -39,3 +41,24 @@ def test_the_decision_at_another_margin_is_the_one_the_job_would_take() -> None:
         },
     }
     assert _decision_at(report, 0.02) == "kept" and _decision_at(report, 0.0) == "published"
+
+
+def test_the_simulator_log_is_cached_per_simulator_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the cached log was keyed by request count and seed only: after a change to the simulator, a
+    machine that had run the benchmark before judged the retraining job on the old simulator's log."""
+    from leadtime.bench import retrain as retrain_bench
+    from leadtime.simulator import traces
+
+    written: list[Path] = []
+
+    def write(path: Path, requests: int, seed: int = 0) -> int:
+        written.append(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+        return 0
+
+    monkeypatch.setattr(retrain_bench, "write_simulator_log", write)
+    first = retrain_bench.cached_simulator_log(10, 0, tmp_path)
+    assert retrain_bench.cached_simulator_log(10, 0, tmp_path) == first and len(written) == 1  # cached
+    monkeypatch.setattr(traces, "code_digest", lambda: "another simulator")
+    assert retrain_bench.cached_simulator_log(10, 0, tmp_path) != first and len(written) == 2
