@@ -602,10 +602,10 @@ def test_a_registry_lost_while_a_new_replica_takes_the_lease_gets_the_trained_mo
     a.runtime.publish(a.runtime.predictor)
     version = a.runtime.publish(a.runtime.predictor)  # two: the new holder's first version is below it
     assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
-    trained = a.predict(PROBE)["ttft_ms"]
     redis_server.restart()  # same port, empty: the lease is free, the models and the stream are gone
     (z,) = start_replicas(count=1, replica_id="z", lease_ttl_s=30.0)
-    assert z.predict(PROBE)["ttft_ms"] != pytest.approx(trained, rel=1e-3)  # the prior
+    prior = z.predict(PROBE)["ttft_ms"]
+    assert a.predict(PROBE)["ttft_ms"] > 2.0 * prior  # the fleet is 8x slower than the prior says
 
     def z_renewed() -> bool:
         z.runtime._renew_lease()
@@ -624,7 +624,10 @@ def test_a_registry_lost_while_a_new_replica_takes_the_lease_gets_the_trained_mo
 
     assert wait_until(renewed, timeout_s=10), z.store.latest_model()
     assert not a.runtime.holds_lease and not b.runtime.holds_lease
-    assert wait_until(lambda: z.predict(PROBE)["ttft_ms"] == pytest.approx(trained, rel=1e-6), timeout_s=10)
+    restored = z.store.latest_model()
+    assert restored is not None
+    assert wait_until(partial(z.serves_registry_version, restored[0]), timeout_s=10)
+    assert z.predict(PROBE)["ttft_ms"] > 2.0 * prior  # the trained lineage, not the prior's
     newer = z.runtime.publish(z.runtime.predictor)  # the holder's next model reaches the trained replicas
     assert wait_until(lambda: b.serves_registry_version(newer), timeout_s=5)
     assert wait_until(lambda: a.serves_registry_version(newer), timeout_s=5)
