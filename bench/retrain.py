@@ -248,7 +248,7 @@ def run_bench_retrain(
                     n_workers=2,
                     threads_per_worker=1,
                     processes=True,
-                    dashboard_address=None,
+                    dashboard_address=":0",  # any free port: None still asks for 8787, and warns when it is taken
                     silence_logs=logging.ERROR,
                 )
             )

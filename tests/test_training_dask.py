@@ -27,9 +27,10 @@ from leadtime.training.sources import SampleReader
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
+    # The dashboard on any free port: None still asks for 8787, and warns when another test's cluster holds it.
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.ERROR
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.ERROR
         ) as cluster,
         Client(cluster) as connected,
     ):
@@ -82,7 +83,7 @@ def test_one_dask_worker_fits_the_very_trees_a_local_fit_does() -> None:
     local = LocalTrainer().train(params, (x[fit], residual[fit]), x[valid], residual[valid], rounds=10, patience=100)
     with (
         LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None, silence_logs=logging.ERROR
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=logging.ERROR
         ) as cluster,
         Client(cluster) as one_worker,
     ):
