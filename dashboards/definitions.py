@@ -541,8 +541,9 @@ ROUTER = Dashboard(
                 Panel(
                     "SLO attainment",
                     "Share of streaming requests with SLOs (x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms headers, or "
-                    "the gateway's defaults) that met their TTFT SLO, their ITL SLO, and both. Only completed "
-                    "requests count: one that failed at its endpoint is in neither share (see the endpoint errors).",
+                    "the gateway's defaults) that met their TTFT SLO, their ITL SLO, and both; TTFT as the client "
+                    "waited for it (a hold and a retry included). Only completed requests count: one that failed at "
+                    "its endpoint is in neither share (see the endpoint errors).",
                     "percentunit",
                     (
                         Query(

@@ -506,3 +506,28 @@ def test_the_ttft_learned_does_not_hold_the_clients_upload() -> None:
     (outcome,) = policy.outcomes
     assert outcome.ttft_ms < SLOW_S * 1e3 / 2
     assert float(dict(sent[0]["headers"])[b"x-leadtime-route-ms"]) < SLOW_S * 1e3 / 2
+
+
+def test_slo_attainment_is_the_clients_wait_a_retry_included() -> None:
+    """Regression: once the TTFT learned was counted from when a request was sent to the endpoint that answered, the
+    SLO attainment was judged on it too: a request whose first endpoint took half a second to fail it, retried and
+    answered at once, was counted as meeting a 300 ms TTFT SLO its client waited longer than."""
+    policy = FirstByName()
+
+    async def go() -> dict[str, Any]:
+        async with hand_written(policy, a=answers_503_late, b=answers_at_once) as gateway:
+            transport = httpx.ASGITransport(app=gateway)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                response = await client.post(
+                    "/v1/completions",
+                    json={"prompt": "hi", "max_tokens": 1, "stream": True},
+                    headers={"x-llm-d-slo-ttft-ms": "300"},
+                )
+                assert response.status_code == 200 and response.headers["x-leadtime-endpoint"] == "b"
+                return parse_samples((await client.get("/metrics")).text)
+
+    samples = asyncio.run(go())
+    (outcome,) = policy.outcomes
+    assert outcome.ttft_ms < SLOW_S * 1e3 / 2  # b is taught its own TTFT
+    assert counted(samples, "leadtime_router_slo_total", target="ttft", result="missed") == 1
+    assert counted(samples, "leadtime_router_slo_total", target="ttft", result="met") == 0

@@ -214,6 +214,9 @@ class _Routed:
     sent_ms: float = 0.0
     """When it was sent on (router clock): a late failure of a request sent before its endpoint came back in is not
     held against it (`outliers`)."""
+    received_ms: float = 0.0
+    """When its body was in (router clock): its client's wait, which its SLOs are judged on, counts from there
+    through any hold and a first endpoint's failure; the TTFT learned counts from `sent_ms`."""
 
 
 def _without_body(send: Send) -> Send:
@@ -1099,6 +1102,7 @@ class Gateway:
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
         overhead_s = 0.0  # the gateway's own time before each attempt was sent: not its hold, nor a failed endpoint's
+        received_ms = route.arrival_ms  # before a retry's decision moves it
         for attempt in (0, 1):
             if attempt:  # a retry is decided now, on the states of now, as a request held is (`_decide`)
                 route = dataclasses.replace(route, arrival_ms=self.clock())
@@ -1117,7 +1121,7 @@ class Gateway:
                 extra.append((PREFILLER_HEADER, prefill.host_port.encode()))
             pool = self.upstreams.pool(target.address, target.port, target.tls)
             overhead_s += time.perf_counter() - started - routed.held_s
-            routed.sent_ms = self.clock()
+            routed.sent_ms, routed.received_ms = self.clock(), received_ms
             try:
                 response = await watch.race(
                     pool.request(
@@ -1483,7 +1487,8 @@ class Gateway:
                 m.itl_seconds.labels("predicted", decode_class).observe(pick.predicted_tpot_ms / 1e3)
                 m.itl_ratio.labels(decode_class).observe(itl / pick.predicted_tpot_ms)
         route = routed.route
-        ttft_ok = route.ttft_slo_ms is None or ttft <= route.ttft_slo_ms
+        waited = meter.first_ms - routed.received_ms  # the client's wait for its first token
+        ttft_ok = route.ttft_slo_ms is None or waited <= route.ttft_slo_ms
         itl_ok = route.tpot_slo_ms is None or tokens < 2 or itl <= route.tpot_slo_ms
         if route.ttft_slo_ms is not None:
             m.slo.labels("ttft", "met" if ttft_ok else "missed").inc()

@@ -115,7 +115,8 @@ class GatewayMetrics:
         self.slo = Counter(
             f"{p}_slo",
             "Requests measured (streaming, and non-streaming sent on as streams) against their SLOs, by target and "
-            "result; requests that failed are not in it (see requests_total by code).",
+            "result, TTFT as its client waited for it (from its body's arrival, through any hold and retry); requests "
+            "that failed are not in it (see requests_total by code).",
             ["target", "result"],
             registry=r,
         )
