@@ -57,6 +57,32 @@ class PredictorUnavailable(PredictorError):
     """Deadline exceeded, connection refused, or the service is not ready: fall back and retry later."""
 
 
+INVALID_ANSWER = "invalid_answer"
+"""The status of the `PredictorError` for an answer that cannot be used: not JSON, a field missing, a row's
+prediction missing or not finite. The caller falls back to its heuristics, as for a predictor that failed.
+(Defined here, with the errors, so that the clients and the router plugin share it.)"""
+
+
+def parse_answer(content: bytes, where: str) -> Any:
+    """A 2xx answer's JSON body (None for an empty one). A body that is not JSON (a proxy's HTML page) is a
+    PredictorError(INVALID_ANSWER) naming the call, not orjson's error: callers handle PredictorError only."""
+    if not content:
+        return None
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        shown = content[:80].decode("utf-8", errors="replace")
+        raise PredictorError(INVALID_ANSWER, f"{where}: the answer is not JSON: {shown!r}") from None
+
+
+def answer_field(answer: Any, name: str, where: str) -> Any:
+    """`answer[name]`, or PredictorError(INVALID_ANSWER) when the answer is not an object holding it (a KeyError
+    or TypeError would reach the caller as a client bug)."""
+    if not isinstance(answer, dict) or name not in answer:
+        raise PredictorError(INVALID_ANSWER, f"{where}: the answer has no {name!r}")
+    return answer[name]
+
+
 @dataclass
 class BulkPredictions:
     """Milliseconds per row, in row order."""
@@ -69,16 +95,23 @@ class BulkPredictions:
     quantile: float
 
     @classmethod
-    def from_native(cls, answer: Mapping[str, Any]) -> BulkPredictions:
-        """The native API's answer (POST /v1/predict) as arrays."""
-        return cls(
-            np.asarray(answer["ttft_mean_ms"], dtype=float),
-            np.asarray(answer["ttft_quantile_ms"], dtype=float),
-            np.asarray(answer["tpot_mean_ms"], dtype=float),
-            np.asarray(answer["tpot_quantile_ms"], dtype=float),
-            int(answer["model_version"]),
-            float(answer["quantile"]),
-        )
+    def from_native(cls, answer: Any) -> BulkPredictions:
+        """The native API's answer (POST /v1/predict) as arrays. One that is not that answer (a field missing, a
+        value that is not a number) is PredictorError(INVALID_ANSWER): a router falls back on PredictorError."""
+        where = "POST /v1/predict"
+        fields = ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms", "model_version", "quantile")
+        values = [answer_field(answer, name, where) for name in fields]
+        try:
+            return cls(
+                np.asarray(values[0], dtype=float),
+                np.asarray(values[1], dtype=float),
+                np.asarray(values[2], dtype=float),
+                np.asarray(values[3], dtype=float),
+                int(values[4]),
+                float(values[5]),
+            )
+        except (TypeError, ValueError) as err:  # None (a native null) reads as nan, not as an error
+            raise PredictorError(INVALID_ANSWER, f"{where}: the answer's values are not numbers: {err}") from None
 
 
 def tls_client_context(ca_file: str | Path | None = None) -> ssl.SSLContext:
@@ -307,7 +340,7 @@ class HttpPredictorClient:
                     time_left(until)
         except (httpx.TimeoutException, TimeoutError) as err:
             raise PredictorUnavailable("deadline", f"{method} {path} exceeded {budget}s") from err
-        except httpx.TransportError as err:
+        except (httpx.TransportError, httpx.DecodingError) as err:  # a body delivered corrupt (gzip) is transport's
             raise PredictorUnavailable("transport", f"{method} {path}: {err}") from err
         except RuntimeError as err:  # httpx: "the client has been closed" (a router falls back on the heuristics)
             raise PredictorUnavailable("closed", f"{method} {path}: {err}") from err
@@ -323,7 +356,7 @@ class HttpPredictorClient:
                 message = text
             error = PredictorUnavailable if response.status_code in (502, 503, 504) else PredictorError
             raise error(response.status_code, message)
-        return orjson.loads(content) if content else None
+        return parse_answer(content, f"{method} {path}")
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
@@ -336,18 +369,20 @@ class HttpPredictorClient:
         require_rows(rows, "requests")
         body = {"requests": sendable(row_dicts(rows, "requests"), "requests")}
         answer = self._call("POST", "/predict/bulk/strict", body, deadline_s)
-        predictions: list[dict[str, Any]] = answer["predictions"]
+        predictions: list[dict[str, Any]] = answer_field(answer, "predictions", "POST /predict/bulk/strict")
         return predictions
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
         """Report completed requests with what was predicted (POST /v1/observations); returns how many."""
         body = {"observations": sendable(observation_dicts(observations), "observations")}
-        return int(self._call("POST", "/v1/observations", body, deadline_s)["accepted"])
+        answer = self._call("POST", "/v1/observations", body, deadline_s)
+        return int(answer_field(answer, "accepted", "POST /v1/observations"))
 
     def add_training_data(self, entries: Sequence[Obs], deadline_s: float | None = None) -> str:
         """llm-d's training call (POST /add_training_data_bulk, 202)."""
         body = {"entries": sendable(observation_dicts(entries, "entries"), "entries")}
-        return str(self._call("POST", "/add_training_data_bulk", body, deadline_s)["message"])
+        answer = self._call("POST", "/add_training_data_bulk", body, deadline_s)
+        return str(answer_field(answer, "message", "POST /add_training_data_bulk"))
 
     def status(self, deadline_s: float | None = None) -> dict[str, Any]:
         """The service's /v1/status answer."""

@@ -15,7 +15,13 @@ import numpy as np
 
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import FeatureRow, Observation
-from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable, require_rows
+from leadtime.predictor.client import (
+    INVALID_ANSWER,
+    BulkPredictions,
+    PredictorError,
+    PredictorUnavailable,
+    require_rows,
+)
 
 __all__ = [
     "INVALID_ANSWER",
@@ -26,10 +32,6 @@ __all__ = [
     "PredictorError",
     "PredictorUnavailable",
 ]
-
-INVALID_ANSWER = "invalid_answer"
-"""The status of the `PredictorError` a policy raises for an answer it cannot route on (a row missing, a value
-not finite): the decision falls back to the heuristics, as for a predictor that failed."""
 
 
 @runtime_checkable

@@ -419,3 +419,109 @@ def test_a_predictor_answering_a_redirect_is_a_predictor_error_naming_where(kind
     finally:
         client.close()
         server.shutdown()
+
+
+def _canned(answer: bytes) -> tuple[str, socket.socket]:
+    """A loopback service answering every HTTP request with `answer`, byte for byte; its URL and listening socket."""
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            try:
+                while True:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(1 << 16)
+                        if not chunk:
+                            return
+                        data += chunk
+                    head, _, rest = data.partition(b"\r\n\r\n")
+                    length = 0
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            length = int(line.split(b":")[1])
+                    while len(rest) < length:
+                        rest += conn.recv(1 << 16)
+                    conn.sendall(answer)
+            except OSError:
+                return
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", listener
+
+
+def _answer(body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 200 OK\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+@pytest.mark.parametrize("kind", ["http", "lean-http"])
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (_answer(b"<html>hi</html>", "Content-Type: text/html"), "invalid_answer"),
+        (_answer(b"{}"), "invalid_answer"),
+        (_answer(b'{"ttft_mean_ms": [1.0]}'), "invalid_answer"),
+        (_answer(b"[1, 2]"), "invalid_answer"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "transport"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "transport"),
+    ],
+    ids=["html", "empty-object", "fields-missing", "not-an-object", "not-http", "bad-content-length"],
+)
+def test_a_predictor_answering_what_is_not_an_answer_is_a_predictor_error(
+    kind: str, answer: bytes, expected: str
+) -> None:
+    """Regression: a 200 whose body was not JSON (an HTML page from a proxy) or lacked the predictions escaped the
+    clients as a raw orjson.JSONDecodeError or KeyError, and the lean client's status line or Content-Length it
+    could not parse as an IndexError or ValueError, its socket left open: the module promises PredictorError or
+    PredictorUnavailable for any failed call, which is what a router falls back on."""
+    url, listener = _canned(answer)
+    client = HttpPredictorClient(url, deadline_s=2.0) if kind == "http" else LeanHttpPredictorClient(url, 2.0)
+    try:
+        with pytest.raises(PredictorError) as err:
+            client.predict([_dict_row()])
+        assert err.value.status == expected, err.value
+        assert isinstance(err.value, PredictorUnavailable) == (expected == "transport"), err.value
+        if isinstance(client, LeanHttpPredictorClient) and expected == "transport":
+            assert client._sock is None  # closed: what is left of that answer must not be read as the next one's
+    finally:
+        client.close()
+        listener.close()
+
+
+@pytest.mark.parametrize("kind", ["http", "lean-http"])
+def test_an_observation_answer_without_its_count_is_a_predictor_error(kind: str) -> None:
+    """Regression: a 200 to POST /v1/observations without `accepted` escaped as a raw KeyError."""
+    url, listener = _canned(_answer(b'{"ok": true}'))
+    client = HttpPredictorClient(url, deadline_s=2.0) if kind == "http" else LeanHttpPredictorClient(url, 2.0)
+    try:
+        with pytest.raises(PredictorError) as err:
+            client.observe([])
+        assert err.value.status == "invalid_answer" and "accepted" in err.value.message, err.value
+    finally:
+        client.close()
+        listener.close()
+
+
+def test_a_corrupt_gzip_answer_is_the_predictor_unavailable() -> None:
+    """Regression: a 200 saying Content-Encoding: gzip over a body that is not gzip escaped the httpx client as
+    httpx.DecodingError (only httpx.TransportError was caught). The transport delivered it corrupt: an outage."""
+    url, listener = _canned(_answer(b"abcde", "Content-Encoding: gzip"))
+    client = HttpPredictorClient(url, deadline_s=2.0)
+    try:
+        with pytest.raises(PredictorUnavailable) as err:
+            client.predict([_dict_row()])
+        assert err.value.status == "transport", err.value
+    finally:
+        client.close()
+        listener.close()

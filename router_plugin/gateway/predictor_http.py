@@ -27,9 +27,11 @@ from leadtime.predictor.client import (
     PredictorError,
     PredictorUnavailable,
     Row,
+    answer_field,
     default_deadline,
     https_context,
     observation_dict,
+    parse_answer,
     redirect_refused,
     row_dict,
     scheme_hint,
@@ -106,11 +108,19 @@ class LeanHttpPredictorClient:
         while (end := buf.find(b"\r\n\r\n")) < 0:
             buf += self._recv(sock, until)
         lines = buf[:end].decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
+        # What cannot be read as HTTP's head (not a predictor on that port, a proxy gone wrong) is a ConnectionError,
+        # an OSError: `_call` closes the socket, whose stream is past reading, and the call is unavailable.
+        version, _, rest = lines[0].partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/") or not (code.isascii() and code.isdigit()):
+            raise ConnectionError(f"not an HTTP answer: {lines[0][:80]!r}")
+        status = int(code)
         length, location = None, None
         for line in lines[1:]:
             name, _, value = line.partition(":")
             if name.strip().lower() == "content-length":
+                if not (value.strip().isascii() and value.strip().isdigit()):
+                    raise ConnectionError(f"the predictor's answer has a Content-Length of {value.strip()[:40]!r}")
                 length = int(value)
             elif name.strip().lower() == "location":
                 location = value.strip()
@@ -149,7 +159,7 @@ class LeanHttpPredictorClient:
                 message = answer[:200].decode(errors="replace")
             error = PredictorUnavailable if status in (502, 503, 504) else PredictorError
             raise error(status, message)
-        return orjson.loads(answer) if answer else None
+        return parse_answer(answer, f"POST {path}")
 
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
@@ -159,4 +169,5 @@ class LeanHttpPredictorClient:
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
         """Report completed requests with what was predicted (POST /v1/observations)."""
         body = {"observations": [observation_dict(o) for o in observations]}
-        return int(self._call("/v1/observations", body, deadline_s)["accepted"])
+        answer = self._call("/v1/observations", body, deadline_s)
+        return int(answer_field(answer, "accepted", "POST /v1/observations"))
