@@ -747,6 +747,36 @@ def test_the_breaker_rests_after_failures_in_a_row() -> None:
     assert len(wrapper.predict([ROW], 0.02).ttft_mean_ms) == 1 and client.predictions == 4
 
 
+def test_a_predict_client_raising_what_is_not_a_predictor_error_is_a_failure_like_any_other() -> None:
+    """Regression: a predict client raising anything but a PredictorError (a client bug, an answer it choked on)
+    was only counted towards the breaker: the breaker never opened on it, /readyz stayed {} through the whole
+    outage, no latency was recorded, and each fallback was labelled "refused", as if the rows were at fault."""
+
+    class Choking(_Client):
+        def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+            self.predictions += 1
+            raise TypeError("'NoneType' object is not subscriptable")
+
+    client = Choking()
+    metrics = GatewayMetrics()
+    wrapper = GatewayPredictor(client, client, metrics, open_after=2, open_for_s=5.0)
+    for _ in range(2):
+        with pytest.raises(PredictorError) as failed:
+            wrapper.predict([ROW])
+        assert failed.value.status == "invalid_answer" and "TypeError" in failed.value.message, failed.value
+        assert isinstance(failed.value.__cause__, TypeError)
+        assert wrapper.last_failure == "invalid_answer" and wrapper.last_failure in FALLBACK_REASONS
+    with pytest.raises(PredictorUnavailable):  # the breaker opened: the client is left alone
+        wrapper.predict([ROW])
+    assert client.predictions == 2 and wrapper.last_failure == "circuit_open"
+    said = wrapper.health()["predictor"]
+    assert said.startswith("failing (circuit_open: invalid_answer: ") and "TypeError" in said, said
+    calls = metrics.registry.get_sample_value(
+        "leadtime_router_predictor_call_seconds_count", {"call": "predict", "result": "invalid_answer"}
+    )
+    assert calls == 2
+
+
 def test_zero_valued_counters_are_exported_from_the_start() -> None:
     text = GatewayMetrics().render().decode()
     for reason in ("deadline", "unavailable", "circuit_open", "refused", "policy_error"):

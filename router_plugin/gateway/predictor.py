@@ -172,36 +172,44 @@ class GatewayPredictor:
         try:
             answer = self.predict_client.predict(rows, deadline_s)
         except PredictorError as err:
-            self.last_failure = failure_reason(err)
-            self._last_error = str(err)
-            self.metrics.predictor_seconds.labels("predict", self.last_failure).observe(time.perf_counter() - started)
-            if self.last_failure == "refused":
-                # The rows, not the predictor: it answers at once, and answers decisions without them. Not an
-                # outage to rest from, but named in /readyz while it lasts (`health`).
-                self._refused_rows = (time.monotonic(), without_index(err.message))
-                raise
-            self._consecutive += 1
-            if self._consecutive >= self.open_after:
-                self._open_until = time.monotonic() + self.open_for_s
-                self._consecutive = 0
-                if not self._outage:  # once an outage, not at every re-opening of the breaker
-                    self._outage = True
-                    log.warning(
-                        "predictor failing (%s); heuristics meanwhile, trying it again every %.1f s",
-                        err,
-                        self.open_for_s,
-                    )
+            self._prediction_failed(err, started)
             raise
-        except Exception as err:  # a client bug must not drop the request: treat it as the predictor failing
-            self.last_failure = "refused"
-            self._consecutive += 1
-            raise PredictorError("client", f"{type(err).__name__}: {err}") from err
+        except Exception as err:
+            # A client bug, or an answer the client choked on, must not drop the request, nor pass unseen: it is
+            # the predictor failing, counted, rested from and said in /readyz as any other failure. Its label is
+            # invalid_answer: the call came back and could not be used ("refused" would blame the rows).
+            failure = PredictorError(INVALID_ANSWER, f"the predictor client failed: {type(err).__name__}: {err}")
+            self._prediction_failed(failure, started)
+            raise failure from err
         self._ok.observe(time.perf_counter() - started)
         self._consecutive = 0
         if self._outage:
             self._outage = False
             log.info("predictor answers again")
         return answer
+
+    def _prediction_failed(self, err: PredictorError, started: float) -> None:
+        """Account for a prediction that failed with `err`: its label, latency and message; a refusal named in
+        /readyz; any other failure counted towards the breaker, which opens after `open_after` in a row."""
+        self.last_failure = failure_reason(err)
+        self._last_error = str(err)
+        self.metrics.predictor_seconds.labels("predict", self.last_failure).observe(time.perf_counter() - started)
+        if self.last_failure == "refused":
+            # The rows, not the predictor: it answers at once, and answers decisions without them. Not an
+            # outage to rest from, but named in /readyz while it lasts (`health`).
+            self._refused_rows = (time.monotonic(), without_index(err.message))
+            return
+        self._consecutive += 1
+        if self._consecutive >= self.open_after:
+            self._open_until = time.monotonic() + self.open_for_s
+            self._consecutive = 0
+            if not self._outage:  # once an outage, not at every re-opening of the breaker
+                self._outage = True
+                log.warning(
+                    "predictor failing (%s); heuristics meanwhile, trying it again every %.1f s",
+                    err,
+                    self.open_for_s,
+                )
 
     def warm_up(self, row: FeatureRow, deadline_s: float = 2.0) -> bool:
         """One prediction before traffic, so that the first request does not pay for connecting. Its answer is
