@@ -525,3 +525,19 @@ def test_a_corrupt_gzip_answer_is_the_predictor_unavailable() -> None:
     finally:
         client.close()
         listener.close()
+
+
+@pytest.mark.parametrize("deadline", [0, 0.0, -1.0])
+def test_the_lean_client_reads_a_zero_deadline_as_no_time_left_not_the_default(deadline: float) -> None:
+    """Regression: the lean HTTP client read a per-call deadline of 0 as "none given" and waited its whole default
+    (5 s here, on a predictor that never answers) where the other clients fail at once (`call_deadline`)."""
+    listener = socket.create_server(("127.0.0.1", 0))  # connects (the backlog), never answers
+    client = LeanHttpPredictorClient(f"http://127.0.0.1:{listener.getsockname()[1]}", deadline_s=5.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(PredictorUnavailable) as err:
+            client.predict([_dict_row()], deadline_s=deadline)
+        assert err.value.status == "deadline" and time.monotonic() - started < 1.0, err.value
+    finally:
+        client.close()
+        listener.close()

@@ -28,6 +28,7 @@ from leadtime.predictor.client import (
     PredictorUnavailable,
     Row,
     answer_field,
+    call_deadline,
     default_deadline,
     https_context,
     observation_dict,
@@ -133,7 +134,7 @@ class LeanHttpPredictorClient:
         return status, buf[start : start + length], location
 
     def _call(self, path: str, payload: Any, deadline_s: float | None) -> Any:
-        budget = deadline_s or self.deadline_s
+        budget = call_deadline(self.deadline_s, deadline_s)  # 0 has run out, as for the other clients: not "none"
         until = time.monotonic() + budget
         body = orjson.dumps(payload)
         for attempt in (0, 1):
