@@ -95,14 +95,15 @@ class BulkPredictions:
     quantile: float
 
     @classmethod
-    def from_native(cls, answer: Any) -> BulkPredictions:
-        """The native API's answer (POST /v1/predict) as arrays. One that is not that answer (a field missing, a
-        value that is not a number) is PredictorError(INVALID_ANSWER): a router falls back on PredictorError."""
+    def from_native(cls, answer: Any, rows: int) -> BulkPredictions:
+        """The native API's answer (POST /v1/predict) to `rows` rows as arrays. One that is not that answer (a
+        field missing, a value that is not a number, not one prediction per row) is PredictorError(INVALID_ANSWER):
+        a router falls back on PredictorError."""
         where = "POST /v1/predict"
         fields = ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms", "model_version", "quantile")
         values = [answer_field(answer, name, where) for name in fields]
         try:
-            return cls(
+            bulk = cls(
                 np.asarray(values[0], dtype=float),
                 np.asarray(values[1], dtype=float),
                 np.asarray(values[2], dtype=float),
@@ -112,6 +113,18 @@ class BulkPredictions:
             )
         except (TypeError, ValueError) as err:  # None (a native null) reads as nan, not as an error
             raise PredictorError(INVALID_ANSWER, f"{where}: the answer's values are not numbers: {err}") from None
+        return bulk.check_rows(rows, where)
+
+    def check_rows(self, rows: int, where: str) -> BulkPredictions:
+        """Self, when each array holds one prediction per row sent; else PredictorError(INVALID_ANSWER) naming the
+        array: a caller reads predictions by row index, and a short or long array would pair rows with another
+        row's prediction, or none."""
+        for name in ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms"):
+            values: np.ndarray = getattr(self, name)
+            if values.ndim != 1 or len(values) != rows:
+                got = len(values) if values.ndim == 1 else f"an array of shape {values.shape} of"
+                raise PredictorError(INVALID_ANSWER, f"{where}: {name}: {got} predictions for {rows} rows")
+        return self
 
 
 def tls_client_context(ca_file: str | Path | None = None) -> ssl.SSLContext:
@@ -362,7 +375,7 @@ class HttpPredictorClient:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
         require_rows(rows)
         answer = self._call("POST", "/v1/predict", {"rows": sendable(row_dicts(rows), "rows")}, deadline_s)
-        return BulkPredictions.from_native(answer)
+        return BulkPredictions.from_native(answer, len(rows))
 
     def predict_llmd(self, rows: Sequence[Row], deadline_s: float | None = None) -> list[dict[str, Any]]:
         """llm-d's answers (POST /predict/bulk/strict), as llm-d's router would receive them."""
@@ -629,7 +642,7 @@ class GrpcPredictorClient:
             np.asarray(answer.tpot_quantile_ms, dtype=float),
             int(answer.model_version),
             float(answer.quantile),
-        )
+        ).check_rows(len(rows), "PredictBulk")
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
         """Send observations in one call; returns how many were accepted."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -538,6 +539,47 @@ def test_the_lean_client_reads_a_zero_deadline_as_no_time_left_not_the_default(d
         with pytest.raises(PredictorUnavailable) as err:
             client.predict([_dict_row()], deadline_s=deadline)
         assert err.value.status == "deadline" and time.monotonic() - started < 1.0, err.value
+    finally:
+        client.close()
+        listener.close()
+
+
+def test_a_grpc_answer_without_one_prediction_per_row_is_an_invalid_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: the gRPC client handed on an answer holding fewer predictions than the rows sent (here
+    `tpot_quantile_ms` one short) as it came: a caller indexing by row read past it, or a neighbour's."""
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
+
+    short = pb.PredictBulkResponse(
+        ttft_mean_ms=[1.0, 2.0],
+        ttft_quantile_ms=[1.0, 2.0],
+        tpot_mean_ms=[1.0, 2.0],
+        tpot_quantile_ms=[1.0],
+        model_version=1,
+        quantile=0.9,
+    )
+    client = GrpcPredictorClient("127.0.0.1:9", deadline_s=1.0)
+    monkeypatch.setattr(client, "_call", lambda *args: short)
+    try:
+        with pytest.raises(PredictorError) as err:
+            client.predict([_dict_row(), _dict_row()])
+        assert err.value.status == "invalid_answer" and not isinstance(err.value, PredictorUnavailable)
+        assert "tpot_quantile_ms" in err.value.message and "1 predictions for 2 rows" in err.value.message
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind", ["http", "lean-http"])
+def test_a_native_answer_without_one_prediction_per_row_is_an_invalid_answer(kind: str) -> None:
+    """Regression: BulkPredictions.from_native took an answer whose arrays were shorter (or longer) than the rows
+    sent as it came, for each HTTP client."""
+    fields = {"ttft_mean_ms": [1.0, 2.0], "ttft_quantile_ms": [1.0, 2.0], "tpot_mean_ms": [1.0, 2.0, 3.0]}
+    body = {**fields, "tpot_quantile_ms": [1.0, 2.0], "model_version": 1, "quantile": 0.9}
+    url, listener = _canned(_answer(json.dumps(body).encode()))
+    client = HttpPredictorClient(url, deadline_s=2.0) if kind == "http" else LeanHttpPredictorClient(url, 2.0)
+    try:
+        with pytest.raises(PredictorError) as err:
+            client.predict([_dict_row(), _dict_row()])
+        assert err.value.status == "invalid_answer" and "tpot_mean_ms: 3 predictions for 2 rows" in err.value.message
     finally:
         client.close()
         listener.close()

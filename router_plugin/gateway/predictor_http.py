@@ -165,7 +165,7 @@ class LeanHttpPredictorClient:
     def predict(self, rows: Sequence[Row], deadline_s: float | None = None) -> BulkPredictions:
         """Mean and upper quantile of TTFT and TPOT per row (POST /v1/predict)."""
         answer = self._call("/v1/predict", {"rows": [row_dict(r) for r in rows]}, deadline_s)
-        return BulkPredictions.from_native(answer)
+        return BulkPredictions.from_native(answer, len(rows))
 
     def observe(self, observations: Sequence[Obs], deadline_s: float | None = None) -> int:
         """Report completed requests with what was predicted (POST /v1/observations)."""
