@@ -83,6 +83,10 @@ def answer_field(answer: Any, name: str, where: str) -> Any:
     return answer[name]
 
 
+PREDICTED_FIELDS = ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms")
+"""The arrays of an answer, one prediction per row each (`BulkPredictions`, the native API's answer)."""
+
+
 @dataclass
 class BulkPredictions:
     """Milliseconds per row, in row order."""
@@ -100,7 +104,7 @@ class BulkPredictions:
         field missing, a value that is not a number, not one prediction per row) is PredictorError(INVALID_ANSWER):
         a router falls back on PredictorError."""
         where = "POST /v1/predict"
-        fields = ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms", "model_version", "quantile")
+        fields = (*PREDICTED_FIELDS, "model_version", "quantile")
         values = [answer_field(answer, name, where) for name in fields]
         try:
             bulk = cls(
@@ -119,11 +123,19 @@ class BulkPredictions:
         """Self, when each array holds one prediction per row sent; else PredictorError(INVALID_ANSWER) naming the
         array: a caller reads predictions by row index, and a short or long array would pair rows with another
         row's prediction, or none."""
-        for name in ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms"):
+        for name in PREDICTED_FIELDS:
             values: np.ndarray = getattr(self, name)
             if values.ndim != 1 or len(values) != rows:
                 got = len(values) if values.ndim == 1 else f"an array of shape {values.shape} of"
                 raise PredictorError(INVALID_ANSWER, f"{where}: {name}: {got} predictions for {rows} rows")
+        return self
+
+    def check_finite(self, where: str) -> BulkPredictions:
+        """Self, when every prediction is a finite number; else PredictorError(INVALID_ANSWER): a native answer's
+        null reads as NaN and gRPC carries NaN and inf, and one of them would make a comparison pick wrongly."""
+        for name in PREDICTED_FIELDS:
+            if not np.isfinite(getattr(self, name)).all():
+                raise PredictorError(INVALID_ANSWER, f"{where}: {name}: not a finite number")
         return self
 
 
