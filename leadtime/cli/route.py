@@ -31,8 +31,11 @@ def checked_hosts(given: list[str] | None) -> tuple[str, ...]:
     from leadtime.predictor.service.hosts import check_allowed_host, parse_allowed_hosts
 
     variable = os.environ.get(HOSTS_VARIABLE)
-    entries, source = (given, "--allowed-host") if given else (parse_allowed_hosts(variable or ""), HOSTS_VARIABLE)
-    if not given and variable is None:
+    if given:
+        entries, source = given, "--allowed-host"
+    elif variable is not None:
+        entries, source = list(parse_allowed_hosts(variable)), HOSTS_VARIABLE
+    else:
         return ()
     checked = []
     for entry in entries:
@@ -245,7 +248,7 @@ def route(
     refuse_blank_variables(  # a flag given wins over its variable, which then does not matter
         *(["LEADTIME_API_TOKEN"] if api_token is None else []),
         *(["LEADTIME_ROUTE_API_KEY"] if not api_key else []),
-        *(["LEADTIME_ROUTE_ALLOWED_HOSTS"] if not allowed_host else []),
+        *([HOSTS_VARIABLE] if not allowed_host else []),
     )
     if api_token is not None and (
         not api_token or not (api_token.isascii() and api_token.isprintable()) or " " in api_token
