@@ -629,9 +629,7 @@ class ServiceRuntime:
             if self.holds_lease and self._unpublished is not None:
                 return
             lost = self.store_version
-            with self._learn_lock:
-                self._stamp_position(self.predictor)
-                artifact = self.predictor.to_bytes()
+            artifact = self._stamped_artifact(self.predictor)
             with self._swap_lock:
                 version = self.store.restore_model(artifact, lost)
                 if version is None:  # another replica gave it back first, or the lineage went on
@@ -655,10 +653,13 @@ class ServiceRuntime:
         The artifact records how far into the observation stream its state goes, so that a replica adopting it
         continues from there: nothing learned twice, nothing skipped.
         """
+        return self._publish_artifact(self._stamped_artifact(predictor))
+
+    def _stamped_artifact(self, predictor: OnlinePredictor) -> bytes:
+        """`predictor`'s artifact with its position in the stream, taken while no batch is being forwarded."""
         with self._learn_lock:
             self._stamp_position(predictor)
-            artifact = predictor.to_bytes()
-        return self._publish_artifact(artifact)
+            return predictor.to_bytes()
 
     def _stamp_position(self, predictor: OnlinePredictor) -> None:
         """Record in `predictor` how far into which stream it has learned (its learner's snapshots keep both)."""
