@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from leadtime.features.errors import FeatureError, field_path, problem_text
-from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_refusal
+from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_header, host_refusal
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.store.base import StoreClosed
 
@@ -215,7 +215,7 @@ class EdgeMiddleware:
 
         path: str | None = None
         if self._foreign_host(scope):
-            await _send_json(send_recording, 400, error_body(host_refusal(_header(scope, b"host")), "host"))
+            await _send_json(send_recording, 400, error_body(host_refusal(host_header(scope["headers"])), "host"))
         elif scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send_recording)
         elif not json_content_type(_header(scope, b"content-type"), required=scope["path"] in self.writes):
@@ -255,7 +255,7 @@ class EdgeMiddleware:
         return (
             bool(self.allowed_hosts)
             and scope["path"] not in UNCHECKED_PATHS
-            and not host_allowed(_header(scope, b"host"), self.allowed_hosts)
+            and not host_allowed(host_header(scope["headers"]), self.allowed_hosts)
         )
 
     def _authorized(self, scope: Scope) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 UNCHECKED_PATHS = frozenset(("/healthz", "/readyz", "/metrics"))
 """Paths answered whatever the Host: kubelet's probes and Prometheus's scrapes name the pod by its IP address, and
@@ -107,6 +107,18 @@ def request_host(header: str) -> str:
         except ValueError:
             return inside
     return host.partition(":")[0].removesuffix(".")
+
+
+def host_header(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """A request's Host header (the first), as both faces read it from their ASGI scope; None when it sent none.
+
+    >>> host_header([(b"accept", b"*/*"), (b"host", b"gateway:8080")]), host_header([])
+    ('gateway:8080', None)
+    """
+    for name, value in headers:
+        if name.lower() == b"host":
+            return bytes(value).decode("latin-1")
+    return None
 
 
 def host_allowed(header: str | None, allowed: Sequence[str]) -> bool:

@@ -43,7 +43,7 @@ import orjson
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import tls_client_context
-from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_refusal
+from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_header, host_refusal
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
 from leadtime.router_plugin.client import PredictorError
 from leadtime.router_plugin.discovery import DiscoveredEndpoint, FileDiscovery, StaticDiscovery
@@ -117,18 +117,6 @@ def end_to_end(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
         for token in value.decode("latin-1").split(",")
     }
     return [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP and k.lower() not in named]
-
-
-def _host_header(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The request's Host header (the first, as the service's edge reads it), None when it sent none.
-
-    >>> _host_header([(b"accept", b"*/*"), (b"host", b"gateway:8080")]), _host_header([])
-    ('gateway:8080', None)
-    """
-    for name, value in headers:
-        if name.lower() == b"host":
-            return bytes(value).decode("latin-1")
-    return None
 
 
 MAX_HOLD_MS = 60_000.0
@@ -697,7 +685,7 @@ class Gateway:
         if method == "HEAD" and path in PROBED_PATHS:
             send, method = _without_body(send), "GET"
         if self.settings.allowed_hosts and path not in UNCHECKED_PATHS:  # before the key: a rebound page learns nothing
-            host = _host_header(scope["headers"])
+            host = host_header(scope["headers"])
             if not host_allowed(host, self.settings.allowed_hosts):
                 await self._refuse(send, 400, host_refusal(host), "host")
                 if path in PROXIED_PATHS or path in PASSED_THROUGH:
