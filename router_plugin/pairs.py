@@ -22,7 +22,6 @@ import numpy as np
 from leadtime.router_plugin.scorers.latency import (
     FEASIBLE,
     latency_scores,
-    may_sink,
     overflow_choice,
     preference,
     slo_scores,
@@ -160,7 +159,7 @@ def choose_pair(
             link, p.decode_itl, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
         )
         decode_mean = None
-        if may_sink(decode_scores, fit[2]):
+        if float(decode_scores.max()) < FEASIBLE:
             decode_mean = _scores(
                 link, p.decode_itl_mean, link, p.decode_itl_mean, ttft_slo_ms, itl_slo_ms, expected_output_tokens
             )
@@ -205,8 +204,6 @@ def choose_pair(
     if overflow_rank is not None:
         rank = np.concatenate([np.repeat(overflow_rank[0], n_d), overflow_rank[1][local]])
     saveable = mean_scores is None or float(mean_scores.max()) >= FEASIBLE
-    if not may_sink(scores, fit[2]):
-        mean_scores = None  # only an overflow that sinks reads them
     best = overflow_choice(preference(scores, *fit, mean_scores=mean_scores), flat_ttft, overflow_cap_ms, rank)
     if best >= n_p * n_d:
         d = int(local[best - n_p * n_d])

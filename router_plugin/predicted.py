@@ -16,9 +16,10 @@ For each request:
    unified endpoints weighed by the ITL headroom the request's prefill would take from the requests this router
    has in flight there (`decoding.DecodingLedger`, `scorers.latency.shared_step_scores`); on P/D the
    (prefill, decode) pair or local prefill is chosen jointly (`pairs.choose_pair`), local prefill only on a decode
-   endpoint far inside the ITL SLO. A request predicted beyond saving everywhere (not even its mean predictions meet the
-   SLOs anywhere) goes to the first candidate beyond saving, one overflow endpoint, rather than slowing the whole fleet
-   down; while the fleet has capacity to spare, only up to a bounded predicted wait there
+   endpoint far inside the ITL SLO. A request whose upper quantiles miss everywhere but whose mean predictions meet the
+   SLOs somewhere goes where its means are best. A request predicted beyond saving everywhere (not even its mean
+   predictions meet the SLOs anywhere) goes to the first candidate beyond saving, one overflow endpoint, rather than
+   slowing the whole fleet down; while the fleet has capacity to spare, only up to a bounded predicted wait there
    (`LeadtimeConfig.overflow_cap`). A small share of decisions explores: among the candidates predicted to meet the SLOs
    it takes the one this router has heard from least recently, so that every endpoint keeps being observed.
 5. **Learn** — when the request completes, the rows it was decided on (in-flight additions included) are
@@ -75,7 +76,6 @@ from leadtime.router_plugin.scorers.latency import (
     OVERFLOW_CHOICES,
     comfortable_scores,
     latency_scores,
-    may_sink,
     overflow_choice,
     preference,
     shared_step_scores,
@@ -504,8 +504,8 @@ class LeadtimePolicy:
         in_time = float(latency.max()) >= FEASIBLE
         if not request.held_ms:  # the overload share counts each request once, when it comes in
             self.ledgers.record_judgement(request.request_id, in_time)
-        mean = self._mean_scores(request, s) if may_sink(latency, overflow) or (may_hold and not in_time) else None
-        if may_hold and not in_time and (mean is None or float(mean.max()) < FEASIBLE):
+        mean = None if in_time else self._mean_scores(request, s)  # whether it is savable (`preference`)
+        if may_hold and mean is not None and float(mean.max()) < FEASIBLE:
             return -1
         scores = self.latency_weight * preference(latency, c.fit, c.fit_margin, overflow, mean)
         for extra in self.extra_scorers:

@@ -403,6 +403,40 @@ def test_a_request_whose_mean_predictions_meet_the_slos_is_not_given_up_under_ov
     assert pd.pick(req("r3"), prefill + decode).endpoint_id == "p2"
 
 
+def test_a_request_in_time_on_some_mean_is_placed_by_the_means_whatever_the_overload() -> None:
+    """Regression: a request whose p90s all missed by the SLO or more (scores tied at 0) went to the overflow
+    endpoint, even where its mean predictions met the SLOs elsewhere, unless the fleet was in sink mode: on the
+    time-sliced fleet 44% of the requests so judged met both SLOs, and the overflow endpoint built a backlog of
+    100 s. Given up only when no mean meets the SLOs (`scorers.latency.preference`), it is placed by its means."""
+
+    class WideItl(QueueModel):
+        def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+            answer = super().predict(rows, deadline_s)  # ITL p90 three times its mean: a wide spread
+            return replace(answer, tpot_quantile_ms=3.0 * answer.tpot_mean_ms)
+
+    # a's mean ITL (10 + 2 x 95 = 200 ms) misses the 100 ms SLO; b's (80 ms) meets it, but its p90 (240 ms) misses
+    # by more than the SLO, as a's does: both score 0 on the p90s.
+    candidates = [cand("a", running=95), cand("b", running=35)]
+    for overload in (0.0, 0.3, 1.0):  # the cap held, the cap let go, sink mode
+        policy = LeadtimePolicy(WideItl(), LeadtimeConfig(exploration=0.0, inflight=False))
+        policy.overload = overload
+        assert policy.pick(req("r"), candidates).endpoint_id == "b", overload
+    # The same on P/D pairs: the decode endpoint whose mean ITL meets the SLO.
+    p = PairPredictions(
+        prefill_ttft=np.array([300.0, 300.0]),
+        prefill_ttft_mean=np.array([250.0, 250.0]),
+        decode_itl=np.array([600.0, 240.0]),
+        decode_itl_mean=np.array([200.0, 80.0]),
+        local_ttft=None,
+        local_ttft_mean=None,
+        link_free_ms=np.array([0.0, 0.0]),
+        transfer_ms=np.array([50.0, 50.0]),
+    )
+    for fit in (("most_slack", 0.0, "least_bad"), ("most_slack", 0.0, "sink")):
+        for cap in (None, 6000.0):
+            assert choose_pair(p, 0.0, 2000.0, 100.0, fit=fit, overflow_cap_ms=cap).decode == 1, (fit, cap)
+
+
 # ------------------------------------------------------------------------------ learning and fallback
 
 

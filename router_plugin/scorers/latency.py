@@ -166,16 +166,6 @@ def shared_step_scores(scores: np.ndarray, harm: np.ndarray) -> np.ndarray:
     return np.where(scores >= FEASIBLE, FEASIBLE + (scores - FEASIBLE) / (1.0 + harm), scores)
 
 
-def may_sink(scores: np.ndarray, overflow: str) -> bool:
-    """Whether `preference` may give the request up to an overflow endpoint: only then are its `mean_scores`
-    needed, so callers compute them only then.
-
-    >>> may_sink(np.array([0.3, 0.45]), "sink"), may_sink(np.array([0.3, 0.6]), "sink")
-    (True, False)
-    """
-    return overflow == "sink" and float(np.max(scores)) < FEASIBLE
-
-
 FIT_CHOICES = ("most_slack", "tightest")
 """Which candidate predicted to meet the SLOs wins (`preference`'s `fit`)."""
 OVERFLOW_CHOICES = ("auto", "least_bad", "sink")
@@ -203,10 +193,13 @@ def preference(
     such ties, so that what cannot be saved piles up on an overflow endpoint.
 
     `scores` come from the upper-quantile predictions, `mean_scores` (optional, same candidates) from the mean
-    ones. A request is given up (sunk) only when no candidate's mean predictions meet its SLOs either: missing
-    the p90 by a little still leaves a request more likely than not to be served in time, while the overflow
-    endpoint leaves it none. (Sunk on the p90 alone, a fleet whose ITL p90s all sat just above the SLO, twice
-    their mean while the ITL spread is wide, sent 47 requests within 5 s to a 20 s queue at 85% load.)
+    ones. A request is given up (sunk, or tied at 0 for `overflow_choice`) only when no candidate's mean
+    predictions meet its SLOs either: missing the p90 by a little still leaves a request more likely than not to
+    be served in time, while the overflow endpoint leaves it none. So when no p90 meets the SLOs and some mean
+    does, the candidates rank by their mean scores. (Sunk on the p90 alone, a fleet whose ITL p90s all sat just
+    above the SLO, twice their mean while the ITL spread is wide, sent 47 requests within 5 s to a 20 s queue at
+    85% load; tied on the p90s at 0 and sent to the overflow endpoint, 44% of such requests on the time-sliced
+    fleet would have met both SLOs, and the overflow endpoint built a backlog of 100 s.)
 
     >>> s = np.array([0.9, 0.6, 0.52, 0.3, 0.05])
     >>> int(np.argmax(preference(s))), int(np.argmax(preference(s, fit="tightest", margin=0.1)))
@@ -215,15 +208,18 @@ def preference(
     (1, 0)
     >>> int(np.argmax(preference(s[3:], overflow="sink", mean_scores=np.array([0.7, 0.2]))))  # 3 is savable
     0
+    >>> int(np.argmax(preference(np.zeros(2), mean_scores=np.array([0.3, 0.6]))))  # tied on the p90s, not the means
+    1
     """
     scores = np.asarray(scores, dtype=np.float64)
     feasible = scores >= FEASIBLE
+    if mean_scores is not None and not feasible.any() and float(np.max(mean_scores)) >= FEASIBLE:
+        scores = np.where(mean_scores >= FEASIBLE, mean_scores, scores)  # savable: placed by its means
+        feasible = scores >= FEASIBLE
     out = scores.copy()
     if fit == "tightest":
         roomy = scores >= FEASIBLE + margin / 2.0
         out = np.where(roomy, 2.0 - scores, out)
-    if mean_scores is not None and float(np.max(mean_scores)) >= FEASIBLE:
-        overflow = "least_bad"
     if overflow == "sink":
         hopeless = scores < SINK
         if hopeless.any():
