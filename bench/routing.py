@@ -260,14 +260,21 @@ def _mape(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def cell_metrics(result: Any, learning: bool) -> dict[str, Any]:
-    """One policy's figures on one fleet and load, as the JSON reports them."""
+    """One policy's figures on one fleet and load, as the JSON reports them.
+
+    A request the fleet could not serve (`SimResult.failed`, counted in `failed`) missed its SLOs: it counts in
+    `slo_attainment`'s denominator, as in `leadtime simulate`, or a policy that drops requests would read as
+    attaining more than one that serves them late. It has no latency, so the latency percentiles (`ttft_ms`,
+    `itl_ms`) are over the completed requests only.
+    """
     done = result.completed
     met = [c for c in done if c.meets_slo]
     itl = [c.itl_ms for c in done if c.output_tokens > 1]
     ttft = [c.ttft_ms for c in done]
     metrics: dict[str, Any] = {
         "goodput_rps": result.goodput_rps,
-        "slo_attainment": len(met) / max(len(done), 1),
+        "slo_attainment": len(met) / max(len(done) + len(result.failed), 1),
+        "failed": len(result.failed),
         "ttft_ms": {
             "p50": _percentile([c.ttft_ms for c in done], 50),
             "p99": _percentile([c.ttft_ms for c in done], 99),
@@ -361,8 +368,13 @@ def ceiling_rps(fleet_name: str, options: RoutingOptions, rate_rps: float, seed:
 # ----- the whole benchmark ------------------------------------------------------------------------------
 
 
+_RANGED = ("goodput_rps", "slo_attainment", "failed", "after_join_goodput_rps")
+"""The figures given with their range over seeds: a mean alone hides one seed's collapse (or, for `failed`, which
+seeds dropped requests)."""
+
+
 def _mean_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The mean of each figure over seeds, with `<name>_range` [min, max] beside goodput and attainment."""
+    """The mean of each figure over seeds, with `<name>_range` [min, max] beside those in `_RANGED`."""
     out: dict[str, Any] = {}
     for key, value in runs[0].items():
         if isinstance(value, dict):
@@ -372,7 +384,7 @@ def _mean_metrics(runs: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             values = [float(r[key]) for r in runs]
             out[key] = float(np.mean(values))
-            if key in ("goodput_rps", "slo_attainment", "after_join_goodput_rps") and len(runs) > 1:
+            if key in _RANGED and len(runs) > 1:
                 out[f"{key}_range"] = [min(values), max(values)]
     return out
 

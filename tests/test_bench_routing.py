@@ -18,6 +18,8 @@ from leadtime.bench.routing import (
     LOAD_TARGET,
     Cell,
     RoutingOptions,
+    _mean_metrics,
+    cell_metrics,
     check_targets,
     check_trace,
     policies_for,
@@ -34,6 +36,7 @@ from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest
 from leadtime.router_plugin.predicted import LeadtimePolicy
+from leadtime.simulator.engine import CompletedRequest, FailedRequest, SimResult
 from leadtime.simulator.fleet import load_fleet
 from leadtime.simulator.learning_policies import leadtime_policy
 
@@ -63,7 +66,7 @@ def test_the_report_has_every_figure_the_issue_names(
         for name, m in policies.items():
             assert 0 <= m["slo_attainment"] <= 1
             # Requests that met their SLOs per second of the arrival window, the same window for every policy.
-            met = m["slo_attainment"] * len(curves[("mixed", load, name)]["ttft_ms"])  # of the completed ones
+            met = m["slo_attainment"] * (len(curves[("mixed", load, name)]["ttft_ms"]) + m["failed"])
             assert m["goodput_rps"] > 0 and met > 0
             windows_s.setdefault(load, []).append(met / m["goodput_rps"])
             assert m["ttft_ms"]["p50"] <= m["ttft_ms"]["p99"]
@@ -335,3 +338,35 @@ def test_the_capacity_searches_are_told_to_the_progress_bar() -> None:
     run_routing(options, progress=lambda done, total, what: told.append((done, total, what)))
     assert told[0] == (1, 1, "capacity of homogeneous (seed 0)")
     assert told[-1][:2] == (2, 2) and told[-1][2].startswith("homogeneous high")  # then the runs, base and high
+
+
+def _done(rid: int, arrival_ms: float, ttft_ms: float = 200.0) -> CompletedRequest:
+    """A request that met its SLOs (TTFT 1 s, ITL 50 ms)."""
+    return CompletedRequest(rid, arrival_ms, 100, 10, ttft_ms, 20.0, 400.0, "e0", None, 0, 0, 0.0, 1000.0, 50.0)
+
+
+def _result(done: list[CompletedRequest], **fields: Any) -> SimResult:
+    span = max(c.arrival_ms for c in done) - min(c.arrival_ms for c in done)
+    return SimResult("x", done, [], {"e0": []}, {"e0": {}}, {}, span + 1000.0, 0, arrival_span_ms=span, **fields)
+
+
+def test_a_request_the_fleet_could_not_serve_is_a_missed_slo_and_counted() -> None:
+    """Attainment was met / completed, so a cell dropping requests read as attaining more than one serving them
+    late, and the JSON never said any had failed; `leadtime simulate` (report.summarize) counts them as misses."""
+    from leadtime.simulator.report import summarize
+
+    result = _result(
+        [_done(i, i * 1000.0, ttft_ms=100.0 * (i + 1)) for i in range(9)],
+        failed=[FailedRequest(9, 9000.0, 10**6, "too large", "kv_cache")],
+    )
+    metrics = cell_metrics(result, False)
+    assert metrics["slo_attainment"] == pytest.approx(0.9) == summarize(result)["slo_attainment"]
+    assert metrics["failed"] == 1
+    assert metrics["ttft_ms"]["p50"] == 500.0  # over the nine completed: a failed request has no latency
+
+
+def test_failures_are_averaged_over_seeds_with_their_range() -> None:
+    dropped = [FailedRequest(rid, 500.0, 10**6, "too large", "kv_cache") for rid in (2, 3)]
+    runs = [cell_metrics(_result([_done(0, 0.0), _done(1, 1000.0)], failed=f), False) for f in ([], dropped)]
+    mean = _mean_metrics(runs)
+    assert mean["failed"] == 1.0 and mean["failed_range"] == [0.0, 2.0]
