@@ -73,6 +73,9 @@ MIN_REQUESTS = 100
 CAPACITY_STEPS = 5
 KEEP_UP = 0.95
 AFTER_JOIN_S = 120.0
+"""On a fleet that scales out, `after_join_goodput_rps` counts the requests arriving in this long after the join
+that met their SLOs, per second of the window: cut at the last arrival when the arrivals end sooner (as
+goodput's own window is the arrival window), and reported beside it as `after_join_window_s`."""
 DEFAULT_SLO_MS = (2000.0, 100.0)  # (TTFT, ITL) for a fleet file that states no SLO classes
 
 
@@ -299,8 +302,14 @@ def cell_metrics(result: Any, learning: bool) -> dict[str, Any]:
         ]
         metrics["prediction_mape"] = {"ttft": _mape(ttft), "tpot": _mape(tpot)}
     if result.join_ms > 0:
-        window = [c for c in done if result.join_ms <= c.arrival_ms < result.join_ms + AFTER_JOIN_S * 1e3]
-        metrics["after_join_goodput_rps"] = sum(c.meets_slo for c in window) / AFTER_JOIN_S
+        end_ms = result.join_ms + AFTER_JOIN_S * 1e3
+        # Every request ends completed or failed (the simulator raises otherwise): the last of them arrived last.
+        last_ms = max((r.arrival_ms for r in (*done, *result.failed)), default=result.join_ms)
+        window_s = max(min(end_ms, last_ms) - result.join_ms, 0.0) / 1e3
+        after = [c for c in done if result.join_ms <= c.arrival_ms < end_ms]
+        # No arrival after the join (a pool joining after the last): no rate, rather than a 0 read as a collapse.
+        metrics["after_join_goodput_rps"] = sum(c.meets_slo for c in after) / window_s if window_s > 0 else None
+        metrics["after_join_window_s"] = window_s
     return metrics
 
 

@@ -36,9 +36,10 @@ from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest
 from leadtime.router_plugin.predicted import LeadtimePolicy
-from leadtime.simulator.engine import CompletedRequest, FailedRequest, SimResult
-from leadtime.simulator.fleet import load_fleet
+from leadtime.simulator.engine import CompletedRequest, FailedRequest, FleetSimulator, SimResult
+from leadtime.simulator.fleet import load_fleet, parse_fleet
 from leadtime.simulator.learning_policies import leadtime_policy
+from leadtime.simulator.workload import WorkloadRequest
 
 
 @pytest.fixture(scope="module")
@@ -370,3 +371,42 @@ def test_failures_are_averaged_over_seeds_with_their_range() -> None:
     runs = [cell_metrics(_result([_done(0, 0.0), _done(1, 1000.0)], failed=f), False) for f in ([], dropped)]
     mean = _mean_metrics(runs)
     assert mean["failed"] == 1.0 and mean["failed_range"] == [0.0, 2.0]
+
+
+def _scaled_out(join_at_s: float) -> SimResult:
+    """Round-robin on two H100s joined by an H200 at `join_at_s`; 20 requests, one each 100 ms from 0 to 1.9 s."""
+    fleet = parse_fleet(
+        {
+            "pools": [
+                {"name": "old", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+                {"name": "new", "count": 1, "accelerator": "h200-sxm", "model": "llama-3.1-8b", "join_at_s": join_at_s},
+            ]
+        }
+    )
+    workload = [WorkloadRequest(i * 100.0, 300, 5) for i in range(20)]
+    return FleetSimulator(fleet, workload, RoundRobinPolicy(), ttft_slo_ms=2000.0, tpot_slo_ms=100.0).run()
+
+
+def test_goodput_after_the_join_is_per_second_of_the_arrivals_it_covers() -> None:
+    """It was divided by 120 s whatever the run: on `large` the arrivals end 59-91 s after the H200s join, so the
+    figure read 1.4-2x too low beside goodput_rps, which is per second of the arrival window."""
+    result = _scaled_out(1.0)  # the last arrival 0.9 s after the join
+    met = sum(c.meets_slo for c in result.completed if c.arrival_ms >= 1000.0)
+    assert met == 10
+    metrics = cell_metrics(result, False)
+    assert metrics["after_join_goodput_rps"] == pytest.approx(met / 0.9)
+    assert metrics["after_join_window_s"] == pytest.approx(0.9)
+    assert "after_join_window_s" not in cell_metrics(replace(result, join_ms=0.0), False)  # no scale-out
+
+
+def test_goodput_after_the_join_stops_at_120_s_when_the_arrivals_go_on() -> None:
+    done = [_done(i, i * 10_000.0) for i in range(21)]  # one each 10 s to 200 s; the join at 50 s
+    metrics = cell_metrics(_result(done, join_ms=50_000.0), False)
+    assert metrics["after_join_window_s"] == 120.0
+    assert metrics["after_join_goodput_rps"] == pytest.approx(12 / 120)  # the arrivals at 50, 60, ... 160 s
+
+
+def test_a_join_after_the_last_arrival_has_no_goodput_after_it() -> None:
+    """No request arrives after it: no rate to report (it read 0 req/s, as if every request then had failed)."""
+    metrics = cell_metrics(_scaled_out(100.0), False)
+    assert metrics["after_join_goodput_rps"] is None and metrics["after_join_window_s"] == 0.0
