@@ -310,6 +310,9 @@ def cell_metrics(result: Any, learning: bool) -> dict[str, Any]:
         # No arrival after the join (a pool joining after the last): no rate, rather than a 0 read as a collapse.
         metrics["after_join_goodput_rps"] = sum(c.meets_slo for c in after) / window_s if window_s > 0 else None
         metrics["after_join_window_s"] = window_s
+        # The decision-time target is stated for the grown fleet: its decisions apart from the smaller fleet's.
+        grown = [ms for ms, at in zip(result.decision_ms, result.decision_at_ms, strict=True) if at >= result.join_ms]
+        metrics["decision_ms_after_join"] = {"p50": _percentile(grown, 50), "p99": _percentile(grown, 99)}
     return metrics
 
 

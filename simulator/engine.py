@@ -132,6 +132,9 @@ class SimResult:
     decision_ms: list[float] = field(default_factory=list)
     decision_wall_ms: list[float] = field(default_factory=list)
     arrival_span_ms: float = 0.0
+    decision_at_ms: list[float] = field(default_factory=list)
+    """The simulated time of each decision, beside `decision_ms`: a held request is decided again later, so the
+    decisions made on the fleet as it stood at some time (before or after a scale-out) cannot be told by count."""
     failed: list[FailedRequest] = field(default_factory=list)
     """Requests dropped as unservable (`FailedRequest`): none met its SLO."""
 
@@ -285,6 +288,7 @@ class FleetSimulator:
         # the wall-clock time it took.
         self.decision_ms: list[float] = []
         self.decision_wall_ms: list[float] = []
+        self.decision_at_ms: list[float] = []
         attach = getattr(policy, "attach", None)
         if callable(attach):
             attach(self)
@@ -444,6 +448,7 @@ class FleetSimulator:
         pick = self.policy.pick(route, candidates)
         self.decision_ms.append((time.thread_time() - started_cpu) * 1e3)
         self.decision_wall_ms.append((time.perf_counter() - started) * 1e3)
+        self.decision_at_ms.append(self.now)
         self.routing = None
         if pick.hold:
             self._hold(request)
@@ -748,5 +753,6 @@ class FleetSimulator:
             decision_ms=self.decision_ms,
             decision_wall_ms=self.decision_wall_ms,
             arrival_span_ms=self.workload[-1].arrival_ms - self.workload[0].arrival_ms if self.workload else 0.0,
+            decision_at_ms=self.decision_at_ms,
             failed=sorted(self.failed, key=lambda f: f.rid),
         )

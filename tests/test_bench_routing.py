@@ -410,3 +410,20 @@ def test_a_join_after_the_last_arrival_has_no_goodput_after_it() -> None:
     """No request arrives after it: no rate to report (it read 0 req/s, as if every request then had failed)."""
     metrics = cell_metrics(_scaled_out(100.0), False)
     assert metrics["after_join_goodput_rps"] is None and metrics["after_join_window_s"] == 0.0
+
+
+def test_decision_times_after_the_join_are_reported_apart() -> None:
+    """On `large` the decision_ms percentiles mixed the decisions on 32 endpoints, before the H200s join, with
+    those on the 40 the target is stated for."""
+    costs = [0.1] * 60 + [1.0] * 40  # ms: 60 decisions before the join at 60 s, 40 after (on more endpoints)
+    result = _result(
+        [_done(i, i * 1000.0) for i in range(100)],
+        join_ms=60_000.0,
+        decision_ms=costs,
+        decision_wall_ms=costs,
+        decision_at_ms=[i * 1000.0 for i in range(100)],
+    )
+    metrics = cell_metrics(result, False)
+    assert metrics["decision_ms_after_join"] == {"p50": 1.0, "p99": 1.0}
+    assert metrics["decision_ms"]["p50"] == pytest.approx(0.1)  # every decision, as before
+    assert "decision_ms_after_join" not in cell_metrics(replace(result, join_ms=0.0), False)

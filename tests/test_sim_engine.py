@@ -698,6 +698,8 @@ def test_a_scaled_out_pool_is_offered_only_from_its_join_time_and_starts_empty()
     for arrival, offered in policy.offered:
         assert any(e.startswith("new") for e in offered) == (arrival >= 1000.0)
     assert result.join_ms == 1000.0
+    # Each decision's time beside its cost: what tells the decisions on the grown fleet from the others.
+    assert result.decision_at_ms == [at for at, _ in policy.offered] and len(result.decision_ms) == 20
     assert {c.endpoint_id for c in result.completed if c.arrival_ms >= 1000} & {"new-0", "new-1"}
     with pytest.raises(FleetError, match="from the start"):
         parse_fleet({"pools": [{**spec["pools"][1], "name": "only"}]})
