@@ -1,7 +1,10 @@
 """`leadtime bench accuracy`: Leadtime vs the llm-d reference vs a median floor on real measurements.
 
 Two protocols. Prequential: walk the rows in file order, predict each, then learn it — what a predictor
-living in a router experiences. Random 90/10 split over several seeds: train on 90% (Leadtime learns the
+living in a router experiences. A file in outcome order (a row is written when its outcome is known, as llm-d's
+sidecar and the simulator write them) lets that walk learn outcomes a router would not yet have had: with
+`label_delay="arrival"` each row is instead predicted at its request's arrival, knowing only the outcomes stamped
+by then. Random 90/10 split over several seeds: train on 90% (Leadtime learns the
 training rows in file order), predict the rest. MAPE and median APE are of the mean prediction; coverage is the
 share of rows whose actual is at or below the upper-quantile prediction.
 """
@@ -11,9 +14,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
 
 import numpy as np
 from rich.progress import Progress
@@ -23,6 +26,7 @@ from leadtime.bench.data import RowUsage, actuals, at_line, first_out_of_order, 
 from leadtime.console import report_console
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
+from leadtime.features.rows import LLMD_MODEL_INPUTS, parse_timestamp
 from leadtime.features.vectorize import FeatureBatch, Vectorizer
 from leadtime.json_text import print_json
 from leadtime.predictor import physics
@@ -103,6 +107,120 @@ def _extremes(halves: dict[str, dict[str, float]]) -> tuple[float, float]:
 
 Walk = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]  # model → target → (mean, upper) per row
 
+ARRIVAL: Final = "arrival"
+LabelDelay = int | Literal["arrival"]
+"""When the walk learns a row's outcome: after that many later rows were predicted, or at its timestamp while rows
+are predicted at their requests' arrivals (`ARRIVAL`)."""
+
+Event = tuple[Literal["predict", "learn"], int]
+"""One step of a walk: predict row i, or learn row i's outcome. Every walk is such a schedule, so that the models
+and the figures cannot tell one walk from another but by what was learned before each prediction."""
+
+
+def row_delay_schedule(n: int, label_delay: int) -> list[Event]:
+    """Rows in file order, row i's outcome learned once row i + `label_delay` was predicted (0: at once).
+
+    >>> row_delay_schedule(3, 1)
+    [('predict', 0), ('predict', 1), ('learn', 0), ('predict', 2), ('learn', 1)]
+    """
+    if label_delay < 0:
+        raise ValueError(f"label_delay must be ≥ 0, got {label_delay}")
+    events: list[Event] = []
+    for i in range(n):
+        events.append(("predict", i))
+        if i >= label_delay:
+            events.append(("learn", i - label_delay))
+    return events
+
+
+def arrival_schedule(arrival: np.ndarray, outcome: np.ndarray) -> list[Event]:
+    """Rows predicted in order of their requests' arrivals; before each, every row whose outcome is stamped at or
+    before that arrival learned, in the order of the outcomes — what a router has when a request reaches it. Rows
+    whose outcome comes after the last arrival are never learned, as the row-delay walk's last rows are not.
+
+    >>> arrival_schedule(np.array([0.0, 1.0, 0.5]), np.array([2.0, 3.0, 0.8]))
+    [('predict', 0), ('predict', 2), ('learn', 2), ('predict', 1)]
+    """
+    learn_order = np.argsort(outcome, kind="stable")
+    events: list[Event] = []
+    learned = 0
+    for i in np.argsort(arrival, kind="stable"):
+        while learned < len(learn_order) and outcome[learn_order[learned]] <= arrival[i]:
+            events.append(("learn", int(learn_order[learned])))
+            learned += 1
+        events.append(("predict", int(i)))
+    return events
+
+
+def prediction_order(schedule: list[Event]) -> np.ndarray:
+    """The rows in the order the schedule predicts them (its "second half" is the later half of these)."""
+    return np.array([i for kind, i in schedule if kind == "predict"], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class RequestTimes:
+    """When each row's request arrived and when its outcome was known, in seconds, as a file's rows tell them."""
+
+    arrival: np.ndarray
+    outcome: np.ndarray
+    tpot_by_state: int
+    """TPOT rows whose TTFT row was found by its identical request and endpoint state (one endpoint serves both)."""
+    tpot_by_length: int
+    """TPOT rows paired by prompt length alone, with the earliest-stamped TTFT row of that length not yet paired
+    (P/D: the TPOT row carries the decode endpoint's state, the TTFT row the prefill endpoint's)."""
+
+
+_STATE_FIELDS = tuple(f for f in LLMD_MODEL_INPUTS if f != "num_tokens_generated")
+
+
+def request_times(rows: list[dict[str, Any]], path: Path, lines: list[int]) -> RequestTimes:
+    """Each row's request arrival and outcome time, from the rows' timestamps (when the outcome was known).
+
+    A TTFT row's request arrived at its timestamp less its TTFT. llm-d's TPOT row, written at completion, carries
+    neither the TTFT nor the number of tokens, so its arrival is its request's TTFT row's: the one stamped before
+    it with the same request and endpoint state, else the earliest of the same prompt length not yet paired.
+    Raises ValueError naming the line of a row without a timestamp, or of a TPOT row without a TTFT row.
+    """
+    missing = [i for i, r in enumerate(rows) if r.get("timestamp") is None]
+    if len(missing) == len(rows):
+        raise ValueError(
+            f"{path}: its rows carry no timestamp: --label-delay {ARRIVAL} predicts each row at its request's "
+            "arrival (timestamp − actual_ttft_ms) and learns it at its timestamp; give --label-delay a number of "
+            "rows instead"
+        )
+    if missing:
+        raise ValueError(
+            f"{path}:{lines[missing[0]]}: no timestamp, where other rows have one: --label-delay {ARRIVAL} needs "
+            "every row's"
+        )
+    outcome = np.array([parse_timestamp(r["timestamp"]) for r in rows])
+    ttft, tpot = actuals(rows)
+    arrival = outcome - ttft / 1e3
+    unpaired: dict[int, list[int]] = {}  # prompt length → TTFT rows not yet paired, earliest stamped first
+    by_state = by_length = 0
+    for i in np.argsort(outcome, kind="stable"):
+        row = rows[i]
+        if ttft[i] > 0:
+            unpaired.setdefault(int(row["input_token_length"]), []).append(int(i))
+            continue
+        if tpot[i] <= 0:
+            continue  # measures nothing: predicted at its timestamp, scored on nothing
+        candidates = unpaired.get(int(row["input_token_length"]), [])
+        same = [j for j in candidates if all(rows[j].get(f) == row.get(f) for f in _STATE_FIELDS)]
+        if same:
+            pair, by_state = same[0], by_state + 1
+        elif candidates:
+            pair, by_length = candidates[0], by_length + 1
+        else:
+            raise ValueError(
+                f"{path}:{lines[i]}: a TPOT row with no TTFT row of its request stamped before it (none of prompt "
+                f"length {row['input_token_length']} left unpaired): --label-delay {ARRIVAL} takes a TPOT row's "
+                "arrival from its request's TTFT row, llm-d's TPOT row carrying none"
+            )
+        candidates.remove(pair)
+        arrival[i] = arrival[pair]
+    return RequestTimes(arrival, outcome, by_state, by_length)
+
 
 def _first(values: np.ndarray | None) -> float:
     assert values is not None  # the reference trains both objectives here
@@ -117,22 +235,30 @@ def prequential_walk(
     progress: Progress | None,
     reference_model: str | None = None,
     label_delay: int = 0,
+    schedule: list[Event] | None = None,
 ) -> Walk:
     """Every model's (mean, upper) prediction of every row, each made before that row was learned. Leadtime
     gets each row's endpoint where the file names it, as it would from a router.
 
     With `label_delay` d, row i's outcome is learned only after row i + d was predicted (production: an outcome
-    arrives when its request completes, while later requests are being routed); every model gets the same delay.
+    arrives when its request completes, while later requests are being routed); a `schedule` (`arrival_schedule`)
+    replaces that order. Every model gets the same walk.
     """
-    if label_delay < 0:
-        raise ValueError(f"label_delay must be ≥ 0, got {label_delay}")
     n = len(x_lt)
+    if schedule is None:
+        schedule = row_delay_schedule(n, label_delay)
     preds = {m: {t: (np.zeros(n), np.zeros(n)) for t in TARGETS} for m in MODELS}
     leadtime = OnlinePredictor(config)
     reference = LlmdReference(model=reference_model, quantile=config.quantile)
     floor = _MedianBaseline(config.quantile)
     task = progress.add_task("prequential walk", total=n) if progress else None
-    for i in range(n):
+    for kind, i in schedule:
+        if kind == "learn":
+            leadtime.learn_many(x_lt[i : i + 1], y["ttft"][i : i + 1], y["tpot"][i : i + 1])
+            reference.learn_many(x_ref.take(np.arange(i, i + 1)))
+            for t in TARGETS:
+                floor.learn(t, float(y[t][i]))
+            continue
         p = leadtime.predict_many(x_lt[i : i + 1])
         preds["leadtime"]["ttft"][0][i], preds["leadtime"]["ttft"][1][i] = p.ttft_mean[0], p.ttft_quantile[0]
         preds["leadtime"]["tpot"][0][i], preds["leadtime"]["tpot"][1][i] = p.tpot_mean[0], p.tpot_quantile[0]
@@ -142,12 +268,6 @@ def prequential_walk(
             preds["llmd_reference"][t][1][i] = _first(ref.get(t, "quantile"))
             fm, fu = floor.predict(t)
             preds["median_baseline"][t][0][i], preds["median_baseline"][t][1][i] = fm, fu
-        j = i - label_delay
-        if j >= 0:
-            leadtime.learn_many(x_lt[j : j + 1], y["ttft"][j : j + 1], y["tpot"][j : j + 1])
-            reference.learn_many(x_ref.take(np.arange(j, j + 1)))
-            for t in TARGETS:
-                floor.learn(t, float(y[t][j]))
         if progress and task is not None:
             progress.advance(task)
     leadtime.close()
@@ -155,17 +275,19 @@ def prequential_walk(
 
 
 def summarize_walk(
-    preds: Walk, y: dict[str, np.ndarray], x_ref: LlmdFrame | None = None
+    preds: Walk, y: dict[str, np.ndarray], x_ref: LlmdFrame | None = None, order: np.ndarray | None = None
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """MAPE, median APE and coverage over the walk and its second half; with `x_ref`, coverage by load half."""
-    half = len(y["ttft"]) // 2
+    """MAPE, median APE and coverage over the walk and its second half (the later half of the rows in the order
+    they were predicted, `order`; by default the file's); with `x_ref`, coverage by load half."""
+    n = len(y["ttft"])
+    later = (np.arange(n) if order is None else order)[n // 2 :]
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for m in MODELS:
         out[m] = {}
         for t in TARGETS:
             mean, upper = preds[m][t]
             whole = errors(mean, upper, y[t])
-            second = errors(mean[half:], upper[half:], y[t][half:])
+            second = errors(mean[later], upper[later], y[t][later])
             if x_ref is not None:
                 halves = coverage_by_load(x_ref, upper, y[t])
                 low, high = _extremes(halves)
@@ -314,17 +436,19 @@ def run_accuracy(
     progress: bool = True,
     speed_calls: int = 2000,
     reference_model: str | None = None,
-    label_delay: int = 0,
+    label_delay: LabelDelay = 0,
     on_usage: Callable[[RowUsage], None] | None = None,
     catalog: Catalog = BUILT_IN,
 ) -> dict[str, Any]:
     """The report of every model on the file's rows. `accelerator` and `model` are the hardware of rows that name
     none (llm-d's never do), of `catalog`'s classes and models; the report gives what the rows were taken as.
-    `on_usage` is told how many rows measure each target before the runs."""
+    `on_usage` is told how many rows measure each target before the runs. `label_delay` is the prequential walk's
+    (`LabelDelay`); the 90/10 split does not depend on it."""
     rows, lines = load_llmd_lines(data)
     if len(rows) < MIN_ROWS:
         raise ValueError(f"{data}: {len(rows)} rows; the walk and the 90/10 split need at least {MIN_ROWS}")
-    if label_delay >= len(rows):
+    times = request_times(rows, data, lines) if label_delay == ARRIVAL else None
+    if isinstance(label_delay, int) and label_delay >= len(rows):
         raise ValueError(
             f"--label-delay {label_delay} is not below the {len(rows)} rows of {data}: nothing would be learned"
         )
@@ -350,9 +474,14 @@ def run_accuracy(
         on_usage(usage)
     x_ref = LlmdFrame.from_rows(rows)
     y = {"ttft": ttft, "tpot": tpot}
+    if times is not None:
+        schedule = arrival_schedule(times.arrival, times.outcome)
+    else:
+        assert isinstance(label_delay, int)
+        schedule = row_delay_schedule(len(rows), label_delay)
     with stderr_bar() as bar:
-        walk = prequential_walk(x_lt, x_ref, y, config, bar if progress else None, reference_model, label_delay)
-        preq = summarize_walk(walk, y, x_ref)
+        walk = prequential_walk(x_lt, x_ref, y, config, bar if progress else None, reference_model, schedule=schedule)
+        preq = summarize_walk(walk, y, x_ref, prediction_order(schedule))
         split = _split(x_lt, x_ref, y, config, seeds, bar if progress else None, reference_model)
     report: dict[str, Any] = {m: {t: {**preq[m][t], **split[m][t]} for t in TARGETS} for m in MODELS}
     report["speed"] = _speed(x_lt, y, config, calls=speed_calls, learns=int(1.5 * speed_calls))
@@ -364,6 +493,11 @@ def run_accuracy(
         "label_delay": label_delay,
         "implausible": usage.implausible,
     }
+    if times is not None:
+        report["data"]["tpot_arrival_from_ttft_row"] = {
+            "same_state": times.tpot_by_state,
+            "same_prompt_length": times.tpot_by_length,
+        }
     report["reference"] = reference_settings(reference_model)
     return report
 
@@ -424,6 +558,14 @@ def print_report(report: dict[str, Any], as_json: bool, usage: RowUsage | None =
     console.print(table)
     if usage is not None:
         console.print(f"{usage.describe()}; taken as {data['accelerator']} serving {data['model']}", highlight=False)
+    if data["label_delay"] == ARRIVAL:
+        paired = data["tpot_arrival_from_ttft_row"]
+        console.print(
+            "prequential walk: each row predicted at its request's arrival, knowing the outcomes stamped by then "
+            f"(a TPOT row's arrival is its TTFT row's: {paired['same_state']} found by request and endpoint state, "
+            f"{paired['same_prompt_length']} by prompt length alone)",
+            highlight=False,
+        )
     for t in TARGETS:
         r = report["leadtime"][t]
         console.print(

@@ -197,6 +197,122 @@ def test_label_delay_learns_a_row_only_after_that_many_later_rows_were_predicted
     assert (immediate["median_baseline"]["ttft"][0][1:delay] != 0).any()
 
 
+def _request_rows() -> list[dict]:
+    """Four requests' rows in outcome order, with the arrivals and completions below (seconds); the TTFT and TPOT
+    rows of a request carry its endpoint's state at arrival, but B's TPOT row another endpoint's (P/D's decode
+    endpoint). A and D share a prompt length, and D completes first: only their states tell their rows apart.
+
+    request  arrives  first token  completes  prompt
+    A        0.0      1.0          5.0        900
+    B        0.5      0.8          1.2        300
+    C        2.0      2.5          3.0        500
+    D        4.0      4.2          4.6        900
+    """
+    waiting = {"A": 0, "B": 1, "C": 2, "D": 3}
+    prompt = {"A": 900, "B": 300, "C": 500, "D": 900}
+
+    def row(request: str, stamp: float, ttft: float, tpot: float, decode: bool = False) -> dict:
+        return {
+            "kv_cache_percentage": 0.1,
+            "input_token_length": prompt[request],
+            "num_request_waiting": waiting[request] + (10 if decode else 0),
+            "num_request_running": 2,
+            "num_tokens_generated": 0,
+            "prefix_cache_score": 0.0,
+            "actual_ttft_ms": ttft,
+            "actual_tpot_ms": tpot,
+            "timestamp": stamp,
+        }
+
+    return [
+        row("B", 0.8, 300.0, 0.0),
+        row("A", 1.0, 1000.0, 0.0),
+        row("B", 1.2, 0.0, 10.0, decode=True),
+        row("C", 2.5, 500.0, 0.0),
+        row("C", 3.0, 0.0, 20.0),
+        row("D", 4.2, 200.0, 0.0),
+        row("D", 4.6, 0.0, 30.0),
+        row("A", 5.0, 0.0, 40.0),
+    ]
+
+
+def test_the_arrival_walk_predicts_each_row_knowing_only_outcomes_stamped_before_its_request_arrived() -> None:
+    """The file-order walk predicted a row after learning outcomes of requests that completed after it arrived
+    (a median of 764 per TTFT row on sim:pd), which a router never has."""
+    import numpy as np
+
+    from leadtime.bench.accuracy import arrival_schedule, prequential_walk, request_times
+    from leadtime.features.vectorize import Vectorizer
+    from leadtime.predictor.learner import LearnerConfig
+    from leadtime.predictor.llmd_reference import LlmdFrame
+
+    rows = _request_rows()
+    times = request_times(rows, Path("hand.jsonl"), list(range(1, len(rows) + 1)))
+    # A TPOT row arrives with its request: D's with D, not with A (the earlier TTFT row of its prompt length).
+    assert times.arrival.tolist() == [0.5, 0.0, 0.5, 2.0, 2.0, 4.0, 4.0, 0.0]
+    assert (times.tpot_by_state, times.tpot_by_length) == (3, 1)
+    schedule = arrival_schedule(times.arrival, times.outcome)
+    assert schedule == [
+        *[("predict", i) for i in (1, 7, 0, 2)],  # A's and B's rows, at 0.0 and 0.5: nothing stamped yet
+        *[("learn", i) for i in (0, 1, 2)],  # stamped 0.8, 1.0 and 1.2: before C arrives at 2.0
+        *[("predict", i) for i in (3, 4)],
+        *[("learn", i) for i in (3, 4)],  # 2.5 and 3.0: before D arrives at 4.0
+        *[("predict", i) for i in (5, 6)],
+    ]  # rows 5, 6 and 7 (4.2, 4.6, 5.0) are stamped after the last arrival: never learned
+    y = {"ttft": np.array([r["actual_ttft_ms"] for r in rows]), "tpot": np.array([r["actual_tpot_ms"] for r in rows])}
+    config = LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False)
+    x = Vectorizer("h200-sxm", "qwen3-32b").batch_llmd(rows)
+    walk = prequential_walk(x, LlmdFrame.from_rows(rows), y, config, None, schedule=schedule)
+    floor = walk["median_baseline"]
+    # The median floor shows what each model had learned: nothing before A and B; B's and A's first tokens and B's
+    # completion before C; C's too before D (not D's own, nor A's completion at 5.0).
+    assert floor["ttft"][0][[0, 1, 2, 7]].tolist() == [0.0] * 4
+    assert floor["ttft"][0][[3, 4]].tolist() == [650.0, 650.0] and floor["tpot"][0][3] == 10.0
+    assert floor["ttft"][0][[5, 6]].tolist() == [500.0, 500.0] and floor["tpot"][0][6] == 15.0
+    assert np.isfinite(walk["leadtime"]["ttft"][0]).all() and np.isfinite(walk["llmd_reference"]["tpot"][0]).all()
+
+
+def test_request_times_name_the_line_of_a_tpot_row_without_its_ttft_row() -> None:
+    from leadtime.bench.accuracy import request_times
+
+    rows = _request_rows()
+    del rows[1]  # A's TTFT row: A's TPOT row (now line 7) has none left, D's having taken D's
+    with pytest.raises(ValueError, match=r"hand.jsonl:7: a TPOT row with no TTFT row of its request"):
+        request_times(rows, Path("hand.jsonl"), list(range(1, len(rows) + 1)))
+    rows = _request_rows()
+    del rows[3]["timestamp"]
+    with pytest.raises(ValueError, match=r"hand.jsonl:4: no timestamp"):
+        request_times(rows, Path("hand.jsonl"), list(range(1, len(rows) + 1)))
+
+
+def test_the_second_half_is_of_the_rows_in_the_order_they_were_predicted() -> None:
+    import numpy as np
+
+    from leadtime.bench.accuracy import MODELS, TARGETS, summarize_walk
+
+    y = {"ttft": np.full(4, 100.0), "tpot": np.full(4, 10.0)}
+    off = np.array([200.0, 200.0, 100.0, 100.0])  # rows 0 and 1 predicted twice too high, rows 2 and 3 exactly
+    walk = {m: {t: (off * (y[t][0] / 100.0), off) for t in TARGETS} for m in MODELS}
+    in_file_order = summarize_walk(walk, y)["leadtime"]["ttft"]
+    in_arrival_order = summarize_walk(walk, y, order=np.array([2, 3, 0, 1]))["leadtime"]["ttft"]
+    assert in_file_order["prequential_mape_second_half"] == 0.0
+    assert in_arrival_order["prequential_mape_second_half"] == 1.0
+    assert in_file_order["prequential_mape"] == in_arrival_order["prequential_mape"] == 0.5
+
+
+def test_accuracy_walks_a_timestamped_file_in_arrival_order(tmp_path: Path) -> None:
+    """The whole command on a file of 40 requests (80 rows) with timestamps: the report says which walk it was."""
+    rows = []
+    for k in range(10):  # the hand-made requests again, 6 s later each time
+        rows += [r | {"timestamp": r["timestamp"] + 6.0 * k} for r in _request_rows()]
+    path = tmp_path / "stamped.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = run_accuracy(path, "h200-sxm", "qwen3-32b", seeds=1, progress=False, speed_calls=50, label_delay="arrival")
+    assert report["data"]["label_delay"] == "arrival"
+    assert report["data"]["tpot_arrival_from_ttft_row"] == {"same_state": 30, "same_prompt_length": 10}
+    assert report["median_baseline"]["ttft"]["prequential_mape"] > 0
+
+
 def test_coverage_by_load_splits_each_feature_at_its_median() -> None:
     import numpy as np
 
