@@ -300,6 +300,7 @@ def test_simulate_takes_an_infinite_slo_as_no_slo(trace: Path) -> None:
         (["bench", "accuracy", "--seeds", "0"], "--seeds"),
         (["bench", "accuracy", "--seeds", "-1"], "--seeds"),
         (["bench", "accuracy", "--label-delay", "-1"], "--label-delay"),
+        (["bench", "accuracy", "--label-delay", "soon"], "--label-delay"),
         (["bench", "coldstart", "--seed", "-1"], "--seed"),
         # A process pool's "terminated abruptly" once the capacity search had run, or a run with Leadtime's
         # policies refused deep inside (their seed must be ≥ 0) and one without them accepted.
@@ -310,6 +311,11 @@ def test_simulate_takes_an_infinite_slo_as_no_slo(trace: Path) -> None:
 )
 def test_bench_options_out_of_range_are_refused_naming_the_option(args: list[str], option: str) -> None:
     refused(args, option)
+
+
+def test_bench_accuracy_refuses_to_walk_in_arrival_order_a_file_without_timestamps() -> None:
+    """sharegpt-h200's rows carry no timestamp: no arrival to predict a row at."""
+    refused(["bench", "accuracy", "--label-delay", "arrival"], "sharegpt-h200.jsonl", "no timestamp", "--label-delay")
 
 
 def test_bench_coldstart_refuses_to_hold_back_a_class_it_learns() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,6 +29,9 @@ from leadtime.cli.common import (
 )
 from leadtime.features.errors import FeatureError, validation_problem
 
+if TYPE_CHECKING:
+    from leadtime.bench.accuracy import LabelDelay
+
 
 @bench_app.command("accuracy")
 def bench_accuracy(
@@ -39,22 +42,23 @@ def bench_accuracy(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     reference_model: Annotated[str | None, typer.Option(help=REFERENCE_HELP)] = None,
     label_delay: Annotated[
-        int,
+        str,
         typer.Option(
             help="Rows predicted before a row's outcome is learned in the prequential walk (as in production, "
-            "where an outcome arrives when its request completes); 0 = learned at once."
+            "where an outcome arrives when its request completes); 0 = learned at once. `arrival`: each row "
+            "predicted at its request's arrival, knowing only the outcomes stamped by then (rows with timestamps).",
+            metavar="ROWS|arrival",
         ),
-    ] = 0,
+    ] = "0",
     catalog: Annotated[Path | None, typer.Option(help=CATALOG_HELP)] = None,
 ) -> None:
     """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
-    from leadtime.bench.accuracy import print_report, run_accuracy
+    from leadtime.bench.accuracy import ARRIVAL, print_report, run_accuracy
     from leadtime.bench.data import RowUsage
 
     if seeds < 1:
         fail(f"--seeds must be ≥ 1, got {seeds}")
-    if label_delay < 0:
-        fail(f"--label-delay must be ≥ 0, got {label_delay}")
+    delay = label_delay_option(label_delay)
     reference = reference_model_option(reference_model)
     known = catalog_option(catalog)
     hardware_options(accelerator, model, known)
@@ -68,7 +72,7 @@ def bench_accuracy(
                 f"{path}: {usage.neither} of its {usage.rows} rows have neither actual_ttft_ms nor actual_tpot_ms "
                 "above 0: they count toward no figure"
             )
-        if usage.out_of_order_line is not None:
+        if usage.out_of_order_line is not None and delay != ARRIVAL:  # that walk follows the timestamps
             warn(
                 f"{path}:{usage.out_of_order_line}: timestamp earlier than the row before it: the walk follows the "
                 "file order, not the timestamps (sort the file by time to walk it in time)"
@@ -89,13 +93,28 @@ def bench_accuracy(
             seeds=seeds,
             progress=not json_out,
             reference_model=reference,
-            label_delay=label_delay,
+            label_delay=delay,
             on_usage=skipped,
             catalog=known,
         )
     except (FeatureError, OSError, ValueError) as err:
         fail(err)
     print_report(report, as_json=json_out, usage=used[0])
+
+
+def label_delay_option(value: str) -> LabelDelay:
+    """--label-delay: a number of rows ≥ 0, or `arrival`."""
+    from leadtime.bench.accuracy import ARRIVAL
+
+    if value.strip().lower() == ARRIVAL:
+        return ARRIVAL
+    try:
+        rows = int(value)
+    except ValueError:
+        fail(f"--label-delay must be a number of rows or {ARRIVAL}, got {value!r}")
+    if rows < 0:
+        fail(f"--label-delay must be ≥ 0, got {rows}")
+    return rows
 
 
 @bench_app.command("coldstart")

@@ -10,7 +10,7 @@ import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -85,7 +85,7 @@ def hardware_options(accelerator: str | None, model: str | None, known: Catalog 
         fail(f"--{err.field}: {err.problem}{'; ' + hint if hint else ''}")
 
 
-def fail(message: str | Exception) -> None:
+def fail(message: str | Exception) -> NoReturn:
     """One line on stderr and exit 2: the shape of every error a user can fix."""
     if isinstance(message, OSError) and message.strerror:
         message = describe_os_error(message)
