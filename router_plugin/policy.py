@@ -7,9 +7,11 @@ carry the feature rows the policy scored and what it predicted, so that what is 
 was decided on. When the request completes, the caller reports an `Outcome` through `observe`; outcomes arrive
 late, exactly when each request finishes, as in production.
 
-Two hooks are optional, called only on a policy that has them (so that `RoutingPolicy` asks nothing more of the
-others): `abandon(request_id)`, the request will not complete where it was sent, and `forget_endpoint(endpoint_id)`,
-the endpoint left the fleet (discovery no longer lists it).
+Three hooks are optional, called only on a policy that has them (so that `RoutingPolicy` asks nothing more of the
+others): `prefilled(request_id, now_ms)`, the request's first token came back (a router sees it when the stream
+starts: its prefill is done, on P/D its KV transfer too), at most once and before its `observe`, for the peers
+whose real routers release the prefill side then; `abandon(request_id)`, the request will not complete where it
+was sent; and `forget_endpoint(endpoint_id)`, the endpoint left the fleet (discovery no longer lists it).
 """
 
 from __future__ import annotations

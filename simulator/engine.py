@@ -3,7 +3,8 @@
 The router sees each endpoint's state as last published (every `refresh_ms`): the snapshot is taken at the
 first event at or after each publication instant, which is the state at that instant because nothing changes
 between events. Cached prefixes count as visible to the router only if cached before the last publication.
-Completed requests are reported to the policy when they complete, never earlier.
+Completed requests are reported to the policy when they complete, never earlier; a request's first token when the
+client gets it (`prefilled`, to a policy that has it), as a router sees its stream start.
 
 P/D: the prefill endpoint runs the prompt and samples the first token; the KV then queues on the decode
 endpoint's ingress link (FIFO, `kv_link_gb_s`), and the first token reaches the client when the transfer
@@ -519,6 +520,8 @@ class FleetSimulator:
         self._freeze(endpoint)
         outcome: StepOutcome = endpoint.finish_step()
         self._drop_stuck(endpoint)
+        for r in outcome.first_token:
+            self._first_token(r)
         for r in outcome.prefill_done:
             self._start_transfer(r)
         for r in outcome.finished:
@@ -547,6 +550,7 @@ class FleetSimulator:
         r.kv_ready = True
         r.computed = 0
         r.generated = 1
+        self._first_token(r)
         if r.output_tokens <= 1:
             r.finish_ms = self.now
             self._complete(r)
@@ -555,6 +559,13 @@ class FleetSimulator:
         self._freeze(target)
         target.enqueue(r)
         self._wake(target)
+
+    def _first_token(self, r: SimRequest) -> None:
+        """Tell a policy that has the hook (`prefilled`) that the request's first token reached the client: a real
+        router sees its stream start then, and Dynamo's and llm-d's release the request's prefill side there."""
+        prefilled = getattr(self.policy, "prefilled", None)
+        if prefilled is not None:
+            prefilled(str(r.rid), self.now)
 
     def _complete(self, r: SimRequest) -> None:
         decision = self._decisions.pop(r.rid)

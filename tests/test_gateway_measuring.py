@@ -151,14 +151,19 @@ class Recording(RoundRobinPolicy):
         self.offered: list[Sequence[Candidate]] = []
         self.outcomes: list[Outcome] = []
         self.abandoned: list[str] = []
+        self.told: list[tuple[str, str, float]] = []  # ("prefilled" | "observe", request id, router's clock)
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
         self.requests.append(request)
         self.offered.append(list(candidates))
         return super().pick(request, candidates)
 
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        self.told.append(("prefilled", request_id, now_ms))
+
     def observe(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
+        self.told.append(("observe", outcome.request_id, outcome.completed_ms))
 
     def abandon(self, request_id: str) -> None:
         self.abandoned.append(request_id)
@@ -367,6 +372,16 @@ def test_with_several_tokens_an_event_the_itl_is_per_token_once_the_usage_is_ask
     assert outcomes[False].itl_ms > 2 * outcomes[True].itl_ms
     # The usage's prompt length also teaches the prefix estimate its bytes per token ("x y": 3 bytes, 2 tokens).
     assert bytes_per_token[True] < bytes_per_token[False] == DEFAULT_BYTES_PER_TOKEN
+
+
+def test_the_policy_is_told_of_the_first_token_as_it_streams_through() -> None:
+    """Peers release a request's prefill side when its stream starts (`RoutingPolicy`'s `prefilled`): the gateway
+    tells the policy when the first token passes, once, before the outcome."""
+    policy, _, _ = through(stream_of_twelve)
+    (request,), (outcome,) = policy.requests, policy.outcomes
+    (kind, request_id, at), last = policy.told
+    assert (kind, request_id) == ("prefilled", request.request_id) and last[:2] == ("observe", request.request_id)
+    assert request.arrival_ms + outcome.ttft_ms <= at + 1e-6 and at <= outcome.completed_ms
 
 
 def test_the_gateway_counts_the_decisions_its_policy_explored() -> None:

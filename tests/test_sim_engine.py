@@ -450,6 +450,43 @@ def test_a_failed_request_is_abandoned_by_the_policy_that_placed_it() -> None:
     assert abandoned == ["0"]
 
 
+class FirstTokens(RoundRobinPolicy):
+    """Round-robin recording, in order, each first token (`prefilled`) and each outcome it is told of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[str, str, float]] = []
+
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        self.told.append(("prefilled", request_id, now_ms))
+
+    def observe(self, outcome: Outcome) -> None:
+        self.told.append(("observe", outcome.request_id, outcome.completed_ms))
+
+
+@pytest.mark.parametrize("pd", [False, True], ids=["unified", "pd"])
+def test_a_policy_is_told_of_each_first_token_when_the_client_gets_it(pd: bool) -> None:
+    """Real routers release a request's prefill side when its stream starts (Dynamo frees the prefill worker's
+    sequence, llm-d moves its tokens from prefill to decode): the policy must hear of it then, not at completion.
+    On P/D the first token comes after the KV transfer."""
+    pool = {"count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}
+    pair: dict[str, object] = {
+        "pools": [{**pool, "name": "p", "role": "prefill"}, {**pool, "name": "d", "role": "decode"}]
+    }
+    doc = pair if pd else _fleet()
+    workload = [WorkloadRequest(0.0, 2000, 30), WorkloadRequest(1.0, 500, 1), WorkloadRequest(2.0, 800, 12)]
+    policy = FirstTokens()
+    result = FleetSimulator(parse_fleet(doc), workload, policy).run()
+    first = {c.rid: c.arrival_ms + c.ttft_ms for c in result.completed}
+    told = [(kind, rid) for kind, rid, _ in policy.told]
+    for rid, at in first.items():
+        assert ("prefilled", str(rid), pytest.approx(at)) in policy.told
+        assert told.count(("prefilled", str(rid))) == 1
+        assert told.index(("prefilled", str(rid))) < told.index(("observe", str(rid)))
+    if pd:
+        assert all(c.transfer_ms > 0 for c in result.completed)
+
+
 def test_bad_policy_pick_is_reported() -> None:
     class Wrong(RoundRobinPolicy):
         def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:

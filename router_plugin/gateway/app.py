@@ -13,8 +13,9 @@ Per request (`/v1/completions`, `/v1/chat/completions`, streaming or not):
    hop-by-hop ones; an endpoint that fails before answering is left out and the request decided again, once;
 5. pass the answer back as it arrives, status, headers and errors included, measuring TTFT and ITL from the
    stream (whose usage event the gateway asks for when the client did not, to count tokens, and keeps from that
-   client), and report the outcome to the policy, which learns from it (observations reach the predictor in
-   batches, `predictor.GatewayPredictor`).
+   client), tell the policy when the first token passes (`prefilled`, when it has one: peers release the
+   request's prefill side then), and report the outcome to the policy, which learns from it (observations reach
+   the predictor in batches, `predictor.GatewayPredictor`).
 
 A non-streaming request goes on asking for a stream, which is timed and put back together into one JSON body
 for its client (`assemble`; requests whose answer that would not rebuild go on unchanged). Failed requests, and
@@ -362,6 +363,7 @@ class Gateway:
         self.timeslice: Any = None
         if timeslice is not None:
             self.attach_timeslice(timeslice)
+        self._prefilled = getattr(policy, "prefilled", None)
         self._abandon = getattr(policy, "abandon", None)
         self._forget_endpoint = getattr(policy, "forget_endpoint", None)
         self.replicas: ReplicaSync | None = None
@@ -1421,6 +1423,8 @@ class Gateway:
                     first = False
                     routed.shared_generated = meter.events
                     self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
+                    if self._prefilled is not None:
+                        self._policy_call(self._prefilled, routed.request_id, meter.first_ms)
                 elif meter.events < routed.shared_generated + PROGRESS_SHARED_EVERY or self.replicas is None:
                     self.work.progress(routed.request_id, meter.events)
                 else:
