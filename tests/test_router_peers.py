@@ -78,6 +78,49 @@ def test_dynamo_pd_picks_a_pair_and_local_prefill_below_its_threshold() -> None:
     assert conditional.pick(RouteRequest("long", 1001), cands).is_pair
 
 
+def test_dynamo_pd_frees_the_prefill_workers_sequence_once_its_prefill_is_done() -> None:
+    """Dynamo's prefill router frees the sequence on the prefill worker when the prefill completes: only prefills
+    in flight weigh on a prefill worker, while the decode worker holds the sequence until the request ends."""
+    policy = DynamoKvPolicy(block_size=16)
+    cands = [cand("p1", role="prefill"), cand("p2", role="prefill"), cand("d1", role="decode")]
+    pick = policy.pick(RouteRequest("A", 8000, (11,)), cands)
+    assert pick.decode_endpoint_id == "d1"
+    prefill = pick.endpoint_id
+    assert (policy.active_blocks(prefill), policy.active_blocks("d1")) == (500.0, 500.0)
+    assert sorted(policy.costs(RouteRequest("B", 1600, (22,)), cands[:2])) == [200.0, 700.0]
+    policy.prefilled("A", 10.0)
+    assert (policy.active_blocks(prefill), policy.active_blocks("d1")) == (0.0, 500.0)
+    # B, 1600 tokens (100 blocks), costs the same on both prefill workers again: 100 + 100 blocks.
+    assert policy.costs(RouteRequest("B", 1600, (22,)), cands[:2]) == [200.0, 200.0]
+    policy.observe(done("A", prefill, "d1"))
+    assert policy.active_blocks("d1") == 0.0
+
+
+def test_dynamo_unified_keeps_the_sequence_active_until_the_request_completes() -> None:
+    policy = DynamoKvPolicy(block_size=16)
+    policy.pick(RouteRequest("A", 1600), [cand("a")])
+    policy.prefilled("A", 10.0)  # a unified worker decodes what it prefilled: the sequence is still active there
+    assert policy.active_blocks("a") == 100.0
+    policy.observe(done("A", "a"))
+    assert policy.active_blocks("a") == 0.0
+
+
+@pytest.mark.parametrize("first_token", [False, True], ids=["before", "after"])
+def test_dynamo_releases_an_abandoned_request_as_a_completed_one(first_token: bool) -> None:
+    """A request that fails is freed from the router's active sequences (Dynamo frees it on an error too)."""
+    policy = DynamoKvPolicy(block_size=16)
+    cands = [cand("p1", role="prefill"), cand("d1", role="decode")]
+    policy.pick(RouteRequest("A", 1600, (1,)), cands)
+    if first_token:
+        policy.prefilled("A", 10.0)
+    policy.abandon("A")
+    assert (policy.active_blocks("p1"), policy.active_blocks("d1")) == (0.0, 0.0)
+    policy.abandon("A")  # told twice, or of a request it never routed: nothing to release
+    policy.abandon("never")
+    policy.prefilled("never", 1.0)
+    assert (policy.active_blocks("p1"), policy.active_blocks("d1")) == (0.0, 0.0)
+
+
 # ------------------------------------------------------------------------------------------------ SGLang
 
 

@@ -14,15 +14,17 @@ request's own included (a block that several active sequences share is counted o
 negated costs picks the worker; at temperature 0 (the default) that is the lowest cost, ties at random.
 
 Here the cached overlap is `Candidate.prefix_hit_tokens` (the simulator publishes the engine's true cache, as
-KV events would) and "until they complete" is the `Outcome` of each request. Dynamo's implementation also adds
-to `prefill_blocks` the prompt tokens of requests it routed to the worker whose first token has not come back;
-the routing contract reports requests only when they complete, so that term is left out, as in the documented
-formula.
+KV events would) and "until they complete" is the `Outcome` of each request, or its `abandon` when it fails
+(Dynamo frees a sequence whose request errored as well). Dynamo's implementation also adds to `prefill_blocks`
+the prompt tokens of requests it routed to the worker whose first token has not come back; that term is not in
+the documented formula and is left out here.
 
 P/D (Dynamo's disaggregated serving): prefill workers and decode workers register as separate pools and the
 frontend places each request on one of each, the prefill worker by this same KV cost over the prefill pool
 (overlap with its cache, blocks of the sequences active there) and the decode worker by the cost over the
-decode pool; the KV then moves from one to the other. Older Dynamo releases also had conditional
+decode pool; the KV then moves from one to the other. The prefill router frees the sequence on the prefill
+worker once its prefill is done, so only prefills in flight weigh there: here when the request's first token
+comes back (`prefilled`), which on P/D is after the KV transfer too. Older Dynamo releases also had conditional
 disaggregation (prefill on the decode worker when the uncached prompt is at most `max_local_prefill_length`
 tokens); `max_local_prefill_tokens` turns that on, off by default as in current releases.
 
@@ -184,12 +186,28 @@ class DynamoKvPolicy:
             self._active.setdefault(eid, ActiveBlocks()).add(request)
         self._routed[request.request_id] = (request, endpoints)
 
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        """The first token came back: on P/D the prefill worker is done with the request, and Dynamo's prefill
+        router frees its sequence there (the decode worker holds it until the request completes). A unified
+        worker decodes what it prefilled: nothing changes."""
+        routed = self._routed.get(request_id)
+        if routed is None or len(routed[1]) < 2:
+            return
+        request, (prefill, *decode) = routed
+        self._release(request, (prefill,))
+        self._routed[request_id] = (request, tuple(decode))
+
     def observe(self, outcome: Outcome) -> None:
         """A request completed: its sequences are no longer active where it was sent."""
-        routed = self._routed.pop(outcome.request_id, None)
-        if routed is None:
-            return
-        request, endpoints = routed
+        self.abandon(outcome.request_id)
+
+    def abandon(self, request_id: str) -> None:
+        """The request failed: Dynamo frees its sequences as for a completed one, or they would count for ever."""
+        routed = self._routed.pop(request_id, None)
+        if routed is not None:
+            self._release(*routed)
+
+    def _release(self, request: RouteRequest, endpoints: tuple[str, ...]) -> None:
         for eid in endpoints:
             active = self._active.get(eid)
             if active is not None:
