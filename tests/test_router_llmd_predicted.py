@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytest
 
 from leadtime.features.rows import EndpointState
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
@@ -56,18 +57,56 @@ def req(rid: str, tokens: int = 1000, ttft_slo: float | None = 2000.0, tpot_slo:
     return RouteRequest(rid, tokens, (), ttft_slo, tpot_slo)
 
 
-def test_prefill_tokens_in_flight_count_from_routing_to_completion() -> None:
+def test_uncached_prompt_tokens_are_prefill_until_the_first_token_then_the_prompt_is_decode() -> None:
+    """llm-d's accounting (as `router_plugin.gateway.inflight_work` keeps it too): a request's uncached prompt
+    tokens count as prefill work until its first token, then its prompt and generated tokens as decode work until
+    it completes. The two counters were the same number on a unified fleet, moving together."""
     model = Model()
     policy = LlmdPredictedPolicy(model)
-    first = policy.pick(req("r1", 4000), [cand("a"), cand("b", waiting=1)])
+    first = policy.pick(req("r1", 4000), [cand("a", hits=1000), cand("b", waiting=1)])
     assert first.endpoint_id == "a"
-    policy.pick(req("r2", 1000), [cand("a"), cand("b", waiting=1)])
-    rows = {r["input_token_length"]: r for r in model.asked[-1]}
-    assert model.asked[-1][0]["prefill_tokens_in_flight"] == 4000  # a still holds r1 (scrape shows nothing)
-    assert rows[1000]["pod_type"] == ""
+    policy.pick(req("r2", 1000), [cand("a", hits=1000), cand("b", waiting=1)])
+    assert model.asked[-1][0]["prefill_tokens_in_flight"] == 3000  # r1's 3,000 uncached tokens (scrape: nothing)
+    assert model.asked[-1][0]["decode_tokens_in_flight"] == 0
+    policy.prefilled("r1", 200.0)
+    policy.pick(req("r3"), [cand("a"), cand("b", waiting=5)])
+    assert model.asked[-1][0]["decode_tokens_in_flight"] == 4000 + 1  # its prompt and its first token
+    assert model.asked[-1][0]["prefill_tokens_in_flight"] in (0, 1000)  # r2 may be on a, still prefilling
     policy.observe(Outcome("r1", "a", None, 300.0, 12.0, 20, 500.0))
-    policy.pick(req("r3"), [cand("a"), cand("b")])
-    assert model.asked[-1][0]["prefill_tokens_in_flight"] in (0, 1000)  # r1 gone; r2 may be on a
+    policy.pick(req("r4"), [cand("a"), cand("b", waiting=5)])
+    assert model.asked[-1][0]["decode_tokens_in_flight"] == 0
+
+
+def test_on_pd_the_prefill_endpoint_counts_until_the_first_token_and_the_decode_endpoint_from_then() -> None:
+    model = Model()
+    policy = LlmdPredictedPolicy(model)
+    cands = [cand("p1", role="prefill", hits=500), cand("d1", role="decode")]
+    pick = policy.pick(req("r1", 3000), cands)
+    assert (pick.endpoint_id, pick.decode_endpoint_id) == ("p1", "d1")
+    policy.pick(req("r2", 1000), cands)
+    (d_row,), (p_row,) = model.asked[-2], model.asked[-1]  # the decode side is asked first
+    assert (d_row["pod_type"], d_row["decode_tokens_in_flight"]) == ("decode", 0)  # r1 is not decoding yet
+    assert (p_row["pod_type"], p_row["prefill_tokens_in_flight"]) == ("prefill", 2500)  # r1's uncached tokens
+    policy.prefilled("r1", 400.0)
+    policy.pick(req("r3", 1000), cands)
+    (d_row,), (p_row,) = model.asked[-2], model.asked[-1]
+    assert d_row["decode_tokens_in_flight"] == 3000 + 1
+    assert p_row["prefill_tokens_in_flight"] == 500  # r2's uncached tokens; r1's prefill is done
+
+
+@pytest.mark.parametrize("first_token", [False, True], ids=["prefilling", "decoding"])
+def test_an_abandoned_request_leaves_the_counters_and_teaches_nothing(first_token: bool) -> None:
+    """A failed request stayed in flight for ever; llm-d's response-complete hook runs for it as for any."""
+    model = Model()
+    policy = LlmdPredictedPolicy(model)
+    policy.pick(req("r1", 2000), [cand("a")])
+    if first_token:
+        policy.prefilled("r1", 100.0)
+    policy.abandon("r1")
+    policy.pick(req("r2"), [cand("a")])
+    assert (model.asked[-1][0]["prefill_tokens_in_flight"], model.asked[-1][0]["decode_tokens_in_flight"]) == (0, 0)
+    policy.observe(Outcome("r1", "a", None, 300.0, 12.0, 20, 500.0))  # a late outcome of it: nothing to learn
+    assert model.learned == []
 
 
 def test_the_prefix_affinity_gates_come_before_headroom() -> None:
@@ -139,13 +178,17 @@ def test_following_another_routers_picks_counts_and_learns_them_as_its_own() -> 
     assert [r["pod_type"] for r in model.asked[-1]] == ["prefill", "decode"]
     policy.follow(req("r2", 500), pool, Pick("p2", "d1"))
     assert model.asked[-1][0]["prefill_tokens_in_flight"] == 3000  # r1 counted on p2
-    assert model.asked[-1][1]["decode_tokens_in_flight"] == 3000  # and on d1
+    assert model.asked[-1][1]["decode_tokens_in_flight"] == 0  # and on d1 once its first token is back
+    policy.prefilled("r1", 300.0)
+    policy.prefilled("r2", 310.0)
     # Prefilled on the decode endpoint itself: one row, as llm-d's own local path records it.
     policy.follow(req("r3", 8), pool, Pick("d1"))
     assert model.asked[-1][0]["pod_type"] == "decode"
+    assert model.asked[-1][1]["decode_tokens_in_flight"] == 3001 + 501
+    policy.prefilled("r3", 320.0)
     policy.observe(Outcome("r1", "p2", "d1", 400.0, 25.0, 10, 900.0))
     assert [(r["actual_ttft_ms"], r["actual_tpot_ms"]) for r in model.learned] == [(400.0, 0.0), (0.0, 25.0)]
     assert model.learned[0]["pod_type"] == "prefill" and model.learned[1]["pod_type"] == "decode"
     policy.follow(req("r4", 100), pool, Pick("p1", "d1"))
     assert model.asked[-1][0]["prefill_tokens_in_flight"] == 0  # p1 never had anything
-    assert model.asked[-1][1]["decode_tokens_in_flight"] == 500 + 8  # r1 done; r2 and r3 still decode on d1
+    assert model.asked[-1][1]["decode_tokens_in_flight"] == 501 + 9  # r1 done; r2 and r3 still decode on d1

@@ -6,10 +6,13 @@ llm-d-latency-predictor sidecars), as described in its guides:
 - One model per target (TTFT, TPOT) over llm-d's features only: no endpoint identity, no accelerator class, no
   P/D pair, no time-slice state. The model is `predictor` (in the benchmark, `leadtime.predictor.llmd_reference`,
   llm-d's training server's store and trees), starting cold.
-- The router counts the tokens it has in flight per endpoint: `prefill_tokens_in_flight` is the prompt tokens of
-  every request it routed there and has not seen complete (running ones included); `decode_tokens_in_flight`
-  the prompt tokens of the requests it sent there to decode (on P/D, the decode endpoints; on a unified fleet the
-  same requests, once counted as prefill). Waiting, running and KV use come from the scraped state.
+- The router counts the tokens it has in flight per endpoint, from the responses it streams back (the rule
+  `router_plugin.gateway.inflight_work` keeps too): `prefill_tokens_in_flight` is the uncached prompt tokens of
+  the requests it sent there to prefill whose first token has not come back; `decode_tokens_in_flight` the
+  prompt and generated tokens of those it sent there to decode, from their first token until they complete (on
+  P/D the decode endpoint; on a unified fleet the same endpoint, once its prefill is done). The routing contract
+  reports the first token (`prefilled`) and the completion, not the tokens between, so a request counts its
+  prompt plus one token as decode work. Waiting, running and KV use come from the scraped state.
 - Prefix-affinity gates: if some endpoint holds ≥ 99% of the prompt, only those are considered; else if some
   hold ≥ 80%, only those.
 - Headroom: h = SLO − predicted for each target; an endpoint with h ≥ 0 on both is "positive". The combined
@@ -58,20 +61,45 @@ class _Decision:
 
 
 @dataclass
+class _InFlight:
+    """Where one routed request counts: its uncached prompt on `prefill_on` until its first token, then its prompt
+    and that token on `decode_on`."""
+
+    prefill_on: str
+    uncached: int
+    decode_on: str
+    decode_tokens: int
+    decoding: bool = False
+
+
+@dataclass
 class _Counters:
     prefill: dict[str, int] = field(default_factory=dict)
     decode: dict[str, int] = field(default_factory=dict)
-    routed: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)  # request → (side, endpoint, tokens)
+    routed: dict[str, _InFlight] = field(default_factory=dict)
 
-    def add(self, request_id: str, side: str, endpoint_id: str, tokens: int) -> None:
-        counts = self.prefill if side == "prefill" else self.decode
-        counts[endpoint_id] = counts.get(endpoint_id, 0) + tokens
-        self.routed.setdefault(request_id, []).append((side, endpoint_id, tokens))
+    def start(self, request: RouteRequest, prefill_on: Candidate, decode_on: str) -> None:
+        uncached = request.input_tokens - min(prefill_on.prefix_hit_tokens, request.input_tokens)
+        eid = prefill_on.endpoint_id
+        self.prefill[eid] = self.prefill.get(eid, 0) + uncached
+        self.routed[request.request_id] = _InFlight(eid, uncached, decode_on, request.input_tokens + 1)
+
+    def first_token(self, request_id: str) -> None:
+        f = self.routed.get(request_id)
+        if f is None or f.decoding:
+            return
+        f.decoding = True
+        self.prefill[f.prefill_on] -= f.uncached
+        self.decode[f.decode_on] = self.decode.get(f.decode_on, 0) + f.decode_tokens
 
     def complete(self, request_id: str) -> None:
-        for side, endpoint_id, tokens in self.routed.pop(request_id, ()):
-            counts = self.prefill if side == "prefill" else self.decode
-            counts[endpoint_id] -= tokens
+        f = self.routed.pop(request_id, None)
+        if f is None:
+            return
+        if f.decoding:
+            self.decode[f.decode_on] -= f.decode_tokens
+        else:
+            self.prefill[f.prefill_on] -= f.uncached
 
 
 class LlmdPredictedPolicy:
@@ -181,8 +209,7 @@ class LlmdPredictedPolicy:
             ttft, tpot, ttft_mean, tpot_mean = self._predict(rows)
             i = self._choose(*self._headroom(request, ttft, tpot))
             chosen = pool[i]
-            self._counters.add(request.request_id, "prefill", chosen.endpoint_id, request.input_tokens)
-            self._counters.add(request.request_id, "decode", chosen.endpoint_id, request.input_tokens)
+            self._counters.start(request, chosen, chosen.endpoint_id)
             self._decisions[request.request_id] = _Decision([rows[i]], float(ttft_mean[i]), float(tpot_mean[i]))
             return Pick(
                 chosen.endpoint_id, predicted_ttft_ms=float(ttft_mean[i]), predicted_tpot_ms=float(tpot_mean[i])
@@ -196,8 +223,7 @@ class LlmdPredictedPolicy:
         if uncached < self.disaggregate_min_tokens or not roles.prefill:
             row = self._row(request, best_decode, "decode")
             ttft, _, ttft_mean, _ = self._predict([row])
-            self._counters.add(request.request_id, "prefill", best_decode.endpoint_id, request.input_tokens)
-            self._counters.add(request.request_id, "decode", best_decode.endpoint_id, request.input_tokens)
+            self._counters.start(request, best_decode, best_decode.endpoint_id)
             self._decisions[request.request_id] = _Decision([row], float(ttft_mean[0]), float(d_tpot_mean[d]))
             return Pick(
                 best_decode.endpoint_id, predicted_ttft_ms=float(ttft_mean[0]), predicted_tpot_ms=float(d_tpot_mean[d])
@@ -207,8 +233,7 @@ class LlmdPredictedPolicy:
         p_ttft, _, p_ttft_mean, _ = self._predict(prefill_rows)
         p = self._choose(*self._headroom(request, p_ttft, np.zeros(len(prefill)), (1.0, 0.0)))
         chosen = prefill[p]
-        self._counters.add(request.request_id, "prefill", chosen.endpoint_id, request.input_tokens)
-        self._counters.add(request.request_id, "decode", best_decode.endpoint_id, request.input_tokens)
+        self._counters.start(request, chosen, best_decode.endpoint_id)
         self._decisions[request.request_id] = _Decision(
             [prefill_rows[p], decode_rows[d]], float(p_ttft_mean[p]), float(d_tpot_mean[d])
         )
@@ -231,22 +256,32 @@ class LlmdPredictedPolicy:
         if first.state.role == "both":
             row = self._row(request, first, "")
             _, _, ttft, tpot = self._predict([row])
-            rows, prefill_id, decode_id = [row], first.endpoint_id, first.endpoint_id
+            rows, decode_id = [row], first.endpoint_id
         elif pick.decode_endpoint_id is None or pick.decode_endpoint_id == pick.endpoint_id:
             row = self._row(request, first, "decode")  # prefilled on the decode endpoint, as below the threshold
             _, _, means_ttft, means_tpot = self._predict([row, self._row(request, first, "decode", cached=False)])
             ttft, tpot = means_ttft[:1], means_tpot[1:]
-            rows, prefill_id, decode_id = [row], first.endpoint_id, first.endpoint_id
+            rows, decode_id = [row], first.endpoint_id
         else:
             decode = by_id[pick.decode_endpoint_id]
             rows = [self._row(request, first, "prefill"), self._row(request, decode, "decode", cached=False)]
             _, _, means_ttft, means_tpot = self._predict(rows)
             ttft, tpot = means_ttft[:1], means_tpot[1:]
-            prefill_id, decode_id = first.endpoint_id, decode.endpoint_id
-        self._counters.add(request.request_id, "prefill", prefill_id, request.input_tokens)
-        self._counters.add(request.request_id, "decode", decode_id, request.input_tokens)
+            decode_id = decode.endpoint_id
+        self._counters.start(request, first, decode_id)
         self._decisions[request.request_id] = _Decision(rows, float(ttft[0]), float(tpot[0]))
         return float(ttft[0]), float(tpot[0])
+
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        """The first token came back: the request's uncached prompt leaves the prefill count, and its prompt and
+        that token count as decode work where it decodes (llm-d's accounting; see the module docstring)."""
+        self._counters.first_token(request_id)
+
+    def abandon(self, request_id: str) -> None:
+        """The request failed: it leaves the counters, as llm-d's response-complete hook does for any request, and
+        teaches nothing (it has no latency to learn)."""
+        self._counters.complete(request_id)
+        self._decisions.pop(request_id, None)
 
     def observe(self, outcome: Outcome) -> None:
         self._counters.complete(outcome.request_id)
