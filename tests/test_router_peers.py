@@ -162,6 +162,19 @@ def test_sglang_exactly_at_the_threshold_is_not_a_cache_hit() -> None:
     assert policy.pick(RouteRequest("more", 1536, (1, 2, 61)), [a, b]) == Pick("a")  # 2/3 > 0.5
 
 
+def test_sglang_match_rate_is_the_share_of_the_prompts_tokens_matched() -> None:
+    """SGLang's match rate is matched characters over the prompt's characters. Segments are 512 tokens but the last,
+    which holds what is left: counting segments, a prompt's short tail weighed as much as a whole segment."""
+    policy = SglangCachePolicy()
+    a, b = cand("a"), cand("b")
+    policy.tree("a").insert(RouteRequest("old", 512, (1,)))  # a holds the first 512 tokens
+    policy.tree("b").insert(RouteRequest("pad", 100, (99,)))  # b's tree is the smaller
+    # 3 whole segments and a 24-token tail: 512 of 1,560 tokens match on a (0.33 > 0.3), though 1 of 4 segments.
+    assert policy.pick(RouteRequest("new", 1560, (1, 2, 3, 4)), [a, b]) == Pick("a")
+    # 512 of 2,048 (0.25): the smallest tree.
+    assert policy.pick(RouteRequest("far", 2048, (1, 7, 8, 9)), [a, b]) == Pick("b")
+
+
 def test_sglang_imbalanced_fleet_routes_to_the_least_loaded_even_with_a_full_match() -> None:
     policy = SglangCachePolicy()
     a, b, c = cand("a"), cand("b"), cand("c")
@@ -191,6 +204,17 @@ def test_sglang_load_falls_when_requests_complete() -> None:
     assert policy.load("a") == 1
     policy.observe(done("r", pick.endpoint_id))
     assert policy.load("a") == 0
+
+
+def test_sglang_load_falls_when_a_request_fails() -> None:
+    """SGLang's load guard drops with the response, an error's too: a failed request stayed in the load for ever."""
+    policy = SglangCachePolicy()
+    cands = [cand("p0", role="prefill"), cand("d0", role="decode")]
+    policy.pick(RouteRequest("r", 100), cands)
+    assert (policy.load("p0"), policy.load("d0")) == (1, 1)
+    policy.abandon("r")
+    policy.abandon("never routed")
+    assert (policy.load("p0"), policy.load("d0")) == (0, 0)
 
 
 def test_sglang_pd_picks_prefill_and_decode_each_by_its_own_trees() -> None:

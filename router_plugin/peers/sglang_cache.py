@@ -15,14 +15,17 @@ the requests it has in flight on each worker (its load). For each request:
 
 The trees here hold the request's chained block hashes (`RouteRequest.block_hashes`; equal leading hashes are
 equal prefixes, as equal leading characters are in SGLang's character tree), so a prefix match is the run of
-leading hashes a worker's tree has; the match rate is matched segments ÷ the prompt's segments. Tree size is
-counted in tokens. A prompt without hashes (a trace without prefix information) matches nothing and is
-inserted as its own entry.
+leading hashes a worker's tree has. SGLang's match rate is matched characters ÷ the prompt's characters; here it
+is in tokens, min(matched segments × `segment_tokens`, prompt) ÷ prompt, as each hash names a fixed-size segment
+but the last, which holds what is left (counting segments, a short tail weighed as much as a whole segment).
+Tree size is counted in tokens. A prompt without hashes (a trace without prefix information) matches nothing and
+is inserted as its own entry.
 
 P/D (SGLang's PD router, `--pd-disaggregation`): the router places each request on a prefill worker and a
 decode worker, each chosen by its policy over its own pool (`--prefill-policy`, `--decode-policy`, both
 cache-aware here) with its own trees and loads; the decode worker pulls the KV from the prefill worker. Load is
-counted until the request completes (the routing contract reports completions only).
+counted on both workers until the response ends (the PD router holds one load guard over the pair for the whole
+request), or fails (`abandon`: the guard drops with an error response too).
 
 Time-slicing: it reads no time-slice orchestrator (a sleeping vLLM engine still answers its health check and
 /metrics), so it may route to an endpoint whose accelerators another job holds; the requests wait there.
@@ -38,6 +41,9 @@ from leadtime.router_plugin.policy import Candidate, NoCandidateError, Outcome, 
 
 # SGLang bounds its tree at 2**26 characters per worker; at about 4 characters a token that is 2**24 tokens.
 DEFAULT_MAX_TREE_TOKENS = 2**24
+# What each of `RouteRequest.block_hashes` names: the Mooncake trace's hash_ids name 512-token blocks, and the
+# simulator's workloads are cut so (`simulator.workload.MOONCAKE_SEGMENT_TOKENS`).
+DEFAULT_SEGMENT_TOKENS = 512
 
 
 class ApproximateTree:
@@ -96,6 +102,9 @@ class SglangCachePolicy:
         Load is imbalanced when max − min exceeds the first and max exceeds the second × min (64, 1.5).
     max_tree_tokens
         Bound of each worker's tree, in tokens.
+    segment_tokens
+        Tokens each block hash names (the last of a prompt's may hold fewer): what a matched hash counts for in the
+        match rate.
     seed
         Seeds the tie-breaks.
 
@@ -115,8 +124,12 @@ class SglangCachePolicy:
         balance_abs_threshold: int = 64,
         balance_rel_threshold: float = 1.5,
         max_tree_tokens: float = DEFAULT_MAX_TREE_TOKENS,
+        segment_tokens: int = DEFAULT_SEGMENT_TOKENS,
         seed: int = 0,
     ) -> None:
+        if segment_tokens < 1:
+            raise ValueError(f"segment_tokens must be ≥ 1, got {segment_tokens}")
+        self.segment_tokens = segment_tokens
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
@@ -147,6 +160,16 @@ class SglangCachePolicy:
         tied = [c for c, v in zip(candidates, values, strict=True) if v == low]
         return tied[0] if len(tied) == 1 else self._rng.choice(tied)
 
+    def match_rate(self, request: RouteRequest, matched: int) -> float:
+        """Share of the prompt's tokens that `matched` leading hashes cover (SGLang's, in characters).
+
+        >>> SglangCachePolicy().match_rate(RouteRequest("r", 1560, (1, 2, 3, 4)), 1)  # 512 of 1,560
+        0.3282051282051282
+        """
+        if request.input_tokens <= 0:
+            return 0.0
+        return min(matched * self.segment_tokens, request.input_tokens) / request.input_tokens
+
     def _choose(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Candidate:
         ready = list(candidates)
         if not ready:
@@ -157,7 +180,7 @@ class SglangCachePolicy:
             hashes = request.block_hashes
             matches = [self.tree(c.endpoint_id).matched(hashes) for c in ready] if hashes else [0] * len(ready)
             best = max(matches)
-            if hashes and best / len(hashes) > self.cache_threshold:
+            if hashes and self.match_rate(request, best) > self.cache_threshold:
                 chosen = self._lowest(ready, [-m for m in matches])
             else:
                 chosen = self._lowest(ready, [self.tree(c.endpoint_id).tokens for c in ready])
@@ -182,5 +205,9 @@ class SglangCachePolicy:
 
     def observe(self, outcome: Outcome) -> None:
         """A request completed: it no longer counts in its workers' loads."""
-        for eid in self._routed.pop(outcome.request_id, ()):
+        self.abandon(outcome.request_id)
+
+    def abandon(self, request_id: str) -> None:
+        """The request failed: its load guard drops as for a completed one, or it would count for ever."""
+        for eid in self._routed.pop(request_id, ()):
             self._load[eid] = max(0, self._load.get(eid, 0) - 1)
