@@ -45,6 +45,17 @@ class Timed:
     def observe(self, outcome: object) -> None:
         self.policy.observe(outcome)  # type: ignore[arg-type]
 
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        """Passed on (the optional hooks of `RoutingPolicy`): a peer timed here must route as in the benchmark."""
+        prefilled = getattr(self.policy, "prefilled", None)
+        if prefilled is not None:
+            prefilled(request_id, now_ms)
+
+    def abandon(self, request_id: str) -> None:
+        abandon = getattr(self.policy, "abandon", None)
+        if abandon is not None:
+            abandon(request_id)
+
 
 def time_policy(fleet_name: str, requests: int, rate_scale: float, policy: str, seed: int = 0) -> dict[str, object]:
     fleet = load_fleet(fleet_name)

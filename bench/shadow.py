@@ -6,9 +6,10 @@ ITL steady) while Leadtime also prefills on them (their ITL swinging with prefil
 predictors on the same requests, llm-d's predictor follows Leadtime's picks as if it had made them — its own rows
 and tokens-in-flight counters, learning from the same outcomes — without changing a single decision.
 
-Its work is done at the start of the next `observe`, not inside `pick`: the simulator times `pick` as the policy's
-decision cost, and nothing that the follower reads changes between a pick and the next outcome (its model learns
-and its counters drop only in `observe`), so the deferred predictions are the ones it would have made at once.
+Its work is done at the start of the next `observe` (or first token, or failure), not inside `pick`: the simulator
+times `pick` as the policy's decision cost, and nothing that the follower reads changes between a pick and the next
+of those (its model learns and its counters move only there), so the deferred predictions are the ones it would
+have made at once.
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ class FollowedByLlmd:
             self.ttft_pairs.append((outcome.ttft_ms, predicted[0]))
         if outcome.output_tokens > 1 and outcome.itl_ms > 0:
             self.tpot_pairs.append((outcome.itl_ms, predicted[1]))
+
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        """The first token: the follower moves the request from its prefill to its decode count, as would the
+        policy if it has the hook."""
+        self._catch_up()
+        prefilled = getattr(self.policy, "prefilled", None)
+        if prefilled is not None:
+            prefilled(request_id, now_ms)
+        self.follower.prefilled(request_id, now_ms)
+
+    def abandon(self, request_id: str) -> None:
+        """The request failed: both let go of it (the policy's ledgers, the follower's counters)."""
+        self._catch_up()
+        abandon = getattr(self.policy, "abandon", None)
+        if abandon is not None:
+            abandon(request_id)
+        self.follower.abandon(request_id)
+        self._predicted.pop(request_id, None)
 
     def _catch_up(self) -> None:
         for request, candidates, pick in self._pending:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,7 +35,7 @@ from leadtime.bench.shadow import FollowedByLlmd
 from leadtime.features.rows import EndpointState
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
-from leadtime.router_plugin.policy import Candidate, Outcome, RouteRequest
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
 from leadtime.router_plugin.predicted import LeadtimePolicy
 from leadtime.simulator.engine import CompletedRequest, FailedRequest, FleetSimulator, SimResult
 from leadtime.simulator.fleet import load_fleet, parse_fleet
@@ -281,6 +282,55 @@ def test_a_held_request_is_followed_where_it_is_placed() -> None:
     pick = followed.pick(RouteRequest("r1", 1000, (), 2000.0, 100.0, 50.0, held_ms=50.0), candidates)
     followed.observe(Outcome("r1", pick.endpoint_id, None, 450.0, 25.0, 10, 900.0))
     assert model.calls == 1 and followed.ttft_pairs == [(450.0, 500.0)]
+
+
+class _Rows(_Model):
+    """`_Model`, keeping the rows it was asked about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict[str, Any]] = []
+
+    def predict_many(self, rows: Any) -> Any:
+        self.rows.extend(rows)
+        return super().predict_many(rows)
+
+
+class _AllToA(RoundRobinPolicy):
+    """Every request to endpoint a; keeps the hooks it is told of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[str, str]] = []
+
+    def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Pick:
+        return Pick("a")
+
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        self.told.append(("prefilled", request_id))
+
+    def abandon(self, request_id: str) -> None:
+        self.told.append(("abandon", request_id))
+
+
+def test_first_tokens_and_failures_reach_the_followed_policy_and_the_follower() -> None:
+    """Wrapped, the policy was never told of a failed request (Leadtime's ledgers kept it), and llm-d's follower
+    counted every request as prefill work until it completed, whatever its first token."""
+    model = _Rows()
+    policy = _AllToA()
+    followed = FollowedByLlmd(policy, LlmdPredictedPolicy(model))
+    candidates = [Candidate(EndpointState(endpoint_id="a")), Candidate(EndpointState(endpoint_id="b"))]
+    followed.pick(RouteRequest("r1", 1000, (), 2000.0, 100.0), candidates)
+    followed.prefilled("r1", 10.0)  # r1 decodes on a
+    followed.pick(RouteRequest("r2", 500, (), 2000.0, 100.0), candidates)
+    followed.abandon("r1")
+    followed.pick(RouteRequest("r3", 200, (), 2000.0, 100.0), candidates)
+    followed.observe(Outcome("r2", "a", None, 450.0, 25.0, 10, 900.0))
+    assert policy.told == [("prefilled", "r1"), ("abandon", "r1")]
+    in_flight = [
+        (r["input_token_length"], r["prefill_tokens_in_flight"], r["decode_tokens_in_flight"]) for r in model.rows
+    ]
+    assert in_flight == [(1000, 0, 0), (500, 0, 1001), (200, 500, 0)]  # r3 sees r2 prefilling and r1 gone
 
 
 def test_two_workers_report_what_one_does() -> None:
