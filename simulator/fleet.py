@@ -349,6 +349,14 @@ def build_fleet(spec: FleetSpec, catalog: Catalog = BUILT_IN) -> Fleet:
             raise FleetError(f"pool {pool.name!r}: give join_at_s or join_at_share, not both")
     if spec.pools and all(p.join_at_s > 0 or p.join_at_share > 0 for p in spec.pools):
         raise FleetError("pools: at least one pool must be there from the start (join_at_s 0)")
+    decode = [p for p in spec.pools if p.role == "decode"]
+    if decode and all(p.join_at_s > 0 or p.join_at_share > 0 for p in decode):
+        # Refused here, naming the pools: the run otherwise aborted at its first request with a message naming
+        # neither the file nor a pool.
+        raise FleetError(
+            f"pools {', '.join(repr(p.name) for p in decode)}: a P/D fleet needs a decode pool from the start "
+            "(join_at_s and join_at_share 0): prefill endpoints serve no client alone"
+        )
     slos = tuple(SloClass(c.share, c.ttft_ms, c.itl_ms) for c in spec.slos)
     return Fleet(
         spec.name,

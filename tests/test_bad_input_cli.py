@@ -716,6 +716,33 @@ def test_a_pool_that_never_joins_is_warned_about(tmp_path: Path, trace: Path, jo
     assert len(warnings) == 1 and "never joins" in warnings[0] and "0 requests" in warnings[0], result.stderr
 
 
+PD_POOLS = (
+    "pools:\n  - {name: p, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, role: prefill}\n"
+    "  - {name: d, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, role: decode%s}\n"
+    "  - {name: d2, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, role: decode%s}\n"
+)
+
+
+@pytest.mark.parametrize("late", [", join_at_s: 5", ", join_at_share: 0.5"])
+@pytest.mark.parametrize("command", [["simulate", "--policy", "round-robin"], ["sim", "serve"]])
+def test_a_pd_fleet_whose_decode_pools_all_join_later_is_refused_naming_them(
+    tmp_path: Path, trace: Path, late: str, command: list[str]
+) -> None:
+    """It passed the fleet's checks, then the run aborted at the first request saying "P/D fleet has no decode
+    endpoint", naming neither the file nor the pool: prefill endpoints serve no client alone."""
+    fleet = tmp_path / "pd.yaml"
+    fleet.write_text(PD_POOLS % (late, late))
+    args = [*command, "--fleet", str(fleet)] + (["--trace", str(trace)] if command[0] == "simulate" else [])
+    refused(args, str(fleet), "'d', 'd2'", "decode", "from the start")
+
+
+def test_a_pd_fleet_with_a_decode_pool_from_the_start_may_scale_out_the_others(trace: Path, tmp_path: Path) -> None:
+    fleet = tmp_path / "pd.yaml"
+    fleet.write_text(PD_POOLS % ("", ", join_at_share: 0.5"))
+    result = runner.invoke(app, ["simulate", "--fleet", str(fleet), "--trace", str(trace), "--policy", "round-robin"])
+    assert result.exit_code == 0, result.output
+
+
 def test_sim_serve_says_it_does_not_model_a_scale_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`sim serve` had the late pool listen from the start, in --endpoints-file, and said nothing."""
     monkeypatch.setattr("leadtime.simulator.serve.serve_fleet", lambda *args, **kwargs: None)
