@@ -27,7 +27,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +53,7 @@ from leadtime.predictor.service.serve import check_tls_files
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
+from leadtime.yaml_text import read_yaml_file
 
 PREFIX_BLOCK_WORDS = 16
 PREFILLER_HEADER = "x-prefiller-host-port"
@@ -774,14 +775,54 @@ class FleetServer:
             self._thread.join()
 
 
-def _check_writable(path: Path) -> None:
+DISCOVERY_LABELS = ("llm-d.ai/role", "leadtime.io/accelerator", "leadtime.io/model", "leadtime.io/tensor-parallel")
+"""The labels `FleetServer.endpoints_document` gives every endpoint: a file whose entries all carry them is one a
+run of `sim serve` wrote."""
+
+
+def _written_by_sim_serve(path: Path) -> bool:
+    """Whether `path` holds nothing to lose: empty (as mktemp leaves it), or the discovery file a run of `sim serve`
+    wrote (`FleetServer.endpoints_document`'s shape). Anything else is someone's file, which `--endpoints-file` once
+    overwrote: notes, a hand-written discovery file, the command's own --fleet file."""
+    try:
+        if path.stat().st_size == 0:
+            return True
+        document = read_yaml_file(path, "a discovery file")
+    except (OSError, ValueError):
+        return False
+    entries = document.get("endpoints") if isinstance(document, dict) and set(document) == {"endpoints"} else None
+    return (
+        isinstance(entries, list)
+        and bool(entries)
+        and all(
+            isinstance(entry, dict)
+            and set(entry) == {"name", "address", "port", "labels"}
+            and isinstance(entry["labels"], dict)
+            and all(label in entry["labels"] for label in DISCOVERY_LABELS)
+            for entry in entries
+        )
+    )
+
+
+def _check_writable(path: Path, inputs: Mapping[str, Path | None] | None = None) -> None:
     """OSError before anything starts when `path` cannot be written (it is a directory, or its directory is missing
-    or not writable). Not created here: a waiting client takes the file's appearance for "the fleet is up"."""
+    or not writable), or must not be: one of the command's own `inputs` (files it reads, by option), or a file
+    that a run of `sim serve` did not write. Not created here: a waiting client takes the file's appearance for
+    "the fleet is up"."""
     directory = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         raise OSError(f"--endpoints-file {str(path)!r} is a directory")
     if not directory.is_dir():
         raise OSError(f"--endpoints-file {str(path)!r}: no directory {str(directory)!r}")
+    if path.exists():
+        for option, given in (inputs or {}).items():
+            if given is not None and given.exists() and os.path.samefile(path, given):
+                raise OSError(f"--endpoints-file {str(path)!r} is the {option} file: it would be overwritten")
+        if not _written_by_sim_serve(path):
+            raise OSError(
+                f"--endpoints-file {str(path)!r} exists and is not a discovery file `sim serve` wrote: it would be "
+                "overwritten (remove it, or give another path)"
+            )
     if not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise OSError(f"--endpoints-file {str(path)!r} cannot be written")
 
@@ -796,12 +837,15 @@ def serve_fleet(
     seed: int = 0,
     tls: tuple[Path, Path] | None = None,
     tokens_per_event: int = 1,
+    inputs: Mapping[str, Path | None] | None = None,
 ) -> None:
     """Serve until interrupted (the `leadtime sim serve` command).
 
     A fleet with time-slice groups publishes their states on `timeslice_port` (default: the port after the
-    endpoints'); `endpoints_file` is written with the fleet as an llm-d discovery file. With `tls` (certificate and
-    key files) the endpoints serve HTTPS, and the discovery file says so (`leadtime.io/scheme: https`).
+    endpoints'); `endpoints_file` is written with the fleet as an llm-d discovery file, never over one of `inputs`
+    (the files the command reads, by option) nor over a file a run of this command did not write. With `tls`
+    (certificate and key files) the endpoints serve HTTPS, and the discovery file says so
+    (`leadtime.io/scheme: https`).
     """
     ports = [base_port + i for i in range(len(fleet.endpoints))]
     if fleet.timeslice_groups and timeslice_port is None:
@@ -811,7 +855,7 @@ def serve_fleet(
     if max(ports + [timeslice_port or 0]) > 65535:
         raise ValueError(f"--base-port {base_port} leaves no room for {len(ports)} endpoints")
     if endpoints_file is not None:
-        _check_writable(endpoints_file)
+        _check_writable(endpoints_file, inputs)
     if tls is not None:
         check_tls_files(*tls)
     server = FleetServer(

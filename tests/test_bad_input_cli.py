@@ -464,6 +464,57 @@ def test_sim_serve_refuses_an_endpoints_file_it_cannot_write_before_starting(
     refused([*args, "--endpoints-file", str(tmp_path / where)], "--endpoints-file", problem)
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("option", ["--fleet", "--catalog"])
+def test_sim_serve_refuses_to_write_its_endpoints_over_a_file_it_reads(tmp_path: Path, option: str) -> None:
+    """`--endpoints-file` named the command's own --fleet file: the fleet was overwritten with the discovery file."""
+    fleet, catalog = tmp_path / "fleet.yaml", tmp_path / "catalog.yaml"
+    fleet.write_text(POOL)
+    catalog.write_text("accelerators: [{slug: b200, peak_tflops: 2250, hbm_tb_s: 8, memory_gb: 180}]\n")
+    target = (fleet if option == "--fleet" else catalog).read_text()
+    args = ["sim", "serve", "--fleet", str(fleet), "--catalog", str(catalog), "--base-port", str(free_ports(2))]
+    named = tmp_path / ".." / tmp_path.name / (fleet.name if option == "--fleet" else catalog.name)  # another path
+    refused([*args, "--endpoints-file", str(named)], "--endpoints-file", f"the {option} file")
+    assert (fleet if option == "--fleet" else catalog).read_text() == target
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "content",
+    ["notes I keep\n", "endpoints: [{name: a, address: 10.0.0.1, port: '8000'}]\n", GARBAGE.decode("latin-1")],
+)
+def test_sim_serve_refuses_to_overwrite_a_file_it_did_not_write(tmp_path: Path, content: str) -> None:
+    """Any file there was overwritten: notes, a hand-written discovery file, whatever the path named."""
+    other = tmp_path / "endpoints.yaml"
+    other.write_text(content)
+    args = ["sim", "serve", "--fleet", "homogeneous", "--base-port", str(free_ports(9))]
+    refused([*args, "--endpoints-file", str(other)], f"--endpoints-file {str(other)!r}", "not a discovery file")
+    assert other.read_text() == content
+
+
+@pytest.mark.timeout(60)
+def test_sim_serve_rewrites_the_endpoints_file_a_run_of_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file a previous run wrote (or an empty one, as mktemp makes) is what the option is for: rewritten."""
+    from leadtime.simulator.serve import FleetServer
+
+    monkeypatch.setattr(FleetServer, "wait", FleetServer.stop)  # serve, write the file, stop
+    fleet, endpoints = tmp_path / "fleet.yaml", tmp_path / "endpoints.yaml"
+    fleet.write_text(POOL)
+    endpoints.write_text("")
+    written = []
+    for _ in range(2):
+        base = free_ports(2)
+        result = runner.invoke(
+            app, ["sim", "serve", "--fleet", str(fleet), "--base-port", str(base), "--endpoints-file", str(endpoints)]
+        )
+        assert result.exit_code == 0, result.output
+        written.append(endpoints.read_text())
+        assert f"port: '{base}'" in written[-1]
+    assert written[0] != written[1]
+
+
 def test_sim_serve_refuses_a_timeslice_port_among_the_endpoints_ports() -> None:
     args = ["sim", "serve", "--fleet", "timesliced", "--base-port", "18400", "--timeslice-port", "18401"]
     refused(args, "--timeslice-port 18401")

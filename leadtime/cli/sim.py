@@ -192,7 +192,7 @@ def sim_serve(
     A decode endpoint of a P/D fleet honours `x-prefiller-host-port` (prefill there, simulated KV transfer);
     a time-sliced fleet publishes its groups' states at /v1/timeslice/groups on --timeslice-port.
     """
-    from leadtime.simulator.fleet import late_pools, load_fleet
+    from leadtime.simulator.fleet import late_pools, load_fleet, resolve_fleet
     from leadtime.simulator.serve import serve_fleet
 
     if not 1 <= base_port <= 65535:
@@ -229,6 +229,12 @@ def sim_serve(
             seed=seed,
             tls=(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
             tokens_per_event=tokens_per_event,
+            inputs={
+                "--fleet": resolve_fleet(fleet),
+                "--catalog": catalog,
+                "--tls-cert": tls_cert,
+                "--tls-key": tls_key,
+            },
         )
     except (OSError, ValueError) as err:
         fail(err)
