@@ -27,22 +27,12 @@ models:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, Catalog, ModelProfile
 from leadtime.features.errors import validation_problem
-from leadtime.yaml_text import read_yaml_file
+from leadtime.yaml_text import Integer, Real, read_yaml_file
 
 CATALOG_HINT = "others can be described in a catalog file (--catalog FILE)"
 """Said after an unknown class or model where the command takes a catalog."""
@@ -56,19 +46,6 @@ class CatalogError(ValueError):
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _not_a_bool(value: object) -> object:
-    """`peak_tflops: true` was read as 1. Text stays allowed: PyYAML reads `2.25e3` as the string '2.25e3'."""
-    if isinstance(value, bool):
-        raise ValueError(f"must be a number, got {value}")
-    return value
-
-
-Figure = Annotated[float, BeforeValidator(_not_a_bool)]
-"""A published figure: a number (or text that is one), never a boolean."""
-Shape = Annotated[int, Strict()]
-"""A model's dimension: an integer as written (`layers: true` was taken as 1, `layers: '28'` as 28)."""
 
 
 # Upper bounds far above any accelerator or model made (B200: 2,250 TFLOP/s, 8 TB/s, 192 GB; the largest models a
@@ -90,12 +67,12 @@ class AcceleratorSpec(_Spec):
 
     slug: str = Field(pattern=SLUG_PATTERN)
     name: str = ""
-    peak_tflops: Figure = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False, description="Dense BF16 peak, TFLOP/s.")
-    hbm_tb_s: Figure = Field(gt=0, allow_inf_nan=False, description="Memory bandwidth, TB/s (`_bandwidth_in_tb_s`).")
-    memory_gb: Figure = Field(gt=0, allow_inf_nan=False, description="Memory, GB (bounded in `_memory_in_gb`).")
-    measured_gemm_tflops: Figure | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False)
-    measured_kv_tb_s: Figure | None = Field(default=None, gt=0, allow_inf_nan=False)
-    interconnect_gb_s: Figure = Field(default=450.0, gt=0, le=MAX_INTERCONNECT_GB_S, allow_inf_nan=False)
+    peak_tflops: Real = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False, description="Dense BF16 peak, TFLOP/s.")
+    hbm_tb_s: Real = Field(gt=0, allow_inf_nan=False, description="Memory bandwidth, TB/s (`_bandwidth_in_tb_s`).")
+    memory_gb: Real = Field(gt=0, allow_inf_nan=False, description="Memory, GB (bounded in `_memory_in_gb`).")
+    measured_gemm_tflops: Real | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False)
+    measured_kv_tb_s: Real | None = Field(default=None, gt=0, allow_inf_nan=False)
+    interconnect_gb_s: Real = Field(default=450.0, gt=0, le=MAX_INTERCONNECT_GB_S, allow_inf_nan=False)
 
     @field_validator("memory_gb")
     @classmethod
@@ -139,13 +116,13 @@ class ModelSpec(_Spec):
     """One model's shape, as its Hugging Face config states it."""
 
     slug: str = Field(pattern=SLUG_PATTERN)
-    params_b: Figure = Field(gt=0, le=MAX_PARAMS_B, allow_inf_nan=False, description="Parameters, billions.")
-    layers: Shape = Field(gt=0, le=MAX_SHAPE)
-    hidden_size: Shape = Field(gt=0, le=MAX_HIDDEN)
-    num_heads: Shape = Field(gt=0, le=MAX_SHAPE)
-    num_kv_heads: Shape = Field(gt=0, le=MAX_SHAPE)
-    head_dim: Shape = Field(gt=0, le=MAX_SHAPE)
-    bytes_per_param: Shape = Field(default=2, gt=0, le=8)
+    params_b: Real = Field(gt=0, le=MAX_PARAMS_B, allow_inf_nan=False, description="Parameters, billions.")
+    layers: Integer = Field(gt=0, le=MAX_SHAPE)
+    hidden_size: Integer = Field(gt=0, le=MAX_HIDDEN)
+    num_heads: Integer = Field(gt=0, le=MAX_SHAPE)
+    num_kv_heads: Integer = Field(gt=0, le=MAX_SHAPE)
+    head_dim: Integer = Field(gt=0, le=MAX_SHAPE)
+    bytes_per_param: Integer = Field(default=2, gt=0, le=8)
 
     @model_validator(mode="after")
     def _grouped_heads(self) -> ModelSpec:

@@ -1,17 +1,21 @@
 """YAML as users write it: the files they hand to Leadtime (fleets, plugin configurations, discovery, time-slice
 states). PyYAML keeps the last of a key written twice, so `count: 2` followed further down by `count: 3` would run
 with 3 and say nothing; here it is an error naming where. `yaml_problem` says what is wrong in one line, for every
-file a user hands over alike. Imports nothing else of Leadtime's.
+file a user hands over alike. `Real` and `Integer` are the numbers of such files as pydantic fields: what YAML
+gives for them, taken as its author meant it (a boolean or a quoted number is not one). Imports nothing else of
+Leadtime's.
 """
 
 from __future__ import annotations
 
+import re
 import stat
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BeforeValidator, Strict
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode
 
@@ -92,3 +96,48 @@ def read_yaml_file(path: Path, kind: str) -> Any:
         raise ValueError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
     except RecursionError:
         raise ValueError(f"{path}: not {kind} (nested too deeply)") from None
+
+
+_EXPONENT_TEXT = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+")
+"""A number in exponent notation that PyYAML leaves as text: its YAML 1.1 resolver wants a dot and a signed
+exponent (`1.0e+3`), so `1e3`, `2.25e3` and `1.0e3` come as strings."""
+
+
+def yaml_number(value: object) -> object:
+    """A YAML file's number as its author wrote it, for pydantic to check further (`Real`): `true` was read as 1 and
+    `"8"` as 8 by pydantic's lax mode, so a boolean or a quoted number is refused; a number in exponent notation
+    PyYAML leaves as text (`1e3`, `_EXPONENT_TEXT`) is the number a reader of the file sees.
+
+    >>> yaml_number(load_yaml("x: 2.25e3")["x"]), yaml_number(5)
+    (2250.0, 5)
+    >>> for bad in (True, "8"):
+    ...     try:
+    ...         yaml_number(bad)
+    ...     except ValueError as err:
+    ...         print(err)
+    must be a number, got True
+    must be a number, got '8' (text: unquote it)
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, got {value}")
+    if isinstance(value, str):
+        if _EXPONENT_TEXT.fullmatch(value):
+            return float(value.replace("_", ""))
+        hint = " (text: unquote it)" if _is_number_text(value) else ""
+        raise ValueError(f"must be a number, got {value[:40]!r}{hint}")
+    return value
+
+
+def _is_number_text(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+Real = Annotated[float, BeforeValidator(yaml_number)]
+"""A number field of a user's YAML file (`yaml_number`); its bounds, and `allow_inf_nan`, are the field's own."""
+Integer = Annotated[int, Strict()]
+"""An integer field of a user's YAML file: an integer as written (`count: true` was taken as 1, `"8"` as 8, `2.5`
+refused only for its fraction)."""

@@ -28,22 +28,24 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.catalog_file import CATALOG_HINT
 from leadtime.features.errors import FeatureError, field_path, validation_problem
 from leadtime.features.roofline import decode_step_ms
-from leadtime.yaml_text import read_yaml_file
+from leadtime.yaml_text import Integer, Real, read_yaml_file
 
 
 class FleetError(ValueError):
     """A fleet file is missing, unreadable or describes an impossible fleet."""
 
 
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+"""vLLM's --block-size choices."""
 DAY_MS = 86_400_000.0
 """The longest duration a fleet file may give: a group away longer is never resident in any run."""
 
@@ -58,10 +60,10 @@ class DistributionSpec(BaseModel):
     )
     """What a fleet file's duration field takes, as an error says it (a bare number is not one)."""
     distribution: Literal["fixed", "uniform", "exponential"] = "fixed"
-    value: float | None = Field(default=None, ge=0, le=DAY_MS)
-    low: float | None = Field(default=None, ge=0, le=DAY_MS)
-    high: float | None = Field(default=None, ge=0, le=DAY_MS)
-    mean: float | None = Field(default=None, gt=0, le=DAY_MS)
+    value: Real | None = Field(default=None, ge=0, le=DAY_MS)
+    low: Real | None = Field(default=None, ge=0, le=DAY_MS)
+    high: Real | None = Field(default=None, ge=0, le=DAY_MS)
+    mean: Real | None = Field(default=None, gt=0, le=DAY_MS)
 
     @model_validator(mode="after")
     def _complete(self) -> DistributionSpec:
@@ -103,29 +105,39 @@ class PoolSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
-    count: int = Field(ge=1, le=1024)
+    count: Integer = Field(ge=1, le=1024)
     accelerator: str
     model: str
-    tensor_parallel: int = Field(default=1, ge=1, le=64)
+    tensor_parallel: Integer = Field(default=1, ge=1, le=64)
     role: Literal["both", "prefill", "decode"] = "both"
     timeslice_group: str | None = None
-    max_num_batched_tokens: int = Field(default=8192, ge=16)
-    max_num_seqs: int = Field(default=256, ge=1)
-    block_size: Literal[1, 8, 16, 32, 64, 128] = 16  # vLLM's --block-size choices
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    cuda_graphs: bool = True
-    join_at_s: float = Field(default=0.0, ge=0)
+    max_num_batched_tokens: Integer = Field(default=8192, ge=16)
+    max_num_seqs: Integer = Field(default=256, ge=1)
+    block_size: Integer = 16
+    gpu_memory_utilization: Real = Field(default=0.9, gt=0, le=1)
+    cuda_graphs: Annotated[bool, Strict()] = True
+    join_at_s: Real = Field(default=0.0, ge=0)
     """A scale-out: the pool's endpoints start empty at this time and are offered to routers from then on."""
-    join_at_share: float = Field(default=0.0, ge=0, lt=1)
+    join_at_share: Real = Field(default=0.0, ge=0, lt=1)
     """A scale-out at this share of the workload's arrival window (0.33: a third of the way through the run),
     whatever rate the trace is replayed at; the alternative to `join_at_s`."""
+
+    @field_validator("block_size")
+    @classmethod
+    def _vllm_block_size(cls, value: int) -> int:
+        """vLLM's --block-size choices (a Literal took `block_size: true` for 1)."""
+        if value not in BLOCK_SIZES:
+            raise ValueError(
+                f"Input should be {', '.join(map(str, BLOCK_SIZES[:-1]))} or {BLOCK_SIZES[-1]}, got {value}"
+            )
+        return value
 
 
 class SloClassSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    share: float = Field(default=1.0, gt=0, allow_inf_nan=False)
-    ttft_ms: float = Field(gt=0)
-    itl_ms: float = Field(gt=0)
+    share: Real = Field(default=1.0, gt=0, allow_inf_nan=False)
+    ttft_ms: Real = Field(gt=0)
+    itl_ms: Real = Field(gt=0)
 
 
 class RealismSpec(BaseModel):
@@ -133,9 +145,9 @@ class RealismSpec(BaseModel):
     does not find the simulator easier than a real fleet."""
 
     model_config = ConfigDict(extra="forbid")
-    step_jitter: float = Field(default=0.0, ge=0, le=1)
+    step_jitter: Real = Field(default=0.0, ge=0, le=1)
     """σ of a log-normal factor drawn for each planned step (or run of decode steps) of each endpoint."""
-    speed_spread: float = Field(default=0.0, ge=0, le=1)
+    speed_spread: Real = Field(default=0.0, ge=0, le=1)
     """σ of a log-normal factor drawn once per endpoint: two endpoints of one class are not equally fast."""
 
 
@@ -144,8 +156,8 @@ class FleetSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = "fleet"
-    refresh_ms: float = Field(default=50.0, gt=0, allow_inf_nan=False)
-    kv_link_gb_s: float = Field(default=25.0, gt=0)
+    refresh_ms: Real = Field(default=50.0, gt=0, allow_inf_nan=False)
+    kv_link_gb_s: Real = Field(default=25.0, gt=0)
     pools: list[PoolSpec] = Field(min_length=1)
     timeslice_groups: dict[str, TimesliceSpec] = {}
     slos: list[SloClassSpec] = Field(default_factory=list)

@@ -100,6 +100,48 @@ def test_a_fleet_file_says_what_a_misshapen_field_takes(
 
 
 @pytest.mark.parametrize(
+    ("text", "field", "problem"),
+    [
+        (POOL.replace("count: 2", "count: true"), "pools[0].count", "valid integer"),
+        (POOL.replace("count: 2", "count: '2'"), "pools[0].count", "valid integer"),
+        (POOL.replace("count: 2", "count: 2.0"), "pools[0].count", "valid integer"),
+        (POOL.replace("}", ", max_num_seqs: '8'}"), "pools[0].max_num_seqs", "valid integer"),
+        (POOL.replace("}", ", tensor_parallel: true}"), "pools[0].tensor_parallel", "valid integer"),
+        (POOL.replace("}", ", block_size: true}"), "pools[0].block_size", "valid integer"),
+        (POOL.replace("}", ", block_size: 12}"), "pools[0].block_size", "or 128, got 12"),
+        (POOL.replace("}", ", gpu_memory_utilization: true}"), "pools[0].gpu_memory_utilization", "got True"),
+        (POOL.replace("}", ", join_at_s: '5'}"), "pools[0].join_at_s", "got '5' (text: unquote it)"),
+        (POOL.replace("}", ", cuda_graphs: 1}"), "pools[0].cuda_graphs", "valid boolean"),
+        (POOL + "slos:\n  - {share: true, ttft_ms: 1000, itl_ms: 50}\n", "slos[0].share", "got True"),
+        (POOL + "slos:\n  - {ttft_ms: '1000', itl_ms: 50}\n", "slos[0].ttft_ms", "got '1000'"),
+        ("refresh_ms: true\n" + POOL, "refresh_ms", "got True"),
+        (POOL + "realism: {step_jitter: true}\n", "realism.step_jitter", "got True"),
+        (SLICED_POOL + "timeslice_groups:\n  rl: {resident_ms: {value: true}, away_ms: {value: 5}}\n",
+         "timeslice_groups.rl.resident_ms.value", "got True"),
+    ],
+)  # fmt: skip
+def test_a_fleet_number_given_as_a_boolean_or_text_is_refused_naming_the_field(
+    tmp_path: Path, trace: Path, text: str, field: str, problem: str
+) -> None:
+    """`count: true` ran a one-endpoint pool, `share: true` a share of 1, `max_num_seqs: "8"` 8: pydantic's lax mode,
+    which the catalog file already refused for its figures."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(text)
+    refused(["simulate", "--fleet", str(fleet), "--trace", str(trace)], f"{fleet}: {field}: ", problem)
+
+
+def test_a_fleet_number_in_exponent_notation_is_the_number_it_reads_as() -> None:
+    """PyYAML leaves `4e3` as text (its YAML 1.1 wants `4.0e+3`): a reader sees 4000, and so does the fleet."""
+    from leadtime.simulator.fleet import parse_fleet
+    from leadtime.yaml_text import load_yaml
+
+    fleet = parse_fleet(
+        load_yaml(SLICED_POOL + "timeslice_groups:\n  rl: {resident_ms: {value: 4e3}, away_ms: {value: 1.5e3}}\n")
+    )
+    assert (fleet.timeslice_groups["rl"].resident_ms.mean, fleet.timeslice_groups["rl"].away_ms.mean) == (4e3, 1.5e3)
+
+
+@pytest.mark.parametrize(
     "content,problem",
     [
         (GARBAGE, "not UTF-8 text"),
