@@ -83,7 +83,9 @@ def read_yaml_file(path: Path, kind: str) -> Any:
         with path.open("rb") as handle:
             raw = handle.read(MAX_FILE_BYTES + 1)
     except OSError as err:
-        raise ValueError(f"{path}: {err.strerror or err}") from None
+        raise ValueError(
+            f"{path}: {err.strerror.lower() if err.strerror else err}"
+        ) from None  # lower case, as data.describe_os_error
     if len(raw) > MAX_FILE_BYTES:
         raise ValueError(f"{path}: larger than 1 MiB (expected {kind})")
     try:

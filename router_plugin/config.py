@@ -37,18 +37,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import field_path, validation_problem
+from leadtime.features.rows import MAX_COUNT
 from leadtime.router_plugin.client import PredictorClient, require_predictor_client
 from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, resident_filter
 from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.router_plugin.scorers.latency import OVERFLOW_CHOICES
 from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
-from leadtime.yaml_text import load_yaml, yaml_problem
+from leadtime.yaml_text import Integer, Real, read_yaml_file
 
 HEURISTIC_SCORERS = {
     "prefix-cache-scorer": prefix_cache_scorer,
@@ -87,26 +87,27 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # Every number finite: `overflowCap: .inf` passed here, then the policy refused it (a traceback in `route`).
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class LatencyParameters(_Model):
-    exploration: float = Field(default=0.02, ge=0.0, le=1.0)
-    comfort: float = Field(default=0.5, ge=0.0, le=1.0)
-    comfort_tolerance: float = Field(default=0.0, ge=0.0, le=1.0, alias="comfortTolerance")
+    exploration: Real = Field(default=0.02, ge=0.0, le=1.0)
+    comfort: Real = Field(default=0.5, ge=0.0, le=1.0)
+    comfort_tolerance: Real = Field(default=0.0, ge=0.0, le=1.0, alias="comfortTolerance")
     overflow: str = "auto"  # one of OVERFLOW_CHOICES (checked below: the one list of them)
-    overflow_cap: float = Field(default=5.0, ge=0.0, alias="overflowCap")
-    overflow_cap_share: float = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
+    overflow_cap: Real = Field(default=5.0, ge=0.0, alias="overflowCap")
+    overflow_cap_share: Real = Field(default=0.25, ge=0.0, le=1.0, alias="overflowCapShare")
     overflow_endpoints: list[str] = Field(default=[], alias="overflowEndpoints")
-    hold_slo_multiple: float = Field(default=0.0, ge=0.0, alias="holdSloMultiple")
+    hold_slo_multiple: Real = Field(default=0.0, ge=0.0, alias="holdSloMultiple")
     disaggregation: Literal["joint", "decode-first"] = "joint"
     local_prefill: bool = Field(default=True, alias="localPrefill")
     decode_harm: bool = Field(default=True, alias="decodeHarm")
-    local_prefill_itl_share: float = Field(default=0.5, gt=0.0, le=1.0, alias="localPrefillItlShare")
-    disaggregate_min_tokens: int = Field(default=16, ge=0, alias="disaggregateMinTokens")
-    kv_link_gb_s: float = Field(default=25.0, gt=0, alias="kvLinkGbS")
+    local_prefill_itl_share: Real = Field(default=0.5, gt=0.0, le=1.0, alias="localPrefillItlShare")
+    disaggregate_min_tokens: Integer = Field(default=16, ge=0, le=MAX_COUNT, alias="disaggregateMinTokens")
+    kv_link_gb_s: Real = Field(default=25.0, gt=0, alias="kvLinkGbS")
     hardware: bool = True
-    seed: int | None = Field(default=None, ge=0)  # unset: the seed the caller gives
+    seed: Integer | None = Field(default=None, ge=0, le=MAX_COUNT)  # unset: the seed the caller gives
 
     @field_validator("overflow")
     @classmethod
@@ -232,9 +233,9 @@ class PluginSpec(_Model):
         return self.name or self.type
 
 
-Weight = Annotated[float, Field(ge=0.0, allow_inf_nan=False, strict=True)]
-"""A scorer's weight: a number (an integer or not); strict, since `weight: true` or `weight: "2"` is a mistake
-that pydantic would otherwise take as 1 or 2."""
+Weight = Annotated[Real, Field(ge=0.0, allow_inf_nan=False)]
+"""A scorer's weight: a number (an integer or not) as written, since `weight: true` or `weight: "2"` is a mistake
+that pydantic would otherwise take as 1 or 2; `weight: 1e3`, which PyYAML reads as text, is 1000."""
 
 
 class ProfilePlugin(_Model):
@@ -248,7 +249,7 @@ class ProfileSpec(_Model):
 
 
 class FallbackSpec(_Model):
-    deadline_ms: float = Field(default=20.0, gt=0, le=60_000, allow_inf_nan=False, alias="deadlineMs")
+    deadline_ms: Real = Field(default=20.0, gt=0, le=60_000, allow_inf_nan=False, alias="deadlineMs")
     weights: dict[Literal[tuple(HEURISTIC_SCORERS)], Weight] = dict(LLMD_WEIGHTS)  # type: ignore[valid-type]
 
 
@@ -396,16 +397,12 @@ heuristic."""
 
 
 def load_config(path: Path) -> PickerConfig:
+    """The configuration in the file at `path`, read as fleet and catalog files are (`read_yaml_file`: a regular
+    file of at most 1 MiB; `--config /dev/zero` was read until memory ran out); ConfigError naming the file."""
     try:
-        raw = Path(path).read_bytes()
-    except OSError as err:
-        raise ConfigError(f"{path}: {(err.strerror or str(err)).lower()}") from None
-    try:
-        data = load_yaml(raw.decode())
-    except (yaml.YAMLError, ValueError) as err:  # ValueError: bad UTF-8, an integer of thousands of digits
-        raise ConfigError(f"{path}: not valid YAML ({yaml_problem(err)})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
+        data = read_yaml_file(Path(path), "a plugin configuration YAML")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     try:
         config = parse_config(data)
     except ConfigError as err:

@@ -4,6 +4,7 @@ stderr naming the problem and exit 2, never a traceback, a hang or a run that si
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -765,6 +766,40 @@ def test_an_unknown_profile_is_named_before_the_trace_is_judged(tmp_path: Path, 
     extra = ["--config", str(mine)] if config else []
     args = ["simulate", "--fleet", "homogeneous", "--max-requests", "5", "--policy", "profile:nope", *extra]
     refused(args, f"{mine if config else SHIPPED_CONFIG}: schedulingProfiles: no profile named 'nope'")
+
+
+@pytest.mark.parametrize("command", [["simulate", "--fleet", "homogeneous"], ROUTE])
+@pytest.mark.parametrize("key", ["overflowCap", "holdSloMultiple", "kvLinkGbS"])
+def test_an_infinite_latency_parameter_is_one_line_naming_the_file_and_field(
+    tmp_path: Path, command: list[str], key: str
+) -> None:
+    """`overflowCap: .inf` passed the configuration's checks; the policy then refused it, and `route` printed a
+    traceback (exit 1)."""
+    from leadtime.router_plugin.config import SHIPPED_CONFIG
+
+    mine = tmp_path / "inf.yaml"
+    mine.write_text(re.sub(rf"(\n +{key}:) [0-9.]+", r"\1 .inf", SHIPPED_CONFIG.read_text(), count=1))
+    assert ".inf" in mine.read_text()
+    refused([*command, "--config", str(mine)], f"{mine}: plugins[2].parameters.{key}: ", "finite")
+
+
+@pytest.mark.parametrize("command", [["simulate", "--fleet", "homogeneous"], ROUTE])
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "directory", "big"])
+def test_a_config_that_is_no_regular_file_or_too_large_is_refused_unread(
+    tmp_path: Path, command: list[str], special: str
+) -> None:
+    """`--config /dev/zero` was read until memory ran out: fleet and catalog files were checked, --config not."""
+    import os
+
+    path = Path(special) if special.startswith("/") else tmp_path / special
+    if special == "fifo":
+        os.mkfifo(path)
+    elif special == "directory":
+        path.mkdir()
+    elif special == "big":
+        path.write_text("# " + "x" * (1 << 20) + "\n" + MINE)
+    problem = {"directory": "is a directory", "big": "larger than 1 MiB"}.get(special, "not a regular file")
+    refused([*command, "--config", str(path)], str(path), problem)
 
 
 def test_llmds_top_level_keys_load_with_one_warning(tmp_path: Path, trace: Path) -> None:

@@ -87,7 +87,7 @@ def test_a_bad_catalog_is_refused_naming_the_file_and_the_entry(tmp_path: Path, 
 
 
 def test_an_unreadable_catalog_is_refused_naming_the_file(tmp_path: Path) -> None:
-    with pytest.raises(CatalogError, match="missing.yaml: No such file or directory"):
+    with pytest.raises(CatalogError, match="missing.yaml: no such file or directory"):
         load_catalog(tmp_path / "missing.yaml")
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"\xff\xfe\x00")

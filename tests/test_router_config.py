@@ -473,6 +473,57 @@ def test_a_weight_that_is_not_a_number_is_refused_naming_it(weight: object) -> N
         parse_config({**fallback, "fallback": {"weights": {"queue-scorer": weight}}})
 
 
+@pytest.mark.parametrize("weight", ["1e3", "1.0e3", "1e+3"])
+def test_a_weight_in_exponent_notation_is_the_number_it_reads_as(tmp_path: Path, weight: str) -> None:
+    """PyYAML reads `1e3` as text (its YAML 1.1 wants `1.0e+3`): the strict weight refused it as "not a valid
+    number, got '1e3'"."""
+    path = tmp_path / "plugins.yaml"
+    path.write_text(
+        "plugins: [{type: queue-scorer}]\n"
+        f"schedulingProfiles: [{{plugins: [{{pluginRef: queue-scorer, weight: {weight}}}]}}]\n"
+        f"fallback: {{weights: {{queue-scorer: {weight}}}}}\n"
+    )
+    config = load_config(path)
+    assert config.scheduling_profiles[0].plugins[0].weight == 1000.0 == config.fallback.weights["queue-scorer"]
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("overflowCap", INF, "finite"),
+        ("holdSloMultiple", INF, "finite"),
+        ("kvLinkGbS", INF, "finite"),
+        ("exploration", NAN, "finite"),
+        ("comfort", NAN, "finite"),
+        ("comfortTolerance", NAN, "finite"),
+        ("overflowCapShare", NAN, "finite"),
+        ("localPrefillItlShare", NAN, "finite"),
+        ("seed", 10**30, "less than or equal to 9007199254740992"),
+        ("disaggregateMinTokens", 10**30, "less than or equal to 9007199254740992"),
+        ("exploration", True, "must be a number, got True"),  # explored at every decision
+        ("overflowCap", "5", "must be a number, got '5'"),
+        ("disaggregateMinTokens", True, "valid integer"),
+        ("seed", "3", "valid integer"),
+    ],
+)
+def test_a_latency_parameter_the_policy_would_refuse_is_refused_naming_the_file_and_field(
+    tmp_path: Path, key: str, value: object, problem: str
+) -> None:
+    """`overflowCap: .inf` passed the configuration's checks, then the policy refused it (FeatureError), which
+    `leadtime route` did not catch: a traceback. Every parameter is checked where the file is read."""
+    document = yaml.safe_load(SHIPPED.read_text())
+    document["plugins"][2]["parameters"][key] = value
+    path = tmp_path / "plugins.yaml"
+    path.write_text(yaml.safe_dump(document))  # .inf, .nan as YAML writes them
+    with pytest.raises(ConfigError) as caught:
+        build_policy(load_config(path), QueueModel())
+    assert str(caught.value).startswith(f"{path}: plugins[2].parameters.{key}: "), caught.value
+    assert problem in str(caught.value)
+
+
 def test_integer_and_fractional_weights_are_taken() -> None:
     config = {
         "plugins": [{"type": "queue-scorer"}, {"type": "prefix-cache-scorer"}],
