@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.predictor.service.hosts import check_allowed_host, parse_allowed_hosts
+from leadtime.predictor.service.keys import check_key
 
 ENV_PREFIX = "LEADTIME_"
 REFUSED_WHEN_EMPTY = frozenset(
@@ -119,9 +120,7 @@ class ServiceSettings(BaseModel):
     def _sendable_token(cls, value: str | None) -> str | None:
         """A token a client can send as `Authorization: Bearer TOKEN`: an empty one would leave the write paths
         open (without the warning that no token gives), one with spaces or control characters locked for all."""
-        if value is not None and (not value or not (value.isascii() and value.isprintable()) or " " in value):
-            raise ValueError("must be printable ASCII, without spaces, line breaks or control characters, not empty")
-        return value
+        return None if value is None else check_key(value)
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -1065,6 +1065,31 @@ def test_route_hands_its_options_to_the_gateway_api_keys_from_the_environment_ap
     assert plain.api_keys == () and not plain.ask_usage and not plain.measure_non_streaming
 
 
+@pytest.mark.parametrize("value", ["k-old,k-new", "k-old, k-new", " k-old ,k-new ", "k-old\tk-new\n"])
+def test_route_takes_api_keys_from_the_environment_apart_by_commas_as_well(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`LEADTIME_ROUTE_API_KEY="key1,key2"` (comma-separated, as LEADTIME_ROUTE_ALLOWED_HOSTS is) was one key
+    "key1,key2": clients showing key1 or key2 got 401, and nothing said so at start."""
+    from typer.testing import CliRunner
+
+    from leadtime.cli import app
+    from leadtime.router_plugin.gateway import serve
+
+    built: list[Any] = []
+
+    def build(options: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(options.settings)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(serve, "build_gateway", build)
+    result = CliRunner().invoke(
+        app, ["route", "--endpoint", "127.0.0.1:1", "--policy", "random"], env={"LEADTIME_ROUTE_API_KEY": value}
+    )
+    assert result.exit_code == 0, result.output
+    assert built[0].api_keys == ("k-old", "k-new")
+
+
 def test_route_reads_its_allowed_hosts_from_the_option_else_the_environment_apart_by_commas(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1102,6 +1127,10 @@ def test_route_reads_its_allowed_hosts_from_the_option_else_the_environment_apar
         ({"LEADTIME_API_TOKEN": ""}, [], "LEADTIME_API_TOKEN"),
         ({}, ["--api-token", "has space"], "--api-token"),
         ({}, ["--api-token", ""], "--api-token"),
+        ({"LEADTIME_ROUTE_API_KEY": "k1,,k2"}, [], "LEADTIME_ROUTE_API_KEY must be printable ASCII"),
+        ({"LEADTIME_ROUTE_API_KEY": "k1,"}, [], "LEADTIME_ROUTE_API_KEY must be printable ASCII"),
+        ({}, ["--api-key", "k1,k2"], "--api-key must be printable ASCII, without spaces, commas"),
+        ({}, ["--api-token", "t1,t2"], "--api-token must be printable ASCII, without spaces, commas"),
     ],
 )
 def test_route_refuses_keys_and_tokens_it_could_not_use(

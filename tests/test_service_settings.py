@@ -91,3 +91,11 @@ def test_an_allowed_hosts_variable_with_an_entry_no_host_could_match_is_refused(
     """Set but empty is refused, as a secret is: it would leave every Host answered where a list was meant."""
     with pytest.raises(ValueError, match="LEADTIME_ALLOWED_HOSTS is set but empty|allowed_hosts"):
         ServiceSettings.from_env(env={"LEADTIME_ALLOWED_HOSTS": value})
+
+
+@pytest.mark.parametrize("token", ["t1,t2", "t1 t2", ""])
+def test_a_token_holding_a_separator_is_refused_as_the_gateways_keys_are(token: str) -> None:
+    """`leadtime route` lists keys apart by commas or spaces: a token holding one is a list given where the service
+    takes one token, and the same check (`keys.check_key`) refuses it on both."""
+    with pytest.raises(ValidationError, match=r"api_token\n.*without spaces, commas"):
+        ServiceSettings(api_token=token)

@@ -22,6 +22,7 @@ from leadtime.cli.common import (
 )
 
 HOSTS_VARIABLE = "LEADTIME_ROUTE_ALLOWED_HOSTS"
+KEYS_VARIABLE = "LEADTIME_ROUTE_API_KEY"
 
 
 def checked_hosts(given: list[str] | None) -> tuple[str, ...]:
@@ -44,6 +45,28 @@ def checked_hosts(given: list[str] | None) -> tuple[str, ...]:
         except ValueError as err:
             fail(f"{source}: {err}")
     return tuple(checked)
+
+
+def checked_keys(given: list[str] | None) -> tuple[str, ...]:
+    """The keys clients must show: the `--api-key` options, else `LEADTIME_ROUTE_API_KEY` (apart by commas, as
+    the allowed hosts' variable, or by spaces; read here, since click splits a repeatable option's variable at
+    spaces alone and took `key1,key2` for one key), else none. One no client could show fails in one line naming
+    where it came from."""
+    from leadtime.predictor.service.keys import check_key, parse_keys
+
+    variable = os.environ.get(KEYS_VARIABLE)
+    if given:
+        keys, source = given, "--api-key"
+    elif variable is not None:
+        keys, source = list(parse_keys(variable)), KEYS_VARIABLE
+    else:
+        return ()
+    for key in keys:
+        try:
+            check_key(key)
+        except ValueError as err:
+            fail(f"{source} {err}")
+    return tuple(keys)
 
 
 @app.command("route")
@@ -169,9 +192,9 @@ def route(
     api_key: Annotated[
         list[str] | None,
         typer.Option(
-            envvar="LEADTIME_ROUTE_API_KEY",
             help="A key clients must show (Authorization: Bearer KEY) on /v1/... and the passed-through paths; "
-            "repeat it to accept several (rotation). Health and metrics stay open.",
+            "repeat it to accept several (rotation); or LEADTIME_ROUTE_API_KEY, the keys apart by commas or "
+            "spaces. Health and metrics stay open.",
         ),
     ] = None,
     allowed_host: Annotated[
@@ -197,6 +220,7 @@ def route(
 ) -> None:
     """Run an OpenAI-compatible gateway that routes live traffic with the plugin (no Kubernetes needed)."""
     from leadtime.features.catalog_file import CATALOG_HINT
+    from leadtime.predictor.service.keys import check_key
     from leadtime.router_plugin.config import ConfigError, load_config
     from leadtime.router_plugin.discovery import DiscoveryError
     from leadtime.router_plugin.gateway.app import GatewaySettings
@@ -247,16 +271,15 @@ def route(
             positive(name, value)
     refuse_blank_variables(  # a flag given wins over its variable, which then does not matter
         *(["LEADTIME_API_TOKEN"] if api_token is None else []),
-        *(["LEADTIME_ROUTE_API_KEY"] if not api_key else []),
+        *([KEYS_VARIABLE] if not api_key else []),
         *([HOSTS_VARIABLE] if not allowed_host else []),
     )
-    if api_token is not None and (
-        not api_token or not (api_token.isascii() and api_token.isprintable()) or " " in api_token
-    ):
-        fail("--api-token must be printable ASCII, without spaces, line breaks or control characters, not empty")
-    for key in api_key or ():
-        if not key or not (key.isascii() and key.isprintable()) or " " in key:
-            fail("--api-key must be printable ASCII, without spaces, line breaks or control characters")
+    if api_token is not None:
+        try:
+            check_key(api_token)
+        except ValueError as err:
+            fail(f"--api-token {err}")
+    api_keys = checked_keys(api_key)
     allowed_hosts = checked_hosts(allowed_host)
     known = catalog_option(catalog)
     hardware_options(accelerator, model, known, CATALOG_HINT)
@@ -272,7 +295,7 @@ def route(
         upstream_ca_file=None if upstream_ca is None else str(upstream_ca),
         measure_non_streaming=measure_non_streaming,
         ask_usage=ask_usage,
-        api_keys=tuple(api_key or ()),
+        api_keys=api_keys,
         allowed_hosts=allowed_hosts,
         drain_s=drain_s,
         upstream_timeout_s=upstream_timeout_s,
