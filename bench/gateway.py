@@ -52,7 +52,7 @@ from leadtime.bench.procs import Predictor, Route, SimFleet
 from leadtime.bench.tls import self_signed
 from leadtime.json_text import print_json
 from leadtime.predictor.client import tls_client_context
-from leadtime.simulator.workload import load_workload, shape, spread_steps
+from leadtime.simulator.workload import arrival_window_s, load_workload, require_arrival_window, shape, spread_steps
 
 FLEET = "mixed"
 TTFT_SLO_MS = 2000.0
@@ -83,8 +83,25 @@ def _pct(values: list[float]) -> dict[str, float]:
     return {"p50": round(float(np.percentile(a, 50)), 3), "p99": round(float(np.percentile(a, 99)), 3)}
 
 
+MAX_REPLAY_S = 86_400.0
+"""The longest arrival window replayed: the replay is in real time, and a trace stretched over more than a day
+(timestamps of 1e300 ms, or seconds read as milliseconds at a low --rate-scale) would never finish."""
+
+
 def workload_shots(options: GatewayBenchOptions) -> list[Shot]:
+    """The requests replayed, refused (ValueError naming the trace) where their goodput is undefined, all arriving
+    at one instant as `simulate` refuses them (it was printed as 1e9 req/s), or where the replay would not end."""
     requests = shape(spread_steps(load_workload(options.trace), options.seed), options.rate_scale, options.requests)
+    # Without a cut to advise on: a trace with two timestamps has its steps spread, so only a whole trace at one
+    # instant arrives at one, and replaying more of it would not help.
+    require_arrival_window(requests, options.trace)
+    window_s = arrival_window_s(requests)
+    if window_s > MAX_REPLAY_S:
+        raise ValueError(
+            f"{options.trace}: the {len(requests)} requests replayed arrive over {window_s:.3g} s at --rate-scale "
+            f"{options.rate_scale:g}, more than a day, which the real-time replay would take; raise --rate-scale or "
+            "replay fewer requests (--requests)"
+        )
     whole = np.random.default_rng(options.seed).random(len(requests)) < options.non_streaming_share
     return [
         Shot(

@@ -694,6 +694,34 @@ def test_bench_gateway_names_a_trace_that_is_not_one_before_starting_anything(no
     refused(["bench", "gateway", "--trace", "nosuch", "--requests", "10", "--probes", "10"], "nosuch")
 
 
+@pytest.mark.parametrize("stamps", [[0], [0, 0, 0]])
+def test_bench_gateway_refuses_requests_that_all_arrive_at_one_instant(
+    no_processes: None, tmp_path: Path, stamps: list[int]
+) -> None:
+    """A one-request trace was replayed and its goodput printed as 1,000,000,000 req/s (met / max(window, 1e-9));
+    simulate refused the same trace."""
+    burst = tmp_path / "burst.jsonl"
+    burst.write_text(
+        "".join(json.dumps({"timestamp": t, "input_length": 100, "output_length": 10}) + "\n" for t in stamps)
+    )
+    line = refused(["bench", "gateway", "--trace", str(burst), "--requests", "10", "--probes", "30"], str(burst))
+    assert "one instant" in line and "--max-requests" not in line  # replayed with its steps spread: more is alike
+
+
+@pytest.mark.parametrize(("last_ms", "rate_scale"), [("1e300", "2"), ("200000000", "1")])
+def test_bench_gateway_refuses_an_arrival_window_no_real_time_replay_would_end(
+    no_processes: None, tmp_path: Path, last_ms: str, rate_scale: str
+) -> None:
+    """A trace whose arrivals span 1e300 ms was replayed in real time: the benchmark would never finish."""
+    trace = tmp_path / "long.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 100, "output_length": 10}\n'
+        f'{{"timestamp": {last_ms}, "input_length": 100, "output_length": 10}}\n'
+    )
+    args = ["bench", "gateway", "--trace", str(trace), "--requests", "10", "--probes", "30", "--rate-scale", rate_scale]
+    refused(args, str(trace), "more than a day", "--rate-scale")
+
+
 def test_bench_gateway_help_says_the_first_probe_pairs_only_warm_up() -> None:
     """`--probes 10` measured 5 pairs, without a word."""
     from leadtime.bench.gateway import WARMUP_PAIRS
