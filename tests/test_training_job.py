@@ -492,6 +492,22 @@ def test_a_source_given_twice_is_refused_before_anything_is_read(sim_log: Path, 
     assert result.exit_code == 2 and "is given twice" in result.output and len(result.output.splitlines()) == 1
 
 
+@pytest.mark.parametrize("name", ["sharegpt-h200", "sharegpt_h200"])
+def test_a_shipped_source_given_by_its_name_and_its_path_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """`--samples sharegpt-h200 --samples <that file's path>` read the rows twice: the evaluation slice (the most
+    recent 20%) was the second copy, rows the trees had trained on."""
+    from leadtime.data import MEASURED
+
+    monkeypatch.chdir(tmp_path)  # no file called like the shipped name here
+    with pytest.raises(ValueError, match=f"--samples {MEASURED['sharegpt-h200']} is given twice \\(as {name} too\\)"):
+        RetrainConfig(samples=(name, str(MEASURED["sharegpt-h200"])), registry=str(tmp_path / "models"))
+    local = tmp_path / name  # a file of that name here is what the name means, as the reader takes it
+    local.write_text("")
+    RetrainConfig(samples=(name, str(MEASURED["sharegpt-h200"])), registry=str(tmp_path / "models"))
+
+
 def test_a_first_model_made_from_the_registrys_own_stream_says_how_far_into_it_it_learned(
     sim_log: Path, redis_url: str
 ) -> None:

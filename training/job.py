@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from leadtime.data import MEASURED, shipped_name
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.predictor.artifact import ArtifactError, check_writable_dir
@@ -111,7 +112,7 @@ class RetrainConfig:
     def __post_init__(self) -> None:
         seen: dict[str, str] = {}
         for spec in self.samples:  # the same file by two paths is one source: its rows would count twice
-            key = spec if "://" in spec else os.path.realpath(spec)
+            key = _source_key(spec)
             if key in seen:
                 raise ValueError(f"--samples {spec} is given twice (as {seen[key]} too): its rows would count twice")
             seen[key] = spec
@@ -122,6 +123,18 @@ class RetrainConfig:
         EVAL_SHARE.check("eval_share", self.eval_share)  # OutOfRange names the field; the CLI, the option
         MARGIN.check("margin", self.margin)
         MALFORMED_SHARE.check("max_malformed_share", self.max_malformed_share)
+
+
+def _source_key(spec: str) -> str:
+    """What a `--samples` source is, to find one given twice: a URL as given, else the file it reads (resolved as
+    `SampleReader` resolves it: a shipped name, `sharegpt-h200`, means its file unless a file of that name is
+    here), by its real path."""
+    if "://" in spec:
+        return spec
+    name = shipped_name(spec, MEASURED)
+    if name is not None and not Path(spec).is_file():
+        return os.path.realpath(MEASURED[name])
+    return os.path.realpath(spec)
 
 
 @dataclass
