@@ -28,10 +28,16 @@ keep models and observations in this process only, replicas sharing nothing and 
 learned)."""
 
 
+DAY_S = 86_400.0
+"""The longest period a setting may give: beyond it a period is a slip (1e12 overflowed the lease thread's wait;
+threading's TIMEOUT_MAX is about 292 years)."""
+
+
 class ServiceSettings(BaseModel):
     """Settings of one predictor service process."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    # Every number finite: `LEADTIME_LEASE_TTL_S=inf` passed, and the lease thread died on Event.wait(inf / 3).
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -78,7 +84,7 @@ class ServiceSettings(BaseModel):
     test_every: int = Field(
         default=10, ge=2, description="Every n-th accepted sample counts as test data (/data/status)."
     )
-    lease_ttl_s: float = Field(default=10.0, gt=0)
+    lease_ttl_s: float = Field(default=10.0, gt=0, le=DAY_S)
     background_nice: int = Field(
         default=10,
         ge=0,
@@ -89,6 +95,7 @@ class ServiceSettings(BaseModel):
     min_retrain_interval_s: float = Field(
         default=2.0,
         ge=0,
+        le=DAY_S,
         description="Least time between two retrains of the trees (a retrain is due every retrain_every "
         "observations; under a high observation rate this keeps retrains from running back to back and taking the "
         "CPU that learning the observations needs).",
@@ -96,12 +103,13 @@ class ServiceSettings(BaseModel):
     model_save_interval_s: float = Field(
         default=60.0,
         gt=0,
-        allow_inf_nan=False,
+        le=DAY_S,
         description="With --model-dir, how often the model is saved there while it learns (and at a clean stop).",
     )
     snapshot_interval_s: float = Field(
         default=0.25,
         gt=0,
+        le=DAY_S,
         description="Most often the learner process hands its model to the serving process while it learns.",
     )
     learner_cpus: str | None = Field(

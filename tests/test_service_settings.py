@@ -99,3 +99,22 @@ def test_a_token_holding_a_separator_is_refused_as_the_gateways_keys_are(token: 
     takes one token, and the same check (`keys.check_key`) refuses it on both."""
     with pytest.raises(ValidationError, match=r"api_token\n.*without spaces, commas"):
         ServiceSettings(api_token=token)
+
+
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "LEADTIME_LEASE_TTL_S",
+        "LEADTIME_MIN_RETRAIN_INTERVAL_S",
+        "LEADTIME_MODEL_SAVE_INTERVAL_S",
+        "LEADTIME_SNAPSHOT_INTERVAL_S",
+    ],
+)
+@pytest.mark.parametrize(("value", "problem"), [("inf", "finite number"), ("nan", "finite number"), ("1e12", "86400")])
+def test_a_period_beyond_a_day_or_not_finite_is_refused_naming_it(variable: str, value: str, problem: str) -> None:
+    """`LEADTIME_LEASE_TTL_S=inf` (or 1e12) passed: the lease thread then died on an OverflowError (Event.wait of
+    inf / 3) while the service ran on; an infinite snapshot or retrain interval never snapshotted or retrained."""
+    field = variable.removeprefix("LEADTIME_").lower()
+    with pytest.raises(ValidationError, match=f"{field}\n.*{problem}"):
+        ServiceSettings.from_env(env={variable: value})
+    assert getattr(ServiceSettings.from_env(env={variable: "86400"}), field) == 86400
