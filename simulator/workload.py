@@ -23,6 +23,25 @@ from leadtime.features.rows import parse_datetime
 
 MOONCAKE_SEGMENT_TOKENS = 512
 
+MAX_TOKENS = 2**24
+"""The most tokens a synthetic workload's mean prompt or output, or shared prefix, may have (16,777,216: above the
+longest context any model takes, 10M tokens): beyond it a figure is a slip, and one of 1e18 was a prompt building
+that never ended."""
+MAX_SYNTHETIC_REQUESTS = 10**7
+MAX_SYNTHETIC_SEGMENTS = 10**8
+"""The most prompt segments (prefix block ids) a synthetic workload may build, about its memory: the ids of its
+requests' prompts and of its shared prefixes each."""
+SYNTHETIC_RANGES: dict[str, tuple[int, int, str]] = {
+    "requests": (1, MAX_SYNTHETIC_REQUESTS, ""),
+    "input_mean": (1, MAX_TOKENS, " (tokens)"),
+    "output_mean": (1, MAX_TOKENS, " (tokens)"),
+    "prefix_groups": (0, 2**16, ""),
+    "prefix_tokens": (0, MAX_TOKENS, " (tokens)"),
+    "segment_tokens": (1, MAX_TOKENS, " (tokens)"),
+}
+"""The integer parameters' (least, most, unit): `prefix_tokens=1e15` built lists of ~2e12 ids until memory ran
+out, `input_mean=1e18` looped ~2e15 times."""
+
 
 class TraceError(ValueError):
     """A trace file is unreadable or has a malformed line (the message names the line)."""
@@ -326,8 +345,29 @@ class SyntheticSpec:
     segment_tokens: int = MOONCAKE_SEGMENT_TOKENS
 
 
+def _check_size(spec: SyntheticSpec) -> None:
+    """TraceError naming the parameters when the workload would build more than `MAX_SYNTHETIC_SEGMENTS` prompt
+    segments (each bounded, their product was not: input_mean=1e6 with segment_tokens=1 for a million requests);
+    checked on the requests replayed, after --max-requests."""
+    prompt = max(spec.input_mean, spec.prefix_tokens + 1) // spec.segment_tokens + 1
+    if spec.requests * prompt > MAX_SYNTHETIC_SEGMENTS:
+        raise TraceError(
+            f"synthetic workload: requests × (input_mean or prefix_tokens) / segment_tokens must be at most "
+            f"{MAX_SYNTHETIC_SEGMENTS:,} prompt segments, got about {spec.requests * prompt:.3g}: fewer requests, "
+            "shorter prompts or longer segments"
+        )
+    shared = spec.prefix_groups * (spec.prefix_tokens // spec.segment_tokens)
+    if shared > MAX_SYNTHETIC_SEGMENTS:
+        raise TraceError(
+            f"synthetic workload: prefix_groups × prefix_tokens / segment_tokens must be at most "
+            f"{MAX_SYNTHETIC_SEGMENTS:,} prompt segments, got {shared:.3g}: fewer groups, shorter prefixes or longer "
+            "segments"
+        )
+
+
 def synthetic(spec: SyntheticSpec, seed: int = 0) -> list[WorkloadRequest]:
     """A synthetic workload: bursty (gamma) arrivals and prompts sharing prefixes as `spec` says."""
+    _check_size(spec)
     rng = random.Random(seed)
     out: list[WorkloadRequest] = []
     clock = 0.0
@@ -352,7 +392,8 @@ def synthetic(spec: SyntheticSpec, seed: int = 0) -> list[WorkloadRequest]:
 
 
 def parse_synthetic(text: str) -> SyntheticSpec:
-    """`synthetic:rate_rps=20,requests=2000,burstiness=4,...` → SyntheticSpec (fields as in SyntheticSpec)."""
+    """`synthetic:rate_rps=20,requests=2000,burstiness=4,...` → SyntheticSpec (fields as in SyntheticSpec); a
+    TraceError names the parameter out of its range (`SYNTHETIC_RANGES`) or given twice."""
     _, _, params = text.partition(":")
     fields = SyntheticSpec.__dataclass_fields__
     values: dict[str, float | int] = {}
@@ -362,6 +403,8 @@ def parse_synthetic(text: str) -> SyntheticSpec:
         if not sep or name not in fields:
             known = ", ".join(fields)
             raise TraceError(f"synthetic workload: bad parameter {item!r} (known: {known})")
+        if name in values:  # the last one silently won
+            raise TraceError(f"synthetic workload: {name} is given twice")
         try:
             value = float(raw)
         except ValueError:
@@ -371,14 +414,19 @@ def parse_synthetic(text: str) -> SyntheticSpec:
         if fields[name].type == "int":
             if value != int(value):  # 2.7 requests would silently become 2
                 raise TraceError(f"synthetic workload: {name} must be an integer, got {raw!r}")
+            least, most, unit = SYNTHETIC_RANGES[name]
+            if value < least:
+                raise TraceError(f"synthetic workload: {name} must be ≥ {least}, got {value:g}")
+            if value > most:
+                raise TraceError(f"synthetic workload: {name} must be at most {most:,}{unit}, got {value:g}")
             values[name] = int(value)
         else:
             values[name] = value
     spec = SyntheticSpec(**values)  # type: ignore[arg-type]
-    if spec.requests < 1 or spec.rate_rps <= 0 or spec.burstiness <= 0 or spec.input_mean < 1 or spec.output_mean < 1:
-        raise TraceError("synthetic workload: requests, rate_rps, burstiness, input_mean, output_mean must be > 0")
-    if not 0 <= spec.prefix_share <= 1 or spec.prefix_groups < 0 or spec.segment_tokens < 1:
-        raise TraceError("synthetic workload: prefix_share must be in [0, 1], prefix_groups ≥ 0, segment_tokens ≥ 1")
+    if spec.rate_rps <= 0 or spec.burstiness <= 0:
+        raise TraceError("synthetic workload: rate_rps and burstiness must be > 0")
+    if not 0 <= spec.prefix_share <= 1:
+        raise TraceError("synthetic workload: prefix_share must be in [0, 1]")
     return spec
 
 

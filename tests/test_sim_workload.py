@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,56 @@ def test_synthetic_spec_from_text() -> None:
     ]:
         with pytest.raises(TraceError, match=problem):
             parse_synthetic(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("prefix_tokens=1e15", "prefix_tokens must be at most 16,777,216 (tokens), got 1e+15"),  # memory ran out
+        ("input_mean=1e18", "input_mean must be at most 16,777,216 (tokens), got 1e+18"),  # a loop of ~2e15 turns
+        ("output_mean=1e18", "output_mean must be at most 16,777,216 (tokens)"),
+        ("segment_tokens=1e9", "segment_tokens must be at most 16,777,216 (tokens)"),
+        ("requests=1e8", "requests must be at most 10,000,000, got 1e+08"),
+        ("prefix_groups=1e9", "prefix_groups must be at most 65,536"),
+        ("prefix_tokens=-512", "prefix_tokens must be ≥ 0, got -512"),
+        ("requests=5,requests=6", "requests is given twice"),
+        ("requests=5, requests=6", "requests is given twice"),
+    ],
+)
+def test_synthetic_parameters_beyond_any_run_are_refused_naming_them(text: str, problem: str) -> None:
+    """prefix_tokens=1e15 built 8 lists of ~2e12 ids until memory ran out; input_mean=1e18 looped ~2e15 times."""
+    with pytest.raises(TraceError) as caught:
+        parse_synthetic(f"synthetic:{text}")
+    assert str(caught.value).startswith("synthetic workload: ") and problem in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "requests=1e6,input_mean=2e5,segment_tokens=1",
+            "requests × (input_mean or prefix_tokens) / segment_tokens must be at most 100,000,000 prompt segments",
+        ),
+        (
+            "prefix_groups=1e4,prefix_tokens=1e6,segment_tokens=16",
+            "prefix_groups × prefix_tokens / segment_tokens must be at most 100,000,000 prompt segments",
+        ),
+    ],
+)
+def test_a_synthetic_workload_too_large_to_build_is_refused_naming_its_parameters(text: str, problem: str) -> None:
+    """Each parameter bounded, their product was not: a million requests of 200,000 one-token segments."""
+    with pytest.raises(TraceError, match=re.escape(f"synthetic workload: {problem}")):
+        load_workload(f"synthetic:{text}")
+
+
+def test_a_large_synthetic_workload_cut_short_by_a_limit_is_built() -> None:
+    """The size is of the requests replayed: --max-requests 2 of a workload too large whole builds two."""
+    assert len(load_workload("synthetic:requests=1e6,input_mean=2e5,segment_tokens=1", limit=2)) == 2
+
+
+def test_synthetic_parameters_at_their_bounds_are_taken() -> None:
+    spec = parse_synthetic("synthetic:requests=5,input_mean=16777216,prefix_tokens=0,segment_tokens=16777216")
+    assert (spec.requests, spec.input_mean, spec.prefix_tokens) == (5, 2**24, 0)
 
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
