@@ -24,9 +24,9 @@ from leadtime.features.rows import parse_datetime
 MOONCAKE_SEGMENT_TOKENS = 512
 
 MAX_TOKENS = 2**24
-"""The most tokens a synthetic workload's mean prompt or output, or shared prefix, may have (16,777,216: above the
-longest context any model takes, 10M tokens): beyond it a figure is a slip, and one of 1e18 was a prompt building
-that never ended."""
+"""The most tokens a request of a trace, or a synthetic workload's mean prompt or output or shared prefix, may have
+(16,777,216: above the longest context any model takes, 10M tokens): beyond it a figure is a slip, and one of 1e18
+was a prompt building that never ended."""
 MAX_SYNTHETIC_REQUESTS = 10**7
 MAX_SYNTHETIC_SEGMENTS = 10**8
 """The most prompt segments (prefix block ids) a synthetic workload may build, about its memory: the ids of its
@@ -81,9 +81,13 @@ def _finite_number(value: object) -> TypeGuard[int | float]:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
-def _positive_int(value: object, name: str, where: str, minimum: int = 1) -> int:
+def _positive_int(value: object, name: str, where: str, minimum: int = 1, maximum: int = MAX_TOKENS) -> int:
+    """A trace row's token count; TraceError naming the row's place (`path:line`) and field. Bounded here, where
+    the place is known: `input_length: 1e18` was refused later by the policy, naming neither."""
     if not _finite_number(value) or int(value) != value or value < minimum:
         raise TraceError(f"{where}: '{name}' must be an integer ≥ {minimum}, got {value!r}")
+    if value > maximum:
+        raise TraceError(f"{where}: '{name}' must be an integer from {minimum} to {maximum:,} (tokens), got {value:g}")
     return int(value)
 
 

@@ -643,6 +643,29 @@ def test_a_trace_without_requests_is_refused_naming_the_file(tmp_path: Path, nam
     refused(["simulate", "--fleet", "homogeneous", "--trace", str(path)], f"{path}: no requests")
 
 
+@pytest.mark.parametrize("field", ["input_length", "output_length"])
+@pytest.mark.parametrize("value", [10**18, 1e18])
+def test_a_mooncake_token_count_beyond_any_context_is_refused_naming_the_line(
+    tmp_path: Path, field: str, value: float
+) -> None:
+    """`input_length: 1e18` was read, then refused by the policy ("input_tokens: must be ≤ 2**53"), without the file
+    or the line."""
+    path = tmp_path / "huge.jsonl"
+    first: dict[str, float] = {"timestamp": 0, "input_length": 100, "output_length": 10}
+    rows = [first, {**first, "timestamp": 5, field: value}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refused(
+        ["simulate", "--fleet", "homogeneous", "--trace", str(path), "--policy", "round-robin"],
+        f"{path}:2: '{field}' must be an integer from 1 to 16,777,216",
+    )
+
+
+def test_an_azure_token_count_beyond_any_context_is_refused_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "huge.csv"
+    path.write_text(AZURE_HEADER + "2024-01-01 00:00:00,10,5\n2024-01-01 00:00:01,100000000000,5\n")
+    refused(["simulate", "--fleet", "homogeneous", "--trace", str(path)], f"{path}:3: 'ContextTokens'", "16,777,216")
+
+
 @pytest.mark.parametrize(
     "row,names",
     [
