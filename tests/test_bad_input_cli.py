@@ -310,6 +310,10 @@ def test_non_finite_synthetic_parameters_are_refused_naming_them(name: str, valu
 # ----- numeric options --------------------------------------------------------------------------------------
 
 
+HUGE = "9" * 23
+"""A seed above 2**53."""
+
+
 @pytest.mark.parametrize(
     "option,value",
     [("--rate-scale", "nan"), ("--rate-scale", "inf"), ("--ttft-slo-ms", "nan"), ("--itl-slo-ms", "nan")],
@@ -350,6 +354,11 @@ def test_simulate_takes_an_infinite_slo_as_no_slo(trace: Path) -> None:
         (["bench", "routing", "--seed", "-3", "--max-requests", "300", "--fleet", "mixed"], "--seed"),
         (["simulate", "--fleet", "mixed", "--policy", "leadtime", "--seed", "-1"], "--seed"),
         (["sim", "serve", "--fleet", "mixed", "--seed", "-1"], "--seed"),
+        # Above 2**53 the policies refused it naming their field, "seed", not the option.
+        (["simulate", "--fleet", "mixed", "--policy", "leadtime", "--seed", HUGE], "--seed must be ≤ 2**53"),
+        (["sim", "serve", "--fleet", "mixed", "--seed", HUGE], "--seed must be ≤ 2**53"),
+        (["bench", "coldstart", "--seed", HUGE], "--seed must be ≤ 2**53"),
+        (["bench", "routing", "--seed", HUGE, "--max-requests", "300", "--fleet", "mixed"], "--seed must be ≤ 2**53"),
     ],
 )
 def test_bench_options_out_of_range_are_refused_naming_the_option(args: list[str], option: str) -> None:

@@ -25,6 +25,7 @@ from leadtime.cli.common import (
     output_dir,
     positive,
     reference_model_option,
+    seed_option,
     warn,
 )
 from leadtime.features.errors import FeatureError, validation_problem
@@ -128,8 +129,7 @@ def bench_coldstart(
     from leadtime.bench.coldstart import print_report, run_coldstart
     from leadtime.features.catalog import get_accelerator
 
-    if seed < 0:
-        fail(f"--seed must be ≥ 0, got {seed}")
+    seed_option(seed)
     reference = reference_model_option(reference_model)
     try:
         get_accelerator(unseen)
@@ -277,8 +277,7 @@ def bench_routing(
         fail(f"--max-requests must be ≥ {MIN_REQUESTS}")
     if seeds < 1 or workers < 1:
         fail("--seeds and --workers must be ≥ 1")
-    if seed < 0:
-        fail(f"--seed must be ≥ 0, got {seed}")
+    seed_option(seed)
     named = [(f, shipped_name(f, FLEETS)) for f in fleet or []]
     unknown = [f for f, name in named if name is None]
     if unknown:

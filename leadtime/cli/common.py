@@ -143,6 +143,17 @@ def positive(option: str, value: float, infinite: bool = False) -> None:
         fail(f"{option} must be > 0{'' if infinite else ' and finite'}, got {value}")
 
 
+def seed_option(seed: int) -> None:
+    """Fail unless `seed` is one the policies and generators take (0 to 2**53, `check_count`'s bound): above it,
+    a policy refused it naming its own field, `seed`, not the option."""
+    from leadtime.features.rows import MAX_COUNT
+
+    if seed < 0:
+        fail(f"--seed must be ≥ 0, got {seed}")
+    if seed > MAX_COUNT:
+        fail(f"--seed must be ≤ 2**53, got a {len(str(seed))}-digit number")
+
+
 def _version(value: bool) -> None:
     if value:
         from leadtime import __version__

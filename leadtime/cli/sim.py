@@ -22,6 +22,7 @@ from leadtime.cli.common import (
     option_given,
     output_dir,
     positive,
+    seed_option,
     sim_app,
     warn,
 )
@@ -76,8 +77,7 @@ def simulate(
     if max_requests is not None and max_requests < 1:
         fail("--max-requests must be ≥ 1")
     positive("--rate-scale", rate_scale)
-    if seed < 0:
-        fail(f"--seed must be ≥ 0, got {seed}")
+    seed_option(seed)
     positive("--ttft-slo-ms", ttft_slo_ms, infinite=True)  # infinite: no SLO
     positive("--itl-slo-ms", itl_slo_ms, infinite=True)
     if out is not None:
@@ -204,8 +204,7 @@ def sim_serve(
     bind_host(host)
     if tokens_per_event < 1:
         fail("--tokens-per-event must be ≥ 1")
-    if seed < 0:
-        fail(f"--seed must be ≥ 0, got {seed}")
+    seed_option(seed)
     known = catalog_option(catalog)
     try:
         served = load_fleet(fleet, known)
