@@ -467,6 +467,20 @@ def test_retrain_counts_a_deeply_nested_line_as_malformed(rows: Path, tmp_path: 
     refused(["retrain", "--samples", str(rows), "--registry", str(tmp_path / "models")], "line 13: not JSON")
 
 
+def test_a_failed_retrain_leaves_no_directory_it_made(rows: Path, tmp_path: Path) -> None:
+    """The registry directory (and the report's) were made before the samples were read, and left behind, empty,
+    when the job then failed; one that was there before stays."""
+    rows.write_text(rows.read_text() + DEEP)
+    made, report = tmp_path / "new" / "models", tmp_path / "out" / "report"
+    args = ["retrain", "--samples", str(rows), "--registry", str(made), "--report", str(report)]
+    refused(args, "line 13: not JSON")
+    assert not (tmp_path / "new").exists() and not (tmp_path / "out").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    refused(["retrain", "--samples", str(rows), "--registry", str(kept)], "line 13: not JSON")
+    assert kept.is_dir()
+
+
 # ----- sim serve --------------------------------------------------------------------------------------------
 
 

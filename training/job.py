@@ -181,6 +181,38 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}
+    made = _missing_dirs(config)  # made by the checks below; removed again, if still empty, when the job fails
+    try:
+        return _run(config, client, progress, started, timings)
+    except BaseException:
+        _remove_empty(made)
+        raise
+
+
+def _missing_dirs(config: RetrainConfig) -> list[Path]:
+    """The directories of the registry and the report that do not exist yet, with their missing parents, deepest
+    first: the job makes them before it reads a sample, and a job that then failed left them behind, empty."""
+    wanted = [config.report_dir] if config.report_dir is not None else []
+    if "://" not in config.registry and config.registry.strip():
+        wanted.append(Path(config.registry))
+    missing: list[Path] = []
+    for path in wanted:
+        while not path.exists() and path != path.parent and path not in missing:
+            missing.append(path)
+            path = path.parent
+    return sorted(missing, key=lambda p: len(p.absolute().parts), reverse=True)
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    """Remove each of `directories` (deepest first) that is still empty: one a model or a report went into stays."""
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+def _run(
+    config: RetrainConfig, client: Any, progress: bool, started: float, timings: dict[str, float]
+) -> RetrainResult:
     if config.report_dir is not None:  # before anything is fitted or published: a report that cannot be written
         try:  # would turn a published model (or a kept champion) into exit status 2
             check_writable_dir(config.report_dir, "the report directory")
