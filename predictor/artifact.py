@@ -10,6 +10,7 @@ matching checksum, so the registry itself must be protected (see SECURITY.md).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -146,6 +147,26 @@ def check_writable_dir(path: Path, what: str) -> None:
             pass
     except OSError as err:
         raise OSError(f"{what} {str(path)!r} cannot be written ({err.strerror or err})") from None
+
+
+def missing_dirs(*paths: Path) -> list[Path]:
+    """The directories among `paths` that do not exist yet, with their missing parents, deepest first: what
+    `check_writable_dir` (or a `mkdir(parents=True)`) is about to make, for `remove_empty_dirs` to take back when the
+    command then fails before anything is written there."""
+    missing: list[Path] = []
+    for path in paths:
+        while not path.exists() and path != path.parent and path not in missing:
+            missing.append(path)
+            path = path.parent
+    return sorted(missing, key=lambda p: len(p.absolute().parts), reverse=True)
+
+
+def remove_empty_dirs(directories: list[Path]) -> None:
+    """Remove each of `directories` (deepest first, as `missing_dirs` lists them) that is still empty: one a file
+    went into stays."""
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def load_file(directory: str | os.PathLike[str]) -> bytes:

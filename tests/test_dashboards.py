@@ -393,6 +393,24 @@ def test_render_without_a_prometheus_is_one_line_and_exit_2(tmp_path: Path) -> N
     assert bad.exit_code == 2 and "--minutes must be > 0" in bad.output
 
 
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("notaurl", "--prometheus 'notaurl': not an http:// or https:// URL"),
+        ("ftp://prometheus:9090", "--prometheus 'ftp://prometheus:9090': not an http:// or https:// URL"),
+        ("http://", "--prometheus 'http://': not an http:// or https:// URL"),
+        ("http://127.0.0.1:1", "Prometheus at http://127.0.0.1:1 cannot be reached"),
+    ],
+)
+def test_render_makes_no_folder_for_a_prometheus_it_cannot_ask(tmp_path: Path, url: str, problem: str) -> None:
+    """`--prometheus notaurl --out o/x` made o/x, then said the URL had no scheme."""
+    out = tmp_path / "o" / "x"
+    result = CliRunner().invoke(app, ["dashboards", "render", "--prometheus", url, "--out", str(out)])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {problem}"), result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
 def test_render_against_a_server_that_is_not_prometheus_says_so(tmp_path: Path) -> None:
     """Pointed at the service instead of Prometheus it said "error: 404: Not Found"."""
     import threading

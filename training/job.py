@@ -44,7 +44,7 @@ import numpy as np
 from leadtime.data import MEASURED, shipped_name
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
-from leadtime.predictor.artifact import ArtifactError, check_writable_dir
+from leadtime.predictor.artifact import ArtifactError, check_writable_dir, missing_dirs, remove_empty_dirs
 from leadtime.predictor.learner import TREES_LABEL_KEY, LearnerConfig, OnlinePredictor
 from leadtime.predictor.physics import TARGETS
 from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
@@ -181,33 +181,18 @@ def run_retrain(config: RetrainConfig, client: Any = None, progress: bool = Fals
     """
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    made = _missing_dirs(config)  # made by the checks below; removed again, if still empty, when the job fails
+    # The registry and report directories are made before a sample is read; a job that then failed left them behind,
+    # empty. Those made here are removed again if still empty when it fails.
+    made = missing_dirs(*([config.report_dir] if config.report_dir is not None else []), *_registry_dir(config))
     try:
         return _run(config, client, progress, started, timings)
     except BaseException:
-        _remove_empty(made)
+        remove_empty_dirs(made)
         raise
 
 
-def _missing_dirs(config: RetrainConfig) -> list[Path]:
-    """The directories of the registry and the report that do not exist yet, with their missing parents, deepest
-    first: the job makes them before it reads a sample, and a job that then failed left them behind, empty."""
-    wanted = [config.report_dir] if config.report_dir is not None else []
-    if "://" not in config.registry and config.registry.strip():
-        wanted.append(Path(config.registry))
-    missing: list[Path] = []
-    for path in wanted:
-        while not path.exists() and path != path.parent and path not in missing:
-            missing.append(path)
-            path = path.parent
-    return sorted(missing, key=lambda p: len(p.absolute().parts), reverse=True)
-
-
-def _remove_empty(directories: list[Path]) -> None:
-    """Remove each of `directories` (deepest first) that is still empty: one a model or a report went into stays."""
-    for directory in directories:
-        with contextlib.suppress(OSError):
-            directory.rmdir()
+def _registry_dir(config: RetrainConfig) -> list[Path]:
+    return [Path(config.registry)] if "://" not in config.registry and config.registry.strip() else []
 
 
 def _run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -54,14 +55,25 @@ def dashboards_render(
     """Draw each dashboard's main panels as a PNG from Prometheus's answers (matplotlib; no Grafana needed)."""
     from leadtime.dashboards.definitions import DASHBOARDS
     from leadtime.dashboards.render import PrometheusApi, PrometheusError, render_dashboard
+    from leadtime.predictor.artifact import missing_dirs, remove_empty_dirs
 
     positive("--minutes", minutes)
-    output_dir(out)
+    parsed = urlsplit(prometheus)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        fail(f"--prometheus {prometheus!r}: not an http:// or https:// URL (http://HOST:PORT)")
     api = PrometheusApi(prometheus)
+    made = missing_dirs(out)
+    output_dir(out)  # checked first: a folder that cannot be made is said before anything is asked
+    try:
+        api.scrape_interval_s()
+    except (PrometheusError, ValueError) as err:
+        remove_empty_dirs(made)  # a Prometheus that cannot be asked left the new folder behind
+        fail(err)
     try:
         for board in DASHBOARDS:
             path, panels = render_dashboard(board, api, out, minutes=minutes)
             empty = [p.panel.title for p in panels if not p.has_data]
             typer.echo(f"wrote {path}" + (f" (no data: {'; '.join(empty)})" if empty else ""))
     except (PrometheusError, OSError, ValueError) as err:
+        remove_empty_dirs(made)
         fail(err)
