@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -25,48 +26,48 @@ HOSTS_VARIABLE = "LEADTIME_ROUTE_ALLOWED_HOSTS"
 KEYS_VARIABLE = "LEADTIME_ROUTE_API_KEY"
 
 
-def checked_hosts(given: list[str] | None) -> tuple[str, ...]:
-    """The gateway's allowed hosts as compared: the `--allowed-host` options, else `LEADTIME_ROUTE_ALLOWED_HOSTS`
-    (comma-separated, as a Kubernetes env value lists them; click would split a repeatable option's variable at
-    spaces), else none. An entry no Host header could match fails in one line naming where it came from."""
-    from leadtime.predictor.service.hosts import check_allowed_host, parse_allowed_hosts
-
-    variable = os.environ.get(HOSTS_VARIABLE)
+def _checked_entries(
+    given: list[str] | None,
+    option: str,
+    variable: str,
+    parse: Callable[[str], tuple[str, ...]],
+    check: Callable[[str], str],
+    said: str,
+) -> tuple[str, ...]:
+    """The `option`s given, else `variable`'s entries (`parse`), else none, each as `check` gives it back; one that
+    fails it fails the command in one line naming where it came from (`said` between that and the reason)."""
+    value = os.environ.get(variable)
     if given:
-        entries, source = given, "--allowed-host"
-    elif variable is not None:
-        entries, source = list(parse_allowed_hosts(variable)), HOSTS_VARIABLE
+        entries, source = given, option
+    elif value is not None:
+        entries, source = list(parse(value)), variable
     else:
         return ()
     checked = []
     for entry in entries:
         try:
-            checked.append(check_allowed_host(entry))
+            checked.append(check(entry))
         except ValueError as err:
-            fail(f"{source}: {err}")
+            fail(f"{source}{said}{err}")
     return tuple(checked)
+
+
+def checked_hosts(given: list[str] | None) -> tuple[str, ...]:
+    """The gateway's allowed hosts as compared: the `--allowed-host` options, else `LEADTIME_ROUTE_ALLOWED_HOSTS`
+    (comma-separated, as a Kubernetes env value lists them; click would split a repeatable option's variable at
+    spaces), else none."""
+    from leadtime.predictor.service.hosts import check_allowed_host, parse_allowed_hosts
+
+    return _checked_entries(given, "--allowed-host", HOSTS_VARIABLE, parse_allowed_hosts, check_allowed_host, ": ")
 
 
 def checked_keys(given: list[str] | None) -> tuple[str, ...]:
     """The keys clients must show: the `--api-key` options, else `LEADTIME_ROUTE_API_KEY` (apart by commas, as
     the allowed hosts' variable, or by spaces; read here, since click splits a repeatable option's variable at
-    spaces alone and took `key1,key2` for one key), else none. One no client could show fails in one line naming
-    where it came from."""
+    spaces alone and took `key1,key2` for one key), else none."""
     from leadtime.predictor.service.keys import check_key, parse_keys
 
-    variable = os.environ.get(KEYS_VARIABLE)
-    if given:
-        keys, source = given, "--api-key"
-    elif variable is not None:
-        keys, source = list(parse_keys(variable)), KEYS_VARIABLE
-    else:
-        return ()
-    for key in keys:
-        try:
-            check_key(key)
-        except ValueError as err:
-            fail(f"{source} {err}")
-    return tuple(keys)
+    return _checked_entries(given, "--api-key", KEYS_VARIABLE, parse_keys, check_key, " ")
 
 
 @app.command("route")
