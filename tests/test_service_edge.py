@@ -328,6 +328,31 @@ def test_bodies_refused_before_routing_are_counted_under_their_route() -> None:
     assert 'path="unmatched",status="415"' in metrics
 
 
+def test_a_request_whose_handler_raises_is_counted_as_a_500(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edge recorded a request only once the app returned: one whose route (or hot path) raised was answered
+    500 by the error handler outside it and left out of `leadtime_http_requests_total`, so an error rate built on
+    it read 0 while every such call failed."""
+    app = create_app(ServiceSettings())
+
+    def fail(*args: Any) -> None:
+        raise RuntimeError("a bug")
+
+    async def boom() -> None:
+        fail()
+
+    app.router.add_api_route("/boom", boom, methods=["GET"])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.get("/boom")
+        assert answer.status_code == 500 and "a bug" in answer.json()["error"]
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        monkeypatch.setattr(runtime, "accept", fail)  # raises on the hot path, before any routing
+        assert client.post("/add_training_data_bulk", json={"entries": [entry()]}).status_code == 500
+        metrics = client.get("/metrics").text
+    assert 'leadtime_http_requests_total{method="GET",path="/boom",status="500"} 1.0' in metrics
+    assert 'leadtime_http_request_duration_seconds_count{path="/boom"} 1.0' in metrics
+    assert 'leadtime_http_requests_total{method="POST",path="/add_training_data_bulk",status="500"} 1.0' in metrics
+
+
 def test_on_port_0_the_log_says_which_port_the_system_picked(tmp_path: Path) -> None:
     """It logged "HTTP on http://127.0.0.1:0": a user could not tell where the service listened."""
     child = Child(["serve", "--port", "0", "--grpc-port", "0"], tmp_path / "serve.log")

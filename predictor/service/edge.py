@@ -213,6 +213,19 @@ class EdgeMiddleware:
                 status_holder[0] = message["status"]
             await send(message)
 
+        # An exception escaping the app (or a hot path) is answered 500 by Starlette's error middleware outside
+        # this one: recorded only on a normal return, every such 500 was missing from the request metrics. Recorded
+        # with the status sent, if the answer had started; else as the 500 the client gets.
+        try:
+            path = await self._answer(scope, receive, send_recording)
+        except Exception:
+            self._record(scope, None, status_holder[0], started)
+            raise
+        self._record(scope, path, status_holder[0], started)
+
+    async def _answer(self, scope: Scope, receive: Receive, send_recording: Send) -> str | None:
+        """Answer an HTTP request: refused at the edge, by a hot path or by the app. The path to record it under
+        when the route the app matched cannot tell (None: it can)."""
         path: str | None = None
         if self._foreign_host(scope):
             await _send_json(send_recording, 400, error_body(host_refusal(host_header(scope["headers"])), "host"))
@@ -240,15 +253,17 @@ class EdgeMiddleware:
                     await self._too_large(send_recording)
                 else:
                     await self.app(scope, _replay(body, receive), send_recording)
+        return path
+
+    def _record(self, scope: Scope, path: str | None, status: int, started: float) -> None:
+        """Count and time a request under `path`, else its route, mount or body route, else "unmatched"."""
         if path is None:
             path = (
                 getattr(scope.get("route"), "path", None) or self._mount_of(scope["path"]) or self._body_route_of(scope)
             )
             if path is None:  # /openapi.json is the one plain route (fixed path) beside the API's routes
                 path = scope["path"] if scope.get("endpoint") is not None else "unmatched"
-        self.runtime.metrics.observe_request(
-            path, scope.get("method", ""), status_holder[0], time.perf_counter() - started
-        )
+        self.runtime.metrics.observe_request(path, scope.get("method", ""), status, time.perf_counter() - started)
 
     def _foreign_host(self, scope: Scope) -> bool:
         """Whether hosts are listed and the request's Host is none of them (the probes and /metrics pass)."""
