@@ -126,7 +126,7 @@ def check_count(name: str, value: Any, least: int = 0, most: int = MAX_COUNT) ->
     if isinstance(value, bool) or not isinstance(value, numbers.Integral | float):
         raise FeatureError(name, f"must be an integer ≥ {least}, got {value!r}")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise FeatureError(name, f"must be an integer ≥ {least}, got {value!r}")
+        raise FeatureError(name, f"must be an integer ≥ {least}, got {_shown(value)}")
     value = int(value)
     if value < least:
         raise FeatureError(name, f"must be ≥ {least}, got {value}")
@@ -136,6 +136,17 @@ def check_count(name: str, value: Any, least: int = 0, most: int = MAX_COUNT) ->
     if value > most:
         raise FeatureError(name, f"must be ≤ {most}, got {value}")
     return value
+
+
+def _shown(value: float) -> str:
+    """A float as a message quotes it; an infinite one says what it mostly is: a JSON number beyond a double's
+    range (`1e400`), which the service reads as infinite, as llm-d's server does (`edge.loads_json`), and would
+    otherwise be quoted back as "inf", a value the sender never wrote.
+
+    >>> _shown(float("-inf")), _shown(0.5)
+    ('-inf (a number too large for a double)', '0.5')
+    """
+    return f"{value!r} (a number too large for a double)" if math.isinf(value) else repr(value)
 
 
 def check_tensor_parallel(value: Any, name: str = "tensor_parallel") -> int:
@@ -155,7 +166,7 @@ def check_real(name: str, value: Any, low: float = 0.0, high: float = math.inf) 
         raise FeatureError(name, f"must be a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
-        raise FeatureError(name, f"must be finite, got {value!r}")
+        raise FeatureError(name, f"must be finite, got {_shown(value)}")
     if value < low or value > high:
         bounds = f"between {low:g} and {high:g}" if math.isfinite(high) else f"≥ {low:g}"
         raise FeatureError(name, f"must be {bounds}, got {value:g}")

@@ -150,7 +150,6 @@ def test_explain_takes_a_null_pod_type_as_predict_does(served: tuple[TestClient,
         b"{not json",
         b'{"row": {"kv_cache_percentage": NaN}}',
         b'{"row": {"kv_cache_percentage": Infinity}}',
-        b'{"row": {"kv_cache_percentage": 1e309}}',
         b'{"row": {"endpoint_id": "\\ud800"}}',  # a lone surrogate
         b"\xff\xfe",
     ],
@@ -164,6 +163,18 @@ def test_explain_reads_a_body_that_is_not_json_as_predict_does(served: tuple[Tes
     explained = http.post("/v1/explain", content=body, headers=headers)
     assert predicted.status_code == 400 and predicted.json()["field"] == "body", predicted.text
     assert (explained.status_code, explained.json()) == (predicted.status_code, predicted.json())
+
+
+def test_explain_names_a_number_too_large_for_a_double_as_predict_does(served: tuple[TestClient, Any]) -> None:
+    """Valid JSON that orjson refuses (`1e309`) was a body "that is not JSON" on both; now the field is named."""
+    http, _ = served
+    headers = {"content-type": "application/json"}
+    row = orjson.dumps({**ROW, "kv_cache_percentage": "@"}).replace(b'"@"', b"1e309")
+    predicted = http.post("/v1/predict", content=b'{"rows": [%s]}' % row, headers=headers)
+    explained = http.post("/v1/explain", content=b'{"row": %s}' % row, headers=headers)
+    assert predicted.status_code == 422 and predicted.json()["field"] == "rows[0].kv_cache_percentage", predicted.text
+    assert explained.status_code == 422 and explained.json()["field"] == "row.kv_cache_percentage", explained.text
+    assert explained.json()["error"].split(": ", 1)[1] == predicted.json()["error"].split(": ", 1)[1]
 
 
 @pytest.mark.parametrize(

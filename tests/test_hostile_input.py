@@ -66,12 +66,40 @@ def assert_refused(response: Any, status: int | tuple[int, ...], field: str) -> 
 
 
 @pytest.mark.parametrize(("path", "field", "item"), PATHS, ids=[p for p, _, _ in PATHS])
-@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999", "9" * 400])
-def test_non_finite_and_overflowing_numbers_are_400_naming_the_body(
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_literals_are_400_naming_the_body(
     client: TestClient, path: str, field: str, item: dict[str, Any], literal: str
 ) -> None:
     before = state(client)
     body = raw_with(field, item, "kv_cache_percentage", literal)
+    assert_refused(client.post(path, content=body, headers=JSON), 400, "body")
+    assert state(client) == before
+
+
+@pytest.mark.parametrize(("path", "field", "item"), PATHS, ids=[p for p, _, _ in PATHS])
+@pytest.mark.parametrize("literal", ["1e999", "-1e400", "9" * 400, "9" * 5000])
+def test_a_number_too_large_for_a_double_is_422_naming_its_field(
+    client: TestClient, path: str, field: str, item: dict[str, Any], literal: str
+) -> None:
+    """Valid JSON that orjson refuses: it was answered 400 "is not valid JSON (number is infinity when parsed as
+    double: line 1 column 37)", naming neither the field nor what is wrong with it. llm-d's server reads it as
+    infinite, which its checks of the field refuse (422)."""
+    before = state(client)
+    response = client.post(path, content=raw_with(field, item, "kv_cache_percentage", literal), headers=JSON)
+    assert_refused(response, 422, f"{field}[0].kv_cache_percentage")
+    if path != "/predict/bulk":  # that one says it as llm-d's request model does: "less than or equal to 1"
+        assert "a number too large for a double" in response.json()["error"]
+    assert state(client) == before
+
+
+@pytest.mark.parametrize(("path", "field", "item"), PATHS, ids=[p for p, _, _ in PATHS])
+@pytest.mark.parametrize("after", ["NaN", '"\\ud800"'], ids=["nan", "lone-surrogate"])
+def test_what_is_not_json_after_a_number_too_large_for_a_double_is_still_400(
+    client: TestClient, path: str, field: str, item: dict[str, Any], after: str
+) -> None:
+    """Such a body is read again by Python's json, which takes more than JSON (NaN, lone surrogates)."""
+    before = state(client)
+    body = raw_with(field, item, "kv_cache_percentage", "1e400").replace(b"}]}", b', "x": %s}]}' % after.encode())
     assert_refused(client.post(path, content=body, headers=JSON), 400, "body")
     assert state(client) == before
 
@@ -122,7 +150,7 @@ def test_bad_actuals_are_refused(client: TestClient, key: str, value: Any) -> No
             else json.dumps(body_with(field, ENTRY, **{key: value}))
         )
         response = client.post(path, content=body, headers=JSON)
-        assert_refused(response, (400, 422), "body" if value == 1e309 else f"{field}[0].{key}")
+        assert_refused(response, 422, f"{field}[0].{key}")
     assert state(client) == before
 
 

@@ -72,12 +72,54 @@ NOT_JSON = "is not valid JSON"
 
 
 async def json_body(request: Request) -> Any:
-    """The body parsed once as JSON; 400 if it is not JSON."""
+    """The body parsed once as JSON (`loads_json`); 400 if it is not JSON."""
     raw = await request.body()
     try:
-        return orjson.loads(raw)  # ~4x faster than json.loads on the router's bodies (measured)
+        return loads_json(raw)
     except (UnicodeDecodeError, ValueError) as err:
         raise FeatureError("body", f"{NOT_JSON} ({err})") from None
+
+
+_OVERFLOW = "number is infinity"  # how orjson refuses a number beyond a double's range
+
+
+def loads_json(raw: bytes) -> Any:
+    """A JSON body as llm-d's server reads it, by orjson (~4x faster than json.loads on the router's bodies,
+    measured); ValueError if it is not JSON.
+
+    A number beyond a double's range (`1e400`, 400 digits) is valid JSON that orjson refuses: llm-d's server
+    (Python's json) reads it as infinite, and ignores it in a key it does not know. So does this, through Python's
+    json for that rare body: the checks of a field that holds one refuse it with 422 naming the field (as any
+    value out of range), and an unknown key holding one no longer fails the whole body with 400. NaN and
+    Infinity, which Python's json would take, stay refused: they are not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        if _OVERFLOW not in str(err):
+            raise
+    try:
+        value = json.loads(raw.decode(), parse_int=_json_int, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    try:  # what orjson refuses that Python's json takes, beside overflows: lone surrogates (\ud800)
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as err:
+        raise ValueError(str(err)) from None
+    return value
+
+
+def _json_int(text: str) -> int | float:
+    """An integer as orjson reads it: an int within 64 bits, else a float (infinite beyond a double's range;
+    `float` reads any length, where `int` refuses more than 4,300 digits)."""
+    if len(text) <= 20:
+        value = int(text)
+        if -(2**63) <= value < 2**64:
+            return value
+    return float(text)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def list_field(body: Any, name: str, low: int, high: int) -> list[Any]:
