@@ -22,7 +22,7 @@ import orjson
 
 from leadtime.features.errors import FeatureError
 from leadtime.predictor.service.bulk_decode import decode_plain_bulk, decode_plain_training
-from leadtime.predictor.service.edge import bearer_matches
+from leadtime.predictor.service.edge import bearer_matches, loads_json
 from leadtime.predictor.service.llmd_prediction import strict_answer
 from leadtime.predictor.service.llmd_training import accept_entries
 from leadtime.predictor.service.native import predict_answer
@@ -76,7 +76,15 @@ class HotPath:
         actuals = decode_plain_training(body, MAX_HOT_ENTRIES)
         if actuals is None:
             return None
-        entries = orjson.loads(body)["entries"]  # what the store keeps: the entries as they came
+        # What the store keeps: the entries as they came, read by the route's own reader. msgspec skips an unknown
+        # key's value unread, so it takes bodies orjson refuses (`"note": 1e400`): read by orjson alone, outside any
+        # try, those were answered 500. What the reader refuses (or reads otherwise) is the route's to answer.
+        try:
+            entries = loads_json(body)["entries"]
+        except ValueError:
+            return None
+        if not isinstance(entries, list) or len(entries) != len(actuals):
+            return None
         try:
             n = accept_entries(runtime, entries, actuals[:, 0], actuals[:, 1], "llmd")
         except StoreClosed:

@@ -2,6 +2,10 @@
 
 Bodies are parsed and answers encoded with orjson, and rows are checked column-wise (`leadtime.predictor.service.rows`)
 rather than through pydantic: on the router's 100 candidates per request that is ~1 ms saved per call.
+
+A key these bodies do not have (beside `requests`, or in a row beside its fields) is ignored whatever it holds, a
+number beyond a double's range included (`edge.loads_json`), by both bulk paths and by their hot path alike: llm-d's
+request models ignore unknown fields.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """llm-d's training-server paths: /add_training_data_bulk (answers exactly 202), /data/status, /flush.
 
 Accepting is validate-then-append: every entry is checked (a bad one rejects the batch with 422 naming
-`entries[i].field`, nothing accepted), the batch goes to the store, and the learner process learns it behind.
+`entries[i].field`, nothing accepted), the batch goes to the store, and the learner process learns it behind. A key
+the body or an entry does not have is ignored whatever it holds (a number beyond a double's range included), on the
+hot path as on the route: llm-d's request models ignore unknown fields.
 """
 
 from __future__ import annotations
