@@ -122,7 +122,8 @@ class _LiveValues(Collector):
             reasons = CounterMetricFamily(
                 "leadtime_observations_lost",
                 "Accepted observations that will not be learned, by reason (backlog_full, store_bound: the "
-                "embedded store; store_buffer: the Redis outage buffer; invalid; implausible: the poisoning guard).",
+                "embedded store; store_buffer: the Redis outage buffer; invalid; implausible: the poisoning guard; "
+                "flushed: by /flush before they were learned).",
                 labels=["reason"],
             )
             for reason, n in ingestion["dropped"].items():

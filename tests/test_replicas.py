@@ -174,6 +174,31 @@ def test_what_replica_a_is_told_changes_what_replica_b_predicts(
     assert wait_until(lambda: b.status()["model_version"] == a.status()["model_version"], timeout_s=5)
 
 
+def test_a_flush_on_a_also_flushes_its_backlog_and_b_learns_those_rows_all_the_same(
+    start_replicas: Callable[..., list[Replica]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/flush reads past the rows waiting in the shared stream (Redis stream ids as cursors) on the replica asked:
+    before, they were learned into its window after the flush. Each replica learns every row, so B, not asked,
+    learns them."""
+    a, b = start_replicas(retrain_every=100_000)  # no retrain: no model published that would carry a window over
+    ingest_turn = a.runtime._ingest_turn
+    monkeypatch.setattr(a.runtime, "_ingest_turn", lambda: time.sleep(0.01))  # the rows wait in A's backlog
+    a.send(training_entries(300, seed=11))
+    assert wait_until(lambda: b.learned() == 300, timeout_s=30)
+    assert a.learned() == 0
+    flushed = a.client.post("/flush", json={})
+    assert flushed.status_code == 200, flushed.text
+    monkeypatch.setattr(a.runtime, "_ingest_turn", ingest_turn)
+    a.send(training_entries(20, seed=12))
+    assert wait_until(lambda: b.learned() == 320, timeout_s=30)
+    assert wait_until(lambda: a.runtime.model_status()["window"] == {"ttft": 20, "tpot": 20}, timeout_s=10)
+    time.sleep(0.5)  # a flushed row learned late would show by now
+    assert a.runtime.model_status()["window"] == {"ttft": 20, "tpot": 20} and a.learned() == 20
+    assert b.runtime.model_status()["window"] == {"ttft": 320, "tpot": 320}
+    assert a.client.get("/data/status").json()["training_data"]["total_samples"] == 36  # 20 rows: 2 held out
+    assert a.status()["ingestion"]["dropped"]["flushed"] == 300
+
+
 def test_a_model_published_by_a_is_served_by_b(
     start_replicas: Callable[..., list[Replica]],
 ) -> None:

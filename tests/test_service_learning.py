@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from test_service_store import entry, wait_until
 
@@ -188,6 +190,51 @@ def test_flushing_training_data_empties_the_learners_window() -> None:
         assert c.post("/flush", json={"flush_test_data": False}).status_code == 200
         assert wait_until(lambda: runtime.model_status().get("window") == {"ttft": 0, "tpot": 0}, timeout_s=10)
         assert runtime.learned() == {"ttft": 200, "tpot": 200}  # flushing the window forgets no learning
+
+
+def test_a_flush_also_flushes_the_rows_still_waiting_to_be_learned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/flush zeroed the counts and emptied the learner's window, but rows accepted before it that still waited in
+    the store were learned into the window after it: the answer said 3,600 training samples flushed, /data/status
+    then 0, and the window held 4,000 rows a few seconds later."""
+    with TestClient(create_app(ServiceSettings(retrain_every=100_000))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(400)]})
+        assert wait_until(lambda: runtime.model_status().get("window") == {"ttft": 200, "tpot": 200}, timeout_s=60)
+        ingest_turn = runtime._ingest_turn
+        monkeypatch.setattr(runtime, "_ingest_turn", lambda: time.sleep(0.01))  # nothing is forwarded meanwhile
+        assert c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(1000)]}).status_code == 202
+        assert runtime.ingestion()["pending"] == 1000
+        flushed = c.post("/flush", json={"flush_test_data": False})
+        assert flushed.status_code == 200
+        said = flushed.json()["ttft_training_samples_flushed"] + flushed.json()["tpot_training_samples_flushed"]
+        assert said == 1260  # 1,400 accepted, one in ten counted as test data
+        monkeypatch.setattr(runtime, "_ingest_turn", ingest_turn)
+        assert wait_until(lambda: runtime.ingestion()["pending"] == 0, timeout_s=30)
+        assert wait_until(lambda: runtime.model_status().get("window") == {"ttft": 0, "tpot": 0}, timeout_s=10)
+        ingestion = runtime.ingestion()
+        assert ingestion["pending"] == 0 and ingestion["dropped"]["flushed"] == 1000
+        assert ingestion["accepted"] == ingestion["learned"] + ingestion["dropped"]["flushed"]
+        assert c.get("/data/status").json()["training_data"]["total_samples"] == 0
+        # The learner goes on from past the flushed rows: what comes next is learned, and only that.
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(40)]})
+        assert wait_until(lambda: runtime.model_status().get("window") == {"ttft": 20, "tpot": 20}, timeout_s=30)
+        time.sleep(0.5)  # a flushed row learned late would show by now
+        assert runtime.model_status()["window"] == {"ttft": 20, "tpot": 20}
+        assert runtime.learned() == {"ttft": 220, "tpot": 220}
+
+
+def test_a_flush_the_learner_does_not_take_flushes_nothing_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It answered success, counts zeroed, while the learner kept its window (a warning in the log only)."""
+    with TestClient(create_app(ServiceSettings(retrain_every=100_000))) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+        c.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(100)]})
+        assert wait_until(lambda: runtime.ingestion()["pending"] == 0, timeout_s=30)
+        before = c.get("/data/status").json()["training_data"]
+        monkeypatch.setattr(runtime.learner, "flush_window", lambda cursor: False)  # busy, or restarting
+        refused = c.post("/flush", json={})
+        assert refused.status_code == 503 and "nothing was flushed" in refused.json()["error"], refused.text
+        assert c.get("/data/status").json()["training_data"] == before
+        assert runtime.ingestion()["dropped"]["flushed"] == 0
 
 
 def test_retrains_rest_min_retrain_interval_s_after_one_and_follow_the_lease() -> None:

@@ -175,7 +175,11 @@ class _Child:
             self.predictor.config.retrain = retrain
             self.predictor.config.retrain_every = every
         elif kind == "flush":
+            # After the batches sent before it (learned above): the service read past the rest of the backlog
+            # without forwarding it, so the next batch starts where the flush left the stream.
+            _, cursor = message
             self.predictor.flush_window()
+            self.cursor = cursor
             self.dirty = True
         elif kind == "stop":
             self.predictor.close()
@@ -376,10 +380,11 @@ class LearnerProcess:
         self.retrain, self.retrain_every = retrain, retrain_every
         return self._send(("lease", retrain, retrain_every))
 
-    def flush_window(self) -> bool:
-        """Ask the learner to empty its retraining window; called from a request handler, so it waits for the
-        pipe at most 2 s (False: not delivered)."""
-        return self._send(("flush",), wait_s=2.0)
+    def flush_window(self, cursor: str) -> bool:
+        """Ask the learner to empty its retraining window once it has learned the batches sent so far, and to take
+        the next batch from stream position `cursor` (the service skips the rows before it); called from a request
+        handler, so it waits for the pipe at most 2 s (False: not delivered)."""
+        return self._send(("flush", cursor), wait_s=2.0)
 
     def _receive(self, conn: Connection) -> None:
         while True:

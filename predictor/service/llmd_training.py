@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
@@ -21,8 +21,15 @@ from leadtime.features.errors import FeatureError, validation_problem
 from leadtime.features.rows import known_fields_only
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.rows import ParsedObservations
-from leadtime.predictor.service.runtime import MAX_OBSERVATIONS_PER_CALL, ServiceRuntime, rfc3339
-from leadtime.predictor.service.schemas import AcceptedAnswer, FlushRequest, TrainingBatch, TrainingEntry, body_schema
+from leadtime.predictor.service.runtime import MAX_OBSERVATIONS_PER_CALL, FlushRefused, ServiceRuntime, rfc3339
+from leadtime.predictor.service.schemas import (
+    FLUSH_REFUSED,
+    AcceptedAnswer,
+    FlushRequest,
+    TrainingBatch,
+    TrainingEntry,
+    body_schema,
+)
 
 router = APIRouter(tags=["llm-d training"])
 
@@ -99,6 +106,7 @@ async def data_status(runtime: ReadyRuntime) -> dict[str, Any]:
 @router.post(
     "/flush",
     dependencies=[Depends(require_token)],
+    responses=FLUSH_REFUSED,
     # Its JSON Content-Type is required even with no body (a web page could send an empty POST otherwise): the
     # schema says so, with the options an empty object leaves at their defaults (flush everything).
     openapi_extra={
@@ -107,7 +115,13 @@ async def data_status(runtime: ReadyRuntime) -> dict[str, Any]:
     summary="Empty the training and test data (and the metrics' live-error state) on request.",
 )
 async def flush(request: Request, runtime: ReadyRuntime) -> dict[str, Any]:
-    """Empty the training and test data (and the metrics' live-error state) on request."""
+    """Empty the training and test data (and the metrics' live-error state) on request.
+
+    Flushing the training data flushes the rows accepted before it that still wait to be learned as well (a burst
+    is learned behind the answers): the counts answered are those /data/status held, it says 0 after, and the
+    window stays empty of them (`ServiceRuntime.flush_samples`; /status counts them as `dropped.flushed`). It
+    flushes this replica: replicas sharing a Redis stream keep theirs, and a model the lease holder publishes
+    brings its window with it. 503, nothing flushed, when the store or the learner cannot take it now."""
     raw = await request.body()
     body: Any = {} if not raw.strip() else await json_body(request)
     try:
@@ -117,7 +131,10 @@ async def flush(request: Request, runtime: ReadyRuntime) -> dict[str, Any]:
         raise FeatureError(where or "body", problem) from None
     # In a worker thread: telling the learner process to empty its window waits for its pipe (up to 2 s), and the
     # event loop must keep answering predictions meanwhile.
-    flushed = await asyncio.to_thread(runtime.flush_samples, options.flush_training_data, options.flush_test_data)
+    try:
+        flushed = await asyncio.to_thread(runtime.flush_samples, options.flush_training_data, options.flush_test_data)
+    except FlushRefused as err:
+        raise HTTPException(503, f"nothing was flushed: {err}") from None
     if options.flush_metrics:
         runtime.metrics.live_error.clear()
         runtime.metrics.quantile_checks.clear()

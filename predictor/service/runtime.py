@@ -68,6 +68,14 @@ BACKLOG_FULL_MESSAGE = (
 BACKLOG_RETRY_AFTER_S = 1
 MAX_OBSERVATIONS_PER_CALL = 100_000
 """Most observations (training entries) one write call takes, over HTTP or gRPC."""
+# Longest a flush waits for the ingest loop to let go of the learner (and for the Redis store's queue to reach the
+# stream) before it reads past the backlog.
+_FLUSH_WAIT_S = 5.0
+
+
+class FlushRefused(ConnectionError):
+    """A flush of the training data that could not reach the rows waiting to be learned (the store does not say
+    where its stream ends, or the learner process does not take the request): nothing was flushed."""
 
 
 @dataclass
@@ -118,6 +126,7 @@ class ServiceRuntime:
         self._learned_before = 0
         self._invalid_before = 0
         self._implausible_before = 0
+        self._flushed_rows = 0  # read past unlearned by /flush (`flush_samples`)
         # Rows handed to the current lineage's learner: those it has not reported yet are pending in it.
         self._forwarded = 0
         # Rows the stream held when this process started, which an earlier one accepted: read back to be learned,
@@ -1124,19 +1133,87 @@ class ServiceRuntime:
             self.metrics.observe_live_error(target, actual[kept], predicted[kept], quantile[kept], accelerators, roles)
 
     def flush_samples(self, training: bool, test: bool) -> dict[str, int]:
-        """Zero the sample counts asked for (and empty the learner's window with the training data)."""
-        out = {"ttft_training": 0, "tpot_training": 0, "ttft_test": 0, "tpot_test": 0}
+        """Take the sample counts asked for off (how many each held); with the training data, also empty the
+        learner's window and read past the rows accepted before the flush that still wait to be learned, so that
+        the answer, the counts and the window agree. Emptying the window alone, rows waiting in the store (a
+        burst is learned behind the answers) were learned into it afterwards, after the answer had counted them
+        as flushed and /data/status said 0.
+
+        The learner first learns the batches already forwarded to it, then empties its window and goes on from
+        the stream's end as it was at the flush; the rows before that end it never learns are counted as
+        `dropped.flushed` in `ingestion`. A request accepted while the flush runs may be learned or not. It
+        flushes this replica's learner: replicas sharing a Redis stream learn those rows all the same, and a
+        model published by the lease holder brings its window with it when adopted (the holder's flush reaches
+        the others that way). FlushRefused when the store cannot say where its stream ends or the learner does
+        not take the request: then nothing was flushed."""
+        if not training:
+            taken = self._sample_counts(False, test)
+            self._take_off(taken, 0)
+            return taken
+        # No batch forwarded, and no model adopted, while the cursor moves. The ingest loop holds the lock while the
+        # learner's pipe is full (a backlog being learned): bounded, as the wait for the pipe is.
+        if not self._learn_lock.acquire(timeout=_FLUSH_WAIT_S):
+            raise FlushRefused("the learner is busy taking a backlog; retry")
+        try:
+            self.store.flush(_FLUSH_WAIT_S)  # what was accepted before is in the stream (Redis: sent)
+            try:
+                end = self.store.stream_end()
+            except Exception as err:
+                raise FlushRefused(f"the store cannot say where its observation stream ends: {err}") from None
+            if end is None:
+                raise FlushRefused("the store cannot say where its observation stream ends (it does not answer)")
+            if cursor_order(end) < cursor_order(self._cursor):  # a Redis that restarted empty: nothing to skip
+                end = self._cursor
+            taken = self._sample_counts(True, test)
+            if not self.learner.flush_window(end):
+                raise FlushRefused("the learner process did not take the request (busy or restarting); retry")
+            self._take_off(taken, self._skip_backlog(end))
+        finally:
+            self._learn_lock.release()
+        return taken
+
+    def _sample_counts(self, training: bool, test: bool) -> dict[str, int]:
+        """The sample counts /flush answers, as they are now (0 for those not asked for)."""
+        with self._counts_lock:
+            train, held_out = self.samples.train, self.samples.test
+            return {
+                "ttft_training": train["ttft"] if training else 0,
+                "tpot_training": train["tpot"] if training else 0,
+                "ttft_test": held_out["ttft"] if test else 0,
+                "tpot_test": held_out["tpot"] if test else 0,
+            }
+
+    def _take_off(self, taken: dict[str, int], skipped: int) -> None:
+        """Take flushed counts off rather than zero them: rows accepted since they were read stay counted."""
         with self._counts_lock:
             for target in ("ttft", "tpot"):
-                if training:
-                    out[f"{target}_training"] = self.samples.train[target]
-                    self.samples.train[target] = 0
-                if test:
-                    out[f"{target}_test"] = self.samples.test[target]
-                    self.samples.test[target] = 0
-        if training and not self.learner.flush_window():
-            log.warning("the learner did not take the request to flush its window (busy or restarting)")
-        return out
+                self.samples.train[target] -= taken[f"{target}_training"]
+                self.samples.test[target] -= taken[f"{target}_test"]
+            self._flushed_rows += skipped
+
+    def _skip_backlog(self, end: str) -> int:
+        """Read the stream from where batches were last forwarded up to `end` without forwarding it, and go on from
+        `end` (the learner was told so); how many rows were read past (under _learn_lock). Read rather than jumped
+        over: the memory store counts a row pending until it is read, and rows an earlier process accepted are
+        counted as replayed as they are read (`_replay_bound`)."""
+        cursor, skipped = self._cursor, 0
+        try:
+            while cursor_order(cursor) < cursor_order(end):
+                until, replayed = self._replay_bound(cursor)
+                if until is None or cursor_order(until) > cursor_order(end):
+                    until = end
+                after, entries = self.store.read_observations(cursor, self.settings.ingest_batch, until)
+                if after == cursor:  # nothing readable (trimmed meanwhile, or the store went away): gone past
+                    break
+                skipped += len(entries)
+                if replayed:
+                    with self._counts_lock:
+                        self._replayed += len(entries)
+                        self._replay_counted = after
+                cursor = after
+        finally:
+            self._cursor = end  # where the learner takes the next batch from, whatever was read
+        return skipped
 
     def backlog_full(self) -> bool:
         """Whether rows offered now would be dropped (the native API then answers 429 instead of accepting)."""
@@ -1167,11 +1244,13 @@ class ServiceRuntime:
             implausible = self._implausible_before + (report.implausible if report is not None else 0)
             accepted = self._accepted_rows
             replayed = self._replayed
+            flushed = self._flushed_rows
         dropped = {k[len("dropped_") :]: int(v) for k, v in stats.items() if k.startswith("dropped_")}
         if not dropped:  # a store that counts its drops without reasons (the Redis store's outage buffer)
             dropped["store_buffer"] = int(stats.get("dropped", 0))
         dropped["invalid"] = invalid
         dropped["implausible"] = implausible  # the poisoning guard (physics.implausible)
+        dropped["flushed"] = flushed  # read past by /flush before they were learned
         stride = int(stats.get("thinning_stride", 1))
         return {
             "accepted": accepted,

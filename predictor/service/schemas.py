@@ -252,6 +252,15 @@ MODEL_REFUSED: dict[int | str, dict[str, Any]] = {
 }
 
 
+FLUSH_REFUSED: dict[int | str, dict[str, Any]] = {
+    503: {
+        **_ERROR,
+        "description": "The service is not ready, or the store or the learner cannot take the flush now: nothing "
+        "was flushed.",
+    },
+}
+
+
 def content_of(media_type: str, description: str) -> dict[int | str, dict[str, Any]]:
     """A 200 answer that is not JSON, documented with its media type."""
     return {200: {"description": description, "content": {media_type: {"schema": {"type": "string"}}}}}

@@ -75,6 +75,12 @@ class Store(Protocol):
         when the backend cannot tell."""
         ...
 
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every observation accepted so far is in the stream, readable up to `stream_end` (a store
+        that sends them on from a queue, the Redis store, has sent them); False if that took longer than
+        `timeout_s`."""
+        ...
+
     def publish_model(self, artifact: bytes, holder: str | None = None) -> int:
         """Store a model artifact (JSON + LightGBM text, never pickle) and return its new version. With `holder`,
         only while `holder` holds the training lease, checked in the same atomic step: LeaseLost otherwise (a

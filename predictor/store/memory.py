@@ -186,6 +186,10 @@ class MemoryStore:
         with self._lock:
             return str(self._first_index + len(self._entries))
 
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """True: what is appended here is in the stream at once."""
+        return True
+
     def publish_model(self, artifact: bytes, holder: str | None = None) -> int:
         """Keep an artifact as the next version; returns it. With `holder`, only while it holds the lease
         (LeaseLost otherwise)."""
