@@ -322,7 +322,8 @@ PREDICTOR = Dashboard(
                     "Lost observations",
                     "Accepted observations that will not be learned, per reason and interval (backlog_full, "
                     "store_bound, store_buffer: Redis was away longer than the buffer holds, invalid, implausible: "
-                    "the poisoning guard), and those thinned to keep up with overload (evenly over time).",
+                    "the poisoning guard, flushed: still waiting to be learned when /flush was called), and those "
+                    "thinned to keep up with overload (evenly over time).",
                     "short",
                     (
                         Query(
