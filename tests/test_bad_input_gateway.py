@@ -282,14 +282,14 @@ def shipped() -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "content,problem",
-    [(b"\xff\xfe plugins: []", "not valid YAML"), (b"[" * 20_000, "not valid YAML"), (b"seed: " + b"9" * 5000, "")],
+    [(b"\xff\xfe plugins: []", "not UTF-8 text"), (b"[" * 20_000, "nested too deeply"), (b"seed: " + b"9" * 5000, "")],
 )
 def test_a_config_file_that_cannot_be_read_as_yaml_is_a_config_error(
     tmp_path: Path, content: bytes, problem: str
 ) -> None:
     path = tmp_path / "bad.yaml"
     path.write_bytes(content)
-    with pytest.raises(ConfigError, match=f"bad.yaml: {problem}"):
+    with pytest.raises(ConfigError, match=f"bad.yaml: .*{problem}"):
         load_config(path)
 
 
@@ -572,7 +572,7 @@ def test_route_refuses_config_and_discovery_files_it_cannot_use_naming_them(tmp_
     config = tmp_path / "plugins.yaml"
     config.write_bytes(b"\xff\xfe")
     code, output = route("--endpoint", "127.0.0.1:1", "--embedded", "--config", str(config))
-    assert code == 2 and "plugins.yaml: not valid YAML" in output and "Traceback" not in output
+    assert code == 2 and "plugins.yaml: not UTF-8 text" in output and "Traceback" not in output
     discovery = tmp_path / "endpoints.yaml"
     discovery.write_text(yaml.safe_dump(endpoints(labels={"leadtime.io/tensor-parallel": "²"})))
     code, output = route("--discovery", str(discovery), "--policy", "random")

@@ -110,8 +110,11 @@ def test_an_interrupted_dask_fit_leaves_no_traceback_behind(
     own = Client(client.scheduler.address)
 
     def slow_fit(self: Any, *args: Any, **kwargs: Any) -> None:  # a fit waiting on the workers, as LightGBM's does
+        futures = [own.submit(time.sleep, 30 + i, pure=False) for i in range(2)]
+        # Interrupted while it waits on the workers, not while it submits: timed from before the submits, the
+        # interrupt was lost once in a full suite run on a busy host and the fit returned nothing.
         threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
-        own.gather([own.submit(time.sleep, 30 + i, pure=False) for i in range(2)])
+        own.gather(futures)
 
     monkeypatch.setattr(lgb.DaskLGBMRegressor, "fit", slow_fit)
     with pytest.raises(KeyboardInterrupt):
