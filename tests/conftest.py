@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,15 @@ def catalog_file(tmp_path: Path) -> Path:
     path = tmp_path / "catalog.yaml"
     path.write_text(CATALOG_YAML)
     return path
+
+
+@pytest.fixture
+def ctrl_c_as_a_terminal_gives_it() -> Iterator[None]:
+    """Ctrl-C (SIGINT) at Python's default for the test, as a terminal gives it: a suite started in the background
+    from a shell without job control inherits it ignored, and so do the processes it spawns, so the tests of what
+    Ctrl-C does failed there (the interrupt never came)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -63,6 +63,7 @@ def _nap(ready: Any) -> None:
     time.sleep(60)
 
 
+@pytest.mark.usefixtures("ctrl_c_as_a_terminal_gives_it")
 def test_a_worker_process_ends_quietly_on_ctrl_c(capfd: pytest.CaptureFixture[str]) -> None:
     """Ctrl-C reaches the process group: each observation feeder printed a KeyboardInterrupt traceback under the
     parent's own exit."""
@@ -75,9 +76,6 @@ def test_a_worker_process_ends_quietly_on_ctrl_c(capfd: pytest.CaptureFixture[st
     worker = context.Process(target=quietly, args=(_nap, ready))
     worker.start()
     assert ready.wait(60)
-    # The parent wakes as the worker notifies, maybe before the worker is in its sleep; interrupted before it, the
-    # worker once did not end within 30 s in a full suite run on a busy host. Let it reach its sleep first.
-    time.sleep(1.0)
     os.kill(worker.pid or 0, signal.SIGINT)
     worker.join(30)
     assert worker.exitcode == 0

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from leadtime.bench.procs import free_port
 from leadtime.predictor.client import GrpcPredictorClient
@@ -125,6 +126,7 @@ def learner_pid(server: int) -> int:
     raise AssertionError("no learner process")
 
 
+@pytest.mark.usefixtures("ctrl_c_as_a_terminal_gives_it")
 def test_ctrl_c_stops_the_service_quietly() -> None:
     # Regression: Ctrl-C reaches the whole process group; when the learner process got it first it died, and
     # the service logged "learner process exited unexpectedly" (and began restarting it) on its way out.

@@ -100,6 +100,7 @@ def test_an_unreachable_scheduler_is_one_clear_error() -> None:
         connect("tcp://127.0.0.1:9", timeout_s=1.0)
 
 
+@pytest.mark.usefixtures("ctrl_c_as_a_terminal_gives_it")
 def test_an_interrupted_dask_fit_leaves_no_traceback_behind(
     client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -110,11 +111,8 @@ def test_an_interrupted_dask_fit_leaves_no_traceback_behind(
     own = Client(client.scheduler.address)
 
     def slow_fit(self: Any, *args: Any, **kwargs: Any) -> None:  # a fit waiting on the workers, as LightGBM's does
-        futures = [own.submit(time.sleep, 30 + i, pure=False) for i in range(2)]
-        # Interrupted while it waits on the workers, not while it submits: timed from before the submits, the
-        # interrupt was lost once in a full suite run on a busy host and the fit returned nothing.
         threading.Timer(0.5, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
-        own.gather(futures)
+        own.gather([own.submit(time.sleep, 30 + i, pure=False) for i in range(2)])
 
     monkeypatch.setattr(lgb.DaskLGBMRegressor, "fit", slow_fit)
     with pytest.raises(KeyboardInterrupt):
