@@ -56,6 +56,18 @@ class ReplicatedPolicy:
     def observe(self, outcome: Outcome) -> None:
         self._owner.pop(outcome.request_id).observe(outcome)
 
+    def abandon(self, request_id: str) -> None:
+        """A request that will not complete (it failed) is let go of by the replica that routed it, which tells the
+        others when they share their ledgers; unknown: nothing to do."""
+        replica = self._owner.pop(request_id, None)
+        if replica is not None:
+            replica.abandon(request_id)
+
+    def forget_endpoint(self, endpoint_id: str) -> None:
+        """An endpoint that left the fleet is forgotten by every replica (each keeps its own per-endpoint state)."""
+        for replica in self.replicas:
+            replica.forget_endpoint(endpoint_id)
+
 
 def _tell(others: list[LeadtimePolicy]) -> Callable[[LedgerEvent], None]:
     def outbox(event: LedgerEvent) -> None:

@@ -339,6 +339,23 @@ def test_the_simulators_replicas_route_every_request_and_learn_once_each() -> No
     assert [len(r.ledgers.inflight) for r in policy.replicas] == [0, 0, 0, 0]
 
 
+def test_the_simulators_replicas_let_go_of_a_failed_request_and_of_an_endpoint_that_left() -> None:
+    """Regression: the replicated policy had no `abandon`, so the simulator never told it of a failed request, which
+    stayed in flight on every replica for good; nor `forget_endpoint`."""
+    from leadtime.bench.routing import _fleet
+
+    policy = replicated_policy("leadtime_x4_shared", _fleet("homogeneous"), seed=0)
+    candidates = [cand("a"), cand("b")]
+    picks = [policy.pick(req(f"r{i}", at=float(i)), candidates) for i in range(2)]
+    policy.abandon("r0")
+    assert [len(r.ledgers.inflight) for r in policy.replicas] == [1, 1, 1, 1]  # r1 only, everywhere
+    policy.observe(Outcome("r1", picks[1].endpoint_id, None, 50.0, 10.0, 20, 100.0))
+    assert [len(r.ledgers.inflight) for r in policy.replicas] == [0, 0, 0, 0]
+    policy.abandon("never-routed")  # nothing to let go of: no error
+    policy.forget_endpoint("a")
+    assert all("a" not in r._last_heard for r in policy.replicas)
+
+
 FLEET = {"name": "one", "pools": [{"name": "h100", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}]}
 
 
