@@ -50,6 +50,14 @@ from leadtime.predictor.service.edge import (
 )
 from leadtime.predictor.service.ports import check_port_free
 from leadtime.predictor.service.serve import check_tls_files
+from leadtime.router_plugin.discovery import (
+    ACCELERATOR_LABEL,
+    MODEL_LABEL,
+    ROLE_LABEL,
+    SCHEME_LABEL,
+    TIMESLICE_LABEL,
+    TP_LABEL,
+)
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
@@ -686,15 +694,15 @@ class FleetServer:
         entries = []
         for cfg, port in zip(self.fleet.endpoints, self.ports, strict=True):
             labels = {
-                "llm-d.ai/role": cfg.role,
-                "leadtime.io/accelerator": cfg.accelerator,
-                "leadtime.io/model": cfg.model,
-                "leadtime.io/tensor-parallel": str(cfg.tensor_parallel),
+                ROLE_LABEL: cfg.role,
+                ACCELERATOR_LABEL: cfg.accelerator,
+                MODEL_LABEL: cfg.model,
+                TP_LABEL: str(cfg.tensor_parallel),
             }
             if cfg.timeslice_group:
-                labels["leadtime.io/timeslice-group"] = cfg.timeslice_group
+                labels[TIMESLICE_LABEL] = cfg.timeslice_group
             if self.tls:
-                labels["leadtime.io/scheme"] = "https"
+                labels[SCHEME_LABEL] = "https"
             entries.append({"name": cfg.endpoint_id, "address": self.host, "port": str(port), "labels": labels})
         return {"endpoints": entries}
 
@@ -775,7 +783,7 @@ class FleetServer:
             self._thread.join()
 
 
-DISCOVERY_LABELS = ("llm-d.ai/role", "leadtime.io/accelerator", "leadtime.io/model", "leadtime.io/tensor-parallel")
+DISCOVERY_LABELS = (ROLE_LABEL, ACCELERATOR_LABEL, MODEL_LABEL, TP_LABEL)
 """The labels `FleetServer.endpoints_document` gives every endpoint: a file whose entries all carry them is one a
 run of `sim serve` wrote."""
 
