@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -100,7 +100,8 @@ def test_a_ledger_event_that_is_not_one_is_refused_naming_its_field(raw: dict[st
 def test_messages_carry_times_onto_the_receivers_clock_and_bad_ones_are_refused() -> None:
     active = Active(sent_ms=100.0, uncached_tokens=8, input_tokens=10, prefill_on="e", decode_on="e")
     body = encode("a", [WorkEvent("work_start", "r1", active), WorkEvent("work_first", "r1", generated=3)], 200.0, 0.0)
-    origin, events = decode(body, SenderClocks(), now_ms=250.0)  # the receiver's clock is 50 ms ahead
+    message = decode(body, SenderClocks(), now_ms=250.0)  # the receiver's clock is 50 ms ahead
+    origin, events = message.origin, message.events
     assert origin == "a" and isinstance(events[0], WorkEvent) and events[0].active is not None
     assert events[0].active.sent_ms == 150.0 and events[1] == WorkEvent("work_first", "r1", generated=3)
     for body, problem in (
@@ -195,7 +196,7 @@ def test_a_senders_clock_is_mapped_by_its_quickest_recent_message_and_never_past
     assert clocks.shift("b", 0.0, 200_000.0) == 200_000.0
     # a time on the sender's clock after its message was sent lands no later than the receiver's now
     body = encode("d", [LedgerEvent("prefill", "r1", "e1", Sent("r1", 5_000.0, 8, 10))], 1_000.0, 0.0)
-    _, events = decode(body, SenderClocks(), now_ms=10_000.0)
+    events = decode(body, SenderClocks(), now_ms=10_000.0).events
     assert isinstance(events[0], LedgerEvent) and events[0].sent is not None and events[0].sent.sent_ms == 10_000.0
 
 
@@ -283,6 +284,74 @@ def test_a_redis_outage_is_one_warning_and_its_end_is_said(
     said = [r.getMessage() for r in caplog.records]
     assert len([m for m in said if m.startswith("not hearing the other replicas")]) == 1, said
     assert any(m.startswith("hearing the other replicas again") for m in said), said
+
+
+def test_a_completion_missed_while_its_replica_lives_stops_counting_within_seconds(redis_server: RedisServer) -> None:
+    """Regression: pub/sub delivers nothing again. A replica whose subscriber reconnected (or that Redis dropped for
+    less than 5 s) while another kept heartbeating missed that one's completions and counted those requests for good:
+    12 requests in flight on an idle fleet, their tokens on endpoints that had none, minutes later."""
+
+    async def scenario() -> tuple[float, float, float, float, list[object], str]:
+        a = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
+        heard: list[object] = []
+        metrics = GatewayMetrics()
+        b = ReplicaSync(redis_server.url, "g", heard.append, metrics, silent_after_s=3600.0)  # a is never silent
+        raw = redis.Redis.from_url(redis_server.url)
+
+        async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
+            deadline = time.monotonic() + timeout_s
+            while not condition() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            return condition()
+
+        def subscribed() -> bool:
+            return int(raw.pubsub_numsub(b.channel)[0][1]) == 2
+
+        def counted() -> float:
+            return float(metrics.replica_requests._value.get())
+
+        for sync in (a, b):
+            await sync.start()
+        try:
+            assert await until(subscribed, 10), "never subscribed"
+            active = Active(
+                sent_ms=time.monotonic() * 1e3, uncached_tokens=8, input_tokens=10, prefill_on="e1", decode_on="e1"
+            )
+            a.publish(WorkEvent("work_start", "r1", active))
+            a.publish(LedgerEvent("prefill", "r1", "e1", Sent("r1", active.sent_ms, 8, 10)))
+            assert await until(lambda: counted() == 1, 10)
+            assert raw.client_kill_filter(_type="pubsub") == 2  # both subscribers: b subscribes again after a second
+            assert await until(lambda: "replicas" in b.health(), 10), "b never noticed"
+            a.publish(LedgerEvent("complete", "r1"))  # b is deaf: it misses r1's completion
+            a.publish(WorkEvent("work_finish", "r1"))
+            # (redis-py subscribes again by itself at once, on a connection nobody reads until it is closed: the
+            # count of subscribers says b hears only once b says it does)
+            assert await until(lambda: b.health() == {} and subscribed(), 10), "never subscribed again"
+            heard_again = time.monotonic()
+            a.publish(WorkEvent("work_start", "r2", active))  # started after: it counts on
+            finished_r1 = WorkEvent("work_finish", f"{a.origin}/r1")
+            assert await until(lambda: finished_r1 in heard, 10), "r1 counts on"
+            took = time.monotonic() - heard_again
+            await asyncio.sleep(2.5)  # two heartbeats more: r2 still counts
+            return (
+                took,
+                counted(),
+                float(metrics.replica_events.labels("received")._value.get()),
+                float(metrics.replica_events.labels("missed")._value.get()),
+                heard,
+                a.origin,
+            )
+        finally:
+            raw.close()
+            for sync in (a, b):
+                await sync.stop()
+
+    took, counting, received, missed, heard, origin = asyncio.run(scenario())
+    assert (counting, received, missed) == (1, 3, 1), took  # r1's start (2 events) and r2's: r1's end was missed
+    kinds = [(getattr(e, "kind", None), getattr(e, "request_id", None)) for e in heard]
+    assert ("complete", f"{origin}/r1") in kinds and ("work_finish", f"{origin}/r1") in kinds
+    assert ("work_finish", f"{origin}/r2") not in kinds
+    assert took < 5.0, took  # a heartbeat a second: well within the 5 s a silent replica is given
 
 
 @pytest.mark.parametrize("traffic", [True, False])

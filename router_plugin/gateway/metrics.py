@@ -24,7 +24,7 @@ FALLBACK_REASONS = ("deadline", "unavailable", "circuit_open", "refused", "inval
 SLO_TARGETS = ("ttft", "itl", "both")
 SLO_RESULTS = ("met", "missed")
 OBSERVATION_RESULTS = ("queued", "sent", "failed", "dropped")
-REPLICA_EVENT_DIRECTIONS = ("sent", "received", "dropped", "refused")
+REPLICA_EVENT_DIRECTIONS = ("sent", "received", "dropped", "refused", "missed")
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 """The `status` label of upstream_responses: an endpoint's answers by class, not by code (fewer series)."""
 DISCOVERY_RESULTS = ("ok", "error")
@@ -240,7 +240,9 @@ class GatewayMetrics:
         self.replica_events = Counter(
             f"{p}_replica_events",
             "Ledger changes shared with the other gateway replicas (--replicas-redis): sent, received, dropped "
-            "(not published: Redis away or the queue full), refused (a message that was not a replica's).",
+            "(not published: Redis away or the queue full), refused (a message that was not a replica's), missed "
+            "(another replica's requests whose completion this one did not hear, let go of when that replica's "
+            "heartbeat no longer listed them).",
             ["direction"],
             registry=r,
         )

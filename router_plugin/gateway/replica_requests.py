@@ -12,8 +12,9 @@ and a receiver lets go of those of its requests it counts that the list no longe
 The race: a request started after the list was taken is not in it, and its start may reach a receiver first. Every
 message is numbered (the sender counts its messages), each request counts from the latest message that said it was
 in flight, and the list lets go only of requests said to be in flight by messages numbered below its own. A
-replica's own requests are those its published events say are in flight, taken as the events leave its queue (or
-are dropped from it, full), so that the list and the numbered messages say the same.
+replica's own requests are those its events say are in flight, in the order it queues them for publishing (or drops
+them, the queue full); a request whose completion is still queued is listed until that completion has gone out, so
+that a list never says a request completed before the messages numbered below it have.
 
 A list of 2,048 request ids is about 30 KB. A replica with more in flight splits its requests by a hash of their ids
 (CRC-32, the same in every process) into as many parts as needed to keep each near that size, and lists one part per
@@ -22,6 +23,7 @@ heartbeat, in turn: with 10,000 in flight, five parts, and a missed completion c
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import zlib
@@ -30,6 +32,7 @@ LEDGER_STARTS = ("prefill", "decode", "decoding")
 """Ledger events that put a request in flight (`router_plugin.ledgers.EVENT_KINDS`); `complete` takes it out."""
 WORK_START, WORK_FINISH = "work_start", "work_finish"
 """The tokens-in-flight tracker's (`replicas.WORK_KINDS`)."""
+ENDS = ("complete", WORK_FINISH)
 
 SNAPSHOT_IDS = 2048
 """Request ids a heartbeat lists, about: beyond, a replica's requests are listed in parts, one per heartbeat."""
@@ -56,15 +59,18 @@ class InFlight:
 
 
 class OwnRequests:
-    """This replica's requests in flight, as the events it has published say: in its policy's ledgers, and in its
-    tokens-in-flight tracker."""
+    """This replica's requests in flight, as its events say (in its policy's ledgers, in its tokens-in-flight
+    tracker), and those whose completion is queued, not yet sent."""
 
     def __init__(self) -> None:
         self._ledgers: set[str] = set()
         self._work: set[str] = set()
+        self._completing: collections.Counter[str] = collections.Counter()  # completions queued, not yet sent
 
-    def note(self, kind: str, request_id: str) -> None:
-        """An event of this replica's, leaving its queue (published, or dropped)."""
+    def note(self, kind: str, request_id: str, queued: bool) -> None:
+        """An event of this replica's, queued for publishing or dropped (the queue full: lost to the others)."""
+        if queued and kind in ENDS:
+            self._completing[request_id] += 1
         if kind in LEDGER_STARTS:
             self._ledgers.add(request_id)
         elif kind == "complete":
@@ -74,10 +80,18 @@ class OwnRequests:
         elif kind == WORK_FINISH:
             self._work.discard(request_id)
 
+    def sent(self, kind: str, request_id: str) -> None:
+        """A queued event has gone out, in a message numbered below any list taken from now on (published, or lost
+        to the others: Redis away)."""
+        if kind in ENDS:
+            self._completing[request_id] -= 1
+            if self._completing[request_id] <= 0:
+                del self._completing[request_id]
+
     def in_flight(self, seq: int, turn: int) -> InFlight:
         """What the heartbeat numbered `seq`, this replica's `turn`-th, lists: every request in flight, or the part
         whose turn it is when there are more than `SNAPSHOT_IDS`."""
-        ids = self._ledgers | self._work
+        ids = self._ledgers | self._work | self._completing.keys()
         parts = max(1, math.ceil(len(ids) / SNAPSHOT_IDS))
         part = turn % parts
         if parts > 1:

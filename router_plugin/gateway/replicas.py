@@ -15,8 +15,13 @@ where a request was sent, when its first token came, when it completed, whether 
   afresh every minute, so that clocks running at slightly different rates do not drift apart. A request's send
   time never lands after the receiver's now. (Messages also carry the sender's wall clock, for replicas of
   earlier versions, which convert through the wall clocks.)
-- **A replica that goes away.** Each replica says it is alive every second (an empty message); the requests of one
+- **A replica that goes away.** Each replica says it is alive every second (a heartbeat); the requests of one
   not heard for `silent_after_s` (5 s) stop counting, as if they had completed.
+- **A message missed.** Pub/sub delivers nothing again: a subscriber that reconnects, or a Redis blip shorter than
+  those 5 s, loses what was sent meanwhile. Each heartbeat lists the requests its replica still has in flight, and
+  a receiver lets go of those it counts that the list no longer holds (`replica_requests`): a missed completion
+  counts until the next heartbeat, not for as long as its replica lives. Messages are numbered, so that a request
+  started after the list was taken is not let go of, and published one at a time, so that they arrive in order.
 - **Redis that goes away.** Routing never waits for it: publishing is a queue drained by a task of its own (events
   beyond 10,000 queued are dropped and counted), and the subscriber reconnects every second. Meanwhile each replica
   routes on what it knows, as a single gateway does.
@@ -45,6 +50,7 @@ import orjson
 from leadtime.predictor.store.redis_store import async_redis_client, redis_problem, without_credentials
 from leadtime.router_plugin.gateway.inflight_work import Active
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
+from leadtime.router_plugin.gateway.replica_requests import InFlight, OwnRequests, RemoteRequests
 from leadtime.router_plugin.ledgers import LedgerEvent, dataclass_of_numbers, required_text
 
 log = logging.getLogger("leadtime.router.replicas")
@@ -69,18 +75,38 @@ class WorkEvent:
 Event = LedgerEvent | WorkEvent
 
 
-def encode(origin: str, events: list[Event], mono_ms: float, wall_ms: float) -> bytes:
-    """One message: who sends it, its two clocks (the monotonic one is what receivers read; the wall clock is for
-    replicas of earlier versions), its events.
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """A message of another replica's, as `decode` reads it: its number (None from replicas of earlier versions,
+    which number none) and, in a heartbeat, its requests in flight."""
+
+    origin: str
+    events: list[Event]
+    seq: int | None = None
+    in_flight: InFlight | None = None
+
+
+def encode(
+    origin: str,
+    events: list[Event],
+    mono_ms: float,
+    wall_ms: float,
+    seq: int | None = None,
+    in_flight: InFlight | None = None,
+) -> bytes:
+    """One message: who sends it, its number `seq` (the sender's count of its messages), its two clocks (the
+    monotonic one is what receivers read; the wall clock is for replicas of earlier versions), its events, and in a
+    heartbeat the sender's requests in flight (`in_flight`, taken when message `seq` went out).
 
     >>> from leadtime.router_plugin.inflight import Sent
-    >>> body = encode("a", [LedgerEvent("prefill", "r1", "e1", Sent("r1", 100.0, 8, 10))], 1000.0, 5000.0)
-    >>> origin, events = decode(body, SenderClocks(), now_ms=1000.0)
-    >>> origin, events[0].sent.sent_ms
-    ('a', 100.0)
-    >>> decode(body, SenderClocks(), now_ms=1010.0)[1][0].sent.sent_ms  # a receiver whose clock is 10 ms ahead
+    >>> body = encode("a", [LedgerEvent("prefill", "r1", "e1", Sent("r1", 100.0, 8, 10))], 1000.0, 5000.0, seq=7)
+    >>> message = decode(body, SenderClocks(), now_ms=1000.0)
+    >>> message.origin, message.seq, message.events[0].sent.sent_ms
+    ('a', 7, 100.0)
+    >>> decode(body, SenderClocks(), now_ms=1010.0).events[0].sent.sent_ms  # a receiver whose clock is 10 ms ahead
     110.0
     """
+    assert in_flight is None or in_flight.seq == seq, "a list is taken when its message goes out"
     items: list[dict[str, Any]] = []
     for event in events:
         if isinstance(event, LedgerEvent):
@@ -92,7 +118,12 @@ def encode(origin: str, events: list[Event], mono_ms: float, wall_ms: float) -> 
             if event.generated:
                 d["generated"] = event.generated
             items.append(d)
-    return orjson.dumps({"origin": origin, "mono_ms": mono_ms, "wall_ms": wall_ms, "events": items})
+    message: dict[str, Any] = {"origin": origin, "mono_ms": mono_ms, "wall_ms": wall_ms, "events": items}
+    if seq is not None:
+        message["seq"] = seq
+    if in_flight is not None:
+        message["in_flight"] = {"part": in_flight.part, "parts": in_flight.parts, "ids": list(in_flight.ids)}
+    return orjson.dumps(message)
 
 
 class SenderClocks:
@@ -137,8 +168,8 @@ class SenderClocks:
         self._samples.pop(origin, None)
 
 
-def decode(body: bytes, clocks: SenderClocks, now_ms: float) -> tuple[str, list[Event]]:
-    """(the sender, its events on the receiver's monotonic clock), for a message received at `now_ms` on that
+def decode(body: bytes, clocks: SenderClocks, now_ms: float) -> Message:
+    """The message, its events' times on the receiver's monotonic clock, for a message received at `now_ms` on that
     clock; `clocks` learns the sender's clock from it. A request's send time lands no later than `now_ms`.
     ValueError naming what is wrong with a message that is not one of ours."""
     message = orjson.loads(body)
@@ -150,6 +181,10 @@ def decode(body: bytes, clocks: SenderClocks, now_ms: float) -> tuple[str, list[
     raw_events = message.get("events")
     if not isinstance(raw_events, list):
         raise ValueError("events: expected a list")
+    seq = message.get("seq")
+    if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or seq < 0):
+        raise ValueError("seq: expected a count")
+    in_flight = None if message.get("in_flight") is None else _in_flight(message["in_flight"], seq)
     # sender's monotonic → receiver's monotonic; the message is learned from once it is known to be one of ours
     shift = clocks.peek(message["origin"], mono, now_ms)
     events: list[Event] = []
@@ -165,7 +200,22 @@ def decode(body: bytes, clocks: SenderClocks, now_ms: float) -> tuple[str, list[
                 event = dataclasses.replace(event, sent=dataclasses.replace(sent, sent_ms=min(sent.sent_ms, now_ms)))
             events.append(event)
     clocks.learn(message["origin"], mono, now_ms)
-    return message["origin"], events
+    return Message(message["origin"], events, seq, in_flight)
+
+
+def _in_flight(raw: object, seq: int | None) -> InFlight:
+    if seq is None:
+        raise ValueError("seq: a list of requests in flight needs its message's number")
+    if not isinstance(raw, Mapping):
+        raise ValueError("in_flight: expected an object")
+    parts, part, ids = raw.get("parts"), raw.get("part"), raw.get("ids")
+    if not isinstance(parts, int) or isinstance(parts, bool) or parts < 1:
+        raise ValueError("in_flight.parts: expected a count of at least 1")
+    if not isinstance(part, int) or isinstance(part, bool) or not 0 <= part < parts:
+        raise ValueError("in_flight.part: expected a part below in_flight.parts")
+    if not isinstance(ids, list) or not all(isinstance(rid, str) for rid in ids):
+        raise ValueError("in_flight.ids: expected a list of request ids")
+    return InFlight(seq, frozenset(ids), part, parts)
 
 
 def _work_event(raw: Mapping[str, Any], shift: float, now_ms: float) -> WorkEvent:
@@ -180,10 +230,15 @@ def _work_event(raw: Mapping[str, Any], shift: float, now_ms: float) -> WorkEven
     return WorkEvent(raw["kind"], request_id, active, generated)
 
 
+def _remote_id(origin: str, request_id: str) -> str:
+    """`request_id` prefixed by the replica it came from: every replica numbers its requests alike (the gateway's
+    `gw-1`, `gw-2`, ...), and one replica's request must not complete another's."""
+    return f"{origin}/{request_id}"
+
+
 def _as_remote(event: Event, origin: str) -> Event:
-    """`event` with its request id prefixed by the replica it came from: every replica numbers its requests alike
-    (the gateway's `gw-1`, `gw-2`, ...), and one replica's request must not complete another's."""
-    request_id = f"{origin}/{event.request_id}"
+    """`event` with its request id prefixed by the replica it came from (`_remote_id`)."""
+    request_id = _remote_id(origin, event.request_id)
     if isinstance(event, LedgerEvent) and event.sent is not None:
         return dataclasses.replace(
             event, request_id=request_id, sent=dataclasses.replace(event.sent, request_id=request_id)
@@ -235,10 +290,11 @@ class ReplicaSync:
         self._heard: dict[str, float] = {}  # origin → time.monotonic() of its last message
         self._silenced: set[str] = set()  # origins whose silence was said (their return is said once)
         self._clocks = SenderClocks()  # each other replica's monotonic clock on this one's
-        # origin → its requests still in this replica's ledgers, and in its tokens-in-flight tracker
-        self._in_ledgers: dict[str, set[str]] = {}
-        self._in_work: dict[str, set[str]] = {}
-        self._counting = 0  # requests in either, over every replica heard: kept as messages come, not recounted
+        self._remote = RemoteRequests()  # the other replicas' requests this one counts
+        self._own = OwnRequests()  # this replica's, as its heartbeats list them
+        self._seq = 0  # messages sent, this one's number
+        self._heartbeats = 0  # whose turn it is to be listed, when this replica lists its requests in parts
+        self._publishing = asyncio.Lock()  # one message at a time: they arrive in the order they are numbered
         self._tasks: list[asyncio.Task[None]] = []
         self._cannot_publish: str | None = None  # why the last publication failed, until one succeeds
         self._deaf: str | None = None  # why the subscription failed, until it is made again
@@ -255,7 +311,10 @@ class ReplicaSync:
         try:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:
+            self._own.note(event.kind, event.request_id, queued=False)  # lost: the next heartbeat says where it stands
             self.metrics.replica_events.labels("dropped").inc()
+            return
+        self._own.note(event.kind, event.request_id, queued=True)
 
     def health(self) -> dict[str, str]:
         """What is degraded, for the gateway's /readyz (which stays ready: each replica routes on what it knows):
@@ -290,15 +349,25 @@ class ReplicaSync:
     # ----- tasks --------------------------------------------------------------------------------------------
 
     async def _publish(self, events: list[Event]) -> None:
-        """Publish `events` (none: a heartbeat). Whether it worked is what `health` says: heartbeats count too, so
-        that a replica with no traffic clears its degraded health once Redis is back."""
-        body = encode(self.origin, events, time.monotonic() * 1e3, time.time() * 1e3)
-        try:
-            await self._client.publish(self.channel, body)
-        except Exception as err:
-            self._cannot_publish = redis_problem(err)
-            raise
-        self._cannot_publish = None
+        """Publish `events` (none: a heartbeat, which lists this replica's requests in flight). Whether it worked is
+        what `health` says: heartbeats count too, so that a replica with no traffic clears its degraded health once
+        Redis is back. Events that fail to go out are lost to the others all the same: the next heartbeat says
+        where their requests stand."""
+        async with self._publishing:
+            self._seq += 1
+            for event in events:
+                self._own.sent(event.kind, event.request_id)
+            in_flight = None
+            if not events:
+                in_flight = self._own.in_flight(self._seq, self._heartbeats)
+                self._heartbeats += 1
+            body = encode(self.origin, events, time.monotonic() * 1e3, time.time() * 1e3, self._seq, in_flight)
+            try:
+                await self._client.publish(self.channel, body)
+            except Exception as err:
+                self._cannot_publish = redis_problem(err)
+                raise
+            self._cannot_publish = None
 
     async def _send(self) -> None:
         failing = False
@@ -361,44 +430,50 @@ class ReplicaSync:
 
     def _take(self, body: bytes) -> None:
         try:
-            origin, events = decode(body, self._clocks, time.monotonic() * 1e3)
+            message = decode(body, self._clocks, time.monotonic() * 1e3)
         except (ValueError, TypeError, KeyError, orjson.JSONDecodeError) as err:
             self.metrics.replica_events.labels("refused").inc()
             log.debug("a message on %s that is not a replica's: %s", self.channel, err)
             return
+        origin = message.origin
         if origin == self.origin:
             self._clocks.forget(origin)  # our own, echoed by the channel: no clock to map
             return
-        events = [_as_remote(event, origin) for event in events]
         if origin in self._silenced:  # its silence was said: so is its return
             self._silenced.discard(origin)
             log.info("replica %s heard again: its requests count from now on", origin)
         self._heard[origin] = time.monotonic()
-        in_ledgers = self._in_ledgers.setdefault(origin, set())
-        in_work = self._in_work.setdefault(origin, set())
-        for event in events:
-            rid = event.request_id
-            counted = rid in in_ledgers or rid in in_work
-            if event.kind in ("prefill", "decode", "decoding"):
-                in_ledgers.add(rid)
-            elif event.kind == "complete":
-                in_ledgers.discard(rid)
-            elif event.kind == "work_start":
-                in_work.add(rid)
-            elif event.kind == "work_finish":
-                in_work.discard(rid)
-            self._counting += int(rid in in_ledgers or rid in in_work) - int(counted)
-            self.apply(event)
-        self.metrics.replica_events.labels("received").inc(len(events))
+        seq = message.seq if message.seq is not None else 0  # an earlier version's: never listed, never let go of
+        for event in message.events:
+            self._remote.note(origin, event.kind, event.request_id, seq)
+            self.apply(_as_remote(event, origin))
+        self.metrics.replica_events.labels("received").inc(len(message.events))
+        if message.in_flight is not None:
+            self._let_go_of_missed(origin, message.in_flight)
         self._export()
+
+    def _let_go_of_missed(self, origin: str, listed: InFlight) -> None:
+        """`origin`'s requests this replica counts that its heartbeat no longer lists: their completions were missed
+        (see the module docstring). They complete here."""
+        in_ledgers, in_work = self._remote.stale(origin, listed)
+        if not in_ledgers and not in_work:
+            return
+        missed = len({*in_ledgers, *in_work})
+        self.metrics.replica_events.labels("missed").inc(missed)
+        log.info(
+            "replica %s no longer has %d requests whose completion this one missed: they stop counting", origin, missed
+        )
+        for request_id in in_ledgers:
+            self.apply(LedgerEvent("complete", _remote_id(origin, request_id)))
+        for request_id in in_work:
+            self.apply(WorkEvent("work_finish", _remote_id(origin, request_id)))
 
     def _forget_silent(self) -> None:
         now = time.monotonic()
         for origin in [o for o, heard in self._heard.items() if now - heard > self.silent_after_s]:
-            in_ledgers, in_work = self._in_ledgers.pop(origin, set()), self._in_work.pop(origin, set())
+            in_ledgers, in_work = self._remote.forget(origin)
             del self._heard[origin]
             self._clocks.forget(origin)
-            self._counting -= len(in_ledgers | in_work)
             if len(self._silenced) < MAX_SILENCED_KEPT:
                 self._silenced.add(origin)
             log.warning(
@@ -408,11 +483,11 @@ class ReplicaSync:
                 len(in_ledgers | in_work),
             )
             for request_id in in_ledgers:
-                self.apply(LedgerEvent("complete", request_id))
+                self.apply(LedgerEvent("complete", _remote_id(origin, request_id)))
             for request_id in in_work:
-                self.apply(WorkEvent("work_finish", request_id))
+                self.apply(WorkEvent("work_finish", _remote_id(origin, request_id)))
         self._export()
 
     def _export(self) -> None:
         self.metrics.replicas_heard.set(len(self._heard))
-        self.metrics.replica_requests.set(self._counting)
+        self.metrics.replica_requests.set(self._remote.count)
