@@ -742,8 +742,9 @@ ROUTER = Dashboard(
                 Panel(
                     "Ledger changes shared per second",
                     "What this gateway told the other replicas of its group (sent), heard from them (received), "
-                    "could not publish (dropped: Redis away or the queue full), and messages that were not a "
-                    "replica's (refused). All 0 without --replicas-redis.",
+                    "could not publish (dropped: Redis away or the queue full), messages that were not a "
+                    "replica's (refused), and other replicas' requests whose completion it missed, let go of at "
+                    "their replica's next heartbeat (missed). All 0 without --replicas-redis.",
                     "ops",
                     (
                         Query(
