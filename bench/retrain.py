@@ -151,8 +151,11 @@ def _decision_at(report: dict[str, Any], margin: float) -> str:
     }
     if "champion" not in judged:
         return report["outcome"]
-    unchanged = report.get("decision", {}).get("unchanged", [])  # held to no worse, not to the margin
-    return "published" if decide(judged["champion"], judged["challenger"], margin, unchanged).publish else "kept"
+    decision = report.get("decision", {})
+    unchanged = decision.get("unchanged", [])  # held to no worse, not to the margin
+    kept_mean = decision.get("kept_mean", [])  # MAPE held to no worse (a new quantile tree alone)
+    at_margin = decide(judged["champion"], judged["challenger"], margin, unchanged, kept_mean)
+    return "published" if at_margin.publish else "kept"
 
 
 _SCORE_FIELDS = ("rows", "mape", "median_ape", "pinball", "coverage")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,14 +34,18 @@ def test_the_decision_at_another_margin_is_the_one_the_job_would_take() -> None:
     def cell(mape: float) -> dict[str, float]:
         return {"rows": 100, "mape": mape, "median_ape": mape, "pinball": 0.05, "coverage": 0.9}
 
-    report = {
+    champion = {"ttft": cell(0.20), "tpot": cell(0.05)}
+    report: dict[str, Any] = {
         "outcome": "kept",
-        "evaluation": {
-            "champion": {"ttft": cell(0.20), "tpot": cell(0.05)},
-            "challenger": {"ttft": cell(0.12), "tpot": cell(0.05)},  # better TTFT, TPOT unchanged
-        },
-    }
+        "evaluation": {"champion": champion, "challenger": {"ttft": cell(0.12), "tpot": cell(0.05)}},
+    }  # better TTFT, TPOT unchanged
     assert _decision_at(report, 0.02) == "kept" and _decision_at(report, 0.0) == "published"
+    # A target with a new quantile tree and the champion's mean tree is held to no worse on MAPE, as in the job.
+    new_upper = {"ttft": cell(0.12), "tpot": {**cell(0.05), "pinball": 0.04}}
+    report = {**report, "evaluation": {"champion": champion, "challenger": new_upper}}
+    assert _decision_at(report, 0.02) == "kept"
+    report["decision"] = {"unchanged": [], "kept_mean": ["tpot"]}
+    assert _decision_at(report, 0.02) == "published"
 
 
 def test_the_simulator_log_is_cached_per_simulator_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

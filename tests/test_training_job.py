@@ -700,3 +700,48 @@ def test_a_target_without_new_trees_is_held_to_no_worse_and_cannot_win_alone() -
     # The champion's own on every target judged: nothing to publish.
     same = decide(champion, champion, 0.02, unchanged={"ttft", "tpot"})
     assert not same.publish and same.reason.startswith("the champion stays (the challenger is its equal")
+
+
+def test_a_target_whose_mean_tree_is_kept_is_held_to_no_worse_on_mape() -> None:
+    """Its MAPE is the champion's own (same mean predictions): the margin applies only to a new mean tree, while
+    the upper-quantile loss is held to no higher either way."""
+    champion = evaluation_of(scores(0.20, 0.05), scores(0.10, 0.04))
+    new_upper = evaluation_of(scores(0.15, 0.05), scores(0.10, 0.02))  # TPOT: same mean, better quantile
+    assert not decide(champion, new_upper, 0.02).publish  # held to the margin, TPOT loses
+    published = decide(champion, new_upper, 0.02, kept_mean={"tpot"})
+    assert published.publish and published.wins == {"ttft": True, "tpot": True}
+    assert published.kept_mean == ["tpot"] and published.unchanged == []
+    assert "tpot: MAPE 0.1000 → 0.1000 (the champion's own mean: no worse)" in published.reason
+    assert published.as_dict()["kept_mean"] == ["tpot"]
+    # Its new quantile tree still answers to the quantile's rule...
+    worse_upper = decide(champion, evaluation_of(scores(0.15, 0.05), scores(0.10, 0.041)), 0.02, kept_mean={"tpot"})
+    assert not worse_upper.publish and worse_upper.wins == {"ttft": True, "tpot": False}
+    # ...and a worse MAPE where the mean should be the champion's own (never so in the job) loses.
+    worse_mean = decide(champion, evaluation_of(scores(0.15, 0.05), scores(0.11, 0.02)), 0.02, kept_mean={"tpot"})
+    assert not worse_mean.publish and "(the champion's own mean: worse)" in worse_mean.reason
+    # A better quantile alone is an improvement: published, every other measure the champion's own.
+    upper_only = evaluation_of(scores(0.20, 0.05), scores(0.10, 0.02))
+    assert decide(champion, upper_only, 0.02, unchanged={"ttft"}, kept_mean={"tpot"}).publish
+
+
+def test_a_challenger_with_a_new_quantile_tree_but_the_champions_mean_publishes(tmp_path: Path) -> None:
+    """Regression (the README's walk): retrained on the simulator's observations, the challenger got a new TPOT
+    upper-quantile tree but kept the champion's TPOT mean tree; its TPOT MAPE was the champion's to the last bit,
+    still held to the 2% margin, and the champion stayed (exit status 3) though the challenger was equal or better
+    on every measure."""
+    registry, sim = tmp_path / "models", tmp_path / "sim"
+    first = RetrainConfig(samples=("sharegpt-h200",), registry=str(registry), accelerator="h200-sxm", model="qwen3-32b")
+    assert run_retrain(first).exit_code == EXIT_PUBLISHED
+    simulated = CliRunner().invoke(
+        app, ["simulate", "--fleet", "mixed", "--policy", "leadtime", "--max-requests", "1000", "--out", str(sim)]
+    )
+    assert simulated.exit_code == 0, simulated.output
+    result = run_retrain(RetrainConfig(samples=(str(sim / "observations.jsonl"),), registry=str(registry)))
+    targets = result.report["training"]["targets"]
+    assert targets["tpot"]["accepted"] == {"mean": False, "upper": True}, targets  # the case this test is about
+    evaluation = result.report["evaluation"]
+    assert evaluation["challenger"]["tpot"]["mape"] == evaluation["champion"]["tpot"]["mape"]
+    assert result.exit_code == EXIT_PUBLISHED, result.report["decision"]["reason"]
+    decision = result.report["decision"]
+    assert decision["wins"] == {"ttft": True, "tpot": True} and decision["kept_mean"] == ["tpot"]
+    assert decision["reason"].startswith("the challenger wins both targets")

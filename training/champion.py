@@ -14,6 +14,8 @@ no row of the evaluation slice observed (TPOT, on a prefill-only pool) is left o
 model can be judged on it; at least one target must be judged. A target the job fitted no new trees for (too few
 rows, or none beat the champion's) is served by the challenger as the champion serves it: it cannot be better by
 the margin, so it need only be no worse, and the challenger is published on the targets it has new trees for.
+Likewise the margin applies to what changed: a target with a new upper-quantile tree but the champion's mean tree
+has the champion's own MAPE, so its MAPE is held to no worse while its quantile loss answers to the usual rule.
 """
 
 from __future__ import annotations
@@ -133,14 +135,25 @@ class Decision:
     reason: str
     wins: dict[str, bool]
     unchanged: list[str] = field(default_factory=list)  # judged targets held to no worse, not to the margin
+    kept_mean: list[str] = field(default_factory=list)  # judged targets with new trees whose MAPE is held to no worse
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready."""
-        return {"publish": self.publish, "reason": self.reason, "wins": self.wins, "unchanged": self.unchanged}
+        return {
+            "publish": self.publish,
+            "reason": self.reason,
+            "wins": self.wins,
+            "unchanged": self.unchanged,
+            "kept_mean": self.kept_mean,
+        }
 
 
 def decide(
-    champion: Evaluation | None, challenger: Evaluation, margin: float, unchanged: Collection[str] = ()
+    champion: Evaluation | None,
+    challenger: Evaluation,
+    margin: float,
+    unchanged: Collection[str] = (),
+    kept_mean: Collection[str] = (),
 ) -> Decision:
     """Publish the challenger if there is no champion, or if it wins every target it can be judged on by `margin`.
 
@@ -152,12 +165,16 @@ def decide(
     its scores are the champion's, never better by the margin, so holding it to the margin kept the champion for
     good whatever the challenger won elsewhere. It wins by being no worse (MAPE and quantile loss), and the
     challenger must still be better on some target.
+
+    A target in `kept_mean` got a new upper-quantile tree but serves this champion's mean tree: its MAPE is the
+    champion's own just the same, so it is held to no worse on MAPE, and its quantile loss to no higher as always.
     """
     MARGIN.check("margin", margin)
     if champion is None:
         return Decision(True, "the registry holds no model", {t: True for t in TARGETS})
     judged = [t for t in TARGETS if challenger.overall[t].rows]
     held = [t for t in judged if t in unchanged]
+    same_mean = [t for t in judged if t in kept_mean and t not in held]
     wins: dict[str, bool] = {}
     why: list[str] = []
     for target in TARGETS:
@@ -174,11 +191,16 @@ def decide(
                 f" ({'no worse' if no_worse else 'worse'})"
             )
             continue
-        better_mean = new.mape <= (1.0 - margin) * old.mape
+        if target in same_mean:
+            better_mean = new.mape <= old.mape
+            mean_text = f"the champion's own mean: {'no worse' if better_mean else 'worse'}"
+        else:
+            better_mean = new.mape <= (1.0 - margin) * old.mape
+            mean_text = f"{'≥' if better_mean else '<'} {margin:.0%} better"
         quantile_held = new.pinball <= old.pinball
         wins[target] = better_mean and quantile_held
         why.append(
-            f"{target}: MAPE {old.mape:.4f} → {new.mape:.4f} ({'≥' if better_mean else '<'} {margin:.0%} better), "
+            f"{target}: MAPE {old.mape:.4f} → {new.mape:.4f} ({mean_text}), "
             f"upper-quantile loss {old.pinball:.4f} → {new.pinball:.4f}"
             f" ({'better' if new.pinball < old.pinball else 'no worse' if quantile_held else 'worse'})"
         )
@@ -199,4 +221,4 @@ def decide(
         verdict = f"the champion stays (the challenger is its equal on {judged_text})"
     else:
         verdict = "the champion stays"
-    return Decision(publish, f"{verdict}: " + "; ".join(why), wins, held)
+    return Decision(publish, f"{verdict}: " + "; ".join(why), wins, held, same_mean)

@@ -238,7 +238,9 @@ def _run(
             evaluation = _evaluations(champion, challenger, base, samples, split)
             # Where the challenger has no new trees it serves what the champion does (`base` is the champion's).
             unchanged = [t for t in TARGETS if t not in renewed]
-            decision = decide(evaluation.get("champion"), evaluation["challenger"], config.margin, unchanged)
+            # Where it has a new quantile tree but not a new mean tree, its mean predictions are the champion's.
+            kept_mean = [t for t in renewed if trees[t].mean is None]
+            decision = decide(evaluation.get("champion"), evaluation["challenger"], config.margin, unchanged, kept_mean)
             timings["evaluate_s"] = time.perf_counter() - t
             bar.step("judged")
 
