@@ -15,11 +15,13 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 from llmd_rows import llmd_row
+from waiting import wait_for
 
 from leadtime.data import MEASURED
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
+from leadtime.predictor.store.memory import MemoryStore
 
 TRACE = MEASURED["sharegpt-h200"]
 ANSWER_FIELDS = {"ttft_ms", "tpot_ms", "predicted_at", "model_type", "objective_type", "quantile", "last_model_load"}
@@ -372,6 +374,39 @@ def test_reload_answers_in_llmd_shape(client: TestClient) -> None:
     body = r.json()
     assert {"synced", "loaded", "is_ready", "model_type", "objective_type", "quantile", "last_load_time"} <= set(body)
     assert body["synced"] is True and body["loaded"] is False and body["is_ready"] is True
+
+
+def test_last_model_load_stays_null_until_a_real_load_and_learning_does_not_move_it() -> None:
+    """Regression: one observation learned (no load, retrain or pull; model version 0) turned `last_model_load`
+    from null into the learner process's start-up time, earlier than answers that had said null: the learner's
+    copy of the serving model, and each snapshot the service installs from it, stamped a load of their own."""
+    store = MemoryStore()
+    with TestClient(create_app(ServiceSettings(), store=store)) as c:
+        runtime = c.app.state.runtime  # type: ignore[attr-defined]
+
+        def load_times() -> set[Any]:
+            answer = c.post("/predict/bulk/strict", json={"requests": [llmd_row()]}).json()["predictions"][0]
+            status = c.get("/status").json()
+            return {answer["last_model_load"], status["last_model_load"], c.post("/reload").json()["last_load_time"]}
+
+        def learn(i: int, total: int) -> None:
+            assert c.post("/add_training_data_bulk", json={"entries": [training_entry(i)]}).status_code == 202
+            wait_for(lambda: sum(runtime.learned().values()) >= total, 20, "the observation learned")
+
+        assert load_times() == {None}
+        learn(0, 1)
+        assert c.get("/status").json()["model_version"] == 0
+        assert load_times() == {None}
+        # A real load (a model published by another replica, taken up by /reload or the sync loop, whichever comes
+        # first): its time, then kept as the service learns on.
+        published = OnlinePredictor(LearnerConfig(background=False))
+        published.version = 1
+        store.publish_model(published.to_bytes())
+        loaded = c.post("/reload").json()["last_load_time"]
+        assert c.get("/status").json()["model_version"] == 1 and is_rfc3339(loaded)
+        assert load_times() == {loaded}
+        learn(1, 1)  # learned on from the published model's 0 observations
+        assert load_times() == {loaded}
 
 
 def test_model_export_is_a_tar_of_json_models_and_metadata(client: TestClient) -> None:

@@ -57,7 +57,7 @@ class LearnerReport:
     window: dict[str, int]
     last_retrain: datetime | None
     retrain_error: str | None
-    last_model_load: datetime | None
+    last_model_load: datetime | None  # this learner's last winning retrain (None: none since it was handed the model)
     retrains: list[dict[str, Any]] = field(default_factory=list)
     # Rows this learner has learned (handed to the model and its window) and skipped as invalid since it started,
     # up to `cursor`: what the serving model's lineage holds.
@@ -114,6 +114,9 @@ class _Child:
 
     def _load(self, artifact: bytes) -> OnlinePredictor:
         predictor = OnlinePredictor.from_bytes(artifact, background=True)
+        # A copy of what the service serves, not a load: its `last_model_load` is this learner's retrains alone
+        # (None until one wins); the service keeps the time of its own loads and pulls.
+        predictor.last_model_load = None
         predictor.add_retrain_listener(self._on_retrain)
         return predictor.start()
 

@@ -551,7 +551,9 @@ class ServiceRuntime:
             mirror = OnlinePredictor.from_state(
                 snapshot.state, background=False, reuse=self.predictor, compiled=snapshot.compiled
             )
-            mirror.last_model_load = report.last_model_load or mirror.last_model_load
+            # A snapshot is no load: the learner's last winning retrain, else the serving model's own load time.
+            loaded = self.predictor.last_model_load if self.predictor is not None else None
+            mirror.last_model_load = report.last_model_load or loaded
             mirror.last_retrain = report.last_retrain
             mirror.retrain_error = report.retrain_error
             self._install(mirror)
