@@ -621,20 +621,32 @@ def test_groups_are_taken_as_away_until_their_states_are_first_read(
     assert gateway._group_state("rl") == "resident"
 
 
-def test_route_on_a_port_in_use_says_so_in_one_line() -> None:
+def route_refused(*args: str) -> list[str]:
+    """`leadtime route` with `args` (and an endpoint, a policy): exit status 2 and the lines on stderr."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "leadtime", "route", "--endpoint", "127.0.0.1:1", "--policy", "random", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.returncode == 2, result.stderr
+    assert time.monotonic() - started < 60
+    return result.stderr.strip().splitlines()
+
+
+def test_route_on_a_port_in_use_says_so_in_one_line_as_serve_and_sim_serve_do() -> None:
+    """Regression: `serve` and `sim serve` said `error: cannot serve HTTP on HOST:PORT: ...`, route only
+    `error: HOST:PORT: ...`."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        started = time.monotonic()
-        result = subprocess.run(
-            [sys.executable, "-m", "leadtime", "route", "--endpoint", "127.0.0.1:1", "--policy", "random"]
-            + ["--port", str(port)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        )
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines() == [f"error: 127.0.0.1:{port}: address already in use"]
-    assert time.monotonic() - started < 60
+        lines = route_refused("--port", str(port))
+    assert lines == [f"error: cannot serve the gateway on 127.0.0.1:{port}: address already in use"]
+
+
+def test_route_on_a_host_it_cannot_resolve_says_so_in_one_line() -> None:
+    [line] = route_refused("--host", "999.1.1.1", "--port", "47801")
+    assert line.startswith("error: cannot serve the gateway on 999.1.1.1:47801: ") and "resolved" in line

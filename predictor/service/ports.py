@@ -35,11 +35,13 @@ def probe_bind(host: str, port: int) -> None:
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
-    """Raise OSError in one line naming `what` when `host:port` cannot be bound (another process has it, or the
-    address is not this machine's)."""
+    """Raise OSError in one line, `cannot serve WHAT on HOST:PORT: why`, when `host:port` cannot be bound
+    (another process has it, the address is not this machine's, or `host` does not resolve): every server the
+    CLI starts says it alike."""
     try:
         probe_bind(host, port)
     except socket.gaierror as err:
-        raise OSError(f"the {what} address {host!r} cannot be resolved ({err.strerror})") from None
+        problem = f"the address cannot be resolved ({(err.strerror or str(err)).lower()})"
+        raise OSError(f"cannot serve {what} on {host}:{port}: {problem}") from None
     except OSError as err:
         raise OSError(f"cannot serve {what} on {host}:{port}: {(err.strerror or str(err)).lower()}") from None

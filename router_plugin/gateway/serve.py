@@ -16,7 +16,7 @@ from types import FrameType
 
 import uvicorn
 
-from leadtime.predictor.service.ports import probe_bind
+from leadtime.predictor.service.ports import check_port_free
 from leadtime.predictor.service.serve import check_tls_files
 from leadtime.predictor.store.redis_store import without_credentials
 from leadtime.router_plugin.client import PredictorClient
@@ -159,7 +159,7 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
     settings = gateway.settings
     if tls is not None:
         check_tls_files(*tls)
-    probe_bind(settings.host, settings.port)  # before uvicorn, which would log a failure and exit 3
+    check_port_free(settings.host, settings.port, "the gateway")  # before uvicorn, which would log a failure, exit 3
     sys.setswitchinterval(0.0005)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per model pull or time-slice poll
