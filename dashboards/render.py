@@ -24,6 +24,11 @@ from leadtime.dashboards.grafana import Dashboard, Panel
 from leadtime.dashboards.promql import for_prometheus
 
 POINTS = 240  # points per series: Grafana's default resolution for a panel of this width
+DPI = 72  # of the PNG (and of the figure, so that what is measured on it is what the PNG shows)
+# A panel's legend names at most this many series (then "+K more"), each in at most LABEL_CHARS characters: it is
+# drawn inside the panel, and one entry per path and quantile (~50) ran over the panels below, covering titles.
+LEGEND_SERIES = 8
+LABEL_CHARS = 40
 
 
 class PrometheusError(RuntimeError):
@@ -157,32 +162,41 @@ def render_dashboard(
     board: Dashboard, api: PrometheusApi, out: Path, minutes: float = 60.0, end: float | None = None
 ) -> tuple[Path, list[PanelData]]:
     """Draw `board`'s main panels over the last `minutes` (up to `end`, default now) into `out`/<uid>.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     end = time.time() if end is None else end
     start = end - minutes * 60
     scrape = api.scrape_interval_s()
     panels = [fetch_panel(api, p, start, end, scrape) for p in board.panels() if p.main]
+    moment = datetime.fromtimestamp(end).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    fig = draw_panels(f"{board.title}: main panels, {minutes:g} min to {moment}, from Prometheus", panels, minutes)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{board.uid}.png"
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path, panels
+
+
+def draw_panels(title: str, panels: Sequence[PanelData], minutes: float) -> Any:
+    """The matplotlib figure of `panels`, two a row (kept apart from the queries, so that its drawing can be
+    checked on any data); the caller saves and closes it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
     columns = 2
     rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(13, 2.9 * rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(13, 2.9 * rows + 0.6), squeeze=False, dpi=DPI)
     clock = mdates.DateFormatter("%H:%M:%S" if minutes <= 10 else "%H:%M")
     for ax, data in zip(axes.flat, panels, strict=False):
         _draw(ax, data, clock)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    moment = datetime.fromtimestamp(end).astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    fig.suptitle(f"{board.title}: main panels, {minutes:g} min to {moment}, from Prometheus", fontsize=11)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{board.uid}.png"
-    fig.savefig(path, dpi=72)
-    plt.close(fig)
-    return path, panels
+    return fig
 
 
 def _draw(ax: Any, data: PanelData, clock: Any) -> None:
@@ -207,9 +221,38 @@ def _draw(ax: Any, data: PanelData, clock: Any) -> None:
     ax.xaxis.set_major_formatter(clock)
     ax.grid(alpha=0.3)
     if data.series:
-        ax.legend(fontsize=6, loc="upper left", ncol=2 if len(data.series) > 4 else 1, framealpha=0.6)
+        _legend(ax, data)
     else:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
+def _legend(ax: Any, data: PanelData) -> None:
+    """The panel's legend, bounded so that it stays inside the panel: the dashed reference lines and the series
+    that peak highest (what the eye finds first) up to `LEGEND_SERIES`, in drawing order, then "+K more"."""
+    from matplotlib.lines import Line2D
+
+    handles, labels = ax.get_legend_handles_labels()
+    peaks = {name: float(np.nanmax(s.values)) if s.has_data else -math.inf for name, s in data.series}
+    if len(handles) > LEGEND_SERIES:
+        ranked = sorted(range(len(labels)), key=lambda i: (labels[i] not in data.panel.dashed, -peaks[labels[i]]))
+        kept = sorted(ranked[:LEGEND_SERIES])
+        more = Line2D([], [], linestyle="none", label=f"+{len(handles) - len(kept)} more")
+        handles, labels = [handles[i] for i in kept] + [more], [labels[i] for i in kept] + [more.get_label()]
+    shown = [shorten(name) for name in labels]
+    ax.legend(handles, shown, fontsize=6, loc="upper left", ncol=2 if len(shown) > 4 else 1, framealpha=0.6)
+
+
+def shorten(name: str, chars: int = LABEL_CHARS) -> str:
+    """`name` in at most `chars` characters, cut in the middle: a series' name ends in what tells it from its
+    neighbours (a route's last part, the quantile).
+
+    >>> shorten("/v1/models/qwen3-32b/completions/stream p99", 30)
+    '/v1/model…mpletions/stream p99'
+    """
+    if len(name) <= chars:
+        return name
+    head = (chars - 1) // 3
+    return name[:head] + "…" + name[len(name) - (chars - 1 - head) :]
 
 
 def _unit(unit: str, series: Sequence[Series]) -> tuple[float, str]:

@@ -444,3 +444,45 @@ def test_build_into_a_file_says_a_folder_is_needed(tmp_path: Path) -> None:
     in_the_way.write_text("{}")
     result = CliRunner().invoke(app, ["dashboards", "build", "--out", str(in_the_way)])
     assert result.exit_code == 2 and "a file is in the way (a folder is needed)" in result.output
+
+
+def test_a_rendered_legend_stays_inside_its_panel_however_many_series() -> None:
+    """Regression: "HTTP latency by path" had one legend entry per path and quantile (~50 once the service had
+    answered ~25 paths), and its legend ran over the panels below, covering their titles."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from leadtime.dashboards.grafana import Panel, Query
+    from leadtime.dashboards.render import LABEL_CHARS, LEGEND_SERIES, PanelData, Series, draw_panels, shorten
+
+    times = 1_767_225_600.0 + np.arange(0.0, 600.0, 10.0)
+
+    def panel(title: str, names: list[str]) -> PanelData:
+        drawn = Panel(title, "", "s", (Query("x", "{{path}}"),), main=True)
+        return PanelData(
+            drawn, [(n, Series({}, times, np.full(len(times), 0.001 * (i + 1)))) for i, n in enumerate(names)]
+        )
+
+    paths = [f"/some/long/route/of/the/service/number/{i}/and/more {q}" for i in range(25) for q in ("p50", "p99")]
+    panels = [panel("HTTP latency by path (p50, p99)", paths), panel("b", ["one"]), panel("c", []), panel("d", ["x"])]
+    fig = draw_panels("test", panels, minutes=10)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes:
+            if ax.get_legend() is None:
+                continue
+            inside, box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+            assert box.x0 <= inside.x0 and inside.x1 <= box.x1 and box.y0 <= inside.y0 and inside.y1 <= box.y1, (
+                ax.get_title(),
+                inside,
+                box,
+            )
+        texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        # The series that peak highest are named (shortened), in drawing order; the rest summed up in one entry.
+        highest = sorted(paths[-LEGEND_SERIES:])
+        assert texts == [shorten(name) for name in highest] + [f"+{50 - LEGEND_SERIES} more"], texts
+        assert all(len(t) == LABEL_CHARS and t.endswith(("/and/more p50", "/and/more p99")) for t in texts[:-1])
+        assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["one"]
+    finally:
+        plt.close(fig)
