@@ -221,6 +221,17 @@ def test_loads_between_the_two_are_run_on_request(tmp_path: Path, capsys: pytest
     assert "targets (B: best peer" in out and "homogeneous/1.2x" in out and '"L_ge_B"' not in out
 
 
+def test_without_a_peer_the_targets_are_one_line_not_an_empty_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """Regression: `--policy leadtime` alone printed the targets' table with its headers and no row."""
+    options = RoutingOptions(max_requests=120, fleets=("homogeneous",), policies=("leadtime",), workers=1, loads=(1.2,))
+    report, _ = run_routing(options)
+    assert [k for k in report["targets"] if k != "ablations"] == []
+    print_report(report, as_json=False)
+    out = capsys.readouterr().out
+    assert "targets (B: best peer" not in out and "fleet/load" not in out
+    assert "targets: none checked: they compare leadtime with the best peer (run one of" in " ".join(out.split())
+
+
 def test_a_load_given_twice_is_refused_before_anything_runs() -> None:
     with pytest.raises(ValueError, match="1.2x was given twice"):
         run_routing(RoutingOptions(fleets=("homogeneous",), loads=(1.2, 1.2000000001)))
