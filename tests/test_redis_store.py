@@ -769,7 +769,8 @@ def test_other_operations_degrade_without_raising_while_redis_is_down(
     redis_server.stop()
     assert store.latest_model() is None
     assert store.model_versions() == []
-    assert not store.acquire_training_lease("replica-a", 5.0)
+    with pytest.raises(StoreUnavailable, match="cannot take or renew the training lease: redis unreachable"):
+        store.acquire_training_lease("replica-a", 5.0)  # not False: that would read as another holder
     assert store.wait_for_model(1, 0.3) is None
     with pytest.raises(StoreUnavailable, match="cannot publish"):
         store.publish_model(artifact("lost"))

@@ -354,6 +354,25 @@ def test_taking_and_losing_the_training_lease_is_logged_once_each(
     assert len(lines) == 2 and "took" in lines[0] and "lost" in lines[1], lines
 
 
+def test_a_lease_not_renewed_because_redis_is_unreachable_is_not_blamed_on_another_replica(
+    start_replicas: Callable[..., list[Replica]], redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the store answered False for an unreachable Redis as for a lease another replica holds, and the
+    holder logged "another replica holds it: this one did not renew it within 3 s (paused, or starved of CPU)"
+    though nobody held it."""
+    (a,) = start_replicas(count=1, lease_ttl_s=30.0)  # no renewal by the loop during the test: renewed by hand
+    assert a.runtime.holds_lease
+    redis_server.stop()
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        a.runtime._renew_lease()
+    assert not a.runtime.holds_lease
+    lines = [r.getMessage() for r in caplog.records if "training lease" in r.getMessage()]
+    assert len(lines) == 1, lines
+    said = "lost the training lease (replica a): cannot take or renew the training lease: redis unreachable ("
+    assert said in lines[0], lines[0]
+    assert "another replica" not in lines[0] and "paused" not in lines[0], lines[0]
+
+
 def test_the_training_lease_passes_to_b_when_a_stops(start_replicas: Callable[..., list[Replica]]) -> None:
     a, b = start_replicas(lease_ttl_s=1.0)
     assert a.status()["holds_training_lease"] and not b.status()["holds_training_lease"]

@@ -1079,13 +1079,17 @@ class ServiceRuntime:
             try:
                 held = self.store.acquire_training_lease(self.replica_id, self.settings.lease_ttl_s)
                 self._loop_errors.pop("lease", None)
+            except ConnectionError as err:  # the store's own words: "cannot take or renew ...: redis unreachable"
+                self._loop_errors["lease"] = str(err)
+                held = False
             except Exception as err:
-                self._loop_errors["lease"] = f"cannot renew the training lease: {err}"
+                self._loop_errors["lease"] = f"cannot take or renew the training lease: {err}"
                 held = False
         if held != self.holds_lease:
             self.holds_lease = held
             # Which replica retrains and publishes is worth one line each time it changes hands; losing it says
-            # why, as far as this replica can tell (a pause past its TTL, or the store away).
+            # why, as far as this replica can tell: the store away (it raised), else another replica holds it (a
+            # pause past its TTL).
             if held:
                 log.info("took the training lease (replica %s)", self.replica_id)
             else:

@@ -125,7 +125,9 @@ class Store(Protocol):
         ...
 
     def acquire_training_lease(self, holder: str, ttl_s: float) -> bool:
-        """True if `holder` now holds (or renewed) the one training lease; only the holder retrains."""
+        """True if `holder` now holds (or renewed) the one training lease; only the holder retrains. False only
+        when another holds it; raises (ConnectionError) if the backend cannot be reached, so that an outage is not
+        told as another holder."""
         ...
 
     def release_training_lease(self, holder: str) -> bool:

@@ -19,8 +19,9 @@
   publication is refused in the same atomic step once the key no longer names it (a replica paused past the TTL
   does not publish over the new holder's model).
 
-Read paths (`read_observations`, `latest_model`, `wait_for_model`, `acquire_training_lease`) answer "nothing
-new" while Redis is down, so a replica keeps serving with the model it has; `health()` says why.
+Read paths (`read_observations`, `latest_model`, `wait_for_model`) answer "nothing new" while Redis is down, so
+a replica keeps serving with the model it has; `health()` says why. `acquire_training_lease` raises
+StoreUnavailable then: "not granted" would say that another replica holds the lease.
 """
 
 from __future__ import annotations
@@ -859,7 +860,9 @@ class RedisStore:
     # ---- training lease -----------------------------------------------------------------------------------
 
     def acquire_training_lease(self, holder: str, ttl_s: float) -> bool:
-        """Take or renew the one training lease for `ttl_s`; False if another holds it or Redis is down."""
+        """Take or renew the one training lease for `ttl_s`; False only if another holds it. StoreUnavailable if
+        Redis cannot be reached: a False then made the holder log that another replica held the lease (it had
+        not renewed it, "paused, or starved of CPU") while nobody did."""
         if not holder:
             raise ValueError("holder must be a non-empty string")
         if ttl_s <= 0:
@@ -869,7 +872,7 @@ class RedisStore:
             granted = self._lease(keys=[self._lease_key], args=[holder, max(int(ttl_s * 1000), 1)])
         except redis.RedisError as exc:
             self._set_problem(exc, started)
-            return False
+            raise StoreUnavailable(f"cannot take or renew the training lease: redis {redis_problem(exc)}") from None
         self._set_problem(None, started)
         return bool(granted)
 
