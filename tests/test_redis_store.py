@@ -187,7 +187,15 @@ def test_a_password_holding_a_url_delimiter_is_never_shown_and_the_message_says_
     assert "redis://127.0.0.1:6393/0" in message and "percent-encode" in message and "%2F" in message, message
 
 
+def add_user(redis_server: RedisServer) -> None:
+    """The user "user" with the password "secret", that the URLs of the tests below give (a wrong one is refused)."""
+    raw = redis.Redis(port=redis_server.port)
+    raw.acl_setuser("user", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"], commands=["+@all"])
+    raw.close()
+
+
 def test_address_never_shows_the_password(redis_server: RedisServer) -> None:
+    add_user(redis_server)
     store = RedisStore(f"redis://user:secret@127.0.0.1:{redis_server.port}/0")
     try:
         assert store.address == f"redis://127.0.0.1:{redis_server.port}/0"
@@ -210,6 +218,7 @@ def test_every_spelling_of_one_stream_records_one_name_and_shows_its_own_address
     """What a model records as its stream (`stream_name`) is canonical, so that a replica started under another
     spelling of the URL recognises it; logs and /v1/status still show the URL as given, without the password."""
     url = spelling.format(port=redis_server.port)
+    add_user(redis_server)
     store = RedisStore(url, namespace="test")
     try:
         assert store.stream_name == f"redis://127.0.0.1:{redis_server.port}/0 test:observations"
@@ -352,27 +361,81 @@ def test_a_redis_that_evicts_keys_when_full_is_named_once_at_start(
     assert "allkeys-lru" in lines[0] and "noeviction" in lines[0] and "observation stream" in lines[0]
 
 
-def test_a_refused_or_missing_password_is_named_as_such(tmp_path: Path) -> None:
-    """Authentication failures read as "unreachable (...)" or redis-py internals ("HELLO must be called with the
-    client already authenticated")."""
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server that needs the password "right"."""
     server = RedisServer(
         require_redis_server(), tmp_path, extra_args=["--requirepass", "right"], client_options={"password": "right"}
     )
     server.start()
     try:
-        for url, named in (
-            (f"redis://:wrong@127.0.0.1:{server.port}/0", "Redis refused the password"),
-            (server.url, "Redis needs a password"),
-        ):
-            store = RedisStore(url, socket_timeout_s=0.5)
-            try:
-                problem = store.health()["redis"]
-                assert problem.startswith(named) and "unreachable" not in problem and "HELLO" not in problem, problem
-                assert "wrong" not in problem
-            finally:
-                store.close(flush_timeout_s=0.0)
+        yield server
     finally:
         server.stop()
+
+
+def test_a_wrong_or_missing_password_or_a_database_redis_lacks_is_refused_at_start(
+    password_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: these are configuration errors no retry heals, yet the store started, reported itself degraded and
+    buffered rows it could never send (a service answered 202 for them, then dropped them). Redis says so at the first
+    PING: the store refuses to start, in one line naming the problem (never the password)."""
+    port = password_redis.port
+    with caplog.at_level(logging.INFO, logger="leadtime.store"):
+        for url, named in (
+            (f"redis://:wrong@127.0.0.1:{port}/0", "Redis refused the password"),
+            (f"redis://127.0.0.1:{port}/0", "Redis needs a password"),
+            (f"redis://:right@127.0.0.1:{port}/16", "Redis has no database 16"),
+        ):
+            with pytest.raises(ValueError) as refused:
+                RedisStore(url, socket_timeout_s=0.5)
+            problem = str(refused.value)
+            assert problem.startswith(f"redis URL 'redis://127.0.0.1:{port}/") and named in problem, problem
+            assert "wrong" not in problem and "right" not in problem and "HELLO" not in problem, problem
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # the refusal is the one line
+
+
+def test_a_password_required_after_start_is_named_as_such(password_redis: RedisServer) -> None:
+    """Once running, the store rides out whatever Redis answers (a password changed by an operator is fixed there,
+    not by restarting every replica), and names it: authentication failures read as "unreachable (...)" or
+    redis-py internals ("HELLO must be called with the client already authenticated")."""
+    store = RedisStore(f"redis://:right@127.0.0.1:{password_redis.port}/0", socket_timeout_s=0.5)
+    try:
+        raw = redis.Redis(port=password_redis.port, password="right")
+        raw.config_set("requirepass", "changed")
+        raw.client_kill_filter(_type="normal", skipme=True)  # the store's connections authenticate again
+        store.append_observations([entry(0)])
+        assert wait_until(lambda: store.health()["redis"].startswith("Redis refused the password"), timeout_s=5)
+        problem = store.health()["redis"]
+        assert "unreachable" not in problem and "HELLO" not in problem and "right" not in problem, problem
+        raw.close()
+    finally:
+        store.close(flush_timeout_s=0.0)
+
+
+def test_a_database_redis_lacks_found_after_start_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a database index Redis lacks (/16) was logged twice, "from the start" and again 40 ms later: the
+    stream's own calls took the refusal (a ResponseError) for a problem of the stream key. Found once Redis is up
+    (it was unreachable at the start, which is ridden out), it is said once, as the server's problem."""
+    server = RedisServer(require_redis_server(), tmp_path)
+    with caplog.at_level(logging.INFO, logger="leadtime.store"):
+        store = RedisStore(f"redis://127.0.0.1:{server.port}/16", socket_timeout_s=0.3)
+        try:
+            server.start()
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:  # what the ingest, model-sync and lease loops do meanwhile
+                store.append_observations([entry(0)])
+                store.read_observations("0", 10)
+                store.latest_model()
+                time.sleep(0.05)
+            assert "Redis has no database 16" in store.health()["redis"]
+        finally:
+            store.close(flush_timeout_s=0.0)
+            server.stop()
+    lines = [r.getMessage() for r in caplog.records if "database" in r.getMessage()]
+    assert len(lines) == 1, lines
 
 
 # ---- model registry ---------------------------------------------------------------------------------------

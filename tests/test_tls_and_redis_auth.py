@@ -110,20 +110,67 @@ def test_serve_over_tls_with_redis_behind_a_password_and_tls(
         child.stop()
 
 
-def test_a_wrong_redis_password_or_no_tls_is_named_not_fatal(secure_redis: tuple[RedisServer, str]) -> None:
+def test_a_wrong_redis_password_is_refused_at_start_and_no_tls_is_named_not_fatal(
+    secure_redis: tuple[RedisServer, str],
+) -> None:
+    """A wrong password is a configuration error no retry heals: refused at start. A TLS port spoken to in plain
+    text answers nothing a client can read as a refusal: ridden out as an outage, and named."""
     _, good = secure_redis
-    for url, words in (
-        (good.replace(PASSWORD, "wrong"), ("password", "auth")),
-        (good.replace("rediss://", "redis://").split("?")[0], ("connection", "closed", "reset", "timeout")),
-    ):
-        store = RedisStore(url, socket_timeout_s=0.5)
-        try:
-            store.append_observations([{"x": 1}])  # accepted into the outage buffer, never lost silently
-            problem = store.health()["redis"].lower()
-            assert any(word in problem for word in words), problem
-            assert store.stats()["buffered"] == 1
-        finally:
-            store.close()
+    with pytest.raises(ValueError, match="Redis refused the password") as refused:
+        RedisStore(good.replace(PASSWORD, "wrong"), socket_timeout_s=0.5)
+    assert ":wrong@" not in str(refused.value) and PASSWORD not in str(refused.value)
+    store = RedisStore(good.replace("rediss://", "redis://").split("?")[0], socket_timeout_s=0.5)
+    try:
+        store.append_observations([{"x": 1}])  # accepted into the outage buffer, never lost silently
+        problem = store.health()["redis"].lower()
+        assert any(word in problem for word in ("connection", "closed", "reset", "timeout")), problem
+        assert store.stats()["buffered"] == 1
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A plain-TCP redis-server that needs PASSWORD."""
+    server = RedisServer(
+        require_redis_server(), tmp_path, extra_args=["--requirepass", PASSWORD], client_options={"password": PASSWORD}
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("userinfo", "database", "named"),
+    [
+        (":wrong@", 0, "Redis refused the password"),
+        ("", 0, "Redis needs a password"),
+        (f":{PASSWORD}@", 16, "Redis has no database 16"),
+    ],
+    ids=["wrong password", "no password", "no such database"],
+)
+@pytest.mark.parametrize("command", ["serve", "route"])
+def test_a_redis_that_refuses_the_url_stops_serve_and_route_at_start_in_one_line(
+    password_redis: RedisServer, command: str, userinfo: str, database: int, named: str
+) -> None:
+    """Regression: `serve --redis` with a wrong or missing password, or a database index Redis lacks, ran and
+    answered 202 for rows it could never store (they waited in memory, then were dropped); `route --replicas-redis`
+    shared nothing. These are permanent configuration errors, not outages: one line, exit 2, no traceback."""
+    url = f"redis://{userinfo}127.0.0.1:{password_redis.port}/{database}"
+    if command == "serve":
+        args = ["serve", "--port", str(free_port()), "--grpc-port", "0", "--redis", url]
+    else:
+        args = ["route", "--endpoint", "127.0.0.1:9", "--port", str(free_port()), "--policy", "round-robin"]
+        args += ["--replicas-redis", url]
+    done = subprocess.run([sys.executable, "-m", "leadtime", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and named in errors[0], done.stderr
+    assert f"redis://127.0.0.1:{password_redis.port}/{database}" in errors[0], errors[0]
+    assert "Traceback" not in done.stderr and "wrong" not in done.stderr and PASSWORD not in done.stderr
+    assert "buffering" not in done.stderr, done.stderr  # not also logged as an outage first
 
 
 def test_tls_needs_both_files_and_they_must_exist(tmp_path: Path, certificate: tuple[Path, Path]) -> None:

@@ -249,18 +249,39 @@ def split_query(url: str) -> tuple[str, str]:
 
 # What Redis answers a client that gave no password where one is needed (RESP2's AUTH check, RESP3's HELLO).
 _NO_PASSWORD_GIVEN = re.compile(r"NOAUTH|authentication required|HELLO must be called", re.IGNORECASE)
+# What Redis answers the SELECT of a database it does not have (`databases`, 16 by default: /0 to /15).
+_NO_SUCH_DATABASE = re.compile(r"DB index is out of range|invalid DB index", re.IGNORECASE)
 
 
-def redis_problem(exc: BaseException) -> str:
+class RedisRefused(ValueError):
+    """Redis answered, and refuses what the URL asks of it for good: a wrong or missing password (or user), a
+    database it does not have. No retry heals these, so a process refuses to start on them (one line naming the
+    problem) rather than ride them out as an outage, buffering rows it can never send."""
+
+
+def refuses_configuration(exc: BaseException) -> bool:
+    """Whether `exc` is Redis refusing the URL's password, user or database (`RedisRefused`), not an outage."""
+    if isinstance(exc, redis.AuthenticationError):
+        return True
+    return isinstance(exc, redis.ResponseError) and _NO_SUCH_DATABASE.search(str(exc)) is not None
+
+
+def redis_problem(exc: BaseException, database: int | None = None) -> str:
     """One short line for health(), logs and messages (the store's, the gateway replicas', the retraining
     job's): a refused or missing password by name (redis-py reports both as a connection error, with RESP3's HELLO
-    internals), a full server as "out of memory", "unreachable (...)" when the server cannot be reached, else
-    "error (...)"."""
+    internals), a database the server lacks by its number (`database`, the URL's, when the caller knows it), a full
+    server as "out of memory", "unreachable (...)" when the server cannot be reached, else "error (...)"."""
     text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:200]
     if isinstance(exc, redis.AuthenticationError):
         if _NO_PASSWORD_GIVEN.search(text):
             return "Redis needs a password (give it in the URL: redis://:PASSWORD@host:port/db)"
         return "Redis refused the password (or the user) given in the URL"
+    if refuses_configuration(exc):
+        which = "such database" if database is None else f"database {database}"
+        return (
+            f"Redis has no {which} (DB index is out of range: its `databases` setting, 16 by default, numbers "
+            "them from /0)"
+        )
     if isinstance(exc, redis.OutOfMemoryError):  # redis-py drops the "OOM" that names it
         return "out of memory (OOM: Redis refuses writes above its maxmemory; raise maxmemory or free memory)"
     kind = "unreachable" if isinstance(exc, redis.ConnectionError | redis.TimeoutError) else "error"
@@ -314,17 +335,35 @@ class LatestOutcome:
         self.contacted = contacted  # False: the first outcome is reported even if it changes nothing
         self._started = float("-inf")
 
-    def record(self, problem: str | None, started: float) -> tuple[str | None, str | None] | None:
+    def record(
+        self, problem: str | None, started: float, notable: bool = False
+    ) -> tuple[str | None, str | None] | None:
         """Take one call's outcome; (was, now) when the state changed or on the first outcome, else None (stale or
-        the same)."""
+        the same). A `notable` problem (one no retry heals) is a change from any other problem too: after an
+        outage, a refused password is news."""
         if started < self._started:
             return None
         self._started = started
         first, self.contacted = not self.contacted, True
         was, self.problem = self.problem, problem
-        if (was is None) == (problem is None) and not first:
+        if (was is None) == (problem is None) and not first and not (notable and was != problem):
             return None
         return was, problem
+
+
+def check_configuration(url: str, timeout_s: float = 2.0) -> None:
+    """One PING to `url` (its form checked as `redis_client` does: ValueError): RedisRefused, naming the problem
+    (never the password), if Redis answers and refuses the URL's password, user or database. Nothing if it answers,
+    nor if it cannot be reached: an outage at start is ridden out as any other. For the processes that reach Redis
+    through a client of their own (`leadtime route --replicas-redis`); the store checks as it starts."""
+    client = redis_client(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        if refuses_configuration(exc):
+            raise RedisRefused(redis_problem(exc, StreamIdentity.of(url, "").db)) from None
+    finally:
+        client.close()
 
 
 def redis_client(url: str, **options: Any) -> redis.Redis:
@@ -475,6 +514,10 @@ class RedisStore:
             self._redis.ping()
             self._health.record(None, started)
         except redis.RedisError as exc:
+            if refuses_configuration(exc):  # no retry heals it: refused here, in one line, before any thread runs
+                self._redis.close()
+                problem = redis_problem(exc, stream.db)
+                raise RedisRefused(f"redis URL {self.address!r} is not usable: {problem}") from None
             self._set_problem(exc, started)
         self._writer = threading.Thread(target=self._write_loop, name="redis-store-writer", daemon=True)
         self._subscriber = threading.Thread(target=self._listen_loop, name="redis-store-models", daemon=True)
@@ -907,12 +950,15 @@ class RedisStore:
         that succeed meanwhile must not read as its end (that logged a warning and an "answers again" several
         times a second). Nor may a read of the stream end refused writes: a full Redis still answers reads. A write
         that lands ends both."""
-        problem = None if exc is None else redis_problem(exc)
+        problem = None if exc is None else redis_problem(exc, self.stream.db if self.stream is not None else None)
         if problem is not None:
             self._check_run_id = True  # the server may come back as another one, empty
-        stream_only = stream is not None and isinstance(exc, redis.ResponseError)
+        # A refused password or database comes on connecting, whichever call connects: the server's problem, said
+        # once (taken for the stream's, every stream call said it again), and worth a line after an outage too.
+        refused = exc is not None and refuses_configuration(exc)
+        stream_only = stream is not None and isinstance(exc, redis.ResponseError) and not refused
         with self._lock:
-            change = None if stream_only else self._health.record(problem, started)
+            change = None if stream_only else self._health.record(problem, started, notable=refused)
             stream_change = None
             if stream is not None and (exc is None or stream_only):  # an unreachable server tells nothing of it
                 was = self._stream_problem()

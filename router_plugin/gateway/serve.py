@@ -18,7 +18,7 @@ import uvicorn
 
 from leadtime.predictor.service.ports import check_port_free
 from leadtime.predictor.service.serve import check_tls_files
-from leadtime.predictor.store.redis_store import without_credentials
+from leadtime.predictor.store.redis_store import check_configuration, without_credentials
 from leadtime.router_plugin.client import PredictorClient
 from leadtime.router_plugin.config import SHIPPED_CONFIG, ConfigError, build_policy, load_config, profile_types
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
@@ -137,7 +137,10 @@ def build_gateway(
     if options.replicas_redis is not None:
         try:
             sync = ReplicaSync(options.replicas_redis, options.replicas_group, gateway.apply_replica_event, metrics)
-        except ValueError as err:
+            # A refused password or database is refused here, in one line; an unreachable Redis is ridden out (the
+            # replicas route on what each knows meanwhile).
+            check_configuration(options.replicas_redis)
+        except ValueError as err:  # RedisRefused too
             raise ConfigError(f"--replicas-redis {without_credentials(options.replicas_redis)}: {err}") from None
         gateway.attach_replicas(sync)
     if options.timeslice_file is not None:
