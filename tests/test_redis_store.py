@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import threading
@@ -924,3 +925,98 @@ def test_a_closed_store_refuses_appends_rather_than_buffer_what_nobody_sends(mak
     with pytest.raises(StoreClosed):
         store.append_observations([entry(0)])
     assert store.stats()["buffered"] == 0
+
+
+# ---- rows buffered at a stop, kept in a directory the replica owns -----------------------------------------
+
+
+def stream_lengths(redis_url: str, namespace: str = "test") -> list[int]:
+    """The input lengths of the stream's entries, in order (`entry(i)` numbers them)."""
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        messages: Any = raw.xrange(f"{namespace}:observations")
+        return [json.loads(fields[b"e"])["input_token_length"] for _, fields in messages]
+    finally:
+        raw.close()
+
+
+def test_rows_buffered_at_a_stop_during_an_outage_are_sent_once_at_the_next_start(
+    redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a clean stop (SIGTERM) during a Redis outage flushed for a second, then dropped every buffered
+    accepted row ("closed before redis took them: 500 buffered observations dropped"). With a directory it owns
+    (--model-dir) the store keeps them there, and the next store started with it sends them first, in order, once."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    store = RedisStore(redis_server.url, namespace="test", spill_dir=model_dir)
+    store.append_observations([entry(i) for i in range(10)])
+    assert store.flush(5.0)
+    redis_server.stop()
+    store.append_observations([entry(i) for i in range(10, 2_500)])
+    with caplog.at_level(logging.INFO, logger="leadtime.store"):
+        store.close(flush_timeout_s=0.1)
+    assert store.stats()["dropped"] == 0
+    said = [r.getMessage() for r in caplog.records if "closed before redis took them" in r.getMessage()]
+    assert len(said) == 1 and "2490 buffered observations kept in" in said[0] and "dropped" not in said[0], said
+    redis_server.start()  # empty: only what the first store sent before the outage is gone with it
+    again = RedisStore(redis_server.url, namespace="test", spill_dir=model_dir)
+    try:
+        again.append_observations([entry(2_500)])  # accepted after the start: behind the kept rows
+        assert again.flush(10.0)
+        assert wait_until(lambda: not list(model_dir.glob("unsent-*")), timeout_s=5)  # gone once Redis took them
+        assert stream_lengths(redis_server.url) == list(range(10, 2_501))
+    finally:
+        again.close()
+    third = RedisStore(redis_server.url, namespace="test", spill_dir=model_dir)  # nothing left to send again
+    third.close()
+    assert stream_lengths(redis_server.url) == list(range(10, 2_501))
+
+
+def test_kept_rows_read_again_after_a_crash_mid_send_land_once(redis_server: RedisServer, tmp_path: Path) -> None:
+    """A replica that crashed while it sent the rows kept at the last stop (the file still there) sends them again
+    at its next start: each chunk is sent under an id of its place in the file, and one that had landed is skipped
+    (the mark Redis keeps of it), so each row lands once, whether the crash came after every chunk or after one."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    redis_server.stop()
+    store = RedisStore(redis_server.url, namespace="test", spill_dir=model_dir)
+    store.append_observations([entry(i) for i in range(2_500)])
+    store.close(flush_timeout_s=0.0)
+    (kept,) = model_dir.glob("unsent-*")
+    saved = kept.read_bytes()
+    redis_server.start()
+    raw = redis.Redis.from_url(redis_server.url)
+    for landed in (3, 1):  # chunks of 1,000 rows that had landed at the crash: all three, then only the first
+        sender = RedisStore(redis_server.url, namespace="test", spill_dir=model_dir)
+        assert sender.flush(10.0)
+        sender.close()
+        assert not kept.exists() and stream_lengths(redis_server.url) == list(range(2_500))
+        kept.write_bytes(saved)  # the crash came before the file was removed
+        if landed < 3:  # ... and before the last chunks had landed: neither they nor their marks are there
+            keys: Any = raw.keys("test:observations:chunk:*")
+            marks = sorted(key for key in keys if not key.endswith(b":0"))
+            assert len(marks) == 2
+            raw.delete(*marks)
+            messages: Any = raw.xrange("test:observations")
+            raw.xdel("test:observations", *[entry_id for entry_id, _ in messages[1_000:]])
+        again = RedisStore(redis_server.url, namespace="test", spill_dir=model_dir)
+        try:
+            assert again.flush(10.0)
+            assert wait_until(lambda: not kept.exists(), timeout_s=5)
+        finally:
+            again.close()
+        assert stream_lengths(redis_server.url) == list(range(2_500))  # none twice, none lost
+        kept.write_bytes(saved)
+        raw.delete("test:observations")
+        raw.delete(*raw.keys("test:observations:chunk:*"))
+    raw.close()
+
+
+def test_without_a_directory_rows_buffered_at_a_stop_are_dropped_and_counted(
+    make_store: StoreFactory, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    store = make_store()
+    redis_server.stop()
+    store.append_observations([entry(i) for i in range(7)])
+    store.close(flush_timeout_s=0.1)
+    assert store.stats()["dropped"] == 7

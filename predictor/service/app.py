@@ -53,7 +53,8 @@ def make_store(settings: ServiceSettings) -> tuple[Store, bool]:
         from leadtime.predictor.store.redis_store import RedisStore
 
         try:
-            return RedisStore(settings.redis_url), True
+            # Rows still buffered at a stop (a Redis outage) are kept in the model directory, not dropped.
+            return RedisStore(settings.redis_url, spill_dir=settings.model_dir), True
         except ValueError as err:  # RedisStore's own words name the URL without its password
             problem = str(err) if str(err).startswith("redis URL ") else f"the redis URL is not usable: {err}"
             raise StoreError(problem) from None

@@ -36,6 +36,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import islice
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -46,6 +47,7 @@ from redis.retry import Retry
 
 from leadtime.predictor.artifact import decode
 from leadtime.predictor.store.base import LeaseLost, StoreClosed, cursor_order
+from leadtime.predictor.store.spill import SPILL_MARK_TTL_S, Spill, read_spills, remove_spill, write_spill
 from leadtime.predictor.store.stream_identity import (  # the gateway, the CLI and the job import these from here
     StreamIdentity,
     observation_stream_key,
@@ -431,6 +433,9 @@ class RedisStore:
         Published model versions kept in the registry.
     socket_timeout_s
         Bound on every Redis call, so an unreachable server costs at most this long before buffering starts.
+    spill_dir
+        A directory this replica owns (--model-dir): rows still buffered when the store closes are kept there rather
+        than dropped, and rows kept there by an earlier stop are sent first (`leadtime.predictor.store.spill`).
     """
 
     def __init__(
@@ -442,6 +447,7 @@ class RedisStore:
         stream_maxlen: int = 1_000_000,
         keep_versions: int = 5,
         socket_timeout_s: float = 1.0,
+        spill_dir: Path | None = None,
     ) -> None:
         if buffer_limit < 0:
             raise ValueError(f"buffer_limit must be >= 0, got {buffer_limit}")
@@ -519,6 +525,15 @@ class RedisStore:
                 problem = redis_problem(exc, stream.db)
                 raise RedisRefused(f"redis URL {self.address!r} is not usable: {problem}") from None
             self._set_problem(exc, started)
+        # Rows an earlier stop kept in `spill_dir`, oldest file first: sent before anything accepted here.
+        self._spill_dir = spill_dir
+        self._spills: deque[Spill] = deque(read_spills(spill_dir) if spill_dir is not None else ())
+        if self._spills:
+            log.info(
+                "%d observations accepted before the last stop and kept in %s: sending them to redis first",
+                sum(len(spill.rows) for spill in self._spills),
+                spill_dir,
+            )
         self._writer = threading.Thread(target=self._write_loop, name="redis-store-writer", daemon=True)
         self._subscriber = threading.Thread(target=self._listen_loop, name="redis-store-models", daemon=True)
         self._writer.start()
@@ -654,7 +669,7 @@ class RedisStore:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                if not self._buffer:
+                if not self._buffer and not self._spills:
                     return True
             if time.monotonic() >= deadline:
                 return False
@@ -667,6 +682,7 @@ class RedisStore:
         last_contact = 0.0
         chunk: list[bytes] = []  # the chunk in flight: resent unchanged, under the same id, until it lands
         chunk_id = ""
+        spill: Spill | None = None  # the kept file the chunk comes from (None: the buffer)
         while not self._stop.is_set():
             if self._check_run_id:  # before anything is sent to what may be a new server
                 started = time.monotonic()
@@ -680,8 +696,11 @@ class RedisStore:
                     continue
             if not chunk:
                 with self._lock:
-                    chunk = list(islice(self._buffer, 0, _SEND_CHUNK))
-                chunk_id = uuid.uuid4().hex
+                    spill = self._spills[0] if self._spills else None
+                    chunk = list(islice(spill.rows if spill else self._buffer, 0, _SEND_CHUNK))
+                # A kept file's chunk goes under an id of its place in the file: read again after a crash, the
+                # chunks that had landed are skipped.
+                chunk_id = spill.chunk_id() if spill is not None else uuid.uuid4().hex
             if not chunk:
                 if time.monotonic() - last_contact >= _PING_EVERY_S:
                     started = time.monotonic()
@@ -696,7 +715,7 @@ class RedisStore:
                 continue
             started = time.monotonic()
             try:
-                last_id = self._send(chunk_id, chunk)
+                last_id = self._send(chunk_id, chunk, SPILL_MARK_TTL_S if spill is not None else _CHUNK_MARK_TTL_S)
             except redis.RedisError as exc:
                 self._set_problem(exc, started, stream="write")
                 self._stop.wait(retry_s)
@@ -705,29 +724,47 @@ class RedisStore:
             retry_s = _RETRY_MIN_S
             last_contact = time.monotonic()
             self._set_problem(None, started, stream="write")
-            with self._lock:  # appenders only add on the right, so the chunk is still the buffer's head
+            sent_spill = self._taken(chunk, spill, last_id)
+            chunk, spill = [], None
+            if sent_spill is not None:
+                remove_spill(sent_spill)
+                log.info("redis took the %d observations kept in %s", sent_spill.total, sent_spill.path.name)
+
+    def _taken(self, chunk: list[bytes], spill: Spill | None, last_id: tuple[int, int] | None) -> Spill | None:
+        """Redis took `chunk`, from the head of `spill` (a kept file) or else of the buffer: off the queue, kept
+        until read back. The kept file it emptied, if it did (its file is removed then)."""
+        emptied = None
+        with self._lock:  # appenders only add on the right, so the chunk is still the buffer's head
+            if spill is not None:  # an earlier process's rows: not counted as appended here
+                for _ in chunk:
+                    spill.rows.popleft()
+                spill.chunks_sent += 1
+                if not spill.rows:
+                    emptied = self._spills.popleft()
+            else:
                 for _ in chunk:
                     self._buffer.popleft()
-                if not self._buffer:
-                    self._full_warned = False  # emptied: filling it again is worth a line again
                 if self._resent_pending > 0:  # entries sent again after a restart are not new
                     again = min(self._resent_pending, len(chunk))
                     self._resent_pending -= again
                     self._appended += len(chunk) - again
                 else:
                     self._appended += len(chunk)
-                if last_id is not None and last_id > self._read_upto:
-                    self._unread.append((last_id, chunk))
-                    self._unread_count += len(chunk)
-                    while self._unread_count > self.buffer_limit:
-                        self._unread_count -= len(self._unread.popleft()[1])
-            chunk = []
+            if not self._buffer:
+                self._full_warned = False  # emptied: filling it again is worth a line again
+            if last_id is not None and last_id > self._read_upto:
+                self._unread.append((last_id, chunk))
+                self._unread_count += len(chunk)
+                while self._unread_count > self.buffer_limit:
+                    self._unread_count -= len(self._unread.popleft()[1])
+        return emptied
 
-    def _send(self, chunk_id: str, chunk: list[bytes]) -> tuple[int, int] | None:
-        """Append one chunk; the stream id of its last entry (None: an earlier try of this chunk had landed)."""
+    def _send(self, chunk_id: str, chunk: list[bytes], mark_ttl_s: int) -> tuple[int, int] | None:
+        """Append one chunk, its id remembered `mark_ttl_s`; the stream id of its last entry (None: an earlier try of
+        this chunk had landed)."""
         last = self._append(
             keys=[self._stream_key, f"{self._chunk_prefix}{chunk_id}"],
-            args=[self.stream_maxlen, _CHUNK_MARK_TTL_S, *chunk],
+            args=[self.stream_maxlen, mark_ttl_s, *chunk],
         )
         return cursor_order(last.decode() if isinstance(last, bytes) else str(last)) if last else None
 
@@ -992,7 +1029,7 @@ class RedisStore:
         """{"redis": "ok"} or what is wrong, with how many observations wait in memory meanwhile."""
         with self._lock:
             problem = self._health.problem or self._stream_problem()
-            buffered, dropped = len(self._buffer), self._dropped
+            buffered, dropped = self._buffered(), self._dropped
         if problem is None:
             return {"redis": "ok"}
         detail = f"{problem}; {buffered} observations buffered"
@@ -1000,12 +1037,16 @@ class RedisStore:
             detail += f", {dropped} dropped"
         return {"redis": detail}
 
+    def _buffered(self) -> int:
+        """Rows waiting for Redis: accepted here, and kept by an earlier stop (under the lock)."""
+        return len(self._buffer) + sum(len(spill.rows) for spill in self._spills)
+
     def stats(self) -> dict[str, int]:
         """Observations waiting in memory, dropped while Redis was down, appended and sent again; times the
         server was found restarted."""
         with self._lock:
             return {
-                "buffered": len(self._buffer),
+                "buffered": self._buffered(),
                 "dropped": self._dropped,
                 "appended": self._appended,
                 "resent": self._resent,
@@ -1013,7 +1054,9 @@ class RedisStore:
             }
 
     def close(self, flush_timeout_s: float = 1.0) -> None:
-        """Give the writer a moment to send what is queued, then stop both threads and the connections."""
+        """Give the writer a moment to send what is queued, then stop both threads and the connections. What Redis
+        has not taken by then is kept in `spill_dir` if there is one (sent first by the next store started with it),
+        else dropped and counted."""
         if self._stop.is_set():
             return
         with self._lock:
@@ -1024,9 +1067,32 @@ class RedisStore:
         self._writer.join(timeout=2.0 + 2 * self._socket_timeout_s)
         self._subscriber.join(timeout=2.0)
         with self._lock:
-            lost = len(self._buffer)
-            self._dropped += lost
+            rest = list(self._buffer)
             self._buffer.clear()
-        if lost:
-            log.warning("closed before redis took them: %d buffered observations dropped", lost)
+            earlier = sum(len(spill.rows) for spill in self._spills)  # their files stay until Redis takes them
+            self._spills.clear()
+        kept = self._keep(rest)
+        if kept is not None:
+            log.warning(
+                "closed before redis took them: %d buffered observations kept in %s, sent first by the next start "
+                "with that directory%s",
+                len(rest),
+                kept,
+                f" (behind {earlier} kept by an earlier stop, still there)" if earlier else "",
+            )
+        elif rest:
+            with self._lock:
+                self._dropped += len(rest)
+            log.warning("closed before redis took them: %d buffered observations dropped", len(rest))
         self._redis.close()
+
+    def _keep(self, rows: list[bytes]) -> Path | None:
+        """Write the rows left at close to `spill_dir`; the file, or None if there is no directory, nothing to keep,
+        or it could not be written (said, and the rows then count as dropped)."""
+        if not rows or self._spill_dir is None:
+            return None
+        try:
+            return write_spill(self._spill_dir, rows)
+        except OSError as err:
+            log.warning("could not keep the buffered observations in %s: %s", self._spill_dir, err)
+            return None
