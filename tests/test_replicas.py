@@ -602,6 +602,41 @@ def test_a_replica_that_lost_the_lease_unknowingly_does_not_publish(
     assert not a.runtime.learner.retrain and not a.runtime.holds_lease
 
 
+def test_after_redis_lost_the_stream_a_replica_ahead_does_not_adopt_a_lagging_replicas_model(
+    start_replicas: Callable[..., list[Replica]],
+    redis_server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: after a Redis restart without persistence, the lagging replica noticed the empty registry first
+    and published its model again; the replica ahead adopted it and dropped what it had learned beyond (14,000 ->
+    13,000 rows), rows the stream no longer held: answered 202, learned by no replica. The replica ahead keeps its
+    model and publishes it instead, and the lagging one adopts that."""
+    a, b = start_replicas(lease_ttl_s=30.0, retrain_every=100_000)  # the lease loops wait 10 s: renewed by hand
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    version = a.runtime.publish(a.runtime.predictor)
+    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
+    ingest_turn = b.runtime._ingest_turn
+    monkeypatch.setattr(b.runtime, "_ingest_turn", lambda: time.sleep(0.01))  # B lags: it learns nothing
+    a.send(training_entries(300, seed=13))
+    assert wait_until(lambda: a.learned() == 300, timeout_s=30)  # A wrote them and read them back: not kept
+    with caplog.at_level(logging.INFO, logger="leadtime.service"):
+        redis_server.restart()  # same port, empty: the stream, the registry and the lease are gone
+
+        def b_republished() -> bool:  # B, the lagging one, notices first and publishes its model again
+            b.runtime._retry_publication()
+            return b.store.registry_version() not in (None, 0)
+
+        assert wait_until(b_republished, timeout_s=10)
+        monkeypatch.setattr(b.runtime, "_ingest_turn", ingest_turn)
+        assert wait_until(lambda: b.learned() == 300, timeout_s=30), (a.learned(), b.learned())
+    assert a.learned() == 300
+    refused = [r.getMessage() for r in caplog.records if "not adopting published model" in r.getMessage()]
+    assert len(refused) == 1 and "the stream no longer holds the rows between" in refused[0], refused
+    a.send(training_entries(20, seed=14))
+    assert wait_until(lambda: a.learned() == 320 and b.learned() == 320, timeout_s=30), (a.learned(), b.learned())
+
+
 def take_lease_and_check_registry(replica: Replica, caplog: pytest.LogCaptureFixture) -> list[str]:
     """One lease renewal of `replica` as its lease loop does it (that loop waits a third of the TTL), repeated
     until it has given the registry its model back and said why the registry lost it; those lines."""

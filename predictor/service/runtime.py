@@ -742,6 +742,15 @@ class ServiceRuntime:
                 self._loop_errors["model_sync"] = f"published model {version} refused: {err}"
                 log.warning("ignoring published model %d: %s (the model held serves on)", version, err)
                 raise
+        try:
+            behind = self._behind_a_lost_stretch(predictor)
+        except BaseException:
+            predictor.close()
+            raise
+        if behind is not None:
+            predictor.close()
+            self._publish_ours_over(version, *behind)
+            return True, False
         # _learn_lock first, then _swap_lock, never the other way: ingest holds _learn_lock while its batch waits
         # for the learner to read its pipe, the learner may be blocked sending a snapshot to the receiver thread,
         # and the receiver needs _swap_lock to install it. Waiting for _learn_lock with _swap_lock held closed
@@ -774,6 +783,50 @@ class ServiceRuntime:
             self.learner.adopt(artifact, cursor, epoch)
         self.metrics.model_swaps.inc()
         return True, True
+
+    def _behind_a_lost_stretch(self, predictor: OnlinePredictor) -> tuple[str, str] | None:
+        """(its position, ours) if adopting `predictor`, a published model, would lose rows for good: it has learned
+        our stream only to a position behind ours, and the stream no longer holds any row between (Redis restarted
+        without persistence, or was flushed: a replica behind noticed the empty registry first and published its
+        model again). This replica learned those rows, and their writers forgot them once they read them back, so
+        only its model holds them. Else None: behind, and the stream still holds what lies between (the usual case,
+        a holder's retrain that is a little older), the rows are read again after the adoption. ConnectionError if
+        the store cannot tell."""
+        theirs, ours = predictor.metadata.get(CURSOR_KEY), self._served_cursor
+        if not isinstance(theirs, str) or not same_stream(predictor.metadata.get(STREAM_KEY), self.store.stream):
+            return None
+        if cursor_order(theirs) >= cursor_order(ours):
+            return None
+        _after, between = self.store.read_observations(theirs, 1, until=ours)
+        if between:
+            return None
+        if self.store.stream_end() is None:  # an outage reads as an empty stretch: not taken for a loss
+            raise ConnectionError("cannot tell whether the observation stream still holds what a model has not learned")
+        return theirs, ours
+
+    def _publish_ours_over(self, version: int, theirs: str, ours: str) -> None:
+        """Published model `version` is behind this replica across rows the stream lost (`_behind_a_lost_stretch`):
+        publish the serving model above it instead (only if nothing newer came meanwhile, `Store.restore_model`;
+        no lease needed, as for a registry's loss), so that every replica adopts the model furthest ahead. Noted as
+        known, so that it is not looked at again; a newer one is."""
+        assert self.predictor is not None
+        artifact = self._stamped_artifact(self.predictor)
+        with self._swap_lock:
+            self.store_version = max(self.store_version, version)
+            published = self.store.restore_model(artifact, version + 1)
+            if published is None:  # another came first: the sync loop looks at it next
+                return
+            self._note_published(published)
+        log.warning(
+            "not adopting published model %d: it has learned the observation stream up to %s, this replica up to %s, "
+            "and the stream no longer holds the rows between (Redis lost them): published this replica's model as %d "
+            "instead",
+            version,
+            theirs,
+            ours,
+            published,
+        )
+        self._save_published(artifact, published)
 
     def _known_version(self, version: int) -> bool:
         """Whether a published `version` is not news (under _swap_lock): not newer than the one held, or this
