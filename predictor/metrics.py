@@ -106,9 +106,11 @@ class _LiveValues(Collector):
             replayed.add_metric([], ingestion["replayed"])
             yield replayed
             learned_rows = CounterMetricFamily(
-                "leadtime_observations_learned", "Accepted observations the learner has learned (model and window)."
+                "leadtime_observations_learned",
+                "Observations this process's learner has learned (model and window; one learned again after a model "
+                "was adopted counts again): /status ingestion.learned_here.",
             )
-            learned_rows.add_metric([], ingestion["learned"])
+            learned_rows.add_metric([], ingestion["learned_here"])
             yield learned_rows
             thinned = CounterMetricFamily(
                 "leadtime_observations_thinned",

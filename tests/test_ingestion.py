@@ -238,7 +238,8 @@ def test_rows_replayed_from_the_stream_after_a_restart_are_counted_apart_from_wh
         assert _wait(settled), restarted.get("/status").json()["ingestion"]
         s = restarted.get("/status").json()["ingestion"]
         assert s["accepted"] == 200 and s["replayed"] == 300
-        assert s["accepted"] + s["replayed"] == s["learned"] + s["thinned"]["overload"] + sum(s["dropped"].values())
+        counted = s["learned_here"] + s["thinned"]["overload"] + sum(s["dropped"].values())
+        assert s["accepted"] + s["replayed"] == counted and s["learned"] == s["learned_here"]
         metrics = restarted.get("/metrics").text
         assert "leadtime_observations_replayed_total 300.0" in metrics
         assert "leadtime_observations_learned_total 500.0" in metrics

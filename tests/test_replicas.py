@@ -199,6 +199,32 @@ def test_a_flush_on_a_also_flushes_its_backlog_and_b_learns_those_rows_all_the_s
     assert a.status()["ingestion"]["dropped"]["flushed"] == 300
 
 
+def test_the_learned_count_is_the_rows_the_serving_model_has_learned_also_after_an_adoption(
+    start_replicas: Callable[..., list[Replica]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: `ingestion.learned` added up what each lineage of this replica's learner had learned, so a replica
+    that adopted a model behind its own position (rows read and learned again) counted those rows twice: 6,312
+    against a stream of 6,000; and a replica that replayed rows, then adopted a model, said 0 while serving a model
+    that had learned 14,500. It is the rows the serving model has learned, whoever learned them; the rows this
+    process's learner has learned, again or not, are `learned_here` (the counter behind
+    leadtime_observations_learned_total, which never goes down)."""
+    a, b = start_replicas(retrain_every=100_000)  # no retrain: the one publication is the test's
+    a.send(training_entries(200, seed=21))
+    assert wait_until(lambda: a.learned() == 200 and b.learned() == 200, timeout_s=30)
+    monkeypatch.setattr(a.runtime, "_ingest_turn", lambda: time.sleep(0.01))  # A stops at 200 rows
+    a.send(training_entries(100, seed=22))
+    assert wait_until(lambda: b.status()["ingestion"]["learned"] == 300, timeout_s=30)
+    assert a.runtime.predictor is not None
+    version = a.runtime.publish(a.runtime.predictor)  # at 200 rows: B adopts it and learns the last 100 again
+    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=10)
+    assert wait_until(lambda: b.status()["ingestion"]["pending"] == 0 and b.learned() == 300, timeout_s=30)
+    ingestion = b.status()["ingestion"]
+    assert ingestion["learned"] == 300, ingestion  # the stream's 300 rows, each once in the model
+    assert ingestion["learned_here"] == 400, ingestion  # B's learner learned 100 of them twice
+    assert "leadtime_observations_learned_total 400.0" in b.client.get("/metrics").text
+    assert a.status()["ingestion"]["learned"] == 200
+
+
 def test_a_model_published_by_a_is_served_by_b(
     start_replicas: Callable[..., list[Replica]],
 ) -> None:

@@ -46,6 +46,19 @@ log = logging.getLogger("leadtime.service")
 
 CURSOR_KEY = "stream_cursor"  # artifact metadata: the observation-stream position the model has learned to
 STREAM_KEY = "stream"  # artifact metadata: which stream that position is in (`Store.stream_name`)
+# Artifact metadata: the rows the model has learned over its life, whichever process or replica learned them (it
+# travels with the model through publications, adoptions and --model-dir).
+LEARNED_ROWS_KEY = "learned_rows"
+
+
+def learned_rows(predictor: OnlinePredictor) -> int:
+    """The rows `predictor` has learned over its life (`LEARNED_ROWS_KEY`). A model that does not record them (saved
+    by an earlier build, or made outside the service: `leadtime retrain`) is taken to have learned as many as the
+    target it observed most often: each row observes one target or both."""
+    recorded = predictor.metadata.get(LEARNED_ROWS_KEY)
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 0:
+        return recorded
+    return max((int(n) for n in predictor.status()["observations"].values()), default=0)
 
 
 @dataclass
@@ -224,8 +237,10 @@ class _Child:
                 return
             parsed = self.parser.parse_observations(good)
         try:
+            before = learned_rows(self.predictor)
             self.predictor.learn_many(parsed.rows, parsed.actual_ttft_ms, parsed.actual_tpot_ms)
             self.learned += len(parsed.actual_ttft_ms)
+            self.predictor.metadata[LEARNED_ROWS_KEY] = before + len(parsed.actual_ttft_ms)
         except (FeatureError, ValueError) as err:
             self.invalid += len(parsed.actual_ttft_ms)
             log.warning("learner refused %d observations: %s", len(parsed.actual_ttft_ms), err)

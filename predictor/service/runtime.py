@@ -49,6 +49,7 @@ from leadtime.predictor.service.learning import (
     LearnerProcess,
     LearnerReport,
     Snapshot,
+    learned_rows,
 )
 from leadtime.predictor.service.model_dir import ModelDirFile
 from leadtime.predictor.service.rows import ParsedObservations, RowParser
@@ -1284,11 +1285,15 @@ class ServiceRuntime:
     def ingestion(self) -> dict[str, Any]:
         """What became of the accepted rows: learned, thinned (evenly, to keep up), dropped per reason, pending.
 
+        Learned is the rows the serving model has learned over its life (`learned_rows`), whoever learned them: an
+        earlier process, or the replica that published a model adopted here; with a shared store it follows the
+        stream. Learned here counts the rows this process's learner has learned, a row learned again (after an
+        adoption moved the position back, or a learner restart) again: a counter that never goes down.
         Pending counts the rows waiting in the store and those handed to the learner that it has not reported
         yet. Replayed counts the rows an earlier process accepted into the shared stream that this one read back
         at start (from its model's position) to learn: they were not accepted here. With one replica,
-        accepted + replayed = learned + thinned + dropped + pending (to within the batch moving between the two
-        as this reads them). With a shared store each replica learns every replica's rows.
+        accepted + replayed = learned_here + thinned + dropped + pending (to within the batch moving between the
+        two as this reads them). With a shared store each replica learns every replica's rows.
         """
         try:
             stats = self.store.stats()
@@ -1298,12 +1303,14 @@ class ServiceRuntime:
             report = self._report
             in_lineage = (report.learned + report.invalid + report.implausible) if report is not None else 0
             in_learner = max(0, self._forwarded - in_lineage)
-            learned = self._learned_before + (report.learned if report is not None else 0)
+            learned_here = self._learned_before + (report.learned if report is not None else 0)
             invalid = self._invalid_before + (report.invalid if report is not None else 0)
             implausible = self._implausible_before + (report.implausible if report is not None else 0)
             accepted = self._accepted_rows
             replayed = self._replayed
             flushed = self._flushed_rows
+        predictor = self.predictor
+        learned = learned_rows(predictor) if predictor is not None else 0
         dropped = {k[len("dropped_") :]: int(v) for k, v in stats.items() if k.startswith("dropped_")}
         if not dropped:  # a store that counts its drops without reasons (the Redis store's outage buffer)
             dropped["store_buffer"] = int(stats.get("dropped", 0))
@@ -1315,6 +1322,7 @@ class ServiceRuntime:
             "accepted": accepted,
             "replayed": replayed,
             "learned": learned,
+            "learned_here": learned_here,
             "thinned": {"overload": int(stats.get("thinned", 0))},
             "dropped": dropped,
             "pending": int(stats.get("pending", stats.get("buffered", 0))) + in_learner,
