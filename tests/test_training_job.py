@@ -745,3 +745,26 @@ def test_a_challenger_with_a_new_quantile_tree_but_the_champions_mean_publishes(
     decision = result.report["decision"]
     assert decision["wins"] == {"ttft": True, "tpot": True} and decision["kept_mean"] == ["tpot"]
     assert decision["reason"].startswith("the challenger wins both targets")
+
+
+def test_a_misspelt_optional_field_is_named_on_stderr_and_in_the_report(sim_log: Path, tmp_path: Path) -> None:
+    """Regression: `accelerator` and `prefill_tokens_in_flight` misspelt in every row of a mixed-fleet log, the job
+    said "1500 rows used (0 malformed left out)" and published a model that took every row as the default class.
+    The rows are still used (extra keys ride along by design), but one warning line says what was not read."""
+    typo = tmp_path / "typo.jsonl"
+    renamed = {"accelerator": "accelerater", "prefill_tokens_in_flight": "prefill_tokens_inflight"}
+    rows = [{renamed.get(k, k): v for k, v in json.loads(line).items()} for line in sim_log.read_text().splitlines()]
+    typo.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["retrain", "--samples", str(typo), "--registry", str(tmp_path / "models"), "--json"]
+    done = CliRunner().invoke(app, [*args, "--report", str(tmp_path / "report")])
+    assert done.exit_code in (EXIT_PUBLISHED, EXIT_KEPT), done.output
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1, done.stderr
+    n = len(rows)
+    assert f"`accelerater` in {n} rows (did you mean `accelerator`?)" in warnings[0], warnings[0]
+    assert f"`prefill_tokens_inflight` in {n} rows (did you mean `prefill_tokens_in_flight`?)" in warnings[0]
+    assert f"`policy` in {n} rows" in warnings[0]
+    report = json.loads(done.stdout)
+    assert report["warnings"] == [warnings[0].removeprefix("warning: ")]
+    assert report["samples"]["sources"][0]["unread_keys"]["accelerater"] == n
+    assert warnings[0].removeprefix("warning: ") in (tmp_path / "report" / "report.md").read_text()

@@ -24,6 +24,7 @@ from leadtime.training import sources
 from leadtime.training.job import _split
 from leadtime.training.sources import RedisSource, SampleError, SampleReader
 from leadtime.training.split import BY_READ_ORDER, BY_TIMESTAMP, split_recent
+from leadtime.training.unread import unread_keys_warning
 
 
 def llmd_lines(n: int) -> list[str]:
@@ -317,3 +318,32 @@ def test_a_source_compressed_otherwise_is_refused_in_one_line(tmp_path: Path) ->
     path.write_bytes(lzma.compress("\n".join(llmd_lines(5)).encode()))
     with pytest.raises(SampleError, match=r"rows\.jsonl\.xz: compressed with xz, which is not read \(decompress it"):
         SampleReader("h200-sxm", "qwen3-32b").read([str(path)])
+
+
+def test_keys_the_job_does_not_read_are_counted_per_source_with_the_field_they_may_be_a_slip_for(
+    tmp_path: Path,
+) -> None:
+    """Regression: a log whose class field was misspelt (`accelerater`) in every row was read as "20 rows used (0
+    malformed)", every row taken as the default class. Extra keys ride along (the simulator's `policy`), but the
+    job says which it did not read, in how many rows, and what a near-miss may have meant."""
+    rows = []
+    for i in range(20):
+        row = native_observation(i, policy="llmd_heuristic")
+        if i < 15:
+            row["accelerater"] = row.pop("accelerator")
+        if i % 2:
+            row["actual_e2e_ms"] = 900.0  # an extra of the simulator's: no near-miss of a field the job reads
+        rows.append(row)
+    path = write_lines(tmp_path / "typo.jsonl", [json.dumps(row) for row in rows])
+    samples = SampleReader("h100-sxm", "llama-3.1-8b").read([str(path)])
+    assert len(samples) == 20 and samples.malformed_total == 0
+    assert samples.sources[0].unread == {"accelerater": 15, "policy": 20, "actual_e2e_ms": 10}
+    line = unread_keys_warning(samples.sources)
+    assert line is not None
+    assert "`accelerater` in 15 rows (did you mean `accelerator`?)" in line, line
+    assert "`policy` in 20 rows" in line and "`actual_e2e_ms` in 10 rows" in line, line
+    assert "did you mean `actual" not in line, line
+    assert line.index("accelerater") < line.index("policy")  # the likely slip first
+    clean = write_lines(tmp_path / "clean.jsonl", [json.dumps(native_observation(i)) for i in range(5)])
+    read = SampleReader("h100-sxm", "llama-3.1-8b").read([str(clean)])
+    assert read.sources[0].unread == {} and unread_keys_warning(read.sources) is None

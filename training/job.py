@@ -54,6 +54,7 @@ from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN
 from leadtime.training.registry import Published, Registry, RegistryError, open_registry
 from leadtime.training.sources import SampleError, SampleReader, Samples, is_redis_url
 from leadtime.training.split import TimeSplit, split_recent
+from leadtime.training.unread import unread_keys_warning
 
 EXIT_PUBLISHED = 0
 EXIT_KEPT = 3
@@ -571,6 +572,7 @@ def _report(
     eval_stamps = stamps[split.evaluation]
     return {
         "outcome": "published" if decision.publish else "kept",
+        "warnings": _warnings(samples),
         "exit_code": EXIT_PUBLISHED if decision.publish else EXIT_KEPT,
         "registry": {
             "name": registry_name,
@@ -582,7 +584,14 @@ def _report(
         "samples": {
             "rows": len(samples),
             "sources": [
-                {"name": s.name, "kind": s.kind, "read": s.read, "used": s.used, "malformed": s.malformed}
+                {
+                    "name": s.name,
+                    "kind": s.kind,
+                    "read": s.read,
+                    "used": s.used,
+                    "malformed": s.malformed,
+                    "unread_keys": s.unread,
+                }
                 for s in samples.sources
             ],
             "malformed_total": samples.malformed_total,
@@ -619,6 +628,12 @@ def _report(
         },
         "timings_s": timings,
     }
+
+
+def _warnings(samples: Samples) -> list[str]:
+    """What the job went on despite, one line each (the CLI prints them on stderr, in every output mode)."""
+    unread = unread_keys_warning(samples.sources)
+    return [unread] if unread is not None else []
 
 
 def _predict_cost(predictor: OnlinePredictor, samples: Samples, split: TimeSplit, calls: int = 30) -> float:

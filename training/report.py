@@ -80,6 +80,8 @@ def summary_markdown(report: dict[str, Any]) -> str:
     else:
         lines.append(f"**Champion kept** (version {kept_version(registry)} in {registry['name']}).")
     lines += ["", report["decision"]["reason"], ""]
+    for warning in report.get("warnings", []):
+        lines += [f"**Warning:** {warning}", ""]
     lines += [
         "| model | target | rows | MAPE | median APE | upper-quantile loss | coverage |",
         "|---|---|---|---|---|---|---|",

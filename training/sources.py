@@ -14,6 +14,9 @@ is not one, neither target observed, or a latency the service's poisoning guard 
 Each is recorded with its source and where in it (line, row or stream entry id), counted per source, and left
 out; a source whose malformed share exceeds the configured bound stops the job (`SampleError`), because that is
 more likely the wrong file than a few bad rows.
+
+Keys a row carries that the parser does not read are not malformed (llm-d's rows and the simulator's log carry
+fields of their own), but they are counted per source (`unread.py`): a misspelt optional field is one of them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.store.redis_store import split_query
 from leadtime.predictor.store.stream_identity import StreamIdentity, without_credentials
 from leadtime.training.limits import MALFORMED_SHARE
+from leadtime.training.unread import KeySets
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -79,6 +83,7 @@ class SourceSummary:
     malformed: int = 0
     cursor: str | None = None  # a Redis stream's last entry id read
     stream: StreamIdentity | None = None  # which Redis stream it is
+    unread: dict[str, int] = field(default_factory=dict)  # keys no field was read from, with the rows that had each
 
     @property
     def malformed_share(self) -> float:
@@ -324,11 +329,13 @@ class SampleReader:
             summaries.append(summary)
             pending: list[_Pending] = []
             bad: list[tuple[int, Malformed]] = []  # (position in the source, row), put in source order below
+            key_sets = KeySets()
             for where, entry, problem in entries:
                 summary.read += 1
                 if problem is None:
                     problem, stamp = self._precheck(entry)
                     if problem is None:
+                        key_sets.add(entry)
                         pending.append((summary.read, where, entry, stamp))
                 if problem is not None:
                     bad.append((summary.read, Malformed(summary.name, where, problem)))
@@ -341,6 +348,7 @@ class SampleReader:
             if progress is not None:
                 progress(summary.name, summary.read)
             summary.malformed = len(bad)
+            summary.unread = key_sets.unread()
             bad.sort(key=lambda item: item[0])
             malformed.extend(row for _, row in bad[: max(0, _LISTED - len(malformed))])
             origin.append(np.full(summary.used, index, dtype=np.intp))

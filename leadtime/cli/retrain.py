@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import CATALOG_HELP, app, catalog_option, fail, hardware_options
+from leadtime.cli.common import CATALOG_HELP, app, catalog_option, fail, hardware_options, warn
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN, OutOfRange
 
 OPTION_OF = {"eval_share": "--eval-share", "margin": "--margin", "max_malformed_share": "--max-malformed-share"}
@@ -81,5 +81,7 @@ def retrain(
         fail(err.named(OPTION_OF.get(err.field, err.field)))
     except (RetrainError, ValueError, OSError) as err:
         fail(err)
+    for line in result.report["warnings"]:  # on stderr, so also beside --json's one object on stdout
+        warn(line)
     print_result(result.report, as_json=json_out)
     raise typer.Exit(result.exit_code)
