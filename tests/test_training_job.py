@@ -768,3 +768,37 @@ def test_a_misspelt_optional_field_is_named_on_stderr_and_in_the_report(sim_log:
     assert report["warnings"] == [warnings[0].removeprefix("warning: ")]
     assert report["samples"]["sources"][0]["unread_keys"]["accelerater"] == n
     assert warnings[0].removeprefix("warning: ") in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_log_written_newest_first_is_judged_on_its_newest_rows_and_a_slice_behind_the_history_is_warned_of(
+    sim_log: Path, tmp_path: Path
+) -> None:
+    """Regression: a file whose timestamps strictly decrease was split in read order, judged on its oldest rows,
+    and published with exit 0 and nothing on stderr under --json. One file is ordered by its timestamps; where the
+    order still cannot follow them (two files whose clocks disagree) the job warns that the slice is not the
+    most recent, in every output mode."""
+    rows = [json.loads(line) for line in sim_log.read_text().splitlines()]
+    for i, row in enumerate(rows):
+        row["timestamp"] = 1_000.0 + i  # one second apart: the file spans more than the tolerance
+    newest_first = tmp_path / "rev.jsonl"
+    newest_first.write_text("".join(json.dumps(row) + "\n" for row in reversed(rows)))
+    args = ["retrain", "--registry", str(tmp_path / "one"), "--json"]
+    done = CliRunner().invoke(app, [*args, "--samples", str(newest_first)])
+    assert done.exit_code in (EXIT_PUBLISHED, EXIT_KEPT), done.output
+    samples = json.loads(done.stdout)["samples"]
+    assert samples["ordered_by"] == "timestamp"
+    assert samples["evaluation_from"] == 1_000.0 + len(rows) - samples["evaluation_rows"]
+    assert "evaluation slice" not in done.stderr, done.stderr
+    half = len(rows) // 2
+    older, newer = tmp_path / "older.jsonl", tmp_path / "newer.jsonl"
+    older.write_text("".join(json.dumps(row) + "\n" for row in reversed(rows[:half])))
+    newer.write_text("".join(json.dumps(row) + "\n" for row in reversed(rows[half:])))
+    args = ["retrain", "--registry", str(tmp_path / "two"), "--json", "--samples", str(newer), "--samples", str(older)]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code in (EXIT_PUBLISHED, EXIT_KEPT), done.output
+    report = json.loads(done.stdout)
+    assert report["samples"]["ordered_by"] == "read order"
+    warnings = [line.removeprefix("warning: ") for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert report["warnings"] == warnings  # the simulator's `policy` key is named too
+    late = [line for line in warnings if "evaluation slice starts" in line]
+    assert len(late) == 1 and "newer.jsonl" in late[0], done.stderr  # why: the source whose timestamps go back

@@ -53,7 +53,7 @@ from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Train
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN
 from leadtime.training.registry import Published, Registry, RegistryError, open_registry
 from leadtime.training.sources import SampleError, SampleReader, Samples, is_redis_url
-from leadtime.training.split import TimeSplit, split_recent
+from leadtime.training.split import TimeSplit, evaluation_overlap_s, split_recent
 from leadtime.training.unread import unread_keys_warning
 
 EXIT_PUBLISHED = 0
@@ -379,7 +379,9 @@ def _read(config: RetrainConfig, accelerator: str, model: str, bar: _Progress) -
 
 def _split(samples: Samples, eval_share: float) -> TimeSplit:
     try:
-        return split_recent(samples.timestamps, eval_share, samples.source, [s.name for s in samples.sources])
+        names = [s.name for s in samples.sources]
+        streams = [s.kind == "redis" for s in samples.sources]  # in the order Redis took them
+        return split_recent(samples.timestamps, eval_share, samples.source, names, streams=streams)
     except ValueError as err:
         raise RetrainError(str(err)) from None
 
@@ -572,7 +574,7 @@ def _report(
     eval_stamps = stamps[split.evaluation]
     return {
         "outcome": "published" if decision.publish else "kept",
-        "warnings": _warnings(samples),
+        "warnings": _warnings(samples, split),
         "exit_code": EXIT_PUBLISHED if decision.publish else EXIT_KEPT,
         "registry": {
             "name": registry_name,
@@ -630,10 +632,20 @@ def _report(
     }
 
 
-def _warnings(samples: Samples) -> list[str]:
+def _warnings(samples: Samples, split: TimeSplit) -> list[str]:
     """What the job went on despite, one line each (the CLI prints them on stderr, in every output mode)."""
+    lines = []
     unread = unread_keys_warning(samples.sources)
-    return [unread] if unread is not None else []
+    if unread is not None:
+        lines.append(unread)
+    overlap = evaluation_overlap_s(samples.timestamps, split)
+    if overlap is not None:
+        why = f"ordered by {split.basis}" + (f": {split.reason}" if split.reason else "")
+        lines.append(
+            f"the evaluation slice starts {overlap:.0f} s before the history's latest timestamp ({why}): it is not "
+            "the most recent rows by their timestamps"
+        )
+    return lines
 
 
 def _predict_cost(predictor: OnlinePredictor, samples: Samples, split: TimeSplit, calls: int = 30) -> float:

@@ -6,15 +6,20 @@ the most recent share becomes the evaluation slice on which champion and challen
 hyper-parameter search runs scikit-learn's `TimeSeriesSplit` folds inside the history before it (each fold fits
 on a past and validates on the block right after it).
 
-The order each source received its rows in is the one order no clock can upset: the service's stream is in the
-order Redis took them, a JSONL file in the order its lines were written. The rows' timestamps are the clocks of
-the routers that sent them, which can run apart: a router an hour ahead would supply the whole evaluation slice if
-rows were sorted by timestamp, and a year-9999 timestamp would always be judged on. So timestamps only merge
-sources, and only when they agree with arrival order: every row has one, none is more than `AGREEMENT_S` ahead of
-this host's clock, and in no source does a row's timestamp fall more than `AGREEMENT_S` behind one that arrived
-before it (clocks a little apart and requests of different lengths stay within that). Each source then keeps its
-own order, placed among the others by the latest timestamp seen in it so far. Otherwise the order is the order
-the rows were read in, sources in the order given, and the split says why.
+Which order the rows are in is a question of clocks. The rows' timestamps are the clocks of the routers that
+sent them, which can run apart: a router an hour ahead would supply the whole evaluation slice if rows from several
+were sorted by timestamp, and a year-9999 timestamp would always be judged on. The service's Redis stream is in
+the order Redis took its rows, the one order no router's clock can upset. A file's lines are in whatever order it
+was exported in (newest first, shuffled), so one file alone is put in the order of its timestamps: one file is one
+log, and its line order no arrival order (ties keep their line order).
+
+Otherwise timestamps only merge sources, and only when they agree with arrival order: every row has one, none is
+more than `AGREEMENT_S` ahead of this host's clock, and in no source does a row's timestamp fall more than
+`AGREEMENT_S` behind one that arrived before it (clocks a little apart and requests of different lengths stay
+within that). Each source then keeps its own order, placed among the others by the latest timestamp seen in it so
+far. Otherwise the order is the order the rows were read in, sources in the order given, and the split says why;
+when the evaluation slice that results starts more than `AGREEMENT_S` before the history's latest timestamp
+(`evaluation_overlap_s`), the job warns that it is not the most recent rows by their timestamps.
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ def time_order(
     source: np.ndarray | None = None,
     names: Sequence[str] = (),
     now: float | None = None,
+    streams: Sequence[bool] = (),
 ) -> tuple[np.ndarray, str, str]:
     """Row indices in time order, what the order rests on (`BY_TIMESTAMP` or `BY_READ_ORDER`) and, for read
-    order, why the timestamps were not used. `source`: each row's source (one source if None), `names` theirs;
-    `now`: this host's clock (time.time() if None).
+    order, why the timestamps were not used. `source`: each row's source (one source if None), `names` theirs,
+    `streams` whether each is a stream in the order it received its rows (a file if not given); `now`: this host's
+    clock (time.time() if None).
 
     >>> order, basis, why = time_order(np.array([1.0, 3.0, 2.0, 4.0]), np.array([0, 0, 1, 1]), now=10.0)
     >>> order.tolist(), basis
@@ -58,8 +65,11 @@ def time_order(
     if ahead > AGREEMENT_S:
         return read_order, BY_READ_ORDER, f"a timestamp is {ahead:.0f} s ahead of this host's clock"
     source = np.zeros(n, dtype=np.intp) if source is None else np.asarray(source)
+    present = np.unique(source)
+    if len(present) == 1 and not (present[0] < len(streams) and streams[present[0]]):
+        return np.argsort(timestamps, kind="stable"), BY_TIMESTAMP, ""  # one file: one log, in any line order
     latest = np.empty(n)  # per row, the latest timestamp of its source up to it, in arrival order
-    for index in np.unique(source):
+    for index in present:
         rows = np.flatnonzero(source == index)
         latest[rows] = np.maximum.accumulate(timestamps[rows])
         back = float((latest[rows] - timestamps[rows]).max())
@@ -91,6 +101,7 @@ def split_recent(
     source: np.ndarray | None = None,
     names: Sequence[str] = (),
     now: float | None = None,
+    streams: Sequence[bool] = (),
 ) -> TimeSplit:
     """The most recent `eval_share` of the rows (at least one) as the evaluation slice, the rest as history
     (`time_order` takes the other arguments).
@@ -101,11 +112,26 @@ def split_recent(
     """
     if not 0.0 < eval_share < 1.0:
         raise ValueError(f"eval_share must be in (0, 1), got {eval_share}")
-    order, basis, reason = time_order(timestamps, source, names, now)
+    order, basis, reason = time_order(timestamps, source, names, now, streams)
     n_eval = max(1, int(round(len(order) * eval_share)))
     if n_eval >= len(order):
         raise ValueError(f"{len(order)} rows cannot be split into a history and an evaluation slice")
     return TimeSplit(order[:-n_eval], order[-n_eval:], basis, reason)
+
+
+def evaluation_overlap_s(timestamps: np.ndarray, split: TimeSplit) -> float | None:
+    """How many seconds the evaluation slice starts before the history's latest timestamp, when that is more than
+    `AGREEMENT_S` (its rows are then not the most recent by their timestamps); None otherwise, or without a
+    timestamp on every row.
+
+    >>> s = TimeSplit(np.array([0, 1]), np.array([2]), BY_READ_ORDER)
+    >>> evaluation_overlap_s(np.array([0.0, 900.0, 100.0]), s), evaluation_overlap_s(np.array([0.0, 1.0, 2.0]), s)
+    (800.0, None)
+    """
+    if not len(split.history) or not np.isfinite(timestamps).all():
+        return None
+    overlap = float(timestamps[split.history].max() - timestamps[split.evaluation].min())
+    return overlap if overlap > AGREEMENT_S else None
 
 
 def search_folds(n: int, folds: int) -> list[tuple[np.ndarray, np.ndarray]]:
