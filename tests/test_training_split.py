@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from leadtime.training.split import AGREEMENT_S, BY_READ_ORDER, BY_TIMESTAMP, evaluation_overlap_s, split_recent
+from leadtime.training.split import (
+    AGREEMENT_S,
+    BY_ARRIVAL_MERGED,
+    BY_READ_ORDER,
+    BY_TIMESTAMP,
+    evaluation_overlap_s,
+    split_recent,
+)
 
 NOW = 1_796_459_931.0
 
@@ -39,7 +46,7 @@ def test_timestamps_that_agree_with_arrival_interleave_sources_and_keep_each_sou
     stamps = np.concatenate([a, b])
     source = np.array([0] * 5 + [1] * 3)
     split = split_recent(stamps, 0.25, source=source, now=NOW)
-    assert split.basis == BY_TIMESTAMP and split.reason == ""
+    assert split.basis == BY_ARRIVAL_MERGED and split.reason == ""
     assert np.concatenate([split.history, split.evaluation]).tolist() == [0, 1, 2, 5, 3, 6, 4, 7]
     assert split.evaluation.tolist() == [4, 7]
 
@@ -83,3 +90,17 @@ def test_a_stream_keeps_its_arrival_order_and_an_evaluation_slice_behind_the_his
     assert split.basis == BY_READ_ORDER and split.evaluation.tolist() == list(range(900, 1_000))
     overlap = evaluation_overlap_s(stamps, split)
     assert overlap is not None and overlap > AGREEMENT_S
+
+
+def test_the_order_says_what_was_done_with_timestamps_a_little_behind_their_line_order() -> None:
+    """Regression: one source whose last 600 rows were stamped 200 s back (within the tolerance) was reported as
+    ordered by "timestamp" while its evaluation slice started 200 s before the history's latest timestamp. One file
+    is now sorted by its timestamps; several sources keep each its arrival order, and the order says so."""
+    stamps = NOW - 3_000 + np.arange(3_000, dtype=float) * 0.27
+    stamps[-600:] -= 200.0
+    one = split_recent(stamps, 0.2, now=NOW)
+    assert one.basis == BY_TIMESTAMP
+    assert stamps[one.evaluation].min() >= stamps[one.history].max()
+    two = split_recent(stamps, 0.2, source=np.repeat([0, 1], [1_500, 1_500]), now=NOW)
+    assert two.basis == BY_ARRIVAL_MERGED and two.basis != BY_TIMESTAMP
+    assert evaluation_overlap_s(stamps, two) is None  # within the tolerance: no warning

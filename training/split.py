@@ -32,6 +32,9 @@ import numpy as np
 from sklearn.model_selection import TimeSeriesSplit
 
 BY_TIMESTAMP = "timestamp"
+BY_ARRIVAL_MERGED = "arrival order, sources merged by timestamp"
+"""Each source in its own order, placed among the others by its latest timestamp so far: not a sort by timestamp
+(a row up to `AGREEMENT_S` behind an earlier one keeps its place), and the label says so."""
 BY_READ_ORDER = "read order"
 AGREEMENT_S = 300.0
 """How far a row's timestamp may fall behind one that arrived before it in its source, or run ahead of this host's
@@ -45,14 +48,14 @@ def time_order(
     now: float | None = None,
     streams: Sequence[bool] = (),
 ) -> tuple[np.ndarray, str, str]:
-    """Row indices in time order, what the order rests on (`BY_TIMESTAMP` or `BY_READ_ORDER`) and, for read
-    order, why the timestamps were not used. `source`: each row's source (one source if None), `names` theirs,
-    `streams` whether each is a stream in the order it received its rows (a file if not given); `now`: this host's
-    clock (time.time() if None).
+    """Row indices in time order, what the order rests on (`BY_TIMESTAMP`, `BY_ARRIVAL_MERGED` or `BY_READ_ORDER`)
+    and, for read order, why the timestamps were not used. `source`: each row's source (one source if None),
+    `names` theirs, `streams` whether each is a stream in the order it received its rows (a file if not given);
+    `now`: this host's clock (time.time() if None).
 
     >>> order, basis, why = time_order(np.array([1.0, 3.0, 2.0, 4.0]), np.array([0, 0, 1, 1]), now=10.0)
     >>> order.tolist(), basis
-    ([0, 2, 1, 3], 'timestamp')
+    ([0, 2, 1, 3], 'arrival order, sources merged by timestamp')
     >>> time_order(np.array([3.0, np.nan]))[1:]
     ('read order', 'not every row has a timestamp')
     """
@@ -81,7 +84,7 @@ def time_order(
                 f"in {name} a timestamp goes {back:.0f} s back against the order the rows arrived in "
                 "(clocks that disagree)",
             )
-    return np.argsort(latest, kind="stable"), BY_TIMESTAMP, ""
+    return np.argsort(latest, kind="stable"), BY_ARRIVAL_MERGED, ""
 
 
 @dataclass(frozen=True)
