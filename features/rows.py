@@ -85,6 +85,9 @@ PREDICTED_FIELDS = (
 # (`refuse_unknown_fields`), where llm-d's paths ignore what they do not know.
 NATIVE_ROW_FIELDS = frozenset((*LLMD_FIELDS, *LEADTIME_ROW_FIELDS, "role"))
 NATIVE_OBSERVATION_FIELDS = NATIVE_ROW_FIELDS | {*ACTUAL_FIELDS, *PREDICTED_FIELDS, "timestamp"}
+ROUTED_BY_FIELD = "policy"
+"""The routing policy an observation log's row names (the simulator's `--out` log): what routed the request, no
+feature; readers of such logs pass it by without a word."""
 MAX_PREDICTED_MS = 1e12
 """The most milliseconds a served prediction says (about 32 years: an infinity or overflow is served as this), and
 so the most a predicted_* field may carry: a value above it was never a prediction of this service, and one near

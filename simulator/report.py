@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from leadtime.features.rows import observation_to_llmd
+from leadtime.features.rows import ROUTED_BY_FIELD, observation_to_llmd
 from leadtime.plots import draw_cdf, shared_legend
 from leadtime.simulator.engine import FailedRequest, SimResult
 
@@ -92,7 +92,7 @@ def write_observations(results: list[SimResult], path: Path) -> int:
             for obs in result.observations:
                 row = observation_to_llmd(obs)
                 row["prefix_hit_tokens"] = obs.row.request.prefix_hit_tokens
-                row["policy"] = result.policy
+                row[ROUTED_BY_FIELD] = result.policy
                 handle.write(json.dumps(row) + "\n")
                 n += 1
     return n

@@ -1,10 +1,10 @@
 """Keys of the sources' rows that the retraining job does not read, and the one warning line that names them.
 
 A row may carry keys Leadtime does not read: llm-d's rows ride along with fields of their own, the simulator's log
-with `policy` and `actual_e2e_ms`. They are not refused. But an optional field misspelt (`accelerater`) is such a
-key too, and the row is then read as if the field were absent: every row of a mixed fleet taken as the default
-class, with nothing said. So the job counts the keys it did not read, per source, and says so in one line, with the
-field a key may be a slip for.
+with `policy` (Leadtime's own, passed by in silence). They are not refused. But an optional field misspelt
+(`accelerater`) is such a key too, and the row is then read as if the field were absent: every row of a mixed fleet
+taken as the default class, with nothing said. So the job counts the keys it did not read, per source, and says so
+in one line, with the field a key may be a slip for.
 
 Counting is per distinct key set (rows of one log nearly all share one), so a row costs one tuple of its keys and a
 dictionary look-up; the names are compared with the fields only once per key set.
@@ -17,11 +17,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from leadtime.features.rows import NATIVE_OBSERVATION_FIELDS
+from leadtime.features.rows import NATIVE_OBSERVATION_FIELDS, ROUTED_BY_FIELD
 
 READ_FIELDS = NATIVE_OBSERVATION_FIELDS
 """Every key the service's parser reads from a training entry (llm-d's row, Leadtime's extras, the actuals, what
 had been predicted, the timestamp)."""
+KNOWN_UNREAD = frozenset({ROUTED_BY_FIELD})
+"""Keys Leadtime's own logs carry that the job has no use for (the simulator's routing policy): not named, so that
+the warning speaks only of what may be a slip or another writer's field."""
 NEAR_MISS = 0.8
 """How alike (difflib's ratio) a key must be to a field to be named as its likely slip. Higher than difflib's 0.6:
 at 0.6 the simulator's own `actual_e2e_ms` would be taken for a slip of `actual_ttft_ms`."""
@@ -43,7 +46,7 @@ class KeySets:
         rows: Counter[str] = Counter()
         for keys, n in self._counts.items():
             for key in keys:
-                if key not in READ_FIELDS:
+                if key not in READ_FIELDS and key not in KNOWN_UNREAD:
                     rows[str(key)] += n
         return dict(rows.most_common())
 
