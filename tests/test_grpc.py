@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from waiting import wait_for
 
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
-from leadtime.predictor.grpc.server import start_grpc_server
+from leadtime.predictor.grpc.server import serve_grpc, start_grpc_server
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
 
@@ -201,12 +202,14 @@ def test_regenerating_the_grpc_modules_gives_the_committed_files(tmp_path: Path)
 
 def test_grpc_health_checks_answer_readiness_as_kubernetes_probes_ask() -> None:
     """grpc.health.v1 (what kubelet's gRPC probe and grpc_health_probe call): SERVING once predictions can be
-    served, NOT_SERVING before and after; a service the process does not have is NOT_FOUND; no token needed."""
+    served, NOT_SERVING before and while stopping; a service the process does not have is NOT_FOUND; no token
+    needed. The server is started as `serve` starts it (registered with the runtime, stopped by its stop): turned
+    NOT_SERVING only after the server had stopped, probes went from SERVING straight to a refused connection."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     app = create_app(ServiceSettings(api_token="tok"))
     runtime = app.state.runtime
-    server, port = start_grpc_server(runtime, "127.0.0.1", 0)
+    server, port = serve_grpc(runtime, "127.0.0.1", 0)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
@@ -216,14 +219,30 @@ def test_grpc_health_checks_answer_readiness_as_kubernetes_probes_ask() -> None:
 
             serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
             assert status("") == status("leadtime.v1.Predictor") == not_serving  # not started yet
-            with TestClient(app):
-                assert status("") == status("leadtime.v1.Predictor") == serving
-                with pytest.raises(grpc.RpcError) as err:
-                    status("leadtime.v1.Nope")
-                assert err.value.code() == grpc.StatusCode.NOT_FOUND
-                listed = health.List(health_pb2.HealthListRequest(), timeout=5).statuses
-                assert {name: listed[name].status for name in listed} == {"": serving, "leadtime.v1.Predictor": serving}
-            assert status("") == not_serving  # stopped
+            client = TestClient(app)
+            client.__enter__()
+            assert status("") == status("leadtime.v1.Predictor") == serving
+            with pytest.raises(grpc.RpcError) as err:
+                status("leadtime.v1.Nope")
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            listed = health.List(health_pb2.HealthListRequest(), timeout=5).statuses
+            assert {name: listed[name].status for name in listed} == {"": serving, "leadtime.v1.Predictor": serving}
+            stopping = threading.Thread(target=client.__exit__, args=(None, None, None))
+            stopping.start()  # the app's lifespan stops the runtime, which stops the server
+            seen: list[str] = []
+            while stopping.is_alive():
+                try:
+                    answer = health_pb2.HealthCheckResponse.ServingStatus.Name(status(""))
+                except grpc.RpcError as refused:
+                    answer = refused.code().name
+                if not seen or seen[-1] != answer:
+                    seen.append(answer)
+                time.sleep(0.005)
+            stopping.join()
+            assert "NOT_SERVING" in seen and "SERVING" not in seen[seen.index("NOT_SERVING") :], seen
+            with pytest.raises(grpc.RpcError) as err:
+                status("")
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # then the port closes
     finally:
         server.stop(grace=None)
 

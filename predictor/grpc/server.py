@@ -42,6 +42,11 @@ T = TypeVar("T")
 MAX_OPEN_STREAMS = 4
 """ObserveStream calls open at once; one more is refused (RESOURCE_EXHAUSTED) rather than queued behind them."""
 WORKER_THREADS = MAX_OPEN_STREAMS + 4
+STOPPING_NOTICE_S = 0.5
+"""At a stop, how long health answers NOT_SERVING (and writes UNAVAILABLE) before the server stops taking calls:
+a stopping gRPC server refuses every new call, so a probe would otherwise see only the port go away."""
+STOP_GRACE_S = 1.0
+"""Then, how long the calls in flight are given to finish before gRPC cancels them."""
 
 # The fields of the messages, read off the proto descriptor (the proto is where they are defined).
 ROW_FIELDS = tuple(field.name for field in pb.Row.DESCRIPTOR.fields)
@@ -121,6 +126,7 @@ STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (StoreClosed, grpc.StatusCode.UNAVAILABLE),
 )
 """The status each refusal is answered with."""
+STOPPING_MESSAGE = "the service is stopping: nothing was accepted (send it to another replica)"
 REFUSALS = tuple(kind for kind, _ in STATUS_OF)
 
 
@@ -131,14 +137,19 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         self.runtime = runtime
         self._streams = threading.BoundedSemaphore(MAX_OPEN_STREAMS)
 
-    def _call(self, method: str, context: grpc.ServicerContext, body: Callable[[], T]) -> T:
-        """Timing, metrics and the mapping of errors to status codes, shared by every method."""
+    def _call(self, method: str, context: grpc.ServicerContext, body: Callable[[], T], write: bool = False) -> T:
+        """Timing, metrics and the mapping of errors to status codes, shared by every method. While the service
+        stops, reads are still answered (the model is there until the server has stopped) and writes refused,
+        none kept, so that their client sends them to another replica."""
         started = time.perf_counter()
         code = grpc.StatusCode.OK
         try:
-            if not self.runtime.ready:
+            if self.runtime.predictor is None:
                 code = grpc.StatusCode.UNAVAILABLE
                 context.abort(code, "the predictor is not ready: the service has not finished starting")
+            if write and not self.runtime.ready:
+                code = grpc.StatusCode.UNAVAILABLE
+                context.abort(code, STOPPING_MESSAGE)
             return body()
         except REFUSALS as err:
             code = next(code for kind, code in STATUS_OF if isinstance(err, kind))
@@ -240,7 +251,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
                 raise request.error("request")
             return pb.ObserveResponse(accepted=self._accept(request.observations, context))
 
-        return self._call("Observe", context, body)
+        return self._call("Observe", context, body, write=True)
 
     def ObserveStream(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:  # noqa: N802
         """Accept a client stream of batches, each on arrival."""
@@ -257,7 +268,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             finally:
                 self._streams.release()
 
-        return self._call("ObserveStream", context, body)
+        return self._call("ObserveStream", context, body, write=True)
 
     def _accept_stream(self, batches: Iterator[Any], context: grpc.ServicerContext) -> int:
         total = 0
@@ -336,4 +347,18 @@ def start_grpc_server(
     if bound == 0:
         raise OSError(f"cannot serve gRPC on {host}:{port}: the port is taken or the address is not this machine's")
     server.start()
+    return server, bound
+
+
+def serve_grpc(runtime: ServiceRuntime, host: str, port: int) -> tuple[grpc.Server, int]:
+    """`start_grpc_server`, stopped by `runtime.stop()` (as `leadtime serve` runs it): the runtime turns not
+    ready first, health answers NOT_SERVING for `STOPPING_NOTICE_S`, then the server stops with its grace, before
+    the store closes."""
+    server, bound = start_grpc_server(runtime, host, port)
+
+    def stop() -> None:
+        time.sleep(STOPPING_NOTICE_S)
+        server.stop(grace=STOP_GRACE_S).wait()
+
+    runtime.add_server(stop)
     return server, bound

@@ -152,6 +152,7 @@ class ServiceRuntime:
         self._restarts_seen = 0
         self._stop = threading.Event()
         self._closing = threading.Event()  # a signal said stop; `stop()` has not run yet
+        self._stopping = threading.Event()  # `stop()` has begun: not ready, while the servers in front wind down
         self._threads: list[threading.Thread] = []
         self._server_stops: list[Callable[[], None]] = []  # servers in front of this runtime (`add_server`)
         self._loop_errors: dict[str, str] = {}
@@ -212,13 +213,16 @@ class ServiceRuntime:
 
     def add_server(self, stop: Callable[[], None]) -> None:
         """A server in front of this runtime that the app's lifespan does not stop (gRPC): `stop` (which waits
-        for its grace) runs first in `stop()`, while the store still takes what its calls in flight accept.
-        Stopped after, a stream open at the signal went on accepting into a closed store."""
+        for its grace) runs first in `stop()`, once the runtime answers not ready and while the store still takes
+        what its calls in flight accept. Stopped after, a stream open at the signal went on accepting into a
+        closed store."""
         self._server_stops.append(stop)
 
     def stop(self) -> None:
-        """Stop the servers in front (`add_server`), then the learner process and the loops, hand the training
-        lease over; close the store if the app owns it."""
+        """Turn not ready, stop the servers in front (`add_server`), then the learner process and the loops, hand
+        the training lease over; close the store if the app owns it. Not ready first: a server in front can then
+        answer its health checks NOT_SERVING while it winds down, rather than only close its port."""
+        self._stopping.set()
         stops, self._server_stops = self._server_stops, []
         for stop_server in stops:
             try:
@@ -284,7 +288,7 @@ class ServiceRuntime:
     @property
     def ready(self) -> bool:
         """Whether predictions can be served (a model is installed and the service is not stopping)."""
-        return self.predictor is not None and not self._stop.is_set()
+        return self.predictor is not None and not self._stopping.is_set()
 
     def _take_default_class(self, predictor: OnlinePredictor) -> None:
         """Rows that name no class (llm-d's never do) are of the class the first model learned them as, unless

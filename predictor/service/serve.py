@@ -157,7 +157,7 @@ def serve(settings: ServiceSettings) -> None:
     (the CLI prints it and exits 2); so does a Redis URL that cannot be used (`StoreError`). Ctrl-C or SIGTERM
     shuts it down quietly: the learner process ignores both, the service stops it.
     """
-    from leadtime.predictor.grpc.server import start_grpc_server
+    from leadtime.predictor.grpc.server import STOP_GRACE_S, serve_grpc
 
     check_role(settings)
     if settings.grpc_port and settings.grpc_port == settings.port:
@@ -179,10 +179,9 @@ def serve(settings: ServiceSettings) -> None:
     grpc_server = None
     scheme, tls = ("https", " over TLS") if settings.tls else ("http", "")
     if settings.grpc_port:
-        grpc_server, port = start_grpc_server(runtime, settings.host, settings.grpc_port)
-        # Stopped (with its grace) before the runtime stops its loops and closes the store, not after uvicorn
-        # returns: the app's lifespan stops the runtime first.
-        runtime.add_server(lambda: grpc_server.stop(grace=1.0).wait())
+        # Stopped (with its grace) by the runtime before it stops its loops and closes the store, not after
+        # uvicorn returns: the app's lifespan stops the runtime first.
+        grpc_server, port = serve_grpc(runtime, settings.host, settings.grpc_port)
         log.info("gRPC%s on %s:%d", tls, settings.host, port)
     else:
         log.info("gRPC off (grpc_port 0)")
@@ -238,5 +237,5 @@ def serve(settings: ServiceSettings) -> None:
         _Server(config, runtime).run(sockets=sockets)
     finally:
         if grpc_server is not None:
-            grpc_server.stop(grace=1.0).wait()
+            grpc_server.stop(grace=STOP_GRACE_S).wait()
         log.info("stopped")
