@@ -294,6 +294,43 @@ def test_an_observation_stream_still_open_when_the_store_closes_is_refused_unava
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+def test_an_observation_stream_open_at_a_stop_ends_unavailable_naming_what_was_accepted() -> None:
+    """At a stop, gRPC cancelled a stream still open after its grace ("Cancelling all calls", no count) before the
+    store closed: every batch was kept, but the client, told nothing, sent the whole stream again. Each open stream
+    is told first and ends with its own UNAVAILABLE naming how many observations were accepted."""
+    app = create_app(ServiceSettings(api_token="tok"))
+    runtime = app.state.runtime
+    server, port = serve_grpc(runtime, "127.0.0.1", 0)
+    release = threading.Event()
+
+    def batches() -> Iterator[Any]:
+        for i in range(3):
+            yield pb.ObserveRequest(observations=[observation(i)])
+        release.wait(20)  # open, sending nothing, when the service stops
+
+    try:
+        client = TestClient(app)
+        client.__enter__()
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.PredictorStub(channel)
+            call = stub.ObserveStream.future(batches(), timeout=20, metadata=(("authorization", "Bearer tok"),))
+            wait_for(lambda: runtime.ingestion()["accepted"] == 3, 10, "the stream's three batches accepted")
+            started = time.monotonic()
+            client.__exit__(None, None, None)  # the app's lifespan stops the runtime, which stops the server
+            with pytest.raises(grpc.RpcError) as err:
+                call.result(timeout=10)
+            release.set()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+        details = err.value.details() or ""
+        assert "batches[3]" in details and "stopping" in details, details
+        assert "(3 observations of the batches before it were accepted)" in details, details
+        assert runtime.ingestion()["accepted"] == 3
+        assert time.monotonic() - started < 10
+    finally:
+        release.set()
+        server.stop(grace=None)
+
+
 def test_the_readmes_grpcurl_example_calls_a_real_method_with_a_body_it_answers(served: tuple[TestClient, Any]) -> None:
     """The service has no gRPC reflection, so the README shows grpcurl given the .proto: its file, port, service,
     method and JSON body must be what a fresh service answers (grpcurl reads the body as protobuf's JSON mapping)."""

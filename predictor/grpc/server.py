@@ -11,9 +11,9 @@ until its client ends it, so at most `MAX_OPEN_STREAMS` are open at once and the
 
 from __future__ import annotations
 
+import itertools
 import operator
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -28,6 +28,7 @@ from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
 from leadtime.predictor.grpc.health import add_health_service
+from leadtime.predictor.grpc.streams import OpenStreams, ServiceStopping
 from leadtime.predictor.service.runtime import (
     BACKLOG_FULL_MESSAGE,
     MAX_OBSERVATIONS_PER_CALL,
@@ -124,6 +125,7 @@ STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (NotThisRole, grpc.StatusCode.UNIMPLEMENTED),
     (CallerGone, grpc.StatusCode.CANCELLED),
     (StoreClosed, grpc.StatusCode.UNAVAILABLE),
+    (ServiceStopping, grpc.StatusCode.UNAVAILABLE),
 )
 """The status each refusal is answered with."""
 STOPPING_MESSAGE = "the service is stopping: nothing was accepted (send it to another replica)"
@@ -135,7 +137,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
 
     def __init__(self, runtime: ServiceRuntime) -> None:
         self.runtime = runtime
-        self._streams = threading.BoundedSemaphore(MAX_OPEN_STREAMS)
+        self.streams = OpenStreams(MAX_OPEN_STREAMS)
 
     def _call(self, method: str, context: grpc.ServicerContext, body: Callable[[], T], write: bool = False) -> T:
         """Timing, metrics and the mapping of errors to status codes, shared by every method. While the service
@@ -259,22 +261,29 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         def body() -> Any:
             self._check_role("ObserveStream", self.runtime.settings.serves_training)
             self._check_token(context)
-            if not self._streams.acquire(blocking=False):
+            batches = self.streams.open(request_iterator)
+            if batches is None:
                 raise BacklogFull(
                     f"{MAX_OPEN_STREAMS} observation streams are open already: retry later, or use Observe"
                 )
             try:
-                return pb.ObserveResponse(accepted=self._accept_stream(request_iterator, context))
+                return pb.ObserveResponse(accepted=self._accept_stream(batches, context))
             finally:
-                self._streams.release()
+                self.streams.close(batches)
 
         return self._call("ObserveStream", context, body, write=True)
 
     def _accept_stream(self, batches: Iterator[Any], context: grpc.ServicerContext) -> int:
         total = 0
-        for k, batch in enumerate(batches):
+        for k in itertools.count():
             # The batches before a refused one are kept: say so, or a client would send them again.
             kept = f"{total:,} observations of the batches before it were accepted"
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return total
+            except ServiceStopping as stopping:  # told at a stop, before gRPC would cancel the call with no count
+                raise ServiceStopping(f"batches[{k}]: {stopping} ({kept})") from None
             if isinstance(batch, Malformed):
                 err = batch.error("request")
                 raise FeatureError(f"batches[{k}]", f"{err.problem} ({kept})")
@@ -284,7 +293,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
                 raise FeatureError(err.under(f"batches[{k}]").field, f"{err.problem} ({kept})") from None
             except (BacklogFull, CallerGone, StoreClosed) as err:
                 raise type(err)(f"batches[{k}]: {err} ({kept})") from None
-        return total
+        raise AssertionError("unreachable: itertools.count() does not end")
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """Readiness, model version, lease, component health and what was learned."""
@@ -328,12 +337,20 @@ def start_grpc_server(
 ) -> tuple[grpc.Server, int]:
     """Start serving on host:port (0 = any free port), over TLS when the settings name a certificate and key;
     returns the server and the bound port."""
+    server, bound, _ = _start(runtime, host, port, max_workers)
+    return server, bound
+
+
+def _start(
+    runtime: ServiceRuntime, host: str, port: int, max_workers: int
+) -> tuple[grpc.Server, int, PredictorServicer]:
     limit = runtime.settings.max_body_bytes
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="leadtime-grpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)],
     )
-    server.add_generic_rpc_handlers((method_handlers(PredictorServicer(runtime)),))
+    servicer = PredictorServicer(runtime)
+    server.add_generic_rpc_handlers((method_handlers(servicer),))
     add_health_service(server, runtime)
     settings = runtime.settings
     try:
@@ -347,17 +364,21 @@ def start_grpc_server(
     if bound == 0:
         raise OSError(f"cannot serve gRPC on {host}:{port}: the port is taken or the address is not this machine's")
     server.start()
-    return server, bound
+    return server, bound, servicer
 
 
 def serve_grpc(runtime: ServiceRuntime, host: str, port: int) -> tuple[grpc.Server, int]:
     """`start_grpc_server`, stopped by `runtime.stop()` (as `leadtime serve` runs it): the runtime turns not
-    ready first, health answers NOT_SERVING for `STOPPING_NOTICE_S`, then the server stops with its grace, before
-    the store closes."""
-    server, bound = start_grpc_server(runtime, host, port)
+    ready first, open streams end (each naming its count) and health answers NOT_SERVING for `STOPPING_NOTICE_S`,
+    then the server stops with its grace, before the store closes."""
+    server, bound, servicer = _start(runtime, host, port, WORKER_THREADS)
 
     def stop() -> None:
-        time.sleep(STOPPING_NOTICE_S)
+        # Open streams are told first: each ends with its own UNAVAILABLE naming its count, rather than being
+        # cancelled by gRPC after its grace with none (a client would then send the whole stream again).
+        notice_ends = time.monotonic() + STOPPING_NOTICE_S
+        servicer.streams.stop_all(STOPPING_NOTICE_S)
+        time.sleep(max(0.0, notice_ends - time.monotonic()))
         server.stop(grace=STOP_GRACE_S).wait()
 
     runtime.add_server(stop)
