@@ -129,3 +129,46 @@ def test_observations_whose_caller_gave_up_are_not_kept(monkeypatch: pytest.Monk
         time.sleep(0.8)
         assert http.get("/status").json()["ingestion"]["accepted"] == 0
         assert stub.Observe(pb.ObserveRequest(observations=[OBSERVATION] * 3), timeout=5).accepted == 3
+
+
+def test_unary_observe_calls_leave_threads_for_predictions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every stream open, unary Observe calls (a 50,000-row one takes about a second) took the threads kept
+    for predictions, which then queued for seconds: at most MAX_OPEN_OBSERVES of them run at once, one more is
+    refused RESOURCE_EXHAUSTED (as a stream beyond the cap is), and a prediction still gets a thread."""
+    from leadtime.predictor.grpc.server import MAX_OPEN_OBSERVES
+
+    release = threading.Event()
+
+    def idle_batches() -> Iterator[Any]:
+        yield pb.ObserveRequest(observations=[OBSERVATION])
+        release.wait(20)
+
+    with http_and_grpc(ServiceSettings()) as (http, stub):
+        runtime = http.app.state.runtime  # type: ignore[attr-defined]
+        accept = runtime.accept
+        in_accept = threading.Semaphore(0)
+
+        def slow_accept(*args: Any) -> None:  # a large batch being accepted
+            if threading.current_thread().name.startswith("leadtime-grpc") and not release.is_set():
+                in_accept.release()
+                release.wait(20)
+            accept(*args)
+
+        streams = [stub.ObserveStream.future(idle_batches(), timeout=30) for _ in range(MAX_OPEN_STREAMS)]
+        try:
+            wait_for(lambda: runtime.ingestion()["accepted"] == MAX_OPEN_STREAMS, 20, "every stream's first batch")
+            monkeypatch.setattr(runtime, "accept", slow_accept)
+            request = pb.ObserveRequest(observations=[OBSERVATION])
+            writes = [stub.Observe.future(request, timeout=30) for _ in range(MAX_OPEN_OBSERVES)]
+            for _ in writes:
+                assert in_accept.acquire(timeout=10), "an Observe call did not start"
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Observe(request, timeout=5)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "retry" in (err.value.details() or "")
+            assert len(stub.PredictBulk(PREDICT, timeout=5).ttft_mean_ms) == 1
+            assert stub.Status(pb.StatusRequest(), timeout=5).is_ready
+        finally:
+            release.set()
+        assert [w.result(timeout=10).accepted for w in writes] == [1] * MAX_OPEN_OBSERVES
+        assert [c.result(timeout=10).accepted for c in streams] == [1] * MAX_OPEN_STREAMS

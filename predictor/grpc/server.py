@@ -6,7 +6,8 @@ INVALID_ARGUMENT naming `rows[i].field`, and so does a message that is not proto
 not by gRPC, which would answer INTERNAL and log a traceback per message); a missing API token on Observe gets
 UNAUTHENTICATED; a call of the role this process does not serve UNIMPLEMENTED (404 over HTTP); messages larger
 than the body limit are refused by gRPC itself (RESOURCE_EXHAUSTED). An open ObserveStream holds a worker thread
-until its client ends it, so at most `MAX_OPEN_STREAMS` are open at once and the other threads answer the rest.
+until its client ends it, so at most `MAX_OPEN_STREAMS` are open at once, and at most `MAX_OPEN_OBSERVES` Observe
+calls run at once: the other threads answer the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import itertools
 import operator
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -42,7 +44,12 @@ T = TypeVar("T")
 
 MAX_OPEN_STREAMS = 4
 """ObserveStream calls open at once; one more is refused (RESOURCE_EXHAUSTED) rather than queued behind them."""
-WORKER_THREADS = MAX_OPEN_STREAMS + 4
+MAX_OPEN_OBSERVES = 2
+"""Observe calls running at once; one more is refused (RESOURCE_EXHAUSTED, retry) rather than queued: a 50,000-row
+call holds its thread for about a second, and with the streams open they took the threads kept for predictions."""
+WORKER_THREADS = MAX_OPEN_STREAMS + MAX_OPEN_OBSERVES + 4
+"""Threads for every open stream and Observe call, and 4 more that only reads (PredictBulk, Status, health) and
+refusals can take."""
 STOPPING_NOTICE_S = 0.5
 """At a stop, how long health answers NOT_SERVING (and writes UNAVAILABLE) before the server stops taking calls:
 a stopping gRPC server refuses every new call, so a probe would otherwise see only the port go away."""
@@ -138,6 +145,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
     def __init__(self, runtime: ServiceRuntime) -> None:
         self.runtime = runtime
         self.streams = OpenStreams(MAX_OPEN_STREAMS)
+        self._observes = threading.BoundedSemaphore(MAX_OPEN_OBSERVES)
 
     def _call(self, method: str, context: grpc.ServicerContext, body: Callable[[], T], write: bool = False) -> T:
         """Timing, metrics and the mapping of errors to status codes, shared by every method. While the service
@@ -251,7 +259,12 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             self._check_token(context)
             if isinstance(request, Malformed):
                 raise request.error("request")
-            return pb.ObserveResponse(accepted=self._accept(request.observations, context))
+            if not self._observes.acquire(blocking=False):
+                raise BacklogFull(f"observations busy ({MAX_OPEN_OBSERVES} Observe calls are running): retry later")
+            try:
+                return pb.ObserveResponse(accepted=self._accept(request.observations, context))
+            finally:
+                self._observes.release()
 
         return self._call("Observe", context, body, write=True)
 
