@@ -30,17 +30,19 @@ OBSERVATION = pb.Observation(row=pb.Row(**BASE), actual_ttft_ms=80.0, actual_tpo
 PREDICT = pb.PredictBulkRequest(rows=[pb.Row(**BASE)])
 
 
+def one_batch_then_idle(release: threading.Event) -> Iterator[Any]:
+    """A stream's requests: one batch, then nothing until `release` (a client that keeps its stream open)."""
+    yield pb.ObserveRequest(observations=[OBSERVATION])
+    release.wait(20)
+
+
 def test_open_observation_streams_leave_threads_for_predictions() -> None:
     """Four open ObserveStream calls took every worker thread: predictions and Status timed out."""
     release = threading.Event()
 
-    def slow_batches() -> Iterator[Any]:
-        yield pb.ObserveRequest(observations=[OBSERVATION])
-        release.wait(20)
-
     with http_and_grpc(ServiceSettings()) as (http, stub):
         runtime = http.app.state.runtime  # type: ignore[attr-defined]
-        calls = [stub.ObserveStream.future(slow_batches(), timeout=30) for _ in range(MAX_OPEN_STREAMS)]
+        calls = [stub.ObserveStream.future(one_batch_then_idle(release), timeout=30) for _ in range(MAX_OPEN_STREAMS)]
         try:
             # Every stream open and waiting for its client: a stream takes its slot before its first batch is
             # accepted, and keeps it until its client ends it.
@@ -139,10 +141,6 @@ def test_unary_observe_calls_leave_threads_for_predictions(monkeypatch: pytest.M
 
     release = threading.Event()
 
-    def idle_batches() -> Iterator[Any]:
-        yield pb.ObserveRequest(observations=[OBSERVATION])
-        release.wait(20)
-
     with http_and_grpc(ServiceSettings()) as (http, stub):
         runtime = http.app.state.runtime  # type: ignore[attr-defined]
         accept = runtime.accept
@@ -154,7 +152,7 @@ def test_unary_observe_calls_leave_threads_for_predictions(monkeypatch: pytest.M
                 release.wait(20)
             accept(*args)
 
-        streams = [stub.ObserveStream.future(idle_batches(), timeout=30) for _ in range(MAX_OPEN_STREAMS)]
+        streams = [stub.ObserveStream.future(one_batch_then_idle(release), timeout=30) for _ in range(MAX_OPEN_STREAMS)]
         try:
             wait_for(lambda: runtime.ingestion()["accepted"] == MAX_OPEN_STREAMS, 20, "every stream's first batch")
             monkeypatch.setattr(runtime, "accept", slow_accept)
