@@ -12,7 +12,6 @@ calls run at once: the other threads answer the rest.
 
 from __future__ import annotations
 
-import itertools
 import operator
 import secrets
 import threading
@@ -30,7 +29,7 @@ from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
 from leadtime.predictor.grpc.health import add_health_service
-from leadtime.predictor.grpc.streams import OpenStreams, ServiceStopping
+from leadtime.predictor.grpc.streams import STOPPING_MESSAGE, OpenStreams, ServiceStopping
 from leadtime.predictor.service.runtime import (
     BACKLOG_FULL_MESSAGE,
     MAX_OBSERVATIONS_PER_CALL,
@@ -135,7 +134,6 @@ STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (ServiceStopping, grpc.StatusCode.UNAVAILABLE),
 )
 """The status each refusal is answered with."""
-STOPPING_MESSAGE = "the service is stopping: nothing was accepted (send it to another replica)"
 REFUSALS = tuple(kind for kind, _ in STATUS_OF)
 
 
@@ -287,8 +285,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
         return self._call("ObserveStream", context, body, write=True)
 
     def _accept_stream(self, batches: Iterator[Any], context: grpc.ServicerContext) -> int:
-        total = 0
-        for k in itertools.count():
+        total, k = 0, 0
+        while True:
             # The batches before a refused one are kept: say so, or a client would send them again.
             kept = f"{total:,} observations of the batches before it were accepted"
             try:
@@ -306,7 +304,7 @@ class PredictorServicer(pb_grpc.PredictorServicer):
                 raise FeatureError(err.under(f"batches[{k}]").field, f"{err.problem} ({kept})") from None
             except (BacklogFull, CallerGone, StoreClosed) as err:
                 raise type(err)(f"batches[{k}]: {err} ({kept})") from None
-        raise AssertionError("unreachable: itertools.count() does not end")
+            k += 1
 
     def Status(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         """Readiness, model version, lease, component health and what was learned."""

@@ -18,6 +18,10 @@ _DONE = object()  # the client ended its stream
 _STOP = object()  # the service is stopping
 
 
+STOPPING_MESSAGE = "the service is stopping: nothing was accepted (send it to another replica)"
+"""A write refused at a stop, before any of it was taken."""
+
+
 class ServiceStopping(Exception):
     """The service is stopping: nothing more is accepted here (UNAVAILABLE; send it to another replica)."""
 
@@ -88,7 +92,7 @@ class OpenStreams:
         """The stream's batches, or None when `limit` streams are open already (`ServiceStopping` once stopping)."""
         with self._changed:
             if self._stopping:
-                raise ServiceStopping("the service is stopping: nothing was accepted (send it to another replica)")
+                raise ServiceStopping(STOPPING_MESSAGE)
             if len(self._open) >= self.limit:
                 return None
             batches = StreamBatches(source)
