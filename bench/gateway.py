@@ -52,6 +52,7 @@ from leadtime.bench.procs import Predictor, Route, SimFleet
 from leadtime.bench.tls import self_signed
 from leadtime.json_text import print_json
 from leadtime.predictor.client import tls_client_context
+from leadtime.router_plugin.gateway.metrics import REPLICA_EVENT_DIRECTIONS
 from leadtime.simulator.workload import arrival_window_s, load_workload, require_arrival_window, shape, spread_steps
 
 FLEET = "mixed"
@@ -158,6 +159,13 @@ def _summary(results: list[Result], shots: list[Shot]) -> dict[str, Any]:
     return out
 
 
+def replica_events(metric: Callable[..., float]) -> dict[str, float]:
+    """What a replica gateway counted of its messages, every direction the gateway counts (`metric` reads one
+    series of its /metrics), and how many replicas it heard: the context of its overhead figure."""
+    events = {d: metric("leadtime_router_replica_events_total", direction=d) for d in REPLICA_EVENT_DIRECTIONS}
+    return events | {"replicas_heard": metric("leadtime_router_replicas_heard")}
+
+
 def replica_overhead(
     added: list[float], events: dict[str, float], warn: Callable[[str], None]
 ) -> dict[str, float] | None:
@@ -216,10 +224,7 @@ def run_gateway_bench(
                 all_results += results
                 fallbacks += gateway.metric("leadtime_router_fallbacks_total")
                 if name == "pulled_replicas":
-                    report["replica_events"] = {
-                        d: gateway.metric("leadtime_router_replica_events_total", direction=d)
-                        for d in ("sent", "received", "dropped")
-                    } | {"replicas_heard": gateway.metric("leadtime_router_replicas_heard")}
+                    report["replica_events"] = replica_events(gateway.metric)
         finally:
             for gateway in gateways.values():
                 gateway.child.stop()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from leadtime.bench.gateway import replica_overhead
+from prometheus_client import generate_latest
+
+from leadtime.bench.gateway import replica_events, replica_overhead
+from leadtime.features.vllm_metrics import parse_samples
+from leadtime.router_plugin.gateway.metrics import REPLICA_EVENT_DIRECTIONS, GatewayMetrics
 
 SILENT = {"sent": 0.0, "received": 0.0, "dropped": 0.0, "replicas_heard": 0.0}
 
@@ -19,3 +23,20 @@ def test_the_figure_of_replicas_that_heard_each_other() -> None:
     heard = {**SILENT, "sent": 10.0, "received": 10.0, "replicas_heard": 1.0}
     assert replica_overhead([1.0, 2.0, 3.0], heard, warnings.append) == {"p50": 2.0, "p99": 2.98}
     assert warnings == []
+
+
+def test_the_replica_events_reported_are_every_direction_the_gateway_counts() -> None:
+    """The report listed sent, received and dropped only: a replica that let go of missed completions, or refused a
+    stranger's message, showed nothing of it beside its overhead."""
+    metrics = GatewayMetrics()
+    metrics.replica_events.labels("missed").inc(2)
+    metrics.replica_events.labels("refused").inc()
+    metrics.replicas_heard.set(1)
+    samples = parse_samples(generate_latest(metrics.registry).decode())
+
+    def metric(name: str, **labels: str) -> float:
+        return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
+
+    events = replica_events(metric)
+    assert set(events) == {*REPLICA_EVENT_DIRECTIONS, "replicas_heard"}
+    assert (events["missed"], events["refused"], events["sent"], events["replicas_heard"]) == (2.0, 1.0, 0.0, 1.0)
