@@ -213,7 +213,7 @@ class TargetModel:
         # tree were recentred (measured on sim:mixed under delayed labels: prequential TPOT MAPE 0.252 → 0.236).
         self.tree_center = 0.0
         self._tree_residuals: deque[float] = deque(maxlen=self.conformal.window)
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]] = []
         self._pending_rows = 0
         # The serialized trees this model was loaded from (None once it trains its own): a later load of the
         # same text can reuse the parsed boosters instead of parsing them again.
@@ -249,18 +249,21 @@ class TargetModel:
         z_upper = np.maximum(z_upper, z_point)
         extra = additive_ms(self.target, x)
         mean, upper = extra + prior * np.exp(z_point), extra + prior * np.exp(z_upper)
-        mean, upper = self._bounded(mean, upper, x)
+        mean, upper = self._bounded(mean, upper, x, hw)
         # Never below what the poisoning guard would refuse to learn (`physics.implausible`): however far down
         # the outcomes it was fed have pushed the correction, the physics bounds how fast a request can go.
         floor = floor_ms(self.target, x) * (1.000001 / IMPLAUSIBLY_FAST)  # a hair above, whatever the rounding
         return np.maximum(mean, floor), np.maximum(upper, floor)
 
-    def _bounded(self, mean_ms: np.ndarray, upper_ms: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The predictions as served: the mean within the longest wait learned, both capped at an active wall."""
+    def _bounded(
+        self, mean_ms: np.ndarray, upper_ms: np.ndarray, x: np.ndarray, hw: list[str] | str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The predictions as served: the mean within the longest wait learned on its class (`hw` as in
+        `online_log`), both capped at an active wall."""
         if self.ceiling is None or self.wait_bound is None:
             return mean_ms, upper_ms
         own = own_prefill_ms(x)
-        bounded = self.wait_bound.cap(mean_ms, not_queueing_ms(self.target, x), queue_ahead_ms(x))
+        bounded = self.wait_bound.cap(mean_ms, not_queueing_ms(self.target, x), queue_ahead_ms(x), hw)
         return self.ceiling.cap(bounded, upper_ms, own)
 
     # --- learning -----------------------------------------------------------------------------------------
@@ -317,8 +320,8 @@ class TargetModel:
             online_ms = additive_ms(self.target, x) + prior * np.exp(online_all + self.conformal.center)
             self.ceiling.learn_many(actual_ms, online_ms, own_prefill_ms(x))
         if self.wait_bound is not None:
-            self.wait_bound.learn_many(actual_ms, not_queueing_ms(self.target, x), queue_ahead_ms(x))
-        self._pending.append((x, prior, learned_all, online_all, actual_ms))
+            self.wait_bound.learn_many(actual_ms, not_queueing_ms(self.target, x), queue_ahead_ms(x), hw)
+        self._pending.append((x, prior, learned_all, online_all, actual_ms, hw))
         self._pending_rows += len(x)
         if self._pending_rows >= _SETTLE_EVERY:
             self.settle()
@@ -348,6 +351,7 @@ class TargetModel:
         z = np.concatenate([p[2] for p in pending])
         online = np.concatenate([p[3] for p in pending])
         actual_ms = np.concatenate([p[4] for p in pending])
+        hw = [key for p in pending for key in p[5]]
         tree_x = tree_inputs(x, prior)
         trees = self.trees
         mean_residual = trees.predict_mean(tree_x)
@@ -359,8 +363,8 @@ class TargetModel:
         if mean_residual is not None:
             plain_ms = extra + prior * np.exp(online + conformal.center)
             self.forward.add(
-                percentage_errors(actual_ms, self._served_mean(uncapped_ms, x)),
-                percentage_errors(actual_ms, self._served_mean(plain_ms, x)),
+                percentage_errors(actual_ms, self._served_mean(uncapped_ms, x, hw)),
+                percentage_errors(actual_ms, self._served_mean(plain_ms, x, hw)),
             )
         # Coverage is of the quantile served: under a wall that is the capped one, and the adaptive term must
         # answer for it (the uncapped model's residuals there say it over-predicts, and it shrinks its width).
@@ -433,9 +437,9 @@ class TargetModel:
             [wall.cap(float(m), float(u), float(o))[1] for m, u, o in zip(uncapped_ms, upper_ms, own, strict=True)]
         )
 
-    def _served_mean(self, mean_ms: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """The mean predictions of rows `x` as served (`_bounded`)."""
-        return self._bounded(mean_ms, mean_ms, x)[0]
+    def _served_mean(self, mean_ms: np.ndarray, x: np.ndarray, hw: list[str]) -> np.ndarray:
+        """The mean predictions of rows `x`, of classes `hw`, as served (`_bounded`)."""
+        return self._bounded(mean_ms, mean_ms, x, hw)[0]
 
     def _retire_tree(self, kind: str) -> None:
         """The `kind` ("mean" or "upper") tree did worse than no tree on the rows since it was swapped in: serve
@@ -634,6 +638,7 @@ class TargetModel:
         if self.ceiling is not None and d.get("ceiling"):  # artifacts written before the ceiling have none
             self.ceiling.load_dict(d["ceiling"])
         if self.wait_bound is not None and d.get("wait_bound"):  # nor those written before the wait bound
-            self.wait_bound.load_dict(d["wait_bound"])
+            # One written before the bound was per class bounds the classes learned (`WaitBound.load_dict`).
+            self.wait_bound.load_dict(d["wait_bound"], classes=d["classes"]["counts"])
         self.observations = int(d["observations"])
         self.drifts = int(d["drifts"])

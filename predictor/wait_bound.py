@@ -18,10 +18,24 @@ had long prompts cut to the longest wait of short ones (an L40S three times slow
 served an 8,000-token prompt at half its TTFT with nothing queued). The bound rises with every longer wait
 learned, so on a queue that keeps growing it trails the outcomes by the label delay. The upper quantile is not
 bounded: the chance of a longer wait than any seen is what it is for.
+
+The evidence is a hardware class's own (the learner's class keys, as its per-class offsets): queues and waits are
+milliseconds of that class's prior and outcomes, and another class's say nothing about them. Kept for every class
+together, a few requests waiting on a class slower than any learned (an L40S serving a 70B model, where only an
+H100 serving an 8B one had been learned) were deeper in milliseconds than any H100 queue, and that class was
+predicted at its own prefill plus the H100's longest wait: 0.63× its physics prior, where every outcome learned
+had been 1.5× it. So a class with no outcomes learned is not bounded (its queues are the prior's and the shared
+correction's, as everything else about it is), and each class is bounded by its own.
+
+Both figures only ever rise: one outlier outcome (a wait far beyond the others, or a queue far deeper) raises them
+for good, and the class's bound then holds only beyond it, or hardly at all. That is left as it is: a bound that
+forgets or takes a quantile would need a history of waits per class, and would fall back onto queues the model
+has learned and predicts on its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -29,49 +43,137 @@ import numpy as np
 Values = TypeVar("Values", np.ndarray, float)
 
 
-class WaitBound:
-    """The longest wait and the deepest queue learned, and the cap they set on mean TTFT predictions.
+class ClassBound:
+    """One hardware class's longest wait and deepest queue learned (ms), and how many outcomes they come from."""
 
-    >>> bound = WaitBound()
-    >>> bound.cap(np.array([90_000.0]), np.array([500.0]), np.array([9e9])).tolist()  # nothing learned: no bound
-    [90000.0]
-    >>> # waited 20 s and 30 s behind queues the prior prices at 10 s and 15 s
-    >>> bound.learn_many(np.array([20_500.0, 31_000.0]), np.array([500.0, 1_000.0]), np.array([1e4, 1.5e4]))
-    >>> bound.cap(np.array([90_000.0, 90_000.0, 5_000.0]), np.array([2_000.0] * 3), np.array([4e4, 1e4, 4e4])).tolist()
-    [32000.0, 90000.0, 5000.0]
-    """
+    def __init__(self, longest_ms: float = 0.0, deepest_ms: float = 0.0, learned: int = 0) -> None:
+        self.longest_ms = longest_ms
+        self.deepest_ms = deepest_ms
+        self.learned = learned
 
-    def __init__(self) -> None:
-        self.longest_ms = 0.0
-        self.deepest_ms = 0.0
-        self.learned = 0
-
-    def learn_many(
-        self, actual_ms: np.ndarray, not_queueing_ms: np.ndarray | float, queue_ms: np.ndarray | float
-    ) -> None:
-        """Take outcomes (TTFT in ms), the part of each that is not queueing (own prefill, stated waits) and the
-        prior's time for the queue each had ahead of it."""
-        waits = np.asarray(actual_ms, dtype=np.float64) - not_queueing_ms
-        if waits.size:
-            self.longest_ms = max(self.longest_ms, float(np.max(waits)))
-            self.deepest_ms = max(self.deepest_ms, float(np.max(queue_ms)))
-            self.learned += int(waits.size)
-
-    def cap(self, mean_ms: Values, not_queueing_ms: Values | float, queue_ms: Values | float) -> Values:
-        """Mean predictions of rows queued deeper than any learned bounded by each row's part that is not queueing
-        plus the longest wait; the others, and all before anything is learned, unchanged."""
-        if not self.learned:
-            return mean_ms
-        bounded = np.minimum(mean_ms, np.asarray(not_queueing_ms) + self.longest_ms)
-        return np.where(np.asarray(queue_ms) > self.deepest_ms, bounded, mean_ms)  # type: ignore[return-value]
+    def learn_many(self, waits: np.ndarray, queue_ms: np.ndarray) -> None:
+        """Take the waits (TTFT less the part that is not queueing) and the queues ahead of outcomes."""
+        self.longest_ms = max(self.longest_ms, float(np.max(waits)))
+        self.deepest_ms = max(self.deepest_ms, float(np.max(queue_ms)))
+        self.learned += int(waits.size)
 
     def to_dict(self) -> dict[str, Any]:
         """The state as JSON-ready values."""
         return {"longest_ms": self.longest_ms, "deepest_ms": self.deepest_ms, "learned": self.learned}
 
-    def load_dict(self, d: dict[str, Any]) -> None:
-        """Take the state `to_dict` wrote (one written before the deepest queue was kept bounds every queued row,
-        as it did then, until a row is learned)."""
-        self.longest_ms = float(d["longest_ms"])
-        self.deepest_ms = float(d.get("deepest_ms", 0.0))
-        self.learned = int(d["learned"])
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClassBound:
+        """A bound from `to_dict`'s output (one written before the deepest queue was kept bounds every queued row,
+        as it did then)."""
+        return cls(float(d["longest_ms"]), float(d.get("deepest_ms", 0.0)), int(d["learned"]))
+
+
+class WaitBound:
+    """Each hardware class's longest wait and deepest queue learned, and the cap they set on the mean TTFT
+    predictions of that class. `hw` is the class key of every row, or one for all of them; the default, one
+    unnamed class, is for callers that have one.
+
+    >>> bound, own = WaitBound(), np.array([2_000.0] * 3)
+    >>> bound.cap(np.array([90_000.0]), np.array([500.0]), np.array([9e9])).tolist()  # nothing learned: no bound
+    [90000.0]
+    >>> # waited 20 s and 30 s behind queues the prior prices at 10 s and 15 s, on H100s
+    >>> bound.learn_many(np.array([20_500.0, 31_000.0]), np.array([500.0, 1_000.0]), np.array([1e4, 1.5e4]), "h100")
+    >>> bound.cap(np.array([90_000.0, 90_000.0, 5_000.0]), own, np.array([4e4, 1e4, 4e4]), "h100").tolist()
+    [32000.0, 90000.0, 5000.0]
+    >>> # as deep a queue on a class with nothing learned: in its own ms, not the H100s', so not bounded
+    >>> bound.cap(np.array([90_000.0] * 3), own, np.array([4e4] * 3), ["l40s", "h100", "l40s"]).tolist()
+    [90000.0, 32000.0, 90000.0]
+    """
+
+    def __init__(self) -> None:
+        self.classes: dict[str, ClassBound] = {}
+
+    @property
+    def learned(self) -> int:
+        """Outcomes learned, over every class."""
+        return sum(b.learned for b in self.classes.values())
+
+    @property
+    def longest_ms(self) -> float:
+        """The longest wait learned on any class (each class is bounded by its own: `of`)."""
+        return max((b.longest_ms for b in self.classes.values()), default=0.0)
+
+    @property
+    def deepest_ms(self) -> float:
+        """The deepest queue learned on any class (each class is bounded by its own: `of`)."""
+        return max((b.deepest_ms for b in self.classes.values()), default=0.0)
+
+    def of(self, key: str) -> ClassBound | None:
+        """Class `key`'s bound, or None when it has learned nothing (and is not bounded)."""
+        return self.classes.get(key)
+
+    def learn_many(
+        self,
+        actual_ms: np.ndarray,
+        not_queueing_ms: np.ndarray | float,
+        queue_ms: np.ndarray | float,
+        hw: list[str] | str = "",
+    ) -> None:
+        """Take outcomes (TTFT in ms), the part of each that is not queueing (own prefill, stated waits), the
+        prior's time for the queue each had ahead of it, and the class of each (`hw`)."""
+        waits = np.asarray(actual_ms, dtype=np.float64) - not_queueing_ms
+        if not waits.size:
+            return
+        queues = np.broadcast_to(np.asarray(queue_ms, dtype=np.float64), waits.shape)
+        keys = _one_key(hw)
+        if keys is not None:
+            self.classes.setdefault(keys, ClassBound()).learn_many(waits, queues)
+            return
+        per_row = np.array(hw, dtype=object)
+        for key in dict.fromkeys(hw):
+            rows = per_row == key
+            self.classes.setdefault(key, ClassBound()).learn_many(waits[rows], queues[rows])
+
+    def cap(
+        self, mean_ms: Values, not_queueing_ms: Values | float, queue_ms: Values | float, hw: list[str] | str = ""
+    ) -> Values:
+        """Mean predictions of rows queued deeper than any learned on their class bounded by each row's part that
+        is not queueing plus the longest wait learned on its class; the others, and every row of a class that has
+        learned nothing, unchanged."""
+        if not self.classes:
+            return mean_ms
+        key = _one_key(hw)
+        if key is not None:
+            bound = self.classes.get(key)
+            if bound is None:
+                return mean_ms
+            longest: np.ndarray | float = bound.longest_ms
+            deepest: np.ndarray | float = bound.deepest_ms
+        else:
+            never = ClassBound(deepest_ms=np.inf)  # deeper than any queue: not bounded
+            bounds = [self.classes.get(k, never) for k in hw]
+            longest = np.array([b.longest_ms for b in bounds])
+            deepest = np.array([b.deepest_ms for b in bounds])
+        bounded = np.minimum(mean_ms, np.asarray(not_queueing_ms) + longest)
+        return np.where(np.asarray(queue_ms) > deepest, bounded, mean_ms)  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as JSON-ready values."""
+        return {"classes": {key: bound.to_dict() for key, bound in self.classes.items()}}
+
+    def load_dict(self, d: dict[str, Any], classes: Iterable[str] = ()) -> None:
+        """Take the state `to_dict` wrote.
+
+        One written before the bound was kept per class holds a single bound learned on every class together:
+        it is taken as the bound of each of `classes` (the classes the model had learned outcomes of), which it
+        bounded then and which go on from it, and not of the classes that had learned nothing, which it bounded
+        with another class's queues (as every class is, they are bounded once they learn their own)."""
+        if "classes" in d:
+            self.classes = {str(key): ClassBound.from_dict(b) for key, b in d["classes"].items()}
+            return
+        old = ClassBound.from_dict(d)
+        self.classes = {} if not old.learned else {key: ClassBound.from_dict(d) for key in classes}
+
+
+def _one_key(hw: list[str] | str) -> str | None:
+    """The one class every row has (`hw` a single key, or a list of one key), or None when they differ."""
+    if isinstance(hw, str):
+        return hw
+    if hw and hw.count(hw[0]) == len(hw):
+        return hw[0]
+    return None

@@ -8,7 +8,7 @@ import numpy as np
 
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
-from leadtime.predictor.physics import own_prefill_ms
+from leadtime.predictor.physics import own_prefill_ms, prior_ms, queue_ahead_ms
 from leadtime.predictor.wait_bound import WaitBound
 
 
@@ -90,3 +90,90 @@ def test_a_class_slower_than_its_roofline_is_not_cut_short_on_long_prompts_with_
     p.learn_many([Observation(row(n), truth(n) * float(rng.lognormal(0, 0.05)), 30.0) for n in prompts])
     for prompt in (8_000, 32_000):
         assert p.predict_one(row(prompt))["ttft_mean"] > 0.8 * truth(prompt), prompt
+
+
+def _prior_ttft(p: OnlinePredictor, row: FeatureRow) -> float:
+    return float(prior_ms("ttft", p.vectorizer.batch([row]).X)[0])
+
+
+def _loaded(accelerator: str, model: str, waiting: int) -> FeatureRow:
+    return FeatureRow(
+        RequestFeatures(1000),
+        EndpointState(
+            accelerator=accelerator,
+            model=model,
+            num_request_waiting=waiting,
+            num_request_running=8,
+            kv_cache_percentage=0.3,
+        ),
+    )
+
+
+def test_a_class_with_nothing_learned_is_not_bounded_by_another_class_s_queues() -> None:
+    """Regression: one bound for every class, in ms: learned on H100s serving an 8B model, every outcome 1.5× the
+    prior, an L40S serving a 70B model with 3 requests waiting (deeper in ms than any H100 queue) was predicted at
+    its own prefill plus the H100's longest wait, 0.63× its prior."""
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    rng = np.random.default_rng(0)
+    observations = []
+    for _ in range(1_000):
+        row = FeatureRow(
+            RequestFeatures(int(rng.integers(50, 4_000))),
+            EndpointState(
+                num_request_waiting=int(rng.integers(0, 21)),
+                num_request_running=int(rng.integers(0, 31)),
+                kv_cache_percentage=float(rng.random()),
+            ),
+        )
+        observations.append(Observation(row, 1.5 * _prior_ttft(p, row), 30.0))
+    p.learn_many(observations)
+    h100 = _loaded("h100-sxm", "llama-3.1-8b", 3)
+    assert 1.4 < p.predict_one(h100)["ttft_mean"] / _prior_ttft(p, h100) < 1.6
+    bound = p._models["ttft"].wait_bound
+    assert bound is not None
+    for accelerator, model in (("l40s", "llama-3.1-70b"), ("tpu-v5e", "bloom-176b")):
+        row = _loaded(accelerator, model, 3)
+        assert float(queue_ahead_ms(p.vectorizer.batch([row]).X)[0]) > bound.deepest_ms  # deeper than any H100's
+        assert p.predict_one(row)["ttft_mean"] / _prior_ttft(p, row) > 1.3, accelerator
+        assert "longest wait learned" not in p.debug_one(row)
+
+
+def test_each_class_is_bounded_by_its_own_waits_and_keeps_them_when_saved() -> None:
+    bound = WaitBound()
+    # an H100 waited 8 s behind a 6 s queue; an L40S 40 s behind a 30 s one
+    bound.learn_many(
+        np.array([9_000.0, 41_000.0, 2_000.0]), np.full(3, 1_000.0), np.array([6e3, 3e4, 1e3]), ["h", "l", "h"]
+    )
+    assert (bound.of("h").longest_ms, bound.of("h").deepest_ms, bound.of("h").learned) == (8_000.0, 6e3, 2)
+    assert (bound.of("l").longest_ms, bound.of("l").deepest_ms, bound.of("l").learned) == (40_000.0, 3e4, 1)
+    assert bound.of("t") is None
+    mean, own, queue = np.full(4, 90_000.0), np.full(4, 1_000.0), np.full(4, 35e3)
+    expected = [9_000.0, 41_000.0, 90_000.0, 9_000.0]
+    assert bound.cap(mean, own, queue, ["h", "l", "t", "h"]).tolist() == expected
+    assert bound.cap(mean, own, np.full(4, 20e3), ["h", "l", "t", "h"]).tolist() == [9_000.0] + [90_000.0] * 2 + [
+        9_000.0
+    ]
+    again = WaitBound()
+    again.load_dict(bound.to_dict())
+    assert again.to_dict() == bound.to_dict()
+    assert again.cap(mean, own, queue, ["h", "l", "t", "h"]).tolist() == expected
+
+
+def test_a_bound_saved_before_it_was_per_class_bounds_the_classes_the_model_had_learned() -> None:
+    p = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    _ramp(p, range(1, 60))
+    state, _ = p.snapshot()
+    (key,) = state["targets"]["ttft"]["classes"]["counts"]
+    state["targets"]["ttft"]["wait_bound"] = state["targets"]["ttft"]["wait_bound"]["classes"][key]  # the old form
+    loaded = OnlinePredictor.from_state(state)
+    deep = _queued(400)
+    assert loaded.predict_one(deep) == p.predict_one(deep)  # bounded as it was
+    bound = loaded._models["ttft"].wait_bound
+    assert bound is not None and bound.of(key) is not None and list(bound.classes) == [key]
+    old = WaitBound()
+    old.load_dict({"longest_ms": 8_000.0, "learned": 3}, classes=["h", "l"])
+    assert old.cap(np.full(3, 90_000.0), np.zeros(3), np.full(3, 1.0), ["h", "l", "t"]).tolist() == [
+        8_000.0,
+        8_000.0,
+        90_000.0,
+    ]
