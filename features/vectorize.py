@@ -23,7 +23,7 @@ import math
 import operator
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from itertools import chain
 from typing import Any
 
@@ -240,12 +240,18 @@ class FeatureBatch:
 
     `hardware` is one index into `table` for every row (a fleet of one class, the usual case), or one per row.
     Batches slice like arrays (`batch[10:20]`, `batch[[0, 5]]`).
+
+    `checked` says the values were checked before they were vectorized (FeatureRows when they were built, a
+    decoder's `CheckedColumns`): a batch the Vectorizer made from them, and its slices and concatenations. Others
+    (a bare matrix, a batch built by hand) are checked by whoever takes them (`check_matrix`), which a router's
+    batch does not pay for again.
     """
 
     X: np.ndarray
     hardware: int | np.ndarray
     table: HardwareTable
     endpoint_ids: list[str] | None = None  # None when no row names its endpoint
+    checked: bool = field(default=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.X)
@@ -285,7 +291,7 @@ class FeatureBatch:
                 if positions.dtype == bool:
                     positions = np.flatnonzero(positions)
                 ids = [ids[i] for i in positions.tolist()]
-        return FeatureBatch(self.X[index], hardware, self.table, ids)
+        return FeatureBatch(self.X[index], hardware, self.table, ids, self.checked)
 
     @classmethod
     def concat(cls, parts: Sequence[FeatureBatch]) -> FeatureBatch:
@@ -304,7 +310,7 @@ class FeatureBatch:
         ids = None
         if any(p.endpoint_ids is not None for p in parts):
             ids = list(chain.from_iterable(p.endpoint_ids or [""] * len(p) for p in parts))
-        return cls(np.concatenate([p.X for p in parts]), hardware, table, ids)
+        return cls(np.concatenate([p.X for p in parts]), hardware, table, ids, all(p.checked for p in parts))
 
 
 @dataclass
@@ -473,7 +479,7 @@ class Vectorizer:
         """FeatureRows (already checked when they were built) → a FeatureBatch, a column at a time."""
         n = len(rows)
         if n == 0:
-            return FeatureBatch(np.empty((0, len(COLUMNS))), self.hardware.default, self.hardware)
+            return FeatureBatch(np.empty((0, len(COLUMNS))), self.hardware.default, self.hardware, checked=True)
         numbers = np.fromiter(chain.from_iterable(map(_ROW_NUMBERS, rows)), np.float64, n * _ROW_WIDTH)
         numbers = numbers.reshape(n, _ROW_WIDTH)
         k = len(LLMD_COUNT_FIELDS)
@@ -640,7 +646,7 @@ class Vectorizer:
         xt[_DECODE_STEP] = decode_step_ms_array(
             params_b, weight_bytes, kvb, tflops, tb_s, batch, xt[_KV] * capacity, tp
         )
-        return FeatureBatch(xt.T.copy(), group, table, c.endpoint_ids)
+        return FeatureBatch(xt.T.copy(), group, table, c.endpoint_ids, checked=True)
 
 
 def check_matrix(x: np.ndarray) -> np.ndarray:

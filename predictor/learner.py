@@ -293,7 +293,8 @@ class OnlinePredictor:
 
         A bare `COLUMNS` matrix (from `Vectorizer.transform`) is also taken: each row's class is found again by
         an exact match of its hardware columns (`Vectorizer.batch_of_matrix`, which refuses a row no class or
-        several classes match).
+        several classes match). A matrix, and a FeatureBatch the Vectorizer did not make, is checked as
+        `learn_many` checks it (`check_matrix`: a FeatureError naming the column), not predicted as NaN.
         """
         batch = self._batch(rows)
         version = self.version
@@ -306,10 +307,11 @@ class OnlinePredictor:
         return Predictions(ttft, ttft_q, tpot, tpot_q, version)
 
     def _batch(self, rows: Sequence[FeatureRow] | FeatureBatch | np.ndarray) -> FeatureBatch:
+        """The rows as a checked batch: a batch the Vectorizer made is one already (`FeatureBatch.checked`)."""
         if isinstance(rows, FeatureBatch):
-            return rows
+            return rows if rows.checked else replace(rows, X=check_matrix(rows.X), checked=True)
         if isinstance(rows, np.ndarray):
-            return self.vectorizer.batch_of_matrix(rows)
+            return replace(self.vectorizer.batch_of_matrix(check_matrix(rows)), checked=True)
         _not_one(rows, FeatureRow, "predict_many", "predict_one")
         _only(rows, FeatureRow, "predict_one and predict_many take FeatureRows (an Observation's is its .row)")
         return self.vectorizer.batch(rows)
