@@ -662,7 +662,7 @@ def check_matrix(x: np.ndarray) -> np.ndarray:
     bad_finite = ~np.isfinite(x)
     if bad_finite.any():
         row, col = np.argwhere(bad_finite)[0]
-        raise FeatureError(COLUMNS[col], f"row {row} is {x[row, col]!r}; NaN and infinities are refused")
+        raise FeatureError(COLUMNS[col], f"row {row} is {float(x[row, col])!r}; NaN and infinities are refused")
     bad_range = (x < _LOW) | (x > _HIGH)
     if bad_range.any():
         row, col = np.argwhere(bad_range)[0]

@@ -24,7 +24,7 @@ import numbers
 import operator
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -149,11 +149,13 @@ def _ms_text(ms: float) -> str:
 
 
 def _not_one(items: object, kind: type, method: str, single: str) -> None:
-    """A TypeError for one item given to a method that takes a sequence of them (it said "object is not
-    iterable", or "has no len()")."""
+    """A TypeError for one item, or an iterator, given to a method that takes a sequence of them (it said
+    "object is not iterable", or "has no len()")."""
+    name = kind.__name__
     if isinstance(items, kind):
-        name = kind.__name__
         raise TypeError(f"{method} takes a sequence of {name}s; got one {name} ({single} takes one)")
+    if not isinstance(items, Sized):
+        raise TypeError(f"{method} takes a sequence of {name}s (a list); got a {type(items).__name__}")
 
 
 def _only(items: Sequence[Any], kind: type, usage: str) -> None:
@@ -775,11 +777,14 @@ class OnlinePredictor:
 
 
 def _check_actuals(name: str, values: np.ndarray | Sequence[float], n: int) -> np.ndarray:
-    values = np.asarray(values, dtype=np.float64)
+    try:
+        values = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise FeatureError(name, "must hold numbers only") from None
     if values.shape != (n,):
         raise FeatureError(name, f"expected {n} values, got shape {values.shape}")
     bad = ~np.isfinite(values) | (values < 0)
     if bad.any():
         i = int(np.argmax(bad))
-        raise FeatureError(name, f"row {i} is {values[i]!r}; must be a finite number ≥ 0")
+        raise FeatureError(name, f"row {i} is {float(values[i])!r}; must be a finite number ≥ 0")
     return values

@@ -486,6 +486,28 @@ def test_a_batch_the_vectorizer_made_is_not_checked_again(
         predictor.predict_many(FeatureBatch(batch.X, batch.hardware, batch.table))
 
 
+def test_an_iterator_or_actuals_that_are_not_numbers_are_errors_naming_the_argument(
+    predictor: OnlinePredictor,
+) -> None:
+    """Regression: a generator was "object of type 'generator' has no len()", actuals of strings a bare "could not
+    convert string to float: 'a'", and a NaN was quoted as np.float64(nan)."""
+    observations = _observations(3)
+    rows = [o.row for o in observations]
+    with pytest.raises(TypeError, match="predict_many takes a sequence of FeatureRows.*got a generator"):
+        predictor.predict_many(r for r in rows)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="learn_many takes a sequence of Observations.*got a generator"):
+        predictor.learn_many(o for o in observations)  # type: ignore[arg-type]
+    x = predictor.vectorizer.transform(rows)
+    with pytest.raises(FeatureError, match="^actual_ttft_ms: must hold numbers only"):
+        predictor.learn_many(x, ["a"] * 3, [1.0] * 3)  # type: ignore[list-item]
+    with pytest.raises(FeatureError, match=r"^actual_tpot_ms: row 1 is nan; must be"):
+        predictor.learn_many(x, [1.0] * 3, [1.0, np.nan, 1.0])
+    x[0, COLUMN_INDEX["num_request_waiting"]] = np.nan
+    with pytest.raises(FeatureError, match=r"^num_request_waiting: row 0 is nan; NaN and infinities are refused"):
+        predictor.predict_many(x)
+    assert predictor.status()["observations"] == {"ttft": 0, "tpot": 0}
+
+
 def test_constructing_a_predictor_starts_no_thread() -> None:
     import threading
 
