@@ -9,6 +9,8 @@ gets wrong (kernel efficiency, scheduler overheads, queueing) is learned as a mu
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from leadtime.features.vectorize import COLUMN_INDEX
@@ -79,15 +81,19 @@ _LOG_COLUMNS = {
     ),
 }
 _LINEAR_COLUMNS = ("kv_cache_percentage", "role_prefill", "role_decode")
+# The time-slice state enters φ as "switched out" (1 − `timeslice_resident`), 0 on every ordinary row as the roles
+# are: a column that is 1 on them is the bias again, the RLS split the learned intercept between the two, and a
+# switched-out row with no stated wait lost half of it (~43% faster than the same row resident, after 2,000
+# resident rows). At 0, a state never learned leaves the prediction where it was.
+TIMESLICE_AWAY = "timeslice_away"
+# What builds before it wrote in its place (`convert_resident_column`).
+_TIMESLICE_RESIDENT = "timeslice_resident"
 
 
 def correction_feature_names(target: str) -> list[str]:
     """Names of φ's columns for `target`, in order."""
     return (
-        ["bias", "log_prior"]
-        + [f"log1p_{c}" for c in _LOG_COLUMNS[target]]
-        + list(_LINEAR_COLUMNS)
-        + ["timeslice_resident"]
+        ["bias", "log_prior"] + [f"log1p_{c}" for c in _LOG_COLUMNS[target]] + list(_LINEAR_COLUMNS) + [TIMESLICE_AWAY]
     )
 
 
@@ -95,19 +101,41 @@ def correction_features(target: str, x: np.ndarray, prior: np.ndarray) -> np.nda
     """φ(x): the design matrix of the online linear correction on log(actual / prior)."""
     log_idx, lin_idx = _LOG_INDEX[target], _LINEAR_INDEX
     k = len(log_idx)
-    phi = np.empty((len(x), 2 + k + len(lin_idx)))
+    phi = np.empty((len(x), 3 + k + len(lin_idx)))
     phi[:, 0] = 1.0
     np.log(np.maximum(prior, 1e-3), out=phi[:, 1])
     phi[:, 1] -= _LOG_10
     np.log1p(x.take(log_idx, axis=1), out=phi[:, 2 : 2 + k])
-    phi[:, 2 + k :] = x.take(lin_idx, axis=1)
+    phi[:, 2 + k : -1] = x.take(lin_idx, axis=1)
+    np.subtract(1.0, x[:, _RESIDENT], out=phi[:, -1])
     return phi
+
+
+def convert_resident_column(names: list[str], rls: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """A saved correction (its names and `RecursiveLeastSquares.to_dict`) with the `timeslice_resident` column of
+    older builds as one with `TIMESLICE_AWAY` that predicts and learns the same. With away = 1 − resident,
+    φ_old = A φ_new, A the identity but for the row resident = bias − away; so w_new = Aᵀ w_old (the bias takes
+    b + w, away −w) and P_new = Aᵀ P_old A. Any other names come back as they were, for the caller to judge.
+
+    >>> names, rls = convert_resident_column(["bias", "timeslice_resident"], {"weights": [0.5, 0.5], "p": np.eye(2)})
+    >>> names, rls["weights"], rls["p"]
+    (['bias', 'timeslice_away'], [1.0, -0.5], [[2.0, -1.0], [-1.0, 1.0]])
+    """
+    if not isinstance(names, list) or _TIMESLICE_RESIDENT not in names or names[0] != "bias":
+        return names, rls
+    column = names.index(_TIMESLICE_RESIDENT)
+    a = np.eye(len(names))
+    a[column, 0], a[column, column] = 1.0, -1.0
+    weights, p = np.asarray(rls["weights"], dtype=np.float64), np.asarray(rls["p"], dtype=np.float64)
+    converted = {**rls, "weights": (a.T @ weights).tolist(), "p": (a.T @ p @ a).tolist()}
+    return [TIMESLICE_AWAY if n == _TIMESLICE_RESIDENT else n for n in names], converted
 
 
 _LOG_10 = float(np.log(10.0))
 # Index arrays, not lists: numpy converts a list on every call.
 _LOG_INDEX = {t: np.array([_C[c] for c in cols], dtype=np.intp) for t, cols in _LOG_COLUMNS.items()}
-_LINEAR_INDEX = np.array([_C[c] for c in (*_LINEAR_COLUMNS, "timeslice_resident")], dtype=np.intp)
+_LINEAR_INDEX = np.array([_C[c] for c in _LINEAR_COLUMNS], dtype=np.intp)
+_RESIDENT = _C["timeslice_resident"]
 
 
 # The poisoning guard. An observation this far below what the hardware can physically do, or above a day, is not a

@@ -23,6 +23,7 @@ from leadtime.predictor.online import RECENTRE_AFTER, ConformalQuantile, OffsetT
 from leadtime.predictor.physics import (
     IMPLAUSIBLY_FAST,
     additive_ms,
+    convert_resident_column,
     correction_feature_names,
     correction_features,
     floor_ms,
@@ -620,9 +621,10 @@ class TargetModel:
     ) -> None:
         """Take the state `to_dict` wrote; trees whose text `reuse` was loaded from are taken from it, not parsed
         again."""
-        if d["feature_names"] != self.names:
+        names, rls = convert_resident_column(d["feature_names"], d["rls"])  # as saved before `timeslice_away`
+        if names != self.names:
             raise ArtifactError(f"{self.target}: correction features differ from this version's")
-        self.rls = RecursiveLeastSquares.from_dict(d["rls"])
+        self.rls = RecursiveLeastSquares.from_dict(rls)
         self.classes = OffsetTable.from_dict(d["classes"])
         self.endpoints = OffsetTable.from_dict(d["endpoints"])
         self.conformal = ConformalQuantile.from_dict(d["conformal"])

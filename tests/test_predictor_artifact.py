@@ -10,6 +10,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -206,6 +207,72 @@ def test_a_loaded_predictor_serves_the_same_quantile_mid_refresh() -> None:
     p.learn_many(x, 50 * rng.lognormal(0, 0.4, 213), 12 * rng.lognormal(0, 0.2, 213))
     loaded = OnlinePredictor.from_bytes(p.to_bytes(), background=False)
     np.testing.assert_array_equal(_probe(loaded), _probe(p))
+
+
+def _timeslice_rows(rng: np.random.Generator, n: int) -> list[FeatureRow]:
+    """Rows of endpoints in every time-slice state, some with a stated wait."""
+    return [
+        FeatureRow(
+            RequestFeatures(int(rng.integers(10, 3000))),
+            EndpointState(
+                endpoint_id=f"ep-{i % 3}",
+                num_request_waiting=int(rng.integers(0, 8)),
+                timeslice_state=["resident", "parked", "switching"][i % 3],
+                timeslice_wait_ms=[0.0, 0.0, 40.0, 300.0][i % 4] if i % 3 else 0.0,
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def _learn_timeslice_rows(p: OnlinePredictor, rows: list[FeatureRow], rng: np.random.Generator) -> None:
+    """Outcomes of switched-out endpoints slower than the resident ones', beyond their stated wait."""
+    x = p.vectorizer.batch(rows).X
+    away = 1.0 - x[:, COLUMN_INDEX["timeslice_resident"]]
+    ttft = x[:, COLUMN_INDEX["timeslice_wait_ms"]] + (30 + 0.03 * x[:, COLUMN_INDEX["input_tokens"]]) * (1 + away)
+    p.learn_many(p.vectorizer.batch(rows), ttft * rng.lognormal(0, 0.05, len(rows)), 12 * (1 + 0.3 * away))
+
+
+def _as_saved_with_a_resident_column(document: dict[str, Any]) -> None:
+    """Rewrite a document's online corrections as builds before `timeslice_away` wrote them: a column
+    `timeslice_resident` (1 − away) in its place, with the weights and the RLS state that give the same φ·w."""
+    for target in document["targets"].values():
+        names, rls = target["feature_names"], target["rls"]
+        away = names.index("timeslice_away")
+        names[away] = "timeslice_resident"
+        a = np.eye(len(names))  # φ_old = A φ_new: resident = bias − away (and back: A is its own inverse)
+        a[away, 0], a[away, away] = 1.0, -1.0
+        rls["weights"] = (a.T @ np.array(rls["weights"])).tolist()
+        rls["p"] = (a.T @ np.array(rls["p"]) @ a).tolist()
+
+
+def test_a_model_saved_with_a_resident_column_loads_and_predicts_and_learns_as_before(
+    trained: OnlinePredictor,
+) -> None:
+    """Artifacts written before the correction's time-slice column was `timeslice_away` (0 on ordinary rows) had
+    `timeslice_resident` (1 on them): they load converted, and predict and go on learning as they would have."""
+    rng = np.random.default_rng(12)
+    model = OnlinePredictor.from_bytes(trained.to_bytes(), background=False)
+    _learn_timeslice_rows(model, _timeslice_rows(rng, 600), rng)
+    document = json.loads(model.to_bytes())
+    _as_saved_with_a_resident_column(document)
+    old = document["targets"]["ttft"]
+    assert old["feature_names"][-1] == "timeslice_resident" and old["rls"]["weights"][-1] != 0.0
+    loaded = OnlinePredictor.from_bytes(seal(document), background=False)
+    probes = _timeslice_rows(rng, 12)
+    for name in ("ttft_mean", "ttft_quantile", "tpot_mean", "tpot_quantile"):
+        np.testing.assert_allclose(
+            getattr(loaded.predict_many(probes), name), getattr(model.predict_many(probes), name), rtol=1e-9
+        )
+    # Against the model loaded as saved now: saving keeps no window nor drift state, for either.
+    reloaded = OnlinePredictor.from_bytes(model.to_bytes(), background=False)
+    more, seed = _timeslice_rows(rng, 300), int(rng.integers(1000))
+    for p in (reloaded, loaded):
+        _learn_timeslice_rows(p, more, np.random.default_rng(seed))
+    np.testing.assert_allclose(
+        loaded.predict_many(probes).ttft_mean, reloaded.predict_many(probes).ttft_mean, rtol=1e-9
+    )
+    assert json.loads(loaded.to_bytes())["targets"]["ttft"]["feature_names"][-1] == "timeslice_away"
 
 
 def test_a_save_that_fails_leaves_no_temporary_file_and_the_old_artifact(
