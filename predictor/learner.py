@@ -47,6 +47,7 @@ from leadtime.predictor.physics import (
     own_prefill_ms,
     prior_ms,
     queue_ahead_ms,
+    wait_overstated,
 )
 from leadtime.predictor.target import TargetModel, TreeCandidate, not_queueing_ms, tree_inputs
 from leadtime.predictor.trees import TREE_FEATURES, CompiledTrees, compile_booster
@@ -442,6 +443,13 @@ class OnlinePredictor:
         if bad.any():
             self.implausible += int(bad.sum())
             actual = {t: np.where(bad, 0.0, a) for t, a in actual.items()}  # 0: not observed, not learned
+        # A first token sooner than the wait its row states tells nothing of the multiplicative part: TTFT less
+        # the wait is below any real one. Its TTFT is not learned at all, rather than learned as log(actual /
+        # (wait + prior)): that would still pull the correction that every other row shares towards a wait the
+        # router misjudged, where skipping leaves the model as the other rows make it. Its TPOT is learned.
+        overstated = wait_overstated(x, actual["ttft"])
+        if overstated.any():
+            actual["ttft"] = np.where(overstated, 0.0, actual["ttft"])
         hw = batch.classes
         ids = batch.endpoint_ids if batch.endpoint_ids is not None else [""] * len(x)
         want_retrain = False

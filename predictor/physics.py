@@ -169,3 +169,19 @@ def implausible(x: np.ndarray, actual_ttft_ms: np.ndarray, actual_tpot_ms: np.nd
             observed = actual > 0
             bad |= observed & ((actual * IMPLAUSIBLY_FAST < floor_ms(target, x)) | (actual > IMPLAUSIBLY_SLOW_MS))
     return bad
+
+
+def wait_overstated(x: np.ndarray, actual_ttft_ms: np.ndarray) -> np.ndarray:
+    """Rows whose observed TTFT (0 = not observed) leaves, after the time-slice wait the row states, less than the
+    poisoning guard takes from any row (over `IMPLAUSIBLY_FAST` times below the floor): the stated wait, an
+    expectation of when the accelerator comes back, was longer than the real one.
+
+    >>> from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
+    >>> from leadtime.features.vectorize import Vectorizer
+    >>> parked = EndpointState(timeslice_state="parked", timeslice_wait_ms=5000.0)
+    >>> x = Vectorizer().batch([FeatureRow(RequestFeatures(1000), parked)] * 3).X
+    >>> wait_overstated(x, np.array([4000.0, 5080.0, 0.0])).tolist()
+    [True, False, False]
+    """
+    left = actual_ttft_ms - additive_ms("ttft", x)
+    return (actual_ttft_ms > 0) & (left * IMPLAUSIBLY_FAST < floor_ms("ttft", x))

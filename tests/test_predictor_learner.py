@@ -278,6 +278,35 @@ def test_a_time_slice_state_never_learned_leaves_the_prediction_where_it_was(pre
             assert away[name] == pytest.approx(resident[name], rel=0.03), (state, name)
 
 
+def test_a_first_token_sooner_than_its_stated_wait_teaches_the_correction_nothing(predictor: OnlinePredictor) -> None:
+    """A stated time-slice wait is an expectation of when the accelerator comes back, and can be longer than the
+    real one. Such a row says nothing of the correction: learned as its TTFT less the wait, floored at 0.05 ms, it
+    was ~500x faster than the prior, and 300 of them among 300 ordinary rows took an ordinary probe from 199.6 to
+    90.5 ms."""
+    rng = np.random.default_rng(7)
+    ordinary = [Observation(r, *_truth(r)) for r in (_row(rng, endpoint=f"e{i % 4}") for i in range(2300))]
+    predictor.learn_many(ordinary[:2000])
+    probe = FeatureRow(RequestFeatures(1000), EndpointState(endpoint_id="e1", num_request_waiting=5))
+    before = predictor.predict_one(probe)["ttft_mean"]
+    overstated = [
+        Observation(
+            FeatureRow(
+                RequestFeatures(1000),
+                EndpointState(
+                    endpoint_id=f"e{i % 4}", num_request_waiting=5, timeslice_state="parked", timeslice_wait_ms=5000.0
+                ),
+            ),
+            actual_ttft_ms=4000.0,
+            actual_tpot_ms=12.0,
+        )
+        for i in range(300)
+    ]
+    predictor.learn_many([o for pair in zip(overstated, ordinary[2000:], strict=True) for o in pair])
+    assert predictor.predict_one(probe)["ttft_mean"] == pytest.approx(before, rel=0.05)
+    assert predictor.status()["observations"] == {"ttft": 2300, "tpot": 2600}  # their TPOT is a measurement
+    assert predictor.status()["implausible"] == 0
+
+
 def test_debug_one_explains_every_term(predictor: OnlinePredictor) -> None:
     row = FeatureRow(RequestFeatures(500), EndpointState(endpoint_id="ep-1", num_request_running=4))
     text = predictor.debug_one(row)
