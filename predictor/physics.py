@@ -16,6 +16,10 @@ import numpy as np
 from leadtime.features.vectorize import COLUMN_INDEX
 
 TARGETS = ("ttft", "tpot")
+# The floor of every log of a latency or a prior in ms: the correction's log_prior, the trees' and the log target.
+# No real TTFT or ITL is below it, nor any prior of the catalog's hardware (the least, an MI300X serving an 8B
+# model at tensor parallelism 16, is 0.2 ms); only absurd hardware (tensor parallelism 1024) has a prior below it.
+MIN_MS = 0.05
 
 _C = COLUMN_INDEX
 
@@ -103,7 +107,7 @@ def correction_features(target: str, x: np.ndarray, prior: np.ndarray) -> np.nda
     k = len(log_idx)
     phi = np.empty((len(x), 3 + k + len(lin_idx)))
     phi[:, 0] = 1.0
-    np.log(np.maximum(prior, 1e-3), out=phi[:, 1])
+    np.log(np.maximum(prior, MIN_MS), out=phi[:, 1])
     phi[:, 1] -= _LOG_10
     np.log1p(x.take(log_idx, axis=1), out=phi[:, 2 : 2 + k])
     phi[:, 2 + k : -1] = x.take(lin_idx, axis=1)

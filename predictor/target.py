@@ -22,6 +22,7 @@ from leadtime.predictor.forward import ForwardRecord, percentage_errors, pinball
 from leadtime.predictor.online import RECENTRE_AFTER, ConformalQuantile, OffsetTable, RecursiveLeastSquares
 from leadtime.predictor.physics import (
     IMPLAUSIBLY_FAST,
+    MIN_MS,
     additive_ms,
     convert_resident_column,
     correction_feature_names,
@@ -34,7 +35,6 @@ from leadtime.predictor.physics import (
 from leadtime.predictor.trees import CompiledTrees, ResidualTrees, compile_booster, fit_booster
 from leadtime.predictor.wait_bound import WaitBound
 
-_MIN_MS = 0.05  # floor for log targets; no real TTFT/ITL is below this
 _SETTLE_EVERY = 64  # observations between calibration updates (they need a LightGBM call)
 _BLOCK = 32  # rows per block update of the online correction when learning a batch
 # The global correction's pull towards the physics prior weighs like this many observations (~2.5 per feature
@@ -47,7 +47,7 @@ _PRIOR_ROWS = 30.0
 def log_target(target: str, x: np.ndarray, actual_ms: np.ndarray, prior: np.ndarray) -> np.ndarray:
     """What the correction and the trees learn for every row: log(actual without the additive wait / prior)."""
     wait = additive_ms(target, x)
-    return np.log(np.maximum(actual_ms - wait, _MIN_MS)) - np.log(np.maximum(prior, _MIN_MS))
+    return np.log(np.maximum(actual_ms - wait, MIN_MS)) - np.log(np.maximum(prior, MIN_MS))
 
 
 def not_queueing_ms(target: str, x: np.ndarray) -> np.ndarray:
@@ -59,7 +59,7 @@ def tree_inputs(x: np.ndarray, prior: np.ndarray) -> np.ndarray:
     """The trees' feature matrix: every column plus the log of the physics prior (TREE_FEATURES order)."""
     out = np.empty((len(x), x.shape[1] + 1))
     out[:, :-1] = x
-    out[:, -1] = np.log(np.maximum(prior, _MIN_MS))
+    out[:, -1] = np.log(np.maximum(prior, MIN_MS))
     return out
 
 

@@ -13,9 +13,10 @@ import pytest
 
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
-from leadtime.features.vectorize import COLUMN_INDEX, FeatureBatch
+from leadtime.features.vectorize import COLUMN_INDEX, FeatureBatch, Vectorizer
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
-from leadtime.predictor.target import _Adwin, new_drift_detector
+from leadtime.predictor.physics import MIN_MS, TARGETS, correction_features, prior_ms
+from leadtime.predictor.target import _Adwin, log_target, new_drift_detector, tree_inputs
 
 
 def _row(rng: np.random.Generator, endpoint: str = "", accelerator: str = "") -> FeatureRow:
@@ -305,6 +306,19 @@ def test_a_first_token_sooner_than_its_stated_wait_teaches_the_correction_nothin
     assert predictor.predict_one(probe)["ttft_mean"] == pytest.approx(before, rel=0.05)
     assert predictor.status()["observations"] == {"ttft": 2300, "tpot": 2600}  # their TPOT is a measurement
     assert predictor.status()["implausible"] == 0
+
+
+def test_the_correction_the_trees_and_the_log_target_floor_the_prior_alike() -> None:
+    """A prior below the floor (only absurd hardware has one: an H100 at tensor parallelism 1024) is floored at one
+    value for the correction's log_prior, the trees' and the log target (the correction floored it at 1e-3 ms, the
+    others at 0.05 ms)."""
+    x = Vectorizer().batch([FeatureRow(RequestFeatures(1000), EndpointState(tensor_parallel=1024))]).X
+    for target in TARGETS:
+        prior = prior_ms(target, x)
+        assert prior[0] < MIN_MS
+        log_prior = correction_features(target, x, prior)[0, 1] + np.log(10.0)  # φ's log_prior is of prior / 10
+        assert log_prior == pytest.approx(tree_inputs(x, prior)[0, -1]) == pytest.approx(np.log(MIN_MS))
+        assert log_target(target, x, np.array([1.0]), prior)[0] == pytest.approx(-np.log(MIN_MS))
 
 
 def test_debug_one_explains_every_term(predictor: OnlinePredictor) -> None:
