@@ -21,7 +21,8 @@ from waiting import wait_until
 from leadtime.bench.retrain import write_simulator_log
 from leadtime.cli import app
 from leadtime.features.catalog_file import load_catalog
-from leadtime.features.rows import ROUTED_BY_FIELD
+from leadtime.features.rows import ROUTED_BY_FIELD, EndpointState, FeatureRow, RequestFeatures
+from leadtime.features.vectorize import Vectorizer
 from leadtime.predictor.artifact import FILE_NAME, load_file
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.app import create_app
@@ -816,3 +817,14 @@ def test_a_simulator_log_as_written_is_retrained_on_without_a_warning_of_its_key
     assert done.exit_code in (EXIT_PUBLISHED, EXIT_KEPT), done.output
     assert "keys the job does not read" not in done.stderr, done.stderr
     assert json.loads(done.stdout)["samples"]["sources"][0]["unread_keys"] == {}
+
+
+def test_trees_do_not_fit_first_tokens_sooner_than_their_stated_wait() -> None:
+    """The online learner skips such a TTFT (its wait was overstated); the offline trees fitted it, floored, as
+    a request thousands of times faster than its prior."""
+    parked = EndpointState(timeslice_state="parked", timeslice_wait_ms=5000.0)
+    x = Vectorizer().batch([FeatureRow(RequestFeatures(1000), parked)] * 3 + [FeatureRow(RequestFeatures(1000))]).X
+    ttft = np.array([4000.0, 5200.0, 0.0, 90.0])
+    history = np.arange(4)
+    assert job_module.tree_rows("ttft", x, ttft, history).tolist() == [1, 3]
+    assert job_module.tree_rows("tpot", x, np.array([9.0, 9.0, 9.0, 0.0]), history).tolist() == [0, 1, 2]

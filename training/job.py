@@ -46,7 +46,7 @@ from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError
 from leadtime.predictor.artifact import ArtifactError, check_writable_dir, missing_dirs, remove_empty_dirs
 from leadtime.predictor.learner import TREES_LABEL_KEY, LearnerConfig, OnlinePredictor
-from leadtime.predictor.physics import TARGETS
+from leadtime.predictor.physics import TARGETS, wait_overstated
 from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
 from leadtime.training.champion import Decision, Evaluation, decide, evaluate
 from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
@@ -390,6 +390,17 @@ def _actuals(samples: Samples) -> dict[str, np.ndarray]:
     return {"ttft": samples.actual_ttft_ms, "tpot": samples.actual_tpot_ms}
 
 
+def tree_rows(target: str, x: np.ndarray, actual: np.ndarray, history: np.ndarray) -> np.ndarray:
+    """The history rows the trees of `target` fit on: those that observed it, less, for TTFT, those whose first
+    token came sooner than the time-slice wait they state (`physics.wait_overstated`): the online learner does
+    not learn them, and their residual (TTFT less the wait, floored) would teach the trees a speed no request has.
+    """
+    rows = history[actual[history] > 0]
+    if target == "ttft":
+        rows = rows[~wait_overstated(x[rows], actual[rows])]
+    return rows
+
+
 def _base(
     champion: OnlinePredictor | None, samples: Samples, split: TimeSplit, fresh: LearnerConfig
 ) -> OnlinePredictor:
@@ -416,7 +427,7 @@ def _fit_trees(
     fitted: dict[str, TargetTrees] = {}
     search = _with_quantile(search, base.config.quantile)
     for target, actual in _actuals(samples).items():
-        rows = split.history[actual[split.history] > 0]
+        rows = tree_rows(target, samples.batch.X, actual, split.history)
         if len(rows) < MIN_TARGET_ROWS:
             bar.step(f"{target}: {len(rows)} rows, too few for trees", fits_per_target(search))
             continue
