@@ -343,7 +343,15 @@ class TargetModel:
         return np.asarray(actual_ms) >= wall.level_ms * (1.0 - wall.band)
 
     def settle(self) -> None:
-        """Update the calibration with every pending observation, in order, against what was served then."""
+        """Update the calibration with every pending observation, in order, against what was served then.
+
+        The rows are settled `_SETTLE_EVERY` at a time, each chunk against the calibration as the chunks before it
+        left it: as they would have been had they arrived that many at a time. All judged against the calibration
+        that stood before a large batch, with the adaptive term stepped once per row and nothing fed back, 5,000
+        rows learned in one call drove that term to -4.7 and the p90 onto the mean (coverage 0.48; learned 64 at
+        a time, 0.98). The trees are asked once for all the rows (LightGBM's cost is per call), and their output
+        sliced.
+        """
         if not self._pending:
             return
         pending, self._pending, self._pending_rows = self._pending, [], 0
@@ -355,8 +363,30 @@ class TargetModel:
         hw = [key for p in pending for key in p[5]]
         tree_x = tree_inputs(x, prior)
         trees = self.trees
-        mean_residual = trees.predict_mean(tree_x)
-        upper_residual = trees.predict_upper(tree_x)
+        mean_all = trees.predict_mean(tree_x)
+        upper_all = trees.predict_upper(tree_x)
+        for start in range(0, len(z), _SETTLE_EVERY):
+            rows = slice(start, start + _SETTLE_EVERY)
+            # A tree that an earlier chunk retired served none of the rows after it.
+            mean_residual = None if mean_all is None or self.trees.mean is None else mean_all[rows]
+            upper_residual = None if upper_all is None or self.trees.upper is None else upper_all[rows]
+            self._settle_chunk(
+                x[rows], prior[rows], z[rows], online[rows], actual_ms[rows], mean_residual, upper_residual
+            )
+
+    def _settle_chunk(
+        self,
+        x: np.ndarray,
+        prior: np.ndarray,
+        z: np.ndarray,
+        online: np.ndarray,
+        actual_ms: np.ndarray,
+        mean_residual: np.ndarray | None,
+        upper_residual: np.ndarray | None,
+    ) -> None:
+        """Settle consecutive rows served with one calibration: the trees' records, the coverage of each row's
+        upper quantile and the residuals the calibration learns. `mean_residual`/`upper_residual`: the serving
+        trees' output for these rows (None where no such tree serves)."""
         point = online + (self.conformal.center if mean_residual is None else mean_residual + self.tree_center)
         conformal = self.conformal
         extra = additive_ms(self.target, x)
@@ -370,8 +400,8 @@ class TargetModel:
         # Coverage is of the quantile served: under a wall that is the capped one, and the adaptive term must
         # answer for it (the uncapped model's residuals there say it over-predicts, and it shrinks its width).
         wall = self.ceiling if self.ceiling is not None and self.ceiling.active else None
-        # Every pending row was served with the calibration as it stood at the last settle: judge each against
-        # that, not against the adaptive term as it moves within this batch. Judged against the moving term,
+        # Every row of the chunk was served with the calibration as it stood at the chunk's start: judge each
+        # against that, not against the adaptive term as it moves within the chunk. Judged against the moving term,
         # a steady climb looked covered (the term rose row by row in the judging) while what was served
         # missed: p90 coverage 0.62 over a tenth of a P/D trace whose TTFTs were climbing.
         served_offset, served_adaptive, shadow_offset = conformal.offset, conformal.adaptive, conformal.shadow_offset
