@@ -16,6 +16,7 @@ the pinball loss of its quantile (the proper score of a quantile: coverage alone
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,3 +78,16 @@ class ForwardRecord:
     def reset(self) -> None:
         """A new tree serves: its record starts empty."""
         self.rows, self.tree_error, self.plain_error = 0, 0.0, 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sums as JSON-ready values (`min_rows` is this version's setting, not state)."""
+        return {"rows": self.rows, "tree_error": self.tree_error, "plain_error": self.plain_error}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ForwardRecord:
+        """A record from `to_dict`'s output.
+
+        >>> ForwardRecord.from_dict(ForwardRecord(rows=3, tree_error=1.5, plain_error=1.0).to_dict())
+        ForwardRecord(min_rows=256, rows=3, tree_error=1.5, plain_error=1.0)
+        """
+        return cls(rows=int(d["rows"]), tree_error=float(d["tree_error"]), plain_error=float(d["plain_error"]))

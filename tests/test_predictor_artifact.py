@@ -275,6 +275,41 @@ def test_a_model_saved_with_a_resident_column_loads_and_predicts_and_learns_as_b
     assert json.loads(loaded.to_bytes())["targets"]["ttft"]["feature_names"][-1] == "timeslice_away"
 
 
+def test_a_loaded_predictor_keeps_the_trees_records_and_the_count_to_its_next_retrain(
+    trained: OnlinePredictor,
+) -> None:
+    """Regression: the serving trees' forward records and the rows since the last retrain were not saved, so a
+    restarted learner started each tree's 256-row trial over (a tree about to be retired served on) and retrained
+    on another schedule."""
+    learning = OnlinePredictor.from_bytes(trained.to_bytes(), background=False)
+    rng = np.random.default_rng(5)
+    rows = [
+        FeatureRow(RequestFeatures(int(rng.integers(10, 3000))), EndpointState(endpoint_id="ep-0")) for _ in range(200)
+    ]
+    x = learning.vectorizer.batch(rows)
+    learning.learn_many(x, 30 * rng.lognormal(0, 0.1, 200), 12 * rng.lognormal(0, 0.1, 200))
+    loaded = OnlinePredictor.from_bytes(learning.to_bytes(), background=False)
+    for target in ("ttft", "tpot"):
+        before, after = learning._models[target], loaded._models[target]
+        assert after.forward == before.forward
+        assert after.upper_forward == before.upper_forward
+        assert after.since_retrain == before.since_retrain == 200
+    assert learning._models["ttft"].forward.rows == 200  # a record there was to keep
+    learning.close()
+    loaded.close()
+
+
+def test_an_artifact_written_before_the_records_were_saved_loads_with_fresh_ones(trained: OnlinePredictor) -> None:
+    document = json.loads(trained.to_bytes())
+    for state in document["targets"].values():
+        for key in ("forward", "upper_forward", "since_retrain"):
+            state.pop(key, None)
+    loaded = OnlinePredictor.from_bytes(seal(document), background=False)
+    assert loaded._models["ttft"].forward.rows == loaded._models["ttft"].since_retrain == 0
+    np.testing.assert_array_equal(_probe(loaded), _probe(trained))
+    loaded.close()
+
+
 def test_a_save_that_fails_leaves_no_temporary_file_and_the_old_artifact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
