@@ -133,6 +133,11 @@ class LearnerConfig:
             raise ValueError(f"quantile must be in [0.5, 1), got {self.quantile}")
         if self.window < 100 or self.retrain_every < 1 or self.min_window < 50:
             raise ValueError("window must be ≥ 100, retrain_every ≥ 1 and min_window ≥ 50")
+        if self.min_window > self.window:
+            raise ValueError(
+                f"min_window ({self.min_window}) must be ≤ window ({self.window}): a smaller window never holds the "
+                "rows a first tree needs, and no tree would ever be fitted"
+            )
         if self.tree_rounds < 1:
             raise ValueError(f"tree_rounds must be ≥ 1, got {self.tree_rounds}")
         if not 0.9 <= self.forgetting <= 1.0:

@@ -74,7 +74,12 @@ class ServiceSettings(BaseModel):
     )
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     max_rows: int = Field(default=10_000, gt=0)
-    window: int = Field(default=20_000, ge=100)
+    window: int = Field(
+        default=20_000,
+        ge=300,
+        description="Observations per target kept for tree retraining: at least the 300 a first tree needs "
+        "(LearnerConfig.min_window), or no tree is ever fitted.",
+    )
     retrain_every: int = Field(default=2_000, gt=0)
     ingest_batch: int = Field(
         default=512,

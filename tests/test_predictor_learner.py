@@ -827,6 +827,14 @@ def test_the_wrong_kind_of_row_is_a_type_error_saying_what_is_taken(predictor: O
         LearnerConfig(quantile="0.9")  # type: ignore[arg-type]
 
 
+def test_a_min_window_larger_than_the_window_is_refused_naming_both() -> None:
+    """Regression: `window=100, min_window=300` was accepted, and no tree was ever fitted (the window never held
+    the rows a first tree needs), without a word."""
+    with pytest.raises(ValueError, match=r"min_window \(300\) must be ≤ window \(200\)"):
+        LearnerConfig(window=200, min_window=300)
+    assert LearnerConfig(window=300, min_window=300).min_window == 300
+
+
 def test_an_absurd_outcome_is_not_learned(predictor: OnlinePredictor) -> None:
     """One TTFT of 1e300 ms made the next prediction 1.9e25 ms for 50 to 200 rows: the learner drops what the
     service's poisoning guard drops (physics.implausible), and counts it."""

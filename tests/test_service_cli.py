@@ -178,6 +178,7 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["serve", "--port", "99999"], {}, "--port (LEADTIME_PORT): "),
         (["serve", "--tls-cert", __file__], {}, "--tls-cert and --tls-key go together"),
         (["serve"], {"LEADTIME_MAX_BODY_BYTES": "-1"}, "LEADTIME_MAX_BODY_BYTES: "),
+        (["serve"], {"LEADTIME_WINDOW": "200"}, "LEADTIME_WINDOW: "),
         # Alone, a prediction server never sees a trained model: it served the prior forever without a word.
         (["serve", "--role", "prediction"], {}, "--role prediction needs --model-from"),
     ]:

@@ -52,6 +52,17 @@ def test_bad_values_are_refused_naming_the_option() -> None:
         ServiceSettings.from_env(env={"LEADTIME_PORT": "eighty"})
 
 
+def test_a_window_too_small_for_a_first_tree_is_refused_as_a_setting() -> None:
+    """The service's learner needs `min_window` rows in its window for a tree: a smaller window was accepted here
+    and then refused by LearnerConfig, a traceback at start rather than a message naming the setting."""
+    from leadtime.predictor.learner import LearnerConfig
+
+    least = LearnerConfig().min_window
+    with pytest.raises(ValidationError, match=f"window\n.*{least}"):
+        ServiceSettings.from_env(env={"LEADTIME_WINDOW": str(least - 1)})
+    assert ServiceSettings(window=least).window == least
+
+
 @pytest.mark.parametrize("variable", ["LEADTIME_REDIS_URL", "LEADTIME_MODEL_DIR"])
 def test_a_variable_saying_where_state_lives_set_but_blank_is_refused(variable: str) -> None:
     """`LEADTIME_REDIS_URL=` (a ConfigMap key left empty) started the service on its in-memory store: replicas
