@@ -406,9 +406,18 @@ class OnlinePredictor:
         """Learn a batch in order: Observations, or a FeatureBatch (or a bare matrix, as `predict_many` takes
         it) with the actuals beside it (0 = that target was not observed).
 
-        Everything is validated before anything is learned: a bad batch changes nothing. Drift checks and the
-        scheduled tree retrains run between batches, not between rows: the same observations learned in batches of
-        another size may have trees fitted at other moments, and predict somewhat differently afterwards.
+        Everything is validated before anything is learned: a bad batch changes nothing.
+
+        The same observations learned in batches of another size end near the same model, not at it. The online
+        correction learns 32 rows at a time (`target._BLOCK`), each row's residual taken against the state at its
+        block's start, and the first block, not the first row, sets the scale of its pull to the prior; one row at a
+        time, each learns against the state the row before left. The calibration is settled 64 rows at a time
+        whatever the batch size, each 64 against the calibration those before left: beyond those residuals, a
+        batch's size changes only where the 64-row boundaries fall. Retrains on drift, and a background learner's
+        scheduled ones, come between batches, not between rows, so trees may be fitted at other moments (a
+        synchronous learner stops a batch where a retrain falls due). Measured without trees: 2,000 rows in one call
+        and one at a time predicted within 2% of each other (within 7% after the first 40 rows); 5,000 rows in one
+        call and 64 at a time served the same p90 coverage within a point.
         """
         if isinstance(observations, FeatureBatch | np.ndarray):
             if actual_ttft_ms is None or actual_tpot_ms is None:
