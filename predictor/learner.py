@@ -6,11 +6,11 @@ For each target (TTFT, TPOT) a prediction in milliseconds is
 
 and the served upper quantile replaces the tree residual by a calibrated quantile of the residual. Every
 observation updates w (recursive least squares), the offsets and the calibration at once; LightGBM trees are
-retrained on a bounded window in the background and swapped in only when they beat the current model on recent
-held-out observations. Where the recent TTFTs show a wall that the predictions overshoot (clients giving up
-on a queue deeper than their timeout), TTFT is capped at it (`ceiling.OutcomeCeiling`), and the outcomes at the
-wall are learned as the lower bounds they are; nor is a mean TTFT predicted beyond the longest wait learned so far
-(`wait_bound.WaitBound`). The predictor answers from the first row: with nothing learned it is the physics prior.
+retrained on a bounded window in the background and swapped in only when they beat the current model on every fifth
+row of the window, held out of their fit. Where the recent TTFTs show a wall that the predictions overshoot (clients
+giving up on a queue deeper than their timeout), TTFT is capped at it (`ceiling.OutcomeCeiling`), and the outcomes
+at the wall are learned as the lower bounds they are; nor is a mean TTFT predicted beyond the longest wait learned so
+far (`wait_bound.WaitBound`). The predictor answers from the first row: with nothing learned it is the physics prior.
 
 This module holds the predictor's interface, its locking and its retraining thread; what it learns about each
 target, and how, is `target.TargetModel`.

@@ -2,8 +2,10 @@
 
 The trees never replace the physics: they learn what is left of log(actual) after prior × online correction,
 so they add structure the linear correction cannot express (interactions, thresholds) without having to
-extrapolate load levels they have not seen. A candidate is accepted only if it beats the current serving model
-on the most recent held-out observations.
+extrapolate load levels they have not seen. A candidate is fitted on four fifths of the window and accepted only
+if it beats the current serving model on the rest: every fifth row across the window, not the newest
+(`target.heldout_rows` says why). A serving tree that then does worse on the rows after it is retired
+(`forward`).
 """
 
 from __future__ import annotations
