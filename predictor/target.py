@@ -371,7 +371,7 @@ class TargetModel:
             mean_residual = None if mean_all is None or self.trees.mean is None else mean_all[rows]
             upper_residual = None if upper_all is None or self.trees.upper is None else upper_all[rows]
             self._settle_chunk(
-                x[rows], prior[rows], z[rows], online[rows], actual_ms[rows], mean_residual, upper_residual
+                x[rows], prior[rows], z[rows], online[rows], actual_ms[rows], hw[rows], mean_residual, upper_residual
             )
 
     def _settle_chunk(
@@ -381,12 +381,13 @@ class TargetModel:
         z: np.ndarray,
         online: np.ndarray,
         actual_ms: np.ndarray,
+        hw: list[str],
         mean_residual: np.ndarray | None,
         upper_residual: np.ndarray | None,
     ) -> None:
         """Settle consecutive rows served with one calibration: the trees' records, the coverage of each row's
-        upper quantile and the residuals the calibration learns. `mean_residual`/`upper_residual`: the serving
-        trees' output for these rows (None where no such tree serves)."""
+        upper quantile and the residuals the calibration learns. `hw`: each row's class; `mean_residual` and
+        `upper_residual`: the serving trees' output for these rows (None where no such tree serves)."""
         point = online + (self.conformal.center if mean_residual is None else mean_residual + self.tree_center)
         conformal = self.conformal
         extra = additive_ms(self.target, x)
