@@ -155,6 +155,13 @@ def observe(port: int, entries: list[dict[str, Any]], rows_per_s: float, seconds
     client.close()
 
 
+def call_rows(entries: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The `n` rows of one prediction call: the shipped trace's rows in order, from the first again when `n` is
+    more than it holds (a call may then hold the same row more than once)."""
+    rows = prediction_rows(entries)
+    return [rows[i % len(rows)] for i in range(n)]
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of a process and its children (the learner), in MB."""
     total_kb = 0
@@ -181,7 +188,7 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
     say = progress or (lambda message: None)
     find_wrk()
     entries = load_entries()
-    rows = prediction_rows(entries)[: options.rows_per_call]
+    rows = call_rows(entries, options.rows_per_call)
     body = json.dumps({"requests": rows}).encode()
     with tempfile.TemporaryDirectory(prefix="leadtime-load-") as tmp:
         workdir = Path(tmp)
@@ -198,7 +205,7 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
             time.sleep(1.0)
             rss_start = rss_mb(service.child.pid)
             say(
-                f"driving {options.predict_rps:,.0f} predictions/s of {options.rows_per_call} rows and "
+                f"driving {options.predict_rps:,.0f} predictions/s of {len(rows)} rows and "
                 f"{options.observe_rps:,.0f} observations/s for {options.duration_s:.0f} s"
             )
             context = multiprocessing.get_context("spawn")
@@ -232,7 +239,7 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
     return {
         "target_predict_rps": options.predict_rps,
         "achieved_predict_rps": round(result["requests"] / seconds, 1),
-        "rows_per_call": options.rows_per_call,
+        "rows_per_call": len(rows),  # what each call sent
         "target_observe_rps": options.observe_rps,
         "achieved_observe_rps": round(accepted / observe_s, 1) if observe_s else 0.0,
         "duration_s": round(seconds, 1),

@@ -80,3 +80,18 @@ def test_a_worker_process_ends_quietly_on_ctrl_c(capfd: pytest.CaptureFixture[st
     worker.join(30)
     assert worker.exitcode == 0
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_call_holds_the_rows_asked_for_repeating_the_shipped_ones() -> None:
+    """`--rows 10000` said "of 10000 rows" but sent the 3,400 rows the shipped trace has."""
+    from leadtime.bench.load import call_rows
+    from leadtime.bench.serving import load_entries, prediction_rows
+
+    entries = load_entries()
+    shipped = prediction_rows(entries)
+    assert len(shipped) < 10_000
+    rows = call_rows(entries, 10_000)
+    assert len(rows) == 10_000
+    assert rows[: len(shipped)] == shipped
+    assert rows[len(shipped)] == shipped[0]  # from the first again
+    assert call_rows(entries, 50) == shipped[:50]
