@@ -245,7 +245,9 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
         "duration_s": round(seconds, 1),
         "p50_ms": round(result["p50_us"] / 1000.0, 3),
         "p99_ms": round(result["p99_us"] / 1000.0, 3),
-        "errors": int(result["errors"] + observe_errors),
+        "predict_errors": int(result["errors"]),  # calls: wrk's connect, read, write, timeout and status >= 400
+        "observe_errors": int(observe_errors),  # posts that failed or were not answered 202
+        "errors": int(result["errors"] + observe_errors),  # the two together
         "rss_mb_start": round(rss_start, 1),
         "rss_mb_end": round(rss_end, 1),
         "rss_mb_every_10s": samples,
@@ -268,5 +270,8 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
     print(
         f"observations: {report['achieved_observe_rps']:,.0f}/s accepted (target {report['target_observe_rps']:,.0f}/s)"
     )
-    print(f"errors: {report['errors']}")
+    print(
+        f"errors: {report['predict_errors']:,} prediction calls (failed, timed out or answered ≥ 400), "
+        f"{report['observe_errors']:,} observation posts (failed or not answered 202)"
+    )
     print(f"resident memory: {report['rss_mb_start']:.0f} MB after warm-up, {report['rss_mb_end']:.0f} MB at the end")

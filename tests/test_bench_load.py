@@ -14,7 +14,17 @@ from typing import Any
 
 import pytest
 
-FIELDS = {"achieved_predict_rps", "achieved_observe_rps", "p50_ms", "p99_ms", "errors", "rss_mb_start", "rss_mb_end"}
+FIELDS = {
+    "achieved_predict_rps",
+    "achieved_observe_rps",
+    "p50_ms",
+    "p99_ms",
+    "predict_errors",
+    "observe_errors",
+    "errors",
+    "rss_mb_start",
+    "rss_mb_end",
+}
 
 
 def require_wrk() -> None:
@@ -37,7 +47,7 @@ def test_bench_load_smoke() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert set(report) >= FIELDS
-    assert report["errors"] == 0
+    assert report["predict_errors"] == report["observe_errors"] == report["errors"] == 0
     assert 0.7 * 40 <= report["achieved_predict_rps"] <= 1.2 * 40, report
     assert 0.8 * 400 <= report["achieved_observe_rps"] <= 1.05 * 400, report
     assert 0 < report["p50_ms"] <= report["p99_ms"]
@@ -95,3 +105,27 @@ def test_a_call_holds_the_rows_asked_for_repeating_the_shipped_ones() -> None:
     assert rows[: len(shipped)] == shipped
     assert rows[len(shipped)] == shipped[0]  # from the first again
     assert call_rows(entries, 50) == shipped[:50]
+
+
+def test_the_report_names_prediction_and_observation_errors_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    """The report gave one sum of wrk's errors and the observation posts not answered 202; the README's table has
+    an errors column for each."""
+    from leadtime.bench.load import print_report
+
+    report = {
+        "achieved_predict_rps": 990.0,
+        "target_predict_rps": 1000.0,
+        "rows_per_call": 50,
+        "p50_ms": 1.0,
+        "p99_ms": 5.0,
+        "achieved_observe_rps": 4990.0,
+        "target_observe_rps": 5000.0,
+        "predict_errors": 3,
+        "observe_errors": 2,
+        "errors": 5,
+        "rss_mb_start": 290.0,
+        "rss_mb_end": 400.0,
+    }
+    print_report(report, as_json=False)
+    out = capsys.readouterr().out
+    assert "errors: 3 prediction calls (failed, timed out or answered ≥ 400), 2 observation posts" in out
