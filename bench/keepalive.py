@@ -12,6 +12,14 @@ from __future__ import annotations
 import socket
 
 
+def request_bytes(host: str, path: str, body: bytes, content_type: str = "application/json") -> bytes:
+    """A whole POST to `host`, to encode once and send many times (on any connection to it)."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 class KeepAliveClient:
     """One persistent connection; `post` sends a prepared body and returns (status, body)."""
 
@@ -23,11 +31,7 @@ class KeepAliveClient:
 
     def request_bytes(self, path: str, body: bytes, content_type: str = "application/json") -> bytes:
         """The whole request, to encode once and send many times."""
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        return head.encode() + body
+        return request_bytes(self.host, path, body, content_type)
 
     def send(self, request: bytes) -> tuple[int, bytes]:
         """Send raw request bytes and read one response: (status, body)."""

@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 
-from leadtime.bench.keepalive import KeepAliveClient
-from leadtime.bench.procs import Predictor, quietly
+from leadtime.bench.keepalive import KeepAliveClient, request_bytes
+from leadtime.bench.procs import Child, Predictor, quietly
 from leadtime.bench.serving import load_entries, prediction_rows
 from leadtime.json_text import print_json
 
@@ -123,10 +123,11 @@ def run_wrk(
 
 def observe(port: int, entries: list[dict[str, Any]], rows_per_s: float, seconds: float, out: Any) -> None:
     """Runs in its own process: post OBSERVE_BATCH-entry batches on schedule for `seconds`; `out` gets
-    [rows answered 202, calls that were not 202 or failed, seconds taken]."""
-    client = KeepAliveClient("127.0.0.1", port)
+    [rows answered 202, calls that were not 202 or failed, seconds taken]. A post that fails (the service gone, a
+    connection refused or cut) is counted, and the next one tries a new connection."""
     requests = [
-        client.request_bytes(
+        request_bytes(
+            "127.0.0.1",
             "/add_training_data_bulk",
             json.dumps(
                 {"entries": [entries[(b * OBSERVE_BATCH + i) % len(entries)] for i in range(OBSERVE_BATCH)]}
@@ -134,16 +135,19 @@ def observe(port: int, entries: list[dict[str, Any]], rows_per_s: float, seconds
         )
         for b in range(50)
     ]
+    client: KeepAliveClient | None = None
     period = OBSERVE_BATCH / rows_per_s
     started = time.monotonic()
     next_at, b, accepted, errors = started, 0, 0, 0
     while time.monotonic() - started < seconds:
         try:
+            client = client or KeepAliveClient("127.0.0.1", port)
             status, _ = client.send(requests[b % len(requests)])
-        except OSError:
+        except (OSError, RuntimeError, ValueError):  # refused, cut, timed out, or an answer that is not HTTP
             status = 0
-            client.close()
-            client = KeepAliveClient("127.0.0.1", port)
+            if client is not None:
+                client.close()
+                client = None
         if status == 202:
             accepted += OBSERVE_BATCH
         else:
@@ -152,7 +156,27 @@ def observe(port: int, entries: list[dict[str, Any]], rows_per_s: float, seconds
         next_at += period
         time.sleep(max(0.0, next_at - time.monotonic()))
     out[:] = [accepted, errors, time.monotonic() - started]
-    client.close()
+    if client is not None:
+        client.close()
+
+
+def feeder_figures(feeder: Any, out: Any) -> tuple[int, int, float]:
+    """The observation feeder's (rows answered 202, failed posts, seconds), once it has ended; RuntimeError when
+    it failed or is still running: its `out` would still read 0 rows and 0 errors, no load reported as no errors."""
+    if feeder.exitcode != 0:
+        state = "did not finish" if feeder.exitcode is None else f"failed (exit code {feeder.exitcode})"
+        raise RuntimeError(f"the observation feeder {state}")
+    accepted, errors, seconds = out
+    return int(accepted), int(errors), float(seconds)
+
+
+def stopped(child: Child) -> str | None:
+    """What became of a service that has exited (its exit code, or the signal that killed it); None while it runs."""
+    code = child.process.poll()
+    if code is None:
+        return None
+    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    return f"the service stopped during the run ({how})"
 
 
 def call_rows(entries: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
@@ -196,43 +220,52 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
         feeder = None
         try:
             service.wait()
-            url = f"{service.url}/predict/bulk/strict"
-            say(f"warming up for {options.warmup_s:.0f} s")
-            warm = run_wrk(url, body, options.predict_rps, options.warmup_s, 0.0, workdir)
-            with httpx.Client(base_url=service.url, timeout=10) as client:
-                for start in range(0, 2_000, OBSERVE_BATCH):
-                    client.post("/add_training_data_bulk", json={"entries": entries[start : start + OBSERVE_BATCH]})
-            time.sleep(1.0)
-            rss_start = rss_mb(service.child.pid)
-            say(
-                f"driving {options.predict_rps:,.0f} predictions/s of {len(rows)} rows and "
-                f"{options.observe_rps:,.0f} observations/s for {options.duration_s:.0f} s"
-            )
-            context = multiprocessing.get_context("spawn")
-            out = context.Manager().list([0, 0, 0.0])
-            feeder = context.Process(
-                target=quietly,
-                args=(observe, service.port, entries, options.observe_rps, options.duration_s, out),
-            )
-            feeder.start()
-            samples: list[float] = []
-            result = run_wrk(
-                url,
-                body,
-                options.predict_rps,
-                options.duration_s,
-                warm["mean_us"] / 1000.0,
-                workdir,
-                sample=lambda: samples.append(round(rss_mb(service.child.pid), 1)),
-            )
-            feeder.join(options.duration_s + 60)
-            accepted, observe_errors, observe_s = list(out)
-            rss_end = rss_mb(service.child.pid)
-            with httpx.Client(base_url=service.url, timeout=10) as client:
-                ingestion = client.get("/status").json()["ingestion"]
+            try:
+                url = f"{service.url}/predict/bulk/strict"
+                say(f"warming up for {options.warmup_s:.0f} s")
+                warm = run_wrk(url, body, options.predict_rps, options.warmup_s, 0.0, workdir)
+                with httpx.Client(base_url=service.url, timeout=10) as client:
+                    for start in range(0, 2_000, OBSERVE_BATCH):
+                        client.post("/add_training_data_bulk", json={"entries": entries[start : start + OBSERVE_BATCH]})
+                time.sleep(1.0)
+                rss_start = rss_mb(service.child.pid)
+                say(
+                    f"driving {options.predict_rps:,.0f} predictions/s of {len(rows)} rows and "
+                    f"{options.observe_rps:,.0f} observations/s for {options.duration_s:.0f} s"
+                )
+                context = multiprocessing.get_context("spawn")
+                out = context.Manager().list([0, 0, 0.0])
+                feeder = context.Process(
+                    target=quietly,
+                    args=(observe, service.port, entries, options.observe_rps, options.duration_s, out),
+                )
+                feeder.start()
+                samples: list[float] = []
+                result = run_wrk(
+                    url,
+                    body,
+                    options.predict_rps,
+                    options.duration_s,
+                    warm["mean_us"] / 1000.0,
+                    workdir,
+                    sample=lambda: samples.append(round(rss_mb(service.child.pid), 1)),
+                )
+                feeder.join(options.duration_s + 60)
+                if (gone := stopped(service.child)) is not None:  # wrk and the feeder only counted errors
+                    raise RuntimeError(gone)
+                accepted, observe_errors, observe_s = feeder_figures(feeder, out)
+                rss_end = rss_mb(service.child.pid)
+                with httpx.Client(base_url=service.url, timeout=10) as client:
+                    ingestion = client.get("/status").json()["ingestion"]
+            except (httpx.HTTPError, RuntimeError) as err:  # said as the service stopping, when that is the cause
+                if (gone := stopped(service.child)) is not None:
+                    raise RuntimeError(gone) from err
+                if isinstance(err, httpx.HTTPError):
+                    raise RuntimeError(f"the service did not answer: {err}") from err
+                raise
         finally:
-            if feeder is not None and feeder.is_alive():  # stopped first: the service going away under it
-                feeder.terminate()  # made its reconnects fail with tracebacks
+            if feeder is not None and feeder.is_alive():  # stopped first, before the service goes away under it
+                feeder.terminate()
                 feeder.join(10)
             service.child.stop()
     seconds = result["duration_us"] / 1e6

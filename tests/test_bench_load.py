@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,3 +130,66 @@ def test_the_report_names_prediction_and_observation_errors_apart(capsys: pytest
     print_report(report, as_json=False)
     out = capsys.readouterr().out
     assert "errors: 3 prediction calls (failed, timed out or answered ≥ 400), 2 observation posts" in out
+
+
+def test_the_feeder_counts_posts_to_a_service_that_is_gone_as_errors() -> None:
+    """A refused reconnect inside the feeder's `except OSError` ended the feeder with a traceback of its own."""
+    import socket
+
+    from leadtime.bench.load import observe
+    from leadtime.bench.serving import load_entries
+
+    with socket.socket() as closed:  # bound and not listening: a connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        out = [0, 0, 0.0]
+        observe(closed.getsockname()[1], load_entries()[:200], 400.0, 1.0, out)
+    accepted, errors, seconds = out
+    assert accepted == 0 and 3 <= errors <= 5 and seconds >= 1.0, out
+
+
+def test_a_feeder_that_did_not_finish_is_an_error_not_zero_observations() -> None:
+    """Its figures stayed [0, 0, 0.0]: a run reported `achieved_observe_rps: 0.0` with `errors: 0`."""
+    from types import SimpleNamespace
+
+    from leadtime.bench.load import feeder_figures
+
+    with pytest.raises(RuntimeError, match=r"the observation feeder failed \(exit code 1\)"):
+        feeder_figures(SimpleNamespace(exitcode=1), [0, 0, 0.0])
+    with pytest.raises(RuntimeError, match="the observation feeder did not finish"):
+        feeder_figures(SimpleNamespace(exitcode=None), [0, 0, 0.0])
+    assert feeder_figures(SimpleNamespace(exitcode=0), [400, 1, 1.0]) == (400, 1, 1.0)
+
+
+def test_bench_load_says_in_one_line_that_the_service_stopped_mid_run() -> None:
+    """`kill -9` of the service mid-run ended `bench load` in a 280-line traceback (httpx.ConnectError is not an
+    OSError), with no report, and the feeder's own traceback above it."""
+    require_wrk()
+    command = [sys.executable, "-m", "leadtime", "bench", "load", "--duration", "6"]
+    command += ["--predict-rps", "40", "--observe-rps", "400"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    lines = []
+    while not lines or not lines[-1].startswith("driving "):  # the measured run has begun
+        lines.append(process.stderr.readline())
+        assert lines[-1], (lines, process.communicate())
+    time.sleep(1.5)
+    (service,) = _children(process.pid, "serve")
+    os.kill(service, signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stderr[-3000:]
+    assert stdout == ""
+    assert stderr.strip().splitlines() == ["error: the service stopped during the run (killed by signal 9)"]
+
+
+def _children(parent: int, word: str) -> list[int]:
+    """Processes whose parent is `parent` and whose command line holds `word`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == parent and word.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
