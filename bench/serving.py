@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -40,6 +40,8 @@ ROW_COUNTS = (1, 10, 100)
 INGEST_BATCH = 1_000
 INGEST_BATCHES = 60
 WARMUP_CALLS = 200
+
+T = TypeVar("T")
 
 
 def load_entries() -> list[dict[str, Any]]:
@@ -178,6 +180,35 @@ def wait_until_feeding(feeder: Any, posted: Any, timeout_s: float = 60.0) -> Non
         time.sleep(0.01)
 
 
+def timed_while_feeding(timed: Callable[[], T], posted: Any, retrains: Callable[[], int]) -> tuple[T, dict[str, Any]]:
+    """`timed()`'s result, and what happened while it ran, between the clock's start and stop only: the rows the
+    feeder posted (`posted`, its running count: the batch posted before the clock started and any posted after
+    it stopped are not the cell's) and the retrains completed (`retrains()`, the service's count so far)."""
+    retrains_before, posted_before = retrains(), posted.value
+    started = time.perf_counter()
+    result = timed()
+    elapsed = time.perf_counter() - started
+    fed = posted.value - posted_before
+    retrained = retrains() - retrains_before
+    return result, {
+        "retrains_completed": retrained,
+        "retrained_while_timed": retrained > 0,
+        "observations_fed": fed,
+        "observations_fed_per_s": round(fed / elapsed),
+        "seconds": round(elapsed, 3),
+    }
+
+
+def no_retrain_warning(cell: dict[str, Any], calls: int) -> str | None:
+    """What to say of a "while learning" cell that saw no retrain complete, or None when it saw one."""
+    if cell["retrained_while_timed"]:
+        return None
+    return (
+        f"no retrain completed during the {calls} + {calls} calls timed while learning (HTTP, then gRPC): that "
+        "cell measured the service taking in and learning rows, not retraining (more --calls give it the time)"
+    )
+
+
 SUSTAIN_RATES = (2_000, 5_000, 10_000, 20_000, 30_000, 40_000, 60_000)
 SUSTAIN_SECONDS = 10.0
 
@@ -302,10 +333,12 @@ def run_serving(
     settings: dict[str, str] | None = None,
     sustain_rates: tuple[int, ...] = SUSTAIN_RATES,
     sustain_seconds: float = SUSTAIN_SECONDS,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """`settings`: service settings (name → value) for the measured service; everything else runs on defaults,
     whatever LEADTIME_* variables the caller's environment holds. `sustain_rates`, `sustain_seconds`: the paced
-    ingestion steps."""
+    ingestion steps. `warn` gets what makes a figure other than it looks (a "while learning" cell without a
+    retrain)."""
     import grpc
 
     from leadtime.predictor.grpc import leadtime_pb2_grpc
@@ -349,7 +382,6 @@ def run_serving(
                 batch = [entries[(b * INGEST_BATCH + i) % len(entries)] for i in range(INGEST_BATCH)]
                 batches.append(json.dumps({"entries": batch}, separators=(",", ":")).encode())
             headers = {"content-type": "application/json"}
-            retrains_before = retrain_count(client)
             before = ingestion_state(client)
             started = time.perf_counter()
             for body in batches:
@@ -377,22 +409,24 @@ def run_serving(
             feeder.start()
             try:
                 wait_until_feeding(feeder, posted)
-                started = time.perf_counter()
-                during_http = time_calls(http_call, calls)
-                during_grpc = time_calls(grpc_call, calls)
-                elapsed = time.perf_counter() - started
+                (during_http, during_grpc), window = timed_while_feeding(
+                    lambda: (time_calls(http_call, calls), time_calls(grpc_call, calls)),
+                    posted,
+                    lambda: retrain_count(client),
+                )
             finally:
                 stop.set()
                 feeder.join(30)
             if feeder.exitcode != 0:
                 raise RuntimeError(f"the observation feeder failed (exit code {feeder.exitcode})")
-            retrains = retrain_count(client) - retrains_before
             report["while_learning"] = {
                 "http_rows_100": percentiles(during_http),
                 "grpc_rows_100": percentiles(during_grpc),
-                "retrains_completed": retrains,
-                "observations_fed_per_s": round(posted.value / elapsed),
+                **window,
             }
+            retrains = window["retrains_completed"]
+            if warn is not None and (message := no_retrain_warning(window, calls)) is not None:
+                warn(message)
             stop.clear()
             feeder = context.Process(target=quietly, args=(feed_observations, service.http_port, entries, stop, posted))
             feeder.start()
@@ -495,7 +529,7 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         print(f"{n:>4} rows  {h['p50_ms']:>9.3f} {h['p99_ms']:>9.3f} {g['p50_ms']:>9.3f} {g['p99_ms']:>9.3f}")
     w = report["while_learning"]
     print(
-        f"100 rows while learning ({w['retrains_completed']} retrains, "
+        f"100 rows while learning ({w['retrains_completed']} retrains during the timed calls, "
         f"{w['observations_fed_per_s']:,} observations/s fed): "
         f"HTTP p99 {w['http_rows_100']['p99_ms']:.3f} ms, gRPC p99 {w['grpc_rows_100']['p99_ms']:.3f} ms"
     )

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from leadtime.bench.serving import load_entries, percentiles, prediction_rows, print_report, run_serving
+from leadtime.bench.serving import (
+    FEED_BATCH,
+    FEED_PERIOD_S,
+    load_entries,
+    percentiles,
+    prediction_rows,
+    print_report,
+    run_serving,
+)
 
 
 def test_inputs_are_llmd_rows_without_actuals() -> None:
@@ -115,7 +123,9 @@ def test_the_benchmark_runs_end_to_end_against_a_real_service_process() -> None:
     assert steps[0]["sustained"] and steps[0]["thinned_or_dropped"] == 0  # 2,000 rows/s is kept whole
     assert not steps[-1]["sustained"]  # a million rows/s is not reached by one client
     assert report["ingestion"]["sustained_per_s"] == steps[0]["accepted_per_s"]
-    assert report["while_learning"]["observations_fed_per_s"] > 0
+    w = report["while_learning"]  # only what the feeder posted while the calls were timed: 60 calls may see none
+    assert 0 <= w["observations_fed"] <= (w["seconds"] / FEED_PERIOD_S + 1) * FEED_BATCH, w
+    assert w["retrained_while_timed"] == (w["retrains_completed"] > 0)
     for cell in (*report["stack_floor"].values(), *report["stack_floor_beside_busy_cpu"].values()):
         assert 0 < cell["p50_ms"] <= cell["p99_ms"]
     assert 0 < report["handler_rows_100_ms"]["p50_ms"] <= report["handler_rows_100_ms"]["p99_ms"]
@@ -170,3 +180,39 @@ def test_the_timed_window_starts_only_once_the_feeder_feeds() -> None:
         wait_until_feeding(quitter, posted)
     posted.value = 500
     wait_until_feeding(quitter, posted)  # something was posted: no wait
+
+
+def test_the_while_learning_cell_counts_only_what_happened_while_it_was_timed() -> None:
+    """The feeder's rate counted the batch posted before the clock started (and one after it stopped) over the
+    timed seconds only, and the retrains were counted from before the 60,000-row burst."""
+    import time
+    from types import SimpleNamespace
+
+    from leadtime.bench.serving import timed_while_feeding
+
+    posted = SimpleNamespace(value=FEED_BATCH)  # the first batch, posted before the clock starts
+    retrains = iter([7, 7])  # 7 retrains since the burst, none while timed
+
+    def calls() -> str:
+        time.sleep(0.2)
+        posted.value += 2 * FEED_BATCH
+        return "timed"
+
+    result, cell = timed_while_feeding(calls, posted, lambda: next(retrains))
+    assert result == "timed"
+    assert cell["observations_fed"] == 2 * FEED_BATCH
+    assert 0.2 <= cell["seconds"] < 0.5
+    assert cell["observations_fed_per_s"] == pytest.approx(2 * FEED_BATCH / cell["seconds"], rel=0.01)
+    assert cell["retrains_completed"] == 0 and cell["retrained_while_timed"] is False
+
+    retrains = iter([7, 9])
+    _, cell = timed_while_feeding(calls, posted, lambda: next(retrains))
+    assert cell["retrains_completed"] == 2 and cell["retrained_while_timed"] is True
+
+
+def test_a_while_learning_cell_without_a_retrain_is_said_to_be_one() -> None:
+    from leadtime.bench.serving import no_retrain_warning
+
+    assert no_retrain_warning({"retrained_while_timed": True, "retrains_completed": 1}, 2000) is None
+    message = no_retrain_warning({"retrained_while_timed": False, "retrains_completed": 0}, 100)
+    assert message is not None and message.startswith("no retrain completed during the 100 + 100 calls timed while")

@@ -205,7 +205,7 @@ def bench_serving(
         named = [item for item in setting or [] if item.partition("=")[0].lower() == where] or setting or []
         fail(f"--setting {' '.join(named)}: {problem}")
     try:
-        report = run_serving(calls=calls, progress=not json_out, settings=settings)
+        report = run_serving(calls=calls, progress=not json_out, settings=settings, warn=warn)
     except (OSError, RuntimeError) as err:
         fail(err)
     print_report(report, as_json=json_out)
