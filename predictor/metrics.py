@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.model_pull import PULL_RESULTS
 
 LATENCY_BUCKETS = (
@@ -41,6 +42,10 @@ LATENCY_BUCKETS = (
 ERROR_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 RETRAIN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 RETRAIN_OUTCOMES = ("accepted", "rejected", "failed")
+APIS = ("llmd", "native", "grpc")
+"""The `api` label of predictions and observations: llm-d's paths, the native /v1 API, gRPC."""
+GRPC_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Predictor"].methods)
+"""The `method` label of the gRPC metrics: every method of leadtime.v1.Predictor, as the proto defines them."""
 
 
 class _LiveValues(Collector):
@@ -174,7 +179,7 @@ class ServiceMetrics:
             registry=r,
         )
         self.predictions = Counter(
-            "leadtime_predictions", "Rows predicted, by API (llmd, native, grpc).", ["api"], registry=r
+            "leadtime_predictions", f"Rows predicted, by API ({', '.join(APIS)}).", ["api"], registry=r
         )
         self.observations_accepted = Counter(
             "leadtime_observations_accepted", "Observations accepted, by API.", ["api"], registry=r
@@ -185,6 +190,14 @@ class ServiceMetrics:
             ["api"],
             registry=r,
         )
+        # Exported at 0 from the start: rate() and increase() count a counter's steps, so a series that appeared
+        # with its first call would never show that call (nor the rest of its burst) on a dashboard or in an alert.
+        for api in APIS:
+            for family in (self.predictions, self.observations_accepted, self.observations_rejected):
+                family.labels(api)
+        for method in GRPC_METHODS:
+            self.grpc_requests.labels(method, "OK")
+            self.grpc_seconds.labels(method)
         self.live_error = Histogram(
             "leadtime_live_absolute_percentage_error_ratio",
             "|predicted mean − actual| ÷ actual for each observed decision (0.1 = 10%).",

@@ -268,6 +268,23 @@ def test_metrics_scrape_has_the_leadtime_families() -> None:
             assert line in text, line
 
 
+def test_counters_by_api_and_grpc_method_are_exported_at_0_before_the_first_call() -> None:
+    """rate() and increase() count a counter's steps, not its first value: a series that appears with its first
+    call at 200 showed none of those 200 calls (the first gRPC predictions, the first refused batch)."""
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
+
+    with TestClient(create_app(ServiceSettings())) as c:
+        text = c.get("/metrics").text
+    for api in ("llmd", "native", "grpc"):
+        for family in ("predictions", "observations_accepted", "observations_rejected"):
+            assert f'leadtime_{family}_total{{api="{api}"}} 0.0' in text, (family, api)
+    methods = [m.name for m in pb.DESCRIPTOR.services_by_name["Predictor"].methods]
+    assert "PredictBulk" in methods
+    for method in methods:
+        assert f'leadtime_grpc_requests_total{{code="OK",method="{method}"}} 0.0' in text, method
+        assert f'leadtime_grpc_request_duration_seconds_count{{method="{method}"}} 0.0' in text, method
+
+
 def test_llmd_training_samples_count_leaves_the_held_out_test_samples_out_as_its_help_says() -> None:
     """It counted training and test samples together while its HELP (and llm-d's name) says training samples."""
     with TestClient(create_app(ServiceSettings())) as c:
@@ -282,7 +299,7 @@ def test_each_app_has_its_own_metrics_registry() -> None:
     with TestClient(create_app(ServiceSettings())) as a, TestClient(create_app(ServiceSettings())) as b:
         a.post("/predict/bulk/strict", json={"requests": [row()]})
         assert 'leadtime_predictions_total{api="llmd"} 1.0' in a.get("/metrics").text
-        assert 'leadtime_predictions_total{api="llmd"}' not in b.get("/metrics").text
+        assert 'leadtime_predictions_total{api="llmd"} 0.0' in b.get("/metrics").text
 
 
 def test_the_docs_pages_load_their_assets_from_the_service_itself() -> None:
