@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,8 +18,11 @@ from raw_endpoint import STREAM_HEAD, next_request, write_endpoints
 
 from leadtime.features.vllm_metrics import parse_samples
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
+from leadtime.router_plugin.gateway import upstream
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
+from leadtime.router_plugin.gateway.metrics import STATUS_CLASSES
 from leadtime.router_plugin.gateway.outliers import CONSECUTIVE_FAILURES, Outliers
+from leadtime.router_plugin.gateway.upstream import REQUEST_FAILURE_KINDS
 from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -280,6 +284,29 @@ def test_every_discovered_endpoint_has_an_ejection_series_from_the_start() -> No
     samples = asyncio.run(go())
     series = {s["endpoint"]: v for s, v in samples["leadtime_router_endpoint_ejections_total"]}
     assert series == {"a": 0.0, "b": 0.0}
+
+
+def test_every_discovered_endpoint_has_its_error_and_answer_series_at_0_from_the_start() -> None:
+    """The same for each endpoint's failures by kind and answers by status class: the first failure of an
+    endpoint is what the endpoint-errors alert and panel exist to show, and a series born at 1 showed none."""
+
+    async def go() -> dict[str, Any]:
+        async with fleet(a=serving(answers_well), b=serving(answers_well)) as (gateway, client, _):
+            return parse_samples((await client.get("/metrics")).text)
+
+    samples = asyncio.run(go())
+    errors = {(s["endpoint"], s["kind"]): v for s, v in samples["leadtime_router_upstream_errors_total"]}
+    assert errors == {(e, kind): 0.0 for e in "ab" for kind in REQUEST_FAILURE_KINDS}
+    answers = {(s["endpoint"], s["status"]): v for s, v in samples["leadtime_router_upstream_responses_total"]}
+    assert answers == {(e, status): 0.0 for e in "ab" for status in STATUS_CLASSES}
+
+
+def test_the_failure_kinds_listed_are_every_kind_a_request_upstream_can_fail_with() -> None:
+    """The kinds exported at 0 are the ones `upstream.py` raises: a kind added there and not listed would again
+    appear only with its first failure."""
+    source = Path(upstream.__file__).read_text()
+    raised = set(re.findall(r'UpstreamError\(\s*"(\w+)"', source))
+    assert raised == set(REQUEST_FAILURE_KINDS)
 
 
 def test_a_late_failure_of_a_request_sent_before_the_endpoint_came_back_is_not_held_against_it() -> None:

@@ -58,7 +58,7 @@ from leadtime.router_plugin.gateway.predictor import BackgroundModel, GatewayPre
 from leadtime.router_plugin.gateway.replicas import ReplicaSync, WorkEvent
 from leadtime.router_plugin.gateway.requests import BadRequest, ParsedRequest, bearer_ok, parse_request
 from leadtime.router_plugin.gateway.stream import StreamMeter
-from leadtime.router_plugin.gateway.upstream import Response, UpstreamError, Upstreams
+from leadtime.router_plugin.gateway.upstream import REQUEST_FAILURE_KINDS, Response, UpstreamError, Upstreams
 from leadtime.router_plugin.heuristics import LlmdHeuristicPolicy
 from leadtime.router_plugin.ledgers import LedgerEvent, RouterLedgers
 from leadtime.router_plugin.policy import (
@@ -354,7 +354,7 @@ class Gateway:
         self._unknown_overflow: set[str] = set()
         self._unread_groups_said = False
         self._panic = False
-        self._error_kinds: set[tuple[str, str]] = set()  # (endpoint, kind) series of upstream_errors, to remove
+        self._answered_by: set[str] = set()  # endpoints labelled in upstream_errors or _responses by a request
         self._not_http: set[str] = set()  # endpoints warned of for answering other than in HTTP/1.1, until they serve
         self._pick_series: set[tuple[str, str, str]] = set()  # (endpoint, accelerator, role) series of picks, ditto
         self._unservable_message = "no endpoint can serve this request now"
@@ -649,6 +649,7 @@ class Gateway:
         """An endpoint answered a request sent on with `status`: counted, and a 5xx is a failure (`outliers`). A
         success is counted when the answer has been read to its end (`_served`): a stream may still break."""
         self.metrics.upstream_responses.labels(endpoint_id, STATUS_CLASSES[min(max(status // 100, 1), 5) - 1]).inc()
+        self._answered_by.add(endpoint_id)
         if status >= 500:
             self.outliers.failed(endpoint_id, f"answered {status}", sent_ms=sent_ms)
 
@@ -664,7 +665,7 @@ class Gateway:
         until it serves a request: retried elsewhere, its failures were said nowhere but in a counter, and with no
         other endpoint to retry on its clients got a 503 with no reason."""
         self.metrics.upstream_errors.labels(endpoint_id, err.kind).inc()
-        self._error_kinds.add((endpoint_id, err.kind))
+        self._answered_by.add(endpoint_id)
         if err.kind in NOT_HTTP_KINDS and endpoint_id not in self._not_http:
             self._not_http.add(endpoint_id)
             log.warning(
@@ -865,7 +866,13 @@ class Gateway:
             eid = scrape.endpoint.endpoint_id
             up = eid in up_now
             routable += up
-            m.ejections.labels(eid)  # at 0 from the start: an alert on its increase sees the first one
+            # At 0 from the start: rate() and increase() count steps, so a series born at 1 never shows its first
+            # failure, the one an alert on the endpoint's errors or ejections exists for.
+            m.ejections.labels(eid)
+            for kind in REQUEST_FAILURE_KINDS:
+                m.upstream_errors.labels(eid, kind)
+            for status in STATUS_CLASSES:
+                m.upstream_responses.labels(eid, status)
             m.endpoint_up.labels(eid).set(1 if up else 0)
             if scrape.state is not None:
                 m.scrape_age.labels(eid).set((now - scrape.scraped_ms) / 1e3)
@@ -880,8 +887,8 @@ class Gateway:
         current = set(self.scraper.scrapes)
         # an endpoint discovery dropped is not shown as still there, nor are its counters kept: in Kubernetes its
         # name is its pod's, and every rollout would add series for ever. A request decided or answered after the
-        # endpoint left labels it again: its series are in _pick_series or _error_kinds, removed at the next render.
-        series_of = {s[0] for s in self._pick_series} | {s[0] for s in self._error_kinds}
+        # endpoint left labels it again: its series are in _pick_series or _answered_by, removed at the next render.
+        series_of = {s[0] for s in self._pick_series} | self._answered_by
         for gone in (self._gauged | series_of) - current:
             self._scrape_errors_seen.pop(gone, None)
             self._not_http.discard(gone)
@@ -895,9 +902,10 @@ class Gateway:
             for status in STATUS_CLASSES:
                 with contextlib.suppress(KeyError):
                     m.upstream_responses.remove(gone, status)
-            for series in [s for s in self._error_kinds if s[0] == gone]:
-                m.upstream_errors.remove(*series)
-                self._error_kinds.discard(series)
+            for kind in REQUEST_FAILURE_KINDS:
+                with contextlib.suppress(KeyError):
+                    m.upstream_errors.remove(gone, kind)
+            self._answered_by.discard(gone)
         self._gauged = current
         m.endpoints.labels("true").set(routable)
         m.endpoints.labels("false").set(len(self.scraper.scrapes) - routable)

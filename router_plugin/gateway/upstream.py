@@ -20,13 +20,15 @@ import httptools
 
 Headers = list[tuple[bytes, bytes]]
 _PAUSE_BYTES = 1 << 20
+REQUEST_FAILURE_KINDS = ("connect", "timeout", "reset", "malformed", "upgrade")
+"""The `kind` of an UpstreamError a request sent on can fail with: the `kind` label of upstream_errors."""
 
 
 class UpstreamError(Exception):
     """The endpoint could not be reached, or the connection broke, or what it sent was not HTTP/1.1.
 
-    `kind` says which: `connect`, `timeout`, `reset`, `malformed` (not an HTTP/1.1 response), `upgrade` (a
-    protocol switch nobody asked for); scrapes add kinds of their own.
+    `kind` says which (`REQUEST_FAILURE_KINDS`): `connect`, `timeout`, `reset`, `malformed` (not an HTTP/1.1
+    response), `upgrade` (a protocol switch nobody asked for); scrapes add kinds of their own.
 
     `responded` says whether a response had started: before that, the request can go elsewhere.
     """
