@@ -5,9 +5,10 @@
 `router_plugin/gateway/metrics.py`). Every expression filters by the `instance` variable (replicas) and, where
 the metric has the label, by accelerator class, role or endpoint. Rates use Grafana's `$__rate_interval` (at
 least four scrape intervals, so set the data source's scrape interval); rare events (retrains) use fixed
-30-minute windows. Counters a panel needs at 0 are exported at 0 by the service and the gateway (retrain
-outcomes, fallback reasons, SLO results, observation results); rejected observations and upstream errors, whose
-labels appear with the first one, are written `... or vector(0)` instead.
+30-minute windows. Counters are exported at 0 for every label value known in advance (APIs, gRPC methods, retrain
+outcomes, fallback reasons, SLO results, observation results, and each discovered endpoint's errors, answers and
+ejections), since `rate()` and `increase()` never count a series' first value: no query needs `... or vector(0)`,
+which beside a `sum by` would add a series with no labels.
 
 >>> [d.uid for d in DASHBOARDS]
 ['leadtime-predictor', 'leadtime-router']
@@ -164,7 +165,7 @@ PREDICTOR = Dashboard(
                         Query(f"sum(rate(leadtime_observations_replayed_total{{{INSTANCE}}}{RATE}))", "replayed"),
                         Query(f"sum(rate(leadtime_observations_learned_total{{{INSTANCE}}}{RATE}))", "learned"),
                         Query(
-                            f"sum(rate(leadtime_observations_rejected_total{{{INSTANCE}}}{RATE})) or vector(0)",
+                            f"sum(rate(leadtime_observations_rejected_total{{{INSTANCE}}}{RATE}))",
                             "rejected",
                         ),
                     ),
@@ -592,17 +593,17 @@ ROUTER = Dashboard(
                         Query(f"sum(rate(leadtime_router_retries_total{{{ROUTER_INSTANCE}}}{RATE}))", "retries"),
                         Query(
                             "sum by (endpoint, kind) "
-                            f"(rate(leadtime_router_upstream_errors_total{{{ROUTER_INSTANCE}}}{RATE})) or vector(0)",
+                            f"(rate(leadtime_router_upstream_errors_total{{{ROUTER_INSTANCE}}}{RATE}))",
                             "{{endpoint}} {{kind}}",
                         ),
                         Query(
                             "sum by (endpoint) (rate(leadtime_router_upstream_responses_total"
-                            f'{{{ROUTER_INSTANCE}, status="5xx"}}{RATE})) or vector(0)',
+                            f'{{{ROUTER_INSTANCE}, status="5xx"}}{RATE}))',
                             "{{endpoint}} answered 5xx",
                         ),
                         Query(
                             "sum by (endpoint) "
-                            f"(rate(leadtime_router_endpoint_ejections_total{{{ROUTER_INSTANCE}}}{RATE})) or vector(0)",
+                            f"(rate(leadtime_router_endpoint_ejections_total{{{ROUTER_INSTANCE}}}{RATE}))",
                             "{{endpoint}} taken out",
                         ),
                     ),

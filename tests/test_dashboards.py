@@ -327,6 +327,14 @@ def test_a_stalled_learner_failing_retrains_and_failing_endpoints_alert(tmp_path
     )
 
 
+def test_no_query_by_label_adds_an_unlabelled_zero() -> None:
+    """`sum by (endpoint) (...) or vector(0)` adds a series with no labels beside the endpoints' own, a legend
+    entry with its label empty (" taken out"); the counters those queries read are exported at 0 instead."""
+    for board in SHIPPED.values():
+        for query in panel_queries(board):
+            assert not ("or vector(0)" in query.expr and "sum by" in query.expr), query.name
+
+
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
     expr = (
         'sum by (reason) (rate(a_total{x=~"$v"}[$__rate_interval]))\n/ ignoring (reason) group_left\n'
