@@ -80,6 +80,8 @@ LLMD_TOP_LEVEL = {"featureGates": "feature_gates", "saturationDetector": "satura
 """Top-level keys of llm-d's EndpointPickerConfig (by their field names here), accepted so that its configs load,
 and not used: Leadtime has no feature gates, sheds no load on saturation, and scrapes endpoints itself."""
 LLMD_WEIGHTS = {"prefix-cache-scorer": 3.0, "queue-scorer": 2.0, "kv-cache-utilization-scorer": 2.0}
+DEFAULT_DEADLINE_MS = 20.0
+"""`fallback.deadlineMs` when the configuration does not say: how long a decision waits for the predictor."""
 
 
 class ConfigError(ValueError):
@@ -249,7 +251,7 @@ class ProfileSpec(_Model):
 
 
 class FallbackSpec(_Model):
-    deadline_ms: Real = Field(default=20.0, gt=0, le=60_000, allow_inf_nan=False, alias="deadlineMs")
+    deadline_ms: Real = Field(default=DEFAULT_DEADLINE_MS, gt=0, le=60_000, allow_inf_nan=False, alias="deadlineMs")
     weights: dict[Literal[tuple(HEURISTIC_SCORERS)], Weight] = dict(LLMD_WEIGHTS)  # type: ignore[valid-type]
 
 

@@ -11,11 +11,29 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from leadtime.predictor.model_pull import PULL_RESULTS
+from leadtime.router_plugin.config import DEFAULT_DEADLINE_MS
 
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-ITL_BUCKETS_S = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
-# Up to 10 s: a predictor call that runs into its deadline (2 s by default) must not read as 1 s at the p99.
-FAST_BUCKETS_S = (0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 2.5, 5.0, 10.0)
+# TTFT (and time held): at most 1.5x apart from 10 ms to 2 s, where routed requests' TTFTs fall, so that a median
+# interpolated inside one bucket moves with the TTFT rather than sitting on a bucket's midpoint.
+LATENCY_BUCKETS_S = (
+    *(0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75),
+    *(1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0),
+)
+# Mean ITL: at most a third apart from 2 to 20 ms (8B models on H100/H200 decode at 5-10 ms a token), so that a 2x
+# change in decode speed moves the median panel.
+ITL_BUCKETS_S = (
+    *(0.002, 0.0025, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.009, 0.01, 0.012, 0.014, 0.016, 0.018, 0.02),
+    *(0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0),
+)
+# Predictor calls, decisions and overhead. A predict call that runs into its deadline (fallback.deadlineMs, 20 ms by
+# default) lasts just over it: a bucket a quarter above the default keeps such calls from reading as 50 ms at the
+# p99. Up to 10 s: an observe call that runs into its own deadline (2 s) must not read as 1 s.
+FAST_BUCKETS_S = tuple(
+    sorted(
+        {0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 2.5, 5.0, 10.0}
+        | {round(1.25 * DEFAULT_DEADLINE_MS / 1e3, 6)}
+    )
+)
 RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0, 16.0)
 # Label values exported at 0 from the start, so a dashboard shows "none" rather than no data: why a decision fell
 # back (predictor.failure_reason's labels, and a policy that raised), SLO results, what became of observations,
