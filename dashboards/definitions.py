@@ -489,14 +489,23 @@ ROUTER = Dashboard(
                     main=True,
                 ),
                 Panel(
-                    "ITL of routed requests: predicted and actual (median)",
-                    "Median mean inter-token latency of routed streaming requests per accelerator class (of the "
-                    "decode endpoint), predicted and actual.",
+                    "ITL of routed requests: predicted and actual (mean, median)",
+                    "Mean inter-token latency of routed streaming requests per accelerator class (of the decode "
+                    "endpoint), predicted and actual: averaged over the requests (exact, from the histogram's sum "
+                    "and count), and their median (interpolated within a histogram bucket, 1 ms wide around 5-10 ms).",
                     "s",
                     (
                         Query(
+                            _ratio(
+                                f"leadtime_router_itl_seconds_sum{{{BY_CLASS}}}",
+                                f"leadtime_router_itl_seconds_count{{{BY_CLASS}}}",
+                                "kind, accelerator",
+                            ),
+                            "{{accelerator}} {{kind}} mean",
+                        ),
+                        Query(
                             _quantile(0.5, "leadtime_router_itl_seconds", BY_CLASS, "kind, accelerator"),
-                            "{{accelerator}} {{kind}}",
+                            "{{accelerator}} {{kind}} median",
                         ),
                     ),
                     min=0,

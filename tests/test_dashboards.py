@@ -335,6 +335,15 @@ def test_no_query_by_label_adds_an_unlabelled_zero() -> None:
             assert not ("or vector(0)" in query.expr and "sum by" in query.expr), query.name
 
 
+def test_the_itl_panel_draws_the_mean_beside_the_median() -> None:
+    """A median is interpolated inside one histogram bucket; the mean, from _sum and _count, is exact: a change in
+    decode speed shows in it whatever the buckets."""
+    (panel,) = [p for p in iter_panels(SHIPPED["leadtime-router"]) if p["title"].startswith("ITL of routed requests")]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any("leadtime_router_itl_seconds_sum" in e and "leadtime_router_itl_seconds_count" in e for e in exprs)
+    assert any("histogram_quantile(0.5" in e for e in exprs)
+
+
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
     expr = (
         'sum by (reason) (rate(a_total{x=~"$v"}[$__rate_interval]))\n/ ignoring (reason) group_left\n'
