@@ -135,16 +135,22 @@ def test_bad_requests_through_the_gateway_are_4xx_naming_the_field(
     assert error["message"].startswith(f"{field}: ") and error["type"].endswith("Error")
 
 
-def test_unknown_paths_and_methods_are_404() -> None:
-    async def go() -> list[int]:
+def test_unknown_paths_and_methods_are_404_counted_as_unmatched() -> None:
+    """Counted as the predictor counts its own 404s: under one path label, not one series per path scanned."""
+
+    async def go() -> tuple[list[int], str]:
         transport = httpx.ASGITransport(app=gateway(), raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-            return [
+            codes = [
                 (await client.request(method, path)).status_code
                 for method, path in (("GET", "/v1/completions"), ("POST", "/metrics"), ("GET", "/nope"))
             ]
+            return codes, (await client.get("/metrics")).text
 
-    assert asyncio.run(go()) == [404, 404, 404]
+    codes, metrics = asyncio.run(go())
+    assert codes == [404, 404, 404]
+    assert 'leadtime_router_requests_total{code="404",path="unmatched"} 3.0' in metrics
+    assert 'path="/nope"' not in metrics
 
 
 def test_probes_answer_head_with_no_body() -> None:

@@ -19,6 +19,7 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from leadtime.features.errors import FeatureError, field_path, problem_text
+from leadtime.predictor.metrics import UNMATCHED_PATH
 from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_header, host_refusal
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.store.base import StoreClosed
@@ -304,7 +305,7 @@ class EdgeMiddleware:
                 getattr(scope.get("route"), "path", None) or self._mount_of(scope["path"]) or self._body_route_of(scope)
             )
             if path is None:  # /openapi.json is the one plain route (fixed path) beside the API's routes
-                path = scope["path"] if scope.get("endpoint") is not None else "unmatched"
+                path = scope["path"] if scope.get("endpoint") is not None else UNMATCHED_PATH
         self.runtime.metrics.observe_request(path, scope.get("method", ""), status, time.perf_counter() - started)
 
     def _foreign_host(self, scope: Scope) -> bool:

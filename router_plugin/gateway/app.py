@@ -44,6 +44,7 @@ import orjson
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
 from leadtime.predictor.client import tls_client_context
+from leadtime.predictor.metrics import UNMATCHED_PATH
 from leadtime.predictor.service.hosts import UNCHECKED_PATHS, host_allowed, host_header, host_refusal
 from leadtime.router_plugin.affinity import PrefixAffinity, PromptKey
 from leadtime.router_plugin.client import PredictorError
@@ -720,6 +721,7 @@ class Gateway:
             await self._pass_through(scope, receive, send)
         else:
             await self._refuse(send, 404, f"no route for {method} {path}")
+            self.metrics.requests.labels(UNMATCHED_PATH, "404").inc()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
