@@ -23,6 +23,7 @@ from leadtime.dashboards.grafana import Dashboard, Panel, Query, Row, Variable
 RATE = "[$__rate_interval]"
 RARE = "[30m]"  # retrains are minutes apart: a window that holds some
 INSTANCE = 'instance=~"$instance"'
+NOT_SCRAPES = f'{INSTANCE}, path!="/metrics"'  # the service's API routes, Prometheus's scrapes left out
 LIVE = 'instance=~"$instance", accelerator=~"$accelerator", role=~"$role"'
 APE = "leadtime_live_absolute_percentage_error_ratio"
 CHECKS = "leadtime_live_quantile_checks_total"
@@ -190,14 +191,17 @@ PREDICTOR = Dashboard(
                 Panel(
                     "HTTP latency by path (p50, p99)",
                     "Time to answer an HTTP request, per route, inside the service (from the first byte read to the "
-                    "answer written).",
+                    "answer written). Prometheus's scrapes of /metrics are left out: slower than the API's calls, "
+                    "they set the scale and hid the hot paths.",
                     "s",
                     (
                         Query(
-                            _quantile(0.5, "leadtime_http_request_duration_seconds", INSTANCE, "path"), "{{path}} p50"
+                            _quantile(0.5, "leadtime_http_request_duration_seconds", NOT_SCRAPES, "path"),
+                            "{{path}} p50",
                         ),
                         Query(
-                            _quantile(0.99, "leadtime_http_request_duration_seconds", INSTANCE, "path"), "{{path}} p99"
+                            _quantile(0.99, "leadtime_http_request_duration_seconds", NOT_SCRAPES, "path"),
+                            "{{path}} p99",
                         ),
                     ),
                     width=8,
@@ -566,30 +570,42 @@ ROUTER = Dashboard(
                             "{{target}}",
                         ),
                     ),
-                    width=8,
+                    width=6,
                     min=0,
                     max=1,
                     main=True,
                 ),
                 Panel(
                     "Requests per second by status",
-                    "Requests the gateway answered per path and status code, the requests it proxies now, "
-                    "those it held while no endpoint was predicted to serve them in time (with holdSloMultiple), and "
-                    "the non-streaming ones: measured (sent on as streams and learned from) or answered whole.",
+                    "Requests the gateway answered per path and status code (unmatched: no route, 404), those it "
+                    "held while no endpoint was predicted to serve them in time (with holdSloMultiple), and the "
+                    "non-streaming ones: measured (sent on as streams and learned from) or answered whole.",
                     "reqps",
                     (
                         Query(
                             f"sum by (path, code) (rate(leadtime_router_requests_total{{{ROUTER_INSTANCE}}}{RATE}))",
                             "{{path}} {{code}}",
                         ),
-                        Query(f"sum(leadtime_router_inflight_requests{{{ROUTER_INSTANCE}}})", "in flight"),
                         Query(f"sum(rate(leadtime_router_held_seconds_count{{{ROUTER_INSTANCE}}}{RATE}))", "held"),
                         Query(
                             f"sum by (measured) (rate(leadtime_router_non_streaming_total{{{ROUTER_INSTANCE}}}{RATE}))",
                             "non-streaming, measured={{measured}}",
                         ),
                     ),
-                    width=8,
+                    width=6,
+                    min=0,
+                ),
+                Panel(
+                    "Requests in flight",
+                    "Requests each gateway proxies or passes through now.",
+                    "short",
+                    (
+                        Query(
+                            f"sum by (instance) (leadtime_router_inflight_requests{{{ROUTER_INSTANCE}}})",
+                            "{{instance}}",
+                        ),
+                    ),
+                    width=6,
                     min=0,
                 ),
                 Panel(
@@ -616,7 +632,7 @@ ROUTER = Dashboard(
                             "{{endpoint}} taken out",
                         ),
                     ),
-                    width=8,
+                    width=6,
                     min=0,
                 ),
             ),
@@ -661,7 +677,7 @@ ROUTER = Dashboard(
                     "Candidates left out by time-slicing",
                     "Candidate endpoints per second left out because their accelerator's time-slice group was not "
                     "serving the inference job, and failed reads of the group states per second.",
-                    "short",
+                    "ops",
                     (
                         Query(
                             f"sum(rate(leadtime_router_timeslice_filtered_total{{{ROUTER_INSTANCE}}}{RATE}))",
@@ -678,21 +694,30 @@ ROUTER = Dashboard(
                 ),
                 Panel(
                     "Time-slice groups serving",
-                    "Per group, whether the gateway takes it as serving the inference job (1) or away (0), and how "
-                    "old, in seconds, the group states it routes on are (they stop being read when their source "
-                    "fails: the last states read are routed on meanwhile).",
-                    "short",
+                    "Per group, whether the gateway takes it as serving the inference job or away.",
+                    "none",
                     (
                         Query(
                             f"max by (group) (leadtime_router_timeslice_group_serving{{{ROUTER_INSTANCE}}})",
-                            "{{group}} serving",
-                        ),
-                        Query(
-                            f"max(leadtime_router_timeslice_states_age_seconds{{{ROUTER_INSTANCE}}})",
-                            "states age (s)",
+                            "{{group}}",
                         ),
                     ),
-                    width=8,
+                    kind="state",
+                    width=12,
+                    states=((0, "away", "orange"), (1, "serving", "green")),
+                ),
+                Panel(
+                    "Age of the time-slice states",
+                    "How old the group states the gateway routes on are: they stop being read when their source "
+                    "fails, and the last states read are routed on meanwhile.",
+                    "s",
+                    (
+                        Query(
+                            f"max by (instance) (leadtime_router_timeslice_states_age_seconds{{{ROUTER_INSTANCE}}})",
+                            "{{instance}}",
+                        ),
+                    ),
+                    width=12,
                     min=0,
                 ),
             ),

@@ -169,7 +169,7 @@ def render_dashboard(
     scrape = api.scrape_interval_s()
     panels = [fetch_panel(api, p, start, end, scrape) for p in board.panels() if p.main]
     moment = datetime.fromtimestamp(end).astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    fig = draw_panels(f"{board.title}: main panels, {minutes:g} min to {moment}, from Prometheus", panels, minutes)
+    fig = draw_panels(f"{board.title}: main panels, {minutes:g} min to {moment}, from Prometheus", panels, start, end)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{board.uid}.png"
     fig.savefig(path, dpi=DPI)
@@ -177,9 +177,9 @@ def render_dashboard(
     return path, panels
 
 
-def draw_panels(title: str, panels: Sequence[PanelData], minutes: float) -> Any:
-    """The matplotlib figure of `panels`, two a row (kept apart from the queries, so that its drawing can be
-    checked on any data); the caller saves and closes it."""
+def draw_panels(title: str, panels: Sequence[PanelData], start: float, end: float) -> Any:
+    """The matplotlib figure of `panels` over [start, end] (Unix seconds), two a row (kept apart from the queries,
+    so that its drawing can be checked on any data); the caller saves and closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,9 +189,11 @@ def draw_panels(title: str, panels: Sequence[PanelData], minutes: float) -> Any:
     columns = 2
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(13, 2.9 * rows + 0.6), squeeze=False, dpi=DPI)
-    clock = mdates.DateFormatter("%H:%M:%S" if minutes <= 10 else "%H:%M")
+    clock = mdates.DateFormatter("%H:%M:%S" if end - start <= 600 else "%H:%M")
     for ax, data in zip(axes.flat, panels, strict=False):
         _draw(ax, data, clock)
+        # Every panel over the whole range asked for: one whose data stopped early must not look current.
+        ax.set_xlim(datetime.fromtimestamp(start), datetime.fromtimestamp(end))
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)

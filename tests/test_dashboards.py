@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from leadtime.cli import app
-from leadtime.dashboards.definitions import DASHBOARDS
+from leadtime.dashboards.definitions import DASHBOARDS, PREDICTOR
 from leadtime.dashboards.files import FOLDER, dashboard_files, dashboard_text, load_dashboards
 from leadtime.dashboards.promql import (
     exposed_names,
@@ -344,6 +344,40 @@ def test_the_itl_panel_draws_the_mean_beside_the_median() -> None:
     assert any("histogram_quantile(0.5" in e for e in exprs)
 
 
+def _is_rate(expr: str) -> bool:
+    """A plain per-second rate: a rate() neither divided nor a quantile."""
+    return "rate(" in expr and "/" not in expr and "histogram_quantile" not in expr
+
+
+def test_per_second_panels_plot_rates_and_rates_are_drawn_per_second() -> None:
+    """Regressions: "Requests per second by status" drew the requests in flight (a count) on its requests/s axis;
+    "Candidates left out by time-slicing" drew rates on a plain axis."""
+    for board in DASHBOARDS:
+        for panel in board.panels():
+            if panel.kind != "timeseries":
+                continue
+            rates = [_is_rate(q.expr) for q in panel.queries]
+            if panel.unit in ("ops", "reqps"):
+                assert all(rates), panel.title
+            elif any(rates):
+                raise AssertionError(f"{panel.title}: rates drawn in {panel.unit}")
+
+
+def test_a_gauge_in_seconds_is_drawn_only_on_an_axis_in_seconds() -> None:
+    """Regression: "Time-slice groups serving" put a 0/1 state and the states' age in seconds on one plain axis."""
+    for board in DASHBOARDS:
+        for panel in board.panels():
+            seconds = {n for q in panel.queries for n in metric_names(q.expr) if n.endswith("_seconds")}
+            assert panel.unit == "s" or not seconds, (panel.title, seconds)
+
+
+def test_the_http_latency_panel_leaves_out_the_scrapes_of_metrics() -> None:
+    """/metrics (a Prometheus scrape, ~25 ms at the p99) set the panel's scale and pushed the hot path out of its
+    legend."""
+    (panel,) = [p for p in PREDICTOR.panels() if p.title.startswith("HTTP latency by path")]
+    assert all('path!="/metrics"' in q.expr for q in panel.queries)
+
+
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
     expr = (
         'sum by (reason) (rate(a_total{x=~"$v"}[$__rate_interval]))\n/ ignoring (reason) group_left\n'
@@ -482,7 +516,7 @@ def test_a_rendered_legend_stays_inside_its_panel_however_many_series() -> None:
 
     paths = [f"/some/long/route/of/the/service/number/{i}/and/more {q}" for i in range(25) for q in ("p50", "p99")]
     panels = [panel("HTTP latency by path (p50, p99)", paths), panel("b", ["one"]), panel("c", []), panel("d", ["x"])]
-    fig = draw_panels("test", panels, minutes=10)
+    fig = draw_panels("test", panels, times[0], times[0] + 600.0)
     try:
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
@@ -501,5 +535,31 @@ def test_a_rendered_legend_stays_inside_its_panel_however_many_series() -> None:
         assert texts == [shorten(name) for name in highest] + [f"+{50 - LEGEND_SERIES} more"], texts
         assert all(len(t) == LABEL_CHARS and t.endswith(("/and/more p50", "/and/more p99")) for t in texts[:-1])
         assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["one"]
+    finally:
+        plt.close(fig)
+
+
+def test_every_rendered_panel_spans_the_time_range_asked_for() -> None:
+    """A panel whose data stopped early was drawn up to its last point, so it looked as current as the others."""
+    from datetime import datetime
+
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from leadtime.dashboards.grafana import Panel, Query
+    from leadtime.dashboards.render import PanelData, Series, draw_panels
+
+    start, end = 1_767_225_600.0, 1_767_225_600.0 + 600.0
+    early = start + np.arange(0.0, 300.0, 10.0)  # stopped halfway
+    panels = [
+        PanelData(Panel(title, "", "s", (Query("x", "x"),), main=True), series)
+        for title, series in (("stopped", [("x", Series({}, early, np.ones(len(early))))]), ("empty", []))
+    ]
+    fig = draw_panels("test", panels, start, end)
+    try:
+        asked = [mdates.date2num(datetime.fromtimestamp(t)) for t in (start, end)]  # as the series are drawn
+        for ax in fig.axes[: len(panels)]:
+            assert list(ax.get_xlim()) == pytest.approx(asked), ax.get_title()
     finally:
         plt.close(fig)
