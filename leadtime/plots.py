@@ -8,6 +8,7 @@ beside both). Matplotlib is imported by the functions that draw, not here: the c
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,11 +79,17 @@ def _number(value: float) -> str:
     return f"{value:,.3g}"
 
 
+def finite_slos(slos: Iterable[float]) -> list[float]:
+    """The thresholds a plot draws: an infinite SLO (`--ttft-slo-ms inf`, `ttft_ms: .inf`) is no SLO, and an axis
+    cut at a multiple of it ended at infinity, which matplotlib refuses (the plots of a finished run were lost)."""
+    return [s for s in slos if math.isfinite(s)]
+
+
 def axis_cut(values: Iterable[float], slos: Sequence[float], unit: str) -> AxisCut:
     """The end of a linear latency axis over `values` (every policy's, in the axis unit) whose SLO thresholds are
-    `slos` (the same unit; none for a metric with no SLO): the `CUT_PERCENTILE`th percentile of the values, clamped
-    to `SLO_SPAN` times the largest SLO. One rule for every fleet: the SLO range is readable and every threshold on
-    the axis, whatever the tail.
+    `slos` (the same unit; none for a metric with no SLO, and an infinite one counts as none): the
+    `CUT_PERCENTILE`th percentile of the values, clamped to `SLO_SPAN` times the largest SLO. One rule for every
+    fleet: the SLO range is readable and every threshold on the axis, whatever the tail.
 
     >>> axis_cut([1.0, 2.0, 3.0, 100.0], [1.0, 3.0], "s").why
     'cut at 15 s = 5 × the largest SLO (95th percentile of all requests: 85.4 s)'
@@ -90,6 +97,7 @@ def axis_cut(values: Iterable[float], slos: Sequence[float], unit: str) -> AxisC
     sample = np.asarray(list(values), dtype=float)
     tail = float(np.percentile(sample, CUT_PERCENTILE)) if sample.size else 0.0
     of_all = f"{CUT_PERCENTILE}th percentile of all requests"
+    slos = finite_slos(slos)
     if not slos:
         limit = tail if tail > 0 else 1.0
         return AxisCut(limit, f"cut at {_number(limit)} {unit}, the {of_all}")
@@ -156,7 +164,9 @@ def draw_cdf(
     ax: Any, samples: Mapping[str, Sequence[float] | np.ndarray], slos: Sequence[float], what: str, unit: str
 ) -> AxisCut:
     """One latency CDF panel: a line per policy (in `samples`' order, values in the axis unit), a linear axis cut
-    by `axis_cut` and saying where, the SLO thresholds. Linear, so that a reader reads the SLO range directly."""
+    by `axis_cut` and saying where, the (finite) SLO thresholds. Linear, so that a reader reads the SLO range
+    directly."""
+    slos = finite_slos(slos)
     pooled: list[float] = []
     for name, values in samples.items():
         sample = np.sort(np.asarray(values, dtype=float))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from leadtime.json_text import print_json
 from leadtime.progress import stderr_bar
 from leadtime.router_plugin.config import PickerConfig
 from leadtime.simulator.fleet import Fleet, fastest_pass_ms
-from leadtime.simulator.run import SimulationOptions, simulate
+from leadtime.simulator.run import OutputsError, SimulationOptions, simulate
 from leadtime.simulator.workload import WorkloadRequest
 
 
@@ -32,16 +33,14 @@ def run_simulate_command(
     progress: bool,
     config: PickerConfig | None = None,
     catalog: Catalog = BUILT_IN,
-) -> tuple[dict[str, object], list[WorkloadRequest]]:
-    """`leadtime simulate`: run the policies with a progress bar on stderr (none with --json); returns the report
-    and the requests replayed (what the report's figures are per second of)."""
+) -> tuple[dict[str, object], list[WorkloadRequest], str | None]:
+    """`leadtime simulate`: run the policies with a progress bar on stderr (none with --json); returns the report,
+    the requests replayed (what the report's figures are per second of) and why the `out` files could not all be
+    written (None when they were): the caller prints the report first, then that error."""
     options = SimulationOptions(
         seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms, config=config, catalog=catalog
     )
     replayed: list[WorkloadRequest] = []
-    if not progress:
-        report = simulate(fleet, trace, policies, max_requests, rate_scale, options, out, on_workload=replayed.extend)
-        return report, replayed
     bar = stderr_bar()
     tasks: dict[str, TaskID] = {}
 
@@ -50,12 +49,15 @@ def run_simulate_command(
             tasks[policy] = bar.add_task(policy, total=total)
         bar.update(tasks[policy], completed=done)
 
-    callback: Callable[[str, int, int], None] = tick
-    with bar:
-        report = simulate(
-            fleet, trace, policies, max_requests, rate_scale, options, out, callback, on_workload=replayed.extend
-        )
-    return report, replayed
+    callback: Callable[[str, int, int], None] | None = tick if progress else None
+    try:
+        with bar if progress else contextlib.nullcontext():
+            report = simulate(
+                fleet, trace, policies, max_requests, rate_scale, options, out, callback, on_workload=replayed.extend
+            )
+    except OutputsError as err:
+        return err.report, replayed, str(err)
+    return report, replayed, None
 
 
 def slo_warnings(fleet: Fleet, ttft_slo_ms: float, itl_slo_ms: float) -> list[str]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from leadtime.data import describe_os_error
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.router_plugin.config import SHIPPED_CONFIG, PickerConfig, load_config, profile_of
 from leadtime.router_plugin.heuristics import LeastQueuePolicy, LlmdHeuristicPolicy, RandomPolicy, RoundRobinPolicy
@@ -77,6 +78,15 @@ def make_policy(
     return learning_factories(fleet, seed)[canonical]()
 
 
+class OutputsError(Exception):
+    """A file of `--out` could not be written (or a plot drawn) once the runs were done. It carries the report,
+    which the caller still prints: a run of minutes is not lost to a plot, and the files written before stay."""
+
+    def __init__(self, report: dict[str, object], problem: str) -> None:
+        super().__init__(problem)
+        self.report = report
+
+
 @dataclass(frozen=True)
 class SimulationOptions:
     """Seed and SLOs of a simulation."""
@@ -130,7 +140,8 @@ def simulate(
     progress: Callable[[str, int, int], None] | None = None,
     on_workload: Callable[[list[WorkloadRequest]], None] | None = None,
 ) -> dict[str, object]:
-    """The whole command: returns the JSON report and writes observations and plots under `out`.
+    """The whole command: returns the JSON report and writes observations, the report and plots under `out`, in
+    that order: the plots last, as the likeliest to fail (`OutputsError`, which carries the report).
 
     `on_workload(requests)` is given the requests as replayed before the runs, for what a caller says of them.
     """
@@ -158,10 +169,20 @@ def simulate(
         "policies": {r.policy: summarize(r) for r in results},
     }
     if out is not None:
+        report["outputs"] = _write_outputs(report, results, out)
+    return report
+
+
+def _write_outputs(report: dict[str, object], results: list[SimResult], out: Path) -> dict[str, object]:
+    """Write the observations, the report and the plots under `out`; what `report["outputs"]` says of them."""
+    try:
         out.mkdir(parents=True, exist_ok=True)
         rows = write_observations(results, out / "observations.jsonl")
-        plots = write_plots(results, out)
         (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        files = [out / "observations.jsonl", out / "report.json", *plots]
-        report["outputs"] = {"observations": rows, "files": [str(p) for p in files]}
-    return report
+        plots = write_plots(results, out)
+    except OSError as err:
+        raise OutputsError(report, describe_os_error(err)) from err
+    except Exception as err:  # matplotlib's own (a figure it cannot draw): the report is kept all the same
+        raise OutputsError(report, f"the plots could not be drawn ({err})") from err
+    files = [out / "observations.jsonl", out / "report.json", *plots]
+    return {"observations": rows, "files": [str(p) for p in files]}

@@ -329,6 +329,48 @@ def test_simulate_takes_an_infinite_slo_as_no_slo(trace: Path) -> None:
     assert json.loads(result.stdout)["policies"]["llmd_heuristic"]["slo_attainment"] == 1.0
 
 
+@pytest.mark.parametrize("fleet", ["plain", "slo_inf"])
+def test_an_infinite_slo_with_out_writes_the_whole_run(trace: Path, tmp_path: Path, fleet: str) -> None:
+    """The run finished, then its plots failed on an axis ending at infinity: no table, no report, no plots."""
+    path = tmp_path / f"{fleet}.yaml"
+    path.write_text(POOL + ("slos: [{ttft_ms: .inf, itl_ms: .inf}]\n" if fleet == "slo_inf" else ""))
+    out = tmp_path / "out"
+    args = ["simulate", "--fleet", str(path), "--trace", str(trace), "--ttft-slo-ms", "inf", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["policies"]["llmd_heuristic"]["slo_attainment"] == 1.0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "latency_cdf.png",
+        "observations.jsonl",
+        "report.json",
+        "utilisation.png",
+    ]
+
+
+def test_simulate_prints_and_keeps_its_report_when_the_plots_cannot_be_written(
+    trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report was written after the plots: a plot that failed lost the table and report.json of a whole run."""
+    import errno
+
+    import leadtime.simulator.run as run
+
+    def full_disk(*_: object) -> list[Path]:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "latency_cdf.png"))
+
+    monkeypatch.setattr(run, "write_plots", full_disk)
+    out = tmp_path / "out"
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--out", str(out), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    report = json.loads(result.stdout)
+    assert report["policies"]["llmd_heuristic"]["completed"] == 3
+    assert json.loads((out / "report.json").read_text())["policies"] == report["policies"]
+    assert len((out / "observations.jsonl").read_text().splitlines()) == 3
+    assert result.stderr.splitlines()[-1].startswith("error: ") and "no space left on device" in result.stderr
+
+
 @pytest.mark.parametrize(
     "args,option",
     [

@@ -3,6 +3,7 @@ found broken, checked on hand-made numbers and on the figures' own objects, not 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,18 @@ def test_a_cdf_panel_is_linear_cut_by_the_rule_and_draws_each_slo_labelled() -> 
     assert [t.get_text().strip() for t in ax.texts] == ["SLO 1 s", "SLO 3 s"]
     vertical = [line for line in ax.get_lines() if np.ptp(np.asarray(line.get_xdata(), dtype=float)) == 0]
     assert len(vertical) == 2 and all(line.get_linestyle() == "--" for line in vertical)
+    plt.close(fig)
+
+
+def test_an_infinite_slo_is_no_threshold_on_the_axis() -> None:
+    """`--ttft-slo-ms inf` (no SLO) made the axis end at infinity, and matplotlib refused the whole plot."""
+    values = np.linspace(0.0, 100.0, 1001)
+    assert axis_cut(values, [math.inf], "s") == axis_cut(values, [], "s")
+    assert axis_cut(values, [1.0, math.inf], "s") == axis_cut(values, [1.0], "s")
+    fig, ax = plt.subplots()
+    cut = draw_cdf(ax, {"leadtime": values}, [3.0, math.inf], "TTFT", "s")
+    assert ax.get_xlim() == (0.0, cut.limit)
+    assert [t.get_text().strip() for t in ax.texts] == ["SLO 3 s"]
     plt.close(fig)
 
 

@@ -95,7 +95,7 @@ def simulate(
                 warn(f"{flag} is ignored: the fleet states its SLO classes (slos), which apply instead")
         for line in slo_warnings(simulated, ttft_slo_ms, itl_slo_ms):
             warn(line)
-        report, replayed = run_simulate_command(
+        report, replayed, unwritten = run_simulate_command(
             fleet,
             trace,
             policies,
@@ -120,6 +120,8 @@ def simulate(
     if suspicious is not None:
         warn(suspicious)
     print_simulation(report, as_json=json_out, arrivals=describe_arrivals(replayed))
+    if unwritten is not None:
+        fail(f"--out {out}: {unwritten} (the report is printed above; the files written before are kept)")
 
 
 @sim_app.command("validate")
