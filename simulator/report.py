@@ -4,7 +4,10 @@ utilisation, the observation JSONL and plots."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,30 @@ import numpy as np
 from leadtime.features.rows import ROUTED_BY_FIELD, observation_to_llmd
 from leadtime.plots import draw_cdf, shared_legend
 from leadtime.simulator.engine import FailedRequest, SimResult
+
+OBSERVATIONS_FILE, REPORT_FILE = "observations.jsonl", "report.json"
+CDF_FILE, UTILISATION_FILE = "latency_cdf.png", "utilisation.png"
+RUN_FILES = (OBSERVATIONS_FILE, REPORT_FILE, CDF_FILE, UTILISATION_FILE)
+"""The files `leadtime simulate --out` writes, in the order it writes them."""
+
+
+def run_files_in(directory: Path) -> list[str]:
+    """The names of `RUN_FILES` already in `directory`: a run there would replace them (an earlier run's, or a
+    user's own `report.json`)."""
+    return [name for name in RUN_FILES if (directory / name).exists()]
+
+
+@contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path` (same suffix: matplotlib picks the format by it) to write to, renamed to
+    `path` once the write is done: a write cut short (Ctrl-C, a full disk) leaves no half file under the name, and
+    the temporary one is removed."""
+    part = path.with_name(f".{path.stem}.part{path.suffix}")
+    try:
+        yield part
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def _percentiles(values: np.ndarray) -> dict[str, float]:
@@ -87,7 +114,7 @@ def _failures(failed: list[FailedRequest]) -> dict[str, dict[str, object]]:
 def write_observations(results: list[SimResult], path: Path) -> int:
     """Every observation as an llm-d training row plus Leadtime's fields and the policy that routed it."""
     n = 0
-    with path.open("w") as handle:
+    with written_whole(path) as part, part.open("w") as handle:
         for result in results:
             for obs in result.observations:
                 row = observation_to_llmd(obs)
@@ -96,6 +123,12 @@ def write_observations(results: list[SimResult], path: Path) -> int:
                 handle.write(json.dumps(row) + "\n")
                 n += 1
     return n
+
+
+def write_report(report: dict[str, object], path: Path) -> None:
+    """The JSON report, indented for a reader."""
+    with written_whole(path) as part:
+        part.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def utilisation_matrix(result: SimResult, buckets: int = 100) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -140,8 +173,9 @@ def write_plots(results: list[SimResult], directory: Path, buckets: int = 100) -
         ax.set_title(f"{what}: share of requests within a latency", pad=14)
     fig.suptitle("latency CDFs of the completed requests, per policy (SLO thresholds dashed)")
     shared_legend(fig, axes, where="lower center")
-    cdf = directory / "latency_cdf.png"
-    fig.savefig(cdf, dpi=100)
+    cdf = directory / CDF_FILE
+    with written_whole(cdf) as part:
+        fig.savefig(part, dpi=100)
     plt.close(fig)
     paths.append(cdf)
 
@@ -176,8 +210,9 @@ def write_plots(results: list[SimResult], directory: Path, buckets: int = 100) -
     if image is not None:
         bar = fig.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.025, pad=0.01, aspect=40)
         bar.set_label("share of the time bucket the endpoint had ≥ 1 request running")
-    util = directory / "utilisation.png"
-    fig.savefig(util, dpi=100, bbox_inches="tight")
+    util = directory / UTILISATION_FILE
+    with written_whole(util) as part:
+        fig.savefig(part, dpi=100, bbox_inches="tight")
     plt.close(fig)
     paths.append(util)
     return paths

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,14 @@ from leadtime.simulator.learning_policies import (
     learning_factories,
     profile_policy,
 )
-from leadtime.simulator.report import summarize, write_observations, write_plots
+from leadtime.simulator.report import (
+    OBSERVATIONS_FILE,
+    REPORT_FILE,
+    summarize,
+    write_observations,
+    write_plots,
+    write_report,
+)
 from leadtime.simulator.workload import (
     WorkloadRequest,
     arrival_rate_rps,
@@ -177,12 +183,12 @@ def _write_outputs(report: dict[str, object], results: list[SimResult], out: Pat
     """Write the observations, the report and the plots under `out`; what `report["outputs"]` says of them."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        rows = write_observations(results, out / "observations.jsonl")
-        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        rows = write_observations(results, out / OBSERVATIONS_FILE)
+        write_report(report, out / REPORT_FILE)
         plots = write_plots(results, out)
     except OSError as err:
         raise OutputsError(report, describe_os_error(err)) from err
     except Exception as err:  # matplotlib's own (a figure it cannot draw): the report is kept all the same
         raise OutputsError(report, f"the plots could not be drawn ({err})") from err
-    files = [out / "observations.jsonl", out / "report.json", *plots]
+    files = [out / OBSERVATIONS_FILE, out / REPORT_FILE, *plots]
     return {"observations": rows, "files": [str(p) for p in files]}

@@ -371,6 +371,51 @@ def test_simulate_prints_and_keeps_its_report_when_the_plots_cannot_be_written(
     assert result.stderr.splitlines()[-1].startswith("error: ") and "no space left on device" in result.stderr
 
 
+def test_simulate_refuses_an_out_folder_that_holds_a_run_naming_its_files(trace: Path, tmp_path: Path) -> None:
+    """A second run into the same folder silently replaced the first one's observations (50 rows became 20)."""
+    out = tmp_path / "out"
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    held = "(observations.jsonl, report.json, latency_cdf.png, utilisation.png)"
+    refused(args, f"--out {out} already holds a run's files {held}", f"{out}-2")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.json").write_text("my own notes\n")
+    refused([*args[:-1], str(mine)], "(report.json)")
+    assert (mine / "report.json").read_text() == "my own notes\n"
+
+
+def test_an_interrupted_simulate_leaves_no_half_file_and_no_folder_it_made(
+    trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C left the empty folder made before the run, and a write cut short left half a file under its name."""
+    import leadtime.simulator.report as report
+
+    rows = 0
+
+    def interrupted(obs: object) -> dict[str, object]:
+        nonlocal rows
+        rows += 1
+        if rows == 2:
+            raise KeyboardInterrupt
+        return {"row": rows}
+
+    monkeypatch.setattr(report, "observation_to_llmd", interrupted)
+    made = tmp_path / "made"
+    result = runner.invoke(app, ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--out", str(made)])
+    assert result.exit_code != 0 and rows == 2
+    assert not made.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine\n")
+    rows = 0
+    result = runner.invoke(app, ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--out", str(kept)])
+    assert result.exit_code != 0 and rows == 2
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # no observations.jsonl, whole or half
+
+
 @pytest.mark.parametrize(
     "args,option",
     [

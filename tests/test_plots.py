@@ -36,12 +36,13 @@ from leadtime.simulator.run import make_policy
 
 @pytest.fixture
 def saved(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Figure]]:
-    """Every figure saved, by file name, still open to be inspected (its file is written all the same)."""
+    """Every figure saved, by file name (the name it is renamed to, when written to a temporary one first), still
+    open to be inspected (its file is written all the same)."""
     figures: dict[str, Figure] = {}
     save, close = Figure.savefig, plt.close
 
     def keep(self: Figure, path: Any, *args: Any, **kwargs: Any) -> None:
-        figures[Path(path).name] = self
+        figures[Path(path).name.removeprefix(".").replace(".part.", ".")] = self
         save(self, path, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", keep)

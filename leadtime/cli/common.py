@@ -3,6 +3,7 @@ the help texts of options several commands take."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -124,9 +125,10 @@ def option_given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def output_dir(path: Path) -> None:
+def output_dir(path: Path) -> bool:
     """Make the `--out` folder and check that it takes files before a run that may last minutes, so the run does
-    not end in a write error with its figures lost."""
+    not end in a write error with its figures lost; whether this call made it (see `remove_if_empty`)."""
+    made = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -135,6 +137,22 @@ def output_dir(path: Path) -> None:
         fail(f"--out {path}: a file is in the way (a folder is needed)")
     except OSError as err:
         fail(f"--out {path}: cannot write there ({(err.strerror or str(err)).lower()})")
+    return made
+
+
+def remove_if_empty(path: Path) -> None:
+    """Remove the `--out` folder a command made when it is still empty (a run interrupted or refused before it
+    wrote anything): an empty folder would read as a run that wrote nothing."""
+    with contextlib.suppress(OSError):
+        path.rmdir()  # only an empty folder is removed
+
+
+def unused_sibling(path: Path) -> Path:
+    """`path` with the first of -2, -3, ... appended that names nothing yet: a folder to suggest instead."""
+    n = 2
+    while path.with_name(f"{path.name}-{n}").exists():
+        n += 1
+    return path.with_name(f"{path.name}-{n}")
 
 
 def positive(option: str, value: float, infinite: bool = False) -> None:

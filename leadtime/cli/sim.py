@@ -22,8 +22,10 @@ from leadtime.cli.common import (
     option_given,
     output_dir,
     positive,
+    remove_if_empty,
     seed_option,
     sim_app,
+    unused_sibling,
     warn,
 )
 from leadtime.data import SPLITWISE
@@ -81,7 +83,9 @@ def simulate(
     positive("--ttft-slo-ms", ttft_slo_ms, infinite=True)  # infinite: no SLO
     positive("--itl-slo-ms", itl_slo_ms, infinite=True)
     if out is not None:
-        output_dir(out)
+        _no_earlier_run(out)
+        if output_dir(out):  # made by this run: removed on the way out (Ctrl-C, an error) if nothing was written
+            ctx.call_on_close(lambda: remove_if_empty(out))
     known = catalog_option(catalog)
     policies = policy or (["profile:default"] if config is not None else ["llm-d"])
     try:
@@ -122,6 +126,19 @@ def simulate(
     print_simulation(report, as_json=json_out, arrivals=describe_arrivals(replayed))
     if unwritten is not None:
         fail(f"--out {out}: {unwritten} (the report is printed above; the files written before are kept)")
+
+
+def _no_earlier_run(out: Path) -> None:
+    """Refuse an `--out` folder holding files a run writes: they were silently replaced (an earlier run's
+    observations, a user's own report.json), or, with a run cut short, left mixed with the new run's."""
+    from leadtime.simulator.report import run_files_in
+
+    held = run_files_in(out) if out.is_dir() else []
+    if held:
+        fail(
+            f"--out {out} already holds a run's files ({', '.join(held)}): give another folder (e.g. "
+            f"{unused_sibling(out)}), or move them away"
+        )
 
 
 @sim_app.command("validate")
