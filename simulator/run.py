@@ -68,6 +68,20 @@ def policy_name(name: str) -> str:
     return canonical
 
 
+def policy_names(names: Sequence[str]) -> list[str]:
+    """The canonical names of the policies as a user lists them, each once: a policy given twice (`round_robin`
+    and `round-robin`, `llm-d` and `llmd`) ran twice, and its observations were written twice under one name."""
+    given: dict[str, str] = {}
+    for name in names:
+        canonical = policy_name(name)
+        if canonical in given:
+            raise ValueError(
+                f"policy {name!r} is {canonical}, given already as {given[canonical]!r}: give each policy once"
+            )
+        given[canonical] = name
+    return list(given)
+
+
 def make_policy(
     name: str, seed: int = 0, fleet: Fleet | None = None, config: PickerConfig | None = None
 ) -> RoutingPolicy:
@@ -151,7 +165,7 @@ def simulate(
 
     `on_workload(requests)` is given the requests as replayed before the runs, for what a caller says of them.
     """
-    policies = [policy_name(name) for name in policies]
+    policies = policy_names(policies)
     profiles = [name[len(PROFILE_PREFIX) :] for name in policies if name.startswith(PROFILE_PREFIX)]
     if profiles:  # a profile the configuration lacks is named before the fleet and the trace are read
         config = options.config or load_config(SHIPPED_CONFIG)

@@ -371,6 +371,22 @@ def test_simulate_prints_and_keeps_its_report_when_the_plots_cannot_be_written(
     assert result.stderr.splitlines()[-1].startswith("error: ") and "no space left on device" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "first,second,canonical",
+    [
+        ("round_robin", "round-robin", "round_robin"),
+        ("llm-d", "llmd_heuristic", "llmd_heuristic"),
+        ("llmd", "llmd", "llmd_heuristic"),
+    ],
+)
+def test_a_policy_given_twice_is_refused_naming_both_spellings(
+    trace: Path, first: str, second: str, canonical: str
+) -> None:
+    """It ran twice, and its observations were written twice under one name (training rows doubled)."""
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--policy", first, "--policy", second]
+    refused(args, f"policy {second!r} is {canonical}, given already as {first!r}: give each policy once")
+
+
 def test_simulate_refuses_an_out_folder_that_holds_a_run_naming_its_files(trace: Path, tmp_path: Path) -> None:
     """A second run into the same folder silently replaced the first one's observations (50 rows became 20)."""
     out = tmp_path / "out"
