@@ -27,6 +27,11 @@ MAX_TOKENS = 2**24
 """The most tokens a request of a trace, or a synthetic workload's mean prompt or output or shared prefix, may have
 (16,777,216: above the longest context any model takes, 10M tokens): beyond it a figure is a slip, and one of 1e18
 was a prompt building that never ended."""
+MAX_ARRIVAL_MS = 10**11
+"""The longest arrival window a workload may span, in ms (100,000,000,000: about three years), as read (from its
+first row) and as replayed (after the rate scale): beyond it a figure is a slip, and the simulated clock loses the
+precision its steps need (at 1e300 ms a step of a few ms no longer changed it, and every latency came out 0; a
+timestamp of 1e308 overflowed)."""
 MAX_SYNTHETIC_REQUESTS = 10**7
 MAX_SYNTHETIC_SEGMENTS = 10**8
 """The most prompt segments (prefix block ids) a synthetic workload may build, about its memory: the ids of its
@@ -91,6 +96,15 @@ def _positive_int(value: object, name: str, where: str, minimum: int = 1, maximu
     return int(value)
 
 
+def _within_clock(offset_ms: float, name: str, shown: str, where: str) -> None:
+    """TraceError naming the row (`path:line`) and its field `name` (showing `shown`) when it arrives more than
+    `MAX_ARRIVAL_MS` from the trace's first row (`offset_ms` apart)."""
+    if abs(offset_ms) > MAX_ARRIVAL_MS:
+        raise TraceError(
+            f"{where}: {name} {shown} is more than {MAX_ARRIVAL_MS:,} ms (about 3 years) from the first row's"
+        )
+
+
 def read_mooncake(path: Path) -> list[WorkloadRequest]:
     """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (512-token blocks), in file
     order."""
@@ -116,6 +130,7 @@ def read_mooncake(path: Path) -> list[WorkloadRequest]:
             stamp = row["timestamp"]
             if not _finite_number(stamp) or stamp < 0:
                 raise TraceError(f"{where}: 'timestamp' must be a finite number ≥ 0, got {stamp!r}")
+            _within_clock(stamp - (out[0].arrival_ms if out else stamp), "'timestamp'", f"{stamp:g}", where)
             ids = row.get("hash_ids", [])
             if not isinstance(ids, list):
                 raise TraceError(f"{where}: 'hash_ids' must be a list")
@@ -165,9 +180,11 @@ def _azure_rows(path: Path, reader: csv.DictReader[str]) -> list[WorkloadRequest
         except ValueError:
             raise TraceError(f"{where}: TIMESTAMP {text!r} is not a date-time") from None
         start = start or stamp
+        arrival_ms = (stamp - start).total_seconds() * 1e3
+        _within_clock(arrival_ms, "TIMESTAMP", repr(text), where)
         out.append(
             WorkloadRequest(
-                arrival_ms=(stamp - start).total_seconds() * 1e3,
+                arrival_ms=arrival_ms,
                 input_tokens=_azure_count(row, "ContextTokens", where),
                 output_tokens=_azure_count(row, "GeneratedTokens", where),
             )
@@ -280,6 +297,12 @@ def shape(
     if not ordered:
         raise TraceError("the workload has no requests")
     origin = ordered[0].arrival_ms
+    window_ms = (ordered[-1].arrival_ms - origin) / rate_scale
+    if not window_ms <= MAX_ARRIVAL_MS:  # inf too
+        raise TraceError(
+            f"the {len(ordered)} requests' arrivals span {window_ms:.3g} ms at rate_scale {rate_scale:g}, more than "
+            f"the {MAX_ARRIVAL_MS:,} ms (about 3 years) a simulated clock keeps precise: a larger rate scale"
+        )
     return [
         WorkloadRequest(
             (r.arrival_ms - origin) / rate_scale, r.input_tokens, r.output_tokens, r.segments, r.segment_tokens
@@ -369,9 +392,21 @@ def _check_size(spec: SyntheticSpec) -> None:
         )
 
 
+def _check_rate(spec: SyntheticSpec) -> None:
+    """TraceError naming `rate_rps` when the requests' mean arrival window would pass `MAX_ARRIVAL_MS` (checked on
+    the requests replayed, after --max-requests; a draw past it all the same is refused by `shape`)."""
+    least = spec.requests * 1e3 / MAX_ARRIVAL_MS
+    if spec.rate_rps < least:
+        raise TraceError(
+            f"synthetic workload: rate_rps must be at least {least:.3g} for {spec.requests} requests, got "
+            f"{spec.rate_rps:g}: their arrivals would span more than {MAX_ARRIVAL_MS:,} ms (about 3 years)"
+        )
+
+
 def synthetic(spec: SyntheticSpec, seed: int = 0) -> list[WorkloadRequest]:
     """A synthetic workload: bursty (gamma) arrivals and prompts sharing prefixes as `spec` says."""
     _check_size(spec)
+    _check_rate(spec)
     rng = random.Random(seed)
     out: list[WorkloadRequest] = []
     clock = 0.0

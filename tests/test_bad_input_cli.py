@@ -787,6 +787,40 @@ def test_a_mooncake_token_count_beyond_any_context_is_refused_naming_the_line(
     )
 
 
+def test_a_mooncake_timestamp_beyond_any_clock_is_refused_naming_the_line(tmp_path: Path) -> None:
+    """`timestamp: 1e308` ended in an OverflowError traceback deep in the simulation."""
+    path = tmp_path / "huge.jsonl"
+    first = {"timestamp": 0, "input_length": 100, "output_length": 10}
+    path.write_text(json.dumps(first) + "\n" + json.dumps({**first, "timestamp": 1e308}) + "\n")
+    refused(
+        ["simulate", "--fleet", "homogeneous", "--trace", str(path)],
+        f"{path}:2: 'timestamp' 1e+308 is more than 100,000,000,000 ms",
+    )
+
+
+def test_an_azure_row_beyond_any_clock_is_refused_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "far.csv"
+    path.write_text(AZURE_HEADER + "2024-01-01 00:00:00,10,5\n9024-01-01 00:00:01,10,5\n")
+    refused(
+        ["simulate", "--fleet", "homogeneous", "--trace", str(path)],
+        f"{path}:3: TIMESTAMP '9024-01-01 00:00:01' is more than 100,000,000,000 ms",
+    )
+
+
+@pytest.mark.parametrize(
+    "args,names",
+    [
+        (["--trace", "synthetic:rate_rps=1e-300,requests=5"], ["rate_rps must be at least", "for 5 requests"]),
+        (["--max-requests", "3", "--rate-scale", "1e-300"], ["rate_scale 1e-300", "100,000,000,000 ms"]),
+    ],
+)
+def test_arrivals_spread_beyond_any_clock_are_refused_not_simulated_as_0_ms(
+    trace: Path, args: list[str], names: list[str]
+) -> None:
+    """At clock values of 1e300 ms a step of a few ms no longer changes the float: every latency came out 0."""
+    refused(["simulate", "--fleet", "homogeneous", "--trace", str(trace), *args], *names)
+
+
 def test_an_azure_token_count_beyond_any_context_is_refused_naming_the_line(tmp_path: Path) -> None:
     path = tmp_path / "huge.csv"
     path.write_text(AZURE_HEADER + "2024-01-01 00:00:00,10,5\n2024-01-01 00:00:01,100000000000,5\n")
@@ -858,7 +892,7 @@ def test_bench_gateway_refuses_requests_that_all_arrive_at_one_instant(
     assert "one instant" in line and "--max-requests" not in line  # replayed with its steps spread: more is alike
 
 
-@pytest.mark.parametrize(("last_ms", "rate_scale"), [("1e300", "2"), ("200000000", "1")])
+@pytest.mark.parametrize(("last_ms", "rate_scale"), [("1e10", "2"), ("200000000", "1")])  # 1e300: refused on reading
 def test_bench_gateway_refuses_an_arrival_window_no_real_time_replay_would_end(
     no_processes: None, tmp_path: Path, last_ms: str, rate_scale: str
 ) -> None:
