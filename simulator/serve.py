@@ -5,7 +5,7 @@ Each endpoint of the fleet gets its own server on 127.0.0.1 (port base_port + i)
 scraper, the gateway and end-to-end tests talk real HTTP to something that queues, batches and slows down like
 vLLM. Steps are paced on the wall clock by the same step-time model and scheduler as the simulator (one step
 at a time, no closed-form decode runs). Prompts are tokenised as whitespace-separated words; prefix caching
-works on 16-word blocks of them.
+works on 16-word segments of them (on an endpoint whose KV blocks are larger, a block's worth: `segment_words`).
 
 P/D: a decode endpoint that receives header `x-prefiller-host-port` (llm-d's convention) has the named prefill
 endpoint of the fleet prefill the prompt, waits for the KV transfer on its own link (queued behind the
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 import threading
 import time
@@ -64,6 +65,8 @@ from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
 from leadtime.yaml_text import read_yaml_file
 
 PREFIX_BLOCK_WORDS = 16
+"""Words in a prompt segment (prefix caching's unit) of an endpoint whose KV blocks hold up to 16 tokens; see
+`segment_words` for larger blocks."""
 PREFILLER_HEADER = "x-prefiller-host-port"
 SERVING_JOB = "inference"
 OTHER_JOB = "training"
@@ -246,8 +249,9 @@ class LiveEndpoint:
             self.engine.remove(rid)
 
     def _request(self, rid: int, words: list[str], max_tokens: int) -> SimRequest:
+        segment = segment_words(self.engine.cache.block_size)
         request = SimRequest(
-            rid, self.now_ms(), max(1, len(words)), max_tokens, word_block_hashes(words), PREFIX_BLOCK_WORDS
+            rid, self.now_ms(), max(1, len(words)), max_tokens, word_block_hashes(words, segment), segment
         )
         cache = self.engine.cache
         if cache.blocks_for(request.input_tokens + max_tokens) > cache.total_blocks:
@@ -368,16 +372,28 @@ class LiveEndpoint:
         return "\n".join(lines) + "\n"
 
 
-def word_block_hashes(words: list[str]) -> tuple[int, ...]:
-    """Chained hashes of the prompt's full 16-word blocks (the mock's tokens are words).
+def segment_words(block_size: int) -> int:
+    """Words in a prompt segment on an endpoint whose KV blocks hold `block_size` tokens: the least whole number of
+    its blocks that is also a whole number of `PREFIX_BLOCK_WORDS` (16 for blocks of 1, 8 and 16; a block for 32,
+    64 and 128). A segment smaller than a block held no block of the cache: its prefix was never evicted and gave
+    free hits for ever (the simulator refuses such segments).
+
+    >>> [segment_words(b) for b in (1, 8, 16, 32, 64, 128)]
+    [16, 16, 16, 32, 64, 128]
+    """
+    return math.lcm(PREFIX_BLOCK_WORDS, block_size)
+
+
+def word_block_hashes(words: list[str], segment: int = PREFIX_BLOCK_WORDS) -> tuple[int, ...]:
+    """Chained hashes of the prompt's full `segment`-word blocks (the mock's tokens are words).
 
     Python's own hashes, stable within this process (which holds every endpoint of the fleet): ~1 µs a block,
     where hashing each word's bytes first cost ~12 ms for a 12,000-word prompt, on the serving event loop.
     """
     hashes = []
     parent = 0
-    for start in range(0, len(words) - PREFIX_BLOCK_WORDS + 1, PREFIX_BLOCK_WORDS):
-        parent = hash((parent, *words[start : start + PREFIX_BLOCK_WORDS]))
+    for start in range(0, len(words) - segment + 1, segment):
+        parent = hash((parent, *words[start : start + segment]))
         hashes.append(parent)
     return tuple(hashes)
 

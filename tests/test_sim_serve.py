@@ -311,3 +311,20 @@ def test_a_live_endpoint_keeps_nothing_of_the_steps_it_ran(server: FleetServer) 
     reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": "step by step", "max_tokens": 64}, timeout=30)
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 64  # one step per token
     assert live.engine.busy_intervals == []
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 16, 32, 64, 128])
+def test_a_prompts_prefix_segments_are_whole_blocks_of_the_endpoints_cache(block_size: int) -> None:
+    """With 16-word segments and blocks of 64 a published prefix held 0 blocks: never evicted, it gave free hits for
+    ever (a prompt evicted long ago took 11 ms where 607 ms was due). `simulate` refuses such segments."""
+    from leadtime.simulator.serve import PREFIX_BLOCK_WORDS, word_block_hashes
+
+    pool = {"name": "a", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "block_size": block_size}
+    live = FleetServer(parse_fleet({"pools": [pool]}), [0]).live[0]
+    words = [f"w{i}" for i in range(300)]
+    request = live._request(1, words, 4)
+    assert request.segment_tokens % block_size == 0 and request.segment_tokens >= PREFIX_BLOCK_WORDS
+    assert len(request.segments) == 300 // request.segment_tokens
+    if block_size <= PREFIX_BLOCK_WORDS:  # as before: 16-word segments
+        assert request.segment_tokens == PREFIX_BLOCK_WORDS
+        assert request.segments == word_block_hashes(words)
