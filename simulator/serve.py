@@ -28,15 +28,16 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import uvicorn
 import yaml
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -64,6 +65,7 @@ from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
 from leadtime.yaml_text import read_yaml_file
 
+T = TypeVar("T")
 PREFIX_BLOCK_WORDS = 16
 """Words in a prompt segment (prefix caching's unit) of an endpoint whose KV blocks hold up to 16 tokens; see
 `segment_words` for larger blocks."""
@@ -398,6 +400,27 @@ def word_block_hashes(words: list[str], segment: int = PREFIX_BLOCK_WORDS) -> tu
     return tuple(hashes)
 
 
+async def _hung_up(request: Request) -> None:
+    """Return once the client of `request` (its body read) has closed the connection: the next ASGI message is then
+    `http.disconnect` (vLLM listens for it the same way)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_hung_up(request: Request, work: Coroutine[object, object, T]) -> T | None:
+    """`work`'s result, or None (`work` cancelled) when the client of `request` leaves first: a non-streaming
+    client that timed out left the mock generating for no one, where vLLM aborts the request."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_hung_up(request))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task.done() and not task.cancelled() else None
+
+
 def _words(text: str) -> list[str]:
     return text.split() or [""]
 
@@ -450,6 +473,9 @@ def build_app(
         while await queue.get() is not None:
             yield index
             index += 1
+
+    async def whole_answer(queue: asyncio.Queue[int | None]) -> list[str]:
+        return [f" tok{i}" async for i in tokens(queue)]
 
     def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         return {
@@ -504,7 +530,11 @@ def build_app(
         prompt_tokens = len(words)
         echo = {"x-request-id": request.headers["x-request-id"]} if "x-request-id" in request.headers else None
         if not stream:
-            pieces = [f" tok{i}" async for i in tokens(queue)]
+            pieces = await unless_hung_up(request, whole_answer(queue))
+            if pieces is None:  # the client left before the end: abort it, as a stream is
+                if rid in live.streams:
+                    live.abort(rid)
+                return Response(status_code=499)  # nginx's "client closed request": no one reads it
             return JSONResponse(completion_json(kind, cid, pieces, prompt_tokens), headers=echo)
         created = int(time.time())
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"

@@ -304,6 +304,44 @@ def test_a_stream_whose_client_hangs_up_is_aborted_as_vllm_aborts_it(server: Fle
     assert (running, waiting) == (0, 0)
 
 
+def _idle(url: str) -> tuple[int, int]:
+    """Running and waiting requests once both are 0, or as they stand after ~2 s."""
+    running = waiting = -1
+    for _ in range(100):
+        m = parse_vllm_metrics(httpx.get(url + "/metrics", timeout=10).text)
+        running, waiting = m.num_requests_running, m.num_requests_waiting
+        if running == waiting == 0:
+            break
+        time.sleep(0.02)
+    return running, waiting
+
+
+def _generated(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    (line,) = [x for x in text.splitlines() if x.startswith("vllm:generation_tokens_total")]
+    return float(line.split()[-1])
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_non_streaming_request_whose_client_hangs_up_is_aborted_as_vllm_aborts_it(
+    server: FleetServer, path: str
+) -> None:
+    """Only streams were aborted: a client that timed out on a whole answer left the mock generating for minutes
+    (a gateway with timeouts in front of it saw load no one was waiting for)."""
+    url = _url(server, "h100-0")
+    body: dict[str, object] = {"max_tokens": 5000}
+    body.update(
+        {"prompt": "w " * 200} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    for _ in range(2):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + path, json=body, timeout=httpx.Timeout(10.0, read=0.3))
+    assert _idle(url) == (0, 0)
+    generated = _generated(url)
+    time.sleep(0.2)
+    assert _generated(url) == generated
+
+
 def test_a_live_endpoint_keeps_nothing_of_the_steps_it_ran(server: FleetServer) -> None:
     """Each step's (start, end) was kept for the offline report's utilisation, which a live server never makes: `sim
     serve` grew by ~2.4 MB a minute under load."""
