@@ -39,12 +39,22 @@ _STYLES: dict[str, tuple[str, str]] = {
     "leadtime_hold": ("#d32f2f", "--"),
     "leadtime_x4": ("#607d8b", "-"),
     "leadtime_x4_shared": ("#607d8b", "--"),
-    "round_robin_shadow": ("#607d8b", "-"),
-    "least_queue_shadow": ("#607d8b", "--"),
+    "round_robin_shadow": ("#9e9e9e", "--"),  # a shadow: its router's colour, the other line style
+    "least_queue_shadow": ("#795548", "-"),
 }
-_OTHER_COLOURS = ("#607d8b", "#8d6e63", "#c0ca33", "#5c6bc0", "#ec407a", "#26a69a", "#ffb300", "#6d4c41")
+_OTHER_COLOURS = (
+    "#00acc1",
+    "#8d6e63",
+    "#c0ca33",
+    "#5c6bc0",
+    "#ec407a",
+    "#26a69a",
+    "#ffb300",
+    "#827717",
+)  # olive: a brown was least_queue's
 """For a policy the table above does not name (`random`, `llmd_heuristic_ready`): a colour picked by a fixed hash
-of its name, so that two such policies in one plot are still told apart, and look the same in every plot."""
+of its name, so that two such policies in one plot are still told apart, and look the same in every plot. None is
+a colour of the table (each of whose styles is its policy's alone): an unnamed policy is not taken for a named one."""
 
 CUT_PERCENTILE = 95
 """A latency axis ends at this percentile of every policy's requests, within `SLO_SPAN` of the largest SLO: the

@@ -124,6 +124,15 @@ def test_a_policy_looks_the_same_in_every_plot_and_two_unnamed_ones_apart() -> N
     assert policy_style("random")["color"] != policy_style("llmd_heuristic_ready")["color"]
 
 
+def test_every_named_policy_has_a_style_of_its_own_and_no_unnamed_one_takes_its_colour() -> None:
+    """leadtime_x4 and round_robin_shadow were one solid grey-blue line, and the first unnamed colour was it too."""
+    from leadtime.plots import _OTHER_COLOURS, _STYLES
+
+    assert len(set(_STYLES.values())) == len(_STYLES)
+    assert not set(_OTHER_COLOURS) & {colour for colour, _ in _STYLES.values()}
+    assert len(set(_OTHER_COLOURS)) == len(_OTHER_COLOURS)
+
+
 def test_the_shared_legend_is_one_for_the_figure_above_its_panels() -> None:
     """In a panel the legend hid data (llm-d's peak on mixed's ITL error); repeated in each it said it thrice."""
     fig, axes = plt.subplots(1, 3, layout="constrained")
