@@ -48,6 +48,7 @@ from leadtime.router_plugin.policy import RoutingPolicy
 from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.router_plugin.scorers.latency import OVERFLOW_CHOICES
 from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
+from leadtime.router_plugin.timeslice import SERVING_JOB
 from leadtime.yaml_text import Integer, Real, read_yaml_file
 
 HEURISTIC_SCORERS = {
@@ -129,7 +130,7 @@ class LatencyParameters(_Model):
 
 
 class TimesliceParameters(_Model):
-    serving_job: str = Field(default="inference", min_length=1, alias="servingJob")
+    serving_job: str = Field(default=SERVING_JOB, min_length=1, alias="servingJob")
 
 
 class _LlmdParameters(_Model):
@@ -544,7 +545,7 @@ def build_policy(
         overflow_endpoints=tuple(latency.overflow_endpoints),
         hold_slo_multiple=latency.hold_slo_multiple,
         kv_link_gb_s=latency.kv_link_gb_s,
-        serving_job=timeslice.serving_job if timeslice else "inference",
+        serving_job=timeslice.serving_job if timeslice else SERVING_JOB,
         seed=seed if latency.seed is None else latency.seed,
         catalog=catalog,
     )

@@ -81,7 +81,7 @@ from leadtime.router_plugin.scorers.latency import (
     shared_step_scores,
     slo_scores,
 )
-from leadtime.router_plugin.timeslice import ResidencyTracker, TimesliceSource
+from leadtime.router_plugin.timeslice import SERVING_JOB, ResidencyTracker, TimesliceSource
 
 BLIND_ACCELERATOR = "h100-sxm"
 """What every endpoint is called when the predictor is kept blind to accelerator classes (an ablation)."""
@@ -189,7 +189,7 @@ class LeadtimeConfig:
     overflow_endpoints: tuple[str, ...] = ()
     hold_slo_multiple: float = 0.0
     kv_link_gb_s: float = 25.0
-    serving_job: str = "inference"
+    serving_job: str = SERVING_JOB
     seed: int = 0
     catalog: Catalog = BUILT_IN
 

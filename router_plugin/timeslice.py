@@ -35,6 +35,10 @@ from typing import Protocol
 import numpy as np
 
 GROUP_STATES = ("IDLE", "IDLE_YIELDED", "LOCKED", "SWITCHING")
+SERVING_JOB, OTHER_JOB = "inference", "training"
+"""The job names of a time-sliced group by default: the serving job whose residency means the group's endpoints can
+serve (`servingJob` in the plugin configuration), and the other job it shares the accelerators with (the simulated
+orchestrator's)."""
 
 
 @dataclass(frozen=True)

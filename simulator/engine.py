@@ -34,7 +34,7 @@ from leadtime.router_plugin.policy import (
     RoutingPolicy,
     candidates_that_fit,
 )
-from leadtime.router_plugin.timeslice import GroupStatus
+from leadtime.router_plugin.timeslice import OTHER_JOB, SERVING_JOB, GroupStatus
 from leadtime.simulator.endpoint import Endpoint, SimRequest, StepNoise, StepOutcome
 from leadtime.simulator.fleet import DAY_MS, EndpointConfig, Fleet, TimesliceGroup
 from leadtime.simulator.kvcache import KVCache
@@ -45,7 +45,6 @@ ARRIVAL, STEP, TRANSFER, TIMESLICE, JOIN = 0, 1, 2, 3, 4
 MAX_HOLD_MS = 600_000.0
 """A policy that holds a request longer than this (`Pick.hold`) is taken for one that never places it."""
 # The job names a time-slice group reports: the serving engine's, and the job it shares the accelerators with.
-SERVING_JOB, OTHER_JOB = "inference", "training"
 
 
 class SimulationError(RuntimeError):

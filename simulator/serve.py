@@ -60,6 +60,7 @@ from leadtime.router_plugin.discovery import (
     TIMESLICE_LABEL,
     TP_LABEL,
 )
+from leadtime.router_plugin.timeslice import OTHER_JOB, SERVING_JOB
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
@@ -70,8 +71,6 @@ PREFIX_BLOCK_WORDS = 16
 """Words in a prompt segment (prefix caching's unit) of an endpoint whose KV blocks hold up to 16 tokens; see
 `segment_words` for larger blocks."""
 PREFILLER_HEADER = "x-prefiller-host-port"
-SERVING_JOB = "inference"
-OTHER_JOB = "training"
 
 
 class StreamOptions(BaseModel):

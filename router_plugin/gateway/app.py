@@ -72,7 +72,7 @@ from leadtime.router_plugin.policy import (
     candidates_that_fit,
 )
 from leadtime.router_plugin.scrape import EndpointScrape, Scraper, monotonic_ms
-from leadtime.router_plugin.timeslice import TimesliceSource
+from leadtime.router_plugin.timeslice import SERVING_JOB, TimesliceSource
 
 log = logging.getLogger("leadtime.router.gateway")
 
@@ -152,7 +152,7 @@ class GatewaySettings:
     default_model: str = ""
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
-    serving_job: str = "inference"
+    serving_job: str = SERVING_JOB
     chunk_bytes: int = 64
     connect_timeout_s: float = 2.0
     upstream_timeout_s: float = 600.0
