@@ -26,9 +26,9 @@ from leadtime.simulator.steptime import StepTimeModel
 
 MAX_DECODE_RUN = 4096
 MAX_STALLS = 100
-"""A request preempted this many times in a row without getting further than before is taken for one that never
-will (`Endpoint.stuck`): the simulator counts it as failed rather than restart it without end. A request preempted
-often under KV pressure or at swaps still gets further each time it runs."""
+"""A request preempted without getting further than before more than this many times in a row (at the 101st) is
+taken for one that never will (`Endpoint.stuck`): the simulator counts it as failed rather than restart it without
+end. A request preempted often under KV pressure or at swaps still gets further each time it runs."""
 
 # Standard normal draws that step noise indexes by a hash of (endpoint, step start): the same step of the same
 # endpoint gets the same factor in every run and in every what-if fork, whatever else happened meanwhile.
@@ -187,7 +187,7 @@ class Endpoint:
         self.busy_intervals: list[tuple[float, float]] = []
         self.preemptions = 0
         self.stuck: SimRequest | None = None
-        """A request preempted `MAX_STALLS` times in a row without progress: it will never complete here."""
+        """A request preempted more than `MAX_STALLS` times in a row without progress: it will never complete here."""
 
     def clone(self, share_cache: bool = False) -> Endpoint:
         """An independent copy for what-if simulation (the clairvoyant policy).

@@ -253,8 +253,9 @@ class FleetSimulator:
             for e in self.endpoints:
                 if w.segments and w.segment_tokens % e.cache.block_size:
                     raise SimulationError(
-                        f"prefix segments of {w.segment_tokens} tokens are not whole blocks of "
-                        f"{e.cache.block_size} on {e.endpoint_id}"
+                        f"prefix segments of segment_tokens={w.segment_tokens} tokens are not whole blocks of "
+                        f"{e.cache.block_size} on {e.endpoint_id}: segment_tokens must be a multiple of every "
+                        "pool's block_size"
                     )
             break
         self.now = 0.0

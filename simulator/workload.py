@@ -194,11 +194,13 @@ def _azure_rows(path: Path, reader: csv.DictReader[str]) -> list[WorkloadRequest
 
 def _azure_count(row: dict[str, str], name: str, where: str) -> int:
     """A token count of an Azure row: the text of an integer ≥ 1 (an error names the column and quotes the cell,
-    an empty one or one the row is too short to have included)."""
+    or says the row is too short to have one)."""
     text = row.get(name)
+    if text is None:  # csv.DictReader's filler for the cells a short row lacks
+        raise TraceError(f"{where}: the row is short: it has no {name} cell")
     try:
-        value = int(text)  # type: ignore[arg-type]  # None (a short row) is refused below as not an integer
-    except (TypeError, ValueError):
+        value = int(text)
+    except ValueError:
         raise TraceError(f"{where}: '{name}' must be an integer ≥ 1, got {text!r}") from None
     return _positive_int(value, name, where)
 

@@ -842,6 +842,23 @@ def test_an_azure_token_count_that_is_no_integer_is_named_with_its_value(
     refused(["simulate", "--fleet", "homogeneous", "--trace", str(path)], *names)
 
 
+def test_a_short_azure_row_is_named_as_short(tmp_path: Path) -> None:
+    """A row of 2 cells under a 3-column header said "'GeneratedTokens' must be an integer ≥ 1, got None"."""
+    path = tmp_path / "short.csv"
+    path.write_text(AZURE_HEADER + "2024-01-01 00:00:00,10,5\n2024-01-01 00:00:01,12\n")
+    refused(
+        ["simulate", "--fleet", "homogeneous", "--trace", str(path)], f"{path}:3: the row is short", "GeneratedTokens"
+    )
+
+
+def test_segments_that_are_not_whole_blocks_are_refused_naming_segment_tokens() -> None:
+    refused(
+        ["simulate", "--fleet", "mixed", "--trace", "synthetic:segment_tokens=24,requests=50"],
+        "segment_tokens=24",
+        "multiple of every pool's block_size",
+    )
+
+
 def test_bench_routing_on_requests_that_all_arrive_at_one_instant_says_so(tmp_path: Path) -> None:
     """simulate said so; bench routing said "could not bracket the fleet's capacity"."""
     burst = tmp_path / "burst.jsonl"
