@@ -33,12 +33,18 @@ def run_simulate_command(
     progress: bool,
     config: PickerConfig | None = None,
     catalog: Catalog = BUILT_IN,
+    spread: bool = False,
 ) -> tuple[dict[str, object], list[WorkloadRequest], str | None]:
     """`leadtime simulate`: run the policies with a progress bar on stderr (none with --json); returns the report,
     the requests replayed (what the report's figures are per second of) and why the `out` files could not all be
     written (None when they were): the caller prints the report first, then that error."""
     options = SimulationOptions(
-        seed=seed, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms, config=config, catalog=catalog
+        seed=seed,
+        ttft_slo_ms=ttft_slo_ms,
+        itl_slo_ms=itl_slo_ms,
+        config=config,
+        catalog=catalog,
+        spread_steps=spread,
     )
     replayed: list[WorkloadRequest] = []
     bar = stderr_bar()

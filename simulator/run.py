@@ -39,6 +39,7 @@ from leadtime.simulator.workload import (
     load_workload,
     require_arrival_window,
     shape,
+    spread_steps,
 )
 
 # Every policy the simulator can run, by its name in results (the benchmark's JSON keys).
@@ -118,6 +119,9 @@ class SimulationOptions:
     """The plugin configuration `profile:NAME` policies come from (None: the shipped plugins.yaml)."""
     catalog: Catalog = BUILT_IN
     """The accelerator classes and models the fleet's pools may name (`--catalog FILE`)."""
+    spread_steps: bool = False
+    """Spread the requests that share a timestamp over the trace's timestamp step (`workload.spread_steps`), as
+    the demo and the benchmarks replay a trace (`--spread-steps`); else they arrive at one instant, as recorded."""
 
 
 def run_policies(
@@ -173,6 +177,8 @@ def simulate(
             profile_of(config, profile)
     fleet = load_fleet(fleet_path, options.catalog)
     loaded = load_workload(str(trace_path), options.seed, max_requests)
+    if options.spread_steps:
+        loaded = spread_steps(loaded, options.seed)
     workload = shape(loaded, rate_scale=rate_scale, max_requests=max_requests)
     require_arrival_window(workload, str(trace_path), max_requests)
     if on_workload is not None:

@@ -407,3 +407,15 @@ def test_simulate_says_the_fleets_slos_win_over_the_slo_options(tmp_path: Path, 
         f"warning: {flags[0]} is ignored: the fleet states its SLO classes (slos), which apply instead"
     ]
     assert _stderr_lines(runner.invoke(app, [*argv, "--json"])) == []
+
+
+def test_simulate_spreads_same_instant_arrivals_over_their_step_when_asked(tmp_path: Path) -> None:
+    """`simulate` replays Mooncake's same-instant bursts as recorded; the demo and the benchmarks spread them
+    (`spread_steps`), and `--spread-steps` replays a trace as they do."""
+    trace = _mooncake(tmp_path, [0, 0, 0, 3000, 3000, 3000])
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--json", "--policy", "round-robin"]
+    recorded = runner.invoke(app, args)
+    spread = runner.invoke(app, [*args, "--spread-steps"])
+    assert recorded.exit_code == spread.exit_code == 0, recorded.output + spread.output
+    assert json.loads(recorded.stdout)["arrival_window_s"] == 3.0
+    assert 4.0 < json.loads(spread.stdout)["arrival_window_s"] < 6.0  # the last step spread over 3 s after it

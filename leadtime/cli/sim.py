@@ -68,6 +68,14 @@ def simulate(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     out: Annotated[Path | None, typer.Option(help="Directory for observations JSONL, plots, report.")] = None,
     catalog: Annotated[Path | None, typer.Option(help=CATALOG_HELP)] = None,
+    spread_steps: Annotated[
+        bool,
+        typer.Option(
+            "--spread-steps",
+            help="Spread requests that share a timestamp over the trace's timestamp step, as the demo and the "
+            "benchmarks replay a trace (default: they arrive at one instant, as recorded).",
+        ),
+    ] = False,
 ) -> None:
     """Replay a trace on a simulated fleet under one or more routing policies."""
     from leadtime.router_plugin.config import load_config
@@ -112,6 +120,7 @@ def simulate(
             not json_out,
             picker,
             known,
+            spread_steps,
         )
     except (FeatureError, OSError, ValueError, RuntimeError) as err:
         fail(err)
