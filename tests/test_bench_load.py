@@ -168,7 +168,7 @@ def test_bench_load_says_in_one_line_that_the_service_stopped_mid_run() -> None:
     command += ["--predict-rps", "40", "--observe-rps", "400"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
-    lines = []
+    lines: list[str] = []
     while not lines or not lines[-1].startswith("driving "):  # the measured run has begun
         lines.append(process.stderr.readline())
         assert lines[-1], (lines, process.communicate())

@@ -144,8 +144,9 @@ def test_each_class_is_bounded_by_its_own_waits_and_keeps_them_when_saved() -> N
     bound.learn_many(
         np.array([9_000.0, 41_000.0, 2_000.0]), np.full(3, 1_000.0), np.array([6e3, 3e4, 1e3]), ["h", "l", "h"]
     )
-    assert (bound.of("h").longest_ms, bound.of("h").deepest_ms, bound.of("h").learned) == (8_000.0, 6e3, 2)
-    assert (bound.of("l").longest_ms, bound.of("l").deepest_ms, bound.of("l").learned) == (40_000.0, 3e4, 1)
+    h, l40s = bound.of("h"), bound.of("l")
+    assert h is not None and (h.longest_ms, h.deepest_ms, h.learned) == (8_000.0, 6e3, 2)
+    assert l40s is not None and (l40s.longest_ms, l40s.deepest_ms, l40s.learned) == (40_000.0, 3e4, 1)
     assert bound.of("t") is None
     mean, own, queue = np.full(4, 90_000.0), np.full(4, 1_000.0), np.full(4, 35e3)
     expected = [9_000.0, 41_000.0, 90_000.0, 9_000.0]

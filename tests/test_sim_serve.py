@@ -294,14 +294,7 @@ def test_a_stream_whose_client_hangs_up_is_aborted_as_vllm_aborts_it(server: Fle
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
             lines = response.iter_lines()
             assert [next(lines) for _ in range(3)]  # a few events in, then gone
-    running = waiting = -1
-    for _ in range(100):
-        m = parse_vllm_metrics(httpx.get(url + "/metrics", timeout=10).text)
-        running, waiting = m.num_requests_running, m.num_requests_waiting
-        if running == waiting == 0:
-            break
-        time.sleep(0.02)
-    assert (running, waiting) == (0, 0)
+    assert _idle(url) == (0, 0)
 
 
 def _idle(url: str) -> tuple[int, int]:
