@@ -376,8 +376,8 @@ class OnlinePredictor:
                 offset = math.exp(model.conformal.offset)
                 lines.append(f"  calibration offset       ×{offset:.3f} (conformal, upper quantile)")
             own = float(own_prefill_ms(x)[0])
-            bound = None if model.wait_bound is None else model.wait_bound.of(hw[0])
-            if bound is not None and float(queue_ahead_ms(x)[0]) > bound.deepest_ms:
+            bound = model.wait_bound
+            if bound is not None and bound.bounds(hw[0]) and float(queue_ahead_ms(x)[0]) > bound.deepest_ms:
                 limit = float(not_queueing_ms(target, x)[0]) + bound.longest_ms
                 if float(mean[0]) >= limit - 1e-9:
                     lines.append(

@@ -138,26 +138,24 @@ def test_a_class_with_nothing_learned_is_not_bounded_by_another_class_s_queues()
         assert "longest wait learned" not in p.debug_one(row)
 
 
-def test_each_class_is_bounded_by_its_own_waits_and_keeps_them_when_saved() -> None:
+def test_a_class_with_outcomes_is_bounded_by_the_longest_wait_learned_on_any_and_keeps_them_when_saved() -> None:
+    """Bounded by its own figures alone, each class's evidence grew at its share of the rows and trailed the growing
+    queues further: sim:mixed's second half under delayed labels, TTFT MAPE 0.064 against 0.036 pooled."""
     bound = WaitBound()
     # an H100 waited 8 s behind a 6 s queue; an L40S 40 s behind a 30 s one
     bound.learn_many(
         np.array([9_000.0, 41_000.0, 2_000.0]), np.full(3, 1_000.0), np.array([6e3, 3e4, 1e3]), ["h", "l", "h"]
     )
-    h, l40s = bound.of("h"), bound.of("l")
-    assert h is not None and (h.longest_ms, h.deepest_ms, h.learned) == (8_000.0, 6e3, 2)
-    assert l40s is not None and (l40s.longest_ms, l40s.deepest_ms, l40s.learned) == (40_000.0, 3e4, 1)
-    assert bound.of("t") is None
-    mean, own, queue = np.full(4, 90_000.0), np.full(4, 1_000.0), np.full(4, 35e3)
-    expected = [9_000.0, 41_000.0, 90_000.0, 9_000.0]
-    assert bound.cap(mean, own, queue, ["h", "l", "t", "h"]).tolist() == expected
-    assert bound.cap(mean, own, np.full(4, 20e3), ["h", "l", "t", "h"]).tolist() == [9_000.0] + [90_000.0] * 2 + [
-        9_000.0
-    ]
+    assert (bound.longest_ms, bound.deepest_ms, bound.learned) == (40_000.0, 3e4, 3)
+    assert bound.bounds("h") and bound.bounds("l") and not bound.bounds("t")
+    mean, own = np.full(4, 90_000.0), np.full(4, 1_000.0)
+    expected = [41_000.0, 41_000.0, 90_000.0, 41_000.0]
+    assert bound.cap(mean, own, np.full(4, 35e3), ["h", "l", "t", "h"]).tolist() == expected
+    assert bound.cap(mean, own, np.full(4, 20e3), ["h", "l", "t", "h"]).tolist() == [90_000.0] * 4  # within
     again = WaitBound()
     again.load_dict(bound.to_dict())
     assert again.to_dict() == bound.to_dict()
-    assert again.cap(mean, own, queue, ["h", "l", "t", "h"]).tolist() == expected
+    assert again.cap(mean, own, np.full(4, 35e3), ["h", "l", "t", "h"]).tolist() == expected
 
 
 def test_a_bound_saved_before_it_was_per_class_bounds_the_classes_the_model_had_learned() -> None:
@@ -170,7 +168,7 @@ def test_a_bound_saved_before_it_was_per_class_bounds_the_classes_the_model_had_
     deep = _queued(400)
     assert loaded.predict_one(deep) == p.predict_one(deep)  # bounded as it was
     bound = loaded._models["ttft"].wait_bound
-    assert bound is not None and bound.of(key) is not None and list(bound.classes) == [key]
+    assert bound is not None and bound.bounds(key) and list(bound.classes) == [key]
     old = WaitBound()
     old.load_dict({"longest_ms": 8_000.0, "learned": 3}, classes=["h", "l"])
     assert old.cap(np.full(3, 90_000.0), np.zeros(3), np.full(3, 1.0), ["h", "l", "t"]).tolist() == [
