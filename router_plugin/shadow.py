@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.router_plugin.client import PredictorClient, PredictorError
+from leadtime.router_plugin.config import DEFAULT_DEADLINE_MS
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
 
-SHADOW_DEADLINE_S = 0.02
+SHADOW_DEADLINE_S = DEFAULT_DEADLINE_MS / 1e3
 """As the plugin's default `fallback.deadlineMs`."""
 
 
