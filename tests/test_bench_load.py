@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
+from child_processes import children_running
 
 FIELDS = {
     "achieved_predict_rps",
@@ -173,23 +173,9 @@ def test_bench_load_says_in_one_line_that_the_service_stopped_mid_run() -> None:
         lines.append(process.stderr.readline())
         assert lines[-1], (lines, process.communicate())
     time.sleep(1.5)
-    (service,) = _children(process.pid, "serve")
+    (service,) = children_running(process.pid, "serve")
     os.kill(service, signal.SIGKILL)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 2, stderr[-3000:]
     assert stdout == ""
     assert stderr.strip().splitlines() == ["error: the service stopped during the run (killed by signal 9)"]
-
-
-def _children(parent: int, word: str) -> list[int]:
-    """Processes whose parent is `parent` and whose command line holds `word`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == parent and word.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found

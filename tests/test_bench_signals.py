@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from child_processes import children_named
 from conftest import require_module
 
 
@@ -43,7 +44,7 @@ def test_sigterm_during_bench_load_stops_wrk_and_the_feeder_quietly(tmp_path: Pa
     wrk: list[int] = []
     while len(wrk) < 2:  # the warm-up's wrk, then the measured run's, which the feeder runs beside
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-        wrk = sorted({*wrk, *_children_named(process.pid, "wrk")})
+        wrk = sorted({*wrk, *children_named(process.pid, "wrk")})
         time.sleep(0.05)
     time.sleep(2.0)
     process.send_signal(signal.SIGTERM)
@@ -52,17 +53,3 @@ def test_sigterm_during_bench_load_stops_wrk_and_the_feeder_quietly(tmp_path: Pa
     assert "Traceback" not in stderr.decode(), stderr.decode()[-3000:]
     time.sleep(0.5)
     assert not [pid for pid in wrk if Path(f"/proc/{pid}").exists()], "wrk outlived the benchmark"
-
-
-def _children_named(parent: int, name: str) -> list[int]:
-    """Processes named `name` whose parent is `parent`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == parent and (entry / "comm").read_text().strip() == name:
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
