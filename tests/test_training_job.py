@@ -352,6 +352,43 @@ def test_a_redis_on_a_unix_socket_serves_as_source_and_registry(
         server.stop()
 
 
+def test_a_password_given_as_a_query_parameter_is_in_no_artifact_report_or_output(
+    sim_log: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`?password=` (a Unix socket's URL has no other place for it) was written into the published model's
+    metadata, which any client of a service can download from /v1/model, into report.json and report.md, and
+    into the printed result."""
+    from redis_server import RedisServer, find_redis_server
+
+    from leadtime.training.registry import RedisRegistry
+
+    executable = find_redis_server()
+    assert executable is not None
+    workdir = tmp_path_factory.mktemp("password")
+    server = RedisServer(
+        executable, workdir, extra_args=["--requirepass", "s3cret-pw"], client_options={"password": "s3cret-pw"}
+    )
+    server.start()
+    try:
+        url = f"redis://127.0.0.1:{server.port}/0?password=s3cret-pw"
+        fill_stream(url, sim_log)
+        report_dir = tmp_path_factory.mktemp("report")
+        args = ["retrain", "--samples", url, "--registry", url, "--report", str(report_dir)]
+        done = CliRunner().invoke(app, args)
+        assert done.exit_code == EXIT_PUBLISHED, done.output
+        assert f"127.0.0.1:{server.port}/0" in done.stdout and "s3cret" not in done.output
+        for path in report_dir.iterdir():
+            assert b"s3cret" not in path.read_bytes(), path.name
+        with contextlib.closing(RedisRegistry(url)) as registry:
+            latest = registry.latest()
+        assert latest is not None and b"s3cret" not in latest.artifact
+        assert OnlinePredictor.from_bytes(latest.artifact, background=False).metadata[RETRAIN_KEY]["sources"] == [
+            f"redis://127.0.0.1:{server.port}/0 (leadtime)"
+        ]
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("option", ["--samples", "--registry"])
 def test_a_redis_url_with_a_parameter_redis_does_not_know_is_one_line_naming_it(
     sim_log: Path, option: str, tmp_path: Path

@@ -22,7 +22,7 @@ from leadtime.predictor.service.rows import RowParser
 from leadtime.predictor.store.redis_store import RedisStore, observation_stream_key
 from leadtime.training import sources
 from leadtime.training.job import _split
-from leadtime.training.sources import RedisSource, SampleError, SampleReader
+from leadtime.training.sources import RedisSource, SampleError, SampleReader, shown
 from leadtime.training.split import BY_READ_ORDER, BY_TIMESTAMP, split_recent
 from leadtime.training.unread import unread_keys_warning
 
@@ -255,6 +255,27 @@ def test_redis_source_names_hide_credentials() -> None:
     source = RedisSource.parse("redis://user:secret@10.0.0.5:6379/2?namespace=a&socket_timeout=3")
     assert source.url == "redis://user:secret@10.0.0.5:6379/2?socket_timeout=3"
     assert "secret" not in source.name and source.namespace == "a"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "unix:///run/r.sock?password=s3cret-pw",  # a socket's URL has no user part: its password is a parameter
+        "redis://127.0.0.1:6379/0?password=s3cret-pw&namespace=a",
+        "redis://127.0.0.1:6379/0?username=s3cret-pw&password=s3cret-pw",
+        "rediss://127.0.0.1:6380/0?ssl_password=s3cret-pw",  # the TLS key file's password
+        "redis://127.0.0.1:6379/0?pass%77ord=s3cret-pw",  # redis-py decodes the parameter's name
+        "redis://127.0.0.1:6379/0?PASSWORD=s3cret-pw",
+    ],
+)
+def test_a_password_given_as_a_query_parameter_is_not_shown(url: str) -> None:
+    """Only a password in the URL's user part was left out: one given as `?password=` (the only way for a Unix
+    socket) was written into the artifact's metadata, the report and the printed result."""
+    source = RedisSource.parse(url)
+    assert "s3cret" not in source.name, source.name
+    assert "s3cret" not in shown(url) and "s3cret" not in shown(source.url)
+    kept = RedisSource.parse("unix:///run/r.sock?password=pw&db=2&socket_timeout=3")
+    assert kept.name == "unix:///run/r.sock?db=2&socket_timeout=3 (leadtime)"  # where and how, not who
 
 
 def test_a_password_holding_a_question_mark_is_not_cut_there_nor_shown() -> None:

@@ -138,18 +138,30 @@ class RedisSource:
         rest = [(k, v) for k, v in query if k != "namespace"]
         namespace = names[-1] if names else DEFAULT_NAMESPACE
         if not namespace:
-            raise SampleError(f"{without_credentials(spec)}: namespace must not be empty")
+            raise SampleError(f"{shown(spec)}: namespace must not be empty")
         return cls(f"{base}?{urlencode(rest)}" if rest else base, namespace)
 
     @property
     def name(self) -> str:
-        """The URL without credentials, with the namespace: how reports name it."""
-        return f"{without_credentials(self.url)} ({self.namespace})"
+        """The URL as `shown`, with the namespace: how reports, the artifact and the job's output name it."""
+        return f"{shown(self.url)} ({self.namespace})"
 
     @property
     def stream(self) -> StreamIdentity:
         """Which observation stream it is, however the URL is spelt."""
         return StreamIdentity.of(self.url, self.namespace)
+
+
+def shown(spec: str) -> str:
+    """A source or registry as the job names it to people (its errors, its report, the artifact it publishes,
+    which any client of a service can download): a URL without its credentials, in its user part or its query
+    (`without_credentials`), a path as given. Every place that names one goes through here, so that a way of giving
+    a password that one of them does not know of cannot leak it there.
+
+    >>> shown("unix:///run/redis.sock?password=secret"), shown("http://:secret@host/0"), shown("rows@2024.jsonl")
+    ('unix:///run/redis.sock', 'http://host/0', 'rows@2024.jsonl')
+    """
+    return without_credentials(spec) if "://" in spec else spec
 
 
 def is_redis_url(spec: str) -> bool:

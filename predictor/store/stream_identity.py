@@ -13,7 +13,7 @@ No Redis client here: the service imports this with or without Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlsplit
 
 DEFAULT_PORT = 6379  # redis-py's, and Redis's
 
@@ -32,16 +32,29 @@ def split_credentials(url: str) -> tuple[str, str, str]:
     return head + sep, userinfo, tail
 
 
+# Query parameters of a Redis URL that carry a secret: redis-py passes every parameter on to its connection, which
+# takes the user and password (a Unix socket's URL has no user part to hold them) and a TLS key file's password.
+CREDENTIAL_PARAMETERS = frozenset({"username", "password", "ssl_password"})
+
+
 def without_credentials(url: str) -> str:
-    """A Redis URL as logs, status pages and error messages show it: its password (and user) left out.
+    """A Redis URL as logs, status pages, error messages, reports and artifacts show it: its user part and its
+    credential parameters (`CREDENTIAL_PARAMETERS`, named in any case or percent-encoded) left out, every other
+    part as written.
 
     >>> without_credentials("rediss://:secret@10.0.0.5:6380/0"), without_credentials("redis://10.0.0.5:6379/0")
     ('rediss://10.0.0.5:6380/0', 'redis://10.0.0.5:6379/0')
     >>> without_credentials("redis://:Zx9/Secr#t@10.0.0.5:6379/0")
     'redis://10.0.0.5:6379/0'
+    >>> without_credentials("unix:///run/redis.sock?password=secret&db=2"), without_credentials("unix:///s?Pass%77ord=x")
+    ('unix:///run/redis.sock?db=2', 'unix:///s')
     """
     head, userinfo, tail = split_credentials(url)
-    return head + tail if userinfo else url
+    base, mark, query = (head + tail if userinfo else url).partition("?")  # no user part left to hold a '?'
+    kept = [
+        part for part in query.split("&") if unquote_plus(part.partition("=")[0]).lower() not in CREDENTIAL_PARAMETERS
+    ]
+    return f"{base}?{'&'.join(kept)}" if mark and any(kept) else base
 
 
 def observation_stream_key(namespace: str) -> str:
