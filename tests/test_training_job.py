@@ -531,6 +531,27 @@ def test_a_source_given_twice_is_refused_before_anything_is_read(sim_log: Path, 
     assert result.exit_code == 2 and "is given twice" in result.output and len(result.output.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("samples", "registry", "said"),
+    [
+        (["redis://:s3cret-pw@127.0.0.1:42601/0"] * 2, "models", "is given twice"),
+        (["unix:///run/r.sock?password=s3cret-pw"] * 2, "models", "is given twice"),
+        (["rows.jsonl"], "http://:s3cret-pw@127.0.0.1:42601/0", "not a registry"),
+        (["rows.jsonl"], "http://127.0.0.1:42601/0?password=s3cret-pw", "not a registry"),
+        (["https://:s3cret-pw@127.0.0.1:42601/rows.jsonl"], "models", "not a source"),
+    ],
+)
+def test_the_errors_of_the_options_do_not_show_a_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, samples: list[str], registry: str, said: str
+) -> None:
+    """Both errors echoed the URL as given, password and all, into the cron log that keeps stderr."""
+    monkeypatch.chdir(tmp_path)
+    args = ["retrain", *[a for spec in samples for a in ("--samples", spec)], "--registry", registry]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and len(refused.output.splitlines()) == 1, refused.output
+    assert said in refused.output and "s3cret" not in refused.output, refused.output
+
+
 @pytest.mark.parametrize("name", ["sharegpt-h200", "sharegpt_h200"])
 def test_a_shipped_source_given_by_its_name_and_its_path_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str

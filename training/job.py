@@ -52,7 +52,7 @@ from leadtime.training.champion import Decision, Evaluation, decide, evaluate
 from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN
 from leadtime.training.registry import Published, Registry, RegistryError, open_registry
-from leadtime.training.sources import SampleError, SampleReader, Samples, is_redis_url
+from leadtime.training.sources import SCHEMES_TEXT, SampleError, SampleReader, Samples, is_redis_url, shown
 from leadtime.training.split import TimeSplit, evaluation_overlap_s, split_recent
 from leadtime.training.unread import unread_keys_warning
 
@@ -115,12 +115,14 @@ class RetrainConfig:
         for spec in self.samples:  # the same file by two paths is one source: its rows would count twice
             key = _source_key(spec)
             if key in seen:
-                raise ValueError(f"--samples {spec} is given twice (as {seen[key]} too): its rows would count twice")
+                raise ValueError(
+                    f"--samples {shown(spec)} is given twice (as {shown(seen[key])} too): its rows would count twice"
+                )
             seen[key] = spec
         if not self.registry.strip():
             raise ValueError("the registry is empty: give a directory or a redis:// URL")
         if "://" in self.registry and not is_redis_url(self.registry):
-            raise ValueError(f"{self.registry}: not a registry (a directory or a redis://, rediss:// or unix:// URL)")
+            raise ValueError(f"{shown(self.registry)}: not a registry (a directory or a {SCHEMES_TEXT} URL)")
         EVAL_SHARE.check("eval_share", self.eval_share)  # OutOfRange names the field; the CLI, the option
         MARGIN.check("margin", self.margin)
         MALFORMED_SHARE.check("max_malformed_share", self.max_malformed_share)

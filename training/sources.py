@@ -46,6 +46,9 @@ from leadtime.training.limits import MALFORMED_SHARE
 from leadtime.training.unread import KeySets
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+SCHEMES_TEXT = (
+    ", ".join(f"{scheme}://" for scheme in REDIS_SCHEMES[:-1]) + f" or {REDIS_SCHEMES[-1]}://"
+)  # as error messages list them
 PARQUET_SUFFIXES = (".parquet", ".pq")
 DEFAULT_NAMESPACE = "leadtime"  # the service's (RedisStore's default)
 _CHUNK = 4096  # entries parsed per call of the service's parser
@@ -389,6 +392,8 @@ class SampleReader:
             source = RedisSource.parse(spec)
             summary = SourceSummary(source.name, "redis")
             return summary, _redis_entries(source, summary)
+        if "://" in spec:  # read as a path it was "no such file", the URL shown as given, password and all
+            raise SampleError(f"{shown(spec)}: not a source (a JSONL or Parquet file, or a {SCHEMES_TEXT} URL)")
         try:
             path = resolve(spec, MEASURED, "a JSONL or Parquet file of observations, or a redis:// URL")
         except DataFileError as err:
