@@ -532,6 +532,27 @@ def test_a_source_given_twice_is_refused_before_anything_is_read(sim_log: Path, 
 
 
 @pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("redis://cache.example:6379/0", "redis://cache.example"),  # the default port and database
+        ("redis://Cache.Example/0/", "redis://cache.example:6379/0"),  # a host name's case, a trailing slash
+        ("redis://cache.example/0", "redis://cache.example/0?namespace=leadtime"),  # the default namespace
+        ("redis://cache.example/3", "redis://:secret@cache.example/0?db=3&socket_timeout=5"),  # how, not where
+        ("unix:///run/redis.sock", "unix:///run/redis.sock?db=0&password=secret"),
+    ],
+)
+def test_one_stream_spelt_two_ways_is_refused_as_given_twice(tmp_path: Path, one: str, other: str) -> None:
+    """Only files were compared as what they are: the stream given as `redis://h/0` and `redis://h` was read twice,
+    so every row counted twice and every row of the evaluation slice was also a history row the trees fitted."""
+    with pytest.raises(ValueError, match="is given twice") as refused:
+        RetrainConfig(samples=(one, other), registry=str(tmp_path / "models"))
+    assert "secret" not in str(refused.value)
+    # Streams that may be others are not refused: another namespace, another host name (nothing is resolved).
+    RetrainConfig(samples=(one, f"{one}?namespace=fleet-b"), registry=str(tmp_path / "models"))
+    RetrainConfig(samples=("redis://localhost/0", "redis://127.0.0.1/0"), registry=str(tmp_path / "models"))
+
+
+@pytest.mark.parametrize(
     ("samples", "registry", "said"),
     [
         (["redis://:s3cret-pw@127.0.0.1:42601/0"] * 2, "models", "is given twice"),

@@ -52,7 +52,15 @@ from leadtime.training.champion import Decision, Evaluation, decide, evaluate
 from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN
 from leadtime.training.registry import Published, Registry, RegistryError, open_registry
-from leadtime.training.sources import SCHEMES_TEXT, SampleError, SampleReader, Samples, is_redis_url, shown
+from leadtime.training.sources import (
+    SCHEMES_TEXT,
+    RedisSource,
+    SampleError,
+    SampleReader,
+    Samples,
+    is_redis_url,
+    shown,
+)
 from leadtime.training.split import TimeSplit, evaluation_overlap_s, split_recent
 from leadtime.training.unread import unread_keys_warning
 
@@ -129,9 +137,15 @@ class RetrainConfig:
 
 
 def _source_key(spec: str) -> str:
-    """What a `--samples` source is, to find one given twice: a URL as given, else the file it reads (resolved as
-    `SampleReader` resolves it: a shipped name, `sharegpt-h200`, means its file unless a file of that name is
-    here), by its real path."""
+    """What a `--samples` source is, to find one given twice: a Redis URL's stream (`StreamIdentity`: one stream is
+    often spelt two ways, `redis://h/0` and `redis://h`), else the file it reads (resolved as `SampleReader` resolves
+    it: a shipped name, `sharegpt-h200`, means its file unless a file of that name is here), by its real path. A URL
+    that names no stream (a port that is not a number) is taken as given: reading it says what is wrong."""
+    if is_redis_url(spec):
+        try:
+            return RedisSource.parse(spec).stream.name
+        except ValueError:  # SampleError too
+            return spec
     if "://" in spec:
         return spec
     name = shipped_name(spec, MEASURED)
