@@ -195,6 +195,24 @@ def test_the_decision_needs_both_targets_better_by_the_margin_and_no_worse_quant
     assert tie.reason.startswith("the champion stays (the challenger is its equal on both targets)")
 
 
+@pytest.mark.parametrize(
+    ("margin", "new_mape", "said"),
+    [
+        (0.005, 0.0997, "MAPE 0.1000 → 0.0997 (0.3% better, less than the 0.5% margin)"),
+        (0.015, 0.0986, "MAPE 0.1000 → 0.0986 (1.4% better, less than the 1.5% margin)"),
+        (0.005, 0.09951, "(0.49% better, less than the 0.5% margin)"),  # as many decimals as it takes to be true
+        (0.02, 0.0950, "(5.0% better, at least the 2% margin)"),
+        (0.02, 0.1000, "(no better, the margin asks 2% better)"),
+        (0.02, 0.1100, "(10.0% worse, the margin asks 2% better)"),
+    ],
+)
+def test_the_decision_states_the_margin_as_given(margin: float, new_mape: float, said: str) -> None:
+    """The margin was rounded to a whole percent: "0.3% lower ... (< 0% better)" for a margin of 0.5%."""
+    champion = evaluation_of(scores(0.1, 0.05), scores(0.1, 0.05))
+    decision = decide(champion, evaluation_of(scores(new_mape, 0.05), scores(0.09, 0.05)), margin)
+    assert said in decision.reason, decision.reason
+
+
 class MovingRegistry(DirectoryRegistry):
     """A directory registry to which the service publishes another model while the job runs."""
 

@@ -148,6 +148,34 @@ class Decision:
         }
 
 
+def gain_text(old: float, new: float, margin: float, met: bool) -> str:
+    """How much lower `new` (MAPE) is than `old`, against `margin`, in words that are true as printed: the margin
+    as given (0.5%, not rounded to 0% or 1%), the gain with as many decimals as it takes (one at least) to fall on
+    the side of the margin the decision found (`met`): 0.49% is not printed as 0.5% "less than the 0.5% margin".
+
+    >>> gain_text(0.1, 0.0997, 0.005, False), gain_text(0.1, 0.09951, 0.005, False)
+    ('0.3% better, less than the 0.5% margin', '0.49% better, less than the 0.5% margin')
+    >>> gain_text(0.1, 0.095, 0.02, True), gain_text(0.1, 0.11, 0.02, False)
+    ('5.0% better, at least the 2% margin', '10.0% worse, the margin asks 2% better')
+    """
+    gain = (old - new) / old if old > 0 else 0.0
+    shown_margin = f"{margin * 100:g}%"
+    if gain < 0:
+        return f"{-gain:.1%} worse, the margin asks {shown_margin} better"
+    if gain == 0 and not met:
+        return f"no better, the margin asks {shown_margin} better"
+    return f"{_percent(gain, margin, met)} better, {'at least' if met else 'less than'} the {shown_margin} margin"
+
+
+def _percent(share: float, margin: float, at_least: bool, most_decimals: int = 6) -> str:
+    """`share` as a percentage with the fewest decimals (one at least) at which it reads as at least `margin`
+    exactly when `at_least`."""
+    decimals = 1
+    while decimals < most_decimals and (round(share * 100, decimals) >= round(margin * 100, 9)) != at_least:
+        decimals += 1
+    return f"{share * 100:.{decimals}f}%"
+
+
 def decide(
     champion: Evaluation | None,
     challenger: Evaluation,
@@ -196,7 +224,7 @@ def decide(
             mean_text = f"the champion's own mean: {'no worse' if better_mean else 'worse'}"
         else:
             better_mean = new.mape <= (1.0 - margin) * old.mape
-            mean_text = f"{'≥' if better_mean else '<'} {margin:.0%} better"
+            mean_text = gain_text(old.mape, new.mape, margin, better_mean)
         quantile_held = new.pinball <= old.pinball
         wins[target] = better_mean and quantile_held
         why.append(
