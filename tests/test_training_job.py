@@ -925,3 +925,29 @@ def test_trees_do_not_fit_first_tokens_sooner_than_their_stated_wait() -> None:
     history = np.arange(4)
     assert job_module.tree_rows("ttft", x, ttft, history).tolist() == [1, 3]
     assert job_module.tree_rows("tpot", x, np.array([9.0, 9.0, 9.0, 0.0]), history).tolist() == [0, 1, 2]
+
+
+def test_too_few_rows_for_trees_counts_the_rows_the_trees_could_fit(tmp_path: Path) -> None:
+    """It counted every history row that observed the target ("ttft: 1354" against the 500 needed), not those
+    left once first tokens sooner than their stated time-slice wait are left out, which the check counts."""
+    from leadtime.data import MEASURED
+    from leadtime.training.fit import LocalTrainer, SearchConfig
+
+    rows = [json.loads(line) for line in MEASURED["sharegpt-h200"].read_text().splitlines()]
+    parked = {"timeslice_state": "parked", "timeslice_wait_ms": 10_000.0}  # far longer than any of these TTFTs
+    ttft = [r | (parked if i % 5 else {}) for i, r in enumerate(r for r in rows if r["actual_ttft_ms"] > 0)]
+    log = tmp_path / "parked.jsonl"
+    log.write_text("".join(json.dumps(row) + "\n" for row in ttft))
+    samples = SampleReader("h200-sxm", "qwen3-32b").read([str(log)])
+    split = split_recent(samples.timestamps, 0.2)
+    base = OnlinePredictor(LearnerConfig(accelerator="h200-sxm", model="qwen3-32b", background=False))
+    fits = job_module.tree_rows("ttft", samples.batch.X, samples.actual_ttft_ms, split.history)
+    observed = int((samples.actual_ttft_ms[split.history] > 0).sum())
+    assert len(fits) < job_module.MIN_TARGET_ROWS <= observed  # the case this test is about
+    with pytest.raises(RetrainError) as refused:
+        job_module._fit_trees(base, samples, split, SearchConfig(), LocalTrainer(), job_module._Progress(False))
+    assert str(refused.value) == (
+        f"no target has the {job_module.MIN_TARGET_ROWS} history rows trees need (ttft: {len(fits)}, "
+        f"{observed - len(fits)} more left out for a first token sooner than the time-slice wait they state; "
+        "tpot: 0)"
+    )

@@ -406,6 +406,9 @@ def _actuals(samples: Samples) -> dict[str, np.ndarray]:
     return {"ttft": samples.actual_ttft_ms, "tpot": samples.actual_tpot_ms}
 
 
+_OVERSTATED = "first token sooner than the time-slice wait they state"  # the rows `tree_rows` leaves out for TTFT
+
+
 def tree_rows(target: str, x: np.ndarray, actual: np.ndarray, history: np.ndarray) -> np.ndarray:
     """The history rows the trees of `target` fit on: those that observed it, less, for TTFT, those whose first
     token came sooner than the time-slice wait they state (`physics.wait_overstated`): the online learner does
@@ -441,9 +444,14 @@ def _fit_trees(
 ) -> dict[str, TargetTrees]:
     """Trees per target on the history rows that observed it (fewer than `MIN_TARGET_ROWS`: none fitted)."""
     fitted: dict[str, TargetTrees] = {}
+    counted: list[str] = []  # per target, the rows counted against MIN_TARGET_ROWS, and those left out for a wait
     search = _with_quantile(search, base.config.quantile)
     for target, actual in _actuals(samples).items():
         rows = tree_rows(target, samples.batch.X, actual, split.history)
+        overstated = int((actual[split.history] > 0).sum()) - len(rows)
+        counted.append(
+            f"{target}: {len(rows)}" + (f", {overstated} more left out for a {_OVERSTATED}" if overstated else "")
+        )
         if len(rows) < MIN_TARGET_ROWS:
             bar.step(f"{target}: {len(rows)} rows, too few for trees", fits_per_target(search))
             continue
@@ -461,10 +469,7 @@ def _fit_trees(
         except (ValueError, RuntimeError) as err:  # too few rows for the folds; a Dask fit that failed
             raise RetrainError(f"{target}: {err}") from None
     if not fitted:
-        raise RetrainError(
-            f"no target has the {MIN_TARGET_ROWS} history rows trees need "
-            f"({', '.join(f'{t}: {int((a[split.history] > 0).sum())}' for t, a in _actuals(samples).items())})"
-        )
+        raise RetrainError(f"no target has the {MIN_TARGET_ROWS} history rows trees need ({'; '.join(counted)})")
     return fitted
 
 
