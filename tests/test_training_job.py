@@ -903,6 +903,34 @@ def test_a_log_written_newest_first_is_judged_on_its_newest_rows_and_a_slice_beh
     assert len(late) == 1 and "newer.jsonl" in late[0], done.stderr  # why: the source whose timestamps go back
 
 
+def test_sources_given_together_one_without_timestamps_are_warned_of_naming_it(sim_log: Path, tmp_path: Path) -> None:
+    """The service's stream keeps no timestamp for llm-d's rows: given with a file, the sources followed each other
+    in the order given and the evaluation slice was the last source's tail, the newest rows or not, without a word
+    (the README's own example held out the archive's tail and trained on the live stream)."""
+    rows = [json.loads(line) for line in sim_log.read_text().splitlines()]
+    half = len(rows) // 2
+    untimed, timed = tmp_path / "untimed.jsonl", tmp_path / "timed.jsonl"
+    untimed.write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "timestamp"}) + "\n" for r in rows[half:])
+    )
+    timed.write_text("".join(json.dumps(r) + "\n" for r in rows[:half]))
+    report_dir = tmp_path / "report"
+    args = ["retrain", "--samples", str(untimed), "--samples", str(timed), "--registry", str(tmp_path / "models")]
+    done = CliRunner().invoke(app, [*args, "--report", str(report_dir), "--json"])
+    assert done.exit_code == EXIT_PUBLISHED, done.output
+    warnings = [line.removeprefix("warning: ") for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    (said,) = [line for line in warnings if "without a timestamp" in line]
+    assert said == (
+        f"{untimed} has rows without a timestamp: the sources follow each other in the order given, so the "
+        f"evaluation slice is the last 300 rows read (from {timed}), not the newest by time; give the newest last"
+    )
+    assert json.loads(done.stdout)["warnings"] == warnings
+    assert said in (report_dir / "report.md").read_text()
+    # One source alone, without timestamps, is in the order it was logged in: nothing to warn of.
+    samples = SampleReader("h100-sxm", "llama-3.1-8b").read([str(untimed)])
+    assert job_module._warnings(samples, job_module._split(samples, 0.2)) == []
+
+
 def test_a_simulator_log_as_written_is_retrained_on_without_a_warning_of_its_keys(
     sim_log: Path, tmp_path: Path
 ) -> None:

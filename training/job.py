@@ -61,7 +61,7 @@ from leadtime.training.sources import (
     is_redis_url,
     shown,
 )
-from leadtime.training.split import TimeSplit, evaluation_overlap_s, split_recent
+from leadtime.training.split import BY_READ_ORDER, NO_TIMESTAMP, TimeSplit, evaluation_overlap_s, split_recent
 from leadtime.training.unread import unread_keys_warning
 
 EXIT_PUBLISHED = 0
@@ -670,6 +670,9 @@ def _warnings(samples: Samples, split: TimeSplit) -> list[str]:
     unread = unread_keys_warning(samples.sources)
     if unread is not None:
         lines.append(unread)
+    untimed = _untimed_sources_warning(samples, split)
+    if untimed is not None:
+        lines.append(untimed)
     overlap = evaluation_overlap_s(samples.timestamps, split)
     if overlap is not None:
         why = f"ordered by {split.basis}" + (f": {split.reason}" if split.reason else "")
@@ -678,6 +681,22 @@ def _warnings(samples: Samples, split: TimeSplit) -> list[str]:
             "the most recent rows by their timestamps"
         )
     return lines
+
+
+def _untimed_sources_warning(samples: Samples, split: TimeSplit) -> str | None:
+    """With several sources and a row without a timestamp (the service's stream keeps none for llm-d's rows), the
+    sources follow each other in the order given, and the evaluation slice is the last one's tail: the newest rows
+    only if the newest source came last, which nothing here can check. Said, naming the sources without them; one
+    source alone is in the order it was logged in, and needs no timestamp."""
+    if split.basis != BY_READ_ORDER or split.reason != NO_TIMESTAMP or len(np.unique(samples.source)) < 2:
+        return None
+    untimed = [s.name for i, s in enumerate(samples.sources) if np.isnan(samples.timestamps[samples.source == i]).any()]
+    judged = [samples.sources[i].name for i in np.unique(samples.source[split.evaluation])]
+    return (
+        f"{', '.join(untimed)} {'has' if len(untimed) == 1 else 'have'} rows without a timestamp: the sources follow "
+        f"each other in the order given, so the evaluation slice is the last {len(split.evaluation)} rows read (from "
+        f"{', '.join(judged)}), not the newest by time; give the newest last"
+    )
 
 
 def _predict_cost(predictor: OnlinePredictor, samples: Samples, split: TimeSplit, calls: int = 30) -> float:

@@ -36,6 +36,7 @@ BY_ARRIVAL_MERGED = "arrival order, sources merged by timestamp"
 """Each source in its own order, placed among the others by its latest timestamp so far: not a sort by timestamp
 (a row up to `AGREEMENT_S` behind an earlier one keeps its place), and the label says so."""
 BY_READ_ORDER = "read order"
+NO_TIMESTAMP = "not every row has a timestamp"  # why the order is read order, when it is that
 AGREEMENT_S = 300.0
 """How far a row's timestamp may fall behind one that arrived before it in its source, or run ahead of this host's
 clock, for the timestamps to be taken as agreeing with arrival order."""
@@ -62,7 +63,7 @@ def time_order(
     n = len(timestamps)
     read_order = np.arange(n)
     if not n or not np.isfinite(timestamps).all():
-        return read_order, BY_READ_ORDER, "not every row has a timestamp"
+        return read_order, BY_READ_ORDER, NO_TIMESTAMP
     now = time.time() if now is None else now
     ahead = float(timestamps.max()) - now
     if ahead > AGREEMENT_S:
