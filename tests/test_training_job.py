@@ -32,6 +32,7 @@ from leadtime.training import job as job_module
 from leadtime.training.champion import Evaluation, Scores, decide, evaluate
 from leadtime.training.job import EXIT_KEPT, EXIT_PUBLISHED, RETRAIN_KEY, RetrainConfig, RetrainError, run_retrain
 from leadtime.training.registry import DirectoryRegistry, Published
+from leadtime.training.report import CHAMPION_IN_SAMPLE
 from leadtime.training.sources import SampleReader
 from leadtime.training.split import split_recent
 
@@ -120,6 +121,7 @@ def test_an_empty_registry_publishes_what_was_judged_and_the_service_loads_it(si
     assert set(groups) == {"h100-sxm/both", "a100-sxm-80gb/both", "l40s/both"}
     assert sum(g["rows"] for g in groups.values()) == report["evaluation"]["challenger"]["ttft"]["rows"]
     assert "**Published** as version 1" in (report_dir / "report.md").read_text()
+    assert CHAMPION_IN_SAMPLE not in (report_dir / "report.md").read_text()  # no champion, nothing it learned
 
 
 def test_a_challenger_no_better_than_the_champion_is_not_published(sim_log: Path, tmp_path: Path) -> None:
@@ -682,6 +684,49 @@ def test_a_first_model_published_past_a_replicas_model_still_takes_its_stream_po
     published = OnlinePredictor.from_bytes(latest.artifact, background=False)
     assert published.metadata[CURSOR_KEY] == end and published.metadata[STREAM_KEY] == stream
     assert published.status()["observations"]["ttft"] == len(entries)
+
+
+@pytest.mark.parametrize("learned", ["every row", "the history"])
+def test_a_champion_whose_stream_position_covers_evaluation_rows_is_said_to_be_judged_in_sample(
+    sim_log: Path, redis_url: str, tmp_path: Path, learned: str
+) -> None:
+    """The live service's model has learned every row of its stream up to its recorded position, the rows the job
+    holds out from that stream too: its "held-out" figures were in-sample, which favours keeping it, and nothing
+    said so."""
+    import redis
+
+    from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
+    from leadtime.predictor.store.redis_store import observation_stream_key
+    from leadtime.predictor.store.stream_identity import StreamIdentity
+
+    fill_stream(redis_url, sim_log)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        ids = [entry_id for entry_id, _ in client.xrange(observation_stream_key("leadtime"))]
+    samples = SampleReader("h100-sxm", "llama-3.1-8b").read([redis_url])
+    rows = len(ids) if learned == "every row" else len(ids) - 300  # the last 300 (20%) are the evaluation slice
+    champion = OnlinePredictor(LearnerConfig(background=False, retrain=False))
+    champion.learn_many(samples.batch[:rows], samples.actual_ttft_ms[:rows], samples.actual_tpot_ms[:rows])
+    champion.config.retrain = True
+    champion.metadata[CURSOR_KEY] = ids[rows - 1]
+    # Spelt otherwise than the source, as the service records it: one stream all the same.
+    champion.metadata[STREAM_KEY] = StreamIdentity.of(redis_url, "leadtime").name
+    champion.version = 3
+    champion.save(tmp_path / "models")
+    config = RetrainConfig(
+        samples=(redis_url.removesuffix("/0"),), registry=str(tmp_path / "models"), report_dir=tmp_path / "report"
+    )
+    result = run_retrain(config)
+    # Rows from files carry no record of who learned them: the report says in a plain sentence what may be so.
+    assert CHAMPION_IN_SAMPLE in (tmp_path / "report" / "report.md").read_text()
+    in_sample = [line for line in result.report["warnings"] if "in-sample" in line]
+    if learned == "the history":
+        assert in_sample == []
+        return
+    assert in_sample == [
+        f"the champion has learned 300 of the 300 rows of the evaluation slice (its position in "
+        f"{redis_url.removesuffix('/0')} (leadtime) is entry {ids[-1]}): its figures on them are in-sample, which "
+        "favours keeping it"
+    ]
 
 
 @pytest.mark.parametrize(

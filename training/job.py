@@ -19,8 +19,9 @@ the champion's online state as it is and replaces its trees with ones fitted on 
   in the service's stream: a running replica that adopts it goes on from its own, a replica that starts from it
   learns the stream from its start.
 
-Judging is honest: the trees never see the evaluation slice (the most recent `eval_share` of the rows), and both
-models predict it the way the service serves them (`champion.py`). Exit status: 0 published, 3 champion kept.
+Judging is honest: the new trees never see the evaluation slice (the most recent `eval_share` of the rows), and both
+models predict it the way the service serves them (`champion.py`). A champion that has served may have learned rows
+of the slice, which flatters it: where its recorded stream position says so the job warns, with their count. Exit status: 0 published, 3 champion kept.
 The registry may have moved on while the job ran (the service publishes its own retrains): the challenger is
 then judged again, against the newest model, before anything is published. It is not rebuilt on the newest
 model's online state: its trees were fitted to what its own online parts leave, and they would not fit another
@@ -48,6 +49,8 @@ from leadtime.predictor.artifact import ArtifactError, check_writable_dir, missi
 from leadtime.predictor.learner import TREES_LABEL_KEY, LearnerConfig, OnlinePredictor
 from leadtime.predictor.physics import TARGETS, wait_overstated
 from leadtime.predictor.service.learning import CURSOR_KEY, STREAM_KEY
+from leadtime.predictor.store.base import cursor_order
+from leadtime.predictor.store.stream_identity import same_stream
 from leadtime.training.champion import Decision, Evaluation, decide, evaluate
 from leadtime.training.fit import LocalTrainer, SearchConfig, TargetTrees, Trainer, fit_target, fits_per_target
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN
@@ -262,11 +265,13 @@ def _run(
             bar.step("judged")
 
             rival = None
+            judged_against = champion  # the model the decision compared the challenger with
             published_version = None
             if decision.publish:
-                rival, evaluation, decision = _judge_again_if_moved(
+                rival, rival_model, evaluation, decision = _judge_again_if_moved(
                     registry, champion_published, challenger, base, samples, split, evaluation, decision, config
                 )
+                judged_against = rival_model or judged_against
             if decision.publish:
                 if champion_published is None:  # its online parts were learned here, rival or not
                     _take_stream_position(registry, samples, split, challenger)
@@ -292,6 +297,7 @@ def _run(
             timings,
             challenger,
             serving_cost,
+            judged_against,
         )
         result = RetrainResult(
             EXIT_PUBLISHED if decision.publish else EXIT_KEPT,
@@ -541,17 +547,18 @@ def _judge_again_if_moved(
     evaluation: dict[str, Evaluation],
     decision: Decision,
     config: RetrainConfig,
-) -> tuple[Published | None, dict[str, Evaluation], Decision]:
+) -> tuple[Published | None, OnlinePredictor | None, dict[str, Evaluation], Decision]:
     """If the registry moved on while the job ran, judge the challenger again against its newest model (and
-    number it after that model). Every target is held to the margin there: where the challenger has no new
-    trees it serves what the old champion did, not what the newest model does."""
+    number it after that model); returns that model, as published and as loaded (None, None if it did not move).
+    Every target is held to the margin there: where the challenger has no new trees it serves what the old
+    champion did, not what the newest model does."""
     newest = _latest(registry)
     if newest is None or (champion is not None and newest.digest == champion.digest):
-        return None, evaluation, decision
+        return None, None, evaluation, decision
     rival = _load(newest, registry.name)
     challenger.version = max(challenger.version, rival.version + 1)
     evaluation = _evaluations(rival, challenger, base, samples, split)
-    return newest, evaluation, decide(evaluation["champion"], evaluation["challenger"], config.margin)
+    return newest, rival, evaluation, decide(evaluation["champion"], evaluation["challenger"], config.margin)
 
 
 def _take_stream_position(registry: Registry, samples: Samples, split: TimeSplit, challenger: OnlinePredictor) -> None:
@@ -600,13 +607,14 @@ def _report(
     timings: dict[str, float],
     challenger: OnlinePredictor,
     serving_cost: dict[str, float],
+    judged_against: OnlinePredictor | None,
 ) -> dict[str, Any]:
     """The job's report as JSON-ready values (report.py writes it out with the plots)."""
     stamps = samples.timestamps
     eval_stamps = stamps[split.evaluation]
     return {
         "outcome": "published" if decision.publish else "kept",
-        "warnings": _warnings(samples, split),
+        "warnings": _warnings(samples, split, judged_against),
         "exit_code": EXIT_PUBLISHED if decision.publish else EXIT_KEPT,
         "registry": {
             "name": registry_name,
@@ -664,8 +672,9 @@ def _report(
     }
 
 
-def _warnings(samples: Samples, split: TimeSplit) -> list[str]:
-    """What the job went on despite, one line each (the CLI prints them on stderr, in every output mode)."""
+def _warnings(samples: Samples, split: TimeSplit, champion: OnlinePredictor | None = None) -> list[str]:
+    """What the job went on despite, one line each (the CLI prints them on stderr, in every output mode);
+    `champion` is the model the challenger was judged against, if any."""
     lines = []
     unread = unread_keys_warning(samples.sources)
     if unread is not None:
@@ -673,6 +682,9 @@ def _warnings(samples: Samples, split: TimeSplit) -> list[str]:
     untimed = _untimed_sources_warning(samples, split)
     if untimed is not None:
         lines.append(untimed)
+    learned = _champion_learned_warning(champion, samples, split)
+    if learned is not None:
+        lines.append(learned)
     overlap = evaluation_overlap_s(samples.timestamps, split)
     if overlap is not None:
         why = f"ordered by {split.basis}" + (f": {split.reason}" if split.reason else "")
@@ -681,6 +693,36 @@ def _warnings(samples: Samples, split: TimeSplit) -> list[str]:
             "the most recent rows by their timestamps"
         )
     return lines
+
+
+def _champion_learned_warning(champion: OnlinePredictor | None, samples: Samples, split: TimeSplit) -> str | None:
+    """A model records how far into which observation stream it has learned (`CURSOR_KEY`, `STREAM_KEY`): a live
+    service's model has learned every row of its stream up to there. Rows of the evaluation slice read from that
+    stream at or before that position are rows the champion learned, its figures on them in-sample, which favours
+    keeping it. Said with their count. Rows from files carry no such record (README: a live champion's figures can
+    be in-sample), and a position that does not read as one says nothing."""
+    if champion is None:
+        return None
+    cursor, recorded = champion.metadata.get(CURSOR_KEY), champion.metadata.get(STREAM_KEY)
+    if not isinstance(cursor, str):
+        return None
+    try:
+        ms, seq = cursor_order(cursor)
+    except ValueError:
+        return None
+    for index, source in enumerate(samples.sources):
+        if source.stream is None or not same_stream(recorded, source.stream):
+            continue
+        rows = split.evaluation[samples.source[split.evaluation] == index]
+        ids = samples.entries[rows]
+        learned = int(((ids[:, 0] < ms) | ((ids[:, 0] == ms) & (ids[:, 1] <= seq))).sum())
+        if learned:
+            return (
+                f"the champion has learned {learned} of the {len(split.evaluation)} rows of the evaluation slice (its "
+                f"position in {source.name} is entry {cursor}): its figures on them are in-sample, which favours "
+                "keeping it"
+            )
+    return None
 
 
 def _untimed_sources_warning(samples: Samples, split: TimeSplit) -> str | None:

@@ -24,6 +24,12 @@ from leadtime.predictor.trees import TREE_FEATURES
 from leadtime.training.champion import Evaluation
 from leadtime.training.fit import TargetTrees
 
+CHAMPION_IN_SAMPLE = (
+    "A champion that has served has learned the rows it was sent: on those of the evaluation slice, its figures are "
+    "in-sample, which favours keeping it. The job counts them (a warning) only for the rows of a stream whose "
+    "position the champion records; a file, such as an export of the service's log, carries no such record."
+)
+"""Said under the figures whenever a champion was judged: who learned which rows the job can tell only in part."""
 _COLOURS = {"champion": "tab:gray", "online_only": "tab:gray", "challenger": "tab:blue"}
 _POINTS = 4000  # points per model in a scatter plot (evenly thinned beyond)
 _TOP_FEATURES = 12
@@ -91,6 +97,8 @@ def summary_markdown(report: dict[str, Any]) -> str:
             s = scores[target]
             figures = [_figure(s[k], 4) for k in ("mape", "median_ape", "pinball")] + [_figure(s["coverage"], 3)]
             lines.append(f"| {name} | {target} | {s['rows']} | " + " | ".join(figures) + " |")
+    if "champion" in report["evaluation"]:
+        lines += ["", CHAMPION_IN_SAMPLE]
     samples = report["samples"]
     lines += ["", "## Data", ""]
     for source in samples["sources"]:

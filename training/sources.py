@@ -40,6 +40,7 @@ from leadtime.features.rows import parse_timestamp
 from leadtime.features.vectorize import FeatureBatch
 from leadtime.predictor import physics
 from leadtime.predictor.service.rows import RowParser
+from leadtime.predictor.store.base import cursor_order
 from leadtime.predictor.store.redis_store import split_query
 from leadtime.predictor.store.stream_identity import StreamIdentity, without_credentials
 from leadtime.training.limits import MALFORMED_SHARE
@@ -52,6 +53,7 @@ SCHEMES_TEXT = (
 PARQUET_SUFFIXES = (".parquet", ".pq")
 DEFAULT_NAMESPACE = "leadtime"  # the service's (RedisStore's default)
 _CHUNK = 4096  # entries parsed per call of the service's parser
+_ENTRY = "entry "  # where a stream's row is, before its entry id: "entry 1700000000000-0"
 IMPLAUSIBLE = (
     f"implausible: a TTFT or TPOT over {physics.IMPLAUSIBLY_FAST:g}x below the hardware's roofline floor, or above "
     f"{physics.IMPLAUSIBLY_SLOW_MS / 3.6e6:g} hours (the service's poisoning guard drops it too)"
@@ -98,7 +100,9 @@ class SourceSummary:
 class Samples:
     """Every usable row of every source, in read order (sources in the order given).
 
-    `timestamps` is NaN for a row without one; `source` is each row's index into `sources`.
+    `timestamps` is NaN for a row without one; `source` is each row's index into `sources`; `entries` each row's
+    Redis stream entry id as (milliseconds, sequence), which orders as the stream does (`cursor_order`), and
+    (-1, -1) for a file's row: a model's recorded position in a stream says which of its rows that model learned.
     """
 
     batch: FeatureBatch
@@ -108,6 +112,7 @@ class Samples:
     source: np.ndarray
     sources: list[SourceSummary]
     malformed: list[Malformed] = field(default_factory=list)  # the first `_LISTED`
+    entries: np.ndarray = field(default_factory=lambda: np.empty((0, 2), dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.actual_ttft_ms)
@@ -288,7 +293,7 @@ def _redis_entries(source: RedisSource, summary: SourceSummary) -> Iterator[_Rea
             for message_id, fields in messages:
                 last = message_id.decode()
                 summary.cursor = last
-                where = f"entry {last}"
+                where = f"{_ENTRY}{last}"
                 raw = fields.get(field_name)
                 if raw is None:
                     yield where, None, f"no {ENTRY_FIELD!r} field (not a Leadtime observation message)"
@@ -336,6 +341,7 @@ class SampleReader:
         ttft: list[np.ndarray] = []
         tpot: list[np.ndarray] = []
         stamps: list[np.ndarray] = []
+        entry_ids: list[np.ndarray] = []
         origin: list[np.ndarray] = []
         summaries: list[SourceSummary] = []
         malformed: list[Malformed] = []
@@ -355,11 +361,11 @@ class SampleReader:
                 if problem is not None:
                     bad.append((summary.read, Malformed(summary.name, where, problem)))
                 if len(pending) >= _CHUNK:
-                    self._parse(pending, summary, bad, batches, ttft, tpot, stamps)
+                    self._parse(pending, summary, bad, batches, ttft, tpot, stamps, entry_ids)
                     pending = []
                     if progress is not None:
                         progress(summary.name, summary.read)
-            self._parse(pending, summary, bad, batches, ttft, tpot, stamps)
+            self._parse(pending, summary, bad, batches, ttft, tpot, stamps, entry_ids)
             if progress is not None:
                 progress(summary.name, summary.read)
             summary.malformed = len(bad)
@@ -385,6 +391,7 @@ class SampleReader:
             np.concatenate(origin),
             summaries,
             malformed,
+            np.concatenate(entry_ids),
         )
 
     def _open(self, spec: str) -> tuple[SourceSummary, Iterator[_Read]]:
@@ -430,6 +437,7 @@ class SampleReader:
         ttft: list[np.ndarray],
         tpot: list[np.ndarray],
         stamps: list[np.ndarray],
+        entry_ids: list[np.ndarray],
     ) -> None:
         """A chunk at once; a chunk the parser refuses is parsed entry by entry, so each bad one is named."""
         if not pending:
@@ -465,6 +473,10 @@ class SampleReader:
         ttft.append(actual_ttft)
         tpot.append(actual_tpot)
         stamps.append(np.array([stamp for _, _, _, stamp in kept], dtype=np.float64))
+        ids = [
+            cursor_order(where.removeprefix(_ENTRY)) if summary.kind == "redis" else (-1, -1) for _, where, _, _ in kept
+        ]
+        entry_ids.append(np.array(ids, dtype=np.int64).reshape(-1, 2))
         summary.used += len(kept)
 
 
