@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -278,6 +280,84 @@ def test_the_cli_exit_status_says_what_happened(sim_log: Path, tmp_path: Path) -
     not_a_dir.write_text("x")
     wrong = runner.invoke(app, ["retrain", "--samples", str(sim_log), "--registry", str(not_a_dir)])
     assert wrong.exit_code == 2 and "not a directory" in wrong.output
+
+
+EARLIER_REPORT = '{"outcome": "kept", "note": "report of an earlier run"}\n'
+
+
+@pytest.mark.usefixtures("ctrl_c_as_a_terminal_gives_it")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_after_publishing_says_so_and_leaves_the_earlier_report_whole(
+    sim_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
+) -> None:
+    """Ctrl-C while the report was drawn, the model already published, exited 130 without a word: cron took it
+    for a run that did nothing, while the report directory held the earlier run's report.json beside this run's
+    first plots. SIGTERM (a scheduler's timeout) ended it at once, with no word either."""
+    from leadtime.training import report as report_module
+
+    def test_handler(number: int, frame: Any) -> None:
+        raise RuntimeError("SIGTERM reached the test's own handler: the command installed none")
+
+    before = signal.signal(signal.SIGTERM, test_handler)
+    importances = report_module._importances
+
+    def interrupted(*args: Any) -> Path:
+        os.kill(os.getpid(), signum)
+        return importances(*args)
+
+    monkeypatch.setattr(report_module, "_importances", interrupted)  # the last plot drawn
+    registry, report_dir = tmp_path / "models", tmp_path / "report"
+    report_dir.mkdir()
+    (report_dir / "report.json").write_text(EARLIER_REPORT)
+    try:
+        args = ["retrain", "--samples", str(sim_log), "--registry", str(registry), "--report", str(report_dir)]
+        done = CliRunner().invoke(app, args)
+        assert signal.getsignal(signal.SIGTERM) is test_handler  # the command's own handler is taken back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert done.exit_code == 128 + signum, (done.exit_code, done.output, done.exception)
+    assert done.stderr.splitlines() == [
+        f"error: interrupted after publishing version 1 to {registry}, which is live; no report of this run was "
+        f"written ({report_dir} is as it was)"
+    ]
+    assert OnlinePredictor.load(registry, background=False).version == 1
+    assert [p.name for p in report_dir.iterdir()] == ["report.json"]  # no plot of this run, no folder left
+    assert (report_dir / "report.json").read_text() == EARLIER_REPORT
+
+
+@pytest.mark.usefixtures("ctrl_c_as_a_terminal_gives_it")
+def test_ctrl_c_while_the_report_is_moved_into_place_waits_until_it_all_is(
+    sim_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report is drawn in a folder of its own and moved into place at once: an interrupt then is acted on
+    once every file is in place, so that the directory never holds part of one report and part of another."""
+    replace = os.replace
+    report_dir = tmp_path / "report"
+
+    def interrupted(source: Any, destination: Any) -> None:
+        if Path(destination).parent == report_dir:
+            os.kill(os.getpid(), signal.SIGINT)
+        replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    report_dir.mkdir()
+    (report_dir / "report.json").write_text(EARLIER_REPORT)
+    registry = tmp_path / "models"
+    args = ["retrain", "--samples", str(sim_log), "--registry", str(registry), "--report", str(report_dir)]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 130, (done.output, done.exception)
+    assert done.stderr.splitlines() == [
+        f"error: interrupted after publishing version 1 to {registry}, which is live; its report is in {report_dir}"
+    ]
+    assert sorted(p.name for p in report_dir.iterdir()) == [
+        "calibration.png",
+        "error_by_class.png",
+        "feature_importances.png",
+        "predicted_vs_actual.png",
+        "report.json",
+        "report.md",
+    ]
+    assert json.loads((report_dir / "report.json").read_text())["registry"]["published_version"] == 1
 
 
 def test_options_that_disagree_with_the_champion_are_refused(sim_log: Path, tmp_path: Path) -> None:

@@ -21,23 +21,32 @@ the champion's online state as it is and replaces its trees with ones fitted on 
 
 Judging is honest: the new trees never see the evaluation slice (the most recent `eval_share` of the rows), and both
 models predict it the way the service serves them (`champion.py`). A champion that has served may have learned rows
-of the slice, which flatters it: where its recorded stream position says so the job warns, with their count. Exit status: 0 published, 3 champion kept.
-The registry may have moved on while the job ran (the service publishes its own retrains): the challenger is
-then judged again, against the newest model, before anything is published. It is not rebuilt on the newest
-model's online state: its trees were fitted to what its own online parts leave, and they would not fit another
-state. Published, it takes replicas back to its stream position, from which they learn the stream again.
+of the slice, which flatters it: where its recorded stream position says so the job warns, with their count.
+Exit status: 0 published, 3 champion kept. The registry may have moved on while the job ran (the service publishes
+its own retrains): the challenger is then judged again, against the newest model, before anything is published.
+It is not rebuilt on the newest model's online state: its trees were fitted to what its own online parts leave,
+and they would not fit another state. Published, it takes replicas back to its stream position, from which they
+learn the stream again.
+
+Interrupted (Ctrl-C; SIGTERM, which the CLI turns into an exit), the job stops where it is. Before it publishes,
+nothing is published; once it has, it says so (`InterruptedAfterPublishing`): the model is live whatever the exit
+status, and a scheduler must not take the run for one that changed nothing. The publication itself, and the
+report's move into place, finish before an interrupt is acted on (`_signals_held`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -69,6 +78,7 @@ from leadtime.training.unread import unread_keys_warning
 
 EXIT_PUBLISHED = 0
 EXIT_KEPT = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
 MIN_TARGET_ROWS = 500  # history rows a target needs before trees are fitted for it
 DEFAULT_ACCELERATOR = "h100-sxm"  # the service's defaults, for rows that name no class
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -77,6 +87,31 @@ RETRAIN_KEY = TREES_LABEL_KEY  # artifact metadata: what the job fitted the tree
 
 class RetrainError(RuntimeError):
     """The job cannot run as asked (a source, the registry, the cluster, the options); one line."""
+
+
+class InterruptedAfterPublishing(SystemExit):
+    """Ctrl-C or SIGTERM once the model was published: the registry serves it, though the job stopped short.
+
+    A scheduler that saw 130 and no word took the run for one that changed nothing, while every replica had
+    swapped the new model in. `message` says what is live where, and whether this run's report was written
+    (placed whole, or not at all: the directory then holds what it held before), for the CLI to print. It is the
+    exit the interrupt called for (`code`: 130 for Ctrl-C, 143 for SIGTERM as the CLI takes it), so that a caller
+    that does not catch it (a benchmark) still leaves as it would have."""
+
+    def __init__(self, version: int, registry: str, report_dir: Path | None, report_placed: bool, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+        report = ""
+        if report_dir is not None:
+            report = (
+                f"; its report is in {report_dir}"
+                if report_placed
+                else f"; no report of this run was written ({report_dir} is as it was)"
+            )
+        self.message = f"interrupted after publishing version {version} to {registry}, which is live{report}"
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -226,6 +261,8 @@ def _run(
     registry = _open_registry(config.registry)
     own_client = None
     trainer: Trainer | None = None
+    published_version: int | None = None
+    report_placed = False
     try:
         champion_published = _latest(registry)
         champion = _load(champion_published, registry.name) if champion_published is not None else None
@@ -266,7 +303,6 @@ def _run(
 
             rival = None
             judged_against = champion  # the model the decision compared the challenger with
-            published_version = None
             if decision.publish:
                 rival, rival_model, evaluation, decision = _judge_again_if_moved(
                     registry, champion_published, challenger, base, samples, split, evaluation, decision, config
@@ -275,7 +311,9 @@ def _run(
             if decision.publish:
                 if champion_published is None:  # its online parts were learned here, rival or not
                     _take_stream_position(registry, samples, split, challenger)
-                published_version = _publish(registry, challenger)
+                artifact = challenger.to_bytes()
+                with _signals_held():  # an interrupt waits for the publication: then it is known to be done
+                    published_version = _publish(registry, artifact)
             bar.step("published" if decision.publish else "champion kept")
         timings["total_s"] = time.perf_counter() - started
         serving_cost = {"challenger": _predict_cost(challenger, samples, split)}
@@ -307,18 +345,28 @@ def _run(
             champion,
         )
         if config.report_dir is not None:
-            from leadtime.training.report import write_report
+            from leadtime.training.report import draft_report
 
             try:
-                result.files = write_report(config.report_dir, report, evaluation, trees)
+                draft = draft_report(config.report_dir, report, evaluation, trees)
+                try:
+                    with _signals_held():  # moved into place whole, an interrupt acted on after
+                        result.files = draft.place()
+                        report_placed = True
+                finally:
+                    draft.discard()
             except OSError as err:
                 done = f"published version {published_version}" if decision.publish else "kept the champion"
                 raise RetrainError(f"{done}, but the report could not be written: {err}") from None
             report["files"] = [str(p) for p in result.files]
         return result
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C; SIGTERM, as the CLI takes it
         if trainer is not None:
             trainer.interrupted()
+        if published_version is not None:
+            raise InterruptedAfterPublishing(
+                published_version, registry.name, config.report_dir, report_placed, _status(stop)
+            ) from stop
         raise
     finally:
         registry.close()
@@ -584,11 +632,42 @@ def _take_stream_position(registry: Registry, samples: Samples, split: TimeSplit
     challenger.metadata[STREAM_KEY] = stream.name  # as the service stamps its own models (`Store.stream_name`)
 
 
-def _publish(registry: Registry, challenger: OnlinePredictor) -> int:
+def _publish(registry: Registry, artifact: bytes) -> int:
     try:
-        return registry.publish(challenger.to_bytes())
+        return registry.publish(artifact)
     except RegistryError as err:
         raise RetrainError(str(err)) from None
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM until the block is done, then act on them as they would have been: a publication
+    and a report's move into place are done whole or not at all, and the job knows which when it says why it
+    stopped (cut short, a publication to Redis might have been made or not, unknown). Each block is short: one
+    registry write, a few renames. Signals reach only the main thread's handlers: elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+
+    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if held:
+            signal.raise_signal(held[0])
+
+
+def _status(stop: BaseException) -> int:
+    """The exit status an interrupt leaves with: 130 for Ctrl-C, a SystemExit's own (143 for the CLI's SIGTERM)."""
+    if isinstance(stop, SystemExit):
+        return stop.code if isinstance(stop.code, int) else 1
+    return EXIT_INTERRUPTED
 
 
 def _report(

@@ -12,6 +12,10 @@ Plots are drawn on `matplotlib.figure.Figure` objects (no pyplot, no global back
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,25 +39,52 @@ _POINTS = 4000  # points per model in a scatter plot (evenly thinned beyond)
 _TOP_FEATURES = 12
 
 
-def write_report(
+@dataclass
+class Draft:
+    """A report drawn in a hidden folder inside its directory, waiting to be moved into place.
+
+    Drawing takes a second or two, and a job interrupted then (the model perhaps already published) left the
+    directory holding this run's first plots beside an earlier run's report.json. Drawn aside and moved in at
+    once, the directory holds one run's report or the other's, whole."""
+
+    directory: Path
+    folder: Path
+    names: list[str]  # in the order they are moved into place: report.json, which lists them, last
+
+    def place(self) -> list[Path]:
+        """Move every file into `directory` (each replacing an earlier run's); returns their paths there."""
+        for name in self.names:
+            os.replace(self.folder / name, self.directory / name)
+        self.discard()
+        return [self.directory / name for name in self.names]
+
+    def discard(self) -> None:
+        """Remove the folder and what is left in it (all of the draft, unless it was placed)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def draft_report(
     directory: Path, report: dict[str, Any], evaluation: dict[str, Evaluation], trees: dict[str, TargetTrees]
-) -> list[Path]:
-    """Write every file into `directory` (created if needed); returns their paths."""
+) -> Draft:
+    """Draw every file in a new hidden folder inside `directory` (created if needed), for `Draft.place`; the folder
+    is removed again if drawing fails or is interrupted."""
     directory.mkdir(parents=True, exist_ok=True)
-    files = [
-        _predicted_vs_actual(directory / "predicted_vs_actual.png", evaluation),
-        _error_by_class(directory / "error_by_class.png", evaluation),
-        _calibration(directory / "calibration.png", evaluation, float(report["training"]["quantile"])),
-        _importances(directory / "feature_importances.png", trees),
-    ]
-    markdown = directory / "report.md"
-    markdown.write_text(summary_markdown(report))
-    files.append(markdown)
-    path = directory / "report.json"
-    files.append(path)
-    report = {**report, "files": [str(p) for p in files]}
-    path.write_text(dumps(report, indent=2) + "\n")
-    return files
+    folder = Path(tempfile.mkdtemp(prefix=".report-", dir=directory))
+    try:
+        drawn = [
+            _predicted_vs_actual(folder / "predicted_vs_actual.png", evaluation),
+            _error_by_class(folder / "error_by_class.png", evaluation),
+            _calibration(folder / "calibration.png", evaluation, float(report["training"]["quantile"])),
+            _importances(folder / "feature_importances.png", trees),
+        ]
+        (folder / "report.md").write_text(summary_markdown(report))
+        names = [p.name for p in drawn] + ["report.md", "report.json"]
+        listed = {**report, "files": [str(directory / name) for name in names]}  # where they will be
+        (folder / "report.json").write_text(dumps(listed, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return Draft(directory, folder, names)
 
 
 def _figure(value: Any, digits: int) -> str:

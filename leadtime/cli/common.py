@@ -190,20 +190,27 @@ def _root(
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM's handler in a benchmark: leave as Ctrl-C does, through every `finally` and `with` on the way out
-    (children stopped, temporary folders removed), then exit 128 + 15 as a process that SIGTERM ended. Further
-    SIGTERMs are ignored so that they do not cut that cleanup short; SIGKILL still ends it."""
+    """SIGTERM's handler in a benchmark or the retraining job: leave as Ctrl-C does, through every `finally` and
+    `with` on the way out (children stopped, temporary folders removed, what was done said), then exit 128 + 15 as
+    a process that SIGTERM ended. Further SIGTERMs are ignored so that they do not cut that cleanup short; SIGKILL
+    still ends it."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
+
+
+def leave_on_sigterm(ctx: typer.Context) -> None:
+    """Take SIGTERM (a scheduler's stop or timeout) as `_terminated` does for the command `ctx` runs, and give the
+    previous handler back when it ends: by default SIGTERM ended it at once, with no cleanup and no word."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
 
 
 @bench_app.callback()
 def _bench(ctx: typer.Context) -> None:
     """Benchmarks that print the figures the README quotes."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        return
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
+    leave_on_sigterm(ctx)
 
 
 def measured_path(data: str) -> Path:

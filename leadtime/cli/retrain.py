@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from leadtime.cli.common import CATALOG_HELP, app, catalog_option, fail, hardware_options, warn
+from leadtime.cli.common import CATALOG_HELP, app, catalog_option, fail, hardware_options, leave_on_sigterm, warn
 from leadtime.training.limits import EVAL_SHARE, MALFORMED_SHARE, MARGIN, OutOfRange
 
 OPTION_OF = {"eval_share": "--eval-share", "margin": "--margin", "max_malformed_share": "--max-malformed-share"}
@@ -16,6 +16,7 @@ OPTION_OF = {"eval_share": "--eval-share", "margin": "--margin", "max_malformed_
 
 @app.command("retrain")
 def retrain(
+    ctx: typer.Context,
     samples: Annotated[
         list[str],
         typer.Option(help="JSONL or Parquet observations, a shipped name, or redis://HOST:PORT/DB (the stream)."),
@@ -46,8 +47,10 @@ def retrain(
     Exit 0 published, 3 champion kept, 2 an error."""
     import logging
 
-    from leadtime.training.job import RetrainConfig, RetrainError, run_retrain
+    from leadtime.training.job import InterruptedAfterPublishing, RetrainConfig, RetrainError, run_retrain
     from leadtime.training.report import print_result
+
+    leave_on_sigterm(ctx)  # a scheduler's stop is told what the job had done, as Ctrl-C is
 
     # The job says itself what went wrong, in one line: not the Redis store's own account of its connection, nor
     # LightGBM's chatter (its Dask set-up, and "Parameter n_jobs will be ignored." at every Dask fit). LightGBM's
@@ -77,6 +80,9 @@ def retrain(
             catalog=known,
         )
         result = run_retrain(config, progress=not json_out)
+    except InterruptedAfterPublishing as stop:  # the model is live: said, whatever else the exit status says
+        typer.secho(f"error: {stop.message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(stop.status) from None
     except OutOfRange as err:
         fail(err.named(OPTION_OF.get(err.field, err.field)))
     except (RetrainError, ValueError, OSError) as err:
