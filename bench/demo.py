@@ -83,8 +83,9 @@ def run_demo(
     model: str = "qwen3-32b",
     max_rows: int | None = None,
     reference_model: str | None = None,
-) -> None:
-    """Walk the trace, print each model's prequential accuracy and write the plot under `out`."""
+) -> list[Path]:
+    """Walk the trace, print each model's prequential accuracy and write the plot under `out` (a run's temporary
+    folder: the command says where it ends up); the files written."""
     console = report_console()
     rows = load_llmd_rows(data)[:max_rows]
     console.print(f"[bold]Leadtime demo[/bold]: {len(rows)} real rows from {data} ({accelerator}, {model})")
@@ -118,4 +119,4 @@ def run_demo(
     )
     path = out / "predicted_vs_actual.png"
     plot_walk(preds, y, path)
-    console.print(f"plot written to {path}")
+    return [path]

@@ -37,7 +37,9 @@ DEMO_POLICIES = ("llmd_heuristic", "llmd_predicted", "dynamo_kv", "sglang_cache"
 
 def run_demo(
     out: Path, max_requests: int = 1500, workers: int = 2, policies: tuple[str, ...] = DEMO_POLICIES
-) -> dict[str, Any]:
+) -> list[Path]:
+    """Print the comparison and write its files into `out` (a run's temporary folder: the command says where they
+    end up); the files written."""
     console = report_console()
     console.print(
         f"[bold]Leadtime demo[/bold]: {max_requests} Mooncake requests on each of {', '.join(DEMO_FLEETS)}, at 1.5× "
@@ -73,11 +75,9 @@ def run_demo(
         table.add_row(f"[bold]{name}[/bold]" if name == LEADTIME else name, *cells)
     console.print(table)
     console.print(itl_table(report, policies))
-    files = write_plots(report, curves, out)
-    files += write_learning_plots(curves, out)
-    (out / "report.json").write_text(dumps(report, indent=2) + "\n")
-    console.print(f"report written to {out}/ ({', '.join(p.name for p in files)}, report.json)")
-    return report
+    files = [*write_plots(report, curves, out), *write_learning_plots(curves, out), out / "report.json"]
+    files[-1].write_text(dumps(report, indent=2) + "\n")
+    return files
 
 
 def fleet_header(fleet: str, rate_rps: float) -> str:

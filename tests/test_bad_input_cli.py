@@ -432,6 +432,153 @@ def test_an_interrupted_simulate_leaves_no_half_file_and_no_folder_it_made(
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # no observations.jsonl, whole or half
 
 
+ROUTING_SMALL = ["bench", "routing", "--fleet", "homogeneous", "--policy", "round_robin", "--max-requests", "100"]
+WHOLE_RUN_COMMANDS = [["demo"], ["demo", "--accuracy"], ROUTING_SMALL]
+"""The commands whose --out takes a whole run: refused when it holds anything else, replaced when it holds theirs."""
+
+
+@pytest.fixture
+def quick_demos(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Both demos as stand-ins that write at once (the real ones take a minute): each run writes the files of the
+    list's next entry, `"INTERRUPT"` among them standing for a Ctrl-C once the files before it are written."""
+    import leadtime.bench.demo as accuracy_demo
+    import leadtime.bench.routing_demo as routing_demo
+
+    runs: list[list[str]] = []
+
+    def write(out: Path) -> list[Path]:
+        written = []
+        for name in runs.pop(0):
+            if name == "INTERRUPT":
+                raise KeyboardInterrupt
+            (out / name).write_text(f"{name}, {len(runs)} runs to go\n")
+            written.append(out / name)
+        return written
+
+    monkeypatch.setattr(routing_demo, "run_demo", lambda out, **_: write(out))
+    monkeypatch.setattr(accuracy_demo, "run_demo", lambda data, out, **_: write(out))
+    return runs
+
+
+def held(folder: Path) -> dict[str, str]:
+    """The files of `folder` (its run marker aside) and their text."""
+    return {p.name: p.read_text(errors="replace") for p in folder.iterdir() if p.name != ".leadtime-run.json"}
+
+
+@pytest.mark.parametrize("args", WHOLE_RUN_COMMANDS)
+def test_a_whole_run_command_refuses_an_out_folder_holding_anything_else_naming_it(
+    tmp_path: Path, args: list[str], quick_demos: list[list[str]]
+) -> None:
+    """`bench routing --out` and `demo` wrote into whatever the folder held: a user's own report.json replaced, or
+    another run's plots left mixed with theirs."""
+    quick_demos.append(["report.json"])
+    mine = tmp_path / "mine"
+    (mine / "plots").mkdir(parents=True)
+    (mine / "report.json").write_text("my own notes\n")
+    refused([*args, "--out", str(mine)], f"--out {mine} already holds", "(plots/, report.json)", f"{mine}-2")
+    assert (mine / "report.json").read_text() == "my own notes\n"
+    assert sorted(p.name for p in mine.iterdir()) == ["plots", "report.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # nothing written beside it either
+
+
+def test_make_demo_twice_replaces_the_first_run_as_a_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quick_demos: list[list[str]]
+) -> None:
+    """`make demo` runs `leadtime demo` into out/demo: a second run there is the same run again, so it replaces the
+    first one whole (a plot the second run no longer draws does not stay behind to pass for its own)."""
+    monkeypatch.chdir(tmp_path)
+    quick_demos += [["goodput.png", "old.png", "report.json"], ["goodput.png", "report.json"]]
+    assert runner.invoke(app, ["demo"]).exit_code == 0
+    result = runner.invoke(app, ["demo", "--quick"])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out" / "demo"
+    assert held(out) == {"goodput.png": "goodput.png, 0 runs to go\n", "report.json": "report.json, 0 runs to go\n"}
+    assert f"written to {Path('out/demo')}/ (goodput.png, report.json)" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["demo"]  # no temporary folder left
+
+
+def test_a_whole_run_interrupted_keeps_the_earlier_run_and_leaves_nothing_of_its_own(
+    tmp_path: Path, quick_demos: list[list[str]]
+) -> None:
+    """A run cut short (Ctrl-C, a full disk) must not leave half a run where a whole one was, nor in a new folder."""
+    out = tmp_path / "sub" / "demo"
+    quick_demos += [["report.json", "INTERRUPT"], ["goodput.png", "report.json"], ["goodput.png", "INTERRUPT"]]
+    assert runner.invoke(app, ["demo", "--out", str(out)]).exit_code != 0
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its parent, made for the run, stay
+    assert runner.invoke(app, ["demo", "--out", str(out)]).exit_code == 0
+    before = held(out)
+    assert runner.invoke(app, ["demo", "--out", str(out)]).exit_code != 0
+    assert held(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["demo"]
+
+
+def test_another_commands_run_in_the_out_folder_is_refused_not_replaced(
+    tmp_path: Path, quick_demos: list[list[str]]
+) -> None:
+    """`demo --accuracy` writes one plot where `demo` writes a report: one silently replacing the other's run is
+    the clobbering the check is there to stop. A file added to a run's folder since is not the run's either."""
+    out = tmp_path / "demo"
+    quick_demos += [["goodput.png", "report.json"], ["predicted_vs_actual.png"]]
+    assert runner.invoke(app, ["demo", "--out", str(out)]).exit_code == 0
+    refused(["demo", "--accuracy", "--out", str(out)], "a `leadtime demo` run", "(goodput.png, report.json)")
+    (out / "notes.txt").write_text("mine\n")
+    refused(["demo", "--out", str(out)], "(notes.txt)", f"{out}-2")
+    assert sorted(held(out)) == ["goodput.png", "notes.txt", "report.json"]
+
+
+def test_a_file_put_into_the_out_folder_during_the_run_is_kept_and_the_run_put_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder was checked when the run started; replacing it at the end would have removed what came since."""
+    import leadtime.bench.routing_demo as routing_demo
+
+    out = tmp_path / "demo"
+
+    def meanwhile(part: Path, **_: object) -> list[Path]:
+        out.mkdir()
+        (out / "notes.txt").write_text("mine\n")
+        (part / "report.json").write_text("{}\n")
+        return [part / "report.json"]
+
+    monkeypatch.setattr(routing_demo, "run_demo", meanwhile)
+    result = runner.invoke(app, ["demo", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"--out {out} came to hold files not from an earlier `leadtime demo` run" in result.stderr
+    assert held(out) == {"notes.txt": "mine\n"} and held(tmp_path / "demo-2") == {"report.json": "{}\n"}
+    assert f"written to {out}-2/ (report.json)" in result.stdout
+
+
+def test_a_run_replacing_one_in_a_linked_folder_replaces_it_where_the_link_points(
+    tmp_path: Path, quick_demos: list[list[str]]
+) -> None:
+    """Swapping the new run in for the link itself would leave the link's target with the old run (and the link
+    gone), with the folder's permissions (a group's shared folder) reset."""
+    target = tmp_path / "disk" / "demo"
+    target.mkdir(parents=True)
+    target.chmod(0o770)
+    link = tmp_path / "demo"
+    link.symlink_to(target)
+    quick_demos += [["report.json"], ["goodput.png"]]
+    for _ in range(2):
+        assert runner.invoke(app, ["demo", "--out", str(link)]).exit_code == 0
+    assert link.is_symlink() and held(target) == {"goodput.png": "goodput.png, 0 runs to go\n"}
+    assert target.stat().st_mode & 0o777 == 0o770
+    assert sorted(p.name for p in target.parent.iterdir()) == ["demo"]
+
+
+@pytest.mark.timeout(120)
+def test_bench_routing_run_twice_into_one_folder_replaces_its_earlier_run(tmp_path: Path) -> None:
+    out = tmp_path / "routing"
+    assert runner.invoke(app, [*ROUTING_SMALL, "--json", "--out", str(out)]).exit_code == 0
+    (out / "goodput.png").write_bytes(b"the first run's plot")
+    result = runner.invoke(app, [*ROUTING_SMALL, "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "goodput.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(held(out)) == ["goodput.png", "latency_cdf_homogeneous.png", "report.json"]
+    assert json.loads(result.stdout)["outputs"] == [str(out / name) for name in sorted(held(out))]
+    assert [p.name for p in tmp_path.iterdir()] == ["routing"]
+
+
 @pytest.mark.parametrize(
     "args,option",
     [

@@ -28,6 +28,7 @@ from leadtime.cli.common import (
     seed_option,
     warn,
 )
+from leadtime.cli.whole_run import RunFolder
 from leadtime.features.errors import FeatureError, validation_problem
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ def bench_coldstart(
 
 @app.command("demo")
 def demo(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Where to write the report and plots.")] = Path("out/demo"),
     quick: Annotated[bool, typer.Option("--quick", help="A short run, as a smoke test.")] = False,
     accuracy: Annotated[
@@ -157,22 +159,26 @@ def demo(
     if not accuracy and (data != DEFAULT_MEASURED or reference_model is not None):
         given = "--data" if data != DEFAULT_MEASURED else "--reference-model"
         fail(f"{given} is for the accuracy demo: add --accuracy (the routing demo replays its own trace)")
-    output_dir(out)
+    folder = RunFolder(ctx, out, "leadtime demo --accuracy" if accuracy else "leadtime demo")
     if accuracy:
         from leadtime.bench.demo import run_demo as run_accuracy_demo
 
         reference = reference_model_option(reference_model)
+        rows = measured_path(data)
         try:
-            run_accuracy_demo(measured_path(data), out, max_rows=600 if quick else None, reference_model=reference)
+            with folder.writing() as part:
+                files = run_accuracy_demo(rows, part, max_rows=600 if quick else None, reference_model=reference)
         except (FeatureError, OSError, ValueError) as err:
             fail(err)
-        return
-    from leadtime.bench.routing_demo import run_demo
+    else:
+        from leadtime.bench.routing_demo import run_demo
 
-    try:
-        run_demo(out, max_requests=300 if quick else 1500)
-    except (FeatureError, OSError, ValueError, RuntimeError) as err:
-        fail(err)
+        try:
+            with folder.writing() as part:
+                files = run_demo(part, max_requests=300 if quick else 1500)
+        except (FeatureError, OSError, ValueError, RuntimeError) as err:
+            fail(err)
+    typer.echo(f"written to {folder.written}/ ({', '.join(p.name for p in files)})")
 
 
 @bench_app.command("serving")
@@ -235,6 +241,7 @@ def bench_sim(
 
 @bench_app.command("routing")
 def bench_routing(
+    ctx: typer.Context,
     trace: Annotated[str, typer.Option(help=TRACE_HELP)] = "mooncake",
     max_requests: Annotated[int, typer.Option(help="Requests of the trace replayed on each fleet.")] = 3000,
     seed: Annotated[int, typer.Option(help="First seed (time-slice windows, step noise, policies' tie-breaks).")] = 0,
@@ -292,8 +299,7 @@ def bench_routing(
         check_loads(loads)
     except ValueError as err:
         fail(err)
-    if out is not None:
-        output_dir(out)
+    folder = RunFolder(ctx, out, "leadtime bench routing") if out is not None else None
     options = RoutingOptions(
         trace=trace,
         max_requests=max_requests,
@@ -325,16 +331,17 @@ def bench_routing(
             report, curves = run_routing(options, progress=tick)
         except (FeatureError, OSError, ValueError, RuntimeError) as err:
             fail(err)
-    if out is not None:
+    if folder is not None:
         from leadtime.json_text import dumps
 
         try:
-            files = write_plots(report, curves, out)
-            (out / "report.json").write_text(dumps(report, indent=2) + "\n")
+            with folder.writing() as part:
+                files = [*write_plots(report, curves, part), part / "report.json"]
+                files[-1].write_text(dumps(report, indent=2) + "\n")
         except OSError as err:  # the folder was checked before the run: a full disk, say; keep the figures
             print_report(report, as_json=json_out)
             fail(err)
-        report["outputs"] = [str(p) for p in [*files, out / "report.json"]]
+        report["outputs"] = [str(folder.written / p.name) for p in files]
     print_report(report, as_json=json_out)
 
 

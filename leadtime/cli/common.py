@@ -9,6 +9,7 @@ import os
 import signal
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -153,6 +154,23 @@ def unused_sibling(path: Path) -> Path:
     while path.with_name(f"{path.name}-{n}").exists():
         n += 1
     return path.with_name(f"{path.name}-{n}")
+
+
+LISTED_NAMES = 6
+"""Names a refusal of an `--out` folder lists before it counts the rest: one line, however full the folder."""
+
+
+def listed(names: Sequence[str]) -> str:
+    """`names` for a one-line message: the first `LISTED_NAMES`, then how many more."""
+    more = len(names) - LISTED_NAMES
+    return ", ".join(names[:LISTED_NAMES]) + (f" and {more} more" if more > 0 else "")
+
+
+def refuse_held(out: Path, what: str, names: Sequence[str]) -> NoReturn:
+    """Refuse an `--out` folder whose files a run would replace or mix its own with, naming them and a folder to
+    give instead: the one wording of every command that writes runs (`simulate`, `demo`, `bench routing`)."""
+    sibling = unused_sibling(out)
+    fail(f"--out {out} already holds {what} ({listed(names)}): give another folder (e.g. {sibling}), or move them away")
 
 
 def positive(option: str, value: float, infinite: bool = False) -> None:

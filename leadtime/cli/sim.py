@@ -22,10 +22,10 @@ from leadtime.cli.common import (
     option_given,
     output_dir,
     positive,
+    refuse_held,
     remove_if_empty,
     seed_option,
     sim_app,
-    unused_sibling,
     warn,
 )
 from leadtime.data import SPLITWISE
@@ -144,10 +144,7 @@ def _no_earlier_run(out: Path) -> None:
 
     held = run_files_in(out) if out.is_dir() else []
     if held:
-        fail(
-            f"--out {out} already holds a run's files ({', '.join(held)}): give another folder (e.g. "
-            f"{unused_sibling(out)}), or move them away"
-        )
+        refuse_held(out, "a run's files", held)
 
 
 @sim_app.command("validate")
