@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from leadtime.bench.keepalive import KeepAliveClient, request_bytes
-from leadtime.bench.procs import Child, Predictor, quietly
+from leadtime.bench.procs import Predictor, quietly, said_as_stopped, stopped
 from leadtime.bench.serving import load_entries, prediction_rows
 from leadtime.json_text import print_json
 
@@ -170,15 +170,6 @@ def feeder_figures(feeder: Any, out: Any) -> tuple[int, int, float]:
     return int(accepted), int(errors), float(seconds)
 
 
-def stopped(child: Child) -> str | None:
-    """What became of a service that has exited (its exit code, or the signal that killed it); None while it runs."""
-    code = child.process.poll()
-    if code is None:
-        return None
-    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    return f"the service stopped during the run ({how})"
-
-
 def call_rows(entries: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     """The `n` rows of one prediction call: the shipped trace's rows in order, from the first again when `n` is
     more than it holds (a call may then hold the same row more than once)."""
@@ -220,7 +211,7 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
         feeder = None
         try:
             service.wait()
-            try:
+            with said_as_stopped(service.child.process):  # what fails once the service has stopped says so
                 url = f"{service.url}/predict/bulk/strict"
                 say(f"warming up for {options.warmup_s:.0f} s")
                 warm = run_wrk(url, body, options.predict_rps, options.warmup_s, 0.0, workdir)
@@ -251,18 +242,12 @@ def run_load(options: LoadOptions, progress: Any = None) -> dict[str, Any]:
                     sample=lambda: samples.append(round(rss_mb(service.child.pid), 1)),
                 )
                 feeder.join(options.duration_s + 60)
-                if (gone := stopped(service.child)) is not None:  # wrk and the feeder only counted errors
+                if (gone := stopped(service.child.process)) is not None:  # wrk and the feeder only counted errors
                     raise RuntimeError(gone)
                 accepted, observe_errors, observe_s = feeder_figures(feeder, out)
                 rss_end = rss_mb(service.child.pid)
                 with httpx.Client(base_url=service.url, timeout=10) as client:
                     ingestion = client.get("/status").json()["ingestion"]
-            except (httpx.HTTPError, RuntimeError) as err:  # said as the service stopping, when that is the cause
-                if (gone := stopped(service.child)) is not None:
-                    raise RuntimeError(gone) from err
-                if isinstance(err, httpx.HTTPError):
-                    raise RuntimeError(f"the service did not answer: {err}") from err
-                raise
         finally:
             if feeder is not None and feeder.is_alive():  # stopped first, before the service goes away under it
                 feeder.terminate()

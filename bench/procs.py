@@ -18,7 +18,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -83,6 +83,43 @@ def terminate(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+EXITING_S = 2.0
+"""How long a service that broke a connection is given to show its exit: its sockets close as it dies, a moment
+before the kernel reports it gone."""
+
+
+def stopped(process: subprocess.Popen[bytes], wait_s: float = 0.0) -> str | None:
+    """What became of a benchmark's service that has exited (its exit code, or the signal that killed it), given
+    `wait_s` to finish exiting; None while it runs."""
+    try:
+        code = process.wait(timeout=wait_s) if wait_s > 0 else process.poll()
+    except subprocess.TimeoutExpired:
+        code = None
+    if code is None:
+        return None
+    how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    return f"the service stopped during the run ({how})"
+
+
+@contextlib.contextmanager
+def said_as_stopped(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Whatever fails in the block while `process`, the measured service, has stopped is said as its stopping: one
+    line naming its exit code or signal, not the error of the call, the feeder or the load generator it broke (a
+    traceback, or a line blaming the feeder). A service that runs on but does not answer is said as that."""
+    try:
+        yield
+    except Exception as err:
+        if (gone := stopped(process, EXITING_S)) is not None:
+            raise RuntimeError(gone) from err
+        if isinstance(err, httpx.HTTPError):
+            raise RuntimeError(f"the service did not answer: {err}") from err
+        import grpc  # here: most benchmarks never load it
+
+        if isinstance(err, grpc.RpcError) and isinstance(err, grpc.Call):
+            raise RuntimeError(f"the service did not answer a gRPC call: {err.code().name} {err.details()}") from err
+        raise
 
 
 class Child:

@@ -32,7 +32,7 @@ import orjson
 
 from leadtime.bench.data import dataset_path, load_llmd_rows
 from leadtime.bench.keepalive import KeepAliveClient
-from leadtime.bench.procs import free_port, quietly, terminate
+from leadtime.bench.procs import free_port, quietly, said_as_stopped, terminate
 from leadtime.json_text import print_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +140,24 @@ def grpc_caller(stub: Any, rows: list[dict[str, Any]]) -> Callable[[], None]:
 
 FEED_BATCH = 200
 FEED_PERIOD_S = 0.1  # 2,000 observations a second: the learner keeps learning and retraining throughout
+WHY_BYTES = 300
+
+
+def feeding(why: Any, target: Callable[..., None], *args: object) -> None:
+    """The entry of a process that posts observations (`feed_observations`, `post_at_rate`): `target(*args)`, as
+    `quietly` runs it. A post that fails (the service gone, or answering other than 202) ends it with exit code 1
+    and the reason in `why` (a shared `c` array), not with a traceback of its own on the benchmark's stderr: the
+    benchmark says what happened in one line, as the service stopping when that is the cause (`said_as_stopped`)."""
+    try:
+        quietly(target, *args)
+    except (OSError, RuntimeError, ValueError) as err:
+        why.value = str(err).encode()[: WHY_BYTES - 1]
+        sys.exit(1)
+
+
+def ended(process: Any, why: Any) -> str:
+    """How a `feeding` process ended: the reason it gave, else its exit code."""
+    return why.value.decode(errors="replace") if why is not None and why.value else f"exit code {process.exitcode}"
 
 
 def feed_observations(port: int, entries: list[dict[str, Any]], stop: Any, posted: Any) -> None:
@@ -167,14 +185,15 @@ def feed_observations(port: int, entries: list[dict[str, Any]], stop: Any, poste
     client.close()
 
 
-def wait_until_feeding(feeder: Any, posted: Any, timeout_s: float = 60.0) -> None:
+def wait_until_feeding(feeder: Any, posted: Any, timeout_s: float = 60.0, why: Any = None) -> None:
     """Return once the feeder process has posted its first batch. A spawned process takes a second or two to
     import before it sends anything; timed from its start, a short run of calls could end before the first
-    observation arrived (0 observations/s fed while learning, seen on a quick run of 30 calls)."""
+    observation arrived (0 observations/s fed while learning, seen on a quick run of 30 calls). `why`: where a
+    `feeding` process leaves its reason to stop."""
     deadline = time.monotonic() + timeout_s
     while posted.value == 0:
         if not feeder.is_alive():
-            raise RuntimeError(f"the observation feeder stopped before feeding (exit code {feeder.exitcode})")
+            raise RuntimeError(f"the observation feeder stopped before feeding ({ended(feeder, why)})")
         if time.monotonic() > deadline:
             raise RuntimeError(f"the observation feeder posted nothing in {timeout_s:.0f} s")
         time.sleep(0.01)
@@ -282,8 +301,8 @@ def sustained_ingestion(
     sustained = 0
     for rate in rates:
         before, _ = wait_settled(client)
-        posted, took = context.Value("q", 0), context.Value("d", 0.0)
-        poster = context.Process(target=quietly, args=(post_at_rate, port, entries, rate, seconds, posted, took))
+        posted, took, why = context.Value("q", 0), context.Value("d", 0.0), context.Array("c", WHY_BYTES)
+        poster = context.Process(target=feeding, args=(why, post_at_rate, port, entries, rate, seconds, posted, took))
         poster.start()
         try:
             poster.join(seconds + 60)
@@ -293,7 +312,7 @@ def sustained_ingestion(
                 poster.join(10)
         elapsed = max(took.value, 1e-3)
         if poster.exitcode != 0:
-            raise RuntimeError(f"the paced poster failed (exit code {poster.exitcode})")
+            raise RuntimeError(f"the paced poster failed ({ended(poster, why)})")
         end = ingestion_state(client)
         settled, ok = wait_settled(client)
         step = {
@@ -362,6 +381,7 @@ def run_serving(
             "grpc": {},
         }
         with (
+            said_as_stopped(service.process),  # what fails once the service has stopped says so, in one line
             httpx.Client(base_url=service.base_url, timeout=10.0) as client,
             grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel,
         ):
@@ -404,11 +424,12 @@ def run_serving(
             connection = KeepAliveClient("127.0.0.1", service.http_port)
             http_call, grpc_call = http_caller(connection, rows[:100]), grpc_caller(stub, rows[:100])
             context = multiprocessing.get_context("spawn")
-            stop, posted = context.Event(), context.Value("q", 0)
-            feeder = context.Process(target=quietly, args=(feed_observations, service.http_port, entries, stop, posted))
+            stop, posted, why = context.Event(), context.Value("q", 0), context.Array("c", WHY_BYTES)
+            feed = (why, feed_observations, service.http_port, entries, stop, posted)
+            feeder = context.Process(target=feeding, args=feed)
             feeder.start()
             try:
-                wait_until_feeding(feeder, posted)
+                wait_until_feeding(feeder, posted, why=why)
                 (during_http, during_grpc), window = timed_while_feeding(
                     lambda: (time_calls(http_call, calls), time_calls(grpc_call, calls)),
                     posted,
@@ -418,7 +439,7 @@ def run_serving(
                 stop.set()
                 feeder.join(30)
             if feeder.exitcode != 0:
-                raise RuntimeError(f"the observation feeder failed (exit code {feeder.exitcode})")
+                raise RuntimeError(f"the observation feeder failed ({ended(feeder, why)})")
             report["while_learning"] = {
                 "http_rows_100": percentiles(during_http),
                 "grpc_rows_100": percentiles(during_grpc),
@@ -428,13 +449,15 @@ def run_serving(
             if warn is not None and (message := no_retrain_warning(window, calls)) is not None:
                 warn(message)
             stop.clear()
-            feeder = context.Process(target=quietly, args=(feed_observations, service.http_port, entries, stop, posted))
+            feeder = context.Process(target=feeding, args=feed)
             feeder.start()
             try:
                 report["while_learning"]["handler_rows_100_ms"] = handler_times(connection, rows[:100])
             finally:
                 stop.set()
                 feeder.join(30)
+            if feeder.exitcode != 0:
+                raise RuntimeError(f"the observation feeder failed ({ended(feeder, why)})")
             connection.close()
             w = report["while_learning"]
             say(f"while learning ({retrains} retrains), 100 rows: HTTP {_p50_p99(w['http_rows_100'])}")

@@ -216,3 +216,32 @@ def test_a_while_learning_cell_without_a_retrain_is_said_to_be_one() -> None:
     assert no_retrain_warning({"retrained_while_timed": True, "retrains_completed": 1}, 2000) is None
     message = no_retrain_warning({"retrained_while_timed": False, "retrains_completed": 0}, 100)
     assert message is not None and message.startswith("no retrain completed during the 100 + 100 calls timed while")
+
+
+def test_bench_serving_says_in_one_line_that_the_service_stopped_mid_run() -> None:
+    """`kill -9` of the service while the observation feeder started ended `bench serving` in the feeder's own
+    traceback (ConnectionRefusedError) and "the observation feeder stopped before feeding (exit code 1)", which
+    blamed the feeder; `bench load` says it as the service stopping, and so does this now."""
+    import os
+    import signal
+    import time
+
+    from child_processes import children, children_running
+
+    command = [sys.executable, "-m", "leadtime", "bench", "serving", "--calls", "10"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    lines: list[str] = []
+    while not lines or not lines[-1].startswith("accepted "):  # the burst is in: the feeder starts next
+        lines.append(process.stderr.readline())
+        assert lines[-1], (lines, process.communicate())
+    deadline = time.monotonic() + 30
+    while not children(process.pid, lambda entry: b"spawn_main" in (entry / "cmdline").read_bytes()):
+        assert time.monotonic() < deadline, "no feeder process started"
+        time.sleep(0.05)
+    (service,) = children_running(process.pid, "serve")
+    os.kill(service, signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, stderr[-3000:]
+    assert stdout == ""
+    assert stderr.strip().splitlines() == ["error: the service stopped during the run (killed by signal 9)"]
