@@ -198,8 +198,11 @@ class ServiceMetrics:
         for api in APIS:
             for family in (self.predictions, self.observations_accepted, self.observations_rejected):
                 family.labels(api)
-        for method in GRPC_METHODS:
-            self.grpc_requests.labels(method, "OK")
+        import grpc  # here: the gateway imports this module for its constants, and has no use for grpc
+
+        for method in GRPC_METHODS:  # every status code, not OK alone: the first refusals are what an alert is for
+            for code in grpc.StatusCode:
+                self.grpc_requests.labels(method, code.name)
             self.grpc_seconds.labels(method)
         self.live_error = Histogram(
             "leadtime_live_absolute_percentage_error_ratio",
@@ -244,6 +247,15 @@ class ServiceMetrics:
             self.model_pulls.labels(result)
         if read_live is not None:
             r.register(_LiveValues(read_live))
+
+    def export_routes(self, routes: Iterable[tuple[str, Iterable[str], int]]) -> None:
+        """Export each route's requests at 0 from the start, as (path, methods, the status it answers when it
+        serves): a route's first burst is seen by rate() as the counters by API's are. The status of a refusal is
+        not known in advance, and appears with the first."""
+        for path, methods, status in routes:
+            self.request_seconds.labels(path)
+            for method in methods:
+                self.requests.labels(path, method, str(status))
 
     def observe_request(self, path: str, method: str, status: int, seconds: float) -> None:
         """Count an HTTP request and time it, by route path."""

@@ -285,6 +285,38 @@ def test_counters_by_api_and_grpc_method_are_exported_at_0_before_the_first_call
         assert f'leadtime_grpc_request_duration_seconds_count{{method="{method}"}} 0.0' in text, method
 
 
+def test_requests_by_route_and_grpc_calls_by_status_code_are_exported_at_0_before_the_first() -> None:
+    """The first answers of a route (a first burst of predictions), and the first UNAVAILABLE or INVALID_ARGUMENT of
+    a gRPC method, were never seen by rate() or increase(): their series appeared with them. A route's own status
+    is known in advance and exported (a refusal's is not: it appears with the first); a route the service's role
+    does not serve is not."""
+    import grpc
+
+    from leadtime.predictor.metrics import GRPC_METHODS
+
+    with TestClient(create_app(ServiceSettings())) as c:
+        text = c.get("/metrics").text
+    for path, method, status in (
+        ("/predict/bulk/strict", "POST", "200"),
+        ("/v1/predict", "POST", "200"),
+        ("/add_training_data_bulk", "POST", "202"),
+        ("/v1/observations", "POST", "202"),
+        ("/readyz", "HEAD", "200"),
+        ("/metrics", "GET", "200"),
+        ("/model/{name}/info", "GET", "200"),
+    ):
+        assert f'leadtime_http_requests_total{{method="{method}",path="{path}",status="{status}"}} 0.0' in text, path
+        assert f'leadtime_http_request_duration_seconds_count{{path="{path}"}} 0.0' in text, path
+    assert not re.search(r'leadtime_http_requests_total\{[^}]*status="[45]', text)
+    for method in GRPC_METHODS:
+        for code in grpc.StatusCode:
+            assert f'leadtime_grpc_requests_total{{code="{code.name}",method="{method}"}} 0.0' in text, (method, code)
+    with TestClient(create_app(ServiceSettings(role="training"))) as c:
+        text = c.get("/metrics").text
+    assert 'path="/add_training_data_bulk",status="202"} 0.0' in text
+    assert 'path="/predict/bulk/strict"' not in text
+
+
 def test_llmd_training_samples_count_leaves_the_held_out_test_samples_out_as_its_help_says() -> None:
     """It counted training and test samples together while its HELP (and llm-d's name) says training samples."""
     with TestClient(create_app(ServiceSettings())) as c:

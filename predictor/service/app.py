@@ -146,6 +146,10 @@ def create_app(
     app.include_router(native.common_router, responses=COMMON_ERRORS)
     for router in body_routers:
         app.include_router(router, responses=COMMON_ERRORS)
+    routes = [route for router in (health.router, native.common_router, *body_routers) for route in router.routes]
+    runtime.metrics.export_routes(
+        (route.path, route.methods or (), route.status_code or 200) for route in routes if isinstance(route, APIRoute)
+    )
     plain_openapi = app.openapi
     # The token's scheme and 401 are documented only where a configured token is needed.
     needing = token_paths(route for router in body_routers for route in router.routes) if settings.api_token else ()
