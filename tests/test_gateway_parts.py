@@ -796,6 +796,25 @@ def test_zero_valued_counters_are_exported_from_the_start() -> None:
     assert reasons == {"deadline", "circuit_open", "unavailable", "refused"} <= set(FALLBACK_REASONS)
 
 
+def test_requests_by_path_are_exported_at_0_before_the_first_on_each_of_the_gateways_paths() -> None:
+    """A path's first burst of completions (or of embeddings passed through) was never seen by rate() or increase():
+    its series appeared with it. Exported under the status a path answers when it serves (the others' statuses are
+    not known in advance: they appear with the first); not for the probes and /metrics, which it does not count."""
+    import httpx
+
+    from leadtime.router_plugin.gateway.passthrough import PASSED_THROUGH
+
+    async def scrape() -> str:
+        gateway = Gateway(StaticDiscovery(()), RoundRobinPolicy(), GatewaySettings())
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://gateway") as client:
+            return (await client.get("/metrics")).text
+
+    text = asyncio.run(scrape())
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", *PASSED_THROUGH):
+        assert f'leadtime_router_requests_total{{code="200",path="{path}"}} 0.0' in text, path
+    assert 'path="/healthz"' not in text and 'path="/metrics"' not in text
+
+
 def test_a_decision_fallen_back_on_an_unusable_answer_is_counted_as_invalid_answer() -> None:
     """Regression: a predictor answering NaN sent the decision to the heuristics (or raised), and the fallback was
     counted under whatever the predictor had last failed with, or not at all."""

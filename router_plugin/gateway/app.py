@@ -82,6 +82,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 PROXIED_PATHS = ("/v1/completions", "/v1/chat/completions")
+COUNTED_PATHS = (*PROXIED_PATHS, "/v1/models", *sorted(PASSED_THROUGH))
+"""The paths requests_total counts by (the probes and /metrics are not counted): each exported at 0 from the start
+under the code it answers when it serves, 200, so that rate() sees a path's first burst. Other codes are not known
+in advance, and appear with the first."""
 PROBED_PATHS = ("/healthz", "/readyz", "/metrics")
 """Paths load balancers and `curl -I` probe with HEAD: answered as GET, without the body."""
 PREFILLER_HEADER = b"x-prefiller-host-port"
@@ -317,6 +321,8 @@ class Gateway:
         self.settings = settings
         self.predictor = predictor
         self.metrics = metrics or (predictor.metrics if predictor is not None else GatewayMetrics())
+        for path in COUNTED_PATHS:
+            self.metrics.requests.labels(path, "200")
         self.clock = monotonic_ms
         tls = tls_client_context(settings.upstream_ca_file) if settings.upstream_ca_file else None
         self.upstreams = Upstreams(settings.connect_timeout_s, tls)
