@@ -146,7 +146,10 @@ def bench_coldstart(
 @app.command("demo")
 def demo(
     ctx: typer.Context,
-    out: Annotated[Path, typer.Option(help="Where to write the report and plots.")] = Path("out/demo"),
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder for the report and plots, theirs alone (the same demo's earlier run is replaced)."),
+    ] = Path("out/demo"),
     quick: Annotated[bool, typer.Option("--quick", help="A short run, as a smoke test.")] = False,
     accuracy: Annotated[
         bool,
@@ -264,7 +267,10 @@ def bench_routing(
         ),
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    out: Annotated[Path | None, typer.Option(help="Directory for the plots and report.json.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for the plots and report.json, theirs alone (an earlier run there is replaced)."),
+    ] = None,
 ) -> None:
     """Goodput of every routing policy on six fleets at two loads, side by side in one run."""
     from leadtime.bench.routing import (
