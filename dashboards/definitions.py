@@ -227,7 +227,7 @@ PREDICTOR = Dashboard(
                 ),
                 Panel(
                     "Requests per second by path and status",
-                    "HTTP requests per route and status code, and gRPC calls per method and code.",
+                    "HTTP requests per route and status code, and gRPC calls per method and code (those with calls).",
                     "reqps",
                     (
                         Query(
@@ -235,7 +235,8 @@ PREDICTOR = Dashboard(
                             "{{path}} {{status}}",
                         ),
                         Query(
-                            f"sum by (method, code) (rate(leadtime_grpc_requests_total{{{INSTANCE}}}{RATE}))",
+                            # > 0: every method's every status code is exported from the start (68 series at 0)
+                            f"sum by (method, code) (rate(leadtime_grpc_requests_total{{{INSTANCE}}}{RATE})) > 0",
                             "gRPC {{method}} {{code}}",
                         ),
                     ),
