@@ -1100,6 +1100,12 @@ def test_bench_dashboards_refuses_a_redis_url_before_starting_anything(tmp_path:
     )
 
 
+@pytest.mark.parametrize("url", ["http://:s3cret@127.0.0.1:6379/0", "user:s3cret@127.0.0.1:6379"])
+def test_a_redis_url_of_another_form_is_refused_without_showing_its_password(tmp_path: Path, url: str) -> None:
+    line = refused(["bench", "dashboards", "--out", str(tmp_path), "--redis", url], "--redis", "expected redis://")
+    assert "s3cret" not in line and "127.0.0.1" in line
+
+
 def test_bench_sim_says_when_the_trace_has_fewer_requests_than_asked(trace: Path) -> None:
     """`--requests 20000` replayed the trace's 12,031 without a word."""
     args = ["bench", "sim", "--fleet", "homogeneous", "--trace", str(trace), "--requests", "5", "--json"]

@@ -248,7 +248,11 @@ def check_redis_url(option: str, url: str | None, reachable: bool = False) -> No
     if url is None:
         return
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        fail(f"{option}: expected redis://HOST:PORT/DB (or rediss://, unix://), got {url!r}")
+        from leadtime.predictor.store.stream_identity import without_credentials
+
+        # Without a scheme, a user part ("user:pw@host") is all before the last "@": shown without it too.
+        given = without_credentials(url) if "://" in url else url.rpartition("@")[2]
+        fail(f"{option}: expected redis://HOST:PORT/DB (or rediss://, unix://), got {given!r}")
     if not reachable:
         return
     import redis
