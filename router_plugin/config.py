@@ -487,6 +487,18 @@ def profile_types(config: PickerConfig, name: str) -> frozenset[str]:
     return frozenset(plugins[e.plugin_ref] for e in profile_of(config, name).plugins)
 
 
+def profile_parameters(config: PickerConfig, profile: str, plugin_type: str) -> Any:
+    """The parameters (`PARAMETERS`) of the `plugin_type` plugin the profile `profile` runs, None when it runs none:
+    what the gateway and the simulator read beside the policy (`servingJob`, `overflowEndpoints`) must be what the
+    policy was built with."""
+    plugins = {p.ref: p for p in config.plugins}
+    for entry in profile_of(config, profile).plugins:
+        spec = plugins[entry.plugin_ref]
+        if spec.type == plugin_type:
+            return _parameters(PARAMETERS[plugin_type], spec, f"plugins.{spec.ref}")
+    return None
+
+
 def build_policy(
     config: PickerConfig | Mapping[str, Any] | str | Path | None,
     predictor: PredictorClient | None,
@@ -504,11 +516,11 @@ def build_policy(
         config = parse_config(DEFAULT_CONFIG if config is None else config)
     chosen = profile_of(config, profile)
     plugins = {p.ref: p for p in config.plugins}
-    used = [(plugins[e.plugin_ref], e.weight, e.plugin_ref) for e in chosen.plugins]
-    types = {spec.type for spec, _, _ in used}
+    used = [(plugins[e.plugin_ref], e.weight) for e in chosen.plugins]
+    types = {spec.type for spec, _ in used}
     heuristics = [
         WeightedScorer(HEURISTIC_SCORERS[spec.type], weight)
-        for spec, weight, _ in used
+        for spec, weight in used
         if spec.type in HEURISTIC_SCORERS and weight > 0
     ]
     if "predicted-latency-scorer" not in types:
@@ -520,12 +532,9 @@ def build_policy(
             "in Python, a PredictorClient)"
         )
     require_predictor_client(predictor)
-    latency_spec, latency_weight, _ = next(u for u in used if u[0].type == "predicted-latency-scorer")
-    latency = _parameters(LatencyParameters, latency_spec, f"plugins.{latency_spec.ref}")
-    timeslice_spec = next((spec for spec, _, _ in used if spec.type == "timeslice-filter"), None)
-    timeslice = (
-        _parameters(TimesliceParameters, timeslice_spec, f"plugins.{timeslice_spec.ref}") if timeslice_spec else None
-    )
+    latency_weight = next(weight for spec, weight in used if spec.type == "predicted-latency-scorer")
+    latency: LatencyParameters = profile_parameters(config, profile, "predicted-latency-scorer")
+    timeslice: TimesliceParameters | None = profile_parameters(config, profile, "timeslice-filter")
     leadtime = LeadtimeConfig(
         name=chosen.name if chosen.name != "default" else "leadtime",
         inflight="inflight-accounting" in types,

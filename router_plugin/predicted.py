@@ -331,9 +331,12 @@ class LeadtimePolicy:
         """What the last decision that fell back to the heuristics fell back on (the gateway counts it by it)."""
 
     def attach(self, simulator: Any) -> None:
-        """Inside the simulator: read its time-slice groups unless another source was given."""
+        """Inside the simulator: read its time-slice groups unless another source was given. The simulated
+        orchestrator calls the serving job its own way (`timeslice.SERVING_JOB`), whatever `serving_job` calls a
+        real one's: a configuration written for a deployment runs in the simulator as it is."""
         if self.timeslice_source is None and hasattr(simulator, "status"):
             self.timeslice_source = simulator
+            self._residency.job = SERVING_JOB
 
     # ----- rows -------------------------------------------------------------------------------------------
 

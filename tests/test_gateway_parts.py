@@ -578,6 +578,40 @@ def test_a_group_whose_states_never_name_the_serving_job_is_warned_about_once(
     assert "training, vllm-inference" in warned[0] and "'inference'" in warned[0]
 
 
+def test_the_profiles_serving_job_is_the_job_the_gateway_takes_its_groups_by(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`servingJob: vllm` reached the policy alone: the gateway took a group LOCKED by vllm as parked (a heuristic
+    profile never routed to it, and its serving metric read 0) and warned to set the servingJob that was set."""
+    from leadtime.router_plugin.gateway.serve import RouteOptions, build_gateway
+
+    config = tmp_path / "plugins.yaml"
+    config.write_text(
+        "plugins: [{type: timeslice-filter, parameters: {servingJob: vllm}}, {type: queue-scorer}]\n"
+        "schedulingProfiles: [{name: q, plugins: [{pluginRef: timeslice-filter}, {pluginRef: queue-scorer}]}]\n"
+    )
+    states = tmp_path / "groups.yaml"
+    states.write_text("groups: {rl: {state: IDLE, active_job: '', loaded_job: training}}\n")
+    options = RouteOptions(
+        endpoints=("127.0.0.1:9,name=a,leadtime.io/timeslice-group=rl",),
+        config=config,
+        profile="q",
+        timeslice_file=states,
+        settings=GatewaySettings(timeslice_poll_s=0.001),
+    )
+    gateway = build_gateway(options)
+    gateway.scraper.scrapes["a"] = EndpointScrape(gateway.discovery.endpoints[0])
+
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.gateway"):
+        watch_timeslice(gateway)
+        states.write_text("groups: {rl: {state: LOCKED, active_job: vllm, loaded_job: vllm}}\n")
+        watch_timeslice(gateway)
+    assert gateway.settings.serving_job == "vllm"
+    assert gateway._group_state("rl") == "resident"
+    assert 'leadtime_router_timeslice_group_serving{group="rl"} 1.0' in gateway.metrics.render().decode()
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("leadtime")]
+
+
 def test_a_group_locked_by_the_serving_job_with_no_loaded_job_is_warned_about_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -415,6 +415,40 @@ def test_a_request_that_can_never_finish_is_counted_as_failed_and_the_others_com
     assert summary["slo_attainment"] == 0.75  # the failed request missed its SLO
 
 
+def test_the_serving_jobs_name_in_a_configuration_does_not_change_a_simulation() -> None:
+    """`servingJob` names the inference job as a real orchestrator reports it; the simulated one calls it its own
+    way. With `servingJob: vllm`, a predicted profile took every time-sliced endpoint as away for good."""
+    from leadtime.router_plugin.config import parse_config
+
+    away = {"distribution": "fixed", "value": 1000}
+    doc = {
+        "pools": [
+            {"name": "dedicated", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"},
+            {"name": "shared", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "timeslice_group": "c"},
+        ],
+        "timeslice_groups": {"c": {"resident_ms": {"distribution": "fixed", "value": 3_600_000}, "away_ms": away}},
+    }
+    fleet = parse_fleet(doc)
+    workload = [WorkloadRequest(i * 50.0, 2000, 50) for i in range(16)]
+    placed = {}
+    for job in ("inference", "vllm"):
+        config = parse_config(
+            {
+                "plugins": [
+                    {"type": "timeslice-filter", "parameters": {"servingJob": job}},
+                    {"type": "predicted-latency-scorer"},
+                ],
+                "schedulingProfiles": [
+                    {"plugins": [{"pluginRef": "timeslice-filter"}, {"pluginRef": "predicted-latency-scorer"}]}
+                ],
+            }
+        )
+        result = FleetSimulator(fleet, workload, make_policy("profile:default", 0, fleet, config)).run()
+        placed[job] = sorted((c.rid, c.endpoint_id) for c in result.completed)
+    assert any(endpoint == "shared-0" for _, endpoint in placed["inference"])
+    assert placed["vllm"] == placed["inference"]
+
+
 def test_a_request_unfinished_a_day_after_the_last_arrival_fails_and_the_run_ends_there() -> None:
     """A group away for a day (the longest a fleet file may say) took requests that needed many of its short
     resident windows: the run went on over weeks of simulated time, minutes of silence with other groups cycling.

@@ -157,6 +157,8 @@ class GatewaySettings:
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     serving_job: str = SERVING_JOB
+    """The inference job's name in the time-slice group states, by which the gateway takes each group as serving or
+    away: the chosen profile's `timeslice-filter` `servingJob` (`serve.build_gateway` sets it)."""
     chunk_bytes: int = 64
     connect_timeout_s: float = 2.0
     upstream_timeout_s: float = 600.0

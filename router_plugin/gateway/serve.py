@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
@@ -20,7 +21,14 @@ from leadtime.predictor.service.ports import check_port_free
 from leadtime.predictor.service.serve import check_tls_files
 from leadtime.predictor.store.redis_store import check_configuration, without_credentials
 from leadtime.router_plugin.client import PredictorClient
-from leadtime.router_plugin.config import SHIPPED_CONFIG, ConfigError, build_policy, load_config, profile_types
+from leadtime.router_plugin.config import (
+    SHIPPED_CONFIG,
+    ConfigError,
+    build_policy,
+    load_config,
+    profile_parameters,
+    profile_types,
+)
 from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
@@ -117,11 +125,15 @@ def build_gateway(
         if isinstance(predict_client, PulledModel):
             predict_client.metrics = metrics
     policy: RoutingPolicy
+    settings = options.settings
     if options.policy:
         policy = PLAIN_POLICIES[options.policy]()
     else:
         config = load_config(options.config or SHIPPED_CONFIG)
-        policy = build_policy(config, predictor, options.profile, catalog=options.settings.catalog)
+        policy = build_policy(config, predictor, options.profile, catalog=settings.catalog)
+        timeslice = profile_parameters(config, options.profile, "timeslice-filter")
+        if timeslice is not None:  # the gateway's own view of the groups (metrics, warnings, heuristic profiles)
+            settings = dataclasses.replace(settings, serving_job=timeslice.serving_job)
     if options.shadow:
         if predictor is None:
             raise ConfigError("--shadow: the policy's picks are predicted and learned: give a predictor")
@@ -129,7 +141,7 @@ def build_gateway(
     gateway = Gateway(
         discovery,
         policy,
-        options.settings,
+        settings,
         predictor,
         metrics=metrics,
         decide_in_thread=remote and predictor is not None and not isinstance(predict_client, PulledModel),
