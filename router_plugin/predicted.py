@@ -838,9 +838,10 @@ class LeadtimePolicy:
             self._observe(outcome)
 
     def forget_endpoint(self, endpoint_id: str) -> None:
-        """The endpoint left the fleet: drop what is kept of it by name. In Kubernetes endpoint names are pod
-        names, and every rollout would otherwise add entries for ever; its requests still in flight complete as
-        usual (the ledgers let go of them then)."""
+        """The endpoint left the fleet, or came back under its name at another server (a new pod, heard from and
+        sent nothing yet): drop what is kept of it by name. In Kubernetes endpoint names are pod names, and every
+        rollout would otherwise add entries for ever; its requests still in flight complete as usual (the ledgers
+        let go of them then)."""
         with self._lock:
             self._last_sent.pop(endpoint_id, None)
             self._last_heard.pop(endpoint_id, None)

@@ -441,26 +441,34 @@ def test_endpoints_renamed_by_discovery_leave_no_series_of_their_old_names(tmp_p
     assert after == {"a-2", "b-2"}
 
 
+class Forgetting(FirstByName):
+    """Records the endpoints the gateway tells it to forget."""
+
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+
+    def forget_endpoint(self, endpoint_id: str) -> None:
+        self.forgotten.append(endpoint_id)
+
+
+def closed_ports(n: int) -> list[int]:
+    """Ports nothing listens on (where discovery alone is watched, nothing needs to answer)."""
+    ports = []
+    for _ in range(n):
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            ports.append(closed.getsockname()[1])
+    return ports
+
+
 def test_the_policy_is_told_of_endpoints_discovery_no_longer_lists(tmp_path: Path) -> None:
     """Regression: the policy kept per-endpoint entries (when each endpoint was last sent a request, last heard
     from) for every pod name it ever saw: with each rollout they grew, and nothing told it a pod had gone."""
     path = tmp_path / "endpoints.json"
-
-    class Forgetting(FirstByName):
-        def __init__(self) -> None:
-            self.forgotten: list[str] = []
-
-        def forget_endpoint(self, endpoint_id: str) -> None:
-            self.forgotten.append(endpoint_id)
-
     policy = Forgetting()
 
     async def go() -> None:
-        ports = []
-        for _ in range(3):  # nothing needs to answer: discovery alone is watched
-            with socket.socket() as closed:
-                closed.bind(("127.0.0.1", 0))
-                ports.append(closed.getsockname()[1])
+        ports = closed_ports(3)
         write_endpoints(path, {"a-1": ports[0], "b-1": ports[1]})
         gateway = Gateway(FileDiscovery(path), policy, GatewaySettings(discovery_poll_s=0.02))  # type: ignore[arg-type]
         await gateway.start()
@@ -478,6 +486,48 @@ def test_the_policy_is_told_of_endpoints_discovery_no_longer_lists(tmp_path: Pat
             await gateway.stop()
 
     asyncio.run(go())
+    assert policy.forgotten == ["a-1"]
+
+
+def test_an_endpoint_back_under_its_name_at_another_address_starts_afresh(tmp_path: Path) -> None:
+    """A pod recreated under its StatefulSet name comes back at a new IP with an empty KV cache: the gateway went on
+    crediting it with the old server's prefix hits (and the policy with what it last sent there), until the LRU
+    pushed them out; a time-out the old server earned kept the new one out of routing."""
+    path = tmp_path / "endpoints.json"
+    policy = Forgetting()
+
+    async def go() -> tuple[int, int, bool]:
+        ports = closed_ports(3)
+        write_endpoints(path, {"a-1": ports[0], "b-1": ports[1]})
+        gateway = Gateway(FileDiscovery(path), policy, GatewaySettings(discovery_poll_s=0.02))  # type: ignore[arg-type]
+        key = gateway.affinity.key("You are a helpful assistant. " * 40)
+        await gateway.start()
+        try:
+            while set(gateway.scraper.scrapes) != {"a-1", "b-1"}:
+                await asyncio.sleep(0.01)
+            for name in ("a-1", "b-1"):
+                gateway.affinity.record(name, key)
+            for _ in range(CONSECUTIVE_FAILURES):
+                gateway.outliers.failed("a-1", "answered 500")
+            assert gateway.outliers.out("a-1")
+            write_endpoints(path, {"a-1": ports[2], "b-1": ports[1]})
+            while gateway.scraper.scrapes["a-1"].endpoint.port != ports[2]:
+                await asyncio.sleep(0.01)
+            for _ in range(200):  # told on the decision thread, soon after
+                if policy.forgotten:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await gateway.stop()
+        return (
+            gateway.affinity.hit_tokens("a-1", key),
+            gateway.affinity.hit_tokens("b-1", key),
+            gateway.outliers.out("a-1"),
+        )
+
+    moved, stayed, out = asyncio.run(go())
+    assert moved == 0 and stayed > 0
+    assert not out
     assert policy.forgotten == ["a-1"]
 
 

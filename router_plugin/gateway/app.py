@@ -215,6 +215,11 @@ class _Routed:
     through any hold and a first endpoint's failure; the TTFT learned counts from `sent_ms`."""
 
 
+def _moved(before: DiscoveredEndpoint, after: DiscoveredEndpoint) -> bool:
+    """Whether discovery now lists the endpoint at another server: another address, port or scheme."""
+    return (before.address, before.port, before.tls) != (after.address, after.port, after.tls)
+
+
 def _without_body(send: Send) -> Send:
     """`send` for a HEAD request: GET's status and headers (its Content-Length included), an empty body."""
 
@@ -467,12 +472,17 @@ class Gateway:
                 self.metrics.discovery_reloads.labels("error").inc()
             if changed:
                 known = [s.endpoint for s in self.scraper.scrapes.values()]  # as discovery listed them until now
-                gone = {e.endpoint_id for e in known} - {e.endpoint_id for e in self.discovery.endpoints}
-                for endpoint_id in gone:
+                listed = {e.endpoint_id: e for e in self.discovery.endpoints}
+                # gone, or back under the name at another server (a pod recreated under its StatefulSet name, at a
+                # new IP): what was learned of the old server (its prefix cache, its failures) is not the new one's
+                fresh = {
+                    e.endpoint_id for e in known if e.endpoint_id not in listed or _moved(e, listed[e.endpoint_id])
+                }
+                for endpoint_id in fresh:
                     self.affinity.forget(endpoint_id)
                     if self._forget_endpoint is not None:
                         self._policy_call(self._forget_endpoint, endpoint_id)
-                self.outliers.keep_only(e.endpoint_id for e in self.discovery.endpoints)
+                self.outliers.keep_only(set(listed) - fresh)
                 self.scraper.sync(self.discovery.endpoints)
                 # an address no endpoint has any more: its pool retired (one that another name took is still used)
                 left = {(e.address, e.port) for e in known} - {(e.address, e.port) for e in self.discovery.endpoints}
