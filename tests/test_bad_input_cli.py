@@ -387,6 +387,16 @@ def test_a_policy_given_twice_is_refused_naming_both_spellings(
     refused(args, f"policy {second!r} is {canonical}, given already as {first!r}: give each policy once")
 
 
+def test_a_plugin_configuration_no_policy_reads_is_refused(trace: Path, tmp_path: Path) -> None:
+    """`--policy round_robin --config FILE` ran round-robin alone, without a word of the configuration (a user
+    thinking it in effect compared a baseline); the file is not even read, so a broken one is not what is named."""
+    config = tmp_path / "plugins.yaml"
+    config.write_text("plugins: [{type: queue-scorer, weight: true}]\n")
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--config", str(config)]
+    line = refused([*args, "--policy", "round_robin", "--policy", "llm-d"], "--config: ", "--policy round_robin")
+    assert "profile:NAME" in line and "unused" in line
+
+
 def test_simulate_refuses_an_out_folder_that_holds_a_run_naming_its_files(trace: Path, tmp_path: Path) -> None:
     """A second run into the same folder silently replaced the first one's observations (50 rows became 20)."""
     out = tmp_path / "out"

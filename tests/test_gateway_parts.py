@@ -1043,6 +1043,14 @@ def test_lean_client_predicts_keeps_its_deadline_and_reports_refusals() -> None:
             ["--endpoint", "127.0.0.1:1", "--policy", "random", "--timeslice-url", "http://x:1/g"],
             "--timeslice-url: --policy random does not read time-slice states",
         ),
+        (  # a profile that does not exist was not even looked up: the plain policy routed
+            ["--endpoint", "127.0.0.1:1", "--policy", "round-robin", "--profile", "nope"],
+            "--profile: --policy round-robin does not read the plugin configuration, so it would go unused",
+        ),
+        (  # nor was the file read: a missing one is not what is named
+            ["--endpoint", "127.0.0.1:1", "--policy", "random", "--config", "nowhere.yaml", "--profile", "q"],
+            "--config and --profile: --policy random does not read the plugin configuration, so they would go unused",
+        ),
     ],
 )
 def test_route_refuses_bad_options_with_one_line(args: list[str], message: str) -> None:
@@ -1050,7 +1058,7 @@ def test_route_refuses_bad_options_with_one_line(args: list[str], message: str) 
 
     from leadtime.cli import app
 
-    result = CliRunner().invoke(app, ["route", *args])
+    result = CliRunner().invoke(app, ["route", "--port", "42451", *args])  # a refusal missed serves there, not on 8080
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
 

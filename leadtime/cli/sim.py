@@ -82,6 +82,7 @@ def simulate(
     from leadtime.simulator.cli import failure_warnings, print_simulation, run_simulate_command, slo_warnings
     from leadtime.simulator.engine import pools_never_joining
     from leadtime.simulator.fleet import load_fleet
+    from leadtime.simulator.learning_policies import PROFILE_PREFIX
     from leadtime.simulator.workload import describe_arrivals, rate_unit_warning
 
     if max_requests is not None and max_requests < 1:
@@ -95,7 +96,13 @@ def simulate(
         if output_dir(out):  # made by this run: removed on the way out (Ctrl-C, an error) if nothing was written
             ctx.call_on_close(lambda: remove_if_empty(out))
     known = catalog_option(catalog)
-    policies = policy or (["profile:default"] if config is not None else ["llm-d"])
+    policies = policy or ([f"{PROFILE_PREFIX}default"] if config is not None else ["llm-d"])
+    if config is not None and not any(name.startswith(PROFILE_PREFIX) for name in policies):
+        given = " ".join(f"--policy {name}" for name in policies)
+        fail(
+            f"--config: {given} {'does' if len(policies) == 1 else 'do'} not read the plugin configuration "
+            f"(--policy {PROFILE_PREFIX}NAME runs its profile NAME), so it would go unused"
+        )
     try:
         picker = load_config(config) if config is not None else None
         for line in picker.warnings if picker is not None else []:

@@ -81,7 +81,16 @@ def _chosen_types(options: RouteOptions) -> frozenset[str]:
 
 def needs_predictor(options: RouteOptions) -> bool:
     """Whether the chosen profile scores with predicted latency, or a policy that does not is shadowed;
-    ConfigError for a shadowed profile that predicts already, and for time-slice states nothing would read."""
+    ConfigError for a shadowed profile that predicts already, and for a plugin configuration or time-slice states
+    nothing would read."""
+    unread = [
+        flag for flag, given in (("--config", options.config), ("--profile", options.profile != "default")) if given
+    ]
+    if options.policy and unread:
+        raise ConfigError(
+            f"{' and '.join(unread)}: --policy {options.policy} does not read the plugin configuration, so "
+            f"{'they' if len(unread) > 1 else 'it'} would go unused"
+        )
     types = _chosen_types(options)
     if options.timeslice_file is not None or options.timeslice_url is not None:
         given = "--timeslice-file" if options.timeslice_file is not None else "--timeslice-url"
