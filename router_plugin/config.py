@@ -28,7 +28,8 @@ A profile with the predicted-latency scorer becomes a `LeadtimePolicy`; heuristi
 a weight add their weighted scores to its score on unified fleets (on P/D fleets pairs are ranked by the
 latency scorer alone). A profile without it is llm-d's heuristic pipeline. Every mistake is a `ConfigError`
 naming the field; what loads but has no effect (llm-d's keys and parameters Leadtime does not act on, a weight on
-a filter or picker, a parameter its `disaggregation` mode ignores) is in `PickerConfig.warnings`, a line each.
+a filter or picker, a parameter its `disaggregation` mode or another setting overrides, inflight-accounting beside
+heuristic scorers alone) is in `PickerConfig.warnings`, a line each.
 """
 
 from __future__ import annotations
@@ -384,6 +385,14 @@ def parse_config(data: object) -> PickerConfig:
                     f"schedulingProfiles[{i}].plugins[{j}].weight: {types[entry.plugin_ref]} is not a scorer, "
                     "so its weight has no effect"
                 )
+        if "predicted-latency-scorer" not in {types[r] for r in listed}:
+            notes.extend(
+                f"schedulingProfiles[{i}].plugins[{j}].pluginRef: inflight-accounting has no effect in profile "
+                f"{profile.name!r}, which has no predicted-latency-scorer: the heuristic scorers read each "
+                "endpoint's load as last scraped"
+                for j, entry in enumerate(profile.plugins)
+                if types[entry.plugin_ref] == "inflight-accounting"
+            )
         if not any(types[e.plugin_ref] in SCORER_TYPES and e.weight > 0 for e in profile.plugins):
             raise ConfigError(
                 f"schedulingProfiles[{i}]: profile {profile.name!r} has no scorer weighing above 0 "
@@ -465,6 +474,8 @@ def _mode_warnings(latency: LatencyParameters, where: str) -> list[str]:
         said.append(("localPrefillItlShare", "no effect with localPrefill: false (no decode endpoint prefills)"))
     if latency.overflow == "sink" and "overflow_cap" in given:
         said.append(("overflowCap", "no effect with overflow: sink, which never caps the overflow endpoint"))
+    if latency.comfort == 0 and "comfort_tolerance" in given:
+        said.append(("comfortTolerance", "no effect with comfort: 0, which never ranks candidates by mean TTFT"))
     return [f"{where}.parameters.{key}: {text}" for key, text in said]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.progress import TaskID
@@ -14,8 +14,9 @@ from leadtime.console import report_console
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.json_text import print_json
 from leadtime.progress import stderr_bar
-from leadtime.router_plugin.config import PickerConfig
+from leadtime.router_plugin.config import PickerConfig, profile_parameters
 from leadtime.simulator.fleet import Fleet, fastest_pass_ms
+from leadtime.simulator.learning_policies import PROFILE_PREFIX
 from leadtime.simulator.run import OutputsError, SimulationOptions, simulate
 from leadtime.simulator.workload import WorkloadRequest
 
@@ -91,6 +92,27 @@ def slo_warnings(fleet: Fleet, ttft_slo_ms: float, itl_slo_ms: float) -> list[st
                 f"{name} {slo:g} is below one pass over the model's weights ({floor:.1f} ms on this fleet's fastest "
                 "endpoint): no request can meet it; SLOs are in milliseconds (seconds given?)"
             )
+    return lines
+
+
+def overflow_warnings(config: PickerConfig, policies: Sequence[str], fleet: Fleet) -> list[str]:
+    """One line per `overflowEndpoints` entry of a `profile:NAME` policy that no endpoint of `fleet` is, as the
+    gateway warns of one no discovered endpoint is: a misspelling would leave the overflow to the candidates'
+    order, silently."""
+    ids = [e.endpoint_id for e in fleet.endpoints]
+    known = ", ".join(ids[:8]) + (", ..." if len(ids) > 8 else "")
+    lines: list[str] = []
+    for name in policies:
+        if not name.startswith(PROFILE_PREFIX):
+            continue
+        profile = name[len(PROFILE_PREFIX) :]
+        latency = profile_parameters(config, profile, "predicted-latency-scorer")
+        lines.extend(
+            f"profile {profile!r}: overflowEndpoints names {endpoint!r}, which no endpoint of the fleet is "
+            f"(its endpoints: {known})"
+            for endpoint in (latency.overflow_endpoints if latency is not None else ())
+            if endpoint not in ids
+        )
     return lines
 
 

@@ -1221,6 +1221,23 @@ def test_an_llmd_pd_handler_threshold_is_one_warning_line_naming_the_key(tmp_pat
     assert warnings[0].startswith(f"warning: {mine}: plugins[1].parameters.threshold: llm-d's pd-profile-handler")
 
 
+def test_overflow_endpoints_the_fleet_does_not_have_are_warned_about(tmp_path: Path, trace: Path) -> None:
+    """The gateway warns of an `overflowEndpoints` entry no endpoint has; `simulate` ran with one silently (a
+    misspelling leaves the overflow to the candidates' order)."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        "plugins: [{type: predicted-latency-scorer, parameters: {overflowEndpoints: [h100-0, nosuch-0]}}]\n"
+        "schedulingProfiles: [{name: mine, plugins: [{pluginRef: predicted-latency-scorer}]}]\n"
+    )
+    args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--config", str(mine), "--json"]
+    result = runner.invoke(app, [*args, "--policy", "profile:mine"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "overflowEndpoints" in line]
+    assert len(warnings) == 1, result.stderr
+    assert warnings[0].startswith(f"warning: {mine}: ") and "'nosuch-0'" in warnings[0], warnings
+    assert "'h100-0'" not in warnings[0]
+
+
 # ----- scale-out pools --------------------------------------------------------------------------------------
 
 LATE = POOL + "  - {name: late, count: 1, accelerator: h100-sxm, model: llama-3.1-8b, join_at_s: %s}\n"

@@ -576,6 +576,7 @@ def latency(parameters: dict[str, object]) -> dict[str, object]:
         ({"disaggregation": "decode-first", "localPrefillItlShare": 0.3}, "localPrefillItlShare", "decode-first"),
         ({"localPrefill": False, "localPrefillItlShare": 0.3}, "localPrefillItlShare", "localPrefill: false"),
         ({"overflow": "sink", "overflowCap": 3}, "overflowCap", "overflow: sink"),
+        ({"comfort": 0, "comfortTolerance": 0.5}, "comfortTolerance", "comfort: 0"),
     ],
 )
 def test_parameters_without_effect_in_their_mode_are_warned_about(
@@ -584,6 +585,24 @@ def test_parameters_without_effect_in_their_mode_are_warned_about(
     warnings = parse_config(latency(parameters)).warnings
     assert len(warnings) == 1 and warnings[0].startswith(f"plugins[0].parameters.{key}: "), warnings
     assert says in warnings[0]
+
+
+def test_inflight_accounting_in_a_profile_without_the_latency_scorer_is_warned_about() -> None:
+    """The heuristic scorers read each endpoint's load as last scraped (a heuristic profile keeps no ledger of what
+    it sent since): listed beside them, inflight-accounting loaded and changed nothing, without a word."""
+    config = {
+        "plugins": [{"type": "inflight-accounting"}, {"type": "queue-scorer"}, {"type": "predicted-latency-scorer"}],
+        "schedulingProfiles": [
+            {"name": "heuristic", "plugins": [{"pluginRef": "queue-scorer"}, {"pluginRef": "inflight-accounting"}]},
+            {
+                "name": "predicted",
+                "plugins": [{"pluginRef": "inflight-accounting"}, {"pluginRef": "predicted-latency-scorer"}],
+            },
+        ],
+    }
+    warnings = parse_config(config).warnings
+    assert len(warnings) == 1 and warnings[0].startswith("schedulingProfiles[0].plugins[1].pluginRef: "), warnings
+    assert "inflight-accounting" in warnings[0] and "'heuristic'" in warnings[0]
 
 
 def test_the_shipped_config_warns_of_nothing() -> None:

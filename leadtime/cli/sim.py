@@ -79,7 +79,13 @@ def simulate(
 ) -> None:
     """Replay a trace on a simulated fleet under one or more routing policies."""
     from leadtime.router_plugin.config import load_config
-    from leadtime.simulator.cli import failure_warnings, print_simulation, run_simulate_command, slo_warnings
+    from leadtime.simulator.cli import (
+        failure_warnings,
+        overflow_warnings,
+        print_simulation,
+        run_simulate_command,
+        slo_warnings,
+    )
     from leadtime.simulator.engine import pools_never_joining
     from leadtime.simulator.fleet import load_fleet
     from leadtime.simulator.learning_policies import PROFILE_PREFIX
@@ -114,6 +120,8 @@ def simulate(
                 warn(f"{flag} is ignored: the fleet states its SLO classes (slos), which apply instead")
         for line in slo_warnings(simulated, ttft_slo_ms, itl_slo_ms):
             warn(line)
+        for line in overflow_warnings(picker, policies, simulated) if picker is not None else []:
+            warn(f"{config}: {line}")
         report, replayed, unwritten = run_simulate_command(
             fleet,
             trace,
