@@ -21,6 +21,7 @@ line) takes `ADDRESS:PORT[,KEY=VALUE...]`, where a key is `name` or a label.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -131,6 +132,21 @@ class DiscoveredEndpoint:
         return f"{host}:{self.port}"
 
     @property
+    def server(self) -> tuple[str, int]:
+        """(host, port) the same however the host is spelled: a name in lower case without a trailing dot (DNS names
+        are case-insensitive), an IP address in its canonical form (`0:0:0:0:0:0:0:1` is `::1`, `::ffff:10.0.0.1`
+        is `10.0.0.1`); an IPv6 zone, which names an interface, is kept as written."""
+        address, sep, zone = self.address.partition("%")
+        host = address.lower().rstrip(".")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            return host + sep + zone, self.port
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return ip.compressed + sep + zone, self.port
+
+    @property
     def role(self) -> str:
         return self.labels.get(ROLE_LABEL, "both") or "both"
 
@@ -202,7 +218,7 @@ def parse_endpoints(data: object, catalog: Catalog = BUILT_IN) -> tuple[Discover
         raise DiscoveryError(_describe(err)) from None
     endpoints = []
     seen: set[str] = set()
-    servers: dict[str, str] = {}  # host:port → the endpoint listed there first
+    servers: dict[tuple[str, int], DiscoveredEndpoint] = {}  # each server → the endpoint listed there first
     for i, e in enumerate(spec.endpoints):
         _check_labels(i, e.labels, catalog)
         endpoint = DiscoveredEndpoint(e.name, e.address, int(e.port), e.namespace, dict(e.labels))
@@ -212,9 +228,12 @@ def parse_endpoints(data: object, catalog: Catalog = BUILT_IN) -> tuple[Discover
             raise DiscoveryError(f"endpoints[{i}].name: {err.problem}") from None
         if endpoint.endpoint_id in seen:
             raise DiscoveryError(f"endpoints[{i}].name: {endpoint.endpoint_id!r} is listed twice")
-        first = servers.setdefault(endpoint.host_port, endpoint.endpoint_id)
-        if first != endpoint.endpoint_id:  # one server under two names: its load would be counted twice
-            raise DiscoveryError(f"endpoints[{i}].address: {endpoint.host_port} is endpoint {first!r} already")
+        first = servers.setdefault(endpoint.server, endpoint)
+        if first is not endpoint:  # one server under two names: its load would be counted twice
+            spelled = "" if first.host_port == endpoint.host_port else f" (at {first.host_port})"
+            raise DiscoveryError(
+                f"endpoints[{i}].address: {endpoint.host_port} is endpoint {first.endpoint_id!r} already{spelled}"
+            )
         seen.add(endpoint.endpoint_id)
         endpoints.append(endpoint)
     roles = {e.role for e in endpoints}

@@ -108,6 +108,36 @@ def test_one_server_listed_under_two_names_is_refused() -> None:
     assert str(err.value) == "endpoints[1].address: 10.0.0.1:8000 is endpoint 'a' already"
 
 
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        ("Node1", "node1"),  # host names are case-insensitive
+        ("node1.example", "NODE1.example."),  # ... and a trailing dot names the same host
+        ("::1", "0:0:0:0:0:0:0:1"),
+        ("[2001:DB8::1]", "2001:db8:0::1"),
+        ("10.0.0.1", "::ffff:10.0.0.1"),  # an IPv4-mapped IPv6 address reaches the IPv4 one
+    ],
+)
+def test_one_server_listed_under_two_spellings_of_its_host_is_refused(first: str, second: str) -> None:
+    """Only the same text was caught: `Node1` and `node1`, `::1` and `0:0:0:0:0:0:0:1`, loaded as two servers."""
+    data = json.loads(json.dumps(ENDPOINTS))
+    data["endpoints"][0].update(address=first)
+    data["endpoints"][1].update(address=second, port=data["endpoints"][0]["port"])
+    with pytest.raises(DiscoveryError) as err:
+        parse_endpoints(data)
+    assert str(err.value).startswith("endpoints[1].address: "), err.value
+    assert "is endpoint 'a' already" in str(err.value)
+
+
+def test_a_link_local_address_on_two_interfaces_is_two_servers() -> None:
+    """The zone names the interface (case-sensitive, as Linux names them): only the address before it is
+    canonical."""
+    data = json.loads(json.dumps(ENDPOINTS))
+    data["endpoints"][0].update(address="fe80::1%eth0")
+    data["endpoints"][1].update(address="FE80::1%Eth0", port=data["endpoints"][0]["port"])
+    assert [e.endpoint_id for e in parse_endpoints(data)] == ["a", "serving/b"]
+
+
 def test_a_number_written_unquoted_as_a_label_is_its_text() -> None:
     data = yaml.safe_load(
         "endpoints:\n- {name: a, address: 127.0.0.1, port: 8000, labels: {leadtime.io/tensor-parallel: 2}}"

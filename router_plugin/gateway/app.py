@@ -216,8 +216,9 @@ class _Routed:
 
 
 def _moved(before: DiscoveredEndpoint, after: DiscoveredEndpoint) -> bool:
-    """Whether discovery now lists the endpoint at another server: another address, port or scheme."""
-    return (before.address, before.port, before.tls) != (after.address, after.port, after.tls)
+    """Whether discovery now lists the endpoint at another server: another host (not another spelling of it), port
+    or scheme."""
+    return (before.server, before.tls) != (after.server, after.tls)
 
 
 def _without_body(send: Send) -> Send:
