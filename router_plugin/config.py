@@ -256,6 +256,13 @@ class FallbackSpec(_Model):
     deadline_ms: Real = Field(default=DEFAULT_DEADLINE_MS, gt=0, le=60_000, allow_inf_nan=False, alias="deadlineMs")
     weights: dict[Literal[tuple(HEURISTIC_SCORERS)], Weight] = dict(LLMD_WEIGHTS)  # type: ignore[valid-type]
 
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _null_is_default(cls, value: object) -> object:
+        """`weights:` with every weight commented out is YAML's null: not given, so llm-d's (an empty mapping, which
+        weighs nothing, is refused)."""
+        return dict(LLMD_WEIGHTS) if value is None else value
+
 
 class PickerConfig(_Model):
     kind: Literal["EndpointPickerConfig"] = "EndpointPickerConfig"
@@ -271,6 +278,12 @@ class PickerConfig(_Model):
 
     _notes: list[str] = PrivateAttr(default_factory=list)
     """What loads but has no effect, found by `parse_config`: a line each, naming the key."""
+
+    @field_validator("fallback", mode="before")
+    @classmethod
+    def _null_is_empty(cls, value: object) -> object:
+        """`fallback:` with every child commented out is YAML's null: the defaults, as an empty mapping is."""
+        return {} if value is None else value
 
     @property
     def unused_llmd_keys(self) -> list[str]:

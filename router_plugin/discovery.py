@@ -82,7 +82,10 @@ class _EndpointSpec(BaseModel):
     @field_validator("labels", mode="before")
     @classmethod
     def _labels(cls, value: object) -> object:
-        """A number written unquoted in YAML (`leadtime.io/tensor-parallel: 2`) is the label's text."""
+        """A number written unquoted in YAML (`leadtime.io/tensor-parallel: 2`) is the label's text; `labels:` with
+        every label commented out (YAML's null, as JSON's `null`) is no labels, as llm-d's loader reads it."""
+        if value is None:
+            return {}
         if isinstance(value, dict):
             return {
                 k: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for k, v in value.items()

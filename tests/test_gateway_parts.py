@@ -147,6 +147,21 @@ def test_a_number_written_unquoted_as_a_label_is_its_text() -> None:
     assert endpoint.base_state("h100-sxm", "llama-3.1-8b").tensor_parallel == 2
 
 
+def test_labels_left_null_are_no_labels(tmp_path: Path) -> None:
+    """`labels:` with every label commented out is YAML's null (as `"labels": null` is JSON's): the whole file was
+    refused, a live reload kept the previous set, while llm-d's own loader reads it as no labels."""
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(
+        "endpoints:\n- name: a\n  address: 10.0.0.1\n  port: 8000\n  labels:\n    # llm-d.ai/role: decode\n"
+    )
+    (endpoint,) = FileDiscovery(path).endpoints
+    assert endpoint.labels == {} and endpoint.role == "both"
+    path = tmp_path / "endpoints.json"
+    path.write_text(json.dumps({"endpoints": [{"name": "a", "address": "10.0.0.1", "port": "8000", "labels": None}]}))
+    (endpoint,) = FileDiscovery(path).endpoints
+    assert endpoint.labels == {}
+
+
 def test_static_endpoints() -> None:
     (e,) = parse_static(["127.0.0.1:9000,name=x,llm-d.ai/role=prefill"])
     assert (e.endpoint_id, e.port, e.role) == ("x", 9000, "prefill")

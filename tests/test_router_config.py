@@ -10,7 +10,7 @@ import pytest
 import yaml
 from test_router_plugin import QueueModel, cand, req
 
-from leadtime.router_plugin.config import ConfigError, build_policy, load_config, parse_config
+from leadtime.router_plugin.config import ConfigError, FallbackSpec, build_policy, load_config, parse_config
 from leadtime.router_plugin.heuristics import ScoringPolicy
 from leadtime.router_plugin.predicted import LeadtimePolicy
 
@@ -356,6 +356,18 @@ def test_parameters_left_null_are_empty_parameters(tmp_path: Path) -> None:
     )
     policy = build_policy(load_config(mine), QueueModel())
     assert isinstance(policy, LeadtimePolicy) and policy.config.exploration == 0.02
+
+
+def test_a_fallback_left_null_is_the_default_fallback(tmp_path: Path) -> None:
+    """`fallback:` (or its `weights:`) with every child commented out is YAML's null: the file was refused as if
+    the block were misshapen, where `parameters:` left so loads as no parameters."""
+    mine = tmp_path / "mine.yaml"
+    profile = "plugins: [{type: queue-scorer}]\nschedulingProfiles: [{plugins: [{pluginRef: queue-scorer}]}]\n"
+    mine.write_text(profile + "fallback:\n  # deadlineMs: 50\n")
+    assert load_config(mine).fallback == FallbackSpec()
+    mine.write_text(profile + "fallback:\n  deadlineMs: 50\n  weights:\n    # queue-scorer: 1\n")
+    fallback = load_config(mine).fallback
+    assert fallback.deadline_ms == 50 and fallback.weights == FallbackSpec().weights
 
 
 # ----- llm-d's P/D configuration ---------------------------------------------------------------------------------
