@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
 # Longest problem text kept: a message quotes the bad value, and a hostile one (a string of megabytes) must not
 # come back whole in the answer or fill the log.
@@ -55,11 +55,29 @@ def problem_text(msg: object) -> str:
     return str(msg).removeprefix("Value error, ")
 
 
-def validation_problem(err: ValidationError) -> tuple[str, str]:
+def expected_mapping(model: type[BaseModel]) -> str:
+    """What a part of a file read into `model` should be, by the keys the file writes (the fields' aliases).
+
+    >>> from pydantic import BaseModel, Field
+    >>> class Plugin(BaseModel):
+    ...     plugin_ref: str = Field(alias="pluginRef")
+    ...     weight: float = 1.0
+    >>> expected_mapping(Plugin)
+    'expected a mapping {pluginRef, weight}'
+    """
+    return "expected a mapping {" + ", ".join(f.alias or name for name, f in model.model_fields.items()) + "}"
+
+
+def validation_problem(err: ValidationError, expected: Mapping[str, str] | None = None) -> tuple[str, str]:
     """(where, problem) of a pydantic ValidationError's first error, for a message that names the field: where
     as a `field_path` (empty for a check of several fields together), the problem without pydantic's
     "Value error, " prefix. Every edge that turns a validation error into an answer or a CLI message says it
     this one way.
+
+    `expected`, for a file's reader: what a misshapen part of the file should be, by its model's class name or by
+    the mapping field's name (`expected_mapping`). Pydantic's "a valid dictionary or instance of _GroupSpec" names
+    a class the file's author never sees: with `expected`, a part that is not its model's mapping is "expected a
+    mapping" whatever its class.
 
     >>> from pydantic import BaseModel, ValidationError, field_validator
     >>> class Plugin(BaseModel):
@@ -96,11 +114,18 @@ def validation_problem(err: ValidationError) -> tuple[str, str]:
     """
     errors = err.errors()
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    problem = problem_text(first["msg"])
+    where, problem = field_path(first["loc"]), problem_text(first["msg"])
     if first["type"] in ("literal_error", "enum"):
         got = repr(first.get("input"))
         problem += f", got {got if len(got) <= 60 else got[:57] + '...'}"
-    return field_path(first["loc"]), problem
+    for error in errors:
+        if expected is None or field_path(error["loc"]) != where:
+            continue
+        if error["type"] == "model_type":
+            problem = expected.get(error.get("ctx", {}).get("class_name", ""), "expected a mapping")
+        elif error["type"] == "dict_type" and error["loc"]:
+            problem = expected.get(str(error["loc"][-1]), problem)
+    return where, problem
 
 
 def without_index(message: str) -> str:

@@ -41,7 +41,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from leadtime.features.catalog import BUILT_IN, Catalog
-from leadtime.features.errors import field_path, validation_problem
+from leadtime.features.errors import expected_mapping, field_path, validation_problem
 from leadtime.features.rows import MAX_COUNT
 from leadtime.router_plugin.client import PredictorClient, require_predictor_client
 from leadtime.router_plugin.heuristics import ScoringPolicy, WeightedScorer, resident_filter
@@ -323,27 +323,19 @@ DEFAULT_CONFIG: dict[str, Any] = {
 
 
 EXPECTED = {
-    "PluginSpec": "expected a mapping {type, name, parameters}",
-    "ProfileSpec": "expected a mapping {name, plugins}",
-    "ProfilePlugin": "expected a mapping {pluginRef, weight}",
-    "FallbackSpec": "expected a mapping {deadlineMs, weights}",
+    **{model.__name__: expected_mapping(model) for model in (PluginSpec, ProfileSpec, ProfilePlugin, FallbackSpec)},
     "parameters": "expected a mapping of the plugin's parameters",
     "weights": "expected a mapping of scorer names to weights",
 }
-"""What a misshapen part of the file should be, by its model's class (pydantic's "a valid dictionary or instance
-of PluginSpec" names a class the file's author never sees) or by the mapping field's name."""
+"""What a misshapen part of the file should be, by its model's class or by the mapping field's name
+(`validation_problem`'s `expected`)."""
 
 
 def _describe(err: ValidationError) -> str:
-    where, problem = validation_problem(err)
+    where, problem = validation_problem(err, EXPECTED)
     for error in err.errors():
-        if field_path(error["loc"]) != where:
-            continue
-        if error["type"] == "model_type":
-            problem = EXPECTED.get(error.get("ctx", {}).get("class_name", ""), problem)
-        elif error["type"] == "dict_type" and error["loc"]:
-            problem = EXPECTED.get(str(error["loc"][-1]), problem)
-        elif error["type"] in ("float_type", "int_type"):  # strict: `true` or `"2"` given for a number
+        if field_path(error["loc"]) == where and error["type"] in ("float_type", "int_type"):
+            # strict: `true` or `"2"` given for a number
             got = repr(error.get("input"))
             problem += f", got {got if len(got) <= 40 else got[:40] + '…'}"
     return f"{where or 'config'}: {problem}"

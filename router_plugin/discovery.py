@@ -35,7 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from leadtime.features.catalog import BUILT_IN, Catalog
-from leadtime.features.errors import FeatureError, validation_problem
+from leadtime.features.errors import FeatureError, expected_mapping, validation_problem
 from leadtime.features.rows import MAX_TENSOR_PARALLEL, ROLES, EndpointState
 from leadtime.yaml_text import load_yaml, yaml_problem
 
@@ -174,8 +174,15 @@ class DiscoveredEndpoint:
         )
 
 
+EXPECTED = {
+    _EndpointSpec.__name__: expected_mapping(_EndpointSpec),
+    "labels": "expected a mapping of label names to values",
+}
+"""What a misshapen part of the file should be (`validation_problem`'s `expected`)."""
+
+
 def _describe(err: ValidationError) -> str:
-    where, problem = validation_problem(err)
+    where, problem = validation_problem(err, EXPECTED)
     return f"{where or 'file'}: {problem}"
 
 

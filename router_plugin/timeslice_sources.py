@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from leadtime.features.errors import FeatureError, validation_problem
+from leadtime.features.errors import FeatureError, expected_mapping, validation_problem
 from leadtime.features.rows import parse_timestamp
 from leadtime.router_plugin.discovery import MAX_FILE_BYTES
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
@@ -63,6 +63,12 @@ class _Document(BaseModel):
     groups: dict[str, _GroupSpec]
     now: float | None = None
 
+
+EXPECTED = {
+    _GroupSpec.__name__: expected_mapping(_GroupSpec),
+    "groups": "expected a mapping of group names to their states",
+}
+"""What a misshapen part of the document should be (`validation_problem`'s `expected`)."""
 
 _EARLIEST_S = 946_684_800.0  # 2000-01-01T00:00:00Z
 
@@ -102,7 +108,7 @@ def parse_groups(data: object, router_now_ms: float, wall_now_s: float) -> dict[
     try:
         doc = _Document.model_validate(data)
     except ValidationError as err:
-        where, problem = validation_problem(err)
+        where, problem = validation_problem(err, EXPECTED)
         raise TimesliceError(f"{where or 'document'}: {problem}") from None
     # how long ago each `since` was is reckoned on the orchestrator's clock when the document says what it read
     now_s = wall_now_s if doc.now is None else _epoch_time(doc.now, "now")

@@ -147,6 +147,23 @@ def test_a_number_written_unquoted_as_a_label_is_its_text() -> None:
     assert endpoint.base_state("h100-sxm", "llama-3.1-8b").tensor_parallel == 2
 
 
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        ({"endpoints": ["vllm-0"]}, "endpoints[0]: expected a mapping {name, namespace, address, port, labels}"),
+        (
+            {"endpoints": [{"name": "a", "address": "10.0.0.1", "port": 8000, "labels": ["llm-d.ai/role"]}]},
+            "endpoints[0].labels: expected a mapping of label names to values",
+        ),
+    ],
+)
+def test_a_misshapen_endpoint_says_what_it_expects(data: object, expected: str) -> None:
+    """ "Input should be a valid dictionary or instance of _EndpointSpec" named a class no file's author sees."""
+    with pytest.raises(DiscoveryError) as err:
+        parse_endpoints(data)
+    assert str(err.value) == expected
+
+
 def test_labels_left_null_are_no_labels(tmp_path: Path) -> None:
     """`labels:` with every label commented out is YAML's null (as `"labels": null` is JSON's): the whole file was
     refused, a live reload kept the previous set, while llm-d's own loader reads it as no labels."""
@@ -546,6 +563,21 @@ def test_group_states_come_on_the_routers_clock(tmp_path: Path) -> None:
     path.write_text("groups: {rl: {state: NOPE}}")
     source.poll()
     assert source.errors == 1 and source.status("rl") is not None  # the previous states are kept
+
+
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        ({"groups": {"rl": None}}, "groups.rl: expected a mapping {state, active_job, loaded_job, waiters, since}"),
+        ({"groups": {"rl": ["LOCKED"]}}, "groups.rl: expected a mapping {state, active_job, loaded_job, waiters, "),
+        ({"groups": ["rl"]}, "groups: expected a mapping of group names to their states"),
+    ],
+)
+def test_misshapen_group_states_say_what_they_expect(data: object, expected: str) -> None:
+    """ "Input should be a valid dictionary or instance of _GroupSpec" named a class no orchestrator's author sees."""
+    with pytest.raises(TimesliceError) as err:
+        parse_groups(data, 0.0, WALL)
+    assert str(err.value).startswith(expected), err.value
 
 
 def test_a_misspelled_key_in_the_group_states_is_named_in_a_warning(
