@@ -86,8 +86,8 @@ def leave_while_frozen(begin: Callable[[Writer], None], path: str) -> tuple[int 
                     sample.labels["code"]: int(sample.value)
                     for metric in gateway.metrics.requests.collect()
                     for sample in metric.samples
-                    if sample.name.endswith("_total") and sample.labels["path"] == path
-                }
+                    if sample.name.endswith("_total") and sample.labels["path"] == path and sample.value
+                }  # codes that counted a request (200 is exported at 0 from the start)
                 assert gateway.in_flight == 0
                 return status, after_s, with_endpoint_closed, codes
         finally:
