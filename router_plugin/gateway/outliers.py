@@ -17,8 +17,9 @@ So the gateway counts what each endpoint does with the requests it is sent:
   than answer every request 503 for up to 300 s (`app.Gateway.routable`, `PANIC_SHARE`).
 
 Each change is logged once, counted (`endpoint_ejections_total`), shown by `endpoint_routable` and named under
-`/readyz`'s `degraded`. When every endpoint is out, the gateway answers 503 with Retry-After at once rather than
-sending clients to endpoints known to fail.
+`/readyz`'s `degraded`. Ejections alone never leave a request without an endpoint: with every endpoint out, all
+of them are routed to (the panic threshold above), and clients get what the endpoints answer, not a 503 of the
+gateway's.
 """
 
 from __future__ import annotations
