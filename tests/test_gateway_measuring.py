@@ -221,9 +221,10 @@ def test_a_non_streaming_request_is_answered_whole_and_learned_from() -> None:
     assert [o.output_tokens for o in policy.outcomes] == [5, 4]
     assert all(o.ttft_ms > 0 and o.itl_ms > 0 for o in policy.outcomes)
     assert len(policy.abandoned) == 2
-    # Refused before any stream, the third was answered whole too.
-    assert counted(samples, "leadtime_router_non_streaming_total", measured="true") == 2
-    assert counted(samples, "leadtime_router_non_streaming_total", measured="false") == 2
+    # measured="false" counts the requests sent on unchanged, the logprobs one: not the third, which went on as a
+    # stream and was refused before any (counted there, it read as measuring switched off for a request that was not)
+    assert counted(samples, "leadtime_router_non_streaming_total", measured="true") == 3
+    assert counted(samples, "leadtime_router_non_streaming_total", measured="false") == 1
 
 
 def test_not_measuring_sends_the_request_unchanged_and_learns_nothing() -> None:

@@ -1399,7 +1399,8 @@ class Gateway:
         meter = StreamMeter(None if assembler is None else assembler.add, hide_usage=parsed.hide_usage)
         timeout = self.settings.upstream_timeout_s
         if not parsed.stream:
-            self.metrics.non_streaming.labels("true" if assembler is not None else "false").inc()
+            # by what was sent: a request sent on as a stream and answered with an error whole was meant measured
+            self.metrics.non_streaming.labels("true" if parsed.upstream_body is not None else "false").inc()
         response.stop_when(watch.gone)
         if not streaming:
             try:

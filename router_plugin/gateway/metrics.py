@@ -176,7 +176,8 @@ class GatewayMetrics:
         )
         self.non_streaming = Counter(
             f"{p}_non_streaming",
-            "Non-streaming requests, by whether they were measured (sent on as streams) or answered whole.",
+            "Non-streaming requests, by whether they were sent on as streams, to be measured, or unchanged, to be "
+            "answered whole.",
             ["measured"],
             registry=r,
         )
