@@ -4,10 +4,12 @@ answered as the endpoint answers, in front of real `sim serve` endpoints."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 import httpx
 from inprocess_gateway import Scenario, counted, through_gateway
+from raw_endpoint import gateway_in_front, next_request
 
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
@@ -131,3 +133,47 @@ def test_a_pd_fleet_without_its_decode_pool_is_a_503_saying_so_and_not_ready() -
     assert reply.status_code == 503 and reply.json()["error"]["param"] == "endpoints"
     assert "no decode endpoint" in reply.json()["error"]["message"]
     assert ready.status_code == 503 and "prefill" in ready.json()["reason"]
+
+
+MODELS = b'{"object":"list","data":[{"id":"m"}]}'
+
+
+async def checks_the_key(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An endpoint guarding its `/v1` paths with the bearer token `k1`, as `vllm serve --api-key k1` does."""
+    # cancelled as the test's loop ends, with a connection open: quietly (asyncio logs a cancelled handler)
+    with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+        while (head := await next_request(reader, writer)) is not None:
+            shown = b"\r\nauthorization: bearer k1\r\n" in head.lower()
+            status, body = (b"200 OK", MODELS) if shown else (b"401 Unauthorized", b'{"error":"Unauthorized"}')
+            head_out = (
+                b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nx-request-id: r1\r\ncontent-length: %d\r\n\r\n"
+            )
+            writer.write(head_out % (status, len(body)) + body)
+            await writer.drain()
+
+
+def test_the_models_list_goes_to_the_endpoint_with_the_clients_key() -> None:
+    """Regression: GET /v1/models went on with none of the client's headers: behind endpoints started with
+    --api-key (vLLM guards every /v1 path with it), a client showing the right key was answered 401, while its
+    completions, sent on with its headers, were served."""
+
+    async def go() -> tuple[httpx.Response, httpx.Response]:
+        server = await asyncio.start_server(checks_the_key, "127.0.0.1", 0)
+        settings = GatewaySettings(api_keys=("k1",))
+        try:
+            async with gateway_in_front(server.sockets[0].getsockname()[1], settings) as gateway:
+                transport = httpx.ASGITransport(app=gateway)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                    models = await client.get("/v1/models", headers={"authorization": "Bearer k1"})
+                    completion = await client.post(
+                        "/v1/completions", json={"prompt": "hi"}, headers={"authorization": "Bearer k1"}
+                    )
+                    return models, completion
+        finally:
+            server.close()
+
+    models, completion = asyncio.run(go())
+    assert completion.status_code == 200  # the endpoint takes the key on the other paths
+    assert models.status_code == 200, models.text
+    assert models.content == MODELS
+    assert models.headers["x-request-id"] == "r1"  # its headers come back, as on every path sent on

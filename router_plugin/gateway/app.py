@@ -735,7 +735,7 @@ class Gateway:
         elif path == "/readyz":
             await self._readyz(send)
         elif path == "/v1/models" and method == "GET":
-            await self._models(send)
+            await self._models(scope, send)
         elif path in PASSED_THROUGH:
             await self._pass_through(scope, receive, send)
         else:
@@ -859,21 +859,27 @@ class Gateway:
                 refusal["degraded"] = named
             await self._reply(send, 503, refusal)
 
-    async def _models(self, send: Send) -> None:
-        """Every endpoint serves the same models (as in an llm-d pool): the first that answers says which."""
-        status = await self._first_models(send)
+    async def _models(self, scope: Scope, send: Send) -> None:
+        """Every endpoint serves the same models (as in an llm-d pool): the first that answers says which, asked
+        with the client's headers as every path sent on is (an endpoint checking the client's key guards this one
+        too)."""
+        status = await self._first_models(scope, send)
         self.metrics.requests.labels("/v1/models", str(status)).inc()
 
-    async def _first_models(self, send: Send) -> int:
+    async def _first_models(self, scope: Scope, send: Send) -> int:
+        forward = end_to_end(scope["headers"])
         for scrape in self.routable():
             e = scrape.endpoint
             try:
                 pool = self.upstreams.pool(e.address, e.port, e.tls)
-                response = await pool.request("GET", "/v1/models", timeout_s=5.0)
+                response = await pool.request("GET", "/v1/models", forward, timeout_s=5.0)
                 body = await response.read(5.0)
             except UpstreamError:
                 continue
-            await self._plain(send, response.status, body, response.header(b"content-type") or b"application/json")
+            # its headers too: asked with the client's (an Accept-Encoding among them), the body may be encoded
+            kept = [(k, v) for k, v in end_to_end(response.headers) if k.lower() != b"content-type"]
+            content_type = response.header(b"content-type") or b"application/json"
+            await self._plain(send, response.status, body, content_type, kept)
             return response.status
         await self._refuse(send, 503, "no endpoint can be routed to", "endpoints")
         return 503
