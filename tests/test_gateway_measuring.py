@@ -552,6 +552,66 @@ def test_slo_attainment_is_the_clients_wait_a_retry_included() -> None:
     assert counted(samples, "leadtime_router_slo_total", target="ttft", result="met") == 0
 
 
+def sse(*events: dict[str, Any]) -> bytes:
+    """`events` as one chunk of an event stream."""
+    data = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def streams_a_tool_call(go_on: asyncio.Event) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]:
+    """An endpoint answering a chat with a tool call, as vLLM streams one (`delta.tool_calls`, no content): the
+    call's name, then, once `go_on` is set, its arguments, the finish and the usage."""
+
+    def delta(piece: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": piece, "finish_reason": finish}]}
+
+    named = {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]}
+    argued = {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]}
+    usage = {"choices": [], "usage": {"prompt_tokens": 900, "completion_tokens": 2, "total_tokens": 902}}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while await next_request(reader, writer) is not None:
+                writer.write(STREAM_HEAD + sse(delta({"role": "assistant", "content": ""}), delta(named)))
+                await writer.drain()
+                await go_on.wait()
+                writer.write(sse(delta(argued), delta({}, "tool_calls"), usage) + sse() + b"0\r\n\r\n")
+                await writer.drain()
+
+    return handle
+
+
+def test_a_streamed_tool_call_is_measured_and_its_prompt_is_no_longer_prefill_work_once_it_starts() -> None:
+    """Regression: a chat answered with a tool call, streamed, was never measured (no TTFT, ITL, SLO judgement or
+    outcome: its deltas carry `tool_calls`, no text), and the work tracker held its prompt as prefill work waiting
+    on the endpoint for its whole decode, steering the policy away from an endpoint busy with tool calls."""
+    policy = Recording()
+    go_on = asyncio.Event()
+    prompt = "what is the weather like " * 100
+
+    async def go() -> tuple[tuple[int, int], httpx.Response, dict[str, Any]]:
+        async with hand_written(policy, a=streams_a_tool_call(go_on)) as gateway:
+            transport = httpx.ASGITransport(app=gateway)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                body = {"messages": [{"role": "user", "content": prompt}], "stream": True, "tools": [{"type": "x"}]}
+                request = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
+                work = gateway.work.tokens("a", published_ms=float("inf"))
+                deadline = asyncio.get_running_loop().time() + 5
+                while work[1] == 0 and asyncio.get_running_loop().time() < deadline:  # until it counts as decoding
+                    await asyncio.sleep(0.01)
+                    work = gateway.work.tokens("a", published_ms=float("inf"))
+                go_on.set()
+                response = await request
+                return work, response, parse_samples((await client.get("/metrics")).text)
+
+    (prefill, decode), response, samples = asyncio.run(go())
+    assert response.status_code == 200 and '"arguments":"{\\"city\\": \\"Oslo\\"}"' in response.text
+    assert prefill == 0 and decode > 500, (prefill, decode)  # after the tool call's first delta: its prompt decodes
+    (outcome,) = policy.outcomes
+    assert outcome.output_tokens == 2 and outcome.ttft_ms > 0
+    assert counted(samples, "leadtime_router_ttft_seconds_count", kind="actual") == 1
+
+
 def test_the_itl_and_ttft_buckets_resolve_the_range_they_usually_fall_in() -> None:
     """Mean ITLs of 8B models on H100/H200 fall between 5 and 10 ms: buckets jumping from 5 to 10 ms put 99% of them
     in one, and the median panel drew its midpoint, 7.5 ms, whatever the ITL. From 2 to 20 ms the ITL buckets are

@@ -356,6 +356,26 @@ def test_every_text_field_the_assembler_joins_is_one_the_meter_counts(field: str
     assert assembler.body()["choices"][0]["message"][field] == "xy"
 
 
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+        {"function_call": {"arguments": "{}"}},
+    ],
+    ids=["tool-call-named", "tool-call-arguments", "legacy-function-call"],
+)
+def test_stream_meter_counts_a_streamed_tool_call_as_tokens(delta: dict[str, Any]) -> None:
+    """Regression: an answer streamed as tool calls (`delta.tool_calls`, content empty, as vLLM streams them) had
+    no token: no TTFT, no ITL, and its prompt counted as prefill work waiting on its endpoint until it completed."""
+    meter = StreamMeter()
+    meter.feed(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n', 1.0)
+    for at in (5.0, 9.0):
+        meter.feed(b"data: " + json.dumps({"choices": [{"index": 0, "delta": delta}]}).encode() + b"\n\n", at)
+    meter.feed(b'data: {"choices":[{"index":0,"delta":{"tool_calls":[]},"finish_reason":"tool_calls"}]}\n\n', 12.0)
+    assert (meter.events, meter.first_ms, meter.last_ms) == (2, 5.0, 9.0)  # an empty list is no piece of one
+
+
 def test_stream_meter_reads_usage_of_a_whole_answer() -> None:
     meter = StreamMeter()
     meter.feed_json(b'{"choices": [{"text": "x"}], "usage": {"prompt_tokens": 4, "completion_tokens": 1}}')

@@ -2,12 +2,12 @@
 
 The stream is `data: {json}` events separated by blank lines, ending with `data: [DONE]`. An event whose choices
 carry text (`text`, or in chat `delta.content`, or a reasoning model's thinking, `delta.reasoning` /
-`delta.reasoning_content`: `TEXT_FIELDS`) is a token; its arrival time at the gateway is when the gateway saw the
-bytes. TTFT is the first token's time less when the request was sent to its endpoint; ITL is the mean gap between
-the first and the last token. A final usage event (`stream_options.include_usage`) gives the
-exact token counts, which replace the count of token events (an event may carry more than one token). The gateway
-asks for that event when the client did not (`requests.parse_request`), and then keeps it from the client
-(`hide_usage`).
+`delta.reasoning_content`: `TEXT_FIELDS`) or a piece of a tool call (`TOOL_FIELDS`) is a token; its arrival time at
+the gateway is when the gateway saw the bytes. TTFT is the first token's time less when the request was sent to its
+endpoint; ITL is the mean gap between the first and the last token. A final usage event
+(`stream_options.include_usage`) gives the exact token counts, which replace the count of token events (an event
+may carry more than one token). The gateway asks for that event when the client did not (`requests.parse_request`),
+and then keeps it from the client (`hide_usage`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ TEXT_FIELDS = ("text", "content", "reasoning_content", "reasoning")
 """The fields of a choice (in chat, of its delta) that carry a piece of the answer's text: an event with one that is
 not empty is a token, and a non-streaming answer's text is each joined in order (`assemble`). A reasoning model's
 thinking is tokens too: `reasoning` (newer vLLM) or `reasoning_content`."""
+TOOL_FIELDS = ("tool_calls", "function_call")
+"""The fields of a chat delta that carry a piece of a tool call (its name, its arguments) rather than text: an answer
+that calls a tool streams in them alone, and is generated token by token as any other."""
 USAGE_ASKED = {"include_usage": True}
 """The `stream_options` that ask an OpenAI-compatible server for the usage event at the end of a stream."""
 
@@ -113,7 +116,7 @@ class StreamMeter:
                 return False
         if "error" in obj:
             self.error = str(obj["error"])[:200]
-        texts = [c for c in obj.get("choices") or () if _has_text(c)]
+        texts = [c for c in obj.get("choices") or () if _has_token(c)]
         if texts:
             self.events += 1
             self._choices.update(choice_index(c) for c in texts)
@@ -152,17 +155,22 @@ class StreamMeter:
         return (self.last_ms - self.first_ms) / (n - 1)
 
 
-def _has_text(choice: Any) -> bool:
-    """Whether a choice carries a piece of text (`TEXT_FIELDS`), itself or in its delta.
+def _has_token(choice: Any) -> bool:
+    """Whether a choice carries a piece of the answer: text (`TEXT_FIELDS`), itself or in its delta, or a piece of a
+    tool call (`TOOL_FIELDS`, in its delta).
 
-    >>> _has_text({"delta": {"reasoning": "hm"}}), _has_text({"text": ""}), _has_text({"delta": {"role": "x"}})
+    >>> _has_token({"delta": {"reasoning": "hm"}}), _has_token({"text": ""}), _has_token({"delta": {"role": "x"}})
     (True, False, False)
+    >>> _has_token({"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}})
+    True
     """
     if not isinstance(choice, dict):
         return False
     delta = choice.get("delta")
     pieces = (choice, delta) if isinstance(delta, dict) else (choice,)
-    return any(piece.get(name) for piece in pieces for name in TEXT_FIELDS)
+    if any(piece.get(name) for piece in pieces for name in TEXT_FIELDS):
+        return True
+    return isinstance(delta, dict) and any(delta.get(name) for name in TOOL_FIELDS)
 
 
 def choice_index(choice: dict[str, Any]) -> int:
