@@ -20,6 +20,7 @@ from threaded_server import serve_in_a_thread
 
 from leadtime.bench.procs import Route
 from leadtime.features.vllm_metrics import parse_samples
+from leadtime.router_plugin.gateway import upstream
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.client_watch import ClientLeft, ClientWatch
 from leadtime.router_plugin.gateway.upstream import UpstreamError, UpstreamPool
@@ -481,6 +482,93 @@ def test_a_reused_connection_closed_before_answering_is_retried_once_on_a_new_on
     assert asyncio.run(go(True)) == ([(200, b"ok"), (200, b"ok")], 2)
     # the new connection fails too: no third try, the request's failure is said (nothing was answered)
     assert asyncio.run(go(False)) == ([(200, b"ok"), ("reset", False)], 2)
+
+
+def drops_posts(heads: list[bytes]) -> Callable[..., Awaitable[None]]:
+    """An endpoint that answers a GET, and reads a POST whole and closes its connection without a word (a request
+    that crashes it: a "query of death"); keeps the head of every request it read."""
+
+    async def handle(reader: asyncio.StreamReader, writer: Writer) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while (head := await next_request(reader, writer)) is not None:
+                heads.append(head)
+                if head.startswith(b"POST"):
+                    writer.close()
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+
+    return handle
+
+
+def test_a_post_read_by_an_endpoint_that_dropped_its_connection_is_not_sent_again_by_the_pool() -> None:
+    """Regression: on a reused connection, a POST the endpoint read and then closed the connection on was sent again
+    on a new one (taken for an idle connection the endpoint had closed): a request that crashes its endpoint went to
+    each endpoint twice, four sends for one client request. A GET is still sent again (nothing to repeat)."""
+
+    async def go() -> tuple[list[bytes], tuple[str, bool]]:
+        heads: list[bytes] = []
+        server = await asyncio.start_server(drops_posts(heads), "127.0.0.1", 0)
+        pool = UpstreamPool("127.0.0.1", server.sockets[0].getsockname()[1])
+        try:
+            response = await pool.request("GET", "/", timeout_s=2.0)  # leaves its connection idle, to be reused
+            assert await response.read(2.0) == b"ok"
+            with pytest.raises(UpstreamError) as failed:
+                await pool.request("POST", "/v1/completions", body=b"{}", timeout_s=2.0)
+            return heads, (failed.value.kind, failed.value.responded)
+        finally:
+            pool.close()
+            server.close()
+
+    heads, failure = asyncio.run(go())
+    assert [h.split(b" ")[0] for h in heads] == [b"GET", b"POST"]
+    assert failure == ("reset", False)
+
+
+def test_a_request_whose_endpoint_dropped_it_reaches_it_once() -> None:
+    """Through the gateway, in front of one endpoint whose connection its scrapes keep in use: one send."""
+    heads: list[bytes] = []
+    (response,), _, _ = through(drops_posts(heads), completions(STREAMING))
+    assert response.status_code == 503  # failed before answering, and no other endpoint to send it to
+    assert len([h for h in heads if h.startswith(b"POST")]) == 1
+
+
+def keeps_connections(connections: list[int]) -> Callable[..., Awaitable[None]]:
+    """An endpoint answering every request of a connection, however many; counts its connections."""
+
+    async def handle(reader: asyncio.StreamReader, writer: Writer) -> None:
+        connections.append(1)
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while await next_request(reader, writer) is not None:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                await writer.drain()
+
+    return handle
+
+
+@pytest.mark.parametrize(("idle_s", "connections"), [(0.0, 1), (0.3, 2)], ids=["reused", "idle-too-long"])
+def test_a_connection_idle_as_long_as_endpoints_keep_one_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch, idle_s: float, connections: int
+) -> None:
+    """A POST is not sent again when its connection turns out closed (above): a connection idle for as long as
+    vLLM's server keeps one before closing it is not used, so that no request goes out on one being closed."""
+    monkeypatch.setattr(upstream, "IDLE_REUSE_S", 0.1)
+
+    async def go() -> int:
+        opened: list[int] = []
+        server = await asyncio.start_server(keeps_connections(opened), "127.0.0.1", 0)
+        pool = UpstreamPool("127.0.0.1", server.sockets[0].getsockname()[1])
+        try:
+            for _ in range(2):
+                response = await pool.request("POST", "/v1/completions", body=b"{}", timeout_s=2.0)
+                assert await response.read(2.0) == b"ok"
+                await asyncio.sleep(idle_s)
+        finally:
+            pool.close()
+            server.close()
+        return len(opened)
+
+    assert asyncio.run(go()) == connections
 
 
 CUT_JSON = b'{"data":[{"embedding":[' + b"0.1," * 25

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -22,6 +23,15 @@ Headers = list[tuple[bytes, bytes]]
 _PAUSE_BYTES = 1 << 20
 REQUEST_FAILURE_KINDS = ("connect", "timeout", "reset", "malformed", "upgrade")
 """The `kind` of an UpstreamError a request sent on can fail with: the `kind` label of upstream_errors."""
+SENT_AGAIN_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
+"""Requests sent again on a new connection when the one they went out on closes before any byte of the answer: an
+endpoint may have read such a request before closing (a request that crashes it), and only these are safe to repeat
+(RFC 9110 9.2.2). A POST that generates tokens is not: sent again, a request that crashes its endpoint would
+crash it twice (the gateway itself decides again, once, on another endpoint)."""
+IDLE_REUSE_S = 4.0
+"""Idle connections are reused this long at most, then closed: under the 5 s after which uvicorn, vLLM's server,
+closes an idle one, so that a request (a POST is not sent again, `SENT_AGAIN_METHODS`) does not go out on a connection
+the endpoint is closing at that moment."""
 
 
 class UpstreamError(Exception):
@@ -138,6 +148,8 @@ class _Connection(asyncio.Protocol):
         self.headers_ready: asyncio.Future[Response] | None = None
         self.closed = False
         self.paused = False
+        self.idle_since = 0.0
+        """When it was last released to the pool (`time.monotonic()`)."""
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -303,7 +315,19 @@ class UpstreamPool:
         if connection.closed or self.retired or len(self._idle) >= self.max_idle:
             connection.abort()
         elif connection not in self._idle:
+            connection.idle_since = time.monotonic()
             self._idle.append(connection)
+
+    def _reusable(self) -> _Connection | None:
+        """The idle connection released last, closing those idle longer than `IDLE_REUSE_S` on the way; None when
+        none is left."""
+        now = time.monotonic()
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed and now - connection.idle_since <= IDLE_REUSE_S:
+                return connection
+            connection.abort()
+        return None
 
     def _discard(self, connection: _Connection) -> None:
         self._all.discard(connection)
@@ -327,13 +351,16 @@ class UpstreamPool:
     ) -> Response:
         """Send a request; returns once the response's status and headers are in.
 
-        A reused connection that turns out closed before any byte of the response is retried once on a new one
-        (the endpoint closed it while idle); any other failure raises UpstreamError.
+        A request of `SENT_AGAIN_METHODS` on a reused connection that turns out closed before any byte of the
+        response is sent again once on a new one (the endpoint closed it while idle); any other failure raises
+        UpstreamError.
         """
         data = self.encode(method, path, headers, body)
         for attempt in (0, 1):
-            reused = bool(self._idle)
-            connection = self._idle.pop() if reused else await self._connect()
+            connection = self._reusable()
+            reused = connection is not None
+            if connection is None:
+                connection = await self._connect()
             if connection.closed:
                 continue
             waiter = connection.send(data)
@@ -346,7 +373,8 @@ class UpstreamPool:
                 connection.abort()
                 raise
             except UpstreamError as err:
-                if reused and attempt == 0 and not err.responded and err.kind == "reset":
+                again = method in SENT_AGAIN_METHODS
+                if again and reused and attempt == 0 and not err.responded and err.kind == "reset":
                     continue
                 raise
         raise UpstreamError("reset", f"{self.host}:{self.port} closed the connection")
