@@ -389,6 +389,7 @@ def test_only_a_refused_connection_is_told_apart_as_refused() -> None:
 
     err = asyncio.run(go())
     assert err.kind == "connect" and err.refused
+    assert str(err).endswith(": connection refused")  # said so on any event loop (asyncio's: "Connect call failed")
     assert not UpstreamError("connect", "did not accept within 2 s").refused
 
 

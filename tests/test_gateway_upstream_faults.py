@@ -111,7 +111,8 @@ def test_a_malformed_response_is_logged_naming_the_endpoint_and_counted(caplog: 
         responses, samples, _ = through(endpoint(garbage), completions(STREAMING, NON_STREAMING, STREAMING))
     for response in responses:
         assert response.status_code == 503
-        assert "no other endpoint to retry on" in response.json()["error"]["message"]
+        message = response.json()["error"]["message"]
+        assert "endpoint e-0 failed before answering (malformed: malformed response" in message, message
     said = [r for r in caplog.records if "malformed response" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in caplog.records]  # once, not at every request
     assert said[0].levelno == logging.WARNING and "e-0" in said[0].getMessage()
@@ -252,17 +253,53 @@ async def upgrades(reader: asyncio.StreamReader, writer: Writer) -> None:
 def test_an_unexpected_upgrade_fails_the_request_before_its_answer_and_is_said(
     body: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Nothing was answered: the request is decided again (no other endpoint here: a 503), the endpoint named in
-    the log and counted; it serves the next request on a new connection."""
+    """Nothing was answered: the request would be decided again (no other endpoint here: a 503 naming it), the
+    endpoint named in the log and counted; it serves the next request on a new connection."""
     with caplog.at_level(logging.INFO):
         (failed, served), samples, _ = through(endpoint(upgrades, answers_well), completions(body, body))
     assert failed.status_code == 503
-    assert "no other endpoint to retry on" in failed.json()["error"]["message"]
+    assert "endpoint e-0 failed before answering (upgrade: unexpected upgrade)" in failed.json()["error"]["message"]
     assert served.status_code == 200
     (said,) = [r.getMessage() for r in caplog.records if "unexpected upgrade" in r.getMessage()]
     assert said.startswith("endpoint e-0 sent an unexpected upgrade")
     assert count(samples, "leadtime_router_upstream_errors_total", endpoint="e-0", kind="upgrade") == 1
-    assert count(samples, "leadtime_router_retries_total") == 1
+    assert count(samples, "leadtime_router_retries_total") == 0  # none was sent
+
+
+async def silent(reader: asyncio.StreamReader, writer: Writer) -> None:
+    """Says nothing until the gateway hangs up (a stopped process)."""
+    await reader.read()
+
+
+async def drops(reader: asyncio.StreamReader, writer: Writer) -> None:
+    """Reads the request and closes the connection without a word (it crashed on it)."""
+    writer.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize"], ids=["routed", "passed-through"])
+@pytest.mark.parametrize(
+    ("answer", "cause"),
+    [(drops, "reset: connection closed (by the endpoint)"), (silent, "timeout: no response within 0.3 s")],
+    ids=["reset", "timeout"],
+)
+def test_the_only_endpoint_failing_before_answering_is_named_with_how_and_no_retry_is_counted(
+    answer: Answer, cause: str, path: str
+) -> None:
+    """Regression: with no other endpoint to try, a request whose endpoint failed before answering got a 503 "no
+    other endpoint to retry on": which endpoint failed, and how (a reset, a timeout after --upstream-timeout-s, a
+    refused connection), was said nowhere but in counters, and `retries_total` counted a retry never sent."""
+
+    async def scenario(client: httpx.AsyncClient) -> list[httpx.Response]:
+        return [await client.post(path, json=STREAMING)]
+
+    settings = GatewaySettings(upstream_timeout_s=0.3)
+    (response,), samples, _ = through(endpoint(answer), scenario, settings)
+    assert response.status_code == 503 and response.headers["x-leadtime-endpoint"] == "e-0"
+    assert response.json()["error"]["message"] == (
+        f"no endpoint can serve this request now: endpoint e-0 failed before answering ({cause}), and no other "
+        "endpoint is left to retry on"
+    )
+    assert count(samples, "leadtime_router_retries_total") == 0
 
 
 def streams_slowly(closed: asyncio.Event, sent: list[int]) -> Answer:
@@ -353,11 +390,6 @@ def test_a_client_that_hangs_up_mid_stream_is_let_go_and_its_work_released(caplo
     assert count(samples, "leadtime_router_requests_total", path="/v1/completions", code="499") == 1
     assert count(samples, "leadtime_router_upstream_errors_total") == 0  # the client's leaving is not the endpoint's
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
-
-
-async def silent(reader: asyncio.StreamReader, writer: Writer) -> None:
-    """Says nothing until the gateway hangs up (a stopped process)."""
-    await reader.read()
 
 
 @pytest.mark.parametrize("answer", [stalls_mid_stream, silent], ids=["mid-stream", "before-answering"])

@@ -806,6 +806,15 @@ class Gateway:
         await self._refuse(send, 503, self._cut_message())
         return 503
 
+    async def _none_left(self, send: Send, endpoint_id: str, err: UpstreamError) -> int:
+        """The only endpoint a request could go to failed before answering: a 503 (nothing was generated, and an
+        endpoint may be back for the next try) that names the endpoint and how it failed, which tell a reset from a
+        timeout or a refused connection."""
+        message = f"endpoint {endpoint_id} failed before answering ({err}), and no other endpoint is left to retry on"
+        extra = [(b"x-leadtime-endpoint", endpoint_id.encode())]
+        await self._refuse(send, 503, f"no endpoint can serve this request now: {message}", "endpoints", extra)
+        return 503
+
     async def _endpoint_failed(self, send: Send, endpoint_id: str, err: UpstreamError | str) -> int:
         extra = [(b"x-leadtime-endpoint", endpoint_id.encode())]
         await self._refuse(send, 502, f"endpoint {endpoint_id} failed: {err}", "endpoint", extra)
@@ -1012,11 +1021,16 @@ class Gateway:
         forward = end_to_end(scope["headers"])
         target_path = scope["path"] + (f"?{scope['query_string'].decode()}" if scope.get("query_string") else "")
         excluded: set[str] = set()
+        failed: tuple[str, UpstreamError] | None = None  # the first endpoint's failure
         for attempt in (0, 1):
             target = self._passed.choose(self.routable(), excluded)
+            if target is None and failed is not None:
+                return await self._none_left(send, *failed)
             if target is None:
                 await self._refuse(send, 503, "no endpoint can serve this request now", "endpoints")
                 return 503
+            if attempt:  # counted once another endpoint takes it: a retry is one sent
+                self.metrics.retries.inc()
             eid = target.endpoint_id
             self._passed.opened(eid)
             sent_ms = self.clock()
@@ -1030,7 +1044,7 @@ class Gateway:
                     self._failed(eid, err, sent_ms)
                     excluded.add(eid)
                     if attempt == 0:
-                        self.metrics.retries.inc()
+                        failed = (eid, err)
                         continue
                     return await self._endpoint_failed(send, eid, err)
                 self._answered(eid, response.status, sent_ms)
@@ -1139,6 +1153,8 @@ class Gateway:
                 await self._refuse(send, 503, self._unservable_message, "endpoints")
                 return 503
             routes.append(routed)
+            if attempt:  # counted once it is decided: a retry is one sent
+                self.metrics.retries.inc()
             target = self._target(routed)
             extra = list(forward)
             if routed.decision.pick.is_pair:
@@ -1157,10 +1173,11 @@ class Gateway:
                 self._failed(target.endpoint_id, err, routed.sent_ms)
                 self._forget(routed)
                 excluded.add(target.endpoint_id)
-                if attempt == 0:  # counted; `outliers` logs an endpoint that keeps failing, once
-                    self.metrics.retries.inc()
+                if attempt == 0 and self._candidates(key, excluded):  # `outliers` logs one that keeps failing, once
                     log.debug("%s failed before answering (%s); trying elsewhere", target.endpoint_id, err)
                     continue
+                if attempt == 0:
+                    return await self._none_left(send, target.endpoint_id, err)
                 return await self._endpoint_failed(send, target.endpoint_id, err)
             self._answered(target.endpoint_id, response.status, routed.sent_ms)
             elsewhere = attempt == 0 and response.status in RETRIED_STATUSES
@@ -1168,7 +1185,6 @@ class Gateway:
                 response.close()
                 self._forget(routed)
                 excluded.add(target.endpoint_id)
-                self.metrics.retries.inc()
                 continue
             self.metrics.overhead_seconds.observe(overhead_s)
             return await self._relay(routed, target, response, send, watch, overhead_s)

@@ -307,7 +307,8 @@ class UpstreamPool:
             raise UpstreamError("connect", message) from None
         except OSError as err:
             refused = isinstance(err, ConnectionRefusedError)
-            raise UpstreamError("connect", f"{self.host}:{self.port}: {err.strerror or err}", refused=refused) from None
+            said = "connection refused" if refused else err.strerror or err
+            raise UpstreamError("connect", f"{self.host}:{self.port}: {said}", refused=refused) from None
         self._all.add(protocol)
         return protocol
 
