@@ -263,6 +263,80 @@ def test_streams_that_break_after_their_status_take_the_endpoint_out() -> None:
     assert count(samples, "leadtime_router_endpoint_ejections_total", endpoint="bad") == 1
 
 
+ERROR_EVENT = b'data: {"error": {"message": "engine failed", "type": "InternalServerError", "code": 500}}\n\n'
+
+
+def fails_in_its_stream(tokens: int) -> Callable[[asyncio.StreamWriter], None]:
+    """What vLLM sends when generation raises once it has answered 200: `tokens` tokens, then its error event and
+    `[DONE]`."""
+
+    def answer(writer: asyncio.StreamWriter) -> None:
+        events = b"".join(b'data: {"choices":[{"index":0,"text":" t%d"}]}\n\n' % i for i in range(tokens))
+        events += ERROR_EVENT + b"data: [DONE]\n\n"
+        writer.write(STREAM_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(events), events))
+
+    return answer
+
+
+def test_an_error_event_in_a_200_stream_is_the_endpoints_failure() -> None:
+    """Regression: an endpoint failing every request with vLLM's error event in a 200 stream was counted as
+    answering 2xx, never taken out (so, looking idle, it got nearly everything), and /readyz said nothing, while the
+    gateway answered its non-streaming clients 500."""
+
+    async def go() -> tuple[list[httpx.Response], dict[str, Any]]:
+        async with fleet(bad=serving(fails_in_its_stream(0)), good=serving(answers_well)) as (gateway, client, _):
+            results = []
+            for i in range(CONSECUTIVE_FAILURES + 3):
+                body = {"prompt": "hi", "max_tokens": 2, "stream": i % 2 == 0}
+                results.append(await client.post("/v1/completions", json=body))
+            return results, parse_samples((await client.get("/metrics")).text)
+
+    results, samples = asyncio.run(go())
+    failed, served = results[:CONSECUTIVE_FAILURES], results[CONSECUTIVE_FAILURES:]
+    assert [r.headers["x-leadtime-endpoint"] for r in failed] == ["bad"] * CONSECUTIVE_FAILURES
+    assert [r.status_code for r in failed] == [200, 500, 200, 500, 200]  # a stream's status went before its error
+    assert all(b"engine failed" in r.content for r in failed)
+    assert [(r.status_code, r.headers["x-leadtime-endpoint"]) for r in served] == [(200, "good")] * 3
+    assert count(samples, "leadtime_router_endpoint_ejections_total", endpoint="bad") == 1
+    assert count(samples, "leadtime_router_upstream_responses_total", endpoint="bad", status="5xx") == 5
+    assert count(samples, "leadtime_router_upstream_responses_total", endpoint="bad", status="2xx") == 0
+    assert count(samples, "leadtime_router_requests_total", path="/v1/completions", code="500") == 5
+
+
+def test_a_stream_failed_by_its_error_event_after_tokens_teaches_nothing_and_meets_no_slo() -> None:
+    """Regression: three tokens, then vLLM's error event: the failed request was learned from (its TTFT sent to the
+    predictor) and counted as meeting its SLO."""
+
+    class Learning(FirstByName):
+        def __init__(self) -> None:
+            self.outcomes: list[Any] = []
+
+        def observe(self, outcome: Any) -> None:
+            self.outcomes.append(outcome)
+
+    policy = Learning()
+
+    async def go() -> tuple[list[httpx.Response], dict[str, Any], tuple[int, int]]:
+        async with fleet(bad=serving(fails_in_its_stream(3))) as (gateway, client, _):
+            gateway.policy = policy
+            headers = {"x-llm-d-slo-ttft-ms": "5000"}
+            results = []
+            for stream in (True, False):
+                body = {"prompt": "hi", "max_tokens": 5, "stream": stream}
+                results.append(await client.post("/v1/completions", json=body, headers=headers))
+            work = gateway.work.tokens("bad", published_ms=float("inf"))
+            return results, parse_samples((await client.get("/metrics")).text), work
+
+    (streamed, whole), samples, work = asyncio.run(go())
+    assert streamed.status_code == 200 and b" t2" in streamed.content and b"engine failed" in streamed.content
+    assert whole.status_code == 500 and whole.json()["error"]["message"] == "engine failed"
+    assert policy.outcomes == [] and work == (0, 0)
+    assert count(samples, "leadtime_router_ttft_seconds_count") == 0
+    assert count(samples, "leadtime_router_slo_total") == 0
+    assert count(samples, "leadtime_router_upstream_responses_total", endpoint="bad", status="5xx") == 2
+    assert count(samples, "leadtime_router_requests_total", path="/v1/completions", code="500") == 2
+
+
 def test_a_503_from_the_only_endpoint_left_is_its_answer_not_the_gateways() -> None:
     """With nowhere to retry, the endpoint's 503 (its body, its Retry-After) was thrown away for the gateway's own."""
 

@@ -221,6 +221,17 @@ def _moved(before: DiscoveredEndpoint, after: DiscoveredEndpoint) -> bool:
     return (before.server, before.tls) != (after.server, after.tls)
 
 
+def _event_stream(response: Response) -> bool:
+    """Whether an endpoint answers with an event stream (one to measure and pass on event by event)."""
+    return (response.header(b"content-type") or b"").startswith(b"text/event-stream")
+
+
+def _counted_once_read(response: Response) -> bool:
+    """A 200 event stream is counted by how it ends, not by its status: vLLM fails a request it has answered 200
+    with an error event in the stream (`stream.error_in`), which is then the endpoint's answer (`Gateway._relay`)."""
+    return 200 <= response.status < 300 and _event_stream(response)
+
+
 def _without_body(send: Send) -> Send:
     """`send` for a HEAD request: GET's status and headers (its Content-Length included), an empty body."""
 
@@ -665,13 +676,14 @@ class Gateway:
                 log.info("most endpoints serve again: those failing their requests are left out again")
         return scraped if panic else kept
 
-    def _answered(self, endpoint_id: str, status: int, sent_ms: float) -> None:
-        """An endpoint answered a request sent on with `status`: counted, and a 5xx is a failure (`outliers`). A
-        success is counted when the answer has been read to its end (`_served`): a stream may still break."""
+    def _answered(self, endpoint_id: str, status: int, sent_ms: float, why: str = "") -> None:
+        """An endpoint answered a request sent on with `status`: counted, and a 5xx is a failure (`outliers`), for
+        `why` when said. A success is counted when the answer has been read to its end (`_served`): a stream may
+        still break, or carry an error event (`_counted_once_read`)."""
         self.metrics.upstream_responses.labels(endpoint_id, STATUS_CLASSES[min(max(status // 100, 1), 5) - 1]).inc()
         self._answered_by.add(endpoint_id)
         if status >= 500:
-            self.outliers.failed(endpoint_id, f"answered {status}", sent_ms=sent_ms)
+            self.outliers.failed(endpoint_id, why or f"answered {status}", sent_ms=sent_ms)
 
     def _served(self, endpoint_id: str, status: int) -> None:
         """An answer read to its end: below 500, a success (`outliers`)."""
@@ -1179,7 +1191,8 @@ class Gateway:
                 if attempt == 0:
                     return await self._none_left(send, target.endpoint_id, err)
                 return await self._endpoint_failed(send, target.endpoint_id, err)
-            self._answered(target.endpoint_id, response.status, routed.sent_ms)
+            if not _counted_once_read(response):
+                self._answered(target.endpoint_id, response.status, routed.sent_ms)
             elsewhere = attempt == 0 and response.status in RETRIED_STATUSES
             if elsewhere and self._candidates(key, excluded | {target.endpoint_id}):  # else its answer is the best
                 response.close()
@@ -1414,8 +1427,7 @@ class Gateway:
         overhead_s: float,
     ) -> int:
         headers = self._headers_out(response, routed, overhead_s)
-        content_type = response.header(b"content-type") or b""
-        streaming = content_type.startswith(b"text/event-stream")
+        streaming = _event_stream(response)
         parsed = routed.parsed
         assembler = Assembler() if streaming and not parsed.stream and parsed.upstream_body is not None else None
         meter = StreamMeter(None if assembler is None else assembler.add, hide_usage=parsed.hide_usage)
@@ -1444,46 +1456,55 @@ class Gateway:
             self._forget(routed)  # no first-token time to learn from
             return response.status
         status = response.status
+        deferred = _counted_once_read(response)
         first = True
         if assembler is None:
             await send({"type": "http.response.start", "status": status, "headers": headers})
-        while True:
-            try:
-                chunk = await response.next_chunk(timeout)
-            except UpstreamError as err:
-                self._failed(target.endpoint_id, err, routed.sent_ms)
-                self._forget(routed)
-                if assembler is None:
-                    await send({"type": "http.response.body", "body": stream_failed(target.endpoint_id, err)})
-                else:
-                    await self._endpoint_failed(send, target.endpoint_id, err)
-                return 502
-            if response.stopped:
-                response.close()
-                if not meter.done and watch.was_cut and assembler is None:
+        try:
+            while True:
+                try:
+                    chunk = await response.next_chunk(timeout)
+                except UpstreamError as err:
+                    self._failed(target.endpoint_id, err, routed.sent_ms)
                     self._forget(routed)
-                    await send({"type": "http.response.body", "body": stream_error(503, self._cut_message())})
-                    return 503
-                if not meter.done:
-                    raise ClientLeft
-                break  # the client hung up after `[DONE]`, its whole answer read: served, not lost
-            if chunk is None:
-                break
-            passed_on = meter.feed(chunk, self.clock())
-            if meter.events:
-                if first:
-                    first = False
-                    routed.shared_generated = meter.events
-                    self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
-                    if self._prefilled is not None:
-                        self._policy_call(self._prefilled, routed.request_id, meter.first_ms)
-                elif meter.events < routed.shared_generated + PROGRESS_SHARED_EVERY or self.replicas is None:
-                    self.work.progress(routed.request_id, meter.events)
-                else:
-                    routed.shared_generated = meter.events
-                    self._work(WorkEvent("work_progress", routed.request_id, generated=meter.events))
-            if assembler is None and passed_on:
-                await send({"type": "http.response.body", "body": passed_on, "more_body": True})
+                    if assembler is None:
+                        await send({"type": "http.response.body", "body": stream_failed(target.endpoint_id, err)})
+                    else:
+                        await self._endpoint_failed(send, target.endpoint_id, err)
+                    return 502
+                if response.stopped:
+                    response.close()
+                    if not meter.done and watch.was_cut and assembler is None:
+                        self._forget(routed)
+                        await send({"type": "http.response.body", "body": stream_error(503, self._cut_message())})
+                        return 503
+                    if not meter.done:
+                        raise ClientLeft
+                    break  # the client hung up after `[DONE]`, its whole answer read: served, not lost
+                if chunk is None:
+                    break
+                passed_on = meter.feed(chunk, self.clock())
+                if meter.events:
+                    if first:
+                        first = False
+                        routed.shared_generated = meter.events
+                        self._work(WorkEvent("work_first", routed.request_id, generated=meter.events))
+                        if self._prefilled is not None:
+                            self._policy_call(self._prefilled, routed.request_id, meter.first_ms)
+                    elif meter.events < routed.shared_generated + PROGRESS_SHARED_EVERY or self.replicas is None:
+                        self.work.progress(routed.request_id, meter.events)
+                    else:
+                        routed.shared_generated = meter.events
+                        self._work(WorkEvent("work_progress", routed.request_id, generated=meter.events))
+                if assembler is None and passed_on:
+                    await send({"type": "http.response.body", "body": passed_on, "more_body": True})
+        finally:  # counted as the stream turned out: by the error event it carried, if it carried one
+            if deferred:
+                failed = meter.error_status
+                why = f"answered {failed} in its stream ({meter.error})" if failed is not None else ""
+                self._answered(target.endpoint_id, status if failed is None else failed, routed.sent_ms, why)
+        if meter.error_status is not None:  # it failed the request in its stream: so it answered, not served
+            status = meter.error_status
         empty = 200 <= status < 300 and assembler is not None and assembler.error is None and not assembler.answered
         if empty:  # no choice to make an answer of (one whose text is "" is one): "choices": [] would be no answer
             why = "answered a stream with no event holding a choice"

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from leadtime.router_plugin.gateway.stream import TEXT_FIELDS, USAGE_ASKED, choice_index
+from leadtime.router_plugin.gateway.stream import TEXT_FIELDS, USAGE_ASKED, choice_index, error_in
 
 WHOLE_ONLY_FIELDS = (
     "logprobs",
@@ -102,7 +102,7 @@ class Assembler:
         which is then the answer."""
 
     def add(self, event: dict[str, Any]) -> None:
-        if "error" in event or event.get("object") == "error":
+        if error_in(event) is not None:
             self.error = event
             return
         if self._top is None:
@@ -148,9 +148,8 @@ class Assembler:
         >>> b.error_status()
         500
         """
-        inner = (self.error or {}).get("error", self.error)
-        code = inner.get("code") if isinstance(inner, dict) else None
-        return code if isinstance(code, int) and 400 <= code <= 599 else 500
+        failure = error_in(self.error) if self.error is not None else None
+        return 500 if failure is None else failure[0]
 
     def body(self) -> dict[str, Any]:
         out = dict(self._top or {})

@@ -59,6 +59,9 @@ class StreamMeter:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.error: str | None = None
+        """The message of the error event the stream carried (`error_in`), if it carried one."""
+        self.error_status: int | None = None
+        """That event's status: the endpoint failed the request after answering 200, and this is how it answers."""
         self.done = False
         """Whether `data: [DONE]` was read: the client has its whole answer (it may hang up before the endpoint
         ends the response)."""
@@ -114,8 +117,9 @@ class StreamMeter:
             self._usage(usage)
             if self._hide_usage and not obj.get("choices"):
                 return False
-        if "error" in obj:
-            self.error = str(obj["error"])[:200]
+        failure = error_in(obj)
+        if failure is not None:
+            self.error_status, self.error = failure
         texts = [c for c in obj.get("choices") or () if _has_token(c)]
         if texts:
             self.events += 1
@@ -171,6 +175,28 @@ def _has_token(choice: Any) -> bool:
     if any(piece.get(name) for piece in pieces for name in TEXT_FIELDS):
         return True
     return isinstance(delta, dict) and any(delta.get(name) for name in TOOL_FIELDS)
+
+
+def error_in(event: dict[str, Any]) -> tuple[int, str] | None:
+    """The status and message of an error event, which is how vLLM fails a request once it has answered 200 (its
+    `{"error": {...}}`, or an older server's `{"object": "error", ...}`); None for any other event. The status is
+    the event's code when that is one, else 500.
+
+    >>> error_in({"error": {"message": "too long", "type": "BadRequestError", "code": 400}})
+    (400, 'too long')
+    >>> error_in({"object": "error", "message": "the engine died", "code": "internal"})
+    (500, 'the engine died')
+    >>> error_in({"error": "Unauthorized"}), error_in({"choices": [], "error": None})
+    ((500, 'Unauthorized'), None)
+    """
+    if event.get("error") is None and event.get("object") != "error":
+        return None
+    inner = event["error"] if event.get("error") is not None else event
+    if not isinstance(inner, dict):
+        return 500, str(inner)[:200]
+    code, message = inner.get("code"), inner.get("message")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+    return status, str(message if message is not None else inner)[:200]
 
 
 def choice_index(choice: dict[str, Any]) -> int:
