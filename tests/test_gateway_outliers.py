@@ -31,13 +31,16 @@ ANSWER = b'data: {"choices":[{"index":0,"text":" ok"}]}\n\ndata: [DONE]\n\n'
 
 class FirstByName:
     """Picks the candidate whose id sorts first: "bad" whenever it is offered, as a latency router picks an endpoint
-    that looks idle."""
+    that looks idle; keeps the outcomes it is taught."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[Any] = []
 
     def pick(self, request: RouteRequest, candidates: list[Candidate]) -> Pick:
         return Pick(min(c.endpoint_id for c in candidates))
 
     def observe(self, outcome: Any) -> None:
-        pass
+        self.outcomes.append(outcome)
 
 
 def serving(answer: Callable[[asyncio.StreamWriter], None], connections: list[Any] | None = None) -> Handler:
@@ -307,30 +310,21 @@ def test_a_stream_failed_by_its_error_event_after_tokens_teaches_nothing_and_mee
     """Regression: three tokens, then vLLM's error event: the failed request was learned from (its TTFT sent to the
     predictor) and counted as meeting its SLO."""
 
-    class Learning(FirstByName):
-        def __init__(self) -> None:
-            self.outcomes: list[Any] = []
-
-        def observe(self, outcome: Any) -> None:
-            self.outcomes.append(outcome)
-
-    policy = Learning()
-
-    async def go() -> tuple[list[httpx.Response], dict[str, Any], tuple[int, int]]:
+    async def go() -> tuple[list[httpx.Response], dict[str, Any], tuple[int, int], list[Any]]:
         async with fleet(bad=serving(fails_in_its_stream(3))) as (gateway, client, _):
-            gateway.policy = policy
+            assert isinstance(gateway.policy, FirstByName)
             headers = {"x-llm-d-slo-ttft-ms": "5000"}
             results = []
             for stream in (True, False):
                 body = {"prompt": "hi", "max_tokens": 5, "stream": stream}
                 results.append(await client.post("/v1/completions", json=body, headers=headers))
             work = gateway.work.tokens("bad", published_ms=float("inf"))
-            return results, parse_samples((await client.get("/metrics")).text), work
+            return results, parse_samples((await client.get("/metrics")).text), work, gateway.policy.outcomes
 
-    (streamed, whole), samples, work = asyncio.run(go())
+    (streamed, whole), samples, work, outcomes = asyncio.run(go())
     assert streamed.status_code == 200 and b" t2" in streamed.content and b"engine failed" in streamed.content
     assert whole.status_code == 500 and whole.json()["error"]["message"] == "engine failed"
-    assert policy.outcomes == [] and work == (0, 0)
+    assert outcomes == [] and work == (0, 0)
     assert count(samples, "leadtime_router_ttft_seconds_count") == 0
     assert count(samples, "leadtime_router_slo_total") == 0
     assert count(samples, "leadtime_router_upstream_responses_total", endpoint="bad", status="5xx") == 2
