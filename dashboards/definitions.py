@@ -430,8 +430,8 @@ ROUTER = Dashboard(
                 Panel(
                     "Fallbacks to the heuristics",
                     "Decisions made by the heuristic scorers because the predictor missed its deadline, was "
-                    "unavailable, rested after failures (circuit_open), refused the rows, or the policy failed; as "
-                    "a share of all decisions.",
+                    "unavailable, rested after failures (circuit_open), refused the rows, could not keep up with the "
+                    "decisions (queued), or the policy failed; as a share of all decisions.",
                     "percentunit",
                     (
                         Query(

@@ -14,13 +14,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import yaml
+from inprocess_gateway import counted
+from raw_endpoint import STREAM_HEAD, next_request
 
 from leadtime.features.prefix import PrefixIndex, text_chunk_hashes
 from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures
-from leadtime.features.vllm_metrics import parse_vllm_metrics
+from leadtime.features.vllm_metrics import parse_samples, parse_vllm_metrics
 from leadtime.router_plugin.affinity import PrefixAffinity
 from leadtime.router_plugin.client import BulkPredictions, PredictorError, PredictorUnavailable
 from leadtime.router_plugin.discovery import (
@@ -911,9 +914,105 @@ def test_a_predict_client_raising_what_is_not_a_predictor_error_is_a_failure_lik
     assert calls == 2
 
 
+def test_a_decision_that_waited_its_deadline_out_does_not_ask_the_predictor() -> None:
+    """The deadline covers the decision's wait for the decision thread (`queued_s`, set by the gateway): the
+    predictor is given what is left of it, and not asked at all once nothing is; that is no failure of the
+    predictor's (the breaker is not moved)."""
+    given: list[float | None] = []
+
+    class Keeps(_Client):
+        def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+            given.append(deadline_s)
+            return super().predict(rows, deadline_s)
+
+    client = Keeps()
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=1)
+    wrapper.queued_s = 0.015
+    wrapper.predict([ROW], 0.02)
+    assert given == [pytest.approx(0.005)]
+    wrapper.queued_s = 0.02
+    for _ in range(3):
+        with pytest.raises(PredictorUnavailable) as failed:
+            wrapper.predict([ROW], 0.02)
+        assert failure_reason(failed.value) == "queued" == wrapper.last_failure
+        assert "waited 20 ms" in failed.value.message, failed.value.message
+    assert client.predictions == 1
+    wrapper.queued_s = 0.0
+    wrapper.predict([ROW], 0.02)  # asked: the breaker, open after one failure, did not open
+    assert given[-1] == 0.02 and client.predictions == 2 and wrapper.health() == {}
+
+
+class _Slow(_Client):
+    """A predictor answering in `seconds`, within its deadline but slower than the requests come; it keeps to the
+    deadline it is given, as the real clients do."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        self.predictions += 1
+        if deadline_s is not None and deadline_s < self.seconds:
+            time.sleep(deadline_s)
+            raise PredictorUnavailable("deadline", f"no answer within {deadline_s} s")
+        time.sleep(self.seconds)
+        n = len(rows)
+        return BulkPredictions(np.ones(n), np.ones(n), np.ones(n), np.ones(n), 1, 0.9)
+
+
+async def answers_one_token(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    event = b'data: {"choices":[{"index":0,"text":" a","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+    with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+        while await next_request(reader, writer) is not None:
+            writer.write(STREAM_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+            await writer.drain()
+
+
+def test_decisions_queued_behind_a_slow_predictor_wait_about_its_deadline_at_most() -> None:
+    """Regression: a predictor answering within its deadline but slower than the requests came (15 ms, 100 requests
+    a second) queued the decisions on their one thread without bound: the gateway's added time grew by 0.7 s every
+    second, and nothing fell back (each call met its deadline). The deadline now counts from when a decision was
+    queued: one that waited it out is made by the heuristics at once, counted as `queued`."""
+    deadline_s, requests = 0.2, 50
+    slow = _Slow(0.06)  # all at once: 3 s for the last one to be decided, one call after the other
+    metrics = GatewayMetrics()
+    wrapper = GatewayPredictor(slow, _Client(), metrics)
+    policy = LeadtimePolicy(wrapper, deadline_s=deadline_s)
+
+    async def go() -> tuple[list[Any], dict[str, Any]]:
+        server = await asyncio.start_server(answers_one_token, "127.0.0.1", 0)
+        spec = f"127.0.0.1:{server.sockets[0].getsockname()[1]},name=e-0,leadtime.io/accelerator=h100-sxm"
+        settings = GatewaySettings(scrape_interval_s=0.05)
+        gateway = Gateway(StaticDiscovery(parse_static([spec])), policy, settings, predictor=wrapper)
+        await gateway.start()
+        try:
+            for _ in range(200):
+                if gateway.routable() and gateway._warm_up is not None and gateway._warm_up.done():
+                    break
+                await asyncio.sleep(0.02)
+            transport = httpx.ASGITransport(app=gateway)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=60) as client:
+                body = {"prompt": "hi", "max_tokens": 1, "stream": True}
+                responses = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(requests)))
+                return list(responses), parse_samples((await client.get("/metrics")).text)
+        finally:
+            await gateway.stop()
+            server.close()
+
+    responses, samples = asyncio.run(go())
+    assert [r.status_code for r in responses] == [200] * requests
+    route_ms = [float(r.headers["x-leadtime-route-ms"]) for r in responses]
+    assert max(route_ms) < deadline_s * 1e3 + 600, sorted(route_ms)  # 0.6 s for a loaded machine; was 3 s
+    # Every decision the predictor did not answer was made by the heuristics and counted: waited out (queued), cut
+    # to what was left of its deadline, or spared by the breaker those cuts opened. Which of them, timing decides.
+    answered = slow.predictions - 1 - counted(samples, "leadtime_router_fallbacks_total", reason="deadline")  # warm-up
+    assert slow.predictions <= requests // 4, slow.predictions
+    assert counted(samples, "leadtime_router_fallbacks_total") == requests - answered
+
+
 def test_zero_valued_counters_are_exported_from_the_start() -> None:
     text = GatewayMetrics().render().decode()
-    for reason in ("deadline", "unavailable", "circuit_open", "refused", "policy_error"):
+    for reason in ("deadline", "unavailable", "circuit_open", "refused", "policy_error", "queued"):
         assert f'leadtime_router_fallbacks_total{{reason="{reason}"}} 0.0' in text
     assert 'leadtime_router_slo_total{result="missed",target="both"} 0.0' in text
     assert 'leadtime_router_observations_total{result="dropped"} 0.0' in text

@@ -6,8 +6,8 @@ Per request (`/v1/completions`, `/v1/chat/completions`, streaming or not):
 2. hash the prompt's chunks and estimate, per endpoint, the tokens it holds cached (`affinity.PrefixAffinity`);
 3. offer the policy one `Candidate` per routable endpoint: its last scraped state and when it was scraped,
    its time-slice group (and that group's state), its prefix hits; the policy decides on a thread of its own
-   (one decision at a time, so the policy needs no locks), calling the predictor within its deadline or falling
-   back to the heuristics;
+   (one decision at a time, so the policy needs no locks), calling the predictor within its deadline (counted from
+   when the decision was queued for the thread) or falling back to the heuristics;
 4. forward the body to the chosen endpoint (on P/D the decode endpoint, with the prefill endpoint in
    `x-prefiller-host-port`), unchanged but for the stream it asks for (below), headers passed through but
    hop-by-hop ones; an endpoint that fails before answering is left out and the request decided again, once;
@@ -1256,9 +1256,9 @@ class Gateway:
                 self._unservable(reason, warn=False)  # the scrapes' own warnings say why
                 return None
             try:
-                if self.decide_in_thread:
+                if self.decide_in_thread:  # stamped as it is queued: the predictor's deadline covers its wait
                     decision = await asyncio.get_running_loop().run_in_executor(
-                        self._decider, self._pick, route, candidates
+                        self._decider, self._pick, route, candidates, time.perf_counter()
                     )
                 else:
                     decision = self._pick(route, candidates)
@@ -1303,8 +1303,18 @@ class Gateway:
             log.warning("%s", message)
         self._unservable_message = message
 
-    def _pick(self, route: RouteRequest, candidates: list[Candidate]) -> _Decision:
-        """On the decision thread."""
+    def _pick(self, route: RouteRequest, candidates: list[Candidate], queued_at: float | None = None) -> _Decision:
+        """On the decision thread; `queued_at` (`time.perf_counter()`) is when the decision was handed to it: its
+        wait counts against the predictor's deadline (`GatewayPredictor.queued_s`)."""
+        if self.predictor is None or queued_at is None:
+            return self._pick_now(route, candidates)
+        self.predictor.queued_s = time.perf_counter() - queued_at
+        try:
+            return self._pick_now(route, candidates)
+        finally:
+            self.predictor.queued_s = 0.0
+
+    def _pick_now(self, route: RouteRequest, candidates: list[Candidate]) -> _Decision:
         started = time.perf_counter()
         before, explored_before = self._fallbacks(), self._explored()
         known = {c.endpoint_id for c in candidates}

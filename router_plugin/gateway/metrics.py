@@ -38,7 +38,7 @@ RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 
 # Label values exported at 0 from the start, so a dashboard shows "none" rather than no data: why a decision fell
 # back (predictor.failure_reason's labels, and a policy that raised), SLO results, what became of observations,
 # what pulls of the service's model did (so that an alert on the rate of failing pulls has a series before the first).
-FALLBACK_REASONS = ("deadline", "unavailable", "circuit_open", "refused", "invalid_answer", "policy_error")
+FALLBACK_REASONS = ("deadline", "unavailable", "circuit_open", "refused", "invalid_answer", "policy_error", "queued")
 SLO_TARGETS = ("ttft", "itl", "both")
 SLO_RESULTS = ("met", "missed")
 OBSERVATION_RESULTS = ("queued", "sent", "failed", "dropped")

@@ -1,7 +1,8 @@
 """The predictor as the gateway's policy sees it: predictions on the routing path, observations in batches.
 
 `GatewayPredictor` is the `PredictorClient` handed to the policy. Its `predict` goes straight to the predictor
-(HTTP, gRPC or in process) with the policy's deadline, timed; after `open_after` failures in a row it stops
+(HTTP, gRPC or in process) with the policy's deadline less the decision's wait for its turn (`queued_s`), timed,
+or fails at once when that wait used the whole deadline; after `open_after` failures in a row it stops
 calling for `open_for_s` and fails at once, so that a predictor that hangs costs the deadline a few times, not
 on every request (each such decision still falls back to the heuristics and is counted). Its `observe` only
 queues: a thread of its own sends the queue in batches through a second client, retries a batch that failed,
@@ -30,16 +31,22 @@ from leadtime.router_plugin.client import (
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("leadtime.router.predictor")
+QUEUED = "queued"
+"""The status (and fallback reason) of a decision that waited its whole deadline for the decision thread: decided
+by the heuristics without asking the predictor, which answers slower than the decisions come."""
 REFUSED_ROWS_SAID_S = 60.0
 """How long /readyz names candidates the predictor refused, after the last refusal."""
 
 
 def failure_reason(err: PredictorError) -> str:
-    """A short label for a failed call: deadline, unavailable, circuit_open, refused, or invalid_answer (an answer
-    the policy cannot route on: a row missing, a value not finite)."""
+    """A short label for a failed call: deadline, unavailable, circuit_open, refused, invalid_answer (an answer
+    the policy cannot route on: a row missing, a value not finite), or queued (not made: the decision waited its
+    deadline out, `GatewayPredictor.queued_s`)."""
     status = str(err.status)
     if status in ("deadline", "DEADLINE_EXCEEDED"):
         return "deadline"
+    if status == QUEUED:
+        return QUEUED
     if status == INVALID_ANSWER:
         return "invalid_answer"
     if status == "circuit":
@@ -157,6 +164,11 @@ class GatewayPredictor:
         self._thread: threading.Thread | None = None
         self.sent = 0
         self.dropped = 0
+        self.queued_s = 0.0
+        """How long the decision being made waited for the decision thread (the gateway sets it for each): its
+        predictions get the deadline less that wait, and none is asked for once the wait has used it all, so that
+        decisions queued behind a predictor slower than they come each add about the deadline at most, not every
+        call before them."""
         self._ok = metrics.predictor_seconds.labels("predict", "ok")
         self._queued = metrics.observations.labels("queued")
         metrics.observations_waiting.set_function(self.pending)  # read at each scrape
@@ -164,6 +176,15 @@ class GatewayPredictor:
     # ----- predictions (the decision thread) -------------------------------------------------------------
 
     def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        if deadline_s is not None and self.queued_s > 0:
+            left = deadline_s - self.queued_s
+            if left <= 0:  # no failure of the predictor's: the breaker is left as it is
+                self.last_failure = QUEUED
+                waited = f"waited {self.queued_s * 1e3:.0f} ms for its turn"
+                raise PredictorUnavailable(
+                    QUEUED, f"the decision {waited}, its whole deadline ({deadline_s * 1e3:g} ms)"
+                )
+            deadline_s = left
         now = time.monotonic()
         if now < self._open_until:
             self.last_failure = "circuit_open"
