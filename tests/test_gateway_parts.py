@@ -914,34 +914,6 @@ def test_a_predict_client_raising_what_is_not_a_predictor_error_is_a_failure_lik
     assert calls == 2
 
 
-def test_a_decision_that_waited_its_deadline_out_does_not_ask_the_predictor() -> None:
-    """The deadline covers the decision's wait for the decision thread (`queued_s`, set by the gateway): the
-    predictor is given what is left of it, and not asked at all once nothing is; that is no failure of the
-    predictor's (the breaker is not moved)."""
-    given: list[float | None] = []
-
-    class Keeps(_Client):
-        def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
-            given.append(deadline_s)
-            return super().predict(rows, deadline_s)
-
-    client = Keeps()
-    wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=1)
-    wrapper.queued_s = 0.015
-    wrapper.predict([ROW], 0.02)
-    assert given == [pytest.approx(0.005)]
-    wrapper.queued_s = 0.02
-    for _ in range(3):
-        with pytest.raises(PredictorUnavailable) as failed:
-            wrapper.predict([ROW], 0.02)
-        assert failure_reason(failed.value) == "queued" == wrapper.last_failure
-        assert "waited 20 ms" in failed.value.message, failed.value.message
-    assert client.predictions == 1
-    wrapper.queued_s = 0.0
-    wrapper.predict([ROW], 0.02)  # asked: the breaker, open after one failure, did not open
-    assert given[-1] == 0.02 and client.predictions == 2 and wrapper.health() == {}
-
-
 class _Slow(_Client):
     """A predictor answering in `seconds`, within its deadline but slower than the requests come; it keeps to the
     deadline it is given, as the real clients do."""
@@ -960,6 +932,34 @@ class _Slow(_Client):
         return BulkPredictions(np.ones(n), np.ones(n), np.ones(n), np.ones(n), 1, 0.9)
 
 
+def test_a_decision_that_waited_its_deadline_out_does_not_ask_the_predictor() -> None:
+    """The deadline covers the decision's wait for the decision thread (`queued_s`, set by the gateway): the
+    predictor is given what is left of it, and not asked at all once that is shorter than its answers take; that is
+    no failure of the predictor's (the breaker is not moved)."""
+    given: list[float | None] = []
+
+    class Keeps(_Slow):
+        def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+            given.append(deadline_s)
+            return super().predict(rows, deadline_s)
+
+    client = Keeps(0.01)  # answers in 10 ms
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_after=1)
+    wrapper.queued_s = 0.015
+    wrapper.predict([ROW], 0.2)
+    assert given == [pytest.approx(0.185)]  # the deadline less the wait
+    for waited_s in (0.195, 0.2, 0.3):  # 5 ms left, less than an answer takes; none; less than none
+        wrapper.queued_s = waited_s
+        with pytest.raises(PredictorUnavailable) as failed:
+            wrapper.predict([ROW], 0.2)
+        assert failure_reason(failed.value) == "queued" == wrapper.last_failure
+        assert f"waited {waited_s * 1e3:.0f} ms for its turn" in failed.value.message, failed.value.message
+    assert client.predictions == 1
+    wrapper.queued_s = 0.0
+    wrapper.predict([ROW], 0.2)  # asked: the breaker, open after one failure, did not open
+    assert given[-1] == 0.2 and client.predictions == 2 and wrapper.health() == {}
+
+
 async def answers_one_token(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     event = b'data: {"choices":[{"index":0,"text":" a","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
     with contextlib.suppress(ConnectionError, asyncio.CancelledError):
@@ -972,7 +972,7 @@ def test_decisions_queued_behind_a_slow_predictor_wait_about_its_deadline_at_mos
     """Regression: a predictor answering within its deadline but slower than the requests came (15 ms, 100 requests
     a second) queued the decisions on their one thread without bound: the gateway's added time grew by 0.7 s every
     second, and nothing fell back (each call met its deadline). The deadline now counts from when a decision was
-    queued: one that waited it out is made by the heuristics at once, counted as `queued`."""
+    queued: one left less of it than the predictor's answers take is made by the heuristics at once (`queued`)."""
     deadline_s, requests = 0.2, 50
     slow = _Slow(0.06)  # all at once: 3 s for the last one to be decided, one call after the other
     metrics = GatewayMetrics()
@@ -1003,8 +1003,8 @@ def test_decisions_queued_behind_a_slow_predictor_wait_about_its_deadline_at_mos
     assert [r.status_code for r in responses] == [200] * requests
     route_ms = [float(r.headers["x-leadtime-route-ms"]) for r in responses]
     assert max(route_ms) < deadline_s * 1e3 + 600, sorted(route_ms)  # 0.6 s for a loaded machine; was 3 s
-    # Every decision the predictor did not answer was made by the heuristics and counted: waited out (queued), cut
-    # to what was left of its deadline, or spared by the breaker those cuts opened. Which of them, timing decides.
+    # Every decision the predictor did not answer was made by the heuristics and counted: not asked (queued), cut to
+    # what was left of its deadline, or spared by a breaker such cuts opened. Which of them, timing decides.
     answered = slow.predictions - 1 - counted(samples, "leadtime_router_fallbacks_total", reason="deadline")  # warm-up
     assert slow.predictions <= requests // 4, slow.predictions
     assert counted(samples, "leadtime_router_fallbacks_total") == requests - answered

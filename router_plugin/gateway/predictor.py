@@ -2,11 +2,12 @@
 
 `GatewayPredictor` is the `PredictorClient` handed to the policy. Its `predict` goes straight to the predictor
 (HTTP, gRPC or in process) with the policy's deadline less the decision's wait for its turn (`queued_s`), timed,
-or fails at once when that wait used the whole deadline; after `open_after` failures in a row it stops
-calling for `open_for_s` and fails at once, so that a predictor that hangs costs the deadline a few times, not
-on every request (each such decision still falls back to the heuristics and is counted). Its `observe` only
-queues: a thread of its own sends the queue in batches through a second client, retries a batch that failed,
-and drops the oldest observations (counted) when the queue is full because the predictor has been away long.
+or fails at once when what that wait left of the deadline is shorter than the predictor's answers take; after
+`open_after` failures in a row it stops calling for `open_for_s` and fails at once, so that a predictor that hangs
+costs the deadline a few times, not on every request (each such decision still falls back to the heuristics and is
+counted). Its `observe` only queues: a thread of its own sends the queue in batches through a second client,
+retries a batch that failed, and drops the oldest observations (counted) when the queue is full because the
+predictor has been away long.
 """
 
 from __future__ import annotations
@@ -32,16 +33,19 @@ from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("leadtime.router.predictor")
 QUEUED = "queued"
-"""The status (and fallback reason) of a decision that waited its whole deadline for the decision thread: decided
-by the heuristics without asking the predictor, which answers slower than the decisions come."""
+"""The status (and fallback reason) of a decision that waited for the decision thread until what was left of its
+deadline was shorter than the predictor's answers take: decided by the heuristics without asking the predictor,
+which answers slower than the decisions come."""
+ANSWER_WEIGHT = 0.2
+"""Weight of the newest answer in the moving mean of how long the predictor's answers take (`queued_s`)."""
 REFUSED_ROWS_SAID_S = 60.0
 """How long /readyz names candidates the predictor refused, after the last refusal."""
 
 
 def failure_reason(err: PredictorError) -> str:
     """A short label for a failed call: deadline, unavailable, circuit_open, refused, invalid_answer (an answer
-    the policy cannot route on: a row missing, a value not finite), or queued (not made: the decision waited its
-    deadline out, `GatewayPredictor.queued_s`)."""
+    the policy cannot route on: a row missing, a value not finite), or queued (not made: the decision waited for
+    its turn until too little of its deadline was left, `GatewayPredictor.queued_s`)."""
     status = str(err.status)
     if status in ("deadline", "DEADLINE_EXCEEDED"):
         return "deadline"
@@ -166,9 +170,12 @@ class GatewayPredictor:
         self.dropped = 0
         self.queued_s = 0.0
         """How long the decision being made waited for the decision thread (the gateway sets it for each): its
-        predictions get the deadline less that wait, and none is asked for once the wait has used it all, so that
-        decisions queued behind a predictor slower than they come each add about the deadline at most, not every
-        call before them."""
+        predictions get the deadline less that wait, so that decisions queued behind a predictor slower than they
+        come each add about the deadline at most, not every call before them. None is asked for when what is left
+        is shorter than the predictor's answers take (`_answer_s`): it would come too late, and a call cut short
+        counts towards the breaker, which would then leave the predictor unasked for a second, decisions it had
+        time for included."""
+        self._answer_s = 0.0  # moving mean of how long the predictor's answers take (`ANSWER_WEIGHT`)
         self._ok = metrics.predictor_seconds.labels("predict", "ok")
         self._queued = metrics.observations.labels("queued")
         metrics.observations_waiting.set_function(self.pending)  # read at each scrape
@@ -178,11 +185,13 @@ class GatewayPredictor:
     def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
         if deadline_s is not None and self.queued_s > 0:
             left = deadline_s - self.queued_s
-            if left <= 0:  # no failure of the predictor's: the breaker is left as it is
+            if left <= self._answer_s:  # no failure of the predictor's: the breaker is left as it is
                 self.last_failure = QUEUED
-                waited = f"waited {self.queued_s * 1e3:.0f} ms for its turn"
                 raise PredictorUnavailable(
-                    QUEUED, f"the decision {waited}, its whole deadline ({deadline_s * 1e3:g} ms)"
+                    QUEUED,
+                    f"the decision waited {self.queued_s * 1e3:.0f} ms for its turn, leaving {max(left, 0) * 1e3:.0f} "
+                    f"ms of its {deadline_s * 1e3:g} ms deadline, and the predictor answers in "
+                    f"{self._answer_s * 1e3:.0f} ms",
                 )
             deadline_s = left
         now = time.monotonic()
@@ -202,7 +211,9 @@ class GatewayPredictor:
             failure = PredictorError(INVALID_ANSWER, f"the predictor client failed: {type(err).__name__}: {err}")
             self._prediction_failed(failure, started)
             raise failure from err
-        self._ok.observe(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        self._ok.observe(took)
+        self._answer_s = self._answer_s + ANSWER_WEIGHT * (took - self._answer_s) if self._answer_s else took
         self._consecutive = 0
         if self._outage:
             self._outage = False
