@@ -1012,6 +1012,36 @@ def test_kept_rows_read_again_after_a_crash_mid_send_land_once(redis_server: Red
     raw.close()
 
 
+def test_rows_a_hung_server_took_as_the_store_stopped_land_once_when_the_kept_file_is_sent(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Regression: Redis hung (a network blip, a stalled host) while the writer sent a chunk, and the store stopped:
+    the send timed out, so the chunk was kept in the file, and the server ran it once it went on. The next start
+    sent the file under the file's own chunk ids, and every row of that chunk landed twice. The file keeps the id
+    the chunk was sent under, and its rows are sent again under it: Redis skips them if it took them."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    store = RedisStore(redis_server.url, namespace="test", spill_dir=model_dir, socket_timeout_s=0.3)
+    store.append_observations([entry(0)])
+    assert store.flush(5.0)
+    redis_server.pause()
+    try:
+        store.append_observations([entry(i) for i in range(1, 1_501)])  # a whole chunk of 1,000 in flight, and more
+        assert wait_until(lambda: "timeout" in store.health()["redis"].lower(), timeout_s=5)
+        store.close(flush_timeout_s=0.0)
+        assert len(list(model_dir.glob("unsent-*"))) == 1
+    finally:
+        redis_server.resume()  # it runs what it was sent before the store gave up
+    assert wait_until(lambda: stream_lengths(redis_server.url) == list(range(1_001)), timeout_s=5)
+    again = RedisStore(redis_server.url, namespace="test", spill_dir=model_dir)
+    try:
+        assert again.flush(10.0)
+        assert wait_until(lambda: not list(model_dir.glob("unsent-*")), timeout_s=5)
+    finally:
+        again.close()
+    assert stream_lengths(redis_server.url) == list(range(1_501))  # each once, in order
+
+
 def test_without_a_directory_rows_buffered_at_a_stop_are_dropped_and_counted(
     make_store: StoreFactory, redis_server: RedisServer, tmp_path: Path
 ) -> None:

@@ -492,6 +492,9 @@ class RedisStore:
         self._lock = threading.Lock()
         self._closed = False  # close() has begun: appends are refused (the writer sends what it holds, then stops)
         self._buffer: deque[bytes] = deque()
+        # The writer's chunk from the head of the buffer not taken yet, (its id, its rows): a send that timed out
+        # may have landed, so rows kept at close are sent again under that id (`write_spill`'s `head`).
+        self._in_flight: tuple[str, int] | None = None
         self._dropped = 0
         self._full_warned = False  # that the buffer is full and rows are dropped was logged (once until emptied)
         self._appended = 0
@@ -660,6 +663,7 @@ class RedisStore:
             self._unread = deque(item for item in self._unread if item[0] not in gone)
             self._unread_count = sum(len(chunk) for _, chunk in self._unread)
             self._buffer.extendleft(reversed(lost))
+            self._in_flight = None  # no longer the head: the writer takes a new chunk (the new server has no mark)
             self._resent += len(lost)
             self._resent_pending += len(lost)  # at the head of the buffer: not counted as appended again
         return len(lost)
@@ -697,10 +701,12 @@ class RedisStore:
             if not chunk:
                 with self._lock:
                     spill = self._spills[0] if self._spills else None
-                    chunk = list(islice(spill.rows if spill else self._buffer, 0, _SEND_CHUNK))
-                # A kept file's chunk goes under an id of its place in the file: read again after a crash, the
-                # chunks that had landed are skipped.
-                chunk_id = spill.chunk_id() if spill is not None else uuid.uuid4().hex
+                    size = spill.chunk_size(_SEND_CHUNK) if spill is not None else _SEND_CHUNK
+                    chunk = list(islice(spill.rows if spill else self._buffer, 0, size))
+                    # A kept file's chunk goes under an id of its place in the file: read again after a crash, the
+                    # chunks that had landed are skipped.
+                    chunk_id = spill.chunk_id() if spill is not None else uuid.uuid4().hex
+                    self._in_flight = (chunk_id, len(chunk)) if spill is None and chunk else None
             if not chunk:
                 if time.monotonic() - last_contact >= _PING_EVERY_S:
                     started = time.monotonic()
@@ -744,6 +750,7 @@ class RedisStore:
             else:
                 for _ in chunk:
                     self._buffer.popleft()
+                self._in_flight = None
                 if self._resent_pending > 0:  # entries sent again after a restart are not new
                     again = min(self._resent_pending, len(chunk))
                     self._resent_pending -= again
@@ -1069,9 +1076,10 @@ class RedisStore:
         with self._lock:
             rest = list(self._buffer)
             self._buffer.clear()
+            in_flight, self._in_flight = self._in_flight, None
             earlier = sum(len(spill.rows) for spill in self._spills)  # their files stay until Redis takes them
             self._spills.clear()
-        kept = self._keep(rest)
+        kept = self._keep(rest, in_flight)
         if kept is not None:
             log.warning(
                 "closed before redis took them: %d buffered observations kept in %s, sent first by the next start "
@@ -1086,13 +1094,14 @@ class RedisStore:
             log.warning("closed before redis took them: %d buffered observations dropped", len(rest))
         self._redis.close()
 
-    def _keep(self, rows: list[bytes]) -> Path | None:
-        """Write the rows left at close to `spill_dir`; the file, or None if there is no directory, nothing to keep,
-        or it could not be written (said, and the rows then count as dropped)."""
+    def _keep(self, rows: list[bytes], in_flight: tuple[str, int] | None) -> Path | None:
+        """Write the rows left at close to `spill_dir`, the first as the chunk `in_flight` if the writer was sending
+        one (it may have landed); the file, or None if there is no directory, nothing to keep, or it could not be
+        written (said, and the rows then count as dropped)."""
         if not rows or self._spill_dir is None:
             return None
         try:
-            return write_spill(self._spill_dir, rows)
+            return write_spill(self._spill_dir, rows, head=in_flight)
         except OSError as err:
             log.warning("could not keep the buffered observations in %s: %s", self._spill_dir, err)
             return None

@@ -12,6 +12,11 @@ only once Redis has taken every chunk) has the chunks that had landed skipped, n
 chunks are kept for `SPILL_MARK_TTL_S`; a Redis that restarted without persistence has lost the rows and the marks
 alike, and gets them again.
 
+A chunk the store was sending as it stopped (a timeout: Redis hung, or the network dropped its answer) may have
+landed all the same, under the writer's own chunk id: the file records that id and the chunk's size, and its first
+chunk is sent again as that chunk, under that id, so that Redis skips it if it took it (`Spill.head`). The writer's
+marks last `_CHUNK_MARK_TTL_S` (the store's), so a next start within that is sure to send none of its rows twice.
+
 One file per stop, never appended to or rewritten: a file still being sent when the store stops again is left as
 it is (its chunks stay where they were), and what waits behind it goes to a new file.
 """
@@ -48,19 +53,34 @@ class Spill:
     rows: deque[bytes]  # those not taken by Redis yet, in order
     total: int  # rows in the file
     chunks_sent: int = 0
+    head: tuple[str, int] | None = None  # (id, rows) of the chunk in flight when the file was written
 
     def chunk_id(self) -> str:
-        """The id of the next chunk to send: its place in the file, the same however often the file is read."""
+        """The id of the next chunk to send: its place in the file, the same however often the file is read; the
+        first, when the file began with a chunk in flight, under the id it was sent with."""
+        if self.head is not None and self.chunks_sent == 0:
+            return self.head[0]
         return f"{self.id}:{self.chunks_sent}"
 
+    def chunk_size(self, size: int) -> int:
+        """How many rows the next chunk takes: `size`, but the first as many as the chunk in flight held, so that
+        its rows are the same, for Redis to skip if it took them."""
+        if self.head is not None and self.chunks_sent == 0:
+            return self.head[1]
+        return size
 
-def write_spill(directory: Path, rows: Sequence[bytes]) -> Path:
+
+def write_spill(directory: Path, rows: Sequence[bytes], head: tuple[str, int] | None = None) -> Path:
     """Write `rows` (each an observation's compact JSON, no newline) to a new file in `directory`, atomically and
     synced (a reader never sees half a file; a power cut leaves it whole or absent); its path. Files sort by the
-    time they were written, so that an older stop's rows are sent first."""
+    time they were written, so that an older stop's rows are sent first. `head`: the id and size of the chunk that
+    was in flight, the first rows (`Spill.head`)."""
     spill_id = uuid.uuid4().hex
     path = directory / f"{SPILL_PREFIX}{time.time_ns():020d}-{spill_id}{SPILL_SUFFIX}"
-    header = json.dumps({"kind": _HEADER_KIND, "id": spill_id, "rows": len(rows)}).encode()
+    fields: dict[str, object] = {"kind": _HEADER_KIND, "id": spill_id, "rows": len(rows)}
+    if head is not None and 0 < head[1] <= len(rows):
+        fields["head"] = {"id": head[0], "rows": head[1]}
+    header = json.dumps(fields).encode()
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".unsent-")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -97,14 +117,28 @@ def read_spills(directory: Path) -> list[Spill]:
             if header.get("kind") != _HEADER_KIND or header.get("rows") != len(rows) or lines[-1] != b"":
                 raise ValueError("not a whole file of kept observations")
             spill_id = str(header["id"])
+            head = _head(header.get("head"), len(rows))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             aside = path.with_name(path.name + ".refused")
             with contextlib.suppress(OSError):
                 path.rename(aside)
             log.warning("ignoring %s (%s): moved aside as %s, its rows not sent", path, err, aside.name)
             continue
-        spills.append(Spill(path, spill_id, deque(rows), len(rows)))
+        spills.append(Spill(path, spill_id, deque(rows), len(rows), head=head))
     return spills
+
+
+def _head(raw: object, rows: int) -> tuple[str, int] | None:
+    """A header's `head` (the chunk in flight when the file was written) as `Spill.head`; ValueError for one that
+    names no chunk of the file's rows."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
+        raise ValueError("its chunk in flight has no id")
+    size = raw.get("rows")
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= rows:
+        raise ValueError("its chunk in flight is not a part of its rows")
+    return raw["id"], size
 
 
 def remove_spill(spill: Spill) -> None:
