@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from redis_server import RedisServer
 
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.runtime import ServiceRuntime
@@ -243,6 +245,34 @@ def test_rows_replayed_from_the_stream_after_a_restart_are_counted_apart_from_wh
         metrics = restarted.get("/metrics").text
         assert "leadtime_observations_replayed_total 300.0" in metrics
         assert "leadtime_observations_learned_total 500.0" in metrics
+
+
+def test_rows_an_earlier_stop_kept_in_the_model_dir_are_counted_as_replayed_whenever_they_are_sent(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Rows a replica kept in --model-dir at a stop during an outage, sent by the next start once Redis was back:
+    learned, and counted neither as accepted (an earlier process accepted them) nor as replayed, since they landed
+    after the stream's end at start (here Redis was still down then): accepted 0, replayed 0, learned 300. They are
+    replayed rows, from the start on: pending until sent, then learned."""
+    settings = ServiceSettings(redis_url=redis_server.url, model_dir=tmp_path, retrain_every=1_000_000)
+    with TestClient(create_app(settings)) as first:
+        redis_server.stop()
+        batch = {"entries": [entry(i) for i in range(300)]}
+        assert first.post("/add_training_data_bulk", json=batch).status_code == 202
+    assert len(list(tmp_path.glob("unsent-*"))) == 1
+    with TestClient(create_app(settings)) as restarted:
+        s = restarted.get("/status").json()["ingestion"]
+        assert s["accepted"] == 0 and s["replayed"] == s["pending"] == 300  # waiting to be sent, accounted for
+        redis_server.start()
+
+        def settled() -> bool:
+            s = restarted.get("/status").json()["ingestion"]
+            return s["pending"] == 0 and s["learned_here"] == 300
+
+        assert _wait(settled), restarted.get("/status").json()["ingestion"]
+        s = restarted.get("/status").json()["ingestion"]
+        assert s["accepted"] == 0 and s["replayed"] == 300
+        assert "leadtime_observations_replayed_total 300.0" in restarted.get("/metrics").text
 
 
 def test_a_rewound_read_finding_its_counted_rows_trimmed_still_counts_the_rest_of_the_replay() -> None:

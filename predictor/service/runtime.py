@@ -136,6 +136,11 @@ class ServiceRuntime:
         self._replayed = 0
         self._replay_until: str | None = None
         self._replay_counted = "0"
+        # Rows an earlier stop kept, which the store sends (`Store.kept_after`), are replayed rows from the start
+        # on: those that landed by the stream's end then (`_stream_end_at_start`; None: the store could not tell
+        # it) as the replay reads them, the rest as the store counts them.
+        self._replay_marked = False
+        self._stream_end_at_start: str | None = None
         self._counts_lock = threading.Lock()
         self._swap_lock = threading.RLock()
         self._pull_lock = threading.Lock()  # one pull of --model-from's model at a time: the loop's or /reload's
@@ -939,6 +944,7 @@ class ServiceRuntime:
             end = None
         if end is not None and cursor_order(end) > cursor_order(self._cursor):
             self._replay_until, self._replay_counted = end, self._cursor
+        self._replay_marked, self._stream_end_at_start = True, end
 
     def _replay_bound(self, cursor: str) -> tuple[str | None, bool]:
         """(where a read from `cursor` must stop, whether its rows are replayed ones not counted yet): read
@@ -1313,6 +1319,9 @@ class ServiceRuntime:
             accepted = self._accepted_rows
             replayed = self._replayed
             flushed = self._flushed_rows
+            marked, end_at_start = self._replay_marked, self._stream_end_at_start
+        if marked:  # rows an earlier stop kept, yet to be sent or landed past where the replay's reads stop
+            replayed += self.store.kept_after(end_at_start)
         predictor = self.predictor
         learned = learned_rows(predictor) if predictor is not None else 0
         dropped = {k[len("dropped_") :]: int(v) for k, v in stats.items() if k.startswith("dropped_")}

@@ -75,6 +75,13 @@ class Store(Protocol):
         when the backend cannot tell."""
         ...
 
+    def kept_after(self, cursor: str | None) -> int:
+        """Rows an earlier process kept at its stop (accepted there, never sent) that this store still has to send,
+        or has sent and that landed in the stream after `cursor` (None: anywhere): a reader counts the rows it reads
+        up to the stream's end at its start as replayed, and these, whenever they are sent, are replayed rows too.
+        0 for a store that keeps none."""
+        ...
+
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every observation accepted so far is in the stream, readable up to `stream_end` (a store
         that sends them on from a queue, the Redis store, has sent them); False if that took longer than

@@ -186,6 +186,10 @@ class MemoryStore:
         with self._lock:
             return str(self._first_index + len(self._entries))
 
+    def kept_after(self, cursor: str | None) -> int:
+        """0: nothing outlives this store to be kept."""
+        return 0
+
     def flush(self, timeout_s: float = 5.0) -> bool:
         """True: what is appended here is in the stream at once."""
         return True

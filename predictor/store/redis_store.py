@@ -531,6 +531,8 @@ class RedisStore:
         # Rows an earlier stop kept in `spill_dir`, oldest file first: sent before anything accepted here.
         self._spill_dir = spill_dir
         self._spills: deque[Spill] = deque(read_spills(spill_dir) if spill_dir is not None else ())
+        # Where each chunk of them landed: (the stream id of its last row, its rows), for `kept_after`.
+        self._kept_landed: list[tuple[tuple[int, int], int]] = []
         if self._spills:
             log.info(
                 "%d observations accepted before the last stop and kept in %s: sending them to redis first",
@@ -668,6 +670,16 @@ class RedisStore:
             self._resent_pending += len(lost)  # at the head of the buffer: not counted as appended again
         return len(lost)
 
+    def kept_after(self, cursor: str | None) -> int:
+        """Rows of the files an earlier stop kept that wait to be sent, or that this store sent and that landed
+        after `cursor` (None: anywhere). A chunk lands whole in one step, so its last row's id tells on which side
+        of a cursor read at any moment all of its rows are; one found landed already (a file read again) is not
+        counted."""
+        after = cursor_order(cursor) if cursor is not None else (-1, -1)
+        with self._lock:
+            landed = sum(rows for last_id, rows in self._kept_landed if last_id > after)
+            return landed + sum(len(spill.rows) for spill in self._spills)
+
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every accepted observation is in Redis; False if that took longer than `timeout_s`."""
         deadline = time.monotonic() + timeout_s
@@ -745,6 +757,8 @@ class RedisStore:
                 for _ in chunk:
                     spill.rows.popleft()
                 spill.chunks_sent += 1
+                if last_id is not None:
+                    self._kept_landed.append((last_id, len(chunk)))
                 if not spill.rows:
                     emptied = self._spills.popleft()
             else:
