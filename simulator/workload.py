@@ -173,6 +173,10 @@ def _azure_rows(path: Path, reader: csv.DictReader[str]) -> list[WorkloadRequest
     start: datetime | None = None
     for lineno, row in enumerate(reader, start=2):
         where = f"{path}:{lineno}"
+        extra = row.get(None)  # csv.DictReader's key for cells past the header's
+        if extra:
+            more = f"{len(extra)} cell{'s' if len(extra) > 1 else ''}"
+            raise TraceError(f"{where}: the row has {more} more than the header's {len(reader.fieldnames)} columns")
         text = (row.get("TIMESTAMP") or "").strip()
         try:
             # In UTC (a zone-less time is UTC): rows with offsets, Z and none compare as the times they name.
@@ -206,23 +210,22 @@ def _azure_count(row: dict[str, str], name: str, where: str) -> int:
 
 
 def read_trace(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
-    """Pick the parser by extension: .jsonl → Mooncake, .csv → Azure; a file without a request is refused here,
-    where its name is known, rather than later as a workload without one.
+    """Pick the parser by extension (in any case): .jsonl → Mooncake, .csv → Azure; a file without a request is
+    refused here, where its name is known, rather than later as a workload without one.
 
     The requests come in arrival order, the `limit` earliest of them with a limit. The whole file is read either
     way: a file's rows need not be in time order, and its first lines are then not its first arrivals (reading
     the shipped traces whole takes a fraction of a second).
     """
-    if path.suffix == ".jsonl":
+    suffix = path.suffix.lower()  # TRACE.CSV is a CSV file too
+    if suffix == ".jsonl":
         requests = read_mooncake(path)
-    elif path.suffix == ".csv":
+    elif suffix == ".csv":
         requests = read_azure(path)
     else:
         raise TraceError(f"{path}: unknown trace format (expected .jsonl Mooncake or .csv Azure)")
     if not requests:
-        raise TraceError(
-            f"{path}: no requests (the file is empty{', or a header alone' if path.suffix == '.csv' else ''})"
-        )
+        raise TraceError(f"{path}: no requests (the file is empty{', or a header alone' if suffix == '.csv' else ''})")
     return sorted(requests, key=lambda r: r.arrival_ms)[:limit]  # stable: rows of one instant keep file order
 
 

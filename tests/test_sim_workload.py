@@ -82,6 +82,8 @@ def test_azure_csv_parses_times_relative_to_first(tmp_path: Path) -> None:
         ("yesterday,1,1", "TIMESTAMP"),
         ("2023-11-16 18:15:46.6,x,1", "'ContextTokens' must be an integer ≥ 1, got 'x'"),
         ("2023-11-16 18:15:46.6,10,0", "GeneratedTokens"),
+        # A cell more than the header has: a comma inside a cell, or columns out of step with the header's.
+        ("2023-11-16 18:15:46.6,10,20,7", "1 cell more than the header's 3 columns"),
     ],
 )
 def test_azure_rejects_malformed_rows_with_line_number(tmp_path: Path, row: str, problem: str) -> None:
@@ -97,6 +99,12 @@ def test_azure_missing_columns_and_unknown_format(tmp_path: Path) -> None:
         read_trace(_write(tmp_path, "x.txt", ""))
     with pytest.raises(TraceError, match="absent"):
         read_trace(tmp_path / "absent.jsonl")
+
+
+@pytest.mark.parametrize("suffix", [".CSV", ".Csv"])
+def test_a_trace_is_known_by_its_extension_in_any_case(tmp_path: Path, suffix: str) -> None:
+    path = _write(tmp_path, "trace" + suffix, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,5,7\n")
+    assert [(r.input_tokens, r.output_tokens) for r in read_trace(path)] == [(5, 7)]
 
 
 def test_shape_scales_rate_and_limits() -> None:
