@@ -41,6 +41,10 @@ from leadtime.features.rows import (
 )
 
 DEFAULT_DEADLINE_S = 0.05
+RECONNECT_BACKOFF_MS = 1000
+"""The longest a gRPC client waits between attempts to reach a predictor that went away. gRPC's own backoff grows
+1.6-fold per attempt up to two minutes: a predictor back after a few minutes away went unasked for up to two more,
+every decision falling back meanwhile. One attempt a second is about how often a router tries it anyway."""
 
 
 class PredictorError(Exception):
@@ -598,14 +602,19 @@ class GrpcPredictorClient:
             # gRPC took it, and every call then failed as UNAVAILABLE: an outage to wait out, for ever.
             raise ValueError(f"{target!r}: expected HOST:PORT (a gRPC target, not a URL)")
         self._grpc = grpc
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+        ]
         if ca_file is not None:
             tls_client_context(ca_file)  # refused here by name; gRPC itself would only fail at the first call
             roots = Path(ca_file).read_bytes()
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots))
+            credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+            self._channel = grpc.secure_channel(target, credentials, options)
         elif tls:
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials())
+            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(), options)
         else:
-            self._channel = grpc.insecure_channel(target)
+            self._channel = grpc.insecure_channel(target, options)
         self._stub = leadtime_pb2_grpc.PredictorStub(self._channel)
         self._metadata = (("authorization", f"Bearer {api_token}"),) if api_token else ()
 
