@@ -605,6 +605,9 @@ class GrpcPredictorClient:
         options = [
             ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
             ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+            # An answer is as large as the rows sent, which the service bounds (LEADTIME_MAX_ROWS); gRPC's default
+            # 4 MiB threw away the answer to ~130,000 rows once the service had computed it.
+            ("grpc.max_receive_message_length", -1),
         ]
         if ca_file is not None:
             tls_client_context(ca_file)  # refused here by name; gRPC itself would only fail at the first call

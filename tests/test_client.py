@@ -7,9 +7,11 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from decimal import Decimal
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from served import uvicorn_in_a_thread
@@ -23,6 +25,8 @@ from leadtime.predictor.client import (
     PredictorError,
     PredictorUnavailable,
 )
+from leadtime.predictor.grpc import leadtime_pb2 as pb
+from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
 from leadtime.predictor.grpc.server import start_grpc_server
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.settings import ServiceSettings
@@ -547,8 +551,6 @@ def test_the_lean_client_reads_a_zero_deadline_as_no_time_left_not_the_default(d
 def test_a_grpc_answer_without_one_prediction_per_row_is_an_invalid_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: the gRPC client handed on an answer holding fewer predictions than the rows sent (here
     `tpot_quantile_ms` one short) as it came: a caller indexing by row read past it, or a neighbour's."""
-    from leadtime.predictor.grpc import leadtime_pb2 as pb
-
     short = pb.PredictBulkResponse(
         ttft_mean_ms=[1.0, 2.0],
         ttft_quantile_ms=[1.0, 2.0],
@@ -612,6 +614,34 @@ def test_a_grpc_predictor_back_after_an_outage_is_answering_again_within_seconds
             except PredictorUnavailable:
                 assert time.monotonic() - back < 3.0, "the predictor, back, is still not reached"
                 time.sleep(0.1)
+    finally:
+        client.close()
+        server.stop(grace=None)
+
+
+def test_a_grpc_answer_larger_than_grpcs_default_limit_is_read() -> None:
+    """Regression: the gRPC client kept gRPC's default 4 MiB limit on what it receives, so the answer to about
+    130,000 rows or more (a service given a larger LEADTIME_MAX_ROWS takes them) was thrown away once the service
+    had computed it (RESOURCE_EXHAUSTED, which a gateway counts as the rows refused). Here a predictor answering
+    140,000 predictions to one row: the answer is read whole, and refused for what it holds."""
+    many = [1.0] * 140_000  # 4 arrays of 8-byte doubles: about 4.5 MB
+
+    class Oversized(pb_grpc.PredictorServicer):
+        def PredictBulk(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC's name)
+            return pb.PredictBulkResponse(
+                ttft_mean_ms=many, ttft_quantile_ms=many, tpot_mean_ms=many, tpot_quantile_ms=many, quantile=0.9
+            )
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_PredictorServicer_to_server(Oversized(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = GrpcPredictorClient(f"127.0.0.1:{port}", deadline_s=10.0)
+    try:
+        with pytest.raises(PredictorError) as err:
+            client.predict([_dict_row()])
+        assert err.value.status == "invalid_answer", err.value
+        assert "140000 predictions for 1 rows" in err.value.message
     finally:
         client.close()
         server.stop(grace=None)
