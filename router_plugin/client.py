@@ -31,6 +31,7 @@ __all__ = [
     "PredictorClient",
     "PredictorError",
     "PredictorUnavailable",
+    "predict_in_process",
 ]
 
 
@@ -65,6 +66,26 @@ def require_predictor_client(predictor: object) -> None:
         )
 
 
+def predict_in_process(learner: LocalLearner, rows: Sequence[FeatureRow], quantile: float) -> BulkPredictions:
+    """`learner`'s predictions of `rows`, answered as the service answers: a row it cannot read (an unknown
+    accelerator class) is a PredictorError, as over HTTP (422) and gRPC, so that a policy falls back alike
+    whichever client stands behind it, and a gateway takes it for refused rows, not for a predictor failing
+    (whose breaker would then leave it unasked for the other decisions too)."""
+    require_rows(rows)
+    try:
+        p = learner.predict_many(rows)
+    except FeatureError as err:
+        raise PredictorError("invalid", str(err)) from None
+    return BulkPredictions(
+        np.asarray(p.ttft_mean),
+        np.asarray(p.ttft_quantile),
+        np.asarray(p.tpot_mean),
+        np.asarray(p.tpot_quantile),
+        int(getattr(p, "model_version", 0)),
+        quantile,
+    )
+
+
 class InProcessPredictor:
     """A `PredictorClient` over a learner in this process: no network, no deadline to miss.
 
@@ -89,21 +110,8 @@ class InProcessPredictor:
         self.quantile = quantile
 
     def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
-        """As the service answers: a row it cannot read (an unknown accelerator class) is a PredictorError, as
-        over HTTP (422) and gRPC, so that a policy falls back alike whichever client stands behind it."""
-        require_rows(rows)
-        try:
-            p = self.learner.predict_many(rows)
-        except FeatureError as err:
-            raise PredictorError("invalid", str(err)) from None
-        return BulkPredictions(
-            np.asarray(p.ttft_mean),
-            np.asarray(p.ttft_quantile),
-            np.asarray(p.tpot_mean),
-            np.asarray(p.tpot_quantile),
-            int(getattr(p, "model_version", 0)),
-            self.quantile,
-        )
+        """`predict_in_process`."""
+        return predict_in_process(self.learner, rows, self.quantile)
 
     def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
         if observations:

@@ -23,10 +23,11 @@ from waiting import wait_for
 
 from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
 from leadtime.features.rows import EndpointState, FeatureRow, RequestFeatures
-from leadtime.predictor.client import row_dict
+from leadtime.predictor.client import PredictorError, PredictorUnavailable, row_dict
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.service.native import etag_matches
 from leadtime.router_plugin.gateway.metrics import DISCOVERY_RESULTS, PULL_RESULTS, GatewayMetrics
+from leadtime.router_plugin.gateway.predictor import GatewayPredictor
 from leadtime.router_plugin.gateway.predictor_http import LeanHttpPredictorClient
 from leadtime.router_plugin.gateway.pulled import PulledModel
 
@@ -452,3 +453,21 @@ def test_a_compressed_answer_is_read_within_the_size_cap_not_inflated_whole(capl
     assert "larger than 64 MiB" in said[0], said
     assert pulled.model is not None  # a proxy's gzip of a model is taken
     assert "Content-Encoding br" in said[-1], said
+
+
+def test_a_row_the_pulled_model_refuses_is_refused_as_the_service_refuses_it(caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: a candidate the pulled model cannot predict (an accelerator class it does not know, which the
+    gateway's own catalog may name) raised the model's FeatureError, which the gateway took for a predictor that
+    failed (`invalid_answer`): three in a row opened the breaker, and decisions without that candidate fell back
+    too, the gateway saying the predictor failed. Asking the service, such rows are refused (422) and the others
+    predicted: so here too."""
+    pulled, _ = pulls([(served(GOOD), 1)], caplog)
+    gateway = GatewayPredictor(pulled, pulled, GatewayMetrics())
+    unknown = FeatureRow(RequestFeatures(input_tokens=900), EndpointState(endpoint_id="e", accelerator="b999-custom"))
+    for _ in range(gateway.open_after + 1):
+        with pytest.raises(PredictorError) as err:
+            gateway.predict([unknown], 1.0)
+        assert not isinstance(err.value, PredictorUnavailable) and gateway.last_failure == "refused", err.value
+        assert "accelerator: unknown accelerator class 'b999-custom'" in err.value.message
+    assert len(gateway.predict([FeatureRow(RequestFeatures(input_tokens=900))], 1.0).ttft_mean_ms) == 1
+    assert "predictor" not in gateway.health() and "b999-custom" in gateway.health()["candidates"]

@@ -31,13 +31,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.predictor.client import DEFAULT_DEADLINE_S
 from leadtime.predictor.learner import OnlinePredictor
 from leadtime.predictor.model_pull import DEFAULT_PULL_TIMEOUT_S, PULL_RESULTS, ModelPull
-from leadtime.router_plugin.client import BulkPredictions, PredictorClient, PredictorUnavailable
+from leadtime.router_plugin.client import (
+    BulkPredictions,
+    PredictorClient,
+    PredictorUnavailable,
+    predict_in_process,
+)
 from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger("leadtime.router.pulled")
@@ -103,22 +107,15 @@ class PulledModel:
 
     def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
         """Predict with the model held now. Before the first pull has finished, wait for it within the deadline;
-        with no model at all, raise `PredictorUnavailable` (the policy falls back to the heuristics)."""
+        with no model at all, raise `PredictorUnavailable` (the policy falls back to the heuristics). A row the model
+        cannot read is refused as the service refuses it (`predict_in_process`)."""
         model = self.model
         if model is None and not self._first.is_set():
             self._first.wait(deadline_s if deadline_s is not None else DEFAULT_DEADLINE_S)
             model = self.model
         if model is None:
             raise PredictorUnavailable("no_model", f"no model pulled from {self.url} yet")
-        p = model.predict_many(rows)
-        return BulkPredictions(
-            np.asarray(p.ttft_mean),
-            np.asarray(p.ttft_quantile),
-            np.asarray(p.tpot_mean),
-            np.asarray(p.tpot_quantile),
-            int(p.model_version),
-            model.config.quantile,
-        )
+        return predict_in_process(model, rows, model.config.quantile)
 
     def observe(self, observations: Sequence[Observation], deadline_s: float | None = None) -> int:
         """To the service, which learns from them (this process never does)."""
