@@ -27,6 +27,7 @@ from threaded_server import serve_in_a_thread
 
 from leadtime.bench.procs import Child, Predictor, Route, SimFleet, free_port
 from leadtime.bench.tls import TlsBenchOptions, run_tls_bench, self_signed
+from leadtime.features.rows import feature_row_from_llmd
 from leadtime.features.vllm_metrics import parse_samples
 from leadtime.predictor.client import (
     GrpcPredictorClient,
@@ -101,7 +102,7 @@ def test_the_gateway_pulls_the_model_over_tls(service: TlsService) -> None:
     pulled = PulledModel(service.url, observer, interval_s=60.0, ca_file=service.cert)
     pulled.start()
     try:
-        version = pulled.predict([], deadline_s=30).model_version  # waits for the first pull
+        version = pulled.predict([feature_row_from_llmd(ROW)], deadline_s=30).model_version  # waits for the first pull
         trust = tls_client_context(service.cert)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         status = httpx.get(f"{service.url}/status", verify=trust, headers=auth, timeout=10)
