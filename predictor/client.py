@@ -39,6 +39,7 @@ from leadtime.features.rows import (
     parse_timestamp,
     refuse_unknown_fields,
 )
+from leadtime.predictor.service.keys import check_key
 
 DEFAULT_DEADLINE_S = 0.05
 RECONNECT_BACKOFF_MS = 1000
@@ -237,6 +238,26 @@ def default_deadline(deadline_s: Any) -> float:
     return seconds
 
 
+def bearer_token(api_token: str | None) -> str | None:
+    """A client's API token, None for none (as for ""); ValueError naming it when no header or gRPC metadata can
+    carry it (a line break pasted with it, a character beyond ASCII): taken, it failed every call, each client its
+    own way, where the service and the gateway refuse such a token at start.
+
+    >>> bearer_token("s3cret"), bearer_token(None)
+    ('s3cret', None)
+    >>> bearer_token("s3cret\\n")
+    Traceback (most recent call last):
+    ...
+    ValueError: api_token: must be printable ASCII, without spaces, commas, line breaks or control characters, not empty
+    """
+    if not api_token:
+        return None
+    try:
+        return check_key(api_token)
+    except ValueError as err:
+        raise ValueError(f"api_token: {err}") from None
+
+
 def scheme_hint(over_tls: bool, problem: str) -> str:
     """What to change when a failure says a URL's scheme is the wrong one: a service over TLS ends a plain-text
     request's connection unanswered at its handshake, and a plain one answers a TLS hello with no TLS record.
@@ -342,6 +363,7 @@ class HttpPredictorClient:
         self.deadline_s = default_deadline(deadline_s)
         verify: ssl.SSLContext | bool = https_context(base_url, ca_file) or True  # True: httpx's default
         self._httpx = httpx
+        api_token = bearer_token(api_token)
         headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
         self._client = httpx.Client(base_url=base_url, headers=headers, timeout=deadline_s, verify=verify)
 
@@ -619,6 +641,7 @@ class GrpcPredictorClient:
         else:
             self._channel = grpc.insecure_channel(target, options)
         self._stub = leadtime_pb2_grpc.PredictorStub(self._channel)
+        api_token = bearer_token(api_token)
         self._metadata = (("authorization", f"Bearer {api_token}"),) if api_token else ()
 
     def _deadline(self, deadline_s: float | None) -> float:

@@ -375,6 +375,20 @@ def test_a_client_without_a_usable_default_deadline_is_refused_when_made(kind: s
             GrpcPredictorClient("127.0.0.1:9", deadline_s=deadline)
 
 
+@pytest.mark.parametrize("token", ["s3cret\n", "sécret", "s3 cret"])
+@pytest.mark.parametrize("kind", ["http", "grpc", "lean-http"])
+def test_a_token_no_header_can_carry_is_refused_when_made(kind: str, token: str) -> None:
+    """Regression: taken, it failed every call, each client its own way (gRPC INTERNAL "Invalid metadata", httpx a
+    UnicodeEncodeError or an outage, the lean client a 400 from the service, or sent as bytes no service compares
+    equal), where `leadtime serve` and `route` refuse such a token at start."""
+    make = {"http": HttpPredictorClient, "lean-http": LeanHttpPredictorClient}.get(kind)
+    with pytest.raises(ValueError, match=r"api_token: must be printable ASCII"):
+        if make is not None:
+            make("http://127.0.0.1:9", api_token=token)
+        else:
+            GrpcPredictorClient("127.0.0.1:9", api_token=token)
+
+
 def test_a_grpc_target_given_as_a_url_is_refused_when_made() -> None:
     """It was taken, and every call then failed as UNAVAILABLE ("Misformatted domain name"), which reads as an
     outage to wait out."""

@@ -28,6 +28,7 @@ from leadtime.predictor.client import (
     PredictorUnavailable,
     Row,
     answer_field,
+    bearer_token,
     call_deadline,
     default_deadline,
     https_context,
@@ -70,6 +71,7 @@ class LeanHttpPredictorClient:
         self.port = parts.port or (443 if self._tls else 80)
         self.prefix = parts.path.rstrip("/")
         self.deadline_s = default_deadline(deadline_s)
+        api_token = bearer_token(api_token)
         auth = f"Authorization: Bearer {api_token}\r\n" if api_token else ""
         self._head = f"Host: {self.host}:{self.port}\r\nContent-Type: application/json\r\n{auth}"
         self._sock: socket.socket | None = None
