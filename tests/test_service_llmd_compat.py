@@ -131,6 +131,21 @@ def test_bulk_refuses_the_whole_call_when_a_row_fails_llmds_schema(client: TestC
         assert r.json()["field"] == f"requests[1].{field}"
 
 
+def test_bulk_names_a_row_its_schema_refuses_in_the_words_of_the_other_paths(client: TestClient) -> None:
+    """/predict/bulk said pydantic's words ("Field required", "a valid dictionary or instance of LlmdRow", naming a
+    class no client sees) where /predict/bulk/strict said the service's for the same row."""
+    missing = llmd_row()
+    del missing["input_token_length"]
+    for row in [missing, "row", [1], *(llmd_row(**bad) for bad, _ in BAD_ROWS[1:]), llmd_row(num_request_waiting=1.5)]:
+        body = {"requests": [llmd_row(), row]}
+        strict = client.post("/predict/bulk/strict", json=body)
+        bulk = client.post("/predict/bulk", json=body)
+        assert (strict.status_code, bulk.status_code) == (422, 422), row
+        assert bulk.json()["error"] == strict.json()["error"], row
+        assert bulk.json()["detail"] == strict.json()["detail"], row
+        assert "LlmdRow" not in bulk.text
+
+
 def test_bulk_keeps_per_row_errors_for_rows_llmds_schema_accepts(client: TestClient) -> None:
     rows = [llmd_row(), llmd_row(accelerator="no-such-gpu"), llmd_row(timeslice_state="asleep")]
     r = client.post("/predict/bulk", json={"requests": rows})

@@ -108,16 +108,26 @@ async def predict_bulk_strict(request: Request, runtime: ReadyRuntime) -> Respon
     return Response(strict_answer(runtime, parsed, started), media_type="application/json")
 
 
-def check_llmd_schema(rows: list[Any]) -> None:
+def check_llmd_schema(runtime: ServiceRuntime, rows: list[Any]) -> None:
     """A row that fails llm-d's request schema (a required field missing, a value of the wrong type or out of its
     range) fails the whole call with 422, as llm-d's request model does; `/predict/bulk`'s per-row errors are for
-    rows that pass it but cannot be predicted (Leadtime's extras: an unknown accelerator class, say)."""
+    rows that pass it but cannot be predicted (Leadtime's extras: an unknown accelerator class, say).
+
+    The refusal is worded as the other paths word it (`RowParser`'s check of that field), so that a row reads the
+    same on /predict/bulk as on /predict/bulk/strict; pydantic's words (naming a class no client sees) are kept only
+    when that check finds no fault in the field llm-d's schema refused."""
     for i, row in enumerate(rows):
         try:
             LlmdRow.model_validate(row)
         except ValidationError as err:
             where, problem = validation_problem(err)
-            raise FeatureError(f"requests[{i}].{where}" if where else f"requests[{i}]", problem) from None
+            refused = FeatureError(where, problem)
+            try:
+                runtime.parser.parse_one(row)
+            except FeatureError as own:
+                if own.field == where:
+                    refused = own
+            raise refused.under(f"requests[{i}]") from None
 
 
 @router.post(
@@ -131,7 +141,7 @@ async def predict_bulk(request: Request, runtime: ReadyRuntime) -> Response:
     """Predict every valid row; bad rows get an error entry and a null prediction."""
     started = time.perf_counter()
     rows = list_field(await json_body(request), "requests", 1, runtime.settings.max_rows)
-    check_llmd_schema(rows)
+    check_llmd_schema(runtime, rows)
     good: list[int] = []
     errors: list[dict[str, Any]] = []
     for i, row in enumerate(rows):
