@@ -212,14 +212,17 @@ def refuse_unknown_fields(items: Sequence[Any], where: str, known: frozenset[str
             refuse_unknown_keys(item, f"{where}[{i}]", known)
 
 
-def refuse_unknown_keys(item: Mapping[str, Any], where: str, known: frozenset[str]) -> None:
-    """`refuse_unknown_fields` of one row or observation, named `where`, or of a whole body (`where` empty)."""
+def refuse_unknown_keys(
+    item: Mapping[str, Any], where: str, known: frozenset[str], api: str = "the native API"
+) -> None:
+    """`refuse_unknown_fields` of one row or observation, named `where`, or of a whole body (`where` empty) that
+    `api` (what the message says the key is not a field of) takes."""
     for key in item:
         if key not in known:
             close = difflib.get_close_matches(str(key), sorted(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else " (see /docs for the fields it takes)"
             name = str(key) or "''"
-            raise FeatureError(f"{where}.{name}" if where else name, f"is not a field of the native API{hint}")
+            raise FeatureError(f"{where}.{name}" if where else name, f"is not a field of {api}{hint}")
 
 
 def role_of(pod_type: Any, role: Any = None) -> str:

@@ -368,6 +368,13 @@ def test_data_status_and_flush(client: TestClient) -> None:
     assert client.post("/flush", content=b"{", headers={"content-type": "application/json"}).status_code == 400
 
 
+def test_flush_names_the_option_a_misspelt_key_may_be_a_slip_for(client: TestClient) -> None:
+    """Said pydantic's "Extra inputs are not permitted", leaving the user to guess what the key should be."""
+    r = client.post("/flush", json={"flush_training": False})
+    assert r.status_code == 422 and r.json()["field"] == "flush_training"
+    assert r.json()["error"] == "flush_training: is not a field of /flush (did you mean 'flush_training_data'?)"
+
+
 def test_reload_answers_in_llmd_shape(client: TestClient) -> None:
     r = client.post("/reload")
     assert r.status_code == 200

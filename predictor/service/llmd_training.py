@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from leadtime.features.errors import FeatureError, validation_problem
-from leadtime.features.rows import known_fields_only
+from leadtime.features.rows import known_fields_only, refuse_unknown_keys
 from leadtime.predictor.service.edge import ReadyRuntime, json_body, list_field, require_token
 from leadtime.predictor.service.rows import ParsedObservations
 from leadtime.predictor.service.runtime import MAX_OBSERVATIONS_PER_CALL, FlushRefused, ServiceRuntime, rfc3339
@@ -124,6 +124,8 @@ async def flush(request: Request, runtime: ReadyRuntime) -> dict[str, Any]:
     brings its window with it. 503, nothing flushed, when the store or the learner cannot take it now."""
     raw = await request.body()
     body: Any = {} if not raw.strip() else await json_body(request)
+    if isinstance(body, dict):  # a misspelt option would flush what it was meant to keep: named, with its likely fix
+        refuse_unknown_keys(body, "", frozenset(FlushRequest.model_fields), api="/flush")
     try:
         options = FlushRequest.model_validate(body)
     except ValidationError as err:
