@@ -328,7 +328,8 @@ def _split(
         train, test = np.sort(order[:cut]), np.sort(order[cut:])
         leadtime = OnlinePredictor(config)
         leadtime.learn_many(x_lt[train], y["ttft"][train], y["tpot"][train])
-        leadtime.retrain_now()
+        if config.retrain:  # the trees fitted on all the training rows, as the walk's retrains fit them
+            leadtime.retrain_now()
         p = leadtime.predict_many(x_lt[test])
         leadtime.close()
         lt = {"ttft": (p.ttft_mean, p.ttft_quantile), "tpot": (p.tpot_mean, p.tpot_quantile)}
@@ -379,13 +380,14 @@ def _speed(
 ) -> dict[str, Any]:
     """In-process latency of predict_many on 100 rows and of learning one observation.
 
-    Prediction is timed on a predictor that walked the whole file (with whatever trees it accepted); learning
-    is timed as the service runs the learner, retraining in its background thread rather than inside
-    learn_many.
+    Prediction is timed on a predictor that walked the whole file (with whatever trees it accepted, if it fits
+    any); learning is timed as the service runs the learner, retraining in its background thread rather than
+    inside learn_many.
     """
     predictor = OnlinePredictor(config)
     predictor.learn_many(x, y["ttft"], y["tpot"])
-    predictor.retrain_now()
+    if config.retrain:
+        predictor.retrain_now()
     trees = predictor.status()["trees_active"]
     rng = np.random.default_rng(0)
     batches = [x[rng.choice(len(x), 100)] for _ in range(50)]
@@ -439,11 +441,13 @@ def run_accuracy(
     label_delay: LabelDelay = 0,
     on_usage: Callable[[RowUsage], None] | None = None,
     catalog: Catalog = BUILT_IN,
+    trees: bool = True,
 ) -> dict[str, Any]:
     """The report of every model on the file's rows. `accelerator` and `model` are the hardware of rows that name
     none (llm-d's never do), of `catalog`'s classes and models; the report gives what the rows were taken as.
     `on_usage` is told how many rows measure each target before the runs. `label_delay` is the prequential walk's
-    (`LabelDelay`); the 90/10 split does not depend on it."""
+    (`LabelDelay`); the 90/10 split does not depend on it. `trees` False: Leadtime without its residual trees
+    (its online parts alone, in the walk and the split), to see what the trees are worth."""
     rows, lines = load_llmd_lines(data)
     if len(rows) < MIN_ROWS:
         raise ValueError(f"{data}: {len(rows)} rows; the walk and the 90/10 split need at least {MIN_ROWS}")
@@ -458,7 +462,7 @@ def run_accuracy(
         raise ValueError(
             f"{data}: none of its {len(rows)} rows has an actual_ttft_ms or actual_tpot_ms above 0: nothing to measure"
         )
-    config = LearnerConfig(accelerator=accelerator, model=model, background=False, catalog=catalog)
+    config = LearnerConfig(accelerator=accelerator, model=model, background=False, catalog=catalog, retrain=trees)
     try:
         x_lt = Vectorizer(accelerator, model, catalog).batch_llmd(rows)
     except FeatureError as err:
@@ -491,6 +495,7 @@ def run_accuracy(
         "accelerator": taken_as(rows, "accelerator", accelerator),
         "model": taken_as(rows, "model", model),
         "label_delay": label_delay,
+        "trees": trees,
         "implausible": usage.implausible,
     }
     if times is not None:
@@ -541,7 +546,8 @@ def print_report(report: dict[str, Any], as_json: bool, usage: RowUsage | None =
         return
     data = report["data"]
     reference = report["reference"]["model_type"]
-    table = Table(title=f"accuracy on {data['path']} ({data['rows']} rows; llmd_reference: {reference})")
+    trees = "" if data.get("trees", True) else "; leadtime without trees"
+    table = Table(title=f"accuracy on {data['path']} ({data['rows']} rows; llmd_reference: {reference}{trees})")
     for column in ("model", "target", "preq MAPE", "2nd-half MAPE", "preq p90 cov", "split MAPE", "split p90 cov"):
         table.add_column(column)
     columns = (

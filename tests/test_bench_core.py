@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -43,6 +44,32 @@ def test_accuracy_report_has_every_figure_the_readme_quotes(small_trace: Path) -
     assert set(report["speed"]) >= {"predict_100_us_p50", "predict_100_us_p99", "learn_one_us_p50"}
     # The reference answers a constant 10 ms before its first retrain, so on the first rows it is far off.
     assert report["leadtime"]["ttft"]["prequential_mape"] < report["llmd_reference"]["ttft"]["prequential_mape"]
+
+
+def test_accuracy_without_trees_fits_none_in_the_walk_or_the_split(
+    small_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from leadtime.predictor.target import TargetModel
+
+    fitted: list[str] = []
+    fit = TargetModel.fit_candidate
+
+    def counted(self: TargetModel, *args: Any, **kwargs: Any) -> Any:
+        fitted.append(self.target)
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(TargetModel, "fit_candidate", counted)
+    args = ["bench", "accuracy", "--data", str(small_trace), "--seeds", "1", "--json"]
+    result = CliRunner().invoke(app, [*args, "--no-trees"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["data"]["trees"] is False
+    assert fitted == []
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["data"]["trees"] is True
+    assert {"ttft", "tpot"} <= set(fitted)  # the split's retrain, at least
+    table = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(small_trace), "--seeds", "1", "--no-trees"])
+    assert table.exit_code == 0 and "leadtime without trees" in table.stdout, table.output
 
 
 def test_accuracy_cli_prints_json_and_refuses_bad_files(small_trace: Path, tmp_path: Path) -> None:

@@ -53,6 +53,9 @@ def bench_accuracy(
         ),
     ] = "0",
     catalog: Annotated[Path | None, typer.Option(help=CATALOG_HELP)] = None,
+    no_trees: Annotated[
+        bool, typer.Option("--no-trees", help="Leadtime without its residual trees: its online parts alone.")
+    ] = False,
 ) -> None:
     """Prequential and 90/10-split accuracy of Leadtime, the llm-d reference and a median floor."""
     from leadtime.bench.accuracy import ARRIVAL, print_report, run_accuracy
@@ -98,6 +101,7 @@ def bench_accuracy(
             label_delay=delay,
             on_usage=skipped,
             catalog=known,
+            trees=not no_trees,
         )
     except (FeatureError, OSError, ValueError) as err:
         fail(err)
