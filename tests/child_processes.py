@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,3 +32,14 @@ def children_named(parent: int, name: str) -> list[int]:
 def children_running(parent: int, word: str) -> list[int]:
     """Children of `parent` whose command line holds the argument `word`."""
     return children(parent, lambda entry: word.encode() in (entry / "cmdline").read_bytes().split(b"\0"))
+
+
+def kill_service_expecting_one_line(benchmark: subprocess.Popen[str]) -> None:
+    """Kill the service a running benchmark started (SIGKILL) and check the benchmark says so in one `error:` line,
+    exit status 2, nothing on stdout."""
+    (service,) = children_running(benchmark.pid, "serve")
+    os.kill(service, signal.SIGKILL)
+    stdout, stderr = benchmark.communicate(timeout=120)
+    assert benchmark.returncode == 2, stderr[-3000:]
+    assert stdout == ""
+    assert stderr.strip().splitlines() == ["error: the service stopped during the run (killed by signal 9)"]

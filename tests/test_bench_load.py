@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from child_processes import children_running
+from child_processes import kill_service_expecting_one_line
 
 FIELDS = {
     "achieved_predict_rps",
@@ -173,9 +173,4 @@ def test_bench_load_says_in_one_line_that_the_service_stopped_mid_run() -> None:
         lines.append(process.stderr.readline())
         assert lines[-1], (lines, process.communicate())
     time.sleep(1.5)
-    (service,) = children_running(process.pid, "serve")
-    os.kill(service, signal.SIGKILL)
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 2, stderr[-3000:]
-    assert stdout == ""
-    assert stderr.strip().splitlines() == ["error: the service stopped during the run (killed by signal 9)"]
+    kill_service_expecting_one_line(process)

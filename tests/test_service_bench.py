@@ -222,11 +222,9 @@ def test_bench_serving_says_in_one_line_that_the_service_stopped_mid_run() -> No
     """`kill -9` of the service while the observation feeder started ended `bench serving` in the feeder's own
     traceback (ConnectionRefusedError) and "the observation feeder stopped before feeding (exit code 1)", which
     blamed the feeder; `bench load` says it as the service stopping, and so does this now."""
-    import os
-    import signal
     import time
 
-    from child_processes import children, children_running
+    from child_processes import children, kill_service_expecting_one_line
 
     command = [sys.executable, "-m", "leadtime", "bench", "serving", "--calls", "10"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -239,9 +237,4 @@ def test_bench_serving_says_in_one_line_that_the_service_stopped_mid_run() -> No
     while not children(process.pid, lambda entry: b"spawn_main" in (entry / "cmdline").read_bytes()):
         assert time.monotonic() < deadline, "no feeder process started"
         time.sleep(0.05)
-    (service,) = children_running(process.pid, "serve")
-    os.kill(service, signal.SIGKILL)
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 2, stderr[-3000:]
-    assert stdout == ""
-    assert stderr.strip().splitlines() == ["error: the service stopped during the run (killed by signal 9)"]
+    kill_service_expecting_one_line(process)

@@ -40,6 +40,16 @@ from leadtime.training.split import split_recent
 
 ROW_KEYS = ("actual_ttft_ms", "actual_tpot_ms", "timestamp", "policy")
 
+REPORT_FILES = [
+    "calibration.png",
+    "error_by_class.png",
+    "feature_importances.png",
+    "predicted_vs_actual.png",
+    "report.json",
+    "report.md",
+]
+"""A report directory's files, sorted: report.json, report.md and the four plots."""
+
 
 @pytest.fixture(scope="module")
 def sim_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -107,14 +117,7 @@ def test_an_empty_registry_publishes_what_was_judged_and_the_service_loads_it(si
         served_equals(client, published, rows_of(sim_log, 25))
     # The report: JSON, Markdown and the four plots.
     names = sorted(p.name for p in report_dir.iterdir())
-    assert names == [
-        "calibration.png",
-        "error_by_class.png",
-        "feature_importances.png",
-        "predicted_vs_actual.png",
-        "report.json",
-        "report.md",
-    ]
+    assert names == REPORT_FILES
     for png in report_dir.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     report = json.loads((report_dir / "report.json").read_text())
@@ -349,14 +352,7 @@ def test_ctrl_c_while_the_report_is_moved_into_place_waits_until_it_all_is(
     assert done.stderr.splitlines() == [
         f"error: interrupted after publishing version 1 to {registry}, which is live; its report is in {report_dir}"
     ]
-    assert sorted(p.name for p in report_dir.iterdir()) == [
-        "calibration.png",
-        "error_by_class.png",
-        "feature_importances.png",
-        "predicted_vs_actual.png",
-        "report.json",
-        "report.md",
-    ]
+    assert sorted(p.name for p in report_dir.iterdir()) == REPORT_FILES
     assert json.loads((report_dir / "report.json").read_text())["registry"]["published_version"] == 1
 
 
