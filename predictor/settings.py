@@ -32,6 +32,19 @@ DAY_S = 86_400.0
 """The longest period a setting may give: beyond it a period is a slip (1e12 overflowed the lease thread's wait;
 threading's TIMEOUT_MAX is about 292 years)."""
 
+MAX_BODY_BYTES = 2**31 - 1
+"""The largest body limit: gRPC takes it as a C int (`grpc.max_receive_message_length`), and a larger one stopped
+the service at start with an OverflowError from gRPC's core."""
+
+MAX_WINDOW = 1_000_000
+"""The most observations per target a window may keep: its arrays are allocated at the first row learned (about
+0.2 GB per target per million rows) and every retrain fits on all of it, so a larger window is a slip that would
+fail or swap at the first row, after the service started and said it was ready."""
+
+MAX_INGEST_BATCH = 100_000
+"""The most observations one ingest step may read: Redis takes the count as a 64-bit integer (a larger one failed
+every read), and a model swap waits for the step in progress."""
+
 
 class ServiceSettings(BaseModel):
     """Settings of one predictor service process."""
@@ -72,18 +85,20 @@ class ServiceSettings(BaseModel):
         default=None,
         description="YAML of accelerator classes and models to know beside the built-in ones (features.catalog_file).",
     )
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0, le=MAX_BODY_BYTES)
     max_rows: int = Field(default=10_000, gt=0)
     window: int = Field(
         default=20_000,
         ge=300,
+        le=MAX_WINDOW,
         description="Observations per target kept for tree retraining: at least the 300 a first tree needs "
-        "(LearnerConfig.min_window), or no tree is ever fitted.",
+        "(LearnerConfig.min_window), or no tree is ever fitted; at most MAX_WINDOW.",
     )
     retrain_every: int = Field(default=2_000, gt=0)
     ingest_batch: int = Field(
         default=512,
         gt=0,
+        le=MAX_INGEST_BATCH,
         description="Most observations the ingest loop reads and learns per step (a model swap waits for one step).",
     )
     test_every: int = Field(

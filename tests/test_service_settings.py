@@ -129,3 +129,22 @@ def test_a_period_beyond_a_day_or_not_finite_is_refused_naming_it(variable: str,
     with pytest.raises(ValidationError, match=f"{field}\n.*{problem}"):
         ServiceSettings.from_env(env={variable: value})
     assert getattr(ServiceSettings.from_env(env={variable: "86400"}), field) == 86400
+
+
+@pytest.mark.parametrize(
+    ("variable", "largest"),
+    [
+        # gRPC takes the body limit as a C int: 2**31 was a 90-line OverflowError at start.
+        ("LEADTIME_MAX_BODY_BYTES", 2**31 - 1),
+        # The window's arrays are allocated at the first row: 1e12 started, then every batch failed to allocate
+        # 167 TiB and nothing was ever learned, /readyz saying ready.
+        ("LEADTIME_WINDOW", 1_000_000),
+        # Redis's COUNT is a 64-bit integer: 1e20 started, then every read of observations failed.
+        ("LEADTIME_INGEST_BATCH", 100_000),
+    ],
+)
+def test_a_size_beyond_what_the_service_can_use_is_refused_at_start(variable: str, largest: int) -> None:
+    field = variable.removeprefix("LEADTIME_").lower()
+    assert getattr(ServiceSettings.from_env(env={variable: str(largest)}), field) == largest
+    with pytest.raises(ValidationError, match=f"{field}\n.*less than or equal to {largest}"):
+        ServiceSettings.from_env(env={variable: str(largest + 1)})
