@@ -179,6 +179,11 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["serve", "--tls-cert", __file__], {}, "--tls-cert and --tls-key go together"),
         (["serve"], {"LEADTIME_MAX_BODY_BYTES": "-1"}, "LEADTIME_MAX_BODY_BYTES: "),
         (["serve"], {"LEADTIME_WINDOW": "200"}, "LEADTIME_WINDOW: "),
+        # gRPC takes the body limit as a C int: one beyond it was a 90-line traceback.
+        (["serve"], {"LEADTIME_MAX_BODY_BYTES": str(2**31)}, "LEADTIME_MAX_BODY_BYTES: "),
+        # Expanded CPU by CPU before it was compared with the usable ones: the start hung.
+        (["serve"], {"LEADTIME_LEARNER_CPUS": "0-99999999999"}, "LEADTIME_LEARNER_CPUS: "),
+        (["serve"], {"LEADTIME_LEARNER_CPUS": "1-0"}, "LEADTIME_LEARNER_CPUS: '1-0' is an empty range"),
         # Alone, a prediction server never sees a trained model: it served the prior forever without a word.
         (["serve", "--role", "prediction"], {}, "--role prediction needs --model-from"),
     ]:

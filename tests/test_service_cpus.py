@@ -116,3 +116,10 @@ def test_the_learner_process_runs_on_the_cpus_it_was_given() -> None:
             time.sleep(0.05)
         assert os.sched_getaffinity(process.pid) == {learner_cpu}
         assert len(os.sched_getaffinity(0)) >= 2  # the test process itself (in-process app) is not pinned
+
+
+def test_a_range_past_the_usable_cpus_is_refused_before_it_is_expanded() -> None:
+    """`0-99999999999` was expanded CPU by CPU before it was compared with the usable ones: `leadtime serve` hung,
+    taking memory, rather than refusing it."""
+    with pytest.raises(CpuPlanError, match="LEADTIME_LEARNER_CPUS: CPU 99999999999 is not available"):
+        plan_cpus("0-99999999999", frozenset({0, 1}))

@@ -17,6 +17,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from leadtime.predictor.settings import ENV_PREFIX
+
+SETTING = f"{ENV_PREFIX}LEARNER_CPUS"
+"""The variable the CPU errors name: the setting has no option, so it is what the user gave."""
+
 
 class CpuPlanError(ValueError):
     """The CPU setting names CPUs this process may not use, or leaves none for serving."""
@@ -30,16 +35,28 @@ class CpuPlan:
     learner: frozenset[int]
 
 
-def parse_cpu_list(text: str) -> frozenset[int]:
-    """A CPU list such as "1,3" or "2-3" (the format of taskset -c and /sys/.../cpulist) → the CPU numbers."""
+def parse_cpu_list(text: str, within: frozenset[int] | None = None) -> frozenset[int]:
+    """A CPU list such as "1,3" or "2-3" (the format of taskset -c and /sys/.../cpulist) → the CPU numbers.
+
+    With `within`, a range reaching past its highest CPU is refused before it is expanded: `0-99999999999`, made
+    into a set CPU by CPU, hung the start rather than being refused."""
     cpus: set[int] = set()
     for part in text.split(","):
         first, _, last = part.partition("-")
         low, high = int(first), int(last or first)
         if high < low:
-            raise CpuPlanError(f"learner_cpus: {part!r} is an empty range")
+            raise CpuPlanError(f"{SETTING}: {part!r} is an empty range")
+        if within is not None and high > max(within, default=-1):
+            raise _unavailable(frozenset({high}), within)
         cpus.update(range(low, high + 1))
     return frozenset(cpus)
+
+
+def _unavailable(cpus: frozenset[int], allowed: frozenset[int]) -> CpuPlanError:
+    return CpuPlanError(
+        f"{SETTING}: CPU {format_cpu_list(cpus)} is not available to this process "
+        f"(it may use {format_cpu_list(allowed)})"
+    )
 
 
 def format_cpu_list(cpus: frozenset[int]) -> str:
@@ -67,15 +84,12 @@ def plan_cpus(setting: str | None, allowed: frozenset[int]) -> CpuPlan | None:
             return None
         learner = frozenset({max(allowed)})
     else:
-        learner = parse_cpu_list(setting)
+        learner = parse_cpu_list(setting, allowed)
         if not learner <= allowed:
-            raise CpuPlanError(
-                f"learner_cpus: CPU {format_cpu_list(learner - allowed)} is not available to this process "
-                f"(it may use {format_cpu_list(allowed)})"
-            )
+            raise _unavailable(learner - allowed, allowed)
     serving = allowed - learner
     if not serving:
-        raise CpuPlanError(f"learner_cpus: {format_cpu_list(learner)} leaves no CPU for serving")
+        raise CpuPlanError(f"{SETTING}: {format_cpu_list(learner)} leaves no CPU for serving")
     return CpuPlan(serving=serving, learner=learner)
 
 
