@@ -348,3 +348,27 @@ def test_the_readmes_grpcurl_example_calls_a_real_method_with_a_body_it_answers(
     _, stub = served
     answer = stub.PredictBulk(request, timeout=5)
     assert len(answer.ttft_mean_ms) == len(request.rows) == 2
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_grpc_serves_on_an_ipv6_address() -> None:
+    """`leadtime serve --host ::1` stopped at start with `cannot serve gRPC on ::1:50051: the port is taken or the
+    address is not this machine's`: the address went to gRPC unbracketed, which it cannot parse."""
+    with TestClient(create_app(ServiceSettings())) as http:
+        server, port = start_grpc_server(http.app.state.runtime, "::1", 0)  # type: ignore[attr-defined]
+        try:
+            with grpc.insecure_channel(f"[::1]:{port}") as channel:
+                assert pb_grpc.PredictorStub(channel).Status(pb.StatusRequest(), timeout=10).is_ready
+        finally:
+            server.stop(grace=None)

@@ -30,6 +30,7 @@ from leadtime.predictor.grpc import leadtime_pb2 as pb
 from leadtime.predictor.grpc import leadtime_pb2_grpc as pb_grpc
 from leadtime.predictor.grpc.health import add_health_service
 from leadtime.predictor.grpc.streams import STOPPING_MESSAGE, OpenStreams, ServiceStopping
+from leadtime.predictor.service.ports import host_port
 from leadtime.predictor.service.runtime import (
     BACKLOG_FULL_MESSAGE,
     MAX_OBSERVATIONS_PER_CALL,
@@ -367,13 +368,13 @@ def _start(
     try:
         if settings.tls_certfile is not None and settings.tls_keyfile is not None:
             key_and_cert = (settings.tls_keyfile.read_bytes(), settings.tls_certfile.read_bytes())
-            bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([key_and_cert]))
+            bound = server.add_secure_port(host_port(host, port), grpc.ssl_server_credentials([key_and_cert]))
         else:
-            bound = server.add_insecure_port(f"{host}:{port}")
+            bound = server.add_insecure_port(host_port(host, port))
     except RuntimeError:  # grpc's own words point at GRPC_VERBOSITY rather than at the port
         bound = 0
     if bound == 0:
-        raise OSError(f"cannot serve gRPC on {host}:{port}: the port is taken or the address is not this machine's")
+        raise OSError(f"cannot serve gRPC on {host_port(host, port)}: the port is taken or the address is not this machine's")
     server.start()
     return server, bound, servicer
 

@@ -11,6 +11,16 @@ from __future__ import annotations
 import socket
 
 
+def host_port(host: str, port: int) -> str:
+    """`host:port` as gRPC's addresses and URLs write it: an IPv6 address in brackets (gRPC cannot parse `::1:50051`,
+    and `leadtime serve --host ::1` stopped at start blaming the port).
+
+    >>> host_port("::1", 50051), host_port("127.0.0.1", 8000)
+    ('[::1]:50051', '127.0.0.1:8000')
+    """
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def probe_bind(host: str, port: int) -> None:
     """Bind, and let go, every address `host` resolves to (all interfaces for "") on `port`, as asyncio's server
     would. OSError (socket.gaierror when `host` does not resolve) with `host:port` as its filename when one
@@ -42,6 +52,6 @@ def check_port_free(host: str, port: int, what: str) -> None:
         probe_bind(host, port)
     except socket.gaierror as err:
         problem = f"the address cannot be resolved ({(err.strerror or str(err)).lower()})"
-        raise OSError(f"cannot serve {what} on {host}:{port}: {problem}") from None
+        raise OSError(f"cannot serve {what} on {host_port(host, port)}: {problem}") from None
     except OSError as err:
-        raise OSError(f"cannot serve {what} on {host}:{port}: {(err.strerror or str(err)).lower()}") from None
+        raise OSError(f"cannot serve {what} on {host_port(host, port)}: {(err.strerror or str(err)).lower()}") from None

@@ -18,7 +18,7 @@ from leadtime.predictor.client import https_context
 from leadtime.predictor.service.app import create_app
 from leadtime.predictor.service.cpus import format_cpu_list, pin_process
 from leadtime.predictor.service.model_dir import saved_class
-from leadtime.predictor.service.ports import check_port_free
+from leadtime.predictor.service.ports import check_port_free, host_port
 from leadtime.predictor.service.runtime import ServiceRuntime
 from leadtime.predictor.settings import ServiceSettings
 
@@ -161,7 +161,7 @@ def serve(settings: ServiceSettings) -> None:
 
     check_role(settings)
     if settings.grpc_port and settings.grpc_port == settings.port:
-        raise OSError(f"cannot serve gRPC on {settings.host}:{settings.grpc_port}: it is the HTTP port too")
+        raise OSError(f"cannot serve gRPC on {host_port(settings.host, settings.grpc_port)}: it is the HTTP port too")
     check_port_free(settings.host, settings.port, "HTTP")
     if settings.grpc_port:
         check_port_free(settings.host, settings.grpc_port, "gRPC")
@@ -182,7 +182,7 @@ def serve(settings: ServiceSettings) -> None:
         # Stopped (with its grace) by the runtime before it stops its loops and closes the store, not after
         # uvicorn returns: the app's lifespan stops the runtime first.
         grpc_server, port = serve_grpc(runtime, settings.host, settings.grpc_port)
-        log.info("gRPC%s on %s:%d", tls, settings.host, port)
+        log.info("gRPC%s on %s", tls, host_port(settings.host, port))
     else:
         log.info("gRPC off (grpc_port 0)")
     http_port, sockets = settings.port, None
@@ -192,7 +192,7 @@ def serve(settings: ServiceSettings) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((settings.host, 0))
         http_port, sockets = sock.getsockname()[1], [sock]
-    log.info("HTTP on %s://%s:%d (API docs at /docs)", scheme, settings.host, http_port)
+    log.info("HTTP on %s://%s (API docs at /docs)", scheme, host_port(settings.host, http_port))
     if settings.allowed_hosts:
         log.info(
             "HTTP answers only the Host %s (--allowed-host; /healthz, /readyz and /metrics any)",
