@@ -374,7 +374,8 @@ def _start(
     except RuntimeError:  # grpc's own words point at GRPC_VERBOSITY rather than at the port
         bound = 0
     if bound == 0:
-        raise OSError(f"cannot serve gRPC on {host_port(host, port)}: the port is taken or the address is not this machine's")
+        where = host_port(host, port)
+        raise OSError(f"cannot serve gRPC on {where}: the port is taken or the address is not this machine's")
     server.start()
     return server, bound, servicer
 
