@@ -272,6 +272,24 @@ def test_a_prediction_server_serves_what_a_training_server_saves_to_their_model_
     assert (tmp_path / FILE_NAME).read_bytes() == theirs
 
 
+def test_a_prediction_server_never_writes_a_learned_model_back_to_the_training_servers_directory(
+    tmp_path: Path,
+) -> None:
+    """It counted the observations its training server's model had learned as its own, and wrote its copy of that
+    model back at its stop (and every `model_save_interval_s`): the training server, still running, took the copy
+    up as another process's model and went back to what it had saved last, dropping everything learned since."""
+    with TestClient(create_app(ServiceSettings(model_dir=tmp_path, role="training"))) as training:
+        runtime = training.app.state.runtime  # type: ignore[attr-defined]
+        training.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(300)]})
+        assert wait_until(lambda: sum(runtime.learned().values()) == 300, timeout_s=60)
+    theirs = (tmp_path / FILE_NAME).read_bytes()  # saved at its stop
+    settings = ServiceSettings(model_dir=tmp_path, role="prediction", model_save_interval_s=0.1)
+    with TestClient(create_app(settings)) as c:
+        assert sum(c.app.state.runtime.learned().values()) == 300  # type: ignore[attr-defined]
+        time.sleep(0.5)
+    assert (tmp_path / FILE_NAME).read_bytes() == theirs
+
+
 def test_rows_naming_no_class_take_the_class_the_saved_model_learned(tmp_path: Path) -> None:
     """A model retrained on H200 rows (`retrain --accelerator h200-sxm`) served from --model-dir without
     --accelerator: llm-d rows were vectorized as the default H100, beside offsets learned for the H200."""

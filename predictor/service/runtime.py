@@ -275,9 +275,10 @@ class ServiceRuntime:
 
     def _save_on_stop(self) -> None:
         """With --model-dir, keep what was learned since the model was last saved (it is saved when published):
-        a restart then goes on from it. A model that learned nothing leaves the directory as it is."""
+        a restart then goes on from it. A model that learned nothing leaves the directory as it is, and so does
+        a server that does not train (`_writes_model_dir`)."""
         model_file, predictor = self._model_file, self.predictor
-        if model_file is None or predictor is None or not any(self.learned().values()):
+        if model_file is None or predictor is None or not self._writes_model_dir or not any(self.learned().values()):
             return
         try:
             if model_file.save(predictor.to_bytes()):
@@ -848,12 +849,22 @@ class ServiceRuntime:
             return True
         return False
 
+    @property
+    def _writes_model_dir(self) -> bool:
+        """Whether this server saves its model in --model-dir: not a prediction server. It learns nothing, and the
+        observations its model counts are its training server's: a copy written back was taken up there as another
+        process's model, the training server going back to what it had saved last and dropping what it had learned
+        since."""
+        return self.settings.serves_training
+
     def _save_now_and_then(self) -> None:
         """With --model-dir, the model is saved every `model_save_interval_s` while it learns, not only when it is
         published (every `retrain_every` rows, if a retrain wins) or at a clean stop: a crash loses at most that."""
         model_file, predictor = self._model_file, self.predictor
         now = time.monotonic()
-        if model_file is None or predictor is None or now - self._saved_at < self.settings.model_save_interval_s:
+        if model_file is None or predictor is None or not self._writes_model_dir:
+            return
+        if now - self._saved_at < self.settings.model_save_interval_s:
             return
         self._saved_at = now
         learned = self.learned()
