@@ -446,6 +446,18 @@ def test_serve_refuses_a_model_dir_that_cannot_be_made_even_as_root() -> None:
     assert_one_line(code, message, "/proc/leadtime", "cannot be written")
 
 
+def test_a_prediction_server_takes_a_model_dir_it_cannot_write_in() -> None:
+    """It never saves there (the training server does), yet a read-only mount of the training server's directory,
+    as a prediction pod would have it, was refused at start. /proc/self: a directory no file can be made in, even
+    as root."""
+    from leadtime.predictor.service.serve import check_model_dir_of
+
+    check_model_dir_of(ServiceSettings(role="prediction", model_dir=Path("/proc/self")))
+    for role in ("training", "all"):
+        with pytest.raises(OSError, match="cannot be written"):
+            check_model_dir_of(ServiceSettings(role=role, model_dir=Path("/proc/self")))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("token", ["", "   ", " padded ", "line\nbreak"])
 def test_serve_refuses_an_api_token_no_client_could_send(token: str) -> None:
     """An empty `--api-token ""` left the write paths open without the warning that no token gives."""

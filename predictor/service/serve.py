@@ -105,6 +105,17 @@ def check_saved_class(settings: ServiceSettings) -> None:
             )
 
 
+def check_model_dir_of(settings: ServiceSettings) -> None:
+    """Raise OSError in one line when --model-dir cannot serve this server: one that trains must be able to save
+    there (`check_model_dir`); a prediction server only reads it, so its directory, once there, may be a read-only
+    mount of the training server's. Then the class of the model saved there (`check_saved_class`)."""
+    if settings.model_dir is None:
+        return
+    if settings.serves_training or not settings.model_dir.is_dir():
+        check_model_dir(settings.model_dir)
+    check_saved_class(settings)
+
+
 def check_role(settings: ServiceSettings) -> None:
     """Raise OSError in one line for a prediction server that could never see a trained model: it learns nothing
     itself, and takes its models from the training servers over HTTP (`--model-from`), or through Redis or a model
@@ -167,9 +178,7 @@ def serve(settings: ServiceSettings) -> None:
         check_port_free(settings.host, settings.grpc_port, "gRPC")
     if settings.tls_certfile is not None and settings.tls_keyfile is not None:
         check_tls_files(settings.tls_certfile, settings.tls_keyfile)
-    if settings.model_dir is not None:
-        check_model_dir(settings.model_dir)
-        check_saved_class(settings)
+    check_model_dir_of(settings)
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: with --model-from, a line a second for as long as the server runs.
