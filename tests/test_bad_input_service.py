@@ -455,7 +455,27 @@ def test_a_prediction_server_takes_a_model_dir_it_cannot_write_in() -> None:
     check_model_dir_of(ServiceSettings(role="prediction", model_dir=Path("/proc/self")))
     for role in ("training", "all"):
         with pytest.raises(OSError, match="cannot be written"):
-            check_model_dir_of(ServiceSettings(role=role, model_dir=Path("/proc/self")))  # type: ignore[arg-type]
+            check_model_dir_of(ServiceSettings(role=role, model_dir=Path("/proc/self")))
+
+
+def test_a_second_server_learning_in_a_model_dir_without_redis_is_refused(tmp_path: Path) -> None:
+    """Two servers learning without Redis on one directory each took up the other's saves as another process's
+    model, by turns, dropping what each had learned since: nothing said so. Prediction servers, and replicas that
+    share Redis (the lease holder alone saves), may share it."""
+    from leadtime.predictor.service.serve import claim_model_dir
+
+    first = claim_model_dir(ServiceSettings(model_dir=tmp_path, role="training"))
+    assert first is not None
+    try:
+        with pytest.raises(OSError, match=f"another leadtime serve learns in {tmp_path} without Redis"):
+            claim_model_dir(ServiceSettings(model_dir=tmp_path))
+        assert claim_model_dir(ServiceSettings(model_dir=tmp_path, role="prediction")) is None
+        assert claim_model_dir(ServiceSettings(model_dir=tmp_path, redis_url="redis://127.0.0.1:9")) is None
+    finally:
+        first.close()
+    second = claim_model_dir(ServiceSettings(model_dir=tmp_path))  # the first one stopped
+    assert second is not None
+    second.close()
 
 
 @pytest.mark.parametrize("token", ["", "   ", " padded ", "line\nbreak"])

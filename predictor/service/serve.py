@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import logging
 import socket
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 import uvicorn
 
@@ -116,6 +118,30 @@ def check_model_dir_of(settings: ServiceSettings) -> None:
     check_saved_class(settings)
 
 
+CLAIM_FILE = ".leadtime-serve.lock"
+"""The file in --model-dir a server learning without Redis holds locked while it runs (`claim_model_dir`)."""
+
+
+def claim_model_dir(settings: ServiceSettings) -> IO[bytes] | None:
+    """The --model-dir claimed for this server, when it learns without Redis: the open file holding the claim (kept
+    open while it serves; closed, or the process ended, the claim goes). Raise OSError in one line when another
+    server holds it: two such servers each took up the other's saves as another process's model, by turns, each
+    dropping what it had learned since. None when nothing is claimed: prediction servers only read the directory,
+    and replicas sharing Redis save there only while they hold the training lease."""
+    if settings.model_dir is None or not settings.serves_training or settings.redis_url is not None:
+        return None
+    claim = open(settings.model_dir / CLAIM_FILE, "ab")  # noqa: SIM115 (held open while the server runs)
+    try:
+        fcntl.flock(claim.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        claim.close()
+        raise OSError(
+            f"another leadtime serve learns in {settings.model_dir} without Redis: give each its own --model-dir, "
+            "or share --redis between them"
+        ) from None
+    return claim
+
+
 def check_role(settings: ServiceSettings) -> None:
     """Raise OSError in one line for a prediction server that could never see a trained model: it learns nothing
     itself, and takes its models from the training servers over HTTP (`--model-from`), or through Redis or a model
@@ -179,6 +205,7 @@ def serve(settings: ServiceSettings) -> None:
     if settings.tls_certfile is not None and settings.tls_keyfile is not None:
         check_tls_files(settings.tls_certfile, settings.tls_keyfile)
     check_model_dir_of(settings)
+    claim = claim_model_dir(settings)
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: with --model-from, a line a second for as long as the server runs.
@@ -247,4 +274,6 @@ def serve(settings: ServiceSettings) -> None:
     finally:
         if grpc_server is not None:
             grpc_server.stop(grace=STOP_GRACE_S).wait()
+        if claim is not None:
+            claim.close()
         log.info("stopped")
