@@ -26,9 +26,10 @@ system-deps:
 		fi; \
 	fi
 
-# Two workers, a file's tests on one of them (they share module fixtures: servers, trained models).
+# Three workers on two cores (many tests wait on the servers they start), a file's tests on one of them (they share
+# module fixtures: servers, trained models).
 test: $(STAMP) system-deps
-	$(PY) -m pytest -n 2 --dist loadfile
+	$(PY) -m pytest -n 3 --dist loadfile
 
 demo: $(STAMP)
 	$(VENV)/bin/leadtime demo
