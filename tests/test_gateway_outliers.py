@@ -530,6 +530,14 @@ def closed_ports(n: int) -> list[int]:
     return ports
 
 
+async def told_to_forget(policy: Forgetting) -> None:
+    """Wait up to 2 s for the policy to be told to forget an endpoint (on the decision thread, soon after)."""
+    for _ in range(200):
+        if policy.forgotten:
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_the_policy_is_told_of_endpoints_discovery_no_longer_lists(tmp_path: Path) -> None:
     """Regression: the policy kept per-endpoint entries (when each endpoint was last sent a request, last heard
     from) for every pod name it ever saw: with each rollout they grew, and nothing told it a pod had gone."""
@@ -547,10 +555,7 @@ def test_the_policy_is_told_of_endpoints_discovery_no_longer_lists(tmp_path: Pat
             write_endpoints(path, {"a-2": ports[2], "b-1": ports[1]})
             while set(gateway.scraper.scrapes) != {"a-2", "b-1"}:
                 await asyncio.sleep(0.01)
-            for _ in range(200):  # told on the decision thread, soon after
-                if policy.forgotten:
-                    break
-                await asyncio.sleep(0.01)
+            await told_to_forget(policy)
         finally:
             await gateway.stop()
 
@@ -582,10 +587,7 @@ def test_an_endpoint_back_under_its_name_at_another_address_starts_afresh(tmp_pa
             write_endpoints(path, {"a-1": ports[2], "b-1": ports[1]})
             while gateway.scraper.scrapes["a-1"].endpoint.port != ports[2]:
                 await asyncio.sleep(0.01)
-            for _ in range(200):  # told on the decision thread, soon after
-                if policy.forgotten:
-                    break
-                await asyncio.sleep(0.01)
+            await told_to_forget(policy)
         finally:
             await gateway.stop()
         return (
