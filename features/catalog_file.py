@@ -26,18 +26,49 @@ models:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from leadtime.features.catalog import ACCELERATORS, MODELS, Accelerator, Catalog, ModelProfile
-from leadtime.features.errors import validation_problem
+from leadtime.features.errors import expected_mapping, validation_problem
 from leadtime.yaml_text import Integer, Real, read_yaml_file
 
 CATALOG_HINT = "others can be described in a catalog file (--catalog FILE)"
 """Said after an unknown class or model where the command takes a catalog."""
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 """What a slug may be: it is part of a class key (`h100-sxm/llama-3.1-8b/tp1`), a metric label and a file name."""
+_SLUG = re.compile(SLUG_PATTERN)
+
+
+def _slug(value: object) -> object:
+    """A slug as its author wrote it: an unquoted number (`slug: 4090`, an RTX 4090) is its text, as an endpoint's
+    label naming it is read (`leadtime.io/accelerator: 4090`); one that is no slug is refused in words, where
+    pydantic quoted the pattern.
+
+    >>> _slug(4090)
+    '4090'
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not _SLUG.fullmatch(value):
+        shown = repr(value) if not isinstance(value, str) or len(value) <= 70 else repr(value[:67] + "...")
+        raise ValueError(
+            f"must be lower-case letters, digits, '.', '_' or '-' (at most 63, starting with a letter or digit), "
+            f"got {shown}"
+        )
+    return value
+
+
+Slug = Annotated[str, BeforeValidator(_slug)]
+
+
+def _none_is_empty(value: object) -> object:
+    """A section with every entry commented out (`models:` and nothing under it: YAML's null) adds nothing, as a
+    section left out does."""
+    return [] if value is None else value
 
 
 class CatalogError(ValueError):
@@ -65,7 +96,7 @@ MAX_HIDDEN = 1_000_000
 class AcceleratorSpec(_Spec):
     """One accelerator class as a user states it: published figures, and achieved ones where measured."""
 
-    slug: str = Field(pattern=SLUG_PATTERN)
+    slug: Slug
     name: str = ""
     peak_tflops: Real = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False, description="Dense BF16 peak, TFLOP/s.")
     hbm_tb_s: Real = Field(gt=0, allow_inf_nan=False, description="Memory bandwidth, TB/s (`_bandwidth_in_tb_s`).")
@@ -115,7 +146,7 @@ class AcceleratorSpec(_Spec):
 class ModelSpec(_Spec):
     """One model's shape, as its Hugging Face config states it."""
 
-    slug: str = Field(pattern=SLUG_PATTERN)
+    slug: Slug
     params_b: Real = Field(gt=0, le=MAX_PARAMS_B, allow_inf_nan=False, description="Parameters, billions.")
     layers: Integer = Field(gt=0, le=MAX_SHAPE)
     hidden_size: Integer = Field(gt=0, le=MAX_HIDDEN)
@@ -139,8 +170,8 @@ class ModelSpec(_Spec):
 class CatalogSpec(_Spec):
     """The file: additions to the built-in catalog, none of them redefining a built-in slug or named twice."""
 
-    accelerators: list[AcceleratorSpec] = []
-    models: list[ModelSpec] = []
+    accelerators: Annotated[list[AcceleratorSpec], BeforeValidator(_none_is_empty)] = []
+    models: Annotated[list[ModelSpec], BeforeValidator(_none_is_empty)] = []
 
     @model_validator(mode="after")
     def _new_slugs(self) -> CatalogSpec:
@@ -162,6 +193,11 @@ class CatalogSpec(_Spec):
         return Catalog(tuple(a.entry() for a in self.accelerators), tuple(m.entry() for m in self.models))
 
 
+EXPECTED = {spec.__name__: expected_mapping(spec) for spec in (AcceleratorSpec, ModelSpec)}
+"""What an entry that is not a mapping should be, by its keys: pydantic named the classes (`instance of
+AcceleratorSpec`), which the file's author never sees (`validation_problem`'s `expected`)."""
+
+
 def parse_catalog(data: object) -> Catalog:
     """A catalog from YAML's parsed content; CatalogError naming the entry and field.
 
@@ -180,7 +216,7 @@ def parse_catalog(data: object) -> Catalog:
     try:
         return CatalogSpec.model_validate(data).catalog()
     except ValidationError as err:
-        where, problem = validation_problem(err)
+        where, problem = validation_problem(err, EXPECTED)
         raise CatalogError(f"{where}: {problem}" if where else problem) from None
 
 

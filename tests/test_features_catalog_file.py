@@ -51,7 +51,8 @@ B200 = "  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180}\n"
         ("accelerators:\n  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8, memory_gb: 180, hbm_gb_s: 8000}\n",
          "accelerators[0].hbm_gb_s: Extra inputs are not permitted"),
         ("accelerators:\n  - {slug: B200/x, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180}\n",
-         "accelerators[0].slug: String should match pattern"),
+         "accelerators[0].slug: must be lower-case letters, digits, '.', '_' or '-' (at most 63, starting with a "
+         "letter or digit), got 'B200/x'"),
         ("accelerators:\n  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180, measured_kv_tb_s: 9}\n",
          "measured_kv_tb_s exceeds hbm_tb_s"),
         ("accelerators:\n  - {slug: b200, peak_tflops: .nan, hbm_tb_s: 8.0, memory_gb: 180}\n",
@@ -188,3 +189,38 @@ def test_the_fastest_memory_made_is_accepted(tmp_path: Path) -> None:
     """The bound is well above any chip made: a B200's 8 TB/s (and twice, or five times, that) passes."""
     path = _write(tmp_path, "accelerators:\n  - {slug: next, peak_tflops: 9000, hbm_tb_s: 40, memory_gb: 1000}\n")
     assert load_catalog(path).accelerator("next").hbm_tb_s == 40
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("accelerators:\n  - b200\n", "accelerators[0]: expected a mapping {slug, name, peak_tflops, hbm_tb_s, "
+         "memory_gb, measured_gemm_tflops, measured_kv_tb_s, interconnect_gb_s}"),
+        ("accelerators:\n  -\n", "accelerators[0]: expected a mapping {slug, name, peak_tflops,"),
+        ("models:\n  - qwen2.5-7b\n", "models[0]: expected a mapping {slug, params_b, layers, hidden_size, num_heads, "
+         "num_kv_heads, head_dim, bytes_per_param}"),
+    ],
+)  # fmt: skip
+def test_an_entry_that_is_not_a_mapping_is_named_in_the_files_terms(tmp_path: Path, text: str, problem: str) -> None:
+    """Regression: an entry written as a bare name (`- b200`) was refused as "Input should be a valid dictionary or
+    instance of AcceleratorSpec", a class the file's author never sees."""
+    with pytest.raises(CatalogError) as err:
+        load_catalog(_write(tmp_path, text))
+    assert problem in str(err.value) and "Spec" not in str(err.value)
+
+
+def test_a_section_left_empty_adds_nothing(tmp_path: Path) -> None:
+    """Regression: `models:` with every model under it commented out (YAML's null) was refused as "Input should be a
+    valid list", where leaving out the key, or the whole file's content, is accepted."""
+    path = _write(tmp_path, "accelerators:\n" + B200 + "models:\n  # - {slug: m, ...}\n")
+    assert [a.slug for a in load_catalog(path).accelerators] == ["b200"]
+    assert load_catalog(_write(tmp_path, "accelerators:\nmodels:\n")) == BUILT_IN
+
+
+def test_a_slug_written_as_a_bare_number_is_that_name(tmp_path: Path) -> None:
+    """Regression: `slug: 4090` (an RTX 4090), which YAML reads as a number, was refused as "Input should be a valid
+    string"; an endpoint's label `leadtime.io/accelerator: 4090` is read as the text "4090", and names it."""
+    path = _write(tmp_path, "accelerators:\n  - {slug: 4090, peak_tflops: 165, hbm_tb_s: 1.0, memory_gb: 24}\n")
+    assert load_catalog(path).accelerator("4090").name == "4090"
+    with pytest.raises(CatalogError, match="slug: must be lower-case letters"):
+        load_catalog(_write(tmp_path, "accelerators:\n  - {slug: true, peak_tflops: 1, hbm_tb_s: 1, memory_gb: 1}\n"))
