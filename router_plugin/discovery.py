@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from leadtime.features.catalog import BUILT_IN, Catalog
+from leadtime.features.catalog_file import CATALOG_HINT
 from leadtime.features.errors import FeatureError, expected_mapping, validation_problem
 from leadtime.features.rows import MAX_TENSOR_PARALLEL, ROLES, EndpointState
 from leadtime.yaml_text import load_yaml, yaml_problem
@@ -214,7 +215,7 @@ def _check_labels(index: int, labels: Mapping[str, str], catalog: Catalog) -> No
             try:
                 lookup(labels[label])
             except FeatureError as err:
-                raise DiscoveryError(f"{where}.{label}: {err.problem}") from None
+                raise DiscoveryError(f"{where}.{label}: {err.problem}; {CATALOG_HINT}") from None
 
 
 def parse_endpoints(data: object, catalog: Catalog = BUILT_IN) -> tuple[DiscoveredEndpoint, ...]:

@@ -37,6 +37,17 @@ def test_endpoint_labels_name_classes_of_the_catalog(catalog_file: Path, tmp_pat
 
 
 @pytest.mark.parametrize(
+    "label", ["leadtime.io/accelerator=b200", "leadtime.io/model=qwen2.5-7b"], ids=["accelerator", "model"]
+)
+def test_a_label_naming_what_the_gateway_does_not_know_says_how_to_describe_it(label: str) -> None:
+    """Regression: `--accelerator b200` said that others can be described in a catalog file, but an endpoint's label
+    naming b200, which a fleet of them meets first, listed the known classes alone."""
+    with pytest.raises(DiscoveryError) as err:
+        parse_static([f"127.0.0.1:8100,{label}"])
+    assert str(err.value).endswith("; others can be described in a catalog file (--catalog FILE)"), err.value
+
+
+@pytest.mark.parametrize(
     ("catalog_text", "args", "names"),
     [
         ("accelerators: 3\n", [], ["--catalog", "accelerators: Input should be a valid list"]),
