@@ -487,9 +487,9 @@ def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
             request = from_hits
     role = role_of(row.get("pod_type"), row.get("role"))
     endpoint = EndpointState(
-        endpoint_id=row.get("endpoint_id", "") or "",
-        accelerator=row.get("accelerator", "") or "",
-        model=row.get("model", "") or "",
+        endpoint_id=_unset_is_empty(row.get("endpoint_id")),
+        accelerator=_unset_is_empty(row.get("accelerator")),
+        model=_unset_is_empty(row.get("model")),
         tensor_parallel=row.get("tensor_parallel", 1),
         role=role,
         num_request_waiting=row["num_request_waiting"],
@@ -501,6 +501,13 @@ def feature_row_from_llmd(row: Mapping[str, Any]) -> FeatureRow:
         timeslice_wait_ms=row.get("timeslice_wait_ms", 0.0),
     )
     return FeatureRow(request, endpoint)
+
+
+def _unset_is_empty(value: Any) -> Any:
+    """A text field's value, null read as "" (unset), as the service's decoders read it; anything else as it is, for
+    `check_text` to refuse what is no text. (`value or ""` read 0, false and [] as unset too: such a row was taken
+    as the default class's.)"""
+    return "" if value is None else value
 
 
 def feature_row_to_llmd(row: FeatureRow) -> dict[str, Any]:

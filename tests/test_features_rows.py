@@ -390,6 +390,13 @@ def test_bad_fraction_in_llmd_row_is_named(name: str, bad: Any) -> None:
         ({"pod_type": "mixed"}, "pod_type"),
         ({"endpoint_id": 5}, "endpoint_id"),
         ({"accelerator": ["h100-sxm"]}, "accelerator"),
+        # Regression: a text field that is empty but not "" or null (0, false, [], {}) was read as unset, so the
+        # row was taken as the default class's, where the service refuses it naming the field.
+        ({"accelerator": 0}, "accelerator"),
+        ({"accelerator": False}, "accelerator"),
+        ({"accelerator": []}, "accelerator"),
+        ({"model": {}}, "model"),
+        ({"endpoint_id": 0}, "endpoint_id"),
         ({"tensor_parallel": 0}, "tensor_parallel"),
         ({"timeslice_state": "busy"}, "timeslice_state"),
         ({"timeslice_wait_ms": -1}, "timeslice_wait_ms"),
@@ -401,6 +408,11 @@ def test_bad_extra_in_llmd_row_is_named(extra: dict[str, Any], field: str) -> No
     with pytest.raises(FeatureError) as err:
         feature_row_from_llmd(llmd_row(**extra))
     assert err.value.field == field
+
+
+def test_null_or_empty_text_fields_are_unset() -> None:
+    row = feature_row_from_llmd(llmd_row(accelerator=None, model="", endpoint_id=None))
+    assert (row.endpoint.accelerator, row.endpoint.model, row.endpoint.endpoint_id) == ("", "", "")
 
 
 def test_not_a_mapping_is_refused() -> None:
