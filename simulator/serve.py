@@ -197,6 +197,8 @@ class LiveEndpoint:
     prefills: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     aborted: set[int] = field(default_factory=set)
     """Requests whose clients left during the step in flight: removed when it ends."""
+    peer_prefills: dict[int, LiveEndpoint] = field(default_factory=dict)
+    """The prefill endpoint of each request of this decode endpoint still being prefilled there."""
 
     def now_ms(self) -> float:
         """Milliseconds since the endpoint started."""
@@ -240,8 +242,13 @@ class LiveEndpoint:
 
     def abort(self, rid: int) -> None:
         """The client of request `rid` left: stop serving it, as vLLM aborts a request whose connection closes (the
-        mock generated on for no one, and a router in front of it saw load no one was waiting for)."""
+        mock generated on for no one, and a router in front of it saw load no one was waiting for); a prefill a peer
+        runs for it is stopped too."""
         self.streams.pop(rid, None)
+        prefiller = self.peer_prefills.pop(rid, None)
+        if prefiller is not None:
+            prefiller.cancel_prefill(rid)
+            return
         plan = self.engine.plan
         if plan is not None and any(r.rid == rid for r, _ in plan.entries):
             self.aborted.add(rid)  # removed once the step in flight ends, a decode run cut short to it
@@ -249,7 +256,9 @@ class LiveEndpoint:
         else:
             self.engine.remove(rid)
 
-    def _request(self, rid: int, words: list[str], max_tokens: int) -> SimRequest:
+    def _request(self, rid: int, words: list[str], max_tokens: int, whose: str = "this endpoint's") -> SimRequest:
+        """The request as this endpoint's engine runs it; FeatureError (422) when its KV cache cannot hold it, the
+        cache named as `whose`."""
         segment = segment_words(self.engine.cache.block_size)
         request = SimRequest(
             rid, self.now_ms(), max(1, len(words)), max_tokens, word_block_hashes(words, segment), segment
@@ -259,7 +268,7 @@ class LiveEndpoint:
             raise FeatureError(
                 "prompt",
                 f"prompt plus max_tokens ({request.input_tokens} + {max_tokens} tokens) exceed the "
-                f"{cache.capacity_tokens} tokens this endpoint's KV cache holds",
+                f"{cache.capacity_tokens} tokens {whose} KV cache holds",
             )
         return request
 
@@ -277,32 +286,48 @@ class LiveEndpoint:
         self._enqueue(request)
         return queue
 
-    async def prefill_for_peer(self, rid: int, words: list[str], max_tokens: int) -> int:
-        """Prefill a request whose decode endpoint is elsewhere; returns its prompt length once done."""
-        request = self._request(rid, words, max_tokens)
+    async def prefill_for_peer(self, request: SimRequest) -> int:
+        """Prefill `request` (`_request` of this endpoint) for a decode endpoint elsewhere; returns its prompt length
+        once done (CancelledError if `cancel_prefill` is called first)."""
         request.prefill_only = True
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.prefills[rid] = done
+        self.prefills[request.rid] = done
         self.counters.prompt_tokens += request.input_tokens
         self.counters.prefills_for_peers += 1
         self._enqueue(request)
         await done
         return request.input_tokens
 
+    def cancel_prefill(self, rid: int) -> None:
+        """The client of the request this endpoint prefills for a peer left: stop prefilling it, as its own
+        request is aborted (`abort`), and end the wait for it."""
+        done = self.prefills.pop(rid, None)
+        if done is not None and not done.done():
+            done.cancel()
+        self.abort(rid)
+
     def submit_disaggregated(
         self, prefiller: LiveEndpoint, rid: int, words: list[str], max_tokens: int
     ) -> asyncio.Queue[int | None]:
-        """Prefill on `prefiller`, move the KV over this endpoint's link, decode here."""
-        self._request(rid, words, max_tokens)  # refused here at once if it cannot fit this cache
+        """Prefill on `prefiller`, move the KV over this endpoint's link, decode here. A prompt that either KV
+        cache cannot hold is refused here, at once: refused by the prefiller in the task below, it left the client
+        waiting for ever."""
+        self._request(rid, words, max_tokens)
+        prefill = prefiller._request(rid, words, max_tokens, f"the prefill endpoint {prefiller.config.endpoint_id}'s")
         queue: asyncio.Queue[int | None] = asyncio.Queue()
         self.streams[rid] = queue
-        asyncio.get_running_loop().create_task(self._disaggregated(prefiller, rid, words, max_tokens, queue))
+        self.peer_prefills[rid] = prefiller
+        asyncio.get_running_loop().create_task(self._disaggregated(prefiller, prefill, max_tokens, queue))
         return queue
 
     async def _disaggregated(
-        self, prefiller: LiveEndpoint, rid: int, words: list[str], max_tokens: int, queue: asyncio.Queue[int | None]
+        self, prefiller: LiveEndpoint, prefill: SimRequest, max_tokens: int, queue: asyncio.Queue[int | None]
     ) -> None:
-        input_tokens = await prefiller.prefill_for_peer(rid, words, max_tokens)
+        rid = prefill.rid
+        try:
+            input_tokens = await prefiller.prefill_for_peer(prefill)
+        finally:
+            self.peer_prefills.pop(rid, None)
         if rid not in self.streams:
             return  # its client left while it was prefilled elsewhere
         start = max(self.now_ms(), self.link_free_ms)
@@ -310,6 +335,8 @@ class LiveEndpoint:
         end = start + kv_transfer_ms(stepper.model, input_tokens, self.kv_link_gb_s, stepper.tensor_parallel)
         self.link_free_ms = end
         await asyncio.sleep(max(0.0, (end - self.now_ms()) / 1e3))
+        if rid not in self.streams:
+            return  # its client left while its KV crossed the link: nothing to decode for
         self.counters.kv_received += 1
         queue.put_nowait(1)  # the first token comes with the KV
         self.counters.generation_tokens += 1

@@ -359,3 +359,76 @@ def test_a_prompts_prefix_segments_are_whole_blocks_of_the_endpoints_cache(block
     if block_size <= PREFIX_BLOCK_WORDS:  # as before: 16-word segments
         assert request.segment_tokens == PREFIX_BLOCK_WORDS
         assert request.segments == word_block_hashes(words)
+
+
+PD_FLEET = {
+    # 0.05 GB/s: a 300-word prompt's KV (~39 MB) takes ~0.8 s to cross the decode endpoint's link.
+    "kv_link_gb_s": 0.05,
+    "pools": [
+        # 0.21 of an H100 for a 16 GB model: a KV cache of 5,632 tokens; 64-token steps: a 5,000-word prompt
+        # takes ~80 steps (~0.5 s) to prefill.
+        {"name": "p", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "prefill"}
+        | {"gpu_memory_utilization": 0.21, "max_num_batched_tokens": 64},
+        {"name": "d", "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b", "role": "decode"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def pd_server() -> Iterator[FleetServer]:
+    fleet = parse_fleet(PD_FLEET)
+    srv = FleetServer(fleet, [free_port() for _ in fleet.endpoints])
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _prefiller(server: FleetServer) -> dict[str, str]:
+    return {"x-prefiller-host-port": server.urls["p-0"].removeprefix("http://")}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_the_named_prefiller_cannot_hold_is_a_422_naming_it(pd_server: FleetServer, stream: bool) -> None:
+    """The decode endpoint checked its own KV cache only: the prefiller refused the prompt in a task nobody awaited,
+    and the client waited for ever, streaming or not (a traceback in the log, the stream's queue kept)."""
+    body = {"prompt": "w " * 8000, "max_tokens": 4, "stream": stream}
+    reply = httpx.post(pd_server.urls["d-0"] + "/v1/completions", json=body, headers=_prefiller(pd_server), timeout=10)
+    assert reply.status_code == 422 and reply.json()["field"] == "prompt"
+    assert "5632 tokens" in reply.json()["error"] and "p-0" in reply.json()["error"]
+    assert not pd_server.live[1].streams
+
+
+def test_a_pd_request_whose_client_hangs_up_during_the_kv_transfer_is_not_decoded(pd_server: FleetServer) -> None:
+    """The client's departure was checked once the prefill ended, not once the KV landed: a client gone during the
+    transfer left the decode endpoint generating its whole answer for no one."""
+    decode = pd_server.live[1]
+    url = pd_server.urls["d-0"]
+    body = {"prompt": " ".join(f"w{i}" for i in range(300)), "max_tokens": 5000, "stream": True}
+    with pytest.raises(httpx.ReadTimeout):  # the first token comes with the KV, ~0.8 s after the prefill
+        httpx.post(
+            url + "/v1/completions", json=body, headers=_prefiller(pd_server), timeout=httpx.Timeout(10, read=0.3)
+        )
+    for _ in range(200):  # until the transfer has landed
+        if decode.link_free_ms and decode.now_ms() > decode.link_free_ms + 100:
+            break
+        time.sleep(0.02)
+    assert _idle(url) == (0, 0)
+    assert not decode.streams
+
+
+def test_a_pd_request_whose_client_hangs_up_during_the_prefill_is_not_prefilled_on(pd_server: FleetServer) -> None:
+    """The prefill endpoint went on prefilling for a client gone (a long prompt holds it for seconds)."""
+    prefiller = pd_server.live[0]
+    queried = prefiller.counters.prefix_queries  # counted as each prefill ends
+    body = {"prompt": " ".join(f"v{i}" for i in range(5000)), "max_tokens": 4}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            pd_server.urls["d-0"] + "/v1/completions",
+            json=body,
+            headers=_prefiller(pd_server),
+            timeout=httpx.Timeout(10, read=0.1),
+        )
+    assert _idle(pd_server.urls["p-0"]) == (0, 0)
+    assert prefiller.counters.prefix_queries == queried and not prefiller.prefills
