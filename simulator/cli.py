@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -137,7 +136,7 @@ def print_simulation(report: dict[str, object], as_json: bool, arrivals: str = "
     """The report as JSON, or as a table titled with the fleet, the arrivals (`describe_arrivals`, else the count of
     requests) and the trace, and the files written."""
     if as_json:
-        print(json.dumps(report))
+        print_json(report)  # strict JSON: an infinite SLO is null, not `Infinity`
         return
     console = report_console()
     arrivals = arrivals or f"{report['requests']} requests"

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from leadtime.features.rows import ROUTED_BY_FIELD, observation_to_llmd
+from leadtime.json_text import dumps
 from leadtime.plots import draw_cdf, shared_legend
 from leadtime.simulator.engine import FailedRequest, SimResult
 
@@ -126,9 +127,9 @@ def write_observations(results: list[SimResult], path: Path) -> int:
 
 
 def write_report(report: dict[str, object], path: Path) -> None:
-    """The JSON report, indented for a reader."""
+    """The JSON report, indented for a reader; strict JSON (`json_text.dumps`): an infinite SLO is null."""
     with written_whole(path) as part:
-        part.write_text(json.dumps(report, indent=2) + "\n")
+        part.write_text(dumps(report, indent=2) + "\n")
 
 
 def utilisation_matrix(result: SimResult, buckets: int = 100) -> tuple[np.ndarray, list[str], np.ndarray]:

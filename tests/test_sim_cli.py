@@ -419,3 +419,27 @@ def test_simulate_spreads_same_instant_arrivals_over_their_step_when_asked(tmp_p
     assert recorded.exit_code == spread.exit_code == 0, recorded.output + spread.output
     assert json.loads(recorded.stdout)["arrival_window_s"] == 3.0
     assert 4.0 < json.loads(spread.stdout)["arrival_window_s"] < 6.0  # the last step spread over 3 s after it
+
+
+def _strict_json(text: str) -> object:
+    """`text` parsed as JSON proper: Python's parser takes the `Infinity` and `NaN` that strict ones (jq, Go,
+    JSON.parse) refuse."""
+
+    def refuse(constant: str) -> object:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_an_infinite_slo_leaves_the_report_valid_json(tmp_path: Path) -> None:
+    """An infinite SLO (no SLO) is taken, and went out as a bare `Infinity` in the printed report and report.json."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("pools: [{name: a, count: 2, accelerator: h100-sxm, model: llama-3.1-8b}]\n")
+    out = tmp_path / "out"
+    args = ["simulate", "--fleet", str(fleet), "--trace", str(_azure(tmp_path, 8)), "--ttft-slo-ms", "inf"]
+    result = runner.invoke(app, [*args, "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    for text in (result.stdout, (out / "report.json").read_text()):
+        report = _strict_json(text)
+        assert isinstance(report, dict)
+        assert report["policies"]["llmd_heuristic"]["slo"][0]["ttft_ms"] is None
