@@ -31,14 +31,14 @@ import zlib
 from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import uvicorn
 import yaml
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from leadtime.features.errors import FeatureError
@@ -88,12 +88,16 @@ def one_choice(n: int | None) -> int | None:
     return n
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+"""A prompt as token ids, as vLLM takes it (the gateway passes such a prompt on unchanged)."""
+
+
 class CompletionBody(BaseModel):
     """The body of /v1/completions (unknown fields are accepted, as vLLM does)."""
 
     model_config = ConfigDict(extra="allow")
     model: str | None = None
-    prompt: str | list[str] = Field(min_length=1)
+    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(min_length=1)
     max_tokens: int | None = Field(default=16, ge=1, le=32768)  # null: vLLM's default for completions, 16
     stream: bool | None = False  # null reads as false, as in vLLM
     stream_options: StreamOptions | None = None
@@ -101,13 +105,41 @@ class CompletionBody(BaseModel):
 
     _one_choice = field_validator("n")(one_choice)
 
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def prompt_kind(cls, prompt: object, handler: ValidatorFunctionWrapHandler) -> object:
+        """One problem for a prompt of no kind vLLM takes, where pydantic listed one per kind (`prompt.str: Input
+        should be a valid string` for a token id of -1)."""
+        try:
+            return handler(prompt)
+        except ValidationError:
+            if not isinstance(prompt, list) or not prompt:
+                raise
+            raise ValueError(
+                "must be a text, a list of token ids (integers ≥ 0), or a list of one text or one such list"
+            ) from None
+
     @field_validator("prompt")
     @classmethod
-    def one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
-        """Several prompts are several choices in vLLM's answer."""
-        if isinstance(prompt, list) and len(prompt) > 1:
+    def one_prompt(
+        cls, prompt: str | list[str] | list[int] | list[list[int]]
+    ) -> str | list[str] | list[int] | list[list[int]]:
+        """Several prompts (texts, or lists of token ids) are several choices in vLLM's answer; a list of token ids
+        is one prompt."""
+        if isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
             raise ValueError(f"{ONE_CHOICE}: send one prompt")
         return prompt
+
+    @property
+    def words(self) -> list[str]:
+        """The prompt's tokens as the mock counts them: its words, or its token ids (each a word)."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return _words(prompt)
+        first = prompt[0]
+        if isinstance(first, str):
+            return _words(first)
+        return [str(token) for token in (first if isinstance(first, list) else prompt)]
 
 
 class TokenizeBody(BaseModel):
@@ -611,10 +643,9 @@ def build_app(
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionBody, request: Request) -> object:
         check_model(body.model)
-        prompt = body.prompt if isinstance(body.prompt, str) else " ".join(body.prompt)
         usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
         max_tokens = body.max_tokens or 16
-        return await respond(request, "text", _words(prompt), max_tokens, bool(body.stream), usage_wanted)
+        return await respond(request, "text", body.words, max_tokens, bool(body.stream), usage_wanted)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatBody, request: Request) -> object:

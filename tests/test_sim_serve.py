@@ -108,6 +108,18 @@ def test_requests_the_openai_clients_send_are_taken_as_vllm_takes_them(server: F
     assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 16
 
 
+def test_a_prompt_of_token_ids_is_served_as_vllm_serves_it(server: FleetServer) -> None:
+    """vLLM takes a completion's prompt as token ids too (a list of them, or a list of one such list), and the
+    gateway passes such a prompt on unchanged: the mock answered 422 `prompt.str: Input should be a valid string`."""
+    for prompt in ([11, 12, 13, 12], [[11, 12, 13, 12]]):
+        reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    for bad in ([], [[]], [-1], [[1], [2]], [1.5]):
+        reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": bad}, timeout=10)
+        assert reply.status_code == 422 and reply.json()["field"] == "prompt", reply.text
+
+
 def test_bad_requests_get_422_naming_the_field_as_the_service_does(server: FleetServer) -> None:
     reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=10)
     assert reply.status_code == 422
