@@ -115,7 +115,8 @@ def test_a_prompt_of_token_ids_is_served_as_vllm_serves_it(server: FleetServer) 
         reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=30)
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
-    for bad in ([], [[]], [-1], [[1], [2]], [1.5]):
+    bad_prompts: list[object] = [[], [[]], [-1], [[1], [2]], [1.5]]
+    for bad in bad_prompts:
         reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": bad}, timeout=10)
         assert reply.status_code == 422 and reply.json()["field"] == "prompt", reply.text
 
