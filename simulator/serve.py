@@ -71,6 +71,9 @@ PREFIX_BLOCK_WORDS = 16
 """Words in a prompt segment (prefix caching's unit) of an endpoint whose KV blocks hold up to 16 tokens; see
 `segment_words` for larger blocks."""
 PREFILLER_HEADER = "x-prefiller-host-port"
+EVERY_ADDRESS = ("0.0.0.0", "::", "[::]")
+"""Bind addresses that listen on every interface: a fleet bound so is reached, and its prefillers named, by any of
+the host's addresses."""
 
 
 class StreamOptions(BaseModel):
@@ -521,6 +524,8 @@ def build_app(
     _add_error_handlers(app)
     numbers = ids if ids is not None else itertools.count(1)
     fleet = peers or {}
+    # A fleet listening on every address is named by whichever address its client reaches it at: by port, then.
+    by_port = {key.rpartition(":")[2]: peer for key, peer in fleet.items() if key.rpartition(":")[0] in EVERY_ADDRESS}
 
     def check_model(model: str | None) -> None:
         if model is not None and model != live.model_name:
@@ -568,7 +573,7 @@ def build_app(
             return None
         if live.config.role != "decode":
             raise HeaderError(PREFILLER_HEADER, f"{live.config.endpoint_id} is not a decode endpoint")
-        peer = fleet.get(target.strip())
+        peer = fleet.get(target.strip()) or by_port.get(target.strip().rpartition(":")[2])
         if peer is None:
             raise HeaderError(PREFILLER_HEADER, f"{target!r} is no endpoint of this fleet")
         if peer.config.role != "prefill":

@@ -445,3 +445,32 @@ def test_a_pd_request_whose_client_hangs_up_during_the_prefill_is_not_prefilled_
         )
     assert _idle(pd_server.urls["p-0"]) == (0, 0)
     assert prefiller.counters.prefix_queries == queried and not prefiller.prefills
+
+
+def test_a_fleet_on_every_address_takes_its_prefiller_by_any_of_them() -> None:
+    """Bound to 0.0.0.0 (for clients in other containers), the decode endpoints knew their prefillers as
+    `0.0.0.0:PORT` alone: llm-d or a gateway naming one by an address it reaches got 400 on every P/D request."""
+    fleet = parse_fleet(PD_FLEET)
+    srv = FleetServer(fleet, [free_port() for _ in fleet.endpoints], host="0.0.0.0")
+    srv.start()
+    try:
+        prefill_port = srv.ports[0]
+        body = {"prompt": "a b c", "max_tokens": 2}
+        for host in ("127.0.0.1", "localhost", "0.0.0.0"):
+            reply = httpx.post(
+                f"http://127.0.0.1:{srv.ports[1]}/v1/completions",
+                json=body,
+                headers={"x-prefiller-host-port": f"{host}:{prefill_port}"},
+                timeout=30,
+            )
+            assert reply.status_code == 200, (host, reply.text)
+        assert srv.live[0].counters.prefills_for_peers == 3
+        reply = httpx.post(
+            f"http://127.0.0.1:{srv.ports[1]}/v1/completions",
+            json=body,
+            headers={"x-prefiller-host-port": f"127.0.0.1:{srv.ports[1]}"},  # a port of the fleet, not a prefiller's
+            timeout=30,
+        )
+        assert reply.status_code == 400 and "not a prefill endpoint" in reply.json()["error"]
+    finally:
+        srv.stop()
