@@ -389,7 +389,7 @@ class LiveEndpoint:
     def metrics(self) -> str:
         """/metrics in vLLM's metric names."""
         e = self.engine
-        label = f'model_name="{self.model_name}"'
+        label = f'model_name="{label_value(self.model_name)}"'
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
@@ -433,6 +433,16 @@ class LiveEndpoint:
             f"leadtime_sim_timeslice_resident{{{label}}} {1 if is_resident(self.timeslice_state) else 0}",
         ]
         return "\n".join(lines) + "\n"
+
+
+def label_value(text: str) -> str:
+    """`text` as a Prometheus label value is written: a quote, a backslash or a line break unescaped broke the
+    whole exposition, and a scraper refused every scrape.
+
+    >>> print(label_value('say "hi"'))
+    say \\"hi\\"
+    """
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def segment_words(block_size: int) -> int:
@@ -601,7 +611,7 @@ def build_app(
             return JSONResponse(completion_json(kind, cid, pieces, prompt_tokens), headers=echo)
         created = int(time.time())
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        head = f'data: {{"id":"{cid}","object":"{obj}","created":{created},'
+        head = f'data: {{"id":{json.dumps(cid)},"object":"{obj}","created":{created},'
         head += f'"model":{json.dumps(live.model_name)},"choices":[{{"index":0,'
 
         def event(text: str, finish: str = "null", role: str = "") -> str:

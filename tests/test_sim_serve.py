@@ -474,3 +474,22 @@ def test_a_fleet_on_every_address_takes_its_prefiller_by_any_of_them() -> None:
         assert reply.status_code == 400 and "not a prefill endpoint" in reply.json()["error"]
     finally:
         srv.stop()
+
+
+def test_names_with_quotes_leave_streams_and_metrics_parseable() -> None:
+    """A pool or model name with a quote went into stream events and /metrics unescaped: every event was invalid
+    JSON, and every scrape failed."""
+    pool = {"name": 'h100"x', "count": 1, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}
+    srv = FleetServer(parse_fleet({"pools": [pool]}), [free_port()], model_name='my"model\\v1')
+    srv.start()
+    try:
+        url = srv.urls['h100"x-0']
+        body = {"prompt": "a b", "max_tokens": 2, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
+            events = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")][:-1]
+        assert {json.loads(e)["id"] for e in events} == {'cmpl-h100"x-0-1'}
+        assert {json.loads(e)["model"] for e in events} == {'my"model\\v1'}
+        metrics = parse_vllm_metrics(httpx.get(url + "/metrics", timeout=10).text)
+        assert metrics.num_requests_running == 0 and metrics.num_gpu_blocks
+    finally:
+        srv.stop()
