@@ -171,8 +171,8 @@ def _azure_rows(path: Path, reader: csv.DictReader[str]) -> list[WorkloadRequest
     if missing:
         raise TraceError(f"{path}:1: missing column(s) {', '.join(sorted(missing))}")
     start: datetime | None = None
-    for lineno, row in enumerate(reader, start=2):
-        where = f"{path}:{lineno}"
+    for row in reader:
+        where = f"{path}:{reader.line_num}"  # the file's line (where the row ends): blank lines are skipped
         extra = row.get(None)  # csv.DictReader's key for cells past the header's
         if extra:
             more = f"{len(extra)} cell{'s' if len(extra) > 1 else ''}"

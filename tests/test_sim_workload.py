@@ -92,6 +92,13 @@ def test_azure_rejects_malformed_rows_with_line_number(tmp_path: Path, row: str,
         read_azure(path)
 
 
+def test_azure_errors_name_the_files_line_past_blank_lines(tmp_path: Path) -> None:
+    """The reader skips blank lines: counting its rows named line 3 for a bad cell on line 6."""
+    text = "TIMESTAMP,ContextTokens,GeneratedTokens\n\n2023-11-16 18:15:46,10,1\n\n\n2023-11-16 18:15:47,10,x\n"
+    with pytest.raises(TraceError, match=r"gaps\.csv:6: 'GeneratedTokens' must be an integer ≥ 1, got 'x'"):
+        read_azure(_write(tmp_path, "gaps.csv", text))
+
+
 def test_azure_missing_columns_and_unknown_format(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="missing column"):
         read_azure(_write(tmp_path, "x.csv", "a,b\n1,2\n"))
