@@ -156,11 +156,14 @@ def print_simulation(report: dict[str, object], as_json: bool, arrivals: str = "
     assert isinstance(policies, dict)
     for name, s in policies.items():
         t, i, e = s["ttft_ms"], s["itl_ms"], s["e2e_ms"]
-        table.add_row(
-            name,
+        latencies = [
             f"{t['p50']:.0f} / {t['p90']:.0f} / {t['p99']:.0f}",
             f"{i['p50']:.1f} / {i['p90']:.1f} / {i['p99']:.1f}",
             f"{e['p50']:.0f}",
+        ]
+        table.add_row(
+            name,
+            *(latencies if s["completed"] else ["–"] * 3),  # none measured: 0 ms would read as the best of the table
             f"{s['slo_attainment']:.1%}",
             f"{s['goodput_rps']:.2f}",
             str(s["completed"]),

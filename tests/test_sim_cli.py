@@ -443,3 +443,17 @@ def test_an_infinite_slo_leaves_the_report_valid_json(tmp_path: Path) -> None:
         report = _strict_json(text)
         assert isinstance(report, dict)
         assert report["policies"]["llmd_heuristic"]["slo"][0]["ttft_ms"] is None
+
+
+def test_a_policy_that_completed_nothing_shows_no_latencies(tmp_path: Path) -> None:
+    """Percentiles over no request printed as `0 / 0 / 0`: the best latencies of the table, for a policy that
+    served nothing."""
+    trace = tmp_path / "huge.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:10,500000,10\n2023-11-16 18:15:11,500000,10\n"
+    )
+    result = runner.invoke(app, ["simulate", "--fleet", "homogeneous", "--trace", str(trace)])
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.output.splitlines() if "llmd_heuristic" in line and "│" in line]
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    assert cells[1:5] == ["–", "–", "–", "0.0%"] and cells[-2:] == ["0", "2"], cells
