@@ -442,6 +442,17 @@ def test_an_interrupted_simulate_leaves_no_half_file_and_no_folder_it_made(
     assert [p.name for p in kept.iterdir()] == ["notes.txt"]  # no observations.jsonl, whole or half
 
 
+def test_a_refused_simulate_leaves_none_of_the_folders_it_made(trace: Path, tmp_path: Path) -> None:
+    """`--out new/a/b` on a run refused before it wrote anything removed `b` and left `new/a`, empty."""
+    out = tmp_path / "new" / "a" / "b"
+    refused(["simulate", "--fleet", "nope", "--trace", str(trace), "--out", str(out)], "nope")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    refused(["simulate", "--fleet", "nope", "--trace", str(trace), "--out", str(kept / "a")], "nope")
+    assert kept.is_dir() and not (kept / "a").exists()
+
+
 ROUTING_SMALL = ["bench", "routing", "--fleet", "homogeneous", "--policy", "round_robin", "--max-requests", "100"]
 WHOLE_RUN_COMMANDS = [["demo"], ["demo", "--accuracy"], ROUTING_SMALL]
 """The commands whose --out takes a whole run: refused when it holds anything else, replaced when it holds theirs."""

@@ -126,10 +126,11 @@ def option_given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def output_dir(path: Path) -> bool:
+def output_dir(path: Path) -> list[Path]:
     """Make the `--out` folder and check that it takes files before a run that may last minutes, so the run does
-    not end in a write error with its figures lost; whether this call made it (see `remove_if_empty`)."""
-    made = not path.exists()
+    not end in a write error with its figures lost; the folders this call made, the deepest first (see
+    `remove_if_empty`)."""
+    made = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -141,11 +142,12 @@ def output_dir(path: Path) -> bool:
     return made
 
 
-def remove_if_empty(path: Path) -> None:
-    """Remove the `--out` folder a command made when it is still empty (a run interrupted or refused before it
-    wrote anything): an empty folder would read as a run that wrote nothing."""
-    with contextlib.suppress(OSError):
-        path.rmdir()  # only an empty folder is removed
+def remove_if_empty(made: list[Path]) -> None:
+    """Remove the folders `output_dir` made for `--out` (the deepest first) that are still empty (a run interrupted
+    or refused before it wrote anything): an empty folder would read as a run that wrote nothing."""
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only an empty folder is removed
 
 
 def unused_sibling(path: Path) -> Path:

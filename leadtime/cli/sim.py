@@ -99,8 +99,8 @@ def simulate(
     positive("--itl-slo-ms", itl_slo_ms, infinite=True)
     if out is not None:
         _no_earlier_run(out)
-        if output_dir(out):  # made by this run: removed on the way out (Ctrl-C, an error) if nothing was written
-            ctx.call_on_close(lambda: remove_if_empty(out))
+        made = output_dir(out)  # removed on the way out (Ctrl-C, an error) if nothing was written
+        ctx.call_on_close(lambda: remove_if_empty(made))
     known = catalog_option(catalog)
     policies = policy or ([f"{PROFILE_PREFIX}default"] if config is not None else ["llm-d"])
     if config is not None and not any(name.startswith(PROFILE_PREFIX) for name in policies):
