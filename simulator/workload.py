@@ -209,6 +209,11 @@ def _azure_count(row: dict[str, str], name: str, where: str) -> int:
     return _positive_int(value, name, where)
 
 
+def is_mooncake(source: str) -> bool:
+    """Whether a trace file is read as Mooncake JSONL: by its extension, in any case (`TRACE.JSONL` too)."""
+    return Path(source).suffix.lower() == ".jsonl"
+
+
 def read_trace(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
     """Pick the parser by extension (in any case): .jsonl → Mooncake, .csv → Azure; a file without a request is
     refused here, where its name is known, rather than later as a workload without one.
@@ -218,7 +223,7 @@ def read_trace(path: Path, limit: int | None = None) -> list[WorkloadRequest]:
     the shipped traces whole takes a fraction of a second).
     """
     suffix = path.suffix.lower()  # TRACE.CSV is a CSV file too
-    if suffix == ".jsonl":
+    if is_mooncake(str(path)):
         requests = read_mooncake(path)
     elif suffix == ".csv":
         requests = read_azure(path)
@@ -265,7 +270,7 @@ milliseconds (read as milliseconds, seconds replay a thousand times too fast; th
 def rate_unit_warning(source: str, requests: Sequence[WorkloadRequest], rate_scale: float = 1.0) -> str | None:
     """A warning when a Mooncake file's recorded rate (`requests` as replayed at `rate_scale`) is implausible for
     its unit, else None; other sources state their times unambiguously (Azure's are date-times)."""
-    if not source.endswith(".jsonl") or len(requests) < 2 or arrival_window_s(requests) <= 0:
+    if not is_mooncake(source) or len(requests) < 2 or arrival_window_s(requests) <= 0:
         return None
     recorded = arrival_rate_rps(requests) / rate_scale
     if recorded < IMPLAUSIBLE_RATE_RPS:

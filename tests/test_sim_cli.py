@@ -272,8 +272,10 @@ def test_simulate_says_the_arrival_window_and_rate(tmp_path: Path) -> None:
     assert "warning" not in result.output
 
 
-def test_simulate_warns_of_a_mooncake_trace_whose_timestamps_look_like_seconds(tmp_path: Path) -> None:
+@pytest.mark.parametrize("suffix", [".jsonl", ".JSONL"])  # read as Mooncake in any case, so warned of alike
+def test_simulate_warns_of_a_mooncake_trace_whose_timestamps_look_like_seconds(tmp_path: Path, suffix: str) -> None:
     trace = _mooncake(tmp_path, [float(i) for i in range(20)])  # seconds, read as the format's milliseconds
+    trace = trace.rename(trace.with_suffix(suffix))
     argv = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--policy", "round_robin", "--json"]
     result = runner.invoke(app, argv)
     assert result.exit_code == 0, result.output
