@@ -153,6 +153,12 @@ class StateReplay:
             get_accelerator(accelerator), get_model(model), tensor_parallel, cuda_graphs=self.pool.cuda_graphs
         )
         self.kv_blocks = kv_blocks(self.pool)
+        capacity = self.kv_blocks * self.pool.block_size
+        if output_tokens >= capacity:  # no row could be replayed: each was blamed in turn, the first for all
+            raise ValueError(
+                f"--output-tokens must be below the {capacity:,} tokens the simulated endpoint's KV cache holds "
+                f"({accelerator} × {model}), got {output_tokens:,}"
+            )
         self.async_scheduling = async_scheduling
         self.output_tokens = output_tokens
 

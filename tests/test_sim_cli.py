@@ -188,6 +188,8 @@ def test_sim_validate_json_is_json_when_a_target_has_no_rows(tmp_path: Path) -> 
     [
         (["--scheduling", "later"], "--scheduling"),
         (["--output-tokens", "1"], "--output-tokens"),
+        # Beyond the KV cache: the first row replayed was blamed (`ROWS:1: ... (KV cache too small)`).
+        (["--output-tokens", "100000000"], "--output-tokens must be below the 233,840 tokens"),
         (["--accelerator", "abacus"], "unknown accelerator"),
         (["--splitwise", "/no/such.csv"], "no such file"),
     ],
