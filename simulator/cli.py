@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -179,8 +180,9 @@ def print_simulation(report: dict[str, object], as_json: bool, arrivals: str = "
 
 
 def _pct(value: object) -> str:
+    """A share as a percentage; `–` for one of no rows (NaN: `nan%` read as a figure)."""
     assert isinstance(value, float | int)
-    return f"{value:.1%}"
+    return f"{value:.1%}" if math.isfinite(value) else "–"
 
 
 def print_validation(report: dict[str, object], as_json: bool) -> None:

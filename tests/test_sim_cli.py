@@ -181,6 +181,16 @@ def test_sim_validate_json_is_json_when_a_target_has_no_rows(tmp_path: Path) -> 
     assert "NaN" not in result.stdout
     measured = json.loads(result.stdout)["measured"]
     assert measured["ttft"]["rows"] == 0 and measured["ttft"]["median_ape"] is None
+    table = runner.invoke(app, argv[:-1])  # the table said `nan%` for them
+    assert table.exit_code == 0, table.output
+    (ttft,) = [line for line in table.stdout.splitlines() if "TTFT" in line and "│" in line]
+    assert "nan" not in table.stdout and [cell.strip() for cell in ttft.split("│")[1:-1]] == [
+        "TTFT",
+        "0",
+        "all",
+        "–",
+        "–",
+    ]
 
 
 @pytest.mark.parametrize(
