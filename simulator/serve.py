@@ -64,6 +64,7 @@ from leadtime.router_plugin.timeslice import OTHER_JOB, SERVING_JOB
 from leadtime.simulator.endpoint import Endpoint, SimRequest
 from leadtime.simulator.engine import build_endpoints
 from leadtime.simulator.fleet import EndpointConfig, Fleet, TimesliceGroup
+from leadtime.simulator.report import written_whole
 from leadtime.yaml_text import read_yaml_file
 
 T = TypeVar("T")
@@ -1000,7 +1001,9 @@ def serve_fleet(
     if server.timeslice_url is not None:
         print(f"timeslice: {server.timeslice_url}", flush=True)
     if endpoints_file is not None:
-        endpoints_file.write_text(yaml.safe_dump(server.endpoints_document(), sort_keys=False))
+        # Renamed into place whole: a client waiting for the file to appear read it empty, written in place.
+        with written_whole(endpoints_file) as part:
+            part.write_text(yaml.safe_dump(server.endpoints_document(), sort_keys=False))
         print(f"endpoints: {endpoints_file}", flush=True)
     try:
         server.wait()

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
-from leadtime.bench.procs import free_port
+from leadtime.bench.procs import free_port, free_ports
 from leadtime.features.vllm_metrics import parse_vllm_metrics
 from leadtime.simulator.fleet import parse_fleet
-from leadtime.simulator.serve import FleetServer
+from leadtime.simulator.serve import FleetServer, serve_fleet
 
 FLEET = {
     "pools": [
@@ -493,3 +496,24 @@ def test_names_with_quotes_leave_streams_and_metrics_parseable() -> None:
         assert metrics.num_requests_running == 0 and metrics.num_gpu_blocks
     finally:
         srv.stop()
+
+
+def test_the_discovery_file_appears_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was written in place: a client waiting for it to appear (as `bench.procs.SimFleet` and a shell's
+    `until [ -f ]` do) read it empty 4 times in 10, the instant between its creation and its write."""
+    path = tmp_path / "endpoints.yaml"
+    appeared: list[tuple[bool, str]] = []  # (the name was there already, what appeared under it)
+    real_replace = os.replace
+
+    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        if Path(target) == path:
+            appeared.append((path.exists(), Path(source).read_text()))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(FleetServer, "wait", FleetServer.stop)  # serve_fleet returns once the file is written
+    serve_fleet(parse_fleet(FLEET), base_port=free_ports(2), endpoints_file=path)
+    assert len(appeared) == 1 and not appeared[0][0]
+    written = yaml.safe_load(appeared[0][1])
+    assert [e["name"] for e in written["endpoints"]] == ["h100-0", "l40s-0"]
+    assert written == yaml.safe_load(path.read_text()) and [p.name for p in tmp_path.iterdir()] == [path.name]
