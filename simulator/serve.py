@@ -146,14 +146,6 @@ class CompletionBody(BaseModel):
         return [str(token) for token in (first if isinstance(first, list) else prompt)]
 
 
-class TokenizeBody(BaseModel):
-    """The body of /tokenize (a completion's prompt)."""
-
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    prompt: str
-
-
 class ChatMessage(BaseModel):
     """One chat message."""
 
@@ -182,6 +174,25 @@ class ChatBody(BaseModel):
     n: int | None = None
 
     _one_choice = field_validator("n")(one_choice)
+
+
+class TokenizeBody(BaseModel):
+    """The body of /tokenize: a completion's prompt or a chat's messages, as vLLM's takes either."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+
+    @property
+    def words(self) -> list[str]:
+        """The tokens as the completion or chat with this prompt would count them; FeatureError (422) unless
+        exactly one of `prompt` and `messages` is given."""
+        if (self.prompt is None) == (self.messages is None):
+            raise FeatureError("prompt", "give a prompt or a chat's messages (one of them)")
+        if self.messages is not None:
+            return chat_words(self.messages)
+        return _words(self.prompt or "")
 
 
 @dataclass
@@ -497,6 +508,11 @@ def _words(text: str) -> list[str]:
     return text.split() or [""]
 
 
+def chat_words(messages: list[ChatMessage]) -> list[str]:
+    """A chat's prompt as the mock counts it: the words of its messages' texts."""
+    return _words(" ".join(m.text for m in messages))
+
+
 class HeaderError(FeatureError):
     """A request header the mock cannot honour (400, naming the header: the request itself is malformed)."""
 
@@ -666,7 +682,7 @@ def build_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatBody, request: Request) -> object:
         check_model(body.model)
-        words = _words(" ".join(m.text for m in body.messages))
+        words = chat_words(body.messages)
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
         usage_wanted = bool(body.stream_options and body.stream_options.include_usage)
         return await respond(request, "chat", words, max_tokens, bool(body.stream), usage_wanted)
@@ -675,7 +691,7 @@ def build_app(
     async def tokenize(body: TokenizeBody) -> dict[str, object]:
         """As vLLM's: the prompt's tokens (a word each here, numbered by a stable hash), and the model's length."""
         check_model(body.model)
-        tokens = [zlib.crc32(w.encode()) % 128_000 for w in body.prompt.split()]
+        tokens = [zlib.crc32(w.encode()) % 128_000 for w in body.words if w]
         return {"count": len(tokens), "max_model_len": 131_072, "tokens": tokens}
 
     @app.get("/v1/models")

@@ -124,6 +124,24 @@ def test_a_prompt_of_token_ids_is_served_as_vllm_serves_it(server: FleetServer) 
         assert reply.status_code == 422 and reply.json()["field"] == "prompt", reply.text
 
 
+def test_tokenize_counts_a_chats_messages_as_the_chat_would_be_counted(server: FleetServer) -> None:
+    """vLLM's /tokenize takes a chat's `messages` as well as a prompt (the gateway passes both on); the mock refused
+    `messages` with a 422 for a missing `prompt`. A chat is counted as /v1/chat/completions counts its prompt."""
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a b"}]},
+    ]
+    reply = httpx.post(_url(server) + "/tokenize", json={"messages": messages}, timeout=10)
+    assert reply.status_code == 200, reply.text
+    chat = httpx.post(_url(server) + "/v1/chat/completions", json={"messages": messages, "max_tokens": 1}, timeout=30)
+    assert reply.json()["count"] == chat.json()["usage"]["prompt_tokens"] == 4
+    assert httpx.post(_url(server) + "/tokenize", json={"prompt": "a b c"}, timeout=10).json()["count"] == 3
+    bad_bodies: list[dict[str, object]] = [{}, {"prompt": "a", "messages": messages}, {"messages": []}]
+    for bad in bad_bodies:
+        reply = httpx.post(_url(server) + "/tokenize", json=bad, timeout=10)
+        assert reply.status_code == 422 and reply.json()["field"] in ("prompt", "messages"), reply.text
+
+
 def test_bad_requests_get_422_naming_the_field_as_the_service_does(server: FleetServer) -> None:
     reply = httpx.post(_url(server) + "/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=10)
     assert reply.status_code == 422
