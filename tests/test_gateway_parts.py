@@ -960,6 +960,32 @@ def test_a_decision_that_waited_its_deadline_out_does_not_ask_the_predictor() ->
     assert given[-1] == 0.2 and client.predictions == 2 and wrapper.health() == {}
 
 
+def test_a_predictor_that_answered_near_its_deadline_once_is_asked_again() -> None:
+    """Regression: the answer time a decision is measured against moved only with answers. Slow answers (a
+    predictor restarted, busy learning the backlog the gateway sent it) lifted it to within 2 ms of the deadline;
+    from then on every decision that waited 2 ms for its turn was `queued`, none asked the predictor, the mean never
+    came down: live, every decision for minutes went to the heuristics, /readyz saying nothing. Not asked for the
+    breaker's rest, the predictor is asked again with what is left, and its answer time is learned anew."""
+    client = _Slow(0.019)  # busy: 19 ms of the 20 ms deadline
+    wrapper = GatewayPredictor(client, client, GatewayMetrics(), open_for_s=0.05)
+    for _ in range(3):
+        wrapper.predict([ROW], 0.02)
+    client.seconds = 0.001  # fast again
+    stop = time.monotonic() + 5  # bounds a failure only: it is asked again after 0.05 s
+    while client.predictions == 3 and time.monotonic() < stop:
+        wrapper.queued_s = 0.002
+        with contextlib.suppress(PredictorUnavailable):
+            wrapper.predict([ROW], 0.02)
+            continue
+        assert wrapper.last_failure == "queued"  # skipped while it had just answered slowly
+        time.sleep(0.005)
+    assert client.predictions == 4  # then asked
+    for _ in range(5):  # its answers take 1 ms again: every decision asks it
+        wrapper.queued_s = 0.002
+        wrapper.predict([ROW], 0.02)
+    assert client.predictions == 9 and wrapper.health() == {}
+
+
 async def answers_one_token(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     event = b'data: {"choices":[{"index":0,"text":" a","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
     with contextlib.suppress(ConnectionError, asyncio.CancelledError):

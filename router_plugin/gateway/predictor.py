@@ -13,6 +13,7 @@ predictor has been away long.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -174,8 +175,10 @@ class GatewayPredictor:
         come each add about the deadline at most, not every call before them. None is asked for when what is left
         is shorter than the predictor's answers take (`_answer_s`): it would come too late, and a call cut short
         counts towards the breaker, which would then leave the predictor unasked for a second, decisions it had
-        time for included."""
+        time for included. Unasked for the breaker's rest (`open_for_s`), it is asked with what is left: that mean
+        moves only with answers, and a few slow ones would otherwise leave it unasked for good."""
         self._answer_s = 0.0  # moving mean of how long the predictor's answers take (`ANSWER_WEIGHT`)
+        self._asked_at = -math.inf  # time.monotonic() of the last call made to the predictor
         self._ok = metrics.predictor_seconds.labels("predict", "ok")
         self._queued = metrics.observations.labels("queued")
         metrics.observations_waiting.set_function(self.pending)  # read at each scrape
@@ -183,9 +186,11 @@ class GatewayPredictor:
     # ----- predictions (the decision thread) -------------------------------------------------------------
 
     def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        now = time.monotonic()
         if deadline_s is not None and self.queued_s > 0:
             left = deadline_s - self.queued_s
-            if left <= self._answer_s:  # no failure of the predictor's: the breaker is left as it is
+            asked_lately = now - self._asked_at < self.open_for_s
+            if left <= 0 or left <= self._answer_s and asked_lately:  # not the predictor's failure: no breaker
                 self.last_failure = QUEUED
                 raise PredictorUnavailable(
                     QUEUED,
@@ -194,10 +199,10 @@ class GatewayPredictor:
                     f"{self._answer_s * 1e3:.0f} ms",
                 )
             deadline_s = left
-        now = time.monotonic()
         if now < self._open_until:
             self.last_failure = "circuit_open"
             raise PredictorUnavailable("circuit", f"predictor failed {self.open_after} times in a row; resting")
+        self._asked_at = now
         started = time.perf_counter()
         try:
             answer = self.predict_client.predict(rows, deadline_s)
