@@ -85,12 +85,19 @@ class PrometheusApi:
         return max(parse_duration(i) for i in intervals)
 
     def query_range(self, expr: str, start: float, end: float, step_s: float) -> list[Series]:
-        """`expr` evaluated every `step_s` from `start` to `end` (seconds since the epoch)."""
+        """`expr` evaluated every `step_s` from `start` to `end` (seconds since the epoch): a point at every step,
+        NaN where it had no value. Prometheus leaves such steps out, and a line drawn through the points it returned
+        would join the last one before a gap (a service down) to the first one after, as if nothing had stopped."""
         data = self._get("/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step_s})
+        times = start + step_s * np.arange(math.floor((end - start) / step_s + 1e-9) + 1)
         out = []
         for result in data["result"]:
-            points = np.array([[float(t), float(v)] for t, v in result["values"]], dtype=float).reshape(-1, 2)
-            out.append(Series(result["metric"], points[:, 0], points[:, 1]))
+            values = np.full(len(times), np.nan)
+            for t, v in result["values"]:
+                k = round((float(t) - start) / step_s)
+                if 0 <= k < len(times):
+                    values[k] = float(v)
+            out.append(Series(result["metric"], times, values))
         return out
 
     def query(self, expr: str, at: float) -> list[Series]:

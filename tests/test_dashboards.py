@@ -563,3 +563,42 @@ def test_every_rendered_panel_spans_the_time_range_asked_for() -> None:
             assert list(ax.get_xlim()) == pytest.approx(asked), ax.get_title()
     finally:
         plt.close(fig)
+
+
+def test_a_series_missing_steps_is_drawn_with_a_gap_not_a_line_across_them() -> None:
+    """Regression: Prometheus leaves out the steps where an expression has no value (a service down); only the
+    points it returned were kept, and the picture joined the last one before to the first one after: a minute's
+    outage read as steady traffic. Every step of the range is a point, NaN where there was no value."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import numpy as np
+
+    from leadtime.dashboards.render import PrometheusApi
+
+    start, step = 1_767_225_600.0, 1.0
+    answered = [start + k for k in (0, 1, 2, 60, 61, 62)]  # nothing from 3 s to 59 s
+
+    class Prometheus(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            result = [{"metric": {"api": "native"}, "values": [[t, "40"] for t in answered]}]
+            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Prometheus)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (series,) = PrometheusApi(f"http://127.0.0.1:{server.server_address[1]}").query_range(
+            "x", start, start + 62.5, step
+        )
+    finally:
+        server.shutdown()
+    assert series.times.tolist() == [start + k for k in range(63)]  # each step of the range, end included
+    assert np.isnan(series.values[3:60]).all() and series.values[[0, 1, 2, 60, 61, 62]].tolist() == [40.0] * 6
