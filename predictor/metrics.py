@@ -46,6 +46,8 @@ APIS = ("llmd", "native", "grpc")
 """The `api` label of predictions and observations: llm-d's paths, the native /v1 API, gRPC."""
 GRPC_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Predictor"].methods)
 """The `method` label of the gRPC metrics: every method of leadtime.v1.Predictor, as the proto defines them."""
+GRPC_CLIENT_STREAMS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Predictor"].methods if m.client_streaming)
+"""The methods whose calls are client streams: timed for the stream's whole life, as long as its client sends."""
 UNMATCHED_PATH = "unmatched"
 """The `path` label of a request no route matched (the service's and the gateway's 404s): one series for them all,
 not one per path a client mistyped or a scanner tried."""

@@ -378,6 +378,20 @@ def test_the_http_latency_panel_leaves_out_the_scrapes_of_metrics() -> None:
     assert all('path!="/metrics"' in q.expr for q in panel.queries)
 
 
+def test_the_grpc_latency_panel_leaves_out_the_client_streams() -> None:
+    """An ObserveStream is timed for the stream's whole life (a client sending batches as they come): one open 4 s
+    fell above the top bucket, and the panel read 2.5 s at its p50 and p99, setting the scale over PredictBulk's
+    milliseconds."""
+    from leadtime.predictor.grpc import leadtime_pb2 as pb
+
+    methods = pb.DESCRIPTOR.services_by_name["Predictor"].methods
+    streams = [m.name for m in methods if m.client_streaming]
+    assert streams == ["ObserveStream"]
+    (panel,) = [p for p in PREDICTOR.panels() if p.title.startswith("gRPC latency by method")]
+    assert all('method!~"ObserveStream"' in q.expr for q in panel.queries)
+    assert "ObserveStream" in panel.description
+
+
 def test_metric_names_reads_past_labels_functions_and_keywords() -> None:
     expr = (
         'sum by (reason) (rate(a_total{x=~"$v"}[$__rate_interval]))\n/ ignoring (reason) group_left\n'
