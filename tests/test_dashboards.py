@@ -464,6 +464,8 @@ def test_render_without_a_prometheus_is_one_line_and_exit_2(tmp_path: Path) -> N
         ("notaurl", "--prometheus 'notaurl': not an http:// or https:// URL"),
         ("ftp://prometheus:9090", "--prometheus 'ftp://prometheus:9090': not an http:// or https:// URL"),
         ("http://", "--prometheus 'http://': not an http:// or https:// URL"),
+        ("http://[::1", "--prometheus 'http://[::1': not an http:// or https:// URL (Invalid IPv6 URL)"),  # traceback
+        ("http://127.0.0.1:99999", "--prometheus 'http://127.0.0.1:99999': not an http:// or https:// URL (Port"),
         ("http://127.0.0.1:1", "Prometheus at http://127.0.0.1:1 cannot be reached"),
     ],
 )

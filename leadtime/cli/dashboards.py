@@ -58,9 +58,14 @@ def dashboards_render(
     from leadtime.predictor.artifact import missing_dirs, remove_empty_dirs
 
     positive("--minutes", minutes)
-    parsed = urlsplit(prometheus)
+    wrong = f"--prometheus {prometheus!r}: not an http:// or https:// URL"
+    try:
+        parsed = urlsplit(prometheus)
+        _ = parsed.port  # raises for a port that is not a number from 0 to 65535
+    except ValueError as err:  # a bracket not closed, a port out of range: said, not a traceback
+        fail(f"{wrong} ({err})")
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        fail(f"--prometheus {prometheus!r}: not an http:// or https:// URL (http://HOST:PORT)")
+        fail(f"{wrong} (http://HOST:PORT)")
     api = PrometheusApi(prometheus)
     made = missing_dirs(out)
     output_dir(out)  # checked first: a folder that cannot be made is said before anything is asked
