@@ -143,6 +143,13 @@ class ServiceSettings(BaseModel):
     replica_id: str = ""
     seed: int = 0
 
+    @field_validator("model_dir", "model_from_ca_file", "tls_certfile", "tls_keyfile", "catalog", mode="before")
+    @classmethod
+    def _home_folder(cls, value: Any) -> Any:
+        """`~` as a shell expands it: a service manager's `LEADTIME_MODEL_DIR=~/models`, or `--model-dir=~/models`
+        (no shell expands a tilde after `=`), made a folder named `~` where the service was started."""
+        return os.path.expanduser(value) if isinstance(value, str | Path) else value
+
     @field_validator("api_token")
     @classmethod
     def _sendable_token(cls, value: str | None) -> str | None:

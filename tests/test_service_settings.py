@@ -148,3 +148,28 @@ def test_a_size_beyond_what_the_service_can_use_is_refused_at_start(variable: st
     assert getattr(ServiceSettings.from_env(env={variable: str(largest)}), field) == largest
     with pytest.raises(ValidationError, match=f"{field}\n.*less than or equal to {largest}"):
         ServiceSettings.from_env(env={variable: str(largest + 1)})
+
+
+def test_a_path_setting_starting_with_a_tilde_is_the_home_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--model-dir=~/models` (a shell leaves the tilde after `=` as it is) and a service manager's
+    `LEADTIME_MODEL_DIR=~/models` made a folder named `~` in the working directory: the model kept there was not
+    where the user would look for it, nor found by the next start from elsewhere."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cert.pem").write_text("x")
+    (tmp_path / "key.pem").write_text("x")
+    s = ServiceSettings.from_env(
+        env={
+            "LEADTIME_MODEL_DIR": "~/models",
+            "LEADTIME_TLS_CERTFILE": "~/cert.pem",
+            "LEADTIME_TLS_KEYFILE": "~/key.pem",
+            "LEADTIME_MODEL_FROM_CA_FILE": "~/ca.pem",
+        }
+    )
+    assert s.model_dir == tmp_path / "models"
+    assert (s.tls_certfile, s.tls_keyfile, s.model_from_ca_file) == (
+        tmp_path / "cert.pem",
+        tmp_path / "key.pem",
+        tmp_path / "ca.pem",
+    )
