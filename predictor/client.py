@@ -27,6 +27,7 @@ from leadtime.features.errors import FeatureError
 from leadtime.features.rows import (
     ACTUAL_FIELDS,
     LLMD_REQUIRED_FIELDS,
+    MAX_PREDICTED_MS,
     NATIVE_OBSERVATION_FIELDS,
     NATIVE_ROW_FIELDS,
     ROLES,
@@ -136,11 +137,17 @@ class BulkPredictions:
         return self
 
     def check_finite(self, where: str) -> BulkPredictions:
-        """Self, when every prediction is a finite number; else PredictorError(INVALID_ANSWER): a native answer's
-        null reads as NaN and gRPC carries NaN and inf, and one of them would make a comparison pick wrongly."""
+        """Self, when every prediction is a finite number of at most `MAX_PREDICTED_MS`; else
+        PredictorError(INVALID_ANSWER): a native answer's null reads as NaN and gRPC carries NaN and inf, and one of
+        them would make a comparison pick wrongly. One beyond the bound was never a prediction of the service (it
+        serves an overflow as the bound), and the `Observation` reporting it would be refused after the request
+        completed, its outcome lost."""
         for name in PREDICTED_FIELDS:
-            if not np.isfinite(getattr(self, name)).all():
+            values = getattr(self, name)
+            if not np.isfinite(values).all():
                 raise PredictorError(INVALID_ANSWER, f"{where}: {name}: not a finite number")
+            if (values > MAX_PREDICTED_MS).any():
+                raise PredictorError(INVALID_ANSWER, f"{where}: {name}: above {MAX_PREDICTED_MS:g} ms")
         return self
 
 

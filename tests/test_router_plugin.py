@@ -482,10 +482,13 @@ class Answering(QueueModel):
         return BulkPredictions(self.ttft, 1.2 * self.ttft, np.full(n, 10.0), np.full(n, 12.0), 1, 0.9)
 
 
-@pytest.mark.parametrize("ttft", [[200.0, 200.0, math.nan], [200.0, math.inf, 200.0], [200.0, 200.0]])
+@pytest.mark.parametrize(
+    "ttft", [[200.0, 200.0, math.nan], [200.0, math.inf, 200.0], [200.0, 200.0], [200.0, 2e12, 200.0]]
+)
 def test_a_prediction_missing_or_not_finite_falls_back_to_the_heuristics(ttft: list[float]) -> None:
     """Regression: one NaN prediction (a native answer's null, or NaN/inf over gRPC) made `pick` raise IndexError
-    instead of routing, and counted the decision as overloaded; a short answer was taken as it came."""
+    instead of routing, and counted the decision as overloaded; a short answer was taken as it came. One beyond what
+    a prediction may say (`MAX_PREDICTED_MS`) was routed on, and the outcome's `observe` then raised FeatureError."""
     policy = LeadtimePolicy(Answering(ttft), LeadtimeConfig(exploration=0.0, comfort=0.0))
     pick = policy.pick(req(), [cand("a", waiting=5), cand("b"), cand("c", waiting=5)])
     assert pick.endpoint_id == "b" and pick.row is None  # llm-d's queue scorer decides
