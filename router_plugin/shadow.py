@@ -4,9 +4,9 @@ happened.
 To see Leadtime's predictions on a fleet before routing on them, run the gateway with a policy that does not
 predict and a predictor (`leadtime route --policy round-robin --shadow --predictor-url URL`, or `--profile
 heuristic` for llm-d's default scorers). Every decision stays that policy's; the endpoint it picked is predicted
-(one row, within the plugin's default deadline; a prediction that fails or is late is skipped, never the request),
-and when the request completes its row, what happened and what was predicted go to the predictor like any
-router's observations. The service's live error and coverage (`leadtime_live_*`) and the gateway's predicted and
+(one row, within the plugin's default deadline; a prediction that fails, is late or is no number is skipped, never
+the request), and when the request completes its row, what happened and what was predicted go to the predictor like
+any router's observations. The service's live error and coverage (`leadtime_live_*`) and the gateway's predicted and
 actual TTFT/ITL then say how well the predictor knows the fleet, and it is warm the day the gateway routes on it.
 
 On a P/D fleet only the decode endpoint's ITL is learned: a pair's TTFT includes a KV transfer the plain policy
@@ -84,7 +84,9 @@ class ShadowLearning:
         candidate = next(c for c in candidates if c.endpoint_id == chosen)
         row = candidate.row(request)
         try:
-            p = self.predictor.predict([row], self.deadline_s)
+            # Checked as the Leadtime policy checks its answers: a NaN or an overflow reported with the outcome
+            # would be refused then, and the outcome lost with it.
+            p = self.predictor.predict([row], self.deadline_s).check_rows(1, "the answer").check_finite("the answer")
         except PredictorError:
             self.shadow_counters.unpredicted += 1
             self._decisions[request.request_id] = _Shadowed(row, pair)

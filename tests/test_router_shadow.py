@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pytest
-from test_router_plugin import QueueModel, cand, req
+from test_router_plugin import Answering, QueueModel, cand, req
 
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.router_plugin.client import InProcessPredictor
@@ -59,6 +60,19 @@ def test_on_a_pd_fleet_only_the_decode_endpoints_itl_is_learned() -> None:
 
 def test_a_failed_prediction_costs_the_decision_nothing_and_the_outcome_is_still_learned() -> None:
     model = QueueModel(fail=True)
+    shadow = ShadowLearning(RoundRobinPolicy(), model)
+    pick = shadow.pick(req("r1"), [cand("a"), cand("b")])
+    assert pick.endpoint_id == "a" and pick.predicted_ttft_ms is None
+    shadow.observe(outcome("r1", "a"))
+    assert model.told[0].predicted_ttft_ms is None and model.told[0].actual_ttft_ms == 250.0
+    assert (shadow.shadow_counters.unpredicted, shadow.shadow_counters.learned) == (1, 1)
+
+
+@pytest.mark.parametrize("ttft", [math.nan, math.inf, 2e12])
+def test_a_prediction_that_cannot_be_one_is_skipped_and_the_outcome_still_learned(ttft: float) -> None:
+    """Regression: a NaN answer (a native answer's null; gRPC carries NaN) was taken as a prediction, carried by
+    the pick, and the outcome's `observe` raised FeatureError: never learned."""
+    model = Answering([ttft])
     shadow = ShadowLearning(RoundRobinPolicy(), model)
     pick = shadow.pick(req("r1"), [cand("a"), cand("b")])
     assert pick.endpoint_id == "a" and pick.predicted_ttft_ms is None
