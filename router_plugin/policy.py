@@ -54,18 +54,23 @@ class RouteRequest:
 
     def __post_init__(self) -> None:
         """Checked here, naming the field, rather than failing inside a scorer (`tpot_slo_ms=nan` was an IndexError
-        from an empty choice, `"500"` a TypeError).
+        from an empty choice, `"500"` a TypeError). An SLO of inf is none, stored as None: every policy reads None
+        as no SLO, while inf, as a number, made a headroom of inf / inf (NaN) and a score equal everywhere.
 
         >>> RouteRequest("r", 100, ttft_slo_ms=float("nan"))
         Traceback (most recent call last):
         ...
         leadtime.features.errors.FeatureError: ttft_slo_ms: must be a number > 0 (inf: none), got nan
+        >>> RouteRequest("r", 100, ttft_slo_ms=float("inf")).ttft_slo_ms is None
+        True
         """
         check_count("input_tokens", self.input_tokens)
         for name in ("ttft_slo_ms", "tpot_slo_ms"):
             slo = getattr(self, name)
             if slo is not None and (isinstance(slo, bool) or not isinstance(slo, Real) or not float(slo) > 0):
                 raise FeatureError(name, f"must be a number > 0 (inf: none), got {slo!r}")
+            if slo is not None and math.isinf(slo):
+                object.__setattr__(self, name, None)
         check_real("arrival_ms", self.arrival_ms, -math.inf)
         check_real("held_ms", self.held_ms)
         if self.max_output_tokens is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,6 +126,14 @@ def test_positive_headroom_is_preferred_and_weighted_towards_ttft() -> None:
     # TTFT (headroom 0.95 against 0.78) outweighs b's better TPOT (0.78 against 0.34).
     fresh = LlmdPredictedPolicy(Model())
     assert fresh.pick(req("r2"), [cand("a", running=4), cand("b", waiting=1, running=0)]).endpoint_id == "a"
+
+
+@pytest.mark.parametrize("slos", [(math.inf, math.inf), (math.inf, None), (None, math.inf)])
+def test_an_infinite_slo_routes_as_none(slos: tuple[float | None, float | None]) -> None:
+    """Regression: (inf − predicted) / inf was NaN on every candidate, and the pick raised IndexError."""
+    candidates = [cand("a", waiting=2), cand("b"), cand("c", running=3)]
+    pick = LlmdPredictedPolicy(Model()).pick(req("r1", ttft_slo=slos[0], tpot_slo=slos[1]), candidates)
+    assert pick.endpoint_id == "b"  # the lowest predicted latency, as without SLOs
 
 
 def test_pd_picks_decode_first_then_prefill_and_disaggregates_above_the_threshold() -> None:

@@ -178,3 +178,11 @@ def test_a_pd_fleet_whose_decode_endpoints_cannot_hold_the_request_cannot_serve_
 def test_max_output_tokens_must_be_a_count() -> None:
     with pytest.raises(FeatureError, match="max_output_tokens"):
         RouteRequest("r", 10, max_output_tokens=-1)
+
+
+def test_an_infinite_slo_is_no_slo() -> None:
+    """An SLO of inf was kept as a number: the llm-d peer's headroom (inf − p) / inf was NaN, and its pick raised
+    IndexError; the Leadtime policy took every candidate as equally inside it, rather than the fastest."""
+    request = RouteRequest("r", 10, ttft_slo_ms=float("inf"), tpot_slo_ms=float("inf"))
+    assert (request.ttft_slo_ms, request.tpot_slo_ms) == (None, None)
+    assert RouteRequest("r", 10, ttft_slo_ms=float("inf"), tpot_slo_ms=50.0).ttft_slo_ms is None
