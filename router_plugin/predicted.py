@@ -822,10 +822,14 @@ class LeadtimePolicy:
     def _remember(self, request_id: str, decision: _Decision) -> None:
         """Keep what was decided until the outcome comes (`observe`) or the request is given up (`abandon`); a
         caller that does neither for a pick would otherwise grow this without bound: past `MAX_OPEN_DECISIONS`
-        the oldest is forgotten (it could only be learned from late)."""
+        the oldest is forgotten (it could only be learned from late), and abandoned in the ledgers too, where it
+        would otherwise count in flight, and weigh on its endpoint's score, for good."""
+        self._decisions.pop(request_id, None)  # decided again (a retry): it is the newest, not forgotten first
         self._decisions[request_id] = decision
         if len(self._decisions) > MAX_OPEN_DECISIONS:
-            self._decisions.pop(next(iter(self._decisions)))
+            oldest = next(iter(self._decisions))
+            del self._decisions[oldest]
+            self.ledgers.complete(oldest)
 
     def abandon(self, request_id: str) -> None:
         """The request will not complete where it was sent (it failed, or was retried elsewhere): forget it."""

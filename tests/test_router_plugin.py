@@ -1007,7 +1007,8 @@ def test_endpoints_that_left_are_forgotten_even_when_their_last_requests_complet
 
 
 def test_picks_never_reported_do_not_grow_the_policy_without_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    """20,000 picks without an outcome or an abandon left 20,000 decisions held."""
+    """20,000 picks without an outcome or an abandon left 20,000 decisions held; a decision forgotten so stayed in
+    the ledgers for good, in flight and weighing its ITL SLO on its endpoint's score."""
     from leadtime.router_plugin import predicted
 
     monkeypatch.setattr(predicted, "MAX_OPEN_DECISIONS", 50)
@@ -1016,3 +1017,4 @@ def test_picks_never_reported_do_not_grow_the_policy_without_bound(monkeypatch: 
     for i in range(120):
         policy.pick(RouteRequest(f"r{i}", 100, ttft_slo_ms=1000.0, tpot_slo_ms=50.0), candidates)
     assert len(policy._decisions) == 50 and "r119" in policy._decisions and "r0" not in policy._decisions
+    assert len(policy.ledgers.inflight) == len(policy.ledgers.decoding) == 50
