@@ -71,6 +71,7 @@ class _GroupHistory:
     away_since_ms: float | None = None
     switching_since_ms: float | None = None
     leaving: bool = False  # in the SWITCHING that took it away from serving (not a restore)
+    restore_only: bool = False  # first seen restoring: when it went away was never seen, so no away period is learned
     away: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     restore: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     resident: deque[float] = field(default_factory=lambda: deque(maxlen=64))
@@ -115,6 +116,7 @@ class ResidencyTracker:
         serving = status.serves(self.job)
         h = self._groups.get(group)
         seen_serving = h is not None and h.serving
+        first_seen = h is None
         if h is None:
             h = self._groups[group] = _GroupHistory(serving=True, since_ms=status.since_ms)
         if serving and not h.serving:  # back
@@ -122,9 +124,11 @@ class ResidencyTracker:
                 h.restore.append(max(0.0, status.since_ms - h.switching_since_ms))
             if h.away_since_ms is not None:
                 ended = h.switching_since_ms if h.switching_since_ms is not None else status.since_ms
-                h.away.append(max(0.0, ended - h.away_since_ms))
+                if not h.restore_only:
+                    h.away.append(max(0.0, ended - h.away_since_ms))
                 h.outages.append((h.away_since_ms, status.since_ms))
             h.away_since_ms = h.switching_since_ms = None
+            h.restore_only = False
         elif not serving and h.serving:  # taken away
             h.away_since_ms = status.since_ms
             if h.serving_since_ms is not None:
@@ -134,12 +138,13 @@ class ResidencyTracker:
             h.leaving = False
         elif status.state != "SWITCHING":
             h.switching_since_ms = None
-            h.leaving = False
+            h.leaving = h.restore_only = False
         elif seen_serving:
             # Switching away from serving: the swap-out is part of the away period, not a restore.
             h.leaving = True
         elif not h.leaving and h.switching_since_ms is None:
             h.switching_since_ms = status.since_ms
+            h.restore_only = first_seen
         h.serving = serving
         h.since_ms = status.since_ms
 

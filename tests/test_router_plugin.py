@@ -940,6 +940,17 @@ def test_a_switch_away_from_serving_counts_as_away_not_as_a_restore() -> None:
     assert tracker.expected_wait_ms("g", 165_000.0) == pytest.approx(20_000.0 + 300.0)  # outlasted: one more mean
 
 
+def test_a_group_first_seen_restoring_learns_its_restore_but_no_away_period() -> None:
+    """Regression: a router started while a group was swapping back in learned an away period of 0 ms (when it went
+    away was never seen), which replaced the prior: the next swap-out was expected over after the restore alone."""
+    tracker = ResidencyTracker("inference", prior_away_ms=5000.0)
+    tracker.update("g", GroupStatus("SWITCHING", "", "inference", 0, 1000.0), 1000.0)
+    tracker.update("g", GroupStatus("LOCKED", "inference", "inference", 0, 1100.0), 1100.0)
+    assert tracker.away_overlap_ms("g", 0.0, 2000.0) == pytest.approx(100.0)  # the restore seen is away time
+    tracker.update("g", GroupStatus("LOCKED", "training", "training", 1, 60_000.0), 60_000.0)
+    assert tracker.expected_wait_ms("g", 60_000.0) == pytest.approx(5000.0 + 100.0)  # the prior, the restore seen
+
+
 def test_swap_out_risk_grows_with_the_work_and_away_time_is_taken_out_of_what_is_learned() -> None:
     tracker = ResidencyTracker("inference")
     for start in (0.0, 10_000.0, 20_000.0):  # resident 8 s, away 1.9 s, restoring 0.1 s, three times
