@@ -46,7 +46,15 @@ import numpy as np
 from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.errors import FeatureError, ReasonsSaid
 from leadtime.features.roofline import kv_transfer_ms
-from leadtime.features.rows import EndpointState, FeatureRow, Observation, RequestFeatures, check_count, check_real
+from leadtime.features.rows import (
+    MAX_PREDICTED_MS,
+    EndpointState,
+    FeatureRow,
+    Observation,
+    RequestFeatures,
+    check_count,
+    check_real,
+)
 from leadtime.features.vectorize import Vectorizer
 from leadtime.router_plugin.client import (
     INVALID_ANSWER,
@@ -421,15 +429,18 @@ class LeadtimePolicy:
                 self._add_swap_risk(s)
 
     def _add_swap_risk(self, s: _Scored) -> None:
-        """Time-sliced endpoints that serve now may be swapped out mid-request (timeslice.swap_risk_ms)."""
+        """Time-sliced endpoints that serve now may be swapped out mid-request (timeslice.swap_risk_ms). Kept within
+        `MAX_PREDICTED_MS`, the most a prediction says: the service serves an overflow as that bound, and stretched
+        past it, the prediction would be refused with the request's outcome (`Observation`)."""
         for i, c in enumerate(s.candidates):
             group = c.timeslice_group
             if not group or not self._residency.serving(group):
                 continue
-            s.ttft[i], s.ttft_mean[i] = self._residency.swap_risk_ms(group, np.array([s.ttft[i], s.ttft_mean[i]]))
+            ttft = self._residency.swap_risk_ms(group, np.array([s.ttft[i], s.ttft_mean[i]]))
+            s.ttft[i], s.ttft_mean[i] = np.minimum(ttft, MAX_PREDICTED_MS)
             factor = self._residency.swap_risk_factor(group)
-            s.tpot[i] *= factor
-            s.tpot_mean[i] *= factor
+            s.tpot[i] = min(s.tpot[i] * factor, MAX_PREDICTED_MS)
+            s.tpot_mean[i] = min(s.tpot_mean[i] * factor, MAX_PREDICTED_MS)
 
     # ----- picking -----------------------------------------------------------------------------------------
 

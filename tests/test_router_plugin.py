@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from leadtime.features.rows import EndpointState, FeatureRow, Observation
+from leadtime.features.rows import MAX_PREDICTED_MS, EndpointState, FeatureRow, Observation
 from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.router_plugin.client import InProcessPredictor, PredictorClient
@@ -804,6 +804,28 @@ class Groups:
 
     def status(self, group: str) -> GroupStatus | None:
         return self.statuses.get(group)
+
+
+class AtTheBound(QueueModel):
+    """Predicts every TTFT at `MAX_PREDICTED_MS`, as the service serves one that overflows."""
+
+    def predict(self, rows: Sequence[FeatureRow], deadline_s: float | None = None) -> BulkPredictions:
+        n = len(rows)
+        return BulkPredictions(
+            np.full(n, MAX_PREDICTED_MS), np.full(n, MAX_PREDICTED_MS), np.full(n, 10.0), np.full(n, 12.0), 1, 0.9
+        )
+
+
+def test_a_prediction_at_the_bound_stays_there_with_the_swap_out_risk_and_its_outcome_is_learned() -> None:
+    """Regression: the service serves an overflow as `MAX_PREDICTED_MS`; stretched by a serving time-sliced
+    endpoint's swap-out risk it passed the bound, and the outcome's `observe` raised FeatureError, unlearned."""
+    model = AtTheBound()
+    source = Groups({"rl": GroupStatus("LOCKED", "inference", "inference", 0, 0.0)})
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0), timeslice_source=source)
+    pick = policy.pick(req("r1", at=10.0), [cand("a", group="rl")])
+    assert pick.predicted_ttft_ms == MAX_PREDICTED_MS
+    policy.observe(Outcome("r1", "a", None, 120.0, 11.0, 8, 900.0))
+    assert policy.counters.learned == 1 and model.told[0].predicted_ttft_ms == MAX_PREDICTED_MS
 
 
 def test_non_resident_endpoints_are_filtered_out() -> None:
