@@ -1051,3 +1051,17 @@ def test_picks_never_reported_do_not_grow_the_policy_without_bound(monkeypatch: 
         policy.pick(RouteRequest(f"r{i}", 100, ttft_slo_ms=1000.0, tpot_slo_ms=50.0), candidates)
     assert len(policy._decisions) == 50 and "r119" in policy._decisions and "r0" not in policy._decisions
     assert len(policy.ledgers.inflight) == len(policy.ledgers.decoding) == 50
+
+
+def test_a_request_decided_again_is_the_newest_open_decision_not_the_first_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A retry decided again kept its first place in the order, and was forgotten (and let go of in the ledgers)
+    first, while in flight."""
+    from leadtime.router_plugin import predicted
+
+    monkeypatch.setattr(predicted, "MAX_OPEN_DECISIONS", 3)
+    policy = LeadtimePolicy(QueueModel(), LeadtimeConfig())
+    for rid in ("r0", "r1", "r2", "r0", "r3"):
+        policy.pick(req(rid), [cand("a"), cand("b")])
+    assert list(policy._decisions) == ["r2", "r0", "r3"] and len(policy.ledgers.inflight) == 3
