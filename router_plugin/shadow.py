@@ -135,3 +135,16 @@ class ShadowLearning:
         forget = getattr(self.baseline, "abandon", None)
         if forget is not None:
             forget(request_id)
+
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        """Passed on to the baseline when it has the hook (`policy`'s optional hooks): a router calls it only on a
+        policy that has it, and wrapped, a peer that releases the prefill side then never would."""
+        hook = getattr(self.baseline, "prefilled", None)
+        if hook is not None:
+            hook(request_id, now_ms)
+
+    def forget_endpoint(self, endpoint_id: str) -> None:
+        """Passed on to the baseline when it has the hook, as `prefilled`."""
+        hook = getattr(self.baseline, "forget_endpoint", None)
+        if hook is not None:
+            hook(endpoint_id)

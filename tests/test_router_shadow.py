@@ -104,6 +104,31 @@ def test_a_held_request_is_not_predicted_and_an_abandoned_one_is_not_learned() -
     assert model.told == [] and baseline.forgot == ["r1"]
 
 
+class Hooked(RoundRobinPolicy):
+    """Has the contract's optional hooks; remembers what it was told through them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[str, object]] = []
+
+    def prefilled(self, request_id: str, now_ms: float) -> None:
+        self.told.append(("prefilled", request_id))
+
+    def forget_endpoint(self, endpoint_id: str) -> None:
+        self.told.append(("forget_endpoint", endpoint_id))
+
+
+def test_the_optional_hooks_reach_the_shadowed_policy() -> None:
+    """They were not passed on: a shadowed Dynamo kept a request's blocks on its prefill worker until it completed."""
+    baseline = Hooked()
+    shadow = ShadowLearning(baseline, QueueModel())
+    shadow.pick(req("r1"), [cand("a")])
+    shadow.prefilled("r1", 100.0)
+    shadow.forget_endpoint("a")
+    assert baseline.told == [("prefilled", "r1"), ("forget_endpoint", "a")]
+    ShadowLearning(RoundRobinPolicy(), QueueModel()).prefilled("r1", 100.0)  # a baseline without them: nothing to do
+
+
 def test_in_the_simulator_the_shadowed_policy_routes_as_the_plain_one_and_its_picks_carry_predictions() -> None:
     fleet = parse_fleet(
         {"name": "two", "pools": [{"name": "h", "count": 2, "accelerator": "h100-sxm", "model": "llama-3.1-8b"}]}
