@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import numbers
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -360,21 +361,42 @@ class LlmdReference:
         self.ensemble_min_rows = ensemble_min_rows
         self.min_rows = min_rows
         self.seed = seed
+        self._check_settings()
         self._stores: dict[str, _TargetStore] = {}
         self._models: dict[str, _Models] = {}
         self._since_retrain = 0
         self.retrains = 0
+
+    def _check_settings(self) -> None:
+        """Every setting checked here, by name: one that fails later does so inside a `learn_many`, after rows went
+        into the store (a quantile of 1.5 at the first retrain), or never (`retrain_every=0` looped for ever, and an
+        unknown objective trained nothing)."""
+        if self.model is not None and self.model not in MODEL_TYPES:
+            raise ValueError(f"model must be one of {', '.join(MODEL_TYPES)} or None, got {self.model!r}")
+        quantile = self.quantile
+        if isinstance(quantile, bool) or not isinstance(quantile, numbers.Real) or not 0.0 < quantile < 1.0:
+            raise ValueError(f"quantile must be a number in (0, 1), got {quantile!r}")
+        unknown = [o for o in self.objectives if o not in OBJECTIVES]
+        if unknown or not self.objectives:
+            raise ValueError(f"objectives must name one or both of {', '.join(OBJECTIVES)}, got {self.objectives!r}")
+        least = {"bucket_size": 1, "ensemble_min_rows": 1, "min_rows": 1, "seed": 0}
+        if self.retrain_every is not None:
+            least["retrain_every"] = 1
+        for name, low in least.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                none = " or None" if name == "retrain_every" else ""
+                raise ValueError(f"{name} must be an integer ≥ {low}{none}, got {value!r}")
+        share = self.test_share
+        if isinstance(share, bool) or not isinstance(share, numbers.Real) or not 0.0 <= share < 1.0:
+            raise ValueError(f"test_share must be a number in [0, 1), got {share!r}")
 
     # --- state --------------------------------------------------------------------------------------------
 
     @property
     def model_type(self) -> str:
         """The library the trees come from: the one asked for, else XGBoost where installed."""
-        if self.model is None:
-            return default_model_type()
-        if self.model not in MODEL_TYPES:
-            raise ValueError(f"model must be one of {', '.join(MODEL_TYPES)}, got {self.model!r}")
-        return self.model
+        return default_model_type() if self.model is None else self.model
 
     def _store(self, target: str) -> _TargetStore:
         store = self._stores.get(target)

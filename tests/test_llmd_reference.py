@@ -232,3 +232,36 @@ def test_the_docstring_example_runs() -> None:
 
     result = doctest.testmod(module)
     assert result.attempted >= 4 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"retrain_every": 0}, "retrain_every"),
+        ({"retrain_every": -5}, "retrain_every"),
+        ({"retrain_every": 2.5}, "retrain_every"),
+        ({"model": "catboost"}, "model"),
+        ({"quantile": 1.5}, "quantile"),
+        ({"quantile": float("nan")}, "quantile"),
+        ({"objectives": ("median",)}, "objectives"),
+        ({"objectives": ()}, "objectives"),
+        ({"bucket_size": 0}, "bucket_size"),
+        ({"test_share": 1.0}, "test_share"),
+        ({"ensemble_min_rows": 0}, "ensemble_min_rows"),
+        ({"min_rows": 0}, "min_rows"),
+        ({"seed": "42"}, "seed"),
+    ],
+)
+def test_a_setting_that_cannot_work_is_refused_at_construction_naming_it(settings: dict[str, Any], named: str) -> None:
+    """`retrain_every=0` made `learn_many` loop for ever; a quantile of 1.5 or an unknown model failed at the first
+    retrain, after rows had gone into the store (LightGBM printing a Fatal line); `objectives=("median",)` trained
+    nothing and predicted None for everything, silently."""
+    with pytest.raises(ValueError, match=named):
+        LlmdReference(**settings)
+
+
+def test_the_settings_llm_d_and_the_benchmarks_use_are_taken() -> None:
+    assert LlmdReference().retrain_every == 100
+    assert LlmdReference(retrain_every=None).retrain_every is None
+    assert LlmdReference(objectives=["quantile"]).objectives == ("quantile",)
+    assert LlmdReference(model=None, test_share=0.0).test_share == 0.0
