@@ -123,12 +123,22 @@ class WaitBound:
         queues = np.broadcast_to(np.asarray(queue_ms, dtype=np.float64), waits.shape)
         keys = _one_key(hw)
         if keys is not None:
-            self.classes.setdefault(keys, ClassBound()).learn_many(waits, queues)
+            self._class(keys).learn_many(waits, queues)
             return
         per_row = np.array(hw, dtype=object)
         for key in dict.fromkeys(hw):
             rows = per_row == key
-            self.classes.setdefault(key, ClassBound()).learn_many(waits[rows], queues[rows])
+            self._class(key).learn_many(waits[rows], queues[rows])
+
+    def _class(self, key: str) -> ClassBound:
+        """The figures of class `key`, made if it has none. A new class makes a new dict rather than growing this
+        one: a prediction on another thread may be reading the figures over every class (`longest_ms`), and a dict
+        that grows under an iteration fails it ("dictionary changed size during iteration")."""
+        bound = self.classes.get(key)
+        if bound is None:
+            bound = ClassBound()
+            self.classes = {**self.classes, key: bound}
+        return bound
 
     def cap(
         self, mean_ms: Values, not_queueing_ms: Values | float, queue_ms: Values | float, hw: list[str] | str = ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -176,3 +178,36 @@ def test_a_bound_saved_before_it_was_per_class_bounds_the_classes_the_model_had_
         8_000.0,
         90_000.0,
     ]
+
+
+def test_a_class_learned_while_another_thread_predicts_does_not_fail_the_prediction() -> None:
+    """The bound's figures are read over every class while predicting; a router that predicts on one thread while
+    it learns on another (`route --embedded`) had a prediction fail with "dictionary changed size during
+    iteration" when the first outcome of a class arrived meanwhile. (A 1 µs switch interval makes that interleaving
+    likely: it failed this test on every run before.)"""
+    bound = WaitBound()
+    bound.learn_many(np.array([20_500.0]), np.array([500.0]), np.array([1e4]), "h100")
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def predict() -> None:
+        while not stop.is_set():
+            try:
+                bound.cap(np.array([90_000.0]), np.array([500.0]), np.array([4e4]), "h100")
+            except Exception as err:  # any failure of the prediction is what this looks for
+                errors.append(err)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=predict)
+    thread.start()
+    try:
+        for i in range(2000):
+            bound.learn_many(np.array([1_000.0]), np.array([500.0]), np.array([1e3]), f"class-{i}")
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert bound.bounds("class-1999") and bound.longest_ms == 20_000.0
