@@ -137,33 +137,41 @@ class OutcomeCeiling:
             self._unseen = 0
 
     def _update(self) -> None:
-        was, self.active = self.active, False
-        if len(self._recent) < 2 * self.min_evidence:
+        """Test the wall again over the recent outcomes, and serve what the test finds. The wall as it stood serves
+        until then: a prediction on another thread meanwhile (a router predicting while it learns) is capped by it,
+        not served uncapped as though no wall stood."""
+        found = self._find()
+        if found is None:
+            self.active = False
             return
+        if not self.active:
+            self.adaptive = 0.0
+        self.level_ms, self.slope, self.base_ms, self.base_upper_ms = found
+        self.active = True
+
+    def _find(self) -> tuple[float, float, float, float] | None:
+        """The wall in the recent outcomes, (level, slope, base, base of the upper quantile), or None."""
+        if len(self._recent) < 2 * self.min_evidence:
+            return None
         recent = np.array(self._recent)
         actual, predicted, own = recent[:, 0], recent[:, 1], recent[:, 2]
         level = float(np.median(actual[actual >= np.median(actual)]))
         if level < self.min_level_ms:
-            return
+            return None
         pile = np.abs(actual - level) <= self.band * level
         if pile.mean() < self.share:
-            return
+            return None
         above = predicted > level * (1.0 + self.band)
         if above.sum() < self.min_evidence or (actual[above] <= level * (1.0 + self.band)).mean() < self.obeyed:
-            return
+            return None
         if np.median(predicted[above] / actual[above]) < 1.0 + 2.0 * self.band:
-            return  # predictions that only graze the pile: a model following a slow climb, not a wall
+            return None  # predictions that only graze the pile: a model following a slow climb, not a wall
         if _slope(np.log(predicted[above]), np.log(actual[above])) >= self.max_slope:
-            return  # outcomes that rise with the predictions: a queue the model overshoots, not a wall
-        if not was:
-            self.adaptive = 0.0
-        self.active = True
-        self.level_ms = level
+            return None  # outcomes that rise with the predictions: a queue the model overshoots, not a wall
         at_wall, own_at_wall = actual[pile], own[pile]
-        self.slope = max(_slope(own_at_wall, at_wall), 0.0)
-        left = at_wall - self.slope * own_at_wall
-        self.base_ms = float(np.median(left))
-        self.base_upper_ms = float(np.quantile(left, self.quantile))
+        slope = max(_slope(own_at_wall, at_wall), 0.0)
+        left = at_wall - slope * own_at_wall
+        return level, slope, float(np.median(left)), float(np.quantile(left, self.quantile))
 
     def cap(self, mean_ms: Values, upper_ms: Values, own_ms: Values | float = 0.0) -> tuple[Values, Values]:
         """(mean, upper) with the wall applied, for arrays or single values (`own_ms`: each row's own prefill

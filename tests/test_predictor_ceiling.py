@@ -354,3 +354,27 @@ def test_a_predictor_with_a_wall_predicts_the_same_after_a_round_trip_and_after_
     for q in (p, by_bytes):
         _learn_at_a_wall(q, np.random.default_rng(5), 40)  # the same 40 outcomes
     np.testing.assert_array_equal(served(by_bytes), served(p))
+
+
+def test_a_prediction_made_while_a_standing_wall_is_tested_again_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wall is tested again every 16 outcomes, and the test began by switching it off: a prediction made on
+    another thread meanwhile (a router predicting while it learns) was served uncapped, at the model's 200 s
+    instead of the wall's 60 s. The prediction is made here from inside the test (`_slope`, which it calls after
+    finding the pile), where another thread's would land."""
+    from leadtime.predictor import ceiling as module
+
+    ceiling = OutcomeCeiling()
+    actual, predicted = _wall()
+    ceiling.learn_many(actual, predicted)
+    assert ceiling.active
+    served: list[float] = []
+    slope = module._slope
+
+    def predicting_meanwhile(x: np.ndarray, y: np.ndarray) -> float:
+        served.append(float(ceiling.cap(np.array([200_000.0]), np.array([300_000.0]))[0][0]))
+        return slope(x, y)
+
+    monkeypatch.setattr(module, "_slope", predicting_meanwhile)
+    ceiling.learn_many(actual[-16:], predicted[-16:])  # the same wall, tested again
+    assert ceiling.active and served
+    assert max(served) < 61_000
