@@ -157,6 +157,8 @@ class RecursiveLeastSquares:
         rls._p = np.asarray(d["p"], dtype=np.float64)
         if rls.weights.shape != (rls.n_features,) or rls._p.shape != (rls.n_features, rls.n_features):
             raise ValueError("RLS state has the wrong shape")
+        if not (np.isfinite(rls.weights).all() and np.isfinite(rls._p).all()):
+            raise ValueError("RLS state holds a number that is not finite")  # it would predict NaN for ever
         rls._mean_abs_error = float(d["mean_abs_error"])
         rls.n_seen = int(d["n_seen"])
         return rls
@@ -323,6 +325,8 @@ class ConformalQuantile:
     def __init__(self, quantile: float = 0.9, window: int = 1000, step: float = 0.01) -> None:
         if not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+        if window < 1:
+            raise ValueError(f"window must be ≥ 1, got {window}")  # an empty window has no quantile to learn
         self.quantile = quantile
         self.window = window
         self.step = step

@@ -666,7 +666,12 @@ class TargetModel:
         names, rls = convert_resident_column(d["feature_names"], d["rls"])  # as saved before `timeslice_away`
         if names != self.names:
             raise ArtifactError(f"{self.target}: correction features differ from this version's")
-        self.rls = RecursiveLeastSquares.from_dict(rls)
+        learner = RecursiveLeastSquares.from_dict(rls)
+        if learner.n_features != len(names):  # else every prediction fails, not the load
+            raise ValueError(
+                f"{self.target}: the correction has {learner.n_features} weights for {len(names)} features"
+            )
+        self.rls = learner
         self.classes = OffsetTable.from_dict(d["classes"])
         self.endpoints = OffsetTable.from_dict(d["endpoints"])
         self.conformal = ConformalQuantile.from_dict(d["conformal"])

@@ -348,6 +348,13 @@ def test_a_saved_artifact_is_readable_as_the_umask_says(tmp_path: Path, umask: i
         lambda d: d["targets"]["tpot"]["rls"].update(weights={"a": 1}),
         lambda d: d.update(metadata=None),
         lambda d: d["targets"]["ttft"]["ceiling"].update(active="false"),  # a string: true as a bool
+        # Loaded, and then every prediction and every learn raised numpy's "matmul: … mismatch":
+        lambda d: d["targets"]["ttft"]["rls"].update(n_features=2, weights=[0.0, 0.0], p=[[1.0, 0.0], [0.0, 1.0]]),
+        # Loaded, and served NaN (JSON's non-standard NaN, which json.loads reads):
+        lambda d: d["targets"]["tpot"]["rls"]["weights"].__setitem__(0, float("nan")),
+        lambda d: d["targets"]["ttft"]["rls"]["p"][0].__setitem__(0, float("inf")),
+        # Loaded, and the first learn raised IndexError:
+        lambda d: d["targets"]["ttft"]["conformal"].update(window=0),
     ],
 )
 def test_a_sealed_artifact_of_any_malformed_content_is_refused_as_an_artifact_error(
