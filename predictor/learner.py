@@ -264,18 +264,23 @@ class OnlinePredictor:
             # the imports would hold the interpreter for that second.
             import lightgbm  # noqa: F401
 
-            self._stopping.clear()
-            self._thread = threading.Thread(target=self._retrain_loop, name="leadtime-retrain", daemon=True)
+            # Each thread has a stop of its own: one that `close()` could not wait for (closed by a retrain
+            # listener, on that thread, or a retrain longer than the wait) ends after its retrain, not with the next.
+            self._stopping = threading.Event()
+            self._thread = threading.Thread(
+                target=self._retrain_loop, args=(self._stopping,), name="leadtime-retrain", daemon=True
+            )
             self._thread.start()
         return self
 
     def close(self) -> None:
-        """Stop the background thread, if one runs (waits for a retrain in progress)."""
+        """Stop the background thread, if one runs (waits for a retrain in progress, unless called from that
+        thread: by a retrain listener, which it returns to)."""
         self._stopping.set()
         self._retrain_wanted.set()  # wakes the thread
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
         self._retrain_wanted.clear()  # the next retrain that falls due asks again
 
     def __enter__(self) -> OnlinePredictor:
@@ -586,13 +591,13 @@ class OnlinePredictor:
         """Call `fn(result)` after every retrain (on the thread that ran it)."""
         self._listeners.append(fn)
 
-    def _retrain_loop(self) -> None:
+    def _retrain_loop(self, stopping: threading.Event) -> None:
         """A failed retrain is recorded (status()["retrain_error"]) and the thread lives on: the online parts
         keep learning and the next trigger tries again."""
-        while not self._stopping.is_set():
+        while not stopping.is_set():
             if self._retrain_wanted.wait(timeout=0.5):
                 self._retrain_wanted.clear()
-                if self._stopping.is_set():
+                if stopping.is_set():
                     continue
                 try:
                     self.retrain_now()

@@ -960,3 +960,32 @@ def test_learning_in_blocks_keeps_the_error_scale_a_row_at_a_time_would() -> Non
     first_block = RecursiveLeastSquares(2, forgetting=1.0, clip=np.inf)
     errors = first_block.learn_many(phi[:32], y[:32])
     assert first_block._mean_abs_error == pytest.approx(float(np.mean(np.abs(errors))))
+
+
+def test_close_called_by_a_retrain_listener_stops_retraining_and_start_begins_it_again() -> None:
+    """A listener runs on the retrain thread: `close()` there raised "cannot join current thread" (recorded as a
+    failed retrain, though the retrain had run) and left the ended thread recorded, so that `start()` afterwards
+    started none, and the predictor never retrained again."""
+    import threading
+
+    rng = np.random.default_rng(5)
+    p = OnlinePredictor(LearnerConfig(retrain_every=50, min_window=1000))  # retrains that fit nothing: quick
+    retrained = [threading.Event(), threading.Event()]
+    calls: list[dict] = []
+
+    def listener(result: dict) -> None:
+        calls.append(result)
+        if len(calls) == 1:
+            p.close()
+        retrained[min(len(calls), 2) - 1].set()
+
+    p.add_retrain_listener(listener)
+    observations = [Observation(r, *_truth(r)) for r in (_row(rng) for _ in range(60))]
+    p.start().learn_many(observations)
+    assert retrained[0].wait(timeout=60)
+    assert p.status()["retrain_error"] is None and p.retrain_failures == 0
+    p.start().learn_many(observations)
+    try:
+        assert retrained[1].wait(timeout=60), "started again, the predictor should retrain again"
+    finally:
+        p.close()
