@@ -338,6 +338,8 @@ class OnlinePredictor:
         as it read it for a prediction). `served`: how the caller turns predicted milliseconds into what it answers
         (the service caps them, `service.runtime.served_ms`), so that the headline is the number the caller serves
         for this row; where that differs from the model's, both are given."""
+        if not isinstance(row, FeatureRow | FeatureBatch):
+            raise TypeError(f"debug_one takes a FeatureRow or a one-row FeatureBatch; got {type(row).__name__}")
         batch = self.vectorizer.batch([row]) if isinstance(row, FeatureRow) else row
         if len(batch) != 1:
             raise ValueError(f"debug_one explains one row, got {len(batch)}")

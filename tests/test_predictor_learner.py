@@ -821,6 +821,11 @@ def test_the_wrong_kind_of_row_is_a_type_error_saying_what_is_taken(predictor: O
         FeatureRow(RequestFeatures(10), {"endpoint_id": "a"})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Observation.row must be a FeatureRow, got RequestFeatures"):
         Observation(RequestFeatures(10), actual_ttft_ms=5.0)  # type: ignore[arg-type]
+    # debug_one said "object of type 'Observation' has no len()", and of a list "'list' object has no attribute 'X'".
+    with pytest.raises(TypeError, match="debug_one takes a FeatureRow or a one-row FeatureBatch.*got Observation"):
+        predictor.debug_one(Observation(row, actual_ttft_ms=5.0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="debug_one takes a FeatureRow or a one-row FeatureBatch.*got list"):
+        predictor.debug_one([row])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="window must be an integer, got 1000.5"):
         LearnerConfig(window=1000.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="quantile must be a number, got '0.9'"):
