@@ -111,21 +111,29 @@ class LlmdFrame:
 
     @classmethod
     def from_rows(cls, rows: Sequence[Mapping[str, Any]]) -> LlmdFrame:
-        """llm-d rows → frame; a missing required field or an unknown pod type raises ValueError naming it."""
+        """llm-d rows → frame; a missing required field, a value that is not a number or an unknown pod type raises
+        ValueError naming the row and the field (a row that is not a mapping, TypeError)."""
+        if isinstance(rows, Mapping):
+            raise TypeError("takes a sequence of rows; got one row (a mapping of llm-d's fields: put it in a list)")
         n = len(rows)
         values = np.zeros((n, len(LLMD_MODEL_INPUTS)))
         pods = np.zeros(n, dtype=np.int64)
         actual = np.zeros((n, 2))
         for i, r in enumerate(rows):
+            if not isinstance(r, Mapping):
+                raise TypeError(f"rows[{i}] must be a mapping of llm-d's fields, got {type(r).__name__}")
             for name in LLMD_REQUIRED_FIELDS:
                 if r.get(name) is None:
                     raise ValueError(f"rows[{i}].{name} is required")
-            values[i] = [float(r.get(name) or 0) for name in LLMD_MODEL_INPUTS]
+            try:
+                values[i] = [float(r.get(name) or 0) for name in LLMD_MODEL_INPUTS]
+                actual[i] = (float(r.get("actual_ttft_ms") or 0.0), float(r.get("actual_tpot_ms") or 0.0))
+            except (TypeError, ValueError):
+                raise ValueError(_not_a_number(i, r)) from None
             pod = r.get("pod_type") or ""
             if pod not in POD_TYPES:
                 raise ValueError(f"rows[{i}].pod_type must be '', 'prefill' or 'decode', got {pod!r}")
             pods[i] = POD_TYPES[pod]
-            actual[i] = (float(r.get("actual_ttft_ms") or 0.0), float(r.get("actual_tpot_ms") or 0.0))
         if not np.isfinite(values).all() or not np.isfinite(actual).all():
             raise ValueError("rows hold a value that is not a finite number")
         return cls({name: values[:, j] for j, name in enumerate(LLMD_MODEL_INPUTS)}, pods, actual[:, 0], actual[:, 1])
@@ -161,6 +169,17 @@ class LlmdFrame:
     def actual(self, target: str) -> np.ndarray:
         """The observed latency of `target` per row (0: not observed)."""
         return self.actual_ttft_ms if target == "ttft" else self.actual_tpot_ms
+
+
+def _not_a_number(i: int, row: Mapping[str, Any]) -> str:
+    """What `LlmdFrame.from_rows` says of row `i`, one of whose numeric fields `float()` refused: which, and its
+    value."""
+    for name in (*LLMD_MODEL_INPUTS, "actual_ttft_ms", "actual_tpot_ms"):
+        try:
+            float(row.get(name) or 0)
+        except (TypeError, ValueError):
+            return f"rows[{i}].{name} must be a number, got {row.get(name)!r}"
+    return f"rows[{i}] holds a value that is not a number"
 
 
 def prefix_quartile(score: np.ndarray) -> np.ndarray:

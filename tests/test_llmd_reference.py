@@ -265,3 +265,18 @@ def test_the_settings_llm_d_and_the_benchmarks_use_are_taken() -> None:
     assert LlmdReference(retrain_every=None).retrain_every is None
     assert LlmdReference(objectives=["quantile"]).objectives == ("quantile",)
     assert LlmdReference(model=None, test_share=0.0).test_share == 0.0
+
+
+def test_a_row_that_is_not_llm_d_s_names_the_row_and_the_field() -> None:
+    """A value that is not a number said only "could not convert string to float: 'abc'", a list "float() argument
+    must be a string or a real number", and a row that is not a mapping "'int' object has no attribute 'get'"."""
+    ref = LlmdReference(model="lightgbm")
+    with pytest.raises(ValueError, match=r"rows\[1\].input_token_length must be a number, got 'abc'"):
+        ref.predict_many([row(), row(input_token_length="abc")])
+    with pytest.raises(ValueError, match=r"rows\[0\].actual_ttft_ms must be a number, got \[1\]"):
+        ref.learn_many([row(actual_ttft_ms=[1])])
+    with pytest.raises(TypeError, match=r"rows\[0\] must be a mapping of llm-d's fields, got int"):
+        ref.predict_many([5])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="takes a sequence of rows; got one row"):
+        ref.predict_many(row())  # type: ignore[arg-type]
+    assert ref.status()["training_rows"] == {"ttft": 0, "tpot": 0}
