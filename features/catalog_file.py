@@ -88,6 +88,26 @@ MAX_TB_S = 50
 (a T4's 320, an L4's 300, an A10G's 600), all land above it. A bound of 1,000 let those through as 300–600 TB/s."""
 MAX_MEMORY_GB = 10_000
 MAX_INTERCONNECT_GB_S = 100_000
+# Lower bounds far below any accelerator one serves an LLM on (a T4: 65 TFLOP/s, 0.32 TB/s, 16 GB, PCIe's 32 GB/s):
+# a figure below them is a spec sheet's larger unit (a B200's 2.25 PFLOP/s, 0.18 TB), which predicted prefills a
+# thousand times too long or a KV cache a thousand times too small; and a figure near 0 made features overflow to inf.
+MIN_TFLOPS = 10
+MIN_TB_S = 0.05
+MIN_MEMORY_GB = 4
+MIN_INTERCONNECT_GB_S = 1
+
+
+def _at_least(value: float | None, least: float, unit: str, larger: str = "") -> None:
+    """Refuse `value` below `least` (in `unit`), naming `larger`, the unit a thousand times as large, when the
+    figure read in it would pass."""
+    if value is None or value >= least:
+        return
+    hint = ""
+    if larger and value * 1000 >= least:
+        hint = f" ({larger} written as {unit}? {value:,g} {larger} is {value * 1000:,g} {unit})"
+    raise ValueError(f"must be at least {least:g} {unit}, got {value:,g}{hint}")
+
+
 MAX_PARAMS_B = 100_000
 MAX_SHAPE = 10_000
 MAX_HIDDEN = 1_000_000
@@ -114,6 +134,21 @@ class AcceleratorSpec(_Spec):
                 f"must be at most {MAX_MEMORY_GB:,} GB, got {value:,.0f} (nvidia-smi prints MiB: "
                 f"{value:,.0f} MiB is {value * 2**20 / 1e9:,.0f} GB)"
             )
+        _at_least(value, MIN_MEMORY_GB, "GB", "TB")
+        return value
+
+    @field_validator("peak_tflops", "measured_gemm_tflops")
+    @classmethod
+    def _compute_in_tflops(cls, value: float | None) -> float | None:
+        """Spec sheets of the newest classes state PFLOP/s (a B200's 2.25)."""
+        _at_least(value, MIN_TFLOPS, "TFLOP/s", "PFLOP/s")
+        return value
+
+    @field_validator("interconnect_gb_s")
+    @classmethod
+    def _interconnect_in_gb_s(cls, value: float) -> float:
+        """NVLink is often quoted in TB/s (a B200's 1.8)."""
+        _at_least(value, MIN_INTERCONNECT_GB_S, "GB/s", "TB/s")
         return value
 
     @field_validator("hbm_tb_s", "measured_kv_tb_s")
@@ -125,6 +160,7 @@ class AcceleratorSpec(_Spec):
                 f"must be at most {MAX_TB_S} TB/s, got {value:,g} (GB/s written as TB/s? "
                 f"{value:,g} GB/s is {value / 1000:g} TB/s)"
             )
+        _at_least(value, MIN_TB_S, "TB/s")
         return value
 
     @model_validator(mode="after")

@@ -41,7 +41,7 @@ B200 = "  - {slug: b200, peak_tflops: 2250, hbm_tb_s: 8.0, memory_gb: 180}\n"
     ("text", "problem"),
     [
         ("accelerators:\n" + B200 + B200, "accelerators[1].slug: 'b200' is given twice"),
-        ("accelerators:\n  - {slug: h100-sxm, peak_tflops: 1, hbm_tb_s: 1, memory_gb: 1}\n", "'h100-sxm' is built in"),
+        ("accelerators:\n  - {slug: h100-sxm, peak_tflops: 99, hbm_tb_s: 1, memory_gb: 16}\n", "is built in"),
         ("models:\n  - {slug: llama-3.1-8b, params_b: 8, layers: 32, hidden_size: 4096, num_heads: 32, "
          "num_kv_heads: 8, head_dim: 128}\n", "models[0].slug: 'llama-3.1-8b' is built in"),
         ("accelerators:\n  - {slug: b200, peak_tflops: 0, hbm_tb_s: 8.0, memory_gb: 180}\n",
@@ -185,6 +185,37 @@ def test_bandwidth_in_gb_s_is_refused_as_a_slip_of_units(tmp_path: Path, entry: 
     assert f"{gb_s:,} GB/s is {gb_s / 1000:g} TB/s" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("figures", "problem"),
+    [
+        ("peak_tflops: 2.25, hbm_tb_s: 8, memory_gb: 180",
+         "peak_tflops: must be at least 10 TFLOP/s, got 2.25 (PFLOP/s written as TFLOP/s? 2.25 PFLOP/s is 2,250 "
+         "TFLOP/s)"),
+        ("peak_tflops: 2250, measured_gemm_tflops: 1.6, hbm_tb_s: 8, memory_gb: 180",
+         "measured_gemm_tflops: must be at least 10 TFLOP/s, got 1.6 (PFLOP/s written as TFLOP/s?"),
+        ("peak_tflops: 2250, hbm_tb_s: 8, memory_gb: 0.18",
+         "memory_gb: must be at least 4 GB, got 0.18 (TB written as GB? 0.18 TB is 180 GB)"),
+        ("peak_tflops: 2250, hbm_tb_s: 1e-300, memory_gb: 180", "hbm_tb_s: must be at least 0.05 TB/s, got 1e-300"),
+        ("peak_tflops: 2250, hbm_tb_s: 8, measured_kv_tb_s: 0.001, memory_gb: 180",
+         "measured_kv_tb_s: must be at least 0.05 TB/s, got 0.001"),
+        ("peak_tflops: 2250, hbm_tb_s: 8, memory_gb: 180, interconnect_gb_s: 0.9",
+         "interconnect_gb_s: must be at least 1 GB/s, got 0.9 (TB/s written as GB/s? 0.9 TB/s is 900 GB/s)"),
+    ],
+)  # fmt: skip
+def test_a_figure_below_any_accelerator_made_is_refused_as_a_slip_of_units(
+    tmp_path: Path, figures: str, problem: str
+) -> None:
+    """A B200 written as its spec sheet prints it (2.25 PFLOP/s, 0.18 TB) was taken as a chip a thousand times
+    slower or smaller: its prefills predicted a thousand times too long, or its KV cache a thousand times too small;
+    and a figure near 0 made its rows' features overflow to inf before they reached the model. The slowest
+    accelerator one serves an LLM on (a T4: 65 TFLOP/s, 0.32 TB/s, 16 GB) is far above each bound."""
+    with pytest.raises(CatalogError) as err:
+        load_catalog(_write(tmp_path, f"accelerators:\n  - {{slug: b200, {figures}}}\n"))
+    assert f"accelerators[0].{problem}" in str(err.value)
+    t4 = "{slug: t4, peak_tflops: 65, hbm_tb_s: 0.32, memory_gb: 16, interconnect_gb_s: 32}"
+    assert load_catalog(_write(tmp_path, f"accelerators:\n  - {t4}\n")).accelerator("t4").memory_gb == 16
+
+
 def test_the_fastest_memory_made_is_accepted(tmp_path: Path) -> None:
     """The bound is well above any chip made: a B200's 8 TB/s (and twice, or five times, that) passes."""
     path = _write(tmp_path, "accelerators:\n  - {slug: next, peak_tflops: 9000, hbm_tb_s: 40, memory_gb: 1000}\n")
@@ -223,4 +254,4 @@ def test_a_slug_written_as_a_bare_number_is_that_name(tmp_path: Path) -> None:
     path = _write(tmp_path, "accelerators:\n  - {slug: 4090, peak_tflops: 165, hbm_tb_s: 1.0, memory_gb: 24}\n")
     assert load_catalog(path).accelerator("4090").name == "4090"
     with pytest.raises(CatalogError, match="slug: must be lower-case letters"):
-        load_catalog(_write(tmp_path, "accelerators:\n  - {slug: true, peak_tflops: 1, hbm_tb_s: 1, memory_gb: 1}\n"))
+        load_catalog(_write(tmp_path, "accelerators:\n  - {slug: true, peak_tflops: 99, hbm_tb_s: 1, memory_gb: 16}\n"))

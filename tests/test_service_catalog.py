@@ -91,7 +91,7 @@ def test_a_bad_catalog_file_is_refused_by_the_settings(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "args", "names"),
     [
-        ("accelerators: [{slug: h200-sxm, peak_tflops: 1, hbm_tb_s: 1, memory_gb: 1}]\n", [],
+        ("accelerators: [{slug: h200-sxm, peak_tflops: 99, hbm_tb_s: 1, memory_gb: 16}]\n", [],
          ["--catalog (LEADTIME_CATALOG)", "accelerators[0].slug: 'h200-sxm' is built in"]),
         ("models: [}\n", [], ["--catalog (LEADTIME_CATALOG)", "not valid YAML"]),
         (CATALOG_YAML, ["--accelerator", "b300"],
