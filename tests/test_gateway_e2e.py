@@ -388,13 +388,17 @@ def test_the_predictor_killed_mid_traffic_every_request_is_answered(disposable: 
     def gone() -> float:  # fallbacks because the predictor cannot be reached at all
         return sum(route.metric("leadtime_router_fallbacks_total", reason=r) for r in ("unavailable", "circuit_open"))
 
+    def fallbacks() -> float:  # for any reason: on a busy machine a dead predictor's calls may time out first
+        return sum(route.metric("leadtime_router_fallbacks_total", reason=r) for r in FALLBACK_REASONS)
+
     with ThreadPoolExecutor(4) as pool:
         first = list(pool.map(one, range(8)))
         assert gone() == 0
+        before = fallbacks()
         predictor.child.kill()
         results = first + list(pool.map(one, range(8, 32)))
     assert results == [(200, 4)] * 32
-    assert gone() >= 1
+    assert fallbacks() - before >= 24  # every decision after the kill: by the heuristics
     assert route.metric("leadtime_router_requests_total", code="200") == 32
 
 
