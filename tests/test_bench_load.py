@@ -174,3 +174,14 @@ def test_bench_load_says_in_one_line_that_the_service_stopped_mid_run() -> None:
         assert lines[-1], (lines, process.communicate())
     time.sleep(1.5)
     kill_service_expecting_one_line(process)
+
+
+def test_the_achieved_rate_counts_only_the_calls_answered_in_time_below_400() -> None:
+    """wrk's `requests` counts every answered call, those answered ≥ 400 and those past its timeout with them: a
+    service answering every call 503 was reported as achieving the target rate."""
+    from leadtime.bench.load import served_calls
+
+    summary = {"requests": 228, "connect": 0, "read": 0, "write": 0, "status": 200, "timeout": 8}
+    assert served_calls(summary) == 20
+    assert served_calls({**summary, "status": 228, "timeout": 0}) == 0
+    assert served_calls({**summary, "status": 0, "timeout": 0, "read": 5}) == 228  # read errors are not in requests
