@@ -429,6 +429,23 @@ def _speed(
 MIN_ROWS = 20
 """Fewer rows leave a 90/10 split a test set of one or two: figures, but of nothing."""
 
+LARGEST_ACTUAL_MS = float(np.finfo(np.float32).max)
+"""The largest actual the llm-d reference's trees can learn: XGBoost holds labels as float32 and refuses a larger
+one in its native stack trace (`Label contains NaN, infinity or a value too large`), naming no row."""
+
+
+def check_actuals_fit(y: dict[str, np.ndarray], path: Path, lines: list[int]) -> None:
+    """ValueError naming the line and field of the first actual too large for the reference (`LARGEST_ACTUAL_MS`):
+    the row check takes any finite number, and Leadtime's guard only sets such a row aside."""
+    for target, actual in y.items():
+        beyond = np.flatnonzero(actual > LARGEST_ACTUAL_MS)
+        if len(beyond):
+            i = int(beyond[0])
+            raise ValueError(
+                f"{path}:{lines[i]}: actual_{target}_ms: {actual[i]:g} is more than the llm-d reference's trees can "
+                f"learn (at most {LARGEST_ACTUAL_MS:.3g}; a latency in milliseconds is far below that)"
+            )
+
 
 def run_accuracy(
     data: Path,
@@ -457,6 +474,7 @@ def run_accuracy(
             f"--label-delay {label_delay} is not below the {len(rows)} rows of {data}: nothing would be learned"
         )
     ttft, tpot = actuals(rows)
+    check_actuals_fit({"ttft": ttft, "tpot": tpot}, data, lines)
     usage = RowUsage.of(ttft, tpot)
     if usage.neither == usage.rows:
         raise ValueError(

@@ -464,3 +464,17 @@ def test_accuracy_names_the_line_of_a_row_with_an_unknown_accelerator(tmp_path: 
     result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--json"])
     assert result.exit_code == 2, result.output
     assert f"{path}:51: accelerator: unknown accelerator class 'h100'" in " ".join(result.output.split())
+
+
+def test_accuracy_names_the_line_of_an_actual_too_large_for_the_references_trees(tmp_path: Path) -> None:
+    """An actual of 1e308 (finite, warned of as implausible) ended the run in XGBoost's native stack trace, `Label
+    contains NaN, infinity or a value too large`, naming neither the line nor the field."""
+    path = tmp_path / "huge.jsonl"
+    rows = _rows_file(path, 40)
+    rows[3]["actual_ttft_ms"] = 1e308
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["bench", "accuracy", "--data", str(path), "--seeds", "1", "--json"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.stderr.split())
+    assert f"error: {path}:4: actual_ttft_ms:" in said and "1e+308" in said, said
+    assert "[bt]" not in said and len(result.stderr.strip().splitlines()) == 1, result.stderr
