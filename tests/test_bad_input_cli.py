@@ -1384,3 +1384,24 @@ def test_the_itl_slo_option_is_spelled_alike_on_route_and_simulate() -> None:
 def test_an_unknown_class_or_model_names_the_option(command: list[str], option: str, tmp_path: Path) -> None:
     """`bench accuracy --accelerator b200` said `accelerator: unknown ...`: a row's field or the option?"""
     refused([*command, option, "b200"], f"{option}: unknown")
+
+
+@pytest.mark.parametrize("prometheus", [None, "/usr/bin/prometheus"])
+def test_bench_dashboards_stopped_before_drawing_leaves_no_out_folder_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prometheus: str | None
+) -> None:
+    """A run refused for want of Prometheus, or whose stack failed to start, left behind the empty `--out` folders it
+    had made, which read as a run that drew nothing; a folder that was there before stays."""
+    import leadtime.bench.dashboards
+    import leadtime.bench.procs
+
+    def failing(*args: object, **kwargs: object) -> list[Path]:
+        raise RuntimeError("prometheus was not ready within 30 s")
+
+    monkeypatch.setattr(leadtime.bench.procs, "find_prometheus", lambda: prometheus)
+    monkeypatch.setattr(leadtime.bench.dashboards, "run_dashboard_bench", failing)
+    out = tmp_path / "a" / "pngs"
+    refused(["bench", "dashboards", "--out", str(out)], "prometheus")
+    assert not (tmp_path / "a").exists()
+    refused(["bench", "dashboards", "--out", str(tmp_path)], "prometheus")
+    assert tmp_path.is_dir()

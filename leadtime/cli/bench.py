@@ -25,6 +25,7 @@ from leadtime.cli.common import (
     output_dir,
     positive,
     reference_model_option,
+    remove_if_empty,
     seed_option,
     warn,
 )
@@ -528,13 +529,15 @@ def bench_dashboards(
 
     positive("--minutes", minutes)
     check_redis_url("--redis", redis, reachable=True)
-    output_dir(out)
-    executable = find_prometheus()
-    if executable is None:
-        fail("prometheus is not installed (apt-get install prometheus)")
-        return
-    with tempfile.TemporaryDirectory(prefix="leadtime-dashboards-") as workdir:
-        try:
-            run_dashboard_bench(out, minutes, executable, Path(workdir), redis, progress=typer.echo)
-        except (RuntimeError, OSError) as err:
-            fail(err)
+    made = output_dir(out)
+    try:
+        executable = find_prometheus()
+        if executable is None:
+            fail("prometheus is not installed (apt-get install prometheus)")
+        with tempfile.TemporaryDirectory(prefix="leadtime-dashboards-") as workdir:
+            try:
+                run_dashboard_bench(out, minutes, executable, Path(workdir), redis, progress=typer.echo)
+            except (RuntimeError, OSError) as err:
+                fail(err)
+    finally:  # refused, failed or stopped before drawing: an empty folder would read as a run that drew nothing
+        remove_if_empty(made)
