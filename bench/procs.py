@@ -90,9 +90,9 @@ EXITING_S = 2.0
 before the kernel reports it gone."""
 
 
-def stopped(process: subprocess.Popen[bytes], wait_s: float = 0.0) -> str | None:
-    """What became of a benchmark's service that has exited (its exit code, or the signal that killed it), given
-    `wait_s` to finish exiting; None while it runs."""
+def stopped(process: subprocess.Popen[bytes], wait_s: float = 0.0, name: str = "the service") -> str | None:
+    """What became of a benchmark's service (or the process `name` says) that has exited (its exit code, or the
+    signal that killed it), given `wait_s` to finish exiting; None while it runs."""
     try:
         code = process.wait(timeout=wait_s) if wait_s > 0 else process.poll()
     except subprocess.TimeoutExpired:
@@ -100,7 +100,7 @@ def stopped(process: subprocess.Popen[bytes], wait_s: float = 0.0) -> str | None
     if code is None:
         return None
     how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-    return f"the service stopped during the run ({how})"
+    return f"{name} stopped during the run ({how})"
 
 
 @contextlib.contextmanager
@@ -274,10 +274,17 @@ class Route:
         return self
 
     def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of `name` whose labels include `labels` (0 if none)."""
+        """Sum of the samples of `name` whose labels include `labels` (0 if none). A gateway that has stopped, or does
+        not answer, is a RuntimeError saying so in one line: httpx's errors are no OSError, and the benchmark
+        that reads its figures here would end in their traceback."""
         from leadtime.features.vllm_metrics import parse_samples
 
-        samples = parse_samples(httpx.get(f"{self.url}/metrics", timeout=5).text)
+        try:
+            text = httpx.get(f"{self.url}/metrics", timeout=5).text
+        except httpx.HTTPError as err:
+            gone = stopped(self.child.process, EXITING_S, "the gateway (leadtime route)")
+            raise RuntimeError(gone or f"the gateway (leadtime route) did not answer /metrics: {err}") from err
+        samples = parse_samples(text)
         return sum(v for lab, v in samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items()))
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from prometheus_client import generate_latest
 
 from leadtime.bench.gateway import replica_events, replica_overhead
@@ -40,3 +43,15 @@ def test_the_replica_events_reported_are_every_direction_the_gateway_counts() ->
     events = replica_events(metric)
     assert set(events) == {*REPLICA_EVENT_DIRECTIONS, "replicas_heard"}
     assert (events["missed"], events["refused"], events["sent"], events["replicas_heard"]) == (2.0, 1.0, 0.0, 1.0)
+
+
+def test_a_gateway_that_stopped_is_said_in_one_line_when_its_metrics_are_read(tmp_path: Path) -> None:
+    """`kill -9` of the gateway being measured ended `bench gateway` in a 270-line traceback of httpx's
+    ConnectError (not an OSError, so not said in one line) when its fallbacks were read after the probes."""
+    from leadtime.bench.procs import Route
+
+    route = Route(tmp_path, ["--help"])  # a `leadtime route ...` that has ended by the time it is read
+    route.child.process.wait(60)
+    with pytest.raises(RuntimeError, match=r"^the gateway \(leadtime route\) stopped during the run \(exit code 0\)$"):
+        route.metric("leadtime_router_fallbacks_total")
+    route.child.stop()
