@@ -5,7 +5,8 @@ asyncio httpx client managed 159 of 250 calls/s), while wrk, written in C, drove
 original, which Debian ships) has no fixed-rate mode: its connections are paced by a per-request delay (Lua
 `delay()`), computed from the target rate and the latency of a short warm-up, so the load is bounded, not
 open-loop in the strict sense; the achieved rate is reported beside the target. Observations come from a separate
-Python process posting pre-encoded 100-entry batches on a fixed schedule over one keep-alive connection.
+Python process posting pre-encoded 100-entry batches (fewer when the run holds fewer rows) on a fixed schedule over
+one keep-alive connection.
 
 The service is `leadtime serve` in its own process (in-memory store, the default settings). Resident memory is
 that process's plus its learner's (VmRSS from /proc), after the warm-up, every 10 s and at the end. Everything
@@ -128,22 +129,31 @@ def served_calls(summary: dict[str, Any]) -> int:
     return max(0, int(summary["requests"]) - int(summary["status"]) - int(summary["timeout"]))
 
 
+def batch_rows(rows_per_s: float, seconds: float) -> int:
+    """Rows per observation post: OBSERVE_BATCH, or fewer when the whole run holds fewer rows at `rows_per_s`
+    (a 100-row batch at 1 row/s for 3 s sent 33 rows/s).
+
+    >>> batch_rows(5_000, 60), batch_rows(1, 3), batch_rows(0.01, 1)
+    (100, 3, 1)
+    """
+    return max(1, min(OBSERVE_BATCH, int(rows_per_s * seconds)))
+
+
 def observe(port: int, entries: list[dict[str, Any]], rows_per_s: float, seconds: float, out: Any) -> None:
-    """Runs in its own process: post OBSERVE_BATCH-entry batches on schedule for `seconds`; `out` gets
+    """Runs in its own process: post batches (`batch_rows`) on schedule for `seconds`; `out` gets
     [rows answered 202, calls that were not 202 or failed, seconds taken]. A post that fails (the service gone, a
     connection refused or cut) is counted, and the next one tries a new connection."""
+    batch = batch_rows(rows_per_s, seconds)
     requests = [
         request_bytes(
             "127.0.0.1",
             "/add_training_data_bulk",
-            json.dumps(
-                {"entries": [entries[(b * OBSERVE_BATCH + i) % len(entries)] for i in range(OBSERVE_BATCH)]}
-            ).encode(),
+            json.dumps({"entries": [entries[(b * batch + i) % len(entries)] for i in range(batch)]}).encode(),
         )
         for b in range(50)
     ]
     client: KeepAliveClient | None = None
-    period = OBSERVE_BATCH / rows_per_s
+    period = batch / rows_per_s
     started = time.monotonic()
     next_at, b, accepted, errors = started, 0, 0, 0
     while time.monotonic() - started < seconds:
@@ -156,12 +166,13 @@ def observe(port: int, entries: list[dict[str, Any]], rows_per_s: float, seconds
                 client.close()
                 client = None
         if status == 202:
-            accepted += OBSERVE_BATCH
+            accepted += batch
         else:
             errors += 1
         b += 1
         next_at += period
-        time.sleep(max(0.0, next_at - time.monotonic()))
+        # Until the next batch is due, or the run's end when that comes first (a rate below a batch per run).
+        time.sleep(max(0.0, min(next_at, started + seconds) - time.monotonic()))
     out[:] = [accepted, errors, time.monotonic() - started]
     if client is not None:
         client.close()

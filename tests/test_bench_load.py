@@ -185,3 +185,29 @@ def test_the_achieved_rate_counts_only_the_calls_answered_in_time_below_400() ->
     assert served_calls(summary) == 20
     assert served_calls({**summary, "status": 228, "timeout": 0}) == 0
     assert served_calls({**summary, "status": 0, "timeout": 0, "read": 5}) == 228  # read errors are not in requests
+
+
+def test_the_feeder_ends_with_the_run_at_a_rate_below_one_batch_per_run() -> None:
+    """At `--observe-rps 1` a 100-row batch is due every 100 s: the feeder slept until the next one, past the run's
+    end and the minute it is waited for, and `bench load --duration 3` failed after 63 s with "the observation
+    feeder did not finish"."""
+    import socket
+
+    from leadtime.bench.load import observe
+    from leadtime.bench.serving import load_entries
+
+    with socket.socket() as closed:  # bound and not listening: each post is refused at once
+        closed.bind(("127.0.0.1", 0))
+        out = [0, 0, 0.0]
+        observe(closed.getsockname()[1], load_entries()[:200], 0.01, 1.0, out)  # a batch due every 10,000 s
+    accepted, errors, seconds = out
+    assert accepted == 0 and errors == 1 and 1.0 <= seconds < 60, out
+
+
+def test_a_run_too_short_for_one_batch_posts_smaller_ones_at_the_rate_asked() -> None:
+    """With the bound of the feeder's sleep alone, `--observe-rps 1 --duration 3` sent one 100-row batch: 33
+    rows/s achieved for a target of 1."""
+    from leadtime.bench.load import OBSERVE_BATCH, batch_rows
+
+    assert batch_rows(5_000, 60) == OBSERVE_BATCH
+    assert batch_rows(1, 3) == 3 and batch_rows(10, 60) == OBSERVE_BATCH and batch_rows(0.01, 1) == 1
