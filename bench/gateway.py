@@ -35,6 +35,7 @@ details beside them.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import ssl
@@ -138,13 +139,15 @@ def _goodput(results: list[Result], shots: list[Shot]) -> float:
 
 
 def _summary(results: list[Result], shots: list[Shot]) -> dict[str, Any]:
-    """Goodput, SLO attainment, TTFT and ITL are of the streaming requests (only their clients see a first token);
-    `whole_ms`: the time non-streaming clients waited for their answer."""
+    """Goodput, SLO attainment, TTFT and ITL are of the streaming requests (only their clients see a first token;
+    without one, NaN: nothing was measured, not every SLO missed); `whole_ms`: the time non-streaming clients waited
+    for their answer."""
     ok = [r for r in results if r.ok]
     streamed = [r for r in results if r.stream]
+    met = sum(r.meets(TTFT_SLO_MS, ITL_SLO_MS) for r in streamed)
     out = {
-        "goodput_rps": round(_goodput(results, shots), 3),
-        "slo_attainment": round(sum(r.meets(TTFT_SLO_MS, ITL_SLO_MS) for r in streamed) / max(len(streamed), 1), 4),
+        "goodput_rps": round(_goodput(results, shots), 3) if streamed else math.nan,
+        "slo_attainment": round(met / len(streamed), 4) if streamed else math.nan,
         "ttft_ms": _pct([r.ttft_ms for r in ok if r.stream]),
         "itl_ms": _pct([r.itl_ms for r in ok if r.stream and r.tokens > 1]),
         "route_ms": _pct([r.route_ms for r in ok]),
@@ -315,6 +318,15 @@ def run_gateway_bench(
     return {**{k: report[k] for k in order}, **{k: v for k, v in report.items() if k not in order}}
 
 
+def _shown(value: float, spec: str) -> str:
+    """A figure of the table; "–" where nothing was measured (a run without a streaming request).
+
+    >>> _shown(0.5, ".1%"), _shown(math.nan, ".2f")
+    ('50.0%', '–')
+    """
+    return "–" if math.isnan(value) else format(value, spec)
+
+
 def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(report)
@@ -366,8 +378,8 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
         extra = [f"{w['p50']:.0f} / {w['p99']:.0f}", f"{r.get('observed', 0):.0f}"] if whole else []
         table.add_row(
             name,
-            f"{r['goodput_rps']:.2f}",
-            f"{r['slo_attainment']:.1%}",
+            _shown(r["goodput_rps"], ".2f"),
+            _shown(r["slo_attainment"], ".1%"),
             f"{t['p50']:.0f} / {t['p99']:.0f}",
             f"{i['p50']:.1f} / {i['p99']:.1f}",
             f"{g['p50']:.2f} / {g['p99']:.2f}",

@@ -55,3 +55,21 @@ def test_a_gateway_that_stopped_is_said_in_one_line_when_its_metrics_are_read(tm
     with pytest.raises(RuntimeError, match=r"^the gateway \(leadtime route\) stopped during the run \(exit code 0\)$"):
         route.metric("leadtime_router_fallbacks_total")
     route.child.stop()
+
+
+def test_a_run_without_a_streaming_request_has_no_goodput_or_slo_figure() -> None:
+    """With `--non-streaming-share 1` no client sees a first token, yet goodput and SLO attainment read 0 (every SLO
+    missed) where the report's other figures of nothing measured are null."""
+    import math
+
+    from leadtime.bench.gateway import _summary
+    from leadtime.bench.loadgen import Result, Shot
+
+    shots = [Shot(i, float(i), (i,), 100, 4, 2000.0, 100.0, stream=False) for i in range(4)]
+    results = [Result(i, 200, 50.0, 0.0, 0.0, 4, 4, "h100-0", 1.0, "", False) for i in range(4)]
+    summary = _summary(results, shots)
+    assert math.isnan(summary["goodput_rps"]) and math.isnan(summary["slo_attainment"]), summary
+    assert summary["whole_ms"] == {"p50": 50.0, "p99": 50.0} and summary["non_streaming"] == 4
+    streaming = [Shot(i, float(i), (i,), 100, 4, 2000.0, 100.0) for i in range(4)]
+    answered = [Result(i, 200, 50.0, 60.0, 10.0, 4, 4, "h100-0", 1.0) for i in range(4)]
+    assert _summary(answered, streaming)["slo_attainment"] == 1.0
