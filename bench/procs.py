@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -47,16 +48,30 @@ def _bindable(port: int) -> bool:
         return True
 
 
+HANDED_OUT_KEPT = 1024
+"""How many of the ports it handed out last a process does not hand out again: those whose servers may not have
+bound them yet (a benchmark picks a dozen before its first server has started)."""
+_handed_out: dict[int, None] = {}  # in the order handed out: the oldest are forgotten first
+_handing_out = threading.Lock()
+
+
 def free_ports(n: int = 1) -> int:
     """A base port with `n` free ports after it, below the ephemeral range (`leadtime sim serve` takes consecutive
-    ports). Chosen at random, so that test workers starting servers at the same moment rarely try the same one."""
+    ports). Chosen at random, so that test workers starting servers at the same moment rarely try the same one, and
+    none this process handed out lately (`HANDED_OUT_KEPT`): found free only because their servers had not bound
+    them yet, one was handed out twice and its second server failed to start."""
     top = ephemeral_port_start() - n
     if top <= LOWEST_PORT:  # an ephemeral range that starts low: any port above LOWEST_PORT
         top = 65536 - n
-    for _ in range(200):
-        base = LOWEST_PORT + secrets.randbelow(top - LOWEST_PORT)
-        if all(_bindable(port) for port in range(base, base + n)):
-            return base
+    with _handing_out:
+        for _ in range(200):
+            base = LOWEST_PORT + secrets.randbelow(top - LOWEST_PORT)
+            span = range(base, base + n)
+            if not any(port in _handed_out for port in span) and all(_bindable(port) for port in span):
+                _handed_out.update(dict.fromkeys(span))
+                while len(_handed_out) > HANDED_OUT_KEPT:
+                    del _handed_out[next(iter(_handed_out))]
+                return base
     raise OSError(f"no {n} consecutive free ports")
 
 

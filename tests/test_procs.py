@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from leadtime.bench.procs import LOWEST_PORT, ephemeral_port_start, free_port, free_ports
 
 
@@ -33,3 +35,17 @@ def test_consecutive_free_ports_are_all_bindable() -> None:
     finally:
         for s in sockets:
             s.close()
+
+
+def test_a_port_handed_out_is_not_handed_out_again_before_its_server_binds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The predictor's HTTP and gRPC ports, the fleet's range and each gateway's port are picked before any of them
+    is bound, each found free on its own: a process could be given one port twice (7 of 2,000 gateway-benchmark
+    phases were), and the second server failed to start."""
+    import leadtime.bench.procs as procs
+
+    first = free_port()
+    offset, real = first - LOWEST_PORT, procs.secrets.randbelow
+    draws = iter([offset, offset - 1, offset - 2])  # each base's span of 3 holds `first`; then random ones
+    monkeypatch.setattr(procs.secrets, "randbelow", lambda below: next(draws, None) or real(below))
+    second = free_ports(3)
+    assert next(draws, None) is None and first not in range(second, second + 3), (first, second)
