@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from leadtime.bench.keepalive import KeepAliveClient, request_bytes
-from leadtime.bench.procs import Predictor, quietly, said_as_stopped, stopped
+from leadtime.bench.procs import Predictor, quietly, said_as_stopped, start, stopped
 from leadtime.bench.serving import load_entries, prediction_rows
 from leadtime.json_text import print_json
 
@@ -98,7 +98,7 @@ def run_wrk(
     script = workdir / "predict.lua"
     script.write_text(_lua(body, delay_ms))
     command = [find_wrk(), "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s", "--timeout", "5s"]
-    process = subprocess.Popen(
+    process: subprocess.Popen[str] = start(
         [*command, "-s", str(script), url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + seconds + 60

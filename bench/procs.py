@@ -13,6 +13,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -78,6 +80,52 @@ def free_ports(n: int = 1) -> int:
 def free_port() -> int:
     """A free loopback port below the ephemeral range (see `LOWEST_PORT`)."""
     return free_ports(1)
+
+
+started: list[subprocess.Popen[Any]] = []
+"""The children `start` started that may still run: each is killed at exit if it does (`stop_started`), so that a
+caller that dies half-way leaves no server, no load generator and no CPU-bound neighbour behind."""
+
+
+def stop_started() -> None:
+    """At exit: SIGKILL each child `start` started that still runs."""
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+atexit.register(stop_started)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT noted while the block runs and acted on after it. A benchmark's SIGTERM handler raises
+    SystemExit wherever it lands: inside `Popen`, after the fork, it left the child started and recorded nowhere, a
+    server running on with no parent. (Only the main thread receives signals and may set their handlers.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    held = (signal.SIGTERM, signal.SIGINT)
+    previous = {number: signal.signal(number, lambda number, _frame: noted.append(number)) for number in held}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        if noted:
+            signal.raise_signal(noted[0])  # to the handler in place again: SystemExit, KeyboardInterrupt, ...
+
+
+def start(args: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
+    """`subprocess.Popen(args, **popen)`, recorded in `started` before any SIGTERM or SIGINT that came meanwhile
+    is acted on (`_signals_held`): however the caller ends, the child is stopped at the latest at exit."""
+    with _signals_held():
+        started[:] = [process for process in started if process.returncode is None]  # forget those reaped
+        process = subprocess.Popen(args, **popen)
+        started.append(process)
+    return process
 
 
 def quietly(target: Callable[..., object], *args: object) -> None:
@@ -146,15 +194,9 @@ class Child:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("LEADTIME_")}
         environment.update(env or {})
         self._out = log.open("wb")
-        self.process = subprocess.Popen(
+        self.process: subprocess.Popen[bytes] = start(  # stopped at exit if the caller dies half-way
             [sys.executable, "-m", "leadtime", *args], stdout=self._out, stderr=subprocess.STDOUT, env=environment
         )
-        atexit.register(self._end)  # a caller that dies half-way leaves no server behind
-
-    def _end(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
     @property
     def pid(self) -> int:
@@ -320,7 +362,7 @@ class Prometheus:
         (workdir / "tsdb").mkdir(exist_ok=True)
         self.log = workdir / "prometheus.log"
         self._out = self.log.open("wb")
-        self.process = subprocess.Popen(
+        self.process: subprocess.Popen[bytes] = start(
             [
                 executable,
                 f"--config.file={config_file}",

@@ -32,7 +32,7 @@ import orjson
 
 from leadtime.bench.data import dataset_path, load_llmd_rows
 from leadtime.bench.keepalive import KeepAliveClient
-from leadtime.bench.procs import free_port, quietly, said_as_stopped, terminate
+from leadtime.bench.procs import free_port, quietly, said_as_stopped, start, terminate
 from leadtime.json_text import print_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,9 @@ class ServiceProcess:
             command = [sys.executable, "-m", "leadtime.bench.stack_floor", *ports, "--work-us", str(work_us)]
         else:
             command = [sys.executable, "-m", "leadtime", "serve", "--host", "127.0.0.1", *ports]
-        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process: subprocess.Popen[bytes] = start(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Wait until /readyz answers 200; RuntimeError if the process exits or the time runs out."""
@@ -516,7 +518,7 @@ def measure_floor(
     try:
         floor.wait_ready()
         if beside_busy_cpu:
-            neighbour = subprocess.Popen([sys.executable, "-c", BUSY_CPU])
+            neighbour = start([sys.executable, "-c", BUSY_CPU])  # stopped at exit at the latest, however this ends
         connection = KeepAliveClient("127.0.0.1", floor.http_port)
         with grpc.insecure_channel(f"127.0.0.1:{floor.grpc_port}") as channel:
             http_call = http_caller(connection, rows)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +55,37 @@ def test_a_port_handed_out_is_not_handed_out_again_before_its_server_binds_it(mo
     monkeypatch.setattr(procs.secrets, "randbelow", lambda below: next(draws, None) or real(below))
     second = free_ports(3)
     assert next(draws, None) is None and first not in range(second, second + 3), (first, second)
+
+
+def test_a_sigterm_while_a_child_starts_leaves_it_recorded_to_be_stopped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The benchmarks' SIGTERM handler raises SystemExit wherever it lands: landing inside `Popen`, after the fork,
+    it left the child started and recorded nowhere, so nothing stopped it (the test of `bench tls` under SIGTERM
+    left a `leadtime serve` running with no parent)."""
+    import leadtime.bench.procs as procs
+    from leadtime.cli.common import _terminated
+
+    sleeper = tmp_path / "sleeper"  # stands in for `python -m leadtime ...`: a child that runs on
+    sleeper.write_text("#!/bin/sh\nexec sleep 60\n")
+    sleeper.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(sleeper))
+    created: list[int] = []
+    execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def then_sigterm(self: subprocess.Popen[bytes], *args: object) -> None:
+        execute(self, *args)
+        created.append(self.pid)
+        os.kill(os.getpid(), signal.SIGTERM)  # lands before Popen returns
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", then_sigterm)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with pytest.raises(SystemExit):
+            procs.Child(["serve"], tmp_path / "child.log")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for pid in created:  # whatever the outcome, nothing of this test runs on
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert len(created) == 1 and created[0] in {process.pid for process in procs.started}
