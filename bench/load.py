@@ -33,7 +33,7 @@ import httpx
 
 from leadtime.bench.keepalive import KeepAliveClient, request_bytes
 from leadtime.bench.procs import Predictor, quietly, said_as_stopped, start, stopped
-from leadtime.bench.serving import load_entries, prediction_rows
+from leadtime.bench.serving import call_rows, load_entries
 from leadtime.json_text import print_json
 
 OBSERVE_BATCH = 100
@@ -186,13 +186,6 @@ def feeder_figures(feeder: Any, out: Any) -> tuple[int, int, float]:
         raise RuntimeError(f"the observation feeder {state}")
     accepted, errors, seconds = out
     return int(accepted), int(errors), float(seconds)
-
-
-def call_rows(entries: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """The `n` rows of one prediction call: the shipped trace's rows in order, from the first again when `n` is
-    more than it holds (a call may then hold the same row more than once)."""
-    rows = prediction_rows(entries)
-    return [rows[i % len(rows)] for i in range(n)]
 
 
 def rss_mb(pid: int) -> float:

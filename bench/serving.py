@@ -54,6 +54,13 @@ def prediction_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in e.items() if not k.startswith("actual_")} for e in entries]
 
 
+def call_rows(entries: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The `n` rows of one prediction call: the shipped trace's rows in order, from the first again when `n` is
+    more than it holds (a call may then hold the same row more than once)."""
+    rows = prediction_rows(entries)
+    return [rows[i % len(rows)] for i in range(n)]
+
+
 class ServiceProcess:
     """`leadtime serve` (or, with `floor=True`, the bare stack of `leadtime.bench.stack_floor`, busy `work_us` per
     call) in a child process on free loopback ports."""

@@ -1405,3 +1405,9 @@ def test_bench_dashboards_stopped_before_drawing_leaves_no_out_folder_it_made(
     assert not (tmp_path / "a").exists()
     refused(["bench", "dashboards", "--out", str(tmp_path)], "prometheus")
     assert tmp_path.is_dir()
+
+
+@pytest.mark.parametrize("command", ["tls", "load"])
+def test_bench_rows_above_what_the_service_takes_in_one_call_are_refused(command: str) -> None:
+    """`bench tls --rows 20000` started two services for calls they answer 422 (more than `max_rows`)."""
+    refused(["bench", command, "--rows", "10001"], "--rows", "1..10000")

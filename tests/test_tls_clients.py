@@ -278,6 +278,17 @@ def test_bench_tls_reports_both_transports_side_by_side() -> None:
         assert figures["tls_over_plain"]["p50"] == pytest.approx(ratio, abs=0.01)  # a ratio: no "_ms" on it
 
 
+def test_bench_tls_sends_as_many_rows_a_call_as_it_reports() -> None:
+    """`--rows 5000` reported 5,000 rows a prediction while each call carried the shipped trace's 3,400."""
+    from leadtime.bench.serving import load_entries, prediction_rows
+    from leadtime.bench.tls import bench_rows
+
+    shipped = prediction_rows(load_entries())
+    rows = bench_rows(TlsBenchOptions(rows=5000))
+    assert len(shipped) < 5000 and len(rows) == 5000 and rows[len(shipped)] == shipped[0]
+    assert bench_rows(TlsBenchOptions()) == shipped[:8]
+
+
 def serve_tls_in_a_thread(cert: Path, key: Path) -> tuple[int, asyncio.AbstractEventLoop]:
     """A TLS server that reads what it is sent until the client hangs up, on its own loop and thread (as an
     endpoint in another process answers while the gateway's loop is busy): its port and loop."""

@@ -431,8 +431,9 @@ def bench_tls(
     from leadtime.bench.tls import TlsBenchOptions, print_report, run_tls_bench
     from leadtime.predictor.client import PredictorError
 
-    if rows < 1 or calls < 100 or first_calls < 10:
-        fail("--rows must be ≥ 1, --calls ≥ 100 and --first-calls ≥ 10")
+    rows_option(rows)
+    if calls < 100 or first_calls < 10:
+        fail("--calls must be ≥ 100 and --first-calls ≥ 10")
 
     def say(message: str) -> None:
         if not json_out:
@@ -445,6 +446,16 @@ def bench_tls(
     except (OSError, RuntimeError, PredictorError) as err:
         fail(err)
     print_report(report, as_json=json_out)
+
+
+def rows_option(rows: int) -> None:
+    """Fail unless `--rows` is a number of rows the measured service takes in one call (its `max_rows`, default
+    settings): above it every call is answered 422."""
+    from leadtime.predictor.settings import ServiceSettings
+
+    most = ServiceSettings.model_fields["max_rows"].default
+    if not 1 <= rows <= most:
+        fail(f"--rows must be in 1..{most}, got {rows}")
 
 
 @bench_app.command("load")
@@ -466,8 +477,7 @@ def bench_load(
     positive("--duration", duration)
     if duration < 1:
         fail(f"--duration must be ≥ 1 (seconds), got {duration:g}")
-    if not 1 <= rows <= 10_000:
-        fail(f"--rows must be in 1..10000, got {rows}")
+    rows_option(rows)
 
     def say(message: str) -> None:
         if not json_out:
