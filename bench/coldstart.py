@@ -162,7 +162,8 @@ def print_report(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print_json(report, indent=2)
         return
-    table = Table(title=f"cold start on {report['unseen_class']} after learning {', '.join(report['seen_classes'])}")
+    seen, reference = ", ".join(report["seen_classes"]), report["reference_model"]
+    table = Table(title=f"cold start on {report['unseen_class']} after learning {seen} (llmd_reference: {reference})")
     for column in ("model", "target", "MAPE first 50", "MAPE after 500"):
         table.add_column(column)
     for m in ("leadtime", "llmd_reference"):

@@ -478,3 +478,20 @@ def test_accuracy_names_the_line_of_an_actual_too_large_for_the_references_trees
     said = " ".join(result.stderr.split())
     assert f"error: {path}:4: actual_ttft_ms:" in said and "1e+308" in said, said
     assert "[bt]" not in said and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_coldstart_table_names_the_model_the_llmd_reference_ran(capsys: pytest.CaptureFixture[str]) -> None:
+    """Its rows said `llmd_reference` whichever model ran (`--reference-model lightgbm`, or LightGBM where xgboost
+    is not installed, beside the README's XGBoost figures), as the accuracy table once did."""
+    from leadtime.bench.coldstart import print_report
+
+    figures = {"mape_first_50": 0.5, "mape_after_500": 0.25}
+    report = {
+        "unseen_class": "mi300x",
+        "seen_classes": ["h100-sxm", "a100-sxm-80gb"],
+        "reference_model": "lightgbm",
+        "leadtime": {"ttft": figures, "tpot": figures},
+        "llmd_reference": {"ttft": figures, "tpot": figures},
+    }
+    print_report(report, as_json=False)
+    assert "llmd_reference: lightgbm" in " ".join(capsys.readouterr().out.split())
