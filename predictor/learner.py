@@ -254,15 +254,19 @@ class OnlinePredictor:
 
     # --- background work ----------------------------------------------------------------------------------
 
-    def start(self) -> OnlinePredictor:
+    def start(self, import_now: bool = True) -> OnlinePredictor:
         """Start retraining in a background thread (with `config.background`; otherwise retrains run inside
         `learn_many`, and this does nothing). Returns the predictor, so `OnlinePredictor(config).start()` reads
-        as one step."""
+        as one step.
+
+        LightGBM is imported when trees are first fitted (a process that only predicts never needs its 1.4 s of CPU
+        importing it, scikit-learn and pandas); a thread retraining beside live traffic takes it here, not at its
+        first retrain, where the imports would hold the interpreter for that second. `import_now=False` leaves it
+        to the first retrain: for a process that serves nothing itself (the service's learner process), most of
+        whose starts never retrain (a restart, a replica that does not hold the lease, a short-lived test)."""
         if self.config.background and self._thread is None:
-            # LightGBM is imported when trees are first fitted (a process that only predicts never needs its ~1 s
-            # of imports); a thread retraining beside live traffic takes it here, not at its first retrain, where
-            # the imports would hold the interpreter for that second.
-            import lightgbm  # noqa: F401
+            if import_now:
+                import lightgbm  # noqa: F401
 
             # Each thread has a stop of its own: one that `close()` could not wait for (closed by a retrain
             # listener, on that thread, or a retrain longer than the wait) ends after its retrain, not with the next.

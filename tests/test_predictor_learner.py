@@ -909,6 +909,23 @@ def test_a_process_that_predicts_imports_neither_lightgbm_nor_scikit_learn() -> 
         assert imported == [], out.stdout + out.stderr
 
 
+def test_a_learner_started_without_importing_now_leaves_lightgbm_to_its_first_retrain() -> None:
+    """The service's learner process starts with `import_now=False`: it serves nothing, and most of its starts
+    never retrain (each test's app, a restart, a replica without the lease), yet each paid 1.4 s of CPU importing
+    LightGBM, scikit-learn and pandas (a third of the test suite's CPU). A retrain imports it when it fits; a
+    predictor that retrains beside live traffic (`route --embedded`) still takes it at start."""
+    code = (
+        "import sys\n"
+        "from leadtime.predictor.learner import LearnerConfig, OnlinePredictor\n"
+        "OnlinePredictor(LearnerConfig(background=True)).start(import_now=False).close()\n"
+        "print('lightgbm' in sys.modules)\n"
+        "OnlinePredictor(LearnerConfig(background=True)).start().close()\n"
+        "print('lightgbm' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+
+
 def test_a_retrain_judges_a_mean_tree_against_the_recentred_model_that_serves() -> None:
     """Regression: the swap test judged a candidate mean tree against no correction at all, while the model it
     replaces serves the online parts recentred on their median residual: a tree that learned only that constant

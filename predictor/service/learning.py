@@ -132,7 +132,7 @@ class _Child:
         # (None until one wins); the service keeps the time of its own loads and pulls.
         predictor.last_model_load = None
         predictor.add_retrain_listener(self._on_retrain)
-        return predictor.start()
+        return predictor.start(import_now=False)  # the service serves; this process only learns
 
     def _on_retrain(self, result: dict[str, Any]) -> None:
         """Runs in the learner's retrain thread; the main loop sends the snapshot."""
