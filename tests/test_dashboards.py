@@ -3,8 +3,12 @@ exported by the service or the gateway, the provisioning files consistent, the c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,30 @@ from leadtime.router_plugin.gateway.metrics import GatewayMetrics
 
 BUILTINS = {"__rate_interval", "__interval", "__range"}
 SHIPPED = load_dashboards()
+
+
+@contextlib.contextmanager
+def json_server(status: int, answer: object) -> Iterator[str]:
+    """A loopback HTTP server answering every GET with `status` and `answer` as JSON; its URL."""
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
 
 
 def test_the_shipped_json_is_what_the_definitions_write() -> None:
@@ -480,28 +508,8 @@ def test_render_makes_no_folder_for_a_prometheus_it_cannot_ask(tmp_path: Path, u
 
 def test_render_against_a_server_that_is_not_prometheus_says_so(tmp_path: Path) -> None:
     """Pointed at the service instead of Prometheus it said "error: 404: Not Found"."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class NotPrometheus(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b'{"detail": "Not Found"}'
-            self.send_response(404)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NotPrometheus)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with json_server(404, {"detail": "Not Found"}) as url:
         result = CliRunner().invoke(app, ["dashboards", "render", "--prometheus", url, "--out", str(tmp_path)])
-    finally:
-        server.shutdown()
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert f"{url} does not answer as Prometheus's HTTP API" in result.output and "404" in result.output
 
@@ -585,9 +593,6 @@ def test_a_series_missing_steps_is_drawn_with_a_gap_not_a_line_across_them() -> 
     """Regression: Prometheus leaves out the steps where an expression has no value (a service down); only the
     points it returned were kept, and the picture joined the last one before to the first one after: a minute's
     outage read as steady traffic. Every step of the range is a point, NaN where there was no value."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     import numpy as np
 
     from leadtime.dashboards.render import PrometheusApi
@@ -595,26 +600,8 @@ def test_a_series_missing_steps_is_drawn_with_a_gap_not_a_line_across_them() -> 
     start, step = 1_767_225_600.0, 1.0
     answered = [start + k for k in (0, 1, 2, 60, 61, 62)]  # nothing from 3 s to 59 s
 
-    class Prometheus(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            result = [{"metric": {"api": "native"}, "values": [[t, "40"] for t in answered]}]
-            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Prometheus)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        (series,) = PrometheusApi(f"http://127.0.0.1:{server.server_address[1]}").query_range(
-            "x", start, start + 62.5, step
-        )
-    finally:
-        server.shutdown()
+    result = [{"metric": {"api": "native"}, "values": [[t, "40"] for t in answered]}]
+    with json_server(200, {"status": "success", "data": {"resultType": "matrix", "result": result}}) as url:
+        (series,) = PrometheusApi(url).query_range("x", start, start + 62.5, step)
     assert series.times.tolist() == [start + k for k in range(63)]  # each step of the range, end included
     assert np.isnan(series.values[3:60]).all() and series.values[[0, 1, 2, 60, 61, 62]].tolist() == [40.0] * 6

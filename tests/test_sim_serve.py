@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -25,15 +25,20 @@ FLEET = {
 }
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[FleetServer]:
-    fleet = parse_fleet(FLEET)
+def serving(document: Mapping[str, object]) -> Iterator[FleetServer]:
+    """The fleet `document` describes, served on free ports for as long as the fixture lasts."""
+    fleet = parse_fleet(document)
     srv = FleetServer(fleet, [free_port() for _ in fleet.endpoints])
     srv.start()
     try:
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FleetServer]:
+    yield from serving(FLEET)
 
 
 def _url(server: FleetServer, endpoint: str = "h100-0") -> str:
@@ -410,13 +415,7 @@ PD_FLEET = {
 
 @pytest.fixture(scope="module")
 def pd_server() -> Iterator[FleetServer]:
-    fleet = parse_fleet(PD_FLEET)
-    srv = FleetServer(fleet, [free_port() for _ in fleet.endpoints])
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+    yield from serving(PD_FLEET)
 
 
 def _prefiller(server: FleetServer) -> dict[str, str]:
