@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from test_router_plugin import Answering, QueueModel, cand, req
@@ -58,26 +58,24 @@ def test_on_a_pd_fleet_only_the_decode_endpoints_itl_is_learned() -> None:
     assert told.row.endpoint.endpoint_id == "d0" and (told.actual_ttft_ms, told.actual_tpot_ms) == (0.0, 12.0)
 
 
-def test_a_failed_prediction_costs_the_decision_nothing_and_the_outcome_is_still_learned() -> None:
-    model = QueueModel(fail=True)
-    shadow = ShadowLearning(RoundRobinPolicy(), model)
+@pytest.mark.parametrize(
+    "model",
+    [lambda: QueueModel(fail=True), lambda: Answering([math.nan]), lambda: Answering([math.inf]),
+     lambda: Answering([2e12])],
+    ids=["failed", "nan", "inf", "beyond the bound"],
+)  # fmt: skip
+def test_a_prediction_failed_or_no_number_costs_the_decision_nothing_and_the_outcome_is_still_learned(
+    model: Callable[[], QueueModel],
+) -> None:
+    """A prediction that fails is skipped; so is an answer that is no prediction (regression: a NaN answer, a
+    native answer's null or gRPC's NaN, was carried by the pick, and the outcome's `observe` raised FeatureError:
+    never learned)."""
+    predictor = model()
+    shadow = ShadowLearning(RoundRobinPolicy(), predictor)
     pick = shadow.pick(req("r1"), [cand("a"), cand("b")])
     assert pick.endpoint_id == "a" and pick.predicted_ttft_ms is None
     shadow.observe(outcome("r1", "a"))
-    assert model.told[0].predicted_ttft_ms is None and model.told[0].actual_ttft_ms == 250.0
-    assert (shadow.shadow_counters.unpredicted, shadow.shadow_counters.learned) == (1, 1)
-
-
-@pytest.mark.parametrize("ttft", [math.nan, math.inf, 2e12])
-def test_a_prediction_that_cannot_be_one_is_skipped_and_the_outcome_still_learned(ttft: float) -> None:
-    """Regression: a NaN answer (a native answer's null; gRPC carries NaN) was taken as a prediction, carried by
-    the pick, and the outcome's `observe` raised FeatureError: never learned."""
-    model = Answering([ttft])
-    shadow = ShadowLearning(RoundRobinPolicy(), model)
-    pick = shadow.pick(req("r1"), [cand("a"), cand("b")])
-    assert pick.endpoint_id == "a" and pick.predicted_ttft_ms is None
-    shadow.observe(outcome("r1", "a"))
-    assert model.told[0].predicted_ttft_ms is None and model.told[0].actual_ttft_ms == 250.0
+    assert predictor.told[0].predicted_ttft_ms is None and predictor.told[0].actual_ttft_ms == 250.0
     assert (shadow.shadow_counters.unpredicted, shadow.shadow_counters.learned) == (1, 1)
 
 
