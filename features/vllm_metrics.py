@@ -3,8 +3,9 @@
 vLLM labels every series with `model_name` (and more); a server hosting one model has one series per metric,
 so values are summed across label sets. KV usage is `vllm:kv_cache_usage_perc` since vLLM 0.10 and
 `vllm:gpu_cache_usage_perc` before; both are fractions in [0, 1] despite the name. Prefix-cache hits are counted
-in tokens by the counters `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (vLLM V1); older
-servers publish a hit-rate gauge, `vllm:gpu_prefix_cache_hit_rate`, instead. Both are optional, and so is the
+in tokens by the counters `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (vLLM V1; called
+`vllm:gpu_prefix_cache_queries_total` and `vllm:gpu_prefix_cache_hits_total` before 0.10's rename); older servers
+publish a hit-rate gauge, `vllm:gpu_prefix_cache_hit_rate`, instead. Both are optional, and so is the
 cache's size (`vllm:cache_config_info`): a value of theirs that cannot be read (negative, NaN, a label that is not an
 integer) is unknown, not a failed scrape. The queues and KV usage are required and checked strictly.
 """
@@ -25,7 +26,22 @@ KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
+PREFIX_QUERIES_OLD = "vllm:gpu_prefix_cache_queries"
+PREFIX_HITS_OLD = "vllm:gpu_prefix_cache_hits"
 PREFIX_HIT_RATE_OLD = "vllm:gpu_prefix_cache_hit_rate"
+READ = (
+    WAITING,
+    RUNNING,
+    KV_USAGE,
+    KV_USAGE_OLD,
+    CACHE_CONFIG,
+    PREFIX_QUERIES,
+    PREFIX_HITS,
+    PREFIX_QUERIES_OLD,
+    PREFIX_HITS_OLD,
+    PREFIX_HIT_RATE_OLD,
+)
+"""Every metric `parse_vllm_metrics` reads (a scraper may keep only their lines)."""
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -145,8 +161,8 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
         if any(n is not None and not 0 <= n <= MAX_COUNT for n in (block_size, num_blocks)):  # 0: not known
             problem = f"block_size/num_gpu_blocks must be counts, got {block_size} and {num_blocks}"
             raise FeatureError(CACHE_CONFIG, problem)
-    queries = _counter(samples, PREFIX_QUERIES)
-    hits = _counter(samples, PREFIX_HITS)
+    queries = _counter(samples, PREFIX_QUERIES, PREFIX_QUERIES_OLD)
+    hits = _counter(samples, PREFIX_HITS, PREFIX_HITS_OLD)
     hit_rate = None
     hit_rate_total = _total_or_unknown(samples, PREFIX_HIT_RATE_OLD) if PREFIX_HIT_RATE_OLD in samples else None
     if hit_rate_total is not None:
@@ -165,9 +181,11 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
     )
 
 
-def _counter(samples: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:
-    """A counter published as `name_total` (Prometheus' convention) or plain `name`; None when absent or unreadable."""
-    for key in (f"{name}_total", name):
-        if key in samples:
-            return _total_or_unknown(samples, key)
+def _counter(samples: dict[str, list[tuple[dict[str, str], float]]], *names: str) -> float | None:
+    """A counter published as `name_total` (Prometheus' convention) or plain `name`, under the first of `names` the
+    scrape has (a newer name before the one it replaced); None when absent or unreadable."""
+    for name in names:
+        for key in (f"{name}_total", name):
+            if key in samples:
+                return _total_or_unknown(samples, key)
     return None

@@ -34,19 +34,7 @@ def monotonic_ms() -> float:
     return time.monotonic() * 1e3
 
 
-WANTED = tuple(
-    name.encode()
-    for name in (
-        vm.WAITING,
-        vm.RUNNING,
-        vm.KV_USAGE,
-        vm.KV_USAGE_OLD,
-        vm.CACHE_CONFIG,
-        vm.PREFIX_QUERIES,
-        vm.PREFIX_HITS,
-        vm.PREFIX_HIT_RATE_OLD,
-    )
-)
+WANTED = tuple(name.encode() for name in vm.READ)
 
 
 def wanted_lines(body: bytes) -> str:

@@ -107,6 +107,19 @@ def test_new_kv_name_wins_when_both_are_exported() -> None:
     assert parse_vllm_metrics(text).kv_cache_usage == 0.75
 
 
+def test_v1_prefix_counters_under_their_earlier_gpu_names_are_read() -> None:
+    """vLLM V1 before the counters' rename (0.8–0.10) published them as `vllm:gpu_prefix_cache_queries_total` and
+    `vllm:gpu_prefix_cache_hits_total`: read as the newer names, which win where a server publishes both."""
+    old = (
+        scrape()
+        + f"vllm:gpu_prefix_cache_queries_total{{{MODEL}}} 900\nvllm:gpu_prefix_cache_hits_total{{{MODEL}}} 300\n"
+    )
+    m = parse_vllm_metrics(old)
+    assert (m.prefix_cache_queries, m.prefix_cache_hits) == (900, 300)
+    both = old + f"{PREFIX_QUERIES}_total{{{MODEL}}} 1000\n{PREFIX_HITS}_total{{{MODEL}}} 400\n"
+    assert (parse_vllm_metrics(both).prefix_cache_queries, parse_vllm_metrics(both).prefix_cache_hits) == (1000, 400)
+
+
 def test_data_parallel_engines_add_queues_and_average_kv() -> None:
     text = (
         f'{WAITING}{{engine="0"}} 2\n{WAITING}{{engine="1"}} 5\n'
