@@ -4,7 +4,7 @@ vLLM labels every series with `model_name` (and more); a server hosting one mode
 so values are summed across label sets. KV usage is `vllm:kv_cache_usage_perc` since vLLM 0.10 and
 `vllm:gpu_cache_usage_perc` before; both are fractions in [0, 1] despite the name. Prefix-cache hits are counted
 in tokens by the counters `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (vLLM V1; called
-`vllm:gpu_prefix_cache_queries_total` and `vllm:gpu_prefix_cache_hits_total` before 0.10's rename); older servers
+`vllm:gpu_prefix_cache_queries_total` and `vllm:gpu_prefix_cache_hits_total` in earlier V1 releases); older servers
 publish a hit-rate gauge, `vllm:gpu_prefix_cache_hit_rate`, instead. Both are optional, and so is the
 cache's size (`vllm:cache_config_info`): a value of theirs that cannot be read (negative, NaN, a label that is not an
 integer) is unknown, not a failed scrape. The queues and KV usage are required and checked strictly.

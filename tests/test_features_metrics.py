@@ -108,7 +108,7 @@ def test_new_kv_name_wins_when_both_are_exported() -> None:
 
 
 def test_v1_prefix_counters_under_their_earlier_gpu_names_are_read() -> None:
-    """vLLM V1 before the counters' rename (0.8–0.10) published them as `vllm:gpu_prefix_cache_queries_total` and
+    """Earlier vLLM V1 releases published them as `vllm:gpu_prefix_cache_queries_total` and
     `vllm:gpu_prefix_cache_hits_total`: read as the newer names, which win where a server publishes both."""
     old = (
         scrape()

@@ -526,7 +526,7 @@ def test_scrapes_keep_only_what_the_router_reads_old_and_new_names() -> None:
     )
     assert old.prefix_cache_hit_rate == 0.5 and old.prefix_cache_hits is None
     renamed = parse_vllm_metrics(wanted_lines(body.replace(b"vllm:prefix_cache", b"vllm:gpu_prefix_cache")))
-    assert (renamed.prefix_cache_queries, renamed.prefix_cache_hits) == (1000.0, 250.0)  # vLLM 0.8–0.10's names
+    assert (renamed.prefix_cache_queries, renamed.prefix_cache_hits) == (1000.0, 250.0)  # earlier V1 releases' names
 
 
 # ----- time-slice documents -------------------------------------------------------------------------------------
