@@ -88,6 +88,9 @@ MAX_TB_S = 50
 (a T4's 320, an L4's 300, an A10G's 600), all land above it. A bound of 1,000 let those through as 300–600 TB/s."""
 MAX_MEMORY_GB = 10_000
 MAX_INTERCONNECT_GB_S = 100_000
+MAX_PARAMS_B = 100_000
+MAX_SHAPE = 10_000
+MAX_HIDDEN = 1_000_000
 # Lower bounds far below any accelerator one serves an LLM on (a T4: 65 TFLOP/s, 0.32 TB/s, 16 GB, PCIe's 32 GB/s):
 # a figure below them is a spec sheet's larger unit (a B200's 2.25 PFLOP/s, 0.18 TB), which predicted prefills a
 # thousand times too long or a KV cache a thousand times too small; and a figure near 0 made features overflow to inf.
@@ -106,11 +109,6 @@ def _at_least(value: float | None, least: float, unit: str, larger: str = "") ->
     if larger and value * 1000 >= least:
         hint = f" ({larger} written as {unit}? {value:,g} {larger} is {value * 1000:,g} {unit})"
     raise ValueError(f"must be at least {least:g} {unit}, got {value:,g}{hint}")
-
-
-MAX_PARAMS_B = 100_000
-MAX_SHAPE = 10_000
-MAX_HIDDEN = 1_000_000
 
 
 class AcceleratorSpec(_Spec):
