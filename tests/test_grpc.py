@@ -200,6 +200,21 @@ def test_regenerating_the_grpc_modules_gives_the_committed_files(tmp_path: Path)
         assert (tmp_path / name).read_bytes() == (regenerate.HERE / name).read_bytes(), name
 
 
+def test_regenerate_takes_help_for_help_not_for_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m leadtime.predictor.grpc.regenerate --help` made a folder named `--help` and wrote the modules
+    there; it prints the usage, and an option it does not know is refused, nothing written."""
+    from leadtime.predictor.grpc import regenerate
+
+    monkeypatch.chdir(tmp_path)
+    assert regenerate.main(["--help"]) == 0
+    assert "regenerate [DIR]" in capsys.readouterr().out
+    assert regenerate.main(["--out"]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_grpc_health_checks_answer_readiness_as_kubernetes_probes_ask() -> None:
     """grpc.health.v1 (what kubelet's gRPC probe and grpc_health_probe call): SERVING once predictions can be
     served, NOT_SERVING before and while stopping; a service the process does not have is NOT_FOUND; no token

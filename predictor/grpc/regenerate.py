@@ -46,6 +46,12 @@ def generate(out: Path = HERE) -> None:
 
 def main(argv: list[str]) -> int:
     """Generate into DIR (argv[0], default beside the proto); 2 with one line on stderr when that fails."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: python -m leadtime.predictor.grpc.regenerate [DIR]  (where to write; default beside the proto)")
+        return 0
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        print(f"error: takes one folder, DIR, and no options: got {' '.join(argv)}", file=sys.stderr)
+        return 2
     try:
         generate(Path(argv[0]) if argv else HERE)
     except ImportError:
