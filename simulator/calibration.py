@@ -259,14 +259,25 @@ def coefficients_text(coefficients: dict[str, dict[str, object]]) -> str:
     return json.dumps(coefficients, separators=(",", ":"), sort_keys=True) + "\n"
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
     """`python -m leadtime.simulator.calibration [TABLES_DIR [OUT]]`: fit the tables (TABLES_DIR defaults to the
-    shipped ones), write the coefficients (OUT defaults to the `coefficients.json` the simulator reads)."""
+    shipped ones), write the coefficients (OUT defaults to the `coefficients.json` the simulator reads). 0 once
+    written (or for `--help`), 2 with one line on stderr for an option or a third argument."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(
+            "usage: python -m leadtime.simulator.calibration [TABLES_DIR [OUT]]  (TABLES_DIR: the kernel tables, "
+            "default the shipped ones; OUT: default the coefficients.json the simulator reads)"
+        )
+        return 0
+    if len(argv) > 2 or any(arg.startswith("-") for arg in argv):
+        print(f"error: takes TABLES_DIR and OUT, and no options: got {' '.join(argv)}", file=sys.stderr)
+        return 2
     directory = Path(argv[0]) if argv else KERNEL_TABLES
     out = Path(argv[1]) if len(argv) > 1 else COEFFICIENTS_PATH
     out.write_text(coefficients_text(fit_all(directory)))
     print(f"wrote {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

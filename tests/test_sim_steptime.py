@@ -67,6 +67,21 @@ def test_refitting_the_tables_rewrites_the_cached_file_byte_for_byte(tmp_path: P
     assert out.read_bytes() == calibration.COEFFICIENTS_PATH.read_bytes()
 
 
+def test_calibration_takes_help_for_help_not_for_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m leadtime.simulator.calibration --help` read `--help/` as the tables' folder and failed with a
+    traceback; it prints the usage, and an option it does not know is refused, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    before = calibration.COEFFICIENTS_PATH.read_bytes()
+    assert calibration.main(["--help"]) == 0
+    assert "calibration [TABLES_DIR [OUT]]" in capsys.readouterr().out
+    assert calibration.main(["-x"]) == 2
+    assert "-x" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert calibration.COEFFICIENTS_PATH.read_bytes() == before
+
+
 def test_scalar_step_pieces_equal_fitted_curves() -> None:
     model = get_model("llama-3.1-70b")
     stepper = StepTimeModel("h100-sxm", model, tensor_parallel=4)
