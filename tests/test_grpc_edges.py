@@ -170,3 +170,40 @@ def test_unary_observe_calls_leave_threads_for_predictions(monkeypatch: pytest.M
             release.set()
         assert [w.result(timeout=10).accepted for w in writes] == [1] * MAX_OPEN_OBSERVES
         assert [c.result(timeout=10).accepted for c in streams] == [1] * MAX_OPEN_STREAMS
+
+
+def test_a_stream_its_client_cancels_keeps_its_batches_and_is_counted_cancelled() -> None:
+    """A stream cancelled by its client after a batch was counted `code="OK"` in leadtime_grpc_requests_total (the
+    error gRPC raised in the request iterator was none of the refusals `_call` maps), so a dashboard of failed calls
+    never showed it; the batch it had accepted stays accepted."""
+    release = threading.Event()
+    with http_and_grpc(ServiceSettings()) as (http, stub):
+        runtime = http.app.state.runtime  # type: ignore[attr-defined]
+        call = stub.ObserveStream.future(one_batch_then_idle(release), timeout=30)
+        try:
+            wait_for(lambda: runtime.ingestion()["accepted"] == 1, 20, "the stream's first batch")
+            call.cancel()
+            cancelled = 'leadtime_grpc_requests_total{code="CANCELLED",method="ObserveStream"} 1.0'
+            wait_for(lambda: cancelled in http.get("/metrics").text, 10, "the cancelled call counted")
+        finally:
+            release.set()
+        metrics = http.get("/metrics").text
+        assert 'leadtime_grpc_requests_total{code="OK",method="ObserveStream"} 0.0' in metrics
+        assert 'leadtime_observations_accepted_total{api="grpc"} 1.0' in metrics
+        assert runtime.ingestion()["accepted"] == 1
+
+
+def test_a_stream_whose_deadline_passes_is_counted_deadline_exceeded() -> None:
+    """gRPC ends such a stream under its method, which saw its request iterator end as if the client had finished
+    the stream: the call was counted `code="OK"`."""
+    release = threading.Event()
+    with http_and_grpc(ServiceSettings()) as (http, stub):
+        try:
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ObserveStream(one_batch_then_idle(release), timeout=0.5)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            exceeded = 'leadtime_grpc_requests_total{code="DEADLINE_EXCEEDED",method="ObserveStream"} 1.0'
+            wait_for(lambda: exceeded in http.get("/metrics").text, 10, "the call counted as its deadline passing")
+        finally:
+            release.set()
+        assert 'leadtime_grpc_requests_total{code="OK",method="ObserveStream"} 0.0' in http.get("/metrics").text
