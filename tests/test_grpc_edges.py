@@ -207,3 +207,20 @@ def test_a_stream_whose_deadline_passes_is_counted_deadline_exceeded() -> None:
         finally:
             release.set()
         assert 'leadtime_grpc_requests_total{code="OK",method="ObserveStream"} 0.0' in http.get("/metrics").text
+
+
+def test_a_stream_batch_over_the_size_limit_ends_the_call_after_the_batches_before_it_were_kept() -> None:
+    """What the README and the .proto tell a client to do (send that batch, split, and those after it, not the whole
+    stream) holds only if the batches before it were kept: gRPC refuses the message itself, naming no count."""
+    with http_and_grpc(ServiceSettings(max_body_bytes=20_000)) as (http, stub):
+        runtime = http.app.state.runtime  # type: ignore[attr-defined]
+        too_large = pb.ObserveRequest(observations=[OBSERVATION] * 1_000)
+        assert too_large.ByteSize() > 20_000
+        first = pb.ObserveRequest(observations=[OBSERVATION] * 3)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ObserveStream(iter([first, too_large, first]), timeout=5)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "larger than max" in (err.value.details() or "")
+        assert runtime.ingestion()["accepted"] == 3
+        ended = 'leadtime_grpc_requests_total{code="CANCELLED",method="ObserveStream"} 1.0'
+        wait_for(lambda: ended in http.get("/metrics").text, 10, "the call counted as ended by gRPC")

@@ -82,8 +82,10 @@ class PredictorServicer:
         ends the call with INVALID_ARGUMENT (naming `batches[k]...` and how many observations of the batches before it
         were accepted: "(N observations of the batches before it were accepted)") after the earlier batches were
         kept: resend only batch k on, fixed, not the whole stream. A full backlog (RESOURCE_EXHAUSTED) or a stopping
-        service (UNAVAILABLE) ends it the same way, naming the count. At most 4 streams are open at once
-        (RESOURCE_EXHAUSTED beyond: retry later, or use Observe).
+        service (UNAVAILABLE) ends it the same way, naming the count. A batch over the message size limit is refused
+        by gRPC itself: RESOURCE_EXHAUSTED "Received message larger than max", naming no count, though every batch
+        before it was kept: split it and send it and those after it on, not the whole stream. At most 4 streams are
+        open at once (RESOURCE_EXHAUSTED beyond: retry later, or use Observe).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
