@@ -130,6 +130,9 @@ def test_observations_whose_caller_gave_up_are_not_kept(monkeypatch: pytest.Monk
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         time.sleep(0.8)
         assert http.get("/status").json()["ingestion"]["accepted"] == 0
+        # Counted as what its client was told, not CANCELLED: it did not cancel.
+        exceeded = 'leadtime_grpc_requests_total{code="DEADLINE_EXCEEDED",method="Observe"} 1.0'
+        assert exceeded in http.get("/metrics").text
         assert stub.Observe(pb.ObserveRequest(observations=[OBSERVATION] * 3), timeout=5).accepted == 3
 
 

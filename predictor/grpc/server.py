@@ -179,6 +179,8 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             return answer
         except REFUSALS as err:
             code = next(code for kind, code in STATUS_OF if isinstance(err, kind))
+            if isinstance(err, CallerGone):  # counted as its client was told: a deadline that passed is no cancel
+                code = _ended_by_grpc(context) or code
             context.abort(code, str(err))
         except Exception:
             if code is grpc.StatusCode.OK:  # not an abort above: the call failed without a status of ours
