@@ -23,7 +23,7 @@ class FeatureError(ValueError):
             problem = f"{problem[: MAX_PROBLEM_CHARS - 20]}... ({len(problem):,} characters)"
         self.field = field[:MAX_PROBLEM_CHARS]
         self.problem = problem
-        super().__init__(f"{field}: {problem}")
+        super().__init__(f"{self.field}: {problem}")  # the field as bounded: a huge one was the whole message
 
     def under(self, where: str) -> FeatureError:
         """This error as one of the value at `where`: its field below it (`rows[3].kv_cache_percentage`), or

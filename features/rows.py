@@ -212,6 +212,10 @@ def refuse_unknown_fields(items: Sequence[Any], where: str, known: frozenset[str
             refuse_unknown_keys(item, f"{where}[{i}]", known)
 
 
+MAX_KEY_SHOWN = 64
+"""The longest unknown key named whole in an error; a longer one is named by its start."""
+
+
 def refuse_unknown_keys(
     item: Mapping[str, Any], where: str, known: frozenset[str], api: str = "the native API"
 ) -> None:
@@ -219,9 +223,13 @@ def refuse_unknown_keys(
     `api` (what the message says the key is not a field of) takes."""
     for key in item:
         if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else " (see /docs for the fields it takes)"
             name = str(key) or "''"
+            # No field is long: a long key is named by its start (a 10 MB key was answered in a 10 MB message, after
+            # 1.8 s spent looking for the field it might be a slip for).
+            long = len(name) > MAX_KEY_SHOWN
+            close = [] if long else difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else " (see /docs for the fields it takes)"
+            name = f"{name[: MAX_KEY_SHOWN - 3]}..." if long else name
             raise FeatureError(f"{where}.{name}" if where else name, f"is not a field of {api}{hint}")
 
 
