@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -51,6 +51,15 @@ GRPC_CLIENT_STREAMS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Pred
 UNMATCHED_PATH = "unmatched"
 """The `path` label of a request no route matched (the service's and the gateway's 404s): one series for them all,
 not one per path a client mistyped or a scanner tried."""
+
+
+def expose_without_created_series() -> None:
+    """Drop the `_created` sample prometheus_client writes beside every counter and histogram series: Prometheus's
+    text format has no created timestamps, so each became a series of its own (a sixth of the samples, per
+    endpoint at the gateway), offered in Grafana's metric browser beside the real ones and read by no dashboard or
+    alert. Process-wide in prometheus_client: called by the commands that own their process (`leadtime serve`,
+    `leadtime route`), not on import, so that a program embedding Leadtime keeps its own series as they were."""
+    disable_created_metrics()
 
 
 class _LiveValues(Collector):

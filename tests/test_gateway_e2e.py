@@ -176,6 +176,16 @@ def test_observations_reach_the_predictor(stack: tuple[SimFleet, Predictor, Rout
     assert route.metric("leadtime_router_picks_total") >= 8
 
 
+def test_the_processes_export_no_created_series(stack: tuple[SimFleet, Predictor, Route, Path]) -> None:
+    """prometheus_client adds a `_created` sample beside every counter and histogram series, which Prometheus's text
+    format stores as series of their own (a sixth of the samples, per endpoint at the gateway), read by no
+    dashboard or alert: `leadtime serve` and `leadtime route`, which own their processes, turn them off."""
+    _, predictor, route, _ = stack
+    for url in (predictor.url, route.url):
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        assert "_total" in text and "_created" not in text, url
+
+
 def learned_after(predictor: Predictor, before: dict[str, int], more: int) -> dict[str, int]:
     """The predictor's count of rows learned, once it has learned `more` of each target than `before` (or 20 s)."""
     deadline = time.monotonic() + 20

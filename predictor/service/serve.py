@@ -195,8 +195,10 @@ def serve(settings: ServiceSettings) -> None:
     shuts it down quietly: the learner process ignores both, the service stops it.
     """
     from leadtime.predictor.grpc.server import STOP_GRACE_S, serve_grpc
+    from leadtime.predictor.metrics import expose_without_created_series
 
     check_role(settings)
+    expose_without_created_series()
     if settings.grpc_port and settings.grpc_port == settings.port:
         raise OSError(f"cannot serve gRPC on {host_port(settings.host, settings.grpc_port)}: it is the HTTP port too")
     check_port_free(settings.host, settings.port, "HTTP")

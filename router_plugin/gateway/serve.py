@@ -17,6 +17,7 @@ from types import FrameType
 
 import uvicorn
 
+from leadtime.predictor.metrics import expose_without_created_series
 from leadtime.predictor.service.ports import check_port_free
 from leadtime.predictor.service.serve import check_tls_files
 from leadtime.predictor.store.redis_store import check_configuration, without_credentials
@@ -185,6 +186,7 @@ def serve_gateway(gateway: Gateway, tls: tuple[Path, Path] | None = None) -> Non
         check_tls_files(*tls)
     check_port_free(settings.host, settings.port, "the gateway")  # before uvicorn, which would log a failure, exit 3
     sys.setswitchinterval(0.0005)
+    expose_without_created_series()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per model pull or time-slice poll
     endpoints = gateway.discovery.endpoints
