@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest, RoutingPolicy
+from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest, RoutingPolicy, pass_on
 from leadtime.simulator.engine import FleetSimulator
 from leadtime.simulator.fleet import load_fleet
 from leadtime.simulator.report import summarize
@@ -47,14 +47,10 @@ class Timed:
 
     def prefilled(self, request_id: str, now_ms: float) -> None:
         """Passed on (the optional hooks of `RoutingPolicy`): a peer timed here must route as in the benchmark."""
-        prefilled = getattr(self.policy, "prefilled", None)
-        if prefilled is not None:
-            prefilled(request_id, now_ms)
+        pass_on(self.policy, "prefilled", request_id, now_ms)
 
     def abandon(self, request_id: str) -> None:
-        abandon = getattr(self.policy, "abandon", None)
-        if abandon is not None:
-            abandon(request_id)
+        pass_on(self.policy, "abandon", request_id)
 
 
 def time_policy(fleet_name: str, requests: int, rate_scale: float, policy: str, seed: int = 0) -> dict[str, object]:

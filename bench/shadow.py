@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
-from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy, pass_on
 
 
 class FollowedByLlmd:
@@ -63,17 +63,13 @@ class FollowedByLlmd:
         """The first token: the follower moves the request from its prefill to its decode count, as would the
         policy if it has the hook."""
         self._catch_up()
-        prefilled = getattr(self.policy, "prefilled", None)
-        if prefilled is not None:
-            prefilled(request_id, now_ms)
+        pass_on(self.policy, "prefilled", request_id, now_ms)
         self.follower.prefilled(request_id, now_ms)
 
     def abandon(self, request_id: str) -> None:
         """The request failed: both let go of it (the policy's ledgers, the follower's counters)."""
         self._catch_up()
-        abandon = getattr(self.policy, "abandon", None)
-        if abandon is not None:
-            abandon(request_id)
+        pass_on(self.policy, "abandon", request_id)
         self.follower.abandon(request_id)
         self._predicted.pop(request_id, None)
 

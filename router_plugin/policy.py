@@ -226,6 +226,23 @@ class RoutingPolicy(Protocol):
         ...
 
 
+OPTIONAL_HOOKS = ("prefilled", "abandon", "forget_endpoint")
+"""The hooks a policy may have (see the module's docstring)."""
+
+
+def pass_on(policy: object, hook: str, *args: object) -> None:
+    """Call `policy`'s optional `hook` with `args` if it has it: what a policy wrapping another (shadow mode, a
+    timing or accuracy harness) owes the one it wraps, which a router would otherwise never tell.
+
+    >>> pass_on(object(), "abandon", "r1")  # a policy without the hook: nothing to tell
+    """
+    if hook not in OPTIONAL_HOOKS:
+        raise ValueError(f"{hook!r} is not an optional hook of a policy ({', '.join(OPTIONAL_HOOKS)})")
+    call = getattr(policy, hook, None)
+    if call is not None:
+        call(*args)
+
+
 @dataclass(frozen=True)
 class RoleSplit:
     unified: tuple[Candidate, ...]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.router_plugin.client import PredictorClient, PredictorError
 from leadtime.router_plugin.config import DEFAULT_DEADLINE_MS
-from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
+from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy, pass_on
 
 SHADOW_DEADLINE_S = DEFAULT_DEADLINE_MS / 1e3
 """As the plugin's default `fallback.deadlineMs`."""
@@ -132,19 +132,13 @@ class ShadowLearning:
     def abandon(self, request_id: str) -> None:
         """The request will not complete where it was sent: nothing to learn."""
         self._decisions.pop(request_id, None)
-        forget = getattr(self.baseline, "abandon", None)
-        if forget is not None:
-            forget(request_id)
+        pass_on(self.baseline, "abandon", request_id)
 
     def prefilled(self, request_id: str, now_ms: float) -> None:
         """Passed on to the baseline when it has the hook (`policy`'s optional hooks): a router calls it only on a
         policy that has it, and wrapped, a peer that releases the prefill side then never would."""
-        hook = getattr(self.baseline, "prefilled", None)
-        if hook is not None:
-            hook(request_id, now_ms)
+        pass_on(self.baseline, "prefilled", request_id, now_ms)
 
     def forget_endpoint(self, endpoint_id: str) -> None:
         """Passed on to the baseline when it has the hook, as `prefilled`."""
-        hook = getattr(self.baseline, "forget_endpoint", None)
-        if hook is not None:
-            hook(endpoint_id)
+        pass_on(self.baseline, "forget_endpoint", endpoint_id)
