@@ -302,8 +302,8 @@ def _child_main(conn: Connection, setup: ChildSetup) -> None:
     logging.getLogger("leadtime.predictor").addFilter(lambda record: not getattr(record, CHANGED_AT_AHEAD, False))
     _Child(conn, setup).run()
     # Nothing is left to keep here (the service holds the model and saves it): end without the interpreter's
-    # teardown of numpy, scikit-learn and the model, which took 0.3 s of every stop, and up to 0.8 s on a busy
-    # machine, with the service waiting (a restart, a rolling update, each test's app).
+    # teardown of numpy, the model and, once it retrained, LightGBM's imports, which took 0.3 s of every stop, up
+    # to 0.8 s on a busy machine, with the service waiting (a restart, a rolling update, each test's app).
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
