@@ -217,6 +217,21 @@ def test_sglang_load_falls_when_a_request_fails() -> None:
     assert (policy.load("p0"), policy.load("d0")) == (0, 0)
 
 
+def test_sglang_forgets_the_tree_of_an_endpoint_that_left() -> None:
+    """SGLang's router drops a removed worker's tree: an endpoint that left and came back under its name (restarted,
+    its cache empty) was still credited with every prompt sent before, and drew their followers to an empty cache."""
+    policy = SglangCachePolicy()
+    a, b = cand("a"), cand("b")
+    policy.pick(RouteRequest("warm", 2048, (1, 2, 3, 4)), [a])
+    policy.pick(RouteRequest("other", 512, (50,)), [b])
+    policy.forget_endpoint("a")
+    assert policy.tree("a").tokens == 0.0
+    policy.pick(RouteRequest("back", 1024, (70, 71)), [a])  # a's tree afresh, larger than b's
+    # no match anywhere now: the follower goes to the smallest tree (b), not to a as a cache hit
+    assert policy.pick(RouteRequest("follow", 2048, (1, 2, 3, 4)), [a, b]) == Pick("b")
+    policy.forget_endpoint("never seen")
+
+
 def test_sglang_pd_picks_prefill_and_decode_each_by_its_own_trees() -> None:
     policy = SglangCachePolicy()
     cands = [cand("p0", role="prefill"), cand("p1", role="prefill"), cand("d0", role="decode")]

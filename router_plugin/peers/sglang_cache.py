@@ -211,3 +211,9 @@ class SglangCachePolicy:
         """The request failed: its load guard drops as for a completed one, or it would count for ever."""
         for eid in self._routed.pop(request_id, ()):
             self._load[eid] = max(0, self._load.get(eid, 0) - 1)
+
+    def forget_endpoint(self, endpoint_id: str) -> None:
+        """The worker left: its tree goes (SGLang's router drops a removed worker's), so a worker that comes back
+        under its name, its cache empty, is not credited with the prompts sent before. Its load drains as the
+        requests still in flight there end."""
+        self._trees.pop(endpoint_id, None)
