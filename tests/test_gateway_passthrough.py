@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import httpx
 from inprocess_gateway import Scenario, counted, through_gateway
 from raw_endpoint import gateway_in_front, next_request
 
+from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
@@ -177,3 +178,55 @@ def test_the_models_list_goes_to_the_endpoint_with_the_clients_key() -> None:
     assert models.status_code == 200, models.text
     assert models.content == MODELS
     assert models.headers["x-request-id"] == "r1"  # its headers come back, as on every path sent on
+
+
+def models_answering(status: bytes) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """An endpoint answering every request but its scrapes with `status` (a models list when 200 OK)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while await next_request(reader, writer) is not None:
+                body = MODELS if status.startswith(b"200") else b'{"error":"engine dead"}'
+                head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                writer.write(head % (status, len(body)) + body)
+                await writer.drain()
+
+    return serve
+
+
+def models_through(statuses: Sequence[bytes]) -> httpx.Response:
+    """GET /v1/models through an in-process gateway in front of one hand-written endpoint per status, in order."""
+
+    async def go() -> httpx.Response:
+        servers = [await asyncio.start_server(models_answering(s), "127.0.0.1", 0) for s in statuses]
+        specs = [
+            f"127.0.0.1:{server.sockets[0].getsockname()[1]},name=e-{i},leadtime.io/accelerator=h100-sxm"
+            for i, server in enumerate(servers)
+        ]
+        gateway = Gateway(StaticDiscovery(parse_static(specs)), RoundRobinPolicy(), GatewaySettings())
+        await gateway.start()
+        try:
+            for _ in range(200):
+                if len(gateway.routable()) == len(servers):
+                    break
+                await asyncio.sleep(0.02)
+            transport = httpx.ASGITransport(app=gateway)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+                return await client.get("/v1/models")
+        finally:
+            await gateway.stop()
+            for server in servers:
+                server.close()
+
+    return asyncio.run(go())
+
+
+def test_the_models_list_comes_from_an_endpoint_that_can_answer_it() -> None:
+    """Regression: an endpoint whose engine had failed (a 500 or 503 to every path) answered the models list for
+    the whole fleet when it was listed first, although the next endpoint served it."""
+    assert models_through([b"503 Service Unavailable", b"200 OK"]).content == MODELS
+    assert models_through([b"500 Internal Server Error", b"200 OK"]).status_code == 200
+    failed = models_through([b"500 Internal Server Error", b"503 Service Unavailable"])
+    assert failed.status_code == 503 and failed.json() == {"error": "engine dead"}  # none could: the last answer
+    refused = models_through([b"401 Unauthorized", b"200 OK"])  # the client's own problem: passed on as it is
+    assert refused.status_code == 401

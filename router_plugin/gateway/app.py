@@ -883,12 +883,14 @@ class Gateway:
     async def _models(self, scope: Scope, send: Send) -> None:
         """Every endpoint serves the same models (as in an llm-d pool): the first that answers says which, asked
         with the client's headers as every path sent on is (an endpoint checking the client's key guards this one
-        too)."""
+        too). An endpoint answering a 5xx (its engine failed) leaves the question to the next; a 4xx is the
+        client's own (a key refused) and comes back as it is."""
         status = await self._first_models(scope, send)
         self.metrics.requests.labels("/v1/models", str(status)).inc()
 
     async def _first_models(self, scope: Scope, send: Send) -> int:
         forward = end_to_end(scope["headers"])
+        failed: tuple[int, bytes, bytes, list[tuple[bytes, bytes]]] | None = None
         for scrape in self.routable():
             e = scrape.endpoint
             try:
@@ -900,8 +902,14 @@ class Gateway:
             # its headers too: asked with the client's (an Accept-Encoding among them), the body may be encoded
             kept = [(k, v) for k, v in end_to_end(response.headers) if k.lower() != b"content-type"]
             content_type = response.header(b"content-type") or b"application/json"
+            if response.status >= 500:
+                failed = (response.status, body, content_type, kept)
+                continue
             await self._plain(send, response.status, body, content_type, kept)
             return response.status
+        if failed is not None:  # every endpoint that answered failed: the last failure, as it was
+            await self._plain(send, *failed)
+            return failed[0]
         await self._refuse(send, 503, "no endpoint can be routed to", "endpoints")
         return 503
 
