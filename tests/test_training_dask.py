@@ -161,3 +161,30 @@ def test_an_address_that_is_no_dask_scheduler_is_one_clear_error_in_time() -> No
         for connection in held:
             connection.close()
         listener.close()
+
+
+def test_an_address_answering_another_protocol_is_one_clear_error() -> None:
+    """`--dask` pointed at an HTTP server (the scheduler's dashboard on :8787, a Leadtime service): its answer to
+    distributed's handshake, read as a frame length, asked for exabytes, and the job ended in a MemoryError
+    traceback."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def answer_as_http() -> None:
+        connection = listener.accept()[0]
+        held.append(connection)
+        connection.recv(65536)
+        connection.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 11\r\n\r\nBad Request")
+
+    threading.Thread(target=answer_as_http, daemon=True).start()
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        with pytest.raises(DaskUnavailable, match=r"^tcp://127\.0\.0\.1:\d+ did not answer as a Dask scheduler \("):
+            connect(address, timeout_s=2.0)
+    finally:
+        for connection in held:
+            connection.close()
+        listener.close()

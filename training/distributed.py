@@ -61,6 +61,11 @@ def connect(address: str, timeout_s: float = 10.0) -> Any:
         err = failed[0]
         if isinstance(err, OSError | TimeoutError | ValueError):
             raise DaskUnavailable(f"cannot reach the Dask scheduler at {address}: {err}") from None
+        if isinstance(err, Exception):  # another protocol's answer read as Dask frames: a MemoryError for exabytes
+            raise DaskUnavailable(
+                f"{address} did not answer as a Dask scheduler ({type(err).__name__}: {str(err)[:120]}; is it the "
+                "scheduler's own address, tcp://HOST:8786?)"
+            ) from None
         raise err
     if not made:
         raise DaskUnavailable(
