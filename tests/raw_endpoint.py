@@ -22,6 +22,7 @@ METRICS = (
     b'vllm:gpu_cache_usage_perc{model_name="m"} 0.1\n'
 )
 STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 async def next_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes | None:
@@ -57,6 +58,33 @@ async def gateway_in_front(port: int, settings: GatewaySettings | None = None) -
         yield gateway
     finally:
         await gateway.stop()
+
+
+@contextlib.asynccontextmanager
+async def fleet_of(
+    handlers: dict[str, Handler], policy: Any, settings: GatewaySettings | None = None
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, dict[str, asyncio.Server]]]:
+    """An in-process gateway routing by `policy` in front of one hand-written endpoint per name in `handlers` (in
+    that order), once it has scraped them all; a client of it."""
+    servers = {name: await asyncio.start_server(h, "127.0.0.1", 0) for name, h in handlers.items()}
+    specs = [
+        f"127.0.0.1:{s.sockets[0].getsockname()[1]},name={name},leadtime.io/accelerator=h100-sxm"
+        for name, s in servers.items()
+    ]
+    gateway = Gateway(StaticDiscovery(parse_static(specs)), policy, settings or GatewaySettings())
+    await gateway.start()
+    try:
+        for _ in range(200):
+            if len(gateway.routable()) == len(specs):
+                break
+            await asyncio.sleep(0.02)
+        transport = httpx.ASGITransport(app=gateway)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+            yield gateway, client, servers
+    finally:
+        await gateway.stop()
+        for s in servers.values():
+            s.close()
 
 
 def post_through(

@@ -8,16 +8,16 @@ import contextlib
 import logging
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from raw_endpoint import STREAM_HEAD, next_request, write_endpoints
+from raw_endpoint import STREAM_HEAD, Handler, fleet_of, next_request, write_endpoints
 
 from leadtime.features.vllm_metrics import parse_samples
-from leadtime.router_plugin.discovery import FileDiscovery, StaticDiscovery, parse_static
+from leadtime.router_plugin.discovery import FileDiscovery
 from leadtime.router_plugin.gateway import upstream
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.gateway.metrics import STATUS_CLASSES
@@ -25,7 +25,6 @@ from leadtime.router_plugin.gateway.outliers import CONSECUTIVE_FAILURES, Outlie
 from leadtime.router_plugin.gateway.upstream import REQUEST_FAILURE_KINDS
 from leadtime.router_plugin.policy import Candidate, Pick, RouteRequest
 
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 ANSWER = b'data: {"choices":[{"index":0,"text":" ok"}]}\n\ndata: [DONE]\n\n'
 
 
@@ -74,30 +73,11 @@ def answers_garbage_stream(writer: asyncio.StreamWriter) -> None:
     writer.write(STREAM_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(garbage), garbage))
 
 
-@contextlib.asynccontextmanager
-async def fleet(
+def fleet(
     settings: GatewaySettings | None = None, **handlers: Handler
-) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, dict[str, Any]]]:
+) -> contextlib.AbstractAsyncContextManager[tuple[Gateway, httpx.AsyncClient, dict[str, Any]]]:
     """A gateway (picking `FirstByName`) in front of hand-written endpoints named as the keyword arguments."""
-    servers = {name: await asyncio.start_server(h, "127.0.0.1", 0) for name, h in handlers.items()}
-    specs = [
-        f"127.0.0.1:{s.sockets[0].getsockname()[1]},name={name},leadtime.io/accelerator=h100-sxm"
-        for name, s in servers.items()
-    ]
-    gateway = Gateway(StaticDiscovery(parse_static(specs)), FirstByName(), settings or GatewaySettings())  # type: ignore[arg-type]
-    await gateway.start()
-    try:
-        for _ in range(200):
-            if len(gateway.routable()) == len(specs):
-                break
-            await asyncio.sleep(0.02)
-        transport = httpx.ASGITransport(app=gateway)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
-            yield gateway, client, servers
-    finally:
-        await gateway.stop()
-        for s in servers.values():
-            s.close()
+    return fleet_of(handlers, FirstByName(), settings)
 
 
 async def post(client: httpx.AsyncClient, n: int) -> list[tuple[int, str]]:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import httpx
 from inprocess_gateway import Scenario, counted, through_gateway
-from raw_endpoint import gateway_in_front, next_request
+from raw_endpoint import Handler, fleet_of, gateway_in_front, next_request
 
-from leadtime.router_plugin.discovery import StaticDiscovery, parse_static
 from leadtime.router_plugin.gateway.app import Gateway, GatewaySettings
 from leadtime.router_plugin.heuristics import RoundRobinPolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest
@@ -180,7 +179,7 @@ def test_the_models_list_goes_to_the_endpoint_with_the_clients_key() -> None:
     assert models.headers["x-request-id"] == "r1"  # its headers come back, as on every path sent on
 
 
-def models_answering(status: bytes) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+def models_answering(status: bytes) -> Handler:
     """An endpoint answering every request but its scrapes with `status` (a models list when 200 OK)."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -198,25 +197,9 @@ def models_through(statuses: Sequence[bytes]) -> httpx.Response:
     """GET /v1/models through an in-process gateway in front of one hand-written endpoint per status, in order."""
 
     async def go() -> httpx.Response:
-        servers = [await asyncio.start_server(models_answering(s), "127.0.0.1", 0) for s in statuses]
-        specs = [
-            f"127.0.0.1:{server.sockets[0].getsockname()[1]},name=e-{i},leadtime.io/accelerator=h100-sxm"
-            for i, server in enumerate(servers)
-        ]
-        gateway = Gateway(StaticDiscovery(parse_static(specs)), RoundRobinPolicy(), GatewaySettings())
-        await gateway.start()
-        try:
-            for _ in range(200):
-                if len(gateway.routable()) == len(servers):
-                    break
-                await asyncio.sleep(0.02)
-            transport = httpx.ASGITransport(app=gateway)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
-                return await client.get("/v1/models")
-        finally:
-            await gateway.stop()
-            for server in servers:
-                server.close()
+        handlers = {f"e-{i}": models_answering(status) for i, status in enumerate(statuses)}
+        async with fleet_of(handlers, RoundRobinPolicy()) as (_, client, _):
+            return await client.get("/v1/models")
 
     return asyncio.run(go())
 
