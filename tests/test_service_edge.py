@@ -460,3 +460,35 @@ def test_every_metric_family_has_help_text_llmds_lines_too() -> None:
         assert families[name].type == "gauge", name
         assert f"# HELP {name} " in text
     assert 'model_type{type="lightgbm"} 1\n' in text and 'training_samples_count{model="ttft"} 0\n' in text
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers"),
+    [
+        ("DELETE", "/flush", {}),  # no Content-Type: a write path's 415
+        ("PUT", "/add_training_data_bulk", {"content-type": "text/plain"}),
+        ("PATCH", "/predict/bulk/strict", {"content-type": "text/plain"}),
+        ("POST", "/status", {"content-type": "text/plain"}),
+        ("PUT", "/predict", {"content-type": "application/json", "content-encoding": "gzip"}),
+    ],
+)
+def test_a_method_the_path_does_not_take_is_405_naming_the_ones_it_does(
+    method: str, path: str, headers: dict[str, str]
+) -> None:
+    """An operator's `curl -X DELETE /flush` was told its Content-Type was wrong (415), and `PUT` with a text body
+    the same: the edge judged the body before anything had said the path takes no such method. llm-d's server
+    answers 405 with `Allow`; so does this, before any body is looked at. With a token configured, too: a method the
+    path does not take changes nothing, so it needs no token to be told so."""
+    with TestClient(create_app(ServiceSettings(grpc_port=0, api_token="s3cret"))) as client:
+        answer = client.request(method, path, content=b"x", headers=headers)
+    assert answer.status_code == 405, answer.text
+    assert answer.headers["allow"], answer.headers
+    assert answer.json()["error"] == "Method Not Allowed"
+
+
+def test_a_method_the_path_does_not_take_is_405_even_with_a_body_over_the_limit() -> None:
+    with TestClient(create_app(ServiceSettings(grpc_port=0, max_body_bytes=1_000))) as client:
+        too_large = b" " * 2_000
+        wrong = client.put("/predict/bulk/strict", content=too_large, headers={"content-type": "application/json"})
+        right = client.post("/predict/bulk/strict", content=too_large, headers={"content-type": "application/json"})
+    assert (wrong.status_code, right.status_code) == (405, 413), (wrong.text, right.text)

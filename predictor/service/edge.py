@@ -274,13 +274,13 @@ class EdgeMiddleware:
             await _send_json(send_recording, 400, error_body(host_refusal(host_header(scope["headers"])), "host"))
         elif scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send_recording)
-        elif not json_content_type(_header(scope, b"content-type"), required=scope["path"] in self.writes):
-            await _send_json(send_recording, 415, _unsupported_type(_header(scope, b"content-type")))
-        elif _header(scope, b"content-encoding").strip().lower() not in ("", "identity"):
-            await _send_json(send_recording, 415, _unsupported_encoding(_header(scope, b"content-encoding")))
-        elif scope["path"] in self.writes and not self._authorized(scope):  # before the body, not after 16 MiB
-            path = self._body_route_of(scope) or scope["path"]
-            await _send_json(send_recording, 401, _TOKEN_NEEDED, [(b"www-authenticate", b"Bearer")])
+        elif (refusal := self._refusal(scope)) is not None and not _wrong_method(scope):
+            status, refused, headers = refusal
+            if status == 401:
+                path = self._body_route_of(scope) or scope["path"]
+            await _send_json(send_recording, status, refused, headers)
+        elif refusal is not None:  # the app answers 405 naming the methods the path takes, as llm-d's server does
+            await self.app(scope, receive, send_recording)
         else:
             body = await self._read_limited(scope, receive)
             if body is not None and scope["path"] in self.observation_paths and await _sender_gone(receive):
@@ -292,11 +292,27 @@ class EdgeMiddleware:
                 if answer is not None:
                     path = scope["path"]
                     await _send_json(send_recording, *answer)
+                elif body is None and _wrong_method(scope):
+                    await self.app(scope, receive, send_recording)  # 405: the app reads none of the body
                 elif body is None:
                     await self._too_large(send_recording)
                 else:
                     await self.app(scope, _replay(body, receive), send_recording)
         return path
+
+    def _refusal(self, scope: Scope) -> tuple[int, bytes, Sequence[tuple[bytes, bytes]]] | None:
+        """(status, body, headers) of a request refused before its body is read: a Content-Type that is not JSON
+        (or none, on a write path) or a compressed body 415, a write without the token 401 (before the body, not
+        after 16 MiB); None when the body may be read."""
+        content_type = _header(scope, b"content-type")
+        if not json_content_type(content_type, required=scope["path"] in self.writes):
+            return 415, _unsupported_type(content_type), ()
+        encoding = _header(scope, b"content-encoding")
+        if encoding.strip().lower() not in ("", "identity"):
+            return 415, _unsupported_encoding(encoding), ()
+        if scope["path"] in self.writes and not self._authorized(scope):
+            return 401, _TOKEN_NEEDED, [(b"www-authenticate", b"Bearer")]
+        return None
 
     def _record(self, scope: Scope, path: str | None, status: int, started: float) -> None:
         """Count and time a request under `path`, else its route, mount or body route, else "unmatched"."""
@@ -371,6 +387,23 @@ class EdgeMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _wrong_method(scope: Scope) -> bool:
+    """Whether the request's path is one of the app's but none of its routes takes the request's method.
+
+    Why it matters: such a request is answered 405 by the app (with `Allow`, as llm-d's server answers it), not
+    refused for its body or token by the edge, which would name a problem the caller does not have (`curl -X
+    DELETE /flush` was told its Content-Type was missing). It changes nothing, so it needs no token. Looked at only
+    when the edge would refuse a request: the routes are not walked on the hot paths."""
+    routes = scope["app"].router.routes
+    partial = False
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return False
+        partial = partial or match is Match.PARTIAL
+    return partial
 
 
 def error_body(message: str, field: str) -> bytes:
