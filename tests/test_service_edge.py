@@ -492,3 +492,13 @@ def test_a_method_the_path_does_not_take_is_405_even_with_a_body_over_the_limit(
         wrong = client.put("/predict/bulk/strict", content=too_large, headers={"content-type": "application/json"})
         right = client.post("/predict/bulk/strict", content=too_large, headers={"content-type": "application/json"})
     assert (wrong.status_code, right.status_code) == (405, 413), (wrong.text, right.text)
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/status", "/metrics"])
+def test_a_405_on_a_probe_path_names_get_among_the_methods_it_takes(path: str) -> None:
+    """These paths take HEAD beside GET (load balancers probe with it) through a route of its own, and a 405 named
+    only that one (`Allow: HEAD`): an operator told to use HEAD for /status, /metrics."""
+    with TestClient(create_app(ServiceSettings(grpc_port=0))) as client:
+        answer = client.post(path, json={})
+        assert answer.status_code == 405 and "GET" in answer.headers["allow"].split(", "), answer.headers
+        assert client.head(path).status_code == 200 and client.get(path).status_code == 200

@@ -32,13 +32,16 @@ async def root(runtime: Runtime) -> dict[str, Any]:
     }
 
 
+# Load balancers and `curl -I` probe with HEAD. Each HEAD decorator sits above its GET one, so that the GET route is
+# registered first: a 405 names the methods of the first route with the path, which would otherwise be HEAD alone.
+@router.head("/healthz", include_in_schema=False)
 @router.get("/healthz", summary="The process is alive.")
-@router.head("/healthz", include_in_schema=False)  # load balancers and `curl -I` probe with HEAD
 async def healthz() -> dict[str, str]:
     """The process is alive."""
     return {"status": "ok"}
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get(
     "/readyz",
     responses={
@@ -47,7 +50,6 @@ async def healthz() -> dict[str, str]:
     },
     summary="200 while predictions can be served (naming anything degraded), else 503.",
 )
-@router.head("/readyz", include_in_schema=False)
 async def readyz(runtime: Runtime) -> JSONResponse:
     """Readiness is about answering predictions. A Redis outage or a refused model degrades learning and
     sharing, not serving: answering 503 then would make Kubernetes pull every replica out of rotation at once
@@ -62,8 +64,8 @@ async def readyz(runtime: Runtime) -> JSONResponse:
     return JSONResponse(body, status_code=503)
 
 
-@router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
 @router.head("/status", include_in_schema=False)
+@router.get("/status", summary="llm-d's status answer, plus Leadtime's model and store state.")
 async def status(runtime: Runtime) -> dict[str, Any]:
     """llm-d's status answer, plus Leadtime's model and store state."""
     predictor = runtime.predictor
@@ -95,10 +97,10 @@ async def status(runtime: Runtime) -> dict[str, Any]:
     return answer
 
 
+@router.head("/metrics", include_in_schema=False)
 @router.get(
     "/metrics", responses=content_of("text/plain", "Prometheus text format."), summary="Prometheus text format."
 )
-@router.head("/metrics", include_in_schema=False)
 async def metrics(runtime: Runtime) -> Response:
     """Prometheus text: Leadtime's metrics, plus llm-d's training-server lines in the training role."""
     # In a worker thread: the trees' importances (LightGBM parses a tree loaded as text on first use) and the
