@@ -10,6 +10,7 @@ request models ignore unknown fields.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +32,9 @@ from leadtime.predictor.service.schemas import (
 )
 
 router = APIRouter(tags=["llm-d prediction"])
+
+# Rows of a /predict/bulk call with a bad row checked between two turns of the event loop: ~3 ms of row checks.
+_SLICE = 64
 
 
 def _served(runtime: ServiceRuntime, batch: FeatureBatch) -> tuple[list[float], list[float]]:
@@ -108,15 +112,16 @@ async def predict_bulk_strict(request: Request, runtime: ReadyRuntime) -> Respon
     return Response(strict_answer(runtime, parsed, started), media_type="application/json")
 
 
-def check_llmd_schema(runtime: ServiceRuntime, rows: list[Any]) -> None:
+def check_llmd_schema(runtime: ServiceRuntime, rows: list[Any], first: int = 0) -> None:
     """A row that fails llm-d's request schema (a required field missing, a value of the wrong type or out of its
     range) fails the whole call with 422, as llm-d's request model does; `/predict/bulk`'s per-row errors are for
     rows that pass it but cannot be predicted (Leadtime's extras: an unknown accelerator class, say).
 
     The refusal is worded as the other paths word it (`RowParser`'s check of that field), so that a row reads the
     same on /predict/bulk as on /predict/bulk/strict; pydantic's words (naming a class no client sees) are kept only
-    when that check finds no fault in the field llm-d's schema refused."""
-    for i, row in enumerate(rows):
+    when that check finds no fault in the field llm-d's schema refused. `first`: the index of `rows[0]` in the
+    call's rows, for naming a bad one when they are checked a slice at a time."""
+    for i, row in enumerate(rows, first):
         try:
             LlmdRow.model_validate(row)
         except ValidationError as err:
@@ -130,6 +135,24 @@ def check_llmd_schema(runtime: ServiceRuntime, rows: list[Any]) -> None:
             raise refused.under(f"requests[{i}]") from None
 
 
+async def _check_rows(runtime: ServiceRuntime, rows: list[Any]) -> tuple[list[int], list[dict[str, Any]]]:
+    """(indices of the rows that can be predicted, an error entry per row that cannot), a slice of rows at a time;
+    FeatureError (422 for the whole call) at the first row llm-d's schema refuses."""
+    good: list[int] = []
+    errors: list[dict[str, Any]] = []
+    for first in range(0, len(rows), _SLICE):
+        if first:
+            await asyncio.sleep(0)
+        check_llmd_schema(runtime, rows[first : first + _SLICE], first)
+        for i in range(first, min(first + _SLICE, len(rows))):
+            try:
+                runtime.parser.parse_one(rows[i])
+                good.append(i)
+            except FeatureError as err:
+                errors.append({"index": i, "error": str(err.under(f"requests[{i}]"))})
+    return good, errors
+
+
 @router.post(
     "/predict/bulk",
     response_model=BulkPredictAnswer,
@@ -138,21 +161,24 @@ def check_llmd_schema(runtime: ServiceRuntime, rows: list[Any]) -> None:
     "predicted get an error entry and a null prediction.",
 )
 async def predict_bulk(request: Request, runtime: ReadyRuntime) -> Response:
-    """Predict every valid row; bad rows get an error entry and a null prediction."""
+    """Predict every valid row; bad rows get an error entry and a null prediction.
+
+    A call whose rows are all good (the usual one) is checked a column at a time, as /predict/bulk/strict checks
+    it; only one with a bad row is checked row by row, a slice at a time with a turn of the event loop between
+    slices: row by row, 10,000 rows take ~0.5 s, which every other call (the router's) waited for."""
     started = time.perf_counter()
     rows = list_field(await json_body(request), "requests", 1, runtime.settings.max_rows)
-    check_llmd_schema(runtime, rows)
-    good: list[int] = []
     errors: list[dict[str, Any]] = []
-    for i, row in enumerate(rows):
-        try:
-            runtime.parser.parse_one(row)
-            good.append(i)
-        except FeatureError as err:
-            errors.append({"index": i, "error": str(err.under(f"requests[{i}]"))})
+    try:  # a row Leadtime's checks take, llm-d's schema takes too (it reads values more laxly)
+        parsed: FeatureBatch | None = runtime.parser.parse(rows, "requests")
+        good = list(range(len(rows)))
+    except FeatureError:
+        parsed = None
+        good, errors = await _check_rows(runtime, rows)
     predictions: list[dict[str, Any] | None] = [None] * len(rows)
     if good:
-        parsed = runtime.parser.parse([rows[i] for i in good], "requests")
+        if parsed is None:
+            parsed = runtime.parser.parse([rows[i] for i in good], "requests")
         ttft, tpot = _served(runtime, parsed)
         for i, answer in zip(good, _answers(runtime, ttft, tpot), strict=True):
             predictions[i] = answer
