@@ -25,6 +25,14 @@ from typing import Protocol, runtime_checkable
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import MAX_COUNT, EndpointState, FeatureRow, RequestFeatures, check_count, check_real
 
+MIN_SLO_MS = 0.001
+"""The smallest SLO (TTFT or ITL, ms) a request may have: a microsecond, far below any latency an endpoint
+reaches. The decode-harm ledger sums 1 / ITL SLO over the requests in flight on an endpoint
+(`decoding.DecodingLedger`): `1e-320` made that sum infinite, then NaN when its request completed, and every later
+pick offered that endpoint raised IndexError while anything else was in flight there; `1e-300` swamped the other
+requests' share of the sum, which came back negative. The gateway's SLO headers and options, the simulator's
+options and a fleet's SLO classes are refused below it, naming it."""
+
 
 class NoCandidateError(ValueError):
     """No endpoint can serve the request (empty fleet, or a P/D fleet missing one of the roles)."""
@@ -60,15 +68,15 @@ class RouteRequest:
         >>> RouteRequest("r", 100, ttft_slo_ms=float("nan"))
         Traceback (most recent call last):
         ...
-        leadtime.features.errors.FeatureError: ttft_slo_ms: must be a number > 0 (inf: none), got nan
+        leadtime.features.errors.FeatureError: ttft_slo_ms: must be a number of at least 0.001 ms (inf: none), got nan
         >>> RouteRequest("r", 100, ttft_slo_ms=float("inf")).ttft_slo_ms is None
         True
         """
         check_count("input_tokens", self.input_tokens)
         for name in ("ttft_slo_ms", "tpot_slo_ms"):
             slo = getattr(self, name)
-            if slo is not None and (isinstance(slo, bool) or not isinstance(slo, Real) or not float(slo) > 0):
-                raise FeatureError(name, f"must be a number > 0 (inf: none), got {slo!r}")
+            if slo is not None and (isinstance(slo, bool) or not isinstance(slo, Real) or not float(slo) >= MIN_SLO_MS):
+                raise FeatureError(name, f"must be a number of at least {MIN_SLO_MS} ms (inf: none), got {slo!r}")
             if slo is not None and math.isinf(slo):
                 object.__setattr__(self, name, None)
         check_real("arrival_ms", self.arrival_ms, -math.inf)

@@ -37,6 +37,7 @@ from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.catalog_file import CATALOG_HINT
 from leadtime.features.errors import FeatureError, field_path, validation_problem
 from leadtime.features.roofline import decode_step_ms
+from leadtime.router_plugin.policy import MIN_SLO_MS
 from leadtime.yaml_text import Integer, Real, read_yaml_file
 
 
@@ -136,8 +137,8 @@ class PoolSpec(BaseModel):
 class SloClassSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     share: Real = Field(default=1.0, gt=0, allow_inf_nan=False)
-    ttft_ms: Real = Field(gt=0)
-    itl_ms: Real = Field(gt=0)
+    ttft_ms: Real = Field(ge=MIN_SLO_MS)
+    itl_ms: Real = Field(ge=MIN_SLO_MS)
 
 
 class RealismSpec(BaseModel):

@@ -322,6 +322,23 @@ def test_simulate_refuses_non_finite_options(trace: Path, option: str, value: st
     refused(["simulate", "--fleet", "homogeneous", "--trace", str(trace), option, value], option)
 
 
+@pytest.mark.parametrize("option", ["--ttft-slo-ms", "--itl-slo-ms"])
+def test_simulate_refuses_an_slo_below_a_microsecond(trace: Path, tmp_path: Path, option: str) -> None:
+    """`--itl-slo-ms 1e-320` (on a fleet stating no SLO classes) ended in a traceback: its 1 / SLO, infinite, left
+    NaN in the in-flight ledger, and a later decision raised IndexError."""
+    fleet = tmp_path / "plain.yaml"
+    fleet.write_text(POOL)
+    refused(["simulate", "--fleet", str(fleet), "--trace", str(trace), option, "1e-320"], option, "0.001")
+
+
+@pytest.mark.parametrize("field", ["ttft_ms", "itl_ms"])
+def test_a_fleet_slo_class_below_a_microsecond_is_refused_naming_it(trace: Path, tmp_path: Path, field: str) -> None:
+    fleet = tmp_path / "tiny.yaml"
+    slo = {"ttft_ms": 1000, "itl_ms": 50, field: "1.0e-320"}
+    fleet.write_text(POOL + f"slos:\n  - {{ttft_ms: {slo['ttft_ms']}, itl_ms: {slo['itl_ms']}}}\n")
+    refused(["simulate", "--fleet", str(fleet), "--trace", str(trace)], f"slos[0].{field}", "0.001")
+
+
 def test_simulate_takes_an_infinite_slo_as_no_slo(trace: Path) -> None:
     args = ["simulate", "--fleet", "homogeneous", "--trace", str(trace), "--ttft-slo-ms", "inf", "--json"]
     result = runner.invoke(app, args)

@@ -88,6 +88,23 @@ def test_a_long_slo_header_is_not_echoed_whole(value: str, shown: str) -> None:
     assert shown in message and len(message) < 200, message
 
 
+@pytest.mark.parametrize("header", [TTFT, TPOT])
+@pytest.mark.parametrize("value", ["1e-320", "1e-300", "0.0009"])
+def test_an_slo_header_below_a_microsecond_is_422_naming_it(header: str, value: str) -> None:
+    """`x-llm-d-slo-tpot-ms: 1e-320` was routed: its 1 / SLO, infinite, stayed in the in-flight ledger of its
+    endpoint as NaN once it completed, and every later decision offered that endpoint raised IndexError
+    (`policy_error` fallbacks, a traceback each) while anything was in flight there."""
+    response = post("/v1/completions", b'{"prompt": "hi"}', [(header, value)])
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == header
+    assert "0.001" in response.json()["error"]["message"] and value in response.json()["error"]["message"]
+
+
+def test_an_slo_header_of_a_microsecond_is_taken() -> None:
+    parsed = parse_request("/v1/completions", b'{"prompt": "hi"}', {TTFT.encode(): b"0.001", TPOT.encode(): b"0.001"})
+    assert (parsed.ttft_slo_ms, parsed.tpot_slo_ms) == (0.001, 0.001)
+
+
 def test_the_picks_counters_help_says_a_pd_request_counts_twice() -> None:
     """It said "Routing decisions", while on P/D a request counts on its prefill and on its decode endpoint."""
     from leadtime.router_plugin.gateway.metrics import GatewayMetrics
@@ -548,6 +565,8 @@ def route(*args: str) -> tuple[int, str]:
     [
         (["--ttft-slo-ms", "nan"], "--ttft-slo-ms"),
         (["--tpot-slo-ms", "inf"], "--tpot-slo-ms"),
+        (["--ttft-slo-ms", "1e-320"], "--ttft-slo-ms must be at least 0.001"),
+        (["--tpot-slo-ms", "0.0001"], "--tpot-slo-ms must be at least 0.001"),
         (["--scrape-interval-ms", "nan"], "--scrape-interval-ms"),
         (["--scrape-interval-ms", "inf"], "--scrape-interval-ms"),
         (["--unroutable-after-s", "nan"], "--unroutable-after-s"),

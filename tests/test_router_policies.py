@@ -186,3 +186,12 @@ def test_an_infinite_slo_is_no_slo() -> None:
     request = RouteRequest("r", 10, ttft_slo_ms=float("inf"), tpot_slo_ms=float("inf"))
     assert (request.ttft_slo_ms, request.tpot_slo_ms) == (None, None)
     assert RouteRequest("r", 10, ttft_slo_ms=float("inf"), tpot_slo_ms=50.0).ttft_slo_ms is None
+
+
+@pytest.mark.parametrize("field", ["ttft_slo_ms", "tpot_slo_ms"])
+def test_an_slo_below_a_microsecond_is_refused_naming_it(field: str) -> None:
+    """`tpot_slo_ms=1e-320` was taken: 1 / SLO is infinite, and the in-flight ledger's sum of them turned NaN when
+    the request completed, after which every pick offered its endpoint raised IndexError."""
+    with pytest.raises(FeatureError, match=f"^{field}: must be a number of at least 0.001"):
+        RouteRequest("r", 10, **{field: 1e-320})  # type: ignore[arg-type]
+    assert getattr(RouteRequest("r", 10, **{field: 0.001}), field) == 0.001  # type: ignore[arg-type]

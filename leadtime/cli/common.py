@@ -181,6 +181,15 @@ def positive(option: str, value: float, infinite: bool = False) -> None:
         fail(f"{option} must be > 0{'' if infinite else ' and finite'}, got {value}")
 
 
+def slo_option(option: str, value: float, infinite: bool = False) -> None:
+    """Fail unless `value` is an SLO a request may have: `positive`, and at least `policy.MIN_SLO_MS`."""
+    from leadtime.router_plugin.policy import MIN_SLO_MS
+
+    positive(option, value, infinite)
+    if value < MIN_SLO_MS:
+        fail(f"{option} must be at least {MIN_SLO_MS} (ms), got {value}")
+
+
 def seed_option(seed: int) -> None:
     """Fail unless `seed` is one the policies and generators take (0 to 2**53, `check_count`'s bound): above it,
     a policy refused it naming its own field, `seed`, not the option."""

@@ -19,6 +19,7 @@ from leadtime.cli.common import (
     hardware_options,
     positive,
     refuse_blank_variables,
+    slo_option,
     warn,
 )
 
@@ -263,13 +264,14 @@ def route(
         ("--pull-interval-s", pull_interval_s),
         ("--scrape-interval-ms", scrape_interval_ms),
         ("--unroutable-after-s", unroutable_after_s),
-        ("--ttft-slo-ms", ttft_slo_ms),
-        ("--tpot-slo-ms", tpot_slo_ms),
         ("--drain-s", drain_s),
         ("--upstream-timeout-s", upstream_timeout_s),
     ):
         if value is not None:
             positive(name, value)
+    for name, slo in (("--ttft-slo-ms", ttft_slo_ms), ("--tpot-slo-ms", tpot_slo_ms)):
+        if slo is not None:
+            slo_option(name, slo)
     refuse_blank_variables(  # a flag given wins over its variable, which then does not matter
         *(["LEADTIME_API_TOKEN"] if api_token is None else []),
         *([KEYS_VARIABLE] if not api_key else []),

@@ -26,6 +26,7 @@ from leadtime.cli.common import (
     remove_if_empty,
     seed_option,
     sim_app,
+    slo_option,
     warn,
 )
 from leadtime.data import SPLITWISE
@@ -95,8 +96,8 @@ def simulate(
         fail("--max-requests must be ≥ 1")
     positive("--rate-scale", rate_scale)
     seed_option(seed)
-    positive("--ttft-slo-ms", ttft_slo_ms, infinite=True)  # infinite: no SLO
-    positive("--itl-slo-ms", itl_slo_ms, infinite=True)
+    slo_option("--ttft-slo-ms", ttft_slo_ms, infinite=True)  # infinite: no SLO
+    slo_option("--itl-slo-ms", itl_slo_ms, infinite=True)
     if out is not None:
         _no_earlier_run(out)
         made = output_dir(out)  # removed on the way out (Ctrl-C, an error) if nothing was written

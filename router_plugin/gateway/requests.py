@@ -20,6 +20,7 @@ import orjson
 
 from leadtime.router_plugin.gateway.assemble import streamed_body
 from leadtime.router_plugin.gateway.stream import USAGE_ASKED
+from leadtime.router_plugin.policy import MIN_SLO_MS
 
 SLO_TTFT_HEADER = b"x-llm-d-slo-ttft-ms"
 SLO_TPOT_HEADER = b"x-llm-d-slo-tpot-ms"
@@ -80,8 +81,10 @@ def _slo(headers: Mapping[bytes, bytes], name: bytes, default: float | None) -> 
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise BadRequest(422, name.decode(), f"must be a number of milliseconds > 0, got {_shown(raw)}")
+    if not math.isfinite(value) or not value >= MIN_SLO_MS:
+        raise BadRequest(
+            422, name.decode(), f"must be a number of milliseconds, at least {MIN_SLO_MS}, got {_shown(raw)}"
+        )
     return value
 
 
