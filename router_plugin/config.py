@@ -29,7 +29,7 @@ a weight add their weighted scores to its score on unified fleets (on P/D fleets
 latency scorer alone). A profile without it is llm-d's heuristic pipeline. Every mistake is a `ConfigError`
 naming the field; what loads but has no effect (llm-d's keys and parameters Leadtime does not act on, a weight on
 a filter or picker, a parameter its `disaggregation` mode or another setting overrides, inflight-accounting beside
-heuristic scorers alone) is in `PickerConfig.warnings`, a line each.
+heuristic scorers alone, a plugin listed in no profile) is in `PickerConfig.warnings`, a line each.
 """
 
 from __future__ import annotations
@@ -403,6 +403,12 @@ def parse_config(data: object) -> PickerConfig:
                 f"schedulingProfiles[{i}]: profile {profile.name!r} has no scorer weighing above 0 "
                 f"({', '.join(SCORER_TYPES)}): its picker would pick at random"
             )
+    listed_anywhere = {e.plugin_ref for profile in config.scheduling_profiles for e in profile.plugins}
+    notes.extend(
+        f"plugins[{i}]: {spec.ref!r} is listed in no scheduling profile, so it has no effect"
+        for i, spec in enumerate(config.plugins)
+        if spec.ref not in listed_anywhere and spec.type not in LLMD_STRUCTURAL  # llm-d's handlers are not listed
+    )
     if not any(weight > 0 for weight in config.fallback.weights.values()):
         raise ConfigError("fallback.weights: at least one weight must be above 0 (with none, fallbacks pick at random)")
     return config

@@ -620,3 +620,21 @@ def test_inflight_accounting_in_a_profile_without_the_latency_scorer_is_warned_a
 def test_the_shipped_config_warns_of_nothing() -> None:
     assert load_config(SHIPPED).warnings == []
     assert parse_config(latency({"disaggregation": "decode-first", "disaggregateMinTokens": 64})).warnings == []
+
+
+def test_a_plugin_in_no_profile_is_warned_about() -> None:
+    """A scorer defined under `plugins` and listed in no profile (its `pluginRef` forgotten) loaded and did nothing,
+    without a word; llm-d's profile handlers, which its profiles never list, are not warned about for that."""
+    config = {
+        "plugins": [
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer", "name": "kv"},
+            {"type": "single-profile-handler"},
+            {"type": "timeslice-filter", "parameters": {"servingJob": "serve"}},
+        ],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "queue-scorer"}]}],
+    }
+    assert parse_config(config).warnings == [
+        "plugins[1]: 'kv' is listed in no scheduling profile, so it has no effect",
+        "plugins[3]: 'timeslice-filter' is listed in no scheduling profile, so it has no effect",
+    ]
