@@ -248,7 +248,7 @@ class ProfilePlugin(_Model):
 
 
 class ProfileSpec(_Model):
-    name: str = "default"
+    name: str = Field(default="default", min_length=1)
     plugins: list[ProfilePlugin] = Field(min_length=1)
 
 

@@ -638,3 +638,13 @@ def test_a_plugin_in_no_profile_is_warned_about() -> None:
         "plugins[1]: 'kv' is listed in no scheduling profile, so it has no effect",
         "plugins[3]: 'timeslice-filter' is listed in no scheduling profile, so it has no effect",
     ]
+
+
+def test_a_profile_named_with_nothing_is_refused_naming_it() -> None:
+    """`name: ''` loaded, and the gateway then stopped with "no profile named 'default' (profiles: )"."""
+    config = {
+        "plugins": [{"type": "queue-scorer"}],
+        "schedulingProfiles": [{"name": "", "plugins": [{"pluginRef": "queue-scorer"}]}],
+    }
+    with pytest.raises(ConfigError, match=r"^schedulingProfiles\[0\]\.name: String should have at least 1 character"):
+        parse_config(config)
