@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from leadtime.features.rows import MAX_PREDICTED_MS
 from leadtime.router_plugin.scorers.latency import (
     FEASIBLE,
     latency_scores,
@@ -60,10 +61,12 @@ class PairChoice:
 
 
 def _pair_ttft(p: PairPredictions, now_ms: float, ttft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(TTFT[p, d], wait[p, d]) of every pair for prefill TTFTs `ttft`."""
+    """(TTFT[p, d], wait[p, d]) of every pair for prefill TTFTs `ttft`. Kept within `MAX_PREDICTED_MS`, the most a
+    prediction says: a prefill predicted at that bound (an overflow, as the service serves it) plus its transfer
+    would be refused with the request's outcome (`Observation`)."""
     ready = now_ms + ttft[:, None]
     wait = np.maximum(0.0, p.link_free_ms[None, :] - ready)
-    return ttft[:, None] + wait + p.transfer_ms[None, :], wait
+    return np.minimum(ttft[:, None] + wait + p.transfer_ms[None, :], MAX_PREDICTED_MS), wait
 
 
 def _scores(

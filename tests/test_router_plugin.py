@@ -828,6 +828,18 @@ def test_a_prediction_at_the_bound_stays_there_with_the_swap_out_risk_and_its_ou
     assert policy.counters.learned == 1 and model.told[0].predicted_ttft_ms == MAX_PREDICTED_MS
 
 
+def test_a_pairs_prediction_at_the_bound_stays_there_with_its_transfer_and_its_outcome_is_learned() -> None:
+    """Regression: a P/D pair's TTFT is its prefill's plus the KV transfer; with the prefill predicted at
+    `MAX_PREDICTED_MS` (an overflow, as the service serves it) the pair passed the bound, and the outcome's `observe`
+    raised FeatureError (`simulate` stopped there, naming no setting)."""
+    model = AtTheBound()
+    policy = LeadtimePolicy(model, LeadtimeConfig(exploration=0.0, local_prefill=False, kv_link_gb_s=10.0))
+    pick = policy.pick(req("r1", tokens=4000, at=10.0), [cand("p0", role="prefill"), cand("d0", role="decode")])
+    assert pick.predicted_ttft_ms == MAX_PREDICTED_MS
+    policy.observe(Outcome("r1", "p0", "d0", 120.0, 11.0, 8, 900.0))
+    assert policy.counters.learned == 2
+
+
 def test_non_resident_endpoints_are_filtered_out() -> None:
     source = Groups({"rl": GroupStatus("LOCKED", "training", "training", 1, 0.0)})
     policy = LeadtimePolicy(QueueModel(), LeadtimeConfig(exploration=0.0), timeslice_source=source)
