@@ -1,9 +1,9 @@
 """YAML as users write it: the files they hand to Leadtime (fleets, plugin configurations, discovery, time-slice
 states). PyYAML keeps the last of a key written twice, so `count: 2` followed further down by `count: 3` would run
 with 3 and say nothing; here it is an error naming where. `yaml_problem` says what is wrong in one line, for every
-file a user hands over alike. `Real` and `Integer` are the numbers of such files as pydantic fields: what YAML
-gives for them, taken as its author meant it (a boolean or a quoted number is not one). Imports nothing else of
-Leadtime's.
+file a user hands over alike. `Real`, `Integer` and `Boolean` are the numbers and switches of such files as
+pydantic fields: what YAML gives for them, taken as its author meant it (a boolean or a quoted number is not a
+number, a number or a quoted word not a switch). Imports nothing else of Leadtime's.
 """
 
 from __future__ import annotations
@@ -143,3 +143,5 @@ Real = Annotated[float, BeforeValidator(yaml_number)]
 Integer = Annotated[int, Strict()]
 """An integer field of a user's YAML file: an integer as written (`count: true` was taken as 1, `"8"` as 8, `2.5`
 refused only for its fraction)."""
+Boolean = Annotated[bool, Strict()]
+"""A switch of a user's YAML file: true or false as written (pydantic read a quoted `'no'` as false and `1` as true)."""

@@ -50,7 +50,7 @@ from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.router_plugin.scorers.latency import OVERFLOW_CHOICES
 from leadtime.router_plugin.scorers.load import kv_utilization_scorer, prefix_cache_scorer, queue_scorer
 from leadtime.router_plugin.timeslice import SERVING_JOB
-from leadtime.yaml_text import Integer, Real, read_yaml_file
+from leadtime.yaml_text import Boolean, Integer, Real, read_yaml_file
 
 HEURISTIC_SCORERS = {
     "prefix-cache-scorer": prefix_cache_scorer,
@@ -105,12 +105,12 @@ class LatencyParameters(_Model):
     overflow_endpoints: list[str] = Field(default=[], alias="overflowEndpoints")
     hold_slo_multiple: Real = Field(default=0.0, ge=0.0, alias="holdSloMultiple")
     disaggregation: Literal["joint", "decode-first"] = "joint"
-    local_prefill: bool = Field(default=True, alias="localPrefill")
-    decode_harm: bool = Field(default=True, alias="decodeHarm")
+    local_prefill: Boolean = Field(default=True, alias="localPrefill")
+    decode_harm: Boolean = Field(default=True, alias="decodeHarm")
     local_prefill_itl_share: Real = Field(default=0.5, gt=0.0, le=1.0, alias="localPrefillItlShare")
     disaggregate_min_tokens: Integer = Field(default=16, ge=0, le=MAX_COUNT, alias="disaggregateMinTokens")
     kv_link_gb_s: Real = Field(default=25.0, gt=0, alias="kvLinkGbS")
-    hardware: bool = True
+    hardware: Boolean = True
     seed: Integer | None = Field(default=None, ge=0, le=MAX_COUNT)  # unset: the seed the caller gives
 
     @field_validator("overflow")

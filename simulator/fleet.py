@@ -28,9 +28,9 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from leadtime.data import DataFileError, resolve
 from leadtime.features.catalog import BUILT_IN, Catalog
@@ -38,7 +38,7 @@ from leadtime.features.catalog_file import CATALOG_HINT
 from leadtime.features.errors import FeatureError, field_path, validation_problem
 from leadtime.features.roofline import decode_step_ms
 from leadtime.router_plugin.policy import MIN_SLO_MS
-from leadtime.yaml_text import Integer, Real, read_yaml_file
+from leadtime.yaml_text import Boolean, Integer, Real, read_yaml_file
 
 
 class FleetError(ValueError):
@@ -116,7 +116,7 @@ class PoolSpec(BaseModel):
     max_num_seqs: Integer = Field(default=256, ge=1)
     block_size: Integer = 16
     gpu_memory_utilization: Real = Field(default=0.9, gt=0, le=1)
-    cuda_graphs: Annotated[bool, Strict()] = True
+    cuda_graphs: Boolean = True
     join_at_s: Real = Field(default=0.0, ge=0)
     """A scale-out: the pool's endpoints start empty at this time and are offered to routers from then on."""
     join_at_share: Real = Field(default=0.0, ge=0, lt=1)

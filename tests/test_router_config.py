@@ -648,3 +648,18 @@ def test_a_profile_named_with_nothing_is_refused_naming_it() -> None:
     }
     with pytest.raises(ConfigError, match=r"^schedulingProfiles\[0\]\.name: String should have at least 1 character"):
         parse_config(config)
+
+
+@pytest.mark.parametrize("key", ["hardware", "localPrefill", "decodeHarm"])
+@pytest.mark.parametrize("value", ["no", "false", 0, 1, "yes"])
+def test_a_switch_that_is_not_true_or_false_is_refused_naming_it(key: str, value: object) -> None:
+    """A switch written `'no'` or `1` was read as pydantic reads it (a quoted 'no' is False, 1 is True), where a fleet
+    file's switch must be true or false: one file's `hardware: 'no'` ran with the feature off, another's refused."""
+    config = {
+        "plugins": [{"type": "predicted-latency-scorer", "parameters": {key: value}}],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
+    }
+    with pytest.raises(ConfigError, match=re.escape(f"plugins[0].parameters.{key}: ")):
+        parse_config(config)
+    config["plugins"][0]["parameters"][key] = False  # type: ignore[index]
+    parse_config(config)
