@@ -47,6 +47,7 @@ log = logging.getLogger("leadtime.service")
 
 CURSOR_KEY = "stream_cursor"  # artifact metadata: the observation-stream position the model has learned to
 STREAM_KEY = "stream"  # artifact metadata: which stream that position is in (`Store.stream_name`)
+REACHED_KEY = "stream_reached"  # artifact metadata: where it stopped learning a stream that lost what it held
 # Artifact metadata: the rows the model has learned over its life, whichever process or replica learned them (it
 # travels with the model through publications, adoptions and --model-dir).
 LEARNED_ROWS_KEY = "learned_rows"

@@ -44,6 +44,7 @@ from leadtime.predictor.model_pull import ModelPull
 from leadtime.predictor.service.cpus import allowed_cpus, plan_cpus
 from leadtime.predictor.service.learning import (
     CURSOR_KEY,
+    REACHED_KEY,
     STREAM_KEY,
     ChildSetup,
     LearnerProcess,
@@ -119,6 +120,11 @@ class ServiceRuntime:
         # Stream positions: how far batches were forwarded to the learner, and how far the serving model goes.
         self._cursor = "0"
         self._served_cursor = "0"
+        # Where the serving lineage stopped learning a stream that lost what it held (Redis restarted without
+        # persistence, or flushed): the rows after it there are gone, though the new stream's positions follow on.
+        # None: it never crossed such a loss. `_stream_losses_seen` is the store's count of them at the last read.
+        self._reached: str | None = None
+        self._stream_losses_seen = 0
         # Adoptions of published models (and learner restarts) start a new epoch; older snapshots are ignored.
         self._epoch = 0
         self._report: LearnerReport | None = None
@@ -595,6 +601,7 @@ class ServiceRuntime:
                 for t in ("ttft", "tpot")
             )
             if accepted and self.holds_lease:
+                artifact = self._with_reached(artifact)
                 with self._swap_lock:  # never interleaved with a retry of an older model's publication
                     self._unpublished = artifact  # until the store has it
                     self._publish_artifact(artifact)
@@ -609,6 +616,17 @@ class ServiceRuntime:
         except Exception as err:  # never let a publication problem stop the receiver (a bug: keep its traceback)
             self._retrain_error = f"{type(err).__name__}: {err}"
             log.exception("after-retrain publication failed")
+
+    def _with_reached(self, artifact: bytes) -> bytes:
+        """A retrained model's artifact (the learner's, which knows nothing of lost streams) with `_reached` stamped
+        as `_stamp_reached` says; decoded and encoded again only when that changes it."""
+        if self._reached is None and REACHED_KEY.encode() not in artifact:
+            return artifact
+        state = decode(artifact)
+        metadata = state.setdefault("metadata", {})
+        before = metadata.get(REACHED_KEY)
+        self._stamp_reached(metadata)
+        return artifact if metadata.get(REACHED_KEY) == before else encode(state)
 
     def _retry_publication(self) -> None:
         """Publish the retrained model an outage kept from the store, so that the other replicas get it; and the
@@ -687,6 +705,16 @@ class ServiceRuntime:
         """Record in `predictor` how far into which stream it has learned (its learner's snapshots keep both)."""
         predictor.metadata[CURSOR_KEY] = self._served_cursor
         predictor.metadata[STREAM_KEY] = self.store.stream_name
+        self._stamp_reached(predictor.metadata)
+
+    def _stamp_reached(self, metadata: dict[str, Any]) -> None:
+        """Record where the lineage stopped learning a stream that lost what it held (`_reached`), once its position
+        is past it; else none (its position says it): another replica compares it with its own before adopting."""
+        reached, cursor = self._reached, metadata.get(CURSOR_KEY)
+        if reached is not None and isinstance(cursor, str) and cursor_order(cursor) > cursor_order(reached):
+            metadata[REACHED_KEY] = reached
+        else:
+            metadata.pop(REACHED_KEY, None)
 
     def _lease_refused(self, err: LeaseLost) -> None:
         """The store refused a publication made as the lease's holder: the lease expired while this process could
@@ -806,14 +834,27 @@ class ServiceRuntime:
         theirs, ours = predictor.metadata.get(CURSOR_KEY), self._served_cursor
         if not isinstance(theirs, str) or not same_stream(predictor.metadata.get(STREAM_KEY), self.store.stream):
             return None
-        if cursor_order(theirs) >= cursor_order(ours):
-            return None
-        _after, between = self.store.read_observations(theirs, 1, until=ours)
-        if between:
-            return None
-        if self.store.stream_end() is None:  # an outage reads as an empty stretch: not taken for a loss
-            raise ConnectionError("cannot tell whether the observation stream still holds what a model has not learned")
-        return theirs, ours
+        # Where each stopped learning a stream that lost what it held comes first: past it, both positions are in
+        # the new stream, and one ahead there may lack rows the other learned before the loss.
+        pairs = [(theirs, ours)]
+        theirs_reached, ours_reached = (
+            reached_at(theirs, predictor.metadata.get(REACHED_KEY)),
+            reached_at(ours, self._reached),
+        )
+        if (theirs_reached, ours_reached) != (theirs, ours):
+            pairs.insert(0, (theirs_reached, ours_reached))
+        for theirs_at, ours_at in pairs:
+            if cursor_order(theirs_at) >= cursor_order(ours_at):
+                continue
+            _after, between = self.store.read_observations(theirs_at, 1, until=ours_at)
+            if between:
+                continue
+            if self.store.stream_end() is None:  # an outage reads as an empty stretch: not taken for a loss
+                raise ConnectionError(
+                    "cannot tell whether the observation stream still holds what a model has not learned"
+                )
+            return theirs_at, ours_at
+        return None
 
     def _publish_ours_over(self, version: int, theirs: str, ours: str) -> None:
         """Published model `version` is behind this replica across rows the stream lost (`_behind_a_lost_stretch`):
@@ -975,6 +1016,8 @@ class ServiceRuntime:
         cursor = predictor.metadata.get(CURSOR_KEY)
         if isinstance(cursor, str):
             self._cursor = cursor
+        reached = predictor.metadata.get(REACHED_KEY)  # the adopted lineage's, with its position
+        self._reached = reached if isinstance(reached, str) else None
 
     # --- loops ----------------------------------------------------------------------------------------------
 
@@ -1016,6 +1059,14 @@ class ServiceRuntime:
             self._loop_errors["ingest"] = f"cannot read observations: {err}"
             self._stop.wait(0.5)
             return
+        losses = self.store.stream_losses()
+        if losses != self._stream_losses_seen:
+            # The first read of the new stream (this one, or another that came first): nothing read here before it
+            # came from there, so this lineage learned the lost stream up to where this read began.
+            with self._learn_lock:
+                self._stream_losses_seen = losses
+                if cursor_before == self._cursor:  # else a model adopted meanwhile brought its own
+                    self._reached = cursor_before
         if not entries:
             if until is not None and all(v == "ok" for v in self.store.health().values()):
                 if replayed:
@@ -1439,6 +1490,20 @@ class ServiceRuntime:
         if report is not None:
             status["window"] = dict(report.window)
         return status
+
+
+def reached_at(cursor: str, reached: object) -> str:
+    """How far a lineage at `cursor` learned the stream before it lost what it held: `reached` (the metadata's or a
+    runtime's record of where it stopped) once the lineage is past it, else its position.
+
+    >>> reached_at("1700000009000-0", "1700000005000-3"), reached_at("1700000004000-0", "1700000005000-3")
+    ('1700000005000-3', '1700000004000-0')
+    >>> reached_at("12", None)
+    '12'
+    """
+    if isinstance(reached, str) and cursor_order(cursor) > cursor_order(reached):
+        return reached
+    return cursor
 
 
 def served_ms(values: np.ndarray) -> list[float]:

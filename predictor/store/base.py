@@ -70,6 +70,12 @@ class Store(Protocol):
         those that came later."""
         ...
 
+    def stream_losses(self) -> int:
+        """How many times a read of this store found that the stream had lost what it held since the read before
+        (Redis restarted without persistence, or was flushed); 0 for a store that never loses it. A reader that sees
+        it change knows where it stopped learning what was lost: its position before that read."""
+        ...
+
     def stream_end(self) -> str | None:
         """The cursor of a reader that has read everything the stream holds now ("0" when it is empty); None
         when the backend cannot tell."""

@@ -181,6 +181,10 @@ class MemoryStore:
             self._relax()
             return str(index), out
 
+    def stream_losses(self) -> int:
+        """Never: this process's memory loses nothing while it reads it."""
+        return 0
+
     def stream_end(self) -> str:
         """The index after the last entry: where a reader that has read everything stands."""
         with self._lock:

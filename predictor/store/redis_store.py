@@ -88,19 +88,26 @@ return id
 """
 )
 
-# Entries after a cursor as one flat array (id, entry, id, entry, ...): far cheaper to decode client-side than
-# XREAD's nested reply.
+# Entries after a cursor as one flat array (token, id, entry, id, entry, ...): far cheaper to decode client-side
+# than XREAD's nested reply. The token (KEYS[2], set to ARGV[4] by the first read that finds none) names what the
+# stream holds: a Redis that restarted without persistence, or was flushed, has lost it with the stream, and the
+# first read of the new stream sees another token, in the same step as its first rows.
 _READ_SCRIPT = (
     _STREAM_TYPE_CHECK
     + """
+local token = redis.call('GET', KEYS[2])
+if not token then
+  token = ARGV[4]
+  redis.call('SET', KEYS[2], token)
+end
 local messages = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], ARGV[3], 'COUNT', ARGV[2])
-local out = {}
+local out = {token}
 for i, message in ipairs(messages) do
-  out[2 * i - 1] = message[1]
+  out[2 * i] = message[1]
   local fields = message[2]
-  out[2 * i] = false  -- a message some other writer added without our field reads as nil
+  out[2 * i + 1] = false  -- a message some other writer added without our field reads as nil
   for j = 1, #fields, 2 do
-    if fields[j] == 'e' then out[2 * i] = fields[j + 1] end
+    if fields[j] == 'e' then out[2 * i + 1] = fields[j + 1] end
   end
 end
 return out
@@ -463,6 +470,7 @@ class RedisStore:
         self._socket_timeout_s = socket_timeout_s
         self._stream_key = observation_stream_key(namespace)
         self._chunk_prefix = f"{namespace}:observations:chunk:"
+        self._token_key = f"{namespace}:observations:token"
         self._version_key = f"{namespace}:model:version"
         self._model_prefix = f"{namespace}:model:"
         self._channel = f"{namespace}:model:published"
@@ -507,6 +515,10 @@ class RedisStore:
         self._run_id: str | None = None
         self._restarts = 0  # times the server came back as another one (its models gone too, without persistence)
         self._read_upto = (0, 0)  # the newest stream id this store has read
+        # The stream's token at the last read (`_READ_SCRIPT`), and how often a read found another one: the stream
+        # lost what it held (`stream_losses`).
+        self._stream_token: bytes | None = None
+        self._stream_losses = 0
         self._check_run_id = True
         self._health = LatestOutcome(NOT_CONTACTED)
         # Whether the observation stream itself works: a server that answers may still refuse it (its key holds
@@ -584,7 +596,9 @@ class RedisStore:
             raise ValueError(f"max_count must be >= 1, got {max_count}")
         started = time.monotonic()
         try:
-            flat: Any = self._read(keys=[self._stream_key], args=[cursor, max_count, until or "+"])
+            answer: Any = self._read(
+                keys=[self._stream_key, self._token_key], args=[cursor, max_count, until or "+", uuid.uuid4().hex]
+            )
         except redis.ResponseError as exc:
             if "stream id" in str(exc).lower():
                 raise ValueError(f"cursor {cursor!r} is not a stream id") from None
@@ -594,6 +608,11 @@ class RedisStore:
             self._set_problem(exc, started, stream="read")
             return cursor, []
         self._set_problem(None, started, stream="read")
+        token, flat = bytes(answer[0]), answer[1:]
+        with self._lock:
+            if self._stream_token is not None and token != self._stream_token:
+                self._stream_losses += 1
+            self._stream_token = token
         # The caller is done with everything up to `cursor` as well: a replica that adopted a published model
         # reads on from that model's position, past rows it wrote and never read itself (the publisher learned
         # them); kept as unread, they were sent again at the next restart and learned twice.
@@ -602,6 +621,13 @@ class RedisStore:
         if not flat:
             return cursor, []
         return new_cursor, _decode_entries(flat[1::2])
+
+    def stream_losses(self) -> int:
+        """How many times a read found that the stream had lost what it held since the read before (Redis restarted
+        without persistence, or was flushed): the rows after a reader's position then were gone, and the new
+        stream's ids follow on from the old ones as if nothing was missing."""
+        with self._lock:
+            return self._stream_losses
 
     def stream_end(self) -> str | None:
         """The id of the stream's last entry ("0" when it is empty or absent); None when Redis does not answer."""
