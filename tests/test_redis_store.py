@@ -690,6 +690,26 @@ def test_what_redis_took_but_lost_in_a_crash_before_it_was_read_is_sent_again(
     assert store.stats()["appended"] == 50  # resending is not appending again
 
 
+def test_what_a_flush_of_redis_took_before_it_was_read_is_sent_again(make_store: StoreFactory, redis_url: str) -> None:
+    """Regression: FLUSHALL while the replicas ran emptied the stream of rows Redis had taken and no replica had read
+    yet; the run id was the same, so nothing was sent again: answered 202, learned by no replica. The first read of
+    the emptied stream tells (its token is gone) and the rows it no longer holds are sent again; it is no restart."""
+    store = make_store()
+    store.append_observations([entry(i) for i in range(20)])
+    assert store.flush()
+    cursor, first = read_all(store)
+    assert len(first) == 20  # read back: confirmed
+    store.append_observations([entry(i) for i in range(20, 50)])
+    assert store.flush()  # in Redis, not yet read back
+    redis.Redis.from_url(redis_url).flushall()
+    assert store.read_observations(cursor, 100) == (cursor, [])  # the emptied stream: its token is gone
+    assert wait_until(lambda: store.stats()["resent"] == 30, 10), store.stats()
+    assert store.flush(10.0)
+    _cursor, after = read_all(store, cursor)
+    assert [e["input_token_length"] for e in after] == list(range(20, 50))  # each once, in order
+    assert store.stats()["appended"] == 50 and store.stats()["server_restarts"] == 0
+
+
 @pytest.fixture
 def persistent_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server with `appendonly yes` (fsync on every write): a restart keeps what it had taken."""

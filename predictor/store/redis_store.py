@@ -519,6 +519,10 @@ class RedisStore:
         # lost what it held (`stream_losses`).
         self._stream_token: bytes | None = None
         self._stream_losses = 0
+        # A read found the stream lost (flushed, or a restart the writer may not have seen yet): until the writer has
+        # looked at what of `_unread` the stream still holds, no read confirms any of it (the new stream's rows come
+        # after the lost ones).
+        self._stream_lost = False
         self._check_run_id = True
         self._health = LatestOutcome(NOT_CONTACTED)
         # Whether the observation stream itself works: a server that answers may still refuse it (its key holds
@@ -612,6 +616,9 @@ class RedisStore:
         with self._lock:
             if self._stream_token is not None and token != self._stream_token:
                 self._stream_losses += 1
+                self._stream_lost = True
+                self._check_run_id = True
+                self._wake_writer.set()
             self._stream_token = token
         # The caller is done with everything up to `cursor` as well: a replica that adopted a published model
         # reads on from that model's position, past rows it wrote and never read itself (the publisher learned
@@ -643,32 +650,37 @@ class RedisStore:
     def _confirm_read(self, upto: tuple[int, int]) -> None:
         """Forget the sent chunks this store has now read back (up to stream id `upto`)."""
         with self._lock:
+            if self._stream_lost:  # the writer sends again what the lost stream held first (`_resend_if_restarted`)
+                return
             self._read_upto = max(self._read_upto, upto)  # a chunk recorded after it was read needs no keeping
             while self._unread and self._unread[0][0] <= upto:
                 self._unread_count -= len(self._unread.popleft()[1])
 
     def _resend_if_restarted(self) -> bool:
-        """If Redis restarted since the last look (another run id), queue what it had taken, this store had not
-        read back and the new server no longer holds, ahead of what waits: lost with the crash (no persistence, or
-        the last writes an append-only file had not synced). What it still holds is not sent again: every replica
-        would learn it twice. Whether it restarted; raises RedisError. Called by the writer only, with no chunk
-        sent meanwhile."""
+        """If Redis restarted since the last look (another run id), or a read found the stream lost (a flush, or
+        the stream deleted), queue what it had taken, this store had not read back and the server no longer holds,
+        ahead of what waits: lost with the crash (no persistence, or the last writes an append-only file had not
+        synced) or the flush. What it still holds is not sent again: every replica would learn it twice. Whether it
+        restarted or rows were queued again (the chunk in flight is then taken again from the head); raises
+        RedisError. Called by the writer only, with no chunk sent meanwhile."""
         run_id = str(self._redis.info("server").get("run_id", ""))
         restarted = self._run_id is not None and run_id != self._run_id
         if run_id != self._run_id:
             self._warn_if_evicting()
-        if restarted:
+        with self._lock:
+            stream_lost = self._stream_lost
+        lost = 0
+        if restarted or stream_lost:
             lost = self._take_back_lost()
             if lost:
-                log.warning(
-                    "redis at %s restarted and lost %d unread observations: sending them again", self.address, lost
-                )
+                how = "restarted and lost" if restarted else "no longer holds (flushed, or the stream deleted)"
+                log.warning("redis at %s %s %d unread observations: sending them again", self.address, how, lost)
         if restarted:  # counted before the run id is taken: `registry_version` relies on that order
             with self._lock:
                 self._restarts += 1
         self._check_run_id = False
         self._run_id = run_id
-        return restarted
+        return restarted or lost > 0
 
     def _warn_if_evicting(self) -> None:
         """Once per server met: a maxmemory-policy that evicts would lose observations or models without an
@@ -679,10 +691,11 @@ class RedisStore:
             log.warning("redis at %s: %s", self.address, warning)
 
     def _take_back_lost(self) -> int:
-        """Move the unread chunks that the (restarted) server no longer holds to the head of the buffer; how many
-        entries. A chunk lands whole or not at all, so its last id tells whether the server kept it."""
+        """Move the unread chunks that the (restarted or flushed) server no longer holds to the head of the buffer;
+        how many entries. A chunk lands whole or not at all, so its last id tells whether the server kept it."""
         with self._lock:
             sent = [last_id for last_id, _ in self._unread]
+            losses = self._stream_losses  # a loss a read finds after this is looked at again
         answer: Any = self._held(keys=[self._stream_key], args=[f"{ms}-{seq}" for ms, seq in sent]) if sent else []
         gone = {last_id for last_id, held in zip(sent, answer, strict=True) if not held}
         with self._lock:
@@ -690,8 +703,11 @@ class RedisStore:
             lost = [entry for last_id, chunk in self._unread if last_id in gone for entry in chunk]
             self._unread = deque(item for item in self._unread if item[0] not in gone)
             self._unread_count = sum(len(chunk) for _, chunk in self._unread)
+            if self._stream_losses == losses:
+                self._stream_lost = False  # looked at: reads confirm again
             self._buffer.extendleft(reversed(lost))
-            self._in_flight = None  # no longer the head: the writer takes a new chunk (the new server has no mark)
+            if lost:
+                self._in_flight = None  # no longer the head: the writer takes a new chunk (the server has no mark)
             self._resent += len(lost)
             self._resent_pending += len(lost)  # at the head of the buffer: not counted as appended again
         return len(lost)
@@ -726,7 +742,7 @@ class RedisStore:
         chunk_id = ""
         spill: Spill | None = None  # the kept file the chunk comes from (None: the buffer)
         while not self._stop.is_set():
-            if self._check_run_id:  # before anything is sent to what may be a new server
+            if self._check_run_id or self._stream_lost:  # before anything is sent to what may be a new server
                 started = time.monotonic()
                 try:
                     if self._resend_if_restarted():
