@@ -338,6 +338,22 @@ def test_a_full_redis_is_one_warning_and_health_says_what_waits_until_writes_are
     assert sum("again" in line for line in lines) == 1, lines
 
 
+def test_a_full_redis_answers_the_reads_of_a_replica_that_never_read_its_stream(
+    make_store: StoreFactory, redis_url: str
+) -> None:
+    """A read also marks the stream it reads (the token that tells a flushed one), a write: a full Redis refuses that,
+    and must still answer the read."""
+    writer = make_store()
+    writer.append_observations([entry(i) for i in range(5)])
+    assert writer.flush()
+    redis.Redis.from_url(redis_url).config_set("maxmemory", "1")  # every write refused from now on
+    try:
+        _cursor, rows = read_all(make_store())  # a replica started now: its first read finds no token
+        assert [e["input_token_length"] for e in rows] == list(range(5))
+    finally:
+        redis.Redis.from_url(redis_url).config_set("maxmemory", "0")
+
+
 def test_a_redis_that_evicts_keys_when_full_is_named_once_at_start(
     redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -98,7 +98,7 @@ _READ_SCRIPT = (
 local token = redis.call('GET', KEYS[2])
 if not token then
   token = ARGV[4]
-  redis.call('SET', KEYS[2], token)
+  if redis.pcall('SET', KEYS[2], token)['err'] then token = '' end  -- a full Redis refuses it: no token yet
 end
 local messages = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], ARGV[3], 'COUNT', ARGV[2])
 local out = {token}
@@ -614,12 +614,14 @@ class RedisStore:
         self._set_problem(None, started, stream="read")
         token, flat = bytes(answer[0]), answer[1:]
         with self._lock:
-            if self._stream_token is not None and token != self._stream_token:
+            # No token (a full Redis refused to set one): a loss is told at a later read.
+            if token and self._stream_token is not None and token != self._stream_token:
                 self._stream_losses += 1
                 self._stream_lost = True
                 self._check_run_id = True
                 self._wake_writer.set()
-            self._stream_token = token
+            if token:
+                self._stream_token = token
         # The caller is done with everything up to `cursor` as well: a replica that adopted a published model
         # reads on from that model's position, past rows it wrote and never read itself (the publisher learned
         # them); kept as unread, they were sent again at the next restart and learned twice.
