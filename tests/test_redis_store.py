@@ -425,6 +425,11 @@ def test_a_password_required_after_start_is_named_as_such(password_redis: RedisS
         assert wait_until(lambda: store.health()["redis"].startswith("Redis refused the password"), timeout_s=5)
         problem = store.health()["redis"]
         assert "unreachable" not in problem and "HELLO" not in problem and "right" not in problem, problem
+        # and so do the calls that raise it (the lease, a publication), once: "...: redis Redis refused ..." was said
+        for call in (lambda: store.acquire_training_lease("a", 1.0), lambda: store.publish_model(artifact("x"))):
+            with pytest.raises(StoreUnavailable) as refused:
+                call()
+            assert ": Redis refused the password" in str(refused.value), str(refused.value)
         raw.close()
     finally:
         store.close(flush_timeout_s=0.0)

@@ -297,6 +297,13 @@ def redis_problem(exc: BaseException, database: int | None = None) -> str:
     return f"{kind} ({text})"
 
 
+def _from_redis(exc: BaseException) -> str:
+    """`redis_problem` after a colon in a longer message: "redis unreachable (...)", but "Redis refused the password"
+    as it is (not "redis Redis refused ...")."""
+    problem = redis_problem(exc)
+    return problem if problem.startswith("Redis ") else f"redis {problem}"
+
+
 # What each family of maxmemory-policy evicts when Redis is full; noeviction (refusing writes, which the store
 # buffers and retries) is the only one that loses nothing.
 _EVICTED_BY_POLICY = {
@@ -862,7 +869,7 @@ class RedisStore:
             )
         except redis.RedisError as exc:
             self._set_problem(exc, started)
-            raise StoreUnavailable(f"cannot publish the model: redis {redis_problem(exc)}") from None
+            raise StoreUnavailable(f"cannot publish the model: {_from_redis(exc)}") from None
         self._set_problem(None, started)
         if isinstance(answer, list):
             if int(answer[0]) == 1:  # the registry holds the lost version or a newer one
@@ -1017,7 +1024,7 @@ class RedisStore:
             granted = self._lease(keys=[self._lease_key], args=[holder, max(int(ttl_s * 1000), 1)])
         except redis.RedisError as exc:
             self._set_problem(exc, started)
-            raise StoreUnavailable(f"cannot take or renew the training lease: redis {redis_problem(exc)}") from None
+            raise StoreUnavailable(f"cannot take or renew the training lease: {_from_redis(exc)}") from None
         self._set_problem(None, started)
         return bool(granted)
 
