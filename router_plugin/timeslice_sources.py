@@ -202,12 +202,19 @@ class _Source:
                 known = ", ".join(_GroupSpec.model_fields if "." in key else _Document.model_fields)
                 log.warning("time-slice states: %s: unknown key, ignored (known: %s)", key, known)
 
+    def routing_on(self) -> str:
+        """What routing goes on while the states cannot be read: the last ones read, or, none read yet, every group
+        taken as away (the gateway's `_group_state`); said in the log and in /readyz."""
+        if self.updated_ms is None:
+            return "none read yet: every group is taken as away until they are"
+        return "routing on the last states read"
+
     def _failed(self, message: str) -> None:
         if self._strict:
             raise TimesliceError(message)
         self.errors += 1
         if self.last_error != message:
-            log.warning("time-slice states: %s (keeping the previous ones)", message)
+            log.warning("time-slice states: %s (%s)", message, self.routing_on())
         self.last_error = message
 
 
@@ -223,9 +230,9 @@ class FileTimesliceSource(_Source):
         """Read the file at start, or TimesliceError saying why not (unreadable, of the wrong shape), as a
         discovery file is; later reads that fail keep the states read last (`poll`). A file not there yet is
         waited for, not refused: an orchestrator's sidecar writing it may start with the router (refused, the pod
-        would loop), and until it is read every group is taken as away (the gateway's `_group_state`)."""
+        would loop), and until it is read every group is taken as away (the gateway's `_group_state`; said once, by
+        `poll`)."""
         if not self.path.exists():
-            log.warning("time-slice states: %s is not there yet: every group is taken as away until it is", self.path)
             self.poll()
             return
         self._strict = True

@@ -635,7 +635,7 @@ def test_groups_are_taken_as_away_until_their_states_are_first_read(
     with caplog.at_level(logging.WARNING):
         code, output = route("--endpoint", "127.0.0.1:1", "--embedded", "--timeslice-file", str(path))
     assert code == 0 and len(started) == 1, output
-    assert any("not there yet" in r.getMessage() for r in caplog.records), caplog.text
+    assert any("none read yet: every group is taken as away" in r.getMessage() for r in caplog.records), caplog.text
     (endpoint,) = parse_static(["127.0.0.1:9,name=a,leadtime.io/timeslice-group=rl"])
     gateway = Gateway(StaticDiscovery((endpoint,)), RoundRobinPolicy(), GatewaySettings())
     gateway.timeslice = FileTimesliceSource(path, lambda: 1000.0)

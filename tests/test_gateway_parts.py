@@ -1632,3 +1632,33 @@ def test_observations_whose_sender_gave_up_are_not_kept_so_its_retry_lands_once(
         assert status["learned"]["ttft"] == 4, status["learned"]
     finally:
         service.child.stop()
+
+
+def test_states_never_read_are_as_old_as_the_watch_and_said_as_none_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A source whose states were never read (a --timeslice-url that never answered, a file never written) left
+    leadtime_router_timeslice_states_age_seconds at 0, so the alert on stale states never fired while every group was
+    taken as away; and its failures were logged as "keeping the previous ones" when there were none."""
+    path = tmp_path / "groups.yaml"
+    (endpoint,) = parse_static(["127.0.0.1:9,name=a,leadtime.io/timeslice-group=rl"])
+    gateway = Gateway(StaticDiscovery((endpoint,)), RoundRobinPolicy(), GatewaySettings(timeslice_poll_s=0.001))
+    gateway.scraper.scrapes[endpoint.endpoint_id] = EndpointScrape(endpoint)
+    now = [10_000.0]
+    gateway.clock = lambda: now[0]
+    with caplog.at_level(logging.WARNING, logger="leadtime.router.timeslice"):
+        gateway.timeslice = FileTimesliceSource(path, clock=lambda: now[0])
+        gateway.timeslice.first_read()
+
+        async def watch() -> None:  # one watch, as the gateway runs it, through 40 s of its clock
+            task = asyncio.get_running_loop().create_task(gateway._watch_timeslice())
+            await asyncio.sleep(0.02)
+            now[0] += 40_000.0
+            await asyncio.sleep(0.02)
+            task.cancel()
+
+        asyncio.run(watch())
+    text = gateway.metrics.render().decode()
+    assert "leadtime_router_timeslice_states_age_seconds 40.0" in text
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "taken as away" in said[0] and "previous" not in said[0], said

@@ -187,3 +187,29 @@ def test_readyz_names_a_discovery_file_whose_reload_failed(tmp_path: Any, caplog
         discovery.poll()
     assert "discovery" not in asyncio.run(readyz()).get("degraded", {})
     assert any("reads again" in r.getMessage() for r in caplog.records)
+
+
+def test_readyz_says_no_group_states_were_read_yet_rather_than_routing_on_the_last(tmp_path: Any) -> None:
+    """A source never read (an orchestrator's URL that never answered) was said to be "routing on the last states
+    read", while there were none and every time-sliced group was taken as away."""
+    from leadtime.router_plugin.timeslice_sources import FileTimesliceSource
+
+    async def serve(reader: asyncio.StreamReader, writer: Writer) -> None:
+        await next_request(reader, writer)
+
+    async def go() -> dict[str, Any]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        try:
+            async with gateway_in_front(server.sockets[0].getsockname()[1]) as gateway:
+                source = FileTimesliceSource(tmp_path / "groups.yaml", clock=lambda: 10_000.0)
+                gateway.timeslice = source
+                source.poll()
+                transport = httpx.ASGITransport(app=gateway)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+                    return (await client.get("/readyz")).json()
+        finally:
+            server.close()
+
+    said = asyncio.run(go())["degraded"]["timeslice"]
+    assert "groups.yaml: no such file or directory" in said and "taken as away" in said, said
+    assert "last states" not in said, said

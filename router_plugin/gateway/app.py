@@ -529,6 +529,7 @@ class Gateway:
 
     async def _watch_timeslice(self) -> None:
         source: Any = self.timeslice
+        watching_since_ms = self.clock()  # states never read are as old as the watch: the stale-states alert fires
         while True:
             try:
                 result = source.poll()
@@ -544,8 +545,9 @@ class Gateway:
                 self.metrics.timeslice_source_errors.inc(source.errors - self._timeslice_errors_seen)
                 self._timeslice_errors_seen = source.errors
             self._refresh_group_views()
-            if getattr(source, "confirmed_ms", None) is not None:
-                self.metrics.timeslice_states_age.set(max(0.0, self.clock() - source.confirmed_ms) / 1e3)
+            confirmed_ms = getattr(source, "confirmed_ms", None)
+            read_ms = watching_since_ms if confirmed_ms is None else confirmed_ms
+            self.metrics.timeslice_states_age.set(max(0.0, self.clock() - read_ms) / 1e3)
             await asyncio.sleep(self.settings.timeslice_poll_s)
 
     def _warn_unnamed_groups(self, source: Any) -> None:
@@ -862,8 +864,8 @@ class Gateway:
                 degraded.setdefault(where, why)  # an endpoint taken out for failing requests says that first
             degraded.update(self._discovery_failing())
             failing = getattr(self.timeslice, "last_error", None)
-            if failing is not None:  # routing goes on with the last states read, which age meanwhile
-                degraded = {**degraded, "timeslice": f"{failing} (routing on the last states read)"}
+            if failing is not None:  # routing goes on with the last states read, which age meanwhile, or none
+                degraded = {**degraded, "timeslice": f"{failing} ({self.timeslice.routing_on()})"}
             answer = {"status": "ready", "routable_endpoints": routable, "endpoints": known, "degraded": degraded}
             await self._reply(send, 200, answer)
         else:

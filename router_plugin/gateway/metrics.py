@@ -250,7 +250,8 @@ class GatewayMetrics:
         )
         self.timeslice_states_age = Gauge(
             f"{p}_timeslice_states_age_seconds",
-            "Seconds since the time-slice states routed on were last read or found unchanged.",
+            "Seconds since the time-slice states routed on were last read or found unchanged (none read yet: since "
+            "the gateway started watching them).",
             registry=r,
         )
         self.timeslice_source_errors = Counter(
