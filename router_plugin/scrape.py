@@ -62,15 +62,33 @@ class EndpointScrape:
     duration_s: float = 0.0
 
 
-async def read_at_most(response: Response, limit: int, timeout_s: float, what: str = "/metrics") -> bytes:
+async def read_at_most(
+    response: Response, limit: int, timeout_s: float, what: str = "/metrics", whole_s: float | None = None
+) -> bytes:
     """The whole body, or UpstreamError ("too_large", naming `what`) once it passes `limit` bytes (the connection
-    is closed, the rest unread)."""
+    is closed, the rest unread). `timeout_s` bounds the wait for each piece; `whole_s`, when given, the whole body
+    ("timeout"): a server sending a byte at a time meets the first bound and never the second. (It is bounded here
+    rather than by cancelling the read from outside, which a piece arriving as it fires swallows on Python 3.11.)"""
     length = (response.header(b"content-length") or b"").strip()
     if length.isdigit() and int(length) > limit:
         response.close()
         raise UpstreamError("too_large", f"{what} is larger than {limit >> 20} MiB ({int(length):,} bytes)", True)
+    loop = asyncio.get_running_loop()
+    deadline = None if whole_s is None else loop.time() + whole_s
     chunks, size = [], 0
-    async for chunk in response.chunks(timeout_s):
+    while True:
+        left = None if deadline is None else deadline - loop.time()
+        try:
+            if left is not None and left <= 0:
+                raise UpstreamError("timeout", "the whole body's time is up", True)
+            chunk = await response.next_chunk(timeout_s if left is None else min(timeout_s, left))
+        except UpstreamError as err:
+            if left is None or err.kind != "timeout" or left > timeout_s:  # not cut short by `whole_s`
+                raise
+            response.close()
+            raise UpstreamError("timeout", f"{what} not read whole within {whole_s:g} s", True) from None
+        if chunk is None:
+            break
         size += len(chunk)
         if size > limit:
             response.close()

@@ -4,10 +4,13 @@ cost the gateway more than a scrape, and why a scrape fails must be said when it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 import pytest
+import uvloop
 from raw_endpoint import METRICS
 
 from leadtime.router_plugin.discovery import parse_static
@@ -92,3 +95,38 @@ def test_a_timeslice_document_larger_than_a_discovery_file_is_not_read_from_an_o
 
     error, nothing = asyncio.run(go())
     assert nothing and "the time-slice document is larger than 1 MiB" in (error or ""), error
+
+
+def test_an_orchestrator_dribbling_its_answer_fails_the_poll_within_its_timeout() -> None:
+    """The time-slice poll's timeout bounded the wait for the answer's head and for each piece of its body, not the
+    whole: an orchestrator sending its answer a byte at a time held the watcher for minutes, while /readyz and the
+    states' age said nothing was wrong and the gateway routed on states the orchestrator had moved on from. (A
+    bound cancelling the read from outside is not enough: on Python 3.11 a piece arriving as it fires swallows the
+    cancellation, and the read went on for 24 s.)"""
+    from leadtime.router_plugin.timeslice_sources import HttpTimesliceSource
+
+    async def go() -> tuple[str | None, float]:
+        body = b'{"groups": {"rl": {"state": "LOCKED"}}, "pad": "' + b"x" * 20_000 + b'"}'
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body))
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                for i in range(len(body)):
+                    writer.write(body[i : i + 1])
+                    await writer.drain()
+                    await asyncio.sleep(0.001)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        longest, url = 0.0, f"http://127.0.0.1:{port}/groups"
+        for _ in range(40):  # a piece arriving as the bound fires: one poll in 20 or so
+            source = HttpTimesliceSource(url, Upstreams(2.0), lambda: 0.0, timeout_s=0.1)
+            started = time.monotonic()
+            await source.poll()
+            longest = max(longest, time.monotonic() - started)
+        server.close()
+        return source.last_error, longest
+
+    error, longest = uvloop.run(go())  # the gateway's loop
+    assert longest < 0.5 and "timeout" in (error or "") and "0.1 s" in (error or ""), (error, longest)
