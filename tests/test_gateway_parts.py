@@ -1662,3 +1662,38 @@ def test_states_never_read_are_as_old_as_the_watch_and_said_as_none_read(
     assert "leadtime_router_timeslice_states_age_seconds 40.0" in text
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "taken as away" in said[0] and "previous" not in said[0], said
+
+
+def test_an_endpoint_scraped_before_its_groups_states_are_first_read_is_taken_as_away() -> None:
+    """Groups are taken as away until their states are first read, but an endpoint scraped before the first poll of
+    the states had ended (an orchestrator slow to answer at the gateway's start) was stamped resident: the gateway
+    was ready and its first requests went to endpoints whose accelerators the training job held."""
+    from leadtime.router_plugin.timeslice_sources import HttpTimesliceSource
+
+    async def metrics(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await next_request(reader, writer)
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)  # the orchestrator has not answered yet
+
+    async def go() -> str:
+        endpoint = await asyncio.start_server(metrics, "127.0.0.1", 0)
+        orchestrator = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port, states_port = (s.sockets[0].getsockname()[1] for s in (endpoint, orchestrator))
+        spec = f"127.0.0.1:{port},name=a,leadtime.io/timeslice-group=rl"
+        gateway = Gateway(StaticDiscovery(parse_static([spec])), RoundRobinPolicy(), GatewaySettings())
+        url = f"http://127.0.0.1:{states_port}/groups"
+        gateway.attach_timeslice(HttpTimesliceSource(url, gateway.upstreams, gateway.clock, timeout_s=30))
+        await gateway.start()
+        try:
+            for _ in range(200):
+                if (scraped := gateway.scraper.scrapes["a"].state) is not None:
+                    return scraped.timeslice_state
+                await asyncio.sleep(0.01)
+            return "never scraped"
+        finally:
+            await gateway.stop()
+            endpoint.close()
+            orchestrator.close()
+
+    assert asyncio.run(go()) == "parked"

@@ -650,7 +650,9 @@ class Gateway:
         self.outliers.scraped(scrape.endpoint.endpoint_id, scrape.scraped_ms)
         group = scrape.endpoint.timeslice_group
         if group and scrape.state is not None:
-            view = self._group_view.get(group, "resident")
+            # a group the watcher has not looked at yet (its first poll still waiting for an answer, an endpoint
+            # just discovered in a new group) is taken as its states say, away when none were read
+            view = self._group_view.get(group) or self._group_state(group)
             if scrape.state.timeslice_state != view:
                 scrape.state = dataclasses.replace(scrape.state, timeslice_state=view)
         cache_tokens = scrape.metrics.kv_cache_tokens if scrape.metrics is not None else None
