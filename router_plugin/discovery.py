@@ -78,6 +78,13 @@ class _EndpointSpec(BaseModel):
             address = address[1:-1]
         if not _ADDRESS.fullmatch(address):
             raise ValueError(f"must be a host name or an IP address, got {value[:80]!r}")
+        if ":" in address:  # only an IPv6 address has colons: "10.0.0.7:8000" is an address written with its port
+            try:
+                ipaddress.IPv6Address(address.partition("%")[0])
+            except ValueError:
+                raise ValueError(
+                    f"must be a host name or an IP address (its port goes in `port`), got {value[:80]!r}"
+                ) from None
         return address
 
     @field_validator("labels", mode="before")

@@ -391,6 +391,11 @@ def endpoints(**change: object) -> dict[str, object]:
         (endpoints(port="8_0"), "endpoints[0].port"),
         (endpoints(address="   "), "endpoints[0].address"),
         (endpoints(address="not a host!"), "endpoints[0].address"),
+        # an address written with its port: accepted, a reload took it over the endpoint's good address, and every
+        # scrape failed ("connect: 10.0.0.7:8000:8000: Name or service not known")
+        (endpoints(address="10.0.0.7:8000"), "endpoints[0].address: must be a host name or an IP address"),
+        (endpoints(address="vllm-0.serving:8000"), "endpoints[0].address: must be a host name or an IP address"),
+        (endpoints(address="[::1]:8000"), "endpoints[0].address: must be a host name or an IP address"),
         (  # Leadtime's own label namespace: a misspelling left the endpoint taken as an H100, silently
             endpoints(labels={"leadtime.io/accelarator": "l40s"}),
             "endpoints[0].labels.leadtime.io/accelarator: not a Leadtime label (known: leadtime.io/accelerator",
