@@ -312,7 +312,19 @@ def parse_static(specs: Sequence[str], catalog: Catalog = BUILT_IN) -> tuple[Dis
             else:
                 entry["labels"][key] = value
         entries.append(entry)
-    return parse_endpoints({"endpoints": entries}, catalog)
+    try:
+        return parse_endpoints({"endpoints": entries}, catalog)
+    except DiscoveryError as err:  # named as given, not as an entry of the list built here
+        where = _STATIC_FIELD.match(str(err))
+        if where is None:
+            raise
+        i = int(where.group(1))
+        raise DiscoveryError(f"endpoint {i + 1} ({specs[i]!r}): {str(err)[where.end() :]}") from None
+
+
+_STATIC_FIELD = re.compile(r"endpoints\[(\d+)\]\.(?:labels\.)?")
+"""Where `parse_endpoints` says an entry of a static list is at fault: `endpoints[I].` and, for a label, `labels.`
+(a static endpoint gives its labels as KEY=VALUE beside its name)."""
 
 
 class StaticDiscovery:

@@ -680,3 +680,25 @@ def test_route_on_a_port_in_use_says_so_in_one_line_as_serve_and_sim_serve_do() 
 def test_route_on_a_host_it_cannot_resolve_says_so_in_one_line() -> None:
     [line] = route_refused("--host", "999.1.1.1", "--port", "47801")
     assert line.startswith("error: cannot serve the gateway on 999.1.1.1:47801: ") and "resolved" in line
+
+
+@pytest.mark.parametrize(
+    "specs,message",
+    [
+        (["127.0.0.1:8000,name="], "endpoint 1 ('127.0.0.1:8000,name='): name: "),
+        (
+            ["127.0.0.1:8000,name=a", "127.0.0.1:8000,name=b"],
+            "endpoint 2 ('127.0.0.1:8000,name=b'): address: 127.0.0.1:8000 is endpoint 'a' already",
+        ),
+        (
+            ["127.0.0.1:8000,llm-d.ai/role=Decode"],
+            "endpoint 1 ('127.0.0.1:8000,llm-d.ai/role=Decode'): llm-d.ai/role: ",
+        ),
+        (["host:80:90"], "endpoint 1 ('host:80:90'): address: must be a host name or an IP address"),
+    ],
+)
+def test_a_static_endpoint_refused_is_named_as_given(specs: list[str], message: str) -> None:
+    """An --endpoint refused was named as an entry of a list nobody wrote ("endpoints[0].name: ...")."""
+    with pytest.raises(DiscoveryError) as err:
+        parse_static(specs)
+    assert str(err.value).startswith(message), err.value
