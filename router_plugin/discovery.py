@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,17 +266,42 @@ def parse_endpoints(data: object, catalog: Catalog = BUILT_IN) -> tuple[Discover
     return tuple(endpoints)
 
 
+def read_watched_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a file the gateway watches (discovery, time-slice states); ValueError saying after its name why
+    not, on one line: missing, unreadable, larger than `max_bytes`, not a regular file. It is opened without waiting
+    and its kind checked before it is read: a named pipe there was read until something wrote to it (a gateway
+    given one never started, and one whose time-slice file became one froze, that file being read on its event
+    loop)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
+        raise ValueError(f"{path}: {(err.strerror or str(err)).lower()}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ValueError(f"{path}: is a directory")
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            raw = handle.read(max_bytes + 1)
+    except OSError as err:
+        raise ValueError(f"{path}: {(err.strerror or str(err)).lower()}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > max_bytes:
+        limit = f"{max_bytes >> 20} MiB" if max_bytes % (1 << 20) == 0 else f"{max_bytes} bytes"
+        raise ValueError(f"{path}: larger than {limit}")
+    return raw
+
+
 def read_endpoints_file(
     path: Path, max_bytes: int = MAX_FILE_BYTES, catalog: Catalog = BUILT_IN
 ) -> tuple[DiscoveredEndpoint, ...]:
     """Read and parse a discovery file; DiscoveryError says what is wrong with it."""
     try:
-        with Path(path).open("rb") as handle:
-            raw = handle.read(max_bytes + 1)
-    except OSError as err:
-        raise DiscoveryError(f"{path}: {(err.strerror or str(err)).lower()}") from None
-    if len(raw) > max_bytes:
-        raise DiscoveryError(f"{path}: larger than {max_bytes} bytes")
+        raw = read_watched_file(path, max_bytes)
+    except ValueError as err:
+        raise DiscoveryError(str(err)) from None
     try:
         text = raw.decode()
         data = json.loads(text) if str(path).endswith(".json") else load_yaml(text)

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from leadtime.features.errors import FeatureError, expected_mapping, validation_problem
 from leadtime.features.rows import parse_timestamp
-from leadtime.router_plugin.discovery import MAX_FILE_BYTES
+from leadtime.router_plugin.discovery import MAX_FILE_BYTES, read_watched_file
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
 from leadtime.router_plugin.scrape import read_at_most
 from leadtime.router_plugin.timeslice import GROUP_STATES, GroupStatus
@@ -249,12 +249,12 @@ class FileTimesliceSource(_Source):
                 if self.last_error is None:  # unchanged since a good read: still what the file says
                     self.confirmed_ms = self.clock()
                 return
-            if st.st_size > MAX_FILE_BYTES:  # as discovery: not read whole, however large
-                self._failed(f"{self.path}: larger than {MAX_FILE_BYTES >> 20} MiB")
-                return
-            raw = self.path.read_bytes()
+            raw = read_watched_file(self.path)  # as discovery: at most 1 MiB, a regular file
         except OSError as err:
             self._failed(f"{self.path}: {(err.strerror or str(err)).lower()}")
+            return
+        except ValueError as err:
+            self._failed(str(err))
             return
         self._stamp = stamp
         self._apply(raw, str(self.path))

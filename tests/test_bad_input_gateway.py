@@ -702,3 +702,57 @@ def test_a_static_endpoint_refused_is_named_as_given(specs: list[str], message: 
     with pytest.raises(DiscoveryError) as err:
         parse_static(specs)
     assert str(err.value).startswith(message), err.value
+
+
+def _without_hanging(read: Callable[[], object], fifo: Path) -> object:
+    """`read()`'s result or exception, in a thread given 5 s: a reader blocked opening the named pipe `fifo` is let go
+    (a writer opens it) so that the test ends either way."""
+    import threading
+
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(read())
+        except Exception as err:  # noqa: BLE001 - handed to the test
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the reader waiting on it opens, reads nothing
+        thread.join(5)
+        pytest.fail("reading a named pipe blocked until something wrote to it")
+    return outcome[0]
+
+
+def test_a_named_pipe_as_the_discovery_or_time_slice_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A named pipe where the files are read was opened and read until something wrote to it: a gateway given one
+    never started and said nothing, one whose discovery file became one stopped re-reading it, and one whose
+    time-slice file became one froze (that file is read on the event loop) until killed."""
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    refused = _without_hanging(lambda: FileDiscovery(fifo), fifo)
+    assert isinstance(refused, DiscoveryError) and "pipe.yaml: not a regular file" in str(refused), refused
+
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(json.dumps(endpoints()))
+    discovery = FileDiscovery(path)
+    path.unlink()
+    os.mkfifo(path)
+    assert _without_hanging(discovery.poll, path) is False
+    assert [e.endpoint_id for e in discovery.endpoints] == ["a"]
+    assert "endpoints.yaml: not a regular file" in (discovery.last_error or "")
+
+    source = FileTimesliceSource(fifo, lambda: 0.0)
+    refused = _without_hanging(source.first_read, fifo)
+    assert isinstance(refused, TimesliceError) and "pipe.yaml: not a regular file" in str(refused), refused
+    states = tmp_path / "groups.yaml"
+    states.write_text("groups: {rl: {state: LOCKED, active_job: inference, loaded_job: inference}}\n")
+    source = FileTimesliceSource(states, lambda: 0.0)
+    source.first_read()
+    states.unlink()
+    os.mkfifo(states)
+    _without_hanging(source.poll, states)
+    assert source.status("rl") is not None and "groups.yaml: not a regular file" in (source.last_error or "")
