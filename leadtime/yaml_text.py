@@ -1,13 +1,14 @@
 """YAML as users write it: the files they hand to Leadtime (fleets, plugin configurations, discovery, time-slice
 states). PyYAML keeps the last of a key written twice, so `count: 2` followed further down by `count: 3` would run
-with 3 and say nothing; here it is an error naming where. `yaml_problem` says what is wrong in one line, for every
-file a user hands over alike. `Real`, `Integer` and `Boolean` are the numbers and switches of such files as
-pydantic fields: what YAML gives for them, taken as its author meant it (a boolean or a quoted number is not a
-number, a number or a quoted word not a switch). Imports nothing else of Leadtime's.
+with 3 and say nothing; here it is an error naming where (and in JSON, `load_json`). `yaml_problem` says what is
+wrong in one line, for every file a user hands over alike. `Real`, `Integer` and `Boolean` are the numbers and
+switches of such files as pydantic fields: what YAML gives for them, taken as its author meant it (a boolean or a
+quoted number is not a number, a number or a quoted word not a switch). Imports nothing else of Leadtime's.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import stat
 from collections.abc import Hashable
@@ -49,6 +50,27 @@ def load_yaml(text: str) -> Any:
     the key 'count' is given twice at line 3
     """
     return yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 - a SafeLoader subclass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
+def load_json(text: str) -> Any:
+    """`json.loads`, refusing a key given twice in one object (ValueError), as `load_yaml` does: JSON keeps the
+    last silently, so a second "endpoints" list in a discovery file would drop every endpoint of the first.
+
+    >>> load_json('{"a": 1, "a": 2}')
+    Traceback (most recent call last):
+    ...
+    ValueError: the key 'a' is given twice
+    """
+    return json.loads(text, object_pairs_hook=_unique_keys)
 
 
 def yaml_problem(err: Exception) -> str:

@@ -22,7 +22,6 @@ line) takes `ADDRESS:PORT[,KEY=VALUE...]`, where a key is `name` or a label.
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import os
 import re
@@ -39,7 +38,7 @@ from leadtime.features.catalog import BUILT_IN, Catalog
 from leadtime.features.catalog_file import CATALOG_HINT
 from leadtime.features.errors import FeatureError, expected_mapping, validation_problem
 from leadtime.features.rows import MAX_TENSOR_PARALLEL, ROLES, EndpointState
-from leadtime.yaml_text import load_yaml, yaml_problem
+from leadtime.yaml_text import load_json, load_yaml, yaml_problem
 
 log = logging.getLogger("leadtime.router.discovery")
 
@@ -304,7 +303,7 @@ def read_endpoints_file(
         raise DiscoveryError(str(err)) from None
     try:
         text = raw.decode()
-        data = json.loads(text) if str(path).endswith(".json") else load_yaml(text)
+        data = load_json(text) if str(path).endswith(".json") else load_yaml(text)
     except (ValueError, yaml.YAMLError) as err:  # ValueError: bad UTF-8 or JSON, an integer of thousands of digits
         raise DiscoveryError(f"{path}: not valid YAML/JSON ({yaml_problem(err)})") from None
     except RecursionError:

@@ -23,7 +23,6 @@ that cannot be read or parsed keeps the previous states (and is counted), as dis
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -40,7 +39,7 @@ from leadtime.router_plugin.discovery import MAX_FILE_BYTES, read_watched_file
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
 from leadtime.router_plugin.scrape import read_at_most
 from leadtime.router_plugin.timeslice import GROUP_STATES, GroupStatus
-from leadtime.yaml_text import load_yaml, yaml_problem
+from leadtime.yaml_text import load_json, load_yaml, yaml_problem
 
 log = logging.getLogger("leadtime.router.timeslice")
 
@@ -142,8 +141,8 @@ def unknown_keys(data: object) -> list[str]:
 
 def _load(text: str) -> object:
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
+        return load_json(text)
+    except (ValueError, RecursionError):  # YAML's loader says where (a key given twice too)
         pass
     try:
         return load_yaml(text)

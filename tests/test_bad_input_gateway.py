@@ -756,3 +756,24 @@ def test_a_named_pipe_as_the_discovery_or_time_slice_file_is_refused_not_waited_
     os.mkfifo(states)
     _without_hanging(source.poll, states)
     assert source.status("rl") is not None and "groups.yaml: not a regular file" in (source.last_error or "")
+
+
+def test_a_key_given_twice_in_json_is_refused_as_in_yaml(tmp_path: Path) -> None:
+    """YAML's loader refuses a key given twice, but a JSON discovery file or time-slice document kept the last one
+    silently: a second "endpoints" list dropped every endpoint of the first, a group given twice took its second
+    state."""
+    path = tmp_path / "endpoints.json"
+    first = endpoints()["endpoints"]
+    path.write_text('{"endpoints": ' + json.dumps(first) + ', "endpoints": []}')
+    with pytest.raises(
+        DiscoveryError, match=r"endpoints.json: not valid YAML/JSON \(the key 'endpoints' is given twice"
+    ):
+        FileDiscovery(path)
+    states = tmp_path / "groups.json"
+    states.write_text(
+        '{"groups": {"rl": {"state": "LOCKED", "active_job": "inference", "loaded_job": "inference"},'
+        ' "rl": {"state": "IDLE"}}}'
+    )
+    source = FileTimesliceSource(states, lambda: 0.0)
+    with pytest.raises(TimesliceError, match="the key 'rl' is given twice"):
+        source.first_read()
