@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from leadtime.features.errors import FeatureError, expected_mapping, validation_problem
 from leadtime.features.rows import parse_timestamp
+from leadtime.predictor.store.stream_identity import split_credentials
 from leadtime.router_plugin.discovery import MAX_FILE_BYTES, read_watched_file
 from leadtime.router_plugin.gateway.upstream import UpstreamError, Upstreams
 from leadtime.router_plugin.scrape import read_at_most
@@ -264,6 +265,12 @@ class HttpTimesliceSource(_Source):
 
     def __init__(self, url: str, upstreams: Upstreams, clock: Callable[[], float], timeout_s: float = 1.0) -> None:
         super().__init__(clock)
+        head, userinfo, tail = split_credentials(url)
+        if userinfo:  # named without them: the URL is in every log line and in /readyz, which answers anyone
+            raise TimesliceError(
+                f"{head + tail!r}: a user or password in the URL is not sent (the states are read without one); "
+                "give the URL without it"
+            )
         try:
             parts = urlsplit(url)
             port = parts.port  # a port that is not a number from 0 to 65535 raises

@@ -497,6 +497,19 @@ def test_a_timeslice_url_that_cannot_be_used_is_a_timeslice_error(url: str) -> N
         HttpTimesliceSource(url, gateway().upstreams, lambda: 0.0)
 
 
+@pytest.mark.parametrize(
+    "url", ["http://orch:s3cret@127.0.0.1:8090/groups", "http://:s3cret@127.0.0.1:99999/groups", "https://s3cret@o/"]
+)
+def test_a_timeslice_url_holding_credentials_is_refused_without_showing_them(url: str) -> None:
+    """A user and password in --timeslice-url were never sent (the states are read without any), and the URL, as
+    given, was in every log line and in /readyz, which answers anyone: the password with it."""
+    with pytest.raises(TimesliceError) as err:
+        HttpTimesliceSource(url, gateway().upstreams, lambda: 0.0)
+    assert "is not sent" in str(err.value) and "s3cret" not in str(err.value), err.value
+    code, output = route("--endpoint", "127.0.0.1:1", "--profile", "heuristic", "--timeslice-url", url)
+    assert code == 2 and output.startswith("error: --timeslice-url: ") and "s3cret" not in output, output
+
+
 def test_a_timeslice_url_may_be_https() -> None:
     """An orchestrator behind TLS was refused as not http://; it is verified as the endpoints are (--upstream-ca
     or the system's CAs)."""
