@@ -168,7 +168,8 @@ class Scraper:
         try:
             pool = self.upstreams.pool(endpoint.address, endpoint.port, endpoint.tls)
             response = await pool.request("GET", "/metrics", timeout_s=self.timeout_s)
-            body = await read_at_most(response, MAX_METRICS_BYTES, self.timeout_s)
+            # the whole body within the budget: one sent a byte at a time never fails a bound on each piece
+            body = await read_at_most(response, MAX_METRICS_BYTES, self.timeout_s, whole_s=self.timeout_s)
             if response.status != 200:
                 raise UpstreamError("status", f"/metrics answered {response.status}", responded=True)
             metrics = parse_vllm_metrics(wanted_lines(body))

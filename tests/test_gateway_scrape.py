@@ -130,3 +130,35 @@ def test_an_orchestrator_dribbling_its_answer_fails_the_poll_within_its_timeout(
 
     error, longest = uvloop.run(go())  # the gateway's loop
     assert longest < 0.5 and "timeout" in (error or "") and "0.1 s" in (error or ""), (error, longest)
+
+
+def test_an_endpoint_dribbling_its_metrics_fails_the_scrape_within_its_timeout() -> None:
+    """A scrape's timeout bounded the wait for each piece of /metrics, not the whole: an endpoint sending its
+    metrics a byte at a time kept one scrape going for as long as it liked, never failing, so the gateway routed to
+    it on its last state, however old, and /readyz named nothing."""
+
+    async def go() -> tuple[str, float]:
+        body = METRICS + b"# " + b"x" * 20_000 + b"\n"
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body))
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                for i in range(len(body)):
+                    writer.write(body[i : i + 1])
+                    await writer.drain()
+                    await asyncio.sleep(0.001)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        (endpoint,) = parse_static([f"127.0.0.1:{port},name=e"])
+        scraper = Scraper(Upstreams(2.0), timeout_s=0.1)
+        scrape = EndpointScrape(endpoint)
+        started = time.monotonic()
+        await scraper.scrape_once(scrape)
+        took = time.monotonic() - started
+        server.close()
+        return scrape.last_error, took
+
+    error, took = uvloop.run(go())  # the gateway's loop
+    assert took < 0.5 and "timeout" in error and "0.1 s" in error, (error, took)
