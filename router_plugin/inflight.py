@@ -25,7 +25,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from leadtime.features.rows import EndpointState
+from leadtime.features.rows import MAX_COUNT, EndpointState
 
 
 @dataclass
@@ -139,11 +139,13 @@ class InflightLedger:
                 decode_tokens += s.input_tokens
         if not (waiting or running):
             return state
+        # Each count kept within MAX_COUNT, the most a state may hold: a state published at it, or two prompts of
+        # MAX_COUNT tokens, made a state refused (FeatureError) at every decision offering the endpoint.
         return state.with_counts(
-            num_request_waiting=state.num_request_waiting + waiting,
-            prefill_tokens_in_flight=state.prefill_tokens_in_flight + prefill_tokens,
-            num_request_running=state.num_request_running + running,
-            decode_tokens_in_flight=state.decode_tokens_in_flight + decode_tokens,
+            num_request_waiting=min(state.num_request_waiting + waiting, MAX_COUNT),
+            prefill_tokens_in_flight=min(state.prefill_tokens_in_flight + prefill_tokens, MAX_COUNT),
+            num_request_running=min(state.num_request_running + running, MAX_COUNT),
+            decode_tokens_in_flight=min(state.decode_tokens_in_flight + decode_tokens, MAX_COUNT),
         )
 
     def link_free_ms(self, endpoint_id: str, now_ms: float) -> float:

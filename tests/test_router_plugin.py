@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from leadtime.features.rows import MAX_PREDICTED_MS, EndpointState, FeatureRow, Observation
+from leadtime.features.rows import MAX_COUNT, MAX_PREDICTED_MS, EndpointState, FeatureRow, Observation
 from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.router_plugin.client import InProcessPredictor, PredictorClient
@@ -180,6 +180,26 @@ def test_the_ledger_counts_sends_recorded_out_of_order_and_again() -> None:
     ledger.complete("late")
     assert ledger.adjusted(state, published_ms=1_000.0).num_request_waiting == 1
     assert len(list(ledger.pending("a"))) == 501
+
+
+def test_in_flight_additions_keep_each_count_within_max_count() -> None:
+    """A candidate published at MAX_COUNT waiting, or two prompts of MAX_COUNT tokens sent to one endpoint, made its
+    adjusted state refused: `pick` raised FeatureError ("num_request_waiting: must be ≤ 2**53") at every decision
+    offering that endpoint until the requests completed."""
+    ledger = InflightLedger()
+    ledger.record_prefill("a", Sent("r1", 10.0, MAX_COUNT, MAX_COUNT))
+    ledger.record_prefill("a", Sent("r2", 10.0, MAX_COUNT, MAX_COUNT))
+    ledger.record_decode("d", Sent("r3", 0.0, 0, MAX_COUNT, kv_arrival_ms=120.0))
+    full = EndpointState(endpoint_id="a", num_request_waiting=MAX_COUNT)
+    after = ledger.adjusted(full, published_ms=0.0)
+    assert (after.num_request_waiting, after.prefill_tokens_in_flight) == (MAX_COUNT, MAX_COUNT)
+    decode = EndpointState(endpoint_id="d", role="decode", num_request_running=MAX_COUNT, decode_tokens_in_flight=1)
+    after = ledger.adjusted(decode, published_ms=0.0)
+    assert (after.num_request_running, after.decode_tokens_in_flight) == (MAX_COUNT, MAX_COUNT)
+    policy = LeadtimePolicy(QueueModel())
+    for i in range(2):
+        pick = policy.pick(RouteRequest(f"q{i}", MAX_COUNT, arrival_ms=10.0), [Candidate(full, published_ms=0.0)])
+        assert pick.endpoint_id == "a"
 
 
 def test_the_ledger_keeps_nothing_of_endpoints_whose_requests_all_completed() -> None:
