@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from leadtime.features.rows import EndpointState
+from leadtime.features.rows import MAX_COUNT, EndpointState
 from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
 from leadtime.router_plugin.peers.sglang_cache import ApproximateTree, SglangCachePolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
@@ -53,6 +53,22 @@ def test_dynamo_counts_blocks_shared_by_active_sequences_once() -> None:
     assert policy.active_blocks("a") == 64.0  # segment 1 is still r2's
     policy.observe(done("r2", "a"))
     assert policy.active_blocks("a") == 0.0
+
+
+def test_dynamo_counts_nothing_on_a_worker_once_its_sequences_all_completed() -> None:
+    """Its token sums were taken back by subtraction: prompts whose segments are not whole tokens left
+    -2.2e-14 blocks active on an idle worker, and a prompt of MAX_COUNT tokens beside two of 3 left 0.125 (2 tokens
+    lost to rounding at 2**53), counted in its cost for ever."""
+    for sent in (
+        (("r1", 1000, (1, 2, 3)), ("r2", 100, (4, 5, 6)), ("r3", 10, (7, 8, 9))),
+        (("r1", MAX_COUNT, ()), ("r2", 3, ()), ("r3", 3, ())),
+    ):
+        policy = DynamoKvPolicy()
+        for request_id, tokens, hashes in sent:
+            policy.pick(RouteRequest(request_id, tokens, hashes), [cand("a")])
+        for request_id, _, _ in sent:
+            policy.observe(done(request_id, "a"))
+        assert policy.active_blocks("a") == 0.0
 
 
 def test_dynamo_breaks_ties_at_random_reproducibly() -> None:

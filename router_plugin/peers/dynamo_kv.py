@@ -34,7 +34,6 @@ Time-slicing: it reads no time-slice orchestrator (a sleeping vLLM engine still 
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +55,9 @@ class ActiveBlocks:
     """hash → [reference count, tokens of that segment]."""
     private_tokens: float = 0.0
     shared_tokens: float = 0.0
+    sequences: int = 0
+    """How many are active: the sums above are taken back by subtraction, and rounding (segments that are not whole
+    tokens, or prompts near 2**53 tokens) left a worker whose sequences had all completed with blocks active."""
 
     @property
     def tokens(self) -> float:
@@ -77,6 +79,7 @@ class ActiveBlocks:
             else:
                 entry[0] += 1
         self.private_tokens += tail
+        self.sequences += 1
 
     def remove(self, request: RouteRequest) -> None:
         per_segment, tail = _split(request)
@@ -89,6 +92,7 @@ class ActiveBlocks:
                 self.shared_tokens -= entry[1]
                 del self.shared[h]
         self.private_tokens = max(0.0, self.private_tokens - tail)
+        self.sequences -= 1
 
 
 def _split(request: RouteRequest) -> tuple[float, float]:
@@ -212,5 +216,5 @@ class DynamoKvPolicy:
             active = self._active.get(eid)
             if active is not None:
                 active.remove(request)
-                if not active.shared and active.private_tokens <= 0 and math.isclose(active.shared_tokens, 0.0):
+                if active.sequences <= 0:
                     del self._active[eid]
