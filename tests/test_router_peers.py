@@ -3,10 +3,14 @@ branches; and every peer's readiness behaviour on time-sliced fleets."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from leadtime.features.rows import MAX_COUNT, EndpointState
+from leadtime.predictor.llmd_reference import LlmdReference
 from leadtime.router_plugin.peers.dynamo_kv import DynamoKvPolicy
+from leadtime.router_plugin.peers.llmd_predicted import LlmdPredictedPolicy
 from leadtime.router_plugin.peers.sglang_cache import ApproximateTree, SglangCachePolicy
 from leadtime.router_plugin.policy import Candidate, Outcome, Pick, RouteRequest, RoutingPolicy
 from leadtime.simulator.learning_policies import LEADTIME_POLICIES, REPLICATED_POLICIES, SHADOW_POLICIES
@@ -276,6 +280,40 @@ def test_no_peer_reads_the_time_slice_orchestrator(name: str) -> None:
         assert picked == {"a", "b", "c"}
     pd = [cand("p0", role="prefill", timeslice="parked"), cand("p1", role="prefill"), cand("d0", role="decode")]
     assert policy.pick(RouteRequest("y", 600), pd).decode_endpoint_id == "d0"
+
+
+def _in_flight(policy: object) -> object:
+    """What a peer counts in flight, nothing left out."""
+    if isinstance(policy, SglangCachePolicy):
+        return {e: policy.load(e) for e in ("a", "b", "p0", "p1", "d0") if policy.load(e)}
+    if isinstance(policy, DynamoKvPolicy):
+        return {e: policy.active_blocks(e) for e in ("a", "b", "p0", "p1", "d0") if policy.active_blocks(e)}
+    assert isinstance(policy, LlmdPredictedPolicy)
+    counted = policy._counters
+    prefill, decode = ({k: v for k, v in side.items() if v} for side in (counted.prefill, counted.decode))
+    return (prefill or decode or counted.routed) and (prefill, decode, counted.routed)
+
+
+@pytest.mark.parametrize("name", ["dynamo_kv", "sglang_cache", "llmd_predicted"])
+@pytest.mark.parametrize("pd", [False, True])
+def test_a_request_decided_again_under_its_id_counts_once_and_leaves_with_its_outcome(name: str, pd: bool) -> None:
+    """A request picked again under its id (a retry, the first attempt not abandoned) is routed anew: what its first
+    pick counted was kept for ever (SGLang's load, Dynamo's active blocks, llm-d's tokens in flight) while its
+    outcome let go of the second alone. LeadtimePolicy lets go of both with the outcome; a peer now moves it."""
+    made: dict[str, Callable[[], DynamoKvPolicy | SglangCachePolicy | LlmdPredictedPolicy]] = {
+        "dynamo_kv": DynamoKvPolicy,
+        "sglang_cache": SglangCachePolicy,
+        "llmd_predicted": lambda: LlmdPredictedPolicy(LlmdReference(retrain_every=None), retrain_every_ms=None),
+    }
+    policy = made[name]()
+    unified = [cand("a"), cand("b")]
+    cands = [cand("p0", role="prefill"), cand("p1", role="prefill"), cand("d0", role="decode")] if pd else unified
+    first = policy.pick(RouteRequest("r", 600, (1,)), cands)
+    again = policy.pick(RouteRequest("r", 600, (1,)), cands)
+    if hasattr(policy, "prefilled"):
+        policy.prefilled("r", 1.0)
+    policy.observe(done("r", again.endpoint_id, again.decode_endpoint_id))
+    assert not _in_flight(policy), (first, again)
 
 
 def test_the_readiness_filter_variant_of_llmd_skips_parked_endpoints_unless_all_are() -> None:

@@ -186,6 +186,9 @@ class DynamoKvPolicy:
         return Pick(prefill.endpoint_id, decode.endpoint_id)
 
     def _track(self, request: RouteRequest, endpoints: tuple[str, ...]) -> None:
+        """The request's sequences are active on `endpoints` until it ends. One routed again under its id (a retry)
+        moves: its earlier sequences, which its outcome would not free, go first."""
+        self.abandon(request.request_id)
         for eid in endpoints:
             self._active.setdefault(eid, ActiveBlocks()).add(request)
         self._routed[request.request_id] = (request, endpoints)

@@ -79,6 +79,9 @@ class _Counters:
     routed: dict[str, _InFlight] = field(default_factory=dict)
 
     def start(self, request: RouteRequest, prefill_on: Candidate, decode_on: str) -> None:
+        """Count the request where it is sent. One routed again under its id (a retry) moves: what it counted where
+        it was sent before, which its outcome would not take back, goes first."""
+        self.complete(request.request_id)
         uncached = request.input_tokens - min(prefill_on.prefix_hit_tokens, request.input_tokens)
         eid = prefill_on.endpoint_id
         self.prefill[eid] = self.prefill.get(eid, 0) + uncached

@@ -199,6 +199,9 @@ class SglangCachePolicy:
         return Pick(chosen.endpoint_id)
 
     def _track(self, request_id: str, endpoints: tuple[str, ...]) -> None:
+        """Count the request on `endpoints` until it ends. One routed again under its id (a retry) moves: what its
+        earlier pick counted, which its outcome would not let go of, goes first."""
+        self.abandon(request_id)
         for eid in endpoints:
             self._load[eid] = self._load.get(eid, 0) + 1
         self._routed[request_id] = endpoints
