@@ -89,6 +89,18 @@ def answer_field(answer: Any, name: str, where: str) -> Any:
     return answer[name]
 
 
+def served(values: Any) -> np.ndarray:
+    """Predicted milliseconds as a predictor serves them: negatives and NaN become 0, an overflow (infinities
+    included) `MAX_PREDICTED_MS`. The service answers so over every wire (`service.runtime.served_ms`), and so does
+    an in-process learner (`router_plugin.client.predict_in_process`), so that a policy routes alike on either.
+
+    >>> served([-1.0, float("nan"), 12.5, float("inf")]).tolist()
+    [0.0, 0.0, 12.5, 1000000000000.0]
+    """
+    values = np.asarray(values, dtype=np.float64)
+    return np.where(values > 0.0, np.minimum(values, MAX_PREDICTED_MS), 0.0)  # NaN > 0 is False
+
+
 PREDICTED_FIELDS = ("ttft_mean_ms", "ttft_quantile_ms", "tpot_mean_ms", "tpot_quantile_ms")
 """The arrays of an answer, one prediction per row each (`BulkPredictions`, the native API's answer)."""
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
-
 from leadtime.features.errors import FeatureError
 from leadtime.features.rows import FeatureRow, Observation
 from leadtime.predictor.client import (
@@ -21,6 +19,7 @@ from leadtime.predictor.client import (
     PredictorError,
     PredictorUnavailable,
     require_rows,
+    served,
 )
 
 __all__ = [
@@ -70,17 +69,19 @@ def predict_in_process(learner: LocalLearner, rows: Sequence[FeatureRow], quanti
     """`learner`'s predictions of `rows`, answered as the service answers: a row it cannot read (an unknown
     accelerator class) is a PredictorError, as over HTTP (422) and gRPC, so that a policy falls back alike
     whichever client stands behind it, and a gateway takes it for refused rows, not for a predictor failing
-    (whose breaker would then leave it unasked for the other decisions too)."""
+    (whose breaker would then leave it unasked for the other decisions too); an overflow, NaN or negative is served
+    as the service serves it (`served`): handed on as it was, the policy refused it and fell back to the heuristics
+    where the service would have routed on it."""
     require_rows(rows)
     try:
         p = learner.predict_many(rows)
     except FeatureError as err:
         raise PredictorError("invalid", str(err)) from None
     return BulkPredictions(
-        np.asarray(p.ttft_mean),
-        np.asarray(p.ttft_quantile),
-        np.asarray(p.tpot_mean),
-        np.asarray(p.tpot_quantile),
+        served(p.ttft_mean),
+        served(p.ttft_quantile),
+        served(p.tpot_mean),
+        served(p.tpot_quantile),
         int(getattr(p, "model_version", 0)),
         quantile,
     )

@@ -6,6 +6,8 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -586,6 +588,26 @@ def test_the_in_process_client_satisfies_the_protocol_and_learns() -> None:
     for _ in range(40):
         client.observe([Observation(row, actual_ttft_ms=before * 3, actual_tpot_ms=30.0)])
     assert client.predict([row]).ttft_mean_ms[0] > 1.5 * before
+
+
+def test_the_in_process_client_answers_what_the_service_would_serve() -> None:
+    """An in-process learner's overflow (a queue of 2**50 requests predicted at 6e15 ms), NaN or negative was
+    handed on as it was: the policy refused it as "what cannot be routed on" and each such decision fell back to
+    the heuristics, while the service serves an overflow as MAX_PREDICTED_MS and the others as 0 and routes on it."""
+
+    class Answering:
+        def predict_many(self, rows: Sequence[FeatureRow]) -> Any:
+            values = np.array([1e16, float("nan"), -5.0, 7.0])
+            return SimpleNamespace(ttft_mean=values, ttft_quantile=values, tpot_mean=values, tpot_quantile=values)
+
+        def learn_many(self, observations: Sequence[Observation]) -> None:
+            pass
+
+    answer = InProcessPredictor(Answering()).predict([cand(e).row(req()) for e in "abcd"])
+    assert answer.ttft_mean_ms.tolist() == answer.tpot_quantile_ms.tolist() == [MAX_PREDICTED_MS, 0.0, 0.0, 7.0]
+    policy = LeadtimePolicy(InProcessPredictor(OnlinePredictor(LearnerConfig(background=False))))
+    policy.pick(req(), [cand("a", waiting=2**50), cand("b", waiting=2**50)])
+    assert policy.counters.fallbacks == 0
 
 
 # ------------------------------------------------------------------------------ P/D pairs

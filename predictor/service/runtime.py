@@ -35,9 +35,9 @@ import numpy as np
 
 from leadtime.features.catalog import BUILT_IN
 from leadtime.features.errors import FeatureError
-from leadtime.features.rows import MAX_PREDICTED_MS
 from leadtime.predictor import physics
 from leadtime.predictor.artifact import FILE_NAME, ArtifactError, decode, encode, load_file
+from leadtime.predictor.client import served
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.metrics import ServiceMetrics
 from leadtime.predictor.model_pull import ModelPull
@@ -1507,8 +1507,8 @@ def reached_at(cursor: str, reached: object) -> str:
 
 
 def served_ms(values: np.ndarray) -> list[float]:
-    """Predicted milliseconds as answers carry them: negatives and NaN become 0, infinities `MAX_PREDICTED_MS`."""
-    out: list[float] = np.where(values > 0.0, np.minimum(values, MAX_PREDICTED_MS), 0.0).tolist()  # NaN > 0 is False
+    """Predicted milliseconds as answers carry them (`predictor.client.served`)."""
+    out: list[float] = served(values).tolist()
     return out
 
 
