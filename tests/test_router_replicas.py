@@ -605,3 +605,31 @@ def test_a_replica_says_its_own_name_when_it_starts_sharing(caplog: pytest.LogCa
 
     with caplog.at_level(logging.INFO, logger="leadtime.router"):
         asyncio.run(started())
+
+
+def test_replicas_given_different_databases_of_one_redis_do_not_share(redis_server: RedisServer) -> None:
+    """Redis pub/sub ignores the database: a gateway given redis://HOST/1 heard, and counted, every request of the
+    gateways given redis://HOST/0 (another fleet, its ledgers and its overload share mixed into this one's)."""
+    base = redis_server.url.rsplit("/", 1)[0]
+
+    async def scenario() -> tuple[list[object], list[object]]:
+        in_db0: list[object] = []
+        in_db1: list[object] = []
+        a = ReplicaSync(f"{base}/0", "default", lambda e: None, GatewayMetrics())
+        b = ReplicaSync(f"{base}/0", "default", in_db0.append, GatewayMetrics())
+        c = ReplicaSync(f"{base}/1", "default", in_db1.append, GatewayMetrics())
+        for sync in (a, b, c):
+            await sync.start()
+        await asyncio.sleep(0.3)  # subscribed
+        a.publish(LedgerEvent("prefill", "r1", "e1", Sent("r1", time.monotonic() * 1e3, 8, 10)))
+        deadline = time.monotonic() + 5
+        while not in_db0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # c, were it to hear it, would by now
+        for sync in (a, b, c):
+            await sync.stop()
+        return in_db0, in_db1
+
+    in_db0, in_db1 = asyncio.run(scenario())
+    assert [getattr(e, "kind", None) for e in in_db0] == ["prefill"]
+    assert in_db1 == []

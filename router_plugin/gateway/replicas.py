@@ -56,6 +56,19 @@ from leadtime.router_plugin.ledgers import LedgerEvent, dataclass_of_numbers, re
 log = logging.getLogger("leadtime.router.replicas")
 
 CHANNEL_PREFIX = "leadtime:route:"
+
+
+def channel_of(group: str, database: int) -> str:
+    """The pub/sub channel of `group`'s replicas on Redis database `database`. Redis delivers a publication to every
+    subscriber of its channel whatever database either selected, so the database is part of the name: fleets told
+    apart by their URL's /DB must not hear each other. Database 0 keeps the name replicas of earlier versions use.
+
+    >>> channel_of("default", 0), channel_of("default", 1)
+    ('leadtime:route:default', 'leadtime:route:db1:default')
+    """
+    return CHANNEL_PREFIX + (f"db{database}:" if database else "") + group
+
+
 HEARTBEAT_S = 1.0
 QUEUE_LIMIT = 10_000
 WORK_KINDS = ("work_start", "work_first", "work_progress", "work_finish")
@@ -258,7 +271,7 @@ class ReplicaSync:
     url
         Redis, e.g. "redis://127.0.0.1:6379/0" (or rediss:// with a password).
     group
-        Replicas of one group share; one Redis can serve several fleets.
+        Replicas of one group (and one database of `url`) share; one Redis can serve several fleets.
     apply
         Called (on the event loop) with each event of another replica, to be applied where decisions are made.
     metrics
@@ -280,7 +293,7 @@ class ReplicaSync:
         self.address = without_credentials(url)  # for logs: the password left out
         # Checked and built here (not connected): a bad URL is refused at start, in the store's words.
         self._client = async_redis_client(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-        self.channel = CHANNEL_PREFIX + group
+        self.channel = channel_of(group, int(self._client.connection_pool.connection_kwargs.get("db") or 0))
         self.origin = secrets.token_hex(6)
         self.apply = apply
         self.metrics = metrics
