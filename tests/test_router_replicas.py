@@ -4,6 +4,7 @@ Redis sync against a real redis-server, and two `leadtime route` processes telli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -633,3 +634,31 @@ def test_replicas_given_different_databases_of_one_redis_do_not_share(redis_serv
     in_db0, in_db1 = asyncio.run(scenario())
     assert [getattr(e, "kind", None) for e in in_db0] == ["prefill"]
     assert in_db1 == []
+
+
+def test_a_replica_stops_even_when_a_publication_swallows_its_cancellation(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py's publish can return as if uncancelled when its answer arrives with the cancellation (seen with Redis
+    resumed after a pause: the publication then returned normally, twice); the loop that made it went on to wait
+    for events that never came, and the gateway's shutdown waited for it for ever."""
+
+    async def scenario() -> float:
+        sync = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
+        real = sync._client.publish
+
+        async def swallowing(channel: str, body: bytes) -> int:
+            with contextlib.suppress(asyncio.CancelledError):  # as redis-py does when the answer comes with it
+                await asyncio.sleep(0.5)  # the answer on its way
+            return int(await real(channel, body))
+
+        monkeypatch.setattr(sync._client, "publish", swallowing)
+        await sync.start()
+        await asyncio.sleep(0.1)  # the first heartbeat is being published
+        sync.publish(LedgerEvent("complete", "r0"))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await asyncio.wait_for(sync.stop(), 10)
+        return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 3.0

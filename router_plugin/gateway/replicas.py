@@ -70,6 +70,8 @@ def channel_of(group: str, database: int) -> str:
 
 
 HEARTBEAT_S = 1.0
+STOP_WAIT_S = 2.0
+"""The longest `ReplicaSync.stop` waits for its tasks to end."""
 QUEUE_LIMIT = 10_000
 WORK_KINDS = ("work_start", "work_first", "work_progress", "work_finish")
 
@@ -351,13 +353,26 @@ class ReplicaSync:
         ]
 
     async def stop(self) -> None:
+        """Cancel the tasks, again until each has ended (`STOP_WAIT_S` at most), and close the client.
+
+        Once is not enough: redis-py's publish can return as if uncancelled when its answer arrives with the
+        cancellation, and the task that made it then waited for events that never came, holding the gateway's
+        shutdown for ever. A cancellation of `stop` itself is not swallowed either."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_WAIT_S
+        while pending := [task for task in self._tasks if not task.done()]:
+            left = deadline - loop.time()
+            if left <= 0:
+                log.warning("%d tasks sharing with the other replicas did not stop; leaving them", len(pending))
+                break
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=min(0.1, left))
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a task that ended on an error has nothing more to say at a stop
         with contextlib.suppress(Exception):
-            await self._client.aclose()
+            await asyncio.wait_for(self._client.aclose(), STOP_WAIT_S)
 
     # ----- tasks --------------------------------------------------------------------------------------------
 
