@@ -636,6 +636,40 @@ def test_replicas_given_different_databases_of_one_redis_do_not_share(redis_serv
     assert in_db1 == []
 
 
+def test_a_hung_redis_lets_go_of_a_silent_replicas_requests_on_time(redis_server: RedisServer) -> None:
+    """With Redis hung (SIGSTOP: every publication waits out its 2 s timeout), the check for silent replicas ran
+    only after this replica's own heartbeat had waited its turn behind the events being published and then failed:
+    the other replica's requests counted up to twice the time the README gives them."""
+
+    async def scenario() -> float:
+        a = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
+        metrics = GatewayMetrics()
+        b = ReplicaSync(redis_server.url, "g", lambda e: None, metrics, silent_after_s=1.5)
+        for sync in (a, b):
+            await sync.start()
+        await asyncio.sleep(0.3)  # subscribed
+        a.publish(WorkEvent("work_start", "r1", Active(time.monotonic() * 1e3, 8, 10, "e1", "e1")))
+        deadline = time.monotonic() + 5
+        while metrics.replica_requests._value.get() != 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert metrics.replica_requests._value.get() == 1
+        redis_server.pause()
+        paused = time.monotonic()
+        try:
+            deadline = paused + 15
+            while metrics.replica_requests._value.get() and time.monotonic() < deadline:
+                b.publish(LedgerEvent("judged", "rb", in_time=True))  # b routes on meanwhile
+                await asyncio.sleep(0.1)
+            return time.monotonic() - paused
+        finally:
+            redis_server.resume()
+            for sync in (a, b):
+                await sync.stop()
+
+    took = asyncio.run(scenario())
+    assert took < 1.5 + 1.0 + 1.0, took  # its last heartbeat at most a second before the pause, 1.5 s of silence
+
+
 def test_a_replica_stops_even_when_a_publication_swallows_its_cancellation(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -70,6 +70,10 @@ def channel_of(group: str, database: int) -> str:
 
 
 HEARTBEAT_S = 1.0
+SILENCE_CHECK_S = 0.25
+"""How often the other replicas' silence is checked: on a task of its own, not after this replica's heartbeat, which
+a hung Redis holds for its 2 s timeout, behind the events being published (a silent replica's requests then counted
+for twice the time they are given)."""
 STOP_WAIT_S = 2.0
 """The longest `ReplicaSync.stop` waits for its tasks to end."""
 QUEUE_LIMIT = 10_000
@@ -350,6 +354,7 @@ class ReplicaSync:
             self._loop.create_task(self._send()),
             self._loop.create_task(self._receive()),
             self._loop.create_task(self._heartbeat()),
+            self._loop.create_task(self._watch_silence()),
         ]
 
     async def stop(self) -> None:
@@ -423,8 +428,12 @@ class ReplicaSync:
         while True:
             with contextlib.suppress(Exception):
                 await self._publish([])
-            self._forget_silent()
             await asyncio.sleep(HEARTBEAT_S)
+
+    async def _watch_silence(self) -> None:
+        while True:
+            self._forget_silent()
+            await asyncio.sleep(SILENCE_CHECK_S)
 
     async def _receive(self) -> None:
         deaf = False  # said once an outage, and its end
