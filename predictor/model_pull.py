@@ -206,8 +206,9 @@ class ModelPull(Generic[T]):
 
     def _note_version(self, announced: str | None) -> None:
         """Warn when the source's version goes back: it restarted without keeping its model (no --model-dir or
-        --redis), and what is taken now is its prior again, in place of the trained model held."""
-        version = int(announced) if announced is not None and announced.isdigit() else None
+        --redis), and what is taken now is its prior again, in place of the trained model held. A version that is
+        not ASCII digits is not announced (`isdigit` alone takes "²", which `int` refuses)."""
+        version = int(announced) if announced is not None and announced.isascii() and announced.isdigit() else None
         if version is not None and self.version is not None and version < self.version:
             self.log.warning(
                 "the model at %s went back from version %d to %d (its server restarted without keeping its model? "

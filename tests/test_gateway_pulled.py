@@ -378,6 +378,19 @@ def test_a_source_whose_model_version_went_back_is_warned_about(caplog: pytest.L
     assert any("went back from version 30 to 0" in m and "restarted" in m for m in said), said
 
 
+def test_a_version_header_that_is_no_number_leaves_the_model_taken(caplog: pytest.LogCaptureFixture) -> None:
+    """A model version of "²" (the byte 0xB2, which Python's isdigit takes for a digit) raised ValueError out of
+    the pull, which never raises: the gateway's pulling thread ended for good, the model it had just checked never
+    served though its digest was kept (the source then answered 304 to every pull, had the thread lived)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        headers = [(b"etag", f'"{hashlib.sha256(GOOD).hexdigest()}"'.encode()), (b"x-leadtime-model-version", b"\xb2")]
+        return httpx.Response(200, content=GOOD, headers=headers)
+
+    pulled, said = pulls([(answer, 1)], caplog)
+    assert pulled.pulls["new"] == 1 and pulled.model is not None, said
+
+
 async def _trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A source answering GET /v1/model at once, then its body 1 KiB every 50 ms: 5 s in all, each read well
     within any step's timeout (a pull given up closes the connection: the next one comes on a new one)."""
