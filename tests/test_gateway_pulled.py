@@ -484,3 +484,23 @@ def test_a_row_the_pulled_model_refuses_is_refused_as_the_service_refuses_it(cap
         assert "accelerator: unknown accelerator class 'b999-custom'" in err.value.message
     assert len(gateway.predict([FeatureRow(RequestFeatures(input_tokens=900))], 1.0).ttft_mean_ms) == 1
     assert "predictor" not in gateway.health() and "b999-custom" in gateway.health()["candidates"]
+
+
+def test_readyz_stops_saying_no_model_was_pulled_once_one_is(caplog: pytest.LogCaptureFixture) -> None:
+    """A gateway started before its service: the warm-up found no model, and /readyz went on saying "no model pulled
+    from ... yet; deciding with the heuristics" after the first pull had brought one, until a request came."""
+    url = "http://service.test:8000"
+    pulled = PulledModel(url, LeanHttpPredictorClient(url), interval_s=60.0)
+    gateway = GatewayPredictor(pulled, pulled, GatewayMetrics())
+    row = FeatureRow(RequestFeatures(input_tokens=16))
+    now: list[Answer] = [down]
+    with (
+        caplog.at_level(logging.INFO),
+        httpx.Client(transport=httpx.MockTransport(lambda request: now[0](request))) as client,
+    ):
+        pulled.pull_once(client)
+        assert not gateway.warm_up(row, deadline_s=0.01)
+        assert "no model pulled" in gateway.health()["predictor"]
+        now[:] = [served(GOOD)]
+        pulled.pull_once(client)
+    assert gateway.health() == {}

@@ -160,6 +160,7 @@ class GatewayPredictor:
         self._observe_refusal = ""  # what to change, when the predictor refuses them for good (`refusal_hint`)
         self._row_refusals = ReasonsSaid()  # why it refused single observations
         self._outage = False  # the breaker opened, or the warm-up failed, since the last prediction that succeeded
+        self._warm_up_failed = False  # the outage is the warm-up's: no prediction asked since
         self._refused_rows: tuple[float, str] | None = None  # when the predictor last refused rows, and why
         self._consecutive = 0
         self._open_until = 0.0
@@ -220,6 +221,7 @@ class GatewayPredictor:
         self._ok.observe(took)
         self._answer_s = self._answer_s + ANSWER_WEIGHT * (took - self._answer_s) if self._answer_s else took
         self._consecutive = 0
+        self._warm_up_failed = False
         if self._outage:
             self._outage = False
             log.info("predictor answers again")
@@ -230,6 +232,7 @@ class GatewayPredictor:
         /readyz; any other failure counted towards the breaker, which opens after `open_after` in a row."""
         self.last_failure = failure_reason(err)
         self._last_error = str(err)
+        self._warm_up_failed = False
         self.metrics.predictor_seconds.labels("predict", self.last_failure).observe(time.perf_counter() - started)
         if self.last_failure == "refused":
             # The rows, not the predictor: it answers at once, and answers decisions without them. Not an
@@ -251,15 +254,15 @@ class GatewayPredictor:
     def warm_up(self, row: FeatureRow, deadline_s: float = 2.0) -> bool:
         """One prediction before traffic, so that the first request does not pay for connecting. Its answer is
         ignored, and a failure does not count towards the breaker, but it is an outage as far as /readyz goes
-        (`health`) until a prediction succeeds: a probe right after start must not see a healthy gateway whose
-        every decision falls back."""
+        (`health`) until a prediction succeeds, or a pulled model is held: a probe right after start must not see a
+        healthy gateway whose every decision falls back."""
         try:
             self.predict_client.predict([row], deadline_s)
         except Exception as err:  # noqa: BLE001 - a warm-up must never stop the gateway
             log.warning("predictor warm-up failed (%s); requests will fall back until it answers", err)
             self.last_failure = failure_reason(err) if isinstance(err, PredictorError) else "refused"
             self._last_error = str(err)
-            self._outage = True
+            self._outage = self._warm_up_failed = True
             return False
         return True
 
@@ -267,7 +270,8 @@ class GatewayPredictor:
         """What is degraded (for the gateway's /readyz, which stays ready: the heuristics, or a pulled model held,
         route meanwhile): the predictor, the observations, and the predict client's own background work."""
         out = self.predict_client.health() if isinstance(self.predict_client, BackgroundModel) else {}
-        if self._outage:
+        warm_up_outdated = self._warm_up_failed and self._holds_model()  # a model pulled since it found none
+        if self._outage and not warm_up_outdated:
             cause = f"{self.last_failure}: {self._last_error}" if self._last_error else self.last_failure
             out["predictor"] = f"failing ({cause}); deciding with the heuristics until it answers"
         refused = self._refused_rows
@@ -281,6 +285,11 @@ class GatewayPredictor:
         elif self._observe_failing:
             out["observations"] = "not reaching the predictor; kept and retried"
         return out
+
+    def _holds_model(self) -> bool:
+        """Whether the predict client holds a model of its own now (`BackgroundModel`: one a pull has found)."""
+        client = self.predict_client
+        return isinstance(client, BackgroundModel) and client.age_s() is not None
 
     # ----- observations ----------------------------------------------------------------------------------
 
