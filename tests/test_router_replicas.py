@@ -339,7 +339,7 @@ def test_a_completion_missed_while_its_replica_lives_stops_counting_within_secon
                 counted(),
                 float(metrics.replica_events.labels("received")._value.get()),
                 float(metrics.replica_events.labels("missed")._value.get()),
-                heard,
+                list(heard),  # before the stops (a stopping replica's requests are let go of)
                 a.origin,
             )
         finally:
@@ -627,9 +627,10 @@ def test_replicas_given_different_databases_of_one_redis_do_not_share(redis_serv
         while not in_db0 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.3)  # c, were it to hear it, would by now
+        heard = list(in_db0), list(in_db1)  # before the stops (a stopping replica's requests are let go of)
         for sync in (a, b, c):
             await sync.stop()
-        return in_db0, in_db1
+        return heard
 
     in_db0, in_db1 = asyncio.run(scenario())
     assert [getattr(e, "kind", None) for e in in_db0] == ["prefill"]
@@ -696,3 +697,37 @@ def test_a_replica_stops_even_when_a_publication_swallows_its_cancellation(
         return time.monotonic() - started
 
     assert asyncio.run(scenario()) < 3.0
+
+
+def test_a_replica_that_stops_cleanly_has_its_requests_let_go_of_at_once_without_a_warning(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway stopped by SIGTERM went on counting at every other replica for 5 s, which then each warned that
+    it was "not heard for 5 s", at every rolling restart; it says it stops, and they let go of it at once."""
+
+    async def scenario() -> float:
+        a = ReplicaSync(redis_server.url, "g", lambda e: None, GatewayMetrics())
+        metrics = GatewayMetrics()
+        b = ReplicaSync(redis_server.url, "g", lambda e: None, metrics)
+        for sync in (a, b):
+            await sync.start()
+        await asyncio.sleep(0.3)  # subscribed
+        a.publish(WorkEvent("work_start", "r1", Active(time.monotonic() * 1e3, 8, 10, "e1", "e1")))
+        deadline = time.monotonic() + 5
+        while metrics.replica_requests._value.get() != 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert metrics.replica_requests._value.get() == 1
+        await a.stop()
+        stopped = time.monotonic()
+        while metrics.replica_requests._value.get() and time.monotonic() < stopped + 8:
+            await asyncio.sleep(0.02)
+        took = time.monotonic() - stopped
+        await b.stop()
+        return took
+
+    with caplog.at_level(logging.INFO, logger="leadtime.router.replicas"):
+        took = asyncio.run(scenario())
+    assert took < 1.0, took
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert any(level == logging.INFO and "stopped: its 1 requests stop counting" in m for level, m in said), said
+    assert not [m for level, m in said if level >= logging.WARNING], said

@@ -16,7 +16,8 @@ where a request was sent, when its first token came, when it completed, whether 
   time never lands after the receiver's now. (Messages also carry the sender's wall clock, for replicas of
   earlier versions, which convert through the wall clocks.)
 - **A replica that goes away.** Each replica says it is alive every second (a heartbeat); the requests of one
-  not heard for `silent_after_s` (5 s) stop counting, as if they had completed.
+  not heard for `silent_after_s` (5 s) stop counting, as if they had completed. One that stops cleanly says so
+  (`leaving`), and the others let go of its requests at once.
 - **A message missed.** Pub/sub delivers nothing again: a subscriber that reconnects, or a Redis blip shorter than
   those 5 s, loses what was sent meanwhile. Each heartbeat lists the requests its replica still has in flight, and
   a receiver lets go of those it counts that the list no longer holds (`replica_requests`): a missed completion
@@ -103,6 +104,7 @@ class Message:
     events: list[Event]
     seq: int | None = None
     in_flight: InFlight | None = None
+    leaving: bool = False
 
 
 def encode(
@@ -112,6 +114,7 @@ def encode(
     wall_ms: float,
     seq: int | None = None,
     in_flight: InFlight | None = None,
+    leaving: bool = False,
 ) -> bytes:
     """One message: who sends it, its number `seq` (the sender's count of its messages), its two clocks (the
     monotonic one is what receivers read; the wall clock is for replicas of earlier versions), its events, and in a
@@ -142,6 +145,8 @@ def encode(
         message["seq"] = seq
     if in_flight is not None:
         message["in_flight"] = {"part": in_flight.part, "parts": in_flight.parts, "ids": list(in_flight.ids)}
+    if leaving:
+        message["leaving"] = True
     return orjson.dumps(message)
 
 
@@ -219,7 +224,10 @@ def decode(body: bytes, clocks: SenderClocks, now_ms: float) -> Message:
                 event = dataclasses.replace(event, sent=dataclasses.replace(sent, sent_ms=min(sent.sent_ms, now_ms)))
             events.append(event)
     clocks.learn(message["origin"], mono, now_ms)
-    return Message(message["origin"], events, seq, in_flight)
+    leaving = message.get("leaving", False)
+    if not isinstance(leaving, bool):
+        raise ValueError("leaving: expected true or false")
+    return Message(message["origin"], events, seq, in_flight, leaving)
 
 
 def _in_flight(raw: object, seq: int | None) -> InFlight:
@@ -313,6 +321,7 @@ class ReplicaSync:
         self._own = OwnRequests()  # this replica's, as its heartbeats list them
         self._seq = 0  # messages sent, this one's number
         self._heartbeats = 0  # whose turn it is to be listed, when this replica lists its requests in parts
+        self._left = False  # this replica told the others it stops
         self._publishing = asyncio.Lock()  # one message at a time: they arrive in the order they are numbered
         self._tasks: list[asyncio.Task[None]] = []
         self._cannot_publish: str | None = None  # why the last publication failed, until one succeeds
@@ -364,6 +373,8 @@ class ReplicaSync:
         cancellation, and the task that made it then waited for events that never came, holding the gateway's
         shutdown for ever. A cancellation of `stop` itself is not swallowed either."""
         loop = asyncio.get_running_loop()
+        with contextlib.suppress(Exception):  # the others let go of this one's requests at once, not after 5 s
+            await asyncio.wait_for(self._say_goodbye(), STOP_WAIT_S / 2)
         deadline = loop.time() + STOP_WAIT_S
         while pending := [task for task in self._tasks if not task.done()]:
             left = deadline - loop.time()
@@ -379,6 +390,15 @@ class ReplicaSync:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._client.aclose(), STOP_WAIT_S)
 
+    async def _say_goodbye(self) -> None:
+        """Tell the others this replica stops (a stop signal, Ctrl-C): they let go of its requests at once, with a
+        line saying so, rather than count them for `silent_after_s` and then warn that it went silent."""
+        async with self._publishing:
+            self._left = True  # nothing after it: the others would count this one's requests again
+            self._seq += 1
+            body = encode(self.origin, [], time.monotonic() * 1e3, time.time() * 1e3, self._seq, leaving=True)
+            await self._client.publish(self.channel, body)
+
     # ----- tasks --------------------------------------------------------------------------------------------
 
     async def _publish(self, events: list[Event]) -> None:
@@ -387,6 +407,8 @@ class ReplicaSync:
         Redis is back. Events that fail to go out are lost to the others all the same: the next heartbeat says
         where their requests stand."""
         async with self._publishing:
+            if self._left:
+                return
             self._seq += 1
             for event in events:
                 self._own.sent(event.kind, event.request_id)
@@ -479,6 +501,10 @@ class ReplicaSync:
         if origin in self._silenced:  # its silence was said: so is its return
             self._silenced.discard(origin)
             log.info("replica %s heard again: its requests count from now on", origin)
+        if message.leaving:
+            self._let_go_of(origin, "stopped")
+            self._export()
+            return
         self._heard[origin] = time.monotonic()
         seq = message.seq if message.seq is not None else 0  # an earlier version's: never listed, never let go of
         for event in message.events:
@@ -508,22 +534,23 @@ class ReplicaSync:
     def _forget_silent(self) -> None:
         now = time.monotonic()
         for origin in [o for o, heard in self._heard.items() if now - heard > self.silent_after_s]:
-            in_ledgers, in_work = self._remote.forget(origin)
-            del self._heard[origin]
-            self._clocks.forget(origin)
             if len(self._silenced) < MAX_SILENCED_KEPT:
                 self._silenced.add(origin)
-            log.warning(
-                "replica %s not heard for %.0f s: its %d requests stop counting",
-                origin,
-                self.silent_after_s,
-                len(in_ledgers | in_work),
-            )
-            for request_id in in_ledgers:
-                self.apply(LedgerEvent("complete", _remote_id(origin, request_id)))
-            for request_id in in_work:
-                self.apply(WorkEvent("work_finish", _remote_id(origin, request_id)))
+            self._let_go_of(origin, f"not heard for {self.silent_after_s:.0f} s")
         self._export()
+
+    def _let_go_of(self, origin: str, why: str) -> None:
+        """Every request of `origin` stops counting: it went silent, or said it stops. Logged in one line, a warning
+        for a silence."""
+        in_ledgers, in_work = self._remote.forget(origin)
+        self._heard.pop(origin, None)
+        self._clocks.forget(origin)
+        level = logging.INFO if why == "stopped" else logging.WARNING
+        log.log(level, "replica %s %s: its %d requests stop counting", origin, why, len(in_ledgers | in_work))
+        for request_id in in_ledgers:
+            self.apply(LedgerEvent("complete", _remote_id(origin, request_id)))
+        for request_id in in_work:
+            self.apply(WorkEvent("work_finish", _remote_id(origin, request_id)))
 
     def _export(self) -> None:
         self.metrics.replicas_heard.set(len(self._heard))
