@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 import uvloop
@@ -97,6 +97,21 @@ def test_a_timeslice_document_larger_than_a_discovery_file_is_not_read_from_an_o
     assert nothing and "the time-slice document is larger than 1 MiB" in (error or ""), error
 
 
+def dribbling(body: bytes) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A server answering any request with `body`, a byte every millisecond."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body))
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            for i in range(len(body)):
+                writer.write(body[i : i + 1])
+                await writer.drain()
+                await asyncio.sleep(0.001)
+
+    return handle
+
+
 def test_an_orchestrator_dribbling_its_answer_fails_the_poll_within_its_timeout() -> None:
     """The time-slice poll's timeout bounded the wait for the answer's head and for each piece of its body, not the
     whole: an orchestrator sending its answer a byte at a time held the watcher for minutes, while /readyz and the
@@ -108,16 +123,7 @@ def test_an_orchestrator_dribbling_its_answer_fails_the_poll_within_its_timeout(
     async def go() -> tuple[str | None, float]:
         body = b'{"groups": {"rl": {"state": "LOCKED"}}, "pad": "' + b"x" * 20_000 + b'"}'
 
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body))
-            with contextlib.suppress(OSError, asyncio.CancelledError):
-                for i in range(len(body)):
-                    writer.write(body[i : i + 1])
-                    await writer.drain()
-                    await asyncio.sleep(0.001)
-
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        server = await asyncio.start_server(dribbling(body), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         longest, url = 0.0, f"http://127.0.0.1:{port}/groups"
         for _ in range(40):  # a piece arriving as the bound fires: one poll in 20 or so
@@ -140,16 +146,7 @@ def test_an_endpoint_dribbling_its_metrics_fails_the_scrape_within_its_timeout()
     async def go() -> tuple[str, float]:
         body = METRICS + b"# " + b"x" * 20_000 + b"\n"
 
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body))
-            with contextlib.suppress(OSError, asyncio.CancelledError):
-                for i in range(len(body)):
-                    writer.write(body[i : i + 1])
-                    await writer.drain()
-                    await asyncio.sleep(0.001)
-
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        server = await asyncio.start_server(dribbling(body), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         (endpoint,) = parse_static([f"127.0.0.1:{port},name=e"])
         scraper = Scraper(Upstreams(2.0), timeout_s=0.1)
