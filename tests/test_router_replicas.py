@@ -637,6 +637,15 @@ def test_replicas_given_different_databases_of_one_redis_do_not_share(redis_serv
     assert in_db1 == []
 
 
+async def counted_by(metrics: GatewayMetrics, sender: ReplicaSync) -> None:
+    """`sender` sends a request, and the replica exporting to `metrics` comes to count it (within 5 s)."""
+    sender.publish(WorkEvent("work_start", "r1", Active(time.monotonic() * 1e3, 8, 10, "e1", "e1")))
+    deadline = time.monotonic() + 5
+    while metrics.replica_requests._value.get() != 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert metrics.replica_requests._value.get() == 1
+
+
 def test_a_hung_redis_lets_go_of_a_silent_replicas_requests_on_time(redis_server: RedisServer) -> None:
     """With Redis hung (SIGSTOP: every publication waits out its 2 s timeout), the check for silent replicas ran
     only after this replica's own heartbeat had waited its turn behind the events being published and then failed:
@@ -649,11 +658,7 @@ def test_a_hung_redis_lets_go_of_a_silent_replicas_requests_on_time(redis_server
         for sync in (a, b):
             await sync.start()
         await asyncio.sleep(0.3)  # subscribed
-        a.publish(WorkEvent("work_start", "r1", Active(time.monotonic() * 1e3, 8, 10, "e1", "e1")))
-        deadline = time.monotonic() + 5
-        while metrics.replica_requests._value.get() != 1 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert metrics.replica_requests._value.get() == 1
+        await counted_by(metrics, a)
         redis_server.pause()
         paused = time.monotonic()
         try:
@@ -712,11 +717,7 @@ def test_a_replica_that_stops_cleanly_has_its_requests_let_go_of_at_once_without
         for sync in (a, b):
             await sync.start()
         await asyncio.sleep(0.3)  # subscribed
-        a.publish(WorkEvent("work_start", "r1", Active(time.monotonic() * 1e3, 8, 10, "e1", "e1")))
-        deadline = time.monotonic() + 5
-        while metrics.replica_requests._value.get() != 1 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert metrics.replica_requests._value.get() == 1
+        await counted_by(metrics, a)
         await a.stop()
         stopped = time.monotonic()
         while metrics.replica_requests._value.get() and time.monotonic() < stopped + 8:
