@@ -628,6 +628,22 @@ def test_a_replica_that_lost_the_lease_unknowingly_does_not_publish(
     assert not a.runtime.learner.retrain and not a.runtime.holds_lease
 
 
+def ahead_and_lagging(
+    start_replicas: Callable[..., list[Replica]], monkeypatch: pytest.MonkeyPatch
+) -> tuple[Replica, Replica, Callable[[], None]]:
+    """Two replicas serving A's published model, A holding the lease and ahead by 300 rows it wrote and read back, B
+    learning nothing (its ingest turn replaced); and B's ingest turn, to give back."""
+    a, b = start_replicas(lease_ttl_s=30.0, retrain_every=100_000)  # the lease loops wait 10 s: renewed by hand
+    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
+    version = a.runtime.publish(a.runtime.predictor)
+    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
+    ingest_turn = b.runtime._ingest_turn
+    monkeypatch.setattr(b.runtime, "_ingest_turn", lambda: time.sleep(0.01))  # B lags: it learns nothing
+    a.send(training_entries(300, seed=13))
+    assert wait_until(lambda: a.learned() == 300, timeout_s=30)  # A wrote them and read them back: not kept
+    return a, b, ingest_turn
+
+
 def test_after_redis_lost_the_stream_a_replica_ahead_does_not_adopt_a_lagging_replicas_model(
     start_replicas: Callable[..., list[Replica]],
     redis_server: RedisServer,
@@ -638,14 +654,7 @@ def test_after_redis_lost_the_stream_a_replica_ahead_does_not_adopt_a_lagging_re
     and published its model again; the replica ahead adopted it and dropped what it had learned beyond (14,000 ->
     13,000 rows), rows the stream no longer held: answered 202, learned by no replica. The replica ahead keeps its
     model and publishes it instead, and the lagging one adopts that."""
-    a, b = start_replicas(lease_ttl_s=30.0, retrain_every=100_000)  # the lease loops wait 10 s: renewed by hand
-    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
-    version = a.runtime.publish(a.runtime.predictor)
-    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
-    ingest_turn = b.runtime._ingest_turn
-    monkeypatch.setattr(b.runtime, "_ingest_turn", lambda: time.sleep(0.01))  # B lags: it learns nothing
-    a.send(training_entries(300, seed=13))
-    assert wait_until(lambda: a.learned() == 300, timeout_s=30)  # A wrote them and read them back: not kept
+    a, b, ingest_turn = ahead_and_lagging(start_replicas, monkeypatch)
     with caplog.at_level(logging.INFO, logger="leadtime.service"):
         redis_server.restart()  # same port, empty: the stream, the registry and the lease are gone
 
@@ -770,14 +779,7 @@ def test_after_redis_lost_the_stream_a_lagging_replica_that_read_new_rows_does_n
     before it notices the empty registry, so its model's position is past the replica ahead's, though it never
     learned the rows the crash lost. Adopting it dropped those rows from the replica ahead too: answered 202, learned
     by no replica (21,000 accepted, 20,488 learned by each of three replicas)."""
-    a, b = start_replicas(lease_ttl_s=30.0, retrain_every=100_000)  # the lease loops wait 10 s: renewed by hand
-    assert a.runtime.predictor is not None and a.status()["holds_training_lease"]
-    version = a.runtime.publish(a.runtime.predictor)
-    assert wait_until(lambda: b.serves_registry_version(version), timeout_s=5)
-    ingest_turn = b.runtime._ingest_turn
-    monkeypatch.setattr(b.runtime, "_ingest_turn", lambda: time.sleep(0.01))  # B lags: it learns nothing
-    a.send(training_entries(300, seed=13))
-    assert wait_until(lambda: a.learned() == 300, timeout_s=30)  # A wrote them and read them back: not kept
+    a, b, ingest_turn = ahead_and_lagging(start_replicas, monkeypatch)
     redis_server.restart()  # same port, empty: the stream, the registry and the lease are gone
     a.send(training_entries(20, seed=14))  # traffic goes on: the new server's stream holds these
     assert wait_until(lambda: a.learned() == 320, timeout_s=30), a.learned()
