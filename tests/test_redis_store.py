@@ -690,6 +690,22 @@ def test_outage_loses_no_accepted_observation(make_store: StoreFactory, redis_se
     assert writer.stats() == {"buffered": 0, "dropped": 0, "appended": 150, "resent": 0, "server_restarts": 1}
 
 
+def sent_again_after(store: RedisStore, lose: Callable[[str], None]) -> None:
+    """20 rows sent and read back, 30 more sent and not yet read, then `lose(cursor after the 20)`: the 30, and only
+    they, are sent again, each once and in order."""
+    store.append_observations([entry(i) for i in range(20)])
+    assert store.flush()
+    cursor, first = read_all(store)
+    assert len(first) == 20  # read back: confirmed
+    store.append_observations([entry(i) for i in range(20, 50)])
+    assert store.flush()  # in Redis, not yet read back
+    lose(cursor)
+    assert wait_until(lambda: store.stats()["resent"] == 30, 10), store.stats()
+    assert store.flush(10.0)
+    _cursor, after = read_all(store, cursor)
+    assert [e["input_token_length"] for e in after] == list(range(20, 50))  # each once, in order
+
+
 def test_what_redis_took_but_lost_in_a_crash_before_it_was_read_is_sent_again(
     make_store: StoreFactory, redis_server: RedisServer
 ) -> None:
@@ -697,17 +713,7 @@ def test_what_redis_took_but_lost_in_a_crash_before_it_was_read_is_sent_again(
     it: the batch was gone. The store keeps what it sent until it has read it back, and sends it again when it
     finds Redis restarted (another run id)."""
     store = make_store()
-    store.append_observations([entry(i) for i in range(20)])
-    assert store.flush()
-    cursor, first = read_all(store)
-    assert len(first) == 20  # read back: confirmed
-    store.append_observations([entry(i) for i in range(20, 50)])
-    assert store.flush()  # in Redis, not yet read back
-    redis_server.restart()  # SIGKILL and up again, empty
-    assert wait_until(lambda: store.stats()["resent"] == 30, 10), store.stats()
-    assert store.flush(10.0)
-    _cursor, after = read_all(store, cursor)
-    assert [e["input_token_length"] for e in after] == list(range(20, 50))  # each once, in order
+    sent_again_after(store, lambda _cursor: redis_server.restart())  # SIGKILL and up again, empty
     assert store.stats()["appended"] == 50  # resending is not appending again
 
 
@@ -715,19 +721,13 @@ def test_what_a_flush_of_redis_took_before_it_was_read_is_sent_again(make_store:
     """Regression: FLUSHALL while the replicas ran emptied the stream of rows Redis had taken and no replica had read
     yet; the run id was the same, so nothing was sent again: answered 202, learned by no replica. The first read of
     the emptied stream tells (its token is gone) and the rows it no longer holds are sent again; it is no restart."""
+
+    def flush_all(cursor: str) -> None:
+        redis.Redis.from_url(redis_url).flushall()
+        assert store.read_observations(cursor, 100) == (cursor, [])  # the emptied stream: its token is gone
+
     store = make_store()
-    store.append_observations([entry(i) for i in range(20)])
-    assert store.flush()
-    cursor, first = read_all(store)
-    assert len(first) == 20  # read back: confirmed
-    store.append_observations([entry(i) for i in range(20, 50)])
-    assert store.flush()  # in Redis, not yet read back
-    redis.Redis.from_url(redis_url).flushall()
-    assert store.read_observations(cursor, 100) == (cursor, [])  # the emptied stream: its token is gone
-    assert wait_until(lambda: store.stats()["resent"] == 30, 10), store.stats()
-    assert store.flush(10.0)
-    _cursor, after = read_all(store, cursor)
-    assert [e["input_token_length"] for e in after] == list(range(20, 50))  # each once, in order
+    sent_again_after(store, flush_all)
     assert store.stats()["appended"] == 50 and store.stats()["server_restarts"] == 0
 
 
