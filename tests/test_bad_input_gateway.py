@@ -100,6 +100,21 @@ def test_an_slo_header_below_a_microsecond_is_422_naming_it(header: str, value: 
     assert "0.001" in response.json()["error"]["message"] and value in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("value", ["1_000", "1_0.5", "0x10", "1e"])
+def test_an_slo_header_written_as_no_plain_decimal_is_422_naming_it(value: str) -> None:
+    """Python's float() takes `1_000`, which Go's strconv.ParseFloat (llm-d's router is Go) refuses: a header
+    llm-d turns away routed here with an SLO."""
+    response = post("/v1/completions", b'{"prompt": "hi"}', [(TTFT, value)])
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == TTFT
+
+
+@pytest.mark.parametrize(("value", "slo"), [("100", 100.0), (" 2.5e3 ", 2500.0), ("+7", 7.0), ("0.5", 0.5)])
+def test_an_slo_header_of_a_decimal_number_is_taken(value: str, slo: float) -> None:
+    parsed = parse_request("/v1/completions", b'{"prompt": "hi"}', {TTFT.encode(): value.encode()})
+    assert parsed.ttft_slo_ms == slo
+
+
 def test_an_slo_header_of_a_microsecond_is_taken() -> None:
     parsed = parse_request("/v1/completions", b'{"prompt": "hi"}', {TTFT.encode(): b"0.001", TPOT.encode(): b"0.001"})
     assert (parsed.ttft_slo_ms, parsed.tpot_slo_ms) == (0.001, 0.001)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,14 +74,16 @@ def _shown(raw: bytes) -> str:
     return f"{text[:SHOWN_CHARS]!r}…"
 
 
+_DECIMAL = re.compile(rb"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*")
+"""An SLO header's number as Go's strconv.ParseFloat reads a decimal (llm-d's router is written in Go): Python's
+float() also takes `1_000`, which Go refuses, and a header llm-d turns away would route here with an SLO."""
+
+
 def _slo(headers: Mapping[bytes, bytes], name: bytes, default: float | None) -> float | None:
     raw = headers.get(name)
     if raw is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = float(raw) if _DECIMAL.fullmatch(raw) else math.nan
     if not math.isfinite(value) or not value >= MIN_SLO_MS:
         raise BadRequest(
             422, name.decode(), f"must be a number of milliseconds, at least {MIN_SLO_MS}, got {_shown(raw)}"
