@@ -43,10 +43,22 @@ def field_path(loc: Iterable[object]) -> str:
 
     >>> field_path(("plugins", 0, "ref"))
     'plugins[0].ref'
+
+    A mapping's key that is refused (pydantic ends its location with the key and "[key]") is named as a key, not as
+    an index of a list nobody wrote:
+
+    >>> field_path(("plugins", 0, "parameters", 1, "[key]"))
+    'plugins[0].parameters (its key 1)'
     """
+    parts = list(loc)
     where = ""
-    for part in loc:
-        where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
+    for i, part in enumerate(parts):
+        if part == "[key]":
+            continue
+        if i + 1 < len(parts) and parts[i + 1] == "[key]":
+            where += f" (its key {part!r})" if isinstance(part, str) else f" (its key {part})"
+        else:
+            where += f"[{part}]" if isinstance(part, int) else (f".{part}" if where else str(part))
     return where
 
 

@@ -663,3 +663,13 @@ def test_a_switch_that_is_not_true_or_false_is_refused_naming_it(key: str, value
         parse_config(config)
     config["plugins"][0]["parameters"][key] = False  # type: ignore[index]
     parse_config(config)
+
+
+def test_a_key_that_is_not_a_name_is_named_as_a_key() -> None:
+    """`parameters: {1: 2}` was blamed on `plugins[0].parameters[1].[key]`, as if the parameters were a list."""
+    config = {
+        "plugins": [{"type": "predicted-latency-scorer", "parameters": {1: 2}}],
+        "schedulingProfiles": [{"plugins": [{"pluginRef": "predicted-latency-scorer"}]}],
+    }
+    with pytest.raises(ConfigError, match=re.escape("plugins[0].parameters (its key 1): ")):
+        parse_config(config)
