@@ -141,6 +141,7 @@ class RecursiveLeastSquares:
             "p": self._p.tolist(),
             "mean_abs_error": self._mean_abs_error,
             "n_seen": self.n_seen,
+            "since_maintenance": self._since_maintenance,
         }
 
     @classmethod
@@ -161,6 +162,8 @@ class RecursiveLeastSquares:
             raise ValueError("RLS state holds a number that is not finite")  # it would predict NaN for ever
         rls._mean_abs_error = float(d["mean_abs_error"])
         rls.n_seen = int(d["n_seen"])
+        # Saved so that a loaded learner tidies P at the rows its original would have; those written before: 0.
+        rls._since_maintenance = int(d.get("since_maintenance", 0))
         return rls
 
 

@@ -245,3 +245,28 @@ def test_a_stated_wait_near_a_doubles_limit_is_learned_without_a_warning() -> No
         p.learn_many([Observation(row, actual_ttft_ms=80.0, actual_tpot_ms=12.0)])
     assert p.status()["observations"] == {"ttft": 0, "tpot": 1}  # its TTFT, sooner than the wait, is not learned
 
+
+def test_a_loaded_learner_keeps_its_corrections_upkeep_on_schedule() -> None:
+    """The online correction tidies its covariance every 256 rows (`RecursiveLeastSquares._after_update`); a loaded
+    one counted those rows from 0, so it tidied at other rows than the learner it was saved from, and the two
+    predicted apart from then on (by the last bits at first)."""
+    rng = np.random.default_rng(0)
+
+    def observation() -> Observation:
+        endpoint = EndpointState(num_request_running=int(rng.integers(0, 30)), num_request_waiting=int(rng.integers(5)))
+        row = FeatureRow(RequestFeatures(int(rng.integers(10, 4000))), endpoint)
+        return Observation(row, actual_ttft_ms=float(rng.uniform(20, 400)), actual_tpot_ms=float(rng.uniform(8, 40)))
+
+    original = learner(retrain=False)
+    for _ in range(200):
+        original.learn_one(observation())
+    loaded = OnlinePredictor.from_bytes(original.to_bytes(), background=False)
+    later = [observation() for _ in range(300)]
+    for p in (original, loaded):
+        for obs in later:
+            p.learn_one(obs)
+    probe = [o.row for o in later[:5]]
+    expected, got = original.predict_many(probe), loaded.predict_many(probe)
+    np.testing.assert_array_equal(got.ttft_mean, expected.ttft_mean)
+    np.testing.assert_array_equal(got.tpot_mean, expected.tpot_mean)
+    assert same_but_drifts(loaded, original)
