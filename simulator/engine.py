@@ -209,6 +209,34 @@ def pools_never_joining(fleet: Fleet, workload: Sequence[WorkloadRequest]) -> li
     return list(dict.fromkeys(late))
 
 
+def check_workload(workload: Sequence[WorkloadRequest], endpoints: Sequence[Endpoint]) -> None:
+    """SimulationError naming the first request the simulator cannot run, before it runs any: the trace readers
+    refuse these, a library caller's own requests were taken as they came (a prompt of 0 tokens raised
+    ZeroDivisionError in the step-time model, requests out of arrival order made the arrival window negative and
+    the goodput 2e9 requests per second, segments not whole blocks were checked on the first request alone)."""
+    block_sizes = {e.cache.block_size: e.endpoint_id for e in endpoints}
+    previous = -math.inf
+    for rid, w in enumerate(workload):
+        if not (math.isfinite(w.arrival_ms) and w.arrival_ms >= previous):
+            raise SimulationError(
+                f"request {rid} arrives at {w.arrival_ms} ms, before request {rid - 1} or not at a finite time: "
+                "the workload must be in arrival order (workload.shape sorts it)"
+            )
+        previous = w.arrival_ms
+        if w.input_tokens < 1 or w.output_tokens < 1:
+            raise SimulationError(
+                f"request {rid} has {w.input_tokens} prompt and {w.output_tokens} output tokens: both must be ≥ 1"
+            )
+        if not w.segments:
+            continue
+        for size, endpoint_id in block_sizes.items():
+            if w.segment_tokens < 1 or w.segment_tokens % size:
+                raise SimulationError(
+                    f"request {rid}: prefix segments of segment_tokens={w.segment_tokens} tokens are not whole blocks "
+                    f"of {size} on {endpoint_id}: segment_tokens must be a multiple of every pool's block_size"
+                )
+
+
 class FleetSimulator:
     """Run one policy over one workload on one fleet.
 
@@ -249,15 +277,7 @@ class FleetSimulator:
         self.endpoints = build_endpoints(fleet, seed=seed)
         self.by_id = {e.endpoint_id: e for e in self.endpoints}
         self.configs = {c.endpoint_id: c for c in fleet.endpoints}
-        for w in self.workload:
-            for e in self.endpoints:
-                if w.segments and w.segment_tokens % e.cache.block_size:
-                    raise SimulationError(
-                        f"prefix segments of segment_tokens={w.segment_tokens} tokens are not whole blocks of "
-                        f"{e.cache.block_size} on {e.endpoint_id}: segment_tokens must be a multiple of every "
-                        "pool's block_size"
-                    )
-            break
+        check_workload(self.workload, self.endpoints)
         self.now = 0.0
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
