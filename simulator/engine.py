@@ -227,10 +227,12 @@ def check_workload(workload: Sequence[WorkloadRequest], endpoints: Sequence[Endp
             raise SimulationError(
                 f"request {rid} has {w.input_tokens} prompt and {w.output_tokens} output tokens: both must be ≥ 1"
             )
+        if w.segment_tokens < 1:  # a prefill step divides by it, with or without segments
+            raise SimulationError(f"request {rid}: segment_tokens={w.segment_tokens}: must be ≥ 1")
         if not w.segments:
             continue
         for size, endpoint_id in block_sizes.items():
-            if w.segment_tokens < 1 or w.segment_tokens % size:
+            if w.segment_tokens % size:
                 raise SimulationError(
                     f"request {rid}: prefix segments of segment_tokens={w.segment_tokens} tokens are not whole blocks "
                     f"of {size} on {endpoint_id}: segment_tokens must be a multiple of every pool's block_size"

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_search import SEARCH
 
 from leadtime.features.catalog import ACCELERATORS, MODELS
 from leadtime.features.rows import (
@@ -43,9 +44,7 @@ from leadtime.predictor.client import served
 from leadtime.predictor.learner import LearnerConfig, OnlinePredictor
 from leadtime.predictor.llmd_reference import LlmdReference
 
-PROPERTY = settings(
-    max_examples=25, deadline=None, database=None, report_multiple_bugs=False, suppress_health_check=list(HealthCheck)
-)
+PROPERTY = settings(SEARCH, max_examples=25)
 
 COUNTS = st.one_of(st.sampled_from((0, 1, 2, 7, 1000, 2**31, MAX_COUNT - 1, MAX_COUNT)), st.integers(0, MAX_COUNT))
 SMALL_COUNTS = st.one_of(st.sampled_from((0, 1, 3, 8, 64)), st.integers(0, 5000))

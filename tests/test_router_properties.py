@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_search import SEARCH
 
 from leadtime.features.rows import MAX_COUNT, MAX_PREDICTED_MS, EndpointState, FeatureRow, Observation
 from leadtime.predictor.client import BulkPredictions, PredictorError, PredictorUnavailable
@@ -47,9 +48,7 @@ from leadtime.router_plugin.predicted import LeadtimeConfig, LeadtimePolicy
 from leadtime.router_plugin.shadow import ShadowLearning
 from leadtime.router_plugin.timeslice import GROUP_STATES, OTHER_JOB, SERVING_JOB, GroupStatus
 
-PROPERTY = settings(
-    max_examples=100, deadline=None, database=None, report_multiple_bugs=False, suppress_health_check=list(HealthCheck)
-)
+PROPERTY = settings(SEARCH, max_examples=100)
 
 ACCELERATORS = ("h100-sxm", "l40s", "mi300x", "tpu-v5e", "")
 MODELS = ("llama-3.1-8b", "qwen3-32b", "")

@@ -984,3 +984,11 @@ def test_a_group_back_before_its_last_step_ends_serves_on() -> None:
     sim._on_step = after_step  # type: ignore[method-assign,assignment]
     sim.run()
     assert shown_resident_but_idle == []
+
+
+def test_a_request_of_segments_of_0_tokens_is_refused_with_or_without_segments() -> None:
+    """`segment_tokens=0` was refused only on a request with prefix segments: on one without, the first prefill step
+    divided by it (ZeroDivisionError; found by tests/test_sim_properties.py)."""
+    workload = [WorkloadRequest(0.0, 300, 5, (), 0)]
+    with pytest.raises(SimulationError, match="request 0: .*segment_tokens"):
+        FleetSimulator(parse_fleet(_fleet()), workload, make_policy("round_robin"))

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_search import SEARCH
 
 from leadtime.features.catalog import BUILT_IN
 from leadtime.json_text import dumps
@@ -34,13 +35,8 @@ from leadtime.simulator.report import summarize
 from leadtime.simulator.run import make_policy
 from leadtime.simulator.workload import TraceError, WorkloadRequest, load_workload, shape
 
-PROPERTY = settings(
-    max_examples=int(os.environ.get("SIM_EXAMPLES", "40")),  # more for a deeper search: SIM_EXAMPLES=1000
-    deadline=None,
-    database=None,
-    report_multiple_bugs=False,
-    suppress_health_check=list(HealthCheck),
-)
+# more for a deeper search: SIM_EXAMPLES=1000 PROPERTY_SEARCH=random
+PROPERTY = settings(SEARCH, max_examples=int(os.environ.get("SIM_EXAMPLES", "40")))
 POLICIES = (
     "round_robin",
     "least_queue",
