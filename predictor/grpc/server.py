@@ -138,11 +138,6 @@ STATUS_OF: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
 REFUSALS = tuple(kind for kind, _ in STATUS_OF)
 
 
-DEADLINE_SLACK_S = 0.05
-"""How close to its deadline a call gRPC ended counts as ended by it (`_ended_by_grpc`), and a stream whose requests
-ended waits its deadline out (`_wait_out_a_deadline_at_hand`)."""
-
-
 def _ended_by_grpc(context: grpc.ServicerContext) -> grpc.StatusCode | None:
     """How gRPC ended a call under its method, if it did: its deadline passed, or its client cancelled it (or sent
     a stream message over the size limit). The method sees these as an error from its request iterator, or as the
@@ -154,24 +149,8 @@ def _ended_by_grpc(context: grpc.ServicerContext) -> grpc.StatusCode | None:
     if remaining is not None and remaining <= 0:
         return grpc.StatusCode.DEADLINE_EXCEEDED
     if not context.is_active():
-        # gRPC's own timer may end the call a few ms before the deadline as the method reads it (3 ms measured)
-        if remaining is not None and remaining <= DEADLINE_SLACK_S:
-            return grpc.StatusCode.DEADLINE_EXCEEDED
         return grpc.StatusCode.CANCELLED
     return None
-
-
-def _wait_out_a_deadline_at_hand(context: grpc.ServicerContext) -> None:
-    """A stream's requests ended within `DEADLINE_SLACK_S` of its deadline: wait it out (the call still active
-    until then), so that `_ended_by_grpc` tells an end by the deadline from the client's own. gRPC ends the requests
-    of a stream whose deadline passes a few ms before the deadline as the method reads it, the call still active:
-    such calls were counted OK."""
-    remaining = context.time_remaining()
-    if remaining is None or remaining > DEADLINE_SLACK_S:
-        return
-    until = time.monotonic() + max(remaining, 0.0) + DEADLINE_SLACK_S
-    while context.is_active() and time.monotonic() < until:
-        time.sleep(0.001)
 
 
 class PredictorServicer(pb_grpc.PredictorServicer):
@@ -337,7 +316,6 @@ class PredictorServicer(pb_grpc.PredictorServicer):
             try:
                 batch = next(batches)
             except StopIteration:
-                _wait_out_a_deadline_at_hand(context)
                 return total
             except ServiceStopping as stopping:  # told at a stop, before gRPC would cancel the call with no count
                 raise ServiceStopping(f"batches[{k}]: {stopping} ({kept})") from None
