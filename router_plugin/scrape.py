@@ -62,31 +62,29 @@ class EndpointScrape:
     duration_s: float = 0.0
 
 
-async def read_at_most(
-    response: Response, limit: int, timeout_s: float, what: str = "/metrics", whole_s: float | None = None
-) -> bytes:
-    """The whole body, or UpstreamError ("too_large", naming `what`) once it passes `limit` bytes (the connection
-    is closed, the rest unread). `timeout_s` bounds the wait for each piece; `whole_s`, when given, the whole body
-    ("timeout"): a server sending a byte at a time meets the first bound and never the second. (It is bounded here
-    rather than by cancelling the read from outside, which a piece arriving as it fires swallows on Python 3.11.)"""
+async def read_at_most(response: Response, limit: int, timeout_s: float, what: str = "/metrics") -> bytes:
+    """The whole body within `timeout_s`, or UpstreamError: "too_large" (naming `what`) once it passes `limit` bytes,
+    "timeout" once the time is up (the connection is closed, the rest unread). The bound is on the whole body, not
+    on each piece: a server sending a byte at a time meets the latter and never the former. (It is kept here rather
+    than by cancelling the read from outside, which a piece arriving as it fires swallows on Python 3.11.)"""
     length = (response.header(b"content-length") or b"").strip()
     if length.isdigit() and int(length) > limit:
         response.close()
         raise UpstreamError("too_large", f"{what} is larger than {limit >> 20} MiB ({int(length):,} bytes)", True)
     loop = asyncio.get_running_loop()
-    deadline = None if whole_s is None else loop.time() + whole_s
+    deadline = loop.time() + timeout_s
     chunks, size = [], 0
     while True:
-        left = None if deadline is None else deadline - loop.time()
+        left = deadline - loop.time()
         try:
-            if left is not None and left <= 0:
-                raise UpstreamError("timeout", "the whole body's time is up", True)
-            chunk = await response.next_chunk(timeout_s if left is None else min(timeout_s, left))
+            if left <= 0:
+                raise UpstreamError("timeout", "the body's time is up", True)
+            chunk = await response.next_chunk(left)
         except UpstreamError as err:
-            if left is None or err.kind != "timeout" or left > timeout_s:  # not cut short by `whole_s`
+            if err.kind != "timeout":
                 raise
             response.close()
-            raise UpstreamError("timeout", f"{what} not read whole within {whole_s:g} s", True) from None
+            raise UpstreamError("timeout", f"{what} not read whole within {timeout_s:g} s", True) from None
         if chunk is None:
             break
         size += len(chunk)
@@ -168,8 +166,7 @@ class Scraper:
         try:
             pool = self.upstreams.pool(endpoint.address, endpoint.port, endpoint.tls)
             response = await pool.request("GET", "/metrics", timeout_s=self.timeout_s)
-            # the whole body within the budget: one sent a byte at a time never fails a bound on each piece
-            body = await read_at_most(response, MAX_METRICS_BYTES, self.timeout_s, whole_s=self.timeout_s)
+            body = await read_at_most(response, MAX_METRICS_BYTES, self.timeout_s)
             if response.status != 200:
                 raise UpstreamError("status", f"/metrics answered {response.status}", responded=True)
             metrics = parse_vllm_metrics(wanted_lines(body))

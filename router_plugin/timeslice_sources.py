@@ -291,9 +291,7 @@ class HttpTimesliceSource(_Source):
             response = await self.upstreams.pool(self.host, self.port, self.tls).request(
                 "GET", self.path, timeout_s=self.timeout_s
             )
-            body = await read_at_most(
-                response, MAX_FILE_BYTES, self.timeout_s, "the time-slice document", self.timeout_s
-            )
+            body = await read_at_most(response, MAX_FILE_BYTES, self.timeout_s, "the time-slice document")
         except UpstreamError as err:
             self._failed(f"{self.url}: {err}")
             return
